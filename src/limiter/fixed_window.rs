@@ -1,0 +1,1 @@
+//! The epoch-aligned fixed window of envoyproxy/ratelimit.

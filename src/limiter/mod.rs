@@ -1,0 +1,125 @@
+//! Rate-limit algorithms as pure functions of `(state, now, hits, limit) -> (decision, new state)`.
+//!
+//! Nothing here knows about time sources, locks, maps or I/O: a store owns the state words and
+//! calls these functions inside its own compare-and-swap loop, passing the time it read from its
+//! injected [`Clock`](crate::clock::Clock).
+
+pub mod fixed_window;
+
+/// The time unit of a limit, as envoyproxy/ratelimit understands it.
+///
+/// MONTH is 30 days and YEAR 365 days, exactly as in the Go service, so windows line up with
+/// counters written by Go instances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// Every unit, in index order (see [`Unit::index`]).
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// Length of one window in seconds.
+    pub const fn secs(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    /// A dense index in `0..7`, for per-unit tables.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The upper-case protobuf enum name (`SECOND`, `MINUTE`, ...).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+
+    /// Parses a YAML unit the way the Go service does: case-insensitive enum name; `UNKNOWN`
+    /// and anything else is `None`.
+    pub fn from_name(name: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.name().eq_ignore_ascii_case(name))
+    }
+
+    /// The `envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit` number.
+    pub const fn proto_number(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// The inverse of [`Unit::proto_number`]; 0 (UNKNOWN) and unknown numbers are `None`.
+    pub const fn from_proto_number(n: i32) -> Option<Unit> {
+        Some(match n {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            7 => Unit::Week,
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_case_insensitively() {
+        for u in Unit::ALL {
+            assert_eq!(Unit::from_name(u.name()), Some(u));
+            assert_eq!(Unit::from_name(&u.name().to_lowercase()), Some(u));
+            assert_eq!(Unit::from_proto_number(u.proto_number()), Some(u));
+            assert_eq!(Unit::ALL[u.index()], u);
+        }
+        assert_eq!(Unit::from_name("unknown"), None);
+        assert_eq!(Unit::from_name(""), None);
+        assert_eq!(Unit::from_proto_number(0), None);
+    }
+
+    #[test]
+    fn month_and_year_are_fixed_lengths_as_in_go() {
+        assert_eq!(Unit::Month.secs(), 30 * 86_400);
+        assert_eq!(Unit::Year.secs(), 365 * 86_400);
+    }
+}
