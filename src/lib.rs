@@ -11,3 +11,9 @@
 
 pub mod descriptor;
 pub mod limiter;
+pub mod clock;
+pub mod config;
+pub mod service;
+pub mod store;
+pub mod api;
+pub mod app;

@@ -1,1 +1,188 @@
 //! The epoch-aligned fixed window of envoyproxy/ratelimit.
+//!
+//! A window starts at `(now / unit) * unit` seconds since the epoch. Every call adds its hits,
+//! admitted or not (the Go service's counting, kept for compatibility), and a call is over the
+//! limit when the count *after* adding its hits is strictly greater than the limit; so a limit
+//! of 0 is always over, and a peek (0 hits) is over only once the count already exceeds it.
+//!
+//! The state is one `u64`: the low [`COUNT_BITS`] bits hold the count (saturating), the high
+//! bits a tag of the window it belongs to (`window index mod 2^24`). A counter whose tag is not
+//! the current window's is treated as empty, so a new window needs no reset pass; stores sweep
+//! stale counters long before the tag could wrap (2^24 windows: 194 days of one-second windows).
+
+use super::Unit;
+
+/// Bits of the state word that hold the count. 2^40 exceeds every u32 limit, so saturation
+/// never hides an over-limit decision.
+pub const COUNT_BITS: u32 = 40;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const TAG_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
+
+/// The state of a counter that has never been hit (tag 0, count 0). A real window with tag 0
+/// and count 0 means the same thing, so the two need not be told apart.
+pub const EMPTY: u64 = 0;
+
+/// What one call to [`decide`] concluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// The count after this call's hits were added (saturating at 2^40 - 1).
+    pub count_after: u64,
+    /// The count this call found.
+    pub count_before: u64,
+    /// `count_after > limit`.
+    pub over: bool,
+    /// `limit - count_after` when not over, else 0.
+    pub remaining: u32,
+    /// Seconds until the window ends, in `1..=unit`.
+    pub reset_after_secs: u64,
+}
+
+/// The tag of the window that contains `now_secs`.
+pub const fn window_tag(now_secs: u64, unit: Unit) -> u64 {
+    (now_secs / unit.secs()) & TAG_MASK
+}
+
+/// The start of the window that contains `now_secs`, in seconds since the epoch.
+pub const fn window_start(now_secs: u64, unit: Unit) -> u64 {
+    (now_secs / unit.secs()) * unit.secs()
+}
+
+/// The count a state word holds for the window containing `now_secs` (0 if it is stale).
+pub const fn current_count(state: u64, now_secs: u64, unit: Unit) -> u64 {
+    if state >> COUNT_BITS == window_tag(now_secs, unit) {
+        state & COUNT_MASK
+    } else {
+        0
+    }
+}
+
+/// Whether a state word belongs to an earlier window than the one containing `now_secs`
+/// (so a store may drop it).
+pub const fn is_stale(state: u64, now_secs: u64, unit: Unit) -> bool {
+    state >> COUNT_BITS != window_tag(now_secs, unit)
+}
+
+/// Applies `hits` at `now_secs` against `limit` per `unit`: returns the decision and the new
+/// state word.
+pub fn decide(state: u64, now_secs: u64, unit: Unit, limit: u32, hits: u64) -> (Decision, u64) {
+    let before = current_count(state, now_secs, unit);
+    let after = before.saturating_add(hits).min(COUNT_MASK);
+    let over = after > u64::from(limit);
+    let remaining = if over {
+        0
+    } else {
+        // `after <= limit` here, so this fits in u32.
+        (u64::from(limit) - after) as u32
+    };
+    let decision = Decision {
+        count_after: after,
+        count_before: before,
+        over,
+        remaining,
+        reset_after_secs: unit.secs() - now_secs % unit.secs(),
+    };
+    let new_state = (window_tag(now_secs, unit) << COUNT_BITS) | after;
+    (decision, new_state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn calls_up_to_the_limit_pass_and_the_next_is_over() {
+        let mut state = EMPTY;
+        for i in 1..=20u32 {
+            let (d, s) = decide(state, 1234, Unit::Minute, 20, 1);
+            state = s;
+            assert!(!d.over, "call {i}");
+            assert_eq!(d.remaining, 20 - i);
+        }
+        let (d, _) = decide(state, 1234, Unit::Minute, 20, 1);
+        assert!(d.over);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(d.count_after, 21);
+    }
+
+    #[test]
+    fn limit_zero_is_always_over_and_peeks_do_not_count() {
+        let (d, _) = decide(EMPTY, 10, Unit::Second, 0, 1);
+        assert!(d.over);
+        // A peek at a count equal to the limit is not over, and does not move the count.
+        let (_, s) = decide(EMPTY, 10, Unit::Second, 3, 3);
+        let (peek, s2) = decide(s, 10, Unit::Second, 3, 0);
+        assert!(!peek.over);
+        assert_eq!(peek.remaining, 0);
+        assert_eq!(s, s2);
+        let (next, _) = decide(s2, 10, Unit::Second, 3, 1);
+        assert!(next.over);
+    }
+
+    #[test]
+    fn windows_are_epoch_aligned_and_reset_counts_down() {
+        // The reference's example: MINUTE at now=2222 resets in 58 s; window starts at 2220.
+        let (d, _) = decide(EMPTY, 2222, Unit::Minute, 10, 1);
+        assert_eq!(d.reset_after_secs, 58);
+        assert_eq!(window_start(1234, Unit::Minute), 1200);
+        // At the first second of a window the whole unit remains.
+        let (d, _) = decide(EMPTY, 1200, Unit::Minute, 10, 1);
+        assert_eq!(d.reset_after_secs, 60);
+    }
+
+    #[test]
+    fn a_new_window_starts_from_zero() {
+        let (_, s) = decide(EMPTY, 59, Unit::Minute, 1, 5);
+        assert!(!is_stale(s, 59, Unit::Minute));
+        assert!(is_stale(s, 60, Unit::Minute));
+        let (d, _) = decide(s, 60, Unit::Minute, 1, 1);
+        assert_eq!(d.count_before, 0);
+        assert!(!d.over);
+    }
+
+    #[test]
+    fn huge_addends_saturate_instead_of_wrapping() {
+        let (d, s) = decide(EMPTY, 0, Unit::Hour, u32::MAX, u64::MAX);
+        assert!(d.over);
+        let (d2, _) = decide(s, 0, Unit::Hour, u32::MAX, u64::MAX);
+        assert!(d2.over);
+        assert_eq!(d2.count_after, COUNT_MASK);
+    }
+
+    proptest! {
+        /// For any sequence of (time, hits) on one key, the hits admitted in each window never
+        /// exceed the limit, and never fall short of it while hits remain: a call is admitted
+        /// exactly when the window's running total including it stays within the limit.
+        #[test]
+        fn admitted_hits_per_window_match_the_limit(
+            limit in 0u32..50,
+            steps in proptest::collection::vec((0u64..3, 0u64..6), 1..200),
+        ) {
+            let unit = Unit::Minute;
+            let mut now = 1_000_000u64;
+            let mut state = EMPTY;
+            let mut window = window_start(now, unit);
+            let (mut admitted, mut offered) = (0u64, 0u64);
+            for (dt_secs, hits) in steps {
+                now += dt_secs * 7;
+                if window_start(now, unit) != window {
+                    window = window_start(now, unit);
+                    admitted = 0;
+                    offered = 0;
+                }
+                let (d, s) = decide(state, now, unit, limit, hits);
+                state = s;
+                offered += hits;
+                prop_assert_eq!(d.count_after, offered);
+                if !d.over {
+                    admitted += hits;
+                }
+                prop_assert!(admitted <= u64::from(limit));
+                // Never short: while the offered total fits, every call was admitted.
+                if offered <= u64::from(limit) {
+                    prop_assert_eq!(admitted, offered);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! End-to-end tests of the real `sluice` binary: start-up validation and exit codes,
+//! `check-config`, the runtime directory layout with a Kubernetes ConfigMap-style symlink swap,
+//! a rejected reload, and SIGTERM handling. Every process is started on 127.0.0.1 on free
+//! ports and killed when its guard drops; every wait is bounded.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// Environment variables the host may have set that would change what these tests see.
+const SCRUBBED: &[&str] = &[
+    "REDIS_URL",
+    "BACKEND_TYPE",
+    "RUNTIME_ROOT",
+    "SLUICE_CONFIG",
+    "PORT",
+    "GRPC_PORT",
+    "DEBUG_PORT",
+    "LOG_LEVEL",
+];
+
+fn sluice() -> Command {
+    let mut c = Command::new(BIN);
+    for v in SCRUBBED {
+        c.env_remove(v);
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    c.output().expect("run sluice")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the child when dropped, so a failing test leaves no process behind.
+struct Server {
+    child: Child,
+    http: u16,
+    debug: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+fn start(configure: impl FnOnce(&mut Command)) -> Server {
+    let (http_port, grpc, debug) = (free_port(), free_port(), free_port());
+    let mut c = sluice();
+    c.env("HOST", "127.0.0.1")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("PORT", http_port.to_string())
+        .env("GRPC_PORT", grpc.to_string())
+        .env("DEBUG_PORT", debug.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    configure(&mut c);
+    let child = c.spawn().expect("spawn sluice");
+    let server = Server {
+        child,
+        http: http_port,
+        debug,
+    };
+    wait_for("the HTTP listener", Duration::from_secs(20), || {
+        http(server.http, "GET", "/healthcheck", "").is_some()
+    });
+    server
+}
+
+fn json(port: u16, domain: &str, key: &str, value: &str) -> (u16, String) {
+    let body = format!(
+        r#"{{"domain":"{domain}","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    );
+    http(port, "POST", "/json", &body).expect("answer from /json")
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+const GOOD: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+
+#[test]
+fn help_shows_the_environment_variable_beside_each_flag() {
+    let mut c = sluice();
+    c.arg("--help");
+    let out = run(c);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for var in ["GRPC_PORT", "PORT", "DEBUG_PORT", "RUNTIME_ROOT", "SHADOW_MODE", "LOG_LEVEL"] {
+        assert!(help.contains(&format!("[env: {var}=")), "{var} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn a_malformed_setting_stops_start_up_naming_the_variable() {
+    let mut c = sluice();
+    c.env("PORT", "eighty");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PORT"));
+
+    let mut c = sluice();
+    c.env("SHADOW_MODE", "maybe");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SHADOW_MODE"));
+}
+
+#[test]
+fn redis_url_without_a_backend_is_refused_rather_than_counting_per_node() {
+    let mut c = sluice();
+    c.env("REDIS_URL", "127.0.0.1:6379");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("REDIS_URL"), "{err}");
+}
+
+#[test]
+fn a_bad_config_stops_start_up_before_any_port_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("bad.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: foo, requests_per_unit: 1}\n",
+    );
+    let port = free_port();
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(dir.path())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", port.to_string());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml: invalid rate limit unit 'foo'"), "{err}");
+}
+
+#[test]
+fn check_config_prints_every_error_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("a.yaml"), "domain: ''\n");
+    write(&dir.path().join("b.yaml"), "domain: b\nratelimit: 1\n");
+    let mut c = sluice();
+    c.arg("check-config").arg(dir.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("a.yaml: config file cannot have empty domain"), "{text}");
+    assert!(text.contains("b.yaml: config error, unknown key 'ratelimit'"), "{text}");
+
+    let good = tempfile::tempdir().unwrap();
+    write(&good.path().join("ok.yaml"), GOOD);
+    let mut c = sluice();
+    c.arg("check-config").arg(good.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn the_default_config_directory_is_loaded_and_valid() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut c = sluice();
+    c.arg("check-config").arg(repo.join("config"));
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // With no --config and no RUNTIME_ROOT, `sluice` serves ./config.
+    let server = start(|c| {
+        c.current_dir(repo);
+    });
+    let (status, body) = json(server.http, "edge", "remote_address", "10.0.0.1");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"requestsPerUnit\":20"), "{body}");
+}
+
+/// Lays out a Kubernetes ConfigMap mount: `root/config/..data -> ..v<N>`, and
+/// `root/config/<file> -> ..data/<file>`. Returns the directory holding the version dirs.
+fn configmap_version(app_dir: &Path, version: u32, files: &[(&str, &str)]) {
+    let versioned = app_dir.join(format!("..v{version}"));
+    std::fs::create_dir_all(&versioned).unwrap();
+    for (name, text) in files {
+        write(&versioned.join(name), text);
+    }
+    // Swap `..data` atomically, as the kubelet does: new symlink, then rename over.
+    let tmp = app_dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, app_dir.join("..data")).unwrap();
+    for (name, _) in files {
+        let link = app_dir.join(name);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
+        }
+    }
+}
+
+#[test]
+fn runtime_layout_reloads_on_a_configmap_swap_and_keeps_serving_on_a_bad_one() {
+    let root = tempfile::tempdir().unwrap();
+    let app_dir = root.path().join("current/config");
+    configmap_version(&app_dir, 1, &[("limits.yaml", GOOD)]);
+    let server = start(|c| {
+        c.env("RUNTIME_ROOT", root.path().join("current"))
+            .env("RUNTIME_SUBDIRECTORY", "")
+            .env("RUNTIME_APPDIRECTORY", "config");
+    });
+    let (status, body) = json(server.http, "d", "k", "v");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"requestsPerUnit\":2"), "{body}");
+    // One more hit: the counter is at 2 of 2.
+    json(server.http, "d", "k", "v");
+
+    // New version: a limit of 5 on the same key. The counter survives the reload.
+    let five = GOOD.replace("requests_per_unit: 2", "requests_per_unit: 5");
+    configmap_version(&app_dir, 2, &[("limits.yaml", &five)]);
+    wait_for("the swapped config", Duration::from_secs(10), || {
+        json(server.http, "d", "k", "peek").1.contains("\"requestsPerUnit\":5")
+    });
+    let (_, body) = json(server.http, "d", "k", "v");
+    assert!(body.contains("\"limitRemaining\":2"), "counter kept: {body}");
+
+    // A broken version is rejected; the old config keeps serving, and the error is counted.
+    configmap_version(&app_dir, 3, &[("limits.yaml", "domain: d\ndescriptors: [1]\n")]);
+    wait_for("the rejected reload to be counted", Duration::from_secs(10), || {
+        http(server.debug, "GET", "/stats", "")
+            .is_some_and(|(_, b)| b.contains("ratelimit.service.config_load_error: 1"))
+    });
+    let (status, body) = json(server.http, "d", "k", "other");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"requestsPerUnit\":5"), "{body}");
+}
+
+#[test]
+fn sigterm_fails_health_then_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("ok.yaml"), GOOD);
+    let mut server = start(|c| {
+        c.arg("--config")
+            .arg(dir.path())
+            .env("SLUICE_SHUTDOWN_DELAY_SECS", "2");
+    });
+    assert_eq!(http(server.http, "GET", "/healthcheck", "").unwrap().0, 200);
+    let pid = server.child.id().to_string();
+    let kill = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(kill.success());
+    wait_for("health to fail", Duration::from_secs(5), || {
+        http(server.http, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 500)
+    });
+    let start = Instant::now();
+    loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "sluice did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

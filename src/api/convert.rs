@@ -1,0 +1,162 @@
+//! Protobuf <-> domain conversions shared by the gRPC and `/json` adapters. Strings are moved
+//! out of the decoded message, never copied.
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration;
+
+use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
+use crate::limiter::Unit;
+use crate::service::{Code, Response, Status};
+
+/// A request that cannot be turned into a [`Request`].
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ConvertError {
+    /// The Go service crashes on this (its PR #1202); Sluice refuses the request instead.
+    #[error(
+        "descriptors[{index}].limit.unit: {unit} is not a valid unit (expected SECOND, MINUTE, HOUR, DAY, MONTH, YEAR or WEEK)"
+    )]
+    BadOverrideUnit { index: usize, unit: i32 },
+}
+
+/// Moves a decoded protobuf request into the domain model.
+pub fn request_from_proto(req: RateLimitRequest) -> Result<Request, ConvertError> {
+    let mut descriptors = Vec::with_capacity(req.descriptors.len());
+    for (index, d) in req.descriptors.into_iter().enumerate() {
+        let limit_override = match d.limit {
+            None => None,
+            Some(o) => Some(LimitOverride {
+                requests_per_unit: o.requests_per_unit,
+                unit: Unit::from_proto_number(o.unit).ok_or(ConvertError::BadOverrideUnit {
+                    index,
+                    unit: o.unit,
+                })?,
+            }),
+        };
+        descriptors.push(Descriptor {
+            entries: d
+                .entries
+                .into_iter()
+                .map(|e| Entry {
+                    key: e.key,
+                    value: e.value,
+                })
+                .collect(),
+            limit_override,
+            hits_addend: d.hits_addend.map(|h| h.value),
+        });
+    }
+    Ok(Request {
+        domain: req.domain,
+        descriptors,
+        hits_addend: req.hits_addend,
+    })
+}
+
+fn code_to_proto(code: Code) -> i32 {
+    match code {
+        Code::Ok => PbCode::Ok as i32,
+        Code::OverLimit => PbCode::OverLimit as i32,
+    }
+}
+
+fn status_to_proto(s: Status) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code_to_proto(s.code),
+        current_limit: s.current_limit.map(|l| PbRateLimit {
+            name: l.name,
+            requests_per_unit: l.requests_per_unit,
+            unit: l.unit.proto_number(),
+        }),
+        limit_remaining: s.limit_remaining,
+        duration_until_reset: s.duration_until_reset_secs.map(|secs| Duration {
+            seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+/// Encodes a domain response as the protobuf message.
+pub fn response_to_proto(r: Response) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: code_to_proto(r.overall_code),
+        statuses: r.statuses.into_iter().map(status_to_proto).collect(),
+        response_headers_to_add: r
+            .response_headers
+            .into_iter()
+            .map(|(key, value)| HeaderValue {
+                key,
+                value,
+                raw_value: Vec::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry as PbEntry, RateLimitOverride,
+    };
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    #[test]
+    fn moves_every_field_and_keeps_a_zero_addend_distinct_from_unset() {
+        let req = RateLimitRequest {
+            domain: "d".into(),
+            hits_addend: 3,
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![PbEntry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                limit: Some(RateLimitOverride {
+                    requests_per_unit: 7,
+                    unit: 2,
+                }),
+                hits_addend: Some(UInt64Value { value: 0 }),
+                is_negative_hits: false,
+            }],
+        };
+        let r = request_from_proto(req).unwrap();
+        assert_eq!(r.domain, "d");
+        assert_eq!(r.hits_addend, 3);
+        assert_eq!(r.descriptors[0].entries, vec![Entry::new("k", "v")]);
+        assert_eq!(r.descriptors[0].hits_addend, Some(0));
+        assert_eq!(
+            r.descriptors[0].limit_override,
+            Some(LimitOverride {
+                requests_per_unit: 7,
+                unit: Unit::Minute
+            })
+        );
+    }
+
+    #[test]
+    fn an_override_with_unit_unknown_is_an_error_naming_the_descriptor() {
+        let req = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![
+                RateLimitDescriptor::default(),
+                RateLimitDescriptor {
+                    limit: Some(RateLimitOverride {
+                        requests_per_unit: 1,
+                        unit: 0,
+                    }),
+                    ..Default::default()
+                },
+            ],
+            hits_addend: 0,
+        };
+        let err = request_from_proto(req).unwrap_err();
+        assert_eq!(err, ConvertError::BadOverrideUnit { index: 1, unit: 0 });
+        assert!(err.to_string().starts_with("descriptors[1].limit.unit: 0"));
+    }
+}

@@ -1,0 +1,48 @@
+//! The debug listener on DEBUG_PORT: `/rlconfig` (the loaded limits, one line each, in the Go
+//! service's format) and `/stats` (Sluice's service counters as `name: value` lines).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+
+use crate::config::ConfigHandle;
+use crate::store::MemoryStore;
+
+struct DebugState {
+    config: ConfigHandle,
+    memory: Option<Arc<MemoryStore>>,
+}
+
+/// The router for DEBUG_PORT. `memory` is the memory store, when that is the backend.
+pub fn router(config: ConfigHandle, memory: Option<Arc<MemoryStore>>) -> Router {
+    Router::new()
+        .route("/rlconfig", get(rlconfig))
+        .route("/stats", get(stats))
+        .with_state(Arc::new(DebugState { config, memory }))
+}
+
+async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
+    st.config.current().map(|c| c.dump()).unwrap_or_default()
+}
+
+async fn stats(State(st): State<Arc<DebugState>>) -> String {
+    let c = st.config.stats();
+    let mut out = format!(
+        "ratelimit.service.config_load_success: {}\nratelimit.service.config_load_error: {}\n",
+        c.load_success.load(Ordering::Relaxed),
+        c.load_error.load(Ordering::Relaxed),
+    );
+    if let Some(m) = &st.memory {
+        out.push_str(&format!(
+            "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\nsluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n",
+            m.live_counters(),
+            m.max_counters(),
+            m.stats().rejected_full.load(Ordering::Relaxed),
+            m.stats().swept.load(Ordering::Relaxed),
+        ));
+    }
+    out
+}

@@ -1,0 +1,91 @@
+//! The HTTP adapter on PORT: `/json` (proto3 JSON in and out) and `/healthcheck`.
+//!
+//! `/json` answers as envoyproxy/ratelimit does: 200 for OK, 429 for OVER_LIMIT, and 400 for a
+//! bad body or any service error (including backend errors). The 400 body starts with the Go
+//! service's `Bad Request` line and adds a second line saying what was wrong.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+
+use super::convert::{request_from_proto, response_to_proto};
+use super::health::Health;
+use super::json::{decode_request, encode_response};
+use crate::service::{Code, RateLimitService};
+use crate::store::CounterStore;
+
+struct HttpState<S> {
+    service: Arc<RateLimitService<S>>,
+    health: Arc<Health>,
+    max_request_bytes: usize,
+}
+
+/// The router for PORT.
+pub fn router<S: CounterStore>(
+    service: Arc<RateLimitService<S>>,
+    health: Arc<Health>,
+    max_request_bytes: usize,
+) -> Router {
+    let state = Arc::new(HttpState {
+        service,
+        health,
+        max_request_bytes,
+    });
+    Router::new()
+        .route("/json", any(json::<S>))
+        .route("/healthcheck", any(healthcheck::<S>))
+        .with_state(state)
+}
+
+fn bad_request(reason: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("Bad Request\n{reason}\n"),
+    )
+        .into_response()
+}
+
+async fn json<S: CounterStore>(State(st): State<Arc<HttpState<S>>>, body: Body) -> Response {
+    let bytes = match axum::body::to_bytes(body, st.max_request_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return bad_request(format!(
+                "request body is larger than {} bytes (SLUICE_MAX_REQUEST_BYTES) or could not be read",
+                st.max_request_bytes
+            ));
+        }
+    };
+    let request = match decode_request(&bytes) {
+        Ok(r) => r,
+        Err(e) => return bad_request(e),
+    };
+    let request = match request_from_proto(request) {
+        Ok(r) => r,
+        Err(e) => return bad_request(e),
+    };
+    match st.service.should_rate_limit(request).await {
+        Ok(response) => {
+            let status = match response.overall_code {
+                Code::Ok => StatusCode::OK,
+                Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+            };
+            let body = encode_response(&response_to_proto(response));
+            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err(e) => bad_request(e),
+    }
+}
+
+async fn healthcheck<S: CounterStore>(State(st): State<Arc<HttpState<S>>>) -> Response {
+    if st.health.is_healthy() {
+        (StatusCode::OK, "OK").into_response()
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}

@@ -1,0 +1,195 @@
+//! Wiring only: builds the store, the service and the three listeners' servers, and runs them
+//! until shutdown. Listeners are passed in already bound, so tests bind port 0.
+
+use std::future::{Future, IntoFuture};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::api;
+use crate::api::health::Health;
+use crate::clock::Clock;
+use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
+use crate::service::{RateLimitService, ServiceOptions};
+use crate::store::MemoryStore;
+
+/// The three bound listeners.
+pub struct Listeners {
+    pub http: TcpListener,
+    pub grpc: TcpListener,
+    pub debug: TcpListener,
+}
+
+impl Listeners {
+    /// Binds all three on 127.0.0.1 with OS-chosen ports (for tests).
+    pub async fn ephemeral() -> std::io::Result<Self> {
+        Ok(Listeners {
+            http: TcpListener::bind("127.0.0.1:0").await?,
+            grpc: TcpListener::bind("127.0.0.1:0").await?,
+            debug: TcpListener::bind("127.0.0.1:0").await?,
+        })
+    }
+}
+
+/// Where to watch for config changes.
+#[derive(Clone, Debug)]
+pub struct Reload {
+    pub source: ConfigSource,
+    pub options: LoadOptions,
+    pub poll: Duration,
+}
+
+/// Everything [`App`] needs that is not a listener or a loaded config.
+#[derive(Clone, Debug)]
+pub struct AppOptions {
+    pub service: ServiceOptions,
+    pub max_counters: usize,
+    pub sweep_interval: Duration,
+    pub max_request_bytes: usize,
+    /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
+    pub require_config_for_health: bool,
+    /// How long health reports failing after SIGTERM before the listeners stop accepting.
+    pub shutdown_delay: Duration,
+    /// How long in-flight calls get to finish once the listeners stop.
+    pub drain_timeout: Duration,
+    pub reload: Option<Reload>,
+}
+
+/// A built, not yet serving, Sluice.
+pub struct App {
+    options: AppOptions,
+    config: ConfigHandle,
+    store: Arc<MemoryStore>,
+    service: Arc<RateLimitService<MemoryStore>>,
+    health: Arc<Health>,
+}
+
+impl App {
+    /// Must be called inside a tokio runtime (the store's sweeper is spawned).
+    pub fn new(options: AppOptions, config: ConfigHandle, clock: Arc<dyn Clock>) -> Self {
+        let store = Arc::new(MemoryStore::with_sweeper(
+            options.max_counters,
+            clock.clone(),
+            options.sweep_interval,
+        ));
+        let service = Arc::new(RateLimitService::new(
+            config.clone(),
+            store.clone(),
+            clock,
+            options.service.clone(),
+        ));
+        let health = Arc::new(Health::new(
+            config.clone(),
+            options.require_config_for_health,
+        ));
+        App {
+            options,
+            config,
+            store,
+            service,
+            health,
+        }
+    }
+
+    pub fn service(&self) -> &Arc<RateLimitService<MemoryStore>> {
+        &self.service
+    }
+
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// Serves until `shutdown` completes, then: health fails, `shutdown_delay` passes (so load
+    /// balancers see the failing health check), the listeners stop accepting, and in-flight
+    /// calls get up to `drain_timeout` to finish.
+    pub async fn serve(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        let App {
+            options,
+            config,
+            store,
+            service,
+            health,
+        } = self;
+        let _watcher = options.reload.as_ref().map(|r| {
+            crate::config::spawn_watcher(
+                r.source.clone(),
+                r.options.clone(),
+                config.clone(),
+                r.poll,
+            )
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                // Err means the sender is gone, which also means stop.
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+        };
+
+        let (grpc_routes, health_updater) =
+            api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
+        let grpc = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(grpc_routes)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stopped()),
+        );
+        let http_router =
+            api::http::router(service.clone(), health.clone(), options.max_request_bytes);
+        let http = tokio::spawn(
+            axum::serve(listeners.http, http_router)
+                .with_graceful_shutdown(stopped())
+                .into_future(),
+        );
+        let debug_router = api::debug::router(config.clone(), Some(store.clone()));
+        let debug = tokio::spawn(
+            axum::serve(listeners.debug, debug_router)
+                .with_graceful_shutdown(stopped())
+                .into_future(),
+        );
+
+        shutdown.await;
+        tracing::info!("shutting down: health now failing");
+        health.fail_sigterm();
+        tokio::time::sleep(options.shutdown_delay).await;
+        let _ = stop_tx.send(true);
+        let drained = tokio::time::timeout(options.drain_timeout, async {
+            let (g, h, d) = tokio::join!(grpc, http, debug);
+            (g, h, d)
+        })
+        .await;
+        health_updater.abort();
+        match drained {
+            Err(_) => {
+                tracing::warn!(
+                    timeout = ?options.drain_timeout,
+                    "in-flight calls did not finish before the drain timeout"
+                );
+                Ok(())
+            }
+            Ok((g, h, d)) => {
+                fn flatten<E: std::fmt::Display>(
+                    what: &str,
+                    r: Result<Result<(), E>, tokio::task::JoinError>,
+                ) -> std::io::Result<()> {
+                    match r {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(std::io::Error::other(format!("{what} server: {e}"))),
+                        Err(e) => Err(std::io::Error::other(format!("{what} server task: {e}"))),
+                    }
+                }
+                flatten("gRPC", g)?;
+                flatten("HTTP", h)?;
+                flatten("debug", d)?;
+                Ok(())
+            }
+        }
+    }
+}

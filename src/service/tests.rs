@@ -1,0 +1,501 @@
+//! One test per behaviour of envoyproxy/ratelimit that a drop-in must match (the reference's
+//! closing list), driven through the service with a manual clock and the memory store.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::clock::{ManualClock, Timestamp};
+use crate::config::{ConfigHandle, LoadOptions, parse_files};
+use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
+use crate::store::MemoryStore;
+
+const CONFIG: &str = r#"
+domain: test
+descriptors:
+  - key: key1
+    rate_limit: {unit: second, requests_per_unit: 50}
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20, name: per_minute}
+  - key: key3
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: ten
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: shady
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: banned
+    rate_limit: {unit: minute, requests_per_unit: 0, name: banned}
+  - key: unbanned
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+      replaces: [{name: banned}]
+  - key: files
+    value: "files/*"
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: parent
+    value: p
+    descriptors:
+      - key: child
+        rate_limit: {unit: day, requests_per_unit: 20}
+"#;
+
+struct Harness {
+    service: RateLimitService<MemoryStore>,
+    clock: ManualClock,
+    config: ConfigHandle,
+}
+
+fn harness_with(options: ServiceOptions) -> Harness {
+    let cfg = parse_files(
+        &[("test.yaml".to_string(), CONFIG.to_string())],
+        &LoadOptions::default(),
+    )
+    .expect("test config loads");
+    let config = ConfigHandle::new(Some(cfg));
+    // now=2222 is 2 s into a minute (MINUTE windows reset in 58 s), as in the reference's
+    // header example.
+    let clock = ManualClock::new(Timestamp::from_secs(2222));
+    let service = RateLimitService::new(
+        config.clone(),
+        Arc::new(MemoryStore::new(10_000)),
+        Arc::new(clock.clone()),
+        options,
+    );
+    Harness {
+        service,
+        clock,
+        config,
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(ServiceOptions::default())
+}
+
+fn desc(entries: &[(&str, &str)]) -> Descriptor {
+    Descriptor {
+        entries: entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect(),
+        ..Default::default()
+    }
+}
+
+fn req(domain: &str, descriptors: Vec<Descriptor>) -> Request {
+    Request {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+impl Harness {
+    async fn call(&self, r: Request) -> Response {
+        self.service.should_rate_limit(r).await.expect("no error")
+    }
+    async fn one(&self, entries: &[(&str, &str)]) -> Response {
+        self.call(req("test", vec![desc(entries)])).await
+    }
+}
+
+#[tokio::test]
+async fn calls_up_to_the_limit_pass_then_over_strictly() {
+    let h = harness();
+    for i in 1..=20u32 {
+        let r = h.one(&[("key2", "R")]).await;
+        assert_eq!(r.overall_code, Code::Ok, "call {i}");
+        assert_eq!(r.statuses[0].limit_remaining, 20 - i);
+    }
+    for _ in 21..=25 {
+        let r = h.one(&[("key2", "R")]).await;
+        assert_eq!(r.overall_code, Code::OverLimit);
+        assert_eq!(r.statuses[0].code, Code::OverLimit);
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+    }
+}
+
+#[tokio::test]
+async fn limit_zero_is_always_over() {
+    let h = harness();
+    let r = h.one(&[("zero", "x")]).await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(r.overall_code, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn windows_are_epoch_aligned_and_reset_is_within_the_unit() {
+    let h = harness();
+    let r = h.one(&[("key1", "foo")]).await;
+    assert_eq!(r.statuses[0].limit_remaining, 49);
+    assert_eq!(r.statuses[0].duration_until_reset_secs, Some(1));
+    let r = h.one(&[("key2", "R")]).await;
+    assert_eq!(r.statuses[0].duration_until_reset_secs, Some(60 - 2222 % 60));
+    // Two DAY calls 2 s apart: the second has less time left.
+    let first = h.one(&[("parent", "p"), ("child", "c")]).await;
+    h.clock.advance_secs(2);
+    let second = h.one(&[("parent", "p"), ("child", "c")]).await;
+    assert_eq!(
+        first.statuses[0].duration_until_reset_secs.unwrap() - 2,
+        second.statuses[0].duration_until_reset_secs.unwrap()
+    );
+    // A new minute starts a fresh count.
+    for _ in 0..25 {
+        h.one(&[("key2", "new")]).await;
+    }
+    h.clock.set(Timestamp::from_secs(2280));
+    let r = h.one(&[("key2", "new")]).await;
+    assert_eq!(r.statuses[0].limit_remaining, 19);
+    assert_eq!(r.statuses[0].duration_until_reset_secs, Some(60));
+}
+
+#[tokio::test]
+async fn unknown_domain_and_unmatched_descriptors_answer_bare_ok() {
+    let h = harness();
+    let r = h.call(req("foo", vec![desc(&[("hello", "world")])])).await;
+    assert_eq!(r.overall_code, Code::Ok);
+    assert_eq!(r.statuses, vec![Status::ok()]);
+    let r = h.one(&[("nope", "x")]).await;
+    assert_eq!(r.statuses, vec![Status::ok()]);
+    // Deeper than the config: no limit (the Go service stops at a leaf).
+    let r = h.one(&[("key1", "a"), ("more", "b")]).await;
+    assert_eq!(r.statuses, vec![Status::ok()]);
+    // Shallower than the config's limit level: no limit either.
+    let r = h.one(&[("parent", "p")]).await;
+    assert_eq!(r.statuses, vec![Status::ok()]);
+}
+
+#[tokio::test]
+async fn unlimited_answers_max_remaining_and_counts_nothing() {
+    let h = harness();
+    let r = h.one(&[("free", "x")]).await;
+    assert_eq!(r.statuses, vec![Status::unlimited()]);
+    assert_eq!(r.statuses[0].limit_remaining, 4_294_967_295);
+    assert_eq!(h.service.store().live_counters(), 0);
+}
+
+#[tokio::test]
+async fn empty_domain_or_descriptor_list_are_errors_with_go_messages() {
+    let h = harness();
+    let e = h.service.should_rate_limit(req("", vec![desc(&[("a", "b")])])).await;
+    assert_eq!(e.unwrap_err().to_string(), "rate limit domain must not be empty");
+    let e = h.service.should_rate_limit(req("test", vec![])).await;
+    assert_eq!(
+        e.unwrap_err().to_string(),
+        "rate limit descriptor list must not be empty"
+    );
+    let no_config = RateLimitService::new(
+        ConfigHandle::new(None),
+        Arc::new(MemoryStore::new(10)),
+        Arc::new(h.clock.clone()),
+        ServiceOptions::default(),
+    );
+    let e = no_config.should_rate_limit(req("test", vec![desc(&[("a", "b")])])).await;
+    assert_eq!(e.unwrap_err().to_string(), "no rate limit configuration loaded");
+}
+
+#[tokio::test]
+async fn a_full_store_is_an_error_not_a_silent_ok() {
+    let h = harness();
+    let tiny = RateLimitService::new(
+        h.config.clone(),
+        Arc::new(MemoryStore::new(1)),
+        Arc::new(h.clock.clone()),
+        ServiceOptions::default(),
+    );
+    tiny.should_rate_limit(req("test", vec![desc(&[("key1", "a")])]))
+        .await
+        .unwrap();
+    let e = tiny
+        .should_rate_limit(req("test", vec![desc(&[("key1", "b")])]))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ServiceError::Store(StoreError::Full { max: 1 })));
+    assert!(!e.is_invalid_argument());
+}
+
+#[tokio::test]
+async fn every_descriptor_is_counted_even_when_one_is_over() {
+    let h = harness();
+    let two = || {
+        req(
+            "test",
+            vec![desc(&[("key2", "R2")]), desc(&[("key3", "R2")])],
+        )
+    };
+    for i in 1..=10u32 {
+        let r = h.call(two()).await;
+        assert_eq!(r.overall_code, Code::Ok, "call {i}");
+    }
+    for i in 11..=15u32 {
+        let r = h.call(two()).await;
+        assert_eq!(r.overall_code, Code::OverLimit);
+        assert_eq!(r.statuses[1].code, Code::OverLimit);
+        // key2 (20/min) keeps draining: 9, 8, 7, 6, 5.
+        assert_eq!(r.statuses[0].code, Code::Ok);
+        assert_eq!(r.statuses[0].limit_remaining, 20 - i);
+    }
+}
+
+#[tokio::test]
+async fn hits_addends() {
+    let h = harness();
+    // Request-level 0 means 1; 3 means 3.
+    let mut r = req("test", vec![desc(&[("key1", "a")])]);
+    r.hits_addend = 3;
+    assert_eq!(h.call(r).await.statuses[0].limit_remaining, 47);
+    // A per-descriptor addend wins, and 0 is a peek.
+    let mut d = desc(&[("ten", "p")]);
+    d.hits_addend = Some(10);
+    let mut r = req("test", vec![d.clone()]);
+    r.hits_addend = 5;
+    assert_eq!(h.call(r).await.statuses[0].limit_remaining, 0);
+    d.hits_addend = Some(0);
+    let peek = h.call(req("test", vec![d.clone()])).await;
+    assert_eq!(peek.statuses[0].code, Code::Ok);
+    assert_eq!(peek.statuses[0].limit_remaining, 0);
+    d.hits_addend = None;
+    let next = h.call(req("test", vec![d])).await;
+    assert_eq!(next.statuses[0].code, Code::OverLimit);
+    // Enormous addends saturate instead of wrapping back under the limit.
+    let mut huge = desc(&[("ten", "huge")]);
+    huge.hits_addend = Some(u64::MAX);
+    let r = h.call(req("test", vec![huge.clone()])).await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    let r = h.call(req("test", vec![huge])).await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn current_limit_echoes_the_rule() {
+    let h = harness();
+    let r = h.one(&[("key2", "x")]).await;
+    assert_eq!(
+        r.statuses[0].current_limit,
+        Some(CurrentLimit {
+            requests_per_unit: 20,
+            unit: Unit::Minute,
+            name: "per_minute".into()
+        })
+    );
+}
+
+#[tokio::test]
+async fn per_rule_shadow_mode_answers_ok_with_zero_remaining() {
+    let h = harness();
+    for _ in 0..5 {
+        let r = h.one(&[("shady", "x")]).await;
+        assert_eq!(r.overall_code, Code::Ok);
+        assert_eq!(r.statuses[0].code, Code::Ok);
+    }
+    let r = h.one(&[("shady", "x")]).await;
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert!(r.statuses[0].current_limit.is_some());
+}
+
+#[tokio::test]
+async fn global_shadow_mode_keeps_statuses_over_but_answers_ok() {
+    let h = harness_with(ServiceOptions {
+        shadow_mode: true,
+        ..Default::default()
+    });
+    let r = h.one(&[("zero", "x")]).await;
+    assert_eq!(r.overall_code, Code::Ok);
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn quota_descriptors_only_block_when_all_of_them_are_over() {
+    let h = harness();
+    let both = || {
+        req(
+            "test",
+            vec![desc(&[("quota", "q")]), desc(&[("quota2", "q")])],
+        )
+    };
+    h.call(both()).await;
+    h.call(both()).await;
+    // quota (2/min) is over, quota2 (5/min) is not: overall OK.
+    let r = h.call(both()).await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(r.overall_code, Code::Ok);
+    h.call(both()).await;
+    h.call(both()).await;
+    // Now both are over.
+    let r = h.call(both()).await;
+    assert_eq!(r.overall_code, Code::OverLimit);
+    // A non-quota descriptor over blocks regardless.
+    let r = h
+        .call(req("test", vec![desc(&[("quota", "z")]), desc(&[("zero", "z")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::OverLimit);
+    // Global QUOTA_MODE makes every limit a quota limit: one not over keeps the request OK.
+    let g = harness_with(ServiceOptions {
+        quota_mode: true,
+        ..Default::default()
+    });
+    let r = g
+        .call(req("test", vec![desc(&[("zero", "z")]), desc(&[("key1", "z")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::Ok);
+}
+
+#[tokio::test]
+async fn replaced_limits_answer_ok_and_are_not_counted() {
+    let h = harness();
+    let banned = h.one(&[("banned", "u")]).await;
+    assert_eq!(banned.overall_code, Code::OverLimit);
+    let both = || req("test", vec![desc(&[("banned", "u")]), desc(&[("unbanned", "u")])]);
+    for _ in 0..2 {
+        let r = h.call(both()).await;
+        assert_eq!(r.overall_code, Code::Ok);
+        assert_eq!(r.statuses[0], Status::ok());
+    }
+    assert_eq!(h.call(both()).await.overall_code, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn an_override_needs_a_known_domain_and_shares_the_config_counter() {
+    let h = harness();
+    let mut d = desc(&[("key2", "shared")]);
+    d.limit_override = Some(LimitOverride {
+        requests_per_unit: 5,
+        unit: Unit::Minute,
+    });
+    // Unknown domain: the override is ignored.
+    let r = h.call(req("nowhere", vec![d.clone()])).await;
+    assert_eq!(r.statuses, vec![Status::ok()]);
+    // Three hits through config (20/min) ...
+    for _ in 0..3 {
+        h.one(&[("key2", "shared")]).await;
+    }
+    // ... are seen by the override (5/min): 4th hit leaves 1.
+    let r = h.call(req("test", vec![d.clone()])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    assert_eq!(
+        r.statuses[0].current_limit,
+        Some(CurrentLimit {
+            requests_per_unit: 5,
+            unit: Unit::Minute,
+            name: String::new()
+        })
+    );
+    // An override applies even where config has no match.
+    d.entries = vec![Entry::new("unconfigured", "x")];
+    let r = h.call(req("test", vec![d])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+}
+
+#[tokio::test]
+async fn share_threshold_counts_every_matching_value_together() {
+    let h = harness();
+    for _ in 0..10 {
+        let r = h.one(&[("files", "files/a.pdf")]).await;
+        assert_eq!(r.overall_code, Code::Ok);
+    }
+    let r = h.one(&[("files", "files/b.csv")]).await;
+    assert_eq!(r.overall_code, Code::OverLimit);
+}
+
+#[tokio::test]
+async fn counter_keys_match_the_go_service() {
+    let mut buf = String::new();
+    write_counter_key(
+        &mut buf,
+        "",
+        "domain",
+        &[Entry::new("key2", "value2"), Entry::new("subkey2", "subvalue2")],
+        &[],
+    );
+    // Go's key is this stem plus the window start: domain_key2_value2_subkey2_subvalue2_1200.
+    assert_eq!(buf, "domain_key2_value2_subkey2_subvalue2_");
+    buf.clear();
+    write_counter_key(&mut buf, "prefix:", "domain", &[Entry::new("key", "value")], &[]);
+    assert_eq!(buf, "prefix:domain_key_value_");
+    buf.clear();
+    write_counter_key(
+        &mut buf,
+        "",
+        "domain",
+        &[Entry::new("files", "files/a.pdf")],
+        &[(0, "files/*")],
+    );
+    assert_eq!(buf, "domain_files_files/*_");
+}
+
+#[tokio::test]
+async fn rate_limit_headers_follow_the_go_selection_rule() {
+    let h = harness_with(ServiceOptions {
+        response_headers: Some(HeaderNames::default()),
+        ..Default::default()
+    });
+    let mut last = None;
+    for _ in 0..11 {
+        last = Some(h.one(&[("ten", "h")]).await);
+    }
+    let headers = last.unwrap().response_headers;
+    assert_eq!(
+        headers,
+        vec![
+            ("RateLimit-Limit".to_string(), "10".to_string()),
+            ("RateLimit-Remaining".to_string(), "0".to_string()),
+            ("RateLimit-Reset".to_string(), "58".to_string()),
+        ]
+    );
+    // Sent on OK too, from the descriptor with the least remaining.
+    let r = h
+        .call(req("test", vec![desc(&[("key1", "m")]), desc(&[("key3", "m")])]))
+        .await;
+    assert_eq!(r.overall_code, Code::Ok);
+    assert_eq!(r.response_headers[0].1, "10");
+    assert_eq!(r.response_headers[1].1, "9");
+    // No headers when disabled, or when nothing has a limit.
+    assert!(harness().one(&[("ten", "h")]).await.response_headers.is_empty());
+    assert!(h.one(&[("nope", "x")]).await.response_headers.is_empty());
+}
+
+#[tokio::test]
+async fn counters_survive_a_config_reload() {
+    let h = harness();
+    for _ in 0..5 {
+        h.one(&[("key2", "kept")]).await;
+    }
+    let reloaded = parse_files(
+        &[("test.yaml".to_string(), CONFIG.to_string())],
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    h.config.store(reloaded);
+    assert_eq!(h.one(&[("key2", "kept")]).await.statuses[0].limit_remaining, 14);
+}
+
+#[tokio::test]
+async fn requests_beyond_the_caps_are_refused_naming_the_cap() {
+    let h = harness_with(ServiceOptions {
+        max_descriptors: 2,
+        max_entries: 1,
+        ..Default::default()
+    });
+    let e = h
+        .service
+        .should_rate_limit(req("test", vec![desc(&[("a", "b")]); 3]))
+        .await
+        .unwrap_err();
+    assert!(e.is_invalid_argument());
+    assert!(e.to_string().contains("SLUICE_MAX_DESCRIPTORS"), "{e}");
+    let e = h
+        .service
+        .should_rate_limit(req("test", vec![desc(&[("a", "b"), ("c", "d")])]))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("SLUICE_MAX_ENTRIES"), "{e}");
+}

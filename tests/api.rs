@@ -1,0 +1,244 @@
+//! The adapters over real sockets on port 0: gRPC with a tonic client built from envoy-types,
+//! `/json` and `/healthcheck` over HTTP/1.1, and `/rlconfig` on the debug port.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{default_options, fixture, http, start};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn client(addr: std::net::SocketAddr) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect gRPC")
+}
+
+async fn call(
+    c: &mut RateLimitServiceClient<Channel>,
+    r: RateLimitRequest,
+) -> Result<RateLimitResponse, tonic::Status> {
+    c.should_rate_limit(r).await.map(|r| r.into_inner())
+}
+
+#[tokio::test]
+async fn grpc_answers_like_envoyproxy_ratelimit() {
+    let app = start(&fixture("api"), default_options()).await;
+    let mut c = client(app.grpc).await;
+
+    let r = call(&mut c, request("api", &[("key1", "foo")])).await.unwrap();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 49);
+    assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 1);
+
+    for i in 1..=10 {
+        let r = call(&mut c, request("api", &[("ten", "x")])).await.unwrap();
+        assert_eq!(r.overall_code, Code::Ok as i32, "call {i}");
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(limit.name, "ten_per_minute");
+        assert_eq!(limit.requests_per_unit, 10);
+    }
+    let r = call(&mut c, request("api", &[("ten", "x")])).await.unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+
+    let unknown = call(&mut c, request("nope", &[("a", "b")])).await.unwrap();
+    assert_eq!(unknown.overall_code, Code::Ok as i32);
+    assert_eq!(unknown.statuses.len(), 1);
+    assert_eq!(unknown.statuses[0].current_limit, None);
+}
+
+#[tokio::test]
+async fn grpc_errors_use_go_codes_and_messages() {
+    let app = start(&fixture("api"), default_options()).await;
+    let mut c = client(app.grpc).await;
+
+    let e = call(&mut c, request("", &[("a", "b")])).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+    assert_eq!(e.message(), "rate limit domain must not be empty");
+
+    let mut empty = request("api", &[]);
+    empty.descriptors.clear();
+    let e = call(&mut c, empty).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unknown);
+    assert_eq!(e.message(), "rate limit descriptor list must not be empty");
+
+    let mut bad_unit = request("api", &[("key1", "x")]);
+    bad_unit.descriptors[0].limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    let e = call(&mut c, bad_unit).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("descriptors[0].limit.unit"), "{}", e.message());
+
+    let mut many = request("api", &[("key1", "x")]);
+    many.descriptors = vec![many.descriptors[0].clone(); 65];
+    let e = call(&mut c, many).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("SLUICE_MAX_DESCRIPTORS"), "{}", e.message());
+
+    let big = request("api", &[("key1", &"x".repeat(70 * 1024))]);
+    let e = call(&mut c, big).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("SLUICE_MAX_REQUEST_BYTES"), "{}", e.message());
+
+    // The server is still healthy after all that.
+    assert!(call(&mut c, request("api", &[("key1", "y")])).await.is_ok());
+}
+
+#[tokio::test]
+async fn many_concurrent_calls_on_one_key_admit_exactly_the_limit() {
+    let app = start(&fixture("api"), default_options()).await;
+    let c = client(app.grpc).await;
+    let tasks: Vec<_> = (0..250)
+        .map(|_| {
+            let mut c = c.clone();
+            tokio::spawn(async move {
+                call(&mut c, request("api", &[("hot", "k")]))
+                    .await
+                    .map(|r| r.overall_code == Code::Ok as i32)
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        if t.await.unwrap().unwrap() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 100);
+}
+
+#[tokio::test]
+async fn grpc_health_mirrors_healthcheck() {
+    let app = start(&fixture("api"), default_options()).await;
+    let mut h = HealthClient::connect(format!("http://{}", app.grpc))
+        .await
+        .unwrap();
+    for service in ["ratelimit", ""] {
+        let mut status = None;
+        // The health task publishes within ~100 ms of start.
+        for _ in 0..50 {
+            let r = h
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await;
+            if let Ok(r) = r {
+                status = Some(r.into_inner().status);
+                if status == Some(ServingStatus::Serving as i32) {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(status, Some(ServingStatus::Serving as i32), "service {service:?}");
+    }
+}
+
+#[tokio::test]
+async fn json_endpoint_codes_and_bodies() {
+    let app = start(&fixture("api"), default_options()).await;
+    let ok = http(
+        app.http,
+        "POST",
+        "/json",
+        r#"{"domain":"api","descriptors":[{"entries":[{"key":"key1","value":"foo"}]}]}"#,
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert!(ok.headers.to_ascii_lowercase().contains("content-type: application/json"));
+    let v: serde_json::Value = serde_json::from_str(&ok.body).unwrap();
+    assert_eq!(v["overallCode"], "OK");
+    assert_eq!(v["statuses"][0]["limitRemaining"], 49);
+    assert_eq!(v["statuses"][0]["durationUntilReset"], "1s");
+    assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "SECOND");
+
+    let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"ten","value":"j"}]}],"hitsAddend":11}"#;
+    let over = http(app.http, "POST", "/json", body).await;
+    assert_eq!(over.status, 429, "{}", over.body);
+    let v: serde_json::Value = serde_json::from_str(&over.body).unwrap();
+    assert_eq!(v["overallCode"], "OVER_LIMIT");
+
+    let bad = http(app.http, "POST", "/json", "{not json").await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.body.starts_with("Bad Request\n"), "{}", bad.body);
+
+    let empty_domain = http(app.http, "POST", "/json", r#"{"descriptors":[{"entries":[]}]}"#).await;
+    assert_eq!(empty_domain.status, 400);
+    assert!(
+        empty_domain.body.contains("rate limit domain must not be empty"),
+        "{}",
+        empty_domain.body
+    );
+
+    let health = http(app.http, "GET", "/healthcheck", "").await;
+    assert_eq!(health.status, 200);
+    assert_eq!(health.body, "OK");
+}
+
+#[tokio::test]
+async fn rlconfig_lists_each_limit() {
+    let app = start(&fixture("api"), default_options()).await;
+    let r = http(app.debug, "GET", "/rlconfig", "").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.body
+            .contains("api.ten: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n"),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body.lines().count(), 3, "{}", r.body);
+}
+
+#[tokio::test]
+async fn shutdown_fails_health_then_drains() {
+    let mut options = default_options();
+    options.shutdown_delay = Duration::from_millis(1500);
+    let mut app = start(&fixture("api"), options).await;
+    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 200);
+    app.shutdown.take().unwrap().send(()).unwrap();
+    // During the shutdown delay the listeners still answer, with health failing.
+    let mut saw_500 = false;
+    for _ in 0..20 {
+        if http(app.http, "GET", "/healthcheck", "").await.status == 500 {
+            saw_500 = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(saw_500, "health should fail after shutdown starts");
+    let result = tokio::time::timeout(Duration::from_secs(10), app.task)
+        .await
+        .expect("server stops within the drain timeout");
+    result.unwrap().unwrap();
+    assert!(tokio::net::TcpStream::connect(app.http).await.is_err());
+}
