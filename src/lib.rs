@@ -8,6 +8,8 @@
 //!
 //! - [`descriptor`]: the decoded request, free of any protocol types.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
+//! - [`settings`]: CLI flags and the envoyproxy/ratelimit environment variables, validated once.
 
 pub mod descriptor;
 pub mod limiter;
+pub mod settings;
