@@ -1,4 +1,5 @@
-//! Sluice: an external rate-limit service for Envoy and nginx.
+//! Sluice: an external rate-limit service for Envoy and nginx, drop-in compatible with
+//! envoyproxy/ratelimit.
 //!
 //! A request flows one way:
 //!
@@ -6,14 +7,22 @@
 //! api (decode) -> config (lookup: matched limits) -> store (apply hits, using limiter) -> api (encode)
 //! ```
 //!
+//! - [`settings`]: CLI flags and envoyproxy/ratelimit's environment variables, validated once.
+//! - [`app`]: wiring; listeners are passed in.
+//! - [`api`]: adapters only (gRPC, `/json`, health, debug); errors become statuses here.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
+//! - [`config`]: YAML -> validated model -> compiled lookup table; reload.
+//! - [`service`]: envoyproxy/ratelimit's decision semantics over a store.
+//! - [`store`]: the counter-store trait and its backends.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
+//! - [`clock`]: the injected time source.
 
-pub mod descriptor;
-pub mod limiter;
-pub mod clock;
-pub mod config;
-pub mod service;
-pub mod store;
 pub mod api;
 pub mod app;
+pub mod clock;
+pub mod config;
+pub mod descriptor;
+pub mod limiter;
+pub mod service;
+pub mod settings;
+pub mod store;

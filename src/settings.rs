@@ -1,0 +1,1269 @@
+//! Command-line flags and the envoyproxy/ratelimit environment variables, validated once at startup.
+//!
+//! Every setting is a flag that can also come from the environment variable the Go service reads
+//! (`--port` / `PORT`), so an existing deployment keeps working by swapping the image. A flag beats
+//! its variable; an empty variable counts as unset, as `os.Getenv` plus a default does in Go.
+//!
+//! Parsing happens in two steps, as the rest of Sluice does with config:
+//!
+//! 1. [`parse_cli_from`] turns argv + environment into [`Cli`], whose [`ServeArgs`] are raw values
+//!    (strings, plain integers). Errors here are clap errors, rewritten to name the variable.
+//! 2. [`ServeArgs::validate`] turns them into [`Settings`]: resolved socket addresses, enums,
+//!    non-zero limits and durations. Errors are [`SettingsError`]s naming the variable and value.
+//!
+//! `main` does both before binding any port, so a typo fails fast with exit code 64 instead of
+//! surfacing as a half-started service.
+//!
+//! Differences from the Go service, on purpose:
+//!
+//! - There is no default `RUNTIME_ROOT` (Go: `/srv/runtime_data/current`); without `--config` or
+//!   `RUNTIME_ROOT`, Sluice reads `./config`.
+//! - `BACKEND_TYPE` defaults to `memory`. Because a memory backend counts per node, a set
+//!   `REDIS_URL` without `BACKEND_TYPE` is an error rather than a silent change of semantics.
+//! - Booleans parse exactly like Go's `strconv.ParseBool`, but a bad value is an error where Go
+//!   would panic or fall back to the default.
+//! - `NEAR_LIMIT_RATIO` and the header names are checked; Go accepts anything.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::builder::Resettable;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
+
+/// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
+#[derive(Debug, Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "An external rate-limit service for Envoy and nginx, drop-in compatible with envoyproxy/ratelimit",
+    long_about = None
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a config file or directory, print every error, exit 1 on failure.
+    CheckConfig {
+        /// A YAML file, or a directory whose YAML files are read like the service reads them.
+        path: PathBuf,
+        /// Allow several files to declare the same domain and merge their descriptors.
+        #[arg(
+            long,
+            env = "MERGE_DOMAIN_CONFIG",
+            value_name = "BOOL",
+            action = ArgAction::Set,
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "true",
+            default_value = "false",
+            value_parser = parse_go_bool,
+        )]
+        merge_domain_config: bool,
+    },
+}
+
+/// Raw serve flags, as typed by the operator. Call [`ServeArgs::validate`] to use them.
+///
+/// Boolean flags take an optional value: `--shadow-mode` means true, `--shadow-mode=false` false.
+/// The `=` is required so that a following argument is never swallowed as the value.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address of the HTTP listener (/json, /healthcheck); an IP or a resolvable host name.
+    #[arg(
+        long,
+        env = "HOST",
+        default_value = "0.0.0.0",
+        help_heading = "Listeners"
+    )]
+    pub host: String,
+    /// Port of the HTTP listener; 0 picks a free port.
+    #[arg(long, env = "PORT", default_value_t = 8080, help_heading = "Listeners")]
+    pub port: u16,
+    /// Address of the gRPC listener (envoy.service.ratelimit.v3, grpc.health.v1).
+    #[arg(
+        long,
+        env = "GRPC_HOST",
+        default_value = "0.0.0.0",
+        help_heading = "Listeners"
+    )]
+    pub grpc_host: String,
+    /// Port of the gRPC listener; 0 picks a free port.
+    #[arg(
+        long,
+        env = "GRPC_PORT",
+        default_value_t = 8081,
+        help_heading = "Listeners"
+    )]
+    pub grpc_port: u16,
+    /// Address of the debug listener (metrics, config dump).
+    #[arg(
+        long,
+        env = "DEBUG_HOST",
+        default_value = "0.0.0.0",
+        help_heading = "Listeners"
+    )]
+    pub debug_host: String,
+    /// Port of the debug listener; 0 picks a free port.
+    #[arg(
+        long,
+        env = "DEBUG_PORT",
+        default_value_t = 6070,
+        help_heading = "Listeners"
+    )]
+    pub debug_port: u16,
+
+    /// Config file or directory; wins over RUNTIME_ROOT. Default: ./config when neither is set.
+    #[arg(long, env = "SLUICE_CONFIG", help_heading = "Config source")]
+    pub config: Option<PathBuf>,
+    /// Runtime root, as in the Go service; config is read from
+    /// ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY. Unlike Go there is no default.
+    #[arg(long, env = "RUNTIME_ROOT", help_heading = "Config source")]
+    pub runtime_root: Option<PathBuf>,
+    /// Subdirectory of RUNTIME_ROOT holding the application directory.
+    #[arg(long, env = "RUNTIME_SUBDIRECTORY", help_heading = "Config source")]
+    pub runtime_subdirectory: Option<String>,
+    /// Directory below RUNTIME_ROOT/RUNTIME_SUBDIRECTORY holding the YAML files.
+    #[arg(
+        long,
+        env = "RUNTIME_APPDIRECTORY",
+        default_value = "config",
+        help_heading = "Config source"
+    )]
+    pub runtime_appdirectory: String,
+    /// Accepted for compatibility. Sluice polls the resolved config directory itself, which
+    /// also notices a symlink swap of the root, so there is nothing to choose.
+    #[arg(
+        long,
+        env = "RUNTIME_WATCH_ROOT",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Config source"
+    )]
+    pub runtime_watch_root: bool,
+    /// Accepted for compatibility. Files whose names start with a dot are always ignored, which
+    /// keeps editor swap files and Kubernetes ConfigMap `..data` links out of the config.
+    #[arg(
+        long,
+        env = "RUNTIME_IGNOREDOTFILES",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Config source"
+    )]
+    pub runtime_ignoredotfiles: bool,
+    /// Allow several files to declare the same domain and merge their descriptors.
+    #[arg(
+        long,
+        env = "MERGE_DOMAIN_CONFIG",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Config source"
+    )]
+    pub merge_domain_config: bool,
+    /// Start (and report healthy) even if the initial config fails to load.
+    #[arg(
+        long,
+        env = "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Config source"
+    )]
+    pub force_start_without_initial_config: bool,
+    /// Report healthy only once at least one config has loaded.
+    #[arg(
+        long,
+        env = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Config source"
+    )]
+    pub healthy_with_at_least_one_config_loaded: bool,
+
+    /// Count as usual but answer OK to every request (per-descriptor statuses keep OVER_LIMIT).
+    #[arg(
+        long,
+        env = "SHADOW_MODE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Behaviour"
+    )]
+    pub shadow_mode: bool,
+    /// Let quota-mode limits report OVER_LIMIT per descriptor without failing the request.
+    #[arg(
+        long,
+        env = "QUOTA_MODE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Behaviour"
+    )]
+    pub quota_mode: bool,
+    /// Return the request's descriptors as dynamic metadata in the gRPC response.
+    #[arg(
+        long,
+        env = "RESPONSE_DYNAMIC_METADATA",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Behaviour"
+    )]
+    pub response_dynamic_metadata: bool,
+    /// Fraction of a limit at which hits count as near the limit (stats only); in (0, 1].
+    #[arg(
+        long,
+        env = "NEAR_LIMIT_RATIO",
+        default_value_t = 0.8,
+        help_heading = "Behaviour"
+    )]
+    pub near_limit_ratio: f32,
+    /// Prefix of every counter key, e.g. to share a Redis between services.
+    #[arg(long, env = "CACHE_KEY_PREFIX", help_heading = "Behaviour")]
+    pub cache_key_prefix: Option<String>,
+
+    /// Add RateLimit-Limit/-Remaining/-Reset headers to responses.
+    #[arg(
+        long,
+        env = "LIMIT_RESPONSE_HEADERS_ENABLED",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Response headers"
+    )]
+    pub limit_response_headers_enabled: bool,
+    /// Name of the header carrying the limit.
+    #[arg(
+        long,
+        env = "LIMIT_LIMIT_HEADER",
+        default_value = "RateLimit-Limit",
+        help_heading = "Response headers"
+    )]
+    pub limit_limit_header: String,
+    /// Name of the header carrying the remaining hits.
+    #[arg(
+        long,
+        env = "LIMIT_REMAINING_HEADER",
+        default_value = "RateLimit-Remaining",
+        help_heading = "Response headers"
+    )]
+    pub limit_remaining_header: String,
+    /// Name of the header carrying the seconds until the window resets.
+    #[arg(
+        long,
+        env = "LIMIT_RESET_HEADER",
+        default_value = "RateLimit-Reset",
+        help_heading = "Response headers"
+    )]
+    pub limit_reset_header: String,
+
+    /// trace, debug, info, warn (or warning), error; fatal and panic mean error. Any case.
+    #[arg(
+        long,
+        env = "LOG_LEVEL",
+        default_value = "WARN",
+        help_heading = "Logging"
+    )]
+    pub log_level: String,
+    /// text or json.
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        default_value = "text",
+        help_heading = "Logging"
+    )]
+    pub log_format: String,
+
+    /// Counter store. Only `memory` (counts per node) is available in this version.
+    #[arg(long, env = "BACKEND_TYPE", help_heading = "Backend")]
+    pub backend_type: Option<String>,
+    /// Read only to refuse starting a per-node memory backend where the operator expected Redis.
+    #[arg(long, env = "REDIS_URL", hide = true)]
+    pub redis_url: Option<String>,
+
+    /// Cap on live in-memory counters; past it, new keys are refused until the sweeper frees
+    /// expired ones, so memory stays bounded under a flood of distinct descriptors.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_COUNTERS",
+        default_value_t = 1_000_000,
+        help_heading = "Sluice limits"
+    )]
+    pub max_counters: usize,
+    /// Most descriptors accepted in one request.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_DESCRIPTORS",
+        default_value_t = 64,
+        help_heading = "Sluice limits"
+    )]
+    pub max_descriptors: usize,
+    /// Most entries accepted in one descriptor.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_ENTRIES",
+        default_value_t = 32,
+        help_heading = "Sluice limits"
+    )]
+    pub max_entries: usize,
+    /// Largest request body accepted, in bytes (gRPC message or /json body).
+    #[arg(
+        long,
+        env = "SLUICE_MAX_REQUEST_BYTES",
+        default_value_t = 65536,
+        help_heading = "Sluice limits"
+    )]
+    pub max_request_bytes: usize,
+    /// How often the config source is checked for changes, in milliseconds (10..=60000).
+    #[arg(
+        long,
+        env = "SLUICE_CONFIG_POLL_MS",
+        default_value_t = 500,
+        help_heading = "Sluice limits"
+    )]
+    pub config_poll_ms: u64,
+    /// How often expired counters are swept from memory, in seconds (at least 1).
+    #[arg(
+        long,
+        env = "SLUICE_SWEEP_INTERVAL_SECS",
+        default_value_t = 10,
+        help_heading = "Sluice limits"
+    )]
+    pub sweep_interval_secs: u64,
+    /// After SIGTERM, how long in-flight requests may finish before exit, in seconds; 0 exits
+    /// at once. Health checks report unhealthy during the drain.
+    #[arg(
+        long,
+        env = "SLUICE_DRAIN_TIMEOUT_SECS",
+        default_value_t = 15,
+        help_heading = "Sluice limits"
+    )]
+    pub drain_timeout_secs: u64,
+}
+
+/// Validated settings: everything the service needs, in the types it needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// HOST:PORT.
+    pub http_addr: SocketAddr,
+    /// GRPC_HOST:GRPC_PORT.
+    pub grpc_addr: SocketAddr,
+    /// DEBUG_HOST:DEBUG_PORT.
+    pub debug_addr: SocketAddr,
+    pub config: ConfigLocation,
+    pub merge_domain_config: bool,
+    pub force_start_without_initial_config: bool,
+    pub healthy_with_at_least_one_config_loaded: bool,
+    pub shadow_mode: bool,
+    pub quota_mode: bool,
+    pub response_dynamic_metadata: bool,
+    /// In (0, 1].
+    pub near_limit_ratio: f32,
+    pub cache_key_prefix: String,
+    /// `None` when LIMIT_RESPONSE_HEADERS_ENABLED is false.
+    pub response_headers: Option<ResponseHeaders>,
+    pub log_level: LogLevel,
+    pub log_format: LogFormat,
+    pub backend: Backend,
+    pub max_counters: NonZeroUsize,
+    pub max_descriptors: NonZeroUsize,
+    pub max_entries: NonZeroUsize,
+    pub max_request_bytes: NonZeroUsize,
+    /// Between 10 ms and 60 s.
+    pub config_poll_interval: Duration,
+    /// At least one second.
+    pub sweep_interval: Duration,
+    pub drain_timeout: Duration,
+}
+
+/// Where the rate-limit config lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigLocation {
+    /// `--config` / SLUICE_CONFIG, or `./config` by default: a YAML file or a directory of them.
+    Path(PathBuf),
+    /// The Go service's runtime layout: YAML files in `root/subdirectory/app_directory`.
+    Runtime {
+        root: PathBuf,
+        subdirectory: String,
+        app_directory: String,
+    },
+}
+
+impl ConfigLocation {
+    /// The file or directory to read.
+    pub fn path(&self) -> PathBuf {
+        match self {
+            ConfigLocation::Path(path) => path.clone(),
+            ConfigLocation::Runtime {
+                root,
+                subdirectory,
+                app_directory,
+            } => root.join(subdirectory).join(app_directory),
+        }
+    }
+}
+
+/// Names of the `RateLimit-*` response headers, checked to be valid HTTP header names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResponseHeaders {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+}
+
+/// Log verbosity. logrus's `fatal` and `panic` have no tracing counterpart and mean `Error`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl From<LogLevel> for tracing::Level {
+    fn from(level: LogLevel) -> Self {
+        match level {
+            LogLevel::Trace => tracing::Level::TRACE,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Error => tracing::Level::ERROR,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Counter store. Redis joins in a later version; until then there is exactly one choice, and
+/// the enum exists so callers already match on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Counters in this process: limits apply per node, not across replicas.
+    Memory,
+}
+
+/// A setting that cannot be used. Every message names the variable and, where there is one, the
+/// offending value, since the operator most likely set it through the environment.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    #[error("{var}={value}: {reason}")]
+    Invalid {
+        var: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("{var}={host}: cannot resolve host: {source}")]
+    Resolve {
+        var: &'static str,
+        host: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "REDIS_URL is set but the Redis backend is not available in this version of Sluice; \
+         unset REDIS_URL or set BACKEND_TYPE=memory"
+    )]
+    RedisUrlWithoutBackend,
+    #[error(
+        "BACKEND_TYPE={value}: the Redis backend is not available yet in this version of Sluice; \
+         set BACKEND_TYPE=memory to count per node"
+    )]
+    BackendNotAvailable { value: String },
+    #[error(
+        "BACKEND_TYPE={value}: the memcache backend is not supported by Sluice; \
+         set BACKEND_TYPE=memory to count per node"
+    )]
+    BackendNotSupported { value: String },
+}
+
+fn invalid(
+    var: &'static str,
+    value: impl fmt::Display,
+    reason: impl Into<String>,
+) -> SettingsError {
+    SettingsError::Invalid {
+        var,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl ServeArgs {
+    /// Check every value and convert it to its typed form. Host names are resolved here, once,
+    /// so a name that does not resolve stops startup instead of failing at bind time.
+    pub fn validate(self) -> Result<Settings, SettingsError> {
+        let http_addr = resolve_listener("HOST", &self.host, self.port)?;
+        let grpc_addr = resolve_listener("GRPC_HOST", &self.grpc_host, self.grpc_port)?;
+        let debug_addr = resolve_listener("DEBUG_HOST", &self.debug_host, self.debug_port)?;
+        check_distinct(&[
+            ("PORT", http_addr),
+            ("GRPC_PORT", grpc_addr),
+            ("DEBUG_PORT", debug_addr),
+        ])?;
+
+        let config = match (self.config, self.runtime_root) {
+            (Some(path), _) => ConfigLocation::Path(path),
+            (None, Some(root)) => ConfigLocation::Runtime {
+                root,
+                subdirectory: self.runtime_subdirectory.unwrap_or_default(),
+                app_directory: self.runtime_appdirectory,
+            },
+            (None, None) => ConfigLocation::Path(PathBuf::from("./config")),
+        };
+
+        // `!(x > 0)` rather than `x <= 0` so that NaN is rejected too.
+        let ratio = self.near_limit_ratio;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(invalid(
+                "NEAR_LIMIT_RATIO",
+                ratio,
+                "must be greater than 0 and at most 1",
+            ));
+        }
+
+        // Checked even when disabled: a bad name is a typo worth reporting before someone
+        // turns the headers on.
+        let headers = ResponseHeaders {
+            limit: header_name("LIMIT_LIMIT_HEADER", self.limit_limit_header)?,
+            remaining: header_name("LIMIT_REMAINING_HEADER", self.limit_remaining_header)?,
+            reset: header_name("LIMIT_RESET_HEADER", self.limit_reset_header)?,
+        };
+
+        let config_poll_ms = self.config_poll_ms;
+        if !(10..=60_000).contains(&config_poll_ms) {
+            return Err(invalid(
+                "SLUICE_CONFIG_POLL_MS",
+                config_poll_ms,
+                "must be between 10 and 60000",
+            ));
+        }
+        if self.sweep_interval_secs == 0 {
+            return Err(invalid(
+                "SLUICE_SWEEP_INTERVAL_SECS",
+                0,
+                "must be at least 1",
+            ));
+        }
+
+        Ok(Settings {
+            http_addr,
+            grpc_addr,
+            debug_addr,
+            config,
+            merge_domain_config: self.merge_domain_config,
+            force_start_without_initial_config: self.force_start_without_initial_config,
+            healthy_with_at_least_one_config_loaded: self.healthy_with_at_least_one_config_loaded,
+            shadow_mode: self.shadow_mode,
+            quota_mode: self.quota_mode,
+            response_dynamic_metadata: self.response_dynamic_metadata,
+            near_limit_ratio: ratio,
+            cache_key_prefix: self.cache_key_prefix.unwrap_or_default(),
+            response_headers: self.limit_response_headers_enabled.then_some(headers),
+            log_level: log_level(&self.log_level)?,
+            log_format: log_format(&self.log_format)?,
+            backend: backend(self.backend_type.as_deref(), self.redis_url.as_deref())?,
+            max_counters: non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?,
+            max_descriptors: non_zero("SLUICE_MAX_DESCRIPTORS", self.max_descriptors)?,
+            max_entries: non_zero("SLUICE_MAX_ENTRIES", self.max_entries)?,
+            max_request_bytes: non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?,
+            config_poll_interval: Duration::from_millis(config_poll_ms),
+            sweep_interval: Duration::from_secs(self.sweep_interval_secs),
+            drain_timeout: Duration::from_secs(self.drain_timeout_secs),
+        })
+    }
+}
+
+/// `host` is an IP literal (IPv6 with or without brackets) or a name resolved now. A name with
+/// several addresses binds the first IPv4 one, as Go's `net.Listen("tcp", ...)` does.
+fn resolve_listener(var: &'static str, host: &str, port: u16) -> Result<SocketAddr, SettingsError> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let addrs: Vec<SocketAddr> = (bare, port)
+        .to_socket_addrs()
+        .map_err(|source| SettingsError::Resolve {
+            var,
+            host: host.to_owned(),
+            source,
+        })?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| invalid(var, host, "resolves to no addresses"))
+}
+
+/// Two listeners on one address would fail at bind time with a less helpful message. Port 0
+/// is exempt: each bind picks its own port.
+fn check_distinct(listeners: &[(&'static str, SocketAddr)]) -> Result<(), SettingsError> {
+    for (i, (var, addr)) in listeners.iter().enumerate() {
+        if addr.port() == 0 {
+            continue;
+        }
+        if let Some((other, _)) = listeners[..i].iter().find(|(_, a)| a == addr) {
+            return Err(invalid(
+                var,
+                addr.port(),
+                format!("{addr} is already used by the {other} listener"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP field name is a non-empty RFC 9110 token; anything else would be rejected by the
+/// HTTP library only when the first response is built.
+fn header_name(var: &'static str, name: String) -> Result<String, SettingsError> {
+    let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return Err(invalid(var, name, "not a valid HTTP header name"));
+    }
+    Ok(name)
+}
+
+/// Accepts what logrus's `ParseLevel` accepts, so existing LOG_LEVEL values keep working.
+fn log_level(value: &str) -> Result<LogLevel, SettingsError> {
+    match value.to_ascii_lowercase().as_str() {
+        "trace" => Ok(LogLevel::Trace),
+        "debug" => Ok(LogLevel::Debug),
+        "info" => Ok(LogLevel::Info),
+        "warn" | "warning" => Ok(LogLevel::Warn),
+        "error" | "fatal" | "panic" => Ok(LogLevel::Error),
+        _ => Err(invalid(
+            "LOG_LEVEL",
+            value,
+            "expected trace, debug, info, warn, warning, error, fatal or panic",
+        )),
+    }
+}
+
+/// Go treats anything but `json` as text; Sluice refuses other values so a typo is not silent.
+fn log_format(value: &str) -> Result<LogFormat, SettingsError> {
+    match value.to_ascii_lowercase().as_str() {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(invalid("LOG_FORMAT", value, "expected text or json")),
+    }
+}
+
+/// A memory backend counts per node. Falling back to it where the operator configured Redis
+/// would multiply every limit by the replica count without a word, so that is an error.
+fn backend(backend_type: Option<&str>, redis_url: Option<&str>) -> Result<Backend, SettingsError> {
+    let Some(value) = backend_type else {
+        return match redis_url {
+            Some(_) => Err(SettingsError::RedisUrlWithoutBackend),
+            None => Ok(Backend::Memory),
+        };
+    };
+    match value.to_ascii_lowercase().as_str() {
+        "memory" => Ok(Backend::Memory),
+        "redis" => Err(SettingsError::BackendNotAvailable {
+            value: value.to_owned(),
+        }),
+        "memcache" => Err(SettingsError::BackendNotSupported {
+            value: value.to_owned(),
+        }),
+        _ => Err(invalid(
+            "BACKEND_TYPE",
+            value,
+            "unknown backend; expected memory",
+        )),
+    }
+}
+
+fn non_zero(var: &'static str, value: usize) -> Result<NonZeroUsize, SettingsError> {
+    NonZeroUsize::new(value).ok_or_else(|| invalid(var, value, "must be greater than 0"))
+}
+
+/// A boolean value that Go's `strconv.ParseBool` would reject.
+#[derive(Debug, thiserror::Error)]
+#[error("expected one of 1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False")]
+pub struct InvalidBool;
+
+/// Parse a boolean exactly as Go's `strconv.ParseBool`, so values that worked for the Go
+/// service mean the same here and values it rejected are rejected.
+pub fn parse_go_bool(value: &str) -> Result<bool, InvalidBool> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(InvalidBool),
+    }
+}
+
+/// Parse `args` (including the program name) and the process environment.
+///
+/// On a bad value for a flag that has an environment variable, the message names both, e.g.
+/// `invalid value 'abc' for PORT (--port): invalid digit found in string`, because clap cannot
+/// tell which of the two the value came from and operators of the Go service think in variables.
+/// `--help` and `--version` also come back as errors; `err.exit()` prints them correctly.
+pub fn parse_cli_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cmd = ignore_empty_env(Cli::command(), &|name| {
+        std::env::var_os(name).is_some_and(|v| v.is_empty())
+    });
+    parse_with(cmd, args)
+}
+
+/// [`parse_cli_from`] on this process's own arguments.
+pub fn parse_cli() -> Result<Cli, clap::Error> {
+    parse_cli_from(std::env::args_os())
+}
+
+fn parse_with<I, T>(mut cmd: clap::Command, args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = cmd
+        .try_get_matches_from_mut(args)
+        .map_err(|err| name_env_var(err, &mut cmd))?;
+    Cli::from_arg_matches(&matches).map_err(|err| err.format(&mut cmd))
+}
+
+/// clap has already read each variable when the command was built; an empty one would then be
+/// parsed as an empty value (an error for numbers). Dropping the variable from such arguments
+/// makes empty mean unset, at the cost of its `[env: ...]` note in `--help`.
+fn ignore_empty_env(cmd: clap::Command, is_empty: &dyn Fn(&str) -> bool) -> clap::Command {
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    let mut cmd = cmd.mut_args(|arg| {
+        let empty = arg
+            .get_env()
+            .and_then(|name| name.to_str())
+            .is_some_and(is_empty);
+        if empty {
+            arg.env(Resettable::Reset)
+        } else {
+            arg
+        }
+    });
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |sub| ignore_empty_env(sub, is_empty));
+    }
+    cmd
+}
+
+/// Rewrite a value error to name the environment variable of the argument, if it has one.
+/// The variable is looked up in a freshly built command, so it is found even when
+/// [`ignore_empty_env`] removed it from `cmd`.
+fn name_env_var(err: clap::Error, cmd: &mut clap::Command) -> clap::Error {
+    if err.kind() != ErrorKind::ValueValidation {
+        return err;
+    }
+    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
+        err.get(ContextKind::InvalidArg),
+        err.get(ContextKind::InvalidValue),
+    ) else {
+        return err;
+    };
+    // clap renders the argument as `--port <PORT>` or `--shadow-mode[=<BOOL>]`.
+    let flag = arg
+        .split([' ', '=', '['])
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let Some(long) = flag.strip_prefix("--") else {
+        return err;
+    };
+    let Some(var) = env_var_of(&Cli::command(), long) else {
+        return err;
+    };
+    let reason = std::error::Error::source(&err)
+        .map(|source| source.to_string())
+        .unwrap_or_else(|| "invalid value".to_owned());
+    let message = format!("invalid value '{value}' for {var} ({flag}): {reason}");
+    clap::Error::raw(ErrorKind::ValueValidation, message).format(cmd)
+}
+
+fn env_var_of(cmd: &clap::Command, long: &str) -> Option<String> {
+    let own = cmd
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .map(|name| name.to_string_lossy().into_owned());
+    own.or_else(|| cmd.get_subcommands().find_map(|s| env_var_of(s, long)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parse with every environment variable ignored, so tests see only their own arguments
+    /// whatever the environment of the test runner holds.
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let cmd = ignore_empty_env(Cli::command(), &|_| true);
+        parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
+    }
+
+    fn serve(args: &[&str]) -> ServeArgs {
+        let cli = parse(args).expect("arguments parse");
+        assert!(cli.command.is_none());
+        cli.serve
+    }
+
+    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
+        serve(args).validate()
+    }
+
+    fn error(args: &[&str]) -> String {
+        settings(args)
+            .expect_err("settings are invalid")
+            .to_string()
+    }
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_the_go_service() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.http_addr, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(s.grpc_addr, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(s.debug_addr, "0.0.0.0:6070".parse().unwrap());
+        assert_eq!(s.config, ConfigLocation::Path(PathBuf::from("./config")));
+        assert!(!s.merge_domain_config);
+        assert!(!s.force_start_without_initial_config);
+        assert!(!s.healthy_with_at_least_one_config_loaded);
+        assert!(!s.shadow_mode);
+        assert!(!s.quota_mode);
+        assert!(!s.response_dynamic_metadata);
+        assert_eq!(s.near_limit_ratio, 0.8);
+        assert_eq!(s.cache_key_prefix, "");
+        assert_eq!(s.response_headers, None);
+        assert_eq!(s.log_level, LogLevel::Warn);
+        assert_eq!(s.log_format, LogFormat::Text);
+        assert_eq!(s.backend, Backend::Memory);
+        assert_eq!(s.max_counters.get(), 1_000_000);
+        assert_eq!(s.max_descriptors.get(), 64);
+        assert_eq!(s.max_entries.get(), 32);
+        assert_eq!(s.max_request_bytes.get(), 65536);
+        assert_eq!(s.config_poll_interval, Duration::from_millis(500));
+        assert_eq!(s.sweep_interval, Duration::from_secs(10));
+        assert_eq!(s.drain_timeout, Duration::from_secs(15));
+
+        let raw = serve(&[]);
+        assert!(raw.runtime_watch_root);
+        assert!(!raw.runtime_ignoredotfiles);
+    }
+
+    #[test]
+    fn bools_parse_like_go_strconv() {
+        for spelling in ["1", "t", "T", "TRUE", "true", "True"] {
+            let arg = format!("--shadow-mode={spelling}");
+            assert!(settings(&[&arg]).unwrap().shadow_mode, "{spelling}");
+        }
+        for spelling in ["0", "f", "F", "FALSE", "false", "False"] {
+            let arg = format!("--runtime-watch-root={spelling}");
+            assert!(!serve(&[&arg]).runtime_watch_root, "{spelling}");
+        }
+        for spelling in ["yes", "on", "tRuE", "", " true"] {
+            let arg = format!("--quota-mode={spelling}");
+            let err = parse(&[&arg]).expect_err(spelling).to_string();
+            assert!(err.contains("QUOTA_MODE (--quota-mode)"), "{err}");
+            assert!(
+                err.contains("strconv") || err.contains("expected one of"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn bare_bool_flag_means_true_and_does_not_swallow_the_next_argument() {
+        let s = settings(&["--shadow-mode", "--quota-mode", "--port", "9000"]).unwrap();
+        assert!(s.shadow_mode && s.quota_mode);
+        assert_eq!(s.http_addr.port(), 9000);
+
+        let cli = parse(&["--merge-domain-config", "check-config", "x.yaml"]).unwrap();
+        assert!(cli.serve.merge_domain_config);
+        assert!(matches!(cli.command, Some(Command::CheckConfig { .. })));
+    }
+
+    #[test]
+    fn bad_port_names_the_variable() {
+        let err = parse(&["--port", "abc"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ValueValidation);
+        let text = err.to_string();
+        assert!(
+            text.contains("invalid value 'abc' for PORT (--port): invalid digit found in string"),
+            "{text}"
+        );
+
+        let text = parse(&["--grpc-port=70000"]).unwrap_err().to_string();
+        assert!(
+            text.contains("invalid value '70000' for GRPC_PORT (--grpc-port)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn non_value_errors_are_left_alone() {
+        let err = parse(&["--no-such-flag"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnknownArgument);
+    }
+
+    #[test]
+    fn listeners_accept_ips_names_and_port_zero() {
+        let s = settings(&[
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--grpc-host",
+            "::1",
+            "--grpc-port",
+            "0",
+            "--debug-host",
+            "localhost",
+            "--debug-port",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(s.http_addr, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(s.grpc_addr, "[::1]:0".parse().unwrap());
+        assert!(s.debug_addr.ip().is_loopback(), "{}", s.debug_addr);
+
+        let s = settings(&["--grpc-host", "[::]"]).unwrap();
+        assert_eq!(s.grpc_addr, "[::]:8081".parse().unwrap());
+    }
+
+    #[test]
+    fn unresolvable_host_names_the_variable() {
+        let err = error(&["--grpc-host", "no such host.invalid"]);
+        assert!(err.starts_with("GRPC_HOST=no such host.invalid: "), "{err}");
+    }
+
+    #[test]
+    fn listeners_on_one_address_are_rejected() {
+        let err = error(&["--grpc-port", "8080"]);
+        assert_eq!(
+            err,
+            "GRPC_PORT=8080: 0.0.0.0:8080 is already used by the PORT listener"
+        );
+        // Port 0 never clashes.
+        settings(&["--port", "0", "--grpc-port", "0", "--debug-port", "0"]).unwrap();
+    }
+
+    #[test]
+    fn backend_defaults_to_memory_but_not_over_a_redis_url() {
+        assert_eq!(settings(&[]).unwrap().backend, Backend::Memory);
+        assert_eq!(
+            settings(&["--backend-type", "memory", "--redis-url", "redis:6379"])
+                .unwrap()
+                .backend,
+            Backend::Memory
+        );
+        assert_eq!(
+            error(&["--redis-url", "redis:6379"]),
+            "REDIS_URL is set but the Redis backend is not available in this version of Sluice; \
+             unset REDIS_URL or set BACKEND_TYPE=memory"
+        );
+        let err = error(&["--backend-type", "redis"]);
+        assert!(
+            err.starts_with("BACKEND_TYPE=redis: ") && err.contains("not available"),
+            "{err}"
+        );
+        let err = error(&["--backend-type", "memcache"]);
+        assert!(
+            err.starts_with("BACKEND_TYPE=memcache: ") && err.contains("not supported"),
+            "{err}"
+        );
+        assert_eq!(
+            error(&["--backend-type", "etcd"]),
+            "BACKEND_TYPE=etcd: unknown backend; expected memory"
+        );
+    }
+
+    #[test]
+    fn config_flag_wins_over_runtime_root() {
+        let s = settings(&["--config", "/etc/sluice", "--runtime-root", "/srv/rt"]).unwrap();
+        assert_eq!(s.config, ConfigLocation::Path(PathBuf::from("/etc/sluice")));
+
+        let s = settings(&[
+            "--runtime-root",
+            "/srv/rt",
+            "--runtime-subdirectory",
+            "ratelimit",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.config,
+            ConfigLocation::Runtime {
+                root: PathBuf::from("/srv/rt"),
+                subdirectory: "ratelimit".to_owned(),
+                app_directory: "config".to_owned(),
+            }
+        );
+        assert_eq!(s.config.path(), PathBuf::from("/srv/rt/ratelimit/config"));
+
+        let s = settings(&[
+            "--runtime-root",
+            "/srv/rt",
+            "--runtime-appdirectory",
+            "limits",
+        ])
+        .unwrap();
+        assert_eq!(s.config.path(), PathBuf::from("/srv/rt/limits"));
+    }
+
+    #[test]
+    fn near_limit_ratio_must_be_in_zero_one() {
+        assert_eq!(
+            error(&["--near-limit-ratio", "1.5"]),
+            "NEAR_LIMIT_RATIO=1.5: must be greater than 0 and at most 1"
+        );
+        assert!(error(&["--near-limit-ratio", "0"]).starts_with("NEAR_LIMIT_RATIO=0:"));
+        assert!(error(&["--near-limit-ratio", "NaN"]).starts_with("NEAR_LIMIT_RATIO=NaN:"));
+        assert_eq!(
+            settings(&["--near-limit-ratio", "1"])
+                .unwrap()
+                .near_limit_ratio,
+            1.0
+        );
+    }
+
+    #[test]
+    fn response_headers_are_named_only_when_enabled() {
+        let s = settings(&["--limit-response-headers-enabled=true"]).unwrap();
+        assert_eq!(
+            s.response_headers,
+            Some(ResponseHeaders {
+                limit: "RateLimit-Limit".to_owned(),
+                remaining: "RateLimit-Remaining".to_owned(),
+                reset: "RateLimit-Reset".to_owned(),
+            })
+        );
+        assert_eq!(
+            error(&["--limit-reset-header", "Rate Limit"]),
+            "LIMIT_RESET_HEADER=Rate Limit: not a valid HTTP header name"
+        );
+        assert!(error(&["--limit-limit-header", ""]).starts_with("LIMIT_LIMIT_HEADER=:"));
+    }
+
+    #[test]
+    fn log_settings_accept_logrus_spellings() {
+        let level = |l: &str| settings(&["--log-level", l]).map(|s| s.log_level);
+        assert_eq!(level("TRACE").unwrap(), LogLevel::Trace);
+        assert_eq!(level("debug").unwrap(), LogLevel::Debug);
+        assert_eq!(level("Info").unwrap(), LogLevel::Info);
+        assert_eq!(level("warning").unwrap(), LogLevel::Warn);
+        assert_eq!(level("error").unwrap(), LogLevel::Error);
+        assert_eq!(level("FATAL").unwrap(), LogLevel::Error);
+        assert_eq!(level("panic").unwrap(), LogLevel::Error);
+        assert!(
+            level("loud")
+                .unwrap_err()
+                .to_string()
+                .starts_with("LOG_LEVEL=loud:")
+        );
+
+        let format = |f: &str| settings(&["--log-format", f]).map(|s| s.log_format);
+        assert_eq!(format("JSON").unwrap(), LogFormat::Json);
+        assert_eq!(format("text").unwrap(), LogFormat::Text);
+        assert_eq!(
+            format("xml").unwrap_err().to_string(),
+            "LOG_FORMAT=xml: expected text or json"
+        );
+    }
+
+    #[test]
+    fn sluice_limits_are_checked() {
+        assert_eq!(
+            error(&["--max-counters", "0"]),
+            "SLUICE_MAX_COUNTERS=0: must be greater than 0"
+        );
+        assert!(error(&["--max-request-bytes", "0"]).starts_with("SLUICE_MAX_REQUEST_BYTES=0:"));
+        assert!(error(&["--config-poll-ms", "9"]).starts_with("SLUICE_CONFIG_POLL_MS=9:"));
+        assert!(error(&["--config-poll-ms", "60001"]).starts_with("SLUICE_CONFIG_POLL_MS=60001:"));
+        assert!(
+            error(&["--sweep-interval-secs", "0"]).starts_with("SLUICE_SWEEP_INTERVAL_SECS=0:")
+        );
+        let s = settings(&["--config-poll-ms", "10", "--drain-timeout-secs", "0"]).unwrap();
+        assert_eq!(s.config_poll_interval, Duration::from_millis(10));
+        assert_eq!(s.drain_timeout, Duration::ZERO);
+    }
+
+    #[test]
+    fn help_shows_each_variable() {
+        // Join wrapped lines: a narrow terminal may break `[env:` from the name.
+        let help = Cli::command().render_help().to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for var in [
+            "HOST",
+            "PORT",
+            "GRPC_HOST",
+            "GRPC_PORT",
+            "DEBUG_HOST",
+            "DEBUG_PORT",
+            "SLUICE_CONFIG",
+            "RUNTIME_ROOT",
+            "RUNTIME_SUBDIRECTORY",
+            "RUNTIME_APPDIRECTORY",
+            "RUNTIME_WATCH_ROOT",
+            "RUNTIME_IGNOREDOTFILES",
+            "MERGE_DOMAIN_CONFIG",
+            "FORCE_START_WITHOUT_INITIAL_CONFIG",
+            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+            "SHADOW_MODE",
+            "QUOTA_MODE",
+            "RESPONSE_DYNAMIC_METADATA",
+            "NEAR_LIMIT_RATIO",
+            "CACHE_KEY_PREFIX",
+            "LIMIT_RESPONSE_HEADERS_ENABLED",
+            "LIMIT_LIMIT_HEADER",
+            "LIMIT_REMAINING_HEADER",
+            "LIMIT_RESET_HEADER",
+            "LOG_LEVEL",
+            "LOG_FORMAT",
+            "BACKEND_TYPE",
+            "SLUICE_MAX_COUNTERS",
+            "SLUICE_MAX_DESCRIPTORS",
+            "SLUICE_MAX_ENTRIES",
+            "SLUICE_MAX_REQUEST_BYTES",
+            "SLUICE_CONFIG_POLL_MS",
+            "SLUICE_SWEEP_INTERVAL_SECS",
+            "SLUICE_DRAIN_TIMEOUT_SECS",
+        ] {
+            assert!(
+                help.contains(&format!("[env: {var}=")),
+                "{var} missing:\n{help}"
+            );
+        }
+        // Hidden: only read to refuse a silent per-node fallback.
+        assert!(!help.contains("REDIS_URL"), "{help}");
+        assert!(help.contains("check-config"), "{help}");
+    }
+
+    #[test]
+    fn help_and_version_come_back_as_clap_errors() {
+        let err = parse(&["--help"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::DisplayHelp);
+        assert!(err.to_string().contains("--grpc-port"));
+        assert_eq!(
+            parse(&["--version"]).unwrap_err().kind(),
+            ErrorKind::DisplayVersion
+        );
+    }
+
+    #[test]
+    fn check_config_subcommand_parses() {
+        let cli = parse(&["check-config", "/etc/ratelimit/config"]).unwrap();
+        match cli.command {
+            Some(Command::CheckConfig {
+                path,
+                merge_domain_config,
+            }) => {
+                assert_eq!(path, PathBuf::from("/etc/ratelimit/config"));
+                assert!(!merge_domain_config);
+            }
+            None => panic!("no subcommand"),
+        }
+
+        let cli = parse(&["check-config", "--merge-domain-config=T", "x.yaml"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::CheckConfig {
+                merge_domain_config: true,
+                ..
+            })
+        ));
+
+        assert_eq!(
+            parse(&["check-config"]).unwrap_err().kind(),
+            ErrorKind::MissingRequiredArgument
+        );
+        let err = parse(&["check-config", "--merge-domain-config=yes", "x"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("invalid value 'yes' for MERGE_DOMAIN_CONFIG (--merge-domain-config)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn empty_variables_are_dropped_and_others_kept() {
+        let cmd = ignore_empty_env(Cli::command(), &|name| name == "PORT");
+        let env_of = |long: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .and_then(|a| a.get_env())
+                .map(|v| v.to_owned())
+        };
+        assert_eq!(env_of("port"), None);
+        assert_eq!(env_of("grpc-port"), Some("GRPC_PORT".into()));
+        let sub = cmd.find_subcommand("check-config").unwrap();
+        assert!(sub.get_arguments().any(|a| a.get_env().is_some()));
+
+        let cmd = ignore_empty_env(Cli::command(), &|name| name == "MERGE_DOMAIN_CONFIG");
+        let sub = cmd.find_subcommand("check-config").unwrap();
+        assert!(sub.get_arguments().all(|a| a.get_env().is_none()));
+    }
+}
