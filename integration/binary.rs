@@ -131,8 +131,18 @@ fn help_shows_the_environment_variable_beside_each_flag() {
     let out = run(c);
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for var in ["GRPC_PORT", "PORT", "DEBUG_PORT", "RUNTIME_ROOT", "SHADOW_MODE", "LOG_LEVEL"] {
-        assert!(help.contains(&format!("[env: {var}=")), "{var} missing from:\n{help}");
+    for var in [
+        "GRPC_PORT",
+        "PORT",
+        "DEBUG_PORT",
+        "RUNTIME_ROOT",
+        "SHADOW_MODE",
+        "LOG_LEVEL",
+    ] {
+        assert!(
+            help.contains(&format!("[env: {var}=")),
+            "{var} missing from:\n{help}"
+        );
     }
 }
 
@@ -177,7 +187,10 @@ fn a_bad_config_stops_start_up_before_any_port_is_bound() {
     let out = run(c);
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.yaml: invalid rate limit unit 'foo'"), "{err}");
+    assert!(
+        err.contains("bad.yaml: invalid rate limit unit 'foo'"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -194,15 +207,26 @@ fn check_config_prints_every_error_and_exits_1() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("a.yaml: config file cannot have empty domain"), "{text}");
-    assert!(text.contains("b.yaml: config error, unknown key 'ratelimit'"), "{text}");
+    assert!(
+        text.contains("a.yaml: config file cannot have empty domain"),
+        "{text}"
+    );
+    assert!(
+        text.contains("b.yaml: config error, unknown key 'ratelimit'"),
+        "{text}"
+    );
 
     let good = tempfile::tempdir().unwrap();
     write(&good.path().join("ok.yaml"), GOOD);
     let mut c = sluice();
     c.arg("check-config").arg(good.path());
     let out = run(c);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -211,7 +235,12 @@ fn the_default_config_directory_is_loaded_and_valid() {
     let mut c = sluice();
     c.arg("check-config").arg(repo.join("config"));
     let out = run(c);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // With no --config and no RUNTIME_ROOT, `sluice` serves ./config.
     let server = start(|c| {
@@ -263,17 +292,30 @@ fn runtime_layout_reloads_on_a_configmap_swap_and_keeps_serving_on_a_bad_one() {
     let five = GOOD.replace("requests_per_unit: 2", "requests_per_unit: 5");
     configmap_version(&app_dir, 2, &[("limits.yaml", &five)]);
     wait_for("the swapped config", Duration::from_secs(10), || {
-        json(server.http, "d", "k", "peek").1.contains("\"requestsPerUnit\":5")
+        json(server.http, "d", "k", "peek")
+            .1
+            .contains("\"requestsPerUnit\":5")
     });
     let (_, body) = json(server.http, "d", "k", "v");
-    assert!(body.contains("\"limitRemaining\":2"), "counter kept: {body}");
+    assert!(
+        body.contains("\"limitRemaining\":2"),
+        "counter kept: {body}"
+    );
 
     // A broken version is rejected; the old config keeps serving, and the error is counted.
-    configmap_version(&app_dir, 3, &[("limits.yaml", "domain: d\ndescriptors: [1]\n")]);
-    wait_for("the rejected reload to be counted", Duration::from_secs(10), || {
-        http(server.debug, "GET", "/stats", "")
-            .is_some_and(|(_, b)| b.contains("ratelimit.service.config_load_error: 1"))
-    });
+    configmap_version(
+        &app_dir,
+        3,
+        &[("limits.yaml", "domain: d\ndescriptors: [1]\n")],
+    );
+    wait_for(
+        "the rejected reload to be counted",
+        Duration::from_secs(10),
+        || {
+            http(server.debug, "GET", "/stats", "")
+                .is_some_and(|(_, b)| b.contains("ratelimit.service.config_load_error: 1"))
+        },
+    );
     let (status, body) = json(server.http, "d", "k", "other");
     assert_eq!(status, 200);
     assert!(body.contains("\"requestsPerUnit\":5"), "{body}");
@@ -301,7 +343,10 @@ fn sigterm_fails_health_then_exits_cleanly() {
             assert!(status.success(), "exit status {status}");
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "sluice did not exit");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "sluice did not exit"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

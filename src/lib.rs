@@ -26,3 +26,4 @@ pub mod limiter;
 pub mod service;
 pub mod settings;
 pub mod store;
+pub mod telemetry;

@@ -1,1 +1,200 @@
-fn main() {}
+//! The `sluice` binary: parse settings, load config, bind, serve until SIGTERM or Ctrl-C.
+//! Exit codes: 0 after a clean shutdown, 64 for bad settings or config, 1 for a runtime
+//! failure such as a port already in use; `check-config` exits 1 when the config is invalid.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::error::ErrorKind;
+use sluice::app::{App, AppOptions, Listeners, Reload};
+use sluice::clock::SystemClock;
+use sluice::config::{self, ConfigHandle, ConfigSource, LoadOptions};
+use sluice::service::{HeaderNames, ServiceOptions};
+use sluice::settings::{self, Command, ConfigLocation, ServeArgs, Settings};
+
+const EXIT_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match settings::parse_cli() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(EXIT_USAGE),
+            };
+        }
+    };
+    match cli.command {
+        Some(Command::CheckConfig {
+            path,
+            merge_domain_config,
+        }) => check_config(path, merge_domain_config),
+        None => serve(cli.serve),
+    }
+}
+
+fn check_config(path: PathBuf, merge_domain_config: bool) -> ExitCode {
+    let source = ConfigSource::Path(path.clone());
+    match config::load(
+        &source,
+        &LoadOptions {
+            merge_domain_config,
+        },
+    ) {
+        Ok(cfg) => {
+            println!("{}: OK ({} domains)", path.display(), cfg.domain_count());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{e}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_source(location: &ConfigLocation) -> ConfigSource {
+    match location {
+        ConfigLocation::Path(p) => ConfigSource::Path(p.clone()),
+        ConfigLocation::Runtime {
+            root,
+            subdirectory,
+            app_directory,
+        } => ConfigSource::Runtime {
+            root: root.clone(),
+            subdirectory: subdirectory.clone(),
+            app_directory: app_directory.clone(),
+        },
+    }
+}
+
+fn app_options(s: &Settings, reload: Reload) -> AppOptions {
+    AppOptions {
+        service: ServiceOptions {
+            shadow_mode: s.shadow_mode,
+            quota_mode: s.quota_mode,
+            response_headers: s.response_headers.as_ref().map(|h| HeaderNames {
+                limit: h.limit.clone(),
+                remaining: h.remaining.clone(),
+                reset: h.reset.clone(),
+            }),
+            cache_key_prefix: s.cache_key_prefix.clone(),
+            max_descriptors: s.max_descriptors.get(),
+            max_entries: s.max_entries.get(),
+        },
+        max_counters: s.max_counters.get(),
+        sweep_interval: s.sweep_interval,
+        max_request_bytes: s.max_request_bytes.get(),
+        require_config_for_health: s.healthy_with_at_least_one_config_loaded,
+        shutdown_delay: s.shutdown_delay,
+        drain_timeout: s.drain_timeout,
+        reload: Some(reload),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let settings = match args.validate() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    sluice::telemetry::init_logs(settings.log_level, settings.log_format);
+
+    // Config is loaded and validated before any port is bound.
+    let source = config_source(&settings.config);
+    let load_options = LoadOptions {
+        merge_domain_config: settings.merge_domain_config,
+    };
+    let initial = match config::load(&source, &load_options) {
+        Ok(cfg) => Some(cfg),
+        Err(errors) if settings.force_start_without_initial_config => {
+            for e in &errors.0 {
+                tracing::error!(error = %e, "initial config rejected; starting without config (FORCE_START_WITHOUT_INITIAL_CONFIG)");
+            }
+            None
+        }
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("sluice: {e}");
+            }
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let config = ConfigHandle::new(initial);
+    let reload = Reload {
+        source,
+        options: load_options,
+        poll: settings.config_poll_interval,
+    };
+    let options = app_options(&settings, reload);
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let bind = |addr, what: &'static str| async move {
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| format!("cannot bind the {what} listener on {addr}: {e}"))
+        };
+        let listeners = Listeners {
+            http: bind(settings.http_addr, "HTTP (PORT)").await?,
+            grpc: bind(settings.grpc_addr, "gRPC (GRPC_PORT)").await?,
+            debug: bind(settings.debug_addr, "debug (DEBUG_PORT)").await?,
+        };
+        tracing::info!(
+            http = %settings.http_addr,
+            grpc = %settings.grpc_addr,
+            debug = %settings.debug_addr,
+            "serving"
+        );
+        let app = App::new(options, config, Arc::new(SystemClock));
+        app.serve(listeners, shutdown_signal())
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops sluice");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -389,6 +389,16 @@ pub struct ServeArgs {
         help_heading = "Sluice limits"
     )]
     pub drain_timeout_secs: u64,
+    /// After SIGTERM, how long to keep serving with health failing before the listeners stop
+    /// accepting, in seconds, so load balancers (a Kubernetes Service) stop sending new calls
+    /// first. 0 stops accepting at once.
+    #[arg(
+        long,
+        env = "SLUICE_SHUTDOWN_DELAY_SECS",
+        default_value_t = 0,
+        help_heading = "Sluice limits"
+    )]
+    pub shutdown_delay_secs: u64,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -424,6 +434,7 @@ pub struct Settings {
     /// At least one second.
     pub sweep_interval: Duration,
     pub drain_timeout: Duration,
+    pub shutdown_delay: Duration,
 }
 
 /// Where the rate-limit config lives.
@@ -624,6 +635,7 @@ impl ServeArgs {
             config_poll_interval: Duration::from_millis(config_poll_ms),
             sweep_interval: Duration::from_secs(self.sweep_interval_secs),
             drain_timeout: Duration::from_secs(self.drain_timeout_secs),
+            shutdown_delay: Duration::from_secs(self.shutdown_delay_secs),
         })
     }
 }

@@ -14,9 +14,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
@@ -53,7 +53,9 @@ async fn grpc_answers_like_envoyproxy_ratelimit() {
     let app = start(&fixture("api"), default_options()).await;
     let mut c = client(app.grpc).await;
 
-    let r = call(&mut c, request("api", &[("key1", "foo")])).await.unwrap();
+    let r = call(&mut c, request("api", &[("key1", "foo")]))
+        .await
+        .unwrap();
     assert_eq!(r.overall_code, Code::Ok as i32);
     assert_eq!(r.statuses[0].limit_remaining, 49);
     assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 1);
@@ -97,18 +99,30 @@ async fn grpc_errors_use_go_codes_and_messages() {
     });
     let e = call(&mut c, bad_unit).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(e.message().contains("descriptors[0].limit.unit"), "{}", e.message());
+    assert!(
+        e.message().contains("descriptors[0].limit.unit"),
+        "{}",
+        e.message()
+    );
 
     let mut many = request("api", &[("key1", "x")]);
     many.descriptors = vec![many.descriptors[0].clone(); 65];
     let e = call(&mut c, many).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(e.message().contains("SLUICE_MAX_DESCRIPTORS"), "{}", e.message());
+    assert!(
+        e.message().contains("SLUICE_MAX_DESCRIPTORS"),
+        "{}",
+        e.message()
+    );
 
     let big = request("api", &[("key1", &"x".repeat(70 * 1024))]);
     let e = call(&mut c, big).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(e.message().contains("SLUICE_MAX_REQUEST_BYTES"), "{}", e.message());
+    assert!(
+        e.message().contains("SLUICE_MAX_REQUEST_BYTES"),
+        "{}",
+        e.message()
+    );
 
     // The server is still healthy after all that.
     assert!(call(&mut c, request("api", &[("key1", "y")])).await.is_ok());
@@ -160,7 +174,11 @@ async fn grpc_health_mirrors_healthcheck() {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert_eq!(status, Some(ServingStatus::Serving as i32), "service {service:?}");
+        assert_eq!(
+            status,
+            Some(ServingStatus::Serving as i32),
+            "service {service:?}"
+        );
     }
 }
 
@@ -175,7 +193,11 @@ async fn json_endpoint_codes_and_bodies() {
     )
     .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
-    assert!(ok.headers.to_ascii_lowercase().contains("content-type: application/json"));
+    assert!(
+        ok.headers
+            .to_ascii_lowercase()
+            .contains("content-type: application/json")
+    );
     let v: serde_json::Value = serde_json::from_str(&ok.body).unwrap();
     assert_eq!(v["overallCode"], "OK");
     assert_eq!(v["statuses"][0]["limitRemaining"], 49);
@@ -192,10 +214,18 @@ async fn json_endpoint_codes_and_bodies() {
     assert_eq!(bad.status, 400);
     assert!(bad.body.starts_with("Bad Request\n"), "{}", bad.body);
 
-    let empty_domain = http(app.http, "POST", "/json", r#"{"descriptors":[{"entries":[]}]}"#).await;
+    let empty_domain = http(
+        app.http,
+        "POST",
+        "/json",
+        r#"{"descriptors":[{"entries":[]}]}"#,
+    )
+    .await;
     assert_eq!(empty_domain.status, 400);
     assert!(
-        empty_domain.body.contains("rate limit domain must not be empty"),
+        empty_domain
+            .body
+            .contains("rate limit domain must not be empty"),
         "{}",
         empty_domain.body
     );
@@ -211,8 +241,9 @@ async fn rlconfig_lists_each_limit() {
     let r = http(app.debug, "GET", "/rlconfig", "").await;
     assert_eq!(r.status, 200);
     assert!(
-        r.body
-            .contains("api.ten: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n"),
+        r.body.contains(
+            "api.ten: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false\n"
+        ),
         "{}",
         r.body
     );

@@ -68,8 +68,8 @@ impl<S: CounterStore> RateLimitServiceApi for GrpcRateLimit<S> {
                 self.max_request_bytes
             )));
         }
-        let request =
-            request_from_proto(request).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let request = request_from_proto(request)
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         match self.service.should_rate_limit(request).await {
             Ok(response) => Ok(tonic::Response::new(response_to_proto(response))),
             Err(e) => Err(status_for(&e)),

@@ -30,10 +30,6 @@ impl Health {
         if self.sigterm.load(Ordering::SeqCst) {
             return false;
         }
-        !self.require_config
-            || self
-                .config
-                .current()
-                .is_some_and(|c| c.domain_count() > 0)
+        !self.require_config || self.config.current().is_some_and(|c| c.domain_count() > 0)
     }
 }

@@ -139,7 +139,10 @@ async fn windows_are_epoch_aligned_and_reset_is_within_the_unit() {
     assert_eq!(r.statuses[0].limit_remaining, 49);
     assert_eq!(r.statuses[0].duration_until_reset_secs, Some(1));
     let r = h.one(&[("key2", "R")]).await;
-    assert_eq!(r.statuses[0].duration_until_reset_secs, Some(60 - 2222 % 60));
+    assert_eq!(
+        r.statuses[0].duration_until_reset_secs,
+        Some(60 - 2222 % 60)
+    );
     // Two DAY calls 2 s apart: the second has less time left.
     let first = h.one(&[("parent", "p"), ("child", "c")]).await;
     h.clock.advance_secs(2);
@@ -186,8 +189,14 @@ async fn unlimited_answers_max_remaining_and_counts_nothing() {
 #[tokio::test]
 async fn empty_domain_or_descriptor_list_are_errors_with_go_messages() {
     let h = harness();
-    let e = h.service.should_rate_limit(req("", vec![desc(&[("a", "b")])])).await;
-    assert_eq!(e.unwrap_err().to_string(), "rate limit domain must not be empty");
+    let e = h
+        .service
+        .should_rate_limit(req("", vec![desc(&[("a", "b")])]))
+        .await;
+    assert_eq!(
+        e.unwrap_err().to_string(),
+        "rate limit domain must not be empty"
+    );
     let e = h.service.should_rate_limit(req("test", vec![])).await;
     assert_eq!(
         e.unwrap_err().to_string(),
@@ -199,8 +208,13 @@ async fn empty_domain_or_descriptor_list_are_errors_with_go_messages() {
         Arc::new(h.clock.clone()),
         ServiceOptions::default(),
     );
-    let e = no_config.should_rate_limit(req("test", vec![desc(&[("a", "b")])])).await;
-    assert_eq!(e.unwrap_err().to_string(), "no rate limit configuration loaded");
+    let e = no_config
+        .should_rate_limit(req("test", vec![desc(&[("a", "b")])]))
+        .await;
+    assert_eq!(
+        e.unwrap_err().to_string(),
+        "no rate limit configuration loaded"
+    );
 }
 
 #[tokio::test]
@@ -219,7 +233,10 @@ async fn a_full_store_is_an_error_not_a_silent_ok() {
         .should_rate_limit(req("test", vec![desc(&[("key1", "b")])]))
         .await
         .unwrap_err();
-    assert!(matches!(e, ServiceError::Store(StoreError::Full { max: 1 })));
+    assert!(matches!(
+        e,
+        ServiceError::Store(StoreError::Full { max: 1 })
+    ));
     assert!(!e.is_invalid_argument());
 }
 
@@ -335,7 +352,10 @@ async fn quota_descriptors_only_block_when_all_of_them_are_over() {
     assert_eq!(r.overall_code, Code::OverLimit);
     // A non-quota descriptor over blocks regardless.
     let r = h
-        .call(req("test", vec![desc(&[("quota", "z")]), desc(&[("zero", "z")])]))
+        .call(req(
+            "test",
+            vec![desc(&[("quota", "z")]), desc(&[("zero", "z")])],
+        ))
         .await;
     assert_eq!(r.overall_code, Code::OverLimit);
     // Global QUOTA_MODE makes every limit a quota limit: one not over keeps the request OK.
@@ -344,7 +364,10 @@ async fn quota_descriptors_only_block_when_all_of_them_are_over() {
         ..Default::default()
     });
     let r = g
-        .call(req("test", vec![desc(&[("zero", "z")]), desc(&[("key1", "z")])]))
+        .call(req(
+            "test",
+            vec![desc(&[("zero", "z")]), desc(&[("key1", "z")])],
+        ))
         .await;
     assert_eq!(r.overall_code, Code::Ok);
 }
@@ -354,7 +377,12 @@ async fn replaced_limits_answer_ok_and_are_not_counted() {
     let h = harness();
     let banned = h.one(&[("banned", "u")]).await;
     assert_eq!(banned.overall_code, Code::OverLimit);
-    let both = || req("test", vec![desc(&[("banned", "u")]), desc(&[("unbanned", "u")])]);
+    let both = || {
+        req(
+            "test",
+            vec![desc(&[("banned", "u")]), desc(&[("unbanned", "u")])],
+        )
+    };
     for _ in 0..2 {
         let r = h.call(both()).await;
         assert_eq!(r.overall_code, Code::Ok);
@@ -413,13 +441,22 @@ async fn counter_keys_match_the_go_service() {
         &mut buf,
         "",
         "domain",
-        &[Entry::new("key2", "value2"), Entry::new("subkey2", "subvalue2")],
+        &[
+            Entry::new("key2", "value2"),
+            Entry::new("subkey2", "subvalue2"),
+        ],
         &[],
     );
     // Go's key is this stem plus the window start: domain_key2_value2_subkey2_subvalue2_1200.
     assert_eq!(buf, "domain_key2_value2_subkey2_subvalue2_");
     buf.clear();
-    write_counter_key(&mut buf, "prefix:", "domain", &[Entry::new("key", "value")], &[]);
+    write_counter_key(
+        &mut buf,
+        "prefix:",
+        "domain",
+        &[Entry::new("key", "value")],
+        &[],
+    );
     assert_eq!(buf, "prefix:domain_key_value_");
     buf.clear();
     write_counter_key(
@@ -453,13 +490,22 @@ async fn rate_limit_headers_follow_the_go_selection_rule() {
     );
     // Sent on OK too, from the descriptor with the least remaining.
     let r = h
-        .call(req("test", vec![desc(&[("key1", "m")]), desc(&[("key3", "m")])]))
+        .call(req(
+            "test",
+            vec![desc(&[("key1", "m")]), desc(&[("key3", "m")])],
+        ))
         .await;
     assert_eq!(r.overall_code, Code::Ok);
     assert_eq!(r.response_headers[0].1, "10");
     assert_eq!(r.response_headers[1].1, "9");
     // No headers when disabled, or when nothing has a limit.
-    assert!(harness().one(&[("ten", "h")]).await.response_headers.is_empty());
+    assert!(
+        harness()
+            .one(&[("ten", "h")])
+            .await
+            .response_headers
+            .is_empty()
+    );
     assert!(h.one(&[("nope", "x")]).await.response_headers.is_empty());
 }
 
@@ -475,7 +521,10 @@ async fn counters_survive_a_config_reload() {
     )
     .unwrap();
     h.config.store(reloaded);
-    assert_eq!(h.one(&[("key2", "kept")]).await.statuses[0].limit_remaining, 14);
+    assert_eq!(
+        h.one(&[("key2", "kept")]).await.statuses[0].limit_remaining,
+        14
+    );
 }
 
 #[tokio::test]

@@ -106,11 +106,9 @@ impl MemoryStore {
 
     /// The count a counter holds for the window containing `now` (0 if absent or stale).
     pub fn count(&self, key: &str, unit: Unit, now: Timestamp) -> u64 {
-        self.inner.tables[unit.index()]
-            .get(key)
-            .map_or(0, |c| {
-                fixed_window::current_count(c.load(Ordering::Acquire), now.secs(), unit)
-            })
+        self.inner.tables[unit.index()].get(key).map_or(0, |c| {
+            fixed_window::current_count(c.load(Ordering::Acquire), now.secs(), unit)
+        })
     }
 
     fn apply_now(
@@ -174,8 +172,7 @@ fn charge(counter: &AtomicU64, now_secs: u64, hit: &Hit<'_>) -> Decision {
         if new_state == state {
             return decision;
         }
-        match counter.compare_exchange_weak(state, new_state, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match counter.compare_exchange_weak(state, new_state, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return decision,
             Err(actual) => state = actual,
         }
@@ -253,7 +250,12 @@ mod tests {
     #[test]
     fn counts_per_key_and_unit() {
         let store = MemoryStore::new(100);
-        let d = apply(&store, 1234, &[hit("a_", 2, 1), hit("b_", 2, 1), hit("a_", 2, 1)]).unwrap();
+        let d = apply(
+            &store,
+            1234,
+            &[hit("a_", 2, 1), hit("b_", 2, 1), hit("a_", 2, 1)],
+        )
+        .unwrap();
         assert_eq!(
             d.iter().map(|d| d.count_after).collect::<Vec<_>>(),
             vec![1, 1, 2]
@@ -270,7 +272,10 @@ mod tests {
         .unwrap();
         assert_eq!(d[0].count_after, 1);
         assert_eq!(store.live_counters(), 3);
-        assert_eq!(store.count("a_", Unit::Minute, Timestamp::from_secs(1234)), 2);
+        assert_eq!(
+            store.count("a_", Unit::Minute, Timestamp::from_secs(1234)),
+            2
+        );
     }
 
     #[test]
@@ -303,7 +308,10 @@ mod tests {
         assert_eq!(store.count("a", Unit::Minute, Timestamp::from_secs(0)), 1);
         assert_eq!(store.stats().rejected_full.load(Ordering::Relaxed), 1);
         // Existing counters still work.
-        assert_eq!(apply(&store, 0, &[hit("a", 5, 1)]).unwrap()[0].count_after, 2);
+        assert_eq!(
+            apply(&store, 0, &[hit("a", 5, 1)]).unwrap()[0].count_after,
+            2
+        );
         // Once the window passes, the sweeper frees room.
         store.sweep(Timestamp::from_secs(60));
         assert!(apply(&store, 60, &[hit("c", 5, 1)]).is_ok());
@@ -331,7 +339,10 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(admitted.load(Ordering::Relaxed), 1000);
-        assert_eq!(store.count("hot", Unit::Minute, Timestamp::from_secs(100)), 4000);
+        assert_eq!(
+            store.count("hot", Unit::Minute, Timestamp::from_secs(100)),
+            4000
+        );
     }
 
     #[test]
