@@ -60,3 +60,20 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn deeply_nested_yaml_is_an_error_not_a_stack_overflow() {
+    let flow = format!(
+        "domain: d\ndescriptors: {}{}\n",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    assert!(parse_files(&[("f.yaml".to_owned(), flow)], &LoadOptions::default()).is_err());
+    let mut block = String::from("domain: d\ndescriptors:\n");
+    for depth in 0..400 {
+        let pad = "  ".repeat(depth * 2);
+        block.push_str(&format!("{pad}- key: k\n{pad}  descriptors:\n"));
+    }
+    // Either outcome is fine; it must simply return.
+    let _ = parse_files(&[("f.yaml".to_owned(), block)], &LoadOptions::default());
+}

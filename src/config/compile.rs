@@ -145,13 +145,52 @@ impl Domain {
             static PROBE: RefCell<String> = const { RefCell::new(String::new()) };
         }
         PROBE.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut buf) => self.lookup_with(entries, &mut buf),
+            Ok(mut buf) => self.lookup_with(entries, &mut buf, None),
             // Unreachable (lookup never re-enters itself), but never panic on a hot path.
-            Err(_) => self.lookup_with(entries, &mut String::new()),
+            Err(_) => self.lookup_with(entries, &mut String::new(), None),
         })
     }
 
-    fn lookup_with<'a>(&'a self, entries: &[Entry], buf: &mut String) -> Option<Matched<'a>> {
+    /// The stats key Go's `GetLimit` gives the matched limit (`ratelimit.service.rate_limit.<key>`):
+    ///
+    /// - `detailed_metric` on the limit: every request entry as `key_value` (shared wildcard
+    ///   entries keep their pattern);
+    /// - otherwise the config path, except that levels matched by key only or by a wildcard
+    ///   whose node has `value_to_metric` show the request's value instead.
+    ///
+    /// Allocates; call it only when recording stats. `None` when nothing matches.
+    pub fn stats_key(&self, entries: &[Entry]) -> Option<String> {
+        let mut buf = String::new();
+        let mut enhanced = self.name.clone();
+        let matched = self.lookup_with(entries, &mut buf, Some(&mut enhanced))?;
+        if !matched.limit.detailed_metric {
+            return Some(enhanced);
+        }
+        let mut key = self.name.clone();
+        for (i, e) in entries.iter().enumerate() {
+            key.push('.');
+            key.push_str(&e.key);
+            let shared = matched.shared_values.iter().find(|(j, _)| *j == i);
+            if let Some((_, pattern)) = shared {
+                key.push('_');
+                key.push_str(pattern);
+            } else if matched.shared_values.is_empty() || !e.value.is_empty() {
+                // Go's detailed key always joins with '_', even for an empty value, unless
+                // some entry is shared, in which case an empty value is left out.
+                key.push('_');
+                key.push_str(&e.value);
+            }
+        }
+        Some(key)
+    }
+
+    /// The matching walk. `metric`, when given, receives Go's `value_to_metric` key segments.
+    fn lookup_with<'a>(
+        &'a self,
+        entries: &[Entry],
+        buf: &mut String,
+        mut metric: Option<&mut String>,
+    ) -> Option<Matched<'a>> {
         let mut level = &self.root;
         let mut found: Option<&'a Limit> = None;
         let mut shared_values = Vec::new();
@@ -162,26 +201,31 @@ impl Domain {
             buf.push('_');
             buf.push_str(&entry.value);
 
+            let mut how = How::Exact;
             let mut node = level.get(buf);
             if node.is_none() {
-                let wild = level.match_wildcard(buf);
-                if let Some(w) = wild
-                    && w.share_threshold
-                {
-                    // Go trims "key_" off the pattern to get the value part.
+                node = level.match_wildcard(buf);
+                if let Some(w) = node {
+                    // Go trims "key_" off the pattern to get its value part.
                     let pattern = w
                         .composite
                         .strip_prefix(entry.key.as_str())
                         .and_then(|rest| rest.strip_prefix('_'))
                         .unwrap_or(&w.composite);
-                    shared_values.push((i, pattern));
+                    if w.share_threshold {
+                        shared_values.push((i, pattern));
+                    }
+                    how = How::Wildcard(pattern);
                 }
-                node = wild;
             }
             if node.is_none() {
                 node = level.get(&entry.key);
+                how = How::KeyOnly;
             }
             let node = node?;
+            if let Some(m) = metric.as_deref_mut() {
+                push_metric_segment(m, entry, node, how);
+            }
             if i == last {
                 found = node.limit.as_deref();
             }
@@ -194,6 +238,35 @@ impl Domain {
             limit,
             shared_values,
         })
+    }
+}
+
+/// How a level was matched.
+#[derive(Clone, Copy)]
+enum How<'a> {
+    Exact,
+    /// By a wildcard node; the pattern's value part.
+    Wildcard(&'a str),
+    KeyOnly,
+}
+
+/// One `.segment` of Go's `value_to_metric` stats key.
+fn push_metric_segment(out: &mut String, entry: &Entry, node: &Node, how: How<'_>) {
+    out.push('.');
+    out.push_str(&entry.key);
+    let show_value = match how {
+        How::Exact => true,
+        How::Wildcard(pattern) if node.share_threshold || !node.value_to_metric => {
+            out.push('_');
+            out.push_str(pattern);
+            return;
+        }
+        How::Wildcard(_) => true,
+        How::KeyOnly => node.value_to_metric,
+    };
+    if show_value && !entry.value.is_empty() {
+        out.push('_');
+        out.push_str(&entry.value);
     }
 }
 
@@ -214,6 +287,7 @@ struct Node {
     composite: Box<str>,
     limit: Option<Box<Limit>>,
     share_threshold: bool,
+    value_to_metric: bool,
     children: Level,
 }
 
@@ -417,6 +491,7 @@ fn load_descriptors(
             composite,
             limit,
             share_threshold: d.share_threshold,
+            value_to_metric: d.value_to_metric,
             children,
         });
     }
@@ -733,6 +808,63 @@ descriptors:
             ),
             "duplicate descriptor composite key 'd.a.b'"
         );
+    }
+
+    #[test]
+    fn stats_keys_follow_detailed_metric_and_value_to_metric() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value_to_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: svc
+    value: s*
+    value_to_metric: true
+    descriptors:
+      - key: ep
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: user
+    value: u*
+    share_threshold: true
+    descriptors:
+      - key: ep
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+"#,
+        );
+        let d = cfg.domain("d").expect("domain");
+        let key = |e: &[(&str, &str)]| {
+            let e: Vec<Entry> = e.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+            d.stats_key(&e)
+        };
+        assert_eq!(key(&[("plain", "x")]).as_deref(), Some("d.plain"));
+        assert_eq!(key(&[("detailed", "x")]).as_deref(), Some("d.detailed_x"));
+        // share_threshold keeps the pattern even with value_to_metric; key-only shows the value.
+        assert_eq!(
+            key(&[("route", "api/v1"), ("method", "GET")]).as_deref(),
+            Some("d.route_api/*.method_GET")
+        );
+        assert_eq!(
+            key(&[("svc", "s1"), ("ep", "e")]).as_deref(),
+            Some("d.svc_s1.ep")
+        );
+        assert_eq!(
+            key(&[("user", "u7"), ("ep", "e")]).as_deref(),
+            Some("d.user_u*.ep_e")
+        );
+        assert_eq!(key(&[("nothing", "x")]), None);
     }
 
     #[test]
