@@ -1,6 +1,6 @@
 //! The validated, compiled config and its request-time lookup.
 //!
-//! [`Builder`] validates raw descriptors with the Go service's checks, in its order, and builds
+//! The builder validates raw descriptors with the Go service's checks, in its order, and builds
 //! one tree per domain. Each tree level holds its nodes in YAML order plus a hash index keyed by
 //! Go's composite key (`key` or `key_value`) and the list of wildcard nodes, so matching one
 //! request entry is one hash probe, then (rarely) a scan of the wildcard patterns, then one more

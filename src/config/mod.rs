@@ -10,7 +10,7 @@
 //! - [`compile`]: validates the raw descriptors (empty keys, duplicate composite keys, units,
 //!   replaces, share_threshold, metadata) and builds the per-domain lookup table that requests
 //!   are matched against. A request never walks YAML-shaped data.
-//! - [`load`]: finds the files of a [`ConfigSource`] (a `--config` path or the Go service's
+//! - [`mod@load`]: finds the files of a [`ConfigSource`] (a `--config` path or the Go service's
 //!   runtime directory layout), in a deterministic order, and turns them into one
 //!   [`RateLimitConfig`].
 //! - [`watch`]: the shared [`ConfigHandle`] that request handlers read, and the polling watcher
