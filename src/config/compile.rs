@@ -1,0 +1,884 @@
+//! The validated, compiled config and its request-time lookup.
+//!
+//! The builder validates raw descriptors with the Go service's checks, in its order, and builds
+//! one tree per domain. Each tree level holds its nodes in YAML order plus a hash index keyed by
+//! Go's composite key (`key` or `key_value`) and the list of wildcard nodes, so matching one
+//! request entry is one hash probe, then (rarely) a scan of the wildcard patterns, then one more
+//! probe.
+
+use super::raw::{RawDescriptor, RawRoot, go_format};
+use crate::descriptor::Entry;
+use crate::limiter::Unit;
+use serde_yaml_ng::Value as Yaml;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A limit's rule: how many requests per window, or no limit at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// Always OK; the backend is never touched.
+    Unlimited,
+    Limited {
+        requests_per_unit: u32,
+        unit: Unit,
+    },
+}
+
+/// One configured limit: a descriptor node with a `rate_limit` block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limit {
+    /// Go's FullKey and stats key: the config path, e.g. `domain.key_value.key2`.
+    pub full_key: String,
+    pub rule: Rule,
+    /// `rate_limit.name`, "" if none.
+    pub name: String,
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    /// The YAML `quota_mode` only; the global QUOTA_MODE is applied by the caller.
+    pub quota_mode: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    /// The descriptor's `metadata`, as JSON (for dynamic metadata).
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// The result of matching one request descriptor against a domain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matched<'a> {
+    pub limit: &'a Limit,
+    /// Entries matched by a wildcard node with `share_threshold: true`: (entry index, the
+    /// pattern's value *including* the `*`). The counter key uses the pattern so every matching
+    /// value shares one counter (Go key `domain_files_files/*_1234`). Empty, and so not
+    /// allocated, in the common case.
+    pub shared_values: Vec<(usize, &'a str)>,
+}
+
+/// A whole loaded config: every domain of every file.
+#[derive(Debug, Default)]
+pub struct RateLimitConfig {
+    domains: FastMap<String, Domain>,
+}
+
+impl RateLimitConfig {
+    /// A config with no domains (an empty config directory loads as this, as in Go).
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// The domains, in no particular order.
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+
+    /// Every limit of every domain, in no particular order.
+    pub fn limits(&self) -> impl Iterator<Item = &Limit> {
+        let mut out = Vec::new();
+        for d in self.domains.values() {
+            d.root.collect_limits(&mut out);
+        }
+        out.into_iter()
+    }
+
+    /// The `/rlconfig` text: one line per limit, sorted by full key (Go prints map order; a
+    /// sorted dump is stable to diff):
+    /// `<fullkey>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode: <bool>`.
+    pub fn dump(&self) -> String {
+        let mut limits: Vec<&Limit> = self.limits().collect();
+        limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
+        let mut out = String::new();
+        for l in limits {
+            let (unit, rpu) = match l.rule {
+                Rule::Unlimited => ("UNKNOWN", 0),
+                Rule::Limited {
+                    requests_per_unit,
+                    unit,
+                } => (unit.name(), requests_per_unit),
+            };
+            // Writing to a String cannot fail.
+            let _ = writeln!(
+                out,
+                "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                l.full_key, unit, rpu, l.shadow_mode, l.quota_mode
+            );
+        }
+        out
+    }
+}
+
+/// One domain's descriptor tree.
+#[derive(Debug)]
+pub struct Domain {
+    name: String,
+    root: Level,
+}
+
+impl Domain {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Go's `GetLimit` config-matching path (the per-request override is the service's job).
+    ///
+    /// Per level: the exact `key_value` node, else the first wildcard node (YAML order) whose
+    /// pattern matches `key_value`, else the key-only node. The limit is returned only if the
+    /// node matched by the *last* entry has one; matching stops, with no limit, at a node that
+    /// has no children while entries remain.
+    pub fn lookup(&self, entries: &[Entry]) -> Option<Matched<'_>> {
+        // Go probes its map with a freshly built "key_value" string per entry. We reuse one
+        // buffer per thread instead: the index is keyed by the same composite strings Go uses
+        // (so every quirk of Go's matching, e.g. a key containing '_', carries over), and a
+        // `HashMap<Box<str>, _>` can only be probed with a contiguous `&str`. A two-level
+        // key -> value map would avoid the buffer but not reproduce Go's wildcard semantics,
+        // which match patterns against the whole composite string.
+        thread_local! {
+            static PROBE: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        PROBE.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => self.lookup_with(entries, &mut buf, None),
+            // Unreachable (lookup never re-enters itself), but never panic on a hot path.
+            Err(_) => self.lookup_with(entries, &mut String::new(), None),
+        })
+    }
+
+    /// The stats key Go's `GetLimit` gives the matched limit (`ratelimit.service.rate_limit.<key>`):
+    ///
+    /// - `detailed_metric` on the limit: every request entry as `key_value` (shared wildcard
+    ///   entries keep their pattern);
+    /// - otherwise the config path, except that levels matched by key only or by a wildcard
+    ///   whose node has `value_to_metric` show the request's value instead.
+    ///
+    /// Allocates; call it only when recording stats. `None` when nothing matches.
+    pub fn stats_key(&self, entries: &[Entry]) -> Option<String> {
+        let mut buf = String::new();
+        let mut enhanced = self.name.clone();
+        let matched = self.lookup_with(entries, &mut buf, Some(&mut enhanced))?;
+        if !matched.limit.detailed_metric {
+            return Some(enhanced);
+        }
+        let mut key = self.name.clone();
+        for (i, e) in entries.iter().enumerate() {
+            key.push('.');
+            key.push_str(&e.key);
+            let shared = matched.shared_values.iter().find(|(j, _)| *j == i);
+            if let Some((_, pattern)) = shared {
+                key.push('_');
+                key.push_str(pattern);
+            } else if matched.shared_values.is_empty() || !e.value.is_empty() {
+                // Go's detailed key always joins with '_', even for an empty value, unless
+                // some entry is shared, in which case an empty value is left out.
+                key.push('_');
+                key.push_str(&e.value);
+            }
+        }
+        Some(key)
+    }
+
+    /// The matching walk. `metric`, when given, receives Go's `value_to_metric` key segments.
+    fn lookup_with<'a>(
+        &'a self,
+        entries: &[Entry],
+        buf: &mut String,
+        mut metric: Option<&mut String>,
+    ) -> Option<Matched<'a>> {
+        let mut level = &self.root;
+        let mut found: Option<&'a Limit> = None;
+        let mut shared_values = Vec::new();
+        let last = entries.len().checked_sub(1)?;
+        for (i, entry) in entries.iter().enumerate() {
+            buf.clear();
+            buf.push_str(&entry.key);
+            buf.push('_');
+            buf.push_str(&entry.value);
+
+            let mut how = How::Exact;
+            let mut node = level.get(buf);
+            if node.is_none() {
+                node = level.match_wildcard(buf);
+                if let Some(w) = node {
+                    // Go trims "key_" off the pattern to get its value part.
+                    let pattern = w
+                        .composite
+                        .strip_prefix(entry.key.as_str())
+                        .and_then(|rest| rest.strip_prefix('_'))
+                        .unwrap_or(&w.composite);
+                    if w.share_threshold {
+                        shared_values.push((i, pattern));
+                    }
+                    how = How::Wildcard(pattern);
+                }
+            }
+            if node.is_none() {
+                node = level.get(&entry.key);
+                how = How::KeyOnly;
+            }
+            let node = node?;
+            if let Some(m) = metric.as_deref_mut() {
+                push_metric_segment(m, entry, node, how);
+            }
+            if i == last {
+                found = node.limit.as_deref();
+            }
+            if node.children.is_empty() {
+                break;
+            }
+            level = &node.children;
+        }
+        found.map(|limit| Matched {
+            limit,
+            shared_values,
+        })
+    }
+}
+
+/// How a level was matched.
+#[derive(Clone, Copy)]
+enum How<'a> {
+    Exact,
+    /// By a wildcard node; the pattern's value part.
+    Wildcard(&'a str),
+    KeyOnly,
+}
+
+/// One `.segment` of Go's `value_to_metric` stats key.
+fn push_metric_segment(out: &mut String, entry: &Entry, node: &Node, how: How<'_>) {
+    out.push('.');
+    out.push_str(&entry.key);
+    let show_value = match how {
+        How::Exact => true,
+        How::Wildcard(pattern) if node.share_threshold || !node.value_to_metric => {
+            out.push('_');
+            out.push_str(pattern);
+            return;
+        }
+        How::Wildcard(_) => true,
+        How::KeyOnly => node.value_to_metric,
+    };
+    if show_value && !entry.value.is_empty() {
+        out.push('_');
+        out.push_str(&entry.value);
+    }
+}
+
+/// One level of a descriptor tree.
+#[derive(Debug, Default)]
+struct Level {
+    /// In YAML (and, when merging, file) order.
+    nodes: Vec<Node>,
+    /// Composite key (`key` or `key_value`) -> index into `nodes`.
+    index: FastMap<Box<str>, usize>,
+    /// Indices of nodes whose composite key contains '*', in YAML order.
+    wildcards: Vec<usize>,
+}
+
+#[derive(Debug)]
+struct Node {
+    /// Go's map key at this level: `key`, or `key_value` when the YAML gives a value.
+    composite: Box<str>,
+    limit: Option<Box<Limit>>,
+    share_threshold: bool,
+    value_to_metric: bool,
+    children: Level,
+}
+
+impl Level {
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn get(&self, composite: &str) -> Option<&Node> {
+        self.index.get(composite).and_then(|&i| self.nodes.get(i))
+    }
+
+    fn match_wildcard(&self, composite: &str) -> Option<&Node> {
+        self.wildcards
+            .iter()
+            .filter_map(|&i| self.nodes.get(i))
+            .find(|n| glob_match(&n.composite, composite))
+    }
+
+    fn collect_limits<'a>(&'a self, out: &mut Vec<&'a Limit>) {
+        for n in &self.nodes {
+            if let Some(l) = &n.limit {
+                out.push(l);
+            }
+            n.children.collect_limits(out);
+        }
+    }
+
+    /// Removes the nodes from `len` on (undoing a failed file's additions when merging).
+    fn truncate(&mut self, len: usize) {
+        for n in self.nodes.drain(len.min(self.nodes.len())..) {
+            self.index.remove(&n.composite);
+        }
+        self.wildcards.retain(|&i| i < len);
+    }
+}
+
+/// `*` matches any run of characters (including none); everything else matches itself. A
+/// pattern ending in its only `*` is therefore Go's prefix match.
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let mut pieces: Vec<&str> = parts.collect();
+    let Some(tail) = pieces.pop() else {
+        // No '*' at all: an exact comparison.
+        return rest.is_empty();
+    };
+    for piece in pieces {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= tail.len() && rest.ends_with(tail)
+}
+
+/// Builds a [`RateLimitConfig`] file by file, as Go's `loadConfig` does.
+#[derive(Debug)]
+pub(crate) struct Builder {
+    domains: FastMap<String, Domain>,
+    merge_domain_config: bool,
+}
+
+impl Builder {
+    pub(crate) fn new(merge_domain_config: bool) -> Self {
+        Builder {
+            domains: FastMap::default(),
+            merge_domain_config,
+        }
+    }
+
+    /// Adds one parsed file. On error nothing of the file is kept, so later files' errors are
+    /// their own and not echoes of this one.
+    pub(crate) fn add_file(&mut self, root: RawRoot) -> Result<(), String> {
+        if root.domain.is_empty() {
+            return Err("config file cannot have empty domain".to_owned());
+        }
+        let parent = format!("{}.", root.domain);
+        if let Some(existing) = self.domains.get_mut(&root.domain) {
+            if !self.merge_domain_config {
+                return Err(format!("duplicate domain '{}' in config file", root.domain));
+            }
+            let before = existing.root.nodes.len();
+            let result = load_descriptors(&mut existing.root, &parent, root.descriptors);
+            if result.is_err() {
+                existing.root.truncate(before);
+            }
+            return result;
+        }
+        let mut level = Level::default();
+        load_descriptors(&mut level, &parent, root.descriptors)?;
+        self.domains.insert(
+            root.domain.clone(),
+            Domain {
+                name: root.domain,
+                root: level,
+            },
+        );
+        Ok(())
+    }
+
+    pub(crate) fn finish(self) -> RateLimitConfig {
+        RateLimitConfig {
+            domains: self.domains,
+        }
+    }
+}
+
+/// Go's `loadDescriptors`: the checks run in its order, depth first.
+fn load_descriptors(
+    level: &mut Level,
+    parent_key: &str,
+    descriptors: Vec<RawDescriptor>,
+) -> Result<(), String> {
+    for d in descriptors {
+        if d.key.is_empty() {
+            return Err("descriptor has empty key".to_owned());
+        }
+        let composite = if d.value.is_empty() {
+            d.key.clone()
+        } else {
+            format!("{}_{}", d.key, d.value)
+        };
+        let full_key = format!("{parent_key}{composite}");
+        if level.index.contains_key(composite.as_str()) {
+            return Err(format!("duplicate descriptor composite key '{full_key}'"));
+        }
+
+        let limit = match d.rate_limit {
+            None => None,
+            Some(rl) => {
+                let unit = Unit::from_name(&rl.unit);
+                let rule = match (rl.unlimited, unit) {
+                    (true, Some(_)) => {
+                        return Err("should not specify rate limit unit when unlimited".to_owned());
+                    }
+                    (true, None) => Rule::Unlimited,
+                    (false, None) => {
+                        return Err(format!("invalid rate limit unit '{}'", rl.unit));
+                    }
+                    (false, Some(unit)) => Rule::Limited {
+                        requests_per_unit: rl.requests_per_unit,
+                        unit,
+                    },
+                };
+                for r in &rl.replaces {
+                    if r.name.is_empty() {
+                        return Err("should not have an empty replaces entry".to_owned());
+                    }
+                    if r.name == rl.name {
+                        return Err(
+                            "replaces should not contain name of same descriptor".to_owned()
+                        );
+                    }
+                }
+                Some(Box::new(Limit {
+                    full_key: full_key.clone(),
+                    rule,
+                    name: rl.name,
+                    replaces: rl.replaces.into_iter().map(|r| r.name).collect(),
+                    shadow_mode: d.shadow_mode,
+                    quota_mode: d.quota_mode,
+                    detailed_metric: d.detailed_metric,
+                    value_to_metric: d.value_to_metric,
+                    metadata: None,
+                }))
+            }
+        };
+
+        let is_wildcard = composite.contains('*');
+        if d.share_threshold && !is_wildcard {
+            return Err(format!(
+                "share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"
+            ));
+        }
+
+        let metadata = match &d.metadata {
+            None | Some(Yaml::Null) => None,
+            Some(m) => {
+                Some(metadata_to_json(m).map_err(|e| format!("error parsing metadata: {e}"))?)
+            }
+        };
+        let limit = limit.map(|mut l| {
+            l.metadata = metadata;
+            l
+        });
+
+        let mut children = Level::default();
+        load_descriptors(&mut children, &format!("{full_key}."), d.descriptors)?;
+
+        let i = level.nodes.len();
+        let composite: Box<str> = composite.into();
+        level.index.insert(composite.clone(), i);
+        if is_wildcard {
+            level.wildcards.push(i);
+        }
+        level.nodes.push(Node {
+            composite,
+            limit,
+            share_threshold: d.share_threshold,
+            value_to_metric: d.value_to_metric,
+            children,
+        });
+    }
+    Ok(())
+}
+
+/// Converts descriptor `metadata` to JSON: a map with string keys whose values are any JSON
+/// value (what a protobuf Struct, which Go builds from it, can hold).
+fn metadata_to_json(v: &Yaml) -> Result<serde_json::Value, String> {
+    match v {
+        Yaml::Mapping(_) => yaml_to_json(v),
+        other => Err(format!(
+            "metadata must be a map, found '{}'",
+            go_format(other)
+        )),
+    }
+}
+
+fn yaml_to_json(v: &Yaml) -> Result<serde_json::Value, String> {
+    use serde_json::Value as Json;
+    Ok(match v {
+        Yaml::Null => Json::Null,
+        Yaml::Bool(b) => Json::Bool(*b),
+        Yaml::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Json::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Json::from(u)
+            } else {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                serde_json::Number::from_f64(f)
+                    .map(Json::Number)
+                    .ok_or_else(|| format!("invalid number '{n}'"))?
+            }
+        }
+        Yaml::String(s) => Json::String(s.clone()),
+        Yaml::Sequence(items) => {
+            Json::Array(items.iter().map(yaml_to_json).collect::<Result<_, _>>()?)
+        }
+        Yaml::Mapping(m) => {
+            let mut out = serde_json::Map::new();
+            for (k, v) in m {
+                let Yaml::String(k) = k else {
+                    return Err(format!("key is not of type string: {}", go_format(k)));
+                };
+                out.insert(k.clone(), yaml_to_json(v)?);
+            }
+            Json::Object(out)
+        }
+        Yaml::Tagged(t) => return Err(format!("unsupported tagged value '{}'", t.tag)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::raw;
+
+    fn config(text: &str) -> RateLimitConfig {
+        let mut b = Builder::new(false);
+        b.add_file(raw::parse(text).expect("parses"))
+            .expect("valid");
+        b.finish()
+    }
+
+    fn build_err(text: &str) -> String {
+        let mut b = Builder::new(false);
+        match raw::parse(text) {
+            Err(e) => e,
+            Ok(root) => b.add_file(root).expect_err("should fail"),
+        }
+    }
+
+    fn look<'a>(cfg: &'a RateLimitConfig, entries: &[(&str, &str)]) -> Option<Matched<'a>> {
+        let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+        cfg.domain("d")?.lookup(&entries)
+    }
+
+    fn key_of(cfg: &RateLimitConfig, entries: &[(&str, &str)]) -> Option<String> {
+        look(cfg, entries).map(|m| m.limit.full_key.clone())
+    }
+
+    const ORDER: &str = r#"
+domain: d
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: k
+    value: foo*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: k
+    value: f*
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: k
+    value: foobar
+    rate_limit: {unit: second, requests_per_unit: 4}
+"#;
+
+    #[test]
+    fn exact_beats_wildcard_beats_key_only() {
+        let cfg = config(ORDER);
+        assert_eq!(
+            key_of(&cfg, &[("k", "foobar")]).as_deref(),
+            Some("d.k_foobar")
+        );
+        assert_eq!(
+            key_of(&cfg, &[("k", "foobaz")]).as_deref(),
+            Some("d.k_foo*")
+        );
+        assert_eq!(key_of(&cfg, &[("k", "fa")]).as_deref(), Some("d.k_f*"));
+        assert_eq!(key_of(&cfg, &[("k", "x")]).as_deref(), Some("d.k"));
+        assert_eq!(key_of(&cfg, &[("other", "x")]), None);
+    }
+
+    #[test]
+    fn wildcards_are_tried_in_yaml_order() {
+        // "foo*" comes first in the YAML, so it wins over "f*" for "foo1".
+        let cfg = config(ORDER);
+        assert_eq!(key_of(&cfg, &[("k", "foo1")]).as_deref(), Some("d.k_foo*"));
+    }
+
+    #[test]
+    fn mid_pattern_wildcards_match() {
+        let cfg = config(
+            "domain: d\ndescriptors:\n  - key: m\n    value: bar*b\n    rate_limit: {unit: minute, requests_per_unit: 20}\n",
+        );
+        assert_eq!(
+            key_of(&cfg, &[("m", "barxyzb")]).as_deref(),
+            Some("d.m_bar*b")
+        );
+        assert_eq!(key_of(&cfg, &[("m", "barb")]).as_deref(), Some("d.m_bar*b"));
+        assert_eq!(key_of(&cfg, &[("m", "barxyzc")]), None);
+    }
+
+    #[test]
+    fn glob() {
+        assert!(glob_match("a*", "a"));
+        assert!(glob_match("a*", "abc"));
+        assert!(!glob_match("a*", "ba"));
+        assert!(glob_match("svc*ep*rpc", "svc1ep2rpc"));
+        assert!(glob_match("svc*ep*rpc", "svceprpc"));
+        assert!(!glob_match("svc*ep*rpc", "svc1ep2rp"));
+        assert!(!glob_match("a*aa", "aa"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("abc", "abc"));
+        assert!(!glob_match("abc", "abcd"));
+    }
+
+    const NESTED: &str = r#"
+domain: d
+descriptors:
+  - key: a
+    value: 1
+    rate_limit: {unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: b
+        descriptors:
+          - key: c
+            value: 3
+            rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: leaf
+    rate_limit: {unit: day, requests_per_unit: 5}
+"#;
+
+    #[test]
+    fn depth_rules() {
+        let cfg = config(NESTED);
+        // The limit of an intermediate node only applies when it is matched by the last entry.
+        assert_eq!(key_of(&cfg, &[("a", "1")]).as_deref(), Some("d.a_1"));
+        assert_eq!(key_of(&cfg, &[("a", "1"), ("b", "x")]), None);
+        assert_eq!(
+            key_of(&cfg, &[("a", "1"), ("b", "x"), ("c", "3")]).as_deref(),
+            Some("d.a_1.b.c_3")
+        );
+        // More entries than config depth: no limit, even though "leaf" has one.
+        assert_eq!(key_of(&cfg, &[("leaf", "x"), ("more", "y")]), None);
+        // Unmatched middle entry stops matching.
+        assert_eq!(key_of(&cfg, &[("a", "1"), ("zz", "x"), ("c", "3")]), None);
+        assert_eq!(
+            key_of(&cfg, &[("a", "1"), ("b", "x"), ("c", "3"), ("d", "4")]),
+            None
+        );
+        assert!(look(&cfg, &[]).is_none());
+    }
+
+    #[test]
+    fn empty_value_falls_back_to_key_only() {
+        let cfg = config(NESTED);
+        assert_eq!(key_of(&cfg, &[("leaf", "")]).as_deref(), Some("d.leaf"));
+    }
+
+    #[test]
+    fn share_threshold_reports_patterns_with_star() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: user
+    value: u*
+    share_threshold: true
+    descriptors:
+      - key: res
+        value: r*
+        rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: plain
+    value: p*
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#,
+        );
+        let m = look(&cfg, &[("files", "files/a.pdf")]).expect("match");
+        assert_eq!(m.shared_values, vec![(0, "files/*")]);
+        assert_eq!(m.limit.full_key, "d.files_files/*");
+        let m = look(&cfg, &[("user", "u1"), ("res", "r1")]).expect("match");
+        assert_eq!(m.shared_values, vec![(0, "u*")]);
+        let m = look(&cfg, &[("plain", "p1")]).expect("match");
+        assert!(m.shared_values.is_empty());
+        assert_eq!(m.shared_values.capacity(), 0);
+    }
+
+    #[test]
+    fn unlimited_and_flags() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: u
+    rate_limit: {unlimited: true, name: free, replaces: [{name: paid}]}
+  - key: s
+    shadow_mode: true
+    quota_mode: true
+    detailed_metric: true
+    value_to_metric: true
+    rate_limit: {unit: Minute, requests_per_unit: 7}
+    metadata: {tier: gold, n: 1}
+"#,
+        );
+        let u = look(&cfg, &[("u", "x")]).expect("match").limit;
+        assert_eq!(u.rule, Rule::Unlimited);
+        assert_eq!(u.name, "free");
+        assert_eq!(u.replaces, vec!["paid".to_owned()]);
+        let s = look(&cfg, &[("s", "x")]).expect("match").limit;
+        assert_eq!(
+            s.rule,
+            Rule::Limited {
+                requests_per_unit: 7,
+                unit: Unit::Minute
+            }
+        );
+        assert!(s.shadow_mode && s.quota_mode && s.detailed_metric && s.value_to_metric);
+        assert_eq!(
+            s.metadata,
+            Some(serde_json::json!({"tier": "gold", "n": 1}))
+        );
+    }
+
+    #[test]
+    fn dump_is_sorted_and_formatted() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: z
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: a
+    rate_limit: {unlimited: true}
+    descriptors:
+      - key: b
+        quota_mode: true
+        rate_limit: {unit: week, requests_per_unit: 9}
+"#,
+        );
+        assert_eq!(
+            cfg.dump(),
+            "d.a: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n\
+             d.a.b: unit=WEEK requests_per_unit=9, shadow_mode: false, quota_mode: true\n\
+             d.z: unit=SECOND requests_per_unit=5, shadow_mode: true, quota_mode: false\n"
+        );
+        assert_eq!(RateLimitConfig::empty().dump(), "");
+    }
+
+    #[test]
+    fn validation_messages() {
+        assert_eq!(
+            build_err("domain: d\ndescriptors:\n  - key: k\n    share_threshold: true\n"),
+            "share_threshold can only be used with wildcard values (containing '*'), but found key 'k'"
+        );
+        assert_eq!(
+            build_err("domain: d\ndescriptors:\n  - key: k\n    metadata: [a]\n"),
+            "error parsing metadata: metadata must be a map, found '[a]'"
+        );
+        assert_eq!(
+            build_err("domain: d\ndescriptors:\n  - key: k\n    metadata: {1: a}\n"),
+            "error parsing metadata: key is not of type string: 1"
+        );
+        assert_eq!(
+            build_err("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: unknown}\n"),
+            "invalid rate limit unit 'unknown'"
+        );
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, unlimited: true}\n"
+            ),
+            "should not specify rate limit unit when unlimited"
+        );
+        // Nested duplicates name the full path.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n      - key: b\n"
+            ),
+            "duplicate descriptor composite key 'd.a.b'"
+        );
+    }
+
+    #[test]
+    fn stats_keys_follow_detailed_metric_and_value_to_metric() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: route
+    value: api/*
+    share_threshold: true
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value_to_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: svc
+    value: s*
+    value_to_metric: true
+    descriptors:
+      - key: ep
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: user
+    value: u*
+    share_threshold: true
+    descriptors:
+      - key: ep
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+"#,
+        );
+        let d = cfg.domain("d").expect("domain");
+        let key = |e: &[(&str, &str)]| {
+            let e: Vec<Entry> = e.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+            d.stats_key(&e)
+        };
+        assert_eq!(key(&[("plain", "x")]).as_deref(), Some("d.plain"));
+        assert_eq!(key(&[("detailed", "x")]).as_deref(), Some("d.detailed_x"));
+        // share_threshold keeps the pattern even with value_to_metric; key-only shows the value.
+        assert_eq!(
+            key(&[("route", "api/v1"), ("method", "GET")]).as_deref(),
+            Some("d.route_api/*.method_GET")
+        );
+        assert_eq!(
+            key(&[("svc", "s1"), ("ep", "e")]).as_deref(),
+            Some("d.svc_s1.ep")
+        );
+        assert_eq!(
+            key(&[("user", "u7"), ("ep", "e")]).as_deref(),
+            Some("d.user_u*.ep_e")
+        );
+        assert_eq!(key(&[("nothing", "x")]), None);
+    }
+
+    #[test]
+    fn failed_merge_is_rolled_back() {
+        let mut b = Builder::new(true);
+        b.add_file(raw::parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap())
+            .unwrap();
+        let bad = raw::parse("domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: c\n    rate_limit: {unit: bogus}\n").unwrap();
+        assert_eq!(
+            b.add_file(bad).unwrap_err(),
+            "invalid rate limit unit 'bogus'"
+        );
+        let cfg = b.finish();
+        assert_eq!(cfg.limits().count(), 1);
+        assert_eq!(key_of(&cfg, &[("b", "x")]), None);
+    }
+}

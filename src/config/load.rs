@@ -1,0 +1,288 @@
+//! Finding and reading config files, and turning a set of files into one [`RateLimitConfig`].
+//!
+//! Two layouts are supported: `--config PATH` (one file or a directory tree) and the Go
+//! service's runtime layout (`RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY`, each
+//! file named by its goruntime key). Either way files are loaded in sorted name order so a
+//! given set of files always loads the same way, and entries whose name starts with '.' are
+//! skipped: a Kubernetes ConfigMap mount holds `..data` and `..<timestamp>` entries next to
+//! the user-visible symlinks, and walking them would load every file two or three times.
+
+use super::compile::{Builder, RateLimitConfig};
+use super::{ConfigError, ConfigErrors, raw};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Where the config comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// `--config PATH`: a single file (named by its bare file name) or a directory (every
+    /// `*.yaml`/`*.yml` below it, recursively, named by the path relative to the directory).
+    Path(PathBuf),
+    /// envoyproxy/ratelimit's runtime layout: every YAML file below
+    /// `root/subdirectory/app_directory`, named by its goruntime key: the path relative to
+    /// `root/subdirectory` with '/' replaced by '.', e.g. `config.basic.yaml`.
+    Runtime {
+        root: PathBuf,
+        subdirectory: String,
+        app_directory: String,
+    },
+}
+
+/// Options that change how files combine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// MERGE_DOMAIN_CONFIG: a later file with an existing domain adds its descriptors to it
+    /// instead of being rejected as a duplicate domain.
+    pub merge_domain_config: bool,
+}
+
+/// The files of a source, sorted by name, with their raw bytes. Two equal snapshots load to the
+/// same config, so the watcher compares snapshots to decide whether to reload.
+pub(crate) type Snapshot = Vec<(String, Vec<u8>)>;
+
+/// Builds a config from named file texts, in the given order.
+///
+/// Like Go, each file is fully parsed before any is loaded, and each file reports only its
+/// first error; unlike Go, loading carries on past a bad file so every bad file is reported.
+pub fn parse_files(
+    files: &[(String, String)],
+    opts: &LoadOptions,
+) -> Result<RateLimitConfig, ConfigErrors> {
+    build(
+        files.iter().map(|(n, t)| (n.as_str(), Ok(t.as_str()))),
+        opts,
+    )
+}
+
+/// Reads and builds the config of a source.
+pub fn load(source: &ConfigSource, opts: &LoadOptions) -> Result<RateLimitConfig, ConfigErrors> {
+    let snapshot = read_source(source)?;
+    parse_snapshot(&snapshot, opts)
+}
+
+pub(crate) fn parse_snapshot(
+    snapshot: &Snapshot,
+    opts: &LoadOptions,
+) -> Result<RateLimitConfig, ConfigErrors> {
+    build(
+        snapshot.iter().map(|(name, bytes)| {
+            let text = std::str::from_utf8(bytes)
+                .map_err(|e| format!("error loading config file: invalid UTF-8: {e}"));
+            (name.as_str(), text)
+        }),
+        opts,
+    )
+}
+
+fn build<'a>(
+    files: impl Iterator<Item = (&'a str, Result<&'a str, String>)>,
+    opts: &LoadOptions,
+) -> Result<RateLimitConfig, ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut parsed = Vec::new();
+    for (name, text) in files {
+        match text.and_then(raw::parse) {
+            Ok(root) => parsed.push((name, root)),
+            Err(message) => errors.push(ConfigError::new(name, message)),
+        }
+    }
+    let mut builder = Builder::new(opts.merge_domain_config);
+    for (name, root) in parsed {
+        if let Err(message) = builder.add_file(root) {
+            errors.push(ConfigError::new(name, message));
+        }
+    }
+    if errors.is_empty() {
+        Ok(builder.finish())
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// Reads every file of a source. Any unreadable file or directory is an error naming its path.
+pub(crate) fn read_source(source: &ConfigSource) -> Result<Snapshot, ConfigErrors> {
+    let mut found: Vec<(String, PathBuf)> = Vec::new();
+    let mut errors = Vec::new();
+    match source {
+        ConfigSource::Path(path) => {
+            let meta = fs::metadata(path).map_err(|e| io_error(path, &e))?;
+            if meta.is_dir() {
+                walk(
+                    path,
+                    &mut Vec::new(),
+                    &mut Vec::new(),
+                    &mut |parts, p| found.push((parts.join("/"), p)),
+                    &mut errors,
+                );
+            } else {
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| path.display().to_string());
+                found.push((name, path.clone()));
+            }
+        }
+        ConfigSource::Runtime {
+            root,
+            subdirectory,
+            app_directory,
+        } => {
+            let base = root.join(subdirectory);
+            let mut prefix: Vec<String> = app_directory
+                .split('/')
+                .filter(|p| !p.is_empty() && *p != ".")
+                .map(str::to_owned)
+                .collect();
+            let dir = prefix.iter().fold(base, |acc, p| acc.join(p));
+            let meta = fs::metadata(&dir).map_err(|e| io_error(&dir, &e))?;
+            if !meta.is_dir() {
+                return Err(ConfigError::new(dir.display().to_string(), "not a directory").into());
+            }
+            walk(
+                &dir,
+                &mut prefix,
+                &mut Vec::new(),
+                &mut |parts, p| found.push((parts.join("."), p)),
+                &mut errors,
+            );
+        }
+    }
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut snapshot = Vec::with_capacity(found.len());
+    for (name, path) in found {
+        match fs::read(&path) {
+            Ok(bytes) => snapshot.push((name, bytes)),
+            Err(e) => errors.push(io_error(&path, &e)),
+        }
+    }
+    if errors.is_empty() {
+        Ok(snapshot)
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+fn io_error(path: &Path, e: &std::io::Error) -> ConfigError {
+    ConfigError::new(path.display().to_string(), format!("cannot read: {e}"))
+}
+
+fn is_yaml(name: &str) -> bool {
+    name.ends_with(".yaml") || name.ends_with(".yml")
+}
+
+/// Walks `dir` recursively, following symlinks, skipping dot entries, calling `found` with the
+/// path components (below the walk root, after `parts`' initial prefix) of each YAML file.
+/// `ancestors` holds the canonical directories being walked, so a symlink cycle ends the walk
+/// instead of recursing forever.
+fn walk(
+    dir: &Path,
+    parts: &mut Vec<String>,
+    ancestors: &mut Vec<PathBuf>,
+    found: &mut dyn FnMut(&[String], PathBuf),
+    errors: &mut Vec<ConfigError>,
+) {
+    let canonical = match fs::canonicalize(dir) {
+        Ok(c) => c,
+        Err(e) => return errors.push(io_error(dir, &e)),
+    };
+    if ancestors.contains(&canonical) {
+        return;
+    }
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => return errors.push(io_error(dir, &e)),
+    };
+    ancestors.push(canonical);
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                errors.push(io_error(dir, &e));
+                continue;
+            }
+        };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        // `fs::metadata` follows symlinks: a ConfigMap's `basic.yaml -> ..data/basic.yaml`
+        // is a file, and a symlinked directory is walked.
+        let meta = match fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) => {
+                errors.push(io_error(&path, &e));
+                continue;
+            }
+        };
+        parts.push(name);
+        if meta.is_dir() {
+            walk(&path, parts, ancestors, found, errors);
+        } else if meta.is_file() && parts.last().is_some_and(|n| is_yaml(n)) {
+            found(parts, path);
+        }
+        parts.pop();
+    }
+    ancestors.pop();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(n, t)| ((*n).to_owned(), (*t).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn every_bad_file_is_reported_with_its_first_error() {
+        let err = parse_files(
+            &files(&[
+                ("a.yaml", "domain: a\ndescriptors:\n  - key: x\n    ratelimit: {}\n"),
+                ("b.yaml", "domain: b\ndescriptors:\n  - key: ''\n  - key: y\n    rate_limit: {unit: foo}\n"),
+                ("c.yaml", "domain: c\n"),
+                ("d.yaml", "domain: c\n"),
+            ]),
+            &LoadOptions::default(),
+        )
+        .expect_err("bad");
+        assert_eq!(
+            err.to_string(),
+            "a.yaml: config error, unknown key 'ratelimit'\n\
+             b.yaml: descriptor has empty key\n\
+             d.yaml: duplicate domain 'c' in config file"
+        );
+    }
+
+    #[test]
+    fn a_failed_file_does_not_register_its_domain() {
+        let err = parse_files(
+            &files(&[
+                ("a.yaml", "domain: x\ndescriptors:\n  - key: ''\n"),
+                ("b.yaml", "domain: x\n"),
+            ]),
+            &LoadOptions::default(),
+        )
+        .expect_err("bad");
+        assert_eq!(err.len(), 1);
+    }
+
+    #[test]
+    fn empty_input_is_an_empty_config() {
+        let cfg = parse_files(&[], &LoadOptions::default()).expect("ok");
+        assert_eq!(cfg.domain_count(), 0);
+    }
+
+    #[test]
+    fn non_utf8_is_a_load_error() {
+        let snap = vec![("x.yaml".to_owned(), vec![0xff, 0xfe])];
+        let err = parse_snapshot(&snap, &LoadOptions::default()).expect_err("bad");
+        assert!(
+            err.0[0]
+                .to_string()
+                .starts_with("x.yaml: error loading config file: invalid UTF-8")
+        );
+    }
+}

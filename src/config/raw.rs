@@ -1,0 +1,342 @@
+//! One config file's text -> raw serde types, with envoyproxy/ratelimit's checks and messages.
+//!
+//! The Go service unmarshals each file twice: once into a generic map, which it walks to reject
+//! unknown keys and odd value types, and once into its typed structs. We do the same, in the
+//! same order, so the first error reported for a file is the one Go reports. The raw types
+//! here are deliberately loose (everything optional, YAML 1.1-style scalars accepted where
+//! go-yaml v2 accepts them); [`compile`](super::compile) turns them into validated types.
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use serde_yaml_ng::{Mapping, Value};
+use std::fmt;
+
+/// Keys the Go service accepts anywhere in a config file (its generic walk does not care at
+/// which level a key appears; the typed pass then ignores misplaced ones, and so do we).
+pub const VALID_KEYS: &[&str] = &[
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "shadow_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "quota_mode",
+    "metadata",
+];
+
+/// The key whose value is free-form: its contents are not walked.
+const METADATA_KEY: &str = "metadata";
+
+/// A whole config file.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawRoot {
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub domain: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub descriptors: Vec<RawDescriptor>,
+}
+
+/// One entry of a `descriptors` list.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawDescriptor {
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub key: String,
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub value: String,
+    #[serde(default)]
+    pub rate_limit: Option<RawRateLimit>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub descriptors: Vec<RawDescriptor>,
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub shadow_mode: bool,
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub quota_mode: bool,
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub detailed_metric: bool,
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub value_to_metric: bool,
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub share_threshold: bool,
+    /// Free-form; converted to JSON (and checked) by `compile`.
+    #[serde(default)]
+    pub metadata: Option<Value>,
+}
+
+/// A `rate_limit` block.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawRateLimit {
+    #[serde(default, deserialize_with = "null_default")]
+    pub requests_per_unit: u32,
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub unit: String,
+    #[serde(default, deserialize_with = "lenient_bool")]
+    pub unlimited: bool,
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub name: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub replaces: Vec<RawReplaces>,
+}
+
+/// One `replaces` entry.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawReplaces {
+    #[serde(default, deserialize_with = "lenient_string")]
+    pub name: String,
+}
+
+/// Parses one file's text. The error is the message only; the caller prefixes the file name.
+pub fn parse(text: &str) -> Result<RawRoot, String> {
+    let mut value: Value =
+        serde_yaml_ng::from_str(text).map_err(|e| format!("error loading config file: {e}"))?;
+    // go-yaml resolves `<<` merge keys while decoding; without this the walk below would
+    // report `unknown key '<<'` for configs the Go service accepts.
+    value
+        .apply_merge()
+        .map_err(|e| format!("error loading config file: {e}"))?;
+    match &value {
+        // An empty file (or one holding only comments) is an empty map to go-yaml; the
+        // missing domain is reported later, as in Go.
+        Value::Null => return Ok(RawRoot::default()),
+        Value::Mapping(map) => walk_keys(map)?,
+        other => {
+            return Err(format!(
+                "error loading config file: cannot unmarshal {} into a map",
+                kind(other)
+            ));
+        }
+    }
+    serde_yaml_ng::from_value(value).map_err(|e| format!("error loading config file: {e}"))
+}
+
+/// The Go service's generic key walk (`validateYamlKeys`), in document order.
+fn walk_keys(map: &Mapping) -> Result<(), String> {
+    for (k, v) in map {
+        let key = match k {
+            Value::String(s) => s.as_str(),
+            other => {
+                return Err(format!(
+                    "config error, key is not of type string: {}",
+                    go_format(other)
+                ));
+            }
+        };
+        if !VALID_KEYS.contains(&key) {
+            return Err(format!("config error, unknown key '{key}'"));
+        }
+        if key == METADATA_KEY {
+            continue;
+        }
+        match v {
+            Value::Sequence(items) => {
+                for item in items {
+                    match item {
+                        Value::Mapping(m) => walk_keys(m)?,
+                        other => {
+                            return Err(format!(
+                                "config error, yaml file contains list of type other than map: {}",
+                                go_format(other)
+                            ));
+                        }
+                    }
+                }
+            }
+            Value::Mapping(m) => walk_keys(m)?,
+            // go-yaml gives string, int, bool or nil for these; all are fine leaves.
+            Value::String(_) | Value::Bool(_) | Value::Null => {}
+            // Integers beyond int64 decode to uint64 in Go, which its walk rejects.
+            Value::Number(n) if n.is_i64() => {}
+            _ => return Err("error checking config".to_owned()),
+        }
+    }
+    Ok(())
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a bool",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a sequence",
+        Value::Mapping(_) => "a mapping",
+        Value::Tagged(_) => "a tagged value",
+    }
+}
+
+/// Formats a value the way Go's `%v` prints what go-yaml decoded, for error messages.
+pub(crate) fn go_format(v: &Value) -> String {
+    match v {
+        Value::Null => "<nil>".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => {
+            let s = n.to_string();
+            // Go prints a float64 with no fractional part without ".0" (`%v` of 1.0 is "1").
+            match s.strip_suffix(".0") {
+                Some(int) if n.is_f64() => int.to_owned(),
+                _ => s,
+            }
+        }
+        Value::String(s) => s.clone(),
+        Value::Sequence(items) => {
+            let parts: Vec<String> = items.iter().map(go_format).collect();
+            format!("[{}]", parts.join(" "))
+        }
+        Value::Mapping(m) => {
+            let parts: Vec<String> = m
+                .iter()
+                .map(|(k, v)| format!("{}:{}", go_format(k), go_format(v)))
+                .collect();
+            format!("map[{}]", parts.join(" "))
+        }
+        Value::Tagged(t) => format!("{} {}", t.tag, go_format(&t.value)),
+    }
+}
+
+/// A missing or null value becomes the type's default, as a zero value does in Go.
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// go-yaml v2 decodes any scalar into a string field (`value: 200` is the string "200").
+fn lenient_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    struct V;
+    impl Visitor<'_> for V {
+        type Value = String;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+            Ok(v.to_owned())
+        }
+        fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
+            Ok(v.to_string())
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<String, E> {
+            Ok(String::new())
+        }
+        fn visit_none<E: de::Error>(self) -> Result<String, E> {
+            Ok(String::new())
+        }
+    }
+    d.deserialize_any(V)
+}
+
+/// go-yaml v2 follows YAML 1.1, where `yes`/`no`/`on`/`off` are booleans too.
+fn lenient_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    struct V;
+    impl Visitor<'_> for V {
+        type Value = bool;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a bool")
+        }
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
+            Ok(v)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<bool, E> {
+            match v {
+                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True"
+                | "TRUE" => Ok(true),
+                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False"
+                | "FALSE" => Ok(false),
+                _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+            }
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_and_yaml11_bools_are_accepted_where_go_accepts_them() {
+        let root =
+            parse("domain: d\ndescriptors:\n  - key: code\n    value: 200\n    shadow_mode: yes\n")
+                .expect("parses");
+        assert_eq!(root.descriptors[0].value, "200");
+        assert!(root.descriptors[0].shadow_mode);
+    }
+
+    #[test]
+    fn empty_file_is_an_empty_root() {
+        let root = parse("# nothing\n").expect("parses");
+        assert_eq!(root.domain, "");
+        assert!(root.descriptors.is_empty());
+    }
+
+    #[test]
+    fn nulls_are_zero_values() {
+        let root = parse("domain: d\ndescriptors:\n  - key: k\n    value:\n    descriptors:\n")
+            .expect("parses");
+        assert_eq!(root.descriptors[0].value, "");
+        assert!(root.descriptors[0].descriptors.is_empty());
+    }
+
+    #[test]
+    fn merge_keys_are_resolved_before_the_walk() {
+        let text = "domain: d\ndescriptors:\n  - &base\n    key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - <<: *base\n    key: b\n";
+        let root = parse(text).expect("parses");
+        assert_eq!(root.descriptors[1].key, "b");
+        assert!(root.descriptors[1].rate_limit.is_some());
+    }
+
+    #[test]
+    fn metadata_contents_are_not_walked() {
+        let root = parse("domain: d\ndescriptors:\n  - key: k\n    metadata:\n      anything: 0.5\n      1: [x, y]\n")
+            .expect("parses");
+        assert!(root.descriptors[0].metadata.is_some());
+    }
+
+    #[test]
+    fn typed_errors_are_load_errors() {
+        let err = parse("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: -1\n      unit: second\n")
+            .expect_err("negative");
+        assert!(err.starts_with("error loading config file: "), "{err}");
+    }
+
+    #[test]
+    fn go_format_matches_go_percent_v() {
+        assert_eq!(go_format(&serde_yaml_ng::from_str("0.25").unwrap()), "0.25");
+        assert_eq!(go_format(&serde_yaml_ng::from_str("1.0").unwrap()), "1");
+        assert_eq!(
+            go_format(&serde_yaml_ng::from_str("[a, 1]").unwrap()),
+            "[a 1]"
+        );
+        assert_eq!(
+            go_format(&serde_yaml_ng::from_str("{a: b}").unwrap()),
+            "map[a:b]"
+        );
+        assert_eq!(go_format(&Value::Null), "<nil>");
+    }
+}

@@ -1,0 +1,381 @@
+//! Config fixtures: every error of envoyproxy/ratelimit's config tests, with its exact message,
+//! and the valid fixtures with the lookups the Go tests make against them.
+
+use sluice::config::{ConfigErrors, LoadOptions, Matched, RateLimitConfig, Rule, parse_files};
+use sluice::descriptor::Entry;
+use sluice::limiter::Unit;
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> (String, String) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/config")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (name.to_owned(), text)
+}
+
+fn load(names: &[&str], merge: bool) -> Result<RateLimitConfig, ConfigErrors> {
+    let files: Vec<_> = names.iter().map(|n| fixture(n)).collect();
+    parse_files(
+        &files,
+        &LoadOptions {
+            merge_domain_config: merge,
+        },
+    )
+}
+
+fn error_of(names: &[&str], merge: bool) -> String {
+    match load(names, merge) {
+        Ok(_) => panic!("{names:?} should not load"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn ok(names: &[&str], merge: bool) -> RateLimitConfig {
+    load(names, merge).unwrap_or_else(|e| panic!("{names:?}: {e}"))
+}
+
+fn lookup<'a>(cfg: &'a RateLimitConfig, entries: &[(&str, &str)]) -> Option<Matched<'a>> {
+    let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+    cfg.domain("test-domain")?.lookup(&entries)
+}
+
+fn limited(requests_per_unit: u32, unit: Unit) -> Rule {
+    Rule::Limited {
+        requests_per_unit,
+        unit,
+    }
+}
+
+fn rule_and_key(cfg: &RateLimitConfig, entries: &[(&str, &str)]) -> Option<(Rule, String)> {
+    lookup(cfg, entries).map(|m| (m.limit.rule, m.limit.full_key.clone()))
+}
+
+#[test]
+fn empty_domain() {
+    assert_eq!(
+        error_of(&["empty_domain.yaml"], false),
+        "empty_domain.yaml: config file cannot have empty domain"
+    );
+}
+
+#[test]
+fn duplicate_domain() {
+    assert_eq!(
+        error_of(&["basic_config.yaml", "duplicate_domain.yaml"], false),
+        "duplicate_domain.yaml: duplicate domain 'test-domain' in config file"
+    );
+}
+
+#[test]
+fn empty_key() {
+    assert_eq!(
+        error_of(&["empty_key.yaml"], false),
+        "empty_key.yaml: descriptor has empty key"
+    );
+}
+
+#[test]
+fn duplicate_key() {
+    assert_eq!(
+        error_of(&["duplicate_key.yaml"], false),
+        "duplicate_key.yaml: duplicate descriptor composite key 'test-domain.key1_value1'"
+    );
+}
+
+#[test]
+fn merge_same_file_twice_is_a_duplicate_key() {
+    assert_eq!(
+        error_of(&["merge_domain_key1.yaml", "merge_domain_key1.yaml"], true),
+        "merge_domain_key1.yaml: duplicate descriptor composite key 'test-domain.key1_value1'"
+    );
+}
+
+#[test]
+fn merge_two_files_of_one_domain() {
+    let cfg = ok(&["merge_domain_key1.yaml", "merge_domain_key2.yaml"], true);
+    assert_eq!(cfg.domain_count(), 1);
+    assert_eq!(
+        rule_and_key(&cfg, &[("key1", "value1")]),
+        Some((limited(10, Unit::Minute), "test-domain.key1_value1".into()))
+    );
+    assert_eq!(
+        rule_and_key(&cfg, &[("key2", "value2")]),
+        Some((limited(20, Unit::Minute), "test-domain.key2_value2".into()))
+    );
+    // Without merging, the second file is a duplicate domain.
+    assert_eq!(
+        error_of(&["merge_domain_key1.yaml", "merge_domain_key2.yaml"], false),
+        "merge_domain_key2.yaml: duplicate domain 'test-domain' in config file"
+    );
+}
+
+#[test]
+fn bad_limit_unit() {
+    assert_eq!(
+        error_of(&["bad_limit_unit.yaml"], false),
+        "bad_limit_unit.yaml: invalid rate limit unit 'foo'"
+    );
+}
+
+#[test]
+fn replaces_self() {
+    assert_eq!(
+        error_of(&["replaces_self.yaml"], false),
+        "replaces_self.yaml: replaces should not contain name of same descriptor"
+    );
+}
+
+#[test]
+fn replaces_empty() {
+    assert_eq!(
+        error_of(&["replaces_empty.yaml"], false),
+        "replaces_empty.yaml: should not have an empty replaces entry"
+    );
+}
+
+#[test]
+fn bad_yaml_names_the_position() {
+    // go-yaml's wording differs from ours; the prefix and a position are what matter.
+    let e = error_of(&["bad_yaml.yaml"], false);
+    assert!(
+        e.starts_with("bad_yaml.yaml: error loading config file: "),
+        "{e}"
+    );
+    assert!(e.contains("line"), "{e}");
+    assert!(e.contains("column"), "{e}");
+}
+
+#[test]
+fn misspelled_keys() {
+    assert_eq!(
+        error_of(&["misspelled_key.yaml"], false),
+        "misspelled_key.yaml: config error, unknown key 'ratelimit'"
+    );
+    assert_eq!(
+        error_of(&["misspelled_key2.yaml"], false),
+        "misspelled_key2.yaml: config error, unknown key 'requestsperunit'"
+    );
+}
+
+#[test]
+fn non_string_key() {
+    assert_eq!(
+        error_of(&["non_string_key.yaml"], false),
+        "non_string_key.yaml: config error, key is not of type string: 0.25"
+    );
+}
+
+#[test]
+fn non_map_list() {
+    assert_eq!(
+        error_of(&["non_map_list.yaml"], false),
+        "non_map_list.yaml: config error, yaml file contains list of type other than map: a"
+    );
+}
+
+#[test]
+fn unlimited_with_unit() {
+    assert_eq!(
+        error_of(&["unlimited_with_unit.yaml"], false),
+        "unlimited_with_unit.yaml: should not specify rate limit unit when unlimited"
+    );
+}
+
+#[test]
+fn share_threshold_without_wildcard() {
+    assert_eq!(
+        error_of(&["share_threshold_no_wildcard.yaml"], false),
+        "share_threshold_no_wildcard.yaml: share_threshold can only be used with wildcard values (containing '*'), but found key 'files_report.pdf'"
+    );
+}
+
+#[test]
+fn float_scalar() {
+    assert_eq!(
+        error_of(&["float_value.yaml"], false),
+        "float_value.yaml: error checking config"
+    );
+}
+
+#[test]
+fn bad_metadata() {
+    let e = error_of(&["bad_metadata.yaml"], false);
+    assert!(
+        e.starts_with("bad_metadata.yaml: error parsing metadata: "),
+        "{e}"
+    );
+}
+
+#[test]
+fn all_bad_files_are_reported_together() {
+    let err = load(
+        &[
+            "bad_limit_unit.yaml",
+            "empty_domain.yaml",
+            "misspelled_key.yaml",
+            "basic_config.yaml",
+        ],
+        false,
+    )
+    .expect_err("bad");
+    let names: Vec<&str> = err.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "misspelled_key.yaml",
+            "bad_limit_unit.yaml",
+            "empty_domain.yaml"
+        ],
+        "parse errors of every file come before load errors, as in Go"
+    );
+}
+
+#[test]
+fn basic_config_lookups() {
+    let cfg = ok(&["basic_config.yaml"], false);
+    assert!(cfg.domain("foo_domain").is_none());
+    assert!(lookup(&cfg, &[]).is_none());
+    assert!(lookup(&cfg, &[("key1", "something")]).is_none());
+    assert!(lookup(&cfg, &[("key1", "value1")]).is_none());
+    assert!(lookup(&cfg, &[("key2", "value2"), ("subkey", "subvalue")]).is_none());
+    assert!(lookup(&cfg, &[("key5", "value5"), ("subkey5", "subvalue")]).is_none());
+    assert_eq!(
+        rule_and_key(&cfg, &[("key1", "value1"), ("subkey1", "something")]),
+        Some((
+            limited(5, Unit::Second),
+            "test-domain.key1_value1.subkey1".into()
+        ))
+    );
+    assert_eq!(
+        rule_and_key(&cfg, &[("key1", "value1"), ("subkey1", "subvalue1")]),
+        Some((
+            limited(10, Unit::Second),
+            "test-domain.key1_value1.subkey1_subvalue1".into()
+        ))
+    );
+    assert_eq!(
+        rule_and_key(&cfg, &[("key2", "something")]),
+        Some((limited(20, Unit::Minute), "test-domain.key2".into()))
+    );
+    assert_eq!(
+        rule_and_key(&cfg, &[("key2", "value2")]),
+        Some((limited(30, Unit::Minute), "test-domain.key2_value2".into()))
+    );
+    assert!(lookup(&cfg, &[("key2", "value3")]).is_none());
+    assert_eq!(
+        rule_and_key(&cfg, &[("key3", "foo")]),
+        Some((limited(1, Unit::Hour), "test-domain.key3".into()))
+    );
+    assert_eq!(
+        rule_and_key(&cfg, &[("key4", "foo")]),
+        Some((limited(1, Unit::Day), "test-domain.key4".into()))
+    );
+    assert_eq!(
+        rule_and_key(&cfg, &[("key5", "value5")]),
+        Some((limited(15, Unit::Day), "test-domain.key5_value5".into()))
+    );
+    assert_eq!(
+        rule_and_key(&cfg, &[("key5", "value5"), ("subkey5", "subvalue5")]),
+        Some((
+            limited(25, Unit::Day),
+            "test-domain.key5_value5.subkey5_subvalue5".into()
+        ))
+    );
+}
+
+#[test]
+fn shadow_mode_config() {
+    let cfg = ok(&["shadowmode_config.yaml"], false);
+    let shadow = |e: &[(&str, &str)]| lookup(&cfg, e).map(|m| m.limit.shadow_mode);
+    assert_eq!(shadow(&[("key1", "value1"), ("subkey1", "x")]), Some(true));
+    assert_eq!(
+        shadow(&[("key1", "value1"), ("subkey1", "subvalue1")]),
+        Some(false)
+    );
+    assert_eq!(shadow(&[("key2", "x")]), Some(true));
+    assert_eq!(shadow(&[("key2", "value2")]), Some(false));
+    assert!(cfg.dump().contains(
+        "test-domain.key2: unit=MINUTE requests_per_unit=20, shadow_mode: true, quota_mode: false\n"
+    ));
+}
+
+#[test]
+fn wildcard_config() {
+    let cfg = ok(&["wildcard.yaml"], false);
+    let key = |e: &[(&str, &str)]| lookup(&cfg, e).map(|m| m.limit.full_key.clone());
+    assert_eq!(
+        key(&[("wild", "foo1")]).as_deref(),
+        Some("test-domain.wild_foo*")
+    );
+    assert_eq!(
+        key(&[("wild", "foo")]).as_deref(),
+        Some("test-domain.wild_foo*")
+    );
+    assert_eq!(key(&[("wild", "bar")]), None);
+    assert_eq!(
+        key(&[("noWild", "foo")]).as_deref(),
+        Some("test-domain.noWild_foo")
+    );
+    assert_eq!(key(&[("noWild", "foo1")]), None);
+    assert_eq!(
+        key(&[("noVal", "anything")]).as_deref(),
+        Some("test-domain.noVal")
+    );
+    assert_eq!(
+        key(&[("midWild", "barxb")]).as_deref(),
+        Some("test-domain.midWild_bar*b")
+    );
+    assert_eq!(key(&[("midWild", "barxc")]), None);
+    assert_eq!(
+        key(&[("nested", "value"), ("inner", "xyz")]).as_deref(),
+        Some("test-domain.nested_val*.inner_x*")
+    );
+    assert_eq!(key(&[("nested", "value"), ("inner", "y")]), None);
+}
+
+#[test]
+fn share_threshold_config() {
+    let cfg = ok(&["share_threshold.yaml"], false);
+    let a = lookup(&cfg, &[("files", "files/a.pdf")]).expect("match");
+    let b = lookup(&cfg, &[("files", "files/b.csv")]).expect("match");
+    assert!(std::ptr::eq(a.limit, b.limit));
+    assert_eq!(a.limit.rule, limited(10, Unit::Hour));
+    assert_eq!(a.shared_values, vec![(0, "files/*")]);
+    assert_eq!(b.shared_values, vec![(0, "files/*")]);
+
+    let m = lookup(
+        &cfg,
+        &[("user", "user/1"), ("resource", "res/9"), ("action", "get")],
+    )
+    .expect("match");
+    assert_eq!(m.shared_values, vec![(0, "user/*"), (1, "res/*")]);
+    assert_eq!(m.limit.rule, limited(150, Unit::Minute));
+
+    // The explicit value wins and is not shared.
+    let m = lookup(&cfg, &[("file", "test1")]).expect("match");
+    assert_eq!(m.limit.rule, limited(50, Unit::Minute));
+    assert!(m.shared_values.is_empty());
+    let m = lookup(&cfg, &[("file", "test2")]).expect("match");
+    assert_eq!(m.limit.rule, limited(100, Unit::Minute));
+    assert_eq!(m.shared_values, vec![(0, "test*")]);
+}
+
+#[test]
+fn metadata_config() {
+    let cfg = ok(&["metadata.yaml"], false);
+    let m = lookup(&cfg, &[("key1", "value1"), ("subkey1", "x")]).expect("match");
+    assert_eq!(
+        m.limit.metadata,
+        Some(serde_json::json!({"name": "service_1"}))
+    );
+    let m = lookup(&cfg, &[("key1", "value1"), ("subkey1", "subvalue1")]).expect("match");
+    assert_eq!(m.limit.metadata, None);
+    let m = lookup(&cfg, &[("key2", "x")]).expect("match");
+    assert_eq!(
+        m.limit.metadata,
+        Some(serde_json::json!({
+            "service_with_quota": {"name": "service_2", "weight": 3, "ratio": 0.5, "tags": ["a", "b"]}
+        }))
+    );
+}
