@@ -17,10 +17,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let domain = args.next().ok_or("usage: should_rate_limit DOMAIN key=value...")?;
+    let domain = args
+        .next()
+        .ok_or("usage: should_rate_limit DOMAIN key=value...")?;
     let entries = args
         .map(|kv| {
-            let (key, value) = kv.split_once('=').ok_or(format!("{kv:?} is not key=value"))?;
+            let (key, value) = kv
+                .split_once('=')
+                .ok_or(format!("{kv:?} is not key=value"))?;
             Ok(Entry {
                 key: key.into(),
                 value: value.into(),

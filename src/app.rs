@@ -118,12 +118,7 @@ impl App {
             health,
         } = self;
         let _watcher = options.reload.as_ref().map(|r| {
-            crate::config::spawn_watcher(
-                r.source.clone(),
-                r.options.clone(),
-                config.clone(),
-                r.poll,
-            )
+            crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {

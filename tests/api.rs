@@ -154,9 +154,12 @@ async fn many_concurrent_calls_on_one_key_admit_exactly_the_limit() {
 #[tokio::test]
 async fn grpc_health_mirrors_healthcheck() {
     let app = start(&fixture("api"), default_options()).await;
-    let mut h = HealthClient::connect(format!("http://{}", app.grpc))
+    let channel = Channel::from_shared(format!("http://{}", app.grpc))
+        .unwrap()
+        .connect()
         .await
         .unwrap();
+    let mut h = HealthClient::new(channel);
     for service in ["ratelimit", ""] {
         let mut status = None;
         // The health task publishes within ~100 ms of start.

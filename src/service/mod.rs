@@ -177,58 +177,47 @@ pub fn write_counter_key(
     }
 }
 
-/// What one descriptor resolved to before counting.
+/// A limit that is counted: from config (`rule` is the matched limit) or from the request's
+/// override (`rule` is `None`: no name, no shadow mode, no replaces).
+#[derive(Clone, Copy)]
+struct Counted<'c> {
+    requests_per_unit: u32,
+    unit: Unit,
+    rule: Option<&'c Limit>,
+}
+
+impl Counted<'_> {
+    fn shadow_mode(&self) -> bool {
+        self.rule.is_some_and(|l| l.shadow_mode)
+    }
+    fn quota_mode(&self, global: bool) -> bool {
+        global || self.rule.is_some_and(|l| l.quota_mode)
+    }
+    fn name(&self) -> &str {
+        self.rule.map_or("", |l| &l.name)
+    }
+}
+
+/// What one descriptor resolved to.
 enum Plan<'c> {
-    /// No match, unknown domain, or replaced: `{code: OK}`.
+    /// No match, or replaced: `{code: OK}`.
     Pass,
-    Unlimited,
+    Unlimited(&'c Limit),
     Counted {
-        limit: CountedLimit<'c>,
-        key: std::ops::Range<usize>,
+        limit: Counted<'c>,
+        /// `share_threshold` substitutions for the counter key.
+        shared: Vec<(usize, &'c str)>,
         hits: u64,
     },
 }
 
-/// A limit that is counted: from config, or the request's override.
-#[derive(Clone, Copy)]
-enum CountedLimit<'c> {
-    Config {
-        limit: &'c Limit,
-        requests_per_unit: u32,
-        unit: Unit,
-    },
-    Override {
-        requests_per_unit: u32,
-        unit: Unit,
-    },
-}
-
-impl CountedLimit<'_> {
-    fn requests_per_unit(&self) -> u32 {
-        match *self {
-            CountedLimit::Config {
-                requests_per_unit, ..
-            }
-            | CountedLimit::Override {
-                requests_per_unit, ..
-            } => requests_per_unit,
-        }
-    }
-    fn unit(&self) -> Unit {
-        match *self {
-            CountedLimit::Config { unit, .. } | CountedLimit::Override { unit, .. } => unit,
-        }
-    }
-    fn shadow_mode(&self) -> bool {
-        matches!(self, CountedLimit::Config { limit, .. } if limit.shadow_mode)
-    }
-    fn quota_mode(&self, global: bool) -> bool {
-        global || matches!(self, CountedLimit::Config { limit, .. } if limit.quota_mode)
-    }
-    fn name(&self) -> &str {
+impl<'c> Plan<'c> {
+    /// The matched config limit, if any (overrides have none).
+    fn config_limit(&self) -> Option<&'c Limit> {
         match self {
-            CountedLimit::Config { limit, .. } => &limit.name,
-            CountedLimit::Override { .. } => "",
+            Plan::Pass => None,
+            Plan::Unlimited(l) => Some(l),
+            Plan::Counted { limit, .. } => limit.rule,
         }
     }
 }
@@ -268,8 +257,7 @@ impl<S: CounterStore> RateLimitService<S> {
         &self.options
     }
 
-    /// `ShouldRateLimit`.
-    pub async fn should_rate_limit(&self, request: Request) -> Result<Response, ServiceError> {
+    fn check_caps(&self, request: &Request) -> Result<(), ServiceError> {
         if request.domain.is_empty() {
             return Err(ServiceError::EmptyDomain);
         }
@@ -283,139 +271,154 @@ impl<S: CounterStore> RateLimitService<S> {
                 max: opts.max_descriptors,
             });
         }
-        if let Some((index, d)) = request
+        match request
             .descriptors
             .iter()
-            .enumerate()
-            .find(|(_, d)| d.entries.len() > opts.max_entries)
+            .position(|d| d.entries.len() > opts.max_entries)
         {
-            return Err(ServiceError::TooManyEntries {
+            Some(index) => Err(ServiceError::TooManyEntries {
                 index,
-                count: d.entries.len(),
+                count: request.descriptors[index].entries.len(),
                 max: opts.max_entries,
-            });
+            }),
+            None => Ok(()),
         }
+    }
+
+    /// `ShouldRateLimit`.
+    pub async fn should_rate_limit(&self, request: Request) -> Result<Response, ServiceError> {
+        self.check_caps(&request)?;
         let config = self.config.current().ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
             // An unknown domain is not an error in the Go service: every descriptor passes.
             return Ok(self.finish(vec![Status::ok(); request.descriptors.len()]));
         };
 
-        // Resolve every descriptor to a limit: the override when present (it skips config
-        // matching and has no name, shadow mode or replaces), else the config match.
+        // Resolve every descriptor: the override when present (it skips config matching),
+        // else the config match.
         let request_hits = u64::from(request.hits_addend.max(1));
-        let mut matched: Vec<Option<(CountedLimitOrUnlimited<'_>, Vec<(usize, &str)>)>> =
-            Vec::with_capacity(request.descriptors.len());
-        for d in &request.descriptors {
-            let resolved = match d.limit_override {
-                Some(o) => Some((
-                    CountedLimitOrUnlimited::Counted(CountedLimit::Override {
+        let mut plans: Vec<Plan<'_>> = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                let hits = d.hits_addend.unwrap_or(request_hits);
+                if let Some(o) = d.limit_override {
+                    let limit = Counted {
                         requests_per_unit: o.requests_per_unit,
                         unit: o.unit,
-                    }),
-                    Vec::new(),
-                )),
-                None => domain.lookup(&d.entries).map(|m| {
-                    let limit = match m.limit.rule {
-                        Rule::Unlimited => CountedLimitOrUnlimited::Unlimited(m.limit),
-                        Rule::Limited {
-                            requests_per_unit,
-                            unit,
-                        } => CountedLimitOrUnlimited::Counted(CountedLimit::Config {
-                            limit: m.limit,
-                            requests_per_unit,
-                            unit,
-                        }),
+                        rule: None,
                     };
-                    (limit, m.shared_values)
-                }),
-            };
-            matched.push(resolved);
-        }
-
-        // `replaces`: the names listed by any matched limit (unlimited ones included) knock
-        // out matched limits of that name.
-        let replaced: Vec<&str> = matched
-            .iter()
-            .flatten()
-            .filter_map(|(l, _)| l.config_limit())
-            .flat_map(|l| l.replaces.iter().map(String::as_str))
+                    let shared = Vec::new();
+                    return Plan::Counted {
+                        limit,
+                        shared,
+                        hits,
+                    };
+                }
+                let Some(m) = domain.lookup(&d.entries) else {
+                    return Plan::Pass;
+                };
+                match m.limit.rule {
+                    Rule::Unlimited => Plan::Unlimited(m.limit),
+                    Rule::Limited {
+                        requests_per_unit,
+                        unit,
+                    } => Plan::Counted {
+                        limit: Counted {
+                            requests_per_unit,
+                            unit,
+                            rule: Some(m.limit),
+                        },
+                        shared: m.shared_values,
+                        hits,
+                    },
+                }
+            })
             .collect();
 
-        let mut keys = String::new();
-        let mut plans = Vec::with_capacity(request.descriptors.len());
-        for (d, m) in request.descriptors.iter().zip(&matched) {
-            let plan = match m {
-                None => Plan::Pass,
-                Some((l, _))
-                    if l.config_limit()
-                        .is_some_and(|c| !c.name.is_empty() && replaced.contains(&&*c.name)) =>
+        // `replaces`: the names listed by any matched limit (unlimited ones included) knock
+        // out the matched limits of that name, which then answer `{code: OK}` uncounted.
+        let replaced: Vec<&str> = plans
+            .iter()
+            .filter_map(Plan::config_limit)
+            .flat_map(|l| l.replaces.iter().map(String::as_str))
+            .collect();
+        if !replaced.is_empty() {
+            for plan in &mut plans {
+                if plan
+                    .config_limit()
+                    .is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name.as_str()))
                 {
-                    Plan::Pass
+                    *plan = Plan::Pass;
                 }
-                Some((CountedLimitOrUnlimited::Unlimited(_), _)) => Plan::Unlimited,
-                Some((CountedLimitOrUnlimited::Counted(limit), shared)) => {
-                    let start = keys.len();
-                    write_counter_key(
-                        &mut keys,
-                        &opts.cache_key_prefix,
-                        &request.domain,
-                        &d.entries,
-                        shared,
-                    );
-                    Plan::Counted {
-                        limit: *limit,
-                        key: start..keys.len(),
-                        hits: d.hits_addend.unwrap_or(request_hits),
-                    }
-                }
-            };
-            plans.push(plan);
+            }
         }
 
+        // One buffer holds every counter key of the request.
+        let mut keys = String::new();
+        let mut ranges = Vec::with_capacity(plans.len());
+        for (d, plan) in request.descriptors.iter().zip(&plans) {
+            if let Plan::Counted { shared, .. } = plan {
+                let start = keys.len();
+                write_counter_key(
+                    &mut keys,
+                    &self.options.cache_key_prefix,
+                    &request.domain,
+                    &d.entries,
+                    shared,
+                );
+                ranges.push(start..keys.len());
+            }
+        }
         // Every counted descriptor is charged, even when another is already over (the Go
         // service does the same, so over-limit traffic keeps draining every counter).
         let hits: Vec<Hit<'_>> = plans
             .iter()
             .filter_map(|p| match p {
-                Plan::Counted { limit, key, hits } => Some(Hit {
-                    key: &keys[key.clone()],
-                    unit: limit.unit(),
-                    limit: limit.requests_per_unit(),
-                    hits: *hits,
-                }),
+                Plan::Counted { limit, hits, .. } => Some((limit, *hits)),
                 _ => None,
+            })
+            .zip(&ranges)
+            .map(|((limit, hits), range)| Hit {
+                key: &keys[range.clone()],
+                unit: limit.unit,
+                limit: limit.requests_per_unit,
+                hits,
             })
             .collect();
         let mut decisions = Vec::with_capacity(hits.len());
         if !hits.is_empty() {
-            let now = self.clock.now();
-            self.store.apply(now, &hits, &mut decisions).await?;
+            self.store
+                .apply(self.clock.now(), &hits, &mut decisions)
+                .await?;
+        }
+        if decisions.len() != hits.len() {
+            return Err(StoreError::BadReply {
+                expected: hits.len(),
+                got: decisions.len(),
+            }
+            .into());
         }
 
-        let mut decisions = decisions.into_iter();
-        let statuses = plans
-            .iter()
-            .map(|p| match p {
-                Plan::Pass => Status::ok(),
-                Plan::Unlimited => Status::unlimited(),
-                Plan::Counted { limit, .. } => {
-                    // The store returns one decision per hit, in order.
-                    let d = decisions.next().unwrap_or(Decision {
-                        count_after: 0,
-                        count_before: 0,
-                        over: false,
-                        remaining: limit.requests_per_unit(),
-                        reset_after_secs: limit.unit().secs(),
-                    });
-                    counted_status(limit, &d)
-                }
-            })
-            .collect::<Vec<_>>();
-        let quota: Vec<bool> = plans
-            .iter()
-            .map(|p| matches!(p, Plan::Counted { limit, .. } if limit.quota_mode(opts.quota_mode)))
-            .collect();
+        let mut decisions = decisions.iter();
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut quota = Vec::with_capacity(plans.len());
+        for plan in &plans {
+            let (status, is_quota) = match plan {
+                Plan::Pass => (Status::ok(), false),
+                Plan::Unlimited(_) => (Status::unlimited(), false),
+                Plan::Counted { limit, .. } => match decisions.next() {
+                    Some(d) => (
+                        counted_status(limit, d),
+                        limit.quota_mode(self.options.quota_mode),
+                    ),
+                    // Unreachable: the lengths were checked above.
+                    None => (Status::ok(), false),
+                },
+            };
+            statuses.push(status);
+            quota.push(is_quota);
+        }
         Ok(self.finish_with_quota(statuses, &quota))
     }
 
@@ -450,24 +453,7 @@ impl<S: CounterStore> RateLimitService<S> {
     }
 }
 
-/// A matched config limit that is unlimited, or a limit that is counted.
-#[derive(Clone, Copy)]
-enum CountedLimitOrUnlimited<'c> {
-    Unlimited(&'c Limit),
-    Counted(CountedLimit<'c>),
-}
-
-impl<'c> CountedLimitOrUnlimited<'c> {
-    fn config_limit(&self) -> Option<&'c Limit> {
-        match *self {
-            CountedLimitOrUnlimited::Unlimited(l) => Some(l),
-            CountedLimitOrUnlimited::Counted(CountedLimit::Config { limit, .. }) => Some(limit),
-            CountedLimitOrUnlimited::Counted(CountedLimit::Override { .. }) => None,
-        }
-    }
-}
-
-fn counted_status(limit: &CountedLimit<'_>, d: &Decision) -> Status {
+fn counted_status(limit: &Counted<'_>, d: &Decision) -> Status {
     // Per-rule shadow mode answers OK with remaining 0, while the counter keeps counting.
     let code = if d.over && !limit.shadow_mode() {
         Code::OverLimit
@@ -477,8 +463,8 @@ fn counted_status(limit: &CountedLimit<'_>, d: &Decision) -> Status {
     Status {
         code,
         current_limit: Some(CurrentLimit {
-            requests_per_unit: limit.requests_per_unit(),
-            unit: limit.unit(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.unit,
             name: limit.name().to_owned(),
         }),
         limit_remaining: d.remaining,

@@ -35,6 +35,10 @@ pub enum StoreError {
         "counter store is full: {max} live counters (SLUICE_MAX_COUNTERS); new counters are refused until expired windows are swept"
     )]
     Full { max: usize },
+    /// The backend answered a different number of decisions than hits were sent: a bug in
+    /// the backend. Permanent.
+    #[error("counter store answered {got} decisions for {expected} hits")]
+    BadReply { expected: usize, got: usize },
 }
 
 impl StoreError {
@@ -42,6 +46,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Full { .. } => true,
+            StoreError::BadReply { .. } => false,
         }
     }
 }
