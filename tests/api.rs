@@ -276,3 +276,78 @@ async fn shutdown_fails_health_then_drains() {
     result.unwrap().unwrap();
     assert!(tokio::net::TcpStream::connect(app.http).await.is_err());
 }
+
+/// Sends raw bytes as the request message, to feed the server malformed protobuf.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
+    }
+}
+
+#[tokio::test]
+async fn malformed_protobuf_gets_a_clear_error_and_the_server_keeps_serving() {
+    let app = start(&fixture("api"), default_options()).await;
+    let channel = Channel::from_shared(format!("http://{}", app.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel.clone());
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    // Field 1 (domain) claims 100 bytes of string but the message ends after 3.
+    let e = grpc
+        .unary(
+            tonic::Request::new(vec![0x0a, 100, b'a', b'b', b'c']),
+            path,
+            RawCodec,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        e.message().contains("decode"),
+        "code {:?}: {}",
+        e.code(),
+        e.message()
+    );
+    let mut c = RateLimitServiceClient::new(channel);
+    assert!(call(&mut c, request("api", &[("key1", "z")])).await.is_ok());
+}

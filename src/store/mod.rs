@@ -25,6 +25,14 @@ pub struct Hit<'a> {
     pub hits: u64,
 }
 
+/// envoyproxy/ratelimit's full cache key: the stem followed by the start of the window that
+/// contains `now`, in seconds since the epoch. A store that shares keys with Go instances (Redis)
+/// uses exactly these bytes; the memory store keeps the window in the counter word instead.
+pub fn go_cache_key(stem: &str, now: Timestamp, unit: Unit) -> String {
+    let start = crate::limiter::fixed_window::window_start(now.secs(), unit);
+    format!("{stem}{start}")
+}
+
 /// Why a store could not answer. Every variant is classified, so `api` can map it to a status
 /// and operators can tell a full store from a broken backend.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -63,4 +71,27 @@ pub trait CounterStore: Send + Sync + 'static {
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_keys_are_the_go_service_bytes() {
+        // The reference's examples: now=1234 with MINUTE and SECOND windows.
+        let now = Timestamp::from_secs(1234);
+        assert_eq!(
+            go_cache_key("domain_key2_value2_subkey2_subvalue2_", now, Unit::Minute),
+            "domain_key2_value2_subkey2_subvalue2_1200"
+        );
+        assert_eq!(
+            go_cache_key("prefix:domain_key_value_", now, Unit::Second),
+            "prefix:domain_key_value_1234"
+        );
+        assert_eq!(
+            go_cache_key("domain_files_files/*_", now, Unit::Second),
+            "domain_files_files/*_1234"
+        );
+    }
 }
