@@ -82,6 +82,7 @@ fn app_options(s: &Settings, reload: Reload) -> AppOptions {
                 reset: h.reset.clone(),
             }),
             cache_key_prefix: s.cache_key_prefix.clone(),
+            dynamic_metadata: s.response_dynamic_metadata,
             max_descriptors: s.max_descriptors.get(),
             max_entries: s.max_entries.get(),
         },

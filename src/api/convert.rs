@@ -6,7 +6,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use crate::limiter::Unit;
@@ -94,8 +95,32 @@ pub fn response_to_proto(r: Response) -> RateLimitResponse {
                 raw_value: Vec::new(),
             })
             .collect(),
+        dynamic_metadata: r
+            .dynamic_metadata
+            .and_then(|v| match json_to_proto(v).kind {
+                Some(Kind::StructValue(s)) => Some(s),
+                _ => None,
+            }),
         ..Default::default()
     }
+}
+
+/// A JSON value as a `google.protobuf.Value` (numbers become doubles, as in protobuf).
+fn json_to_proto(v: serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        J::String(s) => Kind::StringValue(s),
+        J::Array(a) => Kind::ListValue(ListValue {
+            values: a.into_iter().map(json_to_proto).collect(),
+        }),
+        J::Object(m) => Kind::StructValue(Struct {
+            fields: m.into_iter().map(|(k, v)| (k, json_to_proto(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
 }
 
 #[cfg(test)]

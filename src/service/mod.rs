@@ -67,6 +67,8 @@ pub struct Response {
     pub statuses: Vec<Status>,
     /// `RateLimit-*` headers, when enabled.
     pub response_headers: Vec<(String, String)>,
+    /// RESPONSE_DYNAMIC_METADATA's struct, when enabled.
+    pub dynamic_metadata: Option<serde_json::Value>,
 }
 
 /// Why a request got no decision.
@@ -133,6 +135,8 @@ pub struct ServiceOptions {
     pub response_headers: Option<HeaderNames>,
     /// CACHE_KEY_PREFIX, prepended to every counter key.
     pub cache_key_prefix: String,
+    /// RESPONSE_DYNAMIC_METADATA.
+    pub dynamic_metadata: bool,
     pub max_descriptors: usize,
     pub max_entries: usize,
 }
@@ -144,6 +148,7 @@ impl Default for ServiceOptions {
             quota_mode: false,
             response_headers: None,
             cache_key_prefix: String::new(),
+            dynamic_metadata: false,
             max_descriptors: 64,
             max_entries: 32,
         }
@@ -291,7 +296,10 @@ impl<S: CounterStore> RateLimitService<S> {
         let config = self.config.current().ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
             // An unknown domain is not an error in the Go service: every descriptor passes.
-            return Ok(self.finish(vec![Status::ok(); request.descriptors.len()]));
+            let statuses = vec![Status::ok(); request.descriptors.len()];
+            let quota = vec![false; statuses.len()];
+            let metadata = self.dynamic_metadata(&request, &[], &statuses);
+            return Ok(self.finish(statuses, &quota, metadata));
         };
 
         // Resolve every descriptor: the override when present (it skips config matching),
@@ -419,16 +427,70 @@ impl<S: CounterStore> RateLimitService<S> {
             statuses.push(status);
             quota.push(is_quota);
         }
-        Ok(self.finish_with_quota(statuses, &quota))
+        let metadata = self.dynamic_metadata(&request, &plans, &statuses);
+        Ok(self.finish(statuses, &quota, metadata))
     }
 
-    fn finish(&self, statuses: Vec<Status>) -> Response {
-        let quota = vec![false; statuses.len()];
-        self.finish_with_quota(statuses, &quota)
+    /// RESPONSE_DYNAMIC_METADATA: the request echoed back (domain, each descriptor's entries as
+    /// `"k=v"`, its override and addend, the request's addend) plus a first-wins deep merge of the
+    /// YAML `metadata` of the matched limits whose descriptor passed (answered OK).
+    fn dynamic_metadata(
+        &self,
+        request: &Request,
+        plans: &[Plan<'_>],
+        statuses: &[Status],
+    ) -> Option<serde_json::Value> {
+        use serde_json::{Map, Value, json};
+        if !self.options.dynamic_metadata {
+            return None;
+        }
+        let descriptors = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                let mut out = Map::new();
+                let entries = d
+                    .entries
+                    .iter()
+                    .map(|e| Value::from(format!("{}={}", e.key, e.value)))
+                    .collect();
+                out.insert("entries".into(), Value::Array(entries));
+                if let Some(o) = d.limit_override {
+                    out.insert(
+                        "limit".into(),
+                        json!({"requestsPerUnit": o.requests_per_unit, "unit": o.unit.name()}),
+                    );
+                }
+                if let Some(h) = d.hits_addend {
+                    out.insert("hitsAddend".into(), Value::from(h));
+                }
+                Value::Object(out)
+            })
+            .collect::<Vec<_>>();
+        let mut metadata = Map::new();
+        for (plan, status) in plans.iter().zip(statuses) {
+            if status.code != Code::Ok {
+                continue;
+            }
+            if let Some(Value::Object(m)) = plan.config_limit().and_then(|l| l.metadata.as_ref()) {
+                merge_first_wins(&mut metadata, m);
+            }
+        }
+        Some(json!({
+            "domain": request.domain,
+            "descriptors": descriptors,
+            "hitsAddend": request.hits_addend,
+            "metadata": metadata,
+        }))
     }
 
     /// Overall code, global shadow mode and headers.
-    fn finish_with_quota(&self, statuses: Vec<Status>, quota: &[bool]) -> Response {
+    fn finish(
+        &self,
+        statuses: Vec<Status>,
+        quota: &[bool],
+        dynamic_metadata: Option<serde_json::Value>,
+    ) -> Response {
         let over = |i: usize| statuses[i].code == Code::OverLimit;
         let non_quota_over = (0..statuses.len()).any(|i| !quota[i] && over(i));
         let quota_count = quota.iter().filter(|q| **q).count();
@@ -449,6 +511,25 @@ impl<S: CounterStore> RateLimitService<S> {
             overall_code,
             statuses,
             response_headers,
+            dynamic_metadata,
+        }
+    }
+}
+
+/// Adds `from` into `into`, keeping what `into` already has: maps merge recursively, any
+/// other clash keeps the first value.
+fn merge_first_wins(
+    into: &mut serde_json::Map<String, serde_json::Value>,
+    from: &serde_json::Map<String, serde_json::Value>,
+) {
+    use serde_json::Value;
+    for (k, v) in from {
+        match (into.get_mut(k), v) {
+            (None, _) => {
+                into.insert(k.clone(), v.clone());
+            }
+            (Some(Value::Object(a)), Value::Object(b)) => merge_first_wins(a, b),
+            (Some(_), _) => {}
         }
     }
 }

@@ -44,6 +44,13 @@ descriptors:
     value: "files/*"
     share_threshold: true
     rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: tier
+    value: gold
+    metadata: {tier: {name: gold, level: 1}, owner: a}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: team
+    metadata: {tier: {name: silver, extra: x}, owner: b}
+    rate_limit: {unit: minute, requests_per_unit: 100}
   - key: parent
     value: p
     descriptors:
@@ -547,4 +554,33 @@ async fn requests_beyond_the_caps_are_refused_naming_the_cap() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("SLUICE_MAX_ENTRIES"), "{e}");
+}
+
+#[tokio::test]
+async fn dynamic_metadata_echoes_the_request_and_merges_metadata_of_passing_limits() {
+    let h = harness_with(ServiceOptions {
+        dynamic_metadata: true,
+        ..Default::default()
+    });
+    let mut with_addend = desc(&[("team", "t")]);
+    with_addend.hits_addend = Some(2);
+    let two = || req("test", vec![desc(&[("tier", "gold")]), with_addend.clone()]);
+    let r = h.call(two()).await;
+    assert_eq!(
+        r.dynamic_metadata,
+        Some(serde_json::json!({
+            "domain": "test",
+            "descriptors": [{"entries": ["tier=gold"]}, {"entries": ["team=t"], "hitsAddend": 2}],
+            "hitsAddend": 0,
+            "metadata": {"tier": {"name": "gold", "level": 1, "extra": "x"}, "owner": "a"},
+        }))
+    );
+    // gold is now over: only the passing descriptor's metadata is merged.
+    let r = h.call(two()).await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(
+        r.dynamic_metadata.unwrap()["metadata"],
+        serde_json::json!({"tier": {"name": "silver", "extra": "x"}, "owner": "b"})
+    );
+    assert_eq!(harness().one(&[("team", "t")]).await.dynamic_metadata, None);
 }
