@@ -6,6 +6,72 @@
 
 pub mod fixed_window;
 
+use std::num::NonZeroU32;
+
+/// How a limit counts. `FixedWindow` is envoyproxy/ratelimit's and stays byte-for-byte
+/// compatible with it; the others are Sluice extensions (YAML `algorithm:`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    #[default]
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+    LeakyBucket,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ];
+
+    /// The YAML spelling.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub const fn takes_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+/// One rate a counter enforces: `requests_per_unit` per `unit`, counted by `algorithm`.
+///
+/// `burst` is the bucket capacity for a token bucket (default: `requests_per_unit`) and the
+/// number of extra requests tolerated for a leaky bucket, as nginx's `limit_req burst=`
+/// (default 0). The config refuses a burst on the window algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quota {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    pub algorithm: Algorithm,
+    pub burst: Option<NonZeroU32>,
+}
+
+impl Quota {
+    /// A fixed-window quota, as envoyproxy/ratelimit has.
+    pub const fn fixed(requests_per_unit: u32, unit: Unit) -> Self {
+        Quota {
+            requests_per_unit,
+            unit,
+            algorithm: Algorithm::FixedWindow,
+            burst: None,
+        }
+    }
+}
+
 /// The time unit of a limit, as envoyproxy/ratelimit understands it.
 ///
 /// MONTH is 30 days and YEAR 365 days, exactly as in the Go service, so windows line up with
