@@ -4,7 +4,9 @@
 //! calls these functions inside its own compare-and-swap loop, passing the time it read from its
 //! injected [`Clock`](crate::clock::Clock).
 
+pub mod bucket;
 pub mod fixed_window;
+pub mod sliding_window;
 
 use std::num::NonZeroU32;
 

@@ -5,12 +5,13 @@
 //! the overall code and the `RateLimit-*` headers. It is protocol-free: `api` decodes into
 //! [`Request`] and encodes [`Response`]; the store does the counting.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use crate::clock::Clock;
-use crate::config::{ConfigHandle, Limit, Rule};
+use crate::config::{Block, ConfigHandle, Limit, Rule};
 use crate::descriptor::{Entry, Request};
-use crate::limiter::Unit;
+use crate::limiter::{Quota, Unit};
 use crate::limiter::fixed_window::Decision;
 use crate::store::{CounterStore, Hit, StoreError};
 
@@ -182,24 +183,39 @@ pub fn write_counter_key(
     }
 }
 
-/// A limit that is counted: from config (`rule` is the matched limit) or from the request's
-/// override (`rule` is `None`: no name, no shadow mode, no replaces).
+/// A limit that is counted: from config (`rule` is the matched limit, whose blocks give the
+/// quotas) or from the request's override (`rule` is `None`: one fixed-window quota, no name,
+/// no shadow mode, no replaces).
 #[derive(Clone, Copy)]
 struct Counted<'c> {
-    requests_per_unit: u32,
-    unit: Unit,
     rule: Option<&'c Limit>,
+    overridden: Option<Quota>,
 }
 
-impl Counted<'_> {
+impl<'c> Counted<'c> {
+    /// The quotas to enforce, each with its block name ("" for none).
+    fn quotas(&self) -> impl Iterator<Item = (Quota, &'c str)> + '_ {
+        let blocks: &'c [Block] = match self.rule.map(|l| &l.rule) {
+            Some(Rule::Limited(blocks)) => blocks,
+            _ => &[],
+        };
+        self.overridden
+            .map(|q| (q, ""))
+            .into_iter()
+            .chain(blocks.iter().map(|b| (b.quota, b.name.as_str())))
+    }
     fn shadow_mode(&self) -> bool {
         self.rule.is_some_and(|l| l.shadow_mode)
     }
     fn quota_mode(&self, global: bool) -> bool {
         global || self.rule.is_some_and(|l| l.quota_mode)
     }
-    fn name(&self) -> &str {
-        self.rule.map_or("", |l| &l.name)
+    /// The name reported for a block: its own, else the limit's (`rate_limit.name`).
+    fn name_for(&self, block_name: &'c str) -> &'c str {
+        match (block_name, self.rule) {
+            ("", Some(l)) => &l.name,
+            (name, _) => name,
+        }
     }
 }
 
@@ -312,30 +328,21 @@ impl<S: CounterStore> RateLimitService<S> {
                 let hits = d.hits_addend.unwrap_or(request_hits);
                 if let Some(o) = d.limit_override {
                     let limit = Counted {
-                        requests_per_unit: o.requests_per_unit,
-                        unit: o.unit,
                         rule: None,
+                        overridden: Some(Quota::fixed(o.requests_per_unit, o.unit)),
                     };
                     let shared = Vec::new();
-                    return Plan::Counted {
-                        limit,
-                        shared,
-                        hits,
-                    };
+                    return Plan::Counted { limit, shared, hits };
                 }
                 let Some(m) = domain.lookup(&d.entries) else {
                     return Plan::Pass;
                 };
                 match m.limit.rule {
                     Rule::Unlimited => Plan::Unlimited(m.limit),
-                    Rule::Limited {
-                        requests_per_unit,
-                        unit,
-                    } => Plan::Counted {
+                    Rule::Limited(_) => Plan::Counted {
                         limit: Counted {
-                            requests_per_unit,
-                            unit,
                             rule: Some(m.limit),
+                            overridden: None,
                         },
                         shared: m.shared_values,
                         hits,
@@ -355,18 +362,19 @@ impl<S: CounterStore> RateLimitService<S> {
             for plan in &mut plans {
                 if plan
                     .config_limit()
-                    .is_some_and(|l| !l.name.is_empty() && replaced.contains(&l.name.as_str()))
+                    .is_some_and(|l| l.names().any(|n| replaced.contains(&n)))
                 {
                     *plan = Plan::Pass;
                 }
             }
         }
 
-        // One buffer holds every counter key of the request.
+        // One buffer holds every counter key of the request. The first quota of a descriptor
+        // uses the Go service's key; further quotas of a `rate_limits` list add `#<index>_`.
         let mut keys = String::new();
         let mut ranges = Vec::with_capacity(plans.len());
         for (d, plan) in request.descriptors.iter().zip(&plans) {
-            if let Plan::Counted { shared, .. } = plan {
+            if let Plan::Counted { limit, shared, .. } = plan {
                 let start = keys.len();
                 write_counter_key(
                     &mut keys,
@@ -375,7 +383,15 @@ impl<S: CounterStore> RateLimitService<S> {
                     &d.entries,
                     shared,
                 );
-                ranges.push(start..keys.len());
+                let stem = start..keys.len();
+                ranges.push(stem.clone());
+                for i in 1..limit.quotas().count() {
+                    let start = keys.len();
+                    keys.extend_from_within(stem.clone());
+                    // Writing to a String cannot fail.
+                    let _ = write!(keys, "#{i}_");
+                    ranges.push(start..keys.len());
+                }
             }
         }
         // Every counted descriptor is charged, even when another is already over (the Go
@@ -383,14 +399,14 @@ impl<S: CounterStore> RateLimitService<S> {
         let hits: Vec<Hit<'_>> = plans
             .iter()
             .filter_map(|p| match p {
-                Plan::Counted { limit, hits, .. } => Some((limit, *hits)),
+                Plan::Counted { limit, hits, .. } => Some(limit.quotas().map(|(q, _)| (q, *hits))),
                 _ => None,
             })
+            .flatten()
             .zip(&ranges)
-            .map(|((limit, hits), range)| Hit {
+            .map(|((quota, hits), range)| Hit {
                 key: &keys[range.clone()],
-                unit: limit.unit,
-                limit: limit.requests_per_unit,
+                quota,
                 hits,
             })
             .collect();
@@ -415,14 +431,10 @@ impl<S: CounterStore> RateLimitService<S> {
             let (status, is_quota) = match plan {
                 Plan::Pass => (Status::ok(), false),
                 Plan::Unlimited(_) => (Status::unlimited(), false),
-                Plan::Counted { limit, .. } => match decisions.next() {
-                    Some(d) => (
-                        counted_status(limit, d),
-                        limit.quota_mode(self.options.quota_mode),
-                    ),
-                    // Unreachable: the lengths were checked above.
-                    None => (Status::ok(), false),
-                },
+                Plan::Counted { limit, .. } => (
+                    counted_status(limit, &mut decisions),
+                    limit.quota_mode(self.options.quota_mode),
+                ),
             };
             statuses.push(status);
             quota.push(is_quota);
@@ -534,8 +546,25 @@ fn merge_first_wins(
     }
 }
 
-fn counted_status(limit: &Counted<'_>, d: &Decision) -> Status {
-    // Per-rule shadow mode answers OK with remaining 0, while the counter keeps counting.
+/// One descriptor's status from its quotas' decisions (taken from `decisions` in order): the
+/// most restrictive one is reported, the first over-limit quota if any, else the one with the
+/// least remaining.
+fn counted_status<'d>(limit: &Counted<'_>, decisions: &mut impl Iterator<Item = &'d Decision>) -> Status {
+    let mut chosen: Option<(Quota, &str, &Decision)> = None;
+    for ((quota, name), d) in limit.quotas().zip(decisions) {
+        let better = match chosen {
+            None => true,
+            Some((_, _, c)) => (d.over && !c.over) || (d.over == c.over && !c.over && d.remaining < c.remaining),
+        };
+        if better {
+            chosen = Some((quota, name, d));
+        }
+    }
+    let Some((quota, name, d)) = chosen else {
+        // Unreachable: every counted limit has a quota and the store answered each.
+        return Status::ok();
+    };
+    // Per-rule shadow mode answers OK with remaining 0, while the counters keep counting.
     let code = if d.over && !limit.shadow_mode() {
         Code::OverLimit
     } else {
@@ -544,9 +573,9 @@ fn counted_status(limit: &Counted<'_>, d: &Decision) -> Status {
     Status {
         code,
         current_limit: Some(CurrentLimit {
-            requests_per_unit: limit.requests_per_unit,
-            unit: limit.unit,
-            name: limit.name().to_owned(),
+            requests_per_unit: quota.requests_per_unit,
+            unit: quota.unit,
+            name: limit.name_for(name).to_owned(),
         }),
         limit_remaining: d.remaining,
         duration_until_reset_secs: Some(d.reset_after_secs),

@@ -9,19 +9,18 @@ pub mod memory;
 use std::future::Future;
 
 use crate::clock::Timestamp;
-use crate::limiter::Unit;
+use crate::limiter::{Quota, Unit};
 use crate::limiter::fixed_window::Decision;
 
 pub use memory::MemoryStore;
 
 /// One counter to charge: the key stem (envoyproxy/ratelimit's cache key without the trailing
-/// window start, see [`crate::service::write_counter_key`]), the window unit, the limit and the
-/// hits to add.
+/// window start, see [`crate::service::write_counter_key`]), the quota it enforces (rate,
+/// unit, algorithm) and the hits to add.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hit<'a> {
     pub key: &'a str,
-    pub unit: Unit,
-    pub limit: u32,
+    pub quota: Quota,
     pub hits: u64,
 }
 

@@ -1,0 +1,281 @@
+//! The token bucket and the leaky bucket, both kept as a theoretical arrival time (GCRA): one
+//! `u64` of nanoseconds since the epoch, the time at which the bucket would be back to its
+//! resting state if no more hits came. `0` (or any time in the past) is a resting bucket.
+//!
+//! With `T = unit / requests_per_unit` (rounded up to a whole nanosecond, so never faster than
+//! configured):
+//!
+//! - **Token bucket** (Guava's SmoothBursty, design note 002): capacity `C = burst` (default
+//!   `requests_per_unit`), refilled at one token per `T`. `n` hits are admitted when
+//!   `max(tat, now) + n*T - now <= C*T`; then `tat` moves to that value. In any interval of
+//!   length `t`, at most `C + t / T` hits are admitted.
+//! - **Leaky bucket**, with nginx `limit_req` semantics (`rate`, `burst`, and `nodelay`, since
+//!   an external service admits or refuses but cannot delay): nginx keeps an `excess` that
+//!   drains at `rate`; a request is refused when the excess it would leave exceeds `burst`.
+//!   In arrival-time form the excess after a request is `max(tat + T, now) - now` measured in
+//!   `T`s, and a request is admitted when that is at most `burst * T`. After idling, `burst + 1`
+//!   requests pass at once, as in nginx. `n` hits are `n` requests arriving together.
+//!
+//! Rejected hits change nothing, so a client sending twice the rate still gets the rate.
+//!
+//! `limit_remaining` is how many more single hits would be admitted right now. A call that is
+//! admitted reports as `duration_until_reset` the time until the bucket is back at rest (full
+//! for a token bucket, drained for a leaky one): when `limit_remaining` is whole again. A call
+//! that is refused reports the time until the same call would be admitted, which is what a
+//! client's Retry-After needs. Both are rounded up to whole seconds, at least 1. A peek (0
+//! hits) is over exactly when a single hit would be refused.
+
+use super::{Algorithm, Quota};
+use super::fixed_window::Decision;
+
+pub const EMPTY: u64 = 0;
+
+/// Nanoseconds per hit for `quota`, rounded up; `None` for a rate of 0.
+fn emission_interval(quota: &Quota) -> Option<u128> {
+    let unit_ns = u128::from(quota.unit.secs()) * 1_000_000_000;
+    match quota.requests_per_unit {
+        0 => None,
+        rpu => Some(unit_ns.div_ceil(u128::from(rpu))),
+    }
+}
+
+fn secs_ceil(ns: u128) -> u64 {
+    u64::try_from(ns.div_ceil(1_000_000_000)).unwrap_or(u64::MAX).max(1)
+}
+
+/// Whether a bucket is at rest at `now_ns` (so a store may drop it).
+pub fn is_stale(state: u64, now_ns: u64) -> bool {
+    state <= now_ns
+}
+
+/// Applies `hits` at `now_ns` to a token or leaky bucket.
+pub fn decide(state: u64, now_ns: u64, quota: &Quota, hits: u64) -> (Decision, u64) {
+    let now = u128::from(now_ns);
+    let tat = u128::from(state);
+    let Some(t) = emission_interval(quota) else {
+        // A rate of 0 admits nothing; a peek still answers OK, as a fixed window of 0 does.
+        let d = Decision {
+            count_before: 0,
+            count_after: hits,
+            over: hits > 0,
+            remaining: 0,
+            reset_after_secs: quota.unit.secs(),
+        };
+        return (d, state);
+    };
+    let n = u128::from(hits);
+    let leaky = quota.algorithm == Algorithm::LeakyBucket;
+    // How far ahead of `now` the bucket may run, and where it would stand after `n` hits.
+    let (tolerance, tat_after) = if leaky {
+        let burst = u128::from(quota.burst.map_or(0, |b| b.get()));
+        let after = if n == 0 {
+            tat.max(now)
+        } else {
+            (tat + n * t).max(now + (n - 1) * t)
+        };
+        (burst * t, after)
+    } else {
+        let capacity = u128::from(
+            quota
+                .burst
+                .map_or(quota.requests_per_unit, |b| b.get()),
+        );
+        (capacity * t, tat.max(now) + n * t)
+    };
+    // A peek asks whether one more hit would pass.
+    let probe = if n == 0 {
+        if leaky {
+            (tat + t).max(now)
+        } else {
+            tat.max(now) + t
+        }
+    } else {
+        tat_after
+    };
+    let over = probe - now > tolerance;
+    // A refused call or a peek leaves the state as it was: moving a leaky bucket's arrival
+    // time up to `now` would change when its backlog is considered drained.
+    let (new_tat, ahead) = if over || n == 0 {
+        (tat, tat.max(now) - now)
+    } else {
+        (tat_after, tat_after - now)
+    };
+    let remaining = if over {
+        0
+    } else {
+        // Leaky: another request needs `ahead + T <= tolerance` (it adds T to a backlog).
+        // Token: the same, measured from the current level.
+        let room = tolerance.saturating_sub(ahead) / t;
+        // A leaky bucket at rest also lets one request through for free (nginx's first
+        // request after idling leaves no excess).
+        let free = u128::from(leaky && new_tat + t <= now);
+        u32::try_from(room + free).unwrap_or(u32::MAX)
+    };
+    let reset_ns = if over {
+        // The same call passes once `probe - later <= tolerance`.
+        probe - now - tolerance
+    } else {
+        ahead
+    };
+    let used = |ahead: u128| u64::try_from(ahead.div_ceil(t)).unwrap_or(u64::MAX);
+    let decision = Decision {
+        count_before: used(tat.max(now) - now),
+        count_after: used(probe - now),
+        over,
+        remaining,
+        reset_after_secs: secs_ceil(reset_ns),
+    };
+    (decision, u64::try_from(new_tat).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::limiter::Unit;
+    use proptest::prelude::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quota {
+        Quota {
+            requests_per_unit: rpu,
+            unit,
+            algorithm,
+            burst: burst.and_then(NonZeroU32::new),
+        }
+    }
+
+    fn run(q: &Quota, arrivals: &[(u64, u64)]) -> Vec<bool> {
+        let mut s = EMPTY;
+        arrivals
+            .iter()
+            .map(|&(t, n)| {
+                let (d, next) = decide(s, t, q, n);
+                s = next;
+                !d.over
+            })
+            .collect()
+    }
+
+    #[test]
+    fn token_bucket_allows_a_burst_then_the_rate() {
+        // 10/s with a bucket of 20: 20 at once, then one per 100 ms.
+        let q = quota(Algorithm::TokenBucket, 10, Unit::Second, Some(20));
+        let now = 100 * S;
+        let burst = run(&q, &vec![(now, 1); 21]);
+        assert_eq!(burst.iter().filter(|a| **a).count(), 20);
+        let mut s = EMPTY;
+        for _ in 0..20 {
+            s = decide(s, now, &q, 1).1;
+        }
+        let (d, _) = decide(s, now, &q, 1);
+        assert!(d.over);
+        assert_eq!(d.reset_after_secs, 1, "next token in 100 ms, rounded up");
+        let (d, s2) = decide(s, now + S / 10, &q, 1);
+        assert!(!d.over);
+        assert_eq!(d.remaining, 0);
+        // Full again 2 s after the burst.
+        assert_eq!(d.reset_after_secs, 2);
+        let (d, _) = decide(s2, now + 3 * S, &q, 0);
+        assert_eq!(d.remaining, 20);
+    }
+
+    #[test]
+    fn token_bucket_capacity_defaults_to_the_rate() {
+        let q = quota(Algorithm::TokenBucket, 5, Unit::Minute, None);
+        let admitted = run(&q, &vec![(7 * S, 1); 9]);
+        assert_eq!(admitted.iter().filter(|a| **a).count(), 5);
+    }
+
+    #[test]
+    fn leaky_bucket_passes_burst_plus_one_then_the_rate() {
+        // nginx `rate=2r/s burst=3 nodelay`: 4 at once, then one per 500 ms.
+        let q = quota(Algorithm::LeakyBucket, 2, Unit::Second, Some(3));
+        let now = 50 * S;
+        let a = run(&q, &vec![(now, 1); 6]);
+        assert_eq!(a, [true, true, true, true, false, false]);
+        let no_burst = quota(Algorithm::LeakyBucket, 2, Unit::Second, None);
+        let a = run(&no_burst, &[(now, 1), (now, 1), (now + S / 2, 1)]);
+        assert_eq!(a, [true, false, true]);
+    }
+
+    #[test]
+    fn a_rate_of_zero_admits_nothing() {
+        let q = quota(Algorithm::TokenBucket, 0, Unit::Second, None);
+        assert!(decide(EMPTY, S, &q, 1).0.over);
+        assert!(!decide(EMPTY, S, &q, 0).0.over);
+    }
+
+    /// nginx's `ngx_http_limit_req` decision, written the straightforward way: an excess in
+    /// requests that drains at `rate`, in exact rational arithmetic (nanosecond times, rates
+    /// that divide a second evenly, so both sides are exact).
+    fn nginx(rate_per_sec: u64, burst: u64, arrivals: &[u64]) -> Vec<bool> {
+        let t = S / rate_per_sec; // ns per request
+        // excess kept in ns of backlog (excess_requests * t).
+        let (mut excess, mut last): (i128, Option<u64>) = (0, None);
+        arrivals
+            .iter()
+            .map(|&now| {
+                let elapsed = last.map_or(i128::MAX / 4, |l| i128::from(now - l));
+                let e = (excess - elapsed + i128::from(t)).max(0);
+                if e > i128::from(burst * t) {
+                    false
+                } else {
+                    excess = e;
+                    last = Some(now);
+                    true
+                }
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn leaky_bucket_matches_nginx(
+            rate in prop::sample::select(vec![1u64, 2, 4, 5, 10, 20, 50]),
+            burst in 0u32..6,
+            gaps in proptest::collection::vec(0u64..400, 1..200),
+        ) {
+            let mut now = 10 * S;
+            let arrivals: Vec<u64> = gaps.iter().map(|g| { now += g * 1_000_000; now }).collect();
+            let q = quota(Algorithm::LeakyBucket, rate as u32, Unit::Second, Some(burst));
+            let ours = run(&q, &arrivals.iter().map(|&t| (t, 1)).collect::<Vec<_>>());
+            prop_assert_eq!(ours, nginx(rate, u64::from(burst), &arrivals));
+        }
+
+        /// In any interval of length t, a token bucket admits at most C + t/T hits.
+        #[test]
+        fn token_bucket_never_exceeds_burst_plus_rate(
+            rate in 1u32..50,
+            burst in 1u32..30,
+            steps in proptest::collection::vec((0u64..300, 1u64..4), 1..200),
+        ) {
+            let q = quota(Algorithm::TokenBucket, rate, Unit::Second, Some(burst));
+            let t = (S as u128).div_ceil(u128::from(rate));
+            let mut now = 5 * S;
+            let mut s = EMPTY;
+            let mut log = Vec::new();
+            for (gap_ms, hits) in steps {
+                now += gap_ms * 1_000_000;
+                let (d, next) = decide(s, now, &q, hits);
+                s = next;
+                if !d.over {
+                    log.push((now, hits));
+                }
+            }
+            for (i, &(start, _)) in log.iter().enumerate() {
+                let mut admitted = 0u128;
+                for &(end, hits) in &log[i..] {
+                    admitted += u128::from(hits);
+                    let span = u128::from(end - start);
+                    prop_assert!(
+                        admitted <= u128::from(burst) + span / t,
+                        "{admitted} hits in {span} ns"
+                    );
+                }
+            }
+        }
+    }
+}

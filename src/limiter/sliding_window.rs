@@ -1,0 +1,194 @@
+//! The sliding window, approximated from two fixed windows (Cloudflare's method; design note
+//! 000): the count of the previous window, weighted by how much of it the sliding window still
+//! covers, plus the count of the current one.
+//!
+//! `estimate(t) = previous * (1 - f) + current`, where `f` is the fraction of the current window
+//! elapsed at `t`; a call is admitted when `estimate + hits <= limit`. Rejected calls are not
+//! counted, so a client sending twice the limit still gets the limit through, steadily.
+//!
+//! **Worst case.** In any interval of length `d <= unit`, at most `limit * (1 + d / unit)` hits
+//! are admitted (so strictly less than twice the limit in any one unit), and in any fixed window
+//! at most `limit`. The bound is approached only when the previous window's traffic all came at
+//! its very end; for traffic spread evenly over the previous window the estimate is exact. A
+//! fixed window, by contrast, admits twice the limit within an instant around a boundary.
+//! (Proof sketch: the admitted hits of window `k` up to fraction `g` are at most
+//! `limit - P * (1 - g)`, with `P <= limit` the previous window's count; the previous window can
+//! contribute at most `P` to the interval.)
+//!
+//! `limit_remaining` is `floor(limit - estimate)` after the call; `duration_until_reset` is the
+//! time until the current fixed window ends, as for the fixed window.
+//!
+//! State: one `u128`: the window tag (index mod 2^32) in the top 32 bits, the current count in
+//! the next 48, the previous count in the low 48. Counts never exceed the limit (a `u32`).
+
+use super::Unit;
+use super::fixed_window::Decision;
+
+const COUNT_BITS: u32 = 48;
+const COUNT_MASK: u128 = (1 << COUNT_BITS) - 1;
+const TAG_SHIFT: u32 = 2 * COUNT_BITS;
+const TAG_MASK: u128 = (1 << 32) - 1;
+
+pub const EMPTY: u128 = 0;
+
+fn unpack(state: u128) -> (u128, u128, u128) {
+    (
+        state >> TAG_SHIFT,
+        (state >> COUNT_BITS) & COUNT_MASK,
+        state & COUNT_MASK,
+    )
+}
+
+fn pack(tag: u128, current: u128, previous: u128) -> u128 {
+    ((tag & TAG_MASK) << TAG_SHIFT) | (current.min(COUNT_MASK) << COUNT_BITS) | previous.min(COUNT_MASK)
+}
+
+/// The (current, previous) counts as seen from window `index` (older windows count as 0).
+fn rolled(state: u128, index: u64) -> (u128, u128) {
+    let (tag, current, previous) = unpack(state);
+    let index = u128::from(index) & TAG_MASK;
+    if tag == index {
+        (current, previous)
+    } else if (tag + 1) & TAG_MASK == index {
+        (0, current)
+    } else {
+        (0, 0)
+    }
+}
+
+/// Whether a state word says nothing about the window containing `now_micros` or the next one
+/// (so a store may drop it).
+pub fn is_stale(state: u128, now_micros: u64, unit: Unit) -> bool {
+    let index = now_micros / 1_000_000 / unit.secs();
+    rolled(state, index) == (0, 0)
+}
+
+/// Applies `hits` at `now_micros` against `limit` per `unit`.
+pub fn decide(
+    state: u128,
+    now_micros: u64,
+    unit: Unit,
+    limit: u32,
+    hits: u64,
+) -> (Decision, u128) {
+    let unit_us = u128::from(unit.secs()) * 1_000_000;
+    let index = now_micros / 1_000_000 / unit.secs();
+    let elapsed_us = u128::from(now_micros) - u128::from(index) * unit_us;
+    let (current, previous) = rolled(state, index);
+    let limit = u128::from(limit);
+    // All in units of 1/unit_us of a hit, so no rounding until the end.
+    let weighted_previous = previous * (unit_us - elapsed_us);
+    let used_before = weighted_previous + current * unit_us;
+    let used_after = used_before + u128::from(hits) * unit_us;
+    let over = used_after > limit * unit_us;
+    let current_after = if over {
+        current
+    } else {
+        current + u128::from(hits)
+    };
+    let used = if over { used_before } else { used_after };
+    let remaining = (limit * unit_us).saturating_sub(used) / unit_us;
+    let to_count = |scaled: u128| u64::try_from(scaled.div_ceil(unit_us)).unwrap_or(u64::MAX);
+    let decision = Decision {
+        count_before: to_count(used_before),
+        count_after: to_count(used_after),
+        over,
+        remaining: if over {
+            0
+        } else {
+            u32::try_from(remaining).unwrap_or(u32::MAX)
+        },
+        reset_after_secs: unit.secs() - (now_micros / 1_000_000) % unit.secs(),
+    };
+    (decision, pack(u128::from(index), current_after, previous))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MIN: u64 = 60_000_000;
+
+    #[test]
+    fn the_previous_window_weighs_by_the_part_still_covered() {
+        // 10 hits in window 0, then at 25% into window 1 the previous counts 7.5.
+        let mut s = EMPTY;
+        for _ in 0..10 {
+            s = decide(s, 1_000_000, Unit::Minute, 10, 1).1;
+        }
+        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 2);
+        assert!(!d.over);
+        // 7.5 + 2 = 9.5: half a hit left, so 0 whole hits remain.
+        assert_eq!(d.remaining, 0);
+        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 3);
+        assert!(d.over, "7.5 + 3 > 10");
+        // Two windows later the old count no longer matters.
+        let (d, s2) = decide(s, 2 * MIN + 1, Unit::Minute, 10, 10);
+        assert!(!d.over);
+        assert!(!is_stale(s2, 2 * MIN + 1, Unit::Minute));
+        assert!(is_stale(s2, 4 * MIN, Unit::Minute));
+    }
+
+    #[test]
+    fn rejected_hits_do_not_count() {
+        let mut s = EMPTY;
+        let mut admitted = 0;
+        for _ in 0..100 {
+            let (d, n) = decide(s, 5_000_000, Unit::Minute, 10, 1);
+            s = n;
+            admitted += u32::from(!d.over);
+        }
+        assert_eq!(admitted, 10);
+        let (_, current, _) = unpack(s);
+        assert_eq!(current, 10);
+    }
+
+    #[test]
+    fn limit_zero_admits_nothing_but_peeks() {
+        assert!(decide(EMPTY, 0, Unit::Second, 0, 1).0.over);
+        assert!(!decide(EMPTY, 0, Unit::Second, 0, 0).0.over);
+    }
+
+    /// An exact log of admitted hits, the oracle for the bound.
+    fn admitted_in(log: &[(u64, u64)], from: u64, to: u64) -> u64 {
+        log.iter()
+            .filter(|(t, _)| *t > from && *t <= to)
+            .map(|(_, h)| h)
+            .sum()
+    }
+
+    proptest! {
+        /// Never more than `limit * (1 + d/unit)` in any interval of length d <= unit, and
+        /// never more than `limit` in one fixed window.
+        #[test]
+        fn admitted_hits_respect_the_documented_bound(
+            limit in 1u32..40,
+            steps in proptest::collection::vec((0u64..4_000_000, 1u64..4), 1..300),
+        ) {
+            let unit = Unit::Second;
+            let unit_us = 1_000_000u64;
+            let mut now = 10 * unit_us;
+            let mut state = EMPTY;
+            let mut log = Vec::new();
+            for (dt, hits) in steps {
+                now += dt / 8;
+                let (d, s) = decide(state, now, unit, limit, hits);
+                state = s;
+                if !d.over {
+                    log.push((now, hits));
+                }
+            }
+            let l = u64::from(limit);
+            for &(t, _) in &log {
+                // Intervals ending at each admission, of several lengths.
+                for d in [unit_us / 10, unit_us / 2, unit_us] {
+                    let n = admitted_in(&log, t.saturating_sub(d), t);
+                    prop_assert!(n * unit_us <= l * (unit_us + d), "{n} in {d}us (limit {l})");
+                }
+                let w = t / unit_us * unit_us;
+                prop_assert!(admitted_in(&log, w - 1, w + unit_us - 1) <= l);
+            }
+        }
+    }
+}
