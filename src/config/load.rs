@@ -9,6 +9,7 @@
 
 use super::compile::{Builder, RateLimitConfig};
 use super::{ConfigError, ConfigErrors, raw};
+use serde_yaml_ng::{Mapping, Value as Yaml};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -96,6 +97,99 @@ fn build<'a>(
         Ok(builder.finish())
     } else {
         Err(ConfigErrors(errors))
+    }
+}
+
+/// Every use of a Sluice extension key (`algorithm`, `burst`, `rate_limits`) in a source, as
+/// `<file>: descriptor '<path>' uses '<what>', which envoyproxy/ratelimit does not understand`
+/// lines, in file and document order (`check-config --strict-envoy`).
+///
+/// The scan reads the YAML generically, as Go's key walk does, so a key is reported wherever it
+/// appears (outside `metadata`), even in a place Sluice ignores it. Files that are not valid
+/// YAML contribute nothing: loading the config reports them. The error is for unreadable files.
+pub fn envoy_extensions(source: &ConfigSource) -> Result<Vec<String>, ConfigErrors> {
+    let snapshot = read_source(source)?;
+    let mut out = Vec::new();
+    for (name, bytes) in &snapshot {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            out.extend(envoy_extensions_in(name, text));
+        }
+    }
+    Ok(out)
+}
+
+/// [`envoy_extensions`] for one file's text.
+pub fn envoy_extensions_in(name: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(mut value) = serde_yaml_ng::from_str::<Yaml>(text) else {
+        return out;
+    };
+    if value.apply_merge().is_err() {
+        return out;
+    }
+    if let Yaml::Mapping(root) = &value {
+        let domain = root.get("domain").map(scalar).unwrap_or_default();
+        scan_extensions(root, &domain, &mut |path, what| {
+            out.push(format!(
+                "{name}: descriptor '{path}' uses '{what}', which envoyproxy/ratelimit does not understand"
+            ));
+        });
+    }
+    out
+}
+
+/// Reports the extension keys of `map` and of everything below it; `path` is the full key of
+/// the descriptor `map` belongs to (the domain at the top level).
+fn scan_extensions(map: &Mapping, path: &str, report: &mut dyn FnMut(&str, String)) {
+    for (k, v) in map {
+        let Yaml::String(key) = k else { continue };
+        if raw::EXTENSION_KEYS.contains(&key.as_str()) {
+            let what = match v {
+                // A list is shown by its key alone; `rate_limits: [...]` would be unreadable.
+                Yaml::Sequence(_) | Yaml::Mapping(_) => key.clone(),
+                other => format!("{key}: {}", raw::go_format(other)),
+            };
+            report(path, what);
+        }
+        match (key.as_str(), v) {
+            ("metadata", _) => {}
+            ("descriptors", Yaml::Sequence(items)) => {
+                for item in items {
+                    if let Yaml::Mapping(d) = item {
+                        let child = descriptor_path(path, d);
+                        scan_extensions(d, &child, report);
+                    }
+                }
+            }
+            (_, Yaml::Mapping(m)) => scan_extensions(m, path, report),
+            (_, Yaml::Sequence(items)) => {
+                for item in items {
+                    if let Yaml::Mapping(m) = item {
+                        scan_extensions(m, path, report);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A descriptor's full key, built as the loader builds it: `parent.key` or `parent.key_value`.
+fn descriptor_path(parent: &str, d: &Mapping) -> String {
+    let key = d.get("key").map(scalar).unwrap_or_default();
+    let value = d.get("value").map(scalar).unwrap_or_default();
+    if value.is_empty() {
+        format!("{parent}.{key}")
+    } else {
+        format!("{parent}.{key}_{value}")
+    }
+}
+
+/// A scalar as the typed pass reads it into a string field (null is "").
+fn scalar(v: &Yaml) -> String {
+    match v {
+        Yaml::Null => String::new(),
+        other => raw::go_format(other),
     }
 }
 
