@@ -1002,6 +1002,101 @@ descriptors:
     }
 
     #[test]
+    fn extension_checks_come_after_go_checks() {
+        // Go's unit check wins over ours, so Go-valid messages stay first.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, unlimited: true, algorithm: x}\n"
+            ),
+            "should not specify rate limit unit when unlimited"
+        );
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: bogus, algorithm: x, burst: 0}\n"
+            ),
+            "invalid rate limit unit 'bogus'"
+        );
+        // A bad algorithm is reported before what it would make of the burst.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, algorithm: nope, burst: 0}\n"
+            ),
+            "invalid rate limit algorithm 'nope'"
+        );
+        // burst 0 on a window is the window error: no burst at all belongs there.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, burst: 0}\n"
+            ),
+            "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'"
+        );
+        // Elements are checked in order, each completely.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, replaces: [{name: ''}]}\n      - {unlimited: true}\n"
+            ),
+            "should not have an empty replaces entry"
+        );
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, name: a, replaces: [{name: a}]}\n"
+            ),
+            "replaces should not contain name of same descriptor"
+        );
+    }
+
+    #[test]
+    fn null_extension_keys_are_absent() {
+        let cfg = config(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, algorithm: null, burst: null}\n  - key: u\n    rate_limit: {unlimited: true, algorithm: null}\n    rate_limits: null\n",
+        );
+        assert_eq!(
+            look(&cfg, &[("k", "x")]).expect("match").limit.rule,
+            Rule::Limited(Box::new([Block {
+                quota: Quota::fixed(3, Unit::Second),
+                name: String::new(),
+            }]))
+        );
+        assert_eq!(
+            look(&cfg, &[("u", "x")]).expect("match").limit.rule,
+            Rule::Unlimited
+        );
+    }
+
+    #[test]
+    fn names_lists_each_name_once() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: single
+    rate_limit: {unit: second, requests_per_unit: 1, name: one}
+  - key: free
+    rate_limit: {unlimited: true, name: free}
+  - key: unnamed
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: multi
+    rate_limits:
+      - {unit: second, requests_per_unit: 1, name: a, replaces: [{name: x}, {name: y}]}
+      - {unit: minute, requests_per_unit: 10}
+      - {unit: hour, requests_per_unit: 100, name: b, replaces: [{name: y}, {name: z}]}
+      - {unit: day, requests_per_unit: 1000, name: a}
+"#,
+        );
+        let names = |k: &str| -> Vec<String> {
+            let m = look(&cfg, &[(k, "v")]).expect("match");
+            m.limit.names().map(str::to_owned).collect()
+        };
+        assert_eq!(names("single"), ["one"]);
+        assert_eq!(names("free"), ["free"]);
+        assert!(names("unnamed").is_empty());
+        assert_eq!(names("multi"), ["a", "b"]);
+        let multi = look(&cfg, &[("multi", "v")]).expect("match").limit;
+        assert_eq!(multi.name, "");
+        assert_eq!(multi.replaces, ["x", "y", "z"]);
+    }
+
+    #[test]
     fn failed_merge_is_rolled_back() {
         let mut b = Builder::new(true);
         b.add_file(raw::parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap())

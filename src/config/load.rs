@@ -370,6 +370,77 @@ mod tests {
     }
 
     #[test]
+    fn extension_scan_reports_every_use_in_document_order() {
+        let text = r#"
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: fixed_window}
+  - key: b
+    value: 1
+    descriptors:
+      - key: c
+        rate_limits:
+          - {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+          - {unit: day, requests_per_unit: 10000}
+  - key: meta
+    metadata: {algorithm: not_a_key_here}
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: misplaced
+    burst: 3
+"#;
+        let tail = "which envoyproxy/ratelimit does not understand";
+        assert_eq!(
+            envoy_extensions_in("x.yaml", text),
+            vec![
+                format!("x.yaml: descriptor 'd.a' uses 'algorithm: fixed_window', {tail}"),
+                format!("x.yaml: descriptor 'd.b_1.c' uses 'rate_limits', {tail}"),
+                format!("x.yaml: descriptor 'd.b_1.c' uses 'algorithm: token_bucket', {tail}"),
+                format!("x.yaml: descriptor 'd.b_1.c' uses 'burst: 20', {tail}"),
+                format!("x.yaml: descriptor 'd.misplaced' uses 'burst: 3', {tail}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn extension_scan_is_quiet_on_go_files_and_bad_yaml() {
+        let go = "domain: d\ndescriptors:\n  - key: k\n    value: 200\n    rate_limit: {unit: second, requests_per_unit: 1, name: n}\n";
+        assert!(envoy_extensions_in("go.yaml", go).is_empty());
+        assert!(envoy_extensions_in("bad.yaml", "domain: [\n").is_empty());
+        assert!(envoy_extensions_in("list.yaml", "- a\n").is_empty());
+        // Merge keys are resolved first, so a use inherited through `<<` is reported too.
+        let merged = "domain: d\ndescriptors:\n  - &base\n    key: a\n    rate_limit: {unit: second, algorithm: sliding_window}\n  - <<: *base\n    key: b\n";
+        assert_eq!(envoy_extensions_in("m.yaml", merged).len(), 2);
+    }
+
+    #[test]
+    fn extension_scan_reads_a_source_in_file_order() {
+        let dir = tempfile::tempdir().expect("tmp");
+        fs::write(dir.path().join("b.yaml"), "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, burst: 2, algorithm: token_bucket}\n").unwrap();
+        fs::write(
+            dir.path().join("a.yaml"),
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limits: [{unit: second}]\n",
+        )
+        .unwrap();
+        fs::write(dir.path().join("c.yaml"), "domain: c\n").unwrap();
+        let lines = envoy_extensions(&ConfigSource::Path(dir.path().to_owned())).expect("reads");
+        let heads: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split(", which").next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            heads,
+            [
+                "a.yaml: descriptor 'a.k' uses 'rate_limits'",
+                "b.yaml: descriptor 'b.k' uses 'burst: 2'",
+                "b.yaml: descriptor 'b.k' uses 'algorithm: token_bucket'",
+            ]
+        );
+        let missing = envoy_extensions(&ConfigSource::Path(dir.path().join("nope")));
+        assert!(missing.is_err());
+    }
+
+    #[test]
     fn non_utf8_is_a_load_error() {
         let snap = vec![("x.yaml".to_owned(), vec![0xff, 0xfe])];
         let err = parse_snapshot(&snap, &LoadOptions::default()).expect_err("bad");

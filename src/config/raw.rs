@@ -365,6 +365,23 @@ mod tests {
     }
 
     #[test]
+    fn extension_keys_parse() {
+        let root = parse("domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, algorithm: token_bucket, burst: 20}\n      - {unit: day, algorithm: 1}\n")
+            .expect("parses");
+        let list = root.descriptors[0].rate_limits.as_ref().expect("list");
+        assert_eq!(list[0].algorithm.as_deref(), Some("token_bucket"));
+        assert_eq!(list[0].burst, Some(20));
+        // Scalars read as strings, as for every other string field.
+        assert_eq!(list[1].algorithm.as_deref(), Some("1"));
+        assert_eq!(list[1].burst, None);
+        let err = parse(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, burst: -1}\n",
+        )
+        .expect_err("negative burst");
+        assert!(err.starts_with("error loading config file: "), "{err}");
+    }
+
+    #[test]
     fn go_format_matches_go_percent_v() {
         assert_eq!(go_format(&serde_yaml_ng::from_str("0.25").unwrap()), "0.25");
         assert_eq!(go_format(&serde_yaml_ng::from_str("1.0").unwrap()), "1");
