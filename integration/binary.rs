@@ -234,6 +234,81 @@ fn check_config_prints_every_error_and_exits_1() {
 }
 
 #[test]
+fn check_config_strict_envoy_reports_extensions_and_exits_1() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("ext.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    value: v\n    descriptors:\n      - key: key2\n        rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}\n  - key: multi\n    rate_limits:\n      - {unit: second, requests_per_unit: 10}\n      - {unit: day, requests_per_unit: 10000, algorithm: fixed_window}\n",
+    );
+    write(
+        &dir.path().join("go.yaml"),
+        GOOD.replace("domain: d", "domain: g").as_str(),
+    );
+
+    // Without the flag the extended file is simply valid.
+    let mut c = sluice();
+    c.arg("check-config").arg(dir.path());
+    let out = run(c);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut c = sluice();
+    c.arg("check-config").arg("--strict-envoy").arg(dir.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let tail = "which envoyproxy/ratelimit does not understand";
+    let expected = [
+        format!("ext.yaml: descriptor 'd.k_v.key2' uses 'algorithm: token_bucket', {tail}"),
+        format!("ext.yaml: descriptor 'd.k_v.key2' uses 'burst: 20', {tail}"),
+        format!("ext.yaml: descriptor 'd.multi' uses 'rate_limits', {tail}"),
+        format!("ext.yaml: descriptor 'd.multi' uses 'algorithm: fixed_window', {tail}"),
+    ];
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .collect::<Vec<_>>(),
+        expected
+    );
+
+    // Validation errors are still printed, before the extension uses.
+    write(&dir.path().join("bad.yaml"), "domain: ''\n");
+    let mut c = sluice();
+    c.arg("check-config").arg("--strict-envoy").arg(dir.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(
+        lines[0], "bad.yaml: config file cannot have empty domain",
+        "{err}"
+    );
+    assert_eq!(lines[1..], expected, "{err}");
+
+    // A plain envoyproxy/ratelimit file passes.
+    let mut c = sluice();
+    c.arg("check-config")
+        .arg("--strict-envoy")
+        .arg(dir.path().join("go.yaml"));
+    let out = run(c);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("go.yaml: OK (1 domains)"));
+}
+
+#[test]
 fn the_default_config_directory_is_loaded_and_valid() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut c = sluice();

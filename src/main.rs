@@ -1,6 +1,7 @@
 //! The `sluice` binary: parse settings, load config, bind, serve until SIGTERM or Ctrl-C.
 //! Exit codes: 0 after a clean shutdown, 64 for bad settings or config, 1 for a runtime
-//! failure such as a port already in use; `check-config` exits 1 when the config is invalid.
+//! failure such as a port already in use; `check-config` exits 1 when the config is invalid (or, with `--strict-envoy`, uses
+//! Sluice's YAML extensions).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,29 +31,53 @@ fn main() -> ExitCode {
         Some(Command::CheckConfig {
             path,
             merge_domain_config,
-        }) => check_config(path, merge_domain_config),
+            strict_envoy,
+        }) => check_config(path, merge_domain_config, strict_envoy),
         None => serve(cli.serve),
     }
 }
 
-fn check_config(path: PathBuf, merge_domain_config: bool) -> ExitCode {
+/// Validates a config; with `strict_envoy`, every use of a Sluice YAML extension is a failure
+/// too. Problems go to stderr, one per line; the OK line only when there are none.
+fn check_config(path: PathBuf, merge_domain_config: bool, strict_envoy: bool) -> ExitCode {
     let source = ConfigSource::Path(path.clone());
-    match config::load(
+    let loaded = config::load(
         &source,
         &LoadOptions {
             merge_domain_config,
         },
-    ) {
-        Ok(cfg) => {
+    );
+    let mut failed = false;
+    if let Err(errors) = &loaded {
+        failed = true;
+        for e in &errors.0 {
+            eprintln!("{e}");
+        }
+    }
+    if strict_envoy {
+        match config::envoy_extensions(&source) {
+            Ok(uses) => {
+                failed |= !uses.is_empty();
+                for u in &uses {
+                    eprintln!("{u}");
+                }
+            }
+            // Unreadable files were just reported by the load, unless they changed since.
+            Err(errors) if loaded.is_ok() => {
+                failed = true;
+                for e in &errors.0 {
+                    eprintln!("{e}");
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    match loaded {
+        Ok(cfg) if !failed => {
             println!("{}: OK ({} domains)", path.display(), cfg.domain_count());
             ExitCode::SUCCESS
         }
-        Err(errors) => {
-            for e in &errors.0 {
-                eprintln!("{e}");
-            }
-            ExitCode::FAILURE
-        }
+        _ => ExitCode::FAILURE,
     }
 }
 

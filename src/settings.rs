@@ -70,6 +70,19 @@ pub enum Command {
             value_parser = parse_go_bool,
         )]
         merge_domain_config: bool,
+        /// Also fail on every use of Sluice's YAML extensions (`algorithm`, `burst`,
+        /// `rate_limits`), for files that must stay loadable by envoyproxy/ratelimit.
+        #[arg(
+            long,
+            value_name = "BOOL",
+            action = ArgAction::Set,
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "true",
+            default_value = "false",
+            value_parser = parse_go_bool,
+        )]
+        strict_envoy: bool,
     },
 }
 
@@ -1231,9 +1244,11 @@ mod tests {
             Some(Command::CheckConfig {
                 path,
                 merge_domain_config,
+                strict_envoy,
             }) => {
                 assert_eq!(path, PathBuf::from("/etc/ratelimit/config"));
                 assert!(!merge_domain_config);
+                assert!(!strict_envoy);
             }
             None => panic!("no subcommand"),
         }
@@ -1243,6 +1258,16 @@ mod tests {
             cli.command,
             Some(Command::CheckConfig {
                 merge_domain_config: true,
+                ..
+            })
+        ));
+
+        let cli = parse(&["check-config", "--strict-envoy", "x.yaml"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::CheckConfig {
+                strict_envoy: true,
+                merge_domain_config: false,
                 ..
             })
         ));

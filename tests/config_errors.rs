@@ -1,9 +1,11 @@
 //! Config fixtures: every error of envoyproxy/ratelimit's config tests, with its exact message,
 //! and the valid fixtures with the lookups the Go tests make against them.
 
-use sluice::config::{ConfigErrors, LoadOptions, Matched, RateLimitConfig, Rule, parse_files};
+use sluice::config::{
+    Block, ConfigErrors, LoadOptions, Matched, RateLimitConfig, Rule, parse_files,
+};
 use sluice::descriptor::Entry;
-use sluice::limiter::Unit;
+use sluice::limiter::{Algorithm, Quota, Unit};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> (String, String) {
@@ -41,14 +43,14 @@ fn lookup<'a>(cfg: &'a RateLimitConfig, entries: &[(&str, &str)]) -> Option<Matc
 }
 
 fn limited(requests_per_unit: u32, unit: Unit) -> Rule {
-    Rule::Limited {
-        requests_per_unit,
-        unit,
-    }
+    Rule::Limited(Box::new([Block {
+        quota: Quota::fixed(requests_per_unit, unit),
+        name: String::new(),
+    }]))
 }
 
 fn rule_and_key(cfg: &RateLimitConfig, entries: &[(&str, &str)]) -> Option<(Rule, String)> {
-    lookup(cfg, entries).map(|m| (m.limit.rule, m.limit.full_key.clone()))
+    lookup(cfg, entries).map(|m| (m.limit.rule.clone(), m.limit.full_key.clone()))
 }
 
 #[test]
@@ -377,5 +379,176 @@ fn metadata_config() {
         Some(serde_json::json!({
             "service_with_quota": {"name": "service_2", "weight": 3, "ratio": 0.5, "tags": ["a", "b"]}
         }))
+    );
+}
+
+// Sluice extensions: `algorithm`, `burst` and `rate_limits`.
+
+#[test]
+fn extension_errors() {
+    for (file, message) in [
+        (
+            "algorithm_unknown.yaml",
+            "invalid rate limit algorithm 'token-bucket'",
+        ),
+        (
+            "algorithm_wrong_case.yaml",
+            "invalid rate limit algorithm 'Token_Bucket'",
+        ),
+        (
+            "burst_fixed_window.yaml",
+            "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'",
+        ),
+        (
+            "burst_sliding_window.yaml",
+            "burst can only be used with token_bucket or leaky_bucket, not 'sliding_window'",
+        ),
+        (
+            "burst_zero.yaml",
+            "burst must be at least 1 (omit it for the default)",
+        ),
+        (
+            "rate_limit_and_rate_limits.yaml",
+            "descriptor cannot have both rate_limit and rate_limits",
+        ),
+        ("rate_limits_empty.yaml", "rate_limits must not be empty"),
+        (
+            "rate_limits_unlimited.yaml",
+            "unlimited is not allowed inside rate_limits",
+        ),
+        (
+            "unlimited_with_algorithm.yaml",
+            "should not specify algorithm or burst when unlimited",
+        ),
+        (
+            "unlimited_with_burst.yaml",
+            "should not specify algorithm or burst when unlimited",
+        ),
+        (
+            "rate_limits_bad_unit.yaml",
+            "invalid rate limit unit 'fortnight'",
+        ),
+        (
+            "rate_limits_burst_fixed_window.yaml",
+            "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'",
+        ),
+        (
+            "rate_limits_replaces_sibling.yaml",
+            "replaces should not contain name of same descriptor",
+        ),
+        (
+            "rate_limits_replaces_empty.yaml",
+            "should not have an empty replaces entry",
+        ),
+        (
+            "misspelled_algorithm_key.yaml",
+            "config error, unknown key 'algoritm'",
+        ),
+    ] {
+        assert_eq!(error_of(&[file], false), format!("{file}: {message}"));
+    }
+}
+
+fn blocks_of(cfg: &RateLimitConfig, entries: &[(&str, &str)]) -> Vec<Block> {
+    match &lookup(cfg, entries).expect("match").limit.rule {
+        Rule::Limited(blocks) => blocks.to_vec(),
+        Rule::Unlimited => panic!("{entries:?} is unlimited"),
+    }
+}
+
+fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quota {
+    Quota {
+        requests_per_unit: rpu,
+        unit,
+        algorithm,
+        burst: burst.map(|b| std::num::NonZeroU32::new(b).expect("non-zero")),
+    }
+}
+
+#[test]
+fn every_algorithm_loads() {
+    let cfg = ok(&["algorithms.yaml"], false);
+    let one = |entries: &[(&str, &str)]| {
+        let blocks = blocks_of(&cfg, entries);
+        assert_eq!(blocks.len(), 1, "{entries:?}");
+        blocks[0].clone()
+    };
+    assert_eq!(
+        one(&[("fixed", "x")]).quota,
+        quota(10, Unit::Second, Algorithm::FixedWindow, None)
+    );
+    assert_eq!(
+        one(&[("sliding", "x")]).quota,
+        quota(60, Unit::Minute, Algorithm::SlidingWindow, None)
+    );
+    assert_eq!(
+        one(&[("token", "x")]).quota,
+        quota(10, Unit::Second, Algorithm::TokenBucket, None)
+    );
+    assert_eq!(
+        one(&[("token", "burst")]),
+        Block {
+            quota: quota(10, Unit::Second, Algorithm::TokenBucket, Some(20)),
+            name: "token_burst".into(),
+        }
+    );
+    assert_eq!(
+        one(&[("leaky", "x")]).quota,
+        quota(5, Unit::Second, Algorithm::LeakyBucket, None)
+    );
+    assert_eq!(
+        one(&[("leaky", "burst")]).quota,
+        quota(30, Unit::Minute, Algorithm::LeakyBucket, Some(3))
+    );
+    // A single `rate_limit` keeps its name on the limit too, as in Go.
+    let l = lookup(&cfg, &[("token", "burst")]).expect("match").limit;
+    assert_eq!(l.name, "token_burst");
+    assert_eq!(l.names().collect::<Vec<_>>(), vec!["token_burst"]);
+
+    assert_eq!(
+        cfg.dump(),
+        "test-domain.fixed: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false\n\
+         test-domain.leaky: unit=SECOND requests_per_unit=5, shadow_mode: false, quota_mode: false, algorithm: leaky_bucket\n\
+         test-domain.leaky_burst: unit=MINUTE requests_per_unit=30, shadow_mode: true, quota_mode: false, algorithm: leaky_bucket, burst: 3\n\
+         test-domain.sliding: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false, algorithm: sliding_window\n\
+         test-domain.token: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket\n\
+         test-domain.token_burst: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket, burst: 20\n"
+    );
+}
+
+#[test]
+fn rate_limits_enforce_every_block() {
+    let cfg = ok(&["rate_limits.yaml"], false);
+    assert_eq!(
+        blocks_of(&cfg, &[("api_key", "k1")]),
+        vec![
+            Block {
+                quota: quota(10, Unit::Second, Algorithm::TokenBucket, Some(20)),
+                name: "per_second".into(),
+            },
+            Block {
+                quota: Quota::fixed(10_000, Unit::Day),
+                name: "per_day".into(),
+            },
+        ]
+    );
+    let l = lookup(&cfg, &[("api_key", "k1")]).expect("match").limit;
+    assert_eq!(l.full_key, "test-domain.api_key");
+    assert_eq!(l.name, "");
+    assert_eq!(l.names().collect::<Vec<_>>(), vec!["per_second", "per_day"]);
+    assert_eq!(l.replaces, vec!["default_second", "default_day"]);
+
+    // A one-element list, unnamed: the descriptor-level flags still apply.
+    let m = lookup(&cfg, &[("api_key", "anonymous")]).expect("match");
+    assert_eq!(m.limit.rule, limited(5, Unit::Minute));
+    assert!(m.limit.quota_mode);
+    assert_eq!(m.limit.names().count(), 0);
+
+    assert_eq!(
+        cfg.dump(),
+        "test-domain.api_key: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket, burst: 20\n\
+         test-domain.api_key: unit=DAY requests_per_unit=10000, shadow_mode: false, quota_mode: false\n\
+         test-domain.api_key_anonymous: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: true\n\
+         test-domain.fallback: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: false\n"
     );
 }

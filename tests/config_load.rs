@@ -46,10 +46,8 @@ fn names(err: &ConfigErrors) -> Vec<String> {
 
 fn rpu(cfg: &RateLimitConfig, domain: &str) -> Option<u32> {
     let m = cfg.domain(domain)?.lookup(&[Entry::new("k", "v")])?;
-    match m.limit.rule {
-        sluice::config::Rule::Limited {
-            requests_per_unit, ..
-        } => Some(requests_per_unit),
+    match &m.limit.rule {
+        sluice::config::Rule::Limited(blocks) => Some(blocks[0].quota.requests_per_unit),
         sluice::config::Rule::Unlimited => None,
     }
 }

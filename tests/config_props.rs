@@ -1,7 +1,7 @@
 //! Property tests: no input, however malformed, makes config loading or lookup panic.
 
 use proptest::prelude::*;
-use sluice::config::{LoadOptions, parse_files};
+use sluice::config::{LoadOptions, envoy_extensions_in, parse_files};
 use sluice::descriptor::Entry;
 
 const CONFIG: &str = r#"
@@ -36,6 +36,9 @@ proptest! {
                 Just("    value: v*".to_owned()),
                 Just("    share_threshold: true".to_owned()),
                 Just("    rate_limit: {unit: second, requests_per_unit: 3}".to_owned()),
+                Just("    rate_limit: {unit: second, algorithm: token_bucket, burst: 2}".to_owned()),
+                Just("    rate_limits: [{unit: day, algorithm: leaky_bucket}, {unit: second}]".to_owned()),
+                Just("    rate_limits: []".to_owned()),
                 Just("    metadata: {a: [1, 2.5, null]}".to_owned()),
                 Just("    descriptors:".to_owned()),
                 Just("      - key: n".to_owned()),
@@ -44,7 +47,9 @@ proptest! {
             0..20,
         )
     ) {
-        let _ = parse_files(&[("f.yaml".to_owned(), lines.join("\n"))], &LoadOptions::default());
+        let text = lines.join("\n");
+        let _ = envoy_extensions_in("f.yaml", &text);
+        let _ = parse_files(&[("f.yaml".to_owned(), text)], &LoadOptions::default());
     }
 
     #[test]
@@ -75,5 +80,6 @@ fn deeply_nested_yaml_is_an_error_not_a_stack_overflow() {
         block.push_str(&format!("{pad}- key: k\n{pad}  descriptors:\n"));
     }
     // Either outcome is fine; it must simply return.
+    let _ = envoy_extensions_in("f.yaml", &block);
     let _ = parse_files(&[("f.yaml".to_owned(), block)], &LoadOptions::default());
 }

@@ -6,35 +6,48 @@
 //! request entry is one hash probe, then (rarely) a scan of the wildcard patterns, then one more
 //! probe.
 
-use super::raw::{RawDescriptor, RawRoot, go_format};
+use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::descriptor::Entry;
-use crate::limiter::Unit;
+use crate::limiter::{Algorithm, Quota, Unit};
 use serde_yaml_ng::Value as Yaml;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::num::NonZeroU32;
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// A limit's rule: how many requests per window, or no limit at all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A limit's rule: one or more quotas, or no limit at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Rule {
     /// Always OK; the backend is never touched.
     Unlimited,
-    Limited {
-        requests_per_unit: u32,
-        unit: Unit,
-    },
+    /// Every block is enforced; `rate_limit:` gives one block, `rate_limits:` one or more.
+    /// Never empty: the builder rejects `rate_limits: []`.
+    Limited(Box<[Block]>),
 }
 
-/// One configured limit: a descriptor node with a `rate_limit` block.
+/// One enforced quota of a limit: a `rate_limit` block, or one element of `rate_limits`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// requests_per_unit, unit, algorithm and burst.
+    pub quota: Quota,
+    /// This block's `name`, "" if none (reported as `current_limit.name` when it is the most
+    /// restrictive).
+    pub name: String,
+}
+
+/// One configured limit: a descriptor node with a `rate_limit` (or `rate_limits`) block.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limit {
     /// Go's FullKey and stats key: the config path, e.g. `domain.key_value.key2`.
     pub full_key: String,
     pub rule: Rule,
-    /// `rate_limit.name`, "" if none.
+    /// `rate_limit.name`, "" if none, as in Go (`replaces` entries name it). Always "" for
+    /// `rate_limits`, whose names live in the blocks; see [`Limit::names`].
     pub name: String,
+    /// What this limit knocks out: `rate_limit.replaces`, or the union of the blocks'
+    /// `replaces` for `rate_limits` (in YAML order, without repeats).
     pub replaces: Vec<String>,
     pub shadow_mode: bool,
     /// The YAML `quota_mode` only; the global QUOTA_MODE is applied by the caller.
@@ -43,6 +56,29 @@ pub struct Limit {
     pub value_to_metric: bool,
     /// The descriptor's `metadata`, as JSON (for dynamic metadata).
     pub metadata: Option<serde_json::Value>,
+}
+
+impl Limit {
+    /// Every name another limit's `replaces` can knock this one out by: [`Limit::name`] and the
+    /// blocks' names, non-empty, each once.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let blocks: &[Block] = match &self.rule {
+            Rule::Unlimited => &[],
+            Rule::Limited(blocks) => blocks,
+        };
+        let own = Some(self.name.as_str()).filter(|n| !n.is_empty());
+        own.into_iter().chain(
+            blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (i, b.name.as_str()))
+                .filter(move |&(i, n)| {
+                    // A single `rate_limit` names both the limit and its block.
+                    !n.is_empty() && n != self.name && !blocks[..i].iter().any(|b| b.name == n)
+                })
+                .map(|(_, n)| n),
+        )
+    }
 }
 
 /// The result of matching one request descriptor against a domain.
@@ -93,27 +129,47 @@ impl RateLimitConfig {
     /// The `/rlconfig` text: one line per limit, sorted by full key (Go prints map order; a
     /// sorted dump is stable to diff):
     /// `<fullkey>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode: <bool>`.
+    ///
+    /// A limit with several blocks (`rate_limits`) has one line per block, in YAML order; a
+    /// block that is not a plain fixed window adds `, algorithm: <name>` and, when set,
+    /// `, burst: <n>`. Fixed-window limits print exactly what Go prints.
     pub fn dump(&self) -> String {
         let mut limits: Vec<&Limit> = self.limits().collect();
         limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
         let mut out = String::new();
         for l in limits {
-            let (unit, rpu) = match l.rule {
-                Rule::Unlimited => ("UNKNOWN", 0),
-                Rule::Limited {
-                    requests_per_unit,
-                    unit,
-                } => (unit.name(), requests_per_unit),
-            };
-            // Writing to a String cannot fail.
-            let _ = writeln!(
-                out,
-                "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
-                l.full_key, unit, rpu, l.shadow_mode, l.quota_mode
-            );
+            match &l.rule {
+                Rule::Unlimited => {
+                    dump_prefix(&mut out, l, "UNKNOWN", 0);
+                    out.push('\n');
+                }
+                Rule::Limited(blocks) => {
+                    for b in blocks {
+                        let q = &b.quota;
+                        dump_prefix(&mut out, l, q.unit.name(), q.requests_per_unit);
+                        if q.algorithm != Algorithm::FixedWindow {
+                            let _ = write!(out, ", algorithm: {}", q.algorithm.name());
+                        }
+                        if let Some(burst) = q.burst {
+                            let _ = write!(out, ", burst: {burst}");
+                        }
+                        out.push('\n');
+                    }
+                }
+            }
         }
         out
     }
+}
+
+/// The Go-format start of one `/rlconfig` line, without its newline.
+fn dump_prefix(out: &mut String, l: &Limit, unit: &str, requests_per_unit: u32) {
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
+        "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+        l.full_key, unit, requests_per_unit, l.shadow_mode, l.quota_mode
+    );
 }
 
 /// One domain's descriptor tree.
@@ -419,46 +475,27 @@ fn load_descriptors(
             return Err(format!("duplicate descriptor composite key '{full_key}'"));
         }
 
-        let limit = match d.rate_limit {
-            None => None,
-            Some(rl) => {
-                let unit = Unit::from_name(&rl.unit);
-                let rule = match (rl.unlimited, unit) {
-                    (true, Some(_)) => {
-                        return Err("should not specify rate limit unit when unlimited".to_owned());
-                    }
-                    (true, None) => Rule::Unlimited,
-                    (false, None) => {
-                        return Err(format!("invalid rate limit unit '{}'", rl.unit));
-                    }
-                    (false, Some(unit)) => Rule::Limited {
-                        requests_per_unit: rl.requests_per_unit,
-                        unit,
-                    },
-                };
-                for r in &rl.replaces {
-                    if r.name.is_empty() {
-                        return Err("should not have an empty replaces entry".to_owned());
-                    }
-                    if r.name == rl.name {
-                        return Err(
-                            "replaces should not contain name of same descriptor".to_owned()
-                        );
-                    }
-                }
-                Some(Box::new(Limit {
-                    full_key: full_key.clone(),
-                    rule,
-                    name: rl.name,
-                    replaces: rl.replaces.into_iter().map(|r| r.name).collect(),
-                    shadow_mode: d.shadow_mode,
-                    quota_mode: d.quota_mode,
-                    detailed_metric: d.detailed_metric,
-                    value_to_metric: d.value_to_metric,
-                    metadata: None,
-                }))
+        let limit = match (d.rate_limit, d.rate_limits) {
+            (None, None) => None,
+            (Some(_), Some(_)) => {
+                return Err("descriptor cannot have both rate_limit and rate_limits".to_owned());
             }
+            (Some(rl), None) => Some(single_limit(rl)?),
+            (None, Some(list)) => Some(multi_limit(list)?),
         };
+        let limit = limit.map(|(rule, name, replaces)| {
+            Box::new(Limit {
+                full_key: full_key.clone(),
+                rule,
+                name,
+                replaces,
+                shadow_mode: d.shadow_mode,
+                quota_mode: d.quota_mode,
+                detailed_metric: d.detailed_metric,
+                value_to_metric: d.value_to_metric,
+                metadata: None,
+            })
+        });
 
         let is_wildcard = composite.contains('*');
         if d.share_threshold && !is_wildcard {
@@ -494,6 +531,103 @@ fn load_descriptors(
             value_to_metric: d.value_to_metric,
             children,
         });
+    }
+    Ok(())
+}
+
+/// A descriptor's limit before it is placed: its rule, name and `replaces`.
+type LimitParts = (Rule, String, Vec<String>);
+
+/// A `rate_limit:` block: Go's checks, in Go's order, then the Sluice extensions'.
+fn single_limit(rl: RawRateLimit) -> Result<LimitParts, String> {
+    let rule = if rl.unlimited {
+        if Unit::from_name(&rl.unit).is_some() {
+            return Err("should not specify rate limit unit when unlimited".to_owned());
+        }
+        if rl.algorithm.is_some() || rl.burst.is_some() {
+            return Err("should not specify algorithm or burst when unlimited".to_owned());
+        }
+        Rule::Unlimited
+    } else {
+        Rule::Limited(Box::new([block(&rl)?]))
+    };
+    check_replaces(&rl, &[rl.name.as_str()])?;
+    let replaces = rl.replaces.into_iter().map(|r| r.name).collect();
+    Ok((rule, rl.name, replaces))
+}
+
+/// A `rate_limits:` list: each element is checked as a `rate_limit` block, but may not be
+/// unlimited (an unlimited element would make the others pointless).
+fn multi_limit(list: Vec<RawRateLimit>) -> Result<LimitParts, String> {
+    if list.is_empty() {
+        return Err("rate_limits must not be empty".to_owned());
+    }
+    // A block may not replace any limit of its own descriptor, not just itself.
+    let names: Vec<&str> = list.iter().map(|rl| rl.name.as_str()).collect();
+    let mut blocks = Vec::with_capacity(list.len());
+    let mut replaces: Vec<String> = Vec::new();
+    for rl in &list {
+        if rl.unlimited {
+            return Err("unlimited is not allowed inside rate_limits".to_owned());
+        }
+        blocks.push(block(rl)?);
+        check_replaces(rl, &names)?;
+        for r in &rl.replaces {
+            if !replaces.contains(&r.name) {
+                replaces.push(r.name.clone());
+            }
+        }
+    }
+    Ok((
+        Rule::Limited(blocks.into_boxed_slice()),
+        String::new(),
+        replaces,
+    ))
+}
+
+/// One limited block: unit (Go's check), then algorithm and burst.
+fn block(rl: &RawRateLimit) -> Result<Block, String> {
+    let unit = Unit::from_name(&rl.unit)
+        .ok_or_else(|| format!("invalid rate limit unit '{}'", rl.unit))?;
+    let algorithm = match &rl.algorithm {
+        None => Algorithm::FixedWindow,
+        Some(name) => Algorithm::from_name(name)
+            .ok_or_else(|| format!("invalid rate limit algorithm '{name}'"))?,
+    };
+    let burst = match rl.burst {
+        None => None,
+        Some(_) if !algorithm.takes_burst() => {
+            return Err(format!(
+                "burst can only be used with token_bucket or leaky_bucket, not '{}'",
+                algorithm.name()
+            ));
+        }
+        Some(n) => Some(
+            NonZeroU32::new(n)
+                .ok_or_else(|| "burst must be at least 1 (omit it for the default)".to_owned())?,
+        ),
+    };
+    Ok(Block {
+        quota: Quota {
+            requests_per_unit: rl.requests_per_unit,
+            unit,
+            algorithm,
+            burst,
+        },
+        name: rl.name.clone(),
+    })
+}
+
+/// Go's `replaces` checks; `own` holds the names of the descriptor's own limits ("" entries are
+/// caught first, as in Go, so an unnamed limit never matches).
+fn check_replaces(rl: &RawRateLimit, own: &[&str]) -> Result<(), String> {
+    for r in &rl.replaces {
+        if r.name.is_empty() {
+            return Err("should not have an empty replaces entry".to_owned());
+        }
+        if own.contains(&r.name.as_str()) {
+            return Err("replaces should not contain name of same descriptor".to_owned());
+        }
     }
     Ok(())
 }
@@ -739,10 +873,10 @@ descriptors:
         let s = look(&cfg, &[("s", "x")]).expect("match").limit;
         assert_eq!(
             s.rule,
-            Rule::Limited {
-                requests_per_unit: 7,
-                unit: Unit::Minute
-            }
+            Rule::Limited(Box::new([Block {
+                quota: Quota::fixed(7, Unit::Minute),
+                name: String::new(),
+            }]))
         );
         assert!(s.shadow_mode && s.quota_mode && s.detailed_metric && s.value_to_metric);
         assert_eq!(
@@ -865,6 +999,101 @@ descriptors:
             Some("d.user_u*.ep_e")
         );
         assert_eq!(key(&[("nothing", "x")]), None);
+    }
+
+    #[test]
+    fn extension_checks_come_after_go_checks() {
+        // Go's unit check wins over ours, so Go-valid messages stay first.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, unlimited: true, algorithm: x}\n"
+            ),
+            "should not specify rate limit unit when unlimited"
+        );
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: bogus, algorithm: x, burst: 0}\n"
+            ),
+            "invalid rate limit unit 'bogus'"
+        );
+        // A bad algorithm is reported before what it would make of the burst.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, algorithm: nope, burst: 0}\n"
+            ),
+            "invalid rate limit algorithm 'nope'"
+        );
+        // burst 0 on a window is the window error: no burst at all belongs there.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, burst: 0}\n"
+            ),
+            "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'"
+        );
+        // Elements are checked in order, each completely.
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, replaces: [{name: ''}]}\n      - {unlimited: true}\n"
+            ),
+            "should not have an empty replaces entry"
+        );
+        assert_eq!(
+            build_err(
+                "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, name: a, replaces: [{name: a}]}\n"
+            ),
+            "replaces should not contain name of same descriptor"
+        );
+    }
+
+    #[test]
+    fn null_extension_keys_are_absent() {
+        let cfg = config(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, algorithm: null, burst: null}\n  - key: u\n    rate_limit: {unlimited: true, algorithm: null}\n    rate_limits: null\n",
+        );
+        assert_eq!(
+            look(&cfg, &[("k", "x")]).expect("match").limit.rule,
+            Rule::Limited(Box::new([Block {
+                quota: Quota::fixed(3, Unit::Second),
+                name: String::new(),
+            }]))
+        );
+        assert_eq!(
+            look(&cfg, &[("u", "x")]).expect("match").limit.rule,
+            Rule::Unlimited
+        );
+    }
+
+    #[test]
+    fn names_lists_each_name_once() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: single
+    rate_limit: {unit: second, requests_per_unit: 1, name: one}
+  - key: free
+    rate_limit: {unlimited: true, name: free}
+  - key: unnamed
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: multi
+    rate_limits:
+      - {unit: second, requests_per_unit: 1, name: a, replaces: [{name: x}, {name: y}]}
+      - {unit: minute, requests_per_unit: 10}
+      - {unit: hour, requests_per_unit: 100, name: b, replaces: [{name: y}, {name: z}]}
+      - {unit: day, requests_per_unit: 1000, name: a}
+"#,
+        );
+        let names = |k: &str| -> Vec<String> {
+            let m = look(&cfg, &[(k, "v")]).expect("match");
+            m.limit.names().map(str::to_owned).collect()
+        };
+        assert_eq!(names("single"), ["one"]);
+        assert_eq!(names("free"), ["free"]);
+        assert!(names("unnamed").is_empty());
+        assert_eq!(names("multi"), ["a", "b"]);
+        let multi = look(&cfg, &[("multi", "v")]).expect("match").limit;
+        assert_eq!(multi.name, "");
+        assert_eq!(multi.replaces, ["x", "y", "z"]);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 use super::compile::{Builder, RateLimitConfig};
 use super::{ConfigError, ConfigErrors, raw};
+use serde_yaml_ng::{Mapping, Value as Yaml};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -96,6 +97,99 @@ fn build<'a>(
         Ok(builder.finish())
     } else {
         Err(ConfigErrors(errors))
+    }
+}
+
+/// Every use of a Sluice extension key (`algorithm`, `burst`, `rate_limits`) in a source, as
+/// `<file>: descriptor '<path>' uses '<what>', which envoyproxy/ratelimit does not understand`
+/// lines, in file and document order (`check-config --strict-envoy`).
+///
+/// The scan reads the YAML generically, as Go's key walk does, so a key is reported wherever it
+/// appears (outside `metadata`), even in a place Sluice ignores it. Files that are not valid
+/// YAML contribute nothing: loading the config reports them. The error is for unreadable files.
+pub fn envoy_extensions(source: &ConfigSource) -> Result<Vec<String>, ConfigErrors> {
+    let snapshot = read_source(source)?;
+    let mut out = Vec::new();
+    for (name, bytes) in &snapshot {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            out.extend(envoy_extensions_in(name, text));
+        }
+    }
+    Ok(out)
+}
+
+/// [`envoy_extensions`] for one file's text.
+pub fn envoy_extensions_in(name: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(mut value) = serde_yaml_ng::from_str::<Yaml>(text) else {
+        return out;
+    };
+    if value.apply_merge().is_err() {
+        return out;
+    }
+    if let Yaml::Mapping(root) = &value {
+        let domain = root.get("domain").map(scalar).unwrap_or_default();
+        scan_extensions(root, &domain, &mut |path, what| {
+            out.push(format!(
+                "{name}: descriptor '{path}' uses '{what}', which envoyproxy/ratelimit does not understand"
+            ));
+        });
+    }
+    out
+}
+
+/// Reports the extension keys of `map` and of everything below it; `path` is the full key of
+/// the descriptor `map` belongs to (the domain at the top level).
+fn scan_extensions(map: &Mapping, path: &str, report: &mut dyn FnMut(&str, String)) {
+    for (k, v) in map {
+        let Yaml::String(key) = k else { continue };
+        if raw::EXTENSION_KEYS.contains(&key.as_str()) {
+            let what = match v {
+                // A list is shown by its key alone; `rate_limits: [...]` would be unreadable.
+                Yaml::Sequence(_) | Yaml::Mapping(_) => key.clone(),
+                other => format!("{key}: {}", raw::go_format(other)),
+            };
+            report(path, what);
+        }
+        match (key.as_str(), v) {
+            ("metadata", _) => {}
+            ("descriptors", Yaml::Sequence(items)) => {
+                for item in items {
+                    if let Yaml::Mapping(d) = item {
+                        let child = descriptor_path(path, d);
+                        scan_extensions(d, &child, report);
+                    }
+                }
+            }
+            (_, Yaml::Mapping(m)) => scan_extensions(m, path, report),
+            (_, Yaml::Sequence(items)) => {
+                for item in items {
+                    if let Yaml::Mapping(m) = item {
+                        scan_extensions(m, path, report);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A descriptor's full key, built as the loader builds it: `parent.key` or `parent.key_value`.
+fn descriptor_path(parent: &str, d: &Mapping) -> String {
+    let key = d.get("key").map(scalar).unwrap_or_default();
+    let value = d.get("value").map(scalar).unwrap_or_default();
+    if value.is_empty() {
+        format!("{parent}.{key}")
+    } else {
+        format!("{parent}.{key}_{value}")
+    }
+}
+
+/// A scalar as the typed pass reads it into a string field (null is "").
+fn scalar(v: &Yaml) -> String {
+    match v {
+        Yaml::Null => String::new(),
+        other => raw::go_format(other),
     }
 }
 
@@ -273,6 +367,77 @@ mod tests {
     fn empty_input_is_an_empty_config() {
         let cfg = parse_files(&[], &LoadOptions::default()).expect("ok");
         assert_eq!(cfg.domain_count(), 0);
+    }
+
+    #[test]
+    fn extension_scan_reports_every_use_in_document_order() {
+        let text = r#"
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: fixed_window}
+  - key: b
+    value: 1
+    descriptors:
+      - key: c
+        rate_limits:
+          - {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+          - {unit: day, requests_per_unit: 10000}
+  - key: meta
+    metadata: {algorithm: not_a_key_here}
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: misplaced
+    burst: 3
+"#;
+        let tail = "which envoyproxy/ratelimit does not understand";
+        assert_eq!(
+            envoy_extensions_in("x.yaml", text),
+            vec![
+                format!("x.yaml: descriptor 'd.a' uses 'algorithm: fixed_window', {tail}"),
+                format!("x.yaml: descriptor 'd.b_1.c' uses 'rate_limits', {tail}"),
+                format!("x.yaml: descriptor 'd.b_1.c' uses 'algorithm: token_bucket', {tail}"),
+                format!("x.yaml: descriptor 'd.b_1.c' uses 'burst: 20', {tail}"),
+                format!("x.yaml: descriptor 'd.misplaced' uses 'burst: 3', {tail}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn extension_scan_is_quiet_on_go_files_and_bad_yaml() {
+        let go = "domain: d\ndescriptors:\n  - key: k\n    value: 200\n    rate_limit: {unit: second, requests_per_unit: 1, name: n}\n";
+        assert!(envoy_extensions_in("go.yaml", go).is_empty());
+        assert!(envoy_extensions_in("bad.yaml", "domain: [\n").is_empty());
+        assert!(envoy_extensions_in("list.yaml", "- a\n").is_empty());
+        // Merge keys are resolved first, so a use inherited through `<<` is reported too.
+        let merged = "domain: d\ndescriptors:\n  - &base\n    key: a\n    rate_limit: {unit: second, algorithm: sliding_window}\n  - <<: *base\n    key: b\n";
+        assert_eq!(envoy_extensions_in("m.yaml", merged).len(), 2);
+    }
+
+    #[test]
+    fn extension_scan_reads_a_source_in_file_order() {
+        let dir = tempfile::tempdir().expect("tmp");
+        fs::write(dir.path().join("b.yaml"), "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, burst: 2, algorithm: token_bucket}\n").unwrap();
+        fs::write(
+            dir.path().join("a.yaml"),
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limits: [{unit: second}]\n",
+        )
+        .unwrap();
+        fs::write(dir.path().join("c.yaml"), "domain: c\n").unwrap();
+        let lines = envoy_extensions(&ConfigSource::Path(dir.path().to_owned())).expect("reads");
+        let heads: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split(", which").next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            heads,
+            [
+                "a.yaml: descriptor 'a.k' uses 'rate_limits'",
+                "b.yaml: descriptor 'b.k' uses 'burst: 2'",
+                "b.yaml: descriptor 'b.k' uses 'algorithm: token_bucket'",
+            ]
+        );
+        let missing = envoy_extensions(&ConfigSource::Path(dir.path().join("nope")));
+        assert!(missing.is_err());
     }
 
     #[test]

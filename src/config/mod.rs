@@ -8,11 +8,12 @@
 //!   raw serde types. Both steps report envoyproxy/ratelimit's exact error messages, in its
 //!   order.
 //! - [`compile`]: validates the raw descriptors (empty keys, duplicate composite keys, units,
-//!   replaces, share_threshold, metadata) and builds the per-domain lookup table that requests
+//!   replaces, share_threshold, metadata, and Sluice's `algorithm`, `burst` and `rate_limits`
+//!   extensions) and builds the per-domain lookup table that requests
 //!   are matched against. A request never walks YAML-shaped data.
 //! - [`mod@load`]: finds the files of a [`ConfigSource`] (a `--config` path or the Go service's
 //!   runtime directory layout), in a deterministic order, and turns them into one
-//!   [`RateLimitConfig`].
+//!   [`RateLimitConfig`]; it also finds the extension keys a Go-loadable file must not use.
 //! - [`watch`]: the shared [`ConfigHandle`] that request handlers read, and the polling watcher
 //!   that swaps in a new config when the files change (keeping the old one on error).
 //!
@@ -24,8 +25,10 @@ pub mod load;
 pub mod raw;
 pub mod watch;
 
-pub use compile::{Domain, Limit, Matched, RateLimitConfig, Rule};
-pub use load::{ConfigSource, LoadOptions, load, parse_files};
+pub use compile::{Block, Domain, Limit, Matched, RateLimitConfig, Rule};
+pub use load::{
+    ConfigSource, LoadOptions, envoy_extensions, envoy_extensions_in, load, parse_files,
+};
 pub use watch::{ConfigHandle, ConfigStats, WatchGuard, spawn_watcher};
 
 use std::fmt;

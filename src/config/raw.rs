@@ -30,7 +30,15 @@ pub const VALID_KEYS: &[&str] = &[
     "share_threshold",
     "quota_mode",
     "metadata",
+    // Sluice extensions (see [`EXTENSION_KEYS`]).
+    "algorithm",
+    "burst",
+    "rate_limits",
 ];
+
+/// The keys Sluice accepts that envoyproxy/ratelimit does not: a file using any of them no
+/// longer loads in the Go service (`check-config --strict-envoy` reports them).
+pub const EXTENSION_KEYS: &[&str] = &["algorithm", "burst", "rate_limits"];
 
 /// The key whose value is free-form: its contents are not walked.
 const METADATA_KEY: &str = "metadata";
@@ -53,6 +61,10 @@ pub struct RawDescriptor {
     pub value: String,
     #[serde(default)]
     pub rate_limit: Option<RawRateLimit>,
+    /// Sluice extension: several limits, all enforced. `None` when absent (or null), so that an
+    /// explicit empty list can be rejected.
+    #[serde(default)]
+    pub rate_limits: Option<Vec<RawRateLimit>>,
     #[serde(default, deserialize_with = "null_default")]
     pub descriptors: Vec<RawDescriptor>,
     #[serde(default, deserialize_with = "lenient_bool")]
@@ -83,6 +95,12 @@ pub struct RawRateLimit {
     pub name: String,
     #[serde(default, deserialize_with = "null_default")]
     pub replaces: Vec<RawReplaces>,
+    /// Sluice extension; `None` when absent or null (then `fixed_window`).
+    #[serde(default, deserialize_with = "lenient_opt_string")]
+    pub algorithm: Option<String>,
+    /// Sluice extension; `None` when absent or null.
+    #[serde(default)]
+    pub burst: Option<u32>,
 }
 
 /// One `replaces` entry.
@@ -245,6 +263,27 @@ fn lenient_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     d.deserialize_any(V)
 }
 
+/// [`lenient_string`], but a null stays `None` so that a present key can be told from an absent one.
+fn lenient_opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Option<String>, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<String>, D::Error> {
+            lenient_string(d).map(Some)
+        }
+    }
+    d.deserialize_option(V)
+}
+
 /// go-yaml v2 follows YAML 1.1, where `yes`/`no`/`on`/`off` are booleans too.
 fn lenient_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     struct V;
@@ -322,6 +361,23 @@ mod tests {
     fn typed_errors_are_load_errors() {
         let err = parse("domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      requests_per_unit: -1\n      unit: second\n")
             .expect_err("negative");
+        assert!(err.starts_with("error loading config file: "), "{err}");
+    }
+
+    #[test]
+    fn extension_keys_parse() {
+        let root = parse("domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, algorithm: token_bucket, burst: 20}\n      - {unit: day, algorithm: 1}\n")
+            .expect("parses");
+        let list = root.descriptors[0].rate_limits.as_ref().expect("list");
+        assert_eq!(list[0].algorithm.as_deref(), Some("token_bucket"));
+        assert_eq!(list[0].burst, Some(20));
+        // Scalars read as strings, as for every other string field.
+        assert_eq!(list[1].algorithm.as_deref(), Some("1"));
+        assert_eq!(list[1].burst, None);
+        let err = parse(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, burst: -1}\n",
+        )
+        .expect_err("negative burst");
         assert!(err.starts_with("error loading config file: "), "{err}");
     }
 
