@@ -250,7 +250,13 @@ async fn rlconfig_lists_each_limit() {
         "{}",
         r.body
     );
-    assert_eq!(r.body.lines().count(), 3, "{}", r.body);
+    assert!(
+        r.body.contains("api.token: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false, algorithm: token_bucket, burst: 3\n"),
+        "{}",
+        r.body
+    );
+    // One line per limit, and one per block of a `rate_limits` list.
+    assert_eq!(r.body.lines().count(), 8, "{}", r.body);
 }
 
 #[tokio::test]
@@ -350,4 +356,44 @@ async fn malformed_protobuf_gets_a_clear_error_and_the_server_keeps_serving() {
     );
     let mut c = RateLimitServiceClient::new(channel);
     assert!(call(&mut c, request("api", &[("key1", "z")])).await.is_ok());
+}
+
+#[tokio::test]
+async fn every_algorithm_answers_over_grpc() {
+    let app = start(&fixture("api"), default_options()).await;
+    let mut c = client(app.grpc).await;
+    // (key, admitted before the first refusal)
+    for (key, admitted) in [("token", 3), ("leaky", 3), ("sliding", 4), ("guarded", 3)] {
+        let mut codes = Vec::new();
+        for _ in 0..admitted + 2 {
+            let r = call(&mut c, request("api", &[(key, "x")])).await.unwrap();
+            codes.push(r.overall_code == Code::Ok as i32);
+        }
+        let expected: Vec<bool> = (0..admitted + 2).map(|i| i < admitted).collect();
+        assert_eq!(codes, expected, "{key}");
+    }
+    // The multi-limit descriptor reports the limit that refused it.
+    let r = call(&mut c, request("api", &[("guarded", "x")]))
+        .await
+        .unwrap();
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.name.as_str(), limit.requests_per_unit),
+        ("per_minute", 3)
+    );
+}
+
+#[tokio::test]
+async fn every_algorithm_answers_over_json() {
+    let app = start(&fixture("api"), default_options()).await;
+    for (key, admitted) in [("token", 3), ("leaky", 3), ("sliding", 4), ("guarded", 3)] {
+        let body = format!(
+            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"{key}","value":"j"}}]}}]}}"#
+        );
+        for i in 0..=admitted {
+            let r = http(app.http, "POST", "/json", &body).await;
+            let expected = if i < admitted { 200 } else { 429 };
+            assert_eq!(r.status, expected, "{key} call {i}: {}", r.body);
+        }
+    }
 }

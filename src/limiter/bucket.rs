@@ -25,8 +25,8 @@
 //! client's Retry-After needs. Both are rounded up to whole seconds, at least 1. A peek (0
 //! hits) is over exactly when a single hit would be refused.
 
-use super::{Algorithm, Quota};
 use super::fixed_window::Decision;
+use super::{Algorithm, Quota};
 
 pub const EMPTY: u64 = 0;
 
@@ -40,7 +40,9 @@ fn emission_interval(quota: &Quota) -> Option<u128> {
 }
 
 fn secs_ceil(ns: u128) -> u64 {
-    u64::try_from(ns.div_ceil(1_000_000_000)).unwrap_or(u64::MAX).max(1)
+    u64::try_from(ns.div_ceil(1_000_000_000))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// Whether a bucket is at rest at `now_ns` (so a store may drop it).
@@ -75,11 +77,7 @@ pub fn decide(state: u64, now_ns: u64, quota: &Quota, hits: u64) -> (Decision, u
         };
         (burst * t, after)
     } else {
-        let capacity = u128::from(
-            quota
-                .burst
-                .map_or(quota.requests_per_unit, |b| b.get()),
-        );
+        let capacity = u128::from(quota.burst.map_or(quota.requests_per_unit, |b| b.get()));
         (capacity * t, tat.max(now) + n * t)
     };
     // A peek asks whether one more hit would pass.
@@ -128,6 +126,19 @@ pub fn decide(state: u64, now_ns: u64, quota: &Quota, hits: u64) -> (Decision, u
     (decision, u64::try_from(new_tat).unwrap_or(u64::MAX))
 }
 
+/// Gives back `hits` admitted earlier (for a request that another limit refused): moves the
+/// arrival time back by `hits` emission intervals. For both buckets the result decides every
+/// later call exactly as the state before the admission would have.
+pub fn refund(state: u64, quota: &Quota, hits: u64) -> u64 {
+    match emission_interval(quota) {
+        None => state,
+        Some(t) => {
+            let back = u128::from(state).saturating_sub(u128::from(hits) * t);
+            u64::try_from(back).unwrap_or(u64::MAX)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
@@ -164,7 +175,7 @@ mod tests {
         // 10/s with a bucket of 20: 20 at once, then one per 100 ms.
         let q = quota(Algorithm::TokenBucket, 10, Unit::Second, Some(20));
         let now = 100 * S;
-        let burst = run(&q, &vec![(now, 1); 21]);
+        let burst = run(&q, &[(now, 1); 21]);
         assert_eq!(burst.iter().filter(|a| **a).count(), 20);
         let mut s = EMPTY;
         for _ in 0..20 {
@@ -185,7 +196,7 @@ mod tests {
     #[test]
     fn token_bucket_capacity_defaults_to_the_rate() {
         let q = quota(Algorithm::TokenBucket, 5, Unit::Minute, None);
-        let admitted = run(&q, &vec![(7 * S, 1); 9]);
+        let admitted = run(&q, &[(7 * S, 1); 9]);
         assert_eq!(admitted.iter().filter(|a| **a).count(), 5);
     }
 
@@ -194,11 +205,24 @@ mod tests {
         // nginx `rate=2r/s burst=3 nodelay`: 4 at once, then one per 500 ms.
         let q = quota(Algorithm::LeakyBucket, 2, Unit::Second, Some(3));
         let now = 50 * S;
-        let a = run(&q, &vec![(now, 1); 6]);
+        let a = run(&q, &[(now, 1); 6]);
         assert_eq!(a, [true, true, true, true, false, false]);
         let no_burst = quota(Algorithm::LeakyBucket, 2, Unit::Second, None);
         let a = run(&no_burst, &[(now, 1), (now, 1), (now + S / 2, 1)]);
         assert_eq!(a, [true, false, true]);
+    }
+
+    #[test]
+    fn a_refund_undoes_an_admission() {
+        for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            let q = quota(algorithm, 2, Unit::Second, Some(2));
+            let (_, before) = decide(EMPTY, 10 * S, &q, 1);
+            let (d, after) = decide(before, 10 * S, &q, 1);
+            assert!(!d.over);
+            let back = refund(after, &q, 1);
+            let expect = decide(before, 10 * S, &q, 1).0;
+            assert_eq!(decide(back, 10 * S, &q, 1).0, expect, "{algorithm:?}");
+        }
     }
 
     #[test]

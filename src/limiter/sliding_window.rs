@@ -40,7 +40,9 @@ fn unpack(state: u128) -> (u128, u128, u128) {
 }
 
 fn pack(tag: u128, current: u128, previous: u128) -> u128 {
-    ((tag & TAG_MASK) << TAG_SHIFT) | (current.min(COUNT_MASK) << COUNT_BITS) | previous.min(COUNT_MASK)
+    ((tag & TAG_MASK) << TAG_SHIFT)
+        | (current.min(COUNT_MASK) << COUNT_BITS)
+        | previous.min(COUNT_MASK)
 }
 
 /// The (current, previous) counts as seen from window `index` (older windows count as 0).
@@ -64,13 +66,7 @@ pub fn is_stale(state: u128, now_micros: u64, unit: Unit) -> bool {
 }
 
 /// Applies `hits` at `now_micros` against `limit` per `unit`.
-pub fn decide(
-    state: u128,
-    now_micros: u64,
-    unit: Unit,
-    limit: u32,
-    hits: u64,
-) -> (Decision, u128) {
+pub fn decide(state: u128, now_micros: u64, unit: Unit, limit: u32, hits: u64) -> (Decision, u128) {
     let unit_us = u128::from(unit.secs()) * 1_000_000;
     let index = now_micros / 1_000_000 / unit.secs();
     let elapsed_us = u128::from(now_micros) - u128::from(index) * unit_us;
@@ -101,6 +97,17 @@ pub fn decide(
         reset_after_secs: unit.secs() - (now_micros / 1_000_000) % unit.secs(),
     };
     (decision, pack(u128::from(index), current_after, previous))
+}
+
+/// Gives back `hits` admitted earlier in the window containing `now_micros` (for a request
+/// that another limit refused). Hits of an earlier window are not given back.
+pub fn refund(state: u128, now_micros: u64, unit: Unit, hits: u64) -> u128 {
+    let index = now_micros / 1_000_000 / unit.secs();
+    let (tag, current, previous) = unpack(state);
+    if tag != u128::from(index) & TAG_MASK {
+        return state;
+    }
+    pack(tag, current.saturating_sub(u128::from(hits)), previous)
 }
 
 #[cfg(test)]
@@ -142,6 +149,14 @@ mod tests {
         assert_eq!(admitted, 10);
         let (_, current, _) = unpack(s);
         assert_eq!(current, 10);
+    }
+
+    #[test]
+    fn a_refund_gives_back_hits_of_the_current_window_only() {
+        let (_, s) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4);
+        let back = refund(s, 2_000_000, Unit::Minute, 3);
+        assert_eq!(decide(back, 2_000_000, Unit::Minute, 10, 0).0.remaining, 9);
+        assert_eq!(refund(s, MIN + 1, Unit::Minute, 3), s);
     }
 
     #[test]

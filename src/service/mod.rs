@@ -11,8 +11,8 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::config::{Block, ConfigHandle, Limit, Rule};
 use crate::descriptor::{Entry, Request};
-use crate::limiter::{Quota, Unit};
 use crate::limiter::fixed_window::Decision;
+use crate::limiter::{Algorithm, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
 
 /// A descriptor's or the request's verdict.
@@ -332,7 +332,11 @@ impl<S: CounterStore> RateLimitService<S> {
                         overridden: Some(Quota::fixed(o.requests_per_unit, o.unit)),
                     };
                     let shared = Vec::new();
-                    return Plan::Counted { limit, shared, hits };
+                    return Plan::Counted {
+                        limit,
+                        shared,
+                        hits,
+                    };
                 }
                 let Some(m) = domain.lookup(&d.entries) else {
                     return Plan::Pass;
@@ -422,6 +426,31 @@ impl<S: CounterStore> RateLimitService<S> {
                 got: decisions.len(),
             }
             .into());
+        }
+
+        // A descriptor with several limits is refused as a whole when one of them refuses:
+        // the limits that admitted it give the hits back (fixed windows excepted, which count
+        // every hit as the Go service does), so a refused request consumes nothing.
+        let mut refunds = Vec::new();
+        let mut at = 0;
+        for plan in &plans {
+            if let Plan::Counted { limit, .. } = plan {
+                let n = limit.quotas().count();
+                let own = &decisions[at..at + n];
+                if n > 1 && own.iter().any(|d| d.over) {
+                    refunds.extend(
+                        hits[at..at + n]
+                            .iter()
+                            .zip(own)
+                            .filter(|(h, d)| !d.over && h.quota.algorithm != Algorithm::FixedWindow)
+                            .map(|(h, _)| *h),
+                    );
+                }
+                at += n;
+            }
+        }
+        if !refunds.is_empty() {
+            self.store.refund(self.clock.now(), &refunds).await?;
         }
 
         let mut decisions = decisions.iter();
@@ -549,12 +578,17 @@ fn merge_first_wins(
 /// One descriptor's status from its quotas' decisions (taken from `decisions` in order): the
 /// most restrictive one is reported, the first over-limit quota if any, else the one with the
 /// least remaining.
-fn counted_status<'d>(limit: &Counted<'_>, decisions: &mut impl Iterator<Item = &'d Decision>) -> Status {
+fn counted_status<'d>(
+    limit: &Counted<'_>,
+    decisions: &mut impl Iterator<Item = &'d Decision>,
+) -> Status {
     let mut chosen: Option<(Quota, &str, &Decision)> = None;
     for ((quota, name), d) in limit.quotas().zip(decisions) {
         let better = match chosen {
             None => true,
-            Some((_, _, c)) => (d.over && !c.over) || (d.over == c.over && !c.over && d.remaining < c.remaining),
+            Some((_, _, c)) => {
+                (d.over && !c.over) || (d.over == c.over && !c.over && d.remaining < c.remaining)
+            }
         };
         if better {
             chosen = Some((quota, name, d));

@@ -51,6 +51,16 @@ descriptors:
   - key: team
     metadata: {tier: {name: silver, extra: x}, owner: b}
     rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+  - key: lb
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: leaky_bucket, burst: 3}
+  - key: sw
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
+  - key: multi
+    rate_limits:
+      - {unit: second, requests_per_unit: 2, name: per_second}
+      - {unit: minute, requests_per_unit: 5, name: per_minute, algorithm: sliding_window}
   - key: parent
     value: p
     descriptors:
@@ -583,4 +593,154 @@ async fn dynamic_metadata_echoes_the_request_and_merges_metadata_of_passing_limi
         serde_json::json!({"tier": {"name": "silver", "extra": "x"}, "owner": "b"})
     );
     assert_eq!(harness().one(&[("team", "t")]).await.dynamic_metadata, None);
+}
+
+#[tokio::test]
+async fn token_bucket_bursts_then_refills() {
+    let h = harness();
+    for i in 0..20u32 {
+        let r = h.one(&[("tb", "a")]).await;
+        assert_eq!(r.statuses[0].code, Code::Ok, "call {i}");
+        assert_eq!(r.statuses[0].limit_remaining, 19 - i);
+    }
+    let r = h.one(&[("tb", "a")]).await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(r.statuses[0].duration_until_reset_secs, Some(1));
+    // 10/s: one token back every 100 ms; rejected calls took none.
+    h.clock
+        .set(Timestamp::from_micros(2222 * 1_000_000 + 100_000));
+    assert_eq!(h.one(&[("tb", "a")]).await.statuses[0].code, Code::Ok);
+    assert_eq!(
+        h.one(&[("tb", "a")]).await.statuses[0].code,
+        Code::OverLimit
+    );
+}
+
+#[tokio::test]
+async fn leaky_bucket_follows_nginx_limit_req() {
+    let h = harness();
+    // rate=2r/s burst=3: four at once, then one per 500 ms.
+    let admitted = |r: &Response| r.statuses[0].code == Code::Ok;
+    let mut first = Vec::new();
+    for _ in 0..5 {
+        first.push(admitted(&h.one(&[("lb", "a")]).await));
+    }
+    assert_eq!(first, [true, true, true, true, false]);
+    h.clock
+        .set(Timestamp::from_micros(2222 * 1_000_000 + 500_000));
+    assert!(admitted(&h.one(&[("lb", "a")]).await));
+    assert!(!admitted(&h.one(&[("lb", "a")]).await));
+}
+
+#[tokio::test]
+async fn sliding_window_weighs_the_previous_window() {
+    let h = harness();
+    for _ in 0..10 {
+        assert_eq!(h.one(&[("sw", "a")]).await.statuses[0].code, Code::Ok);
+    }
+    assert_eq!(
+        h.one(&[("sw", "a")]).await.statuses[0].code,
+        Code::OverLimit
+    );
+    // 30 s into the next minute, half of the previous 10 still count: 5 more fit.
+    h.clock.set(Timestamp::from_secs(2280 + 30));
+    for _ in 0..5 {
+        assert_eq!(h.one(&[("sw", "a")]).await.statuses[0].code, Code::Ok);
+    }
+    assert_eq!(
+        h.one(&[("sw", "a")]).await.statuses[0].code,
+        Code::OverLimit
+    );
+}
+
+#[tokio::test]
+async fn every_limit_of_a_multi_limit_descriptor_is_enforced() {
+    let h = harness();
+    let call = || h.one(&[("multi", "m")]);
+    let name = |r: &Response| r.statuses[0].current_limit.as_ref().unwrap().name.clone();
+    // Second 1: two pass; the per-second limit (remaining 0) is the most restrictive.
+    let r = call().await;
+    assert_eq!(
+        (r.statuses[0].limit_remaining, name(&r)),
+        (1, "per_second".into())
+    );
+    assert_eq!(call().await.statuses[0].code, Code::Ok);
+    let r = call().await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(name(&r), "per_second");
+    // Seconds 2 and 3: the per-minute sliding limit (5) runs out first.
+    h.clock.advance_secs(1);
+    assert_eq!(call().await.statuses[0].code, Code::Ok);
+    assert_eq!(call().await.statuses[0].code, Code::Ok);
+    h.clock.advance_secs(1);
+    let r = call().await;
+    assert_eq!(r.statuses[0].code, Code::Ok);
+    assert_eq!(
+        (r.statuses[0].limit_remaining, name(&r)),
+        (0, "per_minute".into())
+    );
+    let r = call().await;
+    assert_eq!(r.statuses[0].code, Code::OverLimit);
+    assert_eq!(name(&r), "per_minute");
+    assert_eq!(
+        r.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        5
+    );
+}
+
+mod multi_limit_property {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MULTI: &str = r#"
+domain: p
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 3}
+      - {unit: minute, requests_per_unit: 10, algorithm: sliding_window}
+      - {unit: minute, requests_per_unit: 12, algorithm: token_bucket, burst: 4}
+"#;
+
+    proptest! {
+        /// A multi-limit descriptor never admits more than any one of its limits allows.
+        #[test]
+        fn never_exceeds_any_limit(gaps_ms in proptest::collection::vec(0u64..900, 1..150)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let cfg = parse_files(&[("p.yaml".into(), MULTI.into())], &LoadOptions::default()).unwrap();
+            let clock = ManualClock::new(Timestamp::from_secs(6000));
+            let service = RateLimitService::new(
+                ConfigHandle::new(Some(cfg)),
+                Arc::new(MemoryStore::new(100)),
+                Arc::new(clock.clone()),
+                ServiceOptions::default(),
+            );
+            let mut now_us = 6000 * 1_000_000u64;
+            let mut admitted = Vec::new();
+            for gap in gaps_ms {
+                now_us += gap * 1_000;
+                clock.set(Timestamp::from_micros(now_us));
+                let r = rt.block_on(service.should_rate_limit(req("p", vec![desc(&[("k", "v")])]))).unwrap();
+                if r.overall_code == Code::Ok {
+                    admitted.push(now_us);
+                }
+            }
+            for &t in &admitted {
+                let in_second = admitted.iter().filter(|&&a| a / 1_000_000 == t / 1_000_000).count();
+                prop_assert!(in_second <= 3);
+                let in_minute = admitted.iter().filter(|&&a| a / 60_000_000 == t / 60_000_000).count();
+                prop_assert!(in_minute <= 10);
+                // Token bucket: at most 4 + 12/min * span in any interval starting at t.
+                let mut n = 0u64;
+                for &a in admitted.iter().filter(|&&a| a >= t) {
+                    n += 1;
+                    prop_assert!(n * 5_000_000 <= 4 * 5_000_000 + (a - t), "{n} in {}us", a - t);
+                }
+            }
+        }
+    }
 }

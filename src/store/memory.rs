@@ -188,17 +188,27 @@ impl MemoryStore {
         for hit in hits {
             let q = hit.quota;
             let decision = match q.algorithm {
-                Algorithm::FixedWindow => {
-                    inner.apply_in(&inner.fixed[q.unit.index()], hit.key, &mut used, reserved, |s| {
-                        fixed_window::decide(s, now.secs(), q.unit, q.requests_per_unit, hit.hits)
-                    })
-                }
+                Algorithm::FixedWindow => inner.apply_in(
+                    &inner.fixed[q.unit.index()],
+                    hit.key,
+                    &mut used,
+                    reserved,
+                    |s| fixed_window::decide(s, now.secs(), q.unit, q.requests_per_unit, hit.hits),
+                ),
                 Algorithm::SlidingWindow => inner.apply_in(
                     &inner.sliding[q.unit.index()],
                     hit.key,
                     &mut used,
                     reserved,
-                    |s| sliding_window::decide(s, now.micros(), q.unit, q.requests_per_unit, hit.hits),
+                    |s| {
+                        sliding_window::decide(
+                            s,
+                            now.micros(),
+                            q.unit,
+                            q.requests_per_unit,
+                            hit.hits,
+                        )
+                    },
                 ),
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                     let now_ns = now.micros().saturating_mul(1_000);
@@ -306,7 +316,56 @@ fn retain<W: StateWord>(table: &Table<W>, keep: impl Fn(W::Raw) -> bool) -> usiz
     removed
 }
 
+impl MemoryStore {
+    fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>]) {
+        let inner = &*self.inner;
+        for hit in hits {
+            let q = hit.quota;
+            // A counter swept in between has nothing left to give back.
+            match q.algorithm {
+                Algorithm::FixedWindow => {}
+                Algorithm::SlidingWindow => {
+                    if let Some(word) = inner.sliding[q.unit.index()].get(hit.key) {
+                        update(&*word, |s| {
+                            sliding_window::refund(s, now.micros(), q.unit, hit.hits)
+                        });
+                    }
+                }
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                    if let Some(word) = inner.buckets.get(hit.key) {
+                        update(&*word, |s| bucket::refund(s, &q, hit.hits));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A compare-and-swap loop for a state change that decides nothing.
+fn update<W: StateWord>(word: &W, step: impl Fn(W::Raw) -> W::Raw) {
+    let mut state = word.load();
+    loop {
+        let new_state = step(state);
+        if new_state == state {
+            return;
+        }
+        match word.swap_if(state, new_state) {
+            Ok(()) => return,
+            Err(actual) => state = actual,
+        }
+    }
+}
+
 impl CounterStore for MemoryStore {
+    fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.refund_now(now, hits);
+        std::future::ready(Ok(()))
+    }
+
     fn apply<'a>(
         &'a self,
         now: Timestamp,
@@ -352,7 +411,12 @@ mod tests {
     #[test]
     fn counts_per_key_unit_and_algorithm() {
         let store = MemoryStore::new(100);
-        let d = apply(&store, 1234, &[hit("a_", 2, 1), hit("b_", 2, 1), hit("a_", 2, 1)]).unwrap();
+        let d = apply(
+            &store,
+            1234,
+            &[hit("a_", 2, 1), hit("b_", 2, 1), hit("a_", 2, 1)],
+        )
+        .unwrap();
         assert_eq!(
             d.iter().map(|d| d.count_after).collect::<Vec<_>>(),
             vec![1, 1, 2]
@@ -370,7 +434,10 @@ mod tests {
         .unwrap();
         assert!(d.iter().all(|d| !d.over && d.remaining == 1), "{d:?}");
         assert_eq!(store.live_counters(), 5);
-        assert_eq!(store.count("a_", Unit::Minute, Timestamp::from_secs(1234)), 2);
+        assert_eq!(
+            store.count("a_", Unit::Minute, Timestamp::from_secs(1234)),
+            2
+        );
     }
 
     #[test]
@@ -385,16 +452,17 @@ mod tests {
                     burst: NonZeroU32::new(10),
                     ..with(hit("bucket", 5, 1), Algorithm::TokenBucket, Unit::Minute).quota
                 },
-                ..hit("bucket", 5, 1)
+                ..hit("bucket", 5, 3)
             },
         ];
         apply(&store, 1234, &hits).unwrap();
         assert_eq!(store.sweep(Timestamp::from_secs(1259)), 0);
-        // 1260: a new minute (the fixed minute counter is done; the sliding one still weighs
-        // its previous window; the bucket, 5/min, refills one token in 12 s: at rest).
-        assert_eq!(store.sweep(Timestamp::from_secs(1260)), 2);
-        // 1320: the sliding counter's window is two minutes old.
-        assert_eq!(store.sweep(Timestamp::from_secs(1320)), 1);
+        // 1260: a new minute. The fixed minute counter is done; the sliding one still weighs
+        // its previous window; the bucket (5/min: a token per 12 s, 3 taken at 1234) is back
+        // at rest only at 1270.
+        assert_eq!(store.sweep(Timestamp::from_secs(1260)), 1);
+        // 1320: the sliding counter's window is two minutes old, and the bucket is at rest.
+        assert_eq!(store.sweep(Timestamp::from_secs(1320)), 2);
         assert_eq!(store.live_counters(), 1);
         assert_eq!(store.stats().swept.load(Ordering::Relaxed), 3);
     }
@@ -409,7 +477,10 @@ mod tests {
         assert_eq!(store.count("a", Unit::Minute, Timestamp::from_secs(0)), 1);
         assert_eq!(store.stats().rejected_full.load(Ordering::Relaxed), 1);
         // Existing counters still work.
-        assert_eq!(apply(&store, 0, &[hit("a", 5, 1)]).unwrap()[0].count_after, 2);
+        assert_eq!(
+            apply(&store, 0, &[hit("a", 5, 1)]).unwrap()[0].count_after,
+            2
+        );
         // Once the window passes, the sweeper frees room.
         store.sweep(Timestamp::from_secs(60));
         assert!(apply(&store, 60, &[hit("c", 5, 1)]).is_ok());
@@ -439,7 +510,11 @@ mod tests {
                 t.join().unwrap();
             }
             // The leaky bucket lets burst + 1 through at once (nginx); burst is 0 here.
-            let expected = if algorithm == Algorithm::LeakyBucket { 1 } else { 1000 };
+            let expected = if algorithm == Algorithm::LeakyBucket {
+                1
+            } else {
+                1000
+            };
             assert_eq!(admitted.load(Ordering::Relaxed), expected, "{algorithm:?}");
         }
     }

@@ -9,8 +9,8 @@ pub mod memory;
 use std::future::Future;
 
 use crate::clock::Timestamp;
-use crate::limiter::{Quota, Unit};
 use crate::limiter::fixed_window::Decision;
+use crate::limiter::{Quota, Unit};
 
 pub use memory::MemoryStore;
 
@@ -69,6 +69,15 @@ pub trait CounterStore: Send + Sync + 'static {
         now: Timestamp,
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Gives back hits that [`CounterStore::apply`] admitted, for a request that one of its
+    /// other limits refused, so that refused requests consume nothing. Fixed windows are not
+    /// refunded: envoyproxy/ratelimit counts every hit, and so does Sluice for them.
+    fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 }
 
