@@ -1,4 +1,5 @@
-//! The HTTP adapter on PORT: `/json` (proto3 JSON in and out) and `/healthcheck`.
+//! The HTTP adapter on PORT: `/json` (proto3 JSON in and out), `/healthcheck`, and nginx's
+//! `auth_request` endpoint `/nginx` (in [`super::nginx`]).
 //!
 //! `/json` answers as envoyproxy/ratelimit does: 200 for OK, 429 for OVER_LIMIT, and 400 for a
 //! bad body or any service error (including backend errors). The 400 body starts with the Go
@@ -31,6 +32,7 @@ pub fn router<S: CounterStore>(
     health: Arc<Health>,
     max_request_bytes: usize,
 ) -> Router {
+    let nginx = super::nginx::router(service.clone());
     let state = Arc::new(HttpState {
         service,
         health,
@@ -40,6 +42,7 @@ pub fn router<S: CounterStore>(
         .route("/json", any(json::<S>))
         .route("/healthcheck", any(healthcheck::<S>))
         .with_state(state)
+        .merge(nginx)
 }
 
 fn bad_request(reason: impl std::fmt::Display) -> Response {

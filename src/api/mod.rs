@@ -3,7 +3,8 @@
 //! mapped to gRPC and HTTP statuses here and nowhere else.
 //!
 //! - [`grpc`]: `envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`.
-//! - [`http`]: `/json` and `/healthcheck` on PORT.
+//! - [`http`]: `/json`, `/healthcheck` and `/nginx` on PORT.
+//! - [`nginx`]: the `auth_request` endpoint: headers in, 200/403 with `RateLimit-*` out.
 //! - [`debug`]: `/rlconfig` on DEBUG_PORT.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
 
@@ -13,3 +14,4 @@ pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod json;
+pub mod nginx;
