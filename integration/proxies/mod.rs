@@ -1,0 +1,449 @@
+//! Shared by the proxy tests (`nginx.rs`, `envoy.rs`): the real `sluice` binary, a counting
+//! upstream, a small HTTP client, example templating, and finding the proxy binaries.
+//!
+//! Everything listens on 127.0.0.1 on free ports; every process is killed when its guard
+//! drops (and its log printed if the test is failing); every wait is bounded.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// Whether this is a CI run, where a missing proxy is a failure rather than a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// The proxy binary: `$env_var` if set, else the first existing candidate, else the first
+/// match on PATH. When none is found: under CI a test failure saying how to install it,
+/// elsewhere a loud SKIPPED line on stderr and `None`.
+pub fn locate(
+    env_var: &str,
+    candidates: &[PathBuf],
+    on_path: &str,
+    install: &str,
+) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(env_var).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "{env_var}={} does not exist", p.display());
+        return Some(p);
+    }
+    let from_path = std::env::var_os("PATH")
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(on_path))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    if let Some(found) = candidates.iter().chain(&from_path).find(|p| p.is_file()) {
+        return Some(found.clone());
+    }
+    let message = format!(
+        "{on_path} not found (set {env_var}, or install it: {install}; `bash scripts/test.sh` does)"
+    );
+    if in_ci() {
+        panic!("{message}");
+    }
+    eprintln!("\n*** SKIPPED: {message} ***\n");
+    None
+}
+
+/// Replaces every `${NAME}` of `vars` in an example; fails if a placeholder is left.
+pub fn fill(template: &str, vars: &[(&str, String)]) -> String {
+    let mut text = template.to_string();
+    for (name, value) in vars {
+        let placeholder = format!("${{{name}}}");
+        assert!(
+            text.contains(&placeholder),
+            "{placeholder} is not in the example"
+        );
+        text = text.replace(&placeholder, value);
+    }
+    for (at, _) in text.match_indices("${") {
+        let name: String = text[at + 2..]
+            .chars()
+            .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+            .collect();
+        assert!(
+            name.is_empty() || !text[at + 2 + name.len()..].starts_with('}'),
+            "unfilled placeholder in the example: ${{{name}}}"
+        );
+    }
+    text
+}
+
+/// A child process killed on drop. Its stdout and stderr go to `log`, printed when a test
+/// fails while the guard is alive.
+pub struct Proc {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    /// Asks the process to stop (nginx's master must be told, or its workers outlive it).
+    graceful_stop: Option<Command>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Proc {
+        let out = std::fs::File::create(&log).expect("create log file");
+        cmd.stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc {
+            name: name.to_string(),
+            child: Some(child),
+            log,
+            graceful_stop: None,
+        }
+    }
+
+    /// Runs `cmd` on stop and waits up to 5 s for the process to exit before killing it.
+    pub fn with_graceful_stop(mut self, cmd: Command) -> Proc {
+        self.graceful_stop = Some(cmd);
+        self
+    }
+
+    /// Panics if the process has exited (with its log), so a failed start is not a timeout.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+            panic!(
+                "{} exited with {status}:\n{}",
+                self.name,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+
+    pub fn stop(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        if let Some(mut cmd) = self.graceful_stop.take() {
+            let _ = cmd
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(5) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail = &log[log.len().saturating_sub(6000)..];
+            eprintln!("--- {} log ({}) ---\n{tail}", self.name, self.log.display());
+        }
+    }
+}
+
+/// The real `sluice` binary on free ports.
+pub struct Sluice {
+    pub proc: Proc,
+    pub http: u16,
+    pub grpc: u16,
+}
+
+impl Sluice {
+    pub fn start(config: &Path, dir: &Path) -> Sluice {
+        let (http, grpc, debug) = (free_port(), free_port(), free_port());
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        for v in [
+            "REDIS_URL",
+            "BACKEND_TYPE",
+            "RUNTIME_ROOT",
+            "SLUICE_CONFIG",
+            "LOG_LEVEL",
+        ] {
+            c.env_remove(v);
+        }
+        c.arg("--config")
+            .arg(config)
+            .env("HOST", "127.0.0.1")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("DEBUG_HOST", "127.0.0.1")
+            .env("PORT", http.to_string())
+            .env("GRPC_PORT", grpc.to_string())
+            .env("DEBUG_PORT", debug.to_string())
+            .env("LOG_LEVEL", "info")
+            .env("NO_COLOR", "1");
+        let mut proc = Proc::spawn("sluice", c, dir.join("sluice.log"));
+        wait_for("Sluice's /healthcheck", Duration::from_secs(20), || {
+            proc.assert_running();
+            try_get(http, "/healthcheck", &[]).is_some_and(|a| a.status == 200)
+        });
+        Sluice { proc, http, grpc }
+    }
+}
+
+/// An HTTP/1.1 upstream that answers 200 `upstream` to everything and counts requests.
+pub struct Upstream {
+    pub port: u16,
+    hits: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Upstream {
+    pub fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, s) = (hits.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let h = h.clone();
+                std::thread::spawn(move || serve(conn, &h));
+            }
+        });
+        Upstream {
+            port,
+            hits,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+/// Keep-alive HTTP/1.1 (Envoy reuses connections): one answer per request until EOF.
+fn serve(conn: TcpStream, hits: &AtomicUsize) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut writer = conn.try_clone().unwrap();
+    let mut reader = BufReader::new(conn);
+    loop {
+        let mut content_length = 0usize;
+        let mut close = false;
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let http10 = line.trim_end().ends_with("HTTP/1.0");
+        loop {
+            let mut h = String::new();
+            match reader.read_line(&mut h) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let lower = h.to_ascii_lowercase();
+            if let Some(v) = lower.strip_prefix("content-length:") {
+                content_length = v.trim().parse().unwrap_or(0);
+            }
+            if lower.starts_with("connection:") && lower.contains("close") {
+                close = true;
+            }
+        }
+        let mut body = vec![0; content_length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        hits.fetch_add(1, Ordering::SeqCst);
+        let answer =
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nupstream\n";
+        if writer.write_all(answer.as_bytes()).is_err() || close || http10 {
+            return;
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    /// Names lower-cased.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// One GET with `Connection: close`, or `None` if nothing answered within 10 s.
+pub fn try_get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some(Answer {
+        status,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Answer {
+    try_get(port, path, headers).unwrap_or_else(|| panic!("no answer from 127.0.0.1:{port}{path}"))
+}
+
+/// The examples limit per minute in epoch-aligned windows: make sure at least 20 s of the
+/// current minute remain, so a scenario of a few requests never straddles two windows.
+pub fn fresh_window() {
+    let into = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        % 60.0;
+    if into > 40.0 {
+        std::thread::sleep(Duration::from_secs_f64(60.0 - into + 0.2));
+    }
+}
+
+/// The response headers a proxy puts on answers: nginx copies Sluice's `RateLimit-*` (and
+/// `Retry-After` when refused); Envoy writes its own `x-ratelimit-*`.
+pub struct HeaderNames {
+    pub limit: &'static str,
+    pub remaining: &'static str,
+    pub reset: &'static str,
+    /// Only nginx's example sends it.
+    pub retry_after: Option<&'static str>,
+}
+
+/// Both examples' scenario (10 a minute per address, 3 a minute per API key, every request
+/// from 127.0.0.1): requests up to each limit reach the upstream, the next is 429 with the
+/// headers, and API keys are counted apart while the address counts them all.
+pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &HeaderNames) {
+    fresh_window();
+    let start = upstream.hits();
+    let limit_of = |a: &Answer| -> u32 {
+        let v = a
+            .header(names.limit)
+            .unwrap_or_else(|| panic!("no {} in {a:#?}", names.limit));
+        // Envoy's draft-03 value is "3, 3;w=60"; nginx's is "3".
+        v.split(',').next().unwrap().trim().parse().unwrap()
+    };
+    let number = |a: &Answer, name: &str| -> u64 {
+        a.header(name)
+            .unwrap_or_else(|| panic!("no {name} in {a:#?}"))
+            .parse()
+            .unwrap()
+    };
+
+    // Key A: 3 pass, the 4th is refused. Key B: 3 pass. (Address: 7 of 10.)
+    for key in ["key-a", "key-b"] {
+        for remaining in [2, 1, 0] {
+            let a = get(port, "/some/path?x=1", &[("X-Api-Key", key)]);
+            assert_eq!(a.status, 200, "{key}: {a:#?}");
+            assert_eq!(a.body, "upstream\n", "{a:#?}");
+            assert_eq!(limit_of(&a), 3, "{a:#?}");
+            assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
+        }
+        if key == "key-a" {
+            let before = upstream.hits();
+            let a = get(port, "/some/path", &[("X-Api-Key", key)]);
+            assert_eq!(a.status, 429, "{a:#?}");
+            assert_eq!(
+                upstream.hits(),
+                before,
+                "a refused request reached the upstream"
+            );
+            assert_eq!(limit_of(&a), 3, "{a:#?}");
+            assert_eq!(number(&a, names.remaining), 0, "{a:#?}");
+            let reset = number(&a, names.reset);
+            assert!((1..=60).contains(&reset), "{a:#?}");
+            if let Some(retry_after) = names.retry_after {
+                assert_eq!(number(&a, retry_after), reset, "{a:#?}");
+            }
+        }
+    }
+    assert_eq!(upstream.hits() - start, 6);
+
+    // No key: only the address counts, 3 more pass, then 429 for the address's limit.
+    for remaining in [2, 1, 0] {
+        let a = get(port, "/", &[]);
+        assert_eq!(a.status, 200, "{a:#?}");
+        assert_eq!(limit_of(&a), 10, "{a:#?}");
+        assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
+    }
+    let a = get(port, "/", &[]);
+    assert_eq!(a.status, 429, "{a:#?}");
+    assert_eq!(limit_of(&a), 10, "{a:#?}");
+    assert_eq!(number(&a, names.remaining), 0, "{a:#?}");
+    // A fresh key does not help an address that is over.
+    let a = get(port, "/", &[("X-Api-Key", "key-c")]);
+    assert_eq!(a.status, 429, "{a:#?}");
+    assert_eq!(upstream.hits() - start, 9);
+}
