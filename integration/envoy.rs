@@ -104,6 +104,8 @@ fn envoy_example_limits_by_address_and_api_key_and_fails_closed() {
             remaining: "x-ratelimit-remaining",
             reset: "x-ratelimit-reset",
             retry_after: None,
+            limit_with_window: true,
+            refused_marker: Some(("x-envoy-ratelimited", "true")),
         },
     );
 

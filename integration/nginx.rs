@@ -85,6 +85,8 @@ fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
             remaining: "ratelimit-remaining",
             reset: "ratelimit-reset",
             retry_after: Some("retry-after"),
+            limit_with_window: false,
+            refused_marker: None,
         },
     );
 

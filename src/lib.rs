@@ -9,7 +9,8 @@
 //!
 //! - [`settings`]: CLI flags and envoyproxy/ratelimit's environment variables, validated once.
 //! - [`app`]: wiring; listeners are passed in.
-//! - [`api`]: adapters only (gRPC, `/json`, health, debug); errors become statuses here.
+//! - [`api`]: adapters only (gRPC, `/json`, nginx `auth_request`, health, debug); errors become
+//!   statuses here.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
 //! - [`config`]: YAML -> validated model -> compiled lookup table; reload.
 //! - [`service`]: envoyproxy/ratelimit's decision semantics over a store.

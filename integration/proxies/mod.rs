@@ -380,6 +380,11 @@ pub struct HeaderNames {
     pub reset: &'static str,
     /// Only nginx's example sends it.
     pub retry_after: Option<&'static str>,
+    /// Envoy's draft-03 limit header lists every descriptor's policy after the smallest
+    /// limit: `3, 10;w=60, 3;w=60;name="per_api_key"`.
+    pub limit_with_window: bool,
+    /// A header only refused answers carry (Envoy's `x-envoy-ratelimited: true`).
+    pub refused_marker: Option<(&'static str, &'static str)>,
 }
 
 /// Both examples' scenario (10 a minute per address, 3 a minute per API key, every request
@@ -392,8 +397,12 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
         let v = a
             .header(names.limit)
             .unwrap_or_else(|| panic!("no {} in {a:#?}", names.limit));
-        // Envoy's draft-03 value is "3, 3;w=60"; nginx's is "3".
-        v.split(',').next().unwrap().trim().parse().unwrap()
+        // Envoy's draft-03 value is "3, 10;w=60, 3;w=60;name=..."; nginx's is "3".
+        let n = v.split(',').next().unwrap().trim();
+        if names.limit_with_window {
+            assert!(v.contains(&format!(", {n};w=60")), "{a:#?}");
+        }
+        n.parse().unwrap()
     };
     let number = |a: &Answer, name: &str| -> u64 {
         a.header(name)
@@ -426,6 +435,9 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
             assert!((1..=60).contains(&reset), "{a:#?}");
             if let Some(retry_after) = names.retry_after {
                 assert_eq!(number(&a, retry_after), reset, "{a:#?}");
+            }
+            if let Some((name, value)) = names.refused_marker {
+                assert_eq!(a.header(name), Some(value), "{a:#?}");
             }
         }
     }
