@@ -24,6 +24,11 @@ fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    // Run as root, nginx's workers are `nobody`: let them reach their temp directories.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let example = repo().join("examples/nginx");
     let mut sluice = Sluice::start(&example.join("sluice.yaml"), dir.path());
     let upstream = Upstream::start();
