@@ -30,6 +30,20 @@ use super::{Algorithm, Quota};
 
 pub const EMPTY: u64 = 0;
 
+/// The two numbers a bucket is defined by, in microseconds: the emission interval `T` and how
+/// far ahead of now the arrival time may run (`C*T` for a token bucket, `burst*T` for a leaky
+/// one). `None` for a rate of 0. A store that runs the algorithm elsewhere (a Redis script)
+/// takes them from here so both sides agree.
+pub fn params(quota: &Quota) -> Option<(u64, u64)> {
+    let t = emission_interval(quota)?;
+    let slots = match quota.algorithm {
+        Algorithm::LeakyBucket => quota.burst.map_or(0, |b| b.get()),
+        _ => quota.burst.map_or(quota.requests_per_unit, |b| b.get()),
+    };
+    let clamp = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
+    Some((clamp(t), clamp(u128::from(slots) * t)))
+}
+
 /// Microseconds per hit for `quota`, rounded up; `None` for a rate of 0.
 fn emission_interval(quota: &Quota) -> Option<u128> {
     let unit_us = u128::from(quota.unit.secs()) * 1_000_000;
