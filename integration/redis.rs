@@ -524,3 +524,195 @@ fn http_status(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
     s.read_to_string(&mut raw).ok()?;
     raw.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// Three local redis-server nodes joined by `redis-cli --cluster create`.
+struct Cluster {
+    nodes: Vec<Redis>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<Redis> = (0..3)
+            .map(|_| {
+                let port = free_port();
+                let child = Command::new("redis-server")
+                    .current_dir(dir.path())
+                    .args([
+                        "--port",
+                        &port.to_string(),
+                        "--bind",
+                        "127.0.0.1",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start redis-server");
+                let r = Redis { child, port };
+                r.wait_ready();
+                r
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let start = Instant::now();
+        while !nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "cluster never ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Cluster { nodes, _dir: dir }
+    }
+
+    fn settings(&self) -> RedisSettings {
+        RedisSettings {
+            main: RedisTarget {
+                urls: self
+                    .nodes
+                    .iter()
+                    .map(|n| format!("redis://127.0.0.1:{}", n.port))
+                    .collect(),
+                cluster: true,
+            },
+            ..self.nodes[0].settings(0)
+        }
+    }
+
+    /// GET through cluster redirections.
+    fn get(&self, key: &str) -> String {
+        let out = Command::new("redis-cli")
+            .args([
+                "-c",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.nodes[0].port.to_string(),
+            ])
+            .args(["GET", key])
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+#[tokio::test]
+async fn redis_cluster_counts_every_algorithm_atomically_across_slots() {
+    if !redis_server_available() {
+        return;
+    }
+    let cluster = Cluster::start();
+    let remote = Arc::new(store(&cluster.settings()).await);
+    let memory = MemoryStore::new(1000);
+    let now = Timestamp::from_secs(1234);
+    // Keys spread over the slots of all three nodes, one request with several descriptors.
+    let keys: Vec<String> = (0..12).map(|i| format!("cluster_{i}_")).collect();
+    let algorithms = [
+        quota(Algorithm::FixedWindow, 3, Unit::Minute, None),
+        quota(Algorithm::SlidingWindow, 3, Unit::Minute, None),
+        quota(Algorithm::TokenBucket, 3, Unit::Minute, None),
+        quota(Algorithm::LeakyBucket, 3, Unit::Minute, Some(2)),
+    ];
+    for _ in 0..5 {
+        let hits: Vec<Hit<'_>> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| Hit {
+                key,
+                quota: algorithms[i % 4],
+                hits: 1,
+            })
+            .collect();
+        let a = apply(&memory, now, &hits).await.unwrap();
+        let b = apply(&*remote, now, &hits).await.unwrap();
+        assert_eq!(a, b);
+    }
+    // The fixed-window keys hold the Go service's bytes on whichever node owns them.
+    assert_eq!(cluster.get("cluster_0_1200"), "5");
+    assert_eq!(cluster.get("cluster_4_1200"), "5");
+
+    // Concurrent callers on one key admit exactly the limit.
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            let remote = remote.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..30 {
+                    let h = [Hit {
+                        key: "cluster_hot_",
+                        quota: quota(Algorithm::SlidingWindow, 50, Unit::Hour, None),
+                        hits: 1,
+                    }];
+                    if !apply(&*remote, now, &h).await.unwrap()[0].over {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    assert_eq!(admitted, 50);
+}
+
+#[tokio::test]
+async fn per_second_limits_go_to_their_own_redis() {
+    if !redis_server_available() {
+        return;
+    }
+    let (main, per_second) = (Redis::start(), Redis::start());
+    let mut settings = main.settings(0);
+    settings.per_second = Some(per_second.settings(0).main);
+    let remote = store(&settings).await;
+    let now = Timestamp::from_secs(1234);
+    apply(
+        &remote,
+        now,
+        &[
+            Hit {
+                key: "s_",
+                quota: Quota::fixed(5, Unit::Second),
+                hits: 1,
+            },
+            Hit {
+                key: "m_",
+                quota: Quota::fixed(5, Unit::Minute),
+                hits: 1,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(per_second.cli(&["GET", "s_1234"]), "1");
+    assert_eq!(main.cli(&["GET", "s_1234"]), "");
+    assert_eq!(main.cli(&["GET", "m_1200"]), "1");
+}
