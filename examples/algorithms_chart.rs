@@ -64,7 +64,7 @@ fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
                 d.over
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let (d, s) = bucket::decide(s64, now * 1_000, &quota, 1);
+                let (d, s) = bucket::decide(s64, now, &quota, 1);
                 s64 = s;
                 d.over
             }

@@ -166,9 +166,9 @@ fn a_malformed_setting_stops_start_up_naming_the_variable() {
 }
 
 #[test]
-fn redis_url_without_a_backend_is_refused_rather_than_counting_per_node() {
+fn a_redis_backend_without_an_address_is_refused() {
     let mut c = sluice();
-    c.env("REDIS_URL", "127.0.0.1:6379");
+    c.env("BACKEND_TYPE", "redis");
     let out = run(c);
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);

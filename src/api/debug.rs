@@ -9,19 +9,19 @@ use axum::extract::State;
 use axum::routing::get;
 
 use crate::config::ConfigHandle;
-use crate::store::MemoryStore;
+use crate::store::AnyStore;
 
 struct DebugState {
     config: ConfigHandle,
-    memory: Option<Arc<MemoryStore>>,
+    store: Arc<AnyStore>,
 }
 
-/// The router for DEBUG_PORT. `memory` is the memory store, when that is the backend.
-pub fn router(config: ConfigHandle, memory: Option<Arc<MemoryStore>>) -> Router {
+/// The router for DEBUG_PORT.
+pub fn router(config: ConfigHandle, store: Arc<AnyStore>) -> Router {
     Router::new()
         .route("/rlconfig", get(rlconfig))
         .route("/stats", get(stats))
-        .with_state(Arc::new(DebugState { config, memory }))
+        .with_state(Arc::new(DebugState { config, store }))
 }
 
 async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
@@ -35,7 +35,7 @@ async fn stats(State(st): State<Arc<DebugState>>) -> String {
         c.load_success.load(Ordering::Relaxed),
         c.load_error.load(Ordering::Relaxed),
     );
-    if let Some(m) = &st.memory {
+    if let Some(m) = st.store.memory() {
         out.push_str(&format!(
             "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\nsluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n",
             m.live_counters(),

@@ -1,23 +1,30 @@
-//! Health as envoyproxy/ratelimit reports it: failing after SIGTERM, and (with
+//! Health as envoyproxy/ratelimit reports it: failing after SIGTERM, until the backend (Redis)
+//! has answered its start-up PING, and (with
 //! HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED) while no domain is loaded. `/healthcheck` and the
 //! gRPC health service `ratelimit` both read this; service `""` is always SERVING.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::ConfigHandle;
+
+/// Whether the backend can take requests (Redis: it has answered its start-up PING).
+pub type BackendReady = Arc<dyn Fn() -> bool + Send + Sync>;
 
 pub struct Health {
     sigterm: AtomicBool,
     require_config: bool,
     config: ConfigHandle,
+    backend_ready: BackendReady,
 }
 
 impl Health {
-    pub fn new(config: ConfigHandle, require_config: bool) -> Self {
+    pub fn new(config: ConfigHandle, require_config: bool, backend_ready: BackendReady) -> Self {
         Health {
             sigterm: AtomicBool::new(false),
             require_config,
             config,
+            backend_ready,
         }
     }
 
@@ -27,7 +34,7 @@ impl Health {
     }
 
     pub fn is_healthy(&self) -> bool {
-        if self.sigterm.load(Ordering::SeqCst) {
+        if self.sigterm.load(Ordering::SeqCst) || !(self.backend_ready)() {
             return false;
         }
         !self.require_config || self.config.current().is_some_and(|c| c.domain_count() > 0)

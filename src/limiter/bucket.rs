@@ -1,9 +1,9 @@
 //! The token bucket and the leaky bucket, both kept as a theoretical arrival time (GCRA): one
-//! `u64` of nanoseconds since the epoch, the time at which the bucket would be back to its
+//! `u64` of microseconds since the epoch, the time at which the bucket would be back to its
 //! resting state if no more hits came. `0` (or any time in the past) is a resting bucket.
 //!
-//! With `T = unit / requests_per_unit` (rounded up to a whole nanosecond, so never faster than
-//! configured):
+//! With `T = unit / requests_per_unit` (rounded up to a whole microsecond, so never faster than
+//! configured; rates above a million per second are capped there):
 //!
 //! - **Token bucket** (Guava's SmoothBursty, design note 002): capacity `C = burst` (default
 //!   `requests_per_unit`), refilled at one token per `T`. `n` hits are admitted when
@@ -30,29 +30,43 @@ use super::{Algorithm, Quota};
 
 pub const EMPTY: u64 = 0;
 
-/// Nanoseconds per hit for `quota`, rounded up; `None` for a rate of 0.
+/// The two numbers a bucket is defined by, in microseconds: the emission interval `T` and how
+/// far ahead of now the arrival time may run (`C*T` for a token bucket, `burst*T` for a leaky
+/// one). `None` for a rate of 0. A store that runs the algorithm elsewhere (a Redis script)
+/// takes them from here so both sides agree.
+pub fn params(quota: &Quota) -> Option<(u64, u64)> {
+    let t = emission_interval(quota)?;
+    let slots = match quota.algorithm {
+        Algorithm::LeakyBucket => quota.burst.map_or(0, |b| b.get()),
+        _ => quota.burst.map_or(quota.requests_per_unit, |b| b.get()),
+    };
+    let clamp = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
+    Some((clamp(t), clamp(u128::from(slots) * t)))
+}
+
+/// Microseconds per hit for `quota`, rounded up; `None` for a rate of 0.
 fn emission_interval(quota: &Quota) -> Option<u128> {
-    let unit_ns = u128::from(quota.unit.secs()) * 1_000_000_000;
+    let unit_us = u128::from(quota.unit.secs()) * 1_000_000;
     match quota.requests_per_unit {
         0 => None,
-        rpu => Some(unit_ns.div_ceil(u128::from(rpu))),
+        rpu => Some(unit_us.div_ceil(u128::from(rpu))),
     }
 }
 
-fn secs_ceil(ns: u128) -> u64 {
-    u64::try_from(ns.div_ceil(1_000_000_000))
+fn secs_ceil(us: u128) -> u64 {
+    u64::try_from(us.div_ceil(1_000_000))
         .unwrap_or(u64::MAX)
         .max(1)
 }
 
-/// Whether a bucket is at rest at `now_ns` (so a store may drop it).
-pub fn is_stale(state: u64, now_ns: u64) -> bool {
-    state <= now_ns
+/// Whether a bucket is at rest at `now_us` (so a store may drop it).
+pub fn is_stale(state: u64, now_us: u64) -> bool {
+    state <= now_us
 }
 
-/// Applies `hits` at `now_ns` to a token or leaky bucket.
-pub fn decide(state: u64, now_ns: u64, quota: &Quota, hits: u64) -> (Decision, u64) {
-    let now = u128::from(now_ns);
+/// Applies `hits` at `now_us` to a token or leaky bucket.
+pub fn decide(state: u64, now_us: u64, quota: &Quota, hits: u64) -> (Decision, u64) {
+    let now = u128::from(now_us);
     let tat = u128::from(state);
     let Some(t) = emission_interval(quota) else {
         // A rate of 0 admits nothing; a peek still answers OK, as a fixed window of 0 does.
@@ -109,7 +123,7 @@ pub fn decide(state: u64, now_ns: u64, quota: &Quota, hits: u64) -> (Decision, u
         let free = u128::from(leaky && new_tat + t <= now);
         u32::try_from(room + free).unwrap_or(u32::MAX)
     };
-    let reset_ns = if over {
+    let reset_us = if over {
         // The same call passes once `probe - later <= tolerance`.
         probe - now - tolerance
     } else {
@@ -121,7 +135,7 @@ pub fn decide(state: u64, now_ns: u64, quota: &Quota, hits: u64) -> (Decision, u
         count_after: used(probe - now),
         over,
         remaining,
-        reset_after_secs: secs_ceil(reset_ns),
+        reset_after_secs: secs_ceil(reset_us),
     };
     (decision, u64::try_from(new_tat).unwrap_or(u64::MAX))
 }
@@ -147,7 +161,7 @@ mod tests {
     use crate::limiter::Unit;
     use proptest::prelude::*;
 
-    const S: u64 = 1_000_000_000;
+    const S: u64 = 1_000_000;
 
     fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quota {
         Quota {
@@ -233,11 +247,11 @@ mod tests {
     }
 
     /// nginx's `ngx_http_limit_req` decision, written the straightforward way: an excess in
-    /// requests that drains at `rate`, in exact rational arithmetic (nanosecond times, rates
+    /// requests that drains at `rate`, in exact rational arithmetic (microsecond times, rates
     /// that divide a second evenly, so both sides are exact).
     fn nginx(rate_per_sec: u64, burst: u64, arrivals: &[u64]) -> Vec<bool> {
-        let t = S / rate_per_sec; // ns per request
-        // excess kept in ns of backlog (excess_requests * t).
+        let t = S / rate_per_sec; // µs per request
+        // excess kept in µs of backlog (excess_requests * t).
         let (mut excess, mut last): (i128, Option<u64>) = (0, None);
         arrivals
             .iter()
@@ -263,7 +277,7 @@ mod tests {
             gaps in proptest::collection::vec(0u64..400, 1..200),
         ) {
             let mut now = 10 * S;
-            let arrivals: Vec<u64> = gaps.iter().map(|g| { now += g * 1_000_000; now }).collect();
+            let arrivals: Vec<u64> = gaps.iter().map(|g| { now += g * 1_000; now }).collect();
             let q = quota(Algorithm::LeakyBucket, rate as u32, Unit::Second, Some(burst));
             let ours = run(&q, &arrivals.iter().map(|&t| (t, 1)).collect::<Vec<_>>());
             prop_assert_eq!(ours, nginx(rate, u64::from(burst), &arrivals));
@@ -282,7 +296,7 @@ mod tests {
             let mut s = EMPTY;
             let mut log = Vec::new();
             for (gap_ms, hits) in steps {
-                now += gap_ms * 1_000_000;
+                now += gap_ms * 1_000;
                 let (d, next) = decide(s, now, &q, hits);
                 s = next;
                 if !d.over {
@@ -296,7 +310,7 @@ mod tests {
                     let span = u128::from(end - start);
                     prop_assert!(
                         admitted <= u128::from(burst) + span / t,
-                        "{admitted} hits in {span} ns"
+                        "{admitted} hits in {span} us"
                     );
                 }
             }

@@ -62,6 +62,17 @@ pub const fn is_stale(state: u64, now_secs: u64, unit: Unit) -> bool {
     state >> COUNT_BITS != window_tag(now_secs, unit)
 }
 
+/// The state word of a counter holding `count` in the window containing `now_secs` (for a
+/// store that keeps plain counts, such as Redis).
+pub const fn state_with_count(count: u64, now_secs: u64, unit: Unit) -> u64 {
+    let count = if count > COUNT_MASK {
+        COUNT_MASK
+    } else {
+        count
+    };
+    (window_tag(now_secs, unit) << COUNT_BITS) | count
+}
+
 /// Applies `hits` at `now_secs` against `limit` per `unit`: returns the decision and the new
 /// state word.
 pub fn decide(state: u64, now_secs: u64, unit: Unit, limit: u32, hits: u64) -> (Decision, u64) {

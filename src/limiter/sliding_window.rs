@@ -39,6 +39,12 @@ fn unpack(state: u128) -> (u128, u128, u128) {
     )
 }
 
+/// Builds a state word from a window index and its two counts (for a store that keeps them
+/// elsewhere, such as a Redis hash).
+pub fn state_from_parts(index: u64, current: u64, previous: u64) -> u128 {
+    pack(u128::from(index), u128::from(current), u128::from(previous))
+}
+
 fn pack(tag: u128, current: u128, previous: u128) -> u128 {
     ((tag & TAG_MASK) << TAG_SHIFT)
         | (current.min(COUNT_MASK) << COUNT_BITS)

@@ -138,6 +138,10 @@ pub struct ServiceOptions {
     pub cache_key_prefix: String,
     /// RESPONSE_DYNAMIC_METADATA.
     pub dynamic_metadata: bool,
+    /// SLUICE_BACKEND_FAILURE=allow: a backend failure answers OK instead of an error.
+    pub fail_open: bool,
+    /// SLUICE_FAIL_OPEN_DOMAINS: domains that fail open whatever `fail_open` says.
+    pub fail_open_domains: Vec<String>,
     pub max_descriptors: usize,
     pub max_entries: usize,
 }
@@ -150,6 +154,8 @@ impl Default for ServiceOptions {
             response_headers: None,
             cache_key_prefix: String::new(),
             dynamic_metadata: false,
+            fail_open: false,
+            fail_open_domains: Vec::new(),
             max_descriptors: 64,
             max_entries: 32,
         }
@@ -415,10 +421,13 @@ impl<S: CounterStore> RateLimitService<S> {
             })
             .collect();
         let mut decisions = Vec::with_capacity(hits.len());
-        if !hits.is_empty() {
-            self.store
+        if !hits.is_empty()
+            && let Err(e) = self
+                .store
                 .apply(self.clock.now(), &hits, &mut decisions)
-                .await?;
+                .await
+        {
+            return self.backend_failed(&request, e);
         }
         if decisions.len() != hits.len() {
             return Err(StoreError::BadReply {
@@ -449,8 +458,11 @@ impl<S: CounterStore> RateLimitService<S> {
                 at += n;
             }
         }
-        if !refunds.is_empty() {
-            self.store.refund(self.clock.now(), &refunds).await?;
+        if !refunds.is_empty()
+            && let Err(e) = self.store.refund(self.clock.now(), &refunds).await
+        {
+            // The decisions stand; only the give-back failed, so the request is answered.
+            tracing::warn!(error = %e, "could not give back hits of a refused request");
         }
 
         let mut decisions = decisions.iter();
@@ -470,6 +482,22 @@ impl<S: CounterStore> RateLimitService<S> {
         }
         let metadata = self.dynamic_metadata(&request, &plans, &statuses);
         Ok(self.finish(statuses, &quota, metadata))
+    }
+
+    /// Fail-open versus fail-closed is decided here: by default a backend failure is an error
+    /// (gRPC UNKNOWN, as envoyproxy/ratelimit answers), which leaves the choice to Envoy's
+    /// `failure_mode_deny`; the operator may instead fail open, globally or per domain, and
+    /// then every descriptor answers `{code: OK}`.
+    fn backend_failed(&self, request: &Request, e: StoreError) -> Result<Response, ServiceError> {
+        let opts = &self.options;
+        if opts.fail_open || opts.fail_open_domains.contains(&request.domain) {
+            tracing::warn!(domain = %request.domain, error = %e, "backend failed; failing open");
+            let statuses = vec![Status::ok(); request.descriptors.len()];
+            let quota = vec![false; statuses.len()];
+            return Ok(self.finish(statuses, &quota, None));
+        }
+        tracing::warn!(domain = %request.domain, error = %e, "backend failed");
+        Err(e.into())
     }
 
     /// RESPONSE_DYNAMIC_METADATA: the request echoed back (domain, each descriptor's entries as

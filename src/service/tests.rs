@@ -744,3 +744,43 @@ descriptors:
         }
     }
 }
+
+#[tokio::test]
+async fn a_backend_failure_is_an_error_unless_the_domain_fails_open() {
+    let h = harness();
+    let with = |options: ServiceOptions| {
+        RateLimitService::new(
+            h.config.clone(),
+            // A store with no room fails every new counter: a backend failure on demand.
+            Arc::new(MemoryStore::new(0)),
+            Arc::new(h.clock.clone()),
+            options,
+        )
+    };
+    let r = || req("test", vec![desc(&[("key1", "x")]), desc(&[("nope", "x")])]);
+    assert!(
+        with(ServiceOptions::default())
+            .should_rate_limit(r())
+            .await
+            .is_err()
+    );
+    for options in [
+        ServiceOptions {
+            fail_open: true,
+            ..Default::default()
+        },
+        ServiceOptions {
+            fail_open_domains: vec!["test".into()],
+            ..Default::default()
+        },
+    ] {
+        let answer = with(options).should_rate_limit(r()).await.unwrap();
+        assert_eq!(answer.overall_code, Code::Ok);
+        assert_eq!(answer.statuses, vec![Status::ok(), Status::ok()]);
+    }
+    let other_domain = ServiceOptions {
+        fail_open_domains: vec!["elsewhere".into()],
+        ..Default::default()
+    };
+    assert!(with(other_domain).should_rate_limit(r()).await.is_err());
+}

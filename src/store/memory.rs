@@ -211,9 +211,8 @@ impl MemoryStore {
                     },
                 ),
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                    let now_ns = now.micros().saturating_mul(1_000);
                     inner.apply_in(&inner.buckets, hit.key, &mut used, reserved, |s| {
-                        bucket::decide(s, now_ns, &q, hit.hits)
+                        bucket::decide(s, now.micros(), &q, hit.hits)
                     })
                 }
             }?;
@@ -295,8 +294,9 @@ impl Inner {
                 !sliding_window::is_stale(s, now.micros(), unit)
             }));
         }
-        let now_ns = now.micros().saturating_mul(1_000);
-        sweep(retain(&self.buckets, |s| !bucket::is_stale(s, now_ns)));
+        sweep(retain(&self.buckets, |s| {
+            !bucket::is_stale(s, now.micros())
+        }));
         self.live.fetch_sub(removed, Ordering::Relaxed);
         self.stats
             .swept

@@ -5,6 +5,7 @@
 //! service hands it finished counter keys, limits and hits.
 
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 
@@ -13,6 +14,7 @@ use crate::limiter::fixed_window::Decision;
 use crate::limiter::{Quota, Unit};
 
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// One counter to charge: the key stem (envoyproxy/ratelimit's cache key without the trailing
 /// window start, see [`crate::service::write_counter_key`]), the quota it enforces (rate,
@@ -42,6 +44,10 @@ pub enum StoreError {
         "counter store is full: {max} live counters (SLUICE_MAX_COUNTERS); new counters are refused until expired windows are swept"
     )]
     Full { max: usize },
+    /// A remote backend (Redis) failed or did not answer in time. Transient: connections
+    /// come back by themselves.
+    #[error("backend error: {message}")]
+    Backend { message: String },
     /// The backend answered a different number of decisions than hits were sent: a bug in
     /// the backend. Permanent.
     #[error("counter store answered {got} decisions for {expected} hits")]
@@ -53,6 +59,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Full { .. } => true,
+            StoreError::Backend { .. } => true,
             StoreError::BadReply { .. } => false,
         }
     }
@@ -79,6 +86,51 @@ pub trait CounterStore: Send + Sync + 'static {
         now: Timestamp,
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+}
+
+/// The store a running Sluice uses, chosen by BACKEND_TYPE.
+pub enum AnyStore {
+    Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+impl AnyStore {
+    /// The memory store, when that is the backend (for its statistics).
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            AnyStore::Memory(m) => Some(m),
+            AnyStore::Redis(_) => None,
+        }
+    }
+
+    /// Whether the backend can take requests (Redis: has answered its start-up PING).
+    pub fn is_ready(&self) -> bool {
+        match self {
+            AnyStore::Memory(_) => true,
+            AnyStore::Redis(r) => r.is_ready(),
+        }
+    }
+}
+
+impl CounterStore for AnyStore {
+    async fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.apply(now, hits, out).await,
+            AnyStore::Redis(r) => r.apply(now, hits, out).await,
+        }
+    }
+
+    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.refund(now, hits).await,
+            AnyStore::Redis(r) => r.refund(now, hits).await,
+        }
+    }
 }
 
 #[cfg(test)]

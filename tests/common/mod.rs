@@ -34,6 +34,7 @@ pub fn default_options() -> AppOptions {
         shutdown_delay: Duration::ZERO,
         drain_timeout: Duration::from_secs(5),
         reload: None,
+        backend: sluice::settings::Backend::Memory,
     }
 }
 
@@ -62,7 +63,7 @@ pub async fn start_with(config: ConfigHandle, options: AppOptions) -> Running {
         listeners.grpc.local_addr().unwrap(),
         listeners.debug.local_addr().unwrap(),
     );
-    let app = App::new(options, config, Arc::new(clock.clone()));
+    let app = App::new(options, config, Arc::new(clock.clone())).expect("store starts");
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(app.serve(listeners, async move {
         let _ = rx.await;

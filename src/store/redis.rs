@@ -1,0 +1,619 @@
+//! The Redis store: counters shared by every replica, and by envoyproxy/ratelimit instances
+//! during a migration.
+//!
+//! **Fixed window** is the Go service's, byte for byte: key
+//! `CACHE_KEY_PREFIX + domain_k_v_..._<window start>`, `INCRBY key hits` then
+//! `EXPIRE key unit + jitter` (jitter in `[0, EXPIRATION_JITTER_MAX_SECONDS)`), sent on every
+//! call, all descriptors of a request in one pipeline.
+//!
+//! **The other algorithms** are one Lua script each ([`SLIDING`], [`BUCKET`]), loaded once and
+//! run by SHA (`EVALSHA`; on `NOSCRIPT` the scripts are loaded again and the pipeline retried
+//! once). Each script touches exactly one key, so no hash tags are needed on Redis Cluster.
+//! A script returns the state it found; the decision is then computed by the same pure
+//! function the memory store uses ([`crate::limiter`]), so both stores answer alike.
+//!
+//! **Round trips.** One connection per Redis, multiplexed: concurrent requests share it and
+//! redis-rs pipelines their commands, so there is not one round trip per request. On Redis
+//! Cluster, each key's commands go to its node concurrently.
+//!
+//! **Failures.** Every call is bounded by REDIS_TIMEOUT. An error is a
+//! [`StoreError::Backend`], answered as UNKNOWN (or OK where the operator chose to fail open).
+//! The connection reconnects by itself. At start-up Sluice does not wait for Redis: a task
+//! pings it with back-off (1 s doubling to 30 s) and [`RedisStore::is_ready`] (so
+//! `/healthcheck`) stays false until it answers.
+//!
+//! **Local over-limit cache** (LOCAL_CACHE_SIZE_IN_BYTES): a fixed-window key Redis reported
+//! over the limit is remembered until its window ends, and later calls on it are answered OVER
+//! without a Redis call, so its value stops growing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use dashmap::DashMap;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::{CounterStore, Hit, StoreError, go_cache_key};
+use crate::clock::Timestamp;
+use crate::limiter::fixed_window::{self, Decision};
+use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
+use crate::settings::{RedisSettings, RedisTarget};
+
+/// The sliding window (see [`sliding_window`]).
+///
+/// KEYS[1]: the counter, a hash of `i` (window index), `c` (its count), `p` (the previous
+/// window's count).
+/// ARGV: now (µs since the epoch), unit (µs), limit, hits, TTL (s).
+/// Admits when `previous * (unit - elapsed) + (current + hits) * unit <= limit * unit`, then
+/// stores the rolled counts; a refused call or a peek (0 hits) writes nothing.
+/// Returns `{i or -1, c, p}` as found.
+pub const SLIDING: &str = r#"
+local now, unit, limit, hits, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
+local i, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
+local idx = math.floor(now / unit)
+local cur, prev = 0, 0
+if i == idx then cur, prev = c, p elseif i == idx - 1 then prev = c end
+local elapsed = now - idx * unit
+if hits > 0 and prev * (unit - elapsed) + (cur + hits) * unit <= limit * unit then
+  redis.call('HSET', KEYS[1], 'i', idx, 'c', cur + hits, 'p', prev)
+  redis.call('EXPIRE', KEYS[1], ttl)
+end
+return {i or -1, c, p}
+"#;
+
+/// The token and leaky buckets (see [`bucket`]).
+///
+/// KEYS[1]: the counter, a string holding the theoretical arrival time (µs since the epoch).
+/// ARGV: now (µs), T (µs per hit), tolerance (µs), hits, leaky (1) or token (0).
+/// Token: `after = max(tat, now) + hits*T`; leaky (nginx): `after = max(tat + hits*T,
+/// now + (hits-1)*T)`; admitted when `after - now <= tolerance`, then stored with a TTL that
+/// ends when the bucket is back at rest. A refused call or a peek writes nothing.
+/// Returns the arrival time found (0 for none).
+pub const BUCKET: &str = r#"
+local now, t, tol, n, leaky = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if n > 0 then
+  local after
+  if leaky == 1 then after = math.max(tat + n * t, now + (n - 1) * t) else after = math.max(tat, now) + n * t end
+  if after - now <= tol then
+    redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', math.ceil((after - now) / 1000) + 1000)
+  end
+end
+return tat
+"#;
+
+/// Gives hits back (a request another limit refused).
+///
+/// KEYS[1]: a sliding-window hash or a bucket string.
+/// ARGV: `s` or `b`; now (µs); unit (µs, sliding) or T (µs, bucket); hits.
+/// Sliding: `c -= hits` if `i` is still the current window. Bucket: `tat -= hits*T`.
+pub const REFUND: &str = r#"
+local hits = tonumber(ARGV[4])
+if ARGV[1] == 's' then
+  local idx = math.floor(tonumber(ARGV[2]) / tonumber(ARGV[3]))
+  if tonumber(redis.call('HGET', KEYS[1], 'i')) == idx then
+    local c = tonumber(redis.call('HGET', KEYS[1], 'c')) or 0
+    redis.call('HSET', KEYS[1], 'c', math.max(c - hits, 0))
+  end
+else
+  local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+  if tat > 0 then
+    redis.call('SET', KEYS[1], string.format('%.0f', math.max(tat - hits * tonumber(ARGV[3]), 0)), 'KEEPTTL')
+  end
+end
+return 0
+"#;
+
+/// One Redis (or one Redis Cluster).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, RedisError> {
+        match self {
+            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+        }
+    }
+
+    async fn load_scripts(&self) -> Result<(), RedisError> {
+        for script in [SLIDING, BUCKET, REFUND] {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(script);
+            match self {
+                Conn::Single(c) => {
+                    let _: String = cmd.query_async(&mut c.clone()).await?;
+                }
+                Conn::Cluster(c) => {
+                    // Every primary must know the scripts.
+                    let routing = redis::cluster_routing::RoutingInfo::MultiNode((
+                        redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                        None,
+                    ));
+                    c.clone().route_command(cmd, routing).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Redis that may not be connected yet (Redis Cluster connects eagerly, in the background).
+struct Target {
+    conn: ArcSwapOption<Conn>,
+    ready: AtomicBool,
+}
+
+impl Target {
+    fn current(&self) -> Result<Arc<Conn>, StoreError> {
+        self.conn.load_full().ok_or_else(|| StoreError::Backend {
+            message: "not connected to Redis yet".into(),
+        })
+    }
+}
+
+/// Remembers fixed-window keys Redis found over the limit, until their window ends.
+struct OverLimitCache {
+    /// Full key -> end of its window (seconds since the epoch).
+    keys: DashMap<Box<str>, u64, foldhash::fast::RandomState>,
+    max_entries: usize,
+}
+
+impl OverLimitCache {
+    fn new(size_in_bytes: u64) -> Option<Self> {
+        // A rough per-entry cost: the key (~64 bytes typical) plus map overhead.
+        let max_entries = usize::try_from(size_in_bytes / 128).unwrap_or(usize::MAX);
+        (max_entries > 0).then(|| OverLimitCache {
+            keys: DashMap::default(),
+            max_entries,
+        })
+    }
+
+    fn is_over(&self, key: &str, now_secs: u64) -> bool {
+        self.keys.get(key).is_some_and(|end| *end > now_secs)
+    }
+
+    fn remember(&self, key: &str, window_end: u64, now_secs: u64) {
+        if self.keys.len() >= self.max_entries {
+            self.keys.retain(|_, end| *end > now_secs);
+            if self.keys.len() >= self.max_entries {
+                return;
+            }
+        }
+        self.keys.insert(Box::from(key), window_end);
+    }
+}
+
+/// The Redis counter store.
+pub struct RedisStore {
+    main: Arc<Target>,
+    per_second: Option<Arc<Target>>,
+    timeout: Duration,
+    jitter_max_secs: u64,
+    stop_when_over: bool,
+    local_cache: Option<OverLimitCache>,
+    jitter: foldhash::fast::RandomState,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn backend_error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend {
+        message: e.to_string(),
+    }
+}
+
+impl RedisStore {
+    /// Builds the store and starts connecting in the background; never waits for Redis.
+    /// Must be called inside a tokio runtime.
+    pub fn start(settings: &RedisSettings) -> Result<Self, StoreError> {
+        let mut tasks = Vec::new();
+        let main = Self::target(&settings.main, settings.timeout, &mut tasks)?;
+        let per_second = settings
+            .per_second
+            .as_ref()
+            .map(|t| Self::target(t, settings.timeout, &mut tasks))
+            .transpose()?;
+        Ok(RedisStore {
+            main,
+            per_second,
+            timeout: settings.timeout,
+            jitter_max_secs: settings.expiration_jitter_max_seconds,
+            stop_when_over: settings.stop_cache_key_increment_when_overlimit,
+            local_cache: OverLimitCache::new(settings.local_cache_size_in_bytes),
+            jitter: foldhash::fast::RandomState::default(),
+            tasks,
+        })
+    }
+
+    fn target(
+        target: &RedisTarget,
+        timeout: Duration,
+        tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> Result<Arc<Target>, StoreError> {
+        let t = Arc::new(Target {
+            conn: ArcSwapOption::empty(),
+            ready: AtomicBool::new(false),
+        });
+        let connect_timeout = timeout.max(Duration::from_secs(1));
+        if !target.cluster {
+            let url = target
+                .urls
+                .first()
+                .ok_or_else(|| backend_error("no Redis URL"))?;
+            let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                .set_response_timeout(Some(timeout))
+                .set_max_delay(Duration::from_secs(5));
+            let manager =
+                ConnectionManager::new_lazy_with_config(client, config).map_err(backend_error)?;
+            t.conn.store(Some(Arc::new(Conn::Single(manager))));
+        }
+        let (task_target, urls, cluster) = (t.clone(), target.urls.clone(), target.cluster);
+        tasks.push(tokio::spawn(async move {
+            let mut delay = Duration::from_secs(1);
+            loop {
+                match Self::startup_check(&task_target, &urls, cluster, timeout, connect_timeout)
+                    .await
+                {
+                    Ok(()) => {
+                        task_target.ready.store(true, Ordering::SeqCst);
+                        tracing::info!(redis = ?urls, "Redis answered; ready");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(redis = ?urls, error = %e, retry_in = ?delay, "Redis not ready");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        }));
+        Ok(t)
+    }
+
+    /// Connects (cluster), pings, and loads the scripts.
+    async fn startup_check(
+        target: &Target,
+        urls: &[String],
+        cluster: bool,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<(), RedisError> {
+        if cluster && target.conn.load().is_none() {
+            let client = ClusterClient::builder(urls.iter().map(String::as_str))
+                .connection_timeout(connect_timeout)
+                .response_timeout(timeout)
+                .build()?;
+            let conn = client.get_async_connection().await?;
+            target.conn.store(Some(Arc::new(Conn::Cluster(conn))));
+        }
+        let Some(conn) = target.conn.load_full() else {
+            return Err(RedisError::from((ErrorKind::Io, "no connection")));
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING");
+        conn.query(&pipe).await?;
+        conn.load_scripts().await
+    }
+
+    /// True once every configured Redis has answered its start-up PING.
+    pub fn is_ready(&self) -> bool {
+        self.main.ready.load(Ordering::SeqCst)
+            && self
+                .per_second
+                .as_ref()
+                .is_none_or(|t| t.ready.load(Ordering::SeqCst))
+    }
+
+    fn target_for(&self, unit: Unit) -> &Arc<Target> {
+        match (&self.per_second, unit) {
+            (Some(t), Unit::Second) => t,
+            _ => &self.main,
+        }
+    }
+
+    /// The key a non-fixed algorithm keeps its state under.
+    fn state_key(hit: &Hit<'_>) -> String {
+        format!("{}{}", hit.key, hit.quota.algorithm.name())
+    }
+
+    fn ttl_secs(&self, key: &str, unit: Unit, now: Timestamp) -> u64 {
+        use std::hash::BuildHasher;
+        let jitter = match self.jitter_max_secs {
+            0 => 0,
+            max => self.jitter.hash_one((key, now.micros())) % max,
+        };
+        unit.secs() + jitter
+    }
+
+    /// Runs `pipe` on `conn` within the deadline; on NOSCRIPT loads the scripts and retries.
+    async fn run(&self, conn: &Conn, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
+        let attempt = async {
+            match conn.query(pipe).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    conn.load_scripts().await?;
+                    conn.query(pipe).await
+                }
+                other => other,
+            }
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(values)) => Ok(values),
+            Ok(Err(e)) => Err(backend_error(e)),
+            Err(_) => Err(backend_error(format!(
+                "Redis did not answer within {:?} (REDIS_TIMEOUT)",
+                self.timeout
+            ))),
+        }
+    }
+
+    /// Adds the commands for one hit; returns how many replies they produce.
+    fn push(&self, pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, increment: bool) {
+        let q = hit.quota;
+        match q.algorithm {
+            Algorithm::FixedWindow => {
+                let key = go_cache_key(hit.key, now, q.unit);
+                let hits = if increment { hit.hits } else { 0 };
+                pipe.cmd("INCRBY").arg(&key).arg(hits);
+                pipe.cmd("EXPIRE")
+                    .arg(&key)
+                    .arg(self.ttl_secs(&key, q.unit, now))
+                    .ignore();
+            }
+            Algorithm::SlidingWindow => {
+                let unit_us = q.unit.secs() * 1_000_000;
+                pipe.cmd("EVALSHA")
+                    .arg(redis::Script::new(SLIDING).get_hash())
+                    .arg(1)
+                    .arg(Self::state_key(hit))
+                    .arg(now.micros())
+                    .arg(unit_us)
+                    .arg(q.requests_per_unit)
+                    .arg(hit.hits)
+                    .arg(2 * q.unit.secs() + self.jitter_max_secs);
+            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                let (t, tolerance) = bucket::params(&q).unwrap_or((u64::MAX / 4, 0));
+                pipe.cmd("EVALSHA")
+                    .arg(redis::Script::new(BUCKET).get_hash())
+                    .arg(1)
+                    .arg(Self::state_key(hit))
+                    .arg(now.micros())
+                    .arg(t)
+                    .arg(tolerance)
+                    .arg(hit.hits)
+                    .arg(u8::from(q.algorithm == Algorithm::LeakyBucket));
+            }
+        }
+    }
+
+    /// Turns one hit's reply into the decision the pure algorithm gives for the state found.
+    fn decide(hit: &Hit<'_>, now: Timestamp, reply: &Value) -> Result<Decision, StoreError> {
+        let q = hit.quota;
+        let bad = || backend_error(format!("unexpected Redis reply {reply:?}"));
+        let int = |v: &Value| match v {
+            Value::Int(i) => Ok(*i),
+            _ => Err(bad()),
+        };
+        Ok(match q.algorithm {
+            Algorithm::FixedWindow => {
+                let after = u64::try_from(int(reply)?).unwrap_or(0);
+                let before = after.saturating_sub(hit.hits);
+                let state = fixed_window::state_with_count(before, now.secs(), q.unit);
+                fixed_window::decide(state, now.secs(), q.unit, q.requests_per_unit, hit.hits).0
+            }
+            Algorithm::SlidingWindow => {
+                let Value::Array(parts) = reply else {
+                    return Err(bad());
+                };
+                let [i, c, p] = parts.as_slice() else {
+                    return Err(bad());
+                };
+                let num = |v: &Value| int(v).map(|n| u64::try_from(n).unwrap_or(0));
+                // A missing counter (-1) is the empty state.
+                let state = match int(i)? {
+                    idx if idx >= 0 => sliding_window::state_from_parts(
+                        u64::try_from(idx).unwrap_or(0),
+                        num(c)?,
+                        num(p)?,
+                    ),
+                    _ => sliding_window::EMPTY,
+                };
+                sliding_window::decide(state, now.micros(), q.unit, q.requests_per_unit, hit.hits).0
+            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                let tat = u64::try_from(int(reply)?).unwrap_or(0);
+                bucket::decide(tat, now.micros(), &q, hit.hits).0
+            }
+        })
+    }
+
+    async fn apply_now(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
+        // Over-limit keys remembered locally are answered without Redis.
+        if let Some(cache) = &self.local_cache {
+            for (i, hit) in hits.iter().enumerate() {
+                if hit.quota.algorithm == Algorithm::FixedWindow
+                    && cache.is_over(&go_cache_key(hit.key, now, hit.quota.unit), now.secs())
+                {
+                    let state = fixed_window::state_with_count(
+                        u64::from(hit.quota.requests_per_unit).saturating_add(1),
+                        now.secs(),
+                        hit.quota.unit,
+                    );
+                    decisions[i] = Some(
+                        fixed_window::decide(
+                            state,
+                            now.secs(),
+                            hit.quota.unit,
+                            hit.quota.requests_per_unit,
+                            0,
+                        )
+                        .0,
+                    );
+                }
+            }
+        }
+        // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: if any key would go over, only the keys
+        // that would go over are incremented. This costs a read round trip first, as in Go.
+        let mut increment = vec![true; hits.len()];
+        if self.stop_when_over && decisions.iter().any(|d| d.is_some_and(|d| d.over)) {
+            increment.iter_mut().for_each(|i| *i = false);
+        } else if self.stop_when_over {
+            let would_be_over = self.would_be_over(now, hits).await?;
+            if would_be_over.iter().any(|o| *o) {
+                increment = would_be_over;
+            }
+        }
+        // One pipeline per Redis (per key on a cluster), all concurrently.
+        let mut groups: Vec<(Arc<Conn>, Vec<usize>)> = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            if decisions[i].is_some() {
+                continue;
+            }
+            let conn = self.target_for(hit.quota.unit).current()?;
+            let cluster = matches!(*conn, Conn::Cluster(_));
+            match groups
+                .iter_mut()
+                .find(|(c, _)| !cluster && Arc::ptr_eq(c, &conn))
+            {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((conn, vec![i])),
+            }
+        }
+        let replies = futures_util::future::join_all(groups.iter().map(|(conn, idx)| {
+            let mut pipe = redis::pipe();
+            for &i in idx {
+                self.push(&mut pipe, &hits[i], now, increment[i]);
+            }
+            async move { self.run(conn, &pipe).await }
+        }))
+        .await;
+        for ((_, idx), reply) in groups.iter().zip(replies) {
+            let reply = reply?;
+            if reply.len() != idx.len() {
+                return Err(StoreError::BadReply {
+                    expected: idx.len(),
+                    got: reply.len(),
+                });
+            }
+            for (&i, value) in idx.iter().zip(&reply) {
+                let d = Self::decide(&hits[i], now, value)?;
+                decisions[i] = Some(d);
+            }
+        }
+        for (hit, d) in hits.iter().zip(&decisions) {
+            let Some(d) = d else {
+                return Err(StoreError::BadReply {
+                    expected: hits.len(),
+                    got: out.len(),
+                });
+            };
+            if d.over
+                && hit.quota.algorithm == Algorithm::FixedWindow
+                && let Some(cache) = &self.local_cache
+            {
+                let end =
+                    fixed_window::window_start(now.secs(), hit.quota.unit) + hit.quota.unit.secs();
+                cache.remember(&go_cache_key(hit.key, now, hit.quota.unit), end, now.secs());
+            }
+            out.push(*d);
+        }
+        Ok(())
+    }
+
+    /// For the STOP flag: reads the fixed-window counts and says which hits would go over.
+    async fn would_be_over(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut over = vec![false; hits.len()];
+        for (i, hit) in hits.iter().enumerate() {
+            if hit.quota.algorithm != Algorithm::FixedWindow {
+                continue;
+            }
+            let conn = self.target_for(hit.quota.unit).current()?;
+            let mut pipe = redis::pipe();
+            pipe.cmd("GET")
+                .arg(go_cache_key(hit.key, now, hit.quota.unit));
+            let reply = self.run(&conn, &pipe).await?;
+            let count: u64 = match reply.first() {
+                Some(Value::BulkString(b)) => std::str::from_utf8(b)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            over[i] = count.saturating_add(hit.hits) > u64::from(hit.quota.requests_per_unit);
+        }
+        Ok(over)
+    }
+
+    async fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>]) -> Result<(), StoreError> {
+        for hit in hits {
+            let q = hit.quota;
+            let (kind, scale) = match q.algorithm {
+                Algorithm::FixedWindow => continue,
+                Algorithm::SlidingWindow => ("s", q.unit.secs() * 1_000_000),
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => match bucket::params(&q) {
+                    Some((t, _)) => ("b", t),
+                    None => continue,
+                },
+            };
+            let conn = self.target_for(q.unit).current()?;
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA")
+                .arg(redis::Script::new(REFUND).get_hash())
+                .arg(1)
+                .arg(Self::state_key(hit))
+                .arg(kind)
+                .arg(now.micros())
+                .arg(scale)
+                .arg(hit.hits);
+            self.run(&conn, &pipe).await?;
+        }
+        Ok(())
+    }
+}
+
+impl CounterStore for RedisStore {
+    fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.apply_now(now, hits, out)
+    }
+
+    fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.refund_now(now, hits)
+    }
+}
