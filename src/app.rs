@@ -12,16 +12,20 @@ use tokio_stream::wrappers::TcpListenerStream;
 use crate::api;
 use crate::api::health::Health;
 use crate::clock::Clock;
+use crate::cluster::ClusterStore;
+use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::settings::Backend;
+use crate::settings::{Backend, ClusterSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 
-/// The three bound listeners.
+/// The bound listeners.
 pub struct Listeners {
     pub http: TcpListener,
     pub grpc: TcpListener,
     pub debug: TcpListener,
+    /// PEER_PORT, when peers are configured.
+    pub peer: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -31,6 +35,7 @@ impl Listeners {
             http: TcpListener::bind("127.0.0.1:0").await?,
             grpc: TcpListener::bind("127.0.0.1:0").await?,
             debug: TcpListener::bind("127.0.0.1:0").await?,
+            peer: None,
         })
     }
 }
@@ -58,6 +63,8 @@ pub struct AppOptions {
     pub drain_timeout: Duration,
     pub reload: Option<Reload>,
     pub backend: Backend,
+    /// PEERS / PEERS_DNS.
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// A built, not yet serving, Sluice.
@@ -67,6 +74,7 @@ pub struct App {
     store: Arc<AnyStore>,
     service: Arc<RateLimitService<AnyStore>>,
     health: Arc<Health>,
+    peer_server: Option<PeerServer>,
 }
 
 impl App {
@@ -76,13 +84,21 @@ impl App {
         config: ConfigHandle,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
-        let store = Arc::new(match &options.backend {
-            Backend::Memory => AnyStore::Memory(MemoryStore::with_sweeper(
-                options.max_counters,
-                clock.clone(),
-                options.sweep_interval,
-            )),
-            Backend::Redis(redis) => AnyStore::Redis(RedisStore::start(redis)?),
+        let memory = || {
+            MemoryStore::with_sweeper(options.max_counters, clock.clone(), options.sweep_interval)
+        };
+        let mut peer_server = None;
+        let store = Arc::new(match (&options.backend, &options.cluster) {
+            (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
+            (Backend::Memory, None) => AnyStore::Memory(memory()),
+            (Backend::Memory, Some(cluster)) => {
+                let local = Arc::new(memory());
+                peer_server = Some(PeerServer::new(local.clone(), clock.clone()));
+                AnyStore::Cluster(
+                    ClusterStore::start(local, cluster)
+                        .map_err(|message| StoreError::Backend { message })?,
+                )
+            }
         });
         let service = Arc::new(RateLimitService::new(
             config.clone(),
@@ -102,6 +118,7 @@ impl App {
             store,
             service,
             health,
+            peer_server,
         })
     }
 
@@ -127,6 +144,7 @@ impl App {
             store,
             service,
             health,
+            peer_server,
         } = self;
         let _watcher = options.reload.as_ref().map(|r| {
             crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
@@ -161,6 +179,15 @@ impl App {
                 .into_future(),
         );
 
+        let peer = match (peer_server, listeners.peer) {
+            (Some(server), Some(listener)) => Some(tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(server)
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped()),
+            )),
+            _ => None,
+        };
+
         shutdown.await;
         tracing::info!("shutting down: health now failing");
         health.fail_sigterm();
@@ -172,6 +199,9 @@ impl App {
         })
         .await;
         health_updater.abort();
+        if let Some(p) = peer {
+            p.abort();
+        }
         match drained {
             Err(_) => {
                 tracing::warn!(

@@ -15,12 +15,14 @@
 //! - [`config`]: YAML -> validated model -> compiled lookup table; reload.
 //! - [`service`]: envoyproxy/ratelimit's decision semantics over a store.
 //! - [`store`]: the counter-store trait and its backends.
+//! - [`cluster`]: counters owned by one peer each (rendezvous hashing), hits forwarded to owners.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
 
 pub mod api;
 pub mod app;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod descriptor;
 pub mod limiter;

@@ -121,6 +121,7 @@ fn app_options(s: &Settings, reload: Reload) -> AppOptions {
         drain_timeout: s.drain_timeout,
         reload: Some(reload),
         backend: s.backend.clone(),
+        cluster: s.cluster.clone(),
     }
 }
 
@@ -182,6 +183,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             http: bind(settings.http_addr, "HTTP (PORT)").await?,
             grpc: bind(settings.grpc_addr, "gRPC (GRPC_PORT)").await?,
             debug: bind(settings.debug_addr, "debug (DEBUG_PORT)").await?,
+            peer: match &settings.cluster {
+                Some(c) => Some(bind(c.listen, "peer (PEER_PORT)").await?),
+                None => None,
+            },
         };
         tracing::info!(
             http = %settings.http_addr,

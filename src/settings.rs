@@ -431,6 +431,53 @@ pub struct ServeArgs {
         help_heading = "Sluice limits"
     )]
     pub shutdown_delay_secs: u64,
+
+    /// Comma-separated `host:port` peer addresses (every node, this one included): counters are
+    /// then owned by one peer each, by rendezvous hashing. Unset: a single node.
+    #[arg(long, env = "PEERS", default_value = "", help_heading = "Peer cluster")]
+    pub peers: String,
+    /// A DNS name whose A/AAAA records are the peers (a Kubernetes headless Service), on
+    /// PEER_PORT; re-resolved every 5 s.
+    #[arg(long, env = "PEERS_DNS", help_heading = "Peer cluster")]
+    pub peers_dns: Option<String>,
+    /// Port of the peer listener (the internal gRPC service peers forward hits to).
+    #[arg(
+        long,
+        env = "PEER_PORT",
+        default_value_t = 8082,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_port: u16,
+    /// How this node appears among the peers (`host:port`). Default: the HOST-independent
+    /// `<hostname>:PEER_PORT`; must be one of PEERS when PEERS is set.
+    #[arg(long, env = "PEER_ADVERTISE_ADDRESS", help_heading = "Peer cluster")]
+    pub peer_advertise_address: Option<String>,
+    /// `forward`: each counter lives on its owner, others forward hits to it (exact global
+    /// limits). `divided`: each node enforces limit / healthy peers locally, with no network
+    /// on the request path (Cortex's global limiter).
+    #[arg(
+        long,
+        env = "SLUICE_CLUSTER_MODE",
+        default_value = "forward",
+        help_heading = "Peer cluster"
+    )]
+    pub cluster_mode: String,
+    /// Deadline of a forwarded call, in milliseconds; a peer that misses it is marked down.
+    #[arg(
+        long,
+        env = "SLUICE_PEER_TIMEOUT_MS",
+        default_value_t = 200,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_timeout_ms: u64,
+    /// How long concurrent forwards to one peer wait to share one call, in microseconds.
+    #[arg(
+        long,
+        env = "SLUICE_PEER_BATCH_WINDOW_US",
+        default_value_t = 200,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_batch_window_us: u64,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -471,6 +518,32 @@ pub struct Settings {
     pub sweep_interval: Duration,
     pub drain_timeout: Duration,
     pub shutdown_delay: Duration,
+    /// PEERS / PEERS_DNS; `None` for a single node.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// Where the peers come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerSource {
+    Static(Vec<String>),
+    Dns { name: String, port: u16 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterMode {
+    Forward,
+    Divided,
+}
+
+/// Validated peer-cluster settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterSettings {
+    pub peers: PeerSource,
+    pub advertise: String,
+    pub listen: SocketAddr,
+    pub mode: ClusterMode,
+    pub timeout: Duration,
+    pub batch_window: Duration,
 }
 
 /// Where the rate-limit config lives.
@@ -687,6 +760,20 @@ impl ServeArgs {
             sweep_interval: Duration::from_secs(self.sweep_interval_secs),
             drain_timeout: Duration::from_secs(self.drain_timeout_secs),
             shutdown_delay: Duration::from_secs(self.shutdown_delay_secs),
+            cluster: cluster_settings(
+                &self.peers,
+                self.peers_dns.as_deref(),
+                self.peer_port,
+                self.peer_advertise_address.as_deref(),
+                &self.cluster_mode,
+                self.peer_timeout_ms,
+                self.peer_batch_window_us,
+            )?
+            .map(|mut c| {
+                // The peer listener binds where the gRPC listener does.
+                c.listen = SocketAddr::new(grpc_addr.ip(), self.peer_port);
+                c
+            }),
         })
     }
 }
@@ -1021,6 +1108,85 @@ impl RedisArgs {
             stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
         })
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cluster_settings(
+    peers: &str,
+    peers_dns: Option<&str>,
+    peer_port: u16,
+    advertise: Option<&str>,
+    mode: &str,
+    timeout_ms: u64,
+    batch_window_us: u64,
+) -> Result<Option<ClusterSettings>, SettingsError> {
+    let list: Vec<String> = peers
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let source = match (list.is_empty(), peers_dns.filter(|d| !d.is_empty())) {
+        (true, None) => return Ok(None),
+        (false, Some(_)) => {
+            return Err(invalid("PEERS", peers, "set PEERS or PEERS_DNS, not both"));
+        }
+        (false, None) => {
+            for p in &list {
+                let ok = p
+                    .rsplit_once(':')
+                    .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok());
+                if !ok {
+                    return Err(invalid("PEERS", p, "expected host:port"));
+                }
+            }
+            PeerSource::Static(list)
+        }
+        (true, Some(name)) => PeerSource::Dns {
+            name: name.to_owned(),
+            port: peer_port,
+        },
+    };
+    let advertise = match advertise.filter(|a| !a.is_empty()) {
+        Some(a) => a.to_owned(),
+        None => {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "localhost".into());
+            format!("{host}:{peer_port}")
+        }
+    };
+    if let PeerSource::Static(list) = &source
+        && !list.contains(&advertise)
+    {
+        return Err(invalid(
+            "PEER_ADVERTISE_ADDRESS",
+            &advertise,
+            "must be one of PEERS (how the other peers reach this node)",
+        ));
+    }
+    let mode = match mode.to_ascii_lowercase().as_str() {
+        "forward" => ClusterMode::Forward,
+        "divided" => ClusterMode::Divided,
+        _ => {
+            return Err(invalid(
+                "SLUICE_CLUSTER_MODE",
+                mode,
+                "expected forward or divided",
+            ));
+        }
+    };
+    if timeout_ms == 0 {
+        return Err(invalid("SLUICE_PEER_TIMEOUT_MS", 0, "must be at least 1"));
+    }
+    Ok(Some(ClusterSettings {
+        peers: source,
+        advertise,
+        listen: SocketAddr::from(([0, 0, 0, 0], peer_port)),
+        mode,
+        timeout: Duration::from_millis(timeout_ms),
+        batch_window: Duration::from_micros(batch_window_us),
+    }))
 }
 
 /// Builds redis-rs URLs from the Go service's (socket type, address, auth) triple.

@@ -92,6 +92,8 @@ pub trait CounterStore: Send + Sync + 'static {
 pub enum AnyStore {
     Memory(MemoryStore),
     Redis(RedisStore),
+    /// Counters spread over peers, this node's share in a memory store.
+    Cluster(crate::cluster::ClusterStore),
 }
 
 impl AnyStore {
@@ -100,13 +102,14 @@ impl AnyStore {
         match self {
             AnyStore::Memory(m) => Some(m),
             AnyStore::Redis(_) => None,
+            AnyStore::Cluster(c) => Some(c.local()),
         }
     }
 
     /// Whether the backend can take requests (Redis: has answered its start-up PING).
     pub fn is_ready(&self) -> bool {
         match self {
-            AnyStore::Memory(_) => true,
+            AnyStore::Memory(_) | AnyStore::Cluster(_) => true,
             AnyStore::Redis(r) => r.is_ready(),
         }
     }
@@ -122,6 +125,7 @@ impl CounterStore for AnyStore {
         match self {
             AnyStore::Memory(m) => m.apply(now, hits, out).await,
             AnyStore::Redis(r) => r.apply(now, hits, out).await,
+            AnyStore::Cluster(c) => c.apply(now, hits, out).await,
         }
     }
 
@@ -129,6 +133,7 @@ impl CounterStore for AnyStore {
         match self {
             AnyStore::Memory(m) => m.refund(now, hits).await,
             AnyStore::Redis(r) => r.refund(now, hits).await,
+            AnyStore::Cluster(c) => c.refund(now, hits).await,
         }
     }
 }

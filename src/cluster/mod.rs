@@ -1,0 +1,318 @@
+//! The peer cluster: every counter key has one owner among the Sluice peers, picked by
+//! rendezvous hashing ([`ring`]); the owner keeps the counter in its memory store and the
+//! other peers forward hits to it ([`peer`]), batched per peer.
+//!
+//! - **Membership**: PEERS (static) or PEERS_DNS (re-resolved every 5 s). A peer whose call
+//!   fails or misses SLUICE_PEER_TIMEOUT_MS is marked down and its keys go to their next-best
+//!   owner at once; a probe every 500 ms brings it back when it answers.
+//! - **What a request gets while an owner is unreachable**: its hits are retried once on the
+//!   next owner (often this node), so the answer comes within two peer deadlines and limits
+//!   keep applying, on a counter that starts from the new owner's count.
+//! - **Divided mode** (SLUICE_CLUSTER_MODE=divided, Cortex's global limiter): no forwarding;
+//!   each node enforces `ceil(limit / live peers)` locally.
+
+pub mod peer;
+pub mod ring;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::clock::Timestamp;
+use crate::limiter::fixed_window::Decision;
+use crate::settings::{ClusterMode, ClusterSettings, PeerSource};
+use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use peer::{PeerClient, PeerHit};
+use ring::{Ring, key_hash};
+
+/// The peers as currently known: the ring, a client per remote peer, and who is down.
+struct Members {
+    ring: Ring,
+    /// Index of this node in the ring.
+    me: usize,
+    clients: Vec<Option<PeerClient>>,
+    down: Vec<AtomicBool>,
+}
+
+impl Members {
+    fn build(addrs: Vec<String>, me: &str, settings: &ClusterSettings) -> Result<Self, String> {
+        let ring = Ring::new(addrs.into_iter().chain([me.to_owned()]));
+        let me_index = ring
+            .index_of(me)
+            .ok_or_else(|| format!("{me} is not among the peers"))?;
+        let clients = ring
+            .addrs()
+            .enumerate()
+            .map(|(i, a)| {
+                (i != me_index)
+                    .then(|| PeerClient::start(a, settings.timeout, settings.batch_window))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let down = (0..ring.len()).map(|_| AtomicBool::new(false)).collect();
+        Ok(Members {
+            ring,
+            me: me_index,
+            clients,
+            down,
+        })
+    }
+
+    fn owner(&self, key: &str) -> usize {
+        let h = key_hash(key);
+        self.ring
+            .owner(h, |i| i == self.me || !self.down[i].load(Ordering::Relaxed))
+            .unwrap_or(self.me)
+    }
+
+    fn live(&self) -> usize {
+        (0..self.ring.len())
+            .filter(|&i| i == self.me || !self.down[i].load(Ordering::Relaxed))
+            .count()
+    }
+}
+
+/// A counter store spread over the peers; this node's share lives in `local`.
+pub struct ClusterStore {
+    local: Arc<MemoryStore>,
+    members: Arc<ArcSwap<Members>>,
+    mode: ClusterMode,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for ClusterStore {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl ClusterStore {
+    /// Starts membership (and, for PEERS_DNS, its resolver). Inside a tokio runtime.
+    pub fn start(local: Arc<MemoryStore>, settings: &ClusterSettings) -> Result<Self, String> {
+        let initial = match &settings.peers {
+            PeerSource::Static(list) => list.clone(),
+            PeerSource::Dns { .. } => Vec::new(),
+        };
+        let members = Arc::new(ArcSwap::from_pointee(Members::build(
+            initial,
+            &settings.advertise,
+            settings,
+        )?));
+        let mut tasks = vec![tokio::spawn(probe_down_peers(members.clone()))];
+        if let PeerSource::Dns { name, port } = &settings.peers {
+            tasks.push(tokio::spawn(resolve_peers(
+                members.clone(),
+                name.clone(),
+                *port,
+                settings.clone(),
+            )));
+        }
+        Ok(ClusterStore {
+            local,
+            members,
+            mode: settings.mode,
+            tasks,
+        })
+    }
+
+    pub fn local(&self) -> &Arc<MemoryStore> {
+        &self.local
+    }
+
+    /// The peer addresses and whether each is up, for the debug listener.
+    pub fn peers(&self) -> Vec<(String, bool)> {
+        let m = self.members.load();
+        m.ring
+            .addrs()
+            .enumerate()
+            .map(|(i, a)| {
+                (
+                    a.to_owned(),
+                    i == m.me || !m.down[i].load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+
+    async fn route(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        refund: bool,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let members = self.members.load_full();
+        if self.mode == ClusterMode::Divided {
+            // Each node enforces its share of the limit locally.
+            let live = u32::try_from(members.live()).unwrap_or(u32::MAX).max(1);
+            let shared: Vec<Hit<'_>> = hits
+                .iter()
+                .map(|h| {
+                    let mut q = h.quota;
+                    q.requests_per_unit = q.requests_per_unit.div_ceil(live);
+                    Hit { quota: q, ..*h }
+                })
+                .collect();
+            return if refund {
+                self.local.refund(now, &shared).await
+            } else {
+                self.local.apply(now, &shared, out).await
+            };
+        }
+        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
+        // Two rounds: the owners as known now, then (for hits whose owner failed) the next
+        // owners once the failed peers are marked down. The second round may be this node.
+        for round in 0..2 {
+            let pending: Vec<usize> = (0..hits.len())
+                .filter(|&i| decisions[i].is_none())
+                .collect();
+            if pending.is_empty() {
+                break;
+            }
+            let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+            for i in pending {
+                let owner = members.owner(hits[i].key);
+                match groups.iter_mut().find(|(o, _)| *o == owner) {
+                    Some((_, idx)) => idx.push(i),
+                    None => groups.push((owner, vec![i])),
+                }
+            }
+            let calls = groups.iter().map(|(owner, idx)| {
+                let members = members.clone();
+                async move {
+                    let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
+                    if *owner == members.me {
+                        let mut out = Vec::new();
+                        let r = if refund {
+                            self.local.refund(now, &mine).await
+                        } else {
+                            self.local.apply(now, &mine, &mut out).await
+                        };
+                        return r.map(|()| out).map_err(Some);
+                    }
+                    let Some(client) = &members.clients[*owner] else {
+                        return Err(None);
+                    };
+                    let wire = mine.iter().map(PeerHit::from_hit).collect();
+                    match client.apply(wire, refund).await {
+                        Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
+                        Err(e) => {
+                            tracing::warn!(peer = members.ring.addr(*owner), error = %e, "peer failed; marking it down");
+                            members.down[*owner].store(true, Ordering::Relaxed);
+                            Err(None)
+                        }
+                    }
+                }
+            });
+            let results = futures_util::future::join_all(calls).await;
+            for ((_, idx), result) in groups.iter().zip(results) {
+                match result {
+                    Ok(d) if refund => {
+                        let _ = d;
+                        idx.iter()
+                            .for_each(|&i| decisions[i] = Some(zero_decision()));
+                    }
+                    Ok(d) if d.len() == idx.len() => {
+                        for (&i, d) in idx.iter().zip(d) {
+                            decisions[i] = Some(d);
+                        }
+                    }
+                    Ok(d) => {
+                        return Err(StoreError::BadReply {
+                            expected: idx.len(),
+                            got: d.len(),
+                        });
+                    }
+                    // The local store's own errors are final.
+                    Err(Some(e)) => return Err(e),
+                    Err(None) if round == 1 => {
+                        return Err(StoreError::Backend {
+                            message: "the owners of some counters did not answer".into(),
+                        });
+                    }
+                    Err(None) => {}
+                }
+            }
+        }
+        if !refund {
+            out.extend(decisions.into_iter().flatten());
+        }
+        Ok(())
+    }
+}
+
+fn zero_decision() -> Decision {
+    Decision {
+        count_after: 0,
+        count_before: 0,
+        over: false,
+        remaining: 0,
+        reset_after_secs: 0,
+    }
+}
+
+/// Brings peers marked down back once they answer (an empty call is the probe).
+async fn probe_down_peers(members: Arc<ArcSwap<Members>>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let m = members.load_full();
+        for (i, client) in m.clients.iter().enumerate() {
+            if let Some(client) = client
+                && m.down[i].load(Ordering::Relaxed)
+                && client.apply(Vec::new(), false).await.is_ok()
+            {
+                tracing::info!(peer = m.ring.addr(i), "peer answers again");
+                m.down[i].store(false, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// PEERS_DNS: re-resolves the name every 5 s and rebuilds the membership when it changes.
+async fn resolve_peers(
+    members: Arc<ArcSwap<Members>>,
+    name: String,
+    port: u16,
+    settings: ClusterSettings,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        let Ok(addrs) = tokio::net::lookup_host((name.as_str(), port)).await else {
+            tracing::warn!(name = %name, "cannot resolve PEERS_DNS; keeping the current peers");
+            continue;
+        };
+        let addrs: Vec<String> = addrs.map(|a| a.to_string()).collect();
+        let current: Vec<String> = members.load().ring.addrs().map(str::to_owned).collect();
+        let next = Ring::new(addrs.iter().cloned().chain([settings.advertise.clone()]));
+        if next.addrs().map(str::to_owned).collect::<Vec<_>>() != current {
+            match Members::build(addrs, &settings.advertise, &settings) {
+                Ok(m) => {
+                    tracing::info!(peers = ?m.ring.addrs().collect::<Vec<_>>(), "peers changed");
+                    members.store(Arc::new(m));
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot use the resolved peers"),
+            }
+        }
+    }
+}
+
+impl CounterStore for ClusterStore {
+    async fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        self.route(now, hits, false, out).await
+    }
+
+    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        self.route(now, hits, true, &mut Vec::new()).await
+    }
+}
