@@ -199,6 +199,23 @@ def cmd_summary(args):
         svg_chart(sweep, os.path.join(out_dir, "sweep.svg"))
         lines += ["![throughput and p99 against offered load](sweep.svg)", ""]
 
+    closed = [r for r in runs if r.get("phase") == "closed"]
+    if closed:
+        peak = {n: max((r["rps"] for r in runs if r["name"] == n and r.get("phase") in ("rounds", "closed")), default=0)
+                for n in ("sluice", "noop")}
+        lines += [
+            "## Closed-loop sweep (2 connections x N outstanding streams each)",
+            "",
+            "| streams per connection | server | req/s | share of the server's best | p50 | p99 | p99.9 |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in sorted(closed, key=lambda r: (r["streams"], r["name"])):
+            lines.append(
+                f"| {r['streams']:.0f} | {r['name']} | {r['rps']:,.0f} | {r['rps'] / peak[r['name']]:.0%} | "
+                f"{fmt_us(r['p50_us'])} | {fmt_us(r['p99_us'])} | {fmt_us(r['p999_us'])} |"
+            )
+        lines.append("")
+
     if os.path.exists(micro_path):
         micro = parse_micro(open(micro_path).read())
         if micro:
