@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 use crate::api;
 use crate::api::health::Health;
@@ -160,10 +160,14 @@ impl App {
 
         let (grpc_routes, health_updater) =
             api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
+        // tonic ignores its own `tcp_nodelay` default for an incoming stream it did not bind,
+        // so set TCP_NODELAY here: with Nagle's algorithm on, a response's trailers wait for
+        // the client's delayed ACK (up to 40 ms) whenever the previous write is unacknowledged.
+        let grpc_incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
         let grpc = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_routes(grpc_routes)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listeners.grpc), stopped()),
+                .serve_with_incoming_shutdown(grpc_incoming, stopped()),
         );
         let http_router =
             api::http::router(service.clone(), health.clone(), options.max_request_bytes);

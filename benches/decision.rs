@@ -1,0 +1,308 @@
+//! Micro-benchmarks of the decision path, bottom up: config lookup, counter key building, the
+//! fixed-window algorithm, the memory store (single-threaded and under contention on one hot
+//! key) and the whole `RateLimitService::should_rate_limit` on the memory store, excluding
+//! protobuf decoding. One gRPC-adapter bench (decode + decide + encode) gives the protobuf share.
+//!
+//! ```sh
+//! cargo bench --bench decision
+//! ```
+//!
+//! These are measurements, never assertions: nothing here fails on a slow machine.
+
+use std::hint::black_box;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use prost::Message;
+use sluice::clock::{Clock, SystemClock, Timestamp};
+use sluice::config::{ConfigHandle, LoadOptions, RateLimitConfig, parse_files};
+use sluice::descriptor::{Descriptor, Entry, Request};
+use sluice::limiter::Unit;
+use sluice::limiter::fixed_window::{self, Decision};
+use sluice::service::{RateLimitService, ServiceOptions, write_counter_key};
+use sluice::store::{CounterStore, Hit, MemoryStore};
+
+/// A realistic config: the default `config/edge.yaml` plus a few dozen per-tenant and per-route
+/// limits, so lookups probe populated levels with wildcards present.
+fn realistic_config() -> RateLimitConfig {
+    let mut yaml =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/edge.yaml"))
+            .expect("config/edge.yaml is readable");
+    for i in 0..40 {
+        yaml.push_str(&format!(
+            "  - key: tenant_id\n    value: tenant-{i}\n    rate_limit:\n      unit: minute\n      requests_per_unit: {}\n",
+            1000 + i
+        ));
+    }
+    for route in [
+        "/api/v1/orders",
+        "/api/v1/users",
+        "/api/v1/search",
+        "/static*",
+    ] {
+        yaml.push_str(&format!(
+            "  - key: route\n    value: {route}\n    descriptors:\n      - key: method\n        value: POST\n        rate_limit:\n          unit: second\n          requests_per_unit: 50\n      - key: method\n        rate_limit:\n          unit: second\n          requests_per_unit: 500\n"
+        ));
+    }
+    parse_files(&[("edge.yaml".into(), yaml)], &LoadOptions::default()).expect("bench config loads")
+}
+
+fn bench_config() -> RateLimitConfig {
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/bench/config/bench.yaml"
+    ))
+    .expect("bench/config/bench.yaml is readable");
+    parse_files(&[("bench.yaml".into(), yaml)], &LoadOptions::default())
+        .expect("bench config loads")
+}
+
+fn entries(pairs: &[(&str, &str)]) -> Vec<Entry> {
+    pairs.iter().map(|(k, v)| Entry::new(*k, *v)).collect()
+}
+
+/// The memory store's and the service's futures never wait; poll once.
+fn ready<F: Future>(fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("the memory path never waits"),
+    }
+}
+
+fn config_lookup(c: &mut Criterion) {
+    let config = realistic_config();
+    let domain = config.domain("edge").expect("edge domain");
+    let mut g = c.benchmark_group("config_lookup");
+    for (name, e) in [
+        ("key_only", entries(&[("remote_address", "10.1.2.3")])),
+        ("exact_value", entries(&[("api_key", "partner-acme")])),
+        ("wildcard", entries(&[("user_agent", "kube-probe/1.29")])),
+        (
+            "nested_2",
+            entries(&[("path", "/login"), ("remote_address", "10.1.2.3")]),
+        ),
+        ("no_match", entries(&[("unknown", "x")])),
+    ] {
+        assert!(
+            name == "no_match" || domain.lookup(&e).is_some(),
+            "{name} matches"
+        );
+        g.bench_function(name, |b| b.iter(|| black_box(domain.lookup(black_box(&e)))));
+    }
+    g.finish();
+}
+
+fn counter_key(c: &mut Criterion) {
+    let mut g = c.benchmark_group("write_counter_key");
+    let one = entries(&[("remote_address", "10.1.2.3")]);
+    let two = entries(&[("path", "/login"), ("remote_address", "10.1.2.3")]);
+    let mut buf = String::with_capacity(128);
+    g.bench_function("one_entry", |b| {
+        b.iter(|| {
+            buf.clear();
+            write_counter_key(&mut buf, "", black_box("edge"), black_box(&one), &[]);
+            black_box(buf.len())
+        })
+    });
+    g.bench_function("two_entries", |b| {
+        b.iter(|| {
+            buf.clear();
+            write_counter_key(&mut buf, "", black_box("edge"), black_box(&two), &[]);
+            black_box(buf.len())
+        })
+    });
+    g.finish();
+}
+
+fn fixed_window_decide(c: &mut Criterion) {
+    let now = 1_700_000_000u64;
+    let (_, state) = fixed_window::decide(fixed_window::EMPTY, now, Unit::Second, 1_000, 5);
+    c.bench_function("fixed_window/decide", |b| {
+        b.iter(|| {
+            fixed_window::decide(
+                black_box(state),
+                black_box(now),
+                black_box(Unit::Second),
+                black_box(1_000),
+                black_box(1),
+            )
+        })
+    });
+}
+
+fn apply_one(store: &MemoryStore, now: Timestamp, hit: &Hit<'_>, out: &mut Vec<Decision>) {
+    out.clear();
+    let hits = std::slice::from_ref(hit);
+    ready(store.apply(now, hits, out)).expect("room in the store");
+}
+
+fn hot_hit(key: &str) -> Hit<'_> {
+    Hit {
+        key,
+        unit: Unit::Second,
+        limit: u32::MAX,
+        hits: 1,
+    }
+}
+
+fn memory_store(c: &mut Criterion) {
+    let mut g = c.benchmark_group("memory_store_apply");
+    let now = SystemClock.now();
+    let store = MemoryStore::new(1_000_000);
+    // A store with 100k other live counters, so the map is not trivially small.
+    let mut out = Vec::with_capacity(1);
+    for i in 0..100_000 {
+        let key = format!("edge_remote_address_10.0.{}.{}_", i / 256, i % 256);
+        apply_one(&store, now, &hot_hit(&key), &mut out);
+    }
+    let hit = hot_hit("edge_remote_address_10.1.2.3_");
+    g.bench_function("existing_key", |b| {
+        b.iter(|| apply_one(&store, now, black_box(&hit), &mut out))
+    });
+
+    // Two threads: each applies `iters` hits; the time reported is the wall time for one
+    // thread's `iters`, so it reads as the cost of one apply while another thread applies too.
+    let two_threads = |keys: [&'static str; 2]| {
+        let store = &store;
+        move |iters: u64| {
+            let start_flag = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                let handles = keys.map(|key| {
+                    let start_flag = &start_flag;
+                    s.spawn(move || {
+                        let hit = hot_hit(key);
+                        let mut out = Vec::with_capacity(1);
+                        while !start_flag.load(Ordering::Acquire) {
+                            std::hint::spin_loop();
+                        }
+                        let t = Instant::now();
+                        for _ in 0..iters {
+                            apply_one(store, now, black_box(&hit), &mut out);
+                        }
+                        t.elapsed()
+                    })
+                });
+                start_flag.store(true, Ordering::Release);
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("bench thread"))
+                    .max()
+                    .unwrap_or(Duration::ZERO)
+            })
+        }
+    };
+    g.bench_function("two_threads_one_hot_key", |b| {
+        b.iter_custom(two_threads([
+            "edge_remote_address_hot_",
+            "edge_remote_address_hot_",
+        ]))
+    });
+    g.bench_function("two_threads_distinct_keys", |b| {
+        b.iter_custom(two_threads([
+            "edge_remote_address_a_",
+            "edge_remote_address_b_",
+        ]))
+    });
+    g.finish();
+}
+
+fn service(config: RateLimitConfig) -> RateLimitService<MemoryStore> {
+    RateLimitService::new(
+        ConfigHandle::new(Some(config)),
+        Arc::new(MemoryStore::new(1_000_000)),
+        Arc::new(SystemClock),
+        ServiceOptions::default(),
+    )
+}
+
+fn request(domain: &str, pairs: &[(&str, &str)]) -> Request {
+    Request {
+        domain: domain.into(),
+        descriptors: vec![Descriptor {
+            entries: entries(pairs),
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    }
+}
+
+fn should_rate_limit(c: &mut Criterion) {
+    let mut g = c.benchmark_group("should_rate_limit");
+    let bench = service(bench_config());
+    let edge = service(realistic_config());
+    for (name, svc, req) in [
+        (
+            "bench_one_descriptor",
+            &bench,
+            request("bench", &[("client", "c0")]),
+        ),
+        (
+            "edge_key_only",
+            &edge,
+            request("edge", &[("remote_address", "10.1.2.3")]),
+        ),
+        (
+            "edge_nested_2",
+            &edge,
+            request(
+                "edge",
+                &[("path", "/login"), ("remote_address", "10.1.2.3")],
+            ),
+        ),
+    ] {
+        let r = ready(svc.should_rate_limit(req.clone())).expect("decides");
+        assert!(r.statuses[0].current_limit.is_some(), "{name} is counted");
+        // The request is moved into the call, as the gRPC adapter does; cloning it is setup.
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || req.clone(),
+                |r| ready(svc.should_rate_limit(r)),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+
+    // For scale: the gRPC adapter's own work around the decision (protobuf decode, conversion,
+    // decision, conversion, protobuf encode), without HTTP/2 or tonic.
+    let proto = RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+            entries: vec![envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry {
+                key: "client".into(),
+                value: "c0".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let bytes = proto.encode_to_vec();
+    let mut encoded = Vec::with_capacity(256);
+    c.bench_function("grpc_adapter/decode_decide_encode", |b| {
+        b.iter(|| {
+            let msg = RateLimitRequest::decode(black_box(bytes.as_slice())).expect("decodes");
+            let req = sluice::api::convert::request_from_proto(msg).expect("converts");
+            let resp = ready(bench.should_rate_limit(req)).expect("decides");
+            encoded.clear();
+            sluice::api::convert::response_to_proto(resp)
+                .encode(&mut encoded)
+                .expect("encodes");
+            black_box(encoded.len())
+        })
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = config_lookup, counter_key, fixed_window_decide, memory_store, should_rate_limit
+}
+criterion_main!(benches);
