@@ -187,7 +187,10 @@ impl App {
             (Some(server), Some(listener)) => Some(tokio::spawn(
                 tonic::transport::Server::builder()
                     .add_service(server)
-                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped()),
+                    .serve_with_incoming_shutdown(
+                        TcpIncoming::from(listener).with_nodelay(Some(true)),
+                        stopped(),
+                    ),
             )),
             _ => None,
         };
