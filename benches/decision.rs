@@ -22,6 +22,7 @@ use prost::Message;
 use sluice::clock::{Clock, SystemClock, Timestamp};
 use sluice::config::{ConfigHandle, LoadOptions, RateLimitConfig, parse_files};
 use sluice::descriptor::{Descriptor, Entry, Request};
+use sluice::limiter::Quota;
 use sluice::limiter::Unit;
 use sluice::limiter::fixed_window::{self, Decision};
 use sluice::service::{RateLimitService, ServiceOptions, write_counter_key};
@@ -145,8 +146,7 @@ fn apply_one(store: &MemoryStore, now: Timestamp, hit: &Hit<'_>, out: &mut Vec<D
 fn hot_hit(key: &str) -> Hit<'_> {
     Hit {
         key,
-        unit: Unit::Second,
-        limit: u32::MAX,
+        quota: Quota::fixed(u32::MAX, Unit::Second),
         hits: 1,
     }
 }

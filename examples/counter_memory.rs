@@ -14,7 +14,7 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use sluice::clock::Timestamp;
-use sluice::limiter::Unit;
+use sluice::limiter::{Quota, Unit};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 
 fn rss_bytes() -> u64 {
@@ -68,8 +68,7 @@ fn main() {
             now,
             Hit {
                 key: &key,
-                unit: Unit::Minute,
-                limit: 1000,
+                quota: Quota::fixed(1000, Unit::Minute),
                 hits: 1,
             },
             &mut out,

@@ -44,5 +44,13 @@ async fn stats(State(st): State<Arc<DebugState>>) -> String {
             m.stats().swept.load(Ordering::Relaxed),
         ));
     }
+    if let crate::store::AnyStore::Cluster(c) = &*st.store {
+        for (peer, up) in c.peers() {
+            out.push_str(&format!(
+                "sluice.cluster.peer_up.{peer}: {}\n",
+                u8::from(up)
+            ));
+        }
+    }
     out
 }

@@ -3,8 +3,8 @@
 //! other peers forward hits to it ([`peer`]), batched per peer.
 //!
 //! - **Membership**: PEERS (static) or PEERS_DNS (re-resolved every 5 s). A peer whose call
-//!   fails or misses SLUICE_PEER_TIMEOUT_MS is marked down and its keys go to their next-best
-//!   owner at once; a probe every 500 ms brings it back when it answers.
+//!   fails or misses SLUICE_PEER_TIMEOUT_MS, or a probe (every 500 ms), is marked down and its
+//!   keys go to their next-best owner at once; it comes back when a probe is answered.
 //! - **What a request gets while an owner is unreachable**: its hits are retried once on the
 //!   next owner (often this node), so the answer comes within two peer deadlines and limits
 //!   keep applying, on a counter that starts from the new owner's count.
@@ -102,7 +102,7 @@ impl ClusterStore {
             &settings.advertise,
             settings,
         )?));
-        let mut tasks = vec![tokio::spawn(probe_down_peers(members.clone()))];
+        let mut tasks = vec![tokio::spawn(probe_peers(members.clone(), settings.mode))];
         if let PeerSource::Dns { name, port } = &settings.peers {
             tasks.push(tokio::spawn(resolve_peers(
                 members.clone(),
@@ -255,19 +255,33 @@ fn zero_decision() -> Decision {
     }
 }
 
-/// Brings peers marked down back once they answer (an empty call is the probe).
-async fn probe_down_peers(members: Arc<ArcSwap<Members>>) {
+/// Probes every peer every 500 ms with an empty call and brings back those that answer again.
+/// In divided mode a peer that misses a probe is also marked down, since the live count sets
+/// every node's share. In forward mode only a failed forward marks a peer down: peers start
+/// at different moments, and a probe that ran before a peer was up must not move its keys
+/// away from it (which would split their counters) until a request actually fails.
+async fn probe_peers(members: Arc<ArcSwap<Members>>, mode: ClusterMode) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
         let m = members.load_full();
-        for (i, client) in m.clients.iter().enumerate() {
-            if let Some(client) = client
-                && m.down[i].load(Ordering::Relaxed)
-                && client.apply(Vec::new(), false).await.is_ok()
-            {
+        let probes = m.clients.iter().enumerate().filter_map(|(i, client)| {
+            client
+                .as_ref()
+                .map(|c| async move { (i, c.apply(Vec::new(), false).await.is_ok()) })
+        });
+        for (i, ok) in futures_util::future::join_all(probes).await {
+            if !ok && mode == ClusterMode::Forward {
+                continue;
+            }
+            let was_down = m.down[i].swap(!ok, Ordering::Relaxed);
+            if was_down && ok {
                 tracing::info!(peer = m.ring.addr(i), "peer answers again");
-                m.down[i].store(false, Ordering::Relaxed);
+            } else if !was_down && !ok {
+                tracing::warn!(
+                    peer = m.ring.addr(i),
+                    "peer stopped answering; marking it down"
+                );
             }
         }
     }
