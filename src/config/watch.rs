@@ -43,6 +43,11 @@ impl ConfigHandle {
         self.config.load_full()
     }
 
+    /// A cheap guard on the current config, with no reference-count traffic.
+    pub fn guard(&self) -> arc_swap::Guard<Option<Arc<RateLimitConfig>>> {
+        self.config.load()
+    }
+
     pub fn store(&self, cfg: RateLimitConfig) {
         self.config.store(Some(Arc::new(cfg)));
     }
