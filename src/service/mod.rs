@@ -6,6 +6,8 @@
 //! [`Request`] and encodes [`Response`]; the store does the counting.
 
 use std::fmt::Write as _;
+
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 use crate::clock::Clock;
@@ -315,7 +317,8 @@ impl<S: CounterStore> RateLimitService<S> {
     /// `ShouldRateLimit`.
     pub async fn should_rate_limit(&self, request: Request) -> Result<Response, ServiceError> {
         self.check_caps(&request)?;
-        let config = self.config.current().ok_or(ServiceError::NoConfig)?;
+        let guard = self.config.guard();
+        let config = guard.as_ref().ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
             // An unknown domain is not an error in the Go service: every descriptor passes.
             let statuses = vec![Status::ok(); request.descriptors.len()];
@@ -327,7 +330,7 @@ impl<S: CounterStore> RateLimitService<S> {
         // Resolve every descriptor: the override when present (it skips config matching),
         // else the config match.
         let request_hits = u64::from(request.hits_addend.max(1));
-        let mut plans: Vec<Plan<'_>> = request
+        let mut plans: SmallVec<[Plan<'_>; 4]> = request
             .descriptors
             .iter()
             .map(|d| {
@@ -381,8 +384,21 @@ impl<S: CounterStore> RateLimitService<S> {
 
         // One buffer holds every counter key of the request. The first quota of a descriptor
         // uses the Go service's key; further quotas of a `rate_limits` list add `#<index>_`.
-        let mut keys = String::new();
-        let mut ranges = Vec::with_capacity(plans.len());
+        // Sized once: a key is the prefix, the domain and each entry with two separators.
+        let key_bytes: usize = request
+            .descriptors
+            .iter()
+            .map(|d| {
+                let entries: usize = d
+                    .entries
+                    .iter()
+                    .map(|e| e.key.len() + e.value.len() + 2)
+                    .sum();
+                self.options.cache_key_prefix.len() + request.domain.len() + 1 + entries
+            })
+            .sum();
+        let mut keys = String::with_capacity(key_bytes);
+        let mut ranges: SmallVec<[std::ops::Range<usize>; 4]> = SmallVec::new();
         for (d, plan) in request.descriptors.iter().zip(&plans) {
             if let Plan::Counted { limit, shared, .. } = plan {
                 let start = keys.len();
@@ -406,7 +422,7 @@ impl<S: CounterStore> RateLimitService<S> {
         }
         // Every counted descriptor is charged, even when another is already over (the Go
         // service does the same, so over-limit traffic keeps draining every counter).
-        let hits: Vec<Hit<'_>> = plans
+        let hits: SmallVec<[Hit<'_>; 4]> = plans
             .iter()
             .filter_map(|p| match p {
                 Plan::Counted { limit, hits, .. } => Some(limit.quotas().map(|(q, _)| (q, *hits))),
@@ -467,7 +483,7 @@ impl<S: CounterStore> RateLimitService<S> {
 
         let mut decisions = decisions.iter();
         let mut statuses = Vec::with_capacity(plans.len());
-        let mut quota = Vec::with_capacity(plans.len());
+        let mut quota: SmallVec<[bool; 8]> = SmallVec::new();
         for plan in &plans {
             let (status, is_quota) = match plan {
                 Plan::Pass => (Status::ok(), false),

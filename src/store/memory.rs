@@ -180,6 +180,13 @@ impl MemoryStore {
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let inner = &*self.inner;
+        // One hit on an existing counter (the common request): one probe, no reservation.
+        if let [hit] = hits
+            && let Some(d) = inner.charge_existing(hit, now)
+        {
+            out.push(d);
+            return Ok(());
+        }
         // Reserve room for every missing counter first, so a full store refuses the whole
         // request before charging any of its counters.
         let missing = hits.iter().filter(|h| !inner.contains(h)).count();
@@ -227,6 +234,27 @@ impl MemoryStore {
 }
 
 impl Inner {
+    /// Charges a hit whose counter exists; `None` if it does not.
+    fn charge_existing(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Decision> {
+        let q = hit.quota;
+        match q.algorithm {
+            Algorithm::FixedWindow => self.fixed[q.unit.index()].get(hit.key).map(|w| {
+                charge(&*w, |s| {
+                    fixed_window::decide(s, now.secs(), q.unit, q.requests_per_unit, hit.hits)
+                })
+            }),
+            Algorithm::SlidingWindow => self.sliding[q.unit.index()].get(hit.key).map(|w| {
+                charge(&*w, |s| {
+                    sliding_window::decide(s, now.micros(), q.unit, q.requests_per_unit, hit.hits)
+                })
+            }),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => self
+                .buckets
+                .get(hit.key)
+                .map(|w| charge(&*w, |s| bucket::decide(s, now.micros(), &q, hit.hits))),
+        }
+    }
+
     fn contains(&self, hit: &Hit<'_>) -> bool {
         let q = hit.quota;
         match q.algorithm {
