@@ -17,6 +17,7 @@
 //! - [`store`]: the counter-store trait and its backends.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
+//! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
 
 pub mod api;
 pub mod app;
@@ -28,3 +29,4 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod xds;
