@@ -1142,7 +1142,7 @@ impl XdsArgs {
             return Err(SettingsError::NotSupportedYet {
                 var: "CONFIG_GRPC_XDS_SERVER_USE_TLS",
                 value: "true".into(),
-                reason: "TLS to the xDS server (it is never sent in clear instead)",
+                reason: "TLS to the xDS server",
             });
         }
         if self.config_grpc_xds_node_id.is_empty() {
@@ -1257,7 +1257,7 @@ fn xds_server_uri(url: &str) -> Result<String, SettingsError> {
         return Err(SettingsError::NotSupportedYet {
             var,
             value: url.to_owned(),
-            reason: "TLS to the xDS server (it is never sent in clear instead)",
+            reason: "TLS to the xDS server",
         });
     }
     let target = url

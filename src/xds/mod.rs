@@ -127,7 +127,7 @@ impl Client {
             };
             tracing::warn!(
                 server = %self.settings.server_uri,
-                error = %error,
+                error = %with_sources(&error),
                 retry_in = ?delay,
                 "xDS config stream down; serving the last accepted config"
             );
@@ -276,6 +276,19 @@ pub fn jitter(d: Duration, b: &XdsBackoff, unit: f64) -> Duration {
         return d;
     }
     d.mul_f64((1.0 + b.random_factor * (2.0 * unit - 1.0)).max(0.0))
+}
+
+/// The error and its causes, `: `-separated (tonic's transport error alone says only
+/// "transport error").
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 /// A random number in [0, 1). Each std `RandomState` is freshly keyed, which is all the
