@@ -16,7 +16,7 @@ use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::settings::{Backend, ClusterSettings};
+use crate::settings::{Backend, ClusterSettings, XdsSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 
 /// The bound listeners.
@@ -48,6 +48,14 @@ pub struct Reload {
     pub poll: Duration,
 }
 
+/// The xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW), used instead of [`Reload`].
+#[derive(Clone, Debug)]
+pub struct Xds {
+    pub settings: XdsSettings,
+    /// MERGE_DOMAIN_CONFIG applies to resources as it does to files.
+    pub options: LoadOptions,
+}
+
 /// Everything [`App`] needs that is not a listener or a loaded config.
 #[derive(Clone, Debug)]
 pub struct AppOptions {
@@ -65,6 +73,9 @@ pub struct AppOptions {
     pub backend: Backend,
     /// PEERS / PEERS_DNS.
     pub cluster: Option<ClusterSettings>,
+    /// Config streamed from an xDS server; the app starts without config (or with whatever
+    /// the handle holds) and serves each accepted update.
+    pub xds: Option<Xds>,
 }
 
 /// A built, not yet serving, Sluice.
@@ -149,6 +160,10 @@ impl App {
         let _watcher = options.reload.as_ref().map(|r| {
             crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
         });
+        let _xds = options
+            .xds
+            .as_ref()
+            .map(|x| crate::xds::spawn(x.settings.clone(), x.options, config.clone()));
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {
             let mut rx = stop_rx.clone();

@@ -18,6 +18,7 @@
 //! - [`cluster`]: counters owned by one peer each (rendezvous hashing), hits forwarded to owners.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
+//! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
 
 pub mod api;
 pub mod app;
@@ -30,3 +31,4 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod xds;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::error::ErrorKind;
-use sluice::app::{App, AppOptions, Listeners, Reload};
+use sluice::app::{App, AppOptions, Listeners, Reload, Xds};
 use sluice::clock::SystemClock;
 use sluice::config::{self, ConfigHandle, ConfigSource, LoadOptions};
 use sluice::service::{HeaderNames, ServiceOptions};
@@ -96,7 +96,17 @@ fn config_source(location: &ConfigLocation) -> ConfigSource {
     }
 }
 
-fn app_options(s: &Settings, reload: Reload) -> AppOptions {
+/// Where config updates come from: polled files or an xDS stream.
+enum ConfigFeed {
+    Files(Reload),
+    Xds(Xds),
+}
+
+fn app_options(s: &Settings, feed: ConfigFeed) -> AppOptions {
+    let (reload, xds) = match feed {
+        ConfigFeed::Files(reload) => (Some(reload), None),
+        ConfigFeed::Xds(xds) => (None, Some(xds)),
+    };
     AppOptions {
         service: ServiceOptions {
             shadow_mode: s.shadow_mode,
@@ -119,9 +129,10 @@ fn app_options(s: &Settings, reload: Reload) -> AppOptions {
         require_config_for_health: s.healthy_with_at_least_one_config_loaded,
         shutdown_delay: s.shutdown_delay,
         drain_timeout: s.drain_timeout,
-        reload: Some(reload),
+        reload,
         backend: s.backend.clone(),
         cluster: s.cluster.clone(),
+        xds,
     }
 }
 
@@ -135,33 +146,47 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     sluice::telemetry::init_logs(settings.log_level, settings.log_format);
 
-    // Config is loaded and validated before any port is bound.
+    // Config is loaded and validated before any port is bound. With CONFIG_TYPE=GRPC_XDS_SOTW
+    // there are no files: Sluice starts without config, as FORCE_START_WITHOUT_INITIAL_CONFIG
+    // does, and serves what the xDS server pushes.
     let source = config_source(&settings.config);
     let load_options = LoadOptions {
         merge_domain_config: settings.merge_domain_config,
     };
-    let initial = match config::load(&source, &load_options) {
-        Ok(cfg) => Some(cfg),
-        Err(errors) if settings.force_start_without_initial_config => {
-            for e in &errors.0 {
-                tracing::error!(error = %e, "initial config rejected; starting without config (FORCE_START_WITHOUT_INITIAL_CONFIG)");
-            }
-            None
-        }
-        Err(errors) => {
-            for e in &errors.0 {
-                eprintln!("sluice: {e}");
-            }
-            return ExitCode::from(EXIT_USAGE);
+    let (initial, config_feed) = match &settings.xds {
+        Some(xds) => (
+            None,
+            ConfigFeed::Xds(Xds {
+                settings: xds.clone(),
+                options: load_options,
+            }),
+        ),
+        None => {
+            let initial = match config::load(&source, &load_options) {
+                Ok(cfg) => Some(cfg),
+                Err(errors) if settings.force_start_without_initial_config => {
+                    for e in &errors.0 {
+                        tracing::error!(error = %e, "initial config rejected; starting without config (FORCE_START_WITHOUT_INITIAL_CONFIG)");
+                    }
+                    None
+                }
+                Err(errors) => {
+                    for e in &errors.0 {
+                        eprintln!("sluice: {e}");
+                    }
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let reload = Reload {
+                source,
+                options: load_options,
+                poll: settings.config_poll_interval,
+            };
+            (initial, ConfigFeed::Files(reload))
         }
     };
     let config = ConfigHandle::new(initial);
-    let reload = Reload {
-        source,
-        options: load_options,
-        poll: settings.config_poll_interval,
-    };
-    let options = app_options(&settings, reload);
+    let options = app_options(&settings, config_feed);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

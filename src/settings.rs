@@ -478,6 +478,8 @@ pub struct ServeArgs {
         help_heading = "Peer cluster"
     )]
     pub peer_batch_window_us: u64,
+    #[command(flatten)]
+    pub xds: XdsArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -520,6 +522,8 @@ pub struct Settings {
     pub shutdown_delay: Duration,
     /// PEERS / PEERS_DNS; `None` for a single node.
     pub cluster: Option<ClusterSettings>,
+    /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
+    pub xds: Option<XdsSettings>,
 }
 
 /// Where the peers come from.
@@ -774,6 +778,7 @@ impl ServeArgs {
                 c.listen = SocketAddr::new(grpc_addr.ip(), self.peer_port);
                 c
             }),
+            xds: self.xds.validate()?,
         })
     }
 }
@@ -1033,6 +1038,330 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub stop_cache_key_increment_when_overlimit: bool,
+}
+
+/// envoyproxy/ratelimit's config-source settings: files (the default) or an xDS server.
+#[derive(Clone, Debug, clap::Args)]
+pub struct XdsArgs {
+    /// `FILE` (the YAML files; the default) or `GRPC_XDS_SOTW` (RateLimitConfig resources
+    /// streamed by an xDS server, as Envoy Gateway does).
+    #[arg(
+        long,
+        env = "CONFIG_TYPE",
+        default_value = "FILE",
+        help_heading = "xDS config"
+    )]
+    pub config_type: String,
+    /// The node id sent to the xDS server, which picks the snapshot by it.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_NODE_ID",
+        default_value = "default",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_node_id: String,
+    /// Node metadata sent to the xDS server: comma-separated `key=value` pairs.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_NODE_METADATA",
+        default_value = "",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_node_metadata: String,
+    /// The xDS server, `host:port`.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_URL",
+        default_value = "localhost:18000",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_server_url: String,
+    /// After an established stream ends, wait about this long (Go duration) before reconnecting.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        default_value = "3s",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_server_connect_retry_interval: String,
+    /// gRPC metadata added to the xDS stream: comma-separated `key:value` (envconfig's map
+    /// format, as in the Go service) or `key=value` pairs.
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        default_value = "",
+        hide_env_values = true,
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_client_additional_headers: String,
+    /// TLS to the xDS server (not supported yet: refused rather than silently sent in clear).
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_server_use_tls: bool,
+    /// Client certificate for TLS to the xDS server (accepted; TLS is not supported yet).
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_client_tls_cert: Option<String>,
+    /// Client key for TLS to the xDS server (accepted; TLS is not supported yet).
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_client_tls_key: Option<String>,
+    /// CA certificate of the xDS server (accepted; TLS is not supported yet).
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_server_tls_cacert: Option<String>,
+    /// Name to verify the xDS server's certificate against (accepted; TLS is not supported yet).
+    #[arg(
+        long,
+        env = "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        help_heading = "xDS config"
+    )]
+    pub config_grpc_xds_server_tls_san: Option<String>,
+    /// First delay (Go duration) after a failed connection attempt; doubles per failure.
+    #[arg(
+        long,
+        env = "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        default_value = "10s",
+        help_heading = "xDS config"
+    )]
+    pub xds_client_backoff_initial_interval: String,
+    /// Longest delay (Go duration) between connection attempts.
+    #[arg(
+        long,
+        env = "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        default_value = "60s",
+        help_heading = "xDS config"
+    )]
+    pub xds_client_backoff_max_interval: String,
+    /// With XDS_CLIENT_BACKOFF_JITTER, each delay is randomised within ±this fraction; in [0, 1].
+    #[arg(
+        long,
+        env = "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        default_value_t = 0.5,
+        help_heading = "xDS config"
+    )]
+    pub xds_client_backoff_random_factor: f64,
+    /// Randomise reconnection delays, so replicas do not reconnect in lockstep.
+    #[arg(
+        long,
+        env = "XDS_CLIENT_BACKOFF_JITTER",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "xDS config"
+    )]
+    pub xds_client_backoff_jitter: bool,
+    /// Largest xDS response accepted, in bytes; 0 or unset keeps gRPC's 4 MiB.
+    #[arg(
+        long,
+        env = "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        help_heading = "xDS config"
+    )]
+    pub xds_client_max_msg_size_in_bytes: Option<usize>,
+}
+
+/// Validated xDS client settings (CONFIG_TYPE=GRPC_XDS_SOTW).
+#[derive(Clone, Debug, PartialEq)]
+pub struct XdsSettings {
+    pub node_id: String,
+    /// CONFIG_GRPC_XDS_NODE_METADATA, in the order given; sent as string values.
+    pub node_metadata: Vec<(String, String)>,
+    /// `http://host:port`, ready for the gRPC client.
+    pub server_uri: String,
+    pub connect_retry_interval: Duration,
+    /// Lower-case ASCII gRPC metadata keys with ASCII values.
+    pub additional_headers: Vec<(String, String)>,
+    pub backoff: XdsBackoff,
+    /// `None`: gRPC's default limit.
+    pub max_msg_size: Option<usize>,
+}
+
+/// Reconnection delays: after the `n`-th consecutive failed attempt (from 0), the delay is
+/// `min(initial * 2^n, max)`, randomised within `±random_factor` when `jitter` is set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct XdsBackoff {
+    pub initial: Duration,
+    pub max: Duration,
+    /// In [0, 1].
+    pub random_factor: f64,
+    pub jitter: bool,
+}
+
+impl XdsArgs {
+    /// `None` for CONFIG_TYPE=FILE. The xDS variables are only checked for GRPC_XDS_SOTW, so
+    /// leftovers in a file-based deployment cannot stop it.
+    fn validate(self) -> Result<Option<XdsSettings>, SettingsError> {
+        match self.config_type.to_ascii_uppercase().as_str() {
+            "FILE" => return Ok(None),
+            "GRPC_XDS_SOTW" => {}
+            _ => {
+                return Err(invalid(
+                    "CONFIG_TYPE",
+                    &self.config_type,
+                    "expected FILE or GRPC_XDS_SOTW",
+                ));
+            }
+        }
+        if self.config_grpc_xds_server_use_tls {
+            return Err(SettingsError::NotSupportedYet {
+                var: "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+                value: "true".into(),
+                reason: "TLS to the xDS server",
+            });
+        }
+        if self.config_grpc_xds_node_id.is_empty() {
+            return Err(invalid("CONFIG_GRPC_XDS_NODE_ID", "", "must not be empty"));
+        }
+        let node_metadata = pairs(&self.config_grpc_xds_node_metadata, &['='])
+            .map_err(|e| invalid("CONFIG_GRPC_XDS_NODE_METADATA", e, "expected key=value"))?;
+        let additional_headers =
+            pairs(&self.config_grpc_xds_client_additional_headers, &[':', '='])
+                .map_err(|e| {
+                    invalid(
+                        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                        e,
+                        "expected key:value or key=value",
+                    )
+                })?
+                .into_iter()
+                .map(|(k, v)| grpc_metadata(k, v))
+                .collect::<Result<Vec<_>, _>>()?;
+        let server_uri = xds_server_uri(&self.config_grpc_xds_server_url)?;
+        let duration = |var: &'static str, value: &str| {
+            parse_go_duration(value)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        var,
+                        value,
+                        "expected a positive Go duration such as 500ms or 3s",
+                    )
+                })
+        };
+        let connect_retry_interval = duration(
+            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+            &self.config_grpc_xds_server_connect_retry_interval,
+        )?;
+        let initial = duration(
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            &self.xds_client_backoff_initial_interval,
+        )?;
+        let max = duration(
+            "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+            &self.xds_client_backoff_max_interval,
+        )?;
+        if max < initial {
+            return Err(invalid(
+                "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+                &self.xds_client_backoff_max_interval,
+                "must not be shorter than XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            ));
+        }
+        let random_factor = self.xds_client_backoff_random_factor;
+        if !(0.0..=1.0).contains(&random_factor) {
+            return Err(invalid(
+                "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+                random_factor,
+                "must be between 0 and 1",
+            ));
+        }
+        Ok(Some(XdsSettings {
+            node_id: self.config_grpc_xds_node_id,
+            node_metadata,
+            server_uri,
+            connect_retry_interval,
+            additional_headers,
+            backoff: XdsBackoff {
+                initial,
+                max,
+                random_factor,
+                jitter: self.xds_client_backoff_jitter,
+            },
+            max_msg_size: self.xds_client_max_msg_size_in_bytes.filter(|&n| n > 0),
+        }))
+    }
+}
+
+/// Comma-separated pairs split at the first of `separators`; empty items are skipped. The
+/// error is the offending item. (Go skips an item without a separator; a typo is an error here.)
+fn pairs(value: &str, separators: &[char]) -> Result<Vec<(String, String)>, String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| match item.split_once(separators) {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+            _ => Err(item.to_owned()),
+        })
+        .collect()
+}
+
+/// gRPC metadata keys are lower case (Go's `metadata.New` lower-cases them too); binary
+/// (`-bin`) keys and non-ASCII values cannot come from an environment variable sensibly.
+fn grpc_metadata(key: String, value: String) -> Result<(String, String), SettingsError> {
+    let var = "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS";
+    let key = key.to_ascii_lowercase();
+    let key_ok = key
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if !key_ok || key.ends_with("-bin") || key.starts_with("grpc-") {
+        return Err(invalid(var, key, "not a valid ASCII gRPC metadata key"));
+    }
+    if !value.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) {
+        return Err(invalid(var, key, "the value must be printable ASCII"));
+    }
+    Ok((key, value))
+}
+
+/// The Go service dials a gRPC target, `host:port`; `http://host:port` and `dns:///host:port`
+/// are accepted too. `https://` means TLS, which is refused like CONFIG_GRPC_XDS_SERVER_USE_TLS.
+fn xds_server_uri(url: &str) -> Result<String, SettingsError> {
+    let var = "CONFIG_GRPC_XDS_SERVER_URL";
+    if url.starts_with("https://") {
+        return Err(SettingsError::NotSupportedYet {
+            var,
+            value: url.to_owned(),
+            reason: "TLS to the xDS server",
+        });
+    }
+    let target = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("dns:///"))
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    let valid = target.rsplit_once(':').is_some_and(|(host, port)| {
+        let host_ok = !host.is_empty()
+            && !host.contains(['/', '@', '?', '#', ' '])
+            && (host.starts_with('[') == host.ends_with(']'));
+        host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
+    });
+    if !valid {
+        return Err(invalid(var, url, "expected host:port"));
+    }
+    Ok(format!("http://{target}"))
 }
 
 /// Where one Redis is and how to reach it.
@@ -1673,6 +2002,118 @@ mod tests {
     }
 
     #[test]
+    fn config_type_selects_xds_with_go_defaults() {
+        assert_eq!(settings(&[]).unwrap().xds, None);
+        assert_eq!(settings(&["--config-type", "file"]).unwrap().xds, None);
+        // xDS variables are ignored (not even checked) for files.
+        assert_eq!(
+            settings(&["--config-grpc-xds-server-use-tls=true"])
+                .unwrap()
+                .xds,
+            None
+        );
+        let x = settings(&["--config-type", "GRPC_XDS_SOTW"])
+            .unwrap()
+            .xds
+            .expect("xds");
+        assert_eq!(
+            x,
+            XdsSettings {
+                node_id: "default".into(),
+                node_metadata: vec![],
+                server_uri: "http://localhost:18000".into(),
+                connect_retry_interval: Duration::from_secs(3),
+                additional_headers: vec![],
+                backoff: XdsBackoff {
+                    initial: Duration::from_secs(10),
+                    max: Duration::from_secs(60),
+                    random_factor: 0.5,
+                    jitter: true,
+                },
+                max_msg_size: None,
+            }
+        );
+        let xds = |extra: &[&str]| {
+            let mut args = vec!["--config-type", "GRPC_XDS_SOTW"];
+            args.extend_from_slice(extra);
+            settings(&args).map(|s| s.xds.expect("xds"))
+        };
+        let x = xds(&[
+            "--config-grpc-xds-node-id",
+            "envoy-ratelimit",
+            "--config-grpc-xds-node-metadata",
+            "zone=a, team=x=y,",
+            "--config-grpc-xds-server-url",
+            "envoy-gateway:18001",
+            "--config-grpc-xds-client-additional-headers",
+            "X-Token:abc,tenant=t1",
+            "--xds-client-backoff-jitter=false",
+            "--xds-client-max-msg-size-in-bytes",
+            "8388608",
+        ])
+        .unwrap();
+        assert_eq!(x.node_id, "envoy-ratelimit");
+        assert_eq!(
+            x.node_metadata,
+            vec![("zone".into(), "a".into()), ("team".into(), "x=y".into())]
+        );
+        assert_eq!(x.server_uri, "http://envoy-gateway:18001");
+        assert_eq!(
+            x.additional_headers,
+            vec![
+                ("x-token".into(), "abc".into()),
+                ("tenant".into(), "t1".into())
+            ]
+        );
+        assert!(!x.backoff.jitter);
+        assert_eq!(x.max_msg_size, Some(8 << 20));
+
+        let err = |extra: &[&str]| xds(extra).unwrap_err().to_string();
+        assert_eq!(
+            error(&["--config-type", "rest"]),
+            "CONFIG_TYPE=rest: expected FILE or GRPC_XDS_SOTW"
+        );
+        let tls = err(&[
+            "--config-grpc-xds-server-use-tls=true",
+            "--config-grpc-xds-client-tls-cert",
+            "/certs/tls.crt",
+        ]);
+        assert!(
+            tls.starts_with("CONFIG_GRPC_XDS_SERVER_USE_TLS=true: TLS to the xDS server")
+                && tls.contains("does not support it yet"),
+            "{tls}"
+        );
+        assert!(
+            err(&["--config-grpc-xds-server-url", "https://cp:18000"])
+                .contains("does not support it yet")
+        );
+        assert_eq!(
+            err(&["--config-grpc-xds-server-url", "cp"]),
+            "CONFIG_GRPC_XDS_SERVER_URL=cp: expected host:port"
+        );
+        assert_eq!(
+            err(&["--config-grpc-xds-node-metadata", "zone"]),
+            "CONFIG_GRPC_XDS_NODE_METADATA=zone: expected key=value"
+        );
+        assert!(
+            err(&["--config-grpc-xds-client-additional-headers", "k-bin:x"])
+                .starts_with("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS=k-bin:")
+        );
+        assert!(
+            err(&["--config-grpc-xds-server-connect-retry-interval", "3"])
+                .starts_with("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL=3:")
+        );
+        assert!(
+            err(&["--xds-client-backoff-max-interval", "1s"])
+                .starts_with("XDS_CLIENT_BACKOFF_MAX_INTERVAL=1s: must not be shorter")
+        );
+        assert!(
+            err(&["--xds-client-backoff-random-factor", "1.5"])
+                .starts_with("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=1.5:")
+        );
+    }
+
+    #[test]
     fn go_durations_parse() {
         assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
         assert_eq!(parse_go_duration("150us"), Some(Duration::from_micros(150)));
@@ -1831,6 +2272,10 @@ mod tests {
             "SLUICE_CONFIG_POLL_MS",
             "SLUICE_SWEEP_INTERVAL_SECS",
             "SLUICE_DRAIN_TIMEOUT_SECS",
+            "CONFIG_TYPE",
+            "CONFIG_GRPC_XDS_NODE_ID",
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
         ] {
             assert!(
                 help.contains(&format!("[env: {var}=")),

@@ -83,12 +83,30 @@ fn build<'a>(
     let mut parsed = Vec::new();
     for (name, text) in files {
         match text.and_then(raw::parse) {
-            Ok(root) => parsed.push((name, root)),
+            Ok(root) => parsed.push((name.to_owned(), root)),
             Err(message) => errors.push(ConfigError::new(name, message)),
         }
     }
+    compile_roots(parsed, errors, opts)
+}
+
+/// Builds a config from already parsed configs, each named for its errors, in the given
+/// order: the same validation, compilation and messages as files get. The xDS client feeds
+/// its RateLimitConfig resources (converted to raw types, named by resource name) through here.
+pub fn build_raw(
+    roots: Vec<(String, raw::RawRoot)>,
+    opts: &LoadOptions,
+) -> Result<RateLimitConfig, ConfigErrors> {
+    compile_roots(roots, Vec::new(), opts)
+}
+
+fn compile_roots(
+    roots: Vec<(String, raw::RawRoot)>,
+    mut errors: Vec<ConfigError>,
+    opts: &LoadOptions,
+) -> Result<RateLimitConfig, ConfigErrors> {
     let mut builder = Builder::new(opts.merge_domain_config);
-    for (name, root) in parsed {
+    for (name, root) in roots {
         if let Err(message) = builder.add_file(root) {
             errors.push(ConfigError::new(name, message));
         }

@@ -27,7 +27,7 @@ pub mod watch;
 
 pub use compile::{Block, Domain, Limit, Matched, RateLimitConfig, Rule};
 pub use load::{
-    ConfigSource, LoadOptions, envoy_extensions, envoy_extensions_in, load, parse_files,
+    ConfigSource, LoadOptions, build_raw, envoy_extensions, envoy_extensions_in, load, parse_files,
 };
 pub use watch::{ConfigHandle, ConfigStats, WatchGuard, spawn_watcher};
 

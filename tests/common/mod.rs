@@ -36,6 +36,7 @@ pub fn default_options() -> AppOptions {
         reload: None,
         backend: sluice::settings::Backend::Memory,
         cluster: None,
+        xds: None,
     }
 }
 
