@@ -16,12 +16,15 @@ use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::settings::Backend;
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
+use crate::telemetry::{Stats, TelemetryOptions};
 
-/// The three bound listeners.
+/// The bound listeners.
 pub struct Listeners {
     pub http: TcpListener,
     pub grpc: TcpListener,
     pub debug: TcpListener,
+    /// USE_PROMETHEUS's PROMETHEUS_ADDR: `/metrics` (PROMETHEUS_PATH) on its own port.
+    pub prometheus: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -31,6 +34,7 @@ impl Listeners {
             http: TcpListener::bind("127.0.0.1:0").await?,
             grpc: TcpListener::bind("127.0.0.1:0").await?,
             debug: TcpListener::bind("127.0.0.1:0").await?,
+            prometheus: None,
         })
     }
 }
@@ -58,6 +62,7 @@ pub struct AppOptions {
     pub drain_timeout: Duration,
     pub reload: Option<Reload>,
     pub backend: Backend,
+    pub telemetry: TelemetryOptions,
 }
 
 /// A built, not yet serving, Sluice.
@@ -84,12 +89,16 @@ impl App {
             )),
             Backend::Redis(redis) => AnyStore::Redis(RedisStore::start(redis)?),
         });
-        let service = Arc::new(RateLimitService::new(
-            config.clone(),
-            store.clone(),
-            clock,
-            options.service.clone(),
-        ));
+        let stats = Arc::new(Stats::new(options.telemetry.stats));
+        let service = Arc::new(
+            RateLimitService::new(
+                config.clone(),
+                store.clone(),
+                clock,
+                options.service.clone(),
+            )
+            .with_stats(stats),
+        );
         let ready = store.clone();
         let health = Arc::new(Health::new(
             config.clone(),
@@ -154,7 +163,21 @@ impl App {
                 .with_graceful_shutdown(stopped())
                 .into_future(),
         );
-        let debug_router = api::debug::router(config.clone(), store.clone());
+        let stats = service.stats().clone();
+        let prometheus = listeners.prometheus.map(|listener| {
+            let router = api::debug::metrics_router(
+                &options.telemetry.prometheus_path,
+                config.clone(),
+                store.clone(),
+                stats.clone(),
+            );
+            tokio::spawn(
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped())
+                    .into_future(),
+            )
+        });
+        let debug_router = api::debug::router(config.clone(), store.clone(), stats);
         let debug = tokio::spawn(
             axum::serve(listeners.debug, debug_router)
                 .with_graceful_shutdown(stopped())
@@ -172,6 +195,9 @@ impl App {
         })
         .await;
         health_updater.abort();
+        if let Some(p) = prometheus {
+            p.abort();
+        }
         match drained {
             Err(_) => {
                 tracing::warn!(

@@ -17,6 +17,8 @@
 //! - [`store`]: the counter-store trait and its backends.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
+//! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus
+//!   exposition, logs.
 
 pub mod api;
 pub mod app;

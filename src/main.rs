@@ -121,6 +121,10 @@ fn app_options(s: &Settings, reload: Reload) -> AppOptions {
         drain_timeout: s.drain_timeout,
         reload: Some(reload),
         backend: s.backend.clone(),
+        telemetry: sluice::telemetry::TelemetryOptions {
+            stats: s.telemetry.stats,
+            prometheus_path: s.telemetry.prometheus_path.clone(),
+        },
     }
 }
 
@@ -154,7 +158,15 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    let loaded = initial.is_some();
     let config = ConfigHandle::new(initial);
+    if loaded {
+        // The Go service counts its start-up load as a config load.
+        config
+            .stats()
+            .load_success
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let reload = Reload {
         source,
         options: load_options,
@@ -182,6 +194,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             http: bind(settings.http_addr, "HTTP (PORT)").await?,
             grpc: bind(settings.grpc_addr, "gRPC (GRPC_PORT)").await?,
             debug: bind(settings.debug_addr, "debug (DEBUG_PORT)").await?,
+            prometheus: match settings.telemetry.prometheus_addr {
+                Some(addr) => Some(bind(addr, "Prometheus (PROMETHEUS_ADDR)").await?),
+                None => None,
+            },
         };
         tracing::info!(
             http = %settings.http_addr,

@@ -35,6 +35,7 @@ pub fn default_options() -> AppOptions {
         drain_timeout: Duration::from_secs(5),
         reload: None,
         backend: sluice::settings::Backend::Memory,
+        telemetry: Default::default(),
     }
 }
 
