@@ -496,7 +496,13 @@ impl<S: CounterStore> RateLimitService<S> {
             && let Err(e) = self.store.refund(self.clock.now(), &refunds).await
         {
             // The decisions stand; only the give-back failed, so the request is answered.
-            tracing::warn!(error = %e, "could not give back hits of a refused request");
+            if let Some(suppressed) = self.backend_log.check() {
+                tracing::warn!(
+                    error = %e,
+                    suppressed,
+                    "could not give back hits of a refused request (at most one line a second)"
+                );
+            }
         }
 
         let mut decisions = decisions.iter();
