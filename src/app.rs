@@ -177,6 +177,30 @@ impl App {
                     .into_future(),
             )
         });
+        let statsd = options.telemetry.statsd.map(|(addr, interval)| {
+            let (config, store, stats) = (config.clone(), store.clone(), stats.clone());
+            tokio::spawn(async move {
+                let mut sink = match crate::telemetry::statsd::StatsdSink::connect(addr).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!(%addr, error = %e, "statsd disabled: cannot open a UDP socket");
+                        return;
+                    }
+                };
+                let mut ticker = tokio::time::interval(interval);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let failures = crate::telemetry::LogLimiter::new(Duration::from_secs(60));
+                loop {
+                    ticker.tick().await;
+                    let extra = api::debug::telemetry_extra(&config, &store);
+                    if let Err(e) = sink.flush(&stats, &extra).await
+                        && let Some(suppressed) = failures.check()
+                    {
+                        tracing::warn!(%addr, error = %e, suppressed, "statsd flush failed");
+                    }
+                }
+            })
+        });
         let debug_router = api::debug::router(config.clone(), store.clone(), stats);
         let debug = tokio::spawn(
             axum::serve(listeners.debug, debug_router)
@@ -197,6 +221,9 @@ impl App {
         health_updater.abort();
         if let Some(p) = prometheus {
             p.abort();
+        }
+        if let Some(s) = statsd {
+            s.abort();
         }
         match drained {
             Err(_) => {

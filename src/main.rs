@@ -124,6 +124,7 @@ fn app_options(s: &Settings, reload: Reload) -> AppOptions {
         telemetry: sluice::telemetry::TelemetryOptions {
             stats: s.telemetry.stats,
             prometheus_path: s.telemetry.prometheus_path.clone(),
+            statsd: s.telemetry.statsd,
         },
     }
 }

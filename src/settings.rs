@@ -1339,6 +1339,44 @@ pub struct TelemetryArgs {
         help_heading = "Metrics"
     )]
     pub max_stat_keys: usize,
+    /// Push counters to statsd over UDP (off by default in Sluice; on in the Go service).
+    #[arg(
+        long,
+        env = "USE_STATSD",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Metrics"
+    )]
+    pub use_statsd: bool,
+    /// The statsd server's host.
+    #[arg(
+        long,
+        env = "STATSD_HOST",
+        default_value = "localhost",
+        help_heading = "Metrics"
+    )]
+    pub statsd_host: String,
+    /// The statsd server's UDP port.
+    #[arg(
+        long,
+        env = "STATSD_PORT",
+        default_value_t = 8125,
+        help_heading = "Metrics"
+    )]
+    pub statsd_port: u16,
+    /// How often counters are pushed to statsd (Go duration).
+    #[arg(
+        long,
+        env = "STATS_FLUSH_INTERVAL",
+        default_value = "10s",
+        help_heading = "Metrics"
+    )]
+    pub stats_flush_interval: String,
 }
 
 /// Validated metrics settings.
@@ -1348,6 +1386,8 @@ pub struct TelemetrySettings {
     /// USE_PROMETHEUS: where the exposition gets its own listener.
     pub prometheus_addr: Option<SocketAddr>,
     pub prometheus_path: String,
+    /// USE_STATSD: the server and the flush interval.
+    pub statsd: Option<(SocketAddr, Duration)>,
 }
 
 impl TelemetryArgs {
@@ -1381,7 +1421,27 @@ impl TelemetryArgs {
         } else {
             None
         };
+        let statsd = if self.use_statsd {
+            let interval = parse_go_duration(&self.stats_flush_interval)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        "STATS_FLUSH_INTERVAL",
+                        &self.stats_flush_interval,
+                        "expected a positive Go duration such as 10s",
+                    )
+                })?;
+            let addr = (self.statsd_host.as_str(), self.statsd_port)
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| invalid("STATSD_HOST", &self.statsd_host, "cannot be resolved"))?;
+            Some((addr, interval))
+        } else {
+            None
+        };
         Ok(TelemetrySettings {
+            statsd,
             stats: crate::telemetry::StatsOptions {
                 enabled: !self.disable_stats,
                 near_limit_ratio,
@@ -1785,6 +1845,10 @@ mod tests {
             "PROMETHEUS_PATH",
             "DISABLE_STATS",
             "SLUICE_MAX_STAT_KEYS",
+            "USE_STATSD",
+            "STATSD_HOST",
+            "STATSD_PORT",
+            "STATS_FLUSH_INTERVAL",
         ] {
             assert!(
                 help.contains(&format!("[env: {var}=")),

@@ -443,3 +443,61 @@ async fn global_shadow_mode_and_backend_errors_are_counted() {
         Some(1.0)
     );
 }
+
+#[tokio::test]
+async fn statsd_receives_counter_increases_under_the_go_names() {
+    let receiver = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut sink = sluice::telemetry::statsd::StatsdSink::connect(receiver.local_addr().unwrap())
+        .await
+        .unwrap();
+    let svc = service(100);
+    for _ in 0..3 {
+        svc.should_rate_limit(request("test", "k", "v"))
+            .await
+            .unwrap();
+    }
+    svc.should_rate_limit(request("test", "ip", "10.0.0.1"))
+        .await
+        .unwrap();
+    let extra = Extra {
+        config_load_success: 1,
+        ..Extra::default()
+    };
+    assert!(sink.flush(svc.stats(), &extra).await.unwrap() > 0);
+    let mut buf = vec![0u8; 2048];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), receiver.recv(&mut buf))
+        .await
+        .expect("a datagram")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    for want in [
+        "ratelimit.service.rate_limit.test.k_v.total_hits:3|c",
+        "ratelimit.service.rate_limit.test.k_v.within_limit:3|c",
+        "ratelimit.service.rate_limit.test.ip_10_0_0_1.total_hits:1|c",
+        "ratelimit_server.ShouldRateLimit.total_requests:4|c",
+        "ratelimit.service.config_load_success:1|c",
+    ] {
+        assert!(lines.contains(&want), "{want} missing from\n{text}");
+    }
+    // Unmoved counters are not sent; the next flush sends only the increase.
+    svc.should_rate_limit(request("test", "k", "v"))
+        .await
+        .unwrap();
+    sink.flush(svc.stats(), &extra).await.unwrap();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), receiver.recv(&mut buf))
+        .await
+        .expect("a datagram")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "ratelimit.service.rate_limit.test.k_v.total_hits:1|c",
+            "ratelimit.service.rate_limit.test.k_v.within_limit:1|c",
+            "ratelimit_server.ShouldRateLimit.total_requests:1|c",
+        ]
+    );
+}

@@ -57,11 +57,16 @@ async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
 }
 
 fn extra(st: &DebugState) -> Extra {
-    let c = st.config.stats();
+    telemetry_extra(&st.config, &st.store)
+}
+
+/// The numbers the exporters report from outside the stats registry.
+pub fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
+    let c = config.stats();
     Extra {
         config_load_success: c.load_success.load(Ordering::Relaxed),
         config_load_error: c.load_error.load(Ordering::Relaxed),
-        memory: st.store.memory().map(|m| MemoryGauges {
+        memory: store.memory().map(|m| MemoryGauges {
             live_counters: m.live_counters() as u64,
             max_counters: m.max_counters() as u64,
             rejected_full: m.stats().rejected_full.load(Ordering::Relaxed),

@@ -3,12 +3,14 @@
 //! - [`stats`]: the counters (envoyproxy/ratelimit's per-limit stats and arithmetic, service
 //!   counters, the decision-latency histogram) with a hard cap on distinct keys.
 //! - [`prometheus`]: the text exposition served at `/metrics`.
+//! - [`statsd`]: counter increases pushed to a statsd server (USE_STATSD).
 //! - Logs: `tracing` to stderr, configured by LOG_LEVEL and LOG_FORMAT. Nothing on the request
 //!   path logs at the default level (WARN) per request; failures that can repeat per request go
 //!   through a [`LogLimiter`].
 
 pub mod prometheus;
 pub mod stats;
+pub mod statsd;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +26,8 @@ pub struct TelemetryOptions {
     pub stats: StatsOptions,
     /// PROMETHEUS_PATH: where the USE_PROMETHEUS listener serves the exposition.
     pub prometheus_path: String,
+    /// USE_STATSD: where to push counters, and how often (STATS_FLUSH_INTERVAL).
+    pub statsd: Option<(std::net::SocketAddr, Duration)>,
 }
 
 impl Default for TelemetryOptions {
@@ -31,6 +35,7 @@ impl Default for TelemetryOptions {
         TelemetryOptions {
             stats: StatsOptions::default(),
             prometheus_path: "/metrics".to_owned(),
+            statsd: None,
         }
     }
 }
