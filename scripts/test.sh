@@ -63,6 +63,7 @@ ensure_envoy() {
 # Tools the end-to-end tests run (CI machines start without them).
 ensure_apt_package redis-server redis-server      # integration/redis.rs
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
+ensure_apt_package promtool prometheus               # tests/telemetry.rs
 ensure_envoy                                      # integration/envoy.rs
 
 echo "== cargo fmt --check"

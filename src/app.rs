@@ -18,6 +18,7 @@ use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::settings::{Backend, ClusterSettings, XdsSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
+use crate::telemetry::{Stats, TelemetryOptions};
 
 /// The bound listeners.
 pub struct Listeners {
@@ -26,6 +27,8 @@ pub struct Listeners {
     pub debug: TcpListener,
     /// PEER_PORT, when peers are configured.
     pub peer: Option<TcpListener>,
+    /// USE_PROMETHEUS's PROMETHEUS_ADDR: `/metrics` (PROMETHEUS_PATH) on its own port.
+    pub prometheus: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -36,6 +39,7 @@ impl Listeners {
             grpc: TcpListener::bind("127.0.0.1:0").await?,
             debug: TcpListener::bind("127.0.0.1:0").await?,
             peer: None,
+            prometheus: None,
         })
     }
 }
@@ -76,6 +80,7 @@ pub struct AppOptions {
     /// Config streamed from an xDS server; the app starts without config (or with whatever
     /// the handle holds) and serves each accepted update.
     pub xds: Option<Xds>,
+    pub telemetry: TelemetryOptions,
 }
 
 /// A built, not yet serving, Sluice.
@@ -111,12 +116,16 @@ impl App {
                 )
             }
         });
-        let service = Arc::new(RateLimitService::new(
-            config.clone(),
-            store.clone(),
-            clock,
-            options.service.clone(),
-        ));
+        let stats = Arc::new(Stats::new(options.telemetry.stats));
+        let service = Arc::new(
+            RateLimitService::new(
+                config.clone(),
+                store.clone(),
+                clock,
+                options.service.clone(),
+            )
+            .with_stats(stats),
+        );
         let ready = store.clone();
         let health = Arc::new(Health::new(
             config.clone(),
@@ -191,7 +200,45 @@ impl App {
                 .with_graceful_shutdown(stopped())
                 .into_future(),
         );
-        let debug_router = api::debug::router(config.clone(), store.clone());
+        let stats = service.stats().clone();
+        let prometheus = listeners.prometheus.map(|listener| {
+            let router = api::debug::metrics_router(
+                &options.telemetry.prometheus_path,
+                config.clone(),
+                store.clone(),
+                stats.clone(),
+            );
+            tokio::spawn(
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(stopped())
+                    .into_future(),
+            )
+        });
+        let statsd = options.telemetry.statsd.map(|(addr, interval)| {
+            let (config, store, stats) = (config.clone(), store.clone(), stats.clone());
+            tokio::spawn(async move {
+                let mut sink = match crate::telemetry::statsd::StatsdSink::connect(addr).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!(%addr, error = %e, "statsd disabled: cannot open a UDP socket");
+                        return;
+                    }
+                };
+                let mut ticker = tokio::time::interval(interval);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let failures = crate::telemetry::LogLimiter::new(Duration::from_secs(60));
+                loop {
+                    ticker.tick().await;
+                    let extra = api::debug::telemetry_extra(&config, &store);
+                    if let Err(e) = sink.flush(&stats, &extra).await
+                        && let Some(suppressed) = failures.check()
+                    {
+                        tracing::warn!(%addr, error = %e, suppressed, "statsd flush failed");
+                    }
+                }
+            })
+        });
+        let debug_router = api::debug::router(config.clone(), store.clone(), stats);
         let debug = tokio::spawn(
             axum::serve(listeners.debug, debug_router)
                 .with_graceful_shutdown(stopped())
@@ -223,6 +270,12 @@ impl App {
         health_updater.abort();
         if let Some(p) = peer {
             p.abort();
+        }
+        if let Some(p) = prometheus {
+            p.abort();
+        }
+        if let Some(s) = statsd {
+            s.abort();
         }
         match drained {
             Err(_) => {

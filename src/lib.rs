@@ -19,6 +19,8 @@
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
 //! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
+//! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus
+//!   exposition, logs.
 
 pub mod api;
 pub mod app;

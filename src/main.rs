@@ -133,6 +133,11 @@ fn app_options(s: &Settings, feed: ConfigFeed) -> AppOptions {
         backend: s.backend.clone(),
         cluster: s.cluster.clone(),
         xds,
+        telemetry: sluice::telemetry::TelemetryOptions {
+            stats: s.telemetry.stats,
+            prometheus_path: s.telemetry.prometheus_path.clone(),
+            statsd: s.telemetry.statsd,
+        },
     }
 }
 
@@ -185,7 +190,15 @@ fn serve(args: ServeArgs) -> ExitCode {
             (initial, ConfigFeed::Files(reload))
         }
     };
+    let loaded = initial.is_some();
     let config = ConfigHandle::new(initial);
+    if loaded {
+        // The Go service counts its start-up load as a config load.
+        config
+            .stats()
+            .load_success
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let options = app_options(&settings, config_feed);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -210,6 +223,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             debug: bind(settings.debug_addr, "debug (DEBUG_PORT)").await?,
             peer: match &settings.cluster {
                 Some(c) => Some(bind(c.listen, "peer (PEER_PORT)").await?),
+                None => None,
+            },
+            prometheus: match settings.telemetry.prometheus_addr {
+                Some(addr) => Some(bind(addr, "Prometheus (PROMETHEUS_ADDR)").await?),
                 None => None,
             },
         };

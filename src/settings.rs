@@ -336,6 +336,8 @@ pub struct ServeArgs {
         help_heading = "Logging"
     )]
     pub log_format: String,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
 
     /// Counter store: `memory` (counts per node; the default) or `redis` (shared counters,
     /// keyed like envoyproxy/ratelimit). Unset with REDIS_URL set means `redis`.
@@ -505,6 +507,7 @@ pub struct Settings {
     pub response_headers: Option<ResponseHeaders>,
     pub log_level: LogLevel,
     pub log_format: LogFormat,
+    pub telemetry: TelemetrySettings,
     pub backend: Backend,
     /// SLUICE_BACKEND_FAILURE=allow.
     pub fail_open: bool,
@@ -737,6 +740,7 @@ impl ServeArgs {
             response_headers: self.limit_response_headers_enabled.then_some(headers),
             log_level: log_level(&self.log_level)?,
             log_format: log_format(&self.log_format)?,
+            telemetry: self.telemetry.validate(ratio)?,
             backend: backend(self.backend_type.as_deref(), self.redis)?,
             fail_open: match self.backend_failure.to_ascii_lowercase().as_str() {
                 "error" => false,
@@ -1773,6 +1777,177 @@ fn env_var_of(cmd: &clap::Command, long: &str) -> Option<String> {
     own.or_else(|| cmd.get_subcommands().find_map(|s| env_var_of(s, long)))
 }
 
+/// Metrics settings: envoyproxy/ratelimit's stats variables and Sluice's cap on stats keys.
+#[derive(Clone, Debug, clap::Args)]
+pub struct TelemetryArgs {
+    /// Serve the Prometheus exposition on its own listener (PROMETHEUS_ADDR) as well as at
+    /// /metrics on the debug port.
+    #[arg(
+        long,
+        env = "USE_PROMETHEUS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Metrics"
+    )]
+    pub use_prometheus: bool,
+    /// Address of the USE_PROMETHEUS listener, `host:port` or `:port`.
+    #[arg(
+        long,
+        env = "PROMETHEUS_ADDR",
+        default_value = ":9090",
+        help_heading = "Metrics"
+    )]
+    pub prometheus_addr: String,
+    /// Path of the exposition on the USE_PROMETHEUS listener.
+    #[arg(
+        long,
+        env = "PROMETHEUS_PATH",
+        default_value = "/metrics",
+        help_heading = "Metrics"
+    )]
+    pub prometheus_path: String,
+    /// Record no stats at all.
+    #[arg(
+        long,
+        env = "DISABLE_STATS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Metrics"
+    )]
+    pub disable_stats: bool,
+    /// Most distinct per-limit stats keys (and unknown domains) kept; records for new keys
+    /// past it add up in one `_overflow_` series.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_STAT_KEYS",
+        default_value_t = 10_000,
+        help_heading = "Metrics"
+    )]
+    pub max_stat_keys: usize,
+    /// Push counters to statsd over UDP (off by default in Sluice; on in the Go service).
+    #[arg(
+        long,
+        env = "USE_STATSD",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Metrics"
+    )]
+    pub use_statsd: bool,
+    /// The statsd server's host.
+    #[arg(
+        long,
+        env = "STATSD_HOST",
+        default_value = "localhost",
+        help_heading = "Metrics"
+    )]
+    pub statsd_host: String,
+    /// The statsd server's UDP port.
+    #[arg(
+        long,
+        env = "STATSD_PORT",
+        default_value_t = 8125,
+        help_heading = "Metrics"
+    )]
+    pub statsd_port: u16,
+    /// How often counters are pushed to statsd (Go duration).
+    #[arg(
+        long,
+        env = "STATS_FLUSH_INTERVAL",
+        default_value = "10s",
+        help_heading = "Metrics"
+    )]
+    pub stats_flush_interval: String,
+}
+
+/// Validated metrics settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TelemetrySettings {
+    pub stats: crate::telemetry::StatsOptions,
+    /// USE_PROMETHEUS: where the exposition gets its own listener.
+    pub prometheus_addr: Option<SocketAddr>,
+    pub prometheus_path: String,
+    /// USE_STATSD: the server and the flush interval.
+    pub statsd: Option<(SocketAddr, Duration)>,
+}
+
+impl TelemetryArgs {
+    fn validate(self, near_limit_ratio: f32) -> Result<TelemetrySettings, SettingsError> {
+        let max_keys = non_zero("SLUICE_MAX_STAT_KEYS", self.max_stat_keys)?.get();
+        if !self.prometheus_path.starts_with('/') {
+            return Err(invalid(
+                "PROMETHEUS_PATH",
+                &self.prometheus_path,
+                "must start with /",
+            ));
+        }
+        let prometheus_addr = if self.use_prometheus {
+            // Go's `:9090` means every interface.
+            let (host, port) = self.prometheus_addr.rsplit_once(':').ok_or_else(|| {
+                invalid(
+                    "PROMETHEUS_ADDR",
+                    &self.prometheus_addr,
+                    "expected host:port or :port",
+                )
+            })?;
+            let port: u16 = port.parse().map_err(|_| {
+                invalid(
+                    "PROMETHEUS_ADDR",
+                    &self.prometheus_addr,
+                    "the port is not a number",
+                )
+            })?;
+            let host = if host.is_empty() { "0.0.0.0" } else { host };
+            Some(resolve_listener("PROMETHEUS_ADDR", host, port)?)
+        } else {
+            None
+        };
+        let statsd = if self.use_statsd {
+            let interval = parse_go_duration(&self.stats_flush_interval)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    invalid(
+                        "STATS_FLUSH_INTERVAL",
+                        &self.stats_flush_interval,
+                        "expected a positive Go duration such as 10s",
+                    )
+                })?;
+            let addr = (self.statsd_host.as_str(), self.statsd_port)
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .ok_or_else(|| invalid("STATSD_HOST", &self.statsd_host, "cannot be resolved"))?;
+            Some((addr, interval))
+        } else {
+            None
+        };
+        Ok(TelemetrySettings {
+            statsd,
+            stats: crate::telemetry::StatsOptions {
+                enabled: !self.disable_stats,
+                near_limit_ratio,
+                max_keys,
+            },
+            prometheus_addr,
+            prometheus_path: self.prometheus_path,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2276,6 +2451,15 @@ mod tests {
             "CONFIG_GRPC_XDS_NODE_ID",
             "CONFIG_GRPC_XDS_SERVER_URL",
             "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            "USE_PROMETHEUS",
+            "PROMETHEUS_ADDR",
+            "PROMETHEUS_PATH",
+            "DISABLE_STATS",
+            "SLUICE_MAX_STAT_KEYS",
+            "USE_STATSD",
+            "STATSD_HOST",
+            "STATSD_PORT",
+            "STATS_FLUSH_INTERVAL",
         ] {
             assert!(
                 help.contains(&format!("[env: {var}=")),

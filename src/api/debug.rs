@@ -1,47 +1,106 @@
 //! The debug listener on DEBUG_PORT: `/rlconfig` (the loaded limits, one line each, in the Go
-//! service's format) and `/stats` (Sluice's service counters as `name: value` lines).
+//! service's format), `/metrics` (the Prometheus exposition) and `/stats` (the service counters
+//! as `name: value` lines). [`metrics_router`] serves the exposition alone, for the
+//! USE_PROMETHEUS listener.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::config::ConfigHandle;
 use crate::store::AnyStore;
+use crate::telemetry::Stats;
+use crate::telemetry::prometheus::{self, Extra, MemoryGauges};
 
 struct DebugState {
     config: ConfigHandle,
     store: Arc<AnyStore>,
+    stats: Arc<Stats>,
 }
 
 /// The router for DEBUG_PORT.
-pub fn router(config: ConfigHandle, store: Arc<AnyStore>) -> Router {
+pub fn router(config: ConfigHandle, store: Arc<AnyStore>, stats: Arc<Stats>) -> Router {
     Router::new()
         .route("/rlconfig", get(rlconfig))
-        .route("/stats", get(stats))
-        .with_state(Arc::new(DebugState { config, store }))
+        .route("/stats", get(stats_text))
+        .route("/metrics", get(metrics))
+        .with_state(Arc::new(DebugState {
+            config,
+            store,
+            stats,
+        }))
+}
+
+/// A router serving only the exposition at `path` (PROMETHEUS_ADDR, PROMETHEUS_PATH).
+pub fn metrics_router(
+    path: &str,
+    config: ConfigHandle,
+    store: Arc<AnyStore>,
+    stats: Arc<Stats>,
+) -> Router {
+    Router::new()
+        .route(path, get(metrics))
+        .with_state(Arc::new(DebugState {
+            config,
+            store,
+            stats,
+        }))
 }
 
 async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
     st.config.current().map(|c| c.dump()).unwrap_or_default()
 }
 
-async fn stats(State(st): State<Arc<DebugState>>) -> String {
-    let c = st.config.stats();
+fn extra(st: &DebugState) -> Extra {
+    telemetry_extra(&st.config, &st.store)
+}
+
+/// The numbers the exporters report from outside the stats registry.
+pub fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
+    let c = config.stats();
+    Extra {
+        config_load_success: c.load_success.load(Ordering::Relaxed),
+        config_load_error: c.load_error.load(Ordering::Relaxed),
+        memory: store.memory().map(|m| MemoryGauges {
+            live_counters: m.live_counters() as u64,
+            max_counters: m.max_counters() as u64,
+            rejected_full: m.stats().rejected_full.load(Ordering::Relaxed),
+            swept: m.stats().swept.load(Ordering::Relaxed),
+        }),
+    }
+}
+
+async fn metrics(State(st): State<Arc<DebugState>>) -> impl IntoResponse {
+    let body = prometheus::render(&st.stats, &extra(&st));
+    ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], body)
+}
+
+async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
+    let e = extra(&st);
+    let svc = &st.stats.service;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     let mut out = format!(
-        "ratelimit.service.config_load_success: {}\nratelimit.service.config_load_error: {}\n",
-        c.load_success.load(Ordering::Relaxed),
-        c.load_error.load(Ordering::Relaxed),
+        "ratelimit.service.config_load_success: {}\nratelimit.service.config_load_error: {}\n\
+         ratelimit.service.global_shadow_mode: {}\n\
+         ratelimit.service.call.should_rate_limit.redis_error: {}\n\
+         ratelimit.service.call.should_rate_limit.service_error: {}\n\
+         ratelimit_server.ShouldRateLimit.total_requests: {}\n",
+        e.config_load_success,
+        e.config_load_error,
+        load(&svc.global_shadow_mode),
+        load(&svc.redis_error),
+        load(&svc.service_error),
+        load(&svc.total_requests),
     );
-    if let Some(m) = st.store.memory() {
+    if let Some(m) = e.memory {
         out.push_str(&format!(
             "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\nsluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n",
-            m.live_counters(),
-            m.max_counters(),
-            m.stats().rejected_full.load(Ordering::Relaxed),
-            m.stats().swept.load(Ordering::Relaxed),
+            m.live_counters, m.max_counters, m.rejected_full, m.swept,
         ));
     }
     if let crate::store::AnyStore::Cluster(c) = &*st.store {

@@ -5,7 +5,7 @@
 //! - [`grpc`]: `envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`.
 //! - [`http`]: `/json`, `/healthcheck` and `/nginx` on PORT.
 //! - [`nginx`]: the `auth_request` endpoint: headers in, 200/403 with `RateLimit-*` out.
-//! - [`debug`]: `/rlconfig` on DEBUG_PORT.
+//! - [`debug`]: `/rlconfig`, `/metrics` and `/stats` on DEBUG_PORT.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
 
 pub mod convert;

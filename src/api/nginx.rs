@@ -287,7 +287,9 @@ pub async fn check<S: CounterStore>(
         // Sluice cannot decide (500), and nginx's config decides whether that fails open.
         Err(e) if e.is_invalid_argument() => return text(StatusCode::BAD_REQUEST, e),
         Err(e) => {
-            tracing::warn!(error = %e, "nginx: no decision");
+            // Per request, so not at the default level: the service already logs backend
+            // failures (rate-limited) and a missing config is logged when it happens.
+            tracing::debug!(error = %e, "nginx: no decision");
             return text(StatusCode::INTERNAL_SERVER_ERROR, e);
         }
     };

@@ -9,6 +9,7 @@
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::descriptor::Entry;
 use crate::limiter::{Algorithm, Quota, Unit};
+use crate::telemetry::StatsSlot;
 use serde_yaml_ng::Value as Yaml;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -56,6 +57,12 @@ pub struct Limit {
     pub value_to_metric: bool,
     /// The descriptor's `metadata`, as JSON (for dynamic metadata).
     pub metadata: Option<serde_json::Value>,
+    /// Whether the stats key depends on the request's values (`detailed_metric` here, or
+    /// `value_to_metric` on this node or an ancestor), so it must be built per request with
+    /// [`Domain::stats_key`]; otherwise it is `full_key`.
+    pub stats_key_varies: bool,
+    /// The link to this limit's counters, filled by the first request that counts.
+    pub stats: StatsSlot,
 }
 
 impl Limit {
@@ -434,10 +441,12 @@ impl Builder {
             if result.is_err() {
                 existing.root.truncate(before);
             }
+            mark_varying_stats_keys(&mut existing.root, false);
             return result;
         }
         let mut level = Level::default();
         load_descriptors(&mut level, &parent, root.descriptors)?;
+        mark_varying_stats_keys(&mut level, false);
         self.domains.insert(
             root.domain.clone(),
             Domain {
@@ -452,6 +461,18 @@ impl Builder {
         RateLimitConfig {
             domains: self.domains,
         }
+    }
+}
+
+/// Sets [`Limit::stats_key_varies`] below `level`; `inherited` says an ancestor has
+/// `value_to_metric`.
+fn mark_varying_stats_keys(level: &mut Level, inherited: bool) {
+    for n in &mut level.nodes {
+        let varies = inherited || n.value_to_metric;
+        if let Some(l) = &mut n.limit {
+            l.stats_key_varies = varies || l.detailed_metric;
+        }
+        mark_varying_stats_keys(&mut n.children, varies);
     }
 }
 
@@ -494,6 +515,8 @@ fn load_descriptors(
                 detailed_metric: d.detailed_metric,
                 value_to_metric: d.value_to_metric,
                 metadata: None,
+                stats_key_varies: false,
+                stats: StatsSlot::default(),
             })
         });
 

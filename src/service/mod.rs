@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 
 use smallvec::SmallVec;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::config::{Block, ConfigHandle, Limit, Rule};
@@ -16,6 +17,8 @@ use crate::descriptor::{Entry, Request};
 use crate::limiter::fixed_window::Decision;
 use crate::limiter::{Algorithm, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
+use crate::telemetry::stats::{ErrorKind, Outcome};
+use crate::telemetry::{LogLimiter, Stats};
 
 /// A descriptor's or the request's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,6 +260,9 @@ pub struct RateLimitService<S> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     options: ServiceOptions,
+    stats: Arc<Stats>,
+    /// Backend failures can hit every request; they log at most once a second.
+    backend_log: LogLimiter,
 }
 
 impl<S: CounterStore> RateLimitService<S> {
@@ -271,7 +277,19 @@ impl<S: CounterStore> RateLimitService<S> {
             store,
             clock,
             options,
+            stats: Arc::new(Stats::default()),
+            backend_log: LogLimiter::new(Duration::from_secs(1)),
         }
+    }
+
+    /// Records into `stats` (shared with the exporters) instead of a private registry.
+    pub fn with_stats(mut self, stats: Arc<Stats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
     }
 
     pub fn config(&self) -> &ConfigHandle {
@@ -316,11 +334,27 @@ impl<S: CounterStore> RateLimitService<S> {
 
     /// `ShouldRateLimit`.
     pub async fn should_rate_limit(&self, request: Request) -> Result<Response, ServiceError> {
+        if !self.stats.enabled() {
+            return self.decide(request).await;
+        }
+        let started = Instant::now();
+        let result = self.decide(request).await;
+        let error = match &result {
+            Ok(_) => None,
+            Err(ServiceError::Store(_)) => Some(ErrorKind::Backend),
+            Err(_) => Some(ErrorKind::Service),
+        };
+        self.stats.request_done(started.elapsed(), error);
+        result
+    }
+
+    async fn decide(&self, request: Request) -> Result<Response, ServiceError> {
         self.check_caps(&request)?;
         let guard = self.config.guard();
         let config = guard.as_ref().ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
             // An unknown domain is not an error in the Go service: every descriptor passes.
+            self.stats.domain_not_found(&request.domain);
             let statuses = vec![Status::ok(); request.descriptors.len()];
             let quota = vec![false; statuses.len()];
             let metadata = self.dynamic_metadata(&request, &[], &statuses);
@@ -478,20 +512,31 @@ impl<S: CounterStore> RateLimitService<S> {
             && let Err(e) = self.store.refund(self.clock.now(), &refunds).await
         {
             // The decisions stand; only the give-back failed, so the request is answered.
-            tracing::warn!(error = %e, "could not give back hits of a refused request");
+            if let Some(suppressed) = self.backend_log.check() {
+                tracing::warn!(
+                    error = %e,
+                    suppressed,
+                    "could not give back hits of a refused request (at most one line a second)"
+                );
+            }
         }
 
         let mut decisions = decisions.iter();
         let mut statuses = Vec::with_capacity(plans.len());
         let mut quota: SmallVec<[bool; 8]> = SmallVec::new();
-        for plan in &plans {
+        for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
             let (status, is_quota) = match plan {
                 Plan::Pass => (Status::ok(), false),
                 Plan::Unlimited(_) => (Status::unlimited(), false),
-                Plan::Counted { limit, .. } => (
-                    counted_status(limit, &mut decisions),
-                    limit.quota_mode(self.options.quota_mode),
-                ),
+                Plan::Counted { limit, hits, .. } => {
+                    let (status, chosen) = counted_status(limit, &mut decisions);
+                    if let Some((quota, decision)) = chosen {
+                        self.record_stats(
+                            domain, &request, descriptor, limit, *hits, quota, decision,
+                        );
+                    }
+                    (status, limit.quota_mode(self.options.quota_mode))
+                }
             };
             statuses.push(status);
             quota.push(is_quota);
@@ -500,19 +545,83 @@ impl<S: CounterStore> RateLimitService<S> {
         Ok(self.finish(statuses, &quota, metadata))
     }
 
+    /// Adds one counted descriptor's decision to its limit's stats (reference §5). The key is
+    /// the limit's `full_key` unless it depends on the request's values, which costs a lookup
+    /// and an allocation only for such limits and for overrides.
+    #[allow(clippy::too_many_arguments)]
+    fn record_stats(
+        &self,
+        domain: &crate::config::Domain,
+        request: &Request,
+        descriptor: &crate::descriptor::Descriptor,
+        limit: &Counted<'_>,
+        hits: u64,
+        quota: Quota,
+        d: &Decision,
+    ) {
+        if !self.stats.enabled() {
+            return;
+        }
+        let outcome = Outcome {
+            hits,
+            limit: quota.requests_per_unit,
+            count_before: d.count_before,
+            count_after: d.count_after,
+            over: d.over,
+            // The Redis store's local over-limit cache answers a fixed window without charging
+            // it: the count does not move although hits were asked for.
+            from_local_cache: quota.algorithm == Algorithm::FixedWindow
+                && d.over
+                && hits > 0
+                && d.count_before == d.count_after,
+            shadow_mode: limit.shadow_mode(),
+        };
+        match limit.rule {
+            Some(l) if !l.stats_key_varies => {
+                self.stats.record_static(&l.stats, &l.full_key, &outcome);
+            }
+            Some(_) => {
+                if let Some(key) = domain.stats_key(&descriptor.entries) {
+                    self.stats.record_dynamic(&key, &outcome);
+                }
+            }
+            None => {
+                // An override's stats key: `domain.k1_v1.k2_v2`.
+                let mut key = String::with_capacity(64);
+                key.push_str(&request.domain);
+                for e in &descriptor.entries {
+                    key.push('.');
+                    key.push_str(&e.key);
+                    key.push('_');
+                    key.push_str(&e.value);
+                }
+                self.stats.record_dynamic(&key, &outcome);
+            }
+        }
+    }
+
     /// Fail-open versus fail-closed is decided here: by default a backend failure is an error
     /// (gRPC UNKNOWN, as envoyproxy/ratelimit answers), which leaves the choice to Envoy's
     /// `failure_mode_deny`; the operator may instead fail open, globally or per domain, and
     /// then every descriptor answers `{code: OK}`.
     fn backend_failed(&self, request: &Request, e: StoreError) -> Result<Response, ServiceError> {
         let opts = &self.options;
-        if opts.fail_open || opts.fail_open_domains.contains(&request.domain) {
-            tracing::warn!(domain = %request.domain, error = %e, "backend failed; failing open");
+        let fail_open = opts.fail_open || opts.fail_open_domains.contains(&request.domain);
+        if let Some(suppressed) = self.backend_log.check() {
+            tracing::warn!(
+                domain = %request.domain,
+                error = %e,
+                fail_open,
+                suppressed,
+                "backend failed (at most one line a second; `suppressed` counts the failures not logged since the last line)"
+            );
+        }
+        if fail_open {
+            self.stats.backend_error();
             let statuses = vec![Status::ok(); request.descriptors.len()];
             let quota = vec![false; statuses.len()];
             return Ok(self.finish(statuses, &quota, None));
         }
-        tracing::warn!(domain = %request.domain, error = %e, "backend failed");
         Err(e.into())
     }
 
@@ -585,7 +694,8 @@ impl<S: CounterStore> RateLimitService<S> {
         } else {
             Code::Ok
         };
-        if self.options.shadow_mode {
+        if self.options.shadow_mode && overall_code == Code::OverLimit {
+            self.stats.global_shadow_mode();
             overall_code = Code::Ok;
         }
         let response_headers = match &self.options.response_headers {
@@ -625,7 +735,7 @@ fn merge_first_wins(
 fn counted_status<'d>(
     limit: &Counted<'_>,
     decisions: &mut impl Iterator<Item = &'d Decision>,
-) -> Status {
+) -> (Status, Option<(Quota, &'d Decision)>) {
     let mut chosen: Option<(Quota, &str, &Decision)> = None;
     for ((quota, name), d) in limit.quotas().zip(decisions) {
         let better = match chosen {
@@ -640,7 +750,7 @@ fn counted_status<'d>(
     }
     let Some((quota, name, d)) = chosen else {
         // Unreachable: every counted limit has a quota and the store answered each.
-        return Status::ok();
+        return (Status::ok(), None);
     };
     // Per-rule shadow mode answers OK with remaining 0, while the counters keep counting.
     let code = if d.over && !limit.shadow_mode() {
@@ -648,7 +758,7 @@ fn counted_status<'d>(
     } else {
         Code::Ok
     };
-    Status {
+    let status = Status {
         code,
         current_limit: Some(CurrentLimit {
             requests_per_unit: quota.requests_per_unit,
@@ -657,7 +767,8 @@ fn counted_status<'d>(
         }),
         limit_remaining: d.remaining,
         duration_until_reset_secs: Some(d.reset_after_secs),
-    }
+    };
+    (status, Some((quota, d)))
 }
 
 /// The Go service's header choice: the status with the least remaining among those with a

@@ -1,7 +1,44 @@
-//! Telemetry. For now: structured logs through `tracing`, configured by LOG_LEVEL and
-//! LOG_FORMAT. Nothing on the request path logs at the default level (WARN).
+//! Telemetry: metrics, logs, and the bounds that keep both cheap.
+//!
+//! - [`stats`]: the counters (envoyproxy/ratelimit's per-limit stats and arithmetic, service
+//!   counters, the decision-latency histogram) with a hard cap on distinct keys.
+//! - [`prometheus`]: the text exposition served at `/metrics`.
+//! - [`statsd`]: counter increases pushed to a statsd server (USE_STATSD).
+//! - Logs: `tracing` to stderr, configured by LOG_LEVEL and LOG_FORMAT. Nothing on the request
+//!   path logs at the default level (WARN) per request; failures that can repeat per request go
+//!   through a [`LogLimiter`].
+
+pub mod prometheus;
+pub mod stats;
+pub mod statsd;
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::settings::{LogFormat, LogLevel};
+
+pub use stats::{Stats, StatsOptions, StatsSlot};
+
+/// What [`crate::app::App`] needs to know about telemetry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TelemetryOptions {
+    pub stats: StatsOptions,
+    /// PROMETHEUS_PATH: where the USE_PROMETHEUS listener serves the exposition.
+    pub prometheus_path: String,
+    /// USE_STATSD: where to push counters, and how often (STATS_FLUSH_INTERVAL).
+    pub statsd: Option<(std::net::SocketAddr, Duration)>,
+}
+
+impl Default for TelemetryOptions {
+    fn default() -> Self {
+        TelemetryOptions {
+            stats: StatsOptions::default(),
+            prometheus_path: "/metrics".to_owned(),
+            statsd: None,
+        }
+    }
+}
 
 /// Installs the global subscriber, writing to stderr. Safe to call once per process.
 pub fn init_logs(level: LogLevel, format: LogFormat) {
@@ -14,4 +51,73 @@ pub fn init_logs(level: LogLevel, format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Lets one log line through per interval and counts the ones it holds back, so a failure that
+/// hits every request (a backend down) logs once a second, not ten thousand times.
+#[derive(Debug)]
+pub struct LogLimiter {
+    interval_nanos: u64,
+    /// Nanoseconds since [`process_start`] of the last line let through, plus one (0: never).
+    last: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+fn process_start() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+impl LogLimiter {
+    pub fn new(interval: Duration) -> Self {
+        let _ = process_start();
+        LogLimiter {
+            interval_nanos: u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX),
+            last: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when a line may be logged now, else `None`
+    /// (and the line is counted as held back).
+    pub fn check(&self) -> Option<u64> {
+        self.check_at(Instant::now())
+    }
+
+    fn check_at(&self, now: Instant) -> Option<u64> {
+        let now = u64::try_from(now.saturating_duration_since(process_start()).as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let last = self.last.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < self.interval_nanos {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        // One winner per interval; the losers count as held back.
+        if self
+            .last
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_limiter_lets_one_line_through_per_interval() {
+        let l = LogLimiter::new(Duration::from_secs(1));
+        let t0 = process_start() + Duration::from_secs(10);
+        assert_eq!(l.check_at(t0), Some(0));
+        assert_eq!(l.check_at(t0 + Duration::from_millis(10)), None);
+        assert_eq!(l.check_at(t0 + Duration::from_millis(999)), None);
+        assert_eq!(l.check_at(t0 + Duration::from_secs(1)), Some(2));
+        assert_eq!(l.check_at(t0 + Duration::from_millis(1500)), None);
+    }
 }

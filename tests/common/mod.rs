@@ -37,6 +37,7 @@ pub fn default_options() -> AppOptions {
         backend: sluice::settings::Backend::Memory,
         cluster: None,
         xds: None,
+        telemetry: Default::default(),
     }
 }
 

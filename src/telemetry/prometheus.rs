@@ -1,0 +1,334 @@
+//! The Prometheus text exposition (format 0.0.4), written by hand: a few families of plain
+//! numbers need no client library.
+//!
+//! Names are what envoyproxy/ratelimit's default statsd-exporter mapping
+//! (`src/stats/prom/default_mapper.yaml`) produces, so existing dashboards keep working:
+//!
+//! - `ratelimit.service.rate_limit.<domain>.<k1>[.<k2>[...]].<stat>` becomes
+//!   `ratelimit_service_rate_limit_<stat>{domain, key1[, key2]}`. As in the mapping, levels past
+//!   the second are not labels: their series add up into the `key2` series.
+//! - `ratelimit.service.call.should_rate_limit.<err>` becomes
+//!   `ratelimit_service_should_rate_limit_error{err_type}`.
+//! - `ratelimit_server.ShouldRateLimit.{total_requests,response_time}` become
+//!   `ratelimit_service_total_requests{grpc_method}` and the histogram
+//!   `ratelimit_service_response_time_seconds{grpc_method}`.
+//!
+//! The mapping exports its counters without the `_total` suffix that Prometheus's linter wants
+//! on a `counter`; these families are declared `untyped` so the names stay as dashboards know
+//! them and `promtool check metrics` stays clean (PromQL's `rate()` does not look at the type).
+//! Sluice's own metrics (`sluice_*`) follow the naming conventions.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::stats::{LimitCounters, Stats};
+
+/// The content type of this exposition.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Numbers from outside [`Stats`] that the exposition reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Extra {
+    pub config_load_success: u64,
+    pub config_load_error: u64,
+    pub memory: Option<MemoryGauges>,
+}
+
+/// The memory store's counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryGauges {
+    pub live_counters: u64,
+    pub max_counters: u64,
+    pub rejected_full: u64,
+    pub swept: u64,
+}
+
+/// The labels a per-limit stats key maps to: domain, then up to two levels.
+type LabelSet = (String, Option<String>, Option<String>);
+
+fn label_set(name: &str) -> LabelSet {
+    let mut parts = name.split('.');
+    let domain = parts.next().unwrap_or_default().to_owned();
+    let key1 = parts.next().map(str::to_owned);
+    let key2 = parts.next().map(str::to_owned);
+    (domain, key1, key2)
+}
+
+/// Escapes a label value: backslash, double quote and newline.
+fn escape(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+    out.push_str(name);
+    if !labels.is_empty() {
+        out.push('{');
+        for (i, (k, v)) in labels.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(k);
+            out.push_str("=\"");
+            escape(out, v);
+            out.push('"');
+        }
+        out.push('}');
+    }
+    let _ = writeln!(out, " {value}");
+}
+
+const STAT_HELP: [&str; 6] = [
+    "Hits counted against the limit.",
+    "Hits over the limit.",
+    "Hits within the limit but past NEAR_LIMIT_RATIO of it.",
+    "Hits within the limit.",
+    "Over-limit hits let through by the limit's shadow_mode.",
+    "Over-limit hits answered from the local over-limit cache.",
+];
+
+/// Renders every metric.
+pub fn render(stats: &Stats, extra: &Extra) -> String {
+    let mut out = String::with_capacity(4096);
+
+    // Per-limit stats, summed per label set (keys deeper than two levels, and keys that
+    // sanitise to the same name, share a series).
+    let mut series: BTreeMap<LabelSet, [u64; 6]> = BTreeMap::new();
+    for entry in stats.entries() {
+        let values = entry.counters.values();
+        let sums = series.entry(label_set(&entry.name)).or_default();
+        for (s, v) in sums.iter_mut().zip(values) {
+            *s += v;
+        }
+    }
+    for (i, stat) in LimitCounters::NAMES.iter().enumerate() {
+        let name = format!("ratelimit_service_rate_limit_{stat}");
+        header(&mut out, &name, "untyped", STAT_HELP[i]);
+        for ((domain, key1, key2), values) in &series {
+            let mut labels = vec![("domain", domain.as_str())];
+            if let Some(k) = key1 {
+                labels.push(("key1", k));
+            }
+            if let Some(k) = key2 {
+                labels.push(("key2", k));
+            }
+            sample(&mut out, &name, &labels, values[i]);
+        }
+    }
+
+    let name = "ratelimit_service_rate_limit_domain_not_found";
+    header(
+        &mut out,
+        name,
+        "untyped",
+        "Requests for a domain no config declares.",
+    );
+    let mut not_found = stats.domains_not_found();
+    not_found.sort();
+    for (domain, n) in &not_found {
+        sample(&mut out, name, &[("domain", domain)], n);
+    }
+
+    let svc = &stats.service;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let name = "ratelimit_service_should_rate_limit_error";
+    header(
+        &mut out,
+        name,
+        "untyped",
+        "ShouldRateLimit calls that failed.",
+    );
+    sample(
+        &mut out,
+        name,
+        &[("err_type", "redis_error")],
+        load(&svc.redis_error),
+    );
+    sample(
+        &mut out,
+        name,
+        &[("err_type", "service_error")],
+        load(&svc.service_error),
+    );
+
+    let name = "ratelimit_service_total_requests";
+    header(&mut out, name, "untyped", "ShouldRateLimit calls.");
+    sample(
+        &mut out,
+        name,
+        &[("grpc_method", "ShouldRateLimit")],
+        load(&svc.total_requests),
+    );
+
+    let name = "ratelimit_service_response_time_seconds";
+    header(
+        &mut out,
+        name,
+        "histogram",
+        "Time to decide a ShouldRateLimit call.",
+    );
+    let h = stats.response_time.snapshot();
+    let bucket = format!("{name}_bucket");
+    for (le, count) in &h.buckets {
+        let le = le.to_string();
+        sample(
+            &mut out,
+            &bucket,
+            &[("grpc_method", "ShouldRateLimit"), ("le", &le)],
+            count,
+        );
+    }
+    sample(
+        &mut out,
+        &bucket,
+        &[("grpc_method", "ShouldRateLimit"), ("le", "+Inf")],
+        h.count,
+    );
+    sample(
+        &mut out,
+        &format!("{name}_sum"),
+        &[("grpc_method", "ShouldRateLimit")],
+        h.sum_secs,
+    );
+    sample(
+        &mut out,
+        &format!("{name}_count"),
+        &[("grpc_method", "ShouldRateLimit")],
+        h.count,
+    );
+
+    for (name, help, value) in [
+        (
+            "ratelimit_service_config_load_success",
+            "Config loads and reloads that succeeded.",
+            extra.config_load_success,
+        ),
+        (
+            "ratelimit_service_config_load_error",
+            "Config loads and reloads that failed (the previous config was kept).",
+            extra.config_load_error,
+        ),
+        (
+            "ratelimit_service_global_shadow_mode",
+            "OVER_LIMIT answers turned OK by SHADOW_MODE.",
+            load(&svc.global_shadow_mode),
+        ),
+    ] {
+        header(&mut out, name, "untyped", help);
+        sample(&mut out, name, &[], value);
+    }
+
+    let name = "sluice_stats_keys";
+    header(
+        &mut out,
+        name,
+        "gauge",
+        "Distinct per-limit stats keys and unknown domains held (capped by SLUICE_MAX_STAT_KEYS).",
+    );
+    sample(&mut out, name, &[], stats.key_count());
+    let name = "sluice_stats_keys_max";
+    header(&mut out, name, "gauge", "SLUICE_MAX_STAT_KEYS.");
+    sample(&mut out, name, &[], stats.options().max_keys);
+    let name = "sluice_stats_folded_total";
+    header(
+        &mut out,
+        name,
+        "counter",
+        "Records folded into the _overflow_ series because the stats key cap was reached.",
+    );
+    sample(&mut out, name, &[], load(&svc.folded));
+
+    if let Some(m) = extra.memory {
+        for (name, kind, help, value) in [
+            (
+                "sluice_memory_live_counters",
+                "gauge",
+                "Counters held by the memory store.",
+                m.live_counters,
+            ),
+            (
+                "sluice_memory_max_counters",
+                "gauge",
+                "SLUICE_MAX_COUNTERS.",
+                m.max_counters,
+            ),
+            (
+                "sluice_memory_rejected_full_total",
+                "counter",
+                "Requests refused because the memory store was full.",
+                m.rejected_full,
+            ),
+            (
+                "sluice_memory_swept_total",
+                "counter",
+                "Expired counters removed by the sweeper.",
+                m.swept,
+            ),
+        ] {
+            header(&mut out, name, kind, help);
+            sample(&mut out, name, &[], value);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::stats::{Outcome, StatsOptions};
+
+    fn hit(stats: &Stats, key: &str) {
+        stats.record_dynamic(
+            key,
+            &Outcome {
+                hits: 1,
+                limit: 10,
+                count_before: 0,
+                count_after: 1,
+                over: false,
+                from_local_cache: false,
+                shadow_mode: false,
+            },
+        );
+    }
+
+    #[test]
+    fn keys_split_into_domain_key1_key2_and_deeper_levels_add_up() {
+        let stats = Stats::new(StatsOptions::default());
+        hit(&stats, "domain1.key1_val1");
+        hit(&stats, "domain1.key3_val3.key4_val4");
+        hit(&stats, "domain1.key3_val3.key4_val4.key5_val5");
+        hit(&stats, "d.ip_10.0.0.1");
+        let text = render(&stats, &Extra::default());
+        assert!(
+            text.contains(
+                "ratelimit_service_rate_limit_total_hits{domain=\"domain1\",key1=\"key1_val1\"} 1\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(
+            "ratelimit_service_rate_limit_total_hits{domain=\"domain1\",key1=\"key3_val3\",key2=\"key4_val4\"} 2\n"
+        ));
+        assert!(text.contains(
+            "ratelimit_service_rate_limit_within_limit{domain=\"d\",key1=\"ip_10_0_0_1\"} 1\n"
+        ));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut out = String::new();
+        sample(&mut out, "m", &[("l", "a\"b\\c\nd")], 1);
+        assert_eq!(out, "m{l=\"a\\\"b\\\\c\\nd\"} 1\n");
+    }
+}

@@ -1,0 +1,685 @@
+//! The counters behind every metric: envoyproxy/ratelimit's per-limit stats with its
+//! arithmetic, the service-level counters, and the decision-latency histogram.
+//!
+//! Recording is a handful of relaxed atomic adds. A configured limit finds its counters through
+//! a [`StatsSlot`] in the compiled [`crate::config::Limit`], filled on first use, so the common
+//! request path does no hashing and no allocation. Keys that depend on request values
+//! (`detailed_metric`, `value_to_metric`, per-request overrides) go through a concurrent map;
+//! that map holds at most `max_keys` keys, and a record for a new key beyond the cap is folded
+//! into one overflow entry and counted, so a flood of unique values cannot grow memory or the
+//! number of exported series (envoyproxy/ratelimit #275, #1132).
+//!
+//! Counters live as long as the service, across config reloads: a reloaded limit with the same
+//! key finds the same counters, so exported counters never go backwards.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+/// The stats key that overflowed records are folded into. It sanitises to itself and splits
+/// into `domain="_overflow_"` alone.
+pub const OVERFLOW_KEY: &str = "_overflow_";
+
+type FastState = foldhash::fast::RandomState;
+
+/// How stats are kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StatsOptions {
+    /// DISABLE_STATS=false: record anything at all.
+    pub enabled: bool,
+    /// NEAR_LIMIT_RATIO, in (0, 1].
+    pub near_limit_ratio: f32,
+    /// SLUICE_MAX_STAT_KEYS: the most distinct per-limit stats keys (plus unknown domains) kept.
+    pub max_keys: usize,
+}
+
+impl Default for StatsOptions {
+    fn default() -> Self {
+        StatsOptions {
+            enabled: true,
+            near_limit_ratio: 0.8,
+            max_keys: 10_000,
+        }
+    }
+}
+
+/// One stats key's counters: `ratelimit.service.rate_limit.<key>.<stat>`.
+#[derive(Debug, Default)]
+pub struct LimitCounters {
+    pub total_hits: AtomicU64,
+    pub over_limit: AtomicU64,
+    pub near_limit: AtomicU64,
+    pub within_limit: AtomicU64,
+    pub shadow_mode: AtomicU64,
+    pub over_limit_with_local_cache: AtomicU64,
+}
+
+/// What one descriptor's decision adds to its limit's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Increments {
+    pub total_hits: u64,
+    pub over_limit: u64,
+    pub near_limit: u64,
+    pub within_limit: u64,
+    pub shadow_mode: u64,
+    pub over_limit_with_local_cache: u64,
+}
+
+/// One decision, as the stats see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The hits this call charged (N).
+    pub hits: u64,
+    /// requests_per_unit (L).
+    pub limit: u32,
+    pub count_before: u64,
+    pub count_after: u64,
+    pub over: bool,
+    /// Answered from Redis's local over-limit cache, without the backend.
+    pub from_local_cache: bool,
+    /// The limit is in per-rule shadow mode.
+    pub shadow_mode: bool,
+}
+
+/// envoyproxy/ratelimit's counting rules (reference §5): `n = floor(L × ratio)`, computed in
+/// `f32` as Go does.
+pub fn increments(o: &Outcome, near_limit_ratio: f32) -> Increments {
+    let n = o.hits;
+    let mut inc = Increments {
+        total_hits: n,
+        ..Increments::default()
+    };
+    if o.from_local_cache {
+        inc.over_limit = n;
+        inc.over_limit_with_local_cache = n;
+        if o.shadow_mode {
+            inc.shadow_mode = n;
+        }
+        return inc;
+    }
+    let limit = u64::from(o.limit);
+    // Go: uint32(math.Floor(float64(float32(limit) * ratio))).
+    let near = (o.limit as f32 * near_limit_ratio).floor() as u64;
+    let (before, after) = (o.count_before, o.count_after);
+    if o.over {
+        if before >= limit {
+            inc.over_limit = n;
+        } else {
+            inc.over_limit = after.saturating_sub(limit);
+            inc.near_limit = limit - near.max(before);
+        }
+        if o.shadow_mode {
+            inc.shadow_mode = inc.over_limit;
+        }
+    } else {
+        inc.within_limit = n;
+        if after > near {
+            inc.near_limit = if before >= near { n } else { after - near };
+        }
+    }
+    inc
+}
+
+impl LimitCounters {
+    fn add(&self, inc: &Increments) {
+        let add = |c: &AtomicU64, v: u64| {
+            if v != 0 {
+                c.fetch_add(v, Ordering::Relaxed);
+            }
+        };
+        add(&self.total_hits, inc.total_hits);
+        add(&self.over_limit, inc.over_limit);
+        add(&self.near_limit, inc.near_limit);
+        add(&self.within_limit, inc.within_limit);
+        add(&self.shadow_mode, inc.shadow_mode);
+        add(
+            &self.over_limit_with_local_cache,
+            inc.over_limit_with_local_cache,
+        );
+    }
+
+    /// A copy of the six values, in [`LimitCounters::NAMES`] order.
+    pub fn values(&self) -> [u64; 6] {
+        [
+            self.total_hits.load(Ordering::Relaxed),
+            self.over_limit.load(Ordering::Relaxed),
+            self.near_limit.load(Ordering::Relaxed),
+            self.within_limit.load(Ordering::Relaxed),
+            self.shadow_mode.load(Ordering::Relaxed),
+            self.over_limit_with_local_cache.load(Ordering::Relaxed),
+        ]
+    }
+
+    /// The stat names, as in `ratelimit.service.rate_limit.<key>.<name>`.
+    pub const NAMES: [&'static str; 6] = [
+        "total_hits",
+        "over_limit",
+        "near_limit",
+        "within_limit",
+        "shadow_mode",
+        "over_limit_with_local_cache",
+    ];
+}
+
+/// A compiled limit's cached link to its counters, filled on the first request that counts
+/// against it. It remembers which [`Stats`] filled it, so a config shared by two services
+/// (tests) never mixes their counters.
+#[derive(Default)]
+pub struct StatsSlot(OnceLock<(u64, Arc<Entry>)>);
+
+impl Clone for StatsSlot {
+    fn clone(&self) -> Self {
+        StatsSlot(self.0.clone())
+    }
+}
+
+impl std::fmt::Debug for StatsSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StatsSlot")
+    }
+}
+
+/// A cache, not part of a limit's value: two limits are equal whatever their slots hold.
+impl PartialEq for StatsSlot {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// One registered stats key: its sanitised name and its counters.
+#[derive(Debug)]
+pub struct Entry {
+    /// The key after [`sanitize`], as exported.
+    pub name: Box<str>,
+    pub counters: LimitCounters,
+}
+
+/// Service-level counters (`ratelimit.service.*` and `ratelimit_server.ShouldRateLimit.*`).
+#[derive(Debug, Default)]
+pub struct ServiceCounters {
+    /// `ratelimit.service.global_shadow_mode`.
+    pub global_shadow_mode: AtomicU64,
+    /// `ratelimit.service.call.should_rate_limit.service_error`.
+    pub service_error: AtomicU64,
+    /// `ratelimit.service.call.should_rate_limit.redis_error`: any backend failure.
+    pub redis_error: AtomicU64,
+    /// `ratelimit_server.ShouldRateLimit.total_requests`.
+    pub total_requests: AtomicU64,
+    /// Records folded into the overflow entry because the key cap was reached.
+    pub folded: AtomicU64,
+}
+
+/// Upper bounds of the decision-latency histogram, in seconds. Finer than Prometheus's
+/// defaults at the low end, where an in-memory decision lives.
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5,
+];
+
+/// A fixed-bucket histogram of durations. Buckets are stored non-cumulative (one add per
+/// record) and summed when exported.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds_nanos: [u64; LATENCY_BUCKETS.len()],
+    /// One per bound, plus the +Inf bucket.
+    counts: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            bounds_nanos: LATENCY_BUCKETS.map(|s| (s * 1e9).round() as u64),
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A histogram's exported values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HistogramSnapshot {
+    /// `(upper bound in seconds, cumulative count)`, the +Inf bucket excluded.
+    pub buckets: Vec<(f64, u64)>,
+    pub count: u64,
+    pub sum_secs: f64,
+}
+
+impl Histogram {
+    pub fn record(&self, d: Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let i = self
+            .bounds_nanos
+            .iter()
+            .position(|&b| nanos <= b)
+            .unwrap_or(self.bounds_nanos.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut cumulative = 0;
+        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len());
+        for (bound, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
+            cumulative += c.load(Ordering::Relaxed);
+            buckets.push((*bound, cumulative));
+        }
+        let count = cumulative + self.counts[LATENCY_BUCKETS.len()].load(Ordering::Relaxed);
+        HistogramSnapshot {
+            buckets,
+            count,
+            sum_secs: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
+}
+
+/// Every stat the service records. One per service; shared with the exporters.
+#[derive(Debug)]
+pub struct Stats {
+    /// Tells this registry's [`StatsSlot`] fills from another's.
+    id: u64,
+    options: StatsOptions,
+    /// Raw (unsanitised) stats key -> entry. Raw, so a lookup never needs to sanitise.
+    keys: DashMap<Box<str>, Arc<Entry>, FastState>,
+    /// Unknown domain -> `ratelimit.service.rate_limit.<domain>.domain_not_found`.
+    not_found: DashMap<Box<str>, Arc<AtomicU64>, FastState>,
+    /// Entries in `keys` plus `not_found`, held to `options.max_keys`.
+    key_count: AtomicUsize,
+    overflow: Arc<Entry>,
+    not_found_overflow: Arc<AtomicU64>,
+    pub service: ServiceCounters,
+    /// `ratelimit_server.ShouldRateLimit.response_time`.
+    pub response_time: Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats::new(StatsOptions::default())
+    }
+}
+
+impl Stats {
+    pub fn new(options: StatsOptions) -> Self {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Stats {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            options,
+            keys: DashMap::default(),
+            not_found: DashMap::default(),
+            key_count: AtomicUsize::new(0),
+            overflow: Arc::new(Entry {
+                name: OVERFLOW_KEY.into(),
+                counters: LimitCounters::default(),
+            }),
+            not_found_overflow: Arc::new(AtomicU64::new(0)),
+            service: ServiceCounters::default(),
+            response_time: Histogram::default(),
+        }
+    }
+
+    /// A registry that records nothing (DISABLE_STATS).
+    pub fn disabled() -> Self {
+        Stats::new(StatsOptions {
+            enabled: false,
+            ..StatsOptions::default()
+        })
+    }
+
+    pub fn options(&self) -> &StatsOptions {
+        &self.options
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.options.enabled
+    }
+
+    /// Records a decision against a configured limit whose stats key never depends on the
+    /// request: its `full_key`, linked once through `slot`.
+    pub fn record_static(&self, slot: &StatsSlot, full_key: &str, outcome: &Outcome) {
+        if !self.options.enabled {
+            return;
+        }
+        let inc = increments(outcome, self.options.near_limit_ratio);
+        if let Some((id, entry)) = slot.0.get()
+            && *id == self.id
+        {
+            entry.counters.add(&inc);
+            return;
+        }
+        let entry = self.entry(full_key);
+        entry.counters.add(&inc);
+        // Another thread may have filled it meanwhile; both found the same entry.
+        let _ = slot.0.set((self.id, entry));
+    }
+
+    /// Records a decision against a stats key built from the request (`detailed_metric`,
+    /// `value_to_metric`, overrides). Held to the key cap.
+    pub fn record_dynamic(&self, key: &str, outcome: &Outcome) {
+        if !self.options.enabled {
+            return;
+        }
+        let inc = increments(outcome, self.options.near_limit_ratio);
+        self.entry(key).counters.add(&inc);
+    }
+
+    /// The entry for a raw key: found, else added while under the cap, else the overflow.
+    fn entry(&self, key: &str) -> Arc<Entry> {
+        if let Some(e) = self.keys.get(key) {
+            return Arc::clone(e.value());
+        }
+        if !self.reserve_key() {
+            self.service.folded.fetch_add(1, Ordering::Relaxed);
+            return Arc::clone(&self.overflow);
+        }
+        let mut added = false;
+        let entry = self
+            .keys
+            .entry(key.into())
+            .or_insert_with(|| {
+                added = true;
+                Arc::new(Entry {
+                    name: sanitize(key).into(),
+                    counters: LimitCounters::default(),
+                })
+            })
+            .clone();
+        if !added {
+            // Lost a race to insert the same key: give the reservation back.
+            self.key_count.fetch_sub(1, Ordering::Relaxed);
+        }
+        entry
+    }
+
+    /// Takes one place under the cap, if any is left.
+    fn reserve_key(&self) -> bool {
+        self.key_count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.options.max_keys).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// `ratelimit.service.rate_limit.<domain>.domain_not_found`, held to the key cap.
+    pub fn domain_not_found(&self, domain: &str) {
+        if !self.options.enabled {
+            return;
+        }
+        if let Some(c) = self.not_found.get(domain) {
+            c.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if !self.reserve_key() {
+            self.service.folded.fetch_add(1, Ordering::Relaxed);
+            self.not_found_overflow.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut added = false;
+        self.not_found
+            .entry(domain.into())
+            .or_insert_with(|| {
+                added = true;
+                Arc::new(AtomicU64::new(0))
+            })
+            .fetch_add(1, Ordering::Relaxed);
+        if !added {
+            self.key_count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// One `ShouldRateLimit` call's end: `total_requests`, `response_time`, and its error.
+    pub fn request_done(&self, elapsed: Duration, error: Option<ErrorKind>) {
+        if !self.options.enabled {
+            return;
+        }
+        self.service.total_requests.fetch_add(1, Ordering::Relaxed);
+        self.response_time.record(elapsed);
+        match error {
+            None => {}
+            Some(ErrorKind::Service) => {
+                self.service.service_error.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(ErrorKind::Backend) => {
+                self.service.redis_error.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A backend failure that was answered anyway (fail-open).
+    pub fn backend_error(&self) {
+        if self.options.enabled {
+            self.service.redis_error.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Global SHADOW_MODE turned an OVER_LIMIT answer into OK.
+    pub fn global_shadow_mode(&self) {
+        if self.options.enabled {
+            self.service
+                .global_shadow_mode
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every per-limit entry (the overflow one included when it was used), in no order.
+    pub fn entries(&self) -> Vec<Arc<Entry>> {
+        let mut out: Vec<Arc<Entry>> = self.keys.iter().map(|e| Arc::clone(e.value())).collect();
+        if self.overflow.counters.total_hits.load(Ordering::Relaxed) > 0
+            || self.service.folded.load(Ordering::Relaxed) > 0
+        {
+            out.push(Arc::clone(&self.overflow));
+        }
+        out
+    }
+
+    /// `(sanitised domain, count)` for every unknown domain seen, the overflow included.
+    pub fn domains_not_found(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = self
+            .not_found
+            .iter()
+            .map(|e| (sanitize(e.key()), e.value().load(Ordering::Relaxed)))
+            .collect();
+        let overflowed = self.not_found_overflow.load(Ordering::Relaxed);
+        if overflowed > 0 {
+            out.push((OVERFLOW_KEY.to_owned(), overflowed));
+        }
+        out
+    }
+
+    /// Distinct keys held (per-limit keys plus unknown domains).
+    pub fn key_count(&self) -> usize {
+        self.key_count.load(Ordering::Relaxed)
+    }
+}
+
+/// Why a call got no answer, as the Go service counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// `should_rate_limit.service_error`: a bad request or no config.
+    Service,
+    /// `should_rate_limit.redis_error`: the backend failed.
+    Backend,
+}
+
+/// The Go service's stat-name sanitising: `:` and `|` become `_`, and so do the dots of an
+/// IPv4 address (`10.0.0.1` -> `10_0_0_1`), whose dots would otherwise read as separators.
+pub fn sanitize(key: &str) -> String {
+    let mut out: Vec<u8> = key
+        .bytes()
+        .map(|b| if b == b':' || b == b'|' { b'_' } else { b })
+        .collect();
+    let mut i = 0;
+    while i < out.len() {
+        if let Some(len) = ipv4_at(&out[i..])
+            && (i == 0 || !out[i - 1].is_ascii_digit())
+        {
+            for b in &mut out[i..i + len] {
+                if *b == b'.' {
+                    *b = b'_';
+                }
+            }
+            i += len;
+        } else {
+            i += 1;
+        }
+    }
+    // Only ASCII bytes were replaced by ASCII bytes, so this is still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// The length of a dotted quad (`d{1,3}` four times, joined by dots) at the start of `s`, if
+/// one is there and is not followed by another digit.
+fn ipv4_at(s: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    for part in 0..4 {
+        if part > 0 {
+            if s.get(at) != Some(&b'.') {
+                return None;
+            }
+            at += 1;
+        }
+        let digits = s[at..]
+            .iter()
+            .take(4)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if !(1..=3).contains(&digits) {
+            return None;
+        }
+        at += digits;
+    }
+    Some(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(hits: u64, limit: u32, before: u64) -> Outcome {
+        let after = before + hits;
+        Outcome {
+            hits,
+            limit,
+            count_before: before,
+            count_after: after,
+            over: after > u64::from(limit),
+            from_local_cache: false,
+            shadow_mode: false,
+        }
+    }
+
+    #[test]
+    fn go_arithmetic_within_near_and_over() {
+        // L = 10, n = 8.
+        let i = increments(&outcome(1, 10, 0), 0.8);
+        assert_eq!((i.total_hits, i.within_limit, i.near_limit), (1, 1, 0));
+        // after = 9 > 8 and before 8 >= 8: near += N.
+        let i = increments(&outcome(1, 10, 8), 0.8);
+        assert_eq!((i.within_limit, i.near_limit), (1, 1));
+        // before 6 < 8, after 10: near += after - n = 2.
+        let i = increments(&outcome(4, 10, 6), 0.8);
+        assert_eq!((i.within_limit, i.near_limit, i.over_limit), (4, 2, 0));
+        // before 6 < L, after 13 > L: over += 3, near += L - max(n, b) = 2.
+        let i = increments(&outcome(7, 10, 6), 0.8);
+        assert_eq!((i.within_limit, i.near_limit, i.over_limit), (0, 2, 3));
+        // before 9 >= n: near += L - 9 = 1.
+        let i = increments(&outcome(5, 10, 9), 0.8);
+        assert_eq!((i.near_limit, i.over_limit), (1, 4));
+        // Already over: over += N.
+        let i = increments(&outcome(3, 10, 11), 0.8);
+        assert_eq!((i.total_hits, i.near_limit, i.over_limit), (3, 0, 3));
+    }
+
+    #[test]
+    fn shadow_counts_with_over_and_local_cache_counts_both() {
+        let mut o = outcome(7, 10, 6);
+        o.shadow_mode = true;
+        let i = increments(&o, 0.8);
+        assert_eq!((i.over_limit, i.shadow_mode), (3, 3));
+        let o = Outcome {
+            from_local_cache: true,
+            ..outcome(2, 10, 11)
+        };
+        let i = increments(&o, 0.8);
+        assert_eq!(
+            (
+                i.total_hits,
+                i.over_limit,
+                i.over_limit_with_local_cache,
+                i.near_limit
+            ),
+            (2, 2, 2, 0)
+        );
+    }
+
+    #[test]
+    fn near_threshold_is_floored_in_f32() {
+        // floor(3 × 0.8) = 2: hit 3 (before 2) is near.
+        let i = increments(&outcome(1, 3, 2), 0.8);
+        assert_eq!(i.near_limit, 1);
+        let i = increments(&outcome(1, 3, 1), 0.8);
+        assert_eq!(i.near_limit, 0);
+    }
+
+    #[test]
+    fn sanitize_replaces_separators_and_ipv4_dots() {
+        assert_eq!(sanitize("d.k_a:b|c"), "d.k_a_b_c");
+        assert_eq!(
+            sanitize("domain.remote_address_10.0.0.1.path"),
+            "domain.remote_address_10_0_0_1.path"
+        );
+        assert_eq!(sanitize("d.k_192.168.1.254"), "d.k_192_168_1_254");
+        // Not an address: too few parts, or a part too long.
+        assert_eq!(sanitize("d.v_1.2.3"), "d.v_1.2.3");
+        assert_eq!(sanitize("d.v_1234.1.1.1"), "d.v_1234.1.1.1");
+    }
+
+    #[test]
+    fn keys_past_the_cap_fold_into_the_overflow_entry() {
+        let stats = Stats::new(StatsOptions {
+            max_keys: 3,
+            ..StatsOptions::default()
+        });
+        for i in 0..100 {
+            stats.record_dynamic(&format!("d.user_{i}"), &outcome(1, 10, 0));
+        }
+        stats.record_dynamic("d.user_0", &outcome(1, 10, 1));
+        assert_eq!(stats.key_count(), 3);
+        let entries = stats.entries();
+        assert_eq!(entries.len(), 4);
+        let overflow = entries.iter().find(|e| &*e.name == OVERFLOW_KEY).unwrap();
+        assert_eq!(overflow.counters.total_hits.load(Ordering::Relaxed), 97);
+        assert_eq!(stats.service.folded.load(Ordering::Relaxed), 97);
+        for i in 0..20 {
+            stats.domain_not_found(&format!("nope{i}"));
+        }
+        assert_eq!(stats.domains_not_found(), vec![(OVERFLOW_KEY.into(), 20)]);
+    }
+
+    #[test]
+    fn a_slot_links_once_and_not_across_registries() {
+        let a = Stats::default();
+        let b = Stats::default();
+        let slot = StatsSlot::default();
+        a.record_static(&slot, "d.k", &outcome(1, 10, 0));
+        a.record_static(&slot, "d.k", &outcome(1, 10, 1));
+        b.record_static(&slot, "d.k", &outcome(1, 10, 0));
+        let hits = |s: &Stats| s.entries()[0].counters.total_hits.load(Ordering::Relaxed);
+        assert_eq!((hits(&a), hits(&b)), (2, 1));
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::default();
+        h.record(Duration::from_micros(10));
+        h.record(Duration::from_micros(70));
+        h.record(Duration::from_secs(5));
+        let s = h.snapshot();
+        assert_eq!(s.count, 3);
+        assert_eq!(s.buckets[0], (0.000_025, 1));
+        assert_eq!(s.buckets[2], (0.000_1, 2));
+        assert_eq!(s.buckets.last().unwrap().1, 2);
+        assert!((s.sum_secs - 5.00008).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,503 @@
+//! Metrics end to end: a known sequence of requests, then the Prometheus exposition on the
+//! debug port (and on its own listener) has the expected values, passes `promtool check
+//! metrics`, and stays within the stats key cap under a flood of unique values.
+//!
+//! `promtool` comes from Debian's `prometheus` package (scripts/test.sh installs it). Under CI
+//! (`CI=true`) a missing promtool fails the test; elsewhere the check is skipped loudly.
+
+mod common;
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use common::{default_options, http, start_with};
+use sluice::clock::{ManualClock, Timestamp};
+use sluice::config::{ConfigHandle, LoadOptions, parse_files};
+use sluice::descriptor::{Descriptor, Entry, LimitOverride, Request};
+use sluice::limiter::Unit;
+use sluice::service::{RateLimitService, ServiceOptions};
+use sluice::store::MemoryStore;
+use sluice::telemetry::prometheus::{Extra, render};
+use sluice::telemetry::{Stats, StatsOptions};
+
+const CONFIG: &str = r#"
+domain: test
+descriptors:
+  - key: k
+    value: v
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: outer
+    descriptors:
+      - key: inner
+        descriptors:
+          - key: deepest
+            rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: ip
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+"#;
+
+fn config() -> ConfigHandle {
+    let cfg = parse_files(
+        &[("test.yaml".to_string(), CONFIG.to_string())],
+        &LoadOptions::default(),
+    )
+    .expect("config loads");
+    ConfigHandle::new(Some(cfg))
+}
+
+fn json(domain: &str, entries: &[(&str, &str)]) -> String {
+    let entries: Vec<String> = entries
+        .iter()
+        .map(|(k, v)| format!(r#"{{"key":"{k}","value":"{v}"}}"#))
+        .collect();
+    format!(
+        r#"{{"domain":"{domain}","descriptors":[{{"entries":[{}]}}]}}"#,
+        entries.join(",")
+    )
+}
+
+/// The value of the one sample line that starts with `series` (name and labels), if any.
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+fn promtool_check(text: &str) {
+    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                !ci,
+                "promtool not found ({e}); install Debian's `prometheus` package (scripts/test.sh does)"
+            );
+            eprintln!(
+                "SKIPPED promtool check: promtool not found ({e}); apt-get install prometheus"
+            );
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- exposition ---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+}
+
+#[tokio::test]
+async fn a_known_sequence_gives_the_go_stats_on_metrics() {
+    let mut options = default_options();
+    options.service = ServiceOptions::default();
+    let mut running = start_with(config(), options).await;
+
+    // k=v, limit 10, near threshold 8: 12 calls are 10 within (2 of them near) and 2 over.
+    for _ in 0..12 {
+        http(running.http, "POST", "/json", &json("test", &[("k", "v")])).await;
+    }
+    // Shadow rule, limit 1: 3 calls answer OK but count 2 over and 2 shadow.
+    for _ in 0..3 {
+        let r = http(
+            running.http,
+            "POST",
+            "/json",
+            &json("test", &[("shadow", "x")]),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    // Three levels: labelled by the first two, as the Go mapping does.
+    http(
+        running.http,
+        "POST",
+        "/json",
+        &json("test", &[("outer", "a"), ("inner", "b"), ("deepest", "c")]),
+    )
+    .await;
+    // detailed_metric: the request's value is in the key; an IPv4 address is sanitised.
+    http(
+        running.http,
+        "POST",
+        "/json",
+        &json("test", &[("user", "alice")]),
+    )
+    .await;
+    http(
+        running.http,
+        "POST",
+        "/json",
+        &json("test", &[("ip", "10.1.2.3")]),
+    )
+    .await;
+    // Unknown domain twice; an empty domain is a service error.
+    for _ in 0..2 {
+        http(running.http, "POST", "/json", &json("nope", &[("k", "v")])).await;
+    }
+    let r = http(running.http, "POST", "/json", &json("", &[("k", "v")])).await;
+    assert_eq!(r.status, 400);
+
+    let r = http(running.debug, "GET", "/metrics", "").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.headers.contains("text/plain; version=0.0.4"),
+        "{}",
+        r.headers
+    );
+    let text = r.body;
+    let kv = r#"{domain="test",key1="k_v"}"#;
+    for (stat, want) in [
+        ("total_hits", 12.0),
+        ("within_limit", 10.0),
+        ("near_limit", 2.0),
+        ("over_limit", 2.0),
+        ("shadow_mode", 0.0),
+        ("over_limit_with_local_cache", 0.0),
+    ] {
+        let series = format!("ratelimit_service_rate_limit_{stat}{kv}");
+        assert_eq!(value(&text, &series), Some(want), "{series}\n{text}");
+    }
+    let shadow = r#"{domain="test",key1="shadow"}"#;
+    for (stat, want) in [
+        ("total_hits", 3.0),
+        ("within_limit", 1.0),
+        ("over_limit", 2.0),
+        ("shadow_mode", 2.0),
+    ] {
+        let series = format!("ratelimit_service_rate_limit_{stat}{shadow}");
+        assert_eq!(value(&text, &series), Some(want), "{series}\n{text}");
+    }
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_rate_limit_total_hits{domain="test",key1="outer",key2="inner"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_rate_limit_total_hits{domain="test",key1="user_alice"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_rate_limit_total_hits{domain="test",key1="ip_10_1_2_3"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_rate_limit_domain_not_found{domain="nope"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_should_rate_limit_error{err_type="service_error"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"}"#
+        ),
+        Some(0.0)
+    );
+    // 12 + 3 + 1 + 1 + 1 + 2 + 1 calls reached the service.
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}"#
+        ),
+        Some(21.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"}"#
+        ),
+        Some(21.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="+Inf"}"#
+        ),
+        Some(21.0)
+    );
+    assert_eq!(value(&text, "sluice_memory_live_counters"), Some(5.0));
+    assert_eq!(value(&text, "sluice_stats_keys"), Some(6.0));
+    promtool_check(&text);
+
+    let _ = running.shutdown.take().map(|tx| tx.send(()));
+}
+
+#[tokio::test]
+async fn use_prometheus_serves_the_exposition_on_its_own_listener() {
+    let listeners = sluice::app::Listeners {
+        prometheus: Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
+        ..sluice::app::Listeners::ephemeral().await.unwrap()
+    };
+    let http_addr = listeners.http.local_addr().unwrap();
+    let prom_addr = listeners.prometheus.as_ref().unwrap().local_addr().unwrap();
+    let mut options = default_options();
+    options.telemetry.prometheus_path = "/custom".into();
+    let clock = ManualClock::new(Timestamp::from_secs(1_000_000_020));
+    let app = sluice::app::App::new(options, config(), Arc::new(clock)).unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(app.serve(listeners, async move {
+        let _ = rx.await;
+    }));
+    http(http_addr, "POST", "/json", &json("test", &[("k", "v")])).await;
+    let r = http(prom_addr, "GET", "/custom", "").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        value(
+            &r.body,
+            r#"ratelimit_service_rate_limit_total_hits{domain="test",key1="k_v"}"#
+        ),
+        Some(1.0),
+        "{}",
+        r.body
+    );
+    assert_eq!(http(prom_addr, "GET", "/metrics", "").await.status, 404);
+    let _ = tx.send(());
+    let _ = task.await;
+}
+
+fn service(max_keys: usize) -> RateLimitService<MemoryStore> {
+    let clock = ManualClock::new(Timestamp::from_secs(2222));
+    RateLimitService::new(
+        config(),
+        Arc::new(MemoryStore::new(100_000)),
+        Arc::new(clock),
+        ServiceOptions::default(),
+    )
+    .with_stats(Arc::new(Stats::new(StatsOptions {
+        max_keys,
+        ..StatsOptions::default()
+    })))
+}
+
+fn request(domain: &str, key: &str, value: &str) -> Request {
+    Request {
+        domain: domain.into(),
+        descriptors: vec![Descriptor {
+            entries: vec![Entry::new(key, value)],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    }
+}
+
+#[tokio::test]
+async fn a_flood_of_unique_values_stays_within_the_cap() {
+    let svc = service(50);
+    for i in 0..2000 {
+        // detailed_metric values, per-request overrides, and unknown domains: all unbounded.
+        svc.should_rate_limit(request("test", "user", &format!("u{i}")))
+            .await
+            .unwrap();
+        let mut overridden = request("test", "anything", &format!("o{i}"));
+        overridden.descriptors[0].limit_override = Some(LimitOverride {
+            requests_per_unit: 5,
+            unit: Unit::Minute,
+        });
+        svc.should_rate_limit(overridden).await.unwrap();
+        svc.should_rate_limit(request(&format!("d{i}"), "k", "v"))
+            .await
+            .unwrap();
+    }
+    let text = render(svc.stats(), &Extra::default());
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .count();
+    let domains = text
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_domain_not_found{"))
+        .count();
+    // 50 keys in all, plus one overflow series per family.
+    assert!(series + domains <= 50 + 2, "{series} + {domains}\n{text}");
+    assert_eq!(value(&text, "sluice_stats_keys"), Some(50.0));
+    let overflow = value(
+        &text,
+        r#"ratelimit_service_rate_limit_total_hits{domain="_overflow_"}"#,
+    )
+    .unwrap();
+    let folded = value(&text, "sluice_stats_folded_total").unwrap();
+    // Every hit is still counted: 4000 per-limit hits, some in the overflow series.
+    let kept: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(kept, 4000.0);
+    assert!(overflow > 3000.0, "{overflow}");
+    assert_eq!(folded, 6000.0 - 50.0);
+    promtool_check(&text);
+}
+
+#[tokio::test]
+async fn stats_survive_a_reload_and_disabled_stats_record_nothing() {
+    let svc = service(100);
+    svc.should_rate_limit(request("test", "k", "v"))
+        .await
+        .unwrap();
+    let cfg = parse_files(
+        &[("test.yaml".to_string(), CONFIG.to_string())],
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    svc.config().store(cfg);
+    svc.should_rate_limit(request("test", "k", "v"))
+        .await
+        .unwrap();
+    let text = render(svc.stats(), &Extra::default());
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_rate_limit_total_hits{domain="test",key1="k_v"}"#
+        ),
+        Some(2.0)
+    );
+
+    let off = service(100).with_stats(Arc::new(Stats::disabled()));
+    off.should_rate_limit(request("test", "k", "v"))
+        .await
+        .unwrap();
+    let text = render(off.stats(), &Extra::default());
+    assert!(!text.contains("key1=\"k_v\""), "{text}");
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}"#
+        ),
+        Some(0.0)
+    );
+}
+
+#[tokio::test]
+async fn global_shadow_mode_and_backend_errors_are_counted() {
+    let clock = ManualClock::new(Timestamp::from_secs(2222));
+    let svc = RateLimitService::new(
+        config(),
+        // Room for one counter: a second key is a backend (store full) error.
+        Arc::new(MemoryStore::new(1)),
+        Arc::new(clock),
+        ServiceOptions {
+            shadow_mode: true,
+            ..ServiceOptions::default()
+        },
+    );
+    for _ in 0..11 {
+        svc.should_rate_limit(request("test", "k", "v"))
+            .await
+            .unwrap();
+    }
+    assert!(
+        svc.should_rate_limit(request("test", "shadow", "x"))
+            .await
+            .is_err()
+    );
+    let text = render(svc.stats(), &Extra::default());
+    assert_eq!(
+        value(&text, "ratelimit_service_global_shadow_mode"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_service_should_rate_limit_error{err_type="redis_error"}"#
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn statsd_receives_counter_increases_under_the_go_names() {
+    let receiver = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let mut sink = sluice::telemetry::statsd::StatsdSink::connect(receiver.local_addr().unwrap())
+        .await
+        .unwrap();
+    let svc = service(100);
+    for _ in 0..3 {
+        svc.should_rate_limit(request("test", "k", "v"))
+            .await
+            .unwrap();
+    }
+    svc.should_rate_limit(request("test", "ip", "10.0.0.1"))
+        .await
+        .unwrap();
+    let extra = Extra {
+        config_load_success: 1,
+        ..Extra::default()
+    };
+    assert!(sink.flush(svc.stats(), &extra).await.unwrap() > 0);
+    let mut buf = vec![0u8; 2048];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), receiver.recv(&mut buf))
+        .await
+        .expect("a datagram")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    for want in [
+        "ratelimit.service.rate_limit.test.k_v.total_hits:3|c",
+        "ratelimit.service.rate_limit.test.k_v.within_limit:3|c",
+        "ratelimit.service.rate_limit.test.ip_10_0_0_1.total_hits:1|c",
+        "ratelimit_server.ShouldRateLimit.total_requests:4|c",
+        "ratelimit.service.config_load_success:1|c",
+    ] {
+        assert!(lines.contains(&want), "{want} missing from\n{text}");
+    }
+    // Unmoved counters are not sent; the next flush sends only the increase.
+    svc.should_rate_limit(request("test", "k", "v"))
+        .await
+        .unwrap();
+    sink.flush(svc.stats(), &extra).await.unwrap();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), receiver.recv(&mut buf))
+        .await
+        .expect("a datagram")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "ratelimit.service.rate_limit.test.k_v.total_hits:1|c",
+            "ratelimit.service.rate_limit.test.k_v.within_limit:1|c",
+            "ratelimit_server.ShouldRateLimit.total_requests:1|c",
+        ]
+    );
+}
