@@ -284,7 +284,7 @@ async fn batcher(
     window: Duration,
 ) {
     const MAX_HITS: usize = 256;
-    let mut grpc = tonic::client::Grpc::new(channel);
+    let grpc = tonic::client::Grpc::new(channel);
     let mut pending: Option<Job> = None;
     loop {
         let first = match pending.take() {
@@ -316,50 +316,55 @@ async fn batcher(
             hits: batch.iter().flat_map(|j| j.hits.iter().cloned()).collect(),
             refund,
         };
-        let call = async {
-            grpc.ready()
+        // Each batch is its own call on the shared HTTP/2 connection, so a slow or dead peer's
+        // deadline does not hold the batches queued behind it.
+        let mut grpc = grpc.clone();
+        tokio::spawn(async move {
+            let call = async {
+                grpc.ready()
+                    .await
+                    .map_err(|e| format!("peer not ready: {e}"))?;
+                let path = http::uri::PathAndQuery::from_static(APPLY_PATH);
+                grpc.unary(
+                    tonic::Request::new(request),
+                    path,
+                    ProstCodec::<ApplyRequest, ApplyResponse>::default(),
+                )
                 .await
-                .map_err(|e| format!("peer not ready: {e}"))?;
-            let path = http::uri::PathAndQuery::from_static(APPLY_PATH);
-            grpc.unary(
-                tonic::Request::new(request),
-                path,
-                ProstCodec::<ApplyRequest, ApplyResponse>::default(),
-            )
-            .await
-            .map(|r| r.into_inner().decisions)
-            .map_err(|s| format!("peer call failed: {}", s.message()))
-        };
-        let result = match tokio::time::timeout(timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("peer did not answer within {timeout:?}")),
-        };
-        match result {
-            Ok(decisions) if refund || decisions.len() == size => {
-                let mut rest = decisions.into_iter();
-                for job in batch {
-                    let mine = if refund {
-                        Vec::new()
-                    } else {
-                        rest.by_ref().take(job.hits.len()).collect()
-                    };
-                    let _ = job.reply.send(Ok(mine));
+                .map(|r| r.into_inner().decisions)
+                .map_err(|s| format!("peer call failed: {}", s.message()))
+            };
+            let result = match tokio::time::timeout(timeout, call).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("peer did not answer within {timeout:?}")),
+            };
+            match result {
+                Ok(decisions) if refund || decisions.len() == size => {
+                    let mut rest = decisions.into_iter();
+                    for job in batch {
+                        let mine = if refund {
+                            Vec::new()
+                        } else {
+                            rest.by_ref().take(job.hits.len()).collect()
+                        };
+                        let _ = job.reply.send(Ok(mine));
+                    }
+                }
+                Ok(decisions) => {
+                    let e = format!(
+                        "peer answered {} decisions for {size} hits",
+                        decisions.len()
+                    );
+                    for job in batch {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    for job in batch {
+                        let _ = job.reply.send(Err(e.clone()));
+                    }
                 }
             }
-            Ok(decisions) => {
-                let e = format!(
-                    "peer answered {} decisions for {size} hits",
-                    decisions.len()
-                );
-                for job in batch {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-            }
-            Err(e) => {
-                for job in batch {
-                    let _ = job.reply.send(Err(e.clone()));
-                }
-            }
-        }
+        });
     }
 }
