@@ -92,9 +92,6 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.cluster.enabled (eq .Values.backend "redis") }}
 {{- fail "cluster.enabled and backend: redis are alternatives: Redis already shares the counters between pods" }}
 {{- end }}
-{{- if and (not .Values.config.existingConfigMap) (not .Values.config.files) }}
-{{- fail "config: set config.files (file name -> descriptor YAML) or config.existingConfigMap" }}
-{{- end }}
 {{- $managed := list "PORT" "GRPC_PORT" "DEBUG_PORT" "SLUICE_CONFIG" "RUNTIME_ROOT" "CONFIG_TYPE" "BACKEND_TYPE" "REDIS_URL" "REDIS_AUTH" "REDIS_TYPE" "REDIS_SOCKET_TYPE" "PEERS" "PEERS_DNS" "PEER_PORT" "PEER_ADVERTISE_ADDRESS" "SLUICE_SHUTDOWN_DELAY_SECS" "SLUICE_DRAIN_TIMEOUT_SECS" }}
 {{- range $name, $_ := .Values.env }}
 {{- if has $name $managed }}
