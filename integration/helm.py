@@ -21,7 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
+try:
+    import yaml
+except ImportError:  # reported by find_tools()
+    yaml = None
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "sluice"
@@ -53,6 +56,8 @@ def run(cmd, **kw):
 def find_tools():
     """Returns (helm, kubernetes-validate, sluice) paths, or exits saying what is missing."""
     missing = []
+    if yaml is None:
+        missing.append(f"PyYAML for {sys.executable} (it comes with kubernetes-validate in target/venv)")
     helm = os.environ.get("SLUICE_HELM") or (
         str(ROOT / "target/helm/helm") if (ROOT / "target/helm/helm").exists() else shutil.which("helm")
     )
