@@ -3,8 +3,10 @@
 //! a rejected reload, and SIGTERM handling. Every process is started on 127.0.0.1 on free
 //! ports and killed when its guard drops; every wait is bounded.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod support;
+
+use support::{free_port, http, wait_for};
+
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -36,14 +38,6 @@ fn run(mut c: Command) -> Output {
     c.output().expect("run sluice")
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Kills the child when dropped, so a failing test leaves no process behind.
 struct Server {
     child: Child,
@@ -56,33 +50,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 fn start(configure: impl FnOnce(&mut Command)) -> Server {

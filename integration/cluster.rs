@@ -1,35 +1,14 @@
 //! Three real `sluice` processes on 127.0.0.1 with PEERS pointing at each other: one global
 //! limit enforced exactly across them, an owner killed mid-test, and its return.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod support;
+
+use support::{free_port, http};
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice::cluster::ring::{Ring, key_hash};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, raw.split_once("\r\n\r\n")?.1.to_string()))
-}
 
 struct Node {
     child: Option<Child>,

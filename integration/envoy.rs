@@ -6,6 +6,7 @@
 //! test fails under CI and prints SKIPPED elsewhere.
 
 mod proxies;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,6 +6,7 @@
 //! under CI and prints SKIPPED elsewhere.
 
 mod proxies;
+mod support;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -4,7 +4,10 @@
 //! Under CI (`CI=true`) a missing `redis-server` fails the test with instructions; elsewhere
 //! the test says loudly that it is skipped.
 
-use std::net::TcpListener;
+mod support;
+
+use support::free_port;
+
 use std::num::NonZeroU32;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -15,14 +18,6 @@ use sluice::limiter::fixed_window::Decision;
 use sluice::limiter::{Algorithm, Quota, Unit};
 use sluice::settings::{RedisSettings, RedisTarget};
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A `redis-server` child process, killed on drop.
 struct Redis {
@@ -484,7 +479,7 @@ fn sluice_restarted_mid_window_keeps_its_counts() {
             .unwrap();
         let begun = Instant::now();
         // Healthy only once Redis has answered.
-        while http_status(http, "GET", "/healthcheck", "") != Some(200) {
+        while support::http(http, "GET", "/healthcheck", "").map(|(s, _)| s) != Some(200) {
             if begun.elapsed() > Duration::from_secs(20) {
                 let _ = child.kill();
                 panic!("sluice on Redis never became healthy");
@@ -496,33 +491,21 @@ fn sluice_restarted_mid_window_keeps_its_counts() {
     let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
     let (mut first, port) = start();
     for _ in 0..3 {
-        assert_eq!(http_status(port, "POST", "/json", body), Some(200));
+        assert_eq!(
+            support::http(port, "POST", "/json", body).map(|(s, _)| s),
+            Some(200)
+        );
     }
     first.kill().unwrap();
     first.wait().unwrap();
     let (mut second, port) = start();
     let statuses: Vec<_> = (0..3)
-        .map(|_| http_status(port, "POST", "/json", body))
+        .map(|_| support::http(port, "POST", "/json", body).map(|(s, _)| s))
         .collect();
     second.kill().unwrap();
     second.wait().unwrap();
     // 3 before the restart + 2 more reach the limit of 5; the 6th is over.
     assert_eq!(statuses, [Some(200), Some(200), Some(429)]);
-}
-
-fn http_status(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    raw.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Three local redis-server nodes joined by `redis-cli --cluster create`.
