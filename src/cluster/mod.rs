@@ -256,12 +256,17 @@ fn zero_decision() -> Decision {
 }
 
 /// Probes every peer every 500 ms with an empty call and brings back those that answer again.
-/// In divided mode a peer that misses a probe is also marked down, since the live count sets
-/// every node's share. In forward mode only a failed forward marks a peer down: peers start
-/// at different moments, and a probe that ran before a peer was up must not move its keys
-/// away from it (which would split their counters) until a request actually fails.
+///
+/// A peer is marked down by probes too, so that no node has to pay a forward's deadline to find
+/// out, but only once it has answered at least once and then missed two probes in a row: peers
+/// start at different moments, and a probe that ran before a peer was up must not move its keys
+/// away (which would split their counters). In divided mode one missed probe is enough, since
+/// the live count sets every node's share.
 async fn probe_peers(members: Arc<ArcSwap<Members>>, mode: ClusterMode) {
+    const MISSES_BEFORE_DOWN: u32 = 2;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    // Per peer address: answered at least once, and consecutive misses.
+    let mut seen: std::collections::HashMap<String, (bool, u32)> = Default::default();
     loop {
         tick.tick().await;
         let m = members.load_full();
@@ -271,7 +276,18 @@ async fn probe_peers(members: Arc<ArcSwap<Members>>, mode: ClusterMode) {
                 .map(|c| async move { (i, c.apply(Vec::new(), false).await.is_ok()) })
         });
         for (i, ok) in futures_util::future::join_all(probes).await {
-            if !ok && mode == ClusterMode::Forward {
+            let state = seen.entry(m.ring.addr(i).to_owned()).or_default();
+            if ok {
+                *state = (true, 0);
+            } else {
+                state.1 += 1;
+            }
+            let mark_down = !ok
+                && match mode {
+                    ClusterMode::Divided => true,
+                    ClusterMode::Forward => state.0 && state.1 >= MISSES_BEFORE_DOWN,
+                };
+            if !ok && !mark_down {
                 continue;
             }
             let was_down = m.down[i].swap(!ok, Ordering::Relaxed);
