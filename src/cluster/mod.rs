@@ -211,8 +211,8 @@ impl ClusterStore {
             let results = futures_util::future::join_all(calls).await;
             for ((_, idx), result) in groups.iter().zip(results) {
                 match result {
-                    Ok(d) if refund => {
-                        let _ = d;
+                    // A refund answers nothing; mark its hits done.
+                    Ok(_) if refund => {
                         idx.iter()
                             .for_each(|&i| decisions[i] = Some(zero_decision()));
                     }
