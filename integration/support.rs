@@ -4,15 +4,43 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A port that was free on 127.0.0.1 a moment ago.
+/// A port that was free on 127.0.0.1 a moment ago, for a process the test starts.
+///
+/// Chosen below the kernel's ephemeral range, so no outgoing connection (a peer reconnecting to
+/// a node the test killed, say) can take it as its source port before the process binds it,
+/// and never the same port twice in one test binary.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            r.split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    let (from, to) = (10_000u16, low.max(12_000));
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    // A cheap varying start, so parallel test binaries rarely probe the same ports.
+    let span = u32::from(to - from);
+    let seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for i in 0..span {
+        let port = from + ((seed.wrapping_add(i.wrapping_mul(7919))) % span) as u16;
+        if handed_out.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.push(port);
+            return port;
+        }
+    }
+    panic!("no free port between {from} and {to}");
 }
 
 /// Polls `f` every 50 ms until it holds; panics naming `what` after `timeout`.
