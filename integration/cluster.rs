@@ -118,6 +118,19 @@ fn three_nodes_enforce_one_limit_and_survive_losing_the_owner() {
         "last answer: {:?}",
         http(nodes[0].http, "POST", "/json", BODY)
     );
+    // The owner's own 10 were local; the 20 sent to the others were forwarded to it.
+    let stat = |node: &Node, name: &str| -> u64 {
+        let (_, body) = http(node.debug, "GET", "/stats", "").expect("stats");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("sluice.cluster.{name}: ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {body}"))
+    };
+    let sum = |name: &str| nodes.iter().map(|n| stat(n, name)).sum::<u64>();
+    assert_eq!(sum("local_hits"), 10);
+    assert_eq!(sum("forwarded_hits"), 20);
+    assert_eq!(stat(&nodes[owner], "forwarded_hits"), 0);
+    assert!(sum("peer_calls") <= 20);
 
     // Kill the owner: every request on the others still gets an answer, promptly, and the
     // limit applies again on the new owner (which starts from its own count).

@@ -104,6 +104,15 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
         ));
     }
     if let crate::store::AnyStore::Cluster(c) = &*st.store {
+        let cs = c.stats();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        out.push_str(&format!(
+            "sluice.cluster.local_hits: {}\nsluice.cluster.forwarded_hits: {}\nsluice.cluster.peer_calls: {}\nsluice.cluster.failed_forwards: {}\n",
+            load(&cs.local_hits),
+            load(&cs.forwarded_hits),
+            load(&cs.peer_calls),
+            load(&cs.failed_forwards),
+        ));
         for (peer, up) in c.peers() {
             out.push_str(&format!(
                 "sluice.cluster.peer_up.{peer}: {}\n",

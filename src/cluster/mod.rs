@@ -15,7 +15,7 @@ pub mod peer;
 pub mod ring;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -37,7 +37,12 @@ struct Members {
 }
 
 impl Members {
-    fn build(addrs: Vec<String>, me: &str, settings: &ClusterSettings) -> Result<Self, String> {
+    fn build(
+        addrs: Vec<String>,
+        me: &str,
+        settings: &ClusterSettings,
+        stats: &Arc<ClusterStats>,
+    ) -> Result<Self, String> {
         let ring = Ring::new(addrs.into_iter().chain([me.to_owned()]));
         let me_index = ring
             .index_of(me)
@@ -47,7 +52,9 @@ impl Members {
             .enumerate()
             .map(|(i, a)| {
                 (i != me_index)
-                    .then(|| PeerClient::start(a, settings.timeout, settings.batch_window))
+                    .then(|| {
+                        PeerClient::start(a, settings.timeout, settings.batch_window, stats.clone())
+                    })
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -79,7 +86,21 @@ pub struct ClusterStore {
     local: Arc<MemoryStore>,
     members: Arc<ArcSwap<Members>>,
     mode: ClusterMode,
+    stats: Arc<ClusterStats>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What the cluster did, for `/stats` and the benchmark.
+#[derive(Debug, Default)]
+pub struct ClusterStats {
+    /// Hits applied to this node's own counters (its keys, or a dead owner's it took over).
+    pub local_hits: AtomicU64,
+    /// Hits sent to their owner on another peer.
+    pub forwarded_hits: AtomicU64,
+    /// Calls made to peers (each carries a batch of forwarded hits; probes excluded).
+    pub peer_calls: AtomicU64,
+    /// Forwards that failed and were retried on the next owner.
+    pub failed_forwards: AtomicU64,
 }
 
 impl Drop for ClusterStore {
@@ -97,10 +118,12 @@ impl ClusterStore {
             PeerSource::Static(list) => list.clone(),
             PeerSource::Dns { .. } => Vec::new(),
         };
+        let stats = Arc::new(ClusterStats::default());
         let members = Arc::new(ArcSwap::from_pointee(Members::build(
             initial,
             &settings.advertise,
             settings,
+            &stats,
         )?));
         let mut tasks = vec![tokio::spawn(probe_peers(members.clone(), settings.mode))];
         if let PeerSource::Dns { name, port } = &settings.peers {
@@ -109,18 +132,24 @@ impl ClusterStore {
                 name.clone(),
                 *port,
                 settings.clone(),
+                stats.clone(),
             )));
         }
         Ok(ClusterStore {
             local,
             members,
             mode: settings.mode,
+            stats,
             tasks,
         })
     }
 
     pub fn local(&self) -> &Arc<MemoryStore> {
         &self.local
+    }
+
+    pub fn stats(&self) -> &ClusterStats {
+        &self.stats
     }
 
     /// The peer addresses and whether each is up, for the debug listener.
@@ -186,6 +215,9 @@ impl ClusterStore {
                 async move {
                     let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
                     if *owner == members.me {
+                        self.stats
+                            .local_hits
+                            .fetch_add(mine.len() as u64, Ordering::Relaxed);
                         let mut out = Vec::new();
                         let r = if refund {
                             self.local.refund(now, &mine).await
@@ -198,9 +230,13 @@ impl ClusterStore {
                         return Err(None);
                     };
                     let wire = mine.iter().map(PeerHit::from_hit).collect();
+                    self.stats
+                        .forwarded_hits
+                        .fetch_add(mine.len() as u64, Ordering::Relaxed);
                     match client.apply(wire, refund).await {
                         Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
                         Err(e) => {
+                            self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(peer = members.ring.addr(*owner), error = %e, "peer failed; marking it down");
                             members.down[*owner].store(true, Ordering::Relaxed);
                             Err(None)
@@ -309,6 +345,7 @@ async fn resolve_peers(
     name: String,
     port: u16,
     settings: ClusterSettings,
+    stats: Arc<ClusterStats>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -321,7 +358,7 @@ async fn resolve_peers(
         let current: Vec<String> = members.load().ring.addrs().map(str::to_owned).collect();
         let next = Ring::new(addrs.iter().cloned().chain([settings.advertise.clone()]));
         if next.addrs().map(str::to_owned).collect::<Vec<_>>() != current {
-            match Members::build(addrs, &settings.advertise, &settings) {
+            match Members::build(addrs, &settings.advertise, &settings, &stats) {
                 Ok(m) => {
                     tracing::info!(peers = ?m.ring.addrs().collect::<Vec<_>>(), "peers changed");
                     members.store(Arc::new(m));

@@ -237,14 +237,19 @@ pub struct PeerClient {
 
 impl PeerClient {
     /// Starts the batching task for the peer at `addr` (`host:port`).
-    pub fn start(addr: &str, timeout: Duration, window: Duration) -> Result<Self, String> {
+    pub fn start(
+        addr: &str,
+        timeout: Duration,
+        window: Duration,
+        stats: Arc<super::ClusterStats>,
+    ) -> Result<Self, String> {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("peer {addr}: {e}"))?
             .connect_timeout(timeout)
             .tcp_nodelay(true);
         let channel = endpoint.connect_lazy();
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(batcher(channel, rx, timeout, window));
+        tokio::spawn(batcher(channel, rx, timeout, window, stats));
         Ok(PeerClient { jobs: tx, timeout })
     }
 
@@ -282,6 +287,7 @@ async fn batcher(
     mut rx: mpsc::Receiver<Job>,
     timeout: Duration,
     window: Duration,
+    stats: Arc<super::ClusterStats>,
 ) {
     const MAX_HITS: usize = 256;
     let grpc = tonic::client::Grpc::new(channel);
@@ -316,6 +322,11 @@ async fn batcher(
             hits: batch.iter().flat_map(|j| j.hits.iter().cloned()).collect(),
             refund,
         };
+        if size > 0 {
+            stats
+                .peer_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         // Each batch is its own call on the shared HTTP/2 connection, so a slow or dead peer's
         // deadline does not hold the batches queued behind it.
         let mut grpc = grpc.clone();
