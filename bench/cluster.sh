@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# A 3-node loopback peer cluster beside one node (issue 6's benchmark).
+#
+#   bench/cluster.sh                 # 3 alternating rounds, 8 s per run: about 2 minutes
+#   BENCH_ROUNDS=5 BENCH_DURATION=10 bench/cluster.sh
+#
+# Starts one Sluice (memory store) and three Sluice peers (PEERS pointing at each other,
+# forward mode) on free 127.0.0.1 ports, checks both answer correctly, then alternates:
+#   - single: 3 h2load processes (-c 1 -m 50 each, one key each) on the single node;
+#   - cluster: the same 3 processes, one per peer, so two thirds of the keys' hits are forwarded.
+# Reports req/s, p50/p99 and, from the peers' /stats, forwarded hits and peer calls per request.
+# All three peers share this machine's two cores with h2load, so the cluster pays for its
+# forwarding with no extra CPU: the figure is a floor, not what three machines would do.
+# Writes bench/results/cluster.md.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+WORK=$(mktemp -d /tmp/sluice-bench-cluster.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ROUNDS=${BENCH_ROUNDS:-3}
+DURATION=${BENCH_DURATION:-8}
+OUT=${BENCH_OUT:-$ROOT/bench/results}
+mkdir -p "$OUT"
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+
+if ! command -v h2load >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null
+fi
+cargo build --release --quiet --bin sluice --example bench_client
+BIN="$TARGET/release"
+CLIENT="$BIN/examples/bench_client"
+
+# 4 nodes x (http, grpc, debug, peer): 16 distinct ports.
+read -r -a P < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(16)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+ports = [s.getsockname()[1] for s in socks]
+for s in socks:
+    s.close()
+print(*ports)')
+PEERS="127.0.0.1:${P[7]},127.0.0.1:${P[11]},127.0.0.1:${P[15]}"
+start() { # start INDEX [PEER]
+    local i=$1 base=$(($1 * 4))
+    local env=(LOG_LEVEL=error BACKEND_TYPE=memory)
+    if [[ $i -gt 0 ]]; then
+        env+=(PEERS="$PEERS" PEER_PORT="${P[base + 3]}" PEER_ADVERTISE_ADDRESS="127.0.0.1:${P[base + 3]}")
+    fi
+    env "${env[@]}" "$BIN/sluice" --config "$ROOT/bench/config" --host 127.0.0.1 \
+        --grpc-host 127.0.0.1 --debug-host 127.0.0.1 --port "${P[base]}" \
+        --grpc-port "${P[base + 1]}" --debug-port "${P[base + 2]}" &
+    PIDS+=($!)
+}
+for i in 0 1 2 3; do start "$i"; done
+grpc() { echo "http://127.0.0.1:${P[$1 * 4 + 1]}"; }
+debug() { echo "${P[$1 * 4 + 2]}"; }
+for i in 0 1 2 3; do
+    for _ in $(seq 100); do
+        "$CLIENT" check "$(grpc "$i")" 1 0 bench client=ready >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    "$CLIENT" check "$(grpc "$i")" 10 1000000000 bench "client=check-$i"
+done
+for k in 0 1 2; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done
+
+cluster_stat() { # sum of a sluice.cluster.* counter over the three peers
+    local total=0 i v
+    for i in 1 2 3; do
+        v=$(curl -s "http://127.0.0.1:$(debug "$i")/stats" | sed -n "s/^sluice.cluster.$1: //p")
+        total=$((total + ${v:-0}))
+    done
+    echo "$total"
+}
+
+run() { # run single|cluster
+    local mode=$1 k pids=() fwd0 calls0 local0
+    fwd0=$(cluster_stat forwarded_hits); calls0=$(cluster_stat peer_calls)
+    local0=$(cluster_stat local_hits)
+    for k in 0 1 2; do
+        local node=0
+        [[ $mode == cluster ]] && node=$((k + 1))
+        h2load -c 1 -m 50 -t 1 -D "$DURATION" --warm-up-time=1 \
+            -d "$WORK/body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+            --log-file="$WORK/log-$k.tsv" \
+            "$(grpc "$node")/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
+            >"$WORK/out-$k.txt" 2>&1 &
+        pids+=($!)
+    done
+    for k in "${pids[@]}"; do wait "$k"; done
+    local fwd calls locals
+    fwd=$(($(cluster_stat forwarded_hits) - fwd0)); calls=$(($(cluster_stat peer_calls) - calls0))
+    locals=$(($(cluster_stat local_hits) - local0))
+    python3 - "$mode" "$fwd" "$calls" "$locals" "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
+import json, re, sys
+mode, fwd, calls, local = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rest = sys.argv[5:]
+sep = rest.index("--")
+outs, logs = rest[:sep], rest[sep + 1:]
+rps = sum(float(m.group(1)) for o in outs
+          for m in [re.search(r"finished in [^,]+, ([\d.]+) req/s", open(o).read())] if m)
+lat = sorted(int(f[2]) for l in logs for f in (line.split() for line in open(l))
+             if len(f) >= 3 and f[1] == "200")
+pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1000 if lat else float("nan")
+# The counters include h2load's warm-up second (its logs leave it out), so the ratios are taken
+# between counters, never against the logged request count.
+print(json.dumps({"mode": mode, "rps": round(rps), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+                  "requests": len(lat), "forwarded": fwd, "local": local, "peer_calls": calls}))
+PY
+    rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt
+}
+
+RUNS="$WORK/runs.jsonl"
+for round in $(seq "$ROUNDS"); do
+    if ((round % 2)); then order="single cluster"; else order="cluster single"; fi
+    for mode in $order; do run "$mode" | tee -a "$RUNS"; done
+done
+
+python3 - "$RUNS" "$OUT/cluster.md" "$ROUNDS" "$DURATION" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+med = lambda rs, k: statistics.median(r[k] for r in rs)
+out = ["| setup | req/s (median) | p50 | p99 | share of hits forwarded | forwarded hits per peer call |",
+       "|---|---|---|---|---|---|"]
+for mode in ("single", "cluster"):
+    rs = [r for r in rows if r["mode"] == mode]
+    if mode == "cluster":
+        share = statistics.median(r["forwarded"] / max(1, r["forwarded"] + r["local"]) for r in rs)
+        per_call = statistics.median(r["forwarded"] / max(1, r["peer_calls"]) for r in rs)
+        extra = (f"{share:.2f}", f"{per_call:.1f}")
+    else:
+        extra = ("-", "-")
+    out.append(f"| {mode} node{'s' if mode == 'cluster' else ''} | {med(rs, 'rps'):,.0f} | "
+               f"{med(rs, 'p50_ms'):.2f} ms | {med(rs, 'p99_ms'):.2f} ms | {extra[0]} | {extra[1]} |")
+s = statistics.median(r["rps"] for r in rows if r["mode"] == "single")
+c = statistics.median(r["rps"] for r in rows if r["mode"] == "cluster")
+out.append("")
+out.append(f"3-node cluster / single node throughput (medians of {sys.argv[3]} alternating rounds, "
+           f"{sys.argv[4]} s each, all on one 2-core machine): {c / s:.2f}")
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
