@@ -69,10 +69,9 @@ impl Node {
     }
 }
 
-const BODY: &str = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
-
-#[test]
-fn three_nodes_enforce_one_limit_and_survive_losing_the_owner() {
+/// Starts three peers (a limit of 10 per hour on `d`/`k`) with `env`; returns the config dir
+/// (keep it alive), the nodes and the PEERS string.
+fn three_nodes(env: &[(&str, &str)]) -> (tempfile::TempDir, Vec<Node>, String) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("limits.yaml"),
@@ -93,8 +92,16 @@ fn three_nodes_enforce_one_limit_and_survive_losing_the_owner() {
         .collect::<Vec<_>>()
         .join(",");
     for n in &mut nodes {
-        n.start(&peers, dir.path());
+        n.start_with(&peers, dir.path(), env);
     }
+    (dir, nodes, peers)
+}
+
+const BODY: &str = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+
+#[test]
+fn three_nodes_enforce_one_limit_and_survive_losing_the_owner() {
+    let (dir, mut nodes, peers) = three_nodes(&[]);
     let ring = Ring::new(peers.split(',').map(str::to_owned));
     // The memory store's key for this descriptor is the Go key stem.
     let owner_addr = ring
@@ -171,28 +178,7 @@ fn three_nodes_enforce_one_limit_and_survive_losing_the_owner() {
 
 #[test]
 fn divided_mode_enforces_a_share_of_the_limit_on_each_node_without_forwarding() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("limits.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
-    )
-    .unwrap();
-    let mut nodes: Vec<Node> = (0..3)
-        .map(|_| Node {
-            child: None,
-            http: free_port(),
-            debug: free_port(),
-            peer: free_port(),
-        })
-        .collect();
-    let peers = nodes
-        .iter()
-        .map(|n| format!("127.0.0.1:{}", n.peer))
-        .collect::<Vec<_>>()
-        .join(",");
-    for n in &mut nodes {
-        n.start_with(&peers, dir.path(), &[("SLUICE_CLUSTER_MODE", "divided")]);
-    }
+    let (_dir, nodes, _) = three_nodes(&[("SLUICE_CLUSTER_MODE", "divided")]);
     // Membership converges: every node sees all three peers up.
     let start = Instant::now();
     while !nodes.iter().all(|n| {

@@ -53,17 +53,19 @@ fn redis_server_available() -> bool {
 
 impl Redis {
     fn start_on(port: u16) -> Redis {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+        Redis::spawn(port, None, &[])
+    }
+
+    /// A redis-server on 127.0.0.1:`port`, persistence off, run in `dir` with `extra` flags.
+    fn spawn(port: u16, dir: Option<&std::path::Path>, extra: &[&str]) -> Redis {
+        let mut cmd = Command::new("redis-server");
+        if let Some(dir) = dir {
+            cmd.current_dir(dir);
+        }
+        let child = cmd
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -520,29 +522,17 @@ impl Cluster {
         let nodes: Vec<Redis> = (0..3)
             .map(|_| {
                 let port = free_port();
-                let child = Command::new("redis-server")
-                    .current_dir(dir.path())
-                    .args([
-                        "--port",
-                        &port.to_string(),
-                        "--bind",
-                        "127.0.0.1",
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
+                let config_file = format!("nodes-{port}.conf");
+                Redis::spawn(
+                    port,
+                    Some(dir.path()),
+                    &[
                         "--cluster-enabled",
                         "yes",
                         "--cluster-config-file",
-                        &format!("nodes-{port}.conf"),
-                    ])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start redis-server");
-                let r = Redis { child, port };
-                r.wait_ready();
-                r
+                        &config_file,
+                    ],
+                )
             })
             .collect();
         let addrs: Vec<String> = nodes
