@@ -16,16 +16,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-WORK=$(mktemp -d /tmp/sluice-bench-cluster.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 
 ROUNDS=${BENCH_ROUNDS:-3}
 DURATION=${BENCH_DURATION:-8}
@@ -41,15 +33,7 @@ BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
 
 # 4 nodes x (http, grpc, debug, peer): 16 distinct ports.
-read -r -a P < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(16)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-ports = [s.getsockname()[1] for s in socks]
-for s in socks:
-    s.close()
-print(*ports)')
+read -r -a P < <(free_ports 16)
 PEERS="127.0.0.1:${P[7]},127.0.0.1:${P[11]},127.0.0.1:${P[15]}"
 start() { # start INDEX [PEER]
     local i=$1 base=$(($1 * 4))

@@ -13,16 +13,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-WORK=$(mktemp -d /tmp/sluice-bench-redis.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 
 ROUNDS=${BENCH_ROUNDS:-3}
 DURATION=${BENCH_DURATION:-8}
@@ -39,15 +31,7 @@ cargo build --release --quiet --bin sluice --example bench_client
 BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
 
-read -r REDIS MEM_GRPC RED_GRPC P1 P2 P3 P4 < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(7)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-ports = [s.getsockname()[1] for s in socks]
-for s in socks:
-    s.close()
-print(*ports)')
+read -r REDIS MEM_GRPC RED_GRPC P1 P2 P3 P4 < <(free_ports 7)
 
 redis-server --port "$REDIS" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
 PIDS+=($!)

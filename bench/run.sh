@@ -27,20 +27,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
-PIDS=()
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 
 if [[ "${BENCH_QUICK:-0}" == 1 ]]; then
     ROUNDS=${BENCH_ROUNDS:-1}; DURATION=${BENCH_DURATION:-2}; WARMUP=1
@@ -86,15 +74,7 @@ CLIENT="$BIN/examples/bench_client"
 } >"$OUT/machine.txt"
 
 # 2. Servers.
-read -r HTTP_PORT GRPC_PORT DEBUG_PORT NOOP_PORT < <(python3 -c '
-import socket
-socks = [socket.socket() for _ in range(4)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-ports = [s.getsockname()[1] for s in socks]
-for s in socks:
-    s.close()  # before printing: the caller binds them as soon as it reads this line
-print(*ports)')
+read -r HTTP_PORT GRPC_PORT DEBUG_PORT NOOP_PORT < <(free_ports 4)
 
 say "starting Sluice on 127.0.0.1:$GRPC_PORT and the no-op server on 127.0.0.1:$NOOP_PORT"
 LOG_LEVEL=error "$BIN/sluice" --config "$ROOT/bench/config" \

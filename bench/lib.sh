@@ -1,0 +1,26 @@
+# Shared by the bench scripts: a work directory and a list of started processes, both cleaned
+# up on exit, and free loopback ports. Source it after `set -euo pipefail`.
+
+WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
+PIDS=()
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# free_ports N: N distinct ports free on 127.0.0.1 a moment ago, on one line.
+free_ports() {
+    python3 -c '
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+ports = [s.getsockname()[1] for s in socks]
+for s in socks:
+    s.close()  # before printing: the caller binds them as soon as it reads this line
+print(*ports)' "$1"
+}
