@@ -15,6 +15,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// Environment variables the host may have set that would change what these tests see.
 const SCRUBBED: &[&str] = &[
+    "GRPC_SERVER_USE_TLS",
     "REDIS_URL",
     "BACKEND_TYPE",
     "RUNTIME_ROOT",
@@ -130,6 +131,16 @@ fn a_malformed_setting_stops_start_up_naming_the_variable() {
     let out = run(c);
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("SHADOW_MODE"));
+}
+
+#[test]
+fn grpc_tls_is_refused_rather_than_served_in_clear() {
+    let mut c = sluice();
+    c.env("GRPC_SERVER_USE_TLS", "true");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("GRPC_SERVER_USE_TLS=true"), "{err}");
 }
 
 #[test]

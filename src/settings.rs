@@ -339,6 +339,22 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 
+    /// gRPC server TLS (envoyproxy/ratelimit's GRPC_SERVER_USE_TLS). Not supported yet: `true`
+    /// stops start-up, rather than serving in clear where the clients expect TLS.
+    #[arg(
+        long,
+        env = "GRPC_SERVER_USE_TLS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Listeners"
+    )]
+    pub grpc_server_use_tls: bool,
+
     /// Counter store: `memory` (counts per node; the default) or `redis` (shared counters,
     /// keyed like envoyproxy/ratelimit). Unset with REDIS_URL set means `redis`.
     #[arg(long, env = "BACKEND_TYPE", help_heading = "Backend")]
@@ -698,6 +714,14 @@ impl ServeArgs {
                 ratio,
                 "must be greater than 0 and at most 1",
             ));
+        }
+
+        if self.grpc_server_use_tls {
+            return Err(SettingsError::NotSupportedYet {
+                var: "GRPC_SERVER_USE_TLS",
+                value: "true".into(),
+                reason: "TLS on the gRPC listener (put a TLS-terminating proxy or mesh in front)",
+            });
         }
 
         // Checked even when disabled: a bad name is a typo worth reporting before someone
