@@ -313,7 +313,29 @@ impl Answer {
 
 /// One GET with `Connection: close`, or `None` if nothing answered within 10 s.
 pub fn try_get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    try_get_from([127, 0, 0, 1], port, path, headers)
+}
+
+/// Like [`try_get`], from the loopback address `source` (any of 127.0.0.0/8), so the proxy sees
+/// a different client address.
+pub fn try_get_from(
+    source: [u8; 4],
+    port: u16,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<Answer> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).ok()?;
+    socket
+        .bind(&std::net::SocketAddr::from((source, 0)).into())
+        .ok()?;
+    socket
+        .connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], port)).into(),
+            Duration::from_secs(5),
+        )
+        .ok()?;
+    let mut s: TcpStream = socket.into();
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let mut req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
     for (name, value) in headers {
@@ -441,4 +463,10 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
     let a = get(port, "/", &[("X-Api-Key", "key-c")]);
     assert_eq!(a.status, 429, "{a:#?}");
     assert_eq!(upstream.hits() - start, 9);
+    // Another client address is counted on its own: it still has its whole limit.
+    let other = try_get_from([127, 0, 0, 2], port, "/", &[]).expect("answer to 127.0.0.2");
+    assert_eq!(other.status, 200, "{other:#?}");
+    assert_eq!(limit_of(&other), 10, "{other:#?}");
+    assert_eq!(number(&other, names.remaining), 9, "{other:#?}");
+    assert_eq!(upstream.hits() - start, 10);
 }
