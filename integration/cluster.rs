@@ -138,6 +138,20 @@ fn three_nodes_enforce_one_limit_and_survive_losing_the_owner() {
     assert_eq!(sum("forwarded_hits"), 20);
     assert_eq!(stat(&nodes[owner], "forwarded_hits"), 0);
     assert!(sum("peer_calls") <= 20);
+    // The same numbers on the Prometheus exposition.
+    let (_, metrics) = http(nodes[0].debug, "GET", "/metrics", "").expect("metrics");
+    assert!(
+        metrics.contains(&format!(
+            "sluice_cluster_forwarded_hits_total {}",
+            stat(&nodes[0], "forwarded_hits")
+        )),
+        "{metrics}"
+    );
+    assert_eq!(
+        metrics.matches("sluice_cluster_peer_up{peer=").count(),
+        3,
+        "{metrics}"
+    );
 
     // Kill the owner: every request on the others still gets an answer, promptly, and the
     // limit applies again on the new owner (which starts from its own count).

@@ -15,7 +15,7 @@ use axum::routing::get;
 use crate::config::ConfigHandle;
 use crate::store::AnyStore;
 use crate::telemetry::Stats;
-use crate::telemetry::prometheus::{self, Extra, MemoryGauges};
+use crate::telemetry::prometheus::{self, ClusterGauges, Extra, MemoryGauges};
 
 struct DebugState {
     config: ConfigHandle,
@@ -72,6 +72,19 @@ pub fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
             rejected_full: m.stats().rejected_full.load(Ordering::Relaxed),
             swept: m.stats().swept.load(Ordering::Relaxed),
         }),
+        cluster: match store {
+            AnyStore::Cluster(c) => {
+                let cs = c.stats();
+                Some(ClusterGauges {
+                    local_hits: cs.local_hits.load(Ordering::Relaxed),
+                    forwarded_hits: cs.forwarded_hits.load(Ordering::Relaxed),
+                    peer_calls: cs.peer_calls.load(Ordering::Relaxed),
+                    failed_forwards: cs.failed_forwards.load(Ordering::Relaxed),
+                    peers: c.peers(),
+                })
+            }
+            _ => None,
+        },
     }
 }
 
@@ -103,20 +116,15 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
             m.live_counters, m.max_counters, m.rejected_full, m.swept,
         ));
     }
-    if let crate::store::AnyStore::Cluster(c) = &*st.store {
-        let cs = c.stats();
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    if let Some(c) = &e.cluster {
         out.push_str(&format!(
             "sluice.cluster.local_hits: {}\nsluice.cluster.forwarded_hits: {}\nsluice.cluster.peer_calls: {}\nsluice.cluster.failed_forwards: {}\n",
-            load(&cs.local_hits),
-            load(&cs.forwarded_hits),
-            load(&cs.peer_calls),
-            load(&cs.failed_forwards),
+            c.local_hits, c.forwarded_hits, c.peer_calls, c.failed_forwards,
         ));
-        for (peer, up) in c.peers() {
+        for (peer, up) in &c.peers {
             out.push_str(&format!(
                 "sluice.cluster.peer_up.{peer}: {}\n",
-                u8::from(up)
+                u8::from(*up)
             ));
         }
     }

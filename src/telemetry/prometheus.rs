@@ -27,11 +27,23 @@ use super::stats::{LimitCounters, Stats};
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Numbers from outside [`Stats`] that the exposition reports.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Extra {
     pub config_load_success: u64,
     pub config_load_error: u64,
     pub memory: Option<MemoryGauges>,
+    pub cluster: Option<ClusterGauges>,
+}
+
+/// The peer cluster's counters and each peer's state.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterGauges {
+    pub local_hits: u64,
+    pub forwarded_hits: u64,
+    pub peer_calls: u64,
+    pub failed_forwards: u64,
+    /// (address, up).
+    pub peers: Vec<(String, bool)>,
 }
 
 /// The memory store's counters.
@@ -278,6 +290,43 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
         ] {
             header(&mut out, name, kind, help);
             sample(&mut out, name, &[], value);
+        }
+    }
+    if let Some(c) = &extra.cluster {
+        for (name, help, value) in [
+            (
+                "sluice_cluster_local_hits_total",
+                "Hits applied to counters this node owns.",
+                c.local_hits,
+            ),
+            (
+                "sluice_cluster_forwarded_hits_total",
+                "Hits forwarded to their owner on another peer.",
+                c.forwarded_hits,
+            ),
+            (
+                "sluice_cluster_peer_calls_total",
+                "Calls to peers carrying forwarded hits (batches).",
+                c.peer_calls,
+            ),
+            (
+                "sluice_cluster_failed_forwards_total",
+                "Forwards that failed and were retried on the next owner.",
+                c.failed_forwards,
+            ),
+        ] {
+            header(&mut out, name, "counter", help);
+            sample(&mut out, name, &[], value);
+        }
+        let name = "sluice_cluster_peer_up";
+        header(
+            &mut out,
+            name,
+            "gauge",
+            "1 when this node believes the peer is up.",
+        );
+        for (peer, up) in &c.peers {
+            sample(&mut out, name, &[("peer", peer.as_str())], u64::from(*up));
         }
     }
     out
