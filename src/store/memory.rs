@@ -67,16 +67,17 @@ impl StateWord for AtomicU128 {
     }
 }
 
-/// The compare-and-swap loop around a pure algorithm step.
-fn charge<W: StateWord>(word: &W, step: impl Fn(W::Raw) -> (Decision, W::Raw)) -> Decision {
+/// The compare-and-swap loop around a pure algorithm step: `step` maps the current state to
+/// its result and the new state, and is re-run on the state another thread wrote meanwhile.
+fn charge<W: StateWord, T>(word: &W, step: impl Fn(W::Raw) -> (T, W::Raw)) -> T {
     let mut state = word.load();
     loop {
-        let (decision, new_state) = step(state);
+        let (result, new_state) = step(state);
         if new_state == state {
-            return decision;
+            return result;
         }
         match word.swap_if(state, new_state) {
-            Ok(()) => return decision,
+            Ok(()) => return result,
             Err(actual) => state = actual,
         }
     }
@@ -369,19 +370,9 @@ impl MemoryStore {
     }
 }
 
-/// A compare-and-swap loop for a state change that decides nothing.
+/// A state change that decides nothing (a refund).
 fn update<W: StateWord>(word: &W, step: impl Fn(W::Raw) -> W::Raw) {
-    let mut state = word.load();
-    loop {
-        let new_state = step(state);
-        if new_state == state {
-            return;
-        }
-        match word.swap_if(state, new_state) {
-            Ok(()) => return,
-            Err(actual) => state = actual,
-        }
-    }
+    charge(word, |s| ((), step(s)));
 }
 
 impl CounterStore for MemoryStore {
