@@ -118,39 +118,30 @@ fn help_shows_the_environment_variable_beside_each_flag() {
     }
 }
 
+/// Starts `sluice` with `var=value` and checks it stops with exit 64, saying `expected`.
+fn refused(var: &str, value: &str, expected: &str) {
+    let mut c = sluice();
+    c.env(var, value);
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64), "{var}={value}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(expected), "{err}");
+}
+
 #[test]
 fn a_malformed_setting_stops_start_up_naming_the_variable() {
-    let mut c = sluice();
-    c.env("PORT", "eighty");
-    let out = run(c);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("PORT"));
-
-    let mut c = sluice();
-    c.env("SHADOW_MODE", "maybe");
-    let out = run(c);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("SHADOW_MODE"));
+    refused("PORT", "eighty", "PORT");
+    refused("SHADOW_MODE", "maybe", "SHADOW_MODE");
 }
 
 #[test]
 fn grpc_tls_is_refused_rather_than_served_in_clear() {
-    let mut c = sluice();
-    c.env("GRPC_SERVER_USE_TLS", "true");
-    let out = run(c);
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("GRPC_SERVER_USE_TLS=true"), "{err}");
+    refused("GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_USE_TLS=true");
 }
 
 #[test]
 fn a_redis_backend_without_an_address_is_refused() {
-    let mut c = sluice();
-    c.env("BACKEND_TYPE", "redis");
-    let out = run(c);
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("REDIS_URL"), "{err}");
+    refused("BACKEND_TYPE", "redis", "REDIS_URL");
 }
 
 #[test]

@@ -147,6 +147,42 @@ async fn apply<S: CounterStore>(
     Ok(out)
 }
 
+/// `tasks` concurrent callers each make `calls` one-hit calls on `key`; returns how many hits
+/// were admitted in all.
+async fn admitted_concurrently(
+    remote: &Arc<RedisStore>,
+    key: &str,
+    quota: Quota,
+    now: Timestamp,
+    tasks: usize,
+    calls: usize,
+) -> usize {
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (remote, key) = (remote.clone(), key.to_owned());
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                for _ in 0..calls {
+                    let h = [Hit {
+                        key: &key,
+                        quota,
+                        hits: 1,
+                    }];
+                    if !apply(&*remote, now, &h).await.unwrap()[0].over {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for h in handles {
+        admitted += h.await.unwrap();
+    }
+    admitted
+}
+
 /// The store contract: for the same calls, Redis answers exactly as the memory store does.
 #[tokio::test]
 async fn redis_answers_like_the_memory_store_for_every_algorithm() {
@@ -276,29 +312,8 @@ async fn concurrent_calls_admit_exactly_the_limit_with_every_script() {
         Algorithm::TokenBucket,
     ] {
         let key = format!("hot_{}_", algorithm.name());
-        let tasks: Vec<_> = (0..8)
-            .map(|_| {
-                let (remote, key) = (remote.clone(), key.clone());
-                tokio::spawn(async move {
-                    let mut admitted = 0;
-                    for _ in 0..50 {
-                        let h = [Hit {
-                            key: &key,
-                            quota: quota(algorithm, 100, Unit::Hour, None),
-                            hits: 1,
-                        }];
-                        if !apply(&*remote, now, &h).await.unwrap()[0].over {
-                            admitted += 1;
-                        }
-                    }
-                    admitted
-                })
-            })
-            .collect();
-        let mut admitted = 0;
-        for t in tasks {
-            admitted += t.await.unwrap();
-        }
+        let q = quota(algorithm, 100, Unit::Hour, None);
+        let admitted = admitted_concurrently(&remote, &key, q, now, 8, 50).await;
         assert_eq!(admitted, 100, "{algorithm:?}");
     }
 }
@@ -631,29 +646,8 @@ async fn redis_cluster_counts_every_algorithm_atomically_across_slots() {
     assert_eq!(cluster.get("cluster_4_1200"), "5");
 
     // Concurrent callers on one key admit exactly the limit.
-    let tasks: Vec<_> = (0..6)
-        .map(|_| {
-            let remote = remote.clone();
-            tokio::spawn(async move {
-                let mut admitted = 0;
-                for _ in 0..30 {
-                    let h = [Hit {
-                        key: "cluster_hot_",
-                        quota: quota(Algorithm::SlidingWindow, 50, Unit::Hour, None),
-                        hits: 1,
-                    }];
-                    if !apply(&*remote, now, &h).await.unwrap()[0].over {
-                        admitted += 1;
-                    }
-                }
-                admitted
-            })
-        })
-        .collect();
-    let mut admitted = 0;
-    for t in tasks {
-        admitted += t.await.unwrap();
-    }
+    let q = quota(Algorithm::SlidingWindow, 50, Unit::Hour, None);
+    let admitted = admitted_concurrently(&remote, "cluster_hot_", q, now, 6, 30).await;
     assert_eq!(admitted, 50);
 }
 

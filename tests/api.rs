@@ -35,10 +35,16 @@ fn request(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
     }
 }
 
-async fn client(addr: std::net::SocketAddr) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(format!("http://{addr}"))
+async fn channel(addr: std::net::SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .expect("a valid URI")
+        .connect()
         .await
         .expect("connect gRPC")
+}
+
+async fn client(addr: std::net::SocketAddr) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::new(channel(addr).await)
 }
 
 async fn call(
@@ -154,11 +160,7 @@ async fn many_concurrent_calls_on_one_key_admit_exactly_the_limit() {
 #[tokio::test]
 async fn grpc_health_mirrors_healthcheck() {
     let app = start(&fixture("api"), default_options()).await;
-    let channel = Channel::from_shared(format!("http://{}", app.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(app.grpc).await;
     let mut h = HealthClient::new(channel);
     for service in ["ratelimit", ""] {
         let mut status = None;
@@ -329,11 +331,7 @@ impl tonic::codec::Decoder for RawCodec {
 #[tokio::test]
 async fn malformed_protobuf_gets_a_clear_error_and_the_server_keeps_serving() {
     let app = start(&fixture("api"), default_options()).await;
-    let channel = Channel::from_shared(format!("http://{}", app.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(app.grpc).await;
     let mut grpc = tonic::client::Grpc::new(channel.clone());
     grpc.ready().await.unwrap();
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(
