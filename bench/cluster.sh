@@ -50,10 +50,7 @@ for i in 0 1 2 3; do start "$i"; done
 grpc() { echo "http://127.0.0.1:${P[$1 * 4 + 1]}"; }
 debug() { echo "${P[$1 * 4 + 2]}"; }
 for i in 0 1 2 3; do
-    for _ in $(seq 100); do
-        "$CLIENT" check "$(grpc "$i")" 1 0 bench client=ready >/dev/null 2>&1 && break
-        sleep 0.2
-    done
+    wait_ready "$CLIENT" "$(grpc "$i")"
     "$CLIENT" check "$(grpc "$i")" 10 1000000000 bench "client=check-$i"
 done
 for k in 0 1 2; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done

@@ -24,3 +24,14 @@ for s in socks:
     s.close()  # before printing: the caller binds them as soon as it reads this line
 print(*ports)' "$1"
 }
+
+# wait_ready CLIENT URL: waits (at most 20 s) until the ratelimit server at URL answers a call.
+wait_ready() {
+    local _
+    for _ in $(seq 100); do
+        "$1" check "$2" 1 0 bench client=ready >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    echo "no answer from $2" >&2
+    return 1
+}

@@ -44,10 +44,7 @@ LOG_LEVEL=error REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$REDIS" "$BIN/sluice"
 PIDS+=($!)
 declare -A URL=([memory]="http://127.0.0.1:$MEM_GRPC" [redis]="http://127.0.0.1:$RED_GRPC")
 for server in memory redis; do
-    for _ in $(seq 100); do
-        "$CLIENT" check "${URL[$server]}" 1 0 bench client=ready >/dev/null 2>&1 && break
-        sleep 0.2
-    done
+    wait_ready "$CLIENT" "${URL[$server]}"
     # Correctness: every call counted against 1e9/s and answered OK, remaining going down.
     "$CLIENT" check "${URL[$server]}" 20 1000000000 bench "client=check-$server"
 done

@@ -85,10 +85,7 @@ PIDS+=($!)
 PIDS+=($!)
 declare -A URL=([sluice]="http://127.0.0.1:$GRPC_PORT" [noop]="http://127.0.0.1:$NOOP_PORT")
 for server in sluice noop; do
-    for _ in $(seq 50); do
-        "$CLIENT" check "${URL[$server]}" 1 0 bench client=ready >/dev/null 2>&1 && break
-        sleep 0.2
-    done
+    wait_ready "$CLIENT" "${URL[$server]}"
 done
 
 say "correctness (a real gRPC client; h2load ignores grpc-status)"
