@@ -3,6 +3,7 @@
 //! a rejected reload, and SIGTERM handling. Every process is started on 127.0.0.1 on free
 //! ports and killed when its guard drops; every wait is bounded.
 
+mod pki;
 mod support;
 
 use support::{free_port, http, wait_for};

@@ -1,0 +1,77 @@
+//! A throw-away certificate authority for TLS tests: one CA, and leaf certificates it signs,
+//! written as PEM files into a temporary directory that lives as long as the `TestPki`.
+//!
+//! Shared by `tests/` and `integration/` (`#[path = "../integration/pki.rs"] mod pki;`), so every
+//! TLS test (gRPC server, xDS client, Redis) trusts certificates made the same way.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+
+/// A leaf certificate and its key, as PEM files.
+pub struct Leaf {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A CA in a temporary directory. Dropping it deletes every file it wrote.
+pub struct TestPki {
+    dir: tempfile::TempDir,
+    ca_cert: Certificate,
+    ca_key: KeyPair,
+    /// The CA certificate, PEM: what a peer is told to trust.
+    pub ca: PathBuf,
+}
+
+impl TestPki {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory for test certificates");
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "sluice test CA");
+        let ca_cert = params.self_signed(&ca_key).expect("self-signed CA");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, ca_cert.pem()).expect("write CA certificate");
+        TestPki {
+            dir,
+            ca_cert,
+            ca_key,
+            ca,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A certificate signed by this CA for `names` (DNS names or IP addresses), usable both as a
+    /// server and as a client certificate, written as `<file>.pem` and `<file>-key.pem`.
+    pub fn leaf(&self, file: &str, names: &[&str]) -> Leaf {
+        let key = KeyPair::generate().expect("leaf key");
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf params");
+        params.distinguished_name.push(DnType::CommonName, file);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params
+            .signed_by(&key, &self.ca_cert, &self.ca_key)
+            .expect("sign leaf certificate");
+        let leaf = Leaf {
+            cert: self.dir.path().join(format!("{file}.pem")),
+            key: self.dir.path().join(format!("{file}-key.pem")),
+        };
+        std::fs::write(&leaf.cert, cert.pem()).expect("write leaf certificate");
+        std::fs::write(&leaf.key, key.serialize_pem()).expect("write leaf key");
+        leaf
+    }
+}
