@@ -136,8 +136,12 @@ fn a_malformed_setting_stops_start_up_naming_the_variable() {
 }
 
 #[test]
-fn grpc_tls_is_refused_rather_than_served_in_clear() {
-    refused("GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_USE_TLS=true");
+fn grpc_tls_without_a_certificate_is_refused_rather_than_served_in_clear() {
+    refused(
+        "GRPC_SERVER_USE_TLS",
+        "true",
+        "GRPC_SERVER_TLS_CERT=: must name a PEM file when GRPC_SERVER_USE_TLS is true",
+    );
 }
 
 #[test]

@@ -227,6 +227,7 @@ fn xds_settings(addr: SocketAddr) -> XdsSettings {
             jitter: true,
         },
         max_msg_size: None,
+        tls: None,
     }
 }
 
@@ -244,6 +245,7 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     options.xds = Some(Xds {
         settings: xds_settings(ads_addr),
         options: LoadOptions::default(),
+        tls: None,
     });
     let app = start_with(handle.clone(), options).await;
     let mut c = RateLimitServiceClient::connect(format!("http://{}", app.grpc))
