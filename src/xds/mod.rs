@@ -308,13 +308,17 @@ pub fn jitter(d: Duration, b: &XdsBackoff, unit: f64) -> Duration {
 }
 
 /// The error and its causes, `: `-separated (tonic's transport error alone says only
-/// "transport error").
+/// "transport error"). A cause whose text is already there (some errors print their source
+/// themselves) is not repeated.
 fn with_sources(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     out
