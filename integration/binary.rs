@@ -792,3 +792,179 @@ fn bad_tls_files_stop_start_up_naming_the_variable() {
     // Nothing was bound: the port is still free.
     assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
 }
+
+// ---------------------------------------------------------------------------------------------
+// Envoy Gateway's rate-limit Deployment.
+
+mod ads {
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+        AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+    };
+    use envoy_types::pb::envoy::service::discovery::v3::{
+        DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    };
+    use envoy_types::pb::google::protobuf::Any;
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+    use prost::Message;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+    use tonic::transport::ServerTlsConfig;
+    use tonic::{Request, Response, Status, Streaming};
+
+    const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+    /// Answers every stream with one snapshot: domain `d`, key `k` at 7 a minute.
+    struct OneSnapshot;
+
+    #[tonic::async_trait]
+    impl AggregatedDiscoveryService for OneSnapshot {
+        type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+        type DeltaAggregatedResourcesStream =
+            ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+        async fn stream_aggregated_resources(
+            &self,
+            request: Request<Streaming<DiscoveryRequest>>,
+        ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+            let config = RateLimitConfig {
+                name: "d-rl".into(),
+                domain: "d".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    key: "k".into(),
+                    rate_limit: Some(RateLimitPolicy {
+                        unit: RateLimitUnit::Minute as i32,
+                        requests_per_unit: 7,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+            };
+            let (tx, rx) = mpsc::channel(4);
+            let _ = tx
+                .send(Ok(DiscoveryResponse {
+                    version_info: "v1".into(),
+                    nonce: "n1".into(),
+                    type_url: TYPE_URL.into(),
+                    resources: vec![Any {
+                        type_url: TYPE_URL.into(),
+                        value: config.encode_to_vec(),
+                    }],
+                    ..Default::default()
+                }))
+                .await;
+            // Read the ACKs; the stream stays open while Sluice keeps it.
+            let mut incoming = request.into_inner();
+            tokio::spawn(async move {
+                while let Ok(Some(_)) = incoming.message().await {}
+                drop(tx);
+            });
+            Ok(Response::new(ReceiverStream::new(rx)))
+        }
+
+        async fn delta_aggregated_resources(
+            &self,
+            _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+            Err(Status::unimplemented("state of the world only"))
+        }
+    }
+
+    /// Serves on `listener` over `tls` until the runtime stops.
+    pub fn spawn(listener: tokio::net::TcpListener, tls: ServerTlsConfig) {
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .tls_config(tls)
+                .expect("ADS TLS")
+                .add_service(AggregatedDiscoveryServiceServer::new(OneSnapshot))
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await;
+        });
+    }
+}
+
+/// The environment Envoy Gateway gives its rate-limit Deployment
+/// (internal/infrastructure/kubernetes/ratelimit/resource.go, `expectedRateLimitContainerEnv`),
+/// with the `/certs` secret mount, the xDS server's address and the ports made local.
+/// GRPC_SERVER_TLS_CA_CERT is Envoy Gateway's name, which neither the Go service nor Sluice
+/// reads, so clients are not asked for a certificate.
+#[test]
+fn envoy_gateway_environment_starts_and_serves_over_tls() {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+    let pki = pki::TestPki::new();
+    let certs = pki.dir().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    let ratelimit = pki.leaf("envoy-ratelimit", &["envoy-ratelimit", "127.0.0.1"]);
+    std::fs::copy(&ratelimit.cert, certs.join("tls.crt")).unwrap();
+    std::fs::copy(&ratelimit.key, certs.join("tls.key")).unwrap();
+    std::fs::copy(&pki.ca, certs.join("ca.crt")).unwrap();
+    let gateway = pki.leaf("envoy-gateway", &["envoy-gateway", "127.0.0.1"]);
+
+    // The control plane: xDS over TLS, requiring a client certificate from the same CA.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let xds_port = listener.local_addr().unwrap().port();
+    rt.block_on(async {
+        ads::spawn(
+            listener,
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(
+                    std::fs::read(&gateway.cert).unwrap(),
+                    std::fs::read(&gateway.key).unwrap(),
+                ))
+                .client_ca_root(Certificate::from_pem(std::fs::read(&pki.ca).unwrap())),
+        )
+    });
+
+    let cert = |name: &str| certs.join(name);
+    let server = start(|c| {
+        c.env("RUNTIME_ROOT", "/data")
+            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+            .env("RUNTIME_IGNOREDOTFILES", "true")
+            .env("RUNTIME_WATCH_ROOT", "false")
+            .env("LOG_LEVEL", "info")
+            .env("USE_STATSD", "false")
+            .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+            .env(
+                "CONFIG_GRPC_XDS_SERVER_URL",
+                format!("127.0.0.1:{xds_port}"),
+            )
+            .env("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit")
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", cert("tls.crt"))
+            .env("GRPC_SERVER_TLS_KEY", cert("tls.key"))
+            .env("GRPC_SERVER_TLS_CA_CERT", cert("ca.crt"))
+            .env("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true")
+            .env("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert("tls.crt"))
+            .env("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", cert("tls.key"))
+            .env("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", cert("ca.crt"))
+            .env("FORCE_START_WITHOUT_INITIAL_CONFIG", "true");
+    });
+
+    // Envoy's view: TLS to `envoy-ratelimit`, trusting the CA, no client certificate.
+    let envoy = Client {
+        ca: &pki.ca,
+        name: "envoy-ratelimit",
+        identity: None,
+    };
+    wait_for(
+        "the xDS snapshot to be served over TLS",
+        Duration::from_secs(15),
+        || rt.block_on(call(server.grpc, &envoy)) == Ok(7),
+    );
+    assert!(rt.block_on(grpc_tls::plain_text_call(server.grpc)).is_err());
+    let (status, body) = http(server.debug, "GET", "/rlconfig", "").expect("/rlconfig");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("d.k: unit=MINUTE requests_per_unit=7"),
+        "{body}"
+    );
+}
