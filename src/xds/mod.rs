@@ -104,7 +104,8 @@ pub fn spawn(
 /// tonic's TLS config from the checked files. The trust is CONFIG_GRPC_XDS_SERVER_TLS_CACERT
 /// alone when set (the Go service adds the system's roots to it), else the system's roots.
 fn tonic_tls(tls: ClientTls) -> ClientTlsConfig {
-    let mut config = ClientTlsConfig::new();
+    // A server that negotiates no ALPN still gets HTTP/2: it is gRPC either way.
+    let mut config = ClientTlsConfig::new().assume_http2(true);
     config = match tls.ca_pem {
         Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
         None => config.with_native_roots(),
