@@ -17,6 +17,17 @@ const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 /// Environment variables the host may have set that would change what these tests see.
 const SCRUBBED: &[&str] = &[
     "GRPC_SERVER_USE_TLS",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "CONFIG_TYPE",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
     "REDIS_URL",
     "BACKEND_TYPE",
     "RUNTIME_ROOT",
@@ -44,6 +55,7 @@ fn run(mut c: Command) -> Output {
 struct Server {
     child: Child,
     http: u16,
+    grpc: u16,
     debug: u16,
 }
 
@@ -70,6 +82,7 @@ fn start(configure: impl FnOnce(&mut Command)) -> Server {
     let server = Server {
         child,
         http: http_port,
+        grpc,
         debug,
     };
     wait_for("the HTTP listener", Duration::from_secs(20), || {
@@ -136,8 +149,12 @@ fn a_malformed_setting_stops_start_up_naming_the_variable() {
 }
 
 #[test]
-fn grpc_tls_is_refused_rather_than_served_in_clear() {
-    refused("GRPC_SERVER_USE_TLS", "true", "GRPC_SERVER_USE_TLS=true");
+fn grpc_tls_without_a_certificate_is_refused_rather_than_served_in_clear() {
+    refused(
+        "GRPC_SERVER_USE_TLS",
+        "true",
+        "GRPC_SERVER_TLS_CERT=: must name a PEM file when GRPC_SERVER_USE_TLS is true",
+    );
 }
 
 #[test]
@@ -398,4 +415,556 @@ fn sigterm_fails_health_then_exits_cleanly() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// gRPC over TLS: real processes, real sockets, a tonic client on rustls.
+
+mod grpc_tls {
+    use super::*;
+
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+    pub fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A client's view of the listener: which CA it trusts, which name it expects, and the
+    /// certificate it presents, if any.
+    pub struct Client<'a> {
+        pub ca: &'a Path,
+        pub name: &'a str,
+        pub identity: Option<&'a pki::Leaf>,
+    }
+
+    /// Connects over TLS; `Err` if the connection or handshake fails.
+    pub async fn connect(port: u16, client: &Client<'_>) -> Result<Channel, String> {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(std::fs::read(client.ca).unwrap()))
+            .domain_name(client.name);
+        if let Some(leaf) = client.identity {
+            tls = tls.identity(Identity::from_pem(
+                std::fs::read(&leaf.cert).unwrap(),
+                std::fs::read(&leaf.key).unwrap(),
+            ));
+        }
+        let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
+            .tls_config(tls)
+            .map_err(|e| e.to_string())?;
+        endpoint.connect().await.map_err(|e| format!("{e:?}"))
+    }
+
+    /// One ShouldRateLimit call for `d`/`k`; the limit it reports, or the error.
+    pub async fn limit(channel: Channel) -> Result<u32, String> {
+        let request = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let response = RateLimitServiceClient::new(channel)
+            .should_rate_limit(request)
+            .await
+            .map_err(|e| format!("{e:?}"))?
+            .into_inner();
+        Ok(response
+            .statuses
+            .first()
+            .and_then(|s| s.current_limit.as_ref())
+            .map_or(0, |l| l.requests_per_unit))
+    }
+
+    /// Connect and call: with mTLS over TLS 1.3 the server judges the client's certificate
+    /// after the client thinks the handshake is done, so a refusal may show on the first call.
+    pub async fn call(port: u16, client: &Client<'_>) -> Result<u32, String> {
+        limit(connect(port, client).await?).await
+    }
+
+    pub async fn plain_text_call(port: u16) -> Result<u32, String> {
+        let channel = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        limit(channel).await
+    }
+}
+
+use grpc_tls::{Client, call, runtime};
+
+fn config_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("ok.yaml"), GOOD);
+    dir
+}
+
+#[test]
+fn grpc_over_tls_serves_trusting_clients_and_refuses_plain_text() {
+    let pki = pki::TestPki::new();
+    let leaf = pki.leaf("server", &["localhost", "127.0.0.1"]);
+    let config = config_dir();
+    let server = start(|c| {
+        c.arg("--config")
+            .arg(config.path())
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", &leaf.cert)
+            .env("GRPC_SERVER_TLS_KEY", &leaf.key);
+    });
+    let rt = runtime();
+    let trusting = Client {
+        ca: &pki.ca,
+        name: "localhost",
+        identity: None,
+    };
+    assert_eq!(rt.block_on(call(server.grpc, &trusting)), Ok(2));
+    // Verified as an IP address too.
+    let by_ip = Client {
+        name: "127.0.0.1",
+        ..trusting
+    };
+    assert_eq!(rt.block_on(call(server.grpc, &by_ip)), Ok(2));
+
+    // Not verifiable: another CA, or a name the certificate does not carry.
+    let other = pki::TestPki::new();
+    let untrusting = Client {
+        ca: &other.ca,
+        name: "localhost",
+        identity: None,
+    };
+    let e = rt.block_on(call(server.grpc, &untrusting)).unwrap_err();
+    // Both test CAs are named "sluice test CA": the signature is what fails.
+    assert!(e.contains("InvalidCertificate"), "{e}");
+    let wrong_name = Client {
+        ca: &pki.ca,
+        name: "elsewhere.example",
+        identity: None,
+    };
+    let e = rt.block_on(call(server.grpc, &wrong_name)).unwrap_err();
+    assert!(e.contains("NotValidForName"), "{e}");
+
+    // Plain text gets nothing.
+    assert!(rt.block_on(grpc_tls::plain_text_call(server.grpc)).is_err());
+    // None of that broke the listener.
+    assert_eq!(rt.block_on(call(server.grpc, &trusting)), Ok(2));
+}
+
+#[test]
+fn grpc_mtls_requires_a_client_certificate_from_the_ca_with_the_san() {
+    let pki = pki::TestPki::new();
+    let leaf = pki.leaf("server", &["localhost"]);
+    let envoy = pki.leaf("envoy", &["envoy.client.example"]);
+    let stranger = pki.leaf("stranger", &["stranger.example"]);
+    let other = pki::TestPki::new();
+    let impostor = other.leaf("impostor", &["envoy.client.example"]);
+    let config = config_dir();
+    let server = start(|c| {
+        c.arg("--config")
+            .arg(config.path())
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", &leaf.cert)
+            .env("GRPC_SERVER_TLS_KEY", &leaf.key)
+            .env("GRPC_CLIENT_TLS_CACERT", &pki.ca)
+            .env("GRPC_CLIENT_TLS_SAN", "envoy.client.example");
+    });
+    let rt = runtime();
+    let as_client = |identity| Client {
+        ca: &pki.ca,
+        name: "localhost",
+        identity,
+    };
+    assert_eq!(
+        rt.block_on(call(server.grpc, &as_client(Some(&envoy)))),
+        Ok(2)
+    );
+    for (who, identity) in [
+        ("no certificate", None),
+        ("a certificate from another CA", Some(&impostor)),
+        ("a certificate without the SAN", Some(&stranger)),
+    ] {
+        let r = rt.block_on(call(server.grpc, &as_client(identity)));
+        assert!(r.is_err(), "{who} was served: {r:?}");
+    }
+    assert_eq!(
+        rt.block_on(call(server.grpc, &as_client(Some(&envoy)))),
+        Ok(2)
+    );
+}
+
+#[test]
+fn grpc_mtls_without_a_san_takes_any_certificate_from_the_ca() {
+    let pki = pki::TestPki::new();
+    let leaf = pki.leaf("server", &["localhost"]);
+    let anyone = pki.leaf("anyone", &["anyone.example"]);
+    let config = config_dir();
+    let server = start(|c| {
+        c.arg("--config")
+            .arg(config.path())
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", &leaf.cert)
+            .env("GRPC_SERVER_TLS_KEY", &leaf.key)
+            .env("GRPC_CLIENT_TLS_CACERT", &pki.ca);
+    });
+    let rt = runtime();
+    let mut client = Client {
+        ca: &pki.ca,
+        name: "localhost",
+        identity: Some(&anyone),
+    };
+    assert_eq!(rt.block_on(call(server.grpc, &client)), Ok(2));
+    client.identity = None;
+    assert!(rt.block_on(call(server.grpc, &client)).is_err());
+}
+
+/// Writes a Kubernetes secret volume's layout: `dir/..data -> ..vN` (swapped atomically) and
+/// `dir/tls.crt -> ..data/tls.crt`, `dir/tls.key -> ..data/tls.key`.
+fn secret_version(dir: &Path, version: u32, cert: &Path, key: &Path) {
+    let versioned = dir.join(format!("..v{version}"));
+    std::fs::create_dir_all(&versioned).unwrap();
+    std::fs::copy(cert, versioned.join("tls.crt")).unwrap();
+    std::fs::copy(key, versioned.join("tls.key")).unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for name in ["tls.crt", "tls.key"] {
+        let link = dir.join(name);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
+        }
+    }
+}
+
+#[test]
+fn grpc_certificate_is_reloaded_on_a_secret_swap_without_dropping_connections() {
+    let first_ca = pki::TestPki::new();
+    let second_ca = pki::TestPki::new();
+    let first = first_ca.leaf("first", &["localhost"]);
+    let second = second_ca.leaf("second", &["localhost"]);
+    let secret = tempfile::tempdir().unwrap();
+    secret_version(secret.path(), 1, &first.cert, &first.key);
+    let log_path = secret.path().join("sluice.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let config = config_dir();
+    let server = start(|c| {
+        c.arg("--config")
+            .arg(config.path())
+            .env("LOG_LEVEL", "info")
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", secret.path().join("tls.crt"))
+            .env("GRPC_SERVER_TLS_KEY", secret.path().join("tls.key"))
+            .stderr(log);
+    });
+    let rt = runtime();
+    let trusts = |ca| Client {
+        ca,
+        name: "localhost",
+        identity: None,
+    };
+    let old = rt
+        .block_on(grpc_tls::connect(server.grpc, &trusts(&first_ca.ca)))
+        .expect("connect with the first certificate");
+    assert_eq!(rt.block_on(grpc_tls::limit(old.clone())), Ok(2));
+    assert!(
+        rt.block_on(call(server.grpc, &trusts(&second_ca.ca)))
+            .is_err()
+    );
+
+    // The secret rotates to a certificate from another CA.
+    secret_version(secret.path(), 2, &second.cert, &second.key);
+    let started = Instant::now();
+    wait_for(
+        "a new connection to get the new certificate",
+        Duration::from_secs(10),
+        || {
+            rt.block_on(call(server.grpc, &trusts(&second_ca.ca)))
+                .is_ok()
+        },
+    );
+    eprintln!("new certificate served after {:?}", started.elapsed());
+    assert!(
+        rt.block_on(call(server.grpc, &trusts(&first_ca.ca)))
+            .is_err()
+    );
+    // The connection made before the swap is still up (tonic would have to reconnect to the
+    // first CA's certificate otherwise, which is gone).
+    assert_eq!(rt.block_on(grpc_tls::limit(old.clone())), Ok(2));
+
+    // A broken rotation (new certificate, wrong key) is refused; the second one keeps serving.
+    let third = first_ca.leaf("third", &["localhost"]);
+    secret_version(secret.path(), 3, &third.cert, &second.key);
+    wait_for(
+        "the rejection to be logged",
+        Duration::from_secs(10),
+        || {
+            std::fs::read_to_string(&log_path).is_ok_and(|l| {
+                l.contains("gRPC TLS certificate not reloaded")
+                    && l.contains("GRPC_SERVER_TLS_KEY=")
+                    && l.contains("does not match the certificate")
+            })
+        },
+    );
+    assert_eq!(
+        rt.block_on(call(server.grpc, &trusts(&second_ca.ca))),
+        Ok(2)
+    );
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(
+        log.matches("gRPC TLS certificate not reloaded").count(),
+        1,
+        "logged once, not on every poll:\n{log}"
+    );
+    assert!(log.contains("gRPC TLS certificate reloaded"), "{log}");
+    assert_eq!(rt.block_on(grpc_tls::limit(old)), Ok(2));
+}
+
+#[test]
+fn bad_tls_files_stop_start_up_naming_the_variable() {
+    let pki = pki::TestPki::new();
+    let leaf = pki.leaf("server", &["localhost"]);
+    let other = pki.leaf("other", &["localhost"]);
+    let config = config_dir();
+    let port = free_port();
+    let refused_with = |vars: &[(&str, &Path)], expected: &str| {
+        let mut c = sluice();
+        c.arg("--config")
+            .arg(config.path())
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", port.to_string())
+            .env("GRPC_SERVER_USE_TLS", "true");
+        for (var, value) in vars {
+            c.env(var, value);
+        }
+        let out = run(c);
+        assert_eq!(out.status.code(), Some(64), "{vars:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{expected} not in: {err}");
+    };
+    let missing = pki.dir().join("missing.pem");
+    refused_with(
+        &[
+            ("GRPC_SERVER_TLS_CERT", &missing),
+            ("GRPC_SERVER_TLS_KEY", &leaf.key),
+        ],
+        &format!("GRPC_SERVER_TLS_CERT={}: cannot read", missing.display()),
+    );
+    refused_with(
+        &[
+            ("GRPC_SERVER_TLS_CERT", &leaf.cert),
+            ("GRPC_SERVER_TLS_KEY", &other.key),
+        ],
+        &format!(
+            "GRPC_SERVER_TLS_KEY={}: the private key does not match",
+            other.key.display()
+        ),
+    );
+    refused_with(
+        &[
+            ("GRPC_SERVER_TLS_CERT", &leaf.key),
+            ("GRPC_SERVER_TLS_KEY", &leaf.key),
+        ],
+        "GRPC_SERVER_TLS_CERT=",
+    );
+    refused_with(
+        &[
+            ("GRPC_SERVER_TLS_CERT", &leaf.cert),
+            ("GRPC_SERVER_TLS_KEY", &leaf.key),
+            ("GRPC_CLIENT_TLS_CACERT", &leaf.key),
+        ],
+        "GRPC_CLIENT_TLS_CACERT=",
+    );
+    // Nothing was bound: the port is still free.
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Envoy Gateway's rate-limit Deployment.
+
+mod ads {
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+        AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+    };
+    use envoy_types::pb::envoy::service::discovery::v3::{
+        DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    };
+    use envoy_types::pb::google::protobuf::Any;
+    use envoy_types::pb::ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    };
+    use prost::Message;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+    use tonic::transport::ServerTlsConfig;
+    use tonic::{Request, Response, Status, Streaming};
+
+    const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+    /// Answers every stream with one snapshot: domain `d`, key `k` at 7 a minute.
+    struct OneSnapshot;
+
+    #[tonic::async_trait]
+    impl AggregatedDiscoveryService for OneSnapshot {
+        type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+        type DeltaAggregatedResourcesStream =
+            ReceiverStream<Result<DeltaDiscoveryResponse, Status>>;
+
+        async fn stream_aggregated_resources(
+            &self,
+            request: Request<Streaming<DiscoveryRequest>>,
+        ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+            let config = RateLimitConfig {
+                name: "d-rl".into(),
+                domain: "d".into(),
+                descriptors: vec![RateLimitDescriptor {
+                    key: "k".into(),
+                    rate_limit: Some(RateLimitPolicy {
+                        unit: RateLimitUnit::Minute as i32,
+                        requests_per_unit: 7,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+            };
+            let (tx, rx) = mpsc::channel(4);
+            let _ = tx
+                .send(Ok(DiscoveryResponse {
+                    version_info: "v1".into(),
+                    nonce: "n1".into(),
+                    type_url: TYPE_URL.into(),
+                    resources: vec![Any {
+                        type_url: TYPE_URL.into(),
+                        value: config.encode_to_vec(),
+                    }],
+                    ..Default::default()
+                }))
+                .await;
+            // Read the ACKs; the stream stays open while Sluice keeps it.
+            let mut incoming = request.into_inner();
+            tokio::spawn(async move {
+                while let Ok(Some(_)) = incoming.message().await {}
+                drop(tx);
+            });
+            Ok(Response::new(ReceiverStream::new(rx)))
+        }
+
+        async fn delta_aggregated_resources(
+            &self,
+            _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+            Err(Status::unimplemented("state of the world only"))
+        }
+    }
+
+    /// Serves on `listener` over `tls` until the runtime stops.
+    pub fn spawn(listener: tokio::net::TcpListener, tls: ServerTlsConfig) {
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .tls_config(tls)
+                .expect("ADS TLS")
+                .add_service(AggregatedDiscoveryServiceServer::new(OneSnapshot))
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await;
+        });
+    }
+}
+
+/// The environment Envoy Gateway gives its rate-limit Deployment
+/// (internal/infrastructure/kubernetes/ratelimit/resource.go, `expectedRateLimitContainerEnv`),
+/// with the `/certs` secret mount, the xDS server's address and the ports made local.
+/// GRPC_SERVER_TLS_CA_CERT is Envoy Gateway's name, which neither the Go service nor Sluice
+/// reads, so clients are not asked for a certificate.
+#[test]
+fn envoy_gateway_environment_starts_and_serves_over_tls() {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+    let pki = pki::TestPki::new();
+    let certs = pki.dir().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    let ratelimit = pki.leaf("envoy-ratelimit", &["envoy-ratelimit", "127.0.0.1"]);
+    std::fs::copy(&ratelimit.cert, certs.join("tls.crt")).unwrap();
+    std::fs::copy(&ratelimit.key, certs.join("tls.key")).unwrap();
+    std::fs::copy(&pki.ca, certs.join("ca.crt")).unwrap();
+    let gateway = pki.leaf("envoy-gateway", &["envoy-gateway", "127.0.0.1"]);
+
+    // The control plane: xDS over TLS, requiring a client certificate from the same CA.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let xds_port = listener.local_addr().unwrap().port();
+    rt.block_on(async {
+        ads::spawn(
+            listener,
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(
+                    std::fs::read(&gateway.cert).unwrap(),
+                    std::fs::read(&gateway.key).unwrap(),
+                ))
+                .client_ca_root(Certificate::from_pem(std::fs::read(&pki.ca).unwrap())),
+        )
+    });
+
+    let cert = |name: &str| certs.join(name);
+    let server = start(|c| {
+        c.env("RUNTIME_ROOT", "/data")
+            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+            .env("RUNTIME_IGNOREDOTFILES", "true")
+            .env("RUNTIME_WATCH_ROOT", "false")
+            .env("LOG_LEVEL", "info")
+            .env("USE_STATSD", "false")
+            .env("CONFIG_TYPE", "GRPC_XDS_SOTW")
+            .env(
+                "CONFIG_GRPC_XDS_SERVER_URL",
+                format!("127.0.0.1:{xds_port}"),
+            )
+            .env("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit")
+            .env("GRPC_SERVER_USE_TLS", "true")
+            .env("GRPC_SERVER_TLS_CERT", cert("tls.crt"))
+            .env("GRPC_SERVER_TLS_KEY", cert("tls.key"))
+            .env("GRPC_SERVER_TLS_CA_CERT", cert("ca.crt"))
+            .env("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true")
+            .env("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert("tls.crt"))
+            .env("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", cert("tls.key"))
+            .env("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", cert("ca.crt"))
+            .env("FORCE_START_WITHOUT_INITIAL_CONFIG", "true");
+    });
+
+    // Envoy's view: TLS to `envoy-ratelimit`, trusting the CA, no client certificate.
+    let envoy = Client {
+        ca: &pki.ca,
+        name: "envoy-ratelimit",
+        identity: None,
+    };
+    wait_for(
+        "the xDS snapshot to be served over TLS",
+        Duration::from_secs(15),
+        || rt.block_on(call(server.grpc, &envoy)) == Ok(7),
+    );
+    assert!(rt.block_on(grpc_tls::plain_text_call(server.grpc)).is_err());
+    let (status, body) = http(server.debug, "GET", "/rlconfig", "").expect("/rlconfig");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("d.k: unit=MINUTE requests_per_unit=7"),
+        "{body}"
+    );
 }

@@ -5,6 +5,8 @@
 //! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
 //! test fails under CI and prints SKIPPED elsewhere.
 
+#[path = "pki.rs"]
+mod pki;
 mod proxies;
 mod support;
 
@@ -137,4 +139,96 @@ fn envoy_with_failure_mode_deny_false_lets_requests_through_when_sluice_is_gone(
         assert_eq!(a.status, 200, "{a:#?}");
     }
     assert_eq!(upstream.hits(), 4);
+}
+
+/// The example's `sluice` cluster, with TLS to Sluice: trust the test CA, expect Sluice's
+/// certificate to name `sluice.test`, and present `client` if given (mTLS).
+fn with_upstream_tls(conf: &str, ca: &Path, client: Option<&pki::Leaf>) -> String {
+    let identity = client.map_or(String::new(), |leaf| {
+        format!(
+            "
+            tls_certificates:
+              - certificate_chain: {{ filename: {} }}
+                private_key: {{ filename: {} }}",
+            leaf.cert.display(),
+            leaf.key.display()
+        )
+    });
+    let tls = format!(
+        "connect_timeout: 0.25s
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: sluice.test
+          common_tls_context:
+            alpn_protocols: [h2]{identity}
+            validation_context:
+              trusted_ca: {{ filename: {} }}
+              match_typed_subject_alt_names:
+                - san_type: DNS
+                  matcher: {{ exact: sluice.test }}",
+        ca.display()
+    );
+    let marker = "connect_timeout: 0.25s";
+    assert_eq!(
+        conf.matches(marker).count(),
+        1,
+        "the sluice cluster's timeout"
+    );
+    conf.replacen(marker, &tls, 1)
+}
+
+#[test]
+fn envoy_calls_sluice_over_mutual_tls() {
+    let Some(envoy) = envoy() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki::TestPki::new();
+    let server = pki.leaf("sluice", &["sluice.test"]);
+    let client = pki.leaf("envoy", &["envoy.client.test"]);
+    let sluice = Sluice::start_with_env(
+        &repo().join("examples/envoy/sluice.yaml"),
+        dir.path(),
+        &[
+            ("GRPC_SERVER_USE_TLS", "true".as_ref()),
+            ("GRPC_SERVER_TLS_CERT", server.cert.as_os_str()),
+            ("GRPC_SERVER_TLS_KEY", server.key.as_os_str()),
+            ("GRPC_CLIENT_TLS_CACERT", pki.ca.as_os_str()),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.client.test".as_ref()),
+        ],
+    );
+    let upstream = Upstream::start();
+
+    // Envoy presents its certificate: the example's whole scenario works over mTLS.
+    let port = free_port();
+    let conf = with_upstream_tls(
+        &filled(sluice.grpc, upstream.port, port),
+        &pki.ca,
+        Some(&client),
+    );
+    let mut proxy = start_envoy(&envoy, dir.path(), "envoy-mtls", &conf, port);
+    proxies::limits_by_address_and_api_key(
+        proxy.port,
+        &upstream,
+        &HeaderNames {
+            limit: "x-ratelimit-limit",
+            remaining: "x-ratelimit-remaining",
+            reset: "x-ratelimit-reset",
+            retry_after: None,
+            limit_with_window: true,
+            refused_marker: Some(("x-envoy-ratelimited", "true")),
+        },
+    );
+    proxy.proc.stop();
+
+    // Without a client certificate Sluice refuses the connection, and the example's
+    // failure_mode_deny turns that into 500 before the application.
+    let port = free_port();
+    let conf = with_upstream_tls(&filled(sluice.grpc, upstream.port, port), &pki.ca, None);
+    let mut anonymous = start_envoy(&envoy, dir.path(), "envoy-no-cert", &conf, port);
+    let before = upstream.hits();
+    let a = get(anonymous.port, "/", &[("X-Api-Key", "key-z")]);
+    assert_eq!(a.status, 500, "{a:#?}");
+    assert_eq!(upstream.hits(), before);
+    anonymous.proc.assert_running();
 }

@@ -19,6 +19,7 @@ use crate::service::{RateLimitService, ServiceOptions};
 use crate::settings::{Backend, ClusterSettings, XdsSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::{Stats, TelemetryOptions};
+use crate::tls::{ClientTls, ServerTls};
 
 /// The bound listeners.
 pub struct Listeners {
@@ -58,6 +59,8 @@ pub struct Xds {
     pub settings: XdsSettings,
     /// MERGE_DOMAIN_CONFIG applies to resources as it does to files.
     pub options: LoadOptions,
+    /// `settings.tls`, with its files read and checked.
+    pub tls: Option<ClientTls>,
 }
 
 /// Everything [`App`] needs that is not a listener or a loaded config.
@@ -81,7 +84,14 @@ pub struct AppOptions {
     /// the handle holds) and serves each accepted update.
     pub xds: Option<Xds>,
     pub telemetry: TelemetryOptions,
+    /// GRPC_SERVER_USE_TLS: the gRPC listener speaks TLS, with this certificate (re-read from
+    /// its files every [`CERT_POLL`]).
+    pub grpc_tls: Option<ServerTls>,
 }
+
+/// How often the gRPC listener's certificate files are checked for changes. Kubernetes
+/// updates a mounted secret within a minute or so; a second more does not matter.
+pub const CERT_POLL: Duration = Duration::from_secs(1);
 
 /// A built, not yet serving, Sluice.
 pub struct App {
@@ -169,10 +179,9 @@ impl App {
         let _watcher = options.reload.as_ref().map(|r| {
             crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
         });
-        let _xds = options
-            .xds
-            .as_ref()
-            .map(|x| crate::xds::spawn(x.settings.clone(), x.options, config.clone()));
+        let _xds = options.xds.as_ref().map(|x| {
+            crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
+        });
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {
             let mut rx = stop_rx.clone();
@@ -184,15 +193,26 @@ impl App {
 
         let (grpc_routes, health_updater) =
             api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
-        // tonic ignores its own `tcp_nodelay` default for an incoming stream it did not bind,
-        // so set TCP_NODELAY here: with Nagle's algorithm on, a response's trailers wait for
-        // the client's delayed ACK (up to 40 ms) whenever the previous write is unacknowledged.
-        let grpc_incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
-        let grpc = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_routes(grpc_routes)
-                .serve_with_incoming_shutdown(grpc_incoming, stopped()),
-        );
+        let grpc_server = tonic::transport::Server::builder().add_routes(grpc_routes);
+        // Both guards live until `serve` returns: the certificate watcher and the TLS accept
+        // loop (which also stops by itself once the gRPC server drops its incoming stream).
+        let mut _grpc_tls_tasks = None;
+        let grpc = match &options.grpc_tls {
+            None => {
+                // tonic ignores its own `tcp_nodelay` default for an incoming stream it did not
+                // bind, so set TCP_NODELAY here: with Nagle's algorithm on, a response's
+                // trailers wait for the client's delayed ACK (up to 40 ms) whenever the
+                // previous write is unacknowledged.
+                let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
+            }
+            Some(tls) => {
+                let watcher = tls.watch(CERT_POLL);
+                let (incoming, accept_loop) = crate::tls::incoming(listeners.grpc, tls.acceptor());
+                _grpc_tls_tasks = Some((watcher, accept_loop));
+                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
+            }
+        };
         let http_router =
             api::http::router(service.clone(), health.clone(), options.max_request_bytes);
         let http = tokio::spawn(

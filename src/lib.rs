@@ -18,6 +18,8 @@
 //! - [`cluster`]: counters owned by one peer each (rendezvous hashing), hits forwarded to owners.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
+//! - [`tls`]: PEM files -> checked certificates and keys; the gRPC listener's reloading
+//!   certificate and TLS accept loop; the xDS client's trust and identity.
 //! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
 //! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus
 //!   exposition, logs.
@@ -33,4 +35,5 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod xds;

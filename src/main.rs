@@ -13,6 +13,7 @@ use sluice::clock::SystemClock;
 use sluice::config::{self, ConfigHandle, ConfigSource, LoadOptions};
 use sluice::service::{HeaderNames, ServiceOptions};
 use sluice::settings::{self, Command, ConfigLocation, ServeArgs, Settings};
+use sluice::tls::{ClientTls, ServerTls};
 
 const EXIT_USAGE: u8 = 64;
 
@@ -99,13 +100,14 @@ fn config_source(location: &ConfigLocation) -> ConfigSource {
 /// Where config updates come from: polled files or an xDS stream.
 enum ConfigFeed {
     Files(Reload),
-    Xds(Xds),
+    /// Boxed: the xDS settings are large, and this is built once.
+    Xds(Box<Xds>),
 }
 
-fn app_options(s: &Settings, feed: ConfigFeed) -> AppOptions {
+fn app_options(s: &Settings, feed: ConfigFeed, grpc_tls: Option<ServerTls>) -> AppOptions {
     let (reload, xds) = match feed {
         ConfigFeed::Files(reload) => (Some(reload), None),
-        ConfigFeed::Xds(xds) => (None, Some(xds)),
+        ConfigFeed::Xds(xds) => (None, Some(*xds)),
     };
     AppOptions {
         service: ServiceOptions {
@@ -138,6 +140,7 @@ fn app_options(s: &Settings, feed: ConfigFeed) -> AppOptions {
             prometheus_path: s.telemetry.prometheus_path.clone(),
             statsd: s.telemetry.statsd,
         },
+        grpc_tls,
     }
 }
 
@@ -161,10 +164,17 @@ fn serve(args: ServeArgs) -> ExitCode {
     let (initial, config_feed) = match &settings.xds {
         Some(xds) => (
             None,
-            ConfigFeed::Xds(Xds {
+            ConfigFeed::Xds(Box::new(Xds {
                 settings: xds.clone(),
                 options: load_options,
-            }),
+                tls: match xds.tls.as_ref().map(ClientTls::load).transpose() {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        eprintln!("sluice: {e}");
+                        return ExitCode::from(EXIT_USAGE);
+                    }
+                },
+            })),
         ),
         None => {
             let initial = match config::load(&source, &load_options) {
@@ -199,7 +209,16 @@ fn serve(args: ServeArgs) -> ExitCode {
             .load_success
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    let options = app_options(&settings, config_feed);
+    // The gRPC listener's certificate, key and client CA are read and checked before any port
+    // is bound, like the config.
+    let grpc_tls = match settings.grpc_tls.as_ref().map(ServerTls::load).transpose() {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let options = app_options(&settings, config_feed, grpc_tls);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -233,6 +252,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         tracing::info!(
             http = %settings.http_addr,
             grpc = %settings.grpc_addr,
+            grpc_tls = settings.grpc_tls.is_some(),
             debug = %settings.debug_addr,
             "serving"
         );

@@ -339,8 +339,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 
-    /// gRPC server TLS (envoyproxy/ratelimit's GRPC_SERVER_USE_TLS). Not supported yet: `true`
-    /// stops start-up, rather than serving in clear where the clients expect TLS.
+    /// TLS on the gRPC listener, with GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY (both
+    /// re-read when the files change, without a restart).
     #[arg(
         long,
         env = "GRPC_SERVER_USE_TLS",
@@ -354,6 +354,20 @@ pub struct ServeArgs {
         help_heading = "Listeners"
     )]
     pub grpc_server_use_tls: bool,
+    /// PEM certificate chain of the gRPC listener (GRPC_SERVER_USE_TLS).
+    #[arg(long, env = "GRPC_SERVER_TLS_CERT", help_heading = "Listeners")]
+    pub grpc_server_tls_cert: Option<String>,
+    /// PEM private key of the gRPC listener (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "GRPC_SERVER_TLS_KEY", help_heading = "Listeners")]
+    pub grpc_server_tls_key: Option<String>,
+    /// PEM CA certificate(s): when set, gRPC clients must present a certificate signed by one
+    /// of them (mTLS).
+    #[arg(long, env = "GRPC_CLIENT_TLS_CACERT", help_heading = "Listeners")]
+    pub grpc_client_tls_cacert: Option<String>,
+    /// With GRPC_CLIENT_TLS_CACERT: the DNS name or IP address the client certificate must
+    /// carry as a subject alternative name.
+    #[arg(long, env = "GRPC_CLIENT_TLS_SAN", help_heading = "Listeners")]
+    pub grpc_client_tls_san: Option<String>,
 
     /// Counter store: `memory` (counts per node; the default) or `redis` (shared counters,
     /// keyed like envoyproxy/ratelimit). Unset with REDIS_URL set means `redis`.
@@ -507,6 +521,8 @@ pub struct Settings {
     pub http_addr: SocketAddr,
     /// GRPC_HOST:GRPC_PORT.
     pub grpc_addr: SocketAddr,
+    /// GRPC_SERVER_USE_TLS; `None` serves gRPC in clear.
+    pub grpc_tls: Option<GrpcServerTls>,
     /// DEBUG_HOST:DEBUG_PORT.
     pub debug_addr: SocketAddr,
     pub config: ConfigLocation,
@@ -543,6 +559,83 @@ pub struct Settings {
     pub cluster: Option<ClusterSettings>,
     /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
     pub xds: Option<XdsSettings>,
+}
+
+/// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
+/// [`crate::tls::ServerTls::load`], before any port is bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcServerTls {
+    /// GRPC_SERVER_TLS_CERT.
+    pub cert: PathBuf,
+    /// GRPC_SERVER_TLS_KEY.
+    pub key: PathBuf,
+    /// GRPC_CLIENT_TLS_CACERT: client certificates are required and verified against it.
+    pub client_ca: Option<PathBuf>,
+    /// GRPC_CLIENT_TLS_SAN: a name the client certificate must carry (only with `client_ca`).
+    pub client_san: Option<String>,
+}
+
+/// Validated CONFIG_GRPC_XDS_SERVER_USE_TLS settings (or an `https://` server URL).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdsTls {
+    /// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY: the certificate Sluice presents, if any.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// CONFIG_GRPC_XDS_SERVER_TLS_CACERT; `None` trusts the system's roots.
+    pub server_ca: Option<PathBuf>,
+    /// CONFIG_GRPC_XDS_SERVER_TLS_SAN: the name the server's certificate is verified against;
+    /// `None` verifies the URL's host.
+    pub server_name: Option<String>,
+}
+
+/// An unset or empty variable is `None`: the Go service's defaults are "".
+fn non_empty(value: Option<&str>) -> Option<&str> {
+    value.map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// A name a certificate can be verified against: a DNS name or an IP address.
+fn tls_name(var: &'static str, value: &str) -> Result<String, SettingsError> {
+    rustls::pki_types::ServerName::try_from(value)
+        .map(|_| value.to_owned())
+        .map_err(|_| invalid(var, value, "expected a DNS name or an IP address"))
+}
+
+fn grpc_server_tls(
+    cert: Option<&str>,
+    key: Option<&str>,
+    client_ca: Option<&str>,
+    client_san: Option<&str>,
+) -> Result<GrpcServerTls, SettingsError> {
+    let required = |var: &'static str, value: Option<&str>| {
+        non_empty(value).map(PathBuf::from).ok_or_else(|| {
+            invalid(
+                var,
+                "",
+                "must name a PEM file when GRPC_SERVER_USE_TLS is true",
+            )
+        })
+    };
+    let cert = required("GRPC_SERVER_TLS_CERT", cert)?;
+    let key = required("GRPC_SERVER_TLS_KEY", key)?;
+    let client_ca = non_empty(client_ca).map(PathBuf::from);
+    let client_san = match non_empty(client_san) {
+        None => None,
+        // The Go service accepts a SAN without a CA and then checks nothing, since no client
+        // certificate is asked for; a security check that silently does nothing is refused.
+        Some(san) if client_ca.is_none() => {
+            return Err(invalid(
+                "GRPC_CLIENT_TLS_SAN",
+                san,
+                "needs GRPC_CLIENT_TLS_CACERT: client certificates are only asked for with it",
+            ));
+        }
+        Some(san) => Some(tls_name("GRPC_CLIENT_TLS_SAN", san)?),
+    };
+    Ok(GrpcServerTls {
+        cert,
+        key,
+        client_ca,
+        client_san,
+    })
 }
 
 /// Where the peers come from.
@@ -716,13 +809,17 @@ impl ServeArgs {
             ));
         }
 
-        if self.grpc_server_use_tls {
-            return Err(SettingsError::NotSupportedYet {
-                var: "GRPC_SERVER_USE_TLS",
-                value: "true".into(),
-                reason: "TLS on the gRPC listener (put a TLS-terminating proxy or mesh in front)",
-            });
-        }
+        let grpc_tls = if self.grpc_server_use_tls {
+            Some(grpc_server_tls(
+                self.grpc_server_tls_cert.as_deref(),
+                self.grpc_server_tls_key.as_deref(),
+                self.grpc_client_tls_cacert.as_deref(),
+                self.grpc_client_tls_san.as_deref(),
+            )?)
+        } else {
+            // As in the Go service, the file variables mean nothing without GRPC_SERVER_USE_TLS.
+            None
+        };
 
         // Checked even when disabled: a bad name is a typo worth reporting before someone
         // turns the headers on.
@@ -751,6 +848,7 @@ impl ServeArgs {
         Ok(Settings {
             http_addr,
             grpc_addr,
+            grpc_tls,
             debug_addr,
             config,
             merge_domain_config: self.merge_domain_config,
@@ -1122,7 +1220,7 @@ pub struct XdsArgs {
         help_heading = "xDS config"
     )]
     pub config_grpc_xds_client_additional_headers: String,
-    /// TLS to the xDS server (not supported yet: refused rather than silently sent in clear).
+    /// TLS to the xDS server (an `https://` CONFIG_GRPC_XDS_SERVER_URL implies it).
     #[arg(
         long,
         env = "CONFIG_GRPC_XDS_SERVER_USE_TLS",
@@ -1136,28 +1234,29 @@ pub struct XdsArgs {
         help_heading = "xDS config"
     )]
     pub config_grpc_xds_server_use_tls: bool,
-    /// Client certificate for TLS to the xDS server (accepted; TLS is not supported yet).
+    /// PEM certificate Sluice presents to the xDS server (with CONFIG_GRPC_XDS_CLIENT_TLS_KEY).
     #[arg(
         long,
         env = "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
         help_heading = "xDS config"
     )]
     pub config_grpc_xds_client_tls_cert: Option<String>,
-    /// Client key for TLS to the xDS server (accepted; TLS is not supported yet).
+    /// PEM private key of CONFIG_GRPC_XDS_CLIENT_TLS_CERT.
     #[arg(
         long,
         env = "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
         help_heading = "xDS config"
     )]
     pub config_grpc_xds_client_tls_key: Option<String>,
-    /// CA certificate of the xDS server (accepted; TLS is not supported yet).
+    /// PEM CA certificate(s) the xDS server's certificate must chain to; unset, the system's
+    /// trust store.
     #[arg(
         long,
         env = "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
         help_heading = "xDS config"
     )]
     pub config_grpc_xds_server_tls_cacert: Option<String>,
-    /// Name to verify the xDS server's certificate against (accepted; TLS is not supported yet).
+    /// Name (DNS or IP) to verify the xDS server's certificate against; unset, the URL's host.
     #[arg(
         long,
         env = "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
@@ -1217,7 +1316,7 @@ pub struct XdsSettings {
     pub node_id: String,
     /// CONFIG_GRPC_XDS_NODE_METADATA, in the order given; sent as string values.
     pub node_metadata: Vec<(String, String)>,
-    /// `http://host:port`, ready for the gRPC client.
+    /// `http://host:port`, or `https://host:port` with TLS, ready for the gRPC client.
     pub server_uri: String,
     pub connect_retry_interval: Duration,
     /// Lower-case ASCII gRPC metadata keys with ASCII values.
@@ -1225,6 +1324,8 @@ pub struct XdsSettings {
     pub backoff: XdsBackoff,
     /// `None`: gRPC's default limit.
     pub max_msg_size: Option<usize>,
+    /// `Some` with CONFIG_GRPC_XDS_SERVER_USE_TLS or an `https://` URL.
+    pub tls: Option<XdsTls>,
 }
 
 /// Reconnection delays: after the `n`-th consecutive failed attempt (from 0), the delay is
@@ -1253,13 +1354,6 @@ impl XdsArgs {
                 ));
             }
         }
-        if self.config_grpc_xds_server_use_tls {
-            return Err(SettingsError::NotSupportedYet {
-                var: "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-                value: "true".into(),
-                reason: "TLS to the xDS server",
-            });
-        }
         if self.config_grpc_xds_node_id.is_empty() {
             return Err(invalid("CONFIG_GRPC_XDS_NODE_ID", "", "must not be empty"));
         }
@@ -1277,7 +1371,19 @@ impl XdsArgs {
                 .into_iter()
                 .map(|(k, v)| grpc_metadata(k, v))
                 .collect::<Result<Vec<_>, _>>()?;
-        let server_uri = xds_server_uri(&self.config_grpc_xds_server_url)?;
+        let (target, https) = xds_server_target(&self.config_grpc_xds_server_url)?;
+        let tls = if self.config_grpc_xds_server_use_tls || https {
+            Some(xds_tls(
+                self.config_grpc_xds_client_tls_cert.as_deref(),
+                self.config_grpc_xds_client_tls_key.as_deref(),
+                self.config_grpc_xds_server_tls_cacert.as_deref(),
+                self.config_grpc_xds_server_tls_san.as_deref(),
+            )?)
+        } else {
+            None
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let server_uri = format!("{scheme}://{target}");
         let duration = |var: &'static str, value: &str| {
             parse_go_duration(value)
                 .filter(|d| !d.is_zero())
@@ -1329,6 +1435,7 @@ impl XdsArgs {
                 jitter: self.xds_client_backoff_jitter,
             },
             max_msg_size: self.xds_client_max_msg_size_in_bytes.filter(|&n| n > 0),
+            tls,
         }))
     }
 }
@@ -1364,21 +1471,54 @@ fn grpc_metadata(key: String, value: String) -> Result<(String, String), Setting
     Ok((key, value))
 }
 
-/// The Go service dials a gRPC target, `host:port`; `http://host:port` and `dns:///host:port`
-/// are accepted too. `https://` means TLS, which is refused like CONFIG_GRPC_XDS_SERVER_USE_TLS.
-fn xds_server_uri(url: &str) -> Result<String, SettingsError> {
+fn xds_tls(
+    cert: Option<&str>,
+    key: Option<&str>,
+    ca: Option<&str>,
+    san: Option<&str>,
+) -> Result<XdsTls, SettingsError> {
+    // The Go service silently connects without a client certificate when only one of the two
+    // is set; that is almost certainly a typo, so it stops start-up here.
+    let client_identity = match (non_empty(cert), non_empty(key)) {
+        (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
+        (None, None) => None,
+        (Some(c), None) => {
+            return Err(invalid(
+                "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+                "",
+                format!("must be set with CONFIG_GRPC_XDS_CLIENT_TLS_CERT={c}"),
+            ));
+        }
+        (None, Some(k)) => {
+            return Err(invalid(
+                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+                "",
+                format!("must be set with CONFIG_GRPC_XDS_CLIENT_TLS_KEY={k}"),
+            ));
+        }
+    };
+    Ok(XdsTls {
+        client_identity,
+        server_ca: non_empty(ca).map(PathBuf::from),
+        server_name: non_empty(san)
+            .map(|s| tls_name("CONFIG_GRPC_XDS_SERVER_TLS_SAN", s))
+            .transpose()?,
+    })
+}
+
+/// The Go service dials a gRPC target, `host:port`; `http://host:port`, `https://host:port`
+/// and `dns:///host:port` are accepted too. Returns `host:port` and whether the URL asked for
+/// TLS (`https://`).
+fn xds_server_target(url: &str) -> Result<(String, bool), SettingsError> {
     let var = "CONFIG_GRPC_XDS_SERVER_URL";
-    if url.starts_with("https://") {
-        return Err(SettingsError::NotSupportedYet {
-            var,
-            value: url.to_owned(),
-            reason: "TLS to the xDS server",
-        });
-    }
-    let target = url
+    let (rest, https) = match url.strip_prefix("https://") {
+        Some(rest) => (rest, true),
+        None => (url, false),
+    };
+    let target = rest
         .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("dns:///"))
-        .unwrap_or(url)
+        .or_else(|| rest.strip_prefix("dns:///"))
+        .unwrap_or(rest)
         .trim_end_matches('/');
     let valid = target.rsplit_once(':').is_some_and(|(host, port)| {
         let host_ok = !host.is_empty()
@@ -1389,7 +1529,7 @@ fn xds_server_uri(url: &str) -> Result<String, SettingsError> {
     if !valid {
         return Err(invalid(var, url, "expected host:port"));
     }
-    Ok(format!("http://{target}"))
+    Ok((target.to_owned(), https))
 }
 
 /// Where one Redis is and how to reach it.
@@ -2201,6 +2341,77 @@ mod tests {
     }
 
     #[test]
+    fn grpc_server_tls_names_its_files_and_checks_the_san() {
+        assert_eq!(settings(&[]).unwrap().grpc_tls, None);
+        // Files without GRPC_SERVER_USE_TLS are ignored, as in the Go service.
+        assert_eq!(
+            settings(&["--grpc-server-tls-cert", "/nowhere"])
+                .unwrap()
+                .grpc_tls,
+            None
+        );
+        let tls = settings(&[
+            "--grpc-server-use-tls=true",
+            "--grpc-server-tls-cert",
+            "/certs/tls.crt",
+            "--grpc-server-tls-key",
+            "/certs/tls.key",
+            "--grpc-client-tls-cacert",
+            "/certs/ca.crt",
+            "--grpc-client-tls-san",
+            "envoy.example",
+        ])
+        .unwrap()
+        .grpc_tls;
+        assert_eq!(
+            tls,
+            Some(GrpcServerTls {
+                cert: "/certs/tls.crt".into(),
+                key: "/certs/tls.key".into(),
+                client_ca: Some("/certs/ca.crt".into()),
+                client_san: Some("envoy.example".into()),
+            })
+        );
+        assert_eq!(
+            error(&["--grpc-server-use-tls=true"]),
+            "GRPC_SERVER_TLS_CERT=: must name a PEM file when GRPC_SERVER_USE_TLS is true"
+        );
+        assert_eq!(
+            error(&[
+                "--grpc-server-use-tls=true",
+                "--grpc-server-tls-cert",
+                "c.pem"
+            ]),
+            "GRPC_SERVER_TLS_KEY=: must name a PEM file when GRPC_SERVER_USE_TLS is true"
+        );
+        let base = [
+            "--grpc-server-use-tls=true",
+            "--grpc-server-tls-cert",
+            "c.pem",
+            "--grpc-server-tls-key",
+            "k.pem",
+        ];
+        let with = |extra: &[&str]| {
+            let mut args = base.to_vec();
+            args.extend_from_slice(extra);
+            error(&args)
+        };
+        assert!(
+            with(&["--grpc-client-tls-san", "envoy"])
+                .starts_with("GRPC_CLIENT_TLS_SAN=envoy: needs GRPC_CLIENT_TLS_CACERT"),
+        );
+        assert_eq!(
+            with(&[
+                "--grpc-client-tls-cacert",
+                "ca.pem",
+                "--grpc-client-tls-san",
+                "a b"
+            ]),
+            "GRPC_CLIENT_TLS_SAN=a b: expected a DNS name or an IP address"
+        );
+    }
+
+    #[test]
     fn config_type_selects_xds_with_go_defaults() {
         assert_eq!(settings(&[]).unwrap().xds, None);
         assert_eq!(settings(&["--config-type", "file"]).unwrap().xds, None);
@@ -2230,6 +2441,7 @@ mod tests {
                     jitter: true,
                 },
                 max_msg_size: None,
+                tls: None,
             }
         );
         let xds = |extra: &[&str]| {
@@ -2272,19 +2484,68 @@ mod tests {
             error(&["--config-type", "rest"]),
             "CONFIG_TYPE=rest: expected FILE or GRPC_XDS_SOTW"
         );
-        let tls = err(&[
+        // TLS: the flag or an https:// URL; the files are named here and read at start-up.
+        let x = xds(&[
             "--config-grpc-xds-server-use-tls=true",
+            "--config-grpc-xds-server-url",
+            "envoy-gateway:18001",
             "--config-grpc-xds-client-tls-cert",
             "/certs/tls.crt",
-        ]);
-        assert!(
-            tls.starts_with("CONFIG_GRPC_XDS_SERVER_USE_TLS=true: TLS to the xDS server")
-                && tls.contains("does not support it yet"),
-            "{tls}"
+            "--config-grpc-xds-client-tls-key",
+            "/certs/tls.key",
+            "--config-grpc-xds-server-tls-cacert",
+            "/certs/ca.crt",
+        ])
+        .unwrap();
+        assert_eq!(x.server_uri, "https://envoy-gateway:18001");
+        assert_eq!(
+            x.tls,
+            Some(XdsTls {
+                client_identity: Some(("/certs/tls.crt".into(), "/certs/tls.key".into())),
+                server_ca: Some("/certs/ca.crt".into()),
+                server_name: None,
+            })
         );
-        assert!(
-            err(&["--config-grpc-xds-server-url", "https://cp:18000"])
-                .contains("does not support it yet")
+        let x = xds(&[
+            "--config-grpc-xds-server-url",
+            "https://cp:18000",
+            "--config-grpc-xds-server-tls-san",
+            "cp.example",
+            "--config-grpc-xds-server-tls-cacert",
+            "",
+        ])
+        .unwrap();
+        assert_eq!(x.server_uri, "https://cp:18000");
+        assert_eq!(
+            x.tls,
+            Some(XdsTls {
+                client_identity: None,
+                server_ca: None,
+                server_name: Some("cp.example".into()),
+            })
+        );
+        // Files named without TLS are ignored, as in the Go service.
+        let x = xds(&["--config-grpc-xds-server-tls-cacert", "/certs/ca.crt"]).unwrap();
+        assert_eq!(
+            (x.server_uri.as_str(), x.tls),
+            ("http://localhost:18000", None)
+        );
+        assert_eq!(
+            err(&[
+                "--config-grpc-xds-server-use-tls=true",
+                "--config-grpc-xds-client-tls-cert",
+                "/certs/tls.crt",
+            ]),
+            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=: must be set with \
+             CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/certs/tls.crt"
+        );
+        assert_eq!(
+            err(&[
+                "--config-grpc-xds-server-use-tls=true",
+                "--config-grpc-xds-server-tls-san",
+                "not a name",
+            ]),
+            "CONFIG_GRPC_XDS_SERVER_TLS_SAN=not a name: expected a DNS name or an IP address"
         );
         assert_eq!(
             err(&["--config-grpc-xds-server-url", "cp"]),
@@ -2475,6 +2736,16 @@ mod tests {
             "CONFIG_GRPC_XDS_NODE_ID",
             "CONFIG_GRPC_XDS_SERVER_URL",
             "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+            "GRPC_SERVER_USE_TLS",
+            "GRPC_SERVER_TLS_CERT",
+            "GRPC_SERVER_TLS_KEY",
+            "GRPC_CLIENT_TLS_CACERT",
+            "GRPC_CLIENT_TLS_SAN",
+            "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
             "USE_PROMETHEUS",
             "PROMETHEUS_ADDR",
             "PROMETHEUS_PATH",

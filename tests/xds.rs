@@ -4,6 +4,8 @@
 //! answers. Every wait is bounded.
 
 mod common;
+#[path = "../integration/pki.rs"]
+mod pki;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -28,12 +30,13 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 use prost::Message;
 use sluice::app::Xds;
 use sluice::config::{ConfigHandle, LoadOptions};
-use sluice::settings::{XdsBackoff, XdsSettings};
+use sluice::settings::{XdsBackoff, XdsSettings, XdsTls};
+use sluice::tls::ClientTls;
 use sluice::xds::TYPE_URL;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, Identity, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 /// How long any one expected event may take.
@@ -48,6 +51,8 @@ struct AdsStream {
     requests: mpsc::UnboundedReceiver<DiscoveryRequest>,
     responses: mpsc::Sender<Result<DiscoveryResponse, Status>>,
     metadata: tonic::metadata::MetadataMap,
+    /// The client's certificate chain, over TLS with client authentication.
+    peer_certs: Option<usize>,
 }
 
 impl AdsStream {
@@ -90,6 +95,7 @@ impl AggregatedDiscoveryService for Ads {
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         let metadata = request.metadata().clone();
+        let peer_certs = request.peer_certs().map(|c| c.len());
         let mut incoming = request.into_inner();
         let (req_tx, req_rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -104,6 +110,7 @@ impl AggregatedDiscoveryService for Ads {
             requests: req_rx,
             responses: resp_tx,
             metadata,
+            peer_certs,
         });
         Ok(Response::new(ReceiverStream::new(resp_rx)))
     }
@@ -126,6 +133,10 @@ struct AdsServer {
 
 impl AdsServer {
     async fn start(listener: TcpListener) -> Self {
+        Self::start_with_tls(listener, None).await
+    }
+
+    async fn start_with_tls(listener: TcpListener, tls: Option<ServerTlsConfig>) -> Self {
         let addr = listener.local_addr().unwrap();
         let (streams_tx, streams) = mpsc::unbounded_channel();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -133,7 +144,11 @@ impl AdsServer {
             streams: streams_tx,
         });
         let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                builder = builder.tls_config(tls).expect("ADS server TLS");
+            }
+            let _ = builder
                 .add_service(service)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = stopped.await;
@@ -227,6 +242,7 @@ fn xds_settings(addr: SocketAddr) -> XdsSettings {
             jitter: true,
         },
         max_msg_size: None,
+        tls: None,
     }
 }
 
@@ -244,6 +260,7 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     options.xds = Some(Xds {
         settings: xds_settings(ads_addr),
         options: LoadOptions::default(),
+        tls: None,
     });
     let app = start_with(handle.clone(), options).await;
     let mut c = RateLimitServiceClient::connect(format!("http://{}", app.grpc))
@@ -409,5 +426,167 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 500);
 
     drop(s3);
+    ads.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// xDS over TLS.
+
+/// An ADS server on TLS that requires a client certificate from `pki`'s CA; its own
+/// certificate is for `xds.example` only, so Sluice must be told the name to verify.
+async fn tls_ads(pki: &pki::TestPki) -> AdsServer {
+    let server = pki.leaf("xds-server", &["xds.example"]);
+    let tls = ServerTlsConfig::new()
+        .identity(Identity::from_pem(
+            std::fs::read(&server.cert).unwrap(),
+            std::fs::read(&server.key).unwrap(),
+        ))
+        .client_ca_root(Certificate::from_pem(std::fs::read(&pki.ca).unwrap()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    AdsServer::start_with_tls(listener, Some(tls)).await
+}
+
+fn tls_xds(addr: SocketAddr, tls: &XdsTls) -> Xds {
+    let mut settings = xds_settings(addr);
+    settings.server_uri = format!("https://{addr}");
+    settings.tls = Some(tls.clone());
+    Xds {
+        settings,
+        options: LoadOptions::default(),
+        tls: Some(ClientTls::load(tls).expect("TLS files load")),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_over_tls_verifies_the_server_and_presents_a_client_certificate() {
+    let pki = pki::TestPki::new();
+    let client = pki.leaf("sluice", &["envoy-ratelimit"]);
+    let mut ads = tls_ads(&pki).await;
+
+    let handle = ConfigHandle::new(None);
+    let mut options = default_options();
+    options.xds = Some(tls_xds(
+        ads.addr,
+        &XdsTls {
+            client_identity: Some((client.cert.clone(), client.key.clone())),
+            server_ca: Some(pki.ca.clone()),
+            server_name: Some("xds.example".into()),
+        },
+    ));
+    let app = start_with(handle.clone(), options).await;
+
+    let mut stream = ads.next_stream().await;
+    assert_eq!(
+        stream.peer_certs,
+        Some(1),
+        "Sluice presented its certificate"
+    );
+    let first = stream.next_request().await;
+    assert_eq!(first.type_url, TYPE_URL);
+    stream
+        .push(
+            "v1",
+            "n1",
+            &[config(
+                "edge-rl",
+                "edge",
+                vec![limit("k", RateLimitUnit::Minute, 3)],
+            )],
+        )
+        .await;
+    let ack = stream.next_request().await;
+    assert_eq!(ack.version_info, "v1");
+    let mut c = RateLimitServiceClient::connect(format!("http://{}", app.grpc))
+        .await
+        .expect("connect gRPC");
+    assert_eq!(remaining(&mut c, "k").await, (3, 2));
+    drop(stream);
+    ads.shutdown().await;
+}
+
+/// A `MakeWriter` that keeps what is logged, for the assertions.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+// One thread, so the log subscriber set for this test sees the xDS client's task.
+#[tokio::test(flavor = "current_thread")]
+async fn xds_over_tls_refuses_an_unverified_server_and_says_why() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _log = tracing::subscriber::set_default(subscriber);
+
+    let pki = pki::TestPki::new();
+    let client = pki.leaf("sluice", &["envoy-ratelimit"]);
+    let mut ads = tls_ads(&pki).await;
+    let other = pki::TestPki::new();
+    let identity = Some((client.cert.clone(), client.key.clone()));
+
+    for (case, tls, expected) in [
+        (
+            "another CA",
+            XdsTls {
+                client_identity: identity.clone(),
+                server_ca: Some(other.ca.clone()),
+                server_name: Some("xds.example".into()),
+            },
+            "invalid peer certificate",
+        ),
+        (
+            "another name",
+            XdsTls {
+                client_identity: identity.clone(),
+                server_ca: Some(pki.ca.clone()),
+                server_name: Some("other.example".into()),
+            },
+            "certificate not valid for name \"other.example\"",
+        ),
+    ] {
+        let handle = ConfigHandle::new(None);
+        let mut options = default_options();
+        options.require_config_for_health = true;
+        options.xds = Some(tls_xds(ads.addr, &tls));
+        let app = start_with(handle.clone(), options).await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !logs.text().contains(expected) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{case}: no '{expected}' in the logs:\n{}",
+                logs.text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(logs.text().contains("xDS config stream down"), "{case}");
+        // No stream reached the server, no config, and health says so.
+        assert!(
+            ads.streams.try_recv().is_err(),
+            "{case}: a stream got through"
+        );
+        assert!(handle.current().is_none(), "{case}: config applied");
+        assert_eq!(
+            http(app.http, "GET", "/healthcheck", "").await.status,
+            500,
+            "{case}"
+        );
+    }
     ads.shutdown().await;
 }

@@ -170,9 +170,17 @@ pub struct Sluice {
 
 impl Sluice {
     pub fn start(config: &Path, dir: &Path) -> Sluice {
+        Sluice::start_with_env(config, dir, &[])
+    }
+
+    /// Like [`Sluice::start`], with extra environment variables (GRPC_SERVER_USE_TLS, ...).
+    pub fn start_with_env(config: &Path, dir: &Path, env: &[(&str, &std::ffi::OsStr)]) -> Sluice {
         let (http, grpc, debug) = (free_port(), free_port(), free_port());
         let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
         for v in [
+            "GRPC_SERVER_USE_TLS",
+            "GRPC_CLIENT_TLS_CACERT",
+            "GRPC_CLIENT_TLS_SAN",
             "REDIS_URL",
             "BACKEND_TYPE",
             "RUNTIME_ROOT",
@@ -191,6 +199,9 @@ impl Sluice {
             .env("DEBUG_PORT", debug.to_string())
             .env("LOG_LEVEL", "info")
             .env("NO_COLOR", "1");
+        for (var, value) in env {
+            c.env(var, value);
+        }
         let mut proc = Proc::spawn("sluice", c, dir.join("sluice.log"));
         wait_for("Sluice's /healthcheck", Duration::from_secs(20), || {
             proc.assert_running();

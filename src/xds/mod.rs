@@ -37,10 +37,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use crate::config::{ConfigHandle, LoadOptions, build_raw};
 use crate::settings::{XdsBackoff, XdsSettings};
+use crate::tls::ClientTls;
 pub use convert::TYPE_URL;
 
 /// How long one connection attempt may take.
@@ -81,9 +82,15 @@ impl Drop for XdsGuard {
 /// Starts the client; it runs (reconnecting as needed) until the guard is dropped.
 ///
 /// Must be called within a tokio runtime.
-pub fn spawn(settings: XdsSettings, options: LoadOptions, handle: ConfigHandle) -> XdsGuard {
+pub fn spawn(
+    settings: XdsSettings,
+    tls: Option<ClientTls>,
+    options: LoadOptions,
+    handle: ConfigHandle,
+) -> XdsGuard {
     let client = Client {
         node: node(&settings),
+        tls: tls.map(tonic_tls),
         settings,
         options,
         handle,
@@ -94,8 +101,28 @@ pub fn spawn(settings: XdsSettings, options: LoadOptions, handle: ConfigHandle) 
     }
 }
 
+/// tonic's TLS config from the checked files. The trust is CONFIG_GRPC_XDS_SERVER_TLS_CACERT
+/// alone when set (the Go service adds the system's roots to it), else the system's roots.
+fn tonic_tls(tls: ClientTls) -> ClientTlsConfig {
+    // A server that negotiates no ALPN still gets HTTP/2: it is gRPC either way.
+    let mut config = ClientTlsConfig::new().assume_http2(true);
+    config = match tls.ca_pem {
+        Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+        None => config.with_native_roots(),
+    };
+    if let Some((cert, key)) = tls.identity_pem {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
+    if let Some(name) = tls.server_name {
+        config = config.domain_name(name);
+    }
+    config
+}
+
 struct Client {
     settings: XdsSettings,
+    /// `None`: plain text.
+    tls: Option<ClientTlsConfig>,
     options: LoadOptions,
     handle: ConfigHandle,
     node: Node,
@@ -137,11 +164,14 @@ impl Client {
 
     /// One connection and stream, until it ends. `received` is set once a response arrives.
     async fn stream(&mut self, received: &mut bool) -> Result<(), XdsError> {
-        let endpoint = Endpoint::from_shared(self.settings.server_uri.clone())?
+        let mut endpoint = Endpoint::from_shared(self.settings.server_uri.clone())?
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
         let channel = endpoint.connect().await?;
         let mut client = AggregatedDiscoveryServiceClient::new(channel);
         if let Some(max) = self.settings.max_msg_size {
@@ -279,13 +309,17 @@ pub fn jitter(d: Duration, b: &XdsBackoff, unit: f64) -> Duration {
 }
 
 /// The error and its causes, `: `-separated (tonic's transport error alone says only
-/// "transport error").
+/// "transport error"). A cause whose text is already there (some errors print their source
+/// themselves) is not repeated.
 fn with_sources(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         source = s.source();
     }
     out
@@ -343,6 +377,7 @@ mod tests {
             additional_headers: vec![],
             backoff: B,
             max_msg_size: None,
+            tls: None,
         };
         let n = node(&settings);
         assert_eq!(n.id, "envoy-ratelimit");

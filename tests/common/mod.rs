@@ -38,6 +38,7 @@ pub fn default_options() -> AppOptions {
         cluster: None,
         xds: None,
         telemetry: Default::default(),
+        grpc_tls: None,
     }
 }
 

@@ -1,0 +1,553 @@
+//! TLS material, from PEM files to what the listeners and clients use: certificates and keys
+//! read and checked once, before any port is bound (errors name the variable and the file);
+//! the gRPC listener's certificate, re-read when its files change; the accept loop that hands
+//! tonic finished handshakes; and the xDS client's trust and identity.
+//!
+//! rustls on ring only. Nothing here knows tonic: the xDS adapter turns [`ClientTls`] into
+//! tonic's own config, and the gRPC listener takes a stream of [`TlsStream`]s.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+pub use tokio_rustls::server::TlsStream;
+
+use crate::settings::{GrpcServerTls, XdsTls};
+use crate::telemetry::LogLimiter;
+
+/// How long a client gets to finish its TLS handshake; a stalled one only holds its own task.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Finished handshakes waiting for the gRPC server to pick them up.
+const ACCEPT_QUEUE: usize = 64;
+
+/// A file that cannot be used. Each message names the variable and the file, since the
+/// operator set them through the environment.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{var}={}: cannot read the file: {source}", .path.display())]
+    Read {
+        var: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{var}={}: {reason}", .path.display())]
+    Invalid {
+        var: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error(
+        "{key_var}={}: the private key does not match the certificate in {cert_var}={}",
+        .key.display(),
+        .cert.display()
+    )]
+    KeyMismatch {
+        cert_var: &'static str,
+        cert: PathBuf,
+        key_var: &'static str,
+        key: PathBuf,
+    },
+}
+
+/// A file named by a variable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PemFile {
+    pub var: &'static str,
+    pub path: PathBuf,
+}
+
+impl PemFile {
+    pub fn new(var: &'static str, path: impl Into<PathBuf>) -> Self {
+        PemFile {
+            var,
+            path: path.into(),
+        }
+    }
+
+    fn read(&self) -> Result<Vec<u8>, TlsError> {
+        std::fs::read(&self.path).map_err(|source| TlsError::Read {
+            var: self.var,
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    fn invalid(&self, reason: impl Into<String>) -> TlsError {
+        TlsError::Invalid {
+            var: self.var,
+            path: self.path.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Every certificate in `pem`, in order (leaf first, for a chain); at least one, and the
+    /// first must parse as an X.509 certificate.
+    fn certificates(&self, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+        let certs = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.invalid(format!("not valid PEM: {e}")))?;
+        let Some(first) = certs.first() else {
+            return Err(self.invalid("no PEM certificate (BEGIN CERTIFICATE) in the file"));
+        };
+        ParsedCertificate::try_from(first)
+            .map_err(|e| self.invalid(format!("not a valid X.509 certificate: {e}")))?;
+        Ok(certs)
+    }
+
+    fn private_key(&self, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+        PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
+            rustls::pki_types::pem::Error::NoItemsFound => self.invalid(
+                "no PEM private key (PKCS#8, PKCS#1 or SEC1 \"BEGIN ... PRIVATE KEY\") in the file",
+            ),
+            e => self.invalid(format!("not valid PEM: {e}")),
+        })
+    }
+
+    /// The CA certificates in `pem`, as trust anchors.
+    fn roots(&self, pem: &[u8]) -> Result<RootCertStore, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for cert in self.certificates(pem)? {
+            roots
+                .add(cert)
+                .map_err(|e| self.invalid(format!("not a usable CA certificate: {e}")))?;
+        }
+        Ok(roots)
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A certificate chain and its private key, from two files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyPairFiles {
+    pub cert: PemFile,
+    pub key: PemFile,
+}
+
+/// What was read from a [`KeyPairFiles`]: the bytes (to notice changes) and the usable key.
+struct LoadedPair {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    certified: Arc<CertifiedKey>,
+}
+
+impl KeyPairFiles {
+    fn read(&self) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
+        Ok((self.cert.read()?, self.key.read()?))
+    }
+
+    /// Parses and cross-checks the pair: the certificate parses, the key is one ring can sign
+    /// with, and the key is the certificate's.
+    fn certified(&self, cert_pem: &[u8], key_pem: &[u8]) -> Result<CertifiedKey, TlsError> {
+        let chain = self.cert.certificates(cert_pem)?;
+        let key = self.key.private_key(key_pem)?;
+        let signing = rustls::crypto::ring::sign::any_supported_type(&key)
+            .map_err(|e| self.key.invalid(format!("unsupported private key: {e}")))?;
+        let certified = CertifiedKey::new(chain, signing);
+        match certified.keys_match() {
+            Ok(()) => Ok(certified),
+            // ring could not derive the key's public half; the handshake will tell.
+            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
+                Ok(certified)
+            }
+            Err(_) => Err(TlsError::KeyMismatch {
+                cert_var: self.cert.var,
+                cert: self.cert.path.clone(),
+                key_var: self.key.var,
+                key: self.key.path.clone(),
+            }),
+        }
+    }
+
+    fn load(&self) -> Result<LoadedPair, TlsError> {
+        let (cert_pem, key_pem) = self.read()?;
+        let certified = Arc::new(self.certified(&cert_pem, &key_pem)?);
+        Ok(LoadedPair {
+            cert_pem,
+            key_pem,
+            certified,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gRPC listener.
+
+/// The gRPC listener's TLS: a rustls server config whose certificate is re-read from disk by
+/// [`ServerTls::watch`], and, with GRPC_CLIENT_TLS_CACERT, a required client certificate.
+#[derive(Clone)]
+pub struct ServerTls {
+    config: Arc<ServerConfig>,
+    cert: Arc<ReloadingCert>,
+}
+
+impl fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("files", &self.cert.files)
+            .field("alpn", &self.config.alpn_protocols)
+            .finish()
+    }
+}
+
+impl ServerTls {
+    /// Reads and checks every file now, so a bad one stops start-up before a port is bound.
+    pub fn load(settings: &GrpcServerTls) -> Result<Self, TlsError> {
+        let files = KeyPairFiles {
+            cert: PemFile::new("GRPC_SERVER_TLS_CERT", &settings.cert),
+            key: PemFile::new("GRPC_SERVER_TLS_KEY", &settings.key),
+        };
+        let loaded = files.load()?;
+        let cert = Arc::new(ReloadingCert {
+            current: ArcSwap::new(loaded.certified.clone()),
+            files,
+            state: Mutex::new(WatchState {
+                cert_pem: loaded.cert_pem,
+                key_pem: loaded.key_pem,
+                last_error: None,
+            }),
+        });
+
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| {
+                PemFile::new("GRPC_SERVER_TLS_CERT", &settings.cert)
+                    .invalid(format!("TLS setup: {e}"))
+            })?;
+        let builder = match &settings.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let ca = PemFile::new("GRPC_CLIENT_TLS_CACERT", ca);
+                // Only this CA: the Go service adds the system's roots too, which would let any
+                // publicly issued client certificate in.
+                let verifier = WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(ca.roots(&ca.read()?)?),
+                    provider(),
+                )
+                .build()
+                .map_err(|e| ca.invalid(format!("cannot verify clients with it: {e}")))?;
+                let verifier: Arc<dyn ClientCertVerifier> = match &settings.client_san {
+                    None => verifier,
+                    Some(san) => Arc::new(SanVerifier {
+                        inner: verifier,
+                        san: ServerName::try_from(san.clone()).map_err(|_| {
+                            PemFile::new("GRPC_CLIENT_TLS_SAN", san)
+                                .invalid("expected a DNS name or an IP address")
+                        })?,
+                    }),
+                };
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut config = builder.with_cert_resolver(cert.clone());
+        // gRPC is HTTP/2; a client that offers ALPN must be able to agree on h2.
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(ServerTls {
+            config: Arc::new(config),
+            cert,
+        })
+    }
+
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.config.clone())
+    }
+
+    /// Re-reads the certificate and key if either file changed (contents compared, so a
+    /// Kubernetes symlink swap counts). `Ok(true)`: new certificate in use for new
+    /// connections; `Ok(false)`: unchanged; `Err`: the new files are unusable and the previous
+    /// certificate keeps serving.
+    pub fn reload_if_changed(&self) -> Result<bool, TlsError> {
+        self.cert.reload_if_changed()
+    }
+
+    /// Polls the files every `poll` until the guard drops. A rejected change is logged at
+    /// warn once (not on every poll) and the previous certificate keeps serving.
+    ///
+    /// Must be called within a tokio runtime.
+    pub fn watch(&self, poll: Duration) -> TaskGuard {
+        let cert = self.cert.clone();
+        TaskGuard(tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(poll);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ticker.tick().await;
+            loop {
+                ticker.tick().await;
+                // Reading two small files is quick; a blocking thread would cost more.
+                match cert.reload_if_changed() {
+                    Ok(false) => {}
+                    Ok(true) => tracing::info!(
+                        cert = %cert.files.cert.path.display(),
+                        key = %cert.files.key.path.display(),
+                        "gRPC TLS certificate reloaded; new connections use it"
+                    ),
+                    Err(e) => {
+                        let message = e.to_string();
+                        let mut state = cert.state.lock().unwrap_or_else(|p| p.into_inner());
+                        if state.last_error.as_deref() != Some(message.as_str()) {
+                            tracing::warn!(
+                                error = %message,
+                                "gRPC TLS certificate not reloaded; the previous one keeps serving"
+                            );
+                            state.last_error = Some(message);
+                        }
+                    }
+                }
+            }
+        }))
+    }
+}
+
+/// Aborts its task when dropped.
+#[derive(Debug)]
+#[must_use = "the task stops when the guard is dropped"]
+pub struct TaskGuard(JoinHandle<()>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What the poller last read.
+struct WatchState {
+    cert_pem: Vec<u8>,
+    key_pem: Vec<u8>,
+    /// The last rejection logged, so an unchanged bad file is not logged every poll.
+    last_error: Option<String>,
+}
+
+/// The certificate every new handshake gets; swapped whole, so a handshake never sees a new
+/// certificate with an old key.
+struct ReloadingCert {
+    current: ArcSwap<CertifiedKey>,
+    files: KeyPairFiles,
+    state: Mutex<WatchState>,
+}
+
+impl fmt::Debug for ReloadingCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadingCert")
+            .field("files", &self.files)
+            .finish()
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+impl ReloadingCert {
+    fn reload_if_changed(&self) -> Result<bool, TlsError> {
+        let (cert_pem, key_pem) = self.files.read()?;
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.cert_pem == cert_pem && state.key_pem == key_pem {
+            // Back to the serving files (a half-written swap finished): forget the rejection.
+            state.last_error = None;
+            return Ok(false);
+        }
+        let certified = self.files.certified(&cert_pem, &key_pem)?;
+        self.current.store(Arc::new(certified));
+        *state = WatchState {
+            cert_pem,
+            key_pem,
+            last_error: None,
+        };
+        Ok(true)
+    }
+}
+
+/// GRPC_CLIENT_TLS_SAN: the chain is verified by `inner`, then the end-entity certificate must
+/// be valid for `san` (a DNS or IP subject alternative name), as the Go service's
+/// `x509.VerifyOptions{DNSName}` checks.
+#[derive(Debug)]
+struct SanVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    san: ServerName<'static>,
+}
+
+impl ClientCertVerifier for SanVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let parsed = ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, &self.san)?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Accepts TCP connections on `listener` and runs each TLS handshake in its own task (bounded
+/// by [`HANDSHAKE_TIMEOUT`]), yielding finished TLS streams in the order they complete. A
+/// failed or stalled handshake only costs its own connection; the loop stops when the
+/// returned stream is dropped (the gRPC server stopped) or the guard is.
+pub fn incoming(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+) -> (
+    tokio_stream::wrappers::ReceiverStream<io::Result<TlsStream<TcpStream>>>,
+    TaskGuard,
+) {
+    let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+    let task = tokio::spawn(async move {
+        let failures = Arc::new(LogLimiter::new(Duration::from_secs(10)));
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = tx.closed() => return,
+            };
+            let (socket, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a little rather than spin,
+                    // but keep accepting.
+                    if let Some(suppressed) = failures.check() {
+                        tracing::warn!(error = %e, suppressed, "gRPC TLS listener: accept failed");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            // As on the plain-text listener: without TCP_NODELAY a response's trailers can
+            // wait for the client's delayed ACK.
+            let _ = socket.set_nodelay(true);
+            let (acceptor, tx, failures) = (acceptor.clone(), tx.clone(), failures.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => {
+                        if let Some(suppressed) = failures.check() {
+                            tracing::warn!(%peer, error = %e, suppressed, "gRPC TLS handshake failed");
+                        }
+                    }
+                    Err(_) => {
+                        if let Some(suppressed) = failures.check() {
+                            tracing::warn!(%peer, suppressed, timeout = ?HANDSHAKE_TIMEOUT, "gRPC TLS handshake timed out");
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        TaskGuard(task),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The xDS client.
+
+/// The xDS client's TLS, read and checked at start-up: whom to trust, what name to expect and
+/// which certificate to present.
+#[derive(Clone)]
+pub struct ClientTls {
+    /// CONFIG_GRPC_XDS_SERVER_TLS_CACERT, PEM; `None`: the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY, PEM.
+    pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// CONFIG_GRPC_XDS_SERVER_TLS_SAN; `None`: the URL's host.
+    pub server_name: Option<String>,
+}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key.
+        f.debug_struct("ClientTls")
+            .field("custom_ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity_pem.is_some())
+            .field("server_name", &self.server_name)
+            .finish()
+    }
+}
+
+impl ClientTls {
+    pub fn load(settings: &XdsTls) -> Result<Self, TlsError> {
+        let ca_pem = match &settings.server_ca {
+            None => None,
+            Some(path) => {
+                let ca = PemFile::new("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path);
+                let pem = ca.read()?;
+                ca.roots(&pem)?;
+                Some(pem)
+            }
+        };
+        let identity_pem = match &settings.client_identity {
+            None => None,
+            Some((cert, key)) => {
+                let files = KeyPairFiles {
+                    cert: PemFile::new("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert),
+                    key: PemFile::new("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key),
+                };
+                let loaded = files.load()?;
+                Some((loaded.cert_pem, loaded.key_pem))
+            }
+        };
+        Ok(ClientTls {
+            ca_pem,
+            identity_pem,
+            server_name: settings.server_name.clone(),
+        })
+    }
+}
