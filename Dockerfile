@@ -16,6 +16,9 @@ RUN cargo build --release --locked --bin sluice
 # glibc and libgcc, no shell, no package manager; uid/gid 65532 ("nonroot").
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/sluice /sluice
+# envoyproxy/ratelimit's path: Envoy Gateway (and other charts made for the Go service) run the
+# command /bin/ratelimit, so the same image stands in for theirs unchanged.
+COPY --from=build /src/target/release/sluice /bin/ratelimit
 COPY config/ /config/
 # ./config is the default config path when neither SLUICE_CONFIG nor RUNTIME_ROOT is set.
 WORKDIR /
