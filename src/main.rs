@@ -137,6 +137,8 @@ fn app_options(s: &Settings, feed: ConfigFeed) -> AppOptions {
             stats: s.telemetry.stats,
             prometheus_path: s.telemetry.prometheus_path.clone(),
             statsd: s.telemetry.statsd,
+            tracing: s.telemetry.tracing.clone(),
+            otlp_metrics: s.telemetry.otlp_metrics.clone(),
         },
     }
 }
