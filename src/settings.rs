@@ -2813,6 +2813,150 @@ mod tests {
     }
 
     #[test]
+    fn tracing_is_off_by_default_and_defaults_match_go() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.telemetry.tracing, None);
+        assert_eq!(s.telemetry.otlp_metrics, None);
+        let t = settings(&["--tracing-enabled"])
+            .unwrap()
+            .telemetry
+            .tracing
+            .unwrap();
+        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Http);
+        assert_eq!(t.endpoint.url, "http://localhost:4318/v1/traces");
+        assert_eq!(t.endpoint.timeout, Duration::from_secs(10));
+        assert_eq!(t.sampling_rate, 1.0);
+        assert_eq!(t.resource[0], ("service.name".into(), "RateLimit".into()));
+        assert_eq!(t.resource[1].0, "service.instance.id");
+        assert_eq!(t.resource[1].1.len(), 36, "a random UUID");
+    }
+
+    #[test]
+    fn tracing_variables_win_over_otel_ones_which_fill_in() {
+        let t = settings(&[
+            "--tracing-enabled=true",
+            "--tracing-exporter-protocol=grpc",
+            "--otel-exporter-otlp-endpoint=127.0.0.1:4317",
+            "--otel-exporter-otlp-headers=Authorization=Basic%20eA==, x-tenant = acme",
+            "--otel-service-name=otel-name",
+            "--otel-resource-attributes=service.namespace=prod,deployment.environment=eu",
+            "--tracing-sampling-rate=0.25",
+        ])
+        .unwrap()
+        .telemetry
+        .tracing
+        .unwrap();
+        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Grpc);
+        assert_eq!(t.endpoint.url, "http://127.0.0.1:4317");
+        assert_eq!(
+            t.endpoint.headers,
+            vec![
+                ("authorization".to_string(), "Basic eA==".to_string()),
+                ("x-tenant".to_string(), "acme".to_string())
+            ]
+        );
+        assert_eq!(t.sampling_rate, 0.25);
+        let attr = |k: &str| {
+            t.resource
+                .iter()
+                .find(|(a, _)| a == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(attr("service.name"), Some("otel-name"));
+        assert_eq!(attr("service.namespace"), Some("prod"));
+        assert_eq!(attr("deployment.environment"), Some("eu"));
+
+        let t = settings(&[
+            "--otel-traces-exporter=otlp",
+            "--tracing-service-name=mine",
+            "--otel-service-name=otel-name",
+            "--otel-exporter-otlp-protocol=http/protobuf",
+            "--otel-exporter-otlp-endpoint=http://collector:4318/",
+            "--otel-traces-sampler=parentbased_traceidratio",
+            "--otel-traces-sampler-arg=0.5",
+            "--otel-metrics-exporter=otlp",
+            "--otel-metric-export-interval=1000",
+        ])
+        .unwrap()
+        .telemetry;
+        let (tracing, metrics) = (t.tracing.unwrap(), t.otlp_metrics.unwrap());
+        assert_eq!(tracing.endpoint.url, "http://collector:4318/v1/traces");
+        assert_eq!(tracing.sampling_rate, 0.5);
+        assert_eq!(tracing.resource[0].1, "mine");
+        assert_eq!(metrics.endpoint.url, "http://collector:4318/v1/metrics");
+        assert_eq!(metrics.interval, Duration::from_secs(1));
+
+        let t = settings(&["--otel-traces-exporter=otlp", "--otel-sdk-disabled"]).unwrap();
+        assert_eq!(t.telemetry.tracing, None);
+    }
+
+    #[test]
+    fn bad_tracing_settings_name_the_variable() {
+        for (args, expected) in [
+            (
+                &["--tracing-sampling-rate=1.5"][..],
+                "TRACING_SAMPLING_RATE=1.5",
+            ),
+            (
+                &["--tracing-exporter-protocol=udp"][..],
+                "TRACING_EXPORTER_PROTOCOL=udp",
+            ),
+            (
+                &["--otel-exporter-otlp-protocol=http/json"][..],
+                "not support it yet",
+            ),
+            (
+                &["--otel-exporter-otlp-headers=novalue"][..],
+                "OTEL_EXPORTER_OTLP_HEADERS=novalue",
+            ),
+            (
+                &["--otel-exporter-otlp-headers=a b=c"][..],
+                "OTEL_EXPORTER_OTLP_HEADERS=",
+            ),
+            (
+                &["--otel-resource-attributes==x"][..],
+                "OTEL_RESOURCE_ATTRIBUTES",
+            ),
+            (
+                &["--otel-traces-sampler=sometimes"][..],
+                "OTEL_TRACES_SAMPLER=sometimes",
+            ),
+            (
+                &["--otel-metrics-exporter=prometheus"][..],
+                "OTEL_METRICS_EXPORTER=prometheus",
+            ),
+            (
+                &["--otel-exporter-otlp-timeout=0"][..],
+                "OTEL_EXPORTER_OTLP_TIMEOUT=0",
+            ),
+            (
+                &[
+                    "--tracing-enabled",
+                    "--otel-exporter-otlp-endpoint=https://collector:4318",
+                ][..],
+                "OTEL_EXPORTER_OTLP_ENDPOINT=https://collector:4318: TLS to the OTLP collector",
+            ),
+            (
+                &[
+                    "--tracing-enabled",
+                    "--otel-exporter-otlp-traces-endpoint=ftp://x",
+                ][..],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=ftp://x",
+            ),
+        ] {
+            let err = error(args);
+            assert!(err.contains(expected), "{args:?}: {err}");
+        }
+        // Parse errors (before validation) name the variable too.
+        let err = parse(&["--tracing-sampling-rate=lots"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TRACING_SAMPLING_RATE"), "{err}");
+        // https is only refused when something would use it.
+        assert!(settings(&["--otel-exporter-otlp-endpoint=https://collector:4318"]).is_ok());
+    }
+
+    #[test]
     fn go_durations_parse() {
         assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
         assert_eq!(parse_go_duration("150us"), Some(Duration::from_micros(150)));
