@@ -391,8 +391,8 @@ async fn json_and_nginx_calls_with_b3_export_over_otlp_http() {
     let endpoint = endpoint(Protocol::Http, format!("http://{collector}/v1/traces"));
     let running = start_with(config(), options_with(Some(tracing_options(endpoint, 1.0)))).await;
 
-    let b3 = format!("80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1");
-    assert_eq!(http_call(running.http, "/json", &[("b3", &b3)]).await, 200);
+    let b3 = "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1";
+    assert_eq!(http_call(running.http, "/json", &[("b3", b3)]).await, 200);
     assert_eq!(
         http_call(
             running.http,
@@ -453,9 +453,9 @@ async fn unsampled_parents_and_rate_zero_roots_export_nothing() {
         200
     );
     // Then a sampled parent, which is followed even at rate 0: the only span to arrive.
-    let sampled = format!("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+    let sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     assert_eq!(
-        http_call(running.http, "/json", &[("traceparent", &sampled)]).await,
+        http_call(running.http, "/json", &[("traceparent", sampled)]).await,
         200
     );
     received.wait_for_spans(1).await;
