@@ -436,10 +436,10 @@ fn bad_tracing_settings_stop_start_up() {
 
 /// A minimal OTLP/HTTP collector: every POST body (keep-alive connections included) is
 /// decoded as an ExportTraceServiceRequest and collected.
-fn otlp_http_collector() -> (
-    u16,
-    std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>,
-) {
+/// Each POST the collector received: its path and body.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
+fn otlp_http_collector() -> (u16, Received) {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
