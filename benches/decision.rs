@@ -2,6 +2,9 @@
 //! fixed-window algorithm, the memory store (single-threaded and under contention on one hot
 //! key) and the whole `RateLimitService::should_rate_limit` on the memory store, excluding
 //! protobuf decoding. One gRPC-adapter bench (decode + decide + encode) gives the protobuf share.
+//! `telemetry_cost` times the same decision with stats off, stats on (the default), and with
+//! tracing on but the call not sampled, and on and sampled (the span record queued and taken
+//! off the queue again, as the exporter would).
 //!
 //! ```sh
 //! cargo bench --bench decision
@@ -298,11 +301,72 @@ fn should_rate_limit(c: &mut Criterion) {
     });
 }
 
+fn telemetry_cost(c: &mut Criterion) {
+    use sluice::telemetry::Stats;
+    use sluice::telemetry::otlp::{RequestTrace, SpanContext, Tracer, Transport};
+    let mut g = c.benchmark_group("telemetry_cost");
+    let req = request("bench", &[("client", "c0")]);
+    let parent = |sampled| RequestTrace {
+        transport: Transport::Grpc,
+        parent: Some(SpanContext {
+            trace_id: [7; 16],
+            span_id: [9; 8],
+            sampled,
+            trace_state: String::new(),
+        }),
+    };
+
+    let stats_off = service(bench_config()).with_stats(Arc::new(Stats::disabled()));
+    let stats_on = service(bench_config());
+    let (tracer, _kept) = Tracer::new(1.0, 1024);
+    let unsampled = service(bench_config()).with_tracer(Arc::new(tracer));
+    let (tracer, mut spans) = Tracer::new(1.0, 1024);
+    let sampled = service(bench_config()).with_tracer(Arc::new(tracer));
+
+    let no_trace = RequestTrace::default();
+    let unsampled_parent = parent(false);
+    let sampled_parent = parent(true);
+    for (name, svc, trace) in [
+        ("stats_off_tracing_off", &stats_off, &no_trace),
+        ("stats_on_tracing_off", &stats_on, &no_trace),
+        ("tracing_on_unsampled", &unsampled, &unsampled_parent),
+        ("tracing_on_sampled", &sampled, &sampled_parent),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || req.clone(),
+                |r| {
+                    let out = ready(svc.should_rate_limit_traced(r, trace));
+                    // The exporter's side, so the queue never fills (a full queue would drop,
+                    // which is the cheaper path).
+                    while let Ok(span) = spans.try_recv() {
+                        black_box(span);
+                    }
+                    out
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    assert!(spans.try_recv().is_err());
+    assert!(sampled.tracer().counters().queued.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        sampled.tracer().counters().dropped.load(Ordering::Relaxed),
+        0
+    );
+    assert_eq!(
+        unsampled.tracer().counters().queued.load(Ordering::Relaxed),
+        0
+    );
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = config_lookup, counter_key, fixed_window_decide, memory_store, should_rate_limit
+    targets = config_lookup, counter_key, fixed_window_decide, memory_store, should_rate_limit,
+        telemetry_cost
 }
 criterion_main!(benches);

@@ -36,6 +36,18 @@ const SCRUBBED: &[&str] = &[
     "GRPC_PORT",
     "DEBUG_PORT",
     "LOG_LEVEL",
+    "TRACING_ENABLED",
+    "TRACING_SAMPLING_RATE",
+    "TRACING_EXPORTER_PROTOCOL",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_SDK_DISABLED",
 ];
 
 fn sluice() -> Command {
@@ -966,5 +978,140 @@ fn envoy_gateway_environment_starts_and_serves_over_tls() {
     assert!(
         body.contains("d.k: unit=MINUTE requests_per_unit=7"),
         "{body}"
+    );
+}
+
+#[test]
+fn bad_tracing_settings_stop_start_up() {
+    refused("TRACING_SAMPLING_RATE", "2", "TRACING_SAMPLING_RATE=2");
+    refused(
+        "TRACING_EXPORTER_PROTOCOL",
+        "udp",
+        "TRACING_EXPORTER_PROTOCOL=udp",
+    );
+    refused(
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "justakey",
+        "OTEL_EXPORTER_OTLP_HEADERS=justakey",
+    );
+    let mut c = sluice();
+    c.env("TRACING_ENABLED", "true")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TLS to the OTLP collector"), "{err}");
+}
+
+/// A minimal OTLP/HTTP collector: every POST body (keep-alive connections included) is
+/// decoded as an ExportTraceServiceRequest and collected.
+/// Each POST the collector received: its path and body.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
+fn otlp_http_collector() -> (u16, Received) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = got.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let sink = sink.clone();
+            std::thread::spawn(move || {
+                let mut w = stream.try_clone().unwrap();
+                let mut r = BufReader::new(stream);
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    let mut len = 0;
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if h == "\r\n" {
+                            break;
+                        }
+                        if let Some((k, v)) = h.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0; len];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    sink.lock().unwrap().push((path, body));
+                    let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                }
+            });
+        }
+    });
+    (port, got)
+}
+
+#[test]
+fn tracing_enabled_exports_the_callers_trace_to_an_otlp_collector() {
+    use prost::Message;
+    use sluice::telemetry::otlp::proto::{ExportTraceServiceRequest, any_value};
+    use std::io::{Read, Write};
+    let (collector, got) = otlp_http_collector();
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("config/d.yaml"), GOOD);
+    let server = start(|c| {
+        c.env("SLUICE_CONFIG", dir.path().join("config"))
+            .env("TRACING_ENABLED", "true")
+            .env("TRACING_SERVICE_NAME", "edge-ratelimit")
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://127.0.0.1:{collector}"),
+            )
+            .env("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=acme")
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    });
+    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", server.http)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "POST /json HTTP/1.1\r\nHost: x\r\nConnection: close\r\ntraceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    wait_for("a span at the collector", Duration::from_secs(10), || {
+        !got.lock().unwrap().is_empty()
+    });
+    let (path, bytes) = got.lock().unwrap()[0].clone();
+    assert_eq!(path, "/v1/traces");
+    let request = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
+    let rs = &request.resource_spans[0];
+    let name = rs
+        .resource
+        .as_ref()
+        .unwrap()
+        .attributes
+        .iter()
+        .find(|kv| kv.key == "service.name")
+        .and_then(|kv| kv.value.clone()?.value);
+    assert_eq!(
+        name,
+        Some(any_value::Value::StringValue("edge-ratelimit".into()))
+    );
+    let span = &rs.scope_spans[0].spans[0];
+    assert_eq!(span.name, "ShouldRateLimit Execution");
+    let hex: String = span.trace_id.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(hex, "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        span.parent_span_id,
+        [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
     );
 }

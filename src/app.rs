@@ -18,6 +18,8 @@ use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::settings::{Backend, ClusterSettings, XdsSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
+use crate::telemetry::otlp::Tracer;
+use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{Stats, TelemetryOptions};
 use crate::tls::{ClientTls, ServerTls};
 
@@ -101,6 +103,8 @@ pub struct App {
     service: Arc<RateLimitService<AnyStore>>,
     health: Arc<Health>,
     peer_server: Option<PeerServer>,
+    /// TRACING_ENABLED: the finished spans, for the exporter [`App::serve`] starts.
+    spans: Option<tokio::sync::mpsc::Receiver<SpanRecord>>,
 }
 
 impl App {
@@ -127,6 +131,13 @@ impl App {
             }
         });
         let stats = Arc::new(Stats::new(options.telemetry.stats));
+        let (tracer, spans) = match &options.telemetry.tracing {
+            Some(t) => {
+                let (tracer, rx) = Tracer::new(t.sampling_rate, t.max_queue_size);
+                (tracer, Some(rx))
+            }
+            None => (Tracer::disabled(), None),
+        };
         let service = Arc::new(
             RateLimitService::new(
                 config.clone(),
@@ -134,7 +145,8 @@ impl App {
                 clock,
                 options.service.clone(),
             )
-            .with_stats(stats),
+            .with_stats(stats)
+            .with_tracer(Arc::new(tracer)),
         );
         let ready = store.clone();
         let health = Arc::new(Health::new(
@@ -149,6 +161,7 @@ impl App {
             service,
             health,
             peer_server,
+            spans,
         })
     }
 
@@ -175,6 +188,7 @@ impl App {
             service,
             health,
             peer_server,
+            spans,
         } = self;
         let _watcher = options.reload.as_ref().map(|r| {
             crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
@@ -258,6 +272,37 @@ impl App {
                 }
             })
         });
+        // The OTLP exporters stop after the drain, so the last calls' spans are sent too.
+        let (otlp_stop_tx, otlp_stop_rx) = watch::channel(false);
+        let otlp_stopped = move || {
+            let mut rx = otlp_stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|stop| *stop).await;
+            }
+        };
+        let span_counters = service.tracer().counters().clone();
+        let span_exporter = match (&options.telemetry.tracing, spans) {
+            (Some(t), Some(rx)) => Some(tokio::spawn(
+                crate::telemetry::otlp::export::run_span_exporter(
+                    t.clone(),
+                    rx,
+                    span_counters.clone(),
+                    otlp_stopped(),
+                ),
+            )),
+            _ => None,
+        };
+        let metrics_exporter = options.telemetry.otlp_metrics.as_ref().map(|m| {
+            let (config, store) = (config.clone(), store.clone());
+            let spans = service.tracer().enabled().then(|| span_counters.clone());
+            tokio::spawn(crate::telemetry::otlp::export::run_metrics_exporter(
+                m.clone(),
+                stats.clone(),
+                move || api::debug::telemetry_extra(&config, &store),
+                spans,
+                otlp_stopped(),
+            ))
+        });
         let debug_router = api::debug::router(config.clone(), store.clone(), stats);
         let debug = tokio::spawn(
             axum::serve(listeners.debug, debug_router)
@@ -296,6 +341,36 @@ impl App {
         }
         if let Some(s) = statsd {
             s.abort();
+        }
+        // A last export of what is queued, bounded by the export timeout (plus a margin).
+        let _ = otlp_stop_tx.send(true);
+        for (task, timeout) in [
+            (
+                span_exporter,
+                options
+                    .telemetry
+                    .tracing
+                    .as_ref()
+                    .map(|t| t.endpoint.timeout),
+            ),
+            (
+                metrics_exporter,
+                options
+                    .telemetry
+                    .otlp_metrics
+                    .as_ref()
+                    .map(|m| m.endpoint.timeout),
+            ),
+        ] {
+            if let (Some(task), Some(timeout)) = (task, timeout) {
+                let abort = task.abort_handle();
+                if tokio::time::timeout(timeout + Duration::from_millis(500), task)
+                    .await
+                    .is_err()
+                {
+                    abort.abort();
+                }
+            }
         }
         match drained {
             Err(_) => {

@@ -22,7 +22,7 @@
 //!   certificate and TLS accept loop; the xDS client's trust and identity.
 //! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
 //! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus
-//!   exposition, logs.
+//!   exposition, logs, and OpenTelemetry (spans and metrics over OTLP).
 
 pub mod api;
 pub mod app;

@@ -139,6 +139,8 @@ fn app_options(s: &Settings, feed: ConfigFeed, grpc_tls: Option<ServerTls>) -> A
             stats: s.telemetry.stats,
             prometheus_path: s.telemetry.prometheus_path.clone(),
             statsd: s.telemetry.statsd,
+            tracing: s.telemetry.tracing.clone(),
+            otlp_metrics: s.telemetry.otlp_metrics.clone(),
         },
         grpc_tls,
     }

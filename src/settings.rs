@@ -963,6 +963,73 @@ fn header_name(var: &'static str, name: String) -> Result<String, SettingsError>
     Ok(name)
 }
 
+/// `key=value,key2=value2`, the W3C-baggage-like list OTEL_RESOURCE_ATTRIBUTES and
+/// OTEL_EXPORTER_OTLP_HEADERS use: items trimmed, empty items skipped, values percent-decoded.
+fn key_values(var: &'static str, list: &str) -> Result<Vec<(String, String)>, SettingsError> {
+    let mut out = Vec::new();
+    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| invalid(var, item, "expected key=value"))?;
+        let k = k.trim();
+        if k.is_empty() {
+            return Err(invalid(var, item, "empty key"));
+        }
+        let v = percent_decode(v.trim())
+            .ok_or_else(|| invalid(var, item, "the value is not valid percent-encoded UTF-8"))?;
+        out.push((k.to_owned(), v));
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// An OTLP endpoint: `http://host:port[/path]`, or `host:port` meaning http. `https` is refused
+/// while `used` (TLS to the collector is not supported yet).
+fn otlp_url(var: &'static str, value: &str, used: bool) -> Result<String, SettingsError> {
+    let value = value.trim();
+    let url = if value.contains("://") {
+        value.to_owned()
+    } else {
+        format!("http://{value}")
+    };
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e| invalid(var, value, format!("not a URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") if !used => {}
+        Some("https") => {
+            return Err(SettingsError::NotSupportedYet {
+                var,
+                value: value.to_owned(),
+                reason: "TLS to the OTLP collector (use an http:// endpoint, e.g. a local collector agent)",
+            });
+        }
+        _ => return Err(invalid(var, value, "expected an http:// URL")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(invalid(var, value, "no host"));
+    }
+    Ok(url)
+}
+
 /// Accepts what logrus's `ParseLevel` accepts, so existing LOG_LEVEL values keep working.
 fn log_level(value: &str) -> Result<LogLevel, SettingsError> {
     match value.to_ascii_lowercase().as_str() {
@@ -2036,6 +2103,164 @@ pub struct TelemetryArgs {
         help_heading = "Metrics"
     )]
     pub stats_flush_interval: String,
+
+    /// Export spans of ShouldRateLimit and its backend calls over OTLP. Unset: on when
+    /// OTEL_TRACES_EXPORTER=otlp. OTEL_SDK_DISABLED=true turns it off either way.
+    #[arg(
+        long,
+        env = "TRACING_ENABLED",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub tracing_enabled: Option<bool>,
+    /// service.name. Default: OTEL_SERVICE_NAME, else `service.name` in
+    /// OTEL_RESOURCE_ATTRIBUTES, else RateLimit.
+    #[arg(long, env = "TRACING_SERVICE_NAME", help_heading = "Tracing")]
+    pub tracing_service_name: Option<String>,
+    /// service.namespace. Default: `service.namespace` in OTEL_RESOURCE_ATTRIBUTES.
+    #[arg(long, env = "TRACING_SERVICE_NAMESPACE", help_heading = "Tracing")]
+    pub tracing_service_namespace: Option<String>,
+    /// service.instance.id. Default: `service.instance.id` in OTEL_RESOURCE_ATTRIBUTES, else
+    /// a random UUID.
+    #[arg(long, env = "TRACING_SERVICE_INSTANCE_ID", help_heading = "Tracing")]
+    pub tracing_service_instance_id: Option<String>,
+    /// `http` (OTLP/HTTP, protobuf) or `grpc`. Default: OTEL_EXPORTER_OTLP_PROTOCOL, else http.
+    #[arg(long, env = "TRACING_EXPORTER_PROTOCOL", help_heading = "Tracing")]
+    pub tracing_exporter_protocol: Option<String>,
+    /// Share of root spans (calls without a caller trace context) sampled, 0 to 1; a caller's
+    /// sampled flag is followed. Default: OTEL_TRACES_SAMPLER(_ARG), else 1.
+    #[arg(long, env = "TRACING_SAMPLING_RATE", help_heading = "Tracing")]
+    pub tracing_sampling_rate: Option<f64>,
+    /// `otlp` turns tracing on when TRACING_ENABLED is unset; `none` leaves it off.
+    #[arg(long, env = "OTEL_TRACES_EXPORTER", help_heading = "Tracing")]
+    pub otel_traces_exporter: Option<String>,
+    /// `true` turns tracing and OTLP metrics off whatever else says.
+    #[arg(
+        long,
+        env = "OTEL_SDK_DISABLED",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        default_value = "false",
+        help_heading = "Tracing"
+    )]
+    pub otel_sdk_disabled: bool,
+    /// always_on, always_off, traceidratio and their parentbased_ forms (all parent-based here);
+    /// read when TRACING_SAMPLING_RATE is unset.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER", help_heading = "Tracing")]
+    pub otel_traces_sampler: Option<String>,
+    /// The ratio of a traceidratio sampler.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", help_heading = "Tracing")]
+    pub otel_traces_sampler_arg: Option<String>,
+    /// service.name when TRACING_SERVICE_NAME is unset.
+    #[arg(long, env = "OTEL_SERVICE_NAME", help_heading = "Tracing")]
+    pub otel_service_name: Option<String>,
+    /// Resource attributes, `key=value,key2=value2` (values percent-decoded).
+    #[arg(long, env = "OTEL_RESOURCE_ATTRIBUTES", help_heading = "Tracing")]
+    pub otel_resource_attributes: Option<String>,
+    /// `grpc`, `http/protobuf` (`http/json` is not supported).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", help_heading = "Tracing")]
+    pub otel_exporter_otlp_protocol: Option<String>,
+    /// The collector's base URL, `http://host:port`; HTTP appends /v1/traces and /v1/metrics.
+    /// Default: http://localhost:4318 (http) or http://localhost:4317 (grpc). No https yet.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", help_heading = "Tracing")]
+    pub otel_exporter_otlp_endpoint: Option<String>,
+    /// The traces URL, used as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_endpoint: Option<String>,
+    /// Headers on every export, `key=value,key2=value2` (values percent-decoded).
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_HEADERS",
+        hide_env_values = true,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_headers: Option<String>,
+    /// Headers on trace exports, added to OTEL_EXPORTER_OTLP_HEADERS.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        hide_env_values = true,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_headers: Option<String>,
+    /// Deadline of each export, in milliseconds.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TIMEOUT",
+        default_value_t = 10_000,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_timeout: u64,
+    /// Longest a finished span waits for its batch, in milliseconds.
+    #[arg(
+        long,
+        env = "OTEL_BSP_SCHEDULE_DELAY",
+        default_value_t = 5_000,
+        help_heading = "Tracing"
+    )]
+    pub otel_bsp_schedule_delay: u64,
+    /// Finished spans waiting for export; past it, spans are dropped (and counted).
+    #[arg(
+        long,
+        env = "OTEL_BSP_MAX_QUEUE_SIZE",
+        default_value_t = 2_048,
+        help_heading = "Tracing"
+    )]
+    pub otel_bsp_max_queue_size: usize,
+    /// Most spans in one export.
+    #[arg(
+        long,
+        env = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        default_value_t = 512,
+        help_heading = "Tracing"
+    )]
+    pub otel_bsp_max_export_batch_size: usize,
+    /// `otlp` pushes the metrics over OTLP as well; `none` (the default) does not.
+    #[arg(long, env = "OTEL_METRICS_EXPORTER", help_heading = "Tracing")]
+    pub otel_metrics_exporter: Option<String>,
+    /// How often metrics are pushed, in milliseconds.
+    #[arg(
+        long,
+        env = "OTEL_METRIC_EXPORT_INTERVAL",
+        default_value_t = 60_000,
+        help_heading = "Tracing"
+    )]
+    pub otel_metric_export_interval: u64,
+    /// The metrics URL, used as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_endpoint: Option<String>,
+    /// Headers on metrics exports, added to OTEL_EXPORTER_OTLP_HEADERS.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        hide_env_values = true,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_headers: Option<String>,
+    /// Protocol of metrics exports. Default: the traces' protocol.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_protocol: Option<String>,
 }
 
 /// Validated metrics settings.
@@ -2047,9 +2272,281 @@ pub struct TelemetrySettings {
     pub prometheus_path: String,
     /// USE_STATSD: the server and the flush interval.
     pub statsd: Option<(SocketAddr, Duration)>,
+    /// TRACING_ENABLED (or OTEL_TRACES_EXPORTER=otlp).
+    pub tracing: Option<crate::telemetry::otlp::TracingOptions>,
+    /// OTEL_METRICS_EXPORTER=otlp.
+    pub otlp_metrics: Option<crate::telemetry::otlp::MetricsExportOptions>,
 }
 
 impl TelemetryArgs {
+    /// The OpenTelemetry settings. TRACING_* wins over the matching OTEL_* variable, which is
+    /// a fallback, as in envoyproxy/ratelimit. Syntax is checked even when nothing exports,
+    /// so a typo shows before someone turns tracing on.
+    fn otlp(
+        &self,
+    ) -> Result<
+        (
+            Option<crate::telemetry::otlp::TracingOptions>,
+            Option<crate::telemetry::otlp::MetricsExportOptions>,
+        ),
+        SettingsError,
+    > {
+        use crate::telemetry::otlp::{self, Endpoint, Protocol};
+        let none_or_otlp = |var: &'static str, v: &Option<String>| match v.as_deref() {
+            None => Ok(false),
+            Some(x) if x.eq_ignore_ascii_case("none") => Ok(false),
+            Some(x) if x.eq_ignore_ascii_case("otlp") => Ok(true),
+            Some(x) => Err(invalid(var, x, "expected otlp or none")),
+        };
+        let traces_exporter = none_or_otlp("OTEL_TRACES_EXPORTER", &self.otel_traces_exporter)?;
+        let metrics_exporter = none_or_otlp("OTEL_METRICS_EXPORTER", &self.otel_metrics_exporter)?;
+        let enabled = self.tracing_enabled.unwrap_or(traces_exporter) && !self.otel_sdk_disabled;
+        let metrics_enabled = metrics_exporter && !self.otel_sdk_disabled;
+
+        let protocol = |var: &'static str, v: &str| match v.to_ascii_lowercase().as_str() {
+            "http" | "http/protobuf" => Ok(Protocol::Http),
+            "grpc" => Ok(Protocol::Grpc),
+            "http/json" => Err(SettingsError::NotSupportedYet {
+                var,
+                value: v.to_owned(),
+                reason: "OTLP/HTTP with JSON bodies (use http/protobuf or grpc)",
+            }),
+            _ => Err(invalid(var, v, "expected http (http/protobuf) or grpc")),
+        };
+        let traces_protocol = match (
+            &self.tracing_exporter_protocol,
+            &self.otel_exporter_otlp_protocol,
+        ) {
+            (Some(v), _) => protocol("TRACING_EXPORTER_PROTOCOL", v)?,
+            (None, Some(v)) => protocol("OTEL_EXPORTER_OTLP_PROTOCOL", v)?,
+            (None, None) => Protocol::Http,
+        };
+        let metrics_protocol = match &self.otel_exporter_otlp_metrics_protocol {
+            Some(v) => protocol("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", v)?,
+            None => traces_protocol,
+        };
+
+        let rate = match (
+            self.tracing_sampling_rate,
+            self.otel_traces_sampler.as_deref(),
+        ) {
+            (Some(r), _) => {
+                if !(0.0..=1.0).contains(&r) {
+                    return Err(invalid(
+                        "TRACING_SAMPLING_RATE",
+                        r,
+                        "must be between 0 and 1",
+                    ));
+                }
+                r
+            }
+            (None, None) => 1.0,
+            (None, Some(sampler)) => match sampler.to_ascii_lowercase().as_str() {
+                "always_on" | "parentbased_always_on" => 1.0,
+                "always_off" | "parentbased_always_off" => 0.0,
+                "traceidratio" | "parentbased_traceidratio" => {
+                    match self.otel_traces_sampler_arg.as_deref() {
+                        None => 1.0,
+                        Some(arg) => arg
+                            .trim()
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|r| (0.0..=1.0).contains(r))
+                            .ok_or_else(|| {
+                                invalid(
+                                    "OTEL_TRACES_SAMPLER_ARG",
+                                    arg,
+                                    "must be a number between 0 and 1",
+                                )
+                            })?,
+                    }
+                }
+                _ => {
+                    return Err(invalid(
+                        "OTEL_TRACES_SAMPLER",
+                        sampler,
+                        "expected always_on, always_off, traceidratio or their parentbased_ forms",
+                    ));
+                }
+            },
+        };
+
+        let mut attrs = match &self.otel_resource_attributes {
+            Some(v) => key_values("OTEL_RESOURCE_ATTRIBUTES", v)?,
+            None => Vec::new(),
+        };
+        let mut take = |key: &str| {
+            attrs
+                .iter()
+                .position(|(k, _)| k == key)
+                .map(|i| attrs.remove(i).1)
+        };
+        let from_attrs = (
+            take("service.name"),
+            take("service.namespace"),
+            take("service.instance.id"),
+        );
+        let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+        let name = non_empty(&self.tracing_service_name)
+            .or_else(|| non_empty(&self.otel_service_name))
+            .or(from_attrs.0)
+            .unwrap_or_else(|| "RateLimit".to_owned());
+        let namespace = non_empty(&self.tracing_service_namespace).or(from_attrs.1);
+        let instance = non_empty(&self.tracing_service_instance_id)
+            .or(from_attrs.2)
+            .unwrap_or_else(otlp::random_uuid);
+        let mut resource = vec![("service.name".to_owned(), name)];
+        if let Some(ns) = namespace {
+            resource.push(("service.namespace".to_owned(), ns));
+        }
+        resource.push(("service.instance.id".to_owned(), instance));
+        resource.extend(attrs);
+        if !resource.iter().any(|(k, _)| k == "service.version") {
+            resource.push((
+                "service.version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            ));
+        }
+        resource.push(("telemetry.sdk.name".to_owned(), "sluice".to_owned()));
+        resource.push(("telemetry.sdk.language".to_owned(), "rust".to_owned()));
+
+        let headers = |var: &'static str,
+                       v: &Option<String>|
+         -> Result<Vec<(String, String)>, SettingsError> {
+            let pairs = match v {
+                Some(v) => key_values(var, v)?,
+                None => return Ok(Vec::new()),
+            };
+            pairs
+                .into_iter()
+                .map(|(k, v)| {
+                    let k = k.to_ascii_lowercase();
+                    header_name(var, k.clone())?;
+                    if v.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
+                        return Err(invalid(var, &k, "a header value holds a control character"));
+                    }
+                    Ok((k, v))
+                })
+                .collect()
+        };
+        let common = headers(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            &self.otel_exporter_otlp_headers,
+        )?;
+        let merge = |own: Vec<(String, String)>| {
+            let mut all: Vec<(String, String)> = common
+                .iter()
+                .filter(|(k, _)| !own.iter().any(|(o, _)| o == k))
+                .cloned()
+                .collect();
+            all.extend(own);
+            all
+        };
+        let trace_headers = merge(headers(
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            &self.otel_exporter_otlp_traces_headers,
+        )?);
+        let metrics_headers = merge(headers(
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+            &self.otel_exporter_otlp_metrics_headers,
+        )?);
+        if self.otel_exporter_otlp_timeout == 0 {
+            return Err(invalid(
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+                0,
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        let timeout = Duration::from_millis(self.otel_exporter_otlp_timeout);
+
+        // The signal's own URL is used as is; the base URL gets the signal's path on HTTP.
+        let url =
+            |own: (&'static str, &Option<String>), path: &str, protocol: Protocol, used: bool| {
+                let (var, url) = match (own.1, &self.otel_exporter_otlp_endpoint) {
+                    (Some(u), _) => (own.0, otlp_url(own.0, u, used)?),
+                    (None, Some(base)) => {
+                        let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, used)?;
+                        let url = match protocol {
+                            Protocol::Http => format!("{}{path}", base.trim_end_matches('/')),
+                            Protocol::Grpc => base,
+                        };
+                        ("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+                    }
+                    (None, None) => (
+                        "OTEL_EXPORTER_OTLP_ENDPOINT",
+                        match protocol {
+                            Protocol::Http => format!("http://localhost:4318{path}"),
+                            Protocol::Grpc => "http://localhost:4317".to_owned(),
+                        },
+                    ),
+                };
+                let _ = var;
+                Ok::<_, SettingsError>(url)
+            };
+        let traces_url = url(
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                &self.otel_exporter_otlp_traces_endpoint,
+            ),
+            "/v1/traces",
+            traces_protocol,
+            enabled,
+        )?;
+        let metrics_url = url(
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                &self.otel_exporter_otlp_metrics_endpoint,
+            ),
+            "/v1/metrics",
+            metrics_protocol,
+            metrics_enabled,
+        )?;
+        let queue = non_zero("OTEL_BSP_MAX_QUEUE_SIZE", self.otel_bsp_max_queue_size)?.get();
+        let batch = non_zero(
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            self.otel_bsp_max_export_batch_size,
+        )?
+        .get();
+        if self.otel_bsp_schedule_delay == 0 {
+            return Err(invalid(
+                "OTEL_BSP_SCHEDULE_DELAY",
+                0,
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        if self.otel_metric_export_interval == 0 {
+            return Err(invalid(
+                "OTEL_METRIC_EXPORT_INTERVAL",
+                0,
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        let tracing = enabled.then(|| otlp::TracingOptions {
+            endpoint: Endpoint {
+                protocol: traces_protocol,
+                url: traces_url,
+                headers: trace_headers,
+                timeout,
+            },
+            sampling_rate: rate,
+            resource: resource.clone(),
+            max_queue_size: queue,
+            max_batch_size: batch.min(queue),
+            schedule_delay: Duration::from_millis(self.otel_bsp_schedule_delay),
+        });
+        let metrics = metrics_enabled.then(|| otlp::MetricsExportOptions {
+            endpoint: Endpoint {
+                protocol: metrics_protocol,
+                url: metrics_url,
+                headers: metrics_headers,
+                timeout,
+            },
+            interval: Duration::from_millis(self.otel_metric_export_interval),
+            resource,
+        });
+        Ok((tracing, metrics))
+    }
+
     fn validate(self, near_limit_ratio: f32) -> Result<TelemetrySettings, SettingsError> {
         let max_keys = non_zero("SLUICE_MAX_STAT_KEYS", self.max_stat_keys)?.get();
         if !self.prometheus_path.starts_with('/') {
@@ -2099,7 +2596,10 @@ impl TelemetryArgs {
         } else {
             None
         };
+        let (tracing, otlp_metrics) = self.otlp()?;
         Ok(TelemetrySettings {
+            tracing,
+            otlp_metrics,
             statsd,
             stats: crate::telemetry::StatsOptions {
                 enabled: !self.disable_stats,
@@ -2571,6 +3071,150 @@ mod tests {
             err(&["--xds-client-backoff-random-factor", "1.5"])
                 .starts_with("XDS_CLIENT_BACKOFF_RANDOM_FACTOR=1.5:")
         );
+    }
+
+    #[test]
+    fn tracing_is_off_by_default_and_defaults_match_go() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.telemetry.tracing, None);
+        assert_eq!(s.telemetry.otlp_metrics, None);
+        let t = settings(&["--tracing-enabled"])
+            .unwrap()
+            .telemetry
+            .tracing
+            .unwrap();
+        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Http);
+        assert_eq!(t.endpoint.url, "http://localhost:4318/v1/traces");
+        assert_eq!(t.endpoint.timeout, Duration::from_secs(10));
+        assert_eq!(t.sampling_rate, 1.0);
+        assert_eq!(t.resource[0], ("service.name".into(), "RateLimit".into()));
+        assert_eq!(t.resource[1].0, "service.instance.id");
+        assert_eq!(t.resource[1].1.len(), 36, "a random UUID");
+    }
+
+    #[test]
+    fn tracing_variables_win_over_otel_ones_which_fill_in() {
+        let t = settings(&[
+            "--tracing-enabled=true",
+            "--tracing-exporter-protocol=grpc",
+            "--otel-exporter-otlp-endpoint=127.0.0.1:4317",
+            "--otel-exporter-otlp-headers=Authorization=Basic%20eA==, x-tenant = acme",
+            "--otel-service-name=otel-name",
+            "--otel-resource-attributes=service.namespace=prod,deployment.environment=eu",
+            "--tracing-sampling-rate=0.25",
+        ])
+        .unwrap()
+        .telemetry
+        .tracing
+        .unwrap();
+        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Grpc);
+        assert_eq!(t.endpoint.url, "http://127.0.0.1:4317");
+        assert_eq!(
+            t.endpoint.headers,
+            vec![
+                ("authorization".to_string(), "Basic eA==".to_string()),
+                ("x-tenant".to_string(), "acme".to_string())
+            ]
+        );
+        assert_eq!(t.sampling_rate, 0.25);
+        let attr = |k: &str| {
+            t.resource
+                .iter()
+                .find(|(a, _)| a == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(attr("service.name"), Some("otel-name"));
+        assert_eq!(attr("service.namespace"), Some("prod"));
+        assert_eq!(attr("deployment.environment"), Some("eu"));
+
+        let t = settings(&[
+            "--otel-traces-exporter=otlp",
+            "--tracing-service-name=mine",
+            "--otel-service-name=otel-name",
+            "--otel-exporter-otlp-protocol=http/protobuf",
+            "--otel-exporter-otlp-endpoint=http://collector:4318/",
+            "--otel-traces-sampler=parentbased_traceidratio",
+            "--otel-traces-sampler-arg=0.5",
+            "--otel-metrics-exporter=otlp",
+            "--otel-metric-export-interval=1000",
+        ])
+        .unwrap()
+        .telemetry;
+        let (tracing, metrics) = (t.tracing.unwrap(), t.otlp_metrics.unwrap());
+        assert_eq!(tracing.endpoint.url, "http://collector:4318/v1/traces");
+        assert_eq!(tracing.sampling_rate, 0.5);
+        assert_eq!(tracing.resource[0].1, "mine");
+        assert_eq!(metrics.endpoint.url, "http://collector:4318/v1/metrics");
+        assert_eq!(metrics.interval, Duration::from_secs(1));
+
+        let t = settings(&["--otel-traces-exporter=otlp", "--otel-sdk-disabled"]).unwrap();
+        assert_eq!(t.telemetry.tracing, None);
+    }
+
+    #[test]
+    fn bad_tracing_settings_name_the_variable() {
+        for (args, expected) in [
+            (
+                &["--tracing-sampling-rate=1.5"][..],
+                "TRACING_SAMPLING_RATE=1.5",
+            ),
+            (
+                &["--tracing-exporter-protocol=udp"][..],
+                "TRACING_EXPORTER_PROTOCOL=udp",
+            ),
+            (
+                &["--otel-exporter-otlp-protocol=http/json"][..],
+                "not support it yet",
+            ),
+            (
+                &["--otel-exporter-otlp-headers=novalue"][..],
+                "OTEL_EXPORTER_OTLP_HEADERS=novalue",
+            ),
+            (
+                &["--otel-exporter-otlp-headers=a b=c"][..],
+                "OTEL_EXPORTER_OTLP_HEADERS=",
+            ),
+            (
+                &["--otel-resource-attributes==x"][..],
+                "OTEL_RESOURCE_ATTRIBUTES",
+            ),
+            (
+                &["--otel-traces-sampler=sometimes"][..],
+                "OTEL_TRACES_SAMPLER=sometimes",
+            ),
+            (
+                &["--otel-metrics-exporter=prometheus"][..],
+                "OTEL_METRICS_EXPORTER=prometheus",
+            ),
+            (
+                &["--otel-exporter-otlp-timeout=0"][..],
+                "OTEL_EXPORTER_OTLP_TIMEOUT=0",
+            ),
+            (
+                &[
+                    "--tracing-enabled",
+                    "--otel-exporter-otlp-endpoint=https://collector:4318",
+                ][..],
+                "OTEL_EXPORTER_OTLP_ENDPOINT=https://collector:4318: TLS to the OTLP collector",
+            ),
+            (
+                &[
+                    "--tracing-enabled",
+                    "--otel-exporter-otlp-traces-endpoint=ftp://x",
+                ][..],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=ftp://x",
+            ),
+        ] {
+            let err = error(args);
+            assert!(err.contains(expected), "{args:?}: {err}");
+        }
+        // Parse errors (before validation) name the variable too.
+        let err = parse(&["--tracing-sampling-rate=lots"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TRACING_SAMPLING_RATE"), "{err}");
+        // https is only refused when something would use it.
+        assert!(settings(&["--otel-exporter-otlp-endpoint=https://collector:4318"]).is_ok());
     }
 
     #[test]

@@ -60,6 +60,12 @@ impl<S: CounterStore> RateLimitServiceApi for GrpcRateLimit<S> {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        // gRPC metadata is the request's HTTP/2 headers.
+        let trace = super::trace_context(
+            self.service.tracer().enabled(),
+            crate::telemetry::otlp::Transport::Grpc,
+            request.metadata().as_ref(),
+        );
         let request = request.into_inner();
         let size = request.encoded_len();
         if size > self.max_request_bytes {
@@ -70,7 +76,7 @@ impl<S: CounterStore> RateLimitServiceApi for GrpcRateLimit<S> {
         }
         let request = request_from_proto(request)
             .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
-        match self.service.should_rate_limit(request).await {
+        match self.service.should_rate_limit_traced(request, &trace).await {
             Ok(response) => Ok(tonic::Response::new(response_to_proto(response))),
             Err(e) => Err(status_for(&e)),
         }

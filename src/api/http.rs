@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 
@@ -54,7 +54,16 @@ fn bad_request(reason: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
-async fn json<S: CounterStore>(State(st): State<Arc<HttpState<S>>>, body: Body) -> Response {
+async fn json<S: CounterStore>(
+    State(st): State<Arc<HttpState<S>>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let trace = super::trace_context(
+        st.service.tracer().enabled(),
+        crate::telemetry::otlp::Transport::Json,
+        &headers,
+    );
     let bytes = match axum::body::to_bytes(body, st.max_request_bytes).await {
         Ok(b) => b,
         Err(_) => {
@@ -72,7 +81,7 @@ async fn json<S: CounterStore>(State(st): State<Arc<HttpState<S>>>, body: Body) 
         Ok(r) => r,
         Err(e) => return bad_request(e),
     };
-    match st.service.should_rate_limit(request).await {
+    match st.service.should_rate_limit_traced(request, &trace).await {
         Ok(response) => {
             let status = match response.overall_code {
                 Code::Ok => StatusCode::OK,

@@ -7,6 +7,7 @@
 //! - [`nginx`]: the `auth_request` endpoint: headers in, 200/403 with `RateLimit-*` out.
 //! - [`debug`]: `/rlconfig`, `/metrics` and `/stats` on DEBUG_PORT.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
+//! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
 
 pub mod convert;
 pub mod debug;
@@ -15,3 +16,20 @@ pub mod health;
 pub mod http;
 pub mod json;
 pub mod nginx;
+
+/// The caller's trace context (`traceparent`, B3), read only when tracing is on, so a service
+/// without tracing does no header lookups.
+pub fn trace_context(
+    enabled: bool,
+    transport: crate::telemetry::otlp::Transport,
+    headers: &axum::http::HeaderMap,
+) -> crate::telemetry::otlp::RequestTrace {
+    let parent = if enabled {
+        crate::telemetry::otlp::propagation::extract(|name| {
+            headers.get(name).and_then(|v| v.to_str().ok())
+        })
+    } else {
+        None
+    };
+    crate::telemetry::otlp::RequestTrace { transport, parent }
+}

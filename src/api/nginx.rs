@@ -281,7 +281,12 @@ pub async fn check<S: CounterStore>(
     if request.descriptors.is_empty() {
         return StatusCode::OK.into_response();
     }
-    let response = match service.should_rate_limit(request).await {
+    let trace = super::trace_context(
+        service.tracer().enabled(),
+        crate::telemetry::otlp::Transport::Nginx,
+        headers,
+    );
+    let response = match service.should_rate_limit_traced(request, &trace).await {
         Ok(r) => r,
         // Requests beyond Sluice's caps are the config's mistake (400); anything else means
         // Sluice cannot decide (500), and nginx's config decides whether that fails open.

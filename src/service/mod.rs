@@ -17,8 +17,14 @@ use crate::descriptor::{Entry, Request};
 use crate::limiter::fixed_window::Decision;
 use crate::limiter::{Algorithm, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
+use crate::telemetry::otlp::proto::SpanKind;
+use crate::telemetry::otlp::trace::{ActiveSpan, Value};
+use crate::telemetry::otlp::{RequestTrace, Tracer, Transport};
 use crate::telemetry::stats::{ErrorKind, Outcome};
 use crate::telemetry::{LogLimiter, Stats};
+
+/// The server span of a traced call: envoyproxy/ratelimit's name for it.
+pub const SPAN_NAME: &str = "ShouldRateLimit Execution";
 
 /// A descriptor's or the request's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,6 +267,8 @@ pub struct RateLimitService<S> {
     clock: Arc<dyn Clock>,
     options: ServiceOptions,
     stats: Arc<Stats>,
+    /// TRACING_ENABLED: spans of calls and of their backend calls.
+    tracer: Arc<Tracer>,
     /// Backend failures can hit every request; they log at most once a second.
     backend_log: LogLimiter,
 }
@@ -278,6 +286,7 @@ impl<S: CounterStore> RateLimitService<S> {
             clock,
             options,
             stats: Arc::new(Stats::default()),
+            tracer: Arc::new(Tracer::disabled()),
             backend_log: LogLimiter::new(Duration::from_secs(1)),
         }
     }
@@ -286,6 +295,16 @@ impl<S: CounterStore> RateLimitService<S> {
     pub fn with_stats(mut self, stats: Arc<Stats>) -> Self {
         self.stats = stats;
         self
+    }
+
+    /// Records spans through `tracer` (tracing is off by default).
+    pub fn with_tracer(mut self, tracer: Arc<Tracer>) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
+    pub fn tracer(&self) -> &Arc<Tracer> {
+        &self.tracer
     }
 
     pub fn stats(&self) -> &Arc<Stats> {
@@ -332,24 +351,94 @@ impl<S: CounterStore> RateLimitService<S> {
         }
     }
 
-    /// `ShouldRateLimit`.
+    /// `ShouldRateLimit`, with no caller trace context.
     pub async fn should_rate_limit(&self, request: Request) -> Result<Response, ServiceError> {
-        if !self.stats.enabled() {
-            return self.decide(request).await;
+        self.should_rate_limit_traced(request, &RequestTrace::default())
+            .await
+    }
+
+    /// `ShouldRateLimit`, continuing the caller's trace when `trace` carries one.
+    pub async fn should_rate_limit_traced(
+        &self,
+        request: Request,
+        trace: &RequestTrace,
+    ) -> Result<Response, ServiceError> {
+        let span = self.tracer.start(trace);
+        if span.is_none() && !self.stats.enabled() {
+            return self.decide(&request, None).await;
         }
         let started = Instant::now();
-        let result = self.decide(request).await;
+        let result = self.decide(&request, span.as_ref()).await;
         let error = match &result {
             Ok(_) => None,
             Err(ServiceError::Store(_)) => Some(ErrorKind::Backend),
             Err(_) => Some(ErrorKind::Service),
         };
         self.stats.request_done(started.elapsed(), error);
+        if let Some(span) = span {
+            self.end_span(span, trace.transport, &request, &result, error);
+        }
         result
     }
 
-    async fn decide(&self, request: Request) -> Result<Response, ServiceError> {
-        self.check_caps(&request)?;
+    /// The call's SERVER span: what was asked and what was answered. Only sampled calls get
+    /// here, so the allocations are theirs alone.
+    fn end_span(
+        &self,
+        span: ActiveSpan,
+        transport: Transport,
+        request: &Request,
+        result: &Result<Response, ServiceError>,
+        error: Option<ErrorKind>,
+    ) {
+        let mut attributes = Vec::with_capacity(8);
+        attributes.push(match transport {
+            Transport::Grpc => ("rpc.system", Value::Static("grpc")),
+            Transport::Json => ("http.route", Value::Static("/json")),
+            Transport::Nginx => ("http.route", Value::Static("/nginx")),
+        });
+        attributes.push((
+            "rpc.service",
+            Value::Static("envoy.service.ratelimit.v3.RateLimitService"),
+        ));
+        attributes.push(("rpc.method", Value::Static("ShouldRateLimit")));
+        attributes.push(("domain", Value::Str(request.domain.clone())));
+        attributes.push((
+            "ratelimit.descriptors",
+            Value::Int(request.descriptors.len() as i64),
+        ));
+        attributes.push((
+            "ratelimit.hits_addend",
+            Value::Int(i64::from(request.hits_addend)),
+        ));
+        let message = match result {
+            Ok(r) => {
+                let code = match r.overall_code {
+                    Code::Ok => "OK",
+                    Code::OverLimit => "OVER_LIMIT",
+                };
+                attributes.push(("ratelimit.overall_code", Value::Static(code)));
+                None
+            }
+            Err(e) => {
+                let kind = match error {
+                    Some(ErrorKind::Backend) => "redis_error",
+                    _ => "service_error",
+                };
+                attributes.push(("error.type", Value::Static(kind)));
+                Some(e.to_string())
+            }
+        };
+        self.tracer
+            .record(span.end(SPAN_NAME, SpanKind::Server, attributes, message));
+    }
+
+    async fn decide(
+        &self,
+        request: &Request,
+        span: Option<&ActiveSpan>,
+    ) -> Result<Response, ServiceError> {
+        self.check_caps(request)?;
         let guard = self.config.guard();
         let config = guard.as_ref().ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
@@ -357,7 +446,7 @@ impl<S: CounterStore> RateLimitService<S> {
             self.stats.domain_not_found(&request.domain);
             let statuses = vec![Status::ok(); request.descriptors.len()];
             let quota = vec![false; statuses.len()];
-            let metadata = self.dynamic_metadata(&request, &[], &statuses);
+            let metadata = self.dynamic_metadata(request, &[], &statuses);
             return Ok(self.finish(statuses, &quota, metadata));
         };
 
@@ -471,13 +560,33 @@ impl<S: CounterStore> RateLimitService<S> {
             })
             .collect();
         let mut decisions = Vec::with_capacity(hits.len());
-        if !hits.is_empty()
-            && let Err(e) = self
+        if !hits.is_empty() {
+            // A traced call gets a CLIENT span around a backend that goes over the network.
+            let child = span.and_then(|s| self.store.trace_backend().map(|b| (b, s.child())));
+            let applied = self
                 .store
                 .apply(self.clock.now(), &hits, &mut decisions)
-                .await
-        {
-            return self.backend_failed(&request, e);
+                .await;
+            if let Some((backend, child)) = child {
+                let mut attributes = Vec::with_capacity(backend.attributes.len() + 1);
+                attributes.extend(
+                    backend
+                        .attributes
+                        .iter()
+                        .map(|(k, v)| (*k, Value::Static(v))),
+                );
+                attributes.push(("ratelimit.counters", Value::Int(hits.len() as i64)));
+                let error = applied.as_ref().err().map(ToString::to_string);
+                self.tracer.record(child.end(
+                    backend.span_name,
+                    SpanKind::Client,
+                    attributes,
+                    error,
+                ));
+            }
+            if let Err(e) = applied {
+                return self.backend_failed(request, e);
+            }
         }
         if decisions.len() != hits.len() {
             return Err(StoreError::BadReply {
@@ -532,7 +641,7 @@ impl<S: CounterStore> RateLimitService<S> {
                     let (status, chosen) = counted_status(limit, &mut decisions);
                     if let Some((quota, decision)) = chosen {
                         self.record_stats(
-                            domain, &request, descriptor, limit, *hits, quota, decision,
+                            domain, request, descriptor, limit, *hits, quota, decision,
                         );
                     }
                     (status, limit.quota_mode(self.options.quota_mode))
@@ -541,7 +650,7 @@ impl<S: CounterStore> RateLimitService<S> {
             statuses.push(status);
             quota.push(is_quota);
         }
-        let metadata = self.dynamic_metadata(&request, &plans, &statuses);
+        let metadata = self.dynamic_metadata(request, &plans, &statuses);
         Ok(self.finish(statuses, &quota, metadata))
     }
 

@@ -784,3 +784,105 @@ async fn a_backend_failure_is_an_error_unless_the_domain_fails_open() {
     };
     assert!(with(other_domain).should_rate_limit(r()).await.is_err());
 }
+
+/// A store that fails every call, and asks for a CLIENT span like Redis does.
+struct TracedFailingStore;
+
+impl CounterStore for TracedFailingStore {
+    fn trace_backend(&self) -> Option<crate::store::TraceBackend> {
+        Some(crate::store::TraceBackend {
+            span_name: "Redis Pipeline Execution",
+            attributes: &[("db.system", "redis")],
+        })
+    }
+
+    async fn apply<'a>(
+        &'a self,
+        _now: crate::clock::Timestamp,
+        _hits: &'a [Hit<'a>],
+        _out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Backend {
+            message: "connection refused".into(),
+        })
+    }
+
+    async fn refund<'a>(
+        &'a self,
+        _now: crate::clock::Timestamp,
+        _hits: &'a [Hit<'a>],
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_traced_backend_failure_gives_error_spans_parent_and_child() {
+    use crate::telemetry::otlp::SpanContext;
+    let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
+    let cfg = parse_files(&[("d.yaml".into(), yaml.into())], &LoadOptions::default()).unwrap();
+    let (tracer, mut rx) = Tracer::new(0.0, 16);
+    let service = RateLimitService::new(
+        ConfigHandle::new(Some(cfg)),
+        Arc::new(TracedFailingStore),
+        Arc::new(ManualClock::new(Timestamp::from_secs(1_000))),
+        ServiceOptions::default(),
+    )
+    .with_tracer(Arc::new(tracer));
+    let request = Request {
+        domain: "d".into(),
+        descriptors: vec![Descriptor {
+            entries: vec![Entry::new("k", "v")],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let trace = RequestTrace {
+        transport: Transport::Grpc,
+        parent: Some(SpanContext {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            sampled: true,
+            trace_state: String::new(),
+        }),
+    };
+    assert!(
+        service
+            .should_rate_limit_traced(request, &trace)
+            .await
+            .is_err()
+    );
+    let child = rx.try_recv().expect("the backend span ends first");
+    let server = rx.try_recv().expect("then the call's span");
+    assert_eq!(child.name, "Redis Pipeline Execution");
+    assert_eq!(child.kind, SpanKind::Client);
+    assert_eq!(child.parent_span_id, server.span_id);
+    assert_eq!(child.trace_id, [1; 16]);
+    assert!(
+        child
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("connection refused")
+    );
+    assert!(
+        child
+            .attributes
+            .contains(&("db.system", Value::Static("redis")))
+    );
+    assert!(
+        child
+            .attributes
+            .contains(&("ratelimit.counters", Value::Int(1)))
+    );
+    assert_eq!(server.name, SPAN_NAME);
+    assert_eq!(server.parent_span_id, [2; 8]);
+    assert!(server.remote_parent);
+    assert!(server.error.is_some());
+    assert!(
+        server
+            .attributes
+            .contains(&("error.type", Value::Static("redis_error")))
+    );
+    assert!(rx.try_recv().is_err());
+}

@@ -65,8 +65,21 @@ impl StoreError {
     }
 }
 
+/// How a traced call's backend span is named and described.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceBackend {
+    pub span_name: &'static str,
+    pub attributes: &'static [(&'static str, &'static str)],
+}
+
 /// A backend that keeps counters.
 pub trait CounterStore: Send + Sync + 'static {
+    /// The CLIENT span recorded around [`CounterStore::apply`] in a traced call; `None` (the
+    /// default) for a store whose calls cost too little to be worth a span, such as memory.
+    fn trace_backend(&self) -> Option<TraceBackend> {
+        None
+    }
+
     /// Charges every hit at `now` and pushes one decision per hit, in order, onto `out`.
     ///
     /// Either every hit is applied or (on error) none is, so a failed request never leaves
@@ -116,6 +129,25 @@ impl AnyStore {
 }
 
 impl CounterStore for AnyStore {
+    fn trace_backend(&self) -> Option<TraceBackend> {
+        match self {
+            AnyStore::Memory(_) => None,
+            // envoyproxy/ratelimit's name for its Redis span.
+            AnyStore::Redis(_) => Some(TraceBackend {
+                span_name: "Redis Pipeline Execution",
+                attributes: &[("db.system", "redis"), ("sluice.backend", "redis")],
+            }),
+            AnyStore::Cluster(_) => Some(TraceBackend {
+                span_name: "Peer Cluster Apply",
+                attributes: &[
+                    ("rpc.system", "grpc"),
+                    ("rpc.service", "sluice.peer.v1.Peer"),
+                    ("sluice.backend", "cluster"),
+                ],
+            }),
+        }
+    }
+
     async fn apply<'a>(
         &'a self,
         now: Timestamp,

@@ -4,10 +4,13 @@
 //!   counters, the decision-latency histogram) with a hard cap on distinct keys.
 //! - [`prometheus`]: the text exposition served at `/metrics`.
 //! - [`statsd`]: counter increases pushed to a statsd server (USE_STATSD).
+//! - [`otlp`]: OpenTelemetry: spans of `ShouldRateLimit` and its backend calls (TRACING_ENABLED)
+//!   and the metrics above (OTEL_METRICS_EXPORTER=otlp), exported over OTLP.
 //! - Logs: `tracing` to stderr, configured by LOG_LEVEL and LOG_FORMAT. Nothing on the request
 //!   path logs at the default level (WARN) per request; failures that can repeat per request go
 //!   through a [`LogLimiter`].
 
+pub mod otlp;
 pub mod prometheus;
 pub mod stats;
 pub mod statsd;
@@ -28,6 +31,10 @@ pub struct TelemetryOptions {
     pub prometheus_path: String,
     /// USE_STATSD: where to push counters, and how often (STATS_FLUSH_INTERVAL).
     pub statsd: Option<(std::net::SocketAddr, Duration)>,
+    /// TRACING_ENABLED: spans exported over OTLP.
+    pub tracing: Option<otlp::TracingOptions>,
+    /// OTEL_METRICS_EXPORTER=otlp: metrics pushed over OTLP.
+    pub otlp_metrics: Option<otlp::MetricsExportOptions>,
 }
 
 impl Default for TelemetryOptions {
@@ -36,6 +43,8 @@ impl Default for TelemetryOptions {
             stats: StatsOptions::default(),
             prometheus_path: "/metrics".to_owned(),
             statsd: None,
+            tracing: None,
+            otlp_metrics: None,
         }
     }
 }

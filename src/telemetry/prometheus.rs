@@ -56,9 +56,9 @@ pub struct MemoryGauges {
 }
 
 /// The labels a per-limit stats key maps to: domain, then up to two levels.
-type LabelSet = (String, Option<String>, Option<String>);
+pub(crate) type LabelSet = (String, Option<String>, Option<String>);
 
-fn label_set(name: &str) -> LabelSet {
+pub(crate) fn label_set(name: &str) -> LabelSet {
     let mut parts = name.split('.');
     let domain = parts.next().unwrap_or_default().to_owned();
     let key1 = parts.next().map(str::to_owned);

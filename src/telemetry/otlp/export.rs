@@ -1,0 +1,569 @@
+//! Sending to an OpenTelemetry collector: one client for both OTLP transports, the span
+//! batcher that drains the [`super::Tracer`]'s queue, and the periodic metrics export.
+//!
+//! Exports never touch the request path. A failed export (collector down, refused, too slow)
+//! loses its batch, is counted, and logs at warn at most once a minute; the next batch is tried
+//! as usual. TLS (`https` endpoints) is not supported: settings refuse it at start-up.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use prost::Message;
+use tokio::sync::mpsc;
+use tonic_prost::ProstCodec;
+
+use super::proto::{self, KeyValue};
+use super::trace::{SpanCounters, SpanRecord, Value};
+use super::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
+use crate::telemetry::LogLimiter;
+use crate::telemetry::prometheus::{Extra, label_set};
+use crate::telemetry::stats::{LATENCY_BUCKETS, LimitCounters, Stats};
+
+/// The largest collector answer read (its body is only checked for a status).
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// A connection to one collector endpoint, over OTLP/gRPC or OTLP/HTTP.
+pub struct OtlpClient {
+    endpoint: Endpoint,
+    transport: Transport,
+}
+
+enum Transport {
+    Grpc(tonic::client::Grpc<tonic::transport::Channel>),
+    Http {
+        /// Boxed: one client per exporter, and it is by far the larger variant.
+        client: Box<Client<HttpConnector, Full<Bytes>>>,
+        uri: hyper::Uri,
+    },
+}
+
+impl OtlpClient {
+    /// Must be called inside a tokio runtime. Connects lazily: a collector that is down is
+    /// only noticed by the first export.
+    pub fn new(endpoint: &Endpoint) -> Result<Self, String> {
+        let transport = match endpoint.protocol {
+            Protocol::Grpc => {
+                let channel = tonic::transport::Endpoint::from_shared(endpoint.url.clone())
+                    .map_err(|e| format!("{}: {e}", endpoint.url))?
+                    .connect_timeout(endpoint.timeout)
+                    .connect_lazy();
+                Transport::Grpc(tonic::client::Grpc::new(channel))
+            }
+            Protocol::Http => {
+                let uri: hyper::Uri = endpoint
+                    .url
+                    .parse()
+                    .map_err(|e| format!("{}: {e}", endpoint.url))?;
+                let mut connector = HttpConnector::new();
+                connector.set_connect_timeout(Some(endpoint.timeout));
+                connector.set_nodelay(true);
+                let client = Box::new(Client::builder(TokioExecutor::new()).build(connector));
+                Transport::Http { client, uri }
+            }
+        };
+        Ok(OtlpClient {
+            endpoint: endpoint.clone(),
+            transport,
+        })
+    }
+
+    /// Sends one Export request; `grpc_path` is the collector service's method. Bounded by
+    /// the endpoint's timeout.
+    pub async fn export<Req, Resp>(
+        &mut self,
+        grpc_path: &'static str,
+        msg: Req,
+    ) -> Result<(), String>
+    where
+        Req: Message + Send + Sync + 'static,
+        Resp: Message + Default + Send + 'static,
+    {
+        let timeout = self.endpoint.timeout;
+        let headers = &self.endpoint.headers;
+        let call = async {
+            match &mut self.transport {
+                Transport::Grpc(grpc) => {
+                    grpc.ready()
+                        .await
+                        .map_err(|e| format!("collector not ready: {e}"))?;
+                    let mut request = tonic::Request::new(msg);
+                    for (k, v) in headers {
+                        if let (Ok(k), Ok(v)) = (
+                            tonic::metadata::MetadataKey::from_bytes(k.as_bytes()),
+                            tonic::metadata::MetadataValue::try_from(v.as_str()),
+                        ) {
+                            request.metadata_mut().insert(k, v);
+                        }
+                    }
+                    grpc.unary(
+                        request,
+                        hyper::http::uri::PathAndQuery::from_static(grpc_path),
+                        ProstCodec::<Req, Resp>::default(),
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| format!("collector answered {:?}: {}", s.code(), s.message()))
+                }
+                Transport::Http { client, uri } => {
+                    let mut request = hyper::Request::post(uri.clone())
+                        .header(hyper::header::CONTENT_TYPE, "application/x-protobuf");
+                    for (k, v) in headers {
+                        request = request.header(k.as_str(), v.as_str());
+                    }
+                    let request = request
+                        .body(Full::new(Bytes::from(msg.encode_to_vec())))
+                        .map_err(|e| format!("cannot build the request: {e}"))?;
+                    let response = client
+                        .request(request)
+                        .await
+                        .map_err(|e| format!("cannot reach the collector: {e}"))?;
+                    let status = response.status();
+                    // Read (a bounded amount of) the answer so the connection can be reused.
+                    let body =
+                        http_body_util::Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                    if status.is_success() {
+                        Ok(())
+                    } else {
+                        let text =
+                            String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+                        Err(format!("collector answered HTTP {status}: {text}"))
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("collector did not answer within {timeout:?}")),
+        }
+    }
+}
+
+fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn attribute(key: &'static str, value: Value) -> KeyValue {
+    match value {
+        Value::Str(s) => KeyValue::string(key, s),
+        Value::Static(s) => KeyValue::string(key, s),
+        Value::Int(i) => KeyValue::int(key, i),
+        Value::Bool(b) => KeyValue::bool(key, b),
+    }
+}
+
+/// A span record as OTLP has it. Every exported span is sampled (flag 01).
+pub fn span_to_proto(r: SpanRecord) -> proto::Span {
+    let remote = if r.remote_parent {
+        proto::SPAN_FLAGS_CONTEXT_IS_REMOTE
+    } else {
+        0
+    };
+    proto::Span {
+        trace_id: r.trace_id.to_vec(),
+        span_id: r.span_id.to_vec(),
+        trace_state: r.trace_state,
+        parent_span_id: if r.parent_span_id == [0; 8] {
+            Vec::new()
+        } else {
+            r.parent_span_id.to_vec()
+        },
+        flags: 1 | proto::SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE | remote,
+        name: r.name.to_owned(),
+        kind: r.kind as i32,
+        start_time_unix_nano: r.start_unix_nanos,
+        end_time_unix_nano: r.end_unix_nanos,
+        attributes: r
+            .attributes
+            .into_iter()
+            .map(|(k, v)| attribute(k, v))
+            .collect(),
+        dropped_attributes_count: 0,
+        status: r.error.map(|message| proto::Status {
+            message,
+            code: proto::STATUS_CODE_ERROR,
+        }),
+    }
+}
+
+/// One Export request for a batch of spans.
+pub fn traces_request(
+    resource: &proto::Resource,
+    spans: impl Iterator<Item = SpanRecord>,
+) -> proto::ExportTraceServiceRequest {
+    proto::ExportTraceServiceRequest {
+        resource_spans: vec![proto::ResourceSpans {
+            resource: Some(resource.clone()),
+            scope_spans: vec![proto::ScopeSpans {
+                scope: Some(super::scope()),
+                spans: spans.map(span_to_proto).collect(),
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+/// Drains the tracer's queue into batches of up to OTEL_BSP_MAX_EXPORT_BATCH_SIZE, sent when
+/// full or OTEL_BSP_SCHEDULE_DELAY after their first span. When `stop` completes, what is
+/// queued is sent once more and the task ends.
+pub async fn run_span_exporter(
+    options: TracingOptions,
+    mut rx: mpsc::Receiver<SpanRecord>,
+    counters: Arc<SpanCounters>,
+    stop: impl Future<Output = ()>,
+) {
+    let mut client = match OtlpClient::new(&options.endpoint) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "tracing disabled: bad OTLP endpoint");
+            return;
+        }
+    };
+    let resource = super::resource(&options.resource);
+    let failures = LogLimiter::new(Duration::from_secs(60));
+    let max_batch = options.max_batch_size.max(1);
+    let mut batch: Vec<SpanRecord> = Vec::with_capacity(max_batch);
+    tokio::pin!(stop);
+    let mut stopping = false;
+    while !stopping {
+        tokio::select! {
+            span = rx.recv() => match span {
+                Some(s) => batch.push(s),
+                None => stopping = true,
+            },
+            _ = &mut stop => stopping = true,
+        }
+        let deadline = tokio::time::Instant::now() + options.schedule_delay;
+        while !stopping && batch.len() < max_batch {
+            tokio::select! {
+                span = tokio::time::timeout_at(deadline, rx.recv()) => match span {
+                    Ok(Some(s)) => batch.push(s),
+                    Ok(None) => stopping = true,
+                    Err(_) => break,
+                },
+                _ = &mut stop => stopping = true,
+            }
+        }
+        if stopping {
+            while let Ok(s) = rx.try_recv() {
+                batch.push(s);
+            }
+        }
+        while !batch.is_empty() {
+            let n = batch.len().min(max_batch);
+            let request = traces_request(&resource, batch.drain(..n));
+            let sent = client
+                .export::<_, proto::ExportTraceServiceResponse>(proto::TRACE_EXPORT_PATH, request)
+                .await;
+            record_export(
+                &sent,
+                n as u64,
+                &counters.exported,
+                &counters.export_failures,
+            );
+            if let Err(e) = sent
+                && let Some(suppressed) = failures.check()
+            {
+                tracing::warn!(
+                    endpoint = %options.endpoint.url,
+                    error = %e,
+                    spans = n,
+                    suppressed,
+                    "could not export spans (at most one line a minute)"
+                );
+            }
+        }
+    }
+}
+
+fn record_export(sent: &Result<(), String>, n: u64, ok: &AtomicU64, failed: &AtomicU64) {
+    match sent {
+        Ok(()) => ok.fetch_add(n, Ordering::Relaxed),
+        Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+    };
+}
+
+fn sum(name: &str, description: &str, points: Vec<NumberPoint>, span: (u64, u64)) -> proto::Metric {
+    proto::Metric {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        unit: String::new(),
+        data: Some(proto::metric::Data::Sum(proto::Sum {
+            data_points: points
+                .into_iter()
+                .map(|(attributes, v)| proto::NumberDataPoint {
+                    attributes,
+                    start_time_unix_nano: span.0,
+                    time_unix_nano: span.1,
+                    flags: 0,
+                    value: Some(proto::number_data_point::Value::AsInt(
+                        i64::try_from(v).unwrap_or(i64::MAX),
+                    )),
+                })
+                .collect(),
+            aggregation_temporality: proto::TEMPORALITY_CUMULATIVE,
+            is_monotonic: true,
+        })),
+    }
+}
+
+type NumberPoint = (Vec<KeyValue>, u64);
+
+/// The metrics of the Prometheus exposition (the Go service's names; see
+/// [`crate::telemetry::prometheus`]) as cumulative OTLP sums and one explicit-bucket
+/// histogram, read from the same counters. `start` is when the counters started (nanoseconds
+/// since the epoch).
+pub fn metrics_request(
+    resource: &proto::Resource,
+    stats: &Stats,
+    extra: &Extra,
+    spans: Option<&SpanCounters>,
+    start: u64,
+) -> proto::ExportMetricsServiceRequest {
+    let now = unix_nanos();
+    let t = (start, now);
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let mut metrics = Vec::new();
+
+    let mut series: std::collections::BTreeMap<_, [u64; 6]> = Default::default();
+    for entry in stats.entries() {
+        let sums = series.entry(label_set(&entry.name)).or_default();
+        for (s, v) in sums.iter_mut().zip(entry.counters.values()) {
+            *s += v;
+        }
+    }
+    for (i, stat) in LimitCounters::NAMES.iter().enumerate() {
+        let points = series
+            .iter()
+            .map(|((domain, key1, key2), values)| {
+                let mut attrs = vec![KeyValue::string("domain", domain.as_str())];
+                if let Some(k) = key1 {
+                    attrs.push(KeyValue::string("key1", k.as_str()));
+                }
+                if let Some(k) = key2 {
+                    attrs.push(KeyValue::string("key2", k.as_str()));
+                }
+                (attrs, values[i])
+            })
+            .collect();
+        metrics.push(sum(
+            &format!("ratelimit_service_rate_limit_{stat}"),
+            "Per-limit hits, with envoyproxy/ratelimit's arithmetic.",
+            points,
+            t,
+        ));
+    }
+    let mut not_found = stats.domains_not_found();
+    not_found.sort();
+    metrics.push(sum(
+        "ratelimit_service_rate_limit_domain_not_found",
+        "Requests for a domain no config declares.",
+        not_found
+            .into_iter()
+            .map(|(d, n)| (vec![KeyValue::string("domain", d)], n))
+            .collect(),
+        t,
+    ));
+    let svc = &stats.service;
+    metrics.push(sum(
+        "ratelimit_service_should_rate_limit_error",
+        "ShouldRateLimit calls that failed.",
+        vec![
+            (
+                vec![KeyValue::string("err_type", "redis_error")],
+                load(&svc.redis_error),
+            ),
+            (
+                vec![KeyValue::string("err_type", "service_error")],
+                load(&svc.service_error),
+            ),
+        ],
+        t,
+    ));
+    let method = || vec![KeyValue::string("grpc_method", "ShouldRateLimit")];
+    metrics.push(sum(
+        "ratelimit_service_total_requests",
+        "ShouldRateLimit calls.",
+        vec![(method(), load(&svc.total_requests))],
+        t,
+    ));
+    for (name, description, value) in [
+        (
+            "ratelimit_service_config_load_success",
+            "Config loads and reloads that succeeded.",
+            extra.config_load_success,
+        ),
+        (
+            "ratelimit_service_config_load_error",
+            "Config loads and reloads that failed.",
+            extra.config_load_error,
+        ),
+        (
+            "ratelimit_service_global_shadow_mode",
+            "OVER_LIMIT answers turned OK by SHADOW_MODE.",
+            load(&svc.global_shadow_mode),
+        ),
+        (
+            "sluice_stats_folded",
+            "Records folded into the _overflow_ series.",
+            load(&svc.folded),
+        ),
+    ] {
+        metrics.push(sum(name, description, vec![(Vec::new(), value)], t));
+    }
+    if let Some(s) = spans {
+        for (name, value) in [
+            ("sluice_tracing_spans_queued", load(&s.queued)),
+            ("sluice_tracing_spans_dropped", load(&s.dropped)),
+            ("sluice_tracing_spans_exported", load(&s.exported)),
+            ("sluice_tracing_export_failures", load(&s.export_failures)),
+        ] {
+            metrics.push(sum(name, "", vec![(Vec::new(), value)], t));
+        }
+    }
+
+    // OTLP bucket counts are per bucket (not cumulative), one more than the bounds.
+    let h = stats.response_time.snapshot();
+    let mut bucket_counts = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+    let mut previous = 0;
+    for (_, cumulative) in &h.buckets {
+        bucket_counts.push(cumulative - previous);
+        previous = *cumulative;
+    }
+    bucket_counts.push(h.count - previous);
+    metrics.push(proto::Metric {
+        name: "ratelimit_service_response_time_seconds".to_owned(),
+        description: "Time to decide a ShouldRateLimit call.".to_owned(),
+        unit: "s".to_owned(),
+        data: Some(proto::metric::Data::Histogram(proto::Histogram {
+            data_points: vec![proto::HistogramDataPoint {
+                attributes: method(),
+                start_time_unix_nano: start,
+                time_unix_nano: now,
+                count: h.count,
+                sum: Some(h.sum_secs),
+                bucket_counts,
+                explicit_bounds: LATENCY_BUCKETS.to_vec(),
+                flags: 0,
+            }],
+            aggregation_temporality: proto::TEMPORALITY_CUMULATIVE,
+        })),
+    });
+
+    proto::ExportMetricsServiceRequest {
+        resource_metrics: vec![proto::ResourceMetrics {
+            resource: Some(resource.clone()),
+            scope_metrics: vec![proto::ScopeMetrics {
+                scope: Some(super::scope()),
+                metrics,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
+    }
+}
+
+/// Every OTEL_METRIC_EXPORT_INTERVAL, exports the metrics; once more when `stop` completes.
+pub async fn run_metrics_exporter(
+    options: MetricsExportOptions,
+    stats: Arc<Stats>,
+    extra: impl Fn() -> Extra,
+    spans: Option<Arc<SpanCounters>>,
+    stop: impl Future<Output = ()>,
+) {
+    let mut client = match OtlpClient::new(&options.endpoint) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "OTLP metrics disabled: bad endpoint");
+            return;
+        }
+    };
+    let start = unix_nanos();
+    let resource = super::resource(&options.resource);
+    let failures = LogLimiter::new(Duration::from_secs(60));
+    let mut ticker = tokio::time::interval(options.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate; the first export comes one interval in.
+    ticker.tick().await;
+    tokio::pin!(stop);
+    loop {
+        let last = tokio::select! {
+            _ = ticker.tick() => false,
+            _ = &mut stop => true,
+        };
+        let request = metrics_request(&resource, &stats, &extra(), spans.as_deref(), start);
+        let sent = client
+            .export::<_, proto::ExportMetricsServiceResponse>(proto::METRICS_EXPORT_PATH, request)
+            .await;
+        if let Err(e) = sent
+            && let Some(suppressed) = failures.check()
+        {
+            tracing::warn!(
+                endpoint = %options.endpoint.url,
+                error = %e,
+                suppressed,
+                "could not export metrics (at most one line a minute)"
+            );
+        }
+        if last {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::stats::ErrorKind;
+
+    #[test]
+    fn histogram_buckets_are_per_bucket_and_counters_cumulative() {
+        let stats = Stats::default();
+        stats.request_done(Duration::from_micros(10), None);
+        stats.request_done(Duration::from_micros(70), None);
+        stats.request_done(Duration::from_secs(5), Some(ErrorKind::Backend));
+        let r = metrics_request(
+            &proto::Resource::default(),
+            &stats,
+            &Extra::default(),
+            None,
+            1,
+        );
+        let metrics = &r.resource_metrics[0].scope_metrics[0].metrics;
+        let find = |n: &str| metrics.iter().find(|m| m.name == n).unwrap();
+        let Some(proto::metric::Data::Histogram(h)) =
+            &find("ratelimit_service_response_time_seconds").data
+        else {
+            panic!("histogram")
+        };
+        let p = &h.data_points[0];
+        assert_eq!(p.count, 3);
+        assert_eq!(p.bucket_counts.len(), p.explicit_bounds.len() + 1);
+        assert_eq!(p.bucket_counts.iter().sum::<u64>(), 3);
+        assert_eq!(p.bucket_counts[0], 1);
+        assert_eq!(*p.bucket_counts.last().unwrap(), 1);
+        let Some(proto::metric::Data::Sum(s)) = &find("ratelimit_service_total_requests").data
+        else {
+            panic!("sum")
+        };
+        assert_eq!(s.aggregation_temporality, proto::TEMPORALITY_CUMULATIVE);
+        assert!(s.is_monotonic);
+        assert_eq!(
+            s.data_points[0].value,
+            Some(proto::number_data_point::Value::AsInt(3))
+        );
+    }
+}

@@ -1,0 +1,129 @@
+//! OpenTelemetry over OTLP, written for Sluice instead of taken from the `opentelemetry` SDK
+//! (whose trace feature would add a second `rand` to the lock file, and whose `tracing` layer
+//! costs more per request than a rate-limit decision):
+//!
+//! - [`proto`]: the OTLP messages, as prost derives.
+//! - [`propagation`]: the caller's context from `traceparent` / `tracestate` and B3 headers.
+//! - [`trace`]: the [`Tracer`]: parent-based sampling, span records pushed into a bounded
+//!   queue (dropped and counted when full; the request path never waits).
+//! - [`export`]: the OTLP/gRPC and OTLP/HTTP (protobuf) clients, the span batcher, and the
+//!   periodic metrics export built from [`super::Stats`].
+//!
+//! Settings come from the Go service's TRACING_* variables and the standard OTEL_* ones, see
+//! [`crate::settings`]; plain-text endpoints only (an `https` endpoint is refused at start-up).
+
+pub mod export;
+pub mod propagation;
+pub mod proto;
+pub mod trace;
+
+use std::time::Duration;
+
+pub use propagation::{RequestTrace, SpanContext, Transport};
+pub use trace::{SpanCounters, Tracer};
+
+/// How an OTLP exporter talks to its collector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/HTTP with protobuf bodies (`http/protobuf`).
+    Http,
+    /// OTLP/gRPC.
+    Grpc,
+}
+
+impl Protocol {
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Http => "http",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// One exporter's destination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub protocol: Protocol,
+    /// `http://host:port/v1/traces` (HTTP: the full URL) or `http://host:port` (gRPC).
+    pub url: String,
+    /// OTEL_EXPORTER_OTLP_HEADERS and the signal's own; names lower case.
+    pub headers: Vec<(String, String)>,
+    /// OTEL_EXPORTER_OTLP_TIMEOUT: each export's deadline.
+    pub timeout: Duration,
+}
+
+/// Validated tracing settings (TRACING_ENABLED and friends).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TracingOptions {
+    pub endpoint: Endpoint,
+    /// TRACING_SAMPLING_RATE: the share of root spans (no sampled-or-not parent) sampled.
+    pub sampling_rate: f64,
+    /// service.name, service.namespace, service.instance.id and OTEL_RESOURCE_ATTRIBUTES.
+    pub resource: Vec<(String, String)>,
+    /// OTEL_BSP_MAX_QUEUE_SIZE: finished spans waiting for export; more are dropped.
+    pub max_queue_size: usize,
+    /// OTEL_BSP_MAX_EXPORT_BATCH_SIZE.
+    pub max_batch_size: usize,
+    /// OTEL_BSP_SCHEDULE_DELAY: the longest a span waits for its batch to fill.
+    pub schedule_delay: Duration,
+}
+
+/// Validated OTLP metrics settings (OTEL_METRICS_EXPORTER=otlp).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsExportOptions {
+    pub endpoint: Endpoint,
+    /// OTEL_METRIC_EXPORT_INTERVAL.
+    pub interval: Duration,
+    pub resource: Vec<(String, String)>,
+}
+
+/// The instrumentation scope of everything Sluice exports.
+pub const SCOPE_NAME: &str = "sluice";
+
+fn resource(attrs: &[(String, String)]) -> proto::Resource {
+    proto::Resource {
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| proto::KeyValue::string(k.as_str(), v.as_str()))
+            .collect(),
+        dropped_attributes_count: 0,
+    }
+}
+
+fn scope() -> proto::InstrumentationScope {
+    proto::InstrumentationScope {
+        name: SCOPE_NAME.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}
+
+/// A random version-4 UUID, for TRACING_SERVICE_INSTANCE_ID when it is empty (as in Go).
+pub fn random_uuid() -> String {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&trace::random_u64().to_be_bytes());
+    b[8..].copy_from_slice(&trace::random_u64().to_be_bytes());
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = propagation::hex(&b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuids_are_version_4_and_differ() {
+        let a = super::random_uuid();
+        let b = super::random_uuid();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert!(matches!(&a[19..20], "8" | "9" | "a" | "b"), "{a}");
+    }
+}

@@ -1,0 +1,569 @@
+//! OpenTelemetry end to end: Sluice on port 0 exports to a collector inside the test (a tonic
+//! server implementing the OTLP trace and metrics Export methods, or an axum server for
+//! OTLP/HTTP), decoded with Sluice's own OTLP types. Loopback only; every wait is bounded.
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use common::{default_options, start_with};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as PbEntry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use prost::Message;
+use sluice::app::AppOptions;
+use sluice::config::{ConfigHandle, LoadOptions, parse_files};
+use sluice::telemetry::otlp::proto::{
+    self, ExportMetricsServiceRequest, ExportMetricsServiceResponse, ExportTraceServiceRequest,
+    ExportTraceServiceResponse, any_value, metric, number_data_point,
+};
+use sluice::telemetry::otlp::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+use tonic_prost::ProstCodec;
+
+const CONFIG: &str = r#"
+domain: test
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_ID: &str = "00f067aa0ba902b7";
+
+fn config() -> ConfigHandle {
+    let cfg = parse_files(
+        &[("test.yaml".to_string(), CONFIG.to_string())],
+        &LoadOptions::default(),
+    )
+    .expect("config loads");
+    ConfigHandle::new(Some(cfg))
+}
+
+/// What a collector received.
+#[derive(Clone, Default)]
+struct Received {
+    traces: Arc<Mutex<Vec<ExportTraceServiceRequest>>>,
+    metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
+    /// `x-tenant` header values, one per export.
+    tenants: Arc<Mutex<Vec<String>>>,
+}
+
+impl Received {
+    fn spans(&self) -> Vec<proto::Span> {
+        self.traces
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|r| &r.resource_spans)
+            .flat_map(|rs| &rs.scope_spans)
+            .flat_map(|ss| ss.spans.clone())
+            .collect()
+    }
+
+    fn resource(&self) -> Vec<proto::KeyValue> {
+        self.traces.lock().unwrap()[0].resource_spans[0]
+            .resource
+            .clone()
+            .unwrap()
+            .attributes
+    }
+
+    async fn wait_for_spans(&self, n: usize) -> Vec<proto::Span> {
+        let start = Instant::now();
+        loop {
+            let spans = self.spans();
+            if spans.len() >= n {
+                return spans;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "collector got {} spans, expected {n}",
+                spans.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn string_attr(attrs: &[proto::KeyValue], key: &str) -> Option<String> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::StringValue(s) => Some(s.clone()),
+            _ => None,
+        }
+    })
+}
+
+fn int_attr(attrs: &[proto::KeyValue], key: &str) -> Option<i64> {
+    attrs.iter().find(|kv| kv.key == key).and_then(|kv| {
+        match kv.value.as_ref()?.value.as_ref()? {
+            any_value::Value::IntValue(i) => Some(*i),
+            _ => None,
+        }
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The OTLP/gRPC collector: one tonic service per collector service name.
+#[derive(Clone)]
+struct TraceCollector(Received);
+#[derive(Clone)]
+struct MetricsCollector(Received);
+
+impl NamedService for TraceCollector {
+    const NAME: &'static str = "opentelemetry.proto.collector.trace.v1.TraceService";
+}
+impl NamedService for MetricsCollector {
+    const NAME: &'static str = "opentelemetry.proto.collector.metrics.v1.MetricsService";
+}
+
+macro_rules! collector_service {
+    ($ty:ident, $req:ty, $resp:ty, $field:ident, $path:expr) => {
+        impl<B> Service<http::Request<B>> for $ty
+        where
+            B: tonic::codegen::Body + Send + 'static,
+            B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+        {
+            type Response = http::Response<Body>;
+            type Error = Infallible;
+            type Future = BoxFuture<Self::Response, Self::Error>;
+
+            fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, req: http::Request<B>) -> Self::Future {
+                let received = self.0.clone();
+                if req.uri().path() != $path {
+                    return Box::pin(async { Ok(tonic::Status::unimplemented("no").into_http()) });
+                }
+                if let Some(t) = req.headers().get("x-tenant") {
+                    received
+                        .tenants
+                        .lock()
+                        .unwrap()
+                        .push(t.to_str().unwrap().to_owned());
+                }
+                struct Export(Received);
+                impl tonic::server::UnaryService<$req> for Export {
+                    type Response = $resp;
+                    type Future = BoxFuture<tonic::Response<$resp>, tonic::Status>;
+                    fn call(&mut self, request: tonic::Request<$req>) -> Self::Future {
+                        self.0.$field.lock().unwrap().push(request.into_inner());
+                        Box::pin(async { Ok(tonic::Response::new(<$resp>::default())) })
+                    }
+                }
+                Box::pin(async move {
+                    let mut grpc = tonic::server::Grpc::new(ProstCodec::<$resp, $req>::default());
+                    Ok(grpc.unary(Export(received), req).await)
+                })
+            }
+        }
+    };
+}
+
+collector_service!(
+    TraceCollector,
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+    traces,
+    proto::TRACE_EXPORT_PATH
+);
+collector_service!(
+    MetricsCollector,
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+    metrics,
+    proto::METRICS_EXPORT_PATH
+);
+
+async fn grpc_collector() -> (SocketAddr, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Received::default();
+    let server = tonic::transport::Server::builder()
+        .add_service(TraceCollector(received.clone()))
+        .add_service(MetricsCollector(received.clone()))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(server);
+    (addr, received)
+}
+
+/// The OTLP/HTTP collector: POST /v1/traces and /v1/metrics with protobuf bodies.
+async fn http_collector() -> (SocketAddr, Received) {
+    use axum::extract::State;
+    use axum::http::HeaderMap;
+    use axum::routing::post;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Received::default();
+    let tenant = |r: &Received, h: &HeaderMap| {
+        assert_eq!(
+            h.get("content-type").unwrap(),
+            "application/x-protobuf",
+            "OTLP/HTTP protobuf"
+        );
+        if let Some(t) = h.get("x-tenant") {
+            r.tenants
+                .lock()
+                .unwrap()
+                .push(t.to_str().unwrap().to_owned());
+        }
+    };
+    let router = axum::Router::new()
+        .route(
+            "/v1/traces",
+            post(
+                move |State(r): State<Received>, h: HeaderMap, body: axum::body::Bytes| async move {
+                    tenant(&r, &h);
+                    let req = ExportTraceServiceRequest::decode(body).unwrap();
+                    r.traces.lock().unwrap().push(req);
+                    ExportTraceServiceResponse::default().encode_to_vec()
+                },
+            ),
+        )
+        .route(
+            "/v1/metrics",
+            post(
+                move |State(r): State<Received>, h: HeaderMap, body: axum::body::Bytes| async move {
+                    tenant(&r, &h);
+                    let req = ExportMetricsServiceRequest::decode(body).unwrap();
+                    r.metrics.lock().unwrap().push(req);
+                    ExportMetricsServiceResponse::default().encode_to_vec()
+                },
+            ),
+        )
+        .with_state(received.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (addr, received)
+}
+
+fn endpoint(protocol: Protocol, url: String) -> Endpoint {
+    Endpoint {
+        protocol,
+        url,
+        headers: vec![("x-tenant".into(), "acme".into())],
+        timeout: Duration::from_secs(2),
+    }
+}
+
+fn tracing_options(endpoint: Endpoint, sampling_rate: f64) -> TracingOptions {
+    TracingOptions {
+        endpoint,
+        sampling_rate,
+        resource: vec![
+            ("service.name".into(), "RateLimit".into()),
+            ("service.instance.id".into(), "test-1".into()),
+        ],
+        max_queue_size: 64,
+        max_batch_size: 16,
+        schedule_delay: Duration::from_millis(50),
+    }
+}
+
+fn options_with(tracing: Option<TracingOptions>) -> AppOptions {
+    let mut options = default_options();
+    options.telemetry.tracing = tracing;
+    options
+}
+
+fn grpc_request() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "test".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![PbEntry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 3,
+    }
+}
+
+/// POST /json (or GET /nginx) with extra headers; the status code.
+async fn http_call(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> u16 {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let body = r#"{"domain":"test","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+        let (method, body) = if path == "/json" {
+            ("POST", body)
+        } else {
+            ("GET", "")
+        };
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        req.push_str(body);
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).await.unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        text.split_whitespace().nth(1).unwrap().parse().unwrap()
+    })
+    .await
+    .expect("HTTP call finished in time")
+}
+
+#[tokio::test]
+async fn grpc_call_with_traceparent_exports_a_child_span_over_otlp_grpc() {
+    let (collector, received) = grpc_collector().await;
+    let endpoint = endpoint(Protocol::Grpc, format!("http://{collector}"));
+    let running = start_with(config(), options_with(Some(tracing_options(endpoint, 1.0)))).await;
+
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", running.grpc))
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(grpc_request());
+    let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    request
+        .metadata_mut()
+        .insert("traceparent", traceparent.parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("tracestate", "congo=t61rcWkgMzE".parse().unwrap());
+    client.should_rate_limit(request).await.unwrap();
+
+    let spans = received.wait_for_spans(1).await;
+    assert_eq!(spans.len(), 1);
+    let span = &spans[0];
+    assert_eq!(span.name, "ShouldRateLimit Execution");
+    assert_eq!(span.kind, proto::SpanKind::Server as i32);
+    assert_eq!(hex(&span.trace_id), TRACE_ID);
+    assert_eq!(hex(&span.parent_span_id), PARENT_ID);
+    assert_eq!(span.span_id.len(), 8);
+    assert_ne!(hex(&span.span_id), PARENT_ID);
+    assert_eq!(span.trace_state, "congo=t61rcWkgMzE");
+    assert_eq!(span.flags & 0xff, 1, "sampled");
+    assert_eq!(span.flags & 0x300, 0x300, "remote parent");
+    assert!(span.end_time_unix_nano >= span.start_time_unix_nano);
+    assert!(span.status.is_none(), "no error");
+    let a = &span.attributes;
+    assert_eq!(string_attr(a, "rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(
+        string_attr(a, "rpc.service").as_deref(),
+        Some("envoy.service.ratelimit.v3.RateLimitService")
+    );
+    assert_eq!(
+        string_attr(a, "rpc.method").as_deref(),
+        Some("ShouldRateLimit")
+    );
+    assert_eq!(string_attr(a, "domain").as_deref(), Some("test"));
+    assert_eq!(int_attr(a, "ratelimit.descriptors"), Some(1));
+    assert_eq!(int_attr(a, "ratelimit.hits_addend"), Some(3));
+    assert_eq!(
+        string_attr(a, "ratelimit.overall_code").as_deref(),
+        Some("OK")
+    );
+    let resource = received.resource();
+    assert_eq!(
+        string_attr(&resource, "service.name").as_deref(),
+        Some("RateLimit")
+    );
+    assert_eq!(
+        string_attr(&resource, "service.instance.id").as_deref(),
+        Some("test-1")
+    );
+    assert_eq!(received.tenants.lock().unwrap()[0], "acme");
+}
+
+#[tokio::test]
+async fn json_and_nginx_calls_with_b3_export_over_otlp_http() {
+    let (collector, received) = http_collector().await;
+    let endpoint = endpoint(Protocol::Http, format!("http://{collector}/v1/traces"));
+    let running = start_with(config(), options_with(Some(tracing_options(endpoint, 1.0)))).await;
+
+    let b3 = "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1";
+    assert_eq!(http_call(running.http, "/json", &[("b3", b3)]).await, 200);
+    assert_eq!(
+        http_call(
+            running.http,
+            "/nginx",
+            &[
+                ("X-Sluice-Domain", "test"),
+                ("X-Sluice-Descriptor", "k=v"),
+                ("X-B3-TraceId", "463ac35c9f6413ad48485a3953bb6124"),
+                ("X-B3-SpanId", "a2fb4a1d1a96d312"),
+                ("X-B3-Sampled", "1"),
+            ]
+        )
+        .await,
+        200
+    );
+
+    let spans = received.wait_for_spans(2).await;
+    let json = spans
+        .iter()
+        .find(|s| string_attr(&s.attributes, "http.route").as_deref() == Some("/json"))
+        .expect("a /json span");
+    assert_eq!(hex(&json.trace_id), "80f198ee56343ba864fe8b2a57d3eff7");
+    assert_eq!(hex(&json.parent_span_id), "e457b5a2e4d86bd1");
+    assert_eq!(json.name, "ShouldRateLimit Execution");
+    let nginx = spans
+        .iter()
+        .find(|s| string_attr(&s.attributes, "http.route").as_deref() == Some("/nginx"))
+        .expect("an /nginx span");
+    assert_eq!(hex(&nginx.trace_id), "463ac35c9f6413ad48485a3953bb6124");
+    assert_eq!(hex(&nginx.parent_span_id), "a2fb4a1d1a96d312");
+    assert!(received.tenants.lock().unwrap().iter().all(|t| t == "acme"));
+}
+
+#[tokio::test]
+async fn unsampled_parents_and_rate_zero_roots_export_nothing() {
+    let (collector, received) = http_collector().await;
+    let endpoint = endpoint(Protocol::Http, format!("http://{collector}/v1/traces"));
+    let running = start_with(config(), options_with(Some(tracing_options(endpoint, 0.0)))).await;
+
+    // Not sampled by the caller; and a root with TRACING_SAMPLING_RATE=0.
+    let unsampled = format!("00-{TRACE_ID}-{PARENT_ID}-00");
+    assert_eq!(
+        http_call(running.http, "/json", &[("traceparent", &unsampled)]).await,
+        200
+    );
+    assert_eq!(http_call(running.http, "/json", &[]).await, 200);
+    assert_eq!(
+        http_call(
+            running.http,
+            "/json",
+            &[
+                ("x-b3-traceid", "80f198ee56343ba864fe8b2a57d3eff7"),
+                ("x-b3-spanid", "e457b5a2e4d86bd1"),
+                ("x-b3-sampled", "0")
+            ]
+        )
+        .await,
+        200
+    );
+    // Then a sampled parent, which is followed even at rate 0: the only span to arrive.
+    let sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    assert_eq!(
+        http_call(running.http, "/json", &[("traceparent", sampled)]).await,
+        200
+    );
+    received.wait_for_spans(1).await;
+    // Several batch delays more: nothing else comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let spans = received.spans();
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    assert_eq!(hex(&spans[0].trace_id), "0af7651916cd43dd8448eb211c80319c");
+}
+
+#[tokio::test]
+async fn metrics_are_pushed_over_otlp_with_the_prometheus_values() {
+    let (collector, received) = http_collector().await;
+    let mut options = default_options();
+    options.telemetry.otlp_metrics = Some(MetricsExportOptions {
+        endpoint: endpoint(Protocol::Http, format!("http://{collector}/v1/metrics")),
+        interval: Duration::from_millis(100),
+        resource: vec![("service.name".into(), "RateLimit".into())],
+    });
+    let running = start_with(config(), options).await;
+    for _ in 0..5 {
+        assert_eq!(http_call(running.http, "/json", &[]).await, 200);
+    }
+
+    let sum_of = |r: &ExportMetricsServiceRequest, name: &str, attr: (&str, &str)| {
+        let m = r.resource_metrics[0].scope_metrics[0]
+            .metrics
+            .iter()
+            .find(|m| m.name == name)?;
+        let Some(metric::Data::Sum(s)) = &m.data else {
+            return None;
+        };
+        assert_eq!(s.aggregation_temporality, proto::TEMPORALITY_CUMULATIVE);
+        s.data_points.iter().find_map(|p| {
+            (string_attr(&p.attributes, attr.0).as_deref() == Some(attr.1)).then_some(p.value)?
+        })
+    };
+    let start = Instant::now();
+    loop {
+        let last = received.metrics.lock().unwrap().last().cloned();
+        if let Some(r) = last
+            && sum_of(
+                &r,
+                "ratelimit_service_total_requests",
+                ("grpc_method", "ShouldRateLimit"),
+            ) == Some(number_data_point::Value::AsInt(5))
+        {
+            assert_eq!(
+                sum_of(
+                    &r,
+                    "ratelimit_service_rate_limit_within_limit",
+                    ("domain", "test")
+                ),
+                Some(number_data_point::Value::AsInt(5))
+            );
+            assert_eq!(
+                sum_of(&r, "ratelimit_service_rate_limit_total_hits", ("key1", "k")),
+                Some(number_data_point::Value::AsInt(5))
+            );
+            let m = &r.resource_metrics[0].scope_metrics[0].metrics;
+            let h = m
+                .iter()
+                .find(|m| m.name == "ratelimit_service_response_time_seconds")
+                .unwrap();
+            let Some(metric::Data::Histogram(h)) = &h.data else {
+                panic!("a histogram")
+            };
+            assert_eq!(h.data_points[0].count, 5);
+            assert_eq!(h.data_points[0].bucket_counts.iter().sum::<u64>(), 5);
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no metrics export with total_requests = 5"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_collector_that_never_answers_neither_slows_nor_fails_decisions() {
+    // Accepts connections and never answers: every export waits for its timeout.
+    let black_hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = black_hole.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = black_hole.accept().await {
+            held.push(s);
+        }
+    });
+    for protocol in [Protocol::Grpc, Protocol::Http] {
+        let url = match protocol {
+            Protocol::Grpc => format!("http://{addr}"),
+            Protocol::Http => format!("http://{addr}/v1/traces"),
+        };
+        let mut tracing = tracing_options(endpoint(protocol, url), 1.0);
+        tracing.max_queue_size = 4;
+        tracing.max_batch_size = 2;
+        let running = start_with(config(), options_with(Some(tracing))).await;
+        let started = Instant::now();
+        for _ in 0..50 {
+            assert_eq!(http_call(running.http, "/json", &[]).await, 200);
+        }
+        // 50 loopback calls take milliseconds; an export waits 2 s. Generous for a busy box.
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{protocol:?}: 50 calls took {:?}",
+            started.elapsed()
+        );
+    }
+}
