@@ -1000,3 +1000,199 @@ async fn grpc_code(port: u16) -> tonic::Code {
         Err(status) => status.code(),
     }
 }
+
+/// A master (password `mpass`), its replica, and one sentinel (password `spass`) watching them.
+struct SentinelGroup {
+    master: Redis,
+    replica: Redis,
+    sentinel: Redis,
+    _dir: tempfile::TempDir,
+}
+
+impl SentinelGroup {
+    const NAME: &str = "sluicemaster";
+
+    fn start() -> SentinelGroup {
+        let auth = |p: &str| {
+            vec![
+                "-a".to_owned(),
+                p.to_owned(),
+                "--no-auth-warning".to_owned(),
+            ]
+        };
+        // A replica's full sync writes dump.rdb into its directory whatever `save` says, and
+        // a node loads one found there at start: each group keeps its own.
+        let dir = tempfile::tempdir().unwrap();
+        let data = ["--requirepass", "mpass", "--masterauth", "mpass"];
+        let master_port = free_port();
+        let master = Redis::launch(&[], master_port, Some(dir.path()), &data, auth("mpass"));
+        let mut replica_args = data.to_vec();
+        let master_port_arg = master_port.to_string();
+        replica_args.extend(["--replicaof", "127.0.0.1", &master_port_arg]);
+        let replica = Redis::launch(
+            &[],
+            free_port(),
+            Some(dir.path()),
+            &replica_args,
+            auth("mpass"),
+        );
+        wait_for("the replica to sync", Duration::from_secs(20), || {
+            replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        // Sentinel rewrites its config file, so it gets a writable one of its own.
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel auth-pass {name} mpass\n\
+                 sentinel down-after-milliseconds {name} 2000\n\
+                 sentinel failover-timeout {name} 10000\n\
+                 requirepass spass\n",
+                name = Self::NAME
+            ),
+        )
+        .unwrap();
+        let sentinel = Redis::launch(
+            &[conf.to_str().unwrap(), "--sentinel"],
+            free_port(),
+            Some(dir.path()),
+            &[],
+            auth("spass"),
+        );
+        SentinelGroup {
+            master,
+            replica,
+            sentinel,
+            _dir: dir,
+        }
+    }
+
+    /// The port of the master the sentinel names.
+    fn named_master(&self) -> String {
+        let out = self
+            .sentinel
+            .cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", Self::NAME]);
+        out.lines().nth(1).unwrap_or_default().to_owned()
+    }
+}
+
+/// The binary with REDIS_TYPE=sentinel follows a failover: once the sentinel has promoted the
+/// replica (and demoted the old master), calls succeed on the new master within the bound the
+/// watcher promises, and the counts replication carried over still apply.
+#[test]
+fn sentinel_failover_is_followed_and_counts_carry_over() {
+    if !redis_server_available() {
+        return;
+    }
+    let group = SentinelGroup::start();
+    let dir = limits_dir("day");
+    // A dead sentinel first: the next one is asked. REDIS_SOCKET_TYPE stays the default (unix),
+    // which does not apply to sentinels, as in Go.
+    let dead = free_port();
+    let sluice = Sluice::start(
+        dir.path(),
+        &[
+            (
+                "REDIS_URL",
+                format!(
+                    "{},127.0.0.1:{dead},127.0.0.1:{}",
+                    SentinelGroup::NAME,
+                    group.sentinel.port
+                ),
+            ),
+            ("REDIS_TYPE", "sentinel".into()),
+            ("REDIS_AUTH", "mpass".into()),
+            ("REDIS_SENTINEL_AUTH", "spass".into()),
+        ],
+    );
+    sluice.wait_healthy();
+    for _ in 0..3 {
+        let answer = support::http(sluice.http, "POST", "/json", JSON_BODY);
+        assert_eq!(answer.as_ref().map(|a| a.0), Some(200), "{answer:?}");
+    }
+    // The three hits are on the replica too before the failover.
+    assert_eq!(group.master.cli(&["WAIT", "1", "5000"]), "1");
+
+    // The sentinel refuses while it has not yet seen the replica (NOGOODSLAVE): retry.
+    wait_for(
+        "SENTINEL FAILOVER to start",
+        Duration::from_secs(30),
+        || {
+            group
+                .sentinel
+                .cli(&["SENTINEL", "FAILOVER", SentinelGroup::NAME])
+                == "OK"
+        },
+    );
+    let failover = Instant::now();
+    let new_master = group.replica.port.to_string();
+    wait_for("the replica's promotion", Duration::from_secs(30), || {
+        group.named_master() == new_master
+            && group.replica.cli(&["ROLE"]).starts_with("master")
+            && group.master.cli(&["ROLE"]).starts_with("slave")
+    });
+    let promoted = Instant::now();
+    let mut failed = 0;
+    while sluice.json() != Some(200) {
+        failed += 1;
+        assert!(
+            promoted.elapsed() < Duration::from_secs(10),
+            "sluice never reached the new master"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let followed = promoted.elapsed();
+    eprintln!(
+        "failover took {:?}; first success on the new master {followed:?} after it ({failed} failed calls)",
+        promoted - failover
+    );
+    // The watcher retries at most every second; allow a loaded machine its slack.
+    assert!(followed < Duration::from_secs(5), "{followed:?}");
+    // 3 before + the one above = 4; one more reaches the limit of 5; then over.
+    assert_eq!([sluice.json(), sluice.json()], [Some(200), Some(429)]);
+    let key = group.replica.cli(&["KEYS", "d_k_v_*"]);
+    assert_eq!(group.replica.cli(&["GET", &key]), "6");
+
+    // Now the new master dies: calls fail at once, and once the sentinel has promoted the old
+    // master back, the watcher (retrying at most every second) finds it.
+    assert_eq!(group.replica.cli(&["WAIT", "1", "5000"]), "1");
+    let mut group = group;
+    group.replica.child.kill().unwrap();
+    let killed = Instant::now();
+    let old_master = group.master.port.to_string();
+    let mut promoted = None;
+    let answered = loop {
+        let status = sluice.json();
+        if promoted.is_none()
+            && group.named_master() == old_master
+            && group.master.cli(&["ROLE"]).starts_with("master")
+        {
+            promoted = Some(Instant::now());
+        }
+        if matches!(status, Some(200 | 429)) {
+            break status;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "no answer after the master died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let promoted = promoted.unwrap_or_else(Instant::now);
+    eprintln!(
+        "master killed: promoted after {:?}; first answer {:?} after the promotion",
+        promoted - killed,
+        promoted.elapsed()
+    );
+    assert!(
+        promoted.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        promoted.elapsed()
+    );
+    // The count went on from the replicated 6.
+    assert_eq!(answered, Some(429));
+    assert_eq!(group.master.cli(&["GET", &key]), "7");
+}
