@@ -645,26 +645,36 @@ fn sluice_restarted_mid_window_keeps_its_counts() {
 /// Three local redis-server nodes joined by `redis-cli --cluster create`.
 struct Cluster {
     nodes: Vec<Redis>,
+    /// With TLS: every node's CA (and the client certificates').
+    pki: Option<TestPki>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with(None)
+    }
+
+    /// With `pki`, TLS only: clients, the cluster bus and replication (`tls-cluster`).
+    fn start_with(pki: Option<TestPki>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let nodes: Vec<Redis> = (0..3)
-            .map(|_| {
-                let port = free_port();
-                let config_file = format!("nodes-{port}.conf");
-                Redis::spawn(
-                    port,
-                    Some(dir.path()),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        &config_file,
-                    ],
-                )
+            .map(|i| {
+                let config_file = dir.path().join(format!("nodes-{i}.conf"));
+                let cluster = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    config_file.to_str().unwrap(),
+                ];
+                match &pki {
+                    None => Redis::spawn(free_port(), Some(dir.path()), &cluster),
+                    Some(pki) => {
+                        let mut args = cluster.to_vec();
+                        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                        Redis::start_tls(pki, &["localhost", "127.0.0.1"], &args)
+                    }
+                }
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -672,6 +682,7 @@ impl Cluster {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let out = Command::new("redis-cli")
+            .args(&nodes[0].cli_flags)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -693,20 +704,34 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Cluster { nodes, _dir: dir }
+        Cluster {
+            nodes,
+            pki,
+            _dir: dir,
+        }
     }
 
     fn settings(&self) -> RedisSettings {
-        RedisSettings {
-            main: RedisTarget {
-                urls: self
-                    .nodes
-                    .iter()
-                    .map(|n| format!("redis://127.0.0.1:{}", n.port))
-                    .collect(),
+        let scheme = if self.pki.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let urls = self
+            .nodes
+            .iter()
+            .map(|n| format!("{scheme}://127.0.0.1:{}", n.port))
+            .collect();
+        let main = match &self.pki {
+            None => RedisTarget {
+                urls,
                 topology: RedisTopology::Cluster,
                 tls: None,
             },
+            Some(pki) => tls_target(urls, RedisTopology::Cluster, pki, Some(pki), false),
+        };
+        RedisSettings {
+            main,
             ..self.nodes[0].settings(0)
         }
     }
@@ -721,6 +746,7 @@ impl Cluster {
                 "-p",
                 &self.nodes[0].port.to_string(),
             ])
+            .args(&self.nodes[0].cli_flags)
             .args(["GET", key])
             .output()
             .expect("redis-cli");
@@ -733,7 +759,18 @@ async fn redis_cluster_counts_every_algorithm_atomically_across_slots() {
     if !redis_server_available() {
         return;
     }
-    let cluster = Cluster::start();
+    assert_cluster_counts_atomically_across_slots(Cluster::start()).await;
+}
+
+#[tokio::test]
+async fn redis_cluster_over_tls_counts_every_algorithm_atomically_across_slots() {
+    if !redis_tls_available() {
+        return;
+    }
+    assert_cluster_counts_atomically_across_slots(Cluster::start_with(Some(TestPki::new()))).await;
+}
+
+async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
     let remote = Arc::new(store(&cluster.settings()).await);
     let memory = MemoryStore::new(1000);
     let now = Timestamp::from_secs(1234);
