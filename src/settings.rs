@@ -23,6 +23,9 @@
 //! - Booleans parse exactly like Go's `strconv.ParseBool`, but a bad value is an error where Go
 //!   would panic or fall back to the default.
 //! - `NEAR_LIMIT_RATIO` and the header names are checked; Go accepts anything.
+//! - The REDIS_TLS_* files are read and parsed here, so a missing file, a certificate without
+//!   its key or a key that does not fit stops start-up naming the variable and the file (Go
+//!   panics, or ignores a certificate without its key).
 
 use std::ffi::OsString;
 use std::fmt;
