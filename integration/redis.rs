@@ -1,12 +1,17 @@
 //! The Redis backend against a real `redis-server`, started by each test on a free 127.0.0.1
 //! port with persistence off, and killed when the test ends.
 //!
-//! Under CI (`CI=true`) a missing `redis-server` fails the test with instructions; elsewhere
-//! the test says loudly that it is skipped.
+//! Also over TLS (a throw-away CA from `pki.rs`, client certificates required), on a 3-node
+//! Redis Cluster, and behind Redis Sentinel through a failover.
+//!
+//! Under CI (`CI=true`) a missing `redis-server` (or one built without TLS) fails the test with
+//! instructions; elsewhere the test says loudly that it is skipped.
 
+mod pki;
 mod support;
 
-use support::free_port;
+use pki::TestPki;
+use support::{free_port, wait_for};
 
 use std::num::NonZeroU32;
 use std::process::{Child, Command, Stdio};
@@ -16,13 +21,15 @@ use std::time::{Duration, Instant};
 use sluice::clock::Timestamp;
 use sluice::limiter::fixed_window::Decision;
 use sluice::limiter::{Algorithm, Quota, Unit};
-use sluice::settings::{RedisSettings, RedisTarget};
+use sluice::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology};
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};
 
 /// A `redis-server` child process, killed on drop.
 struct Redis {
     child: Child,
     port: u16,
+    /// What `redis-cli` needs to reach it: TLS files, a password.
+    cli_flags: Vec<String>,
 }
 
 impl Drop for Redis {
@@ -30,6 +37,15 @@ impl Drop for Redis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Under CI a missing tool fails the test; elsewhere the test says loudly it is skipped.
+fn missing(msg: &str) -> bool {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    false
 }
 
 /// Finds `redis-server`, or explains what to do: fail under CI, skip loudly elsewhere.
@@ -40,15 +56,29 @@ fn redis_server_available() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !found {
-        let msg = "redis-server not found: install it with `apt-get install -y redis-server` \
-                   (scripts/test.sh does this)";
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("{msg}");
-        }
-        eprintln!("SKIPPED: {msg}");
-    }
     found
+        || missing(
+            "redis-server not found: install it with `apt-get install -y redis-server` \
+             (scripts/test.sh does this)",
+        )
+}
+
+/// `redis-server` built with TLS (Debian's is): it knows `tls-port`, so without certificates it
+/// fails to configure TLS rather than rejecting the directive.
+fn redis_tls_available() -> bool {
+    if !redis_server_available() {
+        return false;
+    }
+    let out = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", "1"])
+        .output()
+        .expect("run redis-server");
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    (said.contains("TLS") && !said.contains("Bad directive"))
+        || missing(&format!(
+            "this redis-server is built without TLS (BUILD_TLS=yes): {}",
+            said.lines().last().unwrap_or_default()
+        ))
 }
 
 impl Redis {
@@ -58,11 +88,24 @@ impl Redis {
 
     /// A redis-server on 127.0.0.1:`port`, persistence off, run in `dir` with `extra` flags.
     fn spawn(port: u16, dir: Option<&std::path::Path>, extra: &[&str]) -> Redis {
+        Redis::launch(&[], port, dir, extra, Vec::new())
+    }
+
+    /// `redis-server` (with `config`, a file, first when given) on 127.0.0.1:`port`; `cli_flags`
+    /// are what redis-cli needs to reach it (TLS, a password).
+    fn launch(
+        config: &[&str],
+        port: u16,
+        dir: Option<&std::path::Path>,
+        extra: &[&str],
+        cli_flags: Vec<String>,
+    ) -> Redis {
         let mut cmd = Command::new("redis-server");
         if let Some(dir) = dir {
             cmd.current_dir(dir);
         }
         let child = cmd
+            .args(config)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .args(extra)
@@ -70,9 +113,49 @@ impl Redis {
             .stderr(Stdio::null())
             .spawn()
             .expect("start redis-server");
-        let r = Redis { child, port };
+        let r = Redis {
+            child,
+            port,
+            cli_flags,
+        };
         r.wait_ready();
         r
+    }
+
+    /// A TLS-only redis-server on a free port: its certificate (for `names`) and the clients'
+    /// come from `pki`, and clients must present one (`tls-auth-clients yes`).
+    fn start_tls(pki: &TestPki, names: &[&str], extra: &[&str]) -> Redis {
+        let port = free_port();
+        let server = pki.leaf(&format!("redis-{port}"), names);
+        let client = pki.leaf(&format!("redis-cli-{port}"), &["redis-cli"]);
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let tls = [
+            "--tls-cert-file".to_owned(),
+            path(&server.cert),
+            "--tls-key-file".into(),
+            path(&server.key),
+            "--tls-ca-cert-file".into(),
+            path(&pki.ca),
+        ];
+        let mut args: Vec<String> = vec!["--port".into(), "0".into(), "--tls-port".into()];
+        args.push(port.to_string());
+        args.extend(tls);
+        args.extend(["--tls-auth-clients".into(), "yes".into()]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let cli = vec![
+            "--tls".into(),
+            "--cacert".into(),
+            path(&pki.ca),
+            "--cert".into(),
+            path(&client.cert),
+            "--key".into(),
+            path(&client.key),
+            "--sni".into(),
+            names[0].to_owned(),
+        ];
+        // `--port 0` after the launcher's `--port P`: the last one wins, so no plain port.
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Redis::launch(&[], port, None, &args, cli)
     }
 
     fn start() -> Redis {
@@ -82,6 +165,7 @@ impl Redis {
     fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.cli_flags)
             .args(args)
             .output()
             .expect("run redis-cli");
@@ -101,10 +185,7 @@ impl Redis {
 
     fn settings(&self, jitter: u64) -> RedisSettings {
         RedisSettings {
-            main: RedisTarget {
-                urls: vec![format!("redis://127.0.0.1:{}", self.port)],
-                cluster: false,
-            },
+            main: RedisTarget::single(format!("redis://127.0.0.1:{}", self.port)),
             per_second: None,
             timeout: Duration::from_millis(300),
             expiration_jitter_max_seconds: jitter,
@@ -191,6 +272,11 @@ async fn redis_answers_like_the_memory_store_for_every_algorithm() {
     }
     let redis = Redis::start();
     let remote = store(&redis.settings(0)).await;
+    assert_answers_like_the_memory_store(&remote).await;
+}
+
+/// For the same irregular sequence of calls, `remote` answers exactly as the memory store does.
+async fn assert_answers_like_the_memory_store(remote: &RedisStore) {
     let memory = MemoryStore::new(1000);
     let quotas = [
         quota(Algorithm::FixedWindow, 7, Unit::Minute, None),
@@ -216,7 +302,7 @@ async fn redis_answers_like_the_memory_store_for_every_algorithm() {
             }];
             let t = Timestamp::from_micros(now);
             let a = apply(&memory, t, &h).await.unwrap();
-            let b = apply(&remote, t, &h).await.unwrap();
+            let b = apply(remote, t, &h).await.unwrap();
             assert_eq!(a, b, "step {step}, {:?}, hits {hits}", q.algorithm);
         }
     }
@@ -382,10 +468,7 @@ async fn a_dead_redis_answers_errors_within_the_deadline_and_recovery_is_automat
 #[tokio::test]
 async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
     let settings = RedisSettings {
-        main: RedisTarget {
-            urls: vec![format!("redis://127.0.0.1:{}", free_port())],
-            cluster: false,
-        },
+        main: RedisTarget::single(format!("redis://127.0.0.1:{}", free_port())),
         per_second: None,
         timeout: Duration::from_millis(200),
         expiration_jitter_max_seconds: 0,
@@ -462,6 +545,78 @@ async fn stop_flag_increments_only_the_keys_that_go_over() {
     assert_eq!(redis.cli(&["GET", "b_1200"]), "11");
 }
 
+/// A `sluice` process on free 127.0.0.1 ports with the config in `dir` and `env`, killed on drop.
+struct Sluice {
+    child: Child,
+    http: u16,
+    grpc: u16,
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One limit, `d`/`k`: 5 per `unit`.
+fn limits_dir(unit: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limits.yaml"),
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 5}}\n"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+const JSON_BODY: &str = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+
+impl Sluice {
+    fn start(config: &std::path::Path, env: &[(&str, String)]) -> Sluice {
+        let (http, grpc) = (free_port(), free_port());
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        for var in ["BACKEND_TYPE", "REDIS_TLS", "REDIS_TYPE", "REDIS_AUTH"] {
+            cmd.env_remove(var);
+        }
+        let child = cmd
+            .arg("--config")
+            .arg(config)
+            .env("HOST", "127.0.0.1")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("DEBUG_HOST", "127.0.0.1")
+            .env("PORT", http.to_string())
+            .env("GRPC_PORT", grpc.to_string())
+            .env("DEBUG_PORT", free_port().to_string())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Sluice { child, http, grpc }
+    }
+
+    /// Healthy only once Redis has answered.
+    fn wait_healthy(&self) {
+        wait_for(
+            "sluice on Redis to become healthy",
+            Duration::from_secs(20),
+            || self.status("GET", "/healthcheck", "") == Some(200),
+        );
+    }
+
+    fn status(&self, method: &str, path: &str, body: &str) -> Option<u16> {
+        support::http(self.http, method, path, body).map(|(s, _)| s)
+    }
+
+    fn json(&self) -> Option<u16> {
+        self.status("POST", "/json", JSON_BODY)
+    }
+}
+
 /// The real binary on Redis: counts survive a restart of Sluice mid-window.
 #[test]
 fn sluice_restarted_mid_window_keeps_its_counts() {
@@ -469,58 +624,20 @@ fn sluice_restarted_mid_window_keeps_its_counts() {
         return;
     }
     let redis = Redis::start();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("limits.yaml"),
-        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n",
-    )
-    .unwrap();
-    let start = || {
-        let http = free_port();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("--config")
-            .arg(dir.path())
-            .env("REDIS_SOCKET_TYPE", "tcp")
-            .env("REDIS_URL", format!("127.0.0.1:{}", redis.port))
-            .env("HOST", "127.0.0.1")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("DEBUG_HOST", "127.0.0.1")
-            .env("PORT", http.to_string())
-            .env("GRPC_PORT", free_port().to_string())
-            .env("DEBUG_PORT", free_port().to_string())
-            .env_remove("BACKEND_TYPE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let begun = Instant::now();
-        // Healthy only once Redis has answered.
-        while support::http(http, "GET", "/healthcheck", "").map(|(s, _)| s) != Some(200) {
-            if begun.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                panic!("sluice on Redis never became healthy");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (child, http)
-    };
-    let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
-    let (mut first, port) = start();
+    let dir = limits_dir("hour");
+    let env = [
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+    ];
+    let first = Sluice::start(dir.path(), &env);
+    first.wait_healthy();
     for _ in 0..3 {
-        assert_eq!(
-            support::http(port, "POST", "/json", body).map(|(s, _)| s),
-            Some(200)
-        );
+        assert_eq!(first.json(), Some(200));
     }
-    first.kill().unwrap();
-    first.wait().unwrap();
-    let (mut second, port) = start();
-    let statuses: Vec<_> = (0..3)
-        .map(|_| support::http(port, "POST", "/json", body).map(|(s, _)| s))
-        .collect();
-    second.kill().unwrap();
-    second.wait().unwrap();
+    drop(first);
+    let second = Sluice::start(dir.path(), &env);
+    second.wait_healthy();
+    let statuses: Vec<_> = (0..3).map(|_| second.json()).collect();
     // 3 before the restart + 2 more reach the limit of 5; the 6th is over.
     assert_eq!(statuses, [Some(200), Some(200), Some(429)]);
 }
@@ -528,26 +645,36 @@ fn sluice_restarted_mid_window_keeps_its_counts() {
 /// Three local redis-server nodes joined by `redis-cli --cluster create`.
 struct Cluster {
     nodes: Vec<Redis>,
+    /// With TLS: every node's CA (and the client certificates').
+    pki: Option<TestPki>,
     _dir: tempfile::TempDir,
 }
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with(None)
+    }
+
+    /// With `pki`, TLS only: clients, the cluster bus and replication (`tls-cluster`).
+    fn start_with(pki: Option<TestPki>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let nodes: Vec<Redis> = (0..3)
-            .map(|_| {
-                let port = free_port();
-                let config_file = format!("nodes-{port}.conf");
-                Redis::spawn(
-                    port,
-                    Some(dir.path()),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        &config_file,
-                    ],
-                )
+            .map(|i| {
+                let config_file = dir.path().join(format!("nodes-{i}.conf"));
+                let cluster = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    config_file.to_str().unwrap(),
+                ];
+                match &pki {
+                    None => Redis::spawn(free_port(), Some(dir.path()), &cluster),
+                    Some(pki) => {
+                        let mut args = cluster.to_vec();
+                        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                        Redis::start_tls(pki, &["localhost", "127.0.0.1"], &args)
+                    }
+                }
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -555,6 +682,7 @@ impl Cluster {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let out = Command::new("redis-cli")
+            .args(&nodes[0].cli_flags)
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -576,19 +704,34 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Cluster { nodes, _dir: dir }
+        Cluster {
+            nodes,
+            pki,
+            _dir: dir,
+        }
     }
 
     fn settings(&self) -> RedisSettings {
-        RedisSettings {
-            main: RedisTarget {
-                urls: self
-                    .nodes
-                    .iter()
-                    .map(|n| format!("redis://127.0.0.1:{}", n.port))
-                    .collect(),
-                cluster: true,
+        let scheme = if self.pki.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        let urls = self
+            .nodes
+            .iter()
+            .map(|n| format!("{scheme}://127.0.0.1:{}", n.port))
+            .collect();
+        let main = match &self.pki {
+            None => RedisTarget {
+                urls,
+                topology: RedisTopology::Cluster,
+                tls: None,
             },
+            Some(pki) => tls_target(urls, RedisTopology::Cluster, pki, Some(pki), false),
+        };
+        RedisSettings {
+            main,
             ..self.nodes[0].settings(0)
         }
     }
@@ -603,6 +746,7 @@ impl Cluster {
                 "-p",
                 &self.nodes[0].port.to_string(),
             ])
+            .args(&self.nodes[0].cli_flags)
             .args(["GET", key])
             .output()
             .expect("redis-cli");
@@ -615,7 +759,18 @@ async fn redis_cluster_counts_every_algorithm_atomically_across_slots() {
     if !redis_server_available() {
         return;
     }
-    let cluster = Cluster::start();
+    assert_cluster_counts_atomically_across_slots(Cluster::start()).await;
+}
+
+#[tokio::test]
+async fn redis_cluster_over_tls_counts_every_algorithm_atomically_across_slots() {
+    if !redis_tls_available() {
+        return;
+    }
+    assert_cluster_counts_atomically_across_slots(Cluster::start_with(Some(TestPki::new()))).await;
+}
+
+async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
     let remote = Arc::new(store(&cluster.settings()).await);
     let memory = MemoryStore::new(1000);
     let now = Timestamp::from_secs(1234);
@@ -682,4 +837,399 @@ async fn per_second_limits_go_to_their_own_redis() {
     assert_eq!(per_second.cli(&["GET", "s_1234"]), "1");
     assert_eq!(main.cli(&["GET", "s_1234"]), "");
     assert_eq!(main.cli(&["GET", "m_1200"]), "1");
+}
+
+fn read(path: &std::path::Path) -> Vec<u8> {
+    std::fs::read(path).expect("read a test certificate")
+}
+
+/// A TLS target at `urls` that trusts `trust`'s CA and, with `client`, presents a certificate
+/// that CA signed.
+fn tls_target(
+    urls: Vec<String>,
+    topology: RedisTopology,
+    trust: &TestPki,
+    client: Option<&TestPki>,
+    skip_hostname_verification: bool,
+) -> RedisTarget {
+    let client_pem = client.map(|pki| {
+        let leaf = pki.leaf("sluice", &["sluice"]);
+        (read(&leaf.cert), read(&leaf.key))
+    });
+    RedisTarget {
+        urls,
+        topology,
+        tls: Some(RedisTls {
+            ca_pem: Some(read(&trust.ca)),
+            client_pem,
+            skip_hostname_verification,
+        }),
+    }
+}
+
+impl Redis {
+    fn tls_settings(
+        &self,
+        trust: &TestPki,
+        client: Option<&TestPki>,
+        skip_hostname_verification: bool,
+    ) -> RedisSettings {
+        RedisSettings {
+            main: tls_target(
+                vec![format!("rediss://127.0.0.1:{}", self.port)],
+                RedisTopology::Single,
+                trust,
+                client,
+                skip_hostname_verification,
+            ),
+            ..self.settings(0)
+        }
+    }
+}
+
+/// Starts a store that must not become ready; returns the error a call gets.
+async fn refused_store(settings: &RedisSettings) -> String {
+    let remote = RedisStore::start(settings).expect("a bad certificate is no start-up panic");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!remote.is_ready(), "ready despite a TLS failure");
+    let h = [Hit {
+        key: "refused_",
+        quota: Quota::fixed(5, Unit::Minute),
+        hits: 1,
+    }];
+    match apply(&remote, Timestamp::from_secs(1234), &h).await {
+        Err(StoreError::Backend { message }) => message,
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+}
+
+/// Over TLS with a client certificate the store keeps its contract and the Go service's keys.
+#[tokio::test]
+async fn redis_over_tls_with_a_client_certificate_keeps_the_store_contract() {
+    if !redis_tls_available() {
+        return;
+    }
+    let pki = TestPki::new();
+    let redis = Redis::start_tls(&pki, &["localhost", "127.0.0.1"], &[]);
+    let remote = store(&redis.tls_settings(&pki, Some(&pki), false)).await;
+    assert_answers_like_the_memory_store(&remote).await;
+    let d = apply(
+        &remote,
+        Timestamp::from_secs(1234),
+        &[Hit {
+            key: "domain_key_value_",
+            quota: Quota::fixed(10, Unit::Minute),
+            hits: 3,
+        }],
+    )
+    .await
+    .unwrap();
+    assert_eq!(d[0].remaining, 7);
+    assert_eq!(redis.cli(&["GET", "domain_key_value_1200"]), "3");
+    assert_eq!(redis.cli(&["TTL", "domain_key_value_1200"]), "60");
+}
+
+#[tokio::test]
+async fn tls_failures_are_clear_errors_and_hostnames_are_skipped_only_when_asked() {
+    if !redis_tls_available() {
+        return;
+    }
+    let (pki, stranger) = (TestPki::new(), TestPki::new());
+    let redis = Redis::start_tls(&pki, &["localhost", "127.0.0.1"], &[]);
+
+    // The server requires a client certificate.
+    let e = refused_store(&redis.tls_settings(&pki, None, false)).await;
+    eprintln!("without a client certificate: {e}");
+    assert!(e.contains("CertificateRequired"), "{e}");
+    // A CA that did not sign the server's certificate.
+    let e = refused_store(&redis.tls_settings(&stranger, Some(&pki), false)).await;
+    eprintln!("with the wrong CA: {e}");
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+
+    // A certificate for another name: refused, unless hostname verification is skipped; the
+    // chain is verified even then, as in Go.
+    let named = Redis::start_tls(&pki, &["redis.internal"], &[]);
+    let e = refused_store(&named.tls_settings(&pki, Some(&pki), false)).await;
+    eprintln!("for another name: {e}");
+    assert!(e.contains("not valid for name"), "{e}");
+    let remote = store(&named.tls_settings(&pki, Some(&pki), true)).await;
+    let h = [Hit {
+        key: "named_",
+        quota: Quota::fixed(5, Unit::Minute),
+        hits: 2,
+    }];
+    assert_eq!(
+        apply(&remote, Timestamp::from_secs(1234), &h)
+            .await
+            .unwrap()[0]
+            .remaining,
+        3
+    );
+    let e = refused_store(&named.tls_settings(&stranger, Some(&pki), true)).await;
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+}
+
+/// The binary with the REDIS_TLS_* variables: healthy and counting with the right files;
+/// with the wrong CA, up but unhealthy, answering gRPC UNKNOWN (and `/json` 400).
+#[test]
+fn sluice_over_tls_counts_and_a_wrong_ca_is_unhealthy_not_a_crash() {
+    if !redis_tls_available() {
+        return;
+    }
+    let (pki, stranger) = (TestPki::new(), TestPki::new());
+    let redis = Redis::start_tls(&pki, &["localhost", "127.0.0.1"], &[]);
+    let client = pki.leaf("sluice-client", &["sluice"]);
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+    let dir = limits_dir("day");
+    let env = |ca: &TestPki| {
+        vec![
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("REDIS_TLS", "true".to_owned()),
+            ("REDIS_TLS_CACERT", path(&ca.ca)),
+            ("REDIS_TLS_CLIENT_CERT", path(&client.cert)),
+            ("REDIS_TLS_CLIENT_KEY", path(&client.key)),
+        ]
+    };
+    let good = Sluice::start(dir.path(), &env(&pki));
+    good.wait_healthy();
+    let statuses: Vec<_> = (0..6).map(|_| good.json()).collect();
+    assert_eq!(statuses[4..], [Some(200), Some(429)]);
+
+    let mut bad = Sluice::start(dir.path(), &env(&stranger));
+    wait_for("the listeners", Duration::from_secs(10), || {
+        bad.status("GET", "/healthcheck", "").is_some()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(bad.status("GET", "/healthcheck", ""), Some(500));
+    assert_eq!(bad.json(), Some(400));
+    let code = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(grpc_code(bad.grpc));
+    assert_eq!(code, tonic::Code::Unknown);
+    assert!(bad.child.try_wait().unwrap().is_none(), "sluice exited");
+}
+
+/// The gRPC status of one ShouldRateLimit call for `d`/`k=v`.
+async fn grpc_code(port: u16) -> tonic::Code {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("connect gRPC");
+    let request = RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    match client.should_rate_limit(request).await {
+        Ok(_) => tonic::Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+/// A master (password `mpass`), its replica, and one sentinel (password `spass`) watching them.
+struct SentinelGroup {
+    master: Redis,
+    replica: Redis,
+    sentinel: Redis,
+    _dir: tempfile::TempDir,
+}
+
+impl SentinelGroup {
+    const NAME: &str = "sluicemaster";
+
+    fn start() -> SentinelGroup {
+        let auth = |p: &str| {
+            vec![
+                "-a".to_owned(),
+                p.to_owned(),
+                "--no-auth-warning".to_owned(),
+            ]
+        };
+        // A replica's full sync writes dump.rdb into its directory whatever `save` says, and
+        // a node loads one found there at start: each group keeps its own.
+        let dir = tempfile::tempdir().unwrap();
+        let data = ["--requirepass", "mpass", "--masterauth", "mpass"];
+        let master_port = free_port();
+        let master = Redis::launch(&[], master_port, Some(dir.path()), &data, auth("mpass"));
+        let mut replica_args = data.to_vec();
+        let master_port_arg = master_port.to_string();
+        replica_args.extend(["--replicaof", "127.0.0.1", &master_port_arg]);
+        let replica = Redis::launch(
+            &[],
+            free_port(),
+            Some(dir.path()),
+            &replica_args,
+            auth("mpass"),
+        );
+        wait_for("the replica to sync", Duration::from_secs(20), || {
+            replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        // Sentinel rewrites its config file, so it gets a writable one of its own.
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel auth-pass {name} mpass\n\
+                 sentinel down-after-milliseconds {name} 2000\n\
+                 sentinel failover-timeout {name} 10000\n\
+                 requirepass spass\n",
+                name = Self::NAME
+            ),
+        )
+        .unwrap();
+        let sentinel = Redis::launch(
+            &[conf.to_str().unwrap(), "--sentinel"],
+            free_port(),
+            Some(dir.path()),
+            &[],
+            auth("spass"),
+        );
+        SentinelGroup {
+            master,
+            replica,
+            sentinel,
+            _dir: dir,
+        }
+    }
+
+    /// The port of the master the sentinel names.
+    fn named_master(&self) -> String {
+        let out = self
+            .sentinel
+            .cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", Self::NAME]);
+        out.lines().nth(1).unwrap_or_default().to_owned()
+    }
+}
+
+/// The binary with REDIS_TYPE=sentinel follows a failover: once the sentinel has promoted the
+/// replica (and demoted the old master), calls succeed on the new master within the bound the
+/// watcher promises, and the counts replication carried over still apply.
+#[test]
+fn sentinel_failover_is_followed_and_counts_carry_over() {
+    if !redis_server_available() {
+        return;
+    }
+    let group = SentinelGroup::start();
+    let dir = limits_dir("day");
+    // A dead sentinel first: the next one is asked. REDIS_SOCKET_TYPE stays the default (unix),
+    // which does not apply to sentinels, as in Go.
+    let dead = free_port();
+    let sluice = Sluice::start(
+        dir.path(),
+        &[
+            (
+                "REDIS_URL",
+                format!(
+                    "{},127.0.0.1:{dead},127.0.0.1:{}",
+                    SentinelGroup::NAME,
+                    group.sentinel.port
+                ),
+            ),
+            ("REDIS_TYPE", "sentinel".into()),
+            ("REDIS_AUTH", "mpass".into()),
+            ("REDIS_SENTINEL_AUTH", "spass".into()),
+        ],
+    );
+    sluice.wait_healthy();
+    for _ in 0..3 {
+        let answer = support::http(sluice.http, "POST", "/json", JSON_BODY);
+        assert_eq!(answer.as_ref().map(|a| a.0), Some(200), "{answer:?}");
+    }
+    // The three hits are on the replica too before the failover.
+    assert_eq!(group.master.cli(&["WAIT", "1", "5000"]), "1");
+
+    // The sentinel refuses while it has not yet seen the replica (NOGOODSLAVE): retry.
+    wait_for(
+        "SENTINEL FAILOVER to start",
+        Duration::from_secs(30),
+        || {
+            group
+                .sentinel
+                .cli(&["SENTINEL", "FAILOVER", SentinelGroup::NAME])
+                == "OK"
+        },
+    );
+    let failover = Instant::now();
+    let new_master = group.replica.port.to_string();
+    wait_for("the replica's promotion", Duration::from_secs(30), || {
+        group.named_master() == new_master
+            && group.replica.cli(&["ROLE"]).starts_with("master")
+            && group.master.cli(&["ROLE"]).starts_with("slave")
+    });
+    let promoted = Instant::now();
+    let mut failed = 0;
+    while sluice.json() != Some(200) {
+        failed += 1;
+        assert!(
+            promoted.elapsed() < Duration::from_secs(10),
+            "sluice never reached the new master"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let followed = promoted.elapsed();
+    eprintln!(
+        "failover took {:?}; first success on the new master {followed:?} after it ({failed} failed calls)",
+        promoted - failover
+    );
+    // The watcher retries at most every second; allow a loaded machine its slack.
+    assert!(followed < Duration::from_secs(5), "{followed:?}");
+    // 3 before + the one above = 4; one more reaches the limit of 5; then over.
+    assert_eq!([sluice.json(), sluice.json()], [Some(200), Some(429)]);
+    let key = group.replica.cli(&["KEYS", "d_k_v_*"]);
+    assert_eq!(group.replica.cli(&["GET", &key]), "6");
+
+    // Now the new master dies: calls fail at once, and once the sentinel has promoted the old
+    // master back, the watcher (retrying at most every second) finds it.
+    assert_eq!(group.replica.cli(&["WAIT", "1", "5000"]), "1");
+    let mut group = group;
+    group.replica.child.kill().unwrap();
+    let killed = Instant::now();
+    let old_master = group.master.port.to_string();
+    let mut promoted = None;
+    let answered = loop {
+        let status = sluice.json();
+        if promoted.is_none()
+            && group.named_master() == old_master
+            && group.master.cli(&["ROLE"]).starts_with("master")
+        {
+            promoted = Some(Instant::now());
+        }
+        if matches!(status, Some(200 | 429)) {
+            break status;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "no answer after the master died"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let promoted = promoted.unwrap_or_else(Instant::now);
+    eprintln!(
+        "master killed: promoted after {:?}; first answer {:?} after the promotion",
+        promoted - killed,
+        promoted.elapsed()
+    );
+    assert!(
+        promoted.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        promoted.elapsed()
+    );
+    // The count went on from the replicated 6.
+    assert_eq!(answered, Some(429));
+    assert_eq!(group.master.cli(&["GET", &key]), "7");
 }

@@ -23,6 +23,9 @@
 //! - Booleans parse exactly like Go's `strconv.ParseBool`, but a bad value is an error where Go
 //!   would panic or fall back to the default.
 //! - `NEAR_LIMIT_RATIO` and the header names are checked; Go accepts anything.
+//! - The REDIS_TLS_* files are read and parsed here, so a missing file, a certificate without
+//!   its key or a key that does not fit stops start-up naming the variable and the file (Go
+//!   panics, or ignores a certificate without its key).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -30,6 +33,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::Resettable;
@@ -731,7 +735,7 @@ pub enum Backend {
     /// Counters in this process: limits apply per node, not across replicas.
     Memory,
     /// Counters in Redis, shared by every replica (and by envoyproxy/ratelimit instances).
-    Redis(RedisSettings),
+    Redis(Box<RedisSettings>),
 }
 
 /// A setting that cannot be used. Every message names the variable and, where there is one, the
@@ -1066,7 +1070,7 @@ fn backend(backend_type: Option<&str>, redis: RedisArgs) -> Result<Backend, Sett
     };
     match kind.as_str() {
         "memory" => Ok(Backend::Memory),
-        "redis" => redis.validate().map(Backend::Redis),
+        "redis" => redis.validate().map(|r| Backend::Redis(Box::new(r))),
         "memcache" => Err(SettingsError::BackendNotSupported {
             value: kind.clone(),
         }),
@@ -1093,7 +1097,7 @@ pub struct RedisArgs {
     /// comma-separated list of host:port seeds.
     #[arg(long, env = "REDIS_URL", help_heading = "Redis")]
     pub redis_url: Option<String>,
-    /// `single` or `cluster` (`sentinel` is not supported yet).
+    /// `single`, `cluster` or `sentinel` (REDIS_URL is then `master name,host:port,...`).
     #[arg(
         long,
         env = "REDIS_TYPE",
@@ -1110,7 +1114,7 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_auth: String,
-    /// TLS to Redis (not supported yet: refused rather than silently sent in clear).
+    /// TLS to Redis (and to its sentinels), with the REDIS_TLS_* files below.
     #[arg(
         long,
         env = "REDIS_TLS",
@@ -1124,6 +1128,53 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_tls: bool,
+    /// PEM client certificate (with REDIS_TLS_CLIENT_KEY) presented to Redis: mutual TLS.
+    #[arg(
+        long,
+        env = "REDIS_TLS_CLIENT_CERT",
+        default_value = "",
+        help_heading = "Redis"
+    )]
+    pub redis_tls_client_cert: String,
+    /// PEM private key of REDIS_TLS_CLIENT_CERT.
+    #[arg(
+        long,
+        env = "REDIS_TLS_CLIENT_KEY",
+        default_value = "",
+        help_heading = "Redis"
+    )]
+    pub redis_tls_client_key: String,
+    /// PEM CA certificate(s) Redis's certificate must chain to (default: the system's roots).
+    #[arg(
+        long,
+        env = "REDIS_TLS_CACERT",
+        default_value = "",
+        help_heading = "Redis"
+    )]
+    pub redis_tls_cacert: String,
+    /// Accept a Redis certificate issued for another name (its chain is still verified).
+    #[arg(
+        long,
+        env = "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_tls_skip_hostname_verification: bool,
+    /// `password` or `user:password` for the sentinels (REDIS_AUTH is the master's).
+    #[arg(
+        long,
+        env = "REDIS_SENTINEL_AUTH",
+        default_value = "",
+        hide_env_values = true,
+        help_heading = "Redis"
+    )]
+    pub redis_sentinel_auth: String,
     /// Accepted for compatibility: Sluice multiplexes calls over one connection per Redis and
     /// pipelines concurrent requests automatically.
     #[arg(
@@ -1200,6 +1251,29 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_persecond_auth: String,
+    /// REDIS_TLS of the per-second Redis (with the same REDIS_TLS_* files, as in Go).
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_TLS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_tls: bool,
+    /// REDIS_SENTINEL_AUTH of the per-second Redis.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_SENTINEL_AUTH",
+        default_value = "",
+        hide_env_values = true,
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_sentinel_auth: String,
     /// Each key's EXPIRE is its unit plus a random 0..this many seconds, as in the Go service.
     #[arg(
         long,
@@ -1602,9 +1676,62 @@ fn xds_server_target(url: &str) -> Result<(String, bool), SettingsError> {
 /// Where one Redis is and how to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisTarget {
-    /// `redis://...` or `redis+unix://...` URLs; several for a cluster's seeds.
+    /// `redis://`, `rediss://` or `redis+unix://` URLs, credentials included: the one Redis, a
+    /// cluster's seeds, or the sentinels (with REDIS_SENTINEL_AUTH's credentials).
     pub urls: Vec<String>,
-    pub cluster: bool,
+    pub topology: RedisTopology,
+    /// REDIS_TLS (REDIS_PERSECOND_TLS): TLS to every node of this target, sentinels included.
+    pub tls: Option<RedisTls>,
+}
+
+impl RedisTarget {
+    /// One Redis without TLS at a `redis://` or `redis+unix://` URL.
+    pub fn single(url: impl Into<String>) -> Self {
+        RedisTarget {
+            urls: vec![url.into()],
+            topology: RedisTopology::Single,
+            tls: None,
+        }
+    }
+}
+
+/// REDIS_TYPE.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisTopology {
+    Single,
+    Cluster,
+    /// The target's URLs are sentinels; the master they name for `master_name` is looked up at
+    /// start and again whenever it fails or stops being a master.
+    Sentinel {
+        master_name: String,
+        /// REDIS_AUTH, for the master: `user:password@`, `:password@` (percent-encoded) or "".
+        master_userinfo: String,
+    },
+}
+
+/// The REDIS_TLS_* files, read and checked before any port is bound.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTls {
+    /// REDIS_TLS_CACERT (PEM): the only roots trusted. `None`: the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY (PEM), presented to Redis.
+    pub client_pem: Option<(Vec<u8>, Vec<u8>)>,
+    /// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: the chain is verified, the name is not.
+    pub skip_hostname_verification: bool,
+}
+
+impl fmt::Debug for RedisTls {
+    /// Never prints a private key.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca_pem.as_ref().map(|_| "<pem>"))
+            .field("client", &self.client_pem.as_ref().map(|_| "<pem>"))
+            .field(
+                "skip_hostname_verification",
+                &self.skip_hostname_verification,
+            )
+            .finish()
+    }
 }
 
 /// Validated Redis settings.
@@ -1621,18 +1748,19 @@ pub struct RedisSettings {
 
 impl RedisArgs {
     fn validate(self) -> Result<RedisSettings, SettingsError> {
-        if self.redis_tls {
-            return Err(SettingsError::NotSupportedYet {
-                var: "REDIS_TLS",
-                value: "true".into(),
-                reason: "TLS to Redis",
-            });
-        }
+        // One set of files serves both Redis, as in Go (there is no REDIS_PERSECOND_TLS_CACERT).
+        // Without REDIS_TLS they are not read, as in Go.
+        let tls = if self.redis_tls || self.redis_persecond_tls {
+            Some(self.tls()?)
+        } else {
+            None
+        };
         let main = redis_target(
             ("REDIS_URL", self.redis_url.as_deref()),
             ("REDIS_SOCKET_TYPE", &self.redis_socket_type),
             ("REDIS_TYPE", &self.redis_type),
-            &self.redis_auth,
+            (&self.redis_auth, &self.redis_sentinel_auth),
+            ("REDIS_TLS", tls.clone().filter(|_| self.redis_tls)),
         )?;
         let per_second = if self.redis_persecond {
             Some(redis_target(
@@ -1642,7 +1770,14 @@ impl RedisArgs {
                     &self.redis_persecond_socket_type,
                 ),
                 ("REDIS_PERSECOND_TYPE", &self.redis_persecond_type),
-                &self.redis_persecond_auth,
+                (
+                    &self.redis_persecond_auth,
+                    &self.redis_persecond_sentinel_auth,
+                ),
+                (
+                    "REDIS_PERSECOND_TLS",
+                    tls.filter(|_| self.redis_persecond_tls),
+                ),
             )?)
         } else {
             None
@@ -1670,6 +1805,99 @@ impl RedisArgs {
             expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
             local_cache_size_in_bytes: self.local_cache_size_in_bytes,
             stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
+        })
+    }
+
+    /// Reads the REDIS_TLS_* files and parses them as the Redis client will, so a missing,
+    /// unreadable or mismatched file stops start-up with a message naming it (Go panics).
+    fn tls(&self) -> Result<RedisTls, SettingsError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        let read = |var: &'static str, path: &str| {
+            std::fs::read(path)
+                .map_err(|e| invalid(var, path, format!("cannot read the file: {e}")))
+        };
+        let certs = |var: &'static str, path: &str, pem: &[u8]| {
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(var, path, format!("not a PEM certificate file: {e}")))?;
+            if certs.is_empty() {
+                return Err(invalid(var, path, "no PEM certificate in the file"));
+            }
+            Ok(certs)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        let ca_pem = match self.redis_tls_cacert.as_str() {
+            "" => None,
+            path => {
+                let pem = read("REDIS_TLS_CACERT", path)?;
+                for cert in certs("REDIS_TLS_CACERT", path, &pem)? {
+                    roots.add(cert).map_err(|e| {
+                        invalid(
+                            "REDIS_TLS_CACERT",
+                            path,
+                            format!("not a CA certificate: {e}"),
+                        )
+                    })?;
+                }
+                Some(pem)
+            }
+        };
+        let (cert_path, key_path) = (
+            self.redis_tls_client_cert.as_str(),
+            self.redis_tls_client_key.as_str(),
+        );
+        let client_pem = match (cert_path, key_path) {
+            ("", "") => None,
+            (cert, "") => {
+                return Err(invalid(
+                    "REDIS_TLS_CLIENT_CERT",
+                    cert,
+                    "needs REDIS_TLS_CLIENT_KEY, the certificate's private key",
+                ));
+            }
+            ("", key) => {
+                return Err(invalid(
+                    "REDIS_TLS_CLIENT_KEY",
+                    key,
+                    "needs REDIS_TLS_CLIENT_CERT, the certificate of this key",
+                ));
+            }
+            (cert_path, key_path) => {
+                let cert_pem = read("REDIS_TLS_CLIENT_CERT", cert_path)?;
+                let key_pem = read("REDIS_TLS_CLIENT_KEY", key_path)?;
+                let chain = certs("REDIS_TLS_CLIENT_CERT", cert_path, &cert_pem)?;
+                let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+                    invalid(
+                        "REDIS_TLS_CLIENT_KEY",
+                        key_path,
+                        format!("no PEM private key in the file: {e}"),
+                    )
+                })?;
+                // Building a client configuration checks that the key is usable and is the
+                // certificate's.
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| invalid("REDIS_TLS", "true", e.to_string()))?
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| {
+                    invalid(
+                        "REDIS_TLS_CLIENT_KEY",
+                        key_path,
+                        format!("unusable with REDIS_TLS_CLIENT_CERT={cert_path}: {e}"),
+                    )
+                })?;
+                Some((cert_pem, key_pem))
+            }
+        };
+        Ok(RedisTls {
+            ca_pem,
+            client_pem,
+            skip_hostname_verification: self.redis_tls_skip_hostname_verification,
         })
     }
 }
@@ -1753,25 +1981,50 @@ fn cluster_settings(
     }))
 }
 
-/// Builds redis-rs URLs from the Go service's (socket type, address, auth) triple.
+/// Builds redis-rs URLs from the Go service's (socket type, address, auth) settings.
+///
+/// As in Go, a cluster's seeds and the sentinels are TCP addresses whatever REDIS_SOCKET_TYPE
+/// says, and REDIS_AUTH is the master's password while REDIS_SENTINEL_AUTH is the sentinels'.
 fn redis_target(
     (url_var, url): (&'static str, Option<&str>),
     (socket_var, socket_type): (&'static str, &str),
     (type_var, redis_type): (&'static str, &str),
-    auth: &str,
+    (auth, sentinel_auth): (&str, &str),
+    (tls_var, tls): (&'static str, Option<RedisTls>),
 ) -> Result<RedisTarget, SettingsError> {
     let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
         return Err(invalid(url_var, "", "required for the Redis backend"));
     };
-    let cluster = match redis_type.to_ascii_lowercase().as_str() {
-        "single" => false,
-        "cluster" => true,
+    let mut addresses: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    let topology = match redis_type.to_ascii_lowercase().as_str() {
+        "single" => RedisTopology::Single,
+        "cluster" => RedisTopology::Cluster,
         "sentinel" => {
-            return Err(SettingsError::NotSupportedYet {
-                var: type_var,
-                value: redis_type.to_owned(),
-                reason: "Redis Sentinel",
-            });
+            let expected =
+                "expected <master name>,<sentinel host:port>,... for REDIS_TYPE=sentinel";
+            if addresses.len() < 2 {
+                return Err(invalid(url_var, url, expected));
+            }
+            let name = addresses.remove(0);
+            let looks_like_address = name.contains("://")
+                || name
+                    .rsplit_once(':')
+                    .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+            if looks_like_address {
+                return Err(invalid(
+                    url_var,
+                    url,
+                    format!("{expected}: the first item is the master's name, not an address"),
+                ));
+            }
+            RedisTopology::Sentinel {
+                master_name: name.to_owned(),
+                master_userinfo: userinfo(auth),
+            }
         }
         _ => {
             return Err(invalid(
@@ -1783,32 +2036,40 @@ fn redis_target(
     };
     let unix = match socket_type.to_ascii_lowercase().as_str() {
         "tcp" => false,
-        "unix" => true,
+        "unix" => topology == RedisTopology::Single,
         _ => return Err(invalid(socket_var, socket_type, "expected tcp or unix")),
     };
-    // `user:password` or `password`, percent-encoded into the URL's userinfo.
-    let userinfo = match auth.split_once(':') {
-        _ if auth.is_empty() => String::new(),
-        Some((user, pass)) => format!("{}:{}@", percent_encode(user), percent_encode(pass)),
-        None => format!(":{}@", percent_encode(auth)),
+    // The credentials in the URLs: the sentinels' for sentinels, else REDIS_AUTH.
+    let auth = match topology {
+        RedisTopology::Sentinel { .. } => sentinel_auth,
+        _ => auth,
     };
-    let urls = url
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(|u| {
-            if u.starts_with("redis://")
-                || u.starts_with("redis+unix://")
-                || u.starts_with("unix://")
-            {
-                Ok(u.to_owned())
+    let scheme = if tls.is_some() { "rediss" } else { "redis" };
+    let urls = addresses
+        .iter()
+        .map(|&u| {
+            if let Some(rest) = u.strip_prefix("redis://") {
+                Ok(format!("{scheme}://{rest}"))
             } else if u.starts_with("rediss://") {
-                Err(SettingsError::NotSupportedYet {
-                    var: url_var,
-                    value: u.to_owned(),
-                    reason: "TLS to Redis",
-                })
-            } else if unix {
+                match tls {
+                    Some(_) => Ok(u.to_owned()),
+                    None => Err(invalid(
+                        url_var,
+                        u,
+                        format!("a rediss:// URL needs {tls_var}=true (and its REDIS_TLS_* files)"),
+                    )),
+                }
+            } else if u.starts_with("redis+unix://") || u.starts_with("unix://") || unix {
+                if tls.is_some() {
+                    return Err(invalid(
+                        url_var,
+                        u,
+                        format!("{tls_var}=true needs a TCP address ({socket_var}=tcp): Redis serves TLS on TCP only"),
+                    ));
+                }
+                if u.contains("://") {
+                    return Ok(u.to_owned());
+                }
                 // redis-rs takes the password of a socket as a query parameter.
                 let pass = match auth.split_once(':') {
                     _ if auth.is_empty() => String::new(),
@@ -1821,24 +2082,33 @@ fn redis_target(
                 };
                 Ok(format!("redis+unix://{u}{pass}"))
             } else if u.contains(':') {
-                Ok(format!("redis://{userinfo}{u}"))
+                Ok(format!("{scheme}://{}{u}", userinfo(auth)))
             } else {
-                Err(invalid(
-                    url_var,
-                    u,
-                    "expected host:port for REDIS_SOCKET_TYPE=tcp",
-                ))
+                Err(invalid(url_var, u, "expected host:port"))
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if urls.len() > 1 && !cluster {
+    if urls.len() > 1 && topology == RedisTopology::Single {
         return Err(invalid(
             url_var,
             url,
-            "several addresses need REDIS_TYPE=cluster",
+            "several addresses need REDIS_TYPE=cluster (or sentinel)",
         ));
     }
-    Ok(RedisTarget { urls, cluster })
+    Ok(RedisTarget {
+        urls,
+        topology,
+        tls,
+    })
+}
+
+/// `user:password` or `password`, percent-encoded into a URL's userinfo.
+fn userinfo(auth: &str) -> String {
+    match auth.split_once(':') {
+        _ if auth.is_empty() => String::new(),
+        Some((user, pass)) => format!("{}:{}@", percent_encode(user), percent_encode(pass)),
+        None => format!(":{}@", percent_encode(auth)),
+    }
 }
 
 fn percent_encode(s: &str) -> String {
@@ -2612,6 +2882,11 @@ impl TelemetryArgs {
     }
 }
 
+/// The integration tests' throw-away CA, for the REDIS_TLS_* files.
+#[cfg(test)]
+#[path = "../integration/pki.rs"]
+mod test_pki;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2773,6 +3048,245 @@ mod tests {
         settings(&["--port", "0", "--grpc-port", "0", "--debug-port", "0"]).unwrap();
     }
 
+    fn redis_settings(args: &[&str]) -> RedisSettings {
+        match settings(args).unwrap().backend {
+            Backend::Redis(r) => *r,
+            Backend::Memory => panic!("expected the Redis backend"),
+        }
+    }
+
+    #[test]
+    fn redis_sentinel_takes_the_master_name_first_and_separate_credentials() {
+        let r = redis_settings(&[
+            "--redis-type",
+            "SENTINEL",
+            "--redis-url",
+            "mymaster, 10.0.0.1:26379,sentinel-2:26379",
+            "--redis-auth",
+            "master-pass",
+            "--redis-sentinel-auth",
+            "admin:s3nt/nel",
+        ]);
+        // REDIS_AUTH is the master's, REDIS_SENTINEL_AUTH the sentinels'; the default unix
+        // socket type does not apply to sentinels (Go dials them over TCP).
+        assert_eq!(
+            r.main.topology,
+            RedisTopology::Sentinel {
+                master_name: "mymaster".into(),
+                master_userinfo: ":master-pass@".into(),
+            }
+        );
+        assert_eq!(
+            r.main.urls,
+            [
+                "redis://admin:s3nt%2Fnel@10.0.0.1:26379",
+                "redis://admin:s3nt%2Fnel@sentinel-2:26379"
+            ]
+        );
+        assert_eq!(r.main.tls, None);
+
+        let err = error(&["--redis-type", "sentinel", "--redis-url", "mymaster"]);
+        assert_eq!(
+            err,
+            "REDIS_URL=mymaster: expected <master name>,<sentinel host:port>,... for REDIS_TYPE=sentinel"
+        );
+        let err = error(&[
+            "--redis-type",
+            "sentinel",
+            "--redis-url",
+            "127.0.0.1:26379,127.0.0.1:26380",
+        ]);
+        assert!(
+            err.ends_with("the first item is the master's name, not an address"),
+            "{err}"
+        );
+        let err = error(&["--redis-type", "sentinel", "--redis-url", "m,nowhere"]);
+        assert_eq!(err, "REDIS_URL=nowhere: expected host:port");
+        let err = error(&["--redis-url", "x:1", "--redis-type", "replicated"]);
+        assert_eq!(
+            err,
+            "REDIS_TYPE=replicated: expected single, sentinel or cluster"
+        );
+
+        // The per-second twins.
+        let r = redis_settings(&[
+            "--redis-url",
+            "/run/redis.sock",
+            "--redis-persecond",
+            "--redis-persecond-type",
+            "sentinel",
+            "--redis-persecond-url",
+            "fast,127.0.0.1:26379",
+            "--redis-persecond-auth",
+            "u:p",
+            "--redis-persecond-sentinel-auth",
+            "sp",
+        ]);
+        let ps = r.per_second.unwrap();
+        assert_eq!(
+            ps.topology,
+            RedisTopology::Sentinel {
+                master_name: "fast".into(),
+                master_userinfo: "u:p@".into(),
+            }
+        );
+        assert_eq!(ps.urls, ["redis://:sp@127.0.0.1:26379"]);
+    }
+
+    #[test]
+    fn redis_tls_reads_and_checks_its_files_before_start() {
+        let pki = test_pki::TestPki::new();
+        let leaf = pki.leaf("client", &["localhost", "127.0.0.1"]);
+        let other = pki.leaf("other", &["localhost"]);
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let (ca, cert, key) = (path(&pki.ca), path(&leaf.cert), path(&leaf.key));
+        let tcp = [
+            "--redis-socket-type",
+            "tcp",
+            "--redis-url",
+            "127.0.0.1:6380",
+        ];
+        let with = |extra: &[&str]| -> Vec<String> {
+            tcp.iter().chain(extra).map(|s| s.to_string()).collect()
+        };
+        let run =
+            |args: Vec<String>| settings(&args.iter().map(String::as_str).collect::<Vec<_>>());
+
+        let r = match run(with(&[
+            "--redis-tls",
+            "--redis-tls-cacert",
+            &ca,
+            "--redis-tls-client-cert",
+            &cert,
+            "--redis-tls-client-key",
+            &key,
+            "--redis-tls-skip-hostname-verification",
+        ]))
+        .unwrap()
+        .backend
+        {
+            Backend::Redis(r) => r,
+            Backend::Memory => panic!("expected the Redis backend"),
+        };
+        assert_eq!(r.main.urls, ["rediss://127.0.0.1:6380"]);
+        let tls = r.main.tls.clone().unwrap();
+        assert_eq!(tls.ca_pem, Some(std::fs::read(&ca).unwrap()));
+        assert_eq!(
+            tls.client_pem,
+            Some((std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap()))
+        );
+        assert!(tls.skip_hostname_verification);
+        // The key never shows in a debug print.
+        assert!(!format!("{r:?}").contains("PRIVATE KEY"), "{r:?}");
+
+        // TLS alone: the system's roots, no client certificate; redis:// URLs become rediss://.
+        let r = redis_settings(&[
+            "--redis-tls=true",
+            "--redis-url",
+            "redis://:pw@10.0.0.1:6380",
+        ]);
+        assert_eq!(r.main.urls, ["rediss://:pw@10.0.0.1:6380"]);
+        assert_eq!(
+            r.main.tls,
+            Some(RedisTls {
+                ca_pem: None,
+                client_pem: None,
+                skip_hostname_verification: false
+            })
+        );
+        // Without REDIS_TLS the files are not read, as in Go.
+        let r = redis_settings(&[
+            "--redis-socket-type",
+            "tcp",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-tls-cacert",
+            "/nonexistent/ca.pem",
+        ]);
+        assert_eq!(r.main.tls, None);
+        assert_eq!(r.main.urls, ["redis://127.0.0.1:6379"]);
+
+        let err = |extra: &[&str]| run(with(extra)).unwrap_err().to_string();
+        assert_eq!(
+            err(&["--redis-tls", "--redis-tls-client-cert", &cert]),
+            format!(
+                "REDIS_TLS_CLIENT_CERT={cert}: needs REDIS_TLS_CLIENT_KEY, the certificate's private key"
+            )
+        );
+        assert_eq!(
+            err(&["--redis-tls", "--redis-tls-client-key", &key]),
+            format!(
+                "REDIS_TLS_CLIENT_KEY={key}: needs REDIS_TLS_CLIENT_CERT, the certificate of this key"
+            )
+        );
+        let e = err(&["--redis-tls", "--redis-tls-cacert", "/nonexistent/ca.pem"]);
+        assert!(
+            e.starts_with("REDIS_TLS_CACERT=/nonexistent/ca.pem: cannot read the file: "),
+            "{e}"
+        );
+        let e = err(&["--redis-tls", "--redis-tls-cacert", &key]);
+        assert_eq!(
+            e,
+            format!("REDIS_TLS_CACERT={key}: no PEM certificate in the file")
+        );
+        let e = err(&[
+            "--redis-tls",
+            "--redis-tls-client-cert",
+            &cert,
+            "--redis-tls-client-key",
+            &cert,
+        ]);
+        assert!(
+            e.starts_with(&format!("REDIS_TLS_CLIENT_KEY={cert}: no PEM private key")),
+            "{e}"
+        );
+        let e = err(&[
+            "--redis-tls",
+            "--redis-tls-client-cert",
+            &cert,
+            "--redis-tls-client-key",
+            &path(&other.key),
+        ]);
+        assert!(
+            e.starts_with(&format!(
+                "REDIS_TLS_CLIENT_KEY={}: unusable with REDIS_TLS_CLIENT_CERT={cert}: ",
+                path(&other.key)
+            )),
+            "{e}"
+        );
+        // Redis serves TLS on TCP only.
+        let e = error(&["--redis-tls", "--redis-url", "/run/redis.sock"]);
+        assert!(
+            e.contains("needs a TCP address (REDIS_SOCKET_TYPE=tcp)"),
+            "{e}"
+        );
+        let e = error(&["--redis-url", "rediss://10.0.0.1:6380"]);
+        assert_eq!(
+            e,
+            "REDIS_URL=rediss://10.0.0.1:6380: a rediss:// URL needs REDIS_TLS=true (and its REDIS_TLS_* files)"
+        );
+
+        // REDIS_PERSECOND_TLS: the same files, for the per-second Redis only.
+        let r = redis_settings(&[
+            "--redis-socket-type",
+            "tcp",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-persecond",
+            "--redis-persecond-socket-type",
+            "tcp",
+            "--redis-persecond-url",
+            "127.0.0.1:6380",
+            "--redis-persecond-tls",
+            "--redis-tls-cacert",
+            &ca,
+        ]);
+        assert_eq!(r.main.tls, None);
+        let ps = r.per_second.unwrap();
+        assert_eq!(ps.urls, ["rediss://127.0.0.1:6380"]);
+        assert_eq!(ps.tls.unwrap().ca_pem, Some(std::fs::read(&ca).unwrap()));
+    }
+
     #[test]
     fn backend_defaults_to_memory_and_to_redis_over_a_redis_url() {
         assert_eq!(settings(&[]).unwrap().backend, Backend::Memory);
@@ -2821,13 +3335,22 @@ mod tests {
         assert!(err.starts_with("REDIS_URL=: required"), "{err}");
         let err = error(&["--redis-url", "x:1", "--redis-type", "sentinel"]);
         assert!(
-            err.contains("REDIS_TYPE=sentinel") && err.contains("not support"),
+            err.starts_with("REDIS_URL=x:1: expected <master name>,<sentinel host:port>"),
             "{err}"
         );
         let err = error(&["--redis-url", "x:1", "--redis-timeout", "soon"]);
         assert!(err.starts_with("REDIS_TIMEOUT=soon"), "{err}");
         let err = error(&["--redis-url", "a:1,b:2", "--redis-socket-type", "tcp"]);
         assert!(err.contains("REDIS_TYPE=cluster"), "{err}");
+        // A cluster's seeds are TCP addresses whatever REDIS_SOCKET_TYPE says, as in Go.
+        let Backend::Redis(r) = settings(&["--redis-url", "a:1,b:2", "--redis-type", "cluster"])
+            .unwrap()
+            .backend
+        else {
+            panic!("expected the Redis backend");
+        };
+        assert_eq!(r.main.urls, ["redis://a:1", "redis://b:2"]);
+        assert_eq!(r.main.topology, RedisTopology::Cluster);
         let err = error(&["--backend-type", "memcache"]);
         assert!(
             err.starts_with("BACKEND_TYPE=memcache: ") && err.contains("not supported"),
@@ -3408,6 +3931,8 @@ mod tests {
         assert!(help.contains("[env: REDIS_URL="), "{help}");
         // Secrets are never echoed back from the environment.
         assert!(help.contains("[env: REDIS_AUTH]"), "{help}");
+        assert!(help.contains("[env: REDIS_SENTINEL_AUTH]"), "{help}");
+        assert!(help.contains("[env: REDIS_TLS_CLIENT_CERT="), "{help}");
         assert!(help.contains("check-config"), "{help}");
     }
 

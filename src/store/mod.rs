@@ -6,6 +6,7 @@
 
 pub mod memory;
 pub mod redis;
+mod redis_sentinel;
 
 use std::future::Future;
 

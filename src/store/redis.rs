@@ -16,6 +16,15 @@
 //! redis-rs pipelines their commands, so there is not one round trip per request. On Redis
 //! Cluster, each key's commands go to its node concurrently.
 //!
+//! **Topologies.** REDIS_TYPE=single keeps one auto-reconnecting connection; `cluster` one
+//! cluster connection routing by slot; `sentinel` one connection to the master the sentinels
+//! name, replaced when it fails or is demoted (see [`super::redis_sentinel`]).
+//!
+//! **TLS** (REDIS_TLS): rustls on ring, through the redis crate, with REDIS_TLS_CACERT as the
+//! only roots when set (else the system's), REDIS_TLS_CLIENT_CERT/_KEY presented to Redis, and
+//! REDIS_TLS_SKIP_HOSTNAME_VERIFICATION accepting a certificate for another name whose chain
+//! still verifies, as Go's does.
+//!
 //! **Failures.** Every call is bounded by REDIS_TIMEOUT. An error is a
 //! [`StoreError::Backend`], answered as UNKNOWN (or OK where the operator chose to fail open).
 //! The connection reconnects by itself. At start-up Sluice does not wait for Redis: a task
@@ -35,13 +44,14 @@ use dashmap::DashMap;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 
+use super::redis_sentinel::{Lookup, SentinelMaster};
 use super::{CounterStore, Hit, StoreError, go_cache_key};
 use crate::clock::Timestamp;
 use crate::limiter::fixed_window::{self, Decision};
 use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
-use crate::settings::{RedisSettings, RedisTarget};
+use crate::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology};
 
 /// The sliding window (see [`sliding_window`]).
 ///
@@ -109,11 +119,56 @@ end
 return 0
 "#;
 
-/// One Redis (or one Redis Cluster).
+/// A client for one node at `url`; with `tls`, the URL is `rediss://` and the REDIS_TLS_*
+/// certificates apply.
+pub(super) fn client(url: &str, tls: Option<&RedisTls>) -> Result<redis::Client, RedisError> {
+    let Some(tls) = tls else {
+        return redis::Client::open(url);
+    };
+    let client = redis::Client::build_with_tls(url, certificates(tls))?;
+    if !tls.skip_hostname_verification {
+        return Ok(client);
+    }
+    // The chain is still verified against the roots; only a name mismatch is accepted.
+    let info = client.get_connection_info().clone();
+    let mut addr = info.addr().clone();
+    addr.set_danger_accept_invalid_hostnames(true);
+    redis::Client::open(info.set_addr(addr))
+}
+
+/// `url` with its userinfo and `pass`/`user` query replaced by `***`.
+fn without_credentials(url: &str) -> String {
+    let url = match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    };
+    match url.split_once('?') {
+        Some((path, _)) => format!("{path}?***"),
+        None => url,
+    }
+}
+
+fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: tls
+            .client_pem
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca_pem.clone(),
+    }
+}
+
+/// One Redis, one Redis Cluster, or the master of a Sentinel group.
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelMaster>),
 }
 
 impl Conn {
@@ -121,6 +176,15 @@ impl Conn {
         match self {
             Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
             Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Sentinel(s) => s.pipe(pipe).await,
+        }
+    }
+
+    /// A call on this connection missed REDIS_TIMEOUT.
+    fn deadline_missed(&self) {
+        if let Conn::Sentinel(s) = self {
+            // The master may be gone without a word (a partition): look again.
+            s.deadline_missed();
         }
     }
 
@@ -131,6 +195,9 @@ impl Conn {
             match self {
                 Conn::Single(c) => {
                     let _: String = cmd.query_async(&mut c.clone()).await?;
+                }
+                Conn::Sentinel(s) => {
+                    s.cmd(&cmd).await?;
                 }
                 Conn::Cluster(c) => {
                     // Every primary must know the scripts.
@@ -150,13 +217,23 @@ impl Conn {
 struct Target {
     conn: ArcSwapOption<Conn>,
     ready: AtomicBool,
+    /// Why the last start-up check failed (a refused TLS handshake, say), for error messages:
+    /// a reconnecting connection only says it timed out.
+    last_error: ArcSwapOption<String>,
 }
 
 impl Target {
     fn current(&self) -> Result<Arc<Conn>, StoreError> {
-        self.conn.load_full().ok_or_else(|| StoreError::Backend {
-            message: "not connected to Redis yet".into(),
-        })
+        self.conn
+            .load_full()
+            .ok_or_else(|| backend_error(self.with_last_error("not connected to Redis yet")))
+    }
+
+    fn with_last_error(&self, message: impl std::fmt::Display) -> String {
+        match self.last_error.load().as_deref() {
+            Some(last) => format!("{message}; last connection error: {last}"),
+            None => message.to_string(),
+        }
     }
 }
 
@@ -249,35 +326,71 @@ impl RedisStore {
         let t = Arc::new(Target {
             conn: ArcSwapOption::empty(),
             ready: AtomicBool::new(false),
+            last_error: ArcSwapOption::empty(),
         });
         let connect_timeout = timeout.max(Duration::from_secs(1));
-        if !target.cluster {
-            let url = target
-                .urls
-                .first()
-                .ok_or_else(|| backend_error("no Redis URL"))?;
-            let client = redis::Client::open(url.as_str()).map_err(backend_error)?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_response_timeout(Some(timeout))
-                .set_max_delay(Duration::from_secs(5));
-            let manager =
-                ConnectionManager::new_lazy_with_config(client, config).map_err(backend_error)?;
-            t.conn.store(Some(Arc::new(Conn::Single(manager))));
+        if target.tls.is_some() {
+            // rustls needs a process-wide provider: ring, as everywhere in Sluice. An error
+            // means one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let (task_target, urls, cluster) = (t.clone(), target.urls.clone(), target.cluster);
+        let tls = target.tls.as_ref();
+        match &target.topology {
+            RedisTopology::Single => {
+                let url = target
+                    .urls
+                    .first()
+                    .ok_or_else(|| backend_error("no Redis URL"))?;
+                let client = client(url, tls).map_err(backend_error)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(connect_timeout))
+                    .set_response_timeout(Some(timeout))
+                    .set_max_delay(Duration::from_secs(5));
+                let manager = ConnectionManager::new_lazy_with_config(client, config)
+                    .map_err(backend_error)?;
+                t.conn.store(Some(Arc::new(Conn::Single(manager))));
+            }
+            RedisTopology::Sentinel {
+                master_name,
+                master_userinfo,
+            } => {
+                let sentinels = target
+                    .urls
+                    .iter()
+                    .map(|url| client(url, tls))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(backend_error)?;
+                let (master, task) = SentinelMaster::start(Lookup {
+                    sentinels,
+                    master_name: master_name.clone(),
+                    master_userinfo: master_userinfo.clone(),
+                    tls: target.tls.clone(),
+                    config: AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(connect_timeout))
+                        .set_response_timeout(Some(timeout)),
+                    connect_timeout,
+                });
+                tasks.push(task);
+                t.conn.store(Some(Arc::new(Conn::Sentinel(master))));
+            }
+            RedisTopology::Cluster => {}
+        }
+        let (task_target, target) = (t.clone(), target.clone());
         tasks.push(tokio::spawn(async move {
             let mut delay = Duration::from_secs(1);
+            // Credentials stay out of the logs.
+            let urls: Vec<String> = target.urls.iter().map(|u| without_credentials(u)).collect();
             loop {
-                match Self::startup_check(&task_target, &urls, cluster, timeout, connect_timeout)
-                    .await
+                match Self::startup_check(&task_target, &target, timeout, connect_timeout).await
                 {
                     Ok(()) => {
+                        task_target.last_error.store(None);
                         task_target.ready.store(true, Ordering::SeqCst);
                         tracing::info!(redis = ?urls, "Redis answered; ready");
                         return;
                     }
                     Err(e) => {
+                        task_target.last_error.store(Some(Arc::new(e.to_string())));
                         tracing::warn!(redis = ?urls, error = %e, retry_in = ?delay, "Redis not ready");
                         tokio::time::sleep(delay).await;
                         delay = (delay * 2).min(Duration::from_secs(30));
@@ -291,18 +404,33 @@ impl RedisStore {
     /// Connects (cluster), pings, and loads the scripts.
     async fn startup_check(
         target: &Target,
-        urls: &[String],
-        cluster: bool,
+        settings: &RedisTarget,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Result<(), RedisError> {
-        if cluster && target.conn.load().is_none() {
-            let client = ClusterClient::builder(urls.iter().map(String::as_str))
+        if settings.topology == RedisTopology::Cluster && target.conn.load().is_none() {
+            let mut builder = ClusterClient::builder(settings.urls.iter().map(String::as_str))
                 .connection_timeout(connect_timeout)
-                .response_timeout(timeout)
-                .build()?;
+                .response_timeout(timeout);
+            if let Some(tls) = &settings.tls {
+                builder = builder
+                    .certs(certificates(tls))
+                    .danger_accept_invalid_hostnames(tls.skip_hostname_verification);
+            }
+            let client = builder.build()?;
             let conn = client.get_async_connection().await?;
             target.conn.store(Some(Arc::new(Conn::Cluster(conn))));
+        }
+        if let (RedisTopology::Single, Some(url)) = (&settings.topology, settings.urls.first()) {
+            // A connection of our own, so a refused handshake is reported as such: the
+            // reconnecting connection would only time out.
+            client(url, settings.tls.as_ref())?
+                .get_multiplexed_async_connection_with_config(
+                    &AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(connect_timeout))
+                        .set_response_timeout(Some(timeout)),
+                )
+                .await?;
         }
         let Some(conn) = target.conn.load_full() else {
             return Err(RedisError::from((ErrorKind::Io, "no connection")));
@@ -343,8 +471,9 @@ impl RedisStore {
         unit.secs() + jitter
     }
 
-    /// Runs `pipe` on `conn` within the deadline; on NOSCRIPT loads the scripts and retries.
-    async fn run(&self, conn: &Conn, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
+    /// Runs `pipe` on `target` within the deadline; on NOSCRIPT loads the scripts and retries.
+    async fn run(&self, target: &Target, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
+        let conn = target.current()?;
         let attempt = async {
             match conn.query(pipe).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -357,10 +486,13 @@ impl RedisStore {
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(values)) => Ok(values),
             Ok(Err(e)) => Err(backend_error(e)),
-            Err(_) => Err(backend_error(format!(
-                "Redis did not answer within {:?} (REDIS_TIMEOUT)",
-                self.timeout
-            ))),
+            Err(_) => Err(backend_error({
+                conn.deadline_missed();
+                target.with_last_error(format_args!(
+                    "Redis did not answer within {:?} (REDIS_TIMEOUT)",
+                    self.timeout
+                ))
+            })),
         }
     }
 
@@ -488,27 +620,27 @@ impl RedisStore {
             }
         }
         // One pipeline per Redis (per key on a cluster), all concurrently.
-        let mut groups: Vec<(Arc<Conn>, Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(&Arc<Target>, Vec<usize>)> = Vec::new();
         for (i, hit) in hits.iter().enumerate() {
             if decisions[i].is_some() {
                 continue;
             }
-            let conn = self.target_for(hit.quota.unit).current()?;
-            let cluster = matches!(*conn, Conn::Cluster(_));
+            let target = self.target_for(hit.quota.unit);
+            let cluster = matches!(*target.current()?, Conn::Cluster(_));
             match groups
                 .iter_mut()
-                .find(|(c, _)| !cluster && Arc::ptr_eq(c, &conn))
+                .find(|(t, _)| !cluster && Arc::ptr_eq(t, target))
             {
                 Some((_, idx)) => idx.push(i),
-                None => groups.push((conn, vec![i])),
+                None => groups.push((target, vec![i])),
             }
         }
-        let replies = futures_util::future::join_all(groups.iter().map(|(conn, idx)| {
+        let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
             let mut pipe = redis::pipe();
             for &i in idx {
                 self.push(&mut pipe, &hits[i], now, increment[i]);
             }
-            async move { self.run(conn, &pipe).await }
+            async move { self.run(target, &pipe).await }
         }))
         .await;
         for ((_, idx), reply) in groups.iter().zip(replies) {
@@ -555,11 +687,10 @@ impl RedisStore {
             if hit.quota.algorithm != Algorithm::FixedWindow {
                 continue;
             }
-            let conn = self.target_for(hit.quota.unit).current()?;
             let mut pipe = redis::pipe();
             pipe.cmd("GET")
                 .arg(go_cache_key(hit.key, now, hit.quota.unit));
-            let reply = self.run(&conn, &pipe).await?;
+            let reply = self.run(self.target_for(hit.quota.unit), &pipe).await?;
             let count: u64 = match reply.first() {
                 Some(Value::BulkString(b)) => std::str::from_utf8(b)
                     .ok()
@@ -583,7 +714,6 @@ impl RedisStore {
                     None => continue,
                 },
             };
-            let conn = self.target_for(q.unit).current()?;
             let mut pipe = redis::pipe();
             pipe.cmd("EVALSHA")
                 .arg(redis::Script::new(REFUND).get_hash())
@@ -593,7 +723,7 @@ impl RedisStore {
                 .arg(now.micros())
                 .arg(scale)
                 .arg(hit.hits);
-            self.run(&conn, &pipe).await?;
+            self.run(self.target_for(q.unit), &pipe).await?;
         }
         Ok(())
     }
