@@ -1194,7 +1194,19 @@ fn sentinel_failover_is_followed_and_counts_carry_over() {
     assert_eq!(group.replica.cli(&["GET", &key]), "6");
 
     // Now the new master dies: calls fail at once, and once the sentinel has promoted the old
-    // master back, the watcher (retrying at most every second) finds it.
+    // master back, the watcher (retrying at most every second) finds it. First the demoted
+    // master must have become the new one's replica and caught up (a full sync after the
+    // sentinel's REPLICAOF, slow on a loaded machine).
+    wait_for(
+        "the old master to replicate from the new one",
+        Duration::from_secs(30),
+        || {
+            group
+                .master
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        },
+    );
     assert_eq!(group.replica.cli(&["WAIT", "1", "5000"]), "1");
     let mut group = group;
     group.replica.child.kill().unwrap();

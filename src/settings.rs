@@ -33,7 +33,6 @@ use std::io;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::Resettable;
@@ -766,6 +765,9 @@ pub enum SettingsError {
          set BACKEND_TYPE=memory to count per node"
     )]
     BackendNotSupported { value: String },
+    /// A TLS file that cannot be used; the message names the variable and the file.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 fn invalid(
@@ -1612,32 +1614,39 @@ fn grpc_metadata(key: String, value: String) -> Result<(String, String), Setting
     Ok((key, value))
 }
 
+/// A client certificate and its key: both files, or neither. The Go service silently connects
+/// without a client certificate when only one of the two is set; that is almost certainly a typo,
+/// so it stops start-up here.
+fn key_pair(
+    (cert_var, cert): (&'static str, &str),
+    (key_var, key): (&'static str, &str),
+) -> Result<Option<(PathBuf, PathBuf)>, SettingsError> {
+    match (non_empty(Some(cert)), non_empty(Some(key))) {
+        (Some(c), Some(k)) => Ok(Some((PathBuf::from(c), PathBuf::from(k)))),
+        (None, None) => Ok(None),
+        (Some(c), None) => Err(invalid(
+            cert_var,
+            c,
+            format!("needs {key_var}, the certificate's private key"),
+        )),
+        (None, Some(k)) => Err(invalid(
+            key_var,
+            k,
+            format!("needs {cert_var}, the certificate of this key"),
+        )),
+    }
+}
+
 fn xds_tls(
     cert: Option<&str>,
     key: Option<&str>,
     ca: Option<&str>,
     san: Option<&str>,
 ) -> Result<XdsTls, SettingsError> {
-    // The Go service silently connects without a client certificate when only one of the two
-    // is set; that is almost certainly a typo, so it stops start-up here.
-    let client_identity = match (non_empty(cert), non_empty(key)) {
-        (Some(c), Some(k)) => Some((PathBuf::from(c), PathBuf::from(k))),
-        (None, None) => None,
-        (Some(c), None) => {
-            return Err(invalid(
-                "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-                "",
-                format!("must be set with CONFIG_GRPC_XDS_CLIENT_TLS_CERT={c}"),
-            ));
-        }
-        (None, Some(k)) => {
-            return Err(invalid(
-                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-                "",
-                format!("must be set with CONFIG_GRPC_XDS_CLIENT_TLS_KEY={k}"),
-            ));
-        }
-    };
+    let client_identity = key_pair(
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.unwrap_or("")),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.unwrap_or("")),
+    )?;
     Ok(XdsTls {
         client_identity,
         server_ca: non_empty(ca).map(PathBuf::from),
@@ -1808,95 +1817,25 @@ impl RedisArgs {
         })
     }
 
-    /// Reads the REDIS_TLS_* files and parses them as the Redis client will, so a missing,
+    /// Reads the REDIS_TLS_* files and checks them as the other TLS clients' are, so a missing,
     /// unreadable or mismatched file stops start-up with a message naming it (Go panics).
     fn tls(&self) -> Result<RedisTls, SettingsError> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
-        let read = |var: &'static str, path: &str| {
-            std::fs::read(path)
-                .map_err(|e| invalid(var, path, format!("cannot read the file: {e}")))
-        };
-        let certs = |var: &'static str, path: &str, pem: &[u8]| {
-            let certs = CertificateDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| invalid(var, path, format!("not a PEM certificate file: {e}")))?;
-            if certs.is_empty() {
-                return Err(invalid(var, path, "no PEM certificate in the file"));
-            }
-            Ok(certs)
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        let ca_pem = match self.redis_tls_cacert.as_str() {
-            "" => None,
-            path => {
-                let pem = read("REDIS_TLS_CACERT", path)?;
-                for cert in certs("REDIS_TLS_CACERT", path, &pem)? {
-                    roots.add(cert).map_err(|e| {
-                        invalid(
-                            "REDIS_TLS_CACERT",
-                            path,
-                            format!("not a CA certificate: {e}"),
-                        )
-                    })?;
-                }
-                Some(pem)
-            }
-        };
-        let (cert_path, key_path) = (
-            self.redis_tls_client_cert.as_str(),
-            self.redis_tls_client_key.as_str(),
-        );
-        let client_pem = match (cert_path, key_path) {
-            ("", "") => None,
-            (cert, "") => {
-                return Err(invalid(
-                    "REDIS_TLS_CLIENT_CERT",
-                    cert,
-                    "needs REDIS_TLS_CLIENT_KEY, the certificate's private key",
-                ));
-            }
-            ("", key) => {
-                return Err(invalid(
-                    "REDIS_TLS_CLIENT_KEY",
-                    key,
-                    "needs REDIS_TLS_CLIENT_CERT, the certificate of this key",
-                ));
-            }
-            (cert_path, key_path) => {
-                let cert_pem = read("REDIS_TLS_CLIENT_CERT", cert_path)?;
-                let key_pem = read("REDIS_TLS_CLIENT_KEY", key_path)?;
-                let chain = certs("REDIS_TLS_CLIENT_CERT", cert_path, &cert_pem)?;
-                let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-                    invalid(
-                        "REDIS_TLS_CLIENT_KEY",
-                        key_path,
-                        format!("no PEM private key in the file: {e}"),
-                    )
-                })?;
-                // Building a client configuration checks that the key is usable and is the
-                // certificate's.
-                rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| invalid("REDIS_TLS", "true", e.to_string()))?
-                .with_root_certificates(roots)
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| {
-                    invalid(
-                        "REDIS_TLS_CLIENT_KEY",
-                        key_path,
-                        format!("unusable with REDIS_TLS_CLIENT_CERT={cert_path}: {e}"),
-                    )
-                })?;
-                Some((cert_pem, key_pem))
-            }
-        };
+        use crate::tls::{ClientTls, KeyPairFiles, PemFile};
+        let identity = key_pair(
+            ("REDIS_TLS_CLIENT_CERT", &self.redis_tls_client_cert),
+            ("REDIS_TLS_CLIENT_KEY", &self.redis_tls_client_key),
+        )?;
+        let client = ClientTls::from_files(
+            non_empty(Some(&self.redis_tls_cacert)).map(|p| PemFile::new("REDIS_TLS_CACERT", p)),
+            identity.map(|(cert, key)| KeyPairFiles {
+                cert: PemFile::new("REDIS_TLS_CLIENT_CERT", cert),
+                key: PemFile::new("REDIS_TLS_CLIENT_KEY", key),
+            }),
+            None,
+        )?;
         Ok(RedisTls {
-            ca_pem,
-            client_pem,
+            ca_pem: client.ca_pem,
+            client_pem: client.identity_pem,
             skip_hostname_verification: self.redis_tls_skip_hostname_verification,
         })
     }
@@ -3227,7 +3166,7 @@ mod tests {
         let e = err(&["--redis-tls", "--redis-tls-cacert", &key]);
         assert_eq!(
             e,
-            format!("REDIS_TLS_CACERT={key}: no PEM certificate in the file")
+            format!("REDIS_TLS_CACERT={key}: no PEM certificate (BEGIN CERTIFICATE) in the file")
         );
         let e = err(&[
             "--redis-tls",
@@ -3249,7 +3188,7 @@ mod tests {
         ]);
         assert!(
             e.starts_with(&format!(
-                "REDIS_TLS_CLIENT_KEY={}: unusable with REDIS_TLS_CLIENT_CERT={cert}: ",
+                "REDIS_TLS_CLIENT_KEY={}: the private key does not match the certificate in REDIS_TLS_CLIENT_CERT={cert}",
                 path(&other.key)
             )),
             "{e}"
@@ -3559,8 +3498,8 @@ mod tests {
                 "--config-grpc-xds-client-tls-cert",
                 "/certs/tls.crt",
             ]),
-            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=: must be set with \
-             CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/certs/tls.crt"
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=/certs/tls.crt: needs \
+             CONFIG_GRPC_XDS_CLIENT_TLS_KEY, the certificate's private key"
         );
         assert_eq!(
             err(&[

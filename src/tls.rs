@@ -524,22 +524,40 @@ impl fmt::Debug for ClientTls {
 
 impl ClientTls {
     pub fn load(settings: &XdsTls) -> Result<Self, TlsError> {
-        let ca_pem = match &settings.server_ca {
+        Self::from_files(
+            settings
+                .server_ca
+                .as_ref()
+                .map(|path| PemFile::new("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path)),
+            settings
+                .client_identity
+                .as_ref()
+                .map(|(cert, key)| KeyPairFiles {
+                    cert: PemFile::new("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert),
+                    key: PemFile::new("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key),
+                }),
+            settings.server_name.clone(),
+        )
+    }
+
+    /// Reads and checks a client's files, whichever client it is (xDS, Redis): the CA must
+    /// hold usable trust anchors, and the key must be the certificate's.
+    pub fn from_files(
+        ca: Option<PemFile>,
+        identity: Option<KeyPairFiles>,
+        server_name: Option<String>,
+    ) -> Result<Self, TlsError> {
+        let ca_pem = match ca {
             None => None,
-            Some(path) => {
-                let ca = PemFile::new("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path);
+            Some(ca) => {
                 let pem = ca.read()?;
                 ca.roots(&pem)?;
                 Some(pem)
             }
         };
-        let identity_pem = match &settings.client_identity {
+        let identity_pem = match identity {
             None => None,
-            Some((cert, key)) => {
-                let files = KeyPairFiles {
-                    cert: PemFile::new("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert),
-                    key: PemFile::new("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key),
-                };
+            Some(files) => {
                 let loaded = files.load()?;
                 Some((loaded.cert_pem, loaded.key_pem))
             }
@@ -547,7 +565,7 @@ impl ClientTls {
         Ok(ClientTls {
             ca_pem,
             identity_pem,
-            server_name: settings.server_name.clone(),
+            server_name,
         })
     }
 }
