@@ -20,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 
 use super::propagation::RequestTrace;
-use super::proto::SpanKind;
+pub use super::proto::SpanKind;
 
 /// The tracer's counters, exported as `sluice_tracing_*` metrics.
 #[derive(Debug, Default)]
