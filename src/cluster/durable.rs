@@ -220,6 +220,11 @@ impl Durable {
         })
     }
 
+    /// True once Redis has answered (loads and flushes before that fail and are counted).
+    pub fn is_ready(&self) -> bool {
+        self.redis.is_ready()
+    }
+
     pub fn stats(&self) -> &DurableStats {
         &self.stats
     }

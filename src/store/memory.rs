@@ -235,11 +235,12 @@ impl MemoryStore {
     }
 
     /// Whether a counter holds anything at `now`: a count of the current window (fixed), of the
-    /// current or previous one (sliding), or a bucket not at rest.
+    /// current or previous one (sliding), or a bucket not at rest. (A counter that only
+    /// answered peeks holds nothing.)
     pub fn holds(&self, kind: CounterKind, key: &str, now: Timestamp) -> bool {
         self.state(kind, key).is_some_and(|s| match kind {
-            CounterKind::Fixed(u) => !fixed_window::is_stale(s as u64, now.secs(), u),
-            CounterKind::Sliding(u) => !sliding_window::is_stale(s, now.micros(), u),
+            CounterKind::Fixed(u) => fixed_window::current_count(s as u64, now.secs(), u) > 0,
+            CounterKind::Sliding(u) => sliding_window::counts_at(s, now.micros(), u) != (0, 0),
             CounterKind::Bucket => !bucket::is_stale(s as u64, now.micros()),
         })
     }

@@ -650,6 +650,11 @@ impl RedisLink {
         })
     }
 
+    /// True once Redis has answered its start-up PING.
+    pub fn is_ready(&self) -> bool {
+        self.target.ready.load(Ordering::SeqCst)
+    }
+
     /// Whether it is Redis Cluster, where one pipeline must stay within one hash slot.
     pub fn is_cluster(&self) -> bool {
         self.cluster
