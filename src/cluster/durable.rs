@@ -385,6 +385,10 @@ impl Durable {
             })
             .filter_map(|(stem, kind)| self.write_for(stem, kind, now))
             .collect();
+        // Loads whose horizon has passed, or that a later ring change outdated, say nothing.
+        let (epoch, _) = self.changes.last();
+        self.loads
+            .retain(|_, s| s.epoch == epoch && s.until_us > now.micros());
         if writes.is_empty() {
             return 0;
         }
@@ -442,10 +446,6 @@ impl Durable {
         self.stats
             .flushed_counters
             .fetch_add(written as u64, Ordering::Relaxed);
-        // Loads whose horizon has passed say nothing any more.
-        let (epoch, _) = self.changes.last();
-        self.loads
-            .retain(|_, s| s.epoch == epoch && s.until_us > now.micros());
         written
     }
 
