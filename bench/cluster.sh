@@ -3,6 +3,7 @@
 #
 #   bench/cluster.sh                 # 3 alternating rounds, 8 s per run: about 2 minutes
 #   BENCH_ROUNDS=5 BENCH_DURATION=10 bench/cluster.sh
+#   BENCH_WRITE_BEHIND=1 bench/cluster.sh   # the peers write behind to a redis-server
 #
 # Starts one Sluice (memory store) and three Sluice peers (PEERS pointing at each other,
 # forward mode) on free 127.0.0.1 ports, checks both answer correctly, then alternates:
@@ -11,7 +12,10 @@
 # Reports req/s, p50/p99 and, from the peers' /stats, forwarded hits and peer calls per request.
 # All three peers share this machine's two cores with h2load, so the cluster pays for its
 # forwarding with no extra CPU: the figure is a floor, not what three machines would do.
-# Writes bench/results/cluster.md.
+# With BENCH_WRITE_BEHIND=1 the peers run with SLUICE_PEER_WRITE_BEHIND=true against a
+# redis-server started here (persistence off), and the report adds the take-over loads (Redis
+# round trips on the request path) and the counters written per second.
+# Writes bench/results/cluster.md (cluster-write-behind.md with BENCH_WRITE_BEHIND=1).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,14 +36,28 @@ cargo build --release --quiet --bin sluice --example bench_client
 BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
 
-# 4 nodes x (http, grpc, debug, peer): 16 distinct ports.
-read -r -a P < <(free_ports 16)
+# 4 nodes x (http, grpc, debug, peer): 16 distinct ports, and one for Redis.
+read -r -a P < <(free_ports 17)
 PEERS="127.0.0.1:${P[7]},127.0.0.1:${P[11]},127.0.0.1:${P[15]}"
+WRITE_BEHIND=${BENCH_WRITE_BEHIND:-0}
+REPORT="$OUT/cluster.md"
+DURABLE=()
+if [[ $WRITE_BEHIND == 1 ]]; then
+    REPORT="$OUT/cluster-write-behind.md"
+    redis-server --port "${P[16]}" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+    PIDS+=($!)
+    for _ in $(seq 100); do
+        [[ $(redis-cli -p "${P[16]}" PING 2>/dev/null) == PONG ]] && break
+        sleep 0.1
+    done
+    DURABLE=(SLUICE_PEER_WRITE_BEHIND=true REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:${P[16]}")
+fi
 start() { # start INDEX [PEER]
     local i=$1 base=$(($1 * 4))
     local env=(LOG_LEVEL=error BACKEND_TYPE=memory)
     if [[ $i -gt 0 ]]; then
-        env+=(PEERS="$PEERS" PEER_PORT="${P[base + 3]}" PEER_ADVERTISE_ADDRESS="127.0.0.1:${P[base + 3]}")
+        env+=(PEERS="$PEERS" PEER_PORT="${P[base + 3]}" PEER_ADVERTISE_ADDRESS="127.0.0.1:${P[base + 3]}"
+            "${DURABLE[@]}")
     fi
     env "${env[@]}" "$BIN/sluice" --config "$ROOT/bench/config" --host 127.0.0.1 \
         --grpc-host 127.0.0.1 --debug-host 127.0.0.1 --port "${P[base]}" \
@@ -65,9 +83,10 @@ cluster_stat() { # sum of a sluice.cluster.* counter over the three peers
 }
 
 run() { # run single|cluster
-    local mode=$1 k pids=() fwd0 calls0 local0
+    local mode=$1 k pids=() fwd0 calls0 local0 loads0 written0
     fwd0=$(cluster_stat forwarded_hits); calls0=$(cluster_stat peer_calls)
     local0=$(cluster_stat local_hits)
+    loads0=$(cluster_stat durable.loads); written0=$(cluster_stat durable.flushed_counters)
     for k in 0 1 2; do
         local node=0
         [[ $mode == cluster ]] && node=$((k + 1))
@@ -79,13 +98,17 @@ run() { # run single|cluster
         pids+=($!)
     done
     for k in "${pids[@]}"; do wait "$k"; done
-    local fwd calls locals
+    local fwd calls locals loads written
     fwd=$(($(cluster_stat forwarded_hits) - fwd0)); calls=$(($(cluster_stat peer_calls) - calls0))
     locals=$(($(cluster_stat local_hits) - local0))
-    python3 - "$mode" "$fwd" "$calls" "$locals" "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
+    loads=$(($(cluster_stat durable.loads) - loads0))
+    written=$(($(cluster_stat durable.flushed_counters) - written0))
+    python3 - "$mode" "$fwd" "$calls" "$locals" "$loads" "$written" "$DURATION" \
+        "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
 import json, re, sys
 mode, fwd, calls, local = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rest = sys.argv[5:]
+loads, written, duration = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+rest = sys.argv[8:]
 sep = rest.index("--")
 outs, logs = rest[:sep], rest[sep + 1:]
 rps = sum(float(m.group(1)) for o in outs
@@ -96,7 +119,8 @@ pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1000 if lat else flo
 # The counters include h2load's warm-up second (its logs leave it out), so the ratios are taken
 # between counters, never against the logged request count.
 print(json.dumps({"mode": mode, "rps": round(rps), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-                  "requests": len(lat), "forwarded": fwd, "local": local, "peer_calls": calls}))
+                  "requests": len(lat), "forwarded": fwd, "local": local, "peer_calls": calls,
+                  "loads": loads, "written_per_s": round(written / (duration + 1), 1)}))
 PY
     rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt
 }
@@ -107,7 +131,7 @@ for round in $(seq "$ROUNDS"); do
     for mode in $order; do run "$mode" | tee -a "$RUNS"; done
 done
 
-python3 - "$RUNS" "$OUT/cluster.md" "$ROUNDS" "$DURATION" <<'PY'
+python3 - "$RUNS" "$REPORT" "$ROUNDS" "$DURATION" "$WRITE_BEHIND" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
@@ -128,6 +152,14 @@ c = statistics.median(r["rps"] for r in rows if r["mode"] == "cluster")
 out.append("")
 out.append(f"3-node cluster / single node throughput (medians of {sys.argv[3]} alternating rounds, "
            f"{sys.argv[4]} s each, all on one 2-core machine): {c / s:.2f}")
+if sys.argv[5] == "1":
+    rs = [r for r in rows if r["mode"] == "cluster"]
+    loads = sum(r["loads"] for r in rs)
+    requests = sum(r["requests"] for r in rs)
+    out.append("")
+    out.append(f"With SLUICE_PEER_WRITE_BEHIND (500 ms): {loads} take-over loads (Redis round trips "
+               f"on the request path) over {requests:,} cluster requests in the timed runs, and "
+               f"{med(rs, 'written_per_s')} counters written behind per second (median).")
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 PY

@@ -19,6 +19,11 @@
 //!   owner meanwhile is retried once on the next owner by its ring. A node brings a peer back at
 //!   its next probe (every 500 ms) after the peer answers again. Counters are memory only, so a
 //!   new owner starts a key from its own count (0 for a restarted node).
+//! - **durable**: forward with SLUICE_PEER_WRITE_BEHIND (`src/cluster/durable.rs`), at 500 ms
+//!   (the default) and 100 ms: every interval each node writes the counters it changed to a simulated Redis (raise-only, and it
+//!   takes back a larger count Redis holds); a node with no count for a key's current window
+//!   loads it first (one Redis round trip) if it saw a change this window (its own start, a
+//!   peer marked down) or the key's owner among all peers it knows is another node.
 //! - **divided** (Cortex's global limiter): every node enforces `ceil(limit / live peers)`
 //!   locally, where live peers is its own view, kept by the same probes (which in this mode also
 //!   mark peers down); no hops.
@@ -38,7 +43,7 @@
 //! clients open their connections to it.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use sluice::cluster::ring::{Ring, key_hash};
 use sluice::limiter::Unit;
@@ -59,6 +64,8 @@ const RATE: f64 = 20_000.0;
 /// Seconds since the epoch at the start, so window tags look like real ones.
 const EPOCH_SECS: u64 = 1_700_000_000;
 const NODE_COUNTS: [usize; 5] = [3, 5, 10, 20, 50];
+/// A Redis round trip, for a take-over load.
+const REDIS_US: (u64, u64) = (200, 500);
 
 /// SplitMix64: small, seedable and the same on every platform.
 struct Rng(u64);
@@ -90,16 +97,19 @@ impl Rng {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
     Forward,
+    /// With SLUICE_PEER_WRITE_BEHIND_MS of this many milliseconds.
+    Durable(u64),
     Divided,
     Local,
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            Mode::Forward => "forward",
-            Mode::Divided => "divided",
-            Mode::Local => "local",
+            Mode::Forward => "forward".into(),
+            Mode::Durable(ms) => format!("durable {ms} ms"),
+            Mode::Divided => "divided".into(),
+            Mode::Local => "local".into(),
         }
     }
 }
@@ -198,6 +208,10 @@ enum Event {
     Join {
         node: u16,
     },
+    /// Durable mode: `node` writes its changed counters behind.
+    Flush {
+        node: u16,
+    },
 }
 
 #[derive(Default)]
@@ -209,6 +223,9 @@ struct Outcome {
     failed_hops: u64,
     errors: u64,
     added_latency_us: u64,
+    /// Durable mode: take-over loads and counters written behind.
+    loads: u64,
+    writes: u64,
 }
 
 struct Sim<'a> {
@@ -227,6 +244,12 @@ struct Sim<'a> {
     counters: HashMap<u64, u64>,
     /// (key, window) -> (offered, admitted).
     windows: HashMap<(u32, u64), (u32, u32)>,
+    /// Durable mode: the simulated Redis, (key, window) -> count.
+    redis: HashMap<(u32, u64), u64>,
+    /// Durable mode: per node, the keys changed since its last flush.
+    dirty: Vec<HashSet<u32>>,
+    /// Durable mode: per node, when it last saw a change that can move keys to it.
+    changed: Vec<u64>,
     queue: BinaryHeap<Reverse<(u64, u64, EventSlot)>>,
     seq: u64,
     rng: Rng,
@@ -258,7 +281,13 @@ impl<'a> Sim<'a> {
     fn new(w: &'a Workload, mode: Mode, spread: Spread, nodes: usize, seed: u64) -> Self {
         let total = nodes + 1;
         let ring = Ring::new((0..total).map(addr));
-        let mut rng = Rng(seed ^ (nodes as u64) << 32 ^ mode as u64 ^ (spread as u64) << 8);
+        // Durable modes share forward's stream, so they meet the same traffic.
+        let mode_id = match mode {
+            Mode::Forward | Mode::Durable(_) => 0,
+            Mode::Divided => 1,
+            Mode::Local => 2,
+        };
+        let mut rng = Rng(seed ^ (nodes as u64) << 32 ^ mode_id ^ (spread as u64) << 8);
         let alive: Vec<bool> = (0..total).map(|i| i < nodes).collect();
         let view = (0..total)
             .map(|a| (0..total).map(|p| p < nodes || p == a).collect())
@@ -280,6 +309,9 @@ impl<'a> Sim<'a> {
             pins,
             counters: HashMap::new(),
             windows: HashMap::new(),
+            redis: HashMap::new(),
+            dirty: vec![HashSet::new(); total],
+            changed: vec![0; total],
             queue: BinaryHeap::new(),
             seq: 0,
             rng,
@@ -304,13 +336,18 @@ impl<'a> Sim<'a> {
     fn decide(&mut self, node: usize, key: usize, now: u64, sent: u64, back: u64) {
         let limit = self.w.limits[key];
         let limit = match self.mode {
-            Mode::Forward | Mode::Local => limit,
+            Mode::Forward | Mode::Durable(_) | Mode::Local => limit,
             Mode::Divided => {
                 let live = self.view[node].iter().filter(|&&up| up).count() as u32;
                 limit.div_ceil(live.max(1))
             }
         };
         let secs = EPOCH_SECS + now / 1_000_000;
+        let mut back = back;
+        if matches!(self.mode, Mode::Durable(_)) {
+            back += self.take_over(node, key, secs);
+            self.dirty[node].insert(key as u32);
+        }
         let slot = self.counters.entry(counter_id(node, key)).or_default();
         let (d, state) = fixed_window::decide(*slot, secs, Unit::Second, limit, 1);
         *slot = state;
@@ -319,6 +356,58 @@ impl<'a> Sim<'a> {
         w.1 += u32::from(!d.over);
         self.out.decisions += 1;
         self.out.added_latency_us += now - sent + back;
+    }
+
+    /// Durable mode: loads `key`'s count from Redis before `node` decides, when `node` has no
+    /// count for this window and saw a change this window or stands in for another owner.
+    /// Returns the time the load adds.
+    fn take_over(&mut self, node: usize, key: usize, secs: u64) -> u64 {
+        let id = counter_id(node, key);
+        let held = self
+            .counters
+            .get(&id)
+            .map_or(0, |s| fixed_window::current_count(*s, secs, Unit::Second));
+        let window_start = (secs - EPOCH_SECS) * 1_000_000;
+        let elsewhere = self.ring.owner(self.w.hashes[key], |i| self.known(node, i)) != Some(node);
+        if held > 0 || (self.changed[node] < window_start && !elsewhere) {
+            return 0;
+        }
+        self.out.loads += 1;
+        if let Some(&count) = self.redis.get(&(key as u32, secs)) {
+            self.counters.insert(
+                id,
+                fixed_window::state_with_count(count, secs, Unit::Second),
+            );
+        }
+        self.rng.range(REDIS_US.0, REDIS_US.1)
+    }
+
+    /// Durable mode: `node` writes its changed counters (raise-only) and takes back larger ones.
+    fn flush(&mut self, node: usize, now: u64) {
+        let secs = EPOCH_SECS + now / 1_000_000;
+        let keys: Vec<u32> = self.dirty[node].drain().collect();
+        for key in keys {
+            let id = counter_id(node, key as usize);
+            let held = self
+                .counters
+                .get(&id)
+                .map_or(0, |s| fixed_window::current_count(*s, secs, Unit::Second));
+            if held == 0 {
+                continue;
+            }
+            self.out.writes += 1;
+            let stored = self.redis.entry((key, secs)).or_default();
+            if held > *stored {
+                *stored = held;
+            } else if *stored > held {
+                self.counters.insert(
+                    id,
+                    fixed_window::state_with_count(*stored, secs, Unit::Second),
+                );
+            }
+        }
+        // Keys expire with their window.
+        self.redis.retain(|&(_, w), _| w >= secs);
     }
 
     /// The node a request for `key` lands on, given the clients' spread.
@@ -343,7 +432,7 @@ impl<'a> Sim<'a> {
 
     /// Routes a request at `from`; `retry` is the second (last) round.
     fn route(&mut self, from: usize, key: usize, now: u64, sent: u64, retry: bool) {
-        if self.mode != Mode::Forward {
+        if !matches!(self.mode, Mode::Forward | Mode::Durable(_)) {
             self.decide(from, key, now, sent, 0);
             return;
         }
@@ -409,6 +498,12 @@ impl<'a> Sim<'a> {
             let phase = self.rng.range(0, PROBE_EVERY_US - 1);
             self.push(phase, Event::Probe { node: n as u16 });
         }
+        if let Mode::Durable(ms) = self.mode {
+            for n in 0..=self.initial {
+                let phase = self.rng.range(0, ms * 1000 - 1);
+                self.push(phase, Event::Flush { node: n as u16 });
+            }
+        }
         let mut next_arrival = 0u64;
         loop {
             let queued = self.queue.peek().map(|Reverse((t, _, _))| *t);
@@ -465,7 +560,9 @@ impl<'a> Sim<'a> {
                 if !self.alive[from] {
                     return;
                 }
-                self.view[from][dead] = false;
+                if std::mem::replace(&mut self.view[from][dead], false) {
+                    self.changed[from] = now;
+                }
                 self.route(from, key as usize, now, sent, true);
             }
             Event::Probe { node } => {
@@ -501,6 +598,16 @@ impl<'a> Sim<'a> {
                     }
                 }
             }
+            Event::Flush { node } => {
+                let every = match self.mode {
+                    Mode::Durable(ms) => ms * 1000,
+                    _ => return,
+                };
+                self.push(now + every, Event::Flush { node });
+                if self.alive[usize::from(node)] {
+                    self.flush(usize::from(node), now);
+                }
+            }
             Event::View { node, peer, up } => {
                 let (a, p) = (usize::from(node), usize::from(peer));
                 // A probe's answer only counts if the peer is still in that state.
@@ -515,12 +622,14 @@ impl<'a> Sim<'a> {
                 let n = usize::from(node);
                 self.alive[n] = false;
                 self.counters.retain(|id, _| (id >> 32) as usize != n);
+                self.dirty[n].clear();
                 // Its clients reconnect to running nodes.
                 self.repin(|pin, _| usize::from(pin) == n, None);
             }
             Event::Restart { node } => {
                 let n = usize::from(node);
                 self.alive[n] = true;
+                self.changed[n] = now;
                 // A fresh process believes every peer it knows of is up.
                 for p in 0..self.alive.len() {
                     self.view[n][p] = self.known(n, p) || p == n;
@@ -530,6 +639,7 @@ impl<'a> Sim<'a> {
             Event::Join { node } => {
                 let n = usize::from(node);
                 self.alive[n] = true;
+                self.changed[n] = now;
                 self.view[n] = vec![true; self.alive.len()];
                 for a in 0..self.initial {
                     let at = now + self.rng.range(0, DNS_EVERY_US);
@@ -673,16 +783,23 @@ fn main() {
         println!("\n### {}\n", spread.name());
         println!(
             "| mode | nodes | over-limit windows | admitted/limit p5 | p50 | mean | max | \
-             hops/decision | failed hops/decision | unanswered | added latency mean |"
+             hops/decision | failed hops/decision | unanswered | added latency mean | \
+             Redis loads/decision | Redis writes/s |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for mode in [Mode::Forward, Mode::Divided, Mode::Local] {
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for mode in [
+            Mode::Forward,
+            Mode::Durable(500),
+            Mode::Durable(100),
+            Mode::Divided,
+            Mode::Local,
+        ] {
             for n in NODE_COUNTS {
                 let o = Sim::new(&w, mode, spread, n, seed).run(secs);
                 let mean = o.ratios.iter().sum::<f64>() / o.ratios.len() as f64;
                 let per = |x: u64| x as f64 / o.decisions.max(1) as f64;
                 println!(
-                    "| {} | {n} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.5} | {} | {:.0} us |",
+                    "| {} | {n} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.5} | {} | {:.0} us | {:.5} | {:.0} |",
                     mode.name(),
                     o.ratios.len(),
                     percentile(&o.ratios, 0.05),
@@ -693,6 +810,8 @@ fn main() {
                     per(o.failed_hops),
                     o.errors,
                     per(o.added_latency_us),
+                    per(o.loads),
+                    o.writes as f64 / secs as f64,
                 );
             }
         }

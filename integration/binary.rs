@@ -175,6 +175,15 @@ fn a_redis_backend_without_an_address_is_refused() {
 }
 
 #[test]
+fn write_behind_without_peers_is_refused() {
+    refused(
+        "SLUICE_PEER_WRITE_BEHIND",
+        "true",
+        "SLUICE_PEER_WRITE_BEHIND=true: needs PEERS or PEERS_DNS",
+    );
+}
+
+#[test]
 fn a_bad_config_stops_start_up_before_any_port_is_bound() {
     let dir = tempfile::tempdir().unwrap();
     write(

@@ -8,9 +8,11 @@
 //! instructions; elsewhere the test says loudly that it is skipped.
 
 mod pki;
+mod redis_server;
 mod support;
 
 use pki::TestPki;
+use redis_server::{RedisServer, redis_server_available, redis_tls_available};
 use support::{free_port, wait_for};
 
 use std::num::NonZeroU32;
@@ -24,104 +26,10 @@ use sluice::limiter::{Algorithm, Quota, Unit};
 use sluice::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology};
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};
 
-/// A `redis-server` child process, killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-    /// What `redis-cli` needs to reach it: TLS files, a password.
-    cli_flags: Vec<String>,
-}
+/// The tests' Redis: the shared helper, plus what only these tests start.
+type Redis = RedisServer;
 
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Under CI a missing tool fails the test; elsewhere the test says loudly it is skipped.
-fn missing(msg: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-/// Finds `redis-server`, or explains what to do: fail under CI, skip loudly elsewhere.
-fn redis_server_available() -> bool {
-    let found = Command::new("redis-server")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    found
-        || missing(
-            "redis-server not found: install it with `apt-get install -y redis-server` \
-             (scripts/test.sh does this)",
-        )
-}
-
-/// `redis-server` built with TLS (Debian's is): it knows `tls-port`, so without certificates it
-/// fails to configure TLS rather than rejecting the directive.
-fn redis_tls_available() -> bool {
-    if !redis_server_available() {
-        return false;
-    }
-    let out = Command::new("redis-server")
-        .args(["--port", "0", "--tls-port", "1"])
-        .output()
-        .expect("run redis-server");
-    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
-    (said.contains("TLS") && !said.contains("Bad directive"))
-        || missing(&format!(
-            "this redis-server is built without TLS (BUILD_TLS=yes): {}",
-            said.lines().last().unwrap_or_default()
-        ))
-}
-
-impl Redis {
-    fn start_on(port: u16) -> Redis {
-        Redis::spawn(port, None, &[])
-    }
-
-    /// A redis-server on 127.0.0.1:`port`, persistence off, run in `dir` with `extra` flags.
-    fn spawn(port: u16, dir: Option<&std::path::Path>, extra: &[&str]) -> Redis {
-        Redis::launch(&[], port, dir, extra, Vec::new())
-    }
-
-    /// `redis-server` (with `config`, a file, first when given) on 127.0.0.1:`port`; `cli_flags`
-    /// are what redis-cli needs to reach it (TLS, a password).
-    fn launch(
-        config: &[&str],
-        port: u16,
-        dir: Option<&std::path::Path>,
-        extra: &[&str],
-        cli_flags: Vec<String>,
-    ) -> Redis {
-        let mut cmd = Command::new("redis-server");
-        if let Some(dir) = dir {
-            cmd.current_dir(dir);
-        }
-        let child = cmd
-            .args(config)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        let r = Redis {
-            child,
-            port,
-            cli_flags,
-        };
-        r.wait_ready();
-        r
-    }
-
+impl RedisServer {
     /// A TLS-only redis-server on a free port: its certificate (for `names`) and the clients'
     /// come from `pki`, and clients must present one (`tls-auth-clients yes`).
     fn start_tls(pki: &TestPki, names: &[&str], extra: &[&str]) -> Redis {
@@ -160,27 +68,6 @@ impl Redis {
 
     fn start() -> Redis {
         Redis::start_on(free_port())
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(&self.cli_flags)
-            .args(args)
-            .output()
-            .expect("run redis-cli");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    fn wait_ready(&self) {
-        let start = Instant::now();
-        while self.cli(&["PING"]) != "PONG" {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     fn settings(&self, jitter: u64) -> RedisSettings {
@@ -1209,7 +1096,7 @@ fn sentinel_failover_is_followed_and_counts_carry_over() {
     );
     assert_eq!(group.replica.cli(&["WAIT", "1", "5000"]), "1");
     let mut group = group;
-    group.replica.child.kill().unwrap();
+    group.replica.kill();
     let killed = Instant::now();
     let old_master = group.master.port.to_string();
     let mut promoted = None;

@@ -122,12 +122,10 @@ impl App {
             (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
             (Backend::Memory, None) => AnyStore::Memory(memory()),
             (Backend::Memory, Some(cluster)) => {
-                let local = Arc::new(memory());
-                peer_server = Some(PeerServer::new(local.clone(), clock.clone()));
-                AnyStore::Cluster(
-                    ClusterStore::start(local, cluster)
-                        .map_err(|message| StoreError::Backend { message })?,
-                )
+                let store = ClusterStore::start(Arc::new(memory()), cluster, clock.clone())
+                    .map_err(|message| StoreError::Backend { message })?;
+                peer_server = Some(PeerServer::new(store.owner().clone(), clock.clone()));
+                AnyStore::Cluster(store)
             }
         });
         let stats = Arc::new(Stats::new(options.telemetry.stats));

@@ -15,7 +15,8 @@
 //! - [`config`]: YAML -> validated model -> compiled lookup table; reload.
 //! - [`service`]: envoyproxy/ratelimit's decision semantics over a store.
 //! - [`store`]: the counter-store trait and its backends.
-//! - [`cluster`]: counters owned by one peer each (rendezvous hashing), hits forwarded to owners.
+//! - [`cluster`]: counters owned by one peer each (rendezvous hashing), hits forwarded to owners;
+//!   optionally written behind to Redis and loaded by a new owner.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
 //! - [`tls`]: PEM files -> checked certificates and keys; the gRPC listener's reloading

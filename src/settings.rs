@@ -513,6 +513,31 @@ pub struct ServeArgs {
         help_heading = "Peer cluster"
     )]
     pub peer_batch_window_us: u64,
+    /// Peer cluster durability: owners write their counters behind to the Redis of REDIS_URL
+    /// (and its REDIS_TYPE, REDIS_AUTH, REDIS_TIMEOUT, ...), and a key's new owner loads the
+    /// count from there, so losing or restarting a node does not reset its keys. Needs PEERS
+    /// or PEERS_DNS in forward mode; counters stay in memory (BACKEND_TYPE must not be redis).
+    #[arg(
+        long,
+        env = "SLUICE_PEER_WRITE_BEHIND",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_write_behind: bool,
+    /// How often owners write the counters that changed behind to Redis, in milliseconds.
+    #[arg(
+        long,
+        env = "SLUICE_PEER_WRITE_BEHIND_MS",
+        default_value_t = 500,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_write_behind_ms: u64,
     #[command(flatten)]
     pub xds: XdsArgs,
 }
@@ -663,6 +688,19 @@ pub struct ClusterSettings {
     pub mode: ClusterMode,
     pub timeout: Duration,
     pub batch_window: Duration,
+    /// SLUICE_PEER_WRITE_BEHIND; `None` when off.
+    pub write_behind: Option<WriteBehind>,
+}
+
+/// Validated SLUICE_PEER_WRITE_BEHIND settings: where owners copy their counters, and how often.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteBehind {
+    /// REDIS_URL and friends, validated as for the Redis backend.
+    pub redis: RedisSettings,
+    /// SLUICE_PEER_WRITE_BEHIND_MS, between 10 ms and 60 s.
+    pub interval: Duration,
+    /// CACHE_KEY_PREFIX, which every write-behind key starts with.
+    pub key_prefix: String,
 }
 
 /// Where the rate-limit config lives.
@@ -851,6 +889,46 @@ impl ServeArgs {
             ));
         }
 
+        let cluster = cluster_settings(
+            &self.peers,
+            self.peers_dns.as_deref(),
+            self.peer_port,
+            self.peer_advertise_address.as_deref(),
+            &self.cluster_mode,
+            self.peer_timeout_ms,
+            self.peer_batch_window_us,
+        )?;
+        let write_behind = write_behind(
+            self.peer_write_behind,
+            self.peer_write_behind_ms,
+            self.backend_type.as_deref(),
+            &self.redis,
+            cluster.as_ref(),
+            self.cache_key_prefix.as_deref().unwrap_or_default(),
+        )?;
+        let backend = match write_behind {
+            // The cluster counts in memory; Redis only keeps the write-behind copy.
+            Some(_) => Backend::Memory,
+            None => backend(self.backend_type.as_deref(), self.redis)?,
+        };
+        if let (Backend::Redis(_), Some(_)) = (&backend, &cluster) {
+            return Err(invalid(
+                if self.peers.trim().is_empty() {
+                    "PEERS_DNS"
+                } else {
+                    "PEERS"
+                },
+                if self.peers.trim().is_empty() {
+                    self.peers_dns.as_deref().unwrap_or_default()
+                } else {
+                    self.peers.as_str()
+                },
+                "the Redis backend (BACKEND_TYPE=redis, or REDIS_URL alone) already shares \
+                 counters between replicas, so peers would be unused; unset the peers, or keep \
+                 them and set SLUICE_PEER_WRITE_BEHIND=true to write their counters behind to Redis",
+            ));
+        }
+
         Ok(Settings {
             http_addr,
             grpc_addr,
@@ -869,7 +947,7 @@ impl ServeArgs {
             log_level: log_level(&self.log_level)?,
             log_format: log_format(&self.log_format)?,
             telemetry: self.telemetry.validate(ratio)?,
-            backend: backend(self.backend_type.as_deref(), self.redis)?,
+            backend,
             fail_open: match self.backend_failure.to_ascii_lowercase().as_str() {
                 "error" => false,
                 "allow" => true,
@@ -896,18 +974,10 @@ impl ServeArgs {
             sweep_interval: Duration::from_secs(self.sweep_interval_secs),
             drain_timeout: Duration::from_secs(self.drain_timeout_secs),
             shutdown_delay: Duration::from_secs(self.shutdown_delay_secs),
-            cluster: cluster_settings(
-                &self.peers,
-                self.peers_dns.as_deref(),
-                self.peer_port,
-                self.peer_advertise_address.as_deref(),
-                &self.cluster_mode,
-                self.peer_timeout_ms,
-                self.peer_batch_window_us,
-            )?
-            .map(|mut c| {
+            cluster: cluster.map(|mut c| {
                 // The peer listener binds where the gRPC listener does.
                 c.listen = SocketAddr::new(grpc_addr.ip(), self.peer_port);
+                c.write_behind = write_behind;
                 c
             }),
             xds: self.xds.validate()?,
@@ -1917,6 +1987,72 @@ fn cluster_settings(
         mode,
         timeout: Duration::from_millis(timeout_ms),
         batch_window: Duration::from_micros(batch_window_us),
+        write_behind: None,
+    }))
+}
+
+/// SLUICE_PEER_WRITE_BEHIND: checked against the other settings before any port is bound.
+/// The Redis connection settings are REDIS_URL's own, so one Redis setup serves either use.
+fn write_behind(
+    enabled: bool,
+    interval_ms: u64,
+    backend_type: Option<&str>,
+    redis: &RedisArgs,
+    cluster: Option<&ClusterSettings>,
+    key_prefix: &str,
+) -> Result<Option<WriteBehind>, SettingsError> {
+    const VAR: &str = "SLUICE_PEER_WRITE_BEHIND";
+    if !enabled {
+        return Ok(None);
+    }
+    let Some(cluster) = cluster else {
+        return Err(invalid(
+            VAR,
+            true,
+            "needs PEERS or PEERS_DNS: it makes the peer cluster's counters durable",
+        ));
+    };
+    if cluster.mode == ClusterMode::Divided {
+        return Err(invalid(
+            VAR,
+            true,
+            "needs SLUICE_CLUSTER_MODE=forward: in divided mode no node owns a counter, so \
+             there is nothing to take over",
+        ));
+    }
+    if let Some(kind) = backend_type.filter(|b| !b.eq_ignore_ascii_case("memory")) {
+        return Err(invalid(
+            "BACKEND_TYPE",
+            kind,
+            "with SLUICE_PEER_WRITE_BEHIND=true the peer cluster counts in memory and Redis \
+             keeps only a copy; unset BACKEND_TYPE or set it to memory",
+        ));
+    }
+    if redis.redis_url.as_deref().is_none_or(str::is_empty) {
+        return Err(invalid(
+            "REDIS_URL",
+            "",
+            "required by SLUICE_PEER_WRITE_BEHIND=true (where counters are written behind)",
+        ));
+    }
+    if redis.redis_persecond {
+        return Err(invalid(
+            "REDIS_PERSECOND",
+            true,
+            "the write-behind copy goes to REDIS_URL only; unset REDIS_PERSECOND",
+        ));
+    }
+    if !(10..=60_000).contains(&interval_ms) {
+        return Err(invalid(
+            "SLUICE_PEER_WRITE_BEHIND_MS",
+            interval_ms,
+            "must be between 10 and 60000",
+        ));
+    }
+    Ok(Some(WriteBehind {
+        redis: redis.clone().validate()?,
+        interval: Duration::from_millis(interval_ms),
+        key_prefix: key_prefix.to_owned(),
     }))
 }
 
@@ -3374,6 +3510,127 @@ mod tests {
     }
 
     #[test]
+    fn write_behind_needs_forward_peers_and_redis_url_and_keeps_counters_in_memory() {
+        let peers = ["--peers", "a:1,b:1", "--peer-advertise-address", "a:1"];
+        fn with<'a>(peers: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+            [peers, extra].concat()
+        }
+        let s = settings(&with(
+            &peers,
+            &[
+                "--peer-write-behind",
+                "--redis-socket-type",
+                "tcp",
+                "--redis-url",
+                "127.0.0.1:6379",
+                "--cache-key-prefix",
+                "app:",
+            ],
+        ))
+        .unwrap();
+        // REDIS_URL here is where counters are copied, not the backend.
+        assert_eq!(s.backend, Backend::Memory);
+        let wb = s.cluster.unwrap().write_behind.unwrap();
+        assert_eq!(
+            wb.redis.main.urls,
+            vec!["redis://127.0.0.1:6379".to_string()]
+        );
+        assert_eq!(wb.interval, Duration::from_millis(500));
+        assert_eq!(wb.key_prefix, "app:");
+        // Off by default.
+        assert_eq!(
+            settings(&with(&peers, &[]))
+                .unwrap()
+                .cluster
+                .unwrap()
+                .write_behind,
+            None
+        );
+
+        let err = error(&["--peer-write-behind", "--redis-url", "x:1"]);
+        assert!(
+            err.starts_with("SLUICE_PEER_WRITE_BEHIND=true: needs PEERS"),
+            "{err}"
+        );
+        let err = error(&with(&peers, &["--peer-write-behind"]));
+        assert!(
+            err.starts_with("REDIS_URL=: required by SLUICE_PEER_WRITE_BEHIND"),
+            "{err}"
+        );
+        let err = error(&with(
+            &peers,
+            &[
+                "--peer-write-behind",
+                "--redis-url",
+                "x:1",
+                "--cluster-mode",
+                "divided",
+            ],
+        ));
+        assert!(err.contains("SLUICE_CLUSTER_MODE=forward"), "{err}");
+        let err = error(&with(
+            &peers,
+            &[
+                "--peer-write-behind",
+                "--redis-url",
+                "x:1",
+                "--backend-type",
+                "redis",
+            ],
+        ));
+        assert!(err.starts_with("BACKEND_TYPE=redis: "), "{err}");
+        let err = error(&with(
+            &peers,
+            &[
+                "--peer-write-behind",
+                "--redis-url",
+                "x:1",
+                "--peer-write-behind-ms",
+                "0",
+            ],
+        ));
+        assert!(err.starts_with("SLUICE_PEER_WRITE_BEHIND_MS=0: "), "{err}");
+        let err = error(&with(
+            &peers,
+            &[
+                "--peer-write-behind",
+                "--redis-url",
+                "x:1",
+                "--redis-persecond",
+            ],
+        ));
+        assert!(err.starts_with("REDIS_PERSECOND=true: "), "{err}");
+        // The Redis settings are checked as for the backend.
+        let err = error(&with(
+            &peers,
+            &[
+                "--peer-write-behind",
+                "--redis-url",
+                "x:1",
+                "--redis-timeout",
+                "soon",
+            ],
+        ));
+        assert!(err.starts_with("REDIS_TIMEOUT=soon"), "{err}");
+        // Without write-behind, Redis and peers are alternatives.
+        let err = error(&with(&peers, &["--redis-url", "x:1"]));
+        assert!(
+            err.starts_with("PEERS=a:1,b:1: the Redis backend")
+                && err.contains("SLUICE_PEER_WRITE_BEHIND"),
+            "{err}"
+        );
+        let err = error(&[
+            "--peers-dns",
+            "sluice.ns",
+            "--backend-type",
+            "redis",
+            "--redis-url",
+            "x:1",
+        ]);
+        assert!(err.starts_with("PEERS_DNS=sluice.ns: "), "{err}");
+    }
+
+    #[test]
     fn config_type_selects_xds_with_go_defaults() {
         assert_eq!(settings(&[]).unwrap().xds, None);
         assert_eq!(settings(&["--config-type", "file"]).unwrap().xds, None);
@@ -3838,6 +4095,9 @@ mod tests {
             "SLUICE_CONFIG_POLL_MS",
             "SLUICE_SWEEP_INTERVAL_SECS",
             "SLUICE_DRAIN_TIMEOUT_SECS",
+            "PEERS",
+            "SLUICE_PEER_WRITE_BEHIND",
+            "SLUICE_PEER_WRITE_BEHIND_MS",
             "CONFIG_TYPE",
             "CONFIG_GRPC_XDS_NODE_ID",
             "CONFIG_GRPC_XDS_SERVER_URL",

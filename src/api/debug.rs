@@ -80,6 +80,11 @@ pub fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
                     forwarded_hits: cs.forwarded_hits.load(Ordering::Relaxed),
                     peer_calls: cs.peer_calls.load(Ordering::Relaxed),
                     failed_forwards: cs.failed_forwards.load(Ordering::Relaxed),
+                    durable: c
+                        .owner()
+                        .durable()
+                        .map(|d| d.stats().snapshot())
+                        .unwrap_or_default(),
                     peers: c.peers(),
                 })
             }
@@ -121,6 +126,9 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
             "sluice.cluster.local_hits: {}\nsluice.cluster.forwarded_hits: {}\nsluice.cluster.peer_calls: {}\nsluice.cluster.failed_forwards: {}\n",
             c.local_hits, c.forwarded_hits, c.peer_calls, c.failed_forwards,
         ));
+        for (stat, value) in &c.durable {
+            out.push_str(&format!("sluice.cluster.durable.{stat}: {value}\n"));
+        }
         for (peer, up) in &c.peers {
             out.push_str(&format!(
                 "sluice.cluster.peer_up.{peer}: {}\n",

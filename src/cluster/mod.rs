@@ -10,7 +10,11 @@
 //!   keep applying, on a counter that starts from the new owner's count.
 //! - **Divided mode** (SLUICE_CLUSTER_MODE=divided, Cortex's global limiter): no forwarding;
 //!   each node enforces `ceil(limit / live peers)` locally.
+//! - **Durability** (SLUICE_PEER_WRITE_BEHIND, [`durable`]): owners write their counters behind
+//!   to Redis and a node that takes a key over loads its count first. Every hit this node
+//!   applies as an owner, its own or forwarded, goes through [`OwnerStore`] for that.
 
+pub mod durable;
 pub mod peer;
 pub mod ring;
 
@@ -20,10 +24,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::clock::Timestamp;
+use crate::clock::{Clock, Timestamp};
 use crate::limiter::fixed_window::Decision;
 use crate::settings::{ClusterMode, ClusterSettings, PeerSource};
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use durable::{Durable, RingChanges};
 use peer::{PeerClient, PeerHit};
 use ring::{Ring, key_hash};
 
@@ -74,6 +79,11 @@ impl Members {
             .unwrap_or(self.me)
     }
 
+    /// Whether the key's owner among all peers, up or not, is another node.
+    fn owned_elsewhere(&self, key: &str) -> bool {
+        self.ring.owner(key_hash(key), |_| true) != Some(self.me)
+    }
+
     fn live(&self) -> usize {
         (0..self.ring.len())
             .filter(|&i| i == self.me || !self.down[i].load(Ordering::Relaxed))
@@ -81,9 +91,56 @@ impl Members {
     }
 }
 
-/// A counter store spread over the peers; this node's share lives in `local`.
+/// This node's counters as an owner: the memory store, plus, with SLUICE_PEER_WRITE_BEHIND,
+/// the take-over loads before hits are applied and the write-behind marks after. Both this
+/// node's own hits and the hits peers forward to it go through here.
+pub struct OwnerStore {
+    local: Arc<MemoryStore>,
+    durable: Option<Arc<Durable>>,
+    members: Arc<ArcSwap<Members>>,
+}
+
+impl OwnerStore {
+    pub fn local(&self) -> &Arc<MemoryStore> {
+        &self.local
+    }
+
+    pub fn durable(&self) -> Option<&Arc<Durable>> {
+        self.durable.as_ref()
+    }
+}
+
+impl CounterStore for OwnerStore {
+    async fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let Some(durable) = &self.durable else {
+            return self.local.apply(now, hits, out).await;
+        };
+        let members = self.members.load();
+        durable
+            .take_over(now, hits, |key| members.owned_elsewhere(key))
+            .await;
+        self.local.apply(now, hits, out).await?;
+        durable.mark_dirty(hits);
+        Ok(())
+    }
+
+    /// Refunds are not written behind: the write only raises counts, so Redis may keep up
+    /// to the refunded hits, which a later owner then counts as used (stricter, never looser).
+    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        self.local.refund(now, hits).await
+    }
+}
+
+/// A counter store spread over the peers; this node's share lives in `owner`.
 pub struct ClusterStore {
     local: Arc<MemoryStore>,
+    owner: Arc<OwnerStore>,
+    changes: Arc<RingChanges>,
     members: Arc<ArcSwap<Members>>,
     mode: ClusterMode,
     stats: Arc<ClusterStats>,
@@ -112,8 +169,13 @@ impl Drop for ClusterStore {
 }
 
 impl ClusterStore {
-    /// Starts membership (and, for PEERS_DNS, its resolver). Inside a tokio runtime.
-    pub fn start(local: Arc<MemoryStore>, settings: &ClusterSettings) -> Result<Self, String> {
+    /// Starts membership (and, for PEERS_DNS, its resolver, and with SLUICE_PEER_WRITE_BEHIND
+    /// the write-behind). Inside a tokio runtime.
+    pub fn start(
+        local: Arc<MemoryStore>,
+        settings: &ClusterSettings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, String> {
         let initial = match &settings.peers {
             PeerSource::Static(list) => list.clone(),
             PeerSource::Dns { .. } => Vec::new(),
@@ -125,7 +187,14 @@ impl ClusterStore {
             settings,
             &stats,
         )?));
-        let mut tasks = vec![tokio::spawn(probe_peers(members.clone(), settings.mode))];
+        // Starting is a change: whatever this node owns now, others may have counted before.
+        let changes = Arc::new(RingChanges::new(clock.now()));
+        let mut tasks = vec![tokio::spawn(probe_peers(
+            members.clone(),
+            settings.mode,
+            changes.clone(),
+            clock.clone(),
+        ))];
         if let PeerSource::Dns { name, port } = &settings.peers {
             tasks.push(tokio::spawn(resolve_peers(
                 members.clone(),
@@ -133,10 +202,29 @@ impl ClusterStore {
                 *port,
                 settings.clone(),
                 stats.clone(),
+                changes.clone(),
+                clock.clone(),
             )));
         }
+        let durable = match &settings.write_behind {
+            Some(wb) => {
+                let d = Arc::new(
+                    Durable::new(wb, local.clone(), changes.clone()).map_err(|e| e.to_string())?,
+                );
+                tasks.push(d.spawn_flusher(clock, wb.interval));
+                Some(d)
+            }
+            None => None,
+        };
+        let owner = Arc::new(OwnerStore {
+            local: local.clone(),
+            durable,
+            members: members.clone(),
+        });
         Ok(ClusterStore {
             local,
+            owner,
+            changes,
             members,
             mode: settings.mode,
             stats,
@@ -146,6 +234,11 @@ impl ClusterStore {
 
     pub fn local(&self) -> &Arc<MemoryStore> {
         &self.local
+    }
+
+    /// This node's counters as an owner, for the peer listener.
+    pub fn owner(&self) -> &Arc<OwnerStore> {
+        &self.owner
     }
 
     pub fn stats(&self) -> &ClusterStats {
@@ -220,9 +313,9 @@ impl ClusterStore {
                             .fetch_add(mine.len() as u64, Ordering::Relaxed);
                         let mut out = Vec::new();
                         let r = if refund {
-                            self.local.refund(now, &mine).await
+                            self.owner.refund(now, &mine).await
                         } else {
-                            self.local.apply(now, &mine, &mut out).await
+                            self.owner.apply(now, &mine, &mut out).await
                         };
                         return r.map(|()| out).map_err(Some);
                     }
@@ -238,7 +331,9 @@ impl ClusterStore {
                         Err(e) => {
                             self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(peer = members.ring.addr(*owner), error = %e, "peer failed; marking it down");
-                            members.down[*owner].store(true, Ordering::Relaxed);
+                            if !members.down[*owner].swap(true, Ordering::Relaxed) {
+                                self.changes.record(now);
+                            }
                             Err(None)
                         }
                     }
@@ -298,7 +393,12 @@ fn zero_decision() -> Decision {
 /// start at different moments, and a probe that ran before a peer was up must not move its keys
 /// away (which would split their counters). In divided mode one missed probe is enough, since
 /// the live count sets every node's share.
-async fn probe_peers(members: Arc<ArcSwap<Members>>, mode: ClusterMode) {
+async fn probe_peers(
+    members: Arc<ArcSwap<Members>>,
+    mode: ClusterMode,
+    changes: Arc<RingChanges>,
+    clock: Arc<dyn Clock>,
+) {
     const MISSES_BEFORE_DOWN: u32 = 2;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     // Per peer address: answered at least once, and consecutive misses.
@@ -330,6 +430,7 @@ async fn probe_peers(members: Arc<ArcSwap<Members>>, mode: ClusterMode) {
             if was_down && ok {
                 tracing::info!(peer = m.ring.addr(i), "peer answers again");
             } else if !was_down && !ok {
+                changes.record(clock.now());
                 tracing::warn!(
                     peer = m.ring.addr(i),
                     "peer stopped answering; marking it down"
@@ -346,6 +447,8 @@ async fn resolve_peers(
     port: u16,
     settings: ClusterSettings,
     stats: Arc<ClusterStats>,
+    changes: Arc<RingChanges>,
+    clock: Arc<dyn Clock>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -362,6 +465,7 @@ async fn resolve_peers(
                 Ok(m) => {
                     tracing::info!(peers = ?m.ring.addrs().collect::<Vec<_>>(), "peers changed");
                     members.store(Arc::new(m));
+                    changes.record(clock.now());
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot use the resolved peers"),
             }

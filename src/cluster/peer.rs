@@ -20,7 +20,7 @@ use tonic_prost::ProstCodec;
 
 use crate::limiter::fixed_window::Decision;
 use crate::limiter::{Algorithm, Quota, Unit};
-use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use crate::store::{CounterStore, Hit, StoreError};
 
 pub const APPLY_PATH: &str = "/sluice.peer.v1.Peer/Apply";
 
@@ -125,15 +125,16 @@ impl From<PeerDecision> for Decision {
     }
 }
 
-/// The owner's side: applies forwarded hits to the local store.
+/// The owner's side: applies forwarded hits to this node's counters (through the
+/// [`super::OwnerStore`], so forwarded hits are loaded and written behind like local ones).
 #[derive(Clone)]
 pub struct PeerServer {
-    local: Arc<MemoryStore>,
+    local: Arc<super::OwnerStore>,
     clock: Arc<dyn crate::clock::Clock>,
 }
 
 impl PeerServer {
-    pub fn new(local: Arc<MemoryStore>, clock: Arc<dyn crate::clock::Clock>) -> Self {
+    pub fn new(local: Arc<super::OwnerStore>, clock: Arc<dyn crate::clock::Clock>) -> Self {
         PeerServer { local, clock }
     }
 

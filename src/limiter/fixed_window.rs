@@ -73,6 +73,17 @@ pub const fn state_with_count(count: u64, now_secs: u64, unit: Unit) -> u64 {
     (window_tag(now_secs, unit) << COUNT_BITS) | count
 }
 
+/// The state holding the larger of the two counts `a` and `b` hold for the window containing
+/// `now_secs` (a stale one counts 0). Merging a count another owner kept for the same window
+/// this way never counts a hit twice, and never lowers a count.
+pub const fn merge_max(a: u64, b: u64, now_secs: u64, unit: Unit) -> u64 {
+    let (ca, cb) = (
+        current_count(a, now_secs, unit),
+        current_count(b, now_secs, unit),
+    );
+    state_with_count(if ca > cb { ca } else { cb }, now_secs, unit)
+}
+
 /// Applies `hits` at `now_secs` against `limit` per `unit`: returns the decision and the new
 /// state word.
 pub fn decide(state: u64, now_secs: u64, unit: Unit, limit: u32, hits: u64) -> (Decision, u64) {
@@ -158,6 +169,26 @@ mod tests {
         let (d2, _) = decide(s, 0, Unit::Hour, u32::MAX, u64::MAX);
         assert!(d2.over);
         assert_eq!(d2.count_after, COUNT_MASK);
+    }
+
+    #[test]
+    fn merging_keeps_the_larger_count_of_the_current_window() {
+        let (_, a) = decide(EMPTY, 1234, Unit::Minute, 10, 3);
+        let (_, b) = decide(EMPTY, 1235, Unit::Minute, 10, 5);
+        assert_eq!(
+            current_count(merge_max(a, b, 1236, Unit::Minute), 1236, Unit::Minute),
+            5
+        );
+        assert_eq!(
+            merge_max(a, b, 1236, Unit::Minute),
+            merge_max(b, a, 1236, Unit::Minute)
+        );
+        // A count of an earlier window is nothing now.
+        let (_, old) = decide(EMPTY, 1100, Unit::Minute, 10, 9);
+        assert_eq!(
+            current_count(merge_max(a, old, 1236, Unit::Minute), 1236, Unit::Minute),
+            3
+        );
     }
 
     proptest! {

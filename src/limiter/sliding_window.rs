@@ -64,6 +64,28 @@ fn rolled(state: u128, index: u64) -> (u128, u128) {
     }
 }
 
+/// The index of the window containing `now_micros` (windows of `unit` since the epoch).
+pub const fn window_index(now_micros: u64, unit: Unit) -> u64 {
+    now_micros / 1_000_000 / unit.secs()
+}
+
+/// The (current, previous) counts a state word holds as seen from the window containing
+/// `now_micros` (older windows count as 0).
+pub fn counts_at(state: u128, now_micros: u64, unit: Unit) -> (u64, u64) {
+    let (current, previous) = rolled(state, window_index(now_micros, unit));
+    let narrow = |c: u128| u64::try_from(c).unwrap_or(u64::MAX);
+    (narrow(current), narrow(previous))
+}
+
+/// The state holding, for each of the current and the previous window, the larger of the
+/// counts `a` and `b` hold for it. Merging another owner's counts this way never counts a hit
+/// twice, and never lowers a count.
+pub fn merge_max(a: u128, b: u128, now_micros: u64, unit: Unit) -> u128 {
+    let index = window_index(now_micros, unit);
+    let ((ca, pa), (cb, pb)) = (rolled(a, index), rolled(b, index));
+    pack(u128::from(index), ca.max(cb), pa.max(pb))
+}
+
 /// Whether a state word says nothing about the window containing `now_micros` or the next one
 /// (so a store may drop it).
 pub fn is_stale(state: u128, now_micros: u64, unit: Unit) -> bool {
@@ -169,6 +191,20 @@ mod tests {
     fn limit_zero_admits_nothing_but_peeks() {
         assert!(decide(EMPTY, 0, Unit::Second, 0, 1).0.over);
         assert!(!decide(EMPTY, 0, Unit::Second, 0, 0).0.over);
+    }
+
+    #[test]
+    fn merging_keeps_the_larger_count_of_each_window() {
+        // a: 4 in window 0 then 1 in window 1; b: 6 in window 1 (an owner that took over).
+        let (_, a) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4);
+        let (_, a) = decide(a, MIN + 1, Unit::Minute, 10, 1);
+        let (_, b) = decide(EMPTY, MIN + 2, Unit::Minute, 10, 6);
+        let m = merge_max(a, b, MIN + 3, Unit::Minute);
+        assert_eq!(counts_at(m, MIN + 3, Unit::Minute), (6, 4));
+        assert_eq!(m, merge_max(b, a, MIN + 3, Unit::Minute));
+        // Seen from the next window the current count becomes the previous one.
+        assert_eq!(counts_at(m, 2 * MIN, Unit::Minute), (0, 6));
+        assert_eq!(window_index(2 * MIN, Unit::Minute), 2);
     }
 
     /// An exact log of admitted hits, the oracle for the bound.

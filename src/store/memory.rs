@@ -83,6 +83,49 @@ fn charge<W: StateWord, T>(word: &W, step: impl Fn(W::Raw) -> (T, W::Raw)) -> T 
     }
 }
 
+/// Which table a counter lives in: its algorithm's, and for the windows its unit's. Used by
+/// code that reads or merges whole counter states rather than charging hits (the peer
+/// cluster's write-behind, [`crate::cluster::durable`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CounterKind {
+    Fixed(Unit),
+    Sliding(Unit),
+    /// Token and leaky buckets share one table: both keep a theoretical arrival time.
+    Bucket,
+}
+
+impl CounterKind {
+    /// How many kinds there are: [`CounterKind::index`] is below this.
+    pub const COUNT: usize = 15;
+
+    pub const fn of(algorithm: Algorithm, unit: Unit) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => CounterKind::Fixed(unit),
+            Algorithm::SlidingWindow => CounterKind::Sliding(unit),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => CounterKind::Bucket,
+        }
+    }
+
+    /// A dense index in `0..COUNT`.
+    pub const fn index(self) -> usize {
+        match self {
+            CounterKind::Fixed(u) => u.index(),
+            CounterKind::Sliding(u) => 7 + u.index(),
+            CounterKind::Bucket => 14,
+        }
+    }
+
+    /// The inverse of [`CounterKind::index`].
+    pub const fn from_index(i: usize) -> Option<Self> {
+        match i {
+            0..7 => Some(CounterKind::Fixed(Unit::ALL[i])),
+            7..14 => Some(CounterKind::Sliding(Unit::ALL[i - 7])),
+            14 => Some(CounterKind::Bucket),
+            _ => None,
+        }
+    }
+}
+
 /// Counters of what the store did, for telemetry.
 #[derive(Debug, Default)]
 pub struct MemoryStats {
@@ -172,6 +215,59 @@ impl MemoryStore {
         self.inner.fixed[unit.index()].get(key).map_or(0, |c| {
             fixed_window::current_count(c.load(Ordering::Acquire), now.secs(), unit)
         })
+    }
+
+    /// The raw state word of a counter (a `u64` word widened), if it exists.
+    pub fn state(&self, kind: CounterKind, key: &str) -> Option<u128> {
+        let inner = &*self.inner;
+        match kind {
+            CounterKind::Fixed(u) => inner.fixed[u.index()]
+                .get(key)
+                .map(|w| u128::from(StateWord::load(&*w))),
+            CounterKind::Sliding(u) => inner.sliding[u.index()]
+                .get(key)
+                .map(|w| StateWord::load(&*w)),
+            CounterKind::Bucket => inner
+                .buckets
+                .get(key)
+                .map(|w| u128::from(StateWord::load(&*w))),
+        }
+    }
+
+    /// Whether a counter holds anything at `now`: a count of the current window (fixed), of the
+    /// current or previous one (sliding), or a bucket not at rest. (A counter that only
+    /// answered peeks holds nothing.)
+    pub fn holds(&self, kind: CounterKind, key: &str, now: Timestamp) -> bool {
+        self.state(kind, key).is_some_and(|s| match kind {
+            CounterKind::Fixed(u) => fixed_window::current_count(s as u64, now.secs(), u) > 0,
+            CounterKind::Sliding(u) => sliding_window::counts_at(s, now.micros(), u) != (0, 0),
+            CounterKind::Bucket => !bucket::is_stale(s as u64, now.micros()),
+        })
+    }
+
+    /// Merges a state kept elsewhere (another owner's, through Redis) into a counter, creating
+    /// it if needed: the larger count per window, the later bucket arrival time. Never lowers
+    /// a count. A new counter needs room like any other ([`StoreError::Full`]).
+    pub fn merge_max(
+        &self,
+        kind: CounterKind,
+        key: &str,
+        other: u128,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        let narrow = |s: u128| u64::try_from(s).unwrap_or(u64::MAX);
+        match kind {
+            CounterKind::Fixed(u) => inner.merge_in(&inner.fixed[u.index()], key, |s| {
+                fixed_window::merge_max(s, narrow(other), now.secs(), u)
+            }),
+            CounterKind::Sliding(u) => inner.merge_in(&inner.sliding[u.index()], key, |s| {
+                sliding_window::merge_max(s, other, now.micros(), u)
+            }),
+            CounterKind::Bucket => {
+                inner.merge_in(&inner.buckets, key, |s: u64| s.max(narrow(other)))
+            }
+        }
     }
 
     fn apply_now(
@@ -295,6 +391,30 @@ impl Inner {
                 Ok(decision)
             }
         }
+    }
+
+    /// Replaces a counter's state with `merge(state)`, creating it from the zero state.
+    fn merge_in<W: StateWord>(
+        &self,
+        table: &Table<W>,
+        key: &str,
+        merge: impl Fn(W::Raw) -> W::Raw,
+    ) -> Result<(), StoreError>
+    where
+        W::Raw: Default,
+    {
+        if let Some(word) = table.get(key) {
+            update(&*word, merge);
+            return Ok(());
+        }
+        match table.entry(Box::from(key)) {
+            Entry::Occupied(e) => update(e.get(), merge),
+            Entry::Vacant(e) => {
+                self.reserve(1)?;
+                e.insert(W::new(merge(W::Raw::default())));
+            }
+        }
+        Ok(())
     }
 
     fn reserve(&self, n: usize) -> Result<usize, StoreError> {
@@ -535,6 +655,39 @@ mod tests {
                 1000
             };
             assert_eq!(admitted.load(Ordering::Relaxed), expected, "{algorithm:?}");
+        }
+    }
+
+    #[test]
+    fn merged_states_keep_the_larger_count_and_hold_until_their_window_ends() {
+        let store = MemoryStore::new(10);
+        let now = Timestamp::from_secs(1234);
+        let kind = CounterKind::Fixed(Unit::Minute);
+        assert!(!store.holds(kind, "k", now));
+        apply(&store, 1234, &[hit("k", 10, 2)]).unwrap();
+        assert!(store.holds(kind, "k", now));
+        // Another owner's 5 for this minute wins over our 2; a lower 1 changes nothing.
+        let five = fixed_window::state_with_count(5, 1234, Unit::Minute);
+        store.merge_max(kind, "k", u128::from(five), now).unwrap();
+        let one = fixed_window::state_with_count(1, 1234, Unit::Minute);
+        store.merge_max(kind, "k", u128::from(one), now).unwrap();
+        assert_eq!(store.count("k", Unit::Minute, now), 5);
+        assert_eq!(
+            apply(&store, 1234, &[hit("k", 10, 1)]).unwrap()[0].count_after,
+            6
+        );
+        // A merge creates a missing counter, and counts against the cap.
+        store.merge_max(kind, "new", u128::from(five), now).unwrap();
+        assert_eq!(store.count("new", Unit::Minute, now), 5);
+        assert_eq!(store.live_counters(), 2);
+        assert!(!store.holds(kind, "k", Timestamp::from_secs(1260)));
+        // Buckets keep the later arrival time.
+        let bucket = CounterKind::Bucket;
+        store.merge_max(bucket, "b", 9_000_000, now).unwrap();
+        store.merge_max(bucket, "b", 2_000_000, now).unwrap();
+        assert_eq!(store.state(bucket, "b"), Some(9_000_000));
+        for i in 0..CounterKind::COUNT {
+            assert_eq!(CounterKind::from_index(i).map(CounterKind::index), Some(i));
         }
     }
 

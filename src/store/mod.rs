@@ -14,8 +14,8 @@ use crate::clock::Timestamp;
 use crate::limiter::fixed_window::Decision;
 use crate::limiter::{Quota, Unit};
 
-pub use memory::MemoryStore;
-pub use redis::RedisStore;
+pub use memory::{CounterKind, MemoryStore};
+pub use redis::{RedisLink, RedisStore};
 
 /// One counter to charge: the key stem (envoyproxy/ratelimit's cache key without the trailing
 /// window start, see [`crate::service::write_counter_key`]), the quota it enforces (rate,

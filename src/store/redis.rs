@@ -189,7 +189,11 @@ impl Conn {
     }
 
     async fn load_scripts(&self) -> Result<(), RedisError> {
-        for script in [SLIDING, BUCKET, REFUND] {
+        self.load(&[SLIDING, BUCKET, REFUND]).await
+    }
+
+    async fn load(&self, scripts: &[&str]) -> Result<(), RedisError> {
+        for script in scripts {
             let mut cmd = redis::cmd("SCRIPT");
             cmd.arg("LOAD").arg(script);
             match self {
@@ -473,27 +477,7 @@ impl RedisStore {
 
     /// Runs `pipe` on `target` within the deadline; on NOSCRIPT loads the scripts and retries.
     async fn run(&self, target: &Target, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
-        let conn = target.current()?;
-        let attempt = async {
-            match conn.query(pipe).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    conn.load_scripts().await?;
-                    conn.query(pipe).await
-                }
-                other => other,
-            }
-        };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(values)) => Ok(values),
-            Ok(Err(e)) => Err(backend_error(e)),
-            Err(_) => Err(backend_error({
-                conn.deadline_missed();
-                target.with_last_error(format_args!(
-                    "Redis did not answer within {:?} (REDIS_TIMEOUT)",
-                    self.timeout
-                ))
-            })),
-        }
+        run_within(target, pipe, self.timeout, &[SLIDING, BUCKET, REFUND]).await
     }
 
     /// Adds the commands for one hit; returns how many replies they produce.
@@ -726,6 +710,94 @@ impl RedisStore {
             self.run(self.target_for(q.unit), &pipe).await?;
         }
         Ok(())
+    }
+}
+
+/// Runs `pipe` on `target` within `timeout`; on NOSCRIPT loads `scripts` and retries once.
+async fn run_within(
+    target: &Target,
+    pipe: &redis::Pipeline,
+    timeout: Duration,
+    scripts: &[&str],
+) -> Result<Vec<Value>, StoreError> {
+    let conn = target.current()?;
+    let attempt = async {
+        match conn.query(pipe).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                conn.load(scripts).await?;
+                conn.query(pipe).await
+            }
+            other => other,
+        }
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(Ok(values)) => Ok(values),
+        Ok(Err(e)) => Err(backend_error(e)),
+        Err(_) => Err(backend_error({
+            conn.deadline_missed();
+            target.with_last_error(format_args!(
+                "Redis did not answer within {timeout:?} (REDIS_TIMEOUT)"
+            ))
+        })),
+    }
+}
+
+/// A connection to REDIS_URL for another part of Sluice (the peer cluster's write-behind,
+/// `crate::cluster::durable`), made exactly as the store makes its own, so the URL, auth and
+/// Redis Cluster handling are shared; REDIS_PERSECOND and the backend-only flags do not apply.
+/// Never waits for Redis: it connects in the background and reconnects by itself.
+pub struct RedisLink {
+    target: Arc<Target>,
+    cluster: bool,
+    timeout: Duration,
+    scripts: &'static [&'static str],
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for RedisLink {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl RedisLink {
+    /// Connects to `settings.main`; `scripts` are (re)loaded whenever Redis answers NOSCRIPT.
+    /// Must be called inside a tokio runtime.
+    pub fn start(
+        settings: &RedisSettings,
+        scripts: &'static [&'static str],
+    ) -> Result<Self, StoreError> {
+        let mut tasks = Vec::new();
+        let target = RedisStore::target(&settings.main, settings.timeout, &mut tasks)?;
+        Ok(RedisLink {
+            target,
+            cluster: settings.main.topology == RedisTopology::Cluster,
+            timeout: settings.timeout,
+            scripts,
+            tasks,
+        })
+    }
+
+    /// True once Redis has answered its start-up PING.
+    pub fn is_ready(&self) -> bool {
+        self.target.ready.load(Ordering::SeqCst)
+    }
+
+    /// Whether it is Redis Cluster, where one pipeline must stay within one hash slot.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// REDIS_TIMEOUT: the deadline of every [`RedisLink::run`].
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Runs `pipe` within REDIS_TIMEOUT (script loading included).
+    pub async fn run(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
+        run_within(&self.target, pipe, self.timeout, self.scripts).await
     }
 }
 

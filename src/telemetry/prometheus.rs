@@ -42,6 +42,8 @@ pub struct ClusterGauges {
     pub forwarded_hits: u64,
     pub peer_calls: u64,
     pub failed_forwards: u64,
+    /// SLUICE_PEER_WRITE_BEHIND's counters, (name, value); empty when it is off.
+    pub durable: Vec<(&'static str, u64)>,
     /// (address, up).
     pub peers: Vec<(String, bool)>,
 }
@@ -317,6 +319,16 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
         ] {
             header(&mut out, name, "counter", help);
             sample(&mut out, name, &[], value);
+        }
+        for (stat, value) in &c.durable {
+            let name = format!("sluice_cluster_durable_{stat}_total");
+            header(
+                &mut out,
+                &name,
+                "counter",
+                "Peer cluster write-behind to Redis (see docs/cluster.md).",
+            );
+            sample(&mut out, &name, &[], *value);
         }
         let name = "sluice_cluster_peer_up";
         header(

@@ -1,0 +1,137 @@
+//! A real `redis-server` for end-to-end tests: a child process on a 127.0.0.1 port with
+//! persistence off, killed on drop. Under CI (`CI=true`) a missing `redis-server` (or one built
+//! without TLS, for the TLS tests) fails the test with instructions; elsewhere the test says
+//! loudly that it is skipped.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    /// What `redis-cli` needs to reach it: TLS files, a password.
+    pub cli_flags: Vec<String>,
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Under CI a missing tool fails the test; elsewhere the test says loudly it is skipped.
+pub fn missing(msg: &str) -> bool {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    false
+}
+
+/// Finds `redis-server`, or explains what to do: fail under CI, skip loudly elsewhere.
+pub fn redis_server_available() -> bool {
+    let found = Command::new("redis-server")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    found
+        || missing(
+            "redis-server not found: install it with `apt-get install -y redis-server` \
+             (scripts/test.sh does this)",
+        )
+}
+
+/// `redis-server` built with TLS (Debian's is): it knows `tls-port`, so without certificates it
+/// fails to configure TLS rather than rejecting the directive.
+pub fn redis_tls_available() -> bool {
+    if !redis_server_available() {
+        return false;
+    }
+    let out = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", "1"])
+        .output()
+        .expect("run redis-server");
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    (said.contains("TLS") && !said.contains("Bad directive"))
+        || missing(&format!(
+            "this redis-server is built without TLS (BUILD_TLS=yes): {}",
+            said.lines().last().unwrap_or_default()
+        ))
+}
+
+impl RedisServer {
+    /// A redis-server on 127.0.0.1:`port`, persistence off, answering PING (bounded wait).
+    pub fn start_on(port: u16) -> RedisServer {
+        RedisServer::spawn(port, None, &[])
+    }
+
+    /// A redis-server on 127.0.0.1:`port`, persistence off, run in `dir` with `extra` flags.
+    pub fn spawn(port: u16, dir: Option<&Path>, extra: &[&str]) -> RedisServer {
+        RedisServer::launch(&[], port, dir, extra, Vec::new())
+    }
+
+    /// `redis-server` (with `config`, a file, first when given) on 127.0.0.1:`port`; `cli_flags`
+    /// are what redis-cli needs to reach it (TLS, a password).
+    pub fn launch(
+        config: &[&str],
+        port: u16,
+        dir: Option<&Path>,
+        extra: &[&str],
+        cli_flags: Vec<String>,
+    ) -> RedisServer {
+        let mut cmd = Command::new("redis-server");
+        if let Some(dir) = dir {
+            cmd.current_dir(dir);
+        }
+        let child = cmd
+            .args(config)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        let r = RedisServer {
+            child: Some(child),
+            port,
+            cli_flags,
+        };
+        r.wait_ready();
+        r
+    }
+
+    /// Kills the server now (a crash, for the failure tests); dropping it later is harmless.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// One `redis-cli` command; its output, trimmed.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.cli_flags)
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn wait_ready(&self) {
+        let start = Instant::now();
+        while self.cli(&["PING"]) != "PONG" {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

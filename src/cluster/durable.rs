@@ -1,0 +1,705 @@
+//! Durability for the peer cluster (SLUICE_PEER_WRITE_BEHIND): owners write their counters
+//! behind to Redis, and a node that takes over a key loads its count from Redis before it
+//! answers the key's first hit, so losing, restarting or adding a node does not reset limits.
+//!
+//! - **Write-behind.** Every hit this node applies as an owner marks its counter dirty (one
+//!   map probe; nothing else on the request path). Every SLUICE_PEER_WRITE_BEHIND_MS a task
+//!   takes the dirty set and writes the counters' current states with [`WRITE_MAX`], pipelined,
+//!   one script call per counter, each key with a TTL that ends with its window. A failed flush
+//!   puts its counters back in the dirty set for the next one.
+//! - **Take-over load.** Before a hit is applied to a counter this node holds nothing for (no
+//!   count of the current window, no bucket in motion), the count is loaded from Redis and
+//!   merged in, if either this node saw a change that can move keys to it (its own start, a
+//!   peer marked down, a new peer list) since the counter's horizon began (the window's start;
+//!   the previous window's for a sliding window; `now - burst time` for a bucket), or the key's
+//!   owner among all peers is another node (this node is standing in, perhaps because another
+//!   node saw the owner fail first). In a cluster that has not changed since the horizon began,
+//!   a counter with no state has had no hits anywhere, so no load is needed: steady-state keys
+//!   never pay a Redis round trip. Concurrent first hits on one counter share one load; a load
+//!   is bounded by REDIS_TIMEOUT; when Redis fails the hit is answered from local state and
+//!   the failure counted, and loads are skipped for the next second.
+//! - **Merging.** A loaded or flushed-back state is merged by taking the larger count per
+//!   window (the later arrival time for a bucket), so nothing is counted twice and nothing is
+//!   lowered. The flush script answers what Redis holds after the write; when that is more than
+//!   this node holds (another node counted the key meanwhile: a returning owner that kept old
+//!   counts, or two nodes that disagreed about the owner), it is merged back, so such nodes
+//!   converge within one flush interval.
+//!
+//! **Keys.** `CACHE_KEY_PREFIX + "sluice:wb:{" + stem + "}:" + kind`, where the stem is the
+//! counter key without the prefix and the kind is `fw:<unit s>:<window index>` (fixed window:
+//! the count), `sw:<unit s>:<window index>` (sliding window: that window's count) or `gcra`
+//! (buckets: the theoretical arrival time in µs). They cannot be taken for the Redis backend's
+//! keys (`prefix + domain_...`, Go-compatible). The stem is a hash tag, so all of one
+//! descriptor's keys are in one Redis Cluster slot: a sliding window's two keys are read and
+//! written by one call, and on Redis Cluster each descriptor's writes are one pipeline.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use redis::Value;
+
+use crate::clock::{Clock, Timestamp};
+use crate::limiter::{Quota, Unit, bucket, fixed_window, sliding_window};
+use crate::settings::WriteBehind;
+use crate::store::{CounterKind, Hit, MemoryStore, RedisLink, StoreError};
+use crate::telemetry::LogLimiter;
+
+/// Raises write-behind counters, never lowers them.
+///
+/// KEYS: one or more write-behind keys, all with the same hash tag (one descriptor's), each
+/// a string holding an integer: a count, or a bucket's arrival time in µs.
+/// ARGV: for the i-th key, `ARGV[2i-1]` the value this owner holds and `ARGV[2i]` a TTL in ms.
+/// Sets each key to its value, with its TTL, when it holds less or nothing; otherwise leaves it
+/// (and its TTL) alone, so a stale or slow owner can never undo a newer count.
+/// Returns what each key holds afterwards.
+pub const WRITE_MAX: &str = r#"
+local out = {}
+for i, key in ipairs(KEYS) do
+  local v = tonumber(ARGV[2 * i - 1])
+  local cur = tonumber(redis.call('GET', key) or '0') or 0
+  if v > cur then
+    redis.call('SET', key, ARGV[2 * i - 1], 'PX', ARGV[2 * i])
+    cur = v
+  end
+  out[i] = cur
+end
+return out
+"#;
+
+/// Extra life given to every key past the end of its window, for clocks that disagree.
+const GRACE_MS: u64 = 1_000;
+/// Counters per pipeline on a single Redis.
+const PIPELINE_COUNTERS: usize = 256;
+
+/// When this node last saw a change that can move keys to it: its own start, a peer marked
+/// down, a new peer list. (A peer coming back only takes keys away.)
+#[derive(Debug, Default)]
+pub struct RingChanges {
+    epoch: AtomicU64,
+    last_us: AtomicU64,
+}
+
+impl RingChanges {
+    pub fn new(start: Timestamp) -> Self {
+        RingChanges {
+            epoch: AtomicU64::new(0),
+            last_us: AtomicU64::new(start.micros()),
+        }
+    }
+
+    pub fn record(&self, now: Timestamp) {
+        self.last_us.fetch_max(now.micros(), Ordering::SeqCst);
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// (how many changes so far, when the last one was).
+    pub fn last(&self) -> (u64, Timestamp) {
+        (
+            self.epoch.load(Ordering::SeqCst),
+            Timestamp::from_micros(self.last_us.load(Ordering::SeqCst)),
+        )
+    }
+}
+
+/// What the write-behind did, for `/stats` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct DurableStats {
+    /// Flushes that wrote at least one counter.
+    pub flushes: AtomicU64,
+    /// Counters written (one script call each).
+    pub flushed_counters: AtomicU64,
+    /// Pipelines that failed; their counters are retried by the next flush.
+    pub flush_failures: AtomicU64,
+    /// Counters Redis held more for than this node, merged back after a flush.
+    pub merged_back: AtomicU64,
+    /// Take-over loads made (one Redis round trip each).
+    pub loads: AtomicU64,
+    /// Loads that found a count in Redis.
+    pub loads_found: AtomicU64,
+    /// Loads that failed; those hits were answered from local state.
+    pub load_failures: AtomicU64,
+    /// Loads not tried because Redis failed less than a second before.
+    pub loads_skipped: AtomicU64,
+}
+
+impl DurableStats {
+    /// (name, value) pairs, for the exporters.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("flushes", v(&self.flushes)),
+            ("flushed_counters", v(&self.flushed_counters)),
+            ("flush_failures", v(&self.flush_failures)),
+            ("merged_back", v(&self.merged_back)),
+            ("loads", v(&self.loads)),
+            ("loads_found", v(&self.loads_found)),
+            ("load_failures", v(&self.load_failures)),
+            ("loads_skipped", v(&self.loads_skipped)),
+        ]
+    }
+}
+
+/// One counter's take-over load, shared by its concurrent first hits.
+struct LoadSlot {
+    /// The ring change count when it was made: a later change calls for a new load.
+    epoch: u64,
+    /// After this (µs) the load no longer says anything about the counter.
+    until_us: u64,
+    done: tokio::sync::OnceCell<()>,
+}
+
+/// One counter's write: per key, its window index (0 for buckets), value and TTL in ms.
+struct Write {
+    stem: Box<str>,
+    kind: CounterKind,
+    /// The current window's index when the state was read (0 for buckets).
+    window: u64,
+    keys: Vec<String>,
+    parts: Vec<(u64, u64, u64)>,
+}
+
+/// The write-behind and take-over loads of one node.
+pub struct Durable {
+    redis: RedisLink,
+    local: Arc<MemoryStore>,
+    changes: Arc<RingChanges>,
+    prefix: String,
+    write_sha: String,
+    /// Counter stem -> bit set of the [`CounterKind`]s changed since the last flush.
+    dirty: DashMap<Box<str>, u16, foldhash::fast::RandomState>,
+    /// `<kind index>:<stem>` -> its load.
+    loads: DashMap<Box<str>, Arc<LoadSlot>, foldhash::fast::RandomState>,
+    /// Until when (µs) loads are skipped because Redis just failed.
+    redis_down_until: AtomicU64,
+    stats: DurableStats,
+    failures: LogLimiter,
+}
+
+impl Durable {
+    /// Connects to Redis (in the background; never waits for it).
+    pub fn new(
+        settings: &WriteBehind,
+        local: Arc<MemoryStore>,
+        changes: Arc<RingChanges>,
+    ) -> Result<Self, StoreError> {
+        Ok(Durable {
+            redis: RedisLink::start(&settings.redis, &[WRITE_MAX])?,
+            local,
+            changes,
+            prefix: settings.key_prefix.clone(),
+            write_sha: redis::Script::new(WRITE_MAX).get_hash().to_owned(),
+            dirty: DashMap::default(),
+            loads: DashMap::default(),
+            redis_down_until: AtomicU64::new(0),
+            stats: DurableStats::default(),
+            failures: LogLimiter::new(Duration::from_secs(1)),
+        })
+    }
+
+    /// Starts the flush task: every `interval`, at the time `clock` says. It stops when the
+    /// last `Arc` is dropped.
+    pub fn spawn_flusher(
+        self: &Arc<Self>,
+        clock: Arc<dyn Clock>,
+        interval: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<Durable> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            // A flush slower than the interval delays the next one: one flush at a time.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(durable) = weak.upgrade() else {
+                    return;
+                };
+                durable.flush(clock.now()).await;
+            }
+        })
+    }
+
+    /// True once Redis has answered (loads and flushes before that fail and are counted).
+    pub fn is_ready(&self) -> bool {
+        self.redis.is_ready()
+    }
+
+    pub fn stats(&self) -> &DurableStats {
+        &self.stats
+    }
+
+    /// Counters changed since the last flush.
+    pub fn dirty_counters(&self) -> usize {
+        self.dirty
+            .iter()
+            .map(|e| e.value().count_ones() as usize)
+            .sum()
+    }
+
+    fn redis_key(&self, stem: &str, kind: CounterKind, window: u64) -> String {
+        redis_key(&self.prefix, stem, kind, window)
+    }
+
+    /// Marks the counters of hits this node applied as changed. No I/O, no await.
+    pub fn mark_dirty(&self, hits: &[Hit<'_>]) {
+        for h in hits {
+            let bit = 1u16 << CounterKind::of(h.quota.algorithm, h.quota.unit).index();
+            // Read path first: a counter already dirty needs only a shard read lock.
+            let seen = self.dirty.get(h.key).is_some_and(|b| *b & bit != 0);
+            if !seen {
+                *self.dirty.entry(Box::from(h.key)).or_default() |= bit;
+            }
+        }
+    }
+
+    /// Loads, before they are applied, the counters of `hits` this node may have taken over
+    /// (see the module docs). `elsewhere(key)` says whether the key's owner among all peers is
+    /// another node. Never fails: a failed load is counted and the hit goes on from local state.
+    pub async fn take_over(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        elsewhere: impl Fn(&str) -> bool,
+    ) {
+        let (epoch, changed) = self.changes.last();
+        let due: Vec<(&Hit<'_>, CounterKind, Timestamp)> = hits
+            .iter()
+            .filter_map(|h| {
+                let kind = CounterKind::of(h.quota.algorithm, h.quota.unit);
+                if self.local.holds(kind, h.key, now) {
+                    return None;
+                }
+                let (start, until) = horizon(kind, &h.quota, now)?;
+                (changed >= start || elsewhere(h.key)).then_some((h, kind, until))
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        if now.micros() < self.redis_down_until.load(Ordering::Relaxed) {
+            self.stats
+                .loads_skipped
+                .fetch_add(due.len() as u64, Ordering::Relaxed);
+            return;
+        }
+        let loads = due.into_iter().filter_map(|(h, kind, until)| {
+            let id: Box<str> = format!("{}:{}", kind.index(), h.key).into();
+            let fresh = || {
+                Arc::new(LoadSlot {
+                    epoch,
+                    until_us: until.micros(),
+                    done: tokio::sync::OnceCell::new(),
+                })
+            };
+            // Bounded like the counters: past that, a load is skipped rather than remembered.
+            if self.loads.len() >= self.local.max_counters() && !self.loads.contains_key(&id) {
+                self.stats.loads_skipped.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            let slot = self
+                .loads
+                .entry(id)
+                .and_modify(|s| {
+                    if s.epoch != epoch || s.until_us <= now.micros() {
+                        *s = fresh();
+                    }
+                })
+                .or_insert_with(fresh)
+                .clone();
+            Some(async move {
+                slot.done.get_or_init(|| self.load(kind, h.key, now)).await;
+            })
+        });
+        futures_util::future::join_all(loads).await;
+    }
+
+    /// One take-over load: reads the counter's keys and merges what they hold.
+    async fn load(&self, kind: CounterKind, stem: &str, now: Timestamp) {
+        self.stats.loads.fetch_add(1, Ordering::Relaxed);
+        let (window, keys) = self.keys_now(kind, stem, now);
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET").arg(&keys);
+        let values = match self.redis.run(&pipe).await {
+            Ok(reply) => reply.first().map(integers).unwrap_or_default(),
+            Err(e) => {
+                self.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                self.redis_failed(now, "take-over load", &e);
+                return;
+            }
+        };
+        let Some(state) = state_from(kind, window, &values, now) else {
+            return;
+        };
+        self.stats.loads_found.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.local.merge_max(kind, stem, state, now) {
+            tracing::debug!(error = %e, "cannot keep a loaded count");
+        }
+    }
+
+    /// The window index and keys that hold a counter's state at `now`: the window's count
+    /// (fixed), the current and previous windows' counts (sliding), the arrival time (bucket).
+    fn keys_now(&self, kind: CounterKind, stem: &str, now: Timestamp) -> (u64, Vec<String>) {
+        match kind {
+            CounterKind::Fixed(u) => {
+                let w = now.secs() / u.secs();
+                (w, vec![self.redis_key(stem, kind, w)])
+            }
+            CounterKind::Sliding(u) => {
+                let w = sliding_window::window_index(now.micros(), u);
+                let keys = vec![
+                    self.redis_key(stem, kind, w),
+                    self.redis_key(stem, kind, w.saturating_sub(1)),
+                ];
+                (w, keys)
+            }
+            CounterKind::Bucket => (0, vec![self.redis_key(stem, kind, 0)]),
+        }
+    }
+
+    fn redis_failed(&self, now: Timestamp, what: &str, e: &StoreError) {
+        let pause = 1_000_000u64.max(u64::try_from(self.redis.timeout().as_micros()).unwrap_or(0));
+        self.redis_down_until
+            .fetch_max(now.micros().saturating_add(pause), Ordering::Relaxed);
+        if let Some(suppressed) = self.failures.check() {
+            tracing::warn!(error = %e, suppressed, "write-behind Redis failed ({what}); deciding from memory");
+        }
+    }
+
+    /// Writes every counter changed since the last flush; returns how many were written.
+    pub async fn flush(&self, now: Timestamp) -> usize {
+        let mut taken: Vec<(Box<str>, u16)> = Vec::new();
+        // One shard at a time, under its write lock: a hit marking a counter meanwhile lands
+        // either in what is taken now or in the next flush, never in neither.
+        self.dirty.retain(|stem, bits| {
+            taken.push((stem.clone(), *bits));
+            false
+        });
+        let writes: Vec<Write> = taken
+            .into_iter()
+            .flat_map(|(stem, bits)| {
+                (0..CounterKind::COUNT)
+                    .filter(move |i| bits & (1 << i) != 0)
+                    .filter_map(CounterKind::from_index)
+                    .map(move |kind| (stem.clone(), kind))
+            })
+            .filter_map(|(stem, kind)| self.write_for(stem, kind, now))
+            .collect();
+        // Loads whose horizon has passed, or that a later ring change outdated, say nothing.
+        let (epoch, _) = self.changes.last();
+        self.loads
+            .retain(|_, s| s.epoch == epoch && s.until_us > now.micros());
+        if writes.is_empty() {
+            return 0;
+        }
+        // One pipeline per descriptor on Redis Cluster (its keys share a slot), else batches.
+        let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+        let mut start = 0;
+        for i in 1..=writes.len() {
+            let split = i == writes.len()
+                || if self.redis.is_cluster() {
+                    writes[i].stem != writes[start].stem
+                } else {
+                    i - start >= PIPELINE_COUNTERS
+                };
+            if split {
+                groups.push(start..i);
+                start = i;
+            }
+        }
+        let replies = futures_util::future::join_all(groups.iter().map(|range| {
+            let mut pipe = redis::pipe();
+            for w in &writes[range.clone()] {
+                let cmd = pipe
+                    .cmd("EVALSHA")
+                    .arg(&self.write_sha)
+                    .arg(w.keys.len())
+                    .arg(&w.keys);
+                for &(_, value, ttl_ms) in &w.parts {
+                    cmd.arg(value).arg(ttl_ms);
+                }
+            }
+            async move { self.redis.run(&pipe).await }
+        }))
+        .await;
+        let mut written = 0;
+        for (range, reply) in groups.into_iter().zip(replies) {
+            let group = &writes[range];
+            match reply {
+                Ok(values) if values.len() == group.len() => {
+                    written += group.len();
+                    for (w, v) in group.iter().zip(&values) {
+                        self.merge_back(w, &integers(v), now);
+                    }
+                }
+                Ok(values) => {
+                    let e = StoreError::BadReply {
+                        expected: group.len(),
+                        got: values.len(),
+                    };
+                    self.flush_failed(group, now, &e);
+                }
+                Err(e) => self.flush_failed(group, now, &e),
+            }
+        }
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .flushed_counters
+            .fetch_add(written as u64, Ordering::Relaxed);
+        written
+    }
+
+    fn flush_failed(&self, group: &[Write], now: Timestamp, e: &StoreError) {
+        self.stats.flush_failures.fetch_add(1, Ordering::Relaxed);
+        self.redis_failed(now, "flush", e);
+        for w in group {
+            let bit = 1u16 << w.kind.index();
+            *self.dirty.entry(w.stem.clone()).or_default() |= bit;
+        }
+    }
+
+    /// What to write for one changed counter, from the state it holds now (`None`: nothing).
+    fn write_for(&self, stem: Box<str>, kind: CounterKind, now: Timestamp) -> Option<Write> {
+        let state = self.local.state(kind, &stem)?;
+        let ms_until = |end_us: u64| end_us.saturating_sub(now.micros()) / 1_000 + GRACE_MS;
+        let (window, pairs): (u64, Vec<(u64, u64, u64)>) = match kind {
+            CounterKind::Fixed(u) => {
+                let count = fixed_window::current_count(state as u64, now.secs(), u);
+                let w = now.secs() / u.secs();
+                let end = (w + 1) * u.secs() * 1_000_000;
+                (w, vec![(w, count, ms_until(end))])
+            }
+            CounterKind::Sliding(u) => {
+                let (current, previous) = sliding_window::counts_at(state, now.micros(), u);
+                let w = sliding_window::window_index(now.micros(), u);
+                let unit_us = u.secs() * 1_000_000;
+                // A window's count matters until the end of the window after it.
+                let current = (w, current, ms_until((w + 2) * unit_us));
+                let previous = (w.saturating_sub(1), previous, ms_until((w + 1) * unit_us));
+                (w, vec![current, previous])
+            }
+            CounterKind::Bucket => {
+                let tat = state as u64;
+                (0, vec![(0, tat, ms_until(tat))])
+            }
+        };
+        let pairs: Vec<(u64, u64, u64)> = pairs
+            .into_iter()
+            .filter(|&(_, value, _)| {
+                value > 0 && (kind != CounterKind::Bucket || value > now.micros())
+            })
+            .collect();
+        if pairs.is_empty() {
+            return None;
+        }
+        Some(Write {
+            keys: pairs
+                .iter()
+                .map(|&(w, _, _)| self.redis_key(&stem, kind, w))
+                .collect(),
+            parts: pairs,
+            stem,
+            kind,
+            window,
+        })
+    }
+
+    /// Merges what Redis held after a write, when it held more than this node wrote.
+    fn merge_back(&self, w: &Write, stored: &[u64], now: Timestamp) {
+        let higher = w
+            .parts
+            .iter()
+            .zip(stored)
+            .any(|(&(_, mine, _), &theirs)| theirs > mine);
+        if !higher || stored.len() != w.parts.len() {
+            return;
+        }
+        // Rebuild the state as Redis holds it, in the write's window (a sliding window's write
+        // may have left out a zero count, so each value goes to its own window's place).
+        let at = |window: u64| {
+            w.parts
+                .iter()
+                .zip(stored)
+                .find(|((pw, _, _), _)| *pw == window)
+                .map_or(0, |(_, &v)| v)
+        };
+        let values: Vec<u64> = match w.kind {
+            CounterKind::Sliding(_) => vec![at(w.window), at(w.window.saturating_sub(1))],
+            _ => stored.to_vec(),
+        };
+        let Some(state) = state_from(w.kind, w.window, &values, now) else {
+            return;
+        };
+        self.stats.merged_back.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.local.merge_max(w.kind, &w.stem, state, now) {
+            tracing::debug!(error = %e, "cannot keep a merged-back count");
+        }
+    }
+}
+
+/// The Redis key of a counter: `prefix + "sluice:wb:{" + stem without the prefix + "}:" + kind`
+/// (see the module docs), for a window index (ignored for buckets).
+pub fn redis_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> String {
+    let bare = stem.strip_prefix(prefix).unwrap_or(stem);
+    let mut key = format!("{prefix}sluice:wb:{{{bare}}}:");
+    match kind {
+        CounterKind::Fixed(u) => key.push_str(&format!("fw:{}:{window}", u.secs())),
+        CounterKind::Sliding(u) => key.push_str(&format!("sw:{}:{window}", u.secs())),
+        CounterKind::Bucket => key.push_str("gcra"),
+    }
+    key
+}
+
+/// When a counter's horizon began and when it ends: the span in which another owner's count
+/// still matters to it at `now`. `None` for a bucket with a rate of 0 (it holds nothing).
+pub fn horizon(kind: CounterKind, quota: &Quota, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
+    let window = |u: Unit, back: u64, ahead: u64| {
+        let w = now.secs() / u.secs();
+        (
+            Timestamp::from_secs(w.saturating_sub(back) * u.secs()),
+            Timestamp::from_secs((w + ahead) * u.secs()),
+        )
+    };
+    Some(match kind {
+        CounterKind::Fixed(u) => window(u, 0, 1),
+        CounterKind::Sliding(u) => window(u, 1, 1),
+        CounterKind::Bucket => {
+            let (_, tolerance) = bucket::params(quota)?;
+            (
+                Timestamp::from_micros(now.micros().saturating_sub(tolerance)),
+                Timestamp::from_micros(now.micros().saturating_add(tolerance)),
+            )
+        }
+    })
+}
+
+/// A state word from the values kept in Redis for `window` (as [`Durable::keys_now`] orders
+/// them); `None` when they hold nothing.
+pub fn state_from(kind: CounterKind, window: u64, values: &[u64], now: Timestamp) -> Option<u128> {
+    let first = values.first().copied().unwrap_or(0);
+    match kind {
+        CounterKind::Fixed(u) => (first > 0 && window == now.secs() / u.secs())
+            .then(|| u128::from(fixed_window::state_with_count(first, now.secs(), u))),
+        CounterKind::Sliding(_) => {
+            let previous = values.get(1).copied().unwrap_or(0);
+            (first > 0 || previous > 0)
+                .then(|| sliding_window::state_from_parts(window, first, previous))
+        }
+        CounterKind::Bucket => (first > now.micros()).then_some(u128::from(first)),
+    }
+}
+
+/// The integers of a reply: an integer, a bulk string holding one, or an array of those (nil
+/// and anything else read as 0).
+fn integers(v: &Value) -> Vec<u64> {
+    let one = |v: &Value| match v {
+        Value::Int(i) => u64::try_from(*i).unwrap_or(0),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    match v {
+        Value::Array(items) => items.iter().map(one).collect(),
+        other => vec![one(other)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+    use std::num::NonZeroU32;
+
+    #[test]
+    fn horizons_cover_what_another_owner_may_have_counted() {
+        let now = Timestamp::from_secs(3_725); // 1 h 2 min 5 s
+        let q = Quota::fixed(10, Unit::Hour);
+        let fixed = horizon(CounterKind::Fixed(Unit::Hour), &q, now).unwrap();
+        assert_eq!(
+            fixed,
+            (Timestamp::from_secs(3_600), Timestamp::from_secs(7_200))
+        );
+        let sliding = horizon(CounterKind::Sliding(Unit::Minute), &q, now).unwrap();
+        assert_eq!(
+            sliding,
+            (Timestamp::from_secs(3_660), Timestamp::from_secs(3_780))
+        );
+        // A token bucket of 10 per second with a burst of 5: 500 ms either side.
+        let b = Quota {
+            requests_per_unit: 10,
+            unit: Unit::Second,
+            algorithm: Algorithm::TokenBucket,
+            burst: NonZeroU32::new(5),
+        };
+        let (start, end) = horizon(CounterKind::Bucket, &b, now).unwrap();
+        assert_eq!(now.micros() - start.micros(), 500_000);
+        assert_eq!(end.micros() - now.micros(), 500_000);
+        let zero = Quota {
+            requests_per_unit: 0,
+            ..b
+        };
+        assert_eq!(horizon(CounterKind::Bucket, &zero, now), None);
+    }
+
+    #[test]
+    fn states_from_redis_values_belong_to_their_window() {
+        let now = Timestamp::from_secs(125);
+        let fixed = CounterKind::Fixed(Unit::Minute);
+        let s = state_from(fixed, 2, &[7], now).unwrap();
+        assert_eq!(fixed_window::current_count(s as u64, 125, Unit::Minute), 7);
+        // A count of another window, or none, is nothing now.
+        assert_eq!(state_from(fixed, 1, &[7], now), None);
+        assert_eq!(state_from(fixed, 2, &[0], now), None);
+        let sliding = CounterKind::Sliding(Unit::Minute);
+        let s = state_from(sliding, 2, &[3, 9], now).unwrap();
+        assert_eq!(
+            sliding_window::counts_at(s, now.micros(), Unit::Minute),
+            (3, 9)
+        );
+        // A bucket already at rest holds nothing.
+        assert_eq!(
+            state_from(CounterKind::Bucket, 0, &[now.micros()], now),
+            None
+        );
+        assert_eq!(
+            state_from(CounterKind::Bucket, 0, &[now.micros() + 1], now),
+            Some(u128::from(now.micros() + 1))
+        );
+    }
+
+    #[test]
+    fn keys_start_with_the_prefix_and_tag_the_descriptor() {
+        let k = redis_key("app:", "app:d_k_v_", CounterKind::Fixed(Unit::Minute), 28);
+        assert_eq!(k, "app:sluice:wb:{d_k_v_}:fw:60:28");
+        let k = redis_key("", "d_k_v_", CounterKind::Sliding(Unit::Second), 9);
+        assert_eq!(k, "sluice:wb:{d_k_v_}:sw:1:9");
+        assert_eq!(
+            redis_key("", "d_k_v_", CounterKind::Bucket, 0),
+            "sluice:wb:{d_k_v_}:gcra"
+        );
+    }
+
+    #[test]
+    fn replies_read_as_integers() {
+        assert_eq!(integers(&Value::Int(4)), vec![4]);
+        assert_eq!(
+            integers(&Value::Array(vec![
+                Value::BulkString(b"12".to_vec()),
+                Value::Nil,
+                Value::Int(-1)
+            ])),
+            vec![12, 0, 0]
+        );
+    }
+
+    #[test]
+    fn ring_changes_only_move_forward() {
+        let c = RingChanges::new(Timestamp::from_secs(10));
+        assert_eq!(c.last(), (0, Timestamp::from_secs(10)));
+        c.record(Timestamp::from_secs(20));
+        c.record(Timestamp::from_secs(15));
+        assert_eq!(c.last(), (2, Timestamp::from_secs(20)));
+    }
+}
