@@ -850,7 +850,7 @@ async fn a_collector_from_another_ca_gets_nothing_and_decisions_stay_prompt() {
         let before = failed_handshakes.load(Ordering::Relaxed);
         let mut ep = endpoint(protocol, url_for(protocol, "https", addr, "traces"));
         ep.tls = Some(tls.clone());
-        let mut tracing = tracing_options(ep, 1.0);
+        let mut tracing = tracing_options(ep.clone(), 1.0);
         tracing.max_queue_size = 4;
         tracing.max_batch_size = 2;
         let running = start_with(config(), options_with(Some(tracing))).await;
@@ -862,6 +862,20 @@ async fn a_collector_from_another_ca_gets_nothing_and_decisions_stay_prompt() {
             started.elapsed() < Duration::from_secs(2),
             "{protocol:?}: 50 calls took {:?}",
             started.elapsed()
+        );
+        // The exporter's error (what the warn line says) names the reason. (BadSignature here,
+        // not UnknownIssuer: both test CAs have the same name.)
+        let mut client = sluice::telemetry::otlp::export::OtlpClient::new(&ep).unwrap();
+        let err = client
+            .export::<_, ExportTraceServiceResponse>(
+                proto::TRACE_EXPORT_PATH,
+                ExportTraceServiceRequest::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            err.contains("invalid peer certificate"),
+            "{protocol:?}: {err}"
         );
         // Sluice did try, and refused the certificate.
         let start = Instant::now();
