@@ -504,7 +504,7 @@ pub fn incoming(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The xDS client.
+// The clients: xDS, Redis and the OTLP exporters.
 
 /// A TLS client's files (xDS, Redis, OTLP), read and checked at start-up: whom to trust, what
 /// name to expect and which certificate to present. The default trusts the system's roots,
