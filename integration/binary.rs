@@ -45,6 +45,10 @@ const SCRUBBED: &[&str] = &[
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_PROTOCOL",
     "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_INSECURE",
     "OTEL_SERVICE_NAME",
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_SDK_DISABLED",
@@ -1003,13 +1007,20 @@ fn bad_tracing_settings_stop_start_up() {
         "justakey",
         "OTEL_EXPORTER_OTLP_HEADERS=justakey",
     );
+    // An https collector's CA file is read before any port is bound.
     let mut c = sluice();
     c.env("TRACING_ENABLED", "true")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318");
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")
+        .env("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/otlp-ca.pem");
     let out = run(c);
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("TLS to the OTLP collector"), "{err}");
+    assert!(
+        err.contains(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/otlp-ca.pem: cannot read the file"
+        ),
+        "{err}"
+    );
 }
 
 /// A minimal OTLP/HTTP collector: every POST body (keep-alive connections included) is

@@ -20,7 +20,8 @@
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
 //! - [`tls`]: PEM files -> checked certificates and keys; the gRPC listener's reloading
-//!   certificate and TLS accept loop; the xDS client's trust and identity.
+//!   certificate and TLS accept loop; the clients' trust and identity (xDS, Redis, OTLP) and
+//!   their tonic or rustls client configs.
 //! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
 //! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus
 //!   exposition, logs, and OpenTelemetry (spans and metrics over OTLP).

@@ -1076,12 +1076,22 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// An OTLP endpoint: `http://host:port[/path]`, or `host:port` meaning http. `https` is refused
-/// while `used` (TLS to the collector is not supported yet).
-fn otlp_url(var: &'static str, value: &str, used: bool) -> Result<String, SettingsError> {
+/// An OTLP endpoint as a URL: `http://` (plain text) or `https://` (TLS). Without a scheme,
+/// `host:port` is `https://` for gRPC unless `insecure` (OTEL_EXPORTER_OTLP_INSECURE, which the
+/// spec defines for exactly this case), and `http://` for OTLP/HTTP (whose endpoints the spec
+/// requires to carry a scheme; Sluice has always read `host:port` as http there).
+fn otlp_url(
+    var: &'static str,
+    value: &str,
+    protocol: crate::telemetry::otlp::Protocol,
+    insecure: bool,
+) -> Result<String, SettingsError> {
+    use crate::telemetry::otlp::Protocol;
     let value = value.trim();
     let url = if value.contains("://") {
         value.to_owned()
+    } else if protocol == Protocol::Grpc && !insecure {
+        format!("https://{value}")
     } else {
         format!("http://{value}")
     };
@@ -1089,21 +1099,56 @@ fn otlp_url(var: &'static str, value: &str, used: bool) -> Result<String, Settin
         .parse()
         .map_err(|e| invalid(var, value, format!("not a URL: {e}")))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") if !used => {}
-        Some("https") => {
-            return Err(SettingsError::NotSupportedYet {
-                var,
-                value: value.to_owned(),
-                reason: "TLS to the OTLP collector (use an http:// endpoint, e.g. a local collector agent)",
-            });
-        }
-        _ => return Err(invalid(var, value, "expected an http:// URL")),
+        Some("http" | "https") => {}
+        _ => return Err(invalid(var, value, "expected an http:// or https:// URL")),
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(invalid(var, value, "no host"));
     }
     Ok(url)
+}
+
+/// The first of a signal's own variable and the common one that is set and not empty.
+fn first_set<'a>(
+    vars: [(&'static str, &'a Option<String>); 2],
+) -> Option<(usize, &'static str, &'a str)> {
+    vars.iter()
+        .enumerate()
+        .find_map(|(i, &(var, v))| non_empty(v.as_deref()).map(|v| (i, var, v)))
+}
+
+/// One signal's OTLP TLS files, each variable given as `[own, common]` (the signal's own
+/// wins). A client certificate needs its key and the other way round; the variable named as
+/// missing is the one beside the one that is set.
+fn otlp_tls_files(
+    ca: [(&'static str, &Option<String>); 2],
+    cert: [(&'static str, &Option<String>); 2],
+    key: [(&'static str, &Option<String>); 2],
+) -> Result<
+    (
+        Option<crate::tls::PemFile>,
+        Option<crate::tls::KeyPairFiles>,
+    ),
+    SettingsError,
+> {
+    use crate::tls::{KeyPairFiles, PemFile};
+    let ca = first_set(ca).map(|(_, var, path)| PemFile::new(var, path));
+    let identity = match (first_set(cert), first_set(key)) {
+        (None, None) => None,
+        (Some((_, cert_var, c)), Some((_, key_var, k))) => Some((cert_var, c, key_var, k)),
+        (Some((i, cert_var, c)), None) => Some((cert_var, c, key[i].0, "")),
+        (None, Some((i, key_var, k))) => Some((cert[i].0, "", key_var, k)),
+    };
+    let identity = match identity {
+        None => None,
+        Some((cert_var, c, key_var, k)) => {
+            key_pair((cert_var, c), (key_var, k))?.map(|(cert, key)| KeyPairFiles {
+                cert: PemFile::new(cert_var, cert),
+                key: PemFile::new(key_var, key),
+            })
+        }
+    };
+    Ok((ca, identity))
 }
 
 /// Accepts what logrus's `ParseLevel` accepts, so existing LOG_LEVEL values keep working.
@@ -2514,8 +2559,9 @@ pub struct TelemetryArgs {
     /// `grpc`, `http/protobuf` (`http/json` is not supported).
     #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", help_heading = "Tracing")]
     pub otel_exporter_otlp_protocol: Option<String>,
-    /// The collector's base URL, `http://host:port`; HTTP appends /v1/traces and /v1/metrics.
-    /// Default: http://localhost:4318 (http) or http://localhost:4317 (grpc). No https yet.
+    /// The collector's base URL, `http(s)://host:port`; HTTP appends /v1/traces and /v1/metrics.
+    /// `host:port`: https for gRPC (http with OTEL_EXPORTER_OTLP_INSECURE=true), http for HTTP.
+    /// Default: http://localhost:4318 (http) or http://localhost:4317 (grpc).
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", help_heading = "Tracing")]
     pub otel_exporter_otlp_endpoint: Option<String>,
     /// The traces URL, used as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
@@ -2606,6 +2652,120 @@ pub struct TelemetryArgs {
         help_heading = "Tracing"
     )]
     pub otel_exporter_otlp_metrics_protocol: Option<String>,
+    /// PEM CA certificate(s) an `https` collector's certificate must chain to (only
+    /// those). Default: the system's roots.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_certificate: Option<String>,
+    /// PEM client certificate (chain) presented to an `https` collector (mTLS); needs
+    /// OTEL_EXPORTER_OTLP_CLIENT_KEY.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_client_certificate: Option<String>,
+    /// PEM private key of OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_client_key: Option<String>,
+    /// `true`: a gRPC endpoint without a scheme (`host:port`) is plain text rather than
+    /// TLS. No effect on `http://` and `https://` URLs, nor on OTLP/HTTP. Default: false.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_INSECURE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_insecure: Option<bool>,
+    /// OTEL_EXPORTER_OTLP_CERTIFICATE for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_client_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_KEY for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_client_key: Option<String>,
+    /// OTEL_EXPORTER_OTLP_INSECURE for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_insecure: Option<bool>,
+    /// OTEL_EXPORTER_OTLP_CERTIFICATE for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_client_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_KEY for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_client_key: Option<String>,
+    /// OTEL_EXPORTER_OTLP_INSECURE for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_INSECURE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_insecure: Option<bool>,
 }
 
 /// Validated metrics settings.
@@ -2805,29 +2965,25 @@ impl TelemetryArgs {
         let timeout = Duration::from_millis(self.otel_exporter_otlp_timeout);
 
         // The signal's own URL is used as is; the base URL gets the signal's path on HTTP.
-        let url =
-            |own: (&'static str, &Option<String>), path: &str, protocol: Protocol, used: bool| {
-                let (var, url) = match (own.1, &self.otel_exporter_otlp_endpoint) {
-                    (Some(u), _) => (own.0, otlp_url(own.0, u, used)?),
-                    (None, Some(base)) => {
-                        let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, used)?;
-                        let url = match protocol {
-                            Protocol::Http => format!("{}{path}", base.trim_end_matches('/')),
-                            Protocol::Grpc => base,
-                        };
-                        ("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+        let url = |own: (&'static str, &Option<String>),
+                   path: &str,
+                   protocol: Protocol,
+                   insecure: bool| {
+            Ok::<_, SettingsError>(match (own.1, &self.otel_exporter_otlp_endpoint) {
+                (Some(u), _) => otlp_url(own.0, u, protocol, insecure)?,
+                (None, Some(base)) => {
+                    let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, protocol, insecure)?;
+                    match protocol {
+                        Protocol::Http => format!("{}{path}", base.trim_end_matches('/')),
+                        Protocol::Grpc => base,
                     }
-                    (None, None) => (
-                        "OTEL_EXPORTER_OTLP_ENDPOINT",
-                        match protocol {
-                            Protocol::Http => format!("http://localhost:4318{path}"),
-                            Protocol::Grpc => "http://localhost:4317".to_owned(),
-                        },
-                    ),
-                };
-                let _ = var;
-                Ok::<_, SettingsError>(url)
-            };
+                }
+                (None, None) => match protocol {
+                    Protocol::Http => format!("http://localhost:4318{path}"),
+                    Protocol::Grpc => "http://localhost:4317".to_owned(),
+                },
+            })
+        };
         let traces_url = url(
             (
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
@@ -2835,7 +2991,9 @@ impl TelemetryArgs {
             ),
             "/v1/traces",
             traces_protocol,
-            enabled,
+            self.otel_exporter_otlp_traces_insecure
+                .or(self.otel_exporter_otlp_insecure)
+                .unwrap_or(false),
         )?;
         let metrics_url = url(
             (
@@ -2844,8 +3002,87 @@ impl TelemetryArgs {
             ),
             "/v1/metrics",
             metrics_protocol,
-            metrics_enabled,
+            self.otel_exporter_otlp_metrics_insecure
+                .or(self.otel_exporter_otlp_insecure)
+                .unwrap_or(false),
         )?;
+
+        // TLS files: pairs are checked always (a typo shows before export is turned on); the
+        // files are read, and checked as every TLS client's are, only when a signal that is
+        // on has an https endpoint. With an http endpoint they are not used.
+        let traces_files = otlp_tls_files(
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                    &self.otel_exporter_otlp_traces_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                    &self.otel_exporter_otlp_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_traces_client_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_client_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+                    &self.otel_exporter_otlp_traces_client_key,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                    &self.otel_exporter_otlp_client_key,
+                ),
+            ],
+        )?;
+        let metrics_files = otlp_tls_files(
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+                    &self.otel_exporter_otlp_metrics_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                    &self.otel_exporter_otlp_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_metrics_client_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_client_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+                    &self.otel_exporter_otlp_metrics_client_key,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                    &self.otel_exporter_otlp_client_key,
+                ),
+            ],
+        )?;
+        let tls = |used: bool, url: &str, (ca, identity)| {
+            if used && url.starts_with("https://") {
+                crate::tls::ClientTls::from_files(ca, identity, None).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let traces_tls = tls(enabled, &traces_url, traces_files)?;
+        let metrics_tls = tls(metrics_enabled, &metrics_url, metrics_files)?;
         let queue = non_zero("OTEL_BSP_MAX_QUEUE_SIZE", self.otel_bsp_max_queue_size)?.get();
         let batch = non_zero(
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
@@ -2870,6 +3107,7 @@ impl TelemetryArgs {
             endpoint: Endpoint {
                 protocol: traces_protocol,
                 url: traces_url,
+                tls: traces_tls,
                 headers: trace_headers,
                 timeout,
             },
@@ -2883,6 +3121,7 @@ impl TelemetryArgs {
             endpoint: Endpoint {
                 protocol: metrics_protocol,
                 url: metrics_url,
+                tls: metrics_tls,
                 headers: metrics_headers,
                 timeout,
             },
@@ -3827,7 +4066,9 @@ mod tests {
         .tracing
         .unwrap();
         assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Grpc);
-        assert_eq!(t.endpoint.url, "http://127.0.0.1:4317");
+        // A gRPC endpoint without a scheme is TLS, as OTEL_EXPORTER_OTLP_INSECURE=false says.
+        assert_eq!(t.endpoint.url, "https://127.0.0.1:4317");
+        assert_eq!(t.endpoint.tls, Some(crate::tls::ClientTls::default()));
         assert_eq!(
             t.endpoint.headers,
             vec![
@@ -3912,13 +4153,6 @@ mod tests {
             (
                 &[
                     "--tracing-enabled",
-                    "--otel-exporter-otlp-endpoint=https://collector:4318",
-                ][..],
-                "OTEL_EXPORTER_OTLP_ENDPOINT=https://collector:4318: TLS to the OTLP collector",
-            ),
-            (
-                &[
-                    "--tracing-enabled",
                     "--otel-exporter-otlp-traces-endpoint=ftp://x",
                 ][..],
                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=ftp://x",
@@ -3932,8 +4166,229 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("TRACING_SAMPLING_RATE"), "{err}");
-        // https is only refused when something would use it.
-        assert!(settings(&["--otel-exporter-otlp-endpoint=https://collector:4318"]).is_ok());
+    }
+
+    #[test]
+    fn otlp_endpoints_take_tls_from_their_scheme_and_insecure() {
+        use crate::telemetry::otlp::Protocol;
+        let traces = |args: &[&str]| {
+            let mut all = vec!["--tracing-enabled"];
+            all.extend_from_slice(args);
+            settings(&all).unwrap().telemetry.tracing.unwrap().endpoint
+        };
+        // https: TLS with the system's roots and no client certificate.
+        let e = traces(&["--otel-exporter-otlp-endpoint=https://collector:4318"]);
+        assert_eq!(e.url, "https://collector:4318/v1/traces");
+        assert_eq!(e.tls, Some(crate::tls::ClientTls::default()));
+        // http: plain text; TLS files are not read (so not needed) for it.
+        let e = traces(&[
+            "--otel-exporter-otlp-endpoint=http://collector:4318",
+            "--otel-exporter-otlp-certificate=/nonexistent/ca.pem",
+        ]);
+        assert_eq!(e.url, "http://collector:4318/v1/traces");
+        assert_eq!(e.tls, None);
+        // No scheme: OTLP/HTTP means http; gRPC means https unless INSECURE, and the signal's
+        // own INSECURE wins over the common one. INSECURE never turns an https URL plain.
+        assert_eq!(
+            traces(&["--otel-exporter-otlp-endpoint=collector:4318"]).url,
+            "http://collector:4318/v1/traces"
+        );
+        let grpc = "--tracing-exporter-protocol=grpc";
+        for (args, url) in [
+            (
+                &[grpc, "--otel-exporter-otlp-endpoint=c:4317"][..],
+                "https://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-endpoint=c:4317",
+                    "--otel-exporter-otlp-insecure",
+                ][..],
+                "http://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-endpoint=c:4317",
+                    "--otel-exporter-otlp-insecure=true",
+                    "--otel-exporter-otlp-traces-insecure=false",
+                ][..],
+                "https://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-traces-endpoint=c:4317",
+                    "--otel-exporter-otlp-traces-insecure=true",
+                ][..],
+                "http://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-endpoint=https://c:4317",
+                    "--otel-exporter-otlp-insecure=true",
+                ][..],
+                "https://c:4317",
+            ),
+            // The default endpoint is http://localhost:4317, plain text as before.
+            (&[grpc][..], "http://localhost:4317"),
+        ] {
+            let e = traces(args);
+            assert_eq!(e.protocol, Protocol::Grpc);
+            assert_eq!(e.url, url, "{args:?}");
+            assert_eq!(e.tls.is_some(), url.starts_with("https"), "{args:?}");
+        }
+        // Metrics read their own INSECURE.
+        let m = settings(&[
+            "--otel-metrics-exporter=otlp",
+            "--otel-exporter-otlp-metrics-protocol=grpc",
+            "--otel-exporter-otlp-endpoint=c:4317",
+            "--otel-exporter-otlp-metrics-insecure",
+        ])
+        .unwrap()
+        .telemetry
+        .otlp_metrics
+        .unwrap();
+        assert_eq!(m.endpoint.url, "http://c:4317");
+    }
+
+    #[test]
+    fn otlp_tls_files_are_read_per_signal_and_checked_before_start() {
+        let pki = test_pki::TestPki::new();
+        let leaf = pki.leaf("client", &["localhost"]);
+        let other = pki.leaf("other", &["localhost"]);
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let (ca, cert, key) = (path(&pki.ca), path(&leaf.cert), path(&leaf.key));
+        let read = |p: &str| std::fs::read(p).unwrap();
+        let both = [
+            "--tracing-enabled",
+            "--otel-metrics-exporter=otlp",
+            "--otel-exporter-otlp-endpoint=https://collector:4318",
+        ];
+        let run = |extra: &[&str]| {
+            let args: Vec<&str> = both.iter().chain(extra).copied().collect();
+            settings(&args)
+        };
+
+        // The common variables serve both signals.
+        let t = run(&[
+            &format!("--otel-exporter-otlp-certificate={ca}"),
+            &format!("--otel-exporter-otlp-client-certificate={cert}"),
+            &format!("--otel-exporter-otlp-client-key={key}"),
+        ])
+        .unwrap()
+        .telemetry;
+        let expected = crate::tls::ClientTls {
+            ca_pem: Some(read(&ca)),
+            identity_pem: Some((read(&cert), read(&key))),
+            server_name: None,
+        };
+        assert_eq!(t.tracing.unwrap().endpoint.tls.as_ref(), Some(&expected));
+        assert_eq!(t.otlp_metrics.unwrap().endpoint.tls, Some(expected.clone()));
+        // A key never shows in a debug print.
+        assert!(!format!("{expected:?}").contains("PRIVATE KEY"));
+
+        // A signal's own variables win, each on its own: the traces' CA and client pair, the
+        // metrics' key with the common certificate.
+        let (other_cert, other_key) = (path(&other.cert), path(&other.key));
+        let t = run(&[
+            "--otel-exporter-otlp-certificate=/nonexistent/common-ca.pem",
+            &format!("--otel-exporter-otlp-traces-certificate={ca}"),
+            &format!("--otel-exporter-otlp-metrics-certificate={ca}"),
+            &format!("--otel-exporter-otlp-client-certificate={cert}"),
+            &format!("--otel-exporter-otlp-client-key={other_key}"),
+            &format!("--otel-exporter-otlp-traces-client-certificate={other_cert}"),
+            &format!("--otel-exporter-otlp-metrics-client-key={key}"),
+        ])
+        .unwrap()
+        .telemetry;
+        let tls = t.tracing.unwrap().endpoint.tls.unwrap();
+        assert_eq!(tls.ca_pem, Some(read(&ca)));
+        assert_eq!(
+            tls.identity_pem,
+            Some((read(&other_cert), read(&other_key)))
+        );
+        let tls = t.otlp_metrics.unwrap().endpoint.tls.unwrap();
+        assert_eq!(tls.identity_pem, Some((read(&cert), read(&key))));
+
+        // Errors name the variable (the signal's own when it is the one set) and the file.
+        let err = |extra: &[&str]| run(extra).unwrap_err().to_string();
+        let e = err(&["--otel-exporter-otlp-certificate=/nonexistent/ca.pem"]);
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem: cannot read the file: "
+            ),
+            "{e}"
+        );
+        let e = err(&["--otel-exporter-otlp-metrics-certificate=/nonexistent/ca.pem"]);
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE=/nonexistent/ca.pem: cannot read"
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            err(&[&format!("--otel-exporter-otlp-certificate={key}")]),
+            format!(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE={key}: no PEM certificate (BEGIN CERTIFICATE) in the file"
+            )
+        );
+        assert_eq!(
+            err(&[&format!("--otel-exporter-otlp-client-certificate={cert}")]),
+            format!(
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE={cert}: needs OTEL_EXPORTER_OTLP_CLIENT_KEY, the certificate's private key"
+            )
+        );
+        assert_eq!(
+            err(&[&format!(
+                "--otel-exporter-otlp-traces-client-certificate={cert}"
+            )]),
+            format!(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE={cert}: needs OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY, the certificate's private key"
+            )
+        );
+        assert_eq!(
+            err(&[&format!("--otel-exporter-otlp-metrics-client-key={key}")]),
+            format!(
+                "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY={key}: needs OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE, the certificate of this key"
+            )
+        );
+        assert_eq!(
+            err(&[
+                &format!("--otel-exporter-otlp-client-certificate={cert}"),
+                &format!("--otel-exporter-otlp-client-key={other_key}"),
+            ]),
+            format!(
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY={other_key}: the private key does not match the certificate in OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE={cert}"
+            )
+        );
+        let e = err(&[
+            &format!("--otel-exporter-otlp-client-certificate={cert}"),
+            "--otel-exporter-otlp-client-key=/nonexistent/key.pem",
+        ]);
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY=/nonexistent/key.pem: cannot read the file"
+            ),
+            "{e}"
+        );
+        // A half pair is refused even with export off; files are only read when used.
+        let e = settings(&[&format!("--otel-exporter-otlp-client-key={key}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("needs OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
+            "{e}"
+        );
+        assert!(settings(&["--otel-exporter-otlp-certificate=/nonexistent/ca.pem"]).is_ok());
+        // Bad schemes name their variable.
+        let e = error(&["--tracing-enabled", "--otel-exporter-otlp-endpoint=ftp://x"]);
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_ENDPOINT=ftp://x: expected an http:// or https:// URL"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! TLS material, from PEM files to what the listeners and clients use: certificates and keys
 //! read and checked once, before any port is bound (errors name the variable and the file);
 //! the gRPC listener's certificate, re-read when its files change; the accept loop that hands
-//! tonic finished handshakes; and the xDS client's trust and identity.
+//! tonic finished handshakes; and the clients' trust and identity ([`ClientTls`]: xDS, Redis,
+//! the OTLP exporters), turned into tonic's client config or a rustls one.
 //!
-//! rustls on ring only. Nothing here knows tonic: the xDS adapter turns [`ClientTls`] into
-//! tonic's own config, and the gRPC listener takes a stream of [`TlsStream`]s.
+//! rustls on ring only. The gRPC listener takes a stream of [`TlsStream`]s; the one piece of
+//! tonic here is [`ClientTls::tonic_config`], shared by the xDS client and OTLP/gRPC.
 
 use std::fmt;
 use std::io;
@@ -64,6 +65,12 @@ pub enum TlsError {
         key_var: &'static str,
         key: PathBuf,
     },
+    /// No certificate was given to trust and the system's trust store is empty or unreadable.
+    #[error("no CA certificate given and none found in the system's trust store: {0}")]
+    NoSystemRoots(String),
+    /// A client config could not be built from files that were checked at start-up.
+    #[error("TLS client setup: {0}")]
+    ClientSetup(String),
 }
 
 /// A file named by a variable.
@@ -497,15 +504,17 @@ pub fn incoming(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The xDS client.
+// The clients: xDS, Redis and the OTLP exporters.
 
-/// The xDS client's TLS, read and checked at start-up: whom to trust, what name to expect and
-/// which certificate to present.
-#[derive(Clone)]
+/// A TLS client's files (xDS, Redis, OTLP), read and checked at start-up: whom to trust, what
+/// name to expect and which certificate to present. The default trusts the system's roots,
+/// expects the URL's host and presents no certificate.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ClientTls {
-    /// CONFIG_GRPC_XDS_SERVER_TLS_CACERT, PEM; `None`: the system's roots.
+    /// The CA to trust (CONFIG_GRPC_XDS_SERVER_TLS_CACERT, REDIS_TLS_CACERT,
+    /// OTEL_EXPORTER_OTLP_CERTIFICATE), PEM; `None`: the system's roots.
     pub ca_pem: Option<Vec<u8>>,
-    /// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY, PEM.
+    /// The client certificate chain and key (CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY, ...), PEM.
     pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
     /// CONFIG_GRPC_XDS_SERVER_TLS_SAN; `None`: the URL's host.
     pub server_name: Option<String>,
@@ -567,5 +576,71 @@ impl ClientTls {
             identity_pem,
             server_name,
         })
+    }
+    /// tonic's client config, for the xDS client and OTLP/gRPC. The trust is `ca_pem` alone
+    /// when set (the Go service adds the system's roots to a CA it is given), else the
+    /// system's roots, loaded when the channel is built.
+    pub fn tonic_config(&self) -> tonic::transport::ClientTlsConfig {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        // A server that negotiates no ALPN still gets HTTP/2: it is gRPC either way.
+        let mut config = ClientTlsConfig::new().assume_http2(true);
+        config = match &self.ca_pem {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
+            None => config.with_native_roots(),
+        };
+        if let Some((cert, key)) = &self.identity_pem {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
+        }
+        config
+    }
+
+    /// A rustls client config with the same trust and identity as [`Self::tonic_config`], for
+    /// clients that are not tonic (OTLP/HTTP). ALPN is left to the connector. `server_name`
+    /// is not applied here: it belongs to the connector too.
+    pub fn rustls_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let setup = |e: &dyn fmt::Display| TlsError::ClientSetup(e.to_string());
+        let mut roots = RootCertStore::empty();
+        match &self.ca_pem {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    roots
+                        .add(cert.map_err(|e| setup(&e))?)
+                        .map_err(|e| setup(&e))?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = roots.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    let why = match found.errors.first() {
+                        Some(e) => e.to_string(),
+                        None => "no certificates".to_owned(),
+                    };
+                    return Err(TlsError::NoSystemRoots(why));
+                }
+                if !found.errors.is_empty() {
+                    tracing::debug!(errors = ?found.errors, "some system CA certificates could not be read");
+                }
+            }
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| setup(&e))?
+            .with_root_certificates(roots);
+        match &self.identity_pem {
+            None => Ok(builder.with_no_client_auth()),
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_slice_iter(cert)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| setup(&e))?;
+                let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| setup(&e))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| setup(&e))
+            }
+        }
     }
 }

@@ -1,11 +1,17 @@
 //! OpenTelemetry end to end: Sluice on port 0 exports to a collector inside the test (a tonic
 //! server implementing the OTLP trace and metrics Export methods, or an axum server for
-//! OTLP/HTTP), decoded with Sluice's own OTLP types. Loopback only; every wait is bounded.
+//! OTLP/HTTP), decoded with Sluice's own OTLP types; the same collectors behind TLS (tonic's
+//! server TLS, or axum over `sluice::tls::incoming`) with certificates from a test CA.
+//! Loopback only; every wait is bounded.
 
 mod common;
+#[path = "../integration/pki.rs"]
+mod pki;
 
 use std::convert::Infallible;
+use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -23,6 +29,7 @@ use sluice::telemetry::otlp::proto::{
     ExportTraceServiceResponse, any_value, metric, number_data_point,
 };
 use sluice::telemetry::otlp::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
+use sluice::tls::ClientTls;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::body::Body;
@@ -202,14 +209,11 @@ async fn grpc_collector() -> (SocketAddr, Received) {
     (addr, received)
 }
 
-/// The OTLP/HTTP collector: POST /v1/traces and /v1/metrics with protobuf bodies.
-async fn http_collector() -> (SocketAddr, Received) {
+/// The OTLP/HTTP collector's routes: POST /v1/traces and /v1/metrics with protobuf bodies.
+fn http_router(received: Received) -> axum::Router {
     use axum::extract::State;
     use axum::http::HeaderMap;
     use axum::routing::post;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let received = Received::default();
     let tenant = |r: &Received, h: &HeaderMap| {
         assert_eq!(
             h.get("content-type").unwrap(),
@@ -223,7 +227,7 @@ async fn http_collector() -> (SocketAddr, Received) {
                 .push(t.to_str().unwrap().to_owned());
         }
     };
-    let router = axum::Router::new()
+    axum::Router::new()
         .route(
             "/v1/traces",
             post(
@@ -246,15 +250,167 @@ async fn http_collector() -> (SocketAddr, Received) {
                 },
             ),
         )
-        .with_state(received.clone());
+        .with_state(received)
+}
+
+/// The OTLP/HTTP collector, plain text.
+async fn http_collector() -> (SocketAddr, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Received::default();
+    let router = http_router(received.clone());
     tokio::spawn(async move { axum::serve(listener, router).await });
     (addr, received)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectors behind TLS.
+
+fn read(path: &std::path::Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
+/// A rustls server config for a collector: `leaf`'s certificate, and with `client_ca` a
+/// required client certificate from that CA. No ALPN: an OTLP/HTTP client offers http/1.1.
+fn collector_tls(leaf: &pki::Leaf, client_ca: Option<&std::path::Path>) -> rustls::ServerConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = CertificateDer::pem_file_iter(&leaf.cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&leaf.key).unwrap();
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    builder.with_single_cert(chain, key).unwrap()
+}
+
+/// Finished TLS handshakes from Sluice's own accept loop, as an axum listener.
+struct TlsListener {
+    incoming: tokio::sync::mpsc::Receiver<io::Result<sluice::tls::TlsStream<TcpStream>>>,
+    addr: SocketAddr,
+    _accept_loop: sluice::tls::TaskGuard,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = sluice::tls::TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.incoming.recv().await {
+                Some(Ok(stream)) => {
+                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.addr);
+                    return (stream, peer);
+                }
+                Some(Err(_)) => continue,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
+
+/// The OTLP/HTTP collector over TLS with `leaf`'s certificate (and a required client
+/// certificate from `client_ca`).
+async fn https_collector(
+    leaf: &pki::Leaf,
+    client_ca: Option<&std::path::Path>,
+) -> (SocketAddr, Received) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(collector_tls(leaf, client_ca)));
+    let (incoming, accept_loop) = sluice::tls::incoming(listener, acceptor);
+    let listener = TlsListener {
+        incoming: incoming.into_inner(),
+        addr,
+        _accept_loop: accept_loop,
+    };
+    let received = Received::default();
+    let router = http_router(received.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (addr, received)
+}
+
+/// The OTLP/gRPC collector over TLS: tonic's server TLS with `leaf`'s certificate (and a
+/// required client certificate from `client_ca`).
+async fn grpcs_collector(
+    leaf: &pki::Leaf,
+    client_ca: Option<&std::path::Path>,
+) -> (SocketAddr, Received) {
+    use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut tls =
+        ServerTlsConfig::new().identity(Identity::from_pem(read(&leaf.cert), read(&leaf.key)));
+    if let Some(ca) = client_ca {
+        tls = tls.client_ca_root(Certificate::from_pem(read(ca)));
+    }
+    let received = Received::default();
+    let server = tonic::transport::Server::builder()
+        .tls_config(tls)
+        .unwrap()
+        .add_service(TraceCollector(received.clone()))
+        .add_service(MetricsCollector(received.clone()))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(server);
+    (addr, received)
+}
+
+/// A TLS collector that completes no handshake it is offered: it counts the handshakes that
+/// failed (the client refused its certificate) and serves nothing.
+async fn refused_handshakes(leaf: &pki::Leaf) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(collector_tls(leaf, None)));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let counter = failed.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let (acceptor, counter) = (acceptor.clone(), counter.clone());
+            tokio::spawn(async move {
+                let handshake =
+                    tokio::time::timeout(Duration::from_secs(5), acceptor.accept(socket)).await;
+                if !matches!(handshake, Ok(Ok(_))) {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (addr, failed)
+}
+
+fn url_for(protocol: Protocol, scheme: &str, addr: SocketAddr, signal: &str) -> String {
+    match protocol {
+        Protocol::Grpc => format!("{scheme}://{addr}"),
+        Protocol::Http => format!("{scheme}://{addr}/v1/{signal}"),
+    }
 }
 
 fn endpoint(protocol: Protocol, url: String) -> Endpoint {
     Endpoint {
         protocol,
         url,
+        tls: None,
         headers: vec![("x-tenant".into(), "acme".into())],
         timeout: Duration::from_secs(2),
     }
@@ -565,5 +721,170 @@ async fn a_collector_that_never_answers_neither_slows_nor_fails_decisions() {
             "{protocol:?}: 50 calls took {:?}",
             started.elapsed()
         );
+    }
+}
+
+/// Spans and metrics over `https` to a collector whose certificate is from the test CA, which
+/// OTEL_EXPORTER_OTLP_CERTIFICATE names (read through Sluice's own loader).
+#[tokio::test]
+async fn spans_and_metrics_reach_an_https_collector_over_both_protocols() {
+    let pki = pki::TestPki::new();
+    let leaf = pki.leaf("collector", &["127.0.0.1"]);
+    let tls = ClientTls::from_files(
+        Some(sluice::tls::PemFile::new(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            &pki.ca,
+        )),
+        None,
+        None,
+    )
+    .unwrap();
+    for protocol in [Protocol::Grpc, Protocol::Http] {
+        let (collector, received) = match protocol {
+            Protocol::Grpc => grpcs_collector(&leaf, None).await,
+            Protocol::Http => https_collector(&leaf, None).await,
+        };
+        let mut traces = endpoint(protocol, url_for(protocol, "https", collector, "traces"));
+        traces.tls = Some(tls.clone());
+        let mut options = options_with(Some(tracing_options(traces, 1.0)));
+        let mut metrics = endpoint(protocol, url_for(protocol, "https", collector, "metrics"));
+        metrics.tls = Some(tls.clone());
+        options.telemetry.otlp_metrics = Some(MetricsExportOptions {
+            endpoint: metrics,
+            interval: Duration::from_millis(100),
+            resource: vec![("service.name".into(), "RateLimit".into())],
+        });
+        let running = start_with(config(), options).await;
+
+        let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+        assert_eq!(
+            http_call(running.http, "/json", &[("traceparent", &traceparent)]).await,
+            200
+        );
+        let spans = received.wait_for_spans(1).await;
+        assert_eq!(hex(&spans[0].trace_id), TRACE_ID, "{protocol:?}");
+        assert_eq!(spans[0].name, "ShouldRateLimit Execution");
+        assert_eq!(received.tenants.lock().unwrap()[0], "acme", "headers too");
+        let start = Instant::now();
+        while received.metrics.lock().unwrap().is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{protocol:?}: no metrics export over TLS"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A collector that requires a client certificate gets spans from Sluice configured with
+/// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE / _CLIENT_KEY, and none without them.
+#[tokio::test]
+async fn mtls_collectors_get_spans_only_from_a_client_with_a_certificate() {
+    let pki = pki::TestPki::new();
+    let server = pki.leaf("collector", &["127.0.0.1"]);
+    let client = pki.leaf("sluice", &["sluice.test"]);
+    let ca = || {
+        Some(sluice::tls::PemFile::new(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            &pki.ca,
+        ))
+    };
+    let with_identity = ClientTls::from_files(
+        ca(),
+        Some(sluice::tls::KeyPairFiles {
+            cert: sluice::tls::PemFile::new("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &client.cert),
+            key: sluice::tls::PemFile::new("OTEL_EXPORTER_OTLP_CLIENT_KEY", &client.key),
+        }),
+        None,
+    )
+    .unwrap();
+    let without_identity = ClientTls::from_files(ca(), None, None).unwrap();
+    for protocol in [Protocol::Grpc, Protocol::Http] {
+        let (collector, received) = match protocol {
+            Protocol::Grpc => grpcs_collector(&server, Some(&pki.ca)).await,
+            Protocol::Http => https_collector(&server, Some(&pki.ca)).await,
+        };
+        let url = url_for(protocol, "https", collector, "traces");
+
+        // Without a client certificate first: the collector refuses the handshake.
+        let mut ep = endpoint(protocol, url.clone());
+        ep.tls = Some(without_identity.clone());
+        let anonymous = start_with(config(), options_with(Some(tracing_options(ep, 1.0)))).await;
+        assert_eq!(http_call(anonymous.http, "/json", &[]).await, 200);
+
+        let mut ep = endpoint(protocol, url);
+        ep.tls = Some(with_identity.clone());
+        let running = start_with(config(), options_with(Some(tracing_options(ep, 1.0)))).await;
+        let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+        assert_eq!(
+            http_call(running.http, "/json", &[("traceparent", &traceparent)]).await,
+            200
+        );
+        received.wait_for_spans(1).await;
+        // Several batch delays more: the anonymous instance's span never arrives.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let spans = received.spans();
+        assert_eq!(spans.len(), 1, "{protocol:?}: {spans:?}");
+        assert_eq!(hex(&spans[0].trace_id), TRACE_ID);
+    }
+}
+
+/// A collector whose certificate is from another CA: Sluice refuses the handshake, exports
+/// nothing, and decisions answer as quickly as without tracing.
+#[tokio::test]
+async fn a_collector_from_another_ca_gets_nothing_and_decisions_stay_prompt() {
+    let trusted = pki::TestPki::new();
+    let other = pki::TestPki::new();
+    let impostor = other.leaf("impostor", &["127.0.0.1"]);
+    let (addr, failed_handshakes) = refused_handshakes(&impostor).await;
+    let tls = ClientTls::from_files(
+        Some(sluice::tls::PemFile::new(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            &trusted.ca,
+        )),
+        None,
+        None,
+    )
+    .unwrap();
+    for protocol in [Protocol::Grpc, Protocol::Http] {
+        let before = failed_handshakes.load(Ordering::Relaxed);
+        let mut ep = endpoint(protocol, url_for(protocol, "https", addr, "traces"));
+        ep.tls = Some(tls.clone());
+        let mut tracing = tracing_options(ep.clone(), 1.0);
+        tracing.max_queue_size = 4;
+        tracing.max_batch_size = 2;
+        let running = start_with(config(), options_with(Some(tracing))).await;
+        let started = Instant::now();
+        for _ in 0..50 {
+            assert_eq!(http_call(running.http, "/json", &[]).await, 200);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{protocol:?}: 50 calls took {:?}",
+            started.elapsed()
+        );
+        // The exporter's error (what the warn line says) names the reason. (BadSignature here,
+        // not UnknownIssuer: both test CAs have the same name.)
+        let mut client = sluice::telemetry::otlp::export::OtlpClient::new(&ep).unwrap();
+        let err = client
+            .export::<_, ExportTraceServiceResponse>(
+                proto::TRACE_EXPORT_PATH,
+                ExportTraceServiceRequest::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            err.contains("invalid peer certificate"),
+            "{protocol:?}: {err}"
+        );
+        // Sluice did try, and refused the certificate.
+        let start = Instant::now();
+        while failed_handshakes.load(Ordering::Relaxed) == before {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{protocol:?}: no TLS handshake was tried"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

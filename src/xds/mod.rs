@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::config::{ConfigHandle, LoadOptions, build_raw};
 use crate::settings::{XdsBackoff, XdsSettings};
@@ -90,7 +90,7 @@ pub fn spawn(
 ) -> XdsGuard {
     let client = Client {
         node: node(&settings),
-        tls: tls.map(tonic_tls),
+        tls: tls.as_ref().map(ClientTls::tonic_config),
         settings,
         options,
         handle,
@@ -99,24 +99,6 @@ pub fn spawn(
     XdsGuard {
         task: tokio::spawn(client.run()),
     }
-}
-
-/// tonic's TLS config from the checked files. The trust is CONFIG_GRPC_XDS_SERVER_TLS_CACERT
-/// alone when set (the Go service adds the system's roots to it), else the system's roots.
-fn tonic_tls(tls: ClientTls) -> ClientTlsConfig {
-    // A server that negotiates no ALPN still gets HTTP/2: it is gRPC either way.
-    let mut config = ClientTlsConfig::new().assume_http2(true);
-    config = match tls.ca_pem {
-        Some(ca) => config.ca_certificate(Certificate::from_pem(ca)),
-        None => config.with_native_roots(),
-    };
-    if let Some((cert, key)) = tls.identity_pem {
-        config = config.identity(Identity::from_pem(cert, key));
-    }
-    if let Some(name) = tls.server_name {
-        config = config.domain_name(name);
-    }
-    config
 }
 
 struct Client {

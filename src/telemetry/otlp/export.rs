@@ -3,7 +3,11 @@
 //!
 //! Exports never touch the request path. A failed export (collector down, refused, too slow)
 //! loses its batch, is counted, and logs at warn at most once a minute; the next batch is tried
-//! as usual. TLS (`https` endpoints) is not supported: settings refuse it at start-up.
+//! as usual.
+//!
+//! An `https` endpoint gets TLS (rustls on ring) with the endpoint's [`crate::tls::ClientTls`]:
+//! tonic's client TLS for gRPC, a hyper-rustls connector for HTTP. A `http` endpoint goes
+//! through the plain connector, as before.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,8 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use prost::Message;
 use tokio::sync::mpsc;
@@ -37,35 +42,70 @@ pub struct OtlpClient {
 
 enum Transport {
     Grpc(tonic::client::Grpc<tonic::transport::Channel>),
-    Http {
-        /// Boxed: one client per exporter, and it is by far the larger variant.
-        client: Box<Client<HttpConnector, Full<Bytes>>>,
-        uri: hyper::Uri,
-    },
+    /// Boxed: one client per exporter, and it is by far the larger variant.
+    Http(Box<HttpTransport<HttpConnector>>),
+    Https(Box<HttpTransport<HttpsConnector<HttpConnector>>>),
+}
+
+struct HttpTransport<C> {
+    client: Client<C, Full<Bytes>>,
+    uri: hyper::Uri,
 }
 
 impl OtlpClient {
     /// Must be called inside a tokio runtime. Connects lazily: a collector that is down is
     /// only noticed by the first export.
+    ///
+    /// With an `https` URL the TLS config is built here: the system's roots are read now
+    /// when no CA was given, and an empty trust store is an error.
     pub fn new(endpoint: &Endpoint) -> Result<Self, String> {
+        let uri: hyper::Uri = endpoint
+            .url
+            .parse()
+            .map_err(|e| format!("{}: {e}", endpoint.url))?;
+        let tls = match uri.scheme_str() {
+            Some("https") => Some(endpoint.tls.clone().unwrap_or_default()),
+            _ => None,
+        };
         let transport = match endpoint.protocol {
             Protocol::Grpc => {
-                let channel = tonic::transport::Endpoint::from_shared(endpoint.url.clone())
+                let mut channel = tonic::transport::Endpoint::from_shared(endpoint.url.clone())
                     .map_err(|e| format!("{}: {e}", endpoint.url))?
-                    .connect_timeout(endpoint.timeout)
-                    .connect_lazy();
-                Transport::Grpc(tonic::client::Grpc::new(channel))
+                    .connect_timeout(endpoint.timeout);
+                if let Some(tls) = &tls {
+                    channel = channel
+                        .tls_config(tls.tonic_config())
+                        .map_err(|e| format!("{}: TLS setup: {e}", endpoint.url))?;
+                }
+                Transport::Grpc(tonic::client::Grpc::new(channel.connect_lazy()))
             }
             Protocol::Http => {
-                let uri: hyper::Uri = endpoint
-                    .url
-                    .parse()
-                    .map_err(|e| format!("{}: {e}", endpoint.url))?;
                 let mut connector = HttpConnector::new();
                 connector.set_connect_timeout(Some(endpoint.timeout));
                 connector.set_nodelay(true);
-                let client = Box::new(Client::builder(TokioExecutor::new()).build(connector));
-                Transport::Http { client, uri }
+                let builder = Client::builder(TokioExecutor::new());
+                match &tls {
+                    None => Transport::Http(Box::new(HttpTransport {
+                        client: builder.build(connector),
+                        uri,
+                    })),
+                    Some(tls) => {
+                        // The https URI goes to the plain connector inside the TLS one.
+                        connector.enforce_http(false);
+                        let config = tls
+                            .rustls_config()
+                            .map_err(|e| format!("{}: {e}", endpoint.url))?;
+                        let https = hyper_rustls::HttpsConnectorBuilder::new()
+                            .with_tls_config(config)
+                            .https_only()
+                            .enable_http1()
+                            .wrap_connector(connector);
+                        Transport::Https(Box::new(HttpTransport {
+                            client: builder.build(https),
+                            uri,
+                        }))
+                    }
+                }
             }
         };
         Ok(OtlpClient {
@@ -92,7 +132,7 @@ impl OtlpClient {
                 Transport::Grpc(grpc) => {
                     grpc.ready()
                         .await
-                        .map_err(|e| format!("collector not ready: {e}"))?;
+                        .map_err(|e| with_causes("collector not ready", &e))?;
                     let mut request = tonic::Request::new(msg);
                     for (k, v) in headers {
                         if let (Ok(k), Ok(v)) = (
@@ -111,35 +151,8 @@ impl OtlpClient {
                     .map(|_| ())
                     .map_err(|s| format!("collector answered {:?}: {}", s.code(), s.message()))
                 }
-                Transport::Http { client, uri } => {
-                    let mut request = hyper::Request::post(uri.clone())
-                        .header(hyper::header::CONTENT_TYPE, "application/x-protobuf");
-                    for (k, v) in headers {
-                        request = request.header(k.as_str(), v.as_str());
-                    }
-                    let request = request
-                        .body(Full::new(Bytes::from(msg.encode_to_vec())))
-                        .map_err(|e| format!("cannot build the request: {e}"))?;
-                    let response = client
-                        .request(request)
-                        .await
-                        .map_err(|e| format!("cannot reach the collector: {e}"))?;
-                    let status = response.status();
-                    // Read (a bounded amount of) the answer so the connection can be reused.
-                    let body =
-                        http_body_util::Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-                            .collect()
-                            .await
-                            .map(|b| b.to_bytes())
-                            .unwrap_or_default();
-                    if status.is_success() {
-                        Ok(())
-                    } else {
-                        let text =
-                            String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
-                        Err(format!("collector answered HTTP {status}: {text}"))
-                    }
-                }
+                Transport::Http(http) => http.post(headers, msg.encode_to_vec()).await,
+                Transport::Https(https) => https.post(headers, msg.encode_to_vec()).await,
             }
         };
         match tokio::time::timeout(timeout, call).await {
@@ -147,6 +160,55 @@ impl OtlpClient {
             Err(_) => Err(format!("collector did not answer within {timeout:?}")),
         }
     }
+}
+
+impl<C> HttpTransport<C>
+where
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    /// One OTLP/HTTP export: POST the protobuf body, succeed on a 2xx.
+    async fn post(&self, headers: &[(String, String)], body: Vec<u8>) -> Result<(), String> {
+        let mut request = hyper::Request::post(self.uri.clone())
+            .header(hyper::header::CONTENT_TYPE, "application/x-protobuf");
+        for (k, v) in headers {
+            request = request.header(k.as_str(), v.as_str());
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| format!("cannot build the request: {e}"))?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| with_causes("cannot reach the collector", &e))?;
+        let status = response.status();
+        // Read (a bounded amount of) the answer so the connection can be reused.
+        let body = http_body_util::Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        if status.is_success() {
+            Ok(())
+        } else {
+            let text = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
+            Err(format!("collector answered HTTP {status}: {text}"))
+        }
+    }
+}
+
+/// `what: error: cause: cause...`. hyper's and tonic's errors say little more than
+/// "client error (Connect)" or "transport error"; the reason (refused, a certificate from
+/// an unknown issuer) is in their sources, and the warn line should carry it.
+fn with_causes(what: &str, e: &dyn std::error::Error) -> String {
+    let mut text = format!("{what}: {e}");
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn unix_nanos() -> u64 {

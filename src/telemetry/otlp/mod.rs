@@ -10,7 +10,9 @@
 //!   periodic metrics export built from [`super::Stats`].
 //!
 //! Settings come from the Go service's TRACING_* variables and the standard OTEL_* ones, see
-//! [`crate::settings`]; plain-text endpoints only (an `https` endpoint is refused at start-up).
+//! [`crate::settings`]. `https` endpoints use rustls on ring (tonic's for gRPC, hyper-rustls
+//! for HTTP) with the OTEL_EXPORTER_OTLP_CERTIFICATE / _CLIENT_CERTIFICATE / _CLIENT_KEY files,
+//! read and checked at start-up through [`crate::tls`].
 
 pub mod export;
 pub mod propagation;
@@ -19,6 +21,7 @@ pub mod trace;
 
 use std::time::Duration;
 
+use crate::tls::ClientTls;
 pub use propagation::{RequestTrace, SpanContext, Transport};
 pub use trace::{SpanCounters, Tracer};
 
@@ -44,8 +47,14 @@ impl Protocol {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     pub protocol: Protocol,
-    /// `http://host:port/v1/traces` (HTTP: the full URL) or `http://host:port` (gRPC).
+    /// `http(s)://host:port/v1/traces` (HTTP: the full URL) or `http(s)://host:port` (gRPC).
+    /// TLS exactly when the scheme is `https`.
     pub url: String,
+    /// With an `https` URL: the CA to trust and the client certificate to present
+    /// (OTEL_EXPORTER_OTLP_CERTIFICATE, _CLIENT_CERTIFICATE, _CLIENT_KEY and their per-signal
+    /// forms), already read and checked. `None`: the system's roots, no client certificate.
+    /// Not used with an `http` URL.
+    pub tls: Option<ClientTls>,
     /// OTEL_EXPORTER_OTLP_HEADERS and the signal's own; names lower case.
     pub headers: Vec<(String, String)>,
     /// OTEL_EXPORTER_OTLP_TIMEOUT: each export's deadline.
