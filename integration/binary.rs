@@ -448,9 +448,6 @@ fn sigterm_fails_health_then_exits_cleanly() {
 mod grpc_tls {
     use super::*;
 
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -491,17 +488,7 @@ mod grpc_tls {
 
     /// One ShouldRateLimit call for `d`/`k`; the limit it reports, or the error.
     pub async fn limit(channel: Channel) -> Result<u32, String> {
-        let request = RateLimitRequest {
-            domain: "d".into(),
-            descriptors: vec![RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: "k".into(),
-                    value: "v".into(),
-                }],
-                ..Default::default()
-            }],
-            hits_addend: 0,
-        };
+        let request = support::request_d_k_v();
         let response = RateLimitServiceClient::new(channel)
             .should_rate_limit(request)
             .await

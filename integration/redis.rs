@@ -901,24 +901,11 @@ fn sluice_over_tls_counts_and_a_wrong_ca_is_unhealthy_not_a_crash() {
 
 /// The gRPC status of one ShouldRateLimit call for `d`/`k=v`.
 async fn grpc_code(port: u16) -> tonic::Code {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
     let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
         .await
         .expect("connect gRPC");
-    let request = RateLimitRequest {
-        domain: "d".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "k".into(),
-                value: "v".into(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    };
+    let request = support::request_d_k_v();
     match client.should_rate_limit(request).await {
         Ok(_) => tonic::Code::Ok,
         Err(status) => status.code(),

@@ -71,3 +71,20 @@ pub fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, Str
     let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((status, body))
 }
+
+/// A ShouldRateLimit request for domain `d`, one descriptor `k=v`: what the gRPC tests send.
+pub fn request_d_k_v() -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: "d".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "k".into(),
+                value: "v".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}

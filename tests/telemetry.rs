@@ -45,12 +45,7 @@ descriptors:
 "#;
 
 fn config() -> ConfigHandle {
-    let cfg = parse_files(
-        &[("test.yaml".to_string(), CONFIG.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("config loads");
-    ConfigHandle::new(Some(cfg))
+    common::config_from_yaml(CONFIG)
 }
 
 fn json(domain: &str, entries: &[(&str, &str)]) -> String {

@@ -23,7 +23,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use prost::Message;
 use sluice::app::AppOptions;
-use sluice::config::{ConfigHandle, LoadOptions, parse_files};
+use sluice::config::ConfigHandle;
 use sluice::telemetry::otlp::proto::{
     self, ExportMetricsServiceRequest, ExportMetricsServiceResponse, ExportTraceServiceRequest,
     ExportTraceServiceResponse, any_value, metric, number_data_point,
@@ -48,12 +48,7 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
 
 fn config() -> ConfigHandle {
-    let cfg = parse_files(
-        &[("test.yaml".to_string(), CONFIG.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("config loads");
-    ConfigHandle::new(Some(cfg))
+    common::config_from_yaml(CONFIG)
 }
 
 /// What a collector received.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sluice::app::{App, AppOptions, Listeners};
 use sluice::clock::{ManualClock, Timestamp};
-use sluice::config::{ConfigHandle, ConfigSource, LoadOptions, load};
+use sluice::config::{ConfigHandle, ConfigSource, LoadOptions, load, parse_files};
 use sluice::service::ServiceOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -40,6 +40,16 @@ pub fn default_options() -> AppOptions {
         telemetry: Default::default(),
         grpc_tls: None,
     }
+}
+
+/// A config handle serving one YAML file's text, as if loaded from `test.yaml`.
+pub fn config_from_yaml(yaml: &str) -> ConfigHandle {
+    let cfg = parse_files(
+        &[("test.yaml".to_string(), yaml.to_string())],
+        &LoadOptions::default(),
+    )
+    .expect("config loads");
+    ConfigHandle::new(Some(cfg))
 }
 
 pub fn fixture(path: &str) -> std::path::PathBuf {
