@@ -5,20 +5,30 @@ For the chart's defaults and each file in helm/sluice/examples/ it runs `helm li
 renders the chart with `helm template`, validates every manifest with `kubernetes-validate
 --strict` against Kubernetes KUBE_VERSION's schemas, checks what the schemas cannot (the
 security context, the directory mount that makes reloads work, the peer and Redis wiring, the
-grace period), and feeds each rendered ConfigMap's descriptor files to `sluice check-config`.
-Then it checks that bad values files are refused with a message naming the bad value.
+grace period, the TLS Secret mounts and the tracing and write-behind variables), and feeds
+each rendered ConfigMap's descriptor files to `sluice check-config`. The same is done for a few
+value combinations (COMBOS). Then, for every render, it starts the real sluice binary with the
+rendered container environment (ports moved to free ones, Secret values faked, every mounted
+volume replaced by a temporary directory: the ConfigMap's files, and test certificates made
+with openssl for each Secret) and checks that it gets past its settings validation and binds
+its ports, and, with gRPC TLS, that the gRPC port completes a TLS handshake with a client
+certificate. Then it checks that bad values files are refused with a message naming the bad
+value, and that a mismatched certificate and key under the rendered paths stops the binary.
 
 Tools: helm (SLUICE_HELM, else target/helm/helm, else PATH), kubernetes-validate (beside this
-Python, else PATH) and the sluice binary (SLUICE_BIN, else $CARGO_TARGET_DIR/debug/sluice,
+Python, else PATH), openssl (PATH) and the sluice binary (SLUICE_BIN, else $CARGO_TARGET_DIR/debug/sluice,
 else built with cargo). scripts/test.sh installs the first two into target/. A missing tool
 skips the test, or fails it under CI=true. The last line is `helm: N passed, M failed`.
 """
 
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 try:
@@ -29,6 +39,38 @@ except ImportError:  # reported by find_tools()
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "sluice"
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+# Value combinations the examples leave out, checked like them.
+COMBOS = {
+    "redis sentinel over TLS with a client certificate, mTLS with a separate CA Secret": {
+        "backend": "redis",
+        "redis": {
+            "type": "sentinel",
+            "url": "mymaster,sentinel-0.redis:26379,sentinel-1.redis:26379",
+            "auth": {"existingSecret": "redis-auth"},
+            "sentinelAuth": {"existingSecret": "redis-auth", "existingSecretKey": "sentinel"},
+            "tls": {"enabled": True, "secretName": "redis-client", "caKey": "redis-ca.pem",
+                    "certKey": "tls.crt", "keyKey": "tls.key", "skipHostnameVerification": True},
+        },
+        "grpcTls": {"enabled": True, "secretName": "sluice-tls",
+                    "clientCa": {"enabled": True, "secretName": "envoy-ca", "key": "root.pem"}},
+        "probes": {"type": "grpc"},
+    },
+    "Redis cluster over TLS with the system's roots, TLS without client CA": {
+        "backend": "redis",
+        "redis": {"type": "cluster", "url": "redis-0.redis:6379,redis-1.redis:6379",
+                  "tls": {"enabled": True, "caKey": ""}},
+        "grpcTls": {"enabled": True, "secretName": "sluice-tls"},
+    },
+    "OTLP metrics alone, over OTLP/HTTP to host:port": {
+        "otlpMetrics": {"enabled": True, "interval": 15000},
+        "tracing": {"endpoint": "otel-collector.observability:4318"},
+    },
+    "tracing with the defaults": {"tracing": {"enabled": True, "samplingRate": 0.25}},
+    "peer write-behind to a single Redis with a created password Secret": {
+        "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
+        "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
+    },
+}
 KUBE_VERSION = "1.33.0"
 # Kinds that kubernetes-validate has no schema for (CRDs); checked by hand below.
 CRD_KINDS = {"ServiceMonitor"}
@@ -67,6 +109,8 @@ def find_tools():
     kv = str(kv) if kv.exists() else shutil.which("kubernetes-validate")
     if not kv:
         missing.append("kubernetes-validate (pip install kubernetes-validate; scripts/test.sh puts it in target/venv)")
+    if not shutil.which("openssl"):
+        missing.append("openssl (for the test certificates)")
     sluice = os.environ.get("SLUICE_BIN")
     if not sluice:
         target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -127,12 +171,23 @@ def check_deployment(label, docs, values):
         yaml.safe_dump({"mounts": mounts, "volume": vol}),
     )
     ready, live = c.get("readinessProbe", {}), c.get("livenessProbe", {})
-    check(
-        f"{label}: readiness on gRPC health `ratelimit` (8081), liveness on `\"\"`",
-        ready.get("grpc") == {"port": 8081, "service": "ratelimit"}
-        and live.get("grpc") == {"port": 8081, "service": ""},
-        yaml.safe_dump({"readiness": ready, "liveness": live}),
-    )
+    grpc_tls = values.get("grpcTls", {}).get("enabled")
+    if grpc_tls or values.get("probes", {}).get("type") == "http":
+        check(
+            f"{label}: readiness on HTTP /healthcheck, liveness on the HTTP port"
+            + (" (gRPC TLS: the kubelet's gRPC probes cannot speak it)" if grpc_tls else ""),
+            ready.get("httpGet") == {"path": "/healthcheck", "port": "http"}
+            and live.get("tcpSocket") == {"port": "http"}
+            and "grpc" not in ready and "grpc" not in live,
+            yaml.safe_dump({"readiness": ready, "liveness": live}),
+        )
+    else:
+        check(
+            f"{label}: readiness on gRPC health `ratelimit` (8081), liveness on `\"\"`",
+            ready.get("grpc") == {"port": 8081, "service": "ratelimit"}
+            and live.get("grpc") == {"port": 8081, "service": ""},
+            yaml.safe_dump({"readiness": ready, "liveness": live}),
+        )
     delay = int(env["SLUICE_SHUTDOWN_DELAY_SECS"]["value"])
     drain = int(env["SLUICE_DRAIN_TIMEOUT_SECS"]["value"])
     period = ready.get("periodSeconds", 10) * ready.get("failureThreshold", 3)
@@ -171,19 +226,29 @@ def check_deployment(label, docs, values):
             ok,
             yaml.safe_dump({"peer services": peers, "env": list(env.values())}),
         )
-    if values.get("backend") == "redis":
+    write_behind = values.get("cluster", {}).get("writeBehind", {}).get("enabled")
+    if values.get("backend") == "redis" or write_behind:
         auth = env.get("REDIS_AUTH", {}).get("valueFrom", {}).get("secretKeyRef", {})
-        want = values["redis"]["auth"].get("existingSecret")
+        auth_values = values["redis"].get("auth", {})
+        created = [d for d in docs if d["kind"] == "Secret"]
+        if auth_values.get("existingSecret"):
+            want = {"name": auth_values["existingSecret"], "key": auth_values.get("existingSecretKey", "password")}
+        elif auth_values.get("password"):
+            # The chart's own Secret, holding the value under `password`.
+            want = {"name": created[0]["metadata"]["name"] if created else "?", "key": "password"}
+        else:
+            want = {}
+        backend = "memory" if write_behind else "redis"
         check(
-            f"{label}: BACKEND_TYPE=redis, REDIS_URL, REDIS_AUTH from Secret {want}",
-            env["BACKEND_TYPE"]["value"] == "redis"
+            f"{label}: BACKEND_TYPE={backend}, REDIS_URL, REDIS_AUTH from Secret {want.get('name', '(none)')}",
+            env["BACKEND_TYPE"]["value"] == backend
             and env["REDIS_SOCKET_TYPE"]["value"] == "tcp"
             and env["REDIS_URL"]["value"] == values["redis"]["url"]
-            and auth.get("name") == want
-            and auth.get("key") == values["redis"]["auth"].get("existingSecretKey", "password")
-            and "value" not in env["REDIS_AUTH"],
-            yaml.safe_dump(env.get("REDIS_AUTH")),
+            and auth == want
+            and "value" not in env.get("REDIS_AUTH", {}),
+            yaml.safe_dump({"REDIS_AUTH": env.get("REDIS_AUTH"), "want": want}),
         )
+    check_features(label, pod, c, env, values)
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
         sm = [d for d in docs if d["kind"] == "ServiceMonitor"]
         metrics_svcs = [
@@ -202,6 +267,266 @@ def check_deployment(label, docs, values):
             and [p["name"] for p in metrics_svcs[0]["spec"]["ports"]] == ["debug"],
             yaml.safe_dump(sm),
         )
+
+
+def secret_ref(env, name):
+    return env.get(name, {}).get("valueFrom", {}).get("secretKeyRef", {})
+
+
+def check_features(label, pod, c, env, values):
+    """Secret mounts (directories, read-only) and the gRPC TLS, Redis TLS and sentinel, tracing,
+    OTLP metrics and write-behind variables, as values.yaml documents them."""
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    secret_vols = [n for n, v in vols.items() if "secret" in v]
+    check(
+        f"{label}: Secret volumes {secret_vols or '(none)'} mounted read-only as directories (no subPath)",
+        all(n in mounts and mounts[n].get("readOnly") is True and "subPath" not in mounts[n]
+            and "subPathExpr" not in mounts[n] for n in secret_vols)
+        and set(mounts) == set(vols),
+        yaml.safe_dump({"mounts": c["volumeMounts"], "volumes": pod["volumes"]}),
+    )
+    # Every file a variable names must lie in a mounted volume.
+    dirs = [m["mountPath"] for m in c["volumeMounts"]]
+    files = {k: e["value"] for k, e in env.items() if k.endswith(("_CERT", "_KEY", "_CACERT")) and "value" in e}
+    check(
+        f"{label}: the TLS files named by {sorted(files) or '(none)'} lie in mounted volumes",
+        all(any(v.startswith(d + "/") for d in dirs) for v in files.values()),
+        yaml.safe_dump({"files": files, "mounts": dirs}),
+    )
+
+    tls = values.get("grpcTls", {})
+    if tls.get("enabled"):
+        ca = tls.get("clientCa", {})
+        ca_secret = ca.get("secretName") or tls["secretName"]
+        want = {
+            "GRPC_SERVER_USE_TLS": "true",
+            "GRPC_SERVER_TLS_CERT": "/etc/sluice/grpc-tls/tls.crt",
+            "GRPC_SERVER_TLS_KEY": "/etc/sluice/grpc-tls/tls.key",
+        }
+        if ca.get("enabled"):
+            d = "/etc/sluice/grpc-tls" if ca_secret == tls["secretName"] else "/etc/sluice/grpc-client-ca"
+            want["GRPC_CLIENT_TLS_CACERT"] = f"{d}/{ca.get('key', 'ca.crt')}"
+            if ca_secret != tls["secretName"]:
+                ok_ca = vols.get("grpc-client-ca", {}).get("secret", {}).get("secretName") == ca_secret
+            else:
+                ok_ca = "grpc-client-ca" not in vols
+        else:
+            ok_ca = "GRPC_CLIENT_TLS_CACERT" not in env
+        if tls.get("clientSan"):
+            want["GRPC_CLIENT_TLS_SAN"] = tls["clientSan"]
+        got = {k: env.get(k, {}).get("value") for k in want}
+        check(
+            f"{label}: gRPC TLS from Secret {tls['secretName']} at /etc/sluice/grpc-tls"
+            + (f", client CA from {ca_secret}" if ca.get("enabled") else ""),
+            got == want
+            and vols.get("grpc-tls", {}).get("secret", {}).get("secretName") == tls["secretName"]
+            and mounts.get("grpc-tls", {}).get("mountPath") == "/etc/sluice/grpc-tls"
+            and ok_ca,
+            yaml.safe_dump({"env": got, "want": want, "volumes": pod["volumes"]}),
+        )
+    else:
+        check(f"{label}: no gRPC TLS variables", not any(k.startswith("GRPC_SERVER_") or k.startswith("GRPC_CLIENT_") for k in env))
+
+    redis = values.get("redis", {})
+    uses_redis = values.get("backend") == "redis" or values.get("cluster", {}).get("writeBehind", {}).get("enabled")
+    rtls = redis.get("tls", {})
+    if uses_redis and rtls.get("enabled"):
+        want = {"REDIS_TLS": "true", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": str(bool(rtls.get("skipHostnameVerification"))).lower()}
+        if rtls.get("secretName"):
+            ca_key = rtls.get("caKey", "ca.crt")
+            if ca_key:
+                want["REDIS_TLS_CACERT"] = f"/etc/sluice/redis-tls/{ca_key}"
+            if rtls.get("certKey"):
+                want["REDIS_TLS_CLIENT_CERT"] = f"/etc/sluice/redis-tls/{rtls['certKey']}"
+                want["REDIS_TLS_CLIENT_KEY"] = f"/etc/sluice/redis-tls/{rtls['keyKey']}"
+        got = {k: e.get("value") for k, e in env.items() if k.startswith("REDIS_TLS")}
+        check(
+            f"{label}: Redis TLS {sorted(want)} from Secret {rtls.get('secretName') or '(none: system roots)'}",
+            got == want
+            and (vols.get("redis-tls", {}).get("secret", {}).get("secretName") == rtls["secretName"]
+                 if rtls.get("secretName") else "redis-tls" not in vols),
+            yaml.safe_dump({"env": got, "want": want}),
+        )
+    else:
+        check(f"{label}: no Redis TLS variables", not any(k.startswith("REDIS_TLS") for k in env))
+    if uses_redis and redis.get("type") == "sentinel":
+        ref = secret_ref(env, "REDIS_SENTINEL_AUTH")
+        sa = redis.get("sentinelAuth", {})
+        check(
+            f"{label}: REDIS_TYPE=sentinel, REDIS_SENTINEL_AUTH from Secret {sa.get('existingSecret')}",
+            env["REDIS_TYPE"]["value"] == "sentinel"
+            and (ref == {"name": sa["existingSecret"], "key": sa.get("existingSecretKey", "password")}
+                 if sa.get("existingSecret") else "REDIS_SENTINEL_AUTH" not in env),
+            yaml.safe_dump(env.get("REDIS_SENTINEL_AUTH")),
+        )
+
+    tr, om = values.get("tracing", {}), values.get("otlpMetrics", {})
+    want = {}
+    if tr.get("enabled"):
+        want |= {"TRACING_ENABLED": "true", "TRACING_SAMPLING_RATE": str(tr.get("samplingRate", 1))}
+        if tr.get("serviceName"):
+            want["TRACING_SERVICE_NAME"] = tr["serviceName"]
+    if om.get("enabled"):
+        want |= {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_METRIC_EXPORT_INTERVAL": str(om.get("interval", 60000))}
+    if tr.get("enabled") or om.get("enabled"):
+        want["TRACING_EXPORTER_PROTOCOL"] = tr.get("protocol", "http")
+        if tr.get("endpoint"):
+            want["OTEL_EXPORTER_OTLP_ENDPOINT"] = tr["endpoint"]
+    got = {k: e.get("value") for k, e in env.items()
+           if (k.startswith("TRACING_") or k.startswith("OTEL_")) and k != "OTEL_EXPORTER_OTLP_HEADERS"}
+    hdr = tr.get("headers", {})
+    want_hdr = ({"name": hdr["existingSecret"], "key": hdr.get("existingSecretKey", "headers")}
+                if hdr.get("existingSecret") and (tr.get("enabled") or om.get("enabled")) else {})
+    check(
+        f"{label}: tracing / OTLP variables {sorted(want) or '(none)'}"
+        + (f", headers from Secret {want_hdr['name']}" if want_hdr else ""),
+        got == want and secret_ref(env, "OTEL_EXPORTER_OTLP_HEADERS") == want_hdr,
+        yaml.safe_dump({"env": got, "want": want}),
+    )
+
+    wb = values.get("cluster", {}).get("writeBehind", {})
+    want = ({"SLUICE_PEER_WRITE_BEHIND": "true", "SLUICE_PEER_WRITE_BEHIND_MS": str(wb.get("intervalMs", 500))}
+            if wb.get("enabled") else {})
+    got = {k: e.get("value") for k, e in env.items() if k.startswith("SLUICE_PEER_WRITE_BEHIND")}
+    check(f"{label}: write-behind variables {sorted(want) or '(none)'}", got == want, yaml.safe_dump(got))
+
+
+def make_certs(tmp):
+    """A CA, a server certificate for localhost/127.0.0.1 and a client certificate for
+    envoy.ingress.svc.cluster.local, all signed by the CA; plus a key that matches nothing."""
+    d = Path(tmp)
+    ossl = lambda *a: subprocess.run(["openssl", *a], cwd=d, check=True, capture_output=True)
+    ossl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
+         "-out", "ca.crt", "-days", "2", "-subj", "/CN=test-ca")
+    for name, san in [("server", "DNS:localhost,IP:127.0.0.1"), ("client", "DNS:envoy.ingress.svc.cluster.local")]:
+        ossl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
+             "-out", f"{name}.csr", "-subj", f"/CN={name}", "-addext", f"subjectAltName={san}")
+        (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        ossl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
+    ossl("genpkey", "-algorithm", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "other.key")
+    return {n: (d / n).read_text() for n in ["ca.crt", "server.crt", "server.key", "client.crt", "client.key", "other.key"]}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pod_env(docs, certs, tmp, key_pem=None):
+    """The rendered container's environment as the kubelet would give it, made runnable here:
+    mounted volumes become directories under tmp (ConfigMap files; each Secret gets the test
+    certificates under tls.crt, tls.key, ca.crt and every file name a variable asks of it),
+    Secret-sourced values are faked, ports move to free ones, POD_IP is 127.0.0.1."""
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    moved = {}
+    for m in c["volumeMounts"]:
+        local = Path(tmp) / m["name"]
+        local.mkdir()
+        moved[m["mountPath"]] = str(local)
+        v = vols[m["name"]]
+        if "configMap" in v:
+            for name, text in cms[v["configMap"]["name"]]["data"].items():
+                (local / name).write_text(text)
+        elif "secret" in v:
+            wanted = {"tls.crt", "tls.key", "ca.crt"}
+            for e in c["env"]:
+                if e.get("value", "").startswith(m["mountPath"] + "/"):
+                    wanted.add(e["value"][len(m["mountPath"]) + 1:])
+            for name in wanted:
+                if "ca" in name.split(".")[0]:
+                    text = certs["ca.crt"]
+                elif name.endswith(".key") or "key" in name:
+                    text = key_pem or certs["server.key"]
+                else:
+                    text = certs["server.crt"]
+                (local / name).write_text(text)
+    ports = {k: free_port() for k in ["PORT", "GRPC_PORT", "DEBUG_PORT", "PEER_PORT"]}
+    env = {"PATH": os.environ.get("PATH", "")}
+    for e in c["env"]:
+        name = e["name"]
+        if "valueFrom" in e:
+            src = e["valueFrom"]
+            if "fieldRef" in src:
+                value = {"status.podIP": "127.0.0.1"}[src["fieldRef"]["fieldPath"]]
+            else:
+                value = "x-api-key=test" if name.endswith("_HEADERS") else "test-secret"
+        else:
+            # $(VAR) expands variables defined earlier in the list, as the kubelet does.
+            value = re.sub(r"\$\((\w+)\)", lambda mt: env.get(mt.group(1), mt.group(0)), e.get("value", ""))
+        for path, local in moved.items():
+            if value == path or value.startswith(path + "/"):
+                value = local + value[len(path):]
+        if name in ports:
+            value = str(ports[name])
+        env[name] = value
+    if "PEER_ADVERTISE_ADDRESS" in env:
+        env["PEER_ADVERTISE_ADDRESS"] = f"127.0.0.1:{ports['PEER_PORT']}"
+    return env, ports
+
+
+def start(sluice, env, port, wait=10.0):
+    """Starts sluice; returns (None, proc) once `port` accepts, or (exit code, output) if it exits."""
+    proc = subprocess.Popen([sluice], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return proc.returncode, proc.stdout.read()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return None, proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    proc.wait()
+    return "timeout", proc.stdout.read()
+
+
+def stop(proc):
+    proc.kill()
+    proc.wait()
+    proc.stdout.close()
+
+
+def tls_handshake(port, certs, tmp):
+    """A TLS handshake with the gRPC port (ALPN h2), trusting the test CA, with the client
+    certificate; returns the negotiated ALPN protocol or the error."""
+    import ssl
+    ctx = ssl.create_default_context(cafile=str(Path(tmp) / "ca.crt"))
+    ctx.load_cert_chain(str(Path(tmp) / "client.crt"), str(Path(tmp) / "client.key"))
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                return s.selected_alpn_protocol()
+    except (OSError, ssl.SSLError) as e:
+        return f"error: {e}"
+
+
+def check_settings(label, sluice, docs, values, certs, cert_dir):
+    """Starts the real binary with the rendered environment: it must accept the settings and
+    every file they name, and bind its ports; with gRPC TLS, the gRPC port must speak it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env, ports = pod_env(docs, certs, tmp)
+        code, out = start(sluice, env, ports["PORT"])
+        if code is not None:
+            check(f"{label}: sluice starts with the rendered environment", False,
+                  f"exit {code}\n{out}\n" + yaml.safe_dump(env))
+            return
+        try:
+            check(f"{label}: sluice starts with the rendered environment (settings, files, ports)", True)
+            if values.get("grpcTls", {}).get("enabled"):
+                alpn = tls_handshake(ports["GRPC_PORT"], certs, cert_dir)
+                check(f"{label}: the gRPC port completes a TLS handshake (ALPN h2) with the mounted certificate",
+                      alpn == "h2", str(alpn))
+        finally:
+            stop(out)
 
 
 def check_config(label, sluice, docs, values):
@@ -227,8 +552,16 @@ def main():
     print(f"== helm chart: {run([helm, 'version', '--short']).stdout.strip()}, "
           f"kubernetes-validate against {KUBE_VERSION}")
 
-    for values in [None, *EXAMPLES]:
-        label = values.name if values else "defaults"
+    cert_tmp = tempfile.TemporaryDirectory()
+    certs = make_certs(cert_tmp.name)
+    combo_dir = tempfile.TemporaryDirectory()
+    cases = [("defaults", None), *((v.name, v) for v in EXAMPLES)]
+    for i, (name, doc) in enumerate(COMBOS.items()):
+        path = Path(combo_dir.name) / f"combo{i}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        cases.append((name, path))
+
+    for label, values in cases:
         values_doc = yaml.safe_load(values.read_text()) if values else {}
         lint = [helm, "lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
         r = run(lint)
@@ -255,6 +588,9 @@ def main():
         )
         check_deployment(label, docs, values_doc)
         check_config(label, sluice, docs, values_doc)
+        check_settings(label, sluice, docs, values_doc, certs, cert_tmp.name)
+        if label == "tls-tracing.yaml":
+            tls_docs = docs
 
     # Bad values: each must be refused, and the message must name what is wrong.
     bad = [
@@ -267,6 +603,39 @@ def main():
         ("env sets a chart-managed variable", {"env": {"PEERS_DNS": "x"}}, ["env.PEERS_DNS is set by the chart"]),
         ("grace period too short", {"shutdown": {"terminationGracePeriodSeconds": 10}}, ["must exceed"]),
         ("env value not a string", {"env": {"SHADOW_MODE": True}}, ["/env/SHADOW_MODE", "want string"]),
+        ("env sets a TLS variable", {"env": {"GRPC_SERVER_USE_TLS": "true"}}, ["env.GRPC_SERVER_USE_TLS is set by the chart"]),
+        ("grpcTls without a Secret", {"grpcTls": {"enabled": True}}, ["grpcTls.enabled needs grpcTls.secretName"]),
+        ("grpcTls.clientSan without clientCa", {"grpcTls": {"enabled": True, "secretName": "t", "clientSan": "envoy"}},
+         ["grpcTls.clientSan needs grpcTls.clientCa.enabled"]),
+        ("grpcTls.clientCa without TLS", {"grpcTls": {"clientCa": {"enabled": True}}}, ["need grpcTls.enabled"]),
+        ("grpcTls misspelt key", {"grpcTls": {"secret": "t"}}, ["/grpcTls", "'secret' not allowed"]),
+        ("redis.type: memcached", {"redis": {"type": "memcached"}}, ["/redis/type", "sentinel"]),
+        ("sentinel without a master name", {"backend": "redis", "redis": {"type": "sentinel", "url": "s-0:26379"}},
+         ["redis.type: sentinel needs redis.url as <master name>"]),
+        ("sentinelAuth without sentinel", {"backend": "redis", "redis": {"url": "r:6379", "sentinelAuth": {"existingSecret": "x"}}},
+         ["redis.sentinelAuth", "needs redis.type: sentinel"]),
+        ("redis.tls client cert without its key", {"backend": "redis", "redis": {"url": "r:6379", "tls": {
+            "enabled": True, "secretName": "t", "certKey": "tls.crt"}}}, ["set certKey and keyKey together"]),
+        ("redis.tls CA without a Secret", {"backend": "redis", "redis": {"url": "r:6379", "tls": {"enabled": True}}},
+         ["redis.tls.secretName is needed"]),
+        ("tracing to an https collector", {"tracing": {"enabled": True, "endpoint": "https://otel:4318"}},
+         ["tracing.endpoint", "refuses https"]),
+        ("tracing protocol http/json", {"tracing": {"protocol": "http/json"}}, ["/tracing/protocol"]),
+        ("sampling rate above 1", {"tracing": {"samplingRate": 2}}, ["/tracing/samplingRate"]),
+        ("otlpMetrics interval not a number", {"otlpMetrics": {"interval": "1m"}}, ["/otlpMetrics/interval", "want integer"]),
+        ("write-behind without the peer cluster", {"cluster": {"writeBehind": {"enabled": True}}, "redis": {"url": "r:6379"}},
+         ["cluster.writeBehind.enabled needs cluster.enabled"]),
+        ("write-behind in divided mode", {"cluster": {"enabled": True, "mode": "divided", "writeBehind": {"enabled": True}},
+                                          "redis": {"url": "r:6379"}}, ["needs cluster.mode: forward"]),
+        ("write-behind with backend: redis", {"backend": "redis", "cluster": {"enabled": True, "writeBehind": {"enabled": True}},
+                                              "redis": {"url": "r:6379"}}, ["needs backend: memory"]),
+        ("write-behind without redis.url", {"cluster": {"enabled": True, "writeBehind": {"enabled": True}}},
+         ["cluster.writeBehind.enabled needs redis.url"]),
+        ("write-behind with REDIS_PERSECOND", {"cluster": {"enabled": True, "writeBehind": {"enabled": True}},
+                                               "redis": {"url": "r:6379"}, "env": {"REDIS_PERSECOND": "true"}},
+         ["remove env.REDIS_PERSECOND"]),
+        ("write-behind interval 5 ms", {"cluster": {"writeBehind": {"intervalMs": 5}}},
+         ["/cluster/writeBehind/intervalMs", "minimum"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
@@ -297,6 +666,21 @@ def main():
         len(cms) == 1 and c.returncode == 1 and "bad.yaml" in c.stdout + c.stderr,
         c.stdout + c.stderr,
     )
+
+    # The binary reads the files under the rendered paths: a key that does not match the
+    # certificate there stops it (exit 64) naming the variable and the file.
+    with tempfile.TemporaryDirectory() as tmp:
+        env, ports = pod_env(tls_docs, certs, tmp, key_pem=certs["other.key"])
+        code, out = start(sluice, env, ports["PORT"])
+        if code is None:
+            stop(out)
+        check(
+            "tls-tracing.yaml with a mismatched key in the gRPC TLS Secret: sluice exits 64 naming GRPC_SERVER_TLS_KEY",
+            code == 64 and "GRPC_SERVER_TLS_KEY=" in out and "/grpc-tls/tls.key" in out,
+            f"exit {code}\n{out if code is not None else ''}",
+        )
+    cert_tmp.cleanup()
+    combo_dir.cleanup()
 
     print(f"helm: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)

@@ -62,6 +62,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-peers" (include "sluice.fullname" .) }}
 {{- end }}
 
+{{/* "true" when Sluice talks to Redis: the Redis backend, or the peer cluster's write-behind. */}}
+{{- define "sluice.redisUsed" -}}
+{{- if or (eq .Values.backend "redis") (and .Values.cluster.enabled .Values.cluster.writeBehind.enabled) }}true{{ end }}
+{{- end }}
+
+{{/* The probes rendered: the kubelet's gRPC probes cannot speak TLS, so TLS means http. */}}
+{{- define "sluice.probesType" -}}
+{{- if .Values.grpcTls.enabled }}http{{ else }}{{ .Values.probes.type }}{{ end }}
+{{- end }}
+
+{{/* The Secret holding the gRPC client CA: clientCa.secretName, else grpcTls.secretName. */}}
+{{- define "sluice.grpcClientCaSecret" -}}
+{{- default .Values.grpcTls.secretName .Values.grpcTls.clientCa.secretName }}
+{{- end }}
+
 {{/* The Secret holding REDIS_AUTH, or "" when there is none. */}}
 {{- define "sluice.redisSecretName" -}}
 {{- if .Values.redis.auth.existingSecret }}
@@ -84,15 +99,69 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
-{{/* Cross-value checks a JSON schema cannot say clearly. */}}
+{{/* Cross-value checks a JSON schema cannot say clearly. They refuse what Sluice's settings
+validation (src/settings.rs) would refuse at start-up, so that a bad combination fails
+`helm install` instead of crash-looping the pods with exit code 64. */}}
 {{- define "sluice.validate" -}}
+{{- $wb := .Values.cluster.writeBehind.enabled }}
+{{- if $wb }}
+{{- if not .Values.cluster.enabled }}
+{{- fail "cluster.writeBehind.enabled needs cluster.enabled: it makes the peer cluster's counters durable" }}
+{{- end }}
+{{- if ne .Values.cluster.mode "forward" }}
+{{- fail "cluster.writeBehind.enabled needs cluster.mode: forward (in divided mode no pod owns a counter, so there is nothing to take over)" }}
+{{- end }}
+{{- if eq .Values.backend "redis" }}
+{{- fail "cluster.writeBehind.enabled needs backend: memory: the peer cluster counts in memory and Redis (redis.url) keeps only a copy" }}
+{{- end }}
+{{- if not .Values.redis.url }}
+{{- fail "cluster.writeBehind.enabled needs redis.url (REDIS_URL: where the counters are written behind)" }}
+{{- end }}
+{{- if hasKey .Values.env "REDIS_PERSECOND" }}
+{{- fail "cluster.writeBehind.enabled: the write-behind copy goes to redis.url only; remove env.REDIS_PERSECOND" }}
+{{- end }}
+{{- end }}
 {{- if and (eq .Values.backend "redis") (not .Values.redis.url) }}
 {{- fail "backend: redis needs redis.url (REDIS_URL: host:port, or comma-separated seeds for redis.type: cluster)" }}
 {{- end }}
 {{- if and .Values.cluster.enabled (eq .Values.backend "redis") }}
-{{- fail "cluster.enabled and backend: redis are alternatives: Redis already shares the counters between pods" }}
+{{- fail "cluster.enabled and backend: redis are alternatives: Redis already shares the counters between pods (to keep the peer cluster and copy its counters to Redis, use backend: memory and cluster.writeBehind)" }}
+{{- end }}
+{{- if include "sluice.redisUsed" . }}
+{{- if and (eq .Values.redis.type "sentinel") (lt (len (splitList "," .Values.redis.url)) 2) }}
+{{- fail (printf "redis.type: sentinel needs redis.url as <master name>,<sentinel host:port>,... (got %q)" .Values.redis.url) }}
+{{- end }}
+{{- if and (ne .Values.redis.type "sentinel") .Values.redis.sentinelAuth.existingSecret }}
+{{- fail "redis.sentinelAuth is the sentinels' password: it needs redis.type: sentinel" }}
+{{- end }}
+{{- if .Values.redis.tls.enabled }}
+{{- if hasPrefix "/" .Values.redis.url }}
+{{- fail "redis.tls.enabled needs a TCP address in redis.url: Redis serves TLS on TCP only" }}
+{{- end }}
+{{- $t := .Values.redis.tls }}
+{{- if ne (empty $t.certKey) (empty $t.keyKey) }}
+{{- fail "redis.tls: set certKey and keyKey together (REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY: both or neither)" }}
+{{- end }}
+{{- if and (or $t.caKey $t.certKey) (not $t.secretName) }}
+{{- fail "redis.tls.secretName is needed for caKey/certKey/keyKey (set caKey: \"\" to verify Redis with the system's roots)" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if .Values.grpcTls.enabled }}
+{{- if not .Values.grpcTls.secretName }}
+{{- fail "grpcTls.enabled needs grpcTls.secretName (a kubernetes.io/tls Secret: tls.crt, tls.key)" }}
+{{- end }}
+{{- if and .Values.grpcTls.clientSan (not .Values.grpcTls.clientCa.enabled) }}
+{{- fail "grpcTls.clientSan needs grpcTls.clientCa.enabled: client certificates are only asked for with a client CA (GRPC_CLIENT_TLS_SAN needs GRPC_CLIENT_TLS_CACERT)" }}
+{{- end }}
+{{- else if or .Values.grpcTls.clientCa.enabled .Values.grpcTls.clientSan }}
+{{- fail "grpcTls.clientCa and grpcTls.clientSan need grpcTls.enabled" }}
+{{- end }}
+{{- if and (or .Values.tracing.enabled .Values.otlpMetrics.enabled) (hasPrefix "https://" (lower .Values.tracing.endpoint)) }}
+{{- fail (printf "tracing.endpoint %q: Sluice has no TLS to the collector yet and refuses https; use http:// to a collector agent beside it" .Values.tracing.endpoint) }}
 {{- end }}
 {{- $managed := list "PORT" "GRPC_PORT" "DEBUG_PORT" "SLUICE_CONFIG" "RUNTIME_ROOT" "CONFIG_TYPE" "BACKEND_TYPE" "REDIS_URL" "REDIS_AUTH" "REDIS_TYPE" "REDIS_SOCKET_TYPE" "PEERS" "PEERS_DNS" "PEER_PORT" "PEER_ADVERTISE_ADDRESS" "SLUICE_SHUTDOWN_DELAY_SECS" "SLUICE_DRAIN_TIMEOUT_SECS" }}
+{{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS") }}
 {{- range $name, $_ := .Values.env }}
 {{- if has $name $managed }}
 {{- fail (printf "env.%s is set by the chart from its values (see values.yaml); set those instead" $name) }}
