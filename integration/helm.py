@@ -61,9 +61,13 @@ COMBOS = {
                   "tls": {"enabled": True, "caKey": ""}},
         "grpcTls": {"enabled": True, "secretName": "sluice-tls"},
     },
-    "OTLP metrics alone, over OTLP/HTTP to host:port": {
+    "OTLP metrics alone, over OTLP/HTTP in plain text": {
         "otlpMetrics": {"enabled": True, "interval": 15000},
-        "tracing": {"endpoint": "otel-collector.observability:4318"},
+        "tracing": {"endpoint": "http://otel-collector.observability:4318"},
+    },
+    "tracing to an https collector with a private CA and a client certificate": {
+        "tracing": {"enabled": True, "protocol": "grpc", "endpoint": "https://otel.observability:4317",
+                    "tls": {"secretName": "otel-client", "certKey": "tls.crt"}},
     },
     "tracing with the defaults": {"tracing": {"enabled": True, "samplingRate": 0.25}},
     "peer write-behind to a single Redis with a created password Secret": {
@@ -288,7 +292,7 @@ def check_features(label, pod, c, env, values):
     )
     # Every file a variable names must lie in a mounted volume.
     dirs = [m["mountPath"] for m in c["volumeMounts"]]
-    files = {k: e["value"] for k, e in env.items() if k.endswith(("_CERT", "_KEY", "_CACERT")) and "value" in e}
+    files = {k: e["value"] for k, e in env.items() if k.endswith(("_CERT", "_KEY", "_CACERT", "_CERTIFICATE")) and "value" in e}
     check(
         f"{label}: the TLS files named by {sorted(files) or '(none)'} lie in mounted volumes",
         all(any(v.startswith(d + "/") for d in dirs) for v in files.values()),
@@ -373,6 +377,13 @@ def check_features(label, pod, c, env, values):
         want["TRACING_EXPORTER_PROTOCOL"] = tr.get("protocol", "http")
         if tr.get("endpoint"):
             want["OTEL_EXPORTER_OTLP_ENDPOINT"] = tr["endpoint"]
+        otls = tr.get("tls", {})
+        if otls.get("secretName"):
+            if otls.get("caKey", "ca.crt"):
+                want["OTEL_EXPORTER_OTLP_CERTIFICATE"] = f"/etc/sluice/otlp-tls/{otls.get('caKey', 'ca.crt')}"
+            if otls.get("certKey"):
+                want["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"] = f"/etc/sluice/otlp-tls/{otls['certKey']}"
+                want["OTEL_EXPORTER_OTLP_CLIENT_KEY"] = f"/etc/sluice/otlp-tls/{otls.get('keyKey', 'tls.key')}"
     got = {k: e.get("value") for k, e in env.items()
            if (k.startswith("TRACING_") or k.startswith("OTEL_")) and k != "OTEL_EXPORTER_OTLP_HEADERS"}
     hdr = tr.get("headers", {})
@@ -618,8 +629,11 @@ def main():
             "enabled": True, "secretName": "t", "certKey": "tls.crt"}}}, ["set certKey and keyKey together"]),
         ("redis.tls CA without a Secret", {"backend": "redis", "redis": {"url": "r:6379", "tls": {"enabled": True}}},
          ["redis.tls.secretName is needed"]),
-        ("tracing to an https collector", {"tracing": {"enabled": True, "endpoint": "https://otel:4318"}},
-         ["tracing.endpoint", "refuses https"]),
+        ("tracing TLS files for a plain-text collector",
+         {"tracing": {"enabled": True, "endpoint": "http://otel:4318", "tls": {"secretName": "otel-ca"}}},
+         ["tracing.tls.secretName", "https://"]),
+        ("a collector endpoint without a scheme", {"tracing": {"enabled": True, "endpoint": "otel:4318"}},
+         ["/tracing/endpoint", "does not match pattern"]),
         ("tracing protocol http/json", {"tracing": {"protocol": "http/json"}}, ["/tracing/protocol"]),
         ("sampling rate above 1", {"tracing": {"samplingRate": 2}}, ["/tracing/samplingRate"]),
         ("otlpMetrics interval not a number", {"otlpMetrics": {"interval": "1m"}}, ["/otlpMetrics/interval", "want integer"]),

@@ -101,6 +101,7 @@ ensure_kubernetes_validate() {
 ensure_apt_package redis-server redis-server      # integration/redis.rs
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs
+ensure_apt_package openssl openssl                   # integration/helm.py (test certificates)
 ensure_envoy                                      # integration/envoy.rs
 ensure_helm                                       # integration/helm.py
 ensure_kubernetes_validate                        # integration/helm.py

@@ -157,11 +157,11 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- else if or .Values.grpcTls.clientCa.enabled .Values.grpcTls.clientSan }}
 {{- fail "grpcTls.clientCa and grpcTls.clientSan need grpcTls.enabled" }}
 {{- end }}
-{{- if and (or .Values.tracing.enabled .Values.otlpMetrics.enabled) (hasPrefix "https://" (lower .Values.tracing.endpoint)) }}
-{{- fail (printf "tracing.endpoint %q: Sluice has no TLS to the collector yet and refuses https; use http:// to a collector agent beside it" .Values.tracing.endpoint) }}
+{{- if and .Values.tracing.tls.secretName (not (hasPrefix "https://" (lower .Values.tracing.endpoint))) }}
+{{- fail (printf "tracing.tls.secretName needs an https:// tracing.endpoint (got %q): Sluice reads the collector's TLS files only for https" .Values.tracing.endpoint) }}
 {{- end }}
 {{- $managed := list "PORT" "GRPC_PORT" "DEBUG_PORT" "SLUICE_CONFIG" "RUNTIME_ROOT" "CONFIG_TYPE" "BACKEND_TYPE" "REDIS_URL" "REDIS_AUTH" "REDIS_TYPE" "REDIS_SOCKET_TYPE" "PEERS" "PEERS_DNS" "PEER_PORT" "PEER_ADVERTISE_ADDRESS" "SLUICE_SHUTDOWN_DELAY_SECS" "SLUICE_DRAIN_TIMEOUT_SECS" }}
-{{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS") }}
+{{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "OTEL_EXPORTER_OTLP_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS") }}
 {{- range $name, $_ := .Values.env }}
 {{- if has $name $managed }}
 {{- fail (printf "env.%s is set by the chart from its values (see values.yaml); set those instead" $name) }}
