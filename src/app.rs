@@ -233,13 +233,17 @@ impl App {
                 .into_future(),
         );
         let stats = service.stats().clone();
+        let span_counters = service.tracer().counters().clone();
+        // What /metrics, /stats, statsd and OTLP metrics all read.
+        let debug_state = api::debug::DebugState {
+            config: config.clone(),
+            store: store.clone(),
+            stats: stats.clone(),
+            spans: service.tracer().enabled().then(|| span_counters.clone()),
+        };
         let prometheus = listeners.prometheus.map(|listener| {
-            let router = api::debug::metrics_router(
-                &options.telemetry.prometheus_path,
-                config.clone(),
-                store.clone(),
-                stats.clone(),
-            );
+            let router =
+                api::debug::metrics_router(&options.telemetry.prometheus_path, debug_state.clone());
             tokio::spawn(
                 axum::serve(listener, router)
                     .with_graceful_shutdown(stopped())
@@ -247,7 +251,7 @@ impl App {
             )
         });
         let statsd = options.telemetry.statsd.map(|(addr, interval)| {
-            let (config, store, stats) = (config.clone(), store.clone(), stats.clone());
+            let (state, stats) = (debug_state.clone(), stats.clone());
             tokio::spawn(async move {
                 let mut sink = match crate::telemetry::statsd::StatsdSink::connect(addr).await {
                     Ok(s) => s,
@@ -261,7 +265,7 @@ impl App {
                 let failures = crate::telemetry::LogLimiter::new(Duration::from_secs(60));
                 loop {
                     ticker.tick().await;
-                    let extra = api::debug::telemetry_extra(&config, &store);
+                    let extra = state.extra();
                     if let Err(e) = sink.flush(&stats, &extra).await
                         && let Some(suppressed) = failures.check()
                     {
@@ -278,7 +282,6 @@ impl App {
                 let _ = rx.wait_for(|stop| *stop).await;
             }
         };
-        let span_counters = service.tracer().counters().clone();
         let span_exporter = match (&options.telemetry.tracing, spans) {
             (Some(t), Some(rx)) => Some(tokio::spawn(
                 crate::telemetry::otlp::export::run_span_exporter(
@@ -291,17 +294,15 @@ impl App {
             _ => None,
         };
         let metrics_exporter = options.telemetry.otlp_metrics.as_ref().map(|m| {
-            let (config, store) = (config.clone(), store.clone());
-            let spans = service.tracer().enabled().then(|| span_counters.clone());
+            let state = debug_state.clone();
             tokio::spawn(crate::telemetry::otlp::export::run_metrics_exporter(
                 m.clone(),
                 stats.clone(),
-                move || api::debug::telemetry_extra(&config, &store),
-                spans,
+                move || state.extra(),
                 otlp_stopped(),
             ))
         });
-        let debug_router = api::debug::router(config.clone(), store.clone(), stats);
+        let debug_router = api::debug::router(debug_state);
         let debug = tokio::spawn(
             axum::serve(listeners.debug, debug_router)
                 .with_graceful_shutdown(stopped())

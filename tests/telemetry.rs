@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use common::{default_options, http, start_with};
@@ -64,42 +62,6 @@ fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.parse().ok())
-}
-
-fn promtool_check(text: &str) {
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            assert!(
-                !ci,
-                "promtool not found ({e}); install Debian's `prometheus` package (scripts/test.sh does)"
-            );
-            eprintln!(
-                "SKIPPED promtool check: promtool not found ({e}); apt-get install prometheus"
-            );
-            return;
-        }
-    };
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool runs");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}\n--- exposition ---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
 }
 
 #[tokio::test]
@@ -252,7 +214,7 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
     );
     assert_eq!(value(&text, "sluice_memory_live_counters"), Some(5.0));
     assert_eq!(value(&text, "sluice_stats_keys"), Some(6.0));
-    promtool_check(&text);
+    common::promtool_check(&text);
 
     let _ = running.shutdown.take().map(|tx| tx.send(()));
 }
@@ -360,7 +322,7 @@ async fn a_flood_of_unique_values_stays_within_the_cap() {
     assert_eq!(kept, 4000.0);
     assert!(overflow > 3000.0, "{overflow}");
     assert_eq!(folded, 6000.0 - 50.0);
-    promtool_check(&text);
+    common::promtool_check(&text);
 }
 
 #[tokio::test]

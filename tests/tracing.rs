@@ -575,6 +575,24 @@ async fn json_and_nginx_calls_with_b3_export_over_otlp_http() {
     assert_eq!(hex(&nginx.trace_id), "463ac35c9f6413ad48485a3953bb6124");
     assert_eq!(hex(&nginx.parent_span_id), "a2fb4a1d1a96d312");
     assert!(received.tenants.lock().unwrap().iter().all(|t| t == "acme"));
+
+    // The tracer's own counters are on /metrics too, so dropped spans show without OTLP.
+    let metrics = common::http(running.debug, "GET", "/metrics", "")
+        .await
+        .body;
+    assert!(
+        metrics.contains("\nsluice_tracing_spans_queued_total 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\nsluice_tracing_spans_dropped_total 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("# TYPE sluice_tracing_export_failures_total counter\n"),
+        "{metrics}"
+    );
+    common::promtool_check(&metrics);
 }
 
 #[tokio::test]

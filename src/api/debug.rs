@@ -15,41 +15,32 @@ use axum::routing::get;
 use crate::config::ConfigHandle;
 use crate::store::AnyStore;
 use crate::telemetry::Stats;
+use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{self, ClusterGauges, Extra, MemoryGauges};
 
-struct DebugState {
-    config: ConfigHandle,
-    store: Arc<AnyStore>,
-    stats: Arc<Stats>,
+/// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
+#[derive(Clone)]
+pub struct DebugState {
+    pub config: ConfigHandle,
+    pub store: Arc<AnyStore>,
+    pub stats: Arc<Stats>,
+    pub spans: Option<Arc<SpanCounters>>,
 }
 
 /// The router for DEBUG_PORT.
-pub fn router(config: ConfigHandle, store: Arc<AnyStore>, stats: Arc<Stats>) -> Router {
+pub fn router(state: DebugState) -> Router {
     Router::new()
         .route("/rlconfig", get(rlconfig))
         .route("/stats", get(stats_text))
         .route("/metrics", get(metrics))
-        .with_state(Arc::new(DebugState {
-            config,
-            store,
-            stats,
-        }))
+        .with_state(Arc::new(state))
 }
 
 /// A router serving only the exposition at `path` (PROMETHEUS_ADDR, PROMETHEUS_PATH).
-pub fn metrics_router(
-    path: &str,
-    config: ConfigHandle,
-    store: Arc<AnyStore>,
-    stats: Arc<Stats>,
-) -> Router {
+pub fn metrics_router(path: &str, state: DebugState) -> Router {
     Router::new()
         .route(path, get(metrics))
-        .with_state(Arc::new(DebugState {
-            config,
-            store,
-            stats,
-        }))
+        .with_state(Arc::new(state))
 }
 
 async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
@@ -57,11 +48,23 @@ async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
 }
 
 fn extra(st: &DebugState) -> Extra {
-    telemetry_extra(&st.config, &st.store)
+    st.extra()
 }
 
-/// The numbers the exporters report from outside the stats registry.
-pub fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
+impl DebugState {
+    /// The numbers the exporters report from outside the stats registry.
+    pub fn extra(&self) -> Extra {
+        let mut extra = telemetry_extra(&self.config, &self.store);
+        extra.tracing = self
+            .spans
+            .as_ref()
+            .map(|s| s.snapshot())
+            .unwrap_or_default();
+        extra
+    }
+}
+
+fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
     let c = config.stats();
     Extra {
         config_load_success: c.load_success.load(Ordering::Relaxed),
@@ -90,6 +93,7 @@ pub fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
             }
             _ => None,
         },
+        tracing: Vec::new(),
     }
 }
 

@@ -33,6 +33,8 @@ pub struct Extra {
     pub config_load_error: u64,
     pub memory: Option<MemoryGauges>,
     pub cluster: Option<ClusterGauges>,
+    /// The tracer's counters, (name, help, value); empty when TRACING_ENABLED is off.
+    pub tracing: Vec<(&'static str, &'static str, u64)>,
 }
 
 /// The peer cluster's counters and each peer's state.
@@ -340,6 +342,11 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
         for (peer, up) in &c.peers {
             sample(&mut out, name, &[("peer", peer.as_str())], u64::from(*up));
         }
+    }
+    for (name, help, value) in &extra.tracing {
+        let name = format!("{name}_total");
+        header(&mut out, &name, "counter", help);
+        sample(&mut out, &name, &[], *value);
     }
     out
 }

@@ -125,3 +125,43 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Htt
     .await
     .expect("HTTP request finished in time")
 }
+
+/// `promtool check metrics` on an exposition: fails under CI when promtool is missing, skips
+/// loudly elsewhere.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                !ci,
+                "promtool not found ({e}); install Debian's `prometheus` package (scripts/test.sh does)"
+            );
+            eprintln!(
+                "SKIPPED promtool check: promtool not found ({e}); apt-get install prometheus"
+            );
+            return;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- exposition ---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+}

@@ -392,7 +392,6 @@ pub fn metrics_request(
     resource: &proto::Resource,
     stats: &Stats,
     extra: &Extra,
-    spans: Option<&SpanCounters>,
     start: u64,
 ) -> proto::ExportMetricsServiceRequest {
     let now = unix_nanos();
@@ -486,15 +485,8 @@ pub fn metrics_request(
     ] {
         metrics.push(sum(name, description, vec![(Vec::new(), value)], t));
     }
-    if let Some(s) = spans {
-        for (name, value) in [
-            ("sluice_tracing_spans_queued", load(&s.queued)),
-            ("sluice_tracing_spans_dropped", load(&s.dropped)),
-            ("sluice_tracing_spans_exported", load(&s.exported)),
-            ("sluice_tracing_export_failures", load(&s.export_failures)),
-        ] {
-            metrics.push(sum(name, "", vec![(Vec::new(), value)], t));
-        }
+    for (name, description, value) in &extra.tracing {
+        metrics.push(sum(name, description, vec![(Vec::new(), *value)], t));
     }
 
     // OTLP bucket counts are per bucket (not cumulative), one more than the bounds.
@@ -543,7 +535,6 @@ pub async fn run_metrics_exporter(
     options: MetricsExportOptions,
     stats: Arc<Stats>,
     extra: impl Fn() -> Extra,
-    spans: Option<Arc<SpanCounters>>,
     stop: impl Future<Output = ()>,
 ) {
     let mut client = match OtlpClient::new(&options.endpoint) {
@@ -566,7 +557,7 @@ pub async fn run_metrics_exporter(
             _ = ticker.tick() => false,
             _ = &mut stop => true,
         };
-        let request = metrics_request(&resource, &stats, &extra(), spans.as_deref(), start);
+        let request = metrics_request(&resource, &stats, &extra(), start);
         let sent = client
             .export::<_, proto::ExportMetricsServiceResponse>(proto::METRICS_EXPORT_PATH, request)
             .await;
@@ -597,13 +588,7 @@ mod tests {
         stats.request_done(Duration::from_micros(10), None);
         stats.request_done(Duration::from_micros(70), None);
         stats.request_done(Duration::from_secs(5), Some(ErrorKind::Backend));
-        let r = metrics_request(
-            &proto::Resource::default(),
-            &stats,
-            &Extra::default(),
-            None,
-            1,
-        );
+        let r = metrics_request(&proto::Resource::default(), &stats, &Extra::default(), 1);
         let metrics = &r.resource_metrics[0].scope_metrics[0].metrics;
         let find = |n: &str| metrics.iter().find(|m| m.name == n).unwrap();
         let Some(proto::metric::Data::Histogram(h)) =

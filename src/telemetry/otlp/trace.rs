@@ -35,6 +35,35 @@ pub struct SpanCounters {
     pub export_failures: AtomicU64,
 }
 
+impl SpanCounters {
+    /// (name, help, value) of each counter, for the exporters (`/metrics` adds `_total`).
+    pub fn snapshot(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            (
+                "sluice_tracing_spans_queued",
+                "Spans queued for export.",
+                load(&self.queued),
+            ),
+            (
+                "sluice_tracing_spans_dropped",
+                "Spans dropped because the export queue was full.",
+                load(&self.dropped),
+            ),
+            (
+                "sluice_tracing_spans_exported",
+                "Spans the collector accepted.",
+                load(&self.exported),
+            ),
+            (
+                "sluice_tracing_export_failures",
+                "Span exports that failed (their spans are lost).",
+                load(&self.export_failures),
+            ),
+        ]
+    }
+}
+
 /// An attribute value. Keys are `&'static str`: Sluice's attribute names are fixed.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
