@@ -720,21 +720,29 @@ async fn a_collector_that_never_answers_neither_slows_nor_fails_decisions() {
             Protocol::Grpc => format!("http://{addr}"),
             Protocol::Http => format!("http://{addr}/v1/traces"),
         };
-        let mut tracing = tracing_options(endpoint(protocol, url), 1.0);
-        tracing.max_queue_size = 4;
-        tracing.max_batch_size = 2;
-        let running = start_with(config(), options_with(Some(tracing))).await;
-        let started = Instant::now();
-        for _ in 0..50 {
-            assert_eq!(http_call(running.http, "/json", &[]).await, 200);
-        }
-        // 50 loopback calls take milliseconds; an export waits 2 s. Generous for a busy box.
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{protocol:?}: 50 calls took {:?}",
-            started.elapsed()
-        );
+        decisions_stay_prompt(endpoint(protocol, url), protocol).await;
     }
+}
+
+/// Starts Sluice exporting every call's span to `ep` through a tiny queue, and checks that 50
+/// calls still answer within 2 s whatever the collector does. Returns the running Sluice, still
+/// exporting.
+async fn decisions_stay_prompt(ep: Endpoint, protocol: Protocol) -> common::Running {
+    let mut tracing = tracing_options(ep, 1.0);
+    tracing.max_queue_size = 4;
+    tracing.max_batch_size = 2;
+    let running = start_with(config(), options_with(Some(tracing))).await;
+    let started = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(http_call(running.http, "/json", &[]).await, 200);
+    }
+    // 50 loopback calls take milliseconds; an export waits 2 s. Generous for a busy box.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{protocol:?}: 50 calls took {:?}",
+        started.elapsed()
+    );
+    running
 }
 
 /// Spans and metrics over `https` to a collector whose certificate is from the test CA, which
@@ -863,19 +871,7 @@ async fn a_collector_from_another_ca_gets_nothing_and_decisions_stay_prompt() {
         let before = failed_handshakes.load(Ordering::Relaxed);
         let mut ep = endpoint(protocol, url_for(protocol, "https", addr, "traces"));
         ep.tls = Some(tls.clone());
-        let mut tracing = tracing_options(ep.clone(), 1.0);
-        tracing.max_queue_size = 4;
-        tracing.max_batch_size = 2;
-        let running = start_with(config(), options_with(Some(tracing))).await;
-        let started = Instant::now();
-        for _ in 0..50 {
-            assert_eq!(http_call(running.http, "/json", &[]).await, 200);
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{protocol:?}: 50 calls took {:?}",
-            started.elapsed()
-        );
+        let _running = decisions_stay_prompt(ep.clone(), protocol).await;
         // The exporter's error (what the warn line says) names the reason. (BadSignature here,
         // not UnknownIssuer: both test CAs have the same name.)
         let mut client = sluice::telemetry::otlp::export::OtlpClient::new(&ep).unwrap();
