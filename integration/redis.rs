@@ -78,6 +78,7 @@ impl RedisServer {
             expiration_jitter_max_seconds: jitter,
             local_cache_size_in_bytes: 0,
             stop_cache_key_increment_when_overlimit: false,
+            startup: Default::default(),
         }
     }
 }
@@ -361,6 +362,7 @@ async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
         expiration_jitter_max_seconds: 0,
         local_cache_size_in_bytes: 0,
         stop_cache_key_increment_when_overlimit: false,
+        startup: Default::default(),
     };
     let remote = RedisStore::start(&settings).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;

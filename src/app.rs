@@ -16,7 +16,7 @@ use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::settings::{Backend, ClusterSettings, XdsSettings};
+use crate::settings::{Backend, ClusterSettings, GrpcConnectionAge, XdsSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
@@ -89,6 +89,8 @@ pub struct AppOptions {
     /// GRPC_SERVER_USE_TLS: the gRPC listener speaks TLS, with this certificate (re-read from
     /// its files every [`CERT_POLL`]).
     pub grpc_tls: Option<ServerTls>,
+    /// GRPC_MAX_CONNECTION_AGE and _GRACE.
+    pub grpc_connection_age: GrpcConnectionAge,
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
@@ -205,7 +207,15 @@ impl App {
 
         let (grpc_routes, health_updater) =
             api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
-        let grpc_server = tonic::transport::Server::builder().add_routes(grpc_routes);
+        let mut grpc_builder = tonic::transport::Server::builder();
+        if let Some(age) = options.grpc_connection_age.max_age {
+            // Clients reconnect, so long-lived connections get spread again over replicas
+            // added since, as envoyproxy/ratelimit does (without grpc-go's ±10 % jitter).
+            grpc_builder = grpc_builder
+                .max_connection_age(age)
+                .max_connection_age_grace(options.grpc_connection_age.grace);
+        }
+        let grpc_server = grpc_builder.add_routes(grpc_routes);
         // Both guards live until `serve` returns: the certificate watcher and the TLS accept
         // loop (which also stops by itself once the gRPC server drops its incoming stream).
         let mut _grpc_tls_tasks = None;
@@ -321,10 +331,16 @@ impl App {
             _ => None,
         };
 
-        shutdown.await;
+        let gave_up = store.gave_up();
+        let failure = tokio::select! {
+            () = shutdown => None,
+            reason = gave_up => Some(reason),
+        };
         tracing::info!("shutting down: health now failing");
         health.fail_sigterm();
-        tokio::time::sleep(options.shutdown_delay).await;
+        if failure.is_none() {
+            tokio::time::sleep(options.shutdown_delay).await;
+        }
         let _ = stop_tx.send(true);
         let drained = tokio::time::timeout(options.drain_timeout, async {
             let (g, h, d) = tokio::join!(grpc, http, debug);
@@ -370,6 +386,9 @@ impl App {
                     abort.abort();
                 }
             }
+        }
+        if let Some(reason) = failure {
+            return Err(std::io::Error::other(reason));
         }
         match drained {
             Err(_) => {

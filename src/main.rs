@@ -143,6 +143,7 @@ fn app_options(s: &Settings, feed: ConfigFeed, grpc_tls: Option<ServerTls>) -> A
             otlp_metrics: s.telemetry.otlp_metrics.clone(),
         },
         grpc_tls,
+        grpc_connection_age: s.grpc_connection_age,
     }
 }
 

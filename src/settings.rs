@@ -540,6 +540,8 @@ pub struct ServeArgs {
     pub peer_write_behind_ms: u64,
     #[command(flatten)]
     pub xds: XdsArgs,
+    #[command(flatten)]
+    pub compat: CompatArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -551,6 +553,8 @@ pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// GRPC_SERVER_USE_TLS; `None` serves gRPC in clear.
     pub grpc_tls: Option<GrpcServerTls>,
+    /// GRPC_MAX_CONNECTION_AGE and _GRACE.
+    pub grpc_connection_age: GrpcConnectionAge,
     /// DEBUG_HOST:DEBUG_PORT.
     pub debug_addr: SocketAddr,
     pub config: ConfigLocation,
@@ -933,6 +937,7 @@ impl ServeArgs {
             http_addr,
             grpc_addr,
             grpc_tls,
+            grpc_connection_age: self.compat.validate()?,
             debug_addr,
             config,
             merge_domain_config: self.merge_domain_config,
@@ -1317,6 +1322,81 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_pipeline_limit: u64,
+    /// Accepted for compatibility (see REDIS_POOL_SIZE).
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_POOL_SIZE",
+        default_value_t = 10,
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_pool_size: u32,
+    /// Accepted for compatibility (see REDIS_POOL_SIZE).
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_PIPELINE_WINDOW",
+        default_value = "0",
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_pipeline_window: String,
+    /// Accepted for compatibility; a no-op, as in envoyproxy/ratelimit.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_PIPELINE_LIMIT",
+        default_value_t = 0,
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_pipeline_limit: u64,
+    /// `WAIT` only: with one multiplexed connection per Redis there is no pool to run empty.
+    /// `CREATE` and `ERROR` are refused (envoyproxy/ratelimit panics on them too).
+    #[arg(
+        long,
+        env = "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        default_value = "WAIT",
+        help_heading = "Redis"
+    )]
+    pub redis_pool_on_empty_behavior: String,
+    /// REDIS_POOL_ON_EMPTY_BEHAVIOR of the per-second Redis.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+        default_value = "WAIT",
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_pool_on_empty_behavior: String,
+    /// Accepted for compatibility: the cluster client sends each node's commands on its own
+    /// multiplexed connection, concurrently.
+    #[arg(
+        long,
+        env = "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        default_value_t = 1,
+        help_heading = "Redis"
+    )]
+    pub redis_cluster_pipeline_parallelism: u32,
+    /// First wait before the start-up PING is retried (Go duration); it doubles each time.
+    #[arg(
+        long,
+        env = "REDIS_STARTUP_INITIAL_INTERVAL",
+        default_value = "1s",
+        help_heading = "Redis"
+    )]
+    pub redis_startup_initial_interval: String,
+    /// Longest wait between start-up PINGs (Go duration).
+    #[arg(
+        long,
+        env = "REDIS_STARTUP_MAX_INTERVAL",
+        default_value = "30s",
+        help_heading = "Redis"
+    )]
+    pub redis_startup_max_interval: String,
+    /// Give up and exit (code 1) when Redis has not answered for this long since start-up
+    /// (Go duration); 0 retries forever.
+    #[arg(
+        long,
+        env = "REDIS_STARTUP_MAX_ELAPSED_TIME",
+        default_value = "0",
+        help_heading = "Redis"
+    )]
+    pub redis_startup_max_elapsed_time: String,
     /// Deadline of every Redis call (Go duration: 250ms, 1s). Unlike envoyproxy/ratelimit's
     /// 10 s dial timeout, it bounds each request, so a dead Redis costs at most this long.
     #[arg(
@@ -1422,6 +1502,232 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub stop_cache_key_increment_when_overlimit: bool,
+}
+
+/// envoyproxy/ratelimit variables Sluice either implements outside the groups above or
+/// refuses at start-up when set to something it cannot honour, so none is silently ignored.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CompatArgs {
+    /// Serve gRPC on this unix socket path instead of GRPC_HOST:GRPC_PORT (as in Go).
+    /// Not supported yet: a non-empty value stops start-up.
+    #[arg(long, env = "GRPC_UDS", help_heading = "Listeners")]
+    pub grpc_uds: Option<String>,
+    /// A gRPC connection older than this gets a GOAWAY (Go duration; 0 never).
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE",
+        default_value = "24h",
+        help_heading = "Listeners"
+    )]
+    pub grpc_max_connection_age: String,
+    /// After GRPC_MAX_CONNECTION_AGE, how long calls may finish before the connection is closed.
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE_GRACE",
+        default_value = "1h",
+        help_heading = "Listeners"
+    )]
+    pub grpc_max_connection_age_grace: String,
+    /// Fail health while no Redis connection is up. Not supported yet: true stops start-up.
+    #[arg(
+        long,
+        env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_health_check_active_connection: bool,
+    /// Response-time histogram in milliseconds. Not supported: Sluice's is in seconds; true stops start-up.
+    #[arg(
+        long,
+        env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Stats"
+    )]
+    pub prometheus_response_time_as_milliseconds: bool,
+    /// A statsd-exporter mapping file. Not supported: Sluice's names are the default mapping's; a value stops start-up.
+    #[arg(long, env = "PROMETHEUS_MAPPER_YAML", help_heading = "Stats")]
+    pub prometheus_mapper_yaml: Option<String>,
+    /// Constant tags on every stat (`k1:v1,k2:v2`). Not supported yet: a value stops start-up.
+    #[arg(long, env = "EXTRA_TAGS", help_heading = "Stats")]
+    pub extra_tags: Option<String>,
+    /// DogStatsD tags. Not supported: true stops start-up.
+    #[arg(
+        long,
+        env = "USE_DOG_STATSD",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Stats"
+    )]
+    pub use_dog_statsd: bool,
+    /// DogStatsD mogrifiers; meaningful only with USE_DOG_STATSD, which is refused.
+    #[arg(long, env = "USE_DOG_STATSD_MOGRIFIERS", help_heading = "Stats")]
+    pub use_dog_statsd_mogrifiers: Option<String>,
+    /// Ignored: only read with BACKEND_TYPE=memcache, which Sluice refuses.
+    #[arg(
+        long,
+        env = "MEMCACHE_HOST_PORT",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_host_port: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_MAX_IDLE_CONNS",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_max_idle_conns: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_SRV",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_srv: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_SRV_REFRESH",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_srv_refresh: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CLIENT_CERT",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_client_cert: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CLIENT_KEY",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_client_key: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CACERT",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_cacert: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_skip_hostname_verification: Option<String>,
+}
+
+/// Validated [`CompatArgs`]: what Sluice implements of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrpcConnectionAge {
+    /// GRPC_MAX_CONNECTION_AGE; `None` when 0 (connections live for ever).
+    pub max_age: Option<Duration>,
+    /// GRPC_MAX_CONNECTION_AGE_GRACE.
+    pub grace: Duration,
+}
+
+impl Default for GrpcConnectionAge {
+    /// envoyproxy/ratelimit's defaults: 24h, then 1h of grace.
+    fn default() -> Self {
+        GrpcConnectionAge {
+            max_age: Some(Duration::from_secs(24 * 3600)),
+            grace: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl CompatArgs {
+    fn validate(&self) -> Result<GrpcConnectionAge, SettingsError> {
+        let not_yet = |var: &'static str, value: &str, reason: &'static str| {
+            Err(SettingsError::NotSupportedYet {
+                var,
+                value: value.to_owned(),
+                reason,
+            })
+        };
+        if let Some(path) = non_empty(self.grpc_uds.as_deref()) {
+            return not_yet(
+                "GRPC_UDS",
+                path,
+                "gRPC on a unix socket (unset it to serve GRPC_HOST:GRPC_PORT)",
+            );
+        }
+        if self.redis_health_check_active_connection {
+            return not_yet(
+                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+                "true",
+                "health that follows the Redis connection (health already fails until Redis \
+                 first answers)",
+            );
+        }
+        if let Some(tags) = non_empty(self.extra_tags.as_deref()) {
+            return not_yet("EXTRA_TAGS", tags, "constant tags on every stat");
+        }
+        if self.prometheus_response_time_as_milliseconds {
+            return Err(invalid(
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+                true,
+                "not supported: Sluice's ratelimit_service_response_time_seconds histogram is \
+                 in seconds, as Prometheus names it; unset it",
+            ));
+        }
+        if let Some(path) = non_empty(self.prometheus_mapper_yaml.as_deref()) {
+            return Err(invalid(
+                "PROMETHEUS_MAPPER_YAML",
+                path,
+                "not supported: Sluice exports the names envoyproxy/ratelimit's default \
+                 mapping produces; unset it",
+            ));
+        }
+        if self.use_dog_statsd {
+            return Err(invalid(
+                "USE_DOG_STATSD",
+                true,
+                "not supported: Sluice sends plain statsd (USE_STATSD); unset it",
+            ));
+        }
+        let duration = |var: &'static str, value: &str| {
+            parse_go_duration(value)
+                .ok_or_else(|| invalid(var, value, "expected a Go duration such as 1h or 30m"))
+        };
+        let max_age = duration("GRPC_MAX_CONNECTION_AGE", &self.grpc_max_connection_age)?;
+        let grace = duration(
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            &self.grpc_max_connection_age_grace,
+        )?;
+        Ok(GrpcConnectionAge {
+            // grpc-go reads 0 as infinity.
+            max_age: (!max_age.is_zero()).then_some(max_age),
+            grace,
+        })
+    }
 }
 
 /// envoyproxy/ratelimit's config-source settings: files (the default) or an xDS server.
@@ -1868,6 +2174,42 @@ pub struct RedisSettings {
     pub expiration_jitter_max_seconds: u64,
     pub local_cache_size_in_bytes: u64,
     pub stop_cache_key_increment_when_overlimit: bool,
+    /// REDIS_STARTUP_*: how the start-up PING is retried.
+    pub startup: StartupBackoff,
+}
+
+/// The start-up PING's retry schedule: `initial`, doubling up to `max`; with `max_elapsed`,
+/// Sluice exits once Redis has not answered for that long (envoyproxy/ratelimit gives up too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartupBackoff {
+    pub initial: Duration,
+    pub max: Duration,
+    /// `None`: retry forever (REDIS_STARTUP_MAX_ELAPSED_TIME=0, the default).
+    pub max_elapsed: Option<Duration>,
+}
+
+impl Default for StartupBackoff {
+    fn default() -> Self {
+        StartupBackoff {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+            max_elapsed: None,
+        }
+    }
+}
+
+/// REDIS_POOL_ON_EMPTY_BEHAVIOR: only `WAIT` (any case) describes what Sluice does.
+fn pool_on_empty(var: &'static str, value: &str) -> Result<(), SettingsError> {
+    match value.trim().to_ascii_uppercase().as_str() {
+        "WAIT" => Ok(()),
+        "CREATE" | "ERROR" => Err(invalid(
+            var,
+            value,
+            "Sluice multiplexes one connection per Redis, so no pool runs empty; only WAIT \
+             is accepted (envoyproxy/ratelimit panics on CREATE and ERROR too)",
+        )),
+        _ => Err(invalid(var, value, "expected WAIT")),
+    }
 }
 
 impl RedisArgs {
@@ -1922,6 +2264,52 @@ impl RedisArgs {
                 "expected a Go duration such as 0 or 150us",
             )
         })?;
+        parse_go_duration(&self.redis_persecond_pipeline_window).ok_or_else(|| {
+            invalid(
+                "REDIS_PERSECOND_PIPELINE_WINDOW",
+                &self.redis_persecond_pipeline_window,
+                "expected a Go duration such as 0 or 150us",
+            )
+        })?;
+        pool_on_empty(
+            "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+            &self.redis_pool_on_empty_behavior,
+        )?;
+        pool_on_empty(
+            "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+            &self.redis_persecond_pool_on_empty_behavior,
+        )?;
+        let positive = |var: &'static str, value: &str| {
+            parse_go_duration(value)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| invalid(var, value, "expected a positive Go duration such as 1s"))
+        };
+        let initial = positive(
+            "REDIS_STARTUP_INITIAL_INTERVAL",
+            &self.redis_startup_initial_interval,
+        )?;
+        let max = positive(
+            "REDIS_STARTUP_MAX_INTERVAL",
+            &self.redis_startup_max_interval,
+        )?;
+        if max < initial {
+            return Err(invalid(
+                "REDIS_STARTUP_MAX_INTERVAL",
+                &self.redis_startup_max_interval,
+                format!(
+                    "must not be shorter than REDIS_STARTUP_INITIAL_INTERVAL={}",
+                    self.redis_startup_initial_interval
+                ),
+            ));
+        }
+        let max_elapsed =
+            parse_go_duration(&self.redis_startup_max_elapsed_time).ok_or_else(|| {
+                invalid(
+                    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+                    &self.redis_startup_max_elapsed_time,
+                    "expected a Go duration such as 0 (retry forever) or 5m",
+                )
+            })?;
         Ok(RedisSettings {
             main,
             per_second,
@@ -1929,6 +2317,11 @@ impl RedisArgs {
             expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
             local_cache_size_in_bytes: self.local_cache_size_in_bytes,
             stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
+            startup: StartupBackoff {
+                initial,
+                max,
+                max_elapsed: (!max_elapsed.is_zero()).then_some(max_elapsed),
+            },
         })
     }
 
@@ -3360,6 +3753,249 @@ mod tests {
         );
         // Port 0 never clashes.
         settings(&["--port", "0", "--grpc-port", "0", "--debug-port", "0"]).unwrap();
+    }
+
+    fn redis_error(extra: &[&str]) -> String {
+        let mut args = vec!["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"];
+        args.extend_from_slice(extra);
+        error(&args)
+    }
+
+    #[test]
+    fn grpc_connection_age_defaults_to_go_and_parses_go_durations() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(
+            s.grpc_connection_age,
+            GrpcConnectionAge {
+                max_age: Some(Duration::from_secs(24 * 3600)),
+                grace: Duration::from_secs(3600),
+            }
+        );
+        let s = settings(&[
+            "--grpc-max-connection-age",
+            "1m30s",
+            "--grpc-max-connection-age-grace",
+            "250ms",
+        ])
+        .unwrap();
+        assert_eq!(s.grpc_connection_age.max_age, Some(Duration::from_secs(90)));
+        assert_eq!(s.grpc_connection_age.grace, Duration::from_millis(250));
+        // grpc-go reads 0 as "for ever".
+        let s = settings(&["--grpc-max-connection-age", "0"]).unwrap();
+        assert_eq!(s.grpc_connection_age.max_age, None);
+        let err = error(&["--grpc-max-connection-age", "24"]);
+        assert!(err.starts_with("GRPC_MAX_CONNECTION_AGE=24: "), "{err}");
+        let err = error(&["--grpc-max-connection-age-grace=-1s"]);
+        assert!(
+            err.starts_with("GRPC_MAX_CONNECTION_AGE_GRACE=-1s: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn redis_startup_backoff_defaults_parses_and_checks() {
+        let r = redis_settings(&["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"]);
+        assert_eq!(r.startup, StartupBackoff::default());
+        assert_eq!(r.startup.initial, Duration::from_secs(1));
+        assert_eq!(r.startup.max, Duration::from_secs(30));
+        assert_eq!(r.startup.max_elapsed, None);
+        let r = redis_settings(&[
+            "--backend-type",
+            "redis",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-startup-initial-interval",
+            "100ms",
+            "--redis-startup-max-interval",
+            "2s",
+            "--redis-startup-max-elapsed-time",
+            "5m",
+        ]);
+        assert_eq!(
+            r.startup,
+            StartupBackoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(2),
+                max_elapsed: Some(Duration::from_secs(300)),
+            }
+        );
+        let err = redis_error(&["--redis-startup-initial-interval", "0"]);
+        assert!(
+            err.starts_with("REDIS_STARTUP_INITIAL_INTERVAL=0: "),
+            "{err}"
+        );
+        let err = redis_error(&["--redis-startup-max-interval", "soon"]);
+        assert!(
+            err.starts_with("REDIS_STARTUP_MAX_INTERVAL=soon: "),
+            "{err}"
+        );
+        let err = redis_error(&[
+            "--redis-startup-initial-interval",
+            "10s",
+            "--redis-startup-max-interval",
+            "1s",
+        ]);
+        assert!(
+            err.starts_with("REDIS_STARTUP_MAX_INTERVAL=1s: ")
+                && err.contains("REDIS_STARTUP_INITIAL_INTERVAL=10s"),
+            "{err}"
+        );
+        let err = redis_error(&["--redis-startup-max-elapsed-time", "1"]);
+        assert!(
+            err.starts_with("REDIS_STARTUP_MAX_ELAPSED_TIME=1: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn redis_pool_knobs_are_accepted_and_pool_on_empty_is_wait_only() {
+        // Accepted and meaningless: one multiplexed connection per Redis.
+        redis_settings(&[
+            "--backend-type",
+            "redis",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-persecond-pool-size",
+            "50",
+            "--redis-persecond-pipeline-window",
+            "150us",
+            "--redis-persecond-pipeline-limit",
+            "8",
+            "--redis-cluster-pipeline-parallelism",
+            "4",
+            "--redis-pool-on-empty-behavior",
+            "wait",
+            "--redis-persecond-pool-on-empty-behavior",
+            "WAIT",
+        ]);
+        for value in ["CREATE", "ERROR", "error"] {
+            let err = redis_error(&["--redis-pool-on-empty-behavior", value]);
+            assert!(
+                err.starts_with(&format!("REDIS_POOL_ON_EMPTY_BEHAVIOR={value}: "))
+                    && err.contains("only WAIT"),
+                "{err}"
+            );
+        }
+        let err = redis_error(&["--redis-persecond-pool-on-empty-behavior", "BLOCK"]);
+        assert!(
+            err.starts_with("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR=BLOCK: "),
+            "{err}"
+        );
+        let err = redis_error(&["--redis-persecond-pipeline-window", "fast"]);
+        assert!(
+            err.starts_with("REDIS_PERSECOND_PIPELINE_WINDOW=fast: "),
+            "{err}"
+        );
+        let err = parse(&["--redis-cluster-pipeline-parallelism", "many"])
+            .expect_err("negative")
+            .to_string();
+        assert!(err.contains("REDIS_CLUSTER_PIPELINE_PARALLELISM"), "{err}");
+    }
+
+    #[test]
+    fn go_variables_sluice_cannot_honour_stop_start_up() {
+        for (args, start) in [
+            (
+                &["--grpc-uds", "/tmp/rl.sock"][..],
+                "GRPC_UDS=/tmp/rl.sock: ",
+            ),
+            (
+                &["--redis-health-check-active-connection"][..],
+                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: ",
+            ),
+            (&["--extra-tags", "env:prod"][..], "EXTRA_TAGS=env:prod: "),
+            (
+                &["--prometheus-response-time-as-milliseconds=true"][..],
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=true: ",
+            ),
+            (
+                &["--prometheus-mapper-yaml", "/etc/mapper.yaml"][..],
+                "PROMETHEUS_MAPPER_YAML=/etc/mapper.yaml: ",
+            ),
+            (&["--use-dog-statsd"][..], "USE_DOG_STATSD=true: "),
+        ] {
+            let err = error(args);
+            assert!(err.starts_with(start), "{args:?}: {err}");
+            assert!(err.contains("not support"), "{args:?}: {err}");
+        }
+        // Their off values (and empty values) are the Go defaults and are fine.
+        let s = settings(&[
+            "--grpc-uds",
+            "",
+            "--redis-health-check-active-connection=false",
+            "--prometheus-response-time-as-milliseconds=false",
+            "--use-dog-statsd=false",
+            "--use-dog-statsd-mogrifiers",
+            "x",
+        ]);
+        assert!(s.is_ok(), "{s:?}");
+    }
+
+    #[test]
+    fn memcache_variables_are_accepted_and_ignored() {
+        // The Go service reads them only with BACKEND_TYPE=memcache, which Sluice refuses.
+        let s = settings(&[
+            "--memcache-host-port",
+            "m1:11211,m2:11211",
+            "--memcache-max-idle-conns",
+            "4",
+            "--memcache-srv",
+            "_memcache._tcp.example",
+            "--memcache-srv-refresh",
+            "1m",
+            "--memcache-tls",
+            "true",
+            "--memcache-tls-client-cert",
+            "/missing.crt",
+            "--memcache-tls-client-key",
+            "/missing.key",
+            "--memcache-tls-cacert",
+            "/missing.ca",
+            "--memcache-tls-skip-hostname-verification",
+            "true",
+        ]);
+        assert!(s.is_ok(), "{s:?}");
+    }
+
+    #[test]
+    fn every_new_go_variable_is_a_flag_with_its_env_var() {
+        let cmd = Cli::command();
+        for var in [
+            "GRPC_UDS",
+            "GRPC_MAX_CONNECTION_AGE",
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            "REDIS_STARTUP_INITIAL_INTERVAL",
+            "REDIS_STARTUP_MAX_INTERVAL",
+            "REDIS_STARTUP_MAX_ELAPSED_TIME",
+            "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+            "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+            "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+            "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+            "REDIS_PERSECOND_POOL_SIZE",
+            "REDIS_PERSECOND_PIPELINE_WINDOW",
+            "REDIS_PERSECOND_PIPELINE_LIMIT",
+            "REDIS_PIPELINE_LIMIT",
+            "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+            "PROMETHEUS_MAPPER_YAML",
+            "EXTRA_TAGS",
+            "USE_DOG_STATSD",
+            "USE_DOG_STATSD_MOGRIFIERS",
+            "MEMCACHE_HOST_PORT",
+            "MEMCACHE_MAX_IDLE_CONNS",
+            "MEMCACHE_SRV",
+            "MEMCACHE_SRV_REFRESH",
+            "MEMCACHE_TLS",
+            "MEMCACHE_TLS_CLIENT_CERT",
+            "MEMCACHE_TLS_CLIENT_KEY",
+            "MEMCACHE_TLS_CACERT",
+            "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        ] {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == var));
+            let arg = arg.unwrap_or_else(|| panic!("{var} is not parsed"));
+            assert!(arg.get_long().is_some() && !arg.is_hide_set(), "{var}");
+        }
     }
 
     fn redis_settings(args: &[&str]) -> RedisSettings {

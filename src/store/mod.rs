@@ -127,6 +127,15 @@ impl AnyStore {
             AnyStore::Redis(r) => r.is_ready(),
         }
     }
+
+    /// Completes, with the reason, when the backend gave up for good (Redis not answering
+    /// within REDIS_STARTUP_MAX_ELAPSED_TIME); never for the other backends.
+    pub fn gave_up(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>> {
+        match self {
+            AnyStore::Redis(r) => Box::pin(r.gave_up()),
+            AnyStore::Memory(_) | AnyStore::Cluster(_) => Box::pin(std::future::pending()),
+        }
+    }
 }
 
 impl CounterStore for AnyStore {

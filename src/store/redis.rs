@@ -51,7 +51,7 @@ use super::{CounterStore, Hit, StoreError, go_cache_key};
 use crate::clock::Timestamp;
 use crate::limiter::fixed_window::{self, Decision};
 use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
-use crate::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology};
+use crate::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
 
 /// The sliding window (see [`sliding_window`]).
 ///
@@ -283,6 +283,8 @@ pub struct RedisStore {
     local_cache: Option<OverLimitCache>,
     jitter: foldhash::fast::RandomState,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Set once a start-up check gave up (REDIS_STARTUP_MAX_ELAPSED_TIME).
+    gave_up: tokio::sync::watch::Sender<Option<String>>,
 }
 
 impl Drop for RedisStore {
@@ -304,11 +306,13 @@ impl RedisStore {
     /// Must be called inside a tokio runtime.
     pub fn start(settings: &RedisSettings) -> Result<Self, StoreError> {
         let mut tasks = Vec::new();
-        let main = Self::target(&settings.main, settings.timeout, &mut tasks)?;
+        let (gave_up, _) = tokio::sync::watch::channel(None);
+        let startup = (settings.startup, gave_up.clone());
+        let main = Self::target(&settings.main, settings.timeout, &startup, &mut tasks)?;
         let per_second = settings
             .per_second
             .as_ref()
-            .map(|t| Self::target(t, settings.timeout, &mut tasks))
+            .map(|t| Self::target(t, settings.timeout, &startup, &mut tasks))
             .transpose()?;
         Ok(RedisStore {
             main,
@@ -319,12 +323,31 @@ impl RedisStore {
             local_cache: OverLimitCache::new(settings.local_cache_size_in_bytes),
             jitter: foldhash::fast::RandomState::default(),
             tasks,
+            gave_up,
         })
+    }
+
+    /// Completes, with the reason, when REDIS_STARTUP_MAX_ELAPSED_TIME passed before Redis
+    /// answered its start-up PING; never otherwise. The app then stops, as the Go service does.
+    pub fn gave_up(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let mut rx = self.gave_up.subscribe();
+        async move {
+            let reason = rx
+                .wait_for(Option::is_some)
+                .await
+                .map(|reason| reason.clone().unwrap_or_default());
+            match reason {
+                Ok(reason) => reason,
+                // The store is gone: nothing will ever give up.
+                Err(_) => std::future::pending().await,
+            }
+        }
     }
 
     fn target(
         target: &RedisTarget,
         timeout: Duration,
+        (startup, gave_up): &(StartupBackoff, tokio::sync::watch::Sender<Option<String>>),
         tasks: &mut Vec<tokio::task::JoinHandle<()>>,
     ) -> Result<Arc<Target>, StoreError> {
         let t = Arc::new(Target {
@@ -380,8 +403,10 @@ impl RedisStore {
             RedisTopology::Cluster => {}
         }
         let (task_target, target) = (t.clone(), target.clone());
+        let (startup, gave_up) = (*startup, gave_up.clone());
         tasks.push(tokio::spawn(async move {
-            let mut delay = Duration::from_secs(1);
+            let started = tokio::time::Instant::now();
+            let mut delay = startup.initial;
             // Credentials stay out of the logs.
             let urls: Vec<String> = target.urls.iter().map(|u| without_credentials(u)).collect();
             loop {
@@ -395,9 +420,22 @@ impl RedisStore {
                     }
                     Err(e) => {
                         task_target.last_error.store(Some(Arc::new(e.to_string())));
+                        if let Some(limit) = startup.max_elapsed
+                            && started.elapsed() + delay > limit
+                        {
+                            // The next try would come after the limit: give up now, as the
+                            // Go service's backoff does.
+                            let reason = format!(
+                                "Redis {urls:?} did not answer within \
+                                 REDIS_STARTUP_MAX_ELAPSED_TIME ({limit:?}): {e}"
+                            );
+                            tracing::error!("{reason}");
+                            gave_up.send_replace(Some(reason));
+                            return;
+                        }
                         tracing::warn!(redis = ?urls, error = %e, retry_in = ?delay, "Redis not ready");
                         tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(30));
+                        delay = (delay * 2).min(startup.max);
                     }
                 }
             }
@@ -770,7 +808,19 @@ impl RedisLink {
         scripts: &'static [&'static str],
     ) -> Result<Self, StoreError> {
         let mut tasks = Vec::new();
-        let target = RedisStore::target(&settings.main, settings.timeout, &mut tasks)?;
+        // The write-behind copy is not on the request path: it keeps retrying whatever
+        // REDIS_STARTUP_MAX_ELAPSED_TIME says, which is about the Redis backend.
+        let startup = StartupBackoff {
+            max_elapsed: None,
+            ..settings.startup
+        };
+        let (never, _) = tokio::sync::watch::channel(None);
+        let target = RedisStore::target(
+            &settings.main,
+            settings.timeout,
+            &(startup, never),
+            &mut tasks,
+        )?;
         Ok(RedisLink {
             target,
             cluster: settings.main.topology == RedisTopology::Cluster,

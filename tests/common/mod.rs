@@ -39,6 +39,7 @@ pub fn default_options() -> AppOptions {
         xds: None,
         telemetry: Default::default(),
         grpc_tls: None,
+        grpc_connection_age: Default::default(),
     }
 }
 
