@@ -165,6 +165,27 @@ fn a_malformed_setting_stops_start_up_naming_the_variable() {
 }
 
 #[test]
+fn go_variables_sluice_cannot_honour_stop_start_up() {
+    refused(
+        "GRPC_UDS",
+        "/tmp/ratelimit.sock",
+        "GRPC_UDS=/tmp/ratelimit.sock: ",
+    );
+    refused("EXTRA_TAGS", "env:prod", "EXTRA_TAGS=env:prod: ");
+    refused("USE_DOG_STATSD", "true", "USE_DOG_STATSD=true: ");
+    refused(
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "true",
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=true: ",
+    );
+    refused(
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "true",
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: ",
+    );
+}
+
+#[test]
 fn grpc_tls_without_a_certificate_is_refused_rather_than_served_in_clear() {
     refused(
         "GRPC_SERVER_USE_TLS",
@@ -1121,4 +1142,108 @@ fn tracing_enabled_exports_the_callers_trace_to_an_otlp_collector() {
         span.parent_span_id,
         [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7]
     );
+}
+
+/// With REDIS_STARTUP_MAX_ELAPSED_TIME, a Redis that never answers stops Sluice (exit 1,
+/// naming the variable) within the bound rather than retrying for ever, as the Go service
+/// gives up.
+#[test]
+fn redis_startup_gives_up_after_max_elapsed_time() {
+    let config = config_dir();
+    // Nothing listens on a fresh free port.
+    let redis_port = free_port();
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(config.path())
+        .env("HOST", "127.0.0.1")
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string())
+        .env("GRPC_PORT", free_port().to_string())
+        .env("DEBUG_PORT", free_port().to_string())
+        .env("BACKEND_TYPE", "redis")
+        .env("REDIS_SOCKET_TYPE", "tcp")
+        .env("REDIS_URL", format!("127.0.0.1:{redis_port}"))
+        .env("REDIS_TIMEOUT", "200ms")
+        .env("REDIS_STARTUP_INITIAL_INTERVAL", "100ms")
+        .env("REDIS_STARTUP_MAX_INTERVAL", "200ms")
+        .env("REDIS_STARTUP_MAX_ELAPSED_TIME", "1s")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let started = Instant::now();
+    let mut child = c.spawn().expect("spawn sluice");
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice still running 15 s after REDIS_STARTUP_MAX_ELAPSED_TIME=1s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("REDIS_STARTUP_MAX_ELAPSED_TIME") && err.contains(&redis_port.to_string()),
+        "{err}"
+    );
+    // Not before the bound: it did retry for about a second.
+    assert!(started.elapsed() >= Duration::from_millis(700), "{err}");
+}
+
+/// GRPC_MAX_CONNECTION_AGE: an HTTP/2 connection older than the age gets a GOAWAY and, once
+/// idle, is closed. Spoken in raw frames so nothing reconnects behind the test's back.
+#[test]
+fn grpc_connections_get_a_goaway_after_max_connection_age() {
+    use std::io::{Read, Write};
+    let config = config_dir();
+    let server = start(|c| {
+        c.arg("--config")
+            .arg(config.path())
+            .env("GRPC_MAX_CONNECTION_AGE", "1s")
+            .env("GRPC_MAX_CONNECTION_AGE_GRACE", "1s");
+    });
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", server.grpc)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let opened = Instant::now();
+    // The client preface, then an empty SETTINGS frame.
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    let mut goaway_at = None;
+    loop {
+        let mut header = [0u8; 9];
+        match conn.read_exact(&mut header) {
+            Ok(()) => {}
+            // Closed by the server.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("no GOAWAY and no close within 10 s: {e}"),
+        }
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        conn.read_exact(&mut payload).unwrap();
+        if header[3] == 7 && goaway_at.is_none() {
+            goaway_at = Some(opened.elapsed());
+        }
+        // Answer the PING of hyper's graceful shutdown, as a client must.
+        if header[3] == 6 && header[4] & 1 == 0 {
+            conn.write_all(&[0, 0, 8, 6, 1, 0, 0, 0, 0]).unwrap();
+            conn.write_all(&payload).unwrap();
+        }
+        // Acknowledge the server's SETTINGS, as a client must.
+        if header[3] == 4 && header[4] & 1 == 0 {
+            conn.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).unwrap();
+        }
+    }
+    let goaway_at = goaway_at.expect("a GOAWAY before the close");
+    assert!(
+        goaway_at >= Duration::from_millis(900) && goaway_at < Duration::from_secs(5),
+        "GOAWAY after {goaway_at:?}"
+    );
+    // The server still takes new connections.
+    assert_eq!(json(server.http, "d", "k", "v").0, 200);
 }

@@ -211,9 +211,11 @@ impl App {
         if let Some(age) = options.grpc_connection_age.max_age {
             // Clients reconnect, so long-lived connections get spread again over replicas
             // added since, as envoyproxy/ratelimit does (without grpc-go's ±10 % jitter).
-            grpc_builder = grpc_builder
-                .max_connection_age(age)
-                .max_connection_age_grace(options.grpc_connection_age.grace);
+            // The grace is not handed to tonic: tonic 0.14 then skips the GOAWAY at `age` and
+            // only cuts the connection at `age + grace`. Without it, in-flight calls finish
+            // after the GOAWAY and the connection closes; Sluice's calls are bounded by
+            // REDIS_TIMEOUT and SLUICE_PEER_TIMEOUT_MS, far below any sensible grace.
+            grpc_builder = grpc_builder.max_connection_age(age);
         }
         let grpc_server = grpc_builder.add_routes(grpc_routes);
         // Both guards live until `serve` returns: the certificate watcher and the TLS accept

@@ -1520,7 +1520,8 @@ pub struct CompatArgs {
         help_heading = "Listeners"
     )]
     pub grpc_max_connection_age: String,
-    /// After GRPC_MAX_CONNECTION_AGE, how long calls may finish before the connection is closed.
+    /// After GRPC_MAX_CONNECTION_AGE, how long calls may finish before the connection is
+    /// closed. Checked, not enforced: calls always finish, bounded by REDIS_TIMEOUT.
     #[arg(
         long,
         env = "GRPC_MAX_CONNECTION_AGE_GRACE",
