@@ -166,11 +166,6 @@ fn a_malformed_setting_stops_start_up_naming_the_variable() {
 
 #[test]
 fn go_variables_sluice_cannot_honour_stop_start_up() {
-    refused(
-        "GRPC_UDS",
-        "/tmp/ratelimit.sock",
-        "GRPC_UDS=/tmp/ratelimit.sock: ",
-    );
     refused("EXTRA_TAGS", "env:prod", "EXTRA_TAGS=env:prod: ");
     refused("USE_DOG_STATSD", "true", "USE_DOG_STATSD=true: ");
     refused(
@@ -1246,4 +1241,114 @@ fn grpc_connections_get_a_goaway_after_max_connection_age() {
     );
     // The server still takes new connections.
     assert_eq!(json(server.http, "d", "k", "v").0, 200);
+}
+
+/// GRPC_UDS: gRPC on a unix socket, replacing a stale socket file left by a process that is
+/// gone, and removing it on a clean exit; a live socket and a regular file are left alone.
+#[test]
+fn grpc_uds_serves_on_a_unix_socket_and_replaces_a_stale_one() {
+    use std::future::Future;
+    use std::path::PathBuf;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// Dials the socket whatever URI tonic asks for.
+    #[derive(Clone)]
+    struct Uds(PathBuf);
+    impl tonic::codegen::Service<tonic::transport::Uri> for Uds {
+        type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+        type Error = std::io::Error;
+        type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: tonic::transport::Uri) -> Self::Future {
+            let path = self.0.clone();
+            Box::pin(async move {
+                Ok(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            })
+        }
+    }
+
+    let config = config_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ratelimit.sock");
+    // A stale socket: bound, then its listener gone.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    assert!(socket.exists());
+
+    let server = start(|c| {
+        c.arg("--config")
+            .arg(config.path())
+            .env("GRPC_UDS", &socket);
+    });
+    let rt = runtime();
+    let limit = rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_static("http://uds.invalid")
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
+            .connect_with_connector(Uds(socket.clone()))
+            .await
+            .expect("connect over the unix socket");
+        grpc_tls::limit(channel).await
+    });
+    assert_eq!(limit, Ok(2));
+    // Closes the client's connection, which would otherwise hold the drain up.
+    drop(rt);
+    // Instead of TCP, as in Go: nothing listens on GRPC_PORT.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", server.grpc)).is_err());
+
+    // A second instance must not steal the live socket.
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(config.path())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string())
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", free_port().to_string())
+        .env("GRPC_UDS", &socket);
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("GRPC_UDS=") && err.contains("another process"),
+        "{err}"
+    );
+
+    // A regular file is not replaced.
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "data").unwrap();
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(config.path())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string())
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", free_port().to_string())
+        .env("GRPC_UDS", &file);
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
+
+    // SIGTERM: a clean exit removes the socket file.
+    let mut server = server;
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let started = Instant::now();
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!socket.exists(), "the socket file outlived the process");
 }

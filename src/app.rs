@@ -26,7 +26,7 @@ use crate::tls::{ClientTls, ServerTls};
 /// The bound listeners.
 pub struct Listeners {
     pub http: TcpListener,
-    pub grpc: TcpListener,
+    pub grpc: GrpcListener,
     pub debug: TcpListener,
     /// PEER_PORT, when peers are configured.
     pub peer: Option<TcpListener>,
@@ -39,11 +39,33 @@ impl Listeners {
     pub async fn ephemeral() -> std::io::Result<Self> {
         Ok(Listeners {
             http: TcpListener::bind("127.0.0.1:0").await?,
-            grpc: TcpListener::bind("127.0.0.1:0").await?,
+            grpc: TcpListener::bind("127.0.0.1:0").await?.into(),
             debug: TcpListener::bind("127.0.0.1:0").await?,
             peer: None,
             prometheus: None,
         })
+    }
+}
+
+/// The gRPC listener: GRPC_HOST:GRPC_PORT, or GRPC_UDS's unix socket.
+pub enum GrpcListener {
+    Tcp(TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+impl From<TcpListener> for GrpcListener {
+    fn from(listener: TcpListener) -> Self {
+        GrpcListener::Tcp(listener)
+    }
+}
+
+impl GrpcListener {
+    /// The TCP address; an error for a unix socket.
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        match self {
+            GrpcListener::Tcp(l) => l.local_addr(),
+            GrpcListener::Unix(_) => Err(std::io::Error::other("gRPC is on a unix socket")),
+        }
     }
 }
 
@@ -221,18 +243,23 @@ impl App {
         // Both guards live until `serve` returns: the certificate watcher and the TLS accept
         // loop (which also stops by itself once the gRPC server drops its incoming stream).
         let mut _grpc_tls_tasks = None;
-        let grpc = match &options.grpc_tls {
-            None => {
+        let grpc = match (listeners.grpc, &options.grpc_tls) {
+            // GRPC_UDS with TLS is refused by the settings.
+            (GrpcListener::Unix(listener), _) => {
+                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
+            }
+            (GrpcListener::Tcp(listener), None) => {
                 // tonic ignores its own `tcp_nodelay` default for an incoming stream it did not
                 // bind, so set TCP_NODELAY here: with Nagle's algorithm on, a response's
                 // trailers wait for the client's delayed ACK (up to 40 ms) whenever the
                 // previous write is unacknowledged.
-                let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
                 tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
             }
-            Some(tls) => {
+            (GrpcListener::Tcp(listener), Some(tls)) => {
                 let watcher = tls.watch(CERT_POLL);
-                let (incoming, accept_loop) = crate::tls::incoming(listeners.grpc, tls.acceptor());
+                let (incoming, accept_loop) = crate::tls::incoming(listener, tls.acceptor());
                 _grpc_tls_tasks = Some((watcher, accept_loop));
                 tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
             }

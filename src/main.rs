@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::error::ErrorKind;
-use sluice::app::{App, AppOptions, Listeners, Reload, Xds};
+use sluice::app::{App, AppOptions, GrpcListener, Listeners, Reload, Xds};
 use sluice::clock::SystemClock;
 use sluice::config::{self, ConfigHandle, ConfigSource, LoadOptions};
 use sluice::service::{HeaderNames, ServiceOptions};
@@ -233,6 +233,9 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Set once GRPC_UDS is bound: only then is the socket file ours to remove.
+    let uds_bound = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (grpc_uds, bound) = (settings.grpc_uds.clone(), uds_bound.clone());
     let result = runtime.block_on(async move {
         let bind = |addr, what: &'static str| async move {
             tokio::net::TcpListener::bind(addr)
@@ -241,7 +244,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         let listeners = Listeners {
             http: bind(settings.http_addr, "HTTP (PORT)").await?,
-            grpc: bind(settings.grpc_addr, "gRPC (GRPC_PORT)").await?,
+            grpc: match &settings.grpc_uds {
+                Some(path) => {
+                    let listener = bind_unix(path)?;
+                    bound.store(true, std::sync::atomic::Ordering::SeqCst);
+                    GrpcListener::Unix(listener)
+                }
+                None => bind(settings.grpc_addr, "gRPC (GRPC_PORT)").await?.into(),
+            },
             debug: bind(settings.debug_addr, "debug (DEBUG_PORT)").await?,
             peer: match &settings.cluster {
                 Some(c) => Some(bind(c.listen, "peer (PEER_PORT)").await?),
@@ -255,6 +265,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         tracing::info!(
             http = %settings.http_addr,
             grpc = %settings.grpc_addr,
+            grpc_uds = ?settings.grpc_uds,
             grpc_tls = settings.grpc_tls.is_some(),
             debug = %settings.debug_addr,
             "serving"
@@ -264,6 +275,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             .await
             .map_err(|e| e.to_string())
     });
+    if let Some(path) = grpc_uds.filter(|_| uds_bound.load(std::sync::atomic::Ordering::SeqCst)) {
+        // Ours, and nobody can connect to it any more.
+        let _ = std::fs::remove_file(path);
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -271,6 +286,29 @@ fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Binds GRPC_UDS. A socket file left by a process that is gone (nothing accepts on it) is
+/// replaced; one something still listens on, and any other kind of file, is left alone.
+fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::FileTypeExt;
+    let shown = path.display();
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "GRPC_UDS={shown}: the file exists and is not a socket; not replacing it"
+            ));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(format!(
+                "GRPC_UDS={shown}: another process is serving on this socket"
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| format!("GRPC_UDS={shown}: cannot remove the stale socket: {e}"))?;
+    }
+    tokio::net::UnixListener::bind(path)
+        .map_err(|e| format!("cannot bind the gRPC listener on GRPC_UDS={shown}: {e}"))
 }
 
 /// Completes on SIGTERM or Ctrl-C.

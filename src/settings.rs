@@ -555,6 +555,8 @@ pub struct Settings {
     pub grpc_tls: Option<GrpcServerTls>,
     /// GRPC_MAX_CONNECTION_AGE and _GRACE.
     pub grpc_connection_age: GrpcConnectionAge,
+    /// GRPC_UDS: gRPC on this unix socket instead of `grpc_addr`.
+    pub grpc_uds: Option<PathBuf>,
     /// DEBUG_HOST:DEBUG_PORT.
     pub debug_addr: SocketAddr,
     pub config: ConfigLocation,
@@ -938,6 +940,7 @@ impl ServeArgs {
             grpc_addr,
             grpc_tls,
             grpc_connection_age: self.compat.validate()?,
+            grpc_uds: self.compat.grpc_uds(self.grpc_server_use_tls)?,
             debug_addr,
             config,
             merge_domain_config: self.merge_domain_config,
@@ -1508,8 +1511,8 @@ pub struct RedisArgs {
 /// refuses at start-up when set to something it cannot honour, so none is silently ignored.
 #[derive(Clone, Debug, clap::Args)]
 pub struct CompatArgs {
-    /// Serve gRPC on this unix socket path instead of GRPC_HOST:GRPC_PORT (as in Go).
-    /// Not supported yet: a non-empty value stops start-up.
+    /// Serve gRPC on this unix socket path instead of GRPC_HOST:GRPC_PORT, as in Go. A stale
+    /// socket file is replaced; a socket something still listens on, or another file, is not.
     #[arg(long, env = "GRPC_UDS", help_heading = "Listeners")]
     pub grpc_uds: Option<String>,
     /// A gRPC connection older than this gets a GOAWAY (Go duration; 0 never).
@@ -1665,6 +1668,21 @@ impl Default for GrpcConnectionAge {
 }
 
 impl CompatArgs {
+    /// GRPC_UDS: where gRPC is served instead of GRPC_HOST:GRPC_PORT, as in Go.
+    fn grpc_uds(&self, grpc_tls: bool) -> Result<Option<PathBuf>, SettingsError> {
+        let Some(path) = non_empty(self.grpc_uds.as_deref()) else {
+            return Ok(None);
+        };
+        if grpc_tls {
+            return Err(SettingsError::NotSupportedYet {
+                var: "GRPC_UDS",
+                value: path.to_owned(),
+                reason: "TLS (GRPC_SERVER_USE_TLS) on the unix socket",
+            });
+        }
+        Ok(Some(PathBuf::from(path)))
+    }
+
     fn validate(&self) -> Result<GrpcConnectionAge, SettingsError> {
         let not_yet = |var: &'static str, value: &str, reason: &'static str| {
             Err(SettingsError::NotSupportedYet {
@@ -1673,13 +1691,6 @@ impl CompatArgs {
                 reason,
             })
         };
-        if let Some(path) = non_empty(self.grpc_uds.as_deref()) {
-            return not_yet(
-                "GRPC_UDS",
-                path,
-                "gRPC on a unix socket (unset it to serve GRPC_HOST:GRPC_PORT)",
-            );
-        }
         if self.redis_health_check_active_connection {
             return not_yet(
                 "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
@@ -3897,10 +3908,6 @@ mod tests {
     fn go_variables_sluice_cannot_honour_stop_start_up() {
         for (args, start) in [
             (
-                &["--grpc-uds", "/tmp/rl.sock"][..],
-                "GRPC_UDS=/tmp/rl.sock: ",
-            ),
-            (
                 &["--redis-health-check-active-connection"][..],
                 "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: ",
             ),
@@ -3930,6 +3937,29 @@ mod tests {
             "x",
         ]);
         assert!(s.is_ok(), "{s:?}");
+    }
+
+    #[test]
+    fn grpc_uds_is_a_path_and_refused_with_tls() {
+        assert_eq!(settings(&[]).unwrap().grpc_uds, None);
+        assert_eq!(settings(&["--grpc-uds", ""]).unwrap().grpc_uds, None);
+        assert_eq!(
+            settings(&["--grpc-uds", "/tmp/rl.sock"]).unwrap().grpc_uds,
+            Some(PathBuf::from("/tmp/rl.sock"))
+        );
+        let err = error(&[
+            "--grpc-uds",
+            "/tmp/rl.sock",
+            "--grpc-server-use-tls",
+            "--grpc-server-tls-cert",
+            "/c.pem",
+            "--grpc-server-tls-key",
+            "/k.pem",
+        ]);
+        assert!(
+            err.starts_with("GRPC_UDS=/tmp/rl.sock: ") && err.contains("TLS"),
+            "{err}"
+        );
     }
 
     #[test]
