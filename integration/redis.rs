@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use sluice::clock::Timestamp;
 use sluice::limiter::fixed_window::Decision;
 use sluice::limiter::{Algorithm, Quota, Unit};
-use sluice::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology};
+use sluice::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};
 
 /// The tests' Redis: the shared helper, plus what only these tests start.
@@ -373,6 +373,54 @@ async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
         hits: 1,
     }];
     assert!(apply(&remote, Timestamp::from_secs(1), &h).await.is_err());
+}
+
+/// REDIS_STARTUP_*: a Redis that comes up late is picked up on the configured short back-off
+/// (the default would wait up to 30 s between tries), and with REDIS_STARTUP_MAX_ELAPSED_TIME
+/// a Redis that never answers makes the store give up with a reason naming the variable.
+#[tokio::test]
+async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elapsed() {
+    if !redis_server_available() {
+        return;
+    }
+    let port = free_port();
+    let mut settings = RedisSettings {
+        main: RedisTarget::single(format!("redis://127.0.0.1:{port}")),
+        per_second: None,
+        timeout: Duration::from_millis(200),
+        expiration_jitter_max_seconds: 0,
+        local_cache_size_in_bytes: 0,
+        stop_cache_key_increment_when_overlimit: false,
+        startup: StartupBackoff {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(100),
+            max_elapsed: None,
+        },
+    };
+    let remote = RedisStore::start(&settings).unwrap();
+    // Long enough that the default schedule (1 s, 2 s, 4 s...) would now wait seconds.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!remote.is_ready());
+    let _redis = Redis::start_on(port);
+    let up = Instant::now();
+    while !remote.is_ready() {
+        assert!(
+            up.elapsed() < Duration::from_secs(2),
+            "not ready 2 s after Redis came up, with REDIS_STARTUP_MAX_INTERVAL=100ms"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    settings.main = RedisTarget::single(format!("redis://127.0.0.1:{}", free_port()));
+    settings.startup.max_elapsed = Some(Duration::from_millis(500));
+    let dead = RedisStore::start(&settings).unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), dead.gave_up())
+        .await
+        .expect("gave up within the bound");
+    assert!(
+        reason.contains("REDIS_STARTUP_MAX_ELAPSED_TIME"),
+        "{reason}"
+    );
 }
 
 #[tokio::test]
