@@ -1245,6 +1245,19 @@ fn grpc_connections_get_a_goaway_after_max_connection_age() {
 
 /// GRPC_UDS: gRPC on a unix socket, replacing a stale socket file left by a process that is
 /// gone, and removing it on a clean exit; a live socket and a regular file are left alone.
+/// A sluice command with gRPC on the unix socket `socket` and its other ports free.
+fn uds_instance(config: &Path, socket: &Path) -> Command {
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(config)
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string())
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", free_port().to_string())
+        .env("GRPC_UDS", socket);
+    c
+}
+
 #[test]
 fn grpc_uds_serves_on_a_unix_socket_and_replaces_a_stale_one() {
     use std::future::Future;
@@ -1301,15 +1314,7 @@ fn grpc_uds_serves_on_a_unix_socket_and_replaces_a_stale_one() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", server.grpc)).is_err());
 
     // A second instance must not steal the live socket.
-    let mut c = sluice();
-    c.arg("--config")
-        .arg(config.path())
-        .env("HOST", "127.0.0.1")
-        .env("PORT", free_port().to_string())
-        .env("DEBUG_HOST", "127.0.0.1")
-        .env("DEBUG_PORT", free_port().to_string())
-        .env("GRPC_UDS", &socket);
-    let out = run(c);
+    let out = run(uds_instance(config.path(), &socket));
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -1320,15 +1325,7 @@ fn grpc_uds_serves_on_a_unix_socket_and_replaces_a_stale_one() {
     // A regular file is not replaced.
     let file = dir.path().join("not-a-socket");
     std::fs::write(&file, "data").unwrap();
-    let mut c = sluice();
-    c.arg("--config")
-        .arg(config.path())
-        .env("HOST", "127.0.0.1")
-        .env("PORT", free_port().to_string())
-        .env("DEBUG_HOST", "127.0.0.1")
-        .env("DEBUG_PORT", free_port().to_string())
-        .env("GRPC_UDS", &file);
-    let out = run(c);
+    let out = run(uds_instance(config.path(), &file));
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
 
