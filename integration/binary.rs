@@ -381,6 +381,9 @@ fn configmap_version(app_dir: &Path, version: u32, files: &[(&str, &str)]) {
 
 #[test]
 fn runtime_layout_reloads_on_a_configmap_swap_and_keeps_serving_on_a_bad_one() {
+    // The counter must survive the reload within one MINUTE window (the reload waits for the
+    // config poll, up to 10 s here).
+    support::with_minute_to_spare(25);
     let root = tempfile::tempdir().unwrap();
     let app_dir = root.path().join("current/config");
     configmap_version(&app_dir, 1, &[("limits.yaml", GOOD)]);

@@ -88,3 +88,20 @@ pub fn request_d_k_v() -> envoy_types::pb::envoy::service::ratelimit::v3::RateLi
         hits_addend: 0,
     }
 }
+
+/// Waits, if needed, until at least `needed` seconds remain in the current epoch-aligned minute,
+/// so a test that counts hits in a real process's MINUTE window across a reload (which takes a
+/// poll interval or two) does not see the window roll over and its count restart. Waits at
+/// most `needed` seconds.
+pub fn with_minute_to_spare(needed: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    let into = now.as_secs() % 60;
+    if 60 - into < needed {
+        std::thread::sleep(
+            Duration::from_secs(60 - into) - Duration::from_nanos(u64::from(now.subsec_nanos()))
+                + Duration::from_millis(100),
+        );
+    }
+}
