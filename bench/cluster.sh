@@ -23,11 +23,7 @@ cd "$ROOT"
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 
-ROUNDS=${BENCH_ROUNDS:-3}
-DURATION=${BENCH_DURATION:-8}
-OUT=${BENCH_OUT:-$ROOT/bench/results}
-mkdir -p "$OUT"
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+bench_defaults
 
 if ! command -v h2load >/dev/null; then
     apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null

@@ -35,3 +35,13 @@ wait_ready() {
     echo "no answer from $2" >&2
     return 1
 }
+
+# bench_defaults: ROUNDS, DURATION (s), OUT (created) and TARGET from BENCH_ROUNDS,
+# BENCH_DURATION, BENCH_OUT and CARGO_TARGET_DIR, for the backend benchmarks (redis, cluster).
+bench_defaults() {
+  ROUNDS=${BENCH_ROUNDS:-3}
+  DURATION=${BENCH_DURATION:-8}
+  OUT=${BENCH_OUT:-$ROOT/bench/results}
+  mkdir -p "$OUT"
+  TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+}

@@ -16,11 +16,7 @@ cd "$ROOT"
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
 
-ROUNDS=${BENCH_ROUNDS:-3}
-DURATION=${BENCH_DURATION:-8}
-OUT=${BENCH_OUT:-$ROOT/bench/results}
-mkdir -p "$OUT"
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+bench_defaults
 
 for pkg in h2load:nghttp2-client redis-server:redis-server; do
     if ! command -v "${pkg%%:*}" >/dev/null; then

@@ -88,6 +88,16 @@ fn filled(sluice_grpc: u16, upstream: u16, port: u16) -> String {
     )
 }
 
+/// The rate-limit headers Envoy's example sends (draft-03, with the window) and its marker on
+/// refused answers.
+const ENVOY_HEADERS: HeaderNames = HeaderNames {
+    limit: "x-ratelimit-limit",
+    remaining: "x-ratelimit-remaining",
+    reset: "x-ratelimit-reset",
+    retry_after: None,
+    limit_with_window: true,
+    refused_marker: Some(("x-envoy-ratelimited", "true")),
+};
 #[test]
 fn envoy_example_limits_by_address_and_api_key_and_fails_closed() {
     let Some(envoy) = envoy() else { return };
@@ -99,18 +109,7 @@ fn envoy_example_limits_by_address_and_api_key_and_fails_closed() {
     assert_eq!(conf.matches("failure_mode_deny: true").count(), 1);
     let mut proxy = start_envoy(&envoy, dir.path(), "envoy", &conf, port);
 
-    proxies::limits_by_address_and_api_key(
-        proxy.port,
-        &upstream,
-        &HeaderNames {
-            limit: "x-ratelimit-limit",
-            remaining: "x-ratelimit-remaining",
-            reset: "x-ratelimit-reset",
-            retry_after: None,
-            limit_with_window: true,
-            refused_marker: Some(("x-envoy-ratelimited", "true")),
-        },
-    );
+    proxies::limits_by_address_and_api_key(proxy.port, &upstream, &ENVOY_HEADERS);
 
     // Sluice gone: failure_mode_deny: true refuses with 500 and the app sees nothing.
     sluice.proc.stop();
@@ -207,18 +206,7 @@ fn envoy_calls_sluice_over_mutual_tls() {
         Some(&client),
     );
     let mut proxy = start_envoy(&envoy, dir.path(), "envoy-mtls", &conf, port);
-    proxies::limits_by_address_and_api_key(
-        proxy.port,
-        &upstream,
-        &HeaderNames {
-            limit: "x-ratelimit-limit",
-            remaining: "x-ratelimit-remaining",
-            reset: "x-ratelimit-reset",
-            retry_after: None,
-            limit_with_window: true,
-            refused_marker: Some(("x-envoy-ratelimited", "true")),
-        },
-    );
+    proxies::limits_by_address_and_api_key(proxy.port, &upstream, &ENVOY_HEADERS);
     proxy.proc.stop();
 
     // Without a client certificate Sluice refuses the connection, and the example's

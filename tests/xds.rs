@@ -79,6 +79,18 @@ impl AdsStream {
         };
         self.responses.send(Ok(response)).await.expect("push");
     }
+
+    /// Pushes `configs` as `version`/`nonce` and checks that Sluice ACKs them: the next request
+    /// echoes both, with no error.
+    async fn push_acked(&mut self, version: &str, nonce: &str, configs: &[RateLimitConfig]) {
+        self.push(version, nonce, configs).await;
+        let ack = self.next_request().await;
+        assert_eq!(
+            (ack.version_info.as_str(), ack.response_nonce.as_str()),
+            (version, nonce)
+        );
+        assert!(ack.error_detail.is_none(), "{:?}", ack.error_detail);
+    }
 }
 
 struct Ads {
@@ -291,7 +303,7 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     );
 
     // v1: k is 3 per minute. ACKed with its version and nonce.
-    s1.push(
+    s1.push_acked(
         "v1",
         "n1",
         &[config(
@@ -301,12 +313,6 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
         )],
     )
     .await;
-    let ack = s1.next_request().await;
-    assert_eq!(
-        (ack.version_info.as_str(), ack.response_nonce.as_str()),
-        ("v1", "n1")
-    );
-    assert!(ack.error_detail.is_none());
     assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 200);
     assert_eq!(remaining(&mut c, "k").await, (3, 2));
     assert_eq!(remaining(&mut c, "k").await, (3, 1));
@@ -317,7 +323,7 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     );
 
     // v2: k becomes 5 per minute and `other` appears. The counter carries over: 2 used.
-    s1.push(
+    s1.push_acked(
         "v2",
         "n2",
         &[config(
@@ -330,12 +336,6 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
         )],
     )
     .await;
-    let ack = s1.next_request().await;
-    assert_eq!(
-        (ack.version_info.as_str(), ack.response_nonce.as_str()),
-        ("v2", "n2")
-    );
-    assert!(ack.error_detail.is_none());
     assert_eq!(remaining(&mut c, "k").await, (5, 2));
     assert_eq!(remaining(&mut c, "other").await, (1, 0));
 
@@ -397,7 +397,7 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     let mut s3 = ads.next_stream().await;
     let resub = s3.next_request().await;
     assert_eq!(resub.version_info, "v2");
-    s3.push(
+    s3.push_acked(
         "v4",
         "n4",
         &[config(
@@ -407,11 +407,6 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
         )],
     )
     .await;
-    let ack = s3.next_request().await;
-    assert_eq!(
-        (ack.version_info.as_str(), ack.response_nonce.as_str()),
-        ("v4", "n4")
-    );
     // Six hits so far on k's minute counter: it survived every update and the outage.
     assert_eq!(remaining(&mut c, "k").await, (10, 4));
     // `other` is gone from v4.
@@ -484,7 +479,7 @@ async fn xds_over_tls_verifies_the_server_and_presents_a_client_certificate() {
     let first = stream.next_request().await;
     assert_eq!(first.type_url, TYPE_URL);
     stream
-        .push(
+        .push_acked(
             "v1",
             "n1",
             &[config(
@@ -494,8 +489,6 @@ async fn xds_over_tls_verifies_the_server_and_presents_a_client_certificate() {
             )],
         )
         .await;
-    let ack = stream.next_request().await;
-    assert_eq!(ack.version_info, "v1");
     let mut c = RateLimitServiceClient::connect(format!("http://{}", app.grpc))
         .await
         .expect("connect gRPC");
