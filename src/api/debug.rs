@@ -47,24 +47,14 @@ async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
     st.config.current().map(|c| c.dump()).unwrap_or_default()
 }
 
-fn extra(st: &DebugState) -> Extra {
-    st.extra()
-}
-
 impl DebugState {
     /// The numbers the exporters report from outside the stats registry.
     pub fn extra(&self) -> Extra {
-        let mut extra = telemetry_extra(&self.config, &self.store);
-        extra.tracing = self
-            .spans
-            .as_ref()
-            .map(|s| s.snapshot())
-            .unwrap_or_default();
-        extra
+        telemetry_extra(&self.config, &self.store, self.spans.as_deref())
     }
 }
 
-fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
+fn telemetry_extra(config: &ConfigHandle, store: &AnyStore, spans: Option<&SpanCounters>) -> Extra {
     let c = config.stats();
     Extra {
         config_load_success: c.load_success.load(Ordering::Relaxed),
@@ -93,17 +83,17 @@ fn telemetry_extra(config: &ConfigHandle, store: &AnyStore) -> Extra {
             }
             _ => None,
         },
-        tracing: Vec::new(),
+        tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
     }
 }
 
 async fn metrics(State(st): State<Arc<DebugState>>) -> impl IntoResponse {
-    let body = prometheus::render(&st.stats, &extra(&st));
+    let body = prometheus::render(&st.stats, &st.extra());
     ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], body)
 }
 
 async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
-    let e = extra(&st);
+    let e = st.extra();
     let svc = &st.stats.service;
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     let mut out = format!(
