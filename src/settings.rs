@@ -4421,6 +4421,11 @@ mod tests {
         fn with<'a>(peers: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
             [peers, extra].concat()
         }
+        // The refusal for write-behind on the peers above with REDIS_URL=x:1 and `extra`.
+        let on_peers_with_redis = |extra: &[&str]| {
+            let on = ["--peer-write-behind", "--redis-url", "x:1"];
+            error(&with(&peers, &[&on[..], extra].concat()))
+        };
         let s = settings(&with(
             &peers,
             &[
@@ -4463,60 +4468,16 @@ mod tests {
             err.starts_with("REDIS_URL=: required by SLUICE_PEER_WRITE_BEHIND"),
             "{err}"
         );
-        let err = error(&with(
-            &peers,
-            &[
-                "--peer-write-behind",
-                "--redis-url",
-                "x:1",
-                "--cluster-mode",
-                "divided",
-            ],
-        ));
+        let err = on_peers_with_redis(&["--cluster-mode", "divided"]);
         assert!(err.contains("SLUICE_CLUSTER_MODE=forward"), "{err}");
-        let err = error(&with(
-            &peers,
-            &[
-                "--peer-write-behind",
-                "--redis-url",
-                "x:1",
-                "--backend-type",
-                "redis",
-            ],
-        ));
+        let err = on_peers_with_redis(&["--backend-type", "redis"]);
         assert!(err.starts_with("BACKEND_TYPE=redis: "), "{err}");
-        let err = error(&with(
-            &peers,
-            &[
-                "--peer-write-behind",
-                "--redis-url",
-                "x:1",
-                "--peer-write-behind-ms",
-                "0",
-            ],
-        ));
+        let err = on_peers_with_redis(&["--peer-write-behind-ms", "0"]);
         assert!(err.starts_with("SLUICE_PEER_WRITE_BEHIND_MS=0: "), "{err}");
-        let err = error(&with(
-            &peers,
-            &[
-                "--peer-write-behind",
-                "--redis-url",
-                "x:1",
-                "--redis-persecond",
-            ],
-        ));
+        let err = on_peers_with_redis(&["--redis-persecond"]);
         assert!(err.starts_with("REDIS_PERSECOND=true: "), "{err}");
         // The Redis settings are checked as for the backend.
-        let err = error(&with(
-            &peers,
-            &[
-                "--peer-write-behind",
-                "--redis-url",
-                "x:1",
-                "--redis-timeout",
-                "soon",
-            ],
-        ));
+        let err = on_peers_with_redis(&["--redis-timeout", "soon"]);
         assert!(err.starts_with("REDIS_TIMEOUT=soon"), "{err}");
         // Without write-behind, Redis and peers are alternatives.
         let err = error(&with(&peers, &["--redis-url", "x:1"]));
