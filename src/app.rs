@@ -1,13 +1,12 @@
 //! Wiring only: builds the store, the service and the three listeners' servers, and runs them
 //! until shutdown. Listeners are passed in already bound, so tests bind port 0.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::api;
 use crate::api::health::Health;
@@ -15,8 +14,9 @@ use crate::clock::Clock;
 use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
+use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::settings::{Backend, ClusterSettings, GrpcConnectionAge, XdsSettings};
+use crate::settings::{Backend, ClusterSettings, XdsSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
@@ -59,7 +59,20 @@ impl From<TcpListener> for GrpcListener {
     }
 }
 
+impl From<GrpcListener> for net::Listener {
+    fn from(listener: GrpcListener) -> Self {
+        match listener {
+            GrpcListener::Tcp(l) => net::Listener::Tcp(l),
+            GrpcListener::Unix(l) => net::Listener::Unix(l),
+        }
+    }
+}
+
 impl GrpcListener {
+    fn is_unix(&self) -> bool {
+        matches!(self, GrpcListener::Unix(_))
+    }
+
     /// The TCP address; an error for a unix socket.
     pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
         match self {
@@ -111,13 +124,66 @@ pub struct AppOptions {
     /// GRPC_SERVER_USE_TLS: the gRPC listener speaks TLS, with this certificate (re-read from
     /// its files every [`CERT_POLL`]).
     pub grpc_tls: Option<ServerTls>,
-    /// GRPC_MAX_CONNECTION_AGE and _GRACE.
-    pub grpc_connection_age: GrpcConnectionAge,
+    /// GRPC_MAX_CONNECTION_AGE and _GRACE; `None`: connections live for ever.
+    pub grpc_connection_age: Option<ConnectionAge>,
+    /// SLUICE_MAX_CONNECTIONS and the other limits of every listener.
+    pub listener_limits: net::Limits,
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
 /// updates a mounted secret within a minute or so; a second more does not matter.
 pub const CERT_POLL: Duration = Duration::from_secs(1);
+
+/// Every listener, with its limits, before it serves.
+struct Ports {
+    grpc: net::Port,
+    http: net::Port,
+    debug: net::Port,
+    prometheus: net::Port,
+    peer: net::Port,
+    budget: Arc<ByteBudget>,
+}
+
+/// The longest peer message: a batch of up to 256 forwarded hits whose keys are each capped,
+/// with room to spare. Peer messages are reserved from the same budget as client messages.
+const PEER_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+impl Ports {
+    fn new(options: &AppOptions, grpc_on_unix_socket: bool) -> Self {
+        let limits = &options.listener_limits;
+        let budget = ByteBudget::new(limits.max_pending_request_bytes);
+        let grpc_name = if grpc_on_unix_socket {
+            "GRPC_UDS"
+        } else {
+            "GRPC_PORT"
+        };
+        Ports {
+            // Clients reconnect after GRPC_MAX_CONNECTION_AGE's GOAWAY, so long-lived
+            // connections spread again over replicas added since, as envoyproxy/ratelimit's
+            // do (without grpc-go's ±10 % jitter).
+            grpc: net::Port::grpc(grpc_name, limits, options.max_request_bytes, budget.clone())
+                .with_tls(options.grpc_tls.as_ref().map(ServerTls::acceptor))
+                .with_age(options.grpc_connection_age),
+            http: net::Port::http("PORT", limits),
+            debug: net::Port::http("DEBUG_PORT", limits),
+            prometheus: net::Port::http("PROMETHEUS_ADDR", limits),
+            peer: net::Port::grpc("PEER_PORT", limits, PEER_MAX_MESSAGE_BYTES, budget.clone()),
+            budget,
+        }
+    }
+
+    /// The counters of every listener that serves, for `/metrics`.
+    fn guards(&self, listeners: &Listeners) -> Vec<Arc<PortGuard>> {
+        let mut ports = vec![&self.grpc, &self.http, &self.debug];
+        if listeners.prometheus.is_some() {
+            ports.push(&self.prometheus);
+        }
+        if listeners.peer.is_some() {
+            ports.push(&self.peer);
+        }
+        ports.iter().map(|p| p.guard()).collect()
+    }
+}
 
 /// A built, not yet serving, Sluice.
 pub struct App {
@@ -229,48 +295,18 @@ impl App {
 
         let (grpc_routes, health_updater) =
             api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
-        let mut grpc_builder = tonic::transport::Server::builder();
-        if let Some(age) = options.grpc_connection_age.max_age {
-            // Clients reconnect, so long-lived connections get spread again over replicas
-            // added since, as envoyproxy/ratelimit does (without grpc-go's ±10 % jitter).
-            // The grace is not handed to tonic: tonic 0.14 then skips the GOAWAY at `age` and
-            // only cuts the connection at `age + grace`. Without it, in-flight calls finish
-            // after the GOAWAY and the connection closes; Sluice's calls are bounded by
-            // REDIS_TIMEOUT and SLUICE_PEER_TIMEOUT_MS, far below any sensible grace.
-            grpc_builder = grpc_builder.max_connection_age(age);
-        }
-        let grpc_server = grpc_builder.add_routes(grpc_routes);
-        // Both guards live until `serve` returns: the certificate watcher and the TLS accept
-        // loop (which also stops by itself once the gRPC server drops its incoming stream).
-        let mut _grpc_tls_tasks = None;
-        let grpc = match (listeners.grpc, &options.grpc_tls) {
-            // GRPC_UDS with TLS is refused by the settings.
-            (GrpcListener::Unix(listener), _) => {
-                let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
-            }
-            (GrpcListener::Tcp(listener), None) => {
-                // tonic ignores its own `tcp_nodelay` default for an incoming stream it did not
-                // bind, so set TCP_NODELAY here: with Nagle's algorithm on, a response's
-                // trailers wait for the client's delayed ACK (up to 40 ms) whenever the
-                // previous write is unacknowledged.
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
-            }
-            (GrpcListener::Tcp(listener), Some(tls)) => {
-                let watcher = tls.watch(CERT_POLL);
-                let (incoming, accept_loop) = crate::tls::incoming(listener, tls.acceptor());
-                _grpc_tls_tasks = Some((watcher, accept_loop));
-                tokio::spawn(grpc_server.serve_with_incoming_shutdown(incoming, stopped()))
-            }
-        };
+        let ports = Ports::new(&options, listeners.grpc.is_unix());
+        let port_guards = ports.guards(&listeners);
+        // Reloads the gRPC certificate when its files change, until `serve` returns.
+        let _cert_watcher = options.grpc_tls.as_ref().map(|tls| tls.watch(CERT_POLL));
+        let grpc = tokio::spawn(
+            ports
+                .grpc
+                .serve(listeners.grpc, grpc_routes.prepare(), stopped()),
+        );
         let http_router =
             api::http::router(service.clone(), health.clone(), options.max_request_bytes);
-        let http = tokio::spawn(
-            axum::serve(listeners.http, http_router)
-                .with_graceful_shutdown(stopped())
-                .into_future(),
-        );
+        let http = tokio::spawn(ports.http.serve(listeners.http, http_router, stopped()));
         let stats = service.stats().clone();
         let span_counters = service.tracer().counters().clone();
         // What /metrics, /stats, statsd and OTLP metrics all read.
@@ -279,15 +315,13 @@ impl App {
             store: store.clone(),
             stats: stats.clone(),
             spans: service.tracer().enabled().then(|| span_counters.clone()),
+            listeners: port_guards,
+            budget: Some(ports.budget.clone()),
         };
         let prometheus = listeners.prometheus.map(|listener| {
             let router =
                 api::debug::metrics_router(&options.telemetry.prometheus_path, debug_state.clone());
-            tokio::spawn(
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(stopped())
-                    .into_future(),
-            )
+            tokio::spawn(ports.prometheus.serve(listener, router, stopped()))
         });
         let statsd = options.telemetry.statsd.map(|(addr, interval)| {
             let (state, stats) = (debug_state.clone(), stats.clone());
@@ -342,21 +376,11 @@ impl App {
             ))
         });
         let debug_router = api::debug::router(debug_state);
-        let debug = tokio::spawn(
-            axum::serve(listeners.debug, debug_router)
-                .with_graceful_shutdown(stopped())
-                .into_future(),
-        );
-
+        let debug = tokio::spawn(ports.debug.serve(listeners.debug, debug_router, stopped()));
         let peer = match (peer_server, listeners.peer) {
-            (Some(server), Some(listener)) => Some(tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(server)
-                    .serve_with_incoming_shutdown(
-                        TcpIncoming::from(listener).with_nodelay(Some(true)),
-                        stopped(),
-                    ),
-            )),
+            (Some(server), Some(listener)) => {
+                Some(tokio::spawn(ports.peer.serve(listener, server, stopped())))
+            }
             _ => None,
         };
 
@@ -428,19 +452,11 @@ impl App {
                 Ok(())
             }
             Ok((g, h, d)) => {
-                fn flatten<E: std::fmt::Display>(
-                    what: &str,
-                    r: Result<Result<(), E>, tokio::task::JoinError>,
-                ) -> std::io::Result<()> {
-                    match r {
-                        Ok(Ok(())) => Ok(()),
-                        Ok(Err(e)) => Err(std::io::Error::other(format!("{what} server: {e}"))),
-                        Err(e) => Err(std::io::Error::other(format!("{what} server task: {e}"))),
-                    }
+                // A server task only fails by panicking.
+                for (what, joined) in [("gRPC", g), ("HTTP", h), ("debug", d)] {
+                    joined
+                        .map_err(|e| std::io::Error::other(format!("{what} server task: {e}")))?;
                 }
-                flatten("gRPC", g)?;
-                flatten("HTTP", h)?;
-                flatten("debug", d)?;
                 Ok(())
             }
         }

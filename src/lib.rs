@@ -19,6 +19,9 @@
 //!   optionally written behind to Redis and loaded by a new owner.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
+//! - [`net`]: every listener's accept loop and connections: caps on connections, streams and
+//!   requests in flight, deadlines, idle and header timeouts, gRPC message lengths checked
+//!   before decoding.
 //! - [`tls`]: PEM files -> checked certificates and keys; the gRPC listener's reloading
 //!   certificate and TLS accept loop; the clients' trust and identity (xDS, Redis, OTLP) and
 //!   their tonic or rustls client configs.
@@ -33,6 +36,7 @@ pub mod cluster;
 pub mod config;
 pub mod descriptor;
 pub mod limiter;
+pub mod net;
 pub mod service;
 pub mod settings;
 pub mod store;

@@ -144,6 +144,7 @@ fn app_options(s: &Settings, feed: ConfigFeed, grpc_tls: Option<ServerTls>) -> A
         },
         grpc_tls,
         grpc_connection_age: s.grpc_connection_age,
+        listener_limits: s.listener_limits.clone(),
     }
 }
 

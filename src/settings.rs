@@ -39,6 +39,9 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod listeners;
+pub use listeners::ListenerArgs;
+
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]
 #[command(
@@ -542,6 +545,8 @@ pub struct ServeArgs {
     pub xds: XdsArgs,
     #[command(flatten)]
     pub compat: CompatArgs,
+    #[command(flatten)]
+    pub listeners: ListenerArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -553,8 +558,8 @@ pub struct Settings {
     pub grpc_addr: SocketAddr,
     /// GRPC_SERVER_USE_TLS; `None` serves gRPC in clear.
     pub grpc_tls: Option<GrpcServerTls>,
-    /// GRPC_MAX_CONNECTION_AGE and _GRACE.
-    pub grpc_connection_age: GrpcConnectionAge,
+    /// GRPC_MAX_CONNECTION_AGE and _GRACE; `None` when the age is 0 (never).
+    pub grpc_connection_age: Option<crate::net::ConnectionAge>,
     /// GRPC_UDS: gRPC on this unix socket instead of `grpc_addr`.
     pub grpc_uds: Option<PathBuf>,
     /// DEBUG_HOST:DEBUG_PORT.
@@ -593,6 +598,8 @@ pub struct Settings {
     pub cluster: Option<ClusterSettings>,
     /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
     pub xds: Option<XdsSettings>,
+    /// SLUICE_MAX_CONNECTIONS and the other limits every listener applies.
+    pub listener_limits: crate::net::Limits,
 }
 
 /// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
@@ -989,6 +996,7 @@ impl ServeArgs {
                 c
             }),
             xds: self.xds.validate()?,
+            listener_limits: self.listeners.validate(self.max_request_bytes)?,
         })
     }
 }
@@ -1523,8 +1531,8 @@ pub struct CompatArgs {
         help_heading = "Listeners"
     )]
     pub grpc_max_connection_age: String,
-    /// After GRPC_MAX_CONNECTION_AGE, how long calls may finish before the connection is
-    /// closed. Checked, not enforced: calls always finish, bounded by REDIS_TIMEOUT.
+    /// After GRPC_MAX_CONNECTION_AGE's GOAWAY, how long calls in flight may take before the
+    /// connection is closed (Go duration; 0 as long as they take).
     #[arg(
         long,
         env = "GRPC_MAX_CONNECTION_AGE_GRACE",
@@ -1648,25 +1656,6 @@ pub struct CompatArgs {
     pub memcache_tls_skip_hostname_verification: Option<String>,
 }
 
-/// Validated [`CompatArgs`]: what Sluice implements of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GrpcConnectionAge {
-    /// GRPC_MAX_CONNECTION_AGE; `None` when 0 (connections live for ever).
-    pub max_age: Option<Duration>,
-    /// GRPC_MAX_CONNECTION_AGE_GRACE.
-    pub grace: Duration,
-}
-
-impl Default for GrpcConnectionAge {
-    /// envoyproxy/ratelimit's defaults: 24h, then 1h of grace.
-    fn default() -> Self {
-        GrpcConnectionAge {
-            max_age: Some(Duration::from_secs(24 * 3600)),
-            grace: Duration::from_secs(3600),
-        }
-    }
-}
-
 impl CompatArgs {
     /// GRPC_UDS: where gRPC is served instead of GRPC_HOST:GRPC_PORT, as in Go.
     fn grpc_uds(&self, grpc_tls: bool) -> Result<Option<PathBuf>, SettingsError> {
@@ -1683,7 +1672,7 @@ impl CompatArgs {
         Ok(Some(PathBuf::from(path)))
     }
 
-    fn validate(&self) -> Result<GrpcConnectionAge, SettingsError> {
+    fn validate(&self) -> Result<Option<crate::net::ConnectionAge>, SettingsError> {
         let not_yet = |var: &'static str, value: &str, reason: &'static str| {
             Err(SettingsError::NotSupportedYet {
                 var,
@@ -1734,11 +1723,11 @@ impl CompatArgs {
             "GRPC_MAX_CONNECTION_AGE_GRACE",
             &self.grpc_max_connection_age_grace,
         )?;
-        Ok(GrpcConnectionAge {
-            // grpc-go reads 0 as infinity.
-            max_age: (!max_age.is_zero()).then_some(max_age),
-            grace,
-        })
+        // grpc-go reads 0 as infinity, for both.
+        Ok((!max_age.is_zero()).then_some(crate::net::ConnectionAge {
+            max_age,
+            grace: (!grace.is_zero()).then_some(grace),
+        }))
     }
 }
 
@@ -3623,11 +3612,11 @@ mod tests {
         cli.serve
     }
 
-    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
+    pub(super) fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
         serve(args).validate()
     }
 
-    fn error(args: &[&str]) -> String {
+    pub(super) fn error(args: &[&str]) -> String {
         settings(args)
             .expect_err("settings are invalid")
             .to_string()
@@ -3778,10 +3767,10 @@ mod tests {
         let s = settings(&[]).unwrap();
         assert_eq!(
             s.grpc_connection_age,
-            GrpcConnectionAge {
-                max_age: Some(Duration::from_secs(24 * 3600)),
-                grace: Duration::from_secs(3600),
-            }
+            Some(crate::net::ConnectionAge {
+                max_age: Duration::from_secs(24 * 3600),
+                grace: Some(Duration::from_secs(3600)),
+            })
         );
         let s = settings(&[
             "--grpc-max-connection-age",
@@ -3790,11 +3779,18 @@ mod tests {
             "250ms",
         ])
         .unwrap();
-        assert_eq!(s.grpc_connection_age.max_age, Some(Duration::from_secs(90)));
-        assert_eq!(s.grpc_connection_age.grace, Duration::from_millis(250));
-        // grpc-go reads 0 as "for ever".
+        assert_eq!(
+            s.grpc_connection_age,
+            Some(crate::net::ConnectionAge {
+                max_age: Duration::from_secs(90),
+                grace: Some(Duration::from_millis(250)),
+            })
+        );
+        // grpc-go reads 0 as "for ever", for both.
         let s = settings(&["--grpc-max-connection-age", "0"]).unwrap();
-        assert_eq!(s.grpc_connection_age.max_age, None);
+        assert_eq!(s.grpc_connection_age, None);
+        let s = settings(&["--grpc-max-connection-age-grace", "0"]).unwrap();
+        assert_eq!(s.grpc_connection_age.map(|a| a.grace), Some(None));
         let err = error(&["--grpc-max-connection-age", "24"]);
         assert!(err.starts_with("GRPC_MAX_CONNECTION_AGE=24: "), "{err}");
         let err = error(&["--grpc-max-connection-age-grace=-1s"]);

@@ -1,11 +1,12 @@
 //! TLS material, from PEM files to what the listeners and clients use: certificates and keys
 //! read and checked once, before any port is bound (errors name the variable and the file);
-//! the gRPC listener's certificate, re-read when its files change; the accept loop that hands
-//! tonic finished handshakes; and the clients' trust and identity ([`ClientTls`]: xDS, Redis,
-//! the OTLP exporters), turned into tonic's client config or a rustls one.
+//! the gRPC listener's certificate, re-read when its files change, as a [`TlsAcceptor`] (the
+//! handshake itself happens in [`crate::net`], bounded like every listener's work); and the
+//! clients' trust and identity ([`ClientTls`]: xDS, Redis, the OTLP exporters), turned into
+//! tonic's client config or a rustls one.
 //!
-//! rustls on ring only. The gRPC listener takes a stream of [`TlsStream`]s; the one piece of
-//! tonic here is [`ClientTls::tonic_config`], shared by the xDS client and OTLP/gRPC.
+//! rustls on ring only. The one piece of tonic here is [`ClientTls::tonic_config`], shared by
+//! the xDS client and OTLP/gRPC.
 
 use std::fmt;
 use std::io;
@@ -23,19 +24,10 @@ use rustls::sign::CertifiedKey;
 use rustls::{
     DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
 };
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-pub use tokio_rustls::server::TlsStream;
 
 use crate::settings::{GrpcServerTls, XdsTls};
-use crate::telemetry::LogLimiter;
-
-/// How long a client gets to finish its TLS handshake; a stalled one only holds its own task.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Finished handshakes waiting for the gRPC server to pick them up.
-const ACCEPT_QUEUE: usize = 64;
 
 /// A file that cannot be used. Each message names the variable and the file, since the
 /// operator set them through the environment.
@@ -441,66 +433,6 @@ impl ClientCertVerifier for SanVerifier {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
     }
-}
-
-/// Accepts TCP connections on `listener` and runs each TLS handshake in its own task (bounded
-/// by [`HANDSHAKE_TIMEOUT`]), yielding finished TLS streams in the order they complete. A
-/// failed or stalled handshake only costs its own connection; the loop stops when the
-/// returned stream is dropped (the gRPC server stopped) or the guard is.
-pub fn incoming(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-) -> (
-    tokio_stream::wrappers::ReceiverStream<io::Result<TlsStream<TcpStream>>>,
-    TaskGuard,
-) {
-    let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
-    let task = tokio::spawn(async move {
-        let failures = Arc::new(LogLimiter::new(Duration::from_secs(10)));
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                () = tx.closed() => return,
-            };
-            let (socket, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait a little rather than spin,
-                    // but keep accepting.
-                    if let Some(suppressed) = failures.check() {
-                        tracing::warn!(error = %e, suppressed, "gRPC TLS listener: accept failed");
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            // As on the plain-text listener: without TCP_NODELAY a response's trailers can
-            // wait for the client's delayed ACK.
-            let _ = socket.set_nodelay(true);
-            let (acceptor, tx, failures) = (acceptor.clone(), tx.clone(), failures.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    Ok(Err(e)) => {
-                        if let Some(suppressed) = failures.check() {
-                            tracing::warn!(%peer, error = %e, suppressed, "gRPC TLS handshake failed");
-                        }
-                    }
-                    Err(_) => {
-                        if let Some(suppressed) = failures.check() {
-                            tracing::warn!(%peer, suppressed, timeout = ?HANDSHAKE_TIMEOUT, "gRPC TLS handshake timed out");
-                        }
-                    }
-                }
-            });
-        }
-    });
-    (
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-        TaskGuard(task),
-    )
 }
 
 // ---------------------------------------------------------------------------------------------

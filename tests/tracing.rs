@@ -1,7 +1,7 @@
 //! OpenTelemetry end to end: Sluice on port 0 exports to a collector inside the test (a tonic
 //! server implementing the OTLP trace and metrics Export methods, or an axum server for
 //! OTLP/HTTP), decoded with Sluice's own OTLP types; the same collectors behind TLS (tonic's
-//! server TLS, or axum over `sluice::tls::incoming`) with certificates from a test CA.
+//! server TLS, or axum over Sluice's own TLS listener, `sluice::net`) with certificates from a test CA.
 //! Loopback only; every wait is bounded.
 
 mod common;
@@ -9,7 +9,6 @@ mod common;
 mod pki;
 
 use std::convert::Infallible;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -296,35 +295,6 @@ fn collector_tls(leaf: &pki::Leaf, client_ca: Option<&std::path::Path>) -> rustl
     builder.with_single_cert(chain, key).unwrap()
 }
 
-/// Finished TLS handshakes from Sluice's own accept loop, as an axum listener.
-struct TlsListener {
-    incoming: tokio::sync::mpsc::Receiver<io::Result<sluice::tls::TlsStream<TcpStream>>>,
-    addr: SocketAddr,
-    _accept_loop: sluice::tls::TaskGuard,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = sluice::tls::TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.incoming.recv().await {
-                Some(Ok(stream)) => {
-                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.addr);
-                    return (stream, peer);
-                }
-                Some(Err(_)) => continue,
-                None => std::future::pending().await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.addr)
-    }
-}
-
 /// The OTLP/HTTP collector over TLS with `leaf`'s certificate (and a required client
 /// certificate from `client_ca`).
 async fn https_collector(
@@ -334,15 +304,11 @@ async fn https_collector(
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(collector_tls(leaf, client_ca)));
-    let (incoming, accept_loop) = sluice::tls::incoming(listener, acceptor);
-    let listener = TlsListener {
-        incoming: incoming.into_inner(),
-        addr,
-        _accept_loop: accept_loop,
-    };
     let received = Received::default();
     let router = http_router(received.clone());
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    // Served by Sluice's own listener code, with TLS.
+    let port = sluice::net::Port::http("collector", &Default::default()).with_tls(Some(acceptor));
+    tokio::spawn(port.serve(listener, router, std::future::pending()));
     (addr, received)
 }
 

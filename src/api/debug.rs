@@ -13,10 +13,11 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::config::ConfigHandle;
+use crate::net::{ByteBudget, PortGuard};
 use crate::store::AnyStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
-use crate::telemetry::prometheus::{self, ClusterGauges, Extra, MemoryGauges};
+use crate::telemetry::prometheus::{self, ClusterGauges, Extra, ListenerGauges, MemoryGauges};
 
 /// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
 #[derive(Clone)]
@@ -25,6 +26,9 @@ pub struct DebugState {
     pub store: Arc<AnyStore>,
     pub stats: Arc<Stats>,
     pub spans: Option<Arc<SpanCounters>>,
+    /// The serving listeners, and the gRPC message byte budget they share.
+    pub listeners: Vec<Arc<PortGuard>>,
+    pub budget: Option<Arc<ByteBudget>>,
 }
 
 /// The router for DEBUG_PORT.
@@ -50,7 +54,10 @@ async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
 impl DebugState {
     /// The numbers the exporters report from outside the stats registry.
     pub fn extra(&self) -> Extra {
-        telemetry_extra(&self.config, &self.store, self.spans.as_deref())
+        let mut extra = telemetry_extra(&self.config, &self.store, self.spans.as_deref());
+        extra.listeners = self.listeners.iter().map(|g| listener_gauges(g)).collect();
+        extra.pending_request_bytes = self.budget.as_ref().map_or(0, |b| b.in_use() as u64);
+        extra
     }
 }
 
@@ -84,6 +91,25 @@ fn telemetry_extra(config: &ConfigHandle, store: &AnyStore, spans: Option<&SpanC
             _ => None,
         },
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
+        listeners: Vec::new(),
+        pending_request_bytes: 0,
+    }
+}
+
+fn listener_gauges(guard: &PortGuard) -> ListenerGauges {
+    let s = &guard.stats;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    ListenerGauges {
+        port: guard.port,
+        connections: s.connections.load(Ordering::Relaxed) as u64,
+        inflight_requests: guard.inflight() as u64,
+        refused: [
+            ("inflight", load(&s.refused_inflight)),
+            ("deadline", load(&s.deadline_exceeded)),
+            ("message_size", load(&s.refused_message_size)),
+            ("pending_bytes", load(&s.refused_budget)),
+        ],
+        idle_closed: load(&s.idle_closed),
     }
 }
 

@@ -8,7 +8,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService as RateLimitServiceApi, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use prost::Message;
 use tonic::service::Routes;
 use tonic_health::ServingStatus;
 
@@ -19,11 +18,6 @@ use crate::store::CounterStore;
 
 /// The gRPC health service name that mirrors `/healthcheck`, as in the Go service.
 pub const HEALTH_SERVICE: &str = "ratelimit";
-
-/// The decoder's own hard ceiling: a message is refused while being read once it passes this,
-/// before it is fully buffered. Requests between SLUICE_MAX_REQUEST_BYTES and this are decoded
-/// and then refused with INVALID_ARGUMENT naming the configured cap.
-const DECODE_CEILING: usize = 4 * 1024 * 1024;
 
 /// Maps a service error to a gRPC status.
 ///
@@ -40,17 +34,17 @@ pub fn status_for(e: &ServiceError) -> tonic::Status {
 }
 
 /// The `ShouldRateLimit` adapter.
+///
+/// SLUICE_MAX_REQUEST_BYTES is not checked here: the listener ([`crate::net`]) refuses a longer
+/// message from its length prefix, before anything is decoded or buffered, and the decoder's
+/// own limit is set to the same value.
 pub struct GrpcRateLimit<S> {
     service: Arc<RateLimitService<S>>,
-    max_request_bytes: usize,
 }
 
 impl<S> GrpcRateLimit<S> {
-    pub fn new(service: Arc<RateLimitService<S>>, max_request_bytes: usize) -> Self {
-        GrpcRateLimit {
-            service,
-            max_request_bytes,
-        }
+    pub fn new(service: Arc<RateLimitService<S>>) -> Self {
+        GrpcRateLimit { service }
     }
 }
 
@@ -66,15 +60,7 @@ impl<S: CounterStore> RateLimitServiceApi for GrpcRateLimit<S> {
             crate::telemetry::otlp::Transport::Grpc,
             request.metadata().as_ref(),
         );
-        let request = request.into_inner();
-        let size = request.encoded_len();
-        if size > self.max_request_bytes {
-            return Err(tonic::Status::invalid_argument(format!(
-                "request is {size} bytes; the limit is {} bytes (SLUICE_MAX_REQUEST_BYTES)",
-                self.max_request_bytes
-            )));
-        }
-        let request = request_from_proto(request)
+        let request = request_from_proto(request.into_inner())
             .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         match self.service.should_rate_limit_traced(request, &trace).await {
             Ok(response) => Ok(tonic::Response::new(response_to_proto(response))),
@@ -107,8 +93,8 @@ pub fn routes<S: CounterStore>(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     });
-    let rls = RateLimitServiceServer::new(GrpcRateLimit::new(service, max_request_bytes))
-        .max_decoding_message_size(DECODE_CEILING.max(max_request_bytes));
+    let rls = RateLimitServiceServer::new(GrpcRateLimit::new(service))
+        .max_decoding_message_size(max_request_bytes);
     let routes = Routes::new(rls).add_service(health_service);
     (routes, updater)
 }

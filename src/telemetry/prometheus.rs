@@ -35,6 +35,22 @@ pub struct Extra {
     pub cluster: Option<ClusterGauges>,
     /// The tracer's counters, (name, help, value); empty when TRACING_ENABLED is off.
     pub tracing: Vec<(&'static str, &'static str, u64)>,
+    /// Each serving listener's connections, requests in flight and refusals.
+    pub listeners: Vec<ListenerGauges>,
+    /// gRPC message bytes being received right now (SLUICE_MAX_PENDING_REQUEST_BYTES's budget).
+    pub pending_request_bytes: u64,
+}
+
+/// One listener's numbers (see [`crate::net`]).
+#[derive(Clone, Debug, Default)]
+pub struct ListenerGauges {
+    /// Its setting: `GRPC_PORT`, `PORT`, `DEBUG_PORT`, ...
+    pub port: &'static str,
+    pub connections: u64,
+    pub inflight_requests: u64,
+    /// (reason, count): `inflight`, `deadline`, `message_size`, `pending_bytes`.
+    pub refused: [(&'static str, u64); 4],
+    pub idle_closed: u64,
 }
 
 /// The peer cluster's counters and each peer's state.
@@ -348,7 +364,64 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
         header(&mut out, &name, "counter", help);
         sample(&mut out, &name, &[], *value);
     }
+    render_listeners(&mut out, extra);
     out
+}
+
+/// The listeners' gauges and refusals, one series per listener (and reason).
+fn render_listeners(out: &mut String, extra: &Extra) {
+    if extra.listeners.is_empty() {
+        return;
+    }
+    type Field = fn(&ListenerGauges) -> u64;
+    let gauges: [(&str, &str, &str, Field); 3] = [
+        (
+            "sluice_listener_connections",
+            "gauge",
+            "Open connections (capped by SLUICE_MAX_CONNECTIONS).",
+            |l| l.connections,
+        ),
+        (
+            "sluice_listener_inflight_requests",
+            "gauge",
+            "Requests being served (capped by SLUICE_MAX_INFLIGHT_REQUESTS).",
+            |l| l.inflight_requests,
+        ),
+        (
+            "sluice_listener_idle_closed_total",
+            "counter",
+            "Connections closed after SLUICE_IDLE_TIMEOUT_SECS without a request.",
+            |l| l.idle_closed,
+        ),
+    ];
+    for (name, kind, help, field) in gauges {
+        header(out, name, kind, help);
+        for l in &extra.listeners {
+            sample(out, name, &[("port", l.port)], field(l));
+        }
+    }
+    let name = "sluice_listener_refused_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Requests refused by a listener limit: inflight (SLUICE_MAX_INFLIGHT_REQUESTS), deadline \
+         (SLUICE_REQUEST_TIMEOUT_MS), message_size (SLUICE_MAX_REQUEST_BYTES), pending_bytes \
+         (SLUICE_MAX_PENDING_REQUEST_BYTES).",
+    );
+    for l in &extra.listeners {
+        for (reason, n) in l.refused {
+            sample(out, name, &[("port", l.port), ("reason", reason)], n);
+        }
+    }
+    let name = "sluice_listener_pending_request_bytes";
+    header(
+        out,
+        name,
+        "gauge",
+        "gRPC message bytes being received (capped by SLUICE_MAX_PENDING_REQUEST_BYTES).",
+    );
+    sample(out, name, &[], extra.pending_request_bytes);
 }
 
 #[cfg(test)]

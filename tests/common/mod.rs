@@ -39,7 +39,8 @@ pub fn default_options() -> AppOptions {
         xds: None,
         telemetry: Default::default(),
         grpc_tls: None,
-        grpc_connection_age: Default::default(),
+        grpc_connection_age: None,
+        listener_limits: Default::default(),
     }
 }
 
