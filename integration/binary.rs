@@ -83,8 +83,12 @@ impl Drop for Server {
 }
 
 fn start(configure: impl FnOnce(&mut Command)) -> Server {
+    start_command(sluice(), configure)
+}
+
+/// [`start`] with a command of the caller's (one that runs sluice through a shell, say).
+fn start_command(mut c: Command, configure: impl FnOnce(&mut Command)) -> Server {
     let (http_port, grpc, debug) = (free_port(), free_port(), free_port());
-    let mut c = sluice();
     c.env("HOST", "127.0.0.1")
         .env("GRPC_HOST", "127.0.0.1")
         .env("DEBUG_HOST", "127.0.0.1")
@@ -1244,6 +1248,201 @@ fn grpc_connections_get_a_goaway_after_max_connection_age() {
     );
     // The server still takes new connections.
     assert_eq!(json(server.http, "d", "k", "v").0, 200);
+}
+
+/// A process's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in /proc/PID/status")
+}
+
+/// A process's CPU time so far (user + system), in clock ticks (1/100 s on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// What a flooding HTTP/2 connection saw.
+#[derive(Debug, Default)]
+struct Flood {
+    streams_opened: u32,
+    refused: u32,
+    goaway: bool,
+}
+
+/// Opens gRPC streams on one connection as fast as it can for `duration`, each sending its
+/// headers and never its message, ignoring the server's stream limit as an attacker would.
+fn flood_streams(port: u16, duration: Duration) -> Flood {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    // The reader counts refusals and answers what a client must answer.
+    let mut reader = conn.try_clone().unwrap();
+    let mut acks = conn.try_clone().unwrap();
+    let seen = std::thread::spawn(move || {
+        let mut flood = Flood::default();
+        let mut header = [0u8; 9];
+        while reader.read_exact(&mut header).is_ok() {
+            let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if reader.read_exact(&mut payload).is_err() {
+                break;
+            }
+            match (header[3], header[4] & 1) {
+                (3, _) if payload == [0, 0, 0, 7] => flood.refused += 1,
+                (7, _) => flood.goaway = true,
+                (4, 0) => {
+                    let _ = acks.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]);
+                }
+                _ => {}
+            }
+        }
+        flood
+    });
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (
+            ":path",
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        ),
+        (":authority", "sluice"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        // HPACK literals without indexing, so every frame stands alone.
+        block.extend([0, name.len() as u8]);
+        block.extend(name.as_bytes());
+        block.push(value.len() as u8);
+        block.extend(value.as_bytes());
+    }
+    let started = Instant::now();
+    let mut stream_id = 1u32;
+    let mut opened = 0;
+    'flood: while started.elapsed() < duration {
+        let mut batch = Vec::new();
+        for _ in 0..100 {
+            let len = (block.len() as u32).to_be_bytes();
+            // HEADERS with END_HEADERS and without END_STREAM.
+            batch.extend([len[1], len[2], len[3], 1, 4]);
+            batch.extend(stream_id.to_be_bytes());
+            batch.extend(&block);
+            stream_id += 2;
+        }
+        if conn.write_all(&batch).is_err() {
+            break 'flood;
+        }
+        opened += 100;
+    }
+    let _ = conn.shutdown(std::net::Shutdown::Both);
+    let mut flood = seen.join().unwrap();
+    flood.streams_opened = opened;
+    flood
+}
+
+/// The finding: one connection opened 274,400 streams in 5 s and the process grew to
+/// 2.1 GB, with other clients' calls taking up to 852 ms. With SLUICE_MAX_CONCURRENT_STREAMS,
+/// streams past the cap are refused, memory stays flat, and others are served promptly.
+#[test]
+fn a_stream_flood_on_one_connection_keeps_memory_flat_and_others_served() {
+    let config = config_dir();
+    let server = start(|c| {
+        c.arg("--config").arg(config.path());
+    });
+    let pid = server.child.id();
+    let rt = runtime();
+    assert_eq!(rt.block_on(grpc_tls::plain_text_call(server.grpc)), Ok(2));
+    let before = rss_kib(pid);
+    let port = server.grpc;
+    let flood = std::thread::spawn(move || flood_streams(port, Duration::from_secs(5)));
+    let mut slowest = Duration::ZERO;
+    let mut calls = 0;
+    while !flood.is_finished() {
+        let call = Instant::now();
+        assert_eq!(rt.block_on(grpc_tls::plain_text_call(server.grpc)), Ok(2));
+        slowest = slowest.max(call.elapsed());
+        calls += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let flood = flood.join().unwrap();
+    let after = rss_kib(pid);
+    eprintln!(
+        "flood: {flood:?}; RSS {before} -> {after} KiB; slowest of {calls} calls {slowest:?}"
+    );
+    assert!(flood.streams_opened >= 1000, "{flood:?}");
+    // Past the first 100, every stream is refused, or the server gives up on the connection.
+    assert!(
+        flood.goaway || flood.refused + 100 >= flood.streams_opened,
+        "{flood:?}"
+    );
+    assert!(
+        after < before + 64 * 1024,
+        "RSS grew from {before} KiB to {after} KiB under {flood:?}"
+    );
+    assert!(
+        calls > 0 && slowest < Duration::from_secs(1),
+        "slowest of {calls} calls during the flood: {slowest:?}"
+    );
+}
+
+/// The finding: with every descriptor taken by idle connections, the gRPC accept loop
+/// retried at once (7,000 failed accepts a second, a core busy). Now every listener pauses,
+/// and serves again once descriptors are free.
+#[test]
+fn out_of_descriptors_every_accept_loop_waits_instead_of_spinning() {
+    let config = config_dir();
+    let mut shell = Command::new("sh");
+    shell.args(["-c", "ulimit -n 64 && exec \"$0\" \"$@\"", BIN]);
+    for v in SCRUBBED {
+        shell.env_remove(v);
+    }
+    let server = start_command(shell, |c| {
+        c.arg("--config").arg(config.path());
+    });
+    let pid = server.child.id();
+    // Idle connections until the process has no descriptor left, then some waiting on every
+    // listener's backlog, each making its accept fail.
+    let mut held = Vec::new();
+    for port in std::iter::repeat_n(server.http, 70)
+        .chain(std::iter::repeat_n(server.grpc, 10))
+        .chain(std::iter::repeat_n(server.debug, 10))
+    {
+        held.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (ticks, started) = (cpu_ticks(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_ticks(pid) - ticks;
+    let wall = started.elapsed().as_secs_f64() * 100.0;
+    eprintln!("out of descriptors: {used} CPU ticks in {wall:.0}");
+    assert!(
+        (used as f64) < wall * 0.3,
+        "{used} ticks of CPU in {wall:.0} while out of descriptors: a busy accept loop"
+    );
+    drop(held);
+    wait_for(
+        "the HTTP port to serve again",
+        Duration::from_secs(15),
+        || http(server.http, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 200),
+    );
+    assert_eq!(
+        runtime().block_on(grpc_tls::plain_text_call(server.grpc)),
+        Ok(2)
+    );
 }
 
 /// GRPC_UDS: gRPC on a unix socket, replacing a stale socket file left by a process that is

@@ -157,6 +157,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     sluice::telemetry::init_logs(settings.log_level, settings.log_format);
+    check_descriptor_limit(&settings);
 
     // Config is loaded and validated before any port is bound. With CONFIG_TYPE=GRPC_XDS_SOTW
     // there are no files: Sluice starts without config, as FORCE_START_WITHOUT_INITIAL_CONFIG
@@ -310,6 +311,26 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener, String>
     }
     tokio::net::UnixListener::bind(path)
         .map_err(|e| format!("cannot bind the gRPC listener on GRPC_UDS={shown}: {e}"))
+}
+
+/// Raises the descriptor limit, and warns when it is still below what the connection caps
+/// allow: accept then fails (and backs off) before the caps are reached.
+fn check_descriptor_limit(settings: &Settings) {
+    let Some(limit) = sluice::net::raise_descriptor_limit() else {
+        return;
+    };
+    let listeners = 3
+        + u64::from(settings.cluster.is_some())
+        + u64::from(settings.telemetry.prometheus_addr.is_some());
+    let allowed = listeners.saturating_mul(settings.listener_limits.max_connections as u64);
+    if limit < allowed {
+        tracing::warn!(
+            descriptor_limit = limit,
+            connections_allowed = allowed,
+            "the open-file limit is below SLUICE_MAX_CONNECTIONS times the listeners; connections \
+             past it are refused by the kernel's backlog instead (raise `ulimit -n` or lower the cap)"
+        );
+    }
 }
 
 /// Completes on SIGTERM or Ctrl-C.

@@ -76,6 +76,25 @@ impl Default for Limits {
     }
 }
 
+/// Raises the soft limit on open descriptors to the hard limit, as the Go runtime does at
+/// start-up, so the connection caps, not an inherited `ulimit -n` of 1024, decide how many
+/// clients are served. Returns the limit in force (`None` if it cannot be read).
+pub fn raise_descriptor_limit() -> Option<u64> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current?;
+    if limit.maximum.is_none_or(|hard| hard > soft) {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return Some(limit.maximum.unwrap_or(u64::MAX));
+        }
+    }
+    Some(soft)
+}
+
 /// GRPC_MAX_CONNECTION_AGE and _GRACE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionAge {
