@@ -451,18 +451,54 @@ fn sigterm_fails_health_then_exits_cleanly() {
     wait_for("health to fail", Duration::from_secs(5), || {
         http(server.http, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 500)
     });
+    let status = exit_within(&mut server.child, Duration::from_secs(20));
+    assert!(status.success(), "exit status {status}");
+}
+
+/// Waits up to `limit` for the child to exit; its status.
+fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
-        if let Some(status) = server.child.try_wait().unwrap() {
-            assert!(status.success(), "exit status {status}");
-            break;
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "sluice did not exit"
+            start.elapsed() < limit,
+            "sluice did not exit within {limit:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_second_sigterm_ends_the_drain_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("ok.yaml"), GOOD);
+    let mut server = start(|c| {
+        c.arg("--config")
+            .arg(dir.path())
+            .env("SLUICE_SHUTDOWN_DELAY_SECS", "60");
+    });
+    let pid = server.child.id().to_string();
+    let term = || {
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    term();
+    wait_for("health to fail", Duration::from_secs(5), || {
+        http(server.http, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 500)
+    });
+    // Still serving, for the 60 s shutdown delay...
+    assert!(server.child.try_wait().unwrap().is_none());
+    // ... until a second SIGTERM.
+    term();
+    let status = exit_within(&mut server.child, Duration::from_secs(10));
+    assert!(status.success(), "exit status {status}");
 }
 
 // ---------------------------------------------------------------------------------------------

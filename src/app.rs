@@ -269,6 +269,41 @@ impl App {
         listeners: Listeners,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
+        self.serve_until(listeners, shutdown, std::future::pending())
+            .await
+    }
+
+    /// [`App::serve`], where `force` completing during the shutdown (a second SIGTERM) ends it
+    /// at once, without waiting for in-flight calls or a last telemetry export.
+    pub async fn serve_until(
+        self,
+        listeners: Listeners,
+        shutdown: impl Future<Output = ()>,
+        force: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        let gave_up = self.store.gave_up();
+        let (options, health) = (self.options.clone(), self.health.clone());
+        let running = self.start(listeners);
+        let failure = tokio::select! {
+            () = shutdown => None,
+            reason = gave_up => Some(reason),
+        };
+        tokio::pin!(force);
+        let stopped = tokio::select! {
+            result = running.stop(&options, &health, failure.is_some()) => result,
+            () = &mut force => {
+                tracing::warn!("second stop signal: exiting without waiting for in-flight calls");
+                Ok(())
+            }
+        };
+        match failure {
+            Some(reason) => Err(std::io::Error::other(reason)),
+            None => stopped,
+        }
+    }
+
+    /// Starts every listener and background task.
+    fn start(self, listeners: Listeners) -> Running {
         let App {
             options,
             config,
@@ -278,187 +313,226 @@ impl App {
             peer_server,
             spans,
         } = self;
-        let _watcher = options.reload.as_ref().map(|r| {
+        let watcher = options.reload.as_ref().map(|r| {
             crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
         });
-        let _xds = options.xds.as_ref().map(|x| {
+        let xds = options.xds.as_ref().map(|x| {
             crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
         });
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let stopped = move || {
-            let mut rx = stop_rx.clone();
-            async move {
-                // Err means the sender is gone, which also means stop.
-                let _ = rx.wait_for(|stop| *stop).await;
-            }
-        };
-
+        let (stop_tx, stop) = StopSignal::new();
         let (grpc_routes, health_updater) =
             api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
         let ports = Ports::new(&options, listeners.grpc.is_unix());
-        let port_guards = ports.guards(&listeners);
-        // Reloads the gRPC certificate when its files change, until `serve` returns.
-        let _cert_watcher = options.grpc_tls.as_ref().map(|tls| tls.watch(CERT_POLL));
-        let grpc = tokio::spawn(
-            ports
-                .grpc
-                .serve(listeners.grpc, grpc_routes.prepare(), stopped()),
-        );
-        let http_router =
-            api::http::router(service.clone(), health.clone(), options.max_request_bytes);
-        let http = tokio::spawn(ports.http.serve(listeners.http, http_router, stopped()));
-        let stats = service.stats().clone();
-        let span_counters = service.tracer().counters().clone();
-        // What /metrics, /stats, statsd and OTLP metrics all read.
         let debug_state = api::debug::DebugState {
-            config: config.clone(),
-            store: store.clone(),
-            stats: stats.clone(),
-            spans: service.tracer().enabled().then(|| span_counters.clone()),
-            listeners: port_guards,
+            config,
+            store,
+            stats: service.stats().clone(),
+            spans: service
+                .tracer()
+                .enabled()
+                .then(|| service.tracer().counters().clone()),
+            listeners: ports.guards(&listeners),
             budget: Some(ports.budget.clone()),
         };
-        let prometheus = listeners.prometheus.map(|listener| {
-            let router =
-                api::debug::metrics_router(&options.telemetry.prometheus_path, debug_state.clone());
-            tokio::spawn(ports.prometheus.serve(listener, router, stopped()))
-        });
-        let statsd = options.telemetry.statsd.map(|(addr, interval)| {
-            let (state, stats) = (debug_state.clone(), stats.clone());
-            tokio::spawn(async move {
-                let mut sink = match crate::telemetry::statsd::StatsdSink::connect(addr).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::error!(%addr, error = %e, "statsd disabled: cannot open a UDP socket");
-                        return;
-                    }
-                };
-                let mut ticker = tokio::time::interval(interval);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let failures = crate::telemetry::LogLimiter::new(Duration::from_secs(60));
-                loop {
-                    ticker.tick().await;
-                    let extra = state.extra();
-                    if let Err(e) = sink.flush(&stats, &extra).await
-                        && let Some(suppressed) = failures.check()
-                    {
-                        tracing::warn!(%addr, error = %e, suppressed, "statsd flush failed");
-                    }
-                }
-            })
-        });
-        // The OTLP exporters stop after the drain, so the last calls' spans are sent too.
-        let (otlp_stop_tx, otlp_stop_rx) = watch::channel(false);
-        let otlp_stopped = move || {
-            let mut rx = otlp_stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            }
-        };
-        let span_exporter = match (&options.telemetry.tracing, spans) {
-            (Some(t), Some(rx)) => Some(tokio::spawn(
-                crate::telemetry::otlp::export::run_span_exporter(
-                    t.clone(),
-                    rx,
-                    span_counters.clone(),
-                    otlp_stopped(),
+        let http_router = api::http::router(service.clone(), health, options.max_request_bytes);
+        let mut after_drain = vec![health_updater];
+        if let (Some(server), Some(listener)) = (peer_server, listeners.peer) {
+            // Stopped after the drain: other nodes may still forward hits while this one drains.
+            after_drain.push(tokio::spawn(ports.peer.serve(
+                listener,
+                server,
+                stop.wait(),
+            )));
+        }
+        if let Some(listener) = listeners.prometheus {
+            let path = &options.telemetry.prometheus_path;
+            let router = api::debug::metrics_router(path, debug_state.clone());
+            after_drain.push(tokio::spawn(ports.prometheus.serve(
+                listener,
+                router,
+                stop.wait(),
+            )));
+        }
+        after_drain.extend(spawn_statsd(&options, &debug_state));
+        let (otlp_stop_tx, otlp_stop) = StopSignal::new();
+        let exporters = spawn_exporters(&options, &debug_state, spans, &otlp_stop);
+        let servers = vec![
+            (
+                "gRPC",
+                tokio::spawn(
+                    ports
+                        .grpc
+                        .serve(listeners.grpc, grpc_routes.prepare(), stop.wait()),
                 ),
-            )),
-            _ => None,
-        };
-        let metrics_exporter = options.telemetry.otlp_metrics.as_ref().map(|m| {
-            let state = debug_state.clone();
-            tokio::spawn(crate::telemetry::otlp::export::run_metrics_exporter(
-                m.clone(),
-                stats.clone(),
-                move || state.extra(),
-                otlp_stopped(),
-            ))
-        });
-        let debug_router = api::debug::router(debug_state);
-        let debug = tokio::spawn(ports.debug.serve(listeners.debug, debug_router, stopped()));
-        let peer = match (peer_server, listeners.peer) {
-            (Some(server), Some(listener)) => {
-                Some(tokio::spawn(ports.peer.serve(listener, server, stopped())))
-            }
-            _ => None,
-        };
+            ),
+            (
+                "HTTP",
+                tokio::spawn(ports.http.serve(listeners.http, http_router, stop.wait())),
+            ),
+            (
+                "debug",
+                tokio::spawn(ports.debug.serve(
+                    listeners.debug,
+                    api::debug::router(debug_state),
+                    stop.wait(),
+                )),
+            ),
+        ];
+        Running {
+            servers,
+            after_drain,
+            exporters,
+            stop: stop_tx,
+            otlp_stop: otlp_stop_tx,
+            // Reloads the gRPC certificate when its files change, until the app stops.
+            _guards: (
+                watcher,
+                xds,
+                options.grpc_tls.as_ref().map(|tls| tls.watch(CERT_POLL)),
+            ),
+        }
+    }
+}
 
-        let gave_up = store.gave_up();
-        let failure = tokio::select! {
-            () = shutdown => None,
-            reason = gave_up => Some(reason),
+/// A stop flag that any number of tasks wait on.
+#[derive(Clone)]
+struct StopSignal(watch::Receiver<bool>);
+
+impl StopSignal {
+    fn new() -> (watch::Sender<bool>, Self) {
+        let (tx, rx) = watch::channel(false);
+        (tx, StopSignal(rx))
+    }
+
+    /// Completes once the flag is set (or its sender is gone, which also means stop).
+    fn wait(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+}
+
+/// USE_STATSD: pushes the counters every STATS_FLUSH_INTERVAL.
+fn spawn_statsd(
+    options: &AppOptions,
+    state: &api::debug::DebugState,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let (addr, interval) = options.telemetry.statsd?;
+    let state = state.clone();
+    Some(tokio::spawn(async move {
+        let mut sink = match crate::telemetry::statsd::StatsdSink::connect(addr).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "statsd disabled: cannot open a UDP socket");
+                return;
+            }
         };
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let failures = crate::telemetry::LogLimiter::new(Duration::from_secs(60));
+        loop {
+            ticker.tick().await;
+            if let Err(e) = sink.flush(&state.stats, &state.extra()).await
+                && let Some(suppressed) = failures.check()
+            {
+                tracing::warn!(%addr, error = %e, suppressed, "statsd flush failed");
+            }
+        }
+    }))
+}
+
+/// The OTLP exporters (spans, metrics), each with the time its last export may take. They stop
+/// after the drain, so the last calls' spans are sent too.
+fn spawn_exporters(
+    options: &AppOptions,
+    state: &api::debug::DebugState,
+    spans: Option<tokio::sync::mpsc::Receiver<SpanRecord>>,
+    stop: &StopSignal,
+) -> Vec<(tokio::task::JoinHandle<()>, Duration)> {
+    let mut exporters = Vec::new();
+    if let (Some(t), Some(rx), Some(counters)) =
+        (&options.telemetry.tracing, spans, state.spans.clone())
+    {
+        let task =
+            crate::telemetry::otlp::export::run_span_exporter(t.clone(), rx, counters, stop.wait());
+        exporters.push((tokio::spawn(task), t.endpoint.timeout));
+    }
+    if let Some(m) = &options.telemetry.otlp_metrics {
+        let state = state.clone();
+        let task = crate::telemetry::otlp::export::run_metrics_exporter(
+            m.clone(),
+            state.stats.clone(),
+            move || state.extra(),
+            stop.wait(),
+        );
+        exporters.push((tokio::spawn(task), m.endpoint.timeout));
+    }
+    exporters
+}
+
+/// What a serving app runs, until [`Running::stop`].
+struct Running {
+    /// The client-facing listeners, whose in-flight calls the drain waits for.
+    servers: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
+    /// Stopped once the drain is over: the peer and Prometheus listeners, statsd, and the
+    /// gRPC health updater.
+    after_drain: Vec<tokio::task::JoinHandle<()>>,
+    exporters: Vec<(tokio::task::JoinHandle<()>, Duration)>,
+    stop: watch::Sender<bool>,
+    otlp_stop: watch::Sender<bool>,
+    /// The config watcher, the xDS client and the certificate watcher stop when dropped.
+    _guards: (
+        Option<crate::config::WatchGuard>,
+        Option<crate::xds::XdsGuard>,
+        Option<crate::tls::TaskGuard>,
+    ),
+}
+
+impl Running {
+    /// Health fails, then (unless the backend gave up) `shutdown_delay` passes, the listeners
+    /// stop accepting and in-flight calls get up to `drain_timeout`; then the rest stops and
+    /// the OTLP exporters send what is queued, each within its export timeout.
+    async fn stop(
+        self,
+        options: &AppOptions,
+        health: &Health,
+        gave_up: bool,
+    ) -> std::io::Result<()> {
         tracing::info!("shutting down: health now failing");
         health.fail_sigterm();
-        if failure.is_none() {
+        if !gave_up {
             tokio::time::sleep(options.shutdown_delay).await;
         }
-        let _ = stop_tx.send(true);
-        let drained = tokio::time::timeout(options.drain_timeout, async {
-            let (g, h, d) = tokio::join!(grpc, http, debug);
-            (g, h, d)
-        })
-        .await;
-        health_updater.abort();
-        if let Some(p) = peer {
-            p.abort();
+        let _ = self.stop.send(true);
+        let names: Vec<&str> = self.servers.iter().map(|(n, _)| *n).collect();
+        let joined = futures_util::future::join_all(self.servers.into_iter().map(|(_, t)| t));
+        let drained = tokio::time::timeout(options.drain_timeout, joined).await;
+        for task in &self.after_drain {
+            task.abort();
         }
-        if let Some(p) = prometheus {
-            p.abort();
-        }
-        if let Some(s) = statsd {
-            s.abort();
-        }
-        // A last export of what is queued, bounded by the export timeout (plus a margin).
-        let _ = otlp_stop_tx.send(true);
-        for (task, timeout) in [
-            (
-                span_exporter,
-                options
-                    .telemetry
-                    .tracing
-                    .as_ref()
-                    .map(|t| t.endpoint.timeout),
-            ),
-            (
-                metrics_exporter,
-                options
-                    .telemetry
-                    .otlp_metrics
-                    .as_ref()
-                    .map(|m| m.endpoint.timeout),
-            ),
-        ] {
-            if let (Some(task), Some(timeout)) = (task, timeout) {
-                let abort = task.abort_handle();
-                if tokio::time::timeout(timeout + Duration::from_millis(500), task)
-                    .await
-                    .is_err()
-                {
-                    abort.abort();
-                }
+        let _ = self.otlp_stop.send(true);
+        for (task, timeout) in self.exporters {
+            let abort = task.abort_handle();
+            // A last export of what is queued, bounded by the export timeout (plus a margin).
+            if tokio::time::timeout(timeout + Duration::from_millis(500), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
             }
         }
-        if let Some(reason) = failure {
-            return Err(std::io::Error::other(reason));
+        let Ok(results) = drained else {
+            tracing::warn!(
+                timeout = ?options.drain_timeout,
+                "in-flight calls did not finish before the drain timeout"
+            );
+            return Ok(());
+        };
+        // A server task only fails by panicking.
+        for (what, joined) in names.into_iter().zip(results) {
+            joined.map_err(|e| std::io::Error::other(format!("{what} server task: {e}")))?;
         }
-        match drained {
-            Err(_) => {
-                tracing::warn!(
-                    timeout = ?options.drain_timeout,
-                    "in-flight calls did not finish before the drain timeout"
-                );
-                Ok(())
-            }
-            Ok((g, h, d)) => {
-                // A server task only fails by panicking.
-                for (what, joined) in [("gRPC", g), ("HTTP", h), ("debug", d)] {
-                    joined
-                        .map_err(|e| std::io::Error::other(format!("{what} server task: {e}")))?;
-                }
-                Ok(())
-            }
-        }
+        Ok(())
     }
 }

@@ -273,7 +273,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             "serving"
         );
         let app = App::new(options, config, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
-        app.serve(listeners, shutdown_signal())
+        let (shutdown, force) = stop_signals();
+        app.serve_until(listeners, shutdown, force)
             .await
             .map_err(|e| e.to_string())
     });
@@ -333,27 +334,40 @@ fn check_descriptor_limit(settings: &Settings) {
     }
 }
 
-/// Completes on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// The stop signals, SIGTERM and Ctrl-C (SIGINT): the first completes the first future and
+/// starts the graceful shutdown; a second completes the other, which ends the drain at once.
+/// Must be called inside the runtime.
+fn stop_signals() -> (
+    impl std::future::Future<Output = ()>,
+    impl std::future::Future<Output = ()>,
+) {
+    let (count_tx, count) = tokio::sync::watch::channel(0u8);
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (mut term, mut int) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => (term, int),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM or SIGINT; only SIGKILL stops sluice");
+                return std::future::pending().await;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops sluice");
-                std::future::pending::<()>().await;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
             }
+            count_tx.send_modify(|n| *n = n.saturating_add(1));
+        }
+    });
+    let nth = |n: u8| {
+        let mut count = count.clone();
+        async move {
+            // The sender lives as long as the runtime.
+            let _ = count.wait_for(|c| *c >= n).await;
         }
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
+    (nth(1), nth(2))
 }
