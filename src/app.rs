@@ -21,7 +21,7 @@ use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{Stats, TelemetryOptions};
-use crate::tls::{ClientTls, ServerTls};
+use crate::tls::{ClientTls, PeerTls, ServerTls};
 
 /// The bound listeners.
 pub struct Listeners {
@@ -113,6 +113,9 @@ pub struct AppOptions {
     pub grpc_tls: Option<ServerTls>,
     /// GRPC_MAX_CONNECTION_AGE and _GRACE.
     pub grpc_connection_age: GrpcConnectionAge,
+    /// SLUICE_PEER_TLS: mutual TLS on the peer listener and on the calls to peers, with one
+    /// certificate re-read from its files every [`CERT_POLL`].
+    pub peer_tls: Option<PeerTls>,
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
@@ -146,8 +149,13 @@ impl App {
             (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
             (Backend::Memory, None) => AnyStore::Memory(memory()),
             (Backend::Memory, Some(cluster)) => {
-                let store = ClusterStore::start(Arc::new(memory()), cluster, clock.clone())
-                    .map_err(|message| StoreError::Backend { message })?;
+                let store = ClusterStore::start(
+                    Arc::new(memory()),
+                    cluster,
+                    options.peer_tls.clone(),
+                    clock.clone(),
+                )
+                .map_err(|message| StoreError::Backend { message })?;
                 peer_server = Some(PeerServer::new(store.owner().clone(), clock.clone()));
                 AnyStore::Cluster(store)
             }
@@ -348,15 +356,25 @@ impl App {
                 .into_future(),
         );
 
+        // As for gRPC: the certificate watcher (both sides of peer TLS) and the accept loop.
+        let mut _peer_tls_tasks = None;
         let peer = match (peer_server, listeners.peer) {
-            (Some(server), Some(listener)) => Some(tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(server)
-                    .serve_with_incoming_shutdown(
+            (Some(server), Some(listener)) => {
+                let peer_server = tonic::transport::Server::builder().add_service(server);
+                Some(match &options.peer_tls {
+                    None => tokio::spawn(peer_server.serve_with_incoming_shutdown(
                         TcpIncoming::from(listener).with_nodelay(Some(true)),
                         stopped(),
-                    ),
-            )),
+                    )),
+                    Some(tls) => {
+                        let tls = tls.server();
+                        let (incoming, accept_loop) =
+                            crate::tls::incoming_named(listener, tls.acceptor(), "peer");
+                        _peer_tls_tasks = Some((tls.watch(CERT_POLL), accept_loop));
+                        tokio::spawn(peer_server.serve_with_incoming_shutdown(incoming, stopped()))
+                    }
+                })
+            }
             _ => None,
         };
 

@@ -39,6 +39,8 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod peer_tls;
+
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]
 #[command(
@@ -542,6 +544,8 @@ pub struct ServeArgs {
     pub xds: XdsArgs,
     #[command(flatten)]
     pub compat: CompatArgs,
+    #[command(flatten)]
+    pub peer_tls: peer_tls::PeerTlsArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -593,6 +597,8 @@ pub struct Settings {
     pub cluster: Option<ClusterSettings>,
     /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
     pub xds: Option<XdsSettings>,
+    /// SLUICE_PEER_TLS; `None`: the peer port and the calls to peers are plain text.
+    pub peer_tls: Option<crate::tls::PeerTlsFiles>,
 }
 
 /// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
@@ -935,6 +941,7 @@ impl ServeArgs {
             ));
         }
 
+        let peer_tls = self.peer_tls.validate(cluster.is_some())?;
         Ok(Settings {
             http_addr,
             grpc_addr,
@@ -989,6 +996,7 @@ impl ServeArgs {
                 c
             }),
             xds: self.xds.validate()?,
+            peer_tls,
         })
     }
 }

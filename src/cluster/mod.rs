@@ -28,6 +28,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::limiter::fixed_window::Decision;
 use crate::settings::{ClusterMode, ClusterSettings, PeerSource};
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use crate::tls::PeerTls;
 use durable::{Durable, RingChanges};
 use peer::{PeerClient, PeerHit};
 use ring::{Ring, key_hash};
@@ -46,6 +47,7 @@ impl Members {
         addrs: Vec<String>,
         me: &str,
         settings: &ClusterSettings,
+        tls: Option<&PeerTls>,
         stats: &Arc<ClusterStats>,
     ) -> Result<Self, String> {
         let ring = Ring::new(addrs.into_iter().chain([me.to_owned()]));
@@ -58,7 +60,13 @@ impl Members {
             .map(|(i, a)| {
                 (i != me_index)
                     .then(|| {
-                        PeerClient::start(a, settings.timeout, settings.batch_window, stats.clone())
+                        PeerClient::start(
+                            a,
+                            settings.timeout,
+                            settings.batch_window,
+                            tls,
+                            stats.clone(),
+                        )
                     })
                     .transpose()
             })
@@ -170,10 +178,12 @@ impl Drop for ClusterStore {
 
 impl ClusterStore {
     /// Starts membership (and, for PEERS_DNS, its resolver, and with SLUICE_PEER_WRITE_BEHIND
-    /// the write-behind). Inside a tokio runtime.
+    /// the write-behind). With `tls` (SLUICE_PEER_TLS), every call to a peer is made over
+    /// mutual TLS. Inside a tokio runtime.
     pub fn start(
         local: Arc<MemoryStore>,
         settings: &ClusterSettings,
+        tls: Option<PeerTls>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {
         let initial = match &settings.peers {
@@ -185,6 +195,7 @@ impl ClusterStore {
             initial,
             &settings.advertise,
             settings,
+            tls.as_ref(),
             &stats,
         )?));
         // Starting is a change: whatever this node owns now, others may have counted before.
@@ -201,6 +212,7 @@ impl ClusterStore {
                 name.clone(),
                 *port,
                 settings.clone(),
+                tls,
                 stats.clone(),
                 changes.clone(),
                 clock.clone(),
@@ -446,6 +458,7 @@ async fn resolve_peers(
     name: String,
     port: u16,
     settings: ClusterSettings,
+    tls: Option<PeerTls>,
     stats: Arc<ClusterStats>,
     changes: Arc<RingChanges>,
     clock: Arc<dyn Clock>,
@@ -461,7 +474,7 @@ async fn resolve_peers(
         let current: Vec<String> = members.load().ring.addrs().map(str::to_owned).collect();
         let next = Ring::new(addrs.iter().cloned().chain([settings.advertise.clone()]));
         if next.addrs().map(str::to_owned).collect::<Vec<_>>() != current {
-            match Members::build(addrs, &settings.advertise, &settings, &stats) {
+            match Members::build(addrs, &settings.advertise, &settings, tls.as_ref(), &stats) {
                 Ok(m) => {
                     tracing::info!(peers = ?m.ring.addrs().collect::<Vec<_>>(), "peers changed");
                     members.store(Arc::new(m));

@@ -40,6 +40,7 @@ pub fn default_options() -> AppOptions {
         telemetry: Default::default(),
         grpc_tls: None,
         grpc_connection_age: Default::default(),
+        peer_tls: None,
     }
 }
 
