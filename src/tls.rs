@@ -621,6 +621,11 @@ impl PeerTls {
             .with_root_certificates(files.ca.roots(&files.ca.read()?)?)
             .with_client_cert_resolver(cert);
         client.alpn_protocols = vec![b"h2".to_vec()];
+        // A resumed session skips the client certificate, and the peer would go on seeing the
+        // one the session began with: every new connection does a full handshake instead, so
+        // it presents the certificate as last reloaded (peer connections are long-lived HTTP/2,
+        // so this costs a handshake per reconnect).
+        client.resumption = rustls::client::Resumption::disabled();
         Ok(PeerTls {
             server,
             client: Arc::new(client),
