@@ -19,9 +19,10 @@
 //!   optionally written behind to Redis and loaded by a new owner.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
-//! - [`tls`]: PEM files -> checked certificates and keys; the gRPC listener's reloading
-//!   certificate and TLS accept loop; the clients' trust and identity (xDS, Redis, OTLP) and
-//!   their tonic or rustls client configs.
+//! - [`tls`]: PEM files -> checked certificates and keys; the gRPC and peer listeners'
+//!   reloading certificates and TLS accept loop; the peer cluster's mutual TLS (one certificate
+//!   for the peer listener and the calls to peers); the clients' trust and identity (xDS,
+//!   Redis, OTLP) and their tonic or rustls client configs.
 //! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
 //! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus
 //!   exposition, logs, and OpenTelemetry (spans and metrics over OTLP).

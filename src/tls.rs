@@ -201,7 +201,7 @@ impl KeyPairFiles {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The gRPC listener.
+// The listeners: gRPC, and the peer port's server side.
 
 /// A listener's TLS (the gRPC port's, or the peer port's through [`PeerTls`]): a rustls server
 /// config whose certificate is re-read from disk by [`ServerTls::watch`], and, with a client CA
@@ -233,13 +233,16 @@ impl ServerTls {
         })?);
         let clients = match &settings.client_ca {
             None => None,
-            Some(ca) => Some(client_verifier(
-                &PemFile::new("GRPC_CLIENT_TLS_CACERT", ca),
-                settings
-                    .client_san
-                    .as_deref()
-                    .map(|san| ("GRPC_CLIENT_TLS_SAN", san)),
-            )?),
+            Some(ca) => {
+                let ca = PemFile::new("GRPC_CLIENT_TLS_CACERT", ca);
+                let roots = Arc::new(ca.roots(&ca.read()?)?);
+                let san = settings.client_san.as_deref();
+                Some(client_verifier(
+                    &ca,
+                    roots,
+                    san.map(|san| ("GRPC_CLIENT_TLS_SAN", san)),
+                )?)
+            }
         };
         Self::build("gRPC", cert, clients)
     }
@@ -407,17 +410,17 @@ impl ReloadingCert {
     }
 }
 
-/// Requires a client certificate that chains to the CA in `ca` (only that CA: the Go service
-/// adds the system's roots too, which would let any publicly issued client certificate in) and,
-/// with `san` (its variable and value), is valid for that name.
+/// Requires a client certificate that chains to `roots`, read from `ca` (only that CA: the Go
+/// service adds the system's roots too, which would let any publicly issued client certificate
+/// in) and, with `san` (its variable and value), is valid for that name.
 fn client_verifier(
     ca: &PemFile,
+    roots: Arc<RootCertStore>,
     san: Option<(&'static str, &str)>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(ca.roots(&ca.read()?)?), provider())
-            .build()
-            .map_err(|e| ca.invalid(format!("cannot verify clients with it: {e}")))?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| ca.invalid(format!("cannot verify clients with it: {e}")))?;
     let Some((var, san)) = san else {
         return Ok(verifier);
     };
@@ -429,9 +432,9 @@ fn client_verifier(
     }))
 }
 
-/// GRPC_CLIENT_TLS_SAN or SLUICE_PEER_TLS_SAN: the chain is verified by `inner`, then the end-entity certificate must
-/// be valid for `san` (a DNS or IP subject alternative name), as the Go service's
-/// `x509.VerifyOptions{DNSName}` checks.
+/// GRPC_CLIENT_TLS_SAN or SLUICE_PEER_TLS_SAN: the chain is verified by `inner`, then the
+/// end-entity certificate must be valid for `san` (a DNS or IP subject alternative name), as
+/// the Go service's `x509.VerifyOptions{DNSName}` checks.
 #[derive(Debug)]
 struct SanVerifier {
     inner: Arc<dyn ClientCertVerifier>,
@@ -610,15 +613,18 @@ impl PeerTls {
             })?),
         };
         let cert = Arc::new(ReloadingCert::load(files.identity.clone())?);
+        // One CA both ways: it vouches for the peers that call and for the peers called.
+        let roots = Arc::new(files.ca.roots(&files.ca.read()?)?);
         let clients = client_verifier(
             &files.ca,
+            roots.clone(),
             files.san.as_deref().map(|san| ("SLUICE_PEER_TLS_SAN", san)),
         )?;
         let server = ServerTls::build("peer", cert.clone(), Some(clients))?;
         let mut client = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| files.ca.invalid(format!("TLS setup: {e}")))?
-            .with_root_certificates(files.ca.roots(&files.ca.read()?)?)
+            .with_root_certificates(roots)
             .with_client_cert_resolver(cert);
         client.alpn_protocols = vec![b"h2".to_vec()];
         // A resumed session skips the client certificate, and the peer would go on seeing the

@@ -5,6 +5,10 @@
 //! client use tonic's codec and generic gRPC plumbing directly. An owner always applies the
 //! hits it receives to its own store and never forwards them again, so ring changes cannot
 //! make a call go round in circles.
+//!
+//! Whoever reaches the peer port can charge any counter, so with SLUICE_PEER_TLS both the
+//! listener and [`PeerClient`] speak mutual TLS ([`crate::tls::PeerTls`]): only a holder of a
+//! certificate from the peers' CA can call Apply.
 
 use std::convert::Infallible;
 use std::num::NonZeroU32;
