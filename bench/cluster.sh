@@ -16,10 +16,10 @@
 # With BENCH_WRITE_BEHIND=1 the peers run with SLUICE_PEER_WRITE_BEHIND=true against a
 # redis-server started here (persistence off), and the report adds the take-over loads (Redis
 # round trips on the request path) and the counters written per second.
-# With BENCH_PEER_TLS=1 three more peers form a second cluster with SLUICE_PEER_TLS (one
-# certificate for the three, from a CA made here with openssl), and the rounds alternate
-# between the two clusters instead of single node and cluster: the figure is what mutual TLS
-# costs the forwarding.
+# With BENCH_PEER_TLS=1 the rounds alternate between the three peers in clear and the same
+# three (restarted on the same ports, so every key keeps its owner) with SLUICE_PEER_TLS (one
+# certificate for the three, from a CA made here with openssl), instead of single node and
+# cluster: the figure is what mutual TLS costs the forwarding.
 # Writes bench/results/cluster.md (cluster-write-behind.md with BENCH_WRITE_BEHIND=1,
 # cluster-peer-tls.md with BENCH_PEER_TLS=1).
 set -euo pipefail
@@ -38,20 +38,19 @@ cargo build --release --quiet --bin sluice --example bench_client
 BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
 
-# 7 nodes x (http, grpc, debug, peer): 28 distinct ports, and one for Redis.
-read -r -a P < <(free_ports 29)
-REDIS_PORT=${P[28]}
+# 4 nodes x (http, grpc, debug, peer): 16 distinct ports, and one for Redis.
+read -r -a P < <(free_ports 17)
 PEERS="127.0.0.1:${P[7]},127.0.0.1:${P[11]},127.0.0.1:${P[15]}"
-TLS_PEERS="127.0.0.1:${P[19]},127.0.0.1:${P[23]},127.0.0.1:${P[27]}"
 WRITE_BEHIND=${BENCH_WRITE_BEHIND:-0}
 PEER_TLS=${BENCH_PEER_TLS:-0}
 REPORT="$OUT/cluster.md"
 DURABLE=()
+TLS=()
 NODES="0 1 2 3"
 MODES=(single cluster)
 if [[ $PEER_TLS == 1 ]]; then
     REPORT="$OUT/cluster-peer-tls.md"
-    NODES="1 2 3 4 5 6"
+    NODES="1 2 3"
     MODES=(cluster cluster-tls)
     ossl() { openssl "$@" >/dev/null 2>&1; }
     ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/ca.key" \
@@ -61,49 +60,58 @@ if [[ $PEER_TLS == 1 ]]; then
     echo "subjectAltName=DNS:sluice-peers.bench" >"$WORK/peer.ext"
     ossl x509 -req -in "$WORK/peer.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" \
         -CAcreateserial -out "$WORK/peer.crt" -days 2 -extfile "$WORK/peer.ext"
-    TLS=(SLUICE_PEER_TLS=true SLUICE_PEER_TLS_CERT="$WORK/peer.crt" SLUICE_PEER_TLS_KEY="$WORK/peer.key"
-        SLUICE_PEER_TLS_CACERT="$WORK/ca.crt" SLUICE_PEER_TLS_SAN=sluice-peers.bench)
+    TLS_ENV=(SLUICE_PEER_TLS=true SLUICE_PEER_TLS_CERT="$WORK/peer.crt"
+        SLUICE_PEER_TLS_KEY="$WORK/peer.key" SLUICE_PEER_TLS_CACERT="$WORK/ca.crt"
+        SLUICE_PEER_TLS_SAN=sluice-peers.bench)
 fi
 if [[ $WRITE_BEHIND == 1 ]]; then
     REPORT="$OUT/cluster-write-behind.md"
-    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+    redis-server --port "${P[16]}" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
     PIDS+=($!)
     for _ in $(seq 100); do
-        [[ $(redis-cli -p "$REDIS_PORT" PING 2>/dev/null) == PONG ]] && break
+        [[ $(redis-cli -p "${P[16]}" PING 2>/dev/null) == PONG ]] && break
         sleep 0.1
     done
-    DURABLE=(SLUICE_PEER_WRITE_BEHIND=true REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$REDIS_PORT")
+    DURABLE=(SLUICE_PEER_WRITE_BEHIND=true REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:${P[16]}")
 fi
-start() { # start INDEX: 0 the single node, 1-3 the cluster, 4-6 the cluster over mutual TLS
+declare -A NODE_PID
+start() { # start INDEX: 0 the single node, 1-3 the peers (with TLS's variables)
     local i=$1 base=$(($1 * 4))
     local env=(LOG_LEVEL=error BACKEND_TYPE=memory)
-    if [[ $i -gt 3 ]]; then
-        env+=(PEERS="$TLS_PEERS" "${TLS[@]}")
-    elif [[ $i -gt 0 ]]; then
-        env+=(PEERS="$PEERS")
-    fi
     if [[ $i -gt 0 ]]; then
-        env+=(PEER_PORT="${P[base + 3]}" PEER_ADVERTISE_ADDRESS="127.0.0.1:${P[base + 3]}"
-            "${DURABLE[@]}")
+        env+=(PEERS="$PEERS" PEER_PORT="${P[base + 3]}" PEER_ADVERTISE_ADDRESS="127.0.0.1:${P[base + 3]}"
+            "${DURABLE[@]}" "${TLS[@]}")
     fi
     env "${env[@]}" "$BIN/sluice" --config "$ROOT/bench/config" --host 127.0.0.1 \
         --grpc-host 127.0.0.1 --debug-host 127.0.0.1 --port "${P[base]}" \
         --grpc-port "${P[base + 1]}" --debug-port "${P[base + 2]}" &
     PIDS+=($!)
+    NODE_PID[$i]=$!
 }
-for i in $NODES; do start "$i"; done
 grpc() { echo "http://127.0.0.1:${P[$1 * 4 + 1]}"; }
 debug() { echo "${P[$1 * 4 + 2]}"; }
-for i in $NODES; do
-    wait_ready "$CLIENT" "$(grpc "$i")"
-    "$CLIENT" check "$(grpc "$i")" 10 1000000000 bench "client=check-$i"
-done
+start_all() { # start_all: every node of $NODES, checked
+    local i
+    for i in $NODES; do start "$i"; done
+    for i in $NODES; do
+        wait_ready "$CLIENT" "$(grpc "$i")"
+        "$CLIENT" check "$(grpc "$i")" 10 1000000000 bench "client=check-$i"
+    done
+}
+restart_peers() { # restart_peers cluster|cluster-tls: the same three peers, TLS on or off
+    local i
+    for i in $NODES; do kill "${NODE_PID[$i]}"; wait "${NODE_PID[$i]}" 2>/dev/null || true; done
+    TLS=()
+    [[ $1 == cluster-tls ]] && TLS=("${TLS_ENV[@]}")
+    start_all >/dev/null
+    sleep 1 # a few probes: every peer up before the load starts
+}
+start_all
 for k in 0 1 2; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done
 
-cluster_stat() { # sum of a sluice.cluster.* counter over the peers (both clusters')
+cluster_stat() { # sum of a sluice.cluster.* counter over the three peers
     local total=0 i v
-    for i in $NODES; do
-        [[ $i == 0 ]] && continue
+    for i in 1 2 3; do
         v=$(curl -s "http://127.0.0.1:$(debug "$i")/stats" | sed -n "s/^sluice.cluster.$1: //p")
         total=$((total + ${v:-0}))
     done
@@ -117,8 +125,7 @@ run() { # run single|cluster
     loads0=$(cluster_stat durable.loads); written0=$(cluster_stat durable.flushed_counters)
     for k in 0 1 2; do
         local node=0
-        [[ $mode == cluster ]] && node=$((k + 1))
-        [[ $mode == cluster-tls ]] && node=$((k + 4))
+        [[ $mode != single ]] && node=$((k + 1))
         h2load -c 1 -m 50 -t 1 -D "$DURATION" --warm-up-time=1 \
             -d "$WORK/body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
             --log-file="$WORK/log-$k.tsv" \
@@ -157,7 +164,10 @@ PY
 RUNS="$WORK/runs.jsonl"
 for round in $(seq "$ROUNDS"); do
     if ((round % 2)); then order="${MODES[0]} ${MODES[1]}"; else order="${MODES[1]} ${MODES[0]}"; fi
-    for mode in $order; do run "$mode" | tee -a "$RUNS"; done
+    for mode in $order; do
+        [[ $PEER_TLS == 1 ]] && restart_peers "$mode"
+        run "$mode" | tee -a "$RUNS"
+    done
 done
 
 python3 - "$RUNS" "$REPORT" "$ROUNDS" "$DURATION" "$WRITE_BEHIND" "${MODES[@]}" <<'PY'
