@@ -4,6 +4,7 @@
 #   bench/cluster.sh                 # 3 alternating rounds, 8 s per run: about 2 minutes
 #   BENCH_ROUNDS=5 BENCH_DURATION=10 bench/cluster.sh
 #   BENCH_WRITE_BEHIND=1 bench/cluster.sh   # the peers write behind to a redis-server
+#   BENCH_PEER_TLS=1 bench/cluster.sh       # the cluster in clear beside one over mutual TLS
 #
 # Starts one Sluice (memory store) and three Sluice peers (PEERS pointing at each other,
 # forward mode) on free 127.0.0.1 ports, checks both answer correctly, then alternates:
@@ -15,7 +16,12 @@
 # With BENCH_WRITE_BEHIND=1 the peers run with SLUICE_PEER_WRITE_BEHIND=true against a
 # redis-server started here (persistence off), and the report adds the take-over loads (Redis
 # round trips on the request path) and the counters written per second.
-# Writes bench/results/cluster.md (cluster-write-behind.md with BENCH_WRITE_BEHIND=1).
+# With BENCH_PEER_TLS=1 the rounds alternate between the three peers in clear and the same
+# three (restarted on the same ports, so every key keeps its owner) with SLUICE_PEER_TLS (one
+# certificate for the three, from a CA made here with openssl), instead of single node and
+# cluster: the figure is what mutual TLS costs the forwarding.
+# Writes bench/results/cluster.md (cluster-write-behind.md with BENCH_WRITE_BEHIND=1,
+# cluster-peer-tls.md with BENCH_PEER_TLS=1).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,8 +42,28 @@ CLIENT="$BIN/examples/bench_client"
 read -r -a P < <(free_ports 17)
 PEERS="127.0.0.1:${P[7]},127.0.0.1:${P[11]},127.0.0.1:${P[15]}"
 WRITE_BEHIND=${BENCH_WRITE_BEHIND:-0}
+PEER_TLS=${BENCH_PEER_TLS:-0}
 REPORT="$OUT/cluster.md"
 DURABLE=()
+TLS=()
+NODES="0 1 2 3"
+MODES=(single cluster)
+if [[ $PEER_TLS == 1 ]]; then
+    REPORT="$OUT/cluster-peer-tls.md"
+    NODES="1 2 3"
+    MODES=(cluster cluster-tls)
+    ossl() { openssl "$@" >/dev/null 2>&1; }
+    ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/ca.key" \
+        -out "$WORK/ca.crt" -days 2 -subj /CN=bench-ca
+    ossl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "$WORK/peer.key" \
+        -out "$WORK/peer.csr" -subj /CN=sluice-peers.bench
+    echo "subjectAltName=DNS:sluice-peers.bench" >"$WORK/peer.ext"
+    ossl x509 -req -in "$WORK/peer.csr" -CA "$WORK/ca.crt" -CAkey "$WORK/ca.key" \
+        -CAcreateserial -out "$WORK/peer.crt" -days 2 -extfile "$WORK/peer.ext"
+    TLS_ENV=(SLUICE_PEER_TLS=true SLUICE_PEER_TLS_CERT="$WORK/peer.crt"
+        SLUICE_PEER_TLS_KEY="$WORK/peer.key" SLUICE_PEER_TLS_CACERT="$WORK/ca.crt"
+        SLUICE_PEER_TLS_SAN=sluice-peers.bench)
+fi
 if [[ $WRITE_BEHIND == 1 ]]; then
     REPORT="$OUT/cluster-write-behind.md"
     redis-server --port "${P[16]}" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
@@ -48,25 +74,39 @@ if [[ $WRITE_BEHIND == 1 ]]; then
     done
     DURABLE=(SLUICE_PEER_WRITE_BEHIND=true REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:${P[16]}")
 fi
-start() { # start INDEX [PEER]
+declare -A NODE_PID
+start() { # start INDEX: 0 the single node, 1-3 the peers (with TLS's variables)
     local i=$1 base=$(($1 * 4))
     local env=(LOG_LEVEL=error BACKEND_TYPE=memory)
     if [[ $i -gt 0 ]]; then
         env+=(PEERS="$PEERS" PEER_PORT="${P[base + 3]}" PEER_ADVERTISE_ADDRESS="127.0.0.1:${P[base + 3]}"
-            "${DURABLE[@]}")
+            "${DURABLE[@]}" "${TLS[@]}")
     fi
     env "${env[@]}" "$BIN/sluice" --config "$ROOT/bench/config" --host 127.0.0.1 \
         --grpc-host 127.0.0.1 --debug-host 127.0.0.1 --port "${P[base]}" \
         --grpc-port "${P[base + 1]}" --debug-port "${P[base + 2]}" &
     PIDS+=($!)
+    NODE_PID[$i]=$!
 }
-for i in 0 1 2 3; do start "$i"; done
 grpc() { echo "http://127.0.0.1:${P[$1 * 4 + 1]}"; }
 debug() { echo "${P[$1 * 4 + 2]}"; }
-for i in 0 1 2 3; do
-    wait_ready "$CLIENT" "$(grpc "$i")"
-    "$CLIENT" check "$(grpc "$i")" 10 1000000000 bench "client=check-$i"
-done
+start_all() { # start_all: every node of $NODES, checked
+    local i
+    for i in $NODES; do start "$i"; done
+    for i in $NODES; do
+        wait_ready "$CLIENT" "$(grpc "$i")"
+        "$CLIENT" check "$(grpc "$i")" 10 1000000000 bench "client=check-$i"
+    done
+}
+restart_peers() { # restart_peers cluster|cluster-tls: the same three peers, TLS on or off
+    local i
+    for i in $NODES; do kill "${NODE_PID[$i]}"; wait "${NODE_PID[$i]}" 2>/dev/null || true; done
+    TLS=()
+    [[ $1 == cluster-tls ]] && TLS=("${TLS_ENV[@]}")
+    start_all >/dev/null
+    sleep 1 # a few probes: every peer up before the load starts
+}
+start_all
 for k in 0 1 2; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done
 
 cluster_stat() { # sum of a sluice.cluster.* counter over the three peers
@@ -85,7 +125,7 @@ run() { # run single|cluster
     loads0=$(cluster_stat durable.loads); written0=$(cluster_stat durable.flushed_counters)
     for k in 0 1 2; do
         local node=0
-        [[ $mode == cluster ]] && node=$((k + 1))
+        [[ $mode != single ]] && node=$((k + 1))
         h2load -c 1 -m 50 -t 1 -D "$DURATION" --warm-up-time=1 \
             -d "$WORK/body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
             --log-file="$WORK/log-$k.tsv" \
@@ -123,31 +163,38 @@ PY
 
 RUNS="$WORK/runs.jsonl"
 for round in $(seq "$ROUNDS"); do
-    if ((round % 2)); then order="single cluster"; else order="cluster single"; fi
-    for mode in $order; do run "$mode" | tee -a "$RUNS"; done
+    if ((round % 2)); then order="${MODES[0]} ${MODES[1]}"; else order="${MODES[1]} ${MODES[0]}"; fi
+    for mode in $order; do
+        [[ $PEER_TLS == 1 ]] && restart_peers "$mode"
+        run "$mode" | tee -a "$RUNS"
+    done
 done
 
-python3 - "$RUNS" "$REPORT" "$ROUNDS" "$DURATION" "$WRITE_BEHIND" <<'PY'
+python3 - "$RUNS" "$REPORT" "$ROUNDS" "$DURATION" "$WRITE_BEHIND" "${MODES[@]}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+modes = sys.argv[6:]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
+names = {"single": "single node", "cluster": "cluster nodes", "cluster-tls": "cluster nodes, mutual TLS"}
 out = ["| setup | req/s (median) | p50 | p99 | share of hits forwarded | forwarded hits per peer call |",
        "|---|---|---|---|---|---|"]
-for mode in ("single", "cluster"):
+for mode in modes:
     rs = [r for r in rows if r["mode"] == mode]
-    if mode == "cluster":
+    if mode != "single":
         share = statistics.median(r["forwarded"] / max(1, r["forwarded"] + r["local"]) for r in rs)
         per_call = statistics.median(r["forwarded"] / max(1, r["peer_calls"]) for r in rs)
         extra = (f"{share:.2f}", f"{per_call:.1f}")
     else:
         extra = ("-", "-")
-    out.append(f"| {mode} node{'s' if mode == 'cluster' else ''} | {med(rs, 'rps'):,.0f} | "
+    out.append(f"| {names[mode]} | {med(rs, 'rps'):,.0f} | "
                f"{med(rs, 'p50_ms'):.2f} ms | {med(rs, 'p99_ms'):.2f} ms | {extra[0]} | {extra[1]} |")
-s = statistics.median(r["rps"] for r in rows if r["mode"] == "single")
-c = statistics.median(r["rps"] for r in rows if r["mode"] == "cluster")
+base = statistics.median(r["rps"] for r in rows if r["mode"] == modes[0])
+other = statistics.median(r["rps"] for r in rows if r["mode"] == modes[1])
+what = ("3-node cluster over mutual TLS / in clear" if modes[0] == "cluster"
+        else "3-node cluster / single node")
 out.append("")
-out.append(f"3-node cluster / single node throughput (medians of {sys.argv[3]} alternating rounds, "
-           f"{sys.argv[4]} s each, all on one 2-core machine): {c / s:.2f}")
+out.append(f"{what} throughput (medians of {sys.argv[3]} alternating rounds, "
+           f"{sys.argv[4]} s each, all on one 2-core machine): {other / base:.2f}")
 if sys.argv[5] == "1":
     rs = [r for r in rows if r["mode"] == "cluster"]
     loads = sum(r["loads"] for r in rs)

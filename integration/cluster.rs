@@ -1,7 +1,10 @@
 //! Three real `sluice` processes on 127.0.0.1 with PEERS pointing at each other: one global
 //! limit enforced exactly across them, an owner killed mid-test, and its return; with
-//! SLUICE_PEER_WRITE_BEHIND and a real `redis-server`, the same without resets.
+//! SLUICE_PEER_WRITE_BEHIND and a real `redis-server`, the same without resets; with
+//! SLUICE_PEER_TLS, the same over mutual TLS, strangers refused, and a rotated certificate
+//! picked up both ways.
 
+mod pki;
 mod redis_server;
 mod support;
 
@@ -586,6 +589,439 @@ mod durable {
                 .loads_skipped
                 .load(std::sync::atomic::Ordering::Relaxed),
             3
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SLUICE_PEER_TLS: real processes, real sockets, certificates from a throw-away CA.
+
+mod peer_tls {
+    use super::*;
+
+    use std::path::Path;
+    use std::sync::{Arc, Mutex};
+
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use sluice::cluster::peer::{APPLY_PATH, ApplyRequest, ApplyResponse, PeerDecision, PeerHit};
+    use sluice::limiter::{Algorithm, Quota, Unit};
+    use sluice::store::Hit;
+    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+    /// The name on the certificate every replica shares, as a cert-manager Certificate for the
+    /// headless Service gives it.
+    const SAN: &str = "sluice-peers.test";
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn tls_env(cert: &Path, key: &Path, ca: &Path, san: Option<&str>) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("SLUICE_PEER_TLS".to_owned(), "true".to_owned()),
+            (
+                "SLUICE_PEER_TLS_CERT".to_owned(),
+                cert.display().to_string(),
+            ),
+            ("SLUICE_PEER_TLS_KEY".to_owned(), key.display().to_string()),
+            (
+                "SLUICE_PEER_TLS_CACERT".to_owned(),
+                ca.display().to_string(),
+            ),
+        ];
+        if let Some(san) = san {
+            env.push(("SLUICE_PEER_TLS_SAN".to_owned(), san.to_owned()));
+        }
+        env
+    }
+
+    /// `hits` hits on `d`/`k`=`value`, as a peer forwards them: 10 per hour, fixed window.
+    fn peer_hits(value: &str, hits: u64) -> Vec<PeerHit> {
+        let key = format!("d_k_{value}_");
+        let quota = Quota {
+            requests_per_unit: 10,
+            unit: Unit::Hour,
+            algorithm: Algorithm::FixedWindow,
+            burst: None,
+        };
+        vec![PeerHit::from_hit(&Hit {
+            key: &key,
+            quota,
+            hits,
+        })]
+    }
+
+    /// One `sluice.peer.v1.Peer/Apply` call over `channel`.
+    async fn apply(channel: Channel, hits: Vec<PeerHit>) -> Result<Vec<PeerDecision>, String> {
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.map_err(|e| format!("{e:?}"))?;
+        grpc.unary(
+            tonic::Request::new(ApplyRequest {
+                hits,
+                refund: false,
+            }),
+            tonic::codegen::http::uri::PathAndQuery::from_static(APPLY_PATH),
+            tonic_prost::ProstCodec::<ApplyRequest, ApplyResponse>::default(),
+        )
+        .await
+        .map(|r| r.into_inner().decisions)
+        .map_err(|s| format!("{s:?}"))
+    }
+
+    /// Connects to a peer port over TLS trusting `ca`, expecting `name`, presenting `identity`
+    /// (if any), and calls Apply. With TLS 1.3 the server judges the client's certificate after
+    /// the client thinks the handshake is done, so a refusal may show on the call.
+    async fn apply_over_tls(
+        port: u16,
+        ca: &Path,
+        identity: Option<&pki::Leaf>,
+        hits: Vec<PeerHit>,
+    ) -> Result<Vec<PeerDecision>, String> {
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()))
+            .domain_name(SAN);
+        if let Some(leaf) = identity {
+            tls = tls.identity(Identity::from_pem(
+                std::fs::read(&leaf.cert).unwrap(),
+                std::fs::read(&leaf.key).unwrap(),
+            ));
+        }
+        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
+            .tls_config(tls)
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        apply(channel, hits).await
+    }
+
+    async fn apply_in_clear(port: u16, hits: Vec<PeerHit>) -> Result<Vec<PeerDecision>, String> {
+        let channel = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        apply(channel, hits).await
+    }
+
+    /// The node owning `d`/`k`=`value`.
+    fn owner_of(nodes: &[Node], peers: &str, value: &str) -> usize {
+        let ring = Ring::new(peers.split(',').map(str::to_owned));
+        let owner = ring.addr(
+            ring.owner(key_hash(&format!("d_k_{value}_")), |_| true)
+                .unwrap(),
+        );
+        nodes
+            .iter()
+            .position(|n| format!("127.0.0.1:{}", n.peer) == owner)
+            .unwrap()
+    }
+
+    fn json(node: &Node, value: &str) -> u16 {
+        let body = format!(
+            r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"{value}"}}]}}]}}"#
+        );
+        http(node.http, "POST", "/json", &body).expect("answer").0
+    }
+
+    #[test]
+    fn three_nodes_over_mutual_tls_forward_and_agree_on_counts() {
+        let pki = pki::TestPki::new();
+        // One certificate for every replica, named for the peer Service, as cert-manager makes.
+        let shared = pki.leaf("peers", &[SAN]);
+        let env = tls_env(&shared.cert, &shared.key, &pki.ca, Some(SAN));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let (_dir, nodes, _) = three_nodes(&env);
+
+        // Exactly the limit passes, round-robin over the three: the forwards got through.
+        let admitted = admitted_on(&nodes, &[0, 1, 2], 30, Duration::from_secs(3));
+        assert_eq!(admitted, 10);
+        let sum = |name: &str| nodes.iter().map(|n| cluster_stat(n, name)).sum::<u64>();
+        assert_eq!(sum("local_hits"), 10);
+        assert_eq!(sum("forwarded_hits"), 20);
+        assert_eq!(sum("failed_forwards"), 0);
+        // And every node sees the other two up (the probes go over TLS too).
+        for n in &nodes {
+            let (_, stats) = http(n.debug, "GET", "/stats", "").expect("stats");
+            let up = stats
+                .lines()
+                .filter(|l| l.starts_with("sluice.cluster.peer_up.") && l.ends_with(": 1"))
+                .count();
+            assert_eq!(up, 3, "{stats}");
+        }
+    }
+
+    #[test]
+    fn only_a_certificate_from_the_ca_with_the_san_can_send_hits() {
+        let pki = pki::TestPki::new();
+        let shared = pki.leaf("peers", &[SAN]);
+        let env = tls_env(&shared.cert, &shared.key, &pki.ca, Some(SAN));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let (_dir, nodes, peers) = three_nodes(&env);
+        let owner = &nodes[owner_of(&nodes, &peers, "w")];
+        let rt = runtime();
+
+        let other_ca = pki::TestPki::new();
+        let impostor = other_ca.leaf("impostor", &[SAN]);
+        let unnamed = pki.leaf("unnamed", &["someone-else.test"]);
+        // A whole hour's limit in one call, from each stranger: none may land.
+        for (who, identity) in [
+            ("no client certificate", None),
+            ("a certificate from another CA", Some(&impostor)),
+            ("a certificate from the CA without the SAN", Some(&unnamed)),
+        ] {
+            let r = rt.block_on(apply_over_tls(
+                owner.peer,
+                &pki.ca,
+                identity,
+                peer_hits("w", 10),
+            ));
+            assert!(r.is_err(), "{who} could send hits: {r:?}");
+        }
+        let r = rt.block_on(apply_in_clear(owner.peer, peer_hits("w", 10)));
+        assert!(r.is_err(), "a plain-text client could send hits: {r:?}");
+        // None did: the limit is untouched, on every node.
+        for n in &nodes {
+            assert_eq!(json(n, "w"), 200);
+        }
+
+        // A peer's certificate can (the same call, so the refusals above were the TLS): 3
+        // counted so far, plus these 7, leave the next request over the limit.
+        let decisions = rt
+            .block_on(apply_over_tls(
+                owner.peer,
+                &pki.ca,
+                Some(&shared),
+                peer_hits("w", 7),
+            ))
+            .expect("a peer's call");
+        assert_eq!(decisions.len(), 1);
+        assert_eq!(decisions[0].count_after, 10);
+        assert_eq!(json(&nodes[0], "w"), 429);
+    }
+
+    /// Writes a Kubernetes secret volume's layout: `dir/..data -> ..vN` (swapped atomically) and
+    /// `dir/tls.crt -> ..data/tls.crt`, `dir/tls.key -> ..data/tls.key`.
+    fn secret_version(dir: &Path, version: u32, leaf: &pki::Leaf) {
+        let versioned = dir.join(format!("..v{version}"));
+        std::fs::create_dir_all(&versioned).unwrap();
+        std::fs::copy(&leaf.cert, versioned.join("tls.crt")).unwrap();
+        std::fs::copy(&leaf.key, versioned.join("tls.key")).unwrap();
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join("..data")).unwrap();
+        for name in ["tls.crt", "tls.key"] {
+            let link = dir.join(name);
+            if link.symlink_metadata().is_err() {
+                std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
+            }
+        }
+    }
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    fn der(leaf: &pki::Leaf) -> CertificateDer<'static> {
+        CertificateDer::from_pem_file(&leaf.cert).unwrap()
+    }
+
+    fn roots(ca: &Path) -> Arc<rustls::RootCertStore> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_file(ca).unwrap())
+            .unwrap();
+        Arc::new(roots)
+    }
+
+    /// A stand-in peer on a free port: it completes TLS handshakes, requiring a client
+    /// certificate from `ca`, records each client's certificate, and hangs up. Returns the port
+    /// and what it saw, newest last.
+    fn recording_peer(
+        rt: &tokio::runtime::Runtime,
+        ca: &Path,
+        leaf: &pki::Leaf,
+    ) -> (u16, Arc<Mutex<Vec<CertificateDer<'static>>>>) {
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca), provider())
+                .build()
+                .unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(
+                vec![der(leaf)],
+                PrivateKeyDer::from_pem_file(&leaf.key).unwrap(),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let port = free_port();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+            .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        rt.spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                if let Ok(tls) = acceptor.accept(tcp).await
+                    && let Some(chain) = tls.get_ref().1.peer_certificates()
+                {
+                    record.lock().unwrap().push(chain[0].clone().into_owned());
+                }
+            }
+        });
+        (port, seen)
+    }
+
+    /// The certificate the peer listener on `port` serves, to a client trusting `ca` that
+    /// verifies 127.0.0.1 and presents `identity`.
+    async fn served(port: u16, ca: &Path, identity: &pki::Leaf) -> Option<CertificateDer<'static>> {
+        let config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots(ca))
+            .with_client_auth_cert(
+                vec![der(identity)],
+                PrivateKeyDer::from_pem_file(&identity.key).unwrap(),
+            )
+            .unwrap();
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let name = ServerName::try_from("127.0.0.1").unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .ok()?;
+        Some(tls.get_ref().1.peer_certificates()?[0].clone().into_owned())
+    }
+
+    #[test]
+    fn a_rotated_certificate_is_served_and_presented_by_new_connections() {
+        let pki = pki::TestPki::new();
+        // No SLUICE_PEER_TLS_SAN: each peer is verified against its address, an IP here.
+        let first = pki.leaf("first", &["127.0.0.1"]);
+        let second = pki.leaf("second", &["127.0.0.1"]);
+        let stand_in = pki.leaf("stand-in", &["127.0.0.1"]);
+        let tester = pki.leaf("tester", &["tester.test"]);
+        let secret = tempfile::tempdir().unwrap();
+        secret_version(secret.path(), 1, &first);
+        let config = tempfile::tempdir().unwrap();
+        std::fs::write(
+            config.path().join("limits.yaml"),
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+        )
+        .unwrap();
+
+        let rt = runtime();
+        // The node's other peer records the client certificate of every connection the node
+        // makes to it (its probes reconnect every 500 ms, since the stand-in hangs up).
+        let (stand_in_port, presented) = recording_peer(&rt, &pki.ca, &stand_in);
+        let mut node = Node {
+            child: None,
+            http: free_port(),
+            debug: free_port(),
+            peer: free_port(),
+            env: tls_env(
+                &secret.path().join("tls.crt"),
+                &secret.path().join("tls.key"),
+                &pki.ca,
+                None,
+            ),
+        };
+        let peers = format!("127.0.0.1:{},127.0.0.1:{stand_in_port}", node.peer);
+        node.start(&peers, config.path());
+        let both_ways = |leaf: &pki::Leaf| {
+            let last_presented = presented.lock().unwrap().last().cloned();
+            last_presented == Some(der(leaf))
+                && rt.block_on(served(node.peer, &pki.ca, &tester)) == Some(der(leaf))
+        };
+        wait_for(
+            "the first certificate, both ways",
+            Duration::from_secs(10),
+            || both_ways(&first),
+        );
+
+        // The secret is renewed in place: new connections, made and accepted, use the new one.
+        secret_version(secret.path(), 2, &second);
+        let started = Instant::now();
+        wait_for(
+            "the second certificate, both ways",
+            Duration::from_secs(10),
+            || both_ways(&second),
+        );
+        eprintln!(
+            "renewed certificate in use both ways after {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn bad_peer_tls_settings_and_files_stop_start_up_naming_the_variable() {
+        let pki = pki::TestPki::new();
+        let leaf = pki.leaf("peer", &[SAN]);
+        let other = pki.leaf("other", &[SAN]);
+        let missing = pki.dir().join("missing.pem");
+        // The peer port is taken: a refusal that came after binding would exit 1, not 64.
+        let port = free_port();
+        let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let refused = |vars: &[(&str, &Path)], expected: &str| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+            c.env_remove("REDIS_URL")
+                .env_remove("BACKEND_TYPE")
+                .env("GRPC_HOST", "127.0.0.1")
+                .env("PEERS", format!("127.0.0.1:{port}"))
+                .env("PEER_PORT", port.to_string())
+                .env("PEER_ADVERTISE_ADDRESS", format!("127.0.0.1:{port}"))
+                .env("SLUICE_PEER_TLS", "true")
+                .stdin(Stdio::null());
+            for (var, value) in vars {
+                c.env(var, value);
+            }
+            let out = c.output().expect("run sluice");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{vars:?}: {err}");
+            assert!(err.contains(expected), "{expected} not in: {err}");
+        };
+        let cert = ("SLUICE_PEER_TLS_CERT", leaf.cert.as_path());
+        let key = ("SLUICE_PEER_TLS_KEY", leaf.key.as_path());
+        let ca = ("SLUICE_PEER_TLS_CACERT", pki.ca.as_path());
+        refused(
+            &[cert, key],
+            "SLUICE_PEER_TLS_CACERT=: must name a PEM file",
+        );
+        refused(
+            &[cert, key, ("SLUICE_PEER_TLS_CACERT", &missing)],
+            &format!("SLUICE_PEER_TLS_CACERT={}: cannot read", missing.display()),
+        );
+        refused(
+            &[cert, ("SLUICE_PEER_TLS_KEY", &other.key), ca],
+            &format!(
+                "SLUICE_PEER_TLS_KEY={}: the private key does not match the certificate in \
+                 SLUICE_PEER_TLS_CERT={}",
+                other.key.display(),
+                leaf.cert.display()
+            ),
+        );
+        // A key is not a CA.
+        refused(
+            &[cert, key, ("SLUICE_PEER_TLS_CACERT", &leaf.key)],
+            &format!(
+                "SLUICE_PEER_TLS_CACERT={}: no PEM certificate",
+                leaf.key.display()
+            ),
         );
     }
 }

@@ -5,14 +5,16 @@ For the chart's defaults and each file in helm/sluice/examples/ it runs `helm li
 renders the chart with `helm template`, validates every manifest with `kubernetes-validate
 --strict` against Kubernetes KUBE_VERSION's schemas, checks what the schemas cannot (the
 security context, the directory mount that makes reloads work, the peer and Redis wiring, the
-grace period, the TLS Secret mounts and the tracing and write-behind variables), and feeds
+grace period, the TLS Secret mounts, peer TLS and its cert-manager Certificate, the
+NetworkPolicy, and the tracing and write-behind variables), and feeds
 each rendered ConfigMap's descriptor files to `sluice check-config`. The same is done for a few
 value combinations (COMBOS). Then, for every render, it starts the real sluice binary with the
 rendered container environment (ports moved to free ones, Secret values faked, every mounted
 volume replaced by a temporary directory: the ConfigMap's files, and test certificates made
 with openssl for each Secret) and checks that it gets past its settings validation and binds
 its ports, and, with gRPC TLS, that the gRPC port completes a TLS handshake with a client
-certificate. Then it checks that bad values files are refused with a message naming the bad
+certificate; with peer TLS, that the peer port answers a peer holding the mounted certificate
+and refuses a client without one, or with one lacking the peers' name. Then it checks that bad values files are refused with a message naming the bad
 value, and that a mismatched certificate and key under the rendered paths stops the binary.
 
 Tools: helm (SLUICE_HELM, else target/helm/helm, else PATH), kubernetes-validate (beside this
@@ -70,6 +72,13 @@ COMBOS = {
                     "tls": {"secretName": "otel-client", "certKey": "tls.crt"}},
     },
     "tracing with the defaults": {"tracing": {"enabled": True, "samplingRate": 0.25}},
+    "peer TLS from cert-manager with a ClusterIssuer and an explicit name, divided mode": {
+        "replicaCount": 2,
+        "cluster": {"enabled": True, "mode": "divided", "clusterDomain": "k8s.example",
+                    "tls": {"enabled": True, "san": "peers.sluice.example", "secretName": "peers-cert",
+                            "certManager": {"enabled": True, "duration": "720h", "renewBefore": "240h",
+                                            "issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}}}},
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
@@ -77,7 +86,7 @@ COMBOS = {
 }
 KUBE_VERSION = "1.33.0"
 # Kinds that kubernetes-validate has no schema for (CRDs); checked by hand below.
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "Certificate"}
 
 passed = 0
 failed = 0
@@ -212,7 +221,8 @@ def check_deployment(label, docs, values):
         if ok:
             svc = peers[0]
             names = list(env)
-            fqdn = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
+            domain = values["cluster"].get("clusterDomain", "cluster.local")
+            fqdn = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.{domain}"
             ok = (
                 svc["spec"].get("publishNotReadyAddresses") is True
                 and [p["port"] for p in svc["spec"]["ports"]] == [8082]
@@ -253,6 +263,7 @@ def check_deployment(label, docs, values):
             yaml.safe_dump({"REDIS_AUTH": env.get("REDIS_AUTH"), "want": want}),
         )
     check_features(label, pod, c, env, values)
+    check_peer_objects(label, docs, values)
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
         sm = [d for d in docs if d["kind"] == "ServiceMonitor"]
         metrics_svcs = [
@@ -396,11 +407,114 @@ def check_features(label, pod, c, env, values):
         yaml.safe_dump({"env": got, "want": want}),
     )
 
+    check_peer_tls(label, pod, c, env, values)
+
     wb = values.get("cluster", {}).get("writeBehind", {})
     want = ({"SLUICE_PEER_WRITE_BEHIND": "true", "SLUICE_PEER_WRITE_BEHIND_MS": str(wb.get("intervalMs", 500))}
             if wb.get("enabled") else {})
     got = {k: e.get("value") for k, e in env.items() if k.startswith("SLUICE_PEER_WRITE_BEHIND")}
     check(f"{label}: write-behind variables {sorted(want) or '(none)'}", got == want, yaml.safe_dump(got))
+
+
+def peer_tls_san(values):
+    """SLUICE_PEER_TLS_SAN as the chart derives it (release sluice, namespace rl)."""
+    cluster = values.get("cluster", {})
+    return cluster.get("tls", {}).get("san") or f"sluice-peers.rl.svc.{cluster.get('clusterDomain', 'cluster.local')}"
+
+
+def check_peer_tls(label, pod, c, env, values):
+    """SLUICE_PEER_TLS from the mounted Secret, the cert-manager Certificate that writes it, and
+    the peer Service's appProtocol (a mesh must pass the peers' TLS through)."""
+    cluster = values.get("cluster", {})
+    tls = cluster.get("tls", {})
+    got = {k: e.get("value") for k, e in env.items() if k.startswith("SLUICE_PEER_TLS")}
+    if not (cluster.get("enabled") and tls.get("enabled")):
+        check(f"{label}: no peer TLS variables or volume", not got and "peer-tls" not in {v["name"] for v in pod["volumes"]},
+              yaml.safe_dump(got))
+        return
+    secret = tls.get("secretName") or "sluice-peer-tls"
+    want = {
+        "SLUICE_PEER_TLS": "true",
+        "SLUICE_PEER_TLS_CERT": "/etc/sluice/peer-tls/tls.crt",
+        "SLUICE_PEER_TLS_KEY": "/etc/sluice/peer-tls/tls.key",
+        "SLUICE_PEER_TLS_CACERT": "/etc/sluice/peer-tls/ca.crt",
+        "SLUICE_PEER_TLS_SAN": peer_tls_san(values),
+    }
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    check(
+        f"{label}: peer TLS from Secret {secret} at /etc/sluice/peer-tls, SAN {want['SLUICE_PEER_TLS_SAN']}",
+        got == want
+        and vols.get("peer-tls", {}).get("secret", {}).get("secretName") == secret
+        and mounts.get("peer-tls", {}).get("mountPath") == "/etc/sluice/peer-tls",
+        yaml.safe_dump({"env": got, "want": want, "volumes": pod["volumes"]}),
+    )
+
+
+def check_peer_objects(label, docs, values):
+    """The cert-manager Certificate (when asked for), the peer Service's appProtocol, and the
+    NetworkPolicy: the peer port admits only the release's own pods, the client ports stay as
+    clientsFrom says."""
+    cluster = values.get("cluster", {})
+    tls = cluster.get("tls", {})
+    peer_tls = bool(cluster.get("enabled") and tls.get("enabled"))
+    certs = [d for d in docs if d["kind"] == "Certificate"]
+    cm = tls.get("certManager", {})
+    if peer_tls and cm.get("enabled"):
+        want_issuer = {"name": cm["issuerRef"]["name"], "kind": cm["issuerRef"].get("kind", "Issuer"),
+                       "group": cm["issuerRef"].get("group", "cert-manager.io")}
+        spec = certs[0]["spec"] if len(certs) == 1 else {}
+        check(
+            f"{label}: cert-manager Certificate for {peer_tls_san(values)} (server and client auth) writes the mounted Secret",
+            len(certs) == 1
+            and certs[0]["apiVersion"] == "cert-manager.io/v1"
+            and spec.get("dnsNames") == [peer_tls_san(values)]
+            and spec.get("secretName") == (tls.get("secretName") or "sluice-peer-tls")
+            and {"server auth", "client auth"} <= set(spec.get("usages", []))
+            and spec.get("issuerRef") == want_issuer
+            and spec.get("duration", "") == cm.get("duration", "")
+            and spec.get("renewBefore", "") == cm.get("renewBefore", ""),
+            yaml.safe_dump(certs),
+        )
+    else:
+        check(f"{label}: no Certificate", not certs, yaml.safe_dump(certs))
+    if cluster.get("enabled"):
+        (svc,) = [d for d in docs if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"]
+        proto = svc["spec"]["ports"][0].get("appProtocol")
+        check(f"{label}: peer Service appProtocol {proto}", proto == ("https" if peer_tls else "kubernetes.io/h2c"))
+
+    nps = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    npv = values.get("networkPolicy", {})
+    if not npv.get("enabled"):
+        check(f"{label}: no NetworkPolicy", not nps)
+        return
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    selector = {"podSelector": {"matchLabels": deploy["spec"]["selector"]["matchLabels"]}}
+    (np,) = nps
+    rules = np["spec"]["ingress"]
+    ports = lambda r: {p["port"] for p in r.get("ports", [])}
+    peer_rules = [r for r in rules if "peer" in ports(r)]
+    client_rules = [r for r in rules if ports(r) & {"grpc", "http"}]
+    ok = (
+        np["spec"]["podSelector"] == selector["podSelector"]
+        and np["spec"]["policyTypes"] == ["Ingress"]
+        # A rule without ports would open every port, the peer port included.
+        and all(r.get("ports") for r in rules)
+        and len(client_rules) == 1
+        and ports(client_rules[0]) == {"grpc", "http"}
+        and client_rules[0].get("from", []) == npv.get("clientsFrom", [])
+    )
+    if cluster.get("enabled"):
+        ok = ok and len(peer_rules) == 1 and ports(peer_rules[0]) == {"peer"} and peer_rules[0].get("from") == [selector]
+    else:
+        ok = ok and not peer_rules
+    check(
+        f"{label}: NetworkPolicy admits the peer port only from the release's pods"
+        + (" (no peer port)" if not cluster.get("enabled") else "")
+        + ", gRPC and HTTP from clientsFrom",
+        ok,
+        yaml.safe_dump(np),
+    )
 
 
 def make_certs(tmp):
@@ -410,7 +524,11 @@ def make_certs(tmp):
     ossl = lambda *a: subprocess.run(["openssl", *a], cwd=d, check=True, capture_output=True)
     ossl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
          "-out", "ca.crt", "-days", "2", "-subj", "/CN=test-ca")
-    for name, san in [("server", "DNS:localhost,IP:127.0.0.1"), ("client", "DNS:envoy.ingress.svc.cluster.local")]:
+    # The server certificate doubles as the pods' peer certificate: it carries the peer names
+    # the renders use (peer_tls_san).
+    server_san = ("DNS:localhost,IP:127.0.0.1,DNS:sluice-peers.rl.svc.cluster.local,"
+                  "DNS:sluice-peers.rl.svc.k8s.example,DNS:peers.sluice.example")
+    for name, san in [("server", server_san), ("client", "DNS:envoy.ingress.svc.cluster.local")]:
         ossl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f"{name}.key",
              "-out", f"{name}.csr", "-subj", f"/CN={name}", "-addext", f"subjectAltName={san}")
         (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
@@ -520,6 +638,27 @@ def tls_handshake(port, certs, tmp):
         return f"error: {e}"
 
 
+def peer_call(port, tmp, san, identity):
+    """Connects to the peer port as a peer does: TLS trusting the CA, verifying `san`, presenting
+    `identity` (server or client, from make_certs; None for no certificate), then the HTTP/2
+    preface and an empty SETTINGS frame. Returns "settings" when the server answers with its
+    own SETTINGS frame (it took the certificate); else what happened. With TLS 1.3 a refused
+    client certificate shows as an alert after the handshake, on the first read."""
+    import ssl
+    ctx = ssl.create_default_context(cafile=str(Path(tmp) / "ca.crt"))
+    if identity:
+        ctx.load_cert_chain(str(Path(tmp) / f"{identity}.crt"), str(Path(tmp) / f"{identity}.key"))
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname=san) as s:
+                s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+                frame = s.recv(9)
+                return "settings" if len(frame) >= 4 and frame[3] == 4 else f"unexpected {frame!r}"
+    except (OSError, ssl.SSLError) as e:
+        return f"error: {e}"
+
+
 def check_settings(label, sluice, docs, values, certs, cert_dir):
     """Starts the real binary with the rendered environment: it must accept the settings and
     every file they name, and bind its ports; with gRPC TLS, the gRPC port must speak it."""
@@ -536,6 +675,16 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
                 alpn = tls_handshake(ports["GRPC_PORT"], certs, cert_dir)
                 check(f"{label}: the gRPC port completes a TLS handshake (ALPN h2) with the mounted certificate",
                       alpn == "h2", str(alpn))
+            cluster = values.get("cluster", {})
+            if cluster.get("enabled") and cluster.get("tls", {}).get("enabled"):
+                san = peer_tls_san(values)
+                calls = {who: peer_call(ports["PEER_PORT"], cert_dir, san, identity)
+                         for who, identity in [("peer", "server"), ("no certificate", None),
+                                               ("the CA's certificate without the peers' name", "client")]}
+                check(f"{label}: the peer port answers a peer with the mounted certificate over mTLS ({san}) and "
+                      "refuses a client without a certificate or without the peers' name",
+                      calls["peer"] == "settings" and all(r != "settings" for w, r in calls.items() if w != "peer"),
+                      yaml.safe_dump(calls))
         finally:
             stop(out)
 
@@ -650,6 +799,18 @@ def main():
          ["remove env.REDIS_PERSECOND"]),
         ("write-behind interval 5 ms", {"cluster": {"writeBehind": {"intervalMs": 5}}},
          ["/cluster/writeBehind/intervalMs", "minimum"]),
+        ("peer TLS without the peer cluster", {"cluster": {"tls": {"enabled": True, "secretName": "t"}}},
+         ["cluster.tls.enabled needs cluster.enabled"]),
+        ("peer TLS without a Secret or cert-manager", {"cluster": {"enabled": True, "tls": {"enabled": True}}},
+         ["cluster.tls.enabled needs cluster.tls.secretName", "certManager.enabled"]),
+        ("peer TLS from cert-manager without an issuer", {"cluster": {"enabled": True, "tls": {
+            "enabled": True, "certManager": {"enabled": True}}}}, ["needs cluster.tls.certManager.issuerRef.name"]),
+        ("peer TLS name without peer TLS", {"cluster": {"enabled": True, "tls": {"san": "peers.example"}}},
+         ["cluster.tls.san and cluster.tls.certManager need cluster.tls.enabled"]),
+        ("peer TLS name that is no name", {"cluster": {"tls": {"san": "two words"}}}, ["/cluster/tls/san", "does not match pattern"]),
+        ("peer TLS issuer of an unknown kind", {"cluster": {"tls": {"certManager": {"issuerRef": {"kind": "Vault"}}}}},
+         ["/cluster/tls/certManager/issuerRef/kind"]),
+        ("env sets a peer TLS variable", {"env": {"SLUICE_PEER_TLS": "false"}}, ["env.SLUICE_PEER_TLS is set by the chart"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:

@@ -21,7 +21,7 @@ use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{Stats, TelemetryOptions};
-use crate::tls::{ClientTls, ServerTls};
+use crate::tls::{ClientTls, PeerTls, ServerTls};
 
 /// The bound listeners.
 pub struct Listeners {
@@ -128,6 +128,9 @@ pub struct AppOptions {
     pub grpc_connection_age: Option<ConnectionAge>,
     /// SLUICE_MAX_CONNECTIONS and the other limits of every listener.
     pub listener_limits: net::Limits,
+    /// SLUICE_PEER_TLS: mutual TLS on the peer listener and on the calls to peers, with one
+    /// certificate re-read from its files every [`CERT_POLL`].
+    pub peer_tls: Option<PeerTls>,
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
@@ -167,7 +170,8 @@ impl Ports {
             http: net::Port::http("PORT", limits),
             debug: net::Port::http("DEBUG_PORT", limits),
             prometheus: net::Port::http("PROMETHEUS_ADDR", limits),
-            peer: net::Port::grpc("PEER_PORT", limits, PEER_MAX_MESSAGE_BYTES, budget.clone()),
+            peer: net::Port::grpc("PEER_PORT", limits, PEER_MAX_MESSAGE_BYTES, budget.clone())
+                .with_tls(options.peer_tls.as_ref().map(|t| t.server().acceptor())),
             budget,
         }
     }
@@ -212,8 +216,13 @@ impl App {
             (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
             (Backend::Memory, None) => AnyStore::Memory(memory()),
             (Backend::Memory, Some(cluster)) => {
-                let store = ClusterStore::start(Arc::new(memory()), cluster, clock.clone())
-                    .map_err(|message| StoreError::Backend { message })?;
+                let store = ClusterStore::start(
+                    Arc::new(memory()),
+                    cluster,
+                    options.peer_tls.clone(),
+                    clock.clone(),
+                )
+                .map_err(|message| StoreError::Backend { message })?;
                 peer_server = Some(PeerServer::new(store.owner().clone(), clock.clone()));
                 AnyStore::Cluster(store)
             }
@@ -384,11 +393,16 @@ impl App {
             exporters,
             stop: stop_tx,
             otlp_stop: otlp_stop_tx,
-            // Reloads the gRPC certificate when its files change, until the app stops.
+            // Reload the gRPC and peer certificates when their files change, until the app
+            // stops (the peer one serves both sides of peer TLS).
             _guards: (
                 watcher,
                 xds,
                 options.grpc_tls.as_ref().map(|tls| tls.watch(CERT_POLL)),
+                options
+                    .peer_tls
+                    .as_ref()
+                    .map(|tls| tls.server().watch(CERT_POLL)),
             ),
         }
     }
@@ -481,10 +495,11 @@ struct Running {
     exporters: Vec<(tokio::task::JoinHandle<()>, Duration)>,
     stop: watch::Sender<bool>,
     otlp_stop: watch::Sender<bool>,
-    /// The config watcher, the xDS client and the certificate watcher stop when dropped.
+    /// The config watcher, the xDS client and the certificate watchers stop when dropped.
     _guards: (
         Option<crate::config::WatchGuard>,
         Option<crate::xds::XdsGuard>,
+        Option<crate::tls::TaskGuard>,
         Option<crate::tls::TaskGuard>,
     ),
 }

@@ -20,10 +20,11 @@
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
 //! - [`net`]: every listener's accept loop and connections: caps on connections, streams and
-//!   requests in flight, deadlines, idle and header timeouts, gRPC message lengths checked
-//!   before decoding.
-//! - [`tls`]: PEM files -> checked certificates and keys; the gRPC listener's reloading
-//!   certificate and TLS accept loop; the clients' trust and identity (xDS, Redis, OTLP) and
+//!   requests in flight, deadlines, idle and header timeouts, TLS handshakes, gRPC message
+//!   lengths checked before decoding.
+//! - [`tls`]: PEM files -> checked certificates and keys; the gRPC and peer listeners'
+//!   reloading certificates; the peer cluster's mutual TLS (one certificate for the peer
+//!   listener and the calls to peers); the clients' trust and identity (xDS, Redis, OTLP) and
 //!   their tonic or rustls client configs.
 //! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
 //! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus

@@ -13,7 +13,7 @@ use sluice::clock::SystemClock;
 use sluice::config::{self, ConfigHandle, ConfigSource, LoadOptions};
 use sluice::service::{HeaderNames, ServiceOptions};
 use sluice::settings::{self, Command, ConfigLocation, ServeArgs, Settings};
-use sluice::tls::{ClientTls, ServerTls};
+use sluice::tls::{ClientTls, PeerTls, ServerTls};
 
 const EXIT_USAGE: u8 = 64;
 
@@ -104,7 +104,12 @@ enum ConfigFeed {
     Xds(Box<Xds>),
 }
 
-fn app_options(s: &Settings, feed: ConfigFeed, grpc_tls: Option<ServerTls>) -> AppOptions {
+fn app_options(
+    s: &Settings,
+    feed: ConfigFeed,
+    grpc_tls: Option<ServerTls>,
+    peer_tls: Option<PeerTls>,
+) -> AppOptions {
     let (reload, xds) = match feed {
         ConfigFeed::Files(reload) => (Some(reload), None),
         ConfigFeed::Xds(xds) => (None, Some(*xds)),
@@ -145,6 +150,7 @@ fn app_options(s: &Settings, feed: ConfigFeed, grpc_tls: Option<ServerTls>) -> A
         grpc_tls,
         grpc_connection_age: s.grpc_connection_age,
         listener_limits: s.listener_limits.clone(),
+        peer_tls,
     }
 }
 
@@ -214,8 +220,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             .load_success
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    // The gRPC listener's certificate, key and client CA are read and checked before any port
-    // is bound, like the config.
+    // The gRPC listener's certificate, key and client CA, and the peers', are read and checked
+    // before any port is bound, like the config.
     let grpc_tls = match settings.grpc_tls.as_ref().map(ServerTls::load).transpose() {
         Ok(tls) => tls,
         Err(e) => {
@@ -223,7 +229,14 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let options = app_options(&settings, config_feed, grpc_tls);
+    let peer_tls = match settings.peer_tls.as_ref().map(PeerTls::load).transpose() {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let options = app_options(&settings, config_feed, grpc_tls, peer_tls);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -269,6 +282,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             grpc = %settings.grpc_addr,
             grpc_uds = ?settings.grpc_uds,
             grpc_tls = settings.grpc_tls.is_some(),
+            peer_tls = settings.peer_tls.is_some(),
             debug = %settings.debug_addr,
             "serving"
         );

@@ -41,6 +41,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod listeners;
 pub use listeners::ListenerArgs;
+mod peer_tls;
 
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]
@@ -547,6 +548,8 @@ pub struct ServeArgs {
     pub compat: CompatArgs,
     #[command(flatten)]
     pub listeners: ListenerArgs,
+    #[command(flatten)]
+    pub peer_tls: peer_tls::PeerTlsArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -600,6 +603,8 @@ pub struct Settings {
     pub xds: Option<XdsSettings>,
     /// SLUICE_MAX_CONNECTIONS and the other limits every listener applies.
     pub listener_limits: crate::net::Limits,
+    /// SLUICE_PEER_TLS; `None`: the peer port and the calls to peers are plain text.
+    pub peer_tls: Option<crate::tls::PeerTlsFiles>,
 }
 
 /// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
@@ -942,6 +947,7 @@ impl ServeArgs {
             ));
         }
 
+        let peer_tls = self.peer_tls.validate(cluster.is_some())?;
         Ok(Settings {
             http_addr,
             grpc_addr,
@@ -997,6 +1003,7 @@ impl ServeArgs {
             }),
             xds: self.xds.validate()?,
             listener_limits: self.listeners.validate(self.max_request_bytes)?,
+            peer_tls,
         })
     }
 }

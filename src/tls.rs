@@ -1,12 +1,14 @@
 //! TLS material, from PEM files to what the listeners and clients use: certificates and keys
 //! read and checked once, before any port is bound (errors name the variable and the file);
-//! the gRPC listener's certificate, re-read when its files change, as a [`TlsAcceptor`] (the
-//! handshake itself happens in [`crate::net`], bounded like every listener's work); and the
-//! clients' trust and identity ([`ClientTls`]: xDS, Redis, the OTLP exporters), turned into
-//! tonic's client config or a rustls one.
+//! the gRPC and peer listeners' certificates, re-read when their files change, as
+//! [`TlsAcceptor`]s (the handshake itself happens in [`crate::net`], bounded like every
+//! listener's work); the peer cluster's mutual TLS ([`PeerTls`]: one reloading certificate for
+//! the peer listener and the calls to other peers); and the clients' trust and identity
+//! ([`ClientTls`]: xDS, Redis, the OTLP exporters), turned into tonic's client config or a
+//! rustls one.
 //!
-//! rustls on ring only. The one piece of tonic here is [`ClientTls::tonic_config`], shared by
-//! the xDS client and OTLP/gRPC.
+//! rustls on ring only. The pieces of tonic here are [`ClientTls::tonic_config`], shared by the
+//! xDS client and OTLP/gRPC, and [`PeerConnector`], the peer client's dialer.
 
 use std::fmt;
 use std::io;
@@ -15,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -189,19 +192,23 @@ impl KeyPairFiles {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The gRPC listener.
+// The listeners: gRPC, and the peer port's server side.
 
-/// The gRPC listener's TLS: a rustls server config whose certificate is re-read from disk by
-/// [`ServerTls::watch`], and, with GRPC_CLIENT_TLS_CACERT, a required client certificate.
+/// A listener's TLS (the gRPC port's, or the peer port's through [`PeerTls`]): a rustls server
+/// config whose certificate is re-read from disk by [`ServerTls::watch`], and, with a client CA
+/// (GRPC_CLIENT_TLS_CACERT, SLUICE_PEER_TLS_CACERT), a required client certificate.
 #[derive(Clone)]
 pub struct ServerTls {
     config: Arc<ServerConfig>,
     cert: Arc<ReloadingCert>,
+    /// Which listener the log lines are about: "gRPC" or "peer".
+    label: &'static str,
 }
 
 impl fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServerTls")
+            .field("listener", &self.label)
             .field("files", &self.cert.files)
             .field("alpn", &self.config.alpn_protocols)
             .finish()
@@ -211,51 +218,39 @@ impl fmt::Debug for ServerTls {
 impl ServerTls {
     /// Reads and checks every file now, so a bad one stops start-up before a port is bound.
     pub fn load(settings: &GrpcServerTls) -> Result<Self, TlsError> {
-        let files = KeyPairFiles {
+        let cert = Arc::new(ReloadingCert::load(KeyPairFiles {
             cert: PemFile::new("GRPC_SERVER_TLS_CERT", &settings.cert),
             key: PemFile::new("GRPC_SERVER_TLS_KEY", &settings.key),
-        };
-        let loaded = files.load()?;
-        let cert = Arc::new(ReloadingCert {
-            current: ArcSwap::new(loaded.certified.clone()),
-            files,
-            state: Mutex::new(WatchState {
-                cert_pem: loaded.cert_pem,
-                key_pem: loaded.key_pem,
-                last_error: None,
-            }),
-        });
-
-        let builder = ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| {
-                PemFile::new("GRPC_SERVER_TLS_CERT", &settings.cert)
-                    .invalid(format!("TLS setup: {e}"))
-            })?;
-        let builder = match &settings.client_ca {
-            None => builder.with_no_client_auth(),
+        })?);
+        let clients = match &settings.client_ca {
+            None => None,
             Some(ca) => {
                 let ca = PemFile::new("GRPC_CLIENT_TLS_CACERT", ca);
-                // Only this CA: the Go service adds the system's roots too, which would let any
-                // publicly issued client certificate in.
-                let verifier = WebPkiClientVerifier::builder_with_provider(
-                    Arc::new(ca.roots(&ca.read()?)?),
-                    provider(),
-                )
-                .build()
-                .map_err(|e| ca.invalid(format!("cannot verify clients with it: {e}")))?;
-                let verifier: Arc<dyn ClientCertVerifier> = match &settings.client_san {
-                    None => verifier,
-                    Some(san) => Arc::new(SanVerifier {
-                        inner: verifier,
-                        san: ServerName::try_from(san.clone()).map_err(|_| {
-                            PemFile::new("GRPC_CLIENT_TLS_SAN", san)
-                                .invalid("expected a DNS name or an IP address")
-                        })?,
-                    }),
-                };
-                builder.with_client_cert_verifier(verifier)
+                let roots = Arc::new(ca.roots(&ca.read()?)?);
+                let san = settings.client_san.as_deref();
+                Some(client_verifier(
+                    &ca,
+                    roots,
+                    san.map(|san| ("GRPC_CLIENT_TLS_SAN", san)),
+                )?)
             }
+        };
+        Self::build("gRPC", cert, clients)
+    }
+
+    /// The server config around `cert`; `clients` verifies the required client certificates,
+    /// `None` asks for none.
+    fn build(
+        label: &'static str,
+        cert: Arc<ReloadingCert>,
+        clients: Option<Arc<dyn ClientCertVerifier>>,
+    ) -> Result<Self, TlsError> {
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| cert.files.cert.invalid(format!("TLS setup: {e}")))?;
+        let builder = match clients {
+            None => builder.with_no_client_auth(),
+            Some(verifier) => builder.with_client_cert_verifier(verifier),
         };
         let mut config = builder.with_cert_resolver(cert.clone());
         // gRPC is HTTP/2; a client that offers ALPN must be able to agree on h2.
@@ -263,6 +258,7 @@ impl ServerTls {
         Ok(ServerTls {
             config: Arc::new(config),
             cert,
+            label,
         })
     }
 
@@ -283,7 +279,7 @@ impl ServerTls {
     ///
     /// Must be called within a tokio runtime.
     pub fn watch(&self, poll: Duration) -> TaskGuard {
-        let cert = self.cert.clone();
+        let (cert, label) = (self.cert.clone(), self.label);
         TaskGuard(tokio::spawn(async move {
             let mut ticker = tokio::time::interval(poll);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -296,7 +292,7 @@ impl ServerTls {
                     Ok(true) => tracing::info!(
                         cert = %cert.files.cert.path.display(),
                         key = %cert.files.key.path.display(),
-                        "gRPC TLS certificate reloaded; new connections use it"
+                        "{label} TLS certificate reloaded; new connections use it"
                     ),
                     Err(e) => {
                         let message = e.to_string();
@@ -304,7 +300,7 @@ impl ServerTls {
                         if state.last_error.as_deref() != Some(message.as_str()) {
                             tracing::warn!(
                                 error = %message,
-                                "gRPC TLS certificate not reloaded; the previous one keeps serving"
+                                "{label} TLS certificate not reloaded; the previous one keeps serving"
                             );
                             state.last_error = Some(message);
                         }
@@ -356,7 +352,36 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
+impl ResolvesClientCert for ReloadingCert {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 impl ReloadingCert {
+    /// Reads and checks the pair now (start-up); later changes are picked up by
+    /// [`Self::reload_if_changed`].
+    fn load(files: KeyPairFiles) -> Result<Self, TlsError> {
+        let loaded = files.load()?;
+        Ok(ReloadingCert {
+            current: ArcSwap::new(loaded.certified),
+            files,
+            state: Mutex::new(WatchState {
+                cert_pem: loaded.cert_pem,
+                key_pem: loaded.key_pem,
+                last_error: None,
+            }),
+        })
+    }
+
     fn reload_if_changed(&self) -> Result<bool, TlsError> {
         let (cert_pem, key_pem) = self.files.read()?;
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -376,9 +401,31 @@ impl ReloadingCert {
     }
 }
 
-/// GRPC_CLIENT_TLS_SAN: the chain is verified by `inner`, then the end-entity certificate must
-/// be valid for `san` (a DNS or IP subject alternative name), as the Go service's
-/// `x509.VerifyOptions{DNSName}` checks.
+/// Requires a client certificate that chains to `roots`, read from `ca` (only that CA: the Go
+/// service adds the system's roots too, which would let any publicly issued client certificate
+/// in) and, with `san` (its variable and value), is valid for that name.
+fn client_verifier(
+    ca: &PemFile,
+    roots: Arc<RootCertStore>,
+    san: Option<(&'static str, &str)>,
+) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| ca.invalid(format!("cannot verify clients with it: {e}")))?;
+    let Some((var, san)) = san else {
+        return Ok(verifier);
+    };
+    let san = ServerName::try_from(san.to_owned())
+        .map_err(|_| PemFile::new(var, san).invalid("expected a DNS name or an IP address"))?;
+    Ok(Arc::new(SanVerifier {
+        inner: verifier,
+        san,
+    }))
+}
+
+/// GRPC_CLIENT_TLS_SAN or SLUICE_PEER_TLS_SAN: the chain is verified by `inner`, then the
+/// end-entity certificate must be valid for `san` (a DNS or IP subject alternative name), as
+/// the Go service's `x509.VerifyOptions{DNSName}` checks.
 #[derive(Debug)]
 struct SanVerifier {
     inner: Arc<dyn ClientCertVerifier>,
@@ -432,6 +479,160 @@ impl ClientCertVerifier for SanVerifier {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The peer port: mutual TLS both ways.
+
+/// SLUICE_PEER_TLS's files and name, validated by the settings and read by [`PeerTls::load`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTlsFiles {
+    /// SLUICE_PEER_TLS_CERT and SLUICE_PEER_TLS_KEY: this node's certificate, presented as the
+    /// peer listener's and as the client certificate of its calls to other peers.
+    pub identity: KeyPairFiles,
+    /// SLUICE_PEER_TLS_CACERT: the CA every peer's certificate must chain to, both ways.
+    pub ca: PemFile,
+    /// SLUICE_PEER_TLS_SAN: the name every peer's certificate must carry, both ways; `None`
+    /// verifies each peer's certificate against the host of its address (an IP SAN, for
+    /// PEERS_DNS) and takes any client certificate from the CA.
+    pub san: Option<String>,
+}
+
+/// The peer cluster's TLS, loaded: the listener's side ([`Self::server`]) and the client's
+/// ([`Self::connector`]) share one certificate, so the one watcher the listener starts reloads
+/// both: new connections, accepted or made, use the new certificate.
+///
+/// Both sides always verify: peer TLS is mutual, since the point is that only a holder of a
+/// certificate from SLUICE_PEER_TLS_CACERT can send hits.
+#[derive(Clone)]
+pub struct PeerTls {
+    server: ServerTls,
+    client: Arc<rustls::ClientConfig>,
+    san: Option<ServerName<'static>>,
+}
+
+impl fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerTls")
+            .field("server", &self.server)
+            .field("san", &self.san)
+            .finish()
+    }
+}
+
+impl PeerTls {
+    /// Reads and checks every file now, so a bad one stops start-up before a port is bound.
+    pub fn load(files: &PeerTlsFiles) -> Result<Self, TlsError> {
+        let san = match &files.san {
+            None => None,
+            Some(name) => Some(ServerName::try_from(name.clone()).map_err(|_| {
+                PemFile::new("SLUICE_PEER_TLS_SAN", name)
+                    .invalid("expected a DNS name or an IP address")
+            })?),
+        };
+        let cert = Arc::new(ReloadingCert::load(files.identity.clone())?);
+        // One CA both ways: it vouches for the peers that call and for the peers called.
+        let roots = Arc::new(files.ca.roots(&files.ca.read()?)?);
+        let clients = client_verifier(
+            &files.ca,
+            roots.clone(),
+            files.san.as_deref().map(|san| ("SLUICE_PEER_TLS_SAN", san)),
+        )?;
+        let server = ServerTls::build("peer", cert.clone(), Some(clients))?;
+        let mut client = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| files.ca.invalid(format!("TLS setup: {e}")))?
+            .with_root_certificates(roots)
+            .with_client_cert_resolver(cert);
+        client.alpn_protocols = vec![b"h2".to_vec()];
+        // A resumed session skips the client certificate, and the peer would go on seeing the
+        // one the session began with: every new connection does a full handshake instead, so
+        // it presents the certificate as last reloaded (peer connections are long-lived HTTP/2,
+        // so this costs a handshake per reconnect).
+        client.resumption = rustls::client::Resumption::disabled();
+        Ok(PeerTls {
+            server,
+            client: Arc::new(client),
+            san,
+        })
+    }
+
+    /// The peer listener's side: its acceptor, and the watcher that reloads the certificate
+    /// (for both sides).
+    pub fn server(&self) -> &ServerTls {
+        &self.server
+    }
+
+    /// What tonic dials the peer at `addr` (`host:port`) with: TCP, then a TLS handshake that
+    /// presents this node's current certificate and verifies the peer's against
+    /// SLUICE_PEER_TLS_SAN, or else against `addr`'s host.
+    pub fn connector(&self, addr: &str) -> Result<PeerConnector, TlsError> {
+        let name = match &self.san {
+            Some(san) => san.clone(),
+            None => {
+                let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                ServerName::try_from(host.to_owned()).map_err(|_| {
+                    TlsError::ClientSetup(format!(
+                        "peer {addr}: {host} is neither a DNS name nor an IP address, so its \
+                         certificate cannot be verified; set SLUICE_PEER_TLS_SAN"
+                    ))
+                })?
+            }
+        };
+        Ok(PeerConnector {
+            connector: tokio_rustls::TlsConnector::from(self.client.clone()),
+            name,
+        })
+    }
+}
+
+/// Dials one peer over TLS, for `tonic::transport::Endpoint::connect_with_connector_lazy`: the
+/// endpoint's `connect_timeout` bounds the TCP connect and the handshake together.
+#[derive(Clone)]
+pub struct PeerConnector {
+    connector: tokio_rustls::TlsConnector,
+    name: ServerName<'static>,
+}
+
+impl fmt::Debug for PeerConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeerConnector")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+type PeerStream = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+
+impl tonic::codegen::Service<tonic::codegen::http::Uri> for PeerConnector {
+    type Response = PeerStream;
+    type Error = io::Error;
+    type Future = tonic::codegen::BoxFuture<PeerStream, io::Error>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), io::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: tonic::codegen::http::Uri) -> Self::Future {
+        let (connector, name) = (self.connector.clone(), self.name.clone());
+        Box::pin(async move {
+            let authority = uri.authority().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("no host:port in {uri}"),
+                )
+            })?;
+            let tcp = tokio::net::TcpStream::connect(authority.as_str()).await?;
+            // As on the listeners: no Nagle delay before a small call's last frame.
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(name, tcp).await?;
+            Ok(hyper_util::rt::TokioIo::new(tls))
+        })
     }
 }
 

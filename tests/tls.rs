@@ -1,6 +1,7 @@
 //! The TLS files, without sockets: every way a certificate, key or CA file can be unusable is
 //! refused with the variable and the file named, and the gRPC certificate's reload takes a good
-//! new pair, ignores an unchanged one and keeps the old one over a bad one.
+//! new pair, ignores an unchanged one and keeps the old one over a bad one; peer TLS names each
+//! peer by its address, or by SLUICE_PEER_TLS_SAN.
 
 #[path = "../integration/pki.rs"]
 mod pki;
@@ -8,7 +9,7 @@ mod pki;
 use std::path::{Path, PathBuf};
 
 use sluice::settings::{GrpcServerTls, XdsTls};
-use sluice::tls::{ClientTls, ServerTls, TlsError};
+use sluice::tls::{ClientTls, KeyPairFiles, PeerTls, PeerTlsFiles, PemFile, ServerTls, TlsError};
 
 fn server(cert: &Path, key: &Path, ca: Option<&Path>) -> Result<ServerTls, TlsError> {
     ServerTls::load(&GrpcServerTls {
@@ -166,4 +167,52 @@ fn reload_takes_a_good_new_pair_and_keeps_the_old_one_over_a_bad_one() {
         !tls.reload_if_changed().unwrap(),
         "back to the serving pair"
     );
+}
+
+fn peer_files(leaf: &pki::Leaf, ca: &Path, san: Option<&str>) -> PeerTlsFiles {
+    PeerTlsFiles {
+        identity: KeyPairFiles {
+            cert: PemFile::new("SLUICE_PEER_TLS_CERT", &leaf.cert),
+            key: PemFile::new("SLUICE_PEER_TLS_KEY", &leaf.key),
+        },
+        ca: PemFile::new("SLUICE_PEER_TLS_CACERT", ca),
+        san: san.map(str::to_owned),
+    }
+}
+
+#[test]
+fn peer_tls_verifies_each_peer_by_its_address_unless_a_san_is_set() {
+    let pki = pki::TestPki::new();
+    let leaf = pki.leaf("peer", &["10.0.0.7"]);
+    let by_address = PeerTls::load(&peer_files(&leaf, &pki.ca, None)).expect("peer TLS");
+    for addr in [
+        "10.0.0.7:8082",
+        "[fd00::7]:8082",
+        "sluice-0.sluice-peers:8082",
+    ] {
+        by_address.connector(addr).expect(addr);
+    }
+    let e = by_address
+        .connector("not a host:8082")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("set SLUICE_PEER_TLS_SAN"), "{e}");
+    // With a SAN, every peer is verified against it, whatever its address.
+    let named = PeerTls::load(&peer_files(&leaf, &pki.ca, Some("peers.test"))).unwrap();
+    named
+        .connector("not a host:8082")
+        .expect("the SAN is verified");
+    let debug = format!("{named:?}");
+    assert!(!debug.contains("PRIVATE"), "{debug}");
+
+    // The files are checked like the gRPC listener's, naming the peer variables.
+    let other = pki.leaf("other", &["10.0.0.7"]);
+    let mut mismatched = peer_files(&leaf, &pki.ca, None);
+    mismatched.identity.key = PemFile::new("SLUICE_PEER_TLS_KEY", &other.key);
+    let e = PeerTls::load(&mismatched).unwrap_err().to_string();
+    assert!(e.starts_with("SLUICE_PEER_TLS_KEY="), "{e}");
+    let e = PeerTls::load(&peer_files(&leaf, &leaf.key, None))
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("SLUICE_PEER_TLS_CACERT="), "{e}");
 }

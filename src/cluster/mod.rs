@@ -13,6 +13,8 @@
 //! - **Durability** (SLUICE_PEER_WRITE_BEHIND, [`durable`]): owners write their counters behind
 //!   to Redis and a node that takes a key over loads its count first. Every hit this node
 //!   applies as an owner, its own or forwarded, goes through [`OwnerStore`] for that.
+//! - **Security** (SLUICE_PEER_TLS): the peer listener and every call to a peer, probes
+//!   included, use mutual TLS with one certificate, re-read when its files change.
 
 pub mod durable;
 pub mod peer;
@@ -28,6 +30,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::limiter::fixed_window::Decision;
 use crate::settings::{ClusterMode, ClusterSettings, PeerSource};
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use crate::tls::PeerTls;
 use durable::{Durable, RingChanges};
 use peer::{PeerClient, PeerHit};
 use ring::{Ring, key_hash};
@@ -41,14 +44,20 @@ struct Members {
     down: Vec<AtomicBool>,
 }
 
+/// What a client for each remote peer is made from, whenever the peers change.
+#[derive(Clone)]
+struct Dialer {
+    /// This node's address among the peers, the deadline and the batch window.
+    settings: ClusterSettings,
+    /// SLUICE_PEER_TLS.
+    tls: Option<PeerTls>,
+    stats: Arc<ClusterStats>,
+}
+
 impl Members {
-    fn build(
-        addrs: Vec<String>,
-        me: &str,
-        settings: &ClusterSettings,
-        stats: &Arc<ClusterStats>,
-    ) -> Result<Self, String> {
-        let ring = Ring::new(addrs.into_iter().chain([me.to_owned()]));
+    fn build(addrs: Vec<String>, dialer: &Dialer) -> Result<Self, String> {
+        let me = &dialer.settings.advertise;
+        let ring = Ring::new(addrs.into_iter().chain([me.clone()]));
         let me_index = ring
             .index_of(me)
             .ok_or_else(|| format!("{me} is not among the peers"))?;
@@ -58,7 +67,13 @@ impl Members {
             .map(|(i, a)| {
                 (i != me_index)
                     .then(|| {
-                        PeerClient::start(a, settings.timeout, settings.batch_window, stats.clone())
+                        PeerClient::start(
+                            a,
+                            dialer.settings.timeout,
+                            dialer.settings.batch_window,
+                            dialer.tls.as_ref(),
+                            dialer.stats.clone(),
+                        )
                     })
                     .transpose()
             })
@@ -170,10 +185,12 @@ impl Drop for ClusterStore {
 
 impl ClusterStore {
     /// Starts membership (and, for PEERS_DNS, its resolver, and with SLUICE_PEER_WRITE_BEHIND
-    /// the write-behind). Inside a tokio runtime.
+    /// the write-behind). With `tls` (SLUICE_PEER_TLS), every call to a peer is made over
+    /// mutual TLS. Inside a tokio runtime.
     pub fn start(
         local: Arc<MemoryStore>,
         settings: &ClusterSettings,
+        tls: Option<PeerTls>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {
         let initial = match &settings.peers {
@@ -181,12 +198,12 @@ impl ClusterStore {
             PeerSource::Dns { .. } => Vec::new(),
         };
         let stats = Arc::new(ClusterStats::default());
-        let members = Arc::new(ArcSwap::from_pointee(Members::build(
-            initial,
-            &settings.advertise,
-            settings,
-            &stats,
-        )?));
+        let dialer = Dialer {
+            settings: settings.clone(),
+            tls,
+            stats: stats.clone(),
+        };
+        let members = Arc::new(ArcSwap::from_pointee(Members::build(initial, &dialer)?));
         // Starting is a change: whatever this node owns now, others may have counted before.
         let changes = Arc::new(RingChanges::new(clock.now()));
         let mut tasks = vec![tokio::spawn(probe_peers(
@@ -200,8 +217,7 @@ impl ClusterStore {
                 members.clone(),
                 name.clone(),
                 *port,
-                settings.clone(),
-                stats.clone(),
+                dialer,
                 changes.clone(),
                 clock.clone(),
             )));
@@ -445,8 +461,7 @@ async fn resolve_peers(
     members: Arc<ArcSwap<Members>>,
     name: String,
     port: u16,
-    settings: ClusterSettings,
-    stats: Arc<ClusterStats>,
+    dialer: Dialer,
     changes: Arc<RingChanges>,
     clock: Arc<dyn Clock>,
 ) {
@@ -459,9 +474,10 @@ async fn resolve_peers(
         };
         let addrs: Vec<String> = addrs.map(|a| a.to_string()).collect();
         let current: Vec<String> = members.load().ring.addrs().map(str::to_owned).collect();
-        let next = Ring::new(addrs.iter().cloned().chain([settings.advertise.clone()]));
+        let me = dialer.settings.advertise.clone();
+        let next = Ring::new(addrs.iter().cloned().chain([me]));
         if next.addrs().map(str::to_owned).collect::<Vec<_>>() != current {
-            match Members::build(addrs, &settings.advertise, &settings, &stats) {
+            match Members::build(addrs, &dialer) {
                 Ok(m) => {
                     tracing::info!(peers = ?m.ring.addrs().collect::<Vec<_>>(), "peers changed");
                     members.store(Arc::new(m));

@@ -5,6 +5,10 @@
 //! client use tonic's codec and generic gRPC plumbing directly. An owner always applies the
 //! hits it receives to its own store and never forwards them again, so ring changes cannot
 //! make a call go round in circles.
+//!
+//! Whoever reaches the peer port can charge any counter, so with SLUICE_PEER_TLS both the
+//! listener and [`PeerClient`] speak mutual TLS ([`crate::tls::PeerTls`]): only a holder of a
+//! certificate from the peers' CA can call Apply.
 
 use std::convert::Infallible;
 use std::num::NonZeroU32;
@@ -21,6 +25,7 @@ use tonic_prost::ProstCodec;
 use crate::limiter::fixed_window::Decision;
 use crate::limiter::{Algorithm, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
+use crate::tls::PeerTls;
 
 pub const APPLY_PATH: &str = "/sluice.peer.v1.Peer/Apply";
 
@@ -237,18 +242,29 @@ pub struct PeerClient {
 }
 
 impl PeerClient {
-    /// Starts the batching task for the peer at `addr` (`host:port`).
+    /// Starts the batching task for the peer at `addr` (`host:port`), over mutual TLS with
+    /// `tls`.
     pub fn start(
         addr: &str,
         timeout: Duration,
         window: Duration,
+        tls: Option<&PeerTls>,
         stats: Arc<super::ClusterStats>,
     ) -> Result<Self, String> {
+        // `http://` either way: with TLS the connector does the handshake under tonic, so that
+        // each new connection presents the certificate as last reloaded (tonic's own TLS
+        // config keeps the identity it was built with).
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("peer {addr}: {e}"))?
             .connect_timeout(timeout)
             .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+        let channel = match tls {
+            None => endpoint.connect_lazy(),
+            Some(tls) => {
+                let connector = tls.connector(addr).map_err(|e| e.to_string())?;
+                endpoint.connect_with_connector_lazy(connector)
+            }
+        };
         let (tx, rx) = mpsc::channel(1024);
         tokio::spawn(batcher(channel, rx, timeout, window, stats));
         Ok(PeerClient { jobs: tx, timeout })

@@ -41,6 +41,7 @@ pub fn default_options() -> AppOptions {
         grpc_tls: None,
         grpc_connection_age: None,
         listener_limits: Default::default(),
+        peer_tls: None,
     }
 }
 

@@ -62,6 +62,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s-peers" (include "sluice.fullname" .) }}
 {{- end }}
 
+{{/* SLUICE_PEER_TLS_SAN: cluster.tls.san, else the peer Service's FQDN. */}}
+{{- define "sluice.peerTlsSan" -}}
+{{- default (printf "%s.%s.svc.%s" (include "sluice.peersServiceName" .) .Release.Namespace .Values.cluster.clusterDomain) .Values.cluster.tls.san }}
+{{- end }}
+
+{{/* The Secret holding the peers' certificate: cluster.tls.secretName, else the chart's
+Certificate's. */}}
+{{- define "sluice.peerTlsSecret" -}}
+{{- default (printf "%s-peer-tls" (include "sluice.fullname" .)) .Values.cluster.tls.secretName }}
+{{- end }}
+
+{{/* "true" when the peer port speaks mutual TLS. */}}
+{{- define "sluice.peerTls" -}}
+{{- if and .Values.cluster.enabled .Values.cluster.tls.enabled }}true{{ end }}
+{{- end }}
+
 {{/* "true" when Sluice talks to Redis: the Redis backend, or the peer cluster's write-behind. */}}
 {{- define "sluice.redisUsed" -}}
 {{- if or (eq .Values.backend "redis") (and .Values.cluster.enabled .Values.cluster.writeBehind.enabled) }}true{{ end }}
@@ -157,11 +173,26 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- else if or .Values.grpcTls.clientCa.enabled .Values.grpcTls.clientSan }}
 {{- fail "grpcTls.clientCa and grpcTls.clientSan need grpcTls.enabled" }}
 {{- end }}
+{{- with .Values.cluster.tls }}
+{{- if .enabled }}
+{{- if not $.Values.cluster.enabled }}
+{{- fail "cluster.tls.enabled needs cluster.enabled: it secures the peer port, which only the peer cluster has (SLUICE_PEER_TLS needs PEERS_DNS)" }}
+{{- end }}
+{{- if and (not .secretName) (not .certManager.enabled) }}
+{{- fail "cluster.tls.enabled needs cluster.tls.secretName (a Secret with tls.crt, tls.key and ca.crt) or cluster.tls.certManager.enabled" }}
+{{- end }}
+{{- if and .certManager.enabled (not .certManager.issuerRef.name) }}
+{{- fail "cluster.tls.certManager.enabled needs cluster.tls.certManager.issuerRef.name (a CA issuer of your own)" }}
+{{- end }}
+{{- else if or .san .certManager.enabled }}
+{{- fail "cluster.tls.san and cluster.tls.certManager need cluster.tls.enabled (SLUICE_PEER_TLS_SAN needs SLUICE_PEER_TLS)" }}
+{{- end }}
+{{- end }}
 {{- if and .Values.tracing.tls.secretName (not (hasPrefix "https://" (lower .Values.tracing.endpoint))) }}
 {{- fail (printf "tracing.tls.secretName needs an https:// tracing.endpoint (got %q): Sluice reads the collector's TLS files only for https" .Values.tracing.endpoint) }}
 {{- end }}
 {{- $managed := list "PORT" "GRPC_PORT" "DEBUG_PORT" "SLUICE_CONFIG" "RUNTIME_ROOT" "CONFIG_TYPE" "BACKEND_TYPE" "REDIS_URL" "REDIS_AUTH" "REDIS_TYPE" "REDIS_SOCKET_TYPE" "PEERS" "PEERS_DNS" "PEER_PORT" "PEER_ADVERTISE_ADDRESS" "SLUICE_SHUTDOWN_DELAY_SECS" "SLUICE_DRAIN_TIMEOUT_SECS" }}
-{{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "OTEL_EXPORTER_OTLP_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS") }}
+{{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "OTEL_EXPORTER_OTLP_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS" "SLUICE_PEER_TLS" "SLUICE_PEER_TLS_CERT" "SLUICE_PEER_TLS_KEY" "SLUICE_PEER_TLS_CACERT" "SLUICE_PEER_TLS_SAN") }}
 {{- range $name, $_ := .Values.env }}
 {{- if has $name $managed }}
 {{- fail (printf "env.%s is set by the chart from its values (see values.yaml); set those instead" $name) }}
