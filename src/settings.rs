@@ -39,6 +39,8 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+pub mod caps;
+
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]
 #[command(
@@ -542,6 +544,8 @@ pub struct ServeArgs {
     pub xds: XdsArgs,
     #[command(flatten)]
     pub compat: CompatArgs,
+    #[command(flatten)]
+    pub caps: caps::CapsArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -593,6 +597,8 @@ pub struct Settings {
     pub cluster: Option<ClusterSettings>,
     /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
     pub xds: Option<XdsSettings>,
+    /// SLUICE_MAX_KEY_BYTES and SLUICE_MAX_COUNTER_BYTES.
+    pub caps: caps::Caps,
 }
 
 /// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
@@ -989,6 +995,7 @@ impl ServeArgs {
                 c
             }),
             xds: self.xds.validate()?,
+            caps: self.caps.validate()?,
         })
     }
 }
