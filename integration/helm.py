@@ -650,6 +650,8 @@ def main():
          ["remove env.REDIS_PERSECOND"]),
         ("write-behind interval 5 ms", {"cluster": {"writeBehind": {"intervalMs": 5}}},
          ["/cluster/writeBehind/intervalMs", "minimum"]),
+        ("maxCounterBytes below one counter of the longest key", {"maxCounterBytes": 4096},
+         ["/maxCounterBytes", "minimum"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
