@@ -517,27 +517,25 @@ impl Inner {
         Ok(())
     }
 
-    /// Takes `room` under both caps, or none of it. Refusals count in `rejected_full`.
+    /// Takes `room` under both caps, or none of it. Refusals count in `rejected_full`. Each
+    /// total only ever moves to a value within its cap (compare-and-swap, not add-then-undo), so
+    /// no reader, and no concurrent reservation, sees it past the cap.
     fn reserve(&self, room: Room) -> Result<(), StoreError> {
         if room.is_empty() {
             return Ok(());
         }
         let limits = self.limits;
-        let before = self.live.fetch_add(room.counters, Ordering::Relaxed);
-        let refused = if before + room.counters > limits.max_counters {
-            self.live.fetch_sub(room.counters, Ordering::Relaxed);
+        let refused = if !take(&self.live, room.counters, limits.max_counters) {
             StoreError::Full {
                 max: limits.max_counters,
             }
-        } else {
-            let before = self.bytes.fetch_add(room.bytes, Ordering::Relaxed);
-            if before.saturating_add(room.bytes) <= limits.max_bytes {
-                return Ok(());
-            }
-            self.release(room);
+        } else if !take(&self.bytes, room.bytes, limits.max_bytes) {
+            self.live.fetch_sub(room.counters, Ordering::Relaxed);
             StoreError::FullBytes {
                 max: limits.max_bytes,
             }
+        } else {
+            return Ok(());
         };
         self.stats.rejected_full.fetch_add(1, Ordering::Relaxed);
         Err(refused)
@@ -571,6 +569,15 @@ impl Inner {
             .fetch_add(removed.counters as u64, Ordering::Relaxed);
         removed.counters
     }
+}
+
+/// Adds `n` to `total` if the sum stays within `max`.
+fn take(total: &AtomicUsize, n: usize, max: usize) -> bool {
+    total
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+            t.checked_add(n).filter(|&sum| sum <= max)
+        })
+        .is_ok()
 }
 
 /// Keeps the counters whose state passes `keep`; returns the room the others took.
