@@ -114,7 +114,7 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
     if let Some(m) = e.memory {
         out.push_str(&format!(
             "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\n\
-             sluice.memory.counter_bytes: {}\nsluice.memory.max_counter_bytes: {}\n\
+             sluice.memory.used_bytes: {}\nsluice.memory.budget_bytes: {}\n\
              sluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n",
             m.live_counters,
             m.max_counters,

@@ -283,13 +283,13 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
                 m.max_counters,
             ),
             (
-                "sluice_memory_counter_bytes",
+                "sluice_memory_used_bytes",
                 "gauge",
                 "Bytes the memory store's counters are accounted (keys plus a fixed overhead each).",
                 m.counter_bytes,
             ),
             (
-                "sluice_memory_max_counter_bytes",
+                "sluice_memory_budget_bytes",
                 "gauge",
                 "SLUICE_MAX_COUNTER_BYTES.",
                 m.max_counter_bytes,
