@@ -381,28 +381,40 @@ impl MemoryStore {
             out.push(d);
             return Ok(());
         }
+        inner.apply_reserving(now, hits, out)
+    }
+}
+
+impl Inner {
+    /// Charges a request that may need new counters. Out of line, so the one-hit path above
+    /// stays as small as it was before the byte budget.
+    #[inline(never)]
+    fn apply_reserving(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
         // Reserve room for every missing counter first, so a full store refuses the whole
         // request before charging any of its counters.
         let wanted = hits
             .iter()
-            .filter(|h| !inner.contains(h))
+            .filter(|h| !self.contains(h))
             .fold(Room::default(), |room, h| room.add(Room::of(h.key)));
-        inner.reserve(wanted)?;
+        self.reserve(wanted)?;
         let mut room = Reservation {
             reserved: wanted,
             used: Room::default(),
         };
         let charged = hits.iter().try_for_each(|hit| {
-            out.push(inner.apply_one(hit, now, &mut room)?);
+            out.push(self.apply_one(hit, now, &mut room)?);
             Ok(())
         });
         // Room reserved for counters that another request created meanwhile goes back.
-        inner.release(room.reserved.beyond(room.used));
+        self.release(room.reserved.beyond(room.used));
         charged
     }
-}
 
-impl Inner {
     /// Charges one hit, creating its counter if needed.
     fn apply_one(
         &self,
