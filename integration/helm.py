@@ -811,6 +811,8 @@ def main():
         ("peer TLS issuer of an unknown kind", {"cluster": {"tls": {"certManager": {"issuerRef": {"kind": "Vault"}}}}},
          ["/cluster/tls/certManager/issuerRef/kind"]),
         ("env sets a peer TLS variable", {"env": {"SLUICE_PEER_TLS": "false"}}, ["env.SLUICE_PEER_TLS is set by the chart"]),
+        ("maxCounterBytes below one counter of the longest key", {"maxCounterBytes": 4096},
+         ["/maxCounterBytes", "minimum"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:

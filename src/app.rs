@@ -17,7 +17,7 @@ use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::settings::{Backend, ClusterSettings, XdsSettings};
-use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
+use crate::store::{AnyStore, MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{Stats, TelemetryOptions};
@@ -105,6 +105,8 @@ pub struct Xds {
 pub struct AppOptions {
     pub service: ServiceOptions,
     pub max_counters: usize,
+    /// SLUICE_MAX_COUNTER_BYTES: the memory store's byte budget.
+    pub max_counter_bytes: usize,
     pub sweep_interval: Duration,
     pub max_request_bytes: usize,
     /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
@@ -208,9 +210,11 @@ impl App {
         config: ConfigHandle,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StoreError> {
-        let memory = || {
-            MemoryStore::with_sweeper(options.max_counters, clock.clone(), options.sweep_interval)
+        let limits = MemoryLimits {
+            max_counters: options.max_counters,
+            max_bytes: options.max_counter_bytes,
         };
+        let memory = || MemoryStore::with_sweeper(limits, clock.clone(), options.sweep_interval);
         let mut peer_server = None;
         let store = Arc::new(match (&options.backend, &options.cluster) {
             (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
@@ -227,7 +231,9 @@ impl App {
                 AnyStore::Cluster(store)
             }
         });
-        let stats = Arc::new(Stats::new(options.telemetry.stats));
+        let stats = Arc::new(
+            Stats::new(options.telemetry.stats).with_max_key_bytes(options.service.max_key_bytes),
+        );
         let (tracer, spans) = match &options.telemetry.tracing {
             Some(t) => {
                 let (tracer, rx) = Tracer::new(t.sampling_rate, t.max_queue_size);

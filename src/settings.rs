@@ -41,6 +41,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod listeners;
 pub use listeners::ListenerArgs;
+pub mod caps;
 mod peer_tls;
 
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
@@ -550,6 +551,8 @@ pub struct ServeArgs {
     pub listeners: ListenerArgs,
     #[command(flatten)]
     pub peer_tls: peer_tls::PeerTlsArgs,
+    #[command(flatten)]
+    pub caps: caps::CapsArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -605,6 +608,8 @@ pub struct Settings {
     pub listener_limits: crate::net::Limits,
     /// SLUICE_PEER_TLS; `None`: the peer port and the calls to peers are plain text.
     pub peer_tls: Option<crate::tls::PeerTlsFiles>,
+    /// SLUICE_MAX_KEY_BYTES and SLUICE_MAX_COUNTER_BYTES.
+    pub caps: caps::Caps,
 }
 
 /// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
@@ -1004,6 +1009,7 @@ impl ServeArgs {
             xds: self.xds.validate()?,
             listener_limits: self.listeners.validate(self.max_request_bytes)?,
             peer_tls,
+            caps: self.caps.validate()?,
         })
     }
 }

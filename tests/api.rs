@@ -130,6 +130,15 @@ async fn grpc_errors_use_go_codes_and_messages() {
         e.message()
     );
 
+    // Under the request cap, over SLUICE_MAX_KEY_BYTES (4096): refused before any counter.
+    let long = request("api", &[("key1", &"x".repeat(5000))]);
+    let e = call(&mut c, long).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        e.message(),
+        "descriptor 0 makes a counter key of 5010 bytes; the limit is 4096 bytes (SLUICE_MAX_KEY_BYTES)"
+    );
+
     // The server is still healthy after all that.
     assert!(call(&mut c, request("api", &[("key1", "y")])).await.is_ok());
 }

@@ -48,3 +48,26 @@ async fn nginx_endpoint_answers_200_then_403_then_400() {
         "{bad}"
     );
 }
+
+#[tokio::test]
+async fn oversized_descriptor_headers_answer_400_naming_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edge.yaml");
+    std::fs::write(&path, CONFIG).unwrap();
+    let app = common::start(&path, common::default_options()).await;
+    // 40 KB of client header copied twice: 80 KB, past SLUICE_MAX_REQUEST_BYTES (64 KiB).
+    let key = "k".repeat(40 * 1024);
+    let h = format!(
+        "X-Sluice-Domain: edge\r\nX-Sluice-Descriptor: api_key=@x-api-key, api_key=@x-api-key\r\nX-Api-Key: {key}\r\n"
+    );
+    let big = get(app.http, &h).await;
+    assert!(big.starts_with("http/1.1 400"), "{:.200}", big);
+    assert!(big.contains("(sluice_max_request_bytes)"), "{:.300}", big);
+    // Copied once it fits the request cap, but makes a counter key past SLUICE_MAX_KEY_BYTES.
+    let h = format!(
+        "X-Sluice-Domain: edge\r\nX-Sluice-Descriptor: api_key=@x-api-key\r\nX-Api-Key: {key}\r\n"
+    );
+    let long = get(app.http, &h).await;
+    assert!(long.starts_with("http/1.1 400"), "{:.200}", long);
+    assert!(long.contains("(sluice_max_key_bytes)"), "{:.300}", long);
+}

@@ -213,6 +213,13 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
         Some(21.0)
     );
     assert_eq!(value(&text, "sluice_memory_live_counters"), Some(5.0));
+    // Five counters, each charged its key plus 112 bytes.
+    let used = value(&text, "sluice_memory_used_bytes").unwrap();
+    assert!((5.0 * 113.0..5.0 * 200.0).contains(&used), "{used}");
+    assert_eq!(
+        value(&text, "sluice_memory_budget_bytes"),
+        Some(f64::from(256 << 20))
+    );
     assert_eq!(value(&text, "sluice_stats_keys"), Some(6.0));
     common::promtool_check(&text);
 

@@ -69,6 +69,8 @@ fn telemetry_extra(config: &ConfigHandle, store: &AnyStore, spans: Option<&SpanC
         memory: store.memory().map(|m| MemoryGauges {
             live_counters: m.live_counters() as u64,
             max_counters: m.max_counters() as u64,
+            counter_bytes: m.counter_bytes() as u64,
+            max_counter_bytes: m.limits().max_bytes as u64,
             rejected_full: m.stats().rejected_full.load(Ordering::Relaxed),
             swept: m.stats().swept.load(Ordering::Relaxed),
         }),
@@ -137,8 +139,15 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
     );
     if let Some(m) = e.memory {
         out.push_str(&format!(
-            "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\nsluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n",
-            m.live_counters, m.max_counters, m.rejected_full, m.swept,
+            "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\n\
+             sluice.memory.used_bytes: {}\nsluice.memory.budget_bytes: {}\n\
+             sluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n",
+            m.live_counters,
+            m.max_counters,
+            m.counter_bytes,
+            m.max_counter_bytes,
+            m.rejected_full,
+            m.swept,
         ));
     }
     if let Some(c) = &e.cluster {

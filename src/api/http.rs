@@ -32,7 +32,7 @@ pub fn router<S: CounterStore>(
     health: Arc<Health>,
     max_request_bytes: usize,
 ) -> Router {
-    let nginx = super::nginx::router(service.clone());
+    let nginx = super::nginx::router(service.clone(), max_request_bytes);
     let state = Arc::new(HttpState {
         service,
         health,

@@ -22,12 +22,17 @@
 //! HTTP (RFC 9110, section 5.3: repeated field lines may be joined with commas), so a proxy
 //! that joins them cannot merge two descriptors into one.
 //!
+//! The bytes these headers carry, with the client header values `@Header-Name` copies in, are
+//! capped at SLUICE_MAX_REQUEST_BYTES, the cap of a `/json` body or a gRPC message: measured
+//! before anything is parsed, and each copy before it is made.
+//!
 //! Answers:
 //! - 200 when allowed, with `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`
 //!   (seconds) from the most restrictive status, when a limit matched;
 //! - 403 when over the limit, with the same headers and `Retry-After` (seconds), so nginx's
 //!   `auth_request_set` can copy them and `error_page 403 = @limited` can answer 429;
-//! - 400 with a plain-text reason for missing or malformed headers (nginx shows it as 500);
+//! - 400 with a plain-text reason for missing, malformed or oversized headers, or a request
+//!   beyond Sluice's caps (nginx shows it as 500);
 //! - 500 with a plain-text reason when the service cannot decide (no config loaded, a full
 //!   store). Fail-open versus fail-closed is nginx's choice, not made here: nginx answers 500
 //!   by default (closed), and `error_page 500 = @fallback` can send the request on (open).
@@ -77,11 +82,43 @@ pub enum HeaderError {
     BadHitsAddend(String),
     #[error("more than one X-Sluice-Hits-Addend header")]
     SeveralHitsAddends,
+    #[error(
+        "the X-Sluice-* headers and the client headers they name are over {max} bytes (SLUICE_MAX_REQUEST_BYTES)"
+    )]
+    TooLarge { max: usize },
 }
 
-/// Decodes the subrequest's headers. The descriptor list is empty (and the request is simply
-/// allowed) when every descriptor referred to an absent header.
-pub fn request_from_headers(headers: &HeaderMap) -> Result<Request, HeaderError> {
+/// The bytes a subrequest's descriptors are decoded from, held to a cap as they are counted.
+struct Budget {
+    used: usize,
+    max: usize,
+}
+
+impl Budget {
+    fn take(&mut self, bytes: usize) -> Result<(), HeaderError> {
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.max {
+            return Err(HeaderError::TooLarge { max: self.max });
+        }
+        Ok(())
+    }
+}
+
+/// Decodes the subrequest's headers, refusing them when they carry more than `max_bytes`
+/// (SLUICE_MAX_REQUEST_BYTES). The descriptor list is empty (and the request is simply allowed)
+/// when every descriptor referred to an absent header.
+pub fn request_from_headers(headers: &HeaderMap, max_bytes: usize) -> Result<Request, HeaderError> {
+    // Sluice's own headers are measured before any is parsed; the client headers that
+    // `@Header-Name` copies are measured as they are copied.
+    let mut budget = Budget {
+        used: 0,
+        max: max_bytes,
+    };
+    for name in [DOMAIN_HEADER, DESCRIPTOR_HEADER, HITS_ADDEND_HEADER] {
+        for value in headers.get_all(name) {
+            budget.take(value.len())?;
+        }
+    }
     let mut domains = headers.get_all(DOMAIN_HEADER).iter();
     let domain = match (domains.next(), domains.next()) {
         (None, _) => return Err(HeaderError::MissingDomain),
@@ -106,7 +143,7 @@ pub fn request_from_headers(headers: &HeaderMap) -> Result<Request, HeaderError>
                 continue;
             }
             any = true;
-            if let Some(d) = descriptor(item, index, headers)? {
+            if let Some(d) = descriptor(item, index, headers, &mut budget)? {
                 descriptors.push(d);
             }
             index += 1;
@@ -143,6 +180,7 @@ fn descriptor(
     item: &[u8],
     index: usize,
     headers: &HeaderMap,
+    budget: &mut Budget,
 ) -> Result<Option<Descriptor>, HeaderError> {
     let mut entries = Vec::new();
     for entry in item.split(|b| *b == b'&') {
@@ -173,14 +211,18 @@ fn descriptor(
                         index,
                         header: String::from_utf8_lossy(name).into_owned(),
                     })?;
-                let mut values = headers.get_all(&name).iter();
-                let Some(first) = values.next() else {
+                let values = headers.get_all(&name);
+                let mut iter = values.iter();
+                let Some(first) = iter.next() else {
                     return Ok(None);
                 };
+                // Each copy counts: a header named by several entries is copied into each.
+                let joined = values.iter().map(|v| v.len() + 1).sum::<usize>() - 1;
+                budget.take(joined)?;
                 // Client-controlled bytes: never an error (that would be a 500 the client
                 // chose), at worst a lossy key that only shares the client's own counter.
                 let mut value = String::from_utf8_lossy(first.as_bytes()).into_owned();
-                for more in values {
+                for more in iter {
                     value.push(',');
                     value.push_str(&String::from_utf8_lossy(more.as_bytes()));
                 }
@@ -269,8 +311,9 @@ fn text(status: StatusCode, reason: impl std::fmt::Display) -> Response {
 pub async fn check<S: CounterStore>(
     service: &RateLimitService<S>,
     headers: &HeaderMap,
+    max_bytes: usize,
 ) -> Response {
-    let request = match request_from_headers(headers) {
+    let request = match request_from_headers(headers, max_bytes) {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(error = %e, "nginx: bad subrequest headers");
@@ -317,14 +360,14 @@ pub async fn check<S: CounterStore>(
     answer
 }
 
-/// The `/nginx` route, merged into PORT's router.
-pub fn router<S: CounterStore>(service: Arc<RateLimitService<S>>) -> Router {
+/// The `/nginx` route, merged into PORT's router; `max_bytes` is SLUICE_MAX_REQUEST_BYTES.
+pub fn router<S: CounterStore>(service: Arc<RateLimitService<S>>, max_bytes: usize) -> Router {
     Router::new()
         .route(
             "/nginx",
             any(
-                |State(service): State<Arc<RateLimitService<S>>>, headers: HeaderMap| async move {
-                    check(&service, &headers).await
+                move |State(service): State<Arc<RateLimitService<S>>>, headers: HeaderMap| async move {
+                    check(&service, &headers, max_bytes).await
                 },
             ),
         )

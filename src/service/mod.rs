@@ -101,6 +101,14 @@ pub enum ServiceError {
         count: usize,
         max: usize,
     },
+    #[error(
+        "descriptor {index} makes a counter key of {bytes} bytes; the limit is {max} bytes (SLUICE_MAX_KEY_BYTES)"
+    )]
+    KeyTooLong {
+        index: usize,
+        bytes: usize,
+        max: usize,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -112,7 +120,9 @@ impl ServiceError {
     pub fn is_invalid_argument(&self) -> bool {
         matches!(
             self,
-            ServiceError::TooManyDescriptors { .. } | ServiceError::TooManyEntries { .. }
+            ServiceError::TooManyDescriptors { .. }
+                | ServiceError::TooManyEntries { .. }
+                | ServiceError::KeyTooLong { .. }
         )
     }
 }
@@ -154,6 +164,8 @@ pub struct ServiceOptions {
     pub fail_open_domains: Vec<String>,
     pub max_descriptors: usize,
     pub max_entries: usize,
+    /// SLUICE_MAX_KEY_BYTES: the longest counter key a request may make (prefix included).
+    pub max_key_bytes: usize,
 }
 
 impl Default for ServiceOptions {
@@ -168,6 +180,7 @@ impl Default for ServiceOptions {
             fail_open_domains: Vec::new(),
             max_descriptors: 64,
             max_entries: 32,
+            max_key_bytes: 4096,
         }
     }
 }
@@ -188,15 +201,40 @@ pub fn write_counter_key(
     buf.push_str(domain);
     buf.push('_');
     for (i, entry) in entries.iter().enumerate() {
-        let value = shared_values
-            .iter()
-            .find(|(at, _)| *at == i)
-            .map_or(entry.value.as_str(), |(_, pattern)| pattern);
         buf.push_str(&entry.key);
         buf.push('_');
-        buf.push_str(value);
+        buf.push_str(key_value(i, entry, shared_values));
         buf.push('_');
     }
+}
+
+/// The length of the stem [`write_counter_key`] writes, without writing it.
+pub fn counter_key_len(
+    prefix: &str,
+    domain: &str,
+    entries: &[Entry],
+    shared_values: &[(usize, &str)],
+) -> usize {
+    let entries: usize = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.key.len() + key_value(i, e, shared_values).len() + 2)
+        .sum();
+    prefix.len() + domain.len() + 1 + entries
+}
+
+/// The value entry `i` puts in its counter key: the request's, or its shared pattern.
+fn key_value<'a>(i: usize, entry: &'a Entry, shared_values: &[(usize, &'a str)]) -> &'a str {
+    shared_values
+        .iter()
+        .find(|(at, _)| *at == i)
+        .map_or(entry.value.as_str(), |(_, pattern)| pattern)
+}
+
+/// The length of `#<i>_`, which the `i`-th further quota of a `rate_limits` list adds to its
+/// descriptor's stem.
+fn quota_suffix_len(i: usize) -> usize {
+    i.checked_ilog10().unwrap_or(0) as usize + 3
 }
 
 /// A limit that is counted: from config (`rule` is the matched limit, whose blocks give the
@@ -348,6 +386,34 @@ impl<S: CounterStore> RateLimitService<S> {
             }),
             None => Ok(()),
         }
+    }
+
+    /// The total length of the request's counter keys, once each is known to fit
+    /// SLUICE_MAX_KEY_BYTES. Only descriptors that are counted make keys: one that matches no
+    /// limit, an unlimited one or a replaced one answers OK whatever its size, as in the Go
+    /// service, and costs nothing beyond the request (capped by SLUICE_MAX_REQUEST_BYTES).
+    fn counter_key_bytes(
+        &self,
+        request: &Request,
+        plans: &[Plan<'_>],
+    ) -> Result<usize, ServiceError> {
+        let max = self.options.max_key_bytes;
+        let mut total = 0;
+        for (index, (d, plan)) in request.descriptors.iter().zip(plans).enumerate() {
+            let Plan::Counted { limit, shared, .. } = plan else {
+                continue;
+            };
+            let prefix = &self.options.cache_key_prefix;
+            let stem = counter_key_len(prefix, &request.domain, &d.entries, shared);
+            let quotas = limit.quotas().count();
+            // The last quota's key is the descriptor's longest.
+            let bytes = stem + (1..quotas).last().map_or(0, quota_suffix_len);
+            if bytes > max {
+                return Err(ServiceError::KeyTooLong { index, bytes, max });
+            }
+            total += stem * quotas + (1..quotas).map(quota_suffix_len).sum::<usize>();
+        }
+        Ok(total)
     }
 
     /// `ShouldRateLimit`, with no caller trace context.
@@ -506,19 +572,8 @@ impl<S: CounterStore> RateLimitService<S> {
 
         // One buffer holds every counter key of the request. The first quota of a descriptor
         // uses the Go service's key; further quotas of a `rate_limits` list add `#<index>_`.
-        // Sized once: a key is the prefix, the domain and each entry with two separators.
-        let key_bytes: usize = request
-            .descriptors
-            .iter()
-            .map(|d| {
-                let entries: usize = d
-                    .entries
-                    .iter()
-                    .map(|e| e.key.len() + e.value.len() + 2)
-                    .sum();
-                self.options.cache_key_prefix.len() + request.domain.len() + 1 + entries
-            })
-            .sum();
+        // Measured, and refused past SLUICE_MAX_KEY_BYTES, before anything is written.
+        let key_bytes = self.counter_key_bytes(request, &plans)?;
         let mut keys = String::with_capacity(key_bytes);
         let mut ranges: SmallVec<[std::ops::Range<usize>; 4]> = SmallVec::new();
         for (d, plan) in request.descriptors.iter().zip(&plans) {

@@ -7,7 +7,7 @@ use super::*;
 use crate::clock::{ManualClock, Timestamp};
 use crate::config::{ConfigHandle, LoadOptions, parse_files};
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
-use crate::store::MemoryStore;
+use crate::store::{MemoryLimits, MemoryStore};
 
 const CONFIG: &str = r#"
 domain: test
@@ -564,6 +564,185 @@ async fn requests_beyond_the_caps_are_refused_naming_the_cap() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("SLUICE_MAX_ENTRIES"), "{e}");
+}
+
+#[tokio::test]
+async fn an_over_long_counter_key_is_refused_naming_its_descriptor_and_the_setting() {
+    // `test_key1_<value>_`: 11 bytes around the value.
+    let h = harness_with(ServiceOptions {
+        max_key_bytes: 64,
+        ..Default::default()
+    });
+    let value = |n: usize| "v".repeat(n);
+    let at_cap = h.one(&[("key1", value(53).as_str())]).await;
+    assert_eq!(at_cap.statuses[0].limit_remaining, 49);
+    let e = h
+        .service
+        .should_rate_limit(req(
+            "test",
+            vec![
+                desc(&[("key2", "short")]),
+                desc(&[("key1", value(54).as_str())]),
+            ],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ServiceError::KeyTooLong {
+            index: 1,
+            bytes: 65,
+            max: 64
+        }
+    );
+    assert!(e.is_invalid_argument());
+    assert_eq!(
+        e.to_string(),
+        "descriptor 1 makes a counter key of 65 bytes; the limit is 64 bytes (SLUICE_MAX_KEY_BYTES)"
+    );
+    // Refused before the store: the short descriptor was not counted either.
+    assert_eq!(h.service.store().live_counters(), 1);
+    // The prefix counts, and a `rate_limits` list's further keys add `#1_`.
+    let prefixed = harness_with(ServiceOptions {
+        max_key_bytes: 64,
+        cache_key_prefix: "p:".into(),
+        ..Default::default()
+    });
+    async fn too_long(h: &Harness, key: &str, n: usize) -> Result<Response, ServiceError> {
+        let r = req("test", vec![desc(&[(key, "v".repeat(n).as_str())])]);
+        h.service.should_rate_limit(r).await
+    }
+    let e = too_long(&prefixed, "key1", 52).await;
+    assert!(
+        matches!(e, Err(ServiceError::KeyTooLong { bytes: 65, .. })),
+        "{e:?}"
+    );
+    // `test_multi_<value>_#1_`: 15 bytes around the value.
+    let e = too_long(&h, "multi", 50).await;
+    assert!(
+        matches!(e, Err(ServiceError::KeyTooLong { bytes: 65, .. })),
+        "{e:?}"
+    );
+    assert_eq!(
+        h.one(&[("multi", value(49).as_str())]).await.overall_code,
+        Code::Ok
+    );
+}
+
+#[tokio::test]
+async fn descriptors_that_make_no_counter_are_not_held_to_the_key_cap() {
+    let h = harness_with(ServiceOptions {
+        max_key_bytes: 64,
+        ..Default::default()
+    });
+    let long = "v".repeat(10_000);
+    let files = format!("files/{long}");
+    // No match, an unlimited limit, a shared wildcard (its key holds the pattern, not the
+    // value) and an unknown domain answer as the Go service does.
+    for (key, value) in [("nothing", &long), ("free", &long), ("files", &files)] {
+        let r = h.one(&[(key, value.as_str())]).await;
+        assert_eq!(r.overall_code, Code::Ok, "{key}");
+    }
+    let r = h.call(req(&long, vec![desc(&[("key1", "a")])])).await;
+    assert_eq!(r.statuses, vec![Status::ok()]);
+    assert_eq!(
+        h.service.store().live_counters(),
+        1,
+        "only the shared counter"
+    );
+}
+
+#[tokio::test]
+async fn a_flood_of_large_keys_stays_within_the_byte_budget() {
+    let h = harness();
+    // 8 KB values under a key cap that lets them through; a 1 MiB budget.
+    let max_bytes = 1 << 20;
+    let store = Arc::new(MemoryStore::with_limits(MemoryLimits {
+        max_counters: 1_000_000,
+        max_bytes,
+    }));
+    let service = RateLimitService::new(
+        h.config.clone(),
+        store.clone(),
+        Arc::new(h.clock.clone()),
+        ServiceOptions {
+            max_key_bytes: 16 * 1024,
+            ..Default::default()
+        },
+    );
+    // `test_key2_<value>_`: every counter costs the same here.
+    let cost = MemoryLimits::counter_bytes(&format!("test_key2_{}_", "0".repeat(8192)));
+    let mut admitted = 0;
+    let mut first_refusal = None;
+    for i in 0..10_000 {
+        let value = format!("{i:08192}");
+        match service
+            .should_rate_limit(req("test", vec![desc(&[("key2", &value)])]))
+            .await
+        {
+            Ok(_) => admitted += 1,
+            Err(e) => {
+                assert_eq!(
+                    e,
+                    ServiceError::Store(StoreError::FullBytes { max: max_bytes })
+                );
+                first_refusal.get_or_insert(i);
+            }
+        }
+        assert!(store.counter_bytes() <= max_bytes);
+    }
+    // Refusals begin exactly where the next counter would pass the budget, and only there.
+    assert_eq!(admitted, max_bytes / cost);
+    assert_eq!(first_refusal, Some(max_bytes / cost));
+    assert_eq!(store.counter_bytes(), admitted * cost);
+    assert_eq!(
+        store
+            .stats()
+            .rejected_full
+            .load(std::sync::atomic::Ordering::Relaxed),
+        (10_000 - admitted) as u64
+    );
+    // Existing counters keep answering; a new window's sweep gives the room back.
+    let first = format!("{:08192}", 0);
+    assert_eq!(
+        service
+            .should_rate_limit(req("test", vec![desc(&[("key2", &first)])]))
+            .await
+            .unwrap()
+            .statuses[0]
+            .limit_remaining,
+        18
+    );
+    store.sweep(Timestamp::from_secs(2222 + 60));
+    assert_eq!(store.counter_bytes(), 0);
+}
+
+#[tokio::test]
+async fn a_store_out_of_bytes_fails_open_where_the_operator_chose_to() {
+    let h = harness();
+    let store = MemoryStore::with_limits(MemoryLimits {
+        max_counters: 100,
+        max_bytes: MemoryLimits::counter_bytes("test_key2_a_"),
+    });
+    let open = RateLimitService::new(
+        h.config.clone(),
+        Arc::new(store),
+        Arc::new(h.clock.clone()),
+        ServiceOptions {
+            fail_open: true,
+            ..Default::default()
+        },
+    );
+    let call = |v: &str| open.should_rate_limit(req("test", vec![desc(&[("key2", v)])]));
+    assert_eq!(call("a").await.unwrap().statuses[0].limit_remaining, 19);
+    assert_eq!(call("b").await.unwrap().statuses, vec![Status::ok()]);
+    assert_eq!(
+        open.store()
+            .stats()
+            .rejected_full
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test]

@@ -9,12 +9,15 @@
 //! Every update is a compare-and-swap loop around the pure function in [`crate::limiter`],
 //! under a shard read lock; a shard write lock is taken only to insert a new counter.
 //!
-//! Memory is bounded: at most `max_counters` live counters across all tables. A request that
-//! needs a new counter when the store is full fails with [`StoreError::Full`] (counted in
-//! [`MemoryStats::rejected_full`]) before any of its counters is charged; existing counters
-//! keep working. The gRPC answer is then UNKNOWN, like any backend error, so Envoy's
-//! `failure_mode_deny` decides whether such requests pass. A sweeper task, owned by the store
-//! and stopped when it is dropped, removes counters that no longer hold anything.
+//! Memory is bounded twice over ([`MemoryLimits`]): at most `max_counters` live counters across
+//! all tables, and at most `max_bytes` accounted bytes, each counter costing its key's bytes
+//! plus [`COUNTER_OVERHEAD_BYTES`], so long keys cannot multiply the memory a count allows. A
+//! request that needs a new counter past either cap fails with [`StoreError::Full`] or
+//! [`StoreError::FullBytes`] (both counted in [`MemoryStats::rejected_full`]) before any of its
+//! counters is charged; existing counters keep working, and charging one costs nothing extra.
+//! The gRPC answer is then UNKNOWN, like any backend error, so Envoy's `failure_mode_deny`
+//! decides whether such requests pass. A sweeper task, owned by the store and stopped when it
+//! is dropped, removes counters that no longer hold anything and gives their room back.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -30,6 +33,80 @@ use crate::limiter::fixed_window::{self, Decision};
 use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
 
 type Table<W> = DashMap<Box<str>, W, foldhash::fast::RandomState>;
+
+/// What a counter costs besides its key's bytes, charged against [`MemoryLimits::max_bytes`]:
+/// above the worst case measured, 102 B (`examples/counter_memory.rs -- 935000 4
+/// sliding_window`: a sliding window's table just past doubling, the shortest keys; see
+/// docs/hardening.md). A slot is a `(Box<str>, word)` pair plus a control byte, 25 B (33 B for
+/// a sliding window's 128-bit word); a table just past doubling is 7/16 full, which makes 57 B
+/// (75 B) per counter; the key's heap block adds glibc's header and rounding, up to 31 B.
+/// Charged alike whatever the table, so the budget is never less than what it bounds.
+pub const COUNTER_OVERHEAD_BYTES: usize = 112;
+
+/// The memory store's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryLimits {
+    /// SLUICE_MAX_COUNTERS: live counters, whatever their size.
+    pub max_counters: usize,
+    /// SLUICE_MAX_COUNTER_BYTES: the live counters' accounted bytes
+    /// ([`MemoryLimits::counter_bytes`] each).
+    pub max_bytes: usize,
+}
+
+impl MemoryLimits {
+    /// A count cap alone (tests and tools); the bytes are still accounted.
+    pub const fn counters(max_counters: usize) -> Self {
+        MemoryLimits {
+            max_counters,
+            max_bytes: usize::MAX,
+        }
+    }
+
+    /// What a counter with this key is charged against `max_bytes`.
+    pub const fn counter_bytes(key: &str) -> usize {
+        key.len() + COUNTER_OVERHEAD_BYTES
+    }
+}
+
+/// Room under both caps: a number of counters and their accounted bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Room {
+    counters: usize,
+    bytes: usize,
+}
+
+impl Room {
+    fn of(key: &str) -> Self {
+        Room {
+            counters: 1,
+            bytes: MemoryLimits::counter_bytes(key),
+        }
+    }
+    fn add(self, other: Room) -> Room {
+        Room {
+            counters: self.counters + other.counters,
+            bytes: self.bytes + other.bytes,
+        }
+    }
+    /// What `self` has beyond `other`, field by field (0 where it has less).
+    fn beyond(self, other: Room) -> Room {
+        Room {
+            counters: self.counters.saturating_sub(other.counters),
+            bytes: self.bytes.saturating_sub(other.bytes),
+        }
+    }
+    fn is_empty(self) -> bool {
+        self == Room::default()
+    }
+}
+
+/// One request's room: what it reserved up front (and later, for counters that appeared
+/// missing only then), and what its new counters used. The difference goes back at the end.
+#[derive(Default)]
+struct Reservation {
+    reserved: Room,
+    used: Room,
+}
 
 /// A counter's state word: an atomic the limiter's pure functions read and replace.
 trait StateWord: Send + Sync + 'static {
@@ -129,7 +206,8 @@ impl CounterKind {
 /// Counters of what the store did, for telemetry.
 #[derive(Debug, Default)]
 pub struct MemoryStats {
-    /// Requests refused because a new counter was needed while the store was full.
+    /// Requests refused because a new counter was needed while the store was full, in count
+    /// (SLUICE_MAX_COUNTERS) or in bytes (SLUICE_MAX_COUNTER_BYTES).
     pub rejected_full: AtomicU64,
     /// Counters removed by the sweeper.
     pub swept: AtomicU64,
@@ -140,7 +218,9 @@ struct Inner {
     sliding: [Table<AtomicU128>; 7],
     buckets: Table<AtomicU64>,
     live: AtomicUsize,
-    max_counters: usize,
+    /// The live counters' accounted bytes ([`MemoryLimits::counter_bytes`] each).
+    bytes: AtomicUsize,
+    limits: MemoryLimits,
     stats: MemoryStats,
 }
 
@@ -159,25 +239,32 @@ impl Drop for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store with no sweeper; call [`MemoryStore::sweep`] yourself (tests do).
+    /// A store capped at `max_counters` counters (and no byte budget), with no sweeper; call
+    /// [`MemoryStore::sweep`] yourself (tests do).
     pub fn new(max_counters: usize) -> Self {
+        MemoryStore::with_limits(MemoryLimits::counters(max_counters))
+    }
+
+    /// A store within `limits`, with no sweeper.
+    pub fn with_limits(limits: MemoryLimits) -> Self {
         MemoryStore {
             inner: Arc::new(Inner {
                 fixed: std::array::from_fn(|_| Table::default()),
                 sliding: std::array::from_fn(|_| Table::default()),
                 buckets: Table::default(),
                 live: AtomicUsize::new(0),
-                max_counters,
+                bytes: AtomicUsize::new(0),
+                limits,
                 stats: MemoryStats::default(),
             }),
             sweeper: None,
         }
     }
 
-    /// A store whose sweeper runs every `interval` on the current tokio runtime, reading time
-    /// from `clock`. The task stops when the store is dropped.
-    pub fn with_sweeper(max_counters: usize, clock: Arc<dyn Clock>, interval: Duration) -> Self {
-        let mut store = MemoryStore::new(max_counters);
+    /// A store within `limits` whose sweeper runs every `interval` on the current tokio
+    /// runtime, reading time from `clock`. The task stops when the store is dropped.
+    pub fn with_sweeper(limits: MemoryLimits, clock: Arc<dyn Clock>, interval: Duration) -> Self {
+        let mut store = MemoryStore::with_limits(limits);
         let weak: Weak<Inner> = Arc::downgrade(&store.inner);
         store.sweeper = Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
@@ -202,7 +289,16 @@ impl MemoryStore {
     }
 
     pub fn max_counters(&self) -> usize {
-        self.inner.max_counters
+        self.inner.limits.max_counters
+    }
+
+    /// The live counters' accounted bytes right now ([`MemoryLimits::counter_bytes`] each).
+    pub fn counter_bytes(&self) -> usize {
+        self.inner.bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn limits(&self) -> MemoryLimits {
+        self.inner.limits
     }
 
     pub fn stats(&self) -> &MemoryStats {
@@ -247,7 +343,8 @@ impl MemoryStore {
 
     /// Merges a state kept elsewhere (another owner's, through Redis) into a counter, creating
     /// it if needed: the larger count per window, the later bucket arrival time. Never lowers
-    /// a count. A new counter needs room like any other ([`StoreError::Full`]).
+    /// a count. A new counter needs room like any other ([`StoreError::Full`],
+    /// [`StoreError::FullBytes`]).
     pub fn merge_max(
         &self,
         kind: CounterKind,
@@ -284,53 +381,67 @@ impl MemoryStore {
             out.push(d);
             return Ok(());
         }
-        // Reserve room for every missing counter first, so a full store refuses the whole
-        // request before charging any of its counters.
-        let missing = hits.iter().filter(|h| !inner.contains(h)).count();
-        let reserved = inner.reserve(missing)?;
-        let mut used = 0;
-        for hit in hits {
-            let q = hit.quota;
-            let decision = match q.algorithm {
-                Algorithm::FixedWindow => inner.apply_in(
-                    &inner.fixed[q.unit.index()],
-                    hit.key,
-                    &mut used,
-                    reserved,
-                    |s| fixed_window::decide(s, now.secs(), q.unit, q.requests_per_unit, hit.hits),
-                ),
-                Algorithm::SlidingWindow => inner.apply_in(
-                    &inner.sliding[q.unit.index()],
-                    hit.key,
-                    &mut used,
-                    reserved,
-                    |s| {
-                        sliding_window::decide(
-                            s,
-                            now.micros(),
-                            q.unit,
-                            q.requests_per_unit,
-                            hit.hits,
-                        )
-                    },
-                ),
-                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                    inner.apply_in(&inner.buckets, hit.key, &mut used, reserved, |s| {
-                        bucket::decide(s, now.micros(), &q, hit.hits)
-                    })
-                }
-            }?;
-            out.push(decision);
-        }
-        // Slots reserved for counters that another request created meanwhile go back.
-        if reserved > used {
-            inner.live.fetch_sub(reserved - used, Ordering::Relaxed);
-        }
-        Ok(())
+        inner.apply_reserving(now, hits, out)
     }
 }
 
 impl Inner {
+    /// Charges a request that may need new counters. Out of line, so the one-hit path above
+    /// stays as small as it was before the byte budget.
+    #[inline(never)]
+    fn apply_reserving(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        // Reserve room for every missing counter first, so a full store refuses the whole
+        // request before charging any of its counters.
+        let wanted = hits
+            .iter()
+            .filter(|h| !self.contains(h))
+            .fold(Room::default(), |room, h| room.add(Room::of(h.key)));
+        self.reserve(wanted)?;
+        let mut room = Reservation {
+            reserved: wanted,
+            used: Room::default(),
+        };
+        let charged = hits.iter().try_for_each(|hit| {
+            out.push(self.apply_one(hit, now, &mut room)?);
+            Ok(())
+        });
+        // Room reserved for counters that another request created meanwhile goes back.
+        self.release(room.reserved.beyond(room.used));
+        charged
+    }
+
+    /// Charges one hit, creating its counter if needed.
+    fn apply_one(
+        &self,
+        hit: &Hit<'_>,
+        now: Timestamp,
+        room: &mut Reservation,
+    ) -> Result<Decision, StoreError> {
+        let q = hit.quota;
+        match q.algorithm {
+            Algorithm::FixedWindow => {
+                self.apply_in(&self.fixed[q.unit.index()], hit.key, room, |s| {
+                    fixed_window::decide(s, now.secs(), q.unit, q.requests_per_unit, hit.hits)
+                })
+            }
+            Algorithm::SlidingWindow => {
+                self.apply_in(&self.sliding[q.unit.index()], hit.key, room, |s| {
+                    sliding_window::decide(s, now.micros(), q.unit, q.requests_per_unit, hit.hits)
+                })
+            }
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                self.apply_in(&self.buckets, hit.key, room, |s| {
+                    bucket::decide(s, now.micros(), &q, hit.hits)
+                })
+            }
+        }
+    }
+
     /// Charges a hit whose counter exists; `None` if it does not.
     fn charge_existing(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Decision> {
         let q = hit.quota;
@@ -367,8 +478,7 @@ impl Inner {
         &self,
         table: &Table<W>,
         key: &str,
-        used: &mut usize,
-        reserved: usize,
+        room: &mut Reservation,
         step: impl Fn(W::Raw) -> (Decision, W::Raw),
     ) -> Result<Decision, StoreError>
     where
@@ -381,11 +491,13 @@ impl Inner {
         match table.entry(Box::from(key)) {
             Entry::Occupied(e) => Ok(charge(e.get(), step)),
             Entry::Vacant(e) => {
-                *used += 1;
-                if *used > reserved {
-                    // A counter swept between the reservation and here: take a slot.
-                    self.reserve(1)?;
-                }
+                let used = room.used.add(Room::of(key));
+                // A counter swept between the reservation and here (or one longer than those
+                // reserved for) needs room of its own.
+                let short = used.beyond(room.reserved);
+                self.reserve(short)?;
+                room.reserved = room.reserved.add(short);
+                room.used = used;
                 let (decision, state) = step(W::Raw::default());
                 e.insert(W::new(state));
                 Ok(decision)
@@ -410,31 +522,48 @@ impl Inner {
         match table.entry(Box::from(key)) {
             Entry::Occupied(e) => update(e.get(), merge),
             Entry::Vacant(e) => {
-                self.reserve(1)?;
+                self.reserve(Room::of(key))?;
                 e.insert(W::new(merge(W::Raw::default())));
             }
         }
         Ok(())
     }
 
-    fn reserve(&self, n: usize) -> Result<usize, StoreError> {
-        if n == 0 {
-            return Ok(0);
+    /// Takes `room` under both caps, or none of it. Refusals count in `rejected_full`. Each
+    /// total only ever moves to a value within its cap (compare-and-swap, not add-then-undo), so
+    /// no reader, and no concurrent reservation, sees it past the cap.
+    fn reserve(&self, room: Room) -> Result<(), StoreError> {
+        if room.is_empty() {
+            return Ok(());
         }
-        let before = self.live.fetch_add(n, Ordering::Relaxed);
-        if before + n > self.max_counters {
-            self.live.fetch_sub(n, Ordering::Relaxed);
-            self.stats.rejected_full.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Full {
-                max: self.max_counters,
-            });
+        let limits = self.limits;
+        let refused = if !take(&self.live, room.counters, limits.max_counters) {
+            StoreError::Full {
+                max: limits.max_counters,
+            }
+        } else if !take(&self.bytes, room.bytes, limits.max_bytes) {
+            self.live.fetch_sub(room.counters, Ordering::Relaxed);
+            StoreError::FullBytes {
+                max: limits.max_bytes,
+            }
+        } else {
+            return Ok(());
+        };
+        self.stats.rejected_full.fetch_add(1, Ordering::Relaxed);
+        Err(refused)
+    }
+
+    fn release(&self, room: Room) {
+        if room.is_empty() {
+            return;
         }
-        Ok(n)
+        self.live.fetch_sub(room.counters, Ordering::Relaxed);
+        self.bytes.fetch_sub(room.bytes, Ordering::Relaxed);
     }
 
     fn sweep(&self, now: Timestamp) -> usize {
-        let mut removed = 0;
-        let mut sweep = |table_removed: usize| removed += table_removed;
+        let mut removed = Room::default();
+        let mut sweep = |table_removed: Room| removed = removed.add(table_removed);
         for unit in Unit::ALL {
             sweep(retain(&self.fixed[unit.index()], |s| {
                 !fixed_window::is_stale(s, now.secs(), unit)
@@ -446,20 +575,31 @@ impl Inner {
         sweep(retain(&self.buckets, |s| {
             !bucket::is_stale(s, now.micros())
         }));
-        self.live.fetch_sub(removed, Ordering::Relaxed);
+        self.release(removed);
         self.stats
             .swept
-            .fetch_add(removed as u64, Ordering::Relaxed);
-        removed
+            .fetch_add(removed.counters as u64, Ordering::Relaxed);
+        removed.counters
     }
 }
 
-/// Keeps the counters whose state passes `keep`; returns how many were removed.
-fn retain<W: StateWord>(table: &Table<W>, keep: impl Fn(W::Raw) -> bool) -> usize {
-    let mut removed = 0;
-    table.retain(|_, w| {
+/// Adds `n` to `total` if the sum stays within `max`.
+fn take(total: &AtomicUsize, n: usize, max: usize) -> bool {
+    total
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+            t.checked_add(n).filter(|&sum| sum <= max)
+        })
+        .is_ok()
+}
+
+/// Keeps the counters whose state passes `keep`; returns the room the others took.
+fn retain<W: StateWord>(table: &Table<W>, keep: impl Fn(W::Raw) -> bool) -> Room {
+    let mut removed = Room::default();
+    table.retain(|key, w| {
         let k = keep(w.load());
-        removed += usize::from(!k);
+        if !k {
+            removed = removed.add(Room::of(key));
+        }
         k
     });
     removed
@@ -624,6 +764,112 @@ mod tests {
         store.sweep(Timestamp::from_secs(60));
         assert!(apply(&store, 60, &[hit("c", 5, 1)]).is_ok());
         assert_eq!(store.live_counters(), 1);
+    }
+
+    fn budget(counters: usize, keys: &[&str]) -> MemoryStore {
+        MemoryStore::with_limits(MemoryLimits {
+            max_counters: counters,
+            max_bytes: keys.iter().map(|k| MemoryLimits::counter_bytes(k)).sum(),
+        })
+    }
+
+    #[test]
+    fn the_byte_budget_refuses_new_counters_whole_and_sweeping_gives_bytes_back() {
+        let (a, b) = ("a".repeat(1000), "b".repeat(10));
+        // Room in count for many, in bytes for exactly `a` and `b`.
+        let store = budget(100, &[&a, &b]);
+        apply(&store, 0, &[hit(&a, 5, 1), hit(&b, 5, 1)]).unwrap();
+        assert_eq!(store.counter_bytes(), store.limits().max_bytes);
+        // One byte more than is left: refused whole, naming the byte budget.
+        let err = apply(&store, 0, &[hit(&a, 5, 1), hit("c", 5, 1)]).unwrap_err();
+        assert_eq!(
+            err,
+            StoreError::FullBytes {
+                max: store.limits().max_bytes
+            }
+        );
+        assert!(
+            err.to_string().contains("SLUICE_MAX_COUNTER_BYTES"),
+            "{err}"
+        );
+        assert_eq!(store.count(&a, Unit::Minute, Timestamp::from_secs(0)), 1);
+        assert_eq!(store.stats().rejected_full.load(Ordering::Relaxed), 1);
+        assert_eq!(store.live_counters(), 2);
+        // Existing counters still work, and cost nothing more.
+        assert_eq!(
+            apply(&store, 0, &[hit(&a, 5, 1), hit(&b, 5, 1)])
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(store.counter_bytes(), store.limits().max_bytes);
+        // The sweeper gives the bytes back with the counters.
+        store.sweep(Timestamp::from_secs(60));
+        assert_eq!((store.live_counters(), store.counter_bytes()), (0, 0));
+        // Then one long key fits where the two were; ten short ones would not.
+        let long = "l".repeat(1000 + 10 + COUNTER_OVERHEAD_BYTES);
+        apply(&store, 60, &[hit(&long, 5, 1)]).unwrap();
+        assert_eq!(store.counter_bytes(), store.limits().max_bytes);
+    }
+
+    #[test]
+    fn merged_counters_take_room_from_the_budget_too() {
+        let store = budget(100, &["k"]);
+        let now = Timestamp::from_secs(1234);
+        let kind = CounterKind::Fixed(Unit::Minute);
+        let five = u128::from(fixed_window::state_with_count(5, 1234, Unit::Minute));
+        store.merge_max(kind, "k", five, now).unwrap();
+        assert_eq!(store.counter_bytes(), MemoryLimits::counter_bytes("k"));
+        // Merging into an existing counter is free; a new one past the budget is refused.
+        store.merge_max(kind, "k", five, now).unwrap();
+        let err = store.merge_max(kind, "j", five, now).unwrap_err();
+        assert!(matches!(err, StoreError::FullBytes { .. }), "{err}");
+        assert_eq!(store.live_counters(), 1);
+    }
+
+    #[test]
+    fn no_mix_of_key_sizes_goes_past_the_budget_even_racing() {
+        let max_bytes = 200_000;
+        let store = Arc::new(MemoryStore::with_limits(MemoryLimits {
+            max_counters: 1_000_000,
+            max_bytes,
+        }));
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let mut refused = 0;
+                    for i in 0..2_000usize {
+                        // Keys from 1 byte to 4 KB, some shared between threads.
+                        let len = (i * 7919 + t * 13) % 4096 + 1;
+                        let key = format!("{}{}", i % 500, "x".repeat(len));
+                        let hits = [hit(&key, 100, 1), hit("shared", 100_000, 1)];
+                        match apply(&store, 0, &hits) {
+                            Ok(_) => {}
+                            Err(StoreError::FullBytes { max }) => {
+                                assert_eq!(max, max_bytes);
+                                refused += 1;
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                        assert!(store.counter_bytes() <= max_bytes);
+                    }
+                    refused
+                })
+            })
+            .collect();
+        let refused: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert!(refused > 0, "the budget was reached");
+        // What is accounted is exactly what is held.
+        let held: usize = store.inner.fixed[Unit::Minute.index()]
+            .iter()
+            .map(|e| MemoryLimits::counter_bytes(e.key()))
+            .sum();
+        assert_eq!(store.counter_bytes(), held);
+        assert_eq!(
+            store.live_counters(),
+            store.inner.fixed[Unit::Minute.index()].len()
+        );
     }
 
     #[test]

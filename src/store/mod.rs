@@ -14,7 +14,7 @@ use crate::clock::Timestamp;
 use crate::limiter::fixed_window::Decision;
 use crate::limiter::{Quota, Unit};
 
-pub use memory::{CounterKind, MemoryStore};
+pub use memory::{CounterKind, MemoryLimits, MemoryStore};
 pub use redis::{RedisLink, RedisStore};
 
 /// One counter to charge: the key stem (envoyproxy/ratelimit's cache key without the trailing
@@ -45,6 +45,13 @@ pub enum StoreError {
         "counter store is full: {max} live counters (SLUICE_MAX_COUNTERS); new counters are refused until expired windows are swept"
     )]
     Full { max: usize },
+    /// The in-memory store's counters take up its byte budget (each its key plus a measured
+    /// overhead) and this request needs a new one. Transient, as [`StoreError::Full`].
+    #[error(
+        "counter store is full: its counters take {max} bytes (SLUICE_MAX_COUNTER_BYTES; each counts its key plus {overhead} bytes); new counters are refused until expired windows are swept",
+        overhead = memory::COUNTER_OVERHEAD_BYTES
+    )]
+    FullBytes { max: usize },
     /// A remote backend (Redis) failed or did not answer in time. Transient: connections
     /// come back by themselves.
     #[error("backend error: {message}")]
@@ -59,7 +66,7 @@ impl StoreError {
     /// Transient errors may succeed if retried later; permanent ones will not.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Full { .. } => true,
+            StoreError::Full { .. } | StoreError::FullBytes { .. } => true,
             StoreError::Backend { .. } => true,
             StoreError::BadReply { .. } => false,
         }

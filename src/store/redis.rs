@@ -33,10 +33,10 @@
 //!
 //! **Local over-limit cache** (LOCAL_CACHE_SIZE_IN_BYTES): a fixed-window key Redis reported
 //! over the limit is remembered until its window ends, and later calls on it are answered OVER
-//! without a Redis call, so its value stops growing.
+//! without a Redis call, so its value stops growing. Its size counts each key's real bytes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -47,7 +47,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::redis_sentinel::{Lookup, SentinelMaster};
-use super::{CounterStore, Hit, StoreError, go_cache_key};
+use super::{CounterStore, Hit, MemoryLimits, StoreError, go_cache_key};
 use crate::clock::Timestamp;
 use crate::limiter::fixed_window::{self, Decision};
 use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
@@ -242,19 +242,25 @@ impl Target {
 }
 
 /// Remembers fixed-window keys Redis found over the limit, until their window ends.
+///
+/// Held to LOCAL_CACHE_SIZE_IN_BYTES counting each entry as its key's bytes plus the overhead
+/// of a `(Box<str>, u64)` map slot, which is what the memory store's fixed-window counters
+/// are too ([`MemoryLimits::counter_bytes`]); long keys take room in proportion.
 struct OverLimitCache {
     /// Full key -> end of its window (seconds since the epoch).
     keys: DashMap<Box<str>, u64, foldhash::fast::RandomState>,
-    max_entries: usize,
+    /// The entries' accounted bytes.
+    bytes: AtomicUsize,
+    max_bytes: usize,
 }
 
 impl OverLimitCache {
     fn new(size_in_bytes: u64) -> Option<Self> {
-        // A rough per-entry cost: the key (~64 bytes typical) plus map overhead.
-        let max_entries = usize::try_from(size_in_bytes / 128).unwrap_or(usize::MAX);
-        (max_entries > 0).then(|| OverLimitCache {
+        let max_bytes = usize::try_from(size_in_bytes).unwrap_or(usize::MAX);
+        (max_bytes > 0).then(|| OverLimitCache {
             keys: DashMap::default(),
-            max_entries,
+            bytes: AtomicUsize::new(0),
+            max_bytes,
         })
     }
 
@@ -262,14 +268,39 @@ impl OverLimitCache {
         self.keys.get(key).is_some_and(|end| *end > now_secs)
     }
 
+    /// Remembers `key` if it fits, forgetting ended windows first when it does not.
     fn remember(&self, key: &str, window_end: u64, now_secs: u64) {
-        if self.keys.len() >= self.max_entries {
-            self.keys.retain(|_, end| *end > now_secs);
-            if self.keys.len() >= self.max_entries {
+        let cost = MemoryLimits::counter_bytes(key);
+        if !self.reserve(cost) {
+            self.forget_ended(now_secs);
+            if !self.reserve(cost) {
                 return;
             }
         }
-        self.keys.insert(Box::from(key), window_end);
+        if self.keys.insert(Box::from(key), window_end).is_some() {
+            // Already remembered (a concurrent call): its room is taken once.
+            self.bytes.fetch_sub(cost, Ordering::Relaxed);
+        }
+    }
+
+    fn reserve(&self, cost: usize) -> bool {
+        self.bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                (b.saturating_add(cost) <= self.max_bytes).then_some(b + cost)
+            })
+            .is_ok()
+    }
+
+    fn forget_ended(&self, now_secs: u64) {
+        let mut freed = 0;
+        self.keys.retain(|key, end| {
+            let keep = *end > now_secs;
+            if !keep {
+                freed += MemoryLimits::counter_bytes(key);
+            }
+            keep
+        });
+        self.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
 }
 
@@ -867,5 +898,31 @@ impl CounterStore for RedisStore {
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.refund_now(now, hits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_over_limit_cache_counts_real_key_bytes() {
+        let key = |i: usize| format!("{i:04}{}", "k".repeat(3996));
+        let entry = MemoryLimits::counter_bytes(&key(0));
+        let cache = OverLimitCache::new(3 * entry as u64).unwrap();
+        // Windows ending at 60; 4 KB keys: three fit, where 128 B an entry would have let 96 in.
+        for i in 0..10 {
+            cache.remember(&key(i), 60, 0);
+        }
+        assert_eq!(cache.keys.len(), 3);
+        assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
+        assert!(cache.is_over(&key(2), 59) && !cache.is_over(&key(3), 59));
+        // Remembering a key again takes no more room.
+        cache.remember(&key(0), 60, 0);
+        assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
+        // Once their windows end, full or not, the old entries make room.
+        cache.remember(&key(7), 120, 60);
+        assert_eq!(cache.keys.len(), 1);
+        assert_eq!(cache.bytes.load(Ordering::Relaxed), entry);
     }
 }

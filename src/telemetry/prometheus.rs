@@ -71,6 +71,9 @@ pub struct ClusterGauges {
 pub struct MemoryGauges {
     pub live_counters: u64,
     pub max_counters: u64,
+    /// The live counters' accounted bytes, and SLUICE_MAX_COUNTER_BYTES.
+    pub counter_bytes: u64,
+    pub max_counter_bytes: u64,
     pub rejected_full: u64,
     pub swept: u64,
 }
@@ -296,9 +299,21 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
                 m.max_counters,
             ),
             (
+                "sluice_memory_used_bytes",
+                "gauge",
+                "Bytes the memory store's counters are accounted (keys plus a fixed overhead each).",
+                m.counter_bytes,
+            ),
+            (
+                "sluice_memory_budget_bytes",
+                "gauge",
+                "SLUICE_MAX_COUNTER_BYTES.",
+                m.max_counter_bytes,
+            ),
+            (
                 "sluice_memory_rejected_full_total",
                 "counter",
-                "Requests refused because the memory store was full.",
+                "Requests refused because the memory store was full (in count or in bytes).",
                 m.rejected_full,
             ),
             (

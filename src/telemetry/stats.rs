@@ -7,7 +7,9 @@
 //! (`detailed_metric`, `value_to_metric`, per-request overrides) go through a concurrent map;
 //! that map holds at most `max_keys` keys, and a record for a new key beyond the cap is folded
 //! into one overflow entry and counted, so a flood of unique values cannot grow memory or the
-//! number of exported series (envoyproxy/ratelimit #275, #1132).
+//! number of exported series (envoyproxy/ratelimit #275, #1132). Such keys are also held to
+//! `max_key_bytes` (SLUICE_MAX_KEY_BYTES): a longer one (an unknown domain of 60 KB) is folded
+//! the same way, so the map holds at most `max_keys` keys of that size.
 //!
 //! Counters live as long as the service, across config reloads: a reloaded limit with the same
 //! key finds the same counters, so exported counters never go backwards.
@@ -287,6 +289,8 @@ pub struct Stats {
     not_found: DashMap<Box<str>, Arc<AtomicU64>, FastState>,
     /// Entries in `keys` plus `not_found`, held to `options.max_keys`.
     key_count: AtomicUsize,
+    /// The longest request-built key kept; longer ones are folded into the overflow.
+    max_key_bytes: usize,
     overflow: Arc<Entry>,
     not_found_overflow: Arc<AtomicU64>,
     pub service: ServiceCounters,
@@ -309,6 +313,7 @@ impl Stats {
             keys: DashMap::default(),
             not_found: DashMap::default(),
             key_count: AtomicUsize::new(0),
+            max_key_bytes: usize::MAX,
             overflow: Arc::new(Entry {
                 name: OVERFLOW_KEY.into(),
                 counters: LimitCounters::default(),
@@ -325,6 +330,13 @@ impl Stats {
             enabled: false,
             ..StatsOptions::default()
         })
+    }
+
+    /// Folds request-built keys (and unknown domains) longer than `max` bytes into the
+    /// overflow instead of keeping them.
+    pub fn with_max_key_bytes(mut self, max: usize) -> Self {
+        self.max_key_bytes = max;
+        self
     }
 
     pub fn options(&self) -> &StatsOptions {
@@ -361,6 +373,11 @@ impl Stats {
             return;
         }
         let inc = increments(outcome, self.options.near_limit_ratio);
+        if key.len() > self.max_key_bytes {
+            self.service.folded.fetch_add(1, Ordering::Relaxed);
+            self.overflow.counters.add(&inc);
+            return;
+        }
         self.entry(key).counters.add(&inc);
     }
 
@@ -410,7 +427,7 @@ impl Stats {
             c.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if !self.reserve_key() {
+        if domain.len() > self.max_key_bytes || !self.reserve_key() {
             self.service.folded.fetch_add(1, Ordering::Relaxed);
             self.not_found_overflow.fetch_add(1, Ordering::Relaxed);
             return;
@@ -655,6 +672,28 @@ mod tests {
             stats.domain_not_found(&format!("nope{i}"));
         }
         assert_eq!(stats.domains_not_found(), vec![(OVERFLOW_KEY.into(), 20)]);
+    }
+
+    #[test]
+    fn keys_past_the_byte_cap_fold_into_the_overflow_entry() {
+        let stats = Stats::default().with_max_key_bytes(16);
+        let long = format!("d.user_{}", "x".repeat(60_000));
+        for _ in 0..5 {
+            stats.record_dynamic(&long, &outcome(1, 10, 0));
+            stats.domain_not_found(&"d".repeat(60_000));
+        }
+        stats.record_dynamic("d.user_short", &outcome(1, 10, 0));
+        stats.domain_not_found("short");
+        assert_eq!(stats.key_count(), 2, "only the short keys are kept");
+        let overflow = stats.entries();
+        let overflow = overflow.iter().find(|e| &*e.name == OVERFLOW_KEY).unwrap();
+        assert_eq!(overflow.counters.total_hits.load(Ordering::Relaxed), 5);
+        assert_eq!(stats.service.folded.load(Ordering::Relaxed), 10);
+        assert!(
+            stats
+                .domains_not_found()
+                .contains(&(OVERFLOW_KEY.into(), 5))
+        );
     }
 
     #[test]

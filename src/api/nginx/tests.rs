@@ -20,6 +20,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 0}
 "#;
 
+/// SLUICE_MAX_REQUEST_BYTES' default.
+const MAX_BYTES: usize = 64 * 1024;
+
 fn service() -> RateLimitService<MemoryStore> {
     let cfg = parse_files(
         &[("edge.yaml".to_string(), CONFIG.to_string())],
@@ -60,7 +63,7 @@ fn entries(r: &Request) -> Vec<Vec<(&str, &str)>> {
 }
 
 fn parse(pairs: &[(&str, &[u8])]) -> Result<Request, HeaderError> {
-    request_from_headers(&headers(pairs))
+    request_from_headers(&headers(pairs), MAX_BYTES)
 }
 
 #[test]
@@ -245,7 +248,7 @@ async fn allowed_is_200_and_over_is_403_with_retry_after() {
         ("x-api-key", b"k1"),
     ]);
     for remaining in ["1", "0"] {
-        let r = check(&service, &h).await;
+        let r = check(&service, &h, MAX_BYTES).await;
         assert_eq!(r.status(), StatusCode::OK);
         // The API key's limit (2) is the most restrictive.
         assert_eq!(header(&r, "RateLimit-Limit"), Some("2"));
@@ -253,7 +256,7 @@ async fn allowed_is_200_and_over_is_403_with_retry_after() {
         assert_eq!(header(&r, "RateLimit-Reset"), Some("58"));
         assert_eq!(header(&r, "Retry-After"), None);
     }
-    let r = check(&service, &h).await;
+    let r = check(&service, &h, MAX_BYTES).await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert_eq!(header(&r, "RateLimit-Limit"), Some("2"));
     assert_eq!(header(&r, "RateLimit-Remaining"), Some("0"));
@@ -270,7 +273,7 @@ async fn allowed_is_200_and_over_is_403_with_retry_after() {
         ),
         ("x-api-key", b"k2"),
     ]);
-    let r = check(&service, &other).await;
+    let r = check(&service, &other, MAX_BYTES).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(header(&r, "RateLimit-Remaining"), Some("1"));
 
@@ -282,7 +285,7 @@ async fn allowed_is_200_and_over_is_403_with_retry_after() {
             b"remote_address=10.0.0.1, api_key=@x-api-key",
         ),
     ]);
-    let r = check(&service, &no_key).await;
+    let r = check(&service, &no_key, MAX_BYTES).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(header(&r, "RateLimit-Limit"), Some("10"));
     assert_eq!(header(&r, "RateLimit-Remaining"), Some("5"));
@@ -305,7 +308,7 @@ async fn unmatched_descriptors_and_absent_headers_are_allowed_without_headers() 
             ("X-Sluice-Descriptor", b"api_key=@x-absent"),
         ]),
     ] {
-        let r = check(&service, &h).await;
+        let r = check(&service, &h, MAX_BYTES).await;
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(header(&r, "RateLimit-Limit"), None);
     }
@@ -319,15 +322,23 @@ async fn the_hits_addend_is_charged() {
         ("X-Sluice-Descriptor", b"remote_address=10.0.0.9"),
         ("X-Sluice-Hits-Addend", b"7"),
     ]);
-    let r = check(&service, &h).await;
+    let r = check(&service, &h, MAX_BYTES).await;
     assert_eq!(header(&r, "RateLimit-Remaining"), Some("3"));
-    assert_eq!(check(&service, &h).await.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        check(&service, &h, MAX_BYTES).await.status(),
+        StatusCode::FORBIDDEN
+    );
 }
 
 #[tokio::test]
 async fn bad_headers_are_400_and_service_errors_500_with_a_reason() {
     let service = service();
-    let r = check(&service, &headers(&[("X-Sluice-Descriptor", b"a=1")])).await;
+    let r = check(
+        &service,
+        &headers(&[("X-Sluice-Descriptor", b"a=1")]),
+        MAX_BYTES,
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     assert_eq!(body(r).await, "missing X-Sluice-Domain header\n");
 
@@ -337,7 +348,10 @@ async fn bad_headers_are_400_and_service_errors_500_with_a_reason() {
         ("X-Sluice-Domain", b"edge"),
         ("X-Sluice-Descriptor", many.as_bytes()),
     ]);
-    assert_eq!(check(&service, &h).await.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        check(&service, &h, MAX_BYTES).await.status(),
+        StatusCode::BAD_REQUEST
+    );
 
     // No config loaded: Sluice cannot decide, 500.
     let unloaded = RateLimitService::new(
@@ -350,7 +364,7 @@ async fn bad_headers_are_400_and_service_errors_500_with_a_reason() {
         ("X-Sluice-Domain", b"edge"),
         ("X-Sluice-Descriptor", b"a=1"),
     ]);
-    let r = check(&unloaded, &h).await;
+    let r = check(&unloaded, &h, MAX_BYTES).await;
     assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(body(r).await, "no rate limit configuration loaded\n");
 }
@@ -362,8 +376,89 @@ async fn a_zero_limit_is_always_403() {
         ("X-Sluice-Domain", b"edge"),
         ("X-Sluice-Descriptor", b"zero=x"),
     ]);
-    let r = check(&service, &h).await;
+    let r = check(&service, &h, MAX_BYTES).await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert_eq!(header(&r, "RateLimit-Limit"), Some("0"));
     assert_eq!(header(&r, "Retry-After"), Some("58"));
+}
+
+#[test]
+fn sluice_headers_are_measured_before_they_are_parsed() {
+    // Malformed as well as too large: refused for its size, so nothing was parsed.
+    let big = format!("remote_address=%zz{}", "a".repeat(MAX_BYTES));
+    let e = parse(&[
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", big.as_bytes()),
+    ]);
+    assert_eq!(e, Err(HeaderError::TooLarge { max: MAX_BYTES }));
+    // The cap is on the total: every Sluice header counts, to the byte.
+    let value = |n: usize| format!("remote_address={}", "a".repeat(n - 15 - 4 - 1));
+    let fits = value(MAX_BYTES);
+    let with = |d: &[u8]| {
+        parse(&[
+            ("X-Sluice-Domain", b"edge"),
+            ("X-Sluice-Descriptor", d),
+            ("X-Sluice-Hits-Addend", b"1"),
+        ])
+    };
+    assert!(with(fits.as_bytes()).is_ok());
+    let over = value(MAX_BYTES + 1);
+    assert_eq!(
+        with(over.as_bytes()),
+        Err(HeaderError::TooLarge { max: MAX_BYTES })
+    );
+}
+
+#[test]
+fn client_headers_count_once_per_copy() {
+    let client = vec![b'k'; MAX_BYTES / 2];
+    let once = parse(&[
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", b"api_key=@x-api-key"),
+        ("x-api-key", &client),
+    ]);
+    assert!(once.is_ok());
+    // Named twice, it is copied twice: over the cap, refused before the second copy.
+    let twice = parse(&[
+        ("X-Sluice-Domain", b"edge"),
+        (
+            "X-Sluice-Descriptor",
+            b"api_key=@x-api-key&again=@x-api-key",
+        ),
+        ("x-api-key", &client),
+    ]);
+    assert_eq!(twice, Err(HeaderError::TooLarge { max: MAX_BYTES }));
+    // Repeated lines of the named header all count.
+    let repeated = parse(&[
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", b"api_key=@x-api-key"),
+        ("x-api-key", &client),
+        ("x-api-key", &client),
+    ]);
+    assert_eq!(repeated, Err(HeaderError::TooLarge { max: MAX_BYTES }));
+}
+
+#[tokio::test]
+async fn oversized_headers_and_keys_are_400_naming_the_setting_and_count_nothing() {
+    let service = service();
+    // The finding: a 300 KB value was accepted and became a 300 KB counter.
+    let huge = format!("remote_address={}", "v".repeat(300 * 1024));
+    let h = headers(&[
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", huge.as_bytes()),
+    ]);
+    let r = check(&service, &h, MAX_BYTES).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(body(r).await.contains("SLUICE_MAX_REQUEST_BYTES"));
+    // Under the request cap but over SLUICE_MAX_KEY_BYTES (4096): the service refuses the key.
+    let long = format!("remote_address={}", "v".repeat(5000));
+    let h = headers(&[
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", long.as_bytes()),
+    ]);
+    let r = check(&service, &h, MAX_BYTES).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let text = body(r).await;
+    assert!(text.contains("SLUICE_MAX_KEY_BYTES"), "{text}");
+    assert_eq!(service.store().live_counters(), 0);
 }
