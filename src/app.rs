@@ -14,7 +14,7 @@ use crate::api::health::Health;
 use crate::clock::Clock;
 use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
-use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
+use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::settings::{Backend, ClusterSettings, GrpcConnectionAge, XdsSettings};
 use crate::store::{AnyStore, MemoryStore, RedisStore, StoreError};
@@ -69,11 +69,11 @@ impl GrpcListener {
     }
 }
 
-/// Where to watch for config changes.
+/// Where to watch for config changes: the poller that loaded the start-up config (or a new
+/// one), run every `poll`.
 #[derive(Clone, Debug)]
 pub struct Reload {
-    pub source: ConfigSource,
-    pub options: LoadOptions,
+    pub poller: Poller,
     pub poll: Duration,
 }
 
@@ -212,9 +212,10 @@ impl App {
             peer_server,
             spans,
         } = self;
-        let _watcher = options.reload.as_ref().map(|r| {
-            crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
-        });
+        let _watcher = options
+            .reload
+            .as_ref()
+            .map(|r| crate::config::spawn_watcher(r.poller.clone(), config.clone(), r.poll));
         let _xds = options.xds.as_ref().map(|x| {
             crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
         });

@@ -39,6 +39,8 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod config_files;
+
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]
 #[command(
@@ -542,6 +544,8 @@ pub struct ServeArgs {
     pub xds: XdsArgs,
     #[command(flatten)]
     pub compat: CompatArgs,
+    #[command(flatten)]
+    pub config_files: config_files::ConfigFileArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -593,6 +597,8 @@ pub struct Settings {
     pub cluster: Option<ClusterSettings>,
     /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
     pub xds: Option<XdsSettings>,
+    /// SLUICE_CONFIG_MAX_FILE_BYTES, _MAX_TOTAL_BYTES and _SETTLE_MS.
+    pub config_files: crate::config::FileLimits,
 }
 
 /// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
@@ -989,6 +995,7 @@ impl ServeArgs {
                 c
             }),
             xds: self.xds.validate()?,
+            config_files: self.config_files.validate()?,
         })
     }
 }
