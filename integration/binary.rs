@@ -245,7 +245,7 @@ fn config_size_caps_stop_start_up_and_fail_check_config() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(too_big), "{err}");
     assert!(
-        err.contains("SLUICE_CONFIG_MAX_TOTAL_BYTES=16777216"),
+        err.contains("SLUICE_CONFIG_MAX_TOTAL_BYTES=8388608"),
         "{err}"
     );
 

@@ -204,7 +204,7 @@ impl App {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let App {
-            options,
+            mut options,
             config,
             store,
             service,
@@ -212,10 +212,11 @@ impl App {
             peer_server,
             spans,
         } = self;
+        // Taken, not cloned: the poller holds the bytes of the files it last loaded.
         let _watcher = options
             .reload
-            .as_ref()
-            .map(|r| crate::config::spawn_watcher(r.poller.clone(), config.clone(), r.poll));
+            .take()
+            .map(|r| crate::config::spawn_watcher(r.poller, config.clone(), r.poll));
         let _xds = options.xds.as_ref().map(|x| {
             crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
         });

@@ -410,7 +410,7 @@ fn a_sparse_gibibyte_file_is_refused_by_its_size_unread() {
         err.to_string(),
         format!(
             "{}: error loading config: the config files total {} bytes, more than \
-             SLUICE_CONFIG_MAX_TOTAL_BYTES=16777216\n\
+             SLUICE_CONFIG_MAX_TOTAL_BYTES=8388608\n\
              big.yaml: error loading config file: 1073741824 bytes is more than \
              SLUICE_CONFIG_MAX_FILE_BYTES=4194304",
             tmp.path().display(),
@@ -544,6 +544,34 @@ fn an_unchanged_directory_is_not_read_again_and_a_touch_does_not_reload() {
         );
     }
     assert_eq!(poller.files_read(), 7);
+}
+
+#[test]
+fn an_idle_poll_does_no_work_per_byte() {
+    // 32 MiB that fail fast (invalid UTF-8), so the test does not wait for a parse.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut bytes = vec![b'#'; 32 << 20];
+    bytes[0] = 0xff;
+    fs::write(tmp.path().join("big.yaml"), &bytes).expect("write");
+    drop(bytes);
+    let limits = caps(64 << 20, 64 << 20);
+    let mut poller = poller(tmp.path(), limits);
+    let (t0, loaded) = first_load(&mut poller, limits.settle);
+    loaded.expect_err("invalid UTF-8");
+    let reads = poller.files_read();
+
+    // Comparing the 32 MiB with what was loaded at every poll takes about a millisecond each:
+    // 800 polls, most of a second. A few `stat`s each take a few milliseconds in all.
+    let started = Instant::now();
+    for i in 1..=800 {
+        assert!(poller.poll(t0 + limits.settle * i).is_none());
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(150),
+        "800 idle polls took {took:?}"
+    );
+    assert_eq!(poller.files_read(), reads);
 }
 
 #[test]

@@ -100,6 +100,9 @@ pub struct Poller {
     source_errors: Vec<ConfigError>,
     /// When what the polls see last changed; `None` before the first poll.
     changed_at: Option<Instant>,
+    /// Something changed that has not been compared with `applied` yet. Idle polls stop here:
+    /// comparing the files' bytes every poll would cost a `memcmp` of the whole config.
+    pending: bool,
     /// What the current config was last built from, or failed to build from: a change is
     /// loaded, or reported, once and not every poll.
     applied: Option<Loadable>,
@@ -116,6 +119,7 @@ impl Poller {
             seen: BTreeMap::new(),
             source_errors: Vec::new(),
             changed_at: None,
+            pending: false,
             applied: None,
             files_read: 0,
         }
@@ -132,20 +136,23 @@ impl Poller {
         let first = self.changed_at.is_none();
         if self.observe() || first {
             self.changed_at = Some(if first { self.first_seen(now) } else { now });
+            self.pending = true;
         }
-        if self.settles_at().is_some_and(|at| now < at) {
+        if !self.pending || self.settles_at().is_some_and(|at| now < at) {
             return None;
         }
         let loadable = self.loadable();
         if self.applied.as_ref() == Some(&loadable) {
             // A touch, or a change undone: what is loaded already has these bytes.
             self.seen.values_mut().for_each(|s| s.fresh = false);
+            self.pending = false;
             return None;
         }
         if !self.confirm() {
             self.changed_at = Some(now);
             return None;
         }
+        self.pending = false;
         self.applied = Some(loadable.clone());
         Some(loadable.and_then(|files| {
             load::parse_snapshot(

@@ -83,9 +83,10 @@ pub fn spawn_watcher(poller: Poller, handle: ConfigHandle, interval: Duration) -
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            ticker.tick().await;
-            // The runtime's clock, so tests can drive the settle period with a paused clock.
-            let now = tokio::time::Instant::now().into_std();
+            // The tick's scheduled instant, not the moment the task ran: a settle period that is
+            // a multiple of the interval then ends exactly on a tick instead of missing it by
+            // microseconds and waiting one more. (The runtime's clock, so tests can pause it.)
+            let now = ticker.tick().await.into_std();
             let poller = Arc::clone(&poller);
             // File I/O and parsing block; keep them off the runtime's worker threads. A poll
             // that panicked left the poller consistent enough to look again next tick.
