@@ -230,6 +230,58 @@ fn a_bad_config_stops_start_up_before_any_port_is_bound() {
 }
 
 #[test]
+fn config_size_caps_stop_start_up_and_fail_check_config() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("ok.yaml"), GOOD);
+    // Sparse: 64 MiB by its metadata, no disk, and never read.
+    let big = std::fs::File::create(dir.path().join("big.yaml")).unwrap();
+    big.set_len(64 << 20).unwrap();
+    let too_big = "big.yaml: error loading config file: 67108864 bytes is more than \
+                   SLUICE_CONFIG_MAX_FILE_BYTES=4194304";
+
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(dir.path())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(too_big), "{err}");
+    assert!(
+        err.contains("SLUICE_CONFIG_MAX_TOTAL_BYTES=8388608"),
+        "{err}"
+    );
+
+    let mut c = sluice();
+    c.arg("check-config").arg(dir.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(too_big), "{err}");
+
+    // check-config applies the service's caps, from the same variables.
+    std::fs::remove_file(dir.path().join("big.yaml")).unwrap();
+    let mut c = sluice();
+    c.arg("check-config")
+        .arg(dir.path())
+        .env("SLUICE_CONFIG_MAX_FILE_BYTES", "10")
+        .env("SLUICE_CONFIG_MAX_TOTAL_BYTES", "1000");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ok.yaml: error loading config file: 87 bytes is more than SLUICE_CONFIG_MAX_FILE_BYTES=10"),
+        "{err}"
+    );
+    refused(
+        "SLUICE_CONFIG_SETTLE_MS",
+        "60001",
+        "SLUICE_CONFIG_SETTLE_MS=60001: must be between 0 and 60000",
+    );
+}
+
+#[test]
 fn check_config_prints_every_error_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     write(&dir.path().join("a.yaml"), "domain: ''\n");

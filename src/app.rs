@@ -13,7 +13,7 @@ use crate::api::health::Health;
 use crate::clock::Clock;
 use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
-use crate::config::{ConfigHandle, ConfigSource, LoadOptions};
+use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::settings::{Backend, ClusterSettings, XdsSettings};
@@ -82,11 +82,11 @@ impl GrpcListener {
     }
 }
 
-/// Where to watch for config changes.
+/// Where to watch for config changes: the poller that loaded the start-up config (or a new
+/// one), run every `poll`.
 #[derive(Clone, Debug)]
 pub struct Reload {
-    pub source: ConfigSource,
-    pub options: LoadOptions,
+    pub poller: Poller,
     pub poll: Duration,
 }
 
@@ -297,7 +297,6 @@ impl App {
         force: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let gave_up = self.store.gave_up();
-        let (options, health) = (self.options.clone(), self.health.clone());
         let running = self.start(listeners);
         let failure = tokio::select! {
             () = shutdown => None,
@@ -305,7 +304,7 @@ impl App {
         };
         tokio::pin!(force);
         let stopped = tokio::select! {
-            result = running.stop(&options, &health, failure.is_some()) => result,
+            result = running.stop(failure.is_some()) => result,
             () = &mut force => {
                 tracing::warn!("second stop signal: exiting without waiting for in-flight calls");
                 Ok(())
@@ -320,7 +319,7 @@ impl App {
     /// Starts every listener and background task.
     fn start(self, listeners: Listeners) -> Running {
         let App {
-            options,
+            mut options,
             config,
             store,
             service,
@@ -328,9 +327,11 @@ impl App {
             peer_server,
             spans,
         } = self;
-        let watcher = options.reload.as_ref().map(|r| {
-            crate::config::spawn_watcher(r.source.clone(), r.options, config.clone(), r.poll)
-        });
+        // Taken, not cloned: the poller holds the bytes of the files it last loaded.
+        let watcher = options
+            .reload
+            .take()
+            .map(|r| crate::config::spawn_watcher(r.poller, config.clone(), r.poll));
         let xds = options.xds.as_ref().map(|x| {
             crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
         });
@@ -349,6 +350,7 @@ impl App {
             listeners: ports.guards(&listeners),
             budget: Some(ports.budget.clone()),
         };
+        let health_for_stop = health.clone();
         let http_router = api::http::router(service.clone(), health, options.max_request_bytes);
         let mut after_drain = vec![health_updater];
         if let (Some(server), Some(listener)) = (peer_server, listeners.peer) {
@@ -394,6 +396,9 @@ impl App {
             ),
         ];
         Running {
+            health: health_for_stop,
+            shutdown_delay: options.shutdown_delay,
+            drain_timeout: options.drain_timeout,
             servers,
             after_drain,
             exporters,
@@ -493,6 +498,10 @@ fn spawn_exporters(
 
 /// What a serving app runs, until [`Running::stop`].
 struct Running {
+    health: Arc<Health>,
+    /// SLUICE_SHUTDOWN_DELAY_SECS and SLUICE_DRAIN_TIMEOUT_SECS.
+    shutdown_delay: Duration,
+    drain_timeout: Duration,
     /// The client-facing listeners, whose in-flight calls the drain waits for.
     servers: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
     /// Stopped once the drain is over: the peer and Prometheus listeners, statsd, and the
@@ -514,21 +523,16 @@ impl Running {
     /// Health fails, then (unless the backend gave up) `shutdown_delay` passes, the listeners
     /// stop accepting and in-flight calls get up to `drain_timeout`; then the rest stops and
     /// the OTLP exporters send what is queued, each within its export timeout.
-    async fn stop(
-        self,
-        options: &AppOptions,
-        health: &Health,
-        gave_up: bool,
-    ) -> std::io::Result<()> {
+    async fn stop(self, gave_up: bool) -> std::io::Result<()> {
         tracing::info!("shutting down: health now failing");
-        health.fail_sigterm();
+        self.health.fail_sigterm();
         if !gave_up {
-            tokio::time::sleep(options.shutdown_delay).await;
+            tokio::time::sleep(self.shutdown_delay).await;
         }
         let _ = self.stop.send(true);
         let names: Vec<&str> = self.servers.iter().map(|(n, _)| *n).collect();
         let joined = futures_util::future::join_all(self.servers.into_iter().map(|(_, t)| t));
-        let drained = tokio::time::timeout(options.drain_timeout, joined).await;
+        let drained = tokio::time::timeout(self.drain_timeout, joined).await;
         for task in &self.after_drain {
             task.abort();
         }
@@ -545,7 +549,7 @@ impl Running {
         }
         let Ok(results) = drained else {
             tracing::warn!(
-                timeout = ?options.drain_timeout,
+                timeout = ?self.drain_timeout,
                 "in-flight calls did not finish before the drain timeout"
             );
             return Ok(());

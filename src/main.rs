@@ -10,7 +10,7 @@ use std::sync::Arc;
 use clap::error::ErrorKind;
 use sluice::app::{App, AppOptions, GrpcListener, Listeners, Reload, Xds};
 use sluice::clock::SystemClock;
-use sluice::config::{self, ConfigHandle, ConfigSource, LoadOptions};
+use sluice::config::{self, ConfigHandle, ConfigSource, FileLimits, LoadOptions, Poller};
 use sluice::service::{HeaderNames, ServiceOptions};
 use sluice::settings::{self, Command, ConfigLocation, ServeArgs, Settings};
 use sluice::tls::{ClientTls, PeerTls, ServerTls};
@@ -33,20 +33,33 @@ fn main() -> ExitCode {
             path,
             merge_domain_config,
             strict_envoy,
-        }) => check_config(path, merge_domain_config, strict_envoy),
+        }) => match cli.serve.config_files.validate() {
+            // The same size caps as the service, so a config that passes here loads there.
+            Ok(limits) => check_config(path, merge_domain_config, strict_envoy, &limits),
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                ExitCode::from(EXIT_USAGE)
+            }
+        },
         None => serve(cli.serve),
     }
 }
 
 /// Validates a config; with `strict_envoy`, every use of a Sluice YAML extension is a failure
 /// too. Problems go to stderr, one per line; the OK line only when there are none.
-fn check_config(path: PathBuf, merge_domain_config: bool, strict_envoy: bool) -> ExitCode {
+fn check_config(
+    path: PathBuf,
+    merge_domain_config: bool,
+    strict_envoy: bool,
+    limits: &FileLimits,
+) -> ExitCode {
     let source = ConfigSource::Path(path.clone());
     let loaded = config::load(
         &source,
         &LoadOptions {
             merge_domain_config,
         },
+        limits,
     );
     let mut failed = false;
     if let Err(errors) = &loaded {
@@ -56,7 +69,7 @@ fn check_config(path: PathBuf, merge_domain_config: bool, strict_envoy: bool) ->
         }
     }
     if strict_envoy {
-        match config::envoy_extensions(&source) {
+        match config::envoy_extensions(&source, limits) {
             Ok(uses) => {
                 failed |= !uses.is_empty();
                 for u in &uses {
@@ -99,7 +112,8 @@ fn config_source(location: &ConfigLocation) -> ConfigSource {
 
 /// Where config updates come from: polled files or an xDS stream.
 enum ConfigFeed {
-    Files(Reload),
+    /// Boxed: the poller is large, and this is built once.
+    Files(Box<Reload>),
     /// Boxed: the xDS settings are large, and this is built once.
     Xds(Box<Xds>),
 }
@@ -111,7 +125,7 @@ fn app_options(
     peer_tls: Option<PeerTls>,
 ) -> AppOptions {
     let (reload, xds) = match feed {
-        ConfigFeed::Files(reload) => (Some(reload), None),
+        ConfigFeed::Files(reload) => (Some(*reload), None),
         ConfigFeed::Xds(xds) => (None, Some(*xds)),
     };
     AppOptions {
@@ -190,7 +204,10 @@ fn serve(args: ServeArgs) -> ExitCode {
             })),
         ),
         None => {
-            let initial = match config::load(&source, &load_options) {
+            // Waits for files being written as Sluice starts to settle (the settle period at
+            // most, unless they keep changing); the watcher carries on from what this saw.
+            let mut poller = Poller::new(source, load_options, settings.config_files);
+            let initial = match poller.load_settled(settings.config_poll_interval) {
                 Ok(cfg) => Some(cfg),
                 Err(errors) if settings.force_start_without_initial_config => {
                     for e in &errors.0 {
@@ -206,11 +223,10 @@ fn serve(args: ServeArgs) -> ExitCode {
                 }
             };
             let reload = Reload {
-                source,
-                options: load_options,
+                poller,
                 poll: settings.config_poll_interval,
             };
-            (initial, ConfigFeed::Files(reload))
+            (initial, ConfigFeed::Files(Box::new(reload)))
         }
     };
     let loaded = initial.is_some();

@@ -42,6 +42,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 mod listeners;
 pub use listeners::ListenerArgs;
 pub mod caps;
+mod config_files;
 mod peer_tls;
 
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
@@ -553,6 +554,8 @@ pub struct ServeArgs {
     pub peer_tls: peer_tls::PeerTlsArgs,
     #[command(flatten)]
     pub caps: caps::CapsArgs,
+    #[command(flatten)]
+    pub config_files: config_files::ConfigFileArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -610,6 +613,8 @@ pub struct Settings {
     pub peer_tls: Option<crate::tls::PeerTlsFiles>,
     /// SLUICE_MAX_KEY_BYTES and SLUICE_MAX_COUNTER_BYTES.
     pub caps: caps::Caps,
+    /// SLUICE_CONFIG_MAX_FILE_BYTES, _MAX_TOTAL_BYTES and _SETTLE_MS.
+    pub config_files: crate::config::FileLimits,
 }
 
 /// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
@@ -1010,6 +1015,7 @@ impl ServeArgs {
             listener_limits: self.listeners.validate(self.max_request_bytes)?,
             peer_tls,
             caps: self.caps.validate()?,
+            config_files: self.config_files.validate()?,
         })
     }
 }

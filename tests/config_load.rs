@@ -1,15 +1,18 @@
-//! Loading config from disk (file names, directory layouts, ConfigMap mounts) and hot reload.
+//! Loading config from disk (file names, directory layouts, ConfigMap mounts), its size caps,
+//! and hot reload: only settled changes are loaded, and unchanged files are not read again.
 
 use sluice::config::{
-    ConfigErrors, ConfigHandle, ConfigSource, LoadOptions, RateLimitConfig, load, spawn_watcher,
+    ConfigErrors, ConfigHandle, ConfigSource, FileLimits, LoadOptions, Poller, RateLimitConfig,
+    WatchGuard, load, parse_files, spawn_watcher,
 };
 use sluice::descriptor::Entry;
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn domain_yaml(domain: &str, rpu: u32) -> String {
     format!(
@@ -37,6 +40,7 @@ fn load_path(path: &Path) -> Result<RateLimitConfig, ConfigErrors> {
     load(
         &ConfigSource::Path(path.to_path_buf()),
         &LoadOptions::default(),
+        &FileLimits::default(),
     )
 }
 
@@ -71,14 +75,14 @@ fn runtime_layout_names_files_by_goruntime_key() {
         subdirectory: "ratelimit".into(),
         app_directory: "config".into(),
     };
-    let err = load(&source, &LoadOptions::default()).expect_err("bad file");
+    let err = load(&source, &LoadOptions::default(), &FileLimits::default()).expect_err("bad file");
     assert_eq!(
         err.to_string(),
         "config.team.bad.yaml: config file cannot have empty domain"
     );
 
     fs::remove_file(root.join("ratelimit/config/team/bad.yaml")).expect("rm");
-    let cfg = load(&source, &LoadOptions::default()).expect("loads");
+    let cfg = load(&source, &LoadOptions::default(), &FileLimits::default()).expect("loads");
     assert_eq!(cfg.domain_count(), 1);
     assert_eq!(rpu(&cfg, "basic"), Some(1));
 }
@@ -157,6 +161,7 @@ fn missing_path_is_an_error_naming_it_and_an_empty_dir_is_empty() {
             app_directory: "config".into(),
         },
         &LoadOptions::default(),
+        &FileLimits::default(),
     )
     .expect_err("missing");
     assert!(err.to_string().contains("sub"), "{err}");
@@ -176,11 +181,28 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 const POLL: Duration = Duration::from_millis(50);
 
-fn start(dir: &Path) -> (ConfigHandle, sluice::config::WatchGuard) {
-    let source = ConfigSource::Path(dir.to_path_buf());
-    let opts = LoadOptions::default();
-    let handle = ConfigHandle::new(Some(load(&source, &opts).expect("initial load")));
-    let guard = spawn_watcher(source, opts, handle.clone(), POLL);
+/// A short settle period for the tests that run in real time.
+fn quick() -> FileLimits {
+    FileLimits {
+        settle: Duration::from_millis(100),
+        ..FileLimits::default()
+    }
+}
+
+fn poller(dir: &Path, limits: FileLimits) -> Poller {
+    Poller::new(
+        ConfigSource::Path(dir.to_path_buf()),
+        LoadOptions::default(),
+        limits,
+    )
+}
+
+/// Loads `dir` as `main` does, then watches it with the same poller.
+fn start(dir: &Path) -> (ConfigHandle, WatchGuard) {
+    let mut poller = poller(dir, quick());
+    let initial = poller.load_settled(POLL).expect("initial load");
+    let handle = ConfigHandle::new(Some(initial));
+    let guard = spawn_watcher(poller, handle.clone(), POLL);
     (handle, guard)
 }
 
@@ -287,13 +309,404 @@ async fn dropping_the_guard_stops_the_watcher() {
 async fn starting_without_a_config_loads_once_the_files_are_fixed() {
     let tmp = tempfile::tempdir().expect("tmp");
     write(&tmp.path().join("a.yaml"), "domain: ''\n");
-    let source = ConfigSource::Path(tmp.path().to_path_buf());
     let handle = ConfigHandle::new(None);
-    let _guard = spawn_watcher(source, LoadOptions::default(), handle.clone(), POLL);
+    let _guard = spawn_watcher(poller(tmp.path(), quick()), handle.clone(), POLL);
     assert!(handle.current().is_none());
     write_atomic(&tmp.path().join("a.yaml"), &domain_yaml("a", 4));
     eventually("loaded", || {
         handle.current().is_some_and(|c| rpu(&c, "a") == Some(4))
     })
     .await;
+}
+
+// --- Size caps ---
+
+/// Polls a new poller until its first load settles, on made-up instants: returns the outcome
+/// and the instant it settled at.
+fn first_load(
+    poller: &mut Poller,
+    settle: Duration,
+) -> (Instant, Result<RateLimitConfig, ConfigErrors>) {
+    let t0 = Instant::now();
+    if let Some(outcome) = poller.poll(t0) {
+        return (t0, outcome);
+    }
+    let t1 = t0 + settle;
+    (t1, poller.poll(t1).expect("settled"))
+}
+
+fn caps(max_file_bytes: u64, max_total_bytes: u64) -> FileLimits {
+    FileLimits {
+        max_file_bytes,
+        max_total_bytes,
+        ..quick()
+    }
+}
+
+fn load_capped(dir: &Path, limits: FileLimits) -> Result<RateLimitConfig, ConfigErrors> {
+    load(
+        &ConfigSource::Path(dir.to_path_buf()),
+        &LoadOptions::default(),
+        &limits,
+    )
+}
+
+#[test]
+fn size_caps_refuse_a_file_and_a_source_naming_the_setting() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let small = domain_yaml("a", 1);
+    let size = small.len() as u64;
+    write(&tmp.path().join("a.yaml"), &small);
+    write(&tmp.path().join("b.yaml"), &domain_yaml("b", 1));
+    assert!(load_capped(tmp.path(), caps(size, 2 * size)).is_ok());
+
+    let err = load_capped(tmp.path(), caps(size - 1, 2 * size)).expect_err("too big");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "a.yaml: error loading config file: {size} bytes is more than SLUICE_CONFIG_MAX_FILE_BYTES={}\n\
+             b.yaml: error loading config file: {size} bytes is more than SLUICE_CONFIG_MAX_FILE_BYTES={}",
+            size - 1,
+            size - 1
+        )
+    );
+    let err = load_capped(tmp.path(), caps(size, 2 * size - 1)).expect_err("too big");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: error loading config: the config files total {} bytes, more than \
+             SLUICE_CONFIG_MAX_TOTAL_BYTES={}",
+            tmp.path().display(),
+            2 * size,
+            2 * size - 1
+        )
+    );
+}
+
+#[test]
+fn a_sparse_gibibyte_file_is_refused_by_its_size_unread() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    write(&tmp.path().join("a.yaml"), &domain_yaml("a", 1));
+    let big = fs::File::create(tmp.path().join("big.yaml")).expect("create");
+    big.set_len(1 << 30).expect("sparse");
+    let limits = FileLimits::default();
+    let mut poller = poller(tmp.path(), limits);
+    let started = Instant::now();
+    let err = first_load(&mut poller, limits.settle)
+        .1
+        .expect_err("refused");
+    // Reading it would take seconds and a gibibyte; refusing it takes a few stats.
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        poller.files_read(),
+        0,
+        "nothing is read while the source is over its total"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: error loading config: the config files total {} bytes, more than \
+             SLUICE_CONFIG_MAX_TOTAL_BYTES=8388608\n\
+             big.yaml: error loading config file: 1073741824 bytes is more than \
+             SLUICE_CONFIG_MAX_FILE_BYTES=4194304",
+            tmp.path().display(),
+            (1u64 << 30) + domain_yaml("a", 1).len() as u64
+        )
+    );
+    // check-config's path refuses it the same way.
+    let err = load_capped(tmp.path(), FileLimits::default()).expect_err("refused");
+    assert!(
+        err.to_string().contains("SLUICE_CONFIG_MAX_TOTAL_BYTES"),
+        "{err}"
+    );
+}
+
+#[test]
+fn reading_stops_one_byte_past_the_cap() {
+    // A FIFO's metadata says 0 bytes and it reads as much as its writer writes: the reader
+    // must stop at the cap and close it, which the writer sees as a broken pipe.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let fifo = tmp.path().join("endless.yaml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut f = fs::File::options().write(true).open(&fifo).expect("open");
+            f.write_all(&vec![b'#'; 8 << 20])
+        })
+    };
+    let err = load_capped(&fifo, caps(64, 1 << 20)).expect_err("cut off");
+    assert_eq!(
+        err.to_string(),
+        "endless.yaml: error loading config file: it grew past SLUICE_CONFIG_MAX_FILE_BYTES=64 \
+         while being read"
+    );
+    let written = writer.join().expect("writer");
+    assert_eq!(
+        written.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::BrokenPipe),
+        "the reader stopped early"
+    );
+}
+
+#[test]
+fn a_file_bigger_than_its_metadata_says_is_cut_off_while_reading() {
+    // /proc files report a size of 0 and read as kilobytes: a file that grew after its size
+    // was checked, without a race.
+    let tmp = tempfile::tempdir().expect("tmp");
+    symlink("/proc/self/maps", tmp.path().join("grows.yaml")).expect("symlink");
+    let err = load_capped(tmp.path(), caps(64, 1 << 20)).expect_err("cut off");
+    assert_eq!(
+        err.to_string(),
+        "grows.yaml: error loading config file: it grew past SLUICE_CONFIG_MAX_FILE_BYTES=64 \
+         while being read"
+    );
+    let mut watch = poller(tmp.path(), caps(64, 1 << 20));
+    let err = first_load(&mut watch, quick().settle)
+        .1
+        .expect_err("cut off");
+    assert!(
+        err.to_string()
+            .contains("it grew past SLUICE_CONFIG_MAX_FILE_BYTES=64"),
+        "{err}"
+    );
+
+    // The source's total is enforced while reading too.
+    let small = domain_yaml("a", 1);
+    write(&tmp.path().join("a.yaml"), &small);
+    let limits = caps(1 << 20, small.len() as u64 + 64);
+    let err = load_capped(tmp.path(), limits).expect_err("cut off");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: error loading config: the config files grew past \
+             SLUICE_CONFIG_MAX_TOTAL_BYTES={} while being read",
+            tmp.path().display(),
+            small.len() + 64
+        )
+    );
+    let mut poller = poller(tmp.path(), limits);
+    let err = first_load(&mut poller, limits.settle)
+        .1
+        .expect_err("cut off");
+    assert!(
+        err.to_string()
+            .contains("grew past SLUICE_CONFIG_MAX_TOTAL_BYTES"),
+        "{err}"
+    );
+}
+
+// --- Metadata first: unchanged files are not read ---
+
+#[test]
+fn an_unchanged_directory_is_not_read_again_and_a_touch_does_not_reload() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    for name in ["a", "b", "c"] {
+        write(
+            &tmp.path().join(format!("{name}.yaml")),
+            &domain_yaml(name, 1),
+        );
+    }
+    let settle = quick().settle;
+    let mut poller = poller(tmp.path(), quick());
+    let (t0, loaded) = first_load(&mut poller, settle);
+    assert_eq!(loaded.expect("loads").domain_count(), 3);
+    assert_eq!(poller.files_read(), 6, "each file read, then confirmed");
+
+    for i in 2..50 {
+        assert!(poller.poll(t0 + settle * i).is_none());
+    }
+    assert_eq!(
+        poller.files_read(),
+        6,
+        "50 polls of an unchanged directory read nothing"
+    );
+
+    // A touch changes the fingerprint: the file is read once, and its bytes are what is loaded.
+    let file = fs::File::options()
+        .write(true)
+        .open(tmp.path().join("b.yaml"))
+        .expect("open");
+    file.set_modified(std::time::SystemTime::now() + Duration::from_secs(60))
+        .expect("touch");
+    for i in 50..60 {
+        assert!(
+            poller.poll(t0 + settle * i).is_none(),
+            "a touch does not reload"
+        );
+    }
+    assert_eq!(poller.files_read(), 7);
+}
+
+#[test]
+fn an_idle_poll_does_no_work_per_byte() {
+    // 32 MiB that fail fast (invalid UTF-8), so the test does not wait for a parse.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut bytes = vec![b'#'; 32 << 20];
+    bytes[0] = 0xff;
+    fs::write(tmp.path().join("big.yaml"), &bytes).expect("write");
+    drop(bytes);
+    let limits = caps(64 << 20, 64 << 20);
+    let mut poller = poller(tmp.path(), limits);
+    let (t0, loaded) = first_load(&mut poller, limits.settle);
+    loaded.expect_err("invalid UTF-8");
+    let reads = poller.files_read();
+
+    // Comparing the 32 MiB with what was loaded at every poll takes about a millisecond each:
+    // 800 polls, most of a second. A few `stat`s each take a few milliseconds in all.
+    let started = Instant::now();
+    for i in 1..=800 {
+        assert!(poller.poll(t0 + limits.settle * i).is_none());
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(150),
+        "800 idle polls took {took:?}"
+    );
+    assert_eq!(poller.files_read(), reads);
+}
+
+#[test]
+fn an_error_is_reported_once_per_change_not_every_poll() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    write(&tmp.path().join("a.yaml"), &domain_yaml("a", 1));
+    let settle = quick().settle;
+    let mut poller = poller(tmp.path(), quick());
+    let (t0, loaded) = first_load(&mut poller, settle);
+    loaded.expect("loads");
+    write(&tmp.path().join("b.yaml"), "domain: ''\n");
+    let mut reports = 0;
+    for i in 2..40 {
+        if let Some(outcome) = poller.poll(t0 + settle * i / 2) {
+            outcome.expect_err("bad file");
+            reports += 1;
+        }
+    }
+    assert_eq!(reports, 1);
+}
+
+// --- Settling: a file written in place is never loaded half-written ---
+
+/// The same file cut off just after `requests_per_unit:`, which envoyproxy/ratelimit (and so
+/// Sluice, for a complete file) loads as a limit of 0: every request over the limit.
+fn halves(rpu: u32) -> (String, String) {
+    let full = domain_yaml("d", rpu);
+    let cut = full.find("requests_per_unit:").expect("key") + "requests_per_unit:".len();
+    (full[..cut].to_owned(), full[cut..].to_owned())
+}
+
+fn append(path: &Path, text: &str) {
+    let mut f = fs::File::options().append(true).open(path).expect("open");
+    f.write_all(text.as_bytes()).expect("append");
+}
+
+/// Watches `dir` from nothing, on tokio's paused clock, until its first config is loaded.
+async fn watch_paused(dir: &Path, limits: FileLimits) -> (ConfigHandle, WatchGuard) {
+    let handle = ConfigHandle::new(None);
+    let guard = spawn_watcher(poller(dir, limits), handle.clone(), POLL);
+    tokio::time::sleep(limits.settle + POLL * 3).await;
+    assert!(handle.current().is_some(), "first load");
+    assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 1);
+    (handle, guard)
+}
+
+/// Advances the paused clock by `total` in 10 ms steps, checking `never` at each.
+async fn for_a_while(total: Duration, mut never: impl FnMut() -> bool, what: &str) {
+    let step = Duration::from_millis(10);
+    let mut waited = Duration::ZERO;
+    while waited < total {
+        tokio::time::sleep(step).await;
+        waited += step;
+        assert!(!never(), "{what} after {waited:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_file_rewritten_in_place_in_two_halves_is_never_loaded_half_written() {
+    let (first, second) = halves(7);
+    let half = parse_files(&[("f.yaml".into(), first.clone())], &LoadOptions::default());
+    assert_eq!(
+        rpu(&half.expect("loads"), "d"),
+        Some(0),
+        "the danger: half loads as 0"
+    );
+
+    let tmp = tempfile::tempdir().expect("tmp");
+    let path = tmp.path().join("limits.yaml");
+    write(&path, &domain_yaml("d", 100));
+    let limits = FileLimits::default();
+    let (handle, _guard) = watch_paused(tmp.path(), limits).await;
+    let is_half = || handle.current().is_some_and(|c| rpu(&c, "d") == Some(0));
+
+    // In place: the same inode, truncated, then written in two halves with a pause shorter
+    // than the settle period between them.
+    fs::write(&path, &first).expect("first half");
+    for_a_while(limits.settle * 6 / 10, is_half, "half loaded").await;
+    append(&path, &second);
+    for_a_while(limits.settle + POLL * 3, is_half, "half loaded").await;
+
+    assert_eq!(rpu(&handle.current().expect("cfg"), "d"), Some(7));
+    assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 2);
+    assert_eq!(handle.stats().load_error.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_file_being_written_at_start_up_is_loaded_once_complete() {
+    let (first, second) = halves(7);
+    let tmp = tempfile::tempdir().expect("tmp");
+    let path = tmp.path().join("limits.yaml");
+    write(&path, &first);
+    // Real time here, as at start-up: a pause ten times shorter than the settle period.
+    let limits = FileLimits {
+        settle: Duration::from_secs(2),
+        ..FileLimits::default()
+    };
+    let writer = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            append(&path, &second);
+        })
+    };
+    let started = Instant::now();
+    let cfg = poller(tmp.path(), limits)
+        .load_settled(POLL)
+        .expect("loads");
+    writer.join().expect("writer");
+    assert_eq!(rpu(&cfg, "d"), Some(7));
+    assert!(
+        started.elapsed() >= limits.settle,
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_oversize_file_keeps_the_old_config_and_is_reported_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    write(&tmp.path().join("a.yaml"), &domain_yaml("a", 1));
+    let limits = FileLimits::default();
+    let (handle, _guard) = watch_paused(tmp.path(), limits).await;
+    let before = handle.current().expect("cfg");
+
+    let big = fs::File::create(tmp.path().join("big.yaml")).expect("create");
+    big.set_len(1 << 30).expect("sparse");
+    tokio::time::sleep(limits.settle * 5).await;
+    assert!(Arc::ptr_eq(&before, &handle.current().expect("cfg")));
+    assert_eq!(handle.stats().load_error.load(Ordering::Relaxed), 1);
+    assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 1);
+
+    // Removing it loads the files again.
+    fs::remove_file(tmp.path().join("big.yaml")).expect("rm");
+    tokio::time::sleep(limits.settle + POLL * 3).await;
+    assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 2);
+    assert_eq!(handle.stats().load_error.load(Ordering::Relaxed), 1);
 }

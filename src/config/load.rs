@@ -6,12 +6,18 @@
 //! given set of files always loads the same way, and entries whose name starts with '.' are
 //! skipped: a Kubernetes ConfigMap mount holds `..data` and `..<timestamp>` entries next to
 //! the user-visible symlinks, and walking them would load every file two or three times.
+//!
+//! Every read is bounded by [`FileLimits`]: a file's size is checked on its metadata before it
+//! is opened (a 1 GiB sparse file is refused without reading a byte), and again while reading,
+//! since a file can grow between the two.
 
 use super::compile::{Builder, RateLimitConfig};
 use super::{ConfigError, ConfigErrors, raw};
 use serde_yaml_ng::{Mapping, Value as Yaml};
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Where the config comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,8 +43,41 @@ pub struct LoadOptions {
     pub merge_domain_config: bool,
 }
 
-/// The files of a source, sorted by name, with their raw bytes. Two equal snapshots load to the
-/// same config, so the watcher compares snapshots to decide whether to reload.
+/// How much of a config source is read, and how still it must be before it is loaded.
+///
+/// Parsing peaks at about 35 times a file's size in memory (a 4 MB file: 146 MB; 50 MB: 1.7 GB)
+/// and the loaded config keeps about 20 times, so the sizes bound what one bad (or hostile)
+/// file can cost a replica. The defaults leave room: a Kubernetes ConfigMap holds at most
+/// 1 MiB, and real configs are tens of kilobytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileLimits {
+    /// SLUICE_CONFIG_MAX_FILE_BYTES: the largest config file read.
+    pub max_file_bytes: u64,
+    /// SLUICE_CONFIG_MAX_TOTAL_BYTES: all the files of a source together.
+    pub max_total_bytes: u64,
+    /// SLUICE_CONFIG_SETTLE_MS: how long changed files must stay unchanged before they are
+    /// loaded, so a file being written in place is not loaded half-written. Zero loads a change
+    /// as soon as it is seen.
+    pub settle: Duration,
+}
+
+impl FileLimits {
+    pub const DEFAULT_MAX_FILE_BYTES: u64 = 4 << 20;
+    pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 8 << 20;
+    pub const DEFAULT_SETTLE: Duration = Duration::from_millis(1000);
+}
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        FileLimits {
+            max_file_bytes: Self::DEFAULT_MAX_FILE_BYTES,
+            max_total_bytes: Self::DEFAULT_MAX_TOTAL_BYTES,
+            settle: Self::DEFAULT_SETTLE,
+        }
+    }
+}
+
+/// The files of a source, sorted by name, with their raw bytes.
 pub(crate) type Snapshot = Vec<(String, Vec<u8>)>;
 
 /// Builds a config from named file texts, in the given order.
@@ -55,21 +94,32 @@ pub fn parse_files(
     )
 }
 
-/// Reads and builds the config of a source.
-pub fn load(source: &ConfigSource, opts: &LoadOptions) -> Result<RateLimitConfig, ConfigErrors> {
-    let snapshot = read_source(source)?;
-    parse_snapshot(&snapshot, opts)
+/// Reads and builds the config of a source once, within `limits`' sizes (`check-config`; the
+/// service loads through a [`Poller`](super::Poller), which also waits for files to settle).
+pub fn load(
+    source: &ConfigSource,
+    opts: &LoadOptions,
+    limits: &FileLimits,
+) -> Result<RateLimitConfig, ConfigErrors> {
+    let snapshot = read_source(source, limits)?;
+    parse_snapshot(
+        snapshot
+            .iter()
+            .map(|(name, bytes)| (name.as_str(), bytes.as_slice())),
+        opts,
+    )
 }
 
-pub(crate) fn parse_snapshot(
-    snapshot: &Snapshot,
+/// Builds a config from named file bytes, in the given order.
+pub(crate) fn parse_snapshot<'a>(
+    snapshot: impl Iterator<Item = (&'a str, &'a [u8])>,
     opts: &LoadOptions,
 ) -> Result<RateLimitConfig, ConfigErrors> {
     build(
-        snapshot.iter().map(|(name, bytes)| {
+        snapshot.map(|(name, bytes)| {
             let text = std::str::from_utf8(bytes)
                 .map_err(|e| format!("error loading config file: invalid UTF-8: {e}"));
-            (name.as_str(), text)
+            (name, text)
         }),
         opts,
     )
@@ -125,8 +175,11 @@ fn compile_roots(
 /// The scan reads the YAML generically, as Go's key walk does, so a key is reported wherever it
 /// appears (outside `metadata`), even in a place Sluice ignores it. Files that are not valid
 /// YAML contribute nothing: loading the config reports them. The error is for unreadable files.
-pub fn envoy_extensions(source: &ConfigSource) -> Result<Vec<String>, ConfigErrors> {
-    let snapshot = read_source(source)?;
+pub fn envoy_extensions(
+    source: &ConfigSource,
+    limits: &FileLimits,
+) -> Result<Vec<String>, ConfigErrors> {
+    let snapshot = read_source(source, limits)?;
     let mut out = Vec::new();
     for (name, bytes) in &snapshot {
         if let Ok(text) = std::str::from_utf8(bytes) {
@@ -211,60 +264,200 @@ fn scalar(v: &Yaml) -> String {
     }
 }
 
-/// Reads every file of a source. Any unreadable file or directory is an error naming its path.
-pub(crate) fn read_source(source: &ConfigSource) -> Result<Snapshot, ConfigErrors> {
-    let mut found: Vec<(String, PathBuf)> = Vec::new();
+/// One config file of a source, as listed: its config name, path and metadata (through
+/// symlinks, so a ConfigMap's `..data` swap shows as a new inode).
+pub(crate) struct Listed {
+    pub name: String,
+    pub path: PathBuf,
+    pub meta: fs::Metadata,
+}
+
+/// The config files of a source, sorted by name, and the problems met listing them. When the
+/// source itself cannot be read (a missing directory), `files` is empty and `errors` says why.
+pub(crate) struct Listing {
+    pub files: Vec<Listed>,
+    pub errors: Vec<ConfigError>,
+}
+
+impl Listing {
+    /// The sizes of the listed files together, from their metadata.
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.meta.len()).sum()
+    }
+}
+
+/// Lists the files of a source without reading any: one `read_dir` per directory and one
+/// `stat` per entry.
+pub(crate) fn list_source(source: &ConfigSource) -> Listing {
+    let mut files = Vec::new();
     let mut errors = Vec::new();
+    let mut add = |name: String, path: PathBuf, meta: fs::Metadata| {
+        files.push(Listed { name, path, meta });
+    };
     match source {
-        ConfigSource::Path(path) => {
-            let meta = fs::metadata(path).map_err(|e| io_error(path, &e))?;
-            if meta.is_dir() {
-                walk(
-                    path,
-                    &mut Vec::new(),
-                    &mut Vec::new(),
-                    &mut |parts, p| found.push((parts.join("/"), p)),
-                    &mut errors,
-                );
-            } else {
+        ConfigSource::Path(path) => match fs::metadata(path) {
+            Err(e) => errors.push(io_error(path, &e)),
+            Ok(meta) if meta.is_dir() => walk(
+                path,
+                &mut Vec::new(),
+                &mut Vec::new(),
+                &mut |parts, p, m| add(parts.join("/"), p, m),
+                &mut errors,
+            ),
+            Ok(meta) => {
                 let name = path
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_else(|| path.display().to_string());
-                found.push((name, path.clone()));
+                add(name, path.clone(), meta);
             }
-        }
+        },
         ConfigSource::Runtime {
             root,
             subdirectory,
             app_directory,
         } => {
-            let base = root.join(subdirectory);
             let mut prefix: Vec<String> = app_directory
                 .split('/')
                 .filter(|p| !p.is_empty() && *p != ".")
                 .map(str::to_owned)
                 .collect();
-            let dir = prefix.iter().fold(base, |acc, p| acc.join(p));
-            let meta = fs::metadata(&dir).map_err(|e| io_error(&dir, &e))?;
-            if !meta.is_dir() {
-                return Err(ConfigError::new(dir.display().to_string(), "not a directory").into());
+            let dir = prefix
+                .iter()
+                .fold(root.join(subdirectory), |acc, p| acc.join(p));
+            match fs::metadata(&dir) {
+                Err(e) => errors.push(io_error(&dir, &e)),
+                Ok(meta) if !meta.is_dir() => {
+                    errors.push(ConfigError::new(
+                        dir.display().to_string(),
+                        "not a directory",
+                    ));
+                }
+                Ok(_) => walk(
+                    &dir,
+                    &mut prefix,
+                    &mut Vec::new(),
+                    &mut |parts, p, m| add(parts.join("."), p, m),
+                    &mut errors,
+                ),
             }
-            walk(
-                &dir,
-                &mut prefix,
-                &mut Vec::new(),
-                &mut |parts, p| found.push((parts.join("."), p)),
-                &mut errors,
-            );
         }
     }
-    found.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut snapshot = Vec::with_capacity(found.len());
-    for (name, path) in found {
-        match fs::read(&path) {
-            Ok(bytes) => snapshot.push((name, bytes)),
-            Err(e) => errors.push(io_error(&path, &e)),
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Listing { files, errors }
+}
+
+/// How a source is named in errors about it as a whole: its file or directory.
+pub(crate) fn source_name(source: &ConfigSource) -> String {
+    match source {
+        ConfigSource::Path(path) => path.display().to_string(),
+        ConfigSource::Runtime {
+            root,
+            subdirectory,
+            app_directory,
+        } => root
+            .join(subdirectory)
+            .join(app_directory)
+            .display()
+            .to_string(),
+    }
+}
+
+/// A file over SLUICE_CONFIG_MAX_FILE_BYTES, named as its other errors are: by its metadata's
+/// `size`, or `None` when it grew past the cap while being read.
+pub(crate) fn file_too_big(name: &str, size: Option<u64>, limits: &FileLimits) -> ConfigError {
+    let max = limits.max_file_bytes;
+    let message = match size {
+        Some(size) => format!(
+            "error loading config file: {size} bytes is more than SLUICE_CONFIG_MAX_FILE_BYTES={max}"
+        ),
+        None => format!(
+            "error loading config file: it grew past SLUICE_CONFIG_MAX_FILE_BYTES={max} while being read"
+        ),
+    };
+    ConfigError::new(name, message)
+}
+
+/// A source over SLUICE_CONFIG_MAX_TOTAL_BYTES, named by its file or directory: by its files'
+/// metadata's total `size`, or `None` when they grew past it while being read.
+pub(crate) fn source_too_big(
+    source: &ConfigSource,
+    size: Option<u64>,
+    limits: &FileLimits,
+) -> ConfigError {
+    let max = limits.max_total_bytes;
+    let message = match size {
+        Some(size) => format!(
+            "error loading config: the config files total {size} bytes, more than \
+             SLUICE_CONFIG_MAX_TOTAL_BYTES={max}"
+        ),
+        None => format!(
+            "error loading config: the config files grew past \
+             SLUICE_CONFIG_MAX_TOTAL_BYTES={max} while being read"
+        ),
+    };
+    ConfigError::new(source_name(source), message)
+}
+
+/// The error for a file that grew past `cap` while being read: the file's own cap, or what was
+/// left of the source's total.
+pub(crate) fn grew(
+    source: &ConfigSource,
+    name: &str,
+    limits: &FileLimits,
+    cap: u64,
+) -> ConfigError {
+    if cap < limits.max_file_bytes {
+        source_too_big(source, None, limits)
+    } else {
+        file_too_big(name, None, limits)
+    }
+}
+
+/// Reads at most `cap + 1` bytes of a file: one byte more than allowed tells a file that grew
+/// past the cap after its size was checked, without reading the rest of it.
+pub(crate) fn read_at_most(path: &Path, cap: u64) -> Result<Vec<u8>, ConfigError> {
+    let file = fs::File::open(path).map_err(|e| io_error(path, &e))?;
+    let mut bytes = Vec::new();
+    file.take(cap.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error(path, &e))?;
+    Ok(bytes)
+}
+
+/// Reads every file of a source once, within `limits`' sizes: a file or a source too big by its
+/// metadata is refused before anything is read. Every problem is reported, each naming its file.
+pub(crate) fn read_source(
+    source: &ConfigSource,
+    limits: &FileLimits,
+) -> Result<Snapshot, ConfigErrors> {
+    let listing = list_source(source);
+    let total = listing.total_bytes();
+    let over_total = total > limits.max_total_bytes;
+    let mut errors = listing.errors;
+    if over_total {
+        errors.push(source_too_big(source, Some(total), limits));
+    }
+    let mut snapshot = Vec::with_capacity(listing.files.len());
+    let mut read = 0u64;
+    for file in listing.files {
+        if file.meta.len() > limits.max_file_bytes {
+            errors.push(file_too_big(&file.name, Some(file.meta.len()), limits));
+            continue;
+        }
+        if over_total {
+            continue;
+        }
+        let cap = limits.max_file_bytes.min(limits.max_total_bytes - read);
+        match read_at_most(&file.path, cap) {
+            Ok(bytes) if bytes.len() as u64 > cap => {
+                errors.push(grew(source, &file.name, limits, cap));
+            }
+            Ok(bytes) => {
+                read += bytes.len() as u64;
+                snapshot.push((file.name, bytes));
+            }
+            Err(e) => errors.push(e),
         }
     }
     if errors.is_empty() {
@@ -283,14 +476,14 @@ fn is_yaml(name: &str) -> bool {
 }
 
 /// Walks `dir` recursively, following symlinks, skipping dot entries, calling `found` with the
-/// path components (below the walk root, after `parts`' initial prefix) of each YAML file.
-/// `ancestors` holds the canonical directories being walked, so a symlink cycle ends the walk
-/// instead of recursing forever.
+/// path components (below the walk root, after `parts`' initial prefix), path and metadata of
+/// each YAML file. `ancestors` holds the canonical directories being walked, so a symlink cycle
+/// ends the walk instead of recursing forever.
 fn walk(
     dir: &Path,
     parts: &mut Vec<String>,
     ancestors: &mut Vec<PathBuf>,
-    found: &mut dyn FnMut(&[String], PathBuf),
+    found: &mut dyn FnMut(&[String], PathBuf, fs::Metadata),
     errors: &mut Vec<ConfigError>,
 ) {
     let canonical = match fs::canonicalize(dir) {
@@ -331,7 +524,7 @@ fn walk(
         if meta.is_dir() {
             walk(&path, parts, ancestors, found, errors);
         } else if meta.is_file() && parts.last().is_some_and(|n| is_yaml(n)) {
-            found(parts, path);
+            found(parts, path, meta);
         }
         parts.pop();
     }
@@ -441,7 +634,9 @@ descriptors:
         )
         .unwrap();
         fs::write(dir.path().join("c.yaml"), "domain: c\n").unwrap();
-        let lines = envoy_extensions(&ConfigSource::Path(dir.path().to_owned())).expect("reads");
+        let limits = FileLimits::default();
+        let lines =
+            envoy_extensions(&ConfigSource::Path(dir.path().to_owned()), &limits).expect("reads");
         let heads: Vec<&str> = lines
             .iter()
             .map(|l| l.split(", which").next().unwrap_or(""))
@@ -454,14 +649,14 @@ descriptors:
                 "b.yaml: descriptor 'b.k' uses 'algorithm: token_bucket'",
             ]
         );
-        let missing = envoy_extensions(&ConfigSource::Path(dir.path().join("nope")));
+        let missing = envoy_extensions(&ConfigSource::Path(dir.path().join("nope")), &limits);
         assert!(missing.is_err());
     }
 
     #[test]
     fn non_utf8_is_a_load_error() {
-        let snap = vec![("x.yaml".to_owned(), vec![0xff, 0xfe])];
-        let err = parse_snapshot(&snap, &LoadOptions::default()).expect_err("bad");
+        let snap = [("x.yaml", [0xff, 0xfe].as_slice())];
+        let err = parse_snapshot(snap.into_iter(), &LoadOptions::default()).expect_err("bad");
         assert!(
             err.0[0]
                 .to_string()

@@ -14,21 +14,28 @@
 //! - [`mod@load`]: finds the files of a [`ConfigSource`] (a `--config` path or the Go service's
 //!   runtime directory layout), in a deterministic order, and turns them into one
 //!   [`RateLimitConfig`]; it also finds the extension keys a Go-loadable file must not use.
-//! - [`watch`]: the shared [`ConfigHandle`] that request handlers read, and the polling watcher
-//!   that swaps in a new config when the files change (keeping the old one on error).
+//!   Every read is bounded by [`FileLimits`], checked on metadata before reading.
+//! - [`poll`]: the [`Poller`], which tells changed files by their metadata, reads only those,
+//!   and loads a change once it has settled, so a file written in place is never loaded
+//!   half-written.
+//! - [`watch`]: the shared [`ConfigHandle`] that request handlers read, and the watcher task
+//!   that runs the poller and swaps in a new config (keeping the old one on error).
 //!
 //! Every error names the config (file name or goruntime key) it came from:
 //! `"<name>: <message>"`, as the Go service prints it.
 
 pub mod compile;
 pub mod load;
+pub mod poll;
 pub mod raw;
 pub mod watch;
 
 pub use compile::{Block, Domain, Limit, Matched, RateLimitConfig, Rule};
 pub use load::{
-    ConfigSource, LoadOptions, build_raw, envoy_extensions, envoy_extensions_in, load, parse_files,
+    ConfigSource, FileLimits, LoadOptions, build_raw, envoy_extensions, envoy_extensions_in, load,
+    parse_files,
 };
+pub use poll::Poller;
 pub use watch::{ConfigHandle, ConfigStats, WatchGuard, spawn_watcher};
 
 use std::fmt;

@@ -2,16 +2,15 @@
 //!
 //! Handlers take a cheap [`Arc`] snapshot per request ([`ConfigHandle::current`]); a reload
 //! swaps the pointer atomically, so a request sees one config from start to end and never
-//! waits on a lock. The watcher polls rather than using inotify: polling sees a ConfigMap's
-//! atomic `..data` symlink swap, files on network volumes, and editors' rename-over-write
-//! alike, and at one stat-and-read of a few small files per interval it costs nothing.
+//! waits on a lock. The watcher runs a [`Poller`] every poll interval: a few `stat`s when
+//! nothing changed, reads of the changed files only, and a load once they have settled.
 
 use super::ConfigErrors;
 use super::compile::RateLimitConfig;
-use super::load::{ConfigSource, LoadOptions, Snapshot, parse_snapshot, read_source};
+use super::poll::Poller;
 use arc_swap::ArcSwapOption;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -70,73 +69,44 @@ impl Drop for WatchGuard {
     }
 }
 
-/// What the watcher last saw, so it only acts on a change.
-#[derive(PartialEq)]
-enum Seen {
-    Files(Snapshot),
-    /// The source itself could not be read (e.g. the directory vanished); the message is kept
-    /// so the same failure is counted and logged once, not every poll.
-    Unreadable(String),
-}
-
-fn snapshot(source: &ConfigSource) -> Seen {
-    match read_source(source) {
-        Ok(files) => Seen::Files(files),
-        Err(e) => Seen::Unreadable(e.to_string()),
-    }
-}
-
-/// Polls `source` every `poll` and reloads when its files change.
+/// Polls every `interval` and stores each settled change in `handle`.
 ///
-/// The fingerprint is the sorted file names plus every file's bytes (read through symlinks), so
-/// any content change, added or removed file, or ConfigMap symlink swap is noticed, and a
-/// `touch` is not. On change: success stores the new config, counts `load_success` and logs at
-/// info; failure keeps the old config, counts `load_error` and logs each `file: reason` at
-/// warn. The baseline is taken now, so the config the caller loaded is not loaded again.
+/// On a change (see [`Poller`] for when a change counts as settled): success stores the new
+/// config, counts `load_success` and logs at info; failure keeps the old config, counts
+/// `load_error` and logs each `file: reason` at warn, once per change. A poller that loaded the
+/// start-up config carries on from what it saw then, so a change made in between is not missed.
 ///
 /// Must be called within a tokio runtime.
-pub fn spawn_watcher(
-    source: ConfigSource,
-    opts: LoadOptions,
-    handle: ConfigHandle,
-    poll: Duration,
-) -> WatchGuard {
-    let baseline = snapshot(&source);
-    let source = Arc::new(source);
+pub fn spawn_watcher(poller: Poller, handle: ConfigHandle, interval: Duration) -> WatchGuard {
+    let poller = Arc::new(Mutex::new(poller));
     let task = tokio::spawn(async move {
-        let mut seen = baseline;
-        let mut ticker = tokio::time::interval(poll);
+        let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first tick completes immediately; the baseline already covers "now".
-        ticker.tick().await;
         loop {
-            ticker.tick().await;
-            let src = Arc::clone(&source);
-            // File I/O and parsing block; keep them off the runtime's worker threads.
-            let polled = tokio::task::spawn_blocking(move || snapshot(&src)).await;
-            let Ok(now) = polled else {
-                // The blocking task panicked or was cancelled; try again next tick.
-                continue;
-            };
-            if now == seen {
-                continue;
-            }
-            match &now {
-                Seen::Unreadable(reason) => {
-                    handle.stats.load_error.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(error = %reason, "config reload failed; keeping the previous config");
+            // The tick's scheduled instant, not the moment the task ran: a settle period that is
+            // a multiple of the interval then ends exactly on a tick instead of missing it by
+            // microseconds and waiting one more. (The runtime's clock, so tests can pause it.)
+            let now = ticker.tick().await.into_std();
+            let poller = Arc::clone(&poller);
+            // File I/O and parsing block; keep them off the runtime's worker threads. A poll
+            // that panicked left the poller consistent enough to look again next tick.
+            let polled = tokio::task::spawn_blocking(move || {
+                poller
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .poll(now)
+            })
+            .await;
+            match polled {
+                Ok(Some(Ok(cfg))) => {
+                    let domains = cfg.domain_count();
+                    handle.store(cfg);
+                    handle.stats.load_success.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(domains, "config reloaded");
                 }
-                Seen::Files(files) => match parse_snapshot(files, &opts) {
-                    Ok(cfg) => {
-                        let domains = cfg.domain_count();
-                        handle.store(cfg);
-                        handle.stats.load_success.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(files = files.len(), domains, "config reloaded");
-                    }
-                    Err(errors) => report(&handle, &errors),
-                },
+                Ok(Some(Err(errors))) => report(&handle, &errors),
+                Ok(None) | Err(_) => {}
             }
-            seen = now;
         }
     });
     WatchGuard { task }

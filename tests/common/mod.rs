@@ -67,6 +67,7 @@ pub async fn start(config_path: &std::path::Path, options: AppOptions) -> Runnin
     let cfg = load(
         &ConfigSource::Path(config_path.to_path_buf()),
         &LoadOptions::default(),
+        &sluice::config::FileLimits::default(),
     )
     .expect("fixture config loads");
     start_with(ConfigHandle::new(Some(cfg)), options).await
