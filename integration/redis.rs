@@ -79,6 +79,7 @@ impl RedisServer {
             local_cache_size_in_bytes: 0,
             stop_cache_key_increment_when_overlimit: false,
             startup: Default::default(),
+            breaker: Default::default(),
         }
     }
 }
@@ -363,6 +364,7 @@ async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
         local_cache_size_in_bytes: 0,
         stop_cache_key_increment_when_overlimit: false,
         startup: Default::default(),
+        breaker: Default::default(),
     };
     let remote = RedisStore::start(&settings).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -396,6 +398,7 @@ async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elaps
             max: Duration::from_millis(100),
             max_elapsed: None,
         },
+        breaker: Default::default(),
     };
     let remote = RedisStore::start(&settings).unwrap();
     // Long enough that the default schedule (1 s, 2 s, 4 s...) would now wait seconds.

@@ -39,6 +39,9 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+mod redis_breaker;
+pub use redis_breaker::RedisBreakerArgs;
+
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]
 #[command(
@@ -542,6 +545,8 @@ pub struct ServeArgs {
     pub xds: XdsArgs,
     #[command(flatten)]
     pub compat: CompatArgs,
+    #[command(flatten)]
+    pub redis_breaker: RedisBreakerArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -917,6 +922,7 @@ impl ServeArgs {
             Some(_) => Backend::Memory,
             None => backend(self.backend_type.as_deref(), self.redis)?,
         };
+        let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
         if let (Backend::Redis(_), Some(_)) = (&backend, &cluster) {
             return Err(invalid(
                 if self.peers.trim().is_empty() {
@@ -1532,20 +1538,6 @@ pub struct CompatArgs {
         help_heading = "Listeners"
     )]
     pub grpc_max_connection_age_grace: String,
-    /// Fail health while no Redis connection is up. Not supported yet: true stops start-up.
-    #[arg(
-        long,
-        env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        help_heading = "Redis"
-    )]
-    pub redis_health_check_active_connection: bool,
     /// Response-time histogram in milliseconds. Not supported: Sluice's is in seconds; true stops start-up.
     #[arg(
         long,
@@ -1691,14 +1683,6 @@ impl CompatArgs {
                 reason,
             })
         };
-        if self.redis_health_check_active_connection {
-            return not_yet(
-                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-                "true",
-                "health that follows the Redis connection (health already fails until Redis \
-                 first answers)",
-            );
-        }
         if let Some(tags) = non_empty(self.extra_tags.as_deref()) {
             return not_yet("EXTRA_TAGS", tags, "constant tags on every stat");
         }
@@ -2188,6 +2172,9 @@ pub struct RedisSettings {
     pub stop_cache_key_increment_when_overlimit: bool,
     /// REDIS_STARTUP_*: how the start-up PING is retried.
     pub startup: StartupBackoff,
+    /// SLUICE_REDIS_PROBE_INTERVAL_MS, SLUICE_REDIS_BREAKER_TIMEOUTS and
+    /// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: failing fast while Redis is down.
+    pub breaker: crate::store::redis::BreakerSettings,
 }
 
 /// The start-up PING's retry schedule: `initial`, doubling up to `max`; with `max_elapsed`,
@@ -2334,6 +2321,8 @@ impl RedisArgs {
                 max,
                 max_elapsed: (!max_elapsed.is_zero()).then_some(max_elapsed),
             },
+            // Set from RedisBreakerArgs by ServeArgs::validate.
+            breaker: Default::default(),
         })
     }
 
@@ -3907,10 +3896,6 @@ mod tests {
     #[test]
     fn go_variables_sluice_cannot_honour_stop_start_up() {
         for (args, start) in [
-            (
-                &["--redis-health-check-active-connection"][..],
-                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: ",
-            ),
             (&["--extra-tags", "env:prod"][..], "EXTRA_TAGS=env:prod: "),
             (
                 &["--prometheus-response-time-as-milliseconds=true"][..],

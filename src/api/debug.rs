@@ -83,6 +83,7 @@ fn telemetry_extra(config: &ConfigHandle, store: &AnyStore, spans: Option<&SpanC
             }
             _ => None,
         },
+        redis: store.redis_breakers(),
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
     }
 }
@@ -129,6 +130,15 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
                 u8::from(*up)
             ));
         }
+    }
+    for b in &e.redis {
+        let t = b.target;
+        out.push_str(&format!(
+            "sluice.redis.{t}.up: {}\nsluice.redis.{t}.breaker_opens: {}\nsluice.redis.{t}.fast_failures: {}\n",
+            u8::from(b.up),
+            b.opens,
+            b.fast_failures,
+        ));
     }
     out
 }

@@ -33,6 +33,8 @@ pub struct Extra {
     pub config_load_error: u64,
     pub memory: Option<MemoryGauges>,
     pub cluster: Option<ClusterGauges>,
+    /// Each Redis in use: the backend's (`main`, `per_second`) or the write-behind's.
+    pub redis: Vec<crate::store::redis::BreakerStats>,
     /// The tracer's counters, (name, help, value); empty when TRACING_ENABLED is off.
     pub tracing: Vec<(&'static str, &'static str, u64)>,
 }
@@ -343,12 +345,51 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
             sample(&mut out, name, &[("peer", peer.as_str())], u64::from(*up));
         }
     }
+    redis_breakers(&mut out, &extra.redis);
     for (name, help, value) in &extra.tracing {
         let name = format!("{name}_total");
         header(&mut out, &name, "counter", help);
         sample(&mut out, &name, &[], *value);
     }
     out
+}
+
+/// The Redis breakers (see `src/store/redis_breaker.rs`), one series per target.
+fn redis_breakers(out: &mut String, breakers: &[crate::store::redis::BreakerStats]) {
+    if breakers.is_empty() {
+        return;
+    }
+    let families: [(
+        &str,
+        &str,
+        &str,
+        fn(&crate::store::redis::BreakerStats) -> u64,
+    ); 3] = [
+        (
+            "sluice_redis_up",
+            "gauge",
+            "1 while Redis answers; 0 while it is down (calls fail at once) or not connected yet.",
+            |b| u64::from(b.up),
+        ),
+        (
+            "sluice_redis_breaker_opens_total",
+            "counter",
+            "Times Redis was found down and calls started failing at once.",
+            |b| b.opens,
+        ),
+        (
+            "sluice_redis_fast_failures_total",
+            "counter",
+            "Calls answered at once, without Redis, because it was down or not connected yet.",
+            |b| b.fast_failures,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        header(out, name, kind, help);
+        for b in breakers {
+            sample(out, name, &[("target", b.target)], value(b));
+        }
+    }
 }
 
 #[cfg(test)]
