@@ -8,6 +8,7 @@
 //! instructions; elsewhere the test says loudly that it is skipped.
 
 mod pki;
+mod redis_down;
 mod redis_server;
 mod support;
 
@@ -587,7 +588,7 @@ struct Cluster {
     nodes: Vec<Redis>,
     /// With TLS: every node's CA (and the client certificates').
     pki: Option<TestPki>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -644,11 +645,21 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Cluster {
-            nodes,
-            pki,
-            _dir: dir,
-        }
+        Cluster { nodes, pki, dir }
+    }
+
+    /// Starts node `i` (killed) again on `port` with its cluster config file, so as the same
+    /// node, which the others take back without a new `--cluster create`.
+    fn restart(&mut self, i: usize, port: u16) {
+        assert!(self.pki.is_none(), "plain-text clusters only");
+        let config_file = self.dir.path().join(format!("nodes-{i}.conf"));
+        let cluster = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            config_file.to_str().unwrap(),
+        ];
+        self.nodes[i] = Redis::spawn(port, Some(self.dir.path()), &cluster);
     }
 
     fn settings(&self) -> RedisSettings {

@@ -359,7 +359,7 @@ pub(super) async fn run_within(
             }
             Ok(values)
         }
-        Ok(Err(e)) => {
+        Ok(Err(e)) if !e.is_timeout() => {
             if current() {
                 target.breaker.failed(&e);
             }
@@ -367,7 +367,9 @@ pub(super) async fn run_within(
                 message: e.to_string(),
             })
         }
-        Err(_) => {
+        // The connection's own response timeout (REDIS_TIMEOUT too) or ours, whichever came
+        // first: one message for both.
+        Ok(Err(_)) | Err(_) => {
             let message = format!("Redis did not answer within {timeout:?} (REDIS_TIMEOUT)");
             if current() && target.breaker.timed_out(&message) {
                 conn.deadline_missed();
