@@ -16,7 +16,7 @@ use crate::config::ConfigHandle;
 use crate::store::AnyStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
-use crate::telemetry::prometheus::{self, ClusterGauges, Extra, MemoryGauges};
+use crate::telemetry::prometheus::{self, ClusterGauges, Extra, MemoryGauges, RedisGauges};
 
 /// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
 #[derive(Clone)]
@@ -83,7 +83,16 @@ fn telemetry_extra(config: &ConfigHandle, store: &AnyStore, spans: Option<&SpanC
             }
             _ => None,
         },
-        redis: store.redis_breakers(),
+        redis: store
+            .redis_breakers()
+            .into_iter()
+            .map(|b| RedisGauges {
+                target: b.target,
+                up: b.up,
+                opens: b.opens,
+                fast_failures: b.fast_failures,
+            })
+            .collect(),
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
     }
 }

@@ -164,9 +164,11 @@ impl Target {
         };
         match &spec.topology {
             // The URL is checked now, so a bad one stops start-up rather than every check.
-            RedisTopology::Single => {
-                drop(client(&spec.urls[0], spec.tls.as_ref()).map_err(bad_url)?)
-            }
+            RedisTopology::Single => drop(
+                single_url(spec)
+                    .and_then(|url| client(url, spec.tls.as_ref()))
+                    .map_err(bad_url)?,
+            ),
             RedisTopology::Cluster => {}
             RedisTopology::Sentinel {
                 master_name,
@@ -265,22 +267,30 @@ impl Target {
     /// One check: on success the new connection is installed and the breaker closed.
     async fn check(&self, options: &TargetOptions) -> Result<(), RedisError> {
         let limit = options.connect_timeout();
-        let conn = match tokio::time::timeout(limit, self.connect(options)).await {
-            Ok(conn) => conn?,
-            Err(_) => {
-                if let Some(conn) = self.conn.load_full() {
-                    conn.deadline_missed();
-                }
-                return Err(RedisError::from((
+        let checked = tokio::time::timeout(limit, self.connect(options))
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from((
                     ErrorKind::Io,
                     "no answer",
                     format!("Redis did not answer within {limit:?} (max(REDIS_TIMEOUT, 1s))"),
-                )));
+                )))
+            });
+        match checked {
+            Ok(conn) => {
+                self.conn.store(Some(conn));
+                self.breaker.close();
+                Ok(())
             }
-        };
-        self.conn.store(Some(conn));
-        self.breaker.close();
-        Ok(())
+            Err(e) => {
+                // A Sentinel group's master that failed a check is looked up again: it may
+                // be hung, and the sentinels may still name it.
+                if let Some(conn) = self.conn.load_full() {
+                    conn.deadline_missed();
+                }
+                Err(e)
+            }
+        }
     }
 
     /// A connection that has answered a PING and holds the scripts.
@@ -288,7 +298,7 @@ impl Target {
         let spec = &self.spec;
         let conn = match &spec.topology {
             RedisTopology::Single => Arc::new(Conn::Single(
-                client(&spec.urls[0], spec.tls.as_ref())?
+                client(single_url(spec)?, spec.tls.as_ref())?
                     .get_multiplexed_async_connection_with_config(&options.connection_config())
                     .await?,
             )),
@@ -331,6 +341,14 @@ impl Target {
             .as_ref()
             .is_some_and(|current| Arc::ptr_eq(current, conn))
     }
+}
+
+/// The one URL of a REDIS_TYPE=single target.
+fn single_url(spec: &RedisTarget) -> Result<&str, RedisError> {
+    spec.urls
+        .first()
+        .map(String::as_str)
+        .ok_or_else(|| RedisError::from((ErrorKind::InvalidClientConfig, "no Redis URL")))
 }
 
 /// Runs `pipe` on `target` within `timeout`; on NOSCRIPT loads `scripts` and retries once.

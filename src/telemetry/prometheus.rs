@@ -34,7 +34,7 @@ pub struct Extra {
     pub memory: Option<MemoryGauges>,
     pub cluster: Option<ClusterGauges>,
     /// Each Redis in use: the backend's (`main`, `per_second`) or the write-behind's.
-    pub redis: Vec<crate::store::redis::BreakerStats>,
+    pub redis: Vec<RedisGauges>,
     /// The tracer's counters, (name, help, value); empty when TRACING_ENABLED is off.
     pub tracing: Vec<(&'static str, &'static str, u64)>,
 }
@@ -50,6 +50,16 @@ pub struct ClusterGauges {
     pub durable: Vec<(&'static str, u64)>,
     /// (address, up).
     pub peers: Vec<(String, bool)>,
+}
+
+/// One Redis's breaker (see `src/store/redis_breaker.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RedisGauges {
+    /// `main`, `per_second` or `write_behind`.
+    pub target: &'static str,
+    pub up: bool,
+    pub opens: u64,
+    pub fast_failures: u64,
 }
 
 /// The memory store's counters.
@@ -354,17 +364,18 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
     out
 }
 
-/// The Redis breakers (see `src/store/redis_breaker.rs`), one series per target.
-fn redis_breakers(out: &mut String, breakers: &[crate::store::redis::BreakerStats]) {
+/// The Redis breakers, one series per target.
+fn redis_breakers(out: &mut String, breakers: &[RedisGauges]) {
     if breakers.is_empty() {
         return;
     }
-    let families: [(
-        &str,
-        &str,
-        &str,
-        fn(&crate::store::redis::BreakerStats) -> u64,
-    ); 3] = [
+    type Family = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&RedisGauges) -> u64,
+    );
+    let families: [Family; 3] = [
         (
             "sluice_redis_up",
             "gauge",
