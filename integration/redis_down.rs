@@ -97,13 +97,20 @@ async fn with_redis_killed_calls_answer_at_once_and_resume_when_it_returns() {
     }
     let port = free_port();
     let mut redis = Redis::start_on(port);
-    let remote = store(&fast_settings(redis.settings(0))).await;
+    let mut settings = fast_settings(redis.settings(0));
+    // REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: readiness follows the breaker, pushed.
+    settings.breaker.health_follows_connection = true;
+    let remote = store(&settings).await;
+    let mut ready = remote.ready_changes();
+    assert!(*ready.borrow_and_update());
     let h = hit("killed_", Unit::Hour);
     apply(&remote, NOW, &h).await.unwrap();
     assert!(main_breaker(&remote).up);
 
     redis.kill();
     until_down(&remote, &h).await;
+    assert!(ready.has_changed().unwrap() && !*ready.borrow_and_update());
+    assert!(!remote.is_ready());
     let slowest = assert_fail_fast(&remote, &h, 50).await;
     eprintln!("killed: 50 calls, slowest {slowest:?}");
     let b = main_breaker(&remote);
@@ -113,6 +120,8 @@ async fn with_redis_killed_calls_answer_at_once_and_resume_when_it_returns() {
     let resumed = until_answered(&remote, &h).await;
     eprintln!("killed: answered {resumed:?} after Redis was back");
     assert!(main_breaker(&remote).up);
+    assert!(ready.has_changed().unwrap() && *ready.borrow_and_update());
+    assert!(remote.is_ready());
     // The restarted Redis is empty (no persistence): counting starts again.
     assert_eq!(apply(&remote, NOW, &h).await.unwrap()[0].remaining, 998);
 }

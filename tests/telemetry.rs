@@ -352,7 +352,10 @@ fn redis_breakers_are_one_series_per_target() {
         (r#"sluice_redis_up{target="per_second"}"#, 1.0),
         (r#"sluice_redis_breaker_opens_total{target="main"}"#, 2.0),
         (r#"sluice_redis_fast_failures_total{target="main"}"#, 7.0),
-        (r#"sluice_redis_fast_failures_total{target="per_second"}"#, 0.0),
+        (
+            r#"sluice_redis_fast_failures_total{target="per_second"}"#,
+            0.0,
+        ),
     ] {
         assert_eq!(value(&text, series), Some(want), "{series}\n{text}");
     }

@@ -30,9 +30,10 @@
 //! [`StoreError::Backend`], answered as UNKNOWN (or OK where the operator chose to fail open).
 //! Once a Redis is known down, calls fail at once instead of waiting REDIS_TIMEOUT, and a
 //! probe every SLUICE_REDIS_PROBE_INTERVAL_MS restores service when it answers again (see
-//! [`super::redis_breaker`]). At start-up Sluice does not wait for Redis: calls fail at once
-//! while a task pings it with back-off (1 s doubling to 30 s), and [`RedisStore::is_ready`]
-//! (so `/healthcheck`) stays false until it answers.
+//! [`super::redis_breaker`]). At start-up Sluice does not wait for Redis: calls made during
+//! the first connection attempt wait for it (within REDIS_TIMEOUT), and if it failed calls
+//! fail at once while a task pings Redis with back-off (1 s doubling to 30 s);
+//! [`RedisStore::is_ready`] (so `/healthcheck`) stays false until it answers.
 //!
 //! **Local over-limit cache** (LOCAL_CACHE_SIZE_IN_BYTES): a fixed-window key Redis reported
 //! over the limit is remembered until its window ends, and later calls on it are answered OVER

@@ -126,6 +126,8 @@ pub(super) struct Breaker {
     opens: AtomicU64,
     fast_failures: AtomicU64,
     opened: Notify,
+    /// Wakes the calls waiting for the first connection attempt.
+    attempted: Notify,
     readiness: Arc<Readiness>,
 }
 
@@ -146,6 +148,7 @@ impl Breaker {
             opens: AtomicU64::new(0),
             fast_failures: AtomicU64::new(0),
             opened: Notify::new(),
+            attempted: Notify::new(),
             readiness,
         }
     }
@@ -241,6 +244,22 @@ impl Breaker {
         true
     }
 
+    /// Whether the first connection attempt is still under way.
+    pub(super) fn first_attempt_pending(&self) -> bool {
+        matches!(**self.state.load(), State::Connecting { last_error: None })
+    }
+
+    /// Completes once the first connection attempt has succeeded or failed.
+    pub(super) async fn first_attempt(&self) {
+        let attempted = self.attempted.notified();
+        tokio::pin!(attempted);
+        // Registered before the check, so an attempt ending in between is not missed.
+        attempted.as_mut().enable();
+        if self.first_attempt_pending() {
+            attempted.await;
+        }
+    }
+
     /// Completes once the breaker has opened (at once if it is open or not connected yet).
     pub(super) async fn wait_open(&self) {
         while self.is_up() {
@@ -269,12 +288,14 @@ impl Breaker {
             },
         };
         self.state.compare_and_swap(&current, Arc::new(next));
+        self.attempted.notify_waiters();
     }
 
     /// Redis answered a probe (or the start-up check): calls go to Redis again.
     pub(super) fn close(&self) {
         self.timeouts.store(0, Ordering::Relaxed);
         let previous = self.state.swap(Arc::new(State::Up));
+        self.attempted.notify_waiters();
         match &*previous {
             State::Up => {}
             State::Connecting { .. } => {
@@ -472,6 +493,29 @@ mod tests {
             b.close();
             assert!(readiness.is_ready() && *rx.borrow_and_update());
         }
+    }
+
+    #[tokio::test]
+    async fn calls_wait_for_the_first_attempt_only() {
+        let (b, _) = breaker(1, false);
+        let b = Arc::new(b);
+        assert!(b.first_attempt_pending());
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            async move { b.first_attempt().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        b.still_down("Connection refused");
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert!(
+            !b.first_attempt_pending(),
+            "a failed attempt is not pending"
+        );
+        b.first_attempt().await;
     }
 
     #[tokio::test]

@@ -325,8 +325,14 @@ impl Target {
         Ok(conn)
     }
 
-    /// The connection to call on, unless the breaker says to answer at once.
-    fn usable(&self) -> Result<Arc<Conn>, StoreError> {
+    /// The connection to call on, unless the breaker says to answer at once. Calls made while
+    /// the very first connection is being made wait for it, until `deadline`, as they would on
+    /// any connection being opened: a node's first calls (the write-behind's take-over loads
+    /// above all) need Redis most, and a Redis that is down fails that attempt quickly.
+    async fn usable(&self, deadline: tokio::time::Instant) -> Result<Arc<Conn>, StoreError> {
+        if self.breaker.first_attempt_pending() {
+            let _ = tokio::time::timeout_at(deadline, self.breaker.first_attempt()).await;
+        }
         self.breaker.check()?;
         self.conn.load_full().ok_or_else(|| StoreError::Backend {
             message: "not connected to Redis yet".into(),
@@ -359,7 +365,8 @@ pub(super) async fn run_within(
     timeout: Duration,
     scripts: &[&str],
 ) -> Result<Vec<Value>, StoreError> {
-    let conn = target.usable()?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let conn = target.usable(deadline).await?;
     let attempt = async {
         match conn.query(pipe).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -370,7 +377,7 @@ pub(super) async fn run_within(
         }
     };
     let current = || target.is_current(&conn);
-    match tokio::time::timeout(timeout, attempt).await {
+    match tokio::time::timeout_at(deadline, attempt).await {
         Ok(Ok(values)) => {
             if current() {
                 target.breaker.answered();
