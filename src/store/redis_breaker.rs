@@ -23,6 +23,9 @@
 //!   in. Real calls are not let through to test the water: the probe does it, on a connection
 //!   it then hands over.
 //!
+//! - **At start** it is open until Redis first answers; calls made during the first
+//!   connection attempt wait for it (within their deadline), later ones fail at once.
+//!
 //! One warning is logged when a breaker opens and one line when it closes, never one per call;
 //! opens and fast failures are counted for `/stats` and `/metrics` ([`BreakerStats`]).
 //!
