@@ -177,11 +177,6 @@ fn go_variables_sluice_cannot_honour_stop_start_up() {
         "true",
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=true: ",
     );
-    refused(
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        "true",
-        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: ",
-    );
 }
 
 #[test]

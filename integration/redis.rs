@@ -8,6 +8,7 @@
 //! instructions; elsewhere the test says loudly that it is skipped.
 
 mod pki;
+mod redis_down;
 mod redis_server;
 mod support;
 
@@ -79,6 +80,7 @@ impl RedisServer {
             local_cache_size_in_bytes: 0,
             stop_cache_key_increment_when_overlimit: false,
             startup: Default::default(),
+            breaker: Default::default(),
         }
     }
 }
@@ -363,6 +365,7 @@ async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
         local_cache_size_in_bytes: 0,
         stop_cache_key_increment_when_overlimit: false,
         startup: Default::default(),
+        breaker: Default::default(),
     };
     let remote = RedisStore::start(&settings).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -396,6 +399,7 @@ async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elaps
             max: Duration::from_millis(100),
             max_elapsed: None,
         },
+        breaker: Default::default(),
     };
     let remote = RedisStore::start(&settings).unwrap();
     // Long enough that the default schedule (1 s, 2 s, 4 s...) would now wait seconds.
@@ -584,7 +588,7 @@ struct Cluster {
     nodes: Vec<Redis>,
     /// With TLS: every node's CA (and the client certificates').
     pki: Option<TestPki>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -641,11 +645,21 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Cluster {
-            nodes,
-            pki,
-            _dir: dir,
-        }
+        Cluster { nodes, pki, dir }
+    }
+
+    /// Starts node `i` (killed) again on `port` with its cluster config file, so as the same
+    /// node, which the others take back without a new `--cluster create`.
+    fn restart(&mut self, i: usize, port: u16) {
+        assert!(self.pki.is_none(), "plain-text clusters only");
+        let config_file = self.dir.path().join(format!("nodes-{i}.conf"));
+        let cluster = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            config_file.to_str().unwrap(),
+        ];
+        self.nodes[i] = Redis::spawn(port, Some(self.dir.path()), &cluster);
     }
 
     fn settings(&self) -> RedisSettings {

@@ -113,6 +113,31 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server with SIGSTOP: its port still accepts connections (the kernel queues
+    /// them) but nothing answers, as with a hung or partitioned host.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT); it answers what was queued.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .expect("server running")
+            .id()
+            .to_string();
+        let status = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// One `redis-cli` command; its output, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")

@@ -44,6 +44,8 @@ pub use listeners::ListenerArgs;
 pub mod caps;
 mod config_files;
 mod peer_tls;
+mod redis_breaker;
+pub use redis_breaker::RedisBreakerArgs;
 
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]
@@ -556,6 +558,8 @@ pub struct ServeArgs {
     pub caps: caps::CapsArgs,
     #[command(flatten)]
     pub config_files: config_files::ConfigFileArgs,
+    #[command(flatten)]
+    pub redis_breaker: RedisBreakerArgs,
 }
 
 /// Validated settings: everything the service needs, in the types it needs.
@@ -939,6 +943,7 @@ impl ServeArgs {
             Some(_) => Backend::Memory,
             None => backend(self.backend_type.as_deref(), self.redis)?,
         };
+        let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
         if let (Backend::Redis(_), Some(_)) = (&backend, &cluster) {
             return Err(invalid(
                 if self.peers.trim().is_empty() {
@@ -1559,20 +1564,6 @@ pub struct CompatArgs {
         help_heading = "Listeners"
     )]
     pub grpc_max_connection_age_grace: String,
-    /// Fail health while no Redis connection is up. Not supported yet: true stops start-up.
-    #[arg(
-        long,
-        env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        help_heading = "Redis"
-    )]
-    pub redis_health_check_active_connection: bool,
     /// Response-time histogram in milliseconds. Not supported: Sluice's is in seconds; true stops start-up.
     #[arg(
         long,
@@ -1699,14 +1690,6 @@ impl CompatArgs {
                 reason,
             })
         };
-        if self.redis_health_check_active_connection {
-            return not_yet(
-                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
-                "true",
-                "health that follows the Redis connection (health already fails until Redis \
-                 first answers)",
-            );
-        }
         if let Some(tags) = non_empty(self.extra_tags.as_deref()) {
             return not_yet("EXTRA_TAGS", tags, "constant tags on every stat");
         }
@@ -2196,6 +2179,9 @@ pub struct RedisSettings {
     pub stop_cache_key_increment_when_overlimit: bool,
     /// REDIS_STARTUP_*: how the start-up PING is retried.
     pub startup: StartupBackoff,
+    /// SLUICE_REDIS_PROBE_INTERVAL_MS, SLUICE_REDIS_BREAKER_TIMEOUTS and
+    /// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: failing fast while Redis is down.
+    pub breaker: crate::store::redis::BreakerSettings,
 }
 
 /// The start-up PING's retry schedule: `initial`, doubling up to `max`; with `max_elapsed`,
@@ -2342,6 +2328,8 @@ impl RedisArgs {
                 max,
                 max_elapsed: (!max_elapsed.is_zero()).then_some(max_elapsed),
             },
+            // Set from RedisBreakerArgs by ServeArgs::validate.
+            breaker: Default::default(),
         })
     }
 
@@ -3922,10 +3910,6 @@ mod tests {
     #[test]
     fn go_variables_sluice_cannot_honour_stop_start_up() {
         for (args, start) in [
-            (
-                &["--redis-health-check-active-connection"][..],
-                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=true: ",
-            ),
             (&["--extra-tags", "env:prod"][..], "EXTRA_TAGS=env:prod: "),
             (
                 &["--prometheus-response-time-as-milliseconds=true"][..],

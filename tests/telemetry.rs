@@ -16,7 +16,7 @@ use sluice::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use sluice::limiter::Unit;
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
-use sluice::telemetry::prometheus::{Extra, render};
+use sluice::telemetry::prometheus::{Extra, RedisGauges, render};
 use sluice::telemetry::{Stats, StatsOptions};
 
 const CONFIG: &str = r#"
@@ -329,6 +329,43 @@ async fn a_flood_of_unique_values_stays_within_the_cap() {
     assert_eq!(kept, 4000.0);
     assert!(overflow > 3000.0, "{overflow}");
     assert_eq!(folded, 6000.0 - 50.0);
+    common::promtool_check(&text);
+}
+
+/// One series per Redis target for each breaker family, and the exposition still passes
+/// promtool.
+#[test]
+fn redis_breakers_are_one_series_per_target() {
+    let extra = Extra {
+        redis: vec![
+            RedisGauges {
+                target: "main",
+                up: false,
+                opens: 2,
+                fast_failures: 7,
+            },
+            RedisGauges {
+                target: "per_second",
+                up: true,
+                opens: 0,
+                fast_failures: 0,
+            },
+        ],
+        ..Extra::default()
+    };
+    let text = render(&Stats::new(StatsOptions::default()), &extra);
+    for (series, want) in [
+        (r#"sluice_redis_up{target="main"}"#, 0.0),
+        (r#"sluice_redis_up{target="per_second"}"#, 1.0),
+        (r#"sluice_redis_breaker_opens_total{target="main"}"#, 2.0),
+        (r#"sluice_redis_fast_failures_total{target="main"}"#, 7.0),
+        (
+            r#"sluice_redis_fast_failures_total{target="per_second"}"#,
+            0.0,
+        ),
+    ] {
+        assert_eq!(value(&text, series), Some(want), "{series}\n{text}");
+    }
     common::promtool_check(&text);
 }
 

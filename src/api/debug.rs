@@ -17,7 +17,9 @@ use crate::net::{ByteBudget, PortGuard};
 use crate::store::AnyStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
-use crate::telemetry::prometheus::{self, ClusterGauges, Extra, ListenerGauges, MemoryGauges};
+use crate::telemetry::prometheus::{
+    self, ClusterGauges, Extra, ListenerGauges, MemoryGauges, RedisGauges,
+};
 
 /// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
 #[derive(Clone)]
@@ -92,6 +94,16 @@ fn telemetry_extra(config: &ConfigHandle, store: &AnyStore, spans: Option<&SpanC
             }
             _ => None,
         },
+        redis: store
+            .redis_breakers()
+            .into_iter()
+            .map(|b| RedisGauges {
+                target: b.target,
+                up: b.up,
+                opens: b.opens,
+                fast_failures: b.fast_failures,
+            })
+            .collect(),
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
         listeners: Vec::new(),
         pending_request_bytes: 0,
@@ -164,6 +176,15 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
                 u8::from(*up)
             ));
         }
+    }
+    for b in &e.redis {
+        let t = b.target;
+        out.push_str(&format!(
+            "sluice.redis.{t}.up: {}\nsluice.redis.{t}.breaker_opens: {}\nsluice.redis.{t}.fast_failures: {}\n",
+            u8::from(b.up),
+            b.opens,
+            b.fast_failures,
+        ));
     }
     out
 }

@@ -1,6 +1,6 @@
 //! Health as envoyproxy/ratelimit reports it: failing after SIGTERM, until the backend (Redis)
-//! has answered its start-up PING, and (with
-//! HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED) while no domain is loaded. `/healthcheck` and the
+//! has answered its start-up PING (with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, also while Redis
+//! is down), and (with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED) while no domain is loaded. `/healthcheck` and the
 //! gRPC health service `ratelimit` both read this; service `""` is always SERVING.
 
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::ConfigHandle;
 
-/// Whether the backend can take requests (Redis: it has answered its start-up PING).
+/// Whether the backend can take requests (see [`crate::store::AnyStore::is_ready`]).
 pub type BackendReady = Arc<dyn Fn() -> bool + Send + Sync>;
 
 pub struct Health {

@@ -229,6 +229,11 @@ impl Durable {
         &self.stats
     }
 
+    /// The breaker of the Redis the counters are written behind to.
+    pub fn redis_breaker(&self) -> crate::store::redis::BreakerStats {
+        self.redis.breaker()
+    }
+
     /// Counters changed since the last flush.
     pub fn dirty_counters(&self) -> usize {
         self.dirty

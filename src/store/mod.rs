@@ -6,7 +6,9 @@
 
 pub mod memory;
 pub mod redis;
+mod redis_breaker;
 mod redis_sentinel;
+mod redis_target;
 
 use std::future::Future;
 
@@ -127,11 +129,34 @@ impl AnyStore {
         }
     }
 
-    /// Whether the backend can take requests (Redis: has answered its start-up PING).
+    /// Whether the backend can take requests (Redis: has answered its start-up PING and,
+    /// with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, is not down).
     pub fn is_ready(&self) -> bool {
         match self {
             AnyStore::Memory(_) | AnyStore::Cluster(_) => true,
             AnyStore::Redis(r) => r.is_ready(),
+        }
+    }
+
+    /// [`AnyStore::is_ready`], pushed at the instant it changes. For a backend that is always
+    /// ready the value is `true` and `changed()` fails at once: it will never change.
+    pub fn ready_changes(&self) -> tokio::sync::watch::Receiver<bool> {
+        match self {
+            AnyStore::Redis(r) => r.ready_changes(),
+            AnyStore::Memory(_) | AnyStore::Cluster(_) => tokio::sync::watch::channel(true).1,
+        }
+    }
+
+    /// The breakers of every Redis in use: the backend's, or the peer cluster's write-behind.
+    pub fn redis_breakers(&self) -> Vec<redis::BreakerStats> {
+        match self {
+            AnyStore::Redis(r) => r.breakers(),
+            AnyStore::Cluster(c) => c
+                .owner()
+                .durable()
+                .map(|d| vec![d.redis_breaker()])
+                .unwrap_or_default(),
+            AnyStore::Memory(_) => Vec::new(),
         }
     }
 

@@ -16,9 +16,10 @@
 //! redis-rs pipelines their commands, so there is not one round trip per request. On Redis
 //! Cluster, each key's commands go to its node concurrently.
 //!
-//! **Topologies.** REDIS_TYPE=single keeps one auto-reconnecting connection; `cluster` one
-//! cluster connection routing by slot; `sentinel` one connection to the master the sentinels
-//! name, replaced when it fails or is demoted (see [`super::redis_sentinel`]).
+//! **Topologies.** REDIS_TYPE=single keeps one connection; `cluster` one cluster connection
+//! routing by slot; `sentinel` one connection to the master the sentinels name, replaced when
+//! it fails or is demoted (see [`super::redis_sentinel`]). Each is made, and replaced after a
+//! failure, by its target's supervisor ([`super::redis_target`]).
 //!
 //! **TLS** (REDIS_TLS): rustls on ring, through the redis crate, with REDIS_TLS_CACERT as the
 //! only roots when set (else the system's), REDIS_TLS_CLIENT_CERT/_KEY presented to Redis, and
@@ -27,31 +28,33 @@
 //!
 //! **Failures.** Every call is bounded by REDIS_TIMEOUT. An error is a
 //! [`StoreError::Backend`], answered as UNKNOWN (or OK where the operator chose to fail open).
-//! The connection reconnects by itself. At start-up Sluice does not wait for Redis: a task
-//! pings it with back-off (1 s doubling to 30 s) and [`RedisStore::is_ready`] (so
-//! `/healthcheck`) stays false until it answers.
+//! Once a Redis is known down, calls fail at once instead of waiting REDIS_TIMEOUT, and a
+//! probe every SLUICE_REDIS_PROBE_INTERVAL_MS restores service when it answers again (see
+//! [`super::redis_breaker`]). At start-up Sluice does not wait for Redis: calls made during
+//! the first connection attempt wait for it (within REDIS_TIMEOUT), and if it failed calls
+//! fail at once while a task pings Redis with back-off (1 s doubling to 30 s);
+//! [`RedisStore::is_ready`] (so `/healthcheck`) stays false until it answers.
 //!
 //! **Local over-limit cache** (LOCAL_CACHE_SIZE_IN_BYTES): a fixed-window key Redis reported
 //! over the limit is remembered until its window ends, and later calls on it are answered OVER
 //! without a Redis call, so its value stops growing. Its size counts each key's real bytes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwapOption;
 use dashmap::DashMap;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{RedisError, Value};
 
-use super::redis_sentinel::{Lookup, SentinelMaster};
+use super::redis_breaker::Readiness;
+use super::redis_target::{Target, TargetOptions, run_within};
 use super::{CounterStore, Hit, MemoryLimits, StoreError, go_cache_key};
 use crate::clock::Timestamp;
 use crate::limiter::fixed_window::{self, Decision};
 use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
-use crate::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
+use crate::settings::{RedisSettings, RedisTls, StartupBackoff};
+
+pub use super::redis_breaker::{BreakerSettings, BreakerStats};
 
 /// The sliding window (see [`sliding_window`]).
 ///
@@ -137,7 +140,7 @@ pub(super) fn client(url: &str, tls: Option<&RedisTls>) -> Result<redis::Client,
 }
 
 /// `url` with its userinfo and `pass`/`user` query replaced by `***`.
-fn without_credentials(url: &str) -> String {
+pub(super) fn without_credentials(url: &str) -> String {
     let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}***{}", &url[..scheme + 3], &url[at..])
@@ -150,7 +153,7 @@ fn without_credentials(url: &str) -> String {
     }
 }
 
-fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
+pub(super) fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: tls
             .client_pem
@@ -160,84 +163,6 @@ fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
                 client_key: key.clone(),
             }),
         root_cert: tls.ca_pem.clone(),
-    }
-}
-
-/// One Redis, one Redis Cluster, or the master of a Sentinel group.
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-    Sentinel(Arc<SentinelMaster>),
-}
-
-impl Conn {
-    async fn query(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, RedisError> {
-        match self {
-            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
-            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
-            Conn::Sentinel(s) => s.pipe(pipe).await,
-        }
-    }
-
-    /// A call on this connection missed REDIS_TIMEOUT.
-    fn deadline_missed(&self) {
-        if let Conn::Sentinel(s) = self {
-            // The master may be gone without a word (a partition): look again.
-            s.deadline_missed();
-        }
-    }
-
-    async fn load_scripts(&self) -> Result<(), RedisError> {
-        self.load(&[SLIDING, BUCKET, REFUND]).await
-    }
-
-    async fn load(&self, scripts: &[&str]) -> Result<(), RedisError> {
-        for script in scripts {
-            let mut cmd = redis::cmd("SCRIPT");
-            cmd.arg("LOAD").arg(script);
-            match self {
-                Conn::Single(c) => {
-                    let _: String = cmd.query_async(&mut c.clone()).await?;
-                }
-                Conn::Sentinel(s) => {
-                    s.cmd(&cmd).await?;
-                }
-                Conn::Cluster(c) => {
-                    // Every primary must know the scripts.
-                    let routing = redis::cluster_routing::RoutingInfo::MultiNode((
-                        redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
-                        None,
-                    ));
-                    c.clone().route_command(cmd, routing).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A Redis that may not be connected yet (Redis Cluster connects eagerly, in the background).
-struct Target {
-    conn: ArcSwapOption<Conn>,
-    ready: AtomicBool,
-    /// Why the last start-up check failed (a refused TLS handshake, say), for error messages:
-    /// a reconnecting connection only says it timed out.
-    last_error: ArcSwapOption<String>,
-}
-
-impl Target {
-    fn current(&self) -> Result<Arc<Conn>, StoreError> {
-        self.conn
-            .load_full()
-            .ok_or_else(|| backend_error(self.with_last_error("not connected to Redis yet")))
-    }
-
-    fn with_last_error(&self, message: impl std::fmt::Display) -> String {
-        match self.last_error.load().as_deref() {
-            Some(last) => format!("{message}; last connection error: {last}"),
-            None => message.to_string(),
-        }
     }
 }
 
@@ -314,8 +239,7 @@ pub struct RedisStore {
     local_cache: Option<OverLimitCache>,
     jitter: foldhash::fast::RandomState,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// Set once a start-up check gave up (REDIS_STARTUP_MAX_ELAPSED_TIME).
-    gave_up: tokio::sync::watch::Sender<Option<String>>,
+    options: Arc<TargetOptions>,
 }
 
 impl Drop for RedisStore {
@@ -336,14 +260,21 @@ impl RedisStore {
     /// Builds the store and starts connecting in the background; never waits for Redis.
     /// Must be called inside a tokio runtime.
     pub fn start(settings: &RedisSettings) -> Result<Self, StoreError> {
+        let targets = 1 + usize::from(settings.per_second.is_some());
+        let options = Arc::new(TargetOptions {
+            timeout: settings.timeout,
+            startup: settings.startup,
+            gave_up: tokio::sync::watch::channel(None).0,
+            breaker: settings.breaker,
+            readiness: Readiness::new(targets, settings.breaker.health_follows_connection),
+            scripts: &[SLIDING, BUCKET, REFUND],
+        });
         let mut tasks = Vec::new();
-        let (gave_up, _) = tokio::sync::watch::channel(None);
-        let startup = (settings.startup, gave_up.clone());
-        let main = Self::target(&settings.main, settings.timeout, &startup, &mut tasks)?;
+        let main = Target::start("main", &settings.main, &options, &mut tasks)?;
         let per_second = settings
             .per_second
             .as_ref()
-            .map(|t| Self::target(t, settings.timeout, &startup, &mut tasks))
+            .map(|t| Target::start("per_second", t, &options, &mut tasks))
             .transpose()?;
         Ok(RedisStore {
             main,
@@ -354,14 +285,14 @@ impl RedisStore {
             local_cache: OverLimitCache::new(settings.local_cache_size_in_bytes),
             jitter: foldhash::fast::RandomState::default(),
             tasks,
-            gave_up,
+            options,
         })
     }
 
     /// Completes, with the reason, when REDIS_STARTUP_MAX_ELAPSED_TIME passed before Redis
     /// answered its start-up PING; never otherwise. The app then stops, as the Go service does.
     pub fn gave_up(&self) -> impl std::future::Future<Output = String> + Send + 'static {
-        let mut rx = self.gave_up.subscribe();
+        let mut rx = self.options.gave_up.subscribe();
         async move {
             let reason = rx
                 .wait_for(Option::is_some)
@@ -375,152 +306,23 @@ impl RedisStore {
         }
     }
 
-    fn target(
-        target: &RedisTarget,
-        timeout: Duration,
-        (startup, gave_up): &(StartupBackoff, tokio::sync::watch::Sender<Option<String>>),
-        tasks: &mut Vec<tokio::task::JoinHandle<()>>,
-    ) -> Result<Arc<Target>, StoreError> {
-        let t = Arc::new(Target {
-            conn: ArcSwapOption::empty(),
-            ready: AtomicBool::new(false),
-            last_error: ArcSwapOption::empty(),
-        });
-        let connect_timeout = timeout.max(Duration::from_secs(1));
-        if target.tls.is_some() {
-            // rustls needs a process-wide provider: ring, as everywhere in Sluice. An error
-            // means one is installed already.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-        let tls = target.tls.as_ref();
-        match &target.topology {
-            RedisTopology::Single => {
-                let url = target
-                    .urls
-                    .first()
-                    .ok_or_else(|| backend_error("no Redis URL"))?;
-                let client = client(url, tls).map_err(backend_error)?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(connect_timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_max_delay(Duration::from_secs(5));
-                let manager = ConnectionManager::new_lazy_with_config(client, config)
-                    .map_err(backend_error)?;
-                t.conn.store(Some(Arc::new(Conn::Single(manager))));
-            }
-            RedisTopology::Sentinel {
-                master_name,
-                master_userinfo,
-            } => {
-                let sentinels = target
-                    .urls
-                    .iter()
-                    .map(|url| client(url, tls))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(backend_error)?;
-                let (master, task) = SentinelMaster::start(Lookup {
-                    sentinels,
-                    master_name: master_name.clone(),
-                    master_userinfo: master_userinfo.clone(),
-                    tls: target.tls.clone(),
-                    config: AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(connect_timeout))
-                        .set_response_timeout(Some(timeout)),
-                    connect_timeout,
-                });
-                tasks.push(task);
-                t.conn.store(Some(Arc::new(Conn::Sentinel(master))));
-            }
-            RedisTopology::Cluster => {}
-        }
-        let (task_target, target) = (t.clone(), target.clone());
-        let (startup, gave_up) = (*startup, gave_up.clone());
-        tasks.push(tokio::spawn(async move {
-            let started = tokio::time::Instant::now();
-            let mut delay = startup.initial;
-            // Credentials stay out of the logs.
-            let urls: Vec<String> = target.urls.iter().map(|u| without_credentials(u)).collect();
-            loop {
-                match Self::startup_check(&task_target, &target, timeout, connect_timeout).await
-                {
-                    Ok(()) => {
-                        task_target.last_error.store(None);
-                        task_target.ready.store(true, Ordering::SeqCst);
-                        tracing::info!(redis = ?urls, "Redis answered; ready");
-                        return;
-                    }
-                    Err(e) => {
-                        task_target.last_error.store(Some(Arc::new(e.to_string())));
-                        if let Some(limit) = startup.max_elapsed
-                            && started.elapsed() + delay > limit
-                        {
-                            // The next try would come after the limit: give up now, as the
-                            // Go service's backoff does.
-                            let reason = format!(
-                                "Redis {urls:?} did not answer within \
-                                 REDIS_STARTUP_MAX_ELAPSED_TIME ({limit:?}): {e}"
-                            );
-                            tracing::error!("{reason}");
-                            gave_up.send_replace(Some(reason));
-                            return;
-                        }
-                        tracing::warn!(redis = ?urls, error = %e, retry_in = ?delay, "Redis not ready");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(startup.max);
-                    }
-                }
-            }
-        }));
-        Ok(t)
-    }
-
-    /// Connects (cluster), pings, and loads the scripts.
-    async fn startup_check(
-        target: &Target,
-        settings: &RedisTarget,
-        timeout: Duration,
-        connect_timeout: Duration,
-    ) -> Result<(), RedisError> {
-        if settings.topology == RedisTopology::Cluster && target.conn.load().is_none() {
-            let mut builder = ClusterClient::builder(settings.urls.iter().map(String::as_str))
-                .connection_timeout(connect_timeout)
-                .response_timeout(timeout);
-            if let Some(tls) = &settings.tls {
-                builder = builder
-                    .certs(certificates(tls))
-                    .danger_accept_invalid_hostnames(tls.skip_hostname_verification);
-            }
-            let client = builder.build()?;
-            let conn = client.get_async_connection().await?;
-            target.conn.store(Some(Arc::new(Conn::Cluster(conn))));
-        }
-        if let (RedisTopology::Single, Some(url)) = (&settings.topology, settings.urls.first()) {
-            // A connection of our own, so a refused handshake is reported as such: the
-            // reconnecting connection would only time out.
-            client(url, settings.tls.as_ref())?
-                .get_multiplexed_async_connection_with_config(
-                    &AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(connect_timeout))
-                        .set_response_timeout(Some(timeout)),
-                )
-                .await?;
-        }
-        let Some(conn) = target.conn.load_full() else {
-            return Err(RedisError::from((ErrorKind::Io, "no connection")));
-        };
-        let mut pipe = redis::pipe();
-        pipe.cmd("PING");
-        conn.query(&pipe).await?;
-        conn.load_scripts().await
-    }
-
-    /// True once every configured Redis has answered its start-up PING.
+    /// True once every configured Redis has answered its start-up PING and, with
+    /// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, while none is down (its breaker open).
     pub fn is_ready(&self) -> bool {
-        self.main.ready.load(Ordering::SeqCst)
-            && self
-                .per_second
-                .as_ref()
-                .is_none_or(|t| t.ready.load(Ordering::SeqCst))
+        self.options.readiness.is_ready()
+    }
+
+    /// [`RedisStore::is_ready`], pushed at the instant it changes.
+    pub fn ready_changes(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.options.readiness.subscribe()
+    }
+
+    /// Each Redis's breaker: up, opens, calls answered at once.
+    pub fn breakers(&self) -> Vec<BreakerStats> {
+        std::iter::once(&self.main)
+            .chain(&self.per_second)
+            .map(|t| t.stats())
+            .collect()
     }
 
     fn target_for(&self, unit: Unit) -> &Arc<Target> {
@@ -679,7 +481,7 @@ impl RedisStore {
                 continue;
             }
             let target = self.target_for(hit.quota.unit);
-            let cluster = matches!(*target.current()?, Conn::Cluster(_));
+            let cluster = target.is_cluster();
             match groups
                 .iter_mut()
                 .find(|(t, _)| !cluster && Arc::ptr_eq(t, target))
@@ -782,42 +584,13 @@ impl RedisStore {
     }
 }
 
-/// Runs `pipe` on `target` within `timeout`; on NOSCRIPT loads `scripts` and retries once.
-async fn run_within(
-    target: &Target,
-    pipe: &redis::Pipeline,
-    timeout: Duration,
-    scripts: &[&str],
-) -> Result<Vec<Value>, StoreError> {
-    let conn = target.current()?;
-    let attempt = async {
-        match conn.query(pipe).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                conn.load(scripts).await?;
-                conn.query(pipe).await
-            }
-            other => other,
-        }
-    };
-    match tokio::time::timeout(timeout, attempt).await {
-        Ok(Ok(values)) => Ok(values),
-        Ok(Err(e)) => Err(backend_error(e)),
-        Err(_) => Err(backend_error({
-            conn.deadline_missed();
-            target.with_last_error(format_args!(
-                "Redis did not answer within {timeout:?} (REDIS_TIMEOUT)"
-            ))
-        })),
-    }
-}
-
 /// A connection to REDIS_URL for another part of Sluice (the peer cluster's write-behind,
-/// `crate::cluster::durable`), made exactly as the store makes its own, so the URL, auth and
-/// Redis Cluster handling are shared; REDIS_PERSECOND and the backend-only flags do not apply.
-/// Never waits for Redis: it connects in the background and reconnects by itself.
+/// `crate::cluster::durable`), made exactly as the store makes its own, so the URL, auth,
+/// Redis Cluster handling and breaker are shared; REDIS_PERSECOND and the backend-only flags
+/// do not apply. Never waits for Redis: it connects in the background, and while Redis is down
+/// its calls fail at once, so flushes never queue behind timeouts.
 pub struct RedisLink {
     target: Arc<Target>,
-    cluster: bool,
     timeout: Duration,
     scripts: &'static [&'static str],
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -838,23 +611,24 @@ impl RedisLink {
         settings: &RedisSettings,
         scripts: &'static [&'static str],
     ) -> Result<Self, StoreError> {
+        let options = Arc::new(TargetOptions {
+            timeout: settings.timeout,
+            // The write-behind copy is not on the request path: it keeps retrying whatever
+            // REDIS_STARTUP_MAX_ELAPSED_TIME says, which is about the Redis backend.
+            startup: StartupBackoff {
+                max_elapsed: None,
+                ..settings.startup
+            },
+            gave_up: tokio::sync::watch::channel(None).0,
+            breaker: settings.breaker,
+            // Health never follows the copy: the cluster counts without it.
+            readiness: Readiness::new(1, false),
+            scripts,
+        });
         let mut tasks = Vec::new();
-        // The write-behind copy is not on the request path: it keeps retrying whatever
-        // REDIS_STARTUP_MAX_ELAPSED_TIME says, which is about the Redis backend.
-        let startup = StartupBackoff {
-            max_elapsed: None,
-            ..settings.startup
-        };
-        let (never, _) = tokio::sync::watch::channel(None);
-        let target = RedisStore::target(
-            &settings.main,
-            settings.timeout,
-            &(startup, never),
-            &mut tasks,
-        )?;
+        let target = Target::start("write_behind", &settings.main, &options, &mut tasks)?;
         Ok(RedisLink {
             target,
-            cluster: settings.main.topology == RedisTopology::Cluster,
             timeout: settings.timeout,
             scripts,
             tasks,
@@ -863,12 +637,12 @@ impl RedisLink {
 
     /// True once Redis has answered its start-up PING.
     pub fn is_ready(&self) -> bool {
-        self.target.ready.load(Ordering::SeqCst)
+        self.target.has_answered()
     }
 
     /// Whether it is Redis Cluster, where one pipeline must stay within one hash slot.
     pub fn is_cluster(&self) -> bool {
-        self.cluster
+        self.target.is_cluster()
     }
 
     /// REDIS_TIMEOUT: the deadline of every [`RedisLink::run`].
@@ -876,7 +650,13 @@ impl RedisLink {
         self.timeout
     }
 
-    /// Runs `pipe` within REDIS_TIMEOUT (script loading included).
+    /// Its breaker: up, opens, calls answered at once.
+    pub fn breaker(&self) -> BreakerStats {
+        self.target.stats()
+    }
+
+    /// Runs `pipe` within REDIS_TIMEOUT (script loading included); fails at once while
+    /// Redis is down.
     pub async fn run(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
         run_within(&self.target, pipe, self.timeout, self.scripts).await
     }

@@ -7,9 +7,10 @@
 //! sentinel may not have seen a failover yet. TLS, when on, applies to sentinels and master alike,
 //! as in Go. Requests only read the current connection and never wait for a lookup.
 //!
-//! **Failover.** A call that fails with a connection error, a timeout or `READONLY` (the old
-//! master, demoted; a Sentinel failover also closes its clients) drops the connection and wakes
-//! the watcher. Until it has a master again calls fail at once (a backend error, answered as
+//! **Failover.** A call that fails with a connection error or `READONLY` (the old master,
+//! demoted; a Sentinel failover also closes its clients) drops the connection and wakes the
+//! watcher; so does the target's breaker when missed deadlines open it (one slow call does
+//! not: see [`super::redis_breaker`]). Until it has a master again calls fail at once (a backend error, answered as
 //! UNKNOWN or fail-open), and it looks up every [`RETRY_MIN`] doubling to [`RETRY_MAX`]. So once
 //! the sentinels have promoted a replica, Sluice uses it within [`RETRY_MAX`] plus one lookup
 //! (each sentinel asked and the master reached within max(REDIS_TIMEOUT, 1 s)). While healthy
@@ -62,13 +63,14 @@ fn io_error(message: String) -> RedisError {
     RedisError::from((ErrorKind::Io, "Redis Sentinel", message))
 }
 
-/// Errors after which the master may have moved.
+/// Errors after which the master may have moved. A timeout alone is not one: the breaker
+/// counts them and calls [`SentinelMaster::deadline_missed`] when they add up.
 fn master_lost(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+    !e.is_timeout()
+        && (e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
 }
 
 impl SentinelMaster {
@@ -104,7 +106,7 @@ impl SentinelMaster {
         }
     }
 
-    /// Called when a call on the master missed its deadline.
+    /// Called when calls on the master keep missing their deadline: look again.
     pub(super) fn deadline_missed(&self) {
         if let Some(master) = self.current.load_full() {
             self.failed(&master, &io_error("deadline missed".into()));

@@ -33,6 +33,8 @@ pub struct Extra {
     pub config_load_error: u64,
     pub memory: Option<MemoryGauges>,
     pub cluster: Option<ClusterGauges>,
+    /// Each Redis in use: the backend's (`main`, `per_second`) or the write-behind's.
+    pub redis: Vec<RedisGauges>,
     /// The tracer's counters, (name, help, value); empty when TRACING_ENABLED is off.
     pub tracing: Vec<(&'static str, &'static str, u64)>,
     /// Each serving listener's connections, requests in flight and refusals.
@@ -64,6 +66,16 @@ pub struct ClusterGauges {
     pub durable: Vec<(&'static str, u64)>,
     /// (address, up).
     pub peers: Vec<(String, bool)>,
+}
+
+/// One Redis's breaker (see `src/store/redis_breaker.rs`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RedisGauges {
+    /// `main`, `per_second` or `write_behind`.
+    pub target: &'static str,
+    pub up: bool,
+    pub opens: u64,
+    pub fast_failures: u64,
 }
 
 /// The memory store's counters.
@@ -374,6 +386,7 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
             sample(&mut out, name, &[("peer", peer.as_str())], u64::from(*up));
         }
     }
+    redis_breakers(&mut out, &extra.redis);
     for (name, help, value) in &extra.tracing {
         let name = format!("{name}_total");
         header(&mut out, &name, "counter", help);
@@ -437,6 +450,45 @@ fn render_listeners(out: &mut String, extra: &Extra) {
         "gRPC message bytes being received (capped by SLUICE_MAX_PENDING_REQUEST_BYTES).",
     );
     sample(out, name, &[], extra.pending_request_bytes);
+}
+
+/// The Redis breakers, one series per target.
+fn redis_breakers(out: &mut String, breakers: &[RedisGauges]) {
+    if breakers.is_empty() {
+        return;
+    }
+    type Family = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&RedisGauges) -> u64,
+    );
+    let families: [Family; 3] = [
+        (
+            "sluice_redis_up",
+            "gauge",
+            "1 while Redis answers; 0 while it is down (calls fail at once) or not connected yet.",
+            |b| u64::from(b.up),
+        ),
+        (
+            "sluice_redis_breaker_opens_total",
+            "counter",
+            "Times Redis was found down and calls started failing at once.",
+            |b| b.opens,
+        ),
+        (
+            "sluice_redis_fast_failures_total",
+            "counter",
+            "Calls answered at once, without Redis, because it was down or not connected yet.",
+            |b| b.fast_failures,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        header(out, name, kind, help);
+        for b in breakers {
+            sample(out, name, &[("target", b.target)], value(b));
+        }
+    }
 }
 
 #[cfg(test)]

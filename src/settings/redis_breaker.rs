@@ -1,0 +1,208 @@
+//! Failing fast while Redis is down: how often an open breaker probes Redis, how many missed
+//! deadlines in a row open it, and REDIS_HEALTH_CHECK_ACTIVE_CONNECTION (health that follows
+//! it). Validated into [`BreakerSettings`], which every Redis the service uses gets: the
+//! backend's (REDIS_URL, REDIS_PERSECOND_URL) and the peer cluster's write-behind copy.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use clap::ArgAction;
+
+use super::{Backend, SettingsError, WriteBehind, invalid, parse_go_bool};
+use crate::store::redis::BreakerSettings;
+
+/// Raw breaker flags; see [`BreakerSettings`].
+#[derive(Clone, Debug, clap::Args)]
+pub struct RedisBreakerArgs {
+    /// While Redis is down (calls fail at once), how often it is probed (a new connection and
+    /// a PING), in milliseconds; the first probe that answers restores service.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_PROBE_INTERVAL_MS",
+        default_value_t = 250,
+        help_heading = "Redis"
+    )]
+    pub redis_probe_interval_ms: u64,
+    /// Calls in a row that miss REDIS_TIMEOUT, with no answer in between, after which Redis is
+    /// taken for down and calls fail at once (a refused or closed connection does it at once).
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_BREAKER_TIMEOUTS",
+        default_value_t = 3,
+        help_heading = "Redis"
+    )]
+    pub redis_breaker_timeouts: u32,
+    /// Fail health while Redis is down (calls failing at once), not only until it first answers.
+    #[arg(
+        long,
+        env = "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_health_check_active_connection: bool,
+}
+
+impl RedisBreakerArgs {
+    fn validate(&self) -> Result<BreakerSettings, SettingsError> {
+        let ms = self.redis_probe_interval_ms;
+        if !(10..=60_000).contains(&ms) {
+            return Err(invalid(
+                "SLUICE_REDIS_PROBE_INTERVAL_MS",
+                ms,
+                "must be between 10 and 60000",
+            ));
+        }
+        let timeouts = NonZeroU32::new(self.redis_breaker_timeouts)
+            .filter(|n| n.get() <= 1000)
+            .ok_or_else(|| {
+                invalid(
+                    "SLUICE_REDIS_BREAKER_TIMEOUTS",
+                    self.redis_breaker_timeouts,
+                    "must be between 1 and 1000",
+                )
+            })?;
+        Ok(BreakerSettings {
+            probe_interval: Duration::from_millis(ms),
+            open_after_timeouts: timeouts,
+            health_follows_connection: self.redis_health_check_active_connection,
+        })
+    }
+
+    /// Gives the validated settings to every Redis in use: the backend's and the write-behind's.
+    pub(super) fn apply(
+        &self,
+        mut backend: Backend,
+        mut write_behind: Option<WriteBehind>,
+    ) -> Result<(Backend, Option<WriteBehind>), SettingsError> {
+        let breaker = self.validate()?;
+        if let Backend::Redis(redis) = &mut backend {
+            redis.breaker = breaker;
+        }
+        if let Some(wb) = &mut write_behind {
+            wb.redis.breaker = breaker;
+        }
+        Ok((backend, write_behind))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
+    use clap::CommandFactory;
+
+    /// Parsed with the environment ignored, as the tests in `settings.rs` do.
+    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
+        let cmd = ignore_empty_env(Cli::command(), &|_| true);
+        let cli = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
+            .expect("arguments parse");
+        ServeArgs::validate(cli.serve)
+    }
+
+    fn redis(extra: &[&str]) -> BreakerSettings {
+        let mut args = vec!["--backend-type", "redis", "--redis-url", "localhost:6379"];
+        args.extend(extra);
+        match settings(&args).expect("valid").backend {
+            Backend::Redis(r) => r.breaker,
+            Backend::Memory => panic!("expected the Redis backend"),
+        }
+    }
+
+    #[test]
+    fn defaults_probe_every_250_ms_and_open_after_three_timeouts() {
+        assert_eq!(redis(&[]), BreakerSettings::default());
+        let d = BreakerSettings::default();
+        assert_eq!(d.probe_interval, Duration::from_millis(250));
+        assert_eq!(d.open_after_timeouts.get(), 3);
+        assert!(!d.health_follows_connection);
+    }
+
+    #[test]
+    fn the_flags_reach_the_redis_backend() {
+        let b = redis(&[
+            "--redis-probe-interval-ms",
+            "40",
+            "--redis-breaker-timeouts",
+            "1",
+            "--redis-health-check-active-connection",
+        ]);
+        assert_eq!(
+            b,
+            BreakerSettings {
+                probe_interval: Duration::from_millis(40),
+                open_after_timeouts: NonZeroU32::new(1).unwrap(),
+                health_follows_connection: true,
+            }
+        );
+    }
+
+    #[test]
+    fn the_flags_reach_the_write_behind_copy() {
+        let s = settings(&[
+            "--peers",
+            "127.0.0.1:8081,127.0.0.2:8081",
+            "--peer-advertise-address",
+            "127.0.0.1:8081",
+            "--peer-write-behind",
+            "--redis-url",
+            "localhost:6379",
+            "--redis-probe-interval-ms",
+            "1000",
+        ])
+        .expect("valid");
+        let wb = s
+            .cluster
+            .and_then(|c| c.write_behind)
+            .expect("write-behind");
+        assert_eq!(wb.redis.breaker.probe_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_variable() {
+        for (args, start) in [
+            (
+                &["--redis-probe-interval-ms", "5"][..],
+                "SLUICE_REDIS_PROBE_INTERVAL_MS=5: ",
+            ),
+            (
+                &["--redis-probe-interval-ms", "60001"][..],
+                "SLUICE_REDIS_PROBE_INTERVAL_MS=60001: ",
+            ),
+            (
+                &["--redis-breaker-timeouts", "0"][..],
+                "SLUICE_REDIS_BREAKER_TIMEOUTS=0: ",
+            ),
+            (
+                &["--redis-breaker-timeouts", "1001"][..],
+                "SLUICE_REDIS_BREAKER_TIMEOUTS=1001: ",
+            ),
+        ] {
+            // Checked with the memory backend too: a typo is worth reporting before Redis is on.
+            let err = settings(args).expect_err("invalid").to_string();
+            assert!(err.starts_with(start), "{err}");
+        }
+    }
+
+    #[test]
+    fn redis_health_check_active_connection_is_a_go_bool_and_no_longer_refused() {
+        assert!(redis(&["--redis-health-check-active-connection=true"]).health_follows_connection);
+        assert!(!redis(&["--redis-health-check-active-connection=0"]).health_follows_connection);
+        let cmd = ignore_empty_env(Cli::command(), &|_| true);
+        let err = parse_with(
+            cmd,
+            ["sluice", "--redis-health-check-active-connection=yes"],
+        )
+        .expect_err("not a Go bool")
+        .to_string();
+        assert!(
+            err.contains("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"),
+            "{err}"
+        );
+    }
+}

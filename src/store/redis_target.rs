@@ -1,0 +1,405 @@
+//! One Redis target (REDIS_URL's, REDIS_PERSECOND_URL's, the write-behind's): its connection,
+//! its breaker ([`super::redis_breaker`]) and the task that supervises them.
+//!
+//! The supervisor makes every connection the target uses. At start it checks Redis on the
+//! REDIS_STARTUP_* schedule (and gives up after REDIS_STARTUP_MAX_ELAPSED_TIME); once Redis
+//! has answered, it waits for the breaker to open and probes until Redis answers again. A check
+//! and a probe are the same: a new connection (a new cluster connection on Redis Cluster; the
+//! Sentinel watcher's master otherwise), a PING (to every master of a cluster) and the scripts
+//! loaded, within max(REDIS_TIMEOUT, 1 s). The connection that passed is installed, and calls
+//! use it until it fails: connections do not reconnect by themselves, so no call ever waits
+//! for a reconnection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use super::StoreError;
+use super::redis::{certificates, client, without_credentials};
+use super::redis_breaker::{Breaker, BreakerSettings, BreakerStats, Readiness};
+use super::redis_sentinel::{Lookup, SentinelMaster};
+use crate::settings::{RedisTarget, RedisTopology, StartupBackoff};
+
+/// One Redis, one Redis Cluster, or the master of a Sentinel group.
+pub(super) enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelMaster>),
+}
+
+impl Conn {
+    pub(super) async fn query(&self, pipe: &redis::Pipeline) -> Result<Vec<Value>, RedisError> {
+        match self {
+            Conn::Single(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+            Conn::Sentinel(s) => s.pipe(pipe).await,
+        }
+    }
+
+    /// A call on this connection missed its deadline.
+    fn deadline_missed(&self) {
+        if let Conn::Sentinel(s) = self {
+            // The master may be gone without a word (a partition): look again.
+            s.deadline_missed();
+        }
+    }
+
+    /// PING; on a cluster, every master must answer.
+    async fn ping(&self) -> Result<(), RedisError> {
+        use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+        match self {
+            Conn::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                c.clone()
+                    .route_command(redis::cmd("PING"), routing)
+                    .await
+                    .map(drop)
+            }
+            _ => {
+                let mut pipe = redis::pipe();
+                pipe.cmd("PING");
+                self.query(&pipe).await.map(drop)
+            }
+        }
+    }
+
+    pub(super) async fn load(&self, scripts: &[&str]) -> Result<(), RedisError> {
+        for script in scripts {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(script);
+            match self {
+                Conn::Single(c) => {
+                    let _: String = cmd.query_async(&mut c.clone()).await?;
+                }
+                Conn::Sentinel(s) => {
+                    s.cmd(&cmd).await?;
+                }
+                Conn::Cluster(c) => {
+                    // Every primary must know the scripts.
+                    let routing = redis::cluster_routing::RoutingInfo::MultiNode((
+                        redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                        None,
+                    ));
+                    c.clone().route_command(cmd, routing).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What every target of one store shares.
+pub(super) struct TargetOptions {
+    /// REDIS_TIMEOUT.
+    pub timeout: Duration,
+    pub startup: StartupBackoff,
+    /// Set once a start-up check gave up (REDIS_STARTUP_MAX_ELAPSED_TIME).
+    pub gave_up: tokio::sync::watch::Sender<Option<String>>,
+    pub breaker: BreakerSettings,
+    pub readiness: Arc<Readiness>,
+    /// Loaded by every check, so a restarted Redis knows them before the first call.
+    pub scripts: &'static [&'static str],
+}
+
+impl TargetOptions {
+    /// The bound on making a connection and on a whole check: a TLS handshake on a busy
+    /// machine may need more than a short REDIS_TIMEOUT.
+    fn connect_timeout(&self) -> Duration {
+        self.timeout.max(Duration::from_secs(1))
+    }
+
+    fn connection_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout()))
+            .set_response_timeout(Some(self.timeout))
+    }
+}
+
+/// A Redis that may not be connected yet, and its breaker.
+pub(super) struct Target {
+    /// `None` until the first check passed (a Sentinel group: the watcher's, from the start).
+    conn: ArcSwapOption<Conn>,
+    breaker: Breaker,
+    spec: RedisTarget,
+    cluster: bool,
+}
+
+impl Target {
+    /// Builds the target and spawns its supervisor (and a Sentinel group's watcher) onto
+    /// `tasks`. `role` names it in the stats: `main`, `per_second` or `write_behind`.
+    pub(super) fn start(
+        role: &'static str,
+        spec: &RedisTarget,
+        options: &Arc<TargetOptions>,
+        tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+    ) -> Result<Arc<Target>, StoreError> {
+        if spec.tls.is_some() {
+            // rustls needs a process-wide provider: ring, as everywhere in Sluice. An error
+            // means one is installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        // Credentials stay out of messages and logs.
+        let urls: Vec<String> = spec.urls.iter().map(|u| without_credentials(u)).collect();
+        let t = Arc::new(Target {
+            conn: ArcSwapOption::empty(),
+            breaker: Breaker::new(
+                role,
+                urls.join(","),
+                options.breaker,
+                options.readiness.clone(),
+            ),
+            spec: spec.clone(),
+            cluster: spec.topology == RedisTopology::Cluster,
+        });
+        let bad_url = |e: RedisError| StoreError::Backend {
+            message: e.to_string(),
+        };
+        match &spec.topology {
+            // The URL is checked now, so a bad one stops start-up rather than every check.
+            RedisTopology::Single => drop(
+                single_url(spec)
+                    .and_then(|url| client(url, spec.tls.as_ref()))
+                    .map_err(bad_url)?,
+            ),
+            RedisTopology::Cluster => {}
+            RedisTopology::Sentinel {
+                master_name,
+                master_userinfo,
+            } => {
+                let sentinels = spec
+                    .urls
+                    .iter()
+                    .map(|url| client(url, spec.tls.as_ref()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(bad_url)?;
+                let (master, task) = SentinelMaster::start(Lookup {
+                    sentinels,
+                    master_name: master_name.clone(),
+                    master_userinfo: master_userinfo.clone(),
+                    tls: spec.tls.clone(),
+                    config: options.connection_config(),
+                    connect_timeout: options.connect_timeout(),
+                });
+                tasks.push(task);
+                t.conn.store(Some(Arc::new(Conn::Sentinel(master))));
+            }
+        }
+        tasks.push(tokio::spawn(t.clone().supervise(options.clone())));
+        Ok(t)
+    }
+
+    /// Whether it is Redis Cluster, where each key's commands go to its own node.
+    pub(super) fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// True once Redis has answered its first check.
+    pub(super) fn has_answered(&self) -> bool {
+        self.breaker.has_answered()
+    }
+
+    pub(super) fn stats(&self) -> BreakerStats {
+        self.breaker.stats()
+    }
+
+    /// Start-up checks until Redis first answers (or the store gives up), then a probe
+    /// whenever the breaker opens.
+    async fn supervise(self: Arc<Self>, options: Arc<TargetOptions>) {
+        if !self.start_up(&options).await {
+            return;
+        }
+        loop {
+            self.breaker.wait_open().await;
+            self.probe(&options).await;
+        }
+    }
+
+    /// Checks on the REDIS_STARTUP_* schedule; false if REDIS_STARTUP_MAX_ELAPSED_TIME passed.
+    async fn start_up(&self, options: &TargetOptions) -> bool {
+        let started = tokio::time::Instant::now();
+        let startup = options.startup;
+        let mut delay = startup.initial;
+        loop {
+            let e = match self.check(options).await {
+                Ok(()) => return true,
+                Err(e) => e,
+            };
+            self.breaker.still_down(&e);
+            if let Some(limit) = startup.max_elapsed
+                && started.elapsed() + delay > limit
+            {
+                // The next try would come after the limit: give up now, as the Go service's
+                // backoff does.
+                let reason = format!(
+                    "Redis {} did not answer within REDIS_STARTUP_MAX_ELAPSED_TIME \
+                     ({limit:?}): {e}",
+                    self.breaker.name()
+                );
+                tracing::error!("{reason}");
+                options.gave_up.send_replace(Some(reason));
+                return false;
+            }
+            tracing::warn!(redis = %self.breaker.name(), error = %e, retry_in = ?delay, "Redis not ready");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(startup.max);
+        }
+    }
+
+    /// Probes at once, then every probe interval, until Redis answers.
+    async fn probe(&self, options: &TargetOptions) {
+        loop {
+            match self.check(options).await {
+                Ok(()) => return,
+                Err(e) => self.breaker.still_down(e),
+            }
+            tokio::time::sleep(options.breaker.probe_interval).await;
+        }
+    }
+
+    /// One check: on success the new connection is installed and the breaker closed.
+    async fn check(&self, options: &TargetOptions) -> Result<(), RedisError> {
+        let limit = options.connect_timeout();
+        let checked = tokio::time::timeout(limit, self.connect(options))
+            .await
+            .unwrap_or_else(|_| {
+                Err(RedisError::from((
+                    ErrorKind::Io,
+                    "no answer",
+                    format!("Redis did not answer within {limit:?} (max(REDIS_TIMEOUT, 1s))"),
+                )))
+            });
+        match checked {
+            Ok(conn) => {
+                self.conn.store(Some(conn));
+                self.breaker.close();
+                Ok(())
+            }
+            Err(e) => {
+                // A Sentinel group's master that failed a check is looked up again: it may
+                // be hung, and the sentinels may still name it.
+                if let Some(conn) = self.conn.load_full() {
+                    conn.deadline_missed();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A connection that has answered a PING and holds the scripts.
+    async fn connect(&self, options: &TargetOptions) -> Result<Arc<Conn>, RedisError> {
+        let spec = &self.spec;
+        let conn = match &spec.topology {
+            RedisTopology::Single => Arc::new(Conn::Single(
+                client(single_url(spec)?, spec.tls.as_ref())?
+                    .get_multiplexed_async_connection_with_config(&options.connection_config())
+                    .await?,
+            )),
+            RedisTopology::Cluster => {
+                let mut builder = ClusterClient::builder(spec.urls.iter().map(String::as_str))
+                    .connection_timeout(options.connect_timeout())
+                    .response_timeout(options.timeout);
+                if let Some(tls) = &spec.tls {
+                    builder = builder
+                        .certs(certificates(tls))
+                        .danger_accept_invalid_hostnames(tls.skip_hostname_verification);
+                }
+                Arc::new(Conn::Cluster(
+                    builder.build()?.get_async_connection().await?,
+                ))
+            }
+            RedisTopology::Sentinel { .. } => self
+                .conn
+                .load_full()
+                .ok_or_else(|| RedisError::from((ErrorKind::Io, "no Sentinel watcher")))?,
+        };
+        conn.ping().await?;
+        conn.load(options.scripts).await?;
+        Ok(conn)
+    }
+
+    /// The connection to call on, unless the breaker says to answer at once. Calls made while
+    /// the very first connection is being made wait for it, until `deadline`, as they would on
+    /// any connection being opened: a node's first calls (the write-behind's take-over loads
+    /// above all) need Redis most, and a Redis that is down fails that attempt quickly.
+    async fn usable(&self, deadline: tokio::time::Instant) -> Result<Arc<Conn>, StoreError> {
+        if self.breaker.first_attempt_pending() {
+            let _ = tokio::time::timeout_at(deadline, self.breaker.first_attempt()).await;
+        }
+        self.breaker.check()?;
+        self.conn.load_full().ok_or_else(|| StoreError::Backend {
+            message: "not connected to Redis yet".into(),
+        })
+    }
+
+    /// Whether a call made on `conn` says anything about the connection calls use now: a
+    /// replaced connection's failures do not open the breaker again.
+    fn is_current(&self, conn: &Arc<Conn>) -> bool {
+        self.conn
+            .load()
+            .as_ref()
+            .is_some_and(|current| Arc::ptr_eq(current, conn))
+    }
+}
+
+/// The one URL of a REDIS_TYPE=single target.
+fn single_url(spec: &RedisTarget) -> Result<&str, RedisError> {
+    spec.urls
+        .first()
+        .map(String::as_str)
+        .ok_or_else(|| RedisError::from((ErrorKind::InvalidClientConfig, "no Redis URL")))
+}
+
+/// Runs `pipe` on `target` within `timeout`; on NOSCRIPT loads `scripts` and retries once.
+/// While the target's breaker is open it answers at once.
+pub(super) async fn run_within(
+    target: &Target,
+    pipe: &redis::Pipeline,
+    timeout: Duration,
+    scripts: &[&str],
+) -> Result<Vec<Value>, StoreError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let conn = target.usable(deadline).await?;
+    let attempt = async {
+        match conn.query(pipe).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                conn.load(scripts).await?;
+                conn.query(pipe).await
+            }
+            other => other,
+        }
+    };
+    let current = || target.is_current(&conn);
+    match tokio::time::timeout_at(deadline, attempt).await {
+        Ok(Ok(values)) => {
+            if current() {
+                target.breaker.answered();
+            }
+            Ok(values)
+        }
+        Ok(Err(e)) if !e.is_timeout() => {
+            if current() {
+                target.breaker.failed(&e);
+            }
+            Err(StoreError::Backend {
+                message: e.to_string(),
+            })
+        }
+        // The connection's own response timeout (REDIS_TIMEOUT too) or ours, whichever came
+        // first: one message for both.
+        Ok(Err(_)) | Err(_) => {
+            let message = format!("Redis did not answer within {timeout:?} (REDIS_TIMEOUT)");
+            if current() && target.breaker.timed_out(&message) {
+                conn.deadline_missed();
+            }
+            Err(StoreError::Backend { message })
+        }
+    }
+}
