@@ -518,6 +518,42 @@ fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 }
 
 #[test]
+fn sighup_loads_the_config_files_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("ok.yaml"), GOOD);
+    // Polling once a minute: only SIGHUP can make the change visible within the test.
+    let server = start(|c| {
+        c.arg("--config")
+            .arg(dir.path())
+            .env("SLUICE_CONFIG_POLL_MS", "60000");
+    });
+    let limit = |server: &Server| {
+        let (status, body) = json(server.http, "d", "k", "sighup");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["statuses"][0]["currentLimit"]["requestsPerUnit"].as_u64()
+    };
+    assert_eq!(limit(&server), Some(2));
+    write(
+        &dir.path().join("ok.yaml"),
+        &GOOD.replace("requests_per_unit: 2", "requests_per_unit: 7"),
+    );
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    wait_for(
+        "the new limit after SIGHUP",
+        Duration::from_secs(10),
+        || limit(&server) == Some(7),
+    );
+}
+
+#[test]
 fn a_second_sigterm_ends_the_drain_at_once() {
     let dir = tempfile::tempdir().unwrap();
     write(&dir.path().join("ok.yaml"), GOOD);

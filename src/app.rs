@@ -201,6 +201,8 @@ pub struct App {
     peer_server: Option<PeerServer>,
     /// TRACING_ENABLED: the finished spans, for the exporter [`App::serve`] starts.
     spans: Option<tokio::sync::mpsc::Receiver<SpanRecord>>,
+    /// Wakes the config watcher to load a change at once (SIGHUP).
+    reload_now: Arc<tokio::sync::Notify>,
 }
 
 impl App {
@@ -251,11 +253,10 @@ impl App {
             .with_stats(stats)
             .with_tracer(Arc::new(tracer)),
         );
-        let ready = store.clone();
         let health = Arc::new(Health::new(
             config.clone(),
             options.require_config_for_health,
-            Arc::new(move || ready.is_ready()),
+            store.ready_changes(),
         ));
         Ok(App {
             options,
@@ -265,7 +266,15 @@ impl App {
             health,
             peer_server,
             spans,
+            reload_now: Arc::default(),
         })
+    }
+
+    /// Notifying it makes the config watcher look at the files at once and load a change
+    /// without waiting for it to settle (what SIGHUP does). Without config files (xDS) it does
+    /// nothing.
+    pub fn reload_trigger(&self) -> Arc<tokio::sync::Notify> {
+        self.reload_now.clone()
     }
 
     pub fn service(&self) -> &Arc<RateLimitService<AnyStore>> {
@@ -326,18 +335,19 @@ impl App {
             health,
             peer_server,
             spans,
+            reload_now,
         } = self;
         // Taken, not cloned: the poller holds the bytes of the files it last loaded.
-        let watcher = options
-            .reload
-            .take()
-            .map(|r| crate::config::spawn_watcher(r.poller, config.clone(), r.poll));
+        let watcher = options.reload.take().map(|r| {
+            crate::config::spawn_watcher(r.poller, config.clone(), r.poll, reload_now.clone())
+        });
         let xds = options.xds.as_ref().map(|x| {
             crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
         });
         let (stop_tx, stop) = StopSignal::new();
-        let (grpc_routes, health_updater) =
+        let grpc_routes =
             api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
+        let health_follower = health.follow();
         let ports = Ports::new(&options, listeners.grpc.is_unix());
         let debug_state = api::debug::DebugState {
             config,
@@ -352,7 +362,7 @@ impl App {
         };
         let health_for_stop = health.clone();
         let http_router = api::http::router(service.clone(), health, options.max_request_bytes);
-        let mut after_drain = vec![health_updater];
+        let mut after_drain = vec![health_follower];
         if let (Some(server), Some(listener)) = (peer_server, listeners.peer) {
             // Stopped after the drain: other nodes may still forward hits while this one drains.
             after_drain.push(tokio::spawn(ports.peer.serve(
@@ -505,7 +515,7 @@ struct Running {
     /// The client-facing listeners, whose in-flight calls the drain waits for.
     servers: Vec<(&'static str, tokio::task::JoinHandle<()>)>,
     /// Stopped once the drain is over: the peer and Prometheus listeners, statsd, and the
-    /// gRPC health updater.
+    /// task that keeps health in step with the config and the backend.
     after_drain: Vec<tokio::task::JoinHandle<()>>,
     exporters: Vec<(tokio::task::JoinHandle<()>, Duration)>,
     stop: watch::Sender<bool>,

@@ -306,6 +306,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         );
         let app = App::new(options, config, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
         let (shutdown, force) = stop_signals();
+        reload_on_sighup(app.reload_trigger(), settings.xds.is_some());
         app.serve_until(listeners, shutdown, force)
             .await
             .map_err(|e| e.to_string())
@@ -364,6 +365,30 @@ fn check_descriptor_limit(settings: &Settings) {
              past it are refused by the kernel's backlog instead (raise `ulimit -n` or lower the cap)"
         );
     }
+}
+
+/// SIGHUP: load the config files now, without waiting for a change to settle (the operator
+/// says they are complete); nothing to do when the config comes from xDS. Without a handler,
+/// SIGHUP would end the process. Must be called inside the runtime.
+fn reload_on_sighup(trigger: Arc<tokio::sync::Notify>, xds: bool) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(hup) => hup,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            if xds {
+                tracing::info!("SIGHUP: the config comes from xDS; nothing to reload");
+            } else {
+                tracing::info!("SIGHUP: loading the config files now");
+                trigger.notify_one();
+            }
+        }
+    });
 }
 
 /// The stop signals, SIGTERM and Ctrl-C (SIGINT): the first completes the first future and

@@ -167,33 +167,52 @@ async fn many_concurrent_calls_on_one_key_admit_exactly_the_limit() {
 }
 
 #[tokio::test]
-async fn grpc_health_mirrors_healthcheck() {
-    let app = start(&fixture("api"), default_options()).await;
-    let channel = channel(app.grpc).await;
-    let mut h = HealthClient::new(channel);
-    for service in ["ratelimit", ""] {
-        let mut status = None;
-        // The health task publishes within ~100 ms of start.
-        for _ in 0..50 {
-            let r = h
-                .check(HealthCheckRequest {
-                    service: service.into(),
-                })
-                .await;
-            if let Ok(r) = r {
-                status = Some(r.into_inner().status);
-                if status == Some(ServingStatus::Serving as i32) {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert_eq!(
-            status,
-            Some(ServingStatus::Serving as i32),
-            "service {service:?}"
-        );
-    }
+async fn grpc_health_mirrors_healthcheck_at_every_instant_and_pushes_changes() {
+    // HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED with no domain loaded yet: not serving.
+    let config = sluice::config::ConfigHandle::new(None);
+    let options = sluice::app::AppOptions {
+        require_config_for_health: true,
+        ..default_options()
+    };
+    let app = common::start_with(config.clone(), options).await;
+    let mut h = HealthClient::new(channel(app.grpc).await);
+    let check = |service: &str| HealthCheckRequest {
+        service: service.into(),
+    };
+    let status = |r: tonic::Response<tonic_health::pb::HealthCheckResponse>| r.into_inner().status;
+    let (serving, not_serving) = (
+        ServingStatus::Serving as i32,
+        ServingStatus::NotServing as i32,
+    );
+    // Right from the start, with no task to publish it first.
+    assert_eq!(
+        status(h.check(check("ratelimit")).await.unwrap()),
+        not_serving
+    );
+    assert_eq!(status(h.check(check("")).await.unwrap()), serving);
+    assert_eq!(
+        h.check(check("other")).await.unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 500);
+    let mut watch = h.watch(check("ratelimit")).await.unwrap().into_inner();
+    assert_eq!(watch.message().await.unwrap().unwrap().status, not_serving);
+
+    // A config with a domain arrives: both answers change at once, with no delay to wait out.
+    let loaded = sluice::config::parse_files(
+        &[("a.yaml".to_string(), "domain: d\n".to_string())],
+        &Default::default(),
+    )
+    .unwrap();
+    config.store(loaded);
+    assert_eq!(status(h.check(check("ratelimit")).await.unwrap()), serving);
+    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 200);
+    let pushed = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("the change pushed to the Watch stream")
+        .unwrap()
+        .unwrap();
+    assert_eq!(pushed.status, serving);
 }
 
 #[tokio::test]

@@ -202,7 +202,7 @@ fn start(dir: &Path) -> (ConfigHandle, WatchGuard) {
     let mut poller = poller(dir, quick());
     let initial = poller.load_settled(POLL).expect("initial load");
     let handle = ConfigHandle::new(Some(initial));
-    let guard = spawn_watcher(poller, handle.clone(), POLL);
+    let guard = spawn_watcher(poller, handle.clone(), POLL, Default::default());
     (handle, guard)
 }
 
@@ -310,7 +310,12 @@ async fn starting_without_a_config_loads_once_the_files_are_fixed() {
     let tmp = tempfile::tempdir().expect("tmp");
     write(&tmp.path().join("a.yaml"), "domain: ''\n");
     let handle = ConfigHandle::new(None);
-    let _guard = spawn_watcher(poller(tmp.path(), quick()), handle.clone(), POLL);
+    let _guard = spawn_watcher(
+        poller(tmp.path(), quick()),
+        handle.clone(),
+        POLL,
+        Default::default(),
+    );
     assert!(handle.current().is_none());
     write_atomic(&tmp.path().join("a.yaml"), &domain_yaml("a", 4));
     eventually("loaded", || {
@@ -611,7 +616,12 @@ fn append(path: &Path, text: &str) {
 /// Watches `dir` from nothing, on tokio's paused clock, until its first config is loaded.
 async fn watch_paused(dir: &Path, limits: FileLimits) -> (ConfigHandle, WatchGuard) {
     let handle = ConfigHandle::new(None);
-    let guard = spawn_watcher(poller(dir, limits), handle.clone(), POLL);
+    let guard = spawn_watcher(
+        poller(dir, limits),
+        handle.clone(),
+        POLL,
+        Default::default(),
+    );
     tokio::time::sleep(limits.settle + POLL * 3).await;
     assert!(handle.current().is_some(), "first load");
     assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 1);

@@ -2,14 +2,16 @@
 //! `grpc.health.v1.Health`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService as RateLimitServiceApi, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tokio_stream::{Stream, StreamExt};
 use tonic::service::Routes;
-use tonic_health::ServingStatus;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use super::convert::{request_from_proto, response_to_proto};
 use super::health::Health;
@@ -69,32 +71,69 @@ impl<S: CounterStore> RateLimitServiceApi for GrpcRateLimit<S> {
     }
 }
 
-/// The gRPC routes: the rate-limit service and the health service. Also returns the task that
-/// keeps the health service's `ratelimit` status in step with [`Health`]; it stops when the
-/// returned handle is aborted or dropped with the runtime.
+/// The gRPC routes: the rate-limit service and the health service.
 pub fn routes<S: CounterStore>(
     service: Arc<RateLimitService<S>>,
     health: Arc<Health>,
     max_request_bytes: usize,
-) -> (Routes, tokio::task::JoinHandle<()>) {
-    let (reporter, health_service) = tonic_health::server::health_reporter();
-    let updater = tokio::spawn(async move {
-        let mut last = None;
-        loop {
-            let status = if health.is_healthy() {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
-            };
-            if last != Some(status) {
-                reporter.set_service_status(HEALTH_SERVICE, status).await;
-                last = Some(status);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+) -> Routes {
     let rls = RateLimitServiceServer::new(GrpcRateLimit::new(service))
         .max_decoding_message_size(max_request_bytes);
-    let routes = Routes::new(rls).add_service(health_service);
-    (routes, updater)
+    Routes::new(rls).add_service(HealthServer::new(GrpcHealth { health }))
+}
+
+/// `grpc.health.v1.Health`: service `ratelimit` answers what `/healthcheck` answers, computed
+/// when asked; `""` (the server) is always SERVING; any other name is NOT_FOUND, as in grpc-go.
+struct GrpcHealth {
+    health: Arc<Health>,
+}
+
+fn health_response(serving: bool) -> HealthCheckResponse {
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    HealthCheckResponse {
+        status: status as i32,
+    }
+}
+
+type HealthStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<HealthCheckResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl HealthApi for GrpcHealth {
+    async fn check(
+        &self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<HealthCheckResponse>, tonic::Status> {
+        match request.get_ref().service.as_str() {
+            "" => Ok(tonic::Response::new(health_response(true))),
+            HEALTH_SERVICE => Ok(tonic::Response::new(health_response(
+                self.health.is_healthy(),
+            ))),
+            _ => Err(tonic::Status::not_found("service not registered")),
+        }
+    }
+
+    type WatchStream = HealthStream;
+
+    /// The status now, then each change as it happens.
+    async fn watch(
+        &self,
+        request: tonic::Request<HealthCheckRequest>,
+    ) -> Result<tonic::Response<HealthStream>, tonic::Status> {
+        let stream: HealthStream = match request.get_ref().service.as_str() {
+            "" => Box::pin(
+                tokio_stream::once(Ok(health_response(true))).chain(tokio_stream::pending()),
+            ),
+            HEALTH_SERVICE => Box::pin(
+                tokio_stream::wrappers::WatchStream::new(self.health.subscribe())
+                    .map(|serving| Ok(health_response(serving))),
+            ),
+            _ => return Err(tonic::Status::not_found("service not registered")),
+        };
+        Ok(tonic::Response::new(stream))
+    }
 }

@@ -162,6 +162,15 @@ impl Poller {
         }))
     }
 
+    /// [`Poller::poll`] without the settle period: for SIGHUP, when the operator says the files
+    /// are complete. Changed files are still read twice, and loaded only if both reads agree.
+    pub fn poll_now(&mut self, now: Instant) -> Option<Result<RateLimitConfig, ConfigErrors>> {
+        let settle = std::mem::take(&mut self.limits.settle);
+        let polled = self.poll(now);
+        self.limits.settle = settle;
+        polled
+    }
+
     /// Polls every `interval` (sooner when the settle period ends first) until the files
     /// settle, and returns what they load to: at start-up, so a file being written as Sluice
     /// starts is not loaded half-written. Files whose own timestamps are older than the

@@ -26,6 +26,8 @@ pub struct ConfigStats {
 pub struct ConfigHandle {
     config: Arc<ArcSwapOption<RateLimitConfig>>,
     stats: Arc<ConfigStats>,
+    /// Counts stores, for those who react to a new config (health).
+    version: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl ConfigHandle {
@@ -35,6 +37,7 @@ impl ConfigHandle {
         ConfigHandle {
             config: Arc::new(ArcSwapOption::new(initial.map(Arc::new))),
             stats: Arc::new(ConfigStats::default()),
+            version: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
     }
 
@@ -49,6 +52,12 @@ impl ConfigHandle {
 
     pub fn store(&self, cfg: RateLimitConfig) {
         self.config.store(Some(Arc::new(cfg)));
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Changes every time a config is stored.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.version.subscribe()
     }
 
     pub fn stats(&self) -> &ConfigStats {
@@ -76,8 +85,16 @@ impl Drop for WatchGuard {
 /// `load_error` and logs each `file: reason` at warn, once per change. A poller that loaded the
 /// start-up config carries on from what it saw then, so a change made in between is not missed.
 ///
+/// `reload_now` (SIGHUP) makes it look at once and load a change without waiting for it to
+/// settle: the operator says the files are complete.
+///
 /// Must be called within a tokio runtime.
-pub fn spawn_watcher(poller: Poller, handle: ConfigHandle, interval: Duration) -> WatchGuard {
+pub fn spawn_watcher(
+    poller: Poller,
+    handle: ConfigHandle,
+    interval: Duration,
+    reload_now: Arc<tokio::sync::Notify>,
+) -> WatchGuard {
     let poller = Arc::new(Mutex::new(poller));
     let task = tokio::spawn(async move {
         let mut ticker = tokio::time::interval(interval);
@@ -86,17 +103,25 @@ pub fn spawn_watcher(poller: Poller, handle: ConfigHandle, interval: Duration) -
             // The tick's scheduled instant, not the moment the task ran: a settle period that is
             // a multiple of the interval then ends exactly on a tick instead of missing it by
             // microseconds and waiting one more. (The runtime's clock, so tests can pause it.)
-            let now = ticker.tick().await.into_std();
+            let (now, forced) = tokio::select! {
+                at = ticker.tick() => (at.into_std(), false),
+                () = reload_now.notified() => (tokio::time::Instant::now().into_std(), true),
+            };
             let poller = Arc::clone(&poller);
             // File I/O and parsing block; keep them off the runtime's worker threads. A poll
             // that panicked left the poller consistent enough to look again next tick.
             let polled = tokio::task::spawn_blocking(move || {
-                poller
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .poll(now)
+                let mut poller = poller.lock().unwrap_or_else(PoisonError::into_inner);
+                if forced {
+                    poller.poll_now(now)
+                } else {
+                    poller.poll(now)
+                }
             })
             .await;
+            if forced && matches!(polled, Ok(None)) {
+                tracing::info!("SIGHUP: the config files are unchanged");
+            }
             match polled {
                 Ok(Some(Ok(cfg))) => {
                     let domains = cfg.domain_count();
