@@ -14,7 +14,7 @@ use sluice::descriptor::Entry;
 use sluice::limiter::{Algorithm, Unit};
 
 use crate::mutate::{apply, mutations, raw_bytes};
-use crate::support::{proptest_config, timed};
+use crate::support::{load_options, proptest_config, timed};
 
 /// Syntax a mutation may insert: YAML indicators, anchors and aliases, tags, odd scalars, and
 /// the config's own keys.
@@ -387,9 +387,7 @@ pub fn check_files(files: &[(String, String)], merge: bool, probes: &[Vec<Entry>
     for (name, text) in files {
         check_extensions(name, text);
     }
-    // Built field by field, so options added later keep their defaults here.
-    let mut opts = LoadOptions::default();
-    opts.merge_domain_config = merge;
+    let opts = load_options(merge);
     match parse_files(files, &opts) {
         Ok(cfg) => check_config(&cfg, probes),
         Err(errors) => {

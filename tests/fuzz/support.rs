@@ -51,6 +51,14 @@ pub fn timed<T>(what: &str, case: impl FnOnce() -> T) -> T {
     out
 }
 
+/// Load options with MERGE_DOMAIN_CONFIG as given (the one place to touch when options are
+/// added).
+pub fn load_options(merge_domain_config: bool) -> LoadOptions {
+    LoadOptions {
+        merge_domain_config,
+    }
+}
+
 /// A config for the service targets: a plain limit, a nested one, a wildcard with
 /// `share_threshold`, every algorithm, an unlimited entry and metadata, so decoded requests reach
 /// every kind of rule.

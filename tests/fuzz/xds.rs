@@ -15,14 +15,12 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 use proptest::prelude::*;
 use prost::Message;
 use serde_yaml_ng::{Mapping, Value as Yaml};
-use sluice::config::{
-    ConfigErrors, LoadOptions, RateLimitConfig as Config, build_raw, parse_files,
-};
+use sluice::config::{ConfigErrors, RateLimitConfig as Config, build_raw, parse_files};
 use sluice::xds::TYPE_URL;
 use sluice::xds::convert::decode;
 
 use crate::mutate::{apply, mutations, raw_bytes};
-use crate::support::{proptest_config, timed};
+use crate::support::{load_options, proptest_config, timed};
 
 /// Protobuf syntax a mutation may insert: tags of the config's fields, a Struct's, varints.
 const TOKENS: &[&[u8]] = &[
@@ -154,10 +152,13 @@ fn resource() -> impl Strategy<Value = RateLimitConfig> {
         })
 }
 
-/// The oracle's YAML for a `Struct`: every number as a float, keys in any order.
+/// The oracle's YAML for a `Struct`: every number as a float, keys sorted (a Struct has no
+/// order; sorted is the one Sluice documents, and it decides which bad number is reported).
 fn struct_yaml(s: &Struct) -> Yaml {
+    let mut fields: Vec<_> = s.fields.iter().collect();
+    fields.sort_by(|a, b| a.0.cmp(b.0));
     let mut m = Mapping::new();
-    for (k, v) in &s.fields {
+    for (k, v) in fields {
         m.insert(Yaml::String(k.clone()), value_yaml(v));
     }
     Yaml::Mapping(m)
@@ -249,8 +250,7 @@ fn errors_name(errors: &ConfigErrors, names: &[String]) {
 
 /// The check for one xDS response's resources.
 pub fn check_resources(resources: &[Any], merge: bool) {
-    let mut opts = LoadOptions::default();
-    opts.merge_domain_config = merge;
+    let opts = load_options(merge);
     let decoded = decode(resources);
     // What prost makes of each resource, independently of the code under test.
     let configs: Vec<Option<RateLimitConfig>> = resources
