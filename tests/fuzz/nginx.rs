@@ -258,7 +258,7 @@ pub fn check_endpoint(headers: &HeaderMap) {
 
 /// Header values from raw bytes; those `HeaderValue` refuses are left out, as no HTTP
 /// parser would hand them over.
-fn raw_headers(values: &[(&'static str, Vec<u8>)]) -> HeaderMap {
+pub fn raw_headers(values: &[(&'static str, Vec<u8>)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (name, bytes) in values {
         if let Ok(v) = HeaderValue::from_bytes(bytes) {
