@@ -1209,6 +1209,11 @@ mod tests {
         assert_eq!(addend("\"18446744073709551615\""), Ok(Some(u64::MAX)));
         assert_eq!(addend("7"), Ok(Some(7)));
         assert_eq!(addend("null"), Ok(None));
+        // Exactly, up to 2^53: serde_json's default float parsing rounds twice and made these
+        // 9007199254740990 (found by tests/fuzz), hence its float_roundtrip feature.
+        assert_eq!(addend("9007199254740991.0"), Ok(Some((1 << 53) - 1)));
+        assert_eq!(addend("\"9007199254740991.0\""), Ok(Some((1 << 53) - 1)));
+        assert_eq!(addend("90071992547409.91e2"), Ok(Some((1 << 53) - 1)));
     }
 
     #[test]

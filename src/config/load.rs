@@ -192,7 +192,7 @@ pub fn envoy_extensions(
 /// [`envoy_extensions`] for one file's text.
 pub fn envoy_extensions_in(name: &str, text: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let Ok(mut value) = serde_yaml_ng::from_str::<Yaml>(text) else {
+    let Ok(mut value) = super::yaml::parse(text) else {
         return out;
     };
     if value.apply_merge().is_err() {

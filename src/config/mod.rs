@@ -3,6 +3,8 @@
 //!
 //! The pipeline, one module per stage:
 //!
+//! - [`yaml`]: YAML text -> a generic value, refusing documents whose aliases expand them past
+//!   what a file of their size could hold (the "billion laughs").
 //! - [`raw`]: parses one file. The YAML is first walked generically (unknown keys, non-string
 //!   keys, list elements that are not maps, unsupported scalar types), then deserialised into
 //!   raw serde types. Both steps report envoyproxy/ratelimit's exact error messages, in its
@@ -29,6 +31,7 @@ pub mod load;
 pub mod poll;
 pub mod raw;
 pub mod watch;
+pub mod yaml;
 
 pub use compile::{Block, Domain, Limit, Matched, RateLimitConfig, Rule};
 pub use load::{

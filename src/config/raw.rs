@@ -112,8 +112,8 @@ pub struct RawReplaces {
 
 /// Parses one file's text. The error is the message only; the caller prefixes the file name.
 pub fn parse(text: &str) -> Result<RawRoot, String> {
-    let mut value: Value =
-        serde_yaml_ng::from_str(text).map_err(|e| format!("error loading config file: {e}"))?;
+    let mut value =
+        super::yaml::parse(text).map_err(|e| format!("error loading config file: {e}"))?;
     // go-yaml resolves `<<` merge keys while decoding; without this the walk below would
     // report `unknown key '<<'` for configs the Go service accepts.
     value

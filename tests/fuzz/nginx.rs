@@ -1,0 +1,327 @@
+//! `/nginx`: the `X-Sluice-*` headers of an `auth_request` subrequest -> the domain request
+//! (`api::nginx::request_from_headers`), and the endpoint's answer.
+//!
+//! Generated requests (any text, percent-encoded; values taken from other headers with
+//! `@Header`, present or not) are written as nginx would send them, in one header line or
+//! several, so parsing must give them back. Mutated and raw header values must parse into a
+//! well-formed request or be refused with a reason naming the header; the endpoint answers
+//! 200/403 with `RateLimit-*` numbers, or 400 with the parser's reason.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use proptest::prelude::*;
+use sluice::api::nginx::{
+    DESCRIPTOR_HEADER, DOMAIN_HEADER, HITS_ADDEND_HEADER, LIMIT, REMAINING, RESET,
+    request_from_headers,
+};
+use sluice::descriptor::{Descriptor, Entry};
+
+use crate::mutate::{apply, mutations, raw_bytes};
+use crate::support::{
+    SERVICE_DOMAIN, exchange, http_router, proptest_config, runtime, service, timed,
+};
+
+/// Header syntax a mutation may insert.
+const TOKENS: &[&[u8]] = &[
+    b",",
+    b"&",
+    b"=",
+    b"%",
+    b"%2",
+    b"%zz",
+    b"%ff",
+    b"%c3%28",
+    b"%00",
+    b"@",
+    b"@x-c-a",
+    b"@bad name",
+    b" ",
+    b"\t",
+    b"k=v",
+    b"4294967296",
+    b"-1",
+    b"+1",
+    b"\xff",
+    b"\xc3\xa9",
+];
+
+/// A value the descriptor carries: literal text, or another header of the subrequest.
+#[derive(Clone, Debug)]
+enum Source {
+    Literal(String),
+    /// `@x-c-<name>`; the header's values (none: the header is absent).
+    Header(String, Vec<Vec<u8>>),
+}
+
+#[derive(Clone, Debug)]
+struct Model {
+    domain: String,
+    descriptors: Vec<Vec<(String, Source)>>,
+    hits_addend: Option<u32>,
+    /// Layout choices: separators, case of hex digits, one header line per descriptor.
+    seed: u64,
+}
+
+/// Bytes a header value may hold (`HeaderValue::from_bytes` refuses controls but tab).
+fn header_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let byte = prop_oneof![Just(b'\t'), 0x20u8..0x7f, 0x80u8..=0xff];
+    proptest::collection::vec(byte, 0..8)
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z0-9]{1,4}",
+        "\\PC{1,6}",
+        ".{1,4}",
+        Just("@x".to_owned()),
+        Just(" , & = % ".to_owned()),
+    ]
+}
+
+fn source() -> impl Strategy<Value = Source> {
+    prop_oneof![
+        3 => prop_oneof![Just(String::new()), text()].prop_map(Source::Literal),
+        1 => ("[a-z][a-z0-9-]{0,6}", proptest::collection::vec(header_bytes(), 0..3))
+            .prop_map(|(name, values)| Source::Header(format!("x-c-{name}"), values)),
+    ]
+}
+
+fn model() -> impl Strategy<Value = Model> {
+    let entry = (text(), source());
+    (
+        prop_oneof![3 => Just(SERVICE_DOMAIN.to_owned()), 1 => text()],
+        proptest::collection::vec(proptest::collection::vec(entry, 1..4), 1..5),
+        proptest::option::of(prop_oneof![0u32..4, any::<u32>(), Just(u32::MAX)]),
+        any::<u64>(),
+    )
+        .prop_map(|(domain, descriptors, hits_addend, seed)| Model {
+            domain,
+            descriptors,
+            hits_addend,
+            seed,
+        })
+}
+
+/// Percent-encodes all but a few plain bytes; `upper` picks the hex digits' case.
+fn encode(s: &str, upper: bool) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~*:/".contains(&b) {
+            out.push(char::from(b));
+        } else if upper {
+            out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push_str(&format!("%{b:02x}"));
+        }
+    }
+    out
+}
+
+/// The subrequest's headers for a model, as nginx would send them.
+fn headers(m: &Model) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    let bit = |i: u32| m.seed >> i & 1 == 1;
+    let value = |s: String| HeaderValue::from_str(&s).expect("ASCII");
+    h.append(
+        DOMAIN_HEADER,
+        value(format!(" {} ", encode(&m.domain, bit(0)))),
+    );
+    let mut items = Vec::new();
+    for (i, entries) in m.descriptors.iter().enumerate() {
+        let mut parts = Vec::new();
+        for (key, source) in entries {
+            let v = match source {
+                Source::Literal(s) => encode(s, bit(1)),
+                Source::Header(name, values) => {
+                    for v in values {
+                        let v = HeaderValue::from_bytes(v).expect("valid header bytes");
+                        h.append(HeaderName::from_bytes(name.as_bytes()).expect("a name"), v);
+                    }
+                    format!("@{name}")
+                }
+            };
+            parts.push(format!("{}={v}", encode(key, bit(2))));
+        }
+        items.push(parts.join(if bit(3) { " & " } else { "&" }));
+        // A new header line now and then instead of a comma.
+        if bit(4 + i as u32 % 32) || i + 1 == m.descriptors.len() {
+            h.append(DESCRIPTOR_HEADER, value(items.join(" ,")));
+            items.clear();
+        }
+    }
+    if let Some(n) = m.hits_addend {
+        h.append(HITS_ADDEND_HEADER, value(format!("{n} ")));
+    }
+    h
+}
+
+/// What parsing the model's headers must give: descriptors naming an absent header left out.
+fn expected(m: &Model) -> Vec<Descriptor> {
+    let mut out = Vec::new();
+    'descriptors: for entries in &m.descriptors {
+        let mut d = Descriptor::default();
+        for (key, source) in entries {
+            let value = match source {
+                Source::Literal(s) => s.clone(),
+                Source::Header(name, _) => {
+                    // Values of every entry naming this header, in the order they were added.
+                    let all: Vec<&Vec<u8>> = m
+                        .descriptors
+                        .iter()
+                        .flatten()
+                        .filter_map(|(_, s)| match s {
+                            Source::Header(n, values) if n == name => Some(values),
+                            _ => None,
+                        })
+                        .flatten()
+                        .collect();
+                    if all.is_empty() {
+                        continue 'descriptors;
+                    }
+                    let lossy: Vec<String> = all
+                        .iter()
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .collect();
+                    lossy.join(",")
+                }
+            };
+            d.entries.push(Entry::new(key.clone(), value));
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// The byte cap `/nginx` applies to the `X-Sluice-*` headers here (SLUICE_MAX_REQUEST_BYTES),
+/// as the endpoint below applies it.
+const NGINX_MAX_BYTES: usize = 64 * 1024;
+
+/// A parsed request is well formed, a refusal names the header or the byte cap.
+fn check_parse(headers: &HeaderMap) {
+    match request_from_headers(headers, NGINX_MAX_BYTES) {
+        Ok(r) => {
+            assert!(!r.domain.is_empty());
+            for d in &r.descriptors {
+                assert!(!d.entries.is_empty());
+                assert!(d.entries.iter().all(|e| !e.key.is_empty()));
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("X-Sluice-") || message.contains("SLUICE_MAX_REQUEST_BYTES"),
+                "{message}"
+            );
+        }
+    }
+}
+
+thread_local! {
+    static HTTP: (tokio::runtime::Runtime, std::cell::RefCell<axum::Router>) =
+        (runtime(), std::cell::RefCell::new(http_router(service(100_000), 64 * 1024)));
+}
+
+/// The endpoint's answer agrees with the parser, and its numbers are numbers.
+pub fn check_endpoint(headers: &HeaderMap) {
+    check_parse(headers);
+    let parsed = request_from_headers(headers, NGINX_MAX_BYTES);
+    let mut request = Request::get("/nginx")
+        .body(Body::empty())
+        .expect("a request");
+    *request.headers_mut() = headers.clone();
+    let (status, answer_headers, body) = HTTP.with(|(rt, router)| {
+        let mut router = router.borrow_mut();
+        rt.block_on(exchange(&mut router, request))
+    });
+    let text = String::from_utf8_lossy(&body);
+    let number = |name: &str| {
+        answer_headers
+            .get(name)
+            .map(|v| v.to_str().ok().and_then(|s| s.parse::<u64>().ok()))
+    };
+    match status {
+        StatusCode::OK | StatusCode::FORBIDDEN => {
+            assert!(parsed.is_ok(), "answered {status} to {parsed:?}");
+            for name in [LIMIT, REMAINING, RESET] {
+                assert_ne!(number(name), Some(None), "{name} is not a number");
+            }
+            if status == StatusCode::FORBIDDEN {
+                assert!(
+                    matches!(number("retry-after"), Some(Some(_))),
+                    "no Retry-After"
+                );
+            }
+        }
+        StatusCode::BAD_REQUEST => {
+            assert!(!text.trim().is_empty(), "400 without a reason");
+            if let Err(e) = parsed {
+                assert_eq!(text, format!("{e}\n"));
+            }
+        }
+        StatusCode::INTERNAL_SERVER_ERROR => assert!(!text.trim().is_empty()),
+        other => panic!("/nginx answered {other}: {text}"),
+    }
+}
+
+/// Header values from raw bytes; those `HeaderValue` refuses are left out, as no HTTP
+/// parser would hand them over.
+pub fn raw_headers(values: &[(&'static str, Vec<u8>)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (name, bytes) in values {
+        if let Ok(v) = HeaderValue::from_bytes(bytes) {
+            h.append(*name, v);
+        }
+    }
+    h
+}
+
+proptest! {
+    #![proptest_config(proptest_config(512, "proptest-regressions/fuzz/nginx.txt"))]
+
+    #[test]
+    fn written_headers_parse_back(m in model()) {
+        let h = headers(&m);
+        let r = request_from_headers(&h, NGINX_MAX_BYTES).expect("parses");
+        prop_assert_eq!(&r.domain, &m.domain);
+        prop_assert_eq!(r.hits_addend, m.hits_addend.unwrap_or(0));
+        prop_assert_eq!(r.descriptors, expected(&m));
+        timed("nginx written", || check_endpoint(&h));
+    }
+
+    #[test]
+    fn mutated_headers_parse_or_name_the_header(
+        m in model(),
+        edits in proptest::collection::vec(mutations(4), 3),
+    ) {
+        let h = headers(&m);
+        let mut values = Vec::new();
+        for (name, edits) in [DOMAIN_HEADER, DESCRIPTOR_HEADER, HITS_ADDEND_HEADER].iter().zip(&edits) {
+            for v in h.get_all(*name) {
+                let mut bytes = v.as_bytes().to_vec();
+                apply(&mut bytes, edits, TOKENS);
+                values.push((*name, bytes));
+            }
+        }
+        let mut mutated = raw_headers(&values);
+        for (name, v) in &h {
+            if !name.as_str().starts_with("x-sluice-") {
+                mutated.append(name.clone(), v.clone());
+            }
+        }
+        timed("nginx mutated", || check_endpoint(&mutated));
+    }
+
+    #[test]
+    fn raw_headers_parse_or_name_the_header(
+        domain in proptest::option::of(raw_bytes(64)),
+        descriptors in proptest::collection::vec(raw_bytes(256), 0..3),
+        hits in proptest::option::of(raw_bytes(16)),
+    ) {
+        let mut values: Vec<(&'static str, Vec<u8>)> = Vec::new();
+        values.extend(domain.map(|d| (DOMAIN_HEADER, d)));
+        values.extend(descriptors.into_iter().map(|d| (DESCRIPTOR_HEADER, d)));
+        values.extend(hits.map(|n| (HITS_ADDEND_HEADER, n)));
+        let h = raw_headers(&values);
+        timed("nginx raw", || check_endpoint(&h));
+    }
+}
