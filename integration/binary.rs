@@ -484,8 +484,7 @@ fn runtime_layout_reloads_on_a_configmap_swap_and_keeps_serving_on_a_bad_one() {
 
 #[test]
 fn sigterm_fails_health_then_exits_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("ok.yaml"), GOOD);
+    let dir = config_dir();
     let mut server = start(|c| {
         c.arg("--config")
             .arg(dir.path())
@@ -519,8 +518,7 @@ fn exit_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 
 #[test]
 fn sighup_loads_the_config_files_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("ok.yaml"), GOOD);
+    let dir = config_dir();
     // Polling once a minute: only SIGHUP can make the change visible within the test.
     let server = start(|c| {
         c.arg("--config")
@@ -555,8 +553,7 @@ fn sighup_loads_the_config_files_at_once() {
 
 #[test]
 fn a_second_sigterm_ends_the_drain_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("ok.yaml"), GOOD);
+    let dir = config_dir();
     let mut server = start(|c| {
         c.arg("--config")
             .arg(dir.path())
@@ -591,7 +588,7 @@ mod grpc_tls {
     use super::*;
 
     use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+    use tonic::transport::{Channel, Endpoint};
 
     pub fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
@@ -610,22 +607,7 @@ mod grpc_tls {
 
     /// Connects over TLS; `Err` if the connection or handshake fails.
     pub async fn connect(port: u16, client: &Client<'_>) -> Result<Channel, String> {
-        let mut tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(std::fs::read(client.ca).unwrap()))
-            .domain_name(client.name);
-        if let Some(leaf) = client.identity {
-            tls = tls.identity(Identity::from_pem(
-                std::fs::read(&leaf.cert).unwrap(),
-                std::fs::read(&leaf.key).unwrap(),
-            ));
-        }
-        let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(5))
-            .tls_config(tls)
-            .map_err(|e| e.to_string())?;
-        endpoint.connect().await.map_err(|e| format!("{e:?}"))
+        pki::tls_channel(port, client.ca, client.name, client.identity).await
     }
 
     /// One ShouldRateLimit call for `d`/`k`; the limit it reports, or the error.

@@ -607,7 +607,7 @@ mod peer_tls {
     use sluice::cluster::peer::{APPLY_PATH, ApplyRequest, ApplyResponse, PeerDecision, PeerHit};
     use sluice::limiter::{Algorithm, Quota, Unit};
     use sluice::store::Hit;
-    use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+    use tonic::transport::{Channel, Endpoint};
 
     /// The name on the certificate every replica shares, as a cert-manager Certificate for the
     /// headless Service gives it.
@@ -682,24 +682,7 @@ mod peer_tls {
         identity: Option<&pki::Leaf>,
         hits: Vec<PeerHit>,
     ) -> Result<Vec<PeerDecision>, String> {
-        let mut tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()))
-            .domain_name(SAN);
-        if let Some(leaf) = identity {
-            tls = tls.identity(Identity::from_pem(
-                std::fs::read(&leaf.cert).unwrap(),
-                std::fs::read(&leaf.key).unwrap(),
-            ));
-        }
-        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(5))
-            .tls_config(tls)
-            .map_err(|e| e.to_string())?
-            .connect()
-            .await
-            .map_err(|e| format!("{e:?}"))?;
+        let channel = pki::tls_channel(port, ca, SAN, identity).await?;
         apply(channel, hits).await
     }
 

@@ -75,3 +75,33 @@ impl TestPki {
         leaf
     }
 }
+
+/// A gRPC channel to 127.0.0.1:`port` over TLS, trusting `ca`, expecting the server's
+/// certificate to carry `name`, and presenting `identity` if given; `Err` if the connection or
+/// the handshake fails. Calls on it time out after 5 s.
+pub async fn tls_channel(
+    port: u16,
+    ca: &Path,
+    name: &str,
+    identity: Option<&Leaf>,
+) -> Result<tonic::transport::Channel, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap()))
+        .domain_name(name);
+    if let Some(leaf) = identity {
+        tls = tls.identity(Identity::from_pem(
+            std::fs::read(&leaf.cert).unwrap(),
+            std::fs::read(&leaf.key).unwrap(),
+        ));
+    }
+    Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(5))
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))
+}

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use http::{Request, Response};
-use http_body::Body;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
@@ -17,7 +15,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use super::accept::Io;
-use super::guard::{BoxError, ConnActivity, Guard, PortGuard, RequestBody};
+use super::guard::{ConnActivity, Guard, PortGuard, Served};
 use super::{ConnectionAge, Limits};
 use crate::telemetry::LogLimiter;
 
@@ -41,24 +39,13 @@ enum Closing {
 
 /// Serves one accepted connection until it closes. `permit` holds its slot under
 /// SLUICE_MAX_CONNECTIONS; `stop` turns true when the listener stops.
-pub(super) async fn serve<S, B>(
+pub(super) async fn serve<S: Served>(
     io: Io,
     permit: OwnedSemaphorePermit,
     shared: Arc<ConnShared>,
     service: S,
     mut stop: watch::Receiver<bool>,
-) where
-    S: tower_service::Service<
-            Request<RequestBody>,
-            Response = Response<B>,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = bytes::Bytes> + Send + Unpin + 'static,
-    B::Error: Into<BoxError>,
-{
+) {
     let _permit = permit;
     let stats = &shared.guard.stats;
     stats.connections.fetch_add(1, Ordering::Relaxed);

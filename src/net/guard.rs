@@ -157,17 +157,41 @@ pub(super) struct Guard<S> {
     pub(super) conn: Arc<ConnActivity>,
 }
 
-impl<S, B> tower_service::Service<Request<Incoming>> for Guard<S>
+/// What a listener serves (tonic's `Routes`, an axum `Router`, the peer service): a cloneable
+/// service of guarded requests whose failures are responses, never errors, and which is always
+/// ready (so `call` needs no `poll_ready` first: true of all three).
+pub trait Served: Clone + Send + 'static {
+    type Body: ResponseBody;
+    type Future: Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
+    fn serve(&mut self, request: Request<RequestBody>) -> Self::Future;
+}
+
+impl<S, B> Served for S
 where
     S: tower_service::Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
         + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: ResponseBody,
 {
-    type Response = GuardedResponse<B>;
+    type Body = B;
+    type Future = S::Future;
+    fn serve(&mut self, request: Request<RequestBody>) -> S::Future {
+        self.call(request)
+    }
+}
+
+/// The body of a served response.
+pub trait ResponseBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static {}
+
+impl<B> ResponseBody for B where
+    B: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
+{
+}
+
+impl<S: Served> tower_service::Service<Request<Incoming>> for Guard<S> {
+    type Response = GuardedResponse<S::Body>;
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
@@ -205,7 +229,7 @@ where
         });
         let mut inner = self.inner.clone();
         Box::pin(async move {
-            match tokio::time::timeout(deadline, inner.call(request)).await {
+            match tokio::time::timeout(deadline, inner.serve(request)).await {
                 Ok(Ok(response)) => {
                     Ok(response.map(|b| Tracked::new(Either::Left(b), Some(inflight))))
                 }

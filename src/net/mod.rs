@@ -21,13 +21,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
-use http_body::Body;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 pub use accept::{Io, Listener};
-pub use guard::{BoxError, ByteBudget, PortGuard, PortStats, RequestBody};
+pub use guard::{BoxError, ByteBudget, PortGuard, PortStats, RequestBody, ResponseBody, Served};
 
 use crate::telemetry::LogLimiter;
 
@@ -189,23 +187,12 @@ impl Port {
     /// Accepts and serves connections until `shutdown` completes; then stops accepting (the
     /// listening socket is closed), closes every connection gracefully and returns once they
     /// are all gone. Callers bound that wait (SLUICE_DRAIN_TIMEOUT_SECS).
-    pub async fn serve<S, B>(
+    pub async fn serve<S: Served>(
         self,
         listener: impl Into<Listener>,
         service: S,
         shutdown: impl Future<Output = ()>,
-    ) where
-        S: tower_service::Service<
-                Request<RequestBody>,
-                Response = Response<B>,
-                Error = std::convert::Infallible,
-            > + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: Body<Data = bytes::Bytes> + Send + Unpin + 'static,
-        B::Error: Into<BoxError>,
-    {
+    ) {
         let mut acceptor =
             accept::Acceptor::new(listener.into(), self.limits.max_connections, self.name);
         let shared = Arc::new(conn::ConnShared {

@@ -401,8 +401,7 @@ fn render_listeners(out: &mut String, extra: &Extra) {
     if extra.listeners.is_empty() {
         return;
     }
-    type Field = fn(&ListenerGauges) -> u64;
-    let gauges: [(&str, &str, &str, Field); 3] = [
+    let families: [Family<ListenerGauges>; 3] = [
         (
             "sluice_listener_connections",
             "gauge",
@@ -422,12 +421,7 @@ fn render_listeners(out: &mut String, extra: &Extra) {
             |l| l.idle_closed,
         ),
     ];
-    for (name, kind, help, field) in gauges {
-        header(out, name, kind, help);
-        for l in &extra.listeners {
-            sample(out, name, &[("port", l.port)], field(l));
-        }
-    }
+    per_item(out, &families, &extra.listeners, |l| ("port", l.port));
     let name = "sluice_listener_refused_total";
     header(
         out,
@@ -457,13 +451,7 @@ fn redis_breakers(out: &mut String, breakers: &[RedisGauges]) {
     if breakers.is_empty() {
         return;
     }
-    type Family = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&RedisGauges) -> u64,
-    );
-    let families: [Family; 3] = [
+    let families: [Family<RedisGauges>; 3] = [
         (
             "sluice_redis_up",
             "gauge",
@@ -483,10 +471,23 @@ fn redis_breakers(out: &mut String, breakers: &[RedisGauges]) {
             |b| b.fast_failures,
         ),
     ];
+    per_item(out, &families, breakers, |b| ("target", b.target));
+}
+
+/// A family of series: its name, type, help, and how to read an item's value.
+type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
+/// Each family, with one sample per item, labelled by `label` (a listener's port, a Redis).
+fn per_item<T>(
+    out: &mut String,
+    families: &[Family<T>],
+    items: &[T],
+    label: impl Fn(&T) -> (&'static str, &str),
+) {
     for (name, kind, help, value) in families {
         header(out, name, kind, help);
-        for b in breakers {
-            sample(out, name, &[("target", b.target)], value(b));
+        for item in items {
+            sample(out, name, &[label(item)], value(item));
         }
     }
 }
