@@ -209,6 +209,7 @@ def check_deployment(label, docs, values):
         f" delay >= readiness failing time {period}s",
         pod["terminationGracePeriodSeconds"] > delay + drain and delay >= period,
     )
+    check_memory_budget(label, c, env)
     spread = pod.get("topologySpreadConstraints", [])
     check(
         f"{label}: topology spread over zones and nodes",
@@ -282,6 +283,38 @@ def check_deployment(label, docs, values):
             and [p["name"] for p in metrics_svcs[0]["spec"]["ports"]] == ["debug"],
             yaml.safe_dump(sm),
         )
+
+
+# What one more connection or request in flight costs at worst, measured by
+# bench/listener_memory.py (docs/hardening.md): an idle HTTP/2 connection, a gRPC call waiting
+# for its message; and the process itself, before any client.
+CONNECTION_BYTES = 16_518
+INFLIGHT_BYTES = 9_821
+PROCESS_BYTES = 16 * 1024 * 1024
+
+
+def quantity(q):
+    """A Kubernetes memory quantity in bytes ("384Mi", "1G", "268435456")."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "K": 10**3, "M": 10**6, "G": 10**9}
+    for suffix, factor in units.items():
+        if str(q).endswith(suffix):
+            return int(float(str(q)[: -len(suffix)]) * factor)
+    return int(q)
+
+
+def check_memory_budget(label, c, env):
+    """The worst the listener limits and the counter budget allow fits the memory limit, so a
+    flood gets refusals, not an OOM-killed pod."""
+    limit = c.get("resources", {}).get("limits", {}).get("memory")
+    if limit is None:
+        return
+    listeners = 3 + ("PEER_PORT" in env) + (env.get("USE_PROMETHEUS", {}).get("value") == "true")
+    per_listener = (int(env["SLUICE_MAX_CONNECTIONS"]["value"]) * CONNECTION_BYTES
+                    + int(env["SLUICE_MAX_INFLIGHT_REQUESTS"]["value"]) * INFLIGHT_BYTES)
+    worst = (int(env["SLUICE_MAX_COUNTER_BYTES"]["value"]) + listeners * per_listener
+             + int(env["SLUICE_MAX_PENDING_REQUEST_BYTES"]["value"]) + PROCESS_BYTES)
+    check(f"{label}: the worst case the limits allow ({worst / 2**20:.0f}Mi over {listeners} listeners) "
+          f"fits the memory limit ({limit})", worst <= quantity(limit))
 
 
 def secret_ref(env, name):
@@ -813,6 +846,12 @@ def main():
         ("env sets a peer TLS variable", {"env": {"SLUICE_PEER_TLS": "false"}}, ["env.SLUICE_PEER_TLS is set by the chart"]),
         ("maxCounterBytes below one counter of the longest key", {"maxCounterBytes": 4096},
          ["/maxCounterBytes", "minimum"]),
+        ("listeners.maxConnections: 0", {"listeners": {"maxConnections": 0}},
+         ["/listeners/maxConnections", "minimum"]),
+        ("listeners misspelt key", {"listeners": {"maxConnection": 10}},
+         ["/listeners", "'maxConnection' not allowed"]),
+        ("env sets a listener limit", {"env": {"SLUICE_MAX_CONNECTIONS": "10"}},
+         ["env.SLUICE_MAX_CONNECTIONS is set by the chart"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
