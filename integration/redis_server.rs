@@ -113,6 +113,18 @@ impl RedisServer {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the server: `STOP` stalls it the way a long fork or
+    /// a partition does, its clients' connections open and unanswered.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server is running").id();
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
     /// One `redis-cli` command; its output, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")

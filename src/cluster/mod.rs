@@ -224,8 +224,15 @@ impl ClusterStore {
         }
         let durable = match &settings.write_behind {
             Some(wb) => {
+                // A take-over load runs inside the forwarded call of a peer whose deadline is
+                // SLUICE_PEER_TIMEOUT_MS (peers share it, as they share PEERS). Past it, the
+                // caller marks this healthy node down and retries on the next owner, which
+                // loads too: a stalled Redis then fails every such hit and moves keys about.
+                // Half the deadline leaves the other half for the call itself.
+                let load_timeout = settings.timeout / 2;
                 let d = Arc::new(
-                    Durable::new(wb, local.clone(), changes.clone()).map_err(|e| e.to_string())?,
+                    Durable::new(wb, local.clone(), changes.clone(), load_timeout)
+                        .map_err(|e| e.to_string())?,
                 );
                 tasks.push(d.spawn_flusher(clock, wb.interval));
                 Some(d)
