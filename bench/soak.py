@@ -100,6 +100,10 @@ def sleep_until(t):
     time.sleep(max(0.0, t - time.time()))
 
 
+def seconds(took):
+    return "never" if took is None else f"{took:.2f} s"
+
+
 def wait_for(predicate, timeout, step=0.05):
     """Seconds until `predicate()` held, or None after `timeout`."""
     start = time.time()
@@ -507,7 +511,7 @@ class PeerKill(Fault):
     def during(self, c, run):
         victim, others = c.peers[1], [c.peers[0], c.peers[2]]
         took = wait_for(lambda: all(p.sees_peers([victim], False) for p in others), 5)
-        run.events.add(self.name, "detected", f"p1 and p3 mark p2 down after {took} s")
+        run.events.add(self.name, "detected", f"p1 and p3 mark p2 down after {seconds(took)}")
         run.probe_all("mid", MID, down=[victim], groups=("cluster",))
         return time.time() + FLUSHED
 
@@ -533,7 +537,7 @@ class PeerKillRedisStop(PeerKill):
     def during(self, c, run):
         victim, others = c.peers[0], c.peers[1:]
         took = wait_for(lambda: all(p.sees_peers([victim], False) for p in others), 5)
-        run.events.add(self.name, "detected", f"p2 and p3 mark p1 down after {took} s")
+        run.events.add(self.name, "detected", f"p2 and p3 mark p1 down after {seconds(took)}")
         c.redis.signal(signal.SIGSTOP)
         run.events.add(self.name, "redis stopped")
         return 0.0
@@ -607,21 +611,22 @@ class ConfigBroken(ConfigRewrite):
 class Flood(Fault):
     """FLOOD_CONNECTIONS on each of p1's HTTP and gRPC ports, held for the fault's length:
     the HTTP ones stop in the middle of their request head, the gRPC ones after the HTTP/2
-    preface, as a stalled or hostile client would."""
+    preface, as a stalled or hostile client would. Held past SLUICE_HEADER_TIMEOUT_MS (10 s)
+    at full length, so the HTTP ones are seen closed by the node."""
 
-    name = "flood"
+    name, duration = "flood", FAULT * 1.5
 
     def inject(self, c):
-        self.socks = []
+        self.socks = []  # (port name, socket)
         p1 = c.peers[0]
-        for port, first in ((p1.http, b"GET / HTTP/1.1\r\nHost: soak\r\nX-Slow: "),
-                            (p1.grpc, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")):
+        for name, port, first in (("HTTP", p1.http, b"GET / HTTP/1.1\r\nHost: soak\r\nX-Slow: "),
+                                  ("gRPC", p1.grpc, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")):
             for _ in range(FLOOD_CONNECTIONS):
                 try:
                     s = socket.create_connection(("127.0.0.1", port), timeout=2)
                     s.sendall(first)
                     s.setblocking(False)
-                    self.socks.append(s)
+                    self.socks.append((name, s))
                 except OSError:
                     break
 
@@ -630,11 +635,12 @@ class Flood(Fault):
         return 0.0
 
     def heal(self, c):
-        closed = sum(1 for s in self.socks if server_closed(s))
-        for s in self.socks:
+        closed = collections.Counter(name for name, s in self.socks if server_closed(s))
+        opened = collections.Counter(name for name, _ in self.socks)
+        for _, s in self.socks:
             s.close()
-        self.closed = closed
-        c.events.add(self.name, "released", f"{closed} of {len(self.socks)} already closed by p1")
+        c.events.add(self.name, "released", ", ".join(
+            f"{name}: {closed[name]} of {n} already closed by p1" for name, n in opened.items()))
 
     def healed(self, c):
         return c.peers[0].answers_ok()
@@ -749,7 +755,7 @@ class Soak:
         took = wait_for(lambda: fault.healed(self.c), max(10.0, SLOT / 2))
         window["recovered_ms"], window["recovery_s"] = now_ms(), took
         self.events.add(self.slot, "recovered" if took is not None else "NOT RECOVERED",
-                        f"{took:.2f} s after the repair" if took is not None else "")
+                        f"{seconds(took)} after the repair")
         if isinstance(fault, ConfigRewrite):
             after = self.c.config_loads()
             self.events.add(self.slot, "config loads", ", ".join(
