@@ -2,8 +2,9 @@
 """Sluice's soak and chaos run (issue 14, item 10). Not CI: `bench/soak.sh` builds and runs it.
 
     bench/soak.sh                          # 10 minutes; bench/results/soak.md and soak-*.csv
-    BENCH_SOAK_QUICK=1 bench/soak.sh       # about 80 s, to try it; bench/results-quick/
+    BENCH_SOAK_QUICK=1 bench/soak.sh       # about 70 s, to try it; bench/results-quick/
     BENCH_SOAK_SECONDS=300 bench/soak.sh   # any length: always eleven slots, one per fault
+    bench/soak.sh --repeat-flood 12        # only the flood, 12 times, no load: RSS after each
 
 Topology (all on 127.0.0.1, free ports): one redis-server (persistence off); three Sluice peers
 p1-p3 (PEERS, forward mode, SLUICE_PEER_WRITE_BEHIND to that Redis); one Sluice on the Redis
@@ -954,13 +955,38 @@ def cpu_model():
     return "?"
 
 
+def repeat_floods(soak, n):
+    """The flood slot's fault n times on p1 (held 2 s, 2 s apart), no load: p1's RSS after
+    each, to tell memory the allocator keeps for reuse (it levels off) from a leak (it grows
+    with every flood)."""
+    soak.c.start()
+    flood, rss = Flood(), []
+    for _ in range(n):
+        flood.inject(soak.c)
+        time.sleep(2)
+        flood.heal(soak.c)
+        time.sleep(2)
+        status = open(f"/proc/{soak.c.peers[0].pid()}/status").read()
+        rss.append(int(status.split("VmRSS:")[1].split()[0]) // 1024)
+    print(f"p1's RSS after each of {n} floods of {2 * FLOOD_CONNECTIONS} connections (MiB): {rss}")
+    soak.c.shutdown()
+    return 0
+
+
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: soak.py SLUICE_BINARY SOAK_LOAD_BINARY (bench/soak.sh builds both)")
+    args = sys.argv[1:]
+    floods = int(args.pop(1)) if len(args) == 4 and args[0] == "--repeat-flood" else None
+    if floods is not None:
+        args.pop(0)
+    if len(args) != 2:
+        sys.exit("usage: soak.py [--repeat-flood N] SLUICE_BINARY SOAK_LOAD_BINARY "
+                 "(bench/soak.sh builds both and passes its arguments on)")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the flood's connections
-    soak = Soak(os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]))
+    soak = Soak(os.path.abspath(args[0]), os.path.abspath(args[1]))
     try:
+        if floods is not None:
+            sys.exit(repeat_floods(soak, floods))
         soak.run()
         status = report(soak)
     finally:

@@ -5,8 +5,9 @@
 # flooded with connections. Not part of CI. See bench/soak.py for what it checks and reports.
 #
 #   bench/soak.sh                          # 10 minutes; bench/results/soak.md and soak-*.csv
-#   BENCH_SOAK_QUICK=1 bench/soak.sh       # about 80 s, to try it; bench/results-quick/
+#   BENCH_SOAK_QUICK=1 bench/soak.sh       # about 70 s, to try it; bench/results-quick/
 #   BENCH_SOAK_SECONDS=300 bench/soak.sh   # any length (eleven slots, one per fault)
+#   bench/soak.sh --repeat-flood 12        # only the flood, 12 times: RSS after each
 #
 # Environment: BENCH_SOAK_SECONDS, BENCH_SOAK_QUICK, BENCH_SOAK_RATE (requests/s, 600),
 # BENCH_SOAK_DEADLINE_MS (1000), BENCH_OUT, BENCH_SOAK_KEEP=1 (keep logs), CARGO_TARGET_DIR.
@@ -24,4 +25,4 @@ for pkg in redis-server:redis-server nginx:nginx; do
     fi
 done
 cargo build --release --quiet --bin sluice --example soak_load
-exec python3 "$ROOT/bench/soak.py" "$TARGET/release/sluice" "$TARGET/release/examples/soak_load"
+exec python3 "$ROOT/bench/soak.py" "$@" "$TARGET/release/sluice" "$TARGET/release/examples/soak_load"
