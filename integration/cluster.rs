@@ -45,6 +45,8 @@ impl Node {
             .arg(config)
             .env_remove("REDIS_URL")
             .env_remove("BACKEND_TYPE")
+            // Before the test's own variables, which may set another.
+            .env("SLUICE_PEER_TIMEOUT_MS", "300")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("HOST", "127.0.0.1")
             .env("GRPC_HOST", "127.0.0.1")
@@ -55,7 +57,6 @@ impl Node {
             .env("PEERS", peers)
             .env("PEER_PORT", self.peer.to_string())
             .env("PEER_ADVERTISE_ADDRESS", format!("127.0.0.1:{}", self.peer))
-            .env("SLUICE_PEER_TIMEOUT_MS", "300")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -388,6 +389,57 @@ fn with_write_behind_and_redis_down_the_cluster_decides_from_memory() {
     assert!(missed >= 1, "no failed load counted");
 }
 
+#[test]
+fn with_write_behind_a_stalled_redis_costs_forwarded_hits_no_answer_and_marks_no_peer_down() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = RedisServer::start_on(free_port());
+    let mut env = durable_env(&redis);
+    // A Redis deadline far past the peers' (1 s here): a take-over load bounded by
+    // REDIS_TIMEOUT alone outlasts the forwarded call it runs in.
+    env.push(("REDIS_TIMEOUT", "5s".into()));
+    env.push(("SLUICE_PEER_TIMEOUT_MS", "1000".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (_dir, nodes, peers) = three_nodes_with("day", &env);
+    let owner = owner_index(&nodes, &peers);
+    let via = (owner + 1) % 3;
+    // Each node's write-behind connection is up (plus redis-cli's own): a node that never
+    // reached Redis fails its loads at once, which would prove nothing.
+    wait_for(
+        "every node connected to Redis",
+        Duration::from_secs(10),
+        || redis.cli(&["CLIENT", "LIST"]).lines().count() >= 4,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Redis stalls without closing anything (a long fork, a partition). The nodes started
+    // within today's window, so the owner loads d/k before its first hit, inside the call
+    // `via` forwards to it.
+    redis.pause();
+    let started = Instant::now();
+    let answer = http(nodes[via].http, "POST", "/json", BODY);
+    let took = started.elapsed();
+    let stats = http(nodes[via].debug, "GET", "/stats", "");
+    redis.resume();
+
+    // Answered from the owner's memory once the load gave up at half the peer deadline
+    // (500 ms): unbounded, the forward timed out, the owner was marked down and the retry
+    // waited on Redis too (an error, or an answer after REDIS_TIMEOUT).
+    let (status, body) = answer.expect("an answer");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "answered after {took:?}"
+    );
+    let owner_up = format!("sluice.cluster.peer_up.127.0.0.1:{}: 1", nodes[owner].peer);
+    assert!(
+        stats.is_some_and(|(_, b)| b.contains(&owner_up)),
+        "the owner was marked down"
+    );
+    assert_eq!(cluster_stat(&nodes[owner], "durable.load_failures"), 1);
+}
+
 /// The write-behind of one node, against a real Redis, driven by a manual clock.
 mod durable {
     use super::*;
@@ -432,7 +484,7 @@ mod durable {
     fn node(wb: &WriteBehind, started: Timestamp) -> (Arc<MemoryStore>, Arc<RingChanges>, Durable) {
         let local = Arc::new(MemoryStore::new(1000));
         let changes = Arc::new(RingChanges::new(started));
-        let durable = Durable::new(wb, local.clone(), changes.clone()).unwrap();
+        let durable = Durable::new(wb, local.clone(), changes.clone(), wb.redis.timeout).unwrap();
         (local, changes, durable)
     }
 

@@ -16,8 +16,10 @@
 //!   node saw the owner fail first). In a cluster that has not changed since the horizon began,
 //!   a counter with no state has had no hits anywhere, so no load is needed: steady-state keys
 //!   never pay a Redis round trip. Concurrent first hits on one counter share one load; a load
-//!   is bounded by REDIS_TIMEOUT; when Redis fails the hit is answered from local state and
-//!   the failure counted, and loads are skipped for the next second.
+//!   is bounded by REDIS_TIMEOUT or half of SLUICE_PEER_TIMEOUT_MS, whichever is shorter (a
+//!   load runs inside a peer's forwarded call, and a call that outlasts the peer's deadline
+//!   gets this node marked down); when Redis fails or is slower than that, the hit is answered
+//!   from local state and the failure counted, and loads are skipped for the next second.
 //! - **Merging.** A loaded or flushed-back state is merged by taking the larger count per
 //!   window (the later arrival time for a bucket), so nothing is counted twice and nothing is
 //!   lowered. The flush script answers what Redis holds after the write; when that is more than
@@ -173,16 +175,21 @@ pub struct Durable {
     loads: DashMap<Box<str>, Arc<LoadSlot>, foldhash::fast::RandomState>,
     /// Until when (µs) loads are skipped because Redis just failed.
     redis_down_until: AtomicU64,
+    /// The longest a take-over load waits for Redis (see [`Durable::new`]).
+    load_timeout: Duration,
     stats: DurableStats,
     failures: LogLimiter,
 }
 
 impl Durable {
-    /// Connects to Redis (in the background; never waits for it).
+    /// Connects to Redis (in the background; never waits for it). `load_timeout` bounds each
+    /// take-over load, within REDIS_TIMEOUT: the cluster passes half the peers' deadline when
+    /// that is shorter, so an owner loading for a forwarded hit still answers in time.
     pub fn new(
         settings: &WriteBehind,
         local: Arc<MemoryStore>,
         changes: Arc<RingChanges>,
+        load_timeout: Duration,
     ) -> Result<Self, StoreError> {
         Ok(Durable {
             redis: RedisLink::start(&settings.redis, &[WRITE_MAX])?,
@@ -193,6 +200,7 @@ impl Durable {
             dirty: DashMap::default(),
             loads: DashMap::default(),
             redis_down_until: AtomicU64::new(0),
+            load_timeout: load_timeout.min(settings.redis.timeout),
             stats: DurableStats::default(),
             failures: LogLimiter::new(Duration::from_secs(1)),
         })
@@ -325,7 +333,8 @@ impl Durable {
         let (window, keys) = self.keys_now(kind, stem, now);
         let mut pipe = redis::pipe();
         pipe.cmd("MGET").arg(&keys);
-        let values = match self.redis.run(&pipe).await {
+        let reply = tokio::time::timeout(self.load_timeout, self.redis.run(&pipe)).await;
+        let values = match reply.unwrap_or_else(|_| Err(self.load_too_slow())) {
             Ok(reply) => reply.first().map(integers).unwrap_or_default(),
             Err(e) => {
                 self.stats.load_failures.fetch_add(1, Ordering::Relaxed);
@@ -339,6 +348,15 @@ impl Durable {
         self.stats.loads_found.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.local.merge_max(kind, stem, state, now) {
             tracing::debug!(error = %e, "cannot keep a loaded count");
+        }
+    }
+
+    fn load_too_slow(&self) -> StoreError {
+        StoreError::Backend {
+            message: format!(
+                "Redis did not answer a take-over load within {:?} (REDIS_TIMEOUT, or half of SLUICE_PEER_TIMEOUT_MS if shorter)",
+                self.load_timeout
+            ),
         }
     }
 

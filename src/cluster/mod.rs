@@ -224,8 +224,15 @@ impl ClusterStore {
         }
         let durable = match &settings.write_behind {
             Some(wb) => {
+                // A take-over load runs inside the forwarded call of a peer whose deadline is
+                // SLUICE_PEER_TIMEOUT_MS (peers share it, as they share PEERS). Past it, the
+                // caller marks this healthy node down and retries on the next owner, which
+                // loads too: a stalled Redis then fails every such hit and moves keys about.
+                // Half the deadline leaves the other half for the call itself.
+                let load_timeout = settings.timeout / 2;
                 let d = Arc::new(
-                    Durable::new(wb, local.clone(), changes.clone()).map_err(|e| e.to_string())?,
+                    Durable::new(wb, local.clone(), changes.clone(), load_timeout)
+                        .map_err(|e| e.to_string())?,
                 );
                 tasks.push(d.spawn_flusher(clock, wb.interval));
                 Some(d)
@@ -346,8 +353,9 @@ impl ClusterStore {
                         Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
                         Err(e) => {
                             self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
-                            tracing::warn!(peer = members.ring.addr(*owner), error = %e, "peer failed; marking it down");
+                            // One line when the peer goes down, not one per failed forward.
                             if !members.down[*owner].swap(true, Ordering::Relaxed) {
+                                tracing::warn!(peer = members.ring.addr(*owner), error = %e, "peer failed; marking it down");
                                 self.changes.record(now);
                             }
                             Err(None)
