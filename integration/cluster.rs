@@ -646,6 +646,155 @@ mod durable {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The peer protocol's version (proto/sluice/peer/v1/peer.proto): real processes, real sockets.
+
+mod peer_versions {
+    use super::*;
+
+    use sluice::cluster::peer::wire::peer_client::PeerClient;
+    use sluice::cluster::peer::wire::peer_server::{Peer, PeerServer};
+    use sluice::cluster::peer::{ApplyRequest, ApplyResponse, PROTOCOL_VERSION, PeerHit};
+    use sluice::limiter::{Algorithm, Quota, Unit};
+    use sluice::store::Hit;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// `hits` hits on `d`/`k`=`v` at 10 per hour, in protocol `version`.
+    fn request(version: u32, hits: u64) -> ApplyRequest {
+        let quota = Quota {
+            requests_per_unit: 10,
+            unit: Unit::Hour,
+            algorithm: Algorithm::FixedWindow,
+            burst: None,
+        };
+        let hit = PeerHit::from_hit(&Hit {
+            key: "d_k_v_",
+            quota,
+            hits,
+        });
+        ApplyRequest {
+            hits: vec![hit],
+            refund: false,
+            protocol_version: version,
+        }
+    }
+
+    /// One Apply call in clear to the peer port `port`.
+    async fn apply(port: u16, request: ApplyRequest) -> Result<ApplyResponse, tonic::Status> {
+        let mut client = PeerClient::connect(format!("http://127.0.0.1:{port}"))
+            .await
+            .expect("connects");
+        client.apply(request).await.map(tonic::Response::into_inner)
+    }
+
+    #[test]
+    fn a_call_in_another_protocol_version_is_refused_naming_both_and_counts_nothing() {
+        let (_dir, nodes, peers) = three_nodes(&[]);
+        let owner = &nodes[owner_index(&nodes, &peers)];
+        let rt = runtime();
+        // A whole hour's limit in each call: a misread would use it up.
+        for version in [0, PROTOCOL_VERSION + 1, u32::MAX] {
+            let status = rt
+                .block_on(apply(owner.peer, request(version, 10)))
+                .expect_err("refused");
+            assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+            assert_eq!(
+                status.message(),
+                format!(
+                    "peer protocol version {version} is not supported by this node (speaks {PROTOCOL_VERSION})"
+                )
+            );
+        }
+        // Nothing was counted: this node's own version's first hit is the first.
+        let answer = rt
+            .block_on(apply(owner.peer, request(PROTOCOL_VERSION, 1)))
+            .expect("this version is answered");
+        assert_eq!(answer.decisions.len(), 1);
+        assert_eq!(answer.decisions[0].count_after, 1);
+    }
+
+    /// A node of the next protocol version: it refuses every call of this one, as it should.
+    struct NextVersion {
+        calls: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    #[tonic::async_trait]
+    impl Peer for NextVersion {
+        async fn apply(
+            &self,
+            request: tonic::Request<ApplyRequest>,
+        ) -> Result<tonic::Response<ApplyResponse>, tonic::Status> {
+            self.calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let version = request.get_ref().protocol_version;
+            let speaks = PROTOCOL_VERSION + 1;
+            Err(tonic::Status::failed_precondition(format!(
+                "peer protocol version {version} is not supported by this node (speaks {speaks})"
+            )))
+        }
+    }
+
+    #[test]
+    fn a_peer_of_another_version_is_a_failed_peer_and_its_keys_are_counted_by_this_node() {
+        let rt = runtime();
+        let mut node = Node {
+            child: None,
+            http: free_port(),
+            debug: free_port(),
+            peer: free_port(),
+            env: Vec::new(),
+        };
+        let me = format!("127.0.0.1:{}", node.peer);
+        // A port for the other node on which it owns `d`/`k`=`v`, as the ring sees the two.
+        let (listener, other) = loop {
+            let listener = rt
+                .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+                .unwrap();
+            let other = listener.local_addr().unwrap().to_string();
+            let ring = Ring::new([me.clone(), other.clone()]);
+            if ring.addr(ring.owner(key_hash("d_k_v_"), |_| true).unwrap()) == other {
+                break (listener, other);
+            }
+        };
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let server = rt.spawn(
+            tonic::transport::Server::builder()
+                .add_service(PeerServer::new(NextVersion {
+                    calls: calls.clone(),
+                }))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("limits.yaml"),
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+        )
+        .unwrap();
+        node.start(&format!("{me},{other}"), dir.path());
+
+        // The limit holds, exactly, counted here once the other node refused the forward.
+        let nodes = [node];
+        let admitted = admitted_on(&nodes, &[0], 12, Duration::from_secs(3));
+        assert_eq!(admitted, 10);
+        assert!(calls.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+        assert_eq!(cluster_stat(&nodes[0], "failed_forwards"), 1);
+        assert_eq!(cluster_stat(&nodes[0], "local_hits"), 12);
+        let (_, stats) = http(nodes[0].debug, "GET", "/stats", "").expect("stats");
+        assert!(
+            stats.contains(&format!("sluice.cluster.peer_up.{other}: 0")),
+            "{stats}"
+        );
+        server.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // SLUICE_PEER_TLS: real processes, real sockets, certificates from a throw-away CA.
 
 mod peer_tls {
@@ -713,10 +862,7 @@ mod peer_tls {
         let mut grpc = tonic::client::Grpc::new(channel);
         grpc.ready().await.map_err(|e| format!("{e:?}"))?;
         grpc.unary(
-            tonic::Request::new(ApplyRequest {
-                hits,
-                refund: false,
-            }),
+            tonic::Request::new(ApplyRequest::new(hits, false)),
             tonic::codegen::http::uri::PathAndQuery::from_static(APPLY_PATH),
             tonic_prost::ProstCodec::<ApplyRequest, ApplyResponse>::default(),
         )

@@ -2,10 +2,11 @@
 //! counters, through [`PeerServer`] itself (tonic's codec, the hit checks, the memory store).
 //!
 //! Generated batches (every unit and algorithm number, valid or not; hits up to `u64::MAX`;
-//! refunds) are encoded with prost, mutated and sent as one gRPC call, at a random time on the
-//! owner's clock (which may go backwards, as a wall clock can). A batch with a bad hit is
-//! refused naming what was bad; a good one gets one decision per hit, each consistent with its
-//! quota; a body that does not decode is an INTERNAL error, never a panic.
+//! refunds; now and then another protocol version) are encoded with prost, mutated and sent as
+//! one gRPC call, at a random time on the owner's clock (which may go backwards, as a wall clock
+//! can). A batch in another protocol version is refused naming both versions; a batch with a bad
+//! hit is refused naming what was bad; a good one gets one decision per hit, each consistent with
+//! its quota; a body that does not decode is an INTERNAL error, never a panic.
 
 use std::sync::Arc;
 
@@ -16,8 +17,10 @@ use proptest::prelude::*;
 use prost::Message;
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::cluster::ClusterStore;
-use sluice::cluster::peer::{APPLY_PATH, ApplyRequest, ApplyResponse, PeerHit, PeerServer};
-use sluice::limiter::{Algorithm, Unit};
+use sluice::cluster::peer::{
+    APPLY_PATH, ApplyRequest, ApplyResponse, PROTOCOL_VERSION, PeerHit, PeerServer,
+};
+use sluice::limiter::Unit;
 use sluice::settings::parse_cli_from;
 use sluice::store::MemoryStore;
 use tonic::codegen::Service;
@@ -25,7 +28,8 @@ use tonic::codegen::Service;
 use crate::mutate::{apply, mutations, raw_bytes};
 use crate::support::{proptest_config, runtime, timed};
 
-/// Protobuf syntax a mutation may insert: the messages' tags, long varints, huge lengths.
+/// Protobuf syntax a mutation may insert: the messages' tags, long varints, huge lengths, protocol
+/// versions.
 const TOKENS: &[&[u8]] = &[
     b"\x0a",
     b"\x0a\x00",
@@ -34,6 +38,8 @@ const TOKENS: &[&[u8]] = &[
     b"\x0a\x02\x20\x09",
     b"\x30\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
     b"\x18\xff\xff\xff\xff\x0f",
+    b"\x18\x01",
+    b"\x18\x02",
     b"\x0a\xff\xff\xff\xff\x0f",
     b"\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01",
     b"\x0b",
@@ -114,13 +120,29 @@ thread_local! {
     static OWNER: std::cell::RefCell<Owner> = std::cell::RefCell::new(Owner::new());
 }
 
-/// What the owner must say about the first bad hit of a batch, if any.
-fn first_problem(req: &ApplyRequest) -> Option<&'static str> {
+/// How the owner must refuse a batch, if it must: another protocol version first, then the
+/// first hit with a unit (Envoy's numbers, 1 to 7) or an algorithm (0 to 3) it does not know.
+fn first_problem(req: &ApplyRequest) -> Option<(tonic::Code, String)> {
+    if req.protocol_version != PROTOCOL_VERSION {
+        return Some((
+            tonic::Code::FailedPrecondition,
+            format!(
+                "peer protocol version {} is not supported by this node (speaks 1)",
+                req.protocol_version
+            ),
+        ));
+    }
     req.hits.iter().find_map(|h| {
-        if Unit::from_proto_number(h.unit).is_none() {
-            Some("peer hit: bad unit")
-        } else if Algorithm::ALL.get(h.algorithm as usize).is_none() {
-            Some("peer hit: bad algorithm")
+        let refused = |what: &str, n: i32| {
+            Some((
+                tonic::Code::InvalidArgument,
+                format!("peer hit: unknown {what} number {n}"),
+            ))
+        };
+        if !(1..=7).contains(&h.unit) {
+            refused("unit", h.unit)
+        } else if !(0..=3).contains(&h.algorithm) {
+            refused("algorithm", h.algorithm)
         } else {
             None
         }
@@ -162,8 +184,8 @@ pub fn check_apply(message: &[u8], now_offset: u64) {
             return;
         }
     };
-    if let Some(problem) = first_problem(&req) {
-        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    if let Some((code, problem)) = first_problem(&req) {
+        assert_eq!(status.code(), code, "{status:?}");
         assert_eq!(status.message(), problem);
         return;
     }
@@ -195,7 +217,7 @@ fn hit() -> impl Strategy<Value = PeerHit> {
         prop_oneof![Just("d_k_v_".to_owned()), "[a-z_]{1,6}", "\\PC{0,4}",],
         prop_oneof![0u32..10, any::<u32>(), Just(u32::MAX)],
         prop_oneof![8 => 1i32..8, 1 => any::<i32>()],
-        prop_oneof![8 => 0u32..4, 1 => any::<u32>()],
+        prop_oneof![8 => 0i32..4, 1 => any::<i32>()],
         prop_oneof![Just(0u32), 1u32..10, any::<u32>(), Just(u32::MAX)],
         prop_oneof![0u64..4, any::<u64>(), Just(u64::MAX)],
     )
@@ -212,8 +234,16 @@ fn hit() -> impl Strategy<Value = PeerHit> {
 }
 
 fn batch() -> impl Strategy<Value = ApplyRequest> {
-    (proptest::collection::vec(hit(), 0..8), any::<bool>())
-        .prop_map(|(hits, refund)| ApplyRequest { hits, refund })
+    (
+        proptest::collection::vec(hit(), 0..8),
+        any::<bool>(),
+        prop_oneof![8 => Just(PROTOCOL_VERSION), 1 => 0u32..4, 1 => any::<u32>()],
+    )
+        .prop_map(|(hits, refund, protocol_version)| ApplyRequest {
+            hits,
+            refund,
+            protocol_version,
+        })
 }
 
 proptest! {
