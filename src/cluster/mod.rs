@@ -13,6 +13,9 @@
 //! - **Durability** (SLUICE_PEER_WRITE_BEHIND, [`durable`]): owners write their counters behind
 //!   to Redis and a node that takes a key over loads its count first. Every hit this node
 //!   applies as an owner, its own or forwarded, goes through [`OwnerStore`] for that.
+//! - **Protocol** ([`peer`], `proto/sluice/peer/v1/peer.proto`): versioned; a peer speaking
+//!   another version refuses this node's calls, so each sees the other as down and a
+//!   mixed-version cluster splits by version until the upgrade ends (docs/cluster.md).
 //! - **Security** (SLUICE_PEER_TLS): the peer listener and every call to a peer, probes
 //!   included, use mutual TLS with one certificate, re-read when its files change.
 
