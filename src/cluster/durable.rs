@@ -391,6 +391,34 @@ impl Durable {
 
     /// Writes every counter changed since the last flush; returns how many were written.
     pub async fn flush(&self, now: Timestamp) -> usize {
+        let writes = self.take_writes(now);
+        // Loads whose horizon has passed, or that a later ring change outdated, say nothing.
+        let (epoch, _) = self.changes.last();
+        self.loads
+            .retain(|_, s| s.epoch == epoch && s.until_us > now.micros());
+        if writes.is_empty() {
+            return 0;
+        }
+        let groups = self.pipelines(&writes);
+        let replies = futures_util::future::join_all(
+            groups
+                .iter()
+                .map(|range| self.send_pipeline(&writes[range.clone()])),
+        )
+        .await;
+        let mut written = 0;
+        for (range, reply) in groups.into_iter().zip(replies) {
+            written += self.settle(&writes[range], reply, now);
+        }
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .flushed_counters
+            .fetch_add(written as u64, Ordering::Relaxed);
+        written
+    }
+
+    /// Takes the dirty marks and makes the write of each marked counter from its state now.
+    fn take_writes(&self, now: Timestamp) -> Vec<Write> {
         let mut taken: Vec<(Box<str>, u16)> = Vec::new();
         // One shard at a time, under its write lock: a hit marking a counter meanwhile lands
         // either in what is taken now or in the next flush, never in neither.
@@ -398,7 +426,7 @@ impl Durable {
             taken.push((stem.clone(), *bits));
             false
         });
-        let writes: Vec<Write> = taken
+        taken
             .into_iter()
             .flat_map(|(stem, bits)| {
                 (0..CounterKind::COUNT)
@@ -407,15 +435,12 @@ impl Durable {
                     .map(move |kind| (stem.clone(), kind))
             })
             .filter_map(|(stem, kind)| self.write_for(stem, kind, now))
-            .collect();
-        // Loads whose horizon has passed, or that a later ring change outdated, say nothing.
-        let (epoch, _) = self.changes.last();
-        self.loads
-            .retain(|_, s| s.epoch == epoch && s.until_us > now.micros());
-        if writes.is_empty() {
-            return 0;
-        }
-        // One pipeline per descriptor on Redis Cluster (its keys share a slot), else batches.
+            .collect()
+    }
+
+    /// How `writes` split into pipelines: one per descriptor on Redis Cluster (its keys share a
+    /// slot), else batches of [`PIPELINE_COUNTERS`].
+    fn pipelines(&self, writes: &[Write]) -> Vec<std::ops::Range<usize>> {
         let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
         let mut start = 0;
         for i in 1..=writes.len() {
@@ -430,46 +455,53 @@ impl Durable {
                 start = i;
             }
         }
-        let replies = futures_util::future::join_all(groups.iter().map(|range| {
-            let mut pipe = redis::pipe();
-            for w in &writes[range.clone()] {
-                let cmd = pipe
-                    .cmd("EVALSHA")
-                    .arg(&self.write_sha)
-                    .arg(w.keys.len())
-                    .arg(&w.keys);
-                for &(_, value, ttl_ms) in &w.parts {
-                    cmd.arg(value).arg(ttl_ms);
-                }
-            }
-            async move { self.redis.run(&pipe).await }
-        }))
-        .await;
-        let mut written = 0;
-        for (range, reply) in groups.into_iter().zip(replies) {
-            let group = &writes[range];
-            match reply {
-                Ok(values) if values.len() == group.len() => {
-                    written += group.len();
-                    for (w, v) in group.iter().zip(&values) {
-                        self.merge_back(w, &integers(v), now);
-                    }
-                }
-                Ok(values) => {
-                    let e = StoreError::BadReply {
-                        expected: group.len(),
-                        got: values.len(),
-                    };
-                    self.flush_failed(group, now, &e);
-                }
-                Err(e) => self.flush_failed(group, now, &e),
+        groups
+    }
+
+    /// One pipeline of write scripts.
+    async fn send_pipeline(&self, group: &[Write]) -> Result<Vec<redis::Value>, StoreError> {
+        let mut pipe = redis::pipe();
+        for w in group {
+            let cmd = pipe
+                .cmd("EVALSHA")
+                .arg(&self.write_sha)
+                .arg(w.keys.len())
+                .arg(&w.keys);
+            for &(_, value, ttl_ms) in &w.parts {
+                cmd.arg(value).arg(ttl_ms);
             }
         }
-        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .flushed_counters
-            .fetch_add(written as u64, Ordering::Relaxed);
-        written
+        self.redis.run(&pipe).await
+    }
+
+    /// Merges a pipeline's answers back, or marks its counters dirty again; how many were
+    /// written.
+    fn settle(
+        &self,
+        group: &[Write],
+        reply: Result<Vec<redis::Value>, StoreError>,
+        now: Timestamp,
+    ) -> usize {
+        match reply {
+            Ok(values) if values.len() == group.len() => {
+                for (w, v) in group.iter().zip(&values) {
+                    self.merge_back(w, &integers(v), now);
+                }
+                group.len()
+            }
+            Ok(values) => {
+                let e = StoreError::BadReply {
+                    expected: group.len(),
+                    got: values.len(),
+                };
+                self.flush_failed(group, now, &e);
+                0
+            }
+            Err(e) => {
+                self.flush_failed(group, now, &e);
+                0
+            }
+        }
     }
 
     fn flush_failed(&self, group: &[Write], now: Timestamp, e: &StoreError) {

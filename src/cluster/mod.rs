@@ -286,6 +286,9 @@ impl ClusterStore {
             .collect()
     }
 
+    /// Applies (or refunds) `hits` where their counters live: on this node's share of the
+    /// limit in divided mode, else on each key's owner, retried once on the next owners for
+    /// the hits whose owner failed.
     async fn route(
         &self,
         now: Timestamp,
@@ -295,21 +298,7 @@ impl ClusterStore {
     ) -> Result<(), StoreError> {
         let members = self.members.load_full();
         if self.mode == ClusterMode::Divided {
-            // Each node enforces its share of the limit locally.
-            let live = u32::try_from(members.live()).unwrap_or(u32::MAX).max(1);
-            let shared: Vec<Hit<'_>> = hits
-                .iter()
-                .map(|h| {
-                    let mut q = h.quota;
-                    q.requests_per_unit = q.requests_per_unit.div_ceil(live);
-                    Hit { quota: q, ..*h }
-                })
-                .collect();
-            return if refund {
-                self.local.refund(now, &shared).await
-            } else {
-                self.local.apply(now, &shared, out).await
-            };
+            return self.route_divided(&members, now, hits, refund, out).await;
         }
         let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
         // Two rounds: the owners as known now, then (for hits whose owner failed) the next
@@ -321,79 +310,14 @@ impl ClusterStore {
             if pending.is_empty() {
                 break;
             }
-            let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-            for i in pending {
-                let owner = members.owner(hits[i].key);
-                match groups.iter_mut().find(|(o, _)| *o == owner) {
-                    Some((_, idx)) => idx.push(i),
-                    None => groups.push((owner, vec![i])),
-                }
-            }
+            let groups = by_owner(&members, hits, pending);
             let calls = groups.iter().map(|(owner, idx)| {
-                let members = members.clone();
-                async move {
-                    let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
-                    if *owner == members.me {
-                        self.stats
-                            .local_hits
-                            .fetch_add(mine.len() as u64, Ordering::Relaxed);
-                        let mut out = Vec::new();
-                        let r = if refund {
-                            self.owner.refund(now, &mine).await
-                        } else {
-                            self.owner.apply(now, &mine, &mut out).await
-                        };
-                        return r.map(|()| out).map_err(Some);
-                    }
-                    let Some(client) = &members.clients[*owner] else {
-                        return Err(None);
-                    };
-                    let wire = mine.iter().map(PeerHit::from_hit).collect();
-                    self.stats
-                        .forwarded_hits
-                        .fetch_add(mine.len() as u64, Ordering::Relaxed);
-                    match client.apply(wire, refund).await {
-                        Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
-                        Err(e) => {
-                            self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
-                            // One line when the peer goes down, not one per failed forward.
-                            if !members.down[*owner].swap(true, Ordering::Relaxed) {
-                                tracing::warn!(peer = members.ring.addr(*owner), error = %e, "peer failed; marking it down");
-                                self.changes.record(now);
-                            }
-                            Err(None)
-                        }
-                    }
-                }
+                let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
+                self.call_owner(&members, *owner, mine, now, refund)
             });
             let results = futures_util::future::join_all(calls).await;
             for ((_, idx), result) in groups.iter().zip(results) {
-                match result {
-                    // A refund answers nothing; mark its hits done.
-                    Ok(_) if refund => {
-                        idx.iter()
-                            .for_each(|&i| decisions[i] = Some(zero_decision()));
-                    }
-                    Ok(d) if d.len() == idx.len() => {
-                        for (&i, d) in idx.iter().zip(d) {
-                            decisions[i] = Some(d);
-                        }
-                    }
-                    Ok(d) => {
-                        return Err(StoreError::BadReply {
-                            expected: idx.len(),
-                            got: d.len(),
-                        });
-                    }
-                    // The local store's own errors are final.
-                    Err(Some(e)) => return Err(e),
-                    Err(None) if round == 1 => {
-                        return Err(StoreError::Backend {
-                            message: "the owners of some counters did not answer".into(),
-                        });
-                    }
-                    Err(None) => {}
-                }
+                place(&mut decisions, idx, result, refund, round == 1)?;
             }
         }
         if !refund {
@@ -401,6 +325,126 @@ impl ClusterStore {
         }
         Ok(())
     }
+
+    /// Divided mode: each node enforces its share of the limit locally.
+    async fn route_divided(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        refund: bool,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let live = u32::try_from(members.live()).unwrap_or(u32::MAX).max(1);
+        let shared: Vec<Hit<'_>> = hits
+            .iter()
+            .map(|h| {
+                let mut q = h.quota;
+                q.requests_per_unit = q.requests_per_unit.div_ceil(live);
+                Hit { quota: q, ..*h }
+            })
+            .collect();
+        if refund {
+            self.local.refund(now, &shared).await
+        } else {
+            self.local.apply(now, &shared, out).await
+        }
+    }
+
+    /// The hits `mine` on their owner `owner`: this node's owner store, or a forward. A failed
+    /// forward marks the peer down and is `Err(None)`, to be retried on the next owner; the
+    /// local store's own errors are `Err(Some(_))`, final.
+    async fn call_owner(
+        &self,
+        members: &Members,
+        owner: usize,
+        mine: Vec<Hit<'_>>,
+        now: Timestamp,
+        refund: bool,
+    ) -> Result<Vec<Decision>, Option<StoreError>> {
+        if owner == members.me {
+            self.stats
+                .local_hits
+                .fetch_add(mine.len() as u64, Ordering::Relaxed);
+            let mut out = Vec::new();
+            let r = if refund {
+                self.owner.refund(now, &mine).await
+            } else {
+                self.owner.apply(now, &mine, &mut out).await
+            };
+            return r.map(|()| out).map_err(Some);
+        }
+        let Some(client) = &members.clients[owner] else {
+            return Err(None);
+        };
+        let wire = mine.iter().map(PeerHit::from_hit).collect();
+        self.stats
+            .forwarded_hits
+            .fetch_add(mine.len() as u64, Ordering::Relaxed);
+        match client.apply(wire, refund).await {
+            Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
+            Err(e) => {
+                self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
+                // One line when the peer goes down, not one per failed forward.
+                if !members.down[owner].swap(true, Ordering::Relaxed) {
+                    tracing::warn!(peer = members.ring.addr(owner), error = %e, "peer failed; marking it down");
+                    self.changes.record(now);
+                }
+                Err(None)
+            }
+        }
+    }
+}
+
+/// The hits at `pending` grouped by their owner as `members` sees it now, in first-seen order.
+fn by_owner(members: &Members, hits: &[Hit<'_>], pending: Vec<usize>) -> Vec<(usize, Vec<usize>)> {
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for i in pending {
+        let owner = members.owner(hits[i].key);
+        match groups.iter_mut().find(|(o, _)| *o == owner) {
+            Some((_, idx)) => idx.push(i),
+            None => groups.push((owner, vec![i])),
+        }
+    }
+    groups
+}
+
+/// Puts one owner's answer for the hits at `idx` in their places. A failed owner leaves them
+/// pending for the next round, or, in the `last` round, fails the request.
+fn place(
+    decisions: &mut [Option<Decision>],
+    idx: &[usize],
+    result: Result<Vec<Decision>, Option<StoreError>>,
+    refund: bool,
+    last: bool,
+) -> Result<(), StoreError> {
+    match result {
+        // A refund answers nothing; mark its hits done.
+        Ok(_) if refund => {
+            idx.iter()
+                .for_each(|&i| decisions[i] = Some(zero_decision()));
+        }
+        Ok(d) if d.len() == idx.len() => {
+            for (&i, d) in idx.iter().zip(d) {
+                decisions[i] = Some(d);
+            }
+        }
+        Ok(d) => {
+            return Err(StoreError::BadReply {
+                expected: idx.len(),
+                got: d.len(),
+            });
+        }
+        // The local store's own errors are final.
+        Err(Some(e)) => return Err(e),
+        Err(None) if last => {
+            return Err(StoreError::Backend {
+                message: "the owners of some counters did not answer".into(),
+            });
+        }
+        Err(None) => {}
+    }
+    Ok(())
 }
 
 fn zero_decision() -> Decision {
