@@ -168,7 +168,7 @@ impl From<PeerDecision> for Decision {
 
 /// The owner's side: applies forwarded hits to this node's counters (through the
 /// [`super::OwnerStore`], so forwarded hits are loaded and written behind like local ones).
-/// The generated `Peer` service routes and decodes; [`Owner`] answers.
+/// The generated `Peer` service routes and decodes; `Owner` answers.
 #[derive(Clone)]
 pub struct PeerServer {
     grpc: wire::peer_server::PeerServer<Owner>,
