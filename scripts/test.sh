@@ -109,8 +109,11 @@ ensure_cargo_deny() {
   fi
   echo "== installing cargo-deny $CARGO_DENY_VERSION into $root (once; later runs reuse it)"
   local start=$SECONDS
+  # Its own target directory (cargo install would otherwise use the project's CARGO_TARGET_DIR),
+  # removed afterwards: only the binary is kept.
   quietly cargo install --locked --version "$CARGO_DENY_VERSION" --root "$root" \
     --target-dir "$root/build" cargo-deny || return 1
+  rm -rf "$root/build"
   echo "   cargo-deny built in $((SECONDS - start)) s"
 }
 
