@@ -30,7 +30,7 @@ rm -rf "$out"
 mkdir -p "$out/crates"
 
 # The crate names in Cargo.lock (each `name = "..."` line of a [[package]]).
-names="$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.lock | sort -u)"
+names="$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.lock | LC_ALL=C sort -u)"
 kept=0
 for name in $names; do
   files="$(git_src ls-tree --name-only "HEAD:crates/$name" 2>/dev/null || true)"
@@ -41,6 +41,10 @@ for name in $names; do
     kept=$((kept + 1))
   done
 done
+
+# The names looked up, so scripts/test.sh can tell when Cargo.lock has crates this copy never
+# looked for (a dependency added since).
+echo "$names" >"$out/CRATES"
 
 cat >"$out/SNAPSHOT" <<INFO
 RustSec advisory database (https://github.com/rustsec/advisory-db), CC0-1.0.

@@ -166,6 +166,12 @@ run_cargo_deny() {
       echo "!! github.com is not reachable (or SLUICE_ADVISORY_DB=vendored): advisories come from"
       echo "!! the VENDORED copy deny/advisory-db/, not the live database:"
       sed 's/^/!!   /' deny/advisory-db/SNAPSHOT
+      local unseen
+      unseen="$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.lock | LC_ALL=C sort -u | LC_ALL=C comm -23 - deny/advisory-db/CRATES)"
+      if [ -n "$unseen" ]; then
+        echo "!! Cargo.lock has crates the vendored copy never looked for (refresh it with"
+        echo "!! scripts/refresh-advisory-db.sh): their advisories are NOT checked:" $unseen
+      fi
       vendored_advisory_db || return 1
       "$DENY" --offline check
       ;;
