@@ -10,10 +10,12 @@
 mod pki;
 mod redis_down;
 mod redis_server;
+mod store_contract;
 mod support;
 
 use pki::TestPki;
 use redis_server::{RedisServer, redis_server_available, redis_tls_available};
+use store_contract::store_contract;
 use support::{free_port, wait_for};
 
 use std::num::NonZeroU32;
@@ -154,49 +156,47 @@ async fn admitted_concurrently(
     admitted
 }
 
-/// The store contract: for the same calls, Redis answers exactly as the memory store does.
-#[tokio::test]
-async fn redis_answers_like_the_memory_store_for_every_algorithm() {
-    if !redis_server_available() {
-        return;
-    }
-    let redis = Redis::start();
-    let remote = store(&redis.settings(0)).await;
-    assert_answers_like_the_memory_store(&remote).await;
+/// A fresh redis-server and a store on it, for one contract case; `None` (skipped) when
+/// `redis-server` is missing outside CI.
+struct RedisUnderTest {
+    store: RedisStore,
+    _server: Redis,
 }
 
-/// For the same irregular sequence of calls, `remote` answers exactly as the memory store does.
-async fn assert_answers_like_the_memory_store(remote: &RedisStore) {
-    let memory = MemoryStore::new(1000);
-    let quotas = [
-        quota(Algorithm::FixedWindow, 7, Unit::Minute, None),
-        quota(Algorithm::SlidingWindow, 7, Unit::Minute, None),
-        quota(Algorithm::TokenBucket, 7, Unit::Minute, Some(3)),
-        quota(Algorithm::LeakyBucket, 7, Unit::Minute, Some(2)),
-    ];
-    // A deterministic, irregular sequence of (µs step, hits).
-    let mut now = 1_700_000_000_000_000u64;
-    let mut seed = 42u64;
-    for step in 0..200 {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        now += (seed >> 33) % 9_000_000;
-        let hits = (seed >> 20) % 3;
-        for (i, q) in quotas.iter().enumerate() {
-            let key = format!("contract_{i}_");
-            let h = [Hit {
-                key: &key,
-                quota: *q,
-                hits,
-            }];
-            let t = Timestamp::from_micros(now);
-            let a = apply(&memory, t, &h).await.unwrap();
-            let b = apply(remote, t, &h).await.unwrap();
-            assert_eq!(a, b, "step {step}, {:?}, hits {hits}", q.algorithm);
-        }
+impl CounterStore for RedisUnderTest {
+    fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.store.apply(now, hits, out)
+    }
+
+    fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.store.refund(now, hits)
     }
 }
+
+async fn redis_under_test() -> Option<RedisUnderTest> {
+    if !redis_server_available() {
+        return None;
+    }
+    let server = Redis::start();
+    let store = store(&server.settings(0)).await;
+    Some(RedisUnderTest {
+        store,
+        _server: server,
+    })
+}
+
+// The store contract: for the same calls, Redis answers exactly as the memory store and the
+// limiter's own functions do, for every algorithm.
+store_contract!(contract, redis_under_test);
 
 #[tokio::test]
 async fn fixed_window_keys_and_ttls_are_the_go_service_bytes() {
@@ -863,7 +863,7 @@ async fn redis_over_tls_with_a_client_certificate_keeps_the_store_contract() {
     let pki = TestPki::new();
     let redis = Redis::start_tls(&pki, &["localhost", "127.0.0.1"], &[]);
     let remote = store(&redis.tls_settings(&pki, Some(&pki), false)).await;
-    assert_answers_like_the_memory_store(&remote).await;
+    store_contract::an_irregular_sequence_answers_as_the_memory_store(&remote).await;
     let d = apply(
         &remote,
         Timestamp::from_secs(1234),

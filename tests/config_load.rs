@@ -170,7 +170,10 @@ fn missing_path_is_an_error_naming_it_and_an_empty_dir_is_empty() {
     assert_eq!(cfg.domain_count(), 0);
 }
 
-/// Polls `check` until it holds, for at most 5 s.
+/// Polls `check` until it holds, for at most 5 s of Tokio time. The watcher tests run on the
+/// paused clock: the watcher's ticks and settle period are Tokio time, and its polls run on
+/// blocking threads, during which the paused clock does not jump, so no test waits in real time
+/// for a tick.
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !check() {
@@ -181,7 +184,8 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 const POLL: Duration = Duration::from_millis(50);
 
-/// A short settle period for the tests that run in real time.
+/// A short settle period, for the first load (`Poller::load_settled`, which waits in real
+/// time, as `main` does at start-up).
 fn quick() -> FileLimits {
     FileLimits {
         settle: Duration::from_millis(100),
@@ -206,7 +210,7 @@ fn start(dir: &Path) -> (ConfigHandle, WatchGuard) {
     (handle, guard)
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn reload_picks_up_a_new_file() {
     let tmp = tempfile::tempdir().expect("tmp");
     write(&tmp.path().join("a.yaml"), &domain_yaml("a", 1));
@@ -222,7 +226,7 @@ async fn reload_picks_up_a_new_file() {
     assert_eq!(handle.stats().load_error.load(Ordering::Relaxed), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_broken_file_keeps_the_old_config() {
     let tmp = tempfile::tempdir().expect("tmp");
     write(&tmp.path().join("a.yaml"), &domain_yaml("a", 1));
@@ -251,7 +255,7 @@ async fn a_broken_file_keeps_the_old_config() {
     assert_eq!(handle.stats().load_error.load(Ordering::Relaxed), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_removed_file_removes_its_domain() {
     let tmp = tempfile::tempdir().expect("tmp");
     write(&tmp.path().join("a.yaml"), &domain_yaml("a", 1));
@@ -269,7 +273,7 @@ async fn a_removed_file_removes_its_domain() {
     assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn configmap_symlink_swap_is_picked_up() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path();
@@ -292,7 +296,7 @@ async fn configmap_symlink_swap_is_picked_up() {
     assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn dropping_the_guard_stops_the_watcher() {
     let tmp = tempfile::tempdir().expect("tmp");
     write(&tmp.path().join("a.yaml"), &domain_yaml("a", 1));
@@ -305,7 +309,7 @@ async fn dropping_the_guard_stops_the_watcher() {
     assert_eq!(handle.stats().load_success.load(Ordering::Relaxed), 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn starting_without_a_config_loads_once_the_files_are_fixed() {
     let tmp = tempfile::tempdir().expect("tmp");
     write(&tmp.path().join("a.yaml"), "domain: ''\n");

@@ -937,6 +937,26 @@ mod tests {
         }
     }
 
+    /// On Tokio's paused clock: the sweeper's interval passes without waiting for it.
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeper_task_frees_expired_counters_at_each_interval() {
+        let clock = crate::clock::ManualClock::new(Timestamp::from_secs(1234));
+        let every = Duration::from_secs(10);
+        let store =
+            MemoryStore::with_sweeper(MemoryLimits::counters(10), Arc::new(clock.clone()), every);
+        apply(&store, 1234, &[hit("a", 5, 1), hit("b", 5, 1)]).unwrap();
+        // The first sweep runs at once and finds both counting.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(store.live_counters(), 2);
+        // Their minute ends; nothing is swept until the next interval.
+        clock.set(Timestamp::from_secs(1260));
+        tokio::time::sleep(every - Duration::from_millis(2)).await;
+        assert_eq!(store.live_counters(), 2);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(store.live_counters(), 0);
+        assert_eq!(store.stats().swept.load(Ordering::Relaxed), 2);
+    }
+
     #[test]
     fn counter_state_is_one_word() {
         assert_eq!(std::mem::size_of::<AtomicU64>(), 8);

@@ -3,6 +3,10 @@
 //! A store owns the counter state and applies one request's hits atomically per counter, using
 //! the pure algorithms in [`crate::limiter`]. It knows nothing about descriptors or config: the
 //! service hands it finished counter keys, limits and hits.
+//!
+//! Every backend is held to one contract suite (`integration/store_contract.rs`), run on the
+//! memory store and an in-process three-node cluster (`tests/stores.rs`) and on Redis
+//! (`integration/redis.rs`): for the same calls, each answers as the limiter's functions do.
 
 pub mod memory;
 pub mod redis;

@@ -1,0 +1,513 @@
+//! The store contract: what every [`CounterStore`] answers, written once against the trait and
+//! run on each backend by [`store_contract!`]: the memory store and an in-process three-node
+//! peer cluster (`tests/stores.rs`), and a real Redis (`integration/redis.rs`).
+//!
+//! Every call a case makes is also made on two oracles, and the three answers must be equal:
+//! the limiter's pure functions applied one hit at a time (what any store computes, so the
+//! memory store's own run is checked too), and a fresh memory store (the reference backend).
+//! Each case then states the few numbers a reader would check by hand.
+//!
+//! What the contract does not promise: whether one key stem under two different quotas (another
+//! unit or algorithm) is one counter or two. The service never does that within one config, and
+//! the backends differ (the memory store keeps a table per algorithm and unit, Redis keys fixed
+//! windows by window start); the oracle refuses a case that tries.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+
+use sluice::clock::Timestamp;
+use sluice::limiter::fixed_window::{self, Decision};
+use sluice::limiter::{Algorithm, Quota, Unit, bucket, sliding_window};
+use sluice::store::{CounterStore, Hit, MemoryStore};
+
+/// Generates one `#[tokio::test]` per contract case in a module `$name`, each on a fresh store
+/// from `$make`: an `async fn() -> Option<impl CounterStore>` (`None`: the backend is missing
+/// here and the test skips, as the Redis tests do outside CI).
+macro_rules! store_contract {
+    ($name:ident, $make:path) => {
+        mod $name {
+            use super::*;
+            store_contract!(@cases $make;
+                every_algorithm_admits_up_to_its_limit_then_refuses,
+                a_peek_of_zero_hits_counts_nothing,
+                several_hits_in_one_call_count_together,
+                a_batch_answers_in_order_and_charges_a_repeated_key_twice,
+                keys_are_independent,
+                windows_roll_over_as_now_moves,
+                reset_after_counts_down_to_the_end_of_the_window,
+                refunds_give_back_admitted_hits_but_not_fixed_windows,
+                a_limit_of_zero_refuses_every_hit_but_not_a_peek,
+                concurrent_callers_get_exactly_the_limit,
+                an_irregular_sequence_answers_as_the_memory_store,
+            );
+        }
+    };
+    (@cases $make:path; $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                let Some(store) = $make().await else { return };
+                crate::store_contract::$case(&store).await;
+            }
+        )+
+    };
+}
+pub(crate) use store_contract;
+
+/// 2023-11-14T22:13:20Z: 20 s into its minute, 800 s into its hour.
+pub const T0: u64 = 1_700_000_000;
+
+pub fn at(secs: u64) -> Timestamp {
+    Timestamp::from_secs(secs)
+}
+
+pub fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: u32) -> Quota {
+    Quota {
+        requests_per_unit: rpu,
+        unit,
+        algorithm,
+        burst: NonZeroU32::new(burst),
+    }
+}
+
+/// `limit` per `unit` for `algorithm`; the leaky bucket gets a burst of `limit - 1`, so that it
+/// too admits `limit` hits at once (nginx lets `burst + 1` through after idling).
+pub fn limit(algorithm: Algorithm, limit: u32, unit: Unit) -> Quota {
+    let burst = match algorithm {
+        Algorithm::LeakyBucket => limit.saturating_sub(1),
+        _ => 0,
+    };
+    quota(algorithm, limit, unit, burst)
+}
+
+pub fn hit(key: &str, quota: Quota, hits: u64) -> Hit<'_> {
+    Hit { key, quota, hits }
+}
+
+fn admitted(d: &[Decision]) -> Vec<bool> {
+    d.iter().map(|d| !d.over).collect()
+}
+
+fn remaining(d: &[Decision]) -> Vec<u32> {
+    d.iter().map(|d| d.remaining).collect()
+}
+
+/// The limiter's pure functions over one state word per key: what every store must answer.
+#[derive(Default)]
+struct Model {
+    states: HashMap<String, (Quota, u128)>,
+}
+
+impl Model {
+    fn word(&mut self, hit: &Hit<'_>) -> &mut u128 {
+        let (quota, word) = self
+            .states
+            .entry(hit.key.to_owned())
+            .or_insert((hit.quota, 0));
+        assert_eq!(
+            *quota, hit.quota,
+            "a case reused the key {} under another quota, which the contract leaves open",
+            hit.key
+        );
+        word
+    }
+
+    fn apply(&mut self, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Decision> {
+        hits.iter()
+            .map(|h| {
+                let q = h.quota;
+                let word = self.word(h);
+                let (d, next) = match q.algorithm {
+                    Algorithm::FixedWindow => {
+                        let (d, s) = fixed_window::decide(
+                            *word as u64,
+                            now.secs(),
+                            q.unit,
+                            q.requests_per_unit,
+                            h.hits,
+                        );
+                        (d, u128::from(s))
+                    }
+                    Algorithm::SlidingWindow => sliding_window::decide(
+                        *word,
+                        now.micros(),
+                        q.unit,
+                        q.requests_per_unit,
+                        h.hits,
+                    ),
+                    Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                        let (d, s) = bucket::decide(*word as u64, now.micros(), &q, h.hits);
+                        (d, u128::from(s))
+                    }
+                };
+                *word = next;
+                d
+            })
+            .collect()
+    }
+
+    fn refund(&mut self, now: Timestamp, hits: &[Hit<'_>]) {
+        for h in hits {
+            let q = h.quota;
+            let word = self.word(h);
+            *word = match q.algorithm {
+                Algorithm::FixedWindow => *word,
+                Algorithm::SlidingWindow => {
+                    sliding_window::refund(*word, now.micros(), q.unit, h.hits)
+                }
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                    u128::from(bucket::refund(*word as u64, &q, h.hits))
+                }
+            };
+        }
+    }
+}
+
+/// The store under test, with its two oracles.
+pub struct Checked<'s, S> {
+    store: &'s S,
+    model: Model,
+    memory: MemoryStore,
+}
+
+impl<'s, S: CounterStore> Checked<'s, S> {
+    pub fn new(store: &'s S) -> Self {
+        Checked {
+            store,
+            model: Model::default(),
+            memory: MemoryStore::new(100_000),
+        }
+    }
+
+    /// One call: the store's decisions, after checking them against both oracles.
+    pub async fn apply(&mut self, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Decision> {
+        let mut got = Vec::new();
+        self.store
+            .apply(now, hits, &mut got)
+            .await
+            .expect("the store answers");
+        let mut reference = Vec::new();
+        self.memory
+            .apply(now, hits, &mut reference)
+            .await
+            .expect("the memory store answers");
+        assert_eq!(
+            got, reference,
+            "at {now:?}, {hits:?}: against the memory store"
+        );
+        let model = self.model.apply(now, hits);
+        assert_eq!(got, model, "at {now:?}, {hits:?}: against the limiter");
+        got
+    }
+
+    pub async fn refund(&mut self, now: Timestamp, hits: &[Hit<'_>]) {
+        self.store
+            .refund(now, hits)
+            .await
+            .expect("the store refunds");
+        self.memory.refund(now, hits).await.expect("memory refunds");
+        self.model.refund(now, hits);
+    }
+}
+
+/// The key a case uses for `algorithm`, distinct per case so stores may be shared.
+fn key(case: &str, algorithm: Algorithm) -> String {
+    format!("{case}_{}_", algorithm.name())
+}
+
+pub async fn every_algorithm_admits_up_to_its_limit_then_refuses<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let (k, q) = (key("upto", algorithm), limit(algorithm, 3, Unit::Minute));
+        let mut d = Vec::new();
+        for _ in 0..5 {
+            d.extend(c.apply(at(T0), &[hit(&k, q, 1)]).await);
+        }
+        assert_eq!(
+            admitted(&d),
+            [true, true, true, false, false],
+            "{algorithm:?}"
+        );
+        assert_eq!(remaining(&d), [2, 1, 0, 0, 0], "{algorithm:?}");
+        if algorithm == Algorithm::FixedWindow {
+            // envoyproxy/ratelimit counts refused hits too, and resets at the minute's end.
+            let counts: Vec<u64> = d.iter().map(|d| d.count_after).collect();
+            assert_eq!(counts, [1, 2, 3, 4, 5]);
+            assert!(d.iter().all(|d| d.reset_after_secs == 40));
+        }
+    }
+}
+
+pub async fn a_peek_of_zero_hits_counts_nothing<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let q = limit(algorithm, 3, Unit::Minute);
+        let (peeked, plain) = (key("peeked", algorithm), key("plain", algorithm));
+        let mut with_peeks = Vec::new();
+        for hits in [0, 2, 0, 0, 1, 1] {
+            let d = c.apply(at(T0), &[hit(&peeked, q, hits)]).await;
+            if hits > 0 {
+                with_peeks.extend(d);
+            }
+        }
+        let mut without = Vec::new();
+        for hits in [2, 1, 1] {
+            without.extend(c.apply(at(T0), &[hit(&plain, q, hits)]).await);
+        }
+        assert_eq!(
+            with_peeks, without,
+            "{algorithm:?}: peeks changed what followed"
+        );
+        assert_eq!(admitted(&without), [true, true, false], "{algorithm:?}");
+    }
+}
+
+pub async fn several_hits_in_one_call_count_together<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let (k, q) = (key("several", algorithm), limit(algorithm, 5, Unit::Minute));
+        let mut d = Vec::new();
+        for hits in [2, 4, 3, 1] {
+            d.extend(c.apply(at(T0), &[hit(&k, q, hits)]).await);
+        }
+        assert_eq!(remaining(&d[..1]), [3], "{algorithm:?}");
+        if algorithm == Algorithm::FixedWindow {
+            // Refused hits count in a fixed window, so 3 more do not fit after 6.
+            assert_eq!(admitted(&d), [true, false, false, false]);
+            assert_eq!(d[3].count_after, 10);
+        } else {
+            // Elsewhere a refused call takes nothing: the 3 fit after the 2.
+            assert_eq!(admitted(&d), [true, false, true, false], "{algorithm:?}");
+            assert_eq!(d[2].remaining, 0, "{algorithm:?}");
+        }
+    }
+}
+
+pub async fn a_batch_answers_in_order_and_charges_a_repeated_key_twice<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    let [fixed, sliding, token, leaky] =
+        Algorithm::ALL.map(|a| (key("batch", a), limit(a, 5, Unit::Hour)));
+    let d = c
+        .apply(
+            at(T0),
+            &[
+                hit(&fixed.0, fixed.1, 1),
+                hit(&sliding.0, sliding.1, 2),
+                hit(&fixed.0, fixed.1, 1),
+                hit(&token.0, token.1, 0),
+                hit(&sliding.0, sliding.1, 4),
+                hit(&leaky.0, leaky.1, 5),
+                hit(&fixed.0, fixed.1, 5),
+                hit(&token.0, token.1, 5),
+                hit(&leaky.0, leaky.1, 1),
+            ],
+        )
+        .await;
+    assert_eq!(d.len(), 9, "one decision per hit");
+    assert_eq!(remaining(&d[..4]), [4, 3, 3, 5]);
+    assert_eq!(
+        admitted(&d),
+        [true, true, true, true, false, true, false, true, false]
+    );
+    assert_eq!((d[6].count_before, d[6].count_after), (2, 7));
+    // The next batch sees what the first one charged.
+    let d = c
+        .apply(
+            at(T0 + 1),
+            &[hit(&sliding.0, sliding.1, 3), hit(&fixed.0, fixed.1, 0)],
+        )
+        .await;
+    assert_eq!(admitted(&d), [true, false]);
+}
+
+pub async fn keys_are_independent<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let q = limit(algorithm, 2, Unit::Minute);
+        let (full, other) = (key("full", algorithm), key("other", algorithm));
+        let d = c.apply(at(T0), &[hit(&full, q, 3)]).await;
+        assert!(d[0].over, "{algorithm:?}");
+        let d = c.apply(at(T0), &[hit(&other, q, 1)]).await;
+        assert_eq!((d[0].over, d[0].remaining), (false, 1), "{algorithm:?}");
+        // A prefix of a key is another key.
+        let prefix = &other[..other.len() - 1];
+        let d = c.apply(at(T0), &[hit(prefix, q, 2)]).await;
+        assert_eq!((d[0].over, d[0].remaining), (false, 0), "{algorithm:?}");
+    }
+}
+
+pub async fn windows_roll_over_as_now_moves<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    // T0 is 20 s into its minute: the next minute starts at T0 + 40.
+    let next_minute = T0 + 40;
+    for algorithm in Algorithm::ALL {
+        let (k, q) = (key("roll", algorithm), limit(algorithm, 2, Unit::Minute));
+        let h = [hit(&k, q, 1)];
+        let mut d = Vec::new();
+        // Two admitted and one refused at T0; then again along the next two minutes, to the
+        // microsecond before and after the boundary.
+        for now in [
+            at(T0),
+            at(T0),
+            at(T0),
+            Timestamp::from_micros(next_minute * 1_000_000 - 1),
+            at(next_minute),
+            at(next_minute + 30),
+            at(next_minute + 59),
+            at(next_minute + 120),
+        ] {
+            d.extend(c.apply(now, &h).await);
+        }
+        assert_eq!(admitted(&d[..3]), [true, true, false], "{algorithm:?}");
+        match algorithm {
+            // A new window starts from nothing, at the microsecond.
+            Algorithm::FixedWindow => {
+                assert_eq!(admitted(&d[3..]), [false, true, true, false, true]);
+                assert_eq!((d[4].remaining, d[4].reset_after_secs), (1, 60));
+                assert_eq!(d[5].reset_after_secs, 30);
+            }
+            // The previous window weighs by what the sliding window still covers of it.
+            Algorithm::SlidingWindow => {
+                assert_eq!(admitted(&d[3..]), [false, false, true, false, true]);
+            }
+            // A bucket refills by the hit, one every 30 s: 40 s on, one passes.
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                assert!(!d[3].over, "{algorithm:?}");
+            }
+        }
+        // Two minutes after the last hits, every algorithm is back to a full limit.
+        assert_eq!(d[7].remaining, 1, "{algorithm:?}");
+    }
+}
+
+pub async fn reset_after_counts_down_to_the_end_of_the_window<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        for unit in Unit::ALL {
+            let k = format!("reset_{}_{}_", algorithm.name(), unit.name());
+            let q = limit(algorithm, 10, unit);
+            let now = Timestamp::from_micros(T0 * 1_000_000 + 250_000);
+            let d = c.apply(now, &[hit(&k, q, 1)]).await;
+            assert_eq!(
+                d[0].reset_after_secs,
+                unit.secs() - T0 % unit.secs(),
+                "{algorithm:?} {unit:?}"
+            );
+        }
+    }
+    // A bucket's is the time until it is at rest again (12 s a token at 5 a minute), or
+    // until the same call would pass.
+    let q = limit(Algorithm::TokenBucket, 5, Unit::Minute);
+    let d = c.apply(at(T0), &[hit("reset_bucket_", q, 2)]).await;
+    assert_eq!((d[0].over, d[0].reset_after_secs), (false, 24));
+    let d = c.apply(at(T0), &[hit("reset_bucket_", q, 4)]).await;
+    assert_eq!((d[0].over, d[0].reset_after_secs), (true, 12));
+}
+
+pub async fn refunds_give_back_admitted_hits_but_not_fixed_windows<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let (k, q) = (key("refund", algorithm), limit(algorithm, 2, Unit::Minute));
+        let h = [hit(&k, q, 1)];
+        c.apply(at(T0), &[hit(&k, q, 2)]).await;
+        assert!(c.apply(at(T0), &h).await[0].over, "{algorithm:?}");
+        c.refund(at(T0), &h).await;
+        let d = c.apply(at(T0), &h).await;
+        // envoyproxy/ratelimit never gives fixed-window hits back.
+        assert_eq!(
+            d[0].over,
+            algorithm == Algorithm::FixedWindow,
+            "{algorithm:?}"
+        );
+        // Giving back more than was taken, or on a counter never charged, adds no credit.
+        let fresh = key("refund_fresh", algorithm);
+        c.refund(at(T0), &[hit(&k, q, 10), hit(&fresh, q, 10)])
+            .await;
+        let d = c.apply(at(T0), &[hit(&k, q, 3), hit(&fresh, q, 3)]).await;
+        assert!(d.iter().all(|d| d.over), "{algorithm:?}: {d:?}");
+    }
+}
+
+pub async fn a_limit_of_zero_refuses_every_hit_but_not_a_peek<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let (k, q) = (key("zero", algorithm), quota(algorithm, 0, Unit::Minute, 0));
+        let d = c
+            .apply(at(T0), &[hit(&k, q, 0), hit(&k, q, 1), hit(&k, q, 3)])
+            .await;
+        assert_eq!(admitted(&d), [true, false, false], "{algorithm:?}");
+        assert_eq!(remaining(&d), [0, 0, 0], "{algorithm:?}");
+    }
+}
+
+/// Many calls in flight on one key at once admit exactly the limit (each store makes its own
+/// updates atomic: a compare-and-swap, a script, one owner).
+pub async fn concurrent_callers_get_exactly_the_limit<S: CounterStore>(store: &S) {
+    for algorithm in Algorithm::ALL {
+        let (k, q) = (
+            key("concurrent", algorithm),
+            limit(algorithm, 50, Unit::Hour),
+        );
+        let calls = (0..120).map(|_| async {
+            let mut out = Vec::new();
+            store
+                .apply(at(T0), &[hit(&k, q, 1)], &mut out)
+                .await
+                .expect("the store answers");
+            !out[0].over
+        });
+        let answers = futures_util::future::join_all(calls).await;
+        let admitted = answers.iter().filter(|a| **a).count();
+        assert_eq!(admitted, 50, "{algorithm:?}");
+    }
+}
+
+/// The contract Redis was first held to: a deterministic, irregular sequence of calls (steps of
+/// up to 9 s, 0 to 2 hits, every algorithm), one key per algorithm, answered exactly as the
+/// memory store does; every tenth step refunds what it was admitted, and every third sends
+/// all four hits in one batch.
+pub async fn an_irregular_sequence_answers_as_the_memory_store<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    let quotas = [
+        quota(Algorithm::FixedWindow, 7, Unit::Minute, 0),
+        quota(Algorithm::SlidingWindow, 7, Unit::Minute, 0),
+        quota(Algorithm::TokenBucket, 7, Unit::Minute, 3),
+        quota(Algorithm::LeakyBucket, 7, Unit::Minute, 2),
+    ];
+    let keys: Vec<String> = (0..quotas.len())
+        .map(|i| format!("contract_{i}_"))
+        .collect();
+    let mut now = T0 * 1_000_000;
+    let mut seed = 42u64;
+    for step in 0..200 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        now += (seed >> 33) % 9_000_000;
+        let hits = (seed >> 20) % 3;
+        let t = Timestamp::from_micros(now);
+        let all: Vec<Hit<'_>> = keys
+            .iter()
+            .zip(quotas)
+            .map(|(k, q)| hit(k, q, hits))
+            .collect();
+        let batches: Vec<&[Hit<'_>]> = if step % 3 == 0 {
+            vec![all.as_slice()]
+        } else {
+            all.chunks(1).collect()
+        };
+        for batch in batches {
+            let d = c.apply(t, batch).await;
+            if step % 10 == 0 {
+                let given: Vec<Hit<'_>> = batch
+                    .iter()
+                    .zip(&d)
+                    .filter(|(_, d)| !d.over)
+                    .map(|(h, _)| *h)
+                    .collect();
+                c.refund(t, &given).await;
+            }
+        }
+    }
+}
