@@ -11,17 +11,19 @@ use tokio::sync::watch;
 use crate::api;
 use crate::api::health::Health;
 use crate::clock::Clock;
+use crate::cluster::ClusterConfig;
 use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::settings::{Backend, ClusterSettings, XdsSettings};
+use crate::settings::Backend;
 use crate::store::{AnyStore, MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{Stats, TelemetryOptions};
 use crate::tls::{ClientTls, PeerTls, ServerTls};
+use crate::xds::XdsConfig;
 
 /// The bound listeners.
 pub struct Listeners {
@@ -93,7 +95,7 @@ pub struct Reload {
 /// The xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW), used instead of [`Reload`].
 #[derive(Clone, Debug)]
 pub struct Xds {
-    pub settings: XdsSettings,
+    pub settings: XdsConfig,
     /// MERGE_DOMAIN_CONFIG applies to resources as it does to files.
     pub options: LoadOptions,
     /// `settings.tls`, with its files read and checked.
@@ -118,7 +120,7 @@ pub struct AppOptions {
     pub reload: Option<Reload>,
     pub backend: Backend,
     /// PEERS / PEERS_DNS.
-    pub cluster: Option<ClusterSettings>,
+    pub cluster: Option<ClusterConfig>,
     /// Config streamed from an xDS server; the app starts without config (or with whatever
     /// the handle holds) and serves each accepted update.
     pub xds: Option<Xds>,

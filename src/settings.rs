@@ -39,6 +39,12 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::cluster::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
+use crate::store::redis::{RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
+use crate::telemetry::{LogFormat, LogLevel};
+use crate::tls::{GrpcTlsFiles, XdsTlsFiles};
+use crate::xds::{XdsBackoff, XdsConfig};
+
 mod listeners;
 pub use listeners::ListenerArgs;
 pub mod caps;
@@ -570,7 +576,7 @@ pub struct Settings {
     /// GRPC_HOST:GRPC_PORT.
     pub grpc_addr: SocketAddr,
     /// GRPC_SERVER_USE_TLS; `None` serves gRPC in clear.
-    pub grpc_tls: Option<GrpcServerTls>,
+    pub grpc_tls: Option<GrpcTlsFiles>,
     /// GRPC_MAX_CONNECTION_AGE and _GRACE; `None` when the age is 0 (never).
     pub grpc_connection_age: Option<crate::net::ConnectionAge>,
     /// GRPC_UDS: gRPC on this unix socket instead of `grpc_addr`.
@@ -608,9 +614,9 @@ pub struct Settings {
     pub drain_timeout: Duration,
     pub shutdown_delay: Duration,
     /// PEERS / PEERS_DNS; `None` for a single node.
-    pub cluster: Option<ClusterSettings>,
+    pub cluster: Option<ClusterConfig>,
     /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
-    pub xds: Option<XdsSettings>,
+    pub xds: Option<XdsConfig>,
     /// SLUICE_MAX_CONNECTIONS and the other limits every listener applies.
     pub listener_limits: crate::net::Limits,
     /// SLUICE_PEER_TLS; `None`: the peer port and the calls to peers are plain text.
@@ -619,32 +625,6 @@ pub struct Settings {
     pub caps: caps::Caps,
     /// SLUICE_CONFIG_MAX_FILE_BYTES, _MAX_TOTAL_BYTES and _SETTLE_MS.
     pub config_files: crate::config::FileLimits,
-}
-
-/// Validated GRPC_SERVER_USE_TLS settings: the files are named here and read by
-/// [`crate::tls::ServerTls::load`], before any port is bound.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GrpcServerTls {
-    /// GRPC_SERVER_TLS_CERT.
-    pub cert: PathBuf,
-    /// GRPC_SERVER_TLS_KEY.
-    pub key: PathBuf,
-    /// GRPC_CLIENT_TLS_CACERT: client certificates are required and verified against it.
-    pub client_ca: Option<PathBuf>,
-    /// GRPC_CLIENT_TLS_SAN: a name the client certificate must carry (only with `client_ca`).
-    pub client_san: Option<String>,
-}
-
-/// Validated CONFIG_GRPC_XDS_SERVER_USE_TLS settings (or an `https://` server URL).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct XdsTls {
-    /// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY: the certificate Sluice presents, if any.
-    pub client_identity: Option<(PathBuf, PathBuf)>,
-    /// CONFIG_GRPC_XDS_SERVER_TLS_CACERT; `None` trusts the system's roots.
-    pub server_ca: Option<PathBuf>,
-    /// CONFIG_GRPC_XDS_SERVER_TLS_SAN: the name the server's certificate is verified against;
-    /// `None` verifies the URL's host.
-    pub server_name: Option<String>,
 }
 
 /// An unset or empty variable is `None`: the Go service's defaults are "".
@@ -664,7 +644,7 @@ fn grpc_server_tls(
     key: Option<&str>,
     client_ca: Option<&str>,
     client_san: Option<&str>,
-) -> Result<GrpcServerTls, SettingsError> {
+) -> Result<GrpcTlsFiles, SettingsError> {
     let required = |var: &'static str, value: Option<&str>| {
         non_empty(value).map(PathBuf::from).ok_or_else(|| {
             invalid(
@@ -690,49 +670,12 @@ fn grpc_server_tls(
         }
         Some(san) => Some(tls_name("GRPC_CLIENT_TLS_SAN", san)?),
     };
-    Ok(GrpcServerTls {
+    Ok(GrpcTlsFiles {
         cert,
         key,
         client_ca,
         client_san,
     })
-}
-
-/// Where the peers come from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PeerSource {
-    Static(Vec<String>),
-    Dns { name: String, port: u16 },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClusterMode {
-    Forward,
-    Divided,
-}
-
-/// Validated peer-cluster settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterSettings {
-    pub peers: PeerSource,
-    pub advertise: String,
-    pub listen: SocketAddr,
-    pub mode: ClusterMode,
-    pub timeout: Duration,
-    pub batch_window: Duration,
-    /// SLUICE_PEER_WRITE_BEHIND; `None` when off.
-    pub write_behind: Option<WriteBehind>,
-}
-
-/// Validated SLUICE_PEER_WRITE_BEHIND settings: where owners copy their counters, and how often.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriteBehind {
-    /// REDIS_URL and friends, validated as for the Redis backend.
-    pub redis: RedisSettings,
-    /// SLUICE_PEER_WRITE_BEHIND_MS, between 10 ms and 60 s.
-    pub interval: Duration,
-    /// CACHE_KEY_PREFIX, which every write-behind key starts with.
-    pub key_prefix: String,
 }
 
 /// Where the rate-limit config lives.
@@ -770,41 +713,13 @@ pub struct ResponseHeaders {
     pub reset: String,
 }
 
-/// Log verbosity. logrus's `fatal` and `panic` have no tracing counterpart and mean `Error`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    Trace,
-    Debug,
-    Info,
-    Warn,
-    Error,
-}
-
-impl From<LogLevel> for tracing::Level {
-    fn from(level: LogLevel) -> Self {
-        match level {
-            LogLevel::Trace => tracing::Level::TRACE,
-            LogLevel::Debug => tracing::Level::DEBUG,
-            LogLevel::Info => tracing::Level::INFO,
-            LogLevel::Warn => tracing::Level::WARN,
-            LogLevel::Error => tracing::Level::ERROR,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 /// Counter store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backend {
     /// Counters in this process: limits apply per node, not across replicas.
     Memory,
     /// Counters in Redis, shared by every replica (and by envoyproxy/ratelimit instances).
-    Redis(Box<RedisSettings>),
+    Redis(Box<RedisConfig>),
 }
 
 /// A setting that cannot be used. Every message names the variable and, where there is one, the
@@ -1877,39 +1792,10 @@ pub struct XdsArgs {
     pub xds_client_max_msg_size_in_bytes: Option<usize>,
 }
 
-/// Validated xDS client settings (CONFIG_TYPE=GRPC_XDS_SOTW).
-#[derive(Clone, Debug, PartialEq)]
-pub struct XdsSettings {
-    pub node_id: String,
-    /// CONFIG_GRPC_XDS_NODE_METADATA, in the order given; sent as string values.
-    pub node_metadata: Vec<(String, String)>,
-    /// `http://host:port`, or `https://host:port` with TLS, ready for the gRPC client.
-    pub server_uri: String,
-    pub connect_retry_interval: Duration,
-    /// Lower-case ASCII gRPC metadata keys with ASCII values.
-    pub additional_headers: Vec<(String, String)>,
-    pub backoff: XdsBackoff,
-    /// `None`: gRPC's default limit.
-    pub max_msg_size: Option<usize>,
-    /// `Some` with CONFIG_GRPC_XDS_SERVER_USE_TLS or an `https://` URL.
-    pub tls: Option<XdsTls>,
-}
-
-/// Reconnection delays: after the `n`-th consecutive failed attempt (from 0), the delay is
-/// `min(initial * 2^n, max)`, randomised within `±random_factor` when `jitter` is set.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct XdsBackoff {
-    pub initial: Duration,
-    pub max: Duration,
-    /// In [0, 1].
-    pub random_factor: f64,
-    pub jitter: bool,
-}
-
 impl XdsArgs {
     /// `None` for CONFIG_TYPE=FILE. The xDS variables are only checked for GRPC_XDS_SOTW, so
     /// leftovers in a file-based deployment cannot stop it.
-    fn validate(self) -> Result<Option<XdsSettings>, SettingsError> {
+    fn validate(self) -> Result<Option<XdsConfig>, SettingsError> {
         match self.config_type.to_ascii_uppercase().as_str() {
             "FILE" => return Ok(None),
             "GRPC_XDS_SOTW" => {}
@@ -1989,7 +1875,7 @@ impl XdsArgs {
                 "must be between 0 and 1",
             ));
         }
-        Ok(Some(XdsSettings {
+        Ok(Some(XdsConfig {
             node_id: self.config_grpc_xds_node_id,
             node_metadata,
             server_uri,
@@ -2066,12 +1952,12 @@ fn xds_tls(
     key: Option<&str>,
     ca: Option<&str>,
     san: Option<&str>,
-) -> Result<XdsTls, SettingsError> {
+) -> Result<XdsTlsFiles, SettingsError> {
     let client_identity = key_pair(
         ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.unwrap_or("")),
         ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.unwrap_or("")),
     )?;
-    Ok(XdsTls {
+    Ok(XdsTlsFiles {
         client_identity,
         server_ca: non_empty(ca).map(PathBuf::from),
         server_name: non_empty(san)
@@ -2106,104 +1992,6 @@ fn xds_server_target(url: &str) -> Result<(String, bool), SettingsError> {
     Ok((target.to_owned(), https))
 }
 
-/// Where one Redis is and how to reach it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RedisTarget {
-    /// `redis://`, `rediss://` or `redis+unix://` URLs, credentials included: the one Redis, a
-    /// cluster's seeds, or the sentinels (with REDIS_SENTINEL_AUTH's credentials).
-    pub urls: Vec<String>,
-    pub topology: RedisTopology,
-    /// REDIS_TLS (REDIS_PERSECOND_TLS): TLS to every node of this target, sentinels included.
-    pub tls: Option<RedisTls>,
-}
-
-impl RedisTarget {
-    /// One Redis without TLS at a `redis://` or `redis+unix://` URL.
-    pub fn single(url: impl Into<String>) -> Self {
-        RedisTarget {
-            urls: vec![url.into()],
-            topology: RedisTopology::Single,
-            tls: None,
-        }
-    }
-}
-
-/// REDIS_TYPE.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RedisTopology {
-    Single,
-    Cluster,
-    /// The target's URLs are sentinels; the master they name for `master_name` is looked up at
-    /// start and again whenever it fails or stops being a master.
-    Sentinel {
-        master_name: String,
-        /// REDIS_AUTH, for the master: `user:password@`, `:password@` (percent-encoded) or "".
-        master_userinfo: String,
-    },
-}
-
-/// The REDIS_TLS_* files, read and checked before any port is bound.
-#[derive(Clone, PartialEq, Eq)]
-pub struct RedisTls {
-    /// REDIS_TLS_CACERT (PEM): the only roots trusted. `None`: the system's roots.
-    pub ca_pem: Option<Vec<u8>>,
-    /// REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY (PEM), presented to Redis.
-    pub client_pem: Option<(Vec<u8>, Vec<u8>)>,
-    /// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION: the chain is verified, the name is not.
-    pub skip_hostname_verification: bool,
-}
-
-impl fmt::Debug for RedisTls {
-    /// Never prints a private key.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisTls")
-            .field("ca", &self.ca_pem.as_ref().map(|_| "<pem>"))
-            .field("client", &self.client_pem.as_ref().map(|_| "<pem>"))
-            .field(
-                "skip_hostname_verification",
-                &self.skip_hostname_verification,
-            )
-            .finish()
-    }
-}
-
-/// Validated Redis settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RedisSettings {
-    pub main: RedisTarget,
-    /// REDIS_PERSECOND: where SECOND limits go.
-    pub per_second: Option<RedisTarget>,
-    pub timeout: Duration,
-    pub expiration_jitter_max_seconds: u64,
-    pub local_cache_size_in_bytes: u64,
-    pub stop_cache_key_increment_when_overlimit: bool,
-    /// REDIS_STARTUP_*: how the start-up PING is retried.
-    pub startup: StartupBackoff,
-    /// SLUICE_REDIS_PROBE_INTERVAL_MS, SLUICE_REDIS_BREAKER_TIMEOUTS and
-    /// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: failing fast while Redis is down.
-    pub breaker: crate::store::redis::BreakerSettings,
-}
-
-/// The start-up PING's retry schedule: `initial`, doubling up to `max`; with `max_elapsed`,
-/// Sluice exits once Redis has not answered for that long (envoyproxy/ratelimit gives up too).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StartupBackoff {
-    pub initial: Duration,
-    pub max: Duration,
-    /// `None`: retry forever (REDIS_STARTUP_MAX_ELAPSED_TIME=0, the default).
-    pub max_elapsed: Option<Duration>,
-}
-
-impl Default for StartupBackoff {
-    fn default() -> Self {
-        StartupBackoff {
-            initial: Duration::from_secs(1),
-            max: Duration::from_secs(30),
-            max_elapsed: None,
-        }
-    }
-}
-
 /// REDIS_POOL_ON_EMPTY_BEHAVIOR: only `WAIT` (any case) describes what Sluice does.
 fn pool_on_empty(var: &'static str, value: &str) -> Result<(), SettingsError> {
     match value.trim().to_ascii_uppercase().as_str() {
@@ -2219,7 +2007,7 @@ fn pool_on_empty(var: &'static str, value: &str) -> Result<(), SettingsError> {
 }
 
 impl RedisArgs {
-    fn validate(self) -> Result<RedisSettings, SettingsError> {
+    fn validate(self) -> Result<RedisConfig, SettingsError> {
         // One set of files serves both Redis, as in Go (there is no REDIS_PERSECOND_TLS_CACERT).
         // Without REDIS_TLS they are not read, as in Go.
         let tls = if self.redis_tls || self.redis_persecond_tls {
@@ -2316,7 +2104,7 @@ impl RedisArgs {
                     "expected a Go duration such as 0 (retry forever) or 5m",
                 )
             })?;
-        Ok(RedisSettings {
+        Ok(RedisConfig {
             main,
             per_second,
             timeout,
@@ -2366,7 +2154,7 @@ fn cluster_settings(
     mode: &str,
     timeout_ms: u64,
     batch_window_us: u64,
-) -> Result<Option<ClusterSettings>, SettingsError> {
+) -> Result<Option<ClusterConfig>, SettingsError> {
     let list: Vec<String> = peers
         .split(',')
         .map(str::trim)
@@ -2426,7 +2214,7 @@ fn cluster_settings(
     if timeout_ms == 0 {
         return Err(invalid("SLUICE_PEER_TIMEOUT_MS", 0, "must be at least 1"));
     }
-    Ok(Some(ClusterSettings {
+    Ok(Some(ClusterConfig {
         peers: source,
         advertise,
         listen: SocketAddr::from(([0, 0, 0, 0], peer_port)),
@@ -2444,7 +2232,7 @@ fn write_behind(
     interval_ms: u64,
     backend_type: Option<&str>,
     redis: &RedisArgs,
-    cluster: Option<&ClusterSettings>,
+    cluster: Option<&ClusterConfig>,
     key_prefix: &str,
 ) -> Result<Option<WriteBehind>, SettingsError> {
     const VAR: &str = "SLUICE_PEER_WRITE_BEHIND";
@@ -4028,7 +3816,7 @@ mod tests {
         }
     }
 
-    fn redis_settings(args: &[&str]) -> RedisSettings {
+    fn redis_settings(args: &[&str]) -> RedisConfig {
         match settings(args).unwrap().backend {
             Backend::Redis(r) => *r,
             Backend::Memory => panic!("expected the Redis backend"),
@@ -4368,7 +4156,7 @@ mod tests {
         .grpc_tls;
         assert_eq!(
             tls,
-            Some(GrpcServerTls {
+            Some(GrpcTlsFiles {
                 cert: "/certs/tls.crt".into(),
                 key: "/certs/tls.key".into(),
                 client_ca: Some("/certs/ca.crt".into()),
@@ -4513,7 +4301,7 @@ mod tests {
             .expect("xds");
         assert_eq!(
             x,
-            XdsSettings {
+            XdsConfig {
                 node_id: "default".into(),
                 node_metadata: vec![],
                 server_uri: "http://localhost:18000".into(),
@@ -4585,7 +4373,7 @@ mod tests {
         assert_eq!(x.server_uri, "https://envoy-gateway:18001");
         assert_eq!(
             x.tls,
-            Some(XdsTls {
+            Some(XdsTlsFiles {
                 client_identity: Some(("/certs/tls.crt".into(), "/certs/tls.key".into())),
                 server_ca: Some("/certs/ca.crt".into()),
                 server_name: None,
@@ -4603,7 +4391,7 @@ mod tests {
         assert_eq!(x.server_uri, "https://cp:18000");
         assert_eq!(
             x.tls,
-            Some(XdsTls {
+            Some(XdsTlsFiles {
                 client_identity: None,
                 server_ca: None,
                 server_name: Some("cp.example".into()),

@@ -7,6 +7,7 @@
 pub mod memory;
 pub mod redis;
 mod redis_breaker;
+mod redis_client;
 mod redis_sentinel;
 mod redis_target;
 
