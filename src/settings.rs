@@ -39,6 +39,7 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::app::Backend;
 use crate::cluster::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 use crate::store::redis::{RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
 use crate::telemetry::{LogFormat, LogLevel};
@@ -711,15 +712,6 @@ pub struct ResponseHeaders {
     pub limit: String,
     pub remaining: String,
     pub reset: String,
-}
-
-/// Counter store.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// Counters in this process: limits apply per node, not across replicas.
-    Memory,
-    /// Counters in Redis, shared by every replica (and by envoyproxy/ratelimit instances).
-    Redis(Box<RedisConfig>),
 }
 
 /// A setting that cannot be used. Every message names the variable and, where there is one, the

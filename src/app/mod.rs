@@ -1,12 +1,16 @@
 //! Wiring only: builds the store, the service and the three listeners' servers, and runs them
 //! until shutdown. Listeners are passed in already bound, so tests bind port 0.
 
+mod backend;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+pub use backend::{AnyStore, Backend};
 
 use crate::api;
 use crate::api::health::Health;
@@ -17,8 +21,7 @@ use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::settings::Backend;
-use crate::store::{AnyStore, MemoryLimits, MemoryStore, RedisStore, StoreError};
+use crate::store::{MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{Stats, TelemetryOptions};
