@@ -474,6 +474,7 @@ mod durable {
         cli.serve
             .validate()
             .unwrap()
+            .app
             .cluster
             .unwrap()
             .write_behind

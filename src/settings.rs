@@ -39,11 +39,13 @@ use clap::builder::Resettable;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::app::Backend;
+use crate::app::{AppOptions, Backend};
 use crate::cluster::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
+use crate::config::{ConfigSource, FileLimits, LoadOptions};
+use crate::service::{HeaderNames, ServiceOptions};
 use crate::store::redis::{RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
-use crate::telemetry::{LogFormat, LogLevel};
-use crate::tls::{GrpcTlsFiles, XdsTlsFiles};
+use crate::telemetry::{LogFormat, LogLevel, TelemetryOptions};
+use crate::tls::{GrpcTlsFiles, PeerTlsFiles, XdsTlsFiles};
 use crate::xds::{XdsBackoff, XdsConfig};
 
 mod listeners;
@@ -569,63 +571,56 @@ pub struct ServeArgs {
     pub redis_breaker: RedisBreakerArgs,
 }
 
-/// Validated settings: everything the service needs, in the types it needs.
-#[derive(Clone, Debug, PartialEq)]
+/// Validated settings: the app's options, built here whole, and what `main` does with the rest
+/// before it builds the app (logs, the config's first load, the TLS files read, the ports bound).
+#[derive(Clone, Debug)]
 pub struct Settings {
-    /// HOST:PORT.
-    pub http_addr: SocketAddr,
-    /// GRPC_HOST:GRPC_PORT.
-    pub grpc_addr: SocketAddr,
-    /// GRPC_SERVER_USE_TLS; `None` serves gRPC in clear.
-    pub grpc_tls: Option<GrpcTlsFiles>,
-    /// GRPC_MAX_CONNECTION_AGE and _GRACE; `None` when the age is 0 (never).
-    pub grpc_connection_age: Option<crate::net::ConnectionAge>,
-    /// GRPC_UDS: gRPC on this unix socket instead of `grpc_addr`.
-    pub grpc_uds: Option<PathBuf>,
-    /// DEBUG_HOST:DEBUG_PORT.
-    pub debug_addr: SocketAddr,
-    pub config: ConfigLocation,
-    pub merge_domain_config: bool,
-    pub force_start_without_initial_config: bool,
-    pub healthy_with_at_least_one_config_loaded: bool,
-    pub shadow_mode: bool,
-    pub quota_mode: bool,
-    pub response_dynamic_metadata: bool,
-    /// In (0, 1].
-    pub near_limit_ratio: f32,
-    pub cache_key_prefix: String,
-    /// `None` when LIMIT_RESPONSE_HEADERS_ENABLED is false.
-    pub response_headers: Option<ResponseHeaders>,
+    /// Everything [`App`](crate::app::App) needs but what `main` reads from files after these
+    /// checks: the config feed and the TLS material. Here `reload`, `xds`, `grpc_tls` and
+    /// `peer_tls` are `None`; `main` fills them from [`Settings::config`] and the files below.
+    pub app: AppOptions,
+    /// Where each listener binds.
+    pub addrs: Addrs,
+    /// Where the rate-limit config comes from, and how it is read.
+    pub config: ConfigSettings,
     pub log_level: LogLevel,
     pub log_format: LogFormat,
-    pub telemetry: TelemetrySettings,
-    pub backend: Backend,
-    /// SLUICE_BACKEND_FAILURE=allow.
-    pub fail_open: bool,
-    /// SLUICE_FAIL_OPEN_DOMAINS.
-    pub fail_open_domains: Vec<String>,
-    pub max_counters: NonZeroUsize,
-    pub max_descriptors: NonZeroUsize,
-    pub max_entries: NonZeroUsize,
-    pub max_request_bytes: NonZeroUsize,
-    /// Between 10 ms and 60 s.
-    pub config_poll_interval: Duration,
-    /// At least one second.
-    pub sweep_interval: Duration,
-    pub drain_timeout: Duration,
-    pub shutdown_delay: Duration,
-    /// PEERS / PEERS_DNS; `None` for a single node.
-    pub cluster: Option<ClusterConfig>,
+    /// GRPC_SERVER_USE_TLS's files; `None` serves gRPC in clear.
+    pub grpc_tls: Option<GrpcTlsFiles>,
+    /// SLUICE_PEER_TLS's files; `None`: the peer port and the calls to peers are plain text.
+    pub peer_tls: Option<PeerTlsFiles>,
+}
+
+/// The listeners' addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Addrs {
+    /// HOST:PORT.
+    pub http: SocketAddr,
+    /// GRPC_HOST:GRPC_PORT.
+    pub grpc: SocketAddr,
+    /// GRPC_UDS: gRPC on this unix socket instead of `grpc`.
+    pub grpc_uds: Option<PathBuf>,
+    /// DEBUG_HOST:DEBUG_PORT.
+    pub debug: SocketAddr,
+    /// USE_PROMETHEUS: where the exposition gets its own listener.
+    pub prometheus: Option<SocketAddr>,
+}
+
+/// Where the rate-limit config comes from, and how it is read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigSettings {
+    /// `--config` / SLUICE_CONFIG, the runtime layout, or `./config`.
+    pub source: ConfigSource,
+    /// MERGE_DOMAIN_CONFIG.
+    pub load: LoadOptions,
+    /// SLUICE_CONFIG_MAX_FILE_BYTES, _MAX_TOTAL_BYTES and _SETTLE_MS.
+    pub files: FileLimits,
+    /// SLUICE_CONFIG_POLL_MS: between 10 ms and 60 s.
+    pub poll_interval: Duration,
+    /// FORCE_START_WITHOUT_INITIAL_CONFIG.
+    pub force_start: bool,
     /// `Some` with CONFIG_TYPE=GRPC_XDS_SOTW: the config comes from an xDS server, not files.
     pub xds: Option<XdsConfig>,
-    /// SLUICE_MAX_CONNECTIONS and the other limits every listener applies.
-    pub listener_limits: crate::net::Limits,
-    /// SLUICE_PEER_TLS; `None`: the peer port and the calls to peers are plain text.
-    pub peer_tls: Option<crate::tls::PeerTlsFiles>,
-    /// SLUICE_MAX_KEY_BYTES and SLUICE_MAX_COUNTER_BYTES.
-    pub caps: caps::Caps,
-    /// SLUICE_CONFIG_MAX_FILE_BYTES, _MAX_TOTAL_BYTES and _SETTLE_MS.
-    pub config_files: crate::config::FileLimits,
 }
 
 /// An unset or empty variable is `None`: the Go service's defaults are "".
@@ -679,41 +674,6 @@ fn grpc_server_tls(
     })
 }
 
-/// Where the rate-limit config lives.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ConfigLocation {
-    /// `--config` / SLUICE_CONFIG, or `./config` by default: a YAML file or a directory of them.
-    Path(PathBuf),
-    /// The Go service's runtime layout: YAML files in `root/subdirectory/app_directory`.
-    Runtime {
-        root: PathBuf,
-        subdirectory: String,
-        app_directory: String,
-    },
-}
-
-impl ConfigLocation {
-    /// The file or directory to read.
-    pub fn path(&self) -> PathBuf {
-        match self {
-            ConfigLocation::Path(path) => path.clone(),
-            ConfigLocation::Runtime {
-                root,
-                subdirectory,
-                app_directory,
-            } => root.join(subdirectory).join(app_directory),
-        }
-    }
-}
-
-/// Names of the `RateLimit-*` response headers, checked to be valid HTTP header names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResponseHeaders {
-    pub limit: String,
-    pub remaining: String,
-    pub reset: String,
-}
-
 /// A setting that cannot be used. Every message names the variable and, where there is one, the
 /// offending value, since the operator most likely set it through the environment.
 #[derive(Debug, thiserror::Error)]
@@ -763,55 +723,136 @@ impl ServeArgs {
     /// Check every value and convert it to its typed form. Host names are resolved here, once,
     /// so a name that does not resolve stops startup instead of failing at bind time.
     pub fn validate(self) -> Result<Settings, SettingsError> {
-        let http_addr = resolve_listener("HOST", &self.host, self.port)?;
-        let grpc_addr = resolve_listener("GRPC_HOST", &self.grpc_host, self.grpc_port)?;
-        let debug_addr = resolve_listener("DEBUG_HOST", &self.debug_host, self.debug_port)?;
-        check_distinct(&[
-            ("PORT", http_addr),
-            ("GRPC_PORT", grpc_addr),
-            ("DEBUG_PORT", debug_addr),
-        ])?;
-
-        let config = match (self.config, self.runtime_root) {
-            (Some(path), _) => ConfigLocation::Path(path),
-            (None, Some(root)) => ConfigLocation::Runtime {
-                root,
-                subdirectory: self.runtime_subdirectory.unwrap_or_default(),
-                app_directory: self.runtime_appdirectory,
+        let (http, grpc, debug) = self.listen_addrs()?;
+        let source = self.config_source();
+        let near_limit_ratio = near_limit_ratio(self.near_limit_ratio)?;
+        let grpc_tls = self.grpc_tls()?;
+        let response_headers = self.response_headers()?;
+        let poll_interval = self.poll_interval()?;
+        let (backend, cluster) = self.backend_and_cluster(grpc)?;
+        let peer_tls = self.peer_tls.validate(cluster.is_some())?;
+        let grpc_connection_age = self.compat.validate()?;
+        let grpc_uds = self.compat.grpc_uds(self.grpc_server_use_tls)?;
+        let log_level = log_level(&self.log_level)?;
+        let log_format = log_format(&self.log_format)?;
+        let telemetry = self.telemetry.validate(near_limit_ratio)?;
+        let prometheus = self.telemetry.prometheus_addr()?;
+        let (fail_open, fail_open_domains) = self.fail_open()?;
+        let max_counters = non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?.get();
+        let caps = self.caps.validate()?;
+        let service = ServiceOptions {
+            shadow_mode: self.shadow_mode,
+            quota_mode: self.quota_mode,
+            response_headers,
+            cache_key_prefix: self.cache_key_prefix.clone().unwrap_or_default(),
+            dynamic_metadata: self.response_dynamic_metadata,
+            fail_open,
+            fail_open_domains,
+            max_descriptors: non_zero("SLUICE_MAX_DESCRIPTORS", self.max_descriptors)?.get(),
+            max_entries: non_zero("SLUICE_MAX_ENTRIES", self.max_entries)?.get(),
+            max_key_bytes: caps.max_key_bytes.get(),
+        };
+        let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
+        let xds = self.xds.validate()?;
+        let listener_limits = self.listeners.validate(self.max_request_bytes)?;
+        let config = ConfigSettings {
+            source,
+            load: LoadOptions {
+                merge_domain_config: self.merge_domain_config,
             },
-            (None, None) => ConfigLocation::Path(PathBuf::from("./config")),
+            files: self.config_files.validate()?,
+            poll_interval,
+            force_start: self.force_start_without_initial_config,
+            xds,
         };
+        let app = AppOptions {
+            service,
+            max_counters,
+            max_counter_bytes: caps.max_counter_bytes.get(),
+            sweep_interval: Duration::from_secs(self.sweep_interval_secs),
+            max_request_bytes,
+            require_config_for_health: self.healthy_with_at_least_one_config_loaded,
+            shutdown_delay: Duration::from_secs(self.shutdown_delay_secs),
+            drain_timeout: Duration::from_secs(self.drain_timeout_secs),
+            reload: None,
+            backend,
+            cluster,
+            xds: None,
+            telemetry,
+            grpc_tls: None,
+            grpc_connection_age,
+            listener_limits,
+            peer_tls: None,
+        };
+        Ok(Settings {
+            app,
+            addrs: Addrs {
+                http,
+                grpc,
+                grpc_uds,
+                debug,
+                prometheus,
+            },
+            config,
+            log_level,
+            log_format,
+            grpc_tls,
+            peer_tls,
+        })
+    }
 
-        // `!(x > 0)` rather than `x <= 0` so that NaN is rejected too.
-        let ratio = self.near_limit_ratio;
-        if !(ratio > 0.0 && ratio <= 1.0) {
-            return Err(invalid(
-                "NEAR_LIMIT_RATIO",
-                ratio,
-                "must be greater than 0 and at most 1",
-            ));
+    /// HOST:PORT, GRPC_HOST:GRPC_PORT and DEBUG_HOST:DEBUG_PORT, on distinct addresses.
+    fn listen_addrs(&self) -> Result<(SocketAddr, SocketAddr, SocketAddr), SettingsError> {
+        let http = resolve_listener("HOST", &self.host, self.port)?;
+        let grpc = resolve_listener("GRPC_HOST", &self.grpc_host, self.grpc_port)?;
+        let debug = resolve_listener("DEBUG_HOST", &self.debug_host, self.debug_port)?;
+        check_distinct(&[("PORT", http), ("GRPC_PORT", grpc), ("DEBUG_PORT", debug)])?;
+        Ok((http, grpc, debug))
+    }
+
+    /// `--config`, else the Go service's runtime layout under RUNTIME_ROOT, else `./config`.
+    fn config_source(&self) -> ConfigSource {
+        match (&self.config, &self.runtime_root) {
+            (Some(path), _) => ConfigSource::Path(path.clone()),
+            (None, Some(root)) => ConfigSource::Runtime {
+                root: root.clone(),
+                subdirectory: self.runtime_subdirectory.clone().unwrap_or_default(),
+                app_directory: self.runtime_appdirectory.clone(),
+            },
+            (None, None) => ConfigSource::Path(PathBuf::from("./config")),
         }
+    }
 
-        let grpc_tls = if self.grpc_server_use_tls {
-            Some(grpc_server_tls(
-                self.grpc_server_tls_cert.as_deref(),
-                self.grpc_server_tls_key.as_deref(),
-                self.grpc_client_tls_cacert.as_deref(),
-                self.grpc_client_tls_san.as_deref(),
-            )?)
-        } else {
+    fn grpc_tls(&self) -> Result<Option<GrpcTlsFiles>, SettingsError> {
+        if !self.grpc_server_use_tls {
             // As in the Go service, the file variables mean nothing without GRPC_SERVER_USE_TLS.
-            None
-        };
+            return Ok(None);
+        }
+        grpc_server_tls(
+            self.grpc_server_tls_cert.as_deref(),
+            self.grpc_server_tls_key.as_deref(),
+            self.grpc_client_tls_cacert.as_deref(),
+            self.grpc_client_tls_san.as_deref(),
+        )
+        .map(Some)
+    }
 
-        // Checked even when disabled: a bad name is a typo worth reporting before someone
-        // turns the headers on.
-        let headers = ResponseHeaders {
-            limit: header_name("LIMIT_LIMIT_HEADER", self.limit_limit_header)?,
-            remaining: header_name("LIMIT_REMAINING_HEADER", self.limit_remaining_header)?,
-            reset: header_name("LIMIT_RESET_HEADER", self.limit_reset_header)?,
+    /// `None` when LIMIT_RESPONSE_HEADERS_ENABLED is false. The names are checked even then: a
+    /// bad name is a typo worth reporting before someone turns the headers on.
+    fn response_headers(&self) -> Result<Option<HeaderNames>, SettingsError> {
+        let headers = HeaderNames {
+            limit: header_name("LIMIT_LIMIT_HEADER", self.limit_limit_header.clone())?,
+            remaining: header_name(
+                "LIMIT_REMAINING_HEADER",
+                self.limit_remaining_header.clone(),
+            )?,
+            reset: header_name("LIMIT_RESET_HEADER", self.limit_reset_header.clone())?,
         };
+        Ok(self.limit_response_headers_enabled.then_some(headers))
+    }
 
+    /// SLUICE_CONFIG_POLL_MS, checked with SLUICE_SWEEP_INTERVAL_SECS (both timers).
+    fn poll_interval(&self) -> Result<Duration, SettingsError> {
         let config_poll_ms = self.config_poll_ms;
         if !(10..=60_000).contains(&config_poll_ms) {
             return Err(invalid(
@@ -827,7 +868,14 @@ impl ServeArgs {
                 "must be at least 1",
             ));
         }
+        Ok(Duration::from_millis(config_poll_ms))
+    }
 
+    /// The counter store, and the peer cluster (binding where the gRPC listener does).
+    fn backend_and_cluster(
+        &self,
+        grpc: SocketAddr,
+    ) -> Result<(Backend, Option<ClusterConfig>), SettingsError> {
         let cluster = cluster_settings(
             &self.peers,
             self.peers_dns.as_deref(),
@@ -848,88 +896,70 @@ impl ServeArgs {
         let backend = match write_behind {
             // The cluster counts in memory; Redis only keeps the write-behind copy.
             Some(_) => Backend::Memory,
-            None => backend(self.backend_type.as_deref(), self.redis)?,
+            None => backend(self.backend_type.as_deref(), self.redis.clone())?,
         };
         let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
         if let (Backend::Redis(_), Some(_)) = (&backend, &cluster) {
-            return Err(invalid(
-                if self.peers.trim().is_empty() {
-                    "PEERS_DNS"
-                } else {
-                    "PEERS"
-                },
-                if self.peers.trim().is_empty() {
-                    self.peers_dns.as_deref().unwrap_or_default()
-                } else {
-                    self.peers.as_str()
-                },
-                "the Redis backend (BACKEND_TYPE=redis, or REDIS_URL alone) already shares \
-                 counters between replicas, so peers would be unused; unset the peers, or keep \
-                 them and set SLUICE_PEER_WRITE_BEHIND=true to write their counters behind to Redis",
-            ));
+            return Err(self.peers_beside_redis());
         }
-
-        let peer_tls = self.peer_tls.validate(cluster.is_some())?;
-        Ok(Settings {
-            http_addr,
-            grpc_addr,
-            grpc_tls,
-            grpc_connection_age: self.compat.validate()?,
-            grpc_uds: self.compat.grpc_uds(self.grpc_server_use_tls)?,
-            debug_addr,
-            config,
-            merge_domain_config: self.merge_domain_config,
-            force_start_without_initial_config: self.force_start_without_initial_config,
-            healthy_with_at_least_one_config_loaded: self.healthy_with_at_least_one_config_loaded,
-            shadow_mode: self.shadow_mode,
-            quota_mode: self.quota_mode,
-            response_dynamic_metadata: self.response_dynamic_metadata,
-            near_limit_ratio: ratio,
-            cache_key_prefix: self.cache_key_prefix.unwrap_or_default(),
-            response_headers: self.limit_response_headers_enabled.then_some(headers),
-            log_level: log_level(&self.log_level)?,
-            log_format: log_format(&self.log_format)?,
-            telemetry: self.telemetry.validate(ratio)?,
-            backend,
-            fail_open: match self.backend_failure.to_ascii_lowercase().as_str() {
-                "error" => false,
-                "allow" => true,
-                _ => {
-                    return Err(invalid(
-                        "SLUICE_BACKEND_FAILURE",
-                        &self.backend_failure,
-                        "expected error or allow",
-                    ));
-                }
-            },
-            fail_open_domains: self
-                .fail_open_domains
-                .split(',')
-                .map(str::trim)
-                .filter(|d| !d.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            max_counters: non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?,
-            max_descriptors: non_zero("SLUICE_MAX_DESCRIPTORS", self.max_descriptors)?,
-            max_entries: non_zero("SLUICE_MAX_ENTRIES", self.max_entries)?,
-            max_request_bytes: non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?,
-            config_poll_interval: Duration::from_millis(config_poll_ms),
-            sweep_interval: Duration::from_secs(self.sweep_interval_secs),
-            drain_timeout: Duration::from_secs(self.drain_timeout_secs),
-            shutdown_delay: Duration::from_secs(self.shutdown_delay_secs),
-            cluster: cluster.map(|mut c| {
-                // The peer listener binds where the gRPC listener does.
-                c.listen = SocketAddr::new(grpc_addr.ip(), self.peer_port);
-                c.write_behind = write_behind;
-                c
-            }),
-            xds: self.xds.validate()?,
-            listener_limits: self.listeners.validate(self.max_request_bytes)?,
-            peer_tls,
-            caps: self.caps.validate()?,
-            config_files: self.config_files.validate()?,
-        })
+        let cluster = cluster.map(|mut c| {
+            // The peer listener binds where the gRPC listener does.
+            c.listen = SocketAddr::new(grpc.ip(), self.peer_port);
+            c.write_behind = write_behind;
+            c
+        });
+        Ok((backend, cluster))
     }
+
+    fn peers_beside_redis(&self) -> SettingsError {
+        let (var, value) = if self.peers.trim().is_empty() {
+            ("PEERS_DNS", self.peers_dns.as_deref().unwrap_or_default())
+        } else {
+            ("PEERS", self.peers.as_str())
+        };
+        invalid(
+            var,
+            value,
+            "the Redis backend (BACKEND_TYPE=redis, or REDIS_URL alone) already shares \
+             counters between replicas, so peers would be unused; unset the peers, or keep \
+             them and set SLUICE_PEER_WRITE_BEHIND=true to write their counters behind to Redis",
+        )
+    }
+
+    /// SLUICE_BACKEND_FAILURE and SLUICE_FAIL_OPEN_DOMAINS.
+    fn fail_open(&self) -> Result<(bool, Vec<String>), SettingsError> {
+        let fail_open = match self.backend_failure.to_ascii_lowercase().as_str() {
+            "error" => false,
+            "allow" => true,
+            _ => {
+                return Err(invalid(
+                    "SLUICE_BACKEND_FAILURE",
+                    &self.backend_failure,
+                    "expected error or allow",
+                ));
+            }
+        };
+        let domains = self
+            .fail_open_domains
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Ok((fail_open, domains))
+    }
+}
+
+/// NEAR_LIMIT_RATIO, in (0, 1]. `!(x > 0)` rather than `x <= 0` so that NaN is rejected too.
+fn near_limit_ratio(ratio: f32) -> Result<f32, SettingsError> {
+    if !(ratio > 0.0 && ratio <= 1.0) {
+        return Err(invalid(
+            "NEAR_LIMIT_RATIO",
+            ratio,
+            "must be greater than 0 and at most 1",
+        ));
+    }
+    Ok(ratio)
 }
 
 /// `host` is an IP literal (IPv6 with or without brackets) or a name resolved now. A name with
@@ -2949,21 +2979,6 @@ pub struct TelemetryArgs {
     pub otel_exporter_otlp_metrics_insecure: Option<bool>,
 }
 
-/// Validated metrics settings.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TelemetrySettings {
-    pub stats: crate::telemetry::StatsOptions,
-    /// USE_PROMETHEUS: where the exposition gets its own listener.
-    pub prometheus_addr: Option<SocketAddr>,
-    pub prometheus_path: String,
-    /// USE_STATSD: the server and the flush interval.
-    pub statsd: Option<(SocketAddr, Duration)>,
-    /// TRACING_ENABLED (or OTEL_TRACES_EXPORTER=otlp).
-    pub tracing: Option<crate::telemetry::otlp::TracingOptions>,
-    /// OTEL_METRICS_EXPORTER=otlp.
-    pub otlp_metrics: Option<crate::telemetry::otlp::MetricsExportOptions>,
-}
-
 impl TelemetryArgs {
     /// The OpenTelemetry settings. TRACING_* wins over the matching OTEL_* variable, which is
     /// a fallback, as in envoyproxy/ratelimit. Syntax is checked even when nothing exports,
@@ -3312,7 +3327,7 @@ impl TelemetryArgs {
         Ok((tracing, metrics))
     }
 
-    fn validate(self, near_limit_ratio: f32) -> Result<TelemetrySettings, SettingsError> {
+    fn validate(&self, near_limit_ratio: f32) -> Result<TelemetryOptions, SettingsError> {
         let max_keys = non_zero("SLUICE_MAX_STAT_KEYS", self.max_stat_keys)?.get();
         if !self.prometheus_path.starts_with('/') {
             return Err(invalid(
@@ -3321,27 +3336,6 @@ impl TelemetryArgs {
                 "must start with /",
             ));
         }
-        let prometheus_addr = if self.use_prometheus {
-            // Go's `:9090` means every interface.
-            let (host, port) = self.prometheus_addr.rsplit_once(':').ok_or_else(|| {
-                invalid(
-                    "PROMETHEUS_ADDR",
-                    &self.prometheus_addr,
-                    "expected host:port or :port",
-                )
-            })?;
-            let port: u16 = port.parse().map_err(|_| {
-                invalid(
-                    "PROMETHEUS_ADDR",
-                    &self.prometheus_addr,
-                    "the port is not a number",
-                )
-            })?;
-            let host = if host.is_empty() { "0.0.0.0" } else { host };
-            Some(resolve_listener("PROMETHEUS_ADDR", host, port)?)
-        } else {
-            None
-        };
         let statsd = if self.use_statsd {
             let interval = parse_go_duration(&self.stats_flush_interval)
                 .filter(|d| !d.is_zero())
@@ -3362,7 +3356,7 @@ impl TelemetryArgs {
             None
         };
         let (tracing, otlp_metrics) = self.otlp()?;
-        Ok(TelemetrySettings {
+        Ok(TelemetryOptions {
             tracing,
             otlp_metrics,
             statsd,
@@ -3371,9 +3365,32 @@ impl TelemetryArgs {
                 near_limit_ratio,
                 max_keys,
             },
-            prometheus_addr,
-            prometheus_path: self.prometheus_path,
+            prometheus_path: self.prometheus_path.clone(),
         })
+    }
+
+    /// USE_PROMETHEUS: where the exposition gets its own listener. Go's `:9090` means every
+    /// interface.
+    fn prometheus_addr(&self) -> Result<Option<SocketAddr>, SettingsError> {
+        if !self.use_prometheus {
+            return Ok(None);
+        }
+        let (host, port) = self.prometheus_addr.rsplit_once(':').ok_or_else(|| {
+            invalid(
+                "PROMETHEUS_ADDR",
+                &self.prometheus_addr,
+                "expected host:port or :port",
+            )
+        })?;
+        let port: u16 = port.parse().map_err(|_| {
+            invalid(
+                "PROMETHEUS_ADDR",
+                &self.prometheus_addr,
+                "the port is not a number",
+            )
+        })?;
+        let host = if host.is_empty() { "0.0.0.0" } else { host };
+        resolve_listener("PROMETHEUS_ADDR", host, port).map(Some)
     }
 }
 
@@ -3417,29 +3434,32 @@ mod tests {
     #[test]
     fn defaults_match_the_go_service() {
         let s = settings(&[]).unwrap();
-        assert_eq!(s.http_addr, "0.0.0.0:8080".parse().unwrap());
-        assert_eq!(s.grpc_addr, "0.0.0.0:8081".parse().unwrap());
-        assert_eq!(s.debug_addr, "0.0.0.0:6070".parse().unwrap());
-        assert_eq!(s.config, ConfigLocation::Path(PathBuf::from("./config")));
-        assert!(!s.merge_domain_config);
-        assert!(!s.force_start_without_initial_config);
-        assert!(!s.healthy_with_at_least_one_config_loaded);
-        assert!(!s.shadow_mode);
-        assert!(!s.quota_mode);
-        assert!(!s.response_dynamic_metadata);
-        assert_eq!(s.near_limit_ratio, 0.8);
-        assert_eq!(s.cache_key_prefix, "");
-        assert_eq!(s.response_headers, None);
+        assert_eq!(s.addrs.http, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(s.addrs.grpc, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(s.addrs.debug, "0.0.0.0:6070".parse().unwrap());
+        assert_eq!(
+            s.config.source,
+            ConfigSource::Path(PathBuf::from("./config"))
+        );
+        assert!(!s.config.load.merge_domain_config);
+        assert!(!s.config.force_start);
+        assert!(!s.app.require_config_for_health);
+        assert!(!s.app.service.shadow_mode);
+        assert!(!s.app.service.quota_mode);
+        assert!(!s.app.service.dynamic_metadata);
+        assert_eq!(s.app.telemetry.stats.near_limit_ratio, 0.8);
+        assert_eq!(s.app.service.cache_key_prefix, "");
+        assert_eq!(s.app.service.response_headers, None);
         assert_eq!(s.log_level, LogLevel::Warn);
         assert_eq!(s.log_format, LogFormat::Text);
-        assert_eq!(s.backend, Backend::Memory);
-        assert_eq!(s.max_counters.get(), 1_000_000);
-        assert_eq!(s.max_descriptors.get(), 64);
-        assert_eq!(s.max_entries.get(), 32);
-        assert_eq!(s.max_request_bytes.get(), 65536);
-        assert_eq!(s.config_poll_interval, Duration::from_millis(500));
-        assert_eq!(s.sweep_interval, Duration::from_secs(10));
-        assert_eq!(s.drain_timeout, Duration::from_secs(15));
+        assert_eq!(s.app.backend, Backend::Memory);
+        assert_eq!(s.app.max_counters, 1_000_000);
+        assert_eq!(s.app.service.max_descriptors, 64);
+        assert_eq!(s.app.service.max_entries, 32);
+        assert_eq!(s.app.max_request_bytes, 65536);
+        assert_eq!(s.config.poll_interval, Duration::from_millis(500));
+        assert_eq!(s.app.sweep_interval, Duration::from_secs(10));
+        assert_eq!(s.app.drain_timeout, Duration::from_secs(15));
 
         let raw = serve(&[]);
         assert!(raw.runtime_watch_root);
@@ -3450,7 +3470,10 @@ mod tests {
     fn bools_parse_like_go_strconv() {
         for spelling in ["1", "t", "T", "TRUE", "true", "True"] {
             let arg = format!("--shadow-mode={spelling}");
-            assert!(settings(&[&arg]).unwrap().shadow_mode, "{spelling}");
+            assert!(
+                settings(&[&arg]).unwrap().app.service.shadow_mode,
+                "{spelling}"
+            );
         }
         for spelling in ["0", "f", "F", "FALSE", "false", "False"] {
             let arg = format!("--runtime-watch-root={spelling}");
@@ -3470,8 +3493,8 @@ mod tests {
     #[test]
     fn bare_bool_flag_means_true_and_does_not_swallow_the_next_argument() {
         let s = settings(&["--shadow-mode", "--quota-mode", "--port", "9000"]).unwrap();
-        assert!(s.shadow_mode && s.quota_mode);
-        assert_eq!(s.http_addr.port(), 9000);
+        assert!(s.app.service.shadow_mode && s.app.service.quota_mode);
+        assert_eq!(s.addrs.http.port(), 9000);
 
         let cli = parse(&["--merge-domain-config", "check-config", "x.yaml"]).unwrap();
         assert!(cli.serve.merge_domain_config);
@@ -3518,12 +3541,12 @@ mod tests {
             "0",
         ])
         .unwrap();
-        assert_eq!(s.http_addr, "127.0.0.1:0".parse().unwrap());
-        assert_eq!(s.grpc_addr, "[::1]:0".parse().unwrap());
-        assert!(s.debug_addr.ip().is_loopback(), "{}", s.debug_addr);
+        assert_eq!(s.addrs.http, "127.0.0.1:0".parse().unwrap());
+        assert_eq!(s.addrs.grpc, "[::1]:0".parse().unwrap());
+        assert!(s.addrs.debug.ip().is_loopback(), "{}", s.addrs.debug);
 
         let s = settings(&["--grpc-host", "[::]"]).unwrap();
-        assert_eq!(s.grpc_addr, "[::]:8081".parse().unwrap());
+        assert_eq!(s.addrs.grpc, "[::]:8081".parse().unwrap());
     }
 
     #[test]
@@ -3553,7 +3576,7 @@ mod tests {
     fn grpc_connection_age_defaults_to_go_and_parses_go_durations() {
         let s = settings(&[]).unwrap();
         assert_eq!(
-            s.grpc_connection_age,
+            s.app.grpc_connection_age,
             Some(crate::net::ConnectionAge {
                 max_age: Duration::from_secs(24 * 3600),
                 grace: Some(Duration::from_secs(3600)),
@@ -3567,7 +3590,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            s.grpc_connection_age,
+            s.app.grpc_connection_age,
             Some(crate::net::ConnectionAge {
                 max_age: Duration::from_secs(90),
                 grace: Some(Duration::from_millis(250)),
@@ -3575,9 +3598,9 @@ mod tests {
         );
         // grpc-go reads 0 as "for ever", for both.
         let s = settings(&["--grpc-max-connection-age", "0"]).unwrap();
-        assert_eq!(s.grpc_connection_age, None);
+        assert_eq!(s.app.grpc_connection_age, None);
         let s = settings(&["--grpc-max-connection-age-grace", "0"]).unwrap();
-        assert_eq!(s.grpc_connection_age.map(|a| a.grace), Some(None));
+        assert_eq!(s.app.grpc_connection_age.map(|a| a.grace), Some(None));
         let err = error(&["--grpc-max-connection-age", "24"]);
         assert!(err.starts_with("GRPC_MAX_CONNECTION_AGE=24: "), "{err}");
         let err = error(&["--grpc-max-connection-age-grace=-1s"]);
@@ -3720,10 +3743,13 @@ mod tests {
 
     #[test]
     fn grpc_uds_is_a_path_and_refused_with_tls() {
-        assert_eq!(settings(&[]).unwrap().grpc_uds, None);
-        assert_eq!(settings(&["--grpc-uds", ""]).unwrap().grpc_uds, None);
+        assert_eq!(settings(&[]).unwrap().addrs.grpc_uds, None);
+        assert_eq!(settings(&["--grpc-uds", ""]).unwrap().addrs.grpc_uds, None);
         assert_eq!(
-            settings(&["--grpc-uds", "/tmp/rl.sock"]).unwrap().grpc_uds,
+            settings(&["--grpc-uds", "/tmp/rl.sock"])
+                .unwrap()
+                .addrs
+                .grpc_uds,
             Some(PathBuf::from("/tmp/rl.sock"))
         );
         let err = error(&[
@@ -3809,7 +3835,7 @@ mod tests {
     }
 
     fn redis_settings(args: &[&str]) -> RedisConfig {
-        match settings(args).unwrap().backend {
+        match settings(args).unwrap().app.backend {
             Backend::Redis(r) => *r,
             Backend::Memory => panic!("expected the Redis backend"),
         }
@@ -3923,6 +3949,7 @@ mod tests {
             "--redis-tls-skip-hostname-verification",
         ]))
         .unwrap()
+        .app
         .backend
         {
             Backend::Redis(r) => r,
@@ -4049,16 +4076,18 @@ mod tests {
 
     #[test]
     fn backend_defaults_to_memory_and_to_redis_over_a_redis_url() {
-        assert_eq!(settings(&[]).unwrap().backend, Backend::Memory);
+        assert_eq!(settings(&[]).unwrap().app.backend, Backend::Memory);
         assert_eq!(
             settings(&["--backend-type", "memory", "--redis-url", "redis:6379"])
                 .unwrap()
+                .app
                 .backend,
             Backend::Memory
         );
         // REDIS_URL alone means Redis, with the Go service's defaults (a unix socket).
         let Backend::Redis(r) = settings(&["--redis-url", "/run/redis.sock"])
             .unwrap()
+            .app
             .backend
         else {
             panic!("expected the Redis backend");
@@ -4082,6 +4111,7 @@ mod tests {
             "250ms",
         ])
         .unwrap()
+        .app
         .backend
         else {
             panic!("expected the Redis backend");
@@ -4105,6 +4135,7 @@ mod tests {
         // A cluster's seeds are TCP addresses whatever REDIS_SOCKET_TYPE says, as in Go.
         let Backend::Redis(r) = settings(&["--redis-url", "a:1,b:2", "--redis-type", "cluster"])
             .unwrap()
+            .app
             .backend
         else {
             panic!("expected the Redis backend");
@@ -4219,8 +4250,8 @@ mod tests {
         ))
         .unwrap();
         // REDIS_URL here is where counters are copied, not the backend.
-        assert_eq!(s.backend, Backend::Memory);
-        let wb = s.cluster.unwrap().write_behind.unwrap();
+        assert_eq!(s.app.backend, Backend::Memory);
+        let wb = s.app.cluster.unwrap().write_behind.unwrap();
         assert_eq!(
             wb.redis.main.urls,
             vec!["redis://127.0.0.1:6379".to_string()]
@@ -4231,6 +4262,7 @@ mod tests {
         assert_eq!(
             settings(&with(&peers, &[]))
                 .unwrap()
+                .app
                 .cluster
                 .unwrap()
                 .write_behind,
@@ -4278,17 +4310,22 @@ mod tests {
 
     #[test]
     fn config_type_selects_xds_with_go_defaults() {
-        assert_eq!(settings(&[]).unwrap().xds, None);
-        assert_eq!(settings(&["--config-type", "file"]).unwrap().xds, None);
+        assert_eq!(settings(&[]).unwrap().config.xds, None);
+        assert_eq!(
+            settings(&["--config-type", "file"]).unwrap().config.xds,
+            None
+        );
         // xDS variables are ignored (not even checked) for files.
         assert_eq!(
             settings(&["--config-grpc-xds-server-use-tls=true"])
                 .unwrap()
+                .config
                 .xds,
             None
         );
         let x = settings(&["--config-type", "GRPC_XDS_SOTW"])
             .unwrap()
+            .config
             .xds
             .expect("xds");
         assert_eq!(
@@ -4312,7 +4349,7 @@ mod tests {
         let xds = |extra: &[&str]| {
             let mut args = vec!["--config-type", "GRPC_XDS_SOTW"];
             args.extend_from_slice(extra);
-            settings(&args).map(|s| s.xds.expect("xds"))
+            settings(&args).map(|s| s.config.xds.expect("xds"))
         };
         let x = xds(&[
             "--config-grpc-xds-node-id",
@@ -4441,10 +4478,11 @@ mod tests {
     #[test]
     fn tracing_is_off_by_default_and_defaults_match_go() {
         let s = settings(&[]).unwrap();
-        assert_eq!(s.telemetry.tracing, None);
-        assert_eq!(s.telemetry.otlp_metrics, None);
+        assert_eq!(s.app.telemetry.tracing, None);
+        assert_eq!(s.app.telemetry.otlp_metrics, None);
         let t = settings(&["--tracing-enabled"])
             .unwrap()
+            .app
             .telemetry
             .tracing
             .unwrap();
@@ -4469,6 +4507,7 @@ mod tests {
             "--tracing-sampling-rate=0.25",
         ])
         .unwrap()
+        .app
         .telemetry
         .tracing
         .unwrap();
@@ -4506,6 +4545,7 @@ mod tests {
             "--otel-metric-export-interval=1000",
         ])
         .unwrap()
+        .app
         .telemetry;
         let (tracing, metrics) = (t.tracing.unwrap(), t.otlp_metrics.unwrap());
         assert_eq!(tracing.endpoint.url, "http://collector:4318/v1/traces");
@@ -4515,7 +4555,7 @@ mod tests {
         assert_eq!(metrics.interval, Duration::from_secs(1));
 
         let t = settings(&["--otel-traces-exporter=otlp", "--otel-sdk-disabled"]).unwrap();
-        assert_eq!(t.telemetry.tracing, None);
+        assert_eq!(t.app.telemetry.tracing, None);
     }
 
     #[test]
@@ -4581,7 +4621,13 @@ mod tests {
         let traces = |args: &[&str]| {
             let mut all = vec!["--tracing-enabled"];
             all.extend_from_slice(args);
-            settings(&all).unwrap().telemetry.tracing.unwrap().endpoint
+            settings(&all)
+                .unwrap()
+                .app
+                .telemetry
+                .tracing
+                .unwrap()
+                .endpoint
         };
         // https: TLS with the system's roots and no client certificate.
         let e = traces(&["--otel-exporter-otlp-endpoint=https://collector:4318"]);
@@ -4655,6 +4701,7 @@ mod tests {
             "--otel-exporter-otlp-metrics-insecure",
         ])
         .unwrap()
+        .app
         .telemetry
         .otlp_metrics
         .unwrap();
@@ -4686,6 +4733,7 @@ mod tests {
             &format!("--otel-exporter-otlp-client-key={key}"),
         ])
         .unwrap()
+        .app
         .telemetry;
         let expected = crate::tls::ClientTls {
             ca_pem: Some(read(&ca)),
@@ -4710,6 +4758,7 @@ mod tests {
             &format!("--otel-exporter-otlp-metrics-client-key={key}"),
         ])
         .unwrap()
+        .app
         .telemetry;
         let tls = t.tracing.unwrap().endpoint.tls.unwrap();
         assert_eq!(tls.ca_pem, Some(read(&ca)));
@@ -4811,7 +4860,10 @@ mod tests {
     #[test]
     fn config_flag_wins_over_runtime_root() {
         let s = settings(&["--config", "/etc/sluice", "--runtime-root", "/srv/rt"]).unwrap();
-        assert_eq!(s.config, ConfigLocation::Path(PathBuf::from("/etc/sluice")));
+        assert_eq!(
+            s.config.source,
+            ConfigSource::Path(PathBuf::from("/etc/sluice"))
+        );
 
         let s = settings(&[
             "--runtime-root",
@@ -4821,14 +4873,13 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            s.config,
-            ConfigLocation::Runtime {
+            s.config.source,
+            ConfigSource::Runtime {
                 root: PathBuf::from("/srv/rt"),
                 subdirectory: "ratelimit".to_owned(),
                 app_directory: "config".to_owned(),
             }
         );
-        assert_eq!(s.config.path(), PathBuf::from("/srv/rt/ratelimit/config"));
 
         let s = settings(&[
             "--runtime-root",
@@ -4837,7 +4888,14 @@ mod tests {
             "limits",
         ])
         .unwrap();
-        assert_eq!(s.config.path(), PathBuf::from("/srv/rt/limits"));
+        assert_eq!(
+            s.config.source,
+            ConfigSource::Runtime {
+                root: PathBuf::from("/srv/rt"),
+                subdirectory: String::new(),
+                app_directory: "limits".to_owned(),
+            }
+        );
     }
 
     #[test]
@@ -4851,6 +4909,9 @@ mod tests {
         assert_eq!(
             settings(&["--near-limit-ratio", "1"])
                 .unwrap()
+                .app
+                .telemetry
+                .stats
                 .near_limit_ratio,
             1.0
         );
@@ -4860,8 +4921,8 @@ mod tests {
     fn response_headers_are_named_only_when_enabled() {
         let s = settings(&["--limit-response-headers-enabled=true"]).unwrap();
         assert_eq!(
-            s.response_headers,
-            Some(ResponseHeaders {
+            s.app.service.response_headers,
+            Some(HeaderNames {
                 limit: "RateLimit-Limit".to_owned(),
                 remaining: "RateLimit-Remaining".to_owned(),
                 reset: "RateLimit-Reset".to_owned(),
@@ -4913,8 +4974,8 @@ mod tests {
             error(&["--sweep-interval-secs", "0"]).starts_with("SLUICE_SWEEP_INTERVAL_SECS=0:")
         );
         let s = settings(&["--config-poll-ms", "10", "--drain-timeout-secs", "0"]).unwrap();
-        assert_eq!(s.config_poll_interval, Duration::from_millis(10));
-        assert_eq!(s.drain_timeout, Duration::ZERO);
+        assert_eq!(s.config.poll_interval, Duration::from_millis(10));
+        assert_eq!(s.app.drain_timeout, Duration::ZERO);
     }
 
     #[test]

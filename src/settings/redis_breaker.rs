@@ -108,7 +108,7 @@ mod tests {
     fn redis(extra: &[&str]) -> BreakerSettings {
         let mut args = vec!["--backend-type", "redis", "--redis-url", "localhost:6379"];
         args.extend(extra);
-        match settings(&args).expect("valid").backend {
+        match settings(&args).expect("valid").app.backend {
             Backend::Redis(r) => r.breaker,
             Backend::Memory => panic!("expected the Redis backend"),
         }
@@ -157,6 +157,7 @@ mod tests {
         ])
         .expect("valid");
         let wb = s
+            .app
             .cluster
             .and_then(|c| c.write_behind)
             .expect("write-behind");
