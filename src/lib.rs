@@ -38,6 +38,7 @@ pub mod config;
 pub mod descriptor;
 pub mod limiter;
 pub mod net;
+pub mod percent;
 pub mod service;
 pub mod settings;
 pub mod store;

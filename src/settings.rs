@@ -1028,29 +1028,16 @@ fn key_values(var: &'static str, list: &str) -> Result<Vec<(String, String)>, Se
         if k.is_empty() {
             return Err(invalid(var, item, "empty key"));
         }
-        let v = percent_decode(v.trim())
-            .ok_or_else(|| invalid(var, item, "the value is not valid percent-encoded UTF-8"))?;
+        let v = crate::percent::decode(v.trim().as_bytes()).ok_or_else(|| {
+            invalid(
+                var,
+                item,
+                "the value is not valid percent-encoded UTF-8 (a % takes two hex digits)",
+            )
+        })?;
         out.push((k.to_owned(), v));
     }
     Ok(out)
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// An OTLP endpoint as a URL: `http://` (plain text) or `https://` (TLS). Without a scheme,
@@ -4613,6 +4600,41 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("TRACING_SAMPLING_RATE"), "{err}");
+    }
+
+    /// OTEL_EXPORTER_OTLP_*HEADERS and OTEL_RESOURCE_ATTRIBUTES values go through the one
+    /// strict percent-decoder: `%+f` (once read as 0x0f) stops start-up naming the variable.
+    #[test]
+    fn percent_encoded_values_take_two_hex_digits() {
+        let traces = settings(&[
+            "--tracing-enabled",
+            "--otel-exporter-otlp-headers=x-key=a%20b",
+            "--otel-resource-attributes=team=a%2Cb",
+        ])
+        .unwrap()
+        .app
+        .telemetry
+        .tracing
+        .unwrap();
+        assert_eq!(
+            traces.endpoint.headers,
+            [("x-key".to_owned(), "a b".to_owned())]
+        );
+        assert!(
+            traces
+                .resource
+                .contains(&("team".to_owned(), "a,b".to_owned()))
+        );
+        let why = "the value is not valid percent-encoded UTF-8 (a % takes two hex digits)";
+        for (var, item) in [
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-key=%+f"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-key=%+f"),
+            ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-key=%+f"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "team=%+f"),
+        ] {
+            let flag = format!("--{}={item}", var.to_ascii_lowercase().replace('_', "-"));
+            assert_eq!(error(&[&flag]), format!("{var}={item}: {why}"));
+        }
     }
 
     #[test]
