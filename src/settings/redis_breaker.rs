@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::{Backend, SettingsError, WriteBehind, invalid, parse_go_bool};
+use super::parse::parse_go_bool;
+use super::{SettingsError, invalid};
+use crate::app::Backend;
+use crate::cluster::WriteBehind;
 use crate::store::redis::BreakerSettings;
 
 /// Raw breaker flags; see [`BreakerSettings`].
