@@ -10,6 +10,18 @@ use super::parse::{key_values, non_empty, non_zero};
 use super::telemetry::TelemetryArgs;
 use super::tls::key_pair;
 use super::{SettingsError, header_name, invalid};
+use crate::telemetry::otlp::{self, Endpoint, MetricsExportOptions, Protocol, TracingOptions};
+use crate::tls::{ClientTls, KeyPairFiles, PemFile};
+
+/// Which signals export: TRACING_ENABLED (else OTEL_TRACES_EXPORTER=otlp) and
+/// OTEL_METRICS_EXPORTER=otlp, both off with OTEL_SDK_DISABLED.
+struct Signals {
+    traces: bool,
+    metrics: bool,
+}
+
+/// One signal's TLS files: the CA to trust and the client certificate with its key.
+type TlsFiles = (Option<PemFile>, Option<KeyPairFiles>);
 
 impl TelemetryArgs {
     /// The OpenTelemetry settings. TRACING_* wins over the matching OTEL_* variable, which is
@@ -17,14 +29,71 @@ impl TelemetryArgs {
     /// so a typo shows before someone turns tracing on.
     pub(super) fn otlp(
         &self,
-    ) -> Result<
-        (
-            Option<crate::telemetry::otlp::TracingOptions>,
-            Option<crate::telemetry::otlp::MetricsExportOptions>,
-        ),
-        SettingsError,
-    > {
-        use crate::telemetry::otlp::{self, Endpoint, Protocol};
+    ) -> Result<(Option<TracingOptions>, Option<MetricsExportOptions>), SettingsError> {
+        let on = self.signals()?;
+        let (traces_protocol, metrics_protocol) = self.protocols()?;
+        let sampling_rate = self.sampling_rate()?;
+        let resource = self.resource()?;
+        let (traces_headers, metrics_headers) = self.headers()?;
+        if self.otel_exporter_otlp_timeout == 0 {
+            return Err(invalid(
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+                0,
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        let timeout = Duration::from_millis(self.otel_exporter_otlp_timeout);
+        let traces_url = self.endpoint_url(
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                &self.otel_exporter_otlp_traces_endpoint,
+            ),
+            "/v1/traces",
+            traces_protocol,
+            self.otel_exporter_otlp_traces_insecure,
+        )?;
+        let metrics_url = self.endpoint_url(
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                &self.otel_exporter_otlp_metrics_endpoint,
+            ),
+            "/v1/metrics",
+            metrics_protocol,
+            self.otel_exporter_otlp_metrics_insecure,
+        )?;
+        let (traces_files, metrics_files) = (self.traces_tls_files()?, self.metrics_tls_files()?);
+        let traces_tls = client_tls(on.traces, &traces_url, traces_files)?;
+        let metrics_tls = client_tls(on.metrics, &metrics_url, metrics_files)?;
+        let (max_queue_size, max_batch_size) = self.batch_sizes()?;
+        let tracing = on.traces.then(|| TracingOptions {
+            endpoint: Endpoint {
+                protocol: traces_protocol,
+                url: traces_url,
+                tls: traces_tls,
+                headers: traces_headers,
+                timeout,
+            },
+            sampling_rate,
+            resource: resource.clone(),
+            max_queue_size,
+            max_batch_size,
+            schedule_delay: Duration::from_millis(self.otel_bsp_schedule_delay),
+        });
+        let metrics = on.metrics.then(|| MetricsExportOptions {
+            endpoint: Endpoint {
+                protocol: metrics_protocol,
+                url: metrics_url,
+                tls: metrics_tls,
+                headers: metrics_headers,
+                timeout,
+            },
+            interval: Duration::from_millis(self.otel_metric_export_interval),
+            resource,
+        });
+        Ok((tracing, metrics))
+    }
+
+    fn signals(&self) -> Result<Signals, SettingsError> {
         let none_or_otlp = |var: &'static str, v: &Option<String>| match v.as_deref() {
             None => Ok(false),
             Some(x) if x.eq_ignore_ascii_case("none") => Ok(false),
@@ -33,20 +102,15 @@ impl TelemetryArgs {
         };
         let traces_exporter = none_or_otlp("OTEL_TRACES_EXPORTER", &self.otel_traces_exporter)?;
         let metrics_exporter = none_or_otlp("OTEL_METRICS_EXPORTER", &self.otel_metrics_exporter)?;
-        let enabled = self.tracing_enabled.unwrap_or(traces_exporter) && !self.otel_sdk_disabled;
-        let metrics_enabled = metrics_exporter && !self.otel_sdk_disabled;
+        Ok(Signals {
+            traces: self.tracing_enabled.unwrap_or(traces_exporter) && !self.otel_sdk_disabled,
+            metrics: metrics_exporter && !self.otel_sdk_disabled,
+        })
+    }
 
-        let protocol = |var: &'static str, v: &str| match v.to_ascii_lowercase().as_str() {
-            "http" | "http/protobuf" => Ok(Protocol::Http),
-            "grpc" => Ok(Protocol::Grpc),
-            "http/json" => Err(SettingsError::NotSupportedYet {
-                var,
-                value: v.to_owned(),
-                reason: "OTLP/HTTP with JSON bodies (use http/protobuf or grpc)",
-            }),
-            _ => Err(invalid(var, v, "expected http (http/protobuf) or grpc")),
-        };
-        let traces_protocol = match (
+    /// The traces' and the metrics' protocols; the metrics' defaults to the traces'.
+    fn protocols(&self) -> Result<(Protocol, Protocol), SettingsError> {
+        let traces = match (
             &self.tracing_exporter_protocol,
             &self.otel_exporter_otlp_protocol,
         ) {
@@ -54,56 +118,60 @@ impl TelemetryArgs {
             (None, Some(v)) => protocol("OTEL_EXPORTER_OTLP_PROTOCOL", v)?,
             (None, None) => Protocol::Http,
         };
-        let metrics_protocol = match &self.otel_exporter_otlp_metrics_protocol {
+        let metrics = match &self.otel_exporter_otlp_metrics_protocol {
             Some(v) => protocol("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", v)?,
-            None => traces_protocol,
+            None => traces,
         };
+        Ok((traces, metrics))
+    }
 
-        let rate = match (
-            self.tracing_sampling_rate,
-            self.otel_traces_sampler.as_deref(),
-        ) {
-            (Some(r), _) => {
-                if !(0.0..=1.0).contains(&r) {
-                    return Err(invalid(
-                        "TRACING_SAMPLING_RATE",
-                        r,
-                        "must be between 0 and 1",
-                    ));
-                }
-                r
+    /// TRACING_SAMPLING_RATE, else what OTEL_TRACES_SAMPLER (and _ARG) mean; 1 by default.
+    fn sampling_rate(&self) -> Result<f64, SettingsError> {
+        if let Some(r) = self.tracing_sampling_rate {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(invalid(
+                    "TRACING_SAMPLING_RATE",
+                    r,
+                    "must be between 0 and 1",
+                ));
             }
-            (None, None) => 1.0,
-            (None, Some(sampler)) => match sampler.to_ascii_lowercase().as_str() {
-                "always_on" | "parentbased_always_on" => 1.0,
-                "always_off" | "parentbased_always_off" => 0.0,
-                "traceidratio" | "parentbased_traceidratio" => {
-                    match self.otel_traces_sampler_arg.as_deref() {
-                        None => 1.0,
-                        Some(arg) => arg
-                            .trim()
-                            .parse::<f64>()
-                            .ok()
-                            .filter(|r| (0.0..=1.0).contains(r))
-                            .ok_or_else(|| {
-                                invalid(
-                                    "OTEL_TRACES_SAMPLER_ARG",
-                                    arg,
-                                    "must be a number between 0 and 1",
-                                )
-                            })?,
-                    }
-                }
-                _ => {
-                    return Err(invalid(
-                        "OTEL_TRACES_SAMPLER",
-                        sampler,
-                        "expected always_on, always_off, traceidratio or their parentbased_ forms",
-                    ));
-                }
-            },
+            return Ok(r);
+        }
+        let Some(sampler) = self.otel_traces_sampler.as_deref() else {
+            return Ok(1.0);
         };
+        match sampler.to_ascii_lowercase().as_str() {
+            "always_on" | "parentbased_always_on" => Ok(1.0),
+            "always_off" | "parentbased_always_off" => Ok(0.0),
+            "traceidratio" | "parentbased_traceidratio" => {
+                match self.otel_traces_sampler_arg.as_deref() {
+                    None => Ok(1.0),
+                    Some(arg) => arg
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| (0.0..=1.0).contains(r))
+                        .ok_or_else(|| {
+                            invalid(
+                                "OTEL_TRACES_SAMPLER_ARG",
+                                arg,
+                                "must be a number between 0 and 1",
+                            )
+                        }),
+                }
+            }
+            _ => Err(invalid(
+                "OTEL_TRACES_SAMPLER",
+                sampler,
+                "expected always_on, always_off, traceidratio or their parentbased_ forms",
+            )),
+        }
+    }
 
+    /// The resource every span and metric carries: the service's name, namespace and
+    /// instance (TRACING_SERVICE_*, else OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES),
+    /// the other OTEL_RESOURCE_ATTRIBUTES, the version and the SDK.
+    fn resource(&self) -> Result<Vec<(String, String)>, SettingsError> {
         let mut attrs = match &self.otel_resource_attributes {
             Some(v) => key_values("OTEL_RESOURCE_ATTRIBUTES", v)?,
             None => Vec::new(),
@@ -142,32 +210,18 @@ impl TelemetryArgs {
         }
         resource.push(("telemetry.sdk.name".to_owned(), "sluice".to_owned()));
         resource.push(("telemetry.sdk.language".to_owned(), "rust".to_owned()));
+        Ok(resource)
+    }
 
-        let headers = |var: &'static str,
-                       v: &Option<String>|
-         -> Result<Vec<(String, String)>, SettingsError> {
-            let pairs = match v {
-                Some(v) => key_values(var, v)?,
-                None => return Ok(Vec::new()),
-            };
-            pairs
-                .into_iter()
-                .map(|(k, v)| {
-                    let k = k.to_ascii_lowercase();
-                    header_name(var, k.clone())?;
-                    if v.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
-                        return Err(invalid(var, &k, "a header value holds a control character"));
-                    }
-                    Ok((k, v))
-                })
-                .collect()
-        };
+    /// The traces' and the metrics' headers: the common OTEL_EXPORTER_OTLP_HEADERS, where the
+    /// signal's own list does not set the same header.
+    fn headers(&self) -> Result<(Headers, Headers), SettingsError> {
         let common = headers(
             "OTEL_EXPORTER_OTLP_HEADERS",
             &self.otel_exporter_otlp_headers,
         )?;
-        let merge = |own: Vec<(String, String)>| {
-            let mut all: Vec<(String, String)> = common
+        let merge = |own: Headers| {
+            let mut all: Headers = common
                 .iter()
                 .filter(|(k, _)| !own.iter().any(|(o, _)| o == k))
                 .cloned()
@@ -175,70 +229,50 @@ impl TelemetryArgs {
             all.extend(own);
             all
         };
-        let trace_headers = merge(headers(
+        let traces = merge(headers(
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
             &self.otel_exporter_otlp_traces_headers,
         )?);
-        let metrics_headers = merge(headers(
+        let metrics = merge(headers(
             "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
             &self.otel_exporter_otlp_metrics_headers,
         )?);
-        if self.otel_exporter_otlp_timeout == 0 {
-            return Err(invalid(
-                "OTEL_EXPORTER_OTLP_TIMEOUT",
-                0,
-                "must be at least 1 (milliseconds)",
-            ));
-        }
-        let timeout = Duration::from_millis(self.otel_exporter_otlp_timeout);
+        Ok((traces, metrics))
+    }
 
-        // The signal's own URL is used as is; the base URL gets the signal's path on HTTP.
-        let url = |own: (&'static str, &Option<String>),
-                   path: &str,
-                   protocol: Protocol,
-                   insecure: bool| {
-            Ok::<_, SettingsError>(match (own.1, &self.otel_exporter_otlp_endpoint) {
-                (Some(u), _) => otlp_url(own.0, u, protocol, insecure)?,
-                (None, Some(base)) => {
-                    let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, protocol, insecure)?;
-                    match protocol {
-                        Protocol::Http => format!("{}{path}", base.trim_end_matches('/')),
-                        Protocol::Grpc => base,
-                    }
+    /// A signal's URL: its own variable as is; else OTEL_EXPORTER_OTLP_ENDPOINT, with the
+    /// signal's path on HTTP; else the collector's default on localhost. `insecure` is the
+    /// signal's own OTEL_EXPORTER_OTLP_*_INSECURE, else the common one.
+    fn endpoint_url(
+        &self,
+        (own_var, own): (&'static str, &Option<String>),
+        path: &str,
+        protocol: Protocol,
+        insecure: Option<bool>,
+    ) -> Result<String, SettingsError> {
+        let insecure = insecure
+            .or(self.otel_exporter_otlp_insecure)
+            .unwrap_or(false);
+        Ok(match (own, &self.otel_exporter_otlp_endpoint) {
+            (Some(u), _) => otlp_url(own_var, u, protocol, insecure)?,
+            (None, Some(base)) => {
+                let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, protocol, insecure)?;
+                match protocol {
+                    Protocol::Http => format!("{}{path}", base.trim_end_matches('/')),
+                    Protocol::Grpc => base,
                 }
-                (None, None) => match protocol {
-                    Protocol::Http => format!("http://localhost:4318{path}"),
-                    Protocol::Grpc => "http://localhost:4317".to_owned(),
-                },
-            })
-        };
-        let traces_url = url(
-            (
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                &self.otel_exporter_otlp_traces_endpoint,
-            ),
-            "/v1/traces",
-            traces_protocol,
-            self.otel_exporter_otlp_traces_insecure
-                .or(self.otel_exporter_otlp_insecure)
-                .unwrap_or(false),
-        )?;
-        let metrics_url = url(
-            (
-                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-                &self.otel_exporter_otlp_metrics_endpoint,
-            ),
-            "/v1/metrics",
-            metrics_protocol,
-            self.otel_exporter_otlp_metrics_insecure
-                .or(self.otel_exporter_otlp_insecure)
-                .unwrap_or(false),
-        )?;
+            }
+            (None, None) => match protocol {
+                Protocol::Http => format!("http://localhost:4318{path}"),
+                Protocol::Grpc => "http://localhost:4317".to_owned(),
+            },
+        })
+    }
 
-        // TLS files: pairs are checked always (a typo shows before export is turned on); the
-        // files are read, and checked as every TLS client's are, only when a signal that is
-        // on has an https endpoint. With an http endpoint they are not used.
-        let traces_files = otlp_tls_files(
+    /// The traces' TLS files: pairs are checked always (a typo shows before export is turned
+    /// on); the files are read by [`client_tls`] only when they will be used.
+    fn traces_tls_files(&self) -> Result<TlsFiles, SettingsError> {
+        otlp_tls_files(
             [
                 (
                     "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
@@ -269,8 +303,12 @@ impl TelemetryArgs {
                     &self.otel_exporter_otlp_client_key,
                 ),
             ],
-        )?;
-        let metrics_files = otlp_tls_files(
+        )
+    }
+
+    /// The metrics' TLS files, as [`Self::traces_tls_files`].
+    fn metrics_tls_files(&self) -> Result<TlsFiles, SettingsError> {
+        otlp_tls_files(
             [
                 (
                     "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
@@ -301,16 +339,12 @@ impl TelemetryArgs {
                     &self.otel_exporter_otlp_client_key,
                 ),
             ],
-        )?;
-        let tls = |used: bool, url: &str, (ca, identity)| {
-            if used && url.starts_with("https://") {
-                crate::tls::ClientTls::from_files(ca, identity, None).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-        let traces_tls = tls(enabled, &traces_url, traces_files)?;
-        let metrics_tls = tls(metrics_enabled, &metrics_url, metrics_files)?;
+        )
+    }
+
+    /// OTEL_BSP_MAX_QUEUE_SIZE and _MAX_EXPORT_BATCH_SIZE (at most the queue), checked with
+    /// the two export delays.
+    fn batch_sizes(&self) -> Result<(usize, usize), SettingsError> {
         let queue = non_zero("OTEL_BSP_MAX_QUEUE_SIZE", self.otel_bsp_max_queue_size)?.get();
         let batch = non_zero(
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
@@ -331,32 +365,56 @@ impl TelemetryArgs {
                 "must be at least 1 (milliseconds)",
             ));
         }
-        let tracing = enabled.then(|| otlp::TracingOptions {
-            endpoint: Endpoint {
-                protocol: traces_protocol,
-                url: traces_url,
-                tls: traces_tls,
-                headers: trace_headers,
-                timeout,
-            },
-            sampling_rate: rate,
-            resource: resource.clone(),
-            max_queue_size: queue,
-            max_batch_size: batch.min(queue),
-            schedule_delay: Duration::from_millis(self.otel_bsp_schedule_delay),
-        });
-        let metrics = metrics_enabled.then(|| otlp::MetricsExportOptions {
-            endpoint: Endpoint {
-                protocol: metrics_protocol,
-                url: metrics_url,
-                tls: metrics_tls,
-                headers: metrics_headers,
-                timeout,
-            },
-            interval: Duration::from_millis(self.otel_metric_export_interval),
-            resource,
-        });
-        Ok((tracing, metrics))
+        Ok((queue, batch.min(queue)))
+    }
+}
+
+type Headers = Vec<(String, String)>;
+
+fn protocol(var: &'static str, v: &str) -> Result<Protocol, SettingsError> {
+    match v.to_ascii_lowercase().as_str() {
+        "http" | "http/protobuf" => Ok(Protocol::Http),
+        "grpc" => Ok(Protocol::Grpc),
+        "http/json" => Err(SettingsError::NotSupportedYet {
+            var,
+            value: v.to_owned(),
+            reason: "OTLP/HTTP with JSON bodies (use http/protobuf or grpc)",
+        }),
+        _ => Err(invalid(var, v, "expected http (http/protobuf) or grpc")),
+    }
+}
+
+/// One OTEL_EXPORTER_OTLP_*HEADERS list: lower-case names that are HTTP header names, and
+/// values without control characters.
+fn headers(var: &'static str, v: &Option<String>) -> Result<Headers, SettingsError> {
+    let pairs = match v {
+        Some(v) => key_values(var, v)?,
+        None => return Ok(Vec::new()),
+    };
+    pairs
+        .into_iter()
+        .map(|(k, v)| {
+            let k = k.to_ascii_lowercase();
+            header_name(var, k.clone())?;
+            if v.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
+                return Err(invalid(var, &k, "a header value holds a control character"));
+            }
+            Ok((k, v))
+        })
+        .collect()
+}
+
+/// A signal's TLS files, read and checked as every TLS client's are, when the signal is on and
+/// its endpoint is `https`; with an `http` endpoint they are not used.
+fn client_tls(
+    used: bool,
+    url: &str,
+    (ca, identity): TlsFiles,
+) -> Result<Option<ClientTls>, SettingsError> {
+    if used && url.starts_with("https://") {
+        Ok(Some(ClientTls::from_files(ca, identity, None)?))
+    } else {
+        Ok(None)
     }
 }
 
@@ -367,10 +425,9 @@ impl TelemetryArgs {
 pub(super) fn otlp_url(
     var: &'static str,
     value: &str,
-    protocol: crate::telemetry::otlp::Protocol,
+    protocol: Protocol,
     insecure: bool,
 ) -> Result<String, SettingsError> {
-    use crate::telemetry::otlp::Protocol;
     let value = value.trim();
     let url = if value.contains("://") {
         value.to_owned()
@@ -408,14 +465,7 @@ pub(super) fn otlp_tls_files(
     ca: [(&'static str, &Option<String>); 2],
     cert: [(&'static str, &Option<String>); 2],
     key: [(&'static str, &Option<String>); 2],
-) -> Result<
-    (
-        Option<crate::tls::PemFile>,
-        Option<crate::tls::KeyPairFiles>,
-    ),
-    SettingsError,
-> {
-    use crate::tls::{KeyPairFiles, PemFile};
+) -> Result<TlsFiles, SettingsError> {
     let ca = first_set(ca).map(|(_, var, path)| PemFile::new(var, path));
     let identity = match (first_set(cert), first_set(key)) {
         (None, None) => None,
