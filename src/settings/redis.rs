@@ -352,6 +352,32 @@ pub(super) fn pool_on_empty(var: &'static str, value: &str) -> Result<(), Settin
 
 impl RedisArgs {
     pub(super) fn validate(self) -> Result<RedisConfig, SettingsError> {
+        let (main, per_second) = self.targets()?;
+        let timeout = parse_go_duration(&self.redis_timeout)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                invalid(
+                    "REDIS_TIMEOUT",
+                    &self.redis_timeout,
+                    "expected a positive Go duration such as 250ms or 1s",
+                )
+            })?;
+        self.check_pool_settings()?;
+        Ok(RedisConfig {
+            main,
+            per_second,
+            timeout,
+            expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
+            local_cache_size_in_bytes: self.local_cache_size_in_bytes,
+            stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
+            startup: self.startup_backoff()?,
+            // Set from RedisBreakerArgs by ServeArgs::validate.
+            breaker: Default::default(),
+        })
+    }
+
+    /// REDIS_URL's target, and REDIS_PERSECOND_URL's with REDIS_PERSECOND.
+    fn targets(&self) -> Result<(RedisTarget, Option<RedisTarget>), SettingsError> {
         // One set of files serves both Redis, as in Go (there is no REDIS_PERSECOND_TLS_CACERT).
         // Without REDIS_TLS they are not read, as in Go.
         let tls = if self.redis_tls || self.redis_persecond_tls {
@@ -366,35 +392,31 @@ impl RedisArgs {
             (&self.redis_auth, &self.redis_sentinel_auth),
             ("REDIS_TLS", tls.clone().filter(|_| self.redis_tls)),
         )?;
-        let per_second = if self.redis_persecond {
-            Some(redis_target(
-                ("REDIS_PERSECOND_URL", self.redis_persecond_url.as_deref()),
-                (
-                    "REDIS_PERSECOND_SOCKET_TYPE",
-                    &self.redis_persecond_socket_type,
-                ),
-                ("REDIS_PERSECOND_TYPE", &self.redis_persecond_type),
-                (
-                    &self.redis_persecond_auth,
-                    &self.redis_persecond_sentinel_auth,
-                ),
-                (
-                    "REDIS_PERSECOND_TLS",
-                    tls.filter(|_| self.redis_persecond_tls),
-                ),
-            )?)
-        } else {
-            None
-        };
-        let timeout = parse_go_duration(&self.redis_timeout)
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                invalid(
-                    "REDIS_TIMEOUT",
-                    &self.redis_timeout,
-                    "expected a positive Go duration such as 250ms or 1s",
-                )
-            })?;
+        if !self.redis_persecond {
+            return Ok((main, None));
+        }
+        let per_second = redis_target(
+            ("REDIS_PERSECOND_URL", self.redis_persecond_url.as_deref()),
+            (
+                "REDIS_PERSECOND_SOCKET_TYPE",
+                &self.redis_persecond_socket_type,
+            ),
+            ("REDIS_PERSECOND_TYPE", &self.redis_persecond_type),
+            (
+                &self.redis_persecond_auth,
+                &self.redis_persecond_sentinel_auth,
+            ),
+            (
+                "REDIS_PERSECOND_TLS",
+                tls.filter(|_| self.redis_persecond_tls),
+            ),
+        )?;
+        Ok((main, Some(per_second)))
+    }
+
+    /// The Go service's pool and pipeline settings, which mean nothing to one multiplexed
+    /// connection, are still checked for syntax, and an empty pool may only wait.
+    fn check_pool_settings(&self) -> Result<(), SettingsError> {
         parse_go_duration(&self.redis_pipeline_window).ok_or_else(|| {
             invalid(
                 "REDIS_PIPELINE_WINDOW",
@@ -416,7 +438,11 @@ impl RedisArgs {
         pool_on_empty(
             "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
             &self.redis_persecond_pool_on_empty_behavior,
-        )?;
+        )
+    }
+
+    /// REDIS_STARTUP_INITIAL_INTERVAL, _MAX_INTERVAL and _MAX_ELAPSED_TIME.
+    fn startup_backoff(&self) -> Result<StartupBackoff, SettingsError> {
         let positive = |var: &'static str, value: &str| {
             parse_go_duration(value)
                 .filter(|d| !d.is_zero())
@@ -448,20 +474,10 @@ impl RedisArgs {
                     "expected a Go duration such as 0 (retry forever) or 5m",
                 )
             })?;
-        Ok(RedisConfig {
-            main,
-            per_second,
-            timeout,
-            expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
-            local_cache_size_in_bytes: self.local_cache_size_in_bytes,
-            stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
-            startup: StartupBackoff {
-                initial,
-                max,
-                max_elapsed: (!max_elapsed.is_zero()).then_some(max_elapsed),
-            },
-            // Set from RedisBreakerArgs by ServeArgs::validate.
-            breaker: Default::default(),
+        Ok(StartupBackoff {
+            initial,
+            max,
+            max_elapsed: (!max_elapsed.is_zero()).then_some(max_elapsed),
         })
     }
 
@@ -508,9 +524,52 @@ pub(super) fn redis_target(
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .collect();
-    let topology = match redis_type.to_ascii_lowercase().as_str() {
-        "single" => RedisTopology::Single,
-        "cluster" => RedisTopology::Cluster,
+    let topology = topology((url_var, url), &mut addresses, (type_var, redis_type), auth)?;
+    let unix = match socket_type.to_ascii_lowercase().as_str() {
+        "tcp" => false,
+        "unix" => topology == RedisTopology::Single,
+        _ => return Err(invalid(socket_var, socket_type, "expected tcp or unix")),
+    };
+    let address = Address {
+        url_var,
+        socket_var,
+        tls_var,
+        tls: tls.is_some(),
+        unix,
+        // The credentials in the URLs: the sentinels' for sentinels, else REDIS_AUTH.
+        auth: match topology {
+            RedisTopology::Sentinel { .. } => sentinel_auth,
+            _ => auth,
+        },
+    };
+    let urls = addresses
+        .iter()
+        .map(|u| address.url(u))
+        .collect::<Result<Vec<_>, _>>()?;
+    if urls.len() > 1 && topology == RedisTopology::Single {
+        return Err(invalid(
+            url_var,
+            url,
+            "several addresses need REDIS_TYPE=cluster (or sentinel)",
+        ));
+    }
+    Ok(RedisTarget {
+        urls,
+        topology,
+        tls,
+    })
+}
+
+/// REDIS_TYPE. For a sentinel the first address is the master's name, taken out of `addresses`.
+fn topology(
+    (url_var, url): (&'static str, &str),
+    addresses: &mut Vec<&str>,
+    (type_var, redis_type): (&'static str, &str),
+    auth: &str,
+) -> Result<RedisTopology, SettingsError> {
+    match redis_type.to_ascii_lowercase().as_str() {
+        "single" => Ok(RedisTopology::Single),
+        "cluster" => Ok(RedisTopology::Cluster),
         "sentinel" => {
             let expected =
                 "expected <master name>,<sentinel host:port>,... for REDIS_TYPE=sentinel";
@@ -529,85 +588,82 @@ pub(super) fn redis_target(
                     format!("{expected}: the first item is the master's name, not an address"),
                 ));
             }
-            RedisTopology::Sentinel {
+            Ok(RedisTopology::Sentinel {
                 master_name: name.to_owned(),
                 master_userinfo: userinfo(auth),
-            }
+            })
         }
-        _ => {
+        _ => Err(invalid(
+            type_var,
+            redis_type,
+            "expected single, sentinel or cluster",
+        )),
+    }
+}
+
+/// How one address of a target becomes a redis-rs URL.
+struct Address<'a> {
+    url_var: &'static str,
+    socket_var: &'static str,
+    tls_var: &'static str,
+    tls: bool,
+    /// REDIS_SOCKET_TYPE=unix, for a single Redis.
+    unix: bool,
+    auth: &'a str,
+}
+
+impl Address<'_> {
+    fn url(&self, u: &str) -> Result<String, SettingsError> {
+        let (url_var, tls_var) = (self.url_var, self.tls_var);
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        if let Some(rest) = u.strip_prefix("redis://") {
+            Ok(format!("{scheme}://{rest}"))
+        } else if u.starts_with("rediss://") {
+            if self.tls {
+                Ok(u.to_owned())
+            } else {
+                Err(invalid(
+                    url_var,
+                    u,
+                    format!("a rediss:// URL needs {tls_var}=true (and its REDIS_TLS_* files)"),
+                ))
+            }
+        } else if u.starts_with("redis+unix://") || u.starts_with("unix://") || self.unix {
+            self.unix_url(u)
+        } else if u.contains(':') {
+            Ok(format!("{scheme}://{}{u}", userinfo(self.auth)))
+        } else {
+            Err(invalid(url_var, u, "expected host:port"))
+        }
+    }
+
+    fn unix_url(&self, u: &str) -> Result<String, SettingsError> {
+        if self.tls {
             return Err(invalid(
-                type_var,
-                redis_type,
-                "expected single, sentinel or cluster",
+                self.url_var,
+                u,
+                format!(
+                    "{}=true needs a TCP address ({}=tcp): Redis serves TLS on TCP only",
+                    self.tls_var, self.socket_var
+                ),
             ));
         }
-    };
-    let unix = match socket_type.to_ascii_lowercase().as_str() {
-        "tcp" => false,
-        "unix" => topology == RedisTopology::Single,
-        _ => return Err(invalid(socket_var, socket_type, "expected tcp or unix")),
-    };
-    // The credentials in the URLs: the sentinels' for sentinels, else REDIS_AUTH.
-    let auth = match topology {
-        RedisTopology::Sentinel { .. } => sentinel_auth,
-        _ => auth,
-    };
-    let scheme = if tls.is_some() { "rediss" } else { "redis" };
-    let urls = addresses
-        .iter()
-        .map(|&u| {
-            if let Some(rest) = u.strip_prefix("redis://") {
-                Ok(format!("{scheme}://{rest}"))
-            } else if u.starts_with("rediss://") {
-                match tls {
-                    Some(_) => Ok(u.to_owned()),
-                    None => Err(invalid(
-                        url_var,
-                        u,
-                        format!("a rediss:// URL needs {tls_var}=true (and its REDIS_TLS_* files)"),
-                    )),
-                }
-            } else if u.starts_with("redis+unix://") || u.starts_with("unix://") || unix {
-                if tls.is_some() {
-                    return Err(invalid(
-                        url_var,
-                        u,
-                        format!("{tls_var}=true needs a TCP address ({socket_var}=tcp): Redis serves TLS on TCP only"),
-                    ));
-                }
-                if u.contains("://") {
-                    return Ok(u.to_owned());
-                }
-                // redis-rs takes the password of a socket as a query parameter.
-                let pass = match auth.split_once(':') {
-                    _ if auth.is_empty() => String::new(),
-                    Some((user, pass)) => format!(
-                        "?user={}&pass={}",
-                        percent_encode(user),
-                        percent_encode(pass)
-                    ),
-                    None => format!("?pass={}", percent_encode(auth)),
-                };
-                Ok(format!("redis+unix://{u}{pass}"))
-            } else if u.contains(':') {
-                Ok(format!("{scheme}://{}{u}", userinfo(auth)))
-            } else {
-                Err(invalid(url_var, u, "expected host:port"))
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if urls.len() > 1 && topology == RedisTopology::Single {
-        return Err(invalid(
-            url_var,
-            url,
-            "several addresses need REDIS_TYPE=cluster (or sentinel)",
-        ));
+        if u.contains("://") {
+            return Ok(u.to_owned());
+        }
+        // redis-rs takes the password of a socket as a query parameter.
+        let auth = self.auth;
+        let pass = match auth.split_once(':') {
+            _ if auth.is_empty() => String::new(),
+            Some((user, pass)) => format!(
+                "?user={}&pass={}",
+                percent_encode(user),
+                percent_encode(pass)
+            ),
+            None => format!("?pass={}", percent_encode(auth)),
+        };
+        Ok(format!("redis+unix://{u}{pass}"))
     }
-    Ok(RedisTarget {
-        urls,
-        topology,
-        tls,
-    })
 }
 
 /// `user:password` or `password`, percent-encoded into a URL's userinfo.

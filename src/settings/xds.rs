@@ -2,6 +2,7 @@
 //! XDS_CLIENT_*) into [`XdsConfig`]: files (the default) or an xDS server.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::ArgAction;
 
@@ -175,18 +176,43 @@ impl XdsArgs {
         }
         let node_metadata = pairs(&self.config_grpc_xds_node_metadata, &['='])
             .map_err(|e| invalid("CONFIG_GRPC_XDS_NODE_METADATA", e, "expected key=value"))?;
-        let additional_headers =
-            pairs(&self.config_grpc_xds_client_additional_headers, &[':', '='])
-                .map_err(|e| {
-                    invalid(
-                        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-                        e,
-                        "expected key:value or key=value",
-                    )
-                })?
-                .into_iter()
-                .map(|(k, v)| grpc_metadata(k, v))
-                .collect::<Result<Vec<_>, _>>()?;
+        let additional_headers = self.additional_headers()?;
+        let (server_uri, tls) = self.server()?;
+        let connect_retry_interval = positive_duration(
+            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+            &self.config_grpc_xds_server_connect_retry_interval,
+        )?;
+        let backoff = self.backoff()?;
+        Ok(Some(XdsConfig {
+            node_id: self.config_grpc_xds_node_id,
+            node_metadata,
+            server_uri,
+            connect_retry_interval,
+            additional_headers,
+            backoff,
+            max_msg_size: self.xds_client_max_msg_size_in_bytes.filter(|&n| n > 0),
+            tls,
+        }))
+    }
+
+    /// CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS, as gRPC metadata.
+    fn additional_headers(&self) -> Result<Vec<(String, String)>, SettingsError> {
+        pairs(&self.config_grpc_xds_client_additional_headers, &[':', '='])
+            .map_err(|e| {
+                invalid(
+                    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                    e,
+                    "expected key:value or key=value",
+                )
+            })?
+            .into_iter()
+            .map(|(k, v)| grpc_metadata(k, v))
+            .collect()
+    }
+
+    /// The server's URI for the gRPC client, and its TLS files (with
+    /// CONFIG_GRPC_XDS_SERVER_USE_TLS or an `https://` URL).
+    fn server(&self) -> Result<(String, Option<XdsTlsFiles>), SettingsError> {
         let (target, https) = xds_server_target(&self.config_grpc_xds_server_url)?;
         let tls = if self.config_grpc_xds_server_use_tls || https {
             Some(xds_tls(
@@ -199,27 +225,16 @@ impl XdsArgs {
             None
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let server_uri = format!("{scheme}://{target}");
-        let duration = |var: &'static str, value: &str| {
-            parse_go_duration(value)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    invalid(
-                        var,
-                        value,
-                        "expected a positive Go duration such as 500ms or 3s",
-                    )
-                })
-        };
-        let connect_retry_interval = duration(
-            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-            &self.config_grpc_xds_server_connect_retry_interval,
-        )?;
-        let initial = duration(
+        Ok((format!("{scheme}://{target}"), tls))
+    }
+
+    /// XDS_CLIENT_BACKOFF_*.
+    fn backoff(&self) -> Result<XdsBackoff, SettingsError> {
+        let initial = positive_duration(
             "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
             &self.xds_client_backoff_initial_interval,
         )?;
-        let max = duration(
+        let max = positive_duration(
             "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
             &self.xds_client_backoff_max_interval,
         )?;
@@ -238,22 +253,25 @@ impl XdsArgs {
                 "must be between 0 and 1",
             ));
         }
-        Ok(Some(XdsConfig {
-            node_id: self.config_grpc_xds_node_id,
-            node_metadata,
-            server_uri,
-            connect_retry_interval,
-            additional_headers,
-            backoff: XdsBackoff {
-                initial,
-                max,
-                random_factor,
-                jitter: self.xds_client_backoff_jitter,
-            },
-            max_msg_size: self.xds_client_max_msg_size_in_bytes.filter(|&n| n > 0),
-            tls,
-        }))
+        Ok(XdsBackoff {
+            initial,
+            max,
+            random_factor,
+            jitter: self.xds_client_backoff_jitter,
+        })
     }
+}
+
+fn positive_duration(var: &'static str, value: &str) -> Result<Duration, SettingsError> {
+    parse_go_duration(value)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            invalid(
+                var,
+                value,
+                "expected a positive Go duration such as 500ms or 3s",
+            )
+        })
 }
 
 /// Comma-separated pairs split at the first of `separators`; empty items are skipped. The
