@@ -411,58 +411,10 @@ impl RedisStore {
         hits: &[Hit<'_>],
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
-        // Over-limit keys remembered locally are answered without Redis.
-        if let Some(cache) = &self.local_cache {
-            for (i, hit) in hits.iter().enumerate() {
-                if hit.quota.algorithm == Algorithm::FixedWindow
-                    && cache.is_over(&go_cache_key(hit.key, now, hit.quota.unit), now.secs())
-                {
-                    let state = fixed_window::state_with_count(
-                        u64::from(hit.quota.requests_per_unit).saturating_add(1),
-                        now.secs(),
-                        hit.quota.unit,
-                    );
-                    decisions[i] = Some(
-                        fixed_window::decide(
-                            state,
-                            now.secs(),
-                            hit.quota.unit,
-                            hit.quota.requests_per_unit,
-                            0,
-                        )
-                        .0,
-                    );
-                }
-            }
-        }
-        // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: if any key would go over, only the keys
-        // that would go over are incremented. This costs a read round trip first, as in Go.
-        let mut increment = vec![true; hits.len()];
-        if self.stop_when_over && decisions.iter().any(|d| d.is_some_and(|d| d.over)) {
-            increment.iter_mut().for_each(|i| *i = false);
-        } else if self.stop_when_over {
-            let would_be_over = self.would_be_over(now, hits).await?;
-            if would_be_over.iter().any(|o| *o) {
-                increment = would_be_over;
-            }
-        }
+        let mut decisions = self.cached_decisions(now, hits);
+        let increment = self.increments(now, hits, &decisions).await?;
         // One pipeline per Redis (per key on a cluster), all concurrently.
-        let mut groups: Vec<(&Arc<Target>, Vec<usize>)> = Vec::new();
-        for (i, hit) in hits.iter().enumerate() {
-            if decisions[i].is_some() {
-                continue;
-            }
-            let target = self.target_for(hit.quota.unit);
-            let cluster = target.is_cluster();
-            match groups
-                .iter_mut()
-                .find(|(t, _)| !cluster && Arc::ptr_eq(t, target))
-            {
-                Some((_, idx)) => idx.push(i),
-                None => groups.push((target, vec![i])),
-            }
-        }
+        let groups = self.pipelines(hits, &decisions);
         let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
             let mut pipe = redis::pipe();
             for &i in idx {
@@ -484,7 +436,96 @@ impl RedisStore {
                 decisions[i] = Some(d);
             }
         }
-        for (hit, d) in hits.iter().zip(&decisions) {
+        self.answer(now, hits, &decisions, out)
+    }
+
+    /// Over-limit keys remembered locally are answered without Redis; `None` for the others.
+    fn cached_decisions(&self, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Option<Decision>> {
+        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
+        let Some(cache) = &self.local_cache else {
+            return decisions;
+        };
+        for (i, hit) in hits.iter().enumerate() {
+            if hit.quota.algorithm == Algorithm::FixedWindow
+                && cache.is_over(&go_cache_key(hit.key, now, hit.quota.unit), now.secs())
+            {
+                let state = fixed_window::state_with_count(
+                    u64::from(hit.quota.requests_per_unit).saturating_add(1),
+                    now.secs(),
+                    hit.quota.unit,
+                );
+                decisions[i] = Some(
+                    fixed_window::decide(
+                        state,
+                        now.secs(),
+                        hit.quota.unit,
+                        hit.quota.requests_per_unit,
+                        0,
+                    )
+                    .0,
+                );
+            }
+        }
+        decisions
+    }
+
+    /// Which hits are added. STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: if any key would go over,
+    /// only the keys that would go over are incremented. This costs a read round trip first,
+    /// as in Go.
+    async fn increments(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        decisions: &[Option<Decision>],
+    ) -> Result<Vec<bool>, StoreError> {
+        if !self.stop_when_over {
+            return Ok(vec![true; hits.len()]);
+        }
+        if decisions.iter().any(|d| d.is_some_and(|d| d.over)) {
+            return Ok(vec![false; hits.len()]);
+        }
+        let would_be_over = self.would_be_over(now, hits).await?;
+        if would_be_over.iter().any(|o| *o) {
+            Ok(would_be_over)
+        } else {
+            Ok(vec![true; hits.len()])
+        }
+    }
+
+    /// The hits still to send, grouped by the Redis they go to; on a cluster, one per key.
+    fn pipelines(
+        &self,
+        hits: &[Hit<'_>],
+        decisions: &[Option<Decision>],
+    ) -> Vec<(&Arc<Target>, Vec<usize>)> {
+        let mut groups: Vec<(&Arc<Target>, Vec<usize>)> = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            if decisions[i].is_some() {
+                continue;
+            }
+            let target = self.target_for(hit.quota.unit);
+            let cluster = target.is_cluster();
+            match groups
+                .iter_mut()
+                .find(|(t, _)| !cluster && Arc::ptr_eq(t, target))
+            {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((target, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// Every hit's decision, in order, into `out`; fixed-window keys found over the limit are
+    /// remembered by the local cache until their window ends.
+    fn answer(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        decisions: &[Option<Decision>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        for (hit, d) in hits.iter().zip(decisions) {
             let Some(d) = d else {
                 return Err(StoreError::BadReply {
                     expected: hits.len(),
