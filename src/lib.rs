@@ -7,18 +7,23 @@
 //! api (decode) -> config (lookup: matched limits) -> store (apply hits, using limiter) -> api (encode)
 //! ```
 //!
-//! - [`settings`]: CLI flags and envoyproxy/ratelimit's environment variables, validated once.
-//! - [`app`]: wiring; listeners are passed in.
+//! - [`settings`]: CLI flags and envoyproxy/ratelimit's environment variables, validated once
+//!   into the configuration types the subsystems own (one file per subsystem) and the app's
+//!   options. Only `main` imports it; no subsystem does.
+//! - [`app`]: the composition root, wiring only: the backend choice ([`app::Backend`],
+//!   [`app::AnyStore`]), task supervision; listeners are passed in.
 //! - [`api`]: adapters only (gRPC, `/json`, nginx `auth_request`, health, debug); errors become
 //!   statuses here.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
 //! - [`config`]: YAML -> validated model -> compiled lookup table; reload.
 //! - [`service`]: envoyproxy/ratelimit's decision semantics over a store.
-//! - [`store`]: the counter-store trait and its backends.
+//! - [`store`]: the counter-store trait and its backends (memory, Redis; the Redis store, its
+//!   targets and the Sentinel watcher share one client module and do not import each other).
 //! - [`cluster`]: counters owned by one peer each (rendezvous hashing), hits forwarded to owners;
 //!   optionally written behind to Redis and loaded by a new owner.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
 //! - [`clock`]: the injected time source.
+//! - [`percent`]: the one strict percent-decoder (`/nginx`'s headers, the OTEL `key=value` lists).
 //! - [`net`]: every listener's accept loop and connections: caps on connections, streams and
 //!   requests in flight, deadlines, idle and header timeouts, TLS handshakes, gRPC message
 //!   lengths checked before decoding.

@@ -1,5 +1,8 @@
 //! Wiring only: builds the store, the service and the three listeners' servers, and runs them
 //! until shutdown. Listeners are passed in already bound, so tests bind port 0.
+//!
+//! The composition root: [`AppOptions`] is what `crate::settings` builds (tests build it
+//! directly), and `backend` picks the counter store. No module below it imports `app`.
 
 mod backend;
 

@@ -70,7 +70,7 @@ mod tests {
     use super::super::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
     use super::*;
 
-    /// Parses `args` with the environment ignored, as src/settings.rs's tests do.
+    /// Parses `args` with the environment ignored, as src/settings/mod.rs's tests do.
     fn serve(args: &[&str]) -> ServeArgs {
         let cmd = ignore_empty_env(Cli::command(), &|_| true);
         parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))

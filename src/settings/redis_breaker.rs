@@ -100,7 +100,7 @@ mod tests {
     use crate::settings::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
     use clap::CommandFactory;
 
-    /// Parsed with the environment ignored, as the tests in `settings.rs` do.
+    /// Parsed with the environment ignored, as the tests in `settings/mod.rs` do.
     fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
         let cmd = ignore_empty_env(Cli::command(), &|_| true);
         let cli = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
