@@ -68,7 +68,7 @@ mod xds;
 
 pub use self::redis::RedisArgs;
 use self::redis::backend;
-use cluster::{cluster_settings, write_behind};
+pub use cluster::ClusterArgs;
 pub use compat::CompatArgs;
 pub use listeners::ListenerArgs;
 use parse::non_zero;
@@ -507,77 +507,8 @@ pub struct ServeArgs {
     )]
     pub shutdown_delay_secs: u64,
 
-    /// Comma-separated `host:port` peer addresses (every node, this one included): counters are
-    /// then owned by one peer each, by rendezvous hashing. Unset: a single node.
-    #[arg(long, env = "PEERS", default_value = "", help_heading = "Peer cluster")]
-    pub peers: String,
-    /// A DNS name whose A/AAAA records are the peers (a Kubernetes headless Service), on
-    /// PEER_PORT; re-resolved every 5 s.
-    #[arg(long, env = "PEERS_DNS", help_heading = "Peer cluster")]
-    pub peers_dns: Option<String>,
-    /// Port of the peer listener (the internal gRPC service peers forward hits to).
-    #[arg(
-        long,
-        env = "PEER_PORT",
-        default_value_t = 8082,
-        help_heading = "Peer cluster"
-    )]
-    pub peer_port: u16,
-    /// How this node appears among the peers (`host:port`). Default: the HOST-independent
-    /// `<hostname>:PEER_PORT`; must be one of PEERS when PEERS is set.
-    #[arg(long, env = "PEER_ADVERTISE_ADDRESS", help_heading = "Peer cluster")]
-    pub peer_advertise_address: Option<String>,
-    /// `forward`: each counter lives on its owner, others forward hits to it (exact global
-    /// limits). `divided`: each node enforces limit / healthy peers locally, with no network
-    /// on the request path (Cortex's global limiter).
-    #[arg(
-        long,
-        env = "SLUICE_CLUSTER_MODE",
-        default_value = "forward",
-        help_heading = "Peer cluster"
-    )]
-    pub cluster_mode: String,
-    /// Deadline of a forwarded call, in milliseconds; a peer that misses it is marked down.
-    #[arg(
-        long,
-        env = "SLUICE_PEER_TIMEOUT_MS",
-        default_value_t = 200,
-        help_heading = "Peer cluster"
-    )]
-    pub peer_timeout_ms: u64,
-    /// How long concurrent forwards to one peer wait to share one call, in microseconds.
-    #[arg(
-        long,
-        env = "SLUICE_PEER_BATCH_WINDOW_US",
-        default_value_t = 200,
-        help_heading = "Peer cluster"
-    )]
-    pub peer_batch_window_us: u64,
-    /// Peer cluster durability: owners write their counters behind to the Redis of REDIS_URL
-    /// (and its REDIS_TYPE, REDIS_AUTH, REDIS_TIMEOUT, ...), and a key's new owner loads the
-    /// count from there, so losing or restarting a node does not reset its keys. Needs PEERS
-    /// or PEERS_DNS in forward mode; counters stay in memory (BACKEND_TYPE must not be redis).
-    #[arg(
-        long,
-        env = "SLUICE_PEER_WRITE_BEHIND",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        help_heading = "Peer cluster"
-    )]
-    pub peer_write_behind: bool,
-    /// How often owners write the counters that changed behind to Redis, in milliseconds.
-    #[arg(
-        long,
-        env = "SLUICE_PEER_WRITE_BEHIND_MS",
-        default_value_t = 500,
-        help_heading = "Peer cluster"
-    )]
-    pub peer_write_behind_ms: u64,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     #[command(flatten)]
     pub xds: XdsArgs,
     #[command(flatten)]
@@ -848,18 +779,8 @@ impl ServeArgs {
         &self,
         grpc: SocketAddr,
     ) -> Result<(Backend, Option<ClusterConfig>), SettingsError> {
-        let cluster = cluster_settings(
-            &self.peers,
-            self.peers_dns.as_deref(),
-            self.peer_port,
-            self.peer_advertise_address.as_deref(),
-            &self.cluster_mode,
-            self.peer_timeout_ms,
-            self.peer_batch_window_us,
-        )?;
-        let write_behind = write_behind(
-            self.peer_write_behind,
-            self.peer_write_behind_ms,
+        let cluster = self.cluster.validate()?;
+        let write_behind = self.cluster.write_behind(
             self.backend_type.as_deref(),
             &self.redis,
             cluster.as_ref(),
@@ -872,30 +793,15 @@ impl ServeArgs {
         };
         let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
         if let (Backend::Redis(_), Some(_)) = (&backend, &cluster) {
-            return Err(self.peers_beside_redis());
+            return Err(self.cluster.peers_beside_redis());
         }
         let cluster = cluster.map(|mut c| {
             // The peer listener binds where the gRPC listener does.
-            c.listen = SocketAddr::new(grpc.ip(), self.peer_port);
+            c.listen = SocketAddr::new(grpc.ip(), self.cluster.peer_port);
             c.write_behind = write_behind;
             c
         });
         Ok((backend, cluster))
-    }
-
-    fn peers_beside_redis(&self) -> SettingsError {
-        let (var, value) = if self.peers.trim().is_empty() {
-            ("PEERS_DNS", self.peers_dns.as_deref().unwrap_or_default())
-        } else {
-            ("PEERS", self.peers.as_str())
-        };
-        invalid(
-            var,
-            value,
-            "the Redis backend (BACKEND_TYPE=redis, or REDIS_URL alone) already shares \
-             counters between replicas, so peers would be unused; unset the peers, or keep \
-             them and set SLUICE_PEER_WRITE_BEHIND=true to write their counters behind to Redis",
-        )
     }
 
     /// SLUICE_BACKEND_FAILURE and SLUICE_FAIL_OPEN_DOMAINS.
