@@ -76,7 +76,7 @@ pub use parse::{InvalidBool, parse_go_bool, parse_go_duration};
 pub use redis_breaker::RedisBreakerArgs;
 pub use telemetry::TelemetryArgs;
 use telemetry::{log_format, log_level};
-use tls::grpc_server_tls;
+pub use tls::GrpcTlsArgs;
 pub use xds::XdsArgs;
 
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
@@ -382,35 +382,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
 
-    /// TLS on the gRPC listener, with GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY (both
-    /// re-read when the files change, without a restart).
-    #[arg(
-        long,
-        env = "GRPC_SERVER_USE_TLS",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        help_heading = "Listeners"
-    )]
-    pub grpc_server_use_tls: bool,
-    /// PEM certificate chain of the gRPC listener (GRPC_SERVER_USE_TLS).
-    #[arg(long, env = "GRPC_SERVER_TLS_CERT", help_heading = "Listeners")]
-    pub grpc_server_tls_cert: Option<String>,
-    /// PEM private key of the gRPC listener (PKCS#8, PKCS#1 or SEC1).
-    #[arg(long, env = "GRPC_SERVER_TLS_KEY", help_heading = "Listeners")]
-    pub grpc_server_tls_key: Option<String>,
-    /// PEM CA certificate(s): when set, gRPC clients must present a certificate signed by one
-    /// of them (mTLS).
-    #[arg(long, env = "GRPC_CLIENT_TLS_CACERT", help_heading = "Listeners")]
-    pub grpc_client_tls_cacert: Option<String>,
-    /// With GRPC_CLIENT_TLS_CACERT: the DNS name or IP address the client certificate must
-    /// carry as a subject alternative name.
-    #[arg(long, env = "GRPC_CLIENT_TLS_SAN", help_heading = "Listeners")]
-    pub grpc_client_tls_san: Option<String>,
+    #[command(flatten)]
+    pub grpc_tls: GrpcTlsArgs,
 
     /// Counter store: `memory` (counts per node; the default) or `redis` (shared counters,
     /// keyed like envoyproxy/ratelimit). Unset with REDIS_URL set means `redis`.
@@ -629,13 +602,13 @@ impl ServeArgs {
         let (http, grpc, debug) = self.listen_addrs()?;
         let source = self.config_source();
         let near_limit_ratio = near_limit_ratio(self.near_limit_ratio)?;
-        let grpc_tls = self.grpc_tls()?;
+        let grpc_tls = self.grpc_tls.validate()?;
         let response_headers = self.response_headers()?;
         let poll_interval = self.poll_interval()?;
         let (backend, cluster) = self.backend_and_cluster(grpc)?;
         let peer_tls = self.peer_tls.validate(cluster.is_some())?;
         let grpc_connection_age = self.compat.validate()?;
-        let grpc_uds = self.compat.grpc_uds(self.grpc_server_use_tls)?;
+        let grpc_uds = self.compat.grpc_uds(self.grpc_tls.grpc_server_use_tls)?;
         let log_level = log_level(&self.log_level)?;
         let log_format = log_format(&self.log_format)?;
         let telemetry = self.telemetry.validate(near_limit_ratio)?;
@@ -724,20 +697,6 @@ impl ServeArgs {
             },
             (None, None) => ConfigSource::Path(PathBuf::from("./config")),
         }
-    }
-
-    fn grpc_tls(&self) -> Result<Option<GrpcTlsFiles>, SettingsError> {
-        if !self.grpc_server_use_tls {
-            // As in the Go service, the file variables mean nothing without GRPC_SERVER_USE_TLS.
-            return Ok(None);
-        }
-        grpc_server_tls(
-            self.grpc_server_tls_cert.as_deref(),
-            self.grpc_server_tls_key.as_deref(),
-            self.grpc_client_tls_cacert.as_deref(),
-            self.grpc_client_tls_san.as_deref(),
-        )
-        .map(Some)
     }
 
     /// `None` when LIMIT_RESPONSE_HEADERS_ENABLED is false. The names are checked even then: a

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use super::parse::non_empty;
+use clap::ArgAction;
+
+use super::parse::{non_empty, parse_go_bool};
 use super::{SettingsError, invalid};
 use crate::tls::GrpcTlsFiles;
 
@@ -15,7 +17,58 @@ pub(super) fn tls_name(var: &'static str, value: &str) -> Result<String, Setting
         .map_err(|_| invalid(var, value, "expected a DNS name or an IP address"))
 }
 
-pub(super) fn grpc_server_tls(
+/// The gRPC listener's TLS settings, raw.
+#[derive(Clone, Debug, clap::Args)]
+pub struct GrpcTlsArgs {
+    /// TLS on the gRPC listener, with GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY (both
+    /// re-read when the files change, without a restart).
+    #[arg(
+        long,
+        env = "GRPC_SERVER_USE_TLS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Listeners"
+    )]
+    pub grpc_server_use_tls: bool,
+    /// PEM certificate chain of the gRPC listener (GRPC_SERVER_USE_TLS).
+    #[arg(long, env = "GRPC_SERVER_TLS_CERT", help_heading = "Listeners")]
+    pub grpc_server_tls_cert: Option<String>,
+    /// PEM private key of the gRPC listener (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "GRPC_SERVER_TLS_KEY", help_heading = "Listeners")]
+    pub grpc_server_tls_key: Option<String>,
+    /// PEM CA certificate(s): when set, gRPC clients must present a certificate signed by one
+    /// of them (mTLS).
+    #[arg(long, env = "GRPC_CLIENT_TLS_CACERT", help_heading = "Listeners")]
+    pub grpc_client_tls_cacert: Option<String>,
+    /// With GRPC_CLIENT_TLS_CACERT: the DNS name or IP address the client certificate must
+    /// carry as a subject alternative name.
+    #[arg(long, env = "GRPC_CLIENT_TLS_SAN", help_heading = "Listeners")]
+    pub grpc_client_tls_san: Option<String>,
+}
+
+impl GrpcTlsArgs {
+    /// `None` without GRPC_SERVER_USE_TLS: as in the Go service, the file variables mean
+    /// nothing without it.
+    pub(super) fn validate(&self) -> Result<Option<GrpcTlsFiles>, SettingsError> {
+        if !self.grpc_server_use_tls {
+            return Ok(None);
+        }
+        grpc_server_tls(
+            self.grpc_server_tls_cert.as_deref(),
+            self.grpc_server_tls_key.as_deref(),
+            self.grpc_client_tls_cacert.as_deref(),
+            self.grpc_client_tls_san.as_deref(),
+        )
+        .map(Some)
+    }
+}
+
+fn grpc_server_tls(
     cert: Option<&str>,
     key: Option<&str>,
     client_ca: Option<&str>,
