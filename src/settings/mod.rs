@@ -1358,6 +1358,41 @@ mod tests {
         );
     }
 
+    /// Each subsystem owns its configuration type and the settings build it, so the
+    /// dependencies point one way: no module but `main` imports the settings (doc comments may
+    /// still name them).
+    #[test]
+    fn no_module_but_main_imports_the_settings() {
+        fn rust_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    rust_files(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut importers = Vec::new();
+        for path in files {
+            let rel = path.strip_prefix(&src).unwrap();
+            if rel.starts_with("settings") || rel == std::path::Path::new("main.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if code.contains("crate::settings") || code.contains("sluice::settings") {
+                    importers.push(format!("src/{}:{}", rel.display(), n + 1));
+                }
+            }
+        }
+        assert_eq!(importers, Vec::<String>::new());
+    }
+
     #[test]
     fn empty_variables_are_dropped_and_others_kept() {
         let cmd = ignore_empty_env(Cli::command(), &|name| name == "PORT");
