@@ -95,6 +95,20 @@ pub fn parse_go_bool(value: &str) -> Result<bool, InvalidBool> {
     }
 }
 
+/// Comma-separated pairs split at the first of `separators`; empty items are skipped. The
+/// error is the offending item. (Go skips an item without a separator; a typo is an error here.)
+pub(super) fn pairs(value: &str, separators: &[char]) -> Result<Vec<(String, String)>, String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(|item| match item.split_once(separators) {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+            _ => Err(item.to_owned()),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::*;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, parse_go_bool, parse_go_duration};
+use super::parse::{non_empty, pairs, parse_go_bool, parse_go_duration};
 use super::tls::{key_pair, tls_name};
 use super::{SettingsError, invalid};
 use crate::tls::XdsTlsFiles;
@@ -272,20 +272,6 @@ fn positive_duration(var: &'static str, value: &str) -> Result<Duration, Setting
                 "expected a positive Go duration such as 500ms or 3s",
             )
         })
-}
-
-/// Comma-separated pairs split at the first of `separators`; empty items are skipped. The
-/// error is the offending item. (Go skips an item without a separator; a typo is an error here.)
-pub(super) fn pairs(value: &str, separators: &[char]) -> Result<Vec<(String, String)>, String> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|item| !item.is_empty())
-        .map(|item| match item.split_once(separators) {
-            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-            _ => Err(item.to_owned()),
-        })
-        .collect()
 }
 
 /// gRPC metadata keys are lower case (Go's `metadata.New` lower-cases them too); binary
