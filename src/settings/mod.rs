@@ -613,21 +613,9 @@ impl ServeArgs {
         let log_format = log_format(&self.log_format)?;
         let telemetry = self.telemetry.validate(near_limit_ratio)?;
         let prometheus = self.telemetry.prometheus_addr()?;
-        let (fail_open, fail_open_domains) = self.fail_open()?;
         let max_counters = non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?.get();
         let caps = self.caps.validate()?;
-        let service = ServiceOptions {
-            shadow_mode: self.shadow_mode,
-            quota_mode: self.quota_mode,
-            response_headers,
-            cache_key_prefix: self.cache_key_prefix.clone().unwrap_or_default(),
-            dynamic_metadata: self.response_dynamic_metadata,
-            fail_open,
-            fail_open_domains,
-            max_descriptors: non_zero("SLUICE_MAX_DESCRIPTORS", self.max_descriptors)?.get(),
-            max_entries: non_zero("SLUICE_MAX_ENTRIES", self.max_entries)?.get(),
-            max_key_bytes: caps.max_key_bytes.get(),
-        };
+        let service = self.service_options(response_headers, caps.max_key_bytes.get())?;
         let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
         let xds = self.xds.validate()?;
         let listener_limits = self.listeners.validate(self.max_request_bytes)?;
@@ -763,8 +751,13 @@ impl ServeArgs {
         Ok((backend, cluster))
     }
 
-    /// SLUICE_BACKEND_FAILURE and SLUICE_FAIL_OPEN_DOMAINS.
-    fn fail_open(&self) -> Result<(bool, Vec<String>), SettingsError> {
+    /// The decision's options; `max_key_bytes` (SLUICE_MAX_KEY_BYTES) is checked with the
+    /// other byte cap, in [`caps`].
+    fn service_options(
+        &self,
+        response_headers: Option<HeaderNames>,
+        max_key_bytes: usize,
+    ) -> Result<ServiceOptions, SettingsError> {
         let fail_open = match self.backend_failure.to_ascii_lowercase().as_str() {
             "error" => false,
             "allow" => true,
@@ -776,14 +769,24 @@ impl ServeArgs {
                 ));
             }
         };
-        let domains = self
-            .fail_open_domains
-            .split(',')
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .map(str::to_owned)
-            .collect();
-        Ok((fail_open, domains))
+        Ok(ServiceOptions {
+            shadow_mode: self.shadow_mode,
+            quota_mode: self.quota_mode,
+            response_headers,
+            cache_key_prefix: self.cache_key_prefix.clone().unwrap_or_default(),
+            dynamic_metadata: self.response_dynamic_metadata,
+            fail_open,
+            fail_open_domains: self
+                .fail_open_domains
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            max_descriptors: non_zero("SLUICE_MAX_DESCRIPTORS", self.max_descriptors)?.get(),
+            max_entries: non_zero("SLUICE_MAX_ENTRIES", self.max_entries)?.get(),
+            max_key_bytes,
+        })
     }
 }
 
