@@ -446,10 +446,10 @@ mod durable {
     use std::sync::Arc;
 
     use sluice::clock::Timestamp;
+    use sluice::cluster::WriteBehind;
     use sluice::cluster::durable::{Durable, RingChanges};
     use sluice::limiter::fixed_window::Decision;
     use sluice::limiter::{Algorithm, Quota, Unit, sliding_window};
-    use sluice::settings::WriteBehind;
     use sluice::store::{CounterKind, CounterStore, Hit, MemoryStore};
 
     fn write_behind(redis: &RedisServer) -> WriteBehind {
@@ -474,6 +474,7 @@ mod durable {
         cli.serve
             .validate()
             .unwrap()
+            .app
             .cluster
             .unwrap()
             .write_behind

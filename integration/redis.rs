@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use sluice::clock::Timestamp;
 use sluice::limiter::fixed_window::Decision;
 use sluice::limiter::{Algorithm, Quota, Unit};
-use sluice::settings::{RedisSettings, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
+use sluice::store::redis::{RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};
 
 /// The tests' Redis: the shared helper, plus what only these tests start.
@@ -73,8 +73,8 @@ impl RedisServer {
         Redis::start_on(free_port())
     }
 
-    fn settings(&self, jitter: u64) -> RedisSettings {
-        RedisSettings {
+    fn settings(&self, jitter: u64) -> RedisConfig {
+        RedisConfig {
             main: RedisTarget::single(format!("redis://127.0.0.1:{}", self.port)),
             per_second: None,
             timeout: Duration::from_millis(300),
@@ -88,7 +88,7 @@ impl RedisServer {
 }
 
 /// Starts a store and waits (bounded) until it has answered its start-up PING.
-async fn store(settings: &RedisSettings) -> RedisStore {
+async fn store(settings: &RedisConfig) -> RedisStore {
     let store = RedisStore::start(settings).expect("store");
     let start = Instant::now();
     while !store.is_ready() {
@@ -357,7 +357,7 @@ async fn a_dead_redis_answers_errors_within_the_deadline_and_recovery_is_automat
 
 #[tokio::test]
 async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
-    let settings = RedisSettings {
+    let settings = RedisConfig {
         main: RedisTarget::single(format!("redis://127.0.0.1:{}", free_port())),
         per_second: None,
         timeout: Duration::from_millis(200),
@@ -387,7 +387,7 @@ async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elaps
         return;
     }
     let port = free_port();
-    let mut settings = RedisSettings {
+    let mut settings = RedisConfig {
         main: RedisTarget::single(format!("redis://127.0.0.1:{port}")),
         per_second: None,
         timeout: Duration::from_millis(200),
@@ -662,7 +662,7 @@ impl Cluster {
         self.nodes[i] = Redis::spawn(port, Some(self.dir.path()), &cluster);
     }
 
-    fn settings(&self) -> RedisSettings {
+    fn settings(&self) -> RedisConfig {
         let scheme = if self.pki.is_some() {
             "rediss"
         } else {
@@ -681,7 +681,7 @@ impl Cluster {
             },
             Some(pki) => tls_target(urls, RedisTopology::Cluster, pki, Some(pki), false),
         };
-        RedisSettings {
+        RedisConfig {
             main,
             ..self.nodes[0].settings(0)
         }
@@ -824,8 +824,8 @@ impl Redis {
         trust: &TestPki,
         client: Option<&TestPki>,
         skip_hostname_verification: bool,
-    ) -> RedisSettings {
-        RedisSettings {
+    ) -> RedisConfig {
+        RedisConfig {
             main: tls_target(
                 vec![format!("rediss://127.0.0.1:{}", self.port)],
                 RedisTopology::Single,
@@ -839,7 +839,7 @@ impl Redis {
 }
 
 /// Starts a store that must not become ready; returns the error a call gets.
-async fn refused_store(settings: &RedisSettings) -> String {
+async fn refused_store(settings: &RedisConfig) -> String {
     let remote = RedisStore::start(settings).expect("a bad certificate is no start-up panic");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!remote.is_ready(), "ready despite a TLS failure");

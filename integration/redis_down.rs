@@ -18,7 +18,7 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 /// the probe in flight (up to max(REDIS_TIMEOUT, 1 s)), plus a slow machine's slack.
 const RECOVERY: Duration = Duration::from_secs(5);
 
-fn fast_settings(mut settings: RedisSettings) -> RedisSettings {
+fn fast_settings(mut settings: RedisConfig) -> RedisConfig {
     settings.timeout = TIMEOUT;
     settings.breaker.probe_interval = Duration::from_millis(100);
     settings

@@ -6,13 +6,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::error::ErrorKind;
-use sluice::app::{App, AppOptions, GrpcListener, Listeners, Reload, Xds};
+use sluice::app::{App, GrpcListener, Listeners, Reload, Xds};
 use sluice::clock::SystemClock;
 use sluice::config::{self, ConfigHandle, ConfigSource, FileLimits, LoadOptions, Poller};
-use sluice::service::{HeaderNames, ServiceOptions};
-use sluice::settings::{self, Command, ConfigLocation, ServeArgs, Settings};
+use sluice::settings::{self, Command, ServeArgs, Settings};
 use sluice::tls::{ClientTls, PeerTls, ServerTls};
 
 const EXIT_USAGE: u8 = 64;
@@ -95,121 +95,52 @@ fn check_config(
     }
 }
 
-fn config_source(location: &ConfigLocation) -> ConfigSource {
-    match location {
-        ConfigLocation::Path(p) => ConfigSource::Path(p.clone()),
-        ConfigLocation::Runtime {
-            root,
-            subdirectory,
-            app_directory,
-        } => ConfigSource::Runtime {
-            root: root.clone(),
-            subdirectory: subdirectory.clone(),
-            app_directory: app_directory.clone(),
-        },
-    }
-}
-
-/// Where config updates come from: polled files or an xDS stream.
-enum ConfigFeed {
-    /// Boxed: the poller is large, and this is built once.
-    Files(Box<Reload>),
-    /// Boxed: the xDS settings are large, and this is built once.
-    Xds(Box<Xds>),
-}
-
-fn app_options(
-    s: &Settings,
-    feed: ConfigFeed,
-    grpc_tls: Option<ServerTls>,
-    peer_tls: Option<PeerTls>,
-) -> AppOptions {
-    let (reload, xds) = match feed {
-        ConfigFeed::Files(reload) => (Some(*reload), None),
-        ConfigFeed::Xds(xds) => (None, Some(*xds)),
-    };
-    AppOptions {
-        service: ServiceOptions {
-            shadow_mode: s.shadow_mode,
-            quota_mode: s.quota_mode,
-            response_headers: s.response_headers.as_ref().map(|h| HeaderNames {
-                limit: h.limit.clone(),
-                remaining: h.remaining.clone(),
-                reset: h.reset.clone(),
-            }),
-            cache_key_prefix: s.cache_key_prefix.clone(),
-            dynamic_metadata: s.response_dynamic_metadata,
-            fail_open: s.fail_open,
-            fail_open_domains: s.fail_open_domains.clone(),
-            max_descriptors: s.max_descriptors.get(),
-            max_entries: s.max_entries.get(),
-            max_key_bytes: s.caps.max_key_bytes.get(),
-        },
-        max_counters: s.max_counters.get(),
-        max_counter_bytes: s.caps.max_counter_bytes.get(),
-        sweep_interval: s.sweep_interval,
-        max_request_bytes: s.max_request_bytes.get(),
-        require_config_for_health: s.healthy_with_at_least_one_config_loaded,
-        shutdown_delay: s.shutdown_delay,
-        drain_timeout: s.drain_timeout,
-        reload,
-        backend: s.backend.clone(),
-        cluster: s.cluster.clone(),
-        xds,
-        telemetry: sluice::telemetry::TelemetryOptions {
-            stats: s.telemetry.stats,
-            prometheus_path: s.telemetry.prometheus_path.clone(),
-            statsd: s.telemetry.statsd,
-            tracing: s.telemetry.tracing.clone(),
-            otlp_metrics: s.telemetry.otlp_metrics.clone(),
-        },
-        grpc_tls,
-        grpc_connection_age: s.grpc_connection_age,
-        listener_limits: s.listener_limits.clone(),
-        peer_tls,
-    }
-}
-
 fn serve(args: ServeArgs) -> ExitCode {
-    let settings = match args.validate() {
+    let mut settings = match args.validate() {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("sluice: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(e) => return usage_error(e),
     };
     sluice::telemetry::init_logs(settings.log_level, settings.log_format);
     check_descriptor_limit(&settings);
-
-    // Config is loaded and validated before any port is bound. With CONFIG_TYPE=GRPC_XDS_SOTW
-    // there are no files: Sluice starts without config, as FORCE_START_WITHOUT_INITIAL_CONFIG
-    // does, and serves what the xDS server pushes.
-    let source = config_source(&settings.config);
-    let load_options = LoadOptions {
-        merge_domain_config: settings.merge_domain_config,
+    // Config is loaded and validated before any port is bound; so are the gRPC listener's
+    // certificate, key and client CA, and the peers'.
+    let config = match load_config(&mut settings) {
+        Ok(config) => config,
+        Err(code) => return code,
     };
-    let (initial, config_feed) = match &settings.xds {
-        Some(xds) => (
-            None,
-            ConfigFeed::Xds(Box::new(Xds {
+    if let Err(e) = load_tls(&mut settings) {
+        return usage_error(e);
+    }
+    run(settings, config)
+}
+
+fn usage_error(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("sluice: {e}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Loads the config files and sets the app's watcher on them; with CONFIG_TYPE=GRPC_XDS_SOTW
+/// there are no files: Sluice starts without config, as FORCE_START_WITHOUT_INITIAL_CONFIG
+/// does, and serves what the xDS server pushes. Errors are printed.
+fn load_config(settings: &mut Settings) -> Result<ConfigHandle, ExitCode> {
+    let cfg = &settings.config;
+    let initial = match &cfg.xds {
+        Some(xds) => {
+            let tls = xds.tls.as_ref().map(ClientTls::load).transpose();
+            settings.app.xds = Some(Xds {
                 settings: xds.clone(),
-                options: load_options,
-                tls: match xds.tls.as_ref().map(ClientTls::load).transpose() {
-                    Ok(tls) => tls,
-                    Err(e) => {
-                        eprintln!("sluice: {e}");
-                        return ExitCode::from(EXIT_USAGE);
-                    }
-                },
-            })),
-        ),
+                options: cfg.load,
+                tls: tls.map_err(usage_error)?,
+            });
+            None
+        }
         None => {
             // Waits for files being written as Sluice starts to settle (the settle period at
             // most, unless they keep changing); the watcher carries on from what this saw.
-            let mut poller = Poller::new(source, load_options, settings.config_files);
-            let initial = match poller.load_settled(settings.config_poll_interval) {
-                Ok(cfg) => Some(cfg),
-                Err(errors) if settings.force_start_without_initial_config => {
+            let mut poller = Poller::new(cfg.source.clone(), cfg.load, cfg.files);
+            let initial = match poller.load_settled(cfg.poll_interval) {
+                Ok(loaded) => Some(loaded),
+                Err(errors) if cfg.force_start => {
                     for e in &errors.0 {
                         tracing::error!(error = %e, "initial config rejected; starting without config (FORCE_START_WITHOUT_INITIAL_CONFIG)");
                     }
@@ -219,14 +150,14 @@ fn serve(args: ServeArgs) -> ExitCode {
                     for e in &errors.0 {
                         eprintln!("sluice: {e}");
                     }
-                    return ExitCode::from(EXIT_USAGE);
+                    return Err(ExitCode::from(EXIT_USAGE));
                 }
             };
-            let reload = Reload {
+            settings.app.reload = Some(Reload {
                 poller,
-                poll: settings.config_poll_interval,
-            };
-            (initial, ConfigFeed::Files(Box::new(reload)))
+                poll: cfg.poll_interval,
+            });
+            initial
         }
     };
     let loaded = initial.is_some();
@@ -238,24 +169,22 @@ fn serve(args: ServeArgs) -> ExitCode {
             .load_success
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    // The gRPC listener's certificate, key and client CA, and the peers', are read and checked
-    // before any port is bound, like the config.
-    let grpc_tls = match settings.grpc_tls.as_ref().map(ServerTls::load).transpose() {
-        Ok(tls) => tls,
-        Err(e) => {
-            eprintln!("sluice: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let peer_tls = match settings.peer_tls.as_ref().map(PeerTls::load).transpose() {
-        Ok(tls) => tls,
-        Err(e) => {
-            eprintln!("sluice: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let options = app_options(&settings, config_feed, grpc_tls, peer_tls);
+    Ok(config)
+}
 
+/// Reads and checks the gRPC listener's and the peers' TLS files.
+fn load_tls(settings: &mut Settings) -> Result<(), sluice::tls::TlsError> {
+    settings.app.grpc_tls = settings
+        .grpc_tls
+        .as_ref()
+        .map(ServerTls::load)
+        .transpose()?;
+    settings.app.peer_tls = settings.peer_tls.as_ref().map(PeerTls::load).transpose()?;
+    Ok(())
+}
+
+/// Starts the runtime, binds the listeners and serves until a stop signal.
+fn run(settings: Settings, config: ConfigHandle) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -267,51 +196,30 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     // Set once GRPC_UDS is bound: only then is the socket file ours to remove.
-    let uds_bound = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (grpc_uds, bound) = (settings.grpc_uds.clone(), uds_bound.clone());
+    let uds_bound = Arc::new(AtomicBool::new(false));
+    let (grpc_uds, bound) = (settings.addrs.grpc_uds.clone(), uds_bound.clone());
     let result = runtime.block_on(async move {
-        let bind = |addr, what: &'static str| async move {
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|e| format!("cannot bind the {what} listener on {addr}: {e}"))
-        };
-        let listeners = Listeners {
-            http: bind(settings.http_addr, "HTTP (PORT)").await?,
-            grpc: match &settings.grpc_uds {
-                Some(path) => {
-                    let listener = bind_unix(path)?;
-                    bound.store(true, std::sync::atomic::Ordering::SeqCst);
-                    GrpcListener::Unix(listener)
-                }
-                None => bind(settings.grpc_addr, "gRPC (GRPC_PORT)").await?.into(),
-            },
-            debug: bind(settings.debug_addr, "debug (DEBUG_PORT)").await?,
-            peer: match &settings.cluster {
-                Some(c) => Some(bind(c.listen, "peer (PEER_PORT)").await?),
-                None => None,
-            },
-            prometheus: match settings.telemetry.prometheus_addr {
-                Some(addr) => Some(bind(addr, "Prometheus (PROMETHEUS_ADDR)").await?),
-                None => None,
-            },
-        };
+        let listeners = bind_listeners(&settings, &bound).await?;
+        let a = &settings.addrs;
         tracing::info!(
-            http = %settings.http_addr,
-            grpc = %settings.grpc_addr,
-            grpc_uds = ?settings.grpc_uds,
-            grpc_tls = settings.grpc_tls.is_some(),
-            peer_tls = settings.peer_tls.is_some(),
-            debug = %settings.debug_addr,
+            http = %a.http,
+            grpc = %a.grpc,
+            grpc_uds = ?a.grpc_uds,
+            grpc_tls = settings.app.grpc_tls.is_some(),
+            peer_tls = settings.app.peer_tls.is_some(),
+            debug = %a.debug,
             "serving"
         );
-        let app = App::new(options, config, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
+        let xds = settings.app.xds.is_some();
+        let app =
+            App::new(settings.app, config, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
         let (shutdown, force) = stop_signals();
-        reload_on_sighup(app.reload_trigger(), settings.xds.is_some());
+        reload_on_sighup(app.reload_trigger(), xds);
         app.serve_until(listeners, shutdown, force)
             .await
             .map_err(|e| e.to_string())
     });
-    if let Some(path) = grpc_uds.filter(|_| uds_bound.load(std::sync::atomic::Ordering::SeqCst)) {
+    if let Some(path) = grpc_uds.filter(|_| uds_bound.load(Ordering::SeqCst)) {
         // Ours, and nobody can connect to it any more.
         let _ = std::fs::remove_file(path);
     }
@@ -322,6 +230,36 @@ fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Binds every listener the settings ask for; `uds_bound` is set once GRPC_UDS is.
+async fn bind_listeners(settings: &Settings, uds_bound: &AtomicBool) -> Result<Listeners, String> {
+    let bind = |addr, what: &'static str| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("cannot bind the {what} listener on {addr}: {e}"))
+    };
+    let a = &settings.addrs;
+    Ok(Listeners {
+        http: bind(a.http, "HTTP (PORT)").await?,
+        grpc: match &a.grpc_uds {
+            Some(path) => {
+                let listener = bind_unix(path)?;
+                uds_bound.store(true, Ordering::SeqCst);
+                GrpcListener::Unix(listener)
+            }
+            None => bind(a.grpc, "gRPC (GRPC_PORT)").await?.into(),
+        },
+        debug: bind(a.debug, "debug (DEBUG_PORT)").await?,
+        peer: match &settings.app.cluster {
+            Some(c) => Some(bind(c.listen, "peer (PEER_PORT)").await?),
+            None => None,
+        },
+        prometheus: match a.prometheus {
+            Some(addr) => Some(bind(addr, "Prometheus (PROMETHEUS_ADDR)").await?),
+            None => None,
+        },
+    })
 }
 
 /// Binds GRPC_UDS. A socket file left by a process that is gone (nothing accepts on it) is
@@ -354,9 +292,9 @@ fn check_descriptor_limit(settings: &Settings) {
         return;
     };
     let listeners = 3
-        + u64::from(settings.cluster.is_some())
-        + u64::from(settings.telemetry.prometheus_addr.is_some());
-    let allowed = listeners.saturating_mul(settings.listener_limits.max_connections as u64);
+        + u64::from(settings.app.cluster.is_some())
+        + u64::from(settings.addrs.prometheus.is_some());
+    let allowed = listeners.saturating_mul(settings.app.listener_limits.max_connections as u64);
     if limit < allowed {
         tracing::warn!(
             descriptor_limit = limit,

@@ -30,8 +30,6 @@ use rustls::{
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
-use crate::settings::{GrpcServerTls, XdsTls};
-
 /// A file that cannot be used. Each message names the variable and the file, since the
 /// operator set them through the environment.
 #[derive(Debug, thiserror::Error)]
@@ -194,6 +192,33 @@ impl KeyPairFiles {
 // ---------------------------------------------------------------------------------------------
 // The listeners: gRPC, and the peer port's server side.
 
+/// GRPC_SERVER_USE_TLS's files and name, validated by the settings and read by
+/// [`ServerTls::load`], before any port is bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcTlsFiles {
+    /// GRPC_SERVER_TLS_CERT.
+    pub cert: PathBuf,
+    /// GRPC_SERVER_TLS_KEY.
+    pub key: PathBuf,
+    /// GRPC_CLIENT_TLS_CACERT: client certificates are required and verified against it.
+    pub client_ca: Option<PathBuf>,
+    /// GRPC_CLIENT_TLS_SAN: a name the client certificate must carry (only with `client_ca`).
+    pub client_san: Option<String>,
+}
+
+/// CONFIG_GRPC_XDS_SERVER_USE_TLS's files and name (or an `https://` server URL's), read by
+/// [`ClientTls::load`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdsTlsFiles {
+    /// CONFIG_GRPC_XDS_CLIENT_TLS_CERT and _KEY: the certificate Sluice presents, if any.
+    pub client_identity: Option<(PathBuf, PathBuf)>,
+    /// CONFIG_GRPC_XDS_SERVER_TLS_CACERT; `None` trusts the system's roots.
+    pub server_ca: Option<PathBuf>,
+    /// CONFIG_GRPC_XDS_SERVER_TLS_SAN: the name the server's certificate is verified against;
+    /// `None` verifies the URL's host.
+    pub server_name: Option<String>,
+}
+
 /// A listener's TLS (the gRPC port's, or the peer port's through [`PeerTls`]): a rustls server
 /// config whose certificate is re-read from disk by [`ServerTls::watch`], and, with a client CA
 /// (GRPC_CLIENT_TLS_CACERT, SLUICE_PEER_TLS_CACERT), a required client certificate.
@@ -217,7 +242,7 @@ impl fmt::Debug for ServerTls {
 
 impl ServerTls {
     /// Reads and checks every file now, so a bad one stops start-up before a port is bound.
-    pub fn load(settings: &GrpcServerTls) -> Result<Self, TlsError> {
+    pub fn load(settings: &GrpcTlsFiles) -> Result<Self, TlsError> {
         let cert = Arc::new(ReloadingCert::load(KeyPairFiles {
             cert: PemFile::new("GRPC_SERVER_TLS_CERT", &settings.cert),
             key: PemFile::new("GRPC_SERVER_TLS_KEY", &settings.key),
@@ -665,7 +690,7 @@ impl fmt::Debug for ClientTls {
 }
 
 impl ClientTls {
-    pub fn load(settings: &XdsTls) -> Result<Self, TlsError> {
+    pub fn load(settings: &XdsTlsFiles) -> Result<Self, TlsError> {
         Self::from_files(
             settings
                 .server_ca

@@ -13,9 +13,9 @@ use std::time::Duration;
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::cluster::ClusterStore;
 use sluice::cluster::peer::PeerServer;
+use sluice::cluster::{ClusterConfig, ClusterMode, PeerSource};
 use sluice::limiter::fixed_window::Decision;
 use sluice::net::{ByteBudget, Limits, Port};
-use sluice::settings::{ClusterMode, ClusterSettings, PeerSource};
 use sluice::store::{CounterStore, Hit, MemoryStore, StoreError};
 use store_contract::store_contract;
 
@@ -59,7 +59,7 @@ impl ThreeNodes {
         let clock = ManualClock::new(Timestamp::from_secs(store_contract::T0));
         let (mut nodes, mut servers) = (Vec::new(), Vec::new());
         for (listener, me) in listeners.into_iter().zip(&addrs) {
-            let settings = ClusterSettings {
+            let config = ClusterConfig {
                 peers: PeerSource::Static(addrs.clone()),
                 advertise: me.clone(),
                 listen: listener.local_addr().expect("addr"),
@@ -71,7 +71,7 @@ impl ThreeNodes {
                 write_behind: None,
             };
             let memory = Arc::new(MemoryStore::new(100_000));
-            let store = ClusterStore::start(memory, &settings, None, Arc::new(clock.clone()))
+            let store = ClusterStore::start(memory, &config, None, Arc::new(clock.clone()))
                 .expect("a cluster node starts");
             let server = PeerServer::new(store.owner().clone(), Arc::new(clock.clone()));
             let port = Port::grpc(

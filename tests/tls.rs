@@ -8,11 +8,11 @@ mod pki;
 
 use std::path::{Path, PathBuf};
 
-use sluice::settings::{GrpcServerTls, XdsTls};
 use sluice::tls::{ClientTls, KeyPairFiles, PeerTls, PeerTlsFiles, PemFile, ServerTls, TlsError};
+use sluice::tls::{GrpcTlsFiles, XdsTlsFiles};
 
 fn server(cert: &Path, key: &Path, ca: Option<&Path>) -> Result<ServerTls, TlsError> {
-    ServerTls::load(&GrpcServerTls {
+    ServerTls::load(&GrpcTlsFiles {
         cert: cert.to_path_buf(),
         key: key.to_path_buf(),
         client_ca: ca.map(Path::to_path_buf),
@@ -36,7 +36,7 @@ fn good_files_load() {
     let leaf = pki.leaf("server", &["localhost", "127.0.0.1"]);
     server(&leaf.cert, &leaf.key, None).expect("server TLS");
     server(&leaf.cert, &leaf.key, Some(&pki.ca)).expect("server mTLS");
-    let client = ClientTls::load(&XdsTls {
+    let client = ClientTls::load(&XdsTlsFiles {
         client_identity: Some((leaf.cert.clone(), leaf.key.clone())),
         server_ca: Some(pki.ca.clone()),
         server_name: Some("localhost".into()),
@@ -114,7 +114,7 @@ fn unusable_files_are_refused_naming_the_variable_and_the_file() {
     assert!(m.starts_with("GRPC_CLIENT_TLS_CACERT="), "{m}");
 
     let client = |cert: &Path, key: &Path, ca: &Path| {
-        ClientTls::load(&XdsTls {
+        ClientTls::load(&XdsTlsFiles {
             client_identity: Some((cert.to_path_buf(), key.to_path_buf())),
             server_ca: Some(ca.to_path_buf()),
             server_name: None,

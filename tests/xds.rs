@@ -30,9 +30,10 @@ use envoy_types::pb::ratelimit::config::ratelimit::v3::{
 use prost::Message;
 use sluice::app::Xds;
 use sluice::config::{ConfigHandle, LoadOptions};
-use sluice::settings::{XdsBackoff, XdsSettings, XdsTls};
 use sluice::tls::ClientTls;
+use sluice::tls::XdsTlsFiles;
 use sluice::xds::TYPE_URL;
+use sluice::xds::{XdsBackoff, XdsConfig};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -240,8 +241,8 @@ async fn remaining(c: &mut RateLimitServiceClient<Channel>, key: &str) -> (u32, 
     (limit, s.limit_remaining)
 }
 
-fn xds_settings(addr: SocketAddr) -> XdsSettings {
-    XdsSettings {
+fn xds_settings(addr: SocketAddr) -> XdsConfig {
+    XdsConfig {
         node_id: "test-node".into(),
         node_metadata: vec![("zone".into(), "z1".into())],
         server_uri: format!("http://{addr}"),
@@ -441,7 +442,7 @@ async fn tls_ads(pki: &pki::TestPki) -> AdsServer {
     AdsServer::start_with_tls(listener, Some(tls)).await
 }
 
-fn tls_xds(addr: SocketAddr, tls: &XdsTls) -> Xds {
+fn tls_xds(addr: SocketAddr, tls: &XdsTlsFiles) -> Xds {
     let mut settings = xds_settings(addr);
     settings.server_uri = format!("https://{addr}");
     settings.tls = Some(tls.clone());
@@ -462,7 +463,7 @@ async fn xds_over_tls_verifies_the_server_and_presents_a_client_certificate() {
     let mut options = default_options();
     options.xds = Some(tls_xds(
         ads.addr,
-        &XdsTls {
+        &XdsTlsFiles {
             client_identity: Some((client.cert.clone(), client.key.clone())),
             server_ca: Some(pki.ca.clone()),
             server_name: Some("xds.example".into()),
@@ -537,7 +538,7 @@ async fn xds_over_tls_refuses_an_unverified_server_and_says_why() {
     for (case, tls, expected) in [
         (
             "another CA",
-            XdsTls {
+            XdsTlsFiles {
                 client_identity: identity.clone(),
                 server_ca: Some(other.ca.clone()),
                 server_name: Some("xds.example".into()),
@@ -546,7 +547,7 @@ async fn xds_over_tls_refuses_an_unverified_server_and_says_why() {
         ),
         (
             "another name",
-            XdsTls {
+            XdsTlsFiles {
                 client_identity: identity.clone(),
                 server_ca: Some(pki.ca.clone()),
                 server_name: Some("other.example".into()),

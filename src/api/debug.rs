@@ -14,7 +14,6 @@ use axum::routing::get;
 
 use crate::config::ConfigHandle;
 use crate::net::{ByteBudget, PortGuard};
-use crate::store::AnyStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{
@@ -25,7 +24,7 @@ use crate::telemetry::prometheus::{
 #[derive(Clone)]
 pub struct DebugState {
     pub config: ConfigHandle,
-    pub store: Arc<AnyStore>,
+    pub store: Arc<dyn StoreGauges>,
     pub stats: Arc<Stats>,
     pub spans: Option<Arc<SpanCounters>>,
     /// The serving listeners, and the gRPC message byte budget they share.
@@ -56,54 +55,36 @@ async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
 impl DebugState {
     /// The numbers the exporters report from outside the stats registry.
     pub fn extra(&self) -> Extra {
-        let mut extra = telemetry_extra(&self.config, &self.store, self.spans.as_deref());
+        let mut extra = telemetry_extra(&self.config, self.store.as_ref(), self.spans.as_deref());
         extra.listeners = self.listeners.iter().map(|g| listener_gauges(g)).collect();
         extra.pending_request_bytes = self.budget.as_ref().map_or(0, |b| b.in_use() as u64);
         extra
     }
 }
 
-fn telemetry_extra(config: &ConfigHandle, store: &AnyStore, spans: Option<&SpanCounters>) -> Extra {
+/// What the exposition reports about the counter store. The composition root implements it
+/// for the store it chose, so `api` needs to know no store but through this.
+pub trait StoreGauges: Send + Sync {
+    /// The memory store's (or the peer cluster's local share's) numbers.
+    fn memory(&self) -> Option<MemoryGauges>;
+    /// The peer cluster's numbers, when counters are spread over peers.
+    fn cluster(&self) -> Option<ClusterGauges>;
+    /// One entry per Redis in use (the backend's, or the write-behind's).
+    fn redis(&self) -> Vec<RedisGauges>;
+}
+
+fn telemetry_extra(
+    config: &ConfigHandle,
+    store: &dyn StoreGauges,
+    spans: Option<&SpanCounters>,
+) -> Extra {
     let c = config.stats();
     Extra {
         config_load_success: c.load_success.load(Ordering::Relaxed),
         config_load_error: c.load_error.load(Ordering::Relaxed),
-        memory: store.memory().map(|m| MemoryGauges {
-            live_counters: m.live_counters() as u64,
-            max_counters: m.max_counters() as u64,
-            counter_bytes: m.counter_bytes() as u64,
-            max_counter_bytes: m.limits().max_bytes as u64,
-            rejected_full: m.stats().rejected_full.load(Ordering::Relaxed),
-            swept: m.stats().swept.load(Ordering::Relaxed),
-        }),
-        cluster: match store {
-            AnyStore::Cluster(c) => {
-                let cs = c.stats();
-                Some(ClusterGauges {
-                    local_hits: cs.local_hits.load(Ordering::Relaxed),
-                    forwarded_hits: cs.forwarded_hits.load(Ordering::Relaxed),
-                    peer_calls: cs.peer_calls.load(Ordering::Relaxed),
-                    failed_forwards: cs.failed_forwards.load(Ordering::Relaxed),
-                    durable: c
-                        .owner()
-                        .durable()
-                        .map(|d| d.stats().snapshot())
-                        .unwrap_or_default(),
-                    peers: c.peers(),
-                })
-            }
-            _ => None,
-        },
-        redis: store
-            .redis_breakers()
-            .into_iter()
-            .map(|b| RedisGauges {
-                target: b.target,
-                up: b.up,
-                opens: b.opens,
-                fast_failures: b.fast_failures,
-            })
-            .collect(),
+        memory: store.memory(),
+        cluster: store.cluster(),
+        redis: store.redis(),
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
         listeners: Vec::new(),
         pending_request_bytes: 0,

@@ -18,7 +18,7 @@ pub struct Health {
     require_config: bool,
     config: ConfigHandle,
     /// Whether the backend can take requests, pushed when it changes
-    /// ([`crate::store::AnyStore::ready_changes`]).
+    /// ([`crate::app::AnyStore::ready_changes`]).
     backend_ready: watch::Receiver<bool>,
     /// The answer as last computed, for those who wait for it to change (gRPC `Watch`).
     status: watch::Sender<bool>,

@@ -46,6 +46,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 
 use crate::descriptor::{Descriptor, Entry, Request};
+use crate::percent::decode;
 use crate::service::{Code, RateLimitService, Status};
 use crate::store::CounterStore;
 
@@ -256,28 +257,6 @@ fn bad_encoding(header: &'static str, text: &[u8]) -> HeaderError {
         header,
         text: String::from_utf8_lossy(text).into_owned(),
     }
-}
-
-/// Percent-decodes `text` into UTF-8. A `%` not followed by two hex digits is an error rather
-/// than kept, so a value that was meant to be encoded and was not is caught, not counted.
-fn decode(text: &[u8]) -> Option<String> {
-    let mut out = Vec::with_capacity(text.len());
-    let mut i = 0;
-    while i < text.len() {
-        if text[i] == b'%' {
-            let hex = std::str::from_utf8(text.get(i + 1..i + 3)?).ok()?;
-            // from_str_radix accepts a leading '+'; two hex digits only.
-            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return None;
-            }
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(text[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The status the `RateLimit-*` headers describe, by the service's header rule: when over,

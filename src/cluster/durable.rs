@@ -42,9 +42,9 @@ use std::time::Duration;
 use dashmap::DashMap;
 use redis::Value;
 
+use super::config::WriteBehind;
 use crate::clock::{Clock, Timestamp};
 use crate::limiter::{Quota, Unit, bucket, fixed_window, sliding_window};
-use crate::settings::WriteBehind;
 use crate::store::{CounterKind, Hit, MemoryStore, RedisLink, StoreError};
 use crate::telemetry::LogLimiter;
 

@@ -19,6 +19,7 @@
 //! - **Security** (SLUICE_PEER_TLS): the peer listener and every call to a peer, probes
 //!   included, use mutual TLS with one certificate, re-read when its files change.
 
+mod config;
 pub mod durable;
 pub mod peer;
 pub mod ring;
@@ -31,9 +32,9 @@ use arc_swap::ArcSwap;
 
 use crate::clock::{Clock, Timestamp};
 use crate::limiter::fixed_window::Decision;
-use crate::settings::{ClusterMode, ClusterSettings, PeerSource};
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
+pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 use durable::{Durable, RingChanges};
 use peer::{PeerClient, PeerHit};
 use ring::{Ring, key_hash};
@@ -51,7 +52,7 @@ struct Members {
 #[derive(Clone)]
 struct Dialer {
     /// This node's address among the peers, the deadline and the batch window.
-    settings: ClusterSettings,
+    settings: ClusterConfig,
     /// SLUICE_PEER_TLS.
     tls: Option<PeerTls>,
     stats: Arc<ClusterStats>,
@@ -192,7 +193,7 @@ impl ClusterStore {
     /// mutual TLS. Inside a tokio runtime.
     pub fn start(
         local: Arc<MemoryStore>,
-        settings: &ClusterSettings,
+        settings: &ClusterConfig,
         tls: Option<PeerTls>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {

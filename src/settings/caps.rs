@@ -31,8 +31,8 @@ pub struct CapsArgs {
     pub max_counter_bytes: usize,
 }
 
-/// Validated byte caps: `main` hands the first to the service and to stats, the second to the
-/// memory store.
+/// Validated byte caps: the first goes to the service (and its stats), the second to the
+/// memory store, both in the app's options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caps {
     pub max_key_bytes: NonZeroUsize,
@@ -70,7 +70,7 @@ mod tests {
     use super::super::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
     use super::*;
 
-    /// Parses `args` with the environment ignored, as src/settings.rs's tests do.
+    /// Parses `args` with the environment ignored, as src/settings/mod.rs's tests do.
     fn serve(args: &[&str]) -> ServeArgs {
         let cmd = ignore_empty_env(Cli::command(), &|_| true);
         parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
@@ -84,22 +84,22 @@ mod tests {
 
     #[test]
     fn defaults_allow_a_jwt_sized_key_and_a_million_ordinary_counters() {
-        let caps = settings(&[]).unwrap().caps;
-        assert_eq!(caps.max_key_bytes.get(), 4096);
-        assert_eq!(caps.max_counter_bytes.get(), 256 << 20);
+        let app = settings(&[]).unwrap().app;
+        assert_eq!(app.service.max_key_bytes, 4096);
+        assert_eq!(app.max_counter_bytes, 256 << 20);
         // SLUICE_MAX_COUNTERS' default of counters whose keys are 100 bytes fits the budget.
         let ordinary = 1_000_000 * (100 + COUNTER_OVERHEAD_BYTES);
-        assert!(ordinary <= caps.max_counter_bytes.get());
+        assert!(ordinary <= app.max_counter_bytes);
     }
 
     #[test]
     fn flags_set_the_caps() {
         let one = (100 + COUNTER_OVERHEAD_BYTES).to_string();
-        let caps = settings(&["--max-key-bytes", "100", "--max-counter-bytes", &one])
+        let app = settings(&["--max-key-bytes", "100", "--max-counter-bytes", &one])
             .unwrap()
-            .caps;
-        assert_eq!(caps.max_key_bytes.get(), 100);
-        assert_eq!(caps.max_counter_bytes.get().to_string(), one);
+            .app;
+        assert_eq!(app.service.max_key_bytes, 100);
+        assert_eq!(app.max_counter_bytes.to_string(), one);
     }
 
     #[test]

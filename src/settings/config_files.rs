@@ -89,7 +89,7 @@ mod tests {
     fn defaults_are_the_config_subsystems() {
         assert_eq!(limits(&[]).expect("valid"), FileLimits::default());
         let settings = cli(&[]).serve.validate().expect("valid");
-        assert_eq!(settings.config_files, FileLimits::default());
+        assert_eq!(settings.config.files, FileLimits::default());
     }
 
     #[test]

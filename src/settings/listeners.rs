@@ -161,7 +161,7 @@ mod tests {
     #[test]
     fn defaults_are_the_documented_ones() {
         assert_eq!(
-            settings(&[]).unwrap().listener_limits,
+            settings(&[]).unwrap().app.listener_limits,
             net::Limits::default()
         );
     }
@@ -182,7 +182,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            s.listener_limits,
+            s.app.listener_limits,
             net::Limits {
                 max_connections: 7,
                 max_concurrent_streams: 3,

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 
 use clap::ArgAction;
 
-use super::{SettingsError, invalid, non_empty, parse_go_bool, tls_name};
+use super::parse::{non_empty, parse_go_bool};
+use super::tls::tls_name;
+use super::{SettingsError, invalid};
 use crate::tls::{KeyPairFiles, PeerTlsFiles, PemFile};
 
 /// Raw SLUICE_PEER_TLS* flags.

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::{Backend, SettingsError, WriteBehind, invalid, parse_go_bool};
+use super::parse::parse_go_bool;
+use super::{SettingsError, invalid};
+use crate::app::Backend;
+use crate::cluster::WriteBehind;
 use crate::store::redis::BreakerSettings;
 
 /// Raw breaker flags; see [`BreakerSettings`].
@@ -97,7 +100,7 @@ mod tests {
     use crate::settings::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
     use clap::CommandFactory;
 
-    /// Parsed with the environment ignored, as the tests in `settings.rs` do.
+    /// Parsed with the environment ignored, as the tests in `settings/mod.rs` do.
     fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
         let cmd = ignore_empty_env(Cli::command(), &|_| true);
         let cli = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
@@ -108,7 +111,7 @@ mod tests {
     fn redis(extra: &[&str]) -> BreakerSettings {
         let mut args = vec!["--backend-type", "redis", "--redis-url", "localhost:6379"];
         args.extend(extra);
-        match settings(&args).expect("valid").backend {
+        match settings(&args).expect("valid").app.backend {
             Backend::Redis(r) => r.breaker,
             Backend::Memory => panic!("expected the Redis backend"),
         }
@@ -157,6 +160,7 @@ mod tests {
         ])
         .expect("valid");
         let wb = s
+            .app
             .cluster
             .and_then(|c| c.write_behind)
             .expect("write-behind");

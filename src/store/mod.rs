@@ -11,6 +11,7 @@
 pub mod memory;
 pub mod redis;
 mod redis_breaker;
+mod redis_client;
 mod redis_sentinel;
 mod redis_target;
 
@@ -113,107 +114,6 @@ pub trait CounterStore: Send + Sync + 'static {
         now: Timestamp,
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
-}
-
-/// The store a running Sluice uses, chosen by BACKEND_TYPE.
-pub enum AnyStore {
-    Memory(MemoryStore),
-    Redis(RedisStore),
-    /// Counters spread over peers, this node's share in a memory store.
-    Cluster(crate::cluster::ClusterStore),
-}
-
-impl AnyStore {
-    /// The memory store, when that is the backend (for its statistics).
-    pub fn memory(&self) -> Option<&MemoryStore> {
-        match self {
-            AnyStore::Memory(m) => Some(m),
-            AnyStore::Redis(_) => None,
-            AnyStore::Cluster(c) => Some(c.local()),
-        }
-    }
-
-    /// Whether the backend can take requests (Redis: has answered its start-up PING and,
-    /// with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, is not down).
-    pub fn is_ready(&self) -> bool {
-        match self {
-            AnyStore::Memory(_) | AnyStore::Cluster(_) => true,
-            AnyStore::Redis(r) => r.is_ready(),
-        }
-    }
-
-    /// [`AnyStore::is_ready`], pushed at the instant it changes. For a backend that is always
-    /// ready the value is `true` and `changed()` fails at once: it will never change.
-    pub fn ready_changes(&self) -> tokio::sync::watch::Receiver<bool> {
-        match self {
-            AnyStore::Redis(r) => r.ready_changes(),
-            AnyStore::Memory(_) | AnyStore::Cluster(_) => tokio::sync::watch::channel(true).1,
-        }
-    }
-
-    /// The breakers of every Redis in use: the backend's, or the peer cluster's write-behind.
-    pub fn redis_breakers(&self) -> Vec<redis::BreakerStats> {
-        match self {
-            AnyStore::Redis(r) => r.breakers(),
-            AnyStore::Cluster(c) => c
-                .owner()
-                .durable()
-                .map(|d| vec![d.redis_breaker()])
-                .unwrap_or_default(),
-            AnyStore::Memory(_) => Vec::new(),
-        }
-    }
-
-    /// Completes, with the reason, when the backend gave up for good (Redis not answering
-    /// within REDIS_STARTUP_MAX_ELAPSED_TIME); never for the other backends.
-    pub fn gave_up(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>> {
-        match self {
-            AnyStore::Redis(r) => Box::pin(r.gave_up()),
-            AnyStore::Memory(_) | AnyStore::Cluster(_) => Box::pin(std::future::pending()),
-        }
-    }
-}
-
-impl CounterStore for AnyStore {
-    fn trace_backend(&self) -> Option<TraceBackend> {
-        match self {
-            AnyStore::Memory(_) => None,
-            // envoyproxy/ratelimit's name for its Redis span.
-            AnyStore::Redis(_) => Some(TraceBackend {
-                span_name: "Redis Pipeline Execution",
-                attributes: &[("db.system", "redis"), ("sluice.backend", "redis")],
-            }),
-            AnyStore::Cluster(_) => Some(TraceBackend {
-                span_name: "Peer Cluster Apply",
-                attributes: &[
-                    ("rpc.system", "grpc"),
-                    ("rpc.service", "sluice.peer.v1.Peer"),
-                    ("sluice.backend", "cluster"),
-                ],
-            }),
-        }
-    }
-
-    async fn apply<'a>(
-        &'a self,
-        now: Timestamp,
-        hits: &'a [Hit<'a>],
-        out: &'a mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(m) => m.apply(now, hits, out).await,
-            AnyStore::Redis(r) => r.apply(now, hits, out).await,
-            AnyStore::Cluster(c) => c.apply(now, hits, out).await,
-        }
-    }
-
-    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        match self {
-            AnyStore::Memory(m) => m.refund(now, hits).await,
-            AnyStore::Redis(r) => r.refund(now, hits).await,
-            AnyStore::Cluster(c) => c.refund(now, hits).await,
-        }
-    }
 }
 
 #[cfg(test)]

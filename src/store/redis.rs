@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use redis::{RedisError, Value};
+use redis::Value;
 
 use super::redis_breaker::Readiness;
 use super::redis_target::{Target, TargetOptions, run_within};
@@ -52,9 +52,9 @@ use super::{CounterStore, Hit, MemoryLimits, StoreError, go_cache_key};
 use crate::clock::Timestamp;
 use crate::limiter::fixed_window::{self, Decision};
 use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
-use crate::settings::{RedisSettings, RedisTls, StartupBackoff};
 
 pub use super::redis_breaker::{BreakerSettings, BreakerStats};
+pub use super::redis_client::{RedisTarget, RedisTls, RedisTopology, StartupBackoff};
 
 /// The sliding window (see [`sliding_window`]).
 ///
@@ -122,48 +122,21 @@ end
 return 0
 "#;
 
-/// A client for one node at `url`; with `tls`, the URL is `rediss://` and the REDIS_TLS_*
-/// certificates apply.
-pub(super) fn client(url: &str, tls: Option<&RedisTls>) -> Result<redis::Client, RedisError> {
-    let Some(tls) = tls else {
-        return redis::Client::open(url);
-    };
-    let client = redis::Client::build_with_tls(url, certificates(tls))?;
-    if !tls.skip_hostname_verification {
-        return Ok(client);
-    }
-    // The chain is still verified against the roots; only a name mismatch is accepted.
-    let info = client.get_connection_info().clone();
-    let mut addr = info.addr().clone();
-    addr.set_danger_accept_invalid_hostnames(true);
-    redis::Client::open(info.set_addr(addr))
-}
-
-/// `url` with its userinfo and `pass`/`user` query replaced by `***`.
-pub(super) fn without_credentials(url: &str) -> String {
-    let url = match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    };
-    match url.split_once('?') {
-        Some((path, _)) => format!("{path}?***"),
-        None => url,
-    }
-}
-
-pub(super) fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
-    redis::TlsCertificates {
-        client_tls: tls
-            .client_pem
-            .as_ref()
-            .map(|(cert, key)| redis::ClientTlsConfig {
-                client_cert: cert.clone(),
-                client_key: key.clone(),
-            }),
-        root_cert: tls.ca_pem.clone(),
-    }
+/// How to reach Redis, and how the store uses it (REDIS_* and the breaker's settings).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisConfig {
+    pub main: RedisTarget,
+    /// REDIS_PERSECOND: where SECOND limits go.
+    pub per_second: Option<RedisTarget>,
+    pub timeout: Duration,
+    pub expiration_jitter_max_seconds: u64,
+    pub local_cache_size_in_bytes: u64,
+    pub stop_cache_key_increment_when_overlimit: bool,
+    /// REDIS_STARTUP_*: how the start-up PING is retried.
+    pub startup: StartupBackoff,
+    /// SLUICE_REDIS_PROBE_INTERVAL_MS, SLUICE_REDIS_BREAKER_TIMEOUTS and
+    /// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION: failing fast while Redis is down.
+    pub breaker: BreakerSettings,
 }
 
 /// Remembers fixed-window keys Redis found over the limit, until their window ends.
@@ -259,7 +232,7 @@ fn backend_error(e: impl std::fmt::Display) -> StoreError {
 impl RedisStore {
     /// Builds the store and starts connecting in the background; never waits for Redis.
     /// Must be called inside a tokio runtime.
-    pub fn start(settings: &RedisSettings) -> Result<Self, StoreError> {
+    pub fn start(settings: &RedisConfig) -> Result<Self, StoreError> {
         let targets = 1 + usize::from(settings.per_second.is_some());
         let options = Arc::new(TargetOptions {
             timeout: settings.timeout,
@@ -438,58 +411,10 @@ impl RedisStore {
         hits: &[Hit<'_>],
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
-        // Over-limit keys remembered locally are answered without Redis.
-        if let Some(cache) = &self.local_cache {
-            for (i, hit) in hits.iter().enumerate() {
-                if hit.quota.algorithm == Algorithm::FixedWindow
-                    && cache.is_over(&go_cache_key(hit.key, now, hit.quota.unit), now.secs())
-                {
-                    let state = fixed_window::state_with_count(
-                        u64::from(hit.quota.requests_per_unit).saturating_add(1),
-                        now.secs(),
-                        hit.quota.unit,
-                    );
-                    decisions[i] = Some(
-                        fixed_window::decide(
-                            state,
-                            now.secs(),
-                            hit.quota.unit,
-                            hit.quota.requests_per_unit,
-                            0,
-                        )
-                        .0,
-                    );
-                }
-            }
-        }
-        // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: if any key would go over, only the keys
-        // that would go over are incremented. This costs a read round trip first, as in Go.
-        let mut increment = vec![true; hits.len()];
-        if self.stop_when_over && decisions.iter().any(|d| d.is_some_and(|d| d.over)) {
-            increment.iter_mut().for_each(|i| *i = false);
-        } else if self.stop_when_over {
-            let would_be_over = self.would_be_over(now, hits).await?;
-            if would_be_over.iter().any(|o| *o) {
-                increment = would_be_over;
-            }
-        }
+        let mut decisions = self.cached_decisions(now, hits);
+        let increment = self.increments(now, hits, &decisions).await?;
         // One pipeline per Redis (per key on a cluster), all concurrently.
-        let mut groups: Vec<(&Arc<Target>, Vec<usize>)> = Vec::new();
-        for (i, hit) in hits.iter().enumerate() {
-            if decisions[i].is_some() {
-                continue;
-            }
-            let target = self.target_for(hit.quota.unit);
-            let cluster = target.is_cluster();
-            match groups
-                .iter_mut()
-                .find(|(t, _)| !cluster && Arc::ptr_eq(t, target))
-            {
-                Some((_, idx)) => idx.push(i),
-                None => groups.push((target, vec![i])),
-            }
-        }
+        let groups = self.pipelines(hits, &decisions);
         let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
             let mut pipe = redis::pipe();
             for &i in idx {
@@ -511,7 +436,96 @@ impl RedisStore {
                 decisions[i] = Some(d);
             }
         }
-        for (hit, d) in hits.iter().zip(&decisions) {
+        self.answer(now, hits, &decisions, out)
+    }
+
+    /// Over-limit keys remembered locally are answered without Redis; `None` for the others.
+    fn cached_decisions(&self, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Option<Decision>> {
+        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
+        let Some(cache) = &self.local_cache else {
+            return decisions;
+        };
+        for (i, hit) in hits.iter().enumerate() {
+            if hit.quota.algorithm == Algorithm::FixedWindow
+                && cache.is_over(&go_cache_key(hit.key, now, hit.quota.unit), now.secs())
+            {
+                let state = fixed_window::state_with_count(
+                    u64::from(hit.quota.requests_per_unit).saturating_add(1),
+                    now.secs(),
+                    hit.quota.unit,
+                );
+                decisions[i] = Some(
+                    fixed_window::decide(
+                        state,
+                        now.secs(),
+                        hit.quota.unit,
+                        hit.quota.requests_per_unit,
+                        0,
+                    )
+                    .0,
+                );
+            }
+        }
+        decisions
+    }
+
+    /// Which hits are added. STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: if any key would go over,
+    /// only the keys that would go over are incremented. This costs a read round trip first,
+    /// as in Go.
+    async fn increments(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        decisions: &[Option<Decision>],
+    ) -> Result<Vec<bool>, StoreError> {
+        if !self.stop_when_over {
+            return Ok(vec![true; hits.len()]);
+        }
+        if decisions.iter().any(|d| d.is_some_and(|d| d.over)) {
+            return Ok(vec![false; hits.len()]);
+        }
+        let would_be_over = self.would_be_over(now, hits).await?;
+        if would_be_over.iter().any(|o| *o) {
+            Ok(would_be_over)
+        } else {
+            Ok(vec![true; hits.len()])
+        }
+    }
+
+    /// The hits still to send, grouped by the Redis they go to; on a cluster, one per key.
+    fn pipelines(
+        &self,
+        hits: &[Hit<'_>],
+        decisions: &[Option<Decision>],
+    ) -> Vec<(&Arc<Target>, Vec<usize>)> {
+        let mut groups: Vec<(&Arc<Target>, Vec<usize>)> = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            if decisions[i].is_some() {
+                continue;
+            }
+            let target = self.target_for(hit.quota.unit);
+            let cluster = target.is_cluster();
+            match groups
+                .iter_mut()
+                .find(|(t, _)| !cluster && Arc::ptr_eq(t, target))
+            {
+                Some((_, idx)) => idx.push(i),
+                None => groups.push((target, vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// Every hit's decision, in order, into `out`; fixed-window keys found over the limit are
+    /// remembered by the local cache until their window ends.
+    fn answer(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        decisions: &[Option<Decision>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        for (hit, d) in hits.iter().zip(decisions) {
             let Some(d) = d else {
                 return Err(StoreError::BadReply {
                     expected: hits.len(),
@@ -608,7 +622,7 @@ impl RedisLink {
     /// Connects to `settings.main`; `scripts` are (re)loaded whenever Redis answers NOSCRIPT.
     /// Must be called inside a tokio runtime.
     pub fn start(
-        settings: &RedisSettings,
+        settings: &RedisConfig,
         scripts: &'static [&'static str],
     ) -> Result<Self, StoreError> {
         let options = Arc::new(TargetOptions {

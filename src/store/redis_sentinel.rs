@@ -25,7 +25,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::Notify;
 
-use crate::settings::RedisTls;
+use super::redis_client::RedisTls;
 
 /// First retry delay while no master answers.
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
@@ -234,7 +234,7 @@ impl Lookup {
             "redis"
         };
         let url = format!("{scheme}://{}{addr}", self.master_userinfo);
-        let client = super::redis::client(&url, self.tls.as_ref())?;
+        let client = super::redis_client::client(&url, self.tls.as_ref())?;
         self.bounded(&format!("master {addr}"), async {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&self.config)

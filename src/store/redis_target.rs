@@ -20,10 +20,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::StoreError;
-use super::redis::{certificates, client, without_credentials};
 use super::redis_breaker::{Breaker, BreakerSettings, BreakerStats, Readiness};
+use super::redis_client::{
+    RedisTarget, RedisTopology, StartupBackoff, certificates, client, without_credentials,
+};
 use super::redis_sentinel::{Lookup, SentinelMaster};
-use crate::settings::{RedisTarget, RedisTopology, StartupBackoff};
 
 /// One Redis, one Redis Cluster, or the master of a Sentinel group.
 pub(super) enum Conn {

@@ -10,6 +10,7 @@
 //!   path logs at the default level (WARN) per request; failures that can repeat per request go
 //!   through a [`LogLimiter`].
 
+mod logs;
 pub mod otlp;
 pub mod prometheus;
 pub mod stats;
@@ -19,8 +20,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::settings::{LogFormat, LogLevel};
-
+pub use logs::{LogFormat, LogLevel};
 pub use stats::{Stats, StatsOptions, StatsSlot};
 
 /// What [`crate::app::App`] needs to know about telemetry.

@@ -40,7 +40,6 @@ use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::config::{ConfigHandle, LoadOptions, build_raw};
-use crate::settings::{XdsBackoff, XdsSettings};
 use crate::tls::ClientTls;
 pub use convert::TYPE_URL;
 
@@ -52,6 +51,35 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// google.rpc.Code INVALID_ARGUMENT, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
+
+/// The xDS client's configuration (CONFIG_TYPE=GRPC_XDS_SOTW), built by `crate::settings`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct XdsConfig {
+    pub node_id: String,
+    /// CONFIG_GRPC_XDS_NODE_METADATA, in the order given; sent as string values.
+    pub node_metadata: Vec<(String, String)>,
+    /// `http://host:port`, or `https://host:port` with TLS, ready for the gRPC client.
+    pub server_uri: String,
+    pub connect_retry_interval: Duration,
+    /// Lower-case ASCII gRPC metadata keys with ASCII values.
+    pub additional_headers: Vec<(String, String)>,
+    pub backoff: XdsBackoff,
+    /// `None`: gRPC's default limit.
+    pub max_msg_size: Option<usize>,
+    /// `Some` with CONFIG_GRPC_XDS_SERVER_USE_TLS or an `https://` URL.
+    pub tls: Option<crate::tls::XdsTlsFiles>,
+}
+
+/// Reconnection delays: after the `n`-th consecutive failed attempt (from 0), the delay is
+/// `min(initial * 2^n, max)`, randomised within `±random_factor` when `jitter` is set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct XdsBackoff {
+    pub initial: Duration,
+    pub max: Duration,
+    /// In [0, 1].
+    pub random_factor: f64,
+    pub jitter: bool,
+}
 
 /// Why a stream ended.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +111,7 @@ impl Drop for XdsGuard {
 ///
 /// Must be called within a tokio runtime.
 pub fn spawn(
-    settings: XdsSettings,
+    settings: XdsConfig,
     tls: Option<ClientTls>,
     options: LoadOptions,
     handle: ConfigHandle,
@@ -102,7 +130,7 @@ pub fn spawn(
 }
 
 struct Client {
-    settings: XdsSettings,
+    settings: XdsConfig,
     /// `None`: plain text.
     tls: Option<ClientTlsConfig>,
     options: LoadOptions,
@@ -246,7 +274,7 @@ impl Client {
     }
 }
 
-fn node(settings: &XdsSettings) -> Node {
+fn node(settings: &XdsConfig) -> Node {
     let fields: HashMap<String, Value> = settings
         .node_metadata
         .iter()
@@ -351,7 +379,7 @@ mod tests {
 
     #[test]
     fn the_node_carries_id_and_metadata() {
-        let settings = XdsSettings {
+        let settings = XdsConfig {
             node_id: "envoy-ratelimit".into(),
             node_metadata: vec![("zone".into(), "a".into())],
             server_uri: "http://localhost:18000".into(),

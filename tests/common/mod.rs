@@ -35,7 +35,7 @@ pub fn default_options() -> AppOptions {
         shutdown_delay: Duration::ZERO,
         drain_timeout: Duration::from_secs(5),
         reload: None,
-        backend: sluice::settings::Backend::Memory,
+        backend: sluice::app::Backend::Memory,
         cluster: None,
         xds: None,
         telemetry: Default::default(),

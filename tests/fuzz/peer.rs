@@ -68,7 +68,7 @@ impl Owner {
         let cli = parse_cli_from(["sluice", "--peers", me, "--peer-advertise-address", me])
             .expect("peer flags parse");
         let settings = cli.serve.validate().expect("peer settings are valid");
-        let cluster = settings.cluster.expect("PEERS makes a cluster");
+        let cluster = settings.app.cluster.expect("PEERS makes a cluster");
         let memory = Arc::new(MemoryStore::new(100_000));
         let store = rt.block_on(async {
             ClusterStore::start(memory, &cluster, None, Arc::new(clock.clone())).expect("starts")

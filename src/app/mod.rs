@@ -1,5 +1,10 @@
 //! Wiring only: builds the store, the service and the three listeners' servers, and runs them
 //! until shutdown. Listeners are passed in already bound, so tests bind port 0.
+//!
+//! The composition root: [`AppOptions`] is what `crate::settings` builds (tests build it
+//! directly), and `backend` picks the counter store. No module below it imports `app`.
+
+mod backend;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,20 +13,23 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use backend::{AnyStore, Backend};
+
 use crate::api;
 use crate::api::health::Health;
 use crate::clock::Clock;
+use crate::cluster::ClusterConfig;
 use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::settings::{Backend, ClusterSettings, XdsSettings};
-use crate::store::{AnyStore, MemoryLimits, MemoryStore, RedisStore, StoreError};
+use crate::store::{MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{Stats, TelemetryOptions};
 use crate::tls::{ClientTls, PeerTls, ServerTls};
+use crate::xds::XdsConfig;
 
 /// The bound listeners.
 pub struct Listeners {
@@ -93,7 +101,7 @@ pub struct Reload {
 /// The xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW), used instead of [`Reload`].
 #[derive(Clone, Debug)]
 pub struct Xds {
-    pub settings: XdsSettings,
+    pub settings: XdsConfig,
     /// MERGE_DOMAIN_CONFIG applies to resources as it does to files.
     pub options: LoadOptions,
     /// `settings.tls`, with its files read and checked.
@@ -118,7 +126,7 @@ pub struct AppOptions {
     pub reload: Option<Reload>,
     pub backend: Backend,
     /// PEERS / PEERS_DNS.
-    pub cluster: Option<ClusterSettings>,
+    pub cluster: Option<ClusterConfig>,
     /// Config streamed from an xDS server; the app starts without config (or with whatever
     /// the handle holds) and serves each accepted update.
     pub xds: Option<Xds>,
@@ -345,9 +353,6 @@ impl App {
             crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
         });
         let (stop_tx, stop) = StopSignal::new();
-        let grpc_routes =
-            api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
-        let health_follower = health.follow();
         let ports = Ports::new(&options, listeners.grpc.is_unix());
         let debug_state = api::debug::DebugState {
             config,
@@ -360,53 +365,33 @@ impl App {
             listeners: ports.guards(&listeners),
             budget: Some(ports.budget.clone()),
         };
-        let health_for_stop = health.clone();
-        let http_router = api::http::router(service.clone(), health, options.max_request_bytes);
-        let mut after_drain = vec![health_follower];
-        if let (Some(server), Some(listener)) = (peer_server, listeners.peer) {
-            // Stopped after the drain: other nodes may still forward hits while this one drains.
-            after_drain.push(tokio::spawn(ports.peer.serve(
-                listener,
-                server,
-                stop.wait(),
-            )));
-        }
-        if let Some(listener) = listeners.prometheus {
-            let path = &options.telemetry.prometheus_path;
-            let router = api::debug::metrics_router(path, debug_state.clone());
-            after_drain.push(tokio::spawn(ports.prometheus.serve(
-                listener,
-                router,
-                stop.wait(),
-            )));
-        }
-        after_drain.extend(spawn_statsd(&options, &debug_state));
+        let Ports {
+            grpc,
+            http,
+            debug,
+            prometheus,
+            peer,
+            ..
+        } = ports;
+        let mut after_drain = vec![health.follow()];
+        after_drain.extend(spawn_after_drain(
+            &options,
+            (peer, prometheus),
+            &debug_state,
+            (peer_server, listeners.peer, listeners.prometheus),
+            &stop,
+        ));
         let (otlp_stop_tx, otlp_stop) = StopSignal::new();
         let exporters = spawn_exporters(&options, &debug_state, spans, &otlp_stop);
-        let servers = vec![
-            (
-                "gRPC",
-                tokio::spawn(
-                    ports
-                        .grpc
-                        .serve(listeners.grpc, grpc_routes.prepare(), stop.wait()),
-                ),
-            ),
-            (
-                "HTTP",
-                tokio::spawn(ports.http.serve(listeners.http, http_router, stop.wait())),
-            ),
-            (
-                "debug",
-                tokio::spawn(ports.debug.serve(
-                    listeners.debug,
-                    api::debug::router(debug_state),
-                    stop.wait(),
-                )),
-            ),
-        ];
+        let servers = spawn_servers(
+            &options,
+            (grpc, http, debug),
+            (listeners.grpc, listeners.http, listeners.debug),
+            (service, health.clone(), debug_state),
+            &stop,
+        );
         Running {
-            health: health_for_stop,
+            health,
             shutdown_delay: options.shutdown_delay,
             drain_timeout: options.drain_timeout,
             servers,
@@ -427,6 +412,62 @@ impl App {
             ),
         }
     }
+}
+
+/// The client-facing listeners' servers: gRPC, HTTP and debug.
+fn spawn_servers(
+    options: &AppOptions,
+    (grpc_port, http_port, debug_port): (net::Port, net::Port, net::Port),
+    (grpc, http, debug): (GrpcListener, TcpListener, TcpListener),
+    (service, health, debug_state): (
+        Arc<RateLimitService<AnyStore>>,
+        Arc<Health>,
+        api::debug::DebugState,
+    ),
+    stop: &StopSignal,
+) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
+    let grpc_routes = api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
+    let http_router = api::http::router(service, health, options.max_request_bytes);
+    vec![
+        (
+            "gRPC",
+            tokio::spawn(grpc_port.serve(grpc, grpc_routes.prepare(), stop.wait())),
+        ),
+        (
+            "HTTP",
+            tokio::spawn(http_port.serve(http, http_router, stop.wait())),
+        ),
+        (
+            "debug",
+            tokio::spawn(debug_port.serve(debug, api::debug::router(debug_state), stop.wait())),
+        ),
+    ]
+}
+
+/// What is stopped after the drain: the peer listener (other nodes may still forward hits while
+/// this one drains), the Prometheus listener and statsd.
+fn spawn_after_drain(
+    options: &AppOptions,
+    (peer_port, prometheus_port): (net::Port, net::Port),
+    debug_state: &api::debug::DebugState,
+    (peer_server, peer, prometheus): (Option<PeerServer>, Option<TcpListener>, Option<TcpListener>),
+    stop: &StopSignal,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if let (Some(server), Some(listener)) = (peer_server, peer) {
+        tasks.push(tokio::spawn(peer_port.serve(listener, server, stop.wait())));
+    }
+    if let Some(listener) = prometheus {
+        let path = &options.telemetry.prometheus_path;
+        let router = api::debug::metrics_router(path, debug_state.clone());
+        tasks.push(tokio::spawn(prometheus_port.serve(
+            listener,
+            router,
+            stop.wait(),
+        )));
+    }
+    tasks.extend(spawn_statsd(options, debug_state));
+    tasks
 }
 
 /// A stop flag that any number of tasks wait on.

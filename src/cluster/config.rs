@@ -1,0 +1,44 @@
+//! The peer cluster's configuration, owned here and built by `crate::settings` from PEERS,
+//! PEERS_DNS, PEER_* and SLUICE_PEER_* (or by tests directly).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::store::redis::RedisConfig;
+
+/// Where the peers come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerSource {
+    Static(Vec<String>),
+    Dns { name: String, port: u16 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterMode {
+    Forward,
+    Divided,
+}
+
+/// The peer cluster: who the peers are, how this node is reached, and how hits travel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub peers: PeerSource,
+    pub advertise: String,
+    pub listen: SocketAddr,
+    pub mode: ClusterMode,
+    pub timeout: Duration,
+    pub batch_window: Duration,
+    /// SLUICE_PEER_WRITE_BEHIND; `None` when off.
+    pub write_behind: Option<WriteBehind>,
+}
+
+/// SLUICE_PEER_WRITE_BEHIND: where owners copy their counters, and how often.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteBehind {
+    /// REDIS_URL and friends, validated as for the Redis backend.
+    pub redis: RedisConfig,
+    /// SLUICE_PEER_WRITE_BEHIND_MS, between 10 ms and 60 s.
+    pub interval: Duration,
+    /// CACHE_KEY_PREFIX, which every write-behind key starts with.
+    pub key_prefix: String,
+}

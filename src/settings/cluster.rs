@@ -1,0 +1,352 @@
+//! The peer cluster (PEERS, PEERS_DNS, PEER_*, SLUICE_CLUSTER_MODE, SLUICE_PEER_*) into
+//! [`ClusterConfig`], with its write-behind to Redis checked against the other settings.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::ArgAction;
+
+use super::parse::parse_go_bool;
+use super::redis::RedisArgs;
+use super::{SettingsError, invalid};
+use crate::cluster::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
+
+/// The peer cluster's settings, raw.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// Comma-separated `host:port` peer addresses (every node, this one included): counters are
+    /// then owned by one peer each, by rendezvous hashing. Unset: a single node.
+    #[arg(long, env = "PEERS", default_value = "", help_heading = "Peer cluster")]
+    pub peers: String,
+    /// A DNS name whose A/AAAA records are the peers (a Kubernetes headless Service), on
+    /// PEER_PORT; re-resolved every 5 s.
+    #[arg(long, env = "PEERS_DNS", help_heading = "Peer cluster")]
+    pub peers_dns: Option<String>,
+    /// Port of the peer listener (the internal gRPC service peers forward hits to).
+    #[arg(
+        long,
+        env = "PEER_PORT",
+        default_value_t = 8082,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_port: u16,
+    /// How this node appears among the peers (`host:port`). Default: the HOST-independent
+    /// `<hostname>:PEER_PORT`; must be one of PEERS when PEERS is set.
+    #[arg(long, env = "PEER_ADVERTISE_ADDRESS", help_heading = "Peer cluster")]
+    pub peer_advertise_address: Option<String>,
+    /// `forward`: each counter lives on its owner, others forward hits to it (exact global
+    /// limits). `divided`: each node enforces limit / healthy peers locally, with no network
+    /// on the request path (Cortex's global limiter).
+    #[arg(
+        long,
+        env = "SLUICE_CLUSTER_MODE",
+        default_value = "forward",
+        help_heading = "Peer cluster"
+    )]
+    pub cluster_mode: String,
+    /// Deadline of a forwarded call, in milliseconds; a peer that misses it is marked down.
+    #[arg(
+        long,
+        env = "SLUICE_PEER_TIMEOUT_MS",
+        default_value_t = 200,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_timeout_ms: u64,
+    /// How long concurrent forwards to one peer wait to share one call, in microseconds.
+    #[arg(
+        long,
+        env = "SLUICE_PEER_BATCH_WINDOW_US",
+        default_value_t = 200,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_batch_window_us: u64,
+    /// Peer cluster durability: owners write their counters behind to the Redis of REDIS_URL
+    /// (and its REDIS_TYPE, REDIS_AUTH, REDIS_TIMEOUT, ...), and a key's new owner loads the
+    /// count from there, so losing or restarting a node does not reset its keys. Needs PEERS
+    /// or PEERS_DNS in forward mode; counters stay in memory (BACKEND_TYPE must not be redis).
+    #[arg(
+        long,
+        env = "SLUICE_PEER_WRITE_BEHIND",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_write_behind: bool,
+    /// How often owners write the counters that changed behind to Redis, in milliseconds.
+    #[arg(
+        long,
+        env = "SLUICE_PEER_WRITE_BEHIND_MS",
+        default_value_t = 500,
+        help_heading = "Peer cluster"
+    )]
+    pub peer_write_behind_ms: u64,
+}
+
+impl ClusterArgs {
+    /// `None` without PEERS or PEERS_DNS: a single node.
+    pub(super) fn validate(&self) -> Result<Option<ClusterConfig>, SettingsError> {
+        let Some(source) = self.peer_source()? else {
+            return Ok(None);
+        };
+        let advertise = self.advertise();
+        if let PeerSource::Static(list) = &source
+            && !list.contains(&advertise)
+        {
+            return Err(invalid(
+                "PEER_ADVERTISE_ADDRESS",
+                &advertise,
+                "must be one of PEERS (how the other peers reach this node)",
+            ));
+        }
+        let mode = match self.cluster_mode.to_ascii_lowercase().as_str() {
+            "forward" => ClusterMode::Forward,
+            "divided" => ClusterMode::Divided,
+            _ => {
+                return Err(invalid(
+                    "SLUICE_CLUSTER_MODE",
+                    &self.cluster_mode,
+                    "expected forward or divided",
+                ));
+            }
+        };
+        if self.peer_timeout_ms == 0 {
+            return Err(invalid("SLUICE_PEER_TIMEOUT_MS", 0, "must be at least 1"));
+        }
+        Ok(Some(ClusterConfig {
+            peers: source,
+            advertise,
+            listen: SocketAddr::from(([0, 0, 0, 0], self.peer_port)),
+            mode,
+            timeout: Duration::from_millis(self.peer_timeout_ms),
+            batch_window: Duration::from_micros(self.peer_batch_window_us),
+            write_behind: None,
+        }))
+    }
+
+    /// PEERS (each `host:port`) or PEERS_DNS, not both; `None` for neither.
+    fn peer_source(&self) -> Result<Option<PeerSource>, SettingsError> {
+        let list: Vec<String> = self
+            .peers
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let dns = self.peers_dns.as_deref().filter(|d| !d.is_empty());
+        match (list.is_empty(), dns) {
+            (true, None) => Ok(None),
+            (false, Some(_)) => Err(invalid(
+                "PEERS",
+                &self.peers,
+                "set PEERS or PEERS_DNS, not both",
+            )),
+            (false, None) => {
+                for p in &list {
+                    let ok = p
+                        .rsplit_once(':')
+                        .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok());
+                    if !ok {
+                        return Err(invalid("PEERS", p, "expected host:port"));
+                    }
+                }
+                Ok(Some(PeerSource::Static(list)))
+            }
+            (true, Some(name)) => Ok(Some(PeerSource::Dns {
+                name: name.to_owned(),
+                port: self.peer_port,
+            })),
+        }
+    }
+
+    /// PEER_ADVERTISE_ADDRESS, else `<hostname>:PEER_PORT`.
+    fn advertise(&self) -> String {
+        match self
+            .peer_advertise_address
+            .as_deref()
+            .filter(|a| !a.is_empty())
+        {
+            Some(a) => a.to_owned(),
+            None => {
+                let host = std::fs::read_to_string("/etc/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "localhost".into());
+                format!("{host}:{}", self.peer_port)
+            }
+        }
+    }
+
+    /// SLUICE_PEER_WRITE_BEHIND: checked against the other settings before any port is bound.
+    /// The Redis connection settings are REDIS_URL's own, so one Redis setup serves either use.
+    pub(super) fn write_behind(
+        &self,
+        backend_type: Option<&str>,
+        redis: &RedisArgs,
+        cluster: Option<&ClusterConfig>,
+        key_prefix: &str,
+    ) -> Result<Option<WriteBehind>, SettingsError> {
+        const VAR: &str = "SLUICE_PEER_WRITE_BEHIND";
+        let (enabled, interval_ms) = (self.peer_write_behind, self.peer_write_behind_ms);
+        if !enabled {
+            return Ok(None);
+        }
+        let Some(cluster) = cluster else {
+            return Err(invalid(
+                VAR,
+                true,
+                "needs PEERS or PEERS_DNS: it makes the peer cluster's counters durable",
+            ));
+        };
+        if cluster.mode == ClusterMode::Divided {
+            return Err(invalid(
+                VAR,
+                true,
+                "needs SLUICE_CLUSTER_MODE=forward: in divided mode no node owns a counter, so \
+             there is nothing to take over",
+            ));
+        }
+        if let Some(kind) = backend_type.filter(|b| !b.eq_ignore_ascii_case("memory")) {
+            return Err(invalid(
+                "BACKEND_TYPE",
+                kind,
+                "with SLUICE_PEER_WRITE_BEHIND=true the peer cluster counts in memory and Redis \
+             keeps only a copy; unset BACKEND_TYPE or set it to memory",
+            ));
+        }
+        if redis.redis_url.as_deref().is_none_or(str::is_empty) {
+            return Err(invalid(
+                "REDIS_URL",
+                "",
+                "required by SLUICE_PEER_WRITE_BEHIND=true (where counters are written behind)",
+            ));
+        }
+        if redis.redis_persecond {
+            return Err(invalid(
+                "REDIS_PERSECOND",
+                true,
+                "the write-behind copy goes to REDIS_URL only; unset REDIS_PERSECOND",
+            ));
+        }
+        if !(10..=60_000).contains(&interval_ms) {
+            return Err(invalid(
+                "SLUICE_PEER_WRITE_BEHIND_MS",
+                interval_ms,
+                "must be between 10 and 60000",
+            ));
+        }
+        Ok(Some(WriteBehind {
+            redis: redis.clone().validate()?,
+            interval: Duration::from_millis(interval_ms),
+            key_prefix: key_prefix.to_owned(),
+        }))
+    }
+
+    /// PEERS or PEERS_DNS beside the Redis backend, which already shares counters.
+    pub(super) fn peers_beside_redis(&self) -> SettingsError {
+        let (var, value) = if self.peers.trim().is_empty() {
+            ("PEERS_DNS", self.peers_dns.as_deref().unwrap_or_default())
+        } else {
+            ("PEERS", self.peers.as_str())
+        };
+        invalid(
+            var,
+            value,
+            "the Redis backend (BACKEND_TYPE=redis, or REDIS_URL alone) already shares \
+         counters between replicas, so peers would be unused; unset the peers, or keep \
+         them and set SLUICE_PEER_WRITE_BEHIND=true to write their counters behind to Redis",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{error, settings};
+    use super::super::*;
+
+    #[test]
+    fn write_behind_needs_forward_peers_and_redis_url_and_keeps_counters_in_memory() {
+        let peers = ["--peers", "a:1,b:1", "--peer-advertise-address", "a:1"];
+        fn with<'a>(peers: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+            [peers, extra].concat()
+        }
+        // The refusal for write-behind on the peers above with REDIS_URL=x:1 and `extra`.
+        let on_peers_with_redis = |extra: &[&str]| {
+            let on = ["--peer-write-behind", "--redis-url", "x:1"];
+            error(&with(&peers, &[&on[..], extra].concat()))
+        };
+        let s = settings(&with(
+            &peers,
+            &[
+                "--peer-write-behind",
+                "--redis-socket-type",
+                "tcp",
+                "--redis-url",
+                "127.0.0.1:6379",
+                "--cache-key-prefix",
+                "app:",
+            ],
+        ))
+        .unwrap();
+        // REDIS_URL here is where counters are copied, not the backend.
+        assert_eq!(s.app.backend, Backend::Memory);
+        let wb = s.app.cluster.unwrap().write_behind.unwrap();
+        assert_eq!(
+            wb.redis.main.urls,
+            vec!["redis://127.0.0.1:6379".to_string()]
+        );
+        assert_eq!(wb.interval, Duration::from_millis(500));
+        assert_eq!(wb.key_prefix, "app:");
+        // Off by default.
+        assert_eq!(
+            settings(&with(&peers, &[]))
+                .unwrap()
+                .app
+                .cluster
+                .unwrap()
+                .write_behind,
+            None
+        );
+
+        let err = error(&["--peer-write-behind", "--redis-url", "x:1"]);
+        assert!(
+            err.starts_with("SLUICE_PEER_WRITE_BEHIND=true: needs PEERS"),
+            "{err}"
+        );
+        let err = error(&with(&peers, &["--peer-write-behind"]));
+        assert!(
+            err.starts_with("REDIS_URL=: required by SLUICE_PEER_WRITE_BEHIND"),
+            "{err}"
+        );
+        let err = on_peers_with_redis(&["--cluster-mode", "divided"]);
+        assert!(err.contains("SLUICE_CLUSTER_MODE=forward"), "{err}");
+        let err = on_peers_with_redis(&["--backend-type", "redis"]);
+        assert!(err.starts_with("BACKEND_TYPE=redis: "), "{err}");
+        let err = on_peers_with_redis(&["--peer-write-behind-ms", "0"]);
+        assert!(err.starts_with("SLUICE_PEER_WRITE_BEHIND_MS=0: "), "{err}");
+        let err = on_peers_with_redis(&["--redis-persecond"]);
+        assert!(err.starts_with("REDIS_PERSECOND=true: "), "{err}");
+        // The Redis settings are checked as for the backend.
+        let err = on_peers_with_redis(&["--redis-timeout", "soon"]);
+        assert!(err.starts_with("REDIS_TIMEOUT=soon"), "{err}");
+        // Without write-behind, Redis and peers are alternatives.
+        let err = error(&with(&peers, &["--redis-url", "x:1"]));
+        assert!(
+            err.starts_with("PEERS=a:1,b:1: the Redis backend")
+                && err.contains("SLUICE_PEER_WRITE_BEHIND"),
+            "{err}"
+        );
+        let err = error(&[
+            "--peers-dns",
+            "sluice.ns",
+            "--backend-type",
+            "redis",
+            "--redis-url",
+            "x:1",
+        ]);
+        assert!(err.starts_with("PEERS_DNS=sluice.ns: "), "{err}");
+    }
+}

@@ -1,0 +1,372 @@
+//! The envoyproxy/ratelimit variables that only concern compatibility: the gRPC connection
+//! age, GRPC_UDS, and the Go options Sluice accepts and ignores (memcache, pool sizes) or
+//! refuses because it cannot honour them.
+
+use std::path::PathBuf;
+
+use clap::ArgAction;
+
+use super::parse::{non_empty, parse_go_bool, parse_go_duration};
+use super::{SettingsError, invalid};
+
+/// envoyproxy/ratelimit variables Sluice either implements outside the groups above or
+/// refuses at start-up when set to something it cannot honour, so none is silently ignored.
+#[derive(Clone, Debug, clap::Args)]
+pub struct CompatArgs {
+    /// Serve gRPC on this unix socket path instead of GRPC_HOST:GRPC_PORT, as in Go. A stale
+    /// socket file is replaced; a socket something still listens on, or another file, is not.
+    #[arg(long, env = "GRPC_UDS", help_heading = "Listeners")]
+    pub grpc_uds: Option<String>,
+    /// A gRPC connection older than this gets a GOAWAY (Go duration; 0 never).
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE",
+        default_value = "24h",
+        help_heading = "Listeners"
+    )]
+    pub grpc_max_connection_age: String,
+    /// After GRPC_MAX_CONNECTION_AGE's GOAWAY, how long calls in flight may take before the
+    /// connection is closed (Go duration; 0 as long as they take).
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONNECTION_AGE_GRACE",
+        default_value = "1h",
+        help_heading = "Listeners"
+    )]
+    pub grpc_max_connection_age_grace: String,
+    /// Response-time histogram in milliseconds. Not supported: Sluice's is in seconds; true stops start-up.
+    #[arg(
+        long,
+        env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Stats"
+    )]
+    pub prometheus_response_time_as_milliseconds: bool,
+    /// A statsd-exporter mapping file. Not supported: Sluice's names are the default mapping's; a value stops start-up.
+    #[arg(long, env = "PROMETHEUS_MAPPER_YAML", help_heading = "Stats")]
+    pub prometheus_mapper_yaml: Option<String>,
+    /// Constant tags on every stat (`k1:v1,k2:v2`). Not supported yet: a value stops start-up.
+    #[arg(long, env = "EXTRA_TAGS", help_heading = "Stats")]
+    pub extra_tags: Option<String>,
+    /// DogStatsD tags. Not supported: true stops start-up.
+    #[arg(
+        long,
+        env = "USE_DOG_STATSD",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Stats"
+    )]
+    pub use_dog_statsd: bool,
+    /// DogStatsD mogrifiers; meaningful only with USE_DOG_STATSD, which is refused.
+    #[arg(long, env = "USE_DOG_STATSD_MOGRIFIERS", help_heading = "Stats")]
+    pub use_dog_statsd_mogrifiers: Option<String>,
+    /// Ignored: only read with BACKEND_TYPE=memcache, which Sluice refuses.
+    #[arg(
+        long,
+        env = "MEMCACHE_HOST_PORT",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_host_port: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_MAX_IDLE_CONNS",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_max_idle_conns: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_SRV",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_srv: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_SRV_REFRESH",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_srv_refresh: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CLIENT_CERT",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_client_cert: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CLIENT_KEY",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_client_key: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_CACERT",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_cacert: Option<String>,
+    /// Ignored (see MEMCACHE_HOST_PORT).
+    #[arg(
+        long,
+        env = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        help_heading = "Memcache (not supported; ignored)"
+    )]
+    pub memcache_tls_skip_hostname_verification: Option<String>,
+}
+
+impl CompatArgs {
+    /// GRPC_UDS: where gRPC is served instead of GRPC_HOST:GRPC_PORT, as in Go.
+    pub(super) fn grpc_uds(&self, grpc_tls: bool) -> Result<Option<PathBuf>, SettingsError> {
+        let Some(path) = non_empty(self.grpc_uds.as_deref()) else {
+            return Ok(None);
+        };
+        if grpc_tls {
+            return Err(SettingsError::NotSupportedYet {
+                var: "GRPC_UDS",
+                value: path.to_owned(),
+                reason: "TLS (GRPC_SERVER_USE_TLS) on the unix socket",
+            });
+        }
+        Ok(Some(PathBuf::from(path)))
+    }
+
+    pub(super) fn validate(&self) -> Result<Option<crate::net::ConnectionAge>, SettingsError> {
+        let not_yet = |var: &'static str, value: &str, reason: &'static str| {
+            Err(SettingsError::NotSupportedYet {
+                var,
+                value: value.to_owned(),
+                reason,
+            })
+        };
+        if let Some(tags) = non_empty(self.extra_tags.as_deref()) {
+            return not_yet("EXTRA_TAGS", tags, "constant tags on every stat");
+        }
+        if self.prometheus_response_time_as_milliseconds {
+            return Err(invalid(
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+                true,
+                "not supported: Sluice's ratelimit_service_response_time_seconds histogram is \
+                 in seconds, as Prometheus names it; unset it",
+            ));
+        }
+        if let Some(path) = non_empty(self.prometheus_mapper_yaml.as_deref()) {
+            return Err(invalid(
+                "PROMETHEUS_MAPPER_YAML",
+                path,
+                "not supported: Sluice exports the names envoyproxy/ratelimit's default \
+                 mapping produces; unset it",
+            ));
+        }
+        if self.use_dog_statsd {
+            return Err(invalid(
+                "USE_DOG_STATSD",
+                true,
+                "not supported: Sluice sends plain statsd (USE_STATSD); unset it",
+            ));
+        }
+        let duration = |var: &'static str, value: &str| {
+            parse_go_duration(value)
+                .ok_or_else(|| invalid(var, value, "expected a Go duration such as 1h or 30m"))
+        };
+        let max_age = duration("GRPC_MAX_CONNECTION_AGE", &self.grpc_max_connection_age)?;
+        let grace = duration(
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            &self.grpc_max_connection_age_grace,
+        )?;
+        // grpc-go reads 0 as infinity, for both.
+        Ok((!max_age.is_zero()).then_some(crate::net::ConnectionAge {
+            max_age,
+            grace: (!grace.is_zero()).then_some(grace),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{error, settings};
+    use super::super::*;
+
+    #[test]
+    fn grpc_connection_age_defaults_to_go_and_parses_go_durations() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(
+            s.app.grpc_connection_age,
+            Some(crate::net::ConnectionAge {
+                max_age: Duration::from_secs(24 * 3600),
+                grace: Some(Duration::from_secs(3600)),
+            })
+        );
+        let s = settings(&[
+            "--grpc-max-connection-age",
+            "1m30s",
+            "--grpc-max-connection-age-grace",
+            "250ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            s.app.grpc_connection_age,
+            Some(crate::net::ConnectionAge {
+                max_age: Duration::from_secs(90),
+                grace: Some(Duration::from_millis(250)),
+            })
+        );
+        // grpc-go reads 0 as "for ever", for both.
+        let s = settings(&["--grpc-max-connection-age", "0"]).unwrap();
+        assert_eq!(s.app.grpc_connection_age, None);
+        let s = settings(&["--grpc-max-connection-age-grace", "0"]).unwrap();
+        assert_eq!(s.app.grpc_connection_age.map(|a| a.grace), Some(None));
+        let err = error(&["--grpc-max-connection-age", "24"]);
+        assert!(err.starts_with("GRPC_MAX_CONNECTION_AGE=24: "), "{err}");
+        let err = error(&["--grpc-max-connection-age-grace=-1s"]);
+        assert!(
+            err.starts_with("GRPC_MAX_CONNECTION_AGE_GRACE=-1s: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn go_variables_sluice_cannot_honour_stop_start_up() {
+        for (args, start) in [
+            (&["--extra-tags", "env:prod"][..], "EXTRA_TAGS=env:prod: "),
+            (
+                &["--prometheus-response-time-as-milliseconds=true"][..],
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=true: ",
+            ),
+            (
+                &["--prometheus-mapper-yaml", "/etc/mapper.yaml"][..],
+                "PROMETHEUS_MAPPER_YAML=/etc/mapper.yaml: ",
+            ),
+            (&["--use-dog-statsd"][..], "USE_DOG_STATSD=true: "),
+        ] {
+            let err = error(args);
+            assert!(err.starts_with(start), "{args:?}: {err}");
+            assert!(err.contains("not support"), "{args:?}: {err}");
+        }
+        // Their off values (and empty values) are the Go defaults and are fine.
+        let s = settings(&[
+            "--grpc-uds",
+            "",
+            "--redis-health-check-active-connection=false",
+            "--prometheus-response-time-as-milliseconds=false",
+            "--use-dog-statsd=false",
+            "--use-dog-statsd-mogrifiers",
+            "x",
+        ]);
+        assert!(s.is_ok(), "{s:?}");
+    }
+
+    #[test]
+    fn grpc_uds_is_a_path_and_refused_with_tls() {
+        assert_eq!(settings(&[]).unwrap().addrs.grpc_uds, None);
+        assert_eq!(settings(&["--grpc-uds", ""]).unwrap().addrs.grpc_uds, None);
+        assert_eq!(
+            settings(&["--grpc-uds", "/tmp/rl.sock"])
+                .unwrap()
+                .addrs
+                .grpc_uds,
+            Some(PathBuf::from("/tmp/rl.sock"))
+        );
+        let err = error(&[
+            "--grpc-uds",
+            "/tmp/rl.sock",
+            "--grpc-server-use-tls",
+            "--grpc-server-tls-cert",
+            "/c.pem",
+            "--grpc-server-tls-key",
+            "/k.pem",
+        ]);
+        assert!(
+            err.starts_with("GRPC_UDS=/tmp/rl.sock: ") && err.contains("TLS"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn memcache_variables_are_accepted_and_ignored() {
+        // The Go service reads them only with BACKEND_TYPE=memcache, which Sluice refuses.
+        let s = settings(&[
+            "--memcache-host-port",
+            "m1:11211,m2:11211",
+            "--memcache-max-idle-conns",
+            "4",
+            "--memcache-srv",
+            "_memcache._tcp.example",
+            "--memcache-srv-refresh",
+            "1m",
+            "--memcache-tls",
+            "true",
+            "--memcache-tls-client-cert",
+            "/missing.crt",
+            "--memcache-tls-client-key",
+            "/missing.key",
+            "--memcache-tls-cacert",
+            "/missing.ca",
+            "--memcache-tls-skip-hostname-verification",
+            "true",
+        ]);
+        assert!(s.is_ok(), "{s:?}");
+    }
+
+    #[test]
+    fn every_new_go_variable_is_a_flag_with_its_env_var() {
+        let cmd = Cli::command();
+        for var in [
+            "GRPC_UDS",
+            "GRPC_MAX_CONNECTION_AGE",
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+            "REDIS_STARTUP_INITIAL_INTERVAL",
+            "REDIS_STARTUP_MAX_INTERVAL",
+            "REDIS_STARTUP_MAX_ELAPSED_TIME",
+            "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+            "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+            "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+            "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+            "REDIS_PERSECOND_POOL_SIZE",
+            "REDIS_PERSECOND_PIPELINE_WINDOW",
+            "REDIS_PERSECOND_PIPELINE_LIMIT",
+            "REDIS_PIPELINE_LIMIT",
+            "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+            "PROMETHEUS_MAPPER_YAML",
+            "EXTRA_TAGS",
+            "USE_DOG_STATSD",
+            "USE_DOG_STATSD_MOGRIFIERS",
+            "MEMCACHE_HOST_PORT",
+            "MEMCACHE_MAX_IDLE_CONNS",
+            "MEMCACHE_SRV",
+            "MEMCACHE_SRV_REFRESH",
+            "MEMCACHE_TLS",
+            "MEMCACHE_TLS_CLIENT_CERT",
+            "MEMCACHE_TLS_CLIENT_KEY",
+            "MEMCACHE_TLS_CACERT",
+            "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+        ] {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_env().is_some_and(|e| e == var));
+            let arg = arg.unwrap_or_else(|| panic!("{var} is not parsed"));
+            assert!(arg.get_long().is_some() && !arg.is_hide_set(), "{var}");
+        }
+    }
+}

@@ -1,0 +1,899 @@
+//! OpenTelemetry export (TRACING_* and the OTEL_* variables): the exporters' protocols,
+//! endpoints, headers, TLS files, sampling and resource, into
+//! [`crate::telemetry::otlp::TracingOptions`] and [`crate::telemetry::otlp::MetricsExportOptions`].
+//! TRACING_* wins over the matching OTEL_* variable, which is a fallback, as in
+//! envoyproxy/ratelimit.
+
+use std::time::Duration;
+
+use super::parse::{key_values, non_empty, non_zero};
+use super::telemetry::TelemetryArgs;
+use super::tls::key_pair;
+use super::{SettingsError, header_name, invalid};
+use crate::telemetry::otlp::{self, Endpoint, MetricsExportOptions, Protocol, TracingOptions};
+use crate::tls::{ClientTls, KeyPairFiles, PemFile};
+
+/// Which signals export: TRACING_ENABLED (else OTEL_TRACES_EXPORTER=otlp) and
+/// OTEL_METRICS_EXPORTER=otlp, both off with OTEL_SDK_DISABLED.
+struct Signals {
+    traces: bool,
+    metrics: bool,
+}
+
+/// One signal's TLS files: the CA to trust and the client certificate with its key.
+type TlsFiles = (Option<PemFile>, Option<KeyPairFiles>);
+
+impl TelemetryArgs {
+    /// The OpenTelemetry settings. TRACING_* wins over the matching OTEL_* variable, which is
+    /// a fallback, as in envoyproxy/ratelimit. Syntax is checked even when nothing exports,
+    /// so a typo shows before someone turns tracing on.
+    pub(super) fn otlp(
+        &self,
+    ) -> Result<(Option<TracingOptions>, Option<MetricsExportOptions>), SettingsError> {
+        let on = self.signals()?;
+        let (traces_protocol, metrics_protocol) = self.protocols()?;
+        let sampling_rate = self.sampling_rate()?;
+        let resource = self.resource()?;
+        let (traces_headers, metrics_headers) = self.headers()?;
+        if self.otel_exporter_otlp_timeout == 0 {
+            return Err(invalid(
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+                0,
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        let timeout = Duration::from_millis(self.otel_exporter_otlp_timeout);
+        let traces_url = self.endpoint_url(
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                &self.otel_exporter_otlp_traces_endpoint,
+            ),
+            "/v1/traces",
+            traces_protocol,
+            self.otel_exporter_otlp_traces_insecure,
+        )?;
+        let metrics_url = self.endpoint_url(
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                &self.otel_exporter_otlp_metrics_endpoint,
+            ),
+            "/v1/metrics",
+            metrics_protocol,
+            self.otel_exporter_otlp_metrics_insecure,
+        )?;
+        let (traces_files, metrics_files) = (self.traces_tls_files()?, self.metrics_tls_files()?);
+        let traces_tls = client_tls(on.traces, &traces_url, traces_files)?;
+        let metrics_tls = client_tls(on.metrics, &metrics_url, metrics_files)?;
+        let (max_queue_size, max_batch_size) = self.batch_sizes()?;
+        let tracing = on.traces.then(|| TracingOptions {
+            endpoint: Endpoint {
+                protocol: traces_protocol,
+                url: traces_url,
+                tls: traces_tls,
+                headers: traces_headers,
+                timeout,
+            },
+            sampling_rate,
+            resource: resource.clone(),
+            max_queue_size,
+            max_batch_size,
+            schedule_delay: Duration::from_millis(self.otel_bsp_schedule_delay),
+        });
+        let metrics = on.metrics.then(|| MetricsExportOptions {
+            endpoint: Endpoint {
+                protocol: metrics_protocol,
+                url: metrics_url,
+                tls: metrics_tls,
+                headers: metrics_headers,
+                timeout,
+            },
+            interval: Duration::from_millis(self.otel_metric_export_interval),
+            resource,
+        });
+        Ok((tracing, metrics))
+    }
+
+    fn signals(&self) -> Result<Signals, SettingsError> {
+        let none_or_otlp = |var: &'static str, v: &Option<String>| match v.as_deref() {
+            None => Ok(false),
+            Some(x) if x.eq_ignore_ascii_case("none") => Ok(false),
+            Some(x) if x.eq_ignore_ascii_case("otlp") => Ok(true),
+            Some(x) => Err(invalid(var, x, "expected otlp or none")),
+        };
+        let traces_exporter = none_or_otlp("OTEL_TRACES_EXPORTER", &self.otel_traces_exporter)?;
+        let metrics_exporter = none_or_otlp("OTEL_METRICS_EXPORTER", &self.otel_metrics_exporter)?;
+        Ok(Signals {
+            traces: self.tracing_enabled.unwrap_or(traces_exporter) && !self.otel_sdk_disabled,
+            metrics: metrics_exporter && !self.otel_sdk_disabled,
+        })
+    }
+
+    /// The traces' and the metrics' protocols; the metrics' defaults to the traces'.
+    fn protocols(&self) -> Result<(Protocol, Protocol), SettingsError> {
+        let traces = match (
+            &self.tracing_exporter_protocol,
+            &self.otel_exporter_otlp_protocol,
+        ) {
+            (Some(v), _) => protocol("TRACING_EXPORTER_PROTOCOL", v)?,
+            (None, Some(v)) => protocol("OTEL_EXPORTER_OTLP_PROTOCOL", v)?,
+            (None, None) => Protocol::Http,
+        };
+        let metrics = match &self.otel_exporter_otlp_metrics_protocol {
+            Some(v) => protocol("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", v)?,
+            None => traces,
+        };
+        Ok((traces, metrics))
+    }
+
+    /// TRACING_SAMPLING_RATE, else what OTEL_TRACES_SAMPLER (and _ARG) mean; 1 by default.
+    fn sampling_rate(&self) -> Result<f64, SettingsError> {
+        if let Some(r) = self.tracing_sampling_rate {
+            if !(0.0..=1.0).contains(&r) {
+                return Err(invalid(
+                    "TRACING_SAMPLING_RATE",
+                    r,
+                    "must be between 0 and 1",
+                ));
+            }
+            return Ok(r);
+        }
+        let Some(sampler) = self.otel_traces_sampler.as_deref() else {
+            return Ok(1.0);
+        };
+        match sampler.to_ascii_lowercase().as_str() {
+            "always_on" | "parentbased_always_on" => Ok(1.0),
+            "always_off" | "parentbased_always_off" => Ok(0.0),
+            "traceidratio" | "parentbased_traceidratio" => {
+                match self.otel_traces_sampler_arg.as_deref() {
+                    None => Ok(1.0),
+                    Some(arg) => arg
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| (0.0..=1.0).contains(r))
+                        .ok_or_else(|| {
+                            invalid(
+                                "OTEL_TRACES_SAMPLER_ARG",
+                                arg,
+                                "must be a number between 0 and 1",
+                            )
+                        }),
+                }
+            }
+            _ => Err(invalid(
+                "OTEL_TRACES_SAMPLER",
+                sampler,
+                "expected always_on, always_off, traceidratio or their parentbased_ forms",
+            )),
+        }
+    }
+
+    /// The resource every span and metric carries: the service's name, namespace and
+    /// instance (TRACING_SERVICE_*, else OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES),
+    /// the other OTEL_RESOURCE_ATTRIBUTES, the version and the SDK.
+    fn resource(&self) -> Result<Vec<(String, String)>, SettingsError> {
+        let mut attrs = match &self.otel_resource_attributes {
+            Some(v) => key_values("OTEL_RESOURCE_ATTRIBUTES", v)?,
+            None => Vec::new(),
+        };
+        let mut take = |key: &str| {
+            attrs
+                .iter()
+                .position(|(k, _)| k == key)
+                .map(|i| attrs.remove(i).1)
+        };
+        let from_attrs = (
+            take("service.name"),
+            take("service.namespace"),
+            take("service.instance.id"),
+        );
+        let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
+        let name = non_empty(&self.tracing_service_name)
+            .or_else(|| non_empty(&self.otel_service_name))
+            .or(from_attrs.0)
+            .unwrap_or_else(|| "RateLimit".to_owned());
+        let namespace = non_empty(&self.tracing_service_namespace).or(from_attrs.1);
+        let instance = non_empty(&self.tracing_service_instance_id)
+            .or(from_attrs.2)
+            .unwrap_or_else(otlp::random_uuid);
+        let mut resource = vec![("service.name".to_owned(), name)];
+        if let Some(ns) = namespace {
+            resource.push(("service.namespace".to_owned(), ns));
+        }
+        resource.push(("service.instance.id".to_owned(), instance));
+        resource.extend(attrs);
+        if !resource.iter().any(|(k, _)| k == "service.version") {
+            resource.push((
+                "service.version".to_owned(),
+                env!("CARGO_PKG_VERSION").to_owned(),
+            ));
+        }
+        resource.push(("telemetry.sdk.name".to_owned(), "sluice".to_owned()));
+        resource.push(("telemetry.sdk.language".to_owned(), "rust".to_owned()));
+        Ok(resource)
+    }
+
+    /// The traces' and the metrics' headers: the common OTEL_EXPORTER_OTLP_HEADERS, where the
+    /// signal's own list does not set the same header.
+    fn headers(&self) -> Result<(Headers, Headers), SettingsError> {
+        let common = headers(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            &self.otel_exporter_otlp_headers,
+        )?;
+        let merge = |own: Headers| {
+            let mut all: Headers = common
+                .iter()
+                .filter(|(k, _)| !own.iter().any(|(o, _)| o == k))
+                .cloned()
+                .collect();
+            all.extend(own);
+            all
+        };
+        let traces = merge(headers(
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            &self.otel_exporter_otlp_traces_headers,
+        )?);
+        let metrics = merge(headers(
+            "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+            &self.otel_exporter_otlp_metrics_headers,
+        )?);
+        Ok((traces, metrics))
+    }
+
+    /// A signal's URL: its own variable as is; else OTEL_EXPORTER_OTLP_ENDPOINT, with the
+    /// signal's path on HTTP; else the collector's default on localhost. `insecure` is the
+    /// signal's own OTEL_EXPORTER_OTLP_*_INSECURE, else the common one.
+    fn endpoint_url(
+        &self,
+        (own_var, own): (&'static str, &Option<String>),
+        path: &str,
+        protocol: Protocol,
+        insecure: Option<bool>,
+    ) -> Result<String, SettingsError> {
+        let insecure = insecure
+            .or(self.otel_exporter_otlp_insecure)
+            .unwrap_or(false);
+        Ok(match (own, &self.otel_exporter_otlp_endpoint) {
+            (Some(u), _) => otlp_url(own_var, u, protocol, insecure)?,
+            (None, Some(base)) => {
+                let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, protocol, insecure)?;
+                match protocol {
+                    Protocol::Http => format!("{}{path}", base.trim_end_matches('/')),
+                    Protocol::Grpc => base,
+                }
+            }
+            (None, None) => match protocol {
+                Protocol::Http => format!("http://localhost:4318{path}"),
+                Protocol::Grpc => "http://localhost:4317".to_owned(),
+            },
+        })
+    }
+
+    /// The traces' TLS files: pairs are checked always (a typo shows before export is turned
+    /// on); the files are read by [`client_tls`] only when they will be used.
+    fn traces_tls_files(&self) -> Result<TlsFiles, SettingsError> {
+        otlp_tls_files(
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                    &self.otel_exporter_otlp_traces_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                    &self.otel_exporter_otlp_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_traces_client_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_client_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+                    &self.otel_exporter_otlp_traces_client_key,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                    &self.otel_exporter_otlp_client_key,
+                ),
+            ],
+        )
+    }
+
+    /// The metrics' TLS files, as [`Self::traces_tls_files`].
+    fn metrics_tls_files(&self) -> Result<TlsFiles, SettingsError> {
+        otlp_tls_files(
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+                    &self.otel_exporter_otlp_metrics_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                    &self.otel_exporter_otlp_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_metrics_client_certificate,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                    &self.otel_exporter_otlp_client_certificate,
+                ),
+            ],
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+                    &self.otel_exporter_otlp_metrics_client_key,
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                    &self.otel_exporter_otlp_client_key,
+                ),
+            ],
+        )
+    }
+
+    /// OTEL_BSP_MAX_QUEUE_SIZE and _MAX_EXPORT_BATCH_SIZE (at most the queue), checked with
+    /// the two export delays.
+    fn batch_sizes(&self) -> Result<(usize, usize), SettingsError> {
+        let queue = non_zero("OTEL_BSP_MAX_QUEUE_SIZE", self.otel_bsp_max_queue_size)?.get();
+        let batch = non_zero(
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            self.otel_bsp_max_export_batch_size,
+        )?
+        .get();
+        if self.otel_bsp_schedule_delay == 0 {
+            return Err(invalid(
+                "OTEL_BSP_SCHEDULE_DELAY",
+                0,
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        if self.otel_metric_export_interval == 0 {
+            return Err(invalid(
+                "OTEL_METRIC_EXPORT_INTERVAL",
+                0,
+                "must be at least 1 (milliseconds)",
+            ));
+        }
+        Ok((queue, batch.min(queue)))
+    }
+}
+
+type Headers = Vec<(String, String)>;
+
+fn protocol(var: &'static str, v: &str) -> Result<Protocol, SettingsError> {
+    match v.to_ascii_lowercase().as_str() {
+        "http" | "http/protobuf" => Ok(Protocol::Http),
+        "grpc" => Ok(Protocol::Grpc),
+        "http/json" => Err(SettingsError::NotSupportedYet {
+            var,
+            value: v.to_owned(),
+            reason: "OTLP/HTTP with JSON bodies (use http/protobuf or grpc)",
+        }),
+        _ => Err(invalid(var, v, "expected http (http/protobuf) or grpc")),
+    }
+}
+
+/// One OTEL_EXPORTER_OTLP_*HEADERS list: lower-case names that are HTTP header names, and
+/// values without control characters.
+fn headers(var: &'static str, v: &Option<String>) -> Result<Headers, SettingsError> {
+    let pairs = match v {
+        Some(v) => key_values(var, v)?,
+        None => return Ok(Vec::new()),
+    };
+    pairs
+        .into_iter()
+        .map(|(k, v)| {
+            let k = k.to_ascii_lowercase();
+            header_name(var, k.clone())?;
+            if v.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
+                return Err(invalid(var, &k, "a header value holds a control character"));
+            }
+            Ok((k, v))
+        })
+        .collect()
+}
+
+/// A signal's TLS files, read and checked as every TLS client's are, when the signal is on and
+/// its endpoint is `https`; with an `http` endpoint they are not used.
+fn client_tls(
+    used: bool,
+    url: &str,
+    (ca, identity): TlsFiles,
+) -> Result<Option<ClientTls>, SettingsError> {
+    if used && url.starts_with("https://") {
+        Ok(Some(ClientTls::from_files(ca, identity, None)?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// An OTLP endpoint as a URL: `http://` (plain text) or `https://` (TLS). Without a scheme,
+/// `host:port` is `https://` for gRPC unless `insecure` (OTEL_EXPORTER_OTLP_INSECURE, which the
+/// spec defines for exactly this case), and `http://` for OTLP/HTTP (whose endpoints the spec
+/// requires to carry a scheme; Sluice has always read `host:port` as http there).
+pub(super) fn otlp_url(
+    var: &'static str,
+    value: &str,
+    protocol: Protocol,
+    insecure: bool,
+) -> Result<String, SettingsError> {
+    let value = value.trim();
+    let url = if value.contains("://") {
+        value.to_owned()
+    } else if protocol == Protocol::Grpc && !insecure {
+        format!("https://{value}")
+    } else {
+        format!("http://{value}")
+    };
+    let uri: hyper::Uri = url
+        .parse()
+        .map_err(|e| invalid(var, value, format!("not a URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(invalid(var, value, "expected an http:// or https:// URL")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(invalid(var, value, "no host"));
+    }
+    Ok(url)
+}
+
+/// The first of a signal's own variable and the common one that is set and not empty.
+pub(super) fn first_set<'a>(
+    vars: [(&'static str, &'a Option<String>); 2],
+) -> Option<(usize, &'static str, &'a str)> {
+    vars.iter()
+        .enumerate()
+        .find_map(|(i, &(var, v))| non_empty(v.as_deref()).map(|v| (i, var, v)))
+}
+
+/// One signal's OTLP TLS files, each variable given as `[own, common]` (the signal's own
+/// wins). A client certificate needs its key and the other way round; the variable named as
+/// missing is the one beside the one that is set.
+pub(super) fn otlp_tls_files(
+    ca: [(&'static str, &Option<String>); 2],
+    cert: [(&'static str, &Option<String>); 2],
+    key: [(&'static str, &Option<String>); 2],
+) -> Result<TlsFiles, SettingsError> {
+    let ca = first_set(ca).map(|(_, var, path)| PemFile::new(var, path));
+    let identity = match (first_set(cert), first_set(key)) {
+        (None, None) => None,
+        (Some((_, cert_var, c)), Some((_, key_var, k))) => Some((cert_var, c, key_var, k)),
+        (Some((i, cert_var, c)), None) => Some((cert_var, c, key[i].0, "")),
+        (None, Some((i, key_var, k))) => Some((cert[i].0, "", key_var, k)),
+    };
+    let identity = match identity {
+        None => None,
+        Some((cert_var, c, key_var, k)) => {
+            key_pair((cert_var, c), (key_var, k))?.map(|(cert, key)| KeyPairFiles {
+                cert: PemFile::new(cert_var, cert),
+                key: PemFile::new(key_var, key),
+            })
+        }
+    };
+    Ok((ca, identity))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{error, parse, settings};
+    use super::super::*;
+
+    #[test]
+    fn tracing_is_off_by_default_and_defaults_match_go() {
+        let s = settings(&[]).unwrap();
+        assert_eq!(s.app.telemetry.tracing, None);
+        assert_eq!(s.app.telemetry.otlp_metrics, None);
+        let t = settings(&["--tracing-enabled"])
+            .unwrap()
+            .app
+            .telemetry
+            .tracing
+            .unwrap();
+        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Http);
+        assert_eq!(t.endpoint.url, "http://localhost:4318/v1/traces");
+        assert_eq!(t.endpoint.timeout, Duration::from_secs(10));
+        assert_eq!(t.sampling_rate, 1.0);
+        assert_eq!(t.resource[0], ("service.name".into(), "RateLimit".into()));
+        assert_eq!(t.resource[1].0, "service.instance.id");
+        assert_eq!(t.resource[1].1.len(), 36, "a random UUID");
+    }
+
+    #[test]
+    fn tracing_variables_win_over_otel_ones_which_fill_in() {
+        let t = settings(&[
+            "--tracing-enabled=true",
+            "--tracing-exporter-protocol=grpc",
+            "--otel-exporter-otlp-endpoint=127.0.0.1:4317",
+            "--otel-exporter-otlp-headers=Authorization=Basic%20eA==, x-tenant = acme",
+            "--otel-service-name=otel-name",
+            "--otel-resource-attributes=service.namespace=prod,deployment.environment=eu",
+            "--tracing-sampling-rate=0.25",
+        ])
+        .unwrap()
+        .app
+        .telemetry
+        .tracing
+        .unwrap();
+        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Grpc);
+        // A gRPC endpoint without a scheme is TLS, as OTEL_EXPORTER_OTLP_INSECURE=false says.
+        assert_eq!(t.endpoint.url, "https://127.0.0.1:4317");
+        assert_eq!(t.endpoint.tls, Some(crate::tls::ClientTls::default()));
+        assert_eq!(
+            t.endpoint.headers,
+            vec![
+                ("authorization".to_string(), "Basic eA==".to_string()),
+                ("x-tenant".to_string(), "acme".to_string())
+            ]
+        );
+        assert_eq!(t.sampling_rate, 0.25);
+        let attr = |k: &str| {
+            t.resource
+                .iter()
+                .find(|(a, _)| a == k)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(attr("service.name"), Some("otel-name"));
+        assert_eq!(attr("service.namespace"), Some("prod"));
+        assert_eq!(attr("deployment.environment"), Some("eu"));
+
+        let t = settings(&[
+            "--otel-traces-exporter=otlp",
+            "--tracing-service-name=mine",
+            "--otel-service-name=otel-name",
+            "--otel-exporter-otlp-protocol=http/protobuf",
+            "--otel-exporter-otlp-endpoint=http://collector:4318/",
+            "--otel-traces-sampler=parentbased_traceidratio",
+            "--otel-traces-sampler-arg=0.5",
+            "--otel-metrics-exporter=otlp",
+            "--otel-metric-export-interval=1000",
+        ])
+        .unwrap()
+        .app
+        .telemetry;
+        let (tracing, metrics) = (t.tracing.unwrap(), t.otlp_metrics.unwrap());
+        assert_eq!(tracing.endpoint.url, "http://collector:4318/v1/traces");
+        assert_eq!(tracing.sampling_rate, 0.5);
+        assert_eq!(tracing.resource[0].1, "mine");
+        assert_eq!(metrics.endpoint.url, "http://collector:4318/v1/metrics");
+        assert_eq!(metrics.interval, Duration::from_secs(1));
+
+        let t = settings(&["--otel-traces-exporter=otlp", "--otel-sdk-disabled"]).unwrap();
+        assert_eq!(t.app.telemetry.tracing, None);
+    }
+
+    #[test]
+    fn bad_tracing_settings_name_the_variable() {
+        for (args, expected) in [
+            (
+                &["--tracing-sampling-rate=1.5"][..],
+                "TRACING_SAMPLING_RATE=1.5",
+            ),
+            (
+                &["--tracing-exporter-protocol=udp"][..],
+                "TRACING_EXPORTER_PROTOCOL=udp",
+            ),
+            (
+                &["--otel-exporter-otlp-protocol=http/json"][..],
+                "not support it yet",
+            ),
+            (
+                &["--otel-exporter-otlp-headers=novalue"][..],
+                "OTEL_EXPORTER_OTLP_HEADERS=novalue",
+            ),
+            (
+                &["--otel-exporter-otlp-headers=a b=c"][..],
+                "OTEL_EXPORTER_OTLP_HEADERS=",
+            ),
+            (
+                &["--otel-resource-attributes==x"][..],
+                "OTEL_RESOURCE_ATTRIBUTES",
+            ),
+            (
+                &["--otel-traces-sampler=sometimes"][..],
+                "OTEL_TRACES_SAMPLER=sometimes",
+            ),
+            (
+                &["--otel-metrics-exporter=prometheus"][..],
+                "OTEL_METRICS_EXPORTER=prometheus",
+            ),
+            (
+                &["--otel-exporter-otlp-timeout=0"][..],
+                "OTEL_EXPORTER_OTLP_TIMEOUT=0",
+            ),
+            (
+                &[
+                    "--tracing-enabled",
+                    "--otel-exporter-otlp-traces-endpoint=ftp://x",
+                ][..],
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=ftp://x",
+            ),
+        ] {
+            let err = error(args);
+            assert!(err.contains(expected), "{args:?}: {err}");
+        }
+        // Parse errors (before validation) name the variable too.
+        let err = parse(&["--tracing-sampling-rate=lots"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TRACING_SAMPLING_RATE"), "{err}");
+    }
+
+    /// OTEL_EXPORTER_OTLP_*HEADERS and OTEL_RESOURCE_ATTRIBUTES values go through the one
+    /// strict percent-decoder: `%+f` (once read as 0x0f) stops start-up naming the variable.
+    #[test]
+    fn percent_encoded_values_take_two_hex_digits() {
+        let traces = settings(&[
+            "--tracing-enabled",
+            "--otel-exporter-otlp-headers=x-key=a%20b",
+            "--otel-resource-attributes=team=a%2Cb",
+        ])
+        .unwrap()
+        .app
+        .telemetry
+        .tracing
+        .unwrap();
+        assert_eq!(
+            traces.endpoint.headers,
+            [("x-key".to_owned(), "a b".to_owned())]
+        );
+        assert!(
+            traces
+                .resource
+                .contains(&("team".to_owned(), "a,b".to_owned()))
+        );
+        let why = "the value is not valid percent-encoded UTF-8 (a % takes two hex digits)";
+        for (var, item) in [
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-key=%+f"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-key=%+f"),
+            ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-key=%+f"),
+            ("OTEL_RESOURCE_ATTRIBUTES", "team=%+f"),
+        ] {
+            let flag = format!("--{}={item}", var.to_ascii_lowercase().replace('_', "-"));
+            assert_eq!(error(&[&flag]), format!("{var}={item}: {why}"));
+        }
+    }
+
+    #[test]
+    fn otlp_endpoints_take_tls_from_their_scheme_and_insecure() {
+        use crate::telemetry::otlp::Protocol;
+        let traces = |args: &[&str]| {
+            let mut all = vec!["--tracing-enabled"];
+            all.extend_from_slice(args);
+            settings(&all)
+                .unwrap()
+                .app
+                .telemetry
+                .tracing
+                .unwrap()
+                .endpoint
+        };
+        // https: TLS with the system's roots and no client certificate.
+        let e = traces(&["--otel-exporter-otlp-endpoint=https://collector:4318"]);
+        assert_eq!(e.url, "https://collector:4318/v1/traces");
+        assert_eq!(e.tls, Some(crate::tls::ClientTls::default()));
+        // http: plain text; TLS files are not read (so not needed) for it.
+        let e = traces(&[
+            "--otel-exporter-otlp-endpoint=http://collector:4318",
+            "--otel-exporter-otlp-certificate=/nonexistent/ca.pem",
+        ]);
+        assert_eq!(e.url, "http://collector:4318/v1/traces");
+        assert_eq!(e.tls, None);
+        // No scheme: OTLP/HTTP means http; gRPC means https unless INSECURE, and the signal's
+        // own INSECURE wins over the common one. INSECURE never turns an https URL plain.
+        assert_eq!(
+            traces(&["--otel-exporter-otlp-endpoint=collector:4318"]).url,
+            "http://collector:4318/v1/traces"
+        );
+        let grpc = "--tracing-exporter-protocol=grpc";
+        for (args, url) in [
+            (
+                &[grpc, "--otel-exporter-otlp-endpoint=c:4317"][..],
+                "https://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-endpoint=c:4317",
+                    "--otel-exporter-otlp-insecure",
+                ][..],
+                "http://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-endpoint=c:4317",
+                    "--otel-exporter-otlp-insecure=true",
+                    "--otel-exporter-otlp-traces-insecure=false",
+                ][..],
+                "https://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-traces-endpoint=c:4317",
+                    "--otel-exporter-otlp-traces-insecure=true",
+                ][..],
+                "http://c:4317",
+            ),
+            (
+                &[
+                    grpc,
+                    "--otel-exporter-otlp-endpoint=https://c:4317",
+                    "--otel-exporter-otlp-insecure=true",
+                ][..],
+                "https://c:4317",
+            ),
+            // The default endpoint is http://localhost:4317, plain text as before.
+            (&[grpc][..], "http://localhost:4317"),
+        ] {
+            let e = traces(args);
+            assert_eq!(e.protocol, Protocol::Grpc);
+            assert_eq!(e.url, url, "{args:?}");
+            assert_eq!(e.tls.is_some(), url.starts_with("https"), "{args:?}");
+        }
+        // Metrics read their own INSECURE.
+        let m = settings(&[
+            "--otel-metrics-exporter=otlp",
+            "--otel-exporter-otlp-metrics-protocol=grpc",
+            "--otel-exporter-otlp-endpoint=c:4317",
+            "--otel-exporter-otlp-metrics-insecure",
+        ])
+        .unwrap()
+        .app
+        .telemetry
+        .otlp_metrics
+        .unwrap();
+        assert_eq!(m.endpoint.url, "http://c:4317");
+    }
+
+    #[test]
+    fn otlp_tls_files_are_read_per_signal_and_checked_before_start() {
+        let pki = test_pki::TestPki::new();
+        let leaf = pki.leaf("client", &["localhost"]);
+        let other = pki.leaf("other", &["localhost"]);
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
+        let (ca, cert, key) = (path(&pki.ca), path(&leaf.cert), path(&leaf.key));
+        let read = |p: &str| std::fs::read(p).unwrap();
+        let both = [
+            "--tracing-enabled",
+            "--otel-metrics-exporter=otlp",
+            "--otel-exporter-otlp-endpoint=https://collector:4318",
+        ];
+        let run = |extra: &[&str]| {
+            let args: Vec<&str> = both.iter().chain(extra).copied().collect();
+            settings(&args)
+        };
+
+        // The common variables serve both signals.
+        let t = run(&[
+            &format!("--otel-exporter-otlp-certificate={ca}"),
+            &format!("--otel-exporter-otlp-client-certificate={cert}"),
+            &format!("--otel-exporter-otlp-client-key={key}"),
+        ])
+        .unwrap()
+        .app
+        .telemetry;
+        let expected = crate::tls::ClientTls {
+            ca_pem: Some(read(&ca)),
+            identity_pem: Some((read(&cert), read(&key))),
+            server_name: None,
+        };
+        assert_eq!(t.tracing.unwrap().endpoint.tls.as_ref(), Some(&expected));
+        assert_eq!(t.otlp_metrics.unwrap().endpoint.tls, Some(expected.clone()));
+        // A key never shows in a debug print.
+        assert!(!format!("{expected:?}").contains("PRIVATE KEY"));
+
+        // A signal's own variables win, each on its own: the traces' CA and client pair, the
+        // metrics' key with the common certificate.
+        let (other_cert, other_key) = (path(&other.cert), path(&other.key));
+        let t = run(&[
+            "--otel-exporter-otlp-certificate=/nonexistent/common-ca.pem",
+            &format!("--otel-exporter-otlp-traces-certificate={ca}"),
+            &format!("--otel-exporter-otlp-metrics-certificate={ca}"),
+            &format!("--otel-exporter-otlp-client-certificate={cert}"),
+            &format!("--otel-exporter-otlp-client-key={other_key}"),
+            &format!("--otel-exporter-otlp-traces-client-certificate={other_cert}"),
+            &format!("--otel-exporter-otlp-metrics-client-key={key}"),
+        ])
+        .unwrap()
+        .app
+        .telemetry;
+        let tls = t.tracing.unwrap().endpoint.tls.unwrap();
+        assert_eq!(tls.ca_pem, Some(read(&ca)));
+        assert_eq!(
+            tls.identity_pem,
+            Some((read(&other_cert), read(&other_key)))
+        );
+        let tls = t.otlp_metrics.unwrap().endpoint.tls.unwrap();
+        assert_eq!(tls.identity_pem, Some((read(&cert), read(&key))));
+
+        // Errors name the variable (the signal's own when it is the one set) and the file.
+        let err = |extra: &[&str]| run(extra).unwrap_err().to_string();
+        let e = err(&["--otel-exporter-otlp-certificate=/nonexistent/ca.pem"]);
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem: cannot read the file: "
+            ),
+            "{e}"
+        );
+        let e = err(&["--otel-exporter-otlp-metrics-certificate=/nonexistent/ca.pem"]);
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE=/nonexistent/ca.pem: cannot read"
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            err(&[&format!("--otel-exporter-otlp-certificate={key}")]),
+            format!(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE={key}: no PEM certificate (BEGIN CERTIFICATE) in the file"
+            )
+        );
+        assert_eq!(
+            err(&[&format!("--otel-exporter-otlp-client-certificate={cert}")]),
+            format!(
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE={cert}: needs OTEL_EXPORTER_OTLP_CLIENT_KEY, the certificate's private key"
+            )
+        );
+        assert_eq!(
+            err(&[&format!(
+                "--otel-exporter-otlp-traces-client-certificate={cert}"
+            )]),
+            format!(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE={cert}: needs OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY, the certificate's private key"
+            )
+        );
+        assert_eq!(
+            err(&[&format!("--otel-exporter-otlp-metrics-client-key={key}")]),
+            format!(
+                "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY={key}: needs OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE, the certificate of this key"
+            )
+        );
+        assert_eq!(
+            err(&[
+                &format!("--otel-exporter-otlp-client-certificate={cert}"),
+                &format!("--otel-exporter-otlp-client-key={other_key}"),
+            ]),
+            format!(
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY={other_key}: the private key does not match the certificate in OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE={cert}"
+            )
+        );
+        let e = err(&[
+            &format!("--otel-exporter-otlp-client-certificate={cert}"),
+            "--otel-exporter-otlp-client-key=/nonexistent/key.pem",
+        ]);
+        assert!(
+            e.starts_with(
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY=/nonexistent/key.pem: cannot read the file"
+            ),
+            "{e}"
+        );
+        // A half pair is refused even with export off; files are only read when used.
+        let e = settings(&[&format!("--otel-exporter-otlp-client-key={key}")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("needs OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
+            "{e}"
+        );
+        assert!(settings(&["--otel-exporter-otlp-certificate=/nonexistent/ca.pem"]).is_ok());
+        // Bad schemes name their variable.
+        let e = error(&["--tracing-enabled", "--otel-exporter-otlp-endpoint=ftp://x"]);
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_ENDPOINT=ftp://x: expected an http:// or https:// URL"),
+            "{e}"
+        );
+    }
+}
