@@ -76,7 +76,10 @@ pub struct Response {
     pub overall_code: Code,
     /// One per request descriptor, in request order.
     pub statuses: Vec<Status>,
-    /// `RateLimit-*` headers, when enabled.
+    /// What the `RateLimit-*` headers say, whether or not they are enabled (`/nginx` always
+    /// sends them); `None` when no status has a current limit.
+    pub rate_limit: Option<RateLimitHeaders>,
+    /// `RateLimit-*` headers under their configured names, when enabled.
     pub response_headers: Vec<(String, String)>,
     /// RESPONSE_DYNAMIC_METADATA's struct, when enabled.
     pub dynamic_metadata: Option<serde_json::Value>,
@@ -861,13 +864,15 @@ impl<S: CounterStore> RateLimitService<S> {
             self.stats.global_shadow_mode();
             overall_code = Code::Ok;
         }
-        let response_headers = match &self.options.response_headers {
-            Some(names) => rate_limit_headers(names, &statuses, quota),
-            None => Vec::new(),
+        let rate_limit = RateLimitHeaders::describing(&statuses, quota);
+        let response_headers = match (&self.options.response_headers, &rate_limit) {
+            (Some(names), Some(values)) => values.named(names),
+            _ => Vec::new(),
         };
         Response {
             overall_code,
             statuses,
+            rate_limit,
             response_headers,
             dynamic_metadata,
         }
@@ -934,39 +939,54 @@ fn counted_status<'d>(
     (status, Some((quota, d)))
 }
 
-/// The Go service's header choice: the status with the least remaining among those with a
-/// current limit, unless a non-quota descriptor is over, in which case the last such one.
-fn rate_limit_headers(
-    names: &HeaderNames,
-    statuses: &[Status],
-    quota: &[bool],
-) -> Vec<(String, String)> {
-    let mut chosen: Option<&Status> = None;
-    for s in statuses.iter().filter(|s| s.current_limit.is_some()) {
-        if chosen.is_none_or(|c| s.limit_remaining < c.limit_remaining) {
-            chosen = Some(s);
+/// The values of the `RateLimit-*` headers: the limit, the remaining hits and the seconds to
+/// the reset of the one status they describe. The one header rule of every adapter: gRPC and
+/// `/json` send them under LIMIT_*_HEADER's names ([`RateLimitHeaders::named`]) when
+/// LIMIT_RESPONSE_HEADERS_ENABLED is set, `/nginx` always under its fixed names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimitHeaders {
+    pub limit: u32,
+    pub remaining: u32,
+    pub reset_secs: u64,
+}
+
+impl RateLimitHeaders {
+    /// envoyproxy/ratelimit's choice (`shouldRateLimitWorker`): among the statuses with a
+    /// current limit, the one with the least remaining (the first on a tie, and only below
+    /// 4294967295), unless a non-quota descriptor is over, in which case the last such one.
+    /// It is made from the statuses alone, before SHADOW_MODE turns the overall code to OK,
+    /// and quota descriptors that are over never take the choice over.
+    pub fn describing(statuses: &[Status], quota: &[bool]) -> Option<Self> {
+        let last_non_quota_over = statuses
+            .iter()
+            .zip(quota)
+            .rev()
+            .find(|(s, q)| !**q && s.code == Code::OverLimit)
+            .map(|(s, _)| s);
+        let mut least: Option<&Status> = None;
+        for s in statuses.iter().filter(|s| s.current_limit.is_some()) {
+            let bound = least.map_or(u32::MAX, |c| c.limit_remaining);
+            if s.limit_remaining < bound {
+                least = Some(s);
+            }
         }
+        let s = last_non_quota_over.or(least)?;
+        let limit = s.current_limit.as_ref()?;
+        Some(RateLimitHeaders {
+            limit: limit.requests_per_unit,
+            remaining: s.limit_remaining,
+            reset_secs: s.duration_until_reset_secs.unwrap_or(0),
+        })
     }
-    if let Some(last_over) = statuses
-        .iter()
-        .zip(quota)
-        .rev()
-        .find(|(s, q)| !**q && s.code == Code::OverLimit)
-    {
-        chosen = Some(last_over.0);
+
+    /// The headers under LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER.
+    pub fn named(&self, names: &HeaderNames) -> Vec<(String, String)> {
+        vec![
+            (names.limit.clone(), self.limit.to_string()),
+            (names.remaining.clone(), self.remaining.to_string()),
+            (names.reset.clone(), self.reset_secs.to_string()),
+        ]
     }
-    let Some(s) = chosen else { return Vec::new() };
-    let Some(limit) = &s.current_limit else {
-        return Vec::new();
-    };
-    vec![
-        (names.limit.clone(), limit.requests_per_unit.to_string()),
-        (names.remaining.clone(), s.limit_remaining.to_string()),
-        (
-            names.reset.clone(),
-            s.duration_until_reset_secs.unwrap_or(0).to_string(),
-        ),
-    ]
 }
 
 #[cfg(test)]
