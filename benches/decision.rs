@@ -27,7 +27,7 @@ use sluice::config::{ConfigHandle, LoadOptions, RateLimitConfig, parse_files};
 use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::limiter::Quota;
 use sluice::limiter::Unit;
-use sluice::limiter::fixed_window::{self, Decision};
+use sluice::limiter::{Decision, fixed_window};
 use sluice::service::{RateLimitService, ServiceOptions, write_counter_key};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 

@@ -27,7 +27,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::fixed_window::Decision;
+use crate::limiter::Decision;
 use crate::settings::{ClusterMode, ClusterSettings, PeerSource};
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;

@@ -22,7 +22,7 @@ use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 use tonic_prost::ProstCodec;
 
-use crate::limiter::fixed_window::Decision;
+use crate::limiter::Decision;
 use crate::limiter::{Algorithm, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
 use crate::tls::PeerTls;
