@@ -13,11 +13,14 @@
 //!   statuses here.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
 //! - [`config`]: YAML -> validated model -> compiled lookup table; reload.
-//! - [`service`]: envoyproxy/ratelimit's decision semantics over a store.
+//! - [`service`]: envoyproxy/ratelimit's decision semantics over a store, as a short
+//!   orchestration of named steps; it reports to an observer (`service::observe`) that
+//!   [`telemetry`] implements, and knows no metrics or trace format.
 //! - [`store`]: the counter-store trait and its backends.
 //! - [`cluster`]: counters owned by one peer each (rendezvous hashing), hits forwarded to owners;
 //!   optionally written behind to Redis and loaded by a new owner.
-//! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`.
+//! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`, their
+//!   `Decision`, and the one dispatch from a quota to its algorithm (`limiter::counter`).
 //! - [`clock`]: the injected time source.
 //! - [`net`]: every listener's accept loop and connections: caps on connections, streams and
 //!   requests in flight, deadlines, idle and header timeouts, TLS handshakes, gRPC message
@@ -27,8 +30,9 @@
 //!   listener and the calls to peers); the clients' trust and identity (xDS, Redis, OTLP) and
 //!   their tonic or rustls client configs.
 //! - [`xds`]: config over xDS (CONFIG_TYPE=GRPC_XDS_SOTW), an adapter feeding [`config`].
-//! - [`telemetry`]: stats with envoyproxy/ratelimit's names and arithmetic, the Prometheus
-//!   exposition, logs, and OpenTelemetry (spans and metrics over OTLP).
+//! - [`telemetry`]: the service's observer (stats, spans and logs of each decision); stats
+//!   with envoyproxy/ratelimit's names and arithmetic, the Prometheus exposition, logs, and
+//!   OpenTelemetry (spans and metrics over OTLP).
 
 pub mod api;
 pub mod app;

@@ -308,7 +308,7 @@ pub async fn check<S: CounterStore>(
         return StatusCode::OK.into_response();
     }
     let trace = super::trace_context(
-        service.tracer().enabled(),
+        service.observer().traces(),
         crate::telemetry::otlp::Transport::Nginx,
         headers,
     );

@@ -997,7 +997,10 @@ impl CounterStore for TracedFailingStore {
 
 #[tokio::test]
 async fn a_traced_backend_failure_gives_error_spans_parent_and_child() {
-    use crate::telemetry::otlp::SpanContext;
+    use crate::telemetry::observer::SPAN_NAME;
+    use crate::telemetry::otlp::trace::{SpanKind, Value};
+    use crate::telemetry::otlp::{RequestTrace, SpanContext, Tracer, Transport};
+    use crate::telemetry::{DecisionTelemetry, Stats};
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
     let cfg = parse_files(&[("d.yaml".into(), yaml.into())], &LoadOptions::default()).unwrap();
     let (tracer, mut rx) = Tracer::new(0.0, 16);
@@ -1007,7 +1010,10 @@ async fn a_traced_backend_failure_gives_error_spans_parent_and_child() {
         Arc::new(ManualClock::new(Timestamp::from_secs(1_000))),
         ServiceOptions::default(),
     )
-    .with_tracer(Arc::new(tracer));
+    .with_observer(Arc::new(DecisionTelemetry::new(
+        Arc::new(Stats::default()),
+        Arc::new(tracer),
+    )));
     let request = Request {
         domain: "d".into(),
         descriptors: vec![Descriptor {

@@ -1,5 +1,8 @@
 //! Telemetry: metrics, logs, and the bounds that keep both cheap.
 //!
+//! - [`observer`]: [`DecisionTelemetry`], the decision's observer
+//!   ([`crate::service::observe::Observer`]): what the service reports becomes the stats, spans
+//!   and logs below; the service itself knows none of their formats.
 //! - [`stats`]: the counters (envoyproxy/ratelimit's per-limit stats and arithmetic, service
 //!   counters, the decision-latency histogram) with a hard cap on distinct keys.
 //! - [`prometheus`]: the text exposition served at `/metrics`.
@@ -10,6 +13,7 @@
 //!   path logs at the default level (WARN) per request; failures that can repeat per request go
 //!   through a [`LogLimiter`].
 
+pub mod observer;
 pub mod otlp;
 pub mod prometheus;
 pub mod stats;
@@ -21,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use crate::settings::{LogFormat, LogLevel};
 
-pub use stats::{Stats, StatsOptions, StatsSlot};
+pub use observer::DecisionTelemetry;
+pub use stats::{Stats, StatsOptions};
 
 /// What [`crate::app::App`] needs to know about telemetry.
 #[derive(Clone, Debug, PartialEq)]
