@@ -5,8 +5,8 @@
 //! the overall code and the `RateLimit-*` headers. It is protocol-free: `api` decodes into
 //! [`Request`] and encodes [`Response`]; the store does the counting.
 //!
-//! [`RateLimitService::decide`] reads as its steps: resolve each descriptor to a plan and
-//! apply `replaces` ([`plan`]), build the counter keys and hits, charge the store, give back
+//! `RateLimitService::decide` reads as its steps: resolve each descriptor to a plan and
+//! apply `replaces` (`plan.rs`), build the counter keys and hits, charge the store, give back
 //! what a refused request's other limits admitted, make the statuses, the dynamic metadata and
 //! the headers. What it reports (stats, spans, logs) goes to an [`observe::Observer`]; time
 //! comes from the injected [`Clock`], a monotonic reading included.
