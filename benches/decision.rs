@@ -27,9 +27,10 @@ use sluice::config::{ConfigHandle, LoadOptions, RateLimitConfig, parse_files};
 use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::limiter::Quota;
 use sluice::limiter::Unit;
-use sluice::limiter::fixed_window::{self, Decision};
+use sluice::limiter::{Decision, fixed_window};
 use sluice::service::{RateLimitService, ServiceOptions, write_counter_key};
 use sluice::store::{CounterStore, Hit, MemoryStore};
+use sluice::telemetry::{DecisionTelemetry, Stats};
 
 /// A realistic config: the default `config/edge.yaml` plus a few dozen per-tenant and per-route
 /// limits, so lookups probe populated levels with wildcards present.
@@ -222,6 +223,10 @@ fn service(config: RateLimitConfig) -> RateLimitService<MemoryStore> {
         Arc::new(SystemClock),
         ServiceOptions::default(),
     )
+    // Stats on, as a service runs by default.
+    .with_observer(Arc::new(DecisionTelemetry::untraced(Arc::new(
+        Stats::default(),
+    ))))
 }
 
 fn request(domain: &str, pairs: &[(&str, &str)]) -> Request {
@@ -316,12 +321,18 @@ fn telemetry_cost(c: &mut Criterion) {
         }),
     };
 
-    let stats_off = service(bench_config()).with_stats(Arc::new(Stats::disabled()));
+    let observed = |stats: Stats, tracer: Tracer| {
+        let telemetry = DecisionTelemetry::new(Arc::new(stats), Arc::new(tracer));
+        service(bench_config()).with_observer(Arc::new(telemetry))
+    };
+    let stats_off = observed(Stats::disabled(), Tracer::disabled());
     let stats_on = service(bench_config());
     let (tracer, _kept) = Tracer::new(1.0, 1024);
-    let unsampled = service(bench_config()).with_tracer(Arc::new(tracer));
+    let unsampled_spans = tracer.counters().clone();
+    let unsampled = observed(Stats::default(), tracer);
     let (tracer, mut spans) = Tracer::new(1.0, 1024);
-    let sampled = service(bench_config()).with_tracer(Arc::new(tracer));
+    let sampled_spans = tracer.counters().clone();
+    let sampled = observed(Stats::default(), tracer);
 
     let no_trace = RequestTrace::default();
     let unsampled_parent = parent(false);
@@ -349,15 +360,9 @@ fn telemetry_cost(c: &mut Criterion) {
         });
     }
     assert!(spans.try_recv().is_err());
-    assert!(sampled.tracer().counters().queued.load(Ordering::Relaxed) > 0);
-    assert_eq!(
-        sampled.tracer().counters().dropped.load(Ordering::Relaxed),
-        0
-    );
-    assert_eq!(
-        unsampled.tracer().counters().queued.load(Ordering::Relaxed),
-        0
-    );
+    assert!(sampled_spans.queued.load(Ordering::Relaxed) > 0);
+    assert_eq!(sampled_spans.dropped.load(Ordering::Relaxed), 0);
+    assert_eq!(unsampled_spans.queued.load(Ordering::Relaxed), 0);
     g.finish();
 }
 

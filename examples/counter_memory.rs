@@ -37,7 +37,7 @@ fn apply(
     store: &MemoryStore,
     now: Timestamp,
     hit: Hit<'_>,
-    out: &mut Vec<sluice::limiter::fixed_window::Decision>,
+    out: &mut Vec<sluice::limiter::Decision>,
 ) {
     let hits = [hit];
     let mut fut = pin!(store.apply(now, &hits, out));

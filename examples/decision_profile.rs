@@ -19,6 +19,7 @@ use sluice::config::{ConfigHandle, LoadOptions, parse_files};
 use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
+use sluice::telemetry::{DecisionTelemetry, Stats};
 
 fn main() {
     let n: u64 = std::env::args()
@@ -35,7 +36,11 @@ fn main() {
         Arc::new(MemoryStore::new(1_000)),
         Arc::new(SystemClock),
         ServiceOptions::default(),
-    );
+    )
+    // Stats on, as a service runs by default.
+    .with_observer(Arc::new(DecisionTelemetry::untraced(Arc::new(
+        Stats::default(),
+    ))));
     let request = Request {
         domain: "bench".into(),
         descriptors: vec![Descriptor {

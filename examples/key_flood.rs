@@ -22,7 +22,7 @@ use sluice::config::{ConfigHandle, LoadOptions, parse_files};
 use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::service::{RateLimitService, ServiceError, ServiceOptions};
 use sluice::store::{MemoryLimits, MemoryStore, StoreError};
-use sluice::telemetry::Stats;
+use sluice::telemetry::{DecisionTelemetry, Stats};
 
 const CONFIG: &str = r#"
 domain: edge
@@ -80,7 +80,9 @@ fn main() {
             ..ServiceOptions::default()
         },
     )
-    .with_stats(Arc::new(Stats::default().with_max_key_bytes(max_key_bytes)));
+    .with_observer(Arc::new(DecisionTelemetry::untraced(Arc::new(
+        Stats::default().with_max_key_bytes(max_key_bytes),
+    ))));
     let (mut admitted, mut too_long, mut full) = (0, 0, 0);
     let before = rss_bytes();
     for i in 0..n {

@@ -14,7 +14,7 @@ use sluice::config::{ConfigHandle, LoadOptions, parse_files};
 use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
-use sluice::telemetry::Stats;
+use sluice::telemetry::{DecisionTelemetry, Stats};
 
 const CONFIG: &str = r#"
 domain: bench
@@ -45,7 +45,7 @@ fn service(stats_on: bool) -> Arc<RateLimitService<MemoryStore>> {
             Arc::new(ManualClock::new(Timestamp::from_secs(1_000_000_000))),
             ServiceOptions::default(),
         )
-        .with_stats(Arc::new(stats)),
+        .with_observer(Arc::new(DecisionTelemetry::untraced(Arc::new(stats)))),
     )
 }
 

@@ -448,9 +448,8 @@ mod durable {
     use sluice::clock::Timestamp;
     use sluice::cluster::WriteBehind;
     use sluice::cluster::durable::{Durable, RingChanges};
-    use sluice::limiter::fixed_window::Decision;
-    use sluice::limiter::{Algorithm, Quota, Unit, sliding_window};
-    use sluice::store::{CounterKind, CounterStore, Hit, MemoryStore};
+    use sluice::limiter::{Algorithm, CounterKind, Decision, Quota, Unit, sliding_window};
+    use sluice::store::{CounterStore, Hit, MemoryStore};
 
     fn write_behind(redis: &RedisServer) -> WriteBehind {
         let url = format!("127.0.0.1:{}", redis.port);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::clock::Timestamp;
-use sluice::limiter::fixed_window::Decision;
+use sluice::limiter::Decision;
 use sluice::limiter::{Algorithm, Quota, Unit};
 use sluice::store::redis::{RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};

@@ -17,8 +17,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 
 use sluice::clock::Timestamp;
-use sluice::limiter::fixed_window::{self, Decision};
-use sluice::limiter::{Algorithm, Quota, Unit, bucket, sliding_window};
+use sluice::limiter::{Algorithm, Decision, Quota, Unit, counter};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 
 /// Generates one `#[tokio::test]` per contract case in a module `$name`, each on a fresh store
@@ -93,7 +92,8 @@ fn remaining(d: &[Decision]) -> Vec<u32> {
     d.iter().map(|d| d.remaining).collect()
 }
 
-/// The limiter's pure functions over one state word per key: what every store must answer.
+/// The limiter's one dispatch (`limiter::counter`) over one state word per key, one hit at a
+/// time: what every store must answer.
 #[derive(Default)]
 struct Model {
     states: HashMap<String, (Quota, u128)>,
@@ -118,29 +118,7 @@ impl Model {
             .map(|h| {
                 let q = h.quota;
                 let word = self.word(h);
-                let (d, next) = match q.algorithm {
-                    Algorithm::FixedWindow => {
-                        let (d, s) = fixed_window::decide(
-                            *word as u64,
-                            now.secs(),
-                            q.unit,
-                            q.requests_per_unit,
-                            h.hits,
-                        );
-                        (d, u128::from(s))
-                    }
-                    Algorithm::SlidingWindow => sliding_window::decide(
-                        *word,
-                        now.micros(),
-                        q.unit,
-                        q.requests_per_unit,
-                        h.hits,
-                    ),
-                    Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                        let (d, s) = bucket::decide(*word as u64, now.micros(), &q, h.hits);
-                        (d, u128::from(s))
-                    }
-                };
+                let (d, next) = counter::decide(&q, *word, now, h.hits);
                 *word = next;
                 d
             })
@@ -151,15 +129,7 @@ impl Model {
         for h in hits {
             let q = h.quota;
             let word = self.word(h);
-            *word = match q.algorithm {
-                Algorithm::FixedWindow => *word,
-                Algorithm::SlidingWindow => {
-                    sliding_window::refund(*word, now.micros(), q.unit, h.hits)
-                }
-                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                    u128::from(bucket::refund(*word as u64, &q, h.hits))
-                }
-            };
+            *word = counter::refund(&q, *word, now, h.hits);
         }
     }
 }

@@ -2,8 +2,9 @@
 //! limiter stays a pure function and tests drive a [`ManualClock`] instead of sleeping.
 
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A point in time as microseconds since the Unix epoch. Windows are epoch-aligned, as in the
 /// Go service, so wall-clock time (not a monotonic clock) is what the algorithms need.
@@ -28,7 +29,11 @@ impl Timestamp {
 
 /// A source of the current time.
 pub trait Clock: Send + Sync + 'static {
+    /// Wall-clock time: what windows are aligned to.
     fn now(&self) -> Timestamp;
+    /// A monotonic reading from an arbitrary origin, for measuring how long something took
+    /// (a decision's latency); never goes back, unlike [`Clock::now`].
+    fn monotonic(&self) -> Duration;
 }
 
 /// The system's wall clock.
@@ -43,6 +48,12 @@ impl Clock for SystemClock {
             .map(|d| d.as_micros().min(u128::from(u64::MAX)) as u64)
             .unwrap_or(0);
         Timestamp(micros)
+    }
+
+    fn monotonic(&self) -> Duration {
+        // The origin is the first reading in the process.
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        ORIGIN.get_or_init(Instant::now).elapsed()
     }
 }
 
@@ -65,5 +76,10 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp(self.0.load(Ordering::SeqCst))
+    }
+
+    /// The manual time itself: it only moves forward when told to.
+    fn monotonic(&self) -> Duration {
+        Duration::from_micros(self.0.load(Ordering::SeqCst))
     }
 }

@@ -14,7 +14,7 @@ use sluice::clock::{ManualClock, Timestamp};
 use sluice::cluster::ClusterStore;
 use sluice::cluster::peer::PeerServer;
 use sluice::cluster::{ClusterConfig, ClusterMode, PeerSource};
-use sluice::limiter::fixed_window::Decision;
+use sluice::limiter::Decision;
 use sluice::net::{ByteBudget, Limits, Port};
 use sluice::store::{CounterStore, Hit, MemoryStore, StoreError};
 use store_contract::store_contract;

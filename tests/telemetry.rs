@@ -17,7 +17,7 @@ use sluice::limiter::Unit;
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
 use sluice::telemetry::prometheus::{Extra, RedisGauges, render};
-use sluice::telemetry::{Stats, StatsOptions};
+use sluice::telemetry::{DecisionTelemetry, Stats, StatsOptions};
 
 const CONFIG: &str = r#"
 domain: test
@@ -259,7 +259,18 @@ async fn use_prometheus_serves_the_exposition_on_its_own_listener() {
     let _ = task.await;
 }
 
-fn service(max_keys: usize) -> RateLimitService<MemoryStore> {
+/// `svc` reporting to telemetry that records into `stats`, and those stats.
+fn observed(
+    svc: RateLimitService<MemoryStore>,
+    stats: Stats,
+) -> (RateLimitService<MemoryStore>, Arc<Stats>) {
+    let stats = Arc::new(stats);
+    let tracer = Arc::new(sluice::telemetry::otlp::Tracer::disabled());
+    let telemetry = DecisionTelemetry::new(stats.clone(), tracer);
+    (svc.with_observer(Arc::new(telemetry)), stats)
+}
+
+fn unobserved() -> RateLimitService<MemoryStore> {
     let clock = ManualClock::new(Timestamp::from_secs(2222));
     RateLimitService::new(
         config(),
@@ -267,10 +278,14 @@ fn service(max_keys: usize) -> RateLimitService<MemoryStore> {
         Arc::new(clock),
         ServiceOptions::default(),
     )
-    .with_stats(Arc::new(Stats::new(StatsOptions {
+}
+
+fn service(max_keys: usize) -> (RateLimitService<MemoryStore>, Arc<Stats>) {
+    let stats = Stats::new(StatsOptions {
         max_keys,
         ..StatsOptions::default()
-    })))
+    });
+    observed(unobserved(), stats)
 }
 
 fn request(domain: &str, key: &str, value: &str) -> Request {
@@ -286,7 +301,7 @@ fn request(domain: &str, key: &str, value: &str) -> Request {
 
 #[tokio::test]
 async fn a_flood_of_unique_values_stays_within_the_cap() {
-    let svc = service(50);
+    let (svc, stats) = service(50);
     for i in 0..2000 {
         // detailed_metric values, per-request overrides, and unknown domains: all unbounded.
         svc.should_rate_limit(request("test", "user", &format!("u{i}")))
@@ -302,7 +317,7 @@ async fn a_flood_of_unique_values_stays_within_the_cap() {
             .await
             .unwrap();
     }
-    let text = render(svc.stats(), &Extra::default());
+    let text = render(&stats, &Extra::default());
     let series = text
         .lines()
         .filter(|l| l.starts_with("ratelimit_service_rate_limit_total_hits{"))
@@ -371,7 +386,7 @@ fn redis_breakers_are_one_series_per_target() {
 
 #[tokio::test]
 async fn stats_survive_a_reload_and_disabled_stats_record_nothing() {
-    let svc = service(100);
+    let (svc, stats) = service(100);
     svc.should_rate_limit(request("test", "k", "v"))
         .await
         .unwrap();
@@ -384,7 +399,7 @@ async fn stats_survive_a_reload_and_disabled_stats_record_nothing() {
     svc.should_rate_limit(request("test", "k", "v"))
         .await
         .unwrap();
-    let text = render(svc.stats(), &Extra::default());
+    let text = render(&stats, &Extra::default());
     assert_eq!(
         value(
             &text,
@@ -393,11 +408,11 @@ async fn stats_survive_a_reload_and_disabled_stats_record_nothing() {
         Some(2.0)
     );
 
-    let off = service(100).with_stats(Arc::new(Stats::disabled()));
+    let (off, off_stats) = observed(unobserved(), Stats::disabled());
     off.should_rate_limit(request("test", "k", "v"))
         .await
         .unwrap();
-    let text = render(off.stats(), &Extra::default());
+    let text = render(&off_stats, &Extra::default());
     assert!(!text.contains("key1=\"k_v\""), "{text}");
     assert_eq!(
         value(
@@ -411,15 +426,18 @@ async fn stats_survive_a_reload_and_disabled_stats_record_nothing() {
 #[tokio::test]
 async fn global_shadow_mode_and_backend_errors_are_counted() {
     let clock = ManualClock::new(Timestamp::from_secs(2222));
-    let svc = RateLimitService::new(
-        config(),
-        // Room for one counter: a second key is a backend (store full) error.
-        Arc::new(MemoryStore::new(1)),
-        Arc::new(clock),
-        ServiceOptions {
-            shadow_mode: true,
-            ..ServiceOptions::default()
-        },
+    let (svc, stats) = observed(
+        RateLimitService::new(
+            config(),
+            // Room for one counter: a second key is a backend (store full) error.
+            Arc::new(MemoryStore::new(1)),
+            Arc::new(clock),
+            ServiceOptions {
+                shadow_mode: true,
+                ..ServiceOptions::default()
+            },
+        ),
+        Stats::default(),
     );
     for _ in 0..11 {
         svc.should_rate_limit(request("test", "k", "v"))
@@ -431,7 +449,7 @@ async fn global_shadow_mode_and_backend_errors_are_counted() {
             .await
             .is_err()
     );
-    let text = render(svc.stats(), &Extra::default());
+    let text = render(&stats, &Extra::default());
     assert_eq!(
         value(&text, "ratelimit_service_global_shadow_mode"),
         Some(1.0)
@@ -451,7 +469,7 @@ async fn statsd_receives_counter_increases_under_the_go_names() {
     let mut sink = sluice::telemetry::statsd::StatsdSink::connect(receiver.local_addr().unwrap())
         .await
         .unwrap();
-    let svc = service(100);
+    let (svc, stats) = service(100);
     for _ in 0..3 {
         svc.should_rate_limit(request("test", "k", "v"))
             .await
@@ -464,7 +482,7 @@ async fn statsd_receives_counter_increases_under_the_go_names() {
         config_load_success: 1,
         ..Extra::default()
     };
-    assert!(sink.flush(svc.stats(), &extra).await.unwrap() > 0);
+    assert!(sink.flush(&stats, &extra).await.unwrap() > 0);
     let mut buf = vec![0u8; 2048];
     let n = tokio::time::timeout(std::time::Duration::from_secs(5), receiver.recv(&mut buf))
         .await
@@ -485,7 +503,7 @@ async fn statsd_receives_counter_increases_under_the_go_names() {
     svc.should_rate_limit(request("test", "k", "v"))
         .await
         .unwrap();
-    sink.flush(svc.stats(), &extra).await.unwrap();
+    sink.flush(&stats, &extra).await.unwrap();
     let n = tokio::time::timeout(std::time::Duration::from_secs(5), receiver.recv(&mut buf))
         .await
         .expect("a datagram")

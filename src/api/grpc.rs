@@ -58,7 +58,7 @@ impl<S: CounterStore> RateLimitServiceApi for GrpcRateLimit<S> {
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         // gRPC metadata is the request's HTTP/2 headers.
         let trace = super::trace_context(
-            self.service.tracer().enabled(),
+            self.service.observer().traces(),
             crate::telemetry::otlp::Transport::Grpc,
             request.metadata().as_ref(),
         );

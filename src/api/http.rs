@@ -60,7 +60,7 @@ async fn json<S: CounterStore>(
     body: Body,
 ) -> Response {
     let trace = super::trace_context(
-        st.service.tracer().enabled(),
+        st.service.observer().traces(),
         crate::telemetry::otlp::Transport::Json,
         &headers,
     );

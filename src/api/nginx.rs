@@ -28,7 +28,8 @@
 //!
 //! Answers:
 //! - 200 when allowed, with `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`
-//!   (seconds) from the most restrictive status, when a limit matched;
+//!   (seconds) when a limit matched, describing the status gRPC and `/json` describe
+//!   ([`crate::service::RateLimitHeaders::describing`]);
 //! - 403 when over the limit, with the same headers and `Retry-After` (seconds), so nginx's
 //!   `auth_request_set` can copy them and `error_page 403 = @limited` can answer 429;
 //! - 400 with a plain-text reason for missing, malformed or oversized headers, or a request
@@ -47,7 +48,7 @@ use axum::routing::any;
 
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::percent::decode;
-use crate::service::{Code, RateLimitService, Status};
+use crate::service::{Code, RateLimitService};
 use crate::store::CounterStore;
 
 pub const DOMAIN_HEADER: &str = "x-sluice-domain";
@@ -259,24 +260,6 @@ fn bad_encoding(header: &'static str, text: &[u8]) -> HeaderError {
     }
 }
 
-/// The status the `RateLimit-*` headers describe, by the service's header rule: when over,
-/// the last over-limit descriptor; else the one with the least remaining.
-fn headline(overall: Code, statuses: &[Status]) -> Option<&Status> {
-    let limited = statuses.iter().filter(|s| s.current_limit.is_some());
-    if overall == Code::OverLimit
-        && let Some(s) = limited.clone().rfind(|s| s.code == Code::OverLimit)
-    {
-        return Some(s);
-    }
-    limited.reduce(|a, b| {
-        if b.limit_remaining < a.limit_remaining {
-            b
-        } else {
-            a
-        }
-    })
-}
-
 fn text(status: StatusCode, reason: impl std::fmt::Display) -> Response {
     (
         status,
@@ -304,7 +287,7 @@ pub async fn check<S: CounterStore>(
         return StatusCode::OK.into_response();
     }
     let trace = super::trace_context(
-        service.tracer().enabled(),
+        service.observer().traces(),
         crate::telemetry::otlp::Transport::Nginx,
         headers,
     );
@@ -325,15 +308,14 @@ pub async fn check<S: CounterStore>(
         Code::OverLimit => (StatusCode::FORBIDDEN, "OVER_LIMIT"),
     };
     let mut answer = text(status, reason);
-    if let Some(s) = headline(response.overall_code, &response.statuses) {
-        let limit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
-        let reset = s.duration_until_reset_secs.unwrap_or(0);
+    // The service's one header rule (the status gRPC and `/json` describe too).
+    if let Some(rl) = response.rate_limit {
         let h = answer.headers_mut();
-        h.insert(LIMIT, HeaderValue::from(limit));
-        h.insert(REMAINING, HeaderValue::from(s.limit_remaining));
-        h.insert(RESET, HeaderValue::from(reset));
+        h.insert(LIMIT, HeaderValue::from(rl.limit));
+        h.insert(REMAINING, HeaderValue::from(rl.remaining));
+        h.insert(RESET, HeaderValue::from(rl.reset_secs));
         if response.overall_code == Code::OverLimit {
-            h.insert(header::RETRY_AFTER, HeaderValue::from(reset));
+            h.insert(header::RETRY_AFTER, HeaderValue::from(rl.reset_secs));
         }
     }
     answer

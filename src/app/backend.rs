@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use crate::api::debug::StoreGauges;
 use crate::clock::Timestamp;
 use crate::cluster::ClusterStore;
-use crate::limiter::fixed_window::Decision;
+use crate::limiter::Decision;
 use crate::store::redis::{BreakerStats, RedisConfig};
 use crate::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError, TraceBackend};
 use crate::telemetry::prometheus::{ClusterGauges, MemoryGauges, RedisGauges};

@@ -27,7 +27,7 @@ use crate::service::{RateLimitService, ServiceOptions};
 use crate::store::{MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
-use crate::telemetry::{Stats, TelemetryOptions};
+use crate::telemetry::{DecisionTelemetry, Stats, TelemetryOptions};
 use crate::tls::{ClientTls, PeerTls, ServerTls};
 use crate::xds::XdsConfig;
 
@@ -205,6 +205,8 @@ pub struct App {
     config: ConfigHandle,
     store: Arc<AnyStore>,
     service: Arc<RateLimitService<AnyStore>>,
+    /// The service's observer: its stats and span counters, for the debug port.
+    telemetry: Arc<DecisionTelemetry>,
     health: Arc<Health>,
     peer_server: Option<PeerServer>,
     /// TRACING_ENABLED: the finished spans, for the exporter [`App::serve`] starts.
@@ -251,6 +253,7 @@ impl App {
             }
             None => (Tracer::disabled(), None),
         };
+        let telemetry = Arc::new(DecisionTelemetry::new(stats, Arc::new(tracer)));
         let service = Arc::new(
             RateLimitService::new(
                 config.clone(),
@@ -258,8 +261,7 @@ impl App {
                 clock,
                 options.service.clone(),
             )
-            .with_stats(stats)
-            .with_tracer(Arc::new(tracer)),
+            .with_observer(telemetry.clone()),
         );
         let health = Arc::new(Health::new(
             config.clone(),
@@ -271,6 +273,7 @@ impl App {
             config,
             store,
             service,
+            telemetry,
             health,
             peer_server,
             spans,
@@ -340,6 +343,7 @@ impl App {
             config,
             store,
             service,
+            telemetry,
             health,
             peer_server,
             spans,
@@ -357,11 +361,11 @@ impl App {
         let debug_state = api::debug::DebugState {
             config,
             store,
-            stats: service.stats().clone(),
-            spans: service
+            stats: telemetry.stats().clone(),
+            spans: telemetry
                 .tracer()
                 .enabled()
-                .then(|| service.tracer().counters().clone()),
+                .then(|| telemetry.tracer().counters().clone()),
             listeners: ports.guards(&listeners),
             budget: Some(ports.budget.clone()),
         };

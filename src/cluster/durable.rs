@@ -44,8 +44,8 @@ use redis::Value;
 
 use super::config::WriteBehind;
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::{Quota, Unit, bucket, fixed_window, sliding_window};
-use crate::store::{CounterKind, Hit, MemoryStore, RedisLink, StoreError};
+use crate::limiter::{CounterKind, Quota, fixed_window, sliding_window};
+use crate::store::{Hit, MemoryStore, RedisLink, StoreError};
 use crate::telemetry::LogLimiter;
 
 /// Raises write-behind counters, never lowers them.
@@ -606,42 +606,15 @@ pub fn redis_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> St
 }
 
 /// When a counter's horizon began and when it ends: the span in which another owner's count
-/// still matters to it at `now`. `None` for a bucket with a rate of 0 (it holds nothing).
+/// still matters to it at `now` ([`CounterKind::horizon`]).
 pub fn horizon(kind: CounterKind, quota: &Quota, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
-    let window = |u: Unit, back: u64, ahead: u64| {
-        let w = now.secs() / u.secs();
-        (
-            Timestamp::from_secs(w.saturating_sub(back) * u.secs()),
-            Timestamp::from_secs((w + ahead) * u.secs()),
-        )
-    };
-    Some(match kind {
-        CounterKind::Fixed(u) => window(u, 0, 1),
-        CounterKind::Sliding(u) => window(u, 1, 1),
-        CounterKind::Bucket => {
-            let (_, tolerance) = bucket::params(quota)?;
-            (
-                Timestamp::from_micros(now.micros().saturating_sub(tolerance)),
-                Timestamp::from_micros(now.micros().saturating_add(tolerance)),
-            )
-        }
-    })
+    kind.horizon(quota, now)
 }
 
 /// A state word from the values kept in Redis for `window` (as [`Durable::keys_now`] orders
-/// them); `None` when they hold nothing.
+/// them); `None` when they hold nothing ([`CounterKind::from_parts`]).
 pub fn state_from(kind: CounterKind, window: u64, values: &[u64], now: Timestamp) -> Option<u128> {
-    let first = values.first().copied().unwrap_or(0);
-    match kind {
-        CounterKind::Fixed(u) => (first > 0 && window == now.secs() / u.secs())
-            .then(|| u128::from(fixed_window::state_with_count(first, now.secs(), u))),
-        CounterKind::Sliding(_) => {
-            let previous = values.get(1).copied().unwrap_or(0);
-            (first > 0 || previous > 0)
-                .then(|| sliding_window::state_from_parts(window, first, previous))
-        }
-        CounterKind::Bucket => (first > now.micros()).then_some(u128::from(first)),
-    }
+    kind.from_parts(window, values, now)
 }
 
 /// The integers of a reply: an integer, a bulk string holding one, or an array of those (nil
@@ -664,7 +637,7 @@ fn integers(v: &Value) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::Algorithm;
+    use crate::limiter::{Algorithm, Unit};
     use std::num::NonZeroU32;
 
     #[test]

@@ -31,7 +31,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::fixed_window::Decision;
+use crate::limiter::Decision;
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
 pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};

@@ -26,7 +26,7 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 
-use crate::limiter::fixed_window::Decision;
+use crate::limiter::Decision;
 use crate::limiter::{Algorithm, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
 use crate::tls::PeerTls;

@@ -6,10 +6,10 @@
 //! request entry is one hash probe, then (rarely) a scan of the wildcard patterns, then one more
 //! probe.
 
+use super::StatsSlot;
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::descriptor::Entry;
 use crate::limiter::{Algorithm, Quota, Unit};
-use crate::telemetry::StatsSlot;
 use serde_yaml_ng::Value as Yaml;
 use std::cell::RefCell;
 use std::collections::HashMap;

@@ -30,6 +30,7 @@ pub mod compile;
 pub mod load;
 pub mod poll;
 pub mod raw;
+pub mod stats_slot;
 pub mod watch;
 pub mod yaml;
 
@@ -39,6 +40,7 @@ pub use load::{
     parse_files,
 };
 pub use poll::Poller;
+pub use stats_slot::StatsSlot;
 pub use watch::{ConfigHandle, ConfigStats, WatchGuard, spawn_watcher};
 
 use std::fmt;

@@ -25,8 +25,7 @@
 //! client's Retry-After needs. Both are rounded up to whole seconds, at least 1. A peek (0
 //! hits) is over exactly when a single hit would be refused.
 
-use super::fixed_window::Decision;
-use super::{Algorithm, Quota};
+use super::{Algorithm, Decision, Quota};
 
 pub const EMPTY: u64 = 0;
 

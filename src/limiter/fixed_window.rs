@@ -10,7 +10,7 @@
 //! the current window's is treated as empty, so a new window needs no reset pass; stores sweep
 //! stale counters long before the tag could wrap (2^24 windows: 194 days of one-second windows).
 
-use super::Unit;
+use super::{Decision, Unit};
 
 /// Bits of the state word that hold the count. 2^40 exceeds every u32 limit, so saturation
 /// never hides an over-limit decision.
@@ -21,21 +21,6 @@ const TAG_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
 /// The state of a counter that has never been hit (tag 0, count 0). A real window with tag 0
 /// and count 0 means the same thing, so the two need not be told apart.
 pub const EMPTY: u64 = 0;
-
-/// What one call to [`decide`] concluded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Decision {
-    /// The count after this call's hits were added (saturating at 2^40 - 1).
-    pub count_after: u64,
-    /// The count this call found.
-    pub count_before: u64,
-    /// `count_after > limit`.
-    pub over: bool,
-    /// `limit - count_after` when not over, else 0.
-    pub remaining: u32,
-    /// Seconds until the window ends, in `1..=unit`.
-    pub reset_after_secs: u64,
-}
 
 /// The tag of the window that contains `now_secs`.
 pub const fn window_tag(now_secs: u64, unit: Unit) -> u64 {

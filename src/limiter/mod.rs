@@ -3,12 +3,34 @@
 //! Nothing here knows about time sources, locks, maps or I/O: a store owns the state words and
 //! calls these functions inside its own compare-and-swap loop, passing the time it read from its
 //! injected [`Clock`](crate::clock::Clock).
+//!
+//! [`Decision`] is what every algorithm concludes; [`counter`] is the one dispatch from a
+//! [`Quota`] to its algorithm and state word, which the stores and the cluster call rather than
+//! matching on [`Algorithm`] themselves.
 
 pub mod bucket;
+pub mod counter;
 pub mod fixed_window;
 pub mod sliding_window;
 
+pub use counter::CounterKind;
+
 use std::num::NonZeroU32;
+
+/// What one algorithm step concluded for a counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// The count after this call's hits were added (saturating at 2^40 - 1 in a fixed window).
+    pub count_after: u64,
+    /// The count this call found.
+    pub count_before: u64,
+    /// `count_after > limit` (for the buckets: the hits did not fit).
+    pub over: bool,
+    /// `limit - count_after` when not over, else 0.
+    pub remaining: u32,
+    /// Seconds until the window ends (in `1..=unit`), or until a bucket frees room.
+    pub reset_after_secs: u64,
+}
 
 /// How a limit counts. `FixedWindow` is envoyproxy/ratelimit's and stays byte-for-byte
 /// compatible with it; the others are Sluice extensions (YAML `algorithm:`).

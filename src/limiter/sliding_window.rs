@@ -21,8 +21,7 @@
 //! State: one `u128`: the window tag (index mod 2^32) in the top 32 bits, the current count in
 //! the next 48, the previous count in the low 48. Counts never exceed the limit (a `u32`).
 
-use super::Unit;
-use super::fixed_window::Decision;
+use super::{Decision, Unit};
 
 const COUNT_BITS: u32 = 48;
 const COUNT_MASK: u128 = (1 << COUNT_BITS) - 1;

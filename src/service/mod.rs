@@ -4,26 +4,27 @@
 //! override), `replaces`, unlimited limits, hits addends, counter keys, shadow and quota modes,
 //! the overall code and the `RateLimit-*` headers. It is protocol-free: `api` decodes into
 //! [`Request`] and encodes [`Response`]; the store does the counting.
+//!
+//! `RateLimitService::decide` reads as its steps: resolve each descriptor to a plan and
+//! apply `replaces` (`plan.rs`), build the counter keys and hits, charge the store, give back
+//! what a refused request's other limits admitted, make the statuses, the dynamic metadata and
+//! the headers. What it reports (stats, spans, logs) goes to an [`observe::Observer`]; time
+//! comes from the injected [`Clock`], a monotonic reading included.
 
-use std::fmt::Write as _;
+pub mod observe;
+mod plan;
+
+use std::sync::Arc;
 
 use smallvec::SmallVec;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::config::{Block, ConfigHandle, Limit, Rule};
-use crate::descriptor::{Entry, Request};
-use crate::limiter::fixed_window::Decision;
-use crate::limiter::{Algorithm, Quota, Unit};
+use crate::config::{ConfigHandle, Domain};
+use crate::descriptor::{Descriptor, Entry, Request};
+use crate::limiter::{Algorithm, Decision, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
-use crate::telemetry::otlp::trace::{ActiveSpan, SpanKind, Value};
-use crate::telemetry::otlp::{RequestTrace, Tracer, Transport};
-use crate::telemetry::stats::{ErrorKind, Outcome};
-use crate::telemetry::{LogLimiter, Stats};
-
-/// The server span of a traced call: envoyproxy/ratelimit's name for it.
-pub const SPAN_NAME: &str = "ShouldRateLimit Execution";
+use observe::{CallReport, Caller, DescriptorReport, Observer, Span, StatsKey, Unobserved};
+use plan::{Counted, Plan};
 
 /// A descriptor's or the request's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +77,10 @@ pub struct Response {
     pub overall_code: Code,
     /// One per request descriptor, in request order.
     pub statuses: Vec<Status>,
-    /// `RateLimit-*` headers, when enabled.
+    /// What the `RateLimit-*` headers say, whether or not they are enabled (`/nginx` always
+    /// sends them); `None` when no status has a current limit.
+    pub rate_limit: Option<RateLimitHeaders>,
+    /// `RateLimit-*` headers under their configured names, when enabled.
     pub response_headers: Vec<(String, String)>,
     /// RESPONSE_DYNAMIC_METADATA's struct, when enabled.
     pub dynamic_metadata: Option<serde_json::Value>,
@@ -237,77 +241,14 @@ fn quota_suffix_len(i: usize) -> usize {
     i.checked_ilog10().unwrap_or(0) as usize + 3
 }
 
-/// A limit that is counted: from config (`rule` is the matched limit, whose blocks give the
-/// quotas) or from the request's override (`rule` is `None`: one fixed-window quota, no name,
-/// no shadow mode, no replaces).
-#[derive(Clone, Copy)]
-struct Counted<'c> {
-    rule: Option<&'c Limit>,
-    overridden: Option<Quota>,
-}
-
-impl<'c> Counted<'c> {
-    /// The quotas to enforce, each with its block name ("" for none).
-    fn quotas(&self) -> impl Iterator<Item = (Quota, &'c str)> + '_ {
-        let blocks: &'c [Block] = match self.rule.map(|l| &l.rule) {
-            Some(Rule::Limited(blocks)) => blocks,
-            _ => &[],
-        };
-        self.overridden
-            .map(|q| (q, ""))
-            .into_iter()
-            .chain(blocks.iter().map(|b| (b.quota, b.name.as_str())))
-    }
-    fn shadow_mode(&self) -> bool {
-        self.rule.is_some_and(|l| l.shadow_mode)
-    }
-    fn quota_mode(&self, global: bool) -> bool {
-        global || self.rule.is_some_and(|l| l.quota_mode)
-    }
-    /// The name reported for a block: its own, else the limit's (`rate_limit.name`).
-    fn name_for(&self, block_name: &'c str) -> &'c str {
-        match (block_name, self.rule) {
-            ("", Some(l)) => &l.name,
-            (name, _) => name,
-        }
-    }
-}
-
-/// What one descriptor resolved to.
-enum Plan<'c> {
-    /// No match, or replaced: `{code: OK}`.
-    Pass,
-    Unlimited(&'c Limit),
-    Counted {
-        limit: Counted<'c>,
-        /// `share_threshold` substitutions for the counter key.
-        shared: Vec<(usize, &'c str)>,
-        hits: u64,
-    },
-}
-
-impl<'c> Plan<'c> {
-    /// The matched config limit, if any (overrides have none).
-    fn config_limit(&self) -> Option<&'c Limit> {
-        match self {
-            Plan::Pass => None,
-            Plan::Unlimited(l) => Some(l),
-            Plan::Counted { limit, .. } => limit.rule,
-        }
-    }
-}
-
 /// The rate-limit service core, generic over the counter store.
 pub struct RateLimitService<S> {
     config: ConfigHandle,
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     options: ServiceOptions,
-    stats: Arc<Stats>,
-    /// TRACING_ENABLED: spans of calls and of their backend calls.
-    tracer: Arc<Tracer>,
-    /// Backend failures can hit every request; they log at most once a second.
-    backend_log: LogLimiter,
+    /// What the decisions report to (telemetry); by default nothing.
+    observer: Arc<dyn Observer>,
 }
 
 impl<S: CounterStore> RateLimitService<S> {
@@ -322,30 +263,18 @@ impl<S: CounterStore> RateLimitService<S> {
             store,
             clock,
             options,
-            stats: Arc::new(Stats::default()),
-            tracer: Arc::new(Tracer::disabled()),
-            backend_log: LogLimiter::new(Duration::from_secs(1)),
+            observer: Arc::new(Unobserved),
         }
     }
 
-    /// Records into `stats` (shared with the exporters) instead of a private registry.
-    pub fn with_stats(mut self, stats: Arc<Stats>) -> Self {
-        self.stats = stats;
+    /// Reports decisions to `observer` (stats, spans, logs).
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = observer;
         self
     }
 
-    /// Records spans through `tracer` (tracing is off by default).
-    pub fn with_tracer(mut self, tracer: Arc<Tracer>) -> Self {
-        self.tracer = tracer;
-        self
-    }
-
-    pub fn tracer(&self) -> &Arc<Tracer> {
-        &self.tracer
-    }
-
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.stats
+    pub fn observer(&self) -> &Arc<dyn Observer> {
+        &self.observer
     }
 
     pub fn config(&self) -> &ConfigHandle {
@@ -388,305 +317,123 @@ impl<S: CounterStore> RateLimitService<S> {
         }
     }
 
-    /// The total length of the request's counter keys, once each is known to fit
-    /// SLUICE_MAX_KEY_BYTES. Only descriptors that are counted make keys: one that matches no
-    /// limit, an unlimited one or a replaced one answers OK whatever its size, as in the Go
-    /// service, and costs nothing beyond the request (capped by SLUICE_MAX_REQUEST_BYTES).
-    fn counter_key_bytes(
-        &self,
-        request: &Request,
-        plans: &[Plan<'_>],
-    ) -> Result<usize, ServiceError> {
-        let max = self.options.max_key_bytes;
-        let mut total = 0;
-        for (index, (d, plan)) in request.descriptors.iter().zip(plans).enumerate() {
-            let Plan::Counted { limit, shared, .. } = plan else {
-                continue;
-            };
-            let prefix = &self.options.cache_key_prefix;
-            let stem = counter_key_len(prefix, &request.domain, &d.entries, shared);
-            let quotas = limit.quotas().count();
-            // The last quota's key is the descriptor's longest.
-            let bytes = stem + (1..quotas).last().map_or(0, quota_suffix_len);
-            if bytes > max {
-                return Err(ServiceError::KeyTooLong { index, bytes, max });
-            }
-            total += stem * quotas + (1..quotas).map(quota_suffix_len).sum::<usize>();
-        }
-        Ok(total)
-    }
-
-    /// `ShouldRateLimit`, with no caller trace context.
+    /// `ShouldRateLimit`, with no caller context.
     pub async fn should_rate_limit(&self, request: Request) -> Result<Response, ServiceError> {
-        self.should_rate_limit_traced(request, &RequestTrace::default())
-            .await
+        self.should_rate_limit_traced(request, &()).await
     }
 
-    /// `ShouldRateLimit`, continuing the caller's trace when `trace` carries one.
+    /// `ShouldRateLimit`, with the context the adapter decoded for the observer (the caller's
+    /// trace context, which a traced call continues).
     pub async fn should_rate_limit_traced(
         &self,
         request: Request,
-        trace: &RequestTrace,
+        caller: Caller<'_>,
     ) -> Result<Response, ServiceError> {
-        let span = self.tracer.start(trace);
-        if span.is_none() && !self.stats.enabled() {
+        let span = self.observer.call_started(caller);
+        if span.is_none() && !self.observer.counts() {
             return self.decide(&request, None).await;
         }
-        let started = Instant::now();
+        let started = self.clock.monotonic();
         let result = self.decide(&request, span.as_ref()).await;
-        let error = match &result {
-            Ok(_) => None,
-            Err(ServiceError::Store(_)) => Some(ErrorKind::Backend),
-            Err(_) => Some(ErrorKind::Service),
+        let call = CallReport {
+            caller,
+            request: &request,
+            result: &result,
+            elapsed: self.clock.monotonic().saturating_sub(started),
         };
-        self.stats.request_done(started.elapsed(), error);
-        if let Some(span) = span {
-            self.end_span(span, trace.transport, &request, &result, error);
-        }
+        self.observer.call_done(&call, span);
         result
     }
 
-    /// The call's SERVER span: what was asked and what was answered. Only sampled calls get
-    /// here, so the allocations are theirs alone.
-    fn end_span(
-        &self,
-        span: ActiveSpan,
-        transport: Transport,
-        request: &Request,
-        result: &Result<Response, ServiceError>,
-        error: Option<ErrorKind>,
-    ) {
-        let mut attributes = Vec::with_capacity(8);
-        attributes.push(match transport {
-            Transport::Grpc => ("rpc.system", Value::Static("grpc")),
-            Transport::Json => ("http.route", Value::Static("/json")),
-            Transport::Nginx => ("http.route", Value::Static("/nginx")),
-        });
-        attributes.push((
-            "rpc.service",
-            Value::Static("envoy.service.ratelimit.v3.RateLimitService"),
-        ));
-        attributes.push(("rpc.method", Value::Static("ShouldRateLimit")));
-        attributes.push(("domain", Value::Str(request.domain.clone())));
-        attributes.push((
-            "ratelimit.descriptors",
-            Value::Int(request.descriptors.len() as i64),
-        ));
-        attributes.push((
-            "ratelimit.hits_addend",
-            Value::Int(i64::from(request.hits_addend)),
-        ));
-        let message = match result {
-            Ok(r) => {
-                let code = match r.overall_code {
-                    Code::Ok => "OK",
-                    Code::OverLimit => "OVER_LIMIT",
-                };
-                attributes.push(("ratelimit.overall_code", Value::Static(code)));
-                None
-            }
-            Err(e) => {
-                let kind = match error {
-                    Some(ErrorKind::Backend) => "redis_error",
-                    _ => "service_error",
-                };
-                attributes.push(("error.type", Value::Static(kind)));
-                Some(e.to_string())
-            }
-        };
-        self.tracer
-            .record(span.end(SPAN_NAME, SpanKind::Server, attributes, message));
-    }
-
+    /// The decision, step by step. `call` is the call's span when it is traced.
     async fn decide(
         &self,
         request: &Request,
-        span: Option<&ActiveSpan>,
+        call: Option<&Span>,
     ) -> Result<Response, ServiceError> {
         self.check_caps(request)?;
         let guard = self.config.guard();
         let config = guard.as_ref().ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
-            // An unknown domain is not an error in the Go service: every descriptor passes.
-            self.stats.domain_not_found(&request.domain);
-            let statuses = vec![Status::ok(); request.descriptors.len()];
-            let quota = vec![false; statuses.len()];
-            let metadata = self.dynamic_metadata(request, &[], &statuses);
-            return Ok(self.finish(statuses, &quota, metadata));
+            return Ok(self.unknown_domain(request));
         };
-
-        // Resolve every descriptor: the override when present (it skips config matching),
-        // else the config match.
-        let request_hits = u64::from(request.hits_addend.max(1));
-        let mut plans: SmallVec<[Plan<'_>; 4]> = request
-            .descriptors
-            .iter()
-            .map(|d| {
-                let hits = d.hits_addend.unwrap_or(request_hits);
-                if let Some(o) = d.limit_override {
-                    let limit = Counted {
-                        rule: None,
-                        overridden: Some(Quota::fixed(o.requests_per_unit, o.unit)),
-                    };
-                    let shared = Vec::new();
-                    return Plan::Counted {
-                        limit,
-                        shared,
-                        hits,
-                    };
-                }
-                let Some(m) = domain.lookup(&d.entries) else {
-                    return Plan::Pass;
-                };
-                match m.limit.rule {
-                    Rule::Unlimited => Plan::Unlimited(m.limit),
-                    Rule::Limited(_) => Plan::Counted {
-                        limit: Counted {
-                            rule: Some(m.limit),
-                            overridden: None,
-                        },
-                        shared: m.shared_values,
-                        hits,
-                    },
-                }
-            })
-            .collect();
-
-        // `replaces`: the names listed by any matched limit (unlimited ones included) knock
-        // out the matched limits of that name, which then answer `{code: OK}` uncounted.
-        let replaced: Vec<&str> = plans
-            .iter()
-            .filter_map(Plan::config_limit)
-            .flat_map(|l| l.replaces.iter().map(String::as_str))
-            .collect();
-        if !replaced.is_empty() {
-            for plan in &mut plans {
-                if plan
-                    .config_limit()
-                    .is_some_and(|l| l.names().any(|n| replaced.contains(&n)))
-                {
-                    *plan = Plan::Pass;
-                }
-            }
-        }
-
-        // One buffer holds every counter key of the request. The first quota of a descriptor
-        // uses the Go service's key; further quotas of a `rate_limits` list add `#<index>_`.
-        // Measured, and refused past SLUICE_MAX_KEY_BYTES, before anything is written.
-        let key_bytes = self.counter_key_bytes(request, &plans)?;
-        let mut keys = String::with_capacity(key_bytes);
-        let mut ranges: SmallVec<[std::ops::Range<usize>; 4]> = SmallVec::new();
-        for (d, plan) in request.descriptors.iter().zip(&plans) {
-            if let Plan::Counted { limit, shared, .. } = plan {
-                let start = keys.len();
-                write_counter_key(
-                    &mut keys,
-                    &self.options.cache_key_prefix,
-                    &request.domain,
-                    &d.entries,
-                    shared,
-                );
-                let stem = start..keys.len();
-                ranges.push(stem.clone());
-                for i in 1..limit.quotas().count() {
-                    let start = keys.len();
-                    keys.extend_from_within(stem.clone());
-                    // Writing to a String cannot fail.
-                    let _ = write!(keys, "#{i}_");
-                    ranges.push(start..keys.len());
-                }
-            }
-        }
-        // Every counted descriptor is charged, even when another is already over (the Go
-        // service does the same, so over-limit traffic keeps draining every counter).
-        let hits: SmallVec<[Hit<'_>; 4]> = plans
-            .iter()
-            .filter_map(|p| match p {
-                Plan::Counted { limit, hits, .. } => Some(limit.quotas().map(|(q, _)| (q, *hits))),
-                _ => None,
-            })
-            .flatten()
-            .zip(&ranges)
-            .map(|((quota, hits), range)| Hit {
-                key: &keys[range.clone()],
-                quota,
-                hits,
-            })
-            .collect();
-        let mut decisions = Vec::with_capacity(hits.len());
-        if !hits.is_empty() {
-            // A traced call gets a CLIENT span around a backend that goes over the network.
-            let child = span.and_then(|s| self.store.trace_backend().map(|b| (b, s.child())));
-            let applied = self
-                .store
-                .apply(self.clock.now(), &hits, &mut decisions)
-                .await;
-            if let Some((backend, child)) = child {
-                let mut attributes = Vec::with_capacity(backend.attributes.len() + 1);
-                attributes.extend(
-                    backend
-                        .attributes
-                        .iter()
-                        .map(|(k, v)| (*k, Value::Static(v))),
-                );
-                attributes.push(("ratelimit.counters", Value::Int(hits.len() as i64)));
-                let error = applied.as_ref().err().map(ToString::to_string);
-                self.tracer.record(child.end(
-                    backend.span_name,
-                    SpanKind::Client,
-                    attributes,
-                    error,
-                ));
-            }
-            if let Err(e) = applied {
-                return self.backend_failed(request, e);
-            }
-        }
+        let mut plans = plan::plan(domain, request);
+        plan::apply_replaces(&mut plans);
+        let keys = plan::counter_keys(&self.options, request, &plans)?;
+        let hits = plan::hits(&plans, &keys);
+        let decisions = match self.charge(&hits, call).await {
+            Ok(decisions) => decisions,
+            Err(e) => return self.backend_failed(request, e),
+        };
         if decisions.len() != hits.len() {
-            return Err(StoreError::BadReply {
-                expected: hits.len(),
-                got: decisions.len(),
-            }
-            .into());
+            let (expected, got) = (hits.len(), decisions.len());
+            return Err(StoreError::BadReply { expected, got }.into());
         }
+        self.give_back(&plan::refunds(&plans, &hits, &decisions))
+            .await;
+        let (statuses, quota) = self.outcome(domain, request, &plans, &decisions);
+        let metadata = self.dynamic_metadata(request, &plans, &statuses);
+        Ok(self.finish(statuses, &quota, metadata))
+    }
 
-        // A descriptor with several limits is refused as a whole when one of them refuses:
-        // the limits that admitted it give the hits back (fixed windows excepted, which count
-        // every hit as the Go service does), so a refused request consumes nothing.
-        let mut refunds = Vec::new();
-        let mut at = 0;
-        for plan in &plans {
-            if let Plan::Counted { limit, .. } = plan {
-                let n = limit.quotas().count();
-                let own = &decisions[at..at + n];
-                if n > 1 && own.iter().any(|d| d.over) {
-                    refunds.extend(
-                        hits[at..at + n]
-                            .iter()
-                            .zip(own)
-                            .filter(|(h, d)| !d.over && h.quota.algorithm != Algorithm::FixedWindow)
-                            .map(|(h, _)| *h),
-                    );
-                }
-                at += n;
-            }
-        }
-        if !refunds.is_empty()
-            && let Err(e) = self.store.refund(self.clock.now(), &refunds).await
-        {
-            // The decisions stand; only the give-back failed, so the request is answered.
-            if let Some(suppressed) = self.backend_log.check() {
-                tracing::warn!(
-                    error = %e,
-                    suppressed,
-                    "could not give back hits of a refused request (at most one line a second)"
-                );
-            }
-        }
+    /// An unknown domain is not an error in the Go service: every descriptor passes.
+    fn unknown_domain(&self, request: &Request) -> Response {
+        self.observer.domain_not_found(&request.domain);
+        let statuses = vec![Status::ok(); request.descriptors.len()];
+        let quota = vec![false; statuses.len()];
+        let metadata = self.dynamic_metadata(request, &[], &statuses);
+        self.finish(statuses, &quota, metadata)
+    }
 
+    /// Charges every hit at the clock's time; a traced call reports the backend call as a span
+    /// of its own when the store goes over the network.
+    async fn charge(
+        &self,
+        hits: &[Hit<'_>],
+        call: Option<&Span>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut decisions = Vec::with_capacity(hits.len());
+        if hits.is_empty() {
+            return Ok(decisions);
+        }
+        let backend = call.and_then(|c| {
+            let traced = self.store.trace_backend()?;
+            Some((traced, self.observer.backend_started(c)?))
+        });
+        let applied = self
+            .store
+            .apply(self.clock.now(), hits, &mut decisions)
+            .await;
+        if let Some((traced, span)) = backend {
+            let error = applied.as_ref().err();
+            self.observer.backend_done(span, traced, hits.len(), error);
+        }
+        applied.map(|()| decisions)
+    }
+
+    /// Gives back what a refused request's other limits admitted. The decisions stand; when
+    /// only the give-back fails, the request is still answered.
+    async fn give_back(&self, refunds: &[Hit<'_>]) {
+        if refunds.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.refund(self.clock.now(), refunds).await {
+            self.observer.refund_failed(&e);
+        }
+    }
+
+    /// Each descriptor's status, and whether it is in quota mode; each counted descriptor's
+    /// decision is reported to the observer.
+    fn outcome(
+        &self,
+        domain: &Domain,
+        request: &Request,
+        plans: &[Plan<'_>],
+        decisions: &[Decision],
+    ) -> (Vec<Status>, SmallVec<[bool; 8]>) {
         let mut decisions = decisions.iter();
         let mut statuses = Vec::with_capacity(plans.len());
-        let mut quota: SmallVec<[bool; 8]> = SmallVec::new();
+        let mut quota = SmallVec::new();
         for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
             let (status, is_quota) = match plan {
                 Plan::Pass => (Status::ok(), false),
@@ -694,9 +441,8 @@ impl<S: CounterStore> RateLimitService<S> {
                 Plan::Counted { limit, hits, .. } => {
                     let (status, chosen) = counted_status(limit, &mut decisions);
                     if let Some((quota, decision)) = chosen {
-                        self.record_stats(
-                            domain, request, descriptor, limit, *hits, quota, decision,
-                        );
+                        let counted = (limit, *hits, quota, decision);
+                        self.report_descriptor(domain, request, descriptor, counted);
                     }
                     (status, limit.quota_mode(self.options.quota_mode))
                 }
@@ -704,28 +450,42 @@ impl<S: CounterStore> RateLimitService<S> {
             statuses.push(status);
             quota.push(is_quota);
         }
-        let metadata = self.dynamic_metadata(request, &plans, &statuses);
-        Ok(self.finish(statuses, &quota, metadata))
+        (statuses, quota)
     }
 
-    /// Adds one counted descriptor's decision to its limit's stats (reference §5). The key is
-    /// the limit's `full_key` unless it depends on the request's values, which costs a lookup
-    /// and an allocation only for such limits and for overrides.
-    #[allow(clippy::too_many_arguments)]
-    fn record_stats(
+    /// Reports one counted descriptor's decision (reference §5). The stats key is the limit's
+    /// `full_key` unless it depends on the request's values, which costs a lookup and an
+    /// allocation only for such limits and for overrides, and only when the observer counts.
+    fn report_descriptor(
         &self,
-        domain: &crate::config::Domain,
+        domain: &Domain,
         request: &Request,
-        descriptor: &crate::descriptor::Descriptor,
-        limit: &Counted<'_>,
-        hits: u64,
-        quota: Quota,
-        d: &Decision,
+        descriptor: &Descriptor,
+        (limit, hits, quota, d): (&Counted<'_>, u64, Quota, &Decision),
     ) {
-        if !self.stats.enabled() {
+        if !self.observer.counts() {
             return;
         }
-        let outcome = Outcome {
+        let request_key: String;
+        let key = match limit.rule {
+            Some(l) if !l.stats_key_varies => StatsKey::Limit {
+                slot: &l.stats,
+                full_key: &l.full_key,
+            },
+            Some(_) => match domain.stats_key(&descriptor.entries) {
+                Some(k) => {
+                    request_key = k;
+                    StatsKey::Request(&request_key)
+                }
+                None => return,
+            },
+            None => {
+                request_key = override_stats_key(request, descriptor);
+                StatsKey::Request(&request_key)
+            }
+        };
+        self.observer.descriptor_decided(&DescriptorReport {
+            key,
             hits,
             limit: quota.requests_per_unit,
             count_before: d.count_before,
@@ -738,29 +498,7 @@ impl<S: CounterStore> RateLimitService<S> {
                 && hits > 0
                 && d.count_before == d.count_after,
             shadow_mode: limit.shadow_mode(),
-        };
-        match limit.rule {
-            Some(l) if !l.stats_key_varies => {
-                self.stats.record_static(&l.stats, &l.full_key, &outcome);
-            }
-            Some(_) => {
-                if let Some(key) = domain.stats_key(&descriptor.entries) {
-                    self.stats.record_dynamic(&key, &outcome);
-                }
-            }
-            None => {
-                // An override's stats key: `domain.k1_v1.k2_v2`.
-                let mut key = String::with_capacity(64);
-                key.push_str(&request.domain);
-                for e in &descriptor.entries {
-                    key.push('.');
-                    key.push_str(&e.key);
-                    key.push('_');
-                    key.push_str(&e.value);
-                }
-                self.stats.record_dynamic(&key, &outcome);
-            }
-        }
+        });
     }
 
     /// Fail-open versus fail-closed is decided here: by default a backend failure is an error
@@ -770,17 +508,8 @@ impl<S: CounterStore> RateLimitService<S> {
     fn backend_failed(&self, request: &Request, e: StoreError) -> Result<Response, ServiceError> {
         let opts = &self.options;
         let fail_open = opts.fail_open || opts.fail_open_domains.contains(&request.domain);
-        if let Some(suppressed) = self.backend_log.check() {
-            tracing::warn!(
-                domain = %request.domain,
-                error = %e,
-                fail_open,
-                suppressed,
-                "backend failed (at most one line a second; `suppressed` counts the failures not logged since the last line)"
-            );
-        }
+        self.observer.backend_failed(&request.domain, &e, fail_open);
         if fail_open {
-            self.stats.backend_error();
             let statuses = vec![Status::ok(); request.descriptors.len()];
             let quota = vec![false; statuses.len()];
             return Ok(self.finish(statuses, &quota, None));
@@ -848,29 +577,50 @@ impl<S: CounterStore> RateLimitService<S> {
         quota: &[bool],
         dynamic_metadata: Option<serde_json::Value>,
     ) -> Response {
-        let over = |i: usize| statuses[i].code == Code::OverLimit;
-        let non_quota_over = (0..statuses.len()).any(|i| !quota[i] && over(i));
-        let quota_count = quota.iter().filter(|q| **q).count();
-        let all_quota_over = quota_count > 0 && (0..statuses.len()).all(|i| !quota[i] || over(i));
-        let mut overall_code = if non_quota_over || all_quota_over {
-            Code::OverLimit
-        } else {
-            Code::Ok
-        };
+        let mut overall_code = overall_code(&statuses, quota);
         if self.options.shadow_mode && overall_code == Code::OverLimit {
-            self.stats.global_shadow_mode();
+            self.observer.global_shadow_mode();
             overall_code = Code::Ok;
         }
-        let response_headers = match &self.options.response_headers {
-            Some(names) => rate_limit_headers(names, &statuses, quota),
-            None => Vec::new(),
+        let rate_limit = RateLimitHeaders::describing(&statuses, quota);
+        let response_headers = match (&self.options.response_headers, &rate_limit) {
+            (Some(names), Some(values)) => values.named(names),
+            _ => Vec::new(),
         };
         Response {
             overall_code,
             statuses,
+            rate_limit,
             response_headers,
             dynamic_metadata,
         }
+    }
+}
+
+/// An override's stats key: `domain.k1_v1.k2_v2`.
+fn override_stats_key(request: &Request, descriptor: &Descriptor) -> String {
+    let mut key = String::with_capacity(64);
+    key.push_str(&request.domain);
+    for e in &descriptor.entries {
+        key.push('.');
+        key.push_str(&e.key);
+        key.push('_');
+        key.push_str(&e.value);
+    }
+    key
+}
+
+/// OVER_LIMIT iff some non-quota descriptor is over, or there is at least one quota
+/// descriptor and all of them are over.
+fn overall_code(statuses: &[Status], quota: &[bool]) -> Code {
+    let over = |i: usize| statuses[i].code == Code::OverLimit;
+    let non_quota_over = (0..statuses.len()).any(|i| !quota[i] && over(i));
+    let quota_count = quota.iter().filter(|q| **q).count();
+    let all_quota_over = quota_count > 0 && (0..statuses.len()).all(|i| !quota[i] || over(i));
+    if non_quota_over || all_quota_over {
+        Code::OverLimit
+    } else {
+        Code::Ok
     }
 }
 
@@ -934,39 +684,54 @@ fn counted_status<'d>(
     (status, Some((quota, d)))
 }
 
-/// The Go service's header choice: the status with the least remaining among those with a
-/// current limit, unless a non-quota descriptor is over, in which case the last such one.
-fn rate_limit_headers(
-    names: &HeaderNames,
-    statuses: &[Status],
-    quota: &[bool],
-) -> Vec<(String, String)> {
-    let mut chosen: Option<&Status> = None;
-    for s in statuses.iter().filter(|s| s.current_limit.is_some()) {
-        if chosen.is_none_or(|c| s.limit_remaining < c.limit_remaining) {
-            chosen = Some(s);
+/// The values of the `RateLimit-*` headers: the limit, the remaining hits and the seconds to
+/// the reset of the one status they describe. The one header rule of every adapter: gRPC and
+/// `/json` send them under LIMIT_*_HEADER's names ([`RateLimitHeaders::named`]) when
+/// LIMIT_RESPONSE_HEADERS_ENABLED is set, `/nginx` always under its fixed names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimitHeaders {
+    pub limit: u32,
+    pub remaining: u32,
+    pub reset_secs: u64,
+}
+
+impl RateLimitHeaders {
+    /// envoyproxy/ratelimit's choice (`shouldRateLimitWorker`): among the statuses with a
+    /// current limit, the one with the least remaining (the first on a tie, and only below
+    /// 4294967295), unless a non-quota descriptor is over, in which case the last such one.
+    /// It is made from the statuses alone, before SHADOW_MODE turns the overall code to OK,
+    /// and quota descriptors that are over never take the choice over.
+    pub fn describing(statuses: &[Status], quota: &[bool]) -> Option<Self> {
+        let last_non_quota_over = statuses
+            .iter()
+            .zip(quota)
+            .rev()
+            .find(|(s, q)| !**q && s.code == Code::OverLimit)
+            .map(|(s, _)| s);
+        let mut least: Option<&Status> = None;
+        for s in statuses.iter().filter(|s| s.current_limit.is_some()) {
+            let bound = least.map_or(u32::MAX, |c| c.limit_remaining);
+            if s.limit_remaining < bound {
+                least = Some(s);
+            }
         }
+        let s = last_non_quota_over.or(least)?;
+        let limit = s.current_limit.as_ref()?;
+        Some(RateLimitHeaders {
+            limit: limit.requests_per_unit,
+            remaining: s.limit_remaining,
+            reset_secs: s.duration_until_reset_secs.unwrap_or(0),
+        })
     }
-    if let Some(last_over) = statuses
-        .iter()
-        .zip(quota)
-        .rev()
-        .find(|(s, q)| !**q && s.code == Code::OverLimit)
-    {
-        chosen = Some(last_over.0);
+
+    /// The headers under LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER.
+    pub fn named(&self, names: &HeaderNames) -> Vec<(String, String)> {
+        vec![
+            (names.limit.clone(), self.limit.to_string()),
+            (names.remaining.clone(), self.remaining.to_string()),
+            (names.reset.clone(), self.reset_secs.to_string()),
+        ]
     }
-    let Some(s) = chosen else { return Vec::new() };
-    let Some(limit) = &s.current_limit else {
-        return Vec::new();
-    };
-    vec![
-        (names.limit.clone(), limit.requests_per_unit.to_string()),
-        (names.remaining.clone(), s.limit_remaining.to_string()),
-        (
-            names.reset.clone(),
-            s.duration_until_reset_secs.unwrap_or(0).to_string(),
-        ),
-    ]
 }
 
 #[cfg(test)]

@@ -997,7 +997,10 @@ impl CounterStore for TracedFailingStore {
 
 #[tokio::test]
 async fn a_traced_backend_failure_gives_error_spans_parent_and_child() {
-    use crate::telemetry::otlp::SpanContext;
+    use crate::telemetry::observer::SPAN_NAME;
+    use crate::telemetry::otlp::trace::{SpanKind, Value};
+    use crate::telemetry::otlp::{RequestTrace, SpanContext, Tracer, Transport};
+    use crate::telemetry::{DecisionTelemetry, Stats};
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
     let cfg = parse_files(&[("d.yaml".into(), yaml.into())], &LoadOptions::default()).unwrap();
     let (tracer, mut rx) = Tracer::new(0.0, 16);
@@ -1007,7 +1010,10 @@ async fn a_traced_backend_failure_gives_error_spans_parent_and_child() {
         Arc::new(ManualClock::new(Timestamp::from_secs(1_000))),
         ServiceOptions::default(),
     )
-    .with_tracer(Arc::new(tracer));
+    .with_observer(Arc::new(DecisionTelemetry::new(
+        Arc::new(Stats::default()),
+        Arc::new(tracer),
+    )));
     let request = Request {
         domain: "d".into(),
         descriptors: vec![Descriptor {
@@ -1064,4 +1070,108 @@ async fn a_traced_backend_failure_gives_error_spans_parent_and_child() {
             .contains(&("error.type", Value::Static("redis_error")))
     );
     assert!(rx.try_recv().is_err());
+}
+
+/// A memory store whose every call takes `secs` on a manual clock.
+struct SlowStore {
+    inner: MemoryStore,
+    clock: ManualClock,
+    secs: u64,
+}
+
+impl CounterStore for SlowStore {
+    async fn apply<'a>(
+        &'a self,
+        now: crate::clock::Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        self.clock.advance_secs(self.secs);
+        self.inner.apply(now, hits, out).await
+    }
+
+    async fn refund<'a>(
+        &'a self,
+        now: crate::clock::Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> Result<(), StoreError> {
+        self.inner.refund(now, hits).await
+    }
+}
+
+/// What an observer was told, in its order.
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<String>>);
+
+impl observe::Observer for Recorder {
+    fn counts(&self) -> bool {
+        true
+    }
+    fn call_done(&self, call: &observe::CallReport<'_>, span: Option<observe::Span>) {
+        let code = call.result.as_ref().map(|r| r.overall_code);
+        let line = format!(
+            "call {} {code:?} {:?} {}",
+            call.request.domain,
+            call.elapsed,
+            span.is_some()
+        );
+        self.0.lock().unwrap().push(line);
+    }
+    fn descriptor_decided(&self, r: &observe::DescriptorReport<'_>) {
+        let key = match r.key {
+            observe::StatsKey::Limit { full_key, .. } => format!("limit {full_key}"),
+            observe::StatsKey::Request(key) => format!("request {key}"),
+        };
+        let line = format!(
+            "descriptor {key} {}/{} over={}",
+            r.count_after, r.limit, r.over
+        );
+        self.0.lock().unwrap().push(line);
+    }
+    fn domain_not_found(&self, domain: &str) {
+        self.0.lock().unwrap().push(format!("not found {domain}"));
+    }
+}
+
+/// The decision reports to its observer in domain terms, and times itself by the injected
+/// clock: a store call that takes 3 s of manual time makes a call of 3 s.
+#[tokio::test]
+async fn the_observer_hears_each_decision_timed_by_the_injected_clock() {
+    let h = harness();
+    let store = SlowStore {
+        inner: MemoryStore::new(100),
+        clock: h.clock.clone(),
+        secs: 3,
+    };
+    let recorder = Arc::new(Recorder::default());
+    let service = RateLimitService::new(
+        h.config.clone(),
+        Arc::new(store),
+        Arc::new(h.clock.clone()),
+        ServiceOptions::default(),
+    )
+    .with_observer(recorder.clone());
+    let mut overridden = desc(&[("any", "x")]);
+    overridden.limit_override = Some(LimitOverride {
+        requests_per_unit: 7,
+        unit: Unit::Minute,
+    });
+    service
+        .should_rate_limit(req("test", vec![desc(&[("key2", "a")]), overridden]))
+        .await
+        .unwrap();
+    service
+        .should_rate_limit(req("nope", vec![desc(&[("key2", "a")])]))
+        .await
+        .unwrap();
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        vec![
+            "descriptor limit test.key2 1/20 over=false",
+            "descriptor request test.any_x 1/7 over=false",
+            "call test Ok(Ok) 3s false",
+            "not found nope",
+            "call nope Ok(Ok) 0ns false",
+        ]
+    );
 }

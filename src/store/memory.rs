@@ -29,8 +29,7 @@ use portable_atomic::AtomicU128;
 
 use super::{CounterStore, Hit, StoreError};
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::fixed_window::{self, Decision};
-use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
+use crate::limiter::{self, CounterKind, Decision, Unit, fixed_window};
 
 type Table<W> = DashMap<Box<str>, W, foldhash::fast::RandomState>;
 
@@ -108,16 +107,26 @@ struct Reservation {
     used: Room,
 }
 
-/// A counter's state word: an atomic the limiter's pure functions read and replace.
+/// A counter's state word: an atomic the limiter's pure functions read and replace. The
+/// limiter's dispatch ([`limiter::counter`]) takes every word widened to `u128`.
 trait StateWord: Send + Sync + 'static {
-    type Raw: Copy + Eq;
+    type Raw: Copy + Eq + Default;
     fn new(raw: Self::Raw) -> Self;
     fn load(&self) -> Self::Raw;
     fn swap_if(&self, current: Self::Raw, new: Self::Raw) -> Result<(), Self::Raw>;
+    fn widen(raw: Self::Raw) -> u128;
+    /// The inverse of `widen` for the words the limiter makes for this table's kinds.
+    fn narrow(wide: u128) -> Self::Raw;
 }
 
 impl StateWord for AtomicU64 {
     type Raw = u64;
+    fn widen(raw: u64) -> u128 {
+        u128::from(raw)
+    }
+    fn narrow(wide: u128) -> u64 {
+        u64::try_from(wide).unwrap_or(u64::MAX)
+    }
     fn new(raw: u64) -> Self {
         AtomicU64::new(raw)
     }
@@ -132,6 +141,12 @@ impl StateWord for AtomicU64 {
 
 impl StateWord for AtomicU128 {
     type Raw = u128;
+    fn widen(raw: u128) -> u128 {
+        raw
+    }
+    fn narrow(wide: u128) -> u128 {
+        wide
+    }
     fn new(raw: u128) -> Self {
         AtomicU128::new(raw)
     }
@@ -142,6 +157,14 @@ impl StateWord for AtomicU128 {
         self.compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Acquire)
             .map(|_| ())
     }
+}
+
+/// [`charge`] with a step on the widened word.
+fn charge_wide<W: StateWord, T>(word: &W, step: impl Fn(u128) -> (T, u128)) -> T {
+    charge(word, |s| {
+        let (result, next) = step(W::widen(s));
+        (result, W::narrow(next))
+    })
 }
 
 /// The compare-and-swap loop around a pure algorithm step: `step` maps the current state to
@@ -160,49 +183,6 @@ fn charge<W: StateWord, T>(word: &W, step: impl Fn(W::Raw) -> (T, W::Raw)) -> T 
     }
 }
 
-/// Which table a counter lives in: its algorithm's, and for the windows its unit's. Used by
-/// code that reads or merges whole counter states rather than charging hits (the peer
-/// cluster's write-behind, [`crate::cluster::durable`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CounterKind {
-    Fixed(Unit),
-    Sliding(Unit),
-    /// Token and leaky buckets share one table: both keep a theoretical arrival time.
-    Bucket,
-}
-
-impl CounterKind {
-    /// How many kinds there are: [`CounterKind::index`] is below this.
-    pub const COUNT: usize = 15;
-
-    pub const fn of(algorithm: Algorithm, unit: Unit) -> Self {
-        match algorithm {
-            Algorithm::FixedWindow => CounterKind::Fixed(unit),
-            Algorithm::SlidingWindow => CounterKind::Sliding(unit),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => CounterKind::Bucket,
-        }
-    }
-
-    /// A dense index in `0..COUNT`.
-    pub const fn index(self) -> usize {
-        match self {
-            CounterKind::Fixed(u) => u.index(),
-            CounterKind::Sliding(u) => 7 + u.index(),
-            CounterKind::Bucket => 14,
-        }
-    }
-
-    /// The inverse of [`CounterKind::index`].
-    pub const fn from_index(i: usize) -> Option<Self> {
-        match i {
-            0..7 => Some(CounterKind::Fixed(Unit::ALL[i])),
-            7..14 => Some(CounterKind::Sliding(Unit::ALL[i - 7])),
-            14 => Some(CounterKind::Bucket),
-            _ => None,
-        }
-    }
-}
-
 /// Counters of what the store did, for telemetry.
 #[derive(Debug, Default)]
 pub struct MemoryStats {
@@ -211,6 +191,22 @@ pub struct MemoryStats {
     pub rejected_full: AtomicU64,
     /// Counters removed by the sweeper.
     pub swept: AtomicU64,
+}
+
+/// A kind's table: of 64-bit words (fixed windows, buckets) or of 128-bit ones (sliding).
+enum TableRef<'a> {
+    Narrow(&'a Table<AtomicU64>),
+    Wide(&'a Table<AtomicU128>),
+}
+
+/// Runs `$body` on a kind's table, whichever its word type (the body is generic over it).
+macro_rules! with_table {
+    ($inner:expr, $kind:expr, |$table:ident| $body:expr) => {
+        match $inner.table($kind) {
+            TableRef::Narrow($table) => $body,
+            TableRef::Wide($table) => $body,
+        }
+    };
 }
 
 struct Inner {
@@ -315,36 +311,20 @@ impl MemoryStore {
 
     /// The raw state word of a counter (a `u64` word widened), if it exists.
     pub fn state(&self, kind: CounterKind, key: &str) -> Option<u128> {
-        let inner = &*self.inner;
-        match kind {
-            CounterKind::Fixed(u) => inner.fixed[u.index()]
-                .get(key)
-                .map(|w| u128::from(StateWord::load(&*w))),
-            CounterKind::Sliding(u) => inner.sliding[u.index()]
-                .get(key)
-                .map(|w| StateWord::load(&*w)),
-            CounterKind::Bucket => inner
-                .buckets
-                .get(key)
-                .map(|w| u128::from(StateWord::load(&*w))),
-        }
+        with_table!(self.inner, kind, |table| table
+            .get(key)
+            .map(|w| widen_of(&*w, StateWord::load(&*w))))
     }
 
-    /// Whether a counter holds anything at `now`: a count of the current window (fixed), of the
-    /// current or previous one (sliding), or a bucket not at rest. (A counter that only
-    /// answered peeks holds nothing.)
+    /// Whether a counter holds anything at `now` ([`CounterKind::holds`]).
     pub fn holds(&self, kind: CounterKind, key: &str, now: Timestamp) -> bool {
-        self.state(kind, key).is_some_and(|s| match kind {
-            CounterKind::Fixed(u) => fixed_window::current_count(s as u64, now.secs(), u) > 0,
-            CounterKind::Sliding(u) => sliding_window::counts_at(s, now.micros(), u) != (0, 0),
-            CounterKind::Bucket => !bucket::is_stale(s as u64, now.micros()),
-        })
+        self.state(kind, key).is_some_and(|s| kind.holds(s, now))
     }
 
     /// Merges a state kept elsewhere (another owner's, through Redis) into a counter, creating
-    /// it if needed: the larger count per window, the later bucket arrival time. Never lowers
-    /// a count. A new counter needs room like any other ([`StoreError::Full`],
-    /// [`StoreError::FullBytes`]).
+    /// it if needed: the larger count per window, the later bucket arrival time
+    /// ([`CounterKind::merge_max`]). Never lowers a count. A new counter needs room like any
+    /// other ([`StoreError::Full`], [`StoreError::FullBytes`]).
     pub fn merge_max(
         &self,
         kind: CounterKind,
@@ -353,18 +333,8 @@ impl MemoryStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let inner = &*self.inner;
-        let narrow = |s: u128| u64::try_from(s).unwrap_or(u64::MAX);
-        match kind {
-            CounterKind::Fixed(u) => inner.merge_in(&inner.fixed[u.index()], key, |s| {
-                fixed_window::merge_max(s, narrow(other), now.secs(), u)
-            }),
-            CounterKind::Sliding(u) => inner.merge_in(&inner.sliding[u.index()], key, |s| {
-                sliding_window::merge_max(s, other, now.micros(), u)
-            }),
-            CounterKind::Bucket => {
-                inner.merge_in(&inner.buckets, key, |s: u64| s.max(narrow(other)))
-            }
-        }
+        with_table!(inner, kind, |table| inner
+            .merge_in(table, key, |s| { kind.merge_max(s, other, now) }))
     }
 
     fn apply_now(
@@ -415,6 +385,15 @@ impl Inner {
         charged
     }
 
+    /// The table a kind's counters live in.
+    fn table(&self, kind: CounterKind) -> TableRef<'_> {
+        match kind {
+            CounterKind::Fixed(u) => TableRef::Narrow(&self.fixed[u.index()]),
+            CounterKind::Sliding(u) => TableRef::Wide(&self.sliding[u.index()]),
+            CounterKind::Bucket => TableRef::Narrow(&self.buckets),
+        }
+    }
+
     /// Charges one hit, creating its counter if needed.
     fn apply_one(
         &self,
@@ -423,53 +402,23 @@ impl Inner {
         room: &mut Reservation,
     ) -> Result<Decision, StoreError> {
         let q = hit.quota;
-        match q.algorithm {
-            Algorithm::FixedWindow => {
-                self.apply_in(&self.fixed[q.unit.index()], hit.key, room, |s| {
-                    fixed_window::decide(s, now.secs(), q.unit, q.requests_per_unit, hit.hits)
-                })
-            }
-            Algorithm::SlidingWindow => {
-                self.apply_in(&self.sliding[q.unit.index()], hit.key, room, |s| {
-                    sliding_window::decide(s, now.micros(), q.unit, q.requests_per_unit, hit.hits)
-                })
-            }
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                self.apply_in(&self.buckets, hit.key, room, |s| {
-                    bucket::decide(s, now.micros(), &q, hit.hits)
-                })
-            }
-        }
+        let step = |s| limiter::counter::decide(&q, s, now, hit.hits);
+        with_table!(self, CounterKind::of_quota(&q), |table| self
+            .apply_in(table, hit.key, room, step))
     }
 
     /// Charges a hit whose counter exists; `None` if it does not.
     fn charge_existing(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Decision> {
         let q = hit.quota;
-        match q.algorithm {
-            Algorithm::FixedWindow => self.fixed[q.unit.index()].get(hit.key).map(|w| {
-                charge(&*w, |s| {
-                    fixed_window::decide(s, now.secs(), q.unit, q.requests_per_unit, hit.hits)
-                })
-            }),
-            Algorithm::SlidingWindow => self.sliding[q.unit.index()].get(hit.key).map(|w| {
-                charge(&*w, |s| {
-                    sliding_window::decide(s, now.micros(), q.unit, q.requests_per_unit, hit.hits)
-                })
-            }),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => self
-                .buckets
-                .get(hit.key)
-                .map(|w| charge(&*w, |s| bucket::decide(s, now.micros(), &q, hit.hits))),
-        }
+        let step = |s| limiter::counter::decide(&q, s, now, hit.hits);
+        with_table!(self, CounterKind::of_quota(&q), |table| table
+            .get(hit.key)
+            .map(|w| charge_wide(&*w, step)))
     }
 
     fn contains(&self, hit: &Hit<'_>) -> bool {
-        let q = hit.quota;
-        match q.algorithm {
-            Algorithm::FixedWindow => self.fixed[q.unit.index()].contains_key(hit.key),
-            Algorithm::SlidingWindow => self.sliding[q.unit.index()].contains_key(hit.key),
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => self.buckets.contains_key(hit.key),
-        }
+        with_table!(self, CounterKind::of_quota(&hit.quota), |table| table
+            .contains_key(hit.key))
     }
 
     /// Charges one counter of `table`, creating it (from the zero state, which every
@@ -479,17 +428,14 @@ impl Inner {
         table: &Table<W>,
         key: &str,
         room: &mut Reservation,
-        step: impl Fn(W::Raw) -> (Decision, W::Raw),
-    ) -> Result<Decision, StoreError>
-    where
-        W::Raw: Default,
-    {
+        step: impl Fn(u128) -> (Decision, u128),
+    ) -> Result<Decision, StoreError> {
         // Read path first: an existing counter needs only a shard read lock.
         if let Some(word) = table.get(key) {
-            return Ok(charge(&*word, step));
+            return Ok(charge_wide(&*word, step));
         }
         match table.entry(Box::from(key)) {
-            Entry::Occupied(e) => Ok(charge(e.get(), step)),
+            Entry::Occupied(e) => Ok(charge_wide(e.get(), step)),
             Entry::Vacant(e) => {
                 let used = room.used.add(Room::of(key));
                 // A counter swept between the reservation and here (or one longer than those
@@ -498,8 +444,8 @@ impl Inner {
                 self.reserve(short)?;
                 room.reserved = room.reserved.add(short);
                 room.used = used;
-                let (decision, state) = step(W::Raw::default());
-                e.insert(W::new(state));
+                let (decision, state) = step(W::widen(W::Raw::default()));
+                e.insert(W::new(W::narrow(state)));
                 Ok(decision)
             }
         }
@@ -510,11 +456,8 @@ impl Inner {
         &self,
         table: &Table<W>,
         key: &str,
-        merge: impl Fn(W::Raw) -> W::Raw,
-    ) -> Result<(), StoreError>
-    where
-        W::Raw: Default,
-    {
+        merge: impl Fn(u128) -> u128,
+    ) -> Result<(), StoreError> {
         if let Some(word) = table.get(key) {
             update(&*word, merge);
             return Ok(());
@@ -523,7 +466,7 @@ impl Inner {
             Entry::Occupied(e) => update(e.get(), merge),
             Entry::Vacant(e) => {
                 self.reserve(Room::of(key))?;
-                e.insert(W::new(merge(W::Raw::default())));
+                e.insert(W::new(W::narrow(merge(W::widen(W::Raw::default())))));
             }
         }
         Ok(())
@@ -563,18 +506,12 @@ impl Inner {
 
     fn sweep(&self, now: Timestamp) -> usize {
         let mut removed = Room::default();
-        let mut sweep = |table_removed: Room| removed = removed.add(table_removed);
-        for unit in Unit::ALL {
-            sweep(retain(&self.fixed[unit.index()], |s| {
-                !fixed_window::is_stale(s, now.secs(), unit)
-            }));
-            sweep(retain(&self.sliding[unit.index()], |s| {
-                !sliding_window::is_stale(s, now.micros(), unit)
-            }));
+        // Every kind once: the bucket kind is the buckets' one table.
+        for kind in (0..CounterKind::COUNT).filter_map(CounterKind::from_index) {
+            let gone = with_table!(self, kind, |table| retain(table, |s| !kind
+                .is_stale(s, now)));
+            removed = removed.add(gone);
         }
-        sweep(retain(&self.buckets, |s| {
-            !bucket::is_stale(s, now.micros())
-        }));
         self.release(removed);
         self.stats
             .swept
@@ -592,11 +529,11 @@ fn take(total: &AtomicUsize, n: usize, max: usize) -> bool {
         .is_ok()
 }
 
-/// Keeps the counters whose state passes `keep`; returns the room the others took.
-fn retain<W: StateWord>(table: &Table<W>, keep: impl Fn(W::Raw) -> bool) -> Room {
+/// Keeps the counters whose (widened) state passes `keep`; returns the room the others took.
+fn retain<W: StateWord>(table: &Table<W>, keep: impl Fn(u128) -> bool) -> Room {
     let mut removed = Room::default();
     table.retain(|key, w| {
-        let k = keep(w.load());
+        let k = keep(W::widen(w.load()));
         if !k {
             removed = removed.add(Room::of(key));
         }
@@ -611,28 +548,24 @@ impl MemoryStore {
         for hit in hits {
             let q = hit.quota;
             // A counter swept in between has nothing left to give back.
-            match q.algorithm {
-                Algorithm::FixedWindow => {}
-                Algorithm::SlidingWindow => {
-                    if let Some(word) = inner.sliding[q.unit.index()].get(hit.key) {
-                        update(&*word, |s| {
-                            sliding_window::refund(s, now.micros(), q.unit, hit.hits)
-                        });
-                    }
+            let step = |s| limiter::counter::refund(&q, s, now, hit.hits);
+            with_table!(inner, CounterKind::of_quota(&q), |table| {
+                if let Some(word) = table.get(hit.key) {
+                    update(&*word, step);
                 }
-                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                    if let Some(word) = inner.buckets.get(hit.key) {
-                        update(&*word, |s| bucket::refund(s, &q, hit.hits));
-                    }
-                }
-            }
+            });
         }
     }
 }
 
-/// A state change that decides nothing (a refund).
-fn update<W: StateWord>(word: &W, step: impl Fn(W::Raw) -> W::Raw) {
-    charge(word, |s| ((), step(s)));
+/// A state change that decides nothing (a refund, a merge), on the widened word.
+fn update<W: StateWord>(word: &W, step: impl Fn(u128) -> u128) {
+    charge_wide(word, |s| ((), step(s)));
+}
+
+/// A loaded word widened (the word only names its type).
+fn widen_of<W: StateWord>(_word: &W, raw: W::Raw) -> u128 {
+    W::widen(raw)
 }
 
 impl CounterStore for MemoryStore {
@@ -660,7 +593,7 @@ mod tests {
     use std::num::NonZeroU32;
 
     use super::*;
-    use crate::limiter::Quota;
+    use crate::limiter::{Algorithm, Quota};
 
     fn hit(key: &str, limit: u32, hits: u64) -> Hit<'_> {
         Hit {

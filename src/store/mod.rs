@@ -18,10 +18,9 @@ mod redis_target;
 use std::future::Future;
 
 use crate::clock::Timestamp;
-use crate::limiter::fixed_window::Decision;
-use crate::limiter::{Quota, Unit};
+use crate::limiter::{Decision, Quota, Unit};
 
-pub use memory::{CounterKind, MemoryLimits, MemoryStore};
+pub use memory::{MemoryLimits, MemoryStore};
 pub use redis::{RedisLink, RedisStore};
 
 /// One counter to charge: the key stem (envoyproxy/ratelimit's cache key without the trailing

@@ -50,8 +50,8 @@ use super::redis_breaker::Readiness;
 use super::redis_target::{Target, TargetOptions, run_within};
 use super::{CounterStore, Hit, MemoryLimits, StoreError, go_cache_key};
 use crate::clock::Timestamp;
-use crate::limiter::fixed_window::{self, Decision};
 use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
+use crate::limiter::{Decision, fixed_window};
 
 pub use super::redis_breaker::{BreakerSettings, BreakerStats};
 pub use super::redis_client::{RedisTarget, RedisTls, RedisTopology, StartupBackoff};

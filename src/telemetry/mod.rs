@@ -1,5 +1,8 @@
 //! Telemetry: metrics, logs, and the bounds that keep both cheap.
 //!
+//! - [`observer`]: [`DecisionTelemetry`], the decision's observer
+//!   ([`crate::service::observe::Observer`]): what the service reports becomes the stats, spans
+//!   and logs below; the service itself knows none of their formats.
 //! - [`stats`]: the counters (envoyproxy/ratelimit's per-limit stats and arithmetic, service
 //!   counters, the decision-latency histogram) with a hard cap on distinct keys.
 //! - [`prometheus`]: the text exposition served at `/metrics`.
@@ -11,6 +14,7 @@
 //!   through a [`LogLimiter`].
 
 mod logs;
+pub mod observer;
 pub mod otlp;
 pub mod prometheus;
 pub mod stats;
@@ -21,7 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use logs::{LogFormat, LogLevel};
-pub use stats::{Stats, StatsOptions, StatsSlot};
+pub use observer::DecisionTelemetry;
+pub use stats::{Stats, StatsOptions};
 
 /// What [`crate::app::App`] needs to know about telemetry.
 #[derive(Clone, Debug, PartialEq)]

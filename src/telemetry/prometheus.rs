@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::stats::{LimitCounters, Stats};
 
@@ -145,12 +146,9 @@ const STAT_HELP: [&str; 6] = [
     "Over-limit hits answered from the local over-limit cache.",
 ];
 
-/// Renders every metric.
-pub fn render(stats: &Stats, extra: &Extra) -> String {
-    let mut out = String::with_capacity(4096);
-
-    // Per-limit stats, summed per label set (keys deeper than two levels, and keys that
-    // sanitise to the same name, share a series).
+/// Per-limit stats, summed per label set (keys deeper than two levels, and keys that sanitise
+/// to the same name, share a series). The OTLP metrics read the same series.
+pub(crate) fn limit_series(stats: &Stats) -> BTreeMap<LabelSet, [u64; 6]> {
     let mut series: BTreeMap<LabelSet, [u64; 6]> = BTreeMap::new();
     for entry in stats.entries() {
         let values = entry.counters.values();
@@ -159,9 +157,43 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
             *s += v;
         }
     }
+    series
+}
+
+fn load(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
+/// Renders every metric.
+pub fn render(stats: &Stats, extra: &Extra) -> String {
+    let mut out = String::with_capacity(4096);
+    render_limits(&mut out, stats);
+    render_calls(&mut out, stats);
+    render_latency(&mut out, stats);
+    render_service_counters(&mut out, stats, extra);
+    render_stats_keys(&mut out, stats);
+    if let Some(m) = extra.memory {
+        render_memory(&mut out, m);
+    }
+    if let Some(c) = &extra.cluster {
+        render_cluster(&mut out, c);
+    }
+    redis_breakers(&mut out, &extra.redis);
+    for (name, help, value) in &extra.tracing {
+        let name = format!("{name}_total");
+        header(&mut out, &name, "counter", help);
+        sample(&mut out, &name, &[], *value);
+    }
+    render_listeners(&mut out, extra);
+    out
+}
+
+/// `ratelimit_service_rate_limit_<stat>{domain, key1, key2}`, one family per stat.
+fn render_limits(out: &mut String, stats: &Stats) {
+    let series = limit_series(stats);
     for (i, stat) in LimitCounters::NAMES.iter().enumerate() {
         let name = format!("ratelimit_service_rate_limit_{stat}");
-        header(&mut out, &name, "untyped", STAT_HELP[i]);
+        header(out, &name, "untyped", STAT_HELP[i]);
         for ((domain, key1, key2), values) in &series {
             let mut labels = vec![("domain", domain.as_str())];
             if let Some(k) = key1 {
@@ -170,13 +202,16 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
             if let Some(k) = key2 {
                 labels.push(("key2", k));
             }
-            sample(&mut out, &name, &labels, values[i]);
+            sample(out, &name, &labels, values[i]);
         }
     }
+}
 
+/// Unknown domains, failed calls and all calls.
+fn render_calls(out: &mut String, stats: &Stats) {
     let name = "ratelimit_service_rate_limit_domain_not_found";
     header(
-        &mut out,
+        out,
         name,
         "untyped",
         "Requests for a domain no config declares.",
@@ -184,43 +219,40 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
     let mut not_found = stats.domains_not_found();
     not_found.sort();
     for (domain, n) in &not_found {
-        sample(&mut out, name, &[("domain", domain)], n);
+        sample(out, name, &[("domain", domain)], n);
     }
 
     let svc = &stats.service;
-    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     let name = "ratelimit_service_should_rate_limit_error";
-    header(
-        &mut out,
-        name,
-        "untyped",
-        "ShouldRateLimit calls that failed.",
-    );
+    header(out, name, "untyped", "ShouldRateLimit calls that failed.");
     sample(
-        &mut out,
+        out,
         name,
         &[("err_type", "redis_error")],
         load(&svc.redis_error),
     );
     sample(
-        &mut out,
+        out,
         name,
         &[("err_type", "service_error")],
         load(&svc.service_error),
     );
 
     let name = "ratelimit_service_total_requests";
-    header(&mut out, name, "untyped", "ShouldRateLimit calls.");
+    header(out, name, "untyped", "ShouldRateLimit calls.");
     sample(
-        &mut out,
+        out,
         name,
         &[("grpc_method", "ShouldRateLimit")],
         load(&svc.total_requests),
     );
+}
 
+/// The decision-latency histogram.
+fn render_latency(out: &mut String, stats: &Stats) {
     let name = "ratelimit_service_response_time_seconds";
     header(
-        &mut out,
+        out,
         name,
         "histogram",
         "Time to decide a ShouldRateLimit call.",
@@ -230,31 +262,34 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
     for (le, count) in &h.buckets {
         let le = le.to_string();
         sample(
-            &mut out,
+            out,
             &bucket,
             &[("grpc_method", "ShouldRateLimit"), ("le", &le)],
             count,
         );
     }
     sample(
-        &mut out,
+        out,
         &bucket,
         &[("grpc_method", "ShouldRateLimit"), ("le", "+Inf")],
         h.count,
     );
     sample(
-        &mut out,
+        out,
         &format!("{name}_sum"),
         &[("grpc_method", "ShouldRateLimit")],
         h.sum_secs,
     );
     sample(
-        &mut out,
+        out,
         &format!("{name}_count"),
         &[("grpc_method", "ShouldRateLimit")],
         h.count,
     );
+}
 
+/// Config loads and global shadow mode.
+fn render_service_counters(out: &mut String, stats: &Stats, extra: &Extra) {
     for (name, help, value) in [
         (
             "ratelimit_service_config_load_success",
@@ -269,131 +304,129 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
         (
             "ratelimit_service_global_shadow_mode",
             "OVER_LIMIT answers turned OK by SHADOW_MODE.",
-            load(&svc.global_shadow_mode),
+            load(&stats.service.global_shadow_mode),
         ),
     ] {
-        header(&mut out, name, "untyped", help);
-        sample(&mut out, name, &[], value);
+        header(out, name, "untyped", help);
+        sample(out, name, &[], value);
     }
+}
 
+/// The stats key cap and what it folded.
+fn render_stats_keys(out: &mut String, stats: &Stats) {
     let name = "sluice_stats_keys";
     header(
-        &mut out,
+        out,
         name,
         "gauge",
         "Distinct per-limit stats keys and unknown domains held (capped by SLUICE_MAX_STAT_KEYS).",
     );
-    sample(&mut out, name, &[], stats.key_count());
+    sample(out, name, &[], stats.key_count());
     let name = "sluice_stats_keys_max";
-    header(&mut out, name, "gauge", "SLUICE_MAX_STAT_KEYS.");
-    sample(&mut out, name, &[], stats.options().max_keys);
+    header(out, name, "gauge", "SLUICE_MAX_STAT_KEYS.");
+    sample(out, name, &[], stats.options().max_keys);
     let name = "sluice_stats_folded_total";
     header(
-        &mut out,
+        out,
         name,
         "counter",
         "Records folded into the _overflow_ series because the stats key cap was reached.",
     );
-    sample(&mut out, name, &[], load(&svc.folded));
+    sample(out, name, &[], load(&stats.service.folded));
+}
 
-    if let Some(m) = extra.memory {
-        for (name, kind, help, value) in [
-            (
-                "sluice_memory_live_counters",
-                "gauge",
-                "Counters held by the memory store.",
-                m.live_counters,
-            ),
-            (
-                "sluice_memory_max_counters",
-                "gauge",
-                "SLUICE_MAX_COUNTERS.",
-                m.max_counters,
-            ),
-            (
-                "sluice_memory_used_bytes",
-                "gauge",
-                "Bytes the memory store's counters are accounted (keys plus a fixed overhead each).",
-                m.counter_bytes,
-            ),
-            (
-                "sluice_memory_budget_bytes",
-                "gauge",
-                "SLUICE_MAX_COUNTER_BYTES.",
-                m.max_counter_bytes,
-            ),
-            (
-                "sluice_memory_rejected_full_total",
-                "counter",
-                "Requests refused because the memory store was full (in count or in bytes).",
-                m.rejected_full,
-            ),
-            (
-                "sluice_memory_swept_total",
-                "counter",
-                "Expired counters removed by the sweeper.",
-                m.swept,
-            ),
-        ] {
-            header(&mut out, name, kind, help);
-            sample(&mut out, name, &[], value);
-        }
-    }
-    if let Some(c) = &extra.cluster {
-        for (name, help, value) in [
-            (
-                "sluice_cluster_local_hits_total",
-                "Hits applied to counters this node owns.",
-                c.local_hits,
-            ),
-            (
-                "sluice_cluster_forwarded_hits_total",
-                "Hits forwarded to their owner on another peer.",
-                c.forwarded_hits,
-            ),
-            (
-                "sluice_cluster_peer_calls_total",
-                "Calls to peers carrying forwarded hits (batches).",
-                c.peer_calls,
-            ),
-            (
-                "sluice_cluster_failed_forwards_total",
-                "Forwards that failed and were retried on the next owner.",
-                c.failed_forwards,
-            ),
-        ] {
-            header(&mut out, name, "counter", help);
-            sample(&mut out, name, &[], value);
-        }
-        for (stat, value) in &c.durable {
-            let name = format!("sluice_cluster_durable_{stat}_total");
-            header(
-                &mut out,
-                &name,
-                "counter",
-                "Peer cluster write-behind to Redis (see docs/cluster.md).",
-            );
-            sample(&mut out, &name, &[], *value);
-        }
-        let name = "sluice_cluster_peer_up";
-        header(
-            &mut out,
-            name,
+/// The memory store's gauges and counters.
+fn render_memory(out: &mut String, m: MemoryGauges) {
+    for (name, kind, help, value) in [
+        (
+            "sluice_memory_live_counters",
             "gauge",
-            "1 when this node believes the peer is up.",
+            "Counters held by the memory store.",
+            m.live_counters,
+        ),
+        (
+            "sluice_memory_max_counters",
+            "gauge",
+            "SLUICE_MAX_COUNTERS.",
+            m.max_counters,
+        ),
+        (
+            "sluice_memory_used_bytes",
+            "gauge",
+            "Bytes the memory store's counters are accounted (keys plus a fixed overhead each).",
+            m.counter_bytes,
+        ),
+        (
+            "sluice_memory_budget_bytes",
+            "gauge",
+            "SLUICE_MAX_COUNTER_BYTES.",
+            m.max_counter_bytes,
+        ),
+        (
+            "sluice_memory_rejected_full_total",
+            "counter",
+            "Requests refused because the memory store was full (in count or in bytes).",
+            m.rejected_full,
+        ),
+        (
+            "sluice_memory_swept_total",
+            "counter",
+            "Expired counters removed by the sweeper.",
+            m.swept,
+        ),
+    ] {
+        header(out, name, kind, help);
+        sample(out, name, &[], value);
+    }
+}
+
+/// The peer cluster's counters, write-behind counters and peers.
+fn render_cluster(out: &mut String, c: &ClusterGauges) {
+    for (name, help, value) in [
+        (
+            "sluice_cluster_local_hits_total",
+            "Hits applied to counters this node owns.",
+            c.local_hits,
+        ),
+        (
+            "sluice_cluster_forwarded_hits_total",
+            "Hits forwarded to their owner on another peer.",
+            c.forwarded_hits,
+        ),
+        (
+            "sluice_cluster_peer_calls_total",
+            "Calls to peers carrying forwarded hits (batches).",
+            c.peer_calls,
+        ),
+        (
+            "sluice_cluster_failed_forwards_total",
+            "Forwards that failed and were retried on the next owner.",
+            c.failed_forwards,
+        ),
+    ] {
+        header(out, name, "counter", help);
+        sample(out, name, &[], value);
+    }
+    for (stat, value) in &c.durable {
+        let name = format!("sluice_cluster_durable_{stat}_total");
+        header(
+            out,
+            &name,
+            "counter",
+            "Peer cluster write-behind to Redis (see docs/cluster.md).",
         );
-        for (peer, up) in &c.peers {
-            sample(&mut out, name, &[("peer", peer.as_str())], u64::from(*up));
-        }
+        sample(out, &name, &[], *value);
     }
-    redis_breakers(&mut out, &extra.redis);
-    for (name, help, value) in &extra.tracing {
-        let name = format!("{name}_total");
-        header(&mut out, &name, "counter", help);
-        sample(&mut out, &name, &[], *value);
+    let name = "sluice_cluster_peer_up";
+    header(
+        out,
+        name,
+        "gauge",
+        "1 when this node believes the peer is up.",
+    );
+    for (peer, up) in &c.peers {
+        sample(out, name, &[("peer", peer.as_str())], u64::from(*up));
     }
-    render_listeners(&mut out, extra);
-    out
 }
 
 /// The listeners' gauges and refusals, one series per listener (and reason).

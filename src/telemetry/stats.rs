@@ -14,11 +14,13 @@
 //! Counters live as long as the service, across config reloads: a reloaded limit with the same
 //! key finds the same counters, so exported counters never go backwards.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dashmap::DashMap;
+
+use crate::config::StatsSlot;
 
 /// The stats key that overflowed records are folded into. It sanitises to itself and splits
 /// into `domain="_overflow_"` alone.
@@ -163,31 +165,6 @@ impl LimitCounters {
         "shadow_mode",
         "over_limit_with_local_cache",
     ];
-}
-
-/// A compiled limit's cached link to its counters, filled on the first request that counts
-/// against it. It remembers which [`Stats`] filled it, so a config shared by two services
-/// (tests) never mixes their counters.
-#[derive(Default)]
-pub struct StatsSlot(OnceLock<(u64, Arc<Entry>)>);
-
-impl Clone for StatsSlot {
-    fn clone(&self) -> Self {
-        StatsSlot(self.0.clone())
-    }
-}
-
-impl std::fmt::Debug for StatsSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StatsSlot")
-    }
-}
-
-/// A cache, not part of a limit's value: two limits are equal whatever their slots hold.
-impl PartialEq for StatsSlot {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
 }
 
 /// One registered stats key: its sanitised name and its counters.
@@ -354,16 +331,13 @@ impl Stats {
             return;
         }
         let inc = increments(outcome, self.options.near_limit_ratio);
-        if let Some((id, entry)) = slot.0.get()
-            && *id == self.id
-        {
+        if let Some(entry) = slot.get(self.id).and_then(|l| l.downcast_ref::<Entry>()) {
             entry.counters.add(&inc);
             return;
         }
         let entry = self.entry(full_key);
         entry.counters.add(&inc);
-        // Another thread may have filled it meanwhile; both found the same entry.
-        let _ = slot.0.set((self.id, entry));
+        slot.fill(self.id, entry);
     }
 
     /// Records a decision against a stats key built from the request (`detailed_metric`,

@@ -28,7 +28,7 @@ use super::proto::{self, KeyValue};
 use super::trace::{SpanCounters, SpanRecord, Value};
 use super::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
 use crate::telemetry::LogLimiter;
-use crate::telemetry::prometheus::{Extra, label_set};
+use crate::telemetry::prometheus::{Extra, limit_series};
 use crate::telemetry::stats::{LATENCY_BUCKETS, LimitCounters, Stats};
 
 /// The largest collector answer read (its body is only checked for a status).
@@ -394,18 +394,27 @@ pub fn metrics_request(
     extra: &Extra,
     start: u64,
 ) -> proto::ExportMetricsServiceRequest {
-    let now = unix_nanos();
-    let t = (start, now);
-    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    let mut metrics = Vec::new();
-
-    let mut series: std::collections::BTreeMap<_, [u64; 6]> = Default::default();
-    for entry in stats.entries() {
-        let sums = series.entry(label_set(&entry.name)).or_default();
-        for (s, v) in sums.iter_mut().zip(entry.counters.values()) {
-            *s += v;
-        }
+    let t = (start, unix_nanos());
+    let mut metrics = limit_metrics(stats, t);
+    metrics.extend(call_metrics(stats, extra, t));
+    metrics.push(latency_metric(stats, t));
+    proto::ExportMetricsServiceRequest {
+        resource_metrics: vec![proto::ResourceMetrics {
+            resource: Some(resource.clone()),
+            scope_metrics: vec![proto::ScopeMetrics {
+                scope: Some(super::scope()),
+                metrics,
+                schema_url: String::new(),
+            }],
+            schema_url: String::new(),
+        }],
     }
+}
+
+/// `ratelimit_service_rate_limit_<stat>{domain, key1, key2}`, one sum per stat.
+fn limit_metrics(stats: &Stats, t: (u64, u64)) -> Vec<proto::Metric> {
+    let series = limit_series(stats);
+    let mut metrics = Vec::new();
     for (i, stat) in LimitCounters::NAMES.iter().enumerate() {
         let points = series
             .iter()
@@ -427,6 +436,18 @@ pub fn metrics_request(
             t,
         ));
     }
+    metrics
+}
+
+fn method() -> Vec<KeyValue> {
+    vec![KeyValue::string("grpc_method", "ShouldRateLimit")]
+}
+
+/// Unknown domains, failed and all calls, config loads, shadow mode, folded records and the
+/// tracer's counters.
+fn call_metrics(stats: &Stats, extra: &Extra, t: (u64, u64)) -> Vec<proto::Metric> {
+    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let mut metrics = Vec::new();
     let mut not_found = stats.domains_not_found();
     not_found.sort();
     metrics.push(sum(
@@ -439,22 +460,16 @@ pub fn metrics_request(
         t,
     ));
     let svc = &stats.service;
+    let errors = |kind: &str, value| (vec![KeyValue::string("err_type", kind)], value);
     metrics.push(sum(
         "ratelimit_service_should_rate_limit_error",
         "ShouldRateLimit calls that failed.",
         vec![
-            (
-                vec![KeyValue::string("err_type", "redis_error")],
-                load(&svc.redis_error),
-            ),
-            (
-                vec![KeyValue::string("err_type", "service_error")],
-                load(&svc.service_error),
-            ),
+            errors("redis_error", load(&svc.redis_error)),
+            errors("service_error", load(&svc.service_error)),
         ],
         t,
     ));
-    let method = || vec![KeyValue::string("grpc_method", "ShouldRateLimit")];
     metrics.push(sum(
         "ratelimit_service_total_requests",
         "ShouldRateLimit calls.",
@@ -488,8 +503,12 @@ pub fn metrics_request(
     for (name, description, value) in &extra.tracing {
         metrics.push(sum(name, description, vec![(Vec::new(), *value)], t));
     }
+    metrics
+}
 
-    // OTLP bucket counts are per bucket (not cumulative), one more than the bounds.
+/// The decision-latency histogram. OTLP bucket counts are per bucket (not cumulative), one
+/// more than the bounds.
+fn latency_metric(stats: &Stats, (start, now): (u64, u64)) -> proto::Metric {
     let h = stats.response_time.snapshot();
     let mut bucket_counts = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
     let mut previous = 0;
@@ -498,7 +517,7 @@ pub fn metrics_request(
         previous = *cumulative;
     }
     bucket_counts.push(h.count - previous);
-    metrics.push(proto::Metric {
+    proto::Metric {
         name: "ratelimit_service_response_time_seconds".to_owned(),
         description: "Time to decide a ShouldRateLimit call.".to_owned(),
         unit: "s".to_owned(),
@@ -515,18 +534,6 @@ pub fn metrics_request(
             }],
             aggregation_temporality: proto::TEMPORALITY_CUMULATIVE,
         })),
-    });
-
-    proto::ExportMetricsServiceRequest {
-        resource_metrics: vec![proto::ResourceMetrics {
-            resource: Some(resource.clone()),
-            scope_metrics: vec![proto::ScopeMetrics {
-                scope: Some(super::scope()),
-                metrics,
-                schema_url: String::new(),
-            }],
-            schema_url: String::new(),
-        }],
     }
 }
 

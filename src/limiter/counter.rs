@@ -1,0 +1,167 @@
+//! The algorithm dispatch, in one place: which state word a quota's counter keeps
+//! ([`CounterKind`]) and each algorithm's steps on that word. Every word is handed over widened
+//! to `u128` (a fixed window's and a bucket's fit in 64 bits, a sliding window's takes 128), so
+//! one signature serves every algorithm. Stores keep the words (the memory store in atomics,
+//! the cluster's write-behind in Redis) and call these instead of matching on [`Algorithm`].
+
+use super::{Algorithm, Decision, Quota, Unit, bucket, fixed_window, sliding_window};
+use crate::clock::Timestamp;
+
+/// Which state word a counter keeps: its algorithm's, and for the windows its unit's. Stores
+/// keep one table per kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CounterKind {
+    Fixed(Unit),
+    Sliding(Unit),
+    /// Token and leaky buckets share one kind: both keep a theoretical arrival time.
+    Bucket,
+}
+
+/// A 64-bit word from its widened form (a value past `u64` saturates; none of the 64-bit
+/// algorithms makes one).
+fn narrow(state: u128) -> u64 {
+    u64::try_from(state).unwrap_or(u64::MAX)
+}
+
+/// Applies `hits` at `now` to a counter of `quota`: the decision and the new state word.
+pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decision, u128) {
+    let (q, n) = (quota, now);
+    match quota.algorithm {
+        Algorithm::FixedWindow => {
+            let (d, s) =
+                fixed_window::decide(narrow(state), n.secs(), q.unit, q.requests_per_unit, hits);
+            (d, u128::from(s))
+        }
+        Algorithm::SlidingWindow => {
+            sliding_window::decide(state, n.micros(), q.unit, q.requests_per_unit, hits)
+        }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let (d, s) = bucket::decide(narrow(state), n.micros(), q, hits);
+            (d, u128::from(s))
+        }
+    }
+}
+
+/// Gives back `hits` a counter of `quota` admitted at `now`: the new state word. A fixed
+/// window gives nothing back (it counts every hit, as the Go service does).
+pub fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u128 {
+    match quota.algorithm {
+        Algorithm::FixedWindow => state,
+        Algorithm::SlidingWindow => sliding_window::refund(state, now.micros(), quota.unit, hits),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            u128::from(bucket::refund(narrow(state), quota, hits))
+        }
+    }
+}
+
+impl CounterKind {
+    /// How many kinds there are: [`CounterKind::index`] is below this.
+    pub const COUNT: usize = 15;
+
+    pub const fn of(algorithm: Algorithm, unit: Unit) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow => CounterKind::Fixed(unit),
+            Algorithm::SlidingWindow => CounterKind::Sliding(unit),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => CounterKind::Bucket,
+        }
+    }
+
+    /// The kind of a quota's counter.
+    pub const fn of_quota(quota: &Quota) -> Self {
+        CounterKind::of(quota.algorithm, quota.unit)
+    }
+
+    /// A dense index in `0..COUNT`.
+    pub const fn index(self) -> usize {
+        match self {
+            CounterKind::Fixed(u) => u.index(),
+            CounterKind::Sliding(u) => 7 + u.index(),
+            CounterKind::Bucket => 14,
+        }
+    }
+
+    /// The inverse of [`CounterKind::index`].
+    pub const fn from_index(i: usize) -> Option<Self> {
+        match i {
+            0..7 => Some(CounterKind::Fixed(Unit::ALL[i])),
+            7..14 => Some(CounterKind::Sliding(Unit::ALL[i - 7])),
+            14 => Some(CounterKind::Bucket),
+            _ => None,
+        }
+    }
+
+    /// Whether a word no longer holds anything at `now`, so a store may drop it: a fixed
+    /// window of an earlier window, a sliding window two windows old, a bucket at rest.
+    pub fn is_stale(self, state: u128, now: Timestamp) -> bool {
+        match self {
+            CounterKind::Fixed(u) => fixed_window::is_stale(narrow(state), now.secs(), u),
+            CounterKind::Sliding(u) => sliding_window::is_stale(state, now.micros(), u),
+            CounterKind::Bucket => bucket::is_stale(narrow(state), now.micros()),
+        }
+    }
+
+    /// Whether a word holds a count at `now`: of the current window (fixed), of the current or
+    /// previous one (sliding), or a bucket not at rest. (A counter that only answered peeks
+    /// holds nothing.)
+    pub fn holds(self, state: u128, now: Timestamp) -> bool {
+        match self {
+            CounterKind::Fixed(u) => fixed_window::current_count(narrow(state), now.secs(), u) > 0,
+            CounterKind::Sliding(u) => sliding_window::counts_at(state, now.micros(), u) != (0, 0),
+            CounterKind::Bucket => !bucket::is_stale(narrow(state), now.micros()),
+        }
+    }
+
+    /// The word holding the larger count per window of `a` and `b` (the later arrival time
+    /// for a bucket): merging another owner's state this way never counts a hit twice and
+    /// never lowers a count.
+    pub fn merge_max(self, a: u128, b: u128, now: Timestamp) -> u128 {
+        match self {
+            CounterKind::Fixed(u) => {
+                u128::from(fixed_window::merge_max(narrow(a), narrow(b), now.secs(), u))
+            }
+            CounterKind::Sliding(u) => sliding_window::merge_max(a, b, now.micros(), u),
+            CounterKind::Bucket => u128::from(narrow(a).max(narrow(b))),
+        }
+    }
+
+    /// A word from plain values kept elsewhere (Redis) for window index `window`: a fixed
+    /// window's count, a sliding window's current and previous counts, a bucket's arrival time.
+    /// `None` when they hold nothing at `now`.
+    pub fn from_parts(self, window: u64, values: &[u64], now: Timestamp) -> Option<u128> {
+        let first = values.first().copied().unwrap_or(0);
+        match self {
+            CounterKind::Fixed(u) => (first > 0 && window == now.secs() / u.secs())
+                .then(|| u128::from(fixed_window::state_with_count(first, now.secs(), u))),
+            CounterKind::Sliding(_) => {
+                let previous = values.get(1).copied().unwrap_or(0);
+                (first > 0 || previous > 0)
+                    .then(|| sliding_window::state_from_parts(window, first, previous))
+            }
+            CounterKind::Bucket => (first > now.micros()).then_some(u128::from(first)),
+        }
+    }
+
+    /// When a counter's horizon began and when it ends: the span in which another owner's
+    /// count still matters to it at `now`. `None` for a bucket with a rate of 0 (it holds
+    /// nothing).
+    pub fn horizon(self, quota: &Quota, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
+        let window = |u: Unit, back: u64, ahead: u64| {
+            let w = now.secs() / u.secs();
+            (
+                Timestamp::from_secs(w.saturating_sub(back) * u.secs()),
+                Timestamp::from_secs((w + ahead) * u.secs()),
+            )
+        };
+        Some(match self {
+            CounterKind::Fixed(u) => window(u, 0, 1),
+            CounterKind::Sliding(u) => window(u, 1, 1),
+            CounterKind::Bucket => {
+                let (_, tolerance) = bucket::params(quota)?;
+                (
+                    Timestamp::from_micros(now.micros().saturating_sub(tolerance)),
+                    Timestamp::from_micros(now.micros().saturating_add(tolerance)),
+                )
+            }
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! What a decision reports, and to whom: the narrow interface between the decision and
+//! telemetry.
+//!
+//! The decision calls an [`Observer`] with facts in its own terms (a call's request and
+//! answer, each counted descriptor's outcome, a backend call, a failure) and knows no wire
+//! format: [`crate::telemetry::DecisionTelemetry`] turns these into envoyproxy/ratelimit's
+//! stats, OTLP spans and logs. Telemetry implements this trait, so it depends on the service
+//! and not the reverse; the default observer ([`Unobserved`]) records nothing.
+
+use std::any::Any;
+use std::time::Duration;
+
+use super::{Response, ServiceError};
+use crate::config::StatsSlot;
+use crate::descriptor::Request;
+use crate::store::{StoreError, TraceBackend};
+
+/// The context an adapter decoded from a call for its observer (the caller's trace context),
+/// opaque to the decision.
+pub type Caller<'a> = &'a (dyn Any + Send + Sync);
+
+/// A traced call's span (or its backend call's) in progress, opaque to the decision: the
+/// observer makes it and takes it back.
+pub struct Span(pub Box<dyn Any + Send + Sync>);
+
+/// Where a counted descriptor's stats go.
+#[derive(Clone, Copy, Debug)]
+pub enum StatsKey<'a> {
+    /// A configured limit whose key never depends on the request: its `full_key`, with the
+    /// limit's slot caching the link to its counters.
+    Limit {
+        slot: &'a StatsSlot,
+        full_key: &'a str,
+    },
+    /// A key built from the request (`detailed_metric`, `value_to_metric`, an override).
+    Request(&'a str),
+}
+
+/// One counted descriptor's decision, against the quota its status reports.
+#[derive(Clone, Copy, Debug)]
+pub struct DescriptorReport<'a> {
+    pub key: StatsKey<'a>,
+    pub hits: u64,
+    pub limit: u32,
+    pub count_before: u64,
+    pub count_after: u64,
+    pub over: bool,
+    /// The Redis store's local over-limit cache answered without charging the counter.
+    pub from_local_cache: bool,
+    /// The limit's own `shadow_mode`.
+    pub shadow_mode: bool,
+}
+
+/// A finished call.
+pub struct CallReport<'a> {
+    pub caller: Caller<'a>,
+    pub request: &'a Request,
+    pub result: &'a Result<Response, ServiceError>,
+    /// How long the decision took, by the service's clock.
+    pub elapsed: Duration,
+}
+
+/// The decision's reports. Every method has a default that records nothing.
+pub trait Observer: Send + Sync + 'static {
+    /// Whether adapters should decode callers' trace contexts for [`Observer::call_started`].
+    fn traces(&self) -> bool {
+        false
+    }
+
+    /// Whether calls and descriptors are counted; when not, and the call has no span, the
+    /// decision skips its timing and its per-descriptor reports.
+    fn counts(&self) -> bool {
+        false
+    }
+
+    /// A call begins; a span when the call is traced (sampled).
+    fn call_started(&self, _caller: Caller<'_>) -> Option<Span> {
+        None
+    }
+
+    /// A call ends (only reported when it [`counts`](Observer::counts) or has a span).
+    fn call_done(&self, _call: &CallReport<'_>, _span: Option<Span>) {}
+
+    /// A traced call is about to call a backend worth a span of its own.
+    fn backend_started(&self, _call: &Span) -> Option<Span> {
+        None
+    }
+
+    /// That backend call ended, having charged `counters` counters.
+    fn backend_done(
+        &self,
+        _span: Span,
+        _backend: TraceBackend,
+        _counters: usize,
+        _error: Option<&StoreError>,
+    ) {
+    }
+
+    /// The request named a domain no config has.
+    fn domain_not_found(&self, _domain: &str) {}
+
+    /// One counted descriptor was decided (only reported when the observer counts).
+    fn descriptor_decided(&self, _report: &DescriptorReport<'_>) {}
+
+    /// The backend failed; `fail_open` says the request is answered OK anyway.
+    fn backend_failed(&self, _domain: &str, _error: &StoreError, _fail_open: bool) {}
+
+    /// A refused request's admitted hits could not be given back (the answer stands).
+    fn refund_failed(&self, _error: &StoreError) {}
+
+    /// Global SHADOW_MODE turned an OVER_LIMIT answer into OK.
+    fn global_shadow_mode(&self) {}
+}
+
+/// The observer of a service nobody watches: records nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Unobserved;
+
+impl Observer for Unobserved {}

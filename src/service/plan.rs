@@ -1,0 +1,250 @@
+//! The decision's first steps, before the store is called: what each descriptor resolves to
+//! (its [`Plan`]), `replaces`, the request's counter keys and the hits to charge; and, after the
+//! store answered, the hits a refused request gives back.
+
+use std::fmt::Write as _;
+use std::ops::Range;
+
+use smallvec::SmallVec;
+
+use super::{ServiceError, ServiceOptions, counter_key_len, quota_suffix_len, write_counter_key};
+use crate::config::{Block, Domain, Limit, Rule};
+use crate::descriptor::Request;
+use crate::limiter::{Algorithm, Decision, Quota};
+use crate::store::Hit;
+
+/// A limit that is counted: from config (`rule` is the matched limit, whose blocks give the
+/// quotas) or from the request's override (`rule` is `None`: one fixed-window quota, no name,
+/// no shadow mode, no replaces).
+#[derive(Clone, Copy)]
+pub(super) struct Counted<'c> {
+    pub(super) rule: Option<&'c Limit>,
+    overridden: Option<Quota>,
+}
+
+impl<'c> Counted<'c> {
+    /// The quotas to enforce, each with its block name ("" for none).
+    pub(super) fn quotas(&self) -> impl Iterator<Item = (Quota, &'c str)> + '_ {
+        let blocks: &'c [Block] = match self.rule.map(|l| &l.rule) {
+            Some(Rule::Limited(blocks)) => blocks,
+            _ => &[],
+        };
+        self.overridden
+            .map(|q| (q, ""))
+            .into_iter()
+            .chain(blocks.iter().map(|b| (b.quota, b.name.as_str())))
+    }
+    pub(super) fn shadow_mode(&self) -> bool {
+        self.rule.is_some_and(|l| l.shadow_mode)
+    }
+    pub(super) fn quota_mode(&self, global: bool) -> bool {
+        global || self.rule.is_some_and(|l| l.quota_mode)
+    }
+    /// The name reported for a block: its own, else the limit's (`rate_limit.name`).
+    pub(super) fn name_for(&self, block_name: &'c str) -> &'c str {
+        match (block_name, self.rule) {
+            ("", Some(l)) => &l.name,
+            (name, _) => name,
+        }
+    }
+}
+
+/// What one descriptor resolved to.
+pub(super) enum Plan<'c> {
+    /// No match, or replaced: `{code: OK}`.
+    Pass,
+    Unlimited(&'c Limit),
+    Counted {
+        limit: Counted<'c>,
+        /// `share_threshold` substitutions for the counter key.
+        shared: Vec<(usize, &'c str)>,
+        hits: u64,
+    },
+}
+
+/// One plan per request descriptor, in request order.
+pub(super) type Plans<'c> = SmallVec<[Plan<'c>; 4]>;
+
+impl<'c> Plan<'c> {
+    /// The matched config limit, if any (overrides have none).
+    pub(super) fn config_limit(&self) -> Option<&'c Limit> {
+        match self {
+            Plan::Pass => None,
+            Plan::Unlimited(l) => Some(l),
+            Plan::Counted { limit, .. } => limit.rule,
+        }
+    }
+}
+
+/// Resolves every descriptor: the override when present (it skips config matching), else the
+/// config match.
+pub(super) fn plan<'c>(domain: &'c Domain, request: &Request) -> Plans<'c> {
+    let request_hits = u64::from(request.hits_addend.max(1));
+    request
+        .descriptors
+        .iter()
+        .map(|d| {
+            let hits = d.hits_addend.unwrap_or(request_hits);
+            if let Some(o) = d.limit_override {
+                let limit = Counted {
+                    rule: None,
+                    overridden: Some(Quota::fixed(o.requests_per_unit, o.unit)),
+                };
+                let shared = Vec::new();
+                return Plan::Counted {
+                    limit,
+                    shared,
+                    hits,
+                };
+            }
+            let Some(m) = domain.lookup(&d.entries) else {
+                return Plan::Pass;
+            };
+            match m.limit.rule {
+                Rule::Unlimited => Plan::Unlimited(m.limit),
+                Rule::Limited(_) => Plan::Counted {
+                    limit: Counted {
+                        rule: Some(m.limit),
+                        overridden: None,
+                    },
+                    shared: m.shared_values,
+                    hits,
+                },
+            }
+        })
+        .collect()
+}
+
+/// `replaces`: the names listed by any matched limit (unlimited ones included) knock out the
+/// matched limits of that name, which then answer `{code: OK}` uncounted.
+pub(super) fn apply_replaces(plans: &mut [Plan<'_>]) {
+    let replaced: Vec<&str> = plans
+        .iter()
+        .filter_map(Plan::config_limit)
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    if replaced.is_empty() {
+        return;
+    }
+    for plan in plans {
+        if plan
+            .config_limit()
+            .is_some_and(|l| l.names().any(|n| replaced.contains(&n)))
+        {
+            *plan = Plan::Pass;
+        }
+    }
+}
+
+/// Every counter key of a request in one buffer, one range per quota counted, in order.
+pub(super) struct CounterKeys {
+    text: String,
+    ranges: SmallVec<[Range<usize>; 4]>,
+}
+
+/// The total length of the request's counter keys, once each is known to fit
+/// SLUICE_MAX_KEY_BYTES. Only descriptors that are counted make keys: one that matches no
+/// limit, an unlimited one or a replaced one answers OK whatever its size, as in the Go
+/// service, and costs nothing beyond the request (capped by SLUICE_MAX_REQUEST_BYTES).
+fn counter_key_bytes(
+    options: &ServiceOptions,
+    request: &Request,
+    plans: &[Plan<'_>],
+) -> Result<usize, ServiceError> {
+    let max = options.max_key_bytes;
+    let mut total = 0;
+    for (index, (d, plan)) in request.descriptors.iter().zip(plans).enumerate() {
+        let Plan::Counted { limit, shared, .. } = plan else {
+            continue;
+        };
+        let prefix = &options.cache_key_prefix;
+        let stem = counter_key_len(prefix, &request.domain, &d.entries, shared);
+        let quotas = limit.quotas().count();
+        // The last quota's key is the descriptor's longest.
+        let bytes = stem + (1..quotas).last().map_or(0, quota_suffix_len);
+        if bytes > max {
+            return Err(ServiceError::KeyTooLong { index, bytes, max });
+        }
+        total += stem * quotas + (1..quotas).map(quota_suffix_len).sum::<usize>();
+    }
+    Ok(total)
+}
+
+/// The request's counter keys. The first quota of a descriptor uses the Go service's key;
+/// further quotas of a `rate_limits` list add `#<index>_`. Measured, and refused past
+/// SLUICE_MAX_KEY_BYTES, before anything is written.
+pub(super) fn counter_keys(
+    options: &ServiceOptions,
+    request: &Request,
+    plans: &[Plan<'_>],
+) -> Result<CounterKeys, ServiceError> {
+    let mut keys = String::with_capacity(counter_key_bytes(options, request, plans)?);
+    let mut ranges = SmallVec::new();
+    for (d, plan) in request.descriptors.iter().zip(plans) {
+        if let Plan::Counted { limit, shared, .. } = plan {
+            let start = keys.len();
+            let prefix = &options.cache_key_prefix;
+            write_counter_key(&mut keys, prefix, &request.domain, &d.entries, shared);
+            let stem = start..keys.len();
+            ranges.push(stem.clone());
+            for i in 1..limit.quotas().count() {
+                let start = keys.len();
+                keys.extend_from_within(stem.clone());
+                // Writing to a String cannot fail.
+                let _ = write!(keys, "#{i}_");
+                ranges.push(start..keys.len());
+            }
+        }
+    }
+    Ok(CounterKeys { text: keys, ranges })
+}
+
+/// The hits to charge: one per quota of every counted descriptor, in order. Every counted
+/// descriptor is charged, even when another is already over (the Go service does the same,
+/// so over-limit traffic keeps draining every counter).
+pub(super) fn hits<'k>(plans: &[Plan<'_>], keys: &'k CounterKeys) -> SmallVec<[Hit<'k>; 4]> {
+    plans
+        .iter()
+        .filter_map(|p| match p {
+            Plan::Counted { limit, hits, .. } => Some(limit.quotas().map(|(q, _)| (q, *hits))),
+            _ => None,
+        })
+        .flatten()
+        .zip(&keys.ranges)
+        .map(|((quota, hits), range)| Hit {
+            key: &keys.text[range.clone()],
+            quota,
+            hits,
+        })
+        .collect()
+}
+
+/// What a refused request gives back. A descriptor with several limits is refused as a whole
+/// when one of them refuses: the limits that admitted it give the hits back (fixed windows
+/// excepted, which count every hit as the Go service does), so a refused request consumes
+/// nothing.
+pub(super) fn refunds<'k>(
+    plans: &[Plan<'_>],
+    hits: &[Hit<'k>],
+    decisions: &[Decision],
+) -> Vec<Hit<'k>> {
+    let mut refunds = Vec::new();
+    let mut at = 0;
+    for plan in plans {
+        if let Plan::Counted { limit, .. } = plan {
+            let n = limit.quotas().count();
+            let own = &decisions[at..at + n];
+            if n > 1 && own.iter().any(|d| d.over) {
+                refunds.extend(
+                    hits[at..at + n]
+                        .iter()
+                        .zip(own)
+                        .filter(|(h, d)| !d.over && h.quota.algorithm != Algorithm::FixedWindow)
+                        .map(|(h, _)| *h),
+                );
+            }
+            at += n;
+        }
+    }
+    refunds
+}
