@@ -12,6 +12,10 @@
 //!
 //! These are measurements, never assertions: nothing here fails on a slow machine.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a benchmark's or load generator's own stopwatch, outside Sluice"
+)]
 use std::hint::black_box;
 use std::pin::pin;
 use std::sync::Arc;

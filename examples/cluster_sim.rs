@@ -527,6 +527,10 @@ impl<'a> Sim<'a> {
         self.finish(end)
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "a one-off report's steps, read top to bottom"
+    )]
     fn handle(&mut self, now: u64, event: Event) {
         match event {
             Event::Arrive => {
@@ -748,6 +752,10 @@ fn keys_moved(hashes: &[u64], n: usize) -> (f64, f64, f64, usize) {
     )
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a one-off report's steps, read top to bottom"
+)]
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");

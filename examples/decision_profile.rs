@@ -9,6 +9,10 @@
 //! callgrind_annotate --inclusive=yes callgrind.out.<pid>
 //! ```
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a benchmark's or load generator's own stopwatch, outside Sluice"
+)]
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};

@@ -24,6 +24,10 @@
 //! Load is open loop: each target sends on its own clock, whatever earlier calls are doing, so a
 //! stalled server shows as slow answers rather than as fewer requests (no coordinated omission).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a benchmark's or load generator's own stopwatch, outside Sluice"
+)]
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -6,6 +6,10 @@
 //! cargo run --release --example stats_cost [-- ITERATIONS]
 //! ```
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a benchmark's or load generator's own stopwatch, outside Sluice"
+)]
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -3,6 +3,10 @@
 //! a rejected reload, and SIGTERM handling. Every process is started on 127.0.0.1 on free
 //! ports and killed when its guard drops; every wait is bounded.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 mod pki;
 mod support;
 

@@ -15,6 +15,10 @@ use std::time::Duration;
 use proxies::{HeaderNames, Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, wait_for};
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, step by step; to split next"
+)]
 fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
     let Some(nginx) = proxies::locate(
         "SLUICE_NGINX",

@@ -7,6 +7,10 @@
 //! Under CI (`CI=true`) a missing `redis-server` (or one built without TLS) fails the test with
 //! instructions; elsewhere the test says loudly that it is skipped.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 mod pki;
 mod redis_down;
 mod redis_server;
@@ -1058,6 +1062,10 @@ impl SentinelGroup {
 /// replica (and demoted the old master), calls succeed on the new master within the bound the
 /// watcher promises, and the counts replication carried over still apply.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, step by step; to split next"
+)]
 fn sentinel_failover_is_followed_and_counts_carry_over() {
     if !redis_server_available() {
         return;

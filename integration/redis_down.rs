@@ -6,6 +6,10 @@
 //! even on a slow, shared machine. Redis goes down two ways: killed (connections refused) and
 //! stopped with SIGSTOP (connections accepted, nothing answered), which only deadlines reveal.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 use super::*;
 use sluice::store::RedisLink;
 use sluice::store::redis::BreakerStats;

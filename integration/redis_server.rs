@@ -2,6 +2,11 @@
 //! persistence off, killed on drop. Under CI (`CI=true`) a missing `redis-server` (or one built
 //! without TLS, for the TLS tests) fails the test with instructions; elsewhere the test says
 //! loudly that it is skipped.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 #![allow(dead_code)]
 
 use std::path::Path;

@@ -1,5 +1,10 @@
 //! Helpers every end-to-end test file shares: free loopback ports, bounded waits, and a tiny
 //! HTTP/1.1 client for `/json`, `/healthcheck`, `/stats` and friends.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 #![allow(dead_code)]
 
 use std::io::{Read, Write};

@@ -1,5 +1,11 @@
 //! The injected clock: the service reads time once per request and passes it down, so the
 //! limiter stays a pure function and tests drive a [`ManualClock`] instead of sleeping.
+//!
+//! This is the only module that reads the system's clocks: clippy's `disallowed-methods`
+//! (clippy.toml) refuses `Instant::now` and `SystemTime::now` everywhere else. Code that is not
+//! handed a [`Clock`] reads [`instant`] (monotonic) or [`system_time`] (for times compared with
+//! file timestamps or sent to other systems); code that waits on Tokio's timers reads
+//! `tokio::time::Instant`, which a test can pause.
 
 use std::sync::Arc;
 use std::sync::OnceLock;
@@ -43,7 +49,7 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         // A clock before 1970 is a broken host; treat it as the epoch rather than panic.
-        let micros = SystemTime::now()
+        let micros = system_time()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros().min(u128::from(u64::MAX)) as u64)
             .unwrap_or(0);
@@ -53,8 +59,35 @@ impl Clock for SystemClock {
     fn monotonic(&self) -> Duration {
         // The origin is the first reading in the process.
         static ORIGIN: OnceLock<Instant> = OnceLock::new();
-        ORIGIN.get_or_init(Instant::now).elapsed()
+        instant().saturating_duration_since(*ORIGIN.get_or_init(instant))
     }
+}
+
+/// Now on the system's monotonic clock. Not Tokio's: a caller that sleeps the thread (the
+/// start-up config poll) would wait forever on a paused Tokio clock.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the one place the monotonic clock is read"
+)]
+pub fn instant() -> Instant {
+    Instant::now()
+}
+
+/// The system's wall clock, for times compared with file timestamps or sent to other systems
+/// (OTLP). Rate-limit windows read [`Clock::now`] instead, so tests can drive them.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the one place the wall clock is read"
+)]
+pub fn system_time() -> SystemTime {
+    SystemTime::now()
+}
+
+/// [`system_time`] as nanoseconds since the Unix epoch (0 before it), as OTLP carries times.
+pub fn unix_nanos() -> u64 {
+    system_time()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// A clock that only moves when told to; cheap to clone and share with the code under test.

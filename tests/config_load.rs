@@ -1,6 +1,10 @@
 //! Loading config from disk (file names, directory layouts, ConfigMap mounts), its size caps,
 //! and hot reload: only settled changes are loaded, and unchanged files are not read again.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 use sluice::config::{
     ConfigErrors, ConfigHandle, ConfigSource, FileLimits, LoadOptions, Poller, RateLimitConfig,
     WatchGuard, load, parse_files, spawn_watcher,

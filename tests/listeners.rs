@@ -3,6 +3,10 @@
 //! requests in flight, slow and idle clients, and the connection cap. Each test sets its limit
 //! low and would hang or see another answer without it; every wait is bounded.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 mod common;
 
 use std::net::SocketAddr;

@@ -65,6 +65,10 @@ fn value(text: &str, series: &str) -> Option<f64> {
 }
 
 #[tokio::test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario, step by step; to split next"
+)]
 async fn a_known_sequence_gives_the_go_stats_on_metrics() {
     let mut options = default_options();
     options.service = ServiceOptions::default();

@@ -4,6 +4,10 @@
 //! server TLS, or axum over Sluice's own TLS listener, `sluice::net`) with certificates from a test CA.
 //! Loopback only; every wait is bounded.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 mod common;
 #[path = "../integration/pki.rs"]
 mod pki;

@@ -3,6 +3,11 @@
 //!
 //! Everything listens on 127.0.0.1 on free ports; every process is killed when its guard
 //! drops (and its log printed if the test is failing); every wait is bounded.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};

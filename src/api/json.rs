@@ -884,6 +884,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one end-to-end scenario, step by step; to split next"
+    )]
     fn encodes_every_response_field() {
         let metadata = Struct {
             fields: HashMap::from([
@@ -1217,6 +1221,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one end-to-end scenario, step by step; to split next"
+    )]
     fn every_error_names_its_path() {
         let cases = [
             // Not JSON, or not an object.

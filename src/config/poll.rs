@@ -21,6 +21,7 @@
 use super::compile::RateLimitConfig;
 use super::load::{self, ConfigSource, FileLimits, Listed, LoadOptions};
 use super::{ConfigError, ConfigErrors};
+use crate::clock;
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -176,9 +177,9 @@ impl Poller {
     /// starts is not loaded half-written. Files whose own timestamps are older than the
     /// settle period load at once. Gives up after [`START_TIMEOUT`] of continuous change.
     pub fn load_settled(&mut self, interval: Duration) -> Result<RateLimitConfig, ConfigErrors> {
-        let start = Instant::now();
+        let start = clock::instant();
         loop {
-            let now = Instant::now();
+            let now = clock::instant();
             if let Some(loaded) = self.poll(now) {
                 return loaded;
             }
@@ -215,7 +216,7 @@ impl Poller {
             .max();
         let age = match youngest {
             // A timestamp in the future (a clock set back, a network volume's skew) is young.
-            Some(at) => SystemTime::now()
+            Some(at) => clock::system_time()
                 .duration_since(at)
                 .unwrap_or(Duration::ZERO),
             None => self.limits.settle,
@@ -393,7 +394,7 @@ mod tests {
             LoadOptions::default(),
             limits,
         );
-        let t0 = Instant::now();
+        let t0 = crate::clock::instant();
         assert!(poller.poll(t0).is_none(), "just written");
 
         // The same size, in place, within one tick of a coarse timestamp clock: the metadata

@@ -23,7 +23,9 @@ use crate::config::{ConfigHandle, Domain};
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::limiter::{Algorithm, Decision, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
-use observe::{CallReport, Caller, DescriptorReport, Observer, Span, StatsKey, Unobserved};
+use observe::{
+    CallReport, Caller, DescriptorReport, Observer, Outcome, Span, StatsKey, Unobserved,
+};
 use plan::{Counted, Plan};
 
 /// A descriptor's or the request's verdict.
@@ -486,18 +488,20 @@ impl<S: CounterStore> RateLimitService<S> {
         };
         self.observer.descriptor_decided(&DescriptorReport {
             key,
-            hits,
-            limit: quota.requests_per_unit,
-            count_before: d.count_before,
-            count_after: d.count_after,
-            over: d.over,
-            // The Redis store's local over-limit cache answers a fixed window without charging
-            // it: the count does not move although hits were asked for.
-            from_local_cache: quota.algorithm == Algorithm::FixedWindow
-                && d.over
-                && hits > 0
-                && d.count_before == d.count_after,
-            shadow_mode: limit.shadow_mode(),
+            outcome: Outcome {
+                hits,
+                limit: quota.requests_per_unit,
+                count_before: d.count_before,
+                count_after: d.count_after,
+                over: d.over,
+                // The Redis store's local over-limit cache answers a fixed window without charging
+                // it: the count does not move although hits were asked for.
+                from_local_cache: quota.algorithm == Algorithm::FixedWindow
+                    && d.over
+                    && hits > 0
+                    && d.count_before == d.count_after,
+                shadow_mode: limit.shadow_mode(),
+            },
         });
     }
 

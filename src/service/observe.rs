@@ -40,7 +40,15 @@ pub enum StatsKey<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct DescriptorReport<'a> {
     pub key: StatsKey<'a>,
+    pub outcome: Outcome,
+}
+
+/// One descriptor's decision in the terms envoyproxy/ratelimit's stats count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The hits this call charged (N).
     pub hits: u64,
+    /// requests_per_unit (L).
     pub limit: u32,
     pub count_before: u64,
     pub count_after: u64,

@@ -1124,7 +1124,7 @@ impl observe::Observer for Recorder {
         };
         let line = format!(
             "descriptor {key} {}/{} over={}",
-            r.count_after, r.limit, r.over
+            r.outcome.count_after, r.outcome.limit, r.outcome.over
         );
         self.0.lock().unwrap().push(line);
     }

@@ -666,6 +666,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one end-to-end scenario, step by step; to split next"
+    )]
     fn otlp_endpoints_take_tls_from_their_scheme_and_insecure() {
         use crate::telemetry::otlp::Protocol;
         let traces = |args: &[&str]| {
@@ -759,6 +763,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one end-to-end scenario, step by step; to split next"
+    )]
     fn otlp_tls_files_are_read_per_signal_and_checked_before_start() {
         let pki = test_pki::TestPki::new();
         let leaf = pki.leaf("client", &["localhost"]);

@@ -885,6 +885,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one end-to-end scenario, step by step; to split next"
+    )]
     fn redis_tls_reads_and_checks_its_files_before_start() {
         let pki = test_pki::TestPki::new();
         let leaf = pki.leaf("client", &["localhost", "127.0.0.1"]);

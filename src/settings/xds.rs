@@ -343,6 +343,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one end-to-end scenario, step by step; to split next"
+    )]
     fn config_type_selects_xds_with_go_defaults() {
         assert_eq!(settings(&[]).unwrap().config.xds, None);
         assert_eq!(

@@ -24,6 +24,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::clock;
+
 pub use logs::{LogFormat, LogLevel};
 pub use observer::DecisionTelemetry;
 pub use stats::{Stats, StatsOptions};
@@ -79,7 +81,7 @@ pub struct LogLimiter {
 
 fn process_start() -> Instant {
     static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
+    *START.get_or_init(clock::instant)
 }
 
 impl LogLimiter {
@@ -95,7 +97,7 @@ impl LogLimiter {
     /// `Some(lines held back since the last one)` when a line may be logged now, else `None`
     /// (and the line is counted as held back).
     pub fn check(&self) -> Option<u64> {
-        self.check_at(Instant::now())
+        self.check_at(clock::instant())
     }
 
     fn check_at(&self, now: Instant) -> Option<u64> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::otlp::trace::{ActiveSpan, SpanKind, Value};
 use super::otlp::{RequestTrace, Tracer, Transport};
-use super::stats::{ErrorKind, Outcome};
+use super::stats::ErrorKind;
 use super::{LogLimiter, Stats};
 use crate::service::observe::{CallReport, Caller, DescriptorReport, Observer, Span, StatsKey};
 use crate::service::{Code, ServiceError};
@@ -173,20 +173,12 @@ impl Observer for DecisionTelemetry {
     }
 
     fn descriptor_decided(&self, report: &DescriptorReport<'_>) {
-        let outcome = Outcome {
-            hits: report.hits,
-            limit: report.limit,
-            count_before: report.count_before,
-            count_after: report.count_after,
-            over: report.over,
-            from_local_cache: report.from_local_cache,
-            shadow_mode: report.shadow_mode,
-        };
+        let outcome = &report.outcome;
         match report.key {
             StatsKey::Limit { slot, full_key } => {
-                self.stats.record_static(slot, full_key, &outcome);
+                self.stats.record_static(slot, full_key, outcome);
             }
-            StatsKey::Request(key) => self.stats.record_dynamic(key, &outcome),
+            StatsKey::Request(key) => self.stats.record_dynamic(key, outcome),
         }
     }
 

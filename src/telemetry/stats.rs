@@ -21,6 +21,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::config::StatsSlot;
+pub use crate::service::observe::Outcome;
 
 /// The stats key that overflowed records are folded into. It sanitises to itself and splits
 /// into `domain="_overflow_"` alone.
@@ -69,22 +70,6 @@ pub struct Increments {
     pub within_limit: u64,
     pub shadow_mode: u64,
     pub over_limit_with_local_cache: u64,
-}
-
-/// One decision, as the stats see it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outcome {
-    /// The hits this call charged (N).
-    pub hits: u64,
-    /// requests_per_unit (L).
-    pub limit: u32,
-    pub count_before: u64,
-    pub count_after: u64,
-    pub over: bool,
-    /// Answered from Redis's local over-limit cache, without the backend.
-    pub from_local_cache: bool,
-    /// The limit is in per-rule shadow mode.
-    pub shadow_mode: bool,
 }
 
 /// envoyproxy/ratelimit's counting rules (reference §5): `n = floor(L × ratio)`, computed in

@@ -6,6 +6,10 @@
 //! text with mutations, and raw bytes, must load or fail with one error per bad file that names
 //! it; whatever loads must answer lookups and dump without panicking.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 use proptest::prelude::*;
 use proptest::sample::select;
 use sluice::config::{ConfigErrors, LoadOptions, RateLimitConfig, Rule, envoy_extensions_in};

@@ -1,6 +1,10 @@
 //! What every target shares: its proptest configuration (case count, regression file), the slow
 //! case check, and a rate-limit service over a real memory store to run decoded requests through.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -27,6 +27,7 @@ use tonic_prost::ProstCodec;
 use super::proto::{self, KeyValue};
 use super::trace::{SpanCounters, SpanRecord, Value};
 use super::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
+use crate::clock::unix_nanos;
 use crate::telemetry::LogLimiter;
 use crate::telemetry::prometheus::{Extra, limit_series};
 use crate::telemetry::stats::{LATENCY_BUCKETS, LimitCounters, Stats};
@@ -209,12 +210,6 @@ fn with_causes(what: &str, e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-fn unix_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 fn attribute(key: &'static str, value: Value) -> KeyValue {

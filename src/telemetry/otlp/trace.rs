@@ -11,11 +11,11 @@
 //!   domain, and a `try_send` on the queue. A full queue drops the span and counts it; nothing
 //!   on the request path ever waits for the exporter.
 
+use crate::clock::unix_nanos;
 use std::cell::Cell;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
 
@@ -252,12 +252,6 @@ impl Tracer {
             }
         }
     }
-}
-
-fn unix_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
 thread_local! {
