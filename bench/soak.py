@@ -61,6 +61,8 @@ import threading
 import time
 import urllib.request
 
+from proc import free_ports, rss_kib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = os.environ.get("BENCH_SOAK_QUICK") == "1"
 SECONDS = float(os.environ.get("BENCH_SOAK_SECONDS") or (60 if QUICK else 600))
@@ -85,16 +87,6 @@ NGINX = shutil.which("nginx") or "/usr/sbin/nginx"  # Debian's is in sbin
 
 def now_ms():
     return time.time() * 1000
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def sleep_until(t):
@@ -400,12 +392,11 @@ class Cluster:
 
     def sample(self, node, cpu):
         try:
-            status = open(f"/proc/{node.pid()}/status").read()
-            rss = int(status.split("VmRSS:")[1].split()[0])
+            rss = rss_kib(node.pid())
             fields = open(f"/proc/{node.pid()}/stat").read().rsplit(")", 1)[1].split()
             ticks = int(fields[11]) + int(fields[12])
             fds = len(os.listdir(f"/proc/{node.pid()}/fd"))
-        except (OSError, IndexError):
+        except (OSError, IndexError, RuntimeError):
             return
         t = time.time()
         last = cpu.get(node.pid())
@@ -966,8 +957,7 @@ def repeat_floods(soak, n):
         time.sleep(2)
         flood.heal(soak.c)
         time.sleep(2)
-        status = open(f"/proc/{soak.c.peers[0].pid()}/status").read()
-        rss.append(int(status.split("VmRSS:")[1].split()[0]) // 1024)
+        rss.append(rss_kib(soak.c.peers[0].pid()) // 1024)
     print(f"p1's RSS after each of {n} floods of {2 * FLOOD_CONNECTIONS} connections (MiB): {rss}")
     soak.c.shutdown()
     return 0

@@ -23,14 +23,9 @@ use sluice::limiter::{Algorithm, Quota, Unit};
 use sluice::store::memory::COUNTER_OVERHEAD_BYTES;
 use sluice::store::{CounterStore, Hit, MemoryStore};
 
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
+#[path = "support/rss.rs"]
+mod rss;
+use rss::rss_bytes;
 
 /// The memory store's future is always ready; poll it once.
 fn apply(

@@ -31,14 +31,9 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 "#;
 
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
+#[path = "support/rss.rs"]
+mod rss;
+use rss::rss_bytes;
 
 /// The memory store never waits, so neither does the decision; poll it once.
 fn ready<F: Future>(fut: F) -> F::Output {

@@ -772,25 +772,6 @@ fn grpc_mtls_without_a_san_takes_any_certificate_from_the_ca() {
     assert!(rt.block_on(call(server.grpc, &client)).is_err());
 }
 
-/// Writes a Kubernetes secret volume's layout: `dir/..data -> ..vN` (swapped atomically) and
-/// `dir/tls.crt -> ..data/tls.crt`, `dir/tls.key -> ..data/tls.key`.
-fn secret_version(dir: &Path, version: u32, cert: &Path, key: &Path) {
-    let versioned = dir.join(format!("..v{version}"));
-    std::fs::create_dir_all(&versioned).unwrap();
-    std::fs::copy(cert, versioned.join("tls.crt")).unwrap();
-    std::fs::copy(key, versioned.join("tls.key")).unwrap();
-    let tmp = dir.join("..data_tmp");
-    let _ = std::fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
-    std::fs::rename(&tmp, dir.join("..data")).unwrap();
-    for name in ["tls.crt", "tls.key"] {
-        let link = dir.join(name);
-        if link.symlink_metadata().is_err() {
-            std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
-        }
-    }
-}
-
 #[test]
 fn grpc_certificate_is_reloaded_on_a_secret_swap_without_dropping_connections() {
     let first_ca = pki::TestPki::new();
@@ -798,7 +779,7 @@ fn grpc_certificate_is_reloaded_on_a_secret_swap_without_dropping_connections() 
     let first = first_ca.leaf("first", &["localhost"]);
     let second = second_ca.leaf("second", &["localhost"]);
     let secret = tempfile::tempdir().unwrap();
-    secret_version(secret.path(), 1, &first.cert, &first.key);
+    pki::secret_version(secret.path(), 1, &first.cert, &first.key);
     let log_path = secret.path().join("sluice.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let config = config_dir();
@@ -827,7 +808,7 @@ fn grpc_certificate_is_reloaded_on_a_secret_swap_without_dropping_connections() 
     );
 
     // The secret rotates to a certificate from another CA.
-    secret_version(secret.path(), 2, &second.cert, &second.key);
+    pki::secret_version(secret.path(), 2, &second.cert, &second.key);
     let started = Instant::now();
     wait_for(
         "a new connection to get the new certificate",
@@ -848,7 +829,7 @@ fn grpc_certificate_is_reloaded_on_a_secret_swap_without_dropping_connections() 
 
     // A broken rotation (new certificate, wrong key) is refused; the second one keeps serving.
     let third = first_ca.leaf("third", &["localhost"]);
-    secret_version(secret.path(), 3, &third.cert, &second.key);
+    pki::secret_version(secret.path(), 3, &third.cert, &second.key);
     wait_for(
         "the rejection to be logged",
         Duration::from_secs(10),

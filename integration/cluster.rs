@@ -999,25 +999,6 @@ mod peer_tls {
         assert_eq!(json(&nodes[0], "w"), 429);
     }
 
-    /// Writes a Kubernetes secret volume's layout: `dir/..data -> ..vN` (swapped atomically) and
-    /// `dir/tls.crt -> ..data/tls.crt`, `dir/tls.key -> ..data/tls.key`.
-    fn secret_version(dir: &Path, version: u32, leaf: &pki::Leaf) {
-        let versioned = dir.join(format!("..v{version}"));
-        std::fs::create_dir_all(&versioned).unwrap();
-        std::fs::copy(&leaf.cert, versioned.join("tls.crt")).unwrap();
-        std::fs::copy(&leaf.key, versioned.join("tls.key")).unwrap();
-        let tmp = dir.join("..data_tmp");
-        let _ = std::fs::remove_file(&tmp);
-        std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
-        std::fs::rename(&tmp, dir.join("..data")).unwrap();
-        for name in ["tls.crt", "tls.key"] {
-            let link = dir.join(name);
-            if link.symlink_metadata().is_err() {
-                std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
-            }
-        }
-    }
-
     fn provider() -> Arc<rustls::crypto::CryptoProvider> {
         Arc::new(rustls::crypto::ring::default_provider())
     }
@@ -1106,7 +1087,7 @@ mod peer_tls {
         let stand_in = pki.leaf("stand-in", &["127.0.0.1"]);
         let tester = pki.leaf("tester", &["tester.test"]);
         let secret = tempfile::tempdir().unwrap();
-        secret_version(secret.path(), 1, &first);
+        pki::secret_version(secret.path(), 1, &first.cert, &first.key);
         let config = tempfile::tempdir().unwrap();
         std::fs::write(
             config.path().join("limits.yaml"),
@@ -1144,7 +1125,7 @@ mod peer_tls {
         );
 
         // The secret is renewed in place: new connections, made and accepted, use the new one.
-        secret_version(secret.path(), 2, &second);
+        pki::secret_version(secret.path(), 2, &second.cert, &second.key);
         let started = Instant::now();
         wait_for(
             "the second certificate, both ways",

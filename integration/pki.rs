@@ -105,3 +105,22 @@ pub async fn tls_channel(
         .await
         .map_err(|e| format!("{e:?}"))
 }
+
+/// Writes a Kubernetes secret volume's layout: `dir/..data -> ..vN` (swapped atomically) and
+/// `dir/tls.crt -> ..data/tls.crt`, `dir/tls.key -> ..data/tls.key`.
+pub fn secret_version(dir: &Path, version: u32, cert: &Path, key: &Path) {
+    let versioned = dir.join(format!("..v{version}"));
+    std::fs::create_dir_all(&versioned).unwrap();
+    std::fs::copy(cert, versioned.join("tls.crt")).unwrap();
+    std::fs::copy(key, versioned.join("tls.key")).unwrap();
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(format!("..v{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for name in ["tls.crt", "tls.key"] {
+        let link = dir.join(name);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &link).unwrap();
+        }
+    }
+}
