@@ -661,7 +661,9 @@ mod peer_versions {
 
     use sluice::cluster::peer::wire::peer_client::PeerClient;
     use sluice::cluster::peer::wire::peer_server::{Peer, PeerServer};
-    use sluice::cluster::peer::{ApplyRequest, ApplyResponse, PROTOCOL_VERSION, PeerHit};
+    use sluice::cluster::peer::{
+        ApplyRequest, ApplyResponse, LeaseRequest, LeaseResponse, PROTOCOL_VERSION, PeerHit,
+    };
     use sluice::limiter::{Algorithm, Quota, Unit};
     use sluice::store::Hit;
 
@@ -738,9 +740,21 @@ mod peer_versions {
             &self,
             request: tonic::Request<ApplyRequest>,
         ) -> Result<tonic::Response<ApplyResponse>, tonic::Status> {
+            self.refuse(request.get_ref().protocol_version)
+        }
+
+        async fn lease(
+            &self,
+            request: tonic::Request<LeaseRequest>,
+        ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
+            self.refuse(request.get_ref().protocol_version)
+        }
+    }
+
+    impl NextVersion {
+        fn refuse<T>(&self, version: u32) -> Result<T, tonic::Status> {
             self.calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let version = request.get_ref().protocol_version;
             let speaks = PROTOCOL_VERSION + 1;
             Err(tonic::Status::failed_precondition(format!(
                 "peer protocol version {version} is not supported by this node (speaks {speaks})"

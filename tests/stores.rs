@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::cluster::ClusterStore;
+use sluice::cluster::lease::LeaseTiming;
 use sluice::cluster::peer::PeerServer;
 use sluice::cluster::{ClusterConfig, ClusterMode, PeerSource};
 use sluice::limiter::Decision;
@@ -69,6 +70,7 @@ impl ThreeNodes {
                 timeout: Duration::from_secs(10),
                 batch_window: Duration::from_micros(200),
                 write_behind: None,
+                lease: LeaseTiming::DEFAULT,
             };
             let memory = Arc::new(MemoryStore::new(100_000));
             let store = ClusterStore::start(memory, &config, None, Arc::new(clock.clone()))

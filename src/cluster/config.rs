@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::lease::LeaseTiming;
 use crate::store::redis::RedisConfig;
 
 /// Where the peers come from.
@@ -15,8 +16,12 @@ pub enum PeerSource {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterMode {
+    /// Every hit decided by its key's owner (one hop for the keys of other nodes).
     Forward,
+    /// Each node enforces `ceil(limit / live peers)` alone.
     Divided,
+    /// Each node decides from leases its keys' owners grant it (`super::lease`).
+    Lease,
 }
 
 /// The peer cluster: who the peers are, how this node is reached, and how hits travel.
@@ -30,6 +35,8 @@ pub struct ClusterConfig {
     pub batch_window: Duration,
     /// SLUICE_PEER_WRITE_BEHIND; `None` when off.
     pub write_behind: Option<WriteBehind>,
+    /// SLUICE_LEASE_*: lease mode's timing and table bound (unused in the other modes).
+    pub lease: LeaseTiming,
 }
 
 /// SLUICE_PEER_WRITE_BEHIND: where owners copy their counters, and how often.

@@ -21,6 +21,8 @@
 
 mod config;
 pub mod durable;
+pub mod lease;
+mod leasing;
 pub mod peer;
 pub mod ring;
 
@@ -36,6 +38,7 @@ use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
 pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 use durable::{Durable, RingChanges};
+use lease::LeaseServer;
 use peer::{PeerClient, PeerHit};
 use ring::{Ring, key_hash};
 
@@ -103,6 +106,15 @@ impl Members {
         self.ring.owner(key_hash(key), |_| true) != Some(self.me)
     }
 
+    /// Marks the peer `owner` down after a failed call (`error`), recording the ring change;
+    /// one log line when it goes down, not one per failed call.
+    fn failed(&self, owner: usize, error: &str, changes: &RingChanges, now: Timestamp) {
+        if !self.down[owner].swap(true, Ordering::Relaxed) {
+            tracing::warn!(peer = self.ring.addr(owner), error = %error, "peer failed; marking it down");
+            changes.record(now);
+        }
+    }
+
     fn live(&self) -> usize {
         (0..self.ring.len())
             .filter(|&i| i == self.me || !self.down[i].load(Ordering::Relaxed))
@@ -117,6 +129,9 @@ pub struct OwnerStore {
     local: Arc<MemoryStore>,
     durable: Option<Arc<Durable>>,
     members: Arc<ArcSwap<Members>>,
+    /// Lease mode: this node's lease server for the keys it owns.
+    leases: Option<Arc<LeaseServer>>,
+    changes: Arc<RingChanges>,
 }
 
 impl OwnerStore {
@@ -126,6 +141,27 @@ impl OwnerStore {
 
     pub fn durable(&self) -> Option<&Arc<Durable>> {
         self.durable.as_ref()
+    }
+
+    pub fn leases(&self) -> Option<&Arc<LeaseServer>> {
+        self.leases.as_ref()
+    }
+
+    /// Answers `node`'s lease asks as this node's lease server; `None` when not in lease mode.
+    pub fn answer_leases(
+        &self,
+        node: &str,
+        asks: &[(String, lease::Ask)],
+        now: Timestamp,
+    ) -> Option<Vec<lease::Grant>> {
+        let server = self.leases.as_ref()?;
+        let live = self.members.load().live();
+        let (_, last_change) = self.changes.last();
+        Some(
+            asks.iter()
+                .map(|(key, ask)| server.answer(node, key, ask, now, last_change, live))
+                .collect(),
+        )
     }
 }
 
@@ -163,6 +199,8 @@ pub struct ClusterStore {
     members: Arc<ArcSwap<Members>>,
     mode: ClusterMode,
     stats: Arc<ClusterStats>,
+    /// Lease mode: the leases this node holds, and how it asks for them.
+    lease: Option<Arc<leasing::Leasing>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -238,16 +276,31 @@ impl ClusterStore {
                     Durable::new(wb, local.clone(), changes.clone(), load_timeout)
                         .map_err(|e| e.to_string())?,
                 );
-                tasks.push(d.spawn_flusher(clock, wb.interval));
+                tasks.push(d.spawn_flusher(clock.clone(), wb.interval));
                 Some(d)
             }
             None => None,
         };
+        let lease_mode = settings.mode == ClusterMode::Lease;
         let owner = Arc::new(OwnerStore {
             local: local.clone(),
             durable,
             members: members.clone(),
+            leases: lease_mode.then(|| Arc::new(LeaseServer::new(settings.lease))),
+            changes: changes.clone(),
         });
+        let lease = lease_mode.then(|| {
+            Arc::new(leasing::Leasing::new(
+                settings,
+                owner.clone(),
+                members.clone(),
+                changes.clone(),
+                clock.clone(),
+            ))
+        });
+        if let Some(l) = &lease {
+            tasks.extend(l.spawn());
+        }
         Ok(ClusterStore {
             local,
             owner,
@@ -255,6 +308,7 @@ impl ClusterStore {
             members,
             mode: settings.mode,
             stats,
+            lease,
             tasks,
         })
     }
@@ -298,9 +352,25 @@ impl ClusterStore {
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let members = self.members.load_full();
-        if self.mode == ClusterMode::Divided {
-            return self.route_divided(&members, now, hits, refund, out).await;
+        match self.mode {
+            ClusterMode::Divided => {
+                return self.route_divided(&members, now, hits, refund, out).await;
+            }
+            ClusterMode::Lease => return self.route_lease(&members, now, hits, refund, out).await,
+            ClusterMode::Forward => {}
         }
+        self.route_forward(&members, now, hits, refund, out).await
+    }
+
+    /// Forward mode: each hit applied on its key's owner.
+    async fn route_forward(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        refund: bool,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
         let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
         // Two rounds: the owners as known now, then (for hits whose owner failed) the next
         // owners once the failed peers are marked down. The second round may be this node.
@@ -311,10 +381,10 @@ impl ClusterStore {
             if pending.is_empty() {
                 break;
             }
-            let groups = by_owner(&members, hits, pending);
+            let groups = by_owner(members, hits, pending);
             let calls = groups.iter().map(|(owner, idx)| {
                 let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
-                self.call_owner(&members, *owner, mine, now, refund)
+                self.call_owner(members, *owner, mine, now, refund)
             });
             let results = futures_util::future::join_all(calls).await;
             for ((_, idx), result) in groups.iter().zip(results) {
@@ -386,11 +456,7 @@ impl ClusterStore {
             Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
             Err(e) => {
                 self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
-                // One line when the peer goes down, not one per failed forward.
-                if !members.down[owner].swap(true, Ordering::Relaxed) {
-                    tracing::warn!(peer = members.ring.addr(owner), error = %e, "peer failed; marking it down");
-                    self.changes.record(now);
-                }
+                members.failed(owner, &e, &self.changes, now);
                 Err(None)
             }
         }
@@ -493,7 +559,9 @@ async fn probe_peers(
             let mark_down = !ok
                 && match mode {
                     ClusterMode::Divided => true,
-                    ClusterMode::Forward => state.0 && state.1 >= MISSES_BEFORE_DOWN,
+                    ClusterMode::Forward | ClusterMode::Lease => {
+                        state.0 && state.1 >= MISSES_BEFORE_DOWN
+                    }
                 };
             if !ok && !mark_down {
                 continue;

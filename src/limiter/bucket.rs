@@ -34,13 +34,9 @@ pub const EMPTY: u64 = 0;
 /// one). `None` for a rate of 0. A store that runs the algorithm elsewhere (a Redis script)
 /// takes them from here so both sides agree.
 pub fn params(quota: &Quota) -> Option<(u64, u64)> {
-    let t = emission_interval(quota)?;
-    let slots = match quota.algorithm {
-        Algorithm::LeakyBucket => quota.burst.map_or(0, |b| b.get()),
-        _ => quota.burst.map_or(quota.requests_per_unit, |b| b.get()),
-    };
+    let shape = Shape::of(quota)?;
     let clamp = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
-    Some((clamp(t), clamp(u128::from(slots) * t)))
+    Some((clamp(shape.t), clamp(shape.tolerance)))
 }
 
 /// Microseconds per hit for `quota`, rounded up; `None` for a rate of 0.
@@ -63,35 +59,77 @@ pub fn is_stale(state: u64, now_us: u64) -> bool {
     state <= now_us
 }
 
+/// A bucket as the algorithm sees it: the emission interval `t` and the tolerance (how far
+/// ahead of now the arrival time may run), in microseconds, and whether it leaks (nginx's
+/// `limit_req`) or holds tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    t: u128,
+    tolerance: u128,
+    leaky: bool,
+}
+
+impl Shape {
+    /// The shape of `quota`'s bucket; `None` for a rate of 0.
+    pub fn of(quota: &Quota) -> Option<Shape> {
+        let t = emission_interval(quota)?;
+        let leaky = quota.algorithm == Algorithm::LeakyBucket;
+        let slots = if leaky {
+            quota.burst.map_or(0, |b| b.get())
+        } else {
+            quota.burst.map_or(quota.requests_per_unit, |b| b.get())
+        };
+        Some(Shape {
+            t,
+            tolerance: u128::from(slots) * t,
+            leaky,
+        })
+    }
+
+    /// The bucket of a `part / whole` share of this one (a lease, `crate::cluster::lease`):
+    /// the emission interval stretched by `whole / part` and the same tolerance, so the share's
+    /// part of the rate and of the capacity. `part` must be above 0.
+    pub fn share(self, part: u64, whole: u64) -> Shape {
+        let t = (self.t * u128::from(whole)).div_ceil(u128::from(part.max(1)));
+        Shape { t, ..self }
+    }
+}
+
 /// Applies `hits` at `now_us` to a token or leaky bucket.
 pub fn decide(state: u64, now_us: u64, quota: &Quota, hits: u64) -> (Decision, u64) {
+    match Shape::of(quota) {
+        Some(shape) => decide_shaped(state, now_us, shape, hits),
+        None => {
+            // A rate of 0 admits nothing; a peek still answers OK, as a fixed window of 0 does.
+            let d = Decision {
+                count_before: 0,
+                count_after: hits,
+                over: hits > 0,
+                remaining: 0,
+                reset_after_secs: quota.unit.secs(),
+            };
+            (d, state)
+        }
+    }
+}
+
+/// Applies `hits` at `now_us` to a bucket of `shape`.
+pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decision, u64) {
     let now = u128::from(now_us);
     let tat = u128::from(state);
-    let Some(t) = emission_interval(quota) else {
-        // A rate of 0 admits nothing; a peek still answers OK, as a fixed window of 0 does.
-        let d = Decision {
-            count_before: 0,
-            count_after: hits,
-            over: hits > 0,
-            remaining: 0,
-            reset_after_secs: quota.unit.secs(),
-        };
-        return (d, state);
-    };
+    let Shape {
+        t,
+        tolerance,
+        leaky,
+    } = shape;
     let n = u128::from(hits);
-    let leaky = quota.algorithm == Algorithm::LeakyBucket;
-    // How far ahead of `now` the bucket may run, and where it would stand after `n` hits.
-    let (tolerance, tat_after) = if leaky {
-        let burst = u128::from(quota.burst.map_or(0, |b| b.get()));
-        let after = if n == 0 {
-            tat.max(now)
-        } else {
-            (tat + n * t).max(now + (n - 1) * t)
-        };
-        (burst * t, after)
+    // Where the bucket would stand after `n` hits.
+    let tat_after = if !leaky {
+        tat.max(now) + n * t
+    } else if n == 0 {
+        tat.max(now)
     } else {
-        let capacity = u128::from(quota.burst.map_or(quota.requests_per_unit, |b| b.get()));
-        (capacity * t, tat.max(now) + n * t)
+        (tat + n * t).max(now + (n - 1) * t)
     };
     // A peek asks whether one more hit would pass.
     let probe = if n == 0 {
@@ -143,13 +181,16 @@ pub fn decide(state: u64, now_us: u64, quota: &Quota, hits: u64) -> (Decision, u
 /// arrival time back by `hits` emission intervals. For both buckets the result decides every
 /// later call exactly as the state before the admission would have.
 pub fn refund(state: u64, quota: &Quota, hits: u64) -> u64 {
-    match emission_interval(quota) {
+    match Shape::of(quota) {
         None => state,
-        Some(t) => {
-            let back = u128::from(state).saturating_sub(u128::from(hits) * t);
-            u64::try_from(back).unwrap_or(u64::MAX)
-        }
+        Some(shape) => refund_shaped(state, shape, hits),
     }
+}
+
+/// [`refund`] for a bucket of `shape`.
+pub fn refund_shaped(state: u64, shape: Shape, hits: u64) -> u64 {
+    let back = u128::from(state).saturating_sub(u128::from(hits) * shape.t);
+    u64::try_from(back).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use clap::ArgAction;
 use super::parse::parse_go_bool;
 use super::redis::RedisArgs;
 use super::{SettingsError, invalid};
+use crate::cluster::lease::LeaseTiming;
 use crate::cluster::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 
 /// The peer cluster's settings, raw.
@@ -36,7 +37,8 @@ pub struct ClusterArgs {
     pub peer_advertise_address: Option<String>,
     /// `forward`: each counter lives on its owner, others forward hits to it (exact global
     /// limits). `divided`: each node enforces limit / healthy peers locally, with no network
-    /// on the request path (Cortex's global limiter).
+    /// on the request path (Cortex's global limiter). `lease`: each key's owner leases shares
+    /// of its capacity to the nodes, which decide locally (docs/cluster.md).
     #[arg(
         long,
         env = "SLUICE_CLUSTER_MODE",
@@ -85,6 +87,34 @@ pub struct ClusterArgs {
         help_heading = "Peer cluster"
     )]
     pub peer_write_behind_ms: u64,
+    /// Lease mode: how often each node renews the leases it holds, in milliseconds (10 to
+    /// 10000).
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_RENEW_MS",
+        default_value_t = 100,
+        help_heading = "Peer cluster"
+    )]
+    pub lease_renew_ms: u64,
+    /// Lease mode: how long a bucket lease, and a node's claim on the owner's fair share,
+    /// lasts without renewal, in milliseconds; at least twice SLUICE_LEASE_RENEW_MS, at most
+    /// 600000. Also how long a new owner caps grants while it rebuilds a key.
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_DURATION_MS",
+        default_value_t = 1000,
+        help_heading = "Peer cluster"
+    )]
+    pub lease_duration_ms: u64,
+    /// Lease mode: the most keys one node holds leases on, and the most it leases as an owner
+    /// (1 to 10000000); past it, a key's hits are forwarded to its owner.
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_MAX_KEYS",
+        default_value_t = 100_000,
+        help_heading = "Peer cluster"
+    )]
+    pub lease_max_keys: usize,
 }
 
 impl ClusterArgs {
@@ -106,14 +136,16 @@ impl ClusterArgs {
         let mode = match self.cluster_mode.to_ascii_lowercase().as_str() {
             "forward" => ClusterMode::Forward,
             "divided" => ClusterMode::Divided,
+            "lease" => ClusterMode::Lease,
             _ => {
                 return Err(invalid(
                     "SLUICE_CLUSTER_MODE",
                     &self.cluster_mode,
-                    "expected forward or divided",
+                    "expected forward, divided or lease",
                 ));
             }
         };
+        let lease = self.lease_timing()?;
         if self.peer_timeout_ms == 0 {
             return Err(invalid("SLUICE_PEER_TIMEOUT_MS", 0, "must be at least 1"));
         }
@@ -125,7 +157,42 @@ impl ClusterArgs {
             timeout: Duration::from_millis(self.peer_timeout_ms),
             batch_window: Duration::from_micros(self.peer_batch_window_us),
             write_behind: None,
+            lease,
         }))
+    }
+
+    /// SLUICE_LEASE_RENEW_MS, SLUICE_LEASE_DURATION_MS and SLUICE_LEASE_MAX_KEYS.
+    fn lease_timing(&self) -> Result<LeaseTiming, SettingsError> {
+        let (renew, duration) = (self.lease_renew_ms, self.lease_duration_ms);
+        if !(10..=10_000).contains(&renew) {
+            return Err(invalid(
+                "SLUICE_LEASE_RENEW_MS",
+                renew,
+                "must be between 10 and 10000",
+            ));
+        }
+        if duration < 2 * renew || duration > 600_000 {
+            return Err(invalid(
+                "SLUICE_LEASE_DURATION_MS",
+                duration,
+                format!(
+                    "must be at least twice SLUICE_LEASE_RENEW_MS ({}) and at most 600000",
+                    2 * renew
+                ),
+            ));
+        }
+        if !(1..=10_000_000).contains(&self.lease_max_keys) {
+            return Err(invalid(
+                "SLUICE_LEASE_MAX_KEYS",
+                self.lease_max_keys,
+                "must be between 1 and 10000000",
+            ));
+        }
+        Ok(LeaseTiming {
+            renew: Duration::from_millis(renew),
+            duration: Duration::from_millis(duration),
+            max_keys: self.lease_max_keys,
+        })
     }
 
     /// PEERS (each `host:port`) or PEERS_DNS, not both; `None` for neither.
@@ -201,13 +268,24 @@ impl ClusterArgs {
                 "needs PEERS or PEERS_DNS: it makes the peer cluster's counters durable",
             ));
         };
-        if cluster.mode == ClusterMode::Divided {
-            return Err(invalid(
-                VAR,
-                true,
-                "needs SLUICE_CLUSTER_MODE=forward: in divided mode no node owns a counter, so \
-             there is nothing to take over",
-            ));
+        match cluster.mode {
+            ClusterMode::Forward => {}
+            ClusterMode::Divided => {
+                return Err(invalid(
+                    VAR,
+                    true,
+                    "needs SLUICE_CLUSTER_MODE=forward: in divided mode no node owns a counter, \
+                 so there is nothing to take over",
+                ));
+            }
+            ClusterMode::Lease => {
+                return Err(invalid(
+                    VAR,
+                    true,
+                    "needs SLUICE_CLUSTER_MODE=forward: in lease mode a key's new owner rebuilds \
+                 it from what the nodes report holding, not from Redis",
+                ));
+            }
         }
         if let Some(kind) = backend_type.filter(|b| !b.eq_ignore_ascii_case("memory")) {
             return Err(invalid(

@@ -1,0 +1,363 @@
+//! The lease client: what this node holds of each key's capacity, and every decision made from
+//! it, locally, with no network.
+//!
+//! - **Windows**: an allowance per window (and the next window's, granted ahead); a hit is
+//!   admitted while the node's count in the window plus the hit fits the allowance.
+//! - **Buckets**: a local bucket of the node's share: the key's bucket with its emission
+//!   interval stretched by `1 / share`, so its rate and its capacity are the share's part of
+//!   the key's. A change of share keeps the fraction of the local bucket in use.
+//!
+//! A hit that does not fit asks the owner for more (an *acquire*, one hop), at most once per
+//! renewal interval per key; otherwise it is refused locally. Every key held is renewed in the
+//! background ([`Held::renewal`]), reporting the attempted demand and what is used, and giving
+//! back what the node holds beyond its need.
+
+use super::server::{Ask, Grant, LeaseTiming, PPM, window_index, window_left_us};
+use crate::limiter::{Algorithm, Decision, Quota, bucket};
+
+/// What this node holds of one key.
+#[derive(Clone, Debug)]
+pub struct Held {
+    quota: Quota,
+    /// Windows: the window `allowance` and `used` are about. Buckets: 0.
+    epoch: u64,
+    /// Windows: the most hits this node may admit in `epoch`. Buckets: the share in ppm.
+    allowance: u64,
+    /// Windows: hits admitted in `epoch`.
+    used: u64,
+    /// The next window's allowance, granted ahead.
+    next: Option<(u64, u64)>,
+    /// The lease holds until then (µs).
+    valid_until_us: u64,
+    /// What the other nodes held or used when the last grant came.
+    others: u64,
+    /// Buckets: the local bucket's theoretical arrival time (µs).
+    tat: u64,
+    /// Hits asked for (admitted or not) since the last renewal was sent.
+    attempted: u64,
+    /// When the last renewal (or the first acquire) was sent.
+    reported_us: u64,
+    /// Hits per second asked for, in thousandths, smoothed over renewals.
+    demand_milli: u64,
+    /// When this node last acquired for the key.
+    acquired_us: u64,
+    /// When a hit last came.
+    touched_us: u64,
+    /// A call about this key is under way; its answer will be applied by its sender.
+    pub in_flight: bool,
+    /// The ring changes this node had seen when it last reported the key.
+    reported_changes: u64,
+}
+
+/// A local decision, or the need to ask the owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Local {
+    Decided(Decision),
+    /// The hit does not fit and an acquire may be sent: send `Ask`, then [`Held::grant`] and
+    /// [`Held::decide_after_acquire`].
+    Acquire(Ask),
+    /// The hit does not fit, and a call is under way that may change that.
+    Wait,
+}
+
+impl Held {
+    /// A key this node holds nothing of yet, seen at `now_us`. `live` is the number of live
+    /// peers, which sizes the first demand: the key at its full rate, shared equally.
+    pub fn new(quota: Quota, now_us: u64, live: u64) -> Self {
+        let rate_milli =
+            u64::from(quota.requests_per_unit) * 1000 / quota.unit.secs() / live.max(1);
+        Held {
+            quota,
+            epoch: epoch_of(&quota, now_us),
+            allowance: 0,
+            used: 0,
+            next: None,
+            valid_until_us: 0,
+            others: 0,
+            tat: 0,
+            attempted: 0,
+            reported_us: now_us,
+            demand_milli: rate_milli,
+            acquired_us: 0,
+            touched_us: now_us,
+            in_flight: false,
+            reported_changes: 0,
+        }
+    }
+
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// Decides `hits` at `now_us` from what is held, or says to acquire (when no acquire was
+    /// sent for the key within `renew_us`) or to wait for the call under way.
+    pub fn decide(&mut self, now_us: u64, hits: u64, renew_us: u64) -> Local {
+        self.roll(now_us);
+        self.attempted += hits;
+        self.touched_us = now_us;
+        if let Some(d) = self.try_admit(now_us, hits) {
+            return Local::Decided(d);
+        }
+        if self.in_flight {
+            return Local::Wait;
+        }
+        if self.acquired_us != 0 && now_us < self.acquired_us + renew_us {
+            return Local::Decided(self.refusal(now_us, hits));
+        }
+        self.acquired_us = now_us;
+        self.in_flight = true;
+        Local::Acquire(Ask {
+            want: hits,
+            ..self.report(now_us)
+        })
+    }
+
+    /// Decides `hits` once the call it waited for is answered: admitted if it fits now,
+    /// refused otherwise (no second acquire).
+    pub fn decide_after_acquire(&mut self, now_us: u64, hits: u64) -> Decision {
+        self.roll(now_us);
+        self.try_admit(now_us, hits)
+            .unwrap_or_else(|| self.refusal(now_us, hits))
+    }
+
+    /// Gives back `hits` admitted earlier at `now_us` (another limit refused the request). A
+    /// fixed window gives nothing back, as everywhere in Sluice.
+    pub fn refund(&mut self, now_us: u64, hits: u64) {
+        self.roll(now_us);
+        match self.quota.algorithm {
+            Algorithm::FixedWindow => {}
+            Algorithm::SlidingWindow => self.used = self.used.saturating_sub(hits),
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                if let Some(shape) = self.local_bucket() {
+                    self.tat = bucket::refund_shaped(self.tat, shape, hits);
+                }
+            }
+        }
+    }
+
+    /// Applies a grant answering an ask sent at `sent_us`.
+    pub fn grant(&mut self, g: &Grant, sent_us: u64) {
+        self.in_flight = false;
+        if is_window(&self.quota) {
+            if g.epoch == self.epoch {
+                // The server only raises; the node lowered its own record when it asked.
+                self.allowance = self.allowance.max(g.allowance);
+            } else if g.epoch > self.epoch {
+                self.epoch = g.epoch;
+                self.used = 0;
+                self.allowance = g.allowance;
+            }
+            self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
+            self.others = g.others;
+        } else {
+            self.reshare(sent_us, g.allowance);
+        }
+        self.valid_until_us = sent_us + g.valid_us;
+    }
+
+    /// A call about the key failed: keep what is held until the lease ends.
+    pub fn failed(&mut self) {
+        self.in_flight = false;
+    }
+
+    /// The renewal to send at `now_us`, when the key needs one: something is held, hits came
+    /// since the last report, or the ring changed since (a new owner must learn what is held).
+    /// Lowers what is held to what the node keeps.
+    pub fn renewal(&mut self, now_us: u64, changes: u64, timing: &LeaseTiming) -> Option<Ask> {
+        self.roll(now_us);
+        if self.in_flight {
+            return None;
+        }
+        let holds = if is_window(&self.quota) {
+            self.allowance > self.used || self.next.is_some()
+        } else {
+            self.allowance > 0 && now_us < self.valid_until_us
+        };
+        if !holds && self.attempted == 0 && changes == self.reported_changes {
+            return None;
+        }
+        self.reported_changes = changes;
+        let ask = self.report(now_us);
+        let keep = self.keep(now_us, timing);
+        if is_window(&self.quota) {
+            self.allowance = keep;
+        } else {
+            self.reshare(now_us, keep);
+        }
+        self.in_flight = true;
+        Some(Ask { keep, ..ask })
+    }
+
+    /// Whether the key can be forgotten at `now_us`: nothing held, no hit for a lease duration,
+    /// and (buckets) the local bucket at rest, so forgetting it gives no burst back.
+    pub fn idle(&self, now_us: u64, timing: &LeaseTiming) -> bool {
+        let quiet = now_us >= self.touched_us + timing.duration_us() && !self.in_flight;
+        if is_window(&self.quota) {
+            quiet && epoch_of(&self.quota, now_us) > self.epoch && self.next.is_none()
+        } else {
+            quiet && now_us >= self.valid_until_us && self.tat <= now_us
+        }
+    }
+
+    /// What this node holds, for the debug endpoint: (epoch, allowance or share, used).
+    pub fn holding(&self) -> (u64, u64, u64) {
+        (self.epoch, self.allowance, self.used)
+    }
+
+    /// The report part of an ask: what is used and held, and the demand (which this updates:
+    /// the attempted hits since the last report, averaged with the previous estimate).
+    fn report(&mut self, now_us: u64) -> Ask {
+        let elapsed = now_us.saturating_sub(self.reported_us);
+        if elapsed > 0 && (self.attempted > 0 || elapsed >= 1_000) {
+            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(elapsed);
+            let rate = u64::try_from(rate).unwrap_or(u64::MAX);
+            self.demand_milli = self.demand_milli / 2 + rate / 2;
+        }
+        self.attempted = 0;
+        self.reported_us = now_us;
+        Ask {
+            quota: self.quota,
+            epoch: self.epoch,
+            used: self.used,
+            keep: self.allowance,
+            want: 0,
+            demand_milli: self.demand_milli,
+        }
+    }
+
+    /// What to keep at a renewal: what is used and the need until the next grant arrives
+    /// (windows), or the share the demand needs (buckets); never more than is held.
+    fn keep(&self, now_us: u64, timing: &LeaseTiming) -> u64 {
+        if is_window(&self.quota) {
+            let until = timing.horizon_us().min(window_left_us(&self.quota, now_us));
+            let need = (u128::from(self.demand_milli) * u128::from(until)).div_ceil(1_000_000_000);
+            let need = u64::try_from(need).unwrap_or(u64::MAX);
+            self.allowance.min(self.used.saturating_add(need))
+        } else {
+            let rate_milli =
+                (u64::from(self.quota.requests_per_unit) * 1000 / self.quota.unit.secs()).max(1);
+            let need =
+                u128::from(self.demand_milli) * u128::from(PPM) * 5 / 4 / u128::from(rate_milli);
+            self.allowance
+                .min(u64::try_from(need).unwrap_or(u64::MAX).max(1))
+        }
+    }
+
+    /// Moves a window lease to the window containing `now_us`: the next window's allowance
+    /// if it was granted ahead, else nothing held.
+    fn roll(&mut self, now_us: u64) {
+        if !is_window(&self.quota) {
+            return;
+        }
+        let index = window_index(&self.quota, now_us);
+        if index <= self.epoch {
+            return;
+        }
+        let (allowance, _) = match self.next.take() {
+            Some((i, a)) if i == index => (a, i),
+            _ => (0, index),
+        };
+        self.epoch = index;
+        self.allowance = allowance;
+        self.used = 0;
+        self.others = 0;
+    }
+
+    fn try_admit(&mut self, now_us: u64, hits: u64) -> Option<Decision> {
+        if is_window(&self.quota) {
+            if self.used + hits > self.allowance {
+                return None;
+            }
+            let before = self.others + self.used;
+            self.used += hits;
+            return Some(self.window_decision(now_us, before, hits, false));
+        }
+        if now_us >= self.valid_until_us {
+            return None;
+        }
+        let shape = self.local_bucket()?;
+        let (d, tat) = bucket::decide_shaped(self.tat, now_us, shape, hits);
+        if d.over {
+            return None;
+        }
+        self.tat = tat;
+        Some(d)
+    }
+
+    fn refusal(&self, now_us: u64, hits: u64) -> Decision {
+        if is_window(&self.quota) {
+            return self.window_decision(now_us, self.others + self.used, hits, true);
+        }
+        match self.local_bucket() {
+            Some(shape) if now_us < self.valid_until_us => {
+                let (mut d, _) = bucket::decide_shaped(self.tat, now_us, shape, hits);
+                d.over = true;
+                d.remaining = 0;
+                d
+            }
+            _ => Decision {
+                count_before: 0,
+                count_after: hits,
+                over: true,
+                remaining: 0,
+                reset_after_secs: 1,
+            },
+        }
+    }
+
+    fn window_decision(&self, now_us: u64, before: u64, hits: u64, over: bool) -> Decision {
+        let limit = u64::from(self.quota.requests_per_unit);
+        let after = before + hits;
+        Decision {
+            count_before: before,
+            count_after: after,
+            over,
+            remaining: if over {
+                0
+            } else {
+                u32::try_from(limit.saturating_sub(after)).unwrap_or(u32::MAX)
+            },
+            reset_after_secs: window_left_us(&self.quota, now_us).div_ceil(1_000_000),
+        }
+    }
+
+    /// The local bucket of this node's share: the key's bucket with `share / PPM` of its rate
+    /// and the same time tolerance, so `share / PPM` of its capacity. `None` for no share (or a
+    /// rate of 0).
+    fn local_bucket(&self) -> Option<bucket::Shape> {
+        let shape = bucket::Shape::of(&self.quota)?;
+        (self.allowance > 0).then(|| shape.share(self.allowance, PPM))
+    }
+
+    /// Changes a bucket share to `share` at `now_us`, keeping the part of the local bucket in
+    /// use (its arrival time ahead of now scales with the emission interval).
+    fn reshare(&mut self, now_us: u64, share: u64) {
+        let share = share.min(PPM);
+        if share == self.allowance {
+            return;
+        }
+        if self.allowance > 0 && share > 0 && self.tat > now_us {
+            let ahead =
+                u128::from(self.tat - now_us) * u128::from(self.allowance) / u128::from(share);
+            self.tat = now_us.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX));
+        } else if share == 0 {
+            self.tat = self.tat.max(now_us);
+        }
+        self.allowance = share;
+    }
+}
+
+fn is_window(quota: &Quota) -> bool {
+    matches!(
+        quota.algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow
+    )
+}
+
+fn epoch_of(quota: &Quota, now_us: u64) -> u64 {
+    if is_window(quota) {
+        window_index(quota, now_us)
+    } else {
+        0
+    }
+}

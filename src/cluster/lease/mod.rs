@@ -1,0 +1,230 @@
+//! Lease mode (SLUICE_CLUSTER_MODE=lease): global limits decided with no network hop on the
+//! request path. Each key's owner on the ring is its lease server ([`server`]): it hands every
+//! node that asks a lease on part of the key's capacity, sized by max-min fair share
+//! ([`share`]) on the nodes' attempted demand, and the nodes decide locally from what they hold
+//! ([`client`]).
+//!
+//! - **Cold keys**: a node that holds nothing for a key sends the hit's owner an *acquire* with
+//!   its first hit (one hop), and decides locally from then on. A hit that does not fit what
+//!   the node holds may acquire again, at most once per renewal interval per key.
+//! - **Renewals**: every SLUICE_LEASE_RENEW_MS one task sends each owner one call carrying
+//!   every key this node holds of it, with what it used, what it keeps and its demand. Peer
+//!   traffic grows with peers and renewal ticks, not with requests.
+//! - **Boundaries**: a fixed window's next allowance is granted ahead in the last renewal
+//!   horizon of the window, so a new window needs no call.
+//! - **Failure**: a node keeps deciding from its leases when their owner is unreachable (a
+//!   partitioned node never passes its last lease); a new owner rebuilds each key from the
+//!   nodes' reports, capping grants at an equal share until a lease duration has passed.
+//! - **Bounds**: SLUICE_LEASE_MAX_KEYS keys held by the client and leased by the server; past
+//!   it, a key's hits are forwarded to its owner as in forward mode.
+
+pub mod client;
+pub mod server;
+pub mod share;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use dashmap::DashMap;
+use tokio::sync::Notify;
+
+use crate::limiter::{Decision, Quota};
+use client::{Held, Local};
+pub use server::{Ask, Grant, HolderView, LeaseServer, LeaseTiming};
+
+/// One key this node holds: its lease, and a wake-up for the hits waiting on a call about it.
+pub struct Slot {
+    held: Mutex<Held>,
+    pub(crate) answered: Notify,
+}
+
+impl Slot {
+    /// Whether a call about the key is under way.
+    pub fn in_flight(&self) -> bool {
+        self.lock().in_flight
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies the answer to an ask sent at `sent_us` (`None`: the call failed) and wakes the
+    /// hits waiting for it.
+    pub fn answer(&self, grant: Option<&Grant>, sent_us: u64) {
+        {
+            let mut held = self.lock();
+            match grant {
+                Some(g) => held.grant(g, sent_us),
+                None => held.failed(),
+            }
+        }
+        self.answered.notify_waiters();
+    }
+
+    /// Decides hits that waited for a call, without acquiring again.
+    pub fn decide_after(&self, now_us: u64, hits: u64) -> Decision {
+        self.lock().decide_after_acquire(now_us, hits)
+    }
+}
+
+/// What this node does with one hit in lease mode.
+pub enum Route {
+    /// Decided locally.
+    Decided(Decision),
+    /// Send this acquire to the key's owner, then [`Slot::answer`] and [`Slot::decide_after`].
+    Acquire(Arc<Slot>, Ask),
+    /// Wait for the call under way about the key (`Slot::answered`), then [`Slot::decide_after`].
+    Wait(Arc<Slot>),
+    /// Not leased here (the table is full): forward the hit to its owner.
+    Forward,
+}
+
+/// A renewal due: the key, the slot its answer goes to, and the ask.
+pub type Due = (Box<str>, Arc<Slot>, Ask);
+
+/// What lease mode did, for `/stats` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct LeaseStats {
+    /// Hits decided from a lease, with no call.
+    pub local_decisions: AtomicU64,
+    /// Acquires sent (hits that did not fit what this node held).
+    pub acquires: AtomicU64,
+    /// Keys renewed, and the calls that carried them.
+    pub renewals: AtomicU64,
+    pub renewal_calls: AtomicU64,
+    /// Asks this node answered as a lease server.
+    pub grants: AtomicU64,
+    /// Keys this node stopped holding: no hit and nothing held for a lease duration.
+    pub expired: AtomicU64,
+    /// Hits forwarded because a lease table was full.
+    pub forwarded: AtomicU64,
+}
+
+/// The keys this node holds leases on.
+pub struct LeaseClient {
+    slots: DashMap<Box<str>, Arc<Slot>, foldhash::fast::RandomState>,
+    timing: LeaseTiming,
+    pub stats: LeaseStats,
+}
+
+impl LeaseClient {
+    pub fn new(timing: LeaseTiming) -> Self {
+        LeaseClient {
+            slots: DashMap::default(),
+            timing,
+            stats: LeaseStats::default(),
+        }
+    }
+
+    pub fn timing(&self) -> &LeaseTiming {
+        &self.timing
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// How `hits` on `key` are decided at `now_us`; `live` is the number of live peers.
+    pub fn route(&self, key: &str, quota: Quota, now_us: u64, hits: u64, live: usize) -> Route {
+        let slot = match self.slots.get(key) {
+            Some(s) if *s.lock().quota() == quota => s.clone(),
+            _ => match self.slot_for(key, quota, now_us, live) {
+                Some(s) => s,
+                None => {
+                    self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+                    return Route::Forward;
+                }
+            },
+        };
+        let local = slot
+            .lock()
+            .decide(now_us, hits, server::micros(self.timing.renew));
+        match local {
+            Local::Decided(d) => {
+                self.stats.local_decisions.fetch_add(1, Ordering::Relaxed);
+                Route::Decided(d)
+            }
+            Local::Acquire(ask) => {
+                self.stats.acquires.fetch_add(1, Ordering::Relaxed);
+                Route::Acquire(slot, ask)
+            }
+            Local::Wait => Route::Wait(slot),
+        }
+    }
+
+    /// A new slot for `key` (or a fresh one when its quota changed); `None` when the table is
+    /// full.
+    fn slot_for(&self, key: &str, quota: Quota, now_us: u64, live: usize) -> Option<Arc<Slot>> {
+        if !self.slots.contains_key(key) && self.slots.len() >= self.timing.max_keys {
+            return None;
+        }
+        let live = u64::try_from(live).unwrap_or(u64::MAX);
+        let fresh = || {
+            Arc::new(Slot {
+                held: Mutex::new(Held::new(quota, now_us, live)),
+                answered: Notify::new(),
+            })
+        };
+        let mut entry = self.slots.entry(key.into()).or_insert_with(fresh);
+        if *entry.lock().quota() != quota {
+            *entry = fresh();
+        }
+        Some(entry.clone())
+    }
+
+    /// Gives back `hits` on `key` admitted earlier; false when the key is not held here (its
+    /// hits were forwarded, so the refund must be too).
+    pub fn refund(&self, key: &str, now_us: u64, hits: u64) -> bool {
+        match self.slots.get(key) {
+            Some(s) => {
+                s.lock().refund(now_us, hits);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The owner refused to lease `key`: forget it, so its hits are forwarded.
+    pub fn unleased(&self, key: &str) {
+        self.slots.remove(key);
+    }
+
+    /// The renewals due at `now_us`, with the slot each answer goes to, and forgets the keys
+    /// that are idle. `changes` counts the ring changes seen so far.
+    pub fn renewals(&self, now_us: u64, changes: u64) -> Vec<Due> {
+        let mut due = Vec::new();
+        let mut idle = Vec::new();
+        for entry in &self.slots {
+            let mut held = entry.value().lock();
+            if held.idle(now_us, &self.timing) {
+                idle.push(entry.key().clone());
+            } else if let Some(ask) = held.renewal(now_us, changes, &self.timing) {
+                due.push((entry.key().clone(), entry.value().clone(), ask));
+            }
+        }
+        for key in idle {
+            let gone = self
+                .slots
+                .remove_if(&key, |_, s| s.lock().idle(now_us, &self.timing));
+            if gone.is_some() {
+                self.stats.expired.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.stats
+            .renewals
+            .fetch_add(due.len() as u64, Ordering::Relaxed);
+        due
+    }
+
+    /// What this node holds of `key`: (window index or 0, allowance or share in ppm, used).
+    pub fn holding(&self, key: &str) -> Option<(u64, u64, u64)> {
+        self.slots.get(key).map(|s| s.lock().holding())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,601 @@
+//! The lease server: the owner of a key (its owner on the ring) hands out the key's capacity to
+//! the nodes that ask for it, as leases, and keeps what it has handed out.
+//!
+//! - **Windows** (fixed and sliding): a lease is an *allowance*, the most hits the node may
+//!   admit in one window, counted from the window's start. The server keeps every node's
+//!   allowance for the current window (and for the next, once granted ahead) and never lets
+//!   their sum pass the limit (for a sliding window: the limit less the previous window's
+//!   weighted allowances at the moment of the grant, which only grows as the window goes on).
+//!   So a window admits at most its limit, whatever the timing.
+//! - **Buckets** (token and leaky): a lease is a *share* of the bucket (parts per million of its
+//!   rate and of its capacity); the node runs a local bucket of that share
+//!   ([`super::client`]). Shares never sum past one million.
+//!
+//! Allowances and shares only go up at the server and only down at the client: a node lowers
+//! what it holds when it renews (`keep`, what it promises not to exceed), the server raises it
+//! by a grant. The server therefore never counts on capacity a node may still be using.
+//!
+//! **Fair share.** A grant is the node's max-min fair part ([`super::share`]) of what is left,
+//! split over the needs of the nodes whose leases are live: each node's need is its reported
+//! *attempted* demand (refused hits included, Ably's lesson: measuring admitted traffic makes
+//! shares oscillate) over the renewal horizon. A node that stops renewing keeps its allowance
+//! charged until the window ends (it may have used it) but no longer counts for the split;
+//! a bucket share is freed when its lease expires, since the node stops using it then.
+//!
+//! **Rebuild.** A key this node starts serving within a lease duration of a ring change (its own
+//! start, a peer lost or added) may still be held by nodes under leases from another owner. Until
+//! the lease duration has passed, every node's allowance is capped at an equal share of the limit
+//! over the live nodes (the divided mode's share), and the nodes' reports (`used`, `keep`) are
+//! taken as what they hold: every live node renews every key it holds each renewal interval, so
+//! the server learns what is held within one interval, and what it cannot learn is what the lost
+//! owner admitted itself.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+use super::share::max_min_fair;
+use crate::clock::Timestamp;
+use crate::limiter::{Algorithm, Quota};
+
+/// Shares of a bucket are parts per million.
+pub const PPM: u64 = 1_000_000;
+
+/// What a node asks about one key: a renewal (`want` 0) or an acquire (hits it wants to admit
+/// now and cannot from what it holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    pub quota: Quota,
+    /// Windows: the window index `used` and `keep` are about. Buckets: 0.
+    pub epoch: u64,
+    /// Windows: hits this node admitted in that window. Buckets: unused.
+    pub used: u64,
+    /// What the node still holds and will not exceed: an allowance (windows) or a share in ppm
+    /// (buckets). The server lowers its record to this, never raises from it.
+    pub keep: u64,
+    /// Hits to admit now, beyond what the node holds (an acquire).
+    pub want: u64,
+    /// Hits per second this node was asked for (admitted or not), in thousandths.
+    pub demand_milli: u64,
+}
+
+/// What the server grants for one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// Windows: the window index `allowance` is for. Buckets: 0.
+    pub epoch: u64,
+    /// The node's allowance in that window, or its share in ppm.
+    pub allowance: u64,
+    /// The allowance granted ahead for the next window, when it starts within the horizon.
+    pub next_allowance: Option<u64>,
+    /// The lease ends this long after the node sent its ask.
+    pub valid_us: u64,
+    /// What the other nodes hold or used in the window (windows), for the `remaining` a node
+    /// answers with.
+    pub others: u64,
+    /// False when this server does not lease the key (its table is full): the node forwards
+    /// the key's hits instead.
+    pub leased: bool,
+}
+
+/// The lease server's timing: the renewal interval, the lease duration, and its table bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTiming {
+    /// SLUICE_LEASE_RENEW_MS: how often nodes renew.
+    pub renew: Duration,
+    /// SLUICE_LEASE_DURATION_MS: how long a lease holds without renewal.
+    pub duration: Duration,
+    /// SLUICE_LEASE_MAX_KEYS: keys leased (server) or held (client) at most.
+    pub max_keys: usize,
+}
+
+impl LeaseTiming {
+    /// The settings' defaults: renew every 100 ms, leases of 1 s, 100,000 keys.
+    pub const DEFAULT: LeaseTiming = LeaseTiming {
+        renew: Duration::from_millis(100),
+        duration: Duration::from_secs(1),
+        max_keys: 100_000,
+    };
+
+    /// How far ahead a grant looks: until the node's next renewal, with one interval of slack.
+    pub fn horizon_us(&self) -> u64 {
+        micros(self.renew) * 2
+    }
+
+    pub fn duration_us(&self) -> u64 {
+        micros(self.duration)
+    }
+}
+
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// One node's lease on a key.
+#[derive(Clone, Debug)]
+struct Holder {
+    node: Box<str>,
+    /// Windows: the allowance in the window; buckets: the share in ppm.
+    allowance: u64,
+    /// Windows: hits the node reported admitted in the window.
+    used: u64,
+    demand_milli: u64,
+    expires_us: u64,
+}
+
+/// The holders of one window's allowances.
+#[derive(Clone, Debug, Default)]
+struct Epoch {
+    index: u64,
+    holders: Vec<Holder>,
+}
+
+impl Epoch {
+    /// Window `index`, with the holders of `before` as claimants (nothing held or used yet),
+    /// so the first node to ask in it cannot take the share the others' demand claims.
+    fn following(before: &Epoch, index: u64) -> Epoch {
+        Epoch {
+            index,
+            holders: before
+                .holders
+                .iter()
+                .map(|h| Holder {
+                    allowance: 0,
+                    used: 0,
+                    ..h.clone()
+                })
+                .collect(),
+        }
+    }
+
+    fn allowances(&self) -> u64 {
+        self.holders.iter().map(|h| h.allowance).sum()
+    }
+
+    fn holder(&mut self, node: &str) -> (usize, bool) {
+        match self.holders.iter().position(|h| &*h.node == node) {
+            Some(i) => (i, false),
+            None => {
+                self.holders.push(Holder {
+                    node: node.into(),
+                    allowance: 0,
+                    used: 0,
+                    demand_milli: 0,
+                    expires_us: 0,
+                });
+                (self.holders.len() - 1, true)
+            }
+        }
+    }
+}
+
+/// Everything the server keeps for one key.
+#[derive(Debug)]
+struct KeyLeases {
+    quota: Quota,
+    /// Until when (µs) grants are capped at an equal share (see the module's "Rebuild").
+    rebuild_until_us: u64,
+    /// Windows: the current window and the next one, once granted ahead; the previous one's
+    /// allowances for a sliding window. Buckets: `current` only, index 0.
+    current: Epoch,
+    next: Option<Epoch>,
+    previous_allowances: u64,
+}
+
+/// What one grant is computed from, beside the key's state.
+struct GrantContext<'a> {
+    node: &'a str,
+    now_us: u64,
+    /// Live nodes, for the rebuild cap.
+    live: u64,
+    timing: &'a LeaseTiming,
+}
+
+/// A lease server's table: one entry per key it leases.
+pub struct LeaseServer {
+    keys: DashMap<Box<str>, Mutex<KeyLeases>, foldhash::fast::RandomState>,
+    timing: LeaseTiming,
+}
+
+/// A key's entry, for the debug endpoint: each holder's allowance or share, use and demand.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HolderView {
+    pub node: String,
+    pub epoch: u64,
+    pub allowance: u64,
+    pub used: u64,
+    pub demand_milli: u64,
+    pub expires_in_ms: u64,
+}
+
+impl LeaseServer {
+    pub fn new(timing: LeaseTiming) -> Self {
+        LeaseServer {
+            keys: DashMap::default(),
+            timing,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Answers `node`'s ask about `key` at `now`. `last_change` is when this node last saw the
+    /// ring change, `live` how many peers it believes up.
+    pub fn answer(
+        &self,
+        node: &str,
+        key: &str,
+        ask: &Ask,
+        now: Timestamp,
+        last_change: Timestamp,
+        live: usize,
+    ) -> Grant {
+        let now_us = now.micros();
+        let entry = match self.keys.get(key) {
+            Some(e) => e,
+            None => {
+                if self.keys.len() >= self.timing.max_keys {
+                    return Grant::default();
+                }
+                let rebuild_until_us =
+                    (last_change.micros() + self.timing.duration_us()).max(now_us);
+                let fresh = KeyLeases::new(ask.quota, now_us, rebuild_until_us);
+                self.keys.entry(key.into()).or_insert(Mutex::new(fresh));
+                match self.keys.get(key) {
+                    Some(e) => e,
+                    None => return Grant::default(),
+                }
+            }
+        };
+        let mut leases = entry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let ctx = GrantContext {
+            node,
+            now_us,
+            live: u64::try_from(live.max(1)).unwrap_or(u64::MAX),
+            timing: &self.timing,
+        };
+        leases.answer(ask, &ctx)
+    }
+
+    /// Drops the keys nobody can hold anything of any more: every lease expired, and for the
+    /// windows the window (and for a sliding window the next one, which still weighs it) over.
+    pub fn sweep(&self, now: Timestamp) {
+        let now_us = now.micros();
+        self.keys.retain(|_, leases| {
+            let l = leases
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            l.in_use(now_us)
+        });
+    }
+
+    /// The holders of `key`, for the debug endpoint.
+    pub fn holders(&self, key: &str, now: Timestamp) -> Vec<HolderView> {
+        let Some(entry) = self.keys.get(key) else {
+            return Vec::new();
+        };
+        let l = entry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::iter::once(&l.current)
+            .chain(&l.next)
+            .flat_map(|e| {
+                e.holders.iter().map(move |h| HolderView {
+                    node: h.node.to_string(),
+                    epoch: e.index,
+                    allowance: h.allowance,
+                    used: h.used,
+                    demand_milli: h.demand_milli,
+                    expires_in_ms: h.expires_us.saturating_sub(now.micros()) / 1000,
+                })
+            })
+            .collect()
+    }
+}
+
+fn is_window(quota: &Quota) -> bool {
+    matches!(
+        quota.algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow
+    )
+}
+
+/// The index of the window containing `now_us`.
+pub fn window_index(quota: &Quota, now_us: u64) -> u64 {
+    now_us / 1_000_000 / quota.unit.secs()
+}
+
+/// Microseconds from `now_us` to the end of its window.
+pub fn window_left_us(quota: &Quota, now_us: u64) -> u64 {
+    let unit_us = quota.unit.secs() * 1_000_000;
+    unit_us - now_us % unit_us
+}
+
+impl KeyLeases {
+    fn new(quota: Quota, now_us: u64, rebuild_until_us: u64) -> Self {
+        let index = if is_window(&quota) {
+            window_index(&quota, now_us)
+        } else {
+            0
+        };
+        KeyLeases {
+            quota,
+            rebuild_until_us,
+            current: Epoch {
+                index,
+                holders: Vec::new(),
+            },
+            next: None,
+            previous_allowances: 0,
+        }
+    }
+
+    fn in_use(&self, now_us: u64) -> bool {
+        let live = |e: &Epoch| e.holders.iter().any(|h| h.expires_us > now_us);
+        if !is_window(&self.quota) {
+            return live(&self.current);
+        }
+        let index = window_index(&self.quota, now_us);
+        let weighs = self.quota.algorithm == Algorithm::SlidingWindow;
+        live(&self.current)
+            || self.next.is_some()
+            || self.current.index == index
+            || (weighs && self.current.index + 1 == index)
+    }
+
+    fn answer(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
+        // A limit changed by a reload starts the key again under the new quota.
+        if ask.quota != self.quota {
+            *self = KeyLeases::new(ask.quota, ctx.now_us, self.rebuild_until_us);
+        }
+        if is_window(&self.quota) {
+            self.answer_window(ask, ctx)
+        } else {
+            self.answer_bucket(ask, ctx)
+        }
+    }
+
+    /// Moves to the window containing `now_us`: the next window's grants become current.
+    fn roll(&mut self, now_us: u64) {
+        let index = window_index(&self.quota, now_us);
+        if self.current.index >= index {
+            return;
+        }
+        let ended = std::mem::take(&mut self.current);
+        self.previous_allowances = if ended.index + 1 == index {
+            ended.allowances()
+        } else {
+            0
+        };
+        self.current = match self.next.take() {
+            Some(next) if next.index == index => next,
+            _ => Epoch::following(&ended, index),
+        };
+    }
+
+    /// The capacity of the current window at `now_us`: the limit, less (sliding window) the
+    /// previous window's allowances weighted by the part of it the sliding window still covers.
+    fn window_capacity(&self, now_us: u64) -> u64 {
+        let limit = u64::from(self.quota.requests_per_unit);
+        if self.quota.algorithm != Algorithm::SlidingWindow {
+            return limit;
+        }
+        let unit_us = u128::from(self.quota.unit.secs()) * 1_000_000;
+        let left = u128::from(window_left_us(&self.quota, now_us));
+        let weighted = (u128::from(self.previous_allowances) * left).div_ceil(unit_us);
+        limit.saturating_sub(u64::try_from(weighted).unwrap_or(u64::MAX))
+    }
+
+    fn answer_window(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
+        self.roll(ctx.now_us);
+        let index = self.current.index;
+        let horizon = ctx.timing.horizon_us();
+        let left_us = window_left_us(&self.quota, ctx.now_us);
+        let capacity = self.window_capacity(ctx.now_us);
+        let cap = self.rebuild_cap(ctx, capacity);
+        // A report about another window (a clock a little ahead or behind) still renews the
+        // lease and its demand, but moves no counts.
+        let report = (ask.epoch == index).then_some(ask);
+        // Needs reach to the window's end: the window's capacity is split as Doorman splits a
+        // rate, so a node asking less than an equal share of what is left gets it all, however
+        // late in the window its hits come.
+        let need_until = left_us;
+        let allowance = grant_in(
+            &mut self.current,
+            report,
+            ask,
+            ctx,
+            Limits {
+                capacity,
+                cap,
+                need: Need::Window {
+                    horizon_us: need_until,
+                },
+            },
+        );
+        // Grant the next window ahead when it starts before the node's next renewal arrives,
+        // so a boundary needs no call. A sliding window's next capacity depends on how this
+        // one ends, so only fixed windows are granted ahead.
+        let unit_us = self.quota.unit.secs() * 1_000_000;
+        let next_allowance = (self.quota.algorithm == Algorithm::FixedWindow && left_us <= horizon)
+            .then(|| {
+                let current = &self.current;
+                let next = self
+                    .next
+                    .get_or_insert_with(|| Epoch::following(current, index + 1));
+                let limit = u64::from(self.quota.requests_per_unit);
+                let demand_only = Ask { want: 0, ..*ask };
+                grant_in(
+                    next,
+                    None,
+                    &demand_only,
+                    ctx,
+                    Limits {
+                        capacity: limit,
+                        cap: limit,
+                        need: Need::Window {
+                            horizon_us: unit_us,
+                        },
+                    },
+                )
+            });
+        let others = self
+            .current
+            .holders
+            .iter()
+            .filter(|h| &*h.node != ctx.node)
+            .map(|h| spent_by(h, ctx.now_us))
+            .sum();
+        // A window's allowance is charged to the node for the whole window, so the lease
+        // holds until the window (or the one granted ahead) ends; renewals move the counts.
+        let ahead = if next_allowance.is_some() { unit_us } else { 0 };
+        Grant {
+            epoch: index,
+            allowance,
+            next_allowance,
+            valid_us: left_us + ahead,
+            others,
+            leased: true,
+        }
+    }
+
+    /// During a rebuild, the most any one node may hold: an equal share of `capacity` over the
+    /// live nodes. Otherwise `capacity`.
+    fn rebuild_cap(&self, ctx: &GrantContext<'_>, capacity: u64) -> u64 {
+        if ctx.now_us < self.rebuild_until_us {
+            capacity.div_ceil(ctx.live)
+        } else {
+            capacity
+        }
+    }
+
+    fn answer_bucket(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
+        let cap = self.rebuild_cap(ctx, PPM);
+        let rate_milli = u64::from(self.quota.requests_per_unit) * 1000 / self.quota.unit.secs();
+        let share = grant_in(
+            &mut self.current,
+            None,
+            ask,
+            ctx,
+            Limits {
+                capacity: PPM,
+                cap,
+                need: Need::Share {
+                    rate_milli: rate_milli.max(1),
+                },
+            },
+        );
+        Grant {
+            epoch: 0,
+            allowance: share,
+            next_allowance: None,
+            valid_us: ctx.timing.duration_us(),
+            others: 0,
+            leased: true,
+        }
+    }
+}
+
+/// The bounds of one grant.
+struct Limits {
+    /// What all holders together may hold.
+    capacity: u64,
+    /// What one holder may hold (the rebuild cap).
+    cap: u64,
+    /// What a demand is worth.
+    need: Need,
+}
+
+/// How a holder's demand becomes a need.
+#[derive(Clone, Copy)]
+enum Need {
+    /// Windows: hits over the next `horizon_us`.
+    Window { horizon_us: u64 },
+    /// Buckets: a share (ppm) of a rate of `rate_milli` hits per second (thousandths), with a
+    /// quarter of headroom so a node whose traffic grows is not refused before it renews.
+    Share { rate_milli: u64 },
+}
+
+/// Records `ask` from `ctx.node` in `epoch` and raises its allowance to its fair part: the
+/// node's allowance afterwards.
+fn grant_in(
+    epoch: &mut Epoch,
+    report: Option<&Ask>,
+    ask: &Ask,
+    ctx: &GrantContext<'_>,
+    limits: Limits,
+) -> u64 {
+    let (me, new) = epoch.holder(ctx.node);
+    {
+        let h = &mut epoch.holders[me];
+        if new {
+            // A node this server has no record of may hold a lease from another owner (a
+            // rebuild): take what it reports as held.
+            h.allowance = report.map_or(0, |r| r.keep.max(r.used));
+        } else {
+            h.allowance = h.allowance.min(report.map_or(h.allowance, |r| r.keep));
+        }
+        if let Some(r) = report {
+            h.used = h.used.max(r.used);
+            h.allowance = h.allowance.max(h.used);
+        }
+        h.demand_milli = ask.demand_milli;
+        h.expires_us = ctx.now_us + ctx.timing.duration_us();
+    }
+    // Windows: each live holder claims what it used plus its need until the window ends, out
+    // of the window's capacity less what expired holders hold (they may have used it all), so
+    // what a node already used counts against its fair part. Buckets: claims are rate shares.
+    let window = matches!(limits.need, Need::Window { .. });
+    let mut expired = 0;
+    let claims: Vec<u64> = epoch
+        .holders
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            if h.expires_us <= ctx.now_us {
+                expired += if window { h.allowance } else { 0 };
+                return 0;
+            }
+            let base = if window { h.used } else { 0 };
+            let need = need_of(h.demand_milli, limits.need);
+            let want = if i == me { ask.want } else { 0 };
+            base.saturating_add(need.max(want))
+        })
+        .collect();
+    let fair = max_min_fair(limits.capacity.saturating_sub(expired), &claims);
+    let h = &epoch.holders[me];
+    let target = fair[me].min(limits.cap);
+    let held: u64 = epoch.allowances();
+    let free = limits.capacity.saturating_sub(held);
+    let raised = target.clamp(h.allowance, h.allowance + free);
+    epoch.holders[me].allowance = raised;
+    raised
+}
+
+/// What a holder has used or may have used: its reported use while its lease is live, its
+/// whole allowance once the lease expired.
+fn spent_by(h: &Holder, now_us: u64) -> u64 {
+    if h.expires_us > now_us {
+        h.used
+    } else {
+        h.allowance
+    }
+}
+
+/// A holder's need, in what `need` measures.
+fn need_of(demand_milli: u64, need: Need) -> u64 {
+    let (num, den) = match need {
+        Need::Window { horizon_us } => (u128::from(horizon_us), 1_000_000_000),
+        Need::Share { rate_milli } => (u128::from(PPM) * 5 / 4, u128::from(rate_milli)),
+    };
+    let n = (u128::from(demand_milli) * num).div_ceil(den);
+    u64::try_from(n).unwrap_or(u64::MAX)
+}

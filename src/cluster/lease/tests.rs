@@ -1,0 +1,341 @@
+//! Lease mode's logic without a network: nodes (each a map of [`Held`]) and one
+//! [`LeaseServer`], driven by a manual time, with asks answered at once or lost.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+
+use proptest::prelude::*;
+
+use super::client::{Held, Local};
+use super::server::{Ask, LeaseServer, LeaseTiming, PPM};
+use crate::clock::Timestamp;
+use crate::limiter::{Algorithm, Quota, Unit};
+
+const S: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * S;
+const TIMING: LeaseTiming = LeaseTiming::DEFAULT;
+
+fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
+    Quota {
+        requests_per_unit: limit,
+        unit,
+        algorithm,
+        burst: NonZeroU32::new(burst),
+    }
+}
+
+/// `nodes` nodes holding leases on one key from one server, with the server's ring changes
+/// last seen long ago (no rebuild) unless `since` says otherwise.
+struct Cluster {
+    server: LeaseServer,
+    held: Vec<Option<Held>>,
+    quota: Quota,
+    last_change: u64,
+    admitted: HashMap<u64, u64>,
+    /// Whether the next answer is lost (the node keeps what it holds).
+    lose: bool,
+}
+
+impl Cluster {
+    fn new(nodes: usize, quota: Quota) -> Self {
+        Cluster {
+            server: LeaseServer::new(TIMING),
+            held: (0..nodes).map(|_| None).collect(),
+            quota,
+            last_change: 0,
+            admitted: HashMap::new(),
+            lose: false,
+        }
+    }
+
+    fn node_name(n: usize) -> String {
+        format!("10.0.0.{n}:8082")
+    }
+
+    fn ask(&mut self, node: usize, ask: &Ask, now: u64) {
+        let grant = self.server.answer(
+            &Self::node_name(node),
+            "k",
+            ask,
+            Timestamp::from_micros(now),
+            Timestamp::from_micros(self.last_change),
+            self.held.len(),
+        );
+        let held = self.held[node].as_mut().expect("held");
+        if self.lose {
+            held.failed();
+        } else {
+            held.grant(&grant, now);
+        }
+    }
+
+    /// One hit on `node` at `now`; whether it was admitted.
+    fn hit(&mut self, node: usize, now: u64) -> bool {
+        let quota = self.quota;
+        let live = self.held.len() as u64;
+        let held = self.held[node].get_or_insert_with(|| Held::new(quota, now, live));
+        let admitted =
+            match held.decide(now, 1, crate::cluster::lease::server::micros(TIMING.renew)) {
+                Local::Decided(d) => !d.over,
+                Local::Wait => false,
+                Local::Acquire(ask) => {
+                    self.ask(node, &ask, now);
+                    let held = self.held[node].as_mut().expect("held");
+                    !held.decide_after_acquire(now, 1).over
+                }
+            };
+        if admitted {
+            *self
+                .admitted
+                .entry(now / S / quota.unit.secs())
+                .or_default() += 1;
+        }
+        admitted
+    }
+
+    fn renew(&mut self, node: usize, now: u64) {
+        let Some(held) = self.held[node].as_mut() else {
+            return;
+        };
+        if let Some(ask) = held.renewal(now, 0, &TIMING) {
+            self.ask(node, &ask, now);
+        }
+    }
+
+    fn renew_all(&mut self, now: u64) {
+        for n in 0..self.held.len() {
+            self.renew(n, now);
+        }
+    }
+}
+
+#[test]
+fn a_window_admits_its_limit_over_nodes_and_no_more() {
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Second, 0);
+    let mut c = Cluster::new(3, q);
+    // Each node offered 100 hits per second (3x the limit), spread over the second; renewals
+    // every 100 ms.
+    for second in 0..5u64 {
+        for step in 0..100u64 {
+            let now = T0 + second * S + step * 10_000;
+            if step % 10 == 0 {
+                c.renew_all(now);
+            }
+            for n in 0..3 {
+                c.hit(n, now);
+            }
+        }
+    }
+    for (window, admitted) in &c.admitted {
+        assert!(*admitted <= 100, "window {window} admitted {admitted}");
+    }
+    // After the first window (cold: demand unknown) the limit is used nearly in full.
+    let steady: Vec<u64> = (1..5).map(|s| c.admitted[&((T0 + s * S) / S)]).collect();
+    assert!(steady.iter().all(|&a| a >= 95), "utilisation {steady:?}");
+}
+
+#[test]
+fn a_node_that_stops_asking_gives_its_share_to_the_others() {
+    let q = quota(Algorithm::FixedWindow, 1000, Unit::Minute, 0);
+    let mut c = Cluster::new(2, q);
+    let start = (T0 / (60 * S)) * 60 * S;
+    // Both nodes are asked 20/s, node 1 for the first 10 s only: 1,400 asked of 1,000.
+    let mut late = 0;
+    for step in 0..600u64 {
+        let now = start + step * 100_000;
+        c.renew_all(now);
+        for _ in 0..2 {
+            let a = c.hit(0, now);
+            if step >= 100 && a {
+                late += 1;
+            }
+            if step < 100 {
+                c.hit(1, now);
+            }
+        }
+    }
+    let total = c.admitted[&(start / S / 60)];
+    assert!(total <= 1000);
+    assert!(total >= 990, "the limit is used: {total}");
+    // Node 1 used 200; its unused half of the split went to node 0 once it stopped.
+    assert!(late >= 590, "node 0 got node 1's share: {late}");
+}
+
+#[test]
+fn fair_share_splits_a_hot_key_by_demand() {
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Second, 0);
+    let mut c = Cluster::new(2, q);
+    let (mut a, mut b) = (0, 0);
+    // Node 0 is asked 500/s, node 1 only 20/s, over 10 s of a 100/s limit: node 1 gets all it
+    // asks (max-min), node 0 the rest.
+    for step in 0..1000u64 {
+        let now = T0 + step * 10_000;
+        if step % 10 == 0 {
+            c.renew_all(now);
+        }
+        for _ in 0..5 {
+            a += u64::from(c.hit(0, now));
+        }
+        if step % 5 == 0 {
+            b += u64::from(c.hit(1, now));
+        }
+    }
+    assert!(c.admitted.values().all(|&w| w <= 100));
+    assert!(b >= 180, "the small demand is met: {b} of 200");
+    assert!(a + b >= 950, "the limit is used: {} of 1000", a + b);
+}
+
+#[test]
+fn the_next_window_is_granted_ahead_so_a_boundary_needs_no_call() {
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Second, 0);
+    let mut c = Cluster::new(1, q);
+    let start = T0;
+    for step in 0..10u64 {
+        let now = start + step * 100_000;
+        c.renew_all(now);
+        c.hit(0, now);
+    }
+    // 950 ms in: the last renewal of the window granted the next one ahead.
+    c.renew_all(start + 950_000);
+    let held = c.held[0].as_mut().expect("held");
+    match held.decide(start + S + 1, 1, 100_000) {
+        Local::Decided(d) => assert!(!d.over),
+        other => panic!("expected a local decision at the boundary, got {other:?}"),
+    }
+}
+
+#[test]
+fn lost_answers_never_let_a_window_pass_its_limit() {
+    let q = quota(Algorithm::FixedWindow, 50, Unit::Second, 0);
+    let mut c = Cluster::new(3, q);
+    for step in 0..300u64 {
+        let now = T0 + step * 10_000;
+        c.lose = step % 7 == 3;
+        if step % 10 == 0 {
+            c.renew_all(now);
+        }
+        for n in 0..3 {
+            c.hit(n, now);
+        }
+    }
+    assert!(c.admitted.values().all(|&a| a <= 50), "{:?}", c.admitted);
+}
+
+#[test]
+fn a_rebuilding_owner_grants_each_node_an_equal_share_at_most() {
+    let q = quota(Algorithm::FixedWindow, 90, Unit::Minute, 0);
+    let mut c = Cluster::new(3, q);
+    let now = T0;
+    c.last_change = now - 100_000;
+    for _ in 0..200 {
+        c.hit(0, now);
+    }
+    let (_, allowance, _) = c.held[0].as_ref().expect("held").holding();
+    assert!(
+        allowance <= 30,
+        "capped at 90 / 3 while rebuilding: {allowance}"
+    );
+}
+
+#[test]
+fn a_rebuilding_owner_takes_what_nodes_report_holding() {
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Minute, 0);
+    let server = LeaseServer::new(TIMING);
+    let now = Timestamp::from_micros(T0);
+    let report = Ask {
+        quota: q,
+        epoch: super::server::window_index(&q, T0),
+        used: 60,
+        keep: 70,
+        want: 0,
+        demand_milli: 0,
+    };
+    let g = server.answer("a", "k", &report, now, now, 2);
+    assert_eq!(g.allowance, 70, "what the node holds from the old owner");
+    let newcomer = Ask {
+        used: 0,
+        keep: 0,
+        want: 50,
+        demand_milli: 100_000,
+        ..report
+    };
+    let g = server.answer("b", "k", &newcomer, now, now, 2);
+    assert!(g.allowance <= 30, "only what is left: {}", g.allowance);
+}
+
+#[test]
+fn bucket_shares_never_sum_past_the_whole() {
+    let q = quota(Algorithm::TokenBucket, 100, Unit::Second, 100);
+    let server = LeaseServer::new(TIMING);
+    let now = Timestamp::from_micros(T0);
+    let mut total = 0;
+    for n in 0..5 {
+        let ask = Ask {
+            quota: q,
+            epoch: 0,
+            used: 0,
+            keep: 0,
+            want: 1,
+            demand_milli: 100_000,
+        };
+        total += server
+            .answer(&n.to_string(), "k", &ask, now, Timestamp::from_micros(0), 5)
+            .allowance;
+    }
+    assert!(total <= PPM, "{total}");
+    assert!(
+        total >= PPM * 9 / 10,
+        "the rate is given out when asked for: {total}"
+    );
+}
+
+#[test]
+fn a_bucket_admits_its_rate_over_nodes() {
+    let q = quota(Algorithm::TokenBucket, 100, Unit::Second, 10);
+    let mut c = Cluster::new(3, q);
+    let mut admitted = 0u64;
+    // 10 s, each node offered 100/s (3x the rate).
+    for step in 0..1000u64 {
+        let now = T0 + step * 10_000;
+        if step % 10 == 0 {
+            c.renew_all(now);
+        }
+        for n in 0..3 {
+            admitted += u64::from(c.hit(n, now));
+        }
+    }
+    // At most capacity + rate x time, plus one bucket's worth per share change.
+    assert!(admitted <= 10 + 100 * 10 + 30, "admitted {admitted}");
+    assert!(admitted >= 900, "utilisation: {admitted} of 1010");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn no_window_ever_admits_more_than_its_limit(
+        limit in 1u32..200,
+        nodes in 1usize..6,
+        sliding in any::<bool>(),
+        traffic in proptest::collection::vec((0usize..6, 0u64..20_000, 1u64..4), 1..400),
+        lost in proptest::collection::vec(any::<bool>(), 64),
+    ) {
+        let algorithm = if sliding { Algorithm::SlidingWindow } else { Algorithm::FixedWindow };
+        let q = quota(algorithm, limit, Unit::Second, 0);
+        let mut c = Cluster::new(nodes, q);
+        let mut now = T0;
+        for (i, (node, gap, n)) in traffic.into_iter().enumerate() {
+            now += gap * 100;
+            c.lose = lost[i % lost.len()];
+            if i % 5 == 0 {
+                c.renew_all(now);
+            }
+            for _ in 0..n {
+                c.hit(node % nodes, now);
+            }
+        }
+        for (w, a) in &c.admitted {
+            prop_assert!(*a <= u64::from(limit), "window {} admitted {} of {}", w, a, limit);
+        }
+    }
+}

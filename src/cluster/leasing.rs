@@ -1,0 +1,296 @@
+//! Lease mode's side of [`ClusterStore`]: routing each hit to its local decision, an acquire
+//! or a forward ([`ClusterStore::route_lease`]), and the two background tasks: renewals (one
+//! call per owner per SLUICE_LEASE_RENEW_MS, carrying every key held of it) and the lease
+//! server's sweep. The lease logic itself is [`super::lease`], with no I/O.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use super::durable::RingChanges;
+use super::lease::{Ask, Due, Grant, LeaseClient, LeaseTiming, Route, Slot};
+use super::peer::{LeaseAsk, MAX_LEASE_ASKS};
+use super::{ClusterConfig, ClusterStore, Members, OwnerStore};
+use crate::clock::{Clock, Timestamp};
+use crate::limiter::Decision;
+use crate::store::{Hit, StoreError};
+
+/// Lease mode's state on one node: the leases it holds and what it needs to ask for more.
+pub struct Leasing {
+    pub client: LeaseClient,
+    owner: Arc<OwnerStore>,
+    members: Arc<ArcSwap<Members>>,
+    changes: Arc<RingChanges>,
+    clock: Arc<dyn Clock>,
+    /// This node's PEER_ADVERTISE_ADDRESS, which names its leases at the owners.
+    advertise: String,
+    /// SLUICE_PEER_TIMEOUT_MS, which bounds a wait for a call about a key.
+    timeout: Duration,
+}
+
+/// An acquire waiting for its owner's answer: the hit's index, its slot and its ask.
+type Pending = (usize, Arc<Slot>, Ask);
+
+impl Leasing {
+    pub(super) fn new(
+        settings: &ClusterConfig,
+        owner: Arc<OwnerStore>,
+        members: Arc<ArcSwap<Members>>,
+        changes: Arc<RingChanges>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Leasing {
+            client: LeaseClient::new(settings.lease),
+            owner,
+            members,
+            changes,
+            clock,
+            advertise: settings.advertise.clone(),
+            timeout: settings.timeout,
+        }
+    }
+
+    fn timing(&self) -> &LeaseTiming {
+        self.client.timing()
+    }
+
+    /// The renewal task and the lease server's sweep.
+    pub fn spawn(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        let renewing = self.clone();
+        let sweeping = self.clone();
+        vec![
+            tokio::spawn(async move { renewing.renew_forever().await }),
+            tokio::spawn(async move { sweeping.sweep_forever().await }),
+        ]
+    }
+
+    /// Sends `asks` (keys and asks) to `owner` (this node's own lease server, or a call), and
+    /// marks a peer whose call fails down.
+    async fn send(
+        &self,
+        members: &Members,
+        owner: usize,
+        asks: &[(&str, Ask)],
+    ) -> Result<Vec<Grant>, String> {
+        if owner == members.me {
+            let owned: Vec<(String, Ask)> =
+                asks.iter().map(|(k, a)| ((*k).to_owned(), *a)).collect();
+            let now = self.clock.now();
+            return self
+                .owner
+                .answer_leases(&self.advertise, &owned, now)
+                .ok_or_else(|| "this node is not in lease mode".to_owned());
+        }
+        let Some(client) = &members.clients[owner] else {
+            return Err("no client for the peer".to_owned());
+        };
+        let wire = asks.iter().map(|(k, a)| LeaseAsk::from_ask(k, a)).collect();
+        let result = client.lease(&self.advertise, wire).await;
+        if let Err(e) = &result {
+            members.failed(owner, e, &self.changes, self.clock.now());
+        }
+        result
+    }
+
+    async fn renew_forever(&self) {
+        let mut tick = tokio::time::interval(self.timing().renew);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.renew_once().await;
+        }
+    }
+
+    /// One renewal round: every key due, one call per owner (in chunks of
+    /// [`MAX_LEASE_ASKS`]), all owners at once.
+    pub async fn renew_once(&self) {
+        let now = self.clock.now();
+        let (changes, _) = self.changes.last();
+        let due = self.client.renewals(now.micros(), changes);
+        if due.is_empty() {
+            return;
+        }
+        let members = self.members.load_full();
+        let mut by_owner: HashMap<usize, Vec<Due>> = HashMap::new();
+        for item in due {
+            by_owner
+                .entry(members.owner(&item.0))
+                .or_default()
+                .push(item);
+        }
+        let calls = by_owner.values().flat_map(|items| {
+            let owner = members.owner(&items[0].0);
+            items
+                .chunks(MAX_LEASE_ASKS)
+                .map(move |chunk| (owner, chunk))
+        });
+        let sent_us = now.micros();
+        let calls = calls.map(|(owner, chunk)| {
+            let members = &members;
+            async move {
+                let asks: Vec<(&str, Ask)> = chunk.iter().map(|(k, _, a)| (&**k, *a)).collect();
+                self.client
+                    .stats
+                    .renewal_calls
+                    .fetch_add(1, Ordering::Relaxed);
+                let result = self.send(members, owner, &asks).await;
+                for (i, (_, slot, _)) in chunk.iter().enumerate() {
+                    slot.answer(result.as_ref().ok().map(|g| &g[i]), sent_us);
+                }
+            }
+        });
+        futures_util::future::join_all(calls).await;
+    }
+
+    async fn sweep_forever(&self) {
+        let Some(server) = self.owner.leases() else {
+            return;
+        };
+        let mut tick = tokio::time::interval(self.timing().duration);
+        loop {
+            tick.tick().await;
+            server.sweep(self.clock.now());
+        }
+    }
+
+    /// Sends the acquires in `pending` to their owners, twice at most (the second time to
+    /// the next owners of those whose owner failed). Each answered hit gets its decision in
+    /// `decisions`; a hit whose owner does not lease its key goes to `forward`. A hit whose
+    /// owners both failed is decided from what is held if it fits, else is an error.
+    async fn acquire(
+        &self,
+        members: &Members,
+        hits: &[Hit<'_>],
+        mut pending: Vec<Pending>,
+        decisions: &mut [Option<Decision>],
+        forward: &mut Vec<usize>,
+    ) -> Result<(), StoreError> {
+        for round in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let mut groups: HashMap<usize, Vec<Pending>> = HashMap::new();
+            for p in pending.drain(..) {
+                groups
+                    .entry(members.owner(hits[p.0].key))
+                    .or_default()
+                    .push(p);
+            }
+            let sent_us = self.clock.now().micros();
+            let calls = groups.into_iter().map(|(owner, group)| async move {
+                let asks: Vec<(&str, Ask)> =
+                    group.iter().map(|(i, _, a)| (hits[*i].key, *a)).collect();
+                let result = self.send(members, owner, &asks).await;
+                (group, result)
+            });
+            for (group, result) in futures_util::future::join_all(calls).await {
+                let Ok(grants) = result else {
+                    pending.extend(group);
+                    continue;
+                };
+                for ((i, slot, _), grant) in group.into_iter().zip(grants) {
+                    if !grant.leased {
+                        self.client.unleased(hits[i].key);
+                        slot.answer(None, sent_us);
+                        forward.push(i);
+                        continue;
+                    }
+                    slot.answer(Some(&grant), sent_us);
+                    decisions[i] = Some(slot.decide_after(sent_us, hits[i].hits));
+                }
+            }
+            if round == 1 && !pending.is_empty() {
+                for (_, slot, _) in &pending {
+                    slot.answer(None, sent_us);
+                }
+                return Err(StoreError::Backend {
+                    message: "the owners of some counters did not answer a lease".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (up to the peer timeout) for the call under way about `slot`'s key.
+    async fn wait_for(&self, slot: &Slot) {
+        let answered = slot.answered.notified();
+        tokio::pin!(answered);
+        answered.as_mut().enable();
+        if !slot.in_flight() {
+            return;
+        }
+        let _ = tokio::time::timeout(self.timeout * 2, answered).await;
+    }
+}
+
+impl ClusterStore {
+    /// Lease mode: each hit decided from this node's lease on its key, by an acquire from the
+    /// key's owner when it does not fit (or the key is new here), or forwarded when a lease
+    /// table is full. Refunds go back to the lease (or follow the forwarded hit).
+    pub(super) async fn route_lease(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        refund: bool,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let Some(leasing) = &self.lease else {
+            return self.route_forward(members, now, hits, refund, out).await;
+        };
+        let client = &leasing.client;
+        let now_us = now.micros();
+        if refund {
+            let forwarded: Vec<Hit<'_>> = hits
+                .iter()
+                .filter(|h| !client.refund(h.key, now_us, h.hits))
+                .copied()
+                .collect();
+            if forwarded.is_empty() {
+                return Ok(());
+            }
+            return self
+                .route_forward(members, now, &forwarded, true, &mut Vec::new())
+                .await;
+        }
+        let live = members.live();
+        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
+        let (mut acquires, mut waits, mut forward) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, h) in hits.iter().enumerate() {
+            match client.route(h.key, h.quota, now_us, h.hits, live) {
+                Route::Decided(d) => decisions[i] = Some(d),
+                Route::Acquire(slot, ask) => acquires.push((i, slot, ask)),
+                Route::Wait(slot) => waits.push((i, slot)),
+                Route::Forward => forward.push(i),
+            }
+        }
+        if !acquires.is_empty() {
+            leasing
+                .acquire(members, hits, acquires, &mut decisions, &mut forward)
+                .await?;
+        }
+        for (i, slot) in waits {
+            leasing.wait_for(&slot).await;
+            decisions[i] = Some(slot.decide_after(leasing.clock.now().micros(), hits[i].hits));
+        }
+        if !forward.is_empty() {
+            let mine: Vec<Hit<'_>> = forward.iter().map(|&i| hits[i]).collect();
+            let mut answered = Vec::with_capacity(mine.len());
+            self.route_forward(members, now, &mine, false, &mut answered)
+                .await?;
+            for (&i, d) in forward.iter().zip(answered) {
+                decisions[i] = Some(d);
+            }
+        }
+        out.extend(decisions.into_iter().flatten());
+        Ok(())
+    }
+
+    /// Lease mode's state, for the debug endpoint and `/metrics`.
+    pub fn leasing(&self) -> Option<&Arc<Leasing>> {
+        self.lease.as_ref()
+    }
+}
