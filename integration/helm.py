@@ -79,6 +79,10 @@ COMBOS = {
                             "certManager": {"enabled": True, "duration": "720h", "renewBefore": "240h",
                                             "issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}}}},
     },
+    "lease mode with a faster renewal": {
+        "replicaCount": 3,
+        "cluster": {"enabled": True, "mode": "lease", "lease": {"renewMs": 50, "durationMs": 500, "maxKeys": 5000}},
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
@@ -240,6 +244,19 @@ def check_deployment(label, docs, values):
             "PEER_ADVERTISE_ADDRESS=$(POD_IP):8082",
             ok,
             yaml.safe_dump({"peer services": peers, "env": list(env.values())}),
+        )
+        lease = values["cluster"].get("lease", {})
+        want = {
+            "SLUICE_LEASE_RENEW_MS": str(lease.get("renewMs", 100)),
+            "SLUICE_LEASE_DURATION_MS": str(lease.get("durationMs", 1000)),
+            "SLUICE_LEASE_MAX_KEYS": str(lease.get("maxKeys", 100000)),
+        }
+        got = {k: env[k]["value"] for k in want if k in env}
+        in_lease = values["cluster"].get("mode") == "lease"
+        check(
+            f"{label}: SLUICE_LEASE_* set from cluster.lease in lease mode only",
+            got == (want if in_lease else {}),
+            f"want {want if in_lease else {}}, got {got}",
         )
     write_behind = values.get("cluster", {}).get("writeBehind", {}).get("enabled")
     if values.get("backend") == "redis" or write_behind:
@@ -823,6 +840,12 @@ def main():
          ["cluster.writeBehind.enabled needs cluster.enabled"]),
         ("write-behind in divided mode", {"cluster": {"enabled": True, "mode": "divided", "writeBehind": {"enabled": True}},
                                           "redis": {"url": "r:6379"}}, ["needs cluster.mode: forward"]),
+        ("write-behind in lease mode", {"cluster": {"enabled": True, "mode": "lease", "writeBehind": {"enabled": True}},
+                                        "redis": {"url": "r:6379"}}, ["needs cluster.mode: forward"]),
+        ("a lease shorter than two renewals", {"cluster": {"enabled": True, "mode": "lease",
+                                                           "lease": {"renewMs": 100, "durationMs": 150}}},
+         ["cluster.lease.durationMs must be at least twice"]),
+        ("lease renewal every 5 ms", {"cluster": {"lease": {"renewMs": 5}}}, ["/cluster/lease/renewMs", "minimum"]),
         ("write-behind with backend: redis", {"backend": "redis", "cluster": {"enabled": True, "writeBehind": {"enabled": True}},
                                               "redis": {"url": "r:6379"}}, ["needs backend: memory"]),
         ("write-behind without redis.url", {"cluster": {"enabled": True, "writeBehind": {"enabled": True}}},

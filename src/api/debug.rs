@@ -7,11 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::header;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
+use crate::cluster::lease::KeyView;
 use crate::config::ConfigHandle;
 use crate::net::{ByteBudget, PortGuard};
 use crate::telemetry::Stats;
@@ -38,7 +39,34 @@ pub fn router(state: DebugState) -> Router {
         .route("/rlconfig", get(rlconfig))
         .route("/stats", get(stats_text))
         .route("/metrics", get(metrics))
+        .route("/debug/lease", get(lease))
         .with_state(Arc::new(state))
+}
+
+/// The query of `/debug/lease`: the counter key, as in `/debug/lease?key=d_k_v_`.
+#[derive(serde::Deserialize)]
+struct LeaseQuery {
+    key: String,
+}
+
+/// `/debug/lease?key=<counter key>`: what this node holds of the key, its owner, and when this
+/// node is the owner, every node's lease, as JSON. 404 outside lease mode.
+async fn lease(
+    State(st): State<Arc<DebugState>>,
+    Query(q): Query<LeaseQuery>,
+) -> axum::response::Response {
+    match st.store.lease(&q.key) {
+        Some(view) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_string(&view).unwrap_or_default(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            "not in lease mode (SLUICE_CLUSTER_MODE=lease)\n",
+        )
+            .into_response(),
+    }
 }
 
 /// A router serving only the exposition at `path` (PROMETHEUS_ADDR, PROMETHEUS_PATH).
@@ -71,6 +99,8 @@ pub trait StoreGauges: Send + Sync {
     fn cluster(&self) -> Option<ClusterGauges>;
     /// One entry per Redis in use (the backend's, or the write-behind's).
     fn redis(&self) -> Vec<RedisGauges>;
+    /// Lease mode: one counter key's leases as this node sees them; `None` outside lease mode.
+    fn lease(&self, key: &str) -> Option<KeyView>;
 }
 
 fn telemetry_extra(
@@ -150,6 +180,9 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
         ));
         for (stat, value) in &c.durable {
             out.push_str(&format!("sluice.cluster.durable.{stat}: {value}\n"));
+        }
+        for (stat, value) in &c.lease {
+            out.push_str(&format!("sluice.cluster.lease.{stat}: {value}\n"));
         }
         for (peer, up) in &c.peers {
             out.push_str(&format!(

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use crate::api::debug::StoreGauges;
 use crate::clock::Timestamp;
 use crate::cluster::ClusterStore;
+use crate::cluster::lease::KeyView;
 use crate::limiter::Decision;
 use crate::store::redis::{BreakerStats, RedisConfig};
 use crate::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError, TraceBackend};
@@ -153,7 +154,15 @@ impl StoreGauges for AnyStore {
                 .map(|d| d.stats().snapshot())
                 .unwrap_or_default(),
             peers: c.peers(),
+            lease: c.lease_stats(),
         })
+    }
+
+    fn lease(&self, key: &str) -> Option<KeyView> {
+        let AnyStore::Cluster(c) = self else {
+            return None;
+        };
+        c.lease_view(key)
     }
 
     fn redis(&self) -> Vec<RedisGauges> {

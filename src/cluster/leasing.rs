@@ -11,7 +11,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::durable::RingChanges;
-use super::lease::{Ask, Due, Grant, LeaseClient, LeaseTiming, Route, Slot};
+use super::lease::{Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, Route, Slot};
 use super::peer::{LeaseAsk, MAX_LEASE_ASKS};
 use super::{ClusterConfig, ClusterStore, Members, OwnerStore};
 use crate::clock::{Clock, Timestamp};
@@ -289,8 +289,37 @@ impl ClusterStore {
         Ok(())
     }
 
-    /// Lease mode's state, for the debug endpoint and `/metrics`.
-    pub fn leasing(&self) -> Option<&Arc<Leasing>> {
-        self.lease.as_ref()
+    /// Lease mode's counters and table sizes, for `/stats` and `/metrics`: (name, value),
+    /// counters first, then `held_keys` and `leased_keys`; empty outside lease mode.
+    pub fn lease_stats(&self) -> Vec<(&'static str, u64)> {
+        let Some(leasing) = &self.lease else {
+            return Vec::new();
+        };
+        let mut out = leasing.client.stats.snapshot();
+        if let Some(server) = self.owner.leases() {
+            out.push(("grants", server.grants.load(Ordering::Relaxed)));
+            out.push(("refused", server.refused.load(Ordering::Relaxed)));
+            out.push(("held_keys", leasing.client.len() as u64));
+            out.push(("leased_keys", server.len() as u64));
+        }
+        out
+    }
+
+    /// `key`'s leases as this node sees them; `None` outside lease mode.
+    pub fn lease_view(&self, key: &str) -> Option<KeyView> {
+        let leasing = self.lease.as_ref()?;
+        let members = self.members.load();
+        let now = leasing.clock.now();
+        Some(KeyView {
+            key: key.to_owned(),
+            node: leasing.advertise.clone(),
+            owner: members.ring.addr(members.owner(key)).to_owned(),
+            held: leasing.client.holding(key),
+            holders: self
+                .owner
+                .leases()
+                .map(|s| s.holders(key, now))
+                .unwrap_or_default(),
+        })
     }
 }

@@ -65,6 +65,9 @@ pub struct ClusterGauges {
     pub failed_forwards: u64,
     /// SLUICE_PEER_WRITE_BEHIND's counters, (name, value); empty when it is off.
     pub durable: Vec<(&'static str, u64)>,
+    /// Lease mode's counters, then its `held_keys` and `leased_keys` gauges, (name, value);
+    /// empty outside lease mode.
+    pub lease: Vec<(&'static str, u64)>,
     /// (address, up).
     pub peers: Vec<(String, bool)>,
 }
@@ -380,6 +383,9 @@ fn render_memory(out: &mut String, m: MemoryGauges) {
     }
 }
 
+/// The lease-mode numbers that are gauges (table sizes); the others are counters.
+pub const LEASE_GAUGES: [&str; 2] = ["held_keys", "leased_keys"];
+
 /// The peer cluster's counters, write-behind counters and peers.
 fn render_cluster(out: &mut String, c: &ClusterGauges) {
     for (name, help, value) in [
@@ -415,6 +421,27 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
             "counter",
             "Peer cluster write-behind to Redis (see docs/cluster.md).",
         );
+        sample(out, &name, &[], *value);
+    }
+    for (stat, value) in &c.lease {
+        let gauge = LEASE_GAUGES.contains(stat);
+        let name = if gauge {
+            format!("sluice_cluster_lease_{stat}")
+        } else {
+            format!("sluice_cluster_lease_{stat}_total")
+        };
+        let (kind, help) = if gauge {
+            (
+                "gauge",
+                "Lease mode: keys this node holds leases on, or leases as an owner.",
+            )
+        } else {
+            (
+                "counter",
+                "Lease mode's decisions and calls (see docs/cluster.md).",
+            )
+        };
+        header(out, &name, kind, help);
         sample(out, &name, &[], *value);
     }
     let name = "sluice_cluster_peer_up";

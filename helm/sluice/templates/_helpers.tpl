@@ -119,13 +119,16 @@ Certificate's. */}}
 validation (src/settings.rs) would refuse at start-up, so that a bad combination fails
 `helm install` instead of crash-looping the pods with exit code 64. */}}
 {{- define "sluice.validate" -}}
+{{- if and (eq .Values.cluster.mode "lease") (lt (int64 .Values.cluster.lease.durationMs) (mul 2 (int64 .Values.cluster.lease.renewMs))) }}
+{{- fail "cluster.lease.durationMs must be at least twice cluster.lease.renewMs (SLUICE_LEASE_DURATION_MS)" }}
+{{- end }}
 {{- $wb := .Values.cluster.writeBehind.enabled }}
 {{- if $wb }}
 {{- if not .Values.cluster.enabled }}
 {{- fail "cluster.writeBehind.enabled needs cluster.enabled: it makes the peer cluster's counters durable" }}
 {{- end }}
 {{- if ne .Values.cluster.mode "forward" }}
-{{- fail "cluster.writeBehind.enabled needs cluster.mode: forward (in divided mode no pod owns a counter, so there is nothing to take over)" }}
+{{- fail "cluster.writeBehind.enabled needs cluster.mode: forward (in divided mode no pod owns a counter, so there is nothing to take over; in lease mode a new owner rebuilds a key from what the pods report holding)" }}
 {{- end }}
 {{- if eq .Values.backend "redis" }}
 {{- fail "cluster.writeBehind.enabled needs backend: memory: the peer cluster counts in memory and Redis (redis.url) keeps only a copy" }}

@@ -92,12 +92,46 @@ pub struct LeaseStats {
     /// Keys renewed, and the calls that carried them.
     pub renewals: AtomicU64,
     pub renewal_calls: AtomicU64,
-    /// Asks this node answered as a lease server.
-    pub grants: AtomicU64,
     /// Keys this node stopped holding: no hit and nothing held for a lease duration.
     pub expired: AtomicU64,
     /// Hits forwarded because a lease table was full.
     pub forwarded: AtomicU64,
+}
+
+impl LeaseStats {
+    /// (name, value) of each counter, for `/stats` and `/metrics`.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("local_decisions", load(&self.local_decisions)),
+            ("acquires", load(&self.acquires)),
+            ("renewals", load(&self.renewals)),
+            ("renewal_calls", load(&self.renewal_calls)),
+            ("expired", load(&self.expired)),
+            ("forwarded", load(&self.forwarded)),
+        ]
+    }
+}
+
+/// One key's leases as this node sees them, for the debug endpoint (`/debug/lease?key=`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct KeyView {
+    pub key: String,
+    /// This node's address among the peers, and the key's owner as it sees the ring now.
+    pub node: String,
+    pub owner: String,
+    /// What this node holds: the window index (0 for a bucket), the allowance (a bucket: the
+    /// share in parts per million) and the hits used in the window.
+    pub held: Option<HeldView>,
+    /// When this node leases the key: every holder's lease.
+    pub holders: Vec<HolderView>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HeldView {
+    pub epoch: u64,
+    pub allowance: u64,
+    pub used: u64,
 }
 
 /// The keys this node holds leases on.
@@ -220,9 +254,16 @@ impl LeaseClient {
         due
     }
 
-    /// What this node holds of `key`: (window index or 0, allowance or share in ppm, used).
-    pub fn holding(&self, key: &str) -> Option<(u64, u64, u64)> {
-        self.slots.get(key).map(|s| s.lock().holding())
+    /// What this node holds of `key`.
+    pub fn holding(&self, key: &str) -> Option<HeldView> {
+        self.slots.get(key).map(|s| {
+            let (epoch, allowance, used) = s.lock().holding();
+            HeldView {
+                epoch,
+                allowance,
+                used,
+            }
+        })
     }
 }
 

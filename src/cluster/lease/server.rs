@@ -31,6 +31,7 @@
 //! owner admitted itself.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -196,6 +197,9 @@ struct GrantContext<'a> {
 pub struct LeaseServer {
     keys: DashMap<Box<str>, Mutex<KeyLeases>, foldhash::fast::RandomState>,
     timing: LeaseTiming,
+    /// Asks answered (renewals and acquires), and asks refused a lease (the table full).
+    pub grants: AtomicU64,
+    pub refused: AtomicU64,
 }
 
 /// A key's entry, for the debug endpoint: each holder's allowance or share, use and demand.
@@ -214,6 +218,8 @@ impl LeaseServer {
         LeaseServer {
             keys: DashMap::default(),
             timing,
+            grants: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -241,6 +247,7 @@ impl LeaseServer {
             Some(e) => e,
             None => {
                 if self.keys.len() >= self.timing.max_keys {
+                    self.refused.fetch_add(1, Ordering::Relaxed);
                     return Grant::default();
                 }
                 let rebuild_until_us =
@@ -256,6 +263,7 @@ impl LeaseServer {
         let mut leases = entry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.grants.fetch_add(1, Ordering::Relaxed);
         let ctx = GrantContext {
             node,
             now_us,
