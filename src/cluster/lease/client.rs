@@ -142,12 +142,18 @@ impl Held {
             if g.epoch == self.epoch {
                 // The server only raises; the node lowered its own record when it asked.
                 self.allowance = self.allowance.max(g.allowance);
+                self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
             } else if g.epoch > self.epoch {
+                // The owner's clock is in a later window than this node's: count in that one.
                 self.epoch = g.epoch;
                 self.used = 0;
                 self.allowance = g.allowance;
+                self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
+            } else if let Some(a) = g.next_allowance.filter(|_| g.epoch + 1 == self.epoch) {
+                // This node's clock is a window ahead of the owner's: the grant ahead is for
+                // the window this node is in.
+                self.allowance = self.allowance.max(a);
             }
-            self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
             self.others = g.others;
         } else {
             self.reshare(sent_us, g.allowance);

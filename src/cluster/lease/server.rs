@@ -130,6 +130,8 @@ struct Holder {
 struct Epoch {
     index: u64,
     holders: Vec<Holder>,
+    /// What holders whose leases expired held in the window (they may have used it all).
+    retired: u64,
 }
 
 impl Epoch {
@@ -147,29 +149,53 @@ impl Epoch {
                     ..h.clone()
                 })
                 .collect(),
+            retired: 0,
         }
     }
 
+    /// Everything held in the window, expired holders' included.
     fn allowances(&self) -> u64 {
-        self.holders.iter().map(|h| h.allowance).sum()
+        self.retired + self.holders.iter().map(|h| h.allowance).sum::<u64>()
     }
 
-    fn holder(&mut self, node: &str) -> (usize, bool) {
-        match self.holders.iter().position(|h| &*h.node == node) {
-            Some(i) => (i, false),
-            None => {
-                self.holders.push(Holder {
-                    node: node.into(),
-                    allowance: 0,
-                    used: 0,
-                    demand_milli: 0,
-                    expires_us: 0,
-                });
-                (self.holders.len() - 1, true)
-            }
+    /// The index of `node`'s holder, added when new; `None` when the epoch already has
+    /// [`MAX_HOLDERS`] live holders (only a misbehaving peer could make that many).
+    fn holder(&mut self, node: &str) -> Option<usize> {
+        if let Some(i) = self.holders.iter().position(|h| &*h.node == node) {
+            return Some(i);
         }
+        if self.holders.len() >= MAX_HOLDERS {
+            return None;
+        }
+        self.holders.push(Holder {
+            node: node.into(),
+            allowance: 0,
+            used: 0,
+            demand_milli: 0,
+            expires_us: 0,
+        });
+        Some(self.holders.len() - 1)
+    }
+
+    /// Drops the holders whose leases expired by `now_us`. A window's expired holder may have
+    /// used all it held, so its allowance stays charged, in `retired`; a bucket share is free
+    /// once its lease ends (the node stops using it then).
+    fn retire(&mut self, now_us: u64, window: bool) {
+        let mut retired = 0;
+        self.holders.retain(|h| {
+            let live = h.expires_us > now_us;
+            if !live && window {
+                retired += h.allowance;
+            }
+            live
+        });
+        self.retired += retired;
     }
 }
+
+/// The most live holders one key's window (or bucket) has: far above any cluster's size, so
+/// only a misbehaving peer inventing node names reaches it; past it new holders get nothing.
+const MAX_HOLDERS: usize = 1024;
 
 /// Everything the server keeps for one key.
 #[derive(Debug)]
@@ -339,7 +365,7 @@ impl KeyLeases {
             rebuild_until_us,
             current: Epoch {
                 index,
-                holders: Vec::new(),
+                ..Epoch::default()
             },
             next: None,
             previous_allowances: 0,
@@ -455,13 +481,14 @@ impl KeyLeases {
                     },
                 )
             });
-        let others = self
-            .current
-            .holders
-            .iter()
-            .filter(|h| &*h.node != ctx.node)
-            .map(|h| spent_by(h, ctx.now_us))
-            .sum();
+        let others = self.current.retired
+            + self
+                .current
+                .holders
+                .iter()
+                .filter(|h| &*h.node != ctx.node)
+                .map(|h| h.used)
+                .sum::<u64>();
         // A window's allowance is charged to the node for the whole window, so the lease
         // holds until the window (or the one granted ahead) ends; renewals move the counts.
         let ahead = if next_allowance.is_some() { unit_us } else { 0 };
@@ -490,7 +517,7 @@ impl KeyLeases {
         let rate_milli = u64::from(self.quota.requests_per_unit) * 1000 / self.quota.unit.secs();
         let share = grant_in(
             &mut self.current,
-            None,
+            Some(ask),
             ask,
             ctx,
             Limits {
@@ -541,44 +568,39 @@ fn grant_in(
     ctx: &GrantContext<'_>,
     limits: Limits,
 ) -> u64 {
-    let (me, new) = epoch.holder(ctx.node);
+    let window = matches!(limits.need, Need::Window { .. });
+    epoch.retire(ctx.now_us, window);
+    let Some(me) = epoch.holder(ctx.node) else {
+        return 0;
+    };
     {
         let h = &mut epoch.holders[me];
-        if new {
-            // A node this server has no record of may hold a lease from another owner (a
-            // rebuild): take what it reports as held.
-            h.allowance = report.map_or(0, |r| r.keep.max(r.used));
-        } else {
-            h.allowance = h.allowance.min(report.map_or(h.allowance, |r| r.keep));
-        }
         if let Some(r) = report {
+            // What the node says it holds is what it holds: less when it gave some back, more
+            // when another owner granted it (a rebuild, or owners that disagreed), and it is
+            // never more than this server granted when only this server granted it. Reports
+            // about one key from one node never cross (one call at a time per key).
             h.used = h.used.max(r.used);
-            h.allowance = h.allowance.max(h.used);
+            h.allowance = r.keep.max(h.used);
         }
         h.demand_milli = ask.demand_milli;
         h.expires_us = ctx.now_us + ctx.timing.duration_us();
     }
     // Windows: each live holder claims what it used plus its need until the window ends, out
-    // of the window's capacity less what expired holders hold (they may have used it all), so
+    // of the window's capacity less what expired holders held (they may have used it all), so
     // what a node already used counts against its fair part. Buckets: claims are rate shares.
-    let window = matches!(limits.need, Need::Window { .. });
-    let mut expired = 0;
     let claims: Vec<u64> = epoch
         .holders
         .iter()
         .enumerate()
         .map(|(i, h)| {
-            if h.expires_us <= ctx.now_us {
-                expired += if window { h.allowance } else { 0 };
-                return 0;
-            }
             let base = if window { h.used } else { 0 };
             let need = need_of(h.demand_milli, limits.need);
             let want = if i == me { ask.want } else { 0 };
             base.saturating_add(need.max(want))
         })
         .collect();
-    let fair = max_min_fair(limits.capacity.saturating_sub(expired), &claims);
+    let fair = max_min_fair(limits.capacity.saturating_sub(epoch.retired), &claims);
     let h = &epoch.holders[me];
     let target = fair[me].min(limits.cap);
     let held: u64 = epoch.allowances();
@@ -586,16 +608,6 @@ fn grant_in(
     let raised = target.clamp(h.allowance, h.allowance + free);
     epoch.holders[me].allowance = raised;
     raised
-}
-
-/// What a holder has used or may have used: its reported use while its lease is live, its
-/// whole allowance once the lease expired.
-fn spent_by(h: &Holder, now_us: u64) -> u64 {
-    if h.expires_us > now_us {
-        h.used
-    } else {
-        h.allowance
-    }
 }
 
 /// A holder's need, in what `need` measures.

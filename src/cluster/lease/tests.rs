@@ -339,3 +339,67 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_owner_counts_what_a_node_holds_from_another_owner_when_the_key_comes_back() {
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Minute, 0);
+    let server = LeaseServer::new(TIMING);
+    let now = Timestamp::from_micros(T0);
+    let old = Timestamp::from_micros(0);
+    let ask = Ask {
+        quota: q,
+        epoch: super::server::window_index(&q, T0),
+        used: 0,
+        keep: 0,
+        want: 10,
+        demand_milli: 0,
+    };
+    let first = server.answer("a", "k", &ask, now, old, 2);
+    assert!(first.allowance >= 10);
+    // Meanwhile another owner granted node a up to 60 (it believed this one down); back here,
+    // a reports holding 60: this server counts 60, so b gets at most the remaining 40.
+    let back = Ask {
+        keep: 60,
+        used: 50,
+        want: 0,
+        ..ask
+    };
+    assert_eq!(server.answer("a", "k", &back, now, old, 2).allowance, 60);
+    let b = Ask {
+        want: 100,
+        demand_milli: 1_000_000,
+        ..ask
+    };
+    let g = server.answer("b", "k", &b, now, old, 2);
+    assert!(g.allowance <= 40, "b got {}", g.allowance);
+}
+
+#[test]
+fn an_expired_holder_keeps_its_allowance_charged_and_a_flood_of_names_is_bounded() {
+    let q = quota(Algorithm::FixedWindow, 2000, Unit::Hour, 0);
+    let server = LeaseServer::new(TIMING);
+    let t = |us: u64| Timestamp::from_micros(T0 + us);
+    let old = Timestamp::from_micros(0);
+    let ask = Ask {
+        quota: q,
+        epoch: super::server::window_index(&q, T0),
+        used: 0,
+        keep: 0,
+        want: 1,
+        demand_milli: 0,
+    };
+    let mut granted = 0;
+    for n in 0..1500 {
+        granted += server
+            .answer(&format!("n{n}"), "k", &ask, t(0), old, 3)
+            .allowance;
+    }
+    assert_eq!(
+        granted, 1024,
+        "one each for the first 1024 names, nothing past the bound"
+    );
+    // Every lease expired: their allowances stay charged, so a new node gets the rest only.
+    let late = Ask { want: 2000, ..ask };
+    let g = server.answer("late", "k", &late, t(2 * S), old, 3);
+    assert_eq!(g.allowance, 2000 - 1024);
+}
