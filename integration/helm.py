@@ -81,7 +81,7 @@ COMBOS = {
     },
     "lease mode with a faster renewal": {
         "replicaCount": 3,
-        "cluster": {"enabled": True, "mode": "lease", "lease": {"renewMs": 50, "durationMs": 500, "maxKeys": 5000}},
+        "cluster": {"enabled": True, "mode": "lease", "lease": {"renewMs": 50, "durationMs": 500, "maxBytes": 16777216}},
     },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
@@ -249,7 +249,7 @@ def check_deployment(label, docs, values):
         want = {
             "SLUICE_LEASE_RENEW_MS": str(lease.get("renewMs", 100)),
             "SLUICE_LEASE_DURATION_MS": str(lease.get("durationMs", 1000)),
-            "SLUICE_LEASE_MAX_KEYS": str(lease.get("maxKeys", 100000)),
+            "SLUICE_LEASE_MAX_BYTES": str(lease.get("maxBytes", 33554432)),
         }
         got = {k: env[k]["value"] for k in want if k in env}
         in_lease = values["cluster"].get("mode") == "lease"
@@ -328,8 +328,10 @@ def check_memory_budget(label, c, env):
     listeners = 3 + ("PEER_PORT" in env) + (env.get("USE_PROMETHEUS", {}).get("value") == "true")
     per_listener = (int(env["SLUICE_MAX_CONNECTIONS"]["value"]) * CONNECTION_BYTES
                     + int(env["SLUICE_MAX_INFLIGHT_REQUESTS"]["value"]) * INFLIGHT_BYTES)
+    # Lease mode's two tables (held leases, granted leases), each bounded by SLUICE_LEASE_MAX_BYTES.
+    leases = 2 * int(env.get("SLUICE_LEASE_MAX_BYTES", {}).get("value", 0))
     worst = (int(env["SLUICE_MAX_COUNTER_BYTES"]["value"]) + listeners * per_listener
-             + int(env["SLUICE_MAX_PENDING_REQUEST_BYTES"]["value"]) + PROCESS_BYTES)
+             + int(env["SLUICE_MAX_PENDING_REQUEST_BYTES"]["value"]) + PROCESS_BYTES + leases)
     check(f"{label}: the worst case the limits allow ({worst / 2**20:.0f}Mi over {listeners} listeners) "
           f"fits the memory limit ({limit})", worst <= quantity(limit))
 

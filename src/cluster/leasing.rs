@@ -290,7 +290,8 @@ impl ClusterStore {
     }
 
     /// Lease mode's counters and table sizes, for `/stats` and `/metrics`: (name, value),
-    /// counters first, then `held_keys` and `leased_keys`; empty outside lease mode.
+    /// counters first, then the gauges `held_keys`, `held_bytes`, `leased_keys` and
+    /// `leased_bytes`; empty outside lease mode.
     pub fn lease_stats(&self) -> Vec<(&'static str, u64)> {
         let Some(leasing) = &self.lease else {
             return Vec::new();
@@ -300,7 +301,9 @@ impl ClusterStore {
             out.push(("grants", server.grants.load(Ordering::Relaxed)));
             out.push(("refused", server.refused.load(Ordering::Relaxed)));
             out.push(("held_keys", leasing.client.len() as u64));
+            out.push(("held_bytes", leasing.client.bytes() as u64));
             out.push(("leased_keys", server.len() as u64));
+            out.push(("leased_bytes", server.bytes() as u64));
         }
         out
     }

@@ -106,15 +106,16 @@ pub struct ClusterArgs {
         help_heading = "Peer cluster"
     )]
     pub lease_duration_ms: u64,
-    /// Lease mode: the most keys one node holds leases on, and the most it leases as an owner
-    /// (1 to 10000000); past it, a key's hits are forwarded to its owner.
+    /// Lease mode: the memory, in bytes, of each of a node's two lease tables (the leases it
+    /// holds, and those it grants as an owner), each entry charged its key plus its measured
+    /// overhead (1 MiB to 64 GiB); past it, a key's hits are forwarded to its owner.
     #[arg(
         long,
-        env = "SLUICE_LEASE_MAX_KEYS",
-        default_value_t = 100_000,
+        env = "SLUICE_LEASE_MAX_BYTES",
+        default_value_t = 32 << 20,
         help_heading = "Peer cluster"
     )]
-    pub lease_max_keys: usize,
+    pub lease_max_bytes: usize,
 }
 
 impl ClusterArgs {
@@ -161,7 +162,7 @@ impl ClusterArgs {
         }))
     }
 
-    /// SLUICE_LEASE_RENEW_MS, SLUICE_LEASE_DURATION_MS and SLUICE_LEASE_MAX_KEYS.
+    /// SLUICE_LEASE_RENEW_MS, SLUICE_LEASE_DURATION_MS and SLUICE_LEASE_MAX_BYTES.
     fn lease_timing(&self) -> Result<LeaseTiming, SettingsError> {
         let (renew, duration) = (self.lease_renew_ms, self.lease_duration_ms);
         if !(10..=10_000).contains(&renew) {
@@ -181,17 +182,17 @@ impl ClusterArgs {
                 ),
             ));
         }
-        if !(1..=10_000_000).contains(&self.lease_max_keys) {
+        if !((1 << 20)..=(64 << 30)).contains(&self.lease_max_bytes) {
             return Err(invalid(
-                "SLUICE_LEASE_MAX_KEYS",
-                self.lease_max_keys,
-                "must be between 1 and 10000000",
+                "SLUICE_LEASE_MAX_BYTES",
+                self.lease_max_bytes,
+                "must be between 1048576 (1 MiB) and 68719476736 (64 GiB)",
             ));
         }
         Ok(LeaseTiming {
             renew: Duration::from_millis(renew),
             duration: Duration::from_millis(duration),
-            max_keys: self.lease_max_keys,
+            max_bytes: self.lease_max_bytes,
         })
     }
 

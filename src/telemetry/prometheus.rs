@@ -65,8 +65,8 @@ pub struct ClusterGauges {
     pub failed_forwards: u64,
     /// SLUICE_PEER_WRITE_BEHIND's counters, (name, value); empty when it is off.
     pub durable: Vec<(&'static str, u64)>,
-    /// Lease mode's counters, then its `held_keys` and `leased_keys` gauges, (name, value);
-    /// empty outside lease mode.
+    /// Lease mode's counters, then its gauges ([`LEASE_GAUGES`]), (name, value); empty outside
+    /// lease mode.
     pub lease: Vec<(&'static str, u64)>,
     /// (address, up).
     pub peers: Vec<(String, bool)>,
@@ -384,7 +384,7 @@ fn render_memory(out: &mut String, m: MemoryGauges) {
 }
 
 /// The lease-mode numbers that are gauges (table sizes); the others are counters.
-pub const LEASE_GAUGES: [&str; 2] = ["held_keys", "leased_keys"];
+pub const LEASE_GAUGES: [&str; 4] = ["held_keys", "held_bytes", "leased_keys", "leased_bytes"];
 
 /// The peer cluster's counters, write-behind counters and peers.
 fn render_cluster(out: &mut String, c: &ClusterGauges) {
@@ -433,7 +433,7 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
         let (kind, help) = if gauge {
             (
                 "gauge",
-                "Lease mode: keys this node holds leases on, or leases as an owner.",
+                "Lease mode: keys (and bytes charged) this node holds leases on, or leases as an owner.",
             )
         } else {
             (

@@ -15,14 +15,15 @@
 //! - **Failure**: a node keeps deciding from its leases when their owner is unreachable (a
 //!   partitioned node never passes its last lease); a new owner rebuilds each key from the
 //!   nodes' reports, capping grants at an equal share until a lease duration has passed.
-//! - **Bounds**: SLUICE_LEASE_MAX_KEYS keys held by the client and leased by the server; past
-//!   it, a key's hits are forwarded to its owner as in forward mode.
+//! - **Bounds**: SLUICE_LEASE_MAX_BYTES for the leases a node holds and for those it grants as
+//!   an owner, each entry charged its key (or holder name) and its measured overhead; past it,
+//!   a key's hits are forwarded to its owner as in forward mode.
 
 pub mod client;
 pub mod server;
 pub mod share;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use dashmap::DashMap;
@@ -138,14 +139,22 @@ pub struct HeldView {
 pub struct LeaseClient {
     slots: DashMap<Box<str>, Arc<Slot>, foldhash::fast::RandomState>,
     timing: LeaseTiming,
+    /// Bytes charged for the slots ([`SLOT_CHARGE`] plus the key's length each), held to
+    /// `timing.max_bytes`.
+    bytes: AtomicUsize,
     pub stats: LeaseStats,
 }
+
+/// What a held key costs beside its key's bytes: `examples/lease_memory.rs` measures 262
+/// (keys of 27 to 31 bytes), rounded up here.
+pub const SLOT_CHARGE: usize = 288;
 
 impl LeaseClient {
     pub fn new(timing: LeaseTiming) -> Self {
         LeaseClient {
             slots: DashMap::default(),
             timing,
+            bytes: AtomicUsize::new(0),
             stats: LeaseStats::default(),
         }
     }
@@ -193,7 +202,9 @@ impl LeaseClient {
     /// A new slot for `key` (or a fresh one when its quota changed); `None` when the table is
     /// full.
     fn slot_for(&self, key: &str, quota: Quota, now_us: u64, live: usize) -> Option<Arc<Slot>> {
-        if !self.slots.contains_key(key) && self.slots.len() >= self.timing.max_keys {
+        if !self.slots.contains_key(key)
+            && self.bytes.load(Ordering::Relaxed) >= self.timing.max_bytes
+        {
             return None;
         }
         let live = u64::try_from(live).unwrap_or(u64::MAX);
@@ -203,7 +214,11 @@ impl LeaseClient {
                 answered: Notify::new(),
             })
         };
-        let mut entry = self.slots.entry(key.into()).or_insert_with(fresh);
+        let mut entry = self.slots.entry(key.into()).or_insert_with(|| {
+            self.bytes
+                .fetch_add(SLOT_CHARGE + key.len(), Ordering::Relaxed);
+            fresh()
+        });
         if *entry.lock().quota() != quota {
             *entry = fresh();
         }
@@ -224,7 +239,19 @@ impl LeaseClient {
 
     /// The owner refused to lease `key`: forget it, so its hits are forwarded.
     pub fn unleased(&self, key: &str) {
-        self.slots.remove(key);
+        if self.slots.remove(key).is_some() {
+            self.uncharge(key);
+        }
+    }
+
+    fn uncharge(&self, key: &str) {
+        self.bytes
+            .fetch_sub(SLOT_CHARGE + key.len(), Ordering::Relaxed);
+    }
+
+    /// Bytes charged for the slots, for `/metrics`.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
     }
 
     /// The renewals due at `now_us`, with the slot each answer goes to, and forgets the keys
@@ -245,6 +272,7 @@ impl LeaseClient {
                 .slots
                 .remove_if(&key, |_, s| s.lock().idle(now_us, &self.timing));
             if gone.is_some() {
+                self.uncharge(&key);
                 self.stats.expired.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -31,7 +31,7 @@
 //! owner admitted itself.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -87,16 +87,19 @@ pub struct LeaseTiming {
     pub renew: Duration,
     /// SLUICE_LEASE_DURATION_MS: how long a lease holds without renewal.
     pub duration: Duration,
-    /// SLUICE_LEASE_MAX_KEYS: keys leased (server) or held (client) at most.
-    pub max_keys: usize,
+    /// SLUICE_LEASE_MAX_BYTES: the memory each of a node's two lease tables (the leases it
+    /// holds, the leases it grants as an owner) may take, charged per entry as its key (or
+    /// holder's name) plus the measured overhead ([`KEY_CHARGE`], [`HOLDER_CHARGE`],
+    /// `super::SLOT_CHARGE`).
+    pub max_bytes: usize,
 }
 
 impl LeaseTiming {
-    /// The settings' defaults: renew every 100 ms, leases of 1 s, 100,000 keys.
+    /// The settings' defaults: renew every 100 ms, leases of 1 s, 32 MiB per table.
     pub const DEFAULT: LeaseTiming = LeaseTiming {
         renew: Duration::from_millis(100),
         duration: Duration::from_secs(1),
-        max_keys: 100_000,
+        max_bytes: 32 << 20,
     };
 
     /// How far ahead a grant looks: until the node's next renewal, with one interval of slack.
@@ -158,13 +161,14 @@ impl Epoch {
         self.retired + self.holders.iter().map(|h| h.allowance).sum::<u64>()
     }
 
-    /// The index of `node`'s holder, added when new; `None` when the epoch already has
-    /// [`MAX_HOLDERS`] live holders (only a misbehaving peer could make that many).
-    fn holder(&mut self, node: &str) -> Option<usize> {
+    /// The index of `node`'s holder, added when new; `None` when there is no `room` for more
+    /// bytes, or the epoch already has [`MAX_HOLDERS`] live holders (only a misbehaving peer
+    /// could make that many).
+    fn holder(&mut self, node: &str, room: bool) -> Option<usize> {
         if let Some(i) = self.holders.iter().position(|h| &*h.node == node) {
             return Some(i);
         }
-        if self.holders.len() >= MAX_HOLDERS {
+        if !room || self.holders.len() >= MAX_HOLDERS {
             return None;
         }
         self.holders.push(Holder {
@@ -193,6 +197,12 @@ impl Epoch {
     }
 }
 
+/// What a leased key costs its owner beside its key's bytes, and each holder beside its name's:
+/// `examples/lease_memory.rs` measures 343 and 80 (keys of 27 to 31 bytes, names of 16), which
+/// these round up as `MemoryStore` rounds its counters' 102 to 112.
+pub const KEY_CHARGE: usize = 384;
+pub const HOLDER_CHARGE: usize = 96;
+
 /// The most live holders one key's window (or bucket) has: far above any cluster's size, so
 /// only a misbehaving peer inventing node names reaches it; past it new holders get nothing.
 const MAX_HOLDERS: usize = 1024;
@@ -217,6 +227,8 @@ struct GrantContext<'a> {
     /// Live nodes, for the rebuild cap.
     live: u64,
     timing: &'a LeaseTiming,
+    /// Whether the server may keep another record (a new holder).
+    room: bool,
 }
 
 /// A lease server's table: one entry per key it leases.
@@ -226,6 +238,10 @@ pub struct LeaseServer {
     /// Asks answered (renewals and acquires), and asks refused a lease (the table full).
     pub grants: AtomicU64,
     pub refused: AtomicU64,
+    /// Bytes charged for what is kept: each key ([`KEY_CHARGE`] plus its length) and each
+    /// holder of it in each window kept ([`HOLDER_CHARGE`] plus its name's length). Bounded by
+    /// `timing.max_bytes`: past it no key or holder is added (they get no lease).
+    bytes: AtomicUsize,
 }
 
 /// A key's entry, for the debug endpoint: each holder's allowance or share, use and demand.
@@ -246,6 +262,7 @@ impl LeaseServer {
             timing,
             grants: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            bytes: AtomicUsize::new(0),
         }
     }
 
@@ -269,17 +286,22 @@ impl LeaseServer {
         live: usize,
     ) -> Grant {
         let now_us = now.micros();
+        let room = self.bytes.load(Ordering::Relaxed) < self.timing.max_bytes;
         let entry = match self.keys.get(key) {
             Some(e) => e,
+            None if !room => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return Grant::default();
+            }
             None => {
-                if self.keys.len() >= self.timing.max_keys {
-                    self.refused.fetch_add(1, Ordering::Relaxed);
-                    return Grant::default();
-                }
                 let rebuild_until_us =
                     (last_change.micros() + self.timing.duration_us()).max(now_us);
                 let fresh = KeyLeases::new(ask.quota, now_us, rebuild_until_us);
-                self.keys.entry(key.into()).or_insert(Mutex::new(fresh));
+                self.keys.entry(key.into()).or_insert_with(|| {
+                    let charge = KEY_CHARGE + key.len() + fresh.holder_bytes();
+                    self.bytes.fetch_add(charge, Ordering::Relaxed);
+                    Mutex::new(fresh)
+                });
                 match self.keys.get(key) {
                     Some(e) => e,
                     None => return Grant::default(),
@@ -295,19 +317,38 @@ impl LeaseServer {
             now_us,
             live: u64::try_from(live.max(1)).unwrap_or(u64::MAX),
             timing: &self.timing,
+            room,
         };
-        leases.answer(ask, &ctx)
+        let before = leases.holder_bytes();
+        let grant = leases.answer(ask, &ctx);
+        let after = leases.holder_bytes();
+        if after >= before {
+            self.bytes.fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.bytes.fetch_sub(before - after, Ordering::Relaxed);
+        }
+        grant
+    }
+
+    /// Bytes charged for what this server keeps, for `/metrics`.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
     }
 
     /// Drops the keys nobody can hold anything of any more: every lease expired, and for the
     /// windows the window (and for a sliding window the next one, which still weighs it) over.
     pub fn sweep(&self, now: Timestamp) {
         let now_us = now.micros();
-        self.keys.retain(|_, leases| {
+        self.keys.retain(|key, leases| {
             let l = leases
                 .get_mut()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            l.in_use(now_us)
+            let keep = l.in_use(now_us);
+            if !keep {
+                let charge = KEY_CHARGE + key.len() + l.holder_bytes();
+                self.bytes.fetch_sub(charge, Ordering::Relaxed);
+            }
+            keep
         });
     }
 
@@ -370,6 +411,15 @@ impl KeyLeases {
             next: None,
             previous_allowances: 0,
         }
+    }
+
+    /// The bytes charged for this key's holders, in the windows it keeps.
+    fn holder_bytes(&self) -> usize {
+        std::iter::once(&self.current)
+            .chain(&self.next)
+            .flat_map(|e| &e.holders)
+            .map(|h| HOLDER_CHARGE + h.node.len())
+            .sum()
     }
 
     fn in_use(&self, now_us: u64) -> bool {
@@ -570,7 +620,7 @@ fn grant_in(
 ) -> u64 {
     let window = matches!(limits.need, Need::Window { .. });
     epoch.retire(ctx.now_us, window);
-    let Some(me) = epoch.holder(ctx.node) else {
+    let Some(me) = epoch.holder(ctx.node, ctx.room) else {
         return 0;
     };
     {

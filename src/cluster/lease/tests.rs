@@ -403,3 +403,47 @@ fn an_expired_holder_keeps_its_allowance_charged_and_a_flood_of_names_is_bounded
     let g = server.answer("late", "k", &late, t(2 * S), old, 3);
     assert_eq!(g.allowance, 2000 - 1024);
 }
+
+#[test]
+fn an_owner_keeps_within_its_bytes_and_refuses_a_lease_past_them() {
+    let q = quota(Algorithm::FixedWindow, 10, Unit::Hour, 0);
+    // Room for five keys of two bytes with one holder of one byte each.
+    let one = super::server::KEY_CHARGE + 2 + super::server::HOLDER_CHARGE + 1;
+    let timing = LeaseTiming {
+        max_bytes: 5 * one,
+        ..TIMING
+    };
+    let server = LeaseServer::new(timing);
+    let now = Timestamp::from_micros(T0);
+    let ask = Ask {
+        quota: q,
+        epoch: super::server::window_index(&q, T0),
+        used: 0,
+        keep: 0,
+        want: 1,
+        demand_milli: 0,
+    };
+    // Each key is charged its bytes and its one holder's: five keys fill the budget.
+    let leased = (0..8)
+        .filter(|k| {
+            server
+                .answer(
+                    "a",
+                    &format!("k{k}"),
+                    &ask,
+                    now,
+                    Timestamp::from_micros(0),
+                    1,
+                )
+                .leased
+        })
+        .count();
+    assert_eq!(leased, 5);
+    assert_eq!(server.bytes(), 5 * one);
+    // A known key still answers its holder; a new holder of it gets nothing.
+    assert!(server.answer("a", "k0", &ask, now, now, 1).allowance >= 1);
+    assert_eq!(server.answer("b", "k0", &ask, now, now, 1).allowance, 0);
+    // Once the leases expire and the hour is over, the sweep frees every record.
+    server.sweep(Timestamp::from_micros(T0 + 3_600 * S));
+    assert_eq!((server.len(), server.bytes()), (0, 0));
+}

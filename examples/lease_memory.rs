@@ -1,0 +1,90 @@
+//! Bytes per key in lease mode's two tables, against what SLUICE_LEASE_MAX_BYTES charges: a
+//! node's [`LeaseClient`] holding N keys, and an owner's [`LeaseServer`] leasing N keys to
+//! HOLDERS nodes each. Reads resident memory (VmRSS) before and after filling each table, and prints
+//! bytes per key with the key bytes included. Keys look like the service's counter key stems for
+//! an IPv4 `remote_address` descriptor (27 to 31 bytes); holders' names like pod addresses.
+//!
+//! ```sh
+//! cargo run --release --example lease_memory -- 100000 3
+//! ```
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "an example measuring memory; it reads no clock"
+)]
+
+use sluice::clock::Timestamp;
+use sluice::cluster::lease::{Ask, LeaseClient, LeaseServer, LeaseTiming, Route};
+use sluice::limiter::{Quota, Unit};
+
+#[path = "support/rss.rs"]
+mod rss;
+use rss::rss_bytes;
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn key(i: usize) -> String {
+    format!(
+        "edge_remote_address_10.{}.{}.{}_",
+        (i >> 16) & 0xff,
+        (i >> 8) & 0xff,
+        i & 0xff
+    )
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let holders: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let timing = LeaseTiming {
+        max_bytes: usize::MAX,
+        ..LeaseTiming::DEFAULT
+    };
+    let quota = Quota::fixed(100, Unit::Minute);
+
+    let before = rss_bytes();
+    let client = LeaseClient::new(timing);
+    for i in 0..n {
+        // A new key routes to an acquire; the slot then stays in the table.
+        match client.route(&key(i), quota, T0, 1, holders) {
+            Route::Acquire(..) => {}
+            _ => panic!("a new key acquires"),
+        }
+    }
+    let client_bytes = rss_bytes().saturating_sub(before);
+    assert_eq!(client.len(), n);
+
+    let before = rss_bytes();
+    let server = LeaseServer::new(timing);
+    let now = Timestamp::from_micros(T0);
+    let ask = Ask {
+        quota,
+        epoch: T0 / 60_000_000,
+        used: 0,
+        keep: 0,
+        want: 1,
+        demand_milli: 1_000,
+    };
+    let names: Vec<String> = (0..holders)
+        .map(|h| format!("10.244.{h}.17:8082"))
+        .collect();
+    for i in 0..n {
+        let k = key(i);
+        for name in &names {
+            server.answer(name, &k, &ask, now, Timestamp::from_micros(0), holders);
+        }
+    }
+    let server_bytes = rss_bytes().saturating_sub(before);
+    assert_eq!(server.len(), n);
+
+    let per = |bytes: u64| bytes as f64 / n as f64;
+    println!(
+        "lease_memory: {n} keys of 27 to 31 bytes, {holders} holders per key (names of 16 bytes)\n\
+         client: {:.0} bytes per held key, charged {:.0}\n\
+         server: {:.0} bytes per leased key, charged {:.0}",
+        per(client_bytes),
+        per(client.bytes() as u64),
+        per(server_bytes),
+        per(server.bytes() as u64),
+    );
+}
