@@ -769,6 +769,55 @@ mod tests {
     }
 
     #[test]
+    fn lease_asks_and_grants_cross_the_wire_unchanged() {
+        let ask = Ask {
+            quota: Quota {
+                requests_per_unit: 100,
+                unit: Unit::Minute,
+                algorithm: Algorithm::SlidingWindow,
+                burst: None,
+            },
+            epoch: 28_333_333,
+            used: 40,
+            keep: 55,
+            want: 3,
+            demand_milli: 12_500,
+        };
+        let wire = LeaseAsk::from_ask("d_k_v_", &ask);
+        let decoded = LeaseAsk::decode(wire.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.to_ask().unwrap(), ("d_k_v_".to_owned(), ask));
+        for next in [None, Some(0), Some(17)] {
+            let grant = Grant {
+                epoch: 28_333_333,
+                allowance: 60,
+                next_allowance: next,
+                valid_us: 1_500_000,
+                others: 30,
+                leased: true,
+            };
+            assert_eq!(Grant::from(&LeaseGrant::from(&grant)), grant);
+        }
+        // An ask without its key, or with an algorithm this version does not know, is refused.
+        let keyless = LeaseAsk {
+            hit: None,
+            ..wire.clone()
+        };
+        assert_eq!(
+            keyless.to_ask().unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let mut unknown = wire;
+        unknown.hit.as_mut().unwrap().algorithm = 9;
+        assert!(
+            unknown
+                .to_ask()
+                .unwrap_err()
+                .message()
+                .contains("algorithm number 9")
+        );
+    }
+
+    #[test]
     fn only_this_nodes_protocol_version_is_accepted() {
         assert!(version_mismatch(PROTOCOL_VERSION).is_none());
         assert_eq!(known_batch().protocol_version, PROTOCOL_VERSION);

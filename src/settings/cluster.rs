@@ -345,6 +345,66 @@ impl ClusterArgs {
 mod tests {
     use super::super::tests::{error, settings};
     use super::super::*;
+    use crate::cluster::ClusterMode;
+    use crate::cluster::lease::LeaseTiming;
+
+    #[test]
+    fn lease_mode_and_its_timing_are_checked_naming_the_variable() {
+        let peers = ["--peers", "a:1,b:1", "--peer-advertise-address", "a:1"];
+        fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+            let peers = ["--peers", "a:1,b:1", "--peer-advertise-address", "a:1"];
+            [&peers[..], &["--cluster-mode", "lease"], extra].concat()
+        }
+        let cluster = settings(&with(&[])).unwrap().app.cluster.unwrap();
+        assert_eq!(cluster.mode, ClusterMode::Lease);
+        assert_eq!(cluster.lease, LeaseTiming::DEFAULT);
+        let cluster = settings(&with(&[
+            "--lease-renew-ms",
+            "50",
+            "--lease-duration-ms",
+            "100",
+            "--lease-max-bytes",
+            "1048576",
+        ]))
+        .unwrap()
+        .app
+        .cluster
+        .unwrap();
+        assert_eq!(
+            cluster.lease,
+            LeaseTiming {
+                renew: Duration::from_millis(50),
+                duration: Duration::from_millis(100),
+                max_bytes: 1 << 20,
+            }
+        );
+        for (args, starts) in [
+            (&["--lease-renew-ms", "5"][..], "SLUICE_LEASE_RENEW_MS=5: "),
+            (
+                &["--lease-renew-ms", "100", "--lease-duration-ms", "150"][..],
+                "SLUICE_LEASE_DURATION_MS=150: must be at least twice SLUICE_LEASE_RENEW_MS (200)",
+            ),
+            (
+                &["--lease-max-bytes", "1000"][..],
+                "SLUICE_LEASE_MAX_BYTES=1000: ",
+            ),
+        ] {
+            let err = error(&with(args));
+            assert!(err.starts_with(starts), "{err}");
+        }
+        let err = error(&[&peers[..], &["--cluster-mode", "leased"]].concat());
+        assert!(
+            err.starts_with("SLUICE_CLUSTER_MODE=leased: expected forward, divided or lease"),
+            "{err}"
+        );
+        let err = error(&with(&["--peer-write-behind", "--redis-url", "x:1"]));
+        assert!(
+            err.starts_with(
+                "SLUICE_PEER_WRITE_BEHIND=true: needs SLUICE_CLUSTER_MODE=forward: in lease mode"
+            ),
+            "{err}"
+        );
+    }
 
     #[test]
     fn write_behind_needs_forward_peers_and_redis_url_and_keeps_counters_in_memory() {
