@@ -259,9 +259,15 @@ impl Held {
         if index <= self.epoch {
             return;
         }
-        let (allowance, _) = match self.next.take() {
-            Some((i, a)) if i == index => (a, i),
-            _ => (0, index),
+        let allowance = match self.next.take() {
+            // Granted ahead: the owner counted this node in, and its next renewal (within one
+            // interval) brings more if there is more, so no acquire at the boundary, where
+            // every node would send one at the same moment.
+            Some((i, a)) if i == index => {
+                self.acquired_us = now_us;
+                a
+            }
+            _ => 0,
         };
         self.epoch = index;
         self.allowance = allowance;

@@ -450,19 +450,22 @@ impl KeyLeases {
     /// Moves to the window containing `now_us`: the next window's grants become current.
     fn roll(&mut self, now_us: u64) {
         let index = window_index(&self.quota, now_us);
-        if self.current.index >= index {
-            return;
+        // Window by window while something was granted ahead (the window granted ahead may be
+        // the one before `index`, whose allowances a sliding window must weigh); past that,
+        // nothing is held in the windows between, so jump.
+        while self.current.index < index {
+            let ended = std::mem::take(&mut self.current);
+            let following = ended.index + 1;
+            self.previous_allowances = ended.allowances();
+            self.current = match self.next.take() {
+                Some(next) if next.index == following => next,
+                _ => Epoch::following(&ended, following),
+            };
+            if self.current.index < index && self.current.allowances() == 0 {
+                self.previous_allowances = 0;
+                self.current.index = index;
+            }
         }
-        let ended = std::mem::take(&mut self.current);
-        self.previous_allowances = if ended.index + 1 == index {
-            ended.allowances()
-        } else {
-            0
-        };
-        self.current = match self.next.take() {
-            Some(next) if next.index == index => next,
-            _ => Epoch::following(&ended, index),
-        };
     }
 
     /// The capacity of the current window at `now_us`: the limit, less (sliding window) the
@@ -483,7 +486,16 @@ impl KeyLeases {
         let index = self.current.index;
         let horizon = ctx.timing.horizon_us();
         let left_us = window_left_us(&self.quota, ctx.now_us);
-        let capacity = self.window_capacity(ctx.now_us);
+        let limit = u64::from(self.quota.requests_per_unit);
+        // A sliding window's grants ahead count against what is left of this one: at the next
+        // window's start the estimate is this window's count plus the next one's.
+        let ahead = match (&self.next, self.quota.algorithm) {
+            (Some(next), Algorithm::SlidingWindow) => next.allowances(),
+            _ => 0,
+        };
+        let capacity = self
+            .window_capacity(ctx.now_us)
+            .min(limit.saturating_sub(ahead));
         let cap = self.rebuild_cap(ctx, capacity);
         // A report about another window (a clock a little ahead or behind) still renews the
         // lease and its demand, but moves no counts.
@@ -506,31 +518,9 @@ impl KeyLeases {
             },
         );
         // Grant the next window ahead when it starts before the node's next renewal arrives,
-        // so a boundary needs no call. A sliding window's next capacity depends on how this
-        // one ends, so only fixed windows are granted ahead.
+        // so a boundary needs no call and the nodes do not all ask at once.
         let unit_us = self.quota.unit.secs() * 1_000_000;
-        let next_allowance = (self.quota.algorithm == Algorithm::FixedWindow && left_us <= horizon)
-            .then(|| {
-                let current = &self.current;
-                let next = self
-                    .next
-                    .get_or_insert_with(|| Epoch::following(current, index + 1));
-                let limit = u64::from(self.quota.requests_per_unit);
-                let demand_only = Ask { want: 0, ..*ask };
-                grant_in(
-                    next,
-                    None,
-                    &demand_only,
-                    ctx,
-                    Limits {
-                        capacity: limit,
-                        cap: limit,
-                        need: Need::Window {
-                            horizon_us: unit_us,
-                        },
-                    },
-                )
-            });
+        let next_allowance = (left_us <= horizon).then(|| self.grant_ahead(ask, ctx, index));
         let others = self.current.retired
             + self
                 .current
@@ -550,6 +540,37 @@ impl KeyLeases {
             others,
             leased: true,
         }
+    }
+
+    /// The node's allowance in the window after `index`, granted ahead. A fixed window's next
+    /// capacity is its limit; a sliding window's is what this window's allowances leave of it
+    /// (its estimate at the next start is this window's count plus the next one's), and this
+    /// window's later grants count against the grants ahead, so the two never pass the limit.
+    fn grant_ahead(&mut self, ask: &Ask, ctx: &GrantContext<'_>, index: u64) -> u64 {
+        let limit = u64::from(self.quota.requests_per_unit);
+        let capacity = match self.quota.algorithm {
+            Algorithm::SlidingWindow => limit.saturating_sub(self.current.allowances()),
+            _ => limit,
+        };
+        let unit_us = self.quota.unit.secs() * 1_000_000;
+        let current = &self.current;
+        let next = self
+            .next
+            .get_or_insert_with(|| Epoch::following(current, index + 1));
+        let demand_only = Ask { want: 0, ..*ask };
+        grant_in(
+            next,
+            None,
+            &demand_only,
+            ctx,
+            Limits {
+                capacity,
+                cap: capacity,
+                need: Need::Window {
+                    horizon_us: unit_us,
+                },
+            },
+        )
     }
 
     /// During a rebuild, the most any one node may hold: an equal share of `capacity` over the

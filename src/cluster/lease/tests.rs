@@ -85,10 +85,22 @@ impl Cluster {
                 }
             };
         if admitted {
-            *self
-                .admitted
-                .entry(now / S / quota.unit.secs())
-                .or_default() += 1;
+            let window = now / S / quota.unit.secs();
+            *self.admitted.entry(window).or_default() += 1;
+            if quota.algorithm == Algorithm::SlidingWindow {
+                // The sliding estimate over what the whole cluster admitted never passes the
+                // limit: previous x (1 - elapsed fraction) + current.
+                let unit_us = quota.unit.secs() * S;
+                let previous = self.admitted.get(&(window - 1)).copied().unwrap_or(0);
+                let current = self.admitted[&window];
+                let left = unit_us - now % unit_us;
+                let estimate = u128::from(previous) * u128::from(left)
+                    + u128::from(current) * u128::from(unit_us);
+                assert!(
+                    estimate <= u128::from(quota.requests_per_unit) * u128::from(unit_us),
+                    "sliding estimate {previous} x {left}/{unit_us} + {current} over the limit"
+                );
+            }
         }
         admitted
     }
