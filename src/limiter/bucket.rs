@@ -86,6 +86,11 @@ impl Shape {
         })
     }
 
+    /// How far ahead of now the arrival time may run, in microseconds.
+    pub fn tolerance(self) -> u128 {
+        self.tolerance
+    }
+
     /// The bucket of a `part / whole` share of this one (a lease, `crate::cluster::lease`):
     /// the emission interval stretched by `whole / part` and the same tolerance, so the share's
     /// part of the rate and of the capacity. `part` must be above 0.

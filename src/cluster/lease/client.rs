@@ -341,16 +341,22 @@ impl Held {
         (self.allowance > 0).then(|| shape.share(self.allowance, PPM))
     }
 
-    /// Changes a bucket share to `share` at `now_us`, keeping the part of the local bucket in
-    /// use (its arrival time ahead of now scales with the emission interval).
+    /// Changes a bucket share to `share` at `now_us`, keeping the tokens the local bucket has
+    /// now (at most its new capacity): a larger share refills faster but gives no burst, so the
+    /// nodes' buckets together never hold more than the key's (shares sum to at most one) and
+    /// gain tokens only at the key's rate.
     fn reshare(&mut self, now_us: u64, share: u64) {
         let share = share.min(PPM);
         if share == self.allowance {
             return;
         }
-        if self.allowance > 0 && share > 0 && self.tat > now_us {
-            let ahead =
-                u128::from(self.tat - now_us) * u128::from(self.allowance) / u128::from(share);
+        if let (Some(old), true) = (self.local_bucket(), share > 0) {
+            let tolerance = old.tolerance();
+            let ahead = u128::from(self.tat.saturating_sub(now_us)).min(tolerance);
+            // Tokens now, in the old emission interval: (tolerance - ahead) / t_old; the same
+            // tokens in the new one leave ahead' = tolerance - (tolerance - ahead) x old / new.
+            let kept = (tolerance - ahead) * u128::from(self.allowance) / u128::from(share);
+            let ahead = tolerance.saturating_sub(kept);
             self.tat = now_us.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX));
         } else if share == 0 {
             self.tat = self.tat.max(now_us);

@@ -459,3 +459,39 @@ fn an_owner_keeps_within_its_bytes_and_refuses_a_lease_past_them() {
     server.sweep(Timestamp::from_micros(T0 + 3_600 * S));
     assert_eq!((server.len(), server.bytes()), (0, 0));
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Buckets: in any run, what the nodes admit is at most the key's capacity, its rate over
+    /// the run, and one full share per node (a node's first grant starts its bucket full).
+    #[test]
+    fn buckets_admit_their_rate_and_capacity_over_nodes(
+        rate in 1u32..50,
+        burst in 1u32..20,
+        nodes in 1usize..6,
+        leaky in any::<bool>(),
+        traffic in proptest::collection::vec((0usize..6, 0u64..2_000, 1u64..4), 1..600),
+        lost in proptest::collection::vec(any::<bool>(), 64),
+    ) {
+        let algorithm = if leaky { Algorithm::LeakyBucket } else { Algorithm::TokenBucket };
+        let q = quota(algorithm, rate, Unit::Second, burst);
+        let mut c = Cluster::new(nodes, q);
+        let mut now = T0;
+        let mut admitted = 0u64;
+        for (i, (node, gap, n)) in traffic.into_iter().enumerate() {
+            now += gap * 100;
+            c.lose = lost[i % lost.len()];
+            if i % 5 == 0 {
+                c.renew_all(now);
+            }
+            for _ in 0..n {
+                admitted += u64::from(c.hit(node % nodes, now));
+            }
+        }
+        let elapsed_s = (now - T0).div_ceil(S);
+        let capacity = u64::from(burst) + 1;
+        let bound = capacity * (1 + nodes as u64) + u64::from(rate) * elapsed_s;
+        prop_assert!(admitted <= bound, "admitted {} over {} s, bound {}", admitted, elapsed_s, bound);
+    }
+}
