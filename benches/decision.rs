@@ -220,6 +220,49 @@ fn memory_store(c: &mut Criterion) {
     g.finish();
 }
 
+/// Lease mode's local decision (`LeaseClient::route` on a key held with room to spare), the
+/// whole cost of a hot key's decision in lease mode below the service, beside the memory store's
+/// `existing_key`: 100k other keys held.
+fn lease_client(c: &mut Criterion) {
+    use sluice::cluster::lease::{Grant, LeaseClient, LeaseTiming, Route};
+    let now = SystemClock.now();
+    let client = LeaseClient::new(LeaseTiming {
+        max_bytes: 1 << 30,
+        ..LeaseTiming::DEFAULT
+    });
+    let quota = Quota::fixed(u32::MAX, Unit::Hour);
+    let hold = |key: &str| {
+        if let Route::Acquire(slot, ask) = client.route(key, quota, now.micros(), 1, || 3) {
+            let grant = Grant {
+                epoch: ask.epoch,
+                allowance: u64::from(u32::MAX),
+                next_allowance: None,
+                valid_us: 3_600_000_000,
+                others: 0,
+                leased: true,
+            };
+            slot.answer(Some(&grant), now.micros());
+        }
+    };
+    for i in 0..100_000 {
+        hold(&format!(
+            "edge_remote_address_10.0.{}.{}_",
+            i / 256,
+            i % 256
+        ));
+    }
+    let key = "edge_remote_address_10.1.2.3_";
+    hold(key);
+    c.bench_function("lease_client_route/existing_key", |b| {
+        b.iter(
+            || match client.route(black_box(key), quota, now.micros(), 1, || 3) {
+                Route::Decided(d) => black_box(d),
+                _ => panic!("a held key with room decides locally"),
+            },
+        )
+    });
+}
+
 fn service(config: RateLimitConfig) -> RateLimitService<MemoryStore> {
     RateLimitService::new(
         ConfigHandle::new(Some(config)),
@@ -375,7 +418,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = config_lookup, counter_key, fixed_window_decide, memory_store, should_rate_limit,
-        telemetry_cost
+    targets = config_lookup, counter_key, fixed_window_decide, memory_store, lease_client,
+        should_rate_limit, telemetry_cost
 }
 criterion_main!(benches);

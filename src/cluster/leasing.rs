@@ -256,11 +256,10 @@ impl ClusterStore {
                 .route_forward(members, now, &forwarded, true, &mut Vec::new())
                 .await;
         }
-        let live = members.live();
         let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
         let (mut acquires, mut waits, mut forward) = (Vec::new(), Vec::new(), Vec::new());
         for (i, h) in hits.iter().enumerate() {
-            match client.route(h.key, h.quota, now_us, h.hits, live) {
+            match client.route(h.key, h.quota, now_us, h.hits, || members.live()) {
                 Route::Decided(d) => decisions[i] = Some(d),
                 Route::Acquire(slot, ask) => acquires.push((i, slot, ask)),
                 Route::Wait(slot) => waits.push((i, slot)),

@@ -511,8 +511,11 @@ fn nested_aliases_are_refused_quickly() {
     )
     .expect_err("refused");
     assert!(envoy_extensions_in("bomb.yaml", &text).is_empty());
+    // Not a speed claim: the expansion this guards against takes tens of seconds in a debug
+    // build, so a bound far above a loaded machine's worst (2.2 s seen at load 11) still fails
+    // on it.
     let took = started.elapsed();
-    assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
     assert_eq!(errors.len(), 1);
     assert_eq!(errors.0[0].name, "bomb.yaml");
     assert!(

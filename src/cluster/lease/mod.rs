@@ -171,21 +171,36 @@ impl LeaseClient {
         self.slots.is_empty()
     }
 
-    /// How `hits` on `key` are decided at `now_us`; `live` is the number of live peers.
-    pub fn route(&self, key: &str, quota: Quota, now_us: u64, hits: u64, live: usize) -> Route {
-        let slot = match self.slots.get(key) {
-            Some(s) if *s.lock().quota() == quota => s.clone(),
-            _ => match self.slot_for(key, quota, now_us, live) {
-                Some(s) => s,
-                None => {
-                    self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
-                    return Route::Forward;
-                }
-            },
+    /// How `hits` on `key` are decided at `now_us`; `live` counts the live peers (asked only
+    /// for a key new here).
+    pub fn route(
+        &self,
+        key: &str,
+        quota: Quota,
+        now_us: u64,
+        hits: u64,
+        live: impl FnOnce() -> usize,
+    ) -> Route {
+        let renew = server::micros(self.timing.renew);
+        // The hot path: a key held under the same quota, decided under the map's read guard
+        // with no reference count taken.
+        if let Some(slot) = self.slots.get(key) {
+            let mut held = slot.lock();
+            if *held.quota() == quota {
+                let local = held.decide(now_us, hits, renew);
+                drop(held);
+                return self.outcome(local, || slot.clone());
+            }
+        }
+        let Some(slot) = self.slot_for(key, quota, now_us, live()) else {
+            self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            return Route::Forward;
         };
-        let local = slot
-            .lock()
-            .decide(now_us, hits, server::micros(self.timing.renew));
+        let local = slot.lock().decide(now_us, hits, renew);
+        self.outcome(local, || slot)
+    }
+
+    fn outcome(&self, local: Local, slot: impl FnOnce() -> Arc<Slot>) -> Route {
         match local {
             Local::Decided(d) => {
                 self.stats.local_decisions.fetch_add(1, Ordering::Relaxed);
@@ -193,9 +208,9 @@ impl LeaseClient {
             }
             Local::Acquire(ask) => {
                 self.stats.acquires.fetch_add(1, Ordering::Relaxed);
-                Route::Acquire(slot, ask)
+                Route::Acquire(slot(), ask)
             }
-            Local::Wait => Route::Wait(slot),
+            Local::Wait => Route::Wait(slot()),
         }
     }
 
