@@ -2,7 +2,8 @@
 //! limit enforced exactly across them, an owner killed mid-test, and its return; with
 //! SLUICE_PEER_WRITE_BEHIND and a real `redis-server`, the same without resets; with
 //! SLUICE_PEER_TLS, the same over mutual TLS, strangers refused, and a rotated certificate
-//! picked up both ways.
+//! picked up both ways; with SLUICE_CLUSTER_MODE=lease, every algorithm's limit held and used
+//! under load spread over the three, a node killed mid-window, and a node joining.
 
 #![allow(
     clippy::disallowed_methods,
@@ -1207,5 +1208,607 @@ mod peer_tls {
                 leaf.key.display()
             ),
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lease mode (SLUICE_CLUSTER_MODE=lease): three real processes, requests spread across them by
+// one client thread per node, hammering as fast as this machine lets them.
+
+mod lease {
+    use super::*;
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// Every lease test's limit: small, so a node's share is a handful of hits and a wrong
+    /// split shows, and per hour, so nothing refills or rolls over while a test runs.
+    const LIMIT: u64 = 60;
+
+    /// One limit of [`LIMIT`] per hour for each algorithm, on the descriptor key named after
+    /// it (each test uses its own value, so its own counter), and a fixed window of ten times
+    /// that on `large`.
+    fn limits_yaml() -> String {
+        let limit = |key: &str, extra: &str| {
+            format!(
+                "  - key: {key}\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}{extra}}}\n"
+            )
+        };
+        format!(
+            "domain: d\ndescriptors:\n{}{}{}  - key: large\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n",
+            limit("fixed", ""),
+            limit("sliding", ", algorithm: sliding_window"),
+            limit("token", ", algorithm: token_bucket"),
+            10 * LIMIT,
+        )
+    }
+
+    fn body(key: &str, value: &str) -> String {
+        format!(
+            r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+        )
+    }
+
+    /// Three lease-mode peers on [`limits_yaml`], of which those in `started` are running.
+    struct Cluster {
+        _dir: tempfile::TempDir,
+        nodes: Vec<Node>,
+        peers: String,
+    }
+
+    impl Cluster {
+        fn new(env: &[(&str, &str)], started: &[usize]) -> Cluster {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("limits.yaml"), limits_yaml()).unwrap();
+            let mut env: Vec<(String, String)> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            env.push(("SLUICE_CLUSTER_MODE".into(), "lease".into()));
+            let mut nodes: Vec<Node> = (0..3)
+                .map(|_| Node {
+                    child: None,
+                    http: free_port(),
+                    debug: free_port(),
+                    peer: free_port(),
+                    env: env.clone(),
+                })
+                .collect();
+            let peers = nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.peer))
+                .collect::<Vec<_>>()
+                .join(",");
+            for &i in started {
+                nodes[i].start(&peers, dir.path());
+            }
+            let mut c = Cluster {
+                _dir: dir,
+                nodes,
+                peers,
+            };
+            c.wait_up(started);
+            c
+        }
+
+        fn start(&mut self, i: usize) {
+            self.nodes[i].start(&self.peers, self._dir.path());
+        }
+
+        fn addr(&self, i: usize) -> String {
+            format!("127.0.0.1:{}", self.nodes[i].peer)
+        }
+
+        /// Waits until each node of `on` has seen every other node of `on` answer a probe
+        /// since it last marked it down: otherwise two nodes may disagree on a key's owner,
+        /// and two lease servers would each hand out its whole limit.
+        fn wait_up(&mut self, on: &[usize]) {
+            for &i in on {
+                for &j in on.iter().filter(|&&j| j != i) {
+                    let line = format!("sluice.cluster.peer_up.{}: 1", self.addr(j));
+                    wait_for(
+                        &format!("node {i} to see node {j} up"),
+                        Duration::from_secs(15),
+                        || {
+                            http(self.nodes[i].debug, "GET", "/stats", "")
+                                .is_some_and(|(_, b)| b.contains(&line))
+                        },
+                    );
+                }
+            }
+        }
+
+        /// The node that owns `key`=`value` among all three.
+        fn owner(&self, key: &str, value: &str) -> usize {
+            let ring = Ring::new(self.peers.split(',').map(str::to_owned));
+            let owner = ring.addr(
+                ring.owner(key_hash(&format!("d_{key}_{value}_")), |_| true)
+                    .unwrap(),
+            );
+            (0..3).find(|&i| self.addr(i) == owner).unwrap()
+        }
+
+        /// A value of `key` whose owner among all three is (`owned`) or is not node `node`.
+        fn value_owned(&self, key: &str, node: usize, owned: bool) -> String {
+            (0..)
+                .map(|i| format!("v{i}"))
+                .find(|v| (self.owner(key, v) == node) == owned)
+                .unwrap()
+        }
+
+        /// A `sluice.cluster.lease.<name>` counter summed over the nodes `on`.
+        fn lease_stat(&self, on: &[usize], name: &str) -> u64 {
+            on.iter()
+                .map(|&i| cluster_stat(&self.nodes[i], &format!("lease.{name}")))
+                .sum()
+        }
+    }
+
+    /// What one client thread saw of one node.
+    #[derive(Default)]
+    struct Seen {
+        offered: AtomicU64,
+        admitted: AtomicU64,
+        /// No answer: the node is gone (the thread stops).
+        unanswered: AtomicU64,
+        /// An answer other than 200 or 429, kept for the assertion.
+        wrong: std::sync::Mutex<Option<String>>,
+    }
+
+    /// One client thread per node, each sending `body` to its node, one request at a time,
+    /// until stopped or its node stops answering.
+    struct Load {
+        stop: Arc<AtomicBool>,
+        seen: Vec<Arc<Seen>>,
+        threads: Vec<std::thread::JoinHandle<()>>,
+        started: Instant,
+    }
+
+    impl Load {
+        fn start(c: &Cluster, on: &[usize], body: &str) -> Load {
+            let stop = Arc::new(AtomicBool::new(false));
+            let seen: Vec<Arc<Seen>> = (0..c.nodes.len()).map(|_| Arc::default()).collect();
+            let threads = on
+                .iter()
+                .map(|&i| {
+                    let (stop, seen, port, body) = (
+                        stop.clone(),
+                        seen[i].clone(),
+                        c.nodes[i].http,
+                        body.to_owned(),
+                    );
+                    std::thread::spawn(move || {
+                        while !stop.load(Ordering::Relaxed) {
+                            match http(port, "POST", "/json", &body) {
+                                Some((status @ (200 | 429), _)) => {
+                                    seen.offered.fetch_add(1, Ordering::Relaxed);
+                                    if status == 200 {
+                                        seen.admitted.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                }
+                                Some((status, body)) => {
+                                    *seen.wrong.lock().unwrap() = Some(format!("{status} {body}"));
+                                    seen.offered.fetch_add(1, Ordering::Relaxed);
+                                }
+                                None => {
+                                    seen.unanswered.fetch_add(1, Ordering::Relaxed);
+                                    return;
+                                }
+                            }
+                        }
+                    })
+                })
+                .collect();
+            Load {
+                stop,
+                seen,
+                threads,
+                started: Instant::now(),
+            }
+        }
+
+        fn admitted(&self, on: &[usize]) -> u64 {
+            on.iter()
+                .map(|&i| self.seen[i].admitted.load(Ordering::Relaxed))
+                .sum()
+        }
+
+        fn offered(&self, on: &[usize]) -> u64 {
+            on.iter()
+                .map(|&i| self.seen[i].offered.load(Ordering::Relaxed))
+                .sum()
+        }
+
+        /// Stops every thread; panics if a node answered anything but 200 or 429, or if one
+        /// of `live` stopped answering.
+        fn stop(self, live: &[usize]) -> Vec<Arc<Seen>> {
+            self.stop.store(true, Ordering::Relaxed);
+            for t in self.threads {
+                t.join().expect("client thread");
+            }
+            for (i, s) in self.seen.iter().enumerate() {
+                if let Some(wrong) = s.wrong.lock().unwrap().take() {
+                    panic!("node {i} answered {wrong}");
+                }
+                if live.contains(&i) {
+                    assert_eq!(
+                        s.unanswered.load(Ordering::Relaxed),
+                        0,
+                        "node {i} went quiet"
+                    );
+                }
+            }
+            self.seen
+        }
+    }
+
+    /// Waits, if needed, until at least `needed` seconds remain in the current hour, so a test
+    /// that counts hits in one hour's window does not see it roll over. Waits at most `needed`
+    /// seconds.
+    fn with_hour_to_spare(needed: u64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970");
+        let into = now.as_secs() % 3600;
+        if 3600 - into < needed {
+            std::thread::sleep(Duration::from_secs(3600 - into) + Duration::from_millis(100));
+        }
+    }
+
+    /// Keeps `load` running until `what` holds (at most `timeout`), then for at least
+    /// `settle` more and until `offered` hits have been offered in all: long enough for
+    /// several renewals to have had their chance to let too much through.
+    fn run_until(
+        load: &Load,
+        on: &[usize],
+        what: &str,
+        timeout: Duration,
+        settle: Duration,
+        offered: u64,
+        mut done: impl FnMut(&Load) -> bool,
+    ) {
+        wait_for(what, timeout, || done(load));
+        let reached = Instant::now();
+        wait_for("the load to settle", timeout, || {
+            reached.elapsed() >= settle && load.offered(on) >= offered
+        });
+    }
+
+    const ALL: [usize; 3] = [0, 1, 2];
+
+    /// Sends `body` round-robin over the nodes `on`, one request at a time, until exactly `n`
+    /// were admitted (at most 10 s).
+    fn admit(c: &Cluster, on: &[usize], body: &str, n: u64) {
+        let started = Instant::now();
+        let mut admitted = 0;
+        for i in 0.. {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{admitted} of {n} admitted"
+            );
+            let (status, answer) =
+                http(c.nodes[on[i % on.len()]].http, "POST", "/json", body).expect("answer");
+            assert!(status == 200 || status == 429, "{status} {answer}");
+            admitted += u64::from(status == 200);
+            if admitted == n {
+                return;
+            }
+        }
+    }
+
+    /// Issue 16's first property, for one algorithm: a key offered many times its limit,
+    /// spread over three nodes, admits no more than its bound and at least the limit less
+    /// `slack`. Returns the hits offered.
+    fn offered_well_over_the_limit(c: &Cluster, key: &str, slack: u64) -> u64 {
+        let load = Load::start(c, &ALL, &body(key, "over"));
+        run_until(
+            &load,
+            &ALL,
+            &format!("{key}: the limit less {slack} admitted"),
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+            10 * LIMIT,
+            |l| l.admitted(&ALL) >= LIMIT - slack,
+        );
+        let elapsed = load.started.elapsed();
+        let seen = load.stop(&ALL);
+        let admitted: u64 = seen
+            .iter()
+            .map(|s| s.admitted.load(Ordering::Relaxed))
+            .sum();
+        let offered: u64 = seen.iter().map(|s| s.offered.load(Ordering::Relaxed)).sum();
+        let per_node: Vec<u64> = seen
+            .iter()
+            .map(|s| s.admitted.load(Ordering::Relaxed))
+            .collect();
+        eprintln!("{key}: admitted {admitted} ({per_node:?}) of {offered} offered in {elapsed:?}");
+        // Windows: allowances never sum past the limit. Buckets: the capacity plus the refill
+        // over the test (LIMIT per hour: under one hit a minute).
+        let refill = if key == "token" {
+            (LIMIT * elapsed.as_secs()).div_ceil(3600)
+        } else {
+            0
+        };
+        assert!(
+            admitted <= LIMIT + refill,
+            "{key}: {admitted} admitted of a limit of {LIMIT} ({per_node:?})"
+        );
+        offered
+    }
+
+    #[test]
+    fn a_key_offered_many_times_its_limit_admits_the_limit_and_no_more() {
+        with_hour_to_spare(120);
+        let c = Cluster::new(&[], &ALL);
+        let started = Instant::now();
+        // Windows: every node uses what it holds, and what a node holds beyond its need
+        // flows back at its renewal, so the limit is reached exactly. Buckets: each node's
+        // local bucket holds its share of the capacity, rounded down to whole hits.
+        let offered = offered_well_over_the_limit(&c, "fixed", 0)
+            + offered_well_over_the_limit(&c, "sliding", 0)
+            + offered_well_over_the_limit(&c, "token", 3);
+        // A hit that does not fit acquires at most once per renewal interval (100 ms) per
+        // node and key; the others are decided locally: at most one hit in 20 sent to a peer
+        // (issue 16's target for hops per decision).
+        let acquires = c.lease_stat(&ALL, "acquires");
+        let bound = 3 * 3 * (started.elapsed().as_millis() as u64 / 100 + 1);
+        assert!(acquires <= bound, "{acquires} acquires, at most {bound}");
+        let local = c.lease_stat(&ALL, "local_decisions");
+        assert!(
+            local * 20 >= offered * 19,
+            "{local} local decisions of {offered}"
+        );
+    }
+
+    /// Short leases, so a lost node's leases expire within the test: 300 ms, renewed every
+    /// 50 ms.
+    const SHORT: [(&str, &str); 2] = [
+        ("SLUICE_LEASE_DURATION_MS", "300"),
+        ("SLUICE_LEASE_RENEW_MS", "50"),
+    ];
+
+    fn others(than: usize) -> Vec<usize> {
+        ALL.into_iter().filter(|&i| i != than).collect()
+    }
+
+    #[test]
+    fn a_killed_owner_lets_through_at_most_what_it_admitted_and_the_others_get_the_limit_back() {
+        with_hour_to_spare(120);
+        let mut c = Cluster::new(&SHORT, &ALL);
+        let value = "killed-owner";
+        let owner = c.owner("fixed", value);
+        let rest = others(owner);
+        let load = Load::start(&c, &ALL, &body("fixed", value));
+        wait_for("half the limit admitted", Duration::from_secs(20), || {
+            load.admitted(&ALL) >= LIMIT / 2
+        });
+        // The owner, which is also the key's lease server, dies mid-window, holding what it
+        // was granted. Its client thread stops at its first unanswered request: what it saw
+        // admitted is all the owner admitted that anyone saw.
+        c.nodes[owner].kill();
+        wait_for(
+            "the owner's client to notice",
+            Duration::from_secs(10),
+            || load.seen[owner].unanswered.load(Ordering::Relaxed) > 0,
+        );
+        let lost = load.seen[owner].admitted.load(Ordering::Relaxed);
+        // The new owner rebuilds the key from what the two others report holding: it never
+        // learns what the lost owner admitted, so the two get the whole limit back between
+        // them (the documented bound: the limit plus what the lost node held).
+        run_until(
+            &load,
+            &rest,
+            "the others to admit the whole limit between them",
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+            5 * LIMIT,
+            |l| l.admitted(&rest) >= LIMIT,
+        );
+        let seen = load.stop(&rest);
+        let remaining: u64 = rest
+            .iter()
+            .map(|&i| seen[i].admitted.load(Ordering::Relaxed))
+            .sum();
+        eprintln!("the lost owner admitted {lost}, the others {remaining}");
+        // So the window admitted at most the limit plus what the lost owner admitted.
+        assert!(
+            remaining <= LIMIT,
+            "{} admitted: the others {remaining} after the lost owner's {lost}",
+            remaining + lost
+        );
+    }
+
+    /// The key's owner dies while another node, hot, holds more of the window than half the
+    /// limit: the new owner must count what that node holds before granting itself anything.
+    ///
+    /// Fails: the new owner grants itself an equal share of the limit over the live nodes
+    /// (its rebuild cap) before the hot node's first report reaches it, and then takes the
+    /// report as held: 780 to 900 admitted of 600, though the lost owner admitted nothing.
+    #[test]
+    #[ignore = "lease mode: a new owner grants before the holders report (issue 16, i16-proc report)"]
+    fn a_new_owner_counts_what_a_hot_node_holds_before_granting() {
+        with_hour_to_spare(120);
+        let mut c = Cluster::new(&SHORT, &ALL);
+        let limit = 10 * LIMIT;
+        let value = "rebuild";
+        let owner = c.owner("large", value);
+        let ring = Ring::new(c.peers.split(',').map(str::to_owned));
+        let next_addr = ring.addr(
+            ring.owner(key_hash(&format!("d_large_{value}_")), |i| {
+                ring.addr(i) != c.addr(owner)
+            })
+            .unwrap(),
+        );
+        let next = (0..3).find(|&i| c.addr(i) == next_addr).unwrap();
+        let hot = (0..3).find(|&i| i != owner && i != next).unwrap();
+        // The hot node alone uses 60% of the limit, and holds more than it used (what its
+        // demand needs until its next renewal).
+        let body = body("large", value);
+        let load = Load::start(&c, &[hot], &body);
+        wait_for("60% of the limit admitted", Duration::from_secs(30), || {
+            load.admitted(&[hot]) >= limit * 6 / 10
+        });
+        // The owner dies; the next owner starts taking hits at once.
+        c.nodes[owner].kill();
+        let others = Load::start(&c, &[next], &body);
+        wait_for(
+            "the two to admit the whole limit",
+            Duration::from_secs(30),
+            || load.admitted(&[hot]) + others.admitted(&[next]) >= limit,
+        );
+        let reached = Instant::now();
+        wait_for("the load to settle", Duration::from_secs(10), || {
+            reached.elapsed() >= Duration::from_secs(1)
+        });
+        let hot_seen = load.stop(&[hot]);
+        let next_seen = others.stop(&[next]);
+        let (h, n) = (
+            hot_seen[hot].admitted.load(Ordering::Relaxed),
+            next_seen[next].admitted.load(Ordering::Relaxed),
+        );
+        eprintln!("rebuild: the hot node admitted {h}, the new owner {n}");
+        // The lost owner admitted nothing, so nothing may pass the limit.
+        assert!(h + n <= limit, "{} admitted of {limit} ({h} + {n})", h + n);
+    }
+
+    #[test]
+    fn a_killed_holder_leaves_a_window_within_its_limit_and_its_bucket_share_returns() {
+        with_hour_to_spare(120);
+        let mut c = Cluster::new(&SHORT, &ALL);
+        // A node that owns neither key: both lease servers survive it.
+        let (window, bucket) = ("killed-holder-w", "killed-holder-b");
+        let victim = (0..3)
+            .find(|&i| c.owner("fixed", window) != i && c.owner("token", bucket) != i)
+            .expect("a node owning neither");
+        let rest = others(victim);
+        let windows = Load::start(&c, &ALL, &body("fixed", window));
+        let buckets = Load::start(&c, &ALL, &body("token", bucket));
+        wait_for(
+            "half of each limit admitted",
+            Duration::from_secs(20),
+            || windows.admitted(&ALL) >= LIMIT / 2 && buckets.admitted(&ALL) >= LIMIT / 2,
+        );
+        c.nodes[victim].kill();
+        wait_for(
+            "the victim's clients to notice",
+            Duration::from_secs(10),
+            || {
+                windows.seen[victim].unanswered.load(Ordering::Relaxed) > 0
+                    && buckets.seen[victim].unanswered.load(Ordering::Relaxed) > 0
+            },
+        );
+        let lost_bucket = buckets.seen[victim].admitted.load(Ordering::Relaxed);
+        // Bucket: the victim's share is freed once its lease expires (300 ms) and the others'
+        // local buckets grow into it. The server never knew how much of its share the victim
+        // had used, so the others get the whole capacity back: the bound is the capacity plus
+        // what the lost node held, and what it admitted is all it could have used of that.
+        run_until(
+            &buckets,
+            &rest,
+            "the others to get the victim's bucket share",
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+            5 * LIMIT,
+            |l| l.admitted(&rest) >= LIMIT - 3,
+        );
+        let elapsed = buckets.started.elapsed();
+        let seen = buckets.stop(&rest);
+        let remaining: u64 = rest
+            .iter()
+            .map(|&i| seen[i].admitted.load(Ordering::Relaxed))
+            .sum();
+        let refill = (LIMIT * elapsed.as_secs()).div_ceil(3600);
+        eprintln!("bucket: the victim admitted {lost_bucket}, the others {remaining}");
+        assert!(
+            remaining <= LIMIT + refill,
+            "the others admitted {remaining}"
+        );
+        // Window: the victim's allowance stays charged until the window ends (it may have
+        // used all of it), so the window never passes its limit.
+        let seen = windows.stop(&rest);
+        let per_node: Vec<u64> = seen
+            .iter()
+            .map(|s| s.admitted.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = per_node.iter().sum();
+        eprintln!("window: admitted {per_node:?}");
+        assert!(total <= LIMIT, "the window admitted {total} ({per_node:?})");
+    }
+
+    /// Two of the three peers use half of a key's limit and go quiet; the third joins and is
+    /// offered many times what is left. It gets all that is left, decided locally, and no more.
+    /// `owned`: whether the joiner is the key's owner among all three, so its lease server.
+    fn a_joining_node(owned: bool) {
+        with_hour_to_spare(120);
+        let joiner = 2;
+        let mut c = Cluster::new(&SHORT, &[0, 1]);
+        let value = c.value_owned("fixed", joiner, owned);
+        let body = body("fixed", &value);
+        admit(&c, &[0, 1], &body, LIMIT / 2);
+        // Quiet: they renew nothing any more, so what they hold is what they used and their
+        // demand has decayed to nothing (no renewal for six renewal intervals).
+        let mut last = (u64::MAX, Instant::now());
+        wait_for(
+            "the first two to stop renewing",
+            Duration::from_secs(20),
+            || {
+                let renewals = c.lease_stat(&[0, 1], "renewals");
+                if renewals != last.0 {
+                    last = (renewals, Instant::now());
+                }
+                last.1.elapsed() >= Duration::from_millis(300)
+            },
+        );
+        // The joiner starts, and the two others see it answer.
+        c.start(joiner);
+        c.wait_up(&ALL);
+        let left = LIMIT - LIMIT / 2;
+        let load = Load::start(&c, &[joiner], &body);
+        run_until(
+            &load,
+            &[joiner],
+            &format!("the joiner to admit what is left ({left})"),
+            Duration::from_secs(20),
+            Duration::from_secs(1),
+            5 * LIMIT,
+            |l| l.admitted(&[joiner]) >= left,
+        );
+        let seen = load.stop(&[joiner]);
+        let admitted = seen[joiner].admitted.load(Ordering::Relaxed);
+        let offered = seen[joiner].offered.load(Ordering::Relaxed);
+        eprintln!(
+            "joiner {}: the first two admitted {}, the joiner {admitted} of {offered}",
+            if owned {
+                "owning the key"
+            } else {
+                "not owning it"
+            },
+            LIMIT / 2
+        );
+        assert!(
+            admitted <= left,
+            "the joiner admitted {admitted} of {left} left"
+        );
+        // Decided from its leases: no hit forwarded, at most one hit in 20 sent to a peer.
+        let local = c.lease_stat(&[joiner], "local_decisions");
+        assert!(
+            local * 20 >= offered * 19,
+            "{local} local decisions of {offered}"
+        );
+        assert_eq!(cluster_stat(&c.nodes[joiner], "forwarded_hits"), 0);
+    }
+
+    #[test]
+    fn a_joining_node_receives_a_share_and_decides_locally() {
+        a_joining_node(false);
+    }
+
+    /// Fails: the joiner, as the key's new lease server, never hears from the quiet nodes
+    /// (a peer coming back is no ring change, so they send no renewal for a key they hold
+    /// nothing of) and grants the whole limit again: 90 admitted in a window of 60.
+    #[test]
+    #[ignore = "lease mode: a joining owner never learns what quiet holders used (issue 16, i16-proc report)"]
+    fn a_joining_node_that_owns_the_key_learns_what_the_others_used() {
+        a_joining_node(true);
     }
 }
