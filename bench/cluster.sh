@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
-# A 3-node loopback peer cluster beside one node (issue 6's benchmark).
+# A 3-node loopback peer cluster, in forward and in lease mode, beside one node (issues 6, 16).
 #
-#   bench/cluster.sh                 # 3 alternating rounds, 8 s per run: about 2 minutes
+#   bench/cluster.sh                 # 3 rounds of single / forward / lease, 8 s per load run:
+#                                    # about 3 minutes
 #   BENCH_ROUNDS=5 BENCH_DURATION=10 bench/cluster.sh
-#   BENCH_WRITE_BEHIND=1 bench/cluster.sh   # the peers write behind to a redis-server
-#   BENCH_PEER_TLS=1 bench/cluster.sh       # the cluster in clear beside one over mutual TLS
+#   BENCH_WRITE_BEHIND=1 bench/cluster.sh   # single / forward, the peers writing behind to Redis
+#   BENCH_PEER_TLS=1 bench/cluster.sh       # forward mode in clear / over mutual TLS
+#   BENCH_SERIAL_REQUESTS=2700 bench/cluster.sh   # one-at-a-time requests per mode and round
+#   BENCH_PEER_BATCH_WINDOW_US=0 bench/cluster.sh # the peers' SLUICE_PEER_BATCH_WINDOW_US
 #
-# Starts one Sluice (memory store) and three Sluice peers (PEERS pointing at each other,
-# forward mode) on free 127.0.0.1 ports, checks both answer correctly, then alternates:
-#   - single: 3 h2load processes (-c 1 -m 50 each, one key each) on the single node;
-#   - cluster: the same 3 processes, one per peer, so two thirds of the keys' hits are forwarded.
-# Reports req/s, p50/p99 and, from the peers' /stats, forwarded hits and peer calls per request.
-# All three peers share this machine's two cores with h2load, so the cluster pays for its
-# forwarding with no extra CPU: the figure is a floor, not what three machines would do.
-# With BENCH_WRITE_BEHIND=1 the peers run with SLUICE_PEER_WRITE_BEHIND=true against a
-# redis-server started here (persistence off), and the report adds the take-over loads (Redis
-# round trips on the request path) and the counters written per second.
-# With BENCH_PEER_TLS=1 the rounds alternate between the three peers in clear and the same
-# three (restarted on the same ports, so every key keeps its owner) with SLUICE_PEER_TLS (one
-# certificate for the three, from a CA made here with openssl), instead of single node and
-# cluster: the figure is what mutual TLS costs the forwarding.
+# Starts one Sluice (memory store) and three Sluice peers (PEERS pointing at each other) on free
+# 127.0.0.1 ports, checks both answer correctly, then rotates through the modes, restarting the
+# peers (same ports, so every key keeps its owner) when a mode needs other peer settings:
+#   - single: everything on the single node;
+#   - cluster: the peers in forward mode (SLUICE_CLUSTER_MODE=forward);
+#   - lease: the peers in lease mode (SLUICE_CLUSTER_MODE=lease, default lease timing);
+#   - cluster-tls (BENCH_PEER_TLS=1): forward mode with SLUICE_PEER_TLS.
+# Each run has two parts:
+#   - load: 3 h2load processes (-c 1 -m 50 each, one key each), all on the single node or one
+#     per peer; req/s and p50/p99 from h2load's per-request logs;
+#   - one at a time: one h2load client with one request in flight (-c 1 -m 1), sequentially
+#     over every (key, node) pair, so in a cluster two requests in three land on a node that
+#     does not own their key, as with a load balancer in front; mean, p50 and p99 latency.
+# From the peers' /stats, each part reports its peer hops per decision (forwarded hits in
+# forward mode; acquires and forwards in lease mode) and, for the load, peer calls per second
+# per node (forward calls; lease renewal calls and acquires).
+# All three peers share this machine's two cores with h2load, so a cluster pays for its peer
+# traffic with no extra CPU: the throughput is a floor, not what three machines would do.
+# With BENCH_WRITE_BEHIND=1 the forward-mode peers run with SLUICE_PEER_WRITE_BEHIND=true
+# against a redis-server started here (persistence off; lease mode does not write behind), and
+# the report adds the take-over loads and the counters written per second.
+# With BENCH_PEER_TLS=1 the peers run in forward mode in clear and over mutual TLS (one
+# certificate for the three, from a CA made here with openssl): what mutual TLS costs.
 # Writes bench/results/cluster.md (cluster-write-behind.md with BENCH_WRITE_BEHIND=1,
-# cluster-peer-tls.md with BENCH_PEER_TLS=1).
+# cluster-peer-tls.md with BENCH_PEER_TLS=1) and keeps every run in cluster-runs.jsonl beside.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,6 +42,7 @@ cd "$ROOT"
 source "$ROOT/bench/lib.sh"
 
 bench_defaults
+SERIAL=${BENCH_SERIAL_REQUESTS:-2700}
 
 if ! command -v h2load >/dev/null; then
     apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null
@@ -46,8 +59,10 @@ PEER_TLS=${BENCH_PEER_TLS:-0}
 REPORT="$OUT/cluster.md"
 DURABLE=()
 TLS=()
+[[ -n ${BENCH_PEER_BATCH_WINDOW_US:-} ]] && DURABLE=(SLUICE_PEER_BATCH_WINDOW_US="$BENCH_PEER_BATCH_WINDOW_US")
+CLUSTER_MODE=forward
 NODES="0 1 2 3"
-MODES=(single cluster)
+MODES=(single cluster lease)
 if [[ $PEER_TLS == 1 ]]; then
     REPORT="$OUT/cluster-peer-tls.md"
     NODES="1 2 3"
@@ -66,21 +81,22 @@ if [[ $PEER_TLS == 1 ]]; then
 fi
 if [[ $WRITE_BEHIND == 1 ]]; then
     REPORT="$OUT/cluster-write-behind.md"
+    MODES=(single cluster)
     redis-server --port "${P[16]}" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
     PIDS+=($!)
     for _ in $(seq 100); do
         [[ $(redis-cli -p "${P[16]}" PING 2>/dev/null) == PONG ]] && break
         sleep 0.1
     done
-    DURABLE=(SLUICE_PEER_WRITE_BEHIND=true REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:${P[16]}")
+    DURABLE+=(SLUICE_PEER_WRITE_BEHIND=true REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:${P[16]}")
 fi
 declare -A NODE_PID
-start() { # start INDEX: 0 the single node, 1-3 the peers (with TLS's variables)
+start() { # start INDEX: 0 the single node, 1-3 the peers (in $CLUSTER_MODE, with $TLS)
     local i=$1 base=$(($1 * 4))
     local env=(LOG_LEVEL=error BACKEND_TYPE=memory)
     if [[ $i -gt 0 ]]; then
         env+=(PEERS="$PEERS" PEER_PORT="${P[base + 3]}" PEER_ADVERTISE_ADDRESS="127.0.0.1:${P[base + 3]}"
-            "${DURABLE[@]}" "${TLS[@]}")
+            SLUICE_CLUSTER_MODE="$CLUSTER_MODE" "${DURABLE[@]}" "${TLS[@]}")
     fi
     env "${env[@]}" "$BIN/sluice" --config "$ROOT/bench/config" --host 127.0.0.1 \
         --grpc-host 127.0.0.1 --debug-host 127.0.0.1 --port "${P[base]}" \
@@ -90,6 +106,19 @@ start() { # start INDEX: 0 the single node, 1-3 the peers (with TLS's variables)
 }
 grpc() { echo "http://127.0.0.1:${P[$1 * 4 + 1]}"; }
 debug() { echo "${P[$1 * 4 + 2]}"; }
+peers_up() { # peers_up: every peer sees all three peers up (at most 15 s)
+    local _ i n
+    for _ in $(seq 150); do
+        n=0
+        for i in 1 2 3; do
+            n=$((n + $(curl -s "http://127.0.0.1:$(debug "$i")/stats" | grep -c '^sluice.cluster.peer_up.*: 1$' || true)))
+        done
+        [[ $n == 9 ]] && return 0
+        sleep 0.1
+    done
+    echo "the peers never all saw each other up" >&2
+    return 1
+}
 start_all() { # start_all: every node of $NODES, checked
     local i
     for i in $NODES; do start "$i"; done
@@ -97,106 +126,176 @@ start_all() { # start_all: every node of $NODES, checked
         wait_ready "$CLIENT" "$(grpc "$i")"
         "$CLIENT" check "$(grpc "$i")" 10 1000000000 bench "client=check-$i"
     done
+    peers_up
 }
-restart_peers() { # restart_peers cluster|cluster-tls: the same three peers, TLS on or off
+RUNNING=forward # the peers' settings now: forward, lease or forward-tls
+settings_of() { # settings_of MODE: the peer settings MODE runs on
+    case $1 in
+        single) echo "$RUNNING" ;; # the peers idle: whatever runs
+        cluster) echo forward ;;
+        cluster-tls) echo forward-tls ;;
+        lease) echo lease ;;
+    esac
+}
+restart_peers() { # restart_peers SETTINGS: the same three peers, on the same ports
     local i
-    for i in $NODES; do kill "${NODE_PID[$i]}"; wait "${NODE_PID[$i]}" 2>/dev/null || true; done
+    for i in 1 2 3; do kill "${NODE_PID[$i]}"; wait "${NODE_PID[$i]}" 2>/dev/null || true; done
     TLS=()
-    [[ $1 == cluster-tls ]] && TLS=("${TLS_ENV[@]}")
+    [[ $1 == forward-tls ]] && TLS=("${TLS_ENV[@]}")
+    CLUSTER_MODE=forward
+    [[ $1 == lease ]] && CLUSTER_MODE=lease
+    local nodes=$NODES
+    NODES="1 2 3"
     start_all >/dev/null
-    sleep 1 # a few probes: every peer up before the load starts
+    NODES=$nodes
+    RUNNING=$1
+    sleep 1 # a few probes and renewals before the load starts
 }
 start_all
 for k in 0 1 2; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done
 
-cluster_stat() { # sum of a sluice.cluster.* counter over the three peers
-    local total=0 i v
-    for i in 1 2 3; do
-        v=$(curl -s "http://127.0.0.1:$(debug "$i")/stats" | sed -n "s/^sluice.cluster.$1: //p")
-        total=$((total + ${v:-0}))
-    done
-    echo "$total"
+stats() { # stats: every numeric sluice.cluster.* counter, summed over the three peers, as JSON
+    python3 - "$(debug 1)" "$(debug 2)" "$(debug 3)" <<'PY'
+import json, sys, urllib.request
+total = {}
+for port in sys.argv[1:]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=5).read().decode()
+    for line in body.splitlines():
+        name, _, value = line.partition(": ")
+        if name.startswith("sluice.cluster.") and value.isdigit():
+            name = name.removeprefix("sluice.cluster.")
+            total[name] = total.get(name, 0) + int(value)
+print(json.dumps(total))
+PY
 }
 
-run() { # run single|cluster
-    local mode=$1 k pids=() fwd0 calls0 local0 loads0 written0
-    fwd0=$(cluster_stat forwarded_hits); calls0=$(cluster_stat peer_calls)
-    local0=$(cluster_stat local_hits)
-    loads0=$(cluster_stat durable.loads); written0=$(cluster_stat durable.flushed_counters)
+PATH_RL=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+H2_ARGS=(-H 'content-type: application/grpc' -H 'te: trailers')
+
+run() { # run MODE: one load run, then one-at-a-time requests; one JSON line
+    local mode=$1 k n pids=() s0 s1 s2 node
+    s0=$(stats)
     for k in 0 1 2; do
-        local node=0
+        node=0
         [[ $mode != single ]] && node=$((k + 1))
-        h2load -c 1 -m 50 -t 1 -D "$DURATION" --warm-up-time=1 \
-            -d "$WORK/body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
-            --log-file="$WORK/log-$k.tsv" \
-            "$(grpc "$node")/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
+        h2load -c 1 -m 50 -t 1 -D "$DURATION" --warm-up-time=1 -d "$WORK/body-$k.bin" \
+            "${H2_ARGS[@]}" --log-file="$WORK/log-$k.tsv" "$(grpc "$node")$PATH_RL" \
             >"$WORK/out-$k.txt" 2>&1 &
         pids+=($!)
     done
     for k in "${pids[@]}"; do wait "$k"; done
-    local fwd calls locals loads written
-    fwd=$(($(cluster_stat forwarded_hits) - fwd0)); calls=$(($(cluster_stat peer_calls) - calls0))
-    locals=$(($(cluster_stat local_hits) - local0))
-    loads=$(($(cluster_stat durable.loads) - loads0))
-    written=$(($(cluster_stat durable.flushed_counters) - written0))
-    python3 - "$mode" "$fwd" "$calls" "$locals" "$loads" "$written" "$DURATION" \
-        "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
-import json, re, sys
-mode, fwd, calls, local = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-loads, written, duration = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
-rest = sys.argv[8:]
-sep = rest.index("--")
-outs, logs = rest[:sep], rest[sep + 1:]
+    s1=$(stats)
+    # One client, one request at a time: every key on every node of the setup, in turn.
+    local targets=(0) each=$((SERIAL / 3))
+    if [[ $mode != single ]]; then targets=(1 2 3); each=$((SERIAL / 9)); fi
+    for k in 0 1 2; do
+        for n in "${targets[@]}"; do
+            h2load -c 1 -m 1 -t 1 -n "$each" -d "$WORK/body-$k.bin" "${H2_ARGS[@]}" \
+                --log-file="$WORK/serial-$k-$n.tsv" "$(grpc "$n")$PATH_RL" >/dev/null 2>&1
+        done
+    done
+    s2=$(stats)
+    python3 - "$mode" "$DURATION" "$s0" "$s1" "$s2" "$WORK"/out-*.txt -- "$WORK"/log-*.tsv \
+        -- "$WORK"/serial-*.tsv <<'PY'
+import json, re, statistics, sys
+mode, duration = sys.argv[1], int(sys.argv[2])
+s0, s1, s2 = (json.loads(a) for a in sys.argv[3:6])
+rest = sys.argv[6:]
+a = rest.index("--")
+b = rest.index("--", a + 1)
+outs, logs, serial = rest[:a], rest[a + 1:b], rest[b + 1:]
+
+def latencies(files):  # µs, answered requests only
+    return sorted(int(f[2]) for name in files for f in (l.split() for l in open(name))
+                  if len(f) >= 3 and f[1] == "200")
+
+def pct(lat, p):
+    return lat[min(len(lat) - 1, int(p * len(lat)))] / 1000 if lat else float("nan")
+
+def delta(after, before):
+    return {k: v - before.get(k, 0) for k, v in after.items()}
+
+def hops(d):
+    """Hits that crossed to a peer on the request path, and decisions, in one part."""
+    fwd = d.get("forwarded_hits", 0)
+    if mode == "lease":
+        crossed = d.get("lease.acquires", 0) + fwd
+        return crossed, d.get("lease.local_decisions", 0) + crossed
+    return fwd, fwd + d.get("local_hits", 0)
+
 rps = sum(float(m.group(1)) for o in outs
           for m in [re.search(r"finished in [^,]+, ([\d.]+) req/s", open(o).read())] if m)
-lat = sorted(int(f[2]) for l in logs for f in (line.split() for line in open(l))
-             if len(f) >= 3 and f[1] == "200")
-pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1000 if lat else float("nan")
+load, one = latencies(logs), latencies(serial)
+dl, ds = delta(s1, s0), delta(s2, s1)
+crossed, decisions = hops(dl)
+serial_crossed, serial_decisions = hops(ds)
+calls = dl.get("peer_calls", 0) + dl.get("lease.renewal_calls", 0) + dl.get("lease.acquires", 0)
 # The counters include h2load's warm-up second (its logs leave it out), so the ratios are taken
 # between counters, never against the logged request count.
-print(json.dumps({"mode": mode, "rps": round(rps), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
-                  "requests": len(lat), "forwarded": fwd, "local": local, "peer_calls": calls,
-                  "loads": loads, "written_per_s": round(written / (duration + 1), 1)}))
+print(json.dumps({
+    "mode": mode, "rps": round(rps), "p50_ms": pct(load, 0.5), "p99_ms": pct(load, 0.99),
+    "requests": len(load),
+    "serial_mean_ms": statistics.fmean(one) / 1000 if one else float("nan"),
+    "serial_p50_ms": pct(one, 0.5), "serial_p99_ms": pct(one, 0.99), "serial_requests": len(one),
+    "hops_per_decision": crossed / decisions if decisions else 0.0,
+    "serial_hops_per_decision": serial_crossed / serial_decisions if serial_decisions else 0.0,
+    "peer_calls_per_s_node": calls / (duration + 1) / 3,
+    "forwarded": dl.get("forwarded_hits", 0), "peer_calls": dl.get("peer_calls", 0),
+    "renewal_calls": dl.get("lease.renewal_calls", 0), "acquires": dl.get("lease.acquires", 0),
+    "loads": dl.get("durable.loads", 0),
+    "written_per_s": round(dl.get("durable.flushed_counters", 0) / (duration + 1), 1)}))
 PY
-    rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt
+    rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt "$WORK"/serial-*.tsv
 }
 
 RUNS="$WORK/runs.jsonl"
 for round in $(seq "$ROUNDS"); do
-    if ((round % 2)); then order="${MODES[0]} ${MODES[1]}"; else order="${MODES[1]} ${MODES[0]}"; fi
-    for mode in $order; do
-        [[ $PEER_TLS == 1 ]] && restart_peers "$mode"
+    # Each round starts one mode further on, so every mode runs first, second and last.
+    order=()
+    for i in "${!MODES[@]}"; do order+=("${MODES[$(((i + round - 1) % ${#MODES[@]}))]}"); done
+    for mode in "${order[@]}"; do
+        settings=$(settings_of "$mode")
+        [[ $settings != "$RUNNING" ]] && restart_peers "$settings"
         run "$mode" | tee -a "$RUNS"
     done
 done
+cat "$RUNS" >>"${REPORT%.md}-runs.jsonl"
 
-python3 - "$RUNS" "$REPORT" "$ROUNDS" "$DURATION" "$WRITE_BEHIND" "${MODES[@]}" <<'PY'
+python3 - "$RUNS" "$REPORT" "$ROUNDS" "$DURATION" "$WRITE_BEHIND" "$SERIAL" "${MODES[@]}" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-modes = sys.argv[6:]
+rounds, duration, write_behind, serial = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+modes = sys.argv[7:]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
-names = {"single": "single node", "cluster": "cluster nodes", "cluster-tls": "cluster nodes, mutual TLS"}
-out = ["| setup | req/s (median) | p50 | p99 | share of hits forwarded | forwarded hits per peer call |",
-       "|---|---|---|---|---|---|"]
+names = {"single": "single node", "cluster": "3 peers, forward mode",
+         "cluster-tls": "3 peers, forward mode, mutual TLS", "lease": "3 peers, lease mode"}
+out = ["| setup | req/s (median) | p50 | p99 | one at a time: mean | one at a time: p99 "
+       "| peer hops per decision (load / one at a time) | peer calls per second per node |",
+       "|---|---|---|---|---|---|---|---|"]
+by = {m: [r for r in rows if r["mode"] == m] for m in modes}
 for mode in modes:
-    rs = [r for r in rows if r["mode"] == mode]
-    if mode != "single":
-        share = statistics.median(r["forwarded"] / max(1, r["forwarded"] + r["local"]) for r in rs)
-        per_call = statistics.median(r["forwarded"] / max(1, r["peer_calls"]) for r in rs)
-        extra = (f"{share:.2f}", f"{per_call:.1f}")
-    else:
+    rs = by[mode]
+    if mode == "single":
         extra = ("-", "-")
-    out.append(f"| {names[mode]} | {med(rs, 'rps'):,.0f} | "
-               f"{med(rs, 'p50_ms'):.2f} ms | {med(rs, 'p99_ms'):.2f} ms | {extra[0]} | {extra[1]} |")
-base = statistics.median(r["rps"] for r in rows if r["mode"] == modes[0])
-other = statistics.median(r["rps"] for r in rows if r["mode"] == modes[1])
-what = ("3-node cluster over mutual TLS / in clear" if modes[0] == "cluster"
-        else "3-node cluster / single node")
+    else:
+        extra = (f"{med(rs, 'hops_per_decision'):.3f} / {med(rs, 'serial_hops_per_decision'):.3f}",
+                 f"{med(rs, 'peer_calls_per_s_node'):.1f}")
+    out.append(f"| {names[mode]} | {med(rs, 'rps'):,.0f} | {med(rs, 'p50_ms'):.2f} ms | "
+               f"{med(rs, 'p99_ms'):.2f} ms | {med(rs, 'serial_mean_ms') * 1000:.0f} µs | "
+               f"{med(rs, 'serial_p99_ms') * 1000:.0f} µs | {extra[0]} | {extra[1]} |")
 out.append("")
-out.append(f"{what} throughput (medians of {sys.argv[3]} alternating rounds, "
-           f"{sys.argv[4]} s each, all on one 2-core machine): {other / base:.2f}")
-if sys.argv[5] == "1":
-    rs = [r for r in rows if r["mode"] == "cluster"]
+out.append(f"Medians of {rounds} rounds (the order rotating each round), {duration} s of load "
+           f"per run (3 h2load clients, -c 1 -m 50, one key each) and {serial} requests one at a "
+           f"time (h2load -c 1 -m 1 over every key and node), all on one 2-core machine.")
+out.append("")
+base = modes[0]
+for mode in modes[1:]:
+    out.append(f"- {names[mode]} / {names[base]}: throughput "
+               f"{med(by[mode], 'rps') / med(by[base], 'rps'):.2f}, one-at-a-time mean latency "
+               f"{med(by[mode], 'serial_mean_ms') / med(by[base], 'serial_mean_ms'):.2f}, "
+               f"p99 {med(by[mode], 'serial_p99_ms') / med(by[base], 'serial_p99_ms'):.2f}")
+if write_behind == "1":
+    rs = by["cluster"]
     loads = sum(r["loads"] for r in rs)
     requests = sum(r["requests"] for r in rs)
     out.append("")
