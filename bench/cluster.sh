@@ -6,7 +6,7 @@
 #   BENCH_ROUNDS=5 BENCH_DURATION=10 bench/cluster.sh
 #   BENCH_WRITE_BEHIND=1 bench/cluster.sh   # single / forward, the peers writing behind to Redis
 #   BENCH_PEER_TLS=1 bench/cluster.sh       # forward mode in clear / over mutual TLS
-#   BENCH_SERIAL_REQUESTS=2700 bench/cluster.sh   # one-at-a-time requests per mode and round
+#   BENCH_SERIAL_REQUESTS=9000 bench/cluster.sh   # one-at-a-time requests per mode and round
 #   BENCH_PEER_BATCH_WINDOW_US=0 bench/cluster.sh # the peers' SLUICE_PEER_BATCH_WINDOW_US
 #
 # Starts one Sluice (memory store) and three Sluice peers (PEERS pointing at each other) on free
@@ -18,7 +18,9 @@
 #   - cluster-tls (BENCH_PEER_TLS=1): forward mode with SLUICE_PEER_TLS.
 # Each run has two parts:
 #   - load: 3 h2load processes (-c 1 -m 50 each, one key each), all on the single node or one
-#     per peer; req/s and p50/p99 from h2load's per-request logs;
+#     per peer; req/s and p50/p99 from h2load's per-request logs. The keys are picked (by
+#     probing the peers' forwarded hits) so that one client's peer owns its key and the two
+#     others' do not: two hits in three cross to a peer in forward mode, whatever the ports;
 #   - one at a time: one h2load client with one request in flight (-c 1 -m 1), sequentially
 #     over every (key, node) pair, so in a cluster two requests in three land on a node that
 #     does not own their key, as with a load balancer in front; mean, p50 and p99 latency.
@@ -42,7 +44,7 @@ cd "$ROOT"
 source "$ROOT/bench/lib.sh"
 
 bench_defaults
-SERIAL=${BENCH_SERIAL_REQUESTS:-2700}
+SERIAL=${BENCH_SERIAL_REQUESTS:-9000}
 
 if ! command -v h2load >/dev/null; then
     apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null
@@ -152,7 +154,30 @@ restart_peers() { # restart_peers SETTINGS: the same three peers, on the same po
     sleep 1 # a few probes and renewals before the load starts
 }
 start_all
-for k in 0 1 2; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done
+
+node_stat() { # node_stat NODE NAME: peer NODE's sluice.cluster.NAME
+    curl -s "http://127.0.0.1:$(debug "$1")/stats" | sed -n "s/^sluice.cluster.$2: //p"
+}
+owns() { # owns NODE VALUE: whether peer NODE owns client=VALUE (the peers in forward mode)
+    local before
+    before=$(node_stat "$1" forwarded_hits)
+    "$CLIENT" check "$(grpc "$1")" 1 1000000000 bench "client=$2" >/dev/null
+    [[ $(node_stat "$1" forwarded_hits) == "$before" ]]
+}
+# The load's keys, one per client: the first client's owned by peer 1, which it loads, the
+# others' owned elsewhere than the peer they load. So in forward mode two hits in three are
+# forwarded, as behind a load balancer spreading over three nodes, whatever the ports hash to.
+KEYS=()
+for k in 0 1 2; do
+    for i in $(seq 100); do
+        value="k$k-$i"
+        owned=0
+        owns $((k + 1)) "$value" && owned=1
+        if [[ ($k == 0 && $owned == 1) || ($k != 0 && $owned == 0) ]]; then break; fi
+    done
+    KEYS+=("$value")
+    "$CLIENT" body "$WORK/body-$k.bin" bench "client=$value"
+done
 
 stats() { # stats: every numeric sluice.cluster.* counter, summed over the three peers, as JSON
     python3 - "$(debug 1)" "$(debug 2)" "$(debug 3)" <<'PY'
@@ -267,22 +292,25 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 rounds, duration, write_behind, serial = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 modes = sys.argv[7:]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
+small = lambda v: f"{v:.3f}" if v >= 0.01 or v == 0 else f"{v:.1e}"
 names = {"single": "single node", "cluster": "3 peers, forward mode",
          "cluster-tls": "3 peers, forward mode, mutual TLS", "lease": "3 peers, lease mode"}
-out = ["| setup | req/s (median) | p50 | p99 | one at a time: mean | one at a time: p99 "
+out = ["| setup | req/s (median) | p50 | p99 | one at a time: mean | p50 | p99 "
        "| peer hops per decision (load / one at a time) | peer calls per second per node |",
-       "|---|---|---|---|---|---|---|---|"]
+       "|---|---|---|---|---|---|---|---|---|"]
 by = {m: [r for r in rows if r["mode"] == m] for m in modes}
 for mode in modes:
     rs = by[mode]
     if mode == "single":
         extra = ("-", "-")
     else:
-        extra = (f"{med(rs, 'hops_per_decision'):.3f} / {med(rs, 'serial_hops_per_decision'):.3f}",
+        extra = (f"{small(med(rs, 'hops_per_decision'))} / "
+                 f"{small(med(rs, 'serial_hops_per_decision'))}",
                  f"{med(rs, 'peer_calls_per_s_node'):.1f}")
     out.append(f"| {names[mode]} | {med(rs, 'rps'):,.0f} | {med(rs, 'p50_ms'):.2f} ms | "
                f"{med(rs, 'p99_ms'):.2f} ms | {med(rs, 'serial_mean_ms') * 1000:.0f} µs | "
-               f"{med(rs, 'serial_p99_ms') * 1000:.0f} µs | {extra[0]} | {extra[1]} |")
+               f"{med(rs, 'serial_p50_ms') * 1000:.0f} µs | {med(rs, 'serial_p99_ms') * 1000:.0f} µs | "
+               f"{extra[0]} | {extra[1]} |")
 out.append("")
 out.append(f"Medians of {rounds} rounds (the order rotating each round), {duration} s of load "
            f"per run (3 h2load clients, -c 1 -m 50, one key each) and {serial} requests one at a "
