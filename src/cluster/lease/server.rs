@@ -181,10 +181,16 @@ impl Epoch {
         Some(self.holders.len() - 1)
     }
 
-    /// Drops the holders whose leases expired by `now_us`. A window's expired holder may have
-    /// used all it held, so its allowance stays charged, in `retired`; a bucket share is free
-    /// once its lease ends (the node stops using it then).
+    /// Handles the holders whose leases expired by `now_us`. A window's expired holder may have
+    /// used all it held, so its allowance stays charged; it stays a record (claiming nothing),
+    /// so that if its node asks again in the window it finds its record and is not charged a
+    /// second time, and the records are folded into `retired` only once the window has
+    /// [`MAX_HOLDERS`] of them. A bucket share is free once its lease ends (the node stops using
+    /// it then).
     fn retire(&mut self, now_us: u64, window: bool) {
+        if window && self.holders.len() < MAX_HOLDERS {
+            return;
+        }
         let mut retired = 0;
         self.holders.retain(|h| {
             let live = h.expires_us > now_us;
@@ -527,7 +533,13 @@ impl KeyLeases {
                 .holders
                 .iter()
                 .filter(|h| &*h.node != ctx.node)
-                .map(|h| h.used)
+                .map(|h| {
+                    if h.expires_us > ctx.now_us {
+                        h.used
+                    } else {
+                        h.allowance
+                    }
+                })
                 .sum::<u64>();
         // A window's allowance is charged to the node for the whole window, so the lease
         // holds until the window (or the one granted ahead) ends; renewals move the counts.
@@ -660,18 +672,24 @@ fn grant_in(
     // Windows: each live holder claims what it used plus its need until the window ends, out
     // of the window's capacity less what expired holders held (they may have used it all), so
     // what a node already used counts against its fair part. Buckets: claims are rate shares.
+    let mut expired = 0;
     let claims: Vec<u64> = epoch
         .holders
         .iter()
         .enumerate()
         .map(|(i, h)| {
+            if h.expires_us <= ctx.now_us {
+                expired += h.allowance;
+                return 0;
+            }
             let base = if window { h.used } else { 0 };
             let need = need_of(h.demand_milli, limits.need);
             let want = if i == me { ask.want } else { 0 };
             base.saturating_add(need.max(want))
         })
         .collect();
-    let fair = max_min_fair(limits.capacity.saturating_sub(epoch.retired), &claims);
+    let charged = epoch.retired + expired;
+    let fair = max_min_fair(limits.capacity.saturating_sub(charged), &claims);
     let h = &epoch.holders[me];
     let target = fair[me].min(limits.cap);
     let held: u64 = epoch.allowances();

@@ -417,6 +417,38 @@ fn an_expired_holder_keeps_its_allowance_charged_and_a_flood_of_names_is_bounded
 }
 
 #[test]
+fn a_node_asking_again_after_its_lease_expired_is_charged_once() {
+    let q = quota(Algorithm::FixedWindow, 10, Unit::Hour, 0);
+    let server = LeaseServer::new(TIMING);
+    let t = |us: u64| Timestamp::from_micros(T0 + us);
+    let old = Timestamp::from_micros(0);
+    let ask = Ask {
+        quota: q,
+        epoch: super::server::window_index(&q, T0),
+        used: 0,
+        keep: 0,
+        want: 4,
+        demand_milli: 0,
+    };
+    assert_eq!(server.answer("a", "k", &ask, t(0), old, 2).allowance, 4);
+    // Node a used its 4 and said nothing for longer than a lease: its lease expired. It asks
+    // again in the same window, reporting the 4 it holds and used.
+    let again = Ask {
+        used: 4,
+        keep: 4,
+        want: 1,
+        ..ask
+    };
+    assert_eq!(
+        server.answer("a", "k", &again, t(2 * S), old, 2).allowance,
+        5
+    );
+    // Its 4 are charged once: the other node gets the other 5.
+    let b = Ask { want: 10, ..ask };
+    assert_eq!(server.answer("b", "k", &b, t(2 * S), old, 2).allowance, 5);
+}
+
+#[test]
 fn an_owner_keeps_within_its_bytes_and_refuses_a_lease_past_them() {
     let q = quota(Algorithm::FixedWindow, 10, Unit::Hour, 0);
     // Room for five keys of two bytes with one holder of one byte each.
