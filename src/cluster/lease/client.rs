@@ -41,6 +41,11 @@ pub struct Held {
     demand_milli: u64,
     /// When this node last acquired for the key.
     acquired_us: u64,
+    /// Windows: an acquire is under way (so its grant says whether the owner had more).
+    acquiring: bool,
+    /// Windows: the window in which an acquire brought nothing more; no other acquire is sent
+    /// in it (renewals still raise the allowance when capacity is given back).
+    starved_epoch: Option<u64>,
     /// When a hit last came.
     touched_us: u64,
     /// A call about this key is under way; its answer will be applied by its sender.
@@ -79,6 +84,8 @@ impl Held {
             reported_us: now_us,
             demand_milli: rate_milli,
             acquired_us: 0,
+            acquiring: false,
+            starved_epoch: None,
             touched_us: now_us,
             in_flight: false,
             reported_changes: 0,
@@ -101,10 +108,13 @@ impl Held {
         if self.in_flight {
             return Local::Wait;
         }
-        if self.acquired_us != 0 && now_us < self.acquired_us + renew_us {
+        if self.acquired_us != 0 && now_us < self.acquired_us + renew_us
+            || self.starved_epoch == Some(self.epoch) && is_window(&self.quota)
+        {
             return Local::Decided(self.refusal(now_us, hits));
         }
         self.acquired_us = now_us;
+        self.acquiring = true;
         self.in_flight = true;
         Local::Acquire(Ask {
             want: hits,
@@ -138,7 +148,11 @@ impl Held {
     /// Applies a grant answering an ask sent at `sent_us`.
     pub fn grant(&mut self, g: &Grant, sent_us: u64) {
         self.in_flight = false;
+        let acquiring = std::mem::take(&mut self.acquiring);
         if is_window(&self.quota) {
+            if acquiring && g.epoch == self.epoch && g.allowance <= self.allowance {
+                self.starved_epoch = Some(self.epoch);
+            }
             if g.epoch == self.epoch {
                 // The server only raises; the node lowered its own record when it asked.
                 self.allowance = self.allowance.max(g.allowance);
@@ -164,6 +178,7 @@ impl Held {
     /// A call about the key failed: keep what is held until the lease ends.
     pub fn failed(&mut self) {
         self.in_flight = false;
+        self.acquiring = false;
     }
 
     /// The renewal to send at `now_us`, when the key needs one: something is held, hits came

@@ -34,6 +34,8 @@ struct Cluster {
     admitted: HashMap<u64, u64>,
     /// Whether the next answer is lost (the node keeps what it holds).
     lose: bool,
+    /// Acquires sent.
+    acquires: u64,
 }
 
 impl Cluster {
@@ -45,6 +47,7 @@ impl Cluster {
             last_change: 0,
             admitted: HashMap::new(),
             lose: false,
+            acquires: 0,
         }
     }
 
@@ -79,6 +82,7 @@ impl Cluster {
                 Local::Decided(d) => !d.over,
                 Local::Wait => false,
                 Local::Acquire(ask) => {
+                    self.acquires += 1;
                     self.ask(node, &ask, now);
                     let held = self.held[node].as_mut().expect("held");
                     !held.decide_after_acquire(now, 1).over
@@ -144,6 +148,37 @@ fn a_window_admits_its_limit_over_nodes_and_no_more() {
     // After the first window (cold: demand unknown) the limit is used nearly in full.
     let steady: Vec<u64> = (1..5).map(|s| c.admitted[&((T0 + s * S) / S)]).collect();
     assert!(steady.iter().all(|&a| a >= 95), "utilisation {steady:?}");
+}
+
+#[test]
+fn an_over_limit_key_stops_acquiring_once_the_owner_has_nothing_more() {
+    let q = quota(Algorithm::FixedWindow, 30, Unit::Second, 0);
+    let mut c = Cluster::new(3, q);
+    // Each node offered 100 hits per second (10x its share), renewals every 100 ms: every
+    // allowance is used up early in each window, and an acquire then brings nothing more.
+    let mut late_acquires = 0;
+    for second in 0..5u64 {
+        for step in 0..100u64 {
+            let now = T0 + second * S + step * 10_000;
+            if step % 10 == 0 {
+                c.renew_all(now);
+            }
+            let before = c.acquires;
+            for n in 0..3 {
+                c.hit(n, now);
+            }
+            if second > 0 {
+                late_acquires += c.acquires - before;
+            }
+        }
+    }
+    // At most about one fruitless acquire per node per window (once per renewal interval
+    // would be up to 10 each), and the limit still used in full.
+    assert!(late_acquires <= 3 * 4 * 2, "{late_acquires} acquires");
+    for s in 1..5u64 {
+        let admitted = c.admitted[&((T0 + s * S) / S)];
+        assert!((28..=30).contains(&admitted), "window {s}: {admitted}");
+    }
 }
 
 #[test]
