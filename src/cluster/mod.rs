@@ -155,11 +155,22 @@ impl OwnerStore {
         now: Timestamp,
     ) -> Option<Vec<lease::Grant>> {
         let server = self.leases.as_ref()?;
-        let live = self.members.load().live();
+        let members = self.members.load();
+        let live = members.live();
         let (_, last_change) = self.changes.last();
         Some(
             asks.iter()
-                .map(|(key, ask)| server.answer(node, key, ask, now, last_change, live))
+                .map(|(key, ask)| {
+                    // A stand-in for a key's owner (the owner among every peer this node knows
+                    // is another one) may not have seen the change that sent the key here: it
+                    // rebuilds the key as after one.
+                    let since = if members.owned_elsewhere(key) {
+                        now
+                    } else {
+                        last_change
+                    };
+                    server.answer(node, key, ask, now, since, live)
+                })
                 .collect(),
         )
     }
