@@ -1,0 +1,370 @@
+//! The runs and the tables of `docs/cluster.md`'s "Simulation" section.
+
+use sluice::cluster::ring::Ring;
+use sluice::limiter::Unit;
+
+use super::{
+    BATCH_WINDOW_US, HOP_US, KEYS, Mode, NODE_COUNTS, Outcome, PEER_TIMEOUT_US, Params, Phase,
+    RATE, Sim, Spread, Workload, ZIPF_S, addr,
+};
+
+const SPREADS: [Spread; 2] = [Spread::Pinned, Spread::PerRequest];
+const MODES: [Mode; 7] = [
+    Mode::Forward,
+    Mode::Durable(500),
+    Mode::Durable(100),
+    Mode::Divided,
+    Mode::Local,
+    Mode::Global,
+    Mode::Lease,
+];
+
+/// The command line: `--quick`, `--seed N`, `--only SECTION`.
+pub(super) struct Options {
+    quick: bool,
+    seed: u64,
+    only: Option<String>,
+    /// `--nodes N` and `--renew-ms N`: one size and one renewal interval, for `--only diag`.
+    only_nodes: Option<usize>,
+    renew_us: Option<u64>,
+}
+
+impl Options {
+    pub(super) fn parse(args: &[String]) -> Self {
+        let value = |name: &str| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|i| args.get(i + 1))
+                .cloned()
+        };
+        Options {
+            quick: args.iter().any(|a| a == "--quick"),
+            seed: value("--seed").map_or(42, |s| s.parse().expect("--seed takes an integer")),
+            only: value("--only"),
+            only_nodes: value("--nodes").map(|s| s.parse().expect("--nodes takes a count")),
+            renew_us: value("--renew-ms")
+                .map(|s| s.parse::<u64>().expect("--renew-ms takes milliseconds") * 1000),
+        }
+    }
+
+    fn wants(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|s| s == section)
+    }
+
+    /// Simulated seconds of a per-second run.
+    fn secs(&self) -> u64 {
+        if self.quick { 12 } else { 40 }
+    }
+}
+
+/// Every section, in order: `main` (every mode, per-second limits), `sweep` (lease mode's
+/// settings), `rate` (peer calls at two request rates), `minute` (per-minute limits) and
+/// `ring` (keys moved).
+pub(super) fn run(o: &Options) {
+    let w = Workload::new(RATE, Unit::Second);
+    println!(
+        "cluster_sim: seed {}, {} s simulated, {RATE} requests/s, {KEYS} keys (Zipf {ZIPF_S}; \
+         {} keys over their limit on average), limits 10/100/1000 per second, hop {}-{} us \
+         (+ batch window up to {BATCH_WINDOW_US} us for forwards), peer timeout {} ms{}",
+        o.seed,
+        o.secs(),
+        w.hot(),
+        HOP_US.0,
+        HOP_US.1,
+        PEER_TIMEOUT_US / 1000,
+        if o.quick { " (--quick)" } else { "" }
+    );
+    let timed = |name: &str, f: &dyn Fn()| {
+        if o.wants(name) {
+            let start = sluice::clock::instant();
+            f();
+            eprintln!("section {name}: {:.1} s", start.elapsed().as_secs_f64());
+        }
+    };
+    timed("main", &|| main_tables(o, &w));
+    timed("sweep", &|| sweep(o, &w));
+    timed("rate", &|| rates(o));
+    timed("minute", &|| minute(o));
+    timed("ring", &|| ring_table(&w));
+    if o.only.as_deref() == Some("diag") {
+        diag(o, &w);
+    }
+}
+
+const HEADER: &str = "| mode | nodes | windows ≥ 2× limit | admitted/limit mean | p99 | max | \
+                      utilisation mean | p5 | hops/decision | steady | peer calls/s/node | \
+                      added latency mean | unanswered |\n\
+                      |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
+
+/// One row of the main tables: `label` names the mode or the setting.
+fn row(label: &str, nodes: usize, o: &Outcome, secs: u64) -> String {
+    let (mean, p99, max, util, util_p5) = ratios(&o.ratios);
+    let steady = Phase::ALL
+        .iter()
+        .position(|&p| p == Phase::Steady)
+        .unwrap_or(1);
+    let steady_hops = per(o.phase_hops[steady], o.phase_decisions[steady]);
+    let _ = secs;
+    format!(
+        "| {label} | {nodes} | {} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | {util_p5:.2} | \
+         {:.3} | {steady_hops:.4} | {:.0} | {:.0} us | {} |",
+        o.ratios.len(),
+        per(o.hops, o.decisions),
+        o.peer_calls as f64 / o.node_secs.max(1e-9),
+        per(o.added_latency_us, o.decisions),
+        o.errors,
+    )
+}
+
+/// (mean, p99, max, utilisation mean, utilisation p5) of sorted admitted/limit ratios, where
+/// utilisation is min(ratio, 1): admitting more in one window does not make up for refusing
+/// in another.
+fn ratios(sorted: &[f64]) -> (f64, f64, f64, f64, f64) {
+    if sorted.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+    }
+    let n = sorted.len() as f64;
+    let mean = sorted.iter().sum::<f64>() / n;
+    let util = sorted.iter().map(|r| r.min(1.0)).sum::<f64>() / n;
+    (
+        mean,
+        percentile(sorted, 0.99),
+        sorted[sorted.len() - 1],
+        util,
+        percentile(sorted, 0.05).min(1.0),
+    )
+}
+
+fn per(x: u64, n: u64) -> f64 {
+    x as f64 / n.max(1) as f64
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn simulate(w: &Workload, p: Params) -> Outcome {
+    Sim::new(w, p).run()
+}
+
+/// Every mode at every size, both spreads; then durable mode's Redis traffic and lease
+/// mode's phases at 10 nodes, from the same runs.
+fn main_tables(o: &Options, w: &Workload) {
+    let mut phases = Vec::new();
+    for spread in SPREADS {
+        println!("\n### {}, limits per second\n\n{HEADER}", spread.name());
+        let mut redis = Vec::new();
+        for mode in MODES {
+            for n in NODE_COUNTS {
+                let out = simulate(w, Params::new(mode, spread, n, o.secs(), o.seed));
+                println!("{}", row(&mode.name(), n, &out, o.secs()));
+                if matches!(mode, Mode::Durable(_)) {
+                    redis.push((mode, n, per(out.loads, out.decisions), out.writes));
+                }
+                if n == 10 && matches!(mode, Mode::Lease | Mode::Global | Mode::Forward) {
+                    phases.push((spread, mode, out));
+                }
+            }
+        }
+        println!("\nDurable mode's Redis traffic ({}):\n", spread.name());
+        println!("| mode | nodes | Redis loads/decision | Redis writes/s |\n|---|---:|---:|---:|");
+        for (mode, n, loads, writes) in redis {
+            let writes = writes as f64 / o.secs() as f64;
+            println!("| {} | {n} | {loads:.5} | {writes:.0} |", mode.name());
+        }
+    }
+    phase_table(&phases);
+}
+
+/// Lease mode (and forward and global for comparison) at 10 nodes, by phase of the run.
+fn phase_table(runs: &[(Spread, Mode, Outcome)]) {
+    println!("\n### By phase of the run, 10 nodes, limits per second\n");
+    println!(
+        "| spread | mode | phase | windows ≥ 2× limit | admitted/limit mean | p99 | max | \
+         utilisation mean | p5 | hops/decision |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (spread, mode, out) in runs {
+        for (i, phase) in Phase::ALL.iter().enumerate() {
+            let r = &out.phase_ratios[i];
+            let (mean, p99, max, util, p5) = ratios(r);
+            println!(
+                "| {} | {} | {} | {} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | {p5:.2} | \
+                 {:.4} |",
+                spread.name(),
+                mode.name(),
+                phase.name(),
+                r.len(),
+                per(out.phase_hops[i], out.phase_decisions[i]),
+            );
+        }
+    }
+}
+
+/// Lease mode at 10 nodes: the renewal interval, then the lease duration.
+fn sweep(o: &Options, w: &Workload) {
+    for spread in SPREADS {
+        println!(
+            "\n### Lease mode's settings, 10 nodes, {}, limits per second\n\n{}",
+            spread.name(),
+            HEADER.replacen("| mode |", "| setting |", 1)
+        );
+        for renew_ms in [25, 50, 100, 200, 500] {
+            let p = Params {
+                renew_us: renew_ms * 1000,
+                ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
+            };
+            let label = format!("renew {renew_ms} ms, lease 1 s");
+            println!("{}", row(&label, 10, &simulate(w, p), o.secs()));
+        }
+        for lease_ms in [500, 2000, 5000] {
+            let p = Params {
+                lease_us: lease_ms * 1000,
+                ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
+            };
+            let label = format!("renew 100 ms, lease {} s", lease_ms as f64 / 1000.0);
+            println!("{}", row(&label, 10, &simulate(w, p), o.secs()));
+        }
+    }
+}
+
+/// Peer calls per node per second at two request rates, 10 nodes.
+fn rates(o: &Options) {
+    println!(
+        "\n### Two request rates, 10 nodes, per-request spread, limits per second\n\n{}",
+        HEADER.replacen("| mode |", "| mode, requests/s |", 1)
+    );
+    for rate in [RATE, 4.0 * RATE] {
+        let w = Workload::new(rate, Unit::Second);
+        for mode in [Mode::Forward, Mode::Global, Mode::Lease] {
+            let p = Params::new(mode, Spread::PerRequest, 10, o.secs(), o.seed);
+            let label = format!("{}, {rate}", mode.name());
+            println!("{}", row(&label, 10, &simulate(&w, p), o.secs()));
+        }
+    }
+}
+
+/// Per-minute limits: fewer sizes and modes, a longer run (4 minutes: 4 whole windows).
+fn minute(o: &Options) {
+    let w = Workload::new(RATE, Unit::Minute);
+    let secs = if o.quick { 120 } else { 240 };
+    let nodes: &[usize] = if o.quick { &[3, 10] } else { &[3, 10, 50] };
+    for spread in SPREADS {
+        println!(
+            "\n### {}, limits per minute (600/6000/60000), {secs} s simulated\n\n{HEADER}",
+            spread.name()
+        );
+        for mode in [
+            Mode::Forward,
+            Mode::Durable(500),
+            Mode::Divided,
+            Mode::Local,
+            Mode::Global,
+            Mode::Lease,
+        ] {
+            for &n in nodes {
+                let out = simulate(&w, Params::new(mode, spread, n, secs, o.seed));
+                println!("{}", row(&mode.name(), n, &out, secs));
+            }
+        }
+    }
+}
+
+fn ring_table(w: &Workload) {
+    println!("\n### Keys moved per membership change (the ring, {KEYS} keys)\n");
+    println!(
+        "| nodes | one leaves: moved | ideal 1/N | one joins: moved | ideal 1/(N+1) | \
+         largest owner's share | moved between unchanged nodes |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for n in NODE_COUNTS {
+        let (leave, join, max_share, stray) = keys_moved(&w.hashes, n);
+        println!(
+            "| {n} | {leave:.4} | {:.4} | {join:.4} | {:.4} | {max_share:.4} | {stray} |",
+            1.0 / n as f64,
+            1.0 / (n + 1) as f64
+        );
+    }
+}
+
+/// Fraction of keys whose owner changes when one node leaves (averaged over which one) and
+/// when one joins, and keys that moved between two nodes that did not change (always 0).
+fn keys_moved(hashes: &[u64], n: usize) -> (f64, f64, f64, usize) {
+    let ring = Ring::new((0..=n).map(addr));
+    let all = |i: usize| i < n;
+    let before: Vec<usize> = hashes
+        .iter()
+        .map(|&h| ring.owner(h, all).unwrap())
+        .collect();
+    let mut leave_moved = 0usize;
+    let mut stray = 0usize;
+    let mut max_owned = 0usize;
+    for gone in 0..n {
+        let owned = before.iter().filter(|&&o| o == gone).count();
+        max_owned = max_owned.max(owned);
+        for (&h, &o) in hashes.iter().zip(&before) {
+            let after = ring.owner(h, |i| i < n && i != gone).unwrap();
+            if after != o {
+                leave_moved += 1;
+                stray += usize::from(o != gone);
+            }
+        }
+    }
+    let join_moved = hashes
+        .iter()
+        .zip(&before)
+        .filter(|&(&h, &o)| {
+            let after = ring.owner(h, |_| true).unwrap();
+            stray += usize::from(after != o && after != n);
+            after != o
+        })
+        .count();
+    let keys = hashes.len() as f64;
+    (
+        leave_moved as f64 / (keys * n as f64),
+        join_moved as f64 / keys,
+        max_owned as f64 / keys,
+        stray,
+    )
+}
+
+/// Lease mode's acquires and steady windows by limit, for finding where the targets are missed.
+fn diag(o: &Options, w: &Workload) {
+    println!(
+        "\n| spread | nodes | setting | acquires/decision (steady): cold | more | acquired hits admitted | \
+         limit 10: mean | util | p5 | limit 100: mean | util | p5 | limit 1000: mean | util | p5 |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let nodes: Vec<usize> = o.only_nodes.map_or_else(|| vec![3, 10, 50], |n| vec![n]);
+    for spread in SPREADS {
+        for &n in &nodes {
+            let p = Params {
+                renew_us: o.renew_us.unwrap_or(100_000),
+                ..Params::new(Mode::Lease, spread, n, o.secs(), o.seed)
+            };
+            let start = sluice::clock::instant();
+            let out = simulate(w, p);
+            let steady = Phase::ALL
+                .iter()
+                .position(|&q| q == Phase::Steady)
+                .unwrap_or(1);
+            let d = out.phase_decisions[steady];
+            let mut line = format!(
+                "| {} | {n} | renew {} ms | {:.4} | {:.4} | {:.3} |",
+                spread.name(),
+                p.renew_us / 1000,
+                per(out.acquires_cold, d),
+                per(out.acquires_more, d),
+                per(out.acquired_admitted, out.hops),
+            );
+            for r in &out.class_ratios {
+                let (mean, _, _, util, p5) = ratios(r);
+                line += &format!(" {mean:.3} | {util:.3} | {p5:.2} |");
+            }
+            println!("{line}");
+            eprintln!("run: {:.1} s", start.elapsed().as_secs_f64());
+        }
+    }
+}
