@@ -432,6 +432,8 @@ struct Outcome {
     added_latency_us: u64,
     /// Calls between peers (forwards counted per batch; probes not counted).
     peer_calls: u64,
+    /// Of which calls off the request path: lease renewals, gubernator's hits and broadcasts.
+    background_calls: u64,
     /// Seconds of running node, summed over nodes.
     node_secs: f64,
     /// Durable mode: take-over loads and counters written behind.
@@ -441,6 +443,9 @@ struct Outcome {
     /// used), in the steady phase; and acquired hits admitted.
     acquires_cold: u64,
     acquires_more: u64,
+    /// Lease mode: acquires in whole steady windows offered less than their limit, and at
+    /// least their limit.
+    steady_acquires: [u64; 2],
     acquired_admitted: u64,
     /// Steady-phase windows' admitted / limit by limit (10, 100, 1000 per unit).
     class_ratios: [Vec<f64>; 3],
@@ -465,8 +470,8 @@ struct Sim<'a> {
     batch_until: Vec<Vec<u64>>,
     pins: Vec<Vec<u16>>,
     counters: HashMap<u64, u64>,
-    /// (key, window) -> (offered, admitted).
-    windows: HashMap<(u32, u64), (u32, u32)>,
+    /// (key, window) -> (offered, admitted, acquires sent).
+    windows: HashMap<(u32, u64), (u32, u32, u32)>,
     /// Durable mode: the simulated Redis, (key, window) -> count.
     redis: HashMap<(u32, u64), u64>,
     /// Durable mode: per node, the keys changed since its last flush.
@@ -1116,11 +1121,18 @@ impl<'a> Sim<'a> {
             self.out.node_secs += (end - since) as f64 / 1e6;
         }
         let unit_us = self.w.unit.secs() * 1_000_000;
-        for (&(key, window), &(offered, admitted)) in &self.windows {
+        for (&(key, window), &(offered, admitted, acquires)) in &self.windows {
             let limit = self.w.limits[key as usize];
             // Whole windows inside the run only.
             let start = (window * unit_us).saturating_sub(EPOCH_US);
-            if start + unit_us > end || offered < 2 * limit {
+            if start + unit_us > end {
+                continue;
+            }
+            if self.script.phase(start, start + unit_us) == Phase::Steady {
+                let over = usize::from(offered >= limit);
+                self.out.steady_acquires[over] += u64::from(acquires);
+            }
+            if offered < 2 * limit {
                 continue;
             }
             let ratio = f64::from(admitted) / f64::from(limit);

@@ -184,6 +184,7 @@ impl Sim<'_> {
                 sent: now,
                 payload: Payload::Hits(hits),
             };
+            self.out.background_calls += 1;
             self.send_call(call, now);
         }
     }
@@ -219,6 +220,7 @@ impl Sim<'_> {
                 sent: now,
                 payload: Payload::Globals(globals.clone()),
             };
+            self.out.background_calls += 1;
             self.send_call(call, now);
         }
     }

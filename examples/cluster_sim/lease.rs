@@ -135,6 +135,8 @@ impl Sim<'_> {
             return;
         }
         self.hop_taken(now);
+        let window = self.window_of(now);
+        self.windows.entry((key as u32, window)).or_default().2 += 1;
         if self.script.phase(now, now + 1) == Phase::Steady && at.1 == 0 {
             if ask.keep == 0 {
                 self.out.acquires_cold += 1;
@@ -288,6 +290,7 @@ impl Sim<'_> {
                 let rest = items.split_off(items.len().min(MAX_LEASE_ASKS));
                 let asks = std::mem::replace(&mut items, rest);
                 self.leases().nodes[node].outstanding += 1;
+                self.out.background_calls += 1;
                 let call = Call {
                     from: node as u16,
                     to: owner as u16,
