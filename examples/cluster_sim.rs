@@ -166,6 +166,22 @@ struct Params {
     /// Lease mode: SLUICE_LEASE_RENEW_MS and SLUICE_LEASE_DURATION_MS, in microseconds.
     renew_us: u64,
     lease_us: u64,
+    /// Lease mode: changes to the lease logic under study ([`Variant`]), as bits.
+    variants: u8,
+}
+
+/// Changes to lease mode's glue studied with the simulation (`docs/cluster.md`,
+/// "Simulation"); changes to the lease logic itself are studied by patching it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    /// D: a lease server standing in for a key's owner (it is not the owner among every peer
+    /// it knows) caps the key's grants as after a ring change (`OwnerStore::answer_leases`
+    /// passes `now` as the last change for such keys).
+    StandInRebuild = 1,
+    /// E: a node's own start counts as a ring change until every peer can have found it
+    /// through PEERS_DNS (5 s later), so it caps the keys it serves for that long plus a lease
+    /// duration.
+    StartRebuild = 2,
 }
 
 impl Params {
@@ -178,7 +194,12 @@ impl Params {
             seed,
             renew_us: 100_000,
             lease_us: 1_000_000,
+            variants: 0,
         }
+    }
+
+    fn has(&self, v: Variant) -> bool {
+        self.variants & v as u8 != 0
     }
 }
 
@@ -486,6 +507,7 @@ struct Sim<'a> {
     calls: HashMap<u32, Call>,
     next_call: u32,
     script: Script,
+    owner_at_start: usize,
     queue: BinaryHeap<Reverse<(u64, u64, EventSlot)>>,
     seq: u64,
     /// Arrivals, keys, entry nodes and clients: the same for every mode.
@@ -558,6 +580,7 @@ impl<'a> Sim<'a> {
             calls: HashMap::new(),
             next_call: 0,
             script: Script::new(end),
+            owner_at_start: 0,
             queue: BinaryHeap::new(),
             seq: 0,
             traffic,
@@ -596,7 +619,11 @@ impl<'a> Sim<'a> {
     /// Counts one decision about `key`, made with the window of `at`, and the time the
     /// cluster added to it.
     fn record(&mut self, key: usize, at: u64, admitted: bool, latency: u64) {
-        let window = self.window_of(at);
+        self.record_in(key, self.window_of(at), at, admitted, latency);
+    }
+
+    /// Counts one decision about `key` in `window`, made at `at`.
+    fn record_in(&mut self, key: usize, window: u64, at: u64, admitted: bool, latency: u64) {
         let w = self.windows.entry((key as u32, window)).or_default();
         w.0 += 1;
         w.1 += u32::from(admitted);
@@ -853,6 +880,7 @@ impl<'a> Sim<'a> {
     fn run(mut self) -> Outcome {
         let end = self.p.secs * 1_000_000;
         let victim = self.owner(0, 0) as u16;
+        self.owner_at_start = usize::from(victim);
         let s = self.script;
         self.push(s.fail, Event::Fail { node: victim });
         self.push(s.restart, Event::Restart { node: victim });
@@ -1061,7 +1089,12 @@ impl<'a> Sim<'a> {
         self.alive[n] = true;
         self.since[n] = Some(now);
         self.changed[n] = now;
-        self.ring_changes[n] = (0, EPOCH_US + now);
+        let found_in = if self.p.has(Variant::StartRebuild) {
+            DNS_EVERY_US
+        } else {
+            0
+        };
+        self.ring_changes[n] = (0, EPOCH_US + now + found_in);
         self.lease_lost(n);
         self.global_lost(n);
         self.start_tasks(n, Some(now));
@@ -1136,6 +1169,18 @@ impl<'a> Sim<'a> {
                 continue;
             }
             let ratio = f64::from(admitted) / f64::from(limit);
+            if ratio > 1.05 && std::env::var_os("SIM_WORST").is_some() {
+                let all = self.ring.owner(self.w.hashes[key as usize], |_| true);
+                let before = self
+                    .ring
+                    .owner(self.w.hashes[key as usize], |i| i < self.initial);
+                eprintln!(
+                    "worst: key {key} limit {limit} window at {:.0} s ratio {ratio:.2} offered \
+                     {offered} owner {before:?} (with the joiner {all:?}, victim {})",
+                    start as f64 / 1e6,
+                    self.owner_at_start
+                );
+            }
             self.out.ratios.push(ratio);
             let phase = self.script.phase(start, start + unit_us);
             let i = Phase::ALL.iter().position(|&q| q == phase).unwrap_or(0);

@@ -25,7 +25,7 @@ use sluice::clock::Timestamp;
 use sluice::cluster::lease::{Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, Route, Slot};
 use sluice::cluster::peer::MAX_LEASE_ASKS;
 
-use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Workload};
+use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Variant, Workload};
 
 /// One node's lease state: what it holds, what it serves, and its renewal round.
 struct LeaseNode {
@@ -165,7 +165,16 @@ impl Sim<'_> {
     /// (`OwnerStore::answer_leases`).
     fn grant(&mut self, owner: usize, from: usize, key: usize, ask: &Ask, now: u64) -> Grant {
         let live = self.live(owner);
-        let last_change = Timestamp::from_micros(self.ring_changes[owner].1);
+        let mut last_change = self.ring_changes[owner].1;
+        if self.p.has(Variant::StandInRebuild)
+            && self
+                .ring
+                .owner(self.w.hashes[key], |i| self.known(owner, i))
+                != Some(owner)
+        {
+            last_change = EPOCH_US + now;
+        }
+        let last_change = Timestamp::from_micros(last_change);
         let leases = self.lease.as_ref().expect("lease mode");
         leases.nodes[owner].server.answer(
             &leases.names[from],
@@ -209,7 +218,13 @@ impl Sim<'_> {
                 // As `Leasing::acquire` does: the hit is decided at the time the ask was sent.
                 let d = slot.decide_after(EPOCH_US + sent, 1);
                 self.out.acquired_admitted += u64::from(!d.over);
-                self.record(*key as usize, sent, !d.over, now - arrival);
+                // Counted in the window the lease charged it to: an acquire sent at a window's
+                // end may be answered with the next window's allowance.
+                let name = &self.w.names[*key as usize];
+                let leases = self.lease.as_ref().expect("lease mode");
+                let held = leases.nodes[node].client.holding(name);
+                let window = held.map_or_else(|| self.window_of(sent), |(w, _, _)| w);
+                self.record_in(*key as usize, window, now, !d.over, now - arrival);
                 self.wake(node, *key as usize, now);
             }
             LeaseKind::Renewal => {

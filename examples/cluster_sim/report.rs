@@ -5,7 +5,7 @@ use sluice::limiter::Unit;
 
 use super::{
     BATCH_WINDOW_US, HOP_US, KEYS, Mode, NODE_COUNTS, Outcome, PEER_TIMEOUT_US, Params, Phase,
-    RATE, Sim, Spread, Workload, ZIPF_S, addr,
+    RATE, Sim, Spread, Variant, Workload, ZIPF_S, addr,
 };
 
 const SPREADS: [Spread; 2] = [Spread::Pinned, Spread::PerRequest];
@@ -50,8 +50,10 @@ impl Options {
     }
 
     fn value<T: std::str::FromStr>(&self, name: &str) -> Option<T> {
-        self.text(name)
-            .map(|s| s.parse().unwrap_or_else(|_| panic!("{name} takes a number")))
+        self.text(name).map(|s| {
+            s.parse()
+                .unwrap_or_else(|_| panic!("{name} takes a number"))
+        })
     }
 
     fn wants(&self, section: &str) -> bool {
@@ -65,8 +67,8 @@ impl Options {
 }
 
 /// Every section, in order: `main` (every mode, per-second limits), `sweep` (lease mode's
-/// settings), `rate` (peer calls at two request rates), `minute` (per-minute limits) and
-/// `ring` (keys moved).
+/// settings), `rate` (peer calls at two request rates), `minute` (per-minute limits),
+/// `variants` (changes to lease mode's glue) and `ring` (keys moved).
 pub(super) fn run(o: &Options) {
     let w = Workload::new(RATE, Unit::Second);
     println!(
@@ -92,6 +94,7 @@ pub(super) fn run(o: &Options) {
     timed("sweep", &|| sweep(o, &w));
     timed("rate", &|| rates(o));
     timed("minute", &|| minute(o));
+    timed("variants", &|| variant_table(o, &w));
     timed("ring", &|| ring_table(&w));
     if o.only.as_deref() == Some("one") {
         one(o);
@@ -241,24 +244,31 @@ fn sweep(o: &Options, w: &Workload) {
 /// Peer calls per node per second at two request rates, 10 nodes.
 fn rates(o: &Options) {
     println!(
-        "\n### Two request rates, 10 nodes, per-request spread, limits per second\n\n{}",
-        HEADER.replacen("| mode |", "| mode, requests/s |", 1)
+        "\n### Two request rates, 10 nodes, limits per second\n\n{}",
+        HEADER.replacen("| mode |", "| mode, spread, requests/s |", 1)
     );
     for rate in [RATE, 4.0 * RATE] {
         let w = Workload::new(rate, Unit::Second);
-        for mode in [Mode::Forward, Mode::Global, Mode::Lease] {
-            let p = Params::new(mode, Spread::PerRequest, 10, o.secs(), o.seed);
-            let label = format!("{}, {rate}", mode.name());
+        for (mode, spread) in [
+            (Mode::Forward, Spread::PerRequest),
+            (Mode::Global, Spread::PerRequest),
+            (Mode::Lease, Spread::PerRequest),
+            (Mode::Lease, Spread::Pinned),
+        ] {
+            let p = Params::new(mode, spread, 10, o.secs(), o.seed);
+            let label = format!("{}, {}, {rate}", mode.name(), spread.name());
             println!("{}", row(&label, 10, &simulate(&w, p), o.secs()));
         }
     }
 }
 
-/// Per-minute limits: fewer sizes and modes, a longer run (4 minutes: 4 whole windows).
+/// Per-minute limits: fewer sizes and modes (lease mode's renewals of every key a node holds
+/// cost the simulation N times what they cost one node), a longer run (4 minutes: 4 whole
+/// windows).
 fn minute(o: &Options) {
     let w = Workload::new(RATE, Unit::Minute);
     let secs = if o.quick { 120 } else { 240 };
-    let nodes: &[usize] = if o.quick { &[3, 10] } else { &[3, 10, 50] };
+    let nodes: &[usize] = if o.quick { &[3] } else { &[3, 10] };
     for spread in SPREADS {
         println!(
             "\n### {}, limits per minute (600/6000/60000), {secs} s simulated\n\n{HEADER}",
@@ -364,13 +374,17 @@ fn one(o: &Options) {
     let p = Params {
         renew_us: o.value::<u64>("--renew-ms").unwrap_or(100) * 1000,
         lease_us: o.value::<u64>("--lease-ms").unwrap_or(1000) * 1000,
+        variants: o.text("--variants").map_or(0, |v| variants(&v)),
         ..Params::new(mode, spread, nodes, secs, o.seed)
     };
     let start = sluice::clock::instant();
     let out = simulate(&w, p);
     println!("\n{HEADER}\n{}", row(&mode.name(), nodes, &out, secs));
     eprintln!("run: {:.1} s", start.elapsed().as_secs_f64());
-    let steady = Phase::ALL.iter().position(|&q| q == Phase::Steady).unwrap_or(1);
+    let steady = Phase::ALL
+        .iter()
+        .position(|&q| q == Phase::Steady)
+        .unwrap_or(1);
     let d = out.phase_decisions[steady];
     println!(
         "\nsteady acquires/decision: nothing held {:.4}, all used {:.4}; acquired hits admitted \
@@ -394,4 +408,48 @@ fn one(o: &Options) {
         );
     }
     phase_table(&[(spread, mode, out)]);
+}
+
+/// Variants named by their letters (`de`).
+fn variants(letters: &str) -> u8 {
+    letters
+        .chars()
+        .map(|c| match c {
+            'd' => Variant::StandInRebuild as u8,
+            'e' => Variant::StartRebuild as u8,
+            _ => 0,
+        })
+        .fold(0, |a, b| a | b)
+}
+
+/// Lease mode at 10 nodes with the changes to its glue under study, by phase.
+fn variant_table(o: &Options, w: &Workload) {
+    println!(
+        "\n### Lease mode with the changes studied, 10 nodes, limits per second\n\n\
+         | spread | change | admitted/limit mean | p99 | max | utilisation mean | p5 | steady \
+         hops/decision | owner dies: mean | max | owner restarts: utilisation | node joins: \
+         mean | max | utilisation |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\
+         ---:|---:|"
+    );
+    let phase = |p: Phase| Phase::ALL.iter().position(|&q| q == p).unwrap_or(0);
+    for spread in SPREADS {
+        for (label, letters) in [("as built", ""), ("D", "d"), ("E", "e"), ("D + E", "de")] {
+            let p = Params {
+                variants: variants(letters),
+                ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
+            };
+            let out = simulate(w, p);
+            let (mean, p99, max, util, p5) = ratios(&out.ratios);
+            let steady = phase(Phase::Steady);
+            let (f_mean, _, f_max, _, _) = ratios(&out.phase_ratios[phase(Phase::Failure)]);
+            let (_, _, _, r_util, _) = ratios(&out.phase_ratios[phase(Phase::Restart)]);
+            let (j_mean, _, j_max, j_util, _) = ratios(&out.phase_ratios[phase(Phase::Join)]);
+            println!(
+                "| {} | {label} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | {p5:.2} | {:.4} | \
+                 {f_mean:.3} | {f_max:.2} | {r_util:.3} | {j_mean:.3} | {j_max:.2} | {j_util:.3} |",
+                spread.name(),
+                per(out.phase_hops[steady], out.phase_decisions[steady]),
+            );
+        }
+    }
 }
