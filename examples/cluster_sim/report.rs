@@ -64,6 +64,11 @@ impl Options {
     fn secs(&self) -> u64 {
         if self.quick { 12 } else { 40 }
     }
+
+    /// The cluster sizes of the main tables (`--quick`: two of them).
+    fn sizes(&self) -> &'static [usize] {
+        if self.quick { &[3, 10] } else { &NODE_COUNTS }
+    }
 }
 
 /// Every section, in order: `main` (every mode, per-second limits), `sweep` (lease mode's
@@ -169,7 +174,7 @@ fn main_tables(o: &Options, w: &Workload) {
         println!("\n### {}, limits per second\n\n{HEADER}", spread.name());
         let mut redis = Vec::new();
         for mode in MODES {
-            for n in NODE_COUNTS {
+            for &n in o.sizes() {
                 let out = simulate(w, Params::new(mode, spread, n, o.secs(), o.seed));
                 println!("{}", row(&mode.name(), n, &out, o.secs()));
                 if matches!(mode, Mode::Durable(_)) {
@@ -222,7 +227,12 @@ fn sweep(o: &Options, w: &Workload) {
             spread.name(),
             HEADER.replacen("| mode |", "| setting |", 1)
         );
-        for renew_ms in [25, 50, 100, 200, 500] {
+        let renewals: &[u64] = if o.quick {
+            &[50, 100, 500]
+        } else {
+            &[25, 50, 100, 200, 500]
+        };
+        for &renew_ms in renewals {
             let p = Params {
                 renew_us: renew_ms * 1000,
                 ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
@@ -230,7 +240,8 @@ fn sweep(o: &Options, w: &Workload) {
             let label = format!("renew {renew_ms} ms, lease 1 s");
             println!("{}", row(&label, 10, &simulate(w, p), o.secs()));
         }
-        for lease_ms in [500, 2000, 5000] {
+        let durations: &[u64] = if o.quick { &[5000] } else { &[500, 2000, 5000] };
+        for &lease_ms in durations {
             let p = Params {
                 lease_us: lease_ms * 1000,
                 ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
@@ -249,12 +260,13 @@ fn rates(o: &Options) {
     );
     for rate in [RATE, 4.0 * RATE] {
         let w = Workload::new(rate, Unit::Second);
-        for (mode, spread) in [
-            (Mode::Forward, Spread::PerRequest),
-            (Mode::Global, Spread::PerRequest),
+        let runs: &[(Mode, Spread)] = &[
             (Mode::Lease, Spread::PerRequest),
             (Mode::Lease, Spread::Pinned),
-        ] {
+            (Mode::Forward, Spread::PerRequest),
+            (Mode::Global, Spread::PerRequest),
+        ];
+        for &(mode, spread) in &runs[..if o.quick { 2 } else { 4 }] {
             let p = Params::new(mode, spread, 10, o.secs(), o.seed);
             let label = format!("{}, {}, {rate}", mode.name(), spread.name());
             println!("{}", row(&label, 10, &simulate(&w, p), o.secs()));
@@ -267,7 +279,7 @@ fn rates(o: &Options) {
 /// windows).
 fn minute(o: &Options) {
     let w = Workload::new(RATE, Unit::Minute);
-    let secs = if o.quick { 120 } else { 240 };
+    let secs = if o.quick { 60 } else { 240 };
     let nodes: &[usize] = if o.quick { &[3] } else { &[3, 10] };
     for spread in SPREADS {
         println!(
@@ -433,7 +445,8 @@ fn variant_table(o: &Options, w: &Workload) {
     );
     let phase = |p: Phase| Phase::ALL.iter().position(|&q| q == p).unwrap_or(0);
     for spread in SPREADS {
-        for (label, letters) in [("as built", ""), ("D", "d"), ("E", "e"), ("D + E", "de")] {
+        let changes = [("as built", ""), ("D", "d"), ("E", "e"), ("D + E", "de")];
+        for &(label, letters) in &changes[..if o.quick { 2 } else { 4 }] {
             let p = Params {
                 variants: variants(letters),
                 ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
