@@ -6,7 +6,8 @@
 //! cargo run --release --example cluster_sim              # the full run (docs/cluster.md)
 //! cargo run --release --example cluster_sim -- --quick   # a shorter run, same shape
 //! cargo run --release --example cluster_sim -- --seed 7  # another seed
-//! cargo run --release --example cluster_sim -- --only sweep   # one section (see `Section`)
+//! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
+//! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
 //! Sluice's own pure pieces do the deciding: [`Ring`] and [`key_hash`] pick owners (among the
@@ -168,6 +169,8 @@ struct Params {
     lease_us: u64,
     /// Lease mode: changes to the lease logic under study ([`Variant`]), as bits.
     variants: u8,
+    /// Print every whole window admitting more than 1.05 times its limit (to stderr).
+    worst: bool,
 }
 
 /// Changes to lease mode's glue studied with the simulation (`docs/cluster.md`,
@@ -195,6 +198,7 @@ impl Params {
             renew_us: 100_000,
             lease_us: 1_000_000,
             variants: 0,
+            worst: false,
         }
     }
 
@@ -1169,7 +1173,7 @@ impl<'a> Sim<'a> {
                 continue;
             }
             let ratio = f64::from(admitted) / f64::from(limit);
-            if ratio > 1.05 && std::env::var_os("SIM_WORST").is_some() {
+            if ratio > 1.05 && self.p.worst {
                 let all = self.ring.owner(self.w.hashes[key as usize], |_| true);
                 let before = self
                     .ring

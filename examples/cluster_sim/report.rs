@@ -21,7 +21,9 @@ const MODES: [Mode; 7] = [
 
 /// The command line: `--quick`, `--seed N`, `--only SECTION`; for `--only one` (one run,
 /// with lease mode's diagnostics): `--mode NAME --nodes N --spread pinned|per-request
-/// --minute --secs N --rate N --renew-ms N --lease-ms N`.
+/// --minute --secs N --rate N --renew-ms N --lease-ms N --variants de --worst`; for `--only
+/// lease` (lease mode's rows, to compare builds of the lease logic): `--label TEXT --variants
+/// de`.
 pub(super) struct Options {
     quick: bool,
     seed: u64,
@@ -101,8 +103,10 @@ pub(super) fn run(o: &Options) {
     timed("minute", &|| minute(o));
     timed("variants", &|| variant_table(o, &w));
     timed("ring", &|| ring_table(&w));
-    if o.only.as_deref() == Some("one") {
-        one(o);
+    match o.only.as_deref() {
+        Some("one") => one(o),
+        Some("lease") => lease_rows(o, &w),
+        _ => {}
     }
 }
 
@@ -387,6 +391,7 @@ fn one(o: &Options) {
         renew_us: o.value::<u64>("--renew-ms").unwrap_or(100) * 1000,
         lease_us: o.value::<u64>("--lease-ms").unwrap_or(1000) * 1000,
         variants: o.text("--variants").map_or(0, |v| variants(&v)),
+        worst: o.args.iter().any(|a| a == "--worst"),
         ..Params::new(mode, spread, nodes, secs, o.seed)
     };
     let start = sluice::clock::instant();
@@ -462,6 +467,46 @@ fn variant_table(o: &Options, w: &Workload) {
                  {f_mean:.3} | {f_max:.2} | {r_util:.3} | {j_mean:.3} | {j_max:.2} | {j_util:.3} |",
                 spread.name(),
                 per(out.phase_hops[steady], out.phase_decisions[steady]),
+            );
+        }
+    }
+}
+
+/// Lease mode at 10 and 50 nodes, both spreads, per second, and at 10 nodes per minute: one
+/// row each, labelled `--label` (the build or the variant under study).
+fn lease_rows(o: &Options, w: &Workload) {
+    let label = o.text("--label").unwrap_or_else(|| "as built".into());
+    let variants = o.text("--variants").map_or(0, |v| variants(&v));
+    let minute = Workload::new(RATE, Unit::Minute);
+    println!(
+        "\n| change | spread | nodes, limits | admitted/limit mean | p99 | max | utilisation mean \
+         | p5 | steady hops/decision | peer calls/s/node: request path | background | added \
+         latency mean |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for spread in SPREADS {
+        for (nodes, w, secs, unit) in [
+            (10, w, o.secs(), "per second"),
+            (50, w, o.secs(), "per second"),
+            (10, &minute, 240, "per minute"),
+        ] {
+            let p = Params {
+                variants,
+                ..Params::new(Mode::Lease, spread, nodes, secs, o.seed)
+            };
+            let out = simulate(w, p);
+            let (mean, p99, max, util, p5) = ratios(&out.ratios);
+            let steady = Phase::ALL
+                .iter()
+                .position(|&q| q == Phase::Steady)
+                .unwrap_or(1);
+            println!(
+                "| {label} | {} | {nodes}, {unit} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | \
+                 {p5:.2} | {:.4} | {:.0} | {:.0} | {:.0} us |",
+                spread.name(),
+                per(out.phase_hops[steady], out.phase_decisions[steady]),
+                (out.peer_calls - out.background_calls) as f64 / out.node_secs.max(1e-9),
+                out.background_calls as f64 / out.node_secs.max(1e-9),
+                per(out.added_latency_us, out.decisions),
             );
         }
     }
