@@ -1,17 +1,20 @@
 //! A deterministic simulation of a Sluice peer cluster past what one machine can run: 3 to 50
 //! nodes, skewed keys, a node failing, coming back and a new node joining, on a simulated
-//! clock with simulated network latency. Used by `docs/cluster.md`.
+//! clock with simulated network latency. Used by `docs/cluster.md` ("Simulation").
 //!
 //! ```sh
 //! cargo run --release --example cluster_sim              # the full run (docs/cluster.md)
 //! cargo run --release --example cluster_sim -- --quick   # a shorter run, same shape
 //! cargo run --release --example cluster_sim -- --seed 7  # another seed
+//! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
+//! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
 //! Sluice's own pure pieces do the deciding: [`Ring`] and [`key_hash`] pick owners (among the
-//! nodes a given node believes up) and [`fixed_window::decide`] is every counter's state
-//! machine, one state word per (node, key). Everything else, the network, failure detection,
-//! probes, DNS re-resolution and the clients, is modelled here after `src/cluster/mod.rs`:
+//! nodes a given node believes up), [`fixed_window::decide`] is every counter's state machine
+//! (one state word per (node, key)), and lease mode runs Sluice's own lease client and server
+//! (`sluice::cluster::lease`). Everything else, the network, failure detection, probes, DNS
+//! re-resolution and the clients, is modelled here after `src/cluster/mod.rs`:
 //!
 //! - **forward** (Sluice's default): a non-owner forwards to the owner (one extra hop, after up
 //!   to one batch window). A forward to a dead owner fails after SLUICE_PEER_TIMEOUT_MS; only
@@ -20,34 +23,48 @@
 //!   its next probe (every 500 ms) after the peer answers again. Counters are memory only, so a
 //!   new owner starts a key from its own count (0 for a restarted node).
 //! - **durable**: forward with SLUICE_PEER_WRITE_BEHIND (`src/cluster/durable.rs`), at 500 ms
-//!   (the default) and 100 ms: every interval each node writes the counters it changed to a simulated Redis (raise-only, and it
-//!   takes back a larger count Redis holds); a node with no count for a key's current window
-//!   loads it first (one Redis round trip) if it saw a change this window (its own start, a
-//!   peer marked down) or the key's owner among all peers it knows is another node.
+//!   (the default) and 100 ms: every interval each node writes the counters it changed to a
+//!   simulated Redis (raise-only, and it takes back a larger count Redis holds); a node with no
+//!   count for a key's current window loads it first (one Redis round trip) if it saw a change
+//!   this window (its own start, a peer marked down) or the key's owner among all peers it
+//!   knows is another node.
 //! - **divided** (Cortex's global limiter): every node enforces `ceil(limit / live peers)`
 //!   locally, where live peers is its own view, kept by the same probes (which in this mode also
 //!   mark peers down); no hops.
 //! - **local**: every node counts alone with the whole limit, as N independent
 //!   envoyproxy/ratelimit instances with in-memory counters would.
+//! - **lease** (SLUICE_CLUSTER_MODE=lease): [`lease`], Sluice's `LeaseClient` and `LeaseServer`
+//!   on every node, driven as `src/cluster/leasing.rs` drives them.
+//! - **global**: gubernator's GLOBAL behaviour ([`global`]), for comparison.
 //!
 //! Traffic: Poisson arrivals over 10,000 keys with Zipf(1.1) popularity; limits of 10, 100 or
-//! 1,000 per second by key rank, so a few dozen hot keys are over their limit. Each key has
-//! several clients (more for hotter keys). Two spreads over the nodes: `pinned`, each client
-//! keeps one long-lived gRPC connection to one node (as Envoy does behind a Kubernetes Service:
-//! connections are balanced, requests are not), and `per-request`, each request goes to a random
-//! node (an L7 balancer). Clients only ever reach nodes that are running.
+//! 1,000 per second by key rank (or 600, 6,000 and 60,000 per minute), so a few dozen hot keys
+//! are over their limit. Each key has several clients (more for hotter keys). Two spreads over
+//! the nodes: `pinned`, each client keeps one long-lived gRPC connection to one node (as Envoy
+//! does behind a Kubernetes Service: connections are balanced, requests are not), and
+//! `per-request`, each request goes to a random node (an L7 balancer). Clients only ever reach
+//! nodes that are running. Every mode meets the same arrivals (one random stream for the
+//! traffic, another for the network).
 //!
 //! Membership script (times as fractions of the run): at 0.3 the owner of the hottest key dies;
 //! at 0.55 it restarts with empty memory; at 0.75 a new node starts and every node discovers it
 //! through PEERS_DNS within 5 s (each at its own re-resolution tick), while an even share of the
 //! clients open their connections to it.
 
+// The example's other files, beside it in `cluster_sim/`.
+#[path = "cluster_sim/global.rs"]
+mod global;
+#[path = "cluster_sim/lease.rs"]
+mod lease;
+#[path = "cluster_sim/report.rs"]
+mod report;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use sluice::cluster::ring::{Ring, key_hash};
-use sluice::limiter::Unit;
 use sluice::limiter::fixed_window;
+use sluice::limiter::{Quota, Unit};
 
 /// SLUICE_PEER_TIMEOUT_MS (default 200).
 const PEER_TIMEOUT_US: u64 = 200_000;
@@ -59,13 +76,18 @@ const PROBE_EVERY_US: u64 = 500_000;
 const DNS_EVERY_US: u64 = 5_000_000;
 const KEYS: usize = 10_000;
 const ZIPF_S: f64 = 1.1;
-/// Requests per second over the whole cluster.
+/// Requests per second over the whole cluster, unless a table says otherwise.
 const RATE: f64 = 20_000.0;
-/// Seconds since the epoch at the start, so window tags look like real ones.
-const EPOCH_SECS: u64 = 1_700_000_000;
+/// Seconds since the epoch at the start, a whole minute, so window tags look like real ones.
+const EPOCH_SECS: u64 = 1_699_999_980;
+const EPOCH_US: u64 = EPOCH_SECS * 1_000_000;
 const NODE_COUNTS: [usize; 5] = [3, 5, 10, 20, 50];
 /// A Redis round trip, for a take-over load.
 const REDIS_US: (u64, u64) = (200, 500);
+/// Windows starting within this long after a membership event are counted in its phase.
+const PHASE_US: u64 = 3_000_000;
+/// The first seconds of a run, while every key is new to every node.
+const COLD_US: u64 = 2_000_000;
 
 /// SplitMix64: small, seedable and the same on every platform.
 struct Rng(u64);
@@ -101,6 +123,8 @@ enum Mode {
     Durable(u64),
     Divided,
     Local,
+    Lease,
+    Global,
 }
 
 impl Mode {
@@ -110,6 +134,8 @@ impl Mode {
             Mode::Durable(ms) => format!("durable {ms} ms"),
             Mode::Divided => "divided".into(),
             Mode::Local => "local".into(),
+            Mode::Lease => "**lease**".into(),
+            Mode::Global => "global (gubernator)".into(),
         }
     }
 }
@@ -129,16 +155,72 @@ impl Spread {
     }
 }
 
-/// The keys: popularity, limit, hash and clients, shared by every run.
+/// One run's settings.
+#[derive(Clone, Copy)]
+struct Params {
+    mode: Mode,
+    spread: Spread,
+    nodes: usize,
+    /// Simulated seconds.
+    secs: u64,
+    seed: u64,
+    /// Lease mode: SLUICE_LEASE_RENEW_MS and SLUICE_LEASE_DURATION_MS, in microseconds.
+    renew_us: u64,
+    lease_us: u64,
+    /// Lease mode: changes to the lease logic under study ([`Variant`]), as bits.
+    variants: u8,
+    /// Print every whole window admitting more than 1.05 times its limit (to stderr).
+    worst: bool,
+}
+
+/// Changes to lease mode's glue studied with the simulation (`docs/cluster.md`,
+/// "Simulation"); changes to the lease logic itself are studied by patching it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    /// D: a lease server standing in for a key's owner (it is not the owner among every peer
+    /// it knows) caps the key's grants as after a ring change (`OwnerStore::answer_leases`
+    /// passes `now` as the last change for such keys).
+    StandInRebuild = 1,
+    /// E: a node's own start counts as a ring change until every peer can have found it
+    /// through PEERS_DNS (5 s later), so it caps the keys it serves for that long plus a lease
+    /// duration.
+    StartRebuild = 2,
+}
+
+impl Params {
+    fn new(mode: Mode, spread: Spread, nodes: usize, secs: u64, seed: u64) -> Self {
+        Params {
+            mode,
+            spread,
+            nodes,
+            secs,
+            seed,
+            renew_us: 100_000,
+            lease_us: 1_000_000,
+            variants: 0,
+            worst: false,
+        }
+    }
+
+    fn has(&self, v: Variant) -> bool {
+        self.variants & v as u8 != 0
+    }
+}
+
+/// The keys: popularity, limit, hash, name and clients, shared by every run at one rate and
+/// one unit.
 struct Workload {
+    rate: f64,
+    unit: Unit,
     cdf: Vec<f64>,
     limits: Vec<u32>,
     hashes: Vec<u64>,
+    names: Vec<String>,
     clients: Vec<usize>,
 }
 
 impl Workload {
-    fn new() -> Self {
+    fn new(rate: f64, unit: Unit) -> Self {
         let weights: Vec<f64> = (1..=KEYS).map(|r| (r as f64).powf(-ZIPF_S)).collect();
         let total: f64 = weights.iter().sum();
         let mut acc = 0.0;
@@ -149,19 +231,22 @@ impl Workload {
                 acc
             })
             .collect();
-        let limits = (0..KEYS).map(|r| [10, 100, 1000][r % 3]).collect();
-        let hashes = (0..KEYS)
-            .map(|r| key_hash(&format!("api_key_client{r}_")))
-            .collect();
+        let per = unit.secs() as u32;
+        let limits = (0..KEYS).map(|r| [10, 100, 1000][r % 3] * per).collect();
+        let names: Vec<String> = (0..KEYS).map(|r| format!("api_key_client{r}_")).collect();
+        let hashes = names.iter().map(|n| key_hash(n)).collect();
         // One client per 25 requests/s of the key's expected rate, 1 to 16.
         let clients = weights
             .iter()
-            .map(|w| ((RATE * w / total / 25.0).ceil() as usize).clamp(1, 16))
+            .map(|w| ((rate * w / total / 25.0).ceil() as usize).clamp(1, 16))
             .collect();
         Workload {
+            rate,
+            unit,
             cdf,
             limits,
             hashes,
+            names,
             clients,
         }
     }
@@ -169,6 +254,33 @@ impl Workload {
     fn sample(&self, rng: &mut Rng) -> usize {
         let u = rng.unit();
         self.cdf.partition_point(|&c| c < u).min(KEYS - 1)
+    }
+
+    fn quota(&self, key: usize) -> Quota {
+        Quota::fixed(self.limits[key], self.unit)
+    }
+
+    /// The key a name stands for.
+    fn index(name: &str) -> usize {
+        name.strip_prefix("api_key_client")
+            .and_then(|r| r.strip_suffix('_'))
+            .and_then(|r| r.parse().ok())
+            .expect("a key name of the workload")
+    }
+
+    /// How many keys are offered more than their limit, on average.
+    fn hot(&self) -> usize {
+        let unit = self.unit.secs() as f64;
+        self.cdf
+            .iter()
+            .scan(0.0, |prev, &c| {
+                let p = c - *prev;
+                *prev = c;
+                Some(p)
+            })
+            .zip(&self.limits)
+            .filter(|&(p, &l)| p * self.rate * unit > f64::from(l))
+            .count()
     }
 }
 
@@ -193,11 +305,13 @@ enum Event {
     Probe {
         node: u16,
     },
-    /// `node` learns a view change about `peer`.
+    /// `node` learns a view change about `peer`: a probe's answer, or (`dns`) the peer's
+    /// address in a re-resolution of PEERS_DNS.
     View {
         node: u16,
         peer: u16,
         up: bool,
+        dns: bool,
     },
     Fail {
         node: u16,
@@ -212,46 +326,197 @@ enum Event {
     Flush {
         node: u16,
     },
+    /// Lease and global modes: a peer call reaches its target, its answer reaches its sender,
+    /// or its sender gives up on it.
+    CallArrives {
+        id: u32,
+    },
+    CallAnswered {
+        id: u32,
+    },
+    CallFailed {
+        id: u32,
+    },
+    /// A node's periodic task, for the node's `life` (incarnation) that started it.
+    Tick {
+        node: u16,
+        life: u32,
+        task: Task,
+    },
 }
 
+/// The periodic tasks of lease and global modes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Task {
+    /// Lease mode: one renewal round.
+    Renew,
+    /// Lease mode: the lease server's sweep.
+    Sweep,
+    /// Global mode: the hits queued for their owners (GlobalSyncWait).
+    SendHits,
+    /// Global mode: the owner's broadcast of its keys' new totals.
+    Broadcast,
+}
+
+/// A peer call of lease or global mode, while it is out.
+struct Call {
+    from: u16,
+    to: u16,
+    /// The sender's incarnation: an answer to a node that restarted since is dropped.
+    life: u32,
+    sent: u64,
+    payload: Payload,
+}
+
+enum Payload {
+    Lease(lease::LeaseCall),
+    /// Global mode: hits per key, for their owner.
+    Hits(Vec<(u32, u32)>),
+    /// Global mode: an owner's totals, (key, window, remaining).
+    Globals(std::rc::Rc<[(u32, u64, u32)]>),
+}
+
+/// Phases of a run, for the windows and decisions made in them.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Cold,
+    Steady,
+    Failure,
+    Restart,
+    Join,
+}
+
+impl Phase {
+    const ALL: [Phase; 5] = [
+        Phase::Cold,
+        Phase::Steady,
+        Phase::Failure,
+        Phase::Restart,
+        Phase::Join,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Cold => "cold start (first 2 s)",
+            Phase::Steady => "steady",
+            Phase::Failure => "owner dies (3 s from it)",
+            Phase::Restart => "owner restarts empty (3 s)",
+            Phase::Join => "node joins (until all know + 3 s)",
+        }
+    }
+}
+
+/// When the membership script's events happen, for the phases.
+#[derive(Clone, Copy)]
+struct Script {
+    fail: u64,
+    restart: u64,
+    join: u64,
+}
+
+impl Script {
+    fn new(end: u64) -> Self {
+        let frac = |f: f64| (end as f64 * f) as u64;
+        Script {
+            fail: frac(0.3) + 437_000,
+            restart: frac(0.55) + 291_000,
+            join: frac(0.75) + 613_000,
+        }
+    }
+
+    /// The phase of the span [from, to) (simulated µs): the first event it overlaps.
+    fn phase(&self, from: u64, to: u64) -> Phase {
+        let overlaps = |at: u64, len: u64| from < at + len && to > at;
+        if from < COLD_US {
+            Phase::Cold
+        } else if overlaps(self.fail, PHASE_US) {
+            Phase::Failure
+        } else if overlaps(self.restart, PHASE_US) {
+            Phase::Restart
+        } else if overlaps(self.join, DNS_EVERY_US + PHASE_US) {
+            Phase::Join
+        } else {
+            Phase::Steady
+        }
+    }
+}
+
+/// What one run measured.
 #[derive(Default)]
 struct Outcome {
-    /// admitted / limit for every (key, window) offered more than its limit.
+    /// admitted / limit for every whole (key, window) offered at least twice its limit, sorted,
+    /// and the same by phase (in `Phase::ALL`'s order).
     ratios: Vec<f64>,
+    phase_ratios: [Vec<f64>; 5],
     decisions: u64,
     hops: u64,
+    phase_decisions: [u64; 5],
+    phase_hops: [u64; 5],
     failed_hops: u64,
     errors: u64,
     added_latency_us: u64,
+    /// Calls between peers (forwards counted per batch; probes not counted).
+    peer_calls: u64,
+    /// Of which calls off the request path: lease renewals, gubernator's hits and broadcasts.
+    background_calls: u64,
+    /// Seconds of running node, summed over nodes.
+    node_secs: f64,
     /// Durable mode: take-over loads and counters written behind.
     loads: u64,
     writes: u64,
+    /// Lease mode: acquires sent holding nothing of the key's window, and holding some (all
+    /// used), in the steady phase; and acquired hits admitted.
+    acquires_cold: u64,
+    acquires_more: u64,
+    /// Lease mode: acquires in whole steady windows offered less than their limit, and at
+    /// least their limit.
+    steady_acquires: [u64; 2],
+    acquired_admitted: u64,
+    /// Steady-phase windows' admitted / limit by limit (10, 100, 1000 per unit).
+    class_ratios: [Vec<f64>; 3],
 }
 
 struct Sim<'a> {
     w: &'a Workload,
-    mode: Mode,
-    spread: Spread,
+    p: Params,
     ring: Ring,
     /// Members at the start; the node at index `initial` joins later.
     initial: usize,
     alive: Vec<bool>,
+    /// Each node's incarnation: bumped when it fails, so its pending tasks and answers lapse.
+    life: Vec<u32>,
+    /// When each running node started running, for `Outcome::node_secs`.
+    since: Vec<Option<u64>>,
     /// `view[a][p]`: node `a` believes `p` is up (and knows it).
     view: Vec<Vec<bool>>,
     /// `failing[a][p]`: the time `a`'s first forward to dead `p` times out, while pending.
     failing: Vec<Vec<u64>>,
+    /// `batch_until[a][p]`: the end of the batch window of `a`'s latest forward call to `p`.
+    batch_until: Vec<Vec<u64>>,
     pins: Vec<Vec<u16>>,
     counters: HashMap<u64, u64>,
-    /// (key, window) -> (offered, admitted).
-    windows: HashMap<(u32, u64), (u32, u32)>,
+    /// (key, window) -> (offered, admitted, acquires sent).
+    windows: HashMap<(u32, u64), (u32, u32, u32)>,
     /// Durable mode: the simulated Redis, (key, window) -> count.
     redis: HashMap<(u32, u64), u64>,
     /// Durable mode: per node, the keys changed since its last flush.
     dirty: Vec<HashSet<u32>>,
     /// Durable mode: per node, when it last saw a change that can move keys to it.
     changed: Vec<u64>,
+    /// Per node, as `RingChanges` keeps it: ring changes seen since its start, and when the
+    /// last one was (µs since the Unix epoch).
+    ring_changes: Vec<(u64, u64)>,
+    lease: Option<lease::Leases>,
+    global: Option<global::Globals>,
+    calls: HashMap<u32, Call>,
+    next_call: u32,
+    script: Script,
+    owner_at_start: usize,
     queue: BinaryHeap<Reverse<(u64, u64, EventSlot)>>,
     seq: u64,
+    /// Arrivals, keys, entry nodes and clients: the same for every mode.
+    traffic: Rng,
+    /// Latencies, phases and everything else.
     rng: Rng,
     out: Outcome,
 }
@@ -278,16 +543,12 @@ impl Ord for EventSlot {
 }
 
 impl<'a> Sim<'a> {
-    fn new(w: &'a Workload, mode: Mode, spread: Spread, nodes: usize, seed: u64) -> Self {
+    fn new(w: &'a Workload, p: Params) -> Self {
+        let nodes = p.nodes;
         let total = nodes + 1;
         let ring = Ring::new((0..total).map(addr));
-        // Durable modes share forward's stream, so they meet the same traffic.
-        let mode_id = match mode {
-            Mode::Forward | Mode::Durable(_) => 0,
-            Mode::Divided => 1,
-            Mode::Local => 2,
-        };
-        let mut rng = Rng(seed ^ (nodes as u64) << 32 ^ mode_id ^ (spread as u64) << 8);
+        let mut traffic = Rng(p.seed ^ (nodes as u64) << 32 ^ (p.spread as u64) << 8);
+        let rng = Rng(traffic.0 ^ 0x5eed_f4e7);
         let alive: Vec<bool> = (0..total).map(|i| i < nodes).collect();
         let view = (0..total)
             .map(|a| (0..total).map(|p| p < nodes || p == a).collect())
@@ -295,25 +556,38 @@ impl<'a> Sim<'a> {
         let pins = w
             .clients
             .iter()
-            .map(|&c| (0..c).map(|_| rng.below(nodes) as u16).collect())
+            .map(|&c| (0..c).map(|_| traffic.below(nodes) as u16).collect())
             .collect();
+        let end = p.secs * 1_000_000;
         Sim {
             w,
-            mode,
-            spread,
+            p,
             ring,
             initial: nodes,
+            since: alive.iter().map(|&a| a.then_some(0)).collect(),
             alive,
+            life: vec![0; total],
             view,
             failing: vec![vec![0; total]; total],
+            batch_until: vec![vec![0; total]; total],
             pins,
             counters: HashMap::new(),
             windows: HashMap::new(),
             redis: HashMap::new(),
             dirty: vec![HashSet::new(); total],
             changed: vec![0; total],
+            // The nodes started a minute before the traffic: a cluster starting under traffic
+            // is a ring change for every key (see the failure phases for what one costs).
+            ring_changes: vec![(0, EPOCH_US - 60_000_000); total],
+            lease: (p.mode == Mode::Lease).then(|| lease::Leases::new(&p, total)),
+            global: (p.mode == Mode::Global).then(|| global::Globals::new(total)),
+            calls: HashMap::new(),
+            next_call: 0,
+            script: Script::new(end),
+            owner_at_start: 0,
             queue: BinaryHeap::new(),
             seq: 0,
+            traffic,
             rng,
             out: Outcome::default(),
         }
@@ -331,31 +605,80 @@ impl<'a> Sim<'a> {
             .expect("a node always believes itself up")
     }
 
+    /// How many nodes `node` believes up, itself included (`Members::live`).
+    fn live(&self, node: usize) -> usize {
+        self.view[node].iter().filter(|&&up| up).count()
+    }
+
+    /// The window containing `now` (simulated µs), as an index since the epoch.
+    fn window_of(&self, now: u64) -> u64 {
+        (EPOCH_SECS + now / 1_000_000) / self.w.unit.secs()
+    }
+
+    fn phase_at(&self, now: u64) -> usize {
+        let p = self.script.phase(now, now + 1);
+        Phase::ALL.iter().position(|&q| q == p).unwrap_or(0)
+    }
+
+    /// Counts one decision about `key`, made with the window of `at`, and the time the
+    /// cluster added to it.
+    fn record(&mut self, key: usize, at: u64, admitted: bool, latency: u64) {
+        self.record_in(key, self.window_of(at), at, admitted, latency);
+    }
+
+    /// Counts one decision about `key` in `window`, made at `at`.
+    fn record_in(&mut self, key: usize, window: u64, at: u64, admitted: bool, latency: u64) {
+        let w = self.windows.entry((key as u32, window)).or_default();
+        w.0 += 1;
+        w.1 += u32::from(admitted);
+        self.out.decisions += 1;
+        self.out.phase_decisions[self.phase_at(at)] += 1;
+        self.out.added_latency_us += latency;
+    }
+
+    /// Counts one extra network hop on a decision's path at `now`.
+    fn hop_taken(&mut self, now: u64) {
+        self.out.hops += 1;
+        self.out.phase_hops[self.phase_at(now)] += 1;
+    }
+
+    /// `node` notes a ring change at `now` (`RingChanges::record`).
+    fn record_change(&mut self, node: usize, now: u64) {
+        let c = &mut self.ring_changes[node];
+        c.0 += 1;
+        c.1 = c.1.max(EPOCH_US + now);
+    }
+
+    /// `node` marks `peer` down after a failed call at `now`.
+    fn mark_down(&mut self, node: usize, peer: usize, now: u64) {
+        if std::mem::replace(&mut self.view[node][peer], false) {
+            self.changed[node] = now;
+            self.record_change(node, now);
+        }
+    }
+
     /// Applies one hit for `key` on `node`'s counter at `now`, for a request that arrived at
     /// `sent` and whose answer takes `back` more to return.
     fn decide(&mut self, node: usize, key: usize, now: u64, sent: u64, back: u64) {
         let limit = self.w.limits[key];
-        let limit = match self.mode {
-            Mode::Forward | Mode::Durable(_) | Mode::Local => limit,
+        let limit = match self.p.mode {
             Mode::Divided => {
-                let live = self.view[node].iter().filter(|&&up| up).count() as u32;
+                let live = self.live(node) as u32;
                 limit.div_ceil(live.max(1))
             }
+            _ => limit,
         };
         let secs = EPOCH_SECS + now / 1_000_000;
         let mut back = back;
-        if matches!(self.mode, Mode::Durable(_)) {
+        if matches!(self.p.mode, Mode::Durable(_)) {
             back += self.take_over(node, key, secs);
             self.dirty[node].insert(key as u32);
         }
+        let unit = self.w.unit;
         let slot = self.counters.entry(counter_id(node, key)).or_default();
-        let (d, state) = fixed_window::decide(*slot, secs, Unit::Second, limit, 1);
+        let (d, state) = fixed_window::decide(*slot, secs, unit, limit, 1);
         *slot = state;
-        let w = self.windows.entry((key as u32, secs)).or_default();
-        w.0 += 1;
-        w.1 += u32::from(!d.over);
-        self.out.decisions += 1;
-        self.out.added_latency_us += now - sent + back;
+        self.record(key, now, !d.over, now - sent + back);
     }
 
     /// Durable mode: loads `key`'s count from Redis before `node` decides, when `node` has no
@@ -363,21 +686,21 @@ impl<'a> Sim<'a> {
     /// Returns the time the load adds.
     fn take_over(&mut self, node: usize, key: usize, secs: u64) -> u64 {
         let id = counter_id(node, key);
+        let unit = self.w.unit;
+        let window = secs / unit.secs();
         let held = self
             .counters
             .get(&id)
-            .map_or(0, |s| fixed_window::current_count(*s, secs, Unit::Second));
-        let window_start = (secs - EPOCH_SECS) * 1_000_000;
+            .map_or(0, |s| fixed_window::current_count(*s, secs, unit));
+        let window_start = (window * unit.secs()).saturating_sub(EPOCH_SECS) * 1_000_000;
         let elsewhere = self.ring.owner(self.w.hashes[key], |i| self.known(node, i)) != Some(node);
         if held > 0 || (self.changed[node] < window_start && !elsewhere) {
             return 0;
         }
         self.out.loads += 1;
-        if let Some(&count) = self.redis.get(&(key as u32, secs)) {
-            self.counters.insert(
-                id,
-                fixed_window::state_with_count(count, secs, Unit::Second),
-            );
+        if let Some(&count) = self.redis.get(&(key as u32, window)) {
+            self.counters
+                .insert(id, fixed_window::state_with_count(count, secs, unit));
         }
         self.rng.range(REDIS_US.0, REDIS_US.1)
     }
@@ -385,40 +708,40 @@ impl<'a> Sim<'a> {
     /// Durable mode: `node` writes its changed counters (raise-only) and takes back larger ones.
     fn flush(&mut self, node: usize, now: u64) {
         let secs = EPOCH_SECS + now / 1_000_000;
+        let unit = self.w.unit;
+        let window = secs / unit.secs();
         let keys: Vec<u32> = self.dirty[node].drain().collect();
         for key in keys {
             let id = counter_id(node, key as usize);
             let held = self
                 .counters
                 .get(&id)
-                .map_or(0, |s| fixed_window::current_count(*s, secs, Unit::Second));
+                .map_or(0, |s| fixed_window::current_count(*s, secs, unit));
             if held == 0 {
                 continue;
             }
             self.out.writes += 1;
-            let stored = self.redis.entry((key, secs)).or_default();
+            let stored = self.redis.entry((key, window)).or_default();
             if held > *stored {
                 *stored = held;
             } else if *stored > held {
-                self.counters.insert(
-                    id,
-                    fixed_window::state_with_count(*stored, secs, Unit::Second),
-                );
+                self.counters
+                    .insert(id, fixed_window::state_with_count(*stored, secs, unit));
             }
         }
         // Keys expire with their window.
-        self.redis.retain(|&(_, w), _| w >= secs);
+        self.redis.retain(|&(_, w), _| w >= window);
     }
 
     /// The node a request for `key` lands on, given the clients' spread.
     fn entry_node(&mut self, key: usize) -> usize {
-        match self.spread {
+        match self.p.spread {
             Spread::Pinned => {
-                let c = self.rng.below(self.pins[key].len());
+                let c = self.traffic.below(self.pins[key].len());
                 usize::from(self.pins[key][c])
             }
             Spread::PerRequest => loop {
-                let n = self.rng.below(self.alive.len());
+                let n = self.traffic.below(self.alive.len());
                 if self.alive[n] {
                     return n;
                 }
@@ -426,22 +749,37 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// A forward's latency: up to one batch window, then one way.
     fn hop(&mut self) -> u64 {
-        self.rng.range(0, BATCH_WINDOW_US) + self.rng.range(HOP_US.0, HOP_US.1)
+        self.rng.range(0, BATCH_WINDOW_US) + self.one_way()
     }
 
-    /// Routes a request at `from`; `retry` is the second (last) round.
-    fn route(&mut self, from: usize, key: usize, now: u64, sent: u64, retry: bool) {
-        if !matches!(self.mode, Mode::Forward | Mode::Durable(_)) {
-            self.decide(from, key, now, sent, 0);
-            return;
+    fn one_way(&mut self) -> u64 {
+        self.rng.range(HOP_US.0, HOP_US.1)
+    }
+
+    /// A request for `key` arrives at `node` at `now`.
+    fn arrive(&mut self, node: usize, key: usize, now: u64) {
+        match self.p.mode {
+            Mode::Forward | Mode::Durable(_) => self.route(node, key, now, now, false),
+            Mode::Divided | Mode::Local => self.decide(node, key, now, now, 0),
+            Mode::Lease => self.lease_route(node, key, now),
+            Mode::Global => self.global_route(node, key, now),
         }
+    }
+
+    /// Forward modes: routes a request at `from`; `retry` is the second (last) round.
+    fn route(&mut self, from: usize, key: usize, now: u64, sent: u64, retry: bool) {
         let owner = self.owner(from, key);
         if owner == from {
             self.decide(from, key, now, sent, 0);
             return;
         }
-        self.out.hops += 1;
+        self.hop_taken(now);
+        if now >= self.batch_until[from][owner] {
+            self.out.peer_calls += 1;
+            self.batch_until[from][owner] = now + BATCH_WINDOW_US;
+        }
         if !self.alive[owner] || self.failing[from][owner] > now {
             self.fail(from, owner, key, now, sent, retry);
             return;
@@ -482,27 +820,88 @@ impl<'a> Sim<'a> {
         );
     }
 
-    fn run(mut self, secs: u64) -> Outcome {
-        let end = secs * 1_000_000;
-        let frac = |f: f64| (end as f64 * f) as u64;
+    /// Sends a lease or global call at `now`: it reaches its target one hop later, or fails
+    /// after the peer timeout if the target is down.
+    fn send_call(&mut self, call: Call, now: u64) {
+        self.out.peer_calls += 1;
+        let id = self.next_call;
+        self.next_call = self.next_call.wrapping_add(1);
+        if self.alive[usize::from(call.to)] {
+            let at = now + self.one_way();
+            self.push(at, Event::CallArrives { id });
+        } else {
+            self.push(now + PEER_TIMEOUT_US, Event::CallFailed { id });
+        }
+        self.calls.insert(id, call);
+    }
+
+    fn call_arrives(&mut self, id: u32, now: u64) {
+        let Some(call) = self.calls.get_mut(&id) else {
+            return;
+        };
+        let to = usize::from(call.to);
+        if !self.alive[to] {
+            // It died while the call was in flight: the call times out.
+            let at = (call.sent + PEER_TIMEOUT_US).max(now);
+            self.push(at, Event::CallFailed { id });
+            return;
+        }
+        if matches!(call.payload, Payload::Lease(_)) {
+            self.lease_serve(id, now);
+            let at = now + self.one_way();
+            self.push(at, Event::CallAnswered { id });
+        } else if let Some(call) = self.calls.remove(&id) {
+            self.global_receive(to, call.payload, now);
+        }
+    }
+
+    fn call_answered(&mut self, id: u32, now: u64) {
+        let Some(call) = self.calls.remove(&id) else {
+            return;
+        };
+        if self.life[usize::from(call.from)] != call.life {
+            return;
+        }
+        if let Payload::Lease(c) = call.payload {
+            self.lease_answered(usize::from(call.from), call.sent, c, now);
+        }
+    }
+
+    fn call_failed(&mut self, id: u32, now: u64) {
+        let Some(call) = self.calls.remove(&id) else {
+            return;
+        };
+        let from = usize::from(call.from);
+        if self.life[from] != call.life {
+            return;
+        }
+        self.mark_down(from, usize::from(call.to), now);
+        if let Payload::Lease(c) = call.payload {
+            self.lease_failed(from, c, now);
+        }
+    }
+
+    fn run(mut self) -> Outcome {
+        let end = self.p.secs * 1_000_000;
         let victim = self.owner(0, 0) as u16;
-        self.push(frac(0.3) + 437_000, Event::Fail { node: victim });
-        self.push(frac(0.55) + 291_000, Event::Restart { node: victim });
-        self.push(
-            frac(0.75) + 613_000,
-            Event::Join {
-                node: self.initial as u16,
-            },
-        );
+        self.owner_at_start = usize::from(victim);
+        let s = self.script;
+        self.push(s.fail, Event::Fail { node: victim });
+        self.push(s.restart, Event::Restart { node: victim });
+        let joiner = self.initial as u16;
+        self.push(s.join, Event::Join { node: joiner });
         for n in 0..self.initial {
             let phase = self.rng.range(0, PROBE_EVERY_US - 1);
             self.push(phase, Event::Probe { node: n as u16 });
         }
-        if let Mode::Durable(ms) = self.mode {
+        if let Mode::Durable(ms) = self.p.mode {
             for n in 0..=self.initial {
                 let phase = self.rng.range(0, ms * 1000 - 1);
                 self.push(phase, Event::Flush { node: n as u16 });
             }
+        }
+        for n in 0..self.initial {
+            self.start_tasks(n, None);
         }
         let mut next_arrival = 0u64;
         loop {
@@ -514,7 +913,7 @@ impl<'a> Sim<'a> {
                 }
                 _ => {
                     let t = next_arrival;
-                    let gap = -(1.0 - self.rng.unit()).ln() / RATE * 1e6;
+                    let gap = -(1.0 - self.traffic.unit()).ln() / self.w.rate * 1e6;
                     next_arrival += gap.max(1.0) as u64;
                     (t, Event::Arrive)
                 }
@@ -527,16 +926,36 @@ impl<'a> Sim<'a> {
         self.finish(end)
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "a one-off report's steps, read top to bottom"
-    )]
+    /// Starts a node's periodic tasks: at random phases for the initial nodes (they started
+    /// at different moments), at `started` for a node that starts during the run.
+    fn start_tasks(&mut self, node: usize, started: Option<u64>) {
+        let tasks: &[(Task, u64)] = match self.p.mode {
+            Mode::Lease => &[
+                (Task::Renew, self.p.renew_us),
+                (Task::Sweep, self.p.lease_us),
+            ],
+            _ => &[],
+        };
+        for &(task, every) in tasks {
+            let at = started.unwrap_or_else(|| self.rng.range(0, every - 1));
+            let life = self.life[node];
+            self.push(
+                at,
+                Event::Tick {
+                    node: node as u16,
+                    life,
+                    task,
+                },
+            );
+        }
+    }
+
     fn handle(&mut self, now: u64, event: Event) {
         match event {
             Event::Arrive => {
-                let key = self.w.sample(&mut self.rng);
+                let key = self.w.sample(&mut self.traffic);
                 let node = self.entry_node(key);
-                self.route(node, key, now, now, false);
+                self.arrive(node, key, now);
             }
             Event::Deliver {
                 owner,
@@ -547,7 +966,7 @@ impl<'a> Sim<'a> {
             } => {
                 let (owner, from, key) = (usize::from(owner), usize::from(from), key as usize);
                 if self.alive[owner] {
-                    let back = self.rng.range(HOP_US.0, HOP_US.1);
+                    let back = self.one_way();
                     self.decide(owner, key, now, sent, back);
                 } else {
                     // It died while the call was in flight: the call times out.
@@ -560,107 +979,158 @@ impl<'a> Sim<'a> {
                 key,
                 sent,
             } => {
-                let (from, dead) = (usize::from(from), usize::from(dead));
-                if !self.alive[from] {
-                    return;
-                }
-                if std::mem::replace(&mut self.view[from][dead], false) {
-                    self.changed[from] = now;
-                }
-                self.route(from, key as usize, now, sent, true);
-            }
-            Event::Probe { node } => {
-                let a = usize::from(node);
-                self.push(now + PROBE_EVERY_US, Event::Probe { node });
-                if !self.alive[a] {
-                    return;
-                }
-                for p in 0..self.alive.len() {
-                    if p == a || !self.known(a, p) {
-                        continue;
-                    }
-                    if self.alive[p] && !self.view[a][p] {
-                        let back = now + 2 * self.rng.range(HOP_US.0, HOP_US.1);
-                        self.push(
-                            back,
-                            Event::View {
-                                node,
-                                peer: p as u16,
-                                up: true,
-                            },
-                        );
-                    } else if !self.alive[p] && self.view[a][p] && self.mode == Mode::Divided {
-                        // In forward mode only a failed forward marks a peer down.
-                        self.push(
-                            now + PEER_TIMEOUT_US,
-                            Event::View {
-                                node,
-                                peer: p as u16,
-                                up: false,
-                            },
-                        );
-                    }
+                let from = usize::from(from);
+                if self.alive[from] {
+                    self.mark_down(from, usize::from(dead), now);
+                    self.route(from, key as usize, now, sent, true);
                 }
             }
+            Event::Probe { node } => self.probe(usize::from(node), now),
             Event::Flush { node } => {
-                let every = match self.mode {
-                    Mode::Durable(ms) => ms * 1000,
-                    _ => return,
-                };
-                self.push(now + every, Event::Flush { node });
-                if self.alive[usize::from(node)] {
-                    self.flush(usize::from(node), now);
-                }
-            }
-            Event::View { node, peer, up } => {
-                let (a, p) = (usize::from(node), usize::from(peer));
-                // A probe's answer only counts if the peer is still in that state.
-                if self.alive[a] && self.alive[p] == up {
-                    self.view[a][p] = up;
-                    if up {
-                        self.failing[a][p] = 0;
+                if let Mode::Durable(ms) = self.p.mode {
+                    self.push(now + ms * 1000, Event::Flush { node });
+                    if self.alive[usize::from(node)] {
+                        self.flush(usize::from(node), now);
                     }
                 }
             }
-            Event::Fail { node } => {
+            Event::View {
+                node,
+                peer,
+                up,
+                dns,
+            } => self.view_change(usize::from(node), usize::from(peer), up, dns, now),
+            Event::Fail { node } => self.fail_node(usize::from(node), now),
+            Event::Restart { node } => self.restart(usize::from(node), now),
+            Event::Join { node } => self.join(usize::from(node), now),
+            Event::CallArrives { id } => self.call_arrives(id, now),
+            Event::CallAnswered { id } => self.call_answered(id, now),
+            Event::CallFailed { id } => self.call_failed(id, now),
+            Event::Tick { node, life, task } => {
                 let n = usize::from(node);
-                self.alive[n] = false;
-                self.counters.retain(|id, _| (id >> 32) as usize != n);
-                self.dirty[n].clear();
-                // Its clients reconnect to running nodes.
-                self.repin(|pin, _| usize::from(pin) == n, None);
-            }
-            Event::Restart { node } => {
-                let n = usize::from(node);
-                self.alive[n] = true;
-                self.changed[n] = now;
-                // A fresh process believes every peer it knows of is up.
-                for p in 0..self.alive.len() {
-                    self.view[n][p] = self.known(n, p) || p == n;
-                    self.failing[n][p] = 0;
+                if self.alive[n] && self.life[n] == life {
+                    self.tick(n, task, now);
                 }
-            }
-            Event::Join { node } => {
-                let n = usize::from(node);
-                self.alive[n] = true;
-                self.changed[n] = now;
-                self.view[n] = vec![true; self.alive.len()];
-                for a in 0..self.initial {
-                    let at = now + self.rng.range(0, DNS_EVERY_US);
-                    self.push(
-                        at,
-                        Event::View {
-                            node: a as u16,
-                            peer: node,
-                            up: true,
-                        },
-                    );
-                }
-                let share = 1.0 / self.alive.iter().filter(|&&x| x).count() as f64;
-                self.repin(|_, rng| rng.unit() < share, Some(node));
-                self.push(now + PROBE_EVERY_US, Event::Probe { node });
             }
         }
+    }
+
+    fn tick(&mut self, node: usize, task: Task, now: u64) {
+        match task {
+            Task::Renew => self.lease_renew(node, now),
+            Task::Sweep => self.lease_sweep(node, now),
+            Task::SendHits => self.global_send_tick(node, now),
+            Task::Broadcast => self.global_broadcast_tick(node, now),
+        }
+    }
+
+    fn probe(&mut self, a: usize, now: u64) {
+        self.push(now + PROBE_EVERY_US, Event::Probe { node: a as u16 });
+        if !self.alive[a] {
+            return;
+        }
+        for p in 0..self.alive.len() {
+            if p == a || !self.known(a, p) {
+                continue;
+            }
+            if self.alive[p] && !self.view[a][p] {
+                let back = now + 2 * self.one_way();
+                self.push(
+                    back,
+                    Event::View {
+                        node: a as u16,
+                        peer: p as u16,
+                        up: true,
+                        dns: false,
+                    },
+                );
+            } else if !self.alive[p] && self.view[a][p] && self.p.mode == Mode::Divided {
+                // In the other modes a failed call marks a peer down first.
+                self.push(
+                    now + PEER_TIMEOUT_US,
+                    Event::View {
+                        node: a as u16,
+                        peer: p as u16,
+                        up: false,
+                        dns: false,
+                    },
+                );
+            }
+        }
+    }
+
+    fn view_change(&mut self, a: usize, p: usize, up: bool, dns: bool, now: u64) {
+        // A probe's answer only counts if the peer is still in that state.
+        if !self.alive[a] || self.alive[p] != up {
+            return;
+        }
+        self.view[a][p] = up;
+        if up {
+            self.failing[a][p] = 0;
+        }
+        if dns {
+            // PEERS_DNS changed the membership (`resolve_peers` records it).
+            self.record_change(a, now);
+        }
+    }
+
+    fn fail_node(&mut self, n: usize, now: u64) {
+        self.alive[n] = false;
+        self.life[n] += 1;
+        if let Some(since) = self.since[n].take() {
+            self.out.node_secs += (now - since) as f64 / 1e6;
+        }
+        self.counters.retain(|id, _| (id >> 32) as usize != n);
+        self.dirty[n].clear();
+        self.lease_lost(n);
+        self.global_lost(n);
+        // Its clients reconnect to running nodes.
+        self.repin(|pin, _| usize::from(pin) == n, None);
+    }
+
+    /// `n` starts at `now` (a restart or a join): a fresh process.
+    fn start(&mut self, n: usize, now: u64) {
+        self.alive[n] = true;
+        self.since[n] = Some(now);
+        self.changed[n] = now;
+        let found_in = if self.p.has(Variant::StartRebuild) {
+            DNS_EVERY_US
+        } else {
+            0
+        };
+        self.ring_changes[n] = (0, EPOCH_US + now + found_in);
+        self.lease_lost(n);
+        self.global_lost(n);
+        self.start_tasks(n, Some(now));
+    }
+
+    fn restart(&mut self, n: usize, now: u64) {
+        self.start(n, now);
+        // A fresh process believes every peer it knows of is up.
+        for p in 0..self.alive.len() {
+            self.view[n][p] = self.known(n, p) || p == n;
+            self.failing[n][p] = 0;
+        }
+    }
+
+    fn join(&mut self, n: usize, now: u64) {
+        self.start(n, now);
+        self.view[n] = vec![true; self.alive.len()];
+        for a in 0..self.initial {
+            let at = now + self.rng.range(0, DNS_EVERY_US);
+            self.push(
+                at,
+                Event::View {
+                    node: a as u16,
+                    peer: n as u16,
+                    up: true,
+                    dns: true,
+                },
+            );
+        }
+        let share = 1.0 / self.alive.iter().filter(|&&x| x).count() as f64;
+        self.repin(|_, rng| rng.unit() < share, Some(n as u16));
+        self.push(now + PROBE_EVERY_US, Event::Probe { node: n as u16 });
     }
 
     /// Whether `a` knows `p` is a member (the joining node only once its DNS is re-resolved).
@@ -676,22 +1146,62 @@ impl<'a> Sim<'a> {
             .collect();
         for pins in &mut self.pins {
             for p in pins.iter_mut() {
-                if pred(*p, &mut self.rng) {
-                    *p = to.unwrap_or_else(|| running[self.rng.below(running.len())]);
+                if pred(*p, &mut self.traffic) {
+                    *p = to.unwrap_or_else(|| running[self.traffic.below(running.len())]);
                 }
             }
         }
     }
 
     fn finish(mut self, end: u64) -> Outcome {
-        let last = EPOCH_SECS + end / 1_000_000;
-        for (&(key, secs), &(offered, admitted)) in &self.windows {
+        for since in self.since.iter().flatten() {
+            self.out.node_secs += (end - since) as f64 / 1e6;
+        }
+        let unit_us = self.w.unit.secs() * 1_000_000;
+        for (&(key, window), &(offered, admitted, acquires)) in &self.windows {
             let limit = self.w.limits[key as usize];
-            if secs < last && offered > limit {
-                self.out.ratios.push(f64::from(admitted) / f64::from(limit));
+            // Whole windows inside the run only.
+            let start = (window * unit_us).saturating_sub(EPOCH_US);
+            if start + unit_us > end {
+                continue;
+            }
+            if self.script.phase(start, start + unit_us) == Phase::Steady {
+                let over = usize::from(offered >= limit);
+                self.out.steady_acquires[over] += u64::from(acquires);
+            }
+            if offered < 2 * limit {
+                continue;
+            }
+            let ratio = f64::from(admitted) / f64::from(limit);
+            if ratio > 1.05 && self.p.worst {
+                let all = self.ring.owner(self.w.hashes[key as usize], |_| true);
+                let before = self
+                    .ring
+                    .owner(self.w.hashes[key as usize], |i| i < self.initial);
+                eprintln!(
+                    "worst: key {key} limit {limit} window at {:.0} s ratio {ratio:.2} offered \
+                     {offered} owner {before:?} (with the joiner {all:?}, victim {})",
+                    start as f64 / 1e6,
+                    self.owner_at_start
+                );
+            }
+            self.out.ratios.push(ratio);
+            let phase = self.script.phase(start, start + unit_us);
+            let i = Phase::ALL.iter().position(|&q| q == phase).unwrap_or(0);
+            self.out.phase_ratios[i].push(ratio);
+            if phase == Phase::Steady {
+                self.out.class_ratios[key as usize % 3].push(ratio);
             }
         }
         self.out.ratios.sort_by(f64::total_cmp);
+        for r in self
+            .out
+            .phase_ratios
+            .iter_mut()
+            .chain(&mut self.out.class_ratios)
+        {
+            r.sort_by(f64::total_cmp);
+        }
         self.out
     }
 }
@@ -704,138 +1214,8 @@ fn counter_id(node: usize, key: usize) -> u64 {
     ((node as u64) << 32) | key as u64
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Fraction of keys whose owner changes when one node leaves (averaged over which one) and
-/// when one joins, and keys that moved between two nodes that did not change (always 0).
-fn keys_moved(hashes: &[u64], n: usize) -> (f64, f64, f64, usize) {
-    let ring = Ring::new((0..=n).map(addr));
-    let all = |i: usize| i < n;
-    let before: Vec<usize> = hashes
-        .iter()
-        .map(|&h| ring.owner(h, all).unwrap())
-        .collect();
-    let mut leave_moved = 0usize;
-    let mut stray = 0usize;
-    let mut max_owned = 0usize;
-    for gone in 0..n {
-        let owned = before.iter().filter(|&&o| o == gone).count();
-        max_owned = max_owned.max(owned);
-        for (&h, &o) in hashes.iter().zip(&before) {
-            let after = ring.owner(h, |i| i < n && i != gone).unwrap();
-            if after != o {
-                leave_moved += 1;
-                stray += usize::from(o != gone);
-            }
-        }
-    }
-    let join_moved = hashes
-        .iter()
-        .zip(&before)
-        .filter(|&(&h, &o)| {
-            let after = ring.owner(h, |_| true).unwrap();
-            stray += usize::from(after != o && after != n);
-            after != o
-        })
-        .count();
-    let keys = hashes.len() as f64;
-    (
-        leave_moved as f64 / (keys * n as f64),
-        join_moved as f64 / keys,
-        max_owned as f64 / keys,
-        stray,
-    )
-}
-
-#[expect(
-    clippy::too_many_lines,
-    reason = "a one-off report's steps, read top to bottom"
-)]
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let seed = args
-        .iter()
-        .position(|a| a == "--seed")
-        .and_then(|i| args.get(i + 1))
-        .map(|s| s.parse::<u64>().expect("--seed takes an integer"))
-        .unwrap_or(42);
-    let secs = if quick { 12 } else { 40 };
-    let w = Workload::new();
-    let hot = w
-        .cdf
-        .iter()
-        .scan(0.0, |prev, &c| {
-            let p = c - *prev;
-            *prev = c;
-            Some(p)
-        })
-        .zip(&w.limits)
-        .filter(|&(p, &l)| p * RATE > f64::from(l))
-        .count();
-    println!(
-        "cluster_sim: seed {seed}, {secs} s simulated, {RATE} requests/s, {KEYS} keys \
-         (Zipf {ZIPF_S}; {hot} keys over their limit on average), limits 10/100/1000 per second, \
-         hop {}-{} us + batch window up to {BATCH_WINDOW_US} us, peer timeout {} ms{}",
-        HOP_US.0,
-        HOP_US.1,
-        PEER_TIMEOUT_US / 1000,
-        if quick { " (--quick)" } else { "" }
-    );
-    for spread in [Spread::Pinned, Spread::PerRequest] {
-        println!("\n### {}\n", spread.name());
-        println!(
-            "| mode | nodes | over-limit windows | admitted/limit p5 | p50 | mean | max | \
-             hops/decision | failed hops/decision | unanswered | added latency mean | \
-             Redis loads/decision | Redis writes/s |"
-        );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for mode in [
-            Mode::Forward,
-            Mode::Durable(500),
-            Mode::Durable(100),
-            Mode::Divided,
-            Mode::Local,
-        ] {
-            for n in NODE_COUNTS {
-                let o = Sim::new(&w, mode, spread, n, seed).run(secs);
-                let mean = o.ratios.iter().sum::<f64>() / o.ratios.len() as f64;
-                let per = |x: u64| x as f64 / o.decisions.max(1) as f64;
-                println!(
-                    "| {} | {n} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.5} | {} | {:.0} us | {:.5} | {:.0} |",
-                    mode.name(),
-                    o.ratios.len(),
-                    percentile(&o.ratios, 0.05),
-                    percentile(&o.ratios, 0.5),
-                    mean,
-                    o.ratios.last().copied().unwrap_or(f64::NAN),
-                    per(o.hops),
-                    per(o.failed_hops),
-                    o.errors,
-                    per(o.added_latency_us),
-                    per(o.loads),
-                    o.writes as f64 / secs as f64,
-                );
-            }
-        }
-    }
-    println!("\n### Keys moved per membership change (forward mode's ring, {KEYS} keys)\n");
-    println!(
-        "| nodes | one leaves: moved | ideal 1/N | one joins: moved | ideal 1/(N+1) | \
-         largest owner's share | moved between unchanged nodes |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for n in NODE_COUNTS {
-        let (leave, join, max_share, stray) = keys_moved(&w.hashes, n);
-        println!(
-            "| {n} | {leave:.4} | {:.4} | {join:.4} | {:.4} | {max_share:.4} | {stray} |",
-            1.0 / n as f64,
-            1.0 / (n + 1) as f64
-        );
-    }
+    let opts = report::Options::parse(&args);
+    report::run(&opts);
 }
