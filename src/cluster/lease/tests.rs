@@ -24,6 +24,27 @@ fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
     }
 }
 
+/// A node's first ask about a key of `q` at T0: nothing used or held, `want` hits now, a
+/// demand of `demand_milli`.
+fn first_ask(q: Quota, want: u64, demand_milli: u64) -> Ask {
+    let windowed = matches!(
+        q.algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow
+    );
+    Ask {
+        quota: q,
+        epoch: if windowed {
+            super::server::window_index(&q, T0)
+        } else {
+            0
+        },
+        used: 0,
+        keep: 0,
+        want,
+        demand_milli,
+    }
+}
+
 /// `nodes` nodes holding leases on one key from one server, with the server's ring changes
 /// last seen long ago (no rebuild) unless `since` says otherwise.
 struct Cluster {
@@ -317,14 +338,7 @@ fn bucket_shares_never_sum_past_the_whole() {
     let now = Timestamp::from_micros(T0);
     let mut total = 0;
     for n in 0..5 {
-        let ask = Ask {
-            quota: q,
-            epoch: 0,
-            used: 0,
-            keep: 0,
-            want: 1,
-            demand_milli: 100_000,
-        };
+        let ask = first_ask(q, 1, 100_000);
         total += server
             .answer(&n.to_string(), "k", &ask, now, Timestamp::from_micros(0), 5)
             .allowance;
@@ -393,14 +407,7 @@ fn an_owner_counts_what_a_node_holds_from_another_owner_when_the_key_comes_back(
     let server = LeaseServer::new(TIMING);
     let now = Timestamp::from_micros(T0);
     let old = Timestamp::from_micros(0);
-    let ask = Ask {
-        quota: q,
-        epoch: super::server::window_index(&q, T0),
-        used: 0,
-        keep: 0,
-        want: 10,
-        demand_milli: 0,
-    };
+    let ask = first_ask(q, 10, 0);
     let first = server.answer("a", "k", &ask, now, old, 2);
     assert!(first.allowance >= 10);
     // Meanwhile another owner granted node a up to 60 (it believed this one down); back here,
@@ -427,14 +434,7 @@ fn an_expired_holder_keeps_its_allowance_charged_and_a_flood_of_names_is_bounded
     let server = LeaseServer::new(TIMING);
     let t = |us: u64| Timestamp::from_micros(T0 + us);
     let old = Timestamp::from_micros(0);
-    let ask = Ask {
-        quota: q,
-        epoch: super::server::window_index(&q, T0),
-        used: 0,
-        keep: 0,
-        want: 1,
-        demand_milli: 0,
-    };
+    let ask = first_ask(q, 1, 0);
     let mut granted = 0;
     for n in 0..1500 {
         granted += server
@@ -457,14 +457,7 @@ fn a_node_asking_again_after_its_lease_expired_is_charged_once() {
     let server = LeaseServer::new(TIMING);
     let t = |us: u64| Timestamp::from_micros(T0 + us);
     let old = Timestamp::from_micros(0);
-    let ask = Ask {
-        quota: q,
-        epoch: super::server::window_index(&q, T0),
-        used: 0,
-        keep: 0,
-        want: 4,
-        demand_milli: 0,
-    };
+    let ask = first_ask(q, 4, 0);
     assert_eq!(server.answer("a", "k", &ask, t(0), old, 2).allowance, 4);
     // Node a used its 4 and said nothing for longer than a lease: its lease expired. It asks
     // again in the same window, reporting the 4 it holds and used.
@@ -494,14 +487,7 @@ fn an_owner_keeps_within_its_bytes_and_refuses_a_lease_past_them() {
     };
     let server = LeaseServer::new(timing);
     let now = Timestamp::from_micros(T0);
-    let ask = Ask {
-        quota: q,
-        epoch: super::server::window_index(&q, T0),
-        used: 0,
-        keep: 0,
-        want: 1,
-        demand_milli: 0,
-    };
+    let ask = first_ask(q, 1, 0);
     // Each key is charged its bytes and its one holder's: five keys fill the budget.
     let leased = (0..8)
         .filter(|k| {
