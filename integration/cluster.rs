@@ -1251,7 +1251,7 @@ mod lease {
 
     /// Three lease-mode peers on [`limits_yaml`], of which those in `started` are running.
     struct Cluster {
-        _dir: tempfile::TempDir,
+        dir: tempfile::TempDir,
         nodes: Vec<Node>,
         peers: String,
     }
@@ -1286,17 +1286,13 @@ mod lease {
             for &i in started {
                 nodes[i].start(&peers, dir.path());
             }
-            let mut c = Cluster {
-                _dir: dir,
-                nodes,
-                peers,
-            };
+            let mut c = Cluster { dir, nodes, peers };
             c.wait_up(started);
             c
         }
 
         fn start(&mut self, i: usize) {
-            self.nodes[i].start(&self.peers, self._dir.path());
+            self.nodes[i].start(&self.peers, self.dir.path());
         }
 
         fn addr(&self, i: usize) -> String {
