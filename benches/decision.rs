@@ -237,6 +237,7 @@ fn lease_client(c: &mut Criterion) {
                 epoch: ask.epoch,
                 allowance: u64::from(u32::MAX),
                 next_allowance: None,
+                fair: None,
                 valid_us: 3_600_000_000,
                 others: 0,
                 leased: true,

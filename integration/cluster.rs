@@ -1610,7 +1610,6 @@ mod lease {
     /// split again; a window behaves the same within one window (a cold key's split follows
     /// which node renewed first: 20/20/20 or 56/2/2 of 60 for equal demand).
     #[test]
-    #[ignore = "lease mode: a hot node never gives back a share (issue 16, i16-proc report)"]
     fn two_equally_hot_nodes_share_a_bucket_equally() {
         let c = Cluster::new(&[], &ALL);
         let body = body("rate", "fair");
@@ -1979,7 +1978,6 @@ mod lease {
     /// before its first acquire: it grants itself the whole limit again, 90 admitted in a
     /// window of 60 (the documented bound: 80).
     #[test]
-    #[ignore = "lease mode: a joining owner never learns what quiet holders used (issue 16, i16-proc report)"]
     fn a_joining_node_that_owns_the_key_learns_what_the_others_used() {
         a_joining_node(true);
     }

@@ -580,6 +580,12 @@ async fn probe_peers(
             let was_down = m.down[i].swap(!ok, Ordering::Relaxed);
             if was_down && ok {
                 tracing::info!(peer = m.ring.addr(i), "peer answers again");
+                // Its keys come back to it. In lease mode that is a change the holders of those
+                // keys must report to (renewal() reports every key once per change), so the
+                // returning owner learns what they used before it grants.
+                if mode == ClusterMode::Lease {
+                    changes.record(clock.now());
+                }
             } else if !was_down && !ok {
                 changes.record(clock.now());
                 tracing::warn!(

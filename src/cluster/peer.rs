@@ -289,6 +289,8 @@ impl From<&Grant> for LeaseGrant {
             next_allowance: g.next_allowance.unwrap_or(0),
             valid_us: g.valid_us,
             others: g.others,
+            has_fair: g.fair.is_some(),
+            fair: g.fair.unwrap_or(0),
         }
     }
 }
@@ -300,6 +302,7 @@ impl From<&LeaseGrant> for Grant {
             epoch: g.epoch,
             allowance: g.allowance,
             next_allowance: g.has_next.then_some(g.next_allowance),
+            fair: g.has_fair.then_some(g.fair),
             valid_us: g.valid_us,
             others: g.others,
         }
@@ -791,6 +794,7 @@ mod tests {
                 epoch: 28_333_333,
                 allowance: 60,
                 next_allowance: next,
+                fair: next.map(|n| n + 3),
                 valid_us: 1_500_000,
                 others: 30,
                 leased: true,

@@ -31,6 +31,9 @@ pub struct Held {
     valid_until_us: u64,
     /// What the other nodes held or used when the last grant came.
     others: u64,
+    /// This node's fair part at the last grant (`Grant::fair`) and the window it is about: at
+    /// a renewal in that window the node keeps no more than it (or than it used).
+    fair: Option<(u64, u64)>,
     /// Buckets: the local bucket's theoretical arrival time (µs).
     tat: u64,
     /// Hits asked for (admitted or not) since the last renewal was sent.
@@ -79,6 +82,7 @@ impl Held {
             next: None,
             valid_until_us: 0,
             others: 0,
+            fair: None,
             tat: 0,
             attempted: 0,
             reported_us: now_us,
@@ -148,6 +152,7 @@ impl Held {
     /// Applies a grant answering an ask sent at `sent_us`.
     pub fn grant(&mut self, g: &Grant, sent_us: u64) {
         self.in_flight = false;
+        self.fair = g.fair.map(|f| (g.epoch, f));
         let acquiring = std::mem::take(&mut self.acquiring);
         if is_window(&self.quota) {
             if acquiring && g.epoch == self.epoch && g.allowance <= self.allowance {
@@ -253,14 +258,20 @@ impl Held {
             let until = timing.horizon_us().min(window_left_us(&self.quota, now_us));
             let need = (u128::from(self.demand_milli) * u128::from(until)).div_ceil(1_000_000_000);
             let need = u64::try_from(need).unwrap_or(u64::MAX);
-            self.allowance.min(self.used.saturating_add(need))
+            let fair = match self.fair {
+                Some((epoch, f)) if epoch == self.epoch => f.max(self.used),
+                _ => u64::MAX,
+            };
+            self.allowance.min(self.used.saturating_add(need)).min(fair)
         } else {
             let rate_milli =
                 (u64::from(self.quota.requests_per_unit) * 1000 / self.quota.unit.secs()).max(1);
             let need =
                 u128::from(self.demand_milli) * u128::from(PPM) * 5 / 4 / u128::from(rate_milli);
+            let fair = self.fair.map_or(u64::MAX, |(_, f)| f.max(1));
             self.allowance
                 .min(u64::try_from(need).unwrap_or(u64::MAX).max(1))
+                .min(fair)
         }
     }
 

@@ -68,6 +68,10 @@ pub struct Grant {
     pub epoch: u64,
     /// The node's allowance in that window, or its share in ppm.
     pub allowance: u64,
+    /// The node's fair part as the owner computed it: what it should hold when every node
+    /// holds its part. A node holding more (it asked first) gives the excess back at its next
+    /// renewal, so the others get theirs. `None` from an owner that does not say.
+    pub fair: Option<u64>,
     /// The allowance granted ahead for the next window, when it starts within the horizon.
     pub next_allowance: Option<u64>,
     /// The lease ends this long after the node sent its ask.
@@ -510,7 +514,7 @@ impl KeyLeases {
         // rate, so a node asking less than an equal share of what is left gets it all, however
         // late in the window its hits come.
         let need_until = left_us;
-        let allowance = grant_in(
+        let (allowance, fair) = grant_in(
             &mut self.current,
             report,
             ask,
@@ -547,6 +551,7 @@ impl KeyLeases {
         Grant {
             epoch: index,
             allowance,
+            fair: Some(fair),
             next_allowance,
             valid_us: left_us + ahead,
             others,
@@ -570,7 +575,7 @@ impl KeyLeases {
             .next
             .get_or_insert_with(|| Epoch::following(current, index + 1));
         let demand_only = Ask { want: 0, ..*ask };
-        grant_in(
+        let (raised, _) = grant_in(
             next,
             None,
             &demand_only,
@@ -582,7 +587,8 @@ impl KeyLeases {
                     horizon_us: unit_us,
                 },
             },
-        )
+        );
+        raised
     }
 
     /// During a rebuild, the most any one node may hold: an equal share of `capacity` over the
@@ -598,7 +604,7 @@ impl KeyLeases {
     fn answer_bucket(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
         let cap = self.rebuild_cap(ctx, PPM);
         let rate_milli = u64::from(self.quota.requests_per_unit) * 1000 / self.quota.unit.secs();
-        let share = grant_in(
+        let (share, fair) = grant_in(
             &mut self.current,
             Some(ask),
             ask,
@@ -614,6 +620,7 @@ impl KeyLeases {
         Grant {
             epoch: 0,
             allowance: share,
+            fair: Some(fair),
             next_allowance: None,
             valid_us: ctx.timing.duration_us(),
             others: 0,
@@ -650,11 +657,11 @@ fn grant_in(
     ask: &Ask,
     ctx: &GrantContext<'_>,
     limits: Limits,
-) -> u64 {
+) -> (u64, u64) {
     let window = matches!(limits.need, Need::Window { .. });
     epoch.retire(ctx.now_us, window);
     let Some(me) = epoch.holder(ctx.node, ctx.room) else {
-        return 0;
+        return (0, 0);
     };
     {
         let h = &mut epoch.holders[me];
@@ -696,7 +703,7 @@ fn grant_in(
     let free = limits.capacity.saturating_sub(held);
     let raised = target.clamp(h.allowance, h.allowance + free);
     epoch.holders[me].allowance = raised;
-    raised
+    (raised, target)
 }
 
 /// A holder's need, in what `need` measures.

@@ -548,3 +548,60 @@ proptest! {
         prop_assert!(admitted <= bound, "admitted {} over {} s, bound {}", admitted, elapsed_s, bound);
     }
 }
+
+#[test]
+fn equal_demands_split_what_is_left_of_a_window_whoever_asked_first() {
+    let q = quota(Algorithm::FixedWindow, 1000, Unit::Hour, 0);
+    let mut c = Cluster::new(2, q);
+    let start = (T0 / (3_600 * S)) * 3_600 * S;
+    // Node 0 alone for 2 s at 100/s, then both at 100/s: equal demand, so once node 1 asks,
+    // renewals bring them to equal parts of what is left, whoever asked first.
+    let (mut a, mut b) = (0u64, 0u64);
+    for step in 0..200u64 {
+        let now = start + step * 100_000;
+        c.renew_all(now);
+        for _ in 0..10 {
+            a += u64::from(c.hit(0, now));
+            if step >= 20 {
+                b += u64::from(c.hit(1, now));
+            }
+        }
+    }
+    assert!(a + b <= 1000);
+    let (_, held_a, used_a) = c.held[0].as_ref().expect("held").holding();
+    let (_, held_b, used_b) = c.held[1].as_ref().expect("held").holding();
+    assert_eq!((used_a, used_b), (a, b));
+    // Node 0 used its 200 alone; what was left, 800, went half and half.
+    assert!(
+        b >= 350,
+        "node 1 got {b} of the 800 left (node 0: {a}); held {held_a}, {held_b}"
+    );
+}
+
+#[test]
+fn a_node_that_asked_first_gives_back_the_bucket_share_past_its_fair_part() {
+    let q = quota(Algorithm::TokenBucket, 100, Unit::Second, 10);
+    let mut c = Cluster::new(2, q);
+    // Node 0 alone for 2 s at 300/s (it gets the whole rate), then both at 300/s: equal demand
+    // over the rate, so node 0 gives back half at its renewals and node 1 gets it.
+    let (mut a, mut b) = (0u64, 0u64);
+    for step in 0..600u64 {
+        let now = T0 + step * 10_000;
+        if step % 10 == 0 {
+            c.renew_all(now);
+        }
+        for _ in 0..3 {
+            let late = step >= 400;
+            a += u64::from(c.hit(0, now) && late);
+            if step >= 200 {
+                b += u64::from(c.hit(1, now) && late);
+            }
+        }
+    }
+    // The last 2 s: about 100 each of the 200 the rate allows.
+    assert!(a + b <= 200 + 2 * 10 + 5, "{a} + {b}");
+    assert!(
+        b >= 80 && a >= 80,
+        "node 0 {a}, node 1 {b}: the rate split evenly"
+    );
+}
