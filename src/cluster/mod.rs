@@ -277,16 +277,7 @@ impl ClusterStore {
         }
         let durable = match &settings.write_behind {
             Some(wb) => {
-                // A take-over load runs inside the forwarded call of a peer whose deadline is
-                // SLUICE_PEER_TIMEOUT_MS (peers share it, as they share PEERS). Past it, the
-                // caller marks this healthy node down and retries on the next owner, which
-                // loads too: a stalled Redis then fails every such hit and moves keys about.
-                // Half the deadline leaves the other half for the call itself.
-                let load_timeout = settings.timeout / 2;
-                let d = Arc::new(
-                    Durable::new(wb, local.clone(), changes.clone(), load_timeout)
-                        .map_err(|e| e.to_string())?,
-                );
+                let d = start_durable(settings, wb, &local, &changes)?;
                 tasks.push(d.spawn_flusher(clock.clone(), wb.interval));
                 Some(d)
             }
@@ -472,6 +463,24 @@ impl ClusterStore {
             }
         }
     }
+}
+
+/// SLUICE_PEER_WRITE_BEHIND's write-behind and take-over loads for `local`.
+fn start_durable(
+    settings: &ClusterConfig,
+    wb: &WriteBehind,
+    local: &Arc<MemoryStore>,
+    changes: &Arc<RingChanges>,
+) -> Result<Arc<Durable>, String> {
+    // A take-over load runs inside the forwarded call of a peer whose deadline is
+    // SLUICE_PEER_TIMEOUT_MS (peers share it, as they share PEERS). Past it, the caller marks
+    // this healthy node down and retries on the next owner, which loads too: a stalled Redis
+    // then fails every such hit and moves keys about. Half the deadline leaves the other half
+    // for the call itself.
+    let load_timeout = settings.timeout / 2;
+    Durable::new(wb, local.clone(), changes.clone(), load_timeout)
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
 }
 
 /// The hits at `pending` grouped by their owner as `members` sees it now, in first-seen order.
