@@ -177,14 +177,10 @@ struct Params {
 /// "Simulation"); changes to the lease logic itself are studied by patching it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
-    /// D: a lease server standing in for a key's owner (it is not the owner among every peer
-    /// it knows) caps the key's grants as after a ring change (`OwnerStore::answer_leases`
-    /// passes `now` as the last change for such keys).
-    StandInRebuild = 1,
     /// E: a node's own start counts as a ring change until every peer can have found it
     /// through PEERS_DNS (5 s later), so it caps the keys it serves for that long plus a lease
     /// duration.
-    StartRebuild = 2,
+    StartRebuild = 1,
 }
 
 impl Params {
@@ -1064,12 +1060,13 @@ impl<'a> Sim<'a> {
         if !self.alive[a] || self.alive[p] != up {
             return;
         }
-        self.view[a][p] = up;
+        let was = std::mem::replace(&mut self.view[a][p], up);
         if up {
             self.failing[a][p] = 0;
         }
-        if dns {
-            // PEERS_DNS changed the membership (`resolve_peers` records it).
+        if dns || (up && !was && self.p.mode == Mode::Lease) {
+            // PEERS_DNS changed the membership (`resolve_peers` records it), or in lease mode
+            // a peer answers again (`probe_peers`: its keys' holders must report to it).
             self.record_change(a, now);
         }
     }

@@ -14,7 +14,9 @@
 //!   owners at once; the next round starts when the period has passed and every call of this
 //!   one has returned (tokio's `MissedTickBehavior::Delay`);
 //! - the owner's server answers at the moment the call arrives, with the owner's own view: the
-//!   last ring change it saw and the peers it believes up; its sweep runs every lease duration;
+//!   last ring change it saw (now, for a key it stands in for: `OwnerStore::answer_leases`) and
+//!   the peers it believes up; its sweep runs every lease duration; a ring change is a peer
+//!   marked down, a peer answering again, or a PEERS_DNS change;
 //! - a node that dies loses its leases and its server's state; it restarts with neither.
 
 use std::collections::{BTreeMap, HashMap};
@@ -25,7 +27,7 @@ use sluice::clock::Timestamp;
 use sluice::cluster::lease::{Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, Route, Slot};
 use sluice::cluster::peer::MAX_LEASE_ASKS;
 
-use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Variant, Workload};
+use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Workload};
 
 /// One node's lease state: what it holds, what it serves, and its renewal round.
 struct LeaseNode {
@@ -166,11 +168,12 @@ impl Sim<'_> {
     fn grant(&mut self, owner: usize, from: usize, key: usize, ask: &Ask, now: u64) -> Grant {
         let live = self.live(owner);
         let mut last_change = self.ring_changes[owner].1;
-        if self.p.has(Variant::StandInRebuild)
-            && self
-                .ring
-                .owner(self.w.hashes[key], |i| self.known(owner, i))
-                != Some(owner)
+        // A stand-in for the key's owner (the owner among every peer it knows is another one)
+        // rebuilds the key as after a ring change.
+        if self
+            .ring
+            .owner(self.w.hashes[key], |i| self.known(owner, i))
+            != Some(owner)
         {
             last_change = EPOCH_US + now;
         }

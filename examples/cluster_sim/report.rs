@@ -21,7 +21,7 @@ const MODES: [Mode; 7] = [
 
 /// The command line: `--quick`, `--seed N`, `--only SECTION`; for `--only one` (one run,
 /// with lease mode's diagnostics): `--mode NAME --nodes N --spread pinned|per-request
-/// --minute --secs N --rate N --renew-ms N --lease-ms N --variants de --worst`; for `--only
+/// --minute --secs N --rate N --renew-ms N --lease-ms N --variants e --worst`; for `--only
 /// lease` (lease mode's rows, to compare builds of the lease logic): `--label TEXT --variants
 /// de`.
 pub(super) struct Options {
@@ -427,12 +427,11 @@ fn one(o: &Options) {
     phase_table(&[(spread, mode, out)]);
 }
 
-/// Variants named by their letters (`de`).
+/// Variants named by their letters (`e`).
 fn variants(letters: &str) -> u8 {
     letters
         .chars()
         .map(|c| match c {
-            'd' => Variant::StandInRebuild as u8,
             'e' => Variant::StartRebuild as u8,
             _ => 0,
         })
@@ -450,8 +449,7 @@ fn variant_table(o: &Options, w: &Workload) {
     );
     let phase = |p: Phase| Phase::ALL.iter().position(|&q| q == p).unwrap_or(0);
     for spread in SPREADS {
-        let changes = [("as built", ""), ("D", "d"), ("E", "e"), ("D + E", "de")];
-        for &(label, letters) in &changes[..if o.quick { 2 } else { 4 }] {
+        for (label, letters) in [("as built", ""), ("E", "e")] {
             let p = Params {
                 variants: variants(letters),
                 ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
