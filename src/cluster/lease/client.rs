@@ -12,7 +12,10 @@
 //! background ([`Held::renewal`]), reporting the attempted demand and what is used, and giving
 //! back what the node holds beyond its need.
 
-use super::server::{Ask, Grant, LeaseTiming, PPM, window_index, window_left_us};
+use super::server::{
+    Ask, Grant, LeaseTiming, PPM, epoch_of, is_window, rate_milli, share_need, window_index,
+    window_left_us,
+};
 use crate::limiter::{Algorithm, Decision, Quota, bucket};
 
 /// What this node holds of one key.
@@ -72,8 +75,7 @@ impl Held {
     /// A key this node holds nothing of yet, seen at `now_us`. `live` is the number of live
     /// peers, which sizes the first demand: the key at its full rate, shared equally.
     pub fn new(quota: Quota, now_us: u64, live: u64) -> Self {
-        let rate_milli =
-            u64::from(quota.requests_per_unit) * 1000 / quota.unit.secs() / live.max(1);
+        let demand_milli = rate_milli(&quota) / live.max(1);
         Held {
             quota,
             epoch: epoch_of(&quota, now_us),
@@ -86,7 +88,7 @@ impl Held {
             tat: 0,
             attempted: 0,
             reported_us: now_us,
-            demand_milli: rate_milli,
+            demand_milli,
             acquired_us: 0,
             acquiring: false,
             starved_epoch: None,
@@ -264,14 +266,9 @@ impl Held {
             };
             self.allowance.min(self.used.saturating_add(need)).min(fair)
         } else {
-            let rate_milli =
-                (u64::from(self.quota.requests_per_unit) * 1000 / self.quota.unit.secs()).max(1);
-            let need =
-                u128::from(self.demand_milli) * u128::from(PPM) * 5 / 4 / u128::from(rate_milli);
+            let need = share_need(self.demand_milli, &self.quota);
             let fair = self.fair.map_or(u64::MAX, |(_, f)| f.max(1));
-            self.allowance
-                .min(u64::try_from(need).unwrap_or(u64::MAX).max(1))
-                .min(fair)
+            self.allowance.min(need.max(1)).min(fair)
         }
     }
 
@@ -388,20 +385,5 @@ impl Held {
             self.tat = self.tat.max(now_us);
         }
         self.allowance = share;
-    }
-}
-
-fn is_window(quota: &Quota) -> bool {
-    matches!(
-        quota.algorithm,
-        Algorithm::FixedWindow | Algorithm::SlidingWindow
-    )
-}
-
-fn epoch_of(quota: &Quota, now_us: u64) -> u64 {
-    if is_window(quota) {
-        window_index(quota, now_us)
-    } else {
-        0
     }
 }

@@ -386,10 +386,36 @@ impl LeaseServer {
     }
 }
 
-fn is_window(quota: &Quota) -> bool {
+/// Whether `quota` counts in windows (its lease is an allowance) rather than a bucket (a share).
+pub(super) fn is_window(quota: &Quota) -> bool {
     matches!(
         quota.algorithm,
         Algorithm::FixedWindow | Algorithm::SlidingWindow
+    )
+}
+
+/// The lease epoch at `now_us`: the window index for windows, 0 for buckets.
+pub(super) fn epoch_of(quota: &Quota, now_us: u64) -> u64 {
+    if is_window(quota) {
+        window_index(quota, now_us)
+    } else {
+        0
+    }
+}
+
+/// `quota`'s rate in hits per second, in thousandths (at least 1).
+pub(super) fn rate_milli(quota: &Quota) -> u64 {
+    (u64::from(quota.requests_per_unit) * 1000 / quota.unit.secs()).max(1)
+}
+
+/// The bucket share (ppm) a demand of `demand_milli` needs, headroom included: what the owner
+/// claims for a holder and what the holder keeps at a renewal, one rule for both.
+pub(super) fn share_need(demand_milli: u64, quota: &Quota) -> u64 {
+    need_of(
+        demand_milli,
+        Need::Share {
+            rate_milli: rate_milli(quota),
+        },
     )
 }
 
@@ -603,7 +629,6 @@ impl KeyLeases {
 
     fn answer_bucket(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
         let cap = self.rebuild_cap(ctx, PPM);
-        let rate_milli = u64::from(self.quota.requests_per_unit) * 1000 / self.quota.unit.secs();
         let (share, fair) = grant_in(
             &mut self.current,
             Some(ask),
@@ -613,7 +638,7 @@ impl KeyLeases {
                 capacity: PPM,
                 cap,
                 need: Need::Share {
-                    rate_milli: rate_milli.max(1),
+                    rate_milli: rate_milli(&self.quota),
                 },
             },
         );

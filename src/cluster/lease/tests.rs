@@ -27,17 +27,9 @@ fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
 /// A node's first ask about a key of `q` at T0: nothing used or held, `want` hits now, a
 /// demand of `demand_milli`.
 fn first_ask(q: Quota, want: u64, demand_milli: u64) -> Ask {
-    let windowed = matches!(
-        q.algorithm,
-        Algorithm::FixedWindow | Algorithm::SlidingWindow
-    );
     Ask {
         quota: q,
-        epoch: if windowed {
-            super::server::window_index(&q, T0)
-        } else {
-            0
-        },
+        epoch: super::server::epoch_of(&q, T0),
         used: 0,
         keep: 0,
         want,
