@@ -76,12 +76,10 @@ impl Leasing {
         asks: &[(&str, Ask)],
     ) -> Result<Vec<Grant>, String> {
         if owner == members.me {
-            let owned: Vec<(String, Ask)> =
-                asks.iter().map(|(k, a)| ((*k).to_owned(), *a)).collect();
             let now = self.clock.now();
             return self
                 .owner
-                .answer_leases(&self.advertise, &owned, now)
+                .answer_leases(&self.advertise, asks, now)
                 .ok_or_else(|| "this node is not in lease mode".to_owned());
         }
         let Some(client) = &members.clients[owner] else {

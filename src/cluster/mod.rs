@@ -148,10 +148,10 @@ impl OwnerStore {
     }
 
     /// Answers `node`'s lease asks as this node's lease server; `None` when not in lease mode.
-    pub fn answer_leases(
+    pub fn answer_leases<K: AsRef<str>>(
         &self,
         node: &str,
-        asks: &[(String, lease::Ask)],
+        asks: &[(K, lease::Ask)],
         now: Timestamp,
     ) -> Option<Vec<lease::Grant>> {
         let server = self.leases.as_ref()?;
@@ -161,6 +161,7 @@ impl OwnerStore {
         Some(
             asks.iter()
                 .map(|(key, ask)| {
+                    let key = key.as_ref();
                     // A stand-in for a key's owner (the owner among every peer this node knows
                     // is another one) may not have seen the change that sent the key here: it
                     // rebuilds the key as after one.
