@@ -6,7 +6,7 @@
 use crate::limiter::Unit;
 
 /// One `key=value` pair of a descriptor.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Entry {
     pub key: String,
     pub value: String,

@@ -49,6 +49,7 @@ pub mod descriptor;
 pub mod limiter;
 pub mod net;
 pub mod percent;
+pub mod quota;
 pub mod service;
 pub mod settings;
 pub mod store;

@@ -15,10 +15,11 @@ use axum::routing::get;
 use crate::cluster::lease::KeyView;
 use crate::config::ConfigHandle;
 use crate::net::{ByteBudget, PortGuard};
+use crate::quota::QuotaService;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{
-    self, ClusterGauges, Extra, ListenerGauges, MemoryGauges, RedisGauges,
+    self, ClusterGauges, Extra, ListenerGauges, MemoryGauges, RedisGauges, RlqsGauges,
 };
 
 /// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
@@ -31,6 +32,8 @@ pub struct DebugState {
     /// The serving listeners, and the gRPC message byte budget they share.
     pub listeners: Vec<Arc<PortGuard>>,
     pub budget: Option<Arc<ByteBudget>>,
+    /// The Rate Limit Quota Service's state.
+    pub quota: Option<Arc<QuotaService>>,
 }
 
 /// The router for DEBUG_PORT.
@@ -40,7 +43,37 @@ pub fn router(state: DebugState) -> Router {
         .route("/stats", get(stats_text))
         .route("/metrics", get(metrics))
         .route("/debug/lease", get(lease))
+        .route("/debug/rlqs", get(rlqs))
         .with_state(Arc::new(state))
+}
+
+/// The query of `/debug/rlqs`: one bucket's key (`domain_key_value_...`), or the busiest.
+#[derive(serde::Deserialize)]
+struct RlqsQuery {
+    key: Option<String>,
+}
+
+/// `/debug/rlqs`: the busiest buckets (at most [`prometheus::RLQS_METRIC_BUCKETS`]), or the one
+/// at `?key=`, with every Envoy's demand and part, as JSON.
+async fn rlqs(
+    State(st): State<Arc<DebugState>>,
+    Query(q): Query<RlqsQuery>,
+) -> axum::response::Response {
+    let Some(quota) = &st.quota else {
+        return (StatusCode::NOT_FOUND, "no quota service\n").into_response();
+    };
+    let body = match q.key {
+        Some(key) => match quota.bucket(&key) {
+            Some(view) => serde_json::to_string(&view),
+            None => return (StatusCode::NOT_FOUND, "no such bucket\n").into_response(),
+        },
+        None => serde_json::to_string(&quota.top(prometheus::RLQS_METRIC_BUCKETS)),
+    };
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.unwrap_or_default(),
+    )
+        .into_response()
 }
 
 /// The query of `/debug/lease`: the counter key, as in `/debug/lease?key=d_k_v_`.
@@ -86,6 +119,7 @@ impl DebugState {
         let mut extra = telemetry_extra(&self.config, self.store.as_ref(), self.spans.as_deref());
         extra.listeners = self.listeners.iter().map(|g| listener_gauges(g)).collect();
         extra.pending_request_bytes = self.budget.as_ref().map_or(0, |b| b.in_use() as u64);
+        extra.rlqs = self.quota.as_deref().map(rlqs_gauges);
         extra
     }
 }
@@ -118,6 +152,35 @@ fn telemetry_extra(
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
         listeners: Vec::new(),
         pending_request_bytes: 0,
+        rlqs: None,
+    }
+}
+
+fn rlqs_gauges(q: &QuotaService) -> RlqsGauges {
+    let c = &q.counters;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let g = q.gauges();
+    RlqsGauges {
+        counters: vec![
+            ("reports", load(&c.reports)),
+            ("assignments", load(&c.assignments)),
+            ("pushed", load(&c.pushed)),
+            ("malformed", load(&c.malformed)),
+            ("refused", load(&c.refused)),
+            ("abandoned", load(&c.abandoned)),
+            ("expired", load(&c.expired)),
+        ],
+        gauges: vec![
+            ("streams", g.streams as u64),
+            ("buckets", g.buckets as u64),
+            ("holders", g.holders as u64),
+            ("bytes", g.bytes as u64),
+        ],
+        buckets: q
+            .top(prometheus::RLQS_METRIC_BUCKETS)
+            .into_iter()
+            .map(|b| (b.key, b.demand, b.assigned))
+            .collect(),
     }
 }
 
@@ -199,6 +262,11 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
             b.opens,
             b.fast_failures,
         ));
+    }
+    if let Some(r) = &e.rlqs {
+        for (stat, value) in r.counters.iter().chain(&r.gauges) {
+            out.push_str(&format!("sluice.rlqs.{stat}: {value}\n"));
+        }
     }
     out
 }

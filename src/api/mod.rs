@@ -3,6 +3,8 @@
 //! mapped to gRPC and HTTP statuses here and nowhere else.
 //!
 //! - [`grpc`]: `envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`.
+//! - [`rlqs`]: `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` (Envoy's
+//!   `rate_limit_quota` filter), over [`crate::quota`].
 //! - [`http`]: `/json`, `/healthcheck` and `/nginx` on PORT.
 //! - [`nginx`]: the `auth_request` endpoint: headers in, 200/403 with `RateLimit-*` out.
 //! - [`debug`]: `/rlconfig`, `/metrics` and `/stats` on DEBUG_PORT.
@@ -16,6 +18,7 @@ pub mod health;
 pub mod http;
 pub mod json;
 pub mod nginx;
+pub mod rlqs;
 
 /// The caller's trace context (`traceparent`, B3), read only when tracing is on, so a service
 /// without tracing does no header lookups.

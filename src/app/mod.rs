@@ -23,6 +23,7 @@ use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
+use crate::quota::{QuotaOptions, QuotaService};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::store::{MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
@@ -141,6 +142,8 @@ pub struct AppOptions {
     /// SLUICE_PEER_TLS: mutual TLS on the peer listener and on the calls to peers, with one
     /// certificate re-read from its files every [`CERT_POLL`].
     pub peer_tls: Option<PeerTls>,
+    /// SLUICE_RLQS_*: the Rate Limit Quota Service.
+    pub quota: QuotaOptions,
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
@@ -208,6 +211,7 @@ pub struct App {
     /// The service's observer: its stats and span counters, for the debug port.
     telemetry: Arc<DecisionTelemetry>,
     health: Arc<Health>,
+    quota: Arc<QuotaService>,
     peer_server: Option<PeerServer>,
     /// TRACING_ENABLED: the finished spans, for the exporter [`App::serve`] starts.
     spans: Option<tokio::sync::mpsc::Receiver<SpanRecord>>,
@@ -254,6 +258,11 @@ impl App {
             None => (Tracer::disabled(), None),
         };
         let telemetry = Arc::new(DecisionTelemetry::new(stats, Arc::new(tracer)));
+        let quota = Arc::new(QuotaService::new(
+            config.clone(),
+            clock.clone(),
+            options.quota.clone(),
+        ));
         let service = Arc::new(
             RateLimitService::new(
                 config.clone(),
@@ -275,6 +284,7 @@ impl App {
             service,
             telemetry,
             health,
+            quota,
             peer_server,
             spans,
             reload_now: Arc::default(),
@@ -345,6 +355,7 @@ impl App {
             service,
             telemetry,
             health,
+            quota,
             peer_server,
             spans,
             reload_now,
@@ -368,6 +379,7 @@ impl App {
                 .then(|| telemetry.tracer().counters().clone()),
             listeners: ports.guards(&listeners),
             budget: Some(ports.budget.clone()),
+            quota: Some(quota.clone()),
         };
         let Ports {
             grpc,
@@ -387,13 +399,14 @@ impl App {
         ));
         let (otlp_stop_tx, otlp_stop) = StopSignal::new();
         let exporters = spawn_exporters(&options, &debug_state, spans, &otlp_stop);
-        let servers = spawn_servers(
+        let mut servers = spawn_servers(
             &options,
             (grpc, http, debug),
             (listeners.grpc, listeners.http, listeners.debug),
             (service, health.clone(), debug_state),
             &stop,
         );
+        servers.push(("RLQS sweep", tokio::spawn(sweep_quota(quota, stop.wait()))));
         Running {
             health,
             shutdown_delay: options.shutdown_delay,
@@ -430,7 +443,12 @@ fn spawn_servers(
     ),
     stop: &StopSignal,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
-    let grpc_routes = api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
+    let quota = debug_state.quota.clone();
+    let mut grpc_routes =
+        api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
+    if let Some(quota) = quota {
+        grpc_routes = grpc_routes.add_service(api::rlqs::server(quota, options.max_request_bytes));
+    }
     let http_router = api::http::router(service, health, options.max_request_bytes);
     vec![
         (
@@ -446,6 +464,20 @@ fn spawn_servers(
             tokio::spawn(debug_port.serve(debug, api::debug::router(debug_state), stop.wait())),
         ),
     ]
+}
+
+/// Frees expired and quiet parts of the quota service's buckets every second, until the app
+/// stops.
+async fn sweep_quota(quota: Arc<QuotaService>, stop: impl Future<Output = ()>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => quota.sweep(),
+            () = &mut stop => return,
+        }
+    }
 }
 
 /// What is stopped after the drain: the peer listener (other nodes may still forward hits while

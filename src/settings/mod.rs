@@ -47,6 +47,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::app::{AppOptions, Backend};
 use crate::cluster::ClusterConfig;
 use crate::config::{ConfigSource, FileLimits, LoadOptions};
+use crate::quota::QuotaOptions;
 use crate::service::{HeaderNames, ServiceOptions};
 use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};
@@ -62,6 +63,7 @@ mod parse;
 mod peer_tls;
 mod redis;
 mod redis_breaker;
+pub mod rlqs;
 mod telemetry;
 mod tls;
 mod xds;
@@ -496,6 +498,8 @@ pub struct ServeArgs {
     pub config_files: config_files::ConfigFileArgs,
     #[command(flatten)]
     pub redis_breaker: RedisBreakerArgs,
+    #[command(flatten)]
+    pub rlqs: rlqs::RlqsArgs,
 }
 
 /// Validated settings: the app's options, built here whole, and what `main` does with the rest
@@ -619,6 +623,12 @@ impl ServeArgs {
         let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
         let xds = self.xds.validate()?;
         let listener_limits = self.listeners.validate(self.max_request_bytes)?;
+        let quota = self.rlqs.validate(QuotaOptions {
+            shadow_mode: service.shadow_mode,
+            max_entries: service.max_entries,
+            max_key_bytes: service.max_key_bytes,
+            ..QuotaOptions::default()
+        })?;
         let config = ConfigSettings {
             source,
             load: LoadOptions {
@@ -647,6 +657,7 @@ impl ServeArgs {
             grpc_connection_age,
             listener_limits,
             peer_tls: None,
+            quota,
         };
         Ok(Settings {
             app,

@@ -42,7 +42,25 @@ pub struct Extra {
     pub listeners: Vec<ListenerGauges>,
     /// gRPC message bytes being received right now (SLUICE_MAX_PENDING_REQUEST_BYTES's budget).
     pub pending_request_bytes: u64,
+    /// The Rate Limit Quota Service's numbers.
+    pub rlqs: Option<RlqsGauges>,
 }
+
+/// The Rate Limit Quota Service's counters, table sizes and busiest buckets.
+#[derive(Clone, Debug, Default)]
+pub struct RlqsGauges {
+    /// (name, value): reports, assignments, pushed, malformed, refused, abandoned, expired.
+    pub counters: Vec<(&'static str, u64)>,
+    /// (name, value): streams, buckets, holders, bytes.
+    pub gauges: Vec<(&'static str, u64)>,
+    /// The buckets with the most demand, at most [`RLQS_METRIC_BUCKETS`]: (bucket key, attempted
+    /// and assigned requests per second).
+    pub buckets: Vec<(String, f64, f64)>,
+}
+
+/// How many buckets `/metrics` shows demand and assignment for: the busiest, so the label set
+/// stays bounded whatever Envoys report.
+pub const RLQS_METRIC_BUCKETS: usize = 100;
 
 /// One listener's numbers (see [`crate::net`]).
 #[derive(Clone, Debug, Default)]
@@ -188,7 +206,48 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
         sample(&mut out, &name, &[], *value);
     }
     render_listeners(&mut out, extra);
+    if let Some(r) = &extra.rlqs {
+        render_rlqs(&mut out, r);
+    }
     out
+}
+
+/// `sluice_rlqs_*`: the quota service's counters, table sizes, and the busiest buckets' demand
+/// and assignment.
+fn render_rlqs(out: &mut String, r: &RlqsGauges) {
+    for (stat, value) in &r.counters {
+        let name = format!("sluice_rlqs_{stat}_total");
+        header(
+            out,
+            &name,
+            "counter",
+            "Rate Limit Quota Service (see docs/rlqs.md).",
+        );
+        sample(out, &name, &[], *value);
+    }
+    for (stat, value) in &r.gauges {
+        let name = format!("sluice_rlqs_{stat}");
+        header(
+            out,
+            &name,
+            "gauge",
+            "Rate Limit Quota Service: open streams, buckets, Envoys' parts of them, bytes charged.",
+        );
+        sample(out, &name, &[], *value);
+    }
+    for (i, (name, help)) in [
+        ("sluice_rlqs_bucket_demand", "Requests per second Envoys attempted in a bucket (allowed and denied), for the busiest buckets."),
+        ("sluice_rlqs_bucket_assigned", "Requests per second assigned to Envoys in a bucket, for the busiest buckets."),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        header(out, name, "gauge", help);
+        for (bucket, demand, assigned) in &r.buckets {
+            let value = if i == 0 { demand } else { assigned };
+            sample(out, name, &[("bucket", bucket)], value);
+        }
+    }
 }
 
 /// `ratelimit_service_rate_limit_<stat>{domain, key1, key2}`, one family per stat.

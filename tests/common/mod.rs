@@ -43,6 +43,7 @@ pub fn default_options() -> AppOptions {
         grpc_connection_age: None,
         listener_limits: Default::default(),
         peer_tls: None,
+        quota: Default::default(),
     }
 }
 

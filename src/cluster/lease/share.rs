@@ -55,7 +55,42 @@ mod tests {
         assert_eq!(max_min_fair(7, &[]), Vec::<u64>::new());
     }
 
+    /// The reference: water-filling one unit at a time, each to the claimant with the least so
+    /// far among those still short of their demand (the definition of max-min fairness).
+    fn brute_force(capacity: u64, demands: &[u64]) -> Vec<u64> {
+        let mut out = vec![0u64; demands.len()];
+        for _ in 0..capacity {
+            let short = (0..demands.len())
+                .filter(|&i| out[i] < demands[i])
+                .min_by_key(|&i| out[i]);
+            match short {
+                Some(i) => out[i] += 1,
+                None => break,
+            }
+        }
+        out
+    }
+
     proptest! {
+        /// The same split as water-filling, up to which claimants get the remainder's units:
+        /// every claimant within one unit of the reference, and the same parts in all.
+        #[test]
+        fn matches_the_brute_force_reference(
+            capacity in 0u64..600,
+            demands in proptest::collection::vec(0u64..300, 0..12),
+        ) {
+            let fast = max_min_fair(capacity, &demands);
+            let slow = brute_force(capacity, &demands);
+            prop_assert_eq!(fast.iter().sum::<u64>(), slow.iter().sum::<u64>());
+            for i in 0..demands.len() {
+                prop_assert!(fast[i].abs_diff(slow[i]) <= 1, "{i}: {fast:?} vs {slow:?}");
+            }
+            let (mut f, mut s) = (fast.clone(), slow.clone());
+            f.sort_unstable();
+            s.sort_unstable();
+            prop_assert_eq!(f, s, "the same parts, whoever gets the remainder's units");
+        }
+
         #[test]
         fn never_more_than_asked_or_than_the_capacity_and_nothing_wasted(
             capacity in 0u64..10_000,

@@ -1,0 +1,180 @@
+//! The gRPC adapter of `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`, for Envoy's
+//! `rate_limit_quota` filter: decodes usage reports into [`crate::quota`]'s types and encodes its
+//! actions as bucket actions. One task per stream answers each report at once and sends what
+//! other streams' reports or the sweep pushed for it.
+//!
+//! A report naming no domain first, or another domain later, ends the stream with
+//! INVALID_ARGUMENT; a bucket that cannot be mapped (an empty or oversized id) is skipped and
+//! counted, and the stream goes on. Messages past SLUICE_MAX_REQUEST_BYTES are refused by the
+//! listener from their length prefix, as on ratelimit.v3.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    AbandonAction, BucketAction as Kind, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::{
+    RateLimitQuotaService, RateLimitQuotaServiceServer,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt32Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::descriptor::Entry;
+use crate::quota::{Action, Assignment, QuotaService, QuotaStream, Usage};
+
+type Reply = Result<RateLimitQuotaResponse, tonic::Status>;
+
+/// The service, for the gRPC routes.
+pub fn server(
+    service: Arc<QuotaService>,
+    max_request_bytes: usize,
+) -> RateLimitQuotaServiceServer<GrpcQuota> {
+    RateLimitQuotaServiceServer::new(GrpcQuota { service })
+        .max_decoding_message_size(max_request_bytes)
+}
+
+pub struct GrpcQuota {
+    service: Arc<QuotaService>,
+}
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for GrpcQuota {
+    type StreamRateLimitQuotasStream = ReceiverStream<Reply>;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: tonic::Request<tonic::Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<tonic::Response<Self::StreamRateLimitQuotasStream>, tonic::Status> {
+        // A few answers queued at most: a stream that does not read stops being answered
+        // until it does (its reports are not read meanwhile either).
+        let (tx, rx) = mpsc::channel(4);
+        let stream = self.service.open();
+        tokio::spawn(serve_stream(stream, request.into_inner(), tx));
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Answers one stream's reports and sends its pushes, until either side ends it.
+async fn serve_stream(
+    mut stream: QuotaStream,
+    mut reports: tonic::Streaming<RateLimitQuotaUsageReports>,
+    tx: mpsc::Sender<Reply>,
+) {
+    tracing::debug!(stream = stream.id(), "rlqs stream opened");
+    let end = loop {
+        let actions = tokio::select! {
+            message = reports.message() => match message {
+                Ok(Some(report)) => {
+                    let (domain, usages) = usages_from_proto(report);
+                    match stream.report(&domain, usages) {
+                        Ok(actions) => actions,
+                        Err(e) => break Some(tonic::Status::invalid_argument(e.to_string())),
+                    }
+                }
+                Ok(None) => break None,
+                Err(status) => break Some(status),
+            },
+            () = stream.woken() => stream.pending(),
+            () = tx.closed() => break None,
+        };
+        if actions.is_empty() {
+            continue;
+        }
+        if tx.send(Ok(response_to_proto(actions))).await.is_err() {
+            break None;
+        }
+    };
+    tracing::debug!(
+        stream = stream.id(),
+        domain = stream.domain().unwrap_or_default(),
+        status = ?end.as_ref().map(|s| s.code()),
+        "rlqs stream ended"
+    );
+    if let Some(status) = end
+        && status.code() == tonic::Code::InvalidArgument
+    {
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+/// The report's domain and its buckets' usages; a usage without a bucket id keeps an empty id
+/// (refused as malformed by the service, which counts it).
+fn usages_from_proto(report: RateLimitQuotaUsageReports) -> (String, Vec<Usage>) {
+    let usages = report
+        .bucket_quota_usages
+        .into_iter()
+        .map(|u| Usage {
+            id: u
+                .bucket_id
+                .map(|b| {
+                    b.bucket
+                        .into_iter()
+                        .map(|(key, value)| Entry { key, value })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            attempted: u.num_requests_allowed.saturating_add(u.num_requests_denied),
+        })
+        .collect();
+    (report.domain, usages)
+}
+
+fn response_to_proto(actions: Vec<Action>) -> RateLimitQuotaResponse {
+    RateLimitQuotaResponse {
+        bucket_action: actions.into_iter().map(action_to_proto).collect(),
+    }
+}
+
+fn action_to_proto(action: Action) -> BucketAction {
+    let bucket_id = Some(BucketId {
+        bucket: action
+            .id
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect(),
+    });
+    let strategy = match action.assignment {
+        Assignment::Abandon => {
+            return BucketAction {
+                bucket_id,
+                bucket_action: Some(Kind::AbandonAction(AbandonAction {})),
+            };
+        }
+        Assignment::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+        Assignment::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        Assignment::TokenBucket {
+            max_tokens,
+            tokens_per_fill,
+            fill_secs,
+        } => Strategy::TokenBucket(TokenBucket {
+            max_tokens,
+            tokens_per_fill: Some(UInt32Value {
+                value: tokens_per_fill,
+            }),
+            fill_interval: Some(seconds(fill_secs)),
+        }),
+    };
+    BucketAction {
+        bucket_id,
+        bucket_action: Some(Kind::QuotaAssignmentAction(QuotaAssignmentAction {
+            assignment_time_to_live: Some(seconds(action.ttl_secs)),
+            rate_limit_strategy: Some(RateLimitStrategy {
+                strategy: Some(strategy),
+            }),
+        })),
+    }
+}
+
+fn seconds(secs: u64) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(secs).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
+}

@@ -1,0 +1,250 @@
+//! One bucket's holders (the Envoys reporting it) and the split of its rate among them. Pure:
+//! times are passed in, nothing here does I/O or reads a clock.
+//!
+//! **Demand** is what an Envoy *attempted*: allowed plus denied requests per second over the
+//! time between its reports as this server received them (Ably's lesson: the admitted rate
+//! follows the assignment and would make shares oscillate). Envoy's own `time_elapsed` is in
+//! whole seconds and is not used. Samples are averaged with the previous estimate (half each);
+//! an Envoy not yet measured claims the whole rate, so a new Envoy gets an equal share at once.
+//!
+//! **The split** is max-min fair ([`crate::cluster::lease::share`], Doorman's algorithm) over
+//! claims of demand plus [`HEADROOM_PCT`], so an Envoy asking less than an equal share gets what
+//! it asks with room to grow; what nobody claims is spread equally over the live holders.
+//!
+//! **Stability.** Envoy starts a new, full token bucket whenever an assignment changes, so each
+//! change lets up to one burst through. A holder therefore keeps its assignment while the new
+//! fair part is within [`HYSTERESIS_PCT`] of it, unless keeping it would put the sum past the
+//! rate, in which case every kept part above its target comes down to it.
+//!
+//! **Bound.** The holders' assignments never sum past the rate: a holder whose stream ended keeps
+//! its assignment (its Envoy enforces it until it expires) and that part is reserved until
+//! then; the live holders split the rest.
+
+use std::sync::Arc;
+
+use super::assign::Rate;
+use crate::cluster::lease::share::max_min_fair;
+use crate::descriptor::Entry;
+
+/// An Envoy's claim is its demand plus this much (percent).
+pub const HEADROOM_PCT: u64 = 5;
+/// An assignment is kept while its fair part moves by at most this much (percent).
+pub const HYSTERESIS_PCT: u64 = 5;
+/// Reports closer together than this are added to the next sample (an Envoy sends a new
+/// bucket's first report at once, then the bucket with all the others on its timer).
+pub const MIN_SAMPLE_US: u64 = 250_000;
+
+/// One Envoy's part of a bucket.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Holder {
+    /// The stream the Envoy reports on.
+    pub stream: u64,
+    /// The bucket id as the Envoy sent it (entries in descriptor order), for its assignments.
+    pub id: Arc<[Entry]>,
+    /// Attempted requests per second, smoothed; `None` until a first sample.
+    pub demand: Option<f64>,
+    counted: u64,
+    since_us: u64,
+    /// Tokens per fill interval assigned (0: denied).
+    pub assigned: u64,
+    /// When the last assignment sent to the Envoy expires there.
+    pub expires_us: u64,
+    /// The stream ended: the assignment stays reserved until it expires, and claims nothing.
+    pub gone: bool,
+    /// Since when the Envoy has reported no attempt at all.
+    pub quiet_since_us: Option<u64>,
+}
+
+impl Holder {
+    pub fn new(stream: u64, id: Arc<[Entry]>, now_us: u64) -> Self {
+        Holder {
+            stream,
+            id,
+            demand: None,
+            counted: 0,
+            since_us: now_us,
+            assigned: 0,
+            expires_us: now_us,
+            gone: false,
+            quiet_since_us: None,
+        }
+    }
+
+    /// Counts a report of `attempted` requests (allowed plus denied) received at `now_us`.
+    pub fn report(&mut self, attempted: u64, now_us: u64) {
+        self.counted = self.counted.saturating_add(attempted);
+        if attempted == 0 {
+            self.quiet_since_us.get_or_insert(now_us);
+        } else {
+            self.quiet_since_us = None;
+        }
+        let elapsed = now_us.saturating_sub(self.since_us);
+        if elapsed < MIN_SAMPLE_US {
+            return;
+        }
+        let sample = self.counted as f64 * 1e6 / elapsed as f64;
+        self.demand = Some(match self.demand {
+            Some(d) => (d + sample) / 2.0,
+            None => sample,
+        });
+        self.counted = 0;
+        self.since_us = now_us;
+    }
+
+    /// Whether this holder is the Envoy on `stream` with bucket id `id`.
+    pub fn is(&self, stream: u64, id: &[Entry]) -> bool {
+        self.stream == stream && *self.id == *id
+    }
+}
+
+/// A bucket: its rate and its holders.
+#[derive(Clone, Debug)]
+pub struct Bucket {
+    pub rate: Rate,
+    pub holders: Vec<Holder>,
+}
+
+impl Bucket {
+    pub fn new(rate: Rate) -> Self {
+        Bucket {
+            rate,
+            holders: Vec::new(),
+        }
+    }
+
+    /// Takes a new rate (a config change), keeping each holder's requests per second, scaled
+    /// down in proportion when they no longer fit. A gone holder's Envoy keeps enforcing its old
+    /// assignment until it expires: a limit lowered by a reload holds from then on.
+    pub fn set_rate(&mut self, rate: Rate) {
+        if rate == self.rate {
+            return;
+        }
+        for h in &mut self.holders {
+            h.assigned = rate.tokens_for(self.rate.per_sec(h.assigned));
+        }
+        // A lower limit: every part shrinks in proportion, so they fit it.
+        let sum: u64 = self.holders.iter().map(|h| h.assigned).sum();
+        if sum > rate.tokens {
+            for h in &mut self.holders {
+                h.assigned =
+                    (u128::from(h.assigned) * u128::from(rate.tokens) / u128::from(sum)) as u64;
+            }
+        }
+        self.rate = rate;
+    }
+
+    pub fn position(&self, stream: u64, id: &[Entry]) -> Option<usize> {
+        self.holders.iter().position(|h| h.is(stream, id))
+    }
+
+    /// Splits the rate among the live holders; returns the holders whose assignment changed.
+    pub fn split(&mut self) -> Vec<usize> {
+        let reserved: u64 = self
+            .holders
+            .iter()
+            .filter(|h| h.gone)
+            .map(|h| h.assigned)
+            .sum();
+        let capacity = self.rate.tokens.saturating_sub(reserved);
+        let live: Vec<usize> = (0..self.holders.len())
+            .filter(|&i| !self.holders[i].gone)
+            .collect();
+        let claims: Vec<u64> = live.iter().map(|&i| self.claim(&self.holders[i])).collect();
+        let mut targets = max_min_fair(capacity, &claims);
+        spread(&mut targets, capacity);
+        let mut parts: Vec<u64> = live
+            .iter()
+            .zip(&targets)
+            .map(|(&i, &t)| steady(self.holders[i].assigned, t))
+            .collect();
+        if parts.iter().sum::<u64>() > capacity {
+            for (p, &t) in parts.iter_mut().zip(&targets) {
+                *p = (*p).min(t);
+            }
+        }
+        let mut changed = Vec::new();
+        for (&i, &p) in live.iter().zip(&parts) {
+            if self.holders[i].assigned != p {
+                self.holders[i].assigned = p;
+                changed.push(i);
+            }
+        }
+        changed
+    }
+
+    /// A holder's claim in tokens per fill interval: its demand plus the headroom, or the whole
+    /// rate before it is measured.
+    fn claim(&self, h: &Holder) -> u64 {
+        match h.demand {
+            None => self.rate.tokens,
+            Some(d) => self
+                .rate
+                .tokens_for(d * (100 + HEADROOM_PCT) as f64 / 100.0),
+        }
+    }
+
+    /// Removes the holders whose assignment expired by `now_us` (streams ended, or buckets
+    /// their Envoy no longer reports), and those quiet since `quiet_before_us` or earlier;
+    /// returns the latter (they are told to abandon the bucket).
+    pub fn remove_stale(&mut self, now_us: u64, quiet_before_us: u64) -> (usize, Vec<Holder>) {
+        let before = self.holders.len();
+        self.holders.retain(|h| h.expires_us > now_us);
+        let expired = before - self.holders.len();
+        let mut quiet = Vec::new();
+        let mut i = 0;
+        while i < self.holders.len() {
+            let h = &self.holders[i];
+            if !h.gone && h.quiet_since_us.is_some_and(|q| q <= quiet_before_us) {
+                quiet.push(self.holders.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        (expired, quiet)
+    }
+
+    /// The sum of the assignments, in tokens per fill interval.
+    pub fn assigned(&self) -> u64 {
+        self.holders.iter().map(|h| h.assigned).sum()
+    }
+
+    /// The live holders' demand, in requests per second.
+    pub fn demand(&self) -> f64 {
+        self.holders
+            .iter()
+            .filter(|h| !h.gone)
+            .filter_map(|h| h.demand)
+            .sum()
+    }
+}
+
+/// Gives what the targets leave of `capacity` to all of them equally (the remainder's units to
+/// the first).
+fn spread(targets: &mut [u64], capacity: u64) {
+    let n = targets.len() as u64;
+    let left = capacity.saturating_sub(targets.iter().sum());
+    if n == 0 || left == 0 {
+        return;
+    }
+    let (each, extra) = (left / n, left % n);
+    for (j, t) in targets.iter_mut().enumerate() {
+        *t += each + u64::from((j as u64) < extra);
+    }
+}
+
+/// The part a holder gets: its current one while the target is within [`HYSTERESIS_PCT`] of it,
+/// else the target. A holder with nothing, or a target of nothing, always moves.
+fn steady(current: u64, target: u64) -> u64 {
+    if current == 0 || target == 0 {
+        return target;
+    }
+    let moved = current.abs_diff(target);
+    if u128::from(moved) * 100 <= u128::from(current) * u128::from(HYSTERESIS_PCT) {
+        current
+    } else {
+        target
+    }
+}
+
+#[cfg(test)]
+mod tests;

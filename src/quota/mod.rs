@@ -1,0 +1,650 @@
+//! The Rate Limit Quota Service's state (`envoy.service.rate_limit_quota.v3`, for Envoy's
+//! `rate_limit_quota` filter), free of protocol types: [`crate::api::rlqs`] decodes the streams.
+//!
+//! Envoy sorts requests into buckets, enforces each bucket's assignment locally, and reports
+//! every bucket's usage (allowed and denied requests) on one stream per reporting interval.
+//! This module maps a bucket to the same YAML as ratelimit.v3 (the stream's domain, and one
+//! descriptor of the bucket id's entries, keys in [`KeyOrder`]), splits a limited bucket's rate
+//! among every Envoy reporting it ([`bucket`]: max-min fair on attempted demand), and says what
+//! to send each Envoy ([`assign`]: a token bucket or a blanket rule, with a time to live).
+//!
+//! - A report is answered at once with an assignment for every bucket it names; a change to
+//!   another Envoy's part is pushed on that Envoy's stream ([`QuotaStream::pending`]).
+//! - An Envoy whose stream ends keeps its part reserved until its assignment expires; the sweep
+//!   ([`QuotaService::sweep`]) then frees it and pushes the larger parts to the others. A bucket
+//!   an Envoy has reported no attempt for in SLUICE_RLQS_ABANDON_IDLE_SECS is abandoned
+//!   (Envoy forgets it, and reports it again with its next request).
+//! - Memory is bounded by SLUICE_RLQS_MAX_BYTES: each bucket and each holder is charged its
+//!   key or bucket id plus a fixed overhead; past it a new bucket gets no assignment (Envoy
+//!   applies its `no_assignment_behavior`) and is counted as refused.
+
+pub mod assign;
+pub mod bucket;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+pub use assign::{Assignment, Policy, Rate};
+use bucket::{Bucket, Holder};
+
+use crate::clock::Clock;
+use crate::config::ConfigHandle;
+use crate::descriptor::Entry;
+use crate::service::{counter_key_len, write_counter_key};
+
+/// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings: above
+/// what the structures take (the map entry, the rate, the holder's counters and `Arc`).
+pub const BUCKET_CHARGE: usize = 192;
+pub const HOLDER_CHARGE: usize = 160;
+
+/// How the bucket id's entries are ordered into a descriptor: keys named in SLUICE_RLQS_KEY_ORDER
+/// first, in that order, then the others sorted bytewise.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyOrder(Vec<String>);
+
+impl KeyOrder {
+    pub fn new(keys: Vec<String>) -> Self {
+        KeyOrder(keys)
+    }
+
+    pub fn keys(&self) -> &[String] {
+        &self.0
+    }
+
+    /// Sorts `entries` into descriptor order.
+    pub fn sort(&self, entries: &mut [Entry]) {
+        let rank = |k: &str| self.0.iter().position(|o| o == k).unwrap_or(self.0.len());
+        entries.sort_by(|a, b| {
+            rank(&a.key)
+                .cmp(&rank(&b.key))
+                .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
+        });
+    }
+}
+
+/// The service's settings (SLUICE_RLQS_*), and the caps it shares with ratelimit.v3.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaOptions {
+    /// SLUICE_RLQS_ASSIGNMENT_TTL_SECS: the shortest time to live of an assignment; it is
+    /// lengthened to twice a stream's reporting interval when that is longer.
+    pub ttl: Duration,
+    /// SLUICE_RLQS_ABANDON_IDLE_SECS: a bucket an Envoy has reported no attempt for this long is
+    /// abandoned.
+    pub abandon_idle: Duration,
+    /// SLUICE_RLQS_MAX_BYTES: the memory the buckets and holders may take.
+    pub max_bytes: usize,
+    pub key_order: KeyOrder,
+    /// SHADOW_MODE: every bucket is allowed.
+    pub shadow_mode: bool,
+    /// SLUICE_MAX_ENTRIES and SLUICE_MAX_KEY_BYTES: a bucket id past either is refused as a
+    /// request's descriptor would be.
+    pub max_entries: usize,
+    pub max_key_bytes: usize,
+}
+
+impl Default for QuotaOptions {
+    fn default() -> Self {
+        QuotaOptions {
+            ttl: Duration::from_secs(10),
+            abandon_idle: Duration::from_secs(300),
+            max_bytes: 32 << 20,
+            key_order: KeyOrder::default(),
+            shadow_mode: false,
+            max_entries: 32,
+            max_key_bytes: 4096,
+        }
+    }
+}
+
+/// One bucket's usage in a report: its id (entries in any order) and the requests attempted
+/// (allowed plus denied) since the Envoy's previous report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub id: Vec<Entry>,
+    pub attempted: u64,
+}
+
+/// What to send an Envoy about one bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Action {
+    /// The bucket id as the Envoy sent it.
+    pub id: Arc<[Entry]>,
+    pub assignment: Assignment,
+    /// Whole seconds (Envoy reads only the seconds); unused for [`Assignment::Abandon`].
+    pub ttl_secs: u64,
+}
+
+/// Why a stream is ended.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum StreamError {
+    #[error("the first usage report of a stream must name its domain")]
+    NoDomain,
+    #[error("a stream reports for one domain: it began with {first:?}, then named {then:?}")]
+    DomainChanged { first: String, then: String },
+}
+
+/// The service's counters, for `/metrics` and `/stats`.
+#[derive(Debug, Default)]
+pub struct QuotaCounters {
+    pub reports: AtomicU64,
+    pub assignments: AtomicU64,
+    pub pushed: AtomicU64,
+    pub malformed: AtomicU64,
+    pub refused: AtomicU64,
+    pub abandoned: AtomicU64,
+    pub expired: AtomicU64,
+}
+
+/// What a stream is told to do about one of its buckets when it is not reporting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Push {
+    /// Its current part changed.
+    Current,
+    Abandon,
+}
+
+/// The part of a stream other streams' reports and the sweep reach: what to push to it.
+#[derive(Debug, Default)]
+struct Outbox {
+    /// The bucket ids it holds a part of, with their bucket's key.
+    held: Mutex<HashMap<Arc<[Entry]>, Box<str>>>,
+    /// What to push, one entry per bucket id (a newer push replaces an older one).
+    pending: Mutex<HashMap<Arc<[Entry]>, Push>>,
+    wake: tokio::sync::Notify,
+}
+
+/// The buckets and the streams of this node.
+pub struct QuotaService {
+    config: ConfigHandle,
+    clock: Arc<dyn Clock>,
+    options: QuotaOptions,
+    buckets: DashMap<Box<str>, Bucket, foldhash::fast::RandomState>,
+    streams: DashMap<u64, Arc<Outbox>, foldhash::fast::RandomState>,
+    next_stream: AtomicU64,
+    bytes: AtomicUsize,
+    pub counters: QuotaCounters,
+}
+
+impl QuotaService {
+    pub fn new(config: ConfigHandle, clock: Arc<dyn Clock>, options: QuotaOptions) -> Self {
+        QuotaService {
+            config,
+            clock,
+            options,
+            buckets: DashMap::default(),
+            streams: DashMap::default(),
+            next_stream: AtomicU64::new(1),
+            bytes: AtomicUsize::new(0),
+            counters: QuotaCounters::default(),
+        }
+    }
+
+    pub fn options(&self) -> &QuotaOptions {
+        &self.options
+    }
+
+    /// A new stream; it closes when the returned value is dropped.
+    pub fn open(self: &Arc<Self>) -> QuotaStream {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let outbox = Arc::new(Outbox::default());
+        self.streams.insert(id, outbox.clone());
+        QuotaStream {
+            service: self.clone(),
+            id,
+            outbox,
+            domain: None,
+            last_report_us: None,
+            interval_us: 0,
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        self.clock.now().micros()
+    }
+
+    /// Charges `bytes` against SLUICE_RLQS_MAX_BYTES; false (nothing charged) past it.
+    fn charge(&self, bytes: usize) -> bool {
+        self.bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                b.checked_add(bytes)
+                    .filter(|&n| n <= self.options.max_bytes)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: usize) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    /// Tells `stream` to push `push` for bucket `id`.
+    fn push(&self, stream: u64, id: Arc<[Entry]>, push: Push) {
+        if let Some(outbox) = self.streams.get(&stream) {
+            lock(&outbox.pending).insert(id, push);
+            outbox.wake.notify_one();
+        }
+    }
+
+    /// The assignment for `stream`'s part of the bucket at `key`, after counting its report
+    /// of `attempted` requests; `None` when the bucket cannot be held (SLUICE_RLQS_MAX_BYTES).
+    /// The other holders whose parts changed are told to push theirs.
+    fn hold(
+        &self,
+        (stream, ttl_secs): (u64, u64),
+        (key, id): (&str, &Arc<[Entry]>),
+        rate: Rate,
+        attempted: u64,
+    ) -> Option<Assignment> {
+        let now = self.now_us();
+        let mut bucket = match self.buckets.get_mut(key) {
+            Some(b) => b,
+            // Charged only by the call that inserts it.
+            None => match self.buckets.entry(key.into()) {
+                dashmap::Entry::Occupied(e) => e.into_ref(),
+                dashmap::Entry::Vacant(v) => {
+                    if !self.charge(BUCKET_CHARGE + key.len()) {
+                        return None;
+                    }
+                    v.insert(Bucket::new(rate))
+                }
+            },
+        };
+        bucket.set_rate(rate);
+        let at = match bucket.position(stream, id) {
+            Some(at) => {
+                bucket.holders[at].report(attempted, now);
+                at
+            }
+            // A new holder's first report starts its first sample: what it counts happened
+            // before (the request that made Envoy create the bucket, or a previous stream's).
+            None => {
+                if !self.charge(holder_charge(id)) {
+                    return None;
+                }
+                bucket.holders.push(Holder::new(stream, id.clone(), now));
+                bucket.holders.len() - 1
+            }
+        };
+        let changed = bucket.split();
+        bucket.holders[at].expires_us = now + ttl_secs * 1_000_000;
+        let assignment = bucket.rate.assignment(bucket.holders[at].assigned);
+        let others: Vec<(u64, Arc<[Entry]>)> = changed
+            .into_iter()
+            .filter(|&i| i != at)
+            .map(|i| (bucket.holders[i].stream, bucket.holders[i].id.clone()))
+            .collect();
+        drop(bucket);
+        for (s, id) in others {
+            self.push(s, id, Push::Current);
+        }
+        Some(assignment)
+    }
+
+    /// Removes `stream`'s part of the bucket at `key`, if any (the bucket's rule changed to a
+    /// blanket one).
+    fn drop_holder(&self, stream: u64, key: &str, id: &[Entry]) {
+        if let Some(mut bucket) = self.buckets.get_mut(key)
+            && let Some(at) = bucket.position(stream, id)
+        {
+            bucket.holders.swap_remove(at);
+            self.release(holder_charge(id));
+        }
+    }
+
+    /// `stream`'s current assignment for bucket `id` held at `key` (a push), refreshing its
+    /// time to live.
+    fn current(&self, stream: u64, key: &str, id: &[Entry], ttl_secs: u64) -> Option<Assignment> {
+        let mut bucket = self.buckets.get_mut(key)?;
+        let at = bucket.position(stream, id)?;
+        let now = self.now_us();
+        let holder = &mut bucket.holders[at];
+        holder.expires_us = now + ttl_secs * 1_000_000;
+        let assigned = holder.assigned;
+        Some(bucket.rate.assignment(assigned))
+    }
+
+    /// A stream ended: its parts stay reserved until they expire.
+    fn close(&self, stream: u64, outbox: &Outbox) {
+        self.streams.remove(&stream);
+        let held = std::mem::take(&mut *lock(&outbox.held));
+        for (id, key) in held {
+            if let Some(mut bucket) = self.buckets.get_mut(&key)
+                && let Some(at) = bucket.position(stream, &id)
+            {
+                bucket.holders[at].gone = true;
+            }
+        }
+    }
+
+    /// Frees expired parts and abandons quiet buckets; the holders whose parts grew are told to
+    /// push them. Run every second by the app.
+    pub fn sweep(&self) {
+        let now = self.now_us();
+        let idle = u64::try_from(self.options.abandon_idle.as_micros()).unwrap_or(u64::MAX);
+        let quiet_before = now.saturating_sub(idle);
+        let mut pushes = Vec::new();
+        let mut freed = 0usize;
+        self.buckets.retain(|key, bucket| {
+            let before: Vec<usize> = bucket
+                .holders
+                .iter()
+                .map(|h| holder_charge(&h.id))
+                .collect();
+            let (expired, quiet) = bucket.remove_stale(now, quiet_before);
+            if expired == 0 && quiet.is_empty() {
+                if bucket.holders.is_empty() {
+                    // Its last holder was dropped by a report (its rule became a blanket one).
+                    freed += BUCKET_CHARGE + key.len();
+                    return false;
+                }
+                return true;
+            }
+            self.counters
+                .expired
+                .fetch_add(expired as u64, Ordering::Relaxed);
+            let after: usize = bucket.holders.iter().map(|h| holder_charge(&h.id)).sum();
+            freed += before.iter().sum::<usize>() - after;
+            for h in quiet {
+                pushes.push((h.stream, h.id, Push::Abandon, key.clone()));
+            }
+            for i in bucket.split() {
+                let h = &bucket.holders[i];
+                pushes.push((h.stream, h.id.clone(), Push::Current, key.clone()));
+            }
+            if bucket.holders.is_empty() {
+                freed += BUCKET_CHARGE + key.len();
+                return false;
+            }
+            true
+        });
+        self.release(freed);
+        for (stream, id, push, _) in pushes {
+            if push == Push::Abandon {
+                if let Some(outbox) = self.streams.get(&stream) {
+                    lock(&outbox.held).remove(&id);
+                }
+                self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            }
+            self.push(stream, id, push);
+        }
+    }
+
+    /// The numbers for `/metrics`: streams, buckets, holders, bytes.
+    pub fn gauges(&self) -> QuotaGauges {
+        let mut holders = 0;
+        for b in self.buckets.iter() {
+            holders += b.holders.len();
+        }
+        QuotaGauges {
+            streams: self.streams.len(),
+            buckets: self.buckets.len(),
+            holders,
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The `n` buckets with the highest demand: (key, demand and assigned requests per second,
+    /// holders), for `/metrics` and `/debug/rlqs`.
+    pub fn top(&self, n: usize) -> Vec<BucketView> {
+        let mut all: Vec<BucketView> = self
+            .buckets
+            .iter()
+            .map(|b| BucketView::of(b.key(), &b))
+            .collect();
+        all.sort_by(|a, b| b.demand.total_cmp(&a.demand).then(a.key.cmp(&b.key)));
+        all.truncate(n);
+        all
+    }
+
+    /// One bucket by its key (`domain_key_value_...`), for `/debug/rlqs?key=`.
+    pub fn bucket(&self, key: &str) -> Option<BucketView> {
+        self.buckets.get(key).map(|b| BucketView::of(key, &b))
+    }
+}
+
+/// Table sizes, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuotaGauges {
+    pub streams: usize,
+    pub buckets: usize,
+    pub holders: usize,
+    pub bytes: usize,
+}
+
+/// One bucket as `/debug/rlqs` shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct BucketView {
+    pub key: String,
+    /// The whole limit, requests per second, and its burst.
+    pub rate: f64,
+    pub burst: u64,
+    /// Attempted requests per second, over the live holders.
+    pub demand: f64,
+    /// Assigned requests per second, gone holders included.
+    pub assigned: f64,
+    pub holders: Vec<HolderView>,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct HolderView {
+    pub stream: u64,
+    pub demand: Option<f64>,
+    pub assigned: f64,
+    pub expires_unix_ms: u64,
+    pub gone: bool,
+}
+
+impl BucketView {
+    fn of(key: &str, b: &Bucket) -> Self {
+        BucketView {
+            key: key.to_owned(),
+            rate: b.rate.per_sec(b.rate.tokens),
+            burst: b.rate.burst,
+            demand: b.demand(),
+            assigned: b.rate.per_sec(b.assigned()),
+            holders: b
+                .holders
+                .iter()
+                .map(|h| HolderView {
+                    stream: h.stream,
+                    demand: h.demand,
+                    assigned: b.rate.per_sec(h.assigned),
+                    expires_unix_ms: h.expires_us / 1_000,
+                    gone: h.gone,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn holder_charge(id: &[Entry]) -> usize {
+    HOLDER_CHARGE
+        + id.iter()
+            .map(|e| e.key.len() + e.value.len() + 2 * std::mem::size_of::<String>())
+            .sum::<usize>()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means another stream's task panicked; the map is still whole.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One Envoy's stream: its domain, its reporting interval, and its outbox. Dropping it closes
+/// the stream (its parts stay reserved until they expire).
+pub struct QuotaStream {
+    service: Arc<QuotaService>,
+    id: u64,
+    outbox: Arc<Outbox>,
+    domain: Option<String>,
+    last_report_us: Option<u64>,
+    /// The time between its last two reports (0 until known).
+    interval_us: u64,
+}
+
+impl Drop for QuotaStream {
+    fn drop(&mut self) {
+        self.service.close(self.id, &self.outbox);
+    }
+}
+
+impl QuotaStream {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn domain(&self) -> Option<&str> {
+        self.domain.as_deref()
+    }
+
+    /// Resolves when something is waiting in [`QuotaStream::pending`].
+    pub async fn woken(&self) {
+        self.outbox.wake.notified().await;
+    }
+
+    /// The time to live of this stream's assignments: SLUICE_RLQS_ASSIGNMENT_TTL_SECS, or twice
+    /// its reporting interval when that is longer, so an assignment outlives a late report.
+    fn ttl_secs(&self) -> u64 {
+        let base = self.service.options.ttl.as_secs().max(1);
+        base.max((2 * self.interval_us).div_ceil(1_000_000))
+    }
+
+    /// Answers one usage report: an action for every well-formed bucket it names (a bucket id
+    /// that is empty or past the caps is skipped and counted). Nothing when no config is loaded
+    /// (Envoy keeps its `no_assignment_behavior`).
+    pub fn report(&mut self, domain: &str, usages: Vec<Usage>) -> Result<Vec<Action>, StreamError> {
+        self.check_domain(domain)?;
+        let service = self.service.clone();
+        service.counters.reports.fetch_add(1, Ordering::Relaxed);
+        let now = service.now_us();
+        if let Some(last) = self.last_report_us.replace(now) {
+            let gap = now.saturating_sub(last);
+            if gap >= bucket::MIN_SAMPLE_US {
+                self.interval_us = gap;
+            }
+        }
+        let Some(config) = service.config.current() else {
+            return Ok(Vec::new());
+        };
+        let domain = config.domain(self.domain.as_deref().unwrap_or_default());
+        let ttl_secs = self.ttl_secs();
+        let mut actions = Vec::with_capacity(usages.len());
+        let mut key = String::new();
+        for mut usage in usages {
+            if !self.well_formed(&usage.id) {
+                service.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            service.options.key_order.sort(&mut usage.id);
+            let matched = domain.and_then(|d| d.lookup(&usage.id));
+            let policy = Policy::of(
+                matched.as_ref().map(|m| m.limit),
+                service.options.shadow_mode,
+            );
+            key.clear();
+            let shared = matched.as_ref().map_or(&[][..], |m| &m.shared_values[..]);
+            write_counter_key(
+                &mut key,
+                "",
+                self.domain.as_deref().unwrap_or_default(),
+                &usage.id,
+                shared,
+            );
+            let id: Arc<[Entry]> = usage.id.into();
+            let assignment = match policy {
+                Policy::AllowAll | Policy::DenyAll => {
+                    service.drop_holder(self.id, &key, &id);
+                    lock(&self.outbox.held).remove(&id);
+                    if policy == Policy::AllowAll {
+                        Assignment::AllowAll
+                    } else {
+                        Assignment::DenyAll
+                    }
+                }
+                Policy::Split(rate) => {
+                    let Some(a) =
+                        service.hold((self.id, ttl_secs), (&key, &id), rate, usage.attempted)
+                    else {
+                        service.counters.refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    };
+                    lock(&self.outbox.held).insert(id.clone(), key.as_str().into());
+                    a
+                }
+            };
+            actions.push(Action {
+                id,
+                assignment,
+                ttl_secs,
+            });
+        }
+        service
+            .counters
+            .assignments
+            .fetch_add(actions.len() as u64, Ordering::Relaxed);
+        Ok(actions)
+    }
+
+    fn check_domain(&mut self, domain: &str) -> Result<(), StreamError> {
+        match &self.domain {
+            None if domain.is_empty() => Err(StreamError::NoDomain),
+            None => {
+                self.domain = Some(domain.to_owned());
+                Ok(())
+            }
+            Some(first) if !domain.is_empty() && domain != first => {
+                Err(StreamError::DomainChanged {
+                    first: first.clone(),
+                    then: domain.to_owned(),
+                })
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// A bucket id Sluice can map: not empty, no empty key, within SLUICE_MAX_ENTRIES and its
+    /// counter key within SLUICE_MAX_KEY_BYTES.
+    fn well_formed(&self, id: &[Entry]) -> bool {
+        let o = &self.service.options;
+        let domain = self.domain.as_deref().unwrap_or_default();
+        !id.is_empty()
+            && id.len() <= o.max_entries
+            && id.iter().all(|e| !e.key.is_empty())
+            && counter_key_len("", domain, id, &[]) <= o.max_key_bytes
+    }
+
+    /// What other streams' reports and the sweep changed for this stream: its new parts (each
+    /// with a fresh time to live) and the buckets to abandon.
+    pub fn pending(&mut self) -> Vec<Action> {
+        let pending = std::mem::take(&mut *lock(&self.outbox.pending));
+        let ttl_secs = self.ttl_secs();
+        let mut actions = Vec::with_capacity(pending.len());
+        for (id, push) in pending {
+            let assignment = match push {
+                Push::Abandon => Assignment::Abandon,
+                Push::Current => {
+                    let key = lock(&self.outbox.held).get(&id).cloned();
+                    let current =
+                        key.and_then(|k| self.service.current(self.id, &k, &id, ttl_secs));
+                    let Some(a) = current else { continue };
+                    a
+                }
+            };
+            actions.push(Action {
+                id,
+                assignment,
+                ttl_secs,
+            });
+        }
+        self.service
+            .counters
+            .pushed
+            .fetch_add(actions.len() as u64, Ordering::Relaxed);
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests;
