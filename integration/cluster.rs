@@ -750,6 +750,14 @@ mod peer_versions {
         ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
             self.refuse(request.get_ref().protocol_version)
         }
+
+        async fn quota(
+            &self,
+            request: tonic::Request<sluice::cluster::peer::wire::QuotaRequest>,
+        ) -> Result<tonic::Response<sluice::cluster::peer::wire::QuotaResponse>, tonic::Status>
+        {
+            self.refuse(request.get_ref().protocol_version)
+        }
     }
 
     impl NextVersion {

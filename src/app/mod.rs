@@ -243,7 +243,6 @@ impl App {
                     clock.clone(),
                 )
                 .map_err(|message| StoreError::Backend { message })?;
-                peer_server = Some(PeerServer::new(store.owner().clone(), clock.clone()));
                 AnyStore::Cluster(store)
             }
         });
@@ -258,11 +257,18 @@ impl App {
             None => (Tracer::disabled(), None),
         };
         let telemetry = Arc::new(DecisionTelemetry::new(stats, Arc::new(tracer)));
-        let quota = Arc::new(QuotaService::new(
-            config.clone(),
-            clock.clone(),
-            options.quota.clone(),
-        ));
+        let mut quota = QuotaService::new(config.clone(), clock.clone(), options.quota.clone());
+        if let AnyStore::Cluster(cluster) = &*store {
+            quota = quota.with_peers(cluster.quota_peers(clock.clone()));
+        }
+        let quota = Arc::new(quota);
+        if let AnyStore::Cluster(cluster) = &*store {
+            peer_server = Some(PeerServer::new(
+                cluster.owner().clone(),
+                clock.clone(),
+                Some(quota.clone()),
+            ));
+        }
         let service = Arc::new(
             RateLimitService::new(
                 config.clone(),
@@ -406,7 +412,7 @@ impl App {
             (service, health.clone(), debug_state),
             &stop,
         );
-        servers.push(("RLQS sweep", tokio::spawn(sweep_quota(quota, stop.wait()))));
+        servers.extend(spawn_quota(quota, &stop));
         Running {
             health,
             shutdown_delay: options.shutdown_delay,
@@ -463,6 +469,20 @@ fn spawn_servers(
             "debug",
             tokio::spawn(debug_port.serve(debug, api::debug::router(debug_state), stop.wait())),
         ),
+    ]
+}
+
+/// The quota service's tasks: the sweep, and with peers the sync with its buckets' owners.
+fn spawn_quota(
+    quota: Arc<QuotaService>,
+    stop: &StopSignal,
+) -> [(&'static str, tokio::task::JoinHandle<()>); 2] {
+    [
+        (
+            "RLQS sync",
+            tokio::spawn(quota.clone().run_sync(stop.wait())),
+        ),
+        ("RLQS sweep", tokio::spawn(sweep_quota(quota, stop.wait()))),
     ]
 }
 
