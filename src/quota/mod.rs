@@ -34,7 +34,7 @@ use bucket::{Bucket, Holder};
 pub use remote::{QuotaPeers, SyncBucket, SyncHolder};
 
 use crate::clock::Clock;
-use crate::config::ConfigHandle;
+use crate::config::{ConfigHandle, RateLimitConfig};
 use crate::descriptor::Entry;
 use crate::service::{counter_key_len, write_counter_key};
 
@@ -66,6 +66,43 @@ impl KeyOrder {
                 .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
         });
     }
+}
+
+/// The limits of `config` no `rate_limit_quota` bucket can reach, one line each naming the
+/// limit and why: a bucket id has each key once, and its entries become a descriptor in `order`,
+/// so a path that repeats a key, or whose keys are in another order, never matches a bucket.
+/// (ratelimit.v3 requests still reach them: `check-config --rlqs` reports, it does not refuse.)
+pub fn unreachable_by_buckets(config: &RateLimitConfig, order: &KeyOrder) -> Vec<String> {
+    let mut out = Vec::new();
+    for domain in config.domains() {
+        for (keys, limit) in domain.key_paths() {
+            let repeated = keys
+                .iter()
+                .enumerate()
+                .find(|(i, k)| keys[..*i].contains(k))
+                .map(|(_, k)| *k);
+            if let Some(k) = repeated {
+                out.push(format!(
+                    "{}: no rate_limit_quota bucket reaches it: key {k:?} appears twice on its path, and a bucket id has each key once",
+                    limit.full_key
+                ));
+                continue;
+            }
+            let mut sorted: Vec<Entry> = keys.iter().map(|k| Entry::new(*k, "")).collect();
+            order.sort(&mut sorted);
+            if sorted.iter().zip(&keys).any(|(e, k)| e.key != *k) {
+                let want: Vec<&str> = sorted.iter().map(|e| e.key.as_str()).collect();
+                out.push(format!(
+                    "{}: no rate_limit_quota bucket reaches it: its keys are nested as {}, and a bucket's entries become a descriptor as {} (keys sorted bytewise after SLUICE_RLQS_KEY_ORDER)",
+                    limit.full_key,
+                    keys.join(" > "),
+                    want.join(" > ")
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The service's settings (SLUICE_RLQS_*), and the caps it shares with ratelimit.v3.
