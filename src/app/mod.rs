@@ -410,6 +410,11 @@ impl App {
             (grpc, http, debug),
             (listeners.grpc, listeners.http, listeners.debug),
             (service, health.clone(), debug_state),
+            api::rlqs::server(
+                quota.clone(),
+                telemetry.tracer().clone(),
+                options.max_request_bytes,
+            ),
             &stop,
         );
         servers.extend(spawn_quota(quota, &stop));
@@ -437,7 +442,8 @@ impl App {
     }
 }
 
-/// The client-facing listeners' servers: gRPC, HTTP and debug.
+/// The client-facing listeners' servers: gRPC (ratelimit.v3, health, and the Rate Limit Quota
+/// Service), HTTP and debug.
 fn spawn_servers(
     options: &AppOptions,
     (grpc_port, http_port, debug_port): (net::Port, net::Port, net::Port),
@@ -447,14 +453,11 @@ fn spawn_servers(
         Arc<Health>,
         api::debug::DebugState,
     ),
+    rlqs: api::rlqs::Server,
     stop: &StopSignal,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
-    let quota = debug_state.quota.clone();
-    let mut grpc_routes =
-        api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
-    if let Some(quota) = quota {
-        grpc_routes = grpc_routes.add_service(api::rlqs::server(quota, options.max_request_bytes));
-    }
+    let grpc_routes = api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes)
+        .add_service(rlqs);
     let http_router = api::http::router(service, health, options.max_request_bytes);
     vec![
         (
