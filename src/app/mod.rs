@@ -410,11 +410,7 @@ impl App {
             (grpc, http, debug),
             (listeners.grpc, listeners.http, listeners.debug),
             (service, health.clone(), debug_state),
-            api::rlqs::server(
-                quota.clone(),
-                telemetry.tracer().clone(),
-                options.max_request_bytes,
-            ),
+            (quota.clone(), telemetry.tracer().clone()),
             &stop,
         );
         servers.extend(spawn_quota(quota, &stop));
@@ -453,9 +449,10 @@ fn spawn_servers(
         Arc<Health>,
         api::debug::DebugState,
     ),
-    rlqs: api::rlqs::Server,
+    (quota, tracer): (Arc<QuotaService>, Arc<Tracer>),
     stop: &StopSignal,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
+    let rlqs = api::rlqs::server(quota, tracer, options.max_request_bytes);
     let grpc_routes = api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes)
         .add_service(rlqs);
     let http_router = api::http::router(service, health, options.max_request_bytes);
