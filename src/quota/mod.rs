@@ -38,10 +38,13 @@ use crate::config::{ConfigHandle, RateLimitConfig};
 use crate::descriptor::Entry;
 use crate::service::{counter_key_len, write_counter_key};
 
-/// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings: above
-/// what the structures take (the map entry, the rate, the holder's counters and `Arc`).
+/// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings (and
+/// 48 per entry): above what they take, measured with `cargo run --release --example
+/// rlqs_memory -- 100000 3` (docs/rlqs.md): the map entry and rate; the holder, its shared id,
+/// its stream's record of it, and the allocator's share of the holders' vector growing by one.
 pub const BUCKET_CHARGE: usize = 192;
-pub const HOLDER_CHARGE: usize = 160;
+pub const HOLDER_CHARGE: usize = 384;
+pub const ENTRY_CHARGE: usize = 48;
 
 /// How the bucket id's entries are ordered into a descriptor: keys named in SLUICE_RLQS_KEY_ORDER
 /// first, in that order, then the others sorted bytewise.
@@ -340,6 +343,7 @@ impl QuotaService {
                 }
                 let mut holder = Holder::new(stream, id.clone(), now);
                 holder.confirmed = !remote;
+                bucket.holders.reserve_exact(1);
                 bucket.holders.push(holder);
                 bucket.holders.len() - 1
             }
@@ -564,7 +568,7 @@ fn local_holders(bucket: &Bucket, which: impl Iterator<Item = usize>) -> Vec<(u6
 fn holder_charge(id: &[Entry]) -> usize {
     HOLDER_CHARGE
         + id.iter()
-            .map(|e| e.key.len() + e.value.len() + 2 * std::mem::size_of::<String>())
+            .map(|e| e.key.len() + e.value.len() + ENTRY_CHARGE)
             .sum::<usize>()
 }
 

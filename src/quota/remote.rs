@@ -196,6 +196,7 @@ impl QuotaService {
                         }
                         let id: Arc<[Entry]> = s.id.clone().into();
                         let assigned = s.assigned.min(bucket.rate.tokens);
+                        bucket.holders.reserve_exact(1);
                         bucket.holders.push(Holder::remote(
                             node.clone(),
                             s.stream,
