@@ -387,33 +387,24 @@ impl App {
             budget: Some(ports.budget.clone()),
             quota: Some(quota.clone()),
         };
-        let Ports {
-            grpc,
-            http,
-            debug,
-            prometheus,
-            peer,
-            ..
-        } = ports;
         let mut after_drain = vec![health.follow()];
         after_drain.extend(spawn_after_drain(
             &options,
-            (peer, prometheus),
+            (ports.peer, ports.prometheus),
             &debug_state,
             (peer_server, listeners.peer, listeners.prometheus),
             &stop,
         ));
         let (otlp_stop_tx, otlp_stop) = StopSignal::new();
         let exporters = spawn_exporters(&options, &debug_state, spans, &otlp_stop);
-        let mut servers = spawn_servers(
+        let servers = spawn_servers(
             &options,
-            (grpc, http, debug),
+            (ports.grpc, ports.http, ports.debug),
             (listeners.grpc, listeners.http, listeners.debug),
             (service, health.clone(), debug_state),
-            (quota.clone(), telemetry.tracer().clone()),
+            (quota, telemetry.tracer().clone()),
             &stop,
         );
-        servers.extend(spawn_quota(quota, &stop));
         Running {
             health,
             shutdown_delay: options.shutdown_delay,
@@ -439,7 +430,7 @@ impl App {
 }
 
 /// The client-facing listeners' servers: gRPC (ratelimit.v3, health, and the Rate Limit Quota
-/// Service), HTTP and debug.
+/// Service), HTTP and debug; and the quota service's tasks.
 fn spawn_servers(
     options: &AppOptions,
     (grpc_port, http_port, debug_port): (net::Port, net::Port, net::Port),
@@ -452,11 +443,14 @@ fn spawn_servers(
     (quota, tracer): (Arc<QuotaService>, Arc<Tracer>),
     stop: &StopSignal,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
-    let rlqs = api::rlqs::server(quota, tracer, options.max_request_bytes);
+    let rlqs = api::rlqs::server(quota.clone(), tracer, options.max_request_bytes);
     let grpc_routes = api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes)
         .add_service(rlqs);
     let http_router = api::http::router(service, health, options.max_request_bytes);
+    let [sync, sweep] = spawn_quota(quota, stop);
     vec![
+        sync,
+        sweep,
         (
             "gRPC",
             tokio::spawn(grpc_port.serve(grpc, grpc_routes.prepare(), stop.wait())),

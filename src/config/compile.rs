@@ -529,22 +529,6 @@ fn load_descriptors(
             (Some(rl), None) => Some(single_limit(rl)?),
             (None, Some(list)) => Some(multi_limit(list)?),
         };
-        let limit = limit.map(|(rule, name, replaces)| {
-            Box::new(Limit {
-                full_key: full_key.clone(),
-                rule,
-                name,
-                replaces,
-                shadow_mode: d.shadow_mode,
-                quota_mode: d.quota_mode,
-                detailed_metric: d.detailed_metric,
-                value_to_metric: d.value_to_metric,
-                metadata: None,
-                stats_key_varies: false,
-                stats: StatsSlot::default(),
-            })
-        });
-
         let is_wildcard = composite.contains('*');
         if d.share_threshold && !is_wildcard {
             return Err(format!(
@@ -558,9 +542,20 @@ fn load_descriptors(
                 Some(metadata_to_json(m).map_err(|e| format!("error parsing metadata: {e}"))?)
             }
         };
-        let limit = limit.map(|mut l| {
-            l.metadata = metadata;
-            l
+        let limit = limit.map(|(rule, name, replaces)| {
+            Box::new(Limit {
+                full_key: full_key.clone(),
+                rule,
+                name,
+                replaces,
+                shadow_mode: d.shadow_mode,
+                quota_mode: d.quota_mode,
+                detailed_metric: d.detailed_metric,
+                value_to_metric: d.value_to_metric,
+                metadata,
+                stats_key_varies: false,
+                stats: StatsSlot::default(),
+            })
         });
 
         let mut children = Level::default();
