@@ -317,6 +317,47 @@ fn check_config_prints_every_error_and_exits_1() {
 }
 
 #[test]
+fn check_config_rlqs_reports_limits_no_quota_bucket_reaches_in_the_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("q.yaml"),
+        "domain: q\ndescriptors:\n  - key: tenant\n    descriptors:\n      - key: plan\n        rate_limit: {unit: second, requests_per_unit: 10}\n",
+    );
+    let check = |order: &str| {
+        let mut c = sluice();
+        c.env("SLUICE_RLQS_KEY_ORDER", order)
+            .arg("check-config")
+            .arg("--rlqs")
+            .arg(dir.path());
+        run(c)
+    };
+    // Buckets map keys bytewise (plan, then tenant): `tenant > plan` is never reached.
+    let out = check("");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("q.tenant.plan: no rate_limit_quota bucket reaches it: its keys are nested as tenant > plan"),
+        "{err}"
+    );
+    // With tenant first, it is.
+    let out = check("tenant");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A bad order is a usage error naming the variable.
+    let out = check("tenant,,plan");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SLUICE_RLQS_KEY_ORDER"));
+    // Without the flag the file is valid for ratelimit.v3.
+    let mut c = sluice();
+    c.arg("check-config").arg(dir.path());
+    assert_eq!(run(c).status.code(), Some(0));
+}
+
+#[test]
 fn check_config_strict_envoy_reports_extensions_and_exits_1() {
     let dir = tempfile::tempdir().unwrap();
     write(

@@ -26,6 +26,8 @@ struct Node {
     http: u16,
     debug: u16,
     peer: u16,
+    /// GRPC_PORT (ratelimit.v3 and the Rate Limit Quota Service).
+    grpc: u16,
     /// Extra environment, kept for restarts.
     env: Vec<(String, String)>,
 }
@@ -57,7 +59,7 @@ impl Node {
             .env("GRPC_HOST", "127.0.0.1")
             .env("DEBUG_HOST", "127.0.0.1")
             .env("PORT", self.http.to_string())
-            .env("GRPC_PORT", free_port().to_string())
+            .env("GRPC_PORT", self.grpc.to_string())
             .env("DEBUG_PORT", self.debug.to_string())
             .env("PEERS", peers)
             .env("PEER_PORT", self.peer.to_string())
@@ -99,6 +101,7 @@ fn three_nodes_with(unit: &str, env: &[(&str, &str)]) -> (tempfile::TempDir, Vec
             http: free_port(),
             debug: free_port(),
             peer: free_port(),
+            grpc: free_port(),
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -750,6 +753,14 @@ mod peer_versions {
         ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
             self.refuse(request.get_ref().protocol_version)
         }
+
+        async fn quota(
+            &self,
+            request: tonic::Request<sluice::cluster::peer::wire::QuotaRequest>,
+        ) -> Result<tonic::Response<sluice::cluster::peer::wire::QuotaResponse>, tonic::Status>
+        {
+            self.refuse(request.get_ref().protocol_version)
+        }
     }
 
     impl NextVersion {
@@ -771,6 +782,7 @@ mod peer_versions {
             http: free_port(),
             debug: free_port(),
             peer: free_port(),
+            grpc: free_port(),
             env: Vec::new(),
         };
         let me = format!("127.0.0.1:{}", node.peer);
@@ -1119,6 +1131,7 @@ mod peer_tls {
             http: free_port(),
             debug: free_port(),
             peer: free_port(),
+            grpc: free_port(),
             env: tls_env(
                 &secret.path().join("tls.crt"),
                 &secret.path().join("tls.key"),
@@ -1275,6 +1288,7 @@ mod lease {
                     http: free_port(),
                     debug: free_port(),
                     peer: free_port(),
+                    grpc: free_port(),
                     env: env.clone(),
                 })
                 .collect();
@@ -1980,5 +1994,153 @@ mod lease {
     #[test]
     fn a_joining_node_that_owns_the_key_learns_what_the_others_used() {
         a_joining_node(true);
+    }
+}
+
+/// The Rate Limit Quota Service across peers: Envoys (tonic clients speaking the filter's
+/// protocol) on different nodes share one bucket, split by its owner.
+mod rlqs {
+    use super::*;
+
+    use std::sync::{Arc, Mutex};
+
+    use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+    use tokio::sync::mpsc;
+
+    const YAML: &str = "domain: rlqs\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
+
+    /// One Envoy's stream to a node: its latest assignment for `tenant: acme`, in requests
+    /// per second (0 for a deny), kept up to date by a task reading the answers.
+    struct Envoy {
+        reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+        rate: Arc<Mutex<Option<f64>>>,
+    }
+
+    fn report(attempted: u64) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: "rlqs".into(),
+            bucket_quota_usages: vec![BucketQuotaUsage {
+                bucket_id: Some(BucketId {
+                    bucket: [("tenant".to_string(), "acme".to_string())].into(),
+                }),
+                time_elapsed: None,
+                num_requests_allowed: attempted,
+                num_requests_denied: 0,
+            }],
+        }
+    }
+
+    async fn connect(grpc: u16) -> Envoy {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+            .await
+            .expect("connect");
+        let (reports, rx) = mpsc::channel(8);
+        let mut answers = client
+            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("stream")
+            .into_inner();
+        let rate = Arc::new(Mutex::new(None));
+        let latest = rate.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(answer)) = answers.message().await {
+                for action in answer.bucket_action {
+                    let Some(Kind::QuotaAssignmentAction(q)) = action.bucket_action else {
+                        continue;
+                    };
+                    let r = match q.rate_limit_strategy.and_then(|s| s.strategy) {
+                        Some(Strategy::TokenBucket(tb)) => {
+                            f64::from(tb.tokens_per_fill.unwrap_or_default().value)
+                                / tb.fill_interval.unwrap_or_default().seconds as f64
+                        }
+                        _ => 0.0,
+                    };
+                    *latest.lock().unwrap() = Some(r);
+                }
+            }
+        });
+        reports.send(report(1)).await.expect("report");
+        Envoy { reports, rate }
+    }
+
+    fn rate(e: &Envoy) -> Option<f64> {
+        *e.rate.lock().unwrap()
+    }
+
+    /// Waits (reporting `attempted` per half second on every stream) until `done` holds.
+    async fn until(envoys: &[&Envoy], attempted: u64, what: &str, done: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while !done() {
+            assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+            for e in envoys {
+                e.reports.send(report(attempted)).await.expect("report");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    #[test]
+    fn envoys_on_two_nodes_split_one_bucket_and_a_leaving_one_frees_its_part() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("limits.yaml"), YAML).unwrap();
+        let env = vec![(
+            "SLUICE_RLQS_ASSIGNMENT_TTL_SECS".to_string(),
+            "2".to_string(),
+        )];
+        let mut nodes: Vec<Node> = (0..2)
+            .map(|_| Node {
+                child: None,
+                http: free_port(),
+                debug: free_port(),
+                peer: free_port(),
+                grpc: free_port(),
+                env: env.clone(),
+            })
+            .collect();
+        let peers = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        for n in &mut nodes {
+            n.start(&peers, dir.path());
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let a = connect(nodes[0].grpc).await;
+            until(&[&a], 100, "the first Envoy gets the whole rate", || {
+                rate(&a) == Some(100.0)
+            })
+            .await;
+            let b = connect(nodes[1].grpc).await;
+            until(
+                &[&a, &b],
+                100,
+                "two Envoys on two nodes split the rate",
+                || rate(&a) == Some(50.0) && rate(&b) == Some(50.0),
+            )
+            .await;
+            // Both stay within the bucket's rate as they keep reporting.
+            for _ in 0..4 {
+                until(&[&a, &b], 100, "a report round", || true).await;
+                let sum = rate(&a).unwrap() + rate(&b).unwrap();
+                assert!(sum <= 100.0, "{sum} assigned of 100");
+            }
+            drop(b);
+            until(&[&a], 100, "the freed part goes to the Envoy left", || {
+                rate(&a) == Some(100.0)
+            })
+            .await;
+        });
     }
 }

@@ -1,7 +1,7 @@
 //! The `sluice` binary: parse settings, load config, bind, serve until SIGTERM or Ctrl-C.
 //! Exit codes: 0 after a clean shutdown, 64 for bad settings or config, 1 for a runtime
 //! failure such as a port already in use; `check-config` exits 1 when the config is invalid (or, with `--strict-envoy`, uses
-//! Sluice's YAML extensions).
+//! Sluice's YAML extensions; with `--rlqs`, has limits no quota bucket can reach).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,24 +33,34 @@ fn main() -> ExitCode {
             path,
             merge_domain_config,
             strict_envoy,
-        }) => match cli.serve.config_files.validate() {
+            rlqs,
+        }) => {
             // The same size caps as the service, so a config that passes here loads there.
-            Ok(limits) => check_config(path, merge_domain_config, strict_envoy, &limits),
-            Err(e) => {
-                eprintln!("sluice: {e}");
-                ExitCode::from(EXIT_USAGE)
+            let checks = cli.serve.config_files.validate().and_then(|limits| {
+                let order = settings::rlqs::key_order(&cli.serve.rlqs.rlqs_key_order)?;
+                Ok((limits, rlqs.then_some(order)))
+            });
+            match checks {
+                Ok((limits, order)) => {
+                    check_config(path, (merge_domain_config, strict_envoy), order, &limits)
+                }
+                Err(e) => {
+                    eprintln!("sluice: {e}");
+                    ExitCode::from(EXIT_USAGE)
+                }
             }
-        },
+        }
         None => serve(cli.serve),
     }
 }
 
 /// Validates a config; with `strict_envoy`, every use of a Sluice YAML extension is a failure
-/// too. Problems go to stderr, one per line; the OK line only when there are none.
+/// too, and with a bucket key order (`--rlqs`) every limit no quota bucket can reach. Problems
+/// go to stderr, one per line; the OK line only when there are none.
 fn check_config(
     path: PathBuf,
-    merge_domain_config: bool,
-    strict_envoy: bool,
+    (merge_domain_config, strict_envoy): (bool, bool),
+    rlqs: Option<sluice::quota::KeyOrder>,
     limits: &FileLimits,
 ) -> ExitCode {
     let source = ConfigSource::Path(path.clone());
@@ -84,6 +94,13 @@ fn check_config(
                 }
             }
             Err(_) => {}
+        }
+    }
+    if let (Ok(cfg), Some(order)) = (&loaded, &rlqs) {
+        let unreachable = sluice::quota::unreachable_by_buckets(cfg, order);
+        failed |= !unreachable.is_empty();
+        for u in &unreachable {
+            eprintln!("{u}");
         }
     }
     match loaded {

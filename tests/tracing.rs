@@ -867,3 +867,71 @@ async fn a_collector_from_another_ca_gets_nothing_and_decisions_stay_prompt() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_quota_stream_is_a_span_with_a_child_per_report() {
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        BucketId, RateLimitQuotaUsageReports,
+    };
+
+    let (collector, received) = grpc_collector().await;
+    let endpoint = endpoint(Protocol::Grpc, format!("http://{collector}"));
+    let running = start_with(config(), options_with(Some(tracing_options(endpoint, 1.0)))).await;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", running.grpc))
+        .await
+        .unwrap();
+    let report = || RateLimitQuotaUsageReports {
+        domain: "test".into(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(BucketId {
+                bucket: [("k".to_string(), "v".to_string())].into(),
+            }),
+            time_elapsed: None,
+            num_requests_allowed: 1,
+            num_requests_denied: 0,
+        }],
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{TRACE_ID}-{PARENT_ID}-01").parse().unwrap(),
+    );
+    let mut answers = client
+        .stream_rate_limit_quotas(request)
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..2 {
+        tx.send(report()).await.unwrap();
+        answers.message().await.unwrap().expect("an answer");
+    }
+    drop(tx);
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the stream ends"
+    );
+
+    let spans = received.wait_for_spans(3).await;
+    let stream = spans
+        .iter()
+        .find(|s| s.name == "rlqs.stream")
+        .expect("a stream span");
+    assert_eq!(hex(&stream.trace_id), TRACE_ID);
+    assert_eq!(hex(&stream.parent_span_id), PARENT_ID);
+    assert_eq!(stream.kind, proto::SpanKind::Server as i32);
+    assert_eq!(
+        string_attr(&stream.attributes, "domain").as_deref(),
+        Some("test")
+    );
+    assert_eq!(int_attr(&stream.attributes, "rlqs.reports"), Some(2));
+    assert!(stream.status.is_none(), "ended by the client: no error");
+    let reports: Vec<_> = spans.iter().filter(|s| s.name == "rlqs.report").collect();
+    assert_eq!(reports.len(), 2);
+    for r in reports {
+        assert_eq!(r.parent_span_id, stream.span_id);
+        assert_eq!(int_attr(&r.attributes, "rlqs.assignments"), Some(1));
+    }
+}

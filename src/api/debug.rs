@@ -169,6 +169,7 @@ fn rlqs_gauges(q: &QuotaService) -> RlqsGauges {
             ("refused", load(&c.refused)),
             ("abandoned", load(&c.abandoned)),
             ("expired", load(&c.expired)),
+            ("sync_failures", load(&c.sync_failures)),
         ],
         gauges: vec![
             ("streams", g.streams as u64),

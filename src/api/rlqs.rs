@@ -27,21 +27,25 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::descriptor::Entry;
-use crate::quota::{Action, Assignment, QuotaService, QuotaStream, Usage};
+use crate::quota::{Action, Assignment, QuotaService, QuotaStream, StreamError, Usage};
+use crate::telemetry::otlp::Tracer;
+use crate::telemetry::otlp::trace::{ActiveSpan, SpanKind, Value};
 
 type Reply = Result<RateLimitQuotaResponse, tonic::Status>;
 
 /// The service, for the gRPC routes.
-pub fn server(
-    service: Arc<QuotaService>,
-    max_request_bytes: usize,
-) -> RateLimitQuotaServiceServer<GrpcQuota> {
-    RateLimitQuotaServiceServer::new(GrpcQuota { service })
+pub type Server = RateLimitQuotaServiceServer<GrpcQuota>;
+
+/// The service over `service`; with tracing on (TRACING_ENABLED), each sampled stream is a span
+/// `rlqs.stream` (its domain, reports and end) with a child `rlqs.report` per report.
+pub fn server(service: Arc<QuotaService>, tracer: Arc<Tracer>, max_request_bytes: usize) -> Server {
+    RateLimitQuotaServiceServer::new(GrpcQuota { service, tracer })
         .max_decoding_message_size(max_request_bytes)
 }
 
 pub struct GrpcQuota {
     service: Arc<QuotaService>,
+    tracer: Arc<Tracer>,
 }
 
 #[tonic::async_trait]
@@ -54,10 +58,61 @@ impl RateLimitQuotaService for GrpcQuota {
     ) -> Result<tonic::Response<Self::StreamRateLimitQuotasStream>, tonic::Status> {
         // A few answers queued at most: a stream that does not read stops being answered
         // until it does (its reports are not read meanwhile either).
+        let trace = super::trace_context(
+            self.tracer.enabled(),
+            crate::telemetry::otlp::Transport::Grpc,
+            request.metadata().as_ref(),
+        );
+        let spans = Spans {
+            stream: self.tracer.start(&trace),
+            tracer: self.tracer.clone(),
+        };
         let (tx, rx) = mpsc::channel(4);
         let stream = self.service.open();
-        tokio::spawn(serve_stream(stream, request.into_inner(), tx));
+        tokio::spawn(serve_stream(stream, request.into_inner(), tx, spans));
         Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// A stream's span, when it is sampled.
+struct Spans {
+    stream: Option<ActiveSpan>,
+    tracer: Arc<Tracer>,
+}
+
+impl Spans {
+    /// Records a report's span, a child of the stream's.
+    fn report(&self, buckets: usize, actions: Result<usize, &StreamError>) {
+        let Some(parent) = &self.stream else { return };
+        let span = parent.child();
+        let mut attributes = vec![("rlqs.buckets", Value::Int(buckets as i64))];
+        if let Ok(n) = actions {
+            attributes.push(("rlqs.assignments", Value::Int(n as i64)));
+        }
+        let error = actions.err().map(ToString::to_string);
+        self.tracer
+            .record(span.end("rlqs.report", SpanKind::Internal, attributes, error));
+    }
+
+    fn end(self, stream: &QuotaStream, reports: i64, end: Option<&tonic::Status>) {
+        let Some(span) = self.stream else { return };
+        let attributes = vec![
+            ("rpc.system", Value::Static("grpc")),
+            (
+                "rpc.service",
+                Value::Static("envoy.service.rate_limit_quota.v3.RateLimitQuotaService"),
+            ),
+            ("rpc.method", Value::Static("StreamRateLimitQuotas")),
+            (
+                "domain",
+                Value::Str(stream.domain().unwrap_or_default().to_owned()),
+            ),
+            ("rlqs.stream", Value::Int(stream.id() as i64)),
+            ("rlqs.reports", Value::Int(reports)),
+        ];
+        let error = end.map(|s| format!("{:?}: {}", s.code(), s.message()));
+        self.tracer
+            .record(span.end("rlqs.stream", SpanKind::Server, attributes, error));
     }
 }
 
@@ -66,14 +121,20 @@ async fn serve_stream(
     mut stream: QuotaStream,
     mut reports: tonic::Streaming<RateLimitQuotaUsageReports>,
     tx: mpsc::Sender<Reply>,
+    spans: Spans,
 ) {
     tracing::debug!(stream = stream.id(), "rlqs stream opened");
+    let mut count = 0i64;
     let end = loop {
         let actions = tokio::select! {
             message = reports.message() => match message {
                 Ok(Some(report)) => {
+                    count += 1;
                     let (domain, usages) = usages_from_proto(report);
-                    match stream.report(&domain, usages) {
+                    let buckets = usages.len();
+                    let answered = stream.report(&domain, usages);
+                    spans.report(buckets, answered.as_ref().map(Vec::len));
+                    match answered {
                         Ok(actions) => actions,
                         Err(e) => break Some(tonic::Status::invalid_argument(e.to_string())),
                     }
@@ -97,6 +158,7 @@ async fn serve_stream(
         status = ?end.as_ref().map(|s| s.code()),
         "rlqs stream ended"
     );
+    spans.end(&stream, count, end.as_ref());
     if let Some(status) = end
         && status.code() == tonic::Code::InvalidArgument
     {

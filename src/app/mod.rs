@@ -243,7 +243,6 @@ impl App {
                     clock.clone(),
                 )
                 .map_err(|message| StoreError::Backend { message })?;
-                peer_server = Some(PeerServer::new(store.owner().clone(), clock.clone()));
                 AnyStore::Cluster(store)
             }
         });
@@ -258,11 +257,18 @@ impl App {
             None => (Tracer::disabled(), None),
         };
         let telemetry = Arc::new(DecisionTelemetry::new(stats, Arc::new(tracer)));
-        let quota = Arc::new(QuotaService::new(
-            config.clone(),
-            clock.clone(),
-            options.quota.clone(),
-        ));
+        let mut quota = QuotaService::new(config.clone(), clock.clone(), options.quota.clone());
+        if let AnyStore::Cluster(cluster) = &*store {
+            quota = quota.with_peers(cluster.quota_peers(clock.clone()));
+        }
+        let quota = Arc::new(quota);
+        if let AnyStore::Cluster(cluster) = &*store {
+            peer_server = Some(PeerServer::new(
+                cluster.owner().clone(),
+                clock.clone(),
+                Some(quota.clone()),
+            ));
+        }
         let service = Arc::new(
             RateLimitService::new(
                 config.clone(),
@@ -404,9 +410,10 @@ impl App {
             (grpc, http, debug),
             (listeners.grpc, listeners.http, listeners.debug),
             (service, health.clone(), debug_state),
+            (quota.clone(), telemetry.tracer().clone()),
             &stop,
         );
-        servers.push(("RLQS sweep", tokio::spawn(sweep_quota(quota, stop.wait()))));
+        servers.extend(spawn_quota(quota, &stop));
         Running {
             health,
             shutdown_delay: options.shutdown_delay,
@@ -431,7 +438,8 @@ impl App {
     }
 }
 
-/// The client-facing listeners' servers: gRPC, HTTP and debug.
+/// The client-facing listeners' servers: gRPC (ratelimit.v3, health, and the Rate Limit Quota
+/// Service), HTTP and debug.
 fn spawn_servers(
     options: &AppOptions,
     (grpc_port, http_port, debug_port): (net::Port, net::Port, net::Port),
@@ -441,14 +449,12 @@ fn spawn_servers(
         Arc<Health>,
         api::debug::DebugState,
     ),
+    (quota, tracer): (Arc<QuotaService>, Arc<Tracer>),
     stop: &StopSignal,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
-    let quota = debug_state.quota.clone();
-    let mut grpc_routes =
-        api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes);
-    if let Some(quota) = quota {
-        grpc_routes = grpc_routes.add_service(api::rlqs::server(quota, options.max_request_bytes));
-    }
+    let rlqs = api::rlqs::server(quota, tracer, options.max_request_bytes);
+    let grpc_routes = api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes)
+        .add_service(rlqs);
     let http_router = api::http::router(service, health, options.max_request_bytes);
     vec![
         (
@@ -463,6 +469,20 @@ fn spawn_servers(
             "debug",
             tokio::spawn(debug_port.serve(debug, api::debug::router(debug_state), stop.wait())),
         ),
+    ]
+}
+
+/// The quota service's tasks: the sweep, and with peers the sync with its buckets' owners.
+fn spawn_quota(
+    quota: Arc<QuotaService>,
+    stop: &StopSignal,
+) -> [(&'static str, tokio::task::JoinHandle<()>); 2] {
+    [
+        (
+            "RLQS sync",
+            tokio::spawn(quota.clone().run_sync(stop.wait())),
+        ),
+        ("RLQS sweep", tokio::spawn(sweep_quota(quota, stop.wait()))),
     ]
 }
 

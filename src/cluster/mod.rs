@@ -24,6 +24,7 @@ pub mod durable;
 pub mod lease;
 mod leasing;
 pub mod peer;
+pub mod quota_peers;
 pub mod ring;
 
 use std::sync::Arc;
@@ -327,6 +328,16 @@ impl ClusterStore {
 
     pub fn stats(&self) -> &ClusterStats {
         &self.stats
+    }
+
+    /// The peers for the Rate Limit Quota Service: its buckets' owners on this ring, reached
+    /// over the peer protocol's `Quota` call.
+    pub fn quota_peers(&self, clock: Arc<dyn Clock>) -> Arc<dyn crate::quota::QuotaPeers> {
+        Arc::new(quota_peers::ClusterQuota {
+            members: self.members.clone(),
+            changes: self.changes.clone(),
+            clock,
+        })
     }
 
     /// The peer addresses and whether each is up, for the debug listener.

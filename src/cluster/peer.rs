@@ -186,9 +186,18 @@ pub struct PeerServer {
 }
 
 impl PeerServer {
-    pub fn new(local: Arc<super::OwnerStore>, clock: Arc<dyn crate::clock::Clock>) -> Self {
+    /// `quota`: the Rate Limit Quota Service, whose buckets this node splits as their owner.
+    pub fn new(
+        local: Arc<super::OwnerStore>,
+        clock: Arc<dyn crate::clock::Clock>,
+        quota: Option<Arc<crate::quota::QuotaService>>,
+    ) -> Self {
         PeerServer {
-            grpc: wire::peer_server::PeerServer::new(Owner { local, clock }),
+            grpc: wire::peer_server::PeerServer::new(Owner {
+                local,
+                clock,
+                quota,
+            }),
         }
     }
 }
@@ -197,6 +206,7 @@ impl PeerServer {
 struct Owner {
     local: Arc<super::OwnerStore>,
     clock: Arc<dyn crate::clock::Clock>,
+    quota: Option<Arc<crate::quota::QuotaService>>,
 }
 
 #[tonic::async_trait]
@@ -240,6 +250,27 @@ impl wire::peer_server::Peer for Owner {
             })?;
         Ok(tonic::Response::new(LeaseResponse {
             grants: grants.iter().map(LeaseGrant::from).collect(),
+        }))
+    }
+
+    async fn quota(
+        &self,
+        request: tonic::Request<wire::QuotaRequest>,
+    ) -> Result<tonic::Response<wire::QuotaResponse>, tonic::Status> {
+        let req = request.into_inner();
+        if let Some(refused) = version_mismatch(req.protocol_version) {
+            return Err(refused);
+        }
+        let quota = self.quota.as_ref().ok_or_else(|| {
+            tonic::Status::failed_precondition("this node serves no Rate Limit Quota Service")
+        })?;
+        let buckets = super::quota_peers::buckets_from_wire(req.buckets)?;
+        let parts = quota.answer_sync(&req.node, buckets);
+        Ok(tonic::Response::new(wire::QuotaResponse {
+            buckets: parts
+                .into_iter()
+                .map(|assigned| wire::QuotaParts { assigned })
+                .collect(),
         }))
     }
 }
@@ -451,6 +482,39 @@ impl PeerClient {
             ));
         }
         Ok(grants.iter().map(Grant::from).collect())
+    }
+
+    /// One Quota call from `node` carrying this node's holders of `buckets`, bounded by the
+    /// timeout: the owner's parts, one list per bucket, each as long as its holders.
+    pub async fn quota(
+        &self,
+        node: &str,
+        buckets: Vec<wire::QuotaBucket>,
+    ) -> Result<Vec<Vec<u64>>, String> {
+        let shape: Vec<usize> = buckets.iter().map(|b| b.holders.len()).collect();
+        let request = wire::QuotaRequest {
+            protocol_version: PROTOCOL_VERSION,
+            node: node.to_owned(),
+            buckets,
+        };
+        let mut grpc = self.grpc.clone();
+        let call = async {
+            grpc.quota(request)
+                .await
+                .map(|r| r.into_inner().buckets)
+                .map_err(|s| format!("peer quota call failed: {}", s.message()))
+        };
+        let parts = match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r?,
+            Err(_) => return Err(format!("peer did not answer within {:?}", self.timeout)),
+        };
+        let answered: Vec<usize> = parts.iter().map(|p| p.assigned.len()).collect();
+        if answered != shape {
+            return Err(format!(
+                "peer answered parts for {answered:?} holders, asked for {shape:?}"
+            ));
+        }
+        Ok(parts.into_iter().map(|p| p.assigned).collect())
     }
 
     /// Sends hits to the peer (batched with concurrent calls); bounded by the timeout.
@@ -858,6 +922,13 @@ mod tests {
             &self,
             request: tonic::Request<LeaseRequest>,
         ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
+            refuse(request.get_ref().protocol_version)
+        }
+
+        async fn quota(
+            &self,
+            request: tonic::Request<wire::QuotaRequest>,
+        ) -> Result<tonic::Response<wire::QuotaResponse>, tonic::Status> {
             refuse(request.get_ref().protocol_version)
         }
     }

@@ -191,6 +191,13 @@ impl Domain {
         &self.name
     }
 
+    /// Every limit of the domain with the descriptor keys on its path, root first.
+    pub fn key_paths(&self) -> Vec<(Vec<&str>, &Limit)> {
+        let mut out = Vec::new();
+        self.root.collect_paths(&mut Vec::new(), &mut out);
+        out
+    }
+
     /// Go's `GetLimit` config-matching path (the per-request override is the service's job).
     ///
     /// Per level: the exact `key_value` node, else the first wildcard node (YAML order) whose
@@ -348,6 +355,8 @@ struct Level {
 struct Node {
     /// Go's map key at this level: `key`, or `key_value` when the YAML gives a value.
     composite: Box<str>,
+    /// The YAML `key` alone.
+    key: Box<str>,
     limit: Option<Box<Limit>>,
     share_threshold: bool,
     value_to_metric: bool,
@@ -368,6 +377,22 @@ impl Level {
             .iter()
             .filter_map(|&i| self.nodes.get(i))
             .find(|n| glob_match(&n.composite, composite))
+    }
+
+    /// Every limit below this level with the keys on its path (`path` holds the levels above).
+    fn collect_paths<'a>(
+        &'a self,
+        path: &mut Vec<&'a str>,
+        out: &mut Vec<(Vec<&'a str>, &'a Limit)>,
+    ) {
+        for n in &self.nodes {
+            path.push(&n.key);
+            if let Some(l) = &n.limit {
+                out.push((path.clone(), l));
+            }
+            n.children.collect_paths(path, out);
+            path.pop();
+        }
     }
 
     fn collect_limits<'a>(&'a self, out: &mut Vec<&'a Limit>) {
@@ -549,6 +574,7 @@ fn load_descriptors(
         }
         level.nodes.push(Node {
             composite,
+            key: d.key.as_str().into(),
             limit,
             share_threshold: d.share_threshold,
             value_to_metric: d.value_to_metric,

@@ -4,6 +4,9 @@
 //! calls these functions inside its own compare-and-swap loop, passing the time it read from its
 //! injected [`Clock`](crate::clock::Clock).
 //!
+//! [`share`] is max-min fair sharing of a capacity, which the lease server and the quota service
+//! split by.
+//!
 //! [`Decision`] is what every algorithm concludes; [`counter`] is the one dispatch from a
 //! [`Quota`] to its algorithm and state word, which the stores and the cluster call rather than
 //! matching on [`Algorithm`] themselves.
@@ -11,6 +14,7 @@
 pub mod bucket;
 pub mod counter;
 pub mod fixed_window;
+pub mod share;
 pub mod sliding_window;
 
 pub use counter::CounterKind;

@@ -7,7 +7,7 @@
 //! whole seconds and is not used. Samples are averaged with the previous estimate (half each);
 //! an Envoy not yet measured claims the whole rate, so a new Envoy gets an equal share at once.
 //!
-//! **The split** is max-min fair ([`crate::cluster::lease::share`], Doorman's algorithm) over
+//! **The split** is max-min fair ([`crate::limiter::share`], Doorman's algorithm) over
 //! claims of demand plus [`HEADROOM_PCT`], so an Envoy asking less than an equal share gets what
 //! it asks with room to grow; what nobody claims is spread equally over the live holders.
 //!
@@ -23,8 +23,8 @@
 use std::sync::Arc;
 
 use super::assign::Rate;
-use crate::cluster::lease::share::max_min_fair;
 use crate::descriptor::Entry;
+use crate::limiter::share::max_min_fair;
 
 /// An Envoy's claim is its demand plus this much (percent).
 pub const HEADROOM_PCT: u64 = 5;
@@ -37,7 +37,10 @@ pub const MIN_SAMPLE_US: u64 = 250_000;
 /// One Envoy's part of a bucket.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Holder {
-    /// The stream the Envoy reports on.
+    /// The node serving the Envoy's stream, when it is another Sluice node (this node owns the
+    /// bucket and splits it across every node's Envoys); `None` for this node's own streams.
+    pub node: Option<Arc<str>>,
+    /// The stream the Envoy reports on (numbered by its node).
     pub stream: u64,
     /// The bucket id as the Envoy sent it (entries in descriptor order), for its assignments.
     pub id: Arc<[Entry]>,
@@ -53,11 +56,15 @@ pub struct Holder {
     pub gone: bool,
     /// Since when the Envoy has reported no attempt at all.
     pub quiet_since_us: Option<u64>,
+    /// Whether `assigned` was decided by the bucket's owner: false for a new holder of a bucket
+    /// another node owns, until the owner's first answer (nothing is sent to the Envoy before).
+    pub confirmed: bool,
 }
 
 impl Holder {
     pub fn new(stream: u64, id: Arc<[Entry]>, now_us: u64) -> Self {
         Holder {
+            node: None,
             stream,
             id,
             demand: None,
@@ -67,6 +74,23 @@ impl Holder {
             expires_us: now_us,
             gone: false,
             quiet_since_us: None,
+            confirmed: true,
+        }
+    }
+
+    /// Another node's Envoy, as that node reported it to this owner: what it holds now is where
+    /// the split starts from.
+    pub fn remote(
+        node: Arc<str>,
+        stream: u64,
+        id: Arc<[Entry]>,
+        assigned: u64,
+        now_us: u64,
+    ) -> Self {
+        Holder {
+            node: Some(node),
+            assigned,
+            ..Holder::new(stream, id, now_us)
         }
     }
 
@@ -91,9 +115,10 @@ impl Holder {
         self.since_us = now_us;
     }
 
-    /// Whether this holder is the Envoy on `stream` with bucket id `id`.
-    pub fn is(&self, stream: u64, id: &[Entry]) -> bool {
-        self.stream == stream && *self.id == *id
+    /// Whether this holder is the Envoy on `stream` of `node` (`None`: this node) with bucket id
+    /// `id`.
+    pub fn is(&self, node: Option<&str>, stream: u64, id: &[Entry]) -> bool {
+        self.stream == stream && self.node.as_deref() == node && *self.id == *id
     }
 }
 
@@ -133,8 +158,8 @@ impl Bucket {
         self.rate = rate;
     }
 
-    pub fn position(&self, stream: u64, id: &[Entry]) -> Option<usize> {
-        self.holders.iter().position(|h| h.is(stream, id))
+    pub fn position(&self, node: Option<&str>, stream: u64, id: &[Entry]) -> Option<usize> {
+        self.holders.iter().position(|h| h.is(node, stream, id))
     }
 
     /// Splits the rate among the live holders; returns the holders whose assignment changed.

@@ -20,6 +20,7 @@
 
 pub mod assign;
 pub mod bucket;
+pub mod remote;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -30,16 +31,20 @@ use dashmap::DashMap;
 
 pub use assign::{Assignment, Policy, Rate};
 use bucket::{Bucket, Holder};
+pub use remote::{QuotaPeers, SyncBucket, SyncHolder};
 
 use crate::clock::Clock;
-use crate::config::ConfigHandle;
+use crate::config::{ConfigHandle, RateLimitConfig};
 use crate::descriptor::Entry;
 use crate::service::{counter_key_len, write_counter_key};
 
-/// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings: above
-/// what the structures take (the map entry, the rate, the holder's counters and `Arc`).
+/// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings (and
+/// 48 per entry): above what they take, measured with `cargo run --release --example
+/// rlqs_memory -- 100000 3` (docs/rlqs.md): the map entry and rate; the holder, its shared id,
+/// its stream's record of it, and the allocator's share of the holders' vector growing by one.
 pub const BUCKET_CHARGE: usize = 192;
-pub const HOLDER_CHARGE: usize = 160;
+pub const HOLDER_CHARGE: usize = 384;
+pub const ENTRY_CHARGE: usize = 48;
 
 /// How the bucket id's entries are ordered into a descriptor: keys named in SLUICE_RLQS_KEY_ORDER
 /// first, in that order, then the others sorted bytewise.
@@ -64,6 +69,43 @@ impl KeyOrder {
                 .then_with(|| a.key.as_bytes().cmp(b.key.as_bytes()))
         });
     }
+}
+
+/// The limits of `config` no `rate_limit_quota` bucket can reach, one line each naming the
+/// limit and why: a bucket id has each key once, and its entries become a descriptor in `order`,
+/// so a path that repeats a key, or whose keys are in another order, never matches a bucket.
+/// (ratelimit.v3 requests still reach them: `check-config --rlqs` reports, it does not refuse.)
+pub fn unreachable_by_buckets(config: &RateLimitConfig, order: &KeyOrder) -> Vec<String> {
+    let mut out = Vec::new();
+    for domain in config.domains() {
+        for (keys, limit) in domain.key_paths() {
+            let repeated = keys
+                .iter()
+                .enumerate()
+                .find(|(i, k)| keys[..*i].contains(k))
+                .map(|(_, k)| *k);
+            if let Some(k) = repeated {
+                out.push(format!(
+                    "{}: no rate_limit_quota bucket reaches it: key {k:?} appears twice on its path, and a bucket id has each key once",
+                    limit.full_key
+                ));
+                continue;
+            }
+            let mut sorted: Vec<Entry> = keys.iter().map(|k| Entry::new(*k, "")).collect();
+            order.sort(&mut sorted);
+            if sorted.iter().zip(&keys).any(|(e, k)| e.key != *k) {
+                let want: Vec<&str> = sorted.iter().map(|e| e.key.as_str()).collect();
+                out.push(format!(
+                    "{}: no rate_limit_quota bucket reaches it: its keys are nested as {}, and a bucket's entries become a descriptor as {} (keys sorted bytewise after SLUICE_RLQS_KEY_ORDER)",
+                    limit.full_key,
+                    keys.join(" > "),
+                    want.join(" > ")
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The service's settings (SLUICE_RLQS_*), and the caps it shares with ratelimit.v3.
@@ -137,6 +179,8 @@ pub struct QuotaCounters {
     pub refused: AtomicU64,
     pub abandoned: AtomicU64,
     pub expired: AtomicU64,
+    /// Syncs with a bucket's owner on another node that failed (PEERS).
+    pub sync_failures: AtomicU64,
 }
 
 /// What a stream is told to do about one of its buckets when it is not reporting.
@@ -167,6 +211,10 @@ pub struct QuotaService {
     next_stream: AtomicU64,
     bytes: AtomicUsize,
     pub counters: QuotaCounters,
+    /// With PEERS: who owns each bucket, and how to reach it ([`remote`]).
+    peers: Option<Arc<dyn QuotaPeers>>,
+    /// Wakes the sync task at once (a new holder of a bucket another node owns).
+    sync_now: tokio::sync::Notify,
 }
 
 impl QuotaService {
@@ -180,7 +228,21 @@ impl QuotaService {
             next_stream: AtomicU64::new(1),
             bytes: AtomicUsize::new(0),
             counters: QuotaCounters::default(),
+            peers: None,
+            sync_now: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Splits buckets across the peers: each bucket's owner on the ring splits it across every
+    /// node's Envoys, and this node syncs its Envoys of the buckets others own ([`remote`]).
+    pub fn with_peers(mut self, peers: Arc<dyn QuotaPeers>) -> Self {
+        self.peers = Some(peers);
+        self
+    }
+
+    /// Whether another node owns the bucket at `key` (never without peers).
+    fn owned_elsewhere(&self, key: &str) -> bool {
+        self.peers.as_ref().is_some_and(|p| p.owner(key).is_some())
     }
 
     pub fn options(&self) -> &QuotaOptions {
@@ -228,17 +290,13 @@ impl QuotaService {
         }
     }
 
-    /// The assignment for `stream`'s part of the bucket at `key`, after counting its report
-    /// of `attempted` requests; `None` when the bucket cannot be held (SLUICE_RLQS_MAX_BYTES).
-    /// The other holders whose parts changed are told to push theirs.
-    fn hold(
+    /// The bucket at `key`, inserted (and charged) with `rate` if new; `None` past
+    /// SLUICE_RLQS_MAX_BYTES.
+    fn bucket_mut(
         &self,
-        (stream, ttl_secs): (u64, u64),
-        (key, id): (&str, &Arc<[Entry]>),
+        key: &str,
         rate: Rate,
-        attempted: u64,
-    ) -> Option<Assignment> {
-        let now = self.now_us();
+    ) -> Option<dashmap::mapref::one::RefMut<'_, Box<str>, Bucket>> {
         let mut bucket = match self.buckets.get_mut(key) {
             Some(b) => b,
             // Charged only by the call that inserts it.
@@ -253,7 +311,26 @@ impl QuotaService {
             },
         };
         bucket.set_rate(rate);
-        let at = match bucket.position(stream, id) {
+        Some(bucket)
+    }
+
+    /// What `stream`'s part of the bucket at `key` is, after counting its report of
+    /// `attempted` requests. On a bucket this node owns the split runs again and the other
+    /// holders of this node whose parts changed are told to push theirs; on a bucket another
+    /// node owns the part is the owner's last answer ([`remote`]).
+    fn hold(
+        &self,
+        (stream, ttl_secs): (u64, u64),
+        (key, id): (&str, &Arc<[Entry]>),
+        rate: Rate,
+        attempted: u64,
+    ) -> Held {
+        let now = self.now_us();
+        let remote = self.owned_elsewhere(key);
+        let Some(mut bucket) = self.bucket_mut(key, rate) else {
+            return Held::Refused;
+        };
+        let at = match bucket.position(None, stream, id) {
             Some(at) => {
                 bucket.holders[at].report(attempted, now);
                 at
@@ -262,32 +339,39 @@ impl QuotaService {
             // before (the request that made Envoy create the bucket, or a previous stream's).
             None => {
                 if !self.charge(holder_charge(id)) {
-                    return None;
+                    return Held::Refused;
                 }
-                bucket.holders.push(Holder::new(stream, id.clone(), now));
+                let mut holder = Holder::new(stream, id.clone(), now);
+                holder.confirmed = !remote;
+                bucket.holders.reserve_exact(1);
+                bucket.holders.push(holder);
                 bucket.holders.len() - 1
             }
         };
-        let changed = bucket.split();
         bucket.holders[at].expires_us = now + ttl_secs * 1_000_000;
+        if remote {
+            let h = &bucket.holders[at];
+            if !h.confirmed {
+                self.sync_now.notify_one();
+                return Held::Pending;
+            }
+            return Held::Assigned(bucket.rate.assignment(h.assigned));
+        }
+        let changed = bucket.split();
         let assignment = bucket.rate.assignment(bucket.holders[at].assigned);
-        let others: Vec<(u64, Arc<[Entry]>)> = changed
-            .into_iter()
-            .filter(|&i| i != at)
-            .map(|i| (bucket.holders[i].stream, bucket.holders[i].id.clone()))
-            .collect();
+        let others = local_holders(&bucket, changed.into_iter().filter(|&i| i != at));
         drop(bucket);
         for (s, id) in others {
             self.push(s, id, Push::Current);
         }
-        Some(assignment)
+        Held::Assigned(assignment)
     }
 
     /// Removes `stream`'s part of the bucket at `key`, if any (the bucket's rule changed to a
     /// blanket one).
     fn drop_holder(&self, stream: u64, key: &str, id: &[Entry]) {
         if let Some(mut bucket) = self.buckets.get_mut(key)
-            && let Some(at) = bucket.position(stream, id)
+            && let Some(at) = bucket.position(None, stream, id)
         {
             bucket.holders.swap_remove(at);
             self.release(holder_charge(id));
@@ -298,7 +382,7 @@ impl QuotaService {
     /// time to live.
     fn current(&self, stream: u64, key: &str, id: &[Entry], ttl_secs: u64) -> Option<Assignment> {
         let mut bucket = self.buckets.get_mut(key)?;
-        let at = bucket.position(stream, id)?;
+        let at = bucket.position(None, stream, id)?;
         let now = self.now_us();
         let holder = &mut bucket.holders[at];
         holder.expires_us = now + ttl_secs * 1_000_000;
@@ -312,7 +396,7 @@ impl QuotaService {
         let held = std::mem::take(&mut *lock(&outbox.held));
         for (id, key) in held {
             if let Some(mut bucket) = self.buckets.get_mut(&key)
-                && let Some(at) = bucket.position(stream, &id)
+                && let Some(at) = bucket.position(None, stream, &id)
             {
                 bucket.holders[at].gone = true;
             }
@@ -348,11 +432,14 @@ impl QuotaService {
             let after: usize = bucket.holders.iter().map(|h| holder_charge(&h.id)).sum();
             freed += before.iter().sum::<usize>() - after;
             for h in quiet {
-                pushes.push((h.stream, h.id, Push::Abandon, key.clone()));
+                pushes.push((h.stream, h.id, Push::Abandon));
             }
-            for i in bucket.split() {
-                let h = &bucket.holders[i];
-                pushes.push((h.stream, h.id.clone(), Push::Current, key.clone()));
+            // A bucket another node owns is split there; its answer comes with the next sync.
+            if !self.owned_elsewhere(key) {
+                let changed = bucket.split();
+                for (s, id) in local_holders(bucket, changed.into_iter()) {
+                    pushes.push((s, id, Push::Current));
+                }
             }
             if bucket.holders.is_empty() {
                 freed += BUCKET_CHARGE + key.len();
@@ -361,7 +448,7 @@ impl QuotaService {
             true
         });
         self.release(freed);
-        for (stream, id, push, _) in pushes {
+        for (stream, id, push) in pushes {
             if push == Push::Abandon {
                 if let Some(outbox) = self.streams.get(&stream) {
                     lock(&outbox.held).remove(&id);
@@ -460,10 +547,28 @@ impl BucketView {
     }
 }
 
+/// What a report's bucket gets from [`QuotaService::hold`].
+enum Held {
+    Assigned(Assignment),
+    /// A new holder of a bucket another node owns: nothing until the owner answers (pushed).
+    Pending,
+    /// Past SLUICE_RLQS_MAX_BYTES.
+    Refused,
+}
+
+/// The streams and bucket ids of this node's holders among `which`, to push their parts to.
+fn local_holders(bucket: &Bucket, which: impl Iterator<Item = usize>) -> Vec<(u64, Arc<[Entry]>)> {
+    which
+        .map(|i| &bucket.holders[i])
+        .filter(|h| h.node.is_none())
+        .map(|h| (h.stream, h.id.clone()))
+        .collect()
+}
+
 fn holder_charge(id: &[Entry]) -> usize {
     HOLDER_CHARGE
         + id.iter()
-            .map(|e| e.key.len() + e.value.len() + 2 * std::mem::size_of::<String>())
+            .map(|e| e.key.len() + e.value.len() + ENTRY_CHARGE)
             .sum::<usize>()
 }
 
@@ -564,14 +669,20 @@ impl QuotaStream {
                     }
                 }
                 Policy::Split(rate) => {
-                    let Some(a) =
-                        service.hold((self.id, ttl_secs), (&key, &id), rate, usage.attempted)
-                    else {
-                        service.counters.refused.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    };
-                    lock(&self.outbox.held).insert(id.clone(), key.as_str().into());
-                    a
+                    match service.hold((self.id, ttl_secs), (&key, &id), rate, usage.attempted) {
+                        Held::Assigned(a) => {
+                            lock(&self.outbox.held).insert(id.clone(), key.as_str().into());
+                            a
+                        }
+                        Held::Pending => {
+                            lock(&self.outbox.held).insert(id, key.as_str().into());
+                            continue;
+                        }
+                        Held::Refused => {
+                            service.counters.refused.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    }
                 }
             };
             actions.push(Action {

@@ -289,3 +289,36 @@ fn without_a_config_nothing_is_assigned() {
     ));
     assert!(s.open().report("rlqs", acme(1)).unwrap().is_empty());
 }
+
+#[test]
+fn check_config_names_the_limits_no_bucket_can_reach() {
+    let yaml = r#"
+domain: rlqs
+descriptors:
+  - key: plan
+    descriptors:
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: tenant
+    descriptors:
+      - key: plan
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: tenant
+        rate_limit: {unit: second, requests_per_unit: 1}
+"#;
+    let cfg = parse_files(&[("u.yaml".into(), yaml.into())], &LoadOptions::default()).unwrap();
+    let found = unreachable_by_buckets(&cfg, &KeyOrder::default());
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(found[0].starts_with("rlqs.tenant.plan: no rate_limit_quota bucket reaches it: its keys are nested as tenant > plan, and a bucket's entries become a descriptor as plan > tenant"), "{found:#?}");
+    assert!(found[1].starts_with("rlqs.tenant.tenant: no rate_limit_quota bucket reaches it: key \"tenant\" appears twice"), "{found:#?}");
+    // With tenant first, the other nesting is the one no bucket reaches.
+    let found = unreachable_by_buckets(&cfg, &KeyOrder::new(vec!["tenant".into()]));
+    assert!(found[0].starts_with("rlqs.plan.tenant: "), "{found:#?}");
+    assert!(
+        unreachable_by_buckets(
+            &parse_files(&[("q.yaml".into(), CONFIG.into())], &LoadOptions::default()).unwrap(),
+            &KeyOrder::default()
+        )
+        .is_empty()
+    );
+}

@@ -128,6 +128,20 @@ pub enum Command {
             value_parser = parse_go_bool,
         )]
         strict_envoy: bool,
+        /// Also fail on every limit no `rate_limit_quota` bucket can reach (a path that repeats
+        /// a key, or nests keys in another order than buckets map to: SLUICE_RLQS_KEY_ORDER,
+        /// then bytewise), for configs that serve Envoy's quota filter.
+        #[arg(
+            long,
+            value_name = "BOOL",
+            action = ArgAction::Set,
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "true",
+            default_value = "false",
+            value_parser = parse_go_bool,
+        )]
+        rlqs: bool,
     },
 }
 
@@ -1332,10 +1346,12 @@ mod tests {
                 path,
                 merge_domain_config,
                 strict_envoy,
+                rlqs,
             }) => {
                 assert_eq!(path, PathBuf::from("/etc/ratelimit/config"));
                 assert!(!merge_domain_config);
                 assert!(!strict_envoy);
+                assert!(!rlqs);
             }
             None => panic!("no subcommand"),
         }

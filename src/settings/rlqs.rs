@@ -92,7 +92,7 @@ impl RlqsArgs {
 }
 
 /// SLUICE_RLQS_KEY_ORDER: comma-separated keys, none empty or repeated.
-fn key_order(value: &str) -> Result<KeyOrder, SettingsError> {
+pub fn key_order(value: &str) -> Result<KeyOrder, SettingsError> {
     let mut keys: Vec<String> = Vec::new();
     if value.trim().is_empty() {
         return Ok(KeyOrder::default());

@@ -1,7 +1,7 @@
 //! Lease mode (SLUICE_CLUSTER_MODE=lease): global limits decided with no network hop on the
 //! request path. Each key's owner on the ring is its lease server ([`server`]): it hands every
 //! node that asks a lease on part of the key's capacity, sized by max-min fair share
-//! ([`share`]) on the nodes' attempted demand, and the nodes decide locally from what they hold
+//! ([`crate::limiter::share`]) on the nodes' attempted demand, and the nodes decide locally from what they hold
 //! ([`client`]).
 //!
 //! - **Cold keys**: a node that holds nothing for a key sends the hit's owner an *acquire* with
@@ -21,7 +21,6 @@
 
 pub mod client;
 pub mod server;
-pub mod share;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -15,7 +15,7 @@
 //! what it holds when it renews (`keep`, what it promises not to exceed), the server raises it
 //! by a grant. The server therefore never counts on capacity a node may still be using.
 //!
-//! **Fair share.** A grant is the node's max-min fair part ([`super::share`]) of what is left,
+//! **Fair share.** A grant is the node's max-min fair part ([`crate::limiter::share`]) of what is left,
 //! split over the needs of the nodes whose leases are live: each node's need is its reported
 //! *attempted* demand (refused hits included, Ably's lesson: measuring admitted traffic makes
 //! shares oscillate) over the renewal horizon. A node that stops renewing keeps its allowance
@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::share::max_min_fair;
 use crate::clock::Timestamp;
+use crate::limiter::share::max_min_fair;
 use crate::limiter::{Algorithm, Quota};
 
 /// Shares of a bucket are parts per million.
