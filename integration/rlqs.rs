@@ -53,7 +53,7 @@ const MAX_TTL_SECS: f64 = 11.0;
 
 /// Limits for the load tests (the example's domain and bucket builder, other tenants).
 const LOAD_CONFIG: &str = "
-domain: edge
+domain: rlqs
 descriptors:
   - key: tenant
     value: steady
@@ -509,7 +509,7 @@ fn two_envoys_share_a_bucket_and_the_lighter_one_gets_what_it_asks() {
 /// When the part of the bucket `shared` held by an Envoy whose stream ended expires (Unix
 /// seconds), from Sluice's `/debug/rlqs`; `None` while no holder is gone.
 fn gone_part_expiry(sluice: &Sluice) -> Option<f64> {
-    let a = try_get(sluice.debug, "/debug/rlqs?key=edge_tenant_shared_", &[])?;
+    let a = try_get(sluice.debug, "/debug/rlqs?key=rlqs_tenant_shared_", &[])?;
     let view: serde_json::Value = serde_json::from_str(&a.body).ok()?;
     view["holders"]
         .as_array()?
