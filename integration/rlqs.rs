@@ -412,16 +412,11 @@ fn example_limits_a_tenant_passes_others_and_falls_back_once_sluice_is_gone() {
     proxy.proc.assert_running();
 }
 
-/// Starts Sluice with [`LOAD_CONFIG`] (and `env`) and `n` Envoys in front of one application.
-fn load_setup(
-    envoy: &Path,
-    dir: &Path,
-    n: usize,
-    env: &[(&str, &std::ffi::OsStr)],
-) -> (Sluice, Upstream, Vec<Envoy>) {
+/// Starts Sluice with [`LOAD_CONFIG`] and `n` Envoys in front of one application.
+fn load_setup(envoy: &Path, dir: &Path, n: usize) -> (Sluice, Upstream, Vec<Envoy>) {
     let config = dir.join("sluice.yaml");
     std::fs::write(&config, LOAD_CONFIG).unwrap();
-    let sluice = Sluice::start_with_env(&config, dir, env);
+    let sluice = Sluice::start(&config, dir);
     let upstream = Upstream::start();
     let envoys = (0..n)
         .map(|i| start_envoy(envoy, dir, &format!("envoy-{i}"), &sluice, &upstream))
@@ -433,7 +428,7 @@ fn load_setup(
 fn one_envoy_offered_twice_the_limit_admits_the_limit() {
     let Some(envoy) = envoy() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (_sluice, _upstream, envoys) = load_setup(&envoy, dir.path(), 1, &[]);
+    let (_sluice, _upstream, envoys) = load_setup(&envoy, dir.path(), 1);
     let load = Load {
         port: envoys[0].port,
         tenant: "steady",
@@ -457,7 +452,7 @@ fn one_envoy_offered_twice_the_limit_admits_the_limit() {
 fn two_envoys_share_a_bucket_and_the_lighter_one_gets_what_it_asks() {
     let Some(envoy) = envoy() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (_sluice, _upstream, envoys) = load_setup(&envoy, dir.path(), 2, &[]);
+    let (_sluice, _upstream, envoys) = load_setup(&envoy, dir.path(), 2);
     // 15 s: Sluice learns each Envoy's demand from its first periodic report, 5 s in (Envoy 1.39
     // reports every 5 s), so the split settles after that; the last 5 s are measured.
     let (heavy, light) = (
@@ -536,7 +531,7 @@ fn busiest_second(a: &[Sent], b: &[Sent], from: f64, to: f64) -> (f64, usize) {
 fn an_envoy_that_leaves_frees_its_part_once_its_assignment_expires() {
     let Some(envoy) = envoy() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let (sluice, _upstream, mut envoys) = load_setup(&envoy, dir.path(), 2, &[]);
+    let (sluice, _upstream, mut envoys) = load_setup(&envoy, dir.path(), 2);
     // Leaving at 6 s, its part (renewed at most 5 s before) expires by 6 + 11 s; Sluice's sweep
     // frees it within a second; 4 s more are measured.
     const LEAVE: f64 = 6.0;
