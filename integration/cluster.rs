@@ -39,6 +39,18 @@ impl Drop for Node {
 }
 
 impl Node {
+    /// A node on free ports, not started, with `env`.
+    fn new(env: Vec<(String, String)>) -> Node {
+        Node {
+            child: None,
+            http: free_port(),
+            debug: free_port(),
+            peer: free_port(),
+            grpc: free_port(),
+            env,
+        }
+    }
+
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -81,6 +93,17 @@ impl Node {
     }
 }
 
+/// `n` peers, not started, each with `env`, and their PEERS string.
+fn peer_nodes(n: usize, env: &[(String, String)]) -> (Vec<Node>, String) {
+    let nodes: Vec<Node> = (0..n).map(|_| Node::new(env.to_vec())).collect();
+    let peers = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.peer))
+        .collect::<Vec<_>>()
+        .join(",");
+    (nodes, peers)
+}
+
 /// Starts three peers (a limit of 10 per hour on `d`/`k`) with `env`; returns the config dir
 /// (keep it alive), the nodes and the PEERS string.
 fn three_nodes(env: &[(&str, &str)]) -> (tempfile::TempDir, Vec<Node>, String) {
@@ -95,24 +118,11 @@ fn three_nodes_with(unit: &str, env: &[(&str, &str)]) -> (tempfile::TempDir, Vec
         format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 10}}\n"),
     )
     .unwrap();
-    let mut nodes: Vec<Node> = (0..3)
-        .map(|_| Node {
-            child: None,
-            http: free_port(),
-            debug: free_port(),
-            peer: free_port(),
-            grpc: free_port(),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        })
-        .collect();
-    let peers = nodes
+    let env: Vec<(String, String)> = env
         .iter()
-        .map(|n| format!("127.0.0.1:{}", n.peer))
-        .collect::<Vec<_>>()
-        .join(",");
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let (mut nodes, peers) = peer_nodes(3, &env);
     for n in &mut nodes {
         n.start(&peers, dir.path());
     }
@@ -777,14 +787,7 @@ mod peer_versions {
     #[test]
     fn a_peer_of_another_version_is_a_failed_peer_and_its_keys_are_counted_by_this_node() {
         let rt = runtime();
-        let mut node = Node {
-            child: None,
-            http: free_port(),
-            debug: free_port(),
-            peer: free_port(),
-            grpc: free_port(),
-            env: Vec::new(),
-        };
+        let mut node = Node::new(Vec::new());
         let me = format!("127.0.0.1:{}", node.peer);
         // A port for the other node on which it owns `d`/`k`=`v`, as the ring sees the two.
         let (listener, other) = loop {
@@ -1126,19 +1129,12 @@ mod peer_tls {
         // The node's other peer records the client certificate of every connection the node
         // makes to it (its probes reconnect every 500 ms, since the stand-in hangs up).
         let (stand_in_port, presented) = recording_peer(&rt, &pki.ca, &stand_in);
-        let mut node = Node {
-            child: None,
-            http: free_port(),
-            debug: free_port(),
-            peer: free_port(),
-            grpc: free_port(),
-            env: tls_env(
-                &secret.path().join("tls.crt"),
-                &secret.path().join("tls.key"),
-                &pki.ca,
-                None,
-            ),
-        };
+        let mut node = Node::new(tls_env(
+            &secret.path().join("tls.crt"),
+            &secret.path().join("tls.key"),
+            &pki.ca,
+            None,
+        ));
         let peers = format!("127.0.0.1:{},127.0.0.1:{stand_in_port}", node.peer);
         node.start(&peers, config.path());
         let both_ways = |leaf: &pki::Leaf| {
@@ -1282,21 +1278,7 @@ mod lease {
             // machine: that is a failure, with its own bound, and these tests kill the nodes
             // they mean to lose (a killed node's calls fail at once, whatever the deadline).
             env.push(("SLUICE_PEER_TIMEOUT_MS".into(), "2000".into()));
-            let mut nodes: Vec<Node> = (0..3)
-                .map(|_| Node {
-                    child: None,
-                    http: free_port(),
-                    debug: free_port(),
-                    peer: free_port(),
-                    grpc: free_port(),
-                    env: env.clone(),
-                })
-                .collect();
-            let peers = nodes
-                .iter()
-                .map(|n| format!("127.0.0.1:{}", n.peer))
-                .collect::<Vec<_>>()
-                .join(",");
+            let (mut nodes, peers) = peer_nodes(3, &env);
             for &i in started {
                 nodes[i].start(&peers, dir.path());
             }
@@ -2089,25 +2071,11 @@ mod rlqs {
     fn envoys_on_two_nodes_split_one_bucket_and_a_leaving_one_frees_its_part() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("limits.yaml"), YAML).unwrap();
-        let env = vec![(
+        let env = [(
             "SLUICE_RLQS_ASSIGNMENT_TTL_SECS".to_string(),
             "2".to_string(),
         )];
-        let mut nodes: Vec<Node> = (0..2)
-            .map(|_| Node {
-                child: None,
-                http: free_port(),
-                debug: free_port(),
-                peer: free_port(),
-                grpc: free_port(),
-                env: env.clone(),
-            })
-            .collect();
-        let peers = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.peer))
-            .collect::<Vec<_>>()
-            .join(",");
+        let (mut nodes, peers) = peer_nodes(2, &env);
         for n in &mut nodes {
             n.start(&peers, dir.path());
         }

@@ -6,7 +6,7 @@ renders the chart with `helm template`, validates every manifest with `kubernete
 --strict` against Kubernetes KUBE_VERSION's schemas, checks what the schemas cannot (the
 security context, the directory mount that makes reloads work, the peer and Redis wiring, the
 grace period, the TLS Secret mounts, peer TLS and its cert-manager Certificate, the
-NetworkPolicy, and the tracing and write-behind variables), and feeds
+NetworkPolicy, and the tracing, write-behind and RLQS variables), and feeds
 each rendered ConfigMap's descriptor files to `sluice check-config`. The same is done for a few
 value combinations (COMBOS). Then, for every render, it starts the real sluice binary with the
 rendered container environment (ports moved to free ones, Secret values faked, every mounted
@@ -79,9 +79,10 @@ COMBOS = {
                             "certManager": {"enabled": True, "duration": "720h", "renewBefore": "240h",
                                             "issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}}}},
     },
-    "lease mode with a faster renewal": {
+    "lease mode with a faster renewal, RLQS with shorter assignments and a key order": {
         "replicaCount": 3,
         "cluster": {"enabled": True, "mode": "lease", "lease": {"renewMs": 50, "durationMs": 500, "maxBytes": 16777216}},
+        "rlqs": {"assignmentTtlSecs": 5, "abandonIdleSecs": 10, "maxBytes": 8388608, "keyOrder": "tenant, plan"},
     },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
@@ -258,6 +259,16 @@ def check_deployment(label, docs, values):
             got == (want if in_lease else {}),
             f"want {want if in_lease else {}}, got {got}",
         )
+    rlqs = values.get("rlqs", {})
+    want = {
+        "SLUICE_RLQS_ASSIGNMENT_TTL_SECS": str(rlqs.get("assignmentTtlSecs", 10)),
+        "SLUICE_RLQS_ABANDON_IDLE_SECS": str(rlqs.get("abandonIdleSecs", 300)),
+        "SLUICE_RLQS_MAX_BYTES": str(rlqs.get("maxBytes", 33554432)),
+        "SLUICE_RLQS_KEY_ORDER": rlqs.get("keyOrder", ""),
+    }
+    got = {k: e.get("value") for k, e in env.items() if k.startswith("SLUICE_RLQS_")}
+    check(f"{label}: SLUICE_RLQS_* set from rlqs (the quota service is always on)", got == want,
+          f"want {want}, got {got}")
     write_behind = values.get("cluster", {}).get("writeBehind", {}).get("enabled")
     if values.get("backend") == "redis" or write_behind:
         auth = env.get("REDIS_AUTH", {}).get("valueFrom", {}).get("secretKeyRef", {})
@@ -330,8 +341,11 @@ def check_memory_budget(label, c, env):
                     + int(env["SLUICE_MAX_INFLIGHT_REQUESTS"]["value"]) * INFLIGHT_BYTES)
     # Lease mode's two tables (held leases, granted leases), each bounded by SLUICE_LEASE_MAX_BYTES.
     leases = 2 * int(env.get("SLUICE_LEASE_MAX_BYTES", {}).get("value", 0))
+    # The quota service is always on: its buckets and holders, bounded by SLUICE_RLQS_MAX_BYTES
+    # (Sluice's own default when unset).
+    rlqs = int(env.get("SLUICE_RLQS_MAX_BYTES", {}).get("value", 32 << 20))
     worst = (int(env["SLUICE_MAX_COUNTER_BYTES"]["value"]) + listeners * per_listener
-             + int(env["SLUICE_MAX_PENDING_REQUEST_BYTES"]["value"]) + PROCESS_BYTES + leases)
+             + int(env["SLUICE_MAX_PENDING_REQUEST_BYTES"]["value"]) + PROCESS_BYTES + leases + rlqs)
     check(f"{label}: the worst case the limits allow ({worst / 2**20:.0f}Mi over {listeners} listeners) "
           f"fits the memory limit ({limit})", worst <= quantity(limit))
 
@@ -877,6 +891,24 @@ def main():
          ["/listeners", "'maxConnection' not allowed"]),
         ("env sets a listener limit", {"env": {"SLUICE_MAX_CONNECTIONS": "10"}},
          ["env.SLUICE_MAX_CONNECTIONS is set by the chart"]),
+        ("RLQS buckets abandoned before two assignments expire",
+         {"rlqs": {"assignmentTtlSecs": 200, "abandonIdleSecs": 300}},
+         ["rlqs.abandonIdleSecs (300) must be at least twice rlqs.assignmentTtlSecs (200)"]),
+        ("RLQS assignments living 0 s", {"rlqs": {"assignmentTtlSecs": 0}}, ["/rlqs/assignmentTtlSecs", "minimum"]),
+        ("RLQS assignments living over an hour", {"rlqs": {"assignmentTtlSecs": 3601, "abandonIdleSecs": 7202}},
+         ["/rlqs/assignmentTtlSecs", "maximum"]),
+        ("RLQS buckets idle over a day", {"rlqs": {"abandonIdleSecs": 86401}}, ["/rlqs/abandonIdleSecs", "maximum"]),
+        ("RLQS table under 64 KiB", {"rlqs": {"maxBytes": 65535}}, ["/rlqs/maxBytes", "minimum"]),
+        ("RLQS table over 64 GiB", {"rlqs": {"maxBytes": 68719476737}}, ["/rlqs/maxBytes", "maximum"]),
+        ("RLQS table as a quantity", {"rlqs": {"maxBytes": "32Mi"}}, ["/rlqs/maxBytes", "want integer"]),
+        ("RLQS key order with an empty key", {"rlqs": {"keyOrder": "tenant,,plan"}},
+         ["/rlqs/keyOrder", "does not match pattern"]),
+        ("RLQS key order ending in a comma", {"rlqs": {"keyOrder": "tenant,"}}, ["/rlqs/keyOrder", "does not match pattern"]),
+        ("RLQS key order naming a key twice", {"rlqs": {"keyOrder": "tenant, plan,tenant"}},
+         ['rlqs.keyOrder "tenant, plan,tenant" names "tenant" twice']),
+        ("rlqs misspelt key", {"rlqs": {"ttlSecs": 5}}, ["/rlqs", "'ttlSecs' not allowed"]),
+        ("env sets an RLQS variable", {"env": {"SLUICE_RLQS_MAX_BYTES": "65536"}},
+         ["env.SLUICE_RLQS_MAX_BYTES is set by the chart"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:

@@ -455,6 +455,19 @@ impl PeerClient {
         })
     }
 
+    /// A unary call's answer within the timeout, or what went wrong (`what` names the call).
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(answer)) => Ok(answer.into_inner()),
+            Ok(Err(s)) => Err(format!("peer {what} call failed: {}", s.message())),
+            Err(_) => Err(format!("peer did not answer within {:?}", self.timeout)),
+        }
+    }
+
     /// One Lease call from `node` (this node's advertised address) carrying `asks`, bounded by
     /// the timeout: one grant per ask, in order.
     pub async fn lease(&self, node: &str, asks: Vec<LeaseAsk>) -> Result<Vec<Grant>, String> {
@@ -465,16 +478,7 @@ impl PeerClient {
             asks,
         };
         let mut grpc = self.grpc.clone();
-        let call = async {
-            grpc.lease(request)
-                .await
-                .map(|r| r.into_inner().grants)
-                .map_err(|s| format!("peer lease call failed: {}", s.message()))
-        };
-        let grants = match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r?,
-            Err(_) => return Err(format!("peer did not answer within {:?}", self.timeout)),
-        };
+        let grants = self.bounded("lease", grpc.lease(request)).await?.grants;
         if grants.len() != n {
             return Err(format!(
                 "peer answered {} grants for {n} asks",
@@ -498,16 +502,7 @@ impl PeerClient {
             buckets,
         };
         let mut grpc = self.grpc.clone();
-        let call = async {
-            grpc.quota(request)
-                .await
-                .map(|r| r.into_inner().buckets)
-                .map_err(|s| format!("peer quota call failed: {}", s.message()))
-        };
-        let parts = match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r?,
-            Err(_) => return Err(format!("peer did not answer within {:?}", self.timeout)),
-        };
+        let parts = self.bounded("quota", grpc.quota(request)).await?.buckets;
         let answered: Vec<usize> = parts.iter().map(|p| p.assigned.len()).collect();
         if answered != shape {
             return Err(format!(

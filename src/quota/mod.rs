@@ -219,13 +219,16 @@ pub struct QuotaService {
 
 impl QuotaService {
     pub fn new(config: ConfigHandle, clock: Arc<dyn Clock>, options: QuotaOptions) -> Self {
+        // Streams are numbered from the start time, so a restarted node's streams are not taken
+        // for its previous life's by an owner that still holds those until they expire.
+        let first_stream = clock.now().micros();
         QuotaService {
             config,
             clock,
             options,
             buckets: DashMap::default(),
             streams: DashMap::default(),
-            next_stream: AtomicU64::new(1),
+            next_stream: AtomicU64::new(first_stream),
             bytes: AtomicUsize::new(0),
             counters: QuotaCounters::default(),
             peers: None,
@@ -476,14 +479,22 @@ impl QuotaService {
     /// The `n` buckets with the highest demand: (key, demand and assigned requests per second,
     /// holders), for `/metrics` and `/debug/rlqs`.
     pub fn top(&self, n: usize) -> Vec<BucketView> {
-        let mut all: Vec<BucketView> = self
+        // Demand only, then the views of the busiest: a scrape walks every bucket once and
+        // copies only what it shows.
+        let mut all: Vec<(f64, Box<str>)> = self
             .buckets
             .iter()
-            .map(|b| BucketView::of(b.key(), &b))
+            .map(|b| (b.demand(), b.key().clone()))
             .collect();
-        all.sort_by(|a, b| b.demand.total_cmp(&a.demand).then(a.key.cmp(&b.key)));
+        let busiest = |a: &(f64, Box<str>), b: &(f64, Box<str>)| {
+            b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1))
+        };
+        if all.len() > n && n > 0 {
+            all.select_nth_unstable_by(n - 1, busiest);
+        }
         all.truncate(n);
-        all
+        all.sort_by(busiest);
+        all.iter().filter_map(|(_, key)| self.bucket(key)).collect()
     }
 
     /// One bucket by its key (`domain_key_value_...`), for `/debug/rlqs?key=`.

@@ -122,6 +122,25 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- if and (eq .Values.cluster.mode "lease") (lt (int64 .Values.cluster.lease.durationMs) (mul 2 (int64 .Values.cluster.lease.renewMs))) }}
 {{- fail "cluster.lease.durationMs must be at least twice cluster.lease.renewMs (SLUICE_LEASE_DURATION_MS)" }}
 {{- end }}
+{{- with .Values.rlqs }}
+{{- if lt (int64 .abandonIdleSecs) (mul 2 (int64 .assignmentTtlSecs)) }}
+{{- fail (printf "rlqs.abandonIdleSecs (%v) must be at least twice rlqs.assignmentTtlSecs (%v) (SLUICE_RLQS_ABANDON_IDLE_SECS)" (int64 .abandonIdleSecs) (int64 .assignmentTtlSecs)) }}
+{{- end }}
+{{- /* As Sluice parses SLUICE_RLQS_KEY_ORDER: blank is none, else each key trimmed, none empty or repeated. */}}
+{{- if trim .keyOrder }}
+{{- $seen := list }}
+{{- range splitList "," .keyOrder }}
+{{- $key := trim . }}
+{{- if not $key }}
+{{- fail (printf "rlqs.keyOrder %q has an empty key (keys are separated by single commas)" $.Values.rlqs.keyOrder) }}
+{{- end }}
+{{- if has $key $seen }}
+{{- fail (printf "rlqs.keyOrder %q names %q twice (SLUICE_RLQS_KEY_ORDER)" $.Values.rlqs.keyOrder $key) }}
+{{- end }}
+{{- $seen = append $seen $key }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- $wb := .Values.cluster.writeBehind.enabled }}
 {{- if $wb }}
 {{- if not .Values.cluster.enabled }}
@@ -195,7 +214,7 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- fail (printf "tracing.tls.secretName needs an https:// tracing.endpoint (got %q): Sluice reads the collector's TLS files only for https" .Values.tracing.endpoint) }}
 {{- end }}
 {{- $managed := list "PORT" "GRPC_PORT" "DEBUG_PORT" "SLUICE_CONFIG" "RUNTIME_ROOT" "CONFIG_TYPE" "BACKEND_TYPE" "REDIS_URL" "REDIS_AUTH" "REDIS_TYPE" "REDIS_SOCKET_TYPE" "PEERS" "PEERS_DNS" "PEER_PORT" "PEER_ADVERTISE_ADDRESS" "SLUICE_SHUTDOWN_DELAY_SECS" "SLUICE_DRAIN_TIMEOUT_SECS" }}
-{{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "OTEL_EXPORTER_OTLP_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS" "SLUICE_PEER_TLS" "SLUICE_PEER_TLS_CERT" "SLUICE_PEER_TLS_KEY" "SLUICE_PEER_TLS_CACERT" "SLUICE_PEER_TLS_SAN" "SLUICE_MAX_COUNTERS" "SLUICE_MAX_COUNTER_BYTES" "SLUICE_MAX_CONNECTIONS" "SLUICE_MAX_INFLIGHT_REQUESTS" "SLUICE_MAX_PENDING_REQUEST_BYTES" "SLUICE_REQUEST_TIMEOUT_MS" "SLUICE_IDLE_TIMEOUT_SECS") }}
+{{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "OTEL_EXPORTER_OTLP_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS" "SLUICE_PEER_TLS" "SLUICE_PEER_TLS_CERT" "SLUICE_PEER_TLS_KEY" "SLUICE_PEER_TLS_CACERT" "SLUICE_PEER_TLS_SAN" "SLUICE_MAX_COUNTERS" "SLUICE_MAX_COUNTER_BYTES" "SLUICE_MAX_CONNECTIONS" "SLUICE_MAX_INFLIGHT_REQUESTS" "SLUICE_MAX_PENDING_REQUEST_BYTES" "SLUICE_REQUEST_TIMEOUT_MS" "SLUICE_IDLE_TIMEOUT_SECS" "SLUICE_RLQS_ASSIGNMENT_TTL_SECS" "SLUICE_RLQS_ABANDON_IDLE_SECS" "SLUICE_RLQS_MAX_BYTES" "SLUICE_RLQS_KEY_ORDER") }}
 {{- range $name, $_ := .Values.env }}
 {{- if has $name $managed }}
 {{- fail (printf "env.%s is set by the chart from its values (see values.yaml); set those instead" $name) }}
