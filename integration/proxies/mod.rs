@@ -171,6 +171,8 @@ pub struct Sluice {
     pub proc: Proc,
     pub http: u16,
     pub grpc: u16,
+    /// `/metrics`, `/stats` and `/debug/*`.
+    pub debug: u16,
 }
 
 impl Sluice {
@@ -212,7 +214,12 @@ impl Sluice {
             proc.assert_running();
             try_get(http, "/healthcheck", &[]).is_some_and(|a| a.status == 200)
         });
-        Sluice { proc, http, grpc }
+        Sluice {
+            proc,
+            http,
+            grpc,
+            debug,
+        }
     }
 }
 
