@@ -170,12 +170,19 @@ async fn two_streams_split_a_bucket_and_a_dropped_one_frees_its_part_once_expire
     let app = start(2).await;
     let mut a = open(&app).await;
     a.send(report("rlqs", &[(acme(), 1)])).await;
-    assert_eq!(rates(&a.next().await.unwrap()), vec![(Some(100.0), 2)]);
+    // Until a second report measures the interval, it is taken to be Envoy's 5 s: a TTL of 10.
+    assert_eq!(rates(&a.next().await.unwrap()), vec![(Some(100.0), 10)]);
     let mut b = open(&app).await;
     b.send(report("rlqs", &[(acme(), 1)])).await;
-    assert_eq!(rates(&b.next().await.unwrap()), vec![(Some(50.0), 2)]);
+    assert_eq!(rates(&b.next().await.unwrap()), vec![(Some(50.0), 10)]);
     // a's part shrank: pushed to it without a report.
-    assert_eq!(rates(&a.next().await.unwrap()), vec![(Some(50.0), 2)]);
+    assert_eq!(rates(&a.next().await.unwrap()), vec![(Some(50.0), 10)]);
+    // Reports a second apart: assignments live 2 s (SLUICE_RLQS_ASSIGNMENT_TTL_SECS).
+    app.clock.advance_secs(1);
+    for s in [&mut a, &mut b] {
+        s.send(report("", &[(acme(), 50)])).await;
+        assert_eq!(rates(&s.next().await.unwrap()), vec![(Some(50.0), 2)]);
+    }
     let debug = http(app.debug, "GET", "/debug/rlqs?key=rlqs_tenant_acme_", "").await;
     assert_eq!(debug.status, 200);
     let view: serde_json::Value = serde_json::from_str(&debug.body).unwrap();
@@ -200,4 +207,21 @@ async fn two_streams_split_a_bucket_and_a_dropped_one_frees_its_part_once_expire
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
     common::promtool_check(&metrics);
+}
+
+#[tokio::test]
+async fn stopping_ends_every_stream_with_unavailable_and_the_drain_does_not_wait_for_them() {
+    let mut app = start(10).await;
+    let mut s = open(&app).await;
+    s.send(report("rlqs", &[(acme(), 1)])).await;
+    s.next().await.unwrap();
+    let _ = app.shutdown.take().unwrap().send(());
+    let status = s.next().await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // The drain (5 s here) is not spent waiting for a stream that never ends by itself.
+    tokio::time::timeout(Duration::from_secs(3), &mut app.task)
+        .await
+        .expect("stopped well within the drain timeout")
+        .unwrap()
+        .unwrap();
 }

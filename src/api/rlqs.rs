@@ -4,7 +4,8 @@
 //! other streams' reports or the sweep pushed for it.
 //!
 //! A report naming no domain first, or another domain later, ends the stream with
-//! INVALID_ARGUMENT; a bucket that cannot be mapped (an empty or oversized id) is skipped and
+//! INVALID_ARGUMENT; every stream ends with UNAVAILABLE when Sluice stops (Envoy keeps its
+//! assignments and reconnects); a bucket that cannot be mapped (an empty or oversized id) is skipped and
 //! counted, and the stream goes on. Messages past SLUICE_MAX_REQUEST_BYTES are refused by the
 //! listener from their length prefix, as on ratelimit.v3.
 
@@ -143,6 +144,9 @@ async fn serve_stream(
                 Err(status) => break Some(status),
             },
             () = stream.woken() => stream.pending(),
+            () = stream.closed() => break Some(tonic::Status::unavailable(
+                "Sluice is shutting down: reconnect (to another replica)",
+            )),
             () = tx.closed() => break None,
         };
         if actions.is_empty() {
@@ -160,7 +164,10 @@ async fn serve_stream(
     );
     spans.end(&stream, count, end.as_ref());
     if let Some(status) = end
-        && status.code() == tonic::Code::InvalidArgument
+        && matches!(
+            status.code(),
+            tonic::Code::InvalidArgument | tonic::Code::Unavailable
+        )
     {
         let _ = tx.send(Err(status)).await;
     }

@@ -481,7 +481,7 @@ fn spawn_quota(
 }
 
 /// Frees expired and quiet parts of the quota service's buckets every second, until the app
-/// stops.
+/// stops; then ends the streams, which would otherwise hold the drain for its whole timeout.
 async fn sweep_quota(quota: Arc<QuotaService>, stop: impl Future<Output = ()>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -489,7 +489,10 @@ async fn sweep_quota(quota: Arc<QuotaService>, stop: impl Future<Output = ()>) {
     loop {
         tokio::select! {
             _ = tick.tick() => quota.sweep(),
-            () = &mut stop => return,
+            () = &mut stop => {
+                quota.close_streams();
+                return;
+            }
         }
     }
 }

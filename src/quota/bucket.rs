@@ -239,7 +239,8 @@ impl Bucket {
             .iter()
             .filter(|h| !h.gone)
             .filter_map(|h| h.demand)
-            .sum()
+            // Not `sum()`: an empty f64 sum is -0.0.
+            .fold(0.0, |a, d| a + d)
     }
 }
 

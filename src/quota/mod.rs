@@ -183,6 +183,11 @@ pub struct QuotaCounters {
     pub sync_failures: AtomicU64,
 }
 
+/// A stream's reporting interval until two reports measure it: Envoy 1.39 reports every 5 s
+/// whatever its `reporting_interval` says, so a first assignment lives at least 10 s and does not
+/// expire before the second report.
+pub const ASSUMED_INTERVAL_US: u64 = 5_000_000;
+
 /// What a stream is told to do about one of its buckets when it is not reporting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Push {
@@ -215,6 +220,9 @@ pub struct QuotaService {
     peers: Option<Arc<dyn QuotaPeers>>,
     /// Wakes the sync task at once (a new holder of a bucket another node owns).
     sync_now: tokio::sync::Notify,
+    /// Set when the app stops: every stream ends, so Envoys reconnect to another replica and
+    /// the drain does not wait for streams that never end on their own.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl QuotaService {
@@ -233,7 +241,13 @@ impl QuotaService {
             counters: QuotaCounters::default(),
             peers: None,
             sync_now: tokio::sync::Notify::new(),
+            closing: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Ends every stream, now and from now on (the app is stopping).
+    pub fn close_streams(&self) {
+        self.closing.send_replace(true);
     }
 
     /// Splits buckets across the peers: each bucket's owner on the ring splits it across every
@@ -263,7 +277,7 @@ impl QuotaService {
             outbox,
             domain: None,
             last_report_us: None,
-            interval_us: 0,
+            interval_us: ASSUMED_INTERVAL_US,
         }
     }
 
@@ -596,7 +610,7 @@ pub struct QuotaStream {
     outbox: Arc<Outbox>,
     domain: Option<String>,
     last_report_us: Option<u64>,
-    /// The time between its last two reports (0 until known).
+    /// The time between its last two reports ([`ASSUMED_INTERVAL_US`] until known).
     interval_us: u64,
 }
 
@@ -618,6 +632,13 @@ impl QuotaStream {
     /// Resolves when something is waiting in [`QuotaStream::pending`].
     pub async fn woken(&self) {
         self.outbox.wake.notified().await;
+    }
+
+    /// Resolves when the service is closing its streams ([`QuotaService::close_streams`]).
+    pub async fn closed(&self) {
+        let mut closing = self.service.closing.subscribe();
+        // An error means the service is gone: closed too.
+        let _ = closing.wait_for(|&c| c).await;
     }
 
     /// The time to live of this stream's assignments: SLUICE_RLQS_ASSIGNMENT_TTL_SECS, or twice

@@ -109,6 +109,10 @@ async fn an_envoy_gone_from_the_other_node_frees_its_part_once_it_expires() {
     let (mut ea, mut eb) = (a.open(), b.open());
     report(&mut ea, 1);
     report(&mut eb, 1);
+    // A second report a second later measures the interval: assignments live 2 s from here.
+    clock.advance_secs(1);
+    report(&mut ea, 1);
+    report(&mut eb, 1);
     b.sync_once().await;
     ea.pending();
     drop(eb);
