@@ -2098,17 +2098,28 @@ mod rlqs {
                 || rate(&a) == Some(50.0) && rate(&b) == Some(50.0),
             )
             .await;
-            // Both stay within the bucket's rate as they keep reporting.
+            // Both stay within the bucket's rate as they keep reporting (every half second,
+            // so their assignments live SLUICE_RLQS_ASSIGNMENT_TTL_SECS, 2 s).
             for _ in 0..4 {
-                until(&[&a, &b], 100, "a report round", || true).await;
+                for e in [&a, &b] {
+                    e.reports.send(report(100)).await.expect("report");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
                 let sum = rate(&a).unwrap() + rate(&b).unwrap();
                 assert!(sum <= 100.0, "{sum} assigned of 100");
             }
+            let left = tokio::time::Instant::now();
             drop(b);
             until(&[&a], 100, "the freed part goes to the Envoy left", || {
                 rate(&a) == Some(100.0)
             })
             .await;
+            // Its part was reserved while its Envoy could still enforce it: at least a TTL.
+            assert!(
+                left.elapsed() >= Duration::from_secs(2),
+                "{:?}",
+                left.elapsed()
+            );
         });
     }
 }
