@@ -407,11 +407,52 @@ fn telemetry_cost(c: &mut Criterion) {
             )
         });
     }
+    // Two threads deciding at once on distinct keys, stats off and on: the time of one
+    // thread's decision while the other decides too. What stats cost beyond one thread's is
+    // cache lines both threads write.
+    for (name, svc) in [
+        ("two_threads_stats_off", &stats_off),
+        ("two_threads_stats_on", &stats_on),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| two_threads_decide(svc, iters))
+        });
+    }
     assert!(spans.try_recv().is_err());
     assert!(sampled_spans.queued.load(Ordering::Relaxed) > 0);
     assert_eq!(sampled_spans.dropped.load(Ordering::Relaxed), 0);
     assert_eq!(unsampled_spans.queued.load(Ordering::Relaxed), 0);
     g.finish();
+}
+
+/// Two threads each deciding `iters` times for its own client; the slower thread's time.
+fn two_threads_decide<S: sluice::store::CounterStore>(
+    svc: &RateLimitService<S>,
+    iters: u64,
+) -> Duration {
+    let start_flag = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let handles = ["c0", "c1"].map(|client| {
+            let start_flag = &start_flag;
+            s.spawn(move || {
+                let r = request("bench", &[("client", client)]);
+                while !start_flag.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                let t = Instant::now();
+                for _ in 0..iters {
+                    black_box(ready(svc.should_rate_limit(r.clone())).ok());
+                }
+                t.elapsed()
+            })
+        });
+        start_flag.store(true, Ordering::Release);
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    })
 }
 
 criterion_group! {

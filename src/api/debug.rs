@@ -222,7 +222,7 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
         load(&svc.global_shadow_mode),
         load(&svc.redis_error),
         load(&svc.service_error),
-        load(&svc.total_requests),
+        svc.total_requests.get(),
     );
     if let Some(m) = e.memory {
         out.push_str(&format!(

@@ -306,7 +306,7 @@ fn render_calls(out: &mut String, stats: &Stats) {
         out,
         name,
         &[("grpc_method", "ShouldRateLimit")],
-        load(&svc.total_requests),
+        svc.total_requests.get(),
     );
 }
 

@@ -27,6 +27,77 @@ pub use crate::service::observe::Outcome;
 /// into `domain="_overflow_"` alone.
 pub const OVERFLOW_KEY: &str = "_overflow_";
 
+/// Counters every request adds to are split into shards, one cache line (or more) each, and a
+/// thread adds to its own: two cores deciding at once never write the same line (each such
+/// write moves the line between the cores). A read sums the shards. There are as many shards
+/// as the machine has threads to run, rounded up to a power of two, at most [`MAX_SHARDS`];
+/// each thread takes the next one when it first counts.
+pub const MAX_SHARDS: usize = 8;
+
+/// A cache line of its own (64 bytes on x86-64 and most ARM cores).
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Line<T>(T);
+
+#[derive(Debug)]
+struct Sharded<T>(Box<[Line<T>]>);
+
+impl<T: Default> Default for Sharded<T> {
+    fn default() -> Self {
+        Sharded((0..shard_count()).map(|_| Line(T::default())).collect())
+    }
+}
+
+impl<T> Sharded<T> {
+    /// This thread's shard.
+    #[inline]
+    fn local(&self) -> &T {
+        &self.0[shard_index() & (self.0.len() - 1)].0
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &T> {
+        self.0.iter().map(|l| &l.0)
+    }
+}
+
+fn shard_count() -> usize {
+    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .next_power_of_two()
+            .min(MAX_SHARDS)
+    })
+}
+
+#[inline]
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
+}
+
+/// A counter every request adds to, sharded (see [`MAX_SHARDS`]).
+#[derive(Debug, Default)]
+pub struct ShardedCounter(Sharded<AtomicU64>);
+
+impl ShardedCounter {
+    #[inline]
+    pub fn add(&self, v: u64) {
+        self.0.local().fetch_add(v, Ordering::Relaxed);
+    }
+
+    /// The sum over the shards.
+    pub fn get(&self) -> u64 {
+        self.0
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+}
+
 type FastState = foldhash::fast::RandomState;
 
 /// How stats are kept.
@@ -52,13 +123,17 @@ impl Default for StatsOptions {
 
 /// One stats key's counters: `ratelimit.service.rate_limit.<key>.<stat>`.
 #[derive(Debug, Default)]
-pub struct LimitCounters {
-    pub total_hits: AtomicU64,
-    pub over_limit: AtomicU64,
-    pub near_limit: AtomicU64,
-    pub within_limit: AtomicU64,
-    pub shadow_mode: AtomicU64,
-    pub over_limit_with_local_cache: AtomicU64,
+pub struct LimitCounters(Sharded<LimitCells>);
+
+/// One shard of a limit's counters: the six fit one cache line.
+#[derive(Debug, Default)]
+struct LimitCells {
+    total_hits: AtomicU64,
+    over_limit: AtomicU64,
+    near_limit: AtomicU64,
+    within_limit: AtomicU64,
+    shadow_mode: AtomicU64,
+    over_limit_with_local_cache: AtomicU64,
 }
 
 /// What one descriptor's decision adds to its limit's counters.
@@ -112,36 +187,45 @@ pub fn increments(o: &Outcome, near_limit_ratio: f32) -> Increments {
 }
 
 impl LimitCounters {
+    /// Adds to this thread's shard.
     fn add(&self, inc: &Increments) {
+        let c = self.0.local();
         let add = |c: &AtomicU64, v: u64| {
             if v != 0 {
                 c.fetch_add(v, Ordering::Relaxed);
             }
         };
-        add(&self.total_hits, inc.total_hits);
-        add(&self.over_limit, inc.over_limit);
-        add(&self.near_limit, inc.near_limit);
-        add(&self.within_limit, inc.within_limit);
-        add(&self.shadow_mode, inc.shadow_mode);
+        add(&c.total_hits, inc.total_hits);
+        add(&c.over_limit, inc.over_limit);
+        add(&c.near_limit, inc.near_limit);
+        add(&c.within_limit, inc.within_limit);
+        add(&c.shadow_mode, inc.shadow_mode);
         add(
-            &self.over_limit_with_local_cache,
+            &c.over_limit_with_local_cache,
             inc.over_limit_with_local_cache,
         );
     }
 
-    /// A copy of the six values, in [`LimitCounters::NAMES`] order.
+    /// The six values summed over the shards, in [`LimitCounters::NAMES`] order.
     pub fn values(&self) -> [u64; 6] {
-        [
-            self.total_hits.load(Ordering::Relaxed),
-            self.over_limit.load(Ordering::Relaxed),
-            self.near_limit.load(Ordering::Relaxed),
-            self.within_limit.load(Ordering::Relaxed),
-            self.shadow_mode.load(Ordering::Relaxed),
-            self.over_limit_with_local_cache.load(Ordering::Relaxed),
-        ]
+        let mut out = [0u64; 6];
+        for c in self.0.iter() {
+            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            let shard = [
+                load(&c.total_hits),
+                load(&c.over_limit),
+                load(&c.near_limit),
+                load(&c.within_limit),
+                load(&c.shadow_mode),
+                load(&c.over_limit_with_local_cache),
+            ];
+            for (o, v) in out.iter_mut().zip(shard) {
+                *o = o.wrapping_add(v);
+            }
+        }
+        out
     }
 
-    /// The stat names, as in `ratelimit.service.rate_limit.<key>.<name>`.
     pub const NAMES: [&'static str; 6] = [
         "total_hits",
         "over_limit",
@@ -169,8 +253,8 @@ pub struct ServiceCounters {
     pub service_error: AtomicU64,
     /// `ratelimit.service.call.should_rate_limit.redis_error`: any backend failure.
     pub redis_error: AtomicU64,
-    /// `ratelimit_server.ShouldRateLimit.total_requests`.
-    pub total_requests: AtomicU64,
+    /// `ratelimit_server.ShouldRateLimit.total_requests`: added to by every call, so sharded.
+    pub total_requests: ShardedCounter,
     /// Records folded into the overflow entry because the key cap was reached.
     pub folded: AtomicU64,
 }
@@ -187,17 +271,31 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
 #[derive(Debug)]
 pub struct Histogram {
     bounds_nanos: [u64; LATENCY_BUCKETS.len()],
+    cells: Sharded<HistogramCells>,
+}
+
+/// One shard of a histogram.
+#[derive(Debug)]
+struct HistogramCells {
     /// One per bound, plus the +Inf bucket.
     counts: [AtomicU64; LATENCY_BUCKETS.len() + 1],
     sum_nanos: AtomicU64,
+}
+
+impl Default for HistogramCells {
+    fn default() -> Self {
+        HistogramCells {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
 }
 
 impl Default for Histogram {
     fn default() -> Self {
         Histogram {
             bounds_nanos: LATENCY_BUCKETS.map(|s| (s * 1e9).round() as u64),
-            counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_nanos: AtomicU64::new(0),
+            cells: Sharded::default(),
         }
     }
 }
@@ -219,22 +317,34 @@ impl Histogram {
             .iter()
             .position(|&b| nanos <= b)
             .unwrap_or(self.bounds_nanos.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        let cells = self.cells.local();
+        cells.counts[i].fetch_add(1, Ordering::Relaxed);
+        cells.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     pub fn snapshot(&self) -> HistogramSnapshot {
+        let count_of = |i: usize| -> u64 {
+            self.cells
+                .iter()
+                .map(|c| c.counts[i].load(Ordering::Relaxed))
+                .fold(0, u64::wrapping_add)
+        };
         let mut cumulative = 0;
         let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len());
-        for (bound, c) in LATENCY_BUCKETS.iter().zip(&self.counts) {
-            cumulative += c.load(Ordering::Relaxed);
+        for (i, bound) in LATENCY_BUCKETS.iter().enumerate() {
+            cumulative += count_of(i);
             buckets.push((*bound, cumulative));
         }
-        let count = cumulative + self.counts[LATENCY_BUCKETS.len()].load(Ordering::Relaxed);
+        let count = cumulative + count_of(LATENCY_BUCKETS.len());
+        let sum_nanos = self
+            .cells
+            .iter()
+            .map(|c| c.sum_nanos.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add);
         HistogramSnapshot {
             buckets,
             count,
-            sum_secs: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            sum_secs: sum_nanos as f64 / 1e9,
         }
     }
 }
@@ -409,7 +519,7 @@ impl Stats {
         if !self.options.enabled {
             return;
         }
-        self.service.total_requests.fetch_add(1, Ordering::Relaxed);
+        self.service.total_requests.add(1);
         self.response_time.record(elapsed);
         match error {
             None => {}
@@ -441,8 +551,7 @@ impl Stats {
     /// Every per-limit entry (the overflow one included when it was used), in no order.
     pub fn entries(&self) -> Vec<Arc<Entry>> {
         let mut out: Vec<Arc<Entry>> = self.keys.iter().map(|e| Arc::clone(e.value())).collect();
-        if self.overflow.counters.total_hits.load(Ordering::Relaxed) > 0
-            || self.service.folded.load(Ordering::Relaxed) > 0
+        if self.overflow.counters.values()[0] > 0 || self.service.folded.load(Ordering::Relaxed) > 0
         {
             out.push(Arc::clone(&self.overflow));
         }
@@ -625,7 +734,7 @@ mod tests {
         let entries = stats.entries();
         assert_eq!(entries.len(), 4);
         let overflow = entries.iter().find(|e| &*e.name == OVERFLOW_KEY).unwrap();
-        assert_eq!(overflow.counters.total_hits.load(Ordering::Relaxed), 97);
+        assert_eq!(overflow.counters.values()[0], 97);
         assert_eq!(stats.service.folded.load(Ordering::Relaxed), 97);
         for i in 0..20 {
             stats.domain_not_found(&format!("nope{i}"));
@@ -646,7 +755,7 @@ mod tests {
         assert_eq!(stats.key_count(), 2, "only the short keys are kept");
         let overflow = stats.entries();
         let overflow = overflow.iter().find(|e| &*e.name == OVERFLOW_KEY).unwrap();
-        assert_eq!(overflow.counters.total_hits.load(Ordering::Relaxed), 5);
+        assert_eq!(overflow.counters.values()[0], 5);
         assert_eq!(stats.service.folded.load(Ordering::Relaxed), 10);
         assert!(
             stats
@@ -663,7 +772,7 @@ mod tests {
         a.record_static(&slot, "d.k", &outcome(1, 10, 0));
         a.record_static(&slot, "d.k", &outcome(1, 10, 1));
         b.record_static(&slot, "d.k", &outcome(1, 10, 0));
-        let hits = |s: &Stats| s.entries()[0].counters.total_hits.load(Ordering::Relaxed);
+        let hits = |s: &Stats| s.entries()[0].counters.values()[0];
         assert_eq!((hits(&a), hits(&b)), (2, 1));
     }
 

@@ -50,7 +50,7 @@ pub fn counters(stats: &Stats, extra: &Extra) -> HashMap<String, u64> {
         ),
         (
             "ratelimit_server.ShouldRateLimit.total_requests",
-            svc.total_requests.load(Ordering::Relaxed),
+            svc.total_requests.get(),
         ),
         (
             "ratelimit.service.global_shadow_mode",

@@ -468,7 +468,7 @@ fn call_metrics(stats: &Stats, extra: &Extra, t: (u64, u64)) -> Vec<proto::Metri
     metrics.push(sum(
         "ratelimit_service_total_requests",
         "ShouldRateLimit calls.",
-        vec![(method(), load(&svc.total_requests))],
+        vec![(method(), svc.total_requests.get())],
         t,
     ));
     for (name, description, value) in [
