@@ -140,8 +140,9 @@ fn decision(svc: &RateLimitService<MemoryStore>, descriptors: &[Vec<(&str, &str)
 fn a_decision_with_one_descriptor() {
     let counts = decision(&service(ServiceOptions::default()), &one_descriptor());
     println!("decision, 1 descriptor of 1 entry: {counts:?}");
-    // Before issue 18: 3.
-    assert!(counts.allocs <= 3, "{counts:?}");
+    // Before issue 18: 3 (the counter keys' `String`, the store's decisions `Vec`, the statuses
+    // `Vec`). Now none: the first two are the thread's reused buffers, the statuses inline.
+    assert!(counts.allocs == 0, "{counts:?}");
 }
 
 #[test]
@@ -152,8 +153,10 @@ fn a_decision_with_three_descriptors_and_headers() {
     };
     let counts = decision(&service(options), &three_descriptors());
     println!("decision, 3 descriptors of 2 entries, headers on: {counts:?}");
-    // Before issue 18: 11.
-    assert!(counts.allocs <= 11, "{counts:?}");
+    // Before issue 18: 11 (those three, the named limit's name, the headers' `Vec` and their three
+    // names and three values). Left: the named limit's name, a `String` the gRPC encoding moves
+    // into the protobuf's `RateLimit.name` (shared, it would only move to the encoding).
+    assert!(counts.allocs <= 1, "{counts:?}");
 }
 
 /// One gRPC request's allocations, step by step.
@@ -212,8 +215,10 @@ fn a_grpc_request_with_one_descriptor() {
         "gRPC request, 1 descriptor of 1 entry: {} allocations: {steps:?}",
         steps.allocs()
     );
-    // Before issue 18: 10.
-    assert!(steps.allocs() <= 10, "{steps:?}");
+    // Before issue 18: 10 (decode 5, convert 1, decide 3, convert 1). Left: prost's decode (the
+    // domain, the descriptors' and the entries' vectors, the key and the value), the descriptors'
+    // vector shrunk in place to the domain type, and the protobuf statuses' vector.
+    assert!(steps.allocs() <= 7, "{steps:?}");
 }
 
 #[test]
@@ -227,6 +232,8 @@ fn a_grpc_request_with_three_descriptors_and_headers() {
         "gRPC request, 3 descriptors of 2 entries, headers on: {} allocations: {steps:?}",
         steps.allocs()
     );
-    // Before issue 18: 31.
-    assert!(steps.allocs() <= 31, "{steps:?}");
+    // Before issue 18: 31 (decode 17, convert 1, decide 11, convert 2). Left: decode 17, convert
+    // 1, decide 1 (the name), and the protobuf's statuses and headers vectors with each header's
+    // name and value as `String`s (8).
+    assert!(steps.allocs() <= 27, "{steps:?}");
 }
