@@ -141,8 +141,10 @@ fn a_decision_with_one_descriptor() {
     let counts = decision(&service(ServiceOptions::default()), &one_descriptor());
     println!("decision, 1 descriptor of 1 entry: {counts:?}");
     // Before issue 18: 3 (the counter keys' `String`, the store's decisions `Vec`, the statuses
-    // `Vec`). Now none: the first two are the thread's reused buffers, the statuses inline.
-    assert!(counts.allocs == 0, "{counts:?}");
+    // `Vec`). Left: the statuses, which the answer owns. Returned inline (a `SmallVec`) they cost
+    // more than the allocation in copies of the larger answer (docs/benchmarks.md); the key
+    // text and the decisions are the thread's reused buffers.
+    assert!(counts.allocs <= 1, "{counts:?}");
 }
 
 #[test]
@@ -154,9 +156,9 @@ fn a_decision_with_three_descriptors_and_headers() {
     let counts = decision(&service(options), &three_descriptors());
     println!("decision, 3 descriptors of 2 entries, headers on: {counts:?}");
     // Before issue 18: 11 (those three, the named limit's name, the headers' `Vec` and their three
-    // names and three values). Left: the named limit's name, a `String` the gRPC encoding moves
-    // into the protobuf's `RateLimit.name` (shared, it would only move to the encoding).
-    assert!(counts.allocs <= 1, "{counts:?}");
+    // names and three values). Left: the statuses, and the named limit's name, a `String` the gRPC
+    // encoding moves into the protobuf's `RateLimit.name` (shared, it would only move there).
+    assert!(counts.allocs <= 2, "{counts:?}");
 }
 
 /// One gRPC request's allocations, step by step.
@@ -216,9 +218,10 @@ fn a_grpc_request_with_one_descriptor() {
         steps.allocs()
     );
     // Before issue 18: 10 (decode 5, convert 1, decide 3, convert 1). Left: prost's decode (the
-    // domain, the descriptors' and the entries' vectors, the key and the value), the descriptors'
-    // vector shrunk in place to the domain type, and the protobuf statuses' vector.
-    assert!(steps.allocs() <= 7, "{steps:?}");
+    // domain, the descriptors' and the entries' vectors, the key and the value), the domain
+    // descriptors' vector (the entries' is reused in place), the statuses, and the protobuf
+    // statuses' vector.
+    assert!(steps.allocs() <= 8, "{steps:?}");
 }
 
 #[test]
@@ -233,7 +236,33 @@ fn a_grpc_request_with_three_descriptors_and_headers() {
         steps.allocs()
     );
     // Before issue 18: 31 (decode 17, convert 1, decide 11, convert 2). Left: decode 17, convert
-    // 1, decide 1 (the name), and the protobuf's statuses and headers vectors with each header's
-    // name and value as `String`s (8).
-    assert!(steps.allocs() <= 27, "{steps:?}");
+    // 1, decide 2 (the statuses, the name), and the protobuf's statuses and headers vectors with
+    // each header's name and value as `String`s (8).
+    assert!(steps.allocs() <= 28, "{steps:?}");
+}
+
+/// The tonic handler itself (`GrpcRateLimit::should_rate_limit`: `#[tonic::async_trait]` boxes
+/// its future, and the request and response are wrapped in `tonic::Request`/`Response`), from a
+/// decoded message to the protobuf answer: what the gRPC listener adds beyond HTTP/2, the
+/// codec's buffers and prost's decode.
+fn handler(svc: RateLimitService<MemoryStore>, descriptors: &[Vec<(&str, &str)>]) -> Counts {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService as _;
+    let adapter = sluice::api::grpc::GrpcRateLimit::new(Arc::new(svc));
+    let bytes = proto_request(descriptors);
+    let call = |msg| ready(adapter.should_rate_limit(tonic::Request::new(msg))).expect("answers");
+    for _ in 0..WARM_UP {
+        call(RateLimitRequest::decode(bytes.as_slice()).expect("decodes"));
+    }
+    let msg = RateLimitRequest::decode(bytes.as_slice()).expect("decodes");
+    count(|| call(msg)).1
+}
+
+#[test]
+fn the_grpc_handler_with_one_descriptor() {
+    let counts = handler(service(ServiceOptions::default()), &one_descriptor());
+    println!("gRPC handler (after decode), 1 descriptor of 1 entry: {counts:?}");
+    // Before issue 18: 6 (convert 1, decide 3, convert 1, the handler's boxed future 1). Left:
+    // the domain descriptors' vector, the statuses, the protobuf statuses' vector and the boxed
+    // future.
+    assert!(counts.allocs <= 4, "{counts:?}");
 }

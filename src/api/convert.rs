@@ -26,12 +26,12 @@ pub enum ConvertError {
 
 /// Moves a decoded protobuf request into the domain model.
 pub fn request_from_proto(req: RateLimitRequest) -> Result<Request, ConvertError> {
-    let descriptors = req
-        .descriptors
-        .into_iter()
-        .enumerate()
-        .map(|(index, d)| descriptor_from_proto(index, d))
-        .collect::<Result<_, _>>()?;
+    // A new vector rather than the decoded one reused in place: a descriptor is smaller than
+    // the protobuf's, so reusing it takes a `realloc`, measured slower than a fresh allocation.
+    let mut descriptors = Vec::with_capacity(req.descriptors.len());
+    for (index, d) in req.descriptors.into_iter().enumerate() {
+        descriptors.push(descriptor_from_proto(index, d)?);
+    }
     Ok(Request {
         domain: req.domain,
         descriptors,

@@ -73,8 +73,10 @@ impl Status {
     }
 }
 
-/// A response's statuses: inline up to four descriptors, so most answers allocate nothing.
-pub type Statuses = SmallVec<[Status; 4]>;
+/// A response's statuses. A `Vec`, the one allocation a decision keeps: inline (`SmallVec`) the
+/// answer grows by the statuses' size and every move of it through the decision's futures
+/// copies them, measured to cost more than the allocation (docs/benchmarks.md).
+pub type Statuses = Vec<Status>;
 
 /// The answer to a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -389,7 +391,8 @@ impl<S: CounterStore> RateLimitService<S> {
     /// An unknown domain is not an error in the Go service: every descriptor passes.
     fn unknown_domain(&self, request: &Request) -> Response {
         self.observer.domain_not_found(&request.domain);
-        let statuses = smallvec::smallvec![Status::ok(); request.descriptors.len()];
+        let statuses: Statuses =
+            std::iter::repeat_n(Status::ok(), request.descriptors.len()).collect();
         let quota: SmallVec<[bool; 8]> = smallvec::smallvec![false; statuses.len()];
         let metadata = self.dynamic_metadata(request, &[], &statuses);
         self.finish(statuses, &quota, metadata)
@@ -522,7 +525,8 @@ impl<S: CounterStore> RateLimitService<S> {
         let fail_open = opts.fail_open || opts.fail_open_domains.contains(&request.domain);
         self.observer.backend_failed(&request.domain, &e, fail_open);
         if fail_open {
-            let statuses = smallvec::smallvec![Status::ok(); request.descriptors.len()];
+            let statuses: Statuses =
+                std::iter::repeat_n(Status::ok(), request.descriptors.len()).collect();
             let quota: SmallVec<[bool; 8]> = smallvec::smallvec![false; statuses.len()];
             return Ok(self.finish(statuses, &quota, None));
         }
