@@ -2,6 +2,7 @@
 //! out of the decoded message, never copied.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as PbCode, DescriptorStatus, RateLimit as PbRateLimit,
 };
@@ -25,35 +26,43 @@ pub enum ConvertError {
 
 /// Moves a decoded protobuf request into the domain model.
 pub fn request_from_proto(req: RateLimitRequest) -> Result<Request, ConvertError> {
+    // A new vector rather than the decoded one reused in place: a descriptor is smaller than
+    // the protobuf's, so reusing it takes a `realloc`, measured slower than a fresh allocation.
     let mut descriptors = Vec::with_capacity(req.descriptors.len());
     for (index, d) in req.descriptors.into_iter().enumerate() {
-        let limit_override = match d.limit {
-            None => None,
-            Some(o) => Some(LimitOverride {
-                requests_per_unit: o.requests_per_unit,
-                unit: Unit::from_proto_number(o.unit).ok_or(ConvertError::BadOverrideUnit {
-                    index,
-                    unit: o.unit,
-                })?,
-            }),
-        };
-        descriptors.push(Descriptor {
-            entries: d
-                .entries
-                .into_iter()
-                .map(|e| Entry {
-                    key: e.key,
-                    value: e.value,
-                })
-                .collect(),
-            limit_override,
-            hits_addend: d.hits_addend.map(|h| h.value),
-        });
+        descriptors.push(descriptor_from_proto(index, d)?);
     }
     Ok(Request {
         domain: req.domain,
         descriptors,
         hits_addend: req.hits_addend,
+    })
+}
+
+fn descriptor_from_proto(index: usize, d: RateLimitDescriptor) -> Result<Descriptor, ConvertError> {
+    let limit_override = match d.limit {
+        None => None,
+        Some(o) => Some(LimitOverride {
+            requests_per_unit: o.requests_per_unit,
+            unit: Unit::from_proto_number(o.unit).ok_or(ConvertError::BadOverrideUnit {
+                index,
+                unit: o.unit,
+            })?,
+        }),
+    };
+    Ok(Descriptor {
+        // Collected in place: an entry has the protobuf entry's layout, so the decoded
+        // vector's allocation is reused.
+        entries: d
+            .entries
+            .into_iter()
+            .map(|e| Entry {
+                key: e.key,
+                value: e.value,
+            })
+            .collect(),
+        limit_override,
+        hits_addend: d.hits_addend.map(|h| h.value),
     })
 }
 
@@ -86,15 +95,16 @@ pub fn response_to_proto(r: Response) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: code_to_proto(r.overall_code),
         statuses: r.statuses.into_iter().map(status_to_proto).collect(),
-        response_headers_to_add: r
-            .response_headers
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key,
-                value,
-                raw_value: Vec::new(),
-            })
-            .collect(),
+        response_headers_to_add: r.response_headers.map_or_else(Vec::new, |h| {
+            h.pairs()
+                .into_iter()
+                .map(|(key, value)| HeaderValue {
+                    key: key.to_owned(),
+                    value: value.to_string(),
+                    raw_value: Vec::new(),
+                })
+                .collect()
+        }),
         dynamic_metadata: r
             .dynamic_metadata
             .and_then(|v| match json_to_proto(v).kind {
@@ -126,7 +136,6 @@ fn json_to_proto(v: serde_json::Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
         Entry as PbEntry, RateLimitOverride,
     };

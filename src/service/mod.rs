@@ -73,17 +73,22 @@ impl Status {
     }
 }
 
+/// A response's statuses. A `Vec`, the one allocation a decision keeps: inline (`SmallVec`) the
+/// answer grows by the statuses' size and every move of it through the decision's futures
+/// copies them, measured to cost more than the allocation (docs/benchmarks.md).
+pub type Statuses = Vec<Status>;
+
 /// The answer to a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Response {
     pub overall_code: Code,
     /// One per request descriptor, in request order.
-    pub statuses: Vec<Status>,
+    pub statuses: Statuses,
     /// What the `RateLimit-*` headers say, whether or not they are enabled (`/nginx` always
     /// sends them); `None` when no status has a current limit.
     pub rate_limit: Option<RateLimitHeaders>,
-    /// `RateLimit-*` headers under their configured names, when enabled.
-    pub response_headers: Vec<(String, String)>,
+    /// `RateLimit-*` headers under their configured names, when enabled and `rate_limit` is set.
+    pub response_headers: Option<NamedHeaders>,
     /// RESPONSE_DYNAMIC_METADATA's struct, when enabled.
     pub dynamic_metadata: Option<serde_json::Value>,
 }
@@ -249,6 +254,8 @@ pub struct RateLimitService<S> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     options: ServiceOptions,
+    /// `options.response_headers`, shared with every answer that sends them.
+    header_names: Option<Arc<HeaderNames>>,
     /// What the decisions report to (telemetry); by default nothing.
     observer: Arc<dyn Observer>,
 }
@@ -264,6 +271,7 @@ impl<S: CounterStore> RateLimitService<S> {
             config,
             store,
             clock,
+            header_names: options.response_headers.clone().map(Arc::new),
             options,
             observer: Arc::new(Unobserved),
         }
@@ -361,19 +369,21 @@ impl<S: CounterStore> RateLimitService<S> {
         };
         let mut plans = plan::plan(domain, request);
         plan::apply_replaces(&mut plans);
-        let keys = plan::counter_keys(&self.options, request, &plans)?;
+        let mut scratch = Scratch::take();
+        let Buffers { keys, decisions } = &mut scratch.0;
+        let keys = plan::counter_keys(&self.options, request, &plans, keys)?;
         let hits = plan::hits(&plans, &keys);
-        let decisions = match self.charge(&hits, call).await {
-            Ok(decisions) => decisions,
-            Err(e) => return self.backend_failed(request, e),
-        };
+        if let Err(e) = self.charge(&hits, call, decisions).await {
+            return self.backend_failed(request, e);
+        }
+        let decisions = decisions.as_slice();
         if decisions.len() != hits.len() {
             let (expected, got) = (hits.len(), decisions.len());
             return Err(StoreError::BadReply { expected, got }.into());
         }
-        self.give_back(&plan::refunds(&plans, &hits, &decisions))
+        self.give_back(&plan::refunds(&plans, &hits, decisions))
             .await;
-        let (statuses, quota) = self.outcome(domain, request, &plans, &decisions);
+        let (statuses, quota) = self.outcome(domain, request, &plans, decisions);
         let metadata = self.dynamic_metadata(request, &plans, &statuses);
         Ok(self.finish(statuses, &quota, metadata))
     }
@@ -381,36 +391,37 @@ impl<S: CounterStore> RateLimitService<S> {
     /// An unknown domain is not an error in the Go service: every descriptor passes.
     fn unknown_domain(&self, request: &Request) -> Response {
         self.observer.domain_not_found(&request.domain);
-        let statuses = vec![Status::ok(); request.descriptors.len()];
-        let quota = vec![false; statuses.len()];
+        let statuses: Statuses =
+            std::iter::repeat_n(Status::ok(), request.descriptors.len()).collect();
+        let quota: SmallVec<[bool; 8]> = smallvec::smallvec![false; statuses.len()];
         let metadata = self.dynamic_metadata(request, &[], &statuses);
         self.finish(statuses, &quota, metadata)
     }
 
-    /// Charges every hit at the clock's time; a traced call reports the backend call as a span
-    /// of its own when the store goes over the network.
+    /// Charges every hit at the clock's time, the decisions into `decisions` (cleared first);
+    /// a traced call reports the backend call as a span of its own when the store goes over
+    /// the network.
     async fn charge(
         &self,
         hits: &[Hit<'_>],
         call: Option<&Span>,
-    ) -> Result<Vec<Decision>, StoreError> {
-        let mut decisions = Vec::with_capacity(hits.len());
+        decisions: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        decisions.clear();
         if hits.is_empty() {
-            return Ok(decisions);
+            return Ok(());
         }
+        decisions.reserve(hits.len());
         let backend = call.and_then(|c| {
             let traced = self.store.trace_backend()?;
             Some((traced, self.observer.backend_started(c)?))
         });
-        let applied = self
-            .store
-            .apply(self.clock.now(), hits, &mut decisions)
-            .await;
+        let applied = self.store.apply(self.clock.now(), hits, decisions).await;
         if let Some((traced, span)) = backend {
             let error = applied.as_ref().err();
             self.observer.backend_done(span, traced, hits.len(), error);
         }
-        applied.map(|()| decisions)
+        applied
     }
 
     /// Gives back what a refused request's other limits admitted. The decisions stand; when
@@ -432,9 +443,9 @@ impl<S: CounterStore> RateLimitService<S> {
         request: &Request,
         plans: &[Plan<'_>],
         decisions: &[Decision],
-    ) -> (Vec<Status>, SmallVec<[bool; 8]>) {
+    ) -> (Statuses, SmallVec<[bool; 8]>) {
         let mut decisions = decisions.iter();
-        let mut statuses = Vec::with_capacity(plans.len());
+        let mut statuses = Statuses::with_capacity(plans.len());
         let mut quota = SmallVec::new();
         for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
             let (status, is_quota) = match plan {
@@ -514,8 +525,9 @@ impl<S: CounterStore> RateLimitService<S> {
         let fail_open = opts.fail_open || opts.fail_open_domains.contains(&request.domain);
         self.observer.backend_failed(&request.domain, &e, fail_open);
         if fail_open {
-            let statuses = vec![Status::ok(); request.descriptors.len()];
-            let quota = vec![false; statuses.len()];
+            let statuses: Statuses =
+                std::iter::repeat_n(Status::ok(), request.descriptors.len()).collect();
+            let quota: SmallVec<[bool; 8]> = smallvec::smallvec![false; statuses.len()];
             return Ok(self.finish(statuses, &quota, None));
         }
         Err(e.into())
@@ -577,7 +589,7 @@ impl<S: CounterStore> RateLimitService<S> {
     /// Overall code, global shadow mode and headers.
     fn finish(
         &self,
-        statuses: Vec<Status>,
+        statuses: Statuses,
         quota: &[bool],
         dynamic_metadata: Option<serde_json::Value>,
     ) -> Response {
@@ -587,9 +599,12 @@ impl<S: CounterStore> RateLimitService<S> {
             overall_code = Code::Ok;
         }
         let rate_limit = RateLimitHeaders::describing(&statuses, quota);
-        let response_headers = match (&self.options.response_headers, &rate_limit) {
-            (Some(names), Some(values)) => values.named(names),
-            _ => Vec::new(),
+        let response_headers = match (&self.header_names, rate_limit) {
+            (Some(names), Some(values)) => Some(NamedHeaders {
+                names: names.clone(),
+                values,
+            }),
+            _ => None,
         };
         Response {
             overall_code,
@@ -597,6 +612,53 @@ impl<S: CounterStore> RateLimitService<S> {
             rate_limit,
             response_headers,
             dynamic_metadata,
+        }
+    }
+}
+
+/// A decision's working buffers: the counter keys' text and the store's decisions. Each thread
+/// keeps one set, which a decision takes and gives back when it ends (on whichever thread that
+/// is, so a task that moved between awaits leaves them to its new thread), so that after warm-up
+/// a decision builds its keys and reads its decisions without allocating.
+#[derive(Default)]
+struct Buffers {
+    keys: String,
+    decisions: Vec<Decision>,
+}
+
+impl Buffers {
+    /// Buffers grown past these (a request of many or long keys) are not kept, so what a thread
+    /// holds stays small.
+    const MAX_KEY_BYTES: usize = 4096;
+    const MAX_DECISIONS: usize = 64;
+
+    fn worth_keeping(&self) -> bool {
+        self.keys.capacity() <= Self::MAX_KEY_BYTES
+            && self.decisions.capacity() <= Self::MAX_DECISIONS
+    }
+}
+
+thread_local! {
+    static BUFFERS: std::cell::Cell<Buffers> = const {
+        std::cell::Cell::new(Buffers { keys: String::new(), decisions: Vec::new() })
+    };
+}
+
+/// The thread's [`Buffers`], taken for one decision and given back on drop.
+struct Scratch(Buffers);
+
+impl Scratch {
+    fn take() -> Self {
+        // A thread whose locals are being destroyed gets fresh buffers.
+        Scratch(BUFFERS.try_with(std::cell::Cell::take).unwrap_or_default())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.0.worth_keeping() {
+            let buffers = std::mem::take(&mut self.0);
+            let _ = BUFFERS.try_with(|b| b.set(buffers));
         }
     }
 }
@@ -727,13 +789,25 @@ impl RateLimitHeaders {
             reset_secs: s.duration_until_reset_secs.unwrap_or(0),
         })
     }
+}
 
-    /// The headers under LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER.
-    pub fn named(&self, names: &HeaderNames) -> Vec<(String, String)> {
-        vec![
-            (names.limit.clone(), self.limit.to_string()),
-            (names.remaining.clone(), self.remaining.to_string()),
-            (names.reset.clone(), self.reset_secs.to_string()),
+/// The `RateLimit-*` headers to add: the names (the service's own, shared, so an answer copies
+/// none of them) with the values they carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedHeaders {
+    pub names: Arc<HeaderNames>,
+    pub values: RateLimitHeaders,
+}
+
+impl NamedHeaders {
+    /// The headers under LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER, in
+    /// that order.
+    pub fn pairs(&self) -> [(&str, u64); 3] {
+        let (names, values) = (&*self.names, &self.values);
+        [
+            (&names.limit, u64::from(values.limit)),
+            (&names.remaining, u64::from(values.remaining)),
+            (&names.reset, values.reset_secs),
         ]
     }
 }

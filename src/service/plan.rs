@@ -136,9 +136,10 @@ pub(super) fn apply_replaces(plans: &mut [Plan<'_>]) {
     }
 }
 
-/// Every counter key of a request in one buffer, one range per quota counted, in order.
-pub(super) struct CounterKeys {
-    text: String,
+/// Every counter key of a request in one buffer (the caller's, reused across calls), one range
+/// per quota counted, in order.
+pub(super) struct CounterKeys<'b> {
+    text: &'b str,
     ranges: SmallVec<[Range<usize>; 4]>,
 }
 
@@ -172,19 +173,23 @@ fn counter_key_bytes(
 
 /// The request's counter keys. The first quota of a descriptor uses the Go service's key;
 /// further quotas of a `rate_limits` list add `#<index>_`. Measured, and refused past
-/// SLUICE_MAX_KEY_BYTES, before anything is written.
-pub(super) fn counter_keys(
+/// SLUICE_MAX_KEY_BYTES, before anything is written. `keys` is cleared first: a buffer reused
+/// from call to call, so keys cost no allocation once it has grown to a request's size.
+pub(super) fn counter_keys<'b>(
     options: &ServiceOptions,
     request: &Request,
     plans: &[Plan<'_>],
-) -> Result<CounterKeys, ServiceError> {
-    let mut keys = String::with_capacity(counter_key_bytes(options, request, plans)?);
+    keys: &'b mut String,
+) -> Result<CounterKeys<'b>, ServiceError> {
+    let bytes = counter_key_bytes(options, request, plans)?;
+    keys.clear();
+    keys.reserve(bytes);
     let mut ranges = SmallVec::new();
     for (d, plan) in request.descriptors.iter().zip(plans) {
         if let Plan::Counted { limit, shared, .. } = plan {
             let start = keys.len();
             let prefix = &options.cache_key_prefix;
-            write_counter_key(&mut keys, prefix, &request.domain, &d.entries, shared);
+            write_counter_key(keys, prefix, &request.domain, &d.entries, shared);
             let stem = start..keys.len();
             ranges.push(stem.clone());
             for i in 1..limit.quotas().count() {
@@ -196,13 +201,16 @@ pub(super) fn counter_keys(
             }
         }
     }
-    Ok(CounterKeys { text: keys, ranges })
+    Ok(CounterKeys {
+        text: keys.as_str(),
+        ranges,
+    })
 }
 
 /// The hits to charge: one per quota of every counted descriptor, in order. Every counted
 /// descriptor is charged, even when another is already over (the Go service does the same,
 /// so over-limit traffic keeps draining every counter).
-pub(super) fn hits<'k>(plans: &[Plan<'_>], keys: &'k CounterKeys) -> SmallVec<[Hit<'k>; 4]> {
+pub(super) fn hits<'k>(plans: &[Plan<'_>], keys: &CounterKeys<'k>) -> SmallVec<[Hit<'k>; 4]> {
     plans
         .iter()
         .filter_map(|p| match p {
