@@ -150,6 +150,65 @@ def parse_micro(text):
     return rows
 
 
+SERVERS = {"sluice": "Sluice", "careful": "careful", "noop": "no-op", "traced": "Sluice, tracing unsampled"}
+SETTINGS = {"c2m100": "`-c 2 -m 100`", "real": "`-c 2 -m 100`, 3 descriptors x 2 entries", "c1m1": "`-c 1 -m 1`"}
+# The headline: each server against the no-op server's floor, and Sluice against the careful
+# server, what a small DashMap implementation of the same work reaches.
+HEADLINE = [("sluice", "noop"), ("careful", "noop"), ("sluice", "careful"), ("traced", "noop")]
+
+
+def ratios(rs, a, b):
+    """(ratio of the medians, per-round ratios) of server a's req/s to server b's."""
+    x = [r for r in rs if r["name"] == a]
+    y = [r for r in rs if r["name"] == b]
+    if not x or not y:
+        return None, []
+    per_round = []
+    for rnd in sorted({r["round"] for r in rs}):
+        p = [r["rps"] for r in x if r["round"] == rnd]
+        q = [r["rps"] for r in y if r["round"] == rnd]
+        if p and q:
+            per_round.append(p[0] / q[0])
+    return med(x, "rps") / med(y, "rps"), per_round
+
+
+def rounds_tables(rounds):
+    """The headline ratios, then every server's medians, for the alternating rounds."""
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rounds)]
+    head = [f"{SERVERS[a]} / {SERVERS[b]}" for a, b in HEADLINE]
+    lines = [
+        "## Headline: throughput ratios (medians over alternating rounds; per-round ratios in brackets)",
+        "",
+        "| setting | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(head),
+    ]
+    for setting in settings:
+        rs = [r for r in rounds if r["setting"] == setting]
+        cells = []
+        for a, b in HEADLINE:
+            ratio, per_round = ratios(rs, a, b)
+            cells.append("-" if ratio is None else f"**{ratio:.3f}** ({', '.join(f'{x:.2f}' for x in per_round)})")
+        lines.append(f"| {SETTINGS[setting]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Load: every server (medians over alternating rounds)",
+        "",
+        "| setting | server | req/s (median) | p50 | p99 | p99.9 | rounds | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for setting in settings:
+        for server, label in SERVERS.items():
+            rows = [r for r in rounds if r["setting"] == setting and r["name"] == server]
+            if rows:
+                lines.append(
+                    f"| {SETTINGS[setting]} | {label} | {med(rows, 'rps'):,.0f} | {fmt_us(med(rows, 'p50_us'))} | "
+                    f"{fmt_us(med(rows, 'p99_us'))} | {fmt_us(med(rows, 'p999_us'))} | {len(rows)} | "
+                    f"{sum(r['failed'] for r in rows):.0f} |"
+                )
+    lines.append("")
+    return lines
+
+
 def cmd_summary(args):
     runs_path, micro_path, memory_path, machine_path, out_dir = args
     runs = [json.loads(l) for l in open(runs_path) if l.strip()]
@@ -157,30 +216,7 @@ def cmd_summary(args):
     machine = open(machine_path).read().strip() if os.path.exists(machine_path) else ""
     lines += ["## Machine", "", "```", machine, "```", ""]
 
-    lines += [
-        "## Load: Sluice against the no-op server (medians over alternating rounds)",
-        "",
-        "| setting | server | req/s (median) | p50 | p99 | p99.9 | rounds | Sluice / no-op (medians) | per-round ratios |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for setting in sorted({r["setting"] for r in runs if r.get("phase") == "rounds"}, reverse=True):
-        rs = [r for r in runs if r.get("phase") == "rounds" and r["setting"] == setting]
-        s = [r for r in rs if r["name"] == "sluice"]
-        n = [r for r in rs if r["name"] == "noop"]
-        ratio = med(s, "rps") / med(n, "rps") if n and s else float("nan")
-        per_round = []
-        for rnd in sorted({r["round"] for r in rs}):
-            a = [r["rps"] for r in s if r["round"] == rnd]
-            b = [r["rps"] for r in n if r["round"] == rnd]
-            if a and b:
-                per_round.append(a[0] / b[0])
-        for server, rows in (("sluice", s), ("noop", n)):
-            lines.append(
-                f"| `{setting}` | {server} | {med(rows, 'rps'):,.0f} | {fmt_us(med(rows, 'p50_us'))} | "
-                f"{fmt_us(med(rows, 'p99_us'))} | {fmt_us(med(rows, 'p999_us'))} | {len(rows)} | "
-                + (f"**{ratio:.3f}** | {', '.join(f'{x:.2f}' for x in per_round)} |" if server == "sluice" else " | |")
-            )
-    lines.append("")
+    lines += rounds_tables([r for r in runs if r.get("phase") == "rounds"])
 
     sweep = [r for r in runs if r.get("phase") == "sweep"]
     if sweep:
@@ -229,6 +265,11 @@ def cmd_summary(args):
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write("# Benchmark results (written by bench/run.sh)\n\n" + text)
     print(text)
+    # A run with nothing answered means the bench broke (a server down or refusing the calls),
+    # not that the machine was slow: fail, so CI says so.
+    broken = [r for r in runs if r["succeeded"] == 0]
+    if broken:
+        raise SystemExit(f"{len(broken)} load runs got no successful answer, first: {broken[0]}")
 
 
 if __name__ == "__main__":

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Sluice's benchmarks, end to end: one command reproduces every number in docs/benchmarks.md.
 #
-#   bench/run.sh                  # full run, about 10 minutes on 2 cores
+#   bench/run.sh                  # full run, about 13 minutes on 2 cores
 #   BENCH_QUICK=1 bench/run.sh    # smoke run, about 2 minutes; results go to bench/results-quick/ (ignored by git)
+#                                 # (scripts/test.sh runs it, so CI prints the ratios)
 #
 # What it does, in order:
 #   1. installs h2load (Debian's nghttp2-client) if missing; builds release binaries;
-#   2. starts Sluice (the real binary, memory store, bench/config/: one limit of 1e9/s that every
-#      key matches, so every request is counted and answered OK) and the no-op ratelimit.v3 server
-#      (examples/noop_ratelimit.rs: same tonic/envoy-types/tokio, answers OK with no work), both on
-#      free 127.0.0.1 ports, and checks both answer correctly with a real gRPC client;
-#   3. alternates the two servers over ROUNDS rounds at `-c 2 -m 100` and at `-c 1 -m 1`, back to
-#      back with the same settings; the headline is the ratio of the medians;
+#   2. starts, on free 127.0.0.1 ports, Sluice (the real binary, memory store, bench/config/: limits
+#      of 1e9/s that every key matches, so every request is counted and answered OK), the careful
+#      comparison server (examples/careful_ratelimit.rs: the same work in a DashMap, no more), the
+#      no-op ratelimit.v3 server (examples/noop_ratelimit.rs: answers OK with no work), all three
+#      on the same tonic/envoy-types/tokio, and Sluice again with tracing on but unsampled
+#      ("traced": TRACING_SAMPLING_RATE=0, an OTLP endpoint nobody listens on), and for the
+#      realistic request Sluice and the careful server with the RateLimit-* headers on; checks each
+#      answers correctly with a real gRPC client;
+#   3. alternates the servers over ROUNDS rounds at `-c 2 -m 100` (all four), at `-c 1 -m 1` and
+#      with the realistic request (`real`: 3 descriptors of 2 entries, `-c 2 -m 100`), back to back
+#      with the same settings; the headline is the ratios of the medians to the no-op server's,
+#      and Sluice's to the careful server's;
 #   4. sweeps offered load (h2load --rps) for both servers, and draws the chart; then sweeps
 #      outstanding requests (closed loop, 2 connections x 1..100 streams);
 #   5. stops the servers, then runs the criterion micro-benchmarks and the memory measurement.
@@ -55,8 +62,8 @@ if ! command -v h2load >/dev/null; then
     apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null
 fi
 say "building release binaries"
-cargo build --release --quiet --bin sluice --example noop_ratelimit --example bench_client \
-    --example counter_memory
+cargo build --release --quiet --bin sluice --example noop_ratelimit --example careful_ratelimit \
+    --example bench_client --example counter_memory
 cargo bench --quiet --bench decision --no-run 2>/dev/null
 BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
@@ -74,50 +81,84 @@ CLIENT="$BIN/examples/bench_client"
 } >"$OUT/machine.txt"
 
 # 2. Servers.
-read -r HTTP_PORT GRPC_PORT DEBUG_PORT NOOP_PORT < <(free_ports 4)
+read -r HTTP_PORT GRPC_PORT DEBUG_PORT NOOP_PORT CAREFUL_PORT T_HTTP T_GRPC T_DEBUG DEAD_PORT \
+    H_HTTP H_GRPC H_DEBUG H_CAREFUL_PORT < <(free_ports 13)
 
-say "starting Sluice on 127.0.0.1:$GRPC_PORT and the no-op server on 127.0.0.1:$NOOP_PORT"
-LOG_LEVEL=error "$BIN/sluice" --config "$ROOT/bench/config" \
-    --host 127.0.0.1 --port "$HTTP_PORT" --grpc-host 127.0.0.1 --grpc-port "$GRPC_PORT" \
-    --debug-host 127.0.0.1 --debug-port "$DEBUG_PORT" &
+# start_sluice HTTP GRPC DEBUG: the sluice binary on the bench config, in the background.
+start_sluice() {
+    LOG_LEVEL=error "$BIN/sluice" --config "$ROOT/bench/config" \
+        --host 127.0.0.1 --port "$1" --grpc-host 127.0.0.1 --grpc-port "$2" \
+        --debug-host 127.0.0.1 --debug-port "$3" &
+    PIDS+=($!)
+}
+say "starting Sluice, the careful server, the no-op server and Sluice with tracing unsampled"
+start_sluice "$HTTP_PORT" "$GRPC_PORT" "$DEBUG_PORT"
+# Tracing on, nothing sampled: no caller sends a traceparent, so every call is a root sampled at
+# rate 0; the exporter's endpoint is a port nobody listens on, and it never gets a span.
+TRACING_ENABLED=true TRACING_SAMPLING_RATE=0 OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$DEAD_PORT" \
+    start_sluice "$T_HTTP" "$T_GRPC" "$T_DEBUG"
+# The realistic request's servers add the RateLimit-* headers (the issue's "headers on").
+LIMIT_RESPONSE_HEADERS_ENABLED=true start_sluice "$H_HTTP" "$H_GRPC" "$H_DEBUG"
+"$BIN/examples/careful_ratelimit" "127.0.0.1:$CAREFUL_PORT" &
+PIDS+=($!)
+"$BIN/examples/careful_ratelimit" "127.0.0.1:$H_CAREFUL_PORT" headers &
 PIDS+=($!)
 "$BIN/examples/noop_ratelimit" "127.0.0.1:$NOOP_PORT" &
 PIDS+=($!)
-declare -A URL=([sluice]="http://127.0.0.1:$GRPC_PORT" [noop]="http://127.0.0.1:$NOOP_PORT")
-for server in sluice noop; do
+declare -A URL=([sluice]="http://127.0.0.1:$GRPC_PORT" [noop]="http://127.0.0.1:$NOOP_PORT"
+    [careful]="http://127.0.0.1:$CAREFUL_PORT" [traced]="http://127.0.0.1:$T_GRPC"
+    [sluice_real]="http://127.0.0.1:$H_GRPC" [careful_real]="http://127.0.0.1:$H_CAREFUL_PORT")
+for server in "${!URL[@]}"; do
     wait_ready "$CLIENT" "${URL[$server]}"
 done
 
+# The realistic request: 3 descriptors of 2 entries each (key `client`, then `route`).
+real_request() { echo "client=$1,route=r1" "client=$1,route=r2" "client=$1,route=r3"; }
 say "correctness (a real gRPC client; h2load ignores grpc-status)"
-# Sluice: every call counted against 1e9/s and answered OK, remaining going down by one.
-"$CLIENT" check "${URL[sluice]}" 20 1000000000 bench client=check
+# Every call counted against 1e9/s and answered OK with full statuses, remaining going down by
+# one: the same answers from Sluice (with and without tracing) and the careful server.
+for server in sluice careful traced; do
+    "$CLIENT" check "${URL[$server]}" 20 1000000000 bench client=check
+    # shellcheck disable=SC2046  # one argument per descriptor
+    "$CLIENT" check "${URL[$server]}" 10 1000000000 bench $(real_request check)
+done
+for server in sluice_real careful_real; do
+    # shellcheck disable=SC2046
+    "$CLIENT" check --headers "${URL[$server]}" 10 1000000000 bench $(real_request check)
+done
 "$CLIENT" check "${URL[noop]}" 5 0 bench client=check
 
 for k in $(seq 0 $((KEYS - 1))); do
     "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"
+    # shellcheck disable=SC2046
+    "$CLIENT" body "$WORK/real-$k.bin" bench $(real_request "c$k")
 done
 
 # load NAME SETTING OFFERED DURATION WARMUP [field=value...]: one measurement.
-# SETTING is c2m100 (KEYS processes x -c 1 -m 100) or c1m1 (one process, one request at a time).
+# SETTING is c2m100 (KEYS processes x -c 1 -m 100), real (the same with the realistic request) or
+# c1m1 (one process, one request at a time).
 # OFFERED is the total --rps (0: as fast as possible).
 load() {
     local name=$1 setting=$2 offered=$3 duration=$4 warmup=$5
     shift 5
-    local procs streams rps_args=() outs=() logs=() pids=() k
+    local procs streams body=body rps_args=() outs=() logs=() pids=() k
     case $setting in
         c2m100) procs=$KEYS; streams=100 ;;
+        real) procs=$KEYS; streams=100; body=real ;;
         c1m1) procs=1; streams=1 ;;
         c2m*) procs=$KEYS; streams=${setting#c2m} ;;
     esac
     if [[ $offered != 0 ]]; then
         rps_args=(--rps="$(python3 -c "print(max(1, round($offered / $procs)))")")
     fi
+    local url=${URL[$name]}
+    [[ $setting == real && -n ${URL[${name}_real]:-} ]] && url=${URL[${name}_real]}
     for k in $(seq 0 $((procs - 1))); do
         outs+=("$WORK/out-$k.txt"); logs+=("$WORK/log-$k.tsv")
         h2load -c 1 -m "$streams" -t 1 -D "$duration" --warm-up-time="$warmup" "${rps_args[@]}" \
-            -d "$WORK/body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+            -d "$WORK/$body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
             --log-file="$WORK/log-$k.tsv" \
-            "${URL[$name]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
+            "$url/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
             >"$WORK/out-$k.txt" 2>&1 &
         pids+=($!)
     done
@@ -126,12 +167,15 @@ load() {
     rm -f "${logs[@]}"
 }
 
-# 3. Alternating rounds: within a round each setting runs both servers back to back, and the
-# order of the servers flips every round.
-say "alternating rounds: $ROUNDS x (c2m100, c1m1) x (sluice, noop), ${DURATION}s each"
+# 3. Alternating rounds: within a round each setting runs its servers back to back, and the
+# order of the servers reverses every round. Tracing is measured at c2m100 only.
+declare -A SERVERS=([c2m100]="sluice careful noop traced" [real]="sluice careful noop"
+    [c1m1]="sluice careful noop")
+say "alternating rounds: $ROUNDS x (c2m100 x 4 servers, real x 3, c1m1 x 3), ${DURATION}s each"
 for round in $(seq "$ROUNDS"); do
-    if ((round % 2)); then order="sluice noop"; else order="noop sluice"; fi
-    for setting in c2m100 c1m1; do
+    for setting in c2m100 real c1m1; do
+        order=${SERVERS[$setting]}
+        ((round % 2)) || order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
         for server in $order; do
             load "$server" "$setting" 0 "$DURATION" "$WARMUP" phase=rounds round="$round"
         done

@@ -188,6 +188,7 @@ ensure_apt_package redis-server redis-server      # integration/redis.rs
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs
 ensure_apt_package openssl openssl                   # integration/helm.py (test certificates)
+ensure_apt_package h2load nghttp2-client             # bench/run.sh (the quick load benchmark)
 ensure_envoy                                      # integration/envoy.rs, rlqs.rs
 ensure_helm                                       # integration/helm.py
 ensure_kubernetes_validate                        # integration/helm.py
@@ -210,3 +211,20 @@ echo "== helm chart"
 HELM_PYTHON=target/venv/bin/python
 [ -x "$HELM_PYTHON" ] || HELM_PYTHON=python3
 "$HELM_PYTHON" integration/helm.py
+
+# The load benchmark in quick mode (bench/run.sh, docs/benchmarks.md): Sluice, the careful
+# comparison server and the no-op server in alternating 2 s rounds, the sweeps, criterion
+# --quick and the memory count, so every change shows its cost in the log. It never fails on
+# the ratios (the machine is shared and noisy), only when the bench breaks: a server that does
+# not start, a wrong answer to the gRPC check, a load run with no answers.
+# Cost: about COST_TBD on 2 cores, plus the release build of sluice, the examples and the
+# criterion bench (thin LTO) the first time.
+echo "== quick load benchmark (ratios are printed, not checked)"
+mkdir -p target
+BENCH_QUICK=1 bench/run.sh >target/bench-quick.log 2>&1 || {
+  cat target/bench-quick.log
+  echo "!! bench/run.sh failed (full log above)" >&2
+  exit 1
+}
+grep 'load average' bench/results-quick/machine.txt
+sed -n '/^## Headline/,/^## Load/{/^## Load/!p}' bench/results-quick/summary.md
