@@ -32,7 +32,10 @@ pub struct Counting;
 
 // SAFETY: every method forwards its arguments unchanged to `System`, which upholds
 // `GlobalAlloc`'s contract; the counters are plain thread-local cells that never allocate.
-#[allow(unsafe_code, reason = "GlobalAlloc is an unsafe trait; this impl only delegates")]
+#[allow(
+    unsafe_code,
+    reason = "GlobalAlloc is an unsafe trait; this impl only delegates"
+)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         bump(&ALLOCS);
