@@ -217,8 +217,8 @@ HELM_PYTHON=target/venv/bin/python
 # --quick and the memory count, so every change shows its cost in the log. It never fails on
 # the ratios (the machine is shared and noisy), only when the bench breaks: a server that does
 # not start, a wrong answer to the gRPC check, a load run with no answers.
-# Cost: about 2 minutes on 2 cores, plus the release build of sluice, the examples and the
-# criterion bench (thin LTO) the first time.
+# Cost: 2 min 24 s on 2 cores with the binaries built (measured at load average 3), plus the
+# release build of sluice, the examples and the criterion bench (thin LTO) the first time.
 echo "== quick load benchmark (ratios are printed, not checked)"
 mkdir -p target
 BENCH_QUICK=1 bench/run.sh >target/bench-quick.log 2>&1 || {
