@@ -179,29 +179,10 @@ fn memory_store(c: &mut Criterion) {
     let two_threads = |keys: [&'static str; 2]| {
         let store = &store;
         move |iters: u64| {
-            let start_flag = AtomicBool::new(false);
-            std::thread::scope(|s| {
-                let handles = keys.map(|key| {
-                    let start_flag = &start_flag;
-                    s.spawn(move || {
-                        let hit = hot_hit(key);
-                        let mut out = Vec::with_capacity(1);
-                        while !start_flag.load(Ordering::Acquire) {
-                            std::hint::spin_loop();
-                        }
-                        let t = Instant::now();
-                        for _ in 0..iters {
-                            apply_one(store, now, black_box(&hit), &mut out);
-                        }
-                        t.elapsed()
-                    })
-                });
-                start_flag.store(true, Ordering::Release);
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("bench thread"))
-                    .max()
-                    .unwrap_or(Duration::ZERO)
+            on_two_threads(iters, keys, |key| {
+                let hit = hot_hit(key);
+                let mut out = Vec::with_capacity(1);
+                move || apply_one(store, now, black_box(&hit), &mut out)
             })
         }
     };
@@ -439,18 +420,33 @@ fn two_threads_decide<S: sluice::store::CounterStore>(
     svc: &RateLimitService<S>,
     iters: u64,
 ) -> Duration {
+    on_two_threads(iters, ["c0", "c1"], |client| {
+        let r = request("bench", &[("client", client)]);
+        move || {
+            black_box(ready(svc.should_rate_limit(r.clone())).ok());
+        }
+    })
+}
+
+/// Calls what `prepare(arg)` returns `iters` times on each of two threads, released together
+/// once both are prepared; the slower thread's time.
+fn on_two_threads<A: Send, F: FnMut()>(
+    iters: u64,
+    args: [A; 2],
+    prepare: impl Fn(A) -> F + Sync,
+) -> Duration {
     let start_flag = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let handles = ["c0", "c1"].map(|client| {
-            let start_flag = &start_flag;
+        let handles = args.map(|arg| {
+            let (start_flag, prepare) = (&start_flag, &prepare);
             s.spawn(move || {
-                let r = request("bench", &[("client", client)]);
+                let mut call = prepare(arg);
                 while !start_flag.load(Ordering::Acquire) {
                     std::hint::spin_loop();
                 }
                 let t = Instant::now();
                 for _ in 0..iters {
-                    black_box(ready(svc.should_rate_limit(r.clone())).ok());
+                    call();
                 }
                 t.elapsed()
             })
