@@ -703,11 +703,11 @@ impl QuotaStream {
                 Policy::Split(rate) => {
                     match service.hold((self.id, ttl_secs), (&key, &id), rate, usage.attempted) {
                         Held::Assigned(a) => {
-                            lock(&self.outbox.held).insert(id.clone(), key.as_str().into());
+                            self.note_held(&id, &key);
                             a
                         }
                         Held::Pending => {
-                            lock(&self.outbox.held).insert(id, key.as_str().into());
+                            self.note_held(&id, &key);
                             continue;
                         }
                         Held::Refused => {
@@ -728,6 +728,15 @@ impl QuotaStream {
             .assignments
             .fetch_add(actions.len() as u64, Ordering::Relaxed);
         Ok(actions)
+    }
+
+    /// Records that this stream holds a part of the bucket at `key` for `id`; a report repeats
+    /// it every interval, so the key is copied only the first time.
+    fn note_held(&self, id: &Arc<[Entry]>, key: &str) {
+        let mut held = lock(&self.outbox.held);
+        if held.get(id).is_none_or(|k| **k != *key) {
+            held.insert(id.clone(), key.into());
+        }
     }
 
     fn check_domain(&mut self, domain: &str) -> Result<(), StreamError> {
