@@ -91,10 +91,12 @@ fn status_to_proto(s: Status) -> DescriptorStatus {
 }
 
 /// Encodes a domain response as the protobuf message.
-pub fn response_to_proto(r: Response) -> RateLimitResponse {
+pub fn response_to_proto(mut r: Response) -> RateLimitResponse {
+    let statuses = r.statuses.drain(..).map(status_to_proto).collect();
+    crate::service::recycle_statuses(std::mem::take(&mut r.statuses));
     RateLimitResponse {
         overall_code: code_to_proto(r.overall_code),
-        statuses: r.statuses.into_iter().map(status_to_proto).collect(),
+        statuses,
         response_headers_to_add: r.response_headers.map_or_else(Vec::new, |h| {
             h.pairs()
                 .into_iter()

@@ -318,6 +318,7 @@ pub async fn check<S: CounterStore>(
             h.insert(header::RETRY_AFTER, HeaderValue::from(rl.reset_secs));
         }
     }
+    crate::service::recycle_statuses(response.statuses);
     answer
 }
 

@@ -9,16 +9,18 @@
 //! apply `replaces` (`plan.rs`), build the counter keys and hits, charge the store, give back
 //! what a refused request's other limits admitted, make the statuses, the dynamic metadata and
 //! the headers. What it reports (stats, spans, logs) goes to an [`observe::Observer`]; time
-//! comes from the injected [`Clock`], a monotonic reading included.
+//! comes from the injected [`Clock`], read once when the decision starts and, when stats are
+//! on, once when it ends.
 
 pub mod observe;
 mod plan;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 use crate::config::{ConfigHandle, Domain};
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::limiter::{Algorithm, Decision, Quota, Unit};
@@ -340,25 +342,27 @@ impl<S: CounterStore> RateLimitService<S> {
         caller: Caller<'_>,
     ) -> Result<Response, ServiceError> {
         let span = self.observer.call_started(caller);
+        let started = self.clock.now_nanos();
+        let now = Timestamp::from_nanos(started);
         if span.is_none() && !self.observer.counts() {
-            return self.decide(&request, None).await;
+            return self.decide(&request, now, None).await;
         }
-        let started = self.clock.monotonic();
-        let result = self.decide(&request, span.as_ref()).await;
+        let result = self.decide(&request, now, span.as_ref()).await;
         let call = CallReport {
             caller,
             request: &request,
             result: &result,
-            elapsed: self.clock.monotonic().saturating_sub(started),
+            elapsed: Duration::from_nanos(self.clock.now_nanos().saturating_sub(started)),
         };
         self.observer.call_done(&call, span);
         result
     }
 
-    /// The decision, step by step. `call` is the call's span when it is traced.
+    /// The decision, step by step, at `now`. `call` is the call's span when it is traced.
     async fn decide(
         &self,
         request: &Request,
+        now: Timestamp,
         call: Option<&Span>,
     ) -> Result<Response, ServiceError> {
         self.check_caps(request)?;
@@ -373,7 +377,7 @@ impl<S: CounterStore> RateLimitService<S> {
         let Buffers { keys, decisions } = &mut scratch.0;
         let keys = plan::counter_keys(&self.options, request, &plans, keys)?;
         let hits = plan::hits(&plans, &keys);
-        if let Err(e) = self.charge(&hits, call, decisions).await {
+        if let Err(e) = self.charge(now, &hits, call, decisions).await {
             return self.backend_failed(request, e);
         }
         let decisions = decisions.as_slice();
@@ -381,7 +385,7 @@ impl<S: CounterStore> RateLimitService<S> {
             let (expected, got) = (hits.len(), decisions.len());
             return Err(StoreError::BadReply { expected, got }.into());
         }
-        self.give_back(&plan::refunds(&plans, &hits, decisions))
+        self.give_back(now, &plan::refunds(&plans, &hits, decisions))
             .await;
         let (statuses, quota) = self.outcome(domain, request, &plans, decisions);
         let metadata = self.dynamic_metadata(request, &plans, &statuses);
@@ -391,18 +395,18 @@ impl<S: CounterStore> RateLimitService<S> {
     /// An unknown domain is not an error in the Go service: every descriptor passes.
     fn unknown_domain(&self, request: &Request) -> Response {
         self.observer.domain_not_found(&request.domain);
-        let statuses: Statuses =
-            std::iter::repeat_n(Status::ok(), request.descriptors.len()).collect();
+        let statuses = all_ok(request);
         let quota: SmallVec<[bool; 8]> = smallvec::smallvec![false; statuses.len()];
         let metadata = self.dynamic_metadata(request, &[], &statuses);
         self.finish(statuses, &quota, metadata)
     }
 
-    /// Charges every hit at the clock's time, the decisions into `decisions` (cleared first);
+    /// Charges every hit at `now`, the decisions into `decisions` (cleared first);
     /// a traced call reports the backend call as a span of its own when the store goes over
     /// the network.
     async fn charge(
         &self,
+        now: Timestamp,
         hits: &[Hit<'_>],
         call: Option<&Span>,
         decisions: &mut Vec<Decision>,
@@ -416,7 +420,7 @@ impl<S: CounterStore> RateLimitService<S> {
             let traced = self.store.trace_backend()?;
             Some((traced, self.observer.backend_started(c)?))
         });
-        let applied = self.store.apply(self.clock.now(), hits, decisions).await;
+        let applied = self.store.apply(now, hits, decisions).await;
         if let Some((traced, span)) = backend {
             let error = applied.as_ref().err();
             self.observer.backend_done(span, traced, hits.len(), error);
@@ -426,11 +430,11 @@ impl<S: CounterStore> RateLimitService<S> {
 
     /// Gives back what a refused request's other limits admitted. The decisions stand; when
     /// only the give-back fails, the request is still answered.
-    async fn give_back(&self, refunds: &[Hit<'_>]) {
+    async fn give_back(&self, now: Timestamp, refunds: &[Hit<'_>]) {
         if refunds.is_empty() {
             return;
         }
-        if let Err(e) = self.store.refund(self.clock.now(), refunds).await {
+        if let Err(e) = self.store.refund(now, refunds).await {
             self.observer.refund_failed(&e);
         }
     }
@@ -445,7 +449,7 @@ impl<S: CounterStore> RateLimitService<S> {
         decisions: &[Decision],
     ) -> (Statuses, SmallVec<[bool; 8]>) {
         let mut decisions = decisions.iter();
-        let mut statuses = Statuses::with_capacity(plans.len());
+        let mut statuses = statuses_for(plans.len());
         let mut quota = SmallVec::new();
         for (plan, descriptor) in plans.iter().zip(&request.descriptors) {
             let (status, is_quota) = match plan {
@@ -525,8 +529,7 @@ impl<S: CounterStore> RateLimitService<S> {
         let fail_open = opts.fail_open || opts.fail_open_domains.contains(&request.domain);
         self.observer.backend_failed(&request.domain, &e, fail_open);
         if fail_open {
-            let statuses: Statuses =
-                std::iter::repeat_n(Status::ok(), request.descriptors.len()).collect();
+            let statuses = all_ok(request);
             let quota: SmallVec<[bool; 8]> = smallvec::smallvec![false; statuses.len()];
             return Ok(self.finish(statuses, &quota, None));
         }
@@ -642,6 +645,49 @@ thread_local! {
     static BUFFERS: std::cell::Cell<Buffers> = const {
         std::cell::Cell::new(Buffers { keys: String::new(), decisions: Vec::new() })
     };
+}
+
+thread_local! {
+    /// A statuses buffer an adapter gave back ([`Response::recycle`]) for the thread's next
+    /// answer, so that after warm-up a decision allocates nothing.
+    static SPARE_STATUSES: std::cell::Cell<Statuses> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Statuses buffers with room for more than this many are not kept.
+const MAX_SPARE_STATUSES: usize = 64;
+
+/// An empty statuses buffer with room for `n`: the thread's spare when it has one.
+fn statuses_for(n: usize) -> Statuses {
+    let mut statuses = SPARE_STATUSES
+        .try_with(std::cell::Cell::take)
+        .unwrap_or_default();
+    statuses.reserve(n);
+    statuses
+}
+
+impl Response {
+    /// Gives the statuses' buffer back to the thread for its next answer; an adapter calls it
+    /// once it has written the answer out (or drains the statuses and calls
+    /// [`recycle_statuses`]). Dropping a response instead is correct, only slower.
+    pub fn recycle(self) {
+        recycle_statuses(self.statuses);
+    }
+}
+
+/// `{code: OK}` for every descriptor of `request`.
+fn all_ok(request: &Request) -> Statuses {
+    let mut statuses = statuses_for(request.descriptors.len());
+    statuses.resize(request.descriptors.len(), Status::ok());
+    statuses
+}
+
+/// Keeps `statuses`' buffer, emptied, for the thread's next answer.
+pub fn recycle_statuses(mut statuses: Statuses) {
+    if statuses.capacity() == 0 || statuses.capacity() > MAX_SPARE_STATUSES {
+        return;
+    }
+    statuses.clear();
+    let _ = SPARE_STATUSES.try_with(|s| s.set(statuses));
 }
 
 /// The thread's [`Buffers`], taken for one decision and given back on drop.
