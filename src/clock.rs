@@ -40,9 +40,9 @@ impl Timestamp {
 pub trait Clock: Send + Sync + 'static {
     /// Wall-clock time in nanoseconds since the Unix epoch. A decision reads it once when it
     /// starts (its windows are aligned to it) and, when stats are on, once more when it ends,
-    /// for its latency: one clock for both, so a decision reads the clock at most twice (about
-    /// 25 ns a read on the benchmark VM). The wall clock can be stepped; a latency measured
-    /// across a step backwards reads 0, across a step forwards as long as the step.
+    /// for its latency: one clock for both, so a decision reads the clock at most twice. The
+    /// wall clock can be stepped; a latency measured across a step backwards reads 0, across a
+    /// step forwards as long as the step.
     fn now_nanos(&self) -> u64;
     /// [`Clock::now_nanos`] to the microsecond.
     fn now(&self) -> Timestamp {

@@ -428,8 +428,9 @@ impl<S: CounterStore> RateLimitService<S> {
         applied
     }
 
-    /// Gives back what a refused request's other limits admitted. The decisions stand; when
-    /// only the give-back fails, the request is still answered.
+    /// Gives back what a refused request's other limits admitted, at `now`, the time they were
+    /// charged at, so a refund reaches the window it was charged to even when one ended since.
+    /// The decisions stand; when only the give-back fails, the request is still answered.
     async fn give_back(&self, now: Timestamp, refunds: &[Hit<'_>]) {
         if refunds.is_empty() {
             return;

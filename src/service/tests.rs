@@ -1175,3 +1175,35 @@ async fn the_observer_hears_each_decision_timed_by_the_injected_clock() {
         ]
     );
 }
+
+/// A refused request's refund is charged at the time the request was charged at, so it reaches
+/// the window it was counted in even when the store call ran past that window's end.
+#[tokio::test]
+async fn a_refund_reaches_the_window_its_hits_were_charged_to() {
+    let h = harness();
+    // The last second of a minute: the store call below ends in the next minute.
+    h.clock.set(Timestamp::from_secs(2279));
+    let service = RateLimitService::new(
+        h.config.clone(),
+        Arc::new(SlowStore {
+            inner: MemoryStore::new(100),
+            clock: h.clock.clone(),
+            secs: 1,
+        }),
+        Arc::new(h.clock.clone()),
+        ServiceOptions::default(),
+    );
+    let multi = |hits: u32| Request {
+        hits_addend: hits,
+        ..req("test", vec![desc(&[("multi", "m")])])
+    };
+    // 3 hits: over per_second (2), within per_minute (a sliding window of 5), which gives its 3
+    // back. Were they given back in the next minute, the previous minute would still hold 3.
+    let r = service.should_rate_limit(multi(3)).await.unwrap();
+    assert_eq!(r.overall_code, Code::OverLimit);
+    // 2280 and 2281: 2 hits each, 4 in the new minute and none left in the previous one.
+    for at in [2280, 2281] {
+        let r = service.should_rate_limit(multi(2)).await.unwrap();
+        assert_eq!(r.overall_code, Code::Ok, "at {at}");
+    }
+}

@@ -38,10 +38,18 @@ type Table<W> = DashMap<Box<str>, W, foldhash::fast::RandomState>;
 /// line between them; DashMap's default (4 per thread: 8 on 2 cores) made that one access in
 /// eight with two cores on distinct keys. An empty shard costs a cache line.
 const SHARDS_PER_THREAD: usize = 32;
+/// At most this many shards per table, however many threads the machine runs.
+const MAX_SHARDS: usize = 1024;
 
-fn new_table<W>() -> Table<W> {
+/// Shards per table on this machine: read once per store, for all its tables.
+fn shard_amount() -> usize {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let shards = (threads * SHARDS_PER_THREAD).next_power_of_two().min(1024);
+    (threads * SHARDS_PER_THREAD)
+        .next_power_of_two()
+        .min(MAX_SHARDS)
+}
+
+fn new_table<W>(shards: usize) -> Table<W> {
     Table::with_hasher_and_shard_amount(foldhash::fast::RandomState::default(), shards)
 }
 
@@ -255,11 +263,12 @@ impl MemoryStore {
 
     /// A store within `limits`, with no sweeper.
     pub fn with_limits(limits: MemoryLimits) -> Self {
+        let shards = shard_amount();
         MemoryStore {
             inner: Arc::new(Inner {
-                fixed: std::array::from_fn(|_| new_table()),
-                sliding: std::array::from_fn(|_| new_table()),
-                buckets: new_table(),
+                fixed: std::array::from_fn(|_| new_table(shards)),
+                sliding: std::array::from_fn(|_| new_table(shards)),
+                buckets: new_table(shards),
                 live: AtomicUsize::new(0),
                 bytes: AtomicUsize::new(0),
                 limits,
