@@ -32,7 +32,7 @@ use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::limiter::Quota;
 use sluice::limiter::Unit;
 use sluice::limiter::{Decision, fixed_window};
-use sluice::service::{RateLimitService, ServiceOptions, write_counter_key};
+use sluice::service::{RateLimitService, Response, ServiceOptions, write_counter_key};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 use sluice::telemetry::{DecisionTelemetry, Stats};
 
@@ -87,16 +87,34 @@ fn ready<F: Future>(fut: F) -> F::Output {
 fn config_lookup(c: &mut Criterion) {
     let config = realistic_config();
     let domain = config.domain("edge").expect("edge domain");
+    // A level of one node, searched without hashing (the realistic config's top level has
+    // more than `Level::SCAN_AT_MOST` nodes and goes through its index).
+    let small = bench_config();
+    let small = small.domain("bench").expect("bench domain");
     let mut g = c.benchmark_group("config_lookup");
-    for (name, e) in [
-        ("key_only", entries(&[("remote_address", "10.1.2.3")])),
-        ("exact_value", entries(&[("api_key", "partner-acme")])),
-        ("wildcard", entries(&[("user_agent", "kube-probe/1.29")])),
+    for (name, domain, e) in [
+        (
+            "key_only",
+            domain,
+            entries(&[("remote_address", "10.1.2.3")]),
+        ),
+        (
+            "exact_value",
+            domain,
+            entries(&[("api_key", "partner-acme")]),
+        ),
+        (
+            "wildcard",
+            domain,
+            entries(&[("user_agent", "kube-probe/1.29")]),
+        ),
         (
             "nested_2",
+            domain,
             entries(&[("path", "/login"), ("remote_address", "10.1.2.3")]),
         ),
-        ("no_match", entries(&[("unknown", "x")])),
+        ("no_match", domain, entries(&[("unknown", "x")])),
+        ("small_level_key_only", small, entries(&[("client", "c0")])),
     ] {
         assert!(
             name == "no_match" || domain.lookup(&e).is_some(),
@@ -311,10 +329,11 @@ fn should_rate_limit(c: &mut Criterion) {
         let r = ready(svc.should_rate_limit(req.clone())).expect("decides");
         assert!(r.statuses[0].current_limit.is_some(), "{name} is counted");
         // The request is moved into the call, as the gRPC adapter does; cloning it is setup.
+        // The answer's statuses are given back, as the adapters do once it is written.
         g.bench_function(name, |b| {
             b.iter_batched(
                 || req.clone(),
-                |r| ready(svc.should_rate_limit(r)),
+                |r| ready(svc.should_rate_limit(r)).map(Response::recycle),
                 BatchSize::SmallInput,
             )
         });
@@ -394,7 +413,7 @@ fn telemetry_cost(c: &mut Criterion) {
             b.iter_batched(
                 || req.clone(),
                 |r| {
-                    let out = ready(svc.should_rate_limit_traced(r, trace));
+                    let out = ready(svc.should_rate_limit_traced(r, trace)).map(Response::recycle);
                     // The exporter's side, so the queue never fills (a full queue would drop,
                     // which is the cheaper path).
                     while let Ok(span) = spans.try_recv() {
@@ -438,7 +457,7 @@ fn two_threads_decide<S: sluice::store::CounterStore>(
     on_two_threads(iters, ["c0", "c1"], |client| {
         let r = request("bench", &[("client", client)]);
         move || {
-            black_box(ready(svc.should_rate_limit(r.clone())).ok());
+            black_box(ready(svc.should_rate_limit(r.clone())).map(Response::recycle)).ok();
         }
     })
 }

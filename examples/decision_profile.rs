@@ -1,6 +1,7 @@
 //! A plain loop over `RateLimitService::should_rate_limit` on the memory store, for profilers
 //! (criterion's own machinery would dominate a profile). Each call gets a fresh clone of one
-//! prebuilt request, as the gRPC adapter hands over a freshly decoded one.
+//! prebuilt request, as the gRPC adapter hands over a freshly decoded one, and each answer's
+//! statuses are given back as the adapters do.
 //!
 //! ```sh
 //! cargo build --release --example decision_profile
@@ -60,6 +61,8 @@ fn main() {
         let fut = pin!(service.should_rate_limit(request.clone()));
         if let Poll::Ready(Ok(r)) = fut.poll(&mut Context::from_waker(waker)) {
             ok += u64::from(r.statuses[0].current_limit.is_some());
+            // As the gRPC and HTTP adapters do once the answer is written.
+            r.recycle();
         }
     }
     let elapsed = start.elapsed();

@@ -266,15 +266,10 @@ impl Domain {
         let mut shared_values = Vec::new();
         let last = entries.len().checked_sub(1)?;
         for (i, entry) in entries.iter().enumerate() {
-            buf.clear();
-            buf.push_str(&entry.key);
-            buf.push('_');
-            buf.push_str(&entry.value);
-
             let mut how = How::Exact;
-            let mut node = level.get(buf);
+            let mut node = level.exact(entry, buf);
             if node.is_none() {
-                node = level.match_wildcard(buf);
+                node = level.match_wildcard(entry, buf);
                 if let Some(w) = node {
                     // Go trims "key_" off the pattern to get its value part.
                     let pattern = w
@@ -289,7 +284,7 @@ impl Domain {
                 }
             }
             if node.is_none() {
-                node = level.get(&entry.key);
+                node = level.key_only(&entry.key);
                 how = How::KeyOnly;
             }
             let node = node?;
@@ -368,15 +363,45 @@ impl Level {
         self.nodes.is_empty()
     }
 
+    /// Levels of at most this many nodes are searched by comparing each node's composite key
+    /// with the entry in place, which costs less than building the probe and hashing it
+    /// (`benches/decision.rs`, `config_lookup`); larger ones use the index.
+    const SCAN_AT_MOST: usize = 8;
+
     fn get(&self, composite: &str) -> Option<&Node> {
         self.index.get(composite).and_then(|&i| self.nodes.get(i))
     }
 
-    fn match_wildcard(&self, composite: &str) -> Option<&Node> {
+    /// The node whose composite key is the entry's `key_value`.
+    fn exact(&self, entry: &Entry, buf: &mut String) -> Option<&Node> {
+        if self.nodes.len() <= Self::SCAN_AT_MOST {
+            return self
+                .nodes
+                .iter()
+                .find(|n| is_composite(&n.composite, entry));
+        }
+        write_composite(buf, entry);
+        self.get(buf)
+    }
+
+    /// The node whose composite key is the entry's key alone.
+    fn key_only(&self, key: &str) -> Option<&Node> {
+        if self.nodes.len() <= Self::SCAN_AT_MOST {
+            return self.nodes.iter().find(|n| *n.composite == *key);
+        }
+        self.get(key)
+    }
+
+    /// The first wildcard node, in YAML order, whose pattern matches the entry's `key_value`.
+    fn match_wildcard(&self, entry: &Entry, buf: &mut String) -> Option<&Node> {
+        if self.wildcards.is_empty() {
+            return None;
+        }
+        write_composite(buf, entry);
         self.wildcards
             .iter()
             .filter_map(|&i| self.nodes.get(i))
-            .find(|n| glob_match(&n.composite, composite))
+            .find(|n| glob_match(&n.composite, buf))
     }
 
     /// Every limit below this level with the keys on its path (`path` holds the levels above).
@@ -411,6 +436,25 @@ impl Level {
         }
         self.wildcards.retain(|&i| i < len);
     }
+}
+
+/// Writes Go's map probe for an entry, `key_value`, into `buf` (cleared first).
+fn write_composite(buf: &mut String, entry: &Entry) {
+    buf.clear();
+    buf.push_str(&entry.key);
+    buf.push('_');
+    buf.push_str(&entry.value);
+}
+
+/// Whether `composite` is the entry's `key_value`, compared in place: the same answer as
+/// building the probe with [`write_composite`] and comparing, so a key containing '_' matches
+/// as it does in Go.
+fn is_composite(composite: &str, entry: &Entry) -> bool {
+    let (key, value) = (entry.key.as_str(), entry.value.as_str());
+    composite.len() == key.len() + 1 + value.len()
+        && composite.starts_with(key)
+        && composite.as_bytes().get(key.len()) == Some(&b'_')
+        && composite.ends_with(value)
 }
 
 /// `*` matches any run of characters (including none); everything else matches itself. A
@@ -782,6 +826,55 @@ descriptors:
         assert_eq!(key_of(&cfg, &[("k", "fa")]).as_deref(), Some("d.k_f*"));
         assert_eq!(key_of(&cfg, &[("k", "x")]).as_deref(), Some("d.k"));
         assert_eq!(key_of(&cfg, &[("other", "x")]), None);
+    }
+
+    /// A level of more than `Level::SCAN_AT_MOST` nodes is searched through its index, a
+    /// smaller one by comparing in place: both give the same matches, Go's quirks included.
+    #[test]
+    fn small_and_indexed_levels_match_alike() {
+        const QUIRKS: &str = r#"
+  - key: a_b
+    value: c
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: e
+    value: ""
+    rate_limit: {unit: second, requests_per_unit: 7}
+"#;
+        let small = format!("{ORDER}{QUIRKS}");
+        let padding: String = (0..Level::SCAN_AT_MOST)
+            .map(|i| format!("  - key: pad{i}\n    value: v\n"))
+            .collect();
+        let indexed = format!("{small}{padding}");
+        let (small, indexed) = (config(&small), config(&indexed));
+        let top = |c: &RateLimitConfig| c.domain("d").map_or(0, |d| d.root.nodes.len());
+        assert!(top(&small) <= Level::SCAN_AT_MOST);
+        assert!(top(&indexed) > Level::SCAN_AT_MOST);
+        for entry in [
+            ("k", "foobar"),
+            ("k", "foobaz"),
+            ("k", "fa"),
+            ("k", "x"),
+            ("k", ""),
+            ("other", "x"),
+            // Go probes "a_b_c" for both, which is the composite key of `a_b: c`.
+            ("a", "b_c"),
+            ("a_b", "c"),
+            ("a_b", "d"),
+            ("e", ""),
+            ("e", "x"),
+            ("", ""),
+        ] {
+            let expected = key_of(&small, &[entry]);
+            assert_eq!(key_of(&indexed, &[entry]), expected, "{entry:?}");
+        }
+        assert_eq!(
+            key_of(&small, &[("k", "foobar")]).as_deref(),
+            Some("d.k_foobar")
+        );
+        assert_eq!(key_of(&small, &[("a", "b_c")]).as_deref(), Some("d.a_b_c"));
+        // An empty YAML value is a key-only node, which any value of the key matches.
+        assert_eq!(key_of(&small, &[("e", "")]).as_deref(), Some("d.e"));
+        assert_eq!(key_of(&small, &[("e", "x")]).as_deref(), Some("d.e"));
     }
 
     #[test]

@@ -34,6 +34,14 @@ impl<'c> Counted<'c> {
             .into_iter()
             .chain(blocks.iter().map(|b| (b.quota, b.name.as_str())))
     }
+    /// How many quotas [`Counted::quotas`] gives, without walking them.
+    pub(super) fn quota_count(&self) -> usize {
+        let blocks = match self.rule.map(|l| &l.rule) {
+            Some(Rule::Limited(blocks)) => blocks.len(),
+            _ => 0,
+        };
+        usize::from(self.overridden.is_some()) + blocks
+    }
     pub(super) fn shadow_mode(&self) -> bool {
         self.rule.is_some_and(|l| l.shadow_mode)
     }
@@ -160,7 +168,7 @@ fn counter_key_bytes(
         };
         let prefix = &options.cache_key_prefix;
         let stem = counter_key_len(prefix, &request.domain, &d.entries, shared);
-        let quotas = limit.quotas().count();
+        let quotas = limit.quota_count();
         // The last quota's key is the descriptor's longest.
         let bytes = stem + (1..quotas).last().map_or(0, quota_suffix_len);
         if bytes > max {
@@ -192,7 +200,7 @@ pub(super) fn counter_keys<'b>(
             write_counter_key(keys, prefix, &request.domain, &d.entries, shared);
             let stem = start..keys.len();
             ranges.push(stem.clone());
-            for i in 1..limit.quotas().count() {
+            for i in 1..limit.quota_count() {
                 let start = keys.len();
                 keys.extend_from_within(stem.clone());
                 // Writing to a String cannot fail.
@@ -211,20 +219,21 @@ pub(super) fn counter_keys<'b>(
 /// descriptor is charged, even when another is already over (the Go service does the same,
 /// so over-limit traffic keeps draining every counter).
 pub(super) fn hits<'k>(plans: &[Plan<'_>], keys: &CounterKeys<'k>) -> SmallVec<[Hit<'k>; 4]> {
-    plans
-        .iter()
-        .filter_map(|p| match p {
-            Plan::Counted { limit, hits, .. } => Some(limit.quotas().map(|(q, _)| (q, *hits))),
-            _ => None,
-        })
-        .flatten()
-        .zip(&keys.ranges)
-        .map(|((quota, hits), range)| Hit {
-            key: &keys.text[range.clone()],
-            quota,
-            hits,
-        })
-        .collect()
+    let mut out = SmallVec::new();
+    let mut ranges = keys.ranges.iter();
+    for plan in plans {
+        let Plan::Counted { limit, hits, .. } = plan else {
+            continue;
+        };
+        for ((quota, _), range) in limit.quotas().zip(ranges.by_ref()) {
+            out.push(Hit {
+                key: keys.text.get(range.clone()).unwrap_or_default(),
+                quota,
+                hits: *hits,
+            });
+        }
+    }
+    out
 }
 
 /// What a refused request gives back. A descriptor with several limits is refused as a whole
@@ -240,7 +249,7 @@ pub(super) fn refunds<'k>(
     let mut at = 0;
     for plan in plans {
         if let Plan::Counted { limit, .. } = plan {
-            let n = limit.quotas().count();
+            let n = limit.quota_count();
             let own = &decisions[at..at + n];
             if n > 1 && own.iter().any(|d| d.over) {
                 refunds.extend(
