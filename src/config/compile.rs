@@ -266,10 +266,15 @@ impl Domain {
         let mut shared_values = Vec::new();
         let last = entries.len().checked_sub(1)?;
         for (i, entry) in entries.iter().enumerate() {
+            let mut probe = Probe {
+                entry,
+                buf: &mut *buf,
+                written: false,
+            };
             let mut how = How::Exact;
-            let mut node = level.exact(entry, buf);
+            let mut node = level.exact(&mut probe);
             if node.is_none() {
-                node = level.match_wildcard(entry, buf);
+                node = level.match_wildcard(&mut probe);
                 if let Some(w) = node {
                     // Go trims "key_" off the pattern to get its value part.
                     let pattern = w
@@ -373,15 +378,15 @@ impl Level {
     }
 
     /// The node whose composite key is the entry's `key_value`.
-    fn exact(&self, entry: &Entry, buf: &mut String) -> Option<&Node> {
+    fn exact(&self, probe: &mut Probe<'_, '_>) -> Option<&Node> {
         if self.nodes.len() <= Self::SCAN_AT_MOST {
+            let entry = probe.entry;
             return self
                 .nodes
                 .iter()
                 .find(|n| is_composite(&n.composite, entry));
         }
-        write_composite(buf, entry);
-        self.get(buf)
+        self.get(probe.composite())
     }
 
     /// The node whose composite key is the entry's key alone.
@@ -393,15 +398,15 @@ impl Level {
     }
 
     /// The first wildcard node, in YAML order, whose pattern matches the entry's `key_value`.
-    fn match_wildcard(&self, entry: &Entry, buf: &mut String) -> Option<&Node> {
+    fn match_wildcard(&self, probe: &mut Probe<'_, '_>) -> Option<&Node> {
         if self.wildcards.is_empty() {
             return None;
         }
-        write_composite(buf, entry);
+        let composite = probe.composite();
         self.wildcards
             .iter()
             .filter_map(|&i| self.nodes.get(i))
-            .find(|n| glob_match(&n.composite, buf))
+            .find(|n| glob_match(&n.composite, composite))
     }
 
     /// Every limit below this level with the keys on its path (`path` holds the levels above).
@@ -438,16 +443,29 @@ impl Level {
     }
 }
 
-/// Writes Go's map probe for an entry, `key_value`, into `buf` (cleared first).
-fn write_composite(buf: &mut String, entry: &Entry) {
-    buf.clear();
-    buf.push_str(&entry.key);
-    buf.push('_');
-    buf.push_str(&entry.value);
+/// Go's map probe for an entry, `key_value`, written into the caller's buffer the first time a
+/// level needs it as one string (its index or its wildcards), at most once per entry.
+struct Probe<'e, 'b> {
+    entry: &'e Entry,
+    buf: &'b mut String,
+    written: bool,
+}
+
+impl Probe<'_, '_> {
+    fn composite(&mut self) -> &str {
+        if !self.written {
+            self.buf.clear();
+            self.buf.push_str(&self.entry.key);
+            self.buf.push('_');
+            self.buf.push_str(&self.entry.value);
+            self.written = true;
+        }
+        self.buf
+    }
 }
 
 /// Whether `composite` is the entry's `key_value`, compared in place: the same answer as
-/// building the probe with [`write_composite`] and comparing, so a key containing '_' matches
+/// building the [`Probe`] and comparing, so a key containing '_' matches
 /// as it does in Go.
 fn is_composite(composite: &str, entry: &Entry) -> bool {
     let (key, value) = (entry.key.as_str(), entry.value.as_str());
