@@ -38,6 +38,7 @@ const ENVOY_HEADERS: HeaderNames = HeaderNames {
     retry_after: None,
     limit_with_window: true,
     refused_marker: Some(("x-envoy-ratelimited", "true")),
+    on_allowed: true,
 };
 #[test]
 fn envoy_example_limits_by_address_and_api_key_and_fails_closed() {

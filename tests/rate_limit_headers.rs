@@ -153,7 +153,7 @@ async fn nginx(service: &RateLimitService<MemoryStore>, descriptors: &[(&str, &s
         "x-sluice-descriptor",
         HeaderValue::from_str(&list.join(", ")).unwrap(),
     );
-    let response = sluice::api::nginx::check(service, &headers, MAX_BYTES).await;
+    let response = sluice::api::forward_auth::check(service, &headers, MAX_BYTES).await;
     ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"]
         .into_iter()
         .filter_map(|name| {

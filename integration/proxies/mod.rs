@@ -413,6 +413,9 @@ pub struct HeaderNames {
     pub limit_with_window: bool,
     /// A header only refused answers carry (Envoy's `x-envoy-ratelimited: true`).
     pub refused_marker: Option<(&'static str, &'static str)>,
+    /// Whether answers that reached the upstream carry the headers too (Traefik and Caddy
+    /// hand only a refusal from Sluice to the client).
+    pub on_allowed: bool,
 }
 
 /// Both examples' scenario (10 a minute per address, 3 a minute per API key, every request
@@ -445,8 +448,10 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
             let a = get(port, "/some/path?x=1", &[("X-Api-Key", key)]);
             assert_eq!(a.status, 200, "{key}: {a:#?}");
             assert_eq!(a.body, "upstream\n", "{a:#?}");
-            assert_eq!(limit_of(&a), 3, "{a:#?}");
-            assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
+            if names.on_allowed {
+                assert_eq!(limit_of(&a), 3, "{a:#?}");
+                assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
+            }
         }
         if key == "key-a" {
             let before = upstream.hits();
@@ -475,8 +480,10 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
     for remaining in [2, 1, 0] {
         let a = get(port, "/", &[]);
         assert_eq!(a.status, 200, "{a:#?}");
-        assert_eq!(limit_of(&a), 10, "{a:#?}");
-        assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
+        if names.on_allowed {
+            assert_eq!(limit_of(&a), 10, "{a:#?}");
+            assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
+        }
     }
     let a = get(port, "/", &[]);
     assert_eq!(a.status, 429, "{a:#?}");
@@ -489,8 +496,10 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
     // Another client address is counted on its own: it still has its whole limit.
     let other = try_get_from([127, 0, 0, 2], port, "/", &[]).expect("answer to 127.0.0.2");
     assert_eq!(other.status, 200, "{other:#?}");
-    assert_eq!(limit_of(&other), 10, "{other:#?}");
-    assert_eq!(number(&other, names.remaining), 9, "{other:#?}");
+    if names.on_allowed {
+        assert_eq!(limit_of(&other), 10, "{other:#?}");
+        assert_eq!(number(&other, names.remaining), 9, "{other:#?}");
+    }
     assert_eq!(upstream.hits() - start, 10);
 }
 

@@ -32,7 +32,7 @@ pub fn router<S: CounterStore>(
     health: Arc<Health>,
     max_request_bytes: usize,
 ) -> Router {
-    let nginx = super::nginx::router(service.clone(), max_request_bytes);
+    let auth = super::forward_auth::router(service.clone(), max_request_bytes);
     let state = Arc::new(HttpState {
         service,
         health,
@@ -42,7 +42,7 @@ pub fn router<S: CounterStore>(
         .route("/json", any(json::<S>))
         .route("/healthcheck", any(healthcheck::<S>))
         .with_state(state)
-        .merge(nginx)
+        .merge(auth)
 }
 
 fn bad_request(reason: impl std::fmt::Display) -> Response {

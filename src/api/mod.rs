@@ -5,19 +5,20 @@
 //! - [`grpc`]: `envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`.
 //! - [`rlqs`]: `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` (Envoy's
 //!   `rate_limit_quota` filter), over [`crate::quota`].
-//! - [`http`]: `/json`, `/healthcheck` and `/nginx` on PORT.
-//! - [`nginx`]: the `auth_request` endpoint: headers in, 200/403 with `RateLimit-*` out.
+//! - [`http`]: `/json`, `/healthcheck`, `/nginx` and `/forward-auth` on PORT.
+//! - [`forward_auth`]: the auth-subrequest endpoints (nginx `auth_request`, Traefik, Caddy):
+//!   headers or a query string in, 200 or a refusal with `RateLimit-*` out.
 //! - [`debug`]: `/rlconfig`, `/metrics` and `/stats` on DEBUG_PORT.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
 //! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
 
 pub mod convert;
 pub mod debug;
+pub mod forward_auth;
 pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod json;
-pub mod nginx;
 pub mod rlqs;
 
 /// The caller's trace context (`traceparent`, B3), read only when tracing is on, so a service

@@ -81,6 +81,7 @@ impl DecisionTelemetry {
             Transport::Grpc => ("rpc.system", Value::Static("grpc")),
             Transport::Json => ("http.route", Value::Static("/json")),
             Transport::Nginx => ("http.route", Value::Static("/nginx")),
+            Transport::ForwardAuth => ("http.route", Value::Static("/forward-auth")),
         });
         attributes.push((
             "rpc.service",

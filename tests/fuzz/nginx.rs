@@ -1,5 +1,5 @@
 //! `/nginx`: the `X-Sluice-*` headers of an `auth_request` subrequest -> the domain request
-//! (`api::nginx::request_from_headers`), and the endpoint's answer.
+//! (`api::forward_auth::request_from_headers`), and the endpoint's answer.
 //!
 //! Generated requests (any text, percent-encoded; values taken from other headers with
 //! `@Header`, present or not) are written as nginx would send them, in one header line or
@@ -10,7 +10,7 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use proptest::prelude::*;
-use sluice::api::nginx::{
+use sluice::api::forward_auth::{
     DESCRIPTOR_HEADER, DOMAIN_HEADER, HITS_ADDEND_HEADER, LIMIT, REMAINING, RESET,
     request_from_headers,
 };

@@ -159,11 +159,17 @@ fn the_hits_addend_is_read_and_checked() {
     assert_eq!(with(b"").unwrap().hits_addend, 0);
     assert_eq!(
         with(b"-1").unwrap_err(),
-        HeaderError::BadHitsAddend("-1".into())
+        HeaderError::BadHitsAddend {
+            form: Form::Headers,
+            text: "-1".into()
+        }
     );
     assert_eq!(
         with(b"4294967296").unwrap_err(),
-        HeaderError::BadHitsAddend("4294967296".into())
+        HeaderError::BadHitsAddend {
+            form: Form::Headers,
+            text: "4294967296".into()
+        }
     );
 }
 
@@ -172,11 +178,11 @@ fn malformed_headers_are_named_errors() {
     let d = |v: &'static [u8]| parse(&[("X-Sluice-Domain", b"edge"), ("X-Sluice-Descriptor", v)]);
     assert_eq!(
         parse(&[("X-Sluice-Descriptor", b"a=1")]),
-        Err(HeaderError::MissingDomain)
+        Err(HeaderError::MissingDomain(Form::Headers))
     );
     assert_eq!(
         parse(&[("X-Sluice-Domain", b" "), ("X-Sluice-Descriptor", b"a=1")]),
-        Err(HeaderError::MissingDomain)
+        Err(HeaderError::MissingDomain(Form::Headers))
     );
     assert_eq!(
         parse(&[
@@ -184,17 +190,27 @@ fn malformed_headers_are_named_errors() {
             ("X-Sluice-Domain", b"b"),
             ("X-Sluice-Descriptor", b"a=1")
         ]),
-        Err(HeaderError::SeveralDomains)
+        Err(HeaderError::SeveralDomains(Form::Headers))
     );
     assert_eq!(
         parse(&[("X-Sluice-Domain", b"edge")]),
-        Err(HeaderError::MissingDescriptor)
+        Err(HeaderError::MissingDescriptor(Form::Headers))
     );
-    assert_eq!(d(b" , "), Err(HeaderError::MissingDescriptor));
-    assert_eq!(d(b"a=1&&b=2"), Err(HeaderError::EmptyEntry { index: 0 }));
+    assert_eq!(
+        d(b" , "),
+        Err(HeaderError::MissingDescriptor(Form::Headers))
+    );
+    assert_eq!(
+        d(b"a=1&&b=2"),
+        Err(HeaderError::EmptyEntry {
+            form: Form::Headers,
+            index: 0
+        })
+    );
     assert_eq!(
         d(b"a=1, b"),
         Err(HeaderError::NoEquals {
+            form: Form::Headers,
             index: 1,
             entry: "b".into()
         })
@@ -202,6 +218,7 @@ fn malformed_headers_are_named_errors() {
     assert_eq!(
         d(b"=v"),
         Err(HeaderError::EmptyKey {
+            form: Form::Headers,
             index: 0,
             entry: "=v".into()
         })
@@ -209,6 +226,7 @@ fn malformed_headers_are_named_errors() {
     assert_eq!(
         d(b"a=@bad header"),
         Err(HeaderError::BadHeaderName {
+            form: Form::Headers,
             index: 0,
             header: "bad header".into()
         })
@@ -390,7 +408,13 @@ fn sluice_headers_are_measured_before_they_are_parsed() {
         ("X-Sluice-Domain", b"edge"),
         ("X-Sluice-Descriptor", big.as_bytes()),
     ]);
-    assert_eq!(e, Err(HeaderError::TooLarge { max: MAX_BYTES }));
+    assert_eq!(
+        e,
+        Err(HeaderError::TooLarge {
+            form: Form::Headers,
+            max: MAX_BYTES
+        })
+    );
     // The cap is on the total: every Sluice header counts, to the byte.
     let value = |n: usize| format!("remote_address={}", "a".repeat(n - 15 - 4 - 1));
     let fits = value(MAX_BYTES);
@@ -405,7 +429,10 @@ fn sluice_headers_are_measured_before_they_are_parsed() {
     let over = value(MAX_BYTES + 1);
     assert_eq!(
         with(over.as_bytes()),
-        Err(HeaderError::TooLarge { max: MAX_BYTES })
+        Err(HeaderError::TooLarge {
+            form: Form::Headers,
+            max: MAX_BYTES
+        })
     );
 }
 
@@ -427,7 +454,13 @@ fn client_headers_count_once_per_copy() {
         ),
         ("x-api-key", &client),
     ]);
-    assert_eq!(twice, Err(HeaderError::TooLarge { max: MAX_BYTES }));
+    assert_eq!(
+        twice,
+        Err(HeaderError::TooLarge {
+            form: Form::Headers,
+            max: MAX_BYTES
+        })
+    );
     // Repeated lines of the named header all count.
     let repeated = parse(&[
         ("X-Sluice-Domain", b"edge"),
@@ -435,7 +468,13 @@ fn client_headers_count_once_per_copy() {
         ("x-api-key", &client),
         ("x-api-key", &client),
     ]);
-    assert_eq!(repeated, Err(HeaderError::TooLarge { max: MAX_BYTES }));
+    assert_eq!(
+        repeated,
+        Err(HeaderError::TooLarge {
+            form: Form::Headers,
+            max: MAX_BYTES
+        })
+    );
 }
 
 #[tokio::test]
@@ -461,4 +500,190 @@ async fn oversized_headers_and_keys_are_400_naming_the_setting_and_count_nothing
     let text = body(r).await;
     assert!(text.contains("SLUICE_MAX_KEY_BYTES"), "{text}");
     assert_eq!(service.store().live_counters(), 0);
+}
+
+fn query(q: &str, pairs: &[(&str, &[u8])]) -> Result<(Request, StatusCode), HeaderError> {
+    forward_auth_request(Some(q), &headers(pairs), MAX_BYTES)
+}
+
+#[test]
+fn the_query_string_carries_the_request_and_the_headers_are_then_ignored() {
+    let (r, deny) = query(
+        "domain=edge&descriptor=api_key=@X-Api-Key&descriptor=route=api%26method=GET,k=%2525",
+        &[
+            ("x-api-key", b"key-1"),
+            // A client's own X-Sluice-* headers, passed on by the proxy: ignored.
+            ("X-Sluice-Domain", b"other"),
+            ("X-Sluice-Descriptor", b"free=1"),
+            ("X-Sluice-Hits-Addend", b"1000"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(deny, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.domain, "edge");
+    assert_eq!(r.hits_addend, 0);
+    assert_eq!(
+        entries(&r),
+        vec![
+            vec![("api_key", "key-1")],
+            vec![("route", "api"), ("method", "GET")],
+            vec![("k", "%")],
+        ]
+    );
+    let (r, deny) = query(
+        "domain=edge&descriptor=a=1&hits_addend=3&deny_status=403",
+        &[],
+    )
+    .unwrap();
+    assert_eq!((r.hits_addend, deny), (3, StatusCode::FORBIDDEN));
+}
+
+#[test]
+fn without_a_domain_in_the_query_the_headers_carry_the_request() {
+    let pairs: [(&str, &[u8]); 2] = [
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", b"a=1"),
+    ];
+    let (r, deny) = forward_auth_request(None, &headers(&pairs), MAX_BYTES).unwrap();
+    assert_eq!(
+        (r.domain.as_str(), deny),
+        ("edge", StatusCode::TOO_MANY_REQUESTS)
+    );
+    let (r, deny) = query("deny_status=503", &pairs).unwrap();
+    assert_eq!(
+        (entries(&r), deny),
+        (vec![vec![("a", "1")]], StatusCode::SERVICE_UNAVAILABLE)
+    );
+    assert_eq!(
+        query("", &[]),
+        Err(HeaderError::MissingDomain(Form::Headers))
+    );
+}
+
+#[test]
+fn malformed_query_strings_are_named_errors() {
+    let e = |q: &str| query(q, &[]).unwrap_err().to_string();
+    assert_eq!(
+        e("domain=edge&descriptors=a=1"),
+        "unknown query parameter \"descriptors\" (domain, descriptor, hits_addend and deny_status are known)"
+    );
+    assert!(e("descriptor=a=1").starts_with("query parameter descriptor without domain"));
+    assert!(e("hits_addend=2").starts_with("query parameter hits_addend without domain"));
+    assert_eq!(e("domain=edge"), "missing query parameter descriptor");
+    assert_eq!(
+        e("domain=&descriptor=a=1"),
+        "missing query parameter domain"
+    );
+    assert_eq!(
+        e("domain=a&domain=b&descriptor=a=1"),
+        "more than one query parameter domain"
+    );
+    assert_eq!(
+        e("domain=edge&descriptor=a"),
+        "query parameter descriptor: descriptor 0: entry \"a\" is not key=value"
+    );
+    assert_eq!(
+        e("domain=edge&descriptor=a=%zz"),
+        "query parameter descriptor: \"a=%zz\" is not valid percent-encoded UTF-8"
+    );
+    // Decoded once by the query, the value is the header syntax, decoded again.
+    assert_eq!(
+        e("domain=edge&descriptor=a=%25zz"),
+        "query parameter descriptor: \"a=%zz\" is not valid percent-encoded UTF-8"
+    );
+    assert_eq!(
+        e("domain=edge&descriptor=a=1&hits_addend=x"),
+        "query parameter hits_addend: \"x\" is not a number from 0 to 4294967295"
+    );
+    for bad in ["200", "600", "x", ""] {
+        assert_eq!(
+            e(&format!("domain=edge&descriptor=a=1&deny_status={bad}")),
+            format!("query parameter deny_status: {bad:?} is not a status from 400 to 599")
+        );
+    }
+    assert_eq!(
+        e("deny_status=429&deny_status=403"),
+        "more than one query parameter deny_status"
+    );
+    assert_eq!(
+        e("domain=edge&descriptor=a=@x-a:middle"),
+        "query parameter descriptor: descriptor 0: \"x-a:middle\" is not a header name, optionally followed by :first or :last"
+    );
+}
+
+#[test]
+fn the_first_or_last_hop_of_a_header_can_be_taken() {
+    let pairs: [(&str, &[u8]); 3] = [
+        ("X-Forwarded-For", b" 203.0.113.9 , 10.0.0.1"),
+        ("x-forwarded-for", b"10.0.0.2, 192.0.2.7 "),
+        ("x-one", b"solo"),
+    ];
+    let (r, _) = query(
+        "domain=edge&descriptor=first=@X-Forwarded-For:first,last=@x-forwarded-for:last,whole=@x-forwarded-for,one=@x-one:last",
+        &pairs,
+    )
+    .unwrap();
+    assert_eq!(
+        entries(&r),
+        vec![
+            vec![("first", "203.0.113.9")],
+            vec![("last", "192.0.2.7")],
+            vec![("whole", " 203.0.113.9 , 10.0.0.1,10.0.0.2, 192.0.2.7 ")],
+            vec![("one", "solo")],
+        ]
+    );
+    // Absent, the descriptor is left out, whatever the part.
+    let (r, _) = query("domain=edge&descriptor=a=@x-none:first", &pairs).unwrap();
+    assert!(r.descriptors.is_empty());
+}
+
+#[test]
+fn the_query_string_counts_against_the_byte_cap() {
+    let long = format!("domain=edge&descriptor=a={}", "v".repeat(MAX_BYTES));
+    assert_eq!(
+        query(&long, &[]),
+        Err(HeaderError::TooLarge {
+            form: Form::Query,
+            max: MAX_BYTES
+        })
+    );
+    // The query's bytes and the header copies share the cap.
+    let q = "domain=edge&descriptor=a=@x-a";
+    let client = vec![b'k'; MAX_BYTES - q.len()];
+    assert!(query(q, &[("x-a", &client)]).is_ok());
+    let client = vec![b'k'; MAX_BYTES - q.len() + 1];
+    assert_eq!(
+        query(q, &[("x-a", &client)]),
+        Err(HeaderError::TooLarge {
+            form: Form::Query,
+            max: MAX_BYTES
+        })
+    );
+}
+
+#[tokio::test]
+async fn forward_auth_refuses_with_429_or_the_asked_status() {
+    let service = service();
+    let q = Some("domain=edge&descriptor=api_key=@x-api-key");
+    let h = headers(&[("x-api-key", b"k1")]);
+    for remaining in ["1", "0"] {
+        let r = forward_auth(&service, q, &h, MAX_BYTES).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "RateLimit-Remaining"), Some(remaining));
+    }
+    let r = forward_auth(&service, q, &h, MAX_BYTES).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "RateLimit-Limit"), Some("2"));
+    assert_eq!(header(&r, "RateLimit-Remaining"), Some("0"));
+    assert_eq!(header(&r, "Retry-After"), Some("58"));
+    assert_eq!(body(r).await, "OVER_LIMIT\n");
+    let q = Some("domain=edge&descriptor=api_key=@x-api-key&deny_status=403");
+    let r = forward_auth(&service, q, &h, MAX_BYTES).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Another key is counted apart.
+    let other = headers(&[("x-api-key", b"k2")]);
+    let r = forward_auth(&service, q, &other, MAX_BYTES).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = forward_auth(&service, Some("domain=edge&descriptor=a"), &h, MAX_BYTES).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }

