@@ -200,7 +200,9 @@ impl<S: Served> tower_service::Service<Request<Incoming>> for Guard<S> {
     }
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
-        let port = self.port.clone();
+        // Borrowed: the request's one owned handle on its listener is its `InFlight`, so a
+        // request changes the listener's shared reference count once, not once per use.
+        let port = &self.port;
         let Some(inflight) = self.admit() else {
             port.stats.refused_inflight.fetch_add(1, Ordering::Relaxed);
             let message = format!(
@@ -234,6 +236,7 @@ impl<S: Served> tower_service::Service<Request<Incoming>> for Guard<S> {
                     Ok(response.map(|b| Tracked::new(Either::Left(b), Some(inflight))))
                 }
                 Err(_) => {
+                    let port = &inflight.port;
                     port.stats.deadline_exceeded.fetch_add(1, Ordering::Relaxed);
                     let message = format!(
                         "the request did not finish within {} ms (SLUICE_REQUEST_TIMEOUT_MS, or the \
