@@ -1,5 +1,7 @@
-//! `/nginx`: the `X-Sluice-*` headers of an `auth_request` subrequest -> the domain request
-//! (`api::forward_auth::request_from_headers`), and the endpoint's answer.
+//! `/nginx` and `/forward-auth`: the `X-Sluice-*` headers of an `auth_request` subrequest, or
+//! the query string of a forward-auth call, -> the domain request
+//! (`api::forward_auth::request_from_headers`, `forward_auth_request`), and the endpoints'
+//! answers.
 //!
 //! Generated requests (any text, percent-encoded; values taken from other headers with
 //! `@Header`, present or not) are written as nginx would send them, in one header line or
@@ -12,7 +14,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use proptest::prelude::*;
 use sluice::api::forward_auth::{
     DESCRIPTOR_HEADER, DOMAIN_HEADER, HITS_ADDEND_HEADER, LIMIT, REMAINING, RESET,
-    request_from_headers,
+    forward_auth_request, request_from_headers,
 };
 use sluice::descriptor::{Descriptor, Entry};
 
@@ -275,6 +277,95 @@ pub fn raw_headers(values: &[(&'static str, Vec<u8>)]) -> HeaderMap {
     h
 }
 
+/// The model as a forward-auth call: the query string (each descriptor in the header syntax,
+/// percent-encoded once more as a query value) and the client's headers, with `X-Sluice-*`
+/// headers of the client's own that must change nothing.
+fn query(m: &Model) -> (String, HeaderMap) {
+    let written = headers(m);
+    let bit = |i: u32| m.seed >> i & 1 == 1;
+    // Each value is the header's syntax (the domain percent-encoded) encoded once more.
+    let domain = encode(&encode(&m.domain, bit(0)), bit(5));
+    let mut params = vec![format!("domain={domain}")];
+    for line in written.get_all(DESCRIPTOR_HEADER) {
+        let line = line.to_str().expect("ASCII");
+        params.push(format!("descriptor={}", encode(line, bit(6))));
+    }
+    if let Some(n) = m.hits_addend {
+        params.push(format!("hits_addend={n}"));
+    }
+    let mut client = HeaderMap::new();
+    for (name, v) in &written {
+        if !name.as_str().starts_with("x-sluice-") {
+            client.append(name.clone(), v.clone());
+        }
+    }
+    client.append(DOMAIN_HEADER, HeaderValue::from_static("injected"));
+    client.append(DESCRIPTOR_HEADER, HeaderValue::from_static("free=1"));
+    client.append(HITS_ADDEND_HEADER, HeaderValue::from_static("99"));
+    (params.join("&"), client)
+}
+
+/// A parsed forward-auth call is well formed; a refusal names its field or the byte cap.
+fn check_query_parse(query: &str, headers: &HeaderMap) {
+    match forward_auth_request(Some(query), headers, NGINX_MAX_BYTES) {
+        Ok((r, deny)) => {
+            assert!(!r.domain.is_empty());
+            assert!((400..=599).contains(&deny.as_u16()));
+            for d in &r.descriptors {
+                assert!(!d.entries.is_empty());
+                assert!(d.entries.iter().all(|e| !e.key.is_empty()));
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("query parameter")
+                    || message.contains("query string")
+                    || message.contains("X-Sluice-")
+                    || message.contains("SLUICE_MAX_REQUEST_BYTES"),
+                "{message}"
+            );
+        }
+    }
+}
+
+/// `/forward-auth` answers as its parser says: 200 or 429 with numeric headers, 400 with the
+/// parser's reason, 500 with a reason.
+fn check_forward_auth(query: &str, headers: &HeaderMap) {
+    check_query_parse(query, headers);
+    let Ok(uri) = format!("/forward-auth?{query}").parse::<axum::http::Uri>() else {
+        return; // Not a URI an HTTP parser would hand over.
+    };
+    let Some(sent) = uri.query() else { return };
+    let parsed = forward_auth_request(Some(sent), headers, NGINX_MAX_BYTES);
+    let mut request = Request::get(uri).body(Body::empty()).expect("a request");
+    *request.headers_mut() = headers.clone();
+    let (status, answer_headers, body) = HTTP.with(|(rt, router)| {
+        let mut router = router.borrow_mut();
+        rt.block_on(exchange(&mut router, request))
+    });
+    let text = String::from_utf8_lossy(&body);
+    match status {
+        StatusCode::OK | StatusCode::TOO_MANY_REQUESTS => {
+            assert!(parsed.is_ok(), "answered {status} to {parsed:?}");
+            for name in [LIMIT, REMAINING, RESET] {
+                let v = answer_headers
+                    .get(name)
+                    .map(|v| v.to_str().ok().and_then(|s| s.parse::<u64>().ok()));
+                assert_ne!(v, Some(None), "{name} is not a number");
+            }
+        }
+        StatusCode::BAD_REQUEST => {
+            assert!(!text.trim().is_empty(), "400 without a reason");
+            if let Err(e) = parsed {
+                assert_eq!(text, format!("{e}\n"));
+            }
+        }
+        StatusCode::INTERNAL_SERVER_ERROR => assert!(!text.trim().is_empty()),
+        other => panic!("/forward-auth answered {other}: {text}"),
+    }
+}
+
 proptest! {
     #![proptest_config(proptest_config(512, "proptest-regressions/fuzz/nginx.txt"))]
 
@@ -323,5 +414,29 @@ proptest! {
         values.extend(hits.map(|n| (HITS_ADDEND_HEADER, n)));
         let h = raw_headers(&values);
         timed("nginx raw", || check_endpoint(&h));
+    }
+
+    #[test]
+    fn written_queries_parse_back_and_client_headers_change_nothing(m in model()) {
+        let (q, client) = query(&m);
+        let (r, deny) = forward_auth_request(Some(&q), &client, NGINX_MAX_BYTES).expect("parses");
+        prop_assert_eq!(deny.as_u16(), 429);
+        prop_assert_eq!(&r.domain, &m.domain);
+        prop_assert_eq!(r.hits_addend, m.hits_addend.unwrap_or(0));
+        prop_assert_eq!(r.descriptors, expected(&m));
+        timed("forward-auth written", || check_forward_auth(&q, &client));
+    }
+
+    #[test]
+    fn mutated_queries_parse_or_name_the_field(
+        m in model(),
+        edits in mutations(6),
+    ) {
+        let (q, client) = query(&m);
+        let mut bytes = q.into_bytes();
+        apply(&mut bytes, &edits, TOKENS);
+        // A query string reaches the endpoint as text.
+        let q = String::from_utf8_lossy(&bytes).into_owned();
+        timed("forward-auth mutated", || check_forward_auth(&q, &client));
     }
 }
