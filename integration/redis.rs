@@ -359,6 +359,88 @@ async fn a_dead_redis_answers_errors_within_the_deadline_and_recovery_is_automat
     }
 }
 
+/// Calls on `store` until one succeeds, within 15 s; its decisions.
+async fn until_answered(store: &RedisStore, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Decision> {
+    let start = Instant::now();
+    loop {
+        match apply(store, now, hits).await {
+            Ok(d) => return d,
+            Err(e) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(15),
+                    "never answered: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// REDIS_AUTH_FILE: an ACL user's password rotated in Redis and in the file while the store
+/// runs; once its connection is gone the store reconnects with what the file says then.
+#[tokio::test]
+async fn a_rotated_password_file_is_used_by_the_next_connection() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("redis-auth");
+    let acl = |password: &str| {
+        let set = format!(">{password}");
+        let reply = redis.cli(&[
+            "ACL",
+            "SETUSER",
+            "sluice",
+            "on",
+            "resetpass",
+            &set,
+            "~*",
+            "&*",
+            "+@all",
+        ]);
+        assert_eq!(reply, "OK");
+    };
+    // Sluice's connection goes, as on a Redis restart or a network blip.
+    let drop_connections = || {
+        let killed = redis.cli(&["CLIENT", "KILL", "USER", "sluice"]);
+        assert_ne!(killed, "0", "no connection of user sluice to kill");
+    };
+    acl("first");
+    std::fs::write(&file, "sluice:first\n").unwrap();
+    let mut settings = redis.settings(0);
+    settings.main.credentials = sluice::store::redis::Credentials::File(file.clone());
+    let remote = store(&settings).await;
+    let now = Timestamp::from_secs(1_700_000_000);
+    let h = [Hit {
+        key: "rotated_",
+        quota: Quota::fixed(100, Unit::Hour),
+        hits: 1,
+    }];
+    assert_eq!(apply(&remote, now, &h).await.unwrap()[0].count_after, 1);
+
+    // Rotated in Redis only: the file still has the old password, so a new connection is
+    // refused, and calls fail, until the file catches up.
+    acl("second");
+    drop_connections();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..3 {
+        let err = apply(&remote, now, &h).await.unwrap_err();
+        assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    }
+    // The Secret is updated: the next connection authenticates, with no restart.
+    std::fs::write(&file, "sluice:second").unwrap();
+    assert_eq!(until_answered(&remote, now, &h).await[0].count_after, 2);
+
+    // Rotated in both at once: calls keep succeeding across the reconnection.
+    acl("third");
+    std::fs::write(&file, "sluice:third\n").unwrap();
+    drop_connections();
+    assert_eq!(until_answered(&remote, now, &h).await[0].count_after, 3);
+    let clients = redis.cli(&["CLIENT", "LIST"]);
+    assert!(clients.contains("user=sluice"), "{clients}");
+}
+
 #[tokio::test]
 async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
     let settings = RedisConfig {
@@ -680,6 +762,7 @@ impl Cluster {
         let main = match &self.pki {
             None => RedisTarget {
                 urls,
+                credentials: Default::default(),
                 topology: RedisTopology::Cluster,
                 tls: None,
             },
@@ -813,6 +896,7 @@ fn tls_target(
     });
     RedisTarget {
         urls,
+        credentials: Default::default(),
         topology,
         tls: Some(RedisTls {
             ca_pem: Some(read(&trust.ca)),

@@ -8,7 +8,10 @@ use super::parse::{non_empty, parse_go_bool, parse_go_duration};
 use super::tls::key_pair;
 use super::{SettingsError, invalid};
 use crate::app::Backend;
-use crate::store::redis::{RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
+use crate::store::redis::{
+    Credentials, RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff,
+    read_credentials,
+};
 
 /// A memory backend counts per node. Where the operator configured Redis (REDIS_URL without
 /// BACKEND_TYPE, as envoyproxy/ratelimit deployments do) Sluice uses Redis: falling back to
@@ -68,6 +71,15 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_auth: String,
+    /// A file holding REDIS_AUTH's value, read at start and again for every new connection, so
+    /// a rotated Secret is used without a restart. Not with REDIS_AUTH.
+    #[arg(
+        long,
+        env = "REDIS_AUTH_FILE",
+        value_name = "PATH",
+        help_heading = "Redis"
+    )]
+    pub redis_auth_file: Option<std::path::PathBuf>,
     /// TLS to Redis (and to its sentinels), with the REDIS_TLS_* files below.
     #[arg(
         long,
@@ -129,6 +141,15 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_sentinel_auth: String,
+    /// A file holding REDIS_SENTINEL_AUTH's value, read for every lookup. Not with
+    /// REDIS_SENTINEL_AUTH.
+    #[arg(
+        long,
+        env = "REDIS_SENTINEL_AUTH_FILE",
+        value_name = "PATH",
+        help_heading = "Redis"
+    )]
+    pub redis_sentinel_auth_file: Option<std::path::PathBuf>,
     /// Accepted for compatibility: Sluice multiplexes calls over one connection per Redis and
     /// pipelines concurrent requests automatically.
     #[arg(
@@ -385,13 +406,33 @@ impl RedisArgs {
         } else {
             None
         };
-        let main = redis_target(
+        let mut main = redis_target(
             ("REDIS_URL", self.redis_url.as_deref()),
             ("REDIS_SOCKET_TYPE", &self.redis_socket_type),
             ("REDIS_TYPE", &self.redis_type),
             (&self.redis_auth, &self.redis_sentinel_auth),
             ("REDIS_TLS", tls.clone().filter(|_| self.redis_tls)),
         )?;
+        let auth = credentials_file(
+            ("REDIS_AUTH", &self.redis_auth),
+            ("REDIS_AUTH_FILE", self.redis_auth_file.as_deref()),
+        )?;
+        let sentinel_auth = credentials_file(
+            ("REDIS_SENTINEL_AUTH", &self.redis_sentinel_auth),
+            (
+                "REDIS_SENTINEL_AUTH_FILE",
+                self.redis_sentinel_auth_file.as_deref(),
+            ),
+        )?;
+        match &mut main.topology {
+            RedisTopology::Sentinel {
+                master_credentials, ..
+            } => {
+                *master_credentials = auth;
+                main.credentials = sentinel_auth;
+            }
+            _ => main.credentials = auth,
+        }
         if !self.redis_persecond {
             return Ok((main, None));
         }
@@ -505,6 +546,27 @@ impl RedisArgs {
     }
 }
 
+/// REDIS_AUTH_FILE (or REDIS_SENTINEL_AUTH_FILE): read once now, so a missing, unreadable or
+/// empty file stops start-up, naming the variable; refused beside the variable it replaces.
+fn credentials_file(
+    (auth_var, auth): (&'static str, &str),
+    (file_var, file): (&'static str, Option<&std::path::Path>),
+) -> Result<Credentials, SettingsError> {
+    let Some(path) = file.filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(Credentials::InUrls);
+    };
+    let shown = path.display();
+    if !auth.is_empty() {
+        return Err(invalid(
+            file_var,
+            shown,
+            format!("set {auth_var} or {file_var}, not both"),
+        ));
+    }
+    read_credentials(path).map_err(|reason| invalid(file_var, shown, reason))?;
+    Ok(Credentials::File(path.to_owned()))
+}
+
 /// Builds redis-rs URLs from the Go service's (socket type, address, auth) settings.
 ///
 /// As in Go, a cluster's seeds and the sentinels are TCP addresses whatever REDIS_SOCKET_TYPE
@@ -555,6 +617,7 @@ pub(super) fn redis_target(
     }
     Ok(RedisTarget {
         urls,
+        credentials: Credentials::InUrls,
         topology,
         tls,
     })
@@ -591,6 +654,7 @@ fn topology(
             Ok(RedisTopology::Sentinel {
                 master_name: name.to_owned(),
                 master_userinfo: userinfo(auth),
+                master_credentials: Credentials::InUrls,
             })
         }
         _ => Err(invalid(
@@ -807,6 +871,71 @@ mod tests {
     }
 
     #[test]
+    fn redis_auth_files_are_read_at_start_and_kept_out_of_the_urls() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("auth");
+        std::fs::write(&file, "sluice:s3cret\n").unwrap();
+        let path = file.to_str().unwrap();
+        let r = redis_settings(&[
+            "--backend-type",
+            "redis",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-socket-type",
+            "tcp",
+            "--redis-auth-file",
+            path,
+        ]);
+        assert_eq!(r.main.urls, ["redis://127.0.0.1:6379"]);
+        assert_eq!(r.main.credentials, Credentials::File(file.clone()));
+        // Sentinel: the master's file and the sentinels' file each go where REDIS_AUTH and
+        // REDIS_SENTINEL_AUTH would.
+        let sentinel_file = dir.path().join("sentinel");
+        std::fs::write(&sentinel_file, "admin").unwrap();
+        let r = redis_settings(&[
+            "--backend-type",
+            "redis",
+            "--redis-type",
+            "sentinel",
+            "--redis-url",
+            "m,10.0.0.1:26379",
+            "--redis-auth-file",
+            path,
+            "--redis-sentinel-auth-file",
+            sentinel_file.to_str().unwrap(),
+        ]);
+        assert_eq!(r.main.urls, ["redis://10.0.0.1:26379"]);
+        assert_eq!(r.main.credentials, Credentials::File(sentinel_file));
+        assert_eq!(
+            r.main.topology,
+            RedisTopology::Sentinel {
+                master_name: "m".into(),
+                master_userinfo: String::new(),
+                master_credentials: Credentials::File(file.clone()),
+            }
+        );
+        // Errors name the variable and the file.
+        let missing = dir.path().join("missing");
+        let err = redis_error(&["--redis-auth-file", missing.to_str().unwrap()]);
+        assert!(
+            err.starts_with(&format!(
+                "REDIS_AUTH_FILE={}: cannot open",
+                missing.display()
+            )),
+            "{err}"
+        );
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let err = redis_error(&["--redis-auth-file", empty.to_str().unwrap()]);
+        assert!(err.ends_with("is empty"), "{err}");
+        let err = redis_error(&["--redis-auth", "x", "--redis-auth-file", path]);
+        assert!(
+            err.ends_with("set REDIS_AUTH or REDIS_AUTH_FILE, not both"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn redis_sentinel_takes_the_master_name_first_and_separate_credentials() {
         let r = redis_settings(&[
             "--redis-type",
@@ -825,6 +954,7 @@ mod tests {
             RedisTopology::Sentinel {
                 master_name: "mymaster".into(),
                 master_userinfo: ":master-pass@".into(),
+                master_credentials: Credentials::InUrls,
             }
         );
         assert_eq!(
@@ -879,6 +1009,7 @@ mod tests {
             RedisTopology::Sentinel {
                 master_name: "fast".into(),
                 master_userinfo: "u:p@".into(),
+                master_credentials: Credentials::InUrls,
             }
         );
         assert_eq!(ps.urls, ["redis://:sp@127.0.0.1:26379"]);

@@ -54,7 +54,10 @@ use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
 use crate::limiter::{Decision, fixed_window};
 
 pub use super::redis_breaker::{BreakerSettings, BreakerStats};
-pub use super::redis_client::{RedisTarget, RedisTls, RedisTopology, StartupBackoff};
+pub use super::redis_client::{
+    Auth, Credentials, MAX_CREDENTIALS_FILE_BYTES, RedisTarget, RedisTls, RedisTopology,
+    StartupBackoff, read_credentials,
+};
 
 /// The sliding window (see [`sliding_window`]).
 ///

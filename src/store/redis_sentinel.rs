@@ -25,7 +25,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::Notify;
 
-use super::redis_client::RedisTls;
+use super::redis_client::{Credentials, RedisTls, client_with};
 
 /// First retry delay while no master answers.
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
@@ -50,10 +50,15 @@ struct Master {
 
 /// How to find and reach the master.
 pub(super) struct Lookup {
-    pub sentinels: Vec<redis::Client>,
+    /// The sentinels' URLs; a client is made for each lookup, with `sentinel_credentials` as
+    /// they are then.
+    pub sentinels: Vec<String>,
+    pub sentinel_credentials: Credentials,
     pub master_name: String,
     /// `user:password@` or "" (REDIS_AUTH).
     pub master_userinfo: String,
+    /// REDIS_AUTH_FILE, read for every connection to a master.
+    pub master_credentials: Credentials,
     pub tls: Option<RedisTls>,
     pub config: AsyncConnectionConfig,
     pub connect_timeout: Duration,
@@ -165,8 +170,12 @@ impl Lookup {
     /// The master the first answering sentinel names: `None` if it is `current`'s.
     async fn find(&self, current: Option<&Master>) -> Result<Option<Master>, RedisError> {
         let mut last = io_error("no sentinel configured".into());
-        for sentinel in &self.sentinels {
-            let (host, port) = match self.ask(sentinel).await {
+        for url in &self.sentinels {
+            let asked = match client_with(url, self.tls.as_ref(), &self.sentinel_credentials) {
+                Ok(sentinel) => self.ask(&sentinel).await,
+                Err(e) => Err(e),
+            };
+            let (host, port) = match asked {
                 Ok(addr) => addr,
                 Err(e) => {
                     last = e;
@@ -234,7 +243,7 @@ impl Lookup {
             "redis"
         };
         let url = format!("{scheme}://{}{addr}", self.master_userinfo);
-        let client = super::redis_client::client(&url, self.tls.as_ref())?;
+        let client = client_with(&url, self.tls.as_ref(), &self.master_credentials)?;
         self.bounded(&format!("master {addr}"), async {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&self.config)

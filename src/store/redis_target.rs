@@ -22,7 +22,8 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value
 use super::StoreError;
 use super::redis_breaker::{Breaker, BreakerSettings, BreakerStats, Readiness};
 use super::redis_client::{
-    RedisTarget, RedisTopology, StartupBackoff, certificates, client, without_credentials,
+    RedisTarget, RedisTopology, StartupBackoff, certificates, client, client_with,
+    without_credentials,
 };
 use super::redis_sentinel::{Lookup, SentinelMaster};
 
@@ -174,17 +175,19 @@ impl Target {
             RedisTopology::Sentinel {
                 master_name,
                 master_userinfo,
+                master_credentials,
             } => {
-                let sentinels = spec
-                    .urls
-                    .iter()
-                    .map(|url| client(url, spec.tls.as_ref()))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(bad_url)?;
+                // The URLs are checked now; each lookup makes its clients, with the credentials
+                // as they are then.
+                for url in &spec.urls {
+                    drop(client(url, spec.tls.as_ref()).map_err(bad_url)?);
+                }
                 let (master, task) = SentinelMaster::start(Lookup {
-                    sentinels,
+                    sentinels: spec.urls.clone(),
+                    sentinel_credentials: spec.credentials.clone(),
                     master_name: master_name.clone(),
                     master_userinfo: master_userinfo.clone(),
+                    master_credentials: master_credentials.clone(),
                     tls: spec.tls.clone(),
                     config: options.connection_config(),
                     connect_timeout: options.connect_timeout(),
@@ -298,8 +301,9 @@ impl Target {
     async fn connect(&self, options: &TargetOptions) -> Result<Arc<Conn>, RedisError> {
         let spec = &self.spec;
         let conn = match &spec.topology {
+            // The credentials are read again for every connection (REDIS_AUTH_FILE).
             RedisTopology::Single => Arc::new(Conn::Single(
-                client(single_url(spec)?, spec.tls.as_ref())?
+                client_with(single_url(spec)?, spec.tls.as_ref(), &spec.credentials)?
                     .get_multiplexed_async_connection_with_config(&options.connection_config())
                     .await?,
             )),
@@ -307,6 +311,12 @@ impl Target {
                 let mut builder = ClusterClient::builder(spec.urls.iter().map(String::as_str))
                     .connection_timeout(options.connect_timeout())
                     .response_timeout(options.timeout);
+                if let Some(auth) = spec.credentials.current()? {
+                    builder = builder.password(auth.password);
+                    if let Some(user) = auth.username {
+                        builder = builder.username(user);
+                    }
+                }
                 if let Some(tls) = &spec.tls {
                     builder = builder
                         .certs(certificates(tls))
