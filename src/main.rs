@@ -276,6 +276,10 @@ async fn bind_listeners(settings: &Settings, uds_bound: &AtomicBool) -> Result<L
             Some(addr) => Some(bind(addr, "Prometheus (PROMETHEUS_ADDR)").await?),
             None => None,
         },
+        spoa: match a.spoa {
+            Some(addr) => Some(bind(addr, "HAProxy SPOE agent (SPOA_PORT)").await?),
+            None => None,
+        },
     })
 }
 
@@ -310,7 +314,8 @@ fn check_descriptor_limit(settings: &Settings) {
     };
     let listeners = 3
         + u64::from(settings.app.cluster.is_some())
-        + u64::from(settings.addrs.prometheus.is_some());
+        + u64::from(settings.addrs.prometheus.is_some())
+        + u64::from(settings.addrs.spoa.is_some());
     let allowed = listeners.saturating_mul(settings.app.listener_limits.max_connections as u64);
     if limit < allowed {
         tracing::warn!(

@@ -8,6 +8,7 @@
 //! - [`http`]: `/json`, `/healthcheck`, `/nginx` and `/forward-auth` on PORT.
 //! - [`forward_auth`]: the auth-subrequest endpoints (nginx `auth_request`, Traefik, Caddy):
 //!   headers or a query string in, 200 or a refusal with `RateLimit-*` out.
+//! - [`spoa`]: HAProxy's SPOE: an agent on SPOA_PORT whose answers set HAProxy variables.
 //! - [`debug`]: `/rlconfig`, `/metrics` and `/stats` on DEBUG_PORT.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
 //! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
@@ -20,6 +21,7 @@ pub mod health;
 pub mod http;
 pub mod json;
 pub mod rlqs;
+pub mod spoa;
 
 /// The caller's trace context (`traceparent`, B3), read only when tracing is on, so a service
 /// without tracing does no header lookups.

@@ -41,6 +41,8 @@ pub struct Listeners {
     pub peer: Option<TcpListener>,
     /// USE_PROMETHEUS's PROMETHEUS_ADDR: `/metrics` (PROMETHEUS_PATH) on its own port.
     pub prometheus: Option<TcpListener>,
+    /// SPOA_PORT: HAProxy's SPOE agent, with [`AppOptions::spoa`].
+    pub spoa: Option<TcpListener>,
 }
 
 impl Listeners {
@@ -52,6 +54,7 @@ impl Listeners {
             debug: TcpListener::bind("127.0.0.1:0").await?,
             peer: None,
             prometheus: None,
+            spoa: None,
         })
     }
 }
@@ -144,6 +147,8 @@ pub struct AppOptions {
     pub peer_tls: Option<PeerTls>,
     /// SLUICE_RLQS_*: the Rate Limit Quota Service.
     pub quota: QuotaOptions,
+    /// SPOA_PORT's agent for HAProxy, when set; its listener is in [`Listeners::spoa`].
+    pub spoa: Option<api::spoa::SpoaOptions>,
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
@@ -400,7 +405,12 @@ impl App {
         let servers = spawn_servers(
             &options,
             (ports.grpc, ports.http, ports.debug),
-            (listeners.grpc, listeners.http, listeners.debug),
+            (
+                listeners.grpc,
+                listeners.http,
+                listeners.debug,
+                listeners.spoa,
+            ),
             (service, health.clone(), debug_state),
             (quota, telemetry.tracer().clone()),
             &stop,
@@ -430,11 +440,12 @@ impl App {
 }
 
 /// The client-facing listeners' servers: gRPC (ratelimit.v3, health, and the Rate Limit Quota
-/// Service), HTTP and debug; and the quota service's tasks.
+/// Service), HTTP, debug and HAProxy's SPOE agent when it has a listener; and the quota
+/// service's tasks.
 fn spawn_servers(
     options: &AppOptions,
     (grpc_port, http_port, debug_port): (net::Port, net::Port, net::Port),
-    (grpc, http, debug): (GrpcListener, TcpListener, TcpListener),
+    (grpc, http, debug, spoa): (GrpcListener, TcpListener, TcpListener, Option<TcpListener>),
     (service, health, debug_state): (
         Arc<RateLimitService<AnyStore>>,
         Arc<Health>,
@@ -446,9 +457,14 @@ fn spawn_servers(
     let rlqs = api::rlqs::server(quota.clone(), tracer, options.max_request_bytes);
     let grpc_routes = api::grpc::routes(service.clone(), health.clone(), options.max_request_bytes)
         .add_service(rlqs);
+    let spoa = spoa.zip(options.spoa).map(|(listener, spoa_options)| {
+        let limits = options.listener_limits.clone();
+        let agent = api::spoa::serve(listener, service.clone(), spoa_options, limits, stop.wait());
+        ("SPOA", tokio::spawn(agent))
+    });
     let http_router = api::http::router(service, health, options.max_request_bytes);
     let [sync, sweep] = spawn_quota(quota, stop);
-    vec![
+    let mut servers = vec![
         sync,
         sweep,
         (
@@ -463,7 +479,9 @@ fn spawn_servers(
             "debug",
             tokio::spawn(debug_port.serve(debug, api::debug::router(debug_state), stop.wait())),
         ),
-    ]
+    ];
+    servers.extend(spoa);
+    servers
 }
 
 /// The quota service's tasks: the sweep, and with peers the sync with its buckets' owners.

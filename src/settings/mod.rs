@@ -64,6 +64,7 @@ mod peer_tls;
 mod redis;
 mod redis_breaker;
 pub mod rlqs;
+mod spoa;
 mod telemetry;
 mod tls;
 mod xds;
@@ -514,6 +515,8 @@ pub struct ServeArgs {
     pub redis_breaker: RedisBreakerArgs,
     #[command(flatten)]
     pub rlqs: rlqs::RlqsArgs,
+    #[command(flatten)]
+    pub spoa: spoa::SpoaArgs,
 }
 
 /// Validated settings: the app's options, built here whole, and what `main` does with the rest
@@ -549,6 +552,8 @@ pub struct Addrs {
     pub debug: SocketAddr,
     /// USE_PROMETHEUS: where the exposition gets its own listener.
     pub prometheus: Option<SocketAddr>,
+    /// SPOA_HOST:SPOA_PORT: HAProxy's SPOE agent, when SPOA_PORT is set.
+    pub spoa: Option<SocketAddr>,
 }
 
 /// Where the rate-limit config comes from, and how it is read.
@@ -637,6 +642,9 @@ impl ServeArgs {
         let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
         let xds = self.xds.validate()?;
         let listener_limits = self.listeners.validate(self.max_request_bytes)?;
+        let spoa =
+            self.spoa
+                .validate(&[("PORT", http), ("GRPC_PORT", grpc), ("DEBUG_PORT", debug)])?;
         let quota = self.rlqs.validate(QuotaOptions {
             shadow_mode: service.shadow_mode,
             max_entries: service.max_entries,
@@ -672,6 +680,7 @@ impl ServeArgs {
             listener_limits,
             peer_tls: None,
             quota,
+            spoa: spoa.map(|(_, options)| options),
         };
         Ok(Settings {
             app,
@@ -681,6 +690,7 @@ impl ServeArgs {
                 grpc_uds,
                 debug,
                 prometheus,
+                spoa: spoa.map(|(addr, _)| addr),
             },
             config,
             log_level,
@@ -829,7 +839,11 @@ fn near_limit_ratio(ratio: f32) -> Result<f32, SettingsError> {
 
 /// `host` is an IP literal (IPv6 with or without brackets) or a name resolved now. A name with
 /// several addresses binds the first IPv4 one, as Go's `net.Listen("tcp", ...)` does.
-fn resolve_listener(var: &'static str, host: &str, port: u16) -> Result<SocketAddr, SettingsError> {
+pub(super) fn resolve_listener(
+    var: &'static str,
+    host: &str,
+    port: u16,
+) -> Result<SocketAddr, SettingsError> {
     let bare = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
@@ -855,7 +869,9 @@ fn resolve_listener(var: &'static str, host: &str, port: u16) -> Result<SocketAd
 
 /// Two listeners on one address would fail at bind time with a less helpful message. Port 0
 /// is exempt: each bind picks its own port.
-fn check_distinct(listeners: &[(&'static str, SocketAddr)]) -> Result<(), SettingsError> {
+pub(super) fn check_distinct(
+    listeners: &[(&'static str, SocketAddr)],
+) -> Result<(), SettingsError> {
     for (i, (var, addr)) in listeners.iter().enumerate() {
         if addr.port() == 0 {
             continue;

@@ -82,6 +82,7 @@ impl DecisionTelemetry {
             Transport::Json => ("http.route", Value::Static("/json")),
             Transport::Nginx => ("http.route", Value::Static("/nginx")),
             Transport::ForwardAuth => ("http.route", Value::Static("/forward-auth")),
+            Transport::Spoa => ("rpc.system", Value::Static("spop")),
         });
         attributes.push((
             "rpc.service",

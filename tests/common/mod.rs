@@ -44,6 +44,7 @@ pub fn default_options() -> AppOptions {
         listener_limits: Default::default(),
         peer_tls: None,
         quota: Default::default(),
+        spoa: None,
     }
 }
 

@@ -28,6 +28,8 @@ pub enum Transport {
     Nginx,
     /// `/forward-auth` on PORT.
     ForwardAuth,
+    /// HAProxy's SPOE, on SPOA_PORT.
+    Spoa,
 }
 
 /// What `api` knows about a call's tracing: the transport, and the caller's context if any.
