@@ -91,7 +91,7 @@ impl Setup {
     /// answers `down_status` and nothing reaches the upstream.
     fn check(&mut self, proxy: &mut Proc, down_status: u16) {
         proxies::limits_by_address_and_api_key(self.port, &self.upstream, &NAMES);
-        injected_headers_change_nothing(self.port);
+        proxies::injected_headers_change_nothing(self.port);
 
         self.sluice.proc.stop();
         let before = self.upstream.hits();
@@ -105,24 +105,6 @@ impl Setup {
         assert!(try_get(self.port, "/", &[]).is_some());
         proxy.assert_running();
     }
-}
-
-/// From a fresh address, a client sends `X-Sluice-*` headers of its own (another domain,
-/// a descriptor of its own, a huge addend): the query string's request is counted as it is,
-/// one hit at a time, so the address's 10 pass and the 11th is refused.
-fn injected_headers_change_nothing(port: u16) {
-    let injected = [
-        ("X-Sluice-Domain", "unlimited"),
-        ("X-Sluice-Descriptor", "free=1"),
-        ("X-Sluice-Hits-Addend", "1000"),
-    ];
-    for i in 0..10 {
-        let a = try_get_from([127, 0, 0, 3], port, "/", &injected).expect("answer");
-        assert_eq!(a.status, 200, "request {i}: {a:#?}");
-    }
-    let a = try_get_from([127, 0, 0, 3], port, "/", &injected).expect("answer");
-    assert_eq!(a.status, 429, "{a:#?}");
-    assert_eq!(a.header("ratelimit-limit"), Some("10"), "{a:#?}");
 }
 
 #[test]

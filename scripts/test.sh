@@ -201,6 +201,7 @@ run_cargo_deny() {
 # Tools the end-to-end tests run (CI machines start without them).
 ensure_apt_package redis-server redis-server      # integration/redis.rs
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
+[ -n "${SLUICE_HAPROXY:-}" ] || ensure_apt_package haproxy haproxy   # integration/haproxy.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs
 ensure_apt_package openssl openssl                   # integration/helm.py (test certificates)
 ensure_apt_package h2load nghttp2-client             # bench/run.sh (the quick load benchmark)

