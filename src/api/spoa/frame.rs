@@ -431,6 +431,26 @@ mod tests {
         assert!(messages(&payload[..payload.len() - 1]).is_err());
     }
 
+    proptest::proptest! {
+        /// Any bytes: a frame, its messages and its values decode or are refused, never panic,
+        /// and nothing decoded reaches past the input.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            if let Ok(f) = Frame::parse(&bytes) {
+                proptest::prop_assert!(f.payload.len() <= bytes.len());
+                let _ = f.kv_list();
+                if let Ok(messages) = messages(f.payload) {
+                    for (name, args) in messages {
+                        proptest::prop_assert!(name.len() <= bytes.len());
+                        proptest::prop_assert!(args.len() <= 255);
+                    }
+                }
+            }
+            let mut r = Reader::new(&bytes);
+            while r.typed().is_ok() && !r.is_empty() {}
+        }
+    }
+
     #[test]
     fn set_var_actions_are_laid_out_as_the_spec_says() {
         let mut out = Vec::new();
