@@ -2,6 +2,11 @@
 //! sources): frames, typed data and HAProxy's variable-length integers, decoded from and
 //! encoded into byte slices with every length checked. Nothing here does I/O.
 //!
+//! Written here rather than taken from the `spop` crate: the protocol is a few hundred lines,
+//! the crate is pre-1.0 with breaking releases every few weeks, and every bound on what a peer
+//! can make Sluice read or allocate should be in code this project tests (the frame length
+//! is checked by the agent before any byte is read; here, no length is trusted past the input).
+//!
 //! ```text
 //! FRAME       : <FRAME-LENGTH:4 bytes, big-endian> <FRAME-TYPE:1> <FLAGS:4> <STREAM-ID:varint>
 //!               <FRAME-ID:varint> <PAYLOAD>
