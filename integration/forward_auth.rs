@@ -22,13 +22,8 @@ use proxies::{
 
 /// What both proxies put on a refusal: Sluice's own answer, passed through.
 const NAMES: HeaderNames = HeaderNames {
-    limit: "ratelimit-limit",
-    remaining: "ratelimit-remaining",
-    reset: "ratelimit-reset",
-    retry_after: Some("retry-after"),
-    limit_with_window: false,
-    refused_marker: None,
     on_allowed: false,
+    ..proxies::SLUICE_HEADERS
 };
 
 fn venv_bin(name: &str) -> PathBuf {

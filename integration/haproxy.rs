@@ -15,8 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use proxies::{
-    HeaderNames, Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, try_get_from,
-    wait_for,
+    Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, try_get_from, wait_for,
 };
 
 #[test]
@@ -81,19 +80,7 @@ fn haproxy_example_limits_by_address_and_api_key_and_fails_closed() {
         try_get_from([127, 0, 0, 9], port, "/", &[]).is_some_and(|a| a.status == 200)
     });
 
-    proxies::limits_by_address_and_api_key(
-        port,
-        &upstream,
-        &HeaderNames {
-            limit: "ratelimit-limit",
-            remaining: "ratelimit-remaining",
-            reset: "ratelimit-reset",
-            retry_after: Some("retry-after"),
-            limit_with_window: false,
-            refused_marker: None,
-            on_allowed: true,
-        },
-    );
+    proxies::limits_by_address_and_api_key(port, &upstream, &proxies::SLUICE_HEADERS);
     proxies::injected_headers_change_nothing(port);
 
     // Sluice gone: the SPOE call fails, txn.sluice.code stays unset, HAProxy answers 503 and

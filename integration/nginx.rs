@@ -12,13 +12,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use proxies::{HeaderNames, Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, wait_for};
+use proxies::{Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, wait_for};
 
 #[test]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one end-to-end scenario, step by step; to split next"
-)]
 fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
     let Some(nginx) = proxies::locate(
         "SLUICE_NGINX",
@@ -87,19 +83,7 @@ fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
 
-    proxies::limits_by_address_and_api_key(
-        port,
-        &upstream,
-        &HeaderNames {
-            limit: "ratelimit-limit",
-            remaining: "ratelimit-remaining",
-            reset: "ratelimit-reset",
-            retry_after: Some("retry-after"),
-            limit_with_window: false,
-            refused_marker: None,
-            on_allowed: true,
-        },
-    );
+    proxies::limits_by_address_and_api_key(port, &upstream, &proxies::SLUICE_HEADERS);
 
     // Sluice gone: the subrequest fails, auth_request answers 500, nothing reaches the app.
     sluice.proc.stop();

@@ -45,3 +45,19 @@ pub struct Request {
     /// The request-level addend; 0 means 1, as in the Go service.
     pub hits_addend: u32,
 }
+
+#[cfg(test)]
+impl Request {
+    /// Each descriptor's entries as `(key, value)` pairs, for tests' assertions.
+    pub(crate) fn entry_pairs(&self) -> Vec<Vec<(&str, &str)>> {
+        self.descriptors
+            .iter()
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect()
+            })
+            .collect()
+    }
+}

@@ -418,6 +418,18 @@ pub struct HeaderNames {
     pub on_allowed: bool,
 }
 
+/// What nginx's, HAProxy's, Traefik's and Caddy's examples send: Sluice's own `RateLimit-*`
+/// (and `Retry-After` when refused), on allowed answers too unless `on_allowed` says not.
+pub const SLUICE_HEADERS: HeaderNames = HeaderNames {
+    limit: "ratelimit-limit",
+    remaining: "ratelimit-remaining",
+    reset: "ratelimit-reset",
+    retry_after: Some("retry-after"),
+    limit_with_window: false,
+    refused_marker: None,
+    on_allowed: true,
+};
+
 /// Both examples' scenario (10 a minute per address, 3 a minute per API key, every request
 /// from 127.0.0.1): requests up to each limit reach the upstream, the next is 429 with the
 /// headers, and API keys are counted apart while the address counts them all.

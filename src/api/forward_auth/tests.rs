@@ -51,15 +51,7 @@ fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
 }
 
 fn entries(r: &Request) -> Vec<Vec<(&str, &str)>> {
-    r.descriptors
-        .iter()
-        .map(|d| {
-            d.entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-                .collect()
-        })
-        .collect()
+    r.entry_pairs()
 }
 
 fn parse(pairs: &[(&str, &[u8])]) -> Result<Request, HeaderError> {

@@ -14,15 +14,7 @@ use crate::service::ServiceOptions;
 use crate::store::MemoryStore;
 
 fn entries(r: &Request) -> Vec<Vec<(&str, &str)>> {
-    r.descriptors
-        .iter()
-        .map(|d| {
-            d.entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-                .collect()
-        })
-        .collect()
+    r.entry_pairs()
 }
 
 #[test]
