@@ -301,6 +301,14 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_persecond_auth: String,
+    /// REDIS_AUTH_FILE of the per-second Redis.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_AUTH_FILE",
+        value_name = "PATH",
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_auth_file: Option<std::path::PathBuf>,
     /// REDIS_TLS of the per-second Redis (with the same REDIS_TLS_* files, as in Go).
     #[arg(
         long,
@@ -324,6 +332,14 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub redis_persecond_sentinel_auth: String,
+    /// REDIS_SENTINEL_AUTH_FILE of the per-second Redis.
+    #[arg(
+        long,
+        env = "REDIS_PERSECOND_SENTINEL_AUTH_FILE",
+        value_name = "PATH",
+        help_heading = "Redis"
+    )]
+    pub redis_persecond_sentinel_auth_file: Option<std::path::PathBuf>,
     /// Each key's EXPIRE is its unit plus a random 0..this many seconds, as in the Go service.
     #[arg(
         long,
@@ -406,33 +422,23 @@ impl RedisArgs {
         } else {
             None
         };
-        let mut main = redis_target(
+        let main = redis_target(
             ("REDIS_URL", self.redis_url.as_deref()),
             ("REDIS_SOCKET_TYPE", &self.redis_socket_type),
             ("REDIS_TYPE", &self.redis_type),
             (&self.redis_auth, &self.redis_sentinel_auth),
             ("REDIS_TLS", tls.clone().filter(|_| self.redis_tls)),
         )?;
-        let auth = credentials_file(
+        let main = with_credential_files(
+            main,
             ("REDIS_AUTH", &self.redis_auth),
             ("REDIS_AUTH_FILE", self.redis_auth_file.as_deref()),
-        )?;
-        let sentinel_auth = credentials_file(
             ("REDIS_SENTINEL_AUTH", &self.redis_sentinel_auth),
             (
                 "REDIS_SENTINEL_AUTH_FILE",
                 self.redis_sentinel_auth_file.as_deref(),
             ),
         )?;
-        match &mut main.topology {
-            RedisTopology::Sentinel {
-                master_credentials, ..
-            } => {
-                *master_credentials = auth;
-                main.credentials = sentinel_auth;
-            }
-            _ => main.credentials = auth,
-        }
         if !self.redis_persecond {
             return Ok((main, None));
         }
@@ -450,6 +456,22 @@ impl RedisArgs {
             (
                 "REDIS_PERSECOND_TLS",
                 tls.filter(|_| self.redis_persecond_tls),
+            ),
+        )?;
+        let per_second = with_credential_files(
+            per_second,
+            ("REDIS_PERSECOND_AUTH", &self.redis_persecond_auth),
+            (
+                "REDIS_PERSECOND_AUTH_FILE",
+                self.redis_persecond_auth_file.as_deref(),
+            ),
+            (
+                "REDIS_PERSECOND_SENTINEL_AUTH",
+                &self.redis_persecond_sentinel_auth,
+            ),
+            (
+                "REDIS_PERSECOND_SENTINEL_AUTH_FILE",
+                self.redis_persecond_sentinel_auth_file.as_deref(),
             ),
         )?;
         Ok((main, Some(per_second)))
@@ -544,6 +566,29 @@ impl RedisArgs {
             skip_hostname_verification: self.redis_tls_skip_hostname_verification,
         })
     }
+}
+
+/// A target with its credential files: the auth file's for its nodes (a Sentinel group's
+/// master), the sentinel one's for a Sentinel group's sentinels.
+fn with_credential_files(
+    mut target: RedisTarget,
+    auth: (&'static str, &str),
+    auth_file: (&'static str, Option<&std::path::Path>),
+    sentinel_auth: (&'static str, &str),
+    sentinel_file: (&'static str, Option<&std::path::Path>),
+) -> Result<RedisTarget, SettingsError> {
+    let auth = credentials_file(auth, auth_file)?;
+    let sentinel_auth = credentials_file(sentinel_auth, sentinel_file)?;
+    match &mut target.topology {
+        RedisTopology::Sentinel {
+            master_credentials, ..
+        } => {
+            *master_credentials = auth;
+            target.credentials = sentinel_auth;
+        }
+        _ => target.credentials = auth,
+    }
+    Ok(target)
 }
 
 /// REDIS_AUTH_FILE (or REDIS_SENTINEL_AUTH_FILE): read once now, so a missing, unreadable or
@@ -933,6 +978,24 @@ mod tests {
             err.ends_with("set REDIS_AUTH or REDIS_AUTH_FILE, not both"),
             "{err}"
         );
+        // The per-second Redis has its own.
+        let r = redis_settings(&[
+            "--backend-type",
+            "redis",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--redis-persecond",
+            "--redis-persecond-url",
+            "127.0.0.1:6380",
+            "--redis-persecond-socket-type",
+            "tcp",
+            "--redis-persecond-auth-file",
+            path,
+        ]);
+        assert_eq!(r.main.credentials, Credentials::InUrls);
+        let ps = r.per_second.unwrap();
+        assert_eq!(ps.credentials, Credentials::File(file.clone()));
+        assert_eq!(ps.urls, ["redis://127.0.0.1:6380"]);
     }
 
     #[test]
