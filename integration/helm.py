@@ -84,6 +84,15 @@ COMBOS = {
         "cluster": {"enabled": True, "mode": "lease", "lease": {"renewMs": 50, "durationMs": 500, "maxBytes": 16777216}},
         "rlqs": {"assignmentTtlSecs": 5, "abandonIdleSecs": 10, "maxBytes": 8388608, "keyOrder": "tenant, plan"},
     },
+    "Redis sentinel with both passwords read from mounted Secret files": {
+        "backend": "redis",
+        "redis": {
+            "type": "sentinel",
+            "url": "mymaster,sentinel-0.redis:26379",
+            "auth": {"existingSecret": "redis-auth", "existingSecretKey": "pw", "fromFile": True},
+            "sentinelAuth": {"existingSecret": "redis-sentinel", "fromFile": True},
+        },
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
@@ -282,15 +291,41 @@ def check_deployment(label, docs, values):
         else:
             want = {}
         backend = "memory" if write_behind else "redis"
+        from_file = auth_values.get("fromFile")
         check(
-            f"{label}: BACKEND_TYPE={backend}, REDIS_URL, REDIS_AUTH from Secret {want.get('name', '(none)')}",
+            f"{label}: BACKEND_TYPE={backend}, REDIS_URL, REDIS_AUTH from Secret {want.get('name', '(none)')}"
+            + (" as a mounted file (REDIS_AUTH_FILE)" if from_file else ""),
             env["BACKEND_TYPE"]["value"] == backend
             and env["REDIS_SOCKET_TYPE"]["value"] == "tcp"
             and env["REDIS_URL"]["value"] == values["redis"]["url"]
-            and auth == want
+            and (from_file or auth == want)
             and "value" not in env.get("REDIS_AUTH", {}),
             yaml.safe_dump({"REDIS_AUTH": env.get("REDIS_AUTH"), "want": want}),
         )
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+        sentinel_values = values["redis"].get("sentinelAuth", {})
+        for var, vol, source in [
+            ("REDIS_AUTH", "redis-auth", {**want, "fromFile": from_file}),
+            ("REDIS_SENTINEL_AUTH", "redis-sentinel-auth",
+             {"name": sentinel_values.get("existingSecret"), "key": sentinel_values.get("existingSecretKey", "password"),
+              "fromFile": sentinel_values.get("fromFile")}),
+        ]:
+            if not (source.get("fromFile") and source.get("name")):
+                check(f"{label}: {var} is not read from a file", f"{var}_FILE" not in env and vol not in vols,
+                      yaml.safe_dump({k: v for k, v in env.items() if k.startswith(var)}))
+                continue
+            path = f"/etc/sluice/{vol}/{source['key']}"
+            check(
+                f"{label}: {var}_FILE={path}, Secret {source['name']} mounted as a directory, no {var}",
+                env.get(f"{var}_FILE", {}).get("value") == path
+                and var not in env
+                and vols.get(vol, {}).get("secret", {}).get("secretName") == source["name"]
+                and mounts.get(vol, {}).get("mountPath") == f"/etc/sluice/{vol}"
+                and "subPath" not in mounts.get(vol, {}),
+                yaml.safe_dump({"env": {k: v for k, v in env.items() if k.startswith(var)},
+                                "volume": vols.get(vol), "mount": mounts.get(vol)}),
+            )
     check_features(label, pod, c, env, values)
     check_peer_objects(label, docs, values)
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
@@ -435,10 +470,11 @@ def check_features(label, pod, c, env, values):
         ref = secret_ref(env, "REDIS_SENTINEL_AUTH")
         sa = redis.get("sentinelAuth", {})
         check(
-            f"{label}: REDIS_TYPE=sentinel, REDIS_SENTINEL_AUTH from Secret {sa.get('existingSecret')}",
+            f"{label}: REDIS_TYPE=sentinel, REDIS_SENTINEL_AUTH from Secret {sa.get('existingSecret')}"
+            + (" (as a file, checked above)" if sa.get("fromFile") else ""),
             env["REDIS_TYPE"]["value"] == "sentinel"
             and (ref == {"name": sa["existingSecret"], "key": sa.get("existingSecretKey", "password")}
-                 if sa.get("existingSecret") else "REDIS_SENTINEL_AUTH" not in env),
+                 if sa.get("existingSecret") and not sa.get("fromFile") else "REDIS_SENTINEL_AUTH" not in env),
             yaml.safe_dump(env.get("REDIS_SENTINEL_AUTH")),
         )
 
