@@ -46,8 +46,8 @@ use tokio::sync::watch;
 
 use self::frame::{Frame, FrameError, Status, Typed};
 use crate::descriptor::{Descriptor, Entry, Request};
-use crate::net::Limits;
 use crate::net::accept::Acceptor;
+use crate::net::{ByteBudget, Limits};
 use crate::service::{Code, RateLimitService};
 use crate::store::CounterStore;
 use crate::telemetry::otlp::{RequestTrace, Transport};
@@ -60,6 +60,10 @@ pub const MAX_FRAME_BYTES: u32 = 1024 * 1024;
 /// The smallest, SPOP's own minimum.
 pub const MIN_FRAME_BYTES: u32 = frame::MIN_FRAME_SIZE;
 
+/// What a connection keeps of its frame buffer between frames; a larger one is freed, since
+/// its bytes are no longer reserved from the budget.
+const KEPT_BUFFER_BYTES: usize = 4096;
+
 /// The longest `error` variable sent: enough for any of Sluice's reasons, small beside a frame.
 const MAX_ERROR_BYTES: usize = 200;
 
@@ -71,12 +75,13 @@ pub struct SpoaOptions {
 }
 
 /// Serves SPOP on `listener` until `stop`; each connection then finishes the frame it is
-/// answering and is told the agent is going away (an AGENT-DISCONNECT).
+/// answering and is told the agent is going away (an AGENT-DISCONNECT). Each frame being read
+/// reserves its bytes from `budget` (SLUICE_MAX_PENDING_REQUEST_BYTES, shared with the gRPC
+/// listeners), so connections cost at most that much beyond a small buffer each.
 pub async fn serve<S: CounterStore>(
     listener: TcpListener,
     service: Arc<RateLimitService<S>>,
-    options: SpoaOptions,
-    limits: Limits,
+    (options, limits, budget): (SpoaOptions, Limits, Arc<ByteBudget>),
     stop: impl std::future::Future<Output = ()>,
 ) {
     let mut acceptor = Acceptor::new(listener.into(), limits.max_connections, "SPOA_PORT");
@@ -90,6 +95,7 @@ pub async fn serve<S: CounterStore>(
                     service: service.clone(),
                     options,
                     limits: limits.clone(),
+                    budget: budget.clone(),
                     stop: stopped.clone(),
                 };
                 tokio::spawn(async move {
@@ -132,6 +138,7 @@ struct Connection<S> {
     service: Arc<RateLimitService<S>>,
     options: SpoaOptions,
     limits: Arc<Limits>,
+    budget: Arc<ByteBudget>,
     stop: watch::Receiver<bool>,
 }
 
@@ -171,7 +178,7 @@ impl<S: CounterStore> Connection<S> {
             .await
             .map_err(|_| Close::new(Status::Timeout, "no HAPROXY-HELLO in time"))?;
         let Some(len) = first else { return Ok(()) };
-        self.read_body(io, len, ours, buf).await?;
+        let reserved = self.read_body(io, len, ours, buf).await?;
         let hello = Frame::parse(buf)?;
         if hello.kind != frame::HAPROXY_HELLO {
             return Err(Close::new(Status::Invalid, "expected HAPROXY-HELLO first"));
@@ -183,6 +190,7 @@ impl<S: CounterStore> Connection<S> {
             ("capabilities", Typed::String(b"pipelining")),
         ]);
         write(io, &frame::encode(frame::AGENT_HELLO, 0, 0, &reply)).await?;
+        drop(reserved);
         if healthcheck {
             return Ok(());
         }
@@ -190,7 +198,7 @@ impl<S: CounterStore> Connection<S> {
             let Some(len) = self.next_len(io).await? else {
                 return Ok(());
             };
-            self.read_body(io, len, size, buf).await?;
+            let reserved = self.read_body(io, len, size, buf).await?;
             let f = Frame::parse(buf)?;
             match f.kind {
                 frame::NOTIFY => {
@@ -206,6 +214,10 @@ impl<S: CounterStore> Connection<S> {
                     let actions = self.notify(&f).await?;
                     let ack = frame::encode(frame::ACK, f.stream_id, f.frame_id, &actions);
                     write(io, &ack).await?;
+                    drop(reserved);
+                    if buf.capacity() > KEPT_BUFFER_BYTES {
+                        *buf = Vec::new();
+                    }
                 }
                 frame::HAPROXY_DISCONNECT => return Err(Close::new(Status::Normal, "")),
                 other => {
@@ -234,14 +246,15 @@ impl<S: CounterStore> Connection<S> {
         }
     }
 
-    /// Reads a frame of `len` bytes into `buf`, refused past `max`, within the request timeout.
+    /// Reads a frame of `len` bytes into `buf`, refused past `max` or past what the byte budget
+    /// has left, within the request timeout; the bytes stay reserved until the permit drops.
     async fn read_body<T>(
         &self,
         io: &mut T,
         len: u32,
         max: u32,
         buf: &mut Vec<u8>,
-    ) -> Result<(), Close>
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, Close>
     where
         T: tokio::io::AsyncRead + Unpin,
     {
@@ -253,13 +266,21 @@ impl<S: CounterStore> Connection<S> {
                 ),
             ));
         }
+        let reserved = self.budget.try_reserve(len).ok_or_else(|| {
+            Close::new(
+                Status::ResourceAllocation,
+                format!(
+                    "a frame of {len} bytes is over what SLUICE_MAX_PENDING_REQUEST_BYTES has left"
+                ),
+            )
+        })?;
         buf.clear();
         buf.resize(len as usize, 0);
         tokio::time::timeout(self.limits.request_timeout, io.read_exact(buf))
             .await
             .map_err(|_| Close::new(Status::Timeout, "a frame's bytes did not arrive in time"))?
             .map_err(|e| Close::new(Status::Io, e.to_string()))?;
-        Ok(())
+        Ok(reserved)
     }
 
     /// The ACK's actions for a NOTIFY: each message decided in turn.

@@ -413,6 +413,7 @@ impl App {
             ),
             (service, health.clone(), debug_state),
             (quota, telemetry.tracer().clone()),
+            ports.budget.clone(),
             &stop,
         );
         Running {
@@ -452,6 +453,7 @@ fn spawn_servers(
         api::debug::DebugState,
     ),
     (quota, tracer): (Arc<QuotaService>, Arc<Tracer>),
+    budget: Arc<ByteBudget>,
     stop: &StopSignal,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
     let rlqs = api::rlqs::server(quota.clone(), tracer, options.max_request_bytes);
@@ -459,7 +461,12 @@ fn spawn_servers(
         .add_service(rlqs);
     let spoa = spoa.zip(options.spoa).map(|(listener, spoa_options)| {
         let limits = options.listener_limits.clone();
-        let agent = api::spoa::serve(listener, service.clone(), spoa_options, limits, stop.wait());
+        let agent = api::spoa::serve(
+            listener,
+            service.clone(),
+            (spoa_options, limits, budget),
+            stop.wait(),
+        );
         ("SPOA", tokio::spawn(agent))
     });
     let http_router = api::http::router(service, health, options.max_request_bytes);

@@ -53,6 +53,11 @@ impl ByteBudget {
     pub fn in_use(&self) -> usize {
         self.max - self.semaphore.available_permits()
     }
+
+    /// Reserves `bytes` until the permit is dropped; `None` when fewer are left.
+    pub fn try_reserve(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.semaphore.clone().try_acquire_many_owned(bytes).ok()
+    }
 }
 
 /// What the guard enforces on one listener, and its counters.
@@ -435,17 +440,12 @@ impl FrameCheck {
             )));
         }
         // `len` fits in u32: it came from four bytes.
-        match self
-            .budget
-            .semaphore
-            .clone()
-            .try_acquire_many_owned(len as u32)
-        {
-            Ok(permit) => {
+        match self.budget.try_reserve(len as u32) {
+            Some(permit) => {
                 self.reserved = Some(permit);
                 Ok(())
             }
-            Err(_) => {
+            None => {
                 self.port
                     .stats
                     .refused_budget

@@ -44,6 +44,7 @@ pub enum Status {
     BadVersion = 8,
     BadFrameSize = 9,
     FragmentationNotSupported = 10,
+    ResourceAllocation = 13,
 }
 
 /// Why bytes are not a frame; answered with an AGENT-DISCONNECT of [`Status::Invalid`].

@@ -111,6 +111,11 @@ descriptors:
 
 /// The agent on 127.0.0.1:0 over a memory store at 2 s into a minute; its port.
 async fn agent(max_frame_bytes: u32) -> u16 {
+    agent_with(max_frame_bytes, 64 * 1024).await
+}
+
+/// [`agent`] with a byte budget of `budget` for frames being read.
+async fn agent_with(max_frame_bytes: u32, budget: usize) -> u16 {
     let cfg = parse_files(
         &[("edge.yaml".to_string(), CONFIG.to_string())],
         &LoadOptions::default(),
@@ -125,11 +130,11 @@ async fn agent(max_frame_bytes: u32) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let options = SpoaOptions { max_frame_bytes };
+    let budget = ByteBudget::new(budget);
     tokio::spawn(serve(
         listener,
         service,
-        options,
-        Limits::default(),
+        (options, Limits::default(), budget),
         std::future::pending(),
     ));
     port
@@ -300,6 +305,10 @@ async fn oversized_and_malformed_frames_close_with_their_status() {
     // An unknown frame type.
     let odd = frame::encode(42, 0, 0, &[]);
     assert_eq!(disconnect_status(port, &odd).await, Typed::Uint32(4));
+    // A frame within the size cap but over what the byte budget has left.
+    let port = agent_with(4096, 1000).await;
+    let big = notify(1, &[("domain", Typed::String(&[b'x'; 1500]))]);
+    assert_eq!(disconnect_status(port, &big).await, Typed::Uint32(13));
     // The first frame is not a HELLO.
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     s.write_all(&notify(1, &[])).await.unwrap();
