@@ -20,8 +20,9 @@ use proxies::{
     wait_for,
 };
 
-/// What both proxies put on a refusal: Sluice's own answer, passed through.
-const NAMES: HeaderNames = HeaderNames {
+/// Traefik passes Sluice's refusal through, headers included, but cannot put them on an
+/// allowed answer; the Caddy example copies them onto allowed answers too.
+const TRAEFIK_HEADERS: HeaderNames = HeaderNames {
     on_allowed: false,
     ..proxies::SLUICE_HEADERS
 };
@@ -84,8 +85,14 @@ impl Setup {
 
     /// The scenario, the client's own `X-Sluice-*` headers, then Sluice stopped: the proxy
     /// answers `down_status` and nothing reaches the upstream.
-    fn check(&mut self, proxy: &mut Proc, down_status: u16) {
-        proxies::limits_by_address_and_api_key(self.port, &self.upstream, &NAMES);
+    fn check(&mut self, proxy: &mut Proc, names: &HeaderNames, down_status: u16) {
+        proxies::limits_by_address_and_api_key(self.port, &self.upstream, names);
+        // A client's own RateLimit-* request header is not what it gets back.
+        let spoofed = [("RateLimit-Limit", "999")];
+        let a = try_get_from([127, 0, 0, 4], self.port, "/", &spoofed).expect("answer");
+        assert_eq!(a.status, 200, "{a:#?}");
+        let expected = names.on_allowed.then_some("10");
+        assert_eq!(a.header("ratelimit-limit"), expected, "{a:#?}");
         proxies::injected_headers_change_nothing(self.port);
 
         self.sluice.proc.stop();
@@ -123,7 +130,7 @@ fn traefik_example_limits_by_address_and_api_key_and_fails_closed() {
     let mut proxy = Proc::spawn("traefik", cmd, dir.join("traefik.log"));
     setup.wait_for_routes(&mut proxy);
     // Traefik answers 500 when its auth call fails.
-    setup.check(&mut proxy, 500);
+    setup.check(&mut proxy, &TRAEFIK_HEADERS, 500);
 }
 
 #[test]
@@ -149,5 +156,5 @@ fn caddy_example_limits_by_address_and_api_key_and_fails_closed() {
     let mut proxy = Proc::spawn("caddy", cmd, dir.join("caddy.log"));
     setup.wait_for_routes(&mut proxy);
     // Caddy answers 502 when its auth call fails.
-    setup.check(&mut proxy, 502);
+    setup.check(&mut proxy, &proxies::SLUICE_HEADERS, 502);
 }
