@@ -116,6 +116,15 @@ async fn agent(max_frame_bytes: u32) -> u16 {
 
 /// [`agent`] with a byte budget of `budget` for frames being read.
 async fn agent_with(max_frame_bytes: u32, budget: usize) -> u16 {
+    agent_until(max_frame_bytes, budget, std::future::pending()).await
+}
+
+/// [`agent_with`], serving until `stop`.
+async fn agent_until(
+    max_frame_bytes: u32,
+    budget: usize,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> u16 {
     let cfg = parse_files(
         &[("edge.yaml".to_string(), CONFIG.to_string())],
         &LoadOptions::default(),
@@ -135,7 +144,7 @@ async fn agent_with(max_frame_bytes: u32, budget: usize) -> u16 {
         listener,
         service,
         (options, Limits::default(), budget),
-        std::future::pending(),
+        stop,
     ));
     port
 }
@@ -332,4 +341,33 @@ async fn a_health_check_hello_is_answered_and_closed() {
     assert_eq!(Frame::parse(&f).unwrap().kind, frame::AGENT_HELLO);
     let mut rest = Vec::new();
     assert_eq!(s.read_to_end(&mut rest).await.unwrap(), 0, "closed");
+}
+
+#[tokio::test]
+async fn a_stopping_agent_says_so_to_every_connection() {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let port = agent_until(4096, 64 * 1024, async {
+        let _ = rx.await;
+    })
+    .await;
+    let (mut s, _) = connect(port, 16_380).await;
+    let _ = tx.send(());
+    let f = read_frame(&mut s).await;
+    let f = Frame::parse(&f).unwrap();
+    assert_eq!(f.kind, frame::AGENT_DISCONNECT);
+    let kv = f.kv_list().unwrap();
+    assert!(
+        kv.contains(&(&b"status-code"[..], Typed::Uint32(0))),
+        "{kv:?}"
+    );
+    assert!(
+        kv.contains(&(&b"message"[..], Typed::String(b"Sluice is shutting down"))),
+        "{kv:?}"
+    );
+    // And it accepts no more, once its task has ended (bounded wait).
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "still accepting");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
