@@ -1,5 +1,5 @@
-//! Sluice: an external rate-limit service for Envoy and nginx, drop-in compatible with
-//! envoyproxy/ratelimit.
+//! Sluice: an external rate-limit service for Envoy, nginx and other proxies, drop-in compatible
+//! with envoyproxy/ratelimit.
 //!
 //! A request flows one way:
 //!
@@ -12,8 +12,8 @@
 //!   options. Only `main` imports it; no subsystem does.
 //! - [`app`]: the composition root, wiring only: the backend choice ([`app::Backend`],
 //!   [`app::AnyStore`]), task supervision; listeners are passed in.
-//! - [`api`]: adapters only (gRPC, `/json`, nginx `auth_request`, health, debug); errors become
-//!   statuses here.
+//! - [`api`]: adapters only (gRPC, `/json`, `/nginx` and `/forward-auth`, HAProxy's SPOE, health,
+//!   debug); errors become statuses here.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
 //! - [`config`]: YAML -> validated model -> compiled lookup table; reload.
 //! - [`service`]: envoyproxy/ratelimit's decision semantics over a store, as a short
@@ -27,7 +27,8 @@
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`, their
 //!   `Decision`, and the one dispatch from a quota to its algorithm (`limiter::counter`).
 //! - [`clock`]: the injected time source.
-//! - [`percent`]: the one strict percent-decoder (`/nginx`'s headers, the OTEL `key=value` lists).
+//! - [`percent`]: the one strict percent-decoder (`/nginx`'s and `/forward-auth`'s fields, the OTEL
+//!   `key=value` lists).
 //! - [`net`]: every listener's accept loop and connections: caps on connections, streams and
 //!   requests in flight, deadlines, idle and header timeouts, TLS handshakes, gRPC message
 //!   lengths checked before decoding.
