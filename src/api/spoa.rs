@@ -195,6 +195,10 @@ impl<S: CounterStore> Connection<S> {
             return Ok(());
         }
         loop {
+            // A large frame's buffer is not kept while the connection waits for the next one.
+            if buf.capacity() > KEPT_BUFFER_BYTES {
+                *buf = Vec::new();
+            }
             let Some(len) = self.next_len(io).await? else {
                 return Ok(());
             };
@@ -212,12 +216,16 @@ impl<S: CounterStore> Connection<S> {
                         continue;
                     }
                     let actions = self.notify(&f).await?;
-                    let ack = frame::encode(frame::ACK, f.stream_id, f.frame_id, &actions);
+                    let mut ack = frame::encode(frame::ACK, f.stream_id, f.frame_id, &actions);
+                    // Many messages in one frame could make an ACK longer than HAProxy takes.
+                    if ack.len() - 4 > size as usize {
+                        let mut error = Vec::new();
+                        Answer::Error("the answer to this frame's messages is over max-frame-size; send one message per event".into())
+                            .write(&mut error);
+                        ack = frame::encode(frame::ACK, f.stream_id, f.frame_id, &error);
+                    }
                     write(io, &ack).await?;
                     drop(reserved);
-                    if buf.capacity() > KEPT_BUFFER_BYTES {
-                        *buf = Vec::new();
-                    }
                 }
                 frame::HAPROXY_DISCONNECT => return Err(Close::new(Status::Normal, "")),
                 other => {

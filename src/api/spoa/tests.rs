@@ -371,3 +371,25 @@ async fn a_stopping_agent_says_so_to_every_connection() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn an_answer_longer_than_the_frame_size_becomes_one_error() {
+    let port = agent(512).await;
+    let (mut s, _) = connect(port, 16_380).await;
+    // Twenty messages without a domain: twenty `error` variables would not fit in 512 bytes.
+    let mut payload = Vec::new();
+    for _ in 0..20 {
+        frame::put_varint(&mut payload, 5);
+        payload.extend_from_slice(b"check");
+        payload.push(1);
+        payload.extend_from_slice(&frame::kv_payload(&[("0.k", Typed::String(b"v"))]));
+    }
+    let notify = frame::encode(frame::NOTIFY, 1, 9, &payload);
+    assert!(notify.len() - 4 <= 512);
+    s.write_all(&notify).await.unwrap();
+    let ack = read_frame(&mut s).await;
+    assert!(ack.len() <= 512, "{} bytes", ack.len());
+    let v = vars(&ack);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].0, "error");
+}
