@@ -197,6 +197,26 @@ fn a_redis_backend_without_an_address_is_refused() {
     refused("BACKEND_TYPE", "redis", "REDIS_URL");
 }
 
+/// REDIS_URL as host:port under the unix socket type (the default, as in Go): start-up fails,
+/// as in Go, and the message says what to set.
+#[test]
+fn a_host_and_port_under_the_unix_socket_type_says_to_set_tcp() {
+    let dir = config_dir();
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(dir.path())
+        .env("BACKEND_TYPE", "redis")
+        .env("REDIS_URL", "127.0.0.1:6379")
+        .env("PORT", free_port().to_string())
+        .env("GRPC_PORT", free_port().to_string())
+        .env("DEBUG_PORT", free_port().to_string());
+    let out = run(c);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("set REDIS_SOCKET_TYPE=tcp"), "{stderr}");
+    assert!(!stderr.contains("sluice listening"), "{stderr}");
+}
+
 #[test]
 fn write_behind_without_peers_is_refused() {
     refused(
@@ -544,6 +564,52 @@ fn sigterm_fails_health_then_exits_cleanly() {
     });
     let status = exit_within(&mut server.child, Duration::from_secs(20));
     assert!(status.success(), "exit status {status}");
+}
+
+/// At the default log level (WARN, as in Go), a start says what listens where on which config
+/// and store, and a stop says why and that it ended.
+#[test]
+fn start_and_stop_are_logged_at_the_default_level() {
+    let dir = config_dir();
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("stderr.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut server = start(|c| {
+        c.arg("--config")
+            .arg(dir.path())
+            .env("NO_COLOR", "1")
+            .stderr(file);
+    });
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = exit_within(&mut server.child, Duration::from_secs(20));
+    assert!(status.success(), "exit status {status}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let listening = text
+        .lines()
+        .find(|l| l.contains("sluice listening"))
+        .unwrap_or_else(|| panic!("no start line:\n{text}"));
+    for field in [
+        format!("http=127.0.0.1:{}", server.http),
+        format!("grpc=127.0.0.1:{}", server.grpc),
+        format!("debug=127.0.0.1:{}", server.debug),
+        "domains=1".into(),
+        "store=\"memory\"".into(),
+    ] {
+        assert!(listening.contains(&field), "{field} not in {listening}");
+    }
+    assert!(!listening.contains("spoa="), "{listening}");
+    assert!(
+        text.contains("sluice stopping") && text.contains("signal=\"SIGTERM\""),
+        "{text}"
+    );
+    assert!(text.contains("sluice stopped"), "{text}");
 }
 
 /// Waits up to `limit` for the child to exit; its status.

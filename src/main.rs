@@ -217,19 +217,11 @@ fn run(settings: Settings, config: ConfigHandle) -> ExitCode {
     let (grpc_uds, bound) = (settings.addrs.grpc_uds.clone(), uds_bound.clone());
     let result = runtime.block_on(async move {
         let listeners = bind_listeners(&settings, &bound).await?;
-        let a = &settings.addrs;
-        tracing::info!(
-            http = %a.http,
-            grpc = %a.grpc,
-            grpc_uds = ?a.grpc_uds,
-            grpc_tls = settings.app.grpc_tls.is_some(),
-            peer_tls = settings.app.peer_tls.is_some(),
-            debug = %a.debug,
-            "serving"
-        );
         let xds = settings.app.xds.is_some();
-        let app =
-            App::new(settings.app, config, Arc::new(SystemClock)).map_err(|e| e.to_string())?;
+        // Logged once the app is built, so a backend that cannot start is not announced.
+        let app = App::new(settings.app.clone(), config.clone(), Arc::new(SystemClock))
+            .map_err(|e| e.to_string())?;
+        log_serving(&settings, &config, &listeners);
         let (shutdown, force) = stop_signals();
         reload_on_sighup(app.reload_trigger(), xds);
         app.serve_until(listeners, shutdown, force)
@@ -241,12 +233,50 @@ fn run(settings: Settings, config: ConfigHandle) -> ExitCode {
         let _ = std::fs::remove_file(path);
     }
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => {
+            tracing::warn!("sluice stopped");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("sluice: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// What Sluice serves, where, and from which config and store: at WARN, the default level, as
+/// the Go service logs its `Listening for ... on ...` lines, so a start is never silent.
+fn log_serving(settings: &Settings, config: &ConfigHandle, listeners: &Listeners) {
+    let a = &settings.addrs;
+    let bound =
+        |l: &tokio::net::TcpListener| l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let grpc = match &a.grpc_uds {
+        Some(path) => format!("unix:{}", path.display()),
+        None => a.grpc.to_string(),
+    };
+    let (domains, limits) = config
+        .current()
+        .map_or((0, 0), |c| (c.domain_count(), c.limits().count()));
+    let store = match (&settings.app.backend, &settings.app.cluster) {
+        (sluice::app::Backend::Redis(_), _) => "redis",
+        (sluice::app::Backend::Memory, Some(_)) => "memory, peer cluster",
+        (sluice::app::Backend::Memory, None) => "memory",
+    };
+    tracing::warn!(
+        http = %bound(&listeners.http),
+        grpc = %grpc,
+        grpc_tls = settings.app.grpc_tls.is_some(),
+        debug = %bound(&listeners.debug),
+        // Fields for the listeners that are off are left out.
+        peer = listeners.peer.as_ref().map(|l| display(bound(l))),
+        prometheus = listeners.prometheus.as_ref().map(|l| display(bound(l))),
+        spoa = listeners.spoa.as_ref().map(|l| display(bound(l))),
+        config = ?settings.config.source,
+        domains,
+        limits,
+        store,
+        "sluice listening"
+    );
 }
 
 /// Binds every listener the settings ask for; `uds_bound` is set once GRPC_UDS is.
@@ -372,11 +402,19 @@ fn stop_signals() -> (
             }
         };
         loop {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+            let signal = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
             count_tx.send_modify(|n| *n = n.saturating_add(1));
+            if *count_tx.borrow() == 1 {
+                tracing::warn!(
+                    signal,
+                    "sluice stopping: health fails now, then the listeners drain (a second signal stops at once)"
+                );
+            } else {
+                tracing::warn!(signal, "sluice stopping at once: second signal");
+            }
         }
     });
     let nth = |n: u8| {

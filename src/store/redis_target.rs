@@ -168,7 +168,7 @@ impl Target {
             // The URL is checked now, so a bad one stops start-up rather than every check.
             RedisTopology::Single => drop(
                 single_url(spec)
-                    .and_then(|url| client(url, spec.tls.as_ref()))
+                    .and_then(|url| client(url, spec.tls.as_ref()).map_err(|e| unix_hint(url, e)))
                     .map_err(bad_url)?,
             ),
             RedisTopology::Cluster => {}
@@ -358,6 +358,31 @@ impl Target {
             .as_ref()
             .is_some_and(|current| Arc::ptr_eq(current, conn))
     }
+}
+
+/// A `redis+unix://` URL that is really `host:port` (a REDIS_URL under the unix socket type,
+/// the Go service's default, which fails there too): the error says what to change.
+fn unix_hint(url: &str, e: RedisError) -> RedisError {
+    let Some(rest) = url.strip_prefix("redis+unix://") else {
+        return e;
+    };
+    let addr = rest.split('?').next().unwrap_or(rest);
+    let tcp_like = !addr.contains('/')
+        && addr
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !tcp_like {
+        return e;
+    }
+    RedisError::from((
+        ErrorKind::InvalidClientConfig,
+        "not a socket path",
+        format!(
+            "{addr} is host:port, but the socket type is unix (REDIS_SOCKET_TYPE's default, as in \
+             envoyproxy/ratelimit): set REDIS_SOCKET_TYPE=tcp (REDIS_PERSECOND_SOCKET_TYPE for the \
+             per-second Redis), or give the socket's path"
+        ),
+    ))
 }
 
 /// The one URL of a REDIS_TYPE=single target.
