@@ -93,6 +93,17 @@ COMBOS = {
             "sentinelAuth": {"existingSecret": "redis-sentinel", "fromFile": True},
         },
     },
+    "extra volumes, mounts and objects; a Recreate strategy and a shorter history": {
+        "extraVolumes": [{"name": "extra-ca", "secret": {"secretName": "corp-ca"}}],
+        "extraVolumeMounts": [{"name": "extra-ca", "mountPath": "/etc/extra-ca", "readOnly": True}],
+        "extraObjects": [
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "{{ .Release.Name }}-extra"}, "data": {"k": "v"}},
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-extra-text\ndata:\n  k: v\n",
+        ],
+        "revisionHistoryLimit": 2,
+        "updateStrategy": {"type": "Recreate"},
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
@@ -172,6 +183,7 @@ def check_deployment(label, docs, values):
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     pod = deploy["spec"]["template"]["spec"]
     (c,) = pod["containers"]
+    check_extras(label, docs, deploy, values)
     sc, psc = c["securityContext"], pod["securityContext"]
     check(
         f"{label}: non-root, read-only root, no escalation, no capabilities, RuntimeDefault seccomp",
@@ -354,6 +366,35 @@ def check_deployment(label, docs, values):
 CONNECTION_BYTES = 16_518
 INFLIGHT_BYTES = 9_821
 PROCESS_BYTES = 16 * 1024 * 1024
+
+
+def check_extras(label, docs, deploy, values):
+    """revisionHistoryLimit, updateStrategy, extraVolumes, extraVolumeMounts and extraObjects."""
+    spec = deploy["spec"]
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    want_strategy = values.get("updateStrategy",
+                               {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}})
+    check(
+        f"{label}: revisionHistoryLimit {values.get('revisionHistoryLimit', 5)}, strategy {want_strategy['type']}",
+        spec.get("revisionHistoryLimit") == values.get("revisionHistoryLimit", 5)
+        and spec.get("strategy") == want_strategy,
+        yaml.safe_dump({"revisionHistoryLimit": spec.get("revisionHistoryLimit"), "strategy": spec.get("strategy")}),
+    )
+    vols = [v["name"] for v in pod.get("volumes", [])]
+    mounts = [m["name"] for m in c.get("volumeMounts", [])]
+    extra_vols = [v["name"] for v in values.get("extraVolumes", [])]
+    extra_mounts = [m["name"] for m in values.get("extraVolumeMounts", [])]
+    check(
+        f"{label}: extra volumes {extra_vols} and mounts {extra_mounts} after the chart's own",
+        vols[len(vols) - len(extra_vols):] == extra_vols and mounts[len(mounts) - len(extra_mounts):] == extra_mounts,
+        yaml.safe_dump({"volumes": vols, "mounts": mounts}),
+    )
+    extra = values.get("extraObjects", [])
+    if extra:
+        names = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+        check(f"{label}: each extra object rendered, templates expanded ({len(extra)})",
+              {"sluice-extra", "sluice-extra-text"} <= names, str(sorted(names)))
 
 
 def quantity(q):
