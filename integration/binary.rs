@@ -557,8 +557,7 @@ fn sigterm_fails_health_then_exits_cleanly() {
     });
     assert_eq!(http(server.http, "GET", "/healthcheck", "").unwrap().0, 200);
     let pid = server.child.id().to_string();
-    let kill = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(kill.success());
+    signal(&pid, "TERM");
     wait_for("health to fail", Duration::from_secs(5), || {
         http(server.http, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 500)
     });
@@ -581,13 +580,7 @@ fn start_and_stop_are_logged_at_the_default_level() {
             .stderr(file);
     });
     let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&pid, "TERM");
     let status = exit_within(&mut server.child, Duration::from_secs(20));
     assert!(status.success(), "exit status {status}");
     let text = std::fs::read_to_string(&log).unwrap();
@@ -610,6 +603,15 @@ fn start_and_stop_are_logged_at_the_default_level() {
         "{text}"
     );
     assert!(text.contains("sluice stopped"), "{text}");
+}
+
+/// Sends `SIG<name>` to the process `pid`, asserting `kill` succeeded.
+fn signal(pid: &str, name: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid)
+        .status();
+    assert!(sent.unwrap().success(), "kill -{name} {pid}");
 }
 
 /// Waits up to `limit` for the child to exit; its status.
@@ -648,13 +650,7 @@ fn sighup_loads_the_config_files_at_once() {
         &GOOD.replace("requests_per_unit: 2", "requests_per_unit: 7"),
     );
     let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&pid, "HUP");
     wait_for(
         "the new limit after SIGHUP",
         Duration::from_secs(10),
@@ -671,15 +667,7 @@ fn a_second_sigterm_ends_the_drain_at_once() {
             .env("SLUICE_SHUTDOWN_DELAY_SECS", "60");
     });
     let pid = server.child.id().to_string();
-    let term = || {
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        )
-    };
+    let term = || signal(&pid, "TERM");
     term();
     wait_for("health to fail", Duration::from_secs(5), || {
         http(server.http, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 500)
@@ -1727,13 +1715,7 @@ fn grpc_uds_serves_on_a_unix_socket_and_replaces_a_stale_one() {
     // SIGTERM: a clean exit removes the socket file.
     let mut server = server;
     let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&pid, "TERM");
     let started = Instant::now();
     while server.child.try_wait().unwrap().is_none() {
         assert!(
