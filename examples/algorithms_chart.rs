@@ -47,6 +47,7 @@ fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
             Algorithm::LeakyBucket => NonZeroU32::new(5),
             _ => None,
         },
+        charge_refused: false,
     };
     let (mut s64, mut s128) = (0u64, 0u128);
     let mut out = Vec::new();
@@ -59,7 +60,7 @@ fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
                 d.over
             }
             Algorithm::SlidingWindow => {
-                let (d, s) = sliding_window::decide(s128, now, Unit::Second, LIMIT, 1);
+                let (d, s) = sliding_window::decide(s128, now, Unit::Second, LIMIT, 1, false);
                 s128 = s;
                 d.over
             }

@@ -522,6 +522,7 @@ mod durable {
                 unit: Unit::Minute,
                 algorithm,
                 burst: None,
+                charge_refused: false,
             },
             hits: n,
         })
@@ -696,6 +697,7 @@ mod peer_versions {
             unit: Unit::Hour,
             algorithm: Algorithm::FixedWindow,
             burst: None,
+            charge_refused: false,
         };
         let hit = PeerHit::from_hit(&Hit {
             key: "d_k_v_",
@@ -887,6 +889,7 @@ mod peer_tls {
             unit: Unit::Hour,
             algorithm: Algorithm::FixedWindow,
             burst: None,
+            charge_refused: false,
         };
         vec![PeerHit::from_hit(&Hit {
             key: &key,

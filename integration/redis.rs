@@ -111,6 +111,7 @@ fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quot
         unit,
         algorithm,
         burst: burst.and_then(NonZeroU32::new),
+        charge_refused: false,
     }
 }
 

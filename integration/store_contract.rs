@@ -31,6 +31,7 @@ macro_rules! store_contract {
                 every_algorithm_admits_up_to_its_limit_then_refuses,
                 a_peek_of_zero_hits_counts_nothing,
                 several_hits_in_one_call_count_together,
+                charged_refusals_are_debt_that_later_calls_wait_out,
                 a_batch_answers_in_order_and_charges_a_repeated_key_twice,
                 keys_are_independent,
                 windows_roll_over_as_now_moves,
@@ -67,6 +68,7 @@ pub fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: u32) -> Quota {
         unit,
         algorithm,
         burst: NonZeroU32::new(burst),
+        charge_refused: false,
     }
 }
 
@@ -250,6 +252,45 @@ pub async fn several_hits_in_one_call_count_together<S: CounterStore>(store: &S)
             // Elsewhere a refused call takes nothing: the 3 fit after the 2.
             assert_eq!(admitted(&d), [true, false, true, false], "{algorithm:?}");
             assert_eq!(d[2].remaining, 0, "{algorithm:?}");
+        }
+    }
+}
+
+/// Costs reported after the response (`charge_refused`): three reports of 40 against 100 per
+/// minute are all charged, the third past the limit, so a peek right after is refused where
+/// the default (the third dropped) leaves room; and the debt is gone once waited out.
+pub async fn charged_refusals_are_debt_that_later_calls_wait_out<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let base = limit(algorithm, 100, Unit::Minute);
+        for charge_refused in [true, false] {
+            if algorithm == Algorithm::FixedWindow && !charge_refused {
+                continue;
+            }
+            let q = Quota {
+                charge_refused,
+                ..base
+            };
+            let k = format!("{}{charge_refused}", key("debt", algorithm));
+            let mut d = Vec::new();
+            for _ in 0..3 {
+                d.extend(c.apply(at(T0), &[hit(&k, q, 40)]).await);
+            }
+            assert_eq!(admitted(&d), [true, true, false], "{algorithm:?}");
+            let peek = c.apply(at(T0 + 1), &[hit(&k, q, 0)]).await;
+            assert_eq!(
+                peek[0].over,
+                q.charges_refused(),
+                "{algorithm:?}, charge_refused: {charge_refused}"
+            );
+            if q.charges_refused() && !algorithm.takes_burst() {
+                // A window holds the whole 120 (a bucket has leaked a little by now).
+                assert_eq!(peek[0].count_after, 120, "{algorithm:?}");
+            }
+            // Two minutes on, every algorithm has its whole limit again.
+            let later = c.apply(at(T0 + 120), &[hit(&k, q, 0)]).await;
+            assert!(!later[0].over, "{algorithm:?}");
+            assert_eq!(later[0].remaining, 100, "{algorithm:?}");
         }
     }
 }

@@ -418,11 +418,24 @@ fn extension_errors() {
         ),
         (
             "unlimited_with_algorithm.yaml",
-            "should not specify algorithm or burst when unlimited",
+            "should not specify algorithm, burst or charge_refused when unlimited",
         ),
         (
             "unlimited_with_burst.yaml",
-            "should not specify algorithm or burst when unlimited",
+            "should not specify algorithm, burst or charge_refused when unlimited",
+        ),
+        (
+            "unlimited_with_charge_refused.yaml",
+            "should not specify algorithm, burst or charge_refused when unlimited",
+        ),
+        (
+            "charge_refused_false_fixed_window.yaml",
+            "charge_refused cannot be false for 'fixed_window', which counts every hit as the \
+             Go service does (choose another algorithm to drop refused hits)",
+        ),
+        (
+            "charge_refused_not_bool.yaml",
+            "error loading config file: invalid value: string \"sometimes\", expected a bool",
         ),
         (
             "rate_limits_bad_unit.yaml",
@@ -462,6 +475,7 @@ fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quot
         unit,
         algorithm,
         burst: burst.map(|b| std::num::NonZeroU32::new(b).expect("non-zero")),
+        charge_refused: false,
     }
 }
 
@@ -500,6 +514,23 @@ fn every_algorithm_loads() {
         one(&[("leaky", "burst")]).quota,
         quota(30, Unit::Minute, Algorithm::LeakyBucket, Some(3))
     );
+    let charged = |algorithm| Quota {
+        charge_refused: true,
+        ..quota(100, Unit::Minute, algorithm, None)
+    };
+    assert_eq!(
+        one(&[("tokens", "x")]).quota,
+        charged(Algorithm::TokenBucket)
+    );
+    assert_eq!(
+        one(&[("tokens", "sliding")]).quota,
+        charged(Algorithm::SlidingWindow)
+    );
+    // A fixed window charges refused hits anyway; its quota stays Go's.
+    let fixed = one(&[("tokens", "fixed")]).quota;
+    assert_eq!(fixed, Quota::fixed(100, Unit::Minute));
+    assert!(fixed.charges_refused());
+    assert!(!quota(1, Unit::Second, Algorithm::TokenBucket, None).charges_refused());
     // A single `rate_limit` keeps its name on the limit too, as in Go.
     let l = lookup(&cfg, &[("token", "burst")]).expect("match").limit;
     assert_eq!(l.name, "token_burst");
@@ -512,7 +543,10 @@ fn every_algorithm_loads() {
          test-domain.leaky_burst: unit=MINUTE requests_per_unit=30, shadow_mode: true, quota_mode: false, algorithm: leaky_bucket, burst: 3\n\
          test-domain.sliding: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false, algorithm: sliding_window\n\
          test-domain.token: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket\n\
-         test-domain.token_burst: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket, burst: 20\n"
+         test-domain.token_burst: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket, burst: 20\n\
+         test-domain.tokens: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: token_bucket, charge_refused: true\n\
+         test-domain.tokens_fixed: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false\n\
+         test-domain.tokens_sliding: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: sliding_window, charge_refused: true\n"
     );
 }
 

@@ -233,6 +233,17 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn start() -> Upstream {
+        Upstream::start_with_header("")
+    }
+
+    /// An upstream whose answers also carry `header` (`"Name: value"`; empty for none): what
+    /// an application reporting a cost in its response (`x-cost: 40`) looks like.
+    pub fn start_with_header(header: &str) -> Upstream {
+        let extra: Arc<str> = if header.is_empty() {
+            "".into()
+        } else {
+            format!("{header}\r\n").into()
+        };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let hits = Arc::new(AtomicUsize::new(0));
@@ -244,8 +255,8 @@ impl Upstream {
                     return;
                 }
                 let Ok(conn) = conn else { continue };
-                let h = h.clone();
-                std::thread::spawn(move || serve(conn, &h));
+                let (h, extra) = (h.clone(), extra.clone());
+                std::thread::spawn(move || serve(conn, &h, &extra));
             }
         });
         Upstream {
@@ -262,7 +273,7 @@ impl Upstream {
 }
 
 /// Keep-alive HTTP/1.1 (Envoy reuses connections): one answer per request until EOF.
-fn serve(conn: TcpStream, hits: &AtomicUsize) {
+fn serve(conn: TcpStream, hits: &AtomicUsize, extra: &str) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
     let mut writer = conn.try_clone().unwrap();
     let mut reader = BufReader::new(conn);
@@ -298,8 +309,9 @@ fn serve(conn: TcpStream, hits: &AtomicUsize) {
             return;
         }
         hits.fetch_add(1, Ordering::SeqCst);
-        let answer =
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 9\r\n\r\nupstream\n";
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{extra}Content-Length: 9\r\n\r\nupstream\n"
+        );
         if writer.write_all(answer.as_bytes()).is_err() || close || http10 {
             return;
         }

@@ -660,6 +660,7 @@ mod tests {
             unit: Unit::Second,
             algorithm: Algorithm::TokenBucket,
             burst: NonZeroU32::new(5),
+            charge_refused: false,
         };
         let (start, end) = horizon(CounterKind::Bucket, &b, now).unwrap();
         assert_eq!(now.micros() - start.micros(), 500_000);

@@ -137,6 +137,7 @@ impl PeerHit {
             algorithm: algorithm_to_wire(q.algorithm) as i32,
             burst: q.burst.map_or(0, NonZeroU32::get),
             hits: h.hits,
+            charge_refused: q.charge_refused,
         }
     }
 
@@ -152,6 +153,7 @@ impl PeerHit {
             algorithm: algorithm_from_wire(self.algorithm)
                 .ok_or_else(|| unknown("algorithm", self.algorithm))?,
             burst: NonZeroU32::new(self.burst),
+            charge_refused: self.charge_refused,
         })
     }
 }
@@ -796,6 +798,7 @@ mod tests {
             unit,
             algorithm,
             burst: NonZeroU32::new(burst),
+            charge_refused: false,
         };
         PeerHit::from_hit(&Hit {
             key,
@@ -884,6 +887,7 @@ mod tests {
                 unit: Unit::Minute,
                 algorithm: Algorithm::TokenBucket,
                 burst: NonZeroU32::new(20),
+                charge_refused: false,
             }
         );
         let answer = ApplyResponse::decode(unhex(KNOWN_ANSWER_HEX).as_slice()).expect("decodes");
@@ -933,6 +937,7 @@ mod tests {
                 unit: Unit::Minute,
                 algorithm: Algorithm::SlidingWindow,
                 burst: None,
+                charge_refused: false,
             },
             epoch: 28_333_333,
             used: 40,

@@ -139,7 +139,8 @@ impl RateLimitConfig {
     ///
     /// A limit with several blocks (`rate_limits`) has one line per block, in YAML order; a
     /// block that is not a plain fixed window adds `, algorithm: <name>` and, when set,
-    /// `, burst: <n>`. Fixed-window limits print exactly what Go prints.
+    /// `, burst: <n>` and `, charge_refused: true`. Fixed-window limits print exactly what Go
+    /// prints.
     pub fn dump(&self) -> String {
         let mut limits: Vec<&Limit> = self.limits().collect();
         limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
@@ -159,6 +160,9 @@ impl RateLimitConfig {
                         }
                         if let Some(burst) = q.burst {
                             let _ = write!(out, ", burst: {burst}");
+                        }
+                        if q.charge_refused {
+                            out.push_str(", charge_refused: true");
                         }
                         out.push('\n');
                     }
@@ -650,8 +654,10 @@ fn single_limit(rl: RawRateLimit) -> Result<LimitParts, String> {
         if Unit::from_name(&rl.unit).is_some() {
             return Err("should not specify rate limit unit when unlimited".to_owned());
         }
-        if rl.algorithm.is_some() || rl.burst.is_some() {
-            return Err("should not specify algorithm or burst when unlimited".to_owned());
+        if rl.algorithm.is_some() || rl.burst.is_some() || rl.charge_refused.is_some() {
+            return Err(
+                "should not specify algorithm, burst or charge_refused when unlimited".to_owned(),
+            );
         }
         Rule::Unlimited
     } else {
@@ -691,7 +697,7 @@ fn multi_limit(list: Vec<RawRateLimit>) -> Result<LimitParts, String> {
     ))
 }
 
-/// One limited block: unit (Go's check), then algorithm and burst.
+/// One limited block: unit (Go's check), then algorithm, burst and charge_refused.
 fn block(rl: &RawRateLimit) -> Result<Block, String> {
     let unit = Unit::from_name(&rl.unit)
         .ok_or_else(|| format!("invalid rate limit unit '{}'", rl.unit))?;
@@ -713,12 +719,25 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
                 .ok_or_else(|| "burst must be at least 1 (omit it for the default)".to_owned())?,
         ),
     };
+    let charge_refused = match rl.charge_refused {
+        Some(false) if algorithm == Algorithm::FixedWindow => {
+            return Err(
+                "charge_refused cannot be false for 'fixed_window', which counts \
+                 every hit as the Go service does (choose another algorithm to drop refused hits)"
+                    .to_owned(),
+            );
+        }
+        // A fixed window charges anyway; kept false there so its quota (and its `/rlconfig`
+        // line) stays Go's.
+        charge => charge.unwrap_or(false) && algorithm != Algorithm::FixedWindow,
+    };
     Ok(Block {
         quota: Quota {
             requests_per_unit: rl.requests_per_unit,
             unit,
             algorithm,
             burst,
+            charge_refused,
         },
         name: rl.name.clone(),
     })

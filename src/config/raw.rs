@@ -33,12 +33,13 @@ pub const VALID_KEYS: &[&str] = &[
     // Sluice extensions (see [`EXTENSION_KEYS`]).
     "algorithm",
     "burst",
+    "charge_refused",
     "rate_limits",
 ];
 
 /// The keys Sluice accepts that envoyproxy/ratelimit does not: a file using any of them no
 /// longer loads in the Go service (`check-config --strict-envoy` reports them).
-pub const EXTENSION_KEYS: &[&str] = &["algorithm", "burst", "rate_limits"];
+pub const EXTENSION_KEYS: &[&str] = &["algorithm", "burst", "charge_refused", "rate_limits"];
 
 /// The key whose value is free-form: its contents are not walked.
 const METADATA_KEY: &str = "metadata";
@@ -101,6 +102,9 @@ pub struct RawRateLimit {
     /// Sluice extension; `None` when absent or null.
     #[serde(default)]
     pub burst: Option<u32>,
+    /// Sluice extension; `None` when absent or null (then the algorithm's default).
+    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    pub charge_refused: Option<bool>,
 }
 
 /// One `replaces` entry.
@@ -279,6 +283,27 @@ fn lenient_opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>,
         }
         fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<String>, D::Error> {
             lenient_string(d).map(Some)
+        }
+    }
+    d.deserialize_option(V)
+}
+
+/// [`lenient_bool`] for a key whose absence (or null) means something of its own.
+fn lenient_opt_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<bool>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a bool")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Option<bool>, E> {
+            Ok(None)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Option<bool>, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<bool>, D::Error> {
+            lenient_bool(d).map(Some)
         }
     }
     d.deserialize_option(V)

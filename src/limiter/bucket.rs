@@ -16,14 +16,18 @@
 //!   `T`s, and a request is admitted when that is at most `burst * T`. After idling, `burst + 1`
 //!   requests pass at once, as in nginx. `n` hits are `n` requests arriving together.
 //!
-//! Rejected hits change nothing, so a client sending twice the rate still gets the rate.
+//! Rejected hits change nothing, so a client sending twice the rate still gets the rate; unless
+//! the limit charges refused hits (`charge_refused`, for costs reported after the response):
+//! then the arrival time moves as if they had been admitted, past the tolerance, and later
+//! calls are refused until it is back within it (a debt of `d` hits is waited out in `d * T`).
 //!
 //! `limit_remaining` is how many more single hits would be admitted right now. A call that is
 //! admitted reports as `duration_until_reset` the time until the bucket is back at rest (full
 //! for a token bucket, drained for a leaky one): when `limit_remaining` is whole again. A call
 //! that is refused reports the time until the same call would be admitted, which is what a
-//! client's Retry-After needs. Both are rounded up to whole seconds, at least 1. A peek (0
-//! hits) is over exactly when a single hit would be refused.
+//! client's Retry-After needs (a charged refusal: until a single hit would be). Both are
+//! rounded up to whole seconds, at least 1. A peek (0 hits) is over exactly when a single hit
+//! would be refused.
 
 use super::{Algorithm, Decision, Quota};
 
@@ -67,6 +71,7 @@ pub struct Shape {
     t: u128,
     tolerance: u128,
     leaky: bool,
+    charge_refused: bool,
 }
 
 impl Shape {
@@ -83,6 +88,7 @@ impl Shape {
             t,
             tolerance: u128::from(slots) * t,
             leaky,
+            charge_refused: quota.charge_refused,
         })
     }
 
@@ -126,6 +132,7 @@ pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decis
         t,
         tolerance,
         leaky,
+        charge_refused,
     } = shape;
     let n = u128::from(hits);
     // Where the bucket would stand after `n` hits.
@@ -147,12 +154,13 @@ pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decis
         tat_after
     };
     let over = probe - now > tolerance;
-    // A refused call or a peek leaves the state as it was: moving a leaky bucket's arrival
-    // time up to `now` would change when its backlog is considered drained.
-    let (new_tat, ahead) = if over || n == 0 {
-        (tat, tat.max(now) - now)
-    } else {
+    // A refused call (unless charged) or a peek leaves the state as it was: moving a leaky
+    // bucket's arrival time up to `now` would change when its backlog is considered drained.
+    let charged = n > 0 && (!over || charge_refused);
+    let (new_tat, ahead) = if charged {
         (tat_after, tat_after - now)
+    } else {
+        (tat, tat.max(now) - now)
     };
     let remaining = if over {
         0
@@ -165,7 +173,10 @@ pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decis
         let free = u128::from(leaky && new_tat + t <= now);
         u32::try_from(room + free).unwrap_or(u32::MAX)
     };
-    let reset_us = if over {
+    let reset_us = if over && charged {
+        // Charged into debt: a single hit passes once `new_tat + t - later <= tolerance`.
+        (new_tat + t - now).saturating_sub(tolerance)
+    } else if over {
         // The same call passes once `probe - later <= tolerance`.
         probe - now - tolerance
     } else {
@@ -214,6 +225,7 @@ mod tests {
             unit,
             algorithm,
             burst: burst.and_then(NonZeroU32::new),
+            charge_refused: false,
         }
     }
 
@@ -281,6 +293,43 @@ mod tests {
             let back = refund(after, &q, 1);
             let expect = decide(before, 10 * S, &q, 1).0;
             assert_eq!(decide(back, 10 * S, &q, 1).0, expect, "{algorithm:?}");
+        }
+    }
+
+    #[test]
+    fn charged_refusals_are_debt_the_bucket_waits_out() {
+        // 100 per minute (T = 600 ms, room for 60 s ahead); three reports of 40 at once: the
+        // third is over and still charged, so the bucket runs 12 s (token: 12.6 s, as the
+        // first hit of a token bucket is charged from `now`) into debt.
+        for (algorithm, clear_us) in [
+            (Algorithm::TokenBucket, 12_600_000u64),
+            (Algorithm::LeakyBucket, 12_000_000),
+        ] {
+            let q = Quota {
+                charge_refused: true,
+                ..quota(algorithm, 100, Unit::Minute, Some(100))
+            };
+            let now = 100 * S;
+            let mut s = EMPTY;
+            let mut over = Vec::new();
+            for _ in 0..3 {
+                let (d, n) = decide(s, now, &q, 40);
+                s = n;
+                over.push(d.over);
+                if d.over {
+                    assert_eq!(d.reset_after_secs, clear_us.div_ceil(S), "{algorithm:?}");
+                }
+            }
+            assert_eq!(over, [false, false, true], "{algorithm:?}");
+            assert!(decide(s, now + clear_us - 1, &q, 0).0.over, "{algorithm:?}");
+            assert!(!decide(s, now + clear_us, &q, 0).0.over, "{algorithm:?}");
+            // Without the setting the third report is dropped: room is left at once.
+            let dropped = Quota {
+                charge_refused: false,
+                ..q
+            };
+            let s = (0..3).fold(EMPTY, |s, _| decide(s, now, &dropped, 40).1);
+            assert!(!decide(s, now, &dropped, 0).0.over, "{algorithm:?}");
         }
     }
 

@@ -33,7 +33,8 @@ pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decisio
             (d, u128::from(s))
         }
         Algorithm::SlidingWindow => {
-            sliding_window::decide(state, n.micros(), q.unit, q.requests_per_unit, hits)
+            let rpu = q.requests_per_unit;
+            sliding_window::decide(state, n.micros(), q.unit, rpu, hits, q.charge_refused)
         }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             let (d, s) = bucket::decide(narrow(state), n.micros(), q, hits);

@@ -80,12 +80,19 @@ impl Algorithm {
 /// `burst` is the bucket capacity for a token bucket (default: `requests_per_unit`) and the
 /// number of extra requests tolerated for a leaky bucket, as nginx's `limit_req burst=`
 /// (default 0). The config refuses a burst on the window algorithms.
+///
+/// `charge_refused` (YAML `charge_refused: true`) charges the hits of a refused call too, so a
+/// counter can run past its limit into debt that later calls wait out: what a cost reported
+/// after the response needs (a report is never refused back to anybody, it must count). A
+/// fixed window always charges, as the Go service does; for the others it is off by default,
+/// so a client sending twice the rate still gets the rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Quota {
     pub requests_per_unit: u32,
     pub unit: Unit,
     pub algorithm: Algorithm,
     pub burst: Option<NonZeroU32>,
+    pub charge_refused: bool,
 }
 
 impl Quota {
@@ -96,7 +103,14 @@ impl Quota {
             unit,
             algorithm: Algorithm::FixedWindow,
             burst: None,
+            charge_refused: false,
         }
+    }
+
+    /// Whether a refused call's hits are counted: always for a fixed window (Go's counting),
+    /// with `charge_refused` for the others.
+    pub const fn charges_refused(&self) -> bool {
+        self.charge_refused || matches!(self.algorithm, Algorithm::FixedWindow)
     }
 }
 

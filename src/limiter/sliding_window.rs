@@ -4,7 +4,10 @@
 //!
 //! `estimate(t) = previous * (1 - f) + current`, where `f` is the fraction of the current window
 //! elapsed at `t`; a call is admitted when `estimate + hits <= limit`. Rejected calls are not
-//! counted, so a client sending twice the limit still gets the limit through, steadily.
+//! counted, so a client sending twice the limit still gets the limit through, steadily; unless
+//! the limit charges refused hits (`charge_refused`), when they are counted all the same and the
+//! estimate can pass the limit: the debt is waited out as the window slides (a count of
+//! `limit + d` in one window refuses everything until `d / (limit + d)` of the next has passed).
 //!
 //! **Worst case.** In any interval of length `d <= unit`, at most `limit * (1 + d / unit)` hits
 //! are admitted (so strictly less than twice the limit in any one unit), and in any fixed window
@@ -19,7 +22,8 @@
 //! time until the current fixed window ends, as for the fixed window.
 //!
 //! State: one `u128`: the window tag (index mod 2^32) in the top 32 bits, the current count in
-//! the next 48, the previous count in the low 48. Counts never exceed the limit (a `u32`).
+//! the next 48, the previous count in the low 48 (saturating; a count passes the limit only
+//! with `charge_refused`).
 
 use super::{Decision, Unit};
 
@@ -92,8 +96,16 @@ pub fn is_stale(state: u128, now_micros: u64, unit: Unit) -> bool {
     rolled(state, index) == (0, 0)
 }
 
-/// Applies `hits` at `now_micros` against `limit` per `unit`.
-pub fn decide(state: u128, now_micros: u64, unit: Unit, limit: u32, hits: u64) -> (Decision, u128) {
+/// Applies `hits` at `now_micros` against `limit` per `unit`; `charge_refused` counts the hits
+/// of a refused call too.
+pub fn decide(
+    state: u128,
+    now_micros: u64,
+    unit: Unit,
+    limit: u32,
+    hits: u64,
+    charge_refused: bool,
+) -> (Decision, u128) {
     let unit_us = u128::from(unit.secs()) * 1_000_000;
     let index = now_micros / 1_000_000 / unit.secs();
     let elapsed_us = u128::from(now_micros) - u128::from(index) * unit_us;
@@ -104,7 +116,7 @@ pub fn decide(state: u128, now_micros: u64, unit: Unit, limit: u32, hits: u64) -
     let used_before = weighted_previous + current * unit_us;
     let used_after = used_before + u128::from(hits) * unit_us;
     let over = used_after > limit * unit_us;
-    let current_after = if over {
+    let current_after = if over && !charge_refused {
         current
     } else {
         current + u128::from(hits)
@@ -149,16 +161,16 @@ mod tests {
         // 10 hits in window 0, then at 25% into window 1 the previous counts 7.5.
         let mut s = EMPTY;
         for _ in 0..10 {
-            s = decide(s, 1_000_000, Unit::Minute, 10, 1).1;
+            s = decide(s, 1_000_000, Unit::Minute, 10, 1, false).1;
         }
-        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 2);
+        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 2, false);
         assert!(!d.over);
         // 7.5 + 2 = 9.5: half a hit left, so 0 whole hits remain.
         assert_eq!(d.remaining, 0);
-        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 3);
+        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 3, false);
         assert!(d.over, "7.5 + 3 > 10");
         // Two windows later the old count no longer matters.
-        let (d, s2) = decide(s, 2 * MIN + 1, Unit::Minute, 10, 10);
+        let (d, s2) = decide(s, 2 * MIN + 1, Unit::Minute, 10, 10, false);
         assert!(!d.over);
         assert!(!is_stale(s2, 2 * MIN + 1, Unit::Minute));
         assert!(is_stale(s2, 4 * MIN, Unit::Minute));
@@ -169,7 +181,7 @@ mod tests {
         let mut s = EMPTY;
         let mut admitted = 0;
         for _ in 0..100 {
-            let (d, n) = decide(s, 5_000_000, Unit::Minute, 10, 1);
+            let (d, n) = decide(s, 5_000_000, Unit::Minute, 10, 1, false);
             s = n;
             admitted += u32::from(!d.over);
         }
@@ -179,25 +191,61 @@ mod tests {
     }
 
     #[test]
+    fn charged_refusals_are_debt_the_sliding_window_waits_out() {
+        // 100 per minute; three reports of 40: the third is over and still counted.
+        let mut s = EMPTY;
+        let mut over = Vec::new();
+        for _ in 0..3 {
+            let (d, n) = decide(s, 1_000_000, Unit::Minute, 100, 40, true);
+            s = n;
+            over.push(d.over);
+        }
+        assert_eq!(over, [false, false, true]);
+        assert_eq!(counts_at(s, 1_000_000, Unit::Minute), (120, 0));
+        assert!(decide(s, 2_000_000, Unit::Minute, 100, 0, true).0.over);
+        // In the next window 120 weighs 120 * (1 - f): over until f = 1/6 (10 s).
+        assert!(
+            decide(s, MIN + 9_000_000, Unit::Minute, 100, 0, true)
+                .0
+                .over
+        );
+        assert!(
+            !decide(s, MIN + 10_000_000, Unit::Minute, 100, 0, true)
+                .0
+                .over
+        );
+        // Without the setting the third report is dropped and the count stays at 80.
+        let (_, s) = decide(EMPTY, 1_000_000, Unit::Minute, 100, 80, false);
+        let (d, s) = decide(s, 1_000_000, Unit::Minute, 100, 40, false);
+        assert!(d.over);
+        assert_eq!(counts_at(s, 1_000_000, Unit::Minute), (80, 0));
+    }
+
+    #[test]
     fn a_refund_gives_back_hits_of_the_current_window_only() {
-        let (_, s) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4);
+        let (_, s) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4, false);
         let back = refund(s, 2_000_000, Unit::Minute, 3);
-        assert_eq!(decide(back, 2_000_000, Unit::Minute, 10, 0).0.remaining, 9);
+        assert_eq!(
+            decide(back, 2_000_000, Unit::Minute, 10, 0, false)
+                .0
+                .remaining,
+            9
+        );
         assert_eq!(refund(s, MIN + 1, Unit::Minute, 3), s);
     }
 
     #[test]
     fn limit_zero_admits_nothing_but_peeks() {
-        assert!(decide(EMPTY, 0, Unit::Second, 0, 1).0.over);
-        assert!(!decide(EMPTY, 0, Unit::Second, 0, 0).0.over);
+        assert!(decide(EMPTY, 0, Unit::Second, 0, 1, false).0.over);
+        assert!(!decide(EMPTY, 0, Unit::Second, 0, 0, false).0.over);
     }
 
     #[test]
     fn merging_keeps_the_larger_count_of_each_window() {
         // a: 4 in window 0 then 1 in window 1; b: 6 in window 1 (an owner that took over).
-        let (_, a) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4);
-        let (_, a) = decide(a, MIN + 1, Unit::Minute, 10, 1);
-        let (_, b) = decide(EMPTY, MIN + 2, Unit::Minute, 10, 6);
+        let (_, a) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4, false);
+        let (_, a) = decide(a, MIN + 1, Unit::Minute, 10, 1, false);
+        let (_, b) = decide(EMPTY, MIN + 2, Unit::Minute, 10, 6, false);
         let m = merge_max(a, b, MIN + 3, Unit::Minute);
         assert_eq!(counts_at(m, MIN + 3, Unit::Minute), (6, 4));
         assert_eq!(m, merge_max(b, a, MIN + 3, Unit::Minute));
@@ -229,7 +277,7 @@ mod tests {
             let mut log = Vec::new();
             for (dt, hits) in steps {
                 now += dt / 8;
-                let (d, s) = decide(state, now, unit, limit, hits);
+                let (d, s) = decide(state, now, unit, limit, hits, false);
                 state = s;
                 if !d.over {
                     log.push((now, hits));

@@ -160,6 +160,7 @@ mod tests {
             unit,
             algorithm,
             burst: burst.and_then(NonZeroU32::new),
+            charge_refused: false,
         }
     }
 

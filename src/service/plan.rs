@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::{ServiceError, ServiceOptions, counter_key_len, quota_suffix_len, write_counter_key};
 use crate::config::{Block, Domain, Limit, Rule};
 use crate::descriptor::Request;
-use crate::limiter::{Algorithm, Decision, Quota};
+use crate::limiter::{Decision, Quota};
 use crate::store::Hit;
 
 /// A limit that is counted: from config (`rule` is the matched limit, whose blocks give the
@@ -238,8 +238,8 @@ pub(super) fn hits<'k>(plans: &[Plan<'_>], keys: &CounterKeys<'k>) -> SmallVec<[
 
 /// What a refused request gives back. A descriptor with several limits is refused as a whole
 /// when one of them refuses: the limits that admitted it give the hits back (fixed windows
-/// excepted, which count every hit as the Go service does), so a refused request consumes
-/// nothing.
+/// excepted, which count every hit as the Go service does, and limits that charge refused hits),
+/// so a refused request consumes nothing it need not.
 pub(super) fn refunds<'k>(
     plans: &[Plan<'_>],
     hits: &[Hit<'k>],
@@ -256,7 +256,7 @@ pub(super) fn refunds<'k>(
                     hits[at..at + n]
                         .iter()
                         .zip(own)
-                        .filter(|(h, d)| !d.over && h.quota.algorithm != Algorithm::FixedWindow)
+                        .filter(|(h, d)| !d.over && !h.quota.charges_refused())
                         .map(|(h, _)| *h),
                 );
             }

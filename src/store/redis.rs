@@ -63,19 +63,20 @@ pub use super::redis_client::{
 ///
 /// KEYS[1]: the counter, a hash of `i` (window index), `c` (its count), `p` (the previous
 /// window's count).
-/// ARGV: now (µs since the epoch), unit (µs), limit, hits, TTL (s).
+/// ARGV: now (µs since the epoch), unit (µs), limit, hits, TTL (s), charge refused hits (1) or
+/// not (0).
 /// Admits when `previous * (unit - elapsed) + (current + hits) * unit <= limit * unit`, then
-/// stores the rolled counts; a refused call or a peek (0 hits) writes nothing.
+/// stores the rolled counts; a refused call (unless charged) or a peek (0 hits) writes nothing.
 /// Returns `{i or -1, c, p}` as found.
 pub const SLIDING: &str = r#"
-local now, unit, limit, hits, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local now, unit, limit, hits, ttl, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
 local i, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
 local idx = math.floor(now / unit)
 local cur, prev = 0, 0
 if i == idx then cur, prev = c, p elseif i == idx - 1 then prev = c end
 local elapsed = now - idx * unit
-if hits > 0 and prev * (unit - elapsed) + (cur + hits) * unit <= limit * unit then
+if hits > 0 and (charge == 1 or prev * (unit - elapsed) + (cur + hits) * unit <= limit * unit) then
   redis.call('HSET', KEYS[1], 'i', idx, 'c', cur + hits, 'p', prev)
   redis.call('EXPIRE', KEYS[1], ttl)
 end
@@ -85,18 +86,19 @@ return {i or -1, c, p}
 /// The token and leaky buckets (see [`bucket`]).
 ///
 /// KEYS[1]: the counter, a string holding the theoretical arrival time (µs since the epoch).
-/// ARGV: now (µs), T (µs per hit), tolerance (µs), hits, leaky (1) or token (0).
+/// ARGV: now (µs), T (µs per hit), tolerance (µs), hits, leaky (1) or token (0), charge refused
+/// hits (1) or not (0).
 /// Token: `after = max(tat, now) + hits*T`; leaky (nginx): `after = max(tat + hits*T,
 /// now + (hits-1)*T)`; admitted when `after - now <= tolerance`, then stored with a TTL that
-/// ends when the bucket is back at rest. A refused call or a peek writes nothing.
-/// Returns the arrival time found (0 for none).
+/// ends when the bucket is back at rest. A refused call (unless charged) or a peek writes
+/// nothing. Returns the arrival time found (0 for none).
 pub const BUCKET: &str = r#"
-local now, t, tol, n, leaky = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local now, t, tol, n, leaky, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if n > 0 then
   local after
   if leaky == 1 then after = math.max(tat + n * t, now + (n - 1) * t) else after = math.max(tat, now) + n * t end
-  if after - now <= tol then
+  if charge == 1 or after - now <= tol then
     redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', math.ceil((after - now) / 1000) + 1000)
   end
 end
@@ -350,7 +352,8 @@ impl RedisStore {
                     .arg(unit_us)
                     .arg(q.requests_per_unit)
                     .arg(hit.hits)
-                    .arg(2 * q.unit.secs() + self.jitter_max_secs);
+                    .arg(2 * q.unit.secs() + self.jitter_max_secs)
+                    .arg(u8::from(q.charge_refused));
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 let (t, tolerance) = bucket::params(&q).unwrap_or((u64::MAX / 4, 0));
@@ -362,7 +365,8 @@ impl RedisStore {
                     .arg(t)
                     .arg(tolerance)
                     .arg(hit.hits)
-                    .arg(u8::from(q.algorithm == Algorithm::LeakyBucket));
+                    .arg(u8::from(q.algorithm == Algorithm::LeakyBucket))
+                    .arg(u8::from(q.charge_refused));
             }
         }
     }
@@ -399,7 +403,9 @@ impl RedisStore {
                     ),
                     _ => sliding_window::EMPTY,
                 };
-                sliding_window::decide(state, now.micros(), q.unit, q.requests_per_unit, hit.hits).0
+                let rpu = q.requests_per_unit;
+                let charge = q.charge_refused;
+                sliding_window::decide(state, now.micros(), q.unit, rpu, hit.hits, charge).0
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 let tat = u64::try_from(int(reply)?).unwrap_or(0);

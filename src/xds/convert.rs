@@ -94,6 +94,7 @@ fn policy(p: RateLimitPolicy) -> RawRateLimit {
             .collect(),
         algorithm: None,
         burst: None,
+        charge_refused: None,
     }
 }
 

@@ -220,15 +220,17 @@ fn hit() -> impl Strategy<Value = PeerHit> {
         prop_oneof![8 => 0i32..4, 1 => any::<i32>()],
         prop_oneof![Just(0u32), 1u32..10, any::<u32>(), Just(u32::MAX)],
         prop_oneof![0u64..4, any::<u64>(), Just(u64::MAX)],
+        any::<bool>(),
     )
         .prop_map(
-            |(key, requests_per_unit, unit, algorithm, burst, hits)| PeerHit {
+            |(key, requests_per_unit, unit, algorithm, burst, hits, charge_refused)| PeerHit {
                 key,
                 requests_per_unit,
                 unit,
                 algorithm,
                 burst,
                 hits,
+                charge_refused,
             },
         )
 }

@@ -180,6 +180,12 @@ impl LeaseClient {
         hits: u64,
         live: impl FnOnce() -> usize,
     ) -> Route {
+        // A lease cannot hold a debt its holder refused into: such limits are counted by
+        // their owner, exactly.
+        if quota.charge_refused {
+            self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            return Route::Forward;
+        }
         let renew = server::micros(self.timing.renew);
         // The hot path: a key held under the same quota, decided under the map's read guard
         // with no reference count taken.

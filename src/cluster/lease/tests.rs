@@ -21,6 +21,7 @@ fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
         unit,
         algorithm,
         burst: NonZeroU32::new(burst),
+        charge_refused: false,
     }
 }
 
