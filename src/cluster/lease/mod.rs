@@ -181,9 +181,8 @@ impl LeaseClient {
         live: impl FnOnce() -> usize,
     ) -> Route {
         // A lease cannot hold a debt its holder refused into: such limits are counted by
-        // their owner, exactly.
+        // their owner, exactly (not in `forwarded`, which says a table is full).
         if quota.charge_refused {
-            self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
             return Route::Forward;
         }
         let renew = server::micros(self.timing.renew);

@@ -598,3 +598,28 @@ fn a_node_that_asked_first_gives_back_the_bucket_share_past_its_fair_part() {
         "node 0 {a}, node 1 {b}: the rate split evenly"
     );
 }
+
+#[test]
+fn a_limit_that_charges_refused_hits_is_never_leased() {
+    let client = super::LeaseClient::new(TIMING);
+    for algorithm in Algorithm::ALL {
+        let charged = Quota {
+            charge_refused: true,
+            ..quota(algorithm, 100, Unit::Minute, 0)
+        };
+        let route = client.route("d_k_v_", charged, T0, 40, || 3);
+        assert!(matches!(route, super::Route::Forward), "{algorithm:?}");
+    }
+    assert!(client.is_empty(), "nothing held for such a limit");
+    assert_eq!(
+        client.stats.forwarded.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "not counted as a full table"
+    );
+    // The same limit without the setting is leased (the first hit asks its owner).
+    let plain = quota(Algorithm::TokenBucket, 100, Unit::Minute, 0);
+    assert!(matches!(
+        client.route("d_k_v_", plain, T0, 1, || 3),
+        super::Route::Acquire(..)
+    ));
+}
