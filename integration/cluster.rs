@@ -708,6 +708,7 @@ mod peer_versions {
             hits: vec![hit],
             refund: false,
             protocol_version: version,
+            reset: false,
         }
     }
 
@@ -903,7 +904,7 @@ mod peer_tls {
         let mut grpc = tonic::client::Grpc::new(channel);
         grpc.ready().await.map_err(|e| format!("{e:?}"))?;
         grpc.unary(
-            tonic::Request::new(ApplyRequest::new(hits, false)),
+            tonic::Request::new(ApplyRequest::new(hits, sluice::cluster::peer::Op::Apply)),
             tonic::codegen::http::uri::PathAndQuery::from_static(APPLY_PATH),
             tonic_prost::ProstCodec::<ApplyRequest, ApplyResponse>::default(),
         )

@@ -185,6 +185,14 @@ impl CounterStore for RedisUnderTest {
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
         self.store.refund(now, hits)
     }
+
+    fn reset<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.store.reset(now, hits)
+    }
 }
 
 async fn redis_under_test() -> Option<RedisUnderTest> {

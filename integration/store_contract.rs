@@ -32,6 +32,7 @@ macro_rules! store_contract {
                 a_peek_of_zero_hits_counts_nothing,
                 several_hits_in_one_call_count_together,
                 charged_refusals_are_debt_that_later_calls_wait_out,
+                a_reset_forgets_a_counter_and_only_that_one,
                 a_batch_answers_in_order_and_charges_a_repeated_key_twice,
                 keys_are_independent,
                 windows_roll_over_as_now_moves,
@@ -173,6 +174,14 @@ impl<'s, S: CounterStore> Checked<'s, S> {
         got
     }
 
+    pub async fn reset(&mut self, now: Timestamp, hits: &[Hit<'_>]) {
+        self.store.reset(now, hits).await.expect("the store resets");
+        self.memory.reset(now, hits).await.expect("memory resets");
+        for h in hits {
+            self.model.states.remove(h.key);
+        }
+    }
+
     pub async fn refund(&mut self, now: Timestamp, hits: &[Hit<'_>]) {
         self.store
             .refund(now, hits)
@@ -292,6 +301,29 @@ pub async fn charged_refusals_are_debt_that_later_calls_wait_out<S: CounterStore
             assert!(!later[0].over, "{algorithm:?}");
             assert_eq!(later[0].remaining, 100, "{algorithm:?}");
         }
+    }
+}
+
+/// The counter admin's reset: a counter filled to its limit (or past it, for a fixed window)
+/// is whole again after a reset, in every algorithm; a key beside it keeps its count.
+pub async fn a_reset_forgets_a_counter_and_only_that_one<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let q = limit(algorithm, 3, Unit::Minute);
+        let (k, other) = (key("reset", algorithm), key("kept", algorithm));
+        for _ in 0..4 {
+            c.apply(at(T0), &[hit(&k, q, 1), hit(&other, q, 1)]).await;
+        }
+        let d = c.apply(at(T0), &[hit(&k, q, 0)]).await;
+        assert_eq!(d[0].remaining, 0, "{algorithm:?}");
+        c.reset(at(T0 + 1), &[hit(&k, q, 0)]).await;
+        let d = c
+            .apply(at(T0 + 1), &[hit(&k, q, 1), hit(&other, q, 1)])
+            .await;
+        assert_eq!((d[0].over, d[0].remaining), (false, 2), "{algorithm:?}");
+        assert!(d[1].over, "{algorithm:?}: the other key keeps its count");
+        // Resetting a key that holds nothing is no error.
+        c.reset(at(T0 + 1), &[hit("never_charged_", q, 0)]).await;
     }
 }
 

@@ -125,6 +125,10 @@ impl CounterStore for ThreeNodes {
     async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
         self.node(now).refund(now, hits).await
     }
+
+    async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        self.node(now).reset(now, hits).await
+    }
 }
 
 async fn three_nodes() -> Option<ThreeNodes> {

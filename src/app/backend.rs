@@ -122,6 +122,14 @@ impl CounterStore for AnyStore {
             AnyStore::Cluster(c) => c.refund(now, hits).await,
         }
     }
+
+    async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.reset(now, hits).await,
+            AnyStore::Redis(r) => r.reset(now, hits).await,
+            AnyStore::Cluster(c) => c.reset(now, hits).await,
+        }
+    }
 }
 
 /// What `/metrics`, statsd and OTLP report about the store.

@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 
 use super::durable::RingChanges;
 use super::lease::{Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, Route, Slot};
-use super::peer::{LeaseAsk, MAX_LEASE_ASKS};
+use super::peer::{LeaseAsk, MAX_LEASE_ASKS, Op};
 use super::{ClusterConfig, ClusterStore, Members, OwnerStore};
 use crate::clock::{Clock, Timestamp};
 use crate::limiter::Decision;
@@ -233,15 +233,19 @@ impl ClusterStore {
         members: &Members,
         now: Timestamp,
         hits: &[Hit<'_>],
-        refund: bool,
+        op: Op,
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let Some(leasing) = &self.lease else {
-            return self.route_forward(members, now, hits, refund, out).await;
+            return self.route_forward(members, now, hits, op, out).await;
         };
         let client = &leasing.client;
         let now_us = now.micros();
-        if refund {
+        if op == Op::Reset {
+            // The owner's counter; leases already granted run out within a lease duration.
+            return self.route_forward(members, now, hits, op, out).await;
+        }
+        if op == Op::Refund {
             let forwarded: Vec<Hit<'_>> = hits
                 .iter()
                 .filter(|h| !client.refund(h.key, now_us, h.hits))
@@ -251,7 +255,7 @@ impl ClusterStore {
                 return Ok(());
             }
             return self
-                .route_forward(members, now, &forwarded, true, &mut Vec::new())
+                .route_forward(members, now, &forwarded, op, &mut Vec::new())
                 .await;
         }
         let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
@@ -276,7 +280,7 @@ impl ClusterStore {
         if !forward.is_empty() {
             let mine: Vec<Hit<'_>> = forward.iter().map(|&i| hits[i]).collect();
             let mut answered = Vec::with_capacity(mine.len());
-            self.route_forward(members, now, &mine, false, &mut answered)
+            self.route_forward(members, now, &mine, op, &mut answered)
                 .await?;
             for (&i, d) in forward.iter().zip(answered) {
                 decisions[i] = Some(d);

@@ -40,7 +40,7 @@ use crate::tls::PeerTls;
 pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 use durable::{Durable, RingChanges};
 use lease::LeaseServer;
-use peer::{PeerClient, PeerHit};
+use peer::{Op, PeerClient, PeerHit};
 use ring::{Ring, key_hash};
 
 /// The peers as currently known: the ring, a client per remote peer, and who is down.
@@ -202,6 +202,13 @@ impl CounterStore for OwnerStore {
     async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
         self.local.refund(now, hits).await
     }
+
+    /// A reset is not written behind either: Redis keeps the old count until the write-behind
+    /// next writes the key, and a later owner taking the key over loads it (the counter admin's
+    /// docs say so).
+    async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        self.local.reset(now, hits).await
+    }
 }
 
 /// A counter store spread over the peers; this node's share lives in `owner`.
@@ -362,18 +369,18 @@ impl ClusterStore {
         &self,
         now: Timestamp,
         hits: &[Hit<'_>],
-        refund: bool,
+        op: Op,
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let members = self.members.load_full();
         match self.mode {
             ClusterMode::Divided => {
-                return self.route_divided(&members, now, hits, refund, out).await;
+                return self.route_divided(&members, now, hits, op, out).await;
             }
-            ClusterMode::Lease => return self.route_lease(&members, now, hits, refund, out).await,
+            ClusterMode::Lease => return self.route_lease(&members, now, hits, op, out).await,
             ClusterMode::Forward => {}
         }
-        self.route_forward(&members, now, hits, refund, out).await
+        self.route_forward(&members, now, hits, op, out).await
     }
 
     /// Forward mode: each hit applied on its key's owner.
@@ -382,7 +389,7 @@ impl ClusterStore {
         members: &Members,
         now: Timestamp,
         hits: &[Hit<'_>],
-        refund: bool,
+        op: Op,
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
@@ -398,14 +405,14 @@ impl ClusterStore {
             let groups = by_owner(members, hits, pending);
             let calls = groups.iter().map(|(owner, idx)| {
                 let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
-                self.call_owner(members, *owner, mine, now, refund)
+                self.call_owner(members, *owner, mine, now, op)
             });
             let results = futures_util::future::join_all(calls).await;
             for ((_, idx), result) in groups.iter().zip(results) {
-                place(&mut decisions, idx, result, refund, round == 1)?;
+                place(&mut decisions, idx, result, op, round == 1)?;
             }
         }
-        if !refund {
+        if op.answers() {
             out.extend(decisions.into_iter().flatten());
         }
         Ok(())
@@ -417,7 +424,7 @@ impl ClusterStore {
         members: &Members,
         now: Timestamp,
         hits: &[Hit<'_>],
-        refund: bool,
+        op: Op,
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let live = u32::try_from(members.live()).unwrap_or(u32::MAX).max(1);
@@ -429,10 +436,10 @@ impl ClusterStore {
                 Hit { quota: q, ..*h }
             })
             .collect();
-        if refund {
-            self.local.refund(now, &shared).await
-        } else {
-            self.local.apply(now, &shared, out).await
+        match op {
+            Op::Apply => self.local.apply(now, &shared, out).await,
+            Op::Refund => self.local.refund(now, &shared).await,
+            Op::Reset => self.local.reset(now, &shared).await,
         }
     }
 
@@ -445,17 +452,17 @@ impl ClusterStore {
         owner: usize,
         mine: Vec<Hit<'_>>,
         now: Timestamp,
-        refund: bool,
+        op: Op,
     ) -> Result<Vec<Decision>, Option<StoreError>> {
         if owner == members.me {
             self.stats
                 .local_hits
                 .fetch_add(mine.len() as u64, Ordering::Relaxed);
             let mut out = Vec::new();
-            let r = if refund {
-                self.owner.refund(now, &mine).await
-            } else {
-                self.owner.apply(now, &mine, &mut out).await
+            let r = match op {
+                Op::Apply => self.owner.apply(now, &mine, &mut out).await,
+                Op::Refund => self.owner.refund(now, &mine).await,
+                Op::Reset => self.owner.reset(now, &mine).await,
             };
             return r.map(|()| out).map_err(Some);
         }
@@ -466,7 +473,7 @@ impl ClusterStore {
         self.stats
             .forwarded_hits
             .fetch_add(mine.len() as u64, Ordering::Relaxed);
-        match client.apply(wire, refund).await {
+        match client.apply(wire, op).await {
             Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
             Err(e) => {
                 self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
@@ -514,12 +521,12 @@ fn place(
     decisions: &mut [Option<Decision>],
     idx: &[usize],
     result: Result<Vec<Decision>, Option<StoreError>>,
-    refund: bool,
+    op: Op,
     last: bool,
 ) -> Result<(), StoreError> {
     match result {
-        // A refund answers nothing; mark its hits done.
-        Ok(_) if refund => {
+        // A refund or a reset answers nothing; mark its hits done.
+        Ok(_) if !op.answers() => {
             idx.iter()
                 .for_each(|&i| decisions[i] = Some(zero_decision()));
         }
@@ -579,7 +586,7 @@ async fn probe_peers(
         let probes = m.clients.iter().enumerate().filter_map(|(i, client)| {
             client
                 .as_ref()
-                .map(|c| async move { (i, c.apply(Vec::new(), false).await.is_ok()) })
+                .map(|c| async move { (i, c.apply(Vec::new(), Op::Apply).await.is_ok()) })
         });
         for (i, ok) in futures_util::future::join_all(probes).await {
             let state = seen.entry(m.ring.addr(i).to_owned()).or_default();
@@ -658,10 +665,14 @@ impl CounterStore for ClusterStore {
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        self.route(now, hits, false, out).await
+        self.route(now, hits, Op::Apply, out).await
     }
 
     async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.route(now, hits, true, &mut Vec::new()).await
+        self.route(now, hits, Op::Refund, &mut Vec::new()).await
+    }
+
+    async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        self.route(now, hits, Op::Reset, &mut Vec::new()).await
     }
 }

@@ -118,12 +118,40 @@ pub fn version_mismatch(version: u32) -> Option<tonic::Status> {
 
 impl ApplyRequest {
     /// A request in this node's protocol version.
-    pub fn new(hits: Vec<PeerHit>, refund: bool) -> Self {
+    pub fn new(hits: Vec<PeerHit>, op: Op) -> Self {
         ApplyRequest {
             hits,
-            refund,
+            refund: op == Op::Refund,
+            reset: op == Op::Reset,
             protocol_version: PROTOCOL_VERSION,
         }
+    }
+
+    /// What the request asks; a reset wins over a refund flag set beside it.
+    pub fn op(&self) -> Op {
+        if self.reset {
+            Op::Reset
+        } else if self.refund {
+            Op::Refund
+        } else {
+            Op::Apply
+        }
+    }
+}
+
+/// What a call does to its hits' counters: charge them (and answer decisions), give them back,
+/// or forget them (the counter admin's reset). Refunds and resets answer nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Apply,
+    Refund,
+    Reset,
+}
+
+impl Op {
+    /// Whether the call answers one decision per hit.
+    pub fn answers(self) -> bool {
+        self == Op::Apply
     }
 }
 
@@ -368,9 +396,16 @@ impl Owner {
             .collect();
         // The owner's clock decides, so each counter lives on one timeline.
         let now = self.clock.now();
-        if req.refund {
-            self.local.refund(now, &hits).await.map_err(store_status)?;
-            return Ok(ApplyResponse::default());
+        match req.op() {
+            Op::Apply => {}
+            Op::Refund => {
+                self.local.refund(now, &hits).await.map_err(store_status)?;
+                return Ok(ApplyResponse::default());
+            }
+            Op::Reset => {
+                self.local.reset(now, &hits).await.map_err(store_status)?;
+                return Ok(ApplyResponse::default());
+            }
         }
         let mut out = Vec::with_capacity(hits.len());
         self.local
@@ -412,7 +447,7 @@ where
 /// One queued forward: its hits, and where to send its decisions.
 struct Job {
     hits: Vec<PeerHit>,
-    refund: bool,
+    op: Op,
     reply: oneshot::Sender<Result<Vec<PeerDecision>, String>>,
 }
 
@@ -518,17 +553,9 @@ impl PeerClient {
     }
 
     /// Sends hits to the peer (batched with concurrent calls); bounded by the timeout.
-    pub async fn apply(
-        &self,
-        hits: Vec<PeerHit>,
-        refund: bool,
-    ) -> Result<Vec<PeerDecision>, String> {
+    pub async fn apply(&self, hits: Vec<PeerHit>, op: Op) -> Result<Vec<PeerDecision>, String> {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
-            hits,
-            refund,
-            reply,
-        };
+        let job = Job { hits, op, reply };
         let sent = async {
             self.jobs
                 .send(job)
@@ -579,10 +606,10 @@ async fn batcher(
     }
 }
 
-/// Jobs of one kind (charges or refunds) to send in one call, and their hits in all.
+/// Jobs of one kind (charges, refunds or resets) to send in one call, and their hits in all.
 struct Batch {
     jobs: Vec<Job>,
-    refund: bool,
+    op: Op,
     size: usize,
 }
 
@@ -594,14 +621,14 @@ async fn collect_batch(
     window: Duration,
 ) -> (Batch, Option<Job>) {
     let mut batch = Batch {
-        refund: first.refund,
+        op: first.op,
         size: first.hits.len(),
         jobs: vec![first],
     };
     let deadline = tokio::time::Instant::now() + window;
     while batch.size < MAX_BATCH_HITS {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(job)) if job.refund == batch.refund => {
+            Ok(Some(job)) if job.op == batch.op => {
                 batch.size += job.hits.len();
                 batch.jobs.push(job);
             }
@@ -627,7 +654,7 @@ async fn send_batch(
             .iter()
             .flat_map(|j| j.hits.iter().cloned())
             .collect(),
-        batch.refund,
+        batch.op,
     );
     let call = async {
         client
@@ -643,12 +670,12 @@ async fn send_batch(
     deliver(batch, result);
 }
 
-/// Splits a call's decisions among the jobs of its batch, in order (refunds get none); a
-/// wrong count of decisions fails every job.
+/// Splits a call's decisions among the jobs of its batch, in order (refunds and resets get
+/// none); a wrong count of decisions fails every job.
 fn deliver(batch: Batch, result: Result<Vec<PeerDecision>, String>) {
-    let Batch { jobs, refund, size } = batch;
+    let Batch { jobs, op, size } = batch;
     let result = result.and_then(|decisions| {
-        if refund || decisions.len() == size {
+        if !op.answers() || decisions.len() == size {
             Ok(decisions)
         } else {
             Err(format!(
@@ -661,10 +688,10 @@ fn deliver(batch: Batch, result: Result<Vec<PeerDecision>, String>) {
         Ok(decisions) => {
             let mut rest = decisions.into_iter();
             for job in jobs {
-                let mine = if refund {
-                    Vec::new()
-                } else {
+                let mine = if op.answers() {
                     rest.by_ref().take(job.hits.len()).collect()
+                } else {
+                    Vec::new()
                 };
                 let _ = job.reply.send(Ok(mine));
             }
@@ -816,7 +843,7 @@ mod tests {
                 hit("d_k_x_", 100, Unit::Minute, Algorithm::TokenBucket, 20, 3),
                 hit("d_k_y_", 7, Unit::Week, Algorithm::LeakyBucket, 2, 300),
             ],
-            false,
+            Op::Apply,
         )
     }
 
@@ -1048,7 +1075,7 @@ mod tests {
         let client = PeerClient::start(&addr, timeout, Duration::from_millis(1), None, stats)
             .expect("a client");
         let hits = vec![hit("d_k_v_", 10, Unit::Hour, Algorithm::FixedWindow, 0, 1)];
-        let error = client.apply(hits, false).await.expect_err("refused");
+        let error = client.apply(hits, Op::Apply).await.expect_err("refused");
         assert_eq!(
             error,
             "peer call failed: peer protocol version 1 is not supported by this node (speaks 2)"

@@ -589,7 +589,32 @@ fn widen_of<W: StateWord>(_word: &W, raw: W::Raw) -> u128 {
     W::widen(raw)
 }
 
+impl MemoryStore {
+    fn reset_now(&self, hits: &[Hit<'_>]) {
+        let inner = &*self.inner;
+        let mut removed = Room::default();
+        for hit in hits {
+            let gone = with_table!(inner, CounterKind::of_quota(&hit.quota), |table| table
+                .remove(hit.key)
+                .is_some());
+            if gone {
+                removed = removed.add(Room::of(hit.key));
+            }
+        }
+        inner.release(removed);
+    }
+}
+
 impl CounterStore for MemoryStore {
+    fn reset<'a>(
+        &'a self,
+        _now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.reset_now(hits);
+        std::future::ready(Ok(()))
+    }
+
     fn refund<'a>(
         &'a self,
         now: Timestamp,

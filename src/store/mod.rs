@@ -113,6 +113,19 @@ pub trait CounterStore: Send + Sync + 'static {
         now: Timestamp,
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Forgets the counters of `hits` (their `hits` are ignored), as if they had never been
+    /// charged: the counter admin's reset. A store that cannot says so with an error.
+    fn reset<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        let _ = (now, hits);
+        std::future::ready(Err(StoreError::Backend {
+            message: "this counter store cannot reset counters".to_owned(),
+        }))
+    }
 }
 
 #[cfg(test)]

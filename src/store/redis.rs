@@ -186,6 +186,14 @@ impl OverLimitCache {
         }
     }
 
+    /// Forgets one key (its counter was reset).
+    fn forget(&self, key: &str) {
+        if self.keys.remove(key).is_some() {
+            let cost = MemoryLimits::counter_bytes(key);
+            self.bytes.fetch_sub(cost, Ordering::Relaxed);
+        }
+    }
+
     fn reserve(&self, cost: usize) -> bool {
         self.bytes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
@@ -581,6 +589,26 @@ impl RedisStore {
         Ok(over)
     }
 
+    /// Deletes each hit's key: a fixed window's for the current window (the Go service's key,
+    /// so a Go instance sharing the Redis sees the reset too), a sliding window's or a bucket's
+    /// state; and forgets it in the local over-limit cache.
+    async fn reset_now(&self, now: Timestamp, hits: &[Hit<'_>]) -> Result<(), StoreError> {
+        for hit in hits {
+            let q = hit.quota;
+            let key = match q.algorithm {
+                Algorithm::FixedWindow => go_cache_key(hit.key, now, q.unit),
+                _ => Self::state_key(hit),
+            };
+            if let Some(cache) = &self.local_cache {
+                cache.forget(&key);
+            }
+            let mut pipe = redis::pipe();
+            pipe.cmd("DEL").arg(&key);
+            self.run(self.target_for(q.unit), &pipe).await?;
+        }
+        Ok(())
+    }
+
     async fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>]) -> Result<(), StoreError> {
         for hit in hits {
             let q = hit.quota;
@@ -701,6 +729,14 @@ impl CounterStore for RedisStore {
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.refund_now(now, hits)
+    }
+
+    fn reset<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.reset_now(now, hits)
     }
 }
 

@@ -192,7 +192,7 @@ pub fn check_apply(message: &[u8], now_offset: u64) {
     match status.code() {
         tonic::Code::Ok => {
             let decisions = reply.expect("a reply").decisions;
-            if req.refund {
+            if req.refund || req.reset {
                 assert!(decisions.is_empty());
                 return;
             }
@@ -240,11 +240,13 @@ fn batch() -> impl Strategy<Value = ApplyRequest> {
         proptest::collection::vec(hit(), 0..8),
         any::<bool>(),
         prop_oneof![8 => Just(PROTOCOL_VERSION), 1 => 0u32..4, 1 => any::<u32>()],
+        prop_oneof![8 => Just(false), 1 => Just(true)],
     )
-        .prop_map(|(hits, refund, protocol_version)| ApplyRequest {
+        .prop_map(|(hits, refund, protocol_version, reset)| ApplyRequest {
             hits,
             refund,
             protocol_version,
+            reset,
         })
 }
 

@@ -612,7 +612,10 @@ fn a_limit_that_charges_refused_hits_is_never_leased() {
     }
     assert!(client.is_empty(), "nothing held for such a limit");
     assert_eq!(
-        client.stats.forwarded.load(std::sync::atomic::Ordering::Relaxed),
+        client
+            .stats
+            .forwarded
+            .load(std::sync::atomic::Ordering::Relaxed),
         0,
         "not counted as a full table"
     );
