@@ -222,6 +222,77 @@ fn three_nodes_enforce_one_limit_and_survive_losing_the_owner() {
     assert_eq!(admitted, 10);
 }
 
+/// The counter admin on a three-node cluster: every node's `/debug/counters` shows the owner's
+/// count (the peek is forwarded like a charge), a reset from a node that does not own the key
+/// reaches the owner, and a node without SLUICE_DEBUG_COUNTER_RESET refuses to reset.
+#[test]
+fn debug_counters_are_read_and_reset_on_the_owner_from_any_node() {
+    let (_dir, nodes, peers) = three_nodes(&[("SLUICE_DEBUG_COUNTER_RESET", "true")]);
+    let owner = owner_index(&nodes, &peers);
+    let other = (owner + 1) % 3;
+    for i in 0..12 {
+        http(nodes[i % 3].http, "POST", "/json", BODY).expect("answer");
+    }
+    let query = "/debug/counters?domain=d&descriptor=k=v";
+    let count = |node: &Node| -> serde_json::Value {
+        let (status, body) = http(node.debug, "GET", query, "").expect("answer");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["counters"][0]["key"], "d_k_v_", "{v}");
+        v["counters"][0].clone()
+    };
+    for node in &nodes {
+        let c = count(node);
+        assert_eq!(
+            (c["count"].as_u64(), c["over"].as_bool()),
+            (Some(12), Some(true)),
+            "{c}"
+        );
+    }
+    assert_eq!(
+        http(nodes[owner].http, "POST", "/json", BODY).unwrap().0,
+        429
+    );
+    let reset = query.replace("counters?", "counters/reset?");
+    let (status, body) = http(nodes[other].debug, "POST", &reset, "").expect("answer");
+    assert_eq!(status, 200, "{body}");
+    for node in &nodes {
+        let c = count(node);
+        assert_eq!(
+            (c["count"].as_u64(), c["remaining"].as_u64()),
+            (Some(0), Some(10)),
+            "{c}"
+        );
+    }
+    // The limit is whole again, on every node.
+    let admitted = (0..12)
+        .filter(|i| http(nodes[i % 3].http, "POST", "/json", BODY).unwrap().0 == 200)
+        .count();
+    assert_eq!(admitted, 10);
+}
+
+#[test]
+fn a_node_without_the_setting_refuses_to_reset_counters() {
+    let (_dir, nodes, _) = three_nodes(&[]);
+    http(nodes[0].http, "POST", "/json", BODY).expect("answer");
+    let (status, body) = http(
+        nodes[1].debug,
+        "POST",
+        "/debug/counters/reset?domain=d&descriptor=k=v",
+        "",
+    )
+    .expect("answer");
+    assert_eq!(status, 403, "{body}");
+    let (_, body) = http(
+        nodes[2].debug,
+        "GET",
+        "/debug/counters?domain=d&descriptor=k=v",
+        "",
+    )
+    .expect("answer");
+    assert!(body.contains(r#""count":1"#), "{body}");
+}
+
 #[test]
 fn divided_mode_enforces_a_share_of_the_limit_on_each_node_without_forwarding() {
     let (_dir, nodes, _) = three_nodes(&[("SLUICE_CLUSTER_MODE", "divided")]);

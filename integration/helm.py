@@ -103,6 +103,8 @@ COMBOS = {
         ],
         "revisionHistoryLimit": 2,
         "updateStrategy": {"type": "Recreate"},
+        "counterAdmin": {"resetEnabled": True},
+        "networkPolicy": {"enabled": True},
     },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
@@ -389,6 +391,12 @@ def check_extras(label, docs, deploy, values):
         f"{label}: extra volumes {extra_vols} and mounts {extra_mounts} after the chart's own",
         vols[len(vols) - len(extra_vols):] == extra_vols and mounts[len(mounts) - len(extra_mounts):] == extra_mounts,
         yaml.safe_dump({"volumes": vols, "mounts": mounts}),
+    )
+    reset = values.get("counterAdmin", {}).get("resetEnabled", False)
+    check(
+        f"{label}: SLUICE_DEBUG_COUNTER_RESET is {str(reset).lower()}",
+        env_of(c).get("SLUICE_DEBUG_COUNTER_RESET", {}).get("value") == str(reset).lower(),
+        str(env_of(c).get("SLUICE_DEBUG_COUNTER_RESET")),
     )
     extra = values.get("extraObjects", [])
     if extra:

@@ -586,6 +586,7 @@ struct Sluice {
     child: Child,
     http: u16,
     grpc: u16,
+    debug: u16,
 }
 
 impl Drop for Sluice {
@@ -612,7 +613,7 @@ const JSON_BODY: &str = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","
 
 impl Sluice {
     fn start(config: &std::path::Path, env: &[(&str, String)]) -> Sluice {
-        let (http, grpc) = (free_port(), free_port());
+        let (http, grpc, debug) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         for var in ["BACKEND_TYPE", "REDIS_TLS", "REDIS_TYPE", "REDIS_AUTH"] {
             cmd.env_remove(var);
@@ -625,14 +626,19 @@ impl Sluice {
             .env("DEBUG_HOST", "127.0.0.1")
             .env("PORT", http.to_string())
             .env("GRPC_PORT", grpc.to_string())
-            .env("DEBUG_PORT", free_port().to_string())
+            .env("DEBUG_PORT", debug.to_string())
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        Sluice { child, http, grpc }
+        Sluice {
+            child,
+            http,
+            grpc,
+            debug,
+        }
     }
 
     /// Healthy only once Redis has answered.
@@ -651,6 +657,59 @@ impl Sluice {
     fn json(&self) -> Option<u16> {
         self.status("POST", "/json", JSON_BODY)
     }
+}
+
+/// The counter admin on Redis: two Sluice processes share it; one counts, the other reads the
+/// count through its debug port and resets it, which deletes the Go service's key, so the
+/// first admits the whole limit again.
+#[test]
+fn debug_counters_read_and_reset_a_counter_kept_in_redis() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let dir = limits_dir("hour");
+    let url = ("REDIS_URL", format!("127.0.0.1:{}", redis.port));
+    let tcp = ("REDIS_SOCKET_TYPE", "tcp".to_owned());
+    let counting = Sluice::start(dir.path(), &[tcp.clone(), url.clone()]);
+    let admin = Sluice::start(
+        dir.path(),
+        &[tcp, url, ("SLUICE_DEBUG_COUNTER_RESET", "true".to_owned())],
+    );
+    counting.wait_healthy();
+    admin.wait_healthy();
+    for _ in 0..6 {
+        counting.json();
+    }
+    let query = "/debug/counters?domain=d&descriptor=k=v";
+    let read = || {
+        let (status, body) = support::http(admin.debug, "GET", query, "").expect("answer");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["counters"][0].clone()
+    };
+    let c = read();
+    assert_eq!(
+        (c["count"].as_u64(), c["over"].as_bool()),
+        (Some(6), Some(true)),
+        "{c}"
+    );
+    let hour_start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        / 3600
+        * 3600;
+    let go_key = format!("d_k_v_{hour_start}");
+    assert_eq!(redis.cli(&["GET", &go_key]), "6");
+    let reset = query.replace("counters?", "counters/reset?");
+    let (status, body) = support::http(admin.debug, "POST", &reset, "").expect("answer");
+    assert_eq!(status, 200, "{body}");
+    // Deleted, then read back by the answer's peek (an INCRBY of 0, as a Go check does).
+    assert_eq!(redis.cli(&["GET", &go_key]), "0");
+    assert_eq!(read()["remaining"], 5);
+    let statuses: Vec<_> = (0..6).map(|_| counting.json()).collect();
+    assert_eq!(statuses[..5], [Some(200); 5]);
+    assert_eq!(statuses[5], Some(429));
 }
 
 /// The real binary on Redis: counts survive a restart of Sluice mid-window.

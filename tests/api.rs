@@ -423,3 +423,102 @@ async fn every_algorithm_answers_over_json() {
         }
     }
 }
+
+/// `/debug/counters` on the debug port: a request's counters read without counting (every
+/// block of a `rate_limits` list, with the `#1_` key of the second), and their reset, which
+/// is refused unless SLUICE_DEBUG_COUNTER_RESET allows it.
+#[tokio::test]
+async fn debug_counters_read_without_counting_and_reset_only_when_enabled() {
+    for enabled in [false, true] {
+        let options = sluice::app::AppOptions {
+            counter_reset: enabled,
+            ..default_options()
+        };
+        let app = start(&fixture("api"), options).await;
+        let charge = r#"{"domain":"api","descriptors":[{"entries":[{"key":"guarded","value":"t1"}]}],"hitsAddend":2}"#;
+        assert_eq!(http(app.http, "POST", "/json", charge).await.status, 200);
+        let query = "/debug/counters?domain=api&descriptor=guarded=t1";
+        let read = |app_debug| async move {
+            let r = http(app_debug, "GET", query, "").await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            serde_json::from_str::<serde_json::Value>(&r.body).unwrap()
+        };
+        let v = read(app.debug).await;
+        let c = &v["counters"];
+        assert_eq!(v["domain"], "api");
+        assert_eq!(c.as_array().map(Vec::len), Some(2), "{v}");
+        assert_eq!(c[0]["key"], "api_guarded_t1_");
+        assert_eq!(c[0]["limit"], "api.guarded");
+        assert_eq!(c[0]["name"], "per_minute");
+        assert_eq!(c[0]["algorithm"], "token_bucket");
+        assert_eq!(
+            (c[0]["count"].as_u64(), c[0]["remaining"].as_u64()),
+            (Some(2), Some(1))
+        );
+        assert_eq!(c[1]["key"], "api_guarded_t1_#1_");
+        assert_eq!(c[1]["name"], "per_day");
+        assert_eq!(c[1]["unit"], "DAY");
+        assert_eq!(
+            (c[1]["count"].as_u64(), c[1]["remaining"].as_u64()),
+            (Some(2), Some(3))
+        );
+        assert_eq!(c[1]["over"], false);
+        // Reading counted nothing.
+        assert_eq!(read(app.debug).await, v);
+
+        let reset = http(
+            app.debug,
+            "POST",
+            &query.replace("counters?", "counters/reset?"),
+            "",
+        )
+        .await;
+        if enabled {
+            assert_eq!(reset.status, 200, "{}", reset.body);
+            let v: serde_json::Value = serde_json::from_str(&reset.body).unwrap();
+            assert_eq!(v["counters"][0]["remaining"], 3, "{v}");
+            assert_eq!(v["counters"][1]["remaining"], 5, "{v}");
+            assert_eq!(read(app.debug).await, v);
+        } else {
+            assert_eq!(reset.status, 403, "{}", reset.body);
+            assert!(
+                reset.body.contains("SLUICE_DEBUG_COUNTER_RESET=true"),
+                "{}",
+                reset.body
+            );
+            assert_eq!(read(app.debug).await, v, "nothing was reset");
+        }
+    }
+}
+
+/// `/debug/counters` refuses what it cannot read, and has nothing for what matches no limit.
+#[tokio::test]
+async fn debug_counters_refuse_a_bad_request_and_a_get_that_would_reset() {
+    let app = start(&fixture("api"), default_options()).await;
+    // A GET cannot reset, and a request without a domain says what is missing.
+    let get = http(
+        app.debug,
+        "GET",
+        "/debug/counters/reset?domain=api&descriptor=guarded=t1",
+        "",
+    )
+    .await;
+    assert_eq!(get.status, 405);
+    let bad = http(
+        app.debug,
+        "GET",
+        "/debug/counters?descriptor=guarded=t1",
+        "",
+    )
+    .await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    // An unknown domain or an unmatched descriptor has no counters.
+    let none = http(
+        app.debug,
+        "GET",
+        "/debug/counters?domain=nope&descriptor=a=b",
+        "",
+    )
+    .await;
+    assert_eq!(none.body.trim(), r#"{"counters":[],"domain":"nope"}"#);
+}

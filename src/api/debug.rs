@@ -1,7 +1,8 @@
 //! The debug listener on DEBUG_PORT: `/rlconfig` (the loaded limits, one line each, in the Go
-//! service's format), `/metrics` (the Prometheus exposition) and `/stats` (the service counters
-//! as `name: value` lines). [`metrics_router`] serves the exposition alone, for the
-//! USE_PROMETHEUS listener.
+//! service's format), `/metrics` (the Prometheus exposition), `/stats` (the service counters
+//! as `name: value` lines) and `/debug/counters` (a request's counters, read without counting,
+//! and their reset when SLUICE_DEBUG_COUNTER_RESET allows it). [`metrics_router`] serves the
+//! exposition alone, for the USE_PROMETHEUS listener.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -10,12 +11,17 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
+use futures_util::future::BoxFuture;
 
 use crate::cluster::lease::KeyView;
 use crate::config::ConfigHandle;
+use crate::descriptor::Request;
+use crate::limiter::Decision;
 use crate::net::{ByteBudget, PortGuard};
 use crate::quota::QuotaService;
+use crate::service::{CounterView, RateLimitService, ServiceError};
+use crate::store::CounterStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{
@@ -34,6 +40,45 @@ pub struct DebugState {
     pub budget: Option<Arc<ByteBudget>>,
     /// The Rate Limit Quota Service's state.
     pub quota: Option<Arc<QuotaService>>,
+    /// The counter admin (`/debug/counters`).
+    pub counters: Option<CounterAdmin>,
+}
+
+/// What `/debug/counters` reads and resets through: the service, whether a reset is allowed
+/// (SLUICE_DEBUG_COUNTER_RESET; the debug port has no authentication), and the request cap.
+#[derive(Clone)]
+pub struct CounterAdmin {
+    pub service: Arc<dyn Counters>,
+    pub reset_enabled: bool,
+    pub max_request_bytes: usize,
+}
+
+/// The service's counter admin, without its store's type.
+pub trait Counters: Send + Sync {
+    fn inspect<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>>;
+    fn reset<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>>;
+}
+
+impl<S: CounterStore> Counters for RateLimitService<S> {
+    fn inspect<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>> {
+        Box::pin(self.inspect_counters(request))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>> {
+        Box::pin(self.reset_counters(request))
+    }
 }
 
 /// The router for DEBUG_PORT.
@@ -44,7 +89,102 @@ pub fn router(state: DebugState) -> Router {
         .route("/metrics", get(metrics))
         .route("/debug/lease", get(lease))
         .route("/debug/rlqs", get(rlqs))
+        .route("/debug/counters", get(inspect_counters))
+        .route("/debug/counters/reset", post(reset_counters))
         .with_state(Arc::new(state))
+}
+
+/// `GET /debug/counters?domain=D&descriptor=k=v&k2=v2&descriptor=...` (the query form of
+/// `/forward-auth`): every counter the request would be charged against, read with a peek of
+/// 0 hits (nothing is counted), as JSON.
+async fn inspect_counters(
+    State(st): State<Arc<DebugState>>,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    counters_answer(&st, uri.query(), false).await
+}
+
+/// `POST /debug/counters/reset?...`: forgets those counters, then answers as the `GET` does.
+/// Refused with 403 unless SLUICE_DEBUG_COUNTER_RESET is true.
+async fn reset_counters(
+    State(st): State<Arc<DebugState>>,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    counters_answer(&st, uri.query(), true).await
+}
+
+async fn counters_answer(
+    st: &DebugState,
+    query: Option<&str>,
+    reset: bool,
+) -> axum::response::Response {
+    let plain = |status: StatusCode, text: String| (status, format!("{text}\n")).into_response();
+    let Some(admin) = &st.counters else {
+        return plain(StatusCode::NOT_FOUND, "no counter admin here".into());
+    };
+    if reset && !admin.reset_enabled {
+        let why = "counter reset is off: set SLUICE_DEBUG_COUNTER_RESET=true to allow it (the \
+                   debug port has no authentication; keep it private)";
+        return plain(StatusCode::FORBIDDEN, why.into());
+    }
+    let request = match super::forward_auth::forward_auth_request(
+        query,
+        &axum::http::HeaderMap::new(),
+        admin.max_request_bytes,
+    ) {
+        Ok((request, _)) => request,
+        Err(e) => return plain(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let answer = if reset {
+        admin.service.reset(&request).await
+    } else {
+        admin.service.inspect(&request).await
+    };
+    match answer {
+        Ok(views) => {
+            if reset {
+                tracing::warn!(domain = %request.domain, counters = views.len(), "counters reset through the debug port");
+            }
+            let body = serde_json::json!({
+                "domain": request.domain,
+                "counters": views.iter().map(counter_json).collect::<Vec<_>>(),
+            });
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                format!("{body}\n"),
+            )
+                .into_response()
+        }
+        Err(e) if e.is_invalid_argument() => plain(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e) => plain(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// One counter as `/debug/counters` shows it.
+fn counter_json(v: &CounterView) -> serde_json::Value {
+    let q = &v.quota;
+    let Decision {
+        count_before,
+        over,
+        remaining,
+        reset_after_secs,
+        ..
+    } = v.state;
+    serde_json::json!({
+        "descriptor": v.descriptor,
+        "key": v.key,
+        "limit": v.limit,
+        "name": v.name,
+        "algorithm": q.algorithm.name(),
+        "unit": q.unit.name(),
+        "requests_per_unit": q.requests_per_unit,
+        "burst": q.burst.map(std::num::NonZeroU32::get),
+        "charge_refused": q.charges_refused(),
+        "count": count_before,
+        "remaining": remaining,
+        "reset_after_secs": reset_after_secs,
+        "over": over,
+    })
 }
 
 /// The query of `/debug/rlqs`: one bucket's key (`domain_key_value_...`), or the busiest.

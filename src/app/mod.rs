@@ -119,6 +119,8 @@ pub struct AppOptions {
     pub max_counters: usize,
     /// SLUICE_MAX_COUNTER_BYTES: the memory store's byte budget.
     pub max_counter_bytes: usize,
+    /// SLUICE_DEBUG_COUNTER_RESET: whether `/debug/counters/reset` may reset counters.
+    pub counter_reset: bool,
     pub sweep_interval: Duration,
     pub max_request_bytes: usize,
     /// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED.
@@ -391,6 +393,11 @@ impl App {
             listeners: ports.guards(&listeners),
             budget: Some(ports.budget.clone()),
             quota: Some(quota.clone()),
+            counters: Some(api::debug::CounterAdmin {
+                service: service.clone(),
+                reset_enabled: options.counter_reset,
+                max_request_bytes: options.max_request_bytes,
+            }),
         };
         let mut after_drain = vec![health.follow()];
         after_drain.extend(spawn_after_drain(

@@ -12,6 +12,7 @@
 //! comes from the injected [`Clock`], read once when the decision starts and, when stats are
 //! on, once when it ends.
 
+mod admin;
 pub mod observe;
 mod plan;
 
@@ -25,6 +26,7 @@ use crate::config::{ConfigHandle, Domain};
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::limiter::{Algorithm, Decision, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
+pub use admin::CounterView;
 use observe::{
     CallReport, Caller, DescriptorReport, Observer, Outcome, Span, StatsKey, Unobserved,
 };

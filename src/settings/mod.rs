@@ -496,6 +496,21 @@ pub struct ServeArgs {
         help_heading = "Sluice limits"
     )]
     pub shutdown_delay_secs: u64,
+    /// Allows `POST /debug/counters/reset` on the debug port, which resets a request's
+    /// counters. Off by default: the debug port has no authentication.
+    #[arg(
+        long,
+        env = "SLUICE_DEBUG_COUNTER_RESET",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Listeners"
+    )]
+    pub debug_counter_reset: bool,
 
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -665,6 +680,7 @@ impl ServeArgs {
             service,
             max_counters,
             max_counter_bytes: caps.max_counter_bytes.get(),
+            counter_reset: self.debug_counter_reset,
             sweep_interval: Duration::from_secs(self.sweep_interval_secs),
             max_request_bytes,
             require_config_for_health: self.healthy_with_at_least_one_config_loaded,

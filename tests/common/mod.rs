@@ -29,6 +29,7 @@ pub fn default_options() -> AppOptions {
         service: ServiceOptions::default(),
         max_counters: 100_000,
         max_counter_bytes: 256 << 20,
+        counter_reset: false,
         sweep_interval: Duration::from_secs(10),
         max_request_bytes: 64 * 1024,
         require_config_for_health: false,
