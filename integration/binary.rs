@@ -1726,3 +1726,116 @@ fn grpc_uds_serves_on_a_unix_socket_and_replaces_a_stale_one() {
     }
     assert!(!socket.exists(), "the socket file outlived the process");
 }
+
+/// `sluice explain` as an operator runs it: against a config file (the walk, the limit, the
+/// keys), against a running Sluice's debug port (the counters and the answer), as text or
+/// JSON; and refusing what it cannot explain.
+#[test]
+fn explain_answers_why_a_request_is_limited() {
+    let fixture = explain_fixture();
+    let config = fixture.to_str().unwrap();
+    let (code, text, err) = explain(&[
+        "--config",
+        config,
+        "--domain",
+        "ex",
+        "--descriptor",
+        "tenant=acme&route=x",
+        "--descriptor",
+        "trusted=t",
+        "--descriptor",
+        "ip=10.0.0.9",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    for line in [
+        "descriptor 0: tenant=acme, route=x",
+        "  level 1: tenant=acme matched `tenant_acme` (exact)",
+        "  level 2: route=x matched `route` (key only), limit ex.tenant_acme.route",
+        "    2 per HOUR (token_bucket)",
+        "  counter ex_tenant_acme_route_x_",
+        "  limit ex.trusted: unlimited (always OK, never counted), replaces [\"per_ip\"]",
+        "  replaced by [\"ex.trusted\"] (`replaces`): answers OK, uncounted",
+    ] {
+        assert!(text.contains(line), "{line:?} not in:\n{text}");
+    }
+}
+
+/// `tests/fixtures/explain`, which `tests/explain.rs` uses too.
+fn explain_fixture() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/explain")
+}
+
+/// `sluice explain ARGS`: its exit code, standard output and standard error.
+fn explain(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut c = sluice();
+    c.arg("explain").args(args);
+    let out = run(c);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), text, err)
+}
+
+/// Against a running Sluice: the counter's state and the answer it would give; and what it
+/// cannot explain.
+#[test]
+fn explain_reads_a_running_sluices_counters() {
+    let fixture = explain_fixture();
+    let server = start(|c| {
+        c.arg("--config").arg(&fixture);
+    });
+    for _ in 0..2 {
+        let body = r#"{"domain":"ex","descriptors":[{"entries":[{"key":"user","value":"bob"}]}]}"#;
+        assert_eq!(http(server.http, "POST", "/json", body).unwrap().0, 200);
+    }
+    let addr = format!("127.0.0.1:{}", server.debug);
+    let (code, text, err) = explain(&[
+        "--debug-address",
+        &addr,
+        "--domain",
+        "ex",
+        "--descriptor",
+        "user=bob",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.contains("  counter ex_user_bob_: count 2, remaining 0"),
+        "{text}"
+    );
+    assert!(text.contains("1 more hit(s) would be refused"), "{text}");
+    assert!(text.contains("overall: OVER_LIMIT"), "{text}");
+    let (_, json, _) = explain(&[
+        "--debug-address",
+        &addr,
+        "--domain",
+        "ex",
+        "--descriptor",
+        "user=bob",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(v["descriptors"][0]["counters"][0]["count"], 2);
+
+    // What it cannot explain: exit 1 with the reason; bad flags: 64.
+    let (code, _, err) = explain(&[
+        "--config",
+        "/nonexistent",
+        "--domain",
+        "ex",
+        "--descriptor",
+        "a=b",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("sluice explain: "), "{err}");
+    let (code, _, err) = explain(&[
+        "--debug-address",
+        "127.0.0.1:1",
+        "--domain",
+        "ex",
+        "--descriptor",
+        "a=b",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("cannot connect to 127.0.0.1:1"), "{err}");
+    let (code, _, _) = explain(&["--domain", "ex", "--descriptor", "a=b"]);
+    assert_eq!(code, Some(64), "neither --config nor --debug-address");
+}

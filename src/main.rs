@@ -50,8 +50,78 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Explain {
+            config,
+            debug_address,
+            domain,
+            descriptor,
+            hits_addend,
+            json,
+        }) => {
+            let query = sluice::api::explain::query(&domain, &descriptor, hits_addend);
+            let answer = match (config, debug_address) {
+                (_, Some(addr)) => sluice::api::explain::fetch(&addr, &query),
+                (Some(path), None) => explain_offline(path, &query, cli.serve),
+                (None, None) => Err("give --config PATH or --debug-address HOST:PORT".into()),
+            };
+            match answer {
+                Ok(v) if json => {
+                    println!("{v}");
+                    ExitCode::SUCCESS
+                }
+                Ok(v) => {
+                    print!("{}", sluice::api::explain::render(&v));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("sluice explain: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         None => serve(cli.serve),
     }
+}
+
+/// `sluice explain --config PATH`: the request in `query` explained against the config at
+/// `path` (loaded as the service loads it, with the serve settings' key prefix and caps); no
+/// counters are read.
+fn explain_offline(
+    path: PathBuf,
+    query: &str,
+    serve: ServeArgs,
+) -> Result<serde_json::Value, String> {
+    use sluice::store::MemoryStore;
+    let settings = serve.validate().map_err(|e| e.to_string())?;
+    let limits = settings.config.files;
+    let source = ConfigSource::Path(path);
+    let loaded = config::load(&source, &settings.config.load, &limits).map_err(|errors| {
+        errors
+            .0
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    })?;
+    let request = sluice::api::forward_auth::forward_auth_request(
+        Some(query),
+        &axum::http::HeaderMap::new(),
+        settings.app.max_request_bytes,
+    )
+    .map_err(|e| e.to_string())?
+    .0;
+    let service = sluice::service::RateLimitService::new(
+        ConfigHandle::new(Some(loaded)),
+        Arc::new(MemoryStore::new(1)),
+        Arc::new(SystemClock),
+        settings.app.service,
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime
+        .block_on(service.explain(&request, false))
+        .map_err(|e| e.to_string())
 }
 
 /// Validates a config; with `strict_envoy`, every use of a Sluice YAML extension is a failure

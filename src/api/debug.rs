@@ -17,10 +17,9 @@ use futures_util::future::BoxFuture;
 use crate::cluster::lease::KeyView;
 use crate::config::ConfigHandle;
 use crate::descriptor::Request;
-use crate::limiter::Decision;
 use crate::net::{ByteBudget, PortGuard};
 use crate::quota::QuotaService;
-use crate::service::{CounterView, RateLimitService, ServiceError};
+use crate::service::{CounterView, RateLimitService, ServiceError, counter_json};
 use crate::store::CounterStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
@@ -63,6 +62,10 @@ pub trait Counters: Send + Sync {
         &'a self,
         request: &'a Request,
     ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>>;
+    fn explain<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<serde_json::Value, ServiceError>>;
 }
 
 impl<S: CounterStore> Counters for RateLimitService<S> {
@@ -79,6 +82,13 @@ impl<S: CounterStore> Counters for RateLimitService<S> {
     ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>> {
         Box::pin(self.reset_counters(request))
     }
+
+    fn explain<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<serde_json::Value, ServiceError>> {
+        Box::pin(RateLimitService::explain(self, request, true))
+    }
 }
 
 /// The router for DEBUG_PORT.
@@ -91,6 +101,7 @@ pub fn router(state: DebugState) -> Router {
         .route("/debug/rlqs", get(rlqs))
         .route("/debug/counters", get(inspect_counters))
         .route("/debug/counters/reset", post(reset_counters))
+        .route("/debug/explain", get(explain))
         .with_state(Arc::new(state))
 }
 
@@ -113,27 +124,73 @@ async fn reset_counters(
     counters_answer(&st, uri.query(), true).await
 }
 
+/// `GET /debug/explain?...` (the query of `/debug/counters`): what `ShouldRateLimit` would do
+/// with the request, step by step, without counting (`sluice explain` prints it).
+async fn explain(
+    State(st): State<Arc<DebugState>>,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    let (admin, request) = match admin_request(&st, uri.query()) {
+        Ok(parsed) => parsed,
+        Err((status, why)) => return plain(status, &why),
+    };
+    match admin.service.explain(&request).await {
+        Ok(body) => json_answer(&body),
+        Err(e) => service_error(&e),
+    }
+}
+
+fn plain(status: StatusCode, text: &str) -> axum::response::Response {
+    (status, format!("{text}\n")).into_response()
+}
+
+fn json_answer(body: &serde_json::Value) -> axum::response::Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
+}
+
+fn service_error(e: &ServiceError) -> axum::response::Response {
+    let status = if e.is_invalid_argument() {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    plain(status, &e.to_string())
+}
+
+/// The counter admin and the request in `query`, or the status and reason refusing them.
+fn admin_request<'s>(
+    st: &'s DebugState,
+    query: Option<&str>,
+) -> Result<(&'s CounterAdmin, Request), (StatusCode, String)> {
+    let Some(admin) = &st.counters else {
+        return Err((StatusCode::NOT_FOUND, "no counter admin here".into()));
+    };
+    super::forward_auth::forward_auth_request(
+        query,
+        &axum::http::HeaderMap::new(),
+        admin.max_request_bytes,
+    )
+    .map(|(request, _)| (admin, request))
+    .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))
+}
+
 async fn counters_answer(
     st: &DebugState,
     query: Option<&str>,
     reset: bool,
 ) -> axum::response::Response {
-    let plain = |status: StatusCode, text: String| (status, format!("{text}\n")).into_response();
-    let Some(admin) = &st.counters else {
-        return plain(StatusCode::NOT_FOUND, "no counter admin here".into());
-    };
-    if reset && !admin.reset_enabled {
+    if reset && st.counters.as_ref().is_some_and(|a| !a.reset_enabled) {
         let why = "counter reset is off: set SLUICE_DEBUG_COUNTER_RESET=true to allow it (the \
                    debug port has no authentication; keep it private)";
-        return plain(StatusCode::FORBIDDEN, why.into());
+        return plain(StatusCode::FORBIDDEN, why);
     }
-    let request = match super::forward_auth::forward_auth_request(
-        query,
-        &axum::http::HeaderMap::new(),
-        admin.max_request_bytes,
-    ) {
-        Ok((request, _)) => request,
-        Err(e) => return plain(StatusCode::BAD_REQUEST, e.to_string()),
+    let (admin, request) = match admin_request(st, query) {
+        Ok(parsed) => parsed,
+        Err((status, why)) => return plain(status, &why),
     };
     let answer = if reset {
         admin.service.reset(&request).await
@@ -145,46 +202,13 @@ async fn counters_answer(
             if reset {
                 tracing::warn!(domain = %request.domain, counters = views.len(), "counters reset through the debug port");
             }
-            let body = serde_json::json!({
+            json_answer(&serde_json::json!({
                 "domain": request.domain,
                 "counters": views.iter().map(counter_json).collect::<Vec<_>>(),
-            });
-            (
-                [(header::CONTENT_TYPE, "application/json")],
-                format!("{body}\n"),
-            )
-                .into_response()
+            }))
         }
-        Err(e) if e.is_invalid_argument() => plain(StatusCode::BAD_REQUEST, e.to_string()),
-        Err(e) => plain(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => service_error(&e),
     }
-}
-
-/// One counter as `/debug/counters` shows it.
-fn counter_json(v: &CounterView) -> serde_json::Value {
-    let q = &v.quota;
-    let Decision {
-        count_before,
-        over,
-        remaining,
-        reset_after_secs,
-        ..
-    } = v.state;
-    serde_json::json!({
-        "descriptor": v.descriptor,
-        "key": v.key,
-        "limit": v.limit,
-        "name": v.name,
-        "algorithm": q.algorithm.name(),
-        "unit": q.unit.name(),
-        "requests_per_unit": q.requests_per_unit,
-        "burst": q.burst.map(std::num::NonZeroU32::get),
-        "charge_refused": q.charges_refused(),
-        "count": count_before,
-        "remaining": remaining,
-        "reset_after_secs": reset_after_secs,
-        "over": over,
-    })
 }
 
 /// The query of `/debug/rlqs`: one bucket's key (`domain_key_value_...`), or the busiest.

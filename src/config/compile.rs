@@ -219,9 +219,9 @@ impl Domain {
             static PROBE: RefCell<String> = const { RefCell::new(String::new()) };
         }
         PROBE.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut buf) => self.lookup_with(entries, &mut buf, None),
+            Ok(mut buf) => self.lookup_with(entries, &mut buf, None, None),
             // Unreachable (lookup never re-enters itself), but never panic on a hot path.
-            Err(_) => self.lookup_with(entries, &mut String::new(), None),
+            Err(_) => self.lookup_with(entries, &mut String::new(), None, None),
         })
     }
 
@@ -236,7 +236,7 @@ impl Domain {
     pub fn stats_key(&self, entries: &[Entry]) -> Option<String> {
         let mut buf = String::new();
         let mut enhanced = self.name.clone();
-        let matched = self.lookup_with(entries, &mut buf, Some(&mut enhanced))?;
+        let matched = self.lookup_with(entries, &mut buf, Some(&mut enhanced), None)?;
         if !matched.limit.detailed_metric {
             return Some(enhanced);
         }
@@ -258,12 +258,22 @@ impl Domain {
         Some(key)
     }
 
-    /// The matching walk. `metric`, when given, receives Go's `value_to_metric` key segments.
+    /// How `entries` walk the descriptor tree, level by level, and what they match: what
+    /// `sluice explain` shows. Allocates; the request path uses [`Domain::lookup`].
+    pub fn explain(&self, entries: &[Entry]) -> (Vec<Step<'_>>, Option<Matched<'_>>) {
+        let mut steps = Vec::new();
+        let matched = self.lookup_with(entries, &mut String::new(), None, Some(&mut steps));
+        (steps, matched)
+    }
+
+    /// The matching walk. `metric`, when given, receives Go's `value_to_metric` key segments;
+    /// `trace` each level's step.
     fn lookup_with<'a>(
         &'a self,
         entries: &[Entry],
         buf: &mut String,
         mut metric: Option<&mut String>,
+        mut trace: Option<&mut Vec<Step<'a>>>,
     ) -> Option<Matched<'a>> {
         let mut level = &self.root;
         let mut found: Option<&'a Limit> = None;
@@ -296,6 +306,22 @@ impl Domain {
                 node = level.key_only(&entry.key);
                 how = How::KeyOnly;
             }
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(Step {
+                    entry: i,
+                    matched: node.map(|n| StepMatch {
+                        node: &n.composite,
+                        how: match how {
+                            How::Exact => "exact",
+                            How::Wildcard(_) if n.share_threshold => "wildcard, shared",
+                            How::Wildcard(_) => "wildcard",
+                            How::KeyOnly => "key only",
+                        },
+                        limit: n.limit.as_deref(),
+                        has_children: !n.children.is_empty(),
+                    }),
+                });
+            }
             let node = node?;
             if let Some(m) = metric.as_deref_mut() {
                 push_metric_segment(m, entry, node, how);
@@ -313,6 +339,29 @@ impl Domain {
             shared_values,
         })
     }
+}
+
+/// One level of [`Domain::explain`]'s walk: the request entry it looked at, and the node it
+/// matched (`None`: nothing at this level matches, so the descriptor matches no limit).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step<'a> {
+    pub entry: usize,
+    pub matched: Option<StepMatch<'a>>,
+}
+
+/// The node a [`Step`] matched.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepMatch<'a> {
+    /// The node's Go map key: `key`, or `key_value` when the YAML gives a value.
+    pub node: &'a str,
+    /// `exact` (the entry's `key_value`), `wildcard` (a `*` pattern, first in YAML order),
+    /// `wildcard, shared` (with `share_threshold`: one counter for every value) or `key only`.
+    pub how: &'static str,
+    /// The node's own limit (it applies only when this is the request's last entry).
+    pub limit: Option<&'a Limit>,
+    /// Whether the node has a level below it (if not, later entries are not looked at and the
+    /// descriptor matches nothing).
+    pub has_children: bool,
 }
 
 /// How a level was matched.

@@ -34,7 +34,7 @@ pub mod stats_slot;
 pub mod watch;
 pub mod yaml;
 
-pub use compile::{Block, Domain, Limit, Matched, RateLimitConfig, Rule};
+pub use compile::{Block, Domain, Limit, Matched, RateLimitConfig, Rule, Step, StepMatch};
 pub use load::{
     ConfigSource, FileLimits, LoadOptions, build_raw, envoy_extensions, envoy_extensions_in, load,
     parse_files,

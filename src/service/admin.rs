@@ -5,8 +5,13 @@
 //! `rate_limits` blocks); `replaces` is not applied, so a replaced limit can still be read and
 //! reset. On a peer cluster the store takes each counter to its owner, as for a charge.
 
+use std::num::NonZeroU32;
+
+use serde_json::{Value, json};
+
 use crate::clock::Timestamp;
-use crate::descriptor::Request;
+use crate::config::{Domain, Limit, Rule, Step};
+use crate::descriptor::{Descriptor, Request};
 use crate::limiter::{Decision, Quota};
 use crate::store::{CounterStore, Hit};
 
@@ -96,4 +101,283 @@ impl<S: CounterStore> RateLimitService<S> {
         }
         Ok(views)
     }
+}
+
+/// A quota's settings as the admin's JSON shows them.
+fn quota_json(q: &Quota) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("algorithm".into(), q.algorithm.name().into());
+    m.insert("unit".into(), q.unit.name().into());
+    m.insert("requests_per_unit".into(), q.requests_per_unit.into());
+    m.insert("burst".into(), q.burst.map(NonZeroU32::get).into());
+    m.insert("charge_refused".into(), q.charges_refused().into());
+    m
+}
+
+/// One counter as `/debug/counters` and `sluice explain` show it: its key, limit and quota,
+/// and its state when it was read.
+pub fn counter_json(v: &CounterView) -> Value {
+    let mut m = quota_json(&v.quota);
+    m.insert("descriptor".into(), v.descriptor.into());
+    m.insert("key".into(), v.key.clone().into());
+    m.insert("limit".into(), v.limit.clone().into());
+    m.insert("name".into(), v.name.clone().into());
+    m.insert("count".into(), v.state.count_before.into());
+    m.insert("remaining".into(), v.state.remaining.into());
+    m.insert("reset_after_secs".into(), v.state.reset_after_secs.into());
+    m.insert("over".into(), v.state.over.into());
+    Value::Object(m)
+}
+
+/// The decision `hits` would get from a counter whose peek (0 hits) answered `peek`: refused
+/// when they are more than it has room for, as every algorithm decides.
+fn would_get(peek: &Decision, hits: u64) -> Decision {
+    if hits == 0 {
+        return *peek;
+    }
+    let over = hits > u64::from(peek.remaining);
+    Decision {
+        count_after: peek.count_before.saturating_add(hits),
+        over,
+        remaining: if over {
+            0
+        } else {
+            peek.remaining - u32::try_from(hits).unwrap_or(u32::MAX)
+        },
+        ..*peek
+    }
+}
+
+/// Why a descriptor whose walk is `steps` matched no limit, in words.
+fn no_match_reason(request: &Descriptor, steps: &[Step<'_>]) -> String {
+    let entry = |i: usize| {
+        request
+            .entries
+            .get(i)
+            .map_or(String::new(), |e| format!("{}={}", e.key, e.value))
+    };
+    match steps.last() {
+        None => "the descriptor has no entries".to_owned(),
+        Some(Step {
+            entry: i,
+            matched: None,
+        }) => format!(
+            "nothing at level {} matches `{}`: no node `key_value` or `key`, and no wildcard",
+            i + 1,
+            entry(*i)
+        ),
+        Some(Step {
+            entry: i,
+            matched: Some(m),
+        }) if *i + 1 < request.entries.len() => format!(
+            "`{}` matched node `{}` at level {}, which has no level below: `{}` and later entries \
+             cannot match, so the descriptor matches nothing (as in the Go service)",
+            entry(*i),
+            m.node,
+            i + 1,
+            entry(i + 1)
+        ),
+        Some(Step {
+            matched: Some(m), ..
+        }) => format!(
+            "the last entry matched node `{}`, which has no rate_limit of its own",
+            m.node
+        ),
+    }
+}
+
+impl<S: CounterStore> RateLimitService<S> {
+    /// What `ShouldRateLimit` would do with `request`, without counting anything, as JSON:
+    /// for each descriptor the walk through the config (which node matched each entry, and
+    /// how), the limit, `replaces`, shadow and quota mode, the counter keys; with `counters`,
+    /// each counter's state (read with a peek of 0 hits) and the answer the request would get.
+    pub async fn explain(&self, request: &Request, counters: bool) -> Result<Value, ServiceError> {
+        self.check_caps(request)?;
+        let guard = self.config.guard();
+        let config = guard.as_ref().ok_or(ServiceError::NoConfig)?;
+        let Some(domain) = config.domain(&request.domain) else {
+            return Ok(json!({
+                "domain": request.domain,
+                "domain_loaded": false,
+                "overall_code": "OK",
+                "why": "no loaded config has this domain: every descriptor answers OK, uncounted",
+            }));
+        };
+        let matched = plan::plan(domain, request);
+        let mut plans = plan::plan(domain, request);
+        plan::apply_replaces(&mut plans);
+        let mut keys = String::new();
+        let keys = plan::counter_keys(&self.options, request, &plans, &mut keys)?;
+        let hits = plan::hits(&plans, &keys);
+        let peeks: Vec<Hit<'_>> = hits.iter().map(|h| Hit { hits: 0, ..*h }).collect();
+        let mut states = Vec::new();
+        if counters {
+            let now = Timestamp::from_nanos(self.clock.now_nanos());
+            self.store.apply(now, &peeks, &mut states).await?;
+            if states.len() != peeks.len() {
+                let (expected, got) = (peeks.len(), states.len());
+                return Err(crate::store::StoreError::BadReply { expected, got }.into());
+            }
+        }
+        let mut at = 0;
+        let mut out = Vec::with_capacity(request.descriptors.len());
+        for (i, (d, plan)) in request.descriptors.iter().zip(&plans).enumerate() {
+            let mut desc = walk_json(domain, i, d);
+            if matches!(plan, Plan::Pass)
+                && let Some(l) = matched[i].config_limit()
+            {
+                desc["replaced_by"] = replaced_by(&matched, l).into();
+            }
+            if let Plan::Counted { limit, hits, .. } = plan {
+                let n = limit.quota_count();
+                let read = states.get(at..at + n).unwrap_or_default();
+                desc["hits"] = (*hits).into();
+                desc["counters"] = counters_json(&peeks[at..at + n], read, *hits);
+                at += n;
+            }
+            out.push(desc);
+        }
+        let mut answer = json!({
+            "domain": request.domain,
+            "domain_loaded": true,
+            "descriptors": out,
+        });
+        if counters {
+            self.verdict(domain, request, &plans, (&hits, &states), &mut answer);
+        }
+        Ok(answer)
+    }
+
+    /// The answer the request would get from counters in `states` (a peek each): every
+    /// descriptor's code, the overall code, and global shadow mode's part, into `answer`.
+    fn verdict(
+        &self,
+        domain: &Domain,
+        request: &Request,
+        plans: &[Plan<'_>],
+        (hits, states): (&[Hit<'_>], &[Decision]),
+        answer: &mut Value,
+    ) {
+        let would: Vec<Decision> = hits
+            .iter()
+            .zip(states)
+            .map(|(h, s)| would_get(s, h.hits))
+            .collect();
+        let (statuses, quota) = self.outcome(domain, request, plans, &would, false);
+        let descriptors = answer["descriptors"].as_array_mut().into_iter().flatten();
+        for (desc, s) in descriptors.zip(&statuses) {
+            desc["code"] = code_name(s.code).into();
+        }
+        let overall = super::overall_code(&statuses, &quota);
+        answer["overall_code"] = code_name(overall).into();
+        if self.options.shadow_mode && overall == super::Code::OverLimit {
+            answer["global_shadow_mode"] =
+                "SHADOW_MODE is on: the answer would be OK, counted as over".into();
+        }
+    }
+}
+
+/// Descriptor `i`'s entries and its walk through `domain` (or its override), with the limit
+/// it matched or why none.
+fn walk_json(domain: &Domain, i: usize, d: &Descriptor) -> Value {
+    let mut desc = json!({
+        "index": i,
+        "entries": d.entries.iter().map(|e| format!("{}={}", e.key, e.value)).collect::<Vec<_>>(),
+    });
+    if let Some(o) = d.limit_override {
+        desc["override"] = json!({"requests_per_unit": o.requests_per_unit, "unit": o.unit.name()});
+        return desc;
+    }
+    let (steps, found) = domain.explain(&d.entries);
+    desc["path"] = steps_json(d, &steps);
+    match found {
+        Some(m) => desc["limit"] = limit_json(m.limit),
+        None => desc["why"] = no_match_reason(d, &steps).into(),
+    }
+    desc
+}
+
+/// A descriptor's counters: key and quota, and when they were read (`states`, a peek each)
+/// their state and whether `hits` more would be refused.
+fn counters_json(peeks: &[Hit<'_>], states: &[Decision], hits: u64) -> Value {
+    let view = |(j, peek): (usize, &Hit<'_>)| {
+        let mut c = quota_json(&peek.quota);
+        c.insert("key".into(), peek.key.into());
+        if let Some(s) = states.get(j) {
+            c.insert("count".into(), s.count_before.into());
+            c.insert("remaining".into(), s.remaining.into());
+            c.insert("reset_after_secs".into(), s.reset_after_secs.into());
+            c.insert("would_refuse".into(), would_get(s, hits).over.into());
+        }
+        Value::Object(c)
+    };
+    Value::Array(peeks.iter().enumerate().map(view).collect())
+}
+
+fn code_name(code: super::Code) -> &'static str {
+    match code {
+        super::Code::OverLimit => "OVER_LIMIT",
+        _ => "OK",
+    }
+}
+
+/// The walk of one descriptor, level by level.
+fn steps_json(d: &Descriptor, steps: &[Step<'_>]) -> Value {
+    let step = |s: &Step<'_>| {
+        let entry = d
+            .entries
+            .get(s.entry)
+            .map_or(String::new(), |e| format!("{}={}", e.key, e.value));
+        match &s.matched {
+            None => json!({"level": s.entry + 1, "entry": entry, "matched": null}),
+            Some(m) => json!({
+                "level": s.entry + 1,
+                "entry": entry,
+                "matched": m.node,
+                "how": m.how,
+                "limit": m.limit.map(|l| l.full_key.as_str()),
+                "has_children": m.has_children,
+            }),
+        }
+    };
+    Value::Array(steps.iter().map(step).collect())
+}
+
+/// A matched limit's settings.
+fn limit_json(l: &Limit) -> Value {
+    let blocks: Vec<Value> = match &l.rule {
+        Rule::Unlimited => Vec::new(),
+        Rule::Limited(blocks) => blocks
+            .iter()
+            .map(|b| {
+                let mut m = quota_json(&b.quota);
+                m.insert("name".into(), b.name.clone().into());
+                Value::Object(m)
+            })
+            .collect(),
+    };
+    json!({
+        "full_key": l.full_key,
+        "name": l.name,
+        "unlimited": matches!(l.rule, Rule::Unlimited),
+        "blocks": blocks,
+        "shadow_mode": l.shadow_mode,
+        "quota_mode": l.quota_mode,
+        "replaces": l.replaces,
+    })
+}
+
+/// The limits of the request's other descriptors whose `replaces` name `limit`.
+fn replaced_by(matched: &[Plan<'_>], limit: &Limit) -> Vec<String> {
+    matched
+        .iter()
+        .filter_map(Plan::config_limit)
+        .filter(|other| {
+            other
+                .replaces
+                .iter()
+                .any(|r| limit.names().any(|n| n == r.as_str()))
+        })
+        .map(|other| other.full_key.clone())
+        .collect()
 }

@@ -26,7 +26,7 @@ use crate::config::{ConfigHandle, Domain};
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::limiter::{Algorithm, Decision, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
-pub use admin::CounterView;
+pub use admin::{CounterView, counter_json};
 use observe::{
     CallReport, Caller, DescriptorReport, Observer, Outcome, Span, StatsKey, Unobserved,
 };
@@ -389,7 +389,7 @@ impl<S: CounterStore> RateLimitService<S> {
         }
         self.give_back(now, &plan::refunds(&plans, &hits, decisions))
             .await;
-        let (statuses, quota) = self.outcome(domain, request, &plans, decisions);
+        let (statuses, quota) = self.outcome(domain, request, &plans, decisions, true);
         let metadata = self.dynamic_metadata(request, &plans, &statuses);
         Ok(self.finish(statuses, &quota, metadata))
     }
@@ -442,14 +442,15 @@ impl<S: CounterStore> RateLimitService<S> {
         }
     }
 
-    /// Each descriptor's status, and whether it is in quota mode; each counted descriptor's
-    /// decision is reported to the observer.
+    /// Each descriptor's status, and whether it is in quota mode; with `report`, each counted
+    /// descriptor's decision is reported to the observer.
     fn outcome(
         &self,
         domain: &Domain,
         request: &Request,
         plans: &[Plan<'_>],
         decisions: &[Decision],
+        report: bool,
     ) -> (Statuses, SmallVec<[bool; 8]>) {
         let mut decisions = decisions.iter();
         let mut statuses = statuses_for(plans.len());
@@ -460,7 +461,7 @@ impl<S: CounterStore> RateLimitService<S> {
                 Plan::Unlimited(_) => (Status::unlimited(), false),
                 Plan::Counted { limit, hits, .. } => {
                     let (status, chosen) = counted_status(limit, &mut decisions);
-                    if let Some((quota, decision)) = chosen {
+                    if let Some((quota, decision)) = chosen.filter(|_| report) {
                         let counted = (limit, *hits, quota, decision);
                         self.report_descriptor(domain, request, descriptor, counted);
                     }

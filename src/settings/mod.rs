@@ -144,6 +144,37 @@ pub enum Command {
         )]
         rlqs: bool,
     },
+    /// Explain what Sluice decides for a request, step by step, without counting: which config
+    /// node matched each entry and how, the limit, `replaces`, shadow and quota mode, the
+    /// counter keys; against a running Sluice (`--debug-address`) also each counter's state and
+    /// the answer the request would get. Exits 0 when explained, 1 when the request or the
+    /// config is refused, 64 for bad flags.
+    Explain {
+        /// A config file or directory to explain against (counters are not read).
+        #[arg(
+            long,
+            conflicts_with = "debug_address",
+            required_unless_present = "debug_address"
+        )]
+        config: Option<PathBuf>,
+        /// A running Sluice's debug port (`host:port`, DEBUG_PORT), whose /debug/explain answers
+        /// with the counters it holds.
+        #[arg(long, value_name = "HOST:PORT")]
+        debug_address: Option<String>,
+        /// The request's domain.
+        #[arg(long)]
+        domain: String,
+        /// One descriptor as `key=value&key2=value2` (the `/nginx` and `/forward-auth` syntax);
+        /// repeat for several.
+        #[arg(long, required = true)]
+        descriptor: Vec<String>,
+        /// The request's hits_addend (0 means 1, as in the Go service).
+        #[arg(long, default_value_t = 0)]
+        hits_addend: u32,
+        /// Print the JSON that /debug/explain answers instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Raw serve flags, as typed by the operator. Call [`ServeArgs::validate`] to use them.
@@ -1385,7 +1416,7 @@ mod tests {
                 assert!(!strict_envoy);
                 assert!(!rlqs);
             }
-            None => panic!("no subcommand"),
+            other => panic!("not check-config: {other:?}"),
         }
 
         let cli = parse(&["check-config", "--merge-domain-config=T", "x.yaml"]).unwrap();

@@ -1,0 +1,176 @@
+//! `/debug/explain` (what `sluice explain` prints) against what the service then decides: for
+//! every way a descriptor matches or fails to (`tests/fixtures/explain/`), the explanation
+//! read before each call names the answer the call then gets, call after call until the limits
+//! are reached; and the walk says how each level matched.
+
+mod common;
+
+use common::{default_options, fixture, http, start};
+use serde_json::{Value, json};
+
+/// Requests, each a list of descriptors in the `/forward-auth` form.
+const CASES: &[&[&str]] = &[
+    &["user=vip"],
+    &["user=bob"],
+    &["path=/api/v1"],
+    &["path=/files/a", "path=/files/b"],
+    &["tenant=acme&route=checkout"],
+    &["tenant=acme"],
+    &["tenant=other&route=checkout"],
+    &["plan=free"],
+    &["shadow=s"],
+    &["ip=10.0.0.1"],
+    &["trusted=t", "ip=10.0.0.2"],
+    &["quota=q", "user=carol"],
+    &["nope=x"],
+    &["user=vip", "path=/api/v2", "plan=free"],
+];
+
+fn query(descriptors: &[&str]) -> String {
+    let mut q = String::from("domain=ex");
+    for d in descriptors {
+        q.push_str("&descriptor=");
+        q.push_str(&d.replace('&', "%26"));
+    }
+    q
+}
+
+fn json_request(descriptors: &[&str]) -> String {
+    let descriptors: Vec<Value> = descriptors
+        .iter()
+        .map(|d| {
+            let entries: Vec<Value> = d
+                .split('&')
+                .map(|e| {
+                    let (k, v) = e.split_once('=').unwrap();
+                    json!({"key": k, "value": v})
+                })
+                .collect();
+            json!({ "entries": entries })
+        })
+        .collect();
+    json!({"domain": "ex", "descriptors": descriptors}).to_string()
+}
+
+async fn explain(debug: std::net::SocketAddr, descriptors: &[&str]) -> Value {
+    let r = http(
+        debug,
+        "GET",
+        &format!("/debug/explain?{}", query(descriptors)),
+        "",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+#[tokio::test]
+async fn the_explanation_names_the_answer_the_call_then_gets() {
+    let app = start(&fixture("explain"), default_options()).await;
+    let mut over = Vec::new();
+    for case in CASES {
+        for call in 0..6 {
+            let e = explain(app.debug, case).await;
+            let r = http(app.http, "POST", "/json", &json_request(case)).await;
+            let answer: Value = serde_json::from_str(&r.body).unwrap();
+            let at = format!("{case:?}, call {call}: {e}");
+            assert_eq!(e["overall_code"], answer["overallCode"], "{at}");
+            if answer["overallCode"] == "OVER_LIMIT" {
+                over.push((case[0], call));
+            }
+            for (i, status) in answer["statuses"].as_array().unwrap().iter().enumerate() {
+                assert_eq!(e["descriptors"][i]["code"], status["code"], "{at}");
+            }
+        }
+    }
+    // The cases reach their limits at the calls their configs say (shadow mode, unlimited,
+    // replaced and unmatched descriptors never do; a quota-mode descriptor alone in its
+    // request does not either, beside one that is over it does).
+    let first_over = |d: &str| over.iter().find(|(c, _)| *c == d).map(|(_, n)| *n);
+    assert_eq!(first_over("user=vip"), Some(5));
+    assert_eq!(first_over("user=bob"), Some(2));
+    assert_eq!(
+        first_over("path=/files/a"),
+        Some(1),
+        "two values share one counter of 2"
+    );
+    assert_eq!(first_over("tenant=acme&route=checkout"), Some(2));
+    assert_eq!(first_over("plan=free"), Some(3));
+    for never in [
+        "shadow=s",
+        "trusted=t",
+        "nope=x",
+        "tenant=acme",
+        "tenant=other&route=checkout",
+    ] {
+        assert_eq!(first_over(never), None, "{never}");
+    }
+}
+
+#[tokio::test]
+async fn the_walk_says_how_each_level_matched_or_why_nothing_did() {
+    let app = start(&fixture("explain"), default_options()).await;
+    let how = |e: &Value, d: usize, level: usize| e["descriptors"][d]["path"][level]["how"].clone();
+
+    let e = explain(
+        app.debug,
+        &["user=vip", "user=bob", "path=/api/v1", "path=/files/a"],
+    )
+    .await;
+    assert_eq!(how(&e, 0, 0), "exact");
+    assert_eq!(how(&e, 1, 0), "key only");
+    assert_eq!(e["descriptors"][1]["limit"]["full_key"], "ex.user");
+    assert_eq!(how(&e, 2, 0), "wildcard");
+    assert_eq!(e["descriptors"][2]["path"][0]["matched"], "path_/api/*");
+    assert_eq!(how(&e, 3, 0), "wildcard, shared");
+    assert_eq!(
+        e["descriptors"][3]["counters"][0]["key"],
+        "ex_path_/files/*_"
+    );
+    assert_eq!(e["descriptors"][3]["counters"][0]["count"], 0);
+
+    let e = explain(
+        app.debug,
+        &["tenant=acme&route=x", "tenant=acme", "tenant=zzz"],
+    )
+    .await;
+    assert_eq!(how(&e, 0, 0), "exact");
+    assert_eq!(how(&e, 0, 1), "key only");
+    assert_eq!(
+        e["descriptors"][0]["limit"]["blocks"][0]["algorithm"],
+        "token_bucket"
+    );
+    let why = |d: usize| {
+        e["descriptors"][d]["why"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(why(1).contains("has no rate_limit of its own"), "{e}");
+    assert!(
+        why(2).contains("nothing at level 1 matches `tenant=zzz`"),
+        "{e}"
+    );
+
+    let e = explain(app.debug, &["trusted=t", "ip=10.0.0.3", "plan=free"]).await;
+    assert_eq!(e["descriptors"][0]["limit"]["unlimited"], true);
+    assert_eq!(e["descriptors"][1]["replaced_by"], json!(["ex.trusted"]));
+    assert!(e["descriptors"][1].get("counters").is_none(), "{e}");
+    let plan = &e["descriptors"][2]["counters"];
+    assert_eq!(plan[0]["key"], "ex_plan_free_");
+    assert_eq!(plan[1]["key"], "ex_plan_free_#1_");
+
+    // A domain nobody loaded answers OK, and says why.
+    let r = http(
+        app.debug,
+        "GET",
+        "/debug/explain?domain=other&descriptor=a=b",
+        "",
+    )
+    .await;
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        (v["domain_loaded"].clone(), v["overall_code"].clone()),
+        (json!(false), json!("OK"))
+    );
+}
