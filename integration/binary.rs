@@ -1839,3 +1839,33 @@ fn explain_reads_a_running_sluices_counters() {
     let (code, _, _) = explain(&["--domain", "ex", "--descriptor", "a=b"]);
     assert_eq!(code, Some(64), "neither --config nor --debug-address");
 }
+
+/// `sluice probe`, the Helm chart's test hook: passes against a serving Sluice, fails naming
+/// what did not answer.
+#[test]
+fn probe_checks_that_a_release_answers() {
+    let dir = config_dir();
+    let server = start(|c| {
+        c.arg("--config").arg(dir.path());
+    });
+    let mut c = sluice();
+    c.args(["probe", "--address", &format!("127.0.0.1:{}", server.http)]);
+    let out = run(c);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text.contains("/healthcheck 200, /json 200 with overallCode OK"),
+        "{text}"
+    );
+    drop(server);
+    let port = free_port();
+    let mut c = sluice();
+    c.args(["probe", "--address", &format!("127.0.0.1:{port}")]);
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("sluice probe: cannot connect to 127.0.0.1:{port}")),
+        "{err}"
+    );
+}

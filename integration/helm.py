@@ -40,6 +40,7 @@ except ImportError:  # reported by find_tools()
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "sluice"
+CHART_APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 # Value combinations the examples leave out, checked like them.
 COMBOS = {
@@ -106,6 +107,14 @@ COMBOS = {
         "counterAdmin": {"resetEnabled": True},
         "networkPolicy": {"enabled": True},
     },
+    "a mirror registry, a sidecar and an init container; helm test pods labelled": {
+        "global": {"imageRegistry": "mirror.example.com"},
+        "image": {"registry": "ignored.example.com", "tag": "1.2.3"},
+        "sidecars": [{"name": "shipper", "image": "busybox", "args": ["{{ .Release.Name }}"]}],
+        "initContainers": [{"name": "wait", "image": "busybox"}],
+        "tests": {"podLabels": {"sluice-client": "true"}},
+    },
+    "no helm test pod": {"tests": {"enabled": False}},
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
@@ -184,7 +193,7 @@ def check_deployment(label, docs, values):
     """What the schemas cannot say: security, the config mount, peers, Redis, shutdown."""
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     pod = deploy["spec"]["template"]["spec"]
-    (c,) = pod["containers"]
+    c = pod["containers"][0]
     check_extras(label, docs, deploy, values)
     sc, psc = c["securityContext"], pod["securityContext"]
     check(
@@ -371,10 +380,11 @@ PROCESS_BYTES = 16 * 1024 * 1024
 
 
 def check_extras(label, docs, deploy, values):
-    """revisionHistoryLimit, updateStrategy, extraVolumes, extraVolumeMounts and extraObjects."""
+    """revisionHistoryLimit, updateStrategy, extra volumes, mounts and objects, the image and its
+    registry, sidecars and init containers, the helm test pod, the counter reset switch."""
     spec = deploy["spec"]
     pod = spec["template"]["spec"]
-    (c,) = pod["containers"]
+    c = pod["containers"][0]
     want_strategy = values.get("updateStrategy",
                                {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}})
     check(
@@ -392,6 +402,28 @@ def check_extras(label, docs, deploy, values):
         vols[len(vols) - len(extra_vols):] == extra_vols and mounts[len(mounts) - len(extra_mounts):] == extra_mounts,
         yaml.safe_dump({"volumes": vols, "mounts": mounts}),
     )
+    registry = values.get("global", {}).get("imageRegistry") or values.get("image", {}).get("registry")
+    want_image = f"{registry + '/' if registry else ''}sluice:{values.get('image', {}).get('tag') or CHART_APP_VERSION}"
+    check(f"{label}: image {want_image}", c["image"] == want_image, c["image"])
+    names = [x["name"] for x in pod["containers"]]
+    want = ["sluice"] + [x["name"] for x in values.get("sidecars", [])]
+    check(f"{label}: containers {want}, sidecars after sluice, templates expanded", names == want
+          and all(x.get("args") != ["{{ .Release.Name }}"] for x in pod["containers"]), str(pod["containers"][1:]))
+    inits = [x["name"] for x in pod.get("initContainers", [])]
+    check(f"{label}: init containers {inits}", inits == [x["name"] for x in values.get("initContainers", [])])
+    tests = [d for d in docs if d.get("metadata", {}).get("annotations", {}).get("helm.sh/hook") == "test"]
+    if values.get("tests", {}).get("enabled", True):
+        ok = len(tests) == 1 and tests[0]["kind"] == "Pod"
+        probe = tests[0]["spec"]["containers"][0] if ok else {}
+        check(f"{label}: one helm test pod running `sluice probe` on the release's HTTP Service, same image",
+              ok and probe["image"] == c["image"]
+              and probe["args"] == ["probe", "--address", "sluice.rl.svc:8080"]
+              and tests[0]["spec"]["restartPolicy"] == "Never"
+              and all(tests[0]["metadata"]["labels"].get(k) == v
+                      for k, v in values.get("tests", {}).get("podLabels", {}).items()),
+              yaml.safe_dump(tests))
+    else:
+        check(f"{label}: no helm test pod", not tests, yaml.safe_dump(tests))
     reset = values.get("counterAdmin", {}).get("resetEnabled", False)
     check(
         f"{label}: SLUICE_DEBUG_COUNTER_RESET is {str(reset).lower()}",
@@ -702,7 +734,7 @@ def pod_env(docs, certs, tmp, key_pem=None):
     Secret-sourced values are faked, ports move to free ones, POD_IP is 127.0.0.1."""
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     pod = deploy["spec"]["template"]["spec"]
-    (c,) = pod["containers"]
+    c = pod["containers"][0]
     vols = {v["name"]: v for v in pod["volumes"]}
     cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     moved = {}
@@ -822,6 +854,17 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
             return
         try:
             check(f"{label}: sluice starts with the rendered environment (settings, files, ports)", True)
+            for t in (d for d in docs if d.get("metadata", {}).get("annotations", {}).get("helm.sh/hook") == "test"):
+                args = [a if not a.endswith(".svc:8080") else f"127.0.0.1:{ports['PORT']}"
+                        for a in t["spec"]["containers"][0]["args"]]
+                r = run([sluice, *args])
+                if env.get("BACKEND_TYPE") == "redis":
+                    # No Redis here: the release is unhealthy, and the test must say so.
+                    check(f"{label}: the helm test pod's command fails against a release whose Redis is down",
+                          r.returncode == 1 and "/healthcheck answered 500" in r.stderr, r.stdout + r.stderr)
+                else:
+                    check(f"{label}: the helm test pod's command passes against the release ({' '.join(args)})",
+                          r.returncode == 0 and "overallCode OK" in r.stdout, r.stdout + r.stderr)
             if values.get("grpcTls", {}).get("enabled"):
                 alpn = tls_handshake(ports["GRPC_PORT"], certs, cert_dir)
                 check(f"{label}: the gRPC port completes a TLS handshake (ALPN h2) with the mounted certificate",
@@ -858,10 +901,34 @@ def check_config(label, sluice, docs, values):
             )
 
 
+def check_chart_files():
+    """README.md is what scripts/chart_readme.py makes of values.yaml; Chart.yaml's metadata
+    agrees with Cargo.toml (version, license) and names the image."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import chart_readme
+    check("helm/sluice/README.md is current (run scripts/chart_readme.py after editing values.yaml)",
+          (CHART / "README.md").read_text() == chart_readme.render())
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    cargo = (ROOT / "Cargo.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', cargo, re.M).group(1)
+    license_ = re.search(r'^license = "([^"]+)"', cargo, re.M).group(1)
+    notes = chart.get("annotations", {})
+    images = yaml.safe_load(notes.get("artifacthub.io/images", "[]"))
+    check(f"Chart.yaml: appVersion {version} as Cargo.toml, license {license_}, maintainers, "
+          "the image named, prerelease while 0.x",
+          chart["appVersion"] == version
+          and notes.get("artifacthub.io/license") == license_
+          and chart.get("maintainers")
+          and images == [{"name": "sluice", "image": f"sluice:{version}"}]
+          and notes.get("artifacthub.io/prerelease") == str(version.startswith("0.")).lower(),
+          yaml.safe_dump(chart))
+
+
 def main():
     helm, kv, sluice = find_tools()
     print(f"== helm chart: {run([helm, 'version', '--short']).stdout.strip()}, "
           f"kubernetes-validate against {KUBE_VERSION}")
+    check_chart_files()
 
     cert_tmp = tempfile.TemporaryDirectory()
     certs = make_certs(cert_tmp.name)

@@ -50,6 +50,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Probe { address }) => match sluice::api::explain::probe(&address) {
+            Ok(checked) => {
+                println!("{checked}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("sluice probe: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Some(Command::Explain {
             config,
             debug_address,

@@ -1,6 +1,7 @@
 //! `sluice explain`: the query it sends to a running Sluice's `/debug/explain` (or decodes
 //! itself, against a config file), the bounded fetch, and the text it prints from the JSON
-//! answer ([`crate::service::RateLimitService::explain`] makes it).
+//! answer ([`crate::service::RateLimitService::explain`] makes it). And `sluice probe`, which
+//! the Helm chart's test hook runs: the release answers `/healthcheck` and a `/json` request.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -44,6 +45,46 @@ fn encode(text: &str) -> String {
 /// `GET /debug/explain?<query>` from the debug port at `addr` (plain HTTP/1.1), within
 /// [`TIMEOUT`] and [`MAX_ANSWER_BYTES`]; the answer's JSON, or what went wrong.
 pub fn fetch(addr: &str, query: &str) -> Result<Value, String> {
+    let (status, body) = call(addr, "GET", &format!("/debug/explain?{query}"), "")?;
+    if status != 200 {
+        return Err(format!("{addr} answered {status}: {}", body.trim()));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("{addr} answered no JSON: {e}"))
+}
+
+/// The request `sluice probe` sends to `/json`: a domain no config has, so it is answered OK
+/// and counts nothing.
+pub const PROBE_REQUEST: &str =
+    r#"{"domain":"sluice-probe","descriptors":[{"entries":[{"key":"probe","value":"1"}]}]}"#;
+
+/// `sluice probe`: the HTTP port at `addr` answers `/healthcheck` with 200 and a rate-limit
+/// request on `/json` with an `overallCode`. What it checked, or what failed.
+pub fn probe(addr: &str) -> Result<String, String> {
+    let (status, body) = call(addr, "GET", "/healthcheck", "")?;
+    if status != 200 {
+        return Err(format!(
+            "{addr}/healthcheck answered {status}: {}",
+            body.trim()
+        ));
+    }
+    let (status, body) = call(addr, "POST", "/json", PROBE_REQUEST)?;
+    let answer: Value = serde_json::from_str(&body).map_err(|e| {
+        format!(
+            "{addr}/json answered {status} without JSON ({e}): {}",
+            body.trim()
+        )
+    })?;
+    match answer["overallCode"].as_str() {
+        Some(code) if status == 200 || status == 429 => Ok(format!(
+            "{addr}: /healthcheck 200, /json {status} with overallCode {code}"
+        )),
+        _ => Err(format!("{addr}/json answered {status}: {}", body.trim())),
+    }
+}
+
+/// One plain HTTP/1.1 call to `addr`, within [`TIMEOUT`] and [`MAX_ANSWER_BYTES`]: the status
+/// and the body.
+fn call(addr: &str, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
     use std::net::ToSocketAddrs;
     let target = addr
         .to_socket_addrs()
@@ -58,7 +99,9 @@ pub fn fetch(addr: &str, query: &str) -> Result<Value, String> {
         .map_err(|e| e.to_string())?;
     write!(
         s,
-        "GET /debug/explain?{query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .map_err(|e| format!("cannot send to {addr}: {e}"))?;
     let mut raw = Vec::new();
@@ -69,11 +112,12 @@ pub fn fetch(addr: &str, query: &str) -> Result<Value, String> {
     let (head, body) = raw
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("{addr} did not answer HTTP"))?;
-    let status = head.split_whitespace().nth(1).unwrap_or("?");
-    if status != "200" {
-        return Err(format!("{addr} answered {status}: {}", body.trim()));
-    }
-    serde_json::from_str(body).map_err(|e| format!("{addr} answered no JSON: {e}"))
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("{addr} did not answer HTTP"))?;
+    Ok((status, body.to_owned()))
 }
 
 /// The explanation as text for a terminal.

@@ -144,6 +144,14 @@ pub enum Command {
         )]
         rlqs: bool,
     },
+    /// Check that a running Sluice answers (what the Helm chart's test hook runs): its HTTP
+    /// port answers /healthcheck with 200 and a rate-limit request on /json. Exits 0 when it
+    /// does, 1 otherwise.
+    Probe {
+        /// The HTTP port (PORT) as `host:port`.
+        #[arg(long, value_name = "HOST:PORT")]
+        address: String,
+    },
     /// Explain what Sluice decides for a request, step by step, without counting: which config
     /// node matched each entry and how, the limit, `replaces`, shadow and quota mode, the
     /// counter keys; against a running Sluice (`--debug-address`) also each counter's state and
