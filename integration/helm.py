@@ -23,6 +23,7 @@ else built with cargo). scripts/test.sh installs the first two into target/. A m
 skips the test, or fails it under CI=true. The last line is `helm: N passed, M failed`.
 """
 
+import json
 import os
 import re
 import shutil
@@ -115,6 +116,12 @@ COMBOS = {
         "tests": {"podLabels": {"sluice-client": "true"}},
     },
     "no helm test pod": {"tests": {"enabled": False}},
+    "the Grafana dashboard (in Grafana's namespace and folder) and the PrometheusRule": {
+        "metrics": {
+            "grafanaDashboard": {"enabled": True, "namespace": "grafana", "folder": "Sluice"},
+            "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}},
+        },
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
@@ -122,7 +129,7 @@ COMBOS = {
 }
 KUBE_VERSION = "1.33.0"
 # Kinds that kubernetes-validate has no schema for (CRDs); checked by hand below.
-CRD_KINDS = {"ServiceMonitor", "Certificate"}
+CRD_KINDS = {"ServiceMonitor", "Certificate", "PrometheusRule"}
 
 passed = 0
 failed = 0
@@ -424,6 +431,30 @@ def check_extras(label, docs, deploy, values):
               yaml.safe_dump(tests))
     else:
         check(f"{label}: no helm test pod", not tests, yaml.safe_dump(tests))
+    metrics = values.get("metrics", {})
+    dashboards = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+    if metrics.get("grafanaDashboard", {}).get("enabled"):
+        want = json.loads((CHART / "files" / "dashboard.json").read_text())
+        ok = len(dashboards) == 1
+        d = dashboards[0] if ok else {}
+        check(f"{label}: the dashboard ConfigMap holds files/dashboard.json, labelled for the sidecar",
+              ok and json.loads(d["data"]["sluice.json"]) == want
+              and d["metadata"]["labels"].get("grafana_dashboard") == "1"
+              and d["metadata"]["namespace"] == metrics["grafanaDashboard"].get("namespace", "rl")
+              and d["metadata"].get("annotations", {}).get("grafana_folder") == metrics["grafanaDashboard"].get("folder"),
+              yaml.safe_dump(dashboards)[:2000])
+    else:
+        check(f"{label}: no dashboard ConfigMap", not dashboards)
+    rules = [d for d in docs if d["kind"] == "PrometheusRule"]
+    if metrics.get("prometheusRule", {}).get("enabled"):
+        want = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+        check(f"{label}: the PrometheusRule holds files/alerts.yaml's groups, with its labels",
+              len(rules) == 1 and rules[0]["spec"] == want
+              and all(rules[0]["metadata"]["labels"].get(k) == v
+                      for k, v in metrics["prometheusRule"].get("labels", {}).items()),
+              yaml.safe_dump(rules)[:2000])
+    else:
+        check(f"{label}: no PrometheusRule", not rules)
     reset = values.get("counterAdmin", {}).get("resetEnabled", False)
     check(
         f"{label}: SLUICE_DEBUG_COUNTER_RESET is {str(reset).lower()}",

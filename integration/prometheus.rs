@@ -1,0 +1,350 @@
+//! The shipped Grafana dashboard (`helm/sluice/files/dashboard.json`) and Prometheus alerts
+//! (`helm/sluice/files/alerts.yaml`) against a real Prometheus (Debian's `prometheus`) scraping
+//! two real Sluice peers under load, with write-behind to a real `redis-server`: `promtool check
+//! rules` passes; every dashboard query, and every alert expression without its threshold,
+//! returns data through Prometheus's HTTP API; and with the store driven full and Redis killed,
+//! the store, backend and Redis alerts fire. Under CI a missing `prometheus` fails the test;
+//! elsewhere it is skipped loudly.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
+mod redis_server;
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis_server::{RedisServer, missing, redis_server_available};
+use serde_json::Value;
+use support::{free_port, http, wait_for};
+
+fn files() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/sluice/files")
+}
+
+fn prometheus_available() -> bool {
+    let found = |bin: &str| {
+        Command::new(bin)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    (found("prometheus") && found("promtool"))
+        || missing(
+            "prometheus or promtool not found: install Debian's `prometheus` \
+             (scripts/test.sh does this)",
+        )
+}
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A Sluice peer: its HTTP and debug ports.
+struct Node {
+    _proc: Proc,
+    http: u16,
+    debug: u16,
+}
+
+fn start_nodes(config: &Path, redis: &RedisServer) -> Vec<Node> {
+    let ports: Vec<(u16, u16, u16)> = (0..2)
+        .map(|_| (free_port(), free_port(), free_port()))
+        .collect();
+    let peers = ports
+        .iter()
+        .map(|(_, _, peer)| format!("127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    ports
+        .into_iter()
+        .map(|(http_port, debug, peer)| {
+            let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+                .arg("--config")
+                .arg(config)
+                .env_remove("BACKEND_TYPE")
+                .envs([
+                    ("HOST", "127.0.0.1".to_owned()),
+                    ("GRPC_HOST", "127.0.0.1".to_owned()),
+                    ("DEBUG_HOST", "127.0.0.1".to_owned()),
+                    ("PORT", http_port.to_string()),
+                    ("GRPC_PORT", free_port().to_string()),
+                    ("DEBUG_PORT", debug.to_string()),
+                    ("PEERS", peers.clone()),
+                    ("PEER_PORT", peer.to_string()),
+                    ("PEER_ADVERTISE_ADDRESS", format!("127.0.0.1:{peer}")),
+                    ("SLUICE_PEER_WRITE_BEHIND", "true".to_owned()),
+                    ("SLUICE_PEER_WRITE_BEHIND_MS", "100".to_owned()),
+                    ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+                    ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+                    // Small enough for the test to fill.
+                    ("SLUICE_MAX_COUNTERS", "30".to_owned()),
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start sluice");
+            wait_for("sluice to answer", Duration::from_secs(20), || {
+                http(http_port, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 200)
+            });
+            Node {
+                _proc: Proc(child),
+                http: http_port,
+                debug,
+            }
+        })
+        .collect()
+}
+
+/// Prometheus scraping `targets` every second, evaluating `rules` every second.
+fn start_prometheus(dir: &Path, targets: &[String], rules: &Path) -> (Proc, u16) {
+    let port = free_port();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: [{}]\n\
+             scrape_configs:\n  - job_name: sluice\n    static_configs:\n      - targets: [{}]\n",
+            rules.display(),
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let child = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start prometheus");
+    let proc = Proc(child);
+    wait_for("prometheus to be ready", Duration::from_secs(30), || {
+        http(port, "GET", "/-/ready", "").is_some_and(|(s, _)| s == 200)
+    });
+    (proc, port)
+}
+
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A GET to Prometheus's API as JSON, over HTTP/1.0 (so the answer is never chunked).
+fn api(port: u16, path: &str) -> Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("prometheus answers");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{path}: {raw}"
+    );
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
+/// An instant query's result vector.
+fn query(port: u16, expr: &str) -> Vec<Value> {
+    let v = api(port, &format!("/api/v1/query?query={}", encode(expr)));
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+/// The dashboard's queries, with its variables as Grafana would fill them.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(files().join("dashboard.json")).unwrap();
+    let dash: Value = serde_json::from_str(&text).unwrap();
+    let mut out = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$job", "sluice")
+                .replace("$__rate_interval", "30s");
+            out.push((p["title"].as_str().unwrap().to_owned(), expr));
+        }
+    }
+    out
+}
+
+/// Each alert's name and expression without its final threshold (`... > 0`).
+fn alert_expressions() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(files().join("alerts.yaml")).unwrap();
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(n) = line.strip_prefix("- alert: ") {
+            name = n.to_owned();
+        } else if let Some(e) = line.strip_prefix("expr: ") {
+            let (bare, threshold) = e.rsplit_once(' ').unwrap();
+            let (bare, op) = bare.rsplit_once(' ').unwrap();
+            assert!(
+                [">", "<", "==", ">=", "<="].contains(&op) && threshold.parse::<f64>().is_ok(),
+                "{name}: the expression must end in its threshold: {e}"
+            );
+            out.push((name.clone(), bare.to_owned()));
+        }
+    }
+    out
+}
+
+/// The rule file as the test loads it: every `for:` at 0s, so alerts fire at the next
+/// evaluation instead of minutes later.
+fn fast_rules(dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(files().join("alerts.yaml")).unwrap();
+    let fast: String = text
+        .lines()
+        .map(|l| match l.split_once("for: ") {
+            Some((indent, _)) => format!("{indent}for: 0s\n"),
+            None => format!("{l}\n"),
+        })
+        .collect();
+    let path = dir.join("rules.yaml");
+    std::fs::write(&path, fast).unwrap();
+    path
+}
+
+fn firing(port: u16) -> Vec<String> {
+    let v = api(port, "/api/v1/alerts");
+    let mut names: Vec<String> = v["data"]["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["state"] == "firing")
+        .filter_map(|a| a["labels"]["alertname"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+const LIMITS: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+fn body(value: &str) -> String {
+    format!(r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"{value}"}}]}}]}}"#)
+}
+
+#[test]
+fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
+    if !prometheus_available() || !redis_server_available() {
+        return;
+    }
+    let rules = files().join("alerts.yaml");
+    let check = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .expect("run promtool");
+    assert!(check.status.success(), "{check:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
+    let mut redis = RedisServer::start_on(free_port());
+    let nodes = start_nodes(dir.path(), &redis);
+    let targets: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.debug))
+        .collect();
+    let (_prometheus, port) = start_prometheus(dir.path(), &targets, &fast_rules(dir.path()));
+
+    // Load: hits within and over the limit on both nodes, then more
+    // distinct keys than the store holds (it refuses them: a backend error).
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let node = &nodes[i % 2];
+        http(node.http, "POST", "/json", &body(&format!("v{}", i % 4)));
+        i += 1;
+    }
+    for n in 0..80 {
+        http(
+            nodes[n % 2].http,
+            "POST",
+            "/json",
+            &body(&format!("flood{n}")),
+        );
+    }
+    wait_for(
+        "prometheus to scrape the errors",
+        Duration::from_secs(20),
+        || {
+            !query(
+                port,
+                "ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"} > 0",
+            )
+            .is_empty()
+                && !query(
+                    port,
+                    "count_over_time(ratelimit_service_total_requests[1m]) > 3",
+                )
+                .is_empty()
+        },
+    );
+
+    for (title, expr) in dashboard_queries() {
+        assert!(
+            !query(port, &expr).is_empty(),
+            "dashboard panel {title:?}: no data for {expr}"
+        );
+    }
+    for (name, expr) in alert_expressions() {
+        assert!(
+            !query(port, &expr).is_empty(),
+            "alert {name}: no data for {expr}"
+        );
+    }
+
+    // Redis gone: the write-behind's Redis is down, and the alerts say so.
+    redis.kill();
+    let want = [
+        "SluiceBackendErrors",
+        "SluiceCounterStoreFull",
+        "SluiceRedisDown",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for n in 0..10 {
+            http(
+                nodes[n % 2].http,
+                "POST",
+                "/json",
+                &body(&format!("more{n}")),
+            );
+        }
+        let now = firing(port);
+        if want.iter().all(|w| now.iter().any(|f| f == w)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "firing {now:?}, wanted {want:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
