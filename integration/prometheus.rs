@@ -276,23 +276,7 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
         .collect();
     let (_prometheus, port) = start_prometheus(dir.path(), &targets, &fast_rules(dir.path()));
 
-    // Load: hits within and over the limit on both nodes, then more
-    // distinct keys than the store holds (it refuses them: a backend error).
-    let started = Instant::now();
-    let mut i = 0;
-    while started.elapsed() < Duration::from_secs(6) {
-        let node = &nodes[i % 2];
-        http(node.http, "POST", "/json", &body(&format!("v{}", i % 4)));
-        i += 1;
-    }
-    for n in 0..80 {
-        http(
-            nodes[n % 2].http,
-            "POST",
-            "/json",
-            &body(&format!("flood{n}")),
-        );
-    }
+    load(&nodes);
     wait_for(
         "prometheus to scrape the errors",
         Duration::from_secs(20),
@@ -325,11 +309,39 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
 
     // Redis gone: the write-behind's Redis is down, and the alerts say so.
     redis.kill();
-    let want = [
-        "SluiceBackendErrors",
-        "SluiceCounterStoreFull",
-        "SluiceRedisDown",
-    ];
+    wait_until_firing(
+        port,
+        &nodes,
+        &[
+            "SluiceBackendErrors",
+            "SluiceCounterStoreFull",
+            "SluiceRedisDown",
+        ],
+    );
+}
+
+/// Hits within and over the limit on both nodes for 6 s, then more distinct keys than the
+/// store holds (it refuses them: a backend error).
+fn load(nodes: &[Node]) {
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let node = &nodes[i % 2];
+        http(node.http, "POST", "/json", &body(&format!("v{}", i % 4)));
+        i += 1;
+    }
+    for n in 0..80 {
+        http(
+            nodes[n % 2].http,
+            "POST",
+            "/json",
+            &body(&format!("flood{n}")),
+        );
+    }
+}
+
+/// Keeps the store refusing until every alert of `want` fires (60 s at most).
+fn wait_until_firing(port: u16, nodes: &[Node], want: &[&str]) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         for n in 0..10 {
@@ -342,7 +354,7 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
         }
         let now = firing(port);
         if want.iter().all(|w| now.iter().any(|f| f == w)) {
-            break;
+            return;
         }
         assert!(Instant::now() < deadline, "firing {now:?}, wanted {want:?}");
         std::thread::sleep(Duration::from_millis(500));
