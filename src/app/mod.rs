@@ -382,6 +382,7 @@ impl App {
         });
         let (stop_tx, stop) = StopSignal::new();
         let ports = Ports::new(&options, listeners.grpc.is_unix());
+        let (counters, hot) = service_views(&service, &options);
         let debug_state = api::debug::DebugState {
             config,
             store,
@@ -393,11 +394,10 @@ impl App {
             listeners: ports.guards(&listeners),
             budget: Some(ports.budget.clone()),
             quota: Some(quota.clone()),
-            counters: Some(api::debug::CounterAdmin {
-                service: service.clone(),
-                reset_enabled: options.counter_reset,
-                max_request_bytes: options.max_request_bytes,
-            }),
+            counters,
+            hot,
+            clock: service.clock().clone(),
+            calls: Arc::default(),
         };
         let mut after_drain = vec![health.follow()];
         after_drain.extend(spawn_after_drain(
@@ -696,4 +696,20 @@ impl Running {
         }
         Ok(())
     }
+}
+
+/// The debug port's views of the service: the counter admin and the hot keys.
+fn service_views(
+    service: &Arc<RateLimitService<AnyStore>>,
+    options: &AppOptions,
+) -> (
+    Option<api::debug::CounterAdmin>,
+    Option<Arc<crate::service::HotKeys>>,
+) {
+    let admin = api::debug::CounterAdmin {
+        service: service.clone(),
+        reset_enabled: options.counter_reset,
+        max_request_bytes: options.max_request_bytes,
+    };
+    (Some(admin), Some(service.hot_keys().clone()))
 }

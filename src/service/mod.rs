@@ -13,6 +13,7 @@
 //! on, once when it ends.
 
 mod admin;
+mod hot;
 pub mod observe;
 mod plan;
 
@@ -27,6 +28,7 @@ use crate::descriptor::{Descriptor, Entry, Request};
 use crate::limiter::{Algorithm, Decision, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
 pub use admin::{CounterView, counter_json};
+pub use hot::{HotKey, HotKeys};
 use observe::{
     CallReport, Caller, DescriptorReport, Observer, Outcome, Span, StatsKey, Unobserved,
 };
@@ -262,6 +264,8 @@ pub struct RateLimitService<S> {
     header_names: Option<Arc<HeaderNames>>,
     /// What the decisions report to (telemetry); by default nothing.
     observer: Arc<dyn Observer>,
+    /// The counters closest to or over their limits, for the status page.
+    hot: Arc<HotKeys>,
 }
 
 impl<S: CounterStore> RateLimitService<S> {
@@ -278,7 +282,17 @@ impl<S: CounterStore> RateLimitService<S> {
             header_names: options.response_headers.clone().map(Arc::new),
             options,
             observer: Arc::new(Unobserved),
+            hot: Arc::default(),
         }
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The counters closest to or over their limits right now ([`HotKeys`]).
+    pub fn hot_keys(&self) -> &Arc<HotKeys> {
+        &self.hot
     }
 
     /// Reports decisions to `observer` (stats, spans, logs).
@@ -386,6 +400,11 @@ impl<S: CounterStore> RateLimitService<S> {
         if decisions.len() != hits.len() {
             let (expected, got) = (hits.len(), decisions.len());
             return Err(StoreError::BadReply { expected, got }.into());
+        }
+        for (hit, d) in hits.iter().zip(decisions) {
+            if hit.hits > 0 {
+                self.hot.record(hit.key, &hit.quota, d, now);
+            }
         }
         self.give_back(now, &plan::refunds(&plans, &hits, decisions))
             .await;

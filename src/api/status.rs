@@ -1,0 +1,213 @@
+//! The status page on the debug port (`/`): server-rendered HTML that works without JavaScript
+//! and refreshes itself every [`REFRESH_SECS`] seconds. What Sluice is doing now: calls per
+//! second (since the page was last rendered), the keys closest to or over their limits
+//! ([`crate::service::HotKeys`]), the counter store and its backends, the peers and lease mode,
+//! and the loaded limits (the `/rlconfig` lines, at most [`MAX_LIMIT_LINES`]).
+
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use super::debug::DebugState;
+use crate::clock::Timestamp;
+
+/// How often the page reloads itself, in seconds.
+pub const REFRESH_SECS: u32 = 5;
+/// The most `/rlconfig` lines the page shows (all are on `/rlconfig`).
+pub const MAX_LIMIT_LINES: usize = 200;
+
+/// The calls counted when the page was last rendered, and when: calls per second are measured
+/// between two renderings.
+#[derive(Debug, Default)]
+pub struct CallRate {
+    last: Mutex<Option<(Timestamp, u64)>>,
+}
+
+impl CallRate {
+    /// Calls per second between the last rendering and `now`, when there was one.
+    fn per_second(&self, now: Timestamp, total: u64) -> Option<f64> {
+        let mut last = self.last.lock().ok()?;
+        let rate = last.and_then(|(at, was)| {
+            let secs = now.micros().saturating_sub(at.micros()) as f64 / 1e6;
+            (secs > 0.0).then(|| total.saturating_sub(was) as f64 / secs)
+        });
+        *last = Some((now, total));
+        rate
+    }
+}
+
+/// Escapes text for HTML.
+fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The page at `now`.
+#[allow(clippy::cast_precision_loss, reason = "ratios for display")]
+pub fn render(st: &DebugState, now: Timestamp) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECS}\">\
+         <title>Sluice status</title><style>body{{font-family:sans-serif;margin:1.5em}}\
+         table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;\
+         text-align:left}}.over{{color:#b00;font-weight:bold}}.down{{color:#b00;font-weight:bold}}\
+         .up{{color:#070}}</style></head><body><h1>Sluice {}</h1>",
+        esc(env!("CARGO_PKG_VERSION"))
+    );
+    traffic(&mut out, st, now);
+    hot_keys(&mut out, st, now);
+    store(&mut out, st);
+    peers(&mut out, st);
+    limits(&mut out, st);
+    out.push_str(
+        "<p>Also on this port: <a href=\"/rlconfig\">/rlconfig</a>, <a href=\"/metrics\">/metrics</a>, \
+         <a href=\"/stats\">/stats</a>, /debug/counters and /debug/explain \
+         (docs/operations.md).</p></body></html>\n",
+    );
+    out
+}
+
+fn traffic(out: &mut String, st: &DebugState, now: Timestamp) {
+    let total = st.stats.service.total_requests.get();
+    let rate = st.calls.per_second(now, total);
+    let _ = write!(
+        out,
+        "<h2>Traffic</h2><p id=\"calls\">{total} ShouldRateLimit calls since start; {}</p>",
+        rate.map_or(
+            "calls per second at the next refresh".to_owned(),
+            |r| format!("{r:.1} per second over the last {REFRESH_SECS} s or so")
+        )
+    );
+}
+
+fn hot_keys(out: &mut String, st: &DebugState, now: Timestamp) {
+    out.push_str("<h2>Keys closest to or over their limits</h2>");
+    let hot = st.hot.as_ref().map(|h| h.snapshot(now)).unwrap_or_default();
+    if hot.is_empty() {
+        out.push_str("<p id=\"hot-keys\">None at 80% of its limit or more.</p>");
+        return;
+    }
+    out.push_str(
+        "<table id=\"hot-keys\"><tr><th>counter key</th><th>limit</th><th>count</th>\
+         <th>state</th><th>resets in</th></tr>",
+    );
+    for h in hot {
+        let q = &h.quota;
+        let _ = write!(
+            out,
+            "<tr class=\"{}\"><td>{}</td><td>{} per {} ({})</td><td>{}</td><td>{}</td><td>{} s</td></tr>",
+            if h.over { "over" } else { "near" },
+            esc(&h.key),
+            q.requests_per_unit,
+            q.unit.name(),
+            q.algorithm.name(),
+            h.count,
+            if h.over {
+                "OVER".to_owned()
+            } else {
+                format!("{:.0}%", h.fullness * 100.0)
+            },
+            h.until
+                .micros()
+                .saturating_sub(now.micros())
+                .div_ceil(1_000_000),
+        );
+    }
+    out.push_str("</table>");
+}
+
+#[allow(clippy::cast_precision_loss, reason = "ratios for display")]
+fn store(out: &mut String, st: &DebugState) {
+    out.push_str("<h2>Counter store</h2><ul id=\"store\">");
+    if let Some(m) = st.store.memory() {
+        let _ = write!(
+            out,
+            "<li>memory: {} of {} counters ({:.0}%), {} of {} bytes; {} requests refused because it was full</li>",
+            m.live_counters,
+            m.max_counters,
+            m.live_counters as f64 * 100.0 / m.max_counters.max(1) as f64,
+            m.counter_bytes,
+            m.max_counter_bytes,
+            m.rejected_full
+        );
+    }
+    for r in st.store.redis() {
+        let _ = write!(
+            out,
+            "<li>Redis {}: <span class=\"{}\">{}</span> (found down {} times)</li>",
+            r.target,
+            if r.up { "up" } else { "down" },
+            if r.up { "up" } else { "DOWN" },
+            r.opens
+        );
+    }
+    out.push_str("</ul>");
+}
+
+fn peers(out: &mut String, st: &DebugState) {
+    let Some(c) = st.store.cluster() else {
+        return;
+    };
+    out.push_str("<h2>Peers</h2><table id=\"peers\"><tr><th>peer</th><th>state</th></tr>");
+    for (addr, up) in &c.peers {
+        let _ = write!(
+            out,
+            "<tr class=\"{0}\"><td>{1}</td><td>{2}</td></tr>",
+            if *up { "up" } else { "down" },
+            esc(addr),
+            if *up { "up" } else { "DOWN" }
+        );
+    }
+    let _ = write!(
+        out,
+        "</table><p>{} hits counted here as owner, {} forwarded, {} forwards failed.</p>",
+        c.local_hits, c.forwarded_hits, c.failed_forwards
+    );
+    if !c.lease.is_empty() {
+        out.push_str("<p id=\"leases\">Lease mode: ");
+        let parts: Vec<String> = c.lease.iter().map(|(n, v)| format!("{n} {v}")).collect();
+        out.push_str(&esc(&parts.join(", ")));
+        out.push_str(" (one key's leases: /debug/lease?key=...).</p>");
+    }
+}
+
+fn limits(out: &mut String, st: &DebugState) {
+    let dump = st.config.current().map(|c| c.dump()).unwrap_or_default();
+    let count = dump.lines().count();
+    let _ = write!(out, "<h2>Loaded limits ({count})</h2><pre id=\"limits\">");
+    for line in dump.lines().take(MAX_LIMIT_LINES) {
+        out.push_str(&esc(line));
+        out.push('\n');
+    }
+    if count > MAX_LIMIT_LINES {
+        let _ = writeln!(out, "... {} more on /rlconfig", count - MAX_LIMIT_LINES);
+    }
+    out.push_str("</pre>");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped_and_the_rate_is_measured_between_renderings() {
+        assert_eq!(
+            esc("<a href='x'>&\"</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
+        );
+        let rate = CallRate::default();
+        assert_eq!(rate.per_second(Timestamp::from_secs(10), 100), None);
+        assert_eq!(rate.per_second(Timestamp::from_secs(15), 150), Some(10.0));
+    }
+}
