@@ -142,18 +142,6 @@ fn start_prometheus(dir: &Path, targets: &[String], rules: &Path) -> (Proc, u16)
     (proc, port)
 }
 
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 /// A GET to Prometheus's API as JSON, over HTTP/1.0 (so the answer is never chunked).
 fn api(port: u16, path: &str) -> Value {
     use std::io::{Read, Write};
@@ -172,7 +160,10 @@ fn api(port: u16, path: &str) -> Value {
 
 /// An instant query's result vector.
 fn query(port: u16, expr: &str) -> Vec<Value> {
-    let v = api(port, &format!("/api/v1/query?query={}", encode(expr)));
+    let v = api(
+        port,
+        &format!("/api/v1/query?query={}", sluice::percent::encode(expr, b"")),
+    );
     v["data"]["result"].as_array().cloned().unwrap_or_default()
 }
 

@@ -1,10 +1,25 @@
 //! The one percent-decoder: `%` followed by exactly two hex digits is a byte, everything else
 //! is itself, and the result must be UTF-8. Used by `/nginx`'s descriptor headers and by the
-//! settings' `key=value` lists (OTEL_RESOURCE_ATTRIBUTES, OTEL_EXPORTER_OTLP_*HEADERS).
+//! settings' `key=value` lists (OTEL_RESOURCE_ATTRIBUTES, OTEL_EXPORTER_OTLP_*HEADERS). And
+//! the one encoder, [`encode`] (Redis URLs' credentials, `sluice explain`'s query).
 //!
 //! Strict on purpose: a `%` not followed by two hex digits is an error rather than kept, so a
 //! value that was meant to be encoded and was not is caught, not used. `+` is a plus, not a
 //! space (this is not form encoding).
+
+/// Percent-encodes every byte of `text` but ASCII letters, digits, `-._~` (RFC 3986's
+/// unreserved characters) and the bytes of `keep`.
+pub fn encode(text: &str, keep: &[u8]) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
 
 /// Percent-decodes `text` into UTF-8; `None` for a `%` without two hex digits after it (`%+f`
 /// included, which `u8::from_str_radix` alone would take) or for bytes that are not UTF-8.

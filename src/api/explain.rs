@@ -28,18 +28,10 @@ pub fn query(domain: &str, descriptors: &[String], hits_addend: u32) -> String {
     q
 }
 
-/// Percent-encodes everything but unreserved characters and `=` (which the query form splits
-/// a descriptor's entries on, after decoding `%26` back to `&`).
+/// Percent-encodes all but unreserved characters and `=` (which the query form splits a
+/// descriptor's entries on, after decoding `%26` back to `&`).
 fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~=".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::percent::encode(text, b"=")
 }
 
 /// `GET /debug/explain?<query>` from the debug port at `addr` (plain HTTP/1.1), within

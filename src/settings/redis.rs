@@ -785,15 +785,7 @@ pub(super) fn userinfo(auth: &str) -> String {
 }
 
 pub(super) fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::percent::encode(s, b"")
 }
 
 #[cfg(test)]
