@@ -2,7 +2,10 @@
 //! service's format), `/metrics` (the Prometheus exposition), `/stats` (the service counters
 //! as `name: value` lines) and `/debug/counters` (a request's counters, read without counting,
 //! and their reset when SLUICE_DEBUG_COUNTER_RESET allows it). [`metrics_router`] serves the
-//! exposition alone, for the USE_PROMETHEUS listener.
+//! exposition alone, for the USE_PROMETHEUS listener. What they read is
+//! [`super::debug_state::DebugState`].
+
+pub use super::debug_state::{CallRate, CounterAdmin, Counters, DebugState, StoreGauges};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,88 +15,14 @@ use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use futures_util::future::BoxFuture;
 
-use crate::cluster::lease::KeyView;
 use crate::config::ConfigHandle;
 use crate::descriptor::Request;
-use crate::net::{ByteBudget, PortGuard};
+use crate::net::PortGuard;
 use crate::quota::QuotaService;
-use crate::service::{CounterView, RateLimitService, ServiceError, counter_json};
-use crate::store::CounterStore;
-use crate::telemetry::Stats;
+use crate::service::{ServiceError, counter_json};
 use crate::telemetry::otlp::trace::SpanCounters;
-use crate::telemetry::prometheus::{
-    self, ClusterGauges, Extra, ListenerGauges, MemoryGauges, RedisGauges, RlqsGauges,
-};
-
-/// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
-#[derive(Clone)]
-pub struct DebugState {
-    pub config: ConfigHandle,
-    pub store: Arc<dyn StoreGauges>,
-    pub stats: Arc<Stats>,
-    pub spans: Option<Arc<SpanCounters>>,
-    /// The serving listeners, and the gRPC message byte budget they share.
-    pub listeners: Vec<Arc<PortGuard>>,
-    pub budget: Option<Arc<ByteBudget>>,
-    /// The Rate Limit Quota Service's state.
-    pub quota: Option<Arc<QuotaService>>,
-    /// The counter admin (`/debug/counters`).
-    pub counters: Option<CounterAdmin>,
-    /// The status page's hot keys and clock, and its calls-per-second sample.
-    pub hot: Option<Arc<crate::service::HotKeys>>,
-    pub clock: Arc<dyn crate::clock::Clock>,
-    pub calls: Arc<super::status::CallRate>,
-}
-
-/// What `/debug/counters` reads and resets through: the service, whether a reset is allowed
-/// (SLUICE_DEBUG_COUNTER_RESET; the debug port has no authentication), and the request cap.
-#[derive(Clone)]
-pub struct CounterAdmin {
-    pub service: Arc<dyn Counters>,
-    pub reset_enabled: bool,
-    pub max_request_bytes: usize,
-}
-
-/// The service's counter admin, without its store's type.
-pub trait Counters: Send + Sync {
-    fn inspect<'a>(
-        &'a self,
-        request: &'a Request,
-    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>>;
-    fn reset<'a>(
-        &'a self,
-        request: &'a Request,
-    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>>;
-    fn explain<'a>(
-        &'a self,
-        request: &'a Request,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ServiceError>>;
-}
-
-impl<S: CounterStore> Counters for RateLimitService<S> {
-    fn inspect<'a>(
-        &'a self,
-        request: &'a Request,
-    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>> {
-        Box::pin(self.inspect_counters(request))
-    }
-
-    fn reset<'a>(
-        &'a self,
-        request: &'a Request,
-    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>> {
-        Box::pin(self.reset_counters(request))
-    }
-
-    fn explain<'a>(
-        &'a self,
-        request: &'a Request,
-    ) -> BoxFuture<'a, Result<serde_json::Value, ServiceError>> {
-        Box::pin(RateLimitService::explain(self, request, true))
-    }
-}
+use crate::telemetry::prometheus::{self, Extra, ListenerGauges, RlqsGauges};
 
 /// The router for DEBUG_PORT.
 pub fn router(state: DebugState) -> Router {
@@ -301,19 +230,6 @@ impl DebugState {
         extra.rlqs = self.quota.as_deref().map(rlqs_gauges);
         extra
     }
-}
-
-/// What the exposition reports about the counter store. The composition root implements it
-/// for the store it chose, so `api` needs to know no store but through this.
-pub trait StoreGauges: Send + Sync {
-    /// The memory store's (or the peer cluster's local share's) numbers.
-    fn memory(&self) -> Option<MemoryGauges>;
-    /// The peer cluster's numbers, when counters are spread over peers.
-    fn cluster(&self) -> Option<ClusterGauges>;
-    /// One entry per Redis in use (the backend's, or the write-behind's).
-    fn redis(&self) -> Vec<RedisGauges>;
-    /// Lease mode: one counter key's leases as this node sees them; `None` outside lease mode.
-    fn lease(&self, key: &str) -> Option<KeyView>;
 }
 
 fn telemetry_extra(

@@ -15,6 +15,7 @@
 
 pub mod convert;
 pub mod debug;
+pub mod debug_state;
 pub mod explain;
 pub mod forward_auth;
 pub mod grpc;

@@ -5,35 +5,14 @@
 //! and the loaded limits (the `/rlconfig` lines, at most [`MAX_LIMIT_LINES`]).
 
 use std::fmt::Write;
-use std::sync::Mutex;
 
-use super::debug::DebugState;
+use super::debug_state::DebugState;
 use crate::clock::Timestamp;
 
 /// How often the page reloads itself, in seconds.
 pub const REFRESH_SECS: u32 = 5;
 /// The most `/rlconfig` lines the page shows (all are on `/rlconfig`).
 pub const MAX_LIMIT_LINES: usize = 200;
-
-/// The calls counted when the page was last rendered, and when: calls per second are measured
-/// between two renderings.
-#[derive(Debug, Default)]
-pub struct CallRate {
-    last: Mutex<Option<(Timestamp, u64)>>,
-}
-
-impl CallRate {
-    /// Calls per second between the last rendering and `now`, when there was one.
-    fn per_second(&self, now: Timestamp, total: u64) -> Option<f64> {
-        let mut last = self.last.lock().ok()?;
-        let rate = last.and_then(|(at, was)| {
-            let secs = now.micros().saturating_sub(at.micros()) as f64 / 1e6;
-            (secs > 0.0).then(|| total.saturating_sub(was) as f64 / secs)
-        });
-        *last = Some((now, total));
-        rate
-    }
-}
 
 /// Escapes text for HTML.
 fn esc(text: &str) -> String {
@@ -199,6 +178,7 @@ fn limits(out: &mut String, st: &DebugState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::debug_state::CallRate;
 
     #[test]
     fn text_is_escaped_and_the_rate_is_measured_between_renderings() {

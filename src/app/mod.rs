@@ -373,13 +373,7 @@ impl App {
             spans,
             reload_now,
         } = self;
-        // Taken, not cloned: the poller holds the bytes of the files it last loaded.
-        let watcher = options.reload.take().map(|r| {
-            crate::config::spawn_watcher(r.poller, config.clone(), r.poll, reload_now.clone())
-        });
-        let xds = options.xds.as_ref().map(|x| {
-            crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone())
-        });
+        let guards = spawn_guards(&mut options, &config, &reload_now);
         let (stop_tx, stop) = StopSignal::new();
         let ports = Ports::new(&options, listeners.grpc.is_unix());
         let (counters, hot) = service_views(&service, &options);
@@ -432,17 +426,7 @@ impl App {
             exporters,
             stop: stop_tx,
             otlp_stop: otlp_stop_tx,
-            // Reload the gRPC and peer certificates when their files change, until the app
-            // stops (the peer one serves both sides of peer TLS).
-            _guards: (
-                watcher,
-                xds,
-                options.grpc_tls.as_ref().map(|tls| tls.watch(CERT_POLL)),
-                options
-                    .peer_tls
-                    .as_ref()
-                    .map(|tls| tls.server().watch(CERT_POLL)),
-            ),
+            _guards: guards,
         }
     }
 }
@@ -647,12 +631,42 @@ struct Running {
     stop: watch::Sender<bool>,
     otlp_stop: watch::Sender<bool>,
     /// The config watcher, the xDS client and the certificate watchers stop when dropped.
-    _guards: (
-        Option<crate::config::WatchGuard>,
-        Option<crate::xds::XdsGuard>,
-        Option<crate::tls::TaskGuard>,
-        Option<crate::tls::TaskGuard>,
-    ),
+    _guards: Guards,
+}
+
+/// The config watcher, the xDS client and the gRPC and peer certificate watchers.
+type Guards = (
+    Option<crate::config::WatchGuard>,
+    Option<crate::xds::XdsGuard>,
+    Option<crate::tls::TaskGuard>,
+    Option<crate::tls::TaskGuard>,
+);
+
+/// Starts what runs beside the listeners until the app stops: the config watcher (taking the
+/// reload options: the poller holds the bytes of the files it last loaded), the xDS client,
+/// and the reloading of the gRPC and peer certificates when their files change (the peer one
+/// serves both sides of peer TLS).
+fn spawn_guards(
+    options: &mut AppOptions,
+    config: &ConfigHandle,
+    reload_now: &Arc<tokio::sync::Notify>,
+) -> Guards {
+    let watcher = options.reload.take().map(|r| {
+        crate::config::spawn_watcher(r.poller, config.clone(), r.poll, reload_now.clone())
+    });
+    let xds = options
+        .xds
+        .as_ref()
+        .map(|x| crate::xds::spawn(x.settings.clone(), x.tls.clone(), x.options, config.clone()));
+    (
+        watcher,
+        xds,
+        options.grpc_tls.as_ref().map(|tls| tls.watch(CERT_POLL)),
+        options
+            .peer_tls
+            .as_ref()
+            .map(|tls| tls.server().watch(CERT_POLL)),
+    )
 }
 
 impl Running {

@@ -1,0 +1,121 @@
+//! What the debug listener's endpoints and the status page read ([`super::debug`],
+//! [`super::status`]): the config, the store's gauges, the stats, the listeners, the quota
+//! service, the counter admin, the hot keys and the clock.
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+
+use crate::clock::{Clock, Timestamp};
+use crate::cluster::lease::KeyView;
+use crate::config::ConfigHandle;
+use crate::descriptor::Request;
+use crate::net::{ByteBudget, PortGuard};
+use crate::quota::QuotaService;
+use crate::service::{CounterView, HotKeys, RateLimitService, ServiceError};
+use crate::store::CounterStore;
+use crate::telemetry::Stats;
+use crate::telemetry::otlp::trace::SpanCounters;
+use crate::telemetry::prometheus::{ClusterGauges, MemoryGauges, RedisGauges};
+
+/// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
+#[derive(Clone)]
+pub struct DebugState {
+    pub config: ConfigHandle,
+    pub store: Arc<dyn StoreGauges>,
+    pub stats: Arc<Stats>,
+    pub spans: Option<Arc<SpanCounters>>,
+    /// The serving listeners, and the gRPC message byte budget they share.
+    pub listeners: Vec<Arc<PortGuard>>,
+    pub budget: Option<Arc<ByteBudget>>,
+    /// The Rate Limit Quota Service's state.
+    pub quota: Option<Arc<QuotaService>>,
+    /// The counter admin (`/debug/counters`).
+    pub counters: Option<CounterAdmin>,
+    /// The status page's hot keys and clock, and its calls-per-second sample.
+    pub hot: Option<Arc<HotKeys>>,
+    pub clock: Arc<dyn Clock>,
+    pub calls: Arc<CallRate>,
+}
+
+/// What `/debug/counters` reads and resets through: the service, whether a reset is allowed
+/// (SLUICE_DEBUG_COUNTER_RESET; the debug port has no authentication), and the request cap.
+#[derive(Clone)]
+pub struct CounterAdmin {
+    pub service: Arc<dyn Counters>,
+    pub reset_enabled: bool,
+    pub max_request_bytes: usize,
+}
+
+/// The service's counter admin, without its store's type.
+pub trait Counters: Send + Sync {
+    fn inspect<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>>;
+    fn reset<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>>;
+    fn explain<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<serde_json::Value, ServiceError>>;
+}
+
+impl<S: CounterStore> Counters for RateLimitService<S> {
+    fn inspect<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>> {
+        Box::pin(self.inspect_counters(request))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<Vec<CounterView>, ServiceError>> {
+        Box::pin(self.reset_counters(request))
+    }
+
+    fn explain<'a>(
+        &'a self,
+        request: &'a Request,
+    ) -> BoxFuture<'a, Result<serde_json::Value, ServiceError>> {
+        Box::pin(RateLimitService::explain(self, request, true))
+    }
+}
+
+/// What the exposition reports about the counter store. The composition root implements it
+/// for the store it chose, so `api` needs to know no store but through this.
+pub trait StoreGauges: Send + Sync {
+    /// The memory store's (or the peer cluster's local share's) numbers.
+    fn memory(&self) -> Option<MemoryGauges>;
+    /// The peer cluster's numbers, when counters are spread over peers.
+    fn cluster(&self) -> Option<ClusterGauges>;
+    /// One entry per Redis in use (the backend's, or the write-behind's).
+    fn redis(&self) -> Vec<RedisGauges>;
+    /// Lease mode: one counter key's leases as this node sees them; `None` outside lease mode.
+    fn lease(&self, key: &str) -> Option<KeyView>;
+}
+
+/// The calls counted when the status page was last rendered, and when: calls per second are
+/// measured between two renderings.
+#[derive(Debug, Default)]
+pub struct CallRate {
+    last: Mutex<Option<(Timestamp, u64)>>,
+}
+
+impl CallRate {
+    /// Calls per second between the last rendering and `now`, when there was one.
+    #[allow(clippy::cast_precision_loss, reason = "a rate for display")]
+    pub fn per_second(&self, now: Timestamp, total: u64) -> Option<f64> {
+        let mut last = self.last.lock().ok()?;
+        let rate = last.and_then(|(at, was)| {
+            let secs = now.micros().saturating_sub(at.micros()) as f64 / 1e6;
+            (secs > 0.0).then(|| total.saturating_sub(was) as f64 / secs)
+        });
+        *last = Some((now, total));
+        rate
+    }
+}
