@@ -1838,6 +1838,23 @@ fn explain_reads_a_running_sluices_counters() {
     assert!(err.contains("cannot connect to 127.0.0.1:1"), "{err}");
     let (code, _, _) = explain(&["--domain", "ex", "--descriptor", "a=b"]);
     assert_eq!(code, Some(64), "neither --config nor --debug-address");
+
+    // The /json form from a file, against the running Sluice: a request override.
+    let dir = tempfile::tempdir().unwrap();
+    let request = dir.path().join("request.json");
+    std::fs::write(
+        &request,
+        r#"{"domain":"ex","descriptors":[{"entries":[{"key":"user","value":"bob"}],"limit":{"requestsPerUnit":9,"unit":"HOUR"}}]}"#,
+    )
+    .unwrap();
+    let (code, text, err) = explain(&[
+        "--debug-address",
+        &addr,
+        "--request",
+        request.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(text.contains("request override: 9 per HOUR"), "{text}");
 }
 
 /// `sluice probe`, the Helm chart's test hook: passes against a serving Sluice, fails naming

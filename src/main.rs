@@ -66,39 +66,61 @@ fn main() -> ExitCode {
             domain,
             descriptor,
             hits_addend,
+            request,
             json,
         }) => {
-            let query = sluice::api::explain::query(&domain, &descriptor, hits_addend);
-            let answer = match (config, debug_address) {
-                (_, Some(addr)) => sluice::api::explain::fetch(&addr, &query),
-                (Some(path), None) => explain_offline(path, &query, cli.serve),
-                (None, None) => Err("give --config PATH or --debug-address HOST:PORT".into()),
+            use sluice::api::explain::{Asked, fetch, query};
+            let asked = match request {
+                Some(path) => read_request(&path).map(Asked::Json),
+                None => Ok(Asked::Query(query(
+                    &domain.unwrap_or_default(),
+                    &descriptor,
+                    hits_addend,
+                ))),
             };
-            match answer {
-                Ok(v) if json => {
-                    println!("{v}");
-                    ExitCode::SUCCESS
-                }
-                Ok(v) => {
-                    print!("{}", sluice::api::explain::render(&v));
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("sluice explain: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            let answer = asked.and_then(|asked| match (config, debug_address) {
+                (_, Some(addr)) => fetch(&addr, &asked),
+                (Some(path), None) => explain_offline(path, &asked, cli.serve),
+                (None, None) => Err("give --config PATH or --debug-address HOST:PORT".into()),
+            });
+            print_explained(answer, json)
         }
         None => serve(cli.serve),
     }
 }
 
-/// `sluice explain --config PATH`: the request in `query` explained against the config at
-/// `path` (loaded as the service loads it, with the serve settings' key prefix and caps); no
-/// counters are read.
+/// Prints an explanation (as JSON, or as text), or why there is none (exit 1).
+fn print_explained(answer: Result<serde_json::Value, String>, json: bool) -> ExitCode {
+    match answer {
+        Ok(v) if json => println!("{v}"),
+        Ok(v) => print!("{}", sluice::api::explain::render(&v)),
+        Err(e) => {
+            eprintln!("sluice explain: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `sluice explain --request PATH`: the file's JSON (`-`: standard input), at most 8 MiB.
+fn read_request(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut text = String::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin().take(8 << 20).read_to_string(&mut text)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(8 << 20).read_to_string(&mut text))
+    };
+    read.map(|_| text)
+        .map_err(|e| format!("--request {}: {e}", path.display()))
+}
+
+/// `sluice explain --config PATH`: the request `asked` explained against the config at `path`
+/// (loaded as the service loads it, with the serve settings' key prefix and caps); no counters
+/// are read.
 fn explain_offline(
     path: PathBuf,
-    query: &str,
+    asked: &sluice::api::explain::Asked,
     serve: ServeArgs,
 ) -> Result<serde_json::Value, String> {
     use sluice::store::MemoryStore;
@@ -113,13 +135,7 @@ fn explain_offline(
             .collect::<Vec<_>>()
             .join("\n")
     })?;
-    let request = sluice::api::forward_auth::forward_auth_request(
-        Some(query),
-        &axum::http::HeaderMap::new(),
-        settings.app.max_request_bytes,
-    )
-    .map_err(|e| e.to_string())?
-    .0;
+    let request = sluice::api::explain::decode(asked, settings.app.max_request_bytes)?;
     let service = sluice::service::RateLimitService::new(
         ConfigHandle::new(Some(loaded)),
         Arc::new(MemoryStore::new(1)),

@@ -160,6 +160,28 @@ async fn the_walk_says_how_each_level_matched_or_why_nothing_did() {
     assert_eq!(plan[0]["key"], "ex_plan_free_");
     assert_eq!(plan[1]["key"], "ex_plan_free_#1_");
 
+    // The /json form, posted: a request override skips the config, a descriptor's own
+    // hits_addend is what its counters would be charged.
+    let body = r#"{"domain":"ex","descriptors":[
+        {"entries":[{"key":"user","value":"dan"}],"limit":{"requestsPerUnit":7,"unit":"MINUTE"}},
+        {"entries":[{"key":"user","value":"erin"}],"hitsAddend":3}]}"#;
+    let r = http(app.debug, "POST", "/debug/explain", body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let e: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        e["descriptors"][0]["override"],
+        json!({"requests_per_unit": 7, "unit": "MINUTE"})
+    );
+    assert!(e["descriptors"][0].get("path").is_none(), "{e}");
+    assert_eq!(e["descriptors"][1]["hits"], 3);
+    assert_eq!(
+        e["descriptors"][1]["counters"][0]["would_refuse"], true,
+        "3 hits of a limit of 2"
+    );
+    assert_eq!(e["overall_code"], "OVER_LIMIT");
+    let bad = http(app.debug, "POST", "/debug/explain", "{nope").await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+
     // A domain nobody loaded answers OK, and says why.
     let r = http(
         app.debug,

@@ -35,7 +35,7 @@ pub fn router(state: DebugState) -> Router {
         .route("/debug/rlqs", get(rlqs))
         .route("/debug/counters", get(inspect_counters))
         .route("/debug/counters/reset", post(reset_counters))
-        .route("/debug/explain", get(explain))
+        .route("/debug/explain", get(explain).post(explain_json))
         .with_state(Arc::new(state))
 }
 
@@ -74,6 +74,31 @@ async fn explain(
     }
 }
 
+/// `POST /debug/explain` with a `/json` body (overrides and per-descriptor hits included).
+async fn explain_json(
+    State(st): State<Arc<DebugState>>,
+    body: axum::body::Body,
+) -> axum::response::Response {
+    let Some(admin) = &st.counters else {
+        return plain(StatusCode::NOT_FOUND, "no counter admin here");
+    };
+    let Ok(bytes) = axum::body::to_bytes(body, admin.max_request_bytes).await else {
+        let why = format!(
+            "request body is larger than {} bytes (SLUICE_MAX_REQUEST_BYTES) or could not be read",
+            admin.max_request_bytes
+        );
+        return plain(StatusCode::BAD_REQUEST, &why);
+    };
+    let request = match super::json::request_from_json(&bytes) {
+        Ok(r) => r,
+        Err(e) => return plain(StatusCode::BAD_REQUEST, &e),
+    };
+    match admin.service.explain(&request).await {
+        Ok(body) => json_answer(&body),
+        Err(e) => service_error(&e),
+    }
+}
+
 fn plain(status: StatusCode, text: &str) -> axum::response::Response {
     (status, format!("{text}\n")).into_response()
 }
@@ -103,13 +128,10 @@ fn admin_request<'s>(
     let Some(admin) = &st.counters else {
         return Err((StatusCode::NOT_FOUND, "no counter admin here".into()));
     };
-    super::forward_auth::forward_auth_request(
-        query,
-        &axum::http::HeaderMap::new(),
-        admin.max_request_bytes,
-    )
-    .map(|(request, _)| (admin, request))
-    .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))
+    let asked = super::explain::Asked::Query(query.unwrap_or_default().to_owned());
+    super::explain::decode(&asked, admin.max_request_bytes)
+        .map(|request| (admin, request))
+        .map_err(|e| (StatusCode::BAD_REQUEST, e))
 }
 
 async fn counters_answer(

@@ -34,10 +34,37 @@ fn encode(text: &str) -> String {
     crate::percent::encode(text, b"=")
 }
 
-/// `GET /debug/explain?<query>` from the debug port at `addr` (plain HTTP/1.1), within
-/// [`TIMEOUT`] and [`MAX_ANSWER_BYTES`]; the answer's JSON, or what went wrong.
-pub fn fetch(addr: &str, query: &str) -> Result<Value, String> {
-    let (status, body) = call(addr, "GET", &format!("/debug/explain?{query}"), "")?;
+/// A request to explain: in the query form of `/forward-auth` ([`query`]), or a `/json` body.
+pub enum Asked {
+    Query(String),
+    Json(String),
+}
+
+/// The request `asked` as the service's, decoded as the debug port decodes it.
+pub fn decode(asked: &Asked, max_bytes: usize) -> Result<crate::descriptor::Request, String> {
+    match asked {
+        Asked::Query(q) => super::forward_auth::forward_auth_request(
+            Some(q),
+            &axum::http::HeaderMap::new(),
+            max_bytes,
+        )
+        .map(|(request, _)| request)
+        .map_err(|e| e.to_string()),
+        Asked::Json(body) if body.len() > max_bytes => Err(format!(
+            "the request is larger than {max_bytes} bytes (SLUICE_MAX_REQUEST_BYTES)"
+        )),
+        Asked::Json(body) => super::json::request_from_json(body.as_bytes()),
+    }
+}
+
+/// `/debug/explain` from the debug port at `addr` (plain HTTP/1.1; a GET with the query, or a
+/// POST of the JSON), within [`TIMEOUT`] and [`MAX_ANSWER_BYTES`]; the answer's JSON, or what
+/// went wrong.
+pub fn fetch(addr: &str, asked: &Asked) -> Result<Value, String> {
+    let (status, body) = match asked {
+        Asked::Query(q) => call(addr, "GET", &format!("/debug/explain?{q}"), "")?,
+        Asked::Json(json) => call(addr, "POST", "/debug/explain", json)?,
+    };
     if status != 200 {
         return Err(format!("{addr} answered {status}: {}", body.trim()));
     }

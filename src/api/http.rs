@@ -14,9 +14,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 
-use super::convert::{request_from_proto, response_to_proto};
+use super::convert::response_to_proto;
 use super::health::Health;
-use super::json::{decode_request, encode_response};
+use super::json::encode_response;
 use crate::service::{Code, RateLimitService};
 use crate::store::CounterStore;
 
@@ -73,11 +73,7 @@ async fn json<S: CounterStore>(
             ));
         }
     };
-    let request = match decode_request(&bytes) {
-        Ok(r) => r,
-        Err(e) => return bad_request(e),
-    };
-    let request = match request_from_proto(request) {
+    let request = match super::json::request_from_json(&bytes) {
         Ok(r) => r,
         Err(e) => return bad_request(e),
     };

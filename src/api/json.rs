@@ -84,6 +84,13 @@ pub fn decode_request(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
 }
 
 /// Encodes a `RateLimitResponse` as proto3 JSON, as `protojson.Marshal` would (compact form).
+/// A `/json` body as the service's request: decoded, then checked as a gRPC request is. The
+/// error says what is wrong and where.
+pub fn request_from_json(body: &[u8]) -> Result<crate::descriptor::Request, String> {
+    let proto = decode_request(body).map_err(|e| e.to_string())?;
+    super::convert::request_from_proto(proto).map_err(|e| e.to_string())
+}
+
 pub fn encode_response(resp: &RateLimitResponse) -> String {
     // Serializing into memory can only fail on non-string map keys or a custom error, and the
     // impls below produce neither. Should that ever change, answer with an UNKNOWN overall code

@@ -79,13 +79,13 @@ fn hot_keys(out: &mut String, st: &DebugState, now: Timestamp) {
     }
     out.push_str(
         "<table id=\"hot-keys\"><tr><th>counter key</th><th>limit</th><th>count</th>\
-         <th>state</th><th>resets in</th></tr>",
+         <th>state</th><th>resets in</th><th>lease (lease mode)</th></tr>",
     );
     for h in hot {
         let q = &h.quota;
         let _ = write!(
             out,
-            "<tr class=\"{}\"><td>{}</td><td>{} per {} ({})</td><td>{}</td><td>{}</td><td>{} s</td></tr>",
+            "<tr class=\"{}\"><td>{}</td><td>{} per {} ({})</td><td>{}</td><td>{}</td><td>{} s</td><td>{}</td></tr>",
             if h.over { "over" } else { "near" },
             esc(&h.key),
             q.requests_per_unit,
@@ -101,9 +101,28 @@ fn hot_keys(out: &mut String, st: &DebugState, now: Timestamp) {
                 .micros()
                 .saturating_sub(now.micros())
                 .div_ceil(1_000_000),
+            lease_text(st, &h.key),
         );
     }
     out.push_str("</table>");
+}
+
+/// What this node holds of `key`'s lease, and how many nodes hold one when it is the owner;
+/// empty outside lease mode.
+fn lease_text(st: &DebugState, key: &str) -> String {
+    let Some(view) = st.store.lease(key) else {
+        return String::new();
+    };
+    let mut text = match view.held {
+        Some(h) => format!("holds {} ({} used)", h.allowance, h.used),
+        None => "holds none".to_owned(),
+    };
+    if view.owner == view.node {
+        let _ = write!(text, "; owner, {} holders", view.holders.len());
+    } else {
+        let _ = write!(text, "; owner {}", view.owner);
+    }
+    esc(&text)
 }
 
 #[allow(clippy::cast_precision_loss, reason = "ratios for display")]

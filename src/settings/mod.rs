@@ -170,15 +170,19 @@ pub enum Command {
         #[arg(long, value_name = "HOST:PORT")]
         debug_address: Option<String>,
         /// The request's domain.
-        #[arg(long)]
-        domain: String,
+        #[arg(long, required_unless_present = "request")]
+        domain: Option<String>,
         /// One descriptor as `key=value&key2=value2` (the `/nginx` and `/forward-auth` syntax);
         /// repeat for several.
-        #[arg(long, required = true)]
+        #[arg(long, required_unless_present = "request")]
         descriptor: Vec<String>,
         /// The request's hits_addend (0 means 1, as in the Go service).
         #[arg(long, default_value_t = 0)]
         hits_addend: u32,
+        /// The request as a `/json` body (overrides and per-descriptor hits_addend included),
+        /// from this file, or `-` for standard input; instead of --domain and --descriptor.
+        #[arg(long, value_name = "PATH", conflicts_with_all = ["domain", "descriptor", "hits_addend"])]
+        request: Option<PathBuf>,
         /// Print the JSON that /debug/explain answers instead of text.
         #[arg(long)]
         json: bool,
