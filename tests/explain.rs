@@ -196,3 +196,93 @@ async fn the_walk_says_how_each_level_matched_or_why_nothing_did() {
         (json!(false), json!("OK"))
     );
 }
+
+/// Every limit of every loadable config fixture (`tests/fixtures/config/`), reached by a
+/// request built from its path in the YAML (a key's own value, a wildcard's prefix, or any
+/// value for a key-only node): the explanation matches that limit, and names the answer each
+/// of four calls then gets.
+#[tokio::test]
+async fn explain_agrees_with_the_service_on_every_limit_of_the_config_fixtures() {
+    let dir = fixture("config");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    let mut checked = 0;
+    for file in files {
+        let loads = sluice::config::load(
+            &sluice::config::ConfigSource::Path(file.clone()),
+            &sluice::config::LoadOptions::default(),
+            &sluice::config::FileLimits::default(),
+        )
+        .is_ok();
+        if !loads {
+            continue;
+        }
+        let yaml: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let domain = yaml["domain"].as_str().unwrap_or_default().to_owned();
+        let mut paths = Vec::new();
+        limit_paths(&yaml["descriptors"], &mut Vec::new(), &mut paths);
+        let app = start(&file, default_options()).await;
+        for entries in paths {
+            let descriptor = entries
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("&");
+            let q = format!(
+                "domain={domain}&descriptor={}",
+                descriptor.replace('&', "%26")
+            );
+            let request = json!({"domain": domain, "descriptors": [{"entries": entries
+                .iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()}]})
+            .to_string();
+            for call in 0..4 {
+                let r = http(app.debug, "GET", &format!("/debug/explain?{q}"), "").await;
+                let e: Value = serde_json::from_str(&r.body).unwrap();
+                let at = format!("{}: {descriptor}, call {call}: {e}", file.display());
+                assert!(e["descriptors"][0].get("limit").is_some(), "{at}");
+                let answer: Value =
+                    serde_json::from_str(&http(app.http, "POST", "/json", &request).await.body)
+                        .unwrap();
+                assert_eq!(e["overall_code"], answer["overallCode"], "{at}");
+                assert_eq!(
+                    e["descriptors"][0]["code"], answer["statuses"][0]["code"],
+                    "{at}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "only {checked} limits checked");
+}
+
+/// The entries of a request reaching each node with a limit below `nodes` (`path` holds the
+/// levels above).
+fn limit_paths(
+    nodes: &serde_yaml_ng::Value,
+    path: &mut Vec<(String, String)>,
+    out: &mut Vec<Vec<(String, String)>>,
+) {
+    for node in nodes.as_sequence().into_iter().flatten() {
+        let key = match &node["key"] {
+            serde_yaml_ng::Value::String(s) => s.clone(),
+            other => serde_yaml_ng::to_string(other).unwrap().trim().to_owned(),
+        };
+        let value = match &node["value"] {
+            serde_yaml_ng::Value::Null => "any-value".to_owned(),
+            serde_yaml_ng::Value::String(s) => s.replace('*', "x"),
+            other => serde_yaml_ng::to_string(other).unwrap().trim().to_owned(),
+        };
+        path.push((key, value));
+        let limited = !node["rate_limit"].is_null() || !node["rate_limits"].is_null();
+        if limited {
+            out.push(path.clone());
+        }
+        limit_paths(&node["descriptors"], path, out);
+        path.pop();
+    }
+}
