@@ -72,16 +72,11 @@ impl<S: CounterStore> RateLimitService<S> {
             .into_iter()
             .map(|h| Hit { hits: 0, ..h })
             .collect();
-        let now = Timestamp::from_nanos(self.clock.now_nanos());
         if reset {
+            let now = Timestamp::from_nanos(self.clock.now_nanos());
             self.store.reset(now, &peeks).await?;
         }
-        let mut states = Vec::with_capacity(peeks.len());
-        self.store.apply(now, &peeks, &mut states).await?;
-        if states.len() != peeks.len() {
-            let (expected, got) = (peeks.len(), states.len());
-            return Err(crate::store::StoreError::BadReply { expected, got }.into());
-        }
+        let states = self.peek(&peeks).await?;
         let mut views = Vec::with_capacity(peeks.len());
         let mut at = peeks.iter().zip(states);
         for (descriptor, plan) in plans.iter().enumerate() {
@@ -100,6 +95,20 @@ impl<S: CounterStore> RateLimitService<S> {
             }
         }
         Ok(views)
+    }
+}
+
+impl<S: CounterStore> RateLimitService<S> {
+    /// The store's answer to `peeks` (hits of 0: nothing is counted), one per peek.
+    async fn peek(&self, peeks: &[Hit<'_>]) -> Result<Vec<Decision>, ServiceError> {
+        let now = Timestamp::from_nanos(self.clock.now_nanos());
+        let mut states = Vec::with_capacity(peeks.len());
+        self.store.apply(now, peeks, &mut states).await?;
+        if states.len() != peeks.len() {
+            let (expected, got) = (peeks.len(), states.len());
+            return Err(crate::store::StoreError::BadReply { expected, got }.into());
+        }
+        Ok(states)
     }
 }
 
@@ -210,15 +219,11 @@ impl<S: CounterStore> RateLimitService<S> {
         let keys = plan::counter_keys(&self.options, request, &plans, &mut keys)?;
         let hits = plan::hits(&plans, &keys);
         let peeks: Vec<Hit<'_>> = hits.iter().map(|h| Hit { hits: 0, ..*h }).collect();
-        let mut states = Vec::new();
-        if counters {
-            let now = Timestamp::from_nanos(self.clock.now_nanos());
-            self.store.apply(now, &peeks, &mut states).await?;
-            if states.len() != peeks.len() {
-                let (expected, got) = (peeks.len(), states.len());
-                return Err(crate::store::StoreError::BadReply { expected, got }.into());
-            }
-        }
+        let states = if counters {
+            self.peek(&peeks).await?
+        } else {
+            Vec::new()
+        };
         let mut at = 0;
         let mut out = Vec::with_capacity(request.descriptors.len());
         for (i, (d, plan)) in request.descriptors.iter().zip(&plans).enumerate() {
