@@ -149,13 +149,13 @@ fn counter_key(c: &mut Criterion) {
 
 fn fixed_window_decide(c: &mut Criterion) {
     let now = 1_700_000_000u64;
-    let (_, state) = fixed_window::decide(fixed_window::EMPTY, now, Unit::Second, 1_000, 5);
+    let (_, state) = fixed_window::decide(fixed_window::EMPTY, now, Unit::Second.into(), 1_000, 5);
     c.bench_function("fixed_window/decide", |b| {
         b.iter(|| {
             fixed_window::decide(
                 black_box(state),
                 black_box(now),
-                black_box(Unit::Second),
+                black_box(Unit::Second.into()),
                 black_box(1_000),
                 black_box(1),
             )

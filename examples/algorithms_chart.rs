@@ -48,6 +48,7 @@ fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
             _ => None,
         },
         charge_refused: false,
+        unit_multiplier: 1,
     };
     let (mut s64, mut s128) = (0u64, 0u128);
     let mut out = Vec::new();
@@ -55,12 +56,14 @@ fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
         let now = START_US + dt;
         let over = match algorithm {
             Algorithm::FixedWindow => {
-                let (d, s) = fixed_window::decide(s64, now / 1_000_000, Unit::Second, LIMIT, 1);
+                let (d, s) =
+                    fixed_window::decide(s64, now / 1_000_000, Unit::Second.into(), LIMIT, 1);
                 s64 = s;
                 d.over
             }
             Algorithm::SlidingWindow => {
-                let (d, s) = sliding_window::decide(s128, now, Unit::Second, LIMIT, 1, false);
+                let (d, s) =
+                    sliding_window::decide(s128, now, Unit::Second.into(), LIMIT, 1, false);
                 s128 = s;
                 d.over
             }

@@ -64,7 +64,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use sluice::cluster::ring::{Ring, key_hash};
 use sluice::limiter::fixed_window;
-use sluice::limiter::{Quota, Unit};
+use sluice::limiter::{Quota, Unit, Window};
 
 /// SLUICE_PEER_TIMEOUT_MS (default 200).
 const PEER_TIMEOUT_US: u64 = 200_000;
@@ -670,7 +670,7 @@ impl<'a> Sim<'a> {
             back += self.take_over(node, key, secs);
             self.dirty[node].insert(key as u32);
         }
-        let unit = self.w.unit;
+        let unit = Window::of(self.w.unit);
         let slot = self.counters.entry(counter_id(node, key)).or_default();
         let (d, state) = fixed_window::decide(*slot, secs, unit, limit, 1);
         *slot = state;
@@ -682,7 +682,7 @@ impl<'a> Sim<'a> {
     /// Returns the time the load adds.
     fn take_over(&mut self, node: usize, key: usize, secs: u64) -> u64 {
         let id = counter_id(node, key);
-        let unit = self.w.unit;
+        let unit = Window::of(self.w.unit);
         let window = secs / unit.secs();
         let held = self
             .counters
@@ -704,7 +704,7 @@ impl<'a> Sim<'a> {
     /// Durable mode: `node` writes its changed counters (raise-only) and takes back larger ones.
     fn flush(&mut self, node: usize, now: u64) {
         let secs = EPOCH_SECS + now / 1_000_000;
-        let unit = self.w.unit;
+        let unit = Window::of(self.w.unit);
         let window = secs / unit.secs();
         let keys: Vec<u32> = self.dirty[node].drain().collect();
         for key in keys {

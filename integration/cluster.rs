@@ -594,6 +594,7 @@ mod durable {
                 algorithm,
                 burst: None,
                 charge_refused: false,
+                unit_multiplier: 1,
             },
             hits: n,
         })
@@ -675,10 +676,10 @@ mod durable {
         );
         assert_eq!(local_c.count(KEY, Unit::Minute, later), 3);
         let sliding = local_c
-            .state(CounterKind::Sliding(Unit::Minute), KEY)
+            .state(CounterKind::Sliding(Unit::Minute.into()), KEY)
             .unwrap();
         assert_eq!(
-            sliding_window::counts_at(sliding, later.micros(), Unit::Minute),
+            sliding_window::counts_at(sliding, later.micros(), Unit::Minute.into()),
             (3, 0)
         );
         assert_eq!(
@@ -769,6 +770,7 @@ mod peer_versions {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             charge_refused: false,
+            unit_multiplier: 1,
         };
         let hit = PeerHit::from_hit(&Hit {
             key: "d_k_v_",
@@ -962,6 +964,7 @@ mod peer_tls {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             charge_refused: false,
+            unit_multiplier: 1,
         };
         vec![PeerHit::from_hit(&Hit {
             key: &key,

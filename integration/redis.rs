@@ -112,6 +112,7 @@ fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quot
         algorithm,
         burst: burst.and_then(NonZeroU32::new),
         charge_refused: false,
+        unit_multiplier: 1,
     }
 }
 
@@ -1342,4 +1343,52 @@ fn sentinel_failover_is_followed_and_counts_carry_over() {
     // The count went on from the replicated 6.
     assert_eq!(answered, Some(429));
     assert_eq!(group.master.cli(&["GET", &key]), "7");
+}
+
+/// `unit_multiplier` on a real Redis: a 5-minute fixed window's key carries a marker no Go key
+/// has, starts at the 5-minute boundary and expires with the window; a sliding window's state
+/// key is its own too.
+#[tokio::test]
+async fn windows_of_several_units_have_their_own_keys_and_ttls() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Redis::start();
+    let store = store(&server.settings(0)).await;
+    let now = Timestamp::from_secs(1_700_000_000);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let q = Quota {
+            unit_multiplier: 5,
+            ..Quota::fixed(10, Unit::Minute)
+        };
+        let q = Quota { algorithm, ..q };
+        let mut out = Vec::new();
+        store
+            .apply(
+                now,
+                &[Hit {
+                    key: "d_k_v_",
+                    quota: q,
+                    hits: 2,
+                }],
+                &mut out,
+            )
+            .await
+            .unwrap();
+        assert_eq!(out[0].remaining, 8);
+    }
+    // 1_700_000_000 is 200 s into its 5-minute window, which started at 1_699_999_800.
+    let key = "d_k_v_x5MINUTE_1699999800";
+    assert_eq!(server.cli(&["GET", key]), "2");
+    let ttl: u64 = server.cli(&["TTL", key]).parse().unwrap();
+    assert!(ttl > 0 && ttl <= 300, "{ttl}");
+    assert_eq!(
+        server.cli(&["EXISTS", "d_k_v_1699999800"]),
+        "0",
+        "not Go's key"
+    );
+    assert_eq!(
+        server.cli(&["HGET", "d_k_v_x5MINUTE_sliding_window", "c"]),
+        "2"
+    );
 }

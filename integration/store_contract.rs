@@ -33,6 +33,7 @@ macro_rules! store_contract {
                 several_hits_in_one_call_count_together,
                 charged_refusals_are_debt_that_later_calls_wait_out,
                 a_reset_forgets_a_counter_and_only_that_one,
+                windows_of_several_units_last_that_long,
                 a_batch_answers_in_order_and_charges_a_repeated_key_twice,
                 keys_are_independent,
                 windows_roll_over_as_now_moves,
@@ -70,6 +71,7 @@ pub fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: u32) -> Quota {
         algorithm,
         burst: NonZeroU32::new(burst),
         charge_refused: false,
+        unit_multiplier: 1,
     }
 }
 
@@ -324,6 +326,56 @@ pub async fn a_reset_forgets_a_counter_and_only_that_one<S: CounterStore>(store:
         assert!(d[1].over, "{algorithm:?}: the other key keeps its count");
         // Resetting a key that holds nothing is no error.
         c.reset(at(T0 + 1), &[hit("never_charged_", q, 0)]).await;
+    }
+}
+
+/// `unit_multiplier`: 3 per 5 minutes in every algorithm. T0 is 20 s into its minute and 200 s
+/// into its 5-minute window (epoch-aligned, as one-unit windows are). A minute later, when a
+/// one-minute window would have started over, the limit still holds; the next 5-minute window
+/// (100 s after T0) starts a fixed window over, a bucket has refilled one hit per 100 s, and a
+/// sliding window lets one more through once a third of the next window has passed.
+pub async fn windows_of_several_units_last_that_long<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let q = Quota {
+            unit_multiplier: 5,
+            ..limit(algorithm, 3, Unit::Minute)
+        };
+        let k = key("five_minutes", algorithm);
+        let mut d = Vec::new();
+        for now in [T0, T0, T0, T0, T0 + 60] {
+            d.extend(c.apply(at(now), &[hit(&k, q, 1)]).await);
+        }
+        assert_eq!(
+            admitted(&d),
+            [true, true, true, false, false],
+            "{algorithm:?}"
+        );
+        if !algorithm.takes_burst() {
+            assert_eq!(
+                d[0].reset_after_secs, 100,
+                "{algorithm:?}: the 5-minute window ends"
+            );
+            assert_eq!(d[4].reset_after_secs, 40, "{algorithm:?}");
+        }
+        let later = match algorithm {
+            Algorithm::SlidingWindow => T0 + 200,
+            _ => T0 + 100,
+        };
+        if algorithm == Algorithm::SlidingWindow {
+            let early = c.apply(at(T0 + 190), &[hit(&k, q, 0)]).await;
+            assert_eq!(
+                early[0].remaining, 0,
+                "3 x 0.7 of the last window is still there"
+            );
+        }
+        let next = c.apply(at(later), &[hit(&k, q, 1)]).await;
+        assert!(!next[0].over, "{algorithm:?}");
+        // The same descriptor under a one-minute limit is another counter.
+        let plain = limit(algorithm, 3, Unit::Minute);
+        let other = format!("{k}plain_");
+        let d = c.apply(at(T0), &[hit(&other, plain, 3)]).await;
+        assert!(!d[0].over, "{algorithm:?}");
     }
 }
 

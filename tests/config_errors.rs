@@ -382,82 +382,98 @@ fn metadata_config() {
     );
 }
 
-// Sluice extensions: `algorithm`, `burst` and `rate_limits`.
+// Sluice extensions: `algorithm`, `burst`, `charge_refused`, `unit_multiplier`, `rate_limits`.
+
+/// Each file of a Sluice extension's mistake, and the error it gets.
+const EXTENSION_ERRORS: &[(&str, &str)] = &[
+    (
+        "algorithm_unknown.yaml",
+        "invalid rate limit algorithm 'token-bucket'",
+    ),
+    (
+        "algorithm_wrong_case.yaml",
+        "invalid rate limit algorithm 'Token_Bucket'",
+    ),
+    (
+        "burst_fixed_window.yaml",
+        "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'",
+    ),
+    (
+        "burst_sliding_window.yaml",
+        "burst can only be used with token_bucket or leaky_bucket, not 'sliding_window'",
+    ),
+    (
+        "burst_zero.yaml",
+        "burst must be at least 1 (omit it for the default)",
+    ),
+    (
+        "rate_limit_and_rate_limits.yaml",
+        "descriptor cannot have both rate_limit and rate_limits",
+    ),
+    ("rate_limits_empty.yaml", "rate_limits must not be empty"),
+    (
+        "rate_limits_unlimited.yaml",
+        "unlimited is not allowed inside rate_limits",
+    ),
+    (
+        "unlimited_with_algorithm.yaml",
+        "should not specify algorithm, burst, charge_refused or unit_multiplier when unlimited",
+    ),
+    (
+        "unlimited_with_burst.yaml",
+        "should not specify algorithm, burst, charge_refused or unit_multiplier when unlimited",
+    ),
+    (
+        "unlimited_with_charge_refused.yaml",
+        "should not specify algorithm, burst, charge_refused or unit_multiplier when unlimited",
+    ),
+    (
+        "charge_refused_false_fixed_window.yaml",
+        "charge_refused cannot be false for 'fixed_window', which counts every hit as the \
+             Go service does (choose another algorithm to drop refused hits)",
+    ),
+    (
+        "unit_multiplier_zero.yaml",
+        "unit_multiplier must be at least 1 (omit it for 1)",
+    ),
+    (
+        "unit_multiplier_overflow.yaml",
+        "unit_multiplier 200 makes a window of 6307200000 seconds; the most is 4294967295 \
+             (about 136 years)",
+    ),
+    (
+        "unit_multiplier_negative.yaml",
+        "error loading config file: invalid value: integer `-5`, expected u32",
+    ),
+    (
+        "charge_refused_not_bool.yaml",
+        "error loading config file: invalid value: string \"sometimes\", expected a bool",
+    ),
+    (
+        "rate_limits_bad_unit.yaml",
+        "invalid rate limit unit 'fortnight'",
+    ),
+    (
+        "rate_limits_burst_fixed_window.yaml",
+        "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'",
+    ),
+    (
+        "rate_limits_replaces_sibling.yaml",
+        "replaces should not contain name of same descriptor",
+    ),
+    (
+        "rate_limits_replaces_empty.yaml",
+        "should not have an empty replaces entry",
+    ),
+    (
+        "misspelled_algorithm_key.yaml",
+        "config error, unknown key 'algoritm'",
+    ),
+];
 
 #[test]
 fn extension_errors() {
-    for (file, message) in [
-        (
-            "algorithm_unknown.yaml",
-            "invalid rate limit algorithm 'token-bucket'",
-        ),
-        (
-            "algorithm_wrong_case.yaml",
-            "invalid rate limit algorithm 'Token_Bucket'",
-        ),
-        (
-            "burst_fixed_window.yaml",
-            "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'",
-        ),
-        (
-            "burst_sliding_window.yaml",
-            "burst can only be used with token_bucket or leaky_bucket, not 'sliding_window'",
-        ),
-        (
-            "burst_zero.yaml",
-            "burst must be at least 1 (omit it for the default)",
-        ),
-        (
-            "rate_limit_and_rate_limits.yaml",
-            "descriptor cannot have both rate_limit and rate_limits",
-        ),
-        ("rate_limits_empty.yaml", "rate_limits must not be empty"),
-        (
-            "rate_limits_unlimited.yaml",
-            "unlimited is not allowed inside rate_limits",
-        ),
-        (
-            "unlimited_with_algorithm.yaml",
-            "should not specify algorithm, burst or charge_refused when unlimited",
-        ),
-        (
-            "unlimited_with_burst.yaml",
-            "should not specify algorithm, burst or charge_refused when unlimited",
-        ),
-        (
-            "unlimited_with_charge_refused.yaml",
-            "should not specify algorithm, burst or charge_refused when unlimited",
-        ),
-        (
-            "charge_refused_false_fixed_window.yaml",
-            "charge_refused cannot be false for 'fixed_window', which counts every hit as the \
-             Go service does (choose another algorithm to drop refused hits)",
-        ),
-        (
-            "charge_refused_not_bool.yaml",
-            "error loading config file: invalid value: string \"sometimes\", expected a bool",
-        ),
-        (
-            "rate_limits_bad_unit.yaml",
-            "invalid rate limit unit 'fortnight'",
-        ),
-        (
-            "rate_limits_burst_fixed_window.yaml",
-            "burst can only be used with token_bucket or leaky_bucket, not 'fixed_window'",
-        ),
-        (
-            "rate_limits_replaces_sibling.yaml",
-            "replaces should not contain name of same descriptor",
-        ),
-        (
-            "rate_limits_replaces_empty.yaml",
-            "should not have an empty replaces entry",
-        ),
-        (
-            "misspelled_algorithm_key.yaml",
-            "config error, unknown key 'algoritm'",
-        ),
-    ] {
+    for (file, message) in EXTENSION_ERRORS {
         assert_eq!(error_of(&[file], false), format!("{file}: {message}"));
     }
 }
@@ -476,6 +492,7 @@ fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quot
         algorithm,
         burst: burst.map(|b| std::num::NonZeroU32::new(b).expect("non-zero")),
         charge_refused: false,
+        unit_multiplier: 1,
     }
 }
 
@@ -526,6 +543,19 @@ fn every_algorithm_loads() {
         one(&[("tokens", "sliding")]).quota,
         charged(Algorithm::SlidingWindow)
     );
+    let five = |algorithm| Quota {
+        unit_multiplier: 5,
+        ..quota(100, Unit::Minute, algorithm, None)
+    };
+    assert_eq!(
+        one(&[("five_minutes", "x")]).quota,
+        five(Algorithm::FixedWindow)
+    );
+    assert_eq!(
+        one(&[("five_minutes", "bucket")]).quota,
+        five(Algorithm::TokenBucket)
+    );
+    assert_eq!(five(Algorithm::FixedWindow).window().secs(), 300);
     // A fixed window charges refused hits anyway; its quota stays Go's.
     let fixed = one(&[("tokens", "fixed")]).quota;
     assert_eq!(fixed, Quota::fixed(100, Unit::Minute));
@@ -538,7 +568,9 @@ fn every_algorithm_loads() {
 
     assert_eq!(
         cfg.dump(),
-        "test-domain.fixed: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false\n\
+        "test-domain.five_minutes: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, unit_multiplier: 5\n\
+         test-domain.five_minutes_bucket: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: token_bucket, unit_multiplier: 5\n\
+         test-domain.fixed: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false\n\
          test-domain.leaky: unit=SECOND requests_per_unit=5, shadow_mode: false, quota_mode: false, algorithm: leaky_bucket\n\
          test-domain.leaky_burst: unit=MINUTE requests_per_unit=30, shadow_mode: true, quota_mode: false, algorithm: leaky_bucket, burst: 3\n\
          test-domain.sliding: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false, algorithm: sliding_window\n\

@@ -248,8 +248,12 @@ fn limit_text(l: &Value) -> String {
     out.push('\n');
     for b in l["blocks"].as_array().into_iter().flatten() {
         out.push_str(&format!(
-            "    {} per {} ({}{}{}){}\n",
+            "    {} per {}{} ({}{}{}){}\n",
             b["requests_per_unit"],
+            b["unit_multiplier"]
+                .as_u64()
+                .filter(|m| *m > 1)
+                .map_or(String::new(), |m| format!("{m} ")),
             text(&b["unit"]),
             text(&b["algorithm"]),
             b["burst"]

@@ -89,7 +89,11 @@ fn hot_keys(out: &mut String, st: &DebugState, now: Timestamp) {
             if h.over { "over" } else { "near" },
             esc(&h.key),
             q.requests_per_unit,
-            q.unit.name(),
+            if q.unit_multiplier > 1 {
+                format!("{} {}", q.unit_multiplier, q.unit.name())
+            } else {
+                q.unit.name().to_owned()
+            },
             q.algorithm.name(),
             h.count,
             if h.over {

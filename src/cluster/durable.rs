@@ -169,9 +169,9 @@ pub struct Durable {
     changes: Arc<RingChanges>,
     prefix: String,
     write_sha: String,
-    /// Counter stem -> bit set of the [`CounterKind`]s changed since the last flush.
-    dirty: DashMap<Box<str>, u16, foldhash::fast::RandomState>,
-    /// `<kind index>:<stem>` -> its load.
+    /// Counter stem -> the [`CounterKind`]s changed since the last flush.
+    dirty: DashMap<Box<str>, Kinds, foldhash::fast::RandomState>,
+    /// `<kind>:<stem>` -> its load.
     loads: DashMap<Box<str>, Arc<LoadSlot>, foldhash::fast::RandomState>,
     /// Until when (µs) loads are skipped because Redis just failed.
     redis_down_until: AtomicU64,
@@ -244,10 +244,7 @@ impl Durable {
 
     /// Counters changed since the last flush.
     pub fn dirty_counters(&self) -> usize {
-        self.dirty
-            .iter()
-            .map(|e| e.value().count_ones() as usize)
-            .sum()
+        self.dirty.iter().map(|e| e.value().len()).sum()
     }
 
     fn redis_key(&self, stem: &str, kind: CounterKind, window: u64) -> String {
@@ -257,11 +254,11 @@ impl Durable {
     /// Marks the counters of hits this node applied as changed. No I/O, no await.
     pub fn mark_dirty(&self, hits: &[Hit<'_>]) {
         for h in hits {
-            let bit = 1u16 << CounterKind::of(h.quota.algorithm, h.quota.unit).index();
+            let kind = CounterKind::of_quota(&h.quota);
             // Read path first: a counter already dirty needs only a shard read lock.
-            let seen = self.dirty.get(h.key).is_some_and(|b| *b & bit != 0);
+            let seen = self.dirty.get(h.key).is_some_and(|k| k.contains(&kind));
             if !seen {
-                *self.dirty.entry(Box::from(h.key)).or_default() |= bit;
+                mark(&mut self.dirty.entry(Box::from(h.key)).or_default(), kind);
             }
         }
     }
@@ -279,7 +276,7 @@ impl Durable {
         let due: Vec<(&Hit<'_>, CounterKind, Timestamp)> = hits
             .iter()
             .filter_map(|h| {
-                let kind = CounterKind::of(h.quota.algorithm, h.quota.unit);
+                let kind = CounterKind::of_quota(&h.quota);
                 if self.local.holds(kind, h.key, now) {
                     return None;
                 }
@@ -297,7 +294,7 @@ impl Durable {
             return;
         }
         let loads = due.into_iter().filter_map(|(h, kind, until)| {
-            let id: Box<str> = format!("{}:{}", kind.index(), h.key).into();
+            let id: Box<str> = format!("{kind:?}:{}", h.key).into();
             let fresh = || {
                 Arc::new(LoadSlot {
                     epoch,
@@ -419,21 +416,16 @@ impl Durable {
 
     /// Takes the dirty marks and makes the write of each marked counter from its state now.
     fn take_writes(&self, now: Timestamp) -> Vec<Write> {
-        let mut taken: Vec<(Box<str>, u16)> = Vec::new();
+        let mut taken: Vec<(Box<str>, Kinds)> = Vec::new();
         // One shard at a time, under its write lock: a hit marking a counter meanwhile lands
         // either in what is taken now or in the next flush, never in neither.
-        self.dirty.retain(|stem, bits| {
-            taken.push((stem.clone(), *bits));
+        self.dirty.retain(|stem, kinds| {
+            taken.push((stem.clone(), std::mem::take(kinds)));
             false
         });
         taken
             .into_iter()
-            .flat_map(|(stem, bits)| {
-                (0..CounterKind::COUNT)
-                    .filter(move |i| bits & (1 << i) != 0)
-                    .filter_map(CounterKind::from_index)
-                    .map(move |kind| (stem.clone(), kind))
-            })
+            .flat_map(|(stem, kinds)| kinds.into_iter().map(move |kind| (stem.clone(), kind)))
             .filter_map(|(stem, kind)| self.write_for(stem, kind, now))
             .collect()
     }
@@ -508,8 +500,7 @@ impl Durable {
         self.stats.flush_failures.fetch_add(1, Ordering::Relaxed);
         self.redis_failed(now, "flush", e);
         for w in group {
-            let bit = 1u16 << w.kind.index();
-            *self.dirty.entry(w.stem.clone()).or_default() |= bit;
+            mark(&mut self.dirty.entry(w.stem.clone()).or_default(), w.kind);
         }
     }
 
@@ -592,6 +583,16 @@ impl Durable {
     }
 }
 
+/// The kinds of one stem's counters changed since the last flush (one, almost always).
+type Kinds = smallvec::SmallVec<[CounterKind; 2]>;
+
+/// Adds `kind` to `kinds` once.
+fn mark(kinds: &mut Kinds, kind: CounterKind) {
+    if !kinds.contains(&kind) {
+        kinds.push(kind);
+    }
+}
+
 /// The Redis key of a counter: `prefix + "sluice:wb:{" + stem without the prefix + "}:" + kind`
 /// (see the module docs), for a window index (ignored for buckets).
 pub fn redis_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> String {
@@ -644,12 +645,12 @@ mod tests {
     fn horizons_cover_what_another_owner_may_have_counted() {
         let now = Timestamp::from_secs(3_725); // 1 h 2 min 5 s
         let q = Quota::fixed(10, Unit::Hour);
-        let fixed = horizon(CounterKind::Fixed(Unit::Hour), &q, now).unwrap();
+        let fixed = horizon(CounterKind::Fixed(Unit::Hour.into()), &q, now).unwrap();
         assert_eq!(
             fixed,
             (Timestamp::from_secs(3_600), Timestamp::from_secs(7_200))
         );
-        let sliding = horizon(CounterKind::Sliding(Unit::Minute), &q, now).unwrap();
+        let sliding = horizon(CounterKind::Sliding(Unit::Minute.into()), &q, now).unwrap();
         assert_eq!(
             sliding,
             (Timestamp::from_secs(3_660), Timestamp::from_secs(3_780))
@@ -661,6 +662,7 @@ mod tests {
             algorithm: Algorithm::TokenBucket,
             burst: NonZeroU32::new(5),
             charge_refused: false,
+            unit_multiplier: 1,
         };
         let (start, end) = horizon(CounterKind::Bucket, &b, now).unwrap();
         assert_eq!(now.micros() - start.micros(), 500_000);
@@ -675,16 +677,19 @@ mod tests {
     #[test]
     fn states_from_redis_values_belong_to_their_window() {
         let now = Timestamp::from_secs(125);
-        let fixed = CounterKind::Fixed(Unit::Minute);
+        let fixed = CounterKind::Fixed(Unit::Minute.into());
         let s = state_from(fixed, 2, &[7], now).unwrap();
-        assert_eq!(fixed_window::current_count(s as u64, 125, Unit::Minute), 7);
+        assert_eq!(
+            fixed_window::current_count(s as u64, 125, Unit::Minute.into()),
+            7
+        );
         // A count of another window, or none, is nothing now.
         assert_eq!(state_from(fixed, 1, &[7], now), None);
         assert_eq!(state_from(fixed, 2, &[0], now), None);
-        let sliding = CounterKind::Sliding(Unit::Minute);
+        let sliding = CounterKind::Sliding(Unit::Minute.into());
         let s = state_from(sliding, 2, &[3, 9], now).unwrap();
         assert_eq!(
-            sliding_window::counts_at(s, now.micros(), Unit::Minute),
+            sliding_window::counts_at(s, now.micros(), Unit::Minute.into()),
             (3, 9)
         );
         // A bucket already at rest holds nothing.
@@ -700,9 +705,14 @@ mod tests {
 
     #[test]
     fn keys_start_with_the_prefix_and_tag_the_descriptor() {
-        let k = redis_key("app:", "app:d_k_v_", CounterKind::Fixed(Unit::Minute), 28);
+        let k = redis_key(
+            "app:",
+            "app:d_k_v_",
+            CounterKind::Fixed(Unit::Minute.into()),
+            28,
+        );
         assert_eq!(k, "app:sluice:wb:{d_k_v_}:fw:60:28");
-        let k = redis_key("", "d_k_v_", CounterKind::Sliding(Unit::Second), 9);
+        let k = redis_key("", "d_k_v_", CounterKind::Sliding(Unit::Second.into()), 9);
         assert_eq!(k, "sluice:wb:{d_k_v_}:sw:1:9");
         assert_eq!(
             redis_key("", "d_k_v_", CounterKind::Bucket, 0),

@@ -166,6 +166,12 @@ impl PeerHit {
             burst: q.burst.map_or(0, NonZeroU32::get),
             hits: h.hits,
             charge_refused: q.charge_refused,
+            // 0 for one unit, so a plain limit's bytes stay what older owners expect.
+            unit_multiplier: if q.unit_multiplier > 1 {
+                q.unit_multiplier
+            } else {
+                0
+            },
         }
     }
 
@@ -175,9 +181,19 @@ impl PeerHit {
         let unknown = |what: &str, n: i32| {
             tonic::Status::invalid_argument(format!("peer hit: unknown {what} number {n}"))
         };
+        let unit = unit_from_wire(self.unit).ok_or_else(|| unknown("unit", self.unit))?;
+        if crate::limiter::Window::new(unit, self.unit_multiplier).secs()
+            > crate::limiter::Window::MAX_SECS
+        {
+            return Err(tonic::Status::invalid_argument(format!(
+                "peer hit: unit_multiplier {} makes too long a window",
+                self.unit_multiplier
+            )));
+        }
         Ok(Quota {
             requests_per_unit: self.requests_per_unit,
-            unit: unit_from_wire(self.unit).ok_or_else(|| unknown("unit", self.unit))?,
+            unit,
+            unit_multiplier: self.unit_multiplier.max(1),
             algorithm: algorithm_from_wire(self.algorithm)
                 .ok_or_else(|| unknown("algorithm", self.algorithm))?,
             burst: NonZeroU32::new(self.burst),
@@ -826,6 +842,7 @@ mod tests {
             algorithm,
             burst: NonZeroU32::new(burst),
             charge_refused: false,
+            unit_multiplier: 1,
         };
         PeerHit::from_hit(&Hit {
             key,
@@ -915,6 +932,7 @@ mod tests {
                 algorithm: Algorithm::TokenBucket,
                 burst: NonZeroU32::new(20),
                 charge_refused: false,
+                unit_multiplier: 1,
             }
         );
         let answer = ApplyResponse::decode(unhex(KNOWN_ANSWER_HEX).as_slice()).expect("decodes");
@@ -965,6 +983,7 @@ mod tests {
                 algorithm: Algorithm::SlidingWindow,
                 burst: None,
                 charge_refused: false,
+                unit_multiplier: 1,
             },
             epoch: 28_333_333,
             used: 40,

@@ -9,7 +9,7 @@
 use super::StatsSlot;
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::descriptor::Entry;
-use crate::limiter::{Algorithm, Quota, Unit};
+use crate::limiter::{Algorithm, Quota, Unit, Window};
 use serde_yaml_ng::Value as Yaml;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -163,6 +163,9 @@ impl RateLimitConfig {
                         }
                         if q.charge_refused {
                             out.push_str(", charge_refused: true");
+                        }
+                        if q.unit_multiplier > 1 {
+                            let _ = write!(out, ", unit_multiplier: {}", q.unit_multiplier);
                         }
                         out.push('\n');
                     }
@@ -703,9 +706,15 @@ fn single_limit(rl: RawRateLimit) -> Result<LimitParts, String> {
         if Unit::from_name(&rl.unit).is_some() {
             return Err("should not specify rate limit unit when unlimited".to_owned());
         }
-        if rl.algorithm.is_some() || rl.burst.is_some() || rl.charge_refused.is_some() {
+        if rl.algorithm.is_some()
+            || rl.burst.is_some()
+            || rl.charge_refused.is_some()
+            || rl.unit_multiplier.is_some()
+        {
             return Err(
-                "should not specify algorithm, burst or charge_refused when unlimited".to_owned(),
+                "should not specify algorithm, burst, charge_refused or unit_multiplier \
+                 when unlimited"
+                    .to_owned(),
             );
         }
         Rule::Unlimited
@@ -780,10 +789,23 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
         // line) stays Go's.
         charge => charge.unwrap_or(false) && algorithm != Algorithm::FixedWindow,
     };
+    let unit_multiplier = match rl.unit_multiplier {
+        None => 1,
+        Some(0) => return Err("unit_multiplier must be at least 1 (omit it for 1)".to_owned()),
+        Some(n) if Window::new(unit, n).secs() > Window::MAX_SECS => {
+            return Err(format!(
+                "unit_multiplier {n} makes a window of {} seconds; the most is {} (about 136 years)",
+                u128::from(unit.secs()) * u128::from(n),
+                Window::MAX_SECS
+            ));
+        }
+        Some(n) => n,
+    };
     Ok(Block {
         quota: Quota {
             requests_per_unit: rl.requests_per_unit,
             unit,
+            unit_multiplier,
             algorithm,
             burst,
             charge_refused,

@@ -34,12 +34,19 @@ pub const VALID_KEYS: &[&str] = &[
     "algorithm",
     "burst",
     "charge_refused",
+    "unit_multiplier",
     "rate_limits",
 ];
 
 /// The keys Sluice accepts that envoyproxy/ratelimit does not: a file using any of them no
 /// longer loads in the Go service (`check-config --strict-envoy` reports them).
-pub const EXTENSION_KEYS: &[&str] = &["algorithm", "burst", "charge_refused", "rate_limits"];
+pub const EXTENSION_KEYS: &[&str] = &[
+    "algorithm",
+    "burst",
+    "charge_refused",
+    "unit_multiplier",
+    "rate_limits",
+];
 
 /// The key whose value is free-form: its contents are not walked.
 const METADATA_KEY: &str = "metadata";
@@ -105,6 +112,9 @@ pub struct RawRateLimit {
     /// Sluice extension; `None` when absent or null (then the algorithm's default).
     #[serde(default, deserialize_with = "lenient_opt_bool")]
     pub charge_refused: Option<bool>,
+    /// Sluice extension: the window is this many units; `None` when absent or null (then 1).
+    #[serde(default)]
+    pub unit_multiplier: Option<u32>,
 }
 
 /// One `replaces` entry.

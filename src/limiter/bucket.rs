@@ -45,7 +45,7 @@ pub fn params(quota: &Quota) -> Option<(u64, u64)> {
 
 /// Microseconds per hit for `quota`, rounded up; `None` for a rate of 0.
 fn emission_interval(quota: &Quota) -> Option<u128> {
-    let unit_us = u128::from(quota.unit.secs()) * 1_000_000;
+    let unit_us = u128::from(quota.window().secs()) * 1_000_000;
     match quota.requests_per_unit {
         0 => None,
         rpu => Some(unit_us.div_ceil(u128::from(rpu))),
@@ -117,7 +117,7 @@ pub fn decide(state: u64, now_us: u64, quota: &Quota, hits: u64) -> (Decision, u
                 count_after: hits,
                 over: hits > 0,
                 remaining: 0,
-                reset_after_secs: quota.unit.secs(),
+                reset_after_secs: quota.window().secs(),
             };
             (d, state)
         }
@@ -226,6 +226,7 @@ mod tests {
             algorithm,
             burst: burst.and_then(NonZeroU32::new),
             charge_refused: false,
+            unit_multiplier: 1,
         }
     }
 

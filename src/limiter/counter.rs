@@ -4,15 +4,16 @@
 //! one signature serves every algorithm. Stores keep the words (the memory store in atomics,
 //! the cluster's write-behind in Redis) and call these instead of matching on [`Algorithm`].
 
-use super::{Algorithm, Decision, Quota, Unit, bucket, fixed_window, sliding_window};
+use super::{Algorithm, Decision, Quota, Unit, Window, bucket, fixed_window, sliding_window};
 use crate::clock::Timestamp;
 
-/// Which state word a counter keeps: its algorithm's, and for the windows its unit's. Stores
-/// keep one table per kind.
+/// Which state word a counter keeps: its algorithm's, and for the windows their length. Stores
+/// keep one table per kind: the memory store an array for the plain windows (one unit) and
+/// tables made on first use for multiplied ones ([`CounterKind::index`] is `None` for those).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CounterKind {
-    Fixed(Unit),
-    Sliding(Unit),
+    Fixed(Window),
+    Sliding(Window),
     /// Token and leaky buckets share one kind: both keep a theoretical arrival time.
     Bucket,
 }
@@ -28,13 +29,18 @@ pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decisio
     let (q, n) = (quota, now);
     match quota.algorithm {
         Algorithm::FixedWindow => {
-            let (d, s) =
-                fixed_window::decide(narrow(state), n.secs(), q.unit, q.requests_per_unit, hits);
+            let (d, s) = fixed_window::decide(
+                narrow(state),
+                n.secs(),
+                q.window(),
+                q.requests_per_unit,
+                hits,
+            );
             (d, u128::from(s))
         }
         Algorithm::SlidingWindow => {
             let rpu = q.requests_per_unit;
-            sliding_window::decide(state, n.micros(), q.unit, rpu, hits, q.charge_refused)
+            sliding_window::decide(state, n.micros(), q.window(), rpu, hits, q.charge_refused)
         }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             let (d, s) = bucket::decide(narrow(state), n.micros(), q, hits);
@@ -48,7 +54,9 @@ pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decisio
 pub fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u128 {
     match quota.algorithm {
         Algorithm::FixedWindow => state,
-        Algorithm::SlidingWindow => sliding_window::refund(state, now.micros(), quota.unit, hits),
+        Algorithm::SlidingWindow => {
+            sliding_window::refund(state, now.micros(), quota.window(), hits)
+        }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             u128::from(bucket::refund(narrow(state), quota, hits))
         }
@@ -59,33 +67,35 @@ impl CounterKind {
     /// How many kinds there are: [`CounterKind::index`] is below this.
     pub const COUNT: usize = 15;
 
-    pub const fn of(algorithm: Algorithm, unit: Unit) -> Self {
+    pub const fn of(algorithm: Algorithm, window: Window) -> Self {
         match algorithm {
-            Algorithm::FixedWindow => CounterKind::Fixed(unit),
-            Algorithm::SlidingWindow => CounterKind::Sliding(unit),
+            Algorithm::FixedWindow => CounterKind::Fixed(window),
+            Algorithm::SlidingWindow => CounterKind::Sliding(window),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => CounterKind::Bucket,
         }
     }
 
     /// The kind of a quota's counter.
     pub const fn of_quota(quota: &Quota) -> Self {
-        CounterKind::of(quota.algorithm, quota.unit)
+        CounterKind::of(quota.algorithm, quota.window())
     }
 
-    /// A dense index in `0..COUNT`.
-    pub const fn index(self) -> usize {
+    /// A dense index in `0..COUNT` for a plain window's kind or the buckets'; `None` for a
+    /// multiplied window's.
+    pub const fn index(self) -> Option<usize> {
         match self {
-            CounterKind::Fixed(u) => u.index(),
-            CounterKind::Sliding(u) => 7 + u.index(),
-            CounterKind::Bucket => 14,
+            CounterKind::Fixed(w) if w.is_plain() => Some(w.unit.index()),
+            CounterKind::Sliding(w) if w.is_plain() => Some(7 + w.unit.index()),
+            CounterKind::Fixed(_) | CounterKind::Sliding(_) => None,
+            CounterKind::Bucket => Some(14),
         }
     }
 
     /// The inverse of [`CounterKind::index`].
     pub const fn from_index(i: usize) -> Option<Self> {
         match i {
-            0..7 => Some(CounterKind::Fixed(Unit::ALL[i])),
-            7..14 => Some(CounterKind::Sliding(Unit::ALL[i - 7])),
+            0..7 => Some(CounterKind::Fixed(Window::of(Unit::ALL[i]))),
+            7..14 => Some(CounterKind::Sliding(Window::of(Unit::ALL[i - 7]))),
             14 => Some(CounterKind::Bucket),
             _ => None,
         }
@@ -146,7 +156,7 @@ impl CounterKind {
     /// count still matters to it at `now`. `None` for a bucket with a rate of 0 (it holds
     /// nothing).
     pub fn horizon(self, quota: &Quota, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
-        let window = |u: Unit, back: u64, ahead: u64| {
+        let window = |u: Window, back: u64, ahead: u64| {
             let w = now.secs() / u.secs();
             (
                 Timestamp::from_secs(w.saturating_sub(back) * u.secs()),

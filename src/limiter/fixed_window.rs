@@ -10,7 +10,7 @@
 //! the current window's is treated as empty, so a new window needs no reset pass; stores sweep
 //! stale counters long before the tag could wrap (2^24 windows: 194 days of one-second windows).
 
-use super::{Decision, Unit};
+use super::{Decision, Window};
 
 /// Bits of the state word that hold the count. 2^40 exceeds every u32 limit, so saturation
 /// never hides an over-limit decision.
@@ -23,17 +23,17 @@ const TAG_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
 pub const EMPTY: u64 = 0;
 
 /// The tag of the window that contains `now_secs`.
-pub const fn window_tag(now_secs: u64, unit: Unit) -> u64 {
+pub const fn window_tag(now_secs: u64, unit: Window) -> u64 {
     (now_secs / unit.secs()) & TAG_MASK
 }
 
 /// The start of the window that contains `now_secs`, in seconds since the epoch.
-pub const fn window_start(now_secs: u64, unit: Unit) -> u64 {
+pub const fn window_start(now_secs: u64, unit: Window) -> u64 {
     (now_secs / unit.secs()) * unit.secs()
 }
 
 /// The count a state word holds for the window containing `now_secs` (0 if it is stale).
-pub const fn current_count(state: u64, now_secs: u64, unit: Unit) -> u64 {
+pub const fn current_count(state: u64, now_secs: u64, unit: Window) -> u64 {
     if state >> COUNT_BITS == window_tag(now_secs, unit) {
         state & COUNT_MASK
     } else {
@@ -43,13 +43,13 @@ pub const fn current_count(state: u64, now_secs: u64, unit: Unit) -> u64 {
 
 /// Whether a state word belongs to an earlier window than the one containing `now_secs`
 /// (so a store may drop it).
-pub const fn is_stale(state: u64, now_secs: u64, unit: Unit) -> bool {
+pub const fn is_stale(state: u64, now_secs: u64, unit: Window) -> bool {
     state >> COUNT_BITS != window_tag(now_secs, unit)
 }
 
 /// The state word of a counter holding `count` in the window containing `now_secs` (for a
 /// store that keeps plain counts, such as Redis).
-pub const fn state_with_count(count: u64, now_secs: u64, unit: Unit) -> u64 {
+pub const fn state_with_count(count: u64, now_secs: u64, unit: Window) -> u64 {
     let count = if count > COUNT_MASK {
         COUNT_MASK
     } else {
@@ -61,7 +61,7 @@ pub const fn state_with_count(count: u64, now_secs: u64, unit: Unit) -> u64 {
 /// The state holding the larger of the two counts `a` and `b` hold for the window containing
 /// `now_secs` (a stale one counts 0). Merging a count another owner kept for the same window
 /// this way never counts a hit twice, and never lowers a count.
-pub const fn merge_max(a: u64, b: u64, now_secs: u64, unit: Unit) -> u64 {
+pub const fn merge_max(a: u64, b: u64, now_secs: u64, unit: Window) -> u64 {
     let (ca, cb) = (
         current_count(a, now_secs, unit),
         current_count(b, now_secs, unit),
@@ -71,7 +71,7 @@ pub const fn merge_max(a: u64, b: u64, now_secs: u64, unit: Unit) -> u64 {
 
 /// Applies `hits` at `now_secs` against `limit` per `unit`: returns the decision and the new
 /// state word.
-pub fn decide(state: u64, now_secs: u64, unit: Unit, limit: u32, hits: u64) -> (Decision, u64) {
+pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) -> (Decision, u64) {
     let before = current_count(state, now_secs, unit);
     let after = before.saturating_add(hits).min(COUNT_MASK);
     let over = after > u64::from(limit);
@@ -95,18 +95,19 @@ pub fn decide(state: u64, now_secs: u64, unit: Unit, limit: u32, hits: u64) -> (
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Unit;
     use proptest::prelude::*;
 
     #[test]
     fn calls_up_to_the_limit_pass_and_the_next_is_over() {
         let mut state = EMPTY;
         for i in 1..=20u32 {
-            let (d, s) = decide(state, 1234, Unit::Minute, 20, 1);
+            let (d, s) = decide(state, 1234, Window::of(Unit::Minute), 20, 1);
             state = s;
             assert!(!d.over, "call {i}");
             assert_eq!(d.remaining, 20 - i);
         }
-        let (d, _) = decide(state, 1234, Unit::Minute, 20, 1);
+        let (d, _) = decide(state, 1234, Window::of(Unit::Minute), 20, 1);
         assert!(d.over);
         assert_eq!(d.remaining, 0);
         assert_eq!(d.count_after, 21);
@@ -114,64 +115,72 @@ mod tests {
 
     #[test]
     fn limit_zero_is_always_over_and_peeks_do_not_count() {
-        let (d, _) = decide(EMPTY, 10, Unit::Second, 0, 1);
+        let (d, _) = decide(EMPTY, 10, Window::of(Unit::Second), 0, 1);
         assert!(d.over);
         // A peek at a count equal to the limit is not over, and does not move the count.
-        let (_, s) = decide(EMPTY, 10, Unit::Second, 3, 3);
-        let (peek, s2) = decide(s, 10, Unit::Second, 3, 0);
+        let (_, s) = decide(EMPTY, 10, Window::of(Unit::Second), 3, 3);
+        let (peek, s2) = decide(s, 10, Window::of(Unit::Second), 3, 0);
         assert!(!peek.over);
         assert_eq!(peek.remaining, 0);
         assert_eq!(s, s2);
-        let (next, _) = decide(s2, 10, Unit::Second, 3, 1);
+        let (next, _) = decide(s2, 10, Window::of(Unit::Second), 3, 1);
         assert!(next.over);
     }
 
     #[test]
     fn windows_are_epoch_aligned_and_reset_counts_down() {
         // The reference's example: MINUTE at now=2222 resets in 58 s; window starts at 2220.
-        let (d, _) = decide(EMPTY, 2222, Unit::Minute, 10, 1);
+        let (d, _) = decide(EMPTY, 2222, Window::of(Unit::Minute), 10, 1);
         assert_eq!(d.reset_after_secs, 58);
-        assert_eq!(window_start(1234, Unit::Minute), 1200);
+        assert_eq!(window_start(1234, Window::of(Unit::Minute)), 1200);
         // At the first second of a window the whole unit remains.
-        let (d, _) = decide(EMPTY, 1200, Unit::Minute, 10, 1);
+        let (d, _) = decide(EMPTY, 1200, Window::of(Unit::Minute), 10, 1);
         assert_eq!(d.reset_after_secs, 60);
     }
 
     #[test]
     fn a_new_window_starts_from_zero() {
-        let (_, s) = decide(EMPTY, 59, Unit::Minute, 1, 5);
-        assert!(!is_stale(s, 59, Unit::Minute));
-        assert!(is_stale(s, 60, Unit::Minute));
-        let (d, _) = decide(s, 60, Unit::Minute, 1, 1);
+        let (_, s) = decide(EMPTY, 59, Window::of(Unit::Minute), 1, 5);
+        assert!(!is_stale(s, 59, Window::of(Unit::Minute)));
+        assert!(is_stale(s, 60, Window::of(Unit::Minute)));
+        let (d, _) = decide(s, 60, Window::of(Unit::Minute), 1, 1);
         assert_eq!(d.count_before, 0);
         assert!(!d.over);
     }
 
     #[test]
     fn huge_addends_saturate_instead_of_wrapping() {
-        let (d, s) = decide(EMPTY, 0, Unit::Hour, u32::MAX, u64::MAX);
+        let (d, s) = decide(EMPTY, 0, Window::of(Unit::Hour), u32::MAX, u64::MAX);
         assert!(d.over);
-        let (d2, _) = decide(s, 0, Unit::Hour, u32::MAX, u64::MAX);
+        let (d2, _) = decide(s, 0, Window::of(Unit::Hour), u32::MAX, u64::MAX);
         assert!(d2.over);
         assert_eq!(d2.count_after, COUNT_MASK);
     }
 
     #[test]
     fn merging_keeps_the_larger_count_of_the_current_window() {
-        let (_, a) = decide(EMPTY, 1234, Unit::Minute, 10, 3);
-        let (_, b) = decide(EMPTY, 1235, Unit::Minute, 10, 5);
+        let (_, a) = decide(EMPTY, 1234, Window::of(Unit::Minute), 10, 3);
+        let (_, b) = decide(EMPTY, 1235, Window::of(Unit::Minute), 10, 5);
         assert_eq!(
-            current_count(merge_max(a, b, 1236, Unit::Minute), 1236, Unit::Minute),
+            current_count(
+                merge_max(a, b, 1236, Window::of(Unit::Minute)),
+                1236,
+                Window::of(Unit::Minute)
+            ),
             5
         );
         assert_eq!(
-            merge_max(a, b, 1236, Unit::Minute),
-            merge_max(b, a, 1236, Unit::Minute)
+            merge_max(a, b, 1236, Window::of(Unit::Minute)),
+            merge_max(b, a, 1236, Window::of(Unit::Minute))
         );
         // A count of an earlier window is nothing now.
-        let (_, old) = decide(EMPTY, 1100, Unit::Minute, 10, 9);
+        let (_, old) = decide(EMPTY, 1100, Window::of(Unit::Minute), 10, 9);
         assert_eq!(
-            current_count(merge_max(a, old, 1236, Unit::Minute), 1236, Unit::Minute),
+            current_count(
+                merge_max(a, old, 1236, Window::of(Unit::Minute)),
+                1236,
+                Window::of(Unit::Minute)
+            ),
             3
         );
     }
@@ -185,7 +194,7 @@ mod tests {
             limit in 0u32..50,
             steps in proptest::collection::vec((0u64..3, 0u64..6), 1..200),
         ) {
-            let unit = Unit::Minute;
+            let unit = Window::of(Unit::Minute);
             let mut now = 1_000_000u64;
             let mut state = EMPTY;
             let mut window = window_start(now, unit);

@@ -90,6 +90,8 @@ impl Algorithm {
 pub struct Quota {
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// `unit_multiplier`: the window is this many units (1 for the Go service's limits).
+    pub unit_multiplier: u32,
     pub algorithm: Algorithm,
     pub burst: Option<NonZeroU32>,
     pub charge_refused: bool,
@@ -101,16 +103,64 @@ impl Quota {
         Quota {
             requests_per_unit,
             unit,
+            unit_multiplier: 1,
             algorithm: Algorithm::FixedWindow,
             burst: None,
             charge_refused: false,
         }
     }
 
+    /// The window this quota counts in: `unit_multiplier` units.
+    pub const fn window(&self) -> Window {
+        Window::new(self.unit, self.unit_multiplier)
+    }
+
     /// Whether a refused call's hits are counted: always for a fixed window (Go's counting),
     /// with `charge_refused` for the others.
     pub const fn charges_refused(&self) -> bool {
         self.charge_refused || matches!(self.algorithm, Algorithm::FixedWindow)
+    }
+}
+
+/// The length of a limit's windows (a bucket's refill period): `multiplier` units, so
+/// `100 per 5 minutes` is 100 per `Window { unit: Minute, multiplier: 5 }`. Windows are
+/// epoch-aligned, as the Go service's are. A multiplier of 0 reads as 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Window {
+    pub unit: Unit,
+    pub multiplier: u32,
+}
+
+impl Window {
+    /// The most seconds a window may last (about 136 years): the config refuses a longer one.
+    pub const MAX_SECS: u64 = u32::MAX as u64;
+
+    pub const fn new(unit: Unit, multiplier: u32) -> Self {
+        Window {
+            unit,
+            multiplier: if multiplier == 0 { 1 } else { multiplier },
+        }
+    }
+
+    /// One `unit`: the Go service's window.
+    pub const fn of(unit: Unit) -> Self {
+        Window::new(unit, 1)
+    }
+
+    /// Length in seconds.
+    pub const fn secs(self) -> u64 {
+        self.unit.secs() * self.multiplier as u64
+    }
+
+    /// Whether this is one unit, as every envoyproxy/ratelimit limit is.
+    pub const fn is_plain(self) -> bool {
+        self.multiplier == 1
+    }
+}
+
+impl From<Unit> for Window {
+    fn from(unit: Unit) -> Self {
+        Window::of(unit)
     }
 }
 

@@ -25,7 +25,7 @@
 //! the next 48, the previous count in the low 48 (saturating; a count passes the limit only
 //! with `charge_refused`).
 
-use super::{Decision, Unit};
+use super::{Decision, Window};
 
 const COUNT_BITS: u32 = 48;
 const COUNT_MASK: u128 = (1 << COUNT_BITS) - 1;
@@ -68,13 +68,13 @@ fn rolled(state: u128, index: u64) -> (u128, u128) {
 }
 
 /// The index of the window containing `now_micros` (windows of `unit` since the epoch).
-pub const fn window_index(now_micros: u64, unit: Unit) -> u64 {
+pub const fn window_index(now_micros: u64, unit: Window) -> u64 {
     now_micros / 1_000_000 / unit.secs()
 }
 
 /// The (current, previous) counts a state word holds as seen from the window containing
 /// `now_micros` (older windows count as 0).
-pub fn counts_at(state: u128, now_micros: u64, unit: Unit) -> (u64, u64) {
+pub fn counts_at(state: u128, now_micros: u64, unit: Window) -> (u64, u64) {
     let (current, previous) = rolled(state, window_index(now_micros, unit));
     let narrow = |c: u128| u64::try_from(c).unwrap_or(u64::MAX);
     (narrow(current), narrow(previous))
@@ -83,7 +83,7 @@ pub fn counts_at(state: u128, now_micros: u64, unit: Unit) -> (u64, u64) {
 /// The state holding, for each of the current and the previous window, the larger of the
 /// counts `a` and `b` hold for it. Merging another owner's counts this way never counts a hit
 /// twice, and never lowers a count.
-pub fn merge_max(a: u128, b: u128, now_micros: u64, unit: Unit) -> u128 {
+pub fn merge_max(a: u128, b: u128, now_micros: u64, unit: Window) -> u128 {
     let index = window_index(now_micros, unit);
     let ((ca, pa), (cb, pb)) = (rolled(a, index), rolled(b, index));
     pack(u128::from(index), ca.max(cb), pa.max(pb))
@@ -91,7 +91,7 @@ pub fn merge_max(a: u128, b: u128, now_micros: u64, unit: Unit) -> u128 {
 
 /// Whether a state word says nothing about the window containing `now_micros` or the next one
 /// (so a store may drop it).
-pub fn is_stale(state: u128, now_micros: u64, unit: Unit) -> bool {
+pub fn is_stale(state: u128, now_micros: u64, unit: Window) -> bool {
     let index = now_micros / 1_000_000 / unit.secs();
     rolled(state, index) == (0, 0)
 }
@@ -101,7 +101,7 @@ pub fn is_stale(state: u128, now_micros: u64, unit: Unit) -> bool {
 pub fn decide(
     state: u128,
     now_micros: u64,
-    unit: Unit,
+    unit: Window,
     limit: u32,
     hits: u64,
     charge_refused: bool,
@@ -140,7 +140,7 @@ pub fn decide(
 
 /// Gives back `hits` admitted earlier in the window containing `now_micros` (for a request
 /// that another limit refused). Hits of an earlier window are not given back.
-pub fn refund(state: u128, now_micros: u64, unit: Unit, hits: u64) -> u128 {
+pub fn refund(state: u128, now_micros: u64, unit: Window, hits: u64) -> u128 {
     let index = now_micros / 1_000_000 / unit.secs();
     let (tag, current, previous) = unpack(state);
     if tag != u128::from(index) & TAG_MASK {
@@ -152,6 +152,7 @@ pub fn refund(state: u128, now_micros: u64, unit: Unit, hits: u64) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Unit;
     use proptest::prelude::*;
 
     const MIN: u64 = 60_000_000;
@@ -161,19 +162,19 @@ mod tests {
         // 10 hits in window 0, then at 25% into window 1 the previous counts 7.5.
         let mut s = EMPTY;
         for _ in 0..10 {
-            s = decide(s, 1_000_000, Unit::Minute, 10, 1, false).1;
+            s = decide(s, 1_000_000, Window::of(Unit::Minute), 10, 1, false).1;
         }
-        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 2, false);
+        let (d, _) = decide(s, MIN + MIN / 4, Window::of(Unit::Minute), 10, 2, false);
         assert!(!d.over);
         // 7.5 + 2 = 9.5: half a hit left, so 0 whole hits remain.
         assert_eq!(d.remaining, 0);
-        let (d, _) = decide(s, MIN + MIN / 4, Unit::Minute, 10, 3, false);
+        let (d, _) = decide(s, MIN + MIN / 4, Window::of(Unit::Minute), 10, 3, false);
         assert!(d.over, "7.5 + 3 > 10");
         // Two windows later the old count no longer matters.
-        let (d, s2) = decide(s, 2 * MIN + 1, Unit::Minute, 10, 10, false);
+        let (d, s2) = decide(s, 2 * MIN + 1, Window::of(Unit::Minute), 10, 10, false);
         assert!(!d.over);
-        assert!(!is_stale(s2, 2 * MIN + 1, Unit::Minute));
-        assert!(is_stale(s2, 4 * MIN, Unit::Minute));
+        assert!(!is_stale(s2, 2 * MIN + 1, Window::of(Unit::Minute)));
+        assert!(is_stale(s2, 4 * MIN, Window::of(Unit::Minute)));
     }
 
     #[test]
@@ -181,7 +182,7 @@ mod tests {
         let mut s = EMPTY;
         let mut admitted = 0;
         for _ in 0..100 {
-            let (d, n) = decide(s, 5_000_000, Unit::Minute, 10, 1, false);
+            let (d, n) = decide(s, 5_000_000, Window::of(Unit::Minute), 10, 1, false);
             s = n;
             admitted += u32::from(!d.over);
         }
@@ -196,62 +197,74 @@ mod tests {
         let mut s = EMPTY;
         let mut over = Vec::new();
         for _ in 0..3 {
-            let (d, n) = decide(s, 1_000_000, Unit::Minute, 100, 40, true);
+            let (d, n) = decide(s, 1_000_000, Window::of(Unit::Minute), 100, 40, true);
             s = n;
             over.push(d.over);
         }
         assert_eq!(over, [false, false, true]);
-        assert_eq!(counts_at(s, 1_000_000, Unit::Minute), (120, 0));
-        assert!(decide(s, 2_000_000, Unit::Minute, 100, 0, true).0.over);
+        assert_eq!(counts_at(s, 1_000_000, Window::of(Unit::Minute)), (120, 0));
+        assert!(
+            decide(s, 2_000_000, Window::of(Unit::Minute), 100, 0, true)
+                .0
+                .over
+        );
         // In the next window 120 weighs 120 * (1 - f): over until f = 1/6 (10 s).
         assert!(
-            decide(s, MIN + 9_000_000, Unit::Minute, 100, 0, true)
+            decide(s, MIN + 9_000_000, Window::of(Unit::Minute), 100, 0, true)
                 .0
                 .over
         );
         assert!(
-            !decide(s, MIN + 10_000_000, Unit::Minute, 100, 0, true)
+            !decide(s, MIN + 10_000_000, Window::of(Unit::Minute), 100, 0, true)
                 .0
                 .over
         );
         // Without the setting the third report is dropped and the count stays at 80.
-        let (_, s) = decide(EMPTY, 1_000_000, Unit::Minute, 100, 80, false);
-        let (d, s) = decide(s, 1_000_000, Unit::Minute, 100, 40, false);
+        let (_, s) = decide(EMPTY, 1_000_000, Window::of(Unit::Minute), 100, 80, false);
+        let (d, s) = decide(s, 1_000_000, Window::of(Unit::Minute), 100, 40, false);
         assert!(d.over);
-        assert_eq!(counts_at(s, 1_000_000, Unit::Minute), (80, 0));
+        assert_eq!(counts_at(s, 1_000_000, Window::of(Unit::Minute)), (80, 0));
     }
 
     #[test]
     fn a_refund_gives_back_hits_of_the_current_window_only() {
-        let (_, s) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4, false);
-        let back = refund(s, 2_000_000, Unit::Minute, 3);
+        let (_, s) = decide(EMPTY, 1_000_000, Window::of(Unit::Minute), 10, 4, false);
+        let back = refund(s, 2_000_000, Window::of(Unit::Minute), 3);
         assert_eq!(
-            decide(back, 2_000_000, Unit::Minute, 10, 0, false)
+            decide(back, 2_000_000, Window::of(Unit::Minute), 10, 0, false)
                 .0
                 .remaining,
             9
         );
-        assert_eq!(refund(s, MIN + 1, Unit::Minute, 3), s);
+        assert_eq!(refund(s, MIN + 1, Window::of(Unit::Minute), 3), s);
     }
 
     #[test]
     fn limit_zero_admits_nothing_but_peeks() {
-        assert!(decide(EMPTY, 0, Unit::Second, 0, 1, false).0.over);
-        assert!(!decide(EMPTY, 0, Unit::Second, 0, 0, false).0.over);
+        assert!(
+            decide(EMPTY, 0, Window::of(Unit::Second), 0, 1, false)
+                .0
+                .over
+        );
+        assert!(
+            !decide(EMPTY, 0, Window::of(Unit::Second), 0, 0, false)
+                .0
+                .over
+        );
     }
 
     #[test]
     fn merging_keeps_the_larger_count_of_each_window() {
         // a: 4 in window 0 then 1 in window 1; b: 6 in window 1 (an owner that took over).
-        let (_, a) = decide(EMPTY, 1_000_000, Unit::Minute, 10, 4, false);
-        let (_, a) = decide(a, MIN + 1, Unit::Minute, 10, 1, false);
-        let (_, b) = decide(EMPTY, MIN + 2, Unit::Minute, 10, 6, false);
-        let m = merge_max(a, b, MIN + 3, Unit::Minute);
-        assert_eq!(counts_at(m, MIN + 3, Unit::Minute), (6, 4));
-        assert_eq!(m, merge_max(b, a, MIN + 3, Unit::Minute));
+        let (_, a) = decide(EMPTY, 1_000_000, Window::of(Unit::Minute), 10, 4, false);
+        let (_, a) = decide(a, MIN + 1, Window::of(Unit::Minute), 10, 1, false);
+        let (_, b) = decide(EMPTY, MIN + 2, Window::of(Unit::Minute), 10, 6, false);
+        let m = merge_max(a, b, MIN + 3, Window::of(Unit::Minute));
+        assert_eq!(counts_at(m, MIN + 3, Window::of(Unit::Minute)), (6, 4));
+        assert_eq!(m, merge_max(b, a, MIN + 3, Window::of(Unit::Minute)));
         // Seen from the next window the current count becomes the previous one.
-        assert_eq!(counts_at(m, 2 * MIN, Unit::Minute), (0, 6));
-        assert_eq!(window_index(2 * MIN, Unit::Minute), 2);
+        assert_eq!(counts_at(m, 2 * MIN, Window::of(Unit::Minute)), (0, 6));
+        assert_eq!(window_index(2 * MIN, Window::of(Unit::Minute)), 2);
     }
 
     /// An exact log of admitted hits, the oracle for the bound.
@@ -270,7 +283,7 @@ mod tests {
             limit in 1u32..40,
             steps in proptest::collection::vec((0u64..4_000_000, 1u64..4), 1..300),
         ) {
-            let unit = Unit::Second;
+            let unit = Window::of(Unit::Second);
             let unit_us = 1_000_000u64;
             let mut now = 10 * unit_us;
             let mut state = EMPTY;

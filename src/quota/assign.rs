@@ -45,7 +45,7 @@ impl Rate {
         };
         Some(Rate {
             tokens: rpu * m,
-            fill_secs: quota.unit.secs() * m,
+            fill_secs: quota.window().secs() * m,
             burst,
         })
     }
@@ -137,8 +137,8 @@ impl Policy {
         }
         let lowest = blocks.iter().map(|b| &b.quota).min_by(|a, b| {
             // a.rpu / a.unit < b.rpu / b.unit, without division.
-            (u64::from(a.requests_per_unit) * b.unit.secs())
-                .cmp(&(u64::from(b.requests_per_unit) * a.unit.secs()))
+            (u64::from(a.requests_per_unit) * b.window().secs())
+                .cmp(&(u64::from(b.requests_per_unit) * a.window().secs()))
         });
         match lowest.and_then(Rate::of) {
             Some(rate) => Policy::Split(rate),
@@ -161,6 +161,7 @@ mod tests {
             algorithm,
             burst: burst.and_then(NonZeroU32::new),
             charge_refused: false,
+            unit_multiplier: 1,
         }
     }
 

@@ -117,6 +117,7 @@ fn quota_json(q: &Quota) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
     m.insert("algorithm".into(), q.algorithm.name().into());
     m.insert("unit".into(), q.unit.name().into());
+    m.insert("unit_multiplier".into(), q.unit_multiplier.into());
     m.insert("requests_per_unit".into(), q.requests_per_unit.into());
     m.insert("burst".into(), q.burst.map(NonZeroU32::get).into());
     m.insert("charge_refused".into(), q.charges_refused().into());

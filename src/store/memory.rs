@@ -4,6 +4,8 @@
 //! - fixed window: one table per unit of `AtomicU64` (window tag + count, see
 //!   [`fixed_window`]), so a new window costs no new map entry;
 //! - sliding window: one table per unit of `AtomicU128` (tag + two counts);
+//! - windows of several units (`unit_multiplier`): one table per window length, made on its
+//!   first counter and kept (their number is bounded by the distinct windows configs name);
 //! - token and leaky buckets: one table of `AtomicU64` (the theoretical arrival time).
 //!
 //! Every update is a compare-and-swap loop around the pure function in [`crate::limiter`],
@@ -29,7 +31,7 @@ use portable_atomic::AtomicU128;
 
 use super::{CounterStore, Hit, StoreError};
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::{self, CounterKind, Decision, Unit, fixed_window};
+use crate::limiter::{self, CounterKind, Decision, Unit, Window, fixed_window};
 
 type Table<W> = DashMap<Box<str>, W, foldhash::fast::RandomState>;
 
@@ -213,10 +215,13 @@ pub struct MemoryStats {
     pub swept: AtomicU64,
 }
 
-/// A kind's table: of 64-bit words (fixed windows, buckets) or of 128-bit ones (sliding).
+/// A kind's table: of 64-bit words (fixed windows, buckets) or of 128-bit ones (sliding); a
+/// multiplied window's is shared (`Arc`) out of its map.
 enum TableRef<'a> {
     Narrow(&'a Table<AtomicU64>),
     Wide(&'a Table<AtomicU128>),
+    SharedNarrow(Arc<Table<AtomicU64>>),
+    SharedWide(Arc<Table<AtomicU128>>),
 }
 
 /// Runs `$body` on a kind's table, whichever its word type (the body is generic over it).
@@ -225,6 +230,14 @@ macro_rules! with_table {
         match $inner.table($kind) {
             TableRef::Narrow($table) => $body,
             TableRef::Wide($table) => $body,
+            TableRef::SharedNarrow(shared) => {
+                let $table = &*shared;
+                $body
+            }
+            TableRef::SharedWide(shared) => {
+                let $table = &*shared;
+                $body
+            }
         }
     };
 }
@@ -233,6 +246,10 @@ struct Inner {
     fixed: [Table<AtomicU64>; 7],
     sliding: [Table<AtomicU128>; 7],
     buckets: Table<AtomicU64>,
+    /// Multiplied windows' tables, by window.
+    fixed_multiplied: DashMap<Window, Arc<Table<AtomicU64>>>,
+    sliding_multiplied: DashMap<Window, Arc<Table<AtomicU128>>>,
+    shards: usize,
     live: AtomicUsize,
     /// The live counters' accounted bytes ([`MemoryLimits::counter_bytes`] each).
     bytes: AtomicUsize,
@@ -269,6 +286,9 @@ impl MemoryStore {
                 fixed: std::array::from_fn(|_| new_table(shards)),
                 sliding: std::array::from_fn(|_| new_table(shards)),
                 buckets: new_table(shards),
+                fixed_multiplied: DashMap::default(),
+                sliding_multiplied: DashMap::default(),
+                shards,
                 live: AtomicUsize::new(0),
                 bytes: AtomicUsize::new(0),
                 limits,
@@ -326,7 +346,7 @@ impl MemoryStore {
     /// or stale).
     pub fn count(&self, key: &str, unit: Unit, now: Timestamp) -> u64 {
         self.inner.fixed[unit.index()].get(key).map_or(0, |c| {
-            fixed_window::current_count(c.load(Ordering::Acquire), now.secs(), unit)
+            fixed_window::current_count(c.load(Ordering::Acquire), now.secs(), unit.into())
         })
     }
 
@@ -408,11 +428,39 @@ impl Inner {
 
     /// The table a kind's counters live in.
     fn table(&self, kind: CounterKind) -> TableRef<'_> {
+        let shards = self.shards;
         match kind {
-            CounterKind::Fixed(u) => TableRef::Narrow(&self.fixed[u.index()]),
-            CounterKind::Sliding(u) => TableRef::Wide(&self.sliding[u.index()]),
+            CounterKind::Fixed(w) if w.is_plain() => TableRef::Narrow(&self.fixed[w.unit.index()]),
+            CounterKind::Sliding(w) if w.is_plain() => {
+                TableRef::Wide(&self.sliding[w.unit.index()])
+            }
+            CounterKind::Fixed(w) => {
+                TableRef::SharedNarrow(shared_table(&self.fixed_multiplied, w, shards))
+            }
+            CounterKind::Sliding(w) => {
+                TableRef::SharedWide(shared_table(&self.sliding_multiplied, w, shards))
+            }
             CounterKind::Bucket => TableRef::Narrow(&self.buckets),
         }
+    }
+
+    /// Every kind with a table now: the plain windows', the buckets', and each multiplied
+    /// window's made so far.
+    fn kinds(&self) -> Vec<CounterKind> {
+        let mut kinds: Vec<CounterKind> = (0..CounterKind::COUNT)
+            .filter_map(CounterKind::from_index)
+            .collect();
+        kinds.extend(
+            self.fixed_multiplied
+                .iter()
+                .map(|e| CounterKind::Fixed(*e.key())),
+        );
+        kinds.extend(
+            self.sliding_multiplied
+                .iter()
+                .map(|e| CounterKind::Sliding(*e.key())),
+        );
+        kinds
     }
 
     /// Charges one hit, creating its counter if needed.
@@ -528,7 +576,7 @@ impl Inner {
     fn sweep(&self, now: Timestamp) -> usize {
         let mut removed = Room::default();
         // Every kind once: the bucket kind is the buckets' one table.
-        for kind in (0..CounterKind::COUNT).filter_map(CounterKind::from_index) {
+        for kind in self.kinds() {
             let gone = with_table!(self, kind, |table| retain(table, |s| !kind
                 .is_stale(s, now)));
             removed = removed.add(gone);
@@ -539,6 +587,20 @@ impl Inner {
             .fetch_add(removed.counters as u64, Ordering::Relaxed);
         removed.counters
     }
+}
+
+/// A multiplied window's table, made on first use.
+fn shared_table<W>(
+    map: &DashMap<Window, Arc<Table<W>>>,
+    w: Window,
+    shards: usize,
+) -> Arc<Table<W>> {
+    if let Some(t) = map.get(&w) {
+        return t.clone();
+    }
+    map.entry(w)
+        .or_insert_with(|| Arc::new(new_table(shards)))
+        .clone()
 }
 
 /// Adds `n` to `total` if the sum stays within `max`.
@@ -726,6 +788,31 @@ mod tests {
     }
 
     #[test]
+    fn windows_of_several_units_are_swept_when_they_end_not_before() {
+        let store = MemoryStore::new(100);
+        let five = |key, algorithm| Hit {
+            quota: Quota {
+                unit_multiplier: 5,
+                ..with(hit(key, 5, 1), algorithm, Unit::Minute).quota
+            },
+            ..hit(key, 5, 1)
+        };
+        // 1234 is in the 5-minute window [1200, 1500).
+        let hits = [
+            five("fixed", Algorithm::FixedWindow),
+            five("sliding", Algorithm::SlidingWindow),
+        ];
+        apply(&store, 1234, &hits).unwrap();
+        // A minute table would have dropped them at 1260.
+        assert_eq!(store.sweep(Timestamp::from_secs(1499)), 0);
+        // 1500: the fixed window is done; the sliding one still weighs until 1800.
+        assert_eq!(store.sweep(Timestamp::from_secs(1500)), 1);
+        assert_eq!(store.sweep(Timestamp::from_secs(1799)), 0);
+        assert_eq!(store.sweep(Timestamp::from_secs(1800)), 1);
+        assert_eq!(store.live_counters(), 0);
+    }
+
+    #[test]
     fn a_full_store_refuses_new_counters_whole_and_keeps_old_ones() {
         let store = MemoryStore::new(2);
         apply(&store, 0, &[hit("a", 5, 1), hit("b", 5, 1)]).unwrap();
@@ -795,8 +882,8 @@ mod tests {
     fn merged_counters_take_room_from_the_budget_too() {
         let store = budget(100, &["k"]);
         let now = Timestamp::from_secs(1234);
-        let kind = CounterKind::Fixed(Unit::Minute);
-        let five = u128::from(fixed_window::state_with_count(5, 1234, Unit::Minute));
+        let kind = CounterKind::Fixed(Unit::Minute.into());
+        let five = u128::from(fixed_window::state_with_count(5, 1234, Unit::Minute.into()));
         store.merge_max(kind, "k", five, now).unwrap();
         assert_eq!(store.counter_bytes(), MemoryLimits::counter_bytes("k"));
         // Merging into an existing counter is free; a new one past the budget is refused.
@@ -887,14 +974,14 @@ mod tests {
     fn merged_states_keep_the_larger_count_and_hold_until_their_window_ends() {
         let store = MemoryStore::new(10);
         let now = Timestamp::from_secs(1234);
-        let kind = CounterKind::Fixed(Unit::Minute);
+        let kind = CounterKind::Fixed(Unit::Minute.into());
         assert!(!store.holds(kind, "k", now));
         apply(&store, 1234, &[hit("k", 10, 2)]).unwrap();
         assert!(store.holds(kind, "k", now));
         // Another owner's 5 for this minute wins over our 2; a lower 1 changes nothing.
-        let five = fixed_window::state_with_count(5, 1234, Unit::Minute);
+        let five = fixed_window::state_with_count(5, 1234, Unit::Minute.into());
         store.merge_max(kind, "k", u128::from(five), now).unwrap();
-        let one = fixed_window::state_with_count(1, 1234, Unit::Minute);
+        let one = fixed_window::state_with_count(1, 1234, Unit::Minute.into());
         store.merge_max(kind, "k", u128::from(one), now).unwrap();
         assert_eq!(store.count("k", Unit::Minute, now), 5);
         assert_eq!(
@@ -912,7 +999,10 @@ mod tests {
         store.merge_max(bucket, "b", 2_000_000, now).unwrap();
         assert_eq!(store.state(bucket, "b"), Some(9_000_000));
         for i in 0..CounterKind::COUNT {
-            assert_eq!(CounterKind::from_index(i).map(CounterKind::index), Some(i));
+            assert_eq!(
+                CounterKind::from_index(i).and_then(CounterKind::index),
+                Some(i)
+            );
         }
     }
 

@@ -18,7 +18,7 @@ mod redis_target;
 use std::future::Future;
 
 use crate::clock::Timestamp;
-use crate::limiter::{Decision, Quota, Unit};
+use crate::limiter::{Decision, Quota, Window};
 
 pub use memory::{MemoryLimits, MemoryStore};
 pub use redis::{RedisLink, RedisStore};
@@ -36,9 +36,18 @@ pub struct Hit<'a> {
 /// envoyproxy/ratelimit's full cache key: the stem followed by the start of the window that
 /// contains `now`, in seconds since the epoch. A store that shares keys with Go instances (Redis)
 /// uses exactly these bytes; the memory store keeps the window in the counter word instead.
-pub fn go_cache_key(stem: &str, now: Timestamp, unit: Unit) -> String {
-    let start = crate::limiter::fixed_window::window_start(now.secs(), unit);
-    format!("{stem}{start}")
+///
+/// A window of several units (`unit_multiplier`, which Go does not have) puts `x<N><UNIT>_`
+/// between the stem and the start (`d_k_v_x5MINUTE_1700000100`), so it never takes the key of a
+/// Go limit on the same descriptor (only a descriptor value ending in that marker could).
+pub fn go_cache_key(stem: &str, now: Timestamp, window: impl Into<Window>) -> String {
+    let window = window.into();
+    let start = crate::limiter::fixed_window::window_start(now.secs(), window);
+    if window.is_plain() {
+        format!("{stem}{start}")
+    } else {
+        format!("{stem}x{}{}_{start}", window.multiplier, window.unit.name())
+    }
 }
 
 /// Why a store could not answer. Every variant is classified, so `api` can map it to a status
@@ -131,6 +140,7 @@ pub trait CounterStore: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::Unit;
 
     #[test]
     fn full_keys_are_the_go_service_bytes() {
@@ -147,6 +157,19 @@ mod tests {
         assert_eq!(
             go_cache_key("domain_files_files/*_", now, Unit::Second),
             "domain_files_files/*_1234"
+        );
+        // A window of several units: its start, and a marker no Go limit's key has.
+        assert_eq!(
+            go_cache_key("d_k_v_", now, Window::new(Unit::Minute, 5)),
+            "d_k_v_x5MINUTE_1200"
+        );
+        assert_eq!(
+            go_cache_key(
+                "d_k_v_",
+                Timestamp::from_secs(1500),
+                Window::new(Unit::Minute, 5)
+            ),
+            "d_k_v_x5MINUTE_1500"
         );
     }
 }

@@ -50,7 +50,7 @@ use super::redis_breaker::Readiness;
 use super::redis_target::{Target, TargetOptions, run_within};
 use super::{CounterStore, Hit, MemoryLimits, StoreError, go_cache_key};
 use crate::clock::Timestamp;
-use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
+use crate::limiter::{Algorithm, Unit, Window, bucket, sliding_window};
 use crate::limiter::{Decision, fixed_window};
 
 pub use super::redis_breaker::{BreakerSettings, BreakerStats};
@@ -318,12 +318,23 @@ impl RedisStore {
         }
     }
 
-    /// The key a non-fixed algorithm keeps its state under.
+    /// The key a non-fixed algorithm keeps its state under: the stem and the algorithm, and
+    /// for a window of several units the same marker as [`go_cache_key`]'s.
     fn state_key(hit: &Hit<'_>) -> String {
-        format!("{}{}", hit.key, hit.quota.algorithm.name())
+        let q = &hit.quota;
+        match q.window() {
+            w if w.is_plain() => format!("{}{}", hit.key, q.algorithm.name()),
+            w => format!(
+                "{}x{}{}_{}",
+                hit.key,
+                w.multiplier,
+                w.unit.name(),
+                q.algorithm.name()
+            ),
+        }
     }
 
-    fn ttl_secs(&self, key: &str, unit: Unit, now: Timestamp) -> u64 {
+    fn ttl_secs(&self, key: &str, unit: Window, now: Timestamp) -> u64 {
         use std::hash::BuildHasher;
         let jitter = match self.jitter_max_secs {
             0 => 0,
@@ -342,16 +353,16 @@ impl RedisStore {
         let q = hit.quota;
         match q.algorithm {
             Algorithm::FixedWindow => {
-                let key = go_cache_key(hit.key, now, q.unit);
+                let key = go_cache_key(hit.key, now, q.window());
                 let hits = if increment { hit.hits } else { 0 };
                 pipe.cmd("INCRBY").arg(&key).arg(hits);
                 pipe.cmd("EXPIRE")
                     .arg(&key)
-                    .arg(self.ttl_secs(&key, q.unit, now))
+                    .arg(self.ttl_secs(&key, q.window(), now))
                     .ignore();
             }
             Algorithm::SlidingWindow => {
-                let unit_us = q.unit.secs() * 1_000_000;
+                let unit_us = q.window().secs() * 1_000_000;
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(SLIDING).get_hash())
                     .arg(1)
@@ -360,7 +371,7 @@ impl RedisStore {
                     .arg(unit_us)
                     .arg(q.requests_per_unit)
                     .arg(hit.hits)
-                    .arg(2 * q.unit.secs() + self.jitter_max_secs)
+                    .arg(2 * q.window().secs() + self.jitter_max_secs)
                     .arg(u8::from(q.charge_refused));
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
@@ -391,8 +402,8 @@ impl RedisStore {
             Algorithm::FixedWindow => {
                 let after = u64::try_from(int(reply)?).unwrap_or(0);
                 let before = after.saturating_sub(hit.hits);
-                let state = fixed_window::state_with_count(before, now.secs(), q.unit);
-                fixed_window::decide(state, now.secs(), q.unit, q.requests_per_unit, hit.hits).0
+                let state = fixed_window::state_with_count(before, now.secs(), q.window());
+                fixed_window::decide(state, now.secs(), q.window(), q.requests_per_unit, hit.hits).0
             }
             Algorithm::SlidingWindow => {
                 let Value::Array(parts) = reply else {
@@ -413,7 +424,7 @@ impl RedisStore {
                 };
                 let rpu = q.requests_per_unit;
                 let charge = q.charge_refused;
-                sliding_window::decide(state, now.micros(), q.unit, rpu, hit.hits, charge).0
+                sliding_window::decide(state, now.micros(), q.window(), rpu, hit.hits, charge).0
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 let tat = u64::try_from(int(reply)?).unwrap_or(0);
@@ -464,18 +475,18 @@ impl RedisStore {
         };
         for (i, hit) in hits.iter().enumerate() {
             if hit.quota.algorithm == Algorithm::FixedWindow
-                && cache.is_over(&go_cache_key(hit.key, now, hit.quota.unit), now.secs())
+                && cache.is_over(&go_cache_key(hit.key, now, hit.quota.window()), now.secs())
             {
                 let state = fixed_window::state_with_count(
                     u64::from(hit.quota.requests_per_unit).saturating_add(1),
                     now.secs(),
-                    hit.quota.unit,
+                    hit.quota.window(),
                 );
                 decisions[i] = Some(
                     fixed_window::decide(
                         state,
                         now.secs(),
-                        hit.quota.unit,
+                        hit.quota.window(),
                         hit.quota.requests_per_unit,
                         0,
                     )
@@ -553,9 +564,9 @@ impl RedisStore {
                 && hit.quota.algorithm == Algorithm::FixedWindow
                 && let Some(cache) = &self.local_cache
             {
-                let end =
-                    fixed_window::window_start(now.secs(), hit.quota.unit) + hit.quota.unit.secs();
-                cache.remember(&go_cache_key(hit.key, now, hit.quota.unit), end, now.secs());
+                let window = hit.quota.window();
+                let end = fixed_window::window_start(now.secs(), window) + window.secs();
+                cache.remember(&go_cache_key(hit.key, now, window), end, now.secs());
             }
             out.push(*d);
         }
@@ -575,7 +586,7 @@ impl RedisStore {
             }
             let mut pipe = redis::pipe();
             pipe.cmd("GET")
-                .arg(go_cache_key(hit.key, now, hit.quota.unit));
+                .arg(go_cache_key(hit.key, now, hit.quota.window()));
             let reply = self.run(self.target_for(hit.quota.unit), &pipe).await?;
             let count: u64 = match reply.first() {
                 Some(Value::BulkString(b)) => std::str::from_utf8(b)
@@ -596,7 +607,7 @@ impl RedisStore {
         for hit in hits {
             let q = hit.quota;
             let key = match q.algorithm {
-                Algorithm::FixedWindow => go_cache_key(hit.key, now, q.unit),
+                Algorithm::FixedWindow => go_cache_key(hit.key, now, q.window()),
                 _ => Self::state_key(hit),
             };
             if let Some(cache) = &self.local_cache {
@@ -614,7 +625,7 @@ impl RedisStore {
             let q = hit.quota;
             let (kind, scale) = match q.algorithm {
                 Algorithm::FixedWindow => continue,
-                Algorithm::SlidingWindow => ("s", q.unit.secs() * 1_000_000),
+                Algorithm::SlidingWindow => ("s", q.window().secs() * 1_000_000),
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => match bucket::params(&q) {
                     Some((t, _)) => ("b", t),
                     None => continue,

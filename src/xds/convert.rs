@@ -95,6 +95,7 @@ fn policy(p: RateLimitPolicy) -> RawRateLimit {
         algorithm: None,
         burst: None,
         charge_refused: None,
+        unit_multiplier: None,
     }
 }
 

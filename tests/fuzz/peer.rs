@@ -139,8 +139,18 @@ fn first_problem(req: &ApplyRequest) -> Option<(tonic::Code, String)> {
                 format!("peer hit: unknown {what} number {n}"),
             ))
         };
+        let window = Unit::from_proto_number(h.unit)
+            .map(|u| sluice::limiter::Window::new(u, h.unit_multiplier).secs());
         if !(1..=7).contains(&h.unit) {
             refused("unit", h.unit)
+        } else if window.is_some_and(|w| w > sluice::limiter::Window::MAX_SECS) {
+            Some((
+                tonic::Code::InvalidArgument,
+                format!(
+                    "peer hit: unit_multiplier {} makes too long a window",
+                    h.unit_multiplier
+                ),
+            ))
         } else if !(0..=3).contains(&h.algorithm) {
             refused("algorithm", h.algorithm)
         } else {
@@ -162,7 +172,8 @@ fn check_decision(hit: &PeerHit, d: &sluice::cluster::peer::PeerDecision) {
         if !d.over {
             assert_eq!(u64::from(d.remaining), limit - d.count_after);
         }
-        assert!((1..=unit.secs()).contains(&d.reset_after_secs), "{d:?}");
+        let window = sluice::limiter::Window::new(unit, hit.unit_multiplier).secs();
+        assert!((1..=window).contains(&d.reset_after_secs), "{d:?}");
     }
 }
 
@@ -221,9 +232,10 @@ fn hit() -> impl Strategy<Value = PeerHit> {
         prop_oneof![Just(0u32), 1u32..10, any::<u32>(), Just(u32::MAX)],
         prop_oneof![0u64..4, any::<u64>(), Just(u64::MAX)],
         any::<bool>(),
+        prop_oneof![8 => Just(0u32), 1 => 1u32..10, 1 => any::<u32>()],
     )
         .prop_map(
-            |(key, requests_per_unit, unit, algorithm, burst, hits, charge_refused)| PeerHit {
+            |(
                 key,
                 requests_per_unit,
                 unit,
@@ -231,6 +243,18 @@ fn hit() -> impl Strategy<Value = PeerHit> {
                 burst,
                 hits,
                 charge_refused,
+                unit_multiplier,
+            )| {
+                PeerHit {
+                    key,
+                    requests_per_unit,
+                    unit,
+                    algorithm,
+                    burst,
+                    hits,
+                    charge_refused,
+                    unit_multiplier,
+                }
             },
         )
 }

@@ -405,7 +405,7 @@ pub(super) fn epoch_of(quota: &Quota, now_us: u64) -> u64 {
 
 /// `quota`'s rate in hits per second, in thousandths (at least 1).
 pub(super) fn rate_milli(quota: &Quota) -> u64 {
-    (u64::from(quota.requests_per_unit) * 1000 / quota.unit.secs()).max(1)
+    (u64::from(quota.requests_per_unit) * 1000 / quota.window().secs()).max(1)
 }
 
 /// The bucket share (ppm) a demand of `demand_milli` needs, headroom included: what the owner
@@ -421,12 +421,12 @@ pub(super) fn share_need(demand_milli: u64, quota: &Quota) -> u64 {
 
 /// The index of the window containing `now_us`.
 pub fn window_index(quota: &Quota, now_us: u64) -> u64 {
-    now_us / 1_000_000 / quota.unit.secs()
+    now_us / 1_000_000 / quota.window().secs()
 }
 
 /// Microseconds from `now_us` to the end of its window.
 pub fn window_left_us(quota: &Quota, now_us: u64) -> u64 {
-    let unit_us = quota.unit.secs() * 1_000_000;
+    let unit_us = quota.window().secs() * 1_000_000;
     unit_us - now_us % unit_us
 }
 
@@ -511,7 +511,7 @@ impl KeyLeases {
         if self.quota.algorithm != Algorithm::SlidingWindow {
             return limit;
         }
-        let unit_us = u128::from(self.quota.unit.secs()) * 1_000_000;
+        let unit_us = u128::from(self.quota.window().secs()) * 1_000_000;
         let left = u128::from(window_left_us(&self.quota, now_us));
         let weighted = (u128::from(self.previous_allowances) * left).div_ceil(unit_us);
         limit.saturating_sub(u64::try_from(weighted).unwrap_or(u64::MAX))
@@ -555,7 +555,7 @@ impl KeyLeases {
         );
         // Grant the next window ahead when it starts before the node's next renewal arrives,
         // so a boundary needs no call and the nodes do not all ask at once.
-        let unit_us = self.quota.unit.secs() * 1_000_000;
+        let unit_us = self.quota.window().secs() * 1_000_000;
         let next_allowance = (left_us <= horizon).then(|| self.grant_ahead(ask, ctx, index));
         let others = self.current.retired
             + self
@@ -595,7 +595,7 @@ impl KeyLeases {
             Algorithm::SlidingWindow => limit.saturating_sub(self.current.allowances()),
             _ => limit,
         };
-        let unit_us = self.quota.unit.secs() * 1_000_000;
+        let unit_us = self.quota.window().secs() * 1_000_000;
         let current = &self.current;
         let next = self
             .next

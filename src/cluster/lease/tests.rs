@@ -22,6 +22,7 @@ fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
         algorithm,
         burst: NonZeroU32::new(burst),
         charge_refused: false,
+        unit_multiplier: 1,
     }
 }
 
@@ -103,12 +104,12 @@ impl Cluster {
                 }
             };
         if admitted {
-            let window = now / S / quota.unit.secs();
+            let window = now / S / quota.window().secs();
             *self.admitted.entry(window).or_default() += 1;
             if quota.algorithm == Algorithm::SlidingWindow {
                 // The sliding estimate over what the whole cluster admitted never passes the
                 // limit: previous x (1 - elapsed fraction) + current.
-                let unit_us = quota.unit.secs() * S;
+                let unit_us = quota.window().secs() * S;
                 let previous = self.admitted.get(&(window - 1)).copied().unwrap_or(0);
                 let current = self.admitted[&window];
                 let left = unit_us - now % unit_us;
