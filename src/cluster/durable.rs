@@ -642,6 +642,31 @@ mod tests {
     use std::num::NonZeroU32;
 
     #[test]
+    fn a_window_of_several_units_is_written_behind_under_its_own_keys_and_horizon() {
+        let five = crate::limiter::Window::new(Unit::Minute, 5);
+        let plain = Unit::Minute.into();
+        assert_eq!(
+            redis_key("p:", "p:d_k_v_", CounterKind::Fixed(five), 7),
+            "p:sluice:wb:{d_k_v_}:fw:300:7"
+        );
+        assert_ne!(
+            redis_key("", "d_k_v_", CounterKind::Sliding(five), 7),
+            redis_key("", "d_k_v_", CounterKind::Sliding(plain), 7)
+        );
+        // 1234 s is in the 5-minute window [1200, 1500).
+        let q = Quota {
+            unit_multiplier: 5,
+            ..Quota::fixed(10, Unit::Minute)
+        };
+        let (start, end) =
+            horizon(CounterKind::of_quota(&q), &q, Timestamp::from_secs(1_234)).unwrap();
+        assert_eq!(
+            (start, end),
+            (Timestamp::from_secs(1_200), Timestamp::from_secs(1_500))
+        );
+    }
+
+    #[test]
     fn horizons_cover_what_another_owner_may_have_counted() {
         let now = Timestamp::from_secs(3_725); // 1 h 2 min 5 s
         let q = Quota::fixed(10, Unit::Hour);
