@@ -113,6 +113,18 @@ def main():
         # No JavaScript: the page must work without it (and refresh itself by <meta>).
         options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
         browser = webdriver.Chrome(service=Service(driver_bin), options=options)
+
+        def text_of(element_id):
+            """An element's text now; "" while the page is between two refreshes (the element
+            went stale, or is not there yet)."""
+            from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+            for _ in range(20):
+                try:
+                    return browser.find_element("id", element_id).text
+                except (NoSuchElementException, StaleElementReferenceException):
+                    time.sleep(0.1)
+            return ""
+
         try:
             browser.set_page_load_timeout(15)
             # The owner of the key has it hot; either node's page shows its peers.
@@ -124,24 +136,24 @@ def main():
                     break
             check("the page loads, titled", browser.title == "Sluice status", browser.title)
             check("the over-limit key shows in the hot keys as OVER",
-                  owner_page is not None and "OVER" in browser.find_element("id", "hot-keys").text,
+                  owner_page is not None and "OVER" in text_of("hot-keys"),
                   browser.page_source)
             watcher = owner_page or nodes[0]
             other = nodes[1] if watcher is nodes[0] else nodes[0]
             browser.get(f"http://127.0.0.1:{watcher['debug']}/")
-            wait("both peers up on the page", lambda: browser.find_element("id", "peers").text.count("up") >= 2,
-                 timeout=20)
+            wait("both peers up on the page", lambda: text_of("peers").count("up") >= 2, timeout=20)
             check("both peers show up", True)
             check("the loaded limits are listed",
-                  "d.k: unit=HOUR requests_per_unit=3" in browser.find_element("id", "limits").text)
+                  "d.k: unit=HOUR requests_per_unit=3" in text_of("limits"))
             # Kill the other peer; the page refreshes itself (no reload from here) and shows it down.
             procs[nodes.index(other)].kill()
             post_json(watcher["http"], '{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"x"}]}]}')
             addr = f"127.0.0.1:{other['peer']}"
             try:
-                wait("the page to show the killed peer down", lambda: (
-                    "DOWN" in browser.find_element("id", "peers").text and addr in browser.find_element("id", "peers").text),
-                    timeout=40)
+                def shows_down():
+                    rows = [r for r in text_of("peers").splitlines() if addr in r]
+                    return any("DOWN" in r for r in rows)
+                wait("the page to show the killed peer down", shows_down, timeout=40)
                 check("a killed peer shows DOWN after the page refreshes itself", True)
             except AssertionError as e:
                 check("a killed peer shows DOWN after the page refreshes itself", False, browser.page_source)
