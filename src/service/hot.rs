@@ -31,17 +31,18 @@ pub struct HotKeys {
 impl HotKeys {
     /// The most entries kept.
     pub const CAPACITY: usize = 32;
-    /// The fullness (count / limit) from which a decision is recorded.
-    pub const NEAR: f64 = 0.8;
+    /// The fullness (count / limit) from which a decision is recorded, as (numerator,
+    /// denominator): 4/5, 80%; in integers, so the decision's test is one multiplication a side.
+    pub const NEAR: (u64, u64) = (4, 5);
 
     /// Records `decision` on `key` at `now` when it leaves the counter at least [`Self::NEAR`]
     /// full, unless another thread holds the table. Most decisions leave a counter cooler: they
     /// return after one integer comparison.
     #[inline]
     pub fn record(&self, key: &str, quota: &Quota, decision: &Decision, now: Timestamp) {
-        // count / limit < 0.8, in integers (NEAR is 4/5).
+        let (num, den) = Self::NEAR;
         let limit = u64::from(quota.requests_per_unit);
-        if !decision.over && decision.count_after.saturating_mul(5) < limit.saturating_mul(4) {
+        if !decision.over && decision.count_after.saturating_mul(den) < limit.saturating_mul(num) {
             return;
         }
         self.record_hot(key, quota, decision, now);
@@ -49,45 +50,52 @@ impl HotKeys {
 
     #[cold]
     fn record_hot(&self, key: &str, quota: &Quota, decision: &Decision, now: Timestamp) {
-        let limit = f64::from(quota.requests_per_unit.max(1));
-        #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
-        let fullness = decision.count_after as f64 / limit;
-        if fullness < Self::NEAR && !decision.over {
-            return;
-        }
         let Ok(mut entries) = self.entries.try_lock() else {
             return;
         };
+        let limit = f64::from(quota.requests_per_unit.max(1));
+        #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
+        let fullness = decision.count_after as f64 / limit;
         let until = Timestamp::from_micros(
             now.micros()
                 .saturating_add(decision.reset_after_secs.saturating_mul(1_000_000)),
         );
-        let entry = HotKey {
-            key: key.to_owned(),
-            quota: *quota,
-            count: decision.count_after,
-            over: decision.over,
-            fullness,
-            until,
+        // A key already listed is updated in place: no allocation while it stays hot.
+        let update = |e: &mut HotKey| {
+            e.count = decision.count_after;
+            e.over = decision.over;
+            e.fullness = fullness;
+            e.until = until;
         };
         if let Some(e) = entries
             .iter_mut()
             .find(|e| e.key == key && e.quota == *quota)
         {
-            *e = entry;
+            update(e);
             return;
         }
         entries.retain(|e| e.until > now);
-        if entries.len() < Self::CAPACITY {
-            entries.push(entry);
-            return;
-        }
-        if let Some(coolest) = entries
-            .iter_mut()
-            .min_by(|a, b| a.fullness.total_cmp(&b.fullness))
-            .filter(|e| e.fullness < fullness)
-        {
-            *coolest = entry;
+        let place = if entries.len() < Self::CAPACITY {
+            entries.push(HotKey {
+                key: String::new(),
+                quota: *quota,
+                count: 0,
+                over: false,
+                fullness,
+                until,
+            });
+            entries.last_mut()
+        } else {
+            entries
+                .iter_mut()
+                .min_by(|a, b| a.fullness.total_cmp(&b.fullness))
+                .filter(|e| e.fullness < fullness)
+        };
+        if let Some(e) = place {
+            e.key.clear();
+            e.key.push_str(key);
+            e.quota = *quota;
+            update(e);
         }
     }
 
