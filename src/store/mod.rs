@@ -43,10 +43,16 @@ pub struct Hit<'a> {
 pub fn go_cache_key(stem: &str, now: Timestamp, window: impl Into<Window>) -> String {
     let window = window.into();
     let start = crate::limiter::fixed_window::window_start(now.secs(), window);
+    format!("{}{start}", window_stem(stem, window))
+}
+
+/// The stem a window's Redis keys start with: `stem` for one unit (the Go service's), else
+/// `stem` then `x<N><UNIT>_` ([`go_cache_key`]; the other algorithms' state keys too).
+pub fn window_stem(stem: &str, window: Window) -> std::borrow::Cow<'_, str> {
     if window.is_plain() {
-        format!("{stem}{start}")
+        stem.into()
     } else {
-        format!("{stem}x{}{}_{start}", window.multiplier, window.unit.name())
+        format!("{stem}x{}{}_", window.multiplier, window.unit.name()).into()
     }
 }
 

@@ -322,16 +322,11 @@ impl RedisStore {
     /// for a window of several units the same marker as [`go_cache_key`]'s.
     fn state_key(hit: &Hit<'_>) -> String {
         let q = &hit.quota;
-        match q.window() {
-            w if w.is_plain() => format!("{}{}", hit.key, q.algorithm.name()),
-            w => format!(
-                "{}x{}{}_{}",
-                hit.key,
-                w.multiplier,
-                w.unit.name(),
-                q.algorithm.name()
-            ),
-        }
+        format!(
+            "{}{}",
+            super::window_stem(hit.key, q.window()),
+            q.algorithm.name()
+        )
     }
 
     fn ttl_secs(&self, key: &str, unit: Window, now: Timestamp) -> u64 {
