@@ -82,14 +82,7 @@ async fn explain_json(
     let Some(admin) = &st.counters else {
         return plain(StatusCode::NOT_FOUND, "no counter admin here");
     };
-    let Ok(bytes) = axum::body::to_bytes(body, admin.max_request_bytes).await else {
-        let why = format!(
-            "request body is larger than {} bytes (SLUICE_MAX_REQUEST_BYTES) or could not be read",
-            admin.max_request_bytes
-        );
-        return plain(StatusCode::BAD_REQUEST, &why);
-    };
-    let request = match super::json::request_from_json(&bytes) {
+    let request = match super::json::read_request(body, admin.max_request_bytes).await {
         Ok(r) => r,
         Err(e) => return plain(StatusCode::BAD_REQUEST, &e),
     };

@@ -64,16 +64,7 @@ async fn json<S: CounterStore>(
         crate::telemetry::otlp::Transport::Json,
         &headers,
     );
-    let bytes = match axum::body::to_bytes(body, st.max_request_bytes).await {
-        Ok(b) => b,
-        Err(_) => {
-            return bad_request(format!(
-                "request body is larger than {} bytes (SLUICE_MAX_REQUEST_BYTES) or could not be read",
-                st.max_request_bytes
-            ));
-        }
-    };
-    let request = match super::json::request_from_json(&bytes) {
+    let request = match super::json::read_request(body, st.max_request_bytes).await {
         Ok(r) => r,
         Err(e) => return bad_request(e),
     };

@@ -84,6 +84,20 @@ pub fn decode_request(body: &[u8]) -> Result<RateLimitRequest, JsonError> {
 }
 
 /// Encodes a `RateLimitResponse` as proto3 JSON, as `protojson.Marshal` would (compact form).
+/// A `/json` request body read whole, at most `max_bytes` (SLUICE_MAX_REQUEST_BYTES), as the
+/// service's request ([`request_from_json`]): `/json` and `POST /debug/explain`.
+pub async fn read_request(
+    body: axum::body::Body,
+    max_bytes: usize,
+) -> Result<crate::descriptor::Request, String> {
+    let bytes = axum::body::to_bytes(body, max_bytes).await.map_err(|_| {
+        format!(
+            "request body is larger than {max_bytes} bytes (SLUICE_MAX_REQUEST_BYTES) or could not be read"
+        )
+    })?;
+    request_from_json(&bytes)
+}
+
 /// A `/json` body as the service's request: decoded, then checked as a gRPC request is. The
 /// error says what is wrong and where.
 pub fn request_from_json(body: &[u8]) -> Result<crate::descriptor::Request, String> {
