@@ -104,13 +104,13 @@ pub struct RawRateLimit {
     #[serde(default, deserialize_with = "null_default")]
     pub replaces: Vec<RawReplaces>,
     /// Sluice extension; `None` when absent or null (then `fixed_window`).
-    #[serde(default, deserialize_with = "lenient_opt_string")]
+    #[serde(default, deserialize_with = "lenient_opt")]
     pub algorithm: Option<String>,
     /// Sluice extension; `None` when absent or null.
     #[serde(default)]
     pub burst: Option<u32>,
     /// Sluice extension; `None` when absent or null (then the algorithm's default).
-    #[serde(default, deserialize_with = "lenient_opt_bool")]
+    #[serde(default, deserialize_with = "lenient_opt")]
     pub charge_refused: Option<bool>,
     /// Sluice extension: the window is this many units; `None` when absent or null (then 1).
     #[serde(default)]
@@ -277,46 +277,47 @@ fn lenient_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     d.deserialize_any(V)
 }
 
-/// [`lenient_string`], but a null stays `None` so that a present key can be told from an absent one.
-fn lenient_opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    struct V;
-    impl<'de> Visitor<'de> for V {
-        type Value = Option<String>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a string")
-        }
-        fn visit_unit<E: de::Error>(self) -> Result<Option<String>, E> {
-            Ok(None)
-        }
-        fn visit_none<E: de::Error>(self) -> Result<Option<String>, E> {
-            Ok(None)
-        }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<String>, D::Error> {
-            lenient_string(d).map(Some)
-        }
-    }
-    d.deserialize_option(V)
+/// A value read the way go-yaml v2 reads it into a Go field ([`lenient_string`],
+/// [`lenient_bool`]).
+trait Lenient: Sized {
+    const EXPECTING: &'static str;
+    fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error>;
 }
 
-/// [`lenient_bool`] for a key whose absence (or null) means something of its own.
-fn lenient_opt_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
-    struct V;
-    impl<'de> Visitor<'de> for V {
-        type Value = Option<bool>;
+impl Lenient for String {
+    const EXPECTING: &'static str = "a string";
+    fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        lenient_string(d)
+    }
+}
+
+impl Lenient for bool {
+    const EXPECTING: &'static str = "a bool";
+    fn lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        lenient_bool(d)
+    }
+}
+
+/// A [`Lenient`] value for a key whose absence (or null) means something of its own: a null
+/// stays `None`, so a present key can be told from an absent one.
+fn lenient_opt<'de, D: Deserializer<'de>, T: Lenient>(d: D) -> Result<Option<T>, D::Error> {
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Lenient> Visitor<'de> for V<T> {
+        type Value = Option<T>;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a bool")
+            f.write_str(T::EXPECTING)
         }
-        fn visit_unit<E: de::Error>(self) -> Result<Option<bool>, E> {
+        fn visit_unit<E: de::Error>(self) -> Result<Option<T>, E> {
             Ok(None)
         }
-        fn visit_none<E: de::Error>(self) -> Result<Option<bool>, E> {
+        fn visit_none<E: de::Error>(self) -> Result<Option<T>, E> {
             Ok(None)
         }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<bool>, D::Error> {
-            lenient_bool(d).map(Some)
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<T>, D::Error> {
+            T::lenient(d).map(Some)
         }
     }
-    d.deserialize_option(V)
+    d.deserialize_option(V(std::marker::PhantomData))
 }
 
 /// go-yaml v2 follows YAML 1.1, where `yes`/`no`/`on`/`off` are booleans too.
