@@ -64,11 +64,11 @@ async fn explain(
     State(st): State<Arc<DebugState>>,
     uri: axum::http::Uri,
 ) -> axum::response::Response {
-    let (admin, request) = match admin_request(&st, uri.query()) {
-        Ok(parsed) => parsed,
-        Err((status, why)) => return plain(status, &why),
+    let request = match query_request(&st, uri.query()) {
+        Ok(r) => r,
+        Err(why) => return plain(StatusCode::BAD_REQUEST, &why),
     };
-    match admin.service.explain(&request).await {
+    match st.counters.service.explain(&request).await {
         Ok(body) => json_answer(&body),
         Err(e) => service_error(&e),
     }
@@ -79,9 +79,7 @@ async fn explain_json(
     State(st): State<Arc<DebugState>>,
     body: axum::body::Body,
 ) -> axum::response::Response {
-    let Some(admin) = &st.counters else {
-        return plain(StatusCode::NOT_FOUND, "no counter admin here");
-    };
+    let admin = &st.counters;
     let request = match super::json::read_request(body, admin.max_request_bytes).await {
         Ok(r) => r,
         Err(e) => return plain(StatusCode::BAD_REQUEST, &e),
@@ -113,18 +111,10 @@ fn service_error(e: &ServiceError) -> axum::response::Response {
     plain(status, &e.to_string())
 }
 
-/// The counter admin and the request in `query`, or the status and reason refusing them.
-fn admin_request<'s>(
-    st: &'s DebugState,
-    query: Option<&str>,
-) -> Result<(&'s CounterAdmin, Request), (StatusCode, String)> {
-    let Some(admin) = &st.counters else {
-        return Err((StatusCode::NOT_FOUND, "no counter admin here".into()));
-    };
+/// The request in `query` (the `/forward-auth` query form), or why it cannot be read.
+fn query_request(st: &DebugState, query: Option<&str>) -> Result<Request, String> {
     let asked = super::explain::Asked::Query(query.unwrap_or_default().to_owned());
-    super::explain::decode(&asked, admin.max_request_bytes)
-        .map(|request| (admin, request))
-        .map_err(|e| (StatusCode::BAD_REQUEST, e))
+    super::explain::decode(&asked, st.counters.max_request_bytes)
 }
 
 async fn counters_answer(
@@ -132,15 +122,16 @@ async fn counters_answer(
     query: Option<&str>,
     reset: bool,
 ) -> axum::response::Response {
-    if reset && st.counters.as_ref().is_some_and(|a| !a.reset_enabled) {
+    if reset && !st.counters.reset_enabled {
         let why = "counter reset is off: set SLUICE_DEBUG_COUNTER_RESET=true to allow it (the \
                    debug port has no authentication; keep it private)";
         return plain(StatusCode::FORBIDDEN, why);
     }
-    let (admin, request) = match admin_request(st, query) {
-        Ok(parsed) => parsed,
-        Err((status, why)) => return plain(status, &why),
+    let request = match query_request(st, query) {
+        Ok(r) => r,
+        Err(why) => return plain(StatusCode::BAD_REQUEST, &why),
     };
+    let admin = &st.counters;
     let answer = if reset {
         admin.service.reset(&request).await
     } else {

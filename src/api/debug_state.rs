@@ -31,9 +31,9 @@ pub struct DebugState {
     /// The Rate Limit Quota Service's state.
     pub quota: Option<Arc<QuotaService>>,
     /// The counter admin (`/debug/counters`).
-    pub counters: Option<CounterAdmin>,
+    pub counters: CounterAdmin,
     /// The status page's hot keys and clock, and its calls-per-second sample.
-    pub hot: Option<Arc<HotKeys>>,
+    pub hot: Arc<HotKeys>,
     pub clock: Arc<dyn Clock>,
     pub calls: Arc<CallRate>,
 }

@@ -72,7 +72,7 @@ fn traffic(out: &mut String, st: &DebugState, now: Timestamp) {
 
 fn hot_keys(out: &mut String, st: &DebugState, now: Timestamp) {
     out.push_str("<h2>Keys closest to or over their limits</h2>");
-    let hot = st.hot.as_ref().map(|h| h.snapshot(now)).unwrap_or_default();
+    let hot = st.hot.snapshot(now);
     if hot.is_empty() {
         out.push_str("<p id=\"hot-keys\">None at 80% of its limit or more.</p>");
         return;

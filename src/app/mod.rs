@@ -716,14 +716,11 @@ impl Running {
 fn service_views(
     service: &Arc<RateLimitService<AnyStore>>,
     options: &AppOptions,
-) -> (
-    Option<api::debug::CounterAdmin>,
-    Option<Arc<crate::service::HotKeys>>,
-) {
+) -> (api::debug::CounterAdmin, Arc<crate::service::HotKeys>) {
     let admin = api::debug::CounterAdmin {
         service: service.clone(),
         reset_enabled: options.counter_reset,
         max_request_bytes: options.max_request_bytes,
     };
-    (Some(admin), Some(service.hot_keys().clone()))
+    (admin, service.hot_keys().clone())
 }
