@@ -760,6 +760,30 @@ impl ClientTls {
     /// is not applied here: it belongs to the connector too.
     pub fn rustls_config(&self) -> Result<rustls::ClientConfig, TlsError> {
         let setup = |e: &dyn fmt::Display| TlsError::ClientSetup(e.to_string());
+        let roots = self.roots()?;
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| setup(&e))?
+            .with_root_certificates(roots);
+        match &self.identity_pem {
+            None => Ok(builder.with_no_client_auth()),
+            Some((cert, key)) => {
+                let chain = CertificateDer::pem_slice_iter(cert)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| setup(&e))?;
+                let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| setup(&e))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| setup(&e))
+            }
+        }
+    }
+}
+
+impl ClientTls {
+    /// The roots a server's chain must end at: `ca_pem`'s alone when set, else the system's.
+    fn roots(&self) -> Result<RootCertStore, TlsError> {
+        let setup = |e: &dyn fmt::Display| TlsError::ClientSetup(e.to_string());
         let mut roots = RootCertStore::empty();
         match &self.ca_pem {
             Some(pem) => {
@@ -784,21 +808,73 @@ impl ClientTls {
                 }
             }
         }
-        let builder = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| setup(&e))?
-            .with_root_certificates(roots);
-        match &self.identity_pem {
-            None => Ok(builder.with_no_client_auth()),
-            Some((cert, key)) => {
-                let chain = CertificateDer::pem_slice_iter(cert)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| setup(&e))?;
-                let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| setup(&e))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| setup(&e))
-            }
+        Ok(roots)
+    }
+}
+
+/// A server verifier that checks the chain against `client`'s roots but accepts a certificate
+/// issued for another name: MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION, as the Go service's
+/// verification callback, which checks the chain and not the name, does.
+pub fn any_name_verifier(
+    client: &ClientTls,
+) -> Result<Arc<dyn rustls::client::danger::ServerCertVerifier>, TlsError> {
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(client.roots()?),
+        provider(),
+    )
+    .build()
+    .map_err(|e| TlsError::ClientSetup(e.to_string()))?;
+    Ok(Arc::new(AnyName { inner }))
+}
+
+#[derive(Debug)]
+struct AnyName {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use rustls::CertificateError::{NotValidForName, NotValidForNameContext};
+        match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(rustls::Error::InvalidCertificate(
+                NotValidForName | NotValidForNameContext { .. },
+            )) => Ok(rustls::client::danger::ServerCertVerified::assertion()),
+            other => other,
         }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }

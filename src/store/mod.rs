@@ -8,9 +8,11 @@
 //! memory store and an in-process three-node cluster (`tests/stores.rs`) and on Redis
 //! (`integration/redis.rs`): for the same calls, each answers as the limiter's functions do.
 
+mod breaker;
+mod go_fixed;
+pub mod memcache;
 pub mod memory;
 pub mod redis;
-mod redis_breaker;
 mod redis_client;
 mod redis_sentinel;
 mod redis_target;
@@ -20,6 +22,7 @@ use std::future::Future;
 use crate::clock::Timestamp;
 use crate::limiter::{Decision, Quota, Window};
 
+pub use memcache::MemcacheStore;
 pub use memory::{MemoryLimits, MemoryStore};
 pub use redis::{RedisLink, RedisStore};
 
@@ -54,6 +57,14 @@ pub fn window_stem(stem: &str, window: Window) -> std::borrow::Cow<'_, str> {
     } else {
         format!("{stem}x{}{}_", window.multiplier, window.unit.name()).into()
     }
+}
+
+/// The key a remote store keeps a non-fixed algorithm's state under (Redis, memcached): the
+/// stem and the algorithm, and for a window of several units the same marker as
+/// [`go_cache_key`]'s. No Go instance reads these keys: the Go service has only fixed windows.
+pub fn state_key(hit: &Hit<'_>) -> String {
+    let q = &hit.quota;
+    format!("{}{}", window_stem(hit.key, q.window()), q.algorithm.name())
 }
 
 /// Why a store could not answer. Every variant is classified, so `api` can map it to a status

@@ -30,30 +30,27 @@
 //! [`StoreError::Backend`], answered as UNKNOWN (or OK where the operator chose to fail open).
 //! Once a Redis is known down, calls fail at once instead of waiting REDIS_TIMEOUT, and a
 //! probe every SLUICE_REDIS_PROBE_INTERVAL_MS restores service when it answers again (see
-//! [`super::redis_breaker`]). At start-up Sluice does not wait for Redis: calls made during
+//! [`super::breaker`]). At start-up Sluice does not wait for Redis: calls made during
 //! the first connection attempt wait for it (within REDIS_TIMEOUT), and if it failed calls
 //! fail at once while a task pings Redis with back-off (1 s doubling to 30 s);
 //! [`RedisStore::is_ready`] (so `/healthcheck`) stays false until it answers.
 //!
-//! **Local over-limit cache** (LOCAL_CACHE_SIZE_IN_BYTES): a fixed-window key Redis reported
-//! over the limit is remembered until its window ends, and later calls on it are answered OVER
-//! without a Redis call, so its value stops growing. Its size counts each key's real bytes.
+//! **Local over-limit cache** (LOCAL_CACHE_SIZE_IN_BYTES): see [`super::go_fixed`].
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use redis::Value;
 
-use super::redis_breaker::Readiness;
+use super::breaker::Readiness;
+use super::go_fixed::{self, Jitter, OverLimitCache};
 use super::redis_target::{Target, TargetOptions, run_within};
-use super::{CounterStore, Hit, MemoryLimits, StoreError, go_cache_key};
+use super::{CounterStore, Hit, StoreError, go_cache_key};
 use crate::clock::Timestamp;
-use crate::limiter::{Algorithm, Unit, Window, bucket, sliding_window};
-use crate::limiter::{Decision, fixed_window};
+use crate::limiter::Decision;
+use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
 
-pub use super::redis_breaker::{BreakerSettings, BreakerStats};
+pub use super::breaker::{BreakerSettings, BreakerStats};
 pub use super::redis_client::{
     Auth, Credentials, MAX_CREDENTIALS_FILE_BYTES, RedisTarget, RedisTls, RedisTopology,
     StartupBackoff, read_credentials,
@@ -144,86 +141,14 @@ pub struct RedisConfig {
     pub breaker: BreakerSettings,
 }
 
-/// Remembers fixed-window keys Redis found over the limit, until their window ends.
-///
-/// Held to LOCAL_CACHE_SIZE_IN_BYTES counting each entry as its key's bytes plus the overhead
-/// of a `(Box<str>, u64)` map slot, which is what the memory store's fixed-window counters
-/// are too ([`MemoryLimits::counter_bytes`]); long keys take room in proportion.
-struct OverLimitCache {
-    /// Full key -> end of its window (seconds since the epoch).
-    keys: DashMap<Box<str>, u64, foldhash::fast::RandomState>,
-    /// The entries' accounted bytes.
-    bytes: AtomicUsize,
-    max_bytes: usize,
-}
-
-impl OverLimitCache {
-    fn new(size_in_bytes: u64) -> Option<Self> {
-        let max_bytes = usize::try_from(size_in_bytes).unwrap_or(usize::MAX);
-        (max_bytes > 0).then(|| OverLimitCache {
-            keys: DashMap::default(),
-            bytes: AtomicUsize::new(0),
-            max_bytes,
-        })
-    }
-
-    fn is_over(&self, key: &str, now_secs: u64) -> bool {
-        self.keys.get(key).is_some_and(|end| *end > now_secs)
-    }
-
-    /// Remembers `key` if it fits, forgetting ended windows first when it does not.
-    fn remember(&self, key: &str, window_end: u64, now_secs: u64) {
-        let cost = MemoryLimits::counter_bytes(key);
-        if !self.reserve(cost) {
-            self.forget_ended(now_secs);
-            if !self.reserve(cost) {
-                return;
-            }
-        }
-        if self.keys.insert(Box::from(key), window_end).is_some() {
-            // Already remembered (a concurrent call): its room is taken once.
-            self.bytes.fetch_sub(cost, Ordering::Relaxed);
-        }
-    }
-
-    /// Forgets one key (its counter was reset).
-    fn forget(&self, key: &str) {
-        if self.keys.remove(key).is_some() {
-            let cost = MemoryLimits::counter_bytes(key);
-            self.bytes.fetch_sub(cost, Ordering::Relaxed);
-        }
-    }
-
-    fn reserve(&self, cost: usize) -> bool {
-        self.bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                (b.saturating_add(cost) <= self.max_bytes).then_some(b + cost)
-            })
-            .is_ok()
-    }
-
-    fn forget_ended(&self, now_secs: u64) {
-        let mut freed = 0;
-        self.keys.retain(|key, end| {
-            let keep = *end > now_secs;
-            if !keep {
-                freed += MemoryLimits::counter_bytes(key);
-            }
-            keep
-        });
-        self.bytes.fetch_sub(freed, Ordering::Relaxed);
-    }
-}
-
 /// The Redis counter store.
 pub struct RedisStore {
     main: Arc<Target>,
     per_second: Option<Arc<Target>>,
     timeout: Duration,
-    jitter_max_secs: u64,
     stop_when_over: bool,
     local_cache: Option<OverLimitCache>,
-    jitter: foldhash::fast::RandomState,
+    jitter: Jitter,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     options: Arc<TargetOptions>,
 }
@@ -266,10 +191,9 @@ impl RedisStore {
             main,
             per_second,
             timeout: settings.timeout,
-            jitter_max_secs: settings.expiration_jitter_max_seconds,
             stop_when_over: settings.stop_cache_key_increment_when_overlimit,
             local_cache: OverLimitCache::new(settings.local_cache_size_in_bytes),
-            jitter: foldhash::fast::RandomState::default(),
+            jitter: Jitter::new(settings.expiration_jitter_max_seconds),
             tasks,
             options,
         })
@@ -318,26 +242,6 @@ impl RedisStore {
         }
     }
 
-    /// The key a non-fixed algorithm keeps its state under: the stem and the algorithm, and
-    /// for a window of several units the same marker as [`go_cache_key`]'s.
-    fn state_key(hit: &Hit<'_>) -> String {
-        let q = &hit.quota;
-        format!(
-            "{}{}",
-            super::window_stem(hit.key, q.window()),
-            q.algorithm.name()
-        )
-    }
-
-    fn ttl_secs(&self, key: &str, unit: Window, now: Timestamp) -> u64 {
-        use std::hash::BuildHasher;
-        let jitter = match self.jitter_max_secs {
-            0 => 0,
-            max => self.jitter.hash_one((key, now.micros())) % max,
-        };
-        unit.secs() + jitter
-    }
-
     /// Runs `pipe` on `target` within the deadline; on NOSCRIPT loads the scripts and retries.
     async fn run(&self, target: &Target, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
         run_within(target, pipe, self.timeout, &[SLIDING, BUCKET, REFUND]).await
@@ -353,7 +257,7 @@ impl RedisStore {
                 pipe.cmd("INCRBY").arg(&key).arg(hits);
                 pipe.cmd("EXPIRE")
                     .arg(&key)
-                    .arg(self.ttl_secs(&key, q.window(), now))
+                    .arg(self.jitter.ttl_secs(&key, q.window(), now))
                     .ignore();
             }
             Algorithm::SlidingWindow => {
@@ -361,12 +265,12 @@ impl RedisStore {
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(SLIDING).get_hash())
                     .arg(1)
-                    .arg(Self::state_key(hit))
+                    .arg(super::state_key(hit))
                     .arg(now.micros())
                     .arg(unit_us)
                     .arg(q.requests_per_unit)
                     .arg(hit.hits)
-                    .arg(2 * q.window().secs() + self.jitter_max_secs)
+                    .arg(2 * q.window().secs() + self.jitter.max_secs)
                     .arg(u8::from(q.charge_refused));
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
@@ -374,7 +278,7 @@ impl RedisStore {
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(BUCKET).get_hash())
                     .arg(1)
-                    .arg(Self::state_key(hit))
+                    .arg(super::state_key(hit))
                     .arg(now.micros())
                     .arg(t)
                     .arg(tolerance)
@@ -395,10 +299,7 @@ impl RedisStore {
         };
         Ok(match q.algorithm {
             Algorithm::FixedWindow => {
-                let after = u64::try_from(int(reply)?).unwrap_or(0);
-                let before = after.saturating_sub(hit.hits);
-                let state = fixed_window::state_with_count(before, now.secs(), q.window());
-                fixed_window::decide(state, now.secs(), q.window(), q.requests_per_unit, hit.hits).0
+                go_fixed::counted(hit, now, u64::try_from(int(reply)?).unwrap_or(0))
             }
             Algorithm::SlidingWindow => {
                 let Value::Array(parts) = reply else {
@@ -434,7 +335,7 @@ impl RedisStore {
         hits: &[Hit<'_>],
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        let mut decisions = self.cached_decisions(now, hits);
+        let mut decisions = go_fixed::cached_decisions(self.local_cache.as_ref(), now, hits);
         let increment = self.increments(now, hits, &decisions).await?;
         // One pipeline per Redis (per key on a cluster), all concurrently.
         let groups = self.pipelines(hits, &decisions);
@@ -462,57 +363,19 @@ impl RedisStore {
         self.answer(now, hits, &decisions, out)
     }
 
-    /// Over-limit keys remembered locally are answered without Redis; `None` for the others.
-    fn cached_decisions(&self, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Option<Decision>> {
-        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
-        let Some(cache) = &self.local_cache else {
-            return decisions;
-        };
-        for (i, hit) in hits.iter().enumerate() {
-            if hit.quota.algorithm == Algorithm::FixedWindow
-                && cache.is_over(&go_cache_key(hit.key, now, hit.quota.window()), now.secs())
-            {
-                let state = fixed_window::state_with_count(
-                    u64::from(hit.quota.requests_per_unit).saturating_add(1),
-                    now.secs(),
-                    hit.quota.window(),
-                );
-                decisions[i] = Some(
-                    fixed_window::decide(
-                        state,
-                        now.secs(),
-                        hit.quota.window(),
-                        hit.quota.requests_per_unit,
-                        0,
-                    )
-                    .0,
-                );
-            }
-        }
-        decisions
-    }
-
-    /// Which hits are added. STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: if any key would go over,
-    /// only the keys that would go over are incremented. This costs a read round trip first,
-    /// as in Go.
+    /// Which hits are added ([`go_fixed::increments_from_counts`]); with
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT this costs a read round trip first, as in Go.
     async fn increments(
         &self,
         now: Timestamp,
         hits: &[Hit<'_>],
         decisions: &[Option<Decision>],
     ) -> Result<Vec<bool>, StoreError> {
-        if !self.stop_when_over {
-            return Ok(vec![true; hits.len()]);
+        if let Some(all) = go_fixed::increments_without_reading(self.stop_when_over, decisions) {
+            return Ok(vec![all; hits.len()]);
         }
-        if decisions.iter().any(|d| d.is_some_and(|d| d.over)) {
-            return Ok(vec![false; hits.len()]);
-        }
-        let would_be_over = self.would_be_over(now, hits).await?;
-        if would_be_over.iter().any(|o| *o) {
-            Ok(would_be_over)
-        } else {
-            Ok(vec![true; hits.len()])
-        }
+        let counts = self.read_counts(now, hits).await?;
+        Ok(go_fixed::increments_from_counts(hits, &counts))
     }
 
     /// The hits still to send, grouped by the Redis they go to; on a cluster, one per key.
@@ -555,26 +418,19 @@ impl RedisStore {
                     got: out.len(),
                 });
             };
-            if d.over
-                && hit.quota.algorithm == Algorithm::FixedWindow
-                && let Some(cache) = &self.local_cache
-            {
-                let window = hit.quota.window();
-                let end = fixed_window::window_start(now.secs(), window) + window.secs();
-                cache.remember(&go_cache_key(hit.key, now, window), end, now.secs());
-            }
+            go_fixed::remember_if_over(self.local_cache.as_ref(), now, hit, d);
             out.push(*d);
         }
         Ok(())
     }
 
-    /// For the STOP flag: reads the fixed-window counts and says which hits would go over.
-    async fn would_be_over(
+    /// For the STOP flag: each fixed-window hit's count now (`None` for the others).
+    async fn read_counts(
         &self,
         now: Timestamp,
         hits: &[Hit<'_>],
-    ) -> Result<Vec<bool>, StoreError> {
-        let mut over = vec![false; hits.len()];
+    ) -> Result<Vec<Option<u64>>, StoreError> {
+        let mut counts = vec![None; hits.len()];
         for (i, hit) in hits.iter().enumerate() {
             if hit.quota.algorithm != Algorithm::FixedWindow {
                 continue;
@@ -583,16 +439,15 @@ impl RedisStore {
             pipe.cmd("GET")
                 .arg(go_cache_key(hit.key, now, hit.quota.window()));
             let reply = self.run(self.target_for(hit.quota.unit), &pipe).await?;
-            let count: u64 = match reply.first() {
+            counts[i] = Some(match reply.first() {
                 Some(Value::BulkString(b)) => std::str::from_utf8(b)
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(0),
                 _ => 0,
-            };
-            over[i] = count.saturating_add(hit.hits) > u64::from(hit.quota.requests_per_unit);
+            });
         }
-        Ok(over)
+        Ok(counts)
     }
 
     /// Deletes each hit's key: a fixed window's for the current window (the Go service's key,
@@ -603,7 +458,7 @@ impl RedisStore {
             let q = hit.quota;
             let key = match q.algorithm {
                 Algorithm::FixedWindow => go_cache_key(hit.key, now, q.window()),
-                _ => Self::state_key(hit),
+                _ => super::state_key(hit),
             };
             if let Some(cache) = &self.local_cache {
                 cache.forget(&key);
@@ -630,7 +485,7 @@ impl RedisStore {
             pipe.cmd("EVALSHA")
                 .arg(redis::Script::new(REFUND).get_hash())
                 .arg(1)
-                .arg(Self::state_key(hit))
+                .arg(super::state_key(hit))
                 .arg(kind)
                 .arg(now.micros())
                 .arg(scale)
@@ -743,31 +598,5 @@ impl CounterStore for RedisStore {
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.reset_now(now, hits)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_over_limit_cache_counts_real_key_bytes() {
-        let key = |i: usize| format!("{i:04}{}", "k".repeat(3996));
-        let entry = MemoryLimits::counter_bytes(&key(0));
-        let cache = OverLimitCache::new(3 * entry as u64).unwrap();
-        // Windows ending at 60; 4 KB keys: three fit, where 128 B an entry would have let 96 in.
-        for i in 0..10 {
-            cache.remember(&key(i), 60, 0);
-        }
-        assert_eq!(cache.keys.len(), 3);
-        assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
-        assert!(cache.is_over(&key(2), 59) && !cache.is_over(&key(3), 59));
-        // Remembering a key again takes no more room.
-        cache.remember(&key(0), 60, 0);
-        assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
-        // Once their windows end, full or not, the old entries make room.
-        cache.remember(&key(7), 120, 60);
-        assert_eq!(cache.keys.len(), 1);
-        assert_eq!(cache.bytes.load(Ordering::Relaxed), entry);
     }
 }

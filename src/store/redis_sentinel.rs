@@ -10,7 +10,7 @@
 //! **Failover.** A call that fails with a connection error or `READONLY` (the old master,
 //! demoted; a Sentinel failover also closes its clients) drops the connection and wakes the
 //! watcher; so does the target's breaker when missed deadlines open it (one slow call does
-//! not: see [`super::redis_breaker`]). Until it has a master again calls fail at once (a backend error, answered as
+//! not: see [`super::breaker`]). Until it has a master again calls fail at once (a backend error, answered as
 //! UNKNOWN or fail-open), and it looks up every [`RETRY_MIN`] doubling to [`RETRY_MAX`]. So once
 //! the sentinels have promoted a replica, Sluice uses it within [`RETRY_MAX`] plus one lookup
 //! (each sentinel asked and the master reached within max(REDIS_TIMEOUT, 1 s)). While healthy

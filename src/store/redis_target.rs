@@ -1,5 +1,5 @@
 //! One Redis target (REDIS_URL's, REDIS_PERSECOND_URL's, the write-behind's): its connection,
-//! its breaker ([`super::redis_breaker`]) and the task that supervises them.
+//! its breaker ([`super::breaker`]) and the task that supervises them.
 //!
 //! The supervisor makes every connection the target uses. At start it checks Redis on the
 //! REDIS_STARTUP_* schedule (and gives up after REDIS_STARTUP_MAX_ELAPSED_TIME); once Redis
@@ -20,7 +20,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::StoreError;
-use super::redis_breaker::{Breaker, BreakerSettings, BreakerStats, Readiness};
+use super::breaker::{Breaker, BreakerSettings, BreakerStats, REDIS, Readiness};
 use super::redis_client::{
     RedisTarget, RedisTopology, StartupBackoff, certificates, client, client_with,
     without_credentials,
@@ -153,6 +153,7 @@ impl Target {
         let t = Arc::new(Target {
             conn: ArcSwapOption::empty(),
             breaker: Breaker::new(
+                REDIS,
                 role,
                 urls.join(","),
                 options.breaker,

@@ -90,7 +90,7 @@ pub struct ClusterGauges {
     pub peers: Vec<(String, bool)>,
 }
 
-/// One Redis's breaker (see `src/store/redis_breaker.rs`).
+/// One Redis's breaker (see `src/store/breaker.rs`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RedisGauges {
     /// `main`, `per_second` or `write_behind`.

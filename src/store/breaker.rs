@@ -1,5 +1,7 @@
-//! The Redis breaker: once a Redis is known down, calls fail at once instead of each waiting
-//! REDIS_TIMEOUT, and a probe restores service as soon as Redis answers again.
+//! The backend breaker: once a Redis (or a memcached server) is known down, calls fail at once
+//! instead of each waiting REDIS_TIMEOUT, and a probe restores service as soon as it answers
+//! again. What follows says Redis; a memcached server's breaker works the same way with its
+//! own settings (SLUICE_MEMCACHE_*), and the memcache store makes its connections itself.
 //!
 //! There is one breaker per target: REDIS_URL's Redis, REDIS_PERSECOND_URL's, and the peer
 //! cluster's write-behind copy. A target is one Redis, one Redis Cluster (as a whole: a cluster
@@ -35,7 +37,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -83,6 +85,20 @@ pub struct BreakerStats {
     pub fast_failures: u64,
 }
 
+/// Which backend a breaker watches, for its messages and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Kind {
+    /// `Redis` or `memcached`.
+    pub noun: &'static str,
+    /// The setting that sets the probe interval.
+    pub probe_var: &'static str,
+}
+
+pub(super) const REDIS: Kind = Kind {
+    noun: "Redis",
+    probe_var: "SLUICE_REDIS_PROBE_INTERVAL_MS",
+};
+
 /// How a failed call bears on the breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Failure {
@@ -120,6 +136,7 @@ enum State {
 
 /// One target's breaker.
 pub(super) struct Breaker {
+    kind: Kind,
     target: &'static str,
     /// The URLs, credentials removed, for messages and logs.
     name: String,
@@ -128,6 +145,8 @@ pub(super) struct Breaker {
     timeouts: AtomicU32,
     opens: AtomicU64,
     fast_failures: AtomicU64,
+    /// Its server left the store: it no longer counts towards readiness.
+    left: AtomicBool,
     opened: Notify,
     /// Wakes the calls waiting for the first connection attempt.
     attempted: Notify,
@@ -137,12 +156,14 @@ pub(super) struct Breaker {
 impl Breaker {
     /// A breaker that is open until Redis first answers ([`Breaker::close`]).
     pub(super) fn new(
+        kind: Kind,
         target: &'static str,
         name: String,
         settings: BreakerSettings,
         readiness: Arc<Readiness>,
     ) -> Self {
         Breaker {
+            kind,
             target,
             name,
             settings,
@@ -150,6 +171,7 @@ impl Breaker {
             timeouts: AtomicU32::new(0),
             opens: AtomicU64::new(0),
             fast_failures: AtomicU64::new(0),
+            left: AtomicBool::new(false),
             opened: Notify::new(),
             attempted: Notify::new(),
             readiness,
@@ -160,16 +182,23 @@ impl Breaker {
     pub(super) fn check(&self) -> Result<(), StoreError> {
         let message = match &**self.state.load() {
             State::Up => return Ok(()),
-            State::Connecting { last_error: None } => "not connected to Redis yet".to_owned(),
+            State::Connecting { last_error: None } => {
+                format!("not connected to {} yet", self.kind.noun)
+            }
             State::Connecting {
                 last_error: Some(e),
-            } => format!("not connected to Redis yet; last connection error: {e}"),
+            } => format!(
+                "not connected to {} yet; last connection error: {e}",
+                self.kind.noun
+            ),
             State::Down { since, cause } => format!(
-                "Redis {} is down (for {:.1?}: {cause}); calls fail at once until a probe, \
-                 every {:?} (SLUICE_REDIS_PROBE_INTERVAL_MS), gets an answer",
+                "{} {} is down (for {:.1?}: {cause}); calls fail at once until a probe, \
+                 every {:?} ({}), gets an answer",
+                self.kind.noun,
                 self.name,
                 since.elapsed(),
-                self.settings.probe_interval
+                self.settings.probe_interval,
+                self.kind.probe_var,
             ),
         };
         self.fast_failures.fetch_add(1, Ordering::Relaxed);
@@ -203,7 +232,7 @@ impl Breaker {
     pub(super) fn failed(&self, e: &RedisError) {
         match classify(e) {
             Failure::Connection => {
-                self.open(e.to_string());
+                self.connection_failed(e.to_string());
             }
             Failure::Timeout => {
                 self.timed_out(&e.to_string());
@@ -216,13 +245,14 @@ impl Breaker {
     pub(super) fn timed_out(&self, cause: &str) -> bool {
         let n = self.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
         n >= self.settings.open_after_timeouts.get()
-            && self.open(format!(
+            && self.connection_failed(format!(
                 "{n} calls in a row got no answer; the last: {cause}"
             ))
     }
 
-    /// Opens a closed breaker; true if this call opened it.
-    fn open(&self, cause: String) -> bool {
+    /// The connection is unusable (refused, reset, closed, a protocol error): opens a closed
+    /// breaker; true if this call opened it.
+    pub(super) fn connection_failed(&self, cause: String) -> bool {
         let current = self.state.load_full();
         if !matches!(*current, State::Up) {
             return false;
@@ -236,12 +266,13 @@ impl Breaker {
             return false;
         }
         self.opens.fetch_add(1, Ordering::Relaxed);
-        self.readiness.change(|r| r.down += 1);
+        self.readiness_change(|r| r.down += 1);
         tracing::warn!(
-            redis = %self.name,
+            backend = self.kind.noun,
+            server = %self.name,
             error = %cause,
             probe_every = ?self.settings.probe_interval,
-            "Redis is down: calls fail at once until a probe gets an answer"
+            "backend down: calls fail at once until a probe gets an answer"
         );
         self.opened.notify_one();
         true
@@ -302,17 +333,37 @@ impl Breaker {
         match &*previous {
             State::Up => {}
             State::Connecting { .. } => {
-                self.readiness.change(|r| r.connecting -= 1);
-                tracing::info!(redis = %self.name, "Redis answered; ready");
+                self.readiness_change(|r| r.connecting -= 1);
+                tracing::info!(backend = self.kind.noun, server = %self.name, "backend answered; ready");
             }
             State::Down { since, .. } => {
-                self.readiness.change(|r| r.down -= 1);
+                self.readiness_change(|r| r.down -= 1);
                 tracing::info!(
-                    redis = %self.name,
+                    backend = self.kind.noun,
+                    server = %self.name,
                     down_for = ?since.elapsed(),
-                    "Redis answered again: calls go to Redis again"
+                    "backend answered again: calls go to it again"
                 );
             }
+        }
+    }
+
+    fn readiness_change(&self, f: impl FnOnce(&mut Counts)) {
+        if !self.left.load(Ordering::Acquire) {
+            self.readiness.change(f);
+        }
+    }
+
+    /// Its server left the store (an SRV refresh no longer names it): from now on it does not
+    /// hold readiness back, whatever its state.
+    pub(super) fn leave(&self) {
+        if self.left.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match **self.state.load() {
+            State::Up => {}
+            State::Connecting { .. } => self.readiness.change(|r| r.connecting -= 1),
+            State::Down { .. } => self.readiness.change(|r| r.down -= 1),
         }
     }
 
@@ -385,7 +436,13 @@ mod tests {
             health_follows_connection: follow,
             ..BreakerSettings::default()
         };
-        let b = Breaker::new("main", "redis://x".into(), settings, readiness.clone());
+        let b = Breaker::new(
+            REDIS,
+            "main",
+            "redis://x".into(),
+            settings,
+            readiness.clone(),
+        );
         (b, readiness)
     }
 
