@@ -19,7 +19,7 @@ mod support;
 
 use pki::TestPki;
 use redis_server::{RedisServer, redis_server_available, redis_tls_available};
-use store_contract::store_contract;
+use store_contract::{UnderTest, store_contract};
 use support::{free_port, wait_for};
 
 use std::num::NonZeroU32;
@@ -164,47 +164,15 @@ async fn admitted_concurrently(
 
 /// A fresh redis-server and a store on it, for one contract case; `None` (skipped) when
 /// `redis-server` is missing outside CI.
-struct RedisUnderTest {
-    store: RedisStore,
-    _server: Redis,
-}
-
-impl CounterStore for RedisUnderTest {
-    fn apply<'a>(
-        &'a self,
-        now: Timestamp,
-        hits: &'a [Hit<'a>],
-        out: &'a mut Vec<Decision>,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.store.apply(now, hits, out)
-    }
-
-    fn refund<'a>(
-        &'a self,
-        now: Timestamp,
-        hits: &'a [Hit<'a>],
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.store.refund(now, hits)
-    }
-
-    fn reset<'a>(
-        &'a self,
-        now: Timestamp,
-        hits: &'a [Hit<'a>],
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.store.reset(now, hits)
-    }
-}
-
-async fn redis_under_test() -> Option<RedisUnderTest> {
+async fn redis_under_test() -> Option<UnderTest<RedisStore>> {
     if !redis_server_available() {
         return None;
     }
     let server = Redis::start();
     let store = store(&server.settings(0)).await;
-    Some(RedisUnderTest {
+    Some(UnderTest {
         store,
-        _server: server,
+        server: Box::new(server),
     })
 }
 

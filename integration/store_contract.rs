@@ -1,6 +1,7 @@
 //! The store contract: what every [`CounterStore`] answers, written once against the trait and
 //! run on each backend by [`store_contract!`]: the memory store and an in-process three-node
-//! peer cluster (`tests/stores.rs`), and a real Redis (`integration/redis.rs`).
+//! peer cluster (`tests/stores.rs`), a real Redis (`integration/redis.rs`) and real memcached
+//! (`integration/memcached.rs`).
 //!
 //! Every call a case makes is also made on two oracles, and the three answers must be equal:
 //! the limiter's pure functions applied one hit at a time (what any store computes, so the
@@ -56,6 +57,40 @@ macro_rules! store_contract {
     };
 }
 pub(crate) use store_contract;
+
+/// A store on a server a test started, kept alive as long as the store: what a remote backend's
+/// `$make` returns for [`store_contract!`].
+pub struct UnderTest<S> {
+    pub store: S,
+    pub server: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl<S: CounterStore> CounterStore for UnderTest<S> {
+    fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> impl std::future::Future<Output = Result<(), sluice::store::StoreError>> + Send + 'a {
+        self.store.apply(now, hits, out)
+    }
+
+    fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl std::future::Future<Output = Result<(), sluice::store::StoreError>> + Send + 'a {
+        self.store.refund(now, hits)
+    }
+
+    fn reset<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl std::future::Future<Output = Result<(), sluice::store::StoreError>> + Send + 'a {
+        self.store.reset(now, hits)
+    }
+}
 
 /// 2023-11-14T22:13:20Z: 20 s into its minute, 800 s into its hour.
 pub const T0: u64 = 1_700_000_000;

@@ -214,6 +214,8 @@ run_cargo_deny() {
 
 # Tools the end-to-end tests run (CI machines start without them).
 ensure_apt_package redis-server redis-server      # integration/redis.rs
+ensure_apt_package memcached memcached            # integration/memcached.rs
+ensure_apt_package dnsmasq dnsmasq-base           # integration/memcached.rs (SRV records)
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
 [ -n "${SLUICE_HAPROXY:-}" ] || ensure_apt_package haproxy haproxy   # integration/haproxy.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs

@@ -316,6 +316,7 @@ fn run(settings: Settings, config: ConfigHandle) -> ExitCode {
         let xds = settings.app.xds.is_some();
         // Logged once the app is built, so a backend that cannot start is not announced.
         let app = App::new(settings.app.clone(), config.clone(), Arc::new(SystemClock))
+            .await
             .map_err(|e| e.to_string())?;
         log_serving(&settings, &config, &listeners);
         let (shutdown, force) = stop_signals();
@@ -355,6 +356,7 @@ fn log_serving(settings: &Settings, config: &ConfigHandle, listeners: &Listeners
         .map_or((0, 0), |c| (c.domain_count(), c.limits().count()));
     let store = match (&settings.app.backend, &settings.app.cluster) {
         (sluice::app::Backend::Redis(_), _) => "redis",
+        (sluice::app::Backend::Memcache(_), _) => "memcache",
         (sluice::app::Backend::Memory, Some(_)) => "memory, peer cluster",
         (sluice::app::Backend::Memory, None) => "memory",
     };

@@ -16,7 +16,7 @@ use sluice::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use sluice::limiter::Unit;
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
-use sluice::telemetry::prometheus::{Extra, RedisGauges, render};
+use sluice::telemetry::prometheus::{BreakerGauges, Extra, render};
 use sluice::telemetry::{DecisionTelemetry, Stats, StatsOptions};
 
 const CONFIG: &str = r#"
@@ -241,7 +241,9 @@ async fn use_prometheus_serves_the_exposition_on_its_own_listener() {
     let mut options = default_options();
     options.telemetry.prometheus_path = "/custom".into();
     let clock = ManualClock::new(Timestamp::from_secs(1_000_000_020));
-    let app = sluice::app::App::new(options, config(), Arc::new(clock)).unwrap();
+    let app = sluice::app::App::new(options, config(), Arc::new(clock))
+        .await
+        .unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(app.serve(listeners, async move {
         let _ = rx.await;
@@ -351,24 +353,24 @@ async fn a_flood_of_unique_values_stays_within_the_cap() {
     common::promtool_check(&text);
 }
 
-/// One series per Redis target for each breaker family, and the exposition still passes
-/// promtool.
+/// One series per Redis target (and memcached server) for each breaker family, and the
+/// exposition still passes promtool.
 #[test]
 fn redis_breakers_are_one_series_per_target() {
+    let gauges = |target: &str, up, opens, fast_failures| BreakerGauges {
+        target: target.to_owned(),
+        up,
+        opens,
+        fast_failures,
+    };
     let extra = Extra {
         redis: vec![
-            RedisGauges {
-                target: "main",
-                up: false,
-                opens: 2,
-                fast_failures: 7,
-            },
-            RedisGauges {
-                target: "per_second",
-                up: true,
-                opens: 0,
-                fast_failures: 0,
-            },
+            gauges("main", false, 2, 7),
+            gauges("per_second", true, 0, 0),
+        ],
+        memcache: vec![
+            gauges("10.0.0.1:11211", true, 1, 3),
+            gauges("memcached-1.mc.svc.:11211", false, 4, 9),
         ],
         ..Extra::default()
     };
@@ -381,6 +383,19 @@ fn redis_breakers_are_one_series_per_target() {
         (
             r#"sluice_redis_fast_failures_total{target="per_second"}"#,
             0.0,
+        ),
+        (r#"sluice_memcache_up{server="10.0.0.1:11211"}"#, 1.0),
+        (
+            r#"sluice_memcache_up{server="memcached-1.mc.svc.:11211"}"#,
+            0.0,
+        ),
+        (
+            r#"sluice_memcache_breaker_opens_total{server="memcached-1.mc.svc.:11211"}"#,
+            4.0,
+        ),
+        (
+            r#"sluice_memcache_fast_failures_total{server="10.0.0.1:11211"}"#,
+            3.0,
         ),
     ] {
         assert_eq!(value(&text, series), Some(want), "{series}\n{text}");

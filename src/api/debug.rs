@@ -250,6 +250,7 @@ fn telemetry_extra(
         memory: store.memory(),
         cluster: store.cluster(),
         redis: store.redis(),
+        memcache: store.memcache(),
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
         listeners: Vec::new(),
         pending_request_bytes: 0,
@@ -356,10 +357,11 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
             ));
         }
     }
-    for b in &e.redis {
-        let t = b.target;
+    let redis = e.redis.iter().map(|b| ("redis", b));
+    for (backend, b) in redis.chain(e.memcache.iter().map(|b| ("memcache", b))) {
+        let t = &b.target;
         out.push_str(&format!(
-            "sluice.redis.{t}.up: {}\nsluice.redis.{t}.breaker_opens: {}\nsluice.redis.{t}.fast_failures: {}\n",
+            "sluice.{backend}.{t}.up: {}\nsluice.{backend}.{t}.breaker_opens: {}\nsluice.{backend}.{t}.fast_failures: {}\n",
             u8::from(b.up),
             b.opens,
             b.fast_failures,

@@ -16,7 +16,7 @@ use crate::service::{CounterView, HotKeys, RateLimitService, ServiceError};
 use crate::store::CounterStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
-use crate::telemetry::prometheus::{ClusterGauges, MemoryGauges, RedisGauges};
+use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges};
 
 /// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
 #[derive(Clone)]
@@ -94,7 +94,9 @@ pub trait StoreGauges: Send + Sync {
     /// The peer cluster's numbers, when counters are spread over peers.
     fn cluster(&self) -> Option<ClusterGauges>;
     /// One entry per Redis in use (the backend's, or the write-behind's).
-    fn redis(&self) -> Vec<RedisGauges>;
+    fn redis(&self) -> Vec<BreakerGauges>;
+    /// One entry per memcached server of the memcache backend.
+    fn memcache(&self) -> Vec<BreakerGauges>;
     /// Lease mode: one counter key's leases as this node sees them; `None` outside lease mode.
     fn lease(&self, key: &str) -> Option<KeyView>;
 }

@@ -144,11 +144,13 @@ fn store(out: &mut String, st: &DebugState) {
             m.rejected_full
         );
     }
-    for r in st.store.redis() {
+    let redis = st.store.redis().into_iter().map(|r| ("Redis", r));
+    let memcache = st.store.memcache().into_iter().map(|m| ("memcached", m));
+    for (noun, r) in redis.chain(memcache) {
         let _ = write!(
             out,
-            "<li>Redis {}: <span class=\"{}\">{}</span> (found down {} times)</li>",
-            r.target,
+            "<li>{noun} {}: <span class=\"{}\">{}</span> (found down {} times)</li>",
+            esc(&r.target),
             if r.up { "up" } else { "down" },
             if r.up { "up" } else { "DOWN" },
             r.opens

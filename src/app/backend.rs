@@ -10,9 +10,12 @@ use crate::clock::Timestamp;
 use crate::cluster::ClusterStore;
 use crate::cluster::lease::KeyView;
 use crate::limiter::Decision;
+use crate::store::memcache::MemcacheConfig;
 use crate::store::redis::{BreakerStats, RedisConfig};
-use crate::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError, TraceBackend};
-use crate::telemetry::prometheus::{ClusterGauges, MemoryGauges, RedisGauges};
+use crate::store::{
+    CounterStore, Hit, MemcacheStore, MemoryStore, RedisStore, StoreError, TraceBackend,
+};
+use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges};
 
 /// Counter store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,12 +24,15 @@ pub enum Backend {
     Memory,
     /// Counters in Redis, shared by every replica (and by envoyproxy/ratelimit instances).
     Redis(Box<RedisConfig>),
+    /// Counters in memcached, shared likewise.
+    Memcache(Box<MemcacheConfig>),
 }
 
 /// The store a running Sluice uses, chosen by BACKEND_TYPE.
 pub enum AnyStore {
     Memory(MemoryStore),
     Redis(RedisStore),
+    Memcache(MemcacheStore),
     /// Counters spread over peers, this node's share in a memory store.
     Cluster(ClusterStore),
 }
@@ -36,17 +42,19 @@ impl AnyStore {
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             AnyStore::Memory(m) => Some(m),
-            AnyStore::Redis(_) => None,
+            AnyStore::Redis(_) | AnyStore::Memcache(_) => None,
             AnyStore::Cluster(c) => Some(c.local()),
         }
     }
 
     /// Whether the backend can take requests (Redis: has answered its start-up PING and,
-    /// with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, is not down).
+    /// with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, is not down; memcached: every server of the
+    /// start-up list has answered).
     pub fn is_ready(&self) -> bool {
         match self {
             AnyStore::Memory(_) | AnyStore::Cluster(_) => true,
             AnyStore::Redis(r) => r.is_ready(),
+            AnyStore::Memcache(m) => m.is_ready(),
         }
     }
 
@@ -55,6 +63,7 @@ impl AnyStore {
     pub fn ready_changes(&self) -> tokio::sync::watch::Receiver<bool> {
         match self {
             AnyStore::Redis(r) => r.ready_changes(),
+            AnyStore::Memcache(m) => m.ready_changes(),
             AnyStore::Memory(_) | AnyStore::Cluster(_) => tokio::sync::watch::channel(true).1,
         }
     }
@@ -68,7 +77,7 @@ impl AnyStore {
                 .durable()
                 .map(|d| vec![d.redis_breaker()])
                 .unwrap_or_default(),
-            AnyStore::Memory(_) => Vec::new(),
+            AnyStore::Memory(_) | AnyStore::Memcache(_) => Vec::new(),
         }
     }
 
@@ -77,7 +86,9 @@ impl AnyStore {
     pub fn gave_up(&self) -> std::pin::Pin<Box<dyn std::future::Future<Output = String> + Send>> {
         match self {
             AnyStore::Redis(r) => Box::pin(r.gave_up()),
-            AnyStore::Memory(_) | AnyStore::Cluster(_) => Box::pin(std::future::pending()),
+            AnyStore::Memory(_) | AnyStore::Memcache(_) | AnyStore::Cluster(_) => {
+                Box::pin(std::future::pending())
+            }
         }
     }
 }
@@ -90,6 +101,11 @@ impl CounterStore for AnyStore {
             AnyStore::Redis(_) => Some(TraceBackend {
                 span_name: "Redis Pipeline Execution",
                 attributes: &[("db.system", "redis"), ("sluice.backend", "redis")],
+            }),
+            // envoyproxy/ratelimit's name for its memcache span.
+            AnyStore::Memcache(_) => Some(TraceBackend {
+                span_name: "Memcached Fetch Execution",
+                attributes: &[("db.system", "memcached"), ("sluice.backend", "memcache")],
             }),
             AnyStore::Cluster(_) => Some(TraceBackend {
                 span_name: "Peer Cluster Apply",
@@ -111,6 +127,7 @@ impl CounterStore for AnyStore {
         match self {
             AnyStore::Memory(m) => m.apply(now, hits, out).await,
             AnyStore::Redis(r) => r.apply(now, hits, out).await,
+            AnyStore::Memcache(m) => m.apply(now, hits, out).await,
             AnyStore::Cluster(c) => c.apply(now, hits, out).await,
         }
     }
@@ -119,6 +136,7 @@ impl CounterStore for AnyStore {
         match self {
             AnyStore::Memory(m) => m.refund(now, hits).await,
             AnyStore::Redis(r) => r.refund(now, hits).await,
+            AnyStore::Memcache(m) => m.refund(now, hits).await,
             AnyStore::Cluster(c) => c.refund(now, hits).await,
         }
     }
@@ -127,6 +145,7 @@ impl CounterStore for AnyStore {
         match self {
             AnyStore::Memory(m) => m.reset(now, hits).await,
             AnyStore::Redis(r) => r.reset(now, hits).await,
+            AnyStore::Memcache(m) => m.reset(now, hits).await,
             AnyStore::Cluster(c) => c.reset(now, hits).await,
         }
     }
@@ -173,15 +192,30 @@ impl StoreGauges for AnyStore {
         c.lease_view(key)
     }
 
-    fn redis(&self) -> Vec<RedisGauges> {
+    fn redis(&self) -> Vec<BreakerGauges> {
         self.redis_breakers()
             .into_iter()
-            .map(|b| RedisGauges {
-                target: b.target,
-                up: b.up,
-                opens: b.opens,
-                fast_failures: b.fast_failures,
-            })
+            .map(|b| breaker_gauges(b.target.to_owned(), b))
             .collect()
+    }
+
+    fn memcache(&self) -> Vec<BreakerGauges> {
+        match self {
+            AnyStore::Memcache(m) => m
+                .breakers()
+                .into_iter()
+                .map(|(server, b)| breaker_gauges(server, b))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn breaker_gauges(target: String, b: BreakerStats) -> BreakerGauges {
+    BreakerGauges {
+        target,
+        up: b.up,
+        opens: b.opens,
+        fast_failures: b.fast_failures,
     }
 }

@@ -25,7 +25,7 @@ use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
 use crate::quota::{QuotaOptions, QuotaService};
 use crate::service::{RateLimitService, ServiceOptions};
-use crate::store::{MemoryLimits, MemoryStore, RedisStore, StoreError};
+use crate::store::{MemcacheStore, MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::SpanRecord;
 use crate::telemetry::{DecisionTelemetry, Stats, TelemetryOptions};
@@ -228,7 +228,7 @@ pub struct App {
 
 impl App {
     /// Must be called inside a tokio runtime (the store's background tasks are spawned).
-    pub fn new(
+    pub async fn new(
         options: AppOptions,
         config: ConfigHandle,
         clock: Arc<dyn Clock>,
@@ -241,6 +241,9 @@ impl App {
         let mut peer_server = None;
         let store = Arc::new(match (&options.backend, &options.cluster) {
             (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
+            (Backend::Memcache(memcache), _) => {
+                AnyStore::Memcache(MemcacheStore::start(memcache).await?)
+            }
             (Backend::Memory, None) => AnyStore::Memory(memory()),
             (Backend::Memory, Some(cluster)) => {
                 let store = ClusterStore::start(

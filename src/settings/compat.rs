@@ -1,5 +1,5 @@
 //! The envoyproxy/ratelimit variables that only concern compatibility: the gRPC connection
-//! age, GRPC_UDS, and the Go options Sluice accepts and ignores (memcache, pool sizes) or
+//! age, GRPC_UDS, and the Go options Sluice accepts and ignores (pool sizes) or
 //! refuses because it cannot honour them.
 
 use std::path::PathBuf;
@@ -71,69 +71,6 @@ pub struct CompatArgs {
     /// DogStatsD mogrifiers; meaningful only with USE_DOG_STATSD, which is refused.
     #[arg(long, env = "USE_DOG_STATSD_MOGRIFIERS", help_heading = "Stats")]
     pub use_dog_statsd_mogrifiers: Option<String>,
-    /// Ignored: only read with BACKEND_TYPE=memcache, which Sluice refuses.
-    #[arg(
-        long,
-        env = "MEMCACHE_HOST_PORT",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_host_port: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_MAX_IDLE_CONNS",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_max_idle_conns: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_SRV",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_srv: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_SRV_REFRESH",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_srv_refresh: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_tls: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS_CLIENT_CERT",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_tls_client_cert: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS_CLIENT_KEY",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_tls_client_key: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS_CACERT",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_tls_cacert: Option<String>,
-    /// Ignored (see MEMCACHE_HOST_PORT).
-    #[arg(
-        long,
-        env = "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
-        help_heading = "Memcache (not supported; ignored)"
-    )]
-    pub memcache_tls_skip_hostname_verification: Option<String>,
 }
 
 impl CompatArgs {
@@ -301,32 +238,6 @@ mod tests {
             err.starts_with("GRPC_UDS=/tmp/rl.sock: ") && err.contains("TLS"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn memcache_variables_are_accepted_and_ignored() {
-        // The Go service reads them only with BACKEND_TYPE=memcache, which Sluice refuses.
-        let s = settings(&[
-            "--memcache-host-port",
-            "m1:11211,m2:11211",
-            "--memcache-max-idle-conns",
-            "4",
-            "--memcache-srv",
-            "_memcache._tcp.example",
-            "--memcache-srv-refresh",
-            "1m",
-            "--memcache-tls",
-            "true",
-            "--memcache-tls-client-cert",
-            "/missing.crt",
-            "--memcache-tls-client-key",
-            "/missing.key",
-            "--memcache-tls-cacert",
-            "/missing.ca",
-            "--memcache-tls-skip-hostname-verification",
-            "true",
-        ]);
-        assert!(s.is_ok(), "{s:?}");
     }
 
     #[test]

@@ -58,6 +58,7 @@ mod cluster;
 mod compat;
 mod config_files;
 mod listeners;
+mod memcache;
 mod otlp;
 mod parse;
 mod peer_tls;
@@ -74,6 +75,7 @@ use self::redis::backend;
 pub use cluster::ClusterArgs;
 pub use compat::CompatArgs;
 pub use listeners::ListenerArgs;
+pub use memcache::MemcacheArgs;
 use parse::non_zero;
 pub use parse::{InvalidBool, parse_go_bool, parse_go_duration};
 pub use redis_breaker::RedisBreakerArgs;
@@ -445,22 +447,20 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub grpc_tls: GrpcTlsArgs,
 
-    /// Counter store: `memory` (counts per node; the default) or `redis` (shared counters,
-    /// keyed like envoyproxy/ratelimit). Unset with REDIS_URL set means `redis`.
+    /// Counter store: `memory` (counts per node; the default), `redis` or `memcache` (shared
+    /// counters, keyed like envoyproxy/ratelimit). Unset with REDIS_URL set means `redis`.
     #[arg(long, env = "BACKEND_TYPE", help_heading = "Backend")]
     pub backend_type: Option<String>,
     #[command(flatten)]
     pub redis: RedisArgs,
+    #[command(flatten)]
+    pub memcache: MemcacheArgs,
     /// What a request gets when the backend fails: `error` answers gRPC UNKNOWN (HTTP 400 on
-    /// /json), as envoyproxy/ratelimit does, and Envoy's failure_mode_deny decides; `allow`
-    /// answers OK (fail open).
-    #[arg(
-        long,
-        env = "SLUICE_BACKEND_FAILURE",
-        default_value = "error",
-        help_heading = "Backend"
-    )]
-    pub backend_failure: String,
+    /// /json), as envoyproxy/ratelimit does with Redis, and Envoy's failure_mode_deny decides;
+    /// `allow` answers OK (fail open). Unset: `allow` with BACKEND_TYPE=memcache (the Go
+    /// service's memcache backend only logs its errors), else `error`.
+    #[arg(long, env = "SLUICE_BACKEND_FAILURE", help_heading = "Backend")]
+    pub backend_failure: Option<String>,
     /// Comma-separated domains that fail open (answer OK) when the backend fails, whatever
     /// SLUICE_BACKEND_FAILURE says.
     #[arg(
@@ -654,11 +654,6 @@ pub enum SettingsError {
         value: String,
         reason: &'static str,
     },
-    #[error(
-        "BACKEND_TYPE={value}: the memcache backend is not supported by Sluice; \
-         set BACKEND_TYPE=memory to count per node"
-    )]
-    BackendNotSupported { value: String },
     /// A TLS file that cannot be used; the message names the variable and the file.
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
@@ -696,7 +691,7 @@ impl ServeArgs {
         let prometheus = self.telemetry.prometheus_addr()?;
         let max_counters = non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?.get();
         let caps = self.caps.validate()?;
-        let service = self.service_options(response_headers, caps.max_key_bytes.get())?;
+        let service = self.service_options(response_headers, caps.max_key_bytes.get(), &backend)?;
         let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
         let xds = self.xds.validate()?;
         let listener_limits = self.listeners.validate(self.max_request_bytes)?;
@@ -830,7 +825,11 @@ impl ServeArgs {
         let backend = match write_behind {
             // The cluster counts in memory; Redis only keeps the write-behind copy.
             Some(_) => Backend::Memory,
-            None => backend(self.backend_type.as_deref(), self.redis.clone())?,
+            None => backend(
+                self.backend_type.as_deref(),
+                self.redis.clone(),
+                &self.memcache,
+            )?,
         };
         let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
         if let (Backend::Redis(_), Some(_)) = (&backend, &cluster) {
@@ -851,14 +850,16 @@ impl ServeArgs {
         &self,
         response_headers: Option<HeaderNames>,
         max_key_bytes: usize,
+        backend: &Backend,
     ) -> Result<ServiceOptions, SettingsError> {
-        let fail_open = match self.backend_failure.to_ascii_lowercase().as_str() {
-            "error" => false,
-            "allow" => true,
-            _ => {
+        let fail_open = match self.backend_failure.as_deref().map(str::to_ascii_lowercase) {
+            None => matches!(backend, Backend::Memcache(_)),
+            Some(v) if v == "error" => false,
+            Some(v) if v == "allow" => true,
+            Some(v) => {
                 return Err(invalid(
                     "SLUICE_BACKEND_FAILURE",
-                    &self.backend_failure,
+                    v,
                     "expected error or allow",
                 ));
             }

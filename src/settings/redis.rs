@@ -19,6 +19,7 @@ use crate::store::redis::{
 pub(super) fn backend(
     backend_type: Option<&str>,
     redis: RedisArgs,
+    memcache: &super::MemcacheArgs,
 ) -> Result<Backend, SettingsError> {
     let kind = match backend_type {
         Some(v) => v.to_ascii_lowercase(),
@@ -28,13 +29,13 @@ pub(super) fn backend(
     match kind.as_str() {
         "memory" => Ok(Backend::Memory),
         "redis" => redis.validate().map(|r| Backend::Redis(Box::new(r))),
-        "memcache" => Err(SettingsError::BackendNotSupported {
-            value: kind.clone(),
-        }),
+        "memcache" => memcache
+            .validate(&redis)
+            .map(|m| Backend::Memcache(Box::new(m))),
         _ => Err(invalid(
             "BACKEND_TYPE",
             kind,
-            "unknown backend; expected memory or redis",
+            "unknown backend; expected memory, redis or memcache",
         )),
     }
 }
@@ -903,7 +904,7 @@ mod tests {
     fn redis_settings(args: &[&str]) -> RedisConfig {
         match settings(args).unwrap().app.backend {
             Backend::Redis(r) => *r,
-            Backend::Memory => panic!("expected the Redis backend"),
+            other => panic!("expected the Redis backend, got {other:?}"),
         }
     }
 
@@ -1108,7 +1109,7 @@ mod tests {
         .backend
         {
             Backend::Redis(r) => r,
-            Backend::Memory => panic!("expected the Redis backend"),
+            other => panic!("expected the Redis backend, got {other:?}"),
         };
         assert_eq!(r.main.urls, ["rediss://127.0.0.1:6380"]);
         let tls = r.main.tls.clone().unwrap();
@@ -1297,14 +1298,9 @@ mod tests {
         };
         assert_eq!(r.main.urls, ["redis://a:1", "redis://b:2"]);
         assert_eq!(r.main.topology, RedisTopology::Cluster);
-        let err = error(&["--backend-type", "memcache"]);
-        assert!(
-            err.starts_with("BACKEND_TYPE=memcache: ") && err.contains("not supported"),
-            "{err}"
-        );
         assert_eq!(
             error(&["--backend-type", "etcd"]),
-            "BACKEND_TYPE=etcd: unknown backend; expected memory or redis"
+            "BACKEND_TYPE=etcd: unknown backend; expected memory, redis or memcache"
         );
         assert!(error(&["--backend-failure", "maybe"]).starts_with("SLUICE_BACKEND_FAILURE=maybe"));
     }

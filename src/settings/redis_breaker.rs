@@ -113,7 +113,7 @@ mod tests {
         args.extend(extra);
         match settings(&args).expect("valid").app.backend {
             Backend::Redis(r) => r.breaker,
-            Backend::Memory => panic!("expected the Redis backend"),
+            other => panic!("expected the Redis backend, got {other:?}"),
         }
     }
 

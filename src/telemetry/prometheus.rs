@@ -35,7 +35,9 @@ pub struct Extra {
     pub memory: Option<MemoryGauges>,
     pub cluster: Option<ClusterGauges>,
     /// Each Redis in use: the backend's (`main`, `per_second`) or the write-behind's.
-    pub redis: Vec<RedisGauges>,
+    pub redis: Vec<BreakerGauges>,
+    /// Each memcached server of the memcache backend.
+    pub memcache: Vec<BreakerGauges>,
     /// The tracer's counters, (name, help, value); empty when TRACING_ENABLED is off.
     pub tracing: Vec<(&'static str, &'static str, u64)>,
     /// Each serving listener's connections, requests in flight and refusals.
@@ -90,11 +92,11 @@ pub struct ClusterGauges {
     pub peers: Vec<(String, bool)>,
 }
 
-/// One Redis's breaker (see `src/store/breaker.rs`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RedisGauges {
-    /// `main`, `per_second` or `write_behind`.
-    pub target: &'static str,
+/// One Redis's or memcached server's breaker (see `src/store/breaker.rs`).
+#[derive(Clone, Debug, Default)]
+pub struct BreakerGauges {
+    /// A Redis's role (`main`, `per_second` or `write_behind`); a memcached server's address.
+    pub target: String,
     pub up: bool,
     pub opens: u64,
     pub fast_failures: u64,
@@ -199,7 +201,8 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
     if let Some(c) = &extra.cluster {
         render_cluster(&mut out, c);
     }
-    redis_breakers(&mut out, &extra.redis);
+    breakers(&mut out, REDIS_BREAKERS, &extra.redis);
+    breakers(&mut out, MEMCACHE_BREAKERS, &extra.memcache);
     for (name, help, value) in &extra.tracing {
         let name = format!("{name}_total");
         header(&mut out, &name, "counter", help);
@@ -565,36 +568,72 @@ fn render_listeners(out: &mut String, extra: &Extra) {
     sample(out, name, &[], extra.pending_request_bytes);
 }
 
-/// The Redis breakers, one series per target.
-fn redis_breakers(out: &mut String, breakers: &[RedisGauges]) {
+/// A backend's breaker series: the metric prefix, the label naming each breaker, the backend.
+struct BreakerSeries {
+    prefix: &'static str,
+    label: &'static str,
+    noun: &'static str,
+}
+
+const REDIS_BREAKERS: BreakerSeries = BreakerSeries {
+    prefix: "sluice_redis",
+    label: "target",
+    noun: "Redis",
+};
+
+const MEMCACHE_BREAKERS: BreakerSeries = BreakerSeries {
+    prefix: "sluice_memcache",
+    label: "server",
+    noun: "memcached",
+};
+
+/// A backend's breakers, one series per Redis (or memcached server).
+fn breakers(out: &mut String, series: BreakerSeries, breakers: &[BreakerGauges]) {
     if breakers.is_empty() {
         return;
     }
-    let families: [Family<RedisGauges>; 3] = [
+    let BreakerSeries {
+        prefix,
+        label,
+        noun,
+    } = series;
+    let families: [NamedFamily<BreakerGauges>; 3] = [
         (
-            "sluice_redis_up",
+            format!("{prefix}_up"),
             "gauge",
-            "1 while Redis answers; 0 while it is down (calls fail at once) or not connected yet.",
+            format!(
+                "1 while {noun} answers; 0 while it is down (calls fail at once) or not connected yet."
+            ),
             |b| u64::from(b.up),
         ),
         (
-            "sluice_redis_breaker_opens_total",
+            format!("{prefix}_breaker_opens_total"),
             "counter",
-            "Times Redis was found down and calls started failing at once.",
+            format!("Times {noun} was found down and calls started failing at once."),
             |b| b.opens,
         ),
         (
-            "sluice_redis_fast_failures_total",
+            format!("{prefix}_fast_failures_total"),
             "counter",
-            "Calls answered at once, without Redis, because it was down or not connected yet.",
+            format!(
+                "Calls answered at once, without {noun}, because it was down or not connected yet."
+            ),
             |b| b.fast_failures,
         ),
     ];
-    per_item(out, &families, breakers, |b| ("target", b.target));
+    for (name, kind, help, value) in &families {
+        header(out, name, kind, help);
+        for b in breakers {
+            sample(out, name, &[(label, b.target.as_str())], value(b));
+        }
+    }
 }
 
 /// A family of series: its name, type, help, and how to read an item's value.
 type Family<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
+/// A [`Family`] whose name and help are made at run time.
+type NamedFamily<T> = (String, &'static str, String, fn(&T) -> u64);
 
 /// Each family, with one sample per item, labelled by `label` (a listener's port, a Redis).
 fn per_item<T>(

@@ -85,7 +85,9 @@ pub async fn start_with(config: ConfigHandle, options: AppOptions) -> Running {
         listeners.grpc.local_addr().unwrap(),
         listeners.debug.local_addr().unwrap(),
     );
-    let app = App::new(options, config, Arc::new(clock.clone())).expect("store starts");
+    let app = App::new(options, config, Arc::new(clock.clone()))
+        .await
+        .expect("store starts");
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(app.serve(listeners, async move {
         let _ = rx.await;

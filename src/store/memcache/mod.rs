@@ -57,8 +57,11 @@ use crate::tls::ClientTls;
 
 pub use self::servers::split_host_port;
 
-/// Lost `cas` races in a row after which a call fails.
-pub const MAX_CAS_ATTEMPTS: usize = 16;
+/// Lost `cas` races in a row after which a call fails (its deadline may end it sooner).
+pub const MAX_CAS_ATTEMPTS: usize = 64;
+/// After a second lost race in a row a call waits up to this long, at random, so that replicas
+/// that keep meeting on one key fall out of step instead of one of them losing every time.
+const CAS_BACKOFF_MAX_MS: u64 = 3;
 /// Lock stripes for one Sluice's `cas` updates.
 const CAS_STRIPES: usize = 256;
 /// memcached's longest relative expiry: anything above is a Unix time.
@@ -312,7 +315,7 @@ impl MemcacheStore {
             .iter()
             .enumerate()
             .filter(|(_, h)| h.quota.algorithm == Algorithm::FixedWindow);
-        let mut groups: Vec<(Arc<Server>, Vec<(usize, String)>)> = Vec::new();
+        let mut groups: Groups<(usize, String)> = Vec::new();
         for (i, hit) in fixed {
             let key = Self::key(hit, now);
             group(&mut groups, self.servers.pick(&key)?, (i, key));
@@ -347,7 +350,7 @@ impl MemcacheStore {
         increment: &[bool],
         deadline: Instant,
     ) -> Result<Vec<(usize, Decision)>, StoreError> {
-        let mut groups: Vec<(Arc<Server>, Vec<Count>)> = Vec::new();
+        let mut groups: Groups<Count> = Vec::new();
         for &i in which {
             let hit = &hits[i];
             let key = Self::key(hit, now);
@@ -401,7 +404,13 @@ impl MemcacheStore {
                 self.servers.timeout()
             )));
         };
-        for _ in 0..MAX_CAS_ATTEMPTS {
+        for attempt in 0..MAX_CAS_ATTEMPTS {
+            if attempt >= 2 {
+                use std::hash::BuildHasher;
+                let salt = (key, attempt, Instant::now());
+                let ms = self.stripe_seed.hash_one(salt) % (CAS_BACKOFF_MAX_MS + 1);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             let mut read = Batch::default();
             read.gets(key);
             let reply = server.call(&read, deadline).await?;
@@ -437,7 +446,7 @@ impl MemcacheStore {
         }
         Err(backend(format!(
             "memcached {}: {key} changed under {MAX_CAS_ATTEMPTS} updates in a row (other \
-             replicas writing it at once)",
+             replicas writing it at once; the lock of one Sluice's own updates is per key stripe)",
             server.addr
         )))
     }
@@ -516,8 +525,11 @@ impl MemcacheStore {
     }
 }
 
+/// Items of one request grouped by the server they go to.
+type Groups<T> = Vec<(Arc<Server>, Vec<T>)>;
+
 /// Adds `item` to `server`'s group.
-fn group<T>(groups: &mut Vec<(Arc<Server>, Vec<T>)>, server: Arc<Server>, item: T) {
+fn group<T>(groups: &mut Groups<T>, server: Arc<Server>, item: T) {
     match groups.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &server)) {
         Some((_, items)) => items.push(item),
         None => groups.push((server, vec![item])),
