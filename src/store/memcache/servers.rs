@@ -284,7 +284,8 @@ impl ServerList {
     /// Starts a supervisor for each of `addrs`. Must be called inside a tokio runtime.
     pub fn start(addrs: Vec<String>, options: Options) -> Arc<Self> {
         let options = Arc::new(options);
-        let readiness = Readiness::new(addrs.len(), options.breaker.health_follows_connection);
+        let distinct = addrs.iter().collect::<std::collections::HashSet<_>>().len();
+        let readiness = Readiness::new(distinct, options.breaker.health_follows_connection);
         let list = Arc::new(ServerList {
             servers: ArcSwap::from_pointee(Vec::new()),
             tasks: Mutex::new(HashMap::new()),
@@ -305,10 +306,16 @@ impl ServerList {
             return;
         }
         let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = Vec::with_capacity(addrs.len());
+        let mut next: Vec<Arc<Server>> = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            if let Some(s) = current.iter().find(|s| s.addr == addr) {
-                next.push(s.clone());
+            // A server named twice is one server in two places, as in gomemcache's list.
+            let known = current
+                .iter()
+                .chain(&next)
+                .find(|s| s.addr == addr)
+                .cloned();
+            if let Some(s) = known {
+                next.push(s);
                 continue;
             }
             let readiness = if first {
@@ -408,6 +415,18 @@ mod tests {
             list.pick("domain_key_value_1700000000").unwrap().addr,
             "127.0.0.1:2"
         );
+        // A server named twice keeps its two places in the distribution, as one server.
+        list.set(
+            vec![
+                "127.0.0.1:1".into(),
+                "127.0.0.1:1".into(),
+                "127.0.0.1:3".into(),
+            ],
+            false,
+        );
+        let servers = list.servers();
+        assert!(Arc::ptr_eq(&servers[0], &servers[1]));
+        assert_eq!(servers.len(), 3);
         // One server takes every key without hashing.
         list.set(vec!["127.0.0.1:9".into()], false);
         assert_eq!(list.pick("anything").unwrap().addr, "127.0.0.1:9");

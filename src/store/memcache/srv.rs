@@ -136,7 +136,12 @@ impl Resolver {
 
     /// The SRV records of one name, from the first nameserver that answers.
     async fn lookup(&self, name: &str) -> Result<Vec<(String, u16)>, String> {
-        let id = (std::process::id() as u16) ^ (name.len() as u16).rotate_left(7);
+        // Unpredictable (a new RandomState has a random seed), so a forged answer must guess it.
+        let id = {
+            use std::hash::BuildHasher;
+            let seed = foldhash::fast::RandomState::default();
+            seed.hash_one(name) as u16
+        };
         let query = encode_query(id, name)?;
         let mut last = String::from("no nameserver");
         for &server in &self.nameservers {
