@@ -178,8 +178,8 @@ impl Memcached {
 fn config(servers: MemcacheServers, jitter: u64) -> MemcacheConfig {
     MemcacheConfig {
         servers,
-        max_idle_conns: 2,
-        max_conns: 16,
+        conns: 2,
+        max_pending: 256,
         timeout: Duration::from_millis(500),
         expiration_jitter_max_seconds: jitter,
         local_cache_size_in_bytes: 0,

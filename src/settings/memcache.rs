@@ -18,6 +18,8 @@ use crate::store::redis::BreakerSettings;
 
 /// gomemcache's idle connections per server when MEMCACHE_MAX_IDLE_CONNS is 0 or less.
 const GO_DEFAULT_MAX_IDLE_CONNS: usize = 2;
+/// The most connections kept per server: each carries many calls at once.
+const MAX_CONNS: usize = 64;
 
 /// The memcache backend's settings, raw.
 #[derive(Clone, Debug, clap::Args)]
@@ -26,7 +28,8 @@ pub struct MemcacheArgs {
     /// them in this order, as the Go service's client does. Not with MEMCACHE_SRV.
     #[arg(long, env = "MEMCACHE_HOST_PORT", help_heading = "Memcache")]
     pub memcache_host_port: Option<String>,
-    /// Idle connections kept per server (0 or less: 2, as in Go).
+    /// Connections kept per server, each carrying many calls at once (0 or less: 2, Go's
+    /// default; at most 64).
     #[arg(
         long,
         env = "MEMCACHE_MAX_IDLE_CONNS",
@@ -116,14 +119,14 @@ pub struct MemcacheArgs {
         help_heading = "Memcache"
     )]
     pub memcache_timeout_ms: u64,
-    /// Connections open to one server at once; a call waits for one within its deadline.
+    /// Calls in flight to one server at once; a call waits for room within its deadline.
     #[arg(
         long,
-        env = "SLUICE_MEMCACHE_MAX_CONNS",
-        default_value_t = 64,
+        env = "SLUICE_MEMCACHE_MAX_PENDING",
+        default_value_t = 1024,
         help_heading = "Memcache"
     )]
-    pub memcache_max_conns: usize,
+    pub memcache_max_pending: usize,
     /// While a server is down (its calls fail at once), how often it is probed (a new
     /// connection and `version`), in milliseconds.
     #[arg(
@@ -155,22 +158,22 @@ impl MemcacheArgs {
                 "must be between 1 and 60000",
             ));
         }
-        if !(1..=4096).contains(&self.memcache_max_conns) {
+        if !(1..=65_536).contains(&self.memcache_max_pending) {
             return Err(invalid(
-                "SLUICE_MEMCACHE_MAX_CONNS",
-                self.memcache_max_conns,
-                "must be between 1 and 4096",
+                "SLUICE_MEMCACHE_MAX_PENDING",
+                self.memcache_max_pending,
+                "must be between 1 and 65536",
             ));
         }
-        let max_idle = match usize::try_from(self.memcache_max_idle_conns) {
+        let conns = match usize::try_from(self.memcache_max_idle_conns) {
             Ok(0) | Err(_) => GO_DEFAULT_MAX_IDLE_CONNS,
-            Ok(n) if n > self.memcache_max_conns => {
+            Ok(n) if n > MAX_CONNS => {
                 return Err(invalid(
                     "MEMCACHE_MAX_IDLE_CONNS",
                     n,
                     format!(
-                        "more idle connections than SLUICE_MEMCACHE_MAX_CONNS ({}) may be open",
-                        self.memcache_max_conns
+                        "at most {MAX_CONNS}: Sluice keeps this many connections per server, \
+                         each carrying many calls at once"
                     ),
                 ));
             }
@@ -178,8 +181,8 @@ impl MemcacheArgs {
         };
         Ok(MemcacheConfig {
             servers: self.servers()?,
-            max_idle_conns: max_idle,
-            max_conns: self.memcache_max_conns,
+            conns,
+            max_pending: self.memcache_max_pending,
             timeout: Duration::from_millis(timeout_ms),
             expiration_jitter_max_seconds: cache.expiration_jitter_max_seconds,
             local_cache_size_in_bytes: cache.local_cache_size_in_bytes,
@@ -324,7 +327,8 @@ mod tests {
                 "/run/mc.sock".into()
             ])
         );
-        assert_eq!(m.max_idle_conns, 2);
+        assert_eq!(m.conns, 2);
+        assert_eq!(m.max_pending, 1024);
         assert_eq!(m.timeout, std::time::Duration::from_millis(500));
         assert_eq!(m.expiration_jitter_max_seconds, 300);
         assert_eq!(m.tls, None);
@@ -335,7 +339,7 @@ mod tests {
             "--memcache-max-idle-conns",
             "-1",
         ]);
-        assert_eq!(m.max_idle_conns, 2);
+        assert_eq!(m.conns, 2);
         let m = memcache(&[
             "--memcache-srv",
             "_memcache._tcp.mc.default.svc",
@@ -400,8 +404,8 @@ mod tests {
                 "SLUICE_MEMCACHE_TIMEOUT_MS=0",
             ),
             (
-                &["--memcache-host-port", "m:1", "--memcache-max-conns", "0"],
-                "SLUICE_MEMCACHE_MAX_CONNS=0",
+                &["--memcache-host-port", "m:1", "--memcache-max-pending", "0"],
+                "SLUICE_MEMCACHE_MAX_PENDING=0",
             ),
             (
                 &[
@@ -410,7 +414,7 @@ mod tests {
                     "--memcache-max-idle-conns",
                     "100",
                 ],
-                "MEMCACHE_MAX_IDLE_CONNS=100: more idle connections",
+                "MEMCACHE_MAX_IDLE_CONNS=100: at most 64",
             ),
             (
                 &[

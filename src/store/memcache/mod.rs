@@ -93,10 +93,10 @@ pub struct MemcacheTls {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemcacheConfig {
     pub servers: MemcacheServers,
-    /// MEMCACHE_MAX_IDLE_CONNS.
-    pub max_idle_conns: usize,
-    /// SLUICE_MEMCACHE_MAX_CONNS.
-    pub max_conns: usize,
+    /// MEMCACHE_MAX_IDLE_CONNS: the connections kept per server, each carrying many calls.
+    pub conns: usize,
+    /// SLUICE_MEMCACHE_MAX_PENDING: calls in flight per server.
+    pub max_pending: usize,
     /// SLUICE_MEMCACHE_TIMEOUT_MS.
     pub timeout: Duration,
     pub expiration_jitter_max_seconds: u64,
@@ -183,8 +183,8 @@ impl MemcacheStore {
         };
         let options = Options {
             timeout: config.timeout,
-            max_idle: config.max_idle_conns,
-            max_conns: config.max_conns,
+            conns: config.conns,
+            max_pending: config.max_pending,
             breaker: config.breaker,
             tls,
         };
@@ -324,7 +324,7 @@ impl MemcacheStore {
             let mut batch = Batch::default();
             let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
             batch.get(&names);
-            async move { server.call(&batch, deadline).await }
+            async move { server.call(batch, deadline).await }
         }))
         .await;
         for ((server, keys), reply) in groups.iter().zip(replies) {
@@ -413,7 +413,7 @@ impl MemcacheStore {
             }
             let mut read = Batch::default();
             read.gets(key);
-            let reply = server.call(&read, deadline).await?;
+            let reply = server.call(read, deadline).await?;
             let Some(Reply::Values(items)) = reply.first() else {
                 return Err(bad_reply(&server, reply.first()));
             };
@@ -437,7 +437,7 @@ impl MemcacheStore {
                 Some(unique) => store.cas(key, &next.to_string(), exptime, unique),
                 None => store.add(key, &next.to_string(), exptime),
             }
-            let reply = server.call(&store, deadline).await?;
+            let reply = server.call(store, deadline).await?;
             match reply.first() {
                 Some(Reply::Stored) => return Ok(out),
                 Some(Reply::Exists | Reply::NotFound | Reply::NotStored) => {}
@@ -516,7 +516,7 @@ impl MemcacheStore {
             let server = self.servers.pick(&key)?;
             let mut batch = Batch::default();
             batch.delete(&key);
-            let reply = server.call(&batch, deadline).await?;
+            let reply = server.call(batch, deadline).await?;
             if !matches!(reply.first(), Some(Reply::Deleted | Reply::NotFound)) {
                 return Err(bad_reply(&server, reply.first()));
             }
@@ -553,7 +553,7 @@ async fn count_on(
     for c in counts {
         batch.incr(&c.key, c.by);
     }
-    let replies = server.call(&batch, deadline).await?;
+    let replies = server.call(batch, deadline).await?;
     let mut after: Vec<Option<u64>> = Vec::with_capacity(counts.len());
     for i in 0..counts.len() {
         after.push(number(replies.get(i))?);
@@ -567,7 +567,7 @@ async fn count_on(
             let c = &counts[i];
             add.add(&c.key, &c.by.to_string(), c.exptime);
         }
-        let replies = server.call(&add, deadline).await?;
+        let replies = server.call(add, deadline).await?;
         let mut raced = Vec::new();
         for (j, &i) in missing.iter().enumerate() {
             match replies.get(j) {
@@ -581,7 +581,7 @@ async fn count_on(
             for &i in &raced {
                 again.incr(&counts[i].key, counts[i].by);
             }
-            let replies = server.call(&again, deadline).await?;
+            let replies = server.call(again, deadline).await?;
             for (j, &i) in raced.iter().enumerate() {
                 // Gone again already (evicted): these hits are all it holds.
                 after[i] = Some(number(replies.get(j))?.unwrap_or(counts[i].by));

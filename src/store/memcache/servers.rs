@@ -1,29 +1,37 @@
-//! The memcached servers: each with a pool of connections and a breaker, and the list that
-//! spreads keys over them as the Go service's client (gomemcache) does: the CRC-32 (IEEE) of
-//! the key, modulo the number of servers, indexes the list in its given order. So a Go instance
-//! and Sluice given the same MEMCACHE_HOST_PORT (or SRV records) put every key on the same
-//! server.
+//! The memcached servers: each with its connections and a breaker, and the list that spreads
+//! keys over them as the Go service's client (gomemcache) does: the CRC-32 (IEEE) of the key,
+//! modulo the number of servers, indexes the list in its given order. So a Go instance and
+//! Sluice given the same MEMCACHE_HOST_PORT (or SRV records) put every key on the same server.
 //!
-//! **Connections.** A call takes an idle connection or opens one (at most
-//! SLUICE_MEMCACHE_MAX_CONNS per server at once; a call waits for one within its deadline),
-//! writes its commands in one go and reads the replies in order. Afterwards the connection is
-//! kept idle if fewer than MEMCACHE_MAX_IDLE_CONNS are, else closed, as gomemcache does. A
-//! connection that failed, timed out or got an error reply is closed, never reused. A call
-//! whose idle connection turns out closed (memcached restarted) is retried once on a new one.
+//! **Connections.** Each server has MEMCACHE_MAX_IDLE_CONNS connections (2 by default), made on
+//! first use and kept; calls take them in turn. memcached answers a connection's commands in the
+//! order they came, so one connection carries many calls at once: a writer task writes each
+//! call's commands as they arrive (the calls that queued meanwhile in one write), and a reader
+//! task reads the replies in order and hands each call its own. At most
+//! SLUICE_MEMCACHE_MAX_PENDING calls per server are in flight (a call waits for room within its
+//! deadline); a call that gives up leaves its commands to be answered and its replies dropped.
+//! gomemcache instead opens a connection per concurrent call and closes all but the idle ones
+//! afterwards, which under load spends more on connecting than on counting.
+//!
+//! A connection that fails (refused, reset, closed by memcached, a reply out of protocol) fails
+//! every call waiting on it and is replaced at the next call; the reader watches an idle
+//! connection too, so one memcached closed (it restarted) is replaced before a call trips on it.
 //!
 //! **Failures** are the Redis breaker's ([`super::super::breaker`]), per server: a refused or
 //! broken connection opens it, SLUICE_MEMCACHE_BREAKER_TIMEOUTS calls in a row without an answer
-//! open it, and while it is open that server's calls fail at once; a probe (a new connection
-//! and `version`, within max(timeout, 1 s)) every SLUICE_MEMCACHE_PROBE_INTERVAL_MS closes it
-//! when memcached answers again. The other servers' keys are unaffected.
+//! open it, and while it is open that server's calls fail at once and its connections are
+//! closed; a probe (a new connection and `version`, within max(timeout, 1 s)) every
+//! SLUICE_MEMCACHE_PROBE_INTERVAL_MS closes it when memcached answers again. The other servers'
+//! keys are unaffected.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufStream};
-use tokio::sync::Semaphore;
+use arc_swap::{ArcSwap, ArcSwapOption};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::protocol::{Batch, CallError, Reply};
@@ -35,16 +43,19 @@ const MEMCACHED: Kind = Kind {
     probe_var: "SLUICE_MEMCACHE_PROBE_INTERVAL_MS",
 };
 
+/// Calls written to a connection in one write at most.
+const MAX_CALLS_PER_WRITE: usize = 64;
+
 /// How every server's connections behave.
 pub struct Options {
     /// SLUICE_MEMCACHE_TIMEOUT_MS: the deadline of a whole call.
     pub timeout: Duration,
-    /// MEMCACHE_MAX_IDLE_CONNS.
-    pub max_idle: usize,
-    /// SLUICE_MEMCACHE_MAX_CONNS.
-    pub max_conns: usize,
+    /// MEMCACHE_MAX_IDLE_CONNS: the connections kept per server.
+    pub conns: usize,
+    /// SLUICE_MEMCACHE_MAX_PENDING: calls in flight per server.
+    pub max_pending: usize,
     pub breaker: BreakerSettings,
-    /// MEMCACHE_TLS: the connector and whether the name is checked.
+    /// MEMCACHE_TLS's connector.
     pub tls: Option<tokio_rustls::TlsConnector>,
 }
 
@@ -57,16 +68,141 @@ impl Options {
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
+/// One call on a connection: its commands, where its replies go, and its room among the
+/// server's calls in flight (given back once it is answered or its connection fails).
+struct Job {
+    batch: Batch,
+    reply: oneshot::Sender<Result<Vec<Reply>, CallError>>,
+    _room: OwnedSemaphorePermit,
+}
+
+fn closed(cause: &str) -> CallError {
+    CallError::Io(std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        cause.to_owned(),
+    ))
+}
+
+/// One connection, shared by the calls in flight on it.
 struct Conn {
-    io: BufStream<Box<dyn Io>>,
+    jobs: mpsc::UnboundedSender<Job>,
+    broken: Arc<AtomicBool>,
+    tasks: [tokio::task::JoinHandle<()>; 2],
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
 }
 
 impl Conn {
-    async fn call(&mut self, batch: &Batch) -> Result<Vec<Reply>, CallError> {
-        self.io.write_all(batch.bytes()).await?;
-        self.io.flush().await?;
-        batch.read_replies(&mut self.io).await
+    fn start(io: Box<dyn Io>) -> Self {
+        let (read, write) = tokio::io::split(io);
+        let (jobs, queued) = mpsc::unbounded_channel();
+        let (written, pending) = mpsc::unbounded_channel();
+        let broken = Arc::new(AtomicBool::new(false));
+        let tasks = [
+            tokio::spawn(write_jobs(write, queued, written, broken.clone())),
+            tokio::spawn(read_replies(BufReader::new(read), pending, broken.clone())),
+        ];
+        Conn {
+            jobs,
+            broken,
+            tasks,
+        }
     }
+
+    fn is_usable(&self) -> bool {
+        !self.broken.load(Ordering::Acquire) && !self.jobs.is_closed()
+    }
+
+    /// Queues `job`; its reply comes on its channel.
+    fn send(&self, job: Job) -> Result<(), CallError> {
+        self.jobs
+            .send(job)
+            .map_err(|_| closed("the connection to memcached closed"))
+    }
+}
+
+/// The writer: the calls that queued meanwhile, handed to the reader first (so it expects
+/// their replies before any can arrive) and their commands then written in one go.
+async fn write_jobs(
+    mut out: tokio::io::WriteHalf<Box<dyn Io>>,
+    mut queued: mpsc::UnboundedReceiver<Job>,
+    written: mpsc::UnboundedSender<Job>,
+    broken: Arc<AtomicBool>,
+) {
+    let mut jobs = Vec::with_capacity(MAX_CALLS_PER_WRITE);
+    let mut bytes = Vec::new();
+    while queued.recv_many(&mut jobs, MAX_CALLS_PER_WRITE).await > 0 {
+        bytes.clear();
+        for job in jobs.drain(..) {
+            bytes.extend_from_slice(job.batch.bytes());
+            if let Err(mpsc::error::SendError(job)) = written.send(job) {
+                let _ = job
+                    .reply
+                    .send(Err(closed("the connection to memcached closed")));
+            }
+        }
+        let wrote = async {
+            out.write_all(&bytes).await?;
+            out.flush().await
+        };
+        if wrote.await.is_err() {
+            // The reader fails the calls it holds when the connection's end reaches it, or
+            // they are dropped with the connection; either way it is not used again.
+            broken.store(true, Ordering::Release);
+            return;
+        }
+    }
+}
+
+/// The reader: each written call's replies, in order. While no call waits, bytes or an end
+/// from memcached mean the connection is over.
+async fn read_replies(
+    mut input: BufReader<tokio::io::ReadHalf<Box<dyn Io>>>,
+    mut pending: mpsc::UnboundedReceiver<Job>,
+    broken: Arc<AtomicBool>,
+) {
+    let cause = loop {
+        let job = tokio::select! {
+            biased;
+            job = pending.recv() => match job {
+                Some(job) => job,
+                None => return,
+            },
+            idle = input.fill_buf() => break match idle {
+                Ok([]) => "memcached closed the connection".to_owned(),
+                Ok(_) => "memcached sent bytes no command asked for".to_owned(),
+                Err(e) => e.to_string(),
+            },
+        };
+        match job.batch.read_replies(&mut input).await {
+            Ok(replies) => {
+                let _ = job.reply.send(Ok(replies));
+            }
+            Err(e) => {
+                let cause = e.to_string();
+                let _ = job.reply.send(Err(e));
+                break cause;
+            }
+        }
+    };
+    broken.store(true, Ordering::Release);
+    pending.close();
+    while let Ok(job) = pending.try_recv() {
+        let _ = job.reply.send(Err(closed(&cause)));
+    }
+}
+
+/// One of a server's connections: made on first use, replaced when broken.
+#[derive(Default)]
+struct Slot {
+    conn: ArcSwapOption<Conn>,
+    connecting: tokio::sync::Mutex<()>,
 }
 
 /// One memcached server.
@@ -74,8 +210,9 @@ pub struct Server {
     /// As configured: `host:port` (an SRV record's `target.:port`) or a socket path.
     pub addr: String,
     breaker: Breaker,
-    idle: Mutex<Vec<Conn>>,
-    permits: Semaphore,
+    slots: Box<[Slot]>,
+    turn: AtomicUsize,
+    room: Arc<Semaphore>,
     options: Arc<Options>,
 }
 
@@ -94,8 +231,9 @@ impl Server {
                 readiness,
             ),
             addr,
-            idle: Mutex::new(Vec::new()),
-            permits: Semaphore::new(options.max_conns),
+            slots: (0..options.conns.max(1)).map(|_| Slot::default()).collect(),
+            turn: AtomicUsize::new(0),
+            room: Arc::new(Semaphore::new(options.max_pending)),
             options: options.clone(),
         })
     }
@@ -108,73 +246,77 @@ impl Server {
         self.breaker.is_up()
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A new connection: TCP (with TCP_NODELAY) or a Unix socket for an address with a `/`,
     /// then TLS if set.
-    async fn connect(&self) -> Result<Conn, CallError> {
-        let io: Box<dyn Io> = if self.addr.contains('/') {
-            Box::new(tokio::net::UnixStream::connect(&self.addr).await?)
-        } else {
-            let (host, port) = split_host_port(&self.addr)
-                .ok_or_else(|| CallError::Protocol(format!("{} is not host:port", self.addr)))?;
-            let tcp = tokio::net::TcpStream::connect((host, port)).await?;
-            tcp.set_nodelay(true)?;
-            match &self.options.tls {
-                None => Box::new(tcp),
-                Some(connector) => {
-                    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-                        .map_err(|e| CallError::Protocol(format!("{host}: {e}")))?;
-                    Box::new(connector.connect(name, tcp).await?)
-                }
+    async fn connect(&self) -> Result<Box<dyn Io>, CallError> {
+        if self.addr.contains('/') {
+            return Ok(Box::new(tokio::net::UnixStream::connect(&self.addr).await?));
+        }
+        let (host, port) = split_host_port(&self.addr)
+            .ok_or_else(|| CallError::Protocol(format!("{} is not host:port", self.addr)))?;
+        let tcp = tokio::net::TcpStream::connect((host, port)).await?;
+        tcp.set_nodelay(true)?;
+        Ok(match &self.options.tls {
+            None => Box::new(tcp),
+            Some(connector) => {
+                let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                    .map_err(|e| CallError::Protocol(format!("{host}: {e}")))?;
+                Box::new(connector.connect(name, tcp).await?)
             }
-        };
-        Ok(Conn {
-            io: BufStream::new(io),
         })
+    }
+
+    /// The next connection in turn, made if it is missing or broken.
+    async fn conn(&self) -> Result<Arc<Conn>, CallError> {
+        let slot = &self.slots[self.turn.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
+        if let Some(c) = slot.conn.load_full().filter(|c| c.is_usable()) {
+            return Ok(c);
+        }
+        let _one_at_a_time = slot.connecting.lock().await;
+        if let Some(c) = slot.conn.load_full().filter(|c| c.is_usable()) {
+            return Ok(c);
+        }
+        let c = Arc::new(Conn::start(self.connect().await?));
+        slot.conn.store(Some(c.clone()));
+        Ok(c)
+    }
+
+    /// Closes every connection (the breaker opened: they are from before the outage).
+    fn close_all(&self) {
+        for slot in &self.slots {
+            slot.conn.store(None);
+        }
     }
 
     /// Sends `batch` and reads its replies, by `deadline`; fails at once while the breaker is
     /// open.
-    pub async fn call(&self, batch: &Batch, deadline: Instant) -> Result<Vec<Reply>, StoreError> {
+    pub async fn call(&self, batch: Batch, deadline: Instant) -> Result<Vec<Reply>, StoreError> {
         if self.breaker.first_attempt_pending() {
             let _ = tokio::time::timeout_at(deadline, self.breaker.first_attempt()).await;
         }
         self.breaker.check()?;
-        let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.permits.acquire()).await
-        else {
+        let room = self.room.clone().acquire_owned();
+        let Ok(Ok(room)) = tokio::time::timeout_at(deadline, room).await else {
             return Err(backend(format!(
-                "all {} connections to memcached {} (SLUICE_MEMCACHE_MAX_CONNS) stayed busy \
-                 for {:?}",
-                self.options.max_conns, self.addr, self.options.timeout
+                "{} calls to memcached {} (SLUICE_MEMCACHE_MAX_PENDING) were in flight for {:?}",
+                self.options.max_pending, self.addr, self.options.timeout
             )));
         };
         let attempt = async {
-            let pooled = self.idle().pop();
-            let reused = pooled.is_some();
-            let mut conn = match pooled {
-                Some(c) => c,
-                None => self.connect().await?,
-            };
-            match conn.call(batch).await {
-                // An idle connection memcached closed (it restarted): once more on a new one.
-                Err(CallError::Io(_)) if reused => {
-                    conn = self.connect().await?;
-                    let replies = conn.call(batch).await?;
-                    Ok((conn, replies))
-                }
-                other => other.map(|replies| (conn, replies)),
-            }
+            let conn = self.conn().await?;
+            let (reply, answer) = oneshot::channel();
+            conn.send(Job {
+                batch,
+                reply,
+                _room: room,
+            })?;
+            answer
+                .await
+                .unwrap_or_else(|_| Err(closed("the connection to memcached closed")))
         };
         match tokio::time::timeout_at(deadline, attempt).await {
-            Ok(Ok((conn, replies))) => {
+            Ok(Ok(replies)) => {
                 self.breaker.answered();
-                let mut idle = self.idle();
-                if idle.len() < self.options.max_idle {
-                    idle.push(conn);
-                }
                 Ok(replies)
             }
             Ok(Err(e @ CallError::Server(_))) => {
@@ -183,7 +325,6 @@ impl Server {
             }
             Ok(Err(e)) => {
                 let message = format!("memcached {}: {e}", self.addr);
-                self.idle().clear();
                 self.breaker.connection_failed(message.clone());
                 Err(backend(message))
             }
@@ -198,26 +339,32 @@ impl Server {
         }
     }
 
-    /// A new connection answers `version`: it becomes an idle connection (the old ones are
+    /// A new connection answers `version`: it becomes the first connection (the others are
     /// closed: they are from before the outage) and the breaker closes.
     async fn check(&self) -> Result<(), String> {
         let limit = self.options.connect_timeout();
         let checked = tokio::time::timeout(limit, async {
-            let mut conn = self.connect().await?;
+            let conn = Conn::start(self.connect().await?);
             let mut batch = Batch::default();
             batch.version();
-            conn.call(&batch).await?;
+            let room = self.room.clone().acquire_owned().await;
+            let room = room.map_err(|_| closed("the server was removed"))?;
+            let (reply, answer) = oneshot::channel();
+            conn.send(Job {
+                batch,
+                reply,
+                _room: room,
+            })?;
+            answer
+                .await
+                .unwrap_or_else(|_| Err(closed("the connection to memcached closed")))?;
             Ok::<_, CallError>(conn)
         })
         .await;
         match checked {
             Ok(Ok(conn)) => {
-                let mut idle = self.idle();
-                idle.clear();
-                if self.options.max_idle > 0 {
-                    idle.push(conn);
-                }
-                drop(idle);
+                self.close_all();
+                self.slots[0].conn.store(Some(Arc::new(conn)));
                 self.breaker.close();
                 Ok(())
             }
@@ -240,7 +387,7 @@ impl Server {
                 tokio::time::sleep(self.options.breaker.probe_interval).await;
             }
             self.breaker.wait_open().await;
-            self.idle().clear();
+            self.close_all();
         }
     }
 }
@@ -401,8 +548,8 @@ mod tests {
     async fn keys_spread_as_gomemcache_spreads_them() {
         let options = Options {
             timeout: Duration::from_millis(100),
-            max_idle: 2,
-            max_conns: 4,
+            conns: 2,
+            max_pending: 4,
             breaker: BreakerSettings::default(),
             tls: None,
         };
