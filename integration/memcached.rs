@@ -23,7 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::missing;
+use redis_server::tool_available;
 use store_contract::{UnderTest, limit, store_contract};
 use support::free_port;
 
@@ -46,17 +46,12 @@ impl Drop for Memcached {
 }
 
 fn memcached_available() -> bool {
-    let found = Command::new("memcached")
-        .arg("-V")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    found
-        || missing(
-            "memcached not found: install it with `apt-get install -y memcached` \
-             (scripts/test.sh does this)",
-        )
+    tool_available(
+        "memcached",
+        "-V",
+        "memcached not found: install it with `apt-get install -y memcached` \
+         (scripts/test.sh does this)",
+    )
 }
 
 /// Debian puts `dnsmasq` in /usr/sbin, which is not on every PATH.
@@ -69,17 +64,12 @@ fn dnsmasq() -> &'static str {
 }
 
 fn dnsmasq_available() -> bool {
-    let found = Command::new(dnsmasq())
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    found
-        || missing(
-            "dnsmasq not found: install it with `apt-get install -y dnsmasq-base` \
-             (scripts/test.sh does this)",
-        )
+    tool_available(
+        dnsmasq(),
+        "--version",
+        "dnsmasq not found: install it with `apt-get install -y dnsmasq-base` \
+         (scripts/test.sh does this)",
+    )
 }
 
 impl Memcached {
@@ -236,14 +226,15 @@ fn fixed(limit: u32, unit: Unit) -> Quota {
     store_contract::limit(Algorithm::FixedWindow, limit, unit)
 }
 
-/// A fresh memcached and a store on it, for one contract case; `None` (skipped) when
-/// `memcached` is missing outside CI.
+/// A fresh memcached and a store on it (no jitter); `None` (skipped) when `memcached` is
+/// missing outside CI.
+async fn one_server() -> Option<(Memcached, MemcacheStore)> {
+    one_server_with(|_| {}).await
+}
+
+/// [`one_server`], for one contract case.
 async fn memcache_under_test() -> Option<UnderTest<MemcacheStore>> {
-    if !memcached_available() {
-        return None;
-    }
-    let server = Memcached::start();
-    let store = store(&config(on(&[&server]), 0)).await;
+    let (server, store) = one_server().await?;
     Some(UnderTest {
         store,
         server: Box::new(server),
@@ -256,11 +247,9 @@ store_contract!(contract, memcache_under_test);
 
 #[tokio::test]
 async fn fixed_window_keys_and_expiries_are_the_go_service_bytes() {
-    if !memcached_available() {
+    let Some((m, s)) = one_server().await else {
         return;
-    }
-    let m = Memcached::start();
-    let s = store(&config(on(&[&m]), 0)).await;
+    };
     let t = now();
     let stem = "prefix:domain_key_value_";
     let minute = fixed(10, Unit::Minute);
@@ -323,11 +312,9 @@ async fn fixed_window_keys_and_expiries_are_the_go_service_bytes() {
 
 #[tokio::test]
 async fn a_go_instance_and_sluice_count_on_the_same_keys() {
-    if !memcached_available() {
+    let Some((m, s)) = one_server().await else {
         return;
-    }
-    let m = Memcached::start();
-    let s = store(&config(on(&[&m]), 0)).await;
+    };
     let t = now();
     let q = fixed(5, Unit::Hour);
     let stem = "shared_key_value_";
@@ -370,11 +357,9 @@ async fn a_go_instance_and_sluice_count_on_the_same_keys() {
 
 #[tokio::test]
 async fn keys_memcached_cannot_store_are_counted_under_their_hash() {
-    if !memcached_available() {
+    let Some((m, s)) = one_server().await else {
         return;
-    }
-    let m = Memcached::start();
-    let s = store(&config(on(&[&m]), 0)).await;
+    };
     let t = now();
     let q = fixed(2, Unit::Hour);
     let long = format!("d_path_{}_", "p".repeat(300));
@@ -403,6 +388,70 @@ async fn keys_memcached_cannot_store_are_counted_under_their_hash() {
         assert!(stored.starts_with("sluice:"), "{stored}");
         assert_eq!(m.get(&stored).as_deref(), Some("3"), "{stem:?}");
     }
+}
+
+/// A fresh memcached and a store on it with `configure`d settings; `None` (skipped) when
+/// `memcached` is missing outside CI.
+async fn one_server_with(
+    configure: impl FnOnce(&mut MemcacheConfig),
+) -> Option<(Memcached, MemcacheStore)> {
+    if !memcached_available() {
+        return None;
+    }
+    let m = Memcached::start();
+    let mut c = config(on(&[&m]), 0);
+    configure(&mut c);
+    let s = store(&c).await;
+    Some((m, s))
+}
+
+#[tokio::test]
+async fn the_local_over_limit_cache_stops_the_memcached_value_growing() {
+    let Some((m, s)) = one_server_with(|c| c.local_cache_size_in_bytes = 1 << 20).await else {
+        return;
+    };
+    let h = [Hit {
+        key: "cached_",
+        quota: fixed(2, Unit::Minute),
+        hits: 1,
+    }];
+    let t = Timestamp::from_secs(1234);
+    let mut over = Vec::new();
+    for _ in 0..6 {
+        over.push(apply(&s, t, &h).await.unwrap()[0].over);
+    }
+    assert_eq!(over, [false, false, true, true, true, true]);
+    // The third call reached memcached (3), the rest were answered locally.
+    assert_eq!(m.get("cached_1200").as_deref(), Some("3"));
+}
+
+#[tokio::test]
+async fn stop_flag_increments_only_the_keys_that_go_over() {
+    let Some((m, s)) = one_server_with(|c| c.stop_cache_key_increment_when_overlimit = true).await
+    else {
+        return;
+    };
+    let t = Timestamp::from_secs(1234);
+    let hits = |n| {
+        [
+            Hit {
+                key: "a_",
+                quota: fixed(20, Unit::Minute),
+                hits: n,
+            },
+            Hit {
+                key: "b_",
+                quota: fixed(10, Unit::Minute),
+                hits: n,
+            },
+        ]
+    };
+    apply(&s, t, &hits(10)).await.unwrap();
+    // b would go over: only b is incremented; a stays at 10.
+    let d = apply(&s, t, &hits(1)).await.unwrap();
+    assert!(d[1].over && !d[0].over);
+    assert_eq!(m.get("a_1200").as_deref(), Some("10"));
+    assert_eq!(m.get("b_1200").as_deref(), Some("11"));
 }
 
 #[tokio::test]

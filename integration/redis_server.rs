@@ -35,19 +35,26 @@ pub fn missing(msg: &str) -> bool {
     false
 }
 
-/// Finds `redis-server`, or explains what to do: fail under CI, skip loudly elsewhere.
-pub fn redis_server_available() -> bool {
-    let found = Command::new("redis-server")
-        .arg("--version")
+/// Whether `program` runs (`program arg` succeeds); if not, [`missing`] with `hint`: fail
+/// under CI, skip loudly elsewhere.
+pub fn tool_available(program: &str, arg: &str, hint: &str) -> bool {
+    let found = Command::new(program)
+        .arg(arg)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    found
-        || missing(
-            "redis-server not found: install it with `apt-get install -y redis-server` \
-             (scripts/test.sh does this)",
-        )
+    found || missing(hint)
+}
+
+/// Finds `redis-server`, or explains what to do: fail under CI, skip loudly elsewhere.
+pub fn redis_server_available() -> bool {
+    tool_available(
+        "redis-server",
+        "--version",
+        "redis-server not found: install it with `apt-get install -y redis-server` \
+         (scripts/test.sh does this)",
+    )
 }
 
 /// `redis-server` built with TLS (Debian's is): it knows `tls-port`, so without certificates it
