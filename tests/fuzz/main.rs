@@ -1,7 +1,8 @@
 //! Fuzz targets for every parser that reads bytes Sluice did not write, run on stable Rust by
 //! proptest: the YAML config loader ([`config`]), `/json` bodies ([`json`]), `/nginx` headers
 //! ([`nginx`]), gRPC requests into the domain model and responses back out ([`proto`]), the peer
-//! protocol ([`peer`]) and xDS `RateLimitConfig` resources ([`xds`]).
+//! protocol ([`peer`]), xDS `RateLimitConfig` resources ([`xds`]), and memcached's replies and
+//! the DNS answers of the memcache backend's SRV lookup ([`memcache`]).
 //!
 //! Each target checks one property: the code never panics, and it either refuses the input with
 //! an error that names what was wrong, or yields a value that keeps the target's invariants (a
@@ -26,6 +27,7 @@
 
 mod config;
 mod json;
+mod memcache;
 mod mutate;
 mod nginx;
 mod peer;

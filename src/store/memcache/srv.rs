@@ -283,7 +283,7 @@ impl Reader<'_> {
 
 /// The SRV records (`target`, port) of an answer to query `id`; an error for a failed lookup
 /// other than "no such name" (which is no records).
-fn decode_srv(m: &[u8], id: u16) -> Result<Vec<(String, u16)>, String> {
+pub fn decode_srv(m: &[u8], id: u16) -> Result<Vec<(String, u16)>, String> {
     let mut r = Reader { m, at: 0 };
     if r.u16()? != id {
         return Err("an answer to another query".into());
