@@ -9,6 +9,7 @@ use clap::ArgAction;
 use super::parse::parse_go_bool;
 use super::redis::RedisArgs;
 use super::{SettingsError, invalid};
+use crate::app::Backend;
 use crate::cluster::lease::LeaseTiming;
 use crate::cluster::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 
@@ -325,19 +326,25 @@ impl ClusterArgs {
     }
 
     /// PEERS or PEERS_DNS beside the Redis backend, which already shares counters.
-    pub(super) fn peers_beside_redis(&self) -> SettingsError {
+    /// Peers beside a backend that shares counters already (Redis, memcached): refused.
+    pub(super) fn peers_beside_shared_backend(&self, backend: &Backend) -> SettingsError {
         let (var, value) = if self.peers.trim().is_empty() {
             ("PEERS_DNS", self.peers_dns.as_deref().unwrap_or_default())
         } else {
             ("PEERS", self.peers.as_str())
         };
-        invalid(
-            var,
-            value,
-            "the Redis backend (BACKEND_TYPE=redis, or REDIS_URL alone) already shares \
-         counters between replicas, so peers would be unused; unset the peers, or keep \
-         them and set SLUICE_PEER_WRITE_BEHIND=true to write their counters behind to Redis",
-        )
+        let reason = match backend {
+            Backend::Memcache(_) => {
+                "the memcache backend (BACKEND_TYPE=memcache) already shares counters between \
+                 replicas, so peers would be unused; unset the peers, or BACKEND_TYPE"
+            }
+            _ => {
+                "the Redis backend (BACKEND_TYPE=redis, or REDIS_URL alone) already shares \
+                 counters between replicas, so peers would be unused; unset the peers, or keep \
+                 them and set SLUICE_PEER_WRITE_BEHIND=true to write their counters behind to Redis"
+            }
+        };
+        invalid(var, value, reason)
     }
 }
 

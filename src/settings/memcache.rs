@@ -470,6 +470,24 @@ mod tests {
     }
 
     #[test]
+    fn peers_beside_memcached_are_refused() {
+        let e = error(&[
+            "--backend-type",
+            "memcache",
+            "--memcache-host-port",
+            "m:1",
+            "--peers",
+            "a:1,b:1",
+            "--peer-advertise-address",
+            "a:1",
+        ]);
+        assert!(
+            e.starts_with("PEERS=a:1,b:1: the memcache backend (BACKEND_TYPE=memcache) already"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn memcache_files_are_not_read_without_memcache_tls() {
         let m = memcache(&[
             "--memcache-host-port",

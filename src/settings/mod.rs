@@ -832,8 +832,8 @@ impl ServeArgs {
             )?,
         };
         let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
-        if let (Backend::Redis(_), Some(_)) = (&backend, &cluster) {
-            return Err(self.cluster.peers_beside_redis());
+        if let (Backend::Redis(_) | Backend::Memcache(_), Some(_)) = (&backend, &cluster) {
+            return Err(self.cluster.peers_beside_shared_backend(&backend));
         }
         let cluster = cluster.map(|mut c| {
             // The peer listener binds where the gRPC listener does.
