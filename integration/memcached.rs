@@ -455,6 +455,48 @@ async fn stop_flag_increments_only_the_keys_that_go_over() {
 }
 
 #[tokio::test]
+async fn a_unix_socket_path_is_a_server_too() {
+    if !memcached_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memcached.sock");
+    let child = Command::new("memcached")
+        .args(["-s", path.to_str().unwrap(), "-u", "root", "-m", "16"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start memcached");
+    let _m = Memcached {
+        child: Some(child),
+        port: 0,
+    };
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&path).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "memcached did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let servers = MemcacheServers::List(vec![path.to_str().unwrap().to_owned()]);
+    let s = store(&config(servers, 0)).await;
+    let h = [Hit {
+        key: "unix_k_v_",
+        quota: fixed(2, Unit::Hour),
+        hits: 1,
+    }];
+    let over: Vec<bool> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(apply(&s, now(), &h).await.unwrap()[0].over);
+        }
+        v
+    };
+    assert_eq!(over, [false, false, true]);
+}
+
+#[tokio::test]
 async fn two_servers_share_the_keys_as_the_go_client_does() {
     if !memcached_available() {
         return;
