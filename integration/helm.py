@@ -122,6 +122,24 @@ COMBOS = {
             "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus"}},
         },
     },
+    "memcached by address, with TLS from a Secret and a client certificate": {
+        "backend": "memcache",
+        "replicaCount": 2,
+        "memcache": {"hostPort": "memcached-0.memcached:11211,memcached-1.memcached:11211", "maxIdleConns": 4,
+                     "timeoutMs": 250, "maxPending": 512,
+                     "tls": {"enabled": True, "secretName": "memcached-client", "certKey": "tls.crt",
+                             "keyKey": "tls.key", "skipHostnameVerification": True}},
+    },
+    "memcached from SRV records, refreshed": {
+        "backend": "memcache",
+        "replicaCount": 3,
+        "memcache": {"srv": "_memcache._tcp.memcached.cache.svc.cluster.local", "srvRefresh": "30s"},
+    },
+    # MEMCACHED_PORT: replaced by the port of a real memcached main() starts.
+    "memcached on a real server: the helm test pod's command passes": {
+        "backend": "memcache",
+        "memcache": {"hostPort": "127.0.0.1:MEMCACHED_PORT"},
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
@@ -167,6 +185,8 @@ def find_tools():
         missing.append("kubernetes-validate (pip install kubernetes-validate; scripts/test.sh puts it in target/venv)")
     if not shutil.which("openssl"):
         missing.append("openssl (for the test certificates)")
+    if not shutil.which("memcached"):
+        missing.append("memcached (apt-get install memcached; scripts/test.sh installs it)")
     sluice = os.environ.get("SLUICE_BIN")
     if not sluice:
         target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -578,6 +598,7 @@ def check_features(label, pod, c, env, values):
         )
     else:
         check(f"{label}: no Redis TLS variables", not any(k.startswith("REDIS_TLS") for k in env))
+    check_memcache(label, env, vols, values)
     if uses_redis and redis.get("type") == "sentinel":
         ref = secret_ref(env, "REDIS_SENTINEL_AUTH")
         sa = redis.get("sentinelAuth", {})
@@ -628,6 +649,43 @@ def check_features(label, pod, c, env, values):
             if wb.get("enabled") else {})
     got = {k: e.get("value") for k, e in env.items() if k.startswith("SLUICE_PEER_WRITE_BEHIND")}
     check(f"{label}: write-behind variables {sorted(want) or '(none)'}", got == want, yaml.safe_dump(got))
+
+
+def check_memcache(label, env, vols, values):
+    """backend: memcache sets MEMCACHE_* (hostPort or srv, TLS from its Secret); no other
+    backend sets any."""
+    if values.get("backend") != "memcache":
+        check(f"{label}: no memcache variables", not any("MEMCACHE_" in k for k in env))
+        return
+    m = values["memcache"]
+    want = {"MEMCACHE_MAX_IDLE_CONNS": str(m.get("maxIdleConns", 2)),
+            "SLUICE_MEMCACHE_TIMEOUT_MS": str(m.get("timeoutMs", 500)),
+            "SLUICE_MEMCACHE_MAX_PENDING": str(m.get("maxPending", 1024))}
+    if m.get("hostPort"):
+        want["MEMCACHE_HOST_PORT"] = m["hostPort"]
+    else:
+        want |= {"MEMCACHE_SRV": m["srv"], "MEMCACHE_SRV_REFRESH": m.get("srvRefresh", "0")}
+    t = m.get("tls", {})
+    if t.get("enabled"):
+        want |= {"MEMCACHE_TLS": "true",
+                 "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION": str(bool(t.get("skipHostnameVerification"))).lower()}
+        if t.get("secretName") and t.get("caKey", "ca.crt"):
+            want["MEMCACHE_TLS_CACERT"] = f"/etc/sluice/memcache-tls/{t.get('caKey', 'ca.crt')}"
+        if t.get("secretName") and t.get("certKey"):
+            want["MEMCACHE_TLS_CLIENT_CERT"] = f"/etc/sluice/memcache-tls/{t['certKey']}"
+            want["MEMCACHE_TLS_CLIENT_KEY"] = f"/etc/sluice/memcache-tls/{t['keyKey']}"
+    got = {k: e.get("value") for k, e in env.items() if "MEMCACHE_" in k}
+    secret = t.get("secretName") if t.get("enabled") else None
+    check(
+        f"{label}: BACKEND_TYPE=memcache, {sorted(want)}"
+        + (f", TLS files from Secret {secret}" if secret else ""),
+        env["BACKEND_TYPE"]["value"] == "memcache"
+        and got == want
+        and "REDIS_URL" not in env
+        and (vols.get("memcache-tls", {}).get("secret", {}).get("secretName") == secret
+             if secret else "memcache-tls" not in vols),
+        yaml.safe_dump({"env": got, "want": want}),
+    )
 
 
 def peer_tls_san(values):
@@ -814,6 +872,40 @@ def pod_env(docs, certs, tmp, key_pem=None):
     return env, ports
 
 
+def wait_healthy(port, wait=10.0):
+    """Polls /healthcheck on `port` until it answers 200, at most `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as c:
+                c.sendall(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if c.recv(64).startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+
+
+def start_memcached():
+    """A memcached on a free 127.0.0.1 port, answering (within 10 s): (process, port)."""
+    port = free_port()
+    proc = subprocess.Popen(["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-u", "root", "-m", "16"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as c:
+                c.sendall(b"version\r\n")
+                if c.recv(64).startswith(b"VERSION"):
+                    return proc, port
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            sys.exit("memcached did not start")
+        time.sleep(0.05)
+
+
 def start(sluice, env, port, wait=10.0):
     """Starts sluice; returns (None, proc) once `port` accepts, or (exit code, output) if it exits."""
     proc = subprocess.Popen([sluice], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -878,6 +970,14 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
     every file they name, and bind its ports; with gRPC TLS, the gRPC port must speak it."""
     with tempfile.TemporaryDirectory() as tmp:
         env, ports = pod_env(docs, certs, tmp)
+        if env.get("MEMCACHE_SRV"):
+            # The SRV name has no records here: start-up must stop, saying so, as Go's does.
+            proc = subprocess.run([sluice], env=env, capture_output=True, text=True, timeout=60)
+            check(f"{label}: sluice reads MEMCACHE_SRV and stops when it has no records",
+                  proc.returncode != 0
+                  and f"MEMCACHE_SRV={env['MEMCACHE_SRV']}: unable to fetch servers from SRV" in proc.stderr + proc.stdout,
+                  proc.stdout + proc.stderr)
+            return
         code, out = start(sluice, env, ports["PORT"])
         if code is not None:
             check(f"{label}: sluice starts with the rendered environment", False,
@@ -885,13 +985,17 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
             return
         try:
             check(f"{label}: sluice starts with the rendered environment (settings, files, ports)", True)
+            if "127.0.0.1:" in env.get("MEMCACHE_HOST_PORT", ""):
+                # A real memcached: healthy once it has answered (a moment after the ports).
+                wait_healthy(ports["PORT"])
             for t in (d for d in docs if d.get("metadata", {}).get("annotations", {}).get("helm.sh/hook") == "test"):
                 args = [a if not a.endswith(".svc:8080") else f"127.0.0.1:{ports['PORT']}"
                         for a in t["spec"]["containers"][0]["args"]]
                 r = run([sluice, *args])
-                if env.get("BACKEND_TYPE") == "redis":
-                    # No Redis here: the release is unhealthy, and the test must say so.
-                    check(f"{label}: the helm test pod's command fails against a release whose Redis is down",
+                if env.get("BACKEND_TYPE") == "redis" or (
+                        env.get("BACKEND_TYPE") == "memcache" and "127.0.0.1:" not in env.get("MEMCACHE_HOST_PORT", "")):
+                    # No Redis (or memcached) here: the release is unhealthy, and the test must say so.
+                    check(f"{label}: the helm test pod's command fails against a release whose backend is down",
                           r.returncode == 1 and "/healthcheck answered 500" in r.stderr, r.stdout + r.stderr)
                 else:
                     check(f"{label}: the helm test pod's command passes against the release ({' '.join(args)})",
@@ -964,10 +1068,11 @@ def main():
     cert_tmp = tempfile.TemporaryDirectory()
     certs = make_certs(cert_tmp.name)
     combo_dir = tempfile.TemporaryDirectory()
+    memcached, memcached_port = start_memcached()
     cases = [("defaults", None), *((v.name, v) for v in EXAMPLES)]
     for i, (name, doc) in enumerate(COMBOS.items()):
         path = Path(combo_dir.name) / f"combo{i}.yaml"
-        path.write_text(yaml.safe_dump(doc))
+        path.write_text(yaml.safe_dump(doc).replace("MEMCACHED_PORT", str(memcached_port)))
         cases.append((name, path))
 
     for label, values in cases:
@@ -1006,9 +1111,29 @@ def main():
         ("replicaCount: three", {"replicaCount": "three"}, ["replicaCount", "want integer"]),
         ("unknown key replicas", {"replicas": 3}, ["additional properties 'replicas' not allowed"]),
         ("misspelt nested key", {"cluster": {"enable": True}}, ["/cluster", "'enable' not allowed"]),
-        ("backend: mongo", {"backend": "mongo"}, ["/backend", "memory", "redis"]),
+        ("backend: mongo", {"backend": "mongo"}, ["/backend", "memory", "redis", "memcache"]),
         ("config file not .yaml", {"config": {"files": {"edge.txt": "domain: x\n"}}}, ["edge.txt"]),
         ("backend redis without url", {"backend": "redis"}, ["needs redis.url"]),
+        ("backend memcache without servers", {"backend": "memcache"},
+         ["backend: memcache needs exactly one of memcache.hostPort", "memcache.srv"]),
+        ("backend memcache with hostPort and srv", {"backend": "memcache", "memcache": {
+            "hostPort": "m:11211", "srv": "_memcache._tcp.m"}}, ["needs exactly one of memcache.hostPort"]),
+        ("backend memcache with the peer cluster", {"backend": "memcache", "memcache": {"hostPort": "m:11211"},
+                                                    "cluster": {"enabled": True}},
+         ["cluster.enabled and backend: memcache are alternatives"]),
+        ("memcache.tls client cert without its key", {"backend": "memcache", "memcache": {"hostPort": "m:11211", "tls": {
+            "enabled": True, "secretName": "t", "certKey": "tls.crt"}}}, ["memcache.tls: set certKey and keyKey together"]),
+        ("memcache.tls CA without a Secret", {"backend": "memcache", "memcache": {"hostPort": "m:11211",
+                                                                                 "tls": {"enabled": True}}},
+         ["memcache.tls.secretName is needed"]),
+        ("memcache.srvRefresh not a duration", {"memcache": {"srvRefresh": "soon"}},
+         ["/memcache/srvRefresh", "does not match pattern"]),
+        ("memcache.maxIdleConns above 64", {"memcache": {"maxIdleConns": 100}}, ["/memcache/maxIdleConns", "maximum"]),
+        ("env sets a memcache variable", {"env": {"MEMCACHE_HOST_PORT": "m:11211"}},
+         ["env.MEMCACHE_HOST_PORT is set by the chart"]),
+        ("write-behind with backend: memcache", {"backend": "memcache", "memcache": {"hostPort": "m:11211"},
+                                                 "cluster": {"enabled": True, "writeBehind": {"enabled": True}},
+                                                 "redis": {"url": "r:6379"}}, ["needs backend: memory"]),
         ("env sets a chart-managed variable", {"env": {"PEERS_DNS": "x"}}, ["env.PEERS_DNS is set by the chart"]),
         ("grace period too short", {"shutdown": {"terminationGracePeriodSeconds": 10}}, ["must exceed"]),
         ("env value not a string", {"env": {"SHADOW_MODE": True}}, ["/env/SHADOW_MODE", "want string"]),
@@ -1137,6 +1262,8 @@ def main():
         )
     cert_tmp.cleanup()
     combo_dir.cleanup()
+    memcached.kill()
+    memcached.wait()
 
     print(f"helm: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)

@@ -153,7 +153,7 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- if ne .Values.cluster.mode "forward" }}
 {{- fail "cluster.writeBehind.enabled needs cluster.mode: forward (in divided mode no pod owns a counter, so there is nothing to take over; in lease mode a new owner rebuilds a key from what the pods report holding)" }}
 {{- end }}
-{{- if eq .Values.backend "redis" }}
+{{- if ne .Values.backend "memory" }}
 {{- fail "cluster.writeBehind.enabled needs backend: memory: the peer cluster counts in memory and Redis (redis.url) keeps only a copy" }}
 {{- end }}
 {{- if not .Values.redis.url }}
@@ -165,6 +165,23 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- end }}
 {{- if and (eq .Values.backend "redis") (not .Values.redis.url) }}
 {{- fail "backend: redis needs redis.url (REDIS_URL: host:port, or comma-separated seeds for redis.type: cluster)" }}
+{{- end }}
+{{- if eq .Values.backend "memcache" }}
+{{- if eq (empty .Values.memcache.hostPort) (empty .Values.memcache.srv) }}
+{{- fail "backend: memcache needs exactly one of memcache.hostPort (MEMCACHE_HOST_PORT: host:port,...) and memcache.srv (MEMCACHE_SRV: a DNS SRV name)" }}
+{{- end }}
+{{- if .Values.cluster.enabled }}
+{{- fail "cluster.enabled and backend: memcache are alternatives: memcached already shares the counters between pods" }}
+{{- end }}
+{{- $t := .Values.memcache.tls }}
+{{- if $t.enabled }}
+{{- if ne (empty $t.certKey) (empty $t.keyKey) }}
+{{- fail "memcache.tls: set certKey and keyKey together (MEMCACHE_TLS_CLIENT_CERT and MEMCACHE_TLS_CLIENT_KEY: both or neither)" }}
+{{- end }}
+{{- if and (or $t.caKey $t.certKey) (not $t.secretName) }}
+{{- fail "memcache.tls.secretName is needed for caKey/certKey/keyKey (set caKey: \"\" to verify memcached with the system's roots)" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and .Values.cluster.enabled (eq .Values.backend "redis") }}
 {{- fail "cluster.enabled and backend: redis are alternatives: Redis already shares the counters between pods (to keep the peer cluster and copy its counters to Redis, use backend: memory and cluster.writeBehind)" }}
@@ -219,6 +236,7 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- end }}
 {{- $managed := list "PORT" "GRPC_PORT" "DEBUG_PORT" "SLUICE_CONFIG" "RUNTIME_ROOT" "CONFIG_TYPE" "BACKEND_TYPE" "REDIS_URL" "REDIS_AUTH" "REDIS_TYPE" "REDIS_SOCKET_TYPE" "PEERS" "PEERS_DNS" "PEER_PORT" "PEER_ADVERTISE_ADDRESS" "SLUICE_SHUTDOWN_DELAY_SECS" "SLUICE_DRAIN_TIMEOUT_SECS" }}
 {{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "OTEL_EXPORTER_OTLP_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS" "SLUICE_PEER_TLS" "SLUICE_PEER_TLS_CERT" "SLUICE_PEER_TLS_KEY" "SLUICE_PEER_TLS_CACERT" "SLUICE_PEER_TLS_SAN" "SLUICE_MAX_COUNTERS" "SLUICE_MAX_COUNTER_BYTES" "SLUICE_MAX_CONNECTIONS" "SLUICE_MAX_INFLIGHT_REQUESTS" "SLUICE_MAX_PENDING_REQUEST_BYTES" "SLUICE_REQUEST_TIMEOUT_MS" "SLUICE_IDLE_TIMEOUT_SECS" "SLUICE_RLQS_ASSIGNMENT_TTL_SECS" "SLUICE_RLQS_ABANDON_IDLE_SECS" "SLUICE_RLQS_MAX_BYTES" "SLUICE_RLQS_KEY_ORDER") }}
+{{- $managed = concat $managed (list "MEMCACHE_HOST_PORT" "MEMCACHE_SRV" "MEMCACHE_SRV_REFRESH" "MEMCACHE_MAX_IDLE_CONNS" "SLUICE_MEMCACHE_TIMEOUT_MS" "SLUICE_MEMCACHE_MAX_PENDING" "MEMCACHE_TLS" "MEMCACHE_TLS_CACERT" "MEMCACHE_TLS_CLIENT_CERT" "MEMCACHE_TLS_CLIENT_KEY" "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION") }}
 {{- range $name, $_ := .Values.env }}
 {{- if has $name $managed }}
 {{- fail (printf "env.%s is set by the chart from its values (see values.yaml); set those instead" $name) }}
