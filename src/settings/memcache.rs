@@ -4,7 +4,6 @@
 //! STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT) are read with the Redis ones, as in Go.
 
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::ArgAction;
@@ -251,28 +250,17 @@ impl MemcacheArgs {
     }
 
     fn breaker(&self) -> Result<BreakerSettings, SettingsError> {
-        let ms = self.memcache_probe_interval_ms;
-        if !(10..=60_000).contains(&ms) {
-            return Err(invalid(
+        super::redis_breaker::breaker_settings(
+            (
                 "SLUICE_MEMCACHE_PROBE_INTERVAL_MS",
-                ms,
-                "must be between 10 and 60000",
-            ));
-        }
-        let timeouts = NonZeroU32::new(self.memcache_breaker_timeouts)
-            .filter(|n| n.get() <= 1000)
-            .ok_or_else(|| {
-                invalid(
-                    "SLUICE_MEMCACHE_BREAKER_TIMEOUTS",
-                    self.memcache_breaker_timeouts,
-                    "must be between 1 and 1000",
-                )
-            })?;
-        Ok(BreakerSettings {
-            probe_interval: Duration::from_millis(ms),
-            open_after_timeouts: timeouts,
-            health_follows_connection: false,
-        })
+                self.memcache_probe_interval_ms,
+            ),
+            (
+                "SLUICE_MEMCACHE_BREAKER_TIMEOUTS",
+                self.memcache_breaker_timeouts,
+            ),
+            false,
+        )
     }
 
     /// MEMCACHE_TLS's files, read and checked now; not read without MEMCACHE_TLS, as in Go.

@@ -51,30 +51,36 @@ pub struct RedisBreakerArgs {
     pub redis_health_check_active_connection: bool,
 }
 
+/// A backend's breaker settings from its probe interval (ms, 10 to 60000) and timeouts in a row
+/// (1 to 1000), each with the variable that set it: Redis's and memcached's alike.
+pub(super) fn breaker_settings(
+    (probe_var, ms): (&'static str, u64),
+    (timeouts_var, timeouts): (&'static str, u32),
+    health_follows_connection: bool,
+) -> Result<BreakerSettings, SettingsError> {
+    if !(10..=60_000).contains(&ms) {
+        return Err(invalid(probe_var, ms, "must be between 10 and 60000"));
+    }
+    let open_after_timeouts = NonZeroU32::new(timeouts)
+        .filter(|n| n.get() <= 1000)
+        .ok_or_else(|| invalid(timeouts_var, timeouts, "must be between 1 and 1000"))?;
+    Ok(BreakerSettings {
+        probe_interval: Duration::from_millis(ms),
+        open_after_timeouts,
+        health_follows_connection,
+    })
+}
+
 impl RedisBreakerArgs {
     fn validate(&self) -> Result<BreakerSettings, SettingsError> {
-        let ms = self.redis_probe_interval_ms;
-        if !(10..=60_000).contains(&ms) {
-            return Err(invalid(
+        breaker_settings(
+            (
                 "SLUICE_REDIS_PROBE_INTERVAL_MS",
-                ms,
-                "must be between 10 and 60000",
-            ));
-        }
-        let timeouts = NonZeroU32::new(self.redis_breaker_timeouts)
-            .filter(|n| n.get() <= 1000)
-            .ok_or_else(|| {
-                invalid(
-                    "SLUICE_REDIS_BREAKER_TIMEOUTS",
-                    self.redis_breaker_timeouts,
-                    "must be between 1 and 1000",
-                )
-            })?;
-        Ok(BreakerSettings {
-            probe_interval: Duration::from_millis(ms),
-            open_after_timeouts: timeouts,
-            health_follows_connection: self.redis_health_check_active_connection,
-        })
+                self.redis_probe_interval_ms,
+            ),
+            ("SLUICE_REDIS_BREAKER_TIMEOUTS", self.redis_breaker_timeouts),
+            self.redis_health_check_active_connection,
+        )
     }
 
     /// Gives the validated settings to every Redis in use: the backend's and the write-behind's.

@@ -119,11 +119,21 @@ impl Conn {
         !self.broken.load(Ordering::Acquire) && !self.jobs.is_closed()
     }
 
-    /// Queues `job`; its reply comes on its channel.
-    fn send(&self, job: Job) -> Result<(), CallError> {
-        self.jobs
-            .send(job)
-            .map_err(|_| closed("the connection to memcached closed"))
+    /// Sends `batch`'s commands and waits for its replies; `room` is given back with them.
+    async fn call(
+        &self,
+        batch: Batch,
+        room: OwnedSemaphorePermit,
+    ) -> Result<Vec<Reply>, CallError> {
+        let gone = || closed("the connection to memcached closed");
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            batch,
+            reply,
+            _room: room,
+        };
+        self.jobs.send(job).map_err(|_| gone())?;
+        answer.await.unwrap_or_else(|_| Err(gone()))
     }
 }
 
@@ -302,18 +312,7 @@ impl Server {
                 self.options.max_pending, self.addr, self.options.timeout
             )));
         };
-        let attempt = async {
-            let conn = self.conn().await?;
-            let (reply, answer) = oneshot::channel();
-            conn.send(Job {
-                batch,
-                reply,
-                _room: room,
-            })?;
-            answer
-                .await
-                .unwrap_or_else(|_| Err(closed("the connection to memcached closed")))
-        };
+        let attempt = async { self.conn().await?.call(batch, room).await };
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(replies)) => {
                 self.breaker.answered();
@@ -349,15 +348,7 @@ impl Server {
             batch.version();
             let room = self.room.clone().acquire_owned().await;
             let room = room.map_err(|_| closed("the server was removed"))?;
-            let (reply, answer) = oneshot::channel();
-            conn.send(Job {
-                batch,
-                reply,
-                _room: room,
-            })?;
-            answer
-                .await
-                .unwrap_or_else(|_| Err(closed("the connection to memcached closed")))?;
+            conn.call(batch, room).await?;
             Ok::<_, CallError>(conn)
         })
         .await;
