@@ -2,7 +2,7 @@
 # Refreshes deny/advisory-db/, the vendored copy of the RustSec advisory database that
 # `cargo deny check` falls back to when github.com cannot be reached (scripts/test.sh).
 #
-# Only the advisories of crates named in Cargo.lock are kept, so the copy stays small; run this
+# Only the advisories of the crates.io packages in Cargo.lock are kept, so the copy stays small; run this
 # again after adding a dependency, and from time to time for new advisories. Usage:
 #
 #   scripts/refresh-advisory-db.sh                # clones https://github.com/rustsec/advisory-db
@@ -29,8 +29,8 @@ out=deny/advisory-db
 rm -rf "$out"
 mkdir -p "$out/crates"
 
-# The crate names in Cargo.lock (each `name = "..."` line of a [[package]]).
-names="$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.lock | LC_ALL=C sort -u)"
+# The crates.io packages in Cargo.lock.
+names="$(scripts/lock-crates.sh)"
 kept=0
 for name in $names; do
   files="$(git_src ls-tree --name-only "HEAD:crates/$name" 2>/dev/null || true)"
@@ -51,7 +51,7 @@ RustSec advisory database (https://github.com/rustsec/advisory-db), CC0-1.0.
 Commit: $commit
 Commit date: $date
 Taken on: $(date -u +%Y-%m-%d)
-Kept: the $kept advisories of crates named in Cargo.lock ($(echo "$names" | wc -l) crates).
+Kept: the $kept advisories of the crates.io packages in Cargo.lock ($(echo "$names" | wc -l) crates).
 Refresh: scripts/refresh-advisory-db.sh [PATH to a clone]
 INFO
 echo "deny/advisory-db: $kept advisories from $commit ($date)"
