@@ -172,6 +172,26 @@ fn a_malformed_setting_stops_start_up_naming_the_variable() {
     refused("SHADOW_MODE", "maybe", "SHADOW_MODE");
 }
 
+/// A misspelt Sluice setting would otherwise start a node that is not what was asked for.
+#[test]
+fn a_misspelt_sluice_variable_stops_start_up_naming_the_setting_meant() {
+    refused(
+        "SLUICE_CLUSTR_MODE",
+        "lease",
+        "SLUICE_CLUSTR_MODE is not a Sluice setting; did you mean SLUICE_CLUSTER_MODE?",
+    );
+    refused(
+        "SLUICE_MAX_CONECTIONS",
+        "5",
+        "SLUICE_MAX_CONECTIONS is not a Sluice setting; did you mean SLUICE_MAX_CONNECTIONS?",
+    );
+    // The Go service's variables keep its leniency: an unknown one is ignored, as in Go.
+    let dir = config_dir();
+    let _server = start(|c| {
+        c.arg("--config").arg(dir.path()).env("REDIS_URLL", "x");
+    });
+}
+
 #[test]
 fn go_variables_sluice_cannot_honour_stop_start_up() {
     refused("EXTRA_TAGS", "env:prod", "EXTRA_TAGS=env:prod: ");
@@ -566,7 +586,8 @@ fn sigterm_fails_health_then_exits_cleanly() {
 }
 
 /// At the default log level (WARN, as in Go), a start says what listens where on which config
-/// and store, and a stop says why and that it ended.
+/// and store, and a stop says why and that it ended; written to a file, the lines carry no
+/// colour codes (a log collector would store them as they are).
 #[test]
 fn start_and_stop_are_logged_at_the_default_level() {
     let dir = config_dir();
@@ -576,7 +597,7 @@ fn start_and_stop_are_logged_at_the_default_level() {
     let mut server = start(|c| {
         c.arg("--config")
             .arg(dir.path())
-            .env("NO_COLOR", "1")
+            .env_remove("NO_COLOR")
             .stderr(file);
     });
     let pid = server.child.id().to_string();
@@ -603,6 +624,10 @@ fn start_and_stop_are_logged_at_the_default_level() {
         "{text}"
     );
     assert!(text.contains("sluice stopped"), "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "escape codes in a log file:\n{text:?}"
+    );
 }
 
 /// Sends `SIG<name>` to the process `pid`, asserting `kill` succeeded.

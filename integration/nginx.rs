@@ -3,7 +3,7 @@
 //! closed, as documented) once Sluice is gone.
 //!
 //! nginx is found through SLUICE_NGINX, else PATH or /usr/sbin/nginx. Missing, the test fails
-//! under CI and prints SKIPPED elsewhere.
+//! under the test command and CI, and is a recorded skip elsewhere (`support::missing`).
 
 mod proxies;
 mod support;
@@ -39,8 +39,8 @@ fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
         &template,
         &[
             ("LISTEN_PORT", port.to_string()),
-            ("SLUICE_HOST", "127.0.0.1".into()),
-            ("SLUICE_HTTP_PORT", sluice.http.to_string()),
+            ("RATELIMIT_HOST", "127.0.0.1".into()),
+            ("RATELIMIT_HTTP_PORT", sluice.http.to_string()),
             ("UPSTREAM_HOST", "127.0.0.1".into()),
             ("UPSTREAM_PORT", upstream.port.to_string()),
         ],

@@ -17,7 +17,7 @@
 //!
 //! Each test runs its own Sluice and Envoys on free ports, so the tests run concurrently. Envoy
 //! is found as in `envoy.rs` (SLUICE_ENVOY, `target/venv/bin/envoy`, PATH); missing, the tests
-//! fail under CI and print SKIPPED elsewhere.
+//! fail under the test command and CI, and are a recorded skip elsewhere (`support::missing`).
 
 #![allow(
     clippy::disallowed_methods,
@@ -65,8 +65,8 @@ fn start_envoy(envoy: &Path, dir: &Path, name: &str, sluice: &Sluice, app: &Upst
         &[
             ("LISTEN_PORT", port.to_string()),
             ("ADMIN_PORT", "0".into()),
-            ("SLUICE_HOST", "127.0.0.1".into()),
-            ("SLUICE_GRPC_PORT", sluice.grpc.to_string()),
+            ("RATELIMIT_HOST", "127.0.0.1".into()),
+            ("RATELIMIT_GRPC_PORT", sluice.grpc.to_string()),
             ("UPSTREAM_HOST", "127.0.0.1".into()),
             ("UPSTREAM_PORT", app.port.to_string()),
         ],

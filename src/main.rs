@@ -213,7 +213,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage_error(e),
     };
-    sluice::telemetry::init_logs(settings.log_level, settings.log_format);
+    // Colour only when a person reads stderr on a terminal, and NO_COLOR (no-color.org) is unset.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    sluice::telemetry::init_logs(settings.log_level, settings.log_format, colour);
     check_descriptor_limit(&settings);
     // Config is loaded and validated before any port is bound; so are the gRPC listener's
     // certificate, key and client CA, and the peers'.

@@ -57,6 +57,7 @@ pub mod caps;
 mod cluster;
 mod compat;
 mod config_files;
+mod env_names;
 mod listeners;
 mod memcache;
 mod otlp;
@@ -957,7 +958,8 @@ fn header_name(var: &'static str, name: String) -> Result<String, SettingsError>
     Ok(name)
 }
 
-/// Parse `args` (including the program name) and the process environment.
+/// Parse `args` (including the program name) and the process environment. A `SLUICE_*`
+/// variable that is no setting is an error naming the closest one ([`env_names`]).
 ///
 /// On a bad value for a flag that has an environment variable, the message names both, e.g.
 /// `invalid value 'abc' for PORT (--port): invalid digit found in string`, because clap cannot
@@ -968,10 +970,33 @@ where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
 {
-    let cmd = ignore_empty_env(Cli::command(), &|name| {
+    let mut cmd = ignore_empty_env(Cli::command(), &|name| {
         std::env::var_os(name).is_some_and(|v| v.is_empty())
     });
+    let settings = setting_variables(&Cli::command());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let unknown = env_names::unknown_sluice_variables(
+        // Empty counts as unset, for these as for the settings.
+        std::env::vars_os()
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(name, _)| name),
+        &settings,
+    );
+    if !unknown.is_empty() {
+        let message = unknown.join("\n");
+        return Err(clap::Error::raw(ErrorKind::UnknownArgument, message).format(&mut cmd));
+    }
     parse_with(cmd, args)
+}
+
+/// Every environment variable a flag of `cmd` or of its subcommands reads.
+fn setting_variables(cmd: &clap::Command) -> Vec<String> {
+    let own = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|name| name.to_string_lossy().into_owned());
+    let nested: Vec<String> = cmd.get_subcommands().flat_map(setting_variables).collect();
+    own.chain(nested).collect()
 }
 
 /// [`parse_cli_from`] on this process's own arguments.

@@ -56,11 +56,14 @@ impl Default for TelemetryOptions {
     }
 }
 
-/// Installs the global subscriber, writing to stderr. Safe to call once per process.
-pub fn init_logs(level: LogLevel, format: LogFormat) {
+/// Installs the global subscriber, writing to stderr; `colour`: ANSI colours and dimming in
+/// text lines, for a terminal only (a log collector stores escape codes as they are). Safe to
+/// call once per process.
+pub fn init_logs(level: LogLevel, format: LogFormat, colour: bool) {
     let level: tracing::Level = level.into();
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     // A second call (tests) keeps the first subscriber; that is fine.
     let _ = match format {
