@@ -61,6 +61,24 @@ async fn open_call(
         .expect("send headers")
 }
 
+/// Polls the debug port's `/metrics` until it has the sample `line`: waits for the listener
+/// state a step of a test needs (a reservation made, requests held) instead of sleeping in the
+/// hope that it was reached.
+async fn metric_reaches(debug: SocketAddr, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = http(debug, "GET", "/metrics", "").await.body;
+        if metrics.lines().any(|l| l == line) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no `{line}` in /metrics after 10 s:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A message's 5-byte prefix announcing `len` bytes.
 fn prefix(len: u32) -> Bytes {
     let mut p = vec![0u8];
@@ -153,8 +171,8 @@ async fn the_pending_byte_budget_is_shared_and_given_back() {
     held_body.send_data(prefix(60 * 1024), false).unwrap();
     // ... leaves too little for another 60 KiB on another connection.
     let (refused, mut body) = open_call(&mut second, &[]).await;
-    // Give the first prefix time to be read before the second.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The first prefix is read, its 60 KiB reserved, before the second is sent.
+    metric_reaches(app.debug, "sluice_listener_pending_request_bytes 61440").await;
     body.send_data(prefix(60 * 1024), false).unwrap();
     let (code, message) = grpc_status(refused).await;
     assert_eq!(code, RESOURCE_EXHAUSTED, "{message}");
@@ -328,7 +346,11 @@ async fn requests_past_the_inflight_cap_are_refused_on_every_port() {
     for _ in 0..3 {
         held.push(open_call(&mut client, &[]).await);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    metric_reaches(
+        app.debug,
+        "sluice_listener_inflight_requests{port=\"GRPC_PORT\"} 3",
+    )
+    .await;
     let (response, _body) = open_call(&mut client, &[]).await;
     let (code, message) = grpc_status(response).await;
     assert_eq!(code, RESOURCE_EXHAUSTED, "{message}");
@@ -346,7 +368,11 @@ async fn requests_past_the_inflight_cap_are_refused_on_every_port() {
             .unwrap();
         slow.push(s);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    metric_reaches(
+        app.debug,
+        "sluice_listener_inflight_requests{port=\"PORT\"} 3",
+    )
+    .await;
     let busy = http(app.http, "POST", "/json", "{}").await;
     assert_eq!(busy.status, 503, "{}", busy.body);
     assert!(
@@ -479,7 +505,7 @@ async fn connections_past_the_cap_wait_for_a_free_slot() {
     .await;
     let first = TcpStream::connect(app.http).await.unwrap();
     let _second = TcpStream::connect(app.http).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    metric_reaches(app.debug, "sluice_listener_connections{port=\"PORT\"} 2").await;
     // The kernel completes the third handshake, but Sluice does not serve it.
     let mut third = TcpStream::connect(app.http).await.unwrap();
     third
