@@ -20,7 +20,7 @@ value, and that a mismatched certificate and key under the rendered paths stops 
 Tools: helm (SLUICE_HELM, else target/helm/helm, else PATH), kubernetes-validate (beside this
 Python, else PATH), openssl (PATH) and the sluice binary (SLUICE_BIN, else $CARGO_TARGET_DIR/debug/sluice,
 else built with cargo). scripts/test.sh installs the first two into target/. A missing tool
-skips the test, or fails it under CI=true. The last line is `helm: N passed, M failed`.
+fails the test under the test command and CI, and skips it elsewhere (integration/tools.py). The last line is `helm: N passed, M failed`.
 """
 
 import json
@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import tools
 
 try:
     import yaml
@@ -197,11 +199,9 @@ def find_tools():
         else:
             missing.append(f"the sluice binary ({target}/debug/sluice; cargo build)")
     if missing:
-        ci = os.environ.get("CI", "").lower() in ("true", "1")
-        for m in missing:
-            print(f"{'FAIL' if ci else 'SKIPPED'}: helm chart test needs {m}")
-        print(f"helm: 0 passed, {1 if ci else 0} failed")
-        sys.exit(1 if ci else 0)
+        failed = tools.missing("the helm chart test", missing)
+        print(f"helm: 0 passed, {int(failed)} failed")
+        sys.exit(int(failed))
     return helm, kv, sluice
 
 

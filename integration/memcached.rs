@@ -23,9 +23,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis_server::tool_available;
 use store_contract::{UnderTest, limit, store_contract};
 use support::free_port;
+use support::tool_available;
 
 use sluice::clock::Timestamp;
 use sluice::limiter::{Algorithm, Decision, Quota, Unit};
@@ -49,8 +49,7 @@ fn memcached_available() -> bool {
     tool_available(
         "memcached",
         "-V",
-        "memcached not found: install it with `apt-get install -y memcached` \
-         (scripts/test.sh does this)",
+        "apt-get install memcached (scripts/test.sh does)",
     )
 }
 
@@ -67,8 +66,7 @@ fn dnsmasq_available() -> bool {
     tool_available(
         dnsmasq(),
         "--version",
-        "dnsmasq not found: install it with `apt-get install -y dnsmasq-base` \
-         (scripts/test.sh does this)",
+        "apt-get install dnsmasq-base (scripts/test.sh does)",
     )
 }
 
@@ -226,8 +224,8 @@ fn fixed(limit: u32, unit: Unit) -> Quota {
     store_contract::limit(Algorithm::FixedWindow, limit, unit)
 }
 
-/// A fresh memcached and a store on it (no jitter); `None` (skipped) when `memcached` is
-/// missing outside CI.
+/// A fresh memcached and a store on it (no jitter); `None` (a recorded skip) when `memcached`
+/// is missing and tools are not required (`support::missing`).
 async fn one_server() -> Option<(Memcached, MemcacheStore)> {
     one_server_with(|_| {}).await
 }
@@ -390,8 +388,8 @@ async fn keys_memcached_cannot_store_are_counted_under_their_hash() {
     }
 }
 
-/// A fresh memcached and a store on it with `configure`d settings; `None` (skipped) when
-/// `memcached` is missing outside CI.
+/// A fresh memcached and a store on it with `configure`d settings; `None` (a recorded skip)
+/// when `memcached` is missing and tools are not required (`support::missing`).
 async fn one_server_with(
     configure: impl FnOnce(&mut MemcacheConfig),
 ) -> Option<(Memcached, MemcacheStore)> {

@@ -17,28 +17,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use redis_server::{RedisServer, missing, redis_server_available};
+use redis_server::{RedisServer, redis_server_available};
 use serde_json::Value;
-use support::{free_port, http, wait_for};
+use support::{free_port, http, tool_available, wait_for};
 
 fn files() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/sluice/files")
 }
 
 fn prometheus_available() -> bool {
-    let found = |bin: &str| {
-        Command::new(bin)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    (found("prometheus") && found("promtool"))
-        || missing(
-            "prometheus or promtool not found: install Debian's `prometheus` \
-             (scripts/test.sh does this)",
-        )
+    let install = "apt-get install prometheus (scripts/test.sh does)";
+    tool_available("prometheus", "--version", install)
+        && tool_available("promtool", "--version", install)
 }
 
 /// A child process killed on drop.

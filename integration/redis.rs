@@ -162,8 +162,8 @@ async fn admitted_concurrently(
     admitted
 }
 
-/// A fresh redis-server and a store on it, for one contract case; `None` (skipped) when
-/// `redis-server` is missing outside CI.
+/// A fresh redis-server and a store on it, for one contract case; `None` (a recorded skip)
+/// when `redis-server` is missing and tools are not required (`support::missing`).
 async fn redis_under_test() -> Option<UnderTest<RedisStore>> {
     if !redis_server_available() {
         return None;

@@ -1,7 +1,7 @@
 //! A real `redis-server` for end-to-end tests: a child process on a 127.0.0.1 port with
-//! persistence off, killed on drop. Under CI (`CI=true`) a missing `redis-server` (or one built
-//! without TLS, for the TLS tests) fails the test with instructions; elsewhere the test says
-//! loudly that it is skipped.
+//! persistence off, killed on drop. A missing `redis-server` (or one built without TLS, for the
+//! TLS tests) fails the test under the test command and CI, and is a recorded skip elsewhere
+//! (`support::missing`).
 
 #![allow(
     clippy::disallowed_methods,
@@ -12,6 +12,8 @@
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::support::{missing, tool_available};
 
 pub struct RedisServer {
     child: Option<Child>,
@@ -26,34 +28,12 @@ impl Drop for RedisServer {
     }
 }
 
-/// Under CI a missing tool fails the test; elsewhere the test says loudly it is skipped.
-pub fn missing(msg: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-/// Whether `program` runs (`program arg` succeeds); if not, [`missing`] with `hint`: fail
-/// under CI, skip loudly elsewhere.
-pub fn tool_available(program: &str, arg: &str, hint: &str) -> bool {
-    let found = Command::new(program)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    found || missing(hint)
-}
-
-/// Finds `redis-server`, or explains what to do: fail under CI, skip loudly elsewhere.
+/// Finds `redis-server`, or [`missing`] says what to install.
 pub fn redis_server_available() -> bool {
     tool_available(
         "redis-server",
         "--version",
-        "redis-server not found: install it with `apt-get install -y redis-server` \
-         (scripts/test.sh does this)",
+        "apt-get install redis-server (scripts/test.sh does)",
     )
 }
 
@@ -69,10 +49,13 @@ pub fn redis_tls_available() -> bool {
         .expect("run redis-server");
     let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
     (said.contains("TLS") && !said.contains("Bad directive"))
-        || missing(&format!(
-            "this redis-server is built without TLS (BUILD_TLS=yes): {}",
-            said.lines().last().unwrap_or_default()
-        ))
+        || missing(
+            "a redis-server built with TLS",
+            &format!(
+                "this one is built without it ({}); Debian's redis-server has it (BUILD_TLS=yes)",
+                said.lines().last().unwrap_or_default()
+            ),
+        )
 }
 
 impl RedisServer {

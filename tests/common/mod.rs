@@ -2,6 +2,9 @@
 //! HTTP/1.1 client (enough for `/json`, `/healthcheck` and `/rlconfig`).
 #![allow(dead_code)]
 
+#[path = "../../integration/support.rs"]
+pub mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,30 +139,23 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Htt
     .expect("HTTP request finished in time")
 }
 
-/// `promtool check metrics` on an exposition: fails under CI when promtool is missing, skips
-/// loudly elsewhere.
+/// `promtool check metrics` on an exposition; a missing promtool is [`support::missing`] (a
+/// failure under the test command and CI).
 pub fn promtool_check(text: &str) {
     use std::io::Write;
     use std::process::{Command, Stdio};
-    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
     let child = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn();
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            assert!(
-                !ci,
-                "promtool not found ({e}); install Debian's `prometheus` package (scripts/test.sh does)"
-            );
-            eprintln!(
-                "SKIPPED promtool check: promtool not found ({e}); apt-get install prometheus"
-            );
-            return;
-        }
+    let Ok(mut child) = child else {
+        support::missing(
+            "promtool",
+            "apt-get install prometheus (scripts/test.sh does)",
+        );
+        return;
     };
     child
         .stdin
