@@ -239,8 +239,8 @@ async fn memcache_under_test() -> Option<UnderTest<MemcacheStore>> {
     })
 }
 
-// The store contract: for the same calls, memcached answers exactly as the memory store and
-// the limiter's own functions do, for every algorithm.
+// The store contract: for the same calls, memcached answers exactly as the reference model
+// does, for every algorithm.
 store_contract!(contract, memcache_under_test);
 
 #[tokio::test]

@@ -176,8 +176,8 @@ async fn redis_under_test() -> Option<UnderTest<RedisStore>> {
     })
 }
 
-// The store contract: for the same calls, Redis answers exactly as the memory store and the
-// limiter's own functions do, for every algorithm.
+// The store contract: for the same calls, Redis answers exactly as the reference model does,
+// for every algorithm.
 store_contract!(contract, redis_under_test);
 
 #[tokio::test]
@@ -988,7 +988,7 @@ async fn redis_over_tls_with_a_client_certificate_keeps_the_store_contract() {
     let pki = TestPki::new();
     let redis = Redis::start_tls(&pki, &["localhost", "127.0.0.1"], &[]);
     let remote = store(&redis.tls_settings(&pki, Some(&pki), false)).await;
-    store_contract::an_irregular_sequence_answers_as_the_memory_store(&remote).await;
+    store_contract::an_irregular_sequence_answers_as_the_model(&remote).await;
     let d = apply(
         &remote,
         Timestamp::from_secs(1234),

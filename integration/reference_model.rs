@@ -44,8 +44,8 @@ struct Counter {
 enum History {
     /// Every charge in order: microseconds since the epoch, and hits (a refund is negative).
     Log(Vec<(u64, i128)>),
-    /// The theoretical arrival time, in microseconds times `requests_per_unit`: the instant at
-    /// which the bucket is at rest again. At rest it may lie anywhere in the past (0 at first).
+    /// The theoretical arrival time, in microseconds since the epoch: the instant at which the
+    /// bucket is at rest again. At rest it may lie anywhere in the past (0 at first).
     Tat(u128),
 }
 
@@ -274,9 +274,10 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
     }
     let at_rest = (*tat).max(now);
     let held = |until: u128| (until - now).div_ceil(interval);
-    let count = |until: u128| match leaky {
-        true => held(until).saturating_sub(1) as u64,
-        false => held(until) as u64,
+    // nginx's excess leaves out the request being served.
+    let count = |until: u128| {
+        let held = held(until);
+        (if leaky { held.saturating_sub(1) } else { held }) as u64
     };
     let wait_until = if !over && leaky && departures::A_LEAKY_BUCKET_RESETS_WHEN_ITS_EXCESS_DRAINS {
         at_rest.saturating_sub(interval).max(now)
@@ -331,6 +332,7 @@ mod departures {
     /// interval before the bucket is at rest, where the same page defines the duration: "an
     /// admitted call reports when the bucket is back at rest (`limit_remaining` whole again)".
     /// 3 a minute with `burst: 2`: one hit at rest reports 1 s, and `limit_remaining` is 2, not
-    /// 3, until 20 s have passed.
+    /// 3, until 20 s have passed. 1 a minute with no burst: one hit reports 1 s with
+    /// `limit_remaining` 0, and the next hit is refused for 60 s.
     pub const A_LEAKY_BUCKET_RESETS_WHEN_ITS_EXCESS_DRAINS: bool = true;
 }

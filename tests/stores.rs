@@ -1,7 +1,8 @@
-//! The store contract (`integration/store_contract.rs`) on the two backends that need no other
-//! program: the memory store, and a three-node peer cluster in this process whose peer
-//! listeners are on 127.0.0.1 port 0, so that hits owned by another node really travel over
-//! the peer protocol. (Redis runs the same cases in `integration/redis.rs`.)
+//! The store contract (`integration/store_contract.rs`, every call checked against its reference
+//! model) on the two backends that need no other program: the memory store, and a three-node
+//! peer cluster in this process whose peer listeners are on 127.0.0.1 port 0, so that hits
+//! owned by another node really travel over the peer protocol. (Redis and memcached run the
+//! same cases in `integration/redis.rs` and `integration/memcached.rs`.)
 
 #[path = "../integration/store_contract.rs"]
 mod store_contract;
@@ -142,7 +143,7 @@ store_contract!(three_node_cluster, three_nodes);
 #[tokio::test]
 async fn the_cluster_run_forwards_hits_between_nodes() {
     let cluster = ThreeNodes::start().await;
-    store_contract::an_irregular_sequence_answers_as_the_memory_store(&cluster).await;
+    store_contract::an_irregular_sequence_answers_as_the_model(&cluster).await;
     let failed: u64 = cluster
         .nodes
         .iter()
@@ -160,4 +161,46 @@ async fn the_cluster_run_forwards_hits_between_nodes() {
             .iter()
             .all(|n| n.peers().iter().all(|(_, up)| *up))
     );
+}
+
+/// A memory store that runs its sweeper before every call, at the call's time: sweeping must
+/// change no answer, since it may drop only counters at rest.
+struct SweptEveryCall(MemoryStore);
+
+impl CounterStore for SweptEveryCall {
+    async fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        self.0.sweep(now);
+        self.0.apply(now, hits, out).await
+    }
+
+    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        self.0.sweep(now);
+        self.0.refund(now, hits).await
+    }
+
+    async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+        self.0.sweep(now);
+        self.0.reset(now, hits).await
+    }
+}
+
+/// The contract on a memory store swept before every call. Fixed windows, sliding windows and
+/// token buckets pass (their random sequences too); a leaky bucket does not: the sweeper drops
+/// a bucket whose arrival time has passed, but nginx's excess of the last request lasts one
+/// emission interval longer, so a swept leaky bucket of 1 a minute and no burst admits a
+/// second hit at once. The production sweeper (every 10 s) lets it through some 6 times a
+/// minute; Redis's and memcached's TTLs on the same arrival time do the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the sweeper drops a leaky bucket that still holds an excess (issue 32, item 6)"]
+async fn sweeping_before_every_call_changes_no_answer() {
+    let store = SweptEveryCall(MemoryStore::new(100_000));
+    store_contract::every_algorithm_admits_up_to_its_limit_then_refuses(&store).await;
+    store_contract::windows_roll_over_as_now_moves(&store).await;
+    store_contract::an_irregular_sequence_answers_as_the_model(&store).await;
+    store_contract::random_sequences_answer_as_the_model(&store).await;
 }
