@@ -7,10 +7,12 @@
 //!   `(time, hits)`; a count is a sum over the log between two instants. Nothing is folded into
 //!   a state word, so a window rolls over, or a previous window weighs in, only because the sum
 //!   is taken over another interval.
-//! - **Buckets** (token and leaky) keep one theoretical arrival time, the GCRA's, in whole
-//!   microseconds: `n` hits move it `n` emission intervals on, and pass when it then lies no
-//!   further ahead of now than the bucket holds. A leaky bucket is the same arithmetic with
-//!   nginx's excess read off it.
+//! - **Buckets** (token and leaky) keep one theoretical arrival time, the GCRA's, in exact
+//!   integers: time is counted in ticks of `1 / requests_per_unit` µs, so that one hit's
+//!   emission interval (`window / requests_per_unit`) is a whole number of ticks and nothing is
+//!   rounded until a decision reports whole hits or whole seconds. `n` hits move the arrival
+//!   time `n` intervals on, and pass when it then lies no further ahead of now than the bucket
+//!   holds. A leaky bucket is the same arithmetic with nginx's excess read off it.
 //!
 //! Where the documentation leaves a field open, the reading chosen is stated where it is
 //! computed. Where the limiter departs from the documentation, the model follows it only
@@ -44,8 +46,9 @@ struct Counter {
 enum History {
     /// Every charge in order: microseconds since the epoch, and hits (a refund is negative).
     Log(Vec<(u64, i128)>),
-    /// The theoretical arrival time, in microseconds since the epoch: the instant at which the
-    /// bucket is at rest again. At rest it may lie anywhere in the past (0 at first).
+    /// The theoretical arrival time, in ticks of the bucket's clock ([`BucketClock`]) since the
+    /// epoch: the instant at which the bucket is at rest again. At rest it may lie anywhere in
+    /// the past (0 at first).
     Tat(u128),
 }
 
@@ -83,8 +86,9 @@ impl ReferenceModel {
                 }
                 History::Tat(tat) => {
                     if quota.requests_per_unit > 0 {
-                        let back = u128::from(hits) * emission_interval(&quota);
-                        *tat = tat.saturating_sub(back).max(u128::from(now.micros()));
+                        let clock = BucketClock::of(&quota);
+                        let back = u128::from(hits) * clock.interval;
+                        *tat = tat.saturating_sub(back).max(clock.ticks(now));
                     }
                 }
             }
@@ -218,14 +222,40 @@ fn sliding_window(
     }
 }
 
-/// One hit's emission interval, `window / requests_per_unit`, in whole microseconds rounded up.
-///
-/// The docs give the rate, not its precision. A timestamp, and so an arrival time, is a whole
-/// number of microseconds; of the two roundings only this one keeps the documented worst case
-/// (`burst + rate × t` in any interval `t`): a bucket never refills faster than configured, and
-/// at most 1 µs a hit slower (7 a minute refills a hit in 8,571,429 µs, not 8,571,428.57).
-fn emission_interval(quota: &Quota) -> u128 {
-    window_micros(quota).div_ceil(u128::from(quota.requests_per_unit))
+/// A bucket's time: ticks of `1 / ticks_per_micro` µs, in which one hit's emission interval
+/// `window / requests_per_unit` is `interval` ticks.
+struct BucketClock {
+    ticks_per_micro: u128,
+    interval: u128,
+}
+
+impl BucketClock {
+    fn of(quota: &Quota) -> Self {
+        let window = window_micros(quota);
+        let rate = u128::from(quota.requests_per_unit);
+        if departures::AN_EMISSION_INTERVAL_IS_ROUNDED_UP_TO_A_MICROSECOND {
+            BucketClock {
+                ticks_per_micro: 1,
+                interval: window.div_ceil(rate),
+            }
+        } else {
+            // Exact: ticks of 1 / rate µs make the interval the window's length in µs.
+            BucketClock {
+                ticks_per_micro: rate,
+                interval: window,
+            }
+        }
+    }
+
+    fn ticks(&self, now: Timestamp) -> u128 {
+        u128::from(now.micros()) * self.ticks_per_micro
+    }
+
+    /// Whole seconds from `from` to `to` (ticks), rounded up and at least 1.
+    fn secs(&self, from: u128, to: u128) -> u64 {
+        let per_sec = self.ticks_per_micro * MICROS_PER_SEC;
+        (to.saturating_sub(from).div_ceil(per_sec)).max(1) as u64
+    }
 }
 
 /// How many hits a bucket holds at once. A token bucket: `burst` tokens (default
@@ -241,7 +271,7 @@ fn capacity(quota: &Quota) -> u128 {
     }
 }
 
-/// The GCRA on one theoretical arrival time `tat`, in microseconds. `n` hits move it `n`
+/// The GCRA on one theoretical arrival time `tat`, in ticks. `n` hits move it `n`
 /// emission intervals past `max(tat, now)` and pass when it then lies at most `capacity`
 /// intervals ahead of `now`; a refused call moves it only when it charges refused hits (the
 /// debt, waited out at the rate).
@@ -258,9 +288,10 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
         return nothing_passes(quota, hits);
     }
     let leaky = quota.algorithm == Algorithm::LeakyBucket;
-    let interval = emission_interval(quota);
+    let clock = BucketClock::of(quota);
+    let interval = clock.interval;
     let tolerance = capacity(quota) * interval;
-    let now = u128::from(now.micros());
+    let now = clock.ticks(now);
     let from = (*tat).max(now);
     let asked = match hits {
         0 if departures::A_BUCKET_PEEK_ASKS_FOR_ONE_HIT => 1,
@@ -297,7 +328,7 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
         } else {
             (capacity(quota) - held(at_rest)) as u32
         },
-        reset_after_secs: secs_until(now, wait_until),
+        reset_after_secs: clock.secs(now, wait_until),
     }
 }
 
@@ -335,4 +366,13 @@ mod departures {
     /// 3, until 20 s have passed. 1 a minute with no burst: one hit reports 1 s with
     /// `limit_remaining` 0, and the next hit is refused for 60 s.
     pub const A_LEAKY_BUCKET_RESETS_WHEN_ITS_EXCESS_DRAINS: bool = true;
+
+    /// A bucket's emission interval is `window / requests_per_unit` rounded up to a whole
+    /// microsecond, the resolution of its arrival time (`src/limiter/bucket.rs`: "never faster
+    /// than configured"). The docs give the rate exactly ("refilled at `requests_per_unit` per
+    /// unit"; a debt of `d` hits takes `d × unit / requests_per_unit`) and nothing about its
+    /// precision. The admissions differ by at most a microsecond a hit, but a duration is
+    /// rounded up to whole seconds after it: 3 hits on a token bucket of 3 a second are back
+    /// at rest after 1.000002 s, reported as 2 s where the rate says 1 s.
+    pub const AN_EMISSION_INTERVAL_IS_ROUNDED_UP_TO_A_MICROSECOND: bool = true;
 }
