@@ -1,6 +1,8 @@
-//! cargo-fuzz target: YAML config file text.
-//! The checks are those of tests/fuzz/config.rs, which CI runs with proptest.
+//! cargo-fuzz target: YAML config files.
+//! The input's layout and the checks are those of `check_fuzz_input` in tests/fuzz/config.rs,
+//! which CI runs on stable with proptest.
 #![no_main]
+// The proptest properties of the included files are test-only, so their helpers go unused here.
 #![allow(dead_code, unused_imports)]
 
 #[path = "../../tests/fuzz/config.rs"]
@@ -10,15 +12,4 @@ mod mutate;
 #[path = "../../tests/fuzz/support.rs"]
 mod support;
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    // The first byte picks MERGE_DOMAIN_CONFIG; the rest is one file's bytes, loaded from disk
-    // and from text.
-    let Some((flags, bytes)) = data.split_first() else {
-        return;
-    };
-    let text = String::from_utf8_lossy(bytes).into_owned();
-    config::check_files(&[("f.yaml".to_owned(), text)], flags & 1 == 1, &[]);
-    if flags & 2 == 2 {
-        config::check_load(&[("f.yaml".to_owned(), bytes.to_vec())]);
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| config::check_fuzz_input(data));

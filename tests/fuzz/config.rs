@@ -18,7 +18,7 @@ use sluice::descriptor::Entry;
 use sluice::limiter::{Algorithm, Unit};
 
 use crate::mutate::{apply, mutations, raw_bytes};
-use crate::support::{load_options, proptest_config, timed};
+use crate::support::{fuzz_input, fuzz_parts, load_options, proptest_config, timed};
 
 /// Syntax a mutation may insert: YAML indicators, anchors and aliases, tags, odd scalars, and
 /// the config's own keys.
@@ -434,6 +434,27 @@ pub fn check_load(files: &[(String, Vec<u8>)]) {
     }
 }
 
+/// One cargo-fuzz input (`fuzz/fuzz_targets/config.rs`): a flags byte (bit 0:
+/// MERGE_DOMAIN_CONFIG; bit 1: also load the bytes from disk), then up to three files' bytes
+/// separated by NUL ([`fuzz_parts`]).
+pub fn check_fuzz_input(data: &[u8]) {
+    let Some((flags, rest)) = data.split_first() else {
+        return;
+    };
+    let files: Vec<(String, Vec<u8>)> = fuzz_parts(rest, 3)
+        .enumerate()
+        .map(|(i, bytes)| (format!("{i}.yaml"), bytes.to_vec()))
+        .collect();
+    let texts: Vec<(String, String)> = files
+        .iter()
+        .map(|(name, bytes)| (name.clone(), String::from_utf8_lossy(bytes).into_owned()))
+        .collect();
+    check_files(&texts, flags & 1 == 1, &[]);
+    if flags & 2 == 2 {
+        check_load(&files);
+    }
+}
+
 /// Request entries to look up: the model's own paths (which the mutations may have broken)
 /// and a few made-up ones.
 fn probes(models: &[Model], extra: Vec<Vec<(String, String)>>) -> Vec<Vec<Entry>> {
@@ -484,16 +505,14 @@ proptest! {
         timed("config mutated", || check_files(&texts, merge, &probes));
     }
 
+    /// Raw files as the cargo-fuzz target reads them, loaded from text and from disk.
     #[test]
     fn raw_bytes_on_disk_load_or_fail_by_name(
         files in proptest::collection::vec(raw_bytes(512), 1..3),
+        merge in any::<bool>(),
     ) {
-        let files: Vec<(String, Vec<u8>)> = files
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (format!("{i}.yaml"), b))
-            .collect();
-        timed("config raw", || check_load(&files));
+        let input = fuzz_input(2 | u8::from(merge), &files);
+        timed("config raw", || check_fuzz_input(&input));
     }
 }
 

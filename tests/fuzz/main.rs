@@ -23,7 +23,10 @@
 //! saves its seed in `proptest-regressions/fuzz/<target>.txt`, which is replayed first on every
 //! run: commit it with the fix. The targets' checks (`check_*`) take plain values and panic on
 //! a broken invariant, so the coverage-guided harness in `fuzz/` (cargo-fuzz, nightly, outside
-//! the workspace) runs the very same checks.
+//! the workspace) runs the very same checks: each target here has a `check_fuzz_input`, which
+//! reads one libFuzzer input (how its bytes split into the target's inputs) and which its
+//! raw-bytes property calls, and `fuzz/fuzz_targets/<target>.rs` includes this file and calls
+//! nothing else. `scripts/test.sh` type-checks `fuzz/` on stable.
 
 mod config;
 mod json;
@@ -34,3 +37,44 @@ mod peer;
 mod proto;
 mod support;
 mod xds;
+
+/// Modules here that are not targets: this file and the shared helpers.
+const NOT_TARGETS: &[&str] = &["main", "mutate", "support"];
+
+/// Every target here has a cargo-fuzz target in `fuzz/` of the same name that calls its
+/// `check_fuzz_input`, so neither side can gain a target the other lacks.
+#[test]
+fn every_target_has_a_cargo_fuzz_target() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("fuzz/Cargo.toml")).expect("fuzz/Cargo.toml");
+    let mut targets = Vec::new();
+    for entry in std::fs::read_dir(root.join("tests/fuzz")).expect("tests/fuzz") {
+        let path = entry.expect("a directory entry").path();
+        let name = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .expect("a file name");
+        if NOT_TARGETS.contains(&name) {
+            continue;
+        }
+        let source = format!("fuzz_targets/{name}.rs");
+        let text = std::fs::read_to_string(root.join("fuzz").join(&source))
+            .unwrap_or_else(|e| panic!("fuzz/{source}: {e}"));
+        assert!(
+            text.contains(&format!("{name}::check_fuzz_input(data)")),
+            "fuzz/{source} does not call {name}::check_fuzz_input"
+        );
+        let bin = format!("name = \"{name}\"\npath = \"{source}\"");
+        assert!(
+            manifest.contains(&bin),
+            "fuzz/Cargo.toml has no [[bin]] {name}"
+        );
+        targets.push(name.to_owned());
+    }
+    // The list docs/hardening.md#fuzzing shows (and a guard against reading no directory).
+    targets.sort();
+    let listed = [
+        "config", "json", "memcache", "nginx", "peer", "proto", "xds",
+    ];
+    assert_eq!(targets, listed);
+}

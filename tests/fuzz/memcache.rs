@@ -141,6 +141,49 @@ fn check_replies(batch: &Batch, wire: &[u8]) {
     }
 }
 
+/// The first byte of a cargo-fuzz input whose rest is a DNS answer; bytes below it name the
+/// commands of a batch.
+const SRV_INPUT: u8 = 6;
+
+/// The most commands one cargo-fuzz input names.
+const MAX_FUZZ_COMMANDS: usize = 8;
+
+/// The command byte `kind` names in a cargo-fuzz input, in [`Exchange`]'s order.
+fn command(kind: u8) -> Exchange {
+    match kind {
+        0 => Exchange::Get(Vec::new()),
+        1 => Exchange::Gets(None),
+        2 => Exchange::Incr(None),
+        3 => Exchange::Add(false),
+        4 => Exchange::Cas(0),
+        _ => Exchange::Delete(false),
+    }
+}
+
+/// One cargo-fuzz input (`fuzz/fuzz_targets/memcache.rs`). A first byte [`SRV_INPUT`] makes the
+/// rest a DNS answer to the SRV query whose id is the answer's own (its first two bytes).
+/// Otherwise the leading bytes 0-5 (up to eight) name the batch's commands (get, gets, incr,
+/// add, cas, delete; a get when none is named) and the rest is memcached's reply to it.
+pub fn check_fuzz_input(data: &[u8]) {
+    if let Some((&SRV_INPUT, answer)) = data.split_first() {
+        let id = |i: usize| answer.get(i).copied().unwrap_or(0);
+        drop(decode_srv(answer, u16::from_be_bytes([id(0), id(1)])));
+        return;
+    }
+    let named = data
+        .iter()
+        .take(MAX_FUZZ_COMMANDS)
+        .take_while(|b| **b < SRV_INPUT)
+        .count();
+    let (kinds, wire) = data.split_at(named);
+    let model: Vec<Exchange> = match kinds {
+        [] => vec![command(0)],
+        kinds => kinds.iter().map(|k| command(*k)).collect(),
+    };
+    let (batch, _, _) = exchanges(&model);
+    check_replies(&batch, wire);
+}
+
 /// An SRV answer to query `id` for `_memcache._tcp.example.test`, its targets compressed
 /// against the question's `example.test`, as a nameserver writes it.
 fn srv_answer(id: u16, records: &[(u16, String)]) -> Vec<u8> {
@@ -199,13 +242,14 @@ proptest! {
         timed("memcache mutated", || check_replies(&batch, &wire));
     }
 
+    /// Raw replies to a batch of one or two commands, as the cargo-fuzz target reads them.
     #[test]
     fn raw_bytes_as_memcached_replies_never_panic(
-        model in proptest::collection::vec(exchange(), 1..3),
+        kinds in proptest::collection::vec(0..SRV_INPUT, 1..3),
         raw in raw_bytes(512),
     ) {
-        let (batch, _, _) = exchanges(&model);
-        timed("memcache raw", || check_replies(&batch, &raw));
+        let input = [kinds, raw].concat();
+        timed("memcache raw", || check_fuzz_input(&input));
     }
 
     #[test]
@@ -229,6 +273,7 @@ proptest! {
         let mut m = srv_answer(7, &records);
         apply(&mut m, &edits, DNS_TOKENS);
         timed("srv mutated", || drop(decode_srv(&m, 7)));
-        timed("srv raw", || drop(decode_srv(&raw, u16::from_be_bytes([raw.first().copied().unwrap_or(0), raw.get(1).copied().unwrap_or(0)]))));
+        let input = [vec![SRV_INPUT], raw].concat();
+        timed("srv raw", || check_fuzz_input(&input));
     }
 }

@@ -223,6 +223,15 @@ pub fn check_apply(message: &[u8], now_offset: u64) {
     }
 }
 
+/// One cargo-fuzz input (`fuzz/fuzz_targets/peer.rs`): the owner's clock (the first 8 bytes,
+/// little-endian, zero-padded when fewer), then an Apply message body.
+pub fn check_fuzz_input(data: &[u8]) {
+    let (now, message) = data.split_at(data.len().min(8));
+    let mut word = [0u8; 8];
+    word[..now.len()].copy_from_slice(now);
+    check_apply(message, u64::from_le_bytes(word));
+}
+
 fn hit() -> impl Strategy<Value = PeerHit> {
     (
         prop_oneof![Just("d_k_v_".to_owned()), "[a-z_]{1,6}", "\\PC{0,4}",],
@@ -296,6 +305,7 @@ proptest! {
 
     #[test]
     fn raw_bodies_are_applied_or_refused(bytes in raw_bytes(512), now in any::<u64>()) {
-        timed("peer raw", || check_apply(&bytes, now));
+        let input = [now.to_le_bytes().as_slice(), &bytes].concat();
+        timed("peer raw", || check_fuzz_input(&input));
     }
 }

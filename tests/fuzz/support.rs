@@ -158,3 +158,20 @@ pub async fn exchange(
         .expect("an in-memory body");
     (parts.status, parts.headers, body.to_vec())
 }
+
+/// The byte between the parts of one cargo-fuzz input, for the targets that take several
+/// (config files, xDS resources).
+const PART_SEPARATOR: u8 = 0;
+
+/// The parts of one cargo-fuzz input, at most `max` (the last keeps any further separators).
+pub fn fuzz_parts(data: &[u8], max: usize) -> impl Iterator<Item = &[u8]> {
+    data.splitn(max, |b| *b == PART_SEPARATOR)
+}
+
+/// A cargo-fuzz input of a flags byte and `parts`, as the raw-bytes properties hand it to a
+/// target's `check_fuzz_input`.
+pub fn fuzz_input(flags: u8, parts: &[Vec<u8>]) -> Vec<u8> {
+    let mut input = vec![flags];
+    input.extend(parts.join(&PART_SEPARATOR));
+    input
+}

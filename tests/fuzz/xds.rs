@@ -20,7 +20,7 @@ use sluice::xds::TYPE_URL;
 use sluice::xds::convert::decode;
 
 use crate::mutate::{apply, mutations, raw_bytes};
-use crate::support::{load_options, proptest_config, timed};
+use crate::support::{fuzz_input, fuzz_parts, load_options, proptest_config, timed};
 
 /// Protobuf syntax a mutation may insert: tags of the config's fields, a Struct's, varints.
 const TOKENS: &[&[u8]] = &[
@@ -328,6 +328,31 @@ fn has_merge_key(cfg: &RateLimitConfig) -> bool {
     cfg.descriptors.iter().any(in_descriptor)
 }
 
+/// A type URL of another resource type, which the decoder must refuse by index.
+const FOREIGN_TYPE_URL: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+/// One cargo-fuzz input (`fuzz/fuzz_targets/xds.rs`): a flags byte (bit 0:
+/// MERGE_DOMAIN_CONFIG; bit 1: the first resource has another type URL), then up to three
+/// resources' bytes separated by NUL ([`fuzz_parts`]).
+pub fn check_fuzz_input(data: &[u8]) {
+    let Some((flags, rest)) = data.split_first() else {
+        return;
+    };
+    let resources: Vec<Any> = fuzz_parts(rest, 3)
+        .enumerate()
+        .map(|(i, value)| Any {
+            type_url: if i == 0 && flags & 2 == 2 {
+                FOREIGN_TYPE_URL
+            } else {
+                TYPE_URL
+            }
+            .to_owned(),
+            value: value.to_vec(),
+        })
+        .collect();
+    check_resources(&resources, flags & 1 == 1);
+}
+
 fn any_of(cfg: &RateLimitConfig) -> Any {
     Any {
         type_url: TYPE_URL.to_owned(),
@@ -358,7 +383,7 @@ proptest! {
                 let mut any = any_of(cfg);
                 apply(&mut any.value, edits, TOKENS);
                 if *foreign {
-                    any.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
+                    any.type_url = FOREIGN_TYPE_URL.into();
                 }
                 any
             })
@@ -366,13 +391,14 @@ proptest! {
         timed("xds mutated", || check_resources(&resources, merge));
     }
 
+    /// Raw resources as the cargo-fuzz target reads them.
     #[test]
-    fn raw_resources_load_or_are_named(values in proptest::collection::vec(raw_bytes(512), 1..3)) {
-        let resources: Vec<Any> = values
-            .into_iter()
-            .map(|value| Any { type_url: TYPE_URL.to_owned(), value })
-            .collect();
-        timed("xds raw", || check_resources(&resources, false));
+    fn raw_resources_load_or_are_named(
+        values in proptest::collection::vec(raw_bytes(512), 1..3),
+        merge in any::<bool>(),
+    ) {
+        let input = fuzz_input(u8::from(merge), &values);
+        timed("xds raw", || check_fuzz_input(&input));
     }
 }
 

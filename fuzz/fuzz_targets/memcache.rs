@@ -1,0 +1,15 @@
+//! cargo-fuzz target: memcached's replies and the SRV lookup's DNS answers.
+//! The input's layout and the checks are those of `check_fuzz_input` in tests/fuzz/memcache.rs,
+//! which CI runs on stable with proptest.
+#![no_main]
+// The proptest properties of the included files are test-only, so their helpers go unused here.
+#![allow(dead_code, unused_imports)]
+
+#[path = "../../tests/fuzz/memcache.rs"]
+mod memcache;
+#[path = "../../tests/fuzz/mutate.rs"]
+mod mutate;
+#[path = "../../tests/fuzz/support.rs"]
+mod support;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| memcache::check_fuzz_input(data));
