@@ -265,7 +265,7 @@ cargo clippy --all-targets --all-features --locked -- -D warnings
 
 # check_fuzz_crate: type-checks fuzz/, the cargo-fuzz crate (its own workspace and lock file),
 # on stable: nothing else builds it, and its targets include tests/fuzz's files. Running them
-# takes nightly and libFuzzer's C++, which --no-default-features leaves out (fuzz/Cargo.toml).
+# takes cargo-fuzz and libFuzzer's C++, which --no-default-features leaves out (fuzz/Cargo.toml).
 check_fuzz_crate() {
   cargo check --manifest-path fuzz/Cargo.toml --locked --bins --no-default-features \
     --target-dir "$CARGO_TARGET_DIR/fuzz"

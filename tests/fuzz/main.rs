@@ -22,8 +22,8 @@
 //! since an input that takes seconds is a way to exhaust Sluice. proptest shrinks a failure and
 //! saves its seed in `proptest-regressions/fuzz/<target>.txt`, which is replayed first on every
 //! run: commit it with the fix. The targets' checks (`check_*`) take plain values and panic on
-//! a broken invariant, so the coverage-guided harness in `fuzz/` (cargo-fuzz, nightly, outside
-//! the workspace) runs the very same checks: each target here has a `check_fuzz_input`, which
+//! a broken invariant, so the coverage-guided harness in `fuzz/` (cargo-fuzz, outside the
+//! workspace) runs the very same checks: each target here has a `check_fuzz_input`, which
 //! reads one libFuzzer input (how its bytes split into the target's inputs) and which its
 //! raw-bytes property calls, and `fuzz/fuzz_targets/<target>.rs` includes this file and calls
 //! nothing else. `scripts/test.sh` type-checks `fuzz/` on stable.
