@@ -1,7 +1,10 @@
 //! Helpers for `bench/run.sh`: writes h2load request bodies, and checks a server's answers.
 //!
 //! h2load sends raw bytes and ignores `grpc-status`, so the harness checks correctness with this
-//! real gRPC client before it measures anything.
+//! real gRPC client before it measures anything, and sends each body file h2load will send once
+//! as h2load does (`check-body`): a request refused before any handler (routing, framing,
+//! decoding) is refused the same way for the same bytes, and the servers' own answer counts,
+//! which the harness checks after every load run, never see it.
 //!
 //! Each DESCRIPTOR argument is one descriptor, its entries separated by commas
 //! (`client=c0,route=r1`); the realistic request is three of them.
@@ -14,6 +17,9 @@
 //! # LIMIT 0, only an overall OK, as the no-op server answers). With --headers, also the
 //! # RateLimit-Limit, -Remaining and -Reset headers of the status with the least remaining.
 //! bench_client check [--headers] http://127.0.0.1:8081 N LIMIT DOMAIN DESCRIPTOR...
+//! # Each body file once, byte for byte, with h2load's method, path and headers; asserts HTTP
+//! # 200, grpc-status 0 and a RateLimitResponse.
+//! bench_client check-body http://127.0.0.1:8081 FILE...
 //! ```
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -26,7 +32,11 @@ use prost::Message;
 type Error = Box<dyn std::error::Error>;
 
 const USAGE: &str = "usage: bench_client body OUT DOMAIN key=value[,key=value]...\n       \
-                     bench_client check [--headers] URL N LIMIT DOMAIN key=value[,key=value]...";
+                     bench_client check [--headers] URL N LIMIT DOMAIN key=value[,key=value]...\n       \
+                     bench_client check-body URL FILE...";
+
+/// The path h2load's requests go to.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 fn descriptor(entries: &str) -> Result<RateLimitDescriptor, String> {
     let entries = entries
@@ -155,6 +165,79 @@ fn check_headers(i: u32, limit: u32, r: &RateLimitResponse) -> Result<(), Error>
     }
 }
 
+/// Sends each file's bytes as one call, as h2load does, and checks the answer is gRPC OK.
+async fn check_bodies(url: &str, files: &[String]) -> Result<(), Error> {
+    let authority = url
+        .strip_prefix("http://")
+        .ok_or("the URL must be http://")?;
+    let tcp = tokio::net::TcpStream::connect(authority).await?;
+    let (client, connection) = h2::client::handshake(tcp).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut codes = Vec::with_capacity(files.len());
+    for file in files {
+        let body = bytes::Bytes::from(std::fs::read(file)?);
+        let request = http::Request::post(format!("{url}{SHOULD_RATE_LIMIT}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("content-length", body.len())
+            .body(())?;
+        let mut ready = client.clone().ready().await?;
+        let (response, mut send) = ready.send_request(request, false)?;
+        send.send_data(body, true)?;
+        let answer = read_answer(response.await?).await;
+        let response = answer.map_err(|e| format!("{file} to {url}: {e}"))?;
+        codes.push(Code::try_from(response.overall_code).map_or("?", |c| c.as_str_name()));
+    }
+    println!(
+        "{url}: {} body files as h2load sends them, each answered grpc-status 0 (overall {})",
+        files.len(),
+        codes.join(", ")
+    );
+    Ok(())
+}
+
+/// The call's answer: HTTP 200, then a message and `grpc-status: 0` in the trailers (a
+/// trailers-only answer carries an error's status in its headers).
+async fn read_answer(response: http::Response<h2::RecvStream>) -> Result<RateLimitResponse, Error> {
+    let status = |h: &http::HeaderMap| {
+        let text = |name| {
+            h.get(name)
+                .map_or("", |v| v.to_str().unwrap_or("?"))
+                .to_owned()
+        };
+        h.contains_key("grpc-status")
+            .then(|| (text("grpc-status"), text("grpc-message")))
+    };
+    if response.status() != http::StatusCode::OK {
+        return Err(format!("HTTP status {}", response.status()).into());
+    }
+    if let Some((code, message)) = status(response.headers()) {
+        return Err(format!("grpc-status {code} ({message}), a trailers-only answer").into());
+    }
+    let mut body = response.into_body();
+    let mut message = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        message.extend_from_slice(&chunk);
+    }
+    match body.trailers().await?.as_ref().and_then(status) {
+        Some((code, _)) if code == "0" => {}
+        Some((code, message)) => {
+            return Err(format!("grpc-status {code} ({message})").into());
+        }
+        None => return Err("no grpc-status in the trailers".into()),
+    }
+    match message.split_first_chunk::<5>() {
+        Some(([0, len @ ..], rest)) if u32::from_be_bytes(*len) as usize == rest.len() => {
+            Ok(RateLimitResponse::decode(rest)?)
+        }
+        _ => Err(format!("not one uncompressed gRPC message: {} bytes", message.len()).into()),
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -175,6 +258,7 @@ async fn main() -> Result<(), Error> {
             let req = request(args[4].clone(), &args[5..])?;
             check(args[1].clone(), calls, limit, headers, req).await
         }
+        Some("check-body") if args.len() >= 3 => check_bodies(&args[1], &args[2..]).await,
         _ => Err(USAGE.into()),
     }
 }

@@ -10,15 +10,19 @@
 //! implementation reaches, beside the no-op server's floor.
 //! With `headers` it also adds `RateLimit-Limit`, `-Remaining` and `-Reset` from the status with
 //! the least remaining, as Sluice does with LIMIT_RESPONSE_HEADERS_ENABLED. No config file, no
-//! stats, no eviction: the bench's few keys are all it ever holds.
+//! stats, no eviction: the bench's few keys are all it ever holds. Like Sluice it counts its
+//! answers (one add to a counter of the thread's own; `support/answers.rs`), served on
+//! `--answers ADDR`, so `bench/run.sh` checks every load run's answers were OK.
 //!
 //! ```sh
-//! cargo run --release --example careful_ratelimit -- 127.0.0.1:18082 [headers]
+//! cargo run --release --example careful_ratelimit -- 127.0.0.1:18082 [headers] \
+//!     [--answers 127.0.0.1:18092]
 //! ```
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -34,6 +38,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 
+#[path = "support/answers.rs"]
+mod answers;
+use answers::Answers;
+
 /// bench/config/bench.yaml: `client` alone, and `client` then `route`, at 1e9 per second.
 const RULES: [(&str, u32); 2] = [("client", 1_000_000_000), ("client.route", 1_000_000_000)];
 
@@ -42,6 +50,7 @@ struct Careful {
     rules: HashMap<&'static str, u32>,
     /// Counter key -> `window start (seconds) << 32 | hits in that window`.
     counters: DashMap<String, AtomicU64>,
+    answers: Arc<Answers>,
 }
 
 impl Careful {
@@ -129,27 +138,8 @@ impl RateLimitService for Careful {
                 ..Default::default()
             });
         }
-        let least = statuses
-            .iter()
-            .filter(|s| s.current_limit.is_some())
-            .min_by_key(|s| s.limit_remaining);
-        let response_headers_to_add = match least {
-            Some(s) if self.headers => [
-                (
-                    "RateLimit-Limit",
-                    s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit),
-                ),
-                ("RateLimit-Remaining", s.limit_remaining),
-                ("RateLimit-Reset", 1),
-            ]
-            .map(|(key, value)| HeaderValue {
-                key: key.into(),
-                value: value.to_string(),
-                ..Default::default()
-            })
-            .into(),
-            _ => Vec::new(),
-        };
+        let response_headers_to_add = rate_limit_headers(self.headers, &statuses);
+        self.answers.record(true);
         Ok(tonic::Response::new(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
@@ -159,18 +149,54 @@ impl RateLimitService for Careful {
     }
 }
 
+/// With `headers`, `RateLimit-Limit`, `-Remaining` and `-Reset` from the status with the least
+/// remaining.
+fn rate_limit_headers(headers: bool, statuses: &[DescriptorStatus]) -> Vec<HeaderValue> {
+    let least = statuses
+        .iter()
+        .filter(|s| s.current_limit.is_some())
+        .min_by_key(|s| s.limit_remaining);
+    match least {
+        Some(s) if headers => [
+            (
+                "RateLimit-Limit",
+                s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit),
+            ),
+            ("RateLimit-Remaining", s.limit_remaining),
+            ("RateLimit-Reset", 1),
+        ]
+        .map(|(key, value)| HeaderValue {
+            key: key.into(),
+            value: value.to_string(),
+            ..Default::default()
+        })
+        .into(),
+        _ => Vec::new(),
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let addr: SocketAddr = args
         .next()
         .unwrap_or_else(|| "127.0.0.1:18082".into())
         .parse()?;
-    let headers = args.next().as_deref() == Some("headers");
-    let service = Careful {
-        headers,
+    let mut service = Careful {
+        headers: false,
         rules: RULES.into_iter().collect(),
         counters: DashMap::new(),
+        answers: Arc::default(),
     };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "headers" => service.headers = true,
+            "--answers" => {
+                let addr = args.next().ok_or("--answers needs an address")?;
+                service.answers.serve(addr.parse()?)?;
+            }
+            _ => return Err(format!("unknown argument {arg:?}").into()),
+        }
+    }
     // The same runtime as the `sluice` binary builds.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

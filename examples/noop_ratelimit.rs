@@ -3,13 +3,22 @@
 //!
 //! It is built from the same tonic, envoy-types and tokio as Sluice, with the same runtime (tokio's
 //! multi-threaded default) and the same `tonic::transport::Server` defaults, so the difference
-//! between the two under the same load is what Sluice's own work costs.
+//! between the two under the same load is what Sluice's own work costs. Like Sluice it counts
+//! its answers (one add to a counter of the thread's own; `support/answers.rs`), served on
+//! `--answers ADDR`, so `bench/run.sh` checks every load run's answers were OK.
+//!
+//! `--unavailable-after N` plants a failing server for `bench/selftest.sh`: its first N calls are
+//! answered OK (enough for the checks before the load), every later one UNAVAILABLE, at full
+//! speed. The benchmark must refuse it.
 //!
 //! ```sh
-//! cargo run --release --example noop_ratelimit -- 127.0.0.1:18081
+//! cargo run --release --example noop_ratelimit -- 127.0.0.1:18081 [--answers 127.0.0.1:18091]
+//!     [--unavailable-after 100]
 //! ```
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
@@ -17,7 +26,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
-struct Noop;
+#[path = "support/answers.rs"]
+mod answers;
+use answers::Answers;
+
+struct Noop {
+    answers: Arc<Answers>,
+    /// `--unavailable-after`: the calls answered OK before every call fails.
+    unavailable_after: Option<u64>,
+    calls: AtomicU64,
+}
 
 #[tonic::async_trait]
 impl RateLimitService for Noop {
@@ -25,6 +43,15 @@ impl RateLimitService for Noop {
         &self,
         _request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        if let Some(after) = self.unavailable_after
+            && self.calls.fetch_add(1, Ordering::Relaxed) >= after
+        {
+            self.answers.record(false);
+            return Err(tonic::Status::unavailable(
+                "a planted failure (noop_ratelimit --unavailable-after)",
+            ));
+        }
+        self.answers.record(true);
         Ok(tonic::Response::new(RateLimitResponse {
             overall_code: Code::Ok as i32,
             ..Default::default()
@@ -33,17 +60,31 @@ impl RateLimitService for Noop {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr: SocketAddr = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let addr: SocketAddr = args
+        .next()
         .unwrap_or_else(|| "127.0.0.1:18081".into())
         .parse()?;
+    let mut noop = Noop {
+        answers: Arc::default(),
+        unavailable_after: None,
+        calls: AtomicU64::new(0),
+    };
+    while let Some(arg) = args.next() {
+        let value = args.next().ok_or(format!("{arg} needs a value"))?;
+        match arg.as_str() {
+            "--answers" => noop.answers.serve(value.parse()?)?,
+            "--unavailable-after" => noop.unavailable_after = Some(value.parse()?),
+            _ => return Err(format!("unknown argument {arg:?}").into()),
+        }
+    }
     // The same runtime as the `sluice` binary builds.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(Noop))
+            .add_service(RateLimitServiceServer::new(noop))
             .serve_with_shutdown(addr, async {
                 let _ = tokio::signal::ctrl_c().await;
             })

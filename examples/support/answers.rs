@@ -1,0 +1,87 @@
+//! The answers a comparison server sent, counted by gRPC status, for `bench/run.sh` to check
+//! each load run against h2load's count (`bench/answers.py`): `#[path = "support/answers.rs"]
+//! mod answers;` in `noop_ratelimit` and `careful_ratelimit`.
+//!
+//! h2load counts an HTTP 200 as a success whatever `grpc-status` the call ended with, so the
+//! servers count what their handler answered: OK (grpc-status 0) or an error status. Counting is
+//! one relaxed add on a cache line of the calling thread's own (as Sluice counts
+//! `total_requests`), so two cores answering at once never write the same line. The counts are
+//! read over plain HTTP from a port of their own, served by a thread outside the runtime that
+//! sleeps in `accept` between reads: `GET /` answers `ok N\nerrors M\n`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Shards: at least the threads this machine runs at once, as a power of two.
+const SHARDS: usize = 16;
+
+/// One thread's counts, on a cache line of its own (64 bytes on x86-64 and most ARM cores).
+#[derive(Default)]
+#[repr(align(64))]
+struct Line {
+    ok: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The answers sent so far: OK, and with an error status.
+#[derive(Default)]
+pub struct Answers {
+    lines: [Line; SHARDS],
+}
+
+impl Answers {
+    /// Counts one answer: OK or not.
+    #[inline]
+    pub fn record(&self, ok: bool) {
+        let line = &self.lines[shard_index() & (SHARDS - 1)];
+        let counter = if ok { &line.ok } else { &line.errors };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (OK, errors), summed over the shards.
+    pub fn totals(&self) -> (u64, u64) {
+        self.lines.iter().fold((0, 0), |(ok, errors), l| {
+            (
+                ok + l.ok.load(Ordering::Relaxed),
+                errors + l.errors.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Serves the counts on `addr` from a thread of its own, for the life of the process.
+    pub fn serve(self: &Arc<Self>, addr: SocketAddr) -> std::io::Result<()> {
+        let listener = TcpListener::bind(addr)?;
+        let answers = Arc::clone(self);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                // The request is read to its blank line first: closing a socket with unread
+                // bytes resets it, and the client could lose the answer.
+                let mut reader = BufReader::new(&stream);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let (ok, errors) = answers.totals();
+                let body = format!("ok {ok}\nerrors {errors}\n");
+                let _ = write!(
+                    &stream,
+                    "HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Ok(())
+    }
+}
+
+/// This thread's shard: threads take the next one when they first count.
+#[inline]
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
+}
