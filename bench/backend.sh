@@ -11,6 +11,9 @@
 # (two h2load processes, one key each) and `-c 1 -m 1`, and reports req/s, p50/p99 and, from the
 # backend's own counters, what each request cost it: Redis's socket reads (round trips) per
 # INCRBY, memcached's connections opened per 1000 `incr`. Writes bench/results/<backend>.md.
+# Every load run is checked against Sluice's own count of its answers (bench/answers.py): a call
+# answered with a non-zero grpc-status, or a backend error even answered OK (failing open), stops
+# the script with a message naming the store and the round.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,6 +59,7 @@ env LOG_LEVEL=error "${backend_env[@]}" "$BIN/sluice" "${common[@]}" \
     --port "$P3" --grpc-port "$RED_GRPC" --debug-port "$P4" &
 PIDS+=($!)
 declare -A URL=([memory]="http://127.0.0.1:$MEM_GRPC" [$BACKEND]="http://127.0.0.1:$RED_GRPC")
+declare -A ANSWERS=([memory]="sluice:$P2" [$BACKEND]="sluice:$P4")
 # Healthy once the backend has answered (a memcache Sluice answers OK before that: it fails
 # open by default, as the Go service does).
 python3 - "$P3" <<'PY'
@@ -74,6 +78,8 @@ for server in memory "$BACKEND"; do
     "$CLIENT" check "${URL[$server]}" 20 1000000000 bench "client=check-$server"
 done
 for k in 0 1; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done
+# The exact bytes h2load will send, answered OK (bench/answers.py says why).
+for server in memory "$BACKEND"; do "$CLIENT" check-body "${URL[$server]}" "$WORK"/body-*.bin; done
 
 # counters: the backend's (requests it saw, what they cost): Redis's INCRBY calls (one per
 # request here: one descriptor each) and socket reads; memcached's `incr` calls and connections
@@ -105,8 +111,9 @@ PY
 run() {
     local server=$1 setting=$2 procs streams k pids=()
     case $setting in c2m100) procs=2; streams=100 ;; c1m1) procs=1; streams=1 ;; esac
-    local before after
+    local before after answered
     read -r -a before < <(counters)
+    answered=$(answers "${ANSWERS[$server]}")
     for k in $(seq 0 $((procs - 1))); do
         h2load -c 1 -m "$streams" -t 1 -D "$DURATION" --warm-up-time=1 \
             -d "$WORK/body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
@@ -117,6 +124,9 @@ run() {
     done
     for k in "${pids[@]}"; do wait "$k"; done
     read -r -a after < <(counters)
+    # Exits (so does the script) unless every call h2load counted was answered OK.
+    python3 "$ROOT/bench/answers.py" check "$server, round $round, $setting" "$answered" \
+        "$(answers "${ANSWERS[$server]}")" -- "$WORK"/out-*.txt >&2
     python3 - "$server" "$setting" "$DURATION" "$((after[1] - before[1]))" "$((after[0] - before[0]))" \
         "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
 import json, re, sys

@@ -27,6 +27,10 @@
 # From the peers' /stats, each part reports its peer hops per decision (forwarded hits in
 # forward mode; acquires and forwards in lease mode) and, for the load, peer calls per second
 # per node (forward calls; lease renewal calls and acquires).
+# Both parts are checked against the nodes' own counts of their answers (bench/answers.py): a
+# call answered with a non-zero grpc-status stops the script with a message naming the mode and
+# the round; one at a time (h2load -n, no warm-up), the nodes' OK answers must equal h2load's
+# successes exactly.
 # All three peers share this machine's two cores with h2load, so a cluster pays for its peer
 # traffic with no extra CPU: the throughput is a floor, not what three machines would do.
 # With BENCH_WRITE_BEHIND=1 the forward-mode peers run with SLUICE_PEER_WRITE_BEHIND=true
@@ -178,6 +182,8 @@ for k in 0 1 2; do
     KEYS+=("$value")
     "$CLIENT" body "$WORK/body-$k.bin" bench "client=$value"
 done
+# The exact bytes h2load will send, answered OK by every node (bench/answers.py says why).
+for i in $NODES; do "$CLIENT" check-body "$(grpc "$i")" "$WORK"/body-*.bin; done
 
 stats() { # stats: every numeric sluice.cluster.* counter, summed over the three peers, as JSON
     python3 - "$(debug 1)" "$(debug 2)" "$(debug 3)" <<'PY'
@@ -197,8 +203,18 @@ PY
 PATH_RL=/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 H2_ARGS=(-H 'content-type: application/grpc' -H 'te: trailers')
 
+answer_specs() { # answer_specs: where every node of $NODES counts its answers
+    local i
+    for i in $NODES; do echo "sluice:$(debug "$i")"; done
+}
+check_answers() { # check_answers LABEL BEFORE AFTER [exact] -- H2LOAD_STDOUT...: exits unless all OK
+    python3 "$ROOT/bench/answers.py" check "$@" >&2
+}
+
 run() { # run MODE: one load run, then one-at-a-time requests; one JSON line
-    local mode=$1 k n pids=() s0 s1 s2 node
+    local mode=$1 k n pids=() s0 s1 s2 node a0 a1 a2
+    # shellcheck disable=SC2046  # one argument per node
+    a0=$(answers $(answer_specs))
     s0=$(stats)
     for k in 0 1 2; do
         node=0
@@ -210,16 +226,24 @@ run() { # run MODE: one load run, then one-at-a-time requests; one JSON line
     done
     for k in "${pids[@]}"; do wait "$k"; done
     s1=$(stats)
+    # Settled: calls still being answered after h2load left must not count one at a time.
+    # shellcheck disable=SC2046
+    a1=$(python3 "$ROOT/bench/answers.py" read --settled $(answer_specs))
+    check_answers "$mode, round $round, load" "$a0" "$a1" -- "$WORK"/out-*.txt
     # One client, one request at a time: every key on every node of the setup, in turn.
     local targets=(0) each=$((SERIAL / 3))
     if [[ $mode != single ]]; then targets=(1 2 3); each=$((SERIAL / 9)); fi
     for k in 0 1 2; do
         for n in "${targets[@]}"; do
             h2load -c 1 -m 1 -t 1 -n "$each" -d "$WORK/body-$k.bin" "${H2_ARGS[@]}" \
-                --log-file="$WORK/serial-$k-$n.tsv" "$(grpc "$n")$PATH_RL" >/dev/null 2>&1
+                --log-file="$WORK/serial-$k-$n.tsv" "$(grpc "$n")$PATH_RL" \
+                >"$WORK/serial-out-$k-$n.txt" 2>&1
         done
     done
     s2=$(stats)
+    # shellcheck disable=SC2046
+    a2=$(answers $(answer_specs))
+    check_answers "$mode, round $round, one at a time" "$a1" "$a2" exact -- "$WORK"/serial-out-*.txt
     python3 - "$mode" "$DURATION" "$s0" "$s1" "$s2" "$WORK"/out-*.txt -- "$WORK"/log-*.tsv \
         -- "$WORK"/serial-*.tsv <<'PY'
 import json, re, statistics, sys
@@ -270,7 +294,7 @@ print(json.dumps({
     "loads": dl.get("durable.loads", 0),
     "written_per_s": round(dl.get("durable.flushed_counters", 0) / (duration + 1), 1)}))
 PY
-    rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt "$WORK"/serial-*.tsv
+    rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt "$WORK"/serial-*.tsv "$WORK"/serial-out-*.txt
 }
 
 RUNS="$WORK/runs.jsonl"

@@ -1,5 +1,6 @@
 # Shared by the bench scripts: a work directory and a list of started processes, both cleaned
-# up on exit, and free loopback ports. Source it after `set -euo pipefail`.
+# up on exit, free loopback ports, and the servers' answer counts. Source it after
+# `set -euo pipefail`, with ROOT set.
 
 WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
 PIDS=()
@@ -34,6 +35,12 @@ wait_ready() {
     done
     echo "no answer from $2" >&2
     return 1
+}
+
+# answers SPEC...: "OK ERRORS", the answers the servers counted so far (sluice:DEBUG_PORT or
+# example:ANSWERS_PORT); read before and after each load run, for bench/answers.py to check.
+answers() {
+    python3 "$ROOT/bench/answers.py" read "$@"
 }
 
 # bench_defaults: ROUNDS, DURATION (s), OUT (created) and TARGET from BENCH_ROUNDS,

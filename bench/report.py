@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
 """Numbers for bench/run.sh, with the standard library only.
 
-  report.py run NAME KEY=VALUE... -- STDOUT_FILE... -- LOG_FILE...
-      Summarises one load run (several h2load processes at once): requests per second is the sum
-      of the processes' figures; latency percentiles come from the merged per-request logs
-      (h2load --log-file). Appends one JSON line to $BENCH_RUNS.
-  report.py summary RUNS.jsonl MICRO.txt MEMORY.txt MACHINE.txt OUT_DIR
+  report.py run NAME before="OK ERRORS" after="OK ERRORS" KEY=VALUE... -- STDOUT_FILE... -- LOG_FILE...
+      Checks, then summarises, one load run (several h2load processes at once). before and after
+      are the server's answer counts around the run (bench/answers.py read): the run is refused,
+      exit 1 with a message naming the server and the round, unless every call h2load counted as
+      a success was answered OK (bench/answers.py verify). Requests per second is the sum of the
+      processes' figures; latency percentiles come from the merged per-request logs (h2load
+      --log-file). Appends one JSON line to $BENCH_RUNS.
+  report.py summary RUNS.jsonl MICRO.txt MEMORY.txt MACHINE.txt OUT_DIR [quick]
       Writes OUT_DIR/summary.md (the tables) and OUT_DIR/sweep.svg (throughput and p99 against
-      offered load), and prints the tables.
+      offered load), and prints the tables. With `quick` (BENCH_QUICK=1: one short round) the
+      headline says so and gives its ratios to two significant figures, beside the spread of
+      full runs' rounds.
 """
 import json
 import os
 import re
 import statistics
 import sys
+
+sys.dont_write_bytecode = True  # no bench/__pycache__/answers.*.pyc left in the work tree
+from answers import parse_h2load, verify  # noqa: E402  (after the line above)
 
 
 def percentile(sorted_values, q):
@@ -24,32 +32,18 @@ def percentile(sorted_values, q):
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def parse_h2load(text):
-    """req/s and request counts from one h2load stdout."""
-    rps = re.search(r"finished in [^,]+, ([\d.]+) req/s", text)
-    req = re.search(
-        r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored, (\d+) timeout",
-        text,
-    )
-    status = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", text)
-    if not rps or not req:
-        raise SystemExit("h2load output not understood:\n" + text)
-    return {
-        "rps": float(rps.group(1)),
-        "succeeded": int(req.group(4)),
-        "failed": int(req.group(5)) + int(req.group(6)) + int(req.group(7)),
-        "non2xx": sum(int(status.group(i)) for i in (2, 3, 4)) if status else 0,
-    }
-
-
 def cmd_run(args):
     name = args[0]
     sep1 = args.index("--")
     fields = dict(a.split("=", 1) for a in args[1:sep1])
+    before, after = (tuple(int(x) for x in fields.pop(k).split()) for k in ("before", "after"))
     rest = args[sep1 + 1 :]
     sep2 = rest.index("--")
     stdouts, logs = rest[:sep2], rest[sep2 + 1 :]
     procs = [parse_h2load(open(p).read()) for p in stdouts]
+    succeeded = sum(p["succeeded"] for p in procs)
+    failed = sum(p["failed"] + p["non2xx"] for p in procs)
+    answered_ok, _ = verify(run_label(name, fields), before, after, succeeded, failed)
     durations = []
     for path in logs:
         with open(path) as f:
@@ -62,20 +56,33 @@ def cmd_run(args):
         "name": name,
         **{k: (float(v) if re.fullmatch(r"[\d.]+", v) else v) for k, v in fields.items()},
         "rps": round(sum(p["rps"] for p in procs), 1),
-        "succeeded": sum(p["succeeded"] for p in procs),
-        "failed": sum(p["failed"] for p in procs) + sum(p["non2xx"] for p in procs),
+        "succeeded": succeeded,
+        "failed": failed,
         "p50_us": percentile(durations, 50),
         "p99_us": percentile(durations, 99),
         "p999_us": percentile(durations, 99.9),
         "samples": len(durations),
+        # The server's count: h2load's successes plus its warm-up and the calls in flight at its end.
+        "answered_ok": answered_ok,
     }
     with open(os.environ["BENCH_RUNS"], "a") as f:
         f.write(json.dumps(row) + "\n")
     print(
         f"  {name:<7} {fields.get('setting', ''):<10} offered={fields.get('offered', '-'):>8} "
         f"{row['rps']:>10.0f} req/s  p50 {row['p50_us']} us  p99 {row['p99_us']} us  "
-        f"p99.9 {row['p999_us']} us  failed {row['failed']}"
+        f"p99.9 {row['p999_us']} us  answered OK {answered_ok} >= {succeeded} counted, no error"
     )
+
+
+def run_label(name, fields):
+    """`noop, round 1, c2m100`: which run, for a refusal."""
+    phase = fields.get("phase", "")
+    where = {
+        "rounds": f"round {fields.get('round')}",
+        "sweep": f"sweep level {fields.get('level')}",
+        "closed": f"closed-loop sweep, {fields.get('streams')} streams",
+    }.get(phase, phase)
+    return f"{name}, {where}, {fields.get('setting', '')}"
 
 
 def med(rows, key):
@@ -172,24 +179,72 @@ def ratios(rs, a, b):
     return med(x, "rps") / med(y, "rps"), per_round
 
 
-def rounds_tables(rounds):
-    """The headline ratios, then every server's medians, for the alternating rounds."""
-    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rounds)]
+# The per-round Sluice / no-op ratio at `-c 2 -m 100` over the five 10 s rounds of the run in
+# docs/benchmarks.md ("Results against the targets", "Noise"): what one round can be off by.
+ROUND_SPREAD = "0.73 to 1.10"
+
+
+def headline(rounds, settings, quick, machine):
+    """The headline ratios: medians over the rounds with the per-round ratios in brackets; in
+    quick mode, plainly what one short round gives."""
     head = [f"{SERVERS[a]} / {SERVERS[b]}" for a, b in HEADLINE]
-    lines = [
-        "## Headline: throughput ratios (medians over alternating rounds; per-round ratios in brackets)",
-        "",
-        "| setting | " + " | ".join(head) + " |",
-        "|---|" + "---|" * len(head),
-    ]
+    if quick:
+        m = re.search(r"rounds=(\d+) duration=(\d+)s warm-up=(\d+)s", machine)
+        n, duration, warmup = m.groups() if m else ("?", "?", "?")
+        lines = [
+            "## Headline: throughput ratios from one short noisy round (not a measurement; see "
+            "docs/benchmarks.md for the method)",
+            "",
+            f"BENCH_QUICK=1: {'one round' if n == '1' else n + ' rounds'} of {duration} s per server "
+            f"after {warmup} s of warm-up, on "
+            "a shared machine. In full runs (five 10 s rounds) the per-round Sluice / no-op ratio "
+            f"at `-c 2 -m 100` ranged {ROUND_SPREAD}, so these two-figure ratios only show that "
+            "every server ran and answered; they do not measure Sluice.",
+            "",
+        ]
+    else:
+        lines = [
+            "## Headline: throughput ratios (medians over alternating rounds; per-round ratios in brackets)",
+            "",
+        ]
+    lines += ["| setting | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for setting in settings:
         rs = [r for r in rounds if r["setting"] == setting]
         cells = []
         for a, b in HEADLINE:
             ratio, per_round = ratios(rs, a, b)
-            cells.append("-" if ratio is None else f"**{ratio:.3f}** ({', '.join(f'{x:.2f}' for x in per_round)})")
+            each = ", ".join(f"{x:.2f}" for x in per_round)
+            if ratio is None:
+                cells.append("-")
+            elif quick:
+                cells.append(f"{ratio:#.2g}" + (f" ({each})" if len(per_round) > 1 else ""))
+            else:
+                cells.append(f"**{ratio:.3f}** ({each})")
         lines.append(f"| {SETTINGS[setting]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def answers_line(runs):
+    """What the per-run checks (bench/answers.py) established, over every load run."""
+    if not all("answered_ok" in r for r in runs):
+        return "Answers: not checked (runs recorded before bench/answers.py)."
+    counted = sum(r["succeeded"] for r in runs)
+    answered = sum(r["answered_ok"] for r in runs)
+    return (
+        f"Answers: every one of the {len(runs)} load runs was checked against its server's own "
+        f"count (bench/answers.py): the {counted:,} calls h2load counted as successes were all "
+        f"answered OK (grpc-status 0; the servers answered {answered:,} OK, warm-ups included), and "
+        "no call got another status."
+    )
+
+
+def rounds_tables(rounds, quick=False, machine="", runs=()):
+    """The headline ratios, then every server's medians, for the alternating rounds."""
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in rounds)]
+    lines = headline(rounds, settings, quick, machine)
     lines += [
+        "",
+        answers_line(runs or rounds),
         "",
         "## Load: every server (medians over alternating rounds)",
         "",
@@ -210,13 +265,14 @@ def rounds_tables(rounds):
 
 
 def cmd_summary(args):
-    runs_path, micro_path, memory_path, machine_path, out_dir = args
+    runs_path, micro_path, memory_path, machine_path, out_dir = args[:5]
+    quick = args[5:] == ["quick"]
     runs = [json.loads(l) for l in open(runs_path) if l.strip()]
     lines = []
     machine = open(machine_path).read().strip() if os.path.exists(machine_path) else ""
     lines += ["## Machine", "", "```", machine, "```", ""]
 
-    lines += rounds_tables([r for r in runs if r.get("phase") == "rounds"])
+    lines += rounds_tables([r for r in runs if r.get("phase") == "rounds"], quick, machine, runs)
 
     sweep = [r for r in runs if r.get("phase") == "sweep"]
     if sweep:

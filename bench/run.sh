@@ -14,11 +14,15 @@
 #      on the same tonic/envoy-types/tokio, and Sluice again with tracing on but unsampled
 #      ("traced": TRACING_SAMPLING_RATE=0, an OTLP endpoint nobody listens on), and for the
 #      realistic request Sluice and the careful server with the RateLimit-* headers on; checks each
-#      answers correctly with a real gRPC client;
+#      answers correctly with a real gRPC client, and answers OK each body file h2load will send;
 #   3. alternates the servers over ROUNDS rounds at `-c 2 -m 100` (all four), at `-c 1 -m 1` and
 #      with the realistic request (`real`: 3 descriptors of 2 entries, `-c 2 -m 100`), back to back
 #      with the same settings; the headline is the ratios of the medians to the no-op server's,
 #      and Sluice's to the careful server's;
+#      every load run (here and below) is checked against the server's own count of its answers,
+#      read before and after it (Sluice's /metrics, the examples' --answers port): a run where a
+#      call got a non-zero grpc-status, or h2load counted more successes than the server answered
+#      OK, stops the benchmark with a message naming the server and the round (bench/answers.py);
 #   4. sweeps offered load (h2load --rps) for both servers, and draws the chart; then sweeps
 #      outstanding requests (closed loop, 2 connections x 1..100 streams);
 #   5. stops the servers, then runs the criterion micro-benchmarks and the memory measurement.
@@ -29,7 +33,8 @@
 # latency percentiles come from the merged per-request logs (h2load --log-file).
 #
 # Environment: BENCH_QUICK=1; BENCH_OUT (results dir; default bench/results, or bench/results-quick
-# in quick mode); BENCH_ROUNDS, BENCH_DURATION (seconds per load run); CARGO_TARGET_DIR.
+# in quick mode); BENCH_ROUNDS, BENCH_DURATION (seconds per load run); CARGO_TARGET_DIR;
+# BENCH_NOOP_ARGS (more arguments for the no-op server: bench/selftest.sh plants a failing one).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -82,7 +87,8 @@ CLIENT="$BIN/examples/bench_client"
 
 # 2. Servers.
 read -r HTTP_PORT GRPC_PORT DEBUG_PORT NOOP_PORT CAREFUL_PORT T_HTTP T_GRPC T_DEBUG DEAD_PORT \
-    H_HTTP H_GRPC H_DEBUG H_CAREFUL_PORT < <(free_ports 13)
+    H_HTTP H_GRPC H_DEBUG H_CAREFUL_PORT NOOP_ANSWERS CAREFUL_ANSWERS H_CAREFUL_ANSWERS \
+    < <(free_ports 16)
 
 # start_sluice HTTP GRPC DEBUG: the sluice binary on the bench config, in the background.
 start_sluice() {
@@ -99,15 +105,22 @@ TRACING_ENABLED=true TRACING_SAMPLING_RATE=0 OTEL_EXPORTER_OTLP_ENDPOINT="http:/
     start_sluice "$T_HTTP" "$T_GRPC" "$T_DEBUG"
 # The realistic request's servers add the RateLimit-* headers (the issue's "headers on").
 LIMIT_RESPONSE_HEADERS_ENABLED=true start_sluice "$H_HTTP" "$H_GRPC" "$H_DEBUG"
-"$BIN/examples/careful_ratelimit" "127.0.0.1:$CAREFUL_PORT" &
+"$BIN/examples/careful_ratelimit" "127.0.0.1:$CAREFUL_PORT" --answers "127.0.0.1:$CAREFUL_ANSWERS" &
 PIDS+=($!)
-"$BIN/examples/careful_ratelimit" "127.0.0.1:$H_CAREFUL_PORT" headers &
+"$BIN/examples/careful_ratelimit" "127.0.0.1:$H_CAREFUL_PORT" headers \
+    --answers "127.0.0.1:$H_CAREFUL_ANSWERS" &
 PIDS+=($!)
-"$BIN/examples/noop_ratelimit" "127.0.0.1:$NOOP_PORT" &
+# shellcheck disable=SC2086  # BENCH_NOOP_ARGS: words
+"$BIN/examples/noop_ratelimit" "127.0.0.1:$NOOP_PORT" --answers "127.0.0.1:$NOOP_ANSWERS" \
+    ${BENCH_NOOP_ARGS:-} &
 PIDS+=($!)
 declare -A URL=([sluice]="http://127.0.0.1:$GRPC_PORT" [noop]="http://127.0.0.1:$NOOP_PORT"
     [careful]="http://127.0.0.1:$CAREFUL_PORT" [traced]="http://127.0.0.1:$T_GRPC"
     [sluice_real]="http://127.0.0.1:$H_GRPC" [careful_real]="http://127.0.0.1:$H_CAREFUL_PORT")
+# Where each server's count of its answers is read (bench/answers.py read).
+declare -A ANSWERS=([sluice]="sluice:$DEBUG_PORT" [noop]="example:$NOOP_ANSWERS"
+    [careful]="example:$CAREFUL_ANSWERS" [traced]="sluice:$T_DEBUG"
+    [sluice_real]="sluice:$H_DEBUG" [careful_real]="example:$H_CAREFUL_ANSWERS")
 for server in "${!URL[@]}"; do
     wait_ready "$CLIENT" "${URL[$server]}"
 done
@@ -133,6 +146,14 @@ for k in $(seq 0 $((KEYS - 1))); do
     # shellcheck disable=SC2046
     "$CLIENT" body "$WORK/real-$k.bin" bench $(real_request "c$k")
 done
+# The exact bytes each server will get from h2load, answered OK: a call refused before any
+# handler is refused alike for the same bytes, and is in no server's count of its answers.
+for server in sluice careful noop traced; do
+    "$CLIENT" check-body "${URL[$server]}" "$WORK"/body-*.bin
+done
+for server in sluice_real careful_real noop; do
+    "$CLIENT" check-body "${URL[$server]}" "$WORK"/real-*.bin
+done
 
 # load NAME SETTING OFFERED DURATION WARMUP [field=value...]: one measurement.
 # SETTING is c2m100 (KEYS processes x -c 1 -m 100), real (the same with the realistic request) or
@@ -151,8 +172,10 @@ load() {
     if [[ $offered != 0 ]]; then
         rps_args=(--rps="$(python3 -c "print(max(1, round($offered / $procs)))")")
     fi
-    local url=${URL[$name]}
-    [[ $setting == real && -n ${URL[${name}_real]:-} ]] && url=${URL[${name}_real]}
+    local server=$name
+    [[ $setting == real && -n ${URL[${name}_real]:-} ]] && server=${name}_real
+    local url=${URL[$server]} before after
+    before=$(answers "${ANSWERS[$server]}")
     for k in $(seq 0 $((procs - 1))); do
         outs+=("$WORK/out-$k.txt"); logs+=("$WORK/log-$k.tsv")
         h2load -c 1 -m "$streams" -t 1 -D "$duration" --warm-up-time="$warmup" "${rps_args[@]}" \
@@ -163,7 +186,10 @@ load() {
         pids+=($!)
     done
     for k in "${pids[@]}"; do wait "$k"; done
-    $REPORT run "$name" setting="$setting" offered="$offered" "$@" -- "${outs[@]}" -- "${logs[@]}"
+    after=$(answers "${ANSWERS[$server]}")
+    # Refuses (exits 1, so does this script) a run whose answers were not all OK.
+    $REPORT run "$name" before="$before" after="$after" setting="$setting" offered="$offered" "$@" \
+        -- "${outs[@]}" -- "${logs[@]}"
     rm -f "${logs[@]}"
 }
 
@@ -227,4 +253,7 @@ for n in 250000 500000 1000000; do
 done | tee "$OUT/memory.txt"
 
 say "summary (also in $OUT/summary.md)"
-$REPORT summary "$BENCH_RUNS" "$OUT/micro.txt" "$OUT/memory.txt" "$OUT/machine.txt" "$OUT"
+QUICK_FLAG=()
+[[ "${BENCH_QUICK:-0}" == 1 ]] && QUICK_FLAG=(quick)
+$REPORT summary "$BENCH_RUNS" "$OUT/micro.txt" "$OUT/memory.txt" "$OUT/machine.txt" "$OUT" \
+    "${QUICK_FLAG[@]}"
