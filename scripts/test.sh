@@ -296,10 +296,10 @@ echo "== status page in a browser"
 # no answers, or one where a call was not answered OK by gRPC (each run is checked against the
 # server's own count of its answers, bench/answers.py). bench/selftest.sh then plants a no-op
 # server answering UNAVAILABLE and checks the benchmark refuses it (about 10 s).
-# Cost: 2 min 24 s on 2 cores with the binaries built (measured at load average 3), plus the
-# release build of sluice, the examples and the criterion bench (thin LTO) the first time.
+# Cost: 85 to 100 s on 2 cores with the binaries built (measured 2026-11-26 at load average 2
+# to 4), plus the release build of sluice, the examples and the criterion bench (thin LTO) the
+# first time.
 echo "== quick load benchmark (every answer checked; the ratios printed, not checked)"
-mkdir -p target
 BENCH_QUICK=1 bench/run.sh >target/bench-quick.log 2>&1 || {
   cat target/bench-quick.log
   echo "!! bench/run.sh failed (full log above)" >&2
