@@ -401,7 +401,7 @@ async fn a_rotated_password_file_is_used_by_the_next_connection() {
     // refused, and calls fail, until the file catches up.
     acl("second");
     drop_connections();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // No wait: the killed connection's calls fail, and so does every new connection's login.
     for _ in 0..3 {
         let err = apply(&remote, now, &h).await.unwrap_err();
         assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
@@ -432,14 +432,14 @@ async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
         breaker: Default::default(),
     };
     let remote = RedisStore::start(&settings).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!remote.is_ready());
     let h = [Hit {
         key: "nowhere_",
         quota: Quota::fixed(1, Unit::Second),
         hits: 1,
     }];
+    // A call waits for the first connection attempt (within REDIS_TIMEOUT), which fails.
     assert!(apply(&remote, Timestamp::from_secs(1), &h).await.is_err());
+    assert!(!remote.is_ready());
 }
 
 /// REDIS_STARTUP_*: a Redis that comes up late is picked up on the configured short back-off
@@ -709,6 +709,10 @@ fn sluice_restarted_mid_window_keeps_its_counts() {
 /// Three local redis-server nodes joined by `redis-cli --cluster create`.
 struct Cluster {
     nodes: Vec<Redis>,
+    /// Each node's cluster bus port, handed out by `free_port` like its client port: left to
+    /// Redis it would be the client port + 10 000, which nothing reserved, so another test
+    /// (or an outgoing connection, above the ephemeral floor) could hold it.
+    buses: Vec<u16>,
     /// With TLS: every node's CA (and the client certificates').
     pki: Option<TestPki>,
     dir: tempfile::TempDir,
@@ -722,15 +726,11 @@ impl Cluster {
     /// With `pki`, TLS only: clients, the cluster bus and replication (`tls-cluster`).
     fn start_with(pki: Option<TestPki>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
+        let buses: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let nodes: Vec<Redis> = (0..3)
             .map(|i| {
-                let config_file = dir.path().join(format!("nodes-{i}.conf"));
-                let cluster = [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    config_file.to_str().unwrap(),
-                ];
+                let (config_file, bus) = Cluster::node_files(dir.path(), i, buses[i]);
+                let cluster = Cluster::node_args(&config_file, &bus);
                 match &pki {
                     None => Redis::spawn(free_port(), Some(dir.path()), &cluster),
                     Some(pki) => {
@@ -768,20 +768,37 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Cluster { nodes, pki, dir }
+        Cluster {
+            nodes,
+            buses,
+            pki,
+            dir,
+        }
     }
 
-    /// Starts node `i` (killed) again on `port` with its cluster config file, so as the same
-    /// node, which the others take back without a new `--cluster create`.
-    fn restart(&mut self, i: usize, port: u16) {
-        assert!(self.pki.is_none(), "plain-text clusters only");
-        let config_file = self.dir.path().join(format!("nodes-{i}.conf"));
-        let cluster = [
+    /// Node `i`'s cluster config file in `dir`, and its bus port as an argument.
+    fn node_files(dir: &std::path::Path, i: usize, bus: u16) -> (String, String) {
+        let config_file = dir.join(format!("nodes-{i}.conf"));
+        (config_file.to_str().unwrap().to_owned(), bus.to_string())
+    }
+
+    fn node_args<'a>(config_file: &'a str, bus: &'a str) -> [&'a str; 6] {
+        [
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
-            config_file.to_str().unwrap(),
-        ];
+            config_file,
+            "--cluster-port",
+            bus,
+        ]
+    }
+
+    /// Starts node `i` (killed) again on `port` with its cluster config file and bus port, so
+    /// as the same node, which the others take back without a new `--cluster create`.
+    fn restart(&mut self, i: usize, port: u16) {
+        assert!(self.pki.is_none(), "plain-text clusters only");
+        let (config_file, bus) = Cluster::node_files(self.dir.path(), i, self.buses[i]);
+        let cluster = Cluster::node_args(&config_file, &bus);
         self.nodes[i] = Redis::spawn(port, Some(self.dir.path()), &cluster);
     }
 
@@ -807,6 +824,9 @@ impl Cluster {
         };
         RedisConfig {
             main,
+            // These tests are about counting across slots, not timeouts: a call that takes a
+            // redirection, or a TLS handshake, on a loaded machine can pass 300 ms.
+            timeout: Duration::from_secs(5),
             ..self.nodes[0].settings(0)
         }
     }
@@ -963,19 +983,31 @@ impl Redis {
     }
 }
 
-/// Starts a store that must not become ready; returns the error a call gets.
+/// Starts a store that must not become ready; returns the error a call gets once the first
+/// connection attempt has failed (the store then names the attempt's error; before, a call
+/// that waited REDIS_TIMEOUT for it is told only that the store is not connected yet).
 async fn refused_store(settings: &RedisConfig) -> String {
     let remote = RedisStore::start(settings).expect("a bad certificate is no start-up panic");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!remote.is_ready(), "ready despite a TLS failure");
     let h = [Hit {
         key: "refused_",
         quota: Quota::fixed(5, Unit::Minute),
         hits: 1,
     }];
-    match apply(&remote, Timestamp::from_secs(1234), &h).await {
-        Err(StoreError::Backend { message }) => message,
-        other => panic!("expected a backend error, got {other:?}"),
+    let start = Instant::now();
+    loop {
+        let message = match apply(&remote, Timestamp::from_secs(1234), &h).await {
+            Err(StoreError::Backend { message }) => message,
+            other => panic!("expected a backend error, got {other:?}"),
+        };
+        if message.contains("last connection error") {
+            assert!(!remote.is_ready(), "ready despite a TLS failure");
+            return message;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "no connection attempt ended in 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -1073,10 +1105,15 @@ fn sluice_over_tls_counts_and_a_wrong_ca_is_unhealthy_not_a_crash() {
     assert_eq!(statuses[4..], [Some(200), Some(429)]);
 
     let mut bad = Sluice::start(dir.path(), &env(&stranger));
-    wait_for("the listeners", Duration::from_secs(10), || {
-        bad.status("GET", "/healthcheck", "").is_some()
-    });
-    std::thread::sleep(Duration::from_millis(1500));
+    // Up, and refusing calls for the TLS failure itself (not only for not being connected yet).
+    wait_for(
+        "a call refused for the certificate",
+        Duration::from_secs(20),
+        || {
+            support::http(bad.http, "POST", "/json", JSON_BODY)
+                .is_some_and(|(_, body)| body.to_lowercase().contains("certificate"))
+        },
+    );
     assert_eq!(bad.status("GET", "/healthcheck", ""), Some(500));
     assert_eq!(bad.json(), Some(400));
     let code = tokio::runtime::Builder::new_current_thread()
