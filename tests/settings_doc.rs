@@ -1,5 +1,6 @@
 //! docs/settings.md is the settings reference: this test fails, naming each one, when a flag or
-//! environment variable that `sluice --help` knows is missing from it.
+//! environment variable that `sluice --help` knows is missing from it, or one of the tools'
+//! `SLUICE_*` names that start-up lets through.
 //!
 //! It reads the command line through the public clap entry point only (`sluice::settings::Cli`
 //! and `clap::CommandFactory`), so it holds whatever the settings module looks like inside.
@@ -9,9 +10,9 @@ use std::collections::BTreeSet;
 use clap::CommandFactory;
 use sluice::settings::Cli;
 
-/// Variables Sluice reads outside clap (none today: every variable is a flag's `env`). Add one
-/// here if some code calls `std::env::var` for a setting, so the page must document it too.
-const READ_OUTSIDE_CLAP: &[&str] = &[];
+/// Variables Sluice reads outside clap: NO_COLOR (`main`, for the logs). Add one here if some
+/// code calls `std::env::var` for a setting, so the page must document it too.
+const READ_OUTSIDE_CLAP: &[&str] = &["NO_COLOR"];
 
 /// Every `--flag` and environment variable of the command and its subcommands, as `--help`
 /// lists them (`--help` and `--version` themselves left out).
@@ -53,6 +54,12 @@ fn every_setting_help_knows_is_in_docs_settings_md() {
     let mut known = BTreeSet::new();
     known_settings(&Cli::command(), &mut known);
     known.extend(READ_OUTSIDE_CLAP.iter().map(|s| s.to_string()));
+    // The tools' SLUICE_* names start-up lets through must be documented as such.
+    known.extend(
+        sluice::settings::TOOL_VARIABLES
+            .iter()
+            .map(|s| s.to_string()),
+    );
     assert!(
         known.len() > 100,
         "the command line should know every setting, found only {}",

@@ -75,6 +75,7 @@ pub use self::redis::RedisArgs;
 use self::redis::backend;
 pub use cluster::ClusterArgs;
 pub use compat::CompatArgs;
+pub use env_names::TOOL_VARIABLES;
 pub use listeners::ListenerArgs;
 pub use memcache::MemcacheArgs;
 use parse::non_zero;
