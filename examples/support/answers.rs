@@ -4,50 +4,36 @@
 //!
 //! h2load counts an HTTP 200 as a success whatever `grpc-status` the call ended with, so the
 //! servers count what their handler answered: OK (grpc-status 0) or an error status. Counting is
-//! one relaxed add on a cache line of the calling thread's own (as Sluice counts
-//! `total_requests`), so two cores answering at once never write the same line. The counts are
+//! one relaxed add on a cache line of the calling thread's own (Sluice's own sharded counter,
+//! the one that counts `total_requests`), so two cores answering at once never write the same
+//! line. The counts are
 //! read over plain HTTP from a port of their own, served by a thread outside the runtime that
 //! sleeps in `accept` between reads: `GET /` answers `ok N\nerrors M\n`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Shards: at least the threads this machine runs at once, as a power of two.
-const SHARDS: usize = 16;
-
-/// One thread's counts, on a cache line of its own (64 bytes on x86-64 and most ARM cores).
-#[derive(Default)]
-#[repr(align(64))]
-struct Line {
-    ok: AtomicU64,
-    errors: AtomicU64,
-}
+use sluice::telemetry::stats::ShardedCounter;
 
 /// The answers sent so far: OK, and with an error status.
 #[derive(Default)]
 pub struct Answers {
-    lines: [Line; SHARDS],
+    ok: ShardedCounter,
+    errors: ShardedCounter,
 }
 
 impl Answers {
     /// Counts one answer: OK or not.
     #[inline]
     pub fn record(&self, ok: bool) {
-        let line = &self.lines[shard_index() & (SHARDS - 1)];
-        let counter = if ok { &line.ok } else { &line.errors };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let counter = if ok { &self.ok } else { &self.errors };
+        counter.add(1);
     }
 
     /// (OK, errors), summed over the shards.
     pub fn totals(&self) -> (u64, u64) {
-        self.lines.iter().fold((0, 0), |(ok, errors), l| {
-            (
-                ok + l.ok.load(Ordering::Relaxed),
-                errors + l.errors.load(Ordering::Relaxed),
-            )
-        })
+        (self.ok.get(), self.errors.get())
     }
 
     /// Serves the counts on `addr` from a thread of its own, for the life of the process.
@@ -74,14 +60,4 @@ impl Answers {
         });
         Ok(())
     }
-}
-
-/// This thread's shard: threads take the next one when they first count.
-#[inline]
-fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    INDEX.with(|i| *i)
 }
