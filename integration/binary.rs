@@ -192,6 +192,62 @@ fn a_misspelt_sluice_variable_stops_start_up_naming_the_setting_meant() {
     });
 }
 
+/// Stands for any test whose outside program is missing; run only as a child of the test
+/// below, which sets its environment.
+#[test]
+#[ignore = "run by a_missing_program_fails_under_the_test_command_and_is_recorded_otherwise"]
+fn needs_a_program_nobody_installs() {
+    assert!(
+        !support::tool_available("sluice-no-such-program", "--version", "nothing installs it"),
+        "a program that should not exist was found"
+    );
+}
+
+/// `support::missing`, the one rule for a test whose program is missing: under the test
+/// command (SLUICE_REQUIRE_TOOLS) or CI, read `1` or `true` in any case, the test fails naming
+/// the program and how to install it; otherwise it passes and the skip is on record.
+#[test]
+fn a_missing_program_fails_under_the_test_command_and_is_recorded_otherwise() {
+    let record_dir = tempfile::tempdir().unwrap();
+    let record = record_dir.path().join("skipped.txt");
+    let run = |var: &str, value: &str| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", "needs_a_program_nobody_installs", "--ignored"])
+            .env_remove("SLUICE_REQUIRE_TOOLS")
+            .env_remove("CI")
+            .env("SLUICE_SKIPPED_FILE", &record)
+            .env(var, value);
+        run(c)
+    };
+    for (var, value) in [
+        ("SLUICE_REQUIRE_TOOLS", "1"),
+        ("SLUICE_REQUIRE_TOOLS", "TRUE"),
+        ("CI", "true"),
+        ("CI", "1"),
+    ] {
+        let out = run(var, value);
+        let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}={value}: passed\n{said}");
+        assert!(
+            said.contains("sluice-no-such-program not found: nothing installs it"),
+            "{var}={value}:\n{said}"
+        );
+        assert!(
+            !record.exists(),
+            "{var}={value}: a failure was recorded as a skip"
+        );
+    }
+    let out = run("SLUICE_REQUIRE_TOOLS", "0");
+    assert!(out.status.success(), "{out:?}");
+    let recorded = std::fs::read_to_string(&record).expect("the skip is recorded");
+    assert_eq!(
+        recorded.lines().collect::<Vec<_>>(),
+        [
+            "binary needs_a_program_nobody_installs: sluice-no-such-program not found: nothing installs it"
+        ]
+    );
+}
+
 #[test]
 fn go_variables_sluice_cannot_honour_stop_start_up() {
     refused("EXTRA_TAGS", "env:prod", "EXTRA_TAGS=env:prod: ");

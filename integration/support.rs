@@ -53,21 +53,35 @@ pub fn missing(program: &str, install: &str) -> bool {
         );
     }
     eprintln!("\n*** SKIPPED {binary} {test}: {why} ***\n");
-    let record = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let record = skip_record();
     let line = format!("{binary} {test}: {why}\n");
     // One write of one short line to a file opened for appending: parallel tests' lines do
     // not interleave.
-    let written = std::fs::create_dir_all(&record).and_then(|()| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(record.join("skipped.txt"))
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-    });
+    let written = record
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&record)
+                .and_then(|mut f| f.write_all(line.as_bytes()))
+        });
     if let Err(e) = written {
-        eprintln!("cannot record the skip in target/skipped.txt: {e}");
+        eprintln!("cannot record the skip in {}: {e}", record.display());
     }
     false
+}
+
+/// Where skips are recorded: SLUICE_SKIPPED_FILE (the rule's own test points it elsewhere),
+/// else `target/skipped.txt` in the repository.
+pub fn skip_record() -> std::path::PathBuf {
+    std::env::var_os("SLUICE_SKIPPED_FILE")
+        .filter(|p| !p.is_empty())
+        .map_or_else(
+            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped.txt"),
+            std::path::PathBuf::from,
+        )
 }
 
 /// Whether `program arg` runs and succeeds; if not, [`missing`] with `install`.

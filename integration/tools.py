@@ -30,8 +30,9 @@ def missing(test, whats):
     if required:
         print("(SLUICE_REQUIRE_TOOLS=1, set by scripts/test.sh, or CI=true makes a missing program a failure)")
     else:
-        (ROOT / "target").mkdir(exist_ok=True)
-        with open(ROOT / "target/skipped.txt", "a") as f:
+        record = Path(os.environ.get("SLUICE_SKIPPED_FILE") or ROOT / "target/skipped.txt")
+        record.parent.mkdir(parents=True, exist_ok=True)
+        with open(record, "a") as f:
             for what in whats:
                 f.write(f"{test}: needs {what}\n")
     return required

@@ -14,6 +14,7 @@ use std::ffi::OsString;
 /// `cargo deny`, and the example gRPC client's address (`examples/should_rate_limit.rs`).
 pub const TOOL_VARIABLES: &[&str] = &[
     "SLUICE_REQUIRE_TOOLS",
+    "SLUICE_SKIPPED_FILE",
     "SLUICE_BIN",
     "SLUICE_ENVOY",
     "SLUICE_NGINX",
@@ -123,6 +124,7 @@ mod tests {
             check(&[
                 "SLUICE_CLUSTER_MODE",
                 "SLUICE_REQUIRE_TOOLS",
+                "SLUICE_SKIPPED_FILE",
                 "SLUICE_ENVOY",
                 "PORTT",
                 "REDIS_URLL",
