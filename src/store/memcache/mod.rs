@@ -538,7 +538,8 @@ fn group<T>(groups: &mut Groups<T>, server: Arc<Server>, item: T) {
 
 /// The Go service's counting on one server, in at most three round trips: `incr` every key;
 /// `add` the ones missing; `incr` again the ones another writer added in between. The count
-/// each key holds once its hits are added, in order.
+/// each key holds once its hits are added, in order (a key repeated in the batch answers each
+/// time the count its hits so far left).
 async fn count_on(
     server: &Server,
     counts: &[Count],
@@ -586,6 +587,15 @@ async fn count_on(
                 // Gone again already (evicted): these hits are all it holds.
                 after[i] = Some(number(replies.get(j))?.unwrap_or(counts[i].by));
             }
+        }
+    }
+    // A peek (or a hit held back) of a key missing when the batch was sent was answered
+    // NOT_FOUND even when hits before it in the same call went on to `add` the key: its `incr`
+    // ran before their `add`. It answers what those hits left, as it would have in order.
+    for i in 0..counts.len() {
+        if after[i].is_none() {
+            let earlier = (0..i).rev().find(|&j| counts[j].key == counts[i].key);
+            after[i] = earlier.and_then(|j| after[j]);
         }
     }
     Ok(after.into_iter().map(|a| a.unwrap_or(0)).collect())
