@@ -274,7 +274,8 @@ impl RedisStore {
                     .arg(u8::from(q.charge_refused));
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let (t, tolerance) = bucket::params(&q).unwrap_or((u64::MAX / 4, 0));
+                // A rate of 0 never gets here (`decide_without_state`).
+                let (t, tolerance) = bucket::params(&q).unwrap_or((u64::MAX, 0));
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(BUCKET).get_hash())
                     .arg(1)
@@ -337,6 +338,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let mut decisions = go_fixed::cached_decisions(self.local_cache.as_ref(), now, hits);
         let increment = self.increments(now, hits, &decisions).await?;
+        decide_without_state(now, hits, &mut decisions);
         // One pipeline per Redis (per key on a cluster), all concurrently.
         let groups = self.pipelines(hits, &decisions);
         let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
@@ -493,6 +495,18 @@ impl RedisStore {
             self.run(self.target_for(q.unit), &pipe).await?;
         }
         Ok(())
+    }
+}
+
+/// Decides the hits that need no state, so nothing is sent for them: a bucket with a rate of 0
+/// admits no hit and holds nothing (a charged refusal has no rate to be waited out at; the
+/// script would store an arrival time with no end).
+fn decide_without_state(now: Timestamp, hits: &[Hit<'_>], decisions: &mut [Option<Decision>]) {
+    for (hit, d) in hits.iter().zip(decisions) {
+        let q = &hit.quota;
+        if d.is_none() && q.algorithm.takes_burst() && bucket::params(q).is_none() {
+            *d = Some(bucket::decide(bucket::EMPTY, now.micros(), q, hit.hits).0);
+        }
     }
 }
 
