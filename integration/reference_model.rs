@@ -293,11 +293,7 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
     let tolerance = capacity(quota) * interval;
     let now = clock.ticks(now);
     let from = (*tat).max(now);
-    let asked = match hits {
-        0 if departures::A_BUCKET_PEEK_ASKS_FOR_ONE_HIT => 1,
-        _ => hits,
-    };
-    let probe = from + u128::from(asked) * interval;
+    let probe = from + u128::from(hits) * interval;
     let over = probe - now > tolerance;
     let charged = hits > 0 && (!over || quota.charge_refused);
     if charged {
@@ -349,15 +345,6 @@ fn nothing_passes(quota: &Quota, hits: u64) -> Decision {
 /// one of these says so, so that the rest of the model stays the definition; each is reported
 /// (issue 32, item 6), and set to `false` shows the contract failing where the limiter departs.
 mod departures {
-    /// A peek (0 hits) on a bucket asks whether one more hit would pass: it is over when a
-    /// single hit would be refused, and its `count_after` counts that hit
-    /// (`src/limiter/bucket.rs`). Nothing in `docs/` says so, and the definitions say otherwise:
-    /// `Decision::over` is "the hits did not fit" and `count_after` "the count after this call's
-    /// hits were added" (0 hits always fit and add nothing), and a peek in envoyproxy/ratelimit
-    /// is over "only if the stored count is already above the limit", as Sluice's windows keep
-    /// it. A token bucket with no token left refuses a peek; a window at its limit admits one.
-    pub const A_BUCKET_PEEK_ASKS_FOR_ONE_HIT: bool = true;
-
     /// An admitted call on a leaky bucket reports the time until nginx's excess is 0
     /// (`docs/algorithms.md`'s table: "until the backlog drains"), which is one emission
     /// interval before the bucket is at rest, where the same page defines the duration: "an

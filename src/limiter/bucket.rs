@@ -26,8 +26,14 @@
 //! for a token bucket, drained for a leaky one): when `limit_remaining` is whole again. A call
 //! that is refused reports the time until the same call would be admitted, which is what a
 //! client's Retry-After needs (a charged refusal: until a single hit would be). Both are
-//! rounded up to whole seconds, at least 1. A peek (0 hits) is over exactly when a single hit
-//! would be refused.
+//! rounded up to whole seconds, at least 1.
+//!
+//! A peek (0 hits) asks whether 0 hits fit, as `Decision::over` says ("the hits did not
+//! fit") and as a window answers one: always, unless the bucket is already past its tolerance
+//! (a debt charged with `charge_refused`), just as a window's peek is over only once the count
+//! is above the limit. Its `count_after` is its `count_before`. So the check of 0 hits before a
+//! request whose cost is charged afterwards passes while the budget is not overspent, on every
+//! algorithm alike; `limit_remaining` still says how many single hits would pass.
 
 use super::{Algorithm, Decision, Quota};
 
@@ -143,16 +149,8 @@ pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decis
     } else {
         (tat + n * t).max(now + (n - 1) * t)
     };
-    // A peek asks whether one more hit would pass.
-    let probe = if n == 0 {
-        if leaky {
-            (tat + t).max(now)
-        } else {
-            tat.max(now) + t
-        }
-    } else {
-        tat_after
-    };
+    // 0 hits always fit, unless the bucket is already past its tolerance (a charged debt).
+    let probe = tat_after;
     let over = probe - now > tolerance;
     // A refused call (unless charged) or a peek leaves the state as it was: moving a leaky
     // bucket's arrival time up to `now` would change when its backlog is considered drained.
@@ -173,8 +171,9 @@ pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decis
         let free = u128::from(leaky && new_tat + t <= now);
         u32::try_from(room + free).unwrap_or(u32::MAX)
     };
-    let reset_us = if over && charged {
-        // Charged into debt: a single hit passes once `new_tat + t - later <= tolerance`.
+    let reset_us = if over && charge_refused {
+        // In debt (this call's charge included): a single hit passes once
+        // `new_tat + t - later <= tolerance`.
         (new_tat + t - now).saturating_sub(tolerance)
     } else if over {
         // The same call passes once `probe - later <= tolerance`.
@@ -322,8 +321,14 @@ mod tests {
                 }
             }
             assert_eq!(over, [false, false, true], "{algorithm:?}");
-            assert!(decide(s, now + clear_us - 1, &q, 0).0.over, "{algorithm:?}");
-            assert!(!decide(s, now + clear_us, &q, 0).0.over, "{algorithm:?}");
+            assert!(decide(s, now + clear_us - 1, &q, 1).0.over, "{algorithm:?}");
+            assert!(!decide(s, now + clear_us, &q, 1).0.over, "{algorithm:?}");
+            // A check of 0 hits passes one emission interval (600 ms) sooner: once the debt
+            // is repaid, with no room yet for a hit.
+            let repaid = now + clear_us - 600_000;
+            assert!(decide(s, repaid - 1, &q, 0).0.over, "{algorithm:?}");
+            let (peek, _) = decide(s, repaid, &q, 0);
+            assert_eq!((peek.over, peek.remaining), (false, 0), "{algorithm:?}");
             // Without the setting the third report is dropped: room is left at once.
             let dropped = Quota {
                 charge_refused: false,
