@@ -280,8 +280,8 @@ async fn fixed_window_keys_and_expiries_are_the_go_service_bytes() {
     assert_eq!(m.get(&key).as_deref(), Some("3"));
     let ttl = m.ttl(&key).expect("the key has an expiry");
     assert!(
-        (55..=60).contains(&ttl),
-        "a minute's key lives a minute: {ttl}"
+        (55..=61).contains(&ttl),
+        "a minute's key lives a minute, and a second for memcached's clock: {ttl}"
     );
 
     // MONTH plus a jitter and YEAR are past memcached's 30 days of relative expiry: sent as the
@@ -883,4 +883,60 @@ fn the_binary_serves_on_memcached_with_the_go_services_variables() {
         stats.contains(&format!("sluice.memcache.{server}.up: 0")),
         "{stats}"
     );
+}
+
+/// The expiry each key is given, read back (`mg key t`) and held to the state's lifetime: the
+/// key is deleted and a call at the earliest time memcached could have dropped it must answer
+/// as the model, which kept the state (`store_contract::expiries_outlast_every_state`: every
+/// algorithm, leaky buckets one emission interval past their excess, debts, windows of several
+/// units, fixed and sliding windows of a second).
+#[tokio::test]
+async fn every_key_lives_as_long_as_its_state() {
+    /// memcached's clock counts whole seconds: a key given `E` seconds is dropped when that
+    /// clock has ticked `E` times, which may be as little as `E - 1` seconds and a moment
+    /// later. `mg key t` answers `E` when the clock did not tick between the write and the
+    /// read (`stats` time unchanged); otherwise the case is tried again.
+    struct ClockExpiry<'a> {
+        memcached: &'a Memcached,
+        clock: u64,
+    }
+    impl store_contract::Expiry for ClockExpiry<'_> {
+        fn before_write(&mut self) {
+            self.clock = self.memcached.clock();
+        }
+        fn earliest_drop(&mut self, hit: &Hit<'_>, now: Timestamp) -> Option<Duration> {
+            let key = storable_key(match hit.quota.algorithm {
+                Algorithm::FixedWindow => go_cache_key(hit.key, now, hit.quota.window()),
+                _ => sluice::store::state_key(hit),
+            });
+            let ttl = self.memcached.ttl(&key).expect("the key has an expiry");
+            let ticked = self.memcached.clock() != self.clock;
+            assert_eq!(
+                self.memcached.command(&format!("delete {key}\r\n")),
+                "DELETED"
+            );
+            assert!(ttl > 0, "{key} expires at once ({ttl})");
+            (!ticked).then(|| Duration::from_secs(ttl as u64 - 1))
+        }
+    }
+    let Some((m, s)) = one_server().await else {
+        return;
+    };
+    let mut expiry = ClockExpiry {
+        memcached: &m,
+        clock: 0,
+    };
+    store_contract::expiries_outlast_every_state(&s, &mut expiry).await;
+}
+
+impl Memcached {
+    /// memcached's own clock, in whole seconds (`stats`: `time`).
+    fn clock(&self) -> u64 {
+        let reply = self.raw("stats\r\n", |r| r.ends_with("END\r\n"));
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix("STAT time "))
+            .and_then(|t| t.trim().parse().ok())
+            .expect("stats has the time")
+    }
 }

@@ -1397,3 +1397,46 @@ async fn windows_of_several_units_have_their_own_keys_and_ttls() {
         "2"
     );
 }
+
+/// The TTL each state key is given, read back (`PTTL`) and held to the state's lifetime: the key
+/// is deleted and a call at the time it could have expired must answer as the model, which
+/// kept the state (`store_contract::expiries_outlast_every_state`: every algorithm, leaky
+/// buckets one emission interval past their excess, debts, windows of several units).
+#[tokio::test]
+async fn every_state_key_lives_as_long_as_its_state() {
+    if !redis_server_available() {
+        return;
+    }
+    /// Redis drops a key `PTTL` after the reply, and the reply came at most the time since
+    /// just before the write after the write: the probe goes there, the latest the key can be
+    /// gone (the Redis clock is the machine's, as the store's is in production).
+    struct PxExpiry<'a> {
+        redis: &'a Redis,
+        written: Instant,
+    }
+    impl store_contract::Expiry for PxExpiry<'_> {
+        fn before_write(&mut self) {
+            self.written = Instant::now();
+        }
+        fn earliest_drop(&mut self, hit: &Hit<'_>, now: Timestamp) -> Option<Duration> {
+            let key = match hit.quota.algorithm {
+                Algorithm::FixedWindow => {
+                    sluice::store::go_cache_key(hit.key, now, hit.quota.window())
+                }
+                _ => sluice::store::state_key(hit),
+            };
+            let ttl: i64 = self.redis.cli(&["PTTL", &key]).parse().unwrap();
+            let since = self.written.elapsed();
+            assert!(ttl > 0, "{key} has no TTL ({ttl})");
+            assert_eq!(self.redis.cli(&["DEL", &key]), "1");
+            Some(Duration::from_millis(ttl as u64) + since)
+        }
+    }
+    let redis = Redis::start();
+    let remote = store(&redis.settings(0)).await;
+    let mut expiry = PxExpiry {
+        redis: &redis,
+        written: Instant::now(),
+    };
+    store_contract::expiries_outlast_every_state(&remote, &mut expiry).await;
+}

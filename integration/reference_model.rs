@@ -306,9 +306,7 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
         let held = held(until);
         (if leaky { held.saturating_sub(1) } else { held }) as u64
     };
-    let wait_until = if !over && leaky && departures::A_LEAKY_BUCKET_RESETS_WHEN_ITS_EXCESS_DRAINS {
-        at_rest.saturating_sub(interval).max(now)
-    } else if !over {
+    let wait_until = if !over {
         at_rest
     } else if quota.charge_refused {
         (at_rest + interval).saturating_sub(tolerance)
@@ -345,15 +343,6 @@ fn nothing_passes(quota: &Quota, hits: u64) -> Decision {
 /// one of these says so, so that the rest of the model stays the definition; each is reported
 /// (issue 32, item 6), and set to `false` shows the contract failing where the limiter departs.
 mod departures {
-    /// An admitted call on a leaky bucket reports the time until nginx's excess is 0
-    /// (`docs/algorithms.md`'s table: "until the backlog drains"), which is one emission
-    /// interval before the bucket is at rest, where the same page defines the duration: "an
-    /// admitted call reports when the bucket is back at rest (`limit_remaining` whole again)".
-    /// 3 a minute with `burst: 2`: one hit at rest reports 1 s, and `limit_remaining` is 2, not
-    /// 3, until 20 s have passed. 1 a minute with no burst: one hit reports 1 s with
-    /// `limit_remaining` 0, and the next hit is refused for 60 s.
-    pub const A_LEAKY_BUCKET_RESETS_WHEN_ITS_EXCESS_DRAINS: bool = true;
-
     /// A bucket's emission interval is `window / requests_per_unit` rounded up to a whole
     /// microsecond, the resolution of its arrival time (`src/limiter/bucket.rs`: "never faster
     /// than configured"). The docs give the rate exactly ("refilled at `requests_per_unit` per

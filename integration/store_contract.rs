@@ -820,3 +820,85 @@ pub async fn random_sequences_answer_as_the_model<S: CounterStore>(store: &S) {
         panic!("{failure}");
     }
 }
+
+/// How a remote backend lets a counter's state expire, for
+/// [`expiries_outlast_every_state`].
+pub trait Expiry {
+    /// Called just before the state is written.
+    fn before_write(&mut self) {}
+
+    /// How long after the write the backend may drop what it holds for `hit` (charged at
+    /// `now`), at the earliest, read from the TTL it set; then drops it at once. `None` when
+    /// that could not be told this time (the case is tried again on another key).
+    fn earliest_drop(&mut self, hit: &Hit<'_>, now: Timestamp) -> Option<std::time::Duration>;
+}
+
+/// One state of every algorithm and shape a remote store lets expire, as a quota and the hits
+/// of each call that makes it: leaky buckets (whose state outlives nginx's excess by one
+/// emission interval), token buckets, debts charged with `charge_refused`, windows of several
+/// units, sliding windows (which need the window after theirs), fixed windows, on units of a
+/// minute and a second.
+pub fn expiring_states() -> Vec<(Quota, Vec<u64>)> {
+    use Algorithm::*;
+    let charged = |q: Quota| Quota {
+        charge_refused: true,
+        ..q
+    };
+    let times = |q: Quota, unit_multiplier| Quota {
+        unit_multiplier,
+        ..q
+    };
+    vec![
+        (quota(LeakyBucket, 1, Unit::Minute, 0), vec![1]),
+        (quota(LeakyBucket, 3, Unit::Minute, 2), vec![3]),
+        (quota(LeakyBucket, 7, Unit::Second, 0), vec![1]),
+        (quota(TokenBucket, 5, Unit::Minute, 0), vec![2]),
+        (quota(TokenBucket, 7, Unit::Second, 0), vec![7]),
+        (
+            charged(quota(TokenBucket, 100, Unit::Minute, 0)),
+            vec![40; 3],
+        ),
+        (charged(limit(LeakyBucket, 100, Unit::Minute)), vec![40; 3]),
+        (times(quota(TokenBucket, 3, Unit::Minute, 0), 5), vec![1]),
+        (times(quota(LeakyBucket, 3, Unit::Minute, 0), 5), vec![1]),
+        (quota(SlidingWindow, 10, Unit::Minute, 0), vec![3]),
+        (quota(SlidingWindow, 5, Unit::Second, 0), vec![3]),
+        (times(quota(SlidingWindow, 10, Unit::Minute, 0), 2), vec![3]),
+        (
+            charged(quota(SlidingWindow, 100, Unit::Minute, 0)),
+            vec![40; 3],
+        ),
+        (quota(FixedWindow, 10, Unit::Minute, 0), vec![2]),
+        (quota(FixedWindow, 5, Unit::Second, 0), vec![2]),
+        (times(quota(FixedWindow, 3, Unit::Minute, 0), 5), vec![1]),
+    ]
+}
+
+/// A remote store's expiries are long enough: for each of [`expiring_states`] on a fresh key,
+/// charged at T0 + 0.25 s, the backend's TTL says when at the earliest it may drop the state,
+/// the state is dropped, and a call at that time must answer as the model, which still holds
+/// it. So the backend never forgets a state that could still change an answer, whatever the
+/// algorithm (with no waiting: the TTL is read, not waited out).
+pub async fn expiries_outlast_every_state<S: CounterStore>(store: &S, expiry: &mut impl Expiry) {
+    let mut c = Checked::new(store);
+    let now = Timestamp::from_micros(T0 * 1_000_000 + 250_000);
+    for (i, (q, calls)) in expiring_states().into_iter().enumerate() {
+        let mut told = None;
+        for attempt in 0..5 {
+            let k = format!("expiry_{i}_{attempt}_");
+            expiry.before_write();
+            for &hits in &calls {
+                c.apply(now, &[hit(&k, q, hits)]).await;
+            }
+            if let Some(after) = expiry.earliest_drop(&hit(&k, q, 0), now) {
+                told = Some((k, after));
+                break;
+            }
+        }
+        let (k, after) = told.expect("the backend's TTL was read");
+        let then = Timestamp::from_micros(now.micros() + after.as_micros() as u64);
+        c.try_apply(then, &[hit(&k, q, 0), hit(&k, q, 1)])
+            .await
+            .unwrap_or_else(|e| panic!("{q:?} {calls:?}: dropped {after:?} after: {e}"));
+    }
+}

@@ -1,6 +1,8 @@
 //! The token bucket and the leaky bucket, both kept as a theoretical arrival time (GCRA): one
 //! `u64` of microseconds since the epoch, the time at which the bucket would be back to its
-//! resting state if no more hits came. `0` (or any time in the past) is a resting bucket.
+//! resting state if no more hits came. `0` (or any time in the past) is a resting bucket, which
+//! answers every call as an empty one does: so a store may drop a bucket exactly when its time
+//! has passed ([`is_stale`]), and a remote store may let its key expire then.
 //!
 //! With `T = unit / requests_per_unit` (rounded up to a whole microsecond, so never faster than
 //! configured; rates above a million per second are capped there):
@@ -12,9 +14,13 @@
 //! - **Leaky bucket**, with nginx `limit_req` semantics (`rate`, `burst`, and `nodelay`, since
 //!   an external service admits or refuses but cannot delay): nginx keeps an `excess` that
 //!   drains at `rate`; a request is refused when the excess it would leave exceeds `burst`.
-//!   In arrival-time form the excess after a request is `max(tat + T, now) - now` measured in
-//!   `T`s, and a request is admitted when that is at most `burst * T`. After idling, `burst + 1`
-//!   requests pass at once, as in nginx. `n` hits are `n` requests arriving together.
+//!   A request served at rest leaves no excess, and each one adds `T` of work that drains at
+//!   the rate, so the bucket is at rest again one `T` after its excess is 0: its arrival time
+//!   is `excess + T` ahead of now, and a request is admitted when the time it would leave is at
+//!   most `(burst + 1) * T` ahead. That is the token bucket's rule with a capacity of
+//!   `burst + 1`, and nginx's excess is the count less the one request being served. After
+//!   idling, `burst + 1` requests pass at once, as in nginx. `n` hits are `n` requests arriving
+//!   together.
 //!
 //! Rejected hits change nothing, so a client sending twice the rate still gets the rate; unless
 //! the limit charges refused hits (`charge_refused`, for costs reported after the response):
@@ -40,8 +46,8 @@ use super::{Algorithm, Decision, Quota};
 pub const EMPTY: u64 = 0;
 
 /// The two numbers a bucket is defined by, in microseconds: the emission interval `T` and how
-/// far ahead of now the arrival time may run (`C*T` for a token bucket, `burst*T` for a leaky
-/// one). `None` for a rate of 0. A store that runs the algorithm elsewhere (a Redis script)
+/// far ahead of now the arrival time may run (`C*T` for a token bucket, `(burst + 1)*T` for a
+/// leaky one). `None` for a rate of 0. A store that runs the algorithm elsewhere (a Redis script)
 /// takes them from here so both sides agree.
 pub fn params(quota: &Quota) -> Option<(u64, u64)> {
     let shape = Shape::of(quota)?;
@@ -64,7 +70,8 @@ fn secs_ceil(us: u128) -> u64 {
         .max(1)
 }
 
-/// Whether a bucket is at rest at `now_us` (so a store may drop it).
+/// Whether a bucket is at rest at `now_us`, so that it answers as an empty one and a store may
+/// drop it.
 pub fn is_stale(state: u64, now_us: u64) -> bool {
     state <= now_us
 }
@@ -86,9 +93,9 @@ impl Shape {
         let t = emission_interval(quota)?;
         let leaky = quota.algorithm == Algorithm::LeakyBucket;
         let slots = if leaky {
-            quota.burst.map_or(0, |b| b.get())
+            u64::from(quota.burst.map_or(0, |b| b.get())) + 1
         } else {
-            quota.burst.map_or(quota.requests_per_unit, |b| b.get())
+            u64::from(quota.burst.map_or(quota.requests_per_unit, |b| b.get()))
         };
         Some(Shape {
             t,
@@ -141,19 +148,11 @@ pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decis
         charge_refused,
     } = shape;
     let n = u128::from(hits);
-    // Where the bucket would stand after `n` hits.
-    let tat_after = if !leaky {
-        tat.max(now) + n * t
-    } else if n == 0 {
-        tat.max(now)
-    } else {
-        (tat + n * t).max(now + (n - 1) * t)
-    };
-    // 0 hits always fit, unless the bucket is already past its tolerance (a charged debt).
-    let probe = tat_after;
-    let over = probe - now > tolerance;
-    // A refused call (unless charged) or a peek leaves the state as it was: moving a leaky
-    // bucket's arrival time up to `now` would change when its backlog is considered drained.
+    // Where the bucket would stand after `n` hits. 0 hits always fit, unless the bucket is
+    // already past its tolerance (a charged debt).
+    let tat_after = tat.max(now) + n * t;
+    let over = tat_after - now > tolerance;
+    // A refused call (unless charged) or a peek leaves the state as it was.
     let charged = n > 0 && (!over || charge_refused);
     let (new_tat, ahead) = if charged {
         (tat_after, tat_after - now)
@@ -163,28 +162,29 @@ pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decis
     let remaining = if over {
         0
     } else {
-        // Leaky: another request needs `ahead + T <= tolerance` (it adds T to a backlog).
-        // Token: the same, measured from the current level.
+        // Another hit needs `ahead + T <= tolerance`.
         let room = tolerance.saturating_sub(ahead) / t;
-        // A leaky bucket at rest also lets one request through for free (nginx's first
-        // request after idling leaves no excess).
-        let free = u128::from(leaky && new_tat + t <= now);
-        u32::try_from(room + free).unwrap_or(u32::MAX)
+        u32::try_from(room).unwrap_or(u32::MAX)
     };
     let reset_us = if over && charge_refused {
         // In debt (this call's charge included): a single hit passes once
         // `new_tat + t - later <= tolerance`.
         (new_tat + t - now).saturating_sub(tolerance)
     } else if over {
-        // The same call passes once `probe - later <= tolerance`.
-        probe - now - tolerance
+        // The same call passes once `tat_after - later <= tolerance`.
+        tat_after - now - tolerance
     } else {
         ahead
     };
-    let used = |ahead: u128| u64::try_from(ahead.div_ceil(t)).unwrap_or(u64::MAX);
+    // Hits in the bucket (a leaky bucket's count is nginx's excess: less the one request being
+    // served).
+    let used = |ahead: u128| {
+        let held = u64::try_from(ahead.div_ceil(t)).unwrap_or(u64::MAX);
+        if leaky { held.saturating_sub(1) } else { held }
+    };
     let decision = Decision {
         count_before: used(tat.max(now) - now),
-        count_after: used(probe - now),
+        count_after: used(tat_after - now),
         over,
         remaining,
         reset_after_secs: secs_ceil(reset_us),
@@ -281,6 +281,27 @@ mod tests {
         let no_burst = quota(Algorithm::LeakyBucket, 2, Unit::Second, None);
         let a = run(&no_burst, &[(now, 1), (now, 1), (now + S / 2, 1)]);
         assert_eq!(a, [true, false, true]);
+    }
+
+    #[test]
+    fn a_leaky_bucket_resets_when_it_is_at_rest_not_when_its_excess_drains() {
+        let now = 100 * S;
+        // 3 a minute with a burst of 2: one hit leaves room for 2 more until it has drained,
+        // 20 s on; only then is `limit_remaining` whole (3) again.
+        let q = quota(Algorithm::LeakyBucket, 3, Unit::Minute, Some(2));
+        let (d, s) = decide(EMPTY, now, &q, 1);
+        assert_eq!((d.remaining, d.reset_after_secs), (2, 20));
+        assert_eq!(decide(s, now + 20 * S - 1, &q, 0).0.remaining, 2);
+        assert_eq!(decide(s, now + 20 * S, &q, 0).0.remaining, 3);
+        // 1 a minute, no burst: the next hit is refused for 60 s, which is what it reports.
+        let q = quota(Algorithm::LeakyBucket, 1, Unit::Minute, None);
+        let (d, s) = decide(EMPTY, now, &q, 1);
+        assert_eq!((d.over, d.remaining, d.reset_after_secs), (false, 0, 60));
+        let (refused, _) = decide(s, now + S, &q, 1);
+        assert_eq!((refused.over, refused.reset_after_secs), (true, 59));
+        assert!(!is_stale(s, now + 60 * S - 1));
+        assert!(is_stale(s, now + 60 * S));
+        assert!(!decide(s, now + 60 * S, &q, 1).0.over);
     }
 
     #[test]

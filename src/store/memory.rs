@@ -787,6 +787,35 @@ mod tests {
         assert_eq!(store.stats().swept.load(Ordering::Relaxed), 3);
     }
 
+    /// nginx's excess of a leaky bucket's last request lasts one emission interval past the
+    /// request; a sweeper that dropped the bucket sooner gave the client its next request at
+    /// once. 1 a minute, no burst, a request every second for ten minutes, the production
+    /// sweeper every 10 s: 10 admitted (60 when the sweeper dropped a bucket as soon as its
+    /// excess was 0).
+    #[test]
+    fn a_swept_leaky_bucket_still_admits_only_its_rate() {
+        let store = MemoryStore::new(10);
+        let q = Quota {
+            algorithm: Algorithm::LeakyBucket,
+            ..Quota::fixed(1, Unit::Minute)
+        };
+        let start = 1_700_000_000;
+        let mut admitted = 0;
+        for second in 0..600 {
+            let now = start + second;
+            if second % 10 == 0 {
+                store.sweep(Timestamp::from_secs(now));
+            }
+            let h = Hit {
+                key: "leaky",
+                quota: q,
+                hits: 1,
+            };
+            admitted += u32::from(!apply(&store, now, &[h]).unwrap()[0].over);
+        }
+        assert_eq!(admitted, 10);
+    }
+
     #[test]
     fn windows_of_several_units_are_swept_when_they_end_not_before() {
         let store = MemoryStore::new(100);

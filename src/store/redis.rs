@@ -82,25 +82,29 @@ return {i or -1, c, p}
 
 /// The token and leaky buckets (see [`bucket`]).
 ///
-/// KEYS[1]: the counter, a string holding the theoretical arrival time (µs since the epoch).
-/// ARGV: now (µs), T (µs per hit), tolerance (µs), hits, leaky (1) or token (0), charge refused
-/// hits (1) or not (0).
-/// Token: `after = max(tat, now) + hits*T`; leaky (nginx): `after = max(tat + hits*T,
-/// now + (hits-1)*T)`; admitted when `after - now <= tolerance`, then stored with a TTL that
-/// ends when the bucket is back at rest. A refused call (unless charged) or a peek writes
+/// KEYS[1]: the counter, a string holding the theoretical arrival time: µs since the epoch at
+/// which the bucket is back at rest.
+/// ARGV: now (µs), T (µs per hit), tolerance (µs), hits, charge refused hits (1) or not (0).
+/// `after = max(tat, now) + hits*T`; admitted when `after - now <= tolerance` (a leaky bucket's
+/// tolerance is `(burst + 1)*T`, see [`bucket`]), then stored with a TTL that ends when the
+/// bucket is back at rest ([`BUCKET_GRACE_MS`] later): until then it can change an answer,
+/// after it answers as a missing key. A refused call (unless charged) or a peek writes
 /// nothing. Returns the arrival time found (0 for none).
 pub const BUCKET: &str = r#"
-local now, t, tol, n, leaky, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local now, t, tol, n, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 if n > 0 then
-  local after
-  if leaky == 1 then after = math.max(tat + n * t, now + (n - 1) * t) else after = math.max(tat, now) + n * t end
+  local after = math.max(tat, now) + n * t
   if charge == 1 or after - now <= tol then
     redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', math.ceil((after - now) / 1000) + 1000)
   end
 end
 return tat
 "#;
+
+/// How long a bucket's key outlives its rest (the `+ 1000` of [`BUCKET`]'s `PX`): a replica
+/// whose clock is behind the writer's still finds it for that long.
+pub const BUCKET_GRACE_MS: u64 = 1_000;
 
 /// Gives hits back (a request another limit refused).
 ///
@@ -284,7 +288,6 @@ impl RedisStore {
                     .arg(t)
                     .arg(tolerance)
                     .arg(hit.hits)
-                    .arg(u8::from(q.algorithm == Algorithm::LeakyBucket))
                     .arg(u8::from(q.charge_refused));
             }
         }

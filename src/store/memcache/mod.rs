@@ -26,9 +26,16 @@
 //! request holding one reads no counts at all): their limits never apply under Go; under
 //! Sluice they do.
 //!
-//! **Expiry.** memcached takes an expiry above 30 days as a Unix time: the Go service's MONTH
-//! limits plus a jitter, and its YEAR limits, expire at once. Sluice sends those as the time
-//! they end, so they last their window.
+//! **Expiry.** Every key is kept as long as it can change an answer: a fixed window's until
+//! its window ends (plus the jitter, as in Go), a sliding window's until the window after it
+//! ends, a bucket's until it is back at rest (for a leaky bucket, one emission interval after
+//! nginx's excess is 0; a debt included). memcached's clock counts whole seconds, and a key
+//! given `E` seconds can be dropped `E - 1` seconds and a moment after it was written, so each
+//! expiry is one second more than that (the Go service's is not: its key of a window of a
+//! second can be dropped within that second, and the count start again). memcached takes an
+//! expiry above 30 days as a Unix time: the Go service's MONTH limits plus a jitter, and its
+//! YEAR limits, expire at once. Sluice sends those as the time they end, so they last their
+//! window.
 //!
 //! **Failures.** Each call is bounded by SLUICE_MEMCACHE_TIMEOUT_MS; an error is a
 //! [`StoreError::Backend`], answered UNKNOWN or OK as the domain's failure mode says (the Go
@@ -123,12 +130,16 @@ pub fn storable_key(key: String) -> String {
     out
 }
 
-/// The expiry to send for a TTL: relative up to 30 days, else the Unix time it ends.
+/// The expiry to send for a key that must last `ttl_secs` from `now`: one second more, as
+/// memcached's clock counts whole seconds and drops a key given `E` seconds once it has ticked
+/// `E` times, which can be `E - 1` seconds and a moment after the write; relative up to 30
+/// days, else the Unix time it ends.
 fn exptime(ttl_secs: u64, now: Timestamp) -> u64 {
-    if ttl_secs > MAX_RELATIVE_EXPIRY {
-        now.secs() + ttl_secs
+    let ttl = ttl_secs.saturating_add(1);
+    if ttl > MAX_RELATIVE_EXPIRY {
+        now.secs().saturating_add(ttl)
     } else {
-        ttl_secs
+        ttl
     }
 }
 
@@ -451,14 +462,15 @@ impl MemcacheStore {
         )))
     }
 
-    /// The TTL of a state word written at `now`: a sliding window's two windows plus the
-    /// jitter's most, a bucket's time until it is back at rest plus a second.
+    /// The expiry of a state word written at `now`, for as long as it can change an answer:
+    /// a sliding window's until the window after it ends (at most two windows; plus the
+    /// jitter's most), a bucket's until it is back at rest.
     fn state_exptime(&self, quota: &Quota, word: u128, now: Timestamp) -> u64 {
         let ttl = match quota.algorithm {
             Algorithm::SlidingWindow => 2 * quota.window().secs() + self.jitter.max_secs,
             _ => {
                 let tat = u64::try_from(word).unwrap_or(u64::MAX);
-                tat.saturating_sub(now.micros()).div_ceil(1_000_000) + 1
+                tat.saturating_sub(now.micros()).div_ceil(1_000_000)
             }
         };
         exptime(ttl, now)
@@ -697,14 +709,14 @@ mod tests {
     }
 
     #[test]
-    fn expiries_past_30_days_are_sent_as_the_time_they_end() {
+    fn expiries_are_a_second_longer_and_past_30_days_the_time_they_end() {
         let now = Timestamp::from_secs(1_700_000_000);
-        assert_eq!(exptime(60, now), 60);
-        assert_eq!(exptime(MAX_RELATIVE_EXPIRY, now), MAX_RELATIVE_EXPIRY);
+        assert_eq!(exptime(60, now), 61);
+        assert_eq!(exptime(MAX_RELATIVE_EXPIRY - 1, now), MAX_RELATIVE_EXPIRY);
         assert_eq!(
-            exptime(MAX_RELATIVE_EXPIRY + 1, now),
+            exptime(MAX_RELATIVE_EXPIRY, now),
             1_700_000_000 + MAX_RELATIVE_EXPIRY + 1
         );
-        assert_eq!(exptime(365 * 86_400, now), 1_700_000_000 + 365 * 86_400);
+        assert_eq!(exptime(365 * 86_400, now), 1_700_000_000 + 365 * 86_400 + 1);
     }
 }
