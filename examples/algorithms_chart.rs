@@ -68,8 +68,8 @@ fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
                 d.over
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let (d, s) = bucket::decide(s64, now, &quota, 1);
-                s64 = s;
+                let (d, s) = bucket::decide(s128, now, &quota, 1);
+                s128 = s;
                 d.over
             }
         };

@@ -1440,3 +1440,34 @@ async fn every_state_key_lives_as_long_as_its_state() {
     };
     store_contract::expiries_outlast_every_state(&remote, &mut expiry).await;
 }
+
+/// A bucket's key holds its time as text: whole µs and, for a rate that does not divide the
+/// window, the fraction of a µs to 12 places. A key holding whole µs (as a release before
+/// exact rates wrote every bucket) is read as that time, and a release reading the new text
+/// as a number gets its whole µs.
+#[tokio::test]
+async fn a_bucket_key_holds_its_time_in_microseconds_with_a_fraction() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let remote = store(&redis.settings(0)).await;
+    let now = Timestamp::from_secs(1_700_000_000);
+    let q = quota(Algorithm::TokenBucket, 3, Unit::Second, None);
+    let hit = |key, hits| Hit {
+        key,
+        quota: q,
+        hits,
+    };
+    apply(&remote, now, &[hit("text_", 1)]).await.unwrap();
+    let key = sluice::store::state_key(&hit("text_", 1));
+    assert_eq!(redis.cli(&["GET", &key]), "1700000000333333.333333333333");
+    // Three hits of 333333⅓ µs are at rest after exactly a second.
+    let d = apply(&remote, now, &[hit("text_", 2)]).await.unwrap();
+    assert_eq!((d[0].remaining, d[0].reset_after_secs), (0, 1));
+    assert_eq!(redis.cli(&["GET", &key]), "1700000001000000");
+    // Whole µs written before: just under two intervals ahead, so 2 hits in use, 1 remains.
+    redis.cli(&["SET", "old_token_bucket", "1700000000666666"]);
+    let d = apply(&remote, now, &[hit("old_", 0)]).await.unwrap();
+    assert_eq!((d[0].count_before, d[0].remaining), (2, 1));
+}

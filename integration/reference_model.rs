@@ -15,9 +15,11 @@
 //!   holds. A leaky bucket is the same arithmetic with nginx's excess read off it.
 //!
 //! Where the documentation leaves a field open, the reading chosen is stated where it is
-//! computed. Where the limiter departs from the documentation, the model follows it only
-//! behind a named switch in [`departures`], each one reported. The model refuses what the
-//! contract leaves open: one key under two quotas, and a key's clock going backwards.
+//! computed. The model follows the documentation only: where the limiter departed from it (a
+//! bucket's peek asking for one hit, a leaky bucket's reset one emission interval early, an
+//! emission interval rounded up to a microsecond) the limiter was changed, and the switches
+//! that once let the model follow it are gone. The model refuses what the contract leaves
+//! open: one key under two quotas, and a key's clock going backwards.
 
 use std::collections::BTreeMap;
 
@@ -231,19 +233,10 @@ struct BucketClock {
 
 impl BucketClock {
     fn of(quota: &Quota) -> Self {
-        let window = window_micros(quota);
-        let rate = u128::from(quota.requests_per_unit);
-        if departures::AN_EMISSION_INTERVAL_IS_ROUNDED_UP_TO_A_MICROSECOND {
-            BucketClock {
-                ticks_per_micro: 1,
-                interval: window.div_ceil(rate),
-            }
-        } else {
-            // Exact: ticks of 1 / rate µs make the interval the window's length in µs.
-            BucketClock {
-                ticks_per_micro: rate,
-                interval: window,
-            }
+        // Exact: ticks of 1 / rate µs make the interval the window's length in µs.
+        BucketClock {
+            ticks_per_micro: u128::from(quota.requests_per_unit),
+            interval: window_micros(quota),
         }
     }
 
@@ -337,18 +330,4 @@ fn nothing_passes(quota: &Quota, hits: u64) -> Decision {
         remaining: 0,
         reset_after_secs: (window_micros(quota) / MICROS_PER_SEC) as u64,
     }
-}
-
-/// Where the limiter departs from the documented definitions. The model follows it only where
-/// one of these says so, so that the rest of the model stays the definition; each is reported
-/// (issue 32, item 6), and set to `false` shows the contract failing where the limiter departs.
-mod departures {
-    /// A bucket's emission interval is `window / requests_per_unit` rounded up to a whole
-    /// microsecond, the resolution of its arrival time (`src/limiter/bucket.rs`: "never faster
-    /// than configured"). The docs give the rate exactly ("refilled at `requests_per_unit` per
-    /// unit"; a debt of `d` hits takes `d × unit / requests_per_unit`) and nothing about its
-    /// precision. The admissions differ by at most a microsecond a hit, but a duration is
-    /// rounded up to whole seconds after it: 3 hits on a token bucket of 3 a second are back
-    /// at rest after 1.000002 s, reported as 2 s where the rate says 1 s.
-    pub const AN_EMISSION_INTERVAL_IS_ROUNDED_UP_TO_A_MICROSECOND: bool = true;
 }

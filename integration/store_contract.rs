@@ -10,9 +10,9 @@
 //! runs the limiter's own functions, is checked against something other than itself, and every
 //! other backend against the same. (Comparing a backend with a fresh memory store, as the suite
 //! once did as well, would add nothing: every backend, the memory store included, must equal
-//! the model.) Where the limiter departs from the documentation, the model follows it only
-//! behind a named switch (`reference_model::departures`). Each case then states the few numbers
-//! a reader would check by hand.
+//! the model.) The model follows the documentation alone, with no switch to follow the
+//! limiter where the two differ. Each case then states the few numbers a reader would check by
+//! hand.
 //!
 //! What the contract does not promise: whether one key stem under two different quotas (another
 //! unit or algorithm) is one counter or two. The service never does that within one config, and

@@ -30,7 +30,7 @@
 //! **Keys.** `CACHE_KEY_PREFIX + "sluice:wb:{" + stem + "}:" + kind`, where the stem is the
 //! counter key without the prefix and the kind is `fw:<unit s>:<window index>` (fixed window:
 //! the count), `sw:<unit s>:<window index>` (sliding window: that window's count) or `gcra`
-//! (buckets: the theoretical arrival time in µs). They cannot be taken for the Redis backend's
+//! (buckets: the theoretical arrival time in whole µs, rounded up). They cannot be taken for the Redis backend's
 //! keys (`prefix + domain_...`, Go-compatible). The stem is a hash tag, so all of one
 //! descriptor's keys are in one Redis Cluster slot: a sliding window's two keys are read and
 //! written by one call, and on Redis Cluster each descriptor's writes are one pipeline.
@@ -44,7 +44,7 @@ use redis::Value;
 
 use super::config::WriteBehind;
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::{CounterKind, Quota, fixed_window, sliding_window};
+use crate::limiter::{CounterKind, Quota, bucket, fixed_window, sliding_window};
 use crate::store::{Hit, MemoryStore, RedisLink, StoreError};
 use crate::telemetry::LogLimiter;
 
@@ -525,7 +525,8 @@ impl Durable {
                 (w, vec![current, previous])
             }
             CounterKind::Bucket => {
-                let tat = state as u64;
+                // Whole µs, rounded up: the copy is at rest no sooner than the bucket.
+                let tat = bucket::rest_micros(state);
                 (0, vec![(0, tat, ms_until(tat))])
             }
         };
@@ -724,7 +725,7 @@ mod tests {
         );
         assert_eq!(
             state_from(CounterKind::Bucket, 0, &[now.micros() + 1], now),
-            Some(u128::from(now.micros() + 1))
+            Some(bucket::at_micros(now.micros() + 1))
         );
     }
 

@@ -1,11 +1,10 @@
-//! The token bucket and the leaky bucket, both kept as a theoretical arrival time (GCRA): one
-//! `u64` of microseconds since the epoch, the time at which the bucket would be back to its
-//! resting state if no more hits came. `0` (or any time in the past) is a resting bucket, which
-//! answers every call as an empty one does: so a store may drop a bucket exactly when its time
-//! has passed ([`is_stale`]), and a remote store may let its key expire then.
+//! The token bucket and the leaky bucket, both kept as a theoretical arrival time (GCRA): the
+//! time at which the bucket would be back to its resting state if no more hits came. `0` (or
+//! any time in the past) is a resting bucket, which answers every call as an empty one does:
+//! so a store may drop a bucket exactly when its time has passed ([`is_stale`]), and a remote
+//! store may let its key expire then.
 //!
-//! With `T = unit / requests_per_unit` (rounded up to a whole microsecond, so never faster than
-//! configured; rates above a million per second are capped there):
+//! With `T = unit × unit_multiplier / requests_per_unit`, exactly:
 //!
 //! - **Token bucket** (Guava's SmoothBursty, design note 002): capacity `C = burst` (default
 //!   `requests_per_unit`), refilled at one token per `T`. `n` hits are admitted when
@@ -21,6 +20,16 @@
 //!   `burst + 1`, and nginx's excess is the count less the one request being served. After
 //!   idling, `burst + 1` requests pass at once, as in nginx. `n` hits are `n` requests arriving
 //!   together.
+//!
+//! **The state word** is a `u128`: the arrival time's whole microseconds since the epoch in
+//! the high 64 bits, and its fraction of a microsecond in the low 64, as a numerator over the
+//! bucket's denominator (`requests_per_unit`, see [`Shape`]). Times are counted in those
+//! fractions, so `T` is a whole number of them and nothing is rounded until a decision reports
+//! whole hits or whole seconds: 3 hits on a token bucket of 3 a second are at rest after
+//! exactly 1 s. The whole microseconds mean the same under any rate, so a word read under
+//! another rate (a config reload) is off by less than a microsecond; words compare as times
+//! (a later arrival time is a larger word), and a time in whole microseconds is a word with no
+//! fraction ([`at_micros`], [`rest_micros`]).
 //!
 //! Rejected hits change nothing, so a client sending twice the rate still gets the rate; unless
 //! the limit charges refused hits (`charge_refused`, for costs reported after the response):
@@ -43,44 +52,49 @@
 
 use super::{Algorithm, Decision, Quota};
 
-pub const EMPTY: u64 = 0;
+/// A bucket that was never hit: at rest at any time.
+pub const EMPTY: u128 = 0;
 
-/// The two numbers a bucket is defined by, in microseconds: the emission interval `T` and how
-/// far ahead of now the arrival time may run (`C*T` for a token bucket, `(burst + 1)*T` for a
-/// leaky one). `None` for a rate of 0. A store that runs the algorithm elsewhere (a Redis script)
-/// takes them from here so both sides agree.
-pub fn params(quota: &Quota) -> Option<(u64, u64)> {
-    let shape = Shape::of(quota)?;
-    let clamp = |v: u128| u64::try_from(v).unwrap_or(u64::MAX);
-    Some((clamp(shape.t), clamp(shape.tolerance)))
-}
-
-/// Microseconds per hit for `quota`, rounded up; `None` for a rate of 0.
-fn emission_interval(quota: &Quota) -> Option<u128> {
-    let unit_us = u128::from(quota.window().secs()) * 1_000_000;
-    match quota.requests_per_unit {
-        0 => None,
-        rpu => Some(unit_us.div_ceil(u128::from(rpu))),
-    }
-}
-
-fn secs_ceil(us: u128) -> u64 {
-    u64::try_from(us.div_ceil(1_000_000))
-        .unwrap_or(u64::MAX)
-        .max(1)
-}
+const FRACTION_BITS: u32 = 64;
+const FRACTION_MASK: u128 = (1 << FRACTION_BITS) - 1;
+const MICROS_PER_SEC: u128 = 1_000_000;
 
 /// Whether a bucket is at rest at `now_us`, so that it answers as an empty one and a store may
 /// drop it.
-pub fn is_stale(state: u64, now_us: u64) -> bool {
-    state <= now_us
+pub fn is_stale(state: u128, now_us: u64) -> bool {
+    state <= at_micros(now_us)
 }
 
-/// A bucket as the algorithm sees it: the emission interval `t` and the tolerance (how far
-/// ahead of now the arrival time may run), in microseconds, and whether it leaks (nginx's
-/// `limit_req`) or holds tokens.
+/// The state of a bucket at rest at `us` microseconds since the epoch (a time kept in whole
+/// microseconds, such as the write-behind copy's).
+pub const fn at_micros(us: u64) -> u128 {
+    (us as u128) << FRACTION_BITS
+}
+
+/// The time a bucket is at rest, rounded up to a whole microsecond: for a store that keeps
+/// whole microseconds or sets an expiry, which must not end before it.
+pub fn rest_micros(state: u128) -> u64 {
+    let whole = u64::try_from(state >> FRACTION_BITS).unwrap_or(u64::MAX);
+    whole.saturating_add(u64::from(state & FRACTION_MASK != 0))
+}
+
+/// How far ahead of now a bucket's arrival time may lie after an admitted call, in whole
+/// microseconds rounded up (`C*T`; `(burst + 1)*T` for a leaky bucket): how far back another
+/// owner's state still matters. `None` for a rate of 0.
+pub fn tolerance_micros(quota: &Quota) -> Option<u64> {
+    let shape = Shape::of(quota)?;
+    let us = shape.tolerance.div_ceil(u128::from(shape.den));
+    Some(u64::try_from(us).unwrap_or(u64::MAX))
+}
+
+/// A bucket as the algorithm sees it. Its times are counted in ticks of `1 / den` µs, in which
+/// the emission interval `t` is a whole number: for a quota, `den` is `requests_per_unit` and
+/// `t` the window's length in µs. The tolerance (how far ahead of now the arrival time may run
+/// after an admitted call) is `capacity × t`, and a leaky bucket's count leaves out the
+/// request being served (nginx's excess).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
+    den: u64,
     t: u128,
     tolerance: u128,
     leaky: bool,
@@ -90,41 +104,166 @@ pub struct Shape {
 impl Shape {
     /// The shape of `quota`'s bucket; `None` for a rate of 0.
     pub fn of(quota: &Quota) -> Option<Shape> {
-        let t = emission_interval(quota)?;
+        let rate = u64::from(quota.requests_per_unit);
+        if rate == 0 {
+            return None;
+        }
         let leaky = quota.algorithm == Algorithm::LeakyBucket;
-        let slots = if leaky {
+        let capacity = if leaky {
             u64::from(quota.burst.map_or(0, |b| b.get())) + 1
         } else {
             u64::from(quota.burst.map_or(quota.requests_per_unit, |b| b.get()))
         };
+        let t = u128::from(quota.window().secs()) * MICROS_PER_SEC;
         Some(Shape {
+            den: rate,
             t,
-            tolerance: u128::from(slots) * t,
+            tolerance: u128::from(capacity) * t,
             leaky,
             charge_refused: quota.charge_refused,
         })
     }
 
-    /// How far ahead of now the arrival time may run, in microseconds.
+    /// The bucket of a `part / whole` share of this one (a lease, `crate::cluster::lease`):
+    /// the emission interval stretched by `whole / part` and the same tolerance in time, so the
+    /// share's part of the rate and of the capacity. Exact: ticks `part` times finer. `part`
+    /// must be above 0, and `den × part` within 64 bits (a share is at most a million parts).
+    pub fn share(self, part: u64, whole: u64) -> Shape {
+        let part = part.max(1);
+        Shape {
+            den: self.den.saturating_mul(part),
+            t: self.t.saturating_mul(u128::from(whole)),
+            tolerance: self.tolerance.saturating_mul(u128::from(part)),
+            ..self
+        }
+    }
+
+    /// The state of a bucket of shape `to`, another share of the same bucket (the same
+    /// tolerance in time), holding at `now_us` the tokens this one holds in `state`, at most
+    /// its capacity: a lease's bucket changing its share keeps its tokens, so a larger share
+    /// refills faster but gives no burst.
+    pub fn reshare(self, state: u128, now_us: u64, to: Shape) -> u128 {
+        let now = u128::from(now_us) * u128::from(self.den);
+        let ahead = (self.ticks(state).max(now) - now).min(self.tolerance);
+        // The tokens held, `(tolerance - ahead) / t`, as ticks of `to`. Shares of one bucket
+        // count their interval in the same number of ticks.
+        let free = self.tolerance - ahead;
+        let kept = match free.checked_mul(to.t) {
+            Some(scaled) => scaled / self.t,
+            None => free / self.t * to.t,
+        };
+        let to_now = u128::from(now_us) * u128::from(to.den);
+        to.word(to_now + to.tolerance.saturating_sub(kept))
+    }
+
+    /// Ticks per microsecond: the fractions of a microsecond this bucket's times are counted in.
+    pub fn den(self) -> u64 {
+        self.den
+    }
+
+    /// The emission interval, in ticks.
+    pub fn interval(self) -> u128 {
+        self.t
+    }
+
+    /// How far ahead of now the arrival time may run after an admitted call, in ticks.
     pub fn tolerance(self) -> u128 {
         self.tolerance
     }
 
-    /// The bucket of a `part / whole` share of this one (a lease, `crate::cluster::lease`):
-    /// the emission interval stretched by `whole / part` and the same tolerance, so the share's
-    /// part of the rate and of the capacity. `part` must be above 0.
-    pub fn share(self, part: u64, whole: u64) -> Shape {
-        let t = (self.t * u128::from(whole)).div_ceil(u128::from(part.max(1)));
-        Shape { t, ..self }
+    /// `ticks` as whole microseconds and the ticks left over (below [`Shape::den`]).
+    pub fn split(self, ticks: u128) -> (u128, u64) {
+        let den = u128::from(self.den);
+        (ticks / den, (ticks % den) as u64)
+    }
+
+    /// A state word as ticks since the epoch. A fraction not below `den` (a word written
+    /// under a higher rate) reads as the last tick of its microsecond.
+    fn ticks(self, state: u128) -> u128 {
+        let fraction = (state & FRACTION_MASK).min(u128::from(self.den - 1));
+        (state >> FRACTION_BITS)
+            .saturating_mul(u128::from(self.den))
+            .saturating_add(fraction)
+    }
+
+    /// Ticks since the epoch as a state word (past 2^64 µs, the last microsecond there is).
+    fn word(self, ticks: u128) -> u128 {
+        let (us, fraction) = self.split(ticks);
+        match u64::try_from(us) {
+            Ok(us) => at_micros(us) | u128::from(fraction),
+            Err(_) => at_micros(u64::MAX),
+        }
+    }
+
+    /// The text a remote store keeps a state as ([`text`]).
+    pub fn text(self, state: u128) -> String {
+        text_over(state, self.den)
+    }
+
+    /// The state a [`Shape::text`] holds ([`parse`]).
+    pub fn parse(self, text: &str) -> Option<u128> {
+        parse_over(text, self.den)
     }
 }
 
+/// The text a remote store keeps a bucket of `quota` as: its arrival time in µs since the
+/// epoch, in decimal, with its fraction of a microsecond to 12 places when it has one
+/// (`1700000000333333.333333333333`). A number to anything that reads one (a release that kept
+/// whole microseconds reads the whole part), and exact: 12 places tell every numerator apart
+/// for a denominator up to 2^32, which `requests_per_unit` is.
+pub fn text(quota: &Quota, state: u128) -> String {
+    text_over(state, denominator(quota))
+}
+
+/// The state a [`text`] holds (a whole number of µs too); `None` if it is not one.
+pub fn parse(quota: &Quota, text: &str) -> Option<u128> {
+    parse_over(text, denominator(quota))
+}
+
+/// The denominator of `quota`'s fractions of a microsecond (1 for a rate of 0, which keeps no
+/// state of its own).
+fn denominator(quota: &Quota) -> u64 {
+    u64::from(quota.requests_per_unit.max(1))
+}
+
+fn text_over(state: u128, den: u64) -> String {
+    let den = u128::from(den);
+    let us = state >> FRACTION_BITS;
+    let fraction = (state & FRACTION_MASK).min(den - 1);
+    if fraction == 0 {
+        return us.to_string();
+    }
+    let scale = 10u128.pow(12);
+    let places = ((fraction * scale + den / 2) / den).min(scale - 1);
+    format!("{us}.{places:012}")
+}
+
+fn parse_over(text: &str, den: u64) -> Option<u128> {
+    let (whole, places) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || !(places.is_empty() || digits(places)) {
+        return None;
+    }
+    let us: u64 = whole.parse().ok()?;
+    let den = u128::from(den);
+    let fraction = match places {
+        "" => 0,
+        places => {
+            let scale = 10u128.pow(places.len() as u32);
+            let f: u128 = places.parse().ok()?;
+            (f.saturating_mul(den).saturating_add(scale / 2) / scale).min(den - 1)
+        }
+    };
+    Some(at_micros(us) | fraction)
+}
+
 /// Applies `hits` at `now_us` to a token or leaky bucket.
-pub fn decide(state: u64, now_us: u64, quota: &Quota, hits: u64) -> (Decision, u64) {
+pub fn decide(state: u128, now_us: u64, quota: &Quota, hits: u64) -> (Decision, u128) {
     match Shape::of(quota) {
         Some(shape) => decide_shaped(state, now_us, shape, hits),
         None => {
-            // A rate of 0 admits nothing; a peek still answers OK, as a fixed window of 0 does.
+            // A rate of 0 admits nothing and holds nothing (a charged refusal has no rate to
+            // be waited out at); a peek still answers OK, as a fixed window of 0 does.
             let d = Decision {
                 count_before: 0,
                 count_after: hits,
@@ -138,64 +277,68 @@ pub fn decide(state: u64, now_us: u64, quota: &Quota, hits: u64) -> (Decision, u
 }
 
 /// Applies `hits` at `now_us` to a bucket of `shape`.
-pub fn decide_shaped(state: u64, now_us: u64, shape: Shape, hits: u64) -> (Decision, u64) {
-    let now = u128::from(now_us);
-    let tat = u128::from(state);
+pub fn decide_shaped(state: u128, now_us: u64, shape: Shape, hits: u64) -> (Decision, u128) {
     let Shape {
+        den,
         t,
         tolerance,
         leaky,
         charge_refused,
     } = shape;
-    let n = u128::from(hits);
-    // Where the bucket would stand after `n` hits. 0 hits always fit, unless the bucket is
+    let now = u128::from(now_us) * u128::from(den);
+    let tat = shape.ticks(state);
+    // Where the bucket would stand after the hits. 0 hits always fit, unless the bucket is
     // already past its tolerance (a charged debt).
-    let tat_after = tat.max(now) + n * t;
+    let from = tat.max(now);
+    let tat_after = from.saturating_add(u128::from(hits).saturating_mul(t));
     let over = tat_after - now > tolerance;
     // A refused call (unless charged) or a peek leaves the state as it was.
-    let charged = n > 0 && (!over || charge_refused);
-    let (new_tat, ahead) = if charged {
-        (tat_after, tat_after - now)
-    } else {
-        (tat, tat.max(now) - now)
-    };
+    let charged = hits > 0 && (!over || charge_refused);
+    let at_rest = if charged { tat_after } else { from };
     let remaining = if over {
         0
     } else {
         // Another hit needs `ahead + T <= tolerance`.
-        let room = tolerance.saturating_sub(ahead) / t;
-        u32::try_from(room).unwrap_or(u32::MAX)
+        u32::try_from((tolerance - (at_rest - now)) / t).unwrap_or(u32::MAX)
     };
-    let reset_us = if over && charge_refused {
+    let wait = if !over {
+        at_rest - now
+    } else if charge_refused {
         // In debt (this call's charge included): a single hit passes once
-        // `new_tat + t - later <= tolerance`.
-        (new_tat + t - now).saturating_sub(tolerance)
-    } else if over {
+        // `at_rest + t - later <= tolerance`.
+        (at_rest - now + t).saturating_sub(tolerance)
+    } else {
         // The same call passes once `tat_after - later <= tolerance`.
         tat_after - now - tolerance
-    } else {
-        ahead
     };
     // Hits in the bucket (a leaky bucket's count is nginx's excess: less the one request being
     // served).
-    let used = |ahead: u128| {
-        let held = u64::try_from(ahead.div_ceil(t)).unwrap_or(u64::MAX);
+    let count = |until: u128| {
+        let held = u64::try_from((until - now).div_ceil(t)).unwrap_or(u64::MAX);
         if leaky { held.saturating_sub(1) } else { held }
     };
+    let per_sec = u128::from(den) * MICROS_PER_SEC;
     let decision = Decision {
-        count_before: used(tat.max(now) - now),
-        count_after: used(tat_after - now),
+        count_before: count(from),
+        count_after: count(tat_after),
         over,
         remaining,
-        reset_after_secs: secs_ceil(reset_us),
+        reset_after_secs: u64::try_from(wait.div_ceil(per_sec))
+            .unwrap_or(u64::MAX)
+            .max(1),
     };
-    (decision, u64::try_from(new_tat).unwrap_or(u64::MAX))
+    let next = if charged {
+        shape.word(tat_after)
+    } else {
+        state
+    };
+    (decision, next)
 }
 
 /// Gives back `hits` admitted earlier (for a request that another limit refused): moves the
 /// arrival time back by `hits` emission intervals. For both buckets the result decides every
 /// later call exactly as the state before the admission would have.
-pub fn refund(state: u64, quota: &Quota, hits: u64) -> u64 {
+pub fn refund(state: u128, quota: &Quota, hits: u64) -> u128 {
     match Shape::of(quota) {
         None => state,
         Some(shape) => refund_shaped(state, shape, hits),
@@ -203,9 +346,9 @@ pub fn refund(state: u64, quota: &Quota, hits: u64) -> u64 {
 }
 
 /// [`refund`] for a bucket of `shape`.
-pub fn refund_shaped(state: u64, shape: Shape, hits: u64) -> u64 {
-    let back = u128::from(state).saturating_sub(u128::from(hits) * shape.t);
-    u64::try_from(back).unwrap_or(u64::MAX)
+pub fn refund_shaped(state: u128, shape: Shape, hits: u64) -> u128 {
+    let back = u128::from(hits).saturating_mul(shape.t);
+    shape.word(shape.ticks(state).saturating_sub(back))
 }
 
 #[cfg(test)]
@@ -302,6 +445,71 @@ mod tests {
         assert!(!is_stale(s, now + 60 * S - 1));
         assert!(is_stale(s, now + 60 * S));
         assert!(!decide(s, now + 60 * S, &q, 1).0.over);
+    }
+
+    /// The emission interval is exact however the rate divides the window: 3 a second is
+    /// 333333⅓ µs, and 3 hits are at rest after exactly 1 s, not 1.000002 s (which would
+    /// report a reset of 2 s).
+    #[test]
+    fn the_emission_interval_is_exact() {
+        let now = 100 * S;
+        let q = quota(Algorithm::TokenBucket, 3, Unit::Second, None);
+        let (d, s) = decide(EMPTY, now, &q, 3);
+        assert_eq!((d.over, d.remaining, d.reset_after_secs), (false, 0, 1));
+        assert_eq!(rest_micros(s), now + S);
+        assert!(!is_stale(s, now + S - 1));
+        assert!(is_stale(s, now + S));
+        assert_eq!(decide(s, now + S, &q, 0).0.remaining, 3);
+        // One hit frees a token after 333333⅓ µs: not at 333333, at 333334.
+        let (_, s) = decide(EMPTY, now, &q, 1);
+        let (_, s) = decide(s, now, &q, 2);
+        assert!(decide(s, now + 333_333, &q, 1).0.over);
+        assert!(!decide(s, now + 333_334, &q, 1).0.over);
+        // 7 a minute, emptied, then one call at each emission interval (T = 8_571_428 4/7 µs)
+        // rounded up to the microsecond, for a day: every one fits. (An interval rounded up
+        // to 8_571_429 µs would refuse them from the third on.)
+        let q = quota(Algorithm::TokenBucket, 7, Unit::Minute, None);
+        let mut s = decide(EMPTY, now, &q, 7).1;
+        let mut admitted = 0;
+        for k in 1..=10_080u64 {
+            let (d, next) = decide(s, now + (k * 60 * S).div_ceil(7), &q, 1);
+            s = next;
+            admitted += u32::from(!d.over);
+        }
+        assert_eq!(admitted, 10_080);
+    }
+
+    /// A state word is a time: its whole microseconds mean the same under any rate, so a
+    /// reload that changes the rate reads it within a microsecond; a remote store keeps it as
+    /// text that reads back exactly.
+    #[test]
+    fn a_state_is_a_time_under_any_rate_and_as_text() {
+        let now = 100 * S;
+        let three = quota(Algorithm::TokenBucket, 3, Unit::Second, None);
+        let (_, s) = decide(EMPTY, now, &three, 1);
+        assert_eq!(s >> 64, u128::from(now + 333_333));
+        assert_eq!(text(&three, s), "100333333.333333333333");
+        assert_eq!(parse(&three, &text(&three, s)), Some(s));
+        assert_eq!(parse(&three, "100333333"), Some(at_micros(100_333_333)));
+        assert_eq!(parse(&three, "1.5x"), None);
+        assert_eq!(parse(&three, ""), None);
+        // Read under 2 a second instead: the same instant, within a microsecond.
+        let two = quota(Algorithm::TokenBucket, 2, Unit::Second, None);
+        assert_eq!(rest_micros(s), now + 333_334);
+        let d = decide(s, now + 333_334, &two, 0).0;
+        assert_eq!(d.count_before, 0);
+        // Every numerator of the largest denominator reads back from its 12 places.
+        let big = quota(Algorithm::TokenBucket, u32::MAX, Unit::Second, None);
+        for fraction in [
+            1u128,
+            2,
+            12_345,
+            u128::from(u32::MAX) - 2,
+            u128::from(u32::MAX) - 1,
+        ] {
+            let state = at_micros(now) | fraction;
+            assert_eq!(parse(&big, &text(&big, state)), Some(state), "{fraction}");
+        }
     }
 
     #[test]
@@ -412,7 +620,6 @@ mod tests {
             steps in proptest::collection::vec((0u64..300, 1u64..4), 1..200),
         ) {
             let q = quota(Algorithm::TokenBucket, rate, Unit::Second, Some(burst));
-            let t = (S as u128).div_ceil(u128::from(rate));
             let mut now = 5 * S;
             let mut s = EMPTY;
             let mut log = Vec::new();
@@ -429,8 +636,9 @@ mod tests {
                 for &(end, hits) in &log[i..] {
                     admitted += u128::from(hits);
                     let span = u128::from(end - start);
+                    // At most `burst + span / T`, with `T = 1 s / rate` exactly.
                     prop_assert!(
-                        admitted <= u128::from(burst) + span / t,
+                        admitted * u128::from(S) <= u128::from(burst) * u128::from(S) + span * u128::from(rate),
                         "{admitted} hits in {span} us"
                     );
                 }

@@ -1,6 +1,6 @@
 //! The algorithm dispatch, in one place: which state word a quota's counter keeps
 //! ([`CounterKind`]) and each algorithm's steps on that word. Every word is handed over widened
-//! to `u128` (a fixed window's and a bucket's fit in 64 bits, a sliding window's takes 128), so
+//! to `u128` (a fixed window's fits in 64 bits, a sliding window's and a bucket's take 128), so
 //! one signature serves every algorithm. Stores keep the words (the memory store in atomics,
 //! the cluster's write-behind in Redis) and call these instead of matching on [`Algorithm`].
 
@@ -43,8 +43,7 @@ pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decisio
             sliding_window::decide(state, n.micros(), q.window(), rpu, hits, q.charge_refused)
         }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-            let (d, s) = bucket::decide(narrow(state), n.micros(), q, hits);
-            (d, u128::from(s))
+            bucket::decide(state, n.micros(), q, hits)
         }
     }
 }
@@ -57,9 +56,7 @@ pub fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u128 {
         Algorithm::SlidingWindow => {
             sliding_window::refund(state, now.micros(), quota.window(), hits)
         }
-        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-            u128::from(bucket::refund(narrow(state), quota, hits))
-        }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::refund(state, quota, hits),
     }
 }
 
@@ -107,7 +104,7 @@ impl CounterKind {
         match self {
             CounterKind::Fixed(u) => fixed_window::is_stale(narrow(state), now.secs(), u),
             CounterKind::Sliding(u) => sliding_window::is_stale(state, now.micros(), u),
-            CounterKind::Bucket => bucket::is_stale(narrow(state), now.micros()),
+            CounterKind::Bucket => bucket::is_stale(state, now.micros()),
         }
     }
 
@@ -118,7 +115,7 @@ impl CounterKind {
         match self {
             CounterKind::Fixed(u) => fixed_window::current_count(narrow(state), now.secs(), u) > 0,
             CounterKind::Sliding(u) => sliding_window::counts_at(state, now.micros(), u) != (0, 0),
-            CounterKind::Bucket => !bucket::is_stale(narrow(state), now.micros()),
+            CounterKind::Bucket => !bucket::is_stale(state, now.micros()),
         }
     }
 
@@ -131,13 +128,13 @@ impl CounterKind {
                 u128::from(fixed_window::merge_max(narrow(a), narrow(b), now.secs(), u))
             }
             CounterKind::Sliding(u) => sliding_window::merge_max(a, b, now.micros(), u),
-            CounterKind::Bucket => u128::from(narrow(a).max(narrow(b))),
+            CounterKind::Bucket => a.max(b),
         }
     }
 
     /// A word from plain values kept elsewhere (Redis) for window index `window`: a fixed
-    /// window's count, a sliding window's current and previous counts, a bucket's arrival time.
-    /// `None` when they hold nothing at `now`.
+    /// window's count, a sliding window's current and previous counts, a bucket's arrival time
+    /// in whole µs ([`bucket::rest_micros`]). `None` when they hold nothing at `now`.
     pub fn from_parts(self, window: u64, values: &[u64], now: Timestamp) -> Option<u128> {
         let first = values.first().copied().unwrap_or(0);
         match self {
@@ -148,7 +145,7 @@ impl CounterKind {
                 (first > 0 || previous > 0)
                     .then(|| sliding_window::state_from_parts(window, first, previous))
             }
-            CounterKind::Bucket => (first > now.micros()).then_some(u128::from(first)),
+            CounterKind::Bucket => (first > now.micros()).then_some(bucket::at_micros(first)),
         }
     }
 
@@ -167,7 +164,7 @@ impl CounterKind {
             CounterKind::Fixed(u) => window(u, 0, 1),
             CounterKind::Sliding(u) => window(u, 1, 1),
             CounterKind::Bucket => {
-                let (_, tolerance) = bucket::params(quota)?;
+                let tolerance = bucket::tolerance_micros(quota)?;
                 (
                     Timestamp::from_micros(now.micros().saturating_sub(tolerance)),
                     Timestamp::from_micros(now.micros().saturating_add(tolerance)),

@@ -6,7 +6,8 @@
 //! - sliding window: one table per unit of `AtomicU128` (tag + two counts);
 //! - windows of several units (`unit_multiplier`): one table per window length, made on its
 //!   first counter and kept (their number is bounded by the distinct windows configs name);
-//! - token and leaky buckets: one table of `AtomicU64` (the theoretical arrival time).
+//! - token and leaky buckets: one table of `AtomicU128` (the theoretical arrival time, exact
+//!   to a fraction of a microsecond, see [`crate::limiter::bucket`]).
 //!
 //! Every update is a compare-and-swap loop around the pure function in [`crate::limiter`],
 //! under a shard read lock; a shard write lock is taken only to insert a new counter.
@@ -59,7 +60,7 @@ fn new_table<W>(shards: usize) -> Table<W> {
 /// above the worst case measured, 102 B (`examples/counter_memory.rs -- 935000 4
 /// sliding_window`: a sliding window's table just past doubling, the shortest keys; see
 /// docs/hardening.md). A slot is a `(Box<str>, word)` pair plus a control byte, 25 B (33 B for
-/// a sliding window's 128-bit word); a table just past doubling is 7/16 full, which makes 57 B
+/// a sliding window's or a bucket's 128-bit word); a table just past doubling is 7/16 full, which makes 57 B
 /// (75 B) per counter; the key's heap block adds glibc's header and rounding, up to 31 B.
 /// Charged alike whatever the table, so the budget is never less than what it bounds.
 pub const COUNTER_OVERHEAD_BYTES: usize = 112;
@@ -215,7 +216,7 @@ pub struct MemoryStats {
     pub swept: AtomicU64,
 }
 
-/// A kind's table: of 64-bit words (fixed windows, buckets) or of 128-bit ones (sliding); a
+/// A kind's table: of 64-bit words (fixed windows) or of 128-bit ones (sliding, buckets); a
 /// multiplied window's is shared (`Arc`) out of its map.
 enum TableRef<'a> {
     Narrow(&'a Table<AtomicU64>),
@@ -245,7 +246,7 @@ macro_rules! with_table {
 struct Inner {
     fixed: [Table<AtomicU64>; 7],
     sliding: [Table<AtomicU128>; 7],
-    buckets: Table<AtomicU64>,
+    buckets: Table<AtomicU128>,
     /// Multiplied windows' tables, by window.
     fixed_multiplied: DashMap<Window, Arc<Table<AtomicU64>>>,
     sliding_multiplied: DashMap<Window, Arc<Table<AtomicU128>>>,
@@ -440,7 +441,7 @@ impl Inner {
             CounterKind::Sliding(w) => {
                 TableRef::SharedWide(shared_table(&self.sliding_multiplied, w, shards))
             }
-            CounterKind::Bucket => TableRef::Narrow(&self.buckets),
+            CounterKind::Bucket => TableRef::Wide(&self.buckets),
         }
     }
 
@@ -1024,9 +1025,10 @@ mod tests {
         assert!(!store.holds(kind, "k", Timestamp::from_secs(1260)));
         // Buckets keep the later arrival time.
         let bucket = CounterKind::Bucket;
-        store.merge_max(bucket, "b", 9_000_000, now).unwrap();
-        store.merge_max(bucket, "b", 2_000_000, now).unwrap();
-        assert_eq!(store.state(bucket, "b"), Some(9_000_000));
+        let (later, sooner) = (limiter::bucket::at_micros(9_000_000), 2_000_000 << 64 | 1);
+        store.merge_max(bucket, "b", later, now).unwrap();
+        store.merge_max(bucket, "b", sooner, now).unwrap();
+        assert_eq!(store.state(bucket, "b"), Some(later));
         for i in 0..CounterKind::COUNT {
             assert_eq!(
                 CounterKind::from_index(i).and_then(CounterKind::index),
@@ -1060,6 +1062,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<AtomicU64>(), 8);
         assert_eq!(std::mem::size_of::<(Box<str>, AtomicU64)>(), 24);
         assert_eq!(std::mem::size_of::<AtomicU128>(), 16);
+        assert_eq!(std::mem::size_of::<(Box<str>, AtomicU128)>(), 32);
         assert!(AtomicU128::is_lock_free(), "128-bit CAS is native here");
     }
 }

@@ -80,53 +80,93 @@ end
 return {i or -1, c, p}
 "#;
 
-/// The token and leaky buckets (see [`bucket`]).
+/// The Lua a bucket's scripts share: its time, kept as [`bucket::Shape::text`] writes it (µs
+/// since the epoch, and the fraction of a µs to 12 places when there is one), read as whole µs
+/// and a numerator over `den` (`requests_per_unit`), and written back. Lua's numbers are
+/// doubles: exact for times and durations below 2^53 µs (285 years), and 12 places of a
+/// numerator below 2^32 come back exactly.
+macro_rules! bucket_time_lua {
+    () => {
+        r#"
+local function read_time(text, den)
+  if not text then return 0, 0 end
+  local whole, places = string.match(text, '^(%d+)%.?(%d*)$')
+  if not whole then error('the key holds ' .. text .. ', not a bucket time') end
+  local num = 0
+  if places ~= '' then num = math.min(math.floor(tonumber('0.' .. places) * den + 0.5), den - 1) end
+  return tonumber(whole), num
+end
+local function write_time(us, num, den)
+  local text = string.format('%.0f', us)
+  if num > 0 then text = text .. string.sub(string.format('%.12f', num / den), 2) end
+  return text
+end
+"#
+    };
+}
+
+/// The token and leaky buckets (see [`bucket`]), in exact arithmetic: every time and duration
+/// is whole µs and a numerator over `den` (`requests_per_unit`).
 ///
-/// KEYS[1]: the counter, a string holding the theoretical arrival time: µs since the epoch at
-/// which the bucket is back at rest.
-/// ARGV: now (µs), T (µs per hit), tolerance (µs), hits, charge refused hits (1) or not (0).
-/// `after = max(tat, now) + hits*T`; admitted when `after - now <= tolerance` (a leaky bucket's
-/// tolerance is `(burst + 1)*T`, see [`bucket`]), then stored with a TTL that ends when the
-/// bucket is back at rest ([`BUCKET_GRACE_MS`] later): until then it can change an answer,
-/// after it answers as a missing key. A refused call (unless charged) or a peek writes
-/// nothing. Returns the arrival time found (0 for none).
-pub const BUCKET: &str = r#"
-local now, t, tol, n, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+/// KEYS[1]: the counter, a string holding the theoretical arrival time: when the bucket is
+/// back at rest ([`bucket::Shape::text`]).
+/// ARGV: now (µs); den; hits; the hits' emission intervals `hits × T` as whole µs and a
+/// numerator; the tolerance likewise (`C × T`, a leaky bucket's `(burst + 1) × T`); charge
+/// refused hits (1) or not (0).
+/// `after = max(tat, now) + hits × T`; admitted when `after - now <= tolerance`, then stored
+/// with a TTL that ends a second after the bucket is back at rest: until then it can change an
+/// answer, after it answers as a missing key (the second is for a replica whose clock is
+/// behind the writer's). A refused call (unless charged) or a peek writes nothing. Returns the
+/// text found (nil for none).
+pub const BUCKET: &str = concat!(
+    bucket_time_lua!(),
+    r#"
+local now, den, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local found = redis.call('GET', KEYS[1])
 if n > 0 then
-  local after = math.max(tat, now) + n * t
-  if charge == 1 or after - now <= tol then
-    redis.call('SET', KEYS[1], string.format('%.0f', after), 'PX', math.ceil((after - now) / 1000) + 1000)
+  local us, num = read_time(found, den)
+  if us < now or (us == now and num == 0) then us, num = now, 0 end
+  us, num = us + tonumber(ARGV[4]), num + tonumber(ARGV[5])
+  if num >= den then us, num = us + 1, num - den end
+  local ahead, tq, tr = us - now, tonumber(ARGV[6]), tonumber(ARGV[7])
+  if ARGV[8] == '1' or ahead < tq or (ahead == tq and num <= tr) then
+    redis.call('SET', KEYS[1], write_time(us, num, den), 'PX', math.ceil((ahead + 1) / 1000) + 1000)
   end
 end
-return tat
-"#;
-
-/// How long a bucket's key outlives its rest (the `+ 1000` of [`BUCKET`]'s `PX`): a replica
-/// whose clock is behind the writer's still finds it for that long.
-pub const BUCKET_GRACE_MS: u64 = 1_000;
+return found
+"#
+);
 
 /// Gives hits back (a request another limit refused).
 ///
 /// KEYS[1]: a sliding-window hash or a bucket string.
-/// ARGV: `s` or `b`; now (µs); unit (µs, sliding) or T (µs, bucket); hits.
-/// Sliding: `c -= hits` if `i` is still the current window. Bucket: `tat -= hits*T`.
-pub const REFUND: &str = r#"
-local hits = tonumber(ARGV[4])
+/// ARGV: `s`, now (µs), unit (µs), hits: `c -= hits` if `i` is still the current window. Or
+/// `b`, den, and `hits × T` as whole µs and a numerator: the bucket's time moves back by that
+/// (never before the epoch), its TTL kept.
+pub const REFUND: &str = concat!(
+    bucket_time_lua!(),
+    r#"
 if ARGV[1] == 's' then
+  local hits = tonumber(ARGV[4])
   local idx = math.floor(tonumber(ARGV[2]) / tonumber(ARGV[3]))
   if tonumber(redis.call('HGET', KEYS[1], 'i')) == idx then
     local c = tonumber(redis.call('HGET', KEYS[1], 'c')) or 0
     redis.call('HSET', KEYS[1], 'c', math.max(c - hits, 0))
   end
 else
-  local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-  if tat > 0 then
-    redis.call('SET', KEYS[1], string.format('%.0f', math.max(tat - hits * tonumber(ARGV[3]), 0)), 'KEEPTTL')
+  local found = redis.call('GET', KEYS[1])
+  if found then
+    local den = tonumber(ARGV[2])
+    local us, num = read_time(found, den)
+    us, num = us - tonumber(ARGV[3]), num - tonumber(ARGV[4])
+    if num < 0 then us, num = us - 1, num + den end
+    if us < 0 then us, num = 0, 0 end
+    redis.call('SET', KEYS[1], write_time(us, num, den), 'KEEPTTL')
   end
 end
 return 0
-"#;
+"#
+);
 
 /// How to reach Redis, and how the store uses it (REDIS_* and the breaker's settings).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -278,16 +318,28 @@ impl RedisStore {
                     .arg(u8::from(q.charge_refused));
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                // A rate of 0 never gets here (`decide_without_state`).
-                let (t, tolerance) = bucket::params(&q).unwrap_or((u64::MAX, 0));
+                let Some(shape) = bucket::Shape::of(&q) else {
+                    // A rate of 0 holds nothing and is decided without Redis
+                    // (`decide_without_state`); were one sent, GET answers as the script does
+                    // and writes nothing.
+                    pipe.cmd("GET").arg(super::state_key(hit));
+                    return;
+                };
+                let hits_span = u128::from(hit.hits).saturating_mul(shape.interval());
+                let (hits_us, hits_ticks) = shape.split(hits_span);
+                let (tolerance_us, tolerance_ticks) = shape.split(shape.tolerance());
+                let whole = |us: u128| u64::try_from(us).unwrap_or(u64::MAX);
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(BUCKET).get_hash())
                     .arg(1)
                     .arg(super::state_key(hit))
                     .arg(now.micros())
-                    .arg(t)
-                    .arg(tolerance)
+                    .arg(shape.den())
                     .arg(hit.hits)
+                    .arg(whole(hits_us))
+                    .arg(hits_ticks)
+                    .arg(whole(tolerance_us))
+                    .arg(tolerance_ticks)
                     .arg(u8::from(q.charge_refused));
             }
         }
@@ -327,8 +379,15 @@ impl RedisStore {
                 sliding_window::decide(state, now.micros(), q.window(), rpu, hit.hits, charge).0
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                let tat = u64::try_from(int(reply)?).unwrap_or(0);
-                bucket::decide(tat, now.micros(), &q, hit.hits).0
+                let state = match (reply, bucket::Shape::of(&q)) {
+                    (Value::Nil, _) | (_, None) => bucket::EMPTY,
+                    (Value::BulkString(text), Some(shape)) => std::str::from_utf8(text)
+                        .ok()
+                        .and_then(|text| shape.parse(text))
+                        .ok_or_else(bad)?,
+                    _ => return Err(bad()),
+                };
+                bucket::decide(state, now.micros(), &q, hit.hits).0
             }
         })
     }
@@ -478,23 +537,35 @@ impl RedisStore {
     async fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>]) -> Result<(), StoreError> {
         for hit in hits {
             let q = hit.quota;
-            let (kind, scale) = match q.algorithm {
+            // `REFUND`'s ARGV after the kind: three numbers.
+            let args: (&str, u64, u64, u64) = match q.algorithm {
                 Algorithm::FixedWindow => continue,
-                Algorithm::SlidingWindow => ("s", q.window().secs() * 1_000_000),
-                Algorithm::TokenBucket | Algorithm::LeakyBucket => match bucket::params(&q) {
-                    Some((t, _)) => ("b", t),
-                    None => continue,
-                },
+                Algorithm::SlidingWindow => {
+                    ("s", now.micros(), q.window().secs() * 1_000_000, hit.hits)
+                }
+                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                    let Some(shape) = bucket::Shape::of(&q) else {
+                        continue;
+                    };
+                    let back = u128::from(hit.hits).saturating_mul(shape.interval());
+                    let (us, ticks) = shape.split(back);
+                    (
+                        "b",
+                        shape.den(),
+                        u64::try_from(us).unwrap_or(u64::MAX),
+                        ticks,
+                    )
+                }
             };
             let mut pipe = redis::pipe();
             pipe.cmd("EVALSHA")
                 .arg(redis::Script::new(REFUND).get_hash())
                 .arg(1)
                 .arg(super::state_key(hit))
-                .arg(kind)
-                .arg(now.micros())
-                .arg(scale)
-                .arg(hit.hits);
+                .arg(args.0)
+                .arg(args.1)
+                .arg(args.2)
+                .arg(args.3);
             self.run(self.target_for(q.unit), &pipe).await?;
         }
         Ok(())
@@ -507,7 +578,7 @@ impl RedisStore {
 fn decide_without_state(now: Timestamp, hits: &[Hit<'_>], decisions: &mut [Option<Decision>]) {
     for (hit, d) in hits.iter().zip(decisions) {
         let q = &hit.quota;
-        if d.is_none() && q.algorithm.takes_burst() && bucket::params(q).is_none() {
+        if d.is_none() && q.algorithm.takes_burst() && bucket::Shape::of(q).is_none() {
             *d = Some(bucket::decide(bucket::EMPTY, now.micros(), q, hit.hits).0);
         }
     }

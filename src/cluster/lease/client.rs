@@ -37,8 +37,8 @@ pub struct Held {
     /// This node's fair part at the last grant (`Grant::fair`) and the window it is about: at
     /// a renewal in that window the node keeps no more than it (or than it used).
     fair: Option<(u64, u64)>,
-    /// Buckets: the local bucket's theoretical arrival time (µs).
-    tat: u64,
+    /// Buckets: the local bucket's theoretical arrival time (a [`bucket`] state word).
+    tat: u128,
     /// Hits asked for (admitted or not) since the last renewal was sent.
     attempted: u64,
     /// When the last renewal (or the first acquire) was sent.
@@ -85,7 +85,7 @@ impl Held {
             valid_until_us: 0,
             others: 0,
             fair: None,
-            tat: 0,
+            tat: bucket::EMPTY,
             attempted: 0,
             reported_us: now_us,
             demand_milli,
@@ -223,7 +223,7 @@ impl Held {
         if is_window(&self.quota) {
             quiet && epoch_of(&self.quota, now_us) > self.epoch && self.next.is_none()
         } else {
-            quiet && now_us >= self.valid_until_us && self.tat <= now_us
+            quiet && now_us >= self.valid_until_us && bucket::is_stale(self.tat, now_us)
         }
     }
 
@@ -360,8 +360,13 @@ impl Held {
     /// and the same time tolerance, so `share / PPM` of its capacity. `None` for no share (or a
     /// rate of 0).
     fn local_bucket(&self) -> Option<bucket::Shape> {
+        self.bucket_of_share(self.allowance)
+    }
+
+    /// The local bucket of a share of `share` ppm (`None` for 0, or a rate of 0).
+    fn bucket_of_share(&self, share: u64) -> Option<bucket::Shape> {
         let shape = bucket::Shape::of(&self.quota)?;
-        (self.allowance > 0).then(|| shape.share(self.allowance, PPM))
+        (share > 0).then(|| shape.share(share, PPM))
     }
 
     /// Changes a bucket share to `share` at `now_us`, keeping the tokens the local bucket has
@@ -373,16 +378,10 @@ impl Held {
         if share == self.allowance {
             return;
         }
-        if let (Some(old), true) = (self.local_bucket(), share > 0) {
-            let tolerance = old.tolerance();
-            let ahead = u128::from(self.tat.saturating_sub(now_us)).min(tolerance);
-            // Tokens now, in the old emission interval: (tolerance - ahead) / t_old; the same
-            // tokens in the new one leave ahead' = tolerance - (tolerance - ahead) x old / new.
-            let kept = (tolerance - ahead) * u128::from(self.allowance) / u128::from(share);
-            let ahead = tolerance.saturating_sub(kept);
-            self.tat = now_us.saturating_add(u64::try_from(ahead).unwrap_or(u64::MAX));
+        if let (Some(old), Some(new)) = (self.local_bucket(), self.bucket_of_share(share)) {
+            self.tat = old.reshare(self.tat, now_us, new);
         } else if share == 0 {
-            self.tat = self.tat.max(now_us);
+            self.tat = self.tat.max(bucket::at_micros(now_us));
         }
         self.allowance = share;
     }

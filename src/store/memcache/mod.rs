@@ -59,7 +59,7 @@ use super::breaker::BreakerSettings;
 use super::go_fixed::{self, Jitter, OverLimitCache};
 use super::{CounterStore, Hit, StoreError, go_cache_key, state_key};
 use crate::clock::Timestamp;
-use crate::limiter::{Algorithm, Decision, Quota, counter};
+use crate::limiter::{Algorithm, Decision, Quota, bucket, counter};
 use crate::tls::ClientTls;
 
 pub use self::servers::split_host_port;
@@ -398,11 +398,13 @@ impl MemcacheStore {
         &self.stripes[i]
     }
 
-    /// Reads `key`'s state word, computes `f` on it (absent: `None`), and when `f` asks for a
-    /// write stores its word with `cas` (`add` for a new key), reading again after a lost race.
+    /// Reads `key`'s state word (kept for `quota`, [`value_of`]), computes `f` on it (absent:
+    /// `None`), and when `f` asks for a write stores its word with `cas` (`add` for a new key),
+    /// reading again after a lost race.
     async fn read_modify_write<T>(
         &self,
         key: &str,
+        quota: &Quota,
         deadline: Instant,
         f: impl Fn(Option<u128>) -> (T, Option<(u128, u64)>),
     ) -> Result<T, StoreError> {
@@ -431,7 +433,7 @@ impl MemcacheStore {
             let item = items.iter().find(|it| it.key == key);
             let word = match item {
                 None => None,
-                Some(it) => Some(it.number().ok_or_else(|| {
+                Some(it) => Some(word_of(quota, &it.value).ok_or_else(|| {
                     backend(format!(
                         "memcached {}: {key} holds {:?}, not a counter",
                         server.addr,
@@ -444,9 +446,10 @@ impl MemcacheStore {
                 return Ok(out);
             };
             let mut store = Batch::default();
+            let value = value_of(quota, next);
             match item.and_then(|it| it.cas) {
-                Some(unique) => store.cas(key, &next.to_string(), exptime, unique),
-                None => store.add(key, &next.to_string(), exptime),
+                Some(unique) => store.cas(key, &value, exptime, unique),
+                None => store.add(key, &value, exptime),
             }
             let reply = server.call(store, deadline).await?;
             match reply.first() {
@@ -468,10 +471,9 @@ impl MemcacheStore {
     fn state_exptime(&self, quota: &Quota, word: u128, now: Timestamp) -> u64 {
         let ttl = match quota.algorithm {
             Algorithm::SlidingWindow => 2 * quota.window().secs() + self.jitter.max_secs,
-            _ => {
-                let tat = u64::try_from(word).unwrap_or(u64::MAX);
-                tat.saturating_sub(now.micros()).div_ceil(1_000_000)
-            }
+            _ => bucket::rest_micros(word)
+                .saturating_sub(now.micros())
+                .div_ceil(1_000_000),
         };
         exptime(ttl, now)
     }
@@ -485,7 +487,7 @@ impl MemcacheStore {
     ) -> Result<Decision, StoreError> {
         let q = hit.quota;
         let key = Self::key(hit, now);
-        self.read_modify_write(&key, deadline, |word| {
+        self.read_modify_write(&key, &q, deadline, |word| {
             let before = word.unwrap_or(0);
             let (d, next) = counter::decide(&q, before, now, hit.hits);
             let write =
@@ -503,7 +505,7 @@ impl MemcacheStore {
                 continue;
             }
             let key = Self::key(hit, now);
-            self.read_modify_write(&key, deadline, |word| {
+            self.read_modify_write(&key, &q, deadline, |word| {
                 let write = word.and_then(|w| {
                     let next = counter::refund(&q, w, now, hit.hits);
                     (next != w).then(|| (next, self.state_exptime(&q, next, now)))
@@ -534,6 +536,25 @@ impl MemcacheStore {
             }
         }
         Ok(())
+    }
+}
+
+/// The value a state word of `quota` is kept as: a bucket's time as text (the Redis store's,
+/// [`bucket::text`]: µs and a fraction of one, readable as a number), any other word in
+/// decimal.
+fn value_of(quota: &Quota, word: u128) -> String {
+    match quota.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::text(quota, word),
+        _ => word.to_string(),
+    }
+}
+
+/// The state word a value holds ([`value_of`]); `None` if it holds none.
+fn word_of(quota: &Quota, value: &[u8]) -> Option<u128> {
+    let text = std::str::from_utf8(value).ok()?.trim();
+    match quota.algorithm {
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::parse(quota, text),
+        _ => text.parse().ok(),
     }
 }
 

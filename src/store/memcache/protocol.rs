@@ -15,8 +15,9 @@ pub const MAX_KEY_BYTES: usize = 250;
 /// The longest reply line read: `VALUE <key> <flags> <bytes> <cas unique>` for the longest
 /// key, with room to spare; `SERVER_ERROR` messages are shorter.
 pub const MAX_LINE_BYTES: usize = 512;
-/// The largest value read. Counters are decimal numbers: a fixed window's count and a bucket's
-/// arrival time are at most 20 digits, a sliding window's state word 39.
+/// The largest value read. Counters are decimal numbers: a fixed window's count is at most 20
+/// digits, a bucket's arrival time 33 characters (20 digits, a point and 12 places), a sliding
+/// window's state word 39 digits.
 pub const MAX_VALUE_BYTES: usize = 64;
 
 /// Whether memcached can store `key` as it is: at most [`MAX_KEY_BYTES`], and no byte that is
