@@ -58,11 +58,12 @@ fn new_table<W>(shards: usize) -> Table<W> {
 
 /// What a counter costs besides its key's bytes, charged against [`MemoryLimits::max_bytes`]:
 /// above the worst case measured, 102 B (`examples/counter_memory.rs -- 935000 4
-/// sliding_window`: a sliding window's table just past doubling, the shortest keys; see
-/// docs/hardening.md). A slot is a `(Box<str>, word)` pair plus a control byte, 25 B (33 B for
-/// a sliding window's or a bucket's 128-bit word); a table just past doubling is 7/16 full, which makes 57 B
-/// (75 B) per counter; the key's heap block adds glibc's header and rounding, up to 31 B.
-/// Charged alike whatever the table, so the budget is never less than what it bounds.
+/// sliding_window`, 102.3 B with `token_bucket`: a table of 128-bit words just past doubling,
+/// the shortest keys; see docs/hardening.md). A slot is a `(Box<str>, word)` pair plus a
+/// control byte, 25 B (33 B for a sliding window's or a bucket's 128-bit word); a table just
+/// past doubling is 7/16 full, which makes 57 B (75 B) per counter; the key's heap block adds
+/// glibc's header and rounding, up to 31 B. Charged alike whatever the table, so the budget is
+/// never less than what it bounds.
 pub const COUNTER_OVERHEAD_BYTES: usize = 112;
 
 /// The memory store's bounds.
