@@ -23,7 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use store_contract::{UnderTest, limit, store_contract};
+use store_contract::{Routed, UnderTest, limit, store_contract};
 use support::free_port;
 use support::tool_available;
 
@@ -231,12 +231,12 @@ async fn one_server() -> Option<(Memcached, MemcacheStore)> {
 }
 
 /// [`one_server`], for one contract case.
-async fn memcache_under_test() -> Option<UnderTest<MemcacheStore>> {
+async fn memcache_under_test() -> Option<Routed<UnderTest<MemcacheStore>>> {
     let (server, store) = one_server().await?;
-    Some(UnderTest {
+    Some(Routed(UnderTest {
         store,
         server: Box::new(server),
-    })
+    }))
 }
 
 // The store contract: for the same calls, memcached answers exactly as the reference model

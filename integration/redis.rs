@@ -19,7 +19,7 @@ mod support;
 
 use pki::TestPki;
 use redis_server::{RedisServer, redis_server_available, redis_tls_available};
-use store_contract::{UnderTest, store_contract};
+use store_contract::{Routed, UnderTest, store_contract};
 use support::{free_port, wait_for};
 
 use std::num::NonZeroU32;
@@ -164,16 +164,16 @@ async fn admitted_concurrently(
 
 /// A fresh redis-server and a store on it, for one contract case; `None` (a recorded skip)
 /// when `redis-server` is missing and tools are not required (`support::missing`).
-async fn redis_under_test() -> Option<UnderTest<RedisStore>> {
+async fn redis_under_test() -> Option<Routed<UnderTest<RedisStore>>> {
     if !redis_server_available() {
         return None;
     }
     let server = Redis::start();
     let store = store(&server.settings(0)).await;
-    Some(UnderTest {
+    Some(Routed(UnderTest {
         store,
         server: Box::new(server),
-    })
+    }))
 }
 
 // The store contract: for the same calls, Redis answers exactly as the reference model does,

@@ -81,21 +81,25 @@ macro_rules! store_contract {
 }
 pub(crate) use store_contract;
 
-/// A store on a server a test started, kept alive as long as the store: what a remote backend's
-/// `$make` returns for [`store_contract!`].
-pub struct UnderTest<S> {
-    pub store: S,
-    pub server: Box<dyn std::any::Any + Send + Sync>,
+/// Which store a test's call at `now` goes to: the one store, one of a cluster's nodes in turn,
+/// a store swept first. [`Routed`] makes any route a [`CounterStore`], so the wrappers the
+/// contract runs on delegate in one place.
+pub trait Route: Send + Sync {
+    type Store: CounterStore;
+    fn route(&self, now: Timestamp) -> &Self::Store;
 }
 
-impl<S: CounterStore> CounterStore for UnderTest<S> {
+/// A [`Route`] as a store: each call goes to the store its route picks at the call's time.
+pub struct Routed<R>(pub R);
+
+impl<R: Route + 'static> CounterStore for Routed<R> {
     fn apply<'a>(
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
     ) -> impl std::future::Future<Output = Result<(), sluice::store::StoreError>> + Send + 'a {
-        self.store.apply(now, hits, out)
+        self.0.route(now).apply(now, hits, out)
     }
 
     fn refund<'a>(
@@ -103,7 +107,7 @@ impl<S: CounterStore> CounterStore for UnderTest<S> {
         now: Timestamp,
         hits: &'a [Hit<'a>],
     ) -> impl std::future::Future<Output = Result<(), sluice::store::StoreError>> + Send + 'a {
-        self.store.refund(now, hits)
+        self.0.route(now).refund(now, hits)
     }
 
     fn reset<'a>(
@@ -111,7 +115,21 @@ impl<S: CounterStore> CounterStore for UnderTest<S> {
         now: Timestamp,
         hits: &'a [Hit<'a>],
     ) -> impl std::future::Future<Output = Result<(), sluice::store::StoreError>> + Send + 'a {
-        self.store.reset(now, hits)
+        self.0.route(now).reset(now, hits)
+    }
+}
+
+/// A store on a server a test started, kept alive as long as the store: what a remote backend's
+/// `$make` returns for [`store_contract!`], as `Routed(UnderTest { .. })`.
+pub struct UnderTest<S> {
+    pub store: S,
+    pub server: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl<S: CounterStore> Route for UnderTest<S> {
+    type Store = S;
+    fn route(&self, _: Timestamp) -> &S {
+        &self.store
     }
 }
 

@@ -16,10 +16,9 @@ use sluice::cluster::ClusterStore;
 use sluice::cluster::lease::LeaseTiming;
 use sluice::cluster::peer::PeerServer;
 use sluice::cluster::{ClusterConfig, ClusterMode, PeerSource};
-use sluice::limiter::Decision;
 use sluice::net::{ByteBudget, Limits, Port};
-use sluice::store::{CounterStore, Hit, MemoryStore, StoreError};
-use store_contract::store_contract;
+use sluice::store::MemoryStore;
+use store_contract::{Route, Routed, store_contract};
 
 async fn memory() -> Option<MemoryStore> {
     Some(MemoryStore::new(100_000))
@@ -113,27 +112,15 @@ impl ThreeNodes {
     }
 }
 
-impl CounterStore for ThreeNodes {
-    async fn apply<'a>(
-        &'a self,
-        now: Timestamp,
-        hits: &'a [Hit<'a>],
-        out: &'a mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
-        self.node(now).apply(now, hits, out).await
-    }
-
-    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.node(now).refund(now, hits).await
-    }
-
-    async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.node(now).reset(now, hits).await
+impl Route for ThreeNodes {
+    type Store = ClusterStore;
+    fn route(&self, now: Timestamp) -> &ClusterStore {
+        self.node(now)
     }
 }
 
-async fn three_nodes() -> Option<ThreeNodes> {
-    Some(ThreeNodes::start().await)
+async fn three_nodes() -> Option<Routed<ThreeNodes>> {
+    Some(Routed(ThreeNodes::start().await))
 }
 
 store_contract!(three_node_cluster, three_nodes);
@@ -142,8 +129,9 @@ store_contract!(three_node_cluster, three_nodes);
 /// another node than the one called, and no forward fails.
 #[tokio::test]
 async fn the_cluster_run_forwards_hits_between_nodes() {
-    let cluster = ThreeNodes::start().await;
-    store_contract::an_irregular_sequence_answers_as_the_model(&cluster).await;
+    let routed = Routed(ThreeNodes::start().await);
+    store_contract::an_irregular_sequence_answers_as_the_model(&routed).await;
+    let cluster = &routed.0;
     let failed: u64 = cluster
         .nodes
         .iter()
@@ -167,25 +155,11 @@ async fn the_cluster_run_forwards_hits_between_nodes() {
 /// change no answer, since it may drop only counters at rest.
 struct SweptEveryCall(MemoryStore);
 
-impl CounterStore for SweptEveryCall {
-    async fn apply<'a>(
-        &'a self,
-        now: Timestamp,
-        hits: &'a [Hit<'a>],
-        out: &'a mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
+impl Route for SweptEveryCall {
+    type Store = MemoryStore;
+    fn route(&self, now: Timestamp) -> &MemoryStore {
         self.0.sweep(now);
-        self.0.apply(now, hits, out).await
-    }
-
-    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.0.sweep(now);
-        self.0.refund(now, hits).await
-    }
-
-    async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.0.sweep(now);
-        self.0.reset(now, hits).await
+        &self.0
     }
 }
 
@@ -196,7 +170,7 @@ impl CounterStore for SweptEveryCall {
 /// too, with debts (`charge_refused`), refunds and windows of several units.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweeping_before_every_call_changes_no_answer() {
-    let store = SweptEveryCall(MemoryStore::new(100_000));
+    let store = Routed(SweptEveryCall(MemoryStore::new(100_000)));
     store_contract::every_algorithm_admits_up_to_its_limit_then_refuses(&store).await;
     store_contract::windows_roll_over_as_now_moves(&store).await;
     store_contract::charged_refusals_are_debt_that_later_calls_wait_out(&store).await;
