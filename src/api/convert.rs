@@ -97,16 +97,12 @@ pub fn response_to_proto(mut r: Response) -> RateLimitResponse {
     RateLimitResponse {
         overall_code: code_to_proto(r.overall_code),
         statuses,
-        response_headers_to_add: r.response_headers.map_or_else(Vec::new, |h| {
-            h.pairs()
-                .into_iter()
-                .map(|(key, value)| HeaderValue {
-                    key: key.to_owned(),
-                    value: value.to_string(),
-                    raw_value: Vec::new(),
-                })
-                .collect()
-        }),
+        response_headers_to_add: r
+            .response_headers
+            .map_or_else(Vec::new, |h| header_values(h.pairs())),
+        request_headers_to_add: r
+            .request_headers
+            .map_or_else(Vec::new, |h| header_values(h.pairs())),
         dynamic_metadata: r
             .dynamic_metadata
             .and_then(|v| match json_to_proto(v).kind {
@@ -115,6 +111,19 @@ pub fn response_to_proto(mut r: Response) -> RateLimitResponse {
             }),
         ..Default::default()
     }
+}
+
+/// Headers as the protobuf's `HeaderValue`s: the value in `value` (Go's service fills no
+/// `raw_value`).
+fn header_values<'a>(pairs: impl IntoIterator<Item = (&'a str, u64)>) -> Vec<HeaderValue> {
+    pairs
+        .into_iter()
+        .map(|(key, value)| HeaderValue {
+            key: key.to_owned(),
+            value: value.to_string(),
+            raw_value: Vec::new(),
+        })
+        .collect()
 }
 
 /// A JSON value as a `google.protobuf.Value` (numbers become doubles, as in protobuf).

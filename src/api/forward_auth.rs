@@ -43,7 +43,9 @@
 //! Answers:
 //! - 200 when allowed, with `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset`
 //!   (seconds) when a limit matched, describing the status gRPC and `/json` describe
-//!   ([`crate::service::RateLimitHeaders::describing`]);
+//!   ([`crate::service::RateLimitHeaders::describing`]), and with LIMIT_REQUEST_HEADERS_ENABLED
+//!   the same numbers under LIMIT_REQUEST_*_HEADER's names, for the proxy to copy onto the
+//!   request it sends on (gRPC's `request_headers_to_add`);
 //! - when over the limit, 403 on `/nginx` (nginx's `auth_request` understands only 2xx, 401
 //!   and 403, so `error_page 403 = @limited` answers 429) and `deny_status` (429) on
 //!   `/forward-auth` (Traefik and Caddy hand the answer to the client as it is), with the same
@@ -645,8 +647,32 @@ async fn decide<S: CounterStore>(
             h.insert(header::RETRY_AFTER, HeaderValue::from(rl.reset_secs));
         }
     }
+    if response.overall_code == Code::Ok
+        && let Some(upstream) = &response.request_headers
+    {
+        add_request_headers(answer.headers_mut(), upstream);
+    }
     crate::service::recycle_statuses(response.statuses);
     answer
+}
+
+/// LIMIT_REQUEST_HEADERS_ENABLED: an allowed answer also carries the headers meant for the
+/// upstream, under LIMIT_REQUEST_*_HEADER's names, for the proxy to copy onto the request it
+/// sends on (Traefik's `authResponseHeaders`, Caddy's `copy_headers`, nginx's
+/// `auth_request_set`). Not on a refusal, which Traefik and Caddy hand to the client, just as
+/// Envoy adds `request_headers_to_add` only to a request it lets through. A name that is one of
+/// the fixed headers above is not sent twice: the fixed one, whose meaning nginx configs rely
+/// on, stays.
+fn add_request_headers(h: &mut HeaderMap, upstream: &crate::service::NamedHeaders) {
+    for (name, value) in upstream.pairs() {
+        // The settings checked the names; one that is not a header name is left out.
+        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+            continue;
+        };
+        if let axum::http::header::Entry::Vacant(slot) = h.entry(name) {
+            slot.insert(HeaderValue::from(value));
+        }
+    }
 }
 
 /// The `/nginx` and `/forward-auth` routes, merged into PORT's router; `max_bytes` is

@@ -2,7 +2,8 @@
 //!
 //! This is where envoyproxy/ratelimit's semantics live: config matching (or the per-request
 //! override), `replaces`, unlimited limits, hits addends, counter keys, shadow and quota modes,
-//! the overall code and the `RateLimit-*` headers. It is protocol-free: `api` decodes into
+//! the overall code and the `RateLimit-*` headers (for the client's answer and for the upstream
+//! request). It is protocol-free: `api` decodes into
 //! [`Request`] and encodes [`Response`]; the store does the counting.
 //!
 //! `RateLimitService::decide` reads as its steps: resolve each descriptor to a plan and
@@ -93,8 +94,13 @@ pub struct Response {
     /// What the `RateLimit-*` headers say, whether or not they are enabled (`/nginx` always
     /// sends them); `None` when no status has a current limit.
     pub rate_limit: Option<RateLimitHeaders>,
-    /// `RateLimit-*` headers under their configured names, when enabled and `rate_limit` is set.
-    pub response_headers: Option<NamedHeaders>,
+    /// `response_headers_to_add`: the `RateLimit-*` headers under their configured names
+    /// (LIMIT_RESPONSE_HEADERS_ENABLED, when `rate_limit` is set), or every status's per-unit
+    /// headers (LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED).
+    pub response_headers: Option<ResponseHeaders>,
+    /// `request_headers_to_add`, for the upstream: the same values as `rate_limit` under
+    /// LIMIT_REQUEST_*_HEADER's names, when LIMIT_REQUEST_HEADERS_ENABLED and `rate_limit` is set.
+    pub request_headers: Option<NamedHeaders>,
     /// RESPONSE_DYNAMIC_METADATA's struct, when enabled.
     pub dynamic_metadata: Option<serde_json::Value>,
 }
@@ -144,7 +150,8 @@ impl ServiceError {
     }
 }
 
-/// Names of the `RateLimit-*` response headers (LIMIT_*_HEADER).
+/// Names of the `RateLimit-*` headers: LIMIT_*_HEADER for the client's answer,
+/// LIMIT_REQUEST_*_HEADER for the upstream request. Both default to the same names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeaderNames {
     pub limit: String,
@@ -171,6 +178,12 @@ pub struct ServiceOptions {
     pub quota_mode: bool,
     /// LIMIT_RESPONSE_HEADERS_ENABLED, with the header names.
     pub response_headers: Option<HeaderNames>,
+    /// LIMIT_REQUEST_HEADERS_ENABLED, with the header names: the same values, in
+    /// `request_headers_to_add`, which Envoy adds to the request it lets through.
+    pub request_headers: Option<HeaderNames>,
+    /// LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED: `response_headers_to_add` has a limit and a
+    /// remaining header per status, named after its unit, instead of `response_headers`' three.
+    pub all_descriptors_headers: bool,
     /// CACHE_KEY_PREFIX, prepended to every counter key.
     pub cache_key_prefix: String,
     /// RESPONSE_DYNAMIC_METADATA.
@@ -191,6 +204,8 @@ impl Default for ServiceOptions {
             shadow_mode: false,
             quota_mode: false,
             response_headers: None,
+            request_headers: None,
+            all_descriptors_headers: false,
             cache_key_prefix: String::new(),
             dynamic_metadata: false,
             fail_open: false,
@@ -262,6 +277,8 @@ pub struct RateLimitService<S> {
     options: ServiceOptions,
     /// `options.response_headers`, shared with every answer that sends them.
     header_names: Option<Arc<HeaderNames>>,
+    /// `options.request_headers`, the same way.
+    request_header_names: Option<Arc<HeaderNames>>,
     /// What the decisions report to (telemetry); by default nothing.
     observer: Arc<dyn Observer>,
     /// The counters closest to or over their limits, for the status page.
@@ -280,6 +297,7 @@ impl<S: CounterStore> RateLimitService<S> {
             store,
             clock,
             header_names: options.response_headers.clone().map(Arc::new),
+            request_header_names: options.request_headers.clone().map(Arc::new),
             options,
             observer: Arc::new(Unobserved),
             hot: Arc::default(),
@@ -624,19 +642,21 @@ impl<S: CounterStore> RateLimitService<S> {
             self.observer.global_shadow_mode();
             overall_code = Code::Ok;
         }
+        // As in the Go service, the headers come from the statuses, whatever SHADOW_MODE made of
+        // the overall code: an upstream sees `remaining: 0` on a request shadow mode let through.
         let rate_limit = RateLimitHeaders::describing(&statuses, quota);
-        let response_headers = match (&self.header_names, rate_limit) {
-            (Some(names), Some(values)) => Some(NamedHeaders {
-                names: names.clone(),
-                values,
-            }),
-            _ => None,
+        let response_headers = if self.options.all_descriptors_headers {
+            UnitHeaders::each(&statuses)
+        } else {
+            NamedHeaders::new(self.header_names.as_ref(), rate_limit).map(ResponseHeaders::Named)
         };
+        let request_headers = NamedHeaders::new(self.request_header_names.as_ref(), rate_limit);
         Response {
             overall_code,
             statuses,
             rate_limit,
             response_headers,
+            request_headers,
             dynamic_metadata,
         }
     }
@@ -821,8 +841,10 @@ fn counted_status<'d>(
 
 /// The values of the `RateLimit-*` headers: the limit, the remaining hits and the seconds to
 /// the reset of the one status they describe. The one header rule of every adapter: gRPC and
-/// `/json` send them under LIMIT_*_HEADER's names ([`RateLimitHeaders::named`]) when
-/// LIMIT_RESPONSE_HEADERS_ENABLED is set, `/nginx` always under its fixed names.
+/// `/json` send them under LIMIT_*_HEADER's names ([`NamedHeaders`]) when
+/// LIMIT_RESPONSE_HEADERS_ENABLED is set, and under LIMIT_REQUEST_*_HEADER's names for the
+/// upstream when LIMIT_REQUEST_HEADERS_ENABLED is set; `/nginx` and `/forward-auth` always
+/// under their fixed names, HAProxy's agent as variables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimitHeaders {
     pub limit: u32,
@@ -869,14 +891,94 @@ pub struct NamedHeaders {
 }
 
 impl NamedHeaders {
-    /// The headers under LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER, in
-    /// that order.
+    /// `values` under `names`, when both are there (the headers are enabled, a limit matched).
+    fn new(names: Option<&Arc<HeaderNames>>, values: Option<RateLimitHeaders>) -> Option<Self> {
+        Some(NamedHeaders {
+            names: names?.clone(),
+            values: values?,
+        })
+    }
+
+    /// The headers under the limit, remaining and reset names (LIMIT_LIMIT_HEADER,
+    /// LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER, or their LIMIT_REQUEST_* twins), in that
+    /// order.
     pub fn pairs(&self) -> [(&str, u64); 3] {
         let (names, values) = (&*self.names, &self.values);
         [
             (&names.limit, u64::from(values.limit)),
             (&names.remaining, u64::from(values.remaining)),
             (&names.reset, values.reset_secs),
+        ]
+    }
+}
+
+/// What `response_headers_to_add` carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResponseHeaders {
+    /// LIMIT_RESPONSE_HEADERS_ENABLED: the `RateLimit-*` headers of the one status
+    /// [`RateLimitHeaders::describing`] chose.
+    Named(NamedHeaders),
+    /// LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED, as envoyproxy/ratelimit's open PR #1190 has it:
+    /// two headers per status that has a current limit, in request order, whatever
+    /// LIMIT_RESPONSE_HEADERS_ENABLED says. Never empty.
+    EachDescriptor(Vec<UnitHeaders>),
+}
+
+impl ResponseHeaders {
+    /// The headers, names and values, in the order they are sent.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        let (one, each) = match self {
+            ResponseHeaders::Named(h) => (Some(h.pairs()), &[][..]),
+            ResponseHeaders::EachDescriptor(each) => (None, each.as_slice()),
+        };
+        one.into_iter()
+            .flatten()
+            .chain(each.iter().flat_map(UnitHeaders::pairs))
+    }
+}
+
+/// One status's LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED headers: `ratelimit-limit-<unit>s` and
+/// `ratelimit-remaining-<unit>s` (`-seconds`, `-minutes`, ..., `-years`), fixed names with no
+/// reset header, as PR #1190 writes them. Two statuses of one unit send the same names twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitHeaders {
+    pub unit: Unit,
+    pub limit: u32,
+    pub remaining: u32,
+}
+
+impl UnitHeaders {
+    /// The headers of every status with a current limit (unmatched, replaced and unlimited
+    /// descriptors have none); `None` when no status has one.
+    fn each(statuses: &[Status]) -> Option<ResponseHeaders> {
+        let each: Vec<UnitHeaders> = statuses
+            .iter()
+            .filter_map(|s| {
+                let limit = s.current_limit.as_ref()?;
+                Some(UnitHeaders {
+                    unit: limit.unit,
+                    limit: limit.requests_per_unit,
+                    remaining: s.limit_remaining,
+                })
+            })
+            .collect();
+        (!each.is_empty()).then_some(ResponseHeaders::EachDescriptor(each))
+    }
+
+    /// `[(ratelimit-limit-<unit>s, limit), (ratelimit-remaining-<unit>s, remaining)]`.
+    pub fn pairs(&self) -> [(&str, u64); 2] {
+        let (limit, remaining) = match self.unit {
+            Unit::Second => ("ratelimit-limit-seconds", "ratelimit-remaining-seconds"),
+            Unit::Minute => ("ratelimit-limit-minutes", "ratelimit-remaining-minutes"),
+            Unit::Hour => ("ratelimit-limit-hours", "ratelimit-remaining-hours"),
+            Unit::Day => ("ratelimit-limit-days", "ratelimit-remaining-days"),
+            Unit::Week => ("ratelimit-limit-weeks", "ratelimit-remaining-weeks"),
+            Unit::Month => ("ratelimit-limit-months", "ratelimit-remaining-months"),
+            Unit::Year => ("ratelimit-limit-years", "ratelimit-remaining-years"),
+        };
+        [
+            (limit, u64::from(self.limit)),
+            (remaining, u64::from(self.remaining)),
         ]
     }
 }

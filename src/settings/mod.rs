@@ -48,7 +48,7 @@ use crate::app::{AppOptions, Backend};
 use crate::cluster::ClusterConfig;
 use crate::config::{ConfigSource, FileLimits, LoadOptions};
 use crate::quota::QuotaOptions;
-use crate::service::{HeaderNames, ServiceOptions};
+use crate::service::ServiceOptions;
 use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};
 use crate::xds::XdsConfig;
@@ -58,6 +58,7 @@ mod cluster;
 mod compat;
 mod config_files;
 mod env_names;
+mod headers;
 mod listeners;
 mod memcache;
 mod otlp;
@@ -388,44 +389,8 @@ pub struct ServeArgs {
     #[arg(long, env = "CACHE_KEY_PREFIX", help_heading = "Behaviour")]
     pub cache_key_prefix: Option<String>,
 
-    /// Add RateLimit-Limit/-Remaining/-Reset headers to responses.
-    #[arg(
-        long,
-        env = "LIMIT_RESPONSE_HEADERS_ENABLED",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        default_value = "false",
-        value_parser = parse_go_bool,
-        help_heading = "Response headers"
-    )]
-    pub limit_response_headers_enabled: bool,
-    /// Name of the header carrying the limit.
-    #[arg(
-        long,
-        env = "LIMIT_LIMIT_HEADER",
-        default_value = "RateLimit-Limit",
-        help_heading = "Response headers"
-    )]
-    pub limit_limit_header: String,
-    /// Name of the header carrying the remaining hits.
-    #[arg(
-        long,
-        env = "LIMIT_REMAINING_HEADER",
-        default_value = "RateLimit-Remaining",
-        help_heading = "Response headers"
-    )]
-    pub limit_remaining_header: String,
-    /// Name of the header carrying the seconds until the window resets.
-    #[arg(
-        long,
-        env = "LIMIT_RESET_HEADER",
-        default_value = "RateLimit-Reset",
-        help_heading = "Response headers"
-    )]
-    pub limit_reset_header: String,
+    #[command(flatten)]
+    pub headers: headers::HeaderArgs,
 
     /// trace, debug, info, warn (or warning), error; fatal and panic mean error. Any case.
     #[arg(
@@ -681,7 +646,7 @@ impl ServeArgs {
         let source = self.config_source();
         let near_limit_ratio = near_limit_ratio(self.near_limit_ratio)?;
         let grpc_tls = self.grpc_tls.validate()?;
-        let response_headers = self.response_headers()?;
+        let headers = self.headers.validate()?;
         let poll_interval = self.poll_interval()?;
         let (backend, cluster) = self.backend_and_cluster(grpc)?;
         let peer_tls = self.peer_tls.validate(cluster.is_some())?;
@@ -693,7 +658,7 @@ impl ServeArgs {
         let prometheus = self.telemetry.prometheus_addr()?;
         let max_counters = non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?.get();
         let caps = self.caps.validate()?;
-        let service = self.service_options(response_headers, caps.max_key_bytes.get(), &backend)?;
+        let service = self.service_options(headers, caps.max_key_bytes.get(), &backend)?;
         let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
         let xds = self.xds.validate()?;
         let listener_limits = self.listeners.validate(self.max_request_bytes)?;
@@ -778,20 +743,6 @@ impl ServeArgs {
         }
     }
 
-    /// `None` when LIMIT_RESPONSE_HEADERS_ENABLED is false. The names are checked even then: a
-    /// bad name is a typo worth reporting before someone turns the headers on.
-    fn response_headers(&self) -> Result<Option<HeaderNames>, SettingsError> {
-        let headers = HeaderNames {
-            limit: header_name("LIMIT_LIMIT_HEADER", self.limit_limit_header.clone())?,
-            remaining: header_name(
-                "LIMIT_REMAINING_HEADER",
-                self.limit_remaining_header.clone(),
-            )?,
-            reset: header_name("LIMIT_RESET_HEADER", self.limit_reset_header.clone())?,
-        };
-        Ok(self.limit_response_headers_enabled.then_some(headers))
-    }
-
     /// SLUICE_CONFIG_POLL_MS, checked with SLUICE_SWEEP_INTERVAL_SECS (both timers).
     fn poll_interval(&self) -> Result<Duration, SettingsError> {
         let config_poll_ms = self.config_poll_ms;
@@ -850,7 +801,7 @@ impl ServeArgs {
     /// other byte cap, in [`caps`].
     fn service_options(
         &self,
-        response_headers: Option<HeaderNames>,
+        headers: headers::Headers,
         max_key_bytes: usize,
         backend: &Backend,
     ) -> Result<ServiceOptions, SettingsError> {
@@ -869,7 +820,9 @@ impl ServeArgs {
         Ok(ServiceOptions {
             shadow_mode: self.shadow_mode,
             quota_mode: self.quota_mode,
-            response_headers,
+            response_headers: headers.response,
+            request_headers: headers.request,
+            all_descriptors_headers: headers.all_descriptors,
             cache_key_prefix: self.cache_key_prefix.clone().unwrap_or_default(),
             dynamic_metadata: self.response_dynamic_metadata,
             fail_open,
@@ -1090,6 +1043,7 @@ mod test_pki;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::HeaderNames;
 
     /// Parse with every environment variable ignored, so tests see only their own arguments
     /// whatever the environment of the test runner holds.

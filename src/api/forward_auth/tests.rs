@@ -24,6 +24,10 @@ descriptors:
 const MAX_BYTES: usize = 64 * 1024;
 
 fn service() -> RateLimitService<MemoryStore> {
+    service_with(ServiceOptions::default())
+}
+
+fn service_with(options: ServiceOptions) -> RateLimitService<MemoryStore> {
     let cfg = parse_files(
         &[("edge.yaml".to_string(), CONFIG.to_string())],
         &LoadOptions::default(),
@@ -35,7 +39,7 @@ fn service() -> RateLimitService<MemoryStore> {
         ConfigHandle::new(Some(cfg)),
         Arc::new(MemoryStore::new(1000)),
         Arc::new(clock),
-        ServiceOptions::default(),
+        options,
     )
 }
 
@@ -678,4 +682,75 @@ async fn forward_auth_refuses_with_429_or_the_asked_status() {
     assert_eq!(r.status(), StatusCode::OK);
     let r = forward_auth(&service, Some("domain=edge&descriptor=a"), &h, MAX_BYTES).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}
+
+/// LIMIT_REQUEST_HEADERS_ENABLED: an allowed answer also carries the numbers under the
+/// upstream's names, for the proxy to copy onto the request it sends on; a refusal does not
+/// (the proxy hands it to the client), nor does an answer with no limit. Under the fixed
+/// names (the defaults), nothing is sent twice.
+#[tokio::test]
+async fn upstream_headers_ride_on_allowed_answers_only() {
+    use crate::service::HeaderNames;
+    let names = HeaderNames {
+        limit: "X-Quota-Limit".into(),
+        remaining: "X-Quota-Remaining".into(),
+        reset: "X-Quota-Reset".into(),
+    };
+    let service = service_with(ServiceOptions {
+        request_headers: Some(names),
+        ..Default::default()
+    });
+    let h = headers(&[
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", b"api_key=k1"),
+    ]);
+    for remaining in ["1", "0"] {
+        let r = check(&service, &h, MAX_BYTES).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "X-Quota-Limit"), Some("2"));
+        assert_eq!(header(&r, "X-Quota-Remaining"), Some(remaining));
+        assert_eq!(header(&r, "X-Quota-Reset"), Some("58"));
+        assert_eq!(header(&r, "RateLimit-Remaining"), Some(remaining));
+    }
+    let r = check(&service, &h, MAX_BYTES).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(header(&r, "RateLimit-Remaining"), Some("0"));
+    assert_eq!(header(&r, "X-Quota-Remaining"), None);
+    let r = forward_auth(
+        &service,
+        Some("domain=edge&descriptor=api_key=k1"),
+        &HeaderMap::new(),
+        MAX_BYTES,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&r, "X-Quota-Limit"), None);
+    let r = forward_auth(
+        &service,
+        Some("domain=edge&descriptor=api_key=k2"),
+        &HeaderMap::new(),
+        MAX_BYTES,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "X-Quota-Remaining"), Some("1"));
+    let r = forward_auth(
+        &service,
+        Some("domain=edge&descriptor=nope=1"),
+        &HeaderMap::new(),
+        MAX_BYTES,
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header(&r, "X-Quota-Limit"), None);
+
+    let same_names = service_with(ServiceOptions {
+        request_headers: Some(HeaderNames::default()),
+        ..Default::default()
+    });
+    let r = check(&same_names, &h, MAX_BYTES).await;
+    for name in ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"] {
+        assert_eq!(r.headers().get_all(name).iter().count(), 1, "{name}");
+    }
+    assert_eq!(header(&r, "RateLimit-Remaining"), Some("1"));
 }
