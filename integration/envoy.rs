@@ -15,7 +15,9 @@ mod support;
 
 use std::path::Path;
 
-use proxies::{HeaderNames, Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy};
+use proxies::{
+    HeaderNames, Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy, values,
+};
 
 fn filled(sluice_grpc: u16, upstream: u16, port: u16) -> String {
     filled_example("envoy", sluice_grpc, upstream, port)
@@ -89,6 +91,70 @@ fn envoy_with_failure_mode_deny_false_lets_requests_through_when_sluice_is_gone(
         assert_eq!(a.status, 200, "{a:#?}");
     }
     assert_eq!(upstream.hits(), 4);
+}
+
+/// LIMIT_REQUEST_HEADERS_ENABLED (envoyproxy/ratelimit's PR #1168): the example's Envoy adds
+/// Sluice's `request_headers_to_add` to each request it lets through, so the application sees
+/// its quota (`RateLimit-*` of the most restrictive descriptor), and never a client's own: the
+/// example removes those first, as Envoy appends rather than replaces. A refused request
+/// reaches nothing. Under SHADOW_MODE every request goes through, and the application sees
+/// `RateLimit-Remaining: 0` on those over the limit: what shadow-mode users asked for.
+#[test]
+fn envoy_hands_the_application_its_quota_in_request_headers() {
+    let Some(envoy) = envoy() else { return };
+    for shadow_mode in ["false", "true"] {
+        let dir = tempfile::tempdir().unwrap();
+        let sluice = Sluice::start_with_env(
+            &repo().join("examples/envoy/sluice.yaml"),
+            dir.path(),
+            &[
+                ("LIMIT_REQUEST_HEADERS_ENABLED", "true".as_ref()),
+                ("SHADOW_MODE", shadow_mode.as_ref()),
+            ],
+        );
+        let upstream = Upstream::start();
+        let port = free_port();
+        let conf = filled(sluice.grpc, upstream.port, port);
+        let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-quota", &conf, port), &[]);
+        proxies::fresh_window();
+        let at = format!("SHADOW_MODE={shadow_mode}");
+        // The application's view of one request: the quota headers, each exactly once.
+        let quota = |upstream: &Upstream| -> (String, String, u64) {
+            let seen = upstream.last_request();
+            let one = |name: &str| match values(&seen, name).as_slice() {
+                [v] => v.to_string(),
+                other => panic!("{at}: {name} is {other:?} in {seen:#?}"),
+            };
+            let reset = one("ratelimit-reset").parse().unwrap();
+            (one("ratelimit-limit"), one("ratelimit-remaining"), reset)
+        };
+        // The client's own RateLimit-Remaining never reaches the application.
+        let key = [("X-Api-Key", "key-q"), ("RateLimit-Remaining", "999")];
+        for remaining in ["2", "1", "0"] {
+            let a = get(proxy.port, "/", &key);
+            assert_eq!(a.status, 200, "{at}: {a:#?}");
+            let (limit, left, reset) = quota(&upstream);
+            assert_eq!((limit.as_str(), left.as_str()), ("3", remaining), "{at}");
+            assert!((1..=60).contains(&reset), "{at}: reset {reset}");
+        }
+        let before = upstream.hits();
+        let a = get(proxy.port, "/", &key);
+        if shadow_mode == "true" {
+            assert_eq!(a.status, 200, "{at}: {a:#?}");
+            assert_eq!(upstream.hits(), before + 1, "{at}");
+            let (limit, left, _) = quota(&upstream);
+            assert_eq!((limit.as_str(), left.as_str()), ("3", "0"), "{at}");
+        } else {
+            assert_eq!(a.status, 429, "{at}: {a:#?}");
+            assert_eq!(upstream.hits(), before, "{at}: a refused request went on");
+        }
+        // Without a key only the address (10 a minute, 4 used) is described.
+        let a = get(proxy.port, "/", &[]);
+        assert_eq!(a.status, 200, "{at}: {a:#?}");
+        let (limit, left, _) = quota(&upstream);
+        assert_eq!((limit.as_str(), left.as_str()), ("10", "5"), "{at}");
+        proxy.proc.assert_running();
+    }
 }
 
 /// A limit's `ratelimit_service_rate_limit_<stat>` counter from Sluice's `/metrics`, for the

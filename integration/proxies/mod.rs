@@ -1,5 +1,6 @@
 //! Shared by the proxy tests (`nginx.rs`, `envoy.rs`): the real `sluice` binary, a counting
-//! upstream, a small HTTP client, example templating, and finding the proxy binaries.
+//! upstream that keeps each request's headers, a small HTTP client, example templating, and
+//! finding the proxy binaries.
 //!
 //! Everything listens on 127.0.0.1 on free ports; every process is killed when its guard
 //! drops (and its log printed if the test is failing); every wait is bounded.
@@ -14,8 +15,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -215,13 +216,19 @@ impl Sluice {
     }
 }
 
-/// An HTTP/1.1 upstream that answers 200 `upstream` to everything and counts requests.
+/// An HTTP/1.1 upstream that answers 200 `upstream` to everything, counts requests and keeps
+/// their headers.
 pub struct Upstream {
     pub port: u16,
     hits: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<Headers>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
+
+/// A request's headers as the upstream received them: names lower-cased, in order, repeated
+/// names kept.
+pub type Headers = Vec<(String, String)>;
 
 impl Upstream {
     pub fn start() -> Upstream {
@@ -239,21 +246,23 @@ impl Upstream {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let hits = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (h, s) = (hits.clone(), stop.clone());
+        let (h, r, s) = (hits.clone(), seen.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(conn) = conn else { continue };
-                let (h, extra) = (h.clone(), extra.clone());
-                std::thread::spawn(move || serve(conn, &h, &extra));
+                let (h, r, extra) = (h.clone(), r.clone(), extra.clone());
+                std::thread::spawn(move || serve(conn, &h, &r, &extra));
             }
         });
         Upstream {
             port,
             hits,
+            seen,
             stop,
             thread: Some(thread),
         }
@@ -262,10 +271,27 @@ impl Upstream {
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
     }
+
+    /// The headers of the last request the upstream answered.
+    pub fn last_request(&self) -> Headers {
+        let seen = self.seen.lock().unwrap();
+        seen.last()
+            .cloned()
+            .expect("the upstream has had a request")
+    }
+}
+
+/// Every value of header `name` (lower-case) in `headers`, in order.
+pub fn values<'a>(headers: &'a Headers, name: &str) -> Vec<&'a str> {
+    headers
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .collect()
 }
 
 /// Keep-alive HTTP/1.1 (Envoy reuses connections): one answer per request until EOF.
-fn serve(conn: TcpStream, hits: &AtomicUsize, extra: &str) {
+fn serve(conn: TcpStream, hits: &AtomicUsize, seen: &Mutex<Vec<Headers>>, extra: &str) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
     let mut writer = conn.try_clone().unwrap();
     let mut reader = BufReader::new(conn);
@@ -278,6 +304,7 @@ fn serve(conn: TcpStream, hits: &AtomicUsize, extra: &str) {
             Ok(_) => {}
         }
         let http10 = line.trim_end().ends_with("HTTP/1.0");
+        let mut headers = Headers::new();
         loop {
             let mut h = String::new();
             match reader.read_line(&mut h) {
@@ -287,6 +314,9 @@ fn serve(conn: TcpStream, hits: &AtomicUsize, extra: &str) {
             let h = h.trim_end();
             if h.is_empty() {
                 break;
+            }
+            if let Some((name, value)) = h.split_once(':') {
+                headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
             }
             let lower = h.to_ascii_lowercase();
             if let Some(v) = lower.strip_prefix("content-length:") {
@@ -300,6 +330,8 @@ fn serve(conn: TcpStream, hits: &AtomicUsize, extra: &str) {
         if reader.read_exact(&mut body).is_err() {
             return;
         }
+        // Recorded before it is counted, so a test that saw the count sees the headers.
+        seen.lock().unwrap().push(headers);
         hits.fetch_add(1, Ordering::SeqCst);
         let answer = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{extra}Content-Length: 9\r\n\r\nupstream\n"
