@@ -50,6 +50,8 @@ const ENVOY_HEADERS: HeaderNames = HeaderNames {
     limit_with_window: true,
     refused_marker: Some(("x-envoy-ratelimited", "true")),
     on_allowed: true,
+    // Only with LIMIT_REQUEST_HEADERS_ENABLED (envoy_hands_the_application_its_quota_...).
+    to_upstream: false,
 };
 #[test]
 fn envoy_example_limits_by_address_and_api_key_and_fails_closed() {

@@ -452,6 +452,9 @@ pub struct HeaderNames {
     /// Whether answers that reached the upstream carry the headers too (Traefik and Caddy
     /// hand only a refusal from Sluice to the client).
     pub on_allowed: bool,
+    /// Whether the application receives the quota on each request it gets: `RateLimit-*`, once
+    /// each, never a client's own.
+    pub to_upstream: bool,
 }
 
 /// What nginx's, HAProxy's, Traefik's and Caddy's examples send: Sluice's own `RateLimit-*`
@@ -464,7 +467,61 @@ pub const SLUICE_HEADERS: HeaderNames = HeaderNames {
     limit_with_window: false,
     refused_marker: None,
     on_allowed: true,
+    to_upstream: true,
 };
+
+impl HeaderNames {
+    /// The limit an answer's limit header gives. Envoy's draft-03 value is
+    /// "3, 10;w=60, 3;w=60;name=..."; nginx's is "3".
+    fn limit_of(&self, a: &Answer) -> u32 {
+        let v = a
+            .header(self.limit)
+            .unwrap_or_else(|| panic!("no {} in {a:#?}", self.limit));
+        let n = v.split(',').next().unwrap().trim();
+        if self.limit_with_window {
+            assert!(v.contains(&format!(", {n};w=60")), "{a:#?}");
+        }
+        n.parse().unwrap()
+    }
+
+    /// An allowed answer `a`: the application received the quota with the request (when the
+    /// example hands it on), and the answer carries it (when the proxy puts it there).
+    fn check_allowed(&self, a: &Answer, upstream: &Upstream, limit: u32, remaining: u64) {
+        assert_eq!(a.status, 200, "{a:#?}");
+        if self.to_upstream {
+            upstream_saw(upstream, limit, remaining);
+        }
+        if self.on_allowed {
+            assert_eq!(self.limit_of(a), limit, "{a:#?}");
+            assert_eq!(number(a, self.remaining), remaining, "{a:#?}");
+        }
+    }
+}
+
+fn number(a: &Answer, name: &str) -> u64 {
+    a.header(name)
+        .unwrap_or_else(|| panic!("no {name} in {a:#?}"))
+        .parse()
+        .unwrap()
+}
+
+/// The application received `RateLimit-*` with the request it last got, once each: this
+/// limit and remaining, and a reset within the minute.
+fn upstream_saw(upstream: &Upstream, limit: u32, remaining: u64) {
+    let seen = upstream.last_request();
+    let (limit, remaining) = (limit.to_string(), remaining.to_string());
+    assert_eq!(values(&seen, "ratelimit-limit"), [limit], "{seen:#?}");
+    assert_eq!(
+        values(&seen, "ratelimit-remaining"),
+        [remaining],
+        "{seen:#?}"
+    );
+    let reset = values(&seen, "ratelimit-reset");
+    assert!(
+        matches!(reset.as_slice(), [r] if (1..=60).contains(&r.parse::<u64>().unwrap())),
+        "{seen:#?}"
+    );
+}
 
 /// Both examples' scenario (10 a minute per address, 3 a minute per API key, every request
 /// from 127.0.0.1): requests up to each limit reach the upstream, the next is 429 with the
@@ -472,45 +529,25 @@ pub const SLUICE_HEADERS: HeaderNames = HeaderNames {
 pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &HeaderNames) {
     fresh_window();
     let start = upstream.hits();
-    let limit_of = |a: &Answer| -> u32 {
-        let v = a
-            .header(names.limit)
-            .unwrap_or_else(|| panic!("no {} in {a:#?}", names.limit));
-        // Envoy's draft-03 value is "3, 10;w=60, 3;w=60;name=..."; nginx's is "3".
-        let n = v.split(',').next().unwrap().trim();
-        if names.limit_with_window {
-            assert!(v.contains(&format!(", {n};w=60")), "{a:#?}");
-        }
-        n.parse().unwrap()
-    };
-    let number = |a: &Answer, name: &str| -> u64 {
-        a.header(name)
-            .unwrap_or_else(|| panic!("no {name} in {a:#?}"))
-            .parse()
-            .unwrap()
-    };
-
-    // Key A: 3 pass, the 4th is refused. Key B: 3 pass. (Address: 7 of 10.)
+    // Key A: 3 pass, the 4th is refused. Key B: 3 pass. (Address: 7 of 10.) The client also
+    // sends a RateLimit-Remaining of its own, which must not reach the application.
     for key in ["key-a", "key-b"] {
+        let headers = [("X-Api-Key", key), ("RateLimit-Remaining", "999")];
         for remaining in [2, 1, 0] {
-            let a = get(port, "/some/path?x=1", &[("X-Api-Key", key)]);
-            assert_eq!(a.status, 200, "{key}: {a:#?}");
-            assert_eq!(a.body, "upstream\n", "{a:#?}");
-            if names.on_allowed {
-                assert_eq!(limit_of(&a), 3, "{a:#?}");
-                assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
-            }
+            let a = get(port, "/some/path?x=1", &headers);
+            assert_eq!(a.body, "upstream\n", "{key}: {a:#?}");
+            names.check_allowed(&a, upstream, 3, remaining);
         }
         if key == "key-a" {
             let before = upstream.hits();
-            let a = get(port, "/some/path", &[("X-Api-Key", key)]);
+            let a = get(port, "/some/path", &headers);
             assert_eq!(a.status, 429, "{a:#?}");
             assert_eq!(
                 upstream.hits(),
                 before,
                 "a refused request reached the upstream"
             );
-            assert_eq!(limit_of(&a), 3, "{a:#?}");
+            assert_eq!(names.limit_of(&a), 3, "{a:#?}");
             assert_eq!(number(&a, names.remaining), 0, "{a:#?}");
             let reset = number(&a, names.reset);
             assert!((1..=60).contains(&reset), "{a:#?}");
@@ -526,16 +563,11 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
 
     // No key: only the address counts, 3 more pass, then 429 for the address's limit.
     for remaining in [2, 1, 0] {
-        let a = get(port, "/", &[]);
-        assert_eq!(a.status, 200, "{a:#?}");
-        if names.on_allowed {
-            assert_eq!(limit_of(&a), 10, "{a:#?}");
-            assert_eq!(number(&a, names.remaining), remaining, "{a:#?}");
-        }
+        names.check_allowed(&get(port, "/", &[]), upstream, 10, remaining);
     }
     let a = get(port, "/", &[]);
     assert_eq!(a.status, 429, "{a:#?}");
-    assert_eq!(limit_of(&a), 10, "{a:#?}");
+    assert_eq!(names.limit_of(&a), 10, "{a:#?}");
     assert_eq!(number(&a, names.remaining), 0, "{a:#?}");
     // A fresh key does not help an address that is over.
     let a = get(port, "/", &[("X-Api-Key", "key-c")]);
@@ -543,11 +575,7 @@ pub fn limits_by_address_and_api_key(port: u16, upstream: &Upstream, names: &Hea
     assert_eq!(upstream.hits() - start, 9);
     // Another client address is counted on its own: it still has its whole limit.
     let other = try_get_from([127, 0, 0, 2], port, "/", &[]).expect("answer to 127.0.0.2");
-    assert_eq!(other.status, 200, "{other:#?}");
-    if names.on_allowed {
-        assert_eq!(limit_of(&other), 10, "{other:#?}");
-        assert_eq!(number(&other, names.remaining), 9, "{other:#?}");
-    }
+    names.check_allowed(&other, upstream, 10, 9);
     assert_eq!(upstream.hits() - start, 10);
 }
 
