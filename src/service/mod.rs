@@ -3,8 +3,8 @@
 //! This is where envoyproxy/ratelimit's semantics live: config matching (or the per-request
 //! override), `replaces`, unlimited limits, hits addends, counter keys, shadow and quota modes,
 //! the overall code and the `RateLimit-*` headers (for the client's answer and for the upstream
-//! request). It is protocol-free: `api` decodes into
-//! [`Request`] and encodes [`Response`]; the store does the counting.
+//! request). It is protocol-free: `api` decodes into [`Request`] and encodes [`Response`]; the
+//! store does the counting.
 //!
 //! `RateLimitService::decide` reads as its steps: resolve each descriptor to a plan and
 //! apply `replaces` (`plan.rs`), build the counter keys and hits, charge the store, give back
