@@ -44,6 +44,7 @@ async fn store(port: u16) -> MemcacheStore {
         timeout: Duration::from_millis(500),
         expiration_jitter_max_seconds: 0,
         local_cache_size_in_bytes: 0,
+        local_cache_max_age: std::time::Duration::from_secs(1),
         stop_cache_key_increment_when_overlimit: false,
         breaker: BreakerSettings::default(),
         tls: None,

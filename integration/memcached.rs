@@ -171,6 +171,7 @@ fn config(servers: MemcacheServers, jitter: u64) -> MemcacheConfig {
         timeout: Duration::from_millis(500),
         expiration_jitter_max_seconds: jitter,
         local_cache_size_in_bytes: 0,
+        local_cache_max_age: std::time::Duration::from_secs(1),
         stop_cache_key_increment_when_overlimit: false,
         breaker: BreakerSettings {
             probe_interval: Duration::from_millis(50),

@@ -84,6 +84,7 @@ impl RedisServer {
             timeout: Duration::from_millis(300),
             expiration_jitter_max_seconds: jitter,
             local_cache_size_in_bytes: 0,
+            local_cache_max_age: std::time::Duration::from_secs(1),
             stop_cache_key_increment_when_overlimit: false,
             startup: Default::default(),
             breaker: Default::default(),
@@ -427,6 +428,7 @@ async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
         timeout: Duration::from_millis(200),
         expiration_jitter_max_seconds: 0,
         local_cache_size_in_bytes: 0,
+        local_cache_max_age: std::time::Duration::from_secs(1),
         stop_cache_key_increment_when_overlimit: false,
         startup: Default::default(),
         breaker: Default::default(),
@@ -457,6 +459,7 @@ async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elaps
         timeout: Duration::from_millis(200),
         expiration_jitter_max_seconds: 0,
         local_cache_size_in_bytes: 0,
+        local_cache_max_age: std::time::Duration::from_secs(1),
         stop_cache_key_increment_when_overlimit: false,
         startup: StartupBackoff {
             initial: Duration::from_millis(50),

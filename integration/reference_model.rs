@@ -72,26 +72,34 @@ impl ReferenceModel {
             .collect()
     }
 
-    /// Gives back hits admitted at `now`: a window's count and a bucket's arrival time go back
-    /// by the hits, never below nothing (a refund adds no credit). Fixed windows keep every
-    /// hit, as envoyproxy/ratelimit does.
-    pub fn refund(&mut self, now: Timestamp, hits: &[Hit<'_>]) {
-        for &Hit { key, quota, hits } in hits {
-            let counter = self.counter(key, quota, now);
-            match &mut counter.history {
-                History::Log(_) if quota.algorithm == Algorithm::FixedWindow => {}
-                History::Log(log) => {
-                    let (start, _) = window_around(&quota, now);
-                    let current = sum(log, start, now.micros() + 1);
-                    let given = current.min(i128::from(hits));
-                    log.push((now.micros(), -given));
-                }
-                History::Tat(tat) => {
-                    if quota.requests_per_unit > 0 {
-                        let clock = BucketClock::of(&quota);
-                        let back = u128::from(hits) * clock.interval;
-                        *tat = tat.saturating_sub(back).max(clock.ticks(now));
-                    }
+    /// Takes hits off at `now` (a refund, `docs/algorithms.md`'s Refunds): the current
+    /// window's count (fixed or sliding; the previous window's is not touched) and a bucket's
+    /// arrival time go back by the hits, never below nothing (a window's count floored at 0,
+    /// a bucket no fuller than at rest). Answers, per hit, what a call of 0 hits answers
+    /// after it.
+    pub fn refund(&mut self, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Decision> {
+        let mut peeks = Vec::with_capacity(hits.len());
+        for hit in hits {
+            self.take_off(now, hit);
+            peeks.extend(self.apply(now, &[Hit { hits: 0, ..*hit }]));
+        }
+        peeks
+    }
+
+    fn take_off(&mut self, now: Timestamp, &Hit { key, quota, hits }: &Hit<'_>) {
+        let counter = self.counter(key, quota, now);
+        match &mut counter.history {
+            History::Log(log) => {
+                let (start, _) = window_around(&quota, now);
+                let current = sum(log, start, now.micros() + 1);
+                let given = current.min(i128::from(hits));
+                log.push((now.micros(), -given));
+            }
+            History::Tat(tat) => {
+                if quota.requests_per_unit > 0 {
+                    let clock = BucketClock::of(&quota);
+                    let back = u128::from(hits) * clock.interval;
+                    *tat = tat.saturating_sub(back).max(clock.ticks(now));
                 }
             }
         }

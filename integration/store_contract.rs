@@ -52,7 +52,8 @@ macro_rules! store_contract {
                 keys_are_independent,
                 windows_roll_over_as_now_moves,
                 reset_after_counts_down_to_the_end_of_the_window,
-                refunds_give_back_admitted_hits_but_not_fixed_windows,
+                refunds_take_hits_off_floored_at_zero,
+                requests_in_flight_are_counted_by_refunds,
                 a_limit_of_zero_refuses_every_hit_but_not_a_peek,
                 concurrent_callers_get_exactly_the_limit,
                 an_irregular_sequence_answers_as_the_model,
@@ -106,8 +107,13 @@ impl<R: Route + 'static> CounterStore for Routed<R> {
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
     ) -> impl std::future::Future<Output = Result<(), sluice::store::StoreError>> + Send + 'a {
-        self.0.route(now).refund(now, hits)
+        self.0.route(now).refund(now, hits, out)
+    }
+
+    fn counts_refused(&self, quota: &Quota) -> bool {
+        self.0.route(Timestamp::from_secs(0)).counts_refused(quota)
     }
 
     fn reset<'a>(
@@ -208,24 +214,7 @@ impl<'s, S: CounterStore> Checked<'s, S> {
             .await
             .expect("the store answers");
         let model = self.model.apply(now, hits);
-        if got == model {
-            return Ok(got);
-        }
-        let mut report = format!("at {now:?}, the store and the model disagree:");
-        for ((hit, got), model) in hits.iter().zip(&got).zip(&model) {
-            let mark = if got == model { "  " } else { "!=" };
-            report.push_str(&format!(
-                "\n{mark} {hit:?}\n   store {got:?}\n   model {model:?}"
-            ));
-        }
-        if got.len() != model.len() {
-            report.push_str(&format!(
-                "\n{} decisions for {} hits",
-                got.len(),
-                hits.len()
-            ));
-        }
-        Err(report)
+        agree(now, hits, got, &model)
     }
 
     pub async fn reset(&mut self, now: Timestamp, hits: &[Hit<'_>]) {
@@ -233,13 +222,54 @@ impl<'s, S: CounterStore> Checked<'s, S> {
         self.model.reset(hits);
     }
 
-    pub async fn refund(&mut self, now: Timestamp, hits: &[Hit<'_>]) {
+    /// A refund: what the store answers (a peek after it, per hit), after checking it against
+    /// the model.
+    pub async fn refund(&mut self, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Decision> {
+        self.try_refund(now, hits)
+            .await
+            .unwrap_or_else(|disagreement| panic!("{disagreement}"))
+    }
+
+    pub async fn try_refund(
+        &mut self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+    ) -> Result<Vec<Decision>, String> {
+        let mut got = Vec::new();
         self.store
-            .refund(now, hits)
+            .refund(now, hits, &mut got)
             .await
             .expect("the store refunds");
-        self.model.refund(now, hits);
+        let model = self.model.refund(now, hits);
+        agree(now, hits, got, &model)
     }
+}
+
+/// The store's decisions when they are the model's, else a report of where they differ.
+fn agree(
+    now: Timestamp,
+    hits: &[Hit<'_>],
+    got: Vec<Decision>,
+    model: &[Decision],
+) -> Result<Vec<Decision>, String> {
+    if got == model {
+        return Ok(got);
+    }
+    let mut report = format!("at {now:?}, the store and the model disagree:");
+    for ((hit, got), model) in hits.iter().zip(&got).zip(model) {
+        let mark = if got == model { "  " } else { "!=" };
+        report.push_str(&format!(
+            "\n{mark} {hit:?}\n   store {got:?}\n   model {model:?}"
+        ));
+    }
+    if got.len() != model.len() {
+        report.push_str(&format!(
+            "\n{} decisions for {} hits",
+            got.len(),
+            hits.len()
+        ));
+    }
+    Err(report)
 }
 
 /// The key a case uses for `algorithm`, distinct per case so stores may be shared.
@@ -569,27 +599,79 @@ pub async fn reset_after_counts_down_to_the_end_of_the_window<S: CounterStore>(s
     assert_eq!((d[0].over, d[0].reset_after_secs), (true, 12));
 }
 
-pub async fn refunds_give_back_admitted_hits_but_not_fixed_windows<S: CounterStore>(store: &S) {
+/// A refund takes hits off every algorithm's counter, floored at 0 (a bucket: tokens back, up
+/// to a full bucket), and answers what a call of 0 hits would then answer. A fixed window
+/// counted the refused hit (Go's counting), so a refund of one only takes that back; the
+/// others never counted it.
+pub async fn refunds_take_hits_off_floored_at_zero<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
     for algorithm in Algorithm::ALL {
+        let fixed = algorithm == Algorithm::FixedWindow;
         let (k, q) = (key("refund", algorithm), limit(algorithm, 2, Unit::Minute));
         let h = [hit(&k, q, 1)];
         c.apply(at(T0), &[hit(&k, q, 2)]).await;
         assert!(c.apply(at(T0), &h).await[0].over, "{algorithm:?}");
-        c.refund(at(T0), &h).await;
-        let d = c.apply(at(T0), &h).await;
-        // envoyproxy/ratelimit never gives fixed-window hits back.
+        // 3 - 1 = 2 counted in the fixed window (at the limit, 0 left), 2 - 1 = 1 elsewhere.
+        let back = c.refund(at(T0), &h).await;
+        assert!(!back[0].over, "{algorithm:?}");
         assert_eq!(
-            d[0].over,
-            algorithm == Algorithm::FixedWindow,
+            back[0].remaining,
+            if fixed { 0 } else { 1 },
             "{algorithm:?}"
         );
-        // Giving back more than was taken, or on a counter never charged, adds no credit.
+        let d = c.apply(at(T0), &h).await;
+        assert_eq!(d[0].over, fixed, "{algorithm:?}");
+        // Giving back more than was taken, or on a counter never charged, adds no credit: the
+        // counters are at 0, so two single hits pass and a third does not.
         let fresh = key("refund_fresh", algorithm);
-        c.refund(at(T0), &[hit(&k, q, 10), hit(&fresh, q, 10)])
+        let back = c
+            .refund(at(T0), &[hit(&k, q, 10), hit(&fresh, q, 10)])
             .await;
-        let d = c.apply(at(T0), &[hit(&k, q, 3), hit(&fresh, q, 3)]).await;
-        assert!(d.iter().all(|d| d.over), "{algorithm:?}: {d:?}");
+        assert_eq!(remaining(&back), [2, 2], "{algorithm:?}");
+        for key in [&k, &fresh] {
+            let one = [hit(key, q, 1)];
+            let d = [c.apply(at(T0), &one).await, c.apply(at(T0), &one).await].concat();
+            assert_eq!(admitted(&d), [true, true], "{algorithm:?}");
+            assert!(c.apply(at(T0), &one).await[0].over, "{algorithm:?}");
+        }
+    }
+}
+
+/// A refund at the limit of 3 per hour, as a proxy counting requests in flight sends one at
+/// each request's end: 3 pass, the 4th is over (and counted, in a fixed window), its refund
+/// and one more give 2 back, and 2 more pass. A refund of 5 on a count of 2 leaves 0: then 3
+/// more pass and the 4th is over.
+pub async fn requests_in_flight_are_counted_by_refunds<S: CounterStore>(store: &S) {
+    let mut c = Checked::new(store);
+    for algorithm in Algorithm::ALL {
+        let (k, q) = (key("in_flight", algorithm), limit(algorithm, 3, Unit::Hour));
+        let one = [hit(&k, q, 1)];
+        let mut d = Vec::new();
+        for _ in 0..4 {
+            d.extend(c.apply(at(T0), &one).await);
+        }
+        assert_eq!(admitted(&d), [true, true, true, false], "{algorithm:?}");
+        // The refused request's refund, where it was counted (else it is not sent: the service
+        // decides which refunds to make), then an admitted one's.
+        if algorithm == Algorithm::FixedWindow {
+            c.refund(at(T0), &one).await;
+        }
+        c.refund(at(T0), &one).await;
+        assert!(!c.apply(at(T0), &one).await[0].over, "{algorithm:?}");
+        assert!(c.apply(at(T0), &one).await[0].over, "{algorithm:?}");
+        if algorithm == Algorithm::FixedWindow {
+            // The refused one's refund again, to leave 3 in flight: a count of 3.
+            c.refund(at(T0), &one).await;
+        }
+        let back = c.refund(at(T0), &[hit(&k, q, 2)]).await;
+        assert_eq!(back[0].remaining, 2, "{algorithm:?}");
+        let back = c.refund(at(T0), &[hit(&k, q, 5)]).await;
+        assert_eq!(back[0].remaining, 3, "{algorithm:?}");
+        let mut d = Vec::new();
+        for _ in 0..4 {
+            d.extend(c.apply(at(T0), &one).await);
+        }
+        assert_eq!(admitted(&d), [true, true, true, false], "{algorithm:?}");
     }
 }
 
@@ -800,7 +882,9 @@ async fn play<S: CounterStore>(store: &S, run: u64, sequence: &Sequence) -> Resu
             Step::Apply(batch) => {
                 c.try_apply(t, &hits(batch)).await?;
             }
-            Step::Refund(batch) => c.refund(t, &hits(batch)).await,
+            Step::Refund(batch) => {
+                c.try_refund(t, &hits(batch)).await?;
+            }
             Step::Reset(i) => c.reset(t, &hits(&[(*i, 0)])).await,
         }
     }

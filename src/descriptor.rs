@@ -35,6 +35,9 @@ pub struct Descriptor {
     pub limit_override: Option<LimitOverride>,
     /// The per-descriptor `hits_addend`; when set (including 0) it wins over the request's.
     pub hits_addend: Option<u64>,
+    /// `is_negative_hits`: the descriptor's hits come off its counters (a refund, floored at
+    /// 0) instead of being charged, and it is answered OK whatever the counters hold.
+    pub negative_hits: bool,
 }
 
 /// A decoded `ShouldRateLimit` request.

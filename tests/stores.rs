@@ -175,7 +175,8 @@ async fn sweeping_before_every_call_changes_no_answer() {
     store_contract::windows_roll_over_as_now_moves(&store).await;
     store_contract::charged_refusals_are_debt_that_later_calls_wait_out(&store).await;
     store_contract::windows_of_several_units_last_that_long(&store).await;
-    store_contract::refunds_give_back_admitted_hits_but_not_fixed_windows(&store).await;
+    store_contract::refunds_take_hits_off_floored_at_zero(&store).await;
+    store_contract::requests_in_flight_are_counted_by_refunds(&store).await;
     store_contract::an_irregular_sequence_answers_as_the_model(&store).await;
     store_contract::random_sequences_answer_as_the_model(&store).await;
 }

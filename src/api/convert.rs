@@ -63,6 +63,7 @@ fn descriptor_from_proto(index: usize, d: RateLimitDescriptor) -> Result<Descrip
             .collect(),
         limit_override,
         hits_addend: d.hits_addend.map(|h| h.value),
+        negative_hits: d.is_negative_hits,
     })
 }
 
@@ -167,7 +168,7 @@ mod tests {
                     unit: 2,
                 }),
                 hits_addend: Some(UInt64Value { value: 0 }),
-                is_negative_hits: false,
+                is_negative_hits: true,
             }],
         };
         let r = request_from_proto(req).unwrap();
@@ -175,6 +176,7 @@ mod tests {
         assert_eq!(r.hits_addend, 3);
         assert_eq!(r.descriptors[0].entries, vec![Entry::new("k", "v")]);
         assert_eq!(r.descriptors[0].hits_addend, Some(0));
+        assert!(r.descriptors[0].negative_hits);
         assert_eq!(
             r.descriptors[0].limit_override,
             Some(LimitOverride {

@@ -453,6 +453,7 @@ fn descriptor(
         entries,
         limit_override: None,
         hits_addend: None,
+        negative_hits: false,
     }))
 }
 

@@ -9,7 +9,7 @@ use crate::api::debug::StoreGauges;
 use crate::clock::Timestamp;
 use crate::cluster::ClusterStore;
 use crate::cluster::lease::KeyView;
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Quota};
 use crate::store::memcache::MemcacheConfig;
 use crate::store::redis::{BreakerStats, RedisConfig};
 use crate::store::{
@@ -132,12 +132,26 @@ impl CounterStore for AnyStore {
         }
     }
 
-    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
+    async fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
         match self {
-            AnyStore::Memory(m) => m.refund(now, hits).await,
-            AnyStore::Redis(r) => r.refund(now, hits).await,
-            AnyStore::Memcache(m) => m.refund(now, hits).await,
-            AnyStore::Cluster(c) => c.refund(now, hits).await,
+            AnyStore::Memory(m) => m.refund(now, hits, out).await,
+            AnyStore::Redis(r) => r.refund(now, hits, out).await,
+            AnyStore::Memcache(m) => m.refund(now, hits, out).await,
+            AnyStore::Cluster(c) => c.refund(now, hits, out).await,
+        }
+    }
+
+    fn counts_refused(&self, quota: &Quota) -> bool {
+        match self {
+            AnyStore::Memory(m) => m.counts_refused(quota),
+            AnyStore::Redis(r) => r.counts_refused(quota),
+            AnyStore::Memcache(m) => m.counts_refused(quota),
+            AnyStore::Cluster(c) => c.counts_refused(quota),
         }
     }
 

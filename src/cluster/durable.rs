@@ -48,22 +48,26 @@ use crate::limiter::{CounterKind, Quota, bucket, fixed_window, sliding_window};
 use crate::store::{Hit, MemoryStore, RedisLink, StoreError};
 use crate::telemetry::LogLimiter;
 
-/// Raises write-behind counters, never lowers them.
+/// Raises write-behind counters, and lowers them only by the refunds this owner made.
 ///
 /// KEYS: one or more write-behind keys, all with the same hash tag (one descriptor's), each
 /// a string holding an integer: a count, or a bucket's arrival time in µs.
-/// ARGV: for the i-th key, `ARGV[2i-1]` the value this owner holds and `ARGV[2i]` a TTL in ms.
-/// Sets each key to its value, with its TTL, when it holds less or nothing; otherwise leaves it
-/// (and its TTL) alone, so a stale or slow owner can never undo a newer count.
+/// ARGV: for the i-th key, `ARGV[3i-2]` the value this owner holds, `ARGV[3i-1]` a TTL in ms
+/// and `ARGV[3i]` what this owner refunded since its last write (hits, or a bucket's µs).
+/// Each key becomes `max(held - refunded, value)`, with its TTL, when that differs from what
+/// it holds: with nothing refunded, raised to the value when it holds less, else left (and its
+/// TTL) alone, so a stale or slow owner can never undo a newer count; a refund takes off what
+/// was refunded and never goes below what this owner holds.
 /// Returns what each key holds afterwards.
 pub const WRITE_MAX: &str = r#"
 local out = {}
 for i, key in ipairs(KEYS) do
-  local v = tonumber(ARGV[2 * i - 1])
+  local v = tonumber(ARGV[3 * i - 2])
   local cur = tonumber(redis.call('GET', key) or '0') or 0
-  if v > cur then
-    redis.call('SET', key, ARGV[2 * i - 1], 'PX', ARGV[2 * i])
-    cur = v
+  local target = math.max(cur - tonumber(ARGV[3 * i]), v)
+  if target ~= cur then
+    redis.call('SET', key, string.format('%.0f', target), 'PX', ARGV[3 * i - 1])
+    cur = target
   end
   out[i] = cur
 end
@@ -152,15 +156,30 @@ struct LoadSlot {
     done: tokio::sync::OnceCell<()>,
 }
 
-/// One counter's write: per key, its window index (0 for buckets), value and TTL in ms.
+/// One counter's write: per key, its window index (0 for buckets), value, TTL in ms and the
+/// refunds it takes off.
 struct Write {
     stem: Box<str>,
     kind: CounterKind,
     /// The current window's index when the state was read (0 for buckets).
     window: u64,
     keys: Vec<String>,
-    parts: Vec<(u64, u64, u64)>,
+    parts: Vec<Part>,
 }
+
+/// One key of a [`Write`].
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    window: u64,
+    value: u64,
+    ttl_ms: u64,
+    /// Refunded since the last write: hits, or a bucket's µs.
+    refunded: u64,
+}
+
+/// What one stem's counters refunded since the last flush: per kind and window index (0 for
+/// buckets), hits or a bucket's µs.
+type Refunds = smallvec::SmallVec<[(CounterKind, u64, u64); 1]>;
 
 /// The write-behind and take-over loads of one node.
 pub struct Durable {
@@ -171,6 +190,8 @@ pub struct Durable {
     write_sha: String,
     /// Counter stem -> the [`CounterKind`]s changed since the last flush.
     dirty: DashMap<Box<str>, Kinds, foldhash::fast::RandomState>,
+    /// Counter stem -> what it refunded since the last flush (also marked dirty).
+    refunded: DashMap<Box<str>, Refunds, foldhash::fast::RandomState>,
     /// `<kind>:<stem>` -> its load.
     loads: DashMap<Box<str>, Arc<LoadSlot>, foldhash::fast::RandomState>,
     /// Until when (µs) loads are skipped because Redis just failed.
@@ -198,6 +219,7 @@ impl Durable {
             prefix: settings.key_prefix.clone(),
             write_sha: redis::Script::new(WRITE_MAX).get_hash().to_owned(),
             dirty: DashMap::default(),
+            refunded: DashMap::default(),
             loads: DashMap::default(),
             redis_down_until: AtomicU64::new(0),
             load_timeout: load_timeout.min(settings.redis.timeout),
@@ -260,6 +282,35 @@ impl Durable {
             if !seen {
                 mark(&mut self.dirty.entry(Box::from(h.key)).or_default(), kind);
             }
+        }
+    }
+
+    /// Records refunds this node made as an owner (after making them), so that the next flush
+    /// takes them off the copy in Redis: a write only raises a count, unless it says what the
+    /// owner refunded since its last write ([`WRITE_MAX`]). No I/O, no await.
+    pub fn mark_refunded(&self, now: Timestamp, hits: &[Hit<'_>]) {
+        // Dirty first: a flush takes the refunds before the marks, so a refund it takes always
+        // comes with its counter's write.
+        self.mark_dirty(hits);
+        for h in hits.iter().filter(|h| h.hits > 0) {
+            let kind = CounterKind::of_quota(&h.quota);
+            let (window, amount) = match kind {
+                CounterKind::Fixed(u) => (now.secs() / u.secs(), h.hits),
+                CounterKind::Sliding(u) => (sliding_window::window_index(now.micros(), u), h.hits),
+                CounterKind::Bucket => {
+                    let Some(shape) = bucket::Shape::of(&h.quota) else {
+                        continue;
+                    };
+                    // Whole µs, rounded down: the copy never gets more back than the bucket.
+                    let span = u128::from(h.hits).saturating_mul(shape.interval());
+                    let us = shape.split(span).0;
+                    (0, u64::try_from(us).unwrap_or(u64::MAX))
+                }
+            };
+            add_refund(
+                &mut self.refunded.entry(Box::from(h.key)).or_default(),
+                (kind, window, amount),
+            );
         }
     }
 
@@ -416,6 +467,12 @@ impl Durable {
 
     /// Takes the dirty marks and makes the write of each marked counter from its state now.
     fn take_writes(&self, now: Timestamp) -> Vec<Write> {
+        // The refunds first, then the marks: a refund taken now had its counter marked before.
+        let mut refunds: std::collections::HashMap<Box<str>, Refunds> = Default::default();
+        self.refunded.retain(|stem, r| {
+            refunds.insert(stem.clone(), std::mem::take(r));
+            false
+        });
         let mut taken: Vec<(Box<str>, Kinds)> = Vec::new();
         // One shard at a time, under its write lock: a hit marking a counter meanwhile lands
         // either in what is taken now or in the next flush, never in neither.
@@ -426,7 +483,10 @@ impl Durable {
         taken
             .into_iter()
             .flat_map(|(stem, kinds)| kinds.into_iter().map(move |kind| (stem.clone(), kind)))
-            .filter_map(|(stem, kind)| self.write_for(stem, kind, now))
+            .filter_map(|(stem, kind)| {
+                let refunds = refunds.get(&stem).map_or(&[][..], |r| r.as_slice());
+                self.write_for(stem.clone(), kind, refunds, now)
+            })
             .collect()
     }
 
@@ -459,8 +519,8 @@ impl Durable {
                 .arg(&self.write_sha)
                 .arg(w.keys.len())
                 .arg(&w.keys);
-            for &(_, value, ttl_ms) in &w.parts {
-                cmd.arg(value).arg(ttl_ms);
+            for p in &w.parts {
+                cmd.arg(p.value).arg(p.ttl_ms).arg(p.refunded);
             }
         }
         self.redis.run(&pipe).await
@@ -500,13 +560,31 @@ impl Durable {
         self.stats.flush_failures.fetch_add(1, Ordering::Relaxed);
         self.redis_failed(now, "flush", e);
         for w in group {
+            // Refunds back before the mark, as `mark_refunded` does.
             mark(&mut self.dirty.entry(w.stem.clone()).or_default(), w.kind);
+            for p in w.parts.iter().filter(|p| p.refunded > 0) {
+                let refund = (w.kind, p.window, p.refunded);
+                add_refund(
+                    &mut self.refunded.entry(w.stem.clone()).or_default(),
+                    refund,
+                );
+            }
         }
     }
 
-    /// What to write for one changed counter, from the state it holds now (`None`: nothing).
-    fn write_for(&self, stem: Box<str>, kind: CounterKind, now: Timestamp) -> Option<Write> {
-        let state = self.local.state(kind, &stem)?;
+    /// What to write for one changed counter, from the state it holds now and what it
+    /// refunded since the last flush (`None`: nothing). A refund of a window that no longer
+    /// counts (a fixed window's earlier one, a sliding window's older than the previous one)
+    /// is dropped: nobody reads that key again.
+    fn write_for(
+        &self,
+        stem: Box<str>,
+        kind: CounterKind,
+        refunds: &[(CounterKind, u64, u64)],
+        now: Timestamp,
+    ) -> Option<Write> {
+        // A counter swept since its refund holds nothing: its refund still goes out.
+        let state = self.local.state(kind, &stem).unwrap_or(0);
         let ms_until = |end_us: u64| end_us.saturating_sub(now.micros()) / 1_000 + GRACE_MS;
         let (window, pairs): (u64, Vec<(u64, u64, u64)>) = match kind {
             CounterKind::Fixed(u) => {
@@ -530,21 +608,35 @@ impl Durable {
                 (0, vec![(0, tat, ms_until(tat))])
             }
         };
-        let pairs: Vec<(u64, u64, u64)> = pairs
+        let refunded_in = |window: u64| {
+            refunds
+                .iter()
+                .filter(|&&(k, w, _)| k == kind && w == window)
+                .map(|&(_, _, n)| n)
+                .fold(0u64, u64::saturating_add)
+        };
+        let parts: Vec<Part> = pairs
             .into_iter()
-            .filter(|&(_, value, _)| {
-                value > 0 && (kind != CounterKind::Bucket || value > now.micros())
+            .map(|(window, value, ttl_ms)| Part {
+                window,
+                value,
+                ttl_ms,
+                refunded: refunded_in(window),
+            })
+            .filter(|p| {
+                let holds = p.value > 0 && (kind != CounterKind::Bucket || p.value > now.micros());
+                holds || p.refunded > 0
             })
             .collect();
-        if pairs.is_empty() {
+        if parts.is_empty() {
             return None;
         }
         Some(Write {
-            keys: pairs
+            keys: parts
                 .iter()
-                .map(|&(w, _, _)| self.redis_key(&stem, kind, w))
+                .map(|p| self.redis_key(&stem, kind, p.window))
                 .collect(),
-            parts: pairs,
+            parts,
             stem,
             kind,
             window,
@@ -557,7 +649,7 @@ impl Durable {
             .parts
             .iter()
             .zip(stored)
-            .any(|(&(_, mine, _), &theirs)| theirs > mine);
+            .any(|(p, &theirs)| theirs > p.value);
         if !higher || stored.len() != w.parts.len() {
             return;
         }
@@ -567,7 +659,7 @@ impl Durable {
             w.parts
                 .iter()
                 .zip(stored)
-                .find(|((pw, _, _), _)| *pw == window)
+                .find(|(p, _)| p.window == window)
                 .map_or(0, |(_, &v)| v)
         };
         let values: Vec<u64> = match w.kind {
@@ -591,6 +683,17 @@ type Kinds = smallvec::SmallVec<[CounterKind; 2]>;
 fn mark(kinds: &mut Kinds, kind: CounterKind) {
     if !kinds.contains(&kind) {
         kinds.push(kind);
+    }
+}
+
+/// Adds a refund of `(kind, window, amount)` to what a stem refunded.
+fn add_refund(refunds: &mut Refunds, (kind, window, amount): (CounterKind, u64, u64)) {
+    match refunds
+        .iter_mut()
+        .find(|(k, w, _)| *k == kind && *w == window)
+    {
+        Some((_, _, n)) => *n = n.saturating_add(amount),
+        None => refunds.push((kind, window, amount)),
     }
 }
 

@@ -245,20 +245,20 @@ impl ClusterStore {
             // The owner's counter; leases already granted run out within a lease duration.
             return self.route_forward(members, now, hits, op, out).await;
         }
-        if op == Op::Refund {
-            let forwarded: Vec<Hit<'_>> = hits
-                .iter()
-                .filter(|h| !client.refund(h.key, now_us, h.hits))
-                .copied()
-                .collect();
-            if forwarded.is_empty() {
-                return Ok(());
-            }
-            return self
-                .route_forward(members, now, &forwarded, op, &mut Vec::new())
-                .await;
-        }
         let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
+        if op == Op::Refund {
+            let mut forward = Vec::new();
+            for (i, h) in hits.iter().enumerate() {
+                match client.refund(h.key, now_us, h.hits) {
+                    Some(d) => decisions[i] = Some(d),
+                    None => forward.push(i),
+                }
+            }
+            self.forward_rest(members, now, hits, op, &forward, &mut decisions)
+                .await?;
+            out.extend(decisions.into_iter().flatten());
+            return Ok(());
+        }
         let (mut acquires, mut waits, mut forward) = (Vec::new(), Vec::new(), Vec::new());
         for (i, h) in hits.iter().enumerate() {
             match client.route(h.key, h.quota, now_us, h.hits, || members.live()) {
@@ -277,16 +277,33 @@ impl ClusterStore {
             leasing.wait_for(&slot).await;
             decisions[i] = Some(slot.decide_after(leasing.clock.now().micros(), hits[i].hits));
         }
-        if !forward.is_empty() {
-            let mine: Vec<Hit<'_>> = forward.iter().map(|&i| hits[i]).collect();
-            let mut answered = Vec::with_capacity(mine.len());
-            self.route_forward(members, now, &mine, op, &mut answered)
-                .await?;
-            for (&i, d) in forward.iter().zip(answered) {
-                decisions[i] = Some(d);
-            }
-        }
+        self.forward_rest(members, now, hits, op, &forward, &mut decisions)
+            .await?;
         out.extend(decisions.into_iter().flatten());
+        Ok(())
+    }
+
+    /// The hits at `forward` sent to their owners as in forward mode, their decisions put in
+    /// their places.
+    async fn forward_rest(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        op: Op,
+        forward: &[usize],
+        decisions: &mut [Option<Decision>],
+    ) -> Result<(), StoreError> {
+        if forward.is_empty() {
+            return Ok(());
+        }
+        let mine: Vec<Hit<'_>> = forward.iter().map(|&i| hits[i]).collect();
+        let mut answered = Vec::with_capacity(mine.len());
+        self.route_forward(members, now, &mine, op, &mut answered)
+            .await?;
+        for (&i, d) in forward.iter().zip(answered) {
+            decisions[i] = Some(d);
+        }
         Ok(())
     }
 

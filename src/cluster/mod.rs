@@ -34,7 +34,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Quota};
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
 pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
@@ -197,10 +197,19 @@ impl CounterStore for OwnerStore {
         Ok(())
     }
 
-    /// Refunds are not written behind: the write only raises counts, so Redis may keep up
-    /// to the refunded hits, which a later owner then counts as used (stricter, never looser).
-    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.local.refund(now, hits).await
+    /// A refund is written behind too: the next flush takes the refunded hits off the copy in
+    /// Redis (see [`Durable::mark_refunded`]).
+    async fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        self.local.refund(now, hits, out).await?;
+        if let Some(durable) = &self.durable {
+            durable.mark_refunded(now, hits);
+        }
+        Ok(())
     }
 
     /// A reset is not written behind either: Redis keeps the old count until the write-behind
@@ -412,8 +421,39 @@ impl ClusterStore {
                 place(&mut decisions, idx, result, op, round == 1)?;
             }
         }
+        if op == Op::Refund {
+            self.peek_unanswered(members, now, hits, &mut decisions)
+                .await?;
+        }
         if op.answers() {
             out.extend(decisions.into_iter().flatten());
+        }
+        Ok(())
+    }
+
+    /// The refunds an owner older than refunds' answers gave back without a decision
+    /// ([`Unanswered`]): asked again as charges of 0 hits, which count nothing.
+    async fn peek_unanswered(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        decisions: &mut [Option<Decision>],
+    ) -> Result<(), StoreError> {
+        let unanswered: Vec<usize> = (0..hits.len())
+            .filter(|&i| decisions[i] == Some(UNANSWERED))
+            .collect();
+        if unanswered.is_empty() {
+            return Ok(());
+        }
+        let peeks: Vec<Hit<'_>> = unanswered
+            .iter()
+            .map(|&i| Hit { hits: 0, ..hits[i] })
+            .collect();
+        let mut answered = Vec::with_capacity(peeks.len());
+        Box::pin(self.route_forward(members, now, &peeks, Op::Apply, &mut answered)).await?;
+        for (&i, d) in unanswered.iter().zip(answered) {
+            decisions[i] = Some(d);
         }
         Ok(())
     }
@@ -438,7 +478,7 @@ impl ClusterStore {
             .collect();
         match op {
             Op::Apply => self.local.apply(now, &shared, out).await,
-            Op::Refund => self.local.refund(now, &shared).await,
+            Op::Refund => self.local.refund(now, &shared, out).await,
             Op::Reset => self.local.reset(now, &shared).await,
         }
     }
@@ -461,7 +501,7 @@ impl ClusterStore {
             let mut out = Vec::new();
             let r = match op {
                 Op::Apply => self.owner.apply(now, &mine, &mut out).await,
-                Op::Refund => self.owner.refund(now, &mine).await,
+                Op::Refund => self.owner.refund(now, &mine, &mut out).await,
                 Op::Reset => self.owner.reset(now, &mine).await,
             };
             return r.map(|()| out).map_err(Some);
@@ -525,10 +565,10 @@ fn place(
     last: bool,
 ) -> Result<(), StoreError> {
     match result {
-        // A refund or a reset answers nothing; mark its hits done.
-        Ok(_) if !op.answers() => {
-            idx.iter()
-                .for_each(|&i| decisions[i] = Some(zero_decision()));
+        // A reset answers nothing, nor does a refund on an owner older than refunds' answers;
+        // mark their hits done (the refunds' to be peeked at).
+        Ok(d) if !op.answers() || d.is_empty() && op.may_answer_nothing() => {
+            idx.iter().for_each(|&i| decisions[i] = Some(UNANSWERED));
         }
         Ok(d) if d.len() == idx.len() => {
             for (&i, d) in idx.iter().zip(d) {
@@ -553,15 +593,16 @@ fn place(
     Ok(())
 }
 
-fn zero_decision() -> Decision {
-    Decision {
-        count_after: 0,
-        count_before: 0,
-        over: false,
-        remaining: 0,
-        reset_after_secs: 0,
-    }
-}
+/// Stands in for the decision of a hit done without one (a reset; a refund on an older owner,
+/// to be peeked at). No real decision is this one: every algorithm reports at least a second
+/// until its reset.
+const UNANSWERED: Decision = Decision {
+    count_after: 0,
+    count_before: 0,
+    over: false,
+    remaining: 0,
+    reset_after_secs: 0,
+};
 
 /// Probes every peer every 500 ms with an empty call and brings back those that answer again.
 ///
@@ -668,8 +709,23 @@ impl CounterStore for ClusterStore {
         self.route(now, hits, Op::Apply, out).await
     }
 
-    async fn refund<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.route(now, hits, Op::Refund, &mut Vec::new()).await
+    async fn refund<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        self.route(now, hits, Op::Refund, out).await
+    }
+
+    /// In lease mode a window counts only what its holder admitted (a lease cannot hold a
+    /// refused hit), so a fixed window counts refused hits only with `charge_refused: true`,
+    /// which its owner counts instead, as the other algorithms' with it are.
+    fn counts_refused(&self, quota: &Quota) -> bool {
+        match self.mode {
+            ClusterMode::Lease => quota.charge_refused,
+            ClusterMode::Forward | ClusterMode::Divided => quota.charges_refused(),
+        }
     }
 
     async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {

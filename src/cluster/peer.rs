@@ -139,8 +139,9 @@ impl ApplyRequest {
     }
 }
 
-/// What a call does to its hits' counters: charge them (and answer decisions), give them back,
-/// or forget them (the counter admin's reset). Refunds and resets answer nothing.
+/// What a call does to its hits' counters: charge them, take them off (a refund), both
+/// answering one decision per hit; or forget them (the counter admin's reset), answering
+/// nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Apply,
@@ -149,9 +150,16 @@ pub enum Op {
 }
 
 impl Op {
-    /// Whether the call answers one decision per hit.
+    /// Whether the call answers one decision per hit (a refund: a peek at what it left; an
+    /// owner older than that answers none, see [`Op::may_answer_nothing`]).
     pub fn answers(self) -> bool {
-        self == Op::Apply
+        self != Op::Reset
+    }
+
+    /// Whether an answer with no decisions is still a success: a refund sent to an owner that
+    /// predates refunds' answers (it gave the hits back and said nothing).
+    pub fn may_answer_nothing(self) -> bool {
+        self != Op::Apply
     }
 }
 
@@ -414,20 +422,19 @@ impl Owner {
         let now = self.clock.now();
         match req.op() {
             Op::Apply => {}
-            Op::Refund => {
-                self.local.refund(now, &hits).await.map_err(store_status)?;
-                return Ok(ApplyResponse::default());
-            }
+            Op::Refund => {}
             Op::Reset => {
                 self.local.reset(now, &hits).await.map_err(store_status)?;
                 return Ok(ApplyResponse::default());
             }
         }
         let mut out = Vec::with_capacity(hits.len());
-        self.local
-            .apply(now, &hits, &mut out)
-            .await
-            .map_err(store_status)?;
+        let done = if req.op() == Op::Refund {
+            self.local.refund(now, &hits, &mut out).await
+        } else {
+            self.local.apply(now, &hits, &mut out).await
+        };
+        done.map_err(store_status)?;
         Ok(ApplyResponse {
             decisions: out.iter().map(PeerDecision::from).collect(),
         })
@@ -686,12 +693,13 @@ async fn send_batch(
     deliver(batch, result);
 }
 
-/// Splits a call's decisions among the jobs of its batch, in order (refunds and resets get
-/// none); a wrong count of decisions fails every job.
+/// Splits a call's decisions among the jobs of its batch, in order (resets get none, and so
+/// do refunds an older owner answered with none); a wrong count of decisions fails every job.
 fn deliver(batch: Batch, result: Result<Vec<PeerDecision>, String>) {
     let Batch { jobs, op, size } = batch;
     let result = result.and_then(|decisions| {
-        if !op.answers() || decisions.len() == size {
+        let none = decisions.is_empty() && op.may_answer_nothing();
+        if none || decisions.len() == size {
             Ok(decisions)
         } else {
             Err(format!(
@@ -705,6 +713,7 @@ fn deliver(batch: Batch, result: Result<Vec<PeerDecision>, String>) {
             let mut rest = decisions.into_iter();
             for job in jobs {
                 let mine = if op.answers() {
+                    // Empty for every job when the owner answered none.
                     rest.by_ref().take(job.hits.len()).collect()
                 } else {
                     Vec::new()

@@ -335,9 +335,11 @@ pub fn decide_shaped(state: u128, now_us: u64, shape: Shape, hits: u64) -> (Deci
     (decision, next)
 }
 
-/// Gives back `hits` admitted earlier (for a request that another limit refused): moves the
-/// arrival time back by `hits` emission intervals. For both buckets the result decides every
-/// later call exactly as the state before the admission would have.
+/// Gives `hits` tokens back (a refund): moves the arrival time back by `hits` emission
+/// intervals. Never past rest: an arrival time in the past is a bucket at rest, which answers
+/// as a full one whatever the time, so a refund larger than what the bucket holds leaves it at
+/// rest and no fuller. A refund of hits just admitted decides every later call exactly as the
+/// state before the admission would have.
 pub fn refund(state: u128, quota: &Quota, hits: u64) -> u128 {
     match Shape::of(quota) {
         None => state,
@@ -522,6 +524,23 @@ mod tests {
             let back = refund(after, &q, 1);
             let expect = decide(before, 10 * S, &q, 1).0;
             assert_eq!(decide(back, 10 * S, &q, 1).0, expect, "{algorithm:?}");
+        }
+    }
+
+    #[test]
+    fn a_refund_never_fills_a_bucket_past_rest() {
+        for algorithm in [Algorithm::TokenBucket, Algorithm::LeakyBucket] {
+            let q = quota(algorithm, 2, Unit::Second, Some(3));
+            let capacity = decide(EMPTY, 10 * S, &q, 0).0.remaining;
+            let (_, held) = decide(EMPTY, 10 * S, &q, 2);
+            // Five back where two were taken: at rest, with the capacity and no more.
+            let back = refund(held, &q, 5);
+            let peek = decide(back, 10 * S, &q, 0).0;
+            assert_eq!(peek.remaining, capacity, "{algorithm:?}");
+            assert_eq!(peek.count_after, 0);
+            assert!(is_stale(back, 10 * S));
+            assert!(decide(back, 10 * S, &q, u64::from(capacity) + 1).0.over);
+            assert!(!decide(back, 10 * S, &q, u64::from(capacity)).0.over);
         }
     }
 

@@ -48,11 +48,20 @@ pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decisio
     }
 }
 
-/// Gives back `hits` a counter of `quota` admitted at `now`: the new state word. A fixed
-/// window gives nothing back (it counts every hit, as the Go service does).
+/// Takes `hits` off a counter of `quota` at `now` (a refund): the new state word. One meaning
+/// for every algorithm: a window's current count goes down by `hits`, floored at 0 (an earlier
+/// window's count is not touched); a bucket's arrival time moves back by `hits` emission
+/// intervals, so it holds `hits` more tokens, never more than at rest. Whether a refund should
+/// be made at all (a fixed window keeps a refused request's hits, as the Go service does) is
+/// the caller's choice, not this function's.
 pub fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u128 {
     match quota.algorithm {
-        Algorithm::FixedWindow => state,
+        Algorithm::FixedWindow => u128::from(fixed_window::refund(
+            narrow(state),
+            now.secs(),
+            quota.window(),
+            hits,
+        )),
         Algorithm::SlidingWindow => {
             sliding_window::refund(state, now.micros(), quota.window(), hits)
         }

@@ -92,6 +92,18 @@ pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) ->
     (decision, new_state)
 }
 
+/// Takes `hits` off the count of the window containing `now_secs`, floored at 0 (a refund:
+/// hits a request gave back). A count of an earlier window is left as it is: that window has
+/// ended, and the refund has nothing to take from the current one.
+pub const fn refund(state: u64, now_secs: u64, unit: Window, hits: u64) -> u64 {
+    if is_stale(state, now_secs, unit) {
+        return state;
+    }
+    let count = state & COUNT_MASK;
+    let left = count.saturating_sub(hits);
+    (state & !COUNT_MASK) | left
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,7 +197,43 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_refund_takes_hits_off_the_current_window_floored_at_zero() {
+        let w = Window::of(Unit::Hour);
+        let (_, mut s) = decide(EMPTY, 7200, w, 3, 3);
+        // The fourth is over, and counted (Go's counting).
+        let (d, s4) = decide(s, 7201, w, 3, 1);
+        assert!(d.over);
+        assert_eq!(d.count_after, 4);
+        s = refund(s4, 7202, w, 1);
+        assert_eq!(current_count(s, 7202, w), 3);
+        // Floored at 0: a refund of more than the count leaves 0, never a credit.
+        s = refund(s, 7203, w, 5);
+        assert_eq!(current_count(s, 7203, w), 0);
+        assert!(!is_stale(s, 7203, w));
+        for _ in 0..3 {
+            let (d, next) = decide(s, 7204, w, 3, 1);
+            assert!(!d.over);
+            s = next;
+        }
+        assert!(decide(s, 7205, w, 3, 1).0.over);
+        // A refund in a later window leaves the earlier count alone (it is gone anyway).
+        let later = refund(s4, 10_800, w, 2);
+        assert_eq!(later, s4);
+        assert_eq!(current_count(later, 10_800, w), 0);
+    }
+
     proptest! {
+        /// A refund of `r` after `n` hits leaves `max(n - r, 0)`, in the window's tag.
+        #[test]
+        fn a_refund_floors_the_count_at_zero(n in 0u64..100, r in 0u64..200, limit in 0u32..50) {
+            let w = Window::of(Unit::Minute);
+            let (_, s) = decide(EMPTY, 600, w, limit, n);
+            let after = refund(s, 659, w, r);
+            prop_assert_eq!(current_count(after, 659, w), n.saturating_sub(r));
+            prop_assert_eq!(after >> COUNT_BITS, s >> COUNT_BITS);
+        }
+
         /// For any sequence of (time, hits) on one key, the hits admitted in each window never
         /// exceed the limit, and never fall short of it while hits remain: a call is admitted
         /// exactly when the window's running total including it stays within the limit.

@@ -138,8 +138,9 @@ pub fn decide(
     (decision, pack(u128::from(index), current_after, previous))
 }
 
-/// Gives back `hits` admitted earlier in the window containing `now_micros` (for a request
-/// that another limit refused). Hits of an earlier window are not given back.
+/// Takes `hits` off the count of the window containing `now_micros`, floored at 0 (a refund).
+/// The previous window's count is not touched: hits charged before the current window began
+/// have already started to slide out, and are not given back.
 pub fn refund(state: u128, now_micros: u64, unit: Window, hits: u64) -> u128 {
     let index = now_micros / 1_000_000 / unit.secs();
     let (tag, current, previous) = unpack(state);
@@ -237,6 +238,12 @@ mod tests {
             9
         );
         assert_eq!(refund(s, MIN + 1, Window::of(Unit::Minute), 3), s);
+        // Floored at 0: a larger refund leaves the current window empty, never in credit.
+        let w = Window::of(Unit::Minute);
+        let emptied = refund(s, 2_000_000, w, 40);
+        assert_eq!(counts_at(emptied, 2_000_000, w), (0, 0));
+        assert_eq!(decide(emptied, 2_000_000, w, 10, 0, false).0.remaining, 10);
+        assert!(decide(emptied, 2_000_000, w, 10, 11, false).0.over);
     }
 
     #[test]

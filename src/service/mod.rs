@@ -196,6 +196,35 @@ pub struct ServiceOptions {
     pub max_entries: usize,
     /// SLUICE_MAX_KEY_BYTES: the longest counter key a request may make (prefix included).
     pub max_key_bytes: usize,
+    /// SLUICE_NEGATIVE_HITS: which refunds (`is_negative_hits`) are applied.
+    pub negative_hits: NegativeHits,
+}
+
+/// SLUICE_NEGATIVE_HITS: which negative hits (`is_negative_hits`: a descriptor's hits taken
+/// off its counters, what Envoy sends at a request's end to count requests in flight) are
+/// applied. Envoy sends the refund for a request it refused too; a limit that did not count
+/// the refused hit would be given back capacity the request never took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NegativeHits {
+    /// `counted` (the default): on a limit whose store counts its refused hits
+    /// ([`CounterStore::counts_refused`]: a fixed window, as the Go service counts, or any
+    /// limit with `charge_refused: true`); on the others the refund is answered OK, counted as
+    /// ignored and logged, and takes nothing off.
+    #[default]
+    Counted,
+    /// `always`: on every limit, as envoyproxy/ratelimit does.
+    Always,
+}
+
+impl NegativeHits {
+    /// The setting's spelling.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "counted" => Some(NegativeHits::Counted),
+            "always" => Some(NegativeHits::Always),
+            _ => None,
+        }
+    }
 }
 
 impl Default for ServiceOptions {
@@ -213,6 +242,7 @@ impl Default for ServiceOptions {
             max_descriptors: 64,
             max_entries: 32,
             max_key_bytes: 4096,
+            negative_hits: NegativeHits::Counted,
         }
     }
 }
@@ -411,7 +441,14 @@ impl<S: CounterStore> RateLimitService<S> {
         let Buffers { keys, decisions } = &mut scratch.0;
         let keys = plan::counter_keys(&self.options, request, &plans, keys)?;
         let hits = plan::hits(&plans, &keys);
-        if let Err(e) = self.charge(now, &hits, call, decisions).await {
+        let refunds = plans.iter().any(Plan::is_negative);
+        let charged = if refunds {
+            self.charge_and_refund(now, &plans, &hits, call, decisions)
+                .await
+        } else {
+            self.charge(now, &hits, call, decisions).await
+        };
+        if let Err(e) = charged {
             return self.backend_failed(request, e);
         }
         let decisions = decisions.as_slice();
@@ -419,8 +456,10 @@ impl<S: CounterStore> RateLimitService<S> {
             let (expected, got) = (hits.len(), decisions.len());
             return Err(StoreError::BadReply { expected, got }.into());
         }
-        for (hit, d) in hits.iter().zip(decisions) {
-            if hit.hits > 0 {
+        let negative = refunds.then(|| plan::negative_mask(&plans));
+        for (i, (hit, d)) in hits.iter().zip(decisions).enumerate() {
+            let refund = negative.as_ref().is_some_and(|m| m[i]);
+            if hit.hits > 0 && !refund {
                 self.hot.record(hit.key, &hit.quota, d, now);
             }
         }
@@ -467,6 +506,60 @@ impl<S: CounterStore> RateLimitService<S> {
         applied
     }
 
+    /// A request with negative descriptors: the other hits charged as usual, the negative ones
+    /// refunded (the ones [`RateLimitService::applies_refund`] lets through; the others
+    /// refund 0 hits, a peek), and the decisions put back in the hits' order into `decisions`.
+    async fn charge_and_refund(
+        &self,
+        now: Timestamp,
+        plans: &[Plan<'_>],
+        hits: &[Hit<'_>],
+        call: Option<&Span>,
+        decisions: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let mask = plan::negative_mask(plans);
+        let (mut charges, mut refunds) = (Vec::new(), Vec::new());
+        for (hit, &negative) in hits.iter().zip(&mask) {
+            if negative {
+                let applied = self.applies_refund(&hit.quota);
+                refunds.push(Hit {
+                    hits: if applied { hit.hits } else { 0 },
+                    ..*hit
+                });
+            } else {
+                charges.push(*hit);
+            }
+        }
+        self.charge(now, &charges, call, decisions).await?;
+        let mut refunded = Vec::with_capacity(refunds.len());
+        if !refunds.is_empty() {
+            self.store.refund(now, &refunds, &mut refunded).await?;
+        }
+        let (expected, got) = (hits.len(), decisions.len() + refunded.len());
+        if got != expected || refunded.len() != refunds.len() {
+            return Err(StoreError::BadReply { expected, got });
+        }
+        let charged: SmallVec<[Decision; 4]> = decisions.drain(..).collect();
+        let (mut charged, mut refunded) = (charged.into_iter(), refunded.into_iter());
+        for negative in mask {
+            let next = if negative {
+                refunded.next()
+            } else {
+                charged.next()
+            };
+            decisions.extend(next);
+        }
+        Ok(())
+    }
+
+    /// Whether a negative hit on `quota` is taken off its counter (SLUICE_NEGATIVE_HITS).
+    fn applies_refund(&self, quota: &Quota) -> bool {
+        match self.options.negative_hits {
+            NegativeHits::Always => true,
+            NegativeHits::Counted => self.store.counts_refused(quota),
+        }
+    }
+
     /// Gives back what a refused request's other limits admitted, at `now`, the time they were
     /// charged at, so a refund reaches the window it was charged to even when one ended since.
     /// The decisions stand; when only the give-back fails, the request is still answered.
@@ -474,7 +567,9 @@ impl<S: CounterStore> RateLimitService<S> {
         if refunds.is_empty() {
             return;
         }
-        if let Err(e) = self.store.refund(now, refunds).await {
+        // The answers to a give-back are not needed: the decisions stand.
+        let mut answers = Vec::new();
+        if let Err(e) = self.store.refund(now, refunds, &mut answers).await {
             self.observer.refund_failed(&e);
         }
     }
@@ -496,11 +591,17 @@ impl<S: CounterStore> RateLimitService<S> {
             let (status, is_quota) = match plan {
                 Plan::Pass => (Status::ok(), false),
                 Plan::Unlimited(_) => (Status::unlimited(), false),
-                Plan::Counted { limit, hits, .. } => {
-                    let (status, chosen) = counted_status(limit, &mut decisions);
+                Plan::Counted {
+                    limit,
+                    hits,
+                    negative,
+                    ..
+                } => {
+                    let (status, chosen) = counted_status(limit, *negative, &mut decisions);
                     if let Some((quota, decision)) = chosen.filter(|_| report) {
+                        let refund = self.refund_outcome(request, descriptor, limit, *negative);
                         let counted = (limit, *hits, quota, decision);
-                        self.report_descriptor(domain, request, descriptor, counted);
+                        self.report_descriptor(domain, request, descriptor, counted, refund);
                     }
                     (status, limit.quota_mode(self.options.quota_mode))
                 }
@@ -509,6 +610,31 @@ impl<S: CounterStore> RateLimitService<S> {
             quota.push(is_quota);
         }
         (statuses, quota)
+    }
+
+    /// A counted descriptor's refund, as reported: `(negative, ignored)`. A refund some limit
+    /// of the descriptor did not take (SLUICE_NEGATIVE_HITS) is reported to the observer for
+    /// its log, whether or not it counts.
+    fn refund_outcome(
+        &self,
+        request: &Request,
+        descriptor: &Descriptor,
+        limit: &Counted<'_>,
+        negative: bool,
+    ) -> (bool, bool) {
+        if !negative {
+            return (false, false);
+        }
+        let ignored = limit.quotas().any(|(q, _)| !self.applies_refund(&q));
+        if ignored {
+            match limit.rule {
+                Some(l) => self.observer.negative_hits_ignored(&l.full_key),
+                None => self
+                    .observer
+                    .negative_hits_ignored(&override_stats_key(request, descriptor)),
+            }
+        }
+        (true, ignored)
     }
 
     /// Reports one counted descriptor's decision (reference §5). The stats key is the limit's
@@ -520,6 +646,7 @@ impl<S: CounterStore> RateLimitService<S> {
         request: &Request,
         descriptor: &Descriptor,
         (limit, hits, quota, d): (&Counted<'_>, u64, Quota, &Decision),
+        (negative, negative_ignored): (bool, bool),
     ) {
         if !self.observer.counts() {
             return;
@@ -557,6 +684,8 @@ impl<S: CounterStore> RateLimitService<S> {
                     && hits > 0
                     && d.count_before == d.count_after,
                 shadow_mode: limit.shadow_mode(),
+                negative,
+                negative_ignored,
             },
         });
     }
@@ -799,9 +928,12 @@ fn merge_first_wins(
 
 /// One descriptor's status from its quotas' decisions (taken from `decisions` in order): the
 /// most restrictive one is reported, the first over-limit quota if any, else the one with the
-/// least remaining.
+/// least remaining. A negative descriptor (a refund; its decisions are peeks at what it left)
+/// is OK whatever they say, with the limit, what remains and the reset of that quota, as the
+/// Go service answers one.
 fn counted_status<'d>(
     limit: &Counted<'_>,
+    negative: bool,
     decisions: &mut impl Iterator<Item = &'d Decision>,
 ) -> (Status, Option<(Quota, &'d Decision)>) {
     let mut chosen: Option<(Quota, &str, &Decision)> = None;
@@ -821,7 +953,7 @@ fn counted_status<'d>(
         return (Status::ok(), None);
     };
     // Per-rule shadow mode answers OK with remaining 0, while the counters keep counting.
-    let code = if d.over && !limit.shadow_mode() {
+    let code = if d.over && !limit.shadow_mode() && !negative {
         Code::OverLimit
     } else {
         Code::Ok

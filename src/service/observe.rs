@@ -57,6 +57,12 @@ pub struct Outcome {
     pub from_local_cache: bool,
     /// The limit's own `shadow_mode`.
     pub shadow_mode: bool,
+    /// The hits were a refund (`is_negative_hits`), not a charge: counted as
+    /// `total_negative_hits` and nothing else, as the Go service counts them.
+    pub negative: bool,
+    /// A refund not applied (SLUICE_NEGATIVE_HITS): a limit of the descriptor does not count
+    /// refused hits, so it would have given back capacity a refused request never took.
+    pub negative_ignored: bool,
 }
 
 /// A finished call.
@@ -115,6 +121,11 @@ pub trait Observer: Send + Sync + 'static {
 
     /// A refused request's admitted hits could not be given back (the answer stands).
     fn refund_failed(&self, _error: &StoreError) {}
+
+    /// Negative hits on the limit `limit` (its config key, or an override's stats key) were
+    /// not applied, because a limit of the descriptor does not count refused hits
+    /// (SLUICE_NEGATIVE_HITS). Reported whether or not the observer counts.
+    fn negative_hits_ignored(&self, _limit: &str) {}
 
     /// Global SHADOW_MODE turned an OVER_LIMIT answer into OK.
     fn global_shadow_mode(&self) {}

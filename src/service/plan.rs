@@ -67,6 +67,8 @@ pub(super) enum Plan<'c> {
         /// `share_threshold` substitutions for the counter key.
         shared: Vec<(usize, &'c str)>,
         hits: u64,
+        /// `is_negative_hits`: the hits come off the counters (a refund).
+        negative: bool,
     },
 }
 
@@ -74,6 +76,11 @@ pub(super) enum Plan<'c> {
 pub(super) type Plans<'c> = SmallVec<[Plan<'c>; 4]>;
 
 impl<'c> Plan<'c> {
+    /// Whether the descriptor refunds its hits (`is_negative_hits`) rather than charging them.
+    pub(super) fn is_negative(&self) -> bool {
+        matches!(self, Plan::Counted { negative: true, .. })
+    }
+
     /// The matched config limit, if any (overrides have none).
     pub(super) fn config_limit(&self) -> Option<&'c Limit> {
         match self {
@@ -93,6 +100,7 @@ pub(super) fn plan<'c>(domain: &'c Domain, request: &Request) -> Plans<'c> {
         .iter()
         .map(|d| {
             let hits = d.hits_addend.unwrap_or(request_hits);
+            let negative = d.negative_hits;
             if let Some(o) = d.limit_override {
                 let limit = Counted {
                     rule: None,
@@ -103,6 +111,7 @@ pub(super) fn plan<'c>(domain: &'c Domain, request: &Request) -> Plans<'c> {
                     limit,
                     shared,
                     hits,
+                    negative,
                 };
             }
             let Some(m) = domain.lookup(&d.entries) else {
@@ -117,6 +126,7 @@ pub(super) fn plan<'c>(domain: &'c Domain, request: &Request) -> Plans<'c> {
                     },
                     shared: m.shared_values,
                     hits,
+                    negative,
                 },
             }
         })
@@ -215,9 +225,10 @@ pub(super) fn counter_keys<'b>(
     })
 }
 
-/// The hits to charge: one per quota of every counted descriptor, in order. Every counted
-/// descriptor is charged, even when another is already over (the Go service does the same,
-/// so over-limit traffic keeps draining every counter).
+/// The hits to charge (or, for a negative descriptor, to refund): one per quota of every
+/// counted descriptor, in order. Every counted descriptor is charged, even when another is
+/// already over (the Go service does the same, so over-limit traffic keeps draining every
+/// counter).
 pub(super) fn hits<'k>(plans: &[Plan<'_>], keys: &CounterKeys<'k>) -> SmallVec<[Hit<'k>; 4]> {
     let mut out = SmallVec::new();
     let mut ranges = keys.ranges.iter();
@@ -236,10 +247,26 @@ pub(super) fn hits<'k>(plans: &[Plan<'_>], keys: &CounterKeys<'k>) -> SmallVec<[
     out
 }
 
-/// What a refused request gives back. A descriptor with several limits is refused as a whole
-/// when one of them refuses: the limits that admitted it give the hits back (fixed windows
-/// excepted, which count every hit as the Go service does, and limits that charge refused hits),
-/// so a refused request consumes nothing it need not.
+/// Whether a hit of each quota counted, in [`hits`]' order, is a refund (`is_negative_hits`).
+pub(super) fn negative_mask(plans: &[Plan<'_>]) -> SmallVec<[bool; 4]> {
+    let mut mask = SmallVec::new();
+    for plan in plans {
+        if let Plan::Counted {
+            limit, negative, ..
+        } = plan
+        {
+            mask.extend(std::iter::repeat_n(*negative, limit.quota_count()));
+        }
+    }
+    mask
+}
+
+/// What a refused request gives back: this policy, not the store, decides what a refund
+/// takes. A descriptor with several limits is refused as a whole when one of them refuses:
+/// the limits that admitted it give the hits back, except fixed windows, which keep a refused
+/// request's hits as the Go service counts them, and limits that charge refused hits; so a
+/// refused request consumes nothing it need not. A negative descriptor's hits were refunds,
+/// not charges: it gives nothing back.
 pub(super) fn refunds<'k>(
     plans: &[Plan<'_>],
     hits: &[Hit<'k>],
@@ -248,10 +275,13 @@ pub(super) fn refunds<'k>(
     let mut refunds = Vec::new();
     let mut at = 0;
     for plan in plans {
-        if let Plan::Counted { limit, .. } = plan {
+        if let Plan::Counted {
+            limit, negative, ..
+        } = plan
+        {
             let n = limit.quota_count();
             let own = &decisions[at..at + n];
-            if n > 1 && own.iter().any(|d| d.over) {
+            if n > 1 && !negative && own.iter().any(|d| d.over) {
                 refunds.extend(
                     hits[at..at + n]
                         .iter()

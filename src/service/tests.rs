@@ -994,8 +994,11 @@ impl CounterStore for TracedFailingStore {
         &'a self,
         _now: crate::clock::Timestamp,
         _hits: &'a [Hit<'a>],
+        _out: &'a mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        Ok(())
+        Err(StoreError::Backend {
+            message: "connection refused".into(),
+        })
     }
 }
 
@@ -1098,8 +1101,9 @@ impl CounterStore for SlowStore {
         &'a self,
         now: crate::clock::Timestamp,
         hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        self.inner.refund(now, hits).await
+        self.inner.refund(now, hits, out).await
     }
 }
 

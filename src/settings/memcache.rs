@@ -185,6 +185,7 @@ impl MemcacheArgs {
             timeout: Duration::from_millis(timeout_ms),
             expiration_jitter_max_seconds: cache.expiration_jitter_max_seconds,
             local_cache_size_in_bytes: cache.local_cache_size_in_bytes,
+            local_cache_max_age: cache.local_cache_max_age()?,
             stop_cache_key_increment_when_overlimit: cache.stop_cache_key_increment_when_overlimit,
             breaker: self.breaker()?,
             tls: self.tls()?,

@@ -48,7 +48,7 @@ use crate::app::{AppOptions, Backend};
 use crate::cluster::ClusterConfig;
 use crate::config::{ConfigSource, FileLimits, LoadOptions};
 use crate::quota::QuotaOptions;
-use crate::service::ServiceOptions;
+use crate::service::{NegativeHits, ServiceOptions};
 use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};
 use crate::xds::XdsConfig;
@@ -437,6 +437,18 @@ pub struct ServeArgs {
         help_heading = "Backend"
     )]
     pub fail_open_domains: String,
+    /// Which refunds (descriptors with `is_negative_hits`) take hits off their counters:
+    /// `counted` only on limits that count refused hits (a fixed window, as envoyproxy/ratelimit
+    /// counts, where nothing holds refused hits back; any limit with `charge_refused: true`),
+    /// since Envoy sends the refund for refused requests too; `always` on every limit, as
+    /// envoyproxy/ratelimit does.
+    #[arg(
+        long,
+        env = "SLUICE_NEGATIVE_HITS",
+        default_value = "counted",
+        help_heading = "Backend"
+    )]
+    pub negative_hits: String,
 
     /// Cap on live in-memory counters; past it, new keys are refused until the sweeper frees
     /// expired ones, so memory stays bounded under a flood of distinct descriptors.
@@ -836,6 +848,13 @@ impl ServeArgs {
             max_descriptors: non_zero("SLUICE_MAX_DESCRIPTORS", self.max_descriptors)?.get(),
             max_entries: non_zero("SLUICE_MAX_ENTRIES", self.max_entries)?.get(),
             max_key_bytes,
+            negative_hits: NegativeHits::from_name(self.negative_hits.trim()).ok_or_else(|| {
+                invalid(
+                    "SLUICE_NEGATIVE_HITS",
+                    &self.negative_hits,
+                    "expected counted or always",
+                )
+            })?,
         })
     }
 }

@@ -2,6 +2,8 @@
 //! [`RedisConfig`] and [`Backend`]: the URLs redis-rs takes, built from the Go service's
 //! socket type, address list and credentials, and the REDIS_TLS_* files read and checked.
 
+use std::time::Duration;
+
 use clap::ArgAction;
 
 use super::parse::{non_empty, parse_go_bool, parse_go_duration};
@@ -358,6 +360,17 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub local_cache_size_in_bytes: u64,
+    /// How long the local over-limit cache trusts an entry, in milliseconds (1 to
+    /// 31536000000): after it, the key's next request asks Redis (or memcached) again. A refund
+    /// through another replica frees a key there; this is how long this one may keep refusing
+    /// it.
+    #[arg(
+        long,
+        env = "SLUICE_LOCAL_CACHE_MAX_AGE_MS",
+        default_value_t = 1000,
+        help_heading = "Redis"
+    )]
+    pub local_cache_max_age_ms: u64,
     /// Do not increment the other keys of a request one of whose keys is over the limit.
     #[arg(
         long,
@@ -407,11 +420,27 @@ impl RedisArgs {
             timeout,
             expiration_jitter_max_seconds: self.expiration_jitter_max_seconds,
             local_cache_size_in_bytes: self.local_cache_size_in_bytes,
+            local_cache_max_age: self.local_cache_max_age()?,
             stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
             startup: self.startup_backoff()?,
             // Set from RedisBreakerArgs by ServeArgs::validate.
             breaker: Default::default(),
         })
+    }
+
+    /// SLUICE_LOCAL_CACHE_MAX_AGE_MS: at least a millisecond, at most a year (the longest
+    /// window, so the cache can trust an entry until its window ends, as the Go service does).
+    pub(super) fn local_cache_max_age(&self) -> Result<Duration, SettingsError> {
+        const MAX_MS: u64 = 31_536_000_000;
+        let ms = self.local_cache_max_age_ms;
+        if !(1..=MAX_MS).contains(&ms) {
+            return Err(invalid(
+                "SLUICE_LOCAL_CACHE_MAX_AGE_MS",
+                ms,
+                format!("must be between 1 and {MAX_MS} (a year)"),
+            ));
+        }
+        Ok(Duration::from_millis(ms))
     }
 
     /// REDIS_URL's target, and REDIS_PERSECOND_URL's with REDIS_PERSECOND.

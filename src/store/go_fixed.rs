@@ -5,12 +5,13 @@
 //! Its size counts each key's real bytes.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::{Hit, MemoryLimits, go_cache_key};
+use super::{Hit, MemoryLimits, StoreError, go_cache_key};
 use crate::clock::Timestamp;
-use crate::limiter::{Algorithm, Decision, Window, fixed_window};
+use crate::limiter::{Algorithm, Decision, Quota, Window, fixed_window};
 
 /// EXPIRATION_JITTER_MAX_SECONDS: a fixed-window key lives its window plus a jitter in
 /// `[0, max)`, so keys written together do not all expire at once.
@@ -83,6 +84,56 @@ pub(super) fn increments_from_counts(hits: &[Hit<'_>], counts: &[Option<u64>]) -
     }
 }
 
+/// Whether `quota`'s counter is held to the Go service's shortcuts, which leave some refused
+/// hits uncounted: the local over-limit cache (a key known over is answered without a call,
+/// and not charged) and STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT. A fixed window is, unless
+/// it says `charge_refused: true`: then every one of its hits is counted, as the memory store
+/// counts them, so that a refund sent for a refused request gives back only what it took.
+pub(super) fn takes_shortcuts(quota: &Quota) -> bool {
+    quota.algorithm == Algorithm::FixedWindow && !quota.charge_refused
+}
+
+/// [`super::CounterStore::counts_refused`] for a store with the Go service's shortcuts: a
+/// fixed window counts every refused hit unless the local cache or the STOP flag is on and
+/// the limit takes them ([`takes_shortcuts`]).
+pub(super) fn counts_refused(quota: &Quota, stop_when_over: bool, local_cache: bool) -> bool {
+    quota.charges_refused() && !(takes_shortcuts(quota) && (stop_when_over || local_cache))
+}
+
+/// Whether `hit` is added: as the STOP flag's reading said, unless it counts every hit.
+pub(super) fn increments(hit: &Hit<'_>, by_flag: bool) -> bool {
+    by_flag || !takes_shortcuts(&hit.quota)
+}
+
+/// Forgets the refunded fixed-window keys in the local over-limit cache (a refund may have
+/// taken one back within its limit).
+pub(super) fn forget_refunded(cache: Option<&OverLimitCache>, now: Timestamp, hits: &[Hit<'_>]) {
+    let Some(cache) = cache else {
+        return;
+    };
+    for hit in hits.iter().filter(|h| h.hits > 0) {
+        if hit.quota.algorithm == Algorithm::FixedWindow {
+            cache.forget(&go_cache_key(hit.key, now, hit.quota.window()));
+        }
+    }
+}
+
+/// Every decision, in order, into `out`; a missing one is a bad reply.
+pub(super) fn push_all(
+    expected: usize,
+    decisions: Vec<Option<Decision>>,
+    out: &mut Vec<Decision>,
+) -> Result<(), StoreError> {
+    for d in decisions {
+        let Some(d) = d else {
+            let got = out.len();
+            return Err(StoreError::BadReply { expected, got });
+        };
+        out.push(d);
+    }
+    Ok(())
+}
+
 /// Over-limit keys remembered locally are answered without a call; `None` for the others.
 pub(super) fn cached_decisions(
     cache: Option<&OverLimitCache>,
@@ -95,9 +146,7 @@ pub(super) fn cached_decisions(
     };
     for (i, hit) in hits.iter().enumerate() {
         let q = hit.quota;
-        if q.algorithm == Algorithm::FixedWindow
-            && cache.is_over(&go_cache_key(hit.key, now, q.window()), now.secs())
-        {
+        if takes_shortcuts(&q) && cache.is_over(&go_cache_key(hit.key, now, q.window()), now) {
             let over = u64::from(q.requests_per_unit).saturating_add(1);
             let state = fixed_window::state_with_count(over, now.secs(), q.window());
             decisions[i] =
@@ -115,59 +164,67 @@ pub(super) fn remember_if_over(
     decision: &Decision,
 ) {
     if decision.over
-        && hit.quota.algorithm == Algorithm::FixedWindow
+        && takes_shortcuts(&hit.quota)
         && let Some(cache) = cache
     {
         let window = hit.quota.window();
         let end = fixed_window::window_start(now.secs(), window) + window.secs();
-        cache.remember(&go_cache_key(hit.key, now, window), end, now.secs());
+        cache.remember(&go_cache_key(hit.key, now, window), end, now);
     }
 }
 
 /// Remembers fixed-window keys a remote store (Redis, memcached) found over the limit, until
-/// their window ends.
+/// their window ends or `max_age` (SLUICE_LOCAL_CACHE_MAX_AGE_MS) has passed, whichever comes
+/// first. A refund through this process forgets its key at once; the age bounds how long
+/// another replica, which cannot know of the refund, keeps answering OVER from its own cache.
 ///
 /// Held to LOCAL_CACHE_SIZE_IN_BYTES counting each entry as its key's bytes plus the overhead
 /// of a `(Box<str>, u64)` map slot, which is what the memory store's fixed-window counters
 /// are too ([`MemoryLimits::counter_bytes`]); long keys take room in proportion.
 pub(super) struct OverLimitCache {
-    /// Full key -> end of its window (seconds since the epoch).
+    /// Full key -> when the entry stops being trusted (µs since the epoch).
     keys: DashMap<Box<str>, u64, foldhash::fast::RandomState>,
     /// The entries' accounted bytes.
     bytes: AtomicUsize,
     max_bytes: usize,
+    max_age_us: u64,
 }
 
 impl OverLimitCache {
-    pub(super) fn new(size_in_bytes: u64) -> Option<Self> {
+    pub(super) fn new(size_in_bytes: u64, max_age: Duration) -> Option<Self> {
         let max_bytes = usize::try_from(size_in_bytes).unwrap_or(usize::MAX);
         (max_bytes > 0).then(|| OverLimitCache {
             keys: DashMap::default(),
             bytes: AtomicUsize::new(0),
             max_bytes,
+            max_age_us: u64::try_from(max_age.as_micros()).unwrap_or(u64::MAX),
         })
     }
 
-    pub(super) fn is_over(&self, key: &str, now_secs: u64) -> bool {
-        self.keys.get(key).is_some_and(|end| *end > now_secs)
+    pub(super) fn is_over(&self, key: &str, now: Timestamp) -> bool {
+        self.keys.get(key).is_some_and(|end| *end > now.micros())
     }
 
-    /// Remembers `key` if it fits, forgetting ended windows first when it does not.
-    pub(super) fn remember(&self, key: &str, window_end: u64, now_secs: u64) {
+    /// Remembers `key`, over the limit of a window ending at `window_end` (s), if it fits,
+    /// forgetting ended entries first when it does not.
+    pub(super) fn remember(&self, key: &str, window_end: u64, now: Timestamp) {
+        let until = window_end
+            .saturating_mul(1_000_000)
+            .min(now.micros().saturating_add(self.max_age_us));
         let cost = MemoryLimits::counter_bytes(key);
         if !self.reserve(cost) {
-            self.forget_ended(now_secs);
+            self.forget_ended(now);
             if !self.reserve(cost) {
                 return;
             }
         }
-        if self.keys.insert(Box::from(key), window_end).is_some() {
+        if self.keys.insert(Box::from(key), until).is_some() {
             // Already remembered (a concurrent call): its room is taken once.
             self.bytes.fetch_sub(cost, Ordering::Relaxed);
         }
     }
 
-    /// Forgets one key (its counter was reset).
+    /// Forgets one key (its counter was reset, or hits were refunded).
     pub(super) fn forget(&self, key: &str) {
         if self.keys.remove(key).is_some() {
             let cost = MemoryLimits::counter_bytes(key);
@@ -183,10 +240,10 @@ impl OverLimitCache {
             .is_ok()
     }
 
-    fn forget_ended(&self, now_secs: u64) {
+    fn forget_ended(&self, now: Timestamp) {
         let mut freed = 0;
-        self.keys.retain(|key, end| {
-            let keep = *end > now_secs;
+        self.keys.retain(|key, until| {
+            let keep = *until > now.micros();
             if !keep {
                 freed += MemoryLimits::counter_bytes(key);
             }
@@ -200,24 +257,51 @@ impl OverLimitCache {
 mod tests {
     use super::*;
 
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    fn at(secs: u64) -> Timestamp {
+        Timestamp::from_secs(secs)
+    }
+
     #[test]
     fn the_over_limit_cache_counts_real_key_bytes() {
         let key = |i: usize| format!("{i:04}{}", "k".repeat(3996));
         let entry = MemoryLimits::counter_bytes(&key(0));
-        let cache = OverLimitCache::new(3 * entry as u64).unwrap();
+        let cache = OverLimitCache::new(3 * entry as u64, HOUR).unwrap();
         // Windows ending at 60; 4 KB keys: three fit, where 128 B an entry would have let 96 in.
         for i in 0..10 {
-            cache.remember(&key(i), 60, 0);
+            cache.remember(&key(i), 60, at(0));
         }
         assert_eq!(cache.keys.len(), 3);
         assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
-        assert!(cache.is_over(&key(2), 59) && !cache.is_over(&key(3), 59));
+        assert!(cache.is_over(&key(2), at(59)) && !cache.is_over(&key(3), at(59)));
         // Remembering a key again takes no more room.
-        cache.remember(&key(0), 60, 0);
+        cache.remember(&key(0), 60, at(0));
         assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
         // Once their windows end, full or not, the old entries make room.
-        cache.remember(&key(7), 120, 60);
+        cache.remember(&key(7), 120, at(60));
         assert_eq!(cache.keys.len(), 1);
         assert_eq!(cache.bytes.load(Ordering::Relaxed), entry);
+    }
+
+    #[test]
+    fn an_entry_is_trusted_for_its_max_age_or_until_its_window_ends() {
+        let cache = OverLimitCache::new(1 << 20, Duration::from_millis(1500)).unwrap();
+        // An hour's window: trusted 1.5 s, not the hour.
+        cache.remember("k_3600", 7200, at(3700));
+        assert!(cache.is_over("k_3600", Timestamp::from_micros(3_701_499_999)));
+        assert!(!cache.is_over("k_3600", Timestamp::from_micros(3_701_500_000)));
+        // A window ending sooner than the age: until it ends.
+        cache.remember("k_3700", 3701, at(3700));
+        assert!(cache.is_over("k_3700", Timestamp::from_micros(3_700_999_999)));
+        assert!(!cache.is_over("k_3700", at(3701)));
+        // A refund forgets at once, and gives the room back.
+        cache.remember("k_3600", 7200, at(3702));
+        cache.forget("k_3600");
+        assert!(!cache.is_over("k_3600", at(3702)));
+        assert_eq!(
+            cache.bytes.load(Ordering::Relaxed),
+            MemoryLimits::counter_bytes("k_3700")
+        );
     }
 }

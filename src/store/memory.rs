@@ -534,7 +534,9 @@ impl Inner {
             return Ok(());
         }
         match table.entry(Box::from(key)) {
-            Entry::Occupied(e) => update(e.get(), merge),
+            Entry::Occupied(e) => {
+                update(e.get(), merge);
+            }
             Entry::Vacant(e) => {
                 self.reserve(Room::of(key))?;
                 e.insert(W::new(W::narrow(merge(W::widen(W::Raw::default())))));
@@ -628,24 +630,29 @@ fn retain<W: StateWord>(table: &Table<W>, keep: impl Fn(u128) -> bool) -> Room {
 }
 
 impl MemoryStore {
-    fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>]) {
+    /// Takes each hit's `hits` off its counter, and answers a peek at what is left.
+    fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>], out: &mut Vec<Decision>) {
         let inner = &*self.inner;
         for hit in hits {
             let q = hit.quota;
-            // A counter swept in between has nothing left to give back.
             let step = |s| limiter::counter::refund(&q, s, now, hit.hits);
-            with_table!(inner, CounterKind::of_quota(&q), |table| {
-                if let Some(word) = table.get(hit.key) {
-                    update(&*word, step);
-                }
+            // A counter that is not there (never hit, or swept) has nothing to give back, and
+            // none is made for the refund.
+            let left = with_table!(inner, CounterKind::of_quota(&q), |table| {
+                table.get(hit.key).map_or(0, |word| update(&*word, step))
             });
+            out.push(limiter::counter::decide(&q, left, now, 0).0);
         }
     }
 }
 
-/// A state change that decides nothing (a refund, a merge), on the widened word.
-fn update<W: StateWord>(word: &W, step: impl Fn(u128) -> u128) {
-    charge_wide(word, |s| ((), step(s)));
+/// A state change that decides nothing (a refund, a merge), on the widened word; the word it
+/// left.
+fn update<W: StateWord>(word: &W, step: impl Fn(u128) -> u128) -> u128 {
+    charge_wide(word, |s| {
+        let next = step(s);
+        (next, next)
+    })
 }
 
 /// A loaded word widened (the word only names its type).
@@ -683,8 +690,9 @@ impl CounterStore for MemoryStore {
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.refund_now(now, hits);
+        self.refund_now(now, hits, out);
         std::future::ready(Ok(()))
     }
 

@@ -131,14 +131,29 @@ pub trait CounterStore: Send + Sync + 'static {
         out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
-    /// Gives back hits that [`CounterStore::apply`] admitted, for a request that one of its
-    /// other limits refused, so that refused requests consume nothing. Fixed windows are not
-    /// refunded: envoyproxy/ratelimit counts every hit, and so does Sluice for them.
+    /// Takes each hit's `hits` off its counter at `now` (a refund), and pushes one decision per
+    /// hit, in order, onto `out`: a peek at the counter after the refund, as `apply` answers one
+    /// of 0 hits. One meaning for every algorithm ([`crate::limiter::counter::refund`]): a
+    /// window's current count goes down, floored at 0; a bucket gets tokens back, never more
+    /// than at rest. Which hits to give back is the caller's choice: the service refunds what a
+    /// refused request's other limits admitted (fixed windows and `charge_refused` limits keep
+    /// theirs, as the Go service keeps every hit) and the negative hits a client sends.
     fn refund<'a>(
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Whether this store counts every refused hit of `quota`, so that a refund sent for a
+    /// refused request (Envoy sends a negative hit at a request's end whether or not it was
+    /// admitted) gives back only what the request took. [`Quota::charges_refused`] by default:
+    /// a fixed window counts every hit, the others with `charge_refused`. A store that holds
+    /// some refused hits back (Redis and memcached with the local over-limit cache or
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, leases) says so here.
+    fn counts_refused(&self, quota: &Quota) -> bool {
+        quota.charges_refused()
+    }
 
     /// Forgets the counters of `hits` (their `hits` are ignored), as if they had never been
     /// charged: the counter admin's reset. A store that cannot says so with an error.

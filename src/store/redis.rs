@@ -48,7 +48,7 @@ use super::redis_target::{Target, TargetOptions, run_within};
 use super::{CounterStore, Hit, StoreError, go_cache_key};
 use crate::clock::Timestamp;
 use crate::limiter::Decision;
-use crate::limiter::{Algorithm, Unit, bucket, sliding_window};
+use crate::limiter::{Algorithm, Quota, Unit, bucket, sliding_window};
 
 pub use super::breaker::{BreakerSettings, BreakerStats};
 pub use super::redis_client::{
@@ -137,22 +137,39 @@ return found
 "#
 );
 
-/// Gives hits back (a request another limit refused).
+/// Takes hits off a counter (a refund), and returns what is left in the form the charging
+/// command answers, so the store decides a peek on it as on a charge.
 ///
-/// KEYS[1]: a sliding-window hash or a bucket string.
-/// ARGV: `s`, now (µs), unit (µs), hits: `c -= hits` if `i` is still the current window. Or
-/// `b`, den, and `hits × T` as whole µs and a numerator: the bucket's time moves back by that
-/// (never before the epoch), its TTL kept.
+/// KEYS[1]: the counter: a fixed window's Go key (a count), a sliding-window hash or a bucket
+/// string. One key per call, so on Redis Cluster the script runs on that key's slot.
+/// ARGV[1] is the kind, and the rest depends on it:
+/// - `f`, hits: the count goes down by `hits`, floored at 0, its TTL kept (a Go instance
+///   sharing the key sees the same count, and it still expires with its window); a missing key
+///   stays missing. Returns the count left (0 for none), as INCRBY answers.
+/// - `s`, now (µs), unit (µs), hits: `c -= hits`, floored at 0, if `i` is still the current
+///   window. Returns `{i or -1, c, p}` as left, as [`SLIDING`] answers.
+/// - `b`, den, and `hits × T` as whole µs and a numerator: the bucket's time moves back by that
+///   (never before the epoch; a time in the past is a bucket at rest), its TTL kept. Returns the
+///   text left (nil for none), as [`BUCKET`] answers.
 pub const REFUND: &str = concat!(
     bucket_time_lua!(),
     r#"
-if ARGV[1] == 's' then
+if ARGV[1] == 'f' then
+  local c = tonumber(redis.call('GET', KEYS[1]))
+  if not c then return 0 end
+  local left = math.max(c - tonumber(ARGV[2]), 0)
+  if left ~= c then redis.call('SET', KEYS[1], string.format('%.0f', left), 'KEEPTTL') end
+  return left
+elseif ARGV[1] == 's' then
   local hits = tonumber(ARGV[4])
   local idx = math.floor(tonumber(ARGV[2]) / tonumber(ARGV[3]))
-  if tonumber(redis.call('HGET', KEYS[1], 'i')) == idx then
-    local c = tonumber(redis.call('HGET', KEYS[1], 'c')) or 0
-    redis.call('HSET', KEYS[1], 'c', math.max(c - hits, 0))
+  local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
+  local i, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
+  if i == idx and hits > 0 and c > 0 then
+    c = math.max(c - hits, 0)
+    redis.call('HSET', KEYS[1], 'c', c)
   end
+  return {i or -1, c, p}
 else
   local found = redis.call('GET', KEYS[1])
   if found then
@@ -161,10 +178,11 @@ else
     us, num = us - tonumber(ARGV[3]), num - tonumber(ARGV[4])
     if num < 0 then us, num = us - 1, num + den end
     if us < 0 then us, num = 0, 0 end
-    redis.call('SET', KEYS[1], write_time(us, num, den), 'KEEPTTL')
+    found = write_time(us, num, den)
+    redis.call('SET', KEYS[1], found, 'KEEPTTL')
   end
+  return found
 end
-return 0
 "#
 );
 
@@ -177,6 +195,8 @@ pub struct RedisConfig {
     pub timeout: Duration,
     pub expiration_jitter_max_seconds: u64,
     pub local_cache_size_in_bytes: u64,
+    /// SLUICE_LOCAL_CACHE_MAX_AGE_MS: how long an over-limit entry is trusted.
+    pub local_cache_max_age: Duration,
     pub stop_cache_key_increment_when_overlimit: bool,
     /// REDIS_STARTUP_*: how the start-up PING is retried.
     pub startup: StartupBackoff,
@@ -236,7 +256,10 @@ impl RedisStore {
             per_second,
             timeout: settings.timeout,
             stop_when_over: settings.stop_cache_key_increment_when_overlimit,
-            local_cache: OverLimitCache::new(settings.local_cache_size_in_bytes),
+            local_cache: OverLimitCache::new(
+                settings.local_cache_size_in_bytes,
+                settings.local_cache_max_age,
+            ),
             jitter: Jitter::new(settings.expiration_jitter_max_seconds),
             tasks,
             options,
@@ -297,7 +320,11 @@ impl RedisStore {
         match q.algorithm {
             Algorithm::FixedWindow => {
                 let key = go_cache_key(hit.key, now, q.window());
-                let hits = if increment { hit.hits } else { 0 };
+                let hits = if go_fixed::increments(hit, increment) {
+                    hit.hits
+                } else {
+                    0
+                };
                 pipe.cmd("INCRBY").arg(&key).arg(hits);
                 pipe.cmd("EXPIRE")
                     .arg(&key)
@@ -534,41 +561,89 @@ impl RedisStore {
         Ok(())
     }
 
-    async fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>]) -> Result<(), StoreError> {
-        for hit in hits {
-            let q = hit.quota;
-            // `REFUND`'s ARGV after the kind: three numbers.
-            let args: (&str, u64, u64, u64) = match q.algorithm {
-                Algorithm::FixedWindow => continue,
-                Algorithm::SlidingWindow => {
-                    ("s", now.micros(), q.window().secs() * 1_000_000, hit.hits)
-                }
-                Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                    let Some(shape) = bucket::Shape::of(&q) else {
-                        continue;
-                    };
+    /// Takes each hit's `hits` off its counter and answers a peek at what is left: one
+    /// pipeline per Redis (per key on a cluster), all concurrently, as a charge. A refunded
+    /// fixed-window key is forgotten by the local over-limit cache at once.
+    async fn refund_now(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        // A bucket with a rate of 0 holds nothing: its peek needs no call.
+        let mut decisions: Vec<Option<Decision>> = hits
+            .iter()
+            .map(|h| {
+                let q = &h.quota;
+                (q.algorithm.takes_burst() && bucket::Shape::of(q).is_none())
+                    .then(|| bucket::decide(bucket::EMPTY, now.micros(), q, 0).0)
+            })
+            .collect();
+        let groups = self.pipelines(hits, &decisions);
+        let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
+            let mut pipe = redis::pipe();
+            for &i in idx {
+                push_refund(&mut pipe, &hits[i], now);
+            }
+            async move { self.run(target, &pipe).await }
+        }))
+        .await;
+        for ((_, idx), reply) in groups.iter().zip(replies) {
+            let reply = reply?;
+            if reply.len() != idx.len() {
+                return Err(StoreError::BadReply {
+                    expected: idx.len(),
+                    got: reply.len(),
+                });
+            }
+            for (&i, value) in idx.iter().zip(&reply) {
+                let peek = Hit { hits: 0, ..hits[i] };
+                decisions[i] = Some(Self::decide(&peek, now, value)?);
+            }
+        }
+        go_fixed::forget_refunded(self.local_cache.as_ref(), now, hits);
+        go_fixed::push_all(hits.len(), decisions, out)
+    }
+}
+
+/// Adds the [`REFUND`] call for one hit (a bucket with a rate of 0 is never sent).
+fn push_refund(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp) {
+    let q = hit.quota;
+    let script = pipe
+        .cmd("EVALSHA")
+        .arg(redis::Script::new(REFUND).get_hash())
+        .arg(1);
+    match q.algorithm {
+        Algorithm::FixedWindow => {
+            script
+                .arg(go_cache_key(hit.key, now, q.window()))
+                .arg("f")
+                .arg(hit.hits);
+        }
+        Algorithm::SlidingWindow => {
+            script
+                .arg(super::state_key(hit))
+                .arg("s")
+                .arg(now.micros())
+                .arg(q.window().secs() * 1_000_000)
+                .arg(hit.hits);
+        }
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let (den, us, ticks) = match bucket::Shape::of(&q) {
+                Some(shape) => {
                     let back = u128::from(hit.hits).saturating_mul(shape.interval());
                     let (us, ticks) = shape.split(back);
-                    (
-                        "b",
-                        shape.den(),
-                        u64::try_from(us).unwrap_or(u64::MAX),
-                        ticks,
-                    )
+                    (shape.den(), u64::try_from(us).unwrap_or(u64::MAX), ticks)
                 }
+                None => (1, 0, 0),
             };
-            let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA")
-                .arg(redis::Script::new(REFUND).get_hash())
-                .arg(1)
+            script
                 .arg(super::state_key(hit))
-                .arg(args.0)
-                .arg(args.1)
-                .arg(args.2)
-                .arg(args.3);
-            self.run(self.target_for(q.unit), &pipe).await?;
+                .arg("b")
+                .arg(den)
+                .arg(us)
+                .arg(ticks);
         }
-        Ok(())
     }
 }
 
@@ -676,8 +751,13 @@ impl CounterStore for RedisStore {
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.refund_now(now, hits)
+        self.refund_now(now, hits, out)
+    }
+
+    fn counts_refused(&self, quota: &Quota) -> bool {
+        go_fixed::counts_refused(quota, self.stop_when_over, self.local_cache.is_some())
     }
 
     fn reset<'a>(

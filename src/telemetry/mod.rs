@@ -125,9 +125,56 @@ impl LogLimiter {
     }
 }
 
+/// A [`LogLimiter`] per key (a limit), for a line worth logging once per limit per interval:
+/// at most `max_keys` keys have their own; the lines of further keys share one.
+#[derive(Debug)]
+pub struct KeyedLogLimiter {
+    interval: Duration,
+    keys: dashmap::DashMap<Box<str>, LogLimiter, foldhash::fast::RandomState>,
+    max_keys: usize,
+    rest: LogLimiter,
+}
+
+impl KeyedLogLimiter {
+    pub fn new(interval: Duration, max_keys: usize) -> Self {
+        KeyedLogLimiter {
+            interval,
+            keys: dashmap::DashMap::default(),
+            max_keys,
+            rest: LogLimiter::new(interval),
+        }
+    }
+
+    /// [`LogLimiter::check`] for `key`'s lines.
+    pub fn check(&self, key: &str) -> Option<u64> {
+        if let Some(l) = self.keys.get(key) {
+            return l.check();
+        }
+        if self.keys.len() >= self.max_keys {
+            return self.rest.check();
+        }
+        self.keys
+            .entry(Box::from(key))
+            .or_insert_with(|| LogLimiter::new(self.interval))
+            .check()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keyed_limiter_lets_one_line_per_key_through_and_shares_one_past_its_keys() {
+        let l = KeyedLogLimiter::new(Duration::from_secs(3600), 2);
+        assert_eq!(l.check("a"), Some(0));
+        assert_eq!(l.check("b"), Some(0));
+        assert_eq!(l.check("a"), None);
+        // Past two keys, the others share one limiter.
+        assert_eq!(l.check("c"), Some(0));
+        assert_eq!(l.check("d"), None);
+        assert_eq!(l.keys.len(), 2);
+    }
 
     #[test]
     fn log_limiter_lets_one_line_through_per_interval() {

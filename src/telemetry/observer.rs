@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::otlp::trace::{ActiveSpan, SpanKind, Value};
 use super::otlp::{RequestTrace, Tracer, Transport};
 use super::stats::ErrorKind;
-use super::{LogLimiter, Stats};
+use super::{KeyedLogLimiter, LogLimiter, Stats};
 use crate::service::observe::{CallReport, Caller, DescriptorReport, Observer, Span, StatsKey};
 use crate::service::{Code, ServiceError};
 use crate::store::{StoreError, TraceBackend};
@@ -23,6 +23,8 @@ pub struct DecisionTelemetry {
     tracer: Arc<Tracer>,
     /// Backend failures can hit every request; they log at most once a second.
     backend_log: LogLimiter,
+    /// Refunds a limit does not take: once per limit per minute.
+    negative_log: KeyedLogLimiter,
 }
 
 impl DecisionTelemetry {
@@ -31,6 +33,7 @@ impl DecisionTelemetry {
             stats,
             tracer,
             backend_log: LogLimiter::new(Duration::from_secs(1)),
+            negative_log: KeyedLogLimiter::new(Duration::from_secs(60), 4096),
         }
     }
 
@@ -205,6 +208,21 @@ impl Observer for DecisionTelemetry {
                 error = %error,
                 suppressed,
                 "could not give back hits of a refused request (at most one line a second)"
+            );
+        }
+    }
+
+    fn negative_hits_ignored(&self, limit: &str) {
+        if let Some(suppressed) = self.negative_log.check(limit) {
+            tracing::warn!(
+                limit = %limit,
+                suppressed,
+                "negative hits (is_negative_hits) not taken off: a limit of this descriptor does \
+                 not count refused hits, and Envoy sends the refund for refused requests too, so \
+                 applying it could give back capacity a request never took; set \
+                 `charge_refused: true` on the limit to apply them (see docs/algorithms.md, \
+                 Refunds; SLUICE_NEGATIVE_HITS=always applies every one, as envoyproxy/ratelimit \
+                 does). At most one line per limit a minute."
             );
         }
     }

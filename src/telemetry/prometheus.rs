@@ -160,19 +160,21 @@ fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl std
     let _ = writeln!(out, " {value}");
 }
 
-const STAT_HELP: [&str; 6] = [
+const STAT_HELP: [&str; LimitCounters::COUNT] = [
     "Hits counted against the limit.",
     "Hits over the limit.",
     "Hits within the limit but past NEAR_LIMIT_RATIO of it.",
     "Hits within the limit.",
     "Over-limit hits let through by the limit's shadow_mode.",
     "Over-limit hits answered from the local over-limit cache.",
+    "Hits refunded by descriptors with is_negative_hits.",
+    "Refunded hits not taken off, as the limit does not count refused hits (SLUICE_NEGATIVE_HITS).",
 ];
 
 /// Per-limit stats, summed per label set (keys deeper than two levels, and keys that sanitise
 /// to the same name, share a series). The OTLP metrics read the same series.
-pub(crate) fn limit_series(stats: &Stats) -> BTreeMap<LabelSet, [u64; 6]> {
-    let mut series: BTreeMap<LabelSet, [u64; 6]> = BTreeMap::new();
+pub(crate) fn limit_series(stats: &Stats) -> BTreeMap<LabelSet, [u64; LimitCounters::COUNT]> {
+    let mut series: BTreeMap<LabelSet, [u64; LimitCounters::COUNT]> = BTreeMap::new();
     for entry in stats.entries() {
         let values = entry.counters.values();
         let sums = series.entry(label_set(&entry.name)).or_default();
@@ -666,6 +668,8 @@ mod tests {
                 over: false,
                 from_local_cache: false,
                 shadow_mode: false,
+                negative: false,
+                negative_ignored: false,
             },
         );
     }

@@ -125,7 +125,7 @@ impl Default for StatsOptions {
 #[derive(Debug, Default)]
 pub struct LimitCounters(Sharded<LimitCells>);
 
-/// One shard of a limit's counters: the six fit one cache line.
+/// One shard of a limit's counters: the eight fill one cache line.
 #[derive(Debug, Default)]
 struct LimitCells {
     total_hits: AtomicU64,
@@ -134,6 +134,8 @@ struct LimitCells {
     within_limit: AtomicU64,
     shadow_mode: AtomicU64,
     over_limit_with_local_cache: AtomicU64,
+    total_negative_hits: AtomicU64,
+    negative_hits_ignored: AtomicU64,
 }
 
 /// What one descriptor's decision adds to its limit's counters.
@@ -145,12 +147,24 @@ pub struct Increments {
     pub within_limit: u64,
     pub shadow_mode: u64,
     pub over_limit_with_local_cache: u64,
+    /// The Go service's `total_negative_hits`: hits a negative descriptor (a refund) sent.
+    pub total_negative_hits: u64,
+    /// Sluice's: of those, the ones not taken off (SLUICE_NEGATIVE_HITS).
+    pub negative_hits_ignored: u64,
 }
 
 /// envoyproxy/ratelimit's counting rules (reference §5): `n = floor(L × ratio)`, computed in
-/// `f32` as Go does.
+/// `f32` as Go does. A refund (`is_negative_hits`) adds its hits to `total_negative_hits` and
+/// nothing else, as in the Go service (its PR #1140).
 pub fn increments(o: &Outcome, near_limit_ratio: f32) -> Increments {
     let n = o.hits;
+    if o.negative {
+        return Increments {
+            total_negative_hits: n,
+            negative_hits_ignored: if o.negative_ignored { n } else { 0 },
+            ..Increments::default()
+        };
+    }
     let mut inc = Increments {
         total_hits: n,
         ..Increments::default()
@@ -204,11 +218,16 @@ impl LimitCounters {
             &c.over_limit_with_local_cache,
             inc.over_limit_with_local_cache,
         );
+        add(&c.total_negative_hits, inc.total_negative_hits);
+        add(&c.negative_hits_ignored, inc.negative_hits_ignored);
     }
 
-    /// The six values summed over the shards, in [`LimitCounters::NAMES`] order.
-    pub fn values(&self) -> [u64; 6] {
-        let mut out = [0u64; 6];
+    /// How many counters a limit has: [`LimitCounters::NAMES`]' length.
+    pub const COUNT: usize = 8;
+
+    /// The values summed over the shards, in [`LimitCounters::NAMES`] order.
+    pub fn values(&self) -> [u64; Self::COUNT] {
+        let mut out = [0u64; Self::COUNT];
         for c in self.0.iter() {
             let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
             let shard = [
@@ -218,6 +237,8 @@ impl LimitCounters {
                 load(&c.within_limit),
                 load(&c.shadow_mode),
                 load(&c.over_limit_with_local_cache),
+                load(&c.total_negative_hits),
+                load(&c.negative_hits_ignored),
             ];
             for (o, v) in out.iter_mut().zip(shard) {
                 *o = o.wrapping_add(v);
@@ -226,13 +247,15 @@ impl LimitCounters {
         out
     }
 
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; Self::COUNT] = [
         "total_hits",
         "over_limit",
         "near_limit",
         "within_limit",
         "shadow_mode",
         "over_limit_with_local_cache",
+        "total_negative_hits",
+        "negative_hits_ignored",
     ];
 }
 
@@ -651,6 +674,8 @@ mod tests {
             over: after > u64::from(limit),
             from_local_cache: false,
             shadow_mode: false,
+            negative: false,
+            negative_ignored: false,
         }
     }
 
@@ -696,6 +721,37 @@ mod tests {
             ),
             (2, 2, 2, 0)
         );
+    }
+
+    #[test]
+    fn a_refund_counts_total_negative_hits_and_nothing_else() {
+        // A refund of 2 on a counter still over its limit: no over, near or within.
+        let o = Outcome {
+            negative: true,
+            ..outcome(0, 10, 12)
+        };
+        let o = Outcome { hits: 2, ..o };
+        assert_eq!(
+            increments(&o, 0.8),
+            Increments {
+                total_negative_hits: 2,
+                ..Increments::default()
+            }
+        );
+        let ignored = increments(
+            &Outcome {
+                negative_ignored: true,
+                ..o
+            },
+            0.8,
+        );
+        assert_eq!(
+            (ignored.total_negative_hits, ignored.negative_hits_ignored),
+            (2, 2)
+        );
+        let counters = LimitCounters::default();
+        counters.add(&ignored);
+        assert_eq!(counters.values(), [0, 0, 0, 0, 0, 0, 2, 2]);
     }
 
     #[test]

@@ -136,18 +136,44 @@ impl Held {
             .unwrap_or_else(|| self.refusal(now_us, hits))
     }
 
-    /// Gives back `hits` admitted earlier at `now_us` (another limit refused the request). A
-    /// fixed window gives nothing back, as everywhere in Sluice.
-    pub fn refund(&mut self, now_us: u64, hits: u64) {
+    /// Takes `hits` off what this node used at `now_us` (a refund), and answers a peek at what
+    /// is left. Windows: the node's count in the window goes down, floored at 0, so it may admit
+    /// that many more within its allowance (the owner still charges the node the most it had
+    /// used, so refunds never let the allowances pass the limit). Buckets: the local bucket
+    /// gets the tokens back, never past rest.
+    pub fn refund(&mut self, now_us: u64, hits: u64) -> Decision {
         self.roll(now_us);
         match self.quota.algorithm {
-            Algorithm::FixedWindow => {}
-            Algorithm::SlidingWindow => self.used = self.used.saturating_sub(hits),
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                self.used = self.used.saturating_sub(hits);
+            }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 if let Some(shape) = self.local_bucket() {
                     self.tat = bucket::refund_shaped(self.tat, shape, hits);
                 }
             }
+        }
+        self.peek(now_us)
+    }
+
+    /// What a call of 0 hits answers now, counting nothing.
+    fn peek(&self, now_us: u64) -> Decision {
+        if is_window(&self.quota) {
+            let count = self.others + self.used;
+            let over = count > u64::from(self.quota.requests_per_unit);
+            return self.window_decision(now_us, count, 0, over);
+        }
+        match self.local_bucket() {
+            Some(shape) if now_us < self.valid_until_us => {
+                bucket::decide_shaped(self.tat, now_us, shape, 0).0
+            }
+            _ => Decision {
+                count_before: 0,
+                count_after: 0,
+                over: false,
+                remaining: 0,
+                reset_after_secs: 1,
+            },
         }
     }
 

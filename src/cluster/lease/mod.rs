@@ -244,16 +244,11 @@ impl LeaseClient {
         Some(entry.clone())
     }
 
-    /// Gives back `hits` on `key` admitted earlier; false when the key is not held here (its
-    /// hits were forwarded, so the refund must be too).
-    pub fn refund(&self, key: &str, now_us: u64, hits: u64) -> bool {
-        match self.slots.get(key) {
-            Some(s) => {
-                s.lock().refund(now_us, hits);
-                true
-            }
-            None => false,
-        }
+    /// Takes `hits` off what this node used of `key` (a refund), and answers a peek at what is
+    /// left; `None` when the key is not held here (its hits were forwarded, so the refund must
+    /// be too).
+    pub fn refund(&self, key: &str, now_us: u64, hits: u64) -> Option<Decision> {
+        self.slots.get(key).map(|s| s.lock().refund(now_us, hits))
     }
 
     /// The owner refused to lease `key`: forget it, so its hits are forwarded.

@@ -108,6 +108,8 @@ pub struct MemcacheConfig {
     pub timeout: Duration,
     pub expiration_jitter_max_seconds: u64,
     pub local_cache_size_in_bytes: u64,
+    /// SLUICE_LOCAL_CACHE_MAX_AGE_MS: how long an over-limit entry is trusted.
+    pub local_cache_max_age: Duration,
     pub stop_cache_key_increment_when_overlimit: bool,
     /// SLUICE_MEMCACHE_PROBE_INTERVAL_MS and SLUICE_MEMCACHE_BREAKER_TIMEOUTS.
     pub breaker: BreakerSettings,
@@ -223,7 +225,10 @@ impl MemcacheStore {
             servers,
             jitter: Jitter::new(config.expiration_jitter_max_seconds),
             stop_when_over: config.stop_cache_key_increment_when_overlimit,
-            local_cache: OverLimitCache::new(config.local_cache_size_in_bytes),
+            local_cache: OverLimitCache::new(
+                config.local_cache_size_in_bytes,
+                config.local_cache_max_age,
+            ),
             stripes: (0..CAS_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
@@ -365,7 +370,11 @@ impl MemcacheStore {
         for &i in which {
             let hit = &hits[i];
             let key = Self::key(hit, now);
-            let by = if increment[i] { hit.hits } else { 0 };
+            let by = if go_fixed::increments(hit, increment[i]) {
+                hit.hits
+            } else {
+                0
+            };
             let ttl = self.jitter.ttl_secs(&key, hit.quota.window(), now);
             let count = Count {
                 hit: i,
@@ -497,24 +506,75 @@ impl MemcacheStore {
         .await
     }
 
-    async fn refund_now(&self, now: Timestamp, hits: &[Hit<'_>]) -> Result<(), StoreError> {
+    /// Takes each hit's `hits` off its counter and answers a peek at what is left: a fixed
+    /// window by `decr` (memcached floors it at 0, and a missing key stays missing), one call
+    /// per server; the others by `gets` and `cas`. A refunded fixed-window key is forgotten by
+    /// the local over-limit cache at once.
+    async fn refund_now(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
         let deadline = self.deadline();
-        for hit in hits {
-            let q = hit.quota;
-            if q.algorithm == Algorithm::FixedWindow {
-                continue;
+        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
+        let mut groups: Groups<(usize, String)> = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            if hit.quota.algorithm == Algorithm::FixedWindow {
+                let key = Self::key(hit, now);
+                group(&mut groups, self.servers.pick(&key)?, (i, key));
             }
-            let key = Self::key(hit, now);
-            self.read_modify_write(&key, &q, deadline, |word| {
-                let write = word.and_then(|w| {
-                    let next = counter::refund(&q, w, now, hit.hits);
-                    (next != w).then(|| (next, self.state_exptime(&q, next, now)))
-                });
-                ((), write)
-            })
-            .await?;
         }
-        Ok(())
+        let (lefts, updated) = futures_util::future::join(
+            futures_util::future::join_all(
+                groups
+                    .iter()
+                    .map(|(server, keys)| decrement_on(server, hits, keys, deadline)),
+            ),
+            async {
+                let mut updated = Vec::new();
+                for (i, hit) in hits.iter().enumerate() {
+                    if hit.quota.algorithm != Algorithm::FixedWindow {
+                        updated.push((i, self.give_back(hit, now, deadline).await?));
+                    }
+                }
+                Ok::<_, StoreError>(updated)
+            },
+        )
+        .await;
+        for left in lefts {
+            for (i, left) in left? {
+                let peek = Hit { hits: 0, ..hits[i] };
+                decisions[i] = Some(go_fixed::counted(&peek, now, left));
+            }
+        }
+        for (i, d) in updated? {
+            decisions[i] = Some(d);
+        }
+        go_fixed::forget_refunded(self.local_cache.as_ref(), now, hits);
+        go_fixed::push_all(hits.len(), decisions, out)
+    }
+
+    /// A sliding window's or a bucket's refund: its word read, `hits` taken off and written
+    /// back; a peek at what is left.
+    async fn give_back(
+        &self,
+        hit: &Hit<'_>,
+        now: Timestamp,
+        deadline: Instant,
+    ) -> Result<Decision, StoreError> {
+        let q = hit.quota;
+        let key = Self::key(hit, now);
+        self.read_modify_write(&key, &q, deadline, |word| {
+            let before = word.unwrap_or(0);
+            let next = counter::refund(&q, before, now, hit.hits);
+            let peek = counter::decide(&q, next, now, 0).0;
+            let write = word
+                .filter(|w| next != *w)
+                .map(|_| (next, self.state_exptime(&q, next, now)));
+            (peek, write)
+        })
+        .await
     }
 
     /// Deletes each hit's key (a fixed window's for the current window: the Go service's key,
@@ -634,6 +694,29 @@ async fn count_on(
     Ok(after.into_iter().map(|a| a.unwrap_or(0)).collect())
 }
 
+/// The fixed-window refunds `keys` (a hit's index and its key) on one server, in one call of
+/// `decr`s: each key's count left, 0 for a key memcached does not hold.
+async fn decrement_on(
+    server: &Server,
+    hits: &[Hit<'_>],
+    keys: &[(usize, String)],
+    deadline: Instant,
+) -> Result<Vec<(usize, u64)>, StoreError> {
+    let mut batch = Batch::default();
+    for (i, key) in keys {
+        batch.decr(key, hits[*i].hits);
+    }
+    let replies = server.call(batch, deadline).await?;
+    keys.iter()
+        .enumerate()
+        .map(|(j, (i, _))| match replies.get(j) {
+            Some(Reply::Number(n)) => Ok((*i, *n)),
+            Some(Reply::NotFound) => Ok((*i, 0)),
+            other => Err(bad_reply(server, other)),
+        })
+        .collect()
+}
+
 /// The servers an SRV name gives now.
 async fn srv_servers(name: &str, resolver: Option<SocketAddr>) -> Result<Vec<String>, String> {
     let resolver = match resolver {
@@ -691,8 +774,13 @@ impl CounterStore for MemcacheStore {
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.refund_now(now, hits)
+        self.refund_now(now, hits, out)
+    }
+
+    fn counts_refused(&self, quota: &Quota) -> bool {
+        go_fixed::counts_refused(quota, self.stop_when_over, self.local_cache.is_some())
     }
 
     fn reset<'a>(

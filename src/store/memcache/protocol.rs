@@ -128,6 +128,12 @@ impl Batch {
         self.push(Expect::Number, format_args!("incr {key} {by}"));
     }
 
+    /// `decr key by`: the new value, floored at 0 by memcached itself, or `NOT_FOUND`.
+    pub fn decr(&mut self, key: &str, by: u64) {
+        debug_assert!(legal_key(key));
+        self.push(Expect::Number, format_args!("decr {key} {by}"));
+    }
+
     /// `add key 0 exptime n` and the value: stored unless the key exists.
     pub fn add(&mut self, key: &str, value: &str, exptime: u64) {
         self.store("add", key, value, exptime, None);
