@@ -556,10 +556,13 @@ fn every_algorithm_loads() {
         five(Algorithm::TokenBucket)
     );
     assert_eq!(five(Algorithm::FixedWindow).window().secs(), 300);
-    // A fixed window charges refused hits anyway; its quota stays Go's.
+    // A fixed window charges refused hits anyway; `charge_refused: true` there is kept, as it
+    // also exempts the limit from what holds refused hits back (the local over-limit cache,
+    // the STOP flag, leases).
     let fixed = one(&[("tokens", "fixed")]).quota;
-    assert_eq!(fixed, Quota::fixed(100, Unit::Minute));
+    assert_eq!(fixed, charged(Algorithm::FixedWindow));
     assert!(fixed.charges_refused());
+    assert!(Quota::fixed(100, Unit::Minute).charges_refused());
     assert!(!quota(1, Unit::Second, Algorithm::TokenBucket, None).charges_refused());
     // A single `rate_limit` keeps its name on the limit too, as in Go.
     let l = lookup(&cfg, &[("token", "burst")]).expect("match").limit;
@@ -577,7 +580,7 @@ fn every_algorithm_loads() {
          test-domain.token: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket\n\
          test-domain.token_burst: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, algorithm: token_bucket, burst: 20\n\
          test-domain.tokens: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: token_bucket, charge_refused: true\n\
-         test-domain.tokens_fixed: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false\n\
+         test-domain.tokens_fixed: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, charge_refused: true\n\
          test-domain.tokens_sliding: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false, algorithm: sliding_window, charge_refused: true\n"
     );
 }

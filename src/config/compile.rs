@@ -785,9 +785,11 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
                     .to_owned(),
             );
         }
-        // A fixed window charges anyway; kept false there so its quota (and its `/rlconfig`
-        // line) stays Go's.
-        charge => charge.unwrap_or(false) && algorithm != Algorithm::FixedWindow,
+        // A fixed window counts refused hits anyway, but `true` there says more: every one of
+        // its hits is counted even where the Go service's shortcuts would hold refused ones
+        // back (the local over-limit cache, the STOP flag, a lease), so that a refund sent
+        // for a refused request gives back only what it took (docs/algorithms.md, Refunds).
+        charge => charge.unwrap_or(false),
     };
     let unit_multiplier = match rl.unit_multiplier {
         None => 1,

@@ -1215,3 +1215,5 @@ async fn a_refund_reaches_the_window_its_hits_were_charged_to() {
         assert_eq!(r.overall_code, Code::Ok, "at {at}");
     }
 }
+
+mod refunds;
