@@ -11,7 +11,14 @@
 //! | `X-Sluice-Domain` (one, required) | `domain` | the domain, percent-decoded |
 //! | `X-Sluice-Descriptor` (one or more, required) | `descriptor` (repeatable) | descriptors, see below |
 //! | `X-Sluice-Hits-Addend` (optional) | `hits_addend` | the request-level hits addend (u32; 0 means 1) |
+//! | `X-Sluice-Negative-Hits` (optional) | `negative_hits` | `true` (or `1`): every descriptor is a refund, its hits taken off (`is_negative_hits`); `false`, `0` or empty: a charge |
 //! | - | `deny_status` | the status of a refusal on `/forward-auth`, 400 to 599; 429 by default |
+//!
+//! A refund is what a proxy sends at a request's end to count requests in flight (nginx's
+//! `post_action`): the same domain and descriptors as the check, with `negative_hits`. A proxy
+//! that sets the `X-Sluice-*` headers must set `X-Sluice-Negative-Hits` too (empty on the
+//! check), as it does `X-Sluice-Hits-Addend`, or a client could turn its own check into a
+//! refund.
 //!
 //! A descriptor is `key=value` entries joined by `&`, like a query string; keys and values are
 //! percent-decoded (`%2C` for `,`, `%26` for `&`, `%25` for `%`; `+` is a plus, not a space).
@@ -75,6 +82,7 @@ use crate::telemetry::otlp::Transport;
 pub const DOMAIN_HEADER: &str = "x-sluice-domain";
 pub const DESCRIPTOR_HEADER: &str = "x-sluice-descriptor";
 pub const HITS_ADDEND_HEADER: &str = "x-sluice-hits-addend";
+pub const NEGATIVE_HITS_HEADER: &str = "x-sluice-negative-hits";
 
 /// The headers' names in answers; fixed (not LIMIT_*_HEADER) because nginx configs refer to
 /// them as `$upstream_http_ratelimit_limit` and so on.
@@ -113,6 +121,12 @@ impl Form {
         match self {
             Form::Headers => "X-Sluice-Hits-Addend",
             Form::Query => "query parameter hits_addend",
+        }
+    }
+    pub fn negative_hits(self) -> &'static str {
+        match self {
+            Form::Headers => "X-Sluice-Negative-Hits",
+            Form::Query => "query parameter negative_hits",
         }
     }
     /// What a field is, after its name ("X-Sluice-Domain header").
@@ -168,12 +182,16 @@ pub enum HeaderError {
     BadHitsAddend { form: Form, text: String },
     #[error("more than one {}{}", .0.hits_addend(), .0.kind())]
     SeveralHitsAddends(Form),
+    #[error("{}: {text:?} is not true, false, 1, 0 or empty", .form.negative_hits())]
+    BadNegativeHits { form: Form, text: String },
+    #[error("more than one {}{}", .0.negative_hits(), .0.kind())]
+    SeveralNegativeHits(Form),
     #[error("query parameter deny_status: {0:?} is not a status from 400 to 599")]
     BadDenyStatus(String),
     #[error("more than one query parameter deny_status")]
     SeveralDenyStatuses,
     #[error(
-        "unknown query parameter {0:?} (domain, descriptor, hits_addend and deny_status are known)"
+        "unknown query parameter {0:?} (domain, descriptor, hits_addend, negative_hits and deny_status are known)"
     )]
     UnknownParameter(String),
     #[error(
@@ -212,6 +230,7 @@ struct Fields<'a> {
     domains: Vec<Cow<'a, [u8]>>,
     descriptors: Vec<Cow<'a, [u8]>>,
     hits_addends: Vec<Cow<'a, [u8]>>,
+    negative_hits: Vec<Cow<'a, [u8]>>,
 }
 
 impl<'a> Fields<'a> {
@@ -228,6 +247,7 @@ impl<'a> Fields<'a> {
             domains: values(DOMAIN_HEADER),
             descriptors: values(DESCRIPTOR_HEADER),
             hits_addends: values(HITS_ADDEND_HEADER),
+            negative_hits: values(NEGATIVE_HITS_HEADER),
         }
     }
 }
@@ -247,6 +267,7 @@ impl Query {
             domains: Vec::new(),
             descriptors: Vec::new(),
             hits_addends: Vec::new(),
+            negative_hits: Vec::new(),
         };
         let mut deny = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -255,6 +276,7 @@ impl Query {
                 "domain" => (&mut fields.domains, Form::Query.domain()),
                 "descriptor" => (&mut fields.descriptors, Form::Query.descriptor()),
                 "hits_addend" => (&mut fields.hits_addends, Form::Query.hits_addend()),
+                "negative_hits" => (&mut fields.negative_hits, Form::Query.negative_hits()),
                 "deny_status" => (&mut deny, "query parameter deny_status"),
                 _ => return Err(HeaderError::UnknownParameter(lossy(name.as_bytes()))),
             };
@@ -275,6 +297,9 @@ impl Query {
             }
             if !fields.hits_addends.is_empty() {
                 return Err(HeaderError::NoQueryDomain("hits_addend"));
+            }
+            if !fields.negative_hits.is_empty() {
+                return Err(HeaderError::NoQueryDomain("negative_hits"));
             }
             return Ok(Query {
                 fields: None,
@@ -345,7 +370,13 @@ fn request_from(
         max: max_bytes,
     };
     if form == Form::Headers {
-        for list in [&fields.domains, &fields.descriptors, &fields.hits_addends] {
+        let lists = [
+            &fields.domains,
+            &fields.descriptors,
+            &fields.hits_addends,
+            &fields.negative_hits,
+        ];
+        for list in lists {
             for value in list {
                 budget.take(value.len())?;
             }
@@ -400,12 +431,38 @@ fn request_from(
         }
         _ => return Err(HeaderError::SeveralHitsAddends(form)),
     };
+    if negative_hits(&fields)? {
+        for d in &mut descriptors {
+            d.negative_hits = true;
+        }
+    }
 
     Ok(Request {
         domain,
         descriptors,
         hits_addend,
     })
+}
+
+/// Whether the request is a refund: `true` or `1` (any case); `false`, `0`, empty or absent is
+/// a charge.
+fn negative_hits(fields: &Fields<'_>) -> Result<bool, HeaderError> {
+    let form = fields.form;
+    let [v] = fields.negative_hits.as_slice() else {
+        return match fields.negative_hits.len() {
+            0 => Ok(false),
+            _ => Err(HeaderError::SeveralNegativeHits(form)),
+        };
+    };
+    let text = String::from_utf8_lossy(trim(v));
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" | "" => Ok(false),
+        _ => Err(HeaderError::BadNegativeHits {
+            form,
+            text: text.into_owned(),
+        }),
+    }
 }
 
 /// Which descriptor of which form is being parsed, for errors.

@@ -11,6 +11,7 @@
 //! | `domain` (string, required) | the domain |
 //! | `<n>.<key>` | entry `key` of descriptor `n` (0, 1, ...), in argument order within it |
 //! | `hits_addend` (integer, optional) | the request's hits addend (0 means 1) |
+//! | `negative_hits` (boolean, optional) | `true`: every descriptor is a refund, its hits taken off (`is_negative_hits`), answered OK; what a message on `on-http-response` sends to count requests in flight |
 //!
 //! as in `args domain=str(edge) 0.remote_address=src 1.api_key=req.hdr(x-api-key)`. Values are
 //! strings as they are (bytes that are not UTF-8 replaced), integers in decimal, addresses as
@@ -410,6 +411,7 @@ fn negotiate(hello: &Frame<'_>, ours: u32) -> Result<(u32, bool), Close> {
 fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
     let mut domain = None;
     let mut hits_addend = 0;
+    let mut negative_hits = false;
     // Descriptor index -> its entries, or `None` once one of its values was NULL.
     let mut descriptors: BTreeMap<u64, Option<Vec<Entry>>> = BTreeMap::new();
     for (name, value) in args {
@@ -426,6 +428,17 @@ fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
                         })?,
                 }
             }
+            "negative_hits" => {
+                negative_hits = match value {
+                    Typed::Null | Typed::Bool(false) => false,
+                    Typed::Bool(true) => true,
+                    v => match text(v).as_deref() {
+                        Some("true" | "1") => true,
+                        Some("false" | "0" | "") => false,
+                        _ => return Err(format!("negative_hits {v:?} is not a boolean")),
+                    },
+                }
+            }
             other => {
                 let Some((index, key)) = other
                     .split_once('.')
@@ -433,7 +446,7 @@ fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
                     .filter(|(_, key)| !key.is_empty())
                 else {
                     return Err(format!(
-                        "argument {other:?} is not domain, hits_addend or <descriptor index>.<key>"
+                        "argument {other:?} is not domain, hits_addend, negative_hits or <descriptor index>.<key>"
                     ));
                 };
                 let slot = descriptors.entry(index).or_insert_with(|| Some(Vec::new()));
@@ -453,6 +466,7 @@ fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
             .flatten()
             .map(|entries| Descriptor {
                 entries,
+                negative_hits,
                 ..Default::default()
             })
             .collect(),

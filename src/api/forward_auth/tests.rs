@@ -561,7 +561,7 @@ fn malformed_query_strings_are_named_errors() {
     let e = |q: &str| query(q, &[]).unwrap_err().to_string();
     assert_eq!(
         e("domain=edge&descriptors=a=1"),
-        "unknown query parameter \"descriptors\" (domain, descriptor, hits_addend and deny_status are known)"
+        "unknown query parameter \"descriptors\" (domain, descriptor, hits_addend, negative_hits and deny_status are known)"
     );
     assert!(e("descriptor=a=1").starts_with("query parameter descriptor without domain"));
     assert!(e("hits_addend=2").starts_with("query parameter hits_addend without domain"));
@@ -753,4 +753,95 @@ async fn upstream_headers_ride_on_allowed_answers_only() {
         assert_eq!(r.headers().get_all(name).iter().count(), 1, "{name}");
     }
     assert_eq!(header(&r, "RateLimit-Remaining"), Some("1"));
+}
+
+/// A refund on `/nginx` (`X-Sluice-Negative-Hits`) and `/forward-auth` (`negative_hits`): every
+/// descriptor's hits come off, and the answer is 200. A client's own header is ignored when the
+/// query string carries the request.
+#[tokio::test]
+async fn a_refund_takes_hits_off_on_both_endpoints_and_is_200() {
+    let service = service();
+    let check_of = |negative: &'static [u8]| {
+        headers(&[
+            ("X-Sluice-Domain", b"edge"),
+            ("X-Sluice-Descriptor", b"api_key=k1"),
+            ("X-Sluice-Negative-Hits", negative),
+        ])
+    };
+    // 2 per minute: two pass, the third is refused (and counted, a fixed window).
+    for status in [StatusCode::OK, StatusCode::OK, StatusCode::FORBIDDEN] {
+        assert_eq!(
+            check(&service, &check_of(b""), MAX_BYTES).await.status(),
+            status
+        );
+    }
+    // The refused one's refund and an admitted one's: 3 - 2 = 1, one place.
+    for left in ["0", "1"] {
+        let r = check(&service, &check_of(b"true"), MAX_BYTES).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "RateLimit-Remaining"), Some(left));
+        assert_eq!(header(&r, "Retry-After"), None);
+    }
+    assert_eq!(
+        check(&service, &check_of(b"0"), MAX_BYTES).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        check(&service, &check_of(b"false"), MAX_BYTES)
+            .await
+            .status(),
+        StatusCode::FORBIDDEN
+    );
+    // The same counter through /forward-auth's query string: 3 counted, 2 refunds leave 1.
+    let refund = Some("domain=edge&descriptor=api_key=k1&negative_hits=1");
+    for _ in 0..2 {
+        let r = forward_auth(&service, refund, &HeaderMap::new(), MAX_BYTES).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // A client's X-Sluice-Negative-Hits beside a query string is ignored: this is a charge.
+    let charge = Some("domain=edge&descriptor=api_key=k1");
+    let client = headers(&[("X-Sluice-Negative-Hits", b"true")]);
+    let r = forward_auth(&service, charge, &client, MAX_BYTES).await;
+    assert_eq!(header(&r, "RateLimit-Remaining"), Some("0"));
+    assert_eq!(
+        forward_auth(&service, charge, &client, MAX_BYTES)
+            .await
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[test]
+fn the_refund_field_is_read_and_checked() {
+    let r = query("domain=edge&descriptor=a=1,b=2&negative_hits=TRUE", &[])
+        .unwrap()
+        .0;
+    assert!(r.descriptors.iter().all(|d| d.negative_hits));
+    let r = query("domain=edge&descriptor=a=1&negative_hits=", &[])
+        .unwrap()
+        .0;
+    assert!(!r.descriptors[0].negative_hits);
+    let e = |q: &str| query(q, &[]).unwrap_err().to_string();
+    assert_eq!(
+        e("domain=edge&descriptor=a=1&negative_hits=yes"),
+        "query parameter negative_hits: \"yes\" is not true, false, 1, 0 or empty"
+    );
+    assert_eq!(
+        e("domain=edge&descriptor=a=1&negative_hits=1&negative_hits=1"),
+        "more than one query parameter negative_hits"
+    );
+    assert_eq!(
+        e("negative_hits=1"),
+        "query parameter negative_hits without domain: give the domain in the query string too, or every field in X-Sluice-* headers"
+    );
+    let e = parse(&[
+        ("X-Sluice-Domain", b"edge"),
+        ("X-Sluice-Descriptor", b"a=1"),
+        ("X-Sluice-Negative-Hits", b"2"),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "X-Sluice-Negative-Hits: \"2\" is not true, false, 1, 0 or empty"
+    );
 }

@@ -393,3 +393,71 @@ async fn an_answer_longer_than_the_frame_size_becomes_one_error() {
     assert_eq!(v.len(), 1, "{v:?}");
     assert_eq!(v[0].0, "error");
 }
+
+/// `negative_hits=bool(true)` makes every descriptor a refund: its hits come off, answered OK.
+#[tokio::test]
+async fn a_negative_hits_argument_refunds_every_descriptor() {
+    let args: Vec<(&[u8], Typed<'_>)> = vec![
+        (b"domain", Typed::String(b"edge")),
+        (b"0.api_key", Typed::String(b"k1")),
+        (b"1.api_key", Typed::String(b"k2")),
+        (b"negative_hits", Typed::Bool(true)),
+    ];
+    let r = request_from_args(&args).unwrap();
+    assert!(r.descriptors.iter().all(|d| d.negative_hits));
+    for (value, negative) in [
+        (Typed::Bool(false), false),
+        (Typed::String(b"true"), true),
+        (Typed::Null, false),
+    ] {
+        let r = request_from_args(&[
+            (b"domain", Typed::String(b"d")),
+            (b"negative_hits", value),
+            (b"0.k", Typed::String(b"v")),
+        ])
+        .unwrap();
+        assert_eq!(r.descriptors[0].negative_hits, negative);
+    }
+    let e = request_from_args(&[
+        (b"domain", Typed::String(b"d")),
+        (b"negative_hits", Typed::Uint32(7)),
+    ])
+    .unwrap_err();
+    assert!(e.contains("negative_hits"), "{e}");
+
+    // On the socket: 2 per minute; two pass, the third is over; its refund and another free one
+    // place.
+    let port = agent(4096).await;
+    let (mut s, _) = connect(port, 16_380).await;
+    let check = [
+        ("domain", Typed::String(b"edge")),
+        ("0.api_key", Typed::String(b"k1")),
+    ];
+    let refund = [
+        ("domain", Typed::String(b"edge")),
+        ("0.api_key", Typed::String(b"k1")),
+        ("negative_hits", Typed::Bool(true)),
+    ];
+    let mut frame_id = 0;
+    let mut send = |args: &[(&str, Typed<'_>)]| {
+        frame_id += 1;
+        notify(frame_id, args)
+    };
+    for over in [false, false, true] {
+        s.write_all(&send(&check)).await.unwrap();
+        let v = vars(&read_frame(&mut s).await);
+        assert!(v.contains(&("over".into(), Typed::Bool(over))), "{v:?}");
+    }
+    for remaining in [0u32, 1] {
+        s.write_all(&send(&refund)).await.unwrap();
+        let v = vars(&read_frame(&mut s).await);
+        assert!(v.contains(&("code".into(), Typed::String(b"OK"))), "{v:?}");
+        assert!(
+            v.contains(&("remaining".into(), Typed::Uint32(remaining))),
+            "{v:?}"
+        );
+    }
+    s.write_all(&send(&check)).await.unwrap();
+    let v = vars(&read_frame(&mut s).await);
+    assert!(v.contains(&("over".into(), Typed::Bool(false))), "{v:?}");
+}
