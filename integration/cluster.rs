@@ -738,6 +738,72 @@ mod durable {
             3
         );
     }
+
+    /// A refund an owner makes is taken off the copy in Redis at the next flush (a window's
+    /// count, a bucket's time), never below what the owner holds: a count another node added
+    /// meanwhile stays, and is merged back.
+    #[tokio::test]
+    async fn refunds_are_written_behind_and_never_below_what_the_owner_holds() {
+        if !redis_server_available() {
+            return;
+        }
+        let redis = RedisServer::start_on(free_port());
+        let wb = write_behind(&redis);
+        let now = Timestamp::from_secs(1_800_000_010);
+        let window = now.secs() / 60;
+        let fixed_key = format!("p:sluice:wb:{{d_k_v_}}:fw:60:{window}");
+        let sliding_key = format!("p:sluice:wb:{{d_k_v_}}:sw:60:{window}");
+        let bucket_key = "p:sluice:wb:{d_k_v_}:gcra".to_owned();
+        let (local, _, a) = node(&wb, now);
+        let begun = Instant::now();
+        while !a.is_ready() {
+            assert!(
+                begun.elapsed() < Duration::from_secs(10),
+                "Redis never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        owner_apply(&local, &a, now, 5).await;
+        assert_eq!(a.flush(now).await, 3);
+        assert_eq!(redis.cli(&["GET", &fixed_key]), "5");
+        let tat: u64 = redis.cli(&["GET", &bucket_key]).parse().unwrap();
+        let refund = |n: u64| {
+            let hits = hits(n);
+            let local = local.clone();
+            let a = &a;
+            async move {
+                let mut out = Vec::new();
+                local.refund(now, &hits, &mut out).await.unwrap();
+                a.mark_refunded(now, &hits);
+                out
+            }
+        };
+        // 2 back: 3 left in each window; the bucket's time 2 × 6 s earlier.
+        refund(2).await;
+        assert_eq!(a.flush(now).await, 3);
+        assert_eq!(redis.cli(&["GET", &fixed_key]), "3");
+        assert_eq!(redis.cli(&["GET", &sliding_key]), "3");
+        let back: u64 = redis.cli(&["GET", &bucket_key]).parse().unwrap();
+        assert_eq!(tat - back, 12_000_000);
+        let ttl: u64 = redis.cli(&["PTTL", &fixed_key]).parse().unwrap();
+        assert!((49_000..=51_000).contains(&ttl), "{ttl}");
+        // Another node counted 7 more meanwhile (10 in Redis): a refund of 1 leaves 9, which
+        // this owner takes back.
+        redis.cli(&["SET", &fixed_key, "10", "PX", "50000"]);
+        refund(1).await;
+        a.flush(now).await;
+        assert_eq!(redis.cli(&["GET", &fixed_key]), "9");
+        assert_eq!(local.count(KEY, Unit::Minute, now), 9);
+        // More than is held: 0, not a credit.
+        refund(20).await;
+        a.flush(now).await;
+        assert_eq!(redis.cli(&["GET", &fixed_key]), "0");
+        assert_eq!(redis.cli(&["GET", &sliding_key]), "0");
+        // Counting again raises it, as before.
+        owner_apply(&local, &a, now, 4).await;
+        a.flush(now).await;
+        assert_eq!(redis.cli(&["GET", &fixed_key]), "4");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

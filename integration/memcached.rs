@@ -424,6 +424,48 @@ async fn the_local_over_limit_cache_stops_the_memcached_value_growing() {
     assert_eq!(m.get("cached_1200").as_deref(), Some("3"));
 }
 
+/// A fixed window's refund is memcached's `decr` on the Go key (floored at 0, a missing key not
+/// made), and the local over-limit cache forgets the key at once.
+#[tokio::test]
+async fn a_refund_decrements_the_go_key_and_frees_the_local_cache() {
+    let Some((m, s)) = one_server_with(|c| c.local_cache_size_in_bytes = 1 << 20).await else {
+        return;
+    };
+    let q = fixed(3, Unit::Hour);
+    let one = [Hit {
+        key: "inflight_",
+        quota: q,
+        hits: 1,
+    }];
+    let t = Timestamp::from_secs(3_700);
+    for _ in 0..5 {
+        apply(&s, t, &one).await.unwrap();
+    }
+    // 4 counted; the 5th answered from the cache.
+    assert_eq!(m.get("inflight_3600").as_deref(), Some("4"));
+    assert!(!s.counts_refused(&q));
+    let mut back = Vec::new();
+    s.refund(t, &one, &mut back).await.unwrap();
+    assert_eq!(m.get("inflight_3600").as_deref().map(str::trim), Some("3"));
+    assert_eq!((back[0].over, back[0].remaining), (false, 0));
+    // Forgotten by the cache: counted again.
+    assert!(apply(&s, t, &one).await.unwrap()[0].over);
+    assert_eq!(m.get("inflight_3600").as_deref().map(str::trim), Some("4"));
+    let refunds = [
+        Hit { hits: 9, ..one[0] },
+        Hit {
+            key: "never_",
+            quota: q,
+            hits: 2,
+        },
+    ];
+    let mut back = Vec::new();
+    s.refund(t, &refunds, &mut back).await.unwrap();
+    assert_eq!(m.get("inflight_3600").as_deref().map(str::trim), Some("0"));
+    assert_eq!(m.get("never_3600"), None);
+    assert_eq!(back.iter().map(|d| d.remaining).collect::<Vec<_>>(), [3, 3]);
+}
+
 #[tokio::test]
 async fn stop_flag_increments_only_the_keys_that_go_over() {
     let Some((m, s)) = one_server_with(|c| c.stop_cache_key_increment_when_overlimit = true).await

@@ -521,6 +521,100 @@ async fn the_local_over_limit_cache_stops_the_redis_value_growing() {
     assert_eq!(redis.cli(&["GET", "cached_1200"]), "3");
 }
 
+/// A fixed window's refund on the Go key: the count down by the hits, floored at 0, its TTL
+/// kept, a missing key not made; the local over-limit cache forgets the key at once, and trusts
+/// an entry SLUICE_LOCAL_CACHE_MAX_AGE_MS at most.
+#[tokio::test]
+async fn a_refund_takes_the_go_key_down_keeps_its_ttl_and_frees_the_local_cache() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let mut settings = redis.settings(0);
+    settings.local_cache_size_in_bytes = 1 << 20;
+    settings.local_cache_max_age = Duration::from_millis(1500);
+    let remote = store(&settings).await;
+    let q = Quota::fixed(3, Unit::Hour);
+    let one = [Hit {
+        key: "inflight_",
+        quota: q,
+        hits: 1,
+    }];
+    let now = Timestamp::from_secs(3_700);
+    for _ in 0..4 {
+        apply(&remote, now, &one).await.unwrap();
+    }
+    assert_eq!(redis.cli(&["GET", "inflight_3600"]), "4");
+    // Answered from the local cache: not counted.
+    assert!(apply(&remote, now, &one).await.unwrap()[0].over);
+    assert_eq!(redis.cli(&["GET", "inflight_3600"]), "4");
+    // The cache holds back refused hits, so this store does not count every one of them
+    // (refunds are then ignored by default); a limit with charge_refused: true bypasses it.
+    assert!(!remote.counts_refused(&q));
+    let charged = Quota {
+        charge_refused: true,
+        ..q
+    };
+    assert!(remote.counts_refused(&charged));
+    let ttl_before: u64 = redis.cli(&["TTL", "inflight_3600"]).parse().unwrap();
+    let mut back = Vec::new();
+    remote.refund(now, &one, &mut back).await.unwrap();
+    assert_eq!(redis.cli(&["GET", "inflight_3600"]), "3");
+    assert_eq!((back[0].over, back[0].remaining), (false, 0));
+    let ttl_after: u64 = redis.cli(&["TTL", "inflight_3600"]).parse().unwrap();
+    assert!(
+        ttl_after <= ttl_before && ttl_after + 2 >= ttl_before,
+        "{ttl_after}"
+    );
+    // The cache forgot the key: the next hit goes to Redis (and is counted).
+    assert!(apply(&remote, now, &one).await.unwrap()[0].over);
+    assert_eq!(redis.cli(&["GET", "inflight_3600"]), "4");
+    // Floored at 0, in one call of several keys; a missing key stays missing.
+    let refunds = [
+        Hit { hits: 9, ..one[0] },
+        Hit {
+            key: "never_",
+            quota: q,
+            hits: 2,
+        },
+    ];
+    let mut back = Vec::new();
+    remote.refund(now, &refunds, &mut back).await.unwrap();
+    assert_eq!(redis.cli(&["GET", "inflight_3600"]), "0");
+    assert_eq!(redis.cli(&["EXISTS", "never_3600"]), "0");
+    assert_eq!(back.iter().map(|d| d.remaining).collect::<Vec<_>>(), [3, 3]);
+    // The cache's age: remembered at `now` over, trusted 1.5 s, then Redis is asked again.
+    for _ in 0..4 {
+        apply(&remote, now, &one).await.unwrap();
+    }
+    apply(
+        &remote,
+        Timestamp::from_micros(now.micros() + 1_499_000),
+        &one,
+    )
+    .await
+    .unwrap();
+    assert_eq!(redis.cli(&["GET", "inflight_3600"]), "4");
+    apply(
+        &remote,
+        Timestamp::from_micros(now.micros() + 1_500_000),
+        &one,
+    )
+    .await
+    .unwrap();
+    assert_eq!(redis.cli(&["GET", "inflight_3600"]), "5");
+    // charge_refused: true counts every hit, past the cache.
+    let c = [Hit {
+        key: "charged_",
+        quota: charged,
+        hits: 1,
+    }];
+    for _ in 0..6 {
+        apply(&remote, now, &c).await.unwrap();
+    }
+    assert_eq!(redis.cli(&["GET", "charged_3600"]), "6");
+}
+
 #[tokio::test]
 async fn stop_flag_increments_only_the_keys_that_go_over() {
     if !redis_server_available() {

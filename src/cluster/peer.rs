@@ -1113,6 +1113,84 @@ mod tests {
 }
 
 #[cfg(test)]
+mod refund_tests {
+    use super::*;
+
+    /// An owner from before refunds answered: it gives the hits back and sends no decision.
+    struct OlderOwner;
+
+    #[tonic::async_trait]
+    impl wire::peer_server::Peer for OlderOwner {
+        async fn apply(
+            &self,
+            request: tonic::Request<ApplyRequest>,
+        ) -> Result<tonic::Response<ApplyResponse>, tonic::Status> {
+            let req = request.into_inner();
+            let decisions = if req.refund {
+                Vec::new()
+            } else {
+                let d = PeerDecision {
+                    over: false,
+                    remaining: 9,
+                    reset_after_secs: 60,
+                    count_before: 1,
+                    count_after: 1,
+                };
+                vec![d; req.hits.len()]
+            };
+            Ok(tonic::Response::new(ApplyResponse { decisions }))
+        }
+
+        async fn lease(
+            &self,
+            _: tonic::Request<LeaseRequest>,
+        ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no leases"))
+        }
+
+        async fn quota(
+            &self,
+            _: tonic::Request<wire::QuotaRequest>,
+        ) -> Result<tonic::Response<wire::QuotaResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no quotas"))
+        }
+    }
+
+    /// A refund answered with no decisions is a success (an older owner's), which the cluster
+    /// then peeks at; a charge answered with none is still a broken answer.
+    #[tokio::test]
+    async fn a_refund_an_older_owner_answers_with_no_decisions_is_not_a_failure() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(wire::peer_server::PeerServer::new(OlderOwner))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let stats = Arc::new(super::super::ClusterStats::default());
+        let timeout = Duration::from_secs(5);
+        let client = PeerClient::start(&addr, timeout, Duration::from_millis(1), None, stats)
+            .expect("a client");
+        let hit = PeerHit::from_hit(&Hit {
+            key: "d_k_v_",
+            quota: Quota::fixed(10, Unit::Hour),
+            hits: 1,
+        });
+        let refunded = client.apply(vec![hit.clone(); 2], Op::Refund).await;
+        assert_eq!(refunded, Ok(Vec::new()));
+        let charged = client.apply(vec![hit; 2], Op::Apply).await.unwrap();
+        assert_eq!(charged.len(), 2);
+        server.abort();
+    }
+
+    #[test]
+    fn refunds_answer_decisions_and_resets_do_not() {
+        assert!(Op::Apply.answers() && Op::Refund.answers() && !Op::Reset.answers());
+        assert!(!Op::Apply.may_answer_nothing() && Op::Refund.may_answer_nothing());
+    }
+}
+
+#[cfg(test)]
 mod quota_wire_tests {
     use super::*;
     use std::time::Duration;

@@ -426,6 +426,9 @@ impl RedisStore {
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let mut decisions = go_fixed::cached_decisions(self.local_cache.as_ref(), now, hits);
+        // What the cache answered is not remembered again: an entry is trusted for its age
+        // from when Redis found the key over, not from when the cache last answered.
+        let cached: Vec<bool> = decisions.iter().map(Option::is_some).collect();
         let increment = self.increments(now, hits, &decisions).await?;
         decide_without_state(now, hits, &mut decisions);
         // One pipeline per Redis (per key on a cluster), all concurrently.
@@ -451,7 +454,7 @@ impl RedisStore {
                 decisions[i] = Some(d);
             }
         }
-        self.answer(now, hits, &decisions, out)
+        self.answer(now, hits, (&decisions, &cached), out)
     }
 
     /// Which hits are added ([`go_fixed::increments_from_counts`]); with
@@ -493,23 +496,25 @@ impl RedisStore {
         groups
     }
 
-    /// Every hit's decision, in order, into `out`; fixed-window keys found over the limit are
-    /// remembered by the local cache until their window ends.
+    /// Every hit's decision, in order, into `out`; fixed-window keys Redis found over the
+    /// limit (not the `cached` answers) are remembered by the local cache.
     fn answer(
         &self,
         now: Timestamp,
         hits: &[Hit<'_>],
-        decisions: &[Option<Decision>],
+        (decisions, cached): (&[Option<Decision>], &[bool]),
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        for (hit, d) in hits.iter().zip(decisions) {
+        for ((hit, d), &cached) in hits.iter().zip(decisions).zip(cached) {
             let Some(d) = d else {
                 return Err(StoreError::BadReply {
                     expected: hits.len(),
                     got: out.len(),
                 });
             };
-            go_fixed::remember_if_over(self.local_cache.as_ref(), now, hit, d);
+            if !cached {
+                go_fixed::remember_if_over(self.local_cache.as_ref(), now, hit, d);
+            }
             out.push(*d);
         }
         Ok(())

@@ -627,3 +627,66 @@ fn a_limit_that_charges_refused_hits_is_never_leased() {
         super::Route::Acquire(..)
     ));
 }
+
+/// Requests in flight counted with refunds (a hit at each request's start, a refund at its end,
+/// sent to any node): a refund gives capacity back to the allowance of the node it reaches, so
+/// places are used again, and the requests in flight across the cluster never pass the limit
+/// (each node's count only overstates its own, and the owner keeps charging each node the most
+/// it had in use).
+#[test]
+fn refunds_reuse_an_allowance_and_never_let_requests_in_flight_pass_the_limit() {
+    let q = quota(Algorithm::FixedWindow, 10, Unit::Hour, 0);
+    let mut c = Cluster::new(3, q);
+    let mut in_flight: Vec<usize> = Vec::new();
+    let (mut admitted, mut seed) = (0u64, 7u64);
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    for step in 0..3000u64 {
+        let now = T0 + step * 10_000;
+        if step % 10 == 0 {
+            c.renew_all(now);
+        }
+        let node = next(3) as usize;
+        if next(2) == 0 || in_flight.is_empty() {
+            if c.hit(node, now) {
+                admitted += 1;
+                in_flight.push(node);
+            }
+        } else {
+            // A request ends: its refund reaches whichever node Envoy picks.
+            in_flight.swap_remove(next(in_flight.len() as u64) as usize);
+            let held = c.held[node].get_or_insert_with(|| Held::new(q, now, 3));
+            let d = held.refund(now, 1);
+            assert!(d.reset_after_secs >= 1);
+        }
+        assert!(
+            in_flight.len() <= 10,
+            "{} in flight at step {step}",
+            in_flight.len()
+        );
+    }
+    // Places were used again and again within one window.
+    assert!(admitted > 100, "admitted {admitted}");
+}
+
+/// A holder's refund answers a peek: the limit less what the others hold or used and what it
+/// has in use; a fixed window's count comes down too (as everywhere), floored at 0.
+#[test]
+fn a_holder_refund_answers_what_is_left() {
+    let q = quota(Algorithm::FixedWindow, 10, Unit::Hour, 0);
+    let mut c = Cluster::new(1, q);
+    for _ in 0..4 {
+        assert!(c.hit(0, T0));
+    }
+    let held = c.held[0].as_mut().expect("held");
+    let d = held.refund(T0, 1);
+    assert!(!d.over);
+    assert_eq!((d.count_after, d.remaining), (3, 7));
+    let d = held.refund(T0, 10);
+    assert_eq!((d.count_after, d.remaining), (0, 10));
+    assert_eq!(held.holding().2, 0, "used floored at 0");
+}

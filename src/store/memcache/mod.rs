@@ -276,6 +276,9 @@ impl MemcacheStore {
     ) -> Result<(), StoreError> {
         let deadline = self.deadline();
         let mut decisions = go_fixed::cached_decisions(self.local_cache.as_ref(), now, hits);
+        // What the cache answered is not remembered again (its age runs from when memcached
+        // found the key over).
+        let cached: Vec<bool> = decisions.iter().map(Option::is_some).collect();
         let increment = match go_fixed::increments_without_reading(self.stop_when_over, &decisions)
         {
             Some(all) => vec![all; hits.len()],
@@ -305,14 +308,16 @@ impl MemcacheStore {
         for (i, d) in counted?.into_iter().chain(updated?) {
             decisions[i] = Some(d);
         }
-        for (hit, d) in hits.iter().zip(&decisions) {
+        for ((hit, d), cached) in hits.iter().zip(&decisions).zip(cached) {
             let Some(d) = d else {
                 return Err(StoreError::BadReply {
                     expected: hits.len(),
                     got: out.len(),
                 });
             };
-            go_fixed::remember_if_over(self.local_cache.as_ref(), now, hit, d);
+            if !cached {
+                go_fixed::remember_if_over(self.local_cache.as_ref(), now, hit, d);
+            }
             out.push(*d);
         }
         Ok(())
