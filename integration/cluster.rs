@@ -9,6 +9,7 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
+mod in_flight;
 mod pki;
 mod redis_server;
 mod support;
@@ -2273,5 +2274,166 @@ mod rlqs {
                 left.elapsed()
             );
         });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refunds (`is_negative_hits`) on three real processes: forwarded to the owner from any node
+// (forward mode), decided on each node's share (divided mode), and in lease mode counted by the
+// owner for a limit with `charge_refused: true`, or given back to a holder's allowance.
+
+mod refunds {
+    use super::*;
+    use in_flight::Answer;
+
+    /// Limits of 3 per hour: a fixed window, one with `charge_refused: true`, a sliding window
+    /// without and with it.
+    const LIMITS: &str = "domain: d
+descriptors:
+  - key: inflight
+    rate_limit: {unit: hour, requests_per_unit: 3}
+  - key: charged
+    rate_limit: {unit: hour, requests_per_unit: 3, charge_refused: true}
+  - key: sliding
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window}
+  - key: sliding_charged
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window, charge_refused: true}
+";
+
+    /// Three peers on [`LIMITS`] with `env`, once each sees the three up.
+    fn cluster(env: &[(&str, &str)]) -> (tempfile::TempDir, Vec<Node>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (mut nodes, peers) = peer_nodes(3, &env);
+        for n in &mut nodes {
+            n.start(&peers, dir.path());
+        }
+        for n in &nodes {
+            wait_for("every peer up", Duration::from_secs(15), || {
+                http(n.debug, "GET", "/stats", "").is_some_and(|(_, b)| {
+                    b.lines()
+                        .filter(|l| l.starts_with("sluice.cluster.peer_up.") && l.ends_with(": 1"))
+                        .count()
+                        == 3
+                })
+            });
+        }
+        (dir, nodes)
+    }
+
+    /// One descriptor `key=value` with `hits`, a refund when `negative`, over `/json`.
+    fn json(node: &Node, key: &str, value: &str, negative: bool, hits: u64) -> Answer {
+        let body = format!(
+            r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}],"hits_addend":{hits},"is_negative_hits":{negative}}}]}}"#
+        );
+        let (status, body) = http(node.http, "POST", "/json", &body).expect("answer");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let s = &v["statuses"][0];
+        let ok = s["code"] == "OK";
+        assert_eq!(status, if ok { 200 } else { 429 }, "{body}");
+        Answer {
+            ok,
+            remaining: s["limitRemaining"].as_u64().unwrap_or(0) as u32,
+        }
+    }
+
+    /// A client sending each call to the next node in turn.
+    fn round_robin<'a>(nodes: &'a [Node], key: &'a str) -> impl FnMut(bool, u64) -> Answer + 'a {
+        let mut i = 0;
+        move |negative, hits| {
+            i += 1;
+            json(&nodes[i % nodes.len()], key, "rr", negative, hits)
+        }
+    }
+
+    #[test]
+    fn refunds_in_forward_mode_reach_the_owner_from_every_node() {
+        let (_dir, nodes) = cluster(&[]);
+        for key in ["inflight", "charged", "sliding_charged"] {
+            in_flight::counted(&mut round_robin(&nodes, key));
+        }
+        in_flight::ignored(&mut round_robin(&nodes, "sliding"));
+        let forwarded: u64 = nodes
+            .iter()
+            .map(|n| {
+                let (_, b) = http(n.debug, "GET", "/stats", "").expect("stats");
+                b.lines()
+                    .find_map(|l| l.strip_prefix("sluice.cluster.forwarded_hits: "))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            })
+            .sum();
+        assert!(forwarded > 0, "refunds and hits crossed to the owners");
+    }
+
+    /// Divided mode: each node decides on its own share, ceil(3 / 3) = 1, refunds included.
+    #[test]
+    fn refunds_in_divided_mode_give_back_a_nodes_own_share() {
+        let (_dir, nodes) = cluster(&[("SLUICE_CLUSTER_MODE", "divided")]);
+        for n in &nodes {
+            let mut call = |negative, hits| json(n, "inflight", "own", negative, hits);
+            assert!(call(false, 1).ok);
+            assert!(!call(false, 1).ok);
+            assert_eq!(call(true, 1).remaining, 0, "the refusal's refund: 1 left");
+            assert_eq!(call(true, 5).remaining, 1, "floored at 0");
+            assert!(call(false, 1).ok);
+        }
+    }
+
+    fn lease_cluster(env: &[(&str, &str)]) -> (tempfile::TempDir, Vec<Node>) {
+        let mut all = vec![
+            ("SLUICE_CLUSTER_MODE", "lease"),
+            // A slow peer on a loaded machine is not a lost one (see the lease tests).
+            ("SLUICE_PEER_TIMEOUT_MS", "2000"),
+        ];
+        all.extend_from_slice(env);
+        cluster(&all)
+    }
+
+    /// Lease mode: a limit with `charge_refused: true` is counted by its owner, refused hits
+    /// included, so its refunds balance exactly; a plain fixed window is leased, and a lease
+    /// holds no refused hit, so by default its refunds are answered OK and taken off nothing.
+    #[test]
+    fn refunds_in_lease_mode_are_exact_with_charge_refused_and_ignored_without() {
+        let (_dir, nodes) = lease_cluster(&[]);
+        for key in ["charged", "sliding_charged"] {
+            in_flight::counted(&mut round_robin(&nodes, key));
+        }
+        let mut call = round_robin(&nodes, "inflight");
+        let admitted: Vec<bool> = (0..4).map(|_| call(false, 1).ok).collect();
+        assert_eq!(admitted, [true, true, true, false]);
+        for _ in 0..3 {
+            assert!(call(true, 1).ok, "a refund is answered OK");
+        }
+        let admitted = (0..3).filter(|_| call(false, 1).ok).count();
+        assert_eq!(admitted, 0, "the refunds took nothing off");
+        let (_, metrics) = http(nodes[0].debug, "GET", "/metrics", "").expect("metrics");
+        assert!(
+            metrics.lines().any(|l| l.starts_with(
+                r#"ratelimit_service_rate_limit_negative_hits_ignored{domain="d",key1="inflight"}"#
+            ) && !l.ends_with(" 0")),
+            "{metrics}"
+        );
+    }
+
+    /// Lease mode with SLUICE_NEGATIVE_HITS=always (for a proxy that sends refunds only for the
+    /// requests it admitted): a refund a holder takes gives the place back to its own
+    /// allowance, used with no hop, while the other nodes stay full.
+    #[test]
+    fn a_lease_holder_takes_a_refund_back_into_its_allowance() {
+        let (_dir, nodes) = lease_cluster(&[("SLUICE_NEGATIVE_HITS", "always")]);
+        let call = |i: usize, negative: bool| json(&nodes[i], "inflight", "held", negative, 1);
+        for i in 0..3 {
+            assert!(call(i, false).ok, "node {i}");
+        }
+        assert!(!call(0, false).ok, "3 in flight, one on each node");
+        assert!(call(0, true).ok);
+        assert!(call(0, false).ok, "node 0's place came back");
+        assert!(!call(0, false).ok);
+        assert!(!call(1, false).ok, "node 1 still holds its one");
     }
 }
