@@ -2375,7 +2375,7 @@ descriptors:
     fn refunds_in_divided_mode_give_back_a_nodes_own_share() {
         let (_dir, nodes) = cluster(&[("SLUICE_CLUSTER_MODE", "divided")]);
         for n in &nodes {
-            let mut call = |negative, hits| json(n, "inflight", "own", negative, hits);
+            let call = |negative, hits| json(n, "inflight", "own", negative, hits);
             assert!(call(false, 1).ok);
             assert!(!call(false, 1).ok);
             assert_eq!(call(true, 1).remaining, 0, "the refusal's refund: 1 left");
