@@ -2,7 +2,8 @@
 //! ratelimit HTTP filter over gRPC, 429 with draft-03 `x-ratelimit-*` headers, and
 //! `failure_mode_deny` once Sluice is gone (the example's `true`: 500; and `false`: through);
 //! and `examples/envoy-cost/`: a check before the request and a charge of the cost the response
-//! reported once it is done (`apply_on_stream_done`).
+//! reported once it is done (`apply_on_stream_done`); and `examples/envoy-in-flight/`: requests
+//! in flight counted by a refund (`is_negative_hits`) at each request's end.
 //!
 //! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
 //! test fails under the test command and CI, and is a recorded skip elsewhere
@@ -221,6 +222,63 @@ fn envoy_charges_the_cost_a_response_reports_past_the_limit() {
         );
     }
     assert_eq!(upstream.hits(), 5 * 3 + 1);
+    proxy.proc.assert_running();
+}
+
+/// examples/envoy-in-flight: at most 2 requests in flight per API key, counted by refunds: a hit
+/// before each request and, when its stream is done, the same descriptor with
+/// `is_negative_hits`, which Envoy 1.39.3 sends for a request it refused too.
+#[test]
+fn envoy_counts_requests_in_flight_with_refunds() {
+    let Some(envoy) = envoy() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let sluice = Sluice::start(
+        &repo().join("examples/envoy-in-flight/sluice.yaml"),
+        dir.path(),
+    );
+    let upstream = Upstream::start();
+    let port = free_port();
+    let conf = filled_example("envoy-in-flight", sluice.grpc, upstream.port, port);
+    let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-in-flight", &conf, port), &[]);
+    let stat = |name: &str| limit_stat(&sluice, "inflight", "inflight", name);
+    let refunds_reach = |n: u64| {
+        support::wait_for(
+            &format!("{n} refunds"),
+            std::time::Duration::from_secs(10),
+            || stat("total_negative_hits") >= n,
+        );
+    };
+    // One request at a time: each one's refund frees its place, so five pass on a limit of 2.
+    for n in 1..=5 {
+        let a = get(proxy.port, "/", &[("X-Api-Key", "k1")]);
+        assert_eq!(a.status, 200, "request {n}: {a:#?}");
+        refunds_reach(n);
+    }
+    assert_eq!(stat("total_hits"), 5);
+    // Two requests held in flight elsewhere (their hits sent as Envoy would at their start):
+    // the next one is refused, and Envoy sends its refund all the same; the fixed window had
+    // counted it, so the two cancel out and the count stays at 2.
+    let held = |negative: bool| {
+        let body = format!(
+            r#"{{"domain":"inflight","descriptors":[{{"entries":[{{"key":"inflight","value":"k1"}}],"is_negative_hits":{negative}}}]}}"#
+        );
+        let (status, _) = support::http(sluice.http, "POST", "/json", &body).expect("answer");
+        assert_eq!(status, 200);
+    };
+    held(false);
+    held(false);
+    for n in 6..=7 {
+        let a = get(proxy.port, "/", &[("X-Api-Key", "k1")]);
+        assert_eq!(a.status, 429, "{a:#?}");
+        refunds_reach(n);
+    }
+    // One of the held requests ends: a place is free for the next one.
+    held(true);
+    let a = get(proxy.port, "/", &[("X-Api-Key", "k1")]);
+    assert_eq!(a.status, 200, "{a:#?}");
+    refunds_reach(9);
+    assert_eq!(stat("negative_hits_ignored"), 0);
+    assert_eq!(upstream.hits(), 6);
     proxy.proc.assert_running();
 }
 
