@@ -3,6 +3,9 @@
 //! `RateLimit-*` over the limit, the headers on allowed answers too, and 503 (fail closed, as
 //! documented) once Sluice is gone.
 //!
+//! And a limit of requests in flight: a second message on the response event refunds each
+//! request's hit (`negative_hits`), as docs/haproxy.md's Refunds section says.
+//!
 //! HAProxy is found through SLUICE_HAPROXY, else PATH or /usr/sbin/haproxy. Missing, the test
 //! fails under the test command and CI, and is a recorded skip elsewhere (`support::missing`).
 
@@ -91,5 +94,125 @@ fn haproxy_example_limits_by_address_and_api_key_and_fails_closed() {
     assert_eq!(a.status, 503, "{a:#?}");
     assert_eq!(upstream.hits(), before);
     assert!(try_get(port, "/", &[]).is_some());
+    proc.assert_running();
+}
+
+/// docs/haproxy.md's refunds: the check on the request, the same descriptor as a refund on the
+/// response event (its value kept in a transaction variable, as the request's headers are gone
+/// by then). A limit of 2 in flight per API key: five requests in turn all pass.
+#[test]
+fn haproxy_refunds_each_request_on_its_response() {
+    let Some(haproxy) = proxies::locate(
+        "SLUICE_HAPROXY",
+        &[PathBuf::from("/usr/sbin/haproxy")],
+        "haproxy",
+        "apt-get install haproxy",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("sluice.yaml");
+    std::fs::write(
+        &limits,
+        "domain: inflight\ndescriptors:\n  - key: inflight\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let spoa_port = free_port();
+    let sluice = Sluice::start_with_env(
+        &limits,
+        dir.path(),
+        &[
+            ("SPOA_HOST", &OsString::from("127.0.0.1")),
+            ("SPOA_PORT", &OsString::from(spoa_port.to_string())),
+        ],
+    );
+    let upstream = Upstream::start();
+    let port = free_port();
+    let spoe = dir.path().join("spoe.conf");
+    std::fs::write(
+        &spoe,
+        "[sluice]
+spoe-agent sluice-agent
+    messages sluice-check sluice-refund
+    option var-prefix sluice
+    option continue-on-error
+    timeout hello 2s
+    timeout idle 30s
+    timeout processing 500ms
+    use-backend sluice-spoa
+spoe-message sluice-check
+    args domain=str(inflight) 0.inflight=req.hdr(x-api-key)
+    event on-frontend-http-request
+spoe-message sluice-refund
+    args domain=str(inflight) 0.inflight=var(txn.api_key) negative_hits=bool(true)
+    event on-http-response
+",
+    )
+    .unwrap();
+    let template = std::fs::read_to_string(repo().join("examples/haproxy/haproxy.cfg")).unwrap();
+    let marker = "    filter spoe engine sluice config ${SPOE_CONFIG}\n";
+    assert!(template.contains(marker));
+    let template = template.replace(
+        marker,
+        &format!("{marker}    http-request set-var(txn.api_key) req.hdr(x-api-key)\n"),
+    );
+    let conf = fill(
+        &template,
+        &[
+            ("LISTEN_HOST", "127.0.0.1".into()),
+            ("LISTEN_PORT", port.to_string()),
+            ("SPOE_CONFIG", spoe.display().to_string()),
+            ("RATELIMIT_HOST", "127.0.0.1".into()),
+            ("RATELIMIT_SPOA_PORT", spoa_port.to_string()),
+            ("UPSTREAM_HOST", "127.0.0.1".into()),
+            ("UPSTREAM_PORT", upstream.port.to_string()),
+        ],
+    );
+    let conf_path = dir.path().join("haproxy.cfg");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut cmd = Command::new(&haproxy);
+    cmd.arg("-db").arg("-f").arg(&conf_path);
+    let mut proc = Proc::spawn("haproxy", cmd, dir.path().join("haproxy.log"));
+    let stat = |name: &str| {
+        let line =
+            format!(r#"ratelimit_service_rate_limit_{name}{{domain="inflight",key1="inflight"}} "#);
+        support::http(sluice.debug, "GET", "/metrics", "")
+            .and_then(|(_, body)| {
+                body.lines()
+                    .find_map(|l| l.strip_prefix(line.as_str()))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    // Routing once HAProxy's agent connection answers (a request without the header counts
+    // nothing: its descriptor is left out).
+    wait_for("HAProxy to route", Duration::from_secs(20), || {
+        proc.assert_running();
+        try_get(port, "/", &[]).is_some_and(|a| a.status == 200)
+    });
+    for n in 1..=5u64 {
+        let a = get(port, "/", &[("X-Api-Key", "k1")]);
+        assert_eq!(a.status, 200, "request {n}: {a:#?}");
+        wait_for(&format!("{n} refunds"), Duration::from_secs(10), || {
+            stat("total_negative_hits") >= n
+        });
+    }
+    assert_eq!(stat("total_hits"), 5);
+    // Two held in flight: the next is refused, and no refund comes for it (no response
+    // event for what `http-request deny` answered).
+    let held = |negative: bool| {
+        let body = format!(
+            r#"{{"domain":"inflight","descriptors":[{{"entries":[{{"key":"inflight","value":"k1"}}],"is_negative_hits":{negative}}}]}}"#
+        );
+        assert_eq!(
+            support::http(sluice.http, "POST", "/json", &body).map(|(s, _)| s),
+            Some(200)
+        );
+    };
+    held(false);
+    held(false);
+    assert_eq!(get(port, "/", &[("X-Api-Key", "k1")]).status, 429);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stat("total_negative_hits"), 5);
     proc.assert_running();
 }
