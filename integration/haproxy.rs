@@ -127,52 +127,7 @@ fn haproxy_refunds_each_request_on_its_response() {
         ],
     );
     let upstream = Upstream::start();
-    let port = free_port();
-    let spoe = dir.path().join("spoe.conf");
-    std::fs::write(
-        &spoe,
-        "[sluice]
-spoe-agent sluice-agent
-    messages sluice-check sluice-refund
-    option var-prefix sluice
-    option continue-on-error
-    timeout hello 2s
-    timeout idle 30s
-    timeout processing 500ms
-    use-backend sluice-spoa
-spoe-message sluice-check
-    args domain=str(inflight) 0.inflight=req.hdr(x-api-key)
-    event on-frontend-http-request
-spoe-message sluice-refund
-    args domain=str(inflight) 0.inflight=var(txn.api_key) negative_hits=bool(true)
-    event on-http-response
-",
-    )
-    .unwrap();
-    let template = std::fs::read_to_string(repo().join("examples/haproxy/haproxy.cfg")).unwrap();
-    let marker = "    filter spoe engine sluice config ${SPOE_CONFIG}\n";
-    assert!(template.contains(marker));
-    let template = template.replace(
-        marker,
-        &format!("{marker}    http-request set-var(txn.api_key) req.hdr(x-api-key)\n"),
-    );
-    let conf = fill(
-        &template,
-        &[
-            ("LISTEN_HOST", "127.0.0.1".into()),
-            ("LISTEN_PORT", port.to_string()),
-            ("SPOE_CONFIG", spoe.display().to_string()),
-            ("RATELIMIT_HOST", "127.0.0.1".into()),
-            ("RATELIMIT_SPOA_PORT", spoa_port.to_string()),
-            ("UPSTREAM_HOST", "127.0.0.1".into()),
-            ("UPSTREAM_PORT", upstream.port.to_string()),
-        ],
-    );
-    let conf_path = dir.path().join("haproxy.cfg");
-    std::fs::write(&conf_path, conf).unwrap();
-    let mut cmd = Command::new(&haproxy);
-    cmd.arg("-db").arg("-f").arg(&conf_path);
-    let mut proc = Proc::spawn("haproxy", cmd, dir.path().join("haproxy.log"));
+    let (mut proc, port) = in_flight_haproxy(&haproxy, dir.path(), spoa_port, &upstream);
     let stat = |name: &str| {
         let line =
             format!(r#"ratelimit_service_rate_limit_{name}{{domain="inflight",key1="inflight"}} "#);
@@ -215,4 +170,61 @@ spoe-message sluice-refund
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(stat("total_negative_hits"), 5);
     proc.assert_running();
+}
+
+/// HAProxy from the example's haproxy.cfg with docs/haproxy.md's refunds: the API key kept in
+/// `txn.api_key`, the check message on the request and the refund message on the response;
+/// started from `dir`, with the port it listens on.
+fn in_flight_haproxy(
+    haproxy: &std::path::Path,
+    dir: &std::path::Path,
+    spoa_port: u16,
+    upstream: &Upstream,
+) -> (Proc, u16) {
+    let port = free_port();
+    let spoe = dir.join("spoe.conf");
+    std::fs::write(
+        &spoe,
+        "[sluice]
+spoe-agent sluice-agent
+    messages sluice-check sluice-refund
+    option var-prefix sluice
+    option continue-on-error
+    timeout hello 2s
+    timeout idle 30s
+    timeout processing 500ms
+    use-backend sluice-spoa
+spoe-message sluice-check
+    args domain=str(inflight) 0.inflight=req.hdr(x-api-key)
+    event on-frontend-http-request
+spoe-message sluice-refund
+    args domain=str(inflight) 0.inflight=var(txn.api_key) negative_hits=bool(true)
+    event on-http-response
+",
+    )
+    .unwrap();
+    let template = std::fs::read_to_string(repo().join("examples/haproxy/haproxy.cfg")).unwrap();
+    let marker = "    filter spoe engine sluice config ${SPOE_CONFIG}\n";
+    assert!(template.contains(marker));
+    let template = template.replace(
+        marker,
+        &format!("{marker}    http-request set-var(txn.api_key) req.hdr(x-api-key)\n"),
+    );
+    let conf = fill(
+        &template,
+        &[
+            ("LISTEN_HOST", "127.0.0.1".into()),
+            ("LISTEN_PORT", port.to_string()),
+            ("SPOE_CONFIG", spoe.display().to_string()),
+            ("RATELIMIT_HOST", "127.0.0.1".into()),
+            ("RATELIMIT_SPOA_PORT", spoa_port.to_string()),
+            ("UPSTREAM_HOST", "127.0.0.1".into()),
+            ("UPSTREAM_PORT", upstream.port.to_string()),
+        ],
+    );
+    let conf_path = dir.join("haproxy.cfg");
+    std::fs::write(&conf_path, conf).unwrap();
+    let mut cmd = Command::new(haproxy);
+    cmd.arg("-db").arg("-f").arg(&conf_path);
+    (Proc::spawn("haproxy", cmd, dir.join("haproxy.log")), port)
 }
