@@ -992,6 +992,24 @@ async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
     assert_eq!(cluster.get("cluster_0_1200"), "5");
     assert_eq!(cluster.get("cluster_4_1200"), "5");
 
+    // Refunds of every key in one call: each script runs on its key's slot, and answers as the
+    // memory store's refund does.
+    let refunds: Vec<Hit<'_>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| Hit {
+            key,
+            quota: algorithms[i % 4],
+            hits: 2,
+        })
+        .collect();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    memory.refund(now, &refunds, &mut a).await.unwrap();
+    remote.refund(now, &refunds, &mut b).await.unwrap();
+    assert_eq!(a, b);
+    assert_eq!(cluster.get("cluster_0_1200"), "3");
+    assert_eq!(cluster.get("cluster_4_1200"), "3");
+
     // Concurrent callers on one key admit exactly the limit.
     let q = quota(Algorithm::SlidingWindow, 50, Unit::Hour, None);
     let admitted = admitted_concurrently(&remote, "cluster_hot_", q, now, 6, 30).await;
