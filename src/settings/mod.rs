@@ -1093,6 +1093,20 @@ mod tests {
     }
 
     #[test]
+    fn negative_hits_are_applied_where_counted_by_default_or_always() {
+        let service = |args: &[&str]| settings(args).unwrap().app.service;
+        assert_eq!(service(&[]).negative_hits, NegativeHits::Counted);
+        assert_eq!(
+            service(&["--negative-hits", "always"]).negative_hits,
+            NegativeHits::Always
+        );
+        assert_eq!(
+            error(&["--negative-hits", "never"]),
+            "SLUICE_NEGATIVE_HITS=never: expected counted or always"
+        );
+    }
+
+    #[test]
     fn defaults_match_the_go_service() {
         let s = settings(&[]).unwrap();
         assert_eq!(s.addrs.http, "0.0.0.0:8080".parse().unwrap());

@@ -831,6 +831,30 @@ mod tests {
     }
 
     #[test]
+    fn the_local_cache_max_age_is_a_second_by_default_and_checked() {
+        let r = redis_settings(&["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"]);
+        assert_eq!(r.local_cache_max_age, Duration::from_secs(1));
+        let r = redis_settings(&[
+            "--backend-type",
+            "redis",
+            "--redis-url",
+            "127.0.0.1:6379",
+            "--local-cache-max-age-ms",
+            "300",
+        ]);
+        assert_eq!(r.local_cache_max_age, Duration::from_millis(300));
+        for bad in ["0", "31536000001"] {
+            let err = redis_error(&["--local-cache-max-age-ms", bad]);
+            assert_eq!(
+                err,
+                format!(
+                    "SLUICE_LOCAL_CACHE_MAX_AGE_MS={bad}: must be between 1 and 31536000000 (a year)"
+                )
+            );
+        }
+    }
+
+    #[test]
     fn redis_startup_backoff_defaults_parses_and_checks() {
         let r = redis_settings(&["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"]);
         assert_eq!(r.startup, StartupBackoff::default());
