@@ -16,6 +16,7 @@ use sluice::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use sluice::limiter::Unit;
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
+use sluice::telemetry::limits::limit_table;
 use sluice::telemetry::prometheus::{BreakerGauges, Extra, render};
 use sluice::telemetry::{DecisionTelemetry, Stats, StatsOptions};
 
@@ -227,6 +228,97 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
     assert_eq!(value(&text, "sluice_stats_keys"), Some(6.0));
     common::promtool_check(&text);
 
+    let _ = running.shutdown.take().map(|tx| tx.send(()));
+}
+
+/// The configured-limit gauges of every series in `text` with `labels`, as
+/// (limit, window seconds, unit multiplier, info labels' tail).
+fn limit_of(text: &str, labels: &str) -> Option<(f64, f64, f64)> {
+    Some((
+        value(
+            text,
+            &format!("ratelimit_service_rate_limit_limit{{{labels}}}"),
+        )?,
+        value(
+            text,
+            &format!("sluice_rate_limit_window_seconds{{{labels}}}"),
+        )?,
+        value(
+            text,
+            &format!("sluice_rate_limit_unit_multiplier{{{labels}}}"),
+        )?,
+    ))
+}
+
+#[tokio::test]
+async fn each_series_has_its_configured_limit_and_follows_reloads() {
+    let handle = config();
+    let mut running = start_with(handle.clone(), default_options()).await;
+    for entries in [
+        &[("k", "v")][..],
+        &[("outer", "a"), ("inner", "b"), ("deepest", "c")],
+        &[("user", "alice")],
+        &[("ip", "10.1.2.3")],
+    ] {
+        http(running.http, "POST", "/json", &json("test", entries)).await;
+    }
+    let overridden = r#"{"domain":"test","descriptors":[{"entries":[{"key":"o","value":"1"}],"limit":{"requestsPerUnit":42,"unit":"HOUR"}}]}"#;
+    http(running.http, "POST", "/json", overridden).await;
+
+    let text = http(running.debug, "GET", "/metrics", "").await.body;
+    let kv = r#"domain="test",key1="k_v""#;
+    assert_eq!(limit_of(&text, kv), Some((10.0, 60.0, 1.0)), "{text}");
+    let info = format!(r#"sluice_rate_limit_info{{{kv},unit="MINUTE",counters="one"}}"#);
+    assert_eq!(value(&text, &info), Some(1.0), "{text}");
+    // Key-only levels: one series sums every value's counter.
+    let outer = r#"domain="test",key1="outer",key2="inner""#;
+    assert_eq!(limit_of(&text, outer), Some((5.0, 60.0, 1.0)));
+    let info = format!(r#"sluice_rate_limit_info{{{outer},unit="MINUTE",counters="many"}}"#);
+    assert_eq!(value(&text, &info), Some(1.0), "{text}");
+    for labels in [
+        r#"domain="test",key1="user_alice""#,
+        r#"domain="test",key1="ip_10_1_2_3""#,
+    ] {
+        assert_eq!(limit_of(&text, labels), Some((1000.0, 60.0, 1.0)), "{text}");
+    }
+    let o = r#"domain="test",key1="o_1""#;
+    assert_eq!(limit_of(&text, o), Some((42.0, 3600.0, 1.0)), "{text}");
+    assert!(
+        !text.contains(r#"ratelimit_service_rate_limit_limit{domain="test",key1="shadow""#),
+        "a limit with no stats has no series"
+    );
+    common::promtool_check(&text);
+
+    // A reload that changes k=v and removes the deep limit: the next scrape follows it.
+    let changed = CONFIG
+        .replace(
+            "requests_per_unit: 10}",
+            "requests_per_unit: 30, unit_multiplier: 2}",
+        )
+        .replace("key: deepest", "key: other");
+    handle.store(
+        parse_files(
+            &[("test.yaml".to_string(), changed)],
+            &LoadOptions::default(),
+        )
+        .unwrap(),
+    );
+    let text = http(running.debug, "GET", "/metrics", "").await.body;
+    assert_eq!(limit_of(&text, kv), Some((30.0, 120.0, 2.0)), "{text}");
+    assert_eq!(limit_of(&text, outer), None, "{text}");
+    assert!(
+        !text.contains(&format!("sluice_rate_limit_info{{{outer}")),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            &format!("ratelimit_service_rate_limit_total_hits{{{outer}}}")
+        ),
+        Some(1.0),
+        "the counters stay"
+    );
+    common::promtool_check(&text);
     let _ = running.shutdown.take().map(|tx| tx.send(()));
 }
 
@@ -499,6 +591,7 @@ async fn statsd_receives_counter_increases_under_the_go_names() {
         .unwrap();
     let extra = Extra {
         config_load_success: 1,
+        limits: limit_table(&config().current().unwrap()),
         ..Extra::default()
     };
     assert!(sink.flush(&stats, &extra).await.unwrap() > 0);
@@ -515,6 +608,9 @@ async fn statsd_receives_counter_increases_under_the_go_names() {
         "ratelimit.service.rate_limit.test.ip_10_0_0_1.total_hits:1|c",
         "ratelimit_server.ShouldRateLimit.total_requests:4|c",
         "ratelimit.service.config_load_success:1|c",
+        "ratelimit.service.rate_limit.test.k_v.rate_limit:10|g",
+        "ratelimit.service.rate_limit.test.k_v.window_seconds:60|g",
+        "ratelimit.service.rate_limit.test.ip_10_0_0_1.rate_limit:1000|g",
     ] {
         assert!(lines.contains(&want), "{want} missing from\n{text}");
     }
@@ -530,10 +626,15 @@ async fn statsd_receives_counter_increases_under_the_go_names() {
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
     let mut lines: Vec<&str> = text.lines().collect();
     lines.sort();
+    // The limits again (gauges are sent at every flush), and only the counters that grew.
     assert_eq!(
         lines,
         [
+            "ratelimit.service.rate_limit.test.ip_10_0_0_1.rate_limit:1000|g",
+            "ratelimit.service.rate_limit.test.ip_10_0_0_1.window_seconds:60|g",
+            "ratelimit.service.rate_limit.test.k_v.rate_limit:10|g",
             "ratelimit.service.rate_limit.test.k_v.total_hits:1|c",
+            "ratelimit.service.rate_limit.test.k_v.window_seconds:60|g",
             "ratelimit.service.rate_limit.test.k_v.within_limit:1|c",
             "ratelimit_server.ShouldRateLimit.total_requests:1|c",
         ]

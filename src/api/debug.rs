@@ -21,6 +21,7 @@ use crate::descriptor::Request;
 use crate::net::PortGuard;
 use crate::quota::QuotaService;
 use crate::service::{ServiceError, counter_json};
+use crate::telemetry::limits;
 use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{self, Extra, ListenerGauges, RlqsGauges};
 
@@ -245,6 +246,10 @@ fn telemetry_extra(
 ) -> Extra {
     let c = config.stats();
     Extra {
+        limits: config
+            .current()
+            .map(|cfg| limits::limit_table(&cfg))
+            .unwrap_or_default(),
         config_load_success: c.load_success.load(Ordering::Relaxed),
         config_load_error: c.load_error.load(Ordering::Relaxed),
         memory: store.memory(),

@@ -61,6 +61,12 @@ pub struct Limit {
     /// `value_to_metric` on this node or an ancestor), so it must be built per request with
     /// [`Domain::stats_key`]; otherwise it is `full_key`.
     pub stats_key_varies: bool,
+    /// Whether each of this limit's stats keys counts one counter: every level of its path
+    /// is matched by value (or shared by a `share_threshold` wildcard), or the key shows the
+    /// request's values (`detailed_metric`, `value_to_metric`). Otherwise (a key-only or
+    /// wildcard level whose value the key leaves out) one stats key sums the counters of every
+    /// value, and its hits cannot be compared with the limit, which is each counter's.
+    pub stats_key_is_one_counter: bool,
     /// The link to this limit's counters, filled by the first request that counts.
     pub stats: StatsSlot,
 }
@@ -85,6 +91,25 @@ impl Limit {
                 })
                 .map(|(_, n)| n),
         )
+    }
+
+    /// The block that binds when requests come steadily: the lowest sustained rate,
+    /// requests_per_unit over the window's length (the first of equals); `None` when unlimited.
+    pub fn slowest_block(&self) -> Option<&Quota> {
+        let Rule::Limited(blocks) = &self.rule else {
+            return None;
+        };
+        // a/w < b/v, in integers: a × v < b × w.
+        let rate = |q: &Quota| {
+            (
+                u128::from(q.requests_per_unit),
+                u128::from(q.window().secs()),
+            )
+        };
+        blocks.iter().map(|b| &b.quota).reduce(|slowest, q| {
+            let ((a, w), (b, v)) = (rate(slowest), rate(q));
+            if b * w < a * v { q } else { slowest }
+        })
     }
 }
 
@@ -584,12 +609,12 @@ impl Builder {
             if result.is_err() {
                 existing.root.truncate(before);
             }
-            mark_varying_stats_keys(&mut existing.root, false);
+            mark_stats_keys(&mut existing.root, PathStats::default());
             return result;
         }
         let mut level = Level::default();
         load_descriptors(&mut level, &parent, root.descriptors)?;
-        mark_varying_stats_keys(&mut level, false);
+        mark_stats_keys(&mut level, PathStats::default());
         self.domains.insert(
             root.domain.clone(),
             Domain {
@@ -607,15 +632,30 @@ impl Builder {
     }
 }
 
-/// Sets [`Limit::stats_key_varies`] below `level`; `inherited` says an ancestor has
-/// `value_to_metric`.
-fn mark_varying_stats_keys(level: &mut Level, inherited: bool) {
+/// What the levels above a node say about the stats keys of the limits below it.
+#[derive(Clone, Copy, Default)]
+struct PathStats {
+    /// An ancestor has `value_to_metric`: the key is built per request.
+    varies: bool,
+    /// An ancestor is matched by key only, or by a wildcard that shares no counter, and its
+    /// segment of the stats key leaves the request's value out: the key covers many counters.
+    hides_values: bool,
+}
+
+/// Sets [`Limit::stats_key_varies`] and [`Limit::stats_key_is_one_counter`] below `level`
+/// (the segments `push_metric_segment` writes).
+fn mark_stats_keys(level: &mut Level, above: PathStats) {
     for n in &mut level.nodes {
-        let varies = inherited || n.value_to_metric;
+        let by_value = *n.composite != *n.key && (!n.composite.contains('*') || n.share_threshold);
+        let path = PathStats {
+            varies: above.varies || n.value_to_metric,
+            hides_values: above.hides_values || (!by_value && !n.value_to_metric),
+        };
         if let Some(l) = &mut n.limit {
-            l.stats_key_varies = varies || l.detailed_metric;
+            l.stats_key_varies = path.varies || l.detailed_metric;
+            l.stats_key_is_one_counter = !path.hides_values || l.detailed_metric;
         }
-        mark_varying_stats_keys(&mut n.children, varies);
+        mark_stats_keys(&mut n.children, path);
     }
 }
 
@@ -672,6 +712,7 @@ fn load_descriptors(
                 value_to_metric: d.value_to_metric,
                 metadata,
                 stats_key_varies: false,
+                stats_key_is_one_counter: false,
                 stats: StatsSlot::default(),
             })
         });
@@ -1246,6 +1287,94 @@ descriptors:
             Some("d.user_u*.ep_e")
         );
         assert_eq!(key(&[("nothing", "x")]), None);
+    }
+
+    #[test]
+    fn a_stats_key_is_one_counter_when_it_names_every_value() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: tenant
+    value: acme
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: route
+    value: api/*
+    share_threshold: true
+    descriptors:
+      - key: method
+        value_to_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 60}
+      - key: verb
+        value: GET
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: svc
+    value: s*
+    value_to_metric: true
+    descriptors:
+      - key: ep
+        rate_limit: {unit: minute, requests_per_unit: 60}
+  - key: path
+    value: p*
+    descriptors:
+      - key: ep
+        value: e
+        rate_limit: {unit: minute, requests_per_unit: 60}
+"#,
+        );
+        let one = |full_key: &str| {
+            cfg.limits()
+                .find(|l| l.full_key == full_key)
+                .map(|l| l.stats_key_is_one_counter)
+        };
+        assert_eq!(
+            one("d.plain"),
+            Some(false),
+            "key only: every value's counter"
+        );
+        assert_eq!(one("d.tenant_acme"), Some(true));
+        assert_eq!(one("d.detailed"), Some(true), "the key shows the value");
+        assert_eq!(
+            one("d.route_api/*.method"),
+            Some(true),
+            "shared, then shown"
+        );
+        assert_eq!(one("d.route_api/*.verb_GET"), Some(true));
+        assert_eq!(one("d.svc_s*.ep"), Some(false), "ep's value is left out");
+        assert_eq!(one("d.path_p*.ep_e"), Some(false), "a wildcard's values");
+    }
+
+    #[test]
+    fn the_slowest_block_has_the_lowest_sustained_rate() {
+        let cfg = config(
+            r#"
+domain: d
+descriptors:
+  - key: a
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: minute, requests_per_unit: 100}
+      - {unit: hour, requests_per_unit: 6000}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 5, unit_multiplier: 2}
+  - key: c
+    rate_limit: {unlimited: true}
+"#,
+        );
+        let slowest = |full_key: &str| {
+            let l = cfg.limits().find(|l| l.full_key == full_key)?;
+            l.slowest_block()
+                .map(|q| (q.requests_per_unit, q.unit, q.unit_multiplier))
+        };
+        // 10/s, 1.67/s and 1.67/s: the first of the two equals.
+        assert_eq!(slowest("d.a"), Some((100, Unit::Minute, 1)));
+        assert_eq!(slowest("d.b"), Some((5, Unit::Minute, 2)));
+        assert_eq!(slowest("d.c"), None);
     }
 
     #[test]

@@ -657,16 +657,22 @@ impl<S: CounterStore> RateLimitService<S> {
                 slot: &l.stats,
                 full_key: &l.full_key,
             },
-            Some(_) => match domain.stats_key(&descriptor.entries) {
+            Some(l) => match domain.stats_key(&descriptor.entries) {
                 Some(k) => {
                     request_key = k;
-                    StatsKey::Request(&request_key)
+                    StatsKey::Values {
+                        key: &request_key,
+                        limit: &l.full_key,
+                    }
                 }
                 None => return,
             },
             None => {
                 request_key = override_stats_key(request, descriptor);
-                StatsKey::Request(&request_key)
+                StatsKey::Override {
+                    key: &request_key,
+                    unit: quota.unit,
+                }
             }
         };
         self.observer.descriptor_decided(&DescriptorReport {

@@ -13,6 +13,7 @@ use std::time::Duration;
 use super::{Response, ServiceError};
 use crate::config::StatsSlot;
 use crate::descriptor::Request;
+use crate::limiter::Unit;
 use crate::store::{StoreError, TraceBackend};
 
 /// The context an adapter decoded from a call for its observer (the caller's trace context),
@@ -32,8 +33,12 @@ pub enum StatsKey<'a> {
         slot: &'a StatsSlot,
         full_key: &'a str,
     },
-    /// A key built from the request (`detailed_metric`, `value_to_metric`, an override).
-    Request(&'a str),
+    /// A key built from the request's values (`detailed_metric`, `value_to_metric`) for the
+    /// configured limit whose `full_key` is `limit`.
+    Values { key: &'a str, limit: &'a str },
+    /// A per-request override's key (`domain.k1_v1.k2_v2`); the override's requests_per_unit is
+    /// the outcome's limit, and this its unit.
+    Override { key: &'a str, unit: Unit },
 }
 
 /// One counted descriptor's decision, against the quota its status reports.

@@ -1128,7 +1128,8 @@ impl observe::Observer for Recorder {
     fn descriptor_decided(&self, r: &observe::DescriptorReport<'_>) {
         let key = match r.key {
             observe::StatsKey::Limit { full_key, .. } => format!("limit {full_key}"),
-            observe::StatsKey::Request(key) => format!("request {key}"),
+            observe::StatsKey::Values { key, limit } => format!("values {key} of {limit}"),
+            observe::StatsKey::Override { key, unit } => format!("override {key} per {unit:?}"),
         };
         let line = format!(
             "descriptor {key} {}/{} over={}",
@@ -1176,7 +1177,7 @@ async fn the_observer_hears_each_decision_timed_by_the_injected_clock() {
         *recorder.0.lock().unwrap(),
         vec![
             "descriptor limit test.key2 1/20 over=false",
-            "descriptor request test.any_x 1/7 over=false",
+            "descriptor override test.any_x per Minute 1/7 over=false",
             "call test Ok(Ok) 3s false",
             "not found nope",
             "call nope Ok(Ok) 0ns false",

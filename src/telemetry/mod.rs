@@ -5,6 +5,8 @@
 //!   and logs below; the service itself knows none of their formats.
 //! - [`stats`]: the counters (envoyproxy/ratelimit's per-limit stats and arithmetic, service
 //!   counters, the decision-latency histogram) with a hard cap on distinct keys.
+//! - [`limits`]: the configured limit beside each per-limit series (requests_per_unit, window,
+//!   unit), looked up in the config loaded when the exporters read it.
 //! - [`prometheus`]: the text exposition served at `/metrics`.
 //! - [`statsd`]: counter increases pushed to a statsd server (USE_STATSD).
 //! - [`otlp`]: OpenTelemetry: spans of `ShouldRateLimit` and its backend calls (TRACING_ENABLED)
@@ -13,6 +15,7 @@
 //!   path logs at the default level (WARN) per request; failures that can repeat per request go
 //!   through a [`LogLimiter`].
 
+pub mod limits;
 mod logs;
 pub mod observer;
 pub mod otlp;

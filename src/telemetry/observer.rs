@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::otlp::trace::{ActiveSpan, SpanKind, Value};
 use super::otlp::{RequestTrace, Tracer, Transport};
-use super::stats::ErrorKind;
+use super::stats::{ErrorKind, KeySource};
 use super::{KeyedLogLimiter, LogLimiter, Stats};
 use crate::service::observe::{CallReport, Caller, DescriptorReport, Observer, Span, StatsKey};
 use crate::service::{Code, ServiceError};
@@ -183,7 +183,14 @@ impl Observer for DecisionTelemetry {
             StatsKey::Limit { slot, full_key } => {
                 self.stats.record_static(slot, full_key, outcome);
             }
-            StatsKey::Request(key) => self.stats.record_dynamic(key, outcome),
+            StatsKey::Values { key, limit } => {
+                self.stats
+                    .record_dynamic(key, KeySource::Limit(limit), outcome);
+            }
+            StatsKey::Override { key, unit } => {
+                self.stats
+                    .record_dynamic(key, KeySource::Override(unit), outcome);
+            }
         }
     }
 

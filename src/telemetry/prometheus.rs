@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::limits::{GAUGE_FAMILIES, INFO_FAMILY, LimitTable, limit_gauges};
 use super::stats::{LimitCounters, Stats};
 
 /// The content type of this exposition.
@@ -30,6 +31,8 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Numbers from outside [`Stats`] that the exposition reports.
 #[derive(Clone, Debug, Default)]
 pub struct Extra {
+    /// The loaded config's limits, for the configured-limit gauges.
+    pub limits: LimitTable,
     pub config_load_success: u64,
     pub config_load_error: u64,
     pub memory: Option<MemoryGauges>,
@@ -193,6 +196,7 @@ fn load(c: &AtomicU64) -> u64 {
 pub fn render(stats: &Stats, extra: &Extra) -> String {
     let mut out = String::with_capacity(4096);
     render_limits(&mut out, stats);
+    render_limit_gauges(&mut out, stats, &extra.limits);
     render_calls(&mut out, stats);
     render_latency(&mut out, stats);
     render_service_counters(&mut out, stats, extra);
@@ -261,17 +265,37 @@ fn render_limits(out: &mut String, stats: &Stats) {
     for (i, stat) in LimitCounters::NAMES.iter().enumerate() {
         let name = format!("ratelimit_service_rate_limit_{stat}");
         header(out, &name, "untyped", STAT_HELP[i]);
-        for ((domain, key1, key2), values) in &series {
-            let mut labels = vec![("domain", domain.as_str())];
-            if let Some(k) = key1 {
-                labels.push(("key1", k));
-            }
-            if let Some(k) = key2 {
-                labels.push(("key2", k));
-            }
-            sample(out, &name, &labels, values[i]);
+        for (labels, values) in &series {
+            sample(out, &name, &labels_of(labels), values[i]);
         }
     }
+}
+
+/// The configured limit beside each per-limit series ([`super::limits`]): one sample per
+/// label set of each [`GAUGE_FAMILIES`] gauge, and of the info gauge with `unit` and `counters`.
+fn render_limit_gauges(out: &mut String, stats: &Stats, limits: &LimitTable) {
+    let gauges = limit_gauges(stats, limits);
+    for (name, help, value) in GAUGE_FAMILIES {
+        header(out, name, "gauge", help);
+        for (labels, gauge) in &gauges {
+            sample(out, name, &labels_of(labels), value(gauge));
+        }
+    }
+    let (name, help) = INFO_FAMILY;
+    header(out, name, "gauge", help);
+    for (labels, gauge) in &gauges {
+        let mut labels = labels_of(labels);
+        labels.extend(gauge.info_labels());
+        sample(out, name, &labels, 1);
+    }
+}
+
+/// A per-limit series' labels: `domain`, then `key1` and `key2` when the key has them.
+fn labels_of((domain, key1, key2): &LabelSet) -> Vec<(&'static str, &str)> {
+    let mut labels = vec![("domain", domain.as_str())];
+    labels.extend(key1.as_deref().map(|k| ("key1", k)));
+    labels.extend(key2.as_deref().map(|k| ("key2", k)));
+    labels
 }
 
 /// Unknown domains, failed calls and all calls.
@@ -660,6 +684,7 @@ mod tests {
     fn hit(stats: &Stats, key: &str) {
         stats.record_dynamic(
             key,
+            crate::telemetry::stats::KeySource::Limit(key),
             &Outcome {
                 hits: 1,
                 limit: 10,

@@ -21,6 +21,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::config::StatsSlot;
+use crate::limiter::Unit;
 pub use crate::service::observe::Outcome;
 
 /// The stats key that overflowed records are folded into. It sanitises to itself and splits
@@ -259,12 +260,62 @@ impl LimitCounters {
     ];
 }
 
-/// One registered stats key: its sanitised name and its counters.
+/// One registered stats key: its sanitised name, its counters and the limit they count against.
 #[derive(Debug)]
 pub struct Entry {
     /// The key after [`sanitize`], as exported.
     pub name: Box<str>,
     pub counters: LimitCounters,
+    pub source: Source,
+}
+
+/// The limit a stats key counts against, as the exporters look it up when they report the
+/// configured limit beside the counters: by the configured limit's full key in the config
+/// loaded at that moment (so a limit changed by a reload reports its new value and a removed
+/// one reports none), or, for an override, the last one a request carried.
+#[derive(Debug)]
+pub enum Source {
+    /// The configured limit with this `full_key`.
+    Limit(Box<str>),
+    /// A per-request override: its requests_per_unit and unit, packed by [`pack_override`].
+    Override(AtomicU64),
+    /// The overflow entry, which many limits share.
+    Overflow,
+}
+
+/// Where a request-built stats key's limit comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySource<'a> {
+    /// The configured limit with this `full_key` (`detailed_metric`, `value_to_metric`).
+    Limit(&'a str),
+    /// A per-request override with this unit (its requests_per_unit is the outcome's limit).
+    Override(Unit),
+}
+
+/// An override's requests_per_unit and unit in one word.
+fn pack_override(requests_per_unit: u32, unit: Unit) -> u64 {
+    (u64::from(requests_per_unit) << 8) | unit.index() as u64
+}
+
+impl Source {
+    fn of(key: KeySource<'_>, requests_per_unit: u32) -> Self {
+        match key {
+            KeySource::Limit(full_key) => Source::Limit(full_key.into()),
+            KeySource::Override(unit) => {
+                Source::Override(AtomicU64::new(pack_override(requests_per_unit, unit)))
+            }
+        }
+    }
+
+    /// An override's requests_per_unit and unit, as last seen.
+    pub fn override_limit(&self) -> Option<(u32, Unit)> {
+        let Source::Override(packed) = self else {
+            return None;
+        };
+        let packed = packed.load(Ordering::Relaxed);
+        let unit = Unit::ALL.get((packed & 0xff) as usize).copied()?;
+        Some(((packed >> 8) as u32, unit))
+    }
 }
 
 /// Service-level counters (`ratelimit.service.*` and `ratelimit_server.ShouldRateLimit.*`).
@@ -412,6 +463,7 @@ impl Stats {
             overflow: Arc::new(Entry {
                 name: OVERFLOW_KEY.into(),
                 counters: LimitCounters::default(),
+                source: Source::Overflow,
             }),
             not_found_overflow: Arc::new(AtomicU64::new(0)),
             service: ServiceCounters::default(),
@@ -453,14 +505,14 @@ impl Stats {
             entry.counters.add(&inc);
             return;
         }
-        let entry = self.entry(full_key);
+        let entry = self.entry(full_key, || Source::Limit(full_key.into()));
         entry.counters.add(&inc);
         slot.fill(self.id, entry);
     }
 
     /// Records a decision against a stats key built from the request (`detailed_metric`,
-    /// `value_to_metric`, overrides). Held to the key cap.
-    pub fn record_dynamic(&self, key: &str, outcome: &Outcome) {
+    /// `value_to_metric`, overrides), whose limit comes from `source`. Held to the key cap.
+    pub fn record_dynamic(&self, key: &str, source: KeySource<'_>, outcome: &Outcome) {
         if !self.options.enabled {
             return;
         }
@@ -470,11 +522,21 @@ impl Stats {
             self.overflow.counters.add(&inc);
             return;
         }
-        self.entry(key).counters.add(&inc);
+        let entry = self.entry(key, || Source::of(source, outcome.limit));
+        entry.counters.add(&inc);
+        if let (KeySource::Override(unit), Source::Override(last)) = (source, &entry.source) {
+            // The override a request carries can change from one request to the next; the
+            // last one is reported. A read, and a write only when it changed.
+            let now = pack_override(outcome.limit, unit);
+            if last.load(Ordering::Relaxed) != now {
+                last.store(now, Ordering::Relaxed);
+            }
+        }
     }
 
-    /// The entry for a raw key: found, else added while under the cap, else the overflow.
-    fn entry(&self, key: &str) -> Arc<Entry> {
+    /// The entry for a raw key: found, else added (with the limit `source` gives) while under
+    /// the cap, else the overflow.
+    fn entry(&self, key: &str, source: impl FnOnce() -> Source) -> Arc<Entry> {
         if let Some(e) = self.keys.get(key) {
             return Arc::clone(e.value());
         }
@@ -491,6 +553,7 @@ impl Stats {
                 Arc::new(Entry {
                     name: sanitize(key).into(),
                     counters: LimitCounters::default(),
+                    source: source(),
                 })
             })
             .clone();
@@ -664,6 +727,8 @@ fn ipv4_at(s: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    const LIMIT: KeySource<'static> = KeySource::Limit("d.user");
+
     fn outcome(hits: u64, limit: u32, before: u64) -> Outcome {
         let after = before + hits;
         Outcome {
@@ -783,9 +848,9 @@ mod tests {
             ..StatsOptions::default()
         });
         for i in 0..100 {
-            stats.record_dynamic(&format!("d.user_{i}"), &outcome(1, 10, 0));
+            stats.record_dynamic(&format!("d.user_{i}"), LIMIT, &outcome(1, 10, 0));
         }
-        stats.record_dynamic("d.user_0", &outcome(1, 10, 1));
+        stats.record_dynamic("d.user_0", LIMIT, &outcome(1, 10, 1));
         assert_eq!(stats.key_count(), 3);
         let entries = stats.entries();
         assert_eq!(entries.len(), 4);
@@ -803,10 +868,10 @@ mod tests {
         let stats = Stats::default().with_max_key_bytes(16);
         let long = format!("d.user_{}", "x".repeat(60_000));
         for _ in 0..5 {
-            stats.record_dynamic(&long, &outcome(1, 10, 0));
+            stats.record_dynamic(&long, LIMIT, &outcome(1, 10, 0));
             stats.domain_not_found(&"d".repeat(60_000));
         }
-        stats.record_dynamic("d.user_short", &outcome(1, 10, 0));
+        stats.record_dynamic("d.user_short", LIMIT, &outcome(1, 10, 0));
         stats.domain_not_found("short");
         assert_eq!(stats.key_count(), 2, "only the short keys are kept");
         let overflow = stats.entries();

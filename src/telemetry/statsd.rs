@@ -2,7 +2,10 @@
 //! `name:delta|c` lines over UDP, under the Go service's statsd names
 //! (`ratelimit.service.rate_limit.<key>.<stat>`, `ratelimit.service.call.should_rate_limit.*`,
 //! `ratelimit_server.ShouldRateLimit.total_requests`, `ratelimit.service.config_load_*`,
-//! `ratelimit.service.global_shadow_mode`). Off by default (USE_STATSD).
+//! `ratelimit.service.global_shadow_mode`), and every flush the configured limit of each stats
+//! key as gauges (`ratelimit.service.rate_limit.<key>.rate_limit`, the name of
+//! envoyproxy/ratelimit's unmerged PR #1138, and `.window_seconds`). Off by default
+//! (USE_STATSD).
 //!
 //! The Go service sends over TCP through gostats; Sluice sends UDP datagrams of at most
 //! [`MAX_DATAGRAM`] bytes, which statsd and statsd_exporter accept by default. The latency
@@ -14,6 +17,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::net::UdpSocket;
 
+use super::limits::entry_limit;
 use super::prometheus::Extra;
 use super::stats::{LimitCounters, Stats};
 
@@ -70,6 +74,23 @@ pub fn counters(stats: &Stats, extra: &Extra) -> HashMap<String, u64> {
     out
 }
 
+/// The configured limit of every stats key that has one, as `name:value|g` lines:
+/// `<key>.rate_limit` (requests_per_unit) and `<key>.window_seconds`. Sent at every flush, as
+/// gostats sends its gauges, so a statsd that forgets idle gauges keeps them while the limit
+/// stands and forgets a limit a reload removed.
+pub fn gauge_lines(stats: &Stats, extra: &Extra) -> Vec<String> {
+    let mut lines = Vec::new();
+    for entry in stats.entries() {
+        let Some(shape) = entry_limit(&entry, &extra.limits) else {
+            continue;
+        };
+        let prefix = format!("ratelimit.service.rate_limit.{}", entry.name);
+        lines.push(format!("{prefix}.rate_limit:{}|g", shape.requests_per_unit));
+        lines.push(format!("{prefix}.window_seconds:{}|g", shape.window_secs()));
+    }
+    lines
+}
+
 /// Sends counter increases to one statsd server.
 pub struct StatsdSink {
     socket: UdpSocket,
@@ -92,8 +113,8 @@ impl StatsdSink {
         })
     }
 
-    /// Sends every counter that grew since the last flush; returns the lines sent. Counters
-    /// that did not move are not sent, as gostats does.
+    /// Sends every counter that grew since the last flush, and every limit gauge; returns the
+    /// counter lines sent. Counters that did not move are not sent, as gostats does.
     pub async fn flush(&mut self, stats: &Stats, extra: &Extra) -> std::io::Result<usize> {
         let now = counters(stats, extra);
         let mut lines = Vec::new();
@@ -104,6 +125,10 @@ impl StatsdSink {
             }
         }
         lines.sort();
+        let sent = lines.len();
+        let mut gauges = gauge_lines(stats, extra);
+        gauges.sort();
+        lines.extend(gauges);
         let mut datagram = String::with_capacity(MAX_DATAGRAM);
         for line in &lines {
             if !datagram.is_empty() && datagram.len() + 1 + line.len() > MAX_DATAGRAM {
@@ -119,6 +144,6 @@ impl StatsdSink {
             self.socket.send(datagram.as_bytes()).await?;
         }
         self.last = now;
-        Ok(lines.len())
+        Ok(sent)
     }
 }

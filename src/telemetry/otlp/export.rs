@@ -29,7 +29,8 @@ use super::trace::{SpanCounters, SpanRecord, Value};
 use super::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
 use crate::clock::unix_nanos;
 use crate::telemetry::LogLimiter;
-use crate::telemetry::prometheus::{Extra, limit_series};
+use crate::telemetry::limits::{GAUGE_FAMILIES, INFO_FAMILY, limit_gauges};
+use crate::telemetry::prometheus::{Extra, LabelSet, limit_series};
 use crate::telemetry::stats::{LATENCY_BUCKETS, LimitCounters, Stats};
 
 /// The largest collector answer read (its body is only checked for a status).
@@ -379,6 +380,28 @@ fn sum(name: &str, description: &str, points: Vec<NumberPoint>, span: (u64, u64)
 
 type NumberPoint = (Vec<KeyValue>, u64);
 
+fn gauge(name: &str, description: &str, points: Vec<NumberPoint>, now: u64) -> proto::Metric {
+    proto::Metric {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        unit: String::new(),
+        data: Some(proto::metric::Data::Gauge(proto::Gauge {
+            data_points: points
+                .into_iter()
+                .map(|(attributes, v)| proto::NumberDataPoint {
+                    attributes,
+                    start_time_unix_nano: 0,
+                    time_unix_nano: now,
+                    flags: 0,
+                    value: Some(proto::number_data_point::Value::AsInt(
+                        i64::try_from(v).unwrap_or(i64::MAX),
+                    )),
+                })
+                .collect(),
+        })),
+    }
+}
+
 /// The metrics of the Prometheus exposition (the Go service's names; see
 /// [`crate::telemetry::prometheus`]) as cumulative OTLP sums and one explicit-bucket
 /// histogram, read from the same counters. `start` is when the counters started (nanoseconds
@@ -391,6 +414,7 @@ pub fn metrics_request(
 ) -> proto::ExportMetricsServiceRequest {
     let t = (start, unix_nanos());
     let mut metrics = limit_metrics(stats, t);
+    metrics.extend(limit_gauge_metrics(stats, extra, t.1));
     metrics.extend(call_metrics(stats, extra, t));
     metrics.push(latency_metric(stats, t));
     proto::ExportMetricsServiceRequest {
@@ -431,6 +455,40 @@ fn limit_metrics(stats: &Stats, t: (u64, u64)) -> Vec<proto::Metric> {
             t,
         ));
     }
+    metrics
+}
+
+/// The configured limit beside each per-limit series, as the exposition has it
+/// ([`crate::telemetry::limits`]): three gauges, and the info gauge with `unit` and `counters`.
+fn limit_gauge_metrics(stats: &Stats, extra: &Extra, now: u64) -> Vec<proto::Metric> {
+    let gauges = limit_gauges(stats, &extra.limits);
+    let attrs = |(domain, key1, key2): &LabelSet| {
+        let mut attrs = vec![KeyValue::string("domain", domain.as_str())];
+        if let Some(k) = key1 {
+            attrs.push(KeyValue::string("key1", k.as_str()));
+        }
+        if let Some(k) = key2 {
+            attrs.push(KeyValue::string("key2", k.as_str()));
+        }
+        attrs
+    };
+    let mut metrics: Vec<proto::Metric> = GAUGE_FAMILIES
+        .iter()
+        .map(|(name, description, value)| {
+            let points = gauges.iter().map(|(l, g)| (attrs(l), value(g))).collect();
+            gauge(name, description, points, now)
+        })
+        .collect();
+    let info = gauges
+        .iter()
+        .map(|(l, g)| {
+            let mut attrs = attrs(l);
+            attrs.extend(g.info_labels().map(|(k, v)| KeyValue::string(k, v)));
+            (attrs, 1)
+        })
+        .collect();
+    let (name, description) = INFO_FAMILY;
+    metrics.push(gauge(name, description, info, now));
     metrics
 }
 
@@ -614,5 +672,59 @@ mod tests {
             s.data_points[0].value,
             Some(proto::number_data_point::Value::AsInt(3))
         );
+    }
+
+    #[test]
+    fn each_limit_series_has_its_configured_limit_as_gauges() {
+        use crate::limiter::Unit;
+        use crate::telemetry::limits::LimitShape;
+        use crate::telemetry::stats::{KeySource, Outcome};
+        let stats = Stats::default();
+        let outcome = Outcome {
+            hits: 1,
+            limit: 7,
+            count_before: 0,
+            count_after: 1,
+            over: false,
+            from_local_cache: false,
+            shadow_mode: false,
+            negative: false,
+            negative_ignored: false,
+        };
+        stats.record_dynamic("d.tenant_a", KeySource::Limit("d.tenant_a"), &outcome);
+        let shape = LimitShape {
+            requests_per_unit: 7,
+            unit: Unit::Hour,
+            unit_multiplier: 3,
+            one_counter: true,
+        };
+        let extra = Extra {
+            limits: [("d.tenant_a".into(), shape)].into_iter().collect(),
+            ..Extra::default()
+        };
+        let r = metrics_request(&proto::Resource::default(), &stats, &extra, 1);
+        let metrics = &r.resource_metrics[0].scope_metrics[0].metrics;
+        let point = |n: &str| {
+            let m = metrics.iter().find(|m| m.name == n).expect(n);
+            let Some(proto::metric::Data::Gauge(g)) = &m.data else {
+                panic!("{n} is a gauge")
+            };
+            let p = &g.data_points[0];
+            let attrs: Vec<String> = p.attributes.iter().map(|a| a.key.clone()).collect();
+            (attrs, p.value)
+        };
+        let int = |v| Some(proto::number_data_point::Value::AsInt(v));
+        let labels = vec!["domain".to_owned(), "key1".to_owned()];
+        assert_eq!(
+            point("ratelimit_service_rate_limit_limit"),
+            (labels.clone(), int(7))
+        );
+        assert_eq!(
+            point("sluice_rate_limit_window_seconds"),
+            (labels.clone(), int(3 * 3600))
+        );
+        assert_eq!(point("sluice_rate_limit_unit_multiplier").1, int(3));
+        let (info, one) = point("sluice_rate_limit_info");
+        assert_eq!((info.len(), one), (4, int(1)));
     }
 }
