@@ -2,9 +2,11 @@
 //! (`helm/sluice/files/alerts.yaml`) against a real Prometheus (Debian's `prometheus`) scraping
 //! two real Sluice peers under load, with write-behind to a real `redis-server`: `promtool check
 //! rules` passes; every dashboard query, and every alert expression without its threshold,
-//! returns data through Prometheus's HTTP API; and with the store driven full and Redis killed,
-//! the store, backend and Redis alerts fire. Under CI a missing `prometheus` fails the test;
-//! elsewhere it is skipped loudly.
+//! returns data through Prometheus's HTTP API; a tenant sending past its limit shows over 90% in
+//! the utilisation panel and fires `SluiceNearLimit`, a quiet one does neither, and a config
+//! reload that raises the one limit and removes the other moves the limit gauges in Prometheus;
+//! and with the store driven full and Redis killed, the store, backend and Redis alerts fire.
+//! Under CI a missing `prometheus` fails the test; elsewhere it is skipped loudly.
 
 #![allow(
     clippy::disallowed_methods,
@@ -159,6 +161,11 @@ fn query(port: u16, expr: &str) -> Vec<Value> {
 
 /// The dashboard's queries, with its variables as Grafana would fill them.
 fn dashboard_queries() -> Vec<(String, String)> {
+    dashboard_queries_over("30s")
+}
+
+/// The dashboard's queries, with `$__rate_interval` as `range`.
+fn dashboard_queries_over(range: &str) -> Vec<(String, String)> {
     let text = std::fs::read_to_string(files().join("dashboard.json")).unwrap();
     let dash: Value = serde_json::from_str(&text).unwrap();
     let mut out = Vec::new();
@@ -168,7 +175,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
                 .as_str()
                 .unwrap()
                 .replace("$job", "sluice")
-                .replace("$__rate_interval", "30s");
+                .replace("$__rate_interval", range);
             out.push((p["title"].as_str().unwrap().to_owned(), expr));
         }
     }
@@ -227,11 +234,37 @@ fn firing(port: u16) -> Vec<String> {
     names
 }
 
-const LIMITS: &str =
-    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+/// `k` (key only: every value's counter in one series), a hot tenant the load sends far past
+/// its 30 an hour, and a quiet one it stays far below. (A 6 s load is a young series, whose
+/// `rate()` over 5 minutes is its hits over 5 minutes: tens of hits must read as over 90%.)
+const LIMITS: &str = "domain: d\ndescriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: tenant
+    value: hot
+    rate_limit: {unit: hour, requests_per_unit: 30}
+  - key: tenant
+    value: quiet
+    rate_limit: {unit: second, requests_per_unit: 100000}
+";
+
+/// After the reload: the hot tenant's limit raised far above its load, the quiet one gone.
+const RELOADED: &str = "domain: d\ndescriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: tenant
+    value: hot
+    rate_limit: {unit: second, requests_per_unit: 1000000, unit_multiplier: 2}
+";
 
 fn body(value: &str) -> String {
-    format!(r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"{value}"}}]}}]}}"#)
+    entry_body("k", value)
+}
+
+fn entry_body(key: &str, value: &str) -> String {
+    format!(
+        r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    )
 }
 
 #[test]
@@ -248,9 +281,12 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
     assert!(check.status.success(), "{check:?}");
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
+    // Sluice's own directory: Prometheus's files beside it would be read as limits.
+    let config = dir.path().join("config");
+    std::fs::create_dir(&config).unwrap();
+    std::fs::write(config.join("limits.yaml"), LIMITS).unwrap();
     let mut redis = RedisServer::start_on(free_port());
-    let nodes = start_nodes(dir.path(), &redis);
+    let nodes = start_nodes(&config, &redis);
     let targets: Vec<String> = nodes
         .iter()
         .map(|n| format!("127.0.0.1:{}", n.debug))
@@ -288,6 +324,10 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
         );
     }
 
+    the_near_limit_alert_fires_for_the_hot_tenant_only(port);
+    std::fs::write(config.join("limits.yaml"), RELOADED).unwrap();
+    a_reload_moves_the_limit_gauges(port);
+
     // Redis gone: the write-behind's Redis is down, and the alerts say so.
     redis.kill();
     wait_until_firing(
@@ -301,14 +341,20 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
     );
 }
 
-/// Hits within and over the limit on both nodes for 6 s, then more distinct keys than the
-/// store holds (it refuses them: a backend error).
+/// Hits within and over the limit on both nodes for 6 s (a third of them the hot tenant's,
+/// a few the quiet one's), then more distinct keys than the store holds (it refuses them: a
+/// backend error).
 fn load(nodes: &[Node]) {
     let started = Instant::now();
     let mut i = 0;
     while started.elapsed() < Duration::from_secs(6) {
         let node = &nodes[i % 2];
-        http(node.http, "POST", "/json", &body(&format!("v{}", i % 4)));
+        let body = match i % 30 {
+            0 => entry_body("tenant", "quiet"),
+            n if n % 3 == 0 => entry_body("tenant", "hot"),
+            _ => body(&format!("v{}", i % 4)),
+        };
+        http(node.http, "POST", "/json", &body);
         i += 1;
     }
     for n in 0..80 {
@@ -319,6 +365,100 @@ fn load(nodes: &[Node]) {
             &body(&format!("flood{n}")),
         );
     }
+}
+
+/// The utilisation panel's value for each tenant (its `key1`), as Prometheus computes it now
+/// over the last 5 minutes (the load lasted 6 s, and the store refuses new counters after it).
+fn utilisation(port: u16) -> Vec<(String, f64)> {
+    let (_, expr) = dashboard_queries_over("5m")
+        .into_iter()
+        .find(|(title, _)| title.starts_with("Limit utilisation"))
+        .expect("the utilisation panel");
+    let mut out: Vec<(String, f64)> = query(port, &expr)
+        .iter()
+        .map(|r| {
+            let key1 = r["metric"]["key1"].as_str().unwrap_or_default().to_owned();
+            let v = r["value"][1].as_str().and_then(|v| v.parse().ok());
+            (key1, v.unwrap_or(f64::NAN))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// `SluiceNearLimit`'s firing alerts' `key1`s.
+fn near_limit_firing(port: u16) -> Vec<String> {
+    let v = api(port, "/api/v1/alerts");
+    let mut keys: Vec<String> = v["data"]["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["state"] == "firing" && a["labels"]["alertname"] == "SluiceNearLimit")
+        .filter_map(|a| a["labels"]["key1"].as_str().map(str::to_owned))
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The hot tenant sent tens of hits against 30 an hour allowed; the quiet one a few against
+/// 100,000 a second. The panel shows the one far past 90% and the other far below (the key-only
+/// `k` not at all: its series sums every value), and the alert fires for the hot one only.
+fn the_near_limit_alert_fires_for_the_hot_tenant_only(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while near_limit_firing(port).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "SluiceNearLimit never fired; utilisation {:?}",
+            utilisation(port)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(near_limit_firing(port), ["tenant_hot"]);
+    let u = utilisation(port);
+    let keys: Vec<&str> = u.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["tenant_hot", "tenant_quiet"], "{u:?}");
+    assert!(u[0].1 > 0.9 && u[1].1 < 0.01, "{u:?}");
+}
+
+/// The gauges of `key1` in Prometheus now: (limit, window seconds) per instance.
+fn limit_gauges(port: u16, key1: &str) -> Vec<(f64, f64)> {
+    let values = |name: &str| -> Vec<f64> {
+        query(port, &format!("{name}{{key1=\"{key1}\"}}"))
+            .iter()
+            .filter_map(|r| r["value"][1].as_str().and_then(|v| v.parse().ok()))
+            .collect()
+    };
+    values("ratelimit_service_rate_limit_limit")
+        .into_iter()
+        .zip(values("sluice_rate_limit_window_seconds"))
+        .collect()
+}
+
+/// After the reload, both nodes report the hot tenant's new limit (1,000,000 per 2 s), the
+/// quiet tenant's gauges are gone from Prometheus (stale once no scrape has them), the panel
+/// drops the hot one far below 90% and the alert stops.
+fn a_reload_moves_the_limit_gauges(port: u16) {
+    assert_eq!(
+        limit_gauges(port, "tenant_hot"),
+        [(30.0, 3600.0), (30.0, 3600.0)]
+    );
+    wait_for(
+        "the reloaded limits in Prometheus",
+        Duration::from_secs(30),
+        || {
+            limit_gauges(port, "tenant_hot") == [(1e6, 2.0), (1e6, 2.0)]
+                && limit_gauges(port, "tenant_quiet").is_empty()
+                && query(port, "sluice_rate_limit_info{key1=\"tenant_quiet\"}").is_empty()
+        },
+    );
+    wait_for("SluiceNearLimit to stop", Duration::from_secs(30), || {
+        near_limit_firing(port).is_empty()
+    });
+    let u = utilisation(port);
+    assert!(
+        u.len() == 1 && u[0].0 == "tenant_hot" && u[0].1 < 0.01,
+        "{u:?}"
+    );
 }
 
 /// Keeps the store refusing until every alert of `want` fires (60 s at most).
