@@ -13,6 +13,7 @@
 )]
 mod pki;
 mod redis_down;
+mod redis_readonly;
 mod redis_server;
 mod store_contract;
 mod support;

@@ -1,6 +1,6 @@
 //! Failing fast while Redis is down: how often an open breaker probes Redis, how many missed
-//! deadlines in a row open it, and REDIS_HEALTH_CHECK_ACTIVE_CONNECTION (health that follows
-//! it). Validated into [`BreakerSettings`], which every Redis the service uses gets: the
+//! deadlines in a row open it, REDIS_HEALTH_CHECK_ACTIVE_CONNECTION (health that follows it)
+//! and REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR (a READONLY reply opens it). Validated into [`BreakerSettings`], which every Redis the service uses gets: the
 //! backend's (REDIS_URL, REDIS_PERSECOND_URL) and the peer cluster's write-behind copy.
 
 use std::num::NonZeroU32;
@@ -49,6 +49,22 @@ pub struct RedisBreakerArgs {
         help_heading = "Redis"
     )]
     pub redis_health_check_active_connection: bool,
+    /// After a READONLY reply (a failover demoted the Redis behind the connection), take Redis
+    /// for down and reconnect through the address until it reaches a master. Sluice's default
+    /// is true; false keeps the connection, as envoyproxy/ratelimit's default does.
+    #[arg(
+        long,
+        env = "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_close_connection_on_readonly_error: bool,
 }
 
 /// A backend's breaker settings from its probe interval (ms, 10 to 60000) and timeouts in a row
@@ -68,19 +84,24 @@ pub(super) fn breaker_settings(
         probe_interval: Duration::from_millis(ms),
         open_after_timeouts,
         health_follows_connection,
+        ..BreakerSettings::default()
     })
 }
 
 impl RedisBreakerArgs {
     fn validate(&self) -> Result<BreakerSettings, SettingsError> {
-        breaker_settings(
+        let settings = breaker_settings(
             (
                 "SLUICE_REDIS_PROBE_INTERVAL_MS",
                 self.redis_probe_interval_ms,
             ),
             ("SLUICE_REDIS_BREAKER_TIMEOUTS", self.redis_breaker_timeouts),
             self.redis_health_check_active_connection,
-        )
+        )?;
+        Ok(BreakerSettings {
+            reconnect_on_readonly: self.redis_close_connection_on_readonly_error,
+            ..settings
+        })
     }
 
     /// Gives the validated settings to every Redis in use: the backend's and the write-behind's.
@@ -130,6 +151,7 @@ mod tests {
         assert_eq!(d.probe_interval, Duration::from_millis(250));
         assert_eq!(d.open_after_timeouts.get(), 3);
         assert!(!d.health_follows_connection);
+        assert!(d.reconnect_on_readonly, "Sluice's default; Go's is false");
     }
 
     #[test]
@@ -140,6 +162,7 @@ mod tests {
             "--redis-breaker-timeouts",
             "1",
             "--redis-health-check-active-connection",
+            "--redis-close-connection-on-readonly-error=false",
         ]);
         assert_eq!(
             b,
@@ -147,8 +170,10 @@ mod tests {
                 probe_interval: Duration::from_millis(40),
                 open_after_timeouts: NonZeroU32::new(1).unwrap(),
                 health_follows_connection: true,
+                reconnect_on_readonly: false,
             }
         );
+        assert!(redis(&["--redis-close-connection-on-readonly-error"]).reconnect_on_readonly);
     }
 
     #[test]

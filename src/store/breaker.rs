@@ -12,8 +12,11 @@
 //!   any I/O error, no Sentinel master. A call that misses REDIS_TIMEOUT only counts: the
 //!   breaker opens after SLUICE_REDIS_BREAKER_TIMEOUTS of them in a row with no answer in
 //!   between, so one slow call among answered ones never opens it, while a host that accepts
-//!   connections and never answers does. Errors Redis answers (NOSCRIPT, WRONGTYPE, READONLY,
+//!   connections and never answers does. Errors Redis answers (NOSCRIPT, WRONGTYPE,
 //!   CLUSTERDOWN, LOADING...) never open it: Redis is there, and each has its own handling.
+//!   READONLY is the exception when REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR is on (Sluice's
+//!   default): the server behind the connection is a replica now, after a failover that
+//!   repointed the address, so the connection is replaced (`super::redis_target`).
 //!   Failures of calls made on a connection that has since been replaced do not count either.
 //! - **Open.** Every call fails at once with a [`StoreError::Backend`] that says Redis is down,
 //!   for how long and why; the service answers it UNKNOWN, or OK for the domains that fail open.
@@ -48,7 +51,8 @@ use tokio::time::Instant;
 use super::StoreError;
 
 /// How the breakers of a Redis store behave (validated from SLUICE_REDIS_PROBE_INTERVAL_MS,
-/// SLUICE_REDIS_BREAKER_TIMEOUTS and REDIS_HEALTH_CHECK_ACTIVE_CONNECTION).
+/// SLUICE_REDIS_BREAKER_TIMEOUTS, REDIS_HEALTH_CHECK_ACTIVE_CONNECTION and
+/// REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BreakerSettings {
     /// How often an open breaker's probe tries Redis again.
@@ -57,6 +61,10 @@ pub struct BreakerSettings {
     pub open_after_timeouts: NonZeroU32,
     /// Health fails while a breaker is open, not only until Redis first answered.
     pub health_follows_connection: bool,
+    /// REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR (Redis only): a READONLY reply (the server
+    /// behind the connection was demoted to a replica) opens the breaker, and the probe makes a
+    /// new connection through the configured address, installed once it reaches a master.
+    pub reconnect_on_readonly: bool,
 }
 
 impl Default for BreakerSettings {
@@ -68,6 +76,7 @@ impl Default for BreakerSettings {
             probe_interval: Duration::from_millis(250),
             open_after_timeouts: NonZeroU32::new(3).expect("3 is not zero"),
             health_follows_connection: false,
+            reconnect_on_readonly: true,
         }
     }
 }
@@ -206,6 +215,10 @@ impl Breaker {
     }
 
     /// The target's URLs, credentials removed.
+    pub(super) fn settings(&self) -> BreakerSettings {
+        self.settings
+    }
+
     pub(super) fn name(&self) -> &str {
         &self.name
     }

@@ -9,8 +9,17 @@
 //! loaded, within max(REDIS_TIMEOUT, 1 s). The connection that passed is installed, and calls
 //! use it until it fails: connections do not reconnect by themselves, so no call ever waits
 //! for a reconnection.
+//!
+//! A failover that repoints an address (a Kubernetes Service, DNS, a proxy) at the new master
+//! leaves the connection on the demoted one, which answers every write READONLY for as long as
+//! the connection lasts. With REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR (on by default) such a
+//! reply opens the breaker, and until a new connection reaches a master (ROLE says `master`;
+//! a server or proxy that does not know ROLE is taken at its word) the checks go on, so a
+//! probe that reaches the demoted server again before the address moves does not reinstall it.
+//! A Sentinel group's master follows a demotion by itself, through the sentinels.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -73,6 +82,38 @@ impl Conn {
         }
     }
 
+    /// The server must be a master: after a READONLY reply, a check that reaches the demoted
+    /// server again (the address not moved yet) must fail. ROLE's first element says it; an
+    /// error (a proxy that does not know ROLE) cannot tell, and passes.
+    async fn require_master(&self) -> Result<(), RedisError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("ROLE");
+        let role = match self.query(&pipe).await {
+            Ok(values) => values,
+            Err(e) if e.kind() == ErrorKind::Io || e.is_timeout() => return Err(e),
+            Err(_) => return Ok(()),
+        };
+        let role = match role.first() {
+            Some(Value::Array(items)) => match items.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => return Ok(()),
+            },
+            _ => return Ok(()),
+        };
+        if role == "master" {
+            return Ok(());
+        }
+        Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "still a replica",
+            format!(
+                "ROLE says {role}: the address does not reach the new master yet \
+                 (REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR)"
+            ),
+        )))
+    }
+
     pub(super) async fn load(&self, scripts: &[&str]) -> Result<(), RedisError> {
         for script in scripts {
             let mut cmd = redis::cmd("SCRIPT");
@@ -130,6 +171,8 @@ pub(super) struct Target {
     /// `None` until the first check passed (a Sentinel group: the watcher's, from the start).
     conn: ArcSwapOption<Conn>,
     breaker: Breaker,
+    /// A READONLY reply opened the breaker: checks pass only on a master until one does.
+    after_readonly: AtomicBool,
     spec: RedisTarget,
     cluster: bool,
 }
@@ -152,6 +195,7 @@ impl Target {
         let urls: Vec<String> = spec.urls.iter().map(|u| without_credentials(u)).collect();
         let t = Arc::new(Target {
             conn: ArcSwapOption::empty(),
+            after_readonly: AtomicBool::new(false),
             breaker: Breaker::new(
                 REDIS,
                 role,
@@ -284,6 +328,7 @@ impl Target {
         match checked {
             Ok(conn) => {
                 self.conn.store(Some(conn));
+                self.after_readonly.store(false, Ordering::Relaxed);
                 self.breaker.close();
                 Ok(())
             }
@@ -333,8 +378,28 @@ impl Target {
                 .ok_or_else(|| RedisError::from((ErrorKind::Io, "no Sentinel watcher")))?,
         };
         conn.ping().await?;
+        if self.after_readonly.load(Ordering::Relaxed) && !self.cluster {
+            conn.require_master().await?;
+        }
         conn.load(options.scripts).await?;
         Ok(conn)
+    }
+
+    /// A call on `conn` was answered READONLY: with REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR,
+    /// the breaker opens and the probe replaces the connection; else, as any error Redis
+    /// answers, it says Redis is there. A Sentinel group's master follows a demotion by itself
+    /// (it asks the sentinels again, `super::redis_sentinel`).
+    fn readonly(&self, conn: &Conn, e: &RedisError) {
+        if !self.breaker.settings().reconnect_on_readonly || matches!(conn, Conn::Sentinel(_)) {
+            self.breaker.answered();
+            return;
+        }
+        self.after_readonly.store(true, Ordering::Relaxed);
+        self.breaker.connection_failed(format!(
+            "{e}: the server behind the connection is a read-only replica now (a failover?); \
+             reconnecting until the address reaches a master \
+             (REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR)"
+        ));
     }
 
     /// The connection to call on, unless the breaker says to answer at once. Calls made while
@@ -420,6 +485,14 @@ pub(super) async fn run_within(
                 target.breaker.answered();
             }
             Ok(values)
+        }
+        Ok(Err(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+            if current() {
+                target.readonly(&conn, &e);
+            }
+            Err(StoreError::Backend {
+                message: e.to_string(),
+            })
         }
         Ok(Err(e)) if !e.is_timeout() => {
             if current() {
