@@ -333,6 +333,56 @@ async fn streams_past_the_per_connection_cap_are_refused_and_held_ones_end() {
     );
 }
 
+/// The SETTINGS_MAX_CONCURRENT_STREAMS (id 3) a listener announces in its first SETTINGS.
+async fn announced_streams(addr: SocketAddr) -> Option<u32> {
+    let mut s = raw::connect(addr).await;
+    loop {
+        let (kind, flags, _, payload) =
+            tokio::time::timeout(Duration::from_secs(5), raw::read(&mut s))
+                .await
+                .ok()??;
+        if kind == raw::SETTINGS && flags & 1 == 0 {
+            return payload.chunks(6).find_map(|e| {
+                (u16::from_be_bytes([e[0], e[1]]) == 3)
+                    .then(|| u32::from_be_bytes([e[2], e[3], e[4], e[5]]))
+            });
+        }
+    }
+}
+
+#[tokio::test]
+async fn grpc_max_concurrent_streams_caps_the_grpc_listener_only() {
+    let app = start(Limits {
+        max_concurrent_streams: 50,
+        grpc_max_concurrent_streams: std::num::NonZeroU32::new(3),
+        ..Limits::default()
+    })
+    .await;
+    assert_eq!(announced_streams(app.grpc).await, Some(3));
+    assert_eq!(announced_streams(app.http).await, Some(50));
+    assert_eq!(announced_streams(app.debug).await, Some(50));
+    // And it holds: of 20 calls opened at once, 3 are served, the others refused.
+    let mut s = raw::connect(app.grpc).await;
+    let block = raw::call_headers();
+    for i in 0..20u32 {
+        raw::frame(&mut s, raw::HEADERS, 0x4, 2 * i + 1, &block).await;
+    }
+    let mut refused = 0;
+    while refused < 17 {
+        let Ok(Some((kind, flags, _, payload))) =
+            tokio::time::timeout(Duration::from_secs(5), raw::read(&mut s)).await
+        else {
+            break;
+        };
+        match kind {
+            raw::RST_STREAM if payload == [0, 0, 0, 7] => refused += 1,
+            raw::SETTINGS if flags & 1 == 0 => raw::frame(&mut s, raw::SETTINGS, 1, 0, &[]).await,
+            _ => {}
+        }
+    }
+    assert_eq!(refused, 17, "20 calls past a cap of 3");
+}
+
 #[tokio::test]
 async fn requests_past_the_inflight_cap_are_refused_on_every_port() {
     let app = start(Limits {

@@ -184,9 +184,14 @@ impl Ports {
             // Clients reconnect after GRPC_MAX_CONNECTION_AGE's GOAWAY, so long-lived
             // connections spread again over replicas added since, as envoyproxy/ratelimit's
             // do (without grpc-go's ±10 % jitter).
-            grpc: net::Port::grpc(grpc_name, limits, options.max_request_bytes, budget.clone())
-                .with_tls(options.grpc_tls.as_ref().map(ServerTls::acceptor))
-                .with_age(options.grpc_connection_age),
+            grpc: net::Port::grpc(
+                grpc_name,
+                &limits.for_grpc_clients(),
+                options.max_request_bytes,
+                budget.clone(),
+            )
+            .with_tls(options.grpc_tls.as_ref().map(ServerTls::acceptor))
+            .with_age(options.grpc_connection_age),
             http: net::Port::http("PORT", limits),
             debug: net::Port::http("DEBUG_PORT", limits),
             prometheus: net::Port::http("PROMETHEUS_ADDR", limits),

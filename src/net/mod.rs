@@ -36,6 +36,10 @@ pub struct Limits {
     pub max_connections: usize,
     /// SLUICE_MAX_CONCURRENT_STREAMS: HTTP/2 streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS).
     pub max_concurrent_streams: u32,
+    /// GRPC_MAX_CONCURRENT_STREAMS (envoyproxy/ratelimit's): the clients' gRPC listener's
+    /// streams per connection instead ([`Limits::for_grpc_clients`]); `None` (Go's 0): as the
+    /// others.
+    pub grpc_max_concurrent_streams: Option<std::num::NonZeroU32>,
     /// SLUICE_MAX_INFLIGHT_REQUESTS: requests served at once per listener; more are refused at once.
     pub max_inflight_requests: usize,
     /// SLUICE_REQUEST_TIMEOUT_MS: a request's deadline, from its headers to its answer, body
@@ -62,6 +66,7 @@ impl Default for Limits {
         Limits {
             max_connections: 4096,
             max_concurrent_streams: 100,
+            grpc_max_concurrent_streams: None,
             max_inflight_requests: 10_000,
             request_timeout: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(10),
@@ -70,6 +75,19 @@ impl Default for Limits {
             keepalive_timeout: Duration::from_secs(20),
             max_header_bytes: 64 * 1024,
             max_pending_request_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// The limits of the clients' gRPC listener (GRPC_PORT or GRPC_UDS, not the peer port):
+    /// GRPC_MAX_CONCURRENT_STREAMS, when set, as its streams per connection.
+    pub fn for_grpc_clients(&self) -> Limits {
+        Limits {
+            max_concurrent_streams: self
+                .grpc_max_concurrent_streams
+                .map_or(self.max_concurrent_streams, std::num::NonZeroU32::get),
+            ..self.clone()
         }
     }
 }

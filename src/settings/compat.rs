@@ -247,6 +247,7 @@ mod tests {
             "GRPC_UDS",
             "GRPC_MAX_CONNECTION_AGE",
             "GRPC_MAX_CONNECTION_AGE_GRACE",
+            "GRPC_MAX_CONCURRENT_STREAMS",
             "REDIS_STARTUP_INITIAL_INTERVAL",
             "REDIS_STARTUP_MAX_INTERVAL",
             "REDIS_STARTUP_MAX_ELAPSED_TIME",

@@ -25,6 +25,16 @@ pub struct ListenerArgs {
         help_heading = "Listener limits"
     )]
     pub max_concurrent_streams: u32,
+    /// envoyproxy/ratelimit's cap on gRPC streams per connection, for the gRPC listener
+    /// (GRPC_PORT or GRPC_UDS) only: when set above 0 it replaces SLUICE_MAX_CONCURRENT_STREAMS
+    /// there; 0 (Go's default, no cap in grpc-go) leaves SLUICE_MAX_CONCURRENT_STREAMS.
+    #[arg(
+        long,
+        env = "GRPC_MAX_CONCURRENT_STREAMS",
+        default_value_t = 0,
+        help_heading = "Listener limits"
+    )]
+    pub grpc_max_concurrent_streams: u32,
     /// Requests a listener serves at once; more are refused at once (gRPC RESOURCE_EXHAUSTED,
     /// HTTP 503).
     #[arg(
@@ -141,6 +151,9 @@ impl ListenerArgs {
         Ok(net::Limits {
             max_connections: self.max_connections,
             max_concurrent_streams: self.max_concurrent_streams,
+            grpc_max_concurrent_streams: std::num::NonZeroU32::new(
+                self.grpc_max_concurrent_streams,
+            ),
             max_inflight_requests: self.max_inflight_requests,
             request_timeout: Duration::from_millis(request_timeout),
             header_read_timeout: Duration::from_millis(header_timeout),
@@ -171,6 +184,7 @@ mod tests {
         let s = settings(&[
             "--max-connections=7",
             "--max-concurrent-streams=3",
+            "--grpc-max-concurrent-streams=5",
             "--max-inflight-requests=9",
             "--request-timeout-ms=250",
             "--header-timeout-ms=500",
@@ -186,6 +200,7 @@ mod tests {
             net::Limits {
                 max_connections: 7,
                 max_concurrent_streams: 3,
+                grpc_max_concurrent_streams: std::num::NonZeroU32::new(5),
                 max_inflight_requests: 9,
                 request_timeout: Duration::from_millis(250),
                 header_read_timeout: Duration::from_millis(500),
@@ -196,6 +211,33 @@ mod tests {
                 max_pending_request_bytes: 1_000_000,
             }
         );
+    }
+
+    #[test]
+    fn grpc_max_concurrent_streams_is_the_grpc_listeners_and_zero_is_go_default() {
+        let limits = |args: &[&str]| settings(args).unwrap().app.listener_limits;
+        let set = limits(&[
+            "--max-concurrent-streams=7",
+            "--grpc-max-concurrent-streams=2",
+        ]);
+        assert_eq!(set.for_grpc_clients().max_concurrent_streams, 2);
+        assert_eq!(set.max_concurrent_streams, 7, "the other listeners");
+        for args in [&[][..], &["--grpc-max-concurrent-streams=0"]] {
+            let go_default = limits(args);
+            assert_eq!(go_default.grpc_max_concurrent_streams, None);
+            assert_eq!(go_default.for_grpc_clients().max_concurrent_streams, 100);
+        }
+        // A uint32, as in Go: a negative or oversized value names the variable.
+        for value in ["-1", "4294967296", "many"] {
+            let err =
+                super::super::tests::parse(&[&format!("--grpc-max-concurrent-streams={value}")])
+                    .expect_err("not a uint32")
+                    .to_string();
+            assert!(
+                err.contains("GRPC_MAX_CONCURRENT_STREAMS"),
+                "{value}: {err}"
+            );
+        }
     }
 
     #[test]
