@@ -252,11 +252,6 @@ fn a_missing_program_fails_under_the_test_command_and_is_recorded_otherwise() {
 fn go_variables_sluice_cannot_honour_stop_start_up() {
     refused("EXTRA_TAGS", "env:prod", "EXTRA_TAGS=env:prod: ");
     refused("USE_DOG_STATSD", "true", "USE_DOG_STATSD=true: ");
-    refused(
-        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-        "true",
-        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=true: ",
-    );
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! The envoyproxy/ratelimit variables that only concern compatibility: the gRPC connection
-//! age, GRPC_UDS, and the Go options Sluice accepts and ignores (pool sizes) or
-//! refuses because it cannot honour them.
+//! age, GRPC_UDS, PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS, and the Go options Sluice accepts
+//! and ignores (pool sizes) or refuses because it cannot honour them.
 
 use std::path::PathBuf;
 
@@ -34,7 +34,8 @@ pub struct CompatArgs {
         help_heading = "Listeners"
     )]
     pub grpc_max_connection_age_grace: String,
-    /// Response-time histogram in milliseconds. Not supported: Sluice's is in seconds; true stops start-up.
+    /// The Prometheus response-time histogram (ratelimit_service_response_time_seconds) in
+    /// milliseconds, the Go service's units before its PR #1104; false: seconds.
     #[arg(
         long,
         env = "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
@@ -99,14 +100,6 @@ impl CompatArgs {
         };
         if let Some(tags) = non_empty(self.extra_tags.as_deref()) {
             return not_yet("EXTRA_TAGS", tags, "constant tags on every stat");
-        }
-        if self.prometheus_response_time_as_milliseconds {
-            return Err(invalid(
-                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
-                true,
-                "not supported: Sluice's ratelimit_service_response_time_seconds histogram is \
-                 in seconds, as Prometheus names it; unset it",
-            ));
         }
         if let Some(path) = non_empty(self.prometheus_mapper_yaml.as_deref()) {
             return Err(invalid(
@@ -188,10 +181,6 @@ mod tests {
         for (args, start) in [
             (&["--extra-tags", "env:prod"][..], "EXTRA_TAGS=env:prod: "),
             (
-                &["--prometheus-response-time-as-milliseconds=true"][..],
-                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS=true: ",
-            ),
-            (
                 &["--prometheus-mapper-yaml", "/etc/mapper.yaml"][..],
                 "PROMETHEUS_MAPPER_YAML=/etc/mapper.yaml: ",
             ),
@@ -212,6 +201,23 @@ mod tests {
             "x",
         ]);
         assert!(s.is_ok(), "{s:?}");
+    }
+
+    #[test]
+    fn the_response_time_can_be_in_milliseconds_as_go_had_it() {
+        let millis = |args: &[&str]| {
+            settings(args)
+                .unwrap()
+                .app
+                .telemetry
+                .stats
+                .response_time_in_millis
+        };
+        assert!(!millis(&[]));
+        assert!(millis(&["--prometheus-response-time-as-milliseconds"]));
+        assert!(!millis(&[
+            "--prometheus-response-time-as-milliseconds=false"
+        ]));
     }
 
     #[test]

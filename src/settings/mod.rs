@@ -666,7 +666,9 @@ impl ServeArgs {
         let grpc_uds = self.compat.grpc_uds(self.grpc_tls.grpc_server_use_tls)?;
         let log_level = log_level(&self.log_level)?;
         let log_format = log_format(&self.log_format)?;
-        let telemetry = self.telemetry.validate(near_limit_ratio)?;
+        let mut telemetry = self.telemetry.validate(near_limit_ratio)?;
+        telemetry.stats.response_time_in_millis =
+            self.compat.prometheus_response_time_as_milliseconds;
         let prometheus = self.telemetry.prometheus_addr()?;
         let max_counters = non_zero("SLUICE_MAX_COUNTERS", self.max_counters)?.get();
         let caps = self.caps.validate()?;

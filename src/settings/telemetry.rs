@@ -446,6 +446,8 @@ impl TelemetryArgs {
                 enabled: !self.disable_stats,
                 near_limit_ratio,
                 max_keys,
+                // CompatArgs's, set by the caller.
+                response_time_in_millis: false,
             },
             prometheus_path: self.prometheus_path.clone(),
         })

@@ -339,19 +339,23 @@ fn render_calls(out: &mut String, stats: &Stats) {
     );
 }
 
-/// The decision-latency histogram.
+/// The decision-latency histogram, in seconds, or milliseconds with
+/// PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS (the Go service's legacy units, same name).
 fn render_latency(out: &mut String, stats: &Stats) {
     let name = "ratelimit_service_response_time_seconds";
-    header(
-        out,
-        name,
-        "histogram",
-        "Time to decide a ShouldRateLimit call.",
-    );
+    let (scale, help) = if stats.options().response_time_in_millis {
+        (
+            1000.0,
+            "Time to decide a ShouldRateLimit call, in milliseconds (PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS).",
+        )
+    } else {
+        (1.0, "Time to decide a ShouldRateLimit call.")
+    };
+    header(out, name, "histogram", help);
     let h = stats.response_time.snapshot();
     let bucket = format!("{name}_bucket");
     for (le, count) in &h.buckets {
-        let le = le.to_string();
+        let le = (le * scale).to_string();
         sample(
             out,
             &bucket,
@@ -369,7 +373,7 @@ fn render_latency(out: &mut String, stats: &Stats) {
         out,
         &format!("{name}_sum"),
         &[("grpc_method", "ShouldRateLimit")],
-        h.sum_secs,
+        h.sum_secs * scale,
     );
     sample(
         out,
@@ -719,6 +723,31 @@ mod tests {
         assert!(text.contains(
             "ratelimit_service_rate_limit_within_limit{domain=\"d\",key1=\"ip_10_0_0_1\"} 1\n"
         ));
+    }
+
+    #[test]
+    fn the_response_time_is_in_milliseconds_when_asked() {
+        let at = |millis: bool| {
+            let stats = Stats::new(StatsOptions {
+                response_time_in_millis: millis,
+                ..StatsOptions::default()
+            });
+            stats.request_done(std::time::Duration::from_micros(1500), None);
+            render(&stats, &Extra::default())
+        };
+        let seconds = at(false);
+        assert!(seconds.contains(r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="0.0025"} 1"#), "{seconds}");
+        assert!(seconds.contains(r#"ratelimit_service_response_time_seconds_sum{grpc_method="ShouldRateLimit"} 0.0015"#), "{seconds}");
+        let millis = at(true);
+        assert!(millis.contains(r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="2.5"} 1
+"#), "{millis}");
+        assert!(millis.contains(r#"ratelimit_service_response_time_seconds_bucket{grpc_method="ShouldRateLimit",le="1"} 0"#), "{millis}");
+        assert!(
+            millis.contains(
+                r#"ratelimit_service_response_time_seconds_sum{grpc_method="ShouldRateLimit"} 1.5"#
+            ),
+            "{millis}"
+        );
     }
 
     #[test]

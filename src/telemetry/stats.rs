@@ -110,6 +110,9 @@ pub struct StatsOptions {
     pub near_limit_ratio: f32,
     /// SLUICE_MAX_STAT_KEYS: the most distinct per-limit stats keys (plus unknown domains) kept.
     pub max_keys: usize,
+    /// PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS: the exposition's response-time histogram in
+    /// milliseconds (bounds and sum), the Go service's legacy units, under the same name.
+    pub response_time_in_millis: bool,
 }
 
 impl Default for StatsOptions {
@@ -118,6 +121,7 @@ impl Default for StatsOptions {
             enabled: true,
             near_limit_ratio: 0.8,
             max_keys: 10_000,
+            response_time_in_millis: false,
         }
     }
 }
