@@ -681,6 +681,38 @@ fn start_and_stop_are_logged_at_the_default_level() {
     );
 }
 
+/// With LOG_FORMAT=json every line is JSON from the first one on: the format is set before
+/// anything logs (envoyproxy/ratelimit's PR #1192 fixed its start-up lines, which came out as
+/// text before the format was applied).
+#[test]
+fn with_log_format_json_every_line_is_json_from_the_first() {
+    let dir = config_dir();
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("stderr.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut server = start(|c| {
+        c.arg("--config")
+            .arg(dir.path())
+            .env("LOG_FORMAT", "json")
+            .env("LOG_LEVEL", "debug")
+            .stderr(file);
+    });
+    signal(&server.child.id().to_string(), "TERM");
+    let status = exit_within(&mut server.child, Duration::from_secs(20));
+    assert!(status.success(), "exit status {status}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 3, "{text}");
+    for line in &lines {
+        let parsed: Result<serde_json::Value, _> = serde_json::from_str(line);
+        assert!(parsed.is_ok(), "not JSON: {line}\n{text}");
+    }
+    assert!(
+        lines.iter().any(|l| l.contains("sluice listening")),
+        "{text}"
+    );
+}
+
 /// Sends `SIG<name>` to the process `pid`, asserting `kill` succeeded.
 fn signal(pid: &str, name: &str) {
     let sent = Command::new("kill")
