@@ -1583,19 +1583,6 @@ mod lease {
         }
     }
 
-    /// Waits, if needed, until at least `needed` seconds remain in the current hour, so a test
-    /// that counts hits in one hour's window does not see it roll over. Waits at most `needed`
-    /// seconds.
-    fn with_hour_to_spare(needed: u64) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970");
-        let into = now.as_secs() % 3600;
-        if 3600 - into < needed {
-            std::thread::sleep(Duration::from_secs(3600 - into) + Duration::from_millis(100));
-        }
-    }
-
     /// Keeps `load` running until `what` holds (at most `timeout`), then for at least
     /// `settle` more and until `offered` hits have been offered in all: long enough for
     /// several renewals to have had their chance to let too much through.
@@ -1713,7 +1700,7 @@ mod lease {
 
     #[test]
     fn a_key_offered_many_times_its_limit_admits_the_limit_and_no_more() {
-        with_hour_to_spare(120);
+        crate::support::with_window_to_spare(3600, 120);
         let c = Cluster::new(&[], &ALL);
         let started = Instant::now();
         // Windows: every node uses what it holds, and what a node holds beyond its need
@@ -1815,7 +1802,7 @@ mod lease {
     /// own bound, in the next test).
     #[test]
     fn a_killed_owner_lets_through_at_most_what_it_admitted_and_the_others_get_the_limit_back() {
-        with_hour_to_spare(120);
+        crate::support::with_window_to_spare(3600, 120);
         let mut c = Cluster::new(&SHORT, &ALL);
         let value = "killed-owner";
         let (owner, next) = owner_and_next(&c, "fixed", value);
@@ -1901,7 +1888,7 @@ mod lease {
     /// holder reported (the new owner itself: half the limit).
     #[test]
     fn a_new_owner_grants_at_most_its_rebuild_cap_before_a_hot_node_reports() {
-        with_hour_to_spare(120);
+        crate::support::with_window_to_spare(3600, 120);
         let mut c = Cluster::new(&SHORT, &ALL);
         let limit = 10 * LIMIT;
         let value = "rebuild";
@@ -1955,7 +1942,7 @@ mod lease {
 
     #[test]
     fn a_killed_holder_leaves_a_window_within_its_limit_and_its_bucket_rate_returns() {
-        with_hour_to_spare(120);
+        crate::support::with_window_to_spare(3600, 120);
         let mut c = Cluster::new(&SHORT, &ALL);
         // A node that owns neither key: both lease servers survive it.
         let (window, bucket) = ("killed-holder-w", "killed-holder-b");
@@ -2044,7 +2031,7 @@ mod lease {
     /// rebuilds the key: then docs/cluster.md's bound during a failure allows it its rebuild
     /// cap, an equal share over the three, beyond what is left).
     fn a_joining_node(owned: bool) {
-        with_hour_to_spare(120);
+        crate::support::with_window_to_spare(3600, 120);
         let joiner = 2;
         let mut c = Cluster::new(&SHORT, &[0, 1]);
         let value = c.value_owned("fixed", joiner, owned);

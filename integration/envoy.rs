@@ -225,60 +225,95 @@ fn envoy_charges_the_cost_a_response_reports_past_the_limit() {
     proxy.proc.assert_running();
 }
 
-/// examples/envoy-in-flight: at most 2 requests in flight per API key, counted by refunds: a hit
-/// before each request and, when its stream is done, the same descriptor with
-/// `is_negative_hits`, which Envoy 1.39.3 sends for a request it refused too.
+/// examples/envoy-in-flight: at most 2 requests of an API key in flight, in front of a slow
+/// upstream that holds every request until the test lets it go. Envoy takes a place when a
+/// request starts and gives it back (1 negative hit) when its stream is done, also for a
+/// request it refused, whose hit the fixed window counted: so a refused request frees nothing,
+/// a finished one frees its place, and the upstream never holds more than 2 of a key.
 #[test]
-fn envoy_counts_requests_in_flight_with_refunds() {
+fn envoy_holds_an_api_key_to_its_limit_of_requests_in_flight() {
+    use std::thread::{JoinHandle, spawn};
+    use std::time::Duration;
     let Some(envoy) = envoy() else { return };
     let dir = tempfile::tempdir().unwrap();
     let sluice = Sluice::start(
         &repo().join("examples/envoy-in-flight/sluice.yaml"),
         dir.path(),
     );
-    let upstream = Upstream::start();
+    let upstream = Upstream::start_gated();
     let port = free_port();
     let conf = filled_example("envoy-in-flight", sluice.grpc, upstream.port, port);
     let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-in-flight", &conf, port), &[]);
-    let stat = |name: &str| limit_stat(&sluice, "inflight", "inflight", name);
-    let refunds_reach = |n: u64| {
+    // The limit's window is an hour: its count starts again when the hour rolls over.
+    support::with_window_to_spare(3600, 120);
+    // Every request sent, admitted or refused, is refunded once its stream is done.
+    let sent = std::cell::Cell::new(0u64);
+    let request = |key: &'static str| {
+        sent.set(sent.get() + 1);
+        move || get(port, "/", &[("X-Api-Key", key)]).status
+    };
+    let start =
+        |n: usize| -> Vec<JoinHandle<u16>> { (0..n).map(|_| spawn(request("a"))).collect() };
+    let held = |n: usize, what: &str| {
+        support::wait_for(what, Duration::from_secs(20), || {
+            upstream.in_flight().0 == n
+        });
+    };
+    let refunded = |n: u64| {
         support::wait_for(
-            &format!("{n} refunds"),
-            std::time::Duration::from_secs(10),
-            || stat("total_negative_hits") >= n,
+            &format!("{n} refunds counted"),
+            Duration::from_secs(20),
+            || limit_stat(&sluice, "inflight", "inflight", "total_negative_hits") == n,
         );
     };
-    // One request at a time: each one's refund frees its place, so five pass on a limit of 2.
-    for n in 1..=5 {
-        let a = get(proxy.port, "/", &[("X-Api-Key", "k1")]);
-        assert_eq!(a.status, 200, "request {n}: {a:#?}");
-        refunds_reach(n);
+
+    // Two slow requests of key a take its two places.
+    let mut running = start(2);
+    held(2, "two requests held by the upstream");
+    // The next ones are refused at once; their refunds arrive and free nothing.
+    for _ in 0..2 {
+        assert_eq!(request("a")(), 429);
     }
-    assert_eq!(stat("total_hits"), 5);
-    // Two requests held in flight elsewhere (their hits sent as Envoy would at their start):
-    // the next one is refused, and Envoy sends its refund all the same; the fixed window had
-    // counted it, so the two cancel out and the count stays at 2.
-    let held = |negative: bool| {
-        let body = format!(
-            r#"{{"domain":"inflight","descriptors":[{{"entries":[{{"key":"inflight","value":"k1"}}],"is_negative_hits":{negative}}}]}}"#
-        );
-        let (status, _) = support::http(sluice.http, "POST", "/json", &body).expect("answer");
-        assert_eq!(status, 200);
-    };
-    held(false);
-    held(false);
-    for n in 6..=7 {
-        let a = get(proxy.port, "/", &[("X-Api-Key", "k1")]);
-        assert_eq!(a.status, 429, "{a:#?}");
-        refunds_reach(n);
+    refunded(2);
+    assert_eq!(
+        request("a")(),
+        429,
+        "a refused request's refund freed a place"
+    );
+    refunded(3);
+    // One finishes: its refund frees its place, which the next request takes; the one after
+    // is refused again.
+    upstream.release(1);
+    refunded(4);
+    running.extend(start(1));
+    held(2, "the next request held in the freed place");
+    assert_eq!(request("a")(), 429, "more than 2 of key a in flight");
+    refunded(5);
+    // Key b has places of its own.
+    running.push(spawn(request("b")));
+    held(3, "key b's request held beside a's two");
+    // Everything finishes, every place is free again: two at once are admitted.
+    upstream.release(3);
+    for h in running.drain(..) {
+        assert_eq!(h.join().unwrap(), 200);
     }
-    // One of the held requests ends: a place is free for the next one.
-    held(true);
-    let a = get(proxy.port, "/", &[("X-Api-Key", "k1")]);
-    assert_eq!(a.status, 200, "{a:#?}");
-    refunds_reach(9);
-    assert_eq!(stat("negative_hits_ignored"), 0);
-    assert_eq!(upstream.hits(), 6);
+    refunded(sent.get());
+    running = start(2);
+    held(2, "two new requests held");
+    upstream.release(2);
+    for h in running {
+        assert_eq!(h.join().unwrap(), 200);
+    }
+    refunded(sent.get());
+    assert_eq!(
+        upstream.in_flight(),
+        (0, 3),
+        "at most 2 of key a and 1 of b at once"
+    );
+    assert_eq!(
+        limit_stat(&sluice, "inflight", "inflight", "negative_hits_ignored"),
+        0
+    );
     proxy.proc.assert_running();
 }
 

@@ -182,13 +182,19 @@ pub fn request_d_k_v() -> envoy_types::pb::envoy::service::ratelimit::v3::RateLi
 /// poll interval or two) does not see the window roll over and its count restart. Waits at
 /// most `needed` seconds.
 pub fn with_minute_to_spare(needed: u64) {
+    with_window_to_spare(60, needed);
+}
+
+/// [`with_minute_to_spare`] for an epoch-aligned window of `window` seconds (3600: an hour).
+pub fn with_window_to_spare(window: u64, needed: u64) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970");
-    let into = now.as_secs() % 60;
-    if 60 - into < needed {
+    let into = now.as_secs() % window;
+    if window - into < needed {
         std::thread::sleep(
-            Duration::from_secs(60 - into) - Duration::from_nanos(u64::from(now.subsec_nanos()))
+            Duration::from_secs(window - into)
+                - Duration::from_nanos(u64::from(now.subsec_nanos()))
                 + Duration::from_millis(100),
         );
     }

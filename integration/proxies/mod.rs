@@ -217,18 +217,55 @@ impl Sluice {
 }
 
 /// An HTTP/1.1 upstream that answers 200 `upstream` to everything, counts requests and keeps
-/// their headers.
+/// their headers; gated ([`Upstream::start_gated`]), it holds each request until the test lets
+/// it go.
 pub struct Upstream {
     pub port: u16,
-    hits: Arc<AtomicUsize>,
-    seen: Arc<Mutex<Vec<Headers>>>,
+    shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the upstream's connections share with the test.
+#[derive(Default)]
+struct Shared {
+    hits: AtomicUsize,
+    seen: Mutex<Vec<Headers>>,
+    gate: Option<Gate>,
 }
 
 /// A request's headers as the upstream received them: names lower-cased, in order, repeated
 /// names kept.
 pub type Headers = Vec<(String, String)>;
+
+/// Requests held by a gated upstream: how many are in flight (arrived, not yet answered), the
+/// most there ever were at once, and how many the test has let go that have not yet gone.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    in_flight: usize,
+    max_in_flight: usize,
+    released: usize,
+}
+
+impl Gate {
+    /// Holds a request until the test releases one.
+    fn hold(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.in_flight += 1;
+        state.max_in_flight = state.max_in_flight.max(state.in_flight);
+        while state.released == 0 {
+            state = self.changed.wait(state).unwrap();
+        }
+        state.released -= 1;
+        state.in_flight -= 1;
+    }
+}
 
 impl Upstream {
     pub fn start() -> Upstream {
@@ -238,6 +275,22 @@ impl Upstream {
     /// An upstream whose answers also carry `header` (`"Name: value"`; empty for none): what
     /// an application reporting a cost in its response (`x-cost: 40`) looks like.
     pub fn start_with_header(header: &str) -> Upstream {
+        Upstream::start_sharing(header, Shared::default())
+    }
+
+    /// A slow application: every request is held until [`Upstream::release`] lets it go, so a
+    /// test controls how many are in flight.
+    pub fn start_gated() -> Upstream {
+        Upstream::start_sharing(
+            "",
+            Shared {
+                gate: Some(Gate::default()),
+                ..Shared::default()
+            },
+        )
+    }
+
+    fn start_sharing(header: &str, shared: Shared) -> Upstream {
         let extra: Arc<str> = if header.is_empty() {
             "".into()
         } else {
@@ -245,39 +298,57 @@ impl Upstream {
         };
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let hits = Arc::new(AtomicUsize::new(0));
-        let seen = Arc::new(Mutex::new(Vec::new()));
+        let shared = Arc::new(shared);
         let stop = Arc::new(AtomicBool::new(false));
-        let (h, r, s) = (hits.clone(), seen.clone(), stop.clone());
+        let (sh, s) = (shared.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(conn) = conn else { continue };
-                let (h, r, extra) = (h.clone(), r.clone(), extra.clone());
-                std::thread::spawn(move || serve(conn, &h, &r, &extra));
+                let (sh, extra) = (sh.clone(), extra.clone());
+                std::thread::spawn(move || serve(conn, &sh, &extra));
             }
         });
         Upstream {
             port,
-            hits,
-            seen,
+            shared,
             stop,
             thread: Some(thread),
         }
     }
 
     pub fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
+        self.shared.hits.load(Ordering::SeqCst)
     }
 
     /// The headers of the last request the upstream answered.
     pub fn last_request(&self) -> Headers {
-        let seen = self.seen.lock().unwrap();
+        let seen = self.shared.seen.lock().unwrap();
         seen.last()
             .cloned()
             .expect("the upstream has had a request")
+    }
+
+    fn gate(&self) -> &Gate {
+        self.shared
+            .gate
+            .as_ref()
+            .expect("a gated upstream (Upstream::start_gated)")
+    }
+
+    /// Requests held now, and the most that were ever held at once.
+    pub fn in_flight(&self) -> (usize, usize) {
+        let state = self.gate().state.lock().unwrap();
+        (state.in_flight, state.max_in_flight)
+    }
+
+    /// Lets `n` held requests (or the next ones to arrive) be answered.
+    pub fn release(&self, n: usize) {
+        let gate = self.gate();
+        gate.state.lock().unwrap().released += n;
+        gate.changed.notify_all();
     }
 }
 
@@ -291,7 +362,7 @@ pub fn values<'a>(headers: &'a Headers, name: &str) -> Vec<&'a str> {
 }
 
 /// Keep-alive HTTP/1.1 (Envoy reuses connections): one answer per request until EOF.
-fn serve(conn: TcpStream, hits: &AtomicUsize, seen: &Mutex<Vec<Headers>>, extra: &str) {
+fn serve(conn: TcpStream, shared: &Shared, extra: &str) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
     let mut writer = conn.try_clone().unwrap();
     let mut reader = BufReader::new(conn);
@@ -330,9 +401,12 @@ fn serve(conn: TcpStream, hits: &AtomicUsize, seen: &Mutex<Vec<Headers>>, extra:
         if reader.read_exact(&mut body).is_err() {
             return;
         }
+        if let Some(gate) = &shared.gate {
+            gate.hold();
+        }
         // Recorded before it is counted, so a test that saw the count sees the headers.
-        seen.lock().unwrap().push(headers);
-        hits.fetch_add(1, Ordering::SeqCst);
+        shared.seen.lock().unwrap().push(headers);
+        shared.hits.fetch_add(1, Ordering::SeqCst);
         let answer = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{extra}Content-Length: 9\r\n\r\nupstream\n"
         );
@@ -344,6 +418,10 @@ fn serve(conn: TcpStream, hits: &AtomicUsize, seen: &Mutex<Vec<Headers>>, extra:
 
 impl Drop for Upstream {
     fn drop(&mut self) {
+        if self.shared.gate.is_some() {
+            // Every held request goes, so no thread waits past the test.
+            self.release(usize::MAX / 2);
+        }
         self.stop.store(true, Ordering::SeqCst);
         // Wake the accept loop.
         let _ = TcpStream::connect(("127.0.0.1", self.port));
