@@ -190,6 +190,7 @@ fn fixed_window(quota: &Quota, log: &mut Vec<(u64, i128)>, now: Timestamp, hits:
         over,
         remaining: remaining(over, limit, count_after),
         reset_after_secs: secs_until(u128::from(now.micros()), u128::from(end)),
+        expired: 0,
     }
 }
 
@@ -229,6 +230,7 @@ fn sliding_window(
         over,
         remaining: remaining(over, limit, count_after),
         reset_after_secs: secs_until(u128::from(now.micros()), u128::from(end)),
+        expired: 0,
     }
 }
 
@@ -324,6 +326,7 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
             (capacity(quota) - held(at_rest)) as u32
         },
         reset_after_secs: clock.secs(now, wait_until),
+        expired: 0,
     }
 }
 
@@ -337,5 +340,6 @@ fn nothing_passes(quota: &Quota, hits: u64) -> Decision {
         over: hits > 0,
         remaining: 0,
         reset_after_secs: (window_micros(quota) / MICROS_PER_SEC) as u64,
+        expired: 0,
     }
 }

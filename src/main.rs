@@ -164,6 +164,7 @@ fn check_config(
         &source,
         &LoadOptions {
             merge_domain_config,
+            without_slots: None,
         },
         limits,
     );

@@ -276,7 +276,9 @@ impl Durable {
     /// Marks the counters of hits this node applied as changed. No I/O, no await.
     pub fn mark_dirty(&self, hits: &[Hit<'_>]) {
         for h in hits {
-            let kind = CounterKind::of_quota(&h.quota);
+            let Some(kind) = CounterKind::of_quota(&h.quota) else {
+                continue;
+            };
             // Read path first: a counter already dirty needs only a shard read lock.
             let seen = self.dirty.get(h.key).is_some_and(|k| k.contains(&kind));
             if !seen {
@@ -293,7 +295,9 @@ impl Durable {
         // comes with its counter's write.
         self.mark_dirty(hits);
         for h in hits.iter().filter(|h| h.hits > 0) {
-            let kind = CounterKind::of_quota(&h.quota);
+            let Some(kind) = CounterKind::of_quota(&h.quota) else {
+                continue;
+            };
             let (window, amount) = match kind {
                 CounterKind::Fixed(u) => (now.secs() / u.secs(), h.hits),
                 CounterKind::Sliding(u) => (sliding_window::window_index(now.micros(), u), h.hits),
@@ -327,7 +331,7 @@ impl Durable {
         let due: Vec<(&Hit<'_>, CounterKind, Timestamp)> = hits
             .iter()
             .filter_map(|h| {
-                let kind = CounterKind::of_quota(&h.quota);
+                let kind = CounterKind::of_quota(&h.quota)?;
                 if self.local.holds(kind, h.key, now) {
                     return None;
                 }
@@ -762,8 +766,12 @@ mod tests {
             unit_multiplier: 5,
             ..Quota::fixed(10, Unit::Minute)
         };
-        let (start, end) =
-            horizon(CounterKind::of_quota(&q), &q, Timestamp::from_secs(1_234)).unwrap();
+        let (start, end) = horizon(
+            CounterKind::of_quota(&q).unwrap(),
+            &q,
+            Timestamp::from_secs(1_234),
+        )
+        .unwrap();
         assert_eq!(
             (start, end),
             (Timestamp::from_secs(1_200), Timestamp::from_secs(1_500))

@@ -602,6 +602,7 @@ const UNANSWERED: Decision = Decision {
     over: false,
     remaining: 0,
     reset_after_secs: 0,
+    expired: 0,
 };
 
 /// Probes every peer every 500 ms with an empty call and brings back those that answer again.

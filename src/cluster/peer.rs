@@ -66,6 +66,7 @@ pub const fn algorithm_to_wire(a: Algorithm) -> wire::Algorithm {
         Algorithm::SlidingWindow => wire::Algorithm::SlidingWindow,
         Algorithm::TokenBucket => wire::Algorithm::TokenBucket,
         Algorithm::LeakyBucket => wire::Algorithm::LeakyBucket,
+        Algorithm::Concurrency => wire::Algorithm::Concurrency,
     }
 }
 
@@ -76,6 +77,7 @@ pub fn algorithm_from_wire(n: i32) -> Option<Algorithm> {
         wire::Algorithm::SlidingWindow => Algorithm::SlidingWindow,
         wire::Algorithm::TokenBucket => Algorithm::TokenBucket,
         wire::Algorithm::LeakyBucket => Algorithm::LeakyBucket,
+        wire::Algorithm::Concurrency => Algorithm::Concurrency,
     })
 }
 
@@ -218,6 +220,7 @@ impl From<&Decision> for PeerDecision {
             reset_after_secs: d.reset_after_secs,
             count_before: d.count_before,
             count_after: d.count_after,
+            expired: d.expired,
         }
     }
 }
@@ -230,6 +233,7 @@ impl From<PeerDecision> for Decision {
             reset_after_secs: d.reset_after_secs,
             count_before: d.count_before,
             count_after: d.count_after,
+            expired: d.expired,
         }
     }
 }
@@ -828,11 +832,12 @@ mod tests {
 
     /// Every algorithm and unit with the number it has on the wire. These are the .proto's
     /// numbers and may never change within a protocol version.
-    const ALGORITHMS: [(Algorithm, i32); 4] = [
+    const ALGORITHMS: [(Algorithm, i32); 5] = [
         (Algorithm::FixedWindow, 0),
         (Algorithm::SlidingWindow, 1),
         (Algorithm::TokenBucket, 2),
         (Algorithm::LeakyBucket, 3),
+        (Algorithm::Concurrency, 4),
     ];
     const UNITS: [(Unit, i32); 7] = [
         (Unit::Second, 1),
@@ -895,6 +900,7 @@ mod tests {
                     reset_after_secs: 3_599,
                     count_before: 0,
                     count_after: 1,
+                    expired: 0,
                 },
                 PeerDecision {
                     over: true,
@@ -902,6 +908,7 @@ mod tests {
                     reset_after_secs: 60,
                     count_before: 5,
                     count_after: 7,
+                    expired: 0,
                 },
             ],
         }
@@ -931,7 +938,7 @@ mod tests {
         let quotas: Vec<Quota> = batch.hits.iter().map(|h| h.quota().unwrap()).collect();
         assert_eq!(
             quotas.iter().map(|q| q.algorithm).collect::<Vec<_>>(),
-            Algorithm::ALL
+            Algorithm::ALL[..4]
         );
         assert_eq!(
             quotas[2],
@@ -973,7 +980,7 @@ mod tests {
             assert_eq!(status.code(), tonic::Code::InvalidArgument);
             status.message().to_owned()
         };
-        assert_eq!(refused(1, 4), "peer hit: unknown algorithm number 4");
+        assert_eq!(refused(1, 5), "peer hit: unknown algorithm number 5");
         assert_eq!(refused(1, -1), "peer hit: unknown algorithm number -1");
         assert_eq!(refused(0, 0), "peer hit: unknown unit number 0");
         assert_eq!(refused(8, 0), "peer hit: unknown unit number 8");
@@ -1135,6 +1142,7 @@ mod refund_tests {
                     reset_after_secs: 60,
                     count_before: 1,
                     count_after: 1,
+                    expired: 0,
                 };
                 vec![d; req.hits.len()]
             };

@@ -9,7 +9,7 @@
 use super::StatsSlot;
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::descriptor::Entry;
-use crate::limiter::{Algorithm, Quota, Unit, Window};
+use crate::limiter::{Algorithm, Quota, Unit, Window, concurrency};
 use serde_yaml_ng::Value as Yaml;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -818,6 +818,7 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
                 .ok_or_else(|| "burst must be at least 1 (omit it for the default)".to_owned())?,
         ),
     };
+    check_concurrency(rl, algorithm)?;
     let charge_refused = match rl.charge_refused {
         Some(false) if algorithm == Algorithm::FixedWindow => {
             return Err(
@@ -855,6 +856,30 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
         },
         name: rl.name.clone(),
     })
+}
+
+/// A concurrency limit's own checks: at most [`concurrency::MAX_SLOTS`] slots, and refused
+/// starts always kept as a debt (`charge_refused: false` would let refunds of refused requests
+/// free slots that admitted ones hold).
+fn check_concurrency(rl: &RawRateLimit, algorithm: Algorithm) -> Result<(), String> {
+    if algorithm != Algorithm::Concurrency {
+        return Ok(());
+    }
+    if rl.requests_per_unit > concurrency::MAX_SLOTS {
+        return Err(format!(
+            "requests_per_unit {} is more slots than a concurrency limit may hold (at most {})",
+            rl.requests_per_unit,
+            concurrency::MAX_SLOTS
+        ));
+    }
+    if rl.charge_refused == Some(false) {
+        return Err(
+            "charge_refused cannot be false for 'concurrency', which keeps refused starts as a \
+             debt their refunds pay off (docs/algorithms.md, Concurrency)"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }
 
 /// Go's `replaces` checks; `own` holds the names of the descriptor's own limits ("" entries are

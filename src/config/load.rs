@@ -19,6 +19,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::limiter::Algorithm;
+
 /// Where the config comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigSource {
@@ -41,6 +43,9 @@ pub struct LoadOptions {
     /// MERGE_DOMAIN_CONFIG: a later file with an existing domain adds its descriptors to it
     /// instead of being rejected as a duplicate domain.
     pub merge_domain_config: bool,
+    /// Set when the counter store cannot keep a concurrency limit's slots (BACKEND_TYPE=memcache):
+    /// the store's name, and every `algorithm: concurrency` is refused naming it.
+    pub without_slots: Option<&'static str>,
 }
 
 /// How much of a config source is read, and how still it must be before it is loaded.
@@ -157,6 +162,13 @@ fn compile_roots(
 ) -> Result<RateLimitConfig, ConfigErrors> {
     let mut builder = Builder::new(opts.merge_domain_config);
     for (name, root) in roots {
+        let refused = opts
+            .without_slots
+            .and_then(|store| refuse_concurrency(&root.descriptors, store));
+        if let Some(message) = refused {
+            errors.push(ConfigError::new(name, message));
+            continue;
+        }
         if let Err(message) = builder.add_file(root) {
             errors.push(ConfigError::new(name, message));
         }
@@ -166,6 +178,26 @@ fn compile_roots(
     } else {
         Err(ConfigErrors(errors))
     }
+}
+
+/// The error for the first `algorithm: concurrency` below `descriptors`, for a store that
+/// keeps no slots.
+fn refuse_concurrency(descriptors: &[raw::RawDescriptor], store: &str) -> Option<String> {
+    descriptors.iter().find_map(|d| {
+        let blocks = d.rate_limit.iter().chain(d.rate_limits.iter().flatten());
+        let uses = blocks
+            .filter_map(|rl| rl.algorithm.as_deref())
+            .any(|a| a == Algorithm::Concurrency.name());
+        if uses {
+            Some(format!(
+                "descriptor '{}' uses 'algorithm: concurrency', which {store} cannot count (its \
+                 slots need the memory, Redis or peer-cluster backend)",
+                d.key
+            ))
+        } else {
+            refuse_concurrency(&d.descriptors, store)
+        }
+    })
 }
 
 /// Every use of a Sluice extension key (`algorithm`, `burst`, `rate_limits`) in a source, as

@@ -270,6 +270,7 @@ pub fn decide(state: u128, now_us: u64, quota: &Quota, hits: u64) -> (Decision, 
                 over: hits > 0,
                 remaining: 0,
                 reset_after_secs: quota.window().secs(),
+                expired: 0,
             };
             (d, state)
         }
@@ -326,6 +327,7 @@ pub fn decide_shaped(state: u128, now_us: u64, shape: Shape, hits: u64) -> (Deci
         reset_after_secs: u64::try_from(wait.div_ceil(per_sec))
             .unwrap_or(u64::MAX)
             .max(1),
+        expired: 0,
     };
     let next = if charged {
         shape.word(tat_after)

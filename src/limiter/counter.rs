@@ -3,8 +3,13 @@
 //! to `u128` (a fixed window's fits in 64 bits, a sliding window's and a bucket's take 128), so
 //! one signature serves every algorithm. Stores keep the words (the memory store in atomics,
 //! the cluster's write-behind in Redis) and call these instead of matching on [`Algorithm`].
+//!
+//! A concurrency limit keeps no word: its state is a list of slots ([`concurrency::Slots`]),
+//! so [`CounterKind::of`] is `None` for it and stores keep its counters apart.
 
-use super::{Algorithm, Decision, Quota, Unit, Window, bucket, fixed_window, sliding_window};
+use super::{
+    Algorithm, Decision, Quota, Unit, Window, bucket, concurrency, fixed_window, sliding_window,
+};
 use crate::clock::Timestamp;
 
 /// Which state word a counter keeps: its algorithm's, and for the windows their length. Stores
@@ -45,6 +50,9 @@ pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decisio
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             bucket::decide(state, n.micros(), q, hits)
         }
+        // Never reached: a concurrency counter keeps slots, not a word (CounterKind::of is
+        // None). Should a store get that wrong, it refuses rather than admits.
+        Algorithm::Concurrency => (concurrency::refusal(q, hits), state),
     }
 }
 
@@ -66,6 +74,7 @@ pub fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u128 {
             sliding_window::refund(state, now.micros(), quota.window(), hits)
         }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => bucket::refund(state, quota, hits),
+        Algorithm::Concurrency => state,
     }
 }
 
@@ -73,16 +82,19 @@ impl CounterKind {
     /// How many kinds there are: [`CounterKind::index`] is below this.
     pub const COUNT: usize = 15;
 
-    pub const fn of(algorithm: Algorithm, window: Window) -> Self {
-        match algorithm {
+    /// The word kind of `algorithm`'s counters; `None` for a concurrency limit, which keeps
+    /// slots rather than a word.
+    pub const fn of(algorithm: Algorithm, window: Window) -> Option<Self> {
+        Some(match algorithm {
             Algorithm::FixedWindow => CounterKind::Fixed(window),
             Algorithm::SlidingWindow => CounterKind::Sliding(window),
             Algorithm::TokenBucket | Algorithm::LeakyBucket => CounterKind::Bucket,
-        }
+            Algorithm::Concurrency => return None,
+        })
     }
 
-    /// The kind of a quota's counter.
-    pub const fn of_quota(quota: &Quota) -> Self {
+    /// The kind of a quota's counter ([`CounterKind::of`]).
+    pub const fn of_quota(quota: &Quota) -> Option<Self> {
         CounterKind::of(quota.algorithm, quota.window())
     }
 

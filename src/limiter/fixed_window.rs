@@ -87,6 +87,7 @@ pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) ->
         over,
         remaining,
         reset_after_secs: unit.secs() - now_secs % unit.secs(),
+        expired: 0,
     };
     let new_state = (window_tag(now_secs, unit) << COUNT_BITS) | after;
     (decision, new_state)

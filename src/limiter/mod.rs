@@ -12,6 +12,7 @@
 //! matching on [`Algorithm`] themselves.
 
 pub mod bucket;
+pub mod concurrency;
 pub mod counter;
 pub mod fixed_window;
 pub mod share;
@@ -32,8 +33,12 @@ pub struct Decision {
     pub over: bool,
     /// `limit - count_after` when not over, else 0.
     pub remaining: u32,
-    /// Seconds until the window ends (in `1..=unit`), or until a bucket frees room.
+    /// Seconds until the window ends (in `1..=unit`), until a bucket frees room, or until a
+    /// concurrency limit's oldest slot expires.
     pub reset_after_secs: u64,
+    /// Concurrency slots that expired before this call without being given back (each a lost
+    /// refund); 0 for the other algorithms.
+    pub expired: u32,
 }
 
 /// How a limit counts. `FixedWindow` is envoyproxy/ratelimit's and stays byte-for-byte
@@ -45,14 +50,18 @@ pub enum Algorithm {
     SlidingWindow,
     TokenBucket,
     LeakyBucket,
+    /// At most `requests_per_unit` in flight; a slot frees itself one window after it was
+    /// taken ([`concurrency`]).
+    Concurrency,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::TokenBucket,
         Algorithm::LeakyBucket,
+        Algorithm::Concurrency,
     ];
 
     /// The YAML spelling.
@@ -62,6 +71,7 @@ impl Algorithm {
             Algorithm::SlidingWindow => "sliding_window",
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -115,10 +125,15 @@ impl Quota {
         Window::new(self.unit, self.unit_multiplier)
     }
 
-    /// Whether a refused call's hits are counted: always for a fixed window (Go's counting),
-    /// with `charge_refused` for the others.
+    /// Whether a refused call's hits are counted: always for a fixed window (Go's counting)
+    /// and a concurrency limit (as a debt its refunds pay off, [`concurrency`]), with
+    /// `charge_refused` for the others.
     pub const fn charges_refused(&self) -> bool {
-        self.charge_refused || matches!(self.algorithm, Algorithm::FixedWindow)
+        self.charge_refused
+            || matches!(
+                self.algorithm,
+                Algorithm::FixedWindow | Algorithm::Concurrency
+            )
     }
 }
 

@@ -134,6 +134,7 @@ pub fn decide(
             u32::try_from(remaining).unwrap_or(u32::MAX)
         },
         reset_after_secs: unit.secs() - (now_micros / 1_000_000) % unit.secs(),
+        expired: 0,
     };
     (decision, pack(u128::from(index), current_after, previous))
 }

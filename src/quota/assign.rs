@@ -37,8 +37,9 @@ impl Rate {
         }
         let m = RESOLUTION.div_ceil(rpu);
         let burst = match quota.algorithm {
-            // A window lets its whole limit through at once.
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => rpu,
+            // A window lets its whole limit through at once; so does a concurrency limit,
+            // which RLQS (a rate, with no end of a request) can only assign as a rate.
+            Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::Concurrency => rpu,
             Algorithm::TokenBucket => quota.burst.map_or(rpu, |b| u64::from(b.get())),
             // A leaky bucket tolerates `burst` requests beyond the one it admits.
             Algorithm::LeakyBucket => 1 + quota.burst.map_or(0, |b| u64::from(b.get())),

@@ -123,6 +123,7 @@ mod tests {
             over: count > limit,
             remaining: 0,
             reset_after_secs: reset,
+            expired: 0,
         }
     }
 

@@ -689,6 +689,8 @@ impl ServeArgs {
             source,
             load: LoadOptions {
                 merge_domain_config: self.merge_domain_config,
+                without_slots: matches!(backend, Backend::Memcache(_))
+                    .then_some("BACKEND_TYPE=memcache"),
             },
             files: self.config_files.validate()?,
             poll_interval,

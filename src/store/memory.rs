@@ -7,7 +7,9 @@
 //! - windows of several units (`unit_multiplier`): one table per window length, made on its
 //!   first counter and kept (their number is bounded by the distinct windows configs name);
 //! - token and leaky buckets: one table of `AtomicU128` (the theoretical arrival time, exact
-//!   to a fraction of a microsecond, see [`crate::limiter::bucket`]).
+//!   to a fraction of a microsecond, see [`crate::limiter::bucket`]);
+//! - concurrency limits: a table per window of slot lists, each behind its own mutex
+//!   ([`slots`]: a list cannot be swapped in by one compare-and-swap).
 //!
 //! Every update is a compare-and-swap loop around the pure function in [`crate::limiter`],
 //! under a shard read lock; a shard write lock is taken only to insert a new counter.
@@ -32,7 +34,11 @@ use portable_atomic::AtomicU128;
 
 use super::{CounterStore, Hit, StoreError};
 use crate::clock::{Clock, Timestamp};
-use crate::limiter::{self, CounterKind, Decision, Unit, Window, fixed_window};
+use crate::limiter::{self, Algorithm, CounterKind, Decision, Quota, Unit, Window, fixed_window};
+
+mod slots;
+
+pub use slots::SLOT_BYTES;
 
 type Table<W> = DashMap<Box<str>, W, foldhash::fast::RandomState>;
 
@@ -103,6 +109,14 @@ impl Room {
         Room {
             counters: 1,
             bytes: MemoryLimits::counter_bytes(key),
+        }
+    }
+    /// What a new counter for `hit` takes: a concurrency counter's slots too.
+    fn of_hit(hit: &Hit<'_>) -> Self {
+        if is_slots(&hit.quota) {
+            slots::room(hit)
+        } else {
+            Room::of(hit.key)
         }
     }
     fn add(self, other: Room) -> Room {
@@ -251,6 +265,8 @@ struct Inner {
     /// Multiplied windows' tables, by window.
     fixed_multiplied: DashMap<Window, Arc<Table<AtomicU64>>>,
     sliding_multiplied: DashMap<Window, Arc<Table<AtomicU128>>>,
+    /// Concurrency limits' slots, by window.
+    slots: slots::SlotTables,
     shards: usize,
     live: AtomicUsize,
     /// The live counters' accounted bytes ([`MemoryLimits::counter_bytes`] each).
@@ -290,6 +306,7 @@ impl MemoryStore {
                 buckets: new_table(shards),
                 fixed_multiplied: DashMap::default(),
                 sliding_multiplied: DashMap::default(),
+                slots: slots::SlotTables::default(),
                 shards,
                 live: AtomicUsize::new(0),
                 bytes: AtomicUsize::new(0),
@@ -359,6 +376,12 @@ impl MemoryStore {
             .map(|w| widen_of(&*w, StateWord::load(&*w))))
     }
 
+    /// The slots a concurrency counter holds at `now` and its debt of refused hits,
+    /// `(held, refused)`; `None` if there is no such counter.
+    pub fn slots(&self, quota: &Quota, key: &str, now: Timestamp) -> Option<(u64, u64)> {
+        self.inner.slots.held(quota, key, now)
+    }
+
     /// Whether a counter holds anything at `now` ([`CounterKind::holds`]).
     pub fn holds(&self, kind: CounterKind, key: &str, now: Timestamp) -> bool {
         self.state(kind, key).is_some_and(|s| kind.holds(s, now))
@@ -413,7 +436,7 @@ impl Inner {
         let wanted = hits
             .iter()
             .filter(|h| !self.contains(h))
-            .fold(Room::default(), |room, h| room.add(Room::of(h.key)));
+            .fold(Room::default(), |room, h| room.add(Room::of_hit(h)));
         self.reserve(wanted)?;
         let mut room = Reservation {
             reserved: wanted,
@@ -473,23 +496,44 @@ impl Inner {
         room: &mut Reservation,
     ) -> Result<Decision, StoreError> {
         let q = hit.quota;
+        let Some(kind) = CounterKind::of_quota(&q) else {
+            let claim = |needed| self.claim(room, needed);
+            return self.slots.apply(hit, now, self.shards, claim);
+        };
         let step = |s| limiter::counter::decide(&q, s, now, hit.hits);
-        with_table!(self, CounterKind::of_quota(&q), |table| self
+        with_table!(self, kind, |table| self
             .apply_in(table, hit.key, room, step))
     }
 
     /// Charges a hit whose counter exists; `None` if it does not.
     fn charge_existing(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Decision> {
         let q = hit.quota;
+        let Some(kind) = CounterKind::of_quota(&q) else {
+            return self.slots.charge_existing(hit, now);
+        };
         let step = |s| limiter::counter::decide(&q, s, now, hit.hits);
-        with_table!(self, CounterKind::of_quota(&q), |table| table
+        with_table!(self, kind, |table| table
             .get(hit.key)
             .map(|w| charge_wide(&*w, step)))
     }
 
     fn contains(&self, hit: &Hit<'_>) -> bool {
-        with_table!(self, CounterKind::of_quota(&hit.quota), |table| table
-            .contains_key(hit.key))
+        let Some(kind) = CounterKind::of_quota(&hit.quota) else {
+            return self.slots.contains(hit);
+        };
+        with_table!(self, kind, |table| table.contains_key(hit.key))
+    }
+
+    /// Takes `needed` for a new counter into a request's reservation: room reserved up front
+    /// is used first; a counter swept between the reservation and here (or one longer than
+    /// those reserved for) needs room of its own.
+    fn claim(&self, room: &mut Reservation, needed: Room) -> Result<(), StoreError> {
+        let used = room.used.add(needed);
+        let short = used.beyond(room.reserved);
+        self.reserve(short)?;
+        room.reserved = room.reserved.add(short);
+        room.used = used;
+        Ok(())
     }
 
     /// Charges one counter of `table`, creating it (from the zero state, which every
@@ -508,13 +552,7 @@ impl Inner {
         match table.entry(Box::from(key)) {
             Entry::Occupied(e) => Ok(charge_wide(e.get(), step)),
             Entry::Vacant(e) => {
-                let used = room.used.add(Room::of(key));
-                // A counter swept between the reservation and here (or one longer than those
-                // reserved for) needs room of its own.
-                let short = used.beyond(room.reserved);
-                self.reserve(short)?;
-                room.reserved = room.reserved.add(short);
-                room.used = used;
+                self.claim(room, Room::of(key))?;
                 let (decision, state) = step(W::widen(W::Raw::default()));
                 e.insert(W::new(W::narrow(state)));
                 Ok(decision)
@@ -585,12 +623,18 @@ impl Inner {
                 .is_stale(s, now)));
             removed = removed.add(gone);
         }
+        removed = removed.add(self.slots.sweep(now));
         self.release(removed);
         self.stats
             .swept
             .fetch_add(removed.counters as u64, Ordering::Relaxed);
         removed.counters
     }
+}
+
+/// Whether `quota`'s counters keep slots ([`slots`]) rather than a word.
+fn is_slots(quota: &Quota) -> bool {
+    quota.algorithm == Algorithm::Concurrency
 }
 
 /// A multiplied window's table, made on first use.
@@ -635,10 +679,14 @@ impl MemoryStore {
         let inner = &*self.inner;
         for hit in hits {
             let q = hit.quota;
+            let Some(kind) = CounterKind::of_quota(&q) else {
+                out.push(inner.slots.refund(hit, now));
+                continue;
+            };
             let step = |s| limiter::counter::refund(&q, s, now, hit.hits);
             // A counter that is not there (never hit, or swept) has nothing to give back, and
             // none is made for the refund.
-            let left = with_table!(inner, CounterKind::of_quota(&q), |table| {
+            let left = with_table!(inner, kind, |table| {
                 table.get(hit.key).map_or(0, |word| update(&*word, step))
             });
             out.push(limiter::counter::decide(&q, left, now, 0).0);
@@ -665,9 +713,11 @@ impl MemoryStore {
         let inner = &*self.inner;
         let mut removed = Room::default();
         for hit in hits {
-            let gone = with_table!(inner, CounterKind::of_quota(&hit.quota), |table| table
-                .remove(hit.key)
-                .is_some());
+            let Some(kind) = CounterKind::of_quota(&hit.quota) else {
+                removed = removed.add(inner.slots.remove(hit));
+                continue;
+            };
+            let gone = with_table!(inner, kind, |table| table.remove(hit.key).is_some());
             if gone {
                 removed = removed.add(Room::of(hit.key));
             }

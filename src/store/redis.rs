@@ -6,7 +6,7 @@
 //! `EXPIRE key unit + jitter` (jitter in `[0, EXPIRATION_JITTER_MAX_SECONDS)`), sent on every
 //! call, all descriptors of a request in one pipeline.
 //!
-//! **The other algorithms** are one Lua script each ([`SLIDING`], [`BUCKET`]), loaded once and
+//! **The other algorithms** are one Lua script each ([`SLIDING`], [`BUCKET`], [`SLOTS`]), loaded once and
 //! run by SHA (`EVALSHA`; on `NOSCRIPT` the scripts are loaded again and the pipeline retried
 //! once). Each script touches exactly one key, so no hash tags are needed on Redis Cluster.
 //! A script returns the state it found; the decision is then computed by the same pure
@@ -48,6 +48,7 @@ use super::redis_target::{Target, TargetOptions, run_within};
 use super::{CounterStore, Hit, StoreError, go_cache_key};
 use crate::clock::Timestamp;
 use crate::limiter::Decision;
+use crate::limiter::concurrency::Slots;
 use crate::limiter::{Algorithm, Quota, Unit, bucket, sliding_window};
 
 pub use super::breaker::{BreakerSettings, BreakerStats};
@@ -136,6 +137,60 @@ end
 return found
 "#
 );
+
+/// A concurrency limit's slots (see [`crate::limiter::concurrency`]): a start takes slots or
+/// is refused into the debt, a refund pays the debt off and then gives back the oldest slots.
+///
+/// KEYS[1]: the counter, a string holding [`Slots::text`]: the debt of refused hits, its end
+/// (µs), then each held slot's expiry (µs since the epoch), oldest first. One key, so on Redis
+/// Cluster the script runs on that key's slot and needs no hash tag.
+/// ARGV: now (µs), the window (µs), the limit, hits, `s` (a start) or `r` (a refund).
+/// Expired slots and an ended debt are dropped first; then a start of `n` takes `n` slots,
+/// each expiring a window from now, when `held + n <= limit`, else adds `n` to the debt (its
+/// end a window from now); a refund of `n` pays off the debt first (keeping that many of the
+/// oldest slots at least until the debt ends) and frees the rest of `n` as the oldest slots. The key is written back with a PX that ends one second after its
+/// last slot or its debt does (so Redis itself drops a counter whose refunds never came; no
+/// sweeper), or deleted when it holds nothing. A peek (0 hits) writes nothing. Returns the
+/// text found (nil for none), which the store decides on with the same pure function.
+/// Lua's numbers are doubles: exact for µs below 2^53 (285 years).
+pub const SLOTS: &str = r#"
+local now, window, limit, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local found = redis.call('GET', KEYS[1])
+if n == 0 or (not found and ARGV[5] == 'r') then return found end
+local nums = {}
+if found then for x in string.gmatch(found, '%d+') do nums[#nums + 1] = tonumber(x) end end
+local debt, debt_until = nums[1] or 0, nums[2] or 0
+if debt_until <= now then debt, debt_until = 0, 0 end
+local held = {}
+for i = 3, #nums do if nums[i] > now then held[#held + 1] = nums[i] end end
+table.sort(held)
+if ARGV[5] == 's' then
+  if #held + n <= limit then
+    for _ = 1, n do held[#held + 1] = now + window end
+  else
+    debt, debt_until = debt + n, math.max(debt_until, now + window)
+  end
+else
+  local paid = math.min(n, debt)
+  debt = debt - paid
+  for i = 1, math.min(paid, #held) do held[i] = math.max(held[i], debt_until) end
+  if debt == 0 then debt_until = 0 end
+  table.sort(held)
+  local free = math.min(n - paid, #held)
+  local kept = {}
+  for i = free + 1, #held do kept[#kept + 1] = held[i] end
+  held = kept
+end
+local last = math.max(held[#held] or 0, debt_until)
+if last <= now then
+  redis.call('DEL', KEYS[1])
+  return found
+end
+local parts = {string.format('%.0f', debt), string.format('%.0f', debt_until)}
+for i = 1, #held do parts[#parts + 1] = string.format('%.0f', held[i]) end
+redis.call('SET', KEYS[1], table.concat(parts, ' '), 'PX', math.ceil((last - now) / 1000) + 1000)
+return found
+"#;
 
 /// Takes hits off a counter (a refund), and returns what is left in the form the charging
 /// command answers, so the store decides a peek on it as on a charge.
@@ -242,7 +297,7 @@ impl RedisStore {
             gave_up: tokio::sync::watch::channel(None).0,
             breaker: settings.breaker,
             readiness: Readiness::new(targets, settings.breaker.health_follows_connection),
-            scripts: &[SLIDING, BUCKET, REFUND],
+            scripts: &[SLIDING, BUCKET, REFUND, SLOTS],
         });
         let mut tasks = Vec::new();
         let main = Target::start("main", &settings.main, &options, &mut tasks)?;
@@ -311,7 +366,13 @@ impl RedisStore {
 
     /// Runs `pipe` on `target` within the deadline; on NOSCRIPT loads the scripts and retries.
     async fn run(&self, target: &Target, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
-        run_within(target, pipe, self.timeout, &[SLIDING, BUCKET, REFUND]).await
+        run_within(
+            target,
+            pipe,
+            self.timeout,
+            &[SLIDING, BUCKET, REFUND, SLOTS],
+        )
+        .await
     }
 
     /// Adds the commands for one hit; returns how many replies they produce.
@@ -369,6 +430,7 @@ impl RedisStore {
                     .arg(tolerance_ticks)
                     .arg(u8::from(q.charge_refused));
             }
+            Algorithm::Concurrency => push_slots(pipe, hit, now, "s"),
         }
     }
 
@@ -416,6 +478,7 @@ impl RedisStore {
                 };
                 bucket::decide(state, now.micros(), &q, hit.hits).0
             }
+            Algorithm::Concurrency => slots_step(hit, now, reply, false)?,
         })
     }
 
@@ -603,7 +666,10 @@ impl RedisStore {
             }
             for (&i, value) in idx.iter().zip(&reply) {
                 let peek = Hit { hits: 0, ..hits[i] };
-                decisions[i] = Some(Self::decide(&peek, now, value)?);
+                decisions[i] = Some(match peek.quota.algorithm {
+                    Algorithm::Concurrency => slots_step(&hits[i], now, value, true)?,
+                    _ => Self::decide(&peek, now, value)?,
+                });
             }
         }
         go_fixed::forget_refunded(self.local_cache.as_ref(), now, hits);
@@ -611,9 +677,50 @@ impl RedisStore {
     }
 }
 
+/// Adds the [`SLOTS`] call for one concurrency hit: a start (`s`) or a refund (`r`).
+fn push_slots(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, mode: &str) {
+    let q = hit.quota;
+    pipe.cmd("EVALSHA")
+        .arg(redis::Script::new(SLOTS).get_hash())
+        .arg(1)
+        .arg(super::state_key(hit))
+        .arg(now.micros())
+        .arg(q.window().secs().saturating_mul(1_000_000))
+        .arg(q.requests_per_unit)
+        .arg(hit.hits)
+        .arg(mode);
+}
+
+/// A concurrency hit's decision from the slots [`SLOTS`] found: the same pure step the
+/// script took (a start, or a `refund`).
+fn slots_step(
+    hit: &Hit<'_>,
+    now: Timestamp,
+    reply: &Value,
+    refund: bool,
+) -> Result<Decision, StoreError> {
+    let bad = || backend_error(format!("unexpected Redis reply {reply:?}"));
+    let text = match reply {
+        Value::Nil => "0 0",
+        Value::BulkString(text) => std::str::from_utf8(text).map_err(|_| bad())?,
+        _ => return Err(bad()),
+    };
+    let mut slots = Slots::parse(text).ok_or_else(bad)?;
+    let q = &hit.quota;
+    let (now, window, limit) = (now.micros(), q.window().secs(), q.requests_per_unit);
+    Ok(if refund {
+        slots.refund(now, window, limit, hit.hits)
+    } else {
+        slots.decide(now, window, limit, hit.hits)
+    })
+}
+
 /// Adds the [`REFUND`] call for one hit (a bucket with a rate of 0 is never sent).
 fn push_refund(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp) {
     let q = hit.quota;
+    if q.algorithm == Algorithm::Concurrency {
+        return push_slots(pipe, hit, now, "r");
+    }
     let script = pipe
         .cmd("EVALSHA")
         .arg(redis::Script::new(REFUND).get_hash())
@@ -633,6 +740,8 @@ fn push_refund(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp) {
                 .arg(q.window().secs() * 1_000_000)
                 .arg(hit.hits);
         }
+        // Sent by `push_refund` before REFUND's call is begun.
+        Algorithm::Concurrency => {}
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             let (den, us, ticks) = match bucket::Shape::of(&q) {
                 Some(shape) => {

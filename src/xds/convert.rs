@@ -264,6 +264,7 @@ descriptors:
             decode(&[any(&ok), any(&dup)]).unwrap(),
             &LoadOptions {
                 merge_domain_config: true,
+                ..LoadOptions::default()
             },
         );
         assert!(merged.is_ok());

@@ -152,6 +152,8 @@ impl Held {
                     self.tat = bucket::refund_shaped(self.tat, shape, hits);
                 }
             }
+            // Never leased (`LeaseTable::route` forwards it to its owner).
+            Algorithm::Concurrency => {}
         }
         self.peek(now_us)
     }
@@ -173,6 +175,7 @@ impl Held {
                 over: false,
                 remaining: 0,
                 reset_after_secs: 1,
+                expired: 0,
             },
         }
     }
@@ -362,6 +365,7 @@ impl Held {
                 over: true,
                 remaining: 0,
                 reset_after_secs: 1,
+                expired: 0,
             },
         }
     }
@@ -379,6 +383,7 @@ impl Held {
                 u32::try_from(limit.saturating_sub(after)).unwrap_or(u32::MAX)
             },
             reset_after_secs: window_left_us(&self.quota, now_us).div_ceil(1_000_000),
+            expired: 0,
         }
     }
 

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use dashmap::DashMap;
 use tokio::sync::Notify;
 
-use crate::limiter::{Decision, Quota};
+use crate::limiter::{Algorithm, Decision, Quota};
 use client::{Held, Local};
 pub use server::{Ask, Grant, HolderView, LeaseServer, LeaseTiming};
 
@@ -180,9 +180,10 @@ impl LeaseClient {
         hits: u64,
         live: impl FnOnce() -> usize,
     ) -> Route {
-        // A lease cannot hold a debt its holder refused into: such limits are counted by
-        // their owner, exactly (not in `forwarded`, which says a table is full).
-        if quota.charge_refused {
+        // A lease cannot hold a debt its holder refused into, nor slots that one node's end
+        // of a request must give back on another: such limits (`charge_refused`, concurrency)
+        // are counted by their owner, exactly (not in `forwarded`, which says a table is full).
+        if quota.charge_refused || quota.algorithm == Algorithm::Concurrency {
             return Route::Forward;
         }
         let renew = server::micros(self.timing.renew);
