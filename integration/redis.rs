@@ -20,7 +20,7 @@ mod support;
 
 use pki::TestPki;
 use redis_server::{RedisServer, redis_server_available, redis_tls_available};
-use store_contract::{Routed, UnderTest, store_contract};
+use store_contract::{Routed, UnderTest, slots_contract, store_contract};
 use support::{free_port, wait_for};
 
 use std::num::NonZeroU32;
@@ -181,6 +181,10 @@ async fn redis_under_test() -> Option<Routed<UnderTest<RedisStore>>> {
 // The store contract: for the same calls, Redis answers exactly as the reference model does,
 // for every algorithm.
 store_contract!(contract, redis_under_test);
+
+// The concurrency limit's contract: the SLOTS script takes, refuses, gives back and expires
+// slots as the memory store does.
+slots_contract!(slots_contract, redis_under_test);
 
 #[tokio::test]
 async fn fixed_window_keys_and_ttls_are_the_go_service_bytes() {

@@ -119,6 +119,9 @@ impl ReferenceModel {
             history: match quota.algorithm {
                 Algorithm::FixedWindow | Algorithm::SlidingWindow => History::Log(Vec::new()),
                 Algorithm::TokenBucket | Algorithm::LeakyBucket => History::Tat(0),
+                Algorithm::Concurrency => {
+                    panic!("the model has no concurrency limit: slots_contract states its numbers")
+                }
             },
         });
         assert_eq!(

@@ -279,7 +279,7 @@ fn key(case: &str, algorithm: Algorithm) -> String {
 
 pub async fn every_algorithm_admits_up_to_its_limit_then_refuses<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let (k, q) = (key("upto", algorithm), limit(algorithm, 3, Unit::Minute));
         let mut d = Vec::new();
         for _ in 0..5 {
@@ -302,7 +302,7 @@ pub async fn every_algorithm_admits_up_to_its_limit_then_refuses<S: CounterStore
 
 pub async fn a_peek_of_zero_hits_counts_nothing<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let q = limit(algorithm, 3, Unit::Minute);
         let (peeked, plain) = (key("peeked", algorithm), key("plain", algorithm));
         let mut with_peeks = Vec::new();
@@ -326,7 +326,7 @@ pub async fn a_peek_of_zero_hits_counts_nothing<S: CounterStore>(store: &S) {
 
 pub async fn several_hits_in_one_call_count_together<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let (k, q) = (key("several", algorithm), limit(algorithm, 5, Unit::Minute));
         let mut d = Vec::new();
         for hits in [2, 4, 3, 1] {
@@ -350,7 +350,7 @@ pub async fn several_hits_in_one_call_count_together<S: CounterStore>(store: &S)
 /// the default (the third dropped) leaves room; and the debt is gone once waited out.
 pub async fn charged_refusals_are_debt_that_later_calls_wait_out<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let base = limit(algorithm, 100, Unit::Minute);
         for charge_refused in [true, false] {
             if algorithm == Algorithm::FixedWindow && !charge_refused {
@@ -388,7 +388,7 @@ pub async fn charged_refusals_are_debt_that_later_calls_wait_out<S: CounterStore
 /// is whole again after a reset, in every algorithm; a key beside it keeps its count.
 pub async fn a_reset_forgets_a_counter_and_only_that_one<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let q = limit(algorithm, 3, Unit::Minute);
         let (k, other) = (key("reset", algorithm), key("kept", algorithm));
         for _ in 0..4 {
@@ -414,7 +414,7 @@ pub async fn a_reset_forgets_a_counter_and_only_that_one<S: CounterStore>(store:
 /// sliding window lets one more through once a third of the next window has passed.
 pub async fn windows_of_several_units_last_that_long<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let q = Quota {
             unit_multiplier: 5,
             ..limit(algorithm, 3, Unit::Minute)
@@ -460,7 +460,7 @@ pub async fn windows_of_several_units_last_that_long<S: CounterStore>(store: &S)
 pub async fn a_batch_answers_in_order_and_charges_a_repeated_key_twice<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
     let [fixed, sliding, token, leaky] =
-        Algorithm::ALL.map(|a| (key("batch", a), limit(a, 5, Unit::Hour)));
+        Algorithm::RATES.map(|a| (key("batch", a), limit(a, 5, Unit::Hour)));
     let d = c
         .apply(
             at(T0),
@@ -500,7 +500,7 @@ pub async fn a_batch_answers_in_order_and_charges_a_repeated_key_twice<S: Counte
 /// ran before the first hit's `add`).
 pub async fn a_peek_in_a_batch_sees_the_hits_before_it<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let (k, q) = (
             key("batch_peek", algorithm),
             limit(algorithm, 5, Unit::Minute),
@@ -517,7 +517,7 @@ pub async fn a_peek_in_a_batch_sees_the_hits_before_it<S: CounterStore>(store: &
 
 pub async fn keys_are_independent<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let q = limit(algorithm, 2, Unit::Minute);
         let (full, other) = (key("full", algorithm), key("other", algorithm));
         let d = c.apply(at(T0), &[hit(&full, q, 3)]).await;
@@ -535,7 +535,7 @@ pub async fn windows_roll_over_as_now_moves<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
     // T0 is 20 s into its minute: the next minute starts at T0 + 40.
     let next_minute = T0 + 40;
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let (k, q) = (key("roll", algorithm), limit(algorithm, 2, Unit::Minute));
         let h = [hit(&k, q, 1)];
         let mut d = Vec::new();
@@ -569,6 +569,7 @@ pub async fn windows_roll_over_as_now_moves<S: CounterStore>(store: &S) {
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 assert!(!d[3].over, "{algorithm:?}");
             }
+            Algorithm::Concurrency => unreachable!("not a rate: see slots_contract"),
         }
         // Two minutes after the last hits, every algorithm is back to a full limit.
         assert_eq!(d[7].remaining, 1, "{algorithm:?}");
@@ -605,7 +606,7 @@ pub async fn reset_after_counts_down_to_the_end_of_the_window<S: CounterStore>(s
 /// others never counted it.
 pub async fn refunds_take_hits_off_floored_at_zero<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let fixed = algorithm == Algorithm::FixedWindow;
         let (k, q) = (key("refund", algorithm), limit(algorithm, 2, Unit::Minute));
         let h = [hit(&k, q, 1)];
@@ -643,7 +644,7 @@ pub async fn refunds_take_hits_off_floored_at_zero<S: CounterStore>(store: &S) {
 /// more pass and the 4th is over.
 pub async fn requests_in_flight_are_counted_by_refunds<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let (k, q) = (key("in_flight", algorithm), limit(algorithm, 3, Unit::Hour));
         let one = [hit(&k, q, 1)];
         let mut d = Vec::new();
@@ -680,7 +681,7 @@ pub async fn requests_in_flight_are_counted_by_refunds<S: CounterStore>(store: &
 /// (Redis once stored each one's arrival time, and failed every call from the 23rd on).
 pub async fn a_limit_of_zero_refuses_every_hit_but_not_a_peek<S: CounterStore>(store: &S) {
     let mut c = Checked::new(store);
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         for charge_refused in [false, true] {
             let q = Quota {
                 charge_refused,
@@ -703,7 +704,7 @@ pub async fn a_limit_of_zero_refuses_every_hit_but_not_a_peek<S: CounterStore>(s
 /// Many calls in flight on one key at once admit exactly the limit (each store makes its own
 /// updates atomic: a compare-and-swap, a script, one owner).
 pub async fn concurrent_callers_get_exactly_the_limit<S: CounterStore>(store: &S) {
-    for algorithm in Algorithm::ALL {
+    for algorithm in Algorithm::RATES {
         let (k, q) = (
             key("concurrent", algorithm),
             limit(algorithm, 50, Unit::Hour),
@@ -799,7 +800,7 @@ pub struct Sequence {
 /// with or without `charge_refused`.
 fn any_quota() -> impl Strategy<Value = Quota> {
     (
-        prop::sample::select(Algorithm::ALL.to_vec()),
+        prop::sample::select(Algorithm::RATES.to_vec()),
         prop_oneof![1 => Just(0u32), 9 => 1..=7u32],
         prop::sample::select(vec![Unit::Second, Unit::Minute]),
         1..=3u32,
@@ -1003,4 +1004,122 @@ pub async fn expiries_outlast_every_state<S: CounterStore>(store: &S, expiry: &m
             .await
             .unwrap_or_else(|e| panic!("{q:?} {calls:?}: dropped {after:?} after: {e}"));
     }
+}
+
+/// Generates the concurrency limit's cases ([`slots_contract`]'s functions) in a module
+/// `$name`, each on a fresh store from `$make`, for the backends that keep slots (memory, the
+/// peer cluster, Redis; memcached is refused at config load). The reference model has no
+/// concurrency limit: each case states its numbers, from `docs/algorithms.md`'s Concurrency.
+macro_rules! slots_contract {
+    ($name:ident, $make:path) => {
+        mod $name {
+            use super::*;
+            store_contract!(@cases $make;
+                slots_are_taken_refused_and_given_back,
+                refused_starts_and_their_refunds_cancel_out,
+                a_slot_never_given_back_frees_itself_one_window_after_it_was_taken,
+                concurrent_starts_take_exactly_the_limit,
+            );
+        }
+    };
+}
+pub(crate) use slots_contract;
+
+/// 3 in flight for a window of 5 s (the contract).
+pub fn slots_quota() -> Quota {
+    Quota {
+        unit_multiplier: 5,
+        ..limit(Algorithm::Concurrency, 3, Unit::Second)
+    }
+}
+
+async fn slot_calls<S: CounterStore>(store: &S, now: Timestamp, hits: &[Hit<'_>]) -> Vec<Decision> {
+    let mut out = Vec::new();
+    store
+        .apply(now, hits, &mut out)
+        .await
+        .expect("the store answers");
+    out
+}
+
+async fn slot_refund<S: CounterStore>(store: &S, now: Timestamp, hit: Hit<'_>) -> Decision {
+    let mut out = Vec::new();
+    store
+        .refund(now, &[hit], &mut out)
+        .await
+        .expect("the store answers");
+    out[0]
+}
+
+/// Three starts pass (2, 1, 0 free), the fourth is refused; a refund frees one, and a start
+/// of 2 (`hits_addend`) does not fit in it; its refund is a debt paid, not a slot freed.
+pub async fn slots_are_taken_refused_and_given_back<S: CounterStore>(store: &S) {
+    let (k, q) = ("slots_taken_", slots_quota());
+    let mut d = Vec::new();
+    for _ in 0..4 {
+        d.extend(slot_calls(store, at(T0), &[hit(k, q, 1)]).await);
+    }
+    assert_eq!(admitted(&d), [true, true, true, false]);
+    assert_eq!(remaining(&d), [2, 1, 0, 0]);
+    assert_eq!(d[3].reset_after_secs, 5, "the oldest slot expires in 5 s");
+    // The refused start's refund pays its debt: still 3 held.
+    let back = slot_refund(store, at(T0 + 1), hit(k, q, 1)).await;
+    assert_eq!((back.count_before, back.count_after), (3, 3));
+    let back = slot_refund(store, at(T0 + 1), hit(k, q, 1)).await;
+    assert_eq!((back.count_after, back.remaining), (2, 1));
+    let two = slot_calls(store, at(T0 + 2), &[hit(k, q, 2)]).await;
+    assert!(two[0].over, "2 slots do not fit in 1");
+    let back = slot_refund(store, at(T0 + 2), hit(k, q, 2)).await;
+    assert_eq!(back.count_after, 2, "the refused 2 were a debt");
+    let peek = slot_calls(store, at(T0 + 2), &[hit(k, q, 0)]).await;
+    assert_eq!((peek[0].over, peek[0].remaining), (false, 1));
+}
+
+/// A burst of refusals frees nothing: five starts against 3, then the two refused ones'
+/// refunds: still refused; once the three admitted end, three pass again.
+pub async fn refused_starts_and_their_refunds_cancel_out<S: CounterStore>(store: &S) {
+    let (k, q) = ("slots_cancel_", slots_quota());
+    let five: Vec<Hit<'_>> = (0..5).map(|_| hit(k, q, 1)).collect();
+    let d = slot_calls(store, at(T0), &five).await;
+    assert_eq!(admitted(&d), [true, true, true, false, false]);
+    for _ in 0..2 {
+        slot_refund(store, at(T0), hit(k, q, 1)).await;
+    }
+    assert!(slot_calls(store, at(T0), &[hit(k, q, 1)]).await[0].over);
+    for _ in 0..4 {
+        slot_refund(store, at(T0 + 1), hit(k, q, 1)).await;
+    }
+    let d = slot_calls(store, at(T0 + 1), &five[..4]).await;
+    assert_eq!(admitted(&d), [true, true, true, false]);
+}
+
+/// A slot whose refund never comes frees itself 5 s after it was taken, not at a window
+/// boundary, and the call that finds it gone says so (`expired`).
+pub async fn a_slot_never_given_back_frees_itself_one_window_after_it_was_taken<S: CounterStore>(
+    store: &S,
+) {
+    let (k, q) = ("slots_expire_", slots_quota());
+    slot_calls(store, at(T0), &[hit(k, q, 1)]).await;
+    slot_calls(store, at(T0 + 2), &[hit(k, q, 2)]).await;
+    let just_before = Timestamp::from_micros((T0 + 5) * 1_000_000 - 1);
+    assert!(slot_calls(store, just_before, &[hit(k, q, 1)]).await[0].over);
+    let d = slot_calls(store, at(T0 + 5), &[hit(k, q, 1)]).await;
+    assert_eq!((d[0].over, d[0].expired, d[0].remaining), (false, 1, 0));
+    let d = slot_calls(store, at(T0 + 7), &[hit(k, q, 0)]).await;
+    assert_eq!((d[0].count_before, d[0].expired, d[0].remaining), (1, 2, 2));
+    let d = slot_calls(store, at(T0 + 10), &[hit(k, q, 0)]).await;
+    assert_eq!((d[0].count_before, d[0].expired, d[0].remaining), (0, 1, 3));
+}
+
+/// Many starts at once on one key take exactly the limit.
+pub async fn concurrent_starts_take_exactly_the_limit<S: CounterStore>(store: &S) {
+    let q = Quota {
+        requests_per_unit: 50,
+        ..slots_quota()
+    };
+    let calls = (0..120).map(|_| async {
+        !slot_calls(store, at(T0), &[hit("slots_concurrent_", q, 1)]).await[0].over
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    assert_eq!(answers.iter().filter(|a| **a).count(), 50);
 }

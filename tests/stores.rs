@@ -18,13 +18,14 @@ use sluice::cluster::peer::PeerServer;
 use sluice::cluster::{ClusterConfig, ClusterMode, PeerSource};
 use sluice::net::{ByteBudget, Limits, Port};
 use sluice::store::MemoryStore;
-use store_contract::{Route, Routed, store_contract};
+use store_contract::{Route, Routed, slots_contract, store_contract};
 
 async fn memory() -> Option<MemoryStore> {
     Some(MemoryStore::new(100_000))
 }
 
 store_contract!(memory_store, memory);
+slots_contract!(memory_slots, memory);
 
 /// Three cluster nodes in this process, called in turn: a call may land on any node, and each
 /// hit is applied by its key's owner, locally or over the peer protocol.
@@ -124,6 +125,7 @@ async fn three_nodes() -> Option<Routed<ThreeNodes>> {
 }
 
 store_contract!(three_node_cluster, three_nodes);
+slots_contract!(three_node_cluster_slots, three_nodes);
 
 /// The cluster's contract run is worth something only if hits travel: most keys are owned by
 /// another node than the one called, and no forward fails.

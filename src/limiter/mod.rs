@@ -64,6 +64,15 @@ impl Algorithm {
         Algorithm::Concurrency,
     ];
 
+    /// The algorithms that count hits in time: all but [`Algorithm::Concurrency`], whose
+    /// slots are given back by refunds.
+    pub const RATES: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+    ];
+
     /// The YAML spelling.
     pub const fn name(self) -> &'static str {
         match self {

@@ -150,13 +150,14 @@ return found
 /// end a window from now); a refund of `n` pays off the debt first (keeping that many of the
 /// oldest slots at least until the debt ends) and frees the rest of `n` as the oldest slots. The key is written back with a PX that ends one second after its
 /// last slot or its debt does (so Redis itself drops a counter whose refunds never came; no
-/// sweeper), or deleted when it holds nothing. A peek (0 hits) writes nothing. Returns the
+/// sweeper), or deleted when it holds nothing; a call that changed nothing writes nothing (a
+/// peek writes only to drop expired slots, so each is reported expired once). Returns the
 /// text found (nil for none), which the store decides on with the same pure function.
 /// Lua's numbers are doubles: exact for µs below 2^53 (285 years).
 pub const SLOTS: &str = r#"
 local now, window, limit, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local found = redis.call('GET', KEYS[1])
-if n == 0 or (not found and ARGV[5] == 'r') then return found end
+if not found and (n == 0 or ARGV[5] == 'r') then return found end
 local nums = {}
 if found then for x in string.gmatch(found, '%d+') do nums[#nums + 1] = tonumber(x) end end
 local debt, debt_until = nums[1] or 0, nums[2] or 0
@@ -188,7 +189,10 @@ if last <= now then
 end
 local parts = {string.format('%.0f', debt), string.format('%.0f', debt_until)}
 for i = 1, #held do parts[#parts + 1] = string.format('%.0f', held[i]) end
-redis.call('SET', KEYS[1], table.concat(parts, ' '), 'PX', math.ceil((last - now) / 1000) + 1000)
+local text = table.concat(parts, ' ')
+if text ~= found then
+  redis.call('SET', KEYS[1], text, 'PX', math.ceil((last - now) / 1000) + 1000)
+end
 return found
 "#;
 
