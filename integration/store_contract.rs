@@ -1010,6 +1010,7 @@ pub async fn expiries_outlast_every_state<S: CounterStore>(store: &S, expiry: &m
 /// `$name`, each on a fresh store from `$make`, for the backends that keep slots (memory, the
 /// peer cluster, Redis; memcached is refused at config load). The reference model has no
 /// concurrency limit: each case states its numbers, from `docs/algorithms.md`'s Concurrency.
+#[allow(unused_macros)]
 macro_rules! slots_contract {
     ($name:ident, $make:path) => {
         mod $name {
@@ -1023,6 +1024,7 @@ macro_rules! slots_contract {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use slots_contract;
 
 /// 3 in flight for a window of 5 s (the contract).

@@ -22,6 +22,7 @@ fn load(names: &[&str], merge: bool) -> Result<RateLimitConfig, ConfigErrors> {
         &files,
         &LoadOptions {
             merge_domain_config: merge,
+            without_slots: None,
         },
     )
 }
@@ -619,5 +620,71 @@ fn rate_limits_enforce_every_block() {
          test-domain.api_key: unit=DAY requests_per_unit=10000, shadow_mode: false, quota_mode: false\n\
          test-domain.api_key_anonymous: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: true\n\
          test-domain.fallback: unit=SECOND requests_per_unit=1, shadow_mode: false, quota_mode: false\n"
+    );
+}
+
+/// `algorithm: concurrency`: accepted where the other algorithms are (with `unit_multiplier`
+/// and beside another block); refused above the slots a counter may hold, with
+/// `charge_refused: false`, or with a burst; and by a store that keeps no slots, naming the
+/// descriptor and the store.
+#[test]
+fn concurrency_limits_and_where_they_cannot_apply() {
+    let text = |rl: &str| {
+        vec![(
+            "c.yaml".to_owned(),
+            format!(
+                "domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: api\n        {rl}\n"
+            ),
+        )]
+    };
+    let plain = LoadOptions::default();
+    let good = "rate_limits:\n          - {unit: second, unit_multiplier: 5, requests_per_unit: 3, algorithm: concurrency}\n          - {unit: hour, requests_per_unit: 100}";
+    let cfg = parse_files(&text(good), &plain).expect("loads");
+    let d = cfg.domain("d").unwrap();
+    let entries = [Entry::new("k", "x"), Entry::new("api", "y")];
+    let m = d.lookup(&entries).expect("matches");
+    let Rule::Limited(blocks) = &m.limit.rule else {
+        panic!("limited")
+    };
+    assert_eq!(blocks[0].quota.algorithm, Algorithm::Concurrency);
+    assert_eq!(blocks[0].quota.window().secs(), 5);
+    let refused = |rl: &str, opts: &LoadOptions| {
+        parse_files(&text(rl), opts)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        refused(
+            "rate_limit: {unit: second, requests_per_unit: 65537, algorithm: concurrency}",
+            &plain
+        ),
+        "c.yaml: requests_per_unit 65537 is more slots than a concurrency limit may hold (at most 65536)"
+    );
+    assert!(
+        refused("rate_limit: {unit: second, requests_per_unit: 3, algorithm: concurrency, charge_refused: false}", &plain)
+            .contains("charge_refused cannot be false for 'concurrency'")
+    );
+    assert!(
+        refused(
+            "rate_limit: {unit: second, requests_per_unit: 3, algorithm: concurrency, burst: 2}",
+            &plain
+        )
+        .contains("burst can only be used with token_bucket or leaky_bucket, not 'concurrency'")
+    );
+    let memcache = LoadOptions {
+        without_slots: Some("BACKEND_TYPE=memcache"),
+        ..LoadOptions::default()
+    };
+    assert_eq!(
+        refused(good, &memcache),
+        "c.yaml: descriptor 'api' uses 'algorithm: concurrency', which BACKEND_TYPE=memcache cannot count (its slots need the memory, Redis or peer-cluster backend)"
+    );
+    assert!(
+        parse_files(
+            &text("rate_limit: {unit: second, requests_per_unit: 3}"),
+            &memcache
+        )
+        .is_ok()
     );
 }

@@ -31,7 +31,8 @@ use crate::store::{CounterStore, Hit, StoreError};
 pub use admin::{CounterView, counter_json};
 pub use hot::{HotKey, HotKeys};
 use observe::{
-    CallReport, Caller, DescriptorReport, Observer, Outcome, Span, StatsKey, Unobserved,
+    CallReport, Caller, DescriptorReport, Observer, Outcome, SlotChanges, Span, StatsKey,
+    Unobserved,
 };
 use plan::{Counted, Plan};
 
@@ -692,6 +693,11 @@ impl<S: CounterStore> RateLimitService<S> {
                 shadow_mode: limit.shadow_mode(),
                 negative,
                 negative_ignored,
+                slots: if quota.algorithm == Algorithm::Concurrency {
+                    SlotChanges::of(d, hits, negative)
+                } else {
+                    SlotChanges::default()
+                },
             },
         });
     }

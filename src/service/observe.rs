@@ -68,6 +68,35 @@ pub struct Outcome {
     /// A refund not applied (SLUICE_NEGATIVE_HITS): a limit of the descriptor does not count
     /// refused hits, so it would have given back capacity a refused request never took.
     pub negative_ignored: bool,
+    /// What the call did to a concurrency limit's slots (all 0 for the other algorithms).
+    pub slots: SlotChanges,
+}
+
+/// A concurrency limit's slots moved by one call ([`crate::limiter::concurrency`]): taken by
+/// an admitted start, given back by a refund (a refund that paid a refused start's debt gives
+/// back none), expired before the call with no refund (each a lost refund).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotChanges {
+    pub taken: u64,
+    pub given_back: u64,
+    pub expired: u64,
+}
+
+impl SlotChanges {
+    /// The slots a decision on a concurrency limit moved: a start's `hits` when admitted, a
+    /// refund's held slots before less after.
+    pub fn of(decision: &crate::limiter::Decision, hits: u64, negative: bool) -> Self {
+        let d = decision;
+        SlotChanges {
+            taken: if negative || d.over { 0 } else { hits },
+            given_back: if negative {
+                d.count_before.saturating_sub(d.count_after)
+            } else {
+                0
+            },
+            expired: u64::from(d.expired),
+        }
+    }
 }
 
 /// A finished call.

@@ -209,6 +209,7 @@ mod tests {
             shadow_mode: false,
             negative: false,
             negative_ignored: false,
+            slots: Default::default(),
         };
         stats.record_dynamic(key, source, &outcome);
     }

@@ -172,7 +172,16 @@ const STAT_HELP: [&str; LimitCounters::COUNT] = [
     "Over-limit hits answered from the local over-limit cache.",
     "Hits refunded by descriptors with is_negative_hits.",
     "Refunded hits not taken off, as the limit does not count refused hits (SLUICE_NEGATIVE_HITS).",
+    "Concurrency slots taken by admitted starts (algorithm: concurrency).",
+    "Concurrency slots given back by refunds (a refund of a refused start gives back none).",
+    "Concurrency slots that expired one window after they were taken, their refund never come: each a lost refund.",
 ];
+
+/// `sluice_rate_limit_slots_held`: a concurrency limit's slots held, per series that ever took one.
+const SLOTS_HELD: (&str, &str) = (
+    "sluice_rate_limit_slots_held",
+    "Concurrency slots held: taken less given back less expired, by this replica's calls (sum over replicas).",
+);
 
 /// Per-limit stats, summed per label set (keys deeper than two levels, and keys that sanitise
 /// to the same name, share a series). The OTLP metrics read the same series.
@@ -268,6 +277,16 @@ fn render_limits(out: &mut String, stats: &Stats) {
         for (labels, values) in &series {
             sample(out, &name, &labels_of(labels), values[i]);
         }
+    }
+    let (name, help) = SLOTS_HELD;
+    header(out, name, "gauge", help);
+    for (labels, values) in series.iter().filter(|(_, v)| v[8] > 0) {
+        sample(
+            out,
+            name,
+            &labels_of(labels),
+            LimitCounters::slots_held(values),
+        );
     }
 }
 
@@ -699,6 +718,7 @@ mod tests {
                 shadow_mode: false,
                 negative: false,
                 negative_ignored: false,
+                slots: Default::default(),
             },
         );
     }

@@ -130,7 +130,8 @@ impl Default for StatsOptions {
 #[derive(Debug, Default)]
 pub struct LimitCounters(Sharded<LimitCells>);
 
-/// One shard of a limit's counters: the eight fill one cache line.
+/// One shard of a limit's counters: Go's six and the refunds' two fill one cache line; a
+/// concurrency limit's three slot counters start the next.
 #[derive(Debug, Default)]
 struct LimitCells {
     total_hits: AtomicU64,
@@ -141,6 +142,9 @@ struct LimitCells {
     over_limit_with_local_cache: AtomicU64,
     total_negative_hits: AtomicU64,
     negative_hits_ignored: AtomicU64,
+    slots_taken: AtomicU64,
+    slots_given_back: AtomicU64,
+    slots_expired: AtomicU64,
 }
 
 /// What one descriptor's decision adds to its limit's counters.
@@ -156,6 +160,10 @@ pub struct Increments {
     pub total_negative_hits: u64,
     /// Sluice's: of those, the ones not taken off (SLUICE_NEGATIVE_HITS).
     pub negative_hits_ignored: u64,
+    /// A concurrency limit's slots: taken, given back, expired without a refund.
+    pub slots_taken: u64,
+    pub slots_given_back: u64,
+    pub slots_expired: u64,
 }
 
 /// envoyproxy/ratelimit's counting rules (reference §5): `n = floor(L × ratio)`, computed in
@@ -163,16 +171,22 @@ pub struct Increments {
 /// nothing else, as in the Go service (its PR #1140).
 pub fn increments(o: &Outcome, near_limit_ratio: f32) -> Increments {
     let n = o.hits;
+    let slots = Increments {
+        slots_taken: o.slots.taken,
+        slots_given_back: o.slots.given_back,
+        slots_expired: o.slots.expired,
+        ..Increments::default()
+    };
     if o.negative {
         return Increments {
             total_negative_hits: n,
             negative_hits_ignored: if o.negative_ignored { n } else { 0 },
-            ..Increments::default()
+            ..slots
         };
     }
     let mut inc = Increments {
         total_hits: n,
-        ..Increments::default()
+        ..slots
     };
     if o.from_local_cache {
         inc.over_limit = n;
@@ -225,10 +239,13 @@ impl LimitCounters {
         );
         add(&c.total_negative_hits, inc.total_negative_hits);
         add(&c.negative_hits_ignored, inc.negative_hits_ignored);
+        add(&c.slots_taken, inc.slots_taken);
+        add(&c.slots_given_back, inc.slots_given_back);
+        add(&c.slots_expired, inc.slots_expired);
     }
 
     /// How many counters a limit has: [`LimitCounters::NAMES`]' length.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 11;
 
     /// The values summed over the shards, in [`LimitCounters::NAMES`] order.
     pub fn values(&self) -> [u64; Self::COUNT] {
@@ -244,6 +261,9 @@ impl LimitCounters {
                 load(&c.over_limit_with_local_cache),
                 load(&c.total_negative_hits),
                 load(&c.negative_hits_ignored),
+                load(&c.slots_taken),
+                load(&c.slots_given_back),
+                load(&c.slots_expired),
             ];
             for (o, v) in out.iter_mut().zip(shard) {
                 *o = o.wrapping_add(v);
@@ -261,7 +281,18 @@ impl LimitCounters {
         "over_limit_with_local_cache",
         "total_negative_hits",
         "negative_hits_ignored",
+        "slots_taken",
+        "slots_given_back",
+        "slots_expired",
     ];
+
+    /// The slots a concurrency limit's series holds, from its values ([`LimitCounters::values`]):
+    /// taken less given back less expired. Per replica, so it can be negative where one
+    /// replica took a slot and another gave it back: the sum over replicas is the limit's.
+    pub fn slots_held(values: &[u64; Self::COUNT]) -> i64 {
+        let [taken, given_back, expired] = [values[8], values[9], values[10]];
+        taken.wrapping_sub(given_back).wrapping_sub(expired) as i64
+    }
 }
 
 /// One registered stats key: its sanitised name, its counters and the limit they count against.
@@ -745,6 +776,7 @@ mod tests {
             shadow_mode: false,
             negative: false,
             negative_ignored: false,
+            slots: Default::default(),
         }
     }
 
@@ -810,6 +842,7 @@ mod tests {
         let ignored = increments(
             &Outcome {
                 negative_ignored: true,
+                slots: Default::default(),
                 ..o
             },
             0.8,
@@ -820,7 +853,7 @@ mod tests {
         );
         let counters = LimitCounters::default();
         counters.add(&ignored);
-        assert_eq!(counters.values(), [0, 0, 0, 0, 0, 0, 2, 2]);
+        assert_eq!(counters.values(), [0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0]);
     }
 
     #[test]

@@ -690,6 +690,7 @@ mod tests {
             shadow_mode: false,
             negative: false,
             negative_ignored: false,
+            slots: Default::default(),
         };
         stats.record_dynamic("d.tenant_a", KeySource::Limit("d.tenant_a"), &outcome);
         let shape = LimitShape {
