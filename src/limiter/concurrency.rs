@@ -12,23 +12,25 @@
 //! - **a start** of `n` hits takes `n` slots if `held + n <= limit`, each expiring at
 //!   `now + window`; otherwise it takes none, is refused, and adds `n` to the debt;
 //! - **a refund** of `n` first pays off the debt (up to `n`), and gives back the rest as held
-//!   slots, the oldest first, never below zero; for each unit of debt it paid, the oldest slot
-//!   is kept at least until the debt ends (see below);
+//!   slots, the oldest first, never below zero;
 //! - **a peek** (0 hits) changes nothing, and is over only when more than `limit` slots are
 //!   held (after a reload lowered the limit).
 //!
 //! Why the debt: Envoy sends the end-of-request refund for requests it refused too, and the
 //! service cannot tell one refund from another. Without the debt, a burst of refusals would
 //! give back slots that admitted requests still hold. With it, a refused start and its refund
-//! cancel out. A refund of an admitted request that arrives while refusals' refunds are still
-//! on their way pays off the debt instead, and its slot is freed by the refusal's refund a
-//! moment later (a refused request ends at once): never more in flight than the limit, only a
-//! slot held a little longer. That slot then stands in for the refused request, so it is kept
-//! until the debt ends (one window after the latest refusal): were it to expire first, the
-//! refused request's refund would free a slot that a running request holds. A slot whose
-//! refund never came (the proxy killed) is never extended so: it frees itself exactly one
-//! window after it was taken. A proxy that never refunds refused requests leaves a debt that
-//! lasts one window after its latest refusal, and meanwhile slots free themselves by expiry.
+//! cancel out. A refund of an admitted request that arrives while a refusal's refund is still
+//! on its way pays off the debt instead, and its slot is freed by the refusal's refund a moment
+//! later (a refused request ends at once): never more in flight than the limit, only a slot
+//! held a little longer. A proxy that never refunds refused requests leaves a debt that lasts
+//! one window after its latest refusal, and meanwhile slots free themselves by expiry.
+//!
+//! **The guarantee** (the property test in `concurrency/tests.rs`): whatever order starts,
+//! refunds, lost refunds and expiries come in, no more than `limit` slots are held, and every
+//! admitted request still running holds one, provided that a refused request's refund comes
+//! within some time `p` of its refusal (Envoy sends it as it answers 429) and every admitted
+//! request ends within the window less `p`. Choose the window longer than the longest request
+//! by far: a refund that comes after its slot expired gives back another request's slot.
 //!
 //! Why the oldest slot goes back: slots are interchangeable, and keeping the most recent
 //! taking times means every request still in flight and younger than a window keeps a slot
@@ -136,7 +138,6 @@ impl Slots {
         let before = self.held();
         let paid = hits.min(self.refused);
         self.refused -= paid;
-        self.stand_in(paid);
         if self.refused == 0 {
             self.refused_until = 0;
         }
@@ -148,23 +149,6 @@ impl Slots {
         let limit = u64::from(limit);
         let over = after > limit;
         self.answer(now_us, window_secs, limit, (before, after), over, expired)
-    }
-
-    /// Keeps the `paid` oldest slots until the debt ends at least. A refund that paid the debt
-    /// may have been an admitted request's: its slot then stands in for a refused request whose
-    /// refund is still to come, and must outlive the wait for it, or that refund, coming after
-    /// the slot expired, would free a slot another request holds.
-    fn stand_in(&mut self, paid: u64) {
-        let n = usize::try_from(paid)
-            .unwrap_or(usize::MAX)
-            .min(self.expiries.len());
-        let until = self.refused_until;
-        let kept: Vec<u64> = self.expiries.drain(..n).collect();
-        for e in kept {
-            let e = e.max(until);
-            let at = self.expiries.partition_point(|&x| x <= e);
-            self.expiries.insert(at, e);
-        }
     }
 
     /// The decision after a step that left `self`: `counts` before and after its hits.

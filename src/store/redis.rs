@@ -147,8 +147,8 @@ return found
 /// ARGV: now (µs), the window (µs), the limit, hits, `s` (a start) or `r` (a refund).
 /// Expired slots and an ended debt are dropped first; then a start of `n` takes `n` slots,
 /// each expiring a window from now, when `held + n <= limit`, else adds `n` to the debt (its
-/// end a window from now); a refund of `n` pays off the debt first (keeping that many of the
-/// oldest slots at least until the debt ends) and frees the rest of `n` as the oldest slots. The key is written back with a PX that ends one second after its
+/// end a window from now); a refund of `n` pays off the debt first and frees the rest of `n`
+/// as the oldest slots. The key is written back with a PX that ends one second after its
 /// last slot or its debt does (so Redis itself drops a counter whose refunds never came; no
 /// sweeper), or deleted when it holds nothing; a call that changed nothing writes nothing (a
 /// peek writes only to drop expired slots, so each is reported expired once). Returns the
@@ -174,9 +174,7 @@ if ARGV[5] == 's' then
 else
   local paid = math.min(n, debt)
   debt = debt - paid
-  for i = 1, math.min(paid, #held) do held[i] = math.max(held[i], debt_until) end
   if debt == 0 then debt_until = 0 end
-  table.sort(held)
   local free = math.min(n - paid, #held)
   local kept = {}
   for i = free + 1, #held do kept[#kept + 1] = held[i] end

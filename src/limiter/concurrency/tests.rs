@@ -147,8 +147,12 @@ fn op() -> impl Strategy<Value = Op> {
         3 => any::<usize>().prop_map(Op::End),
         1 => any::<usize>().prop_map(Op::Lose),
         2 => (0u64..3 * S).prop_map(Op::Wait),
+        2 => (0u64..S / 5).prop_map(Op::Wait),
     ]
 }
+
+/// How soon a refused request's refund comes, at most, in the property test.
+const PROMPT: u64 = S / 2;
 
 /// A request the proxy has started and not yet ended: when, how many slots, admitted or not.
 struct Pending {
@@ -181,9 +185,12 @@ proptest! {
                 }
                 Op::End(i) if !pending.is_empty() => {
                     let p = pending.remove(i % pending.len());
-                    // A refund comes within a window of its start (the window is chosen longer
-                    // than the longest request); a later one is as good as lost.
-                    if now < p.at + w {
+                    // A refused request's refund comes promptly (Envoy sends it as it answers
+                    // 429), within `PROMPT`; an admitted request ends within a window less
+                    // that (the window is chosen longer than the longest request). A later
+                    // refund is as good as lost.
+                    let by = if p.admitted { p.at + w - PROMPT } else { p.at + PROMPT };
+                    if now < by {
                         s.refund(now, window, limit, p.n);
                     }
                 }
@@ -197,7 +204,7 @@ proptest! {
             prop_assert!(s.held() <= u64::from(limit), "{} held, limit {limit}", s.held());
             let in_flight: u64 = pending
                 .iter()
-                .filter(|p| p.admitted && now < p.at + w)
+                .filter(|p| p.admitted && now < p.at + w - PROMPT)
                 .map(|p| p.n)
                 .sum();
             prop_assert!(s.held() >= in_flight, "{} held for {in_flight} in flight", s.held());
