@@ -25,7 +25,7 @@ use std::path::Path;
 use std::thread::{JoinHandle, spawn};
 use std::time::{Duration, Instant};
 
-use proxies::{Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy};
+use proxies::{Envoy, Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy};
 use redis_server::{RedisServer, redis_server_available};
 
 /// The example's window: a slot never given back frees itself this long after it was taken.
@@ -79,80 +79,114 @@ fn stat(nodes: &[&Sluice], stat: &str) -> u64 {
         .sum()
 }
 
+/// One run's application, Envoy listener and Sluice nodes, and what the test asks of them.
+struct Run<'a> {
+    upstream: Upstream,
+    port: u16,
+    nodes: &'a [&'a Sluice],
+}
+
+impl Run<'_> {
+    /// One request of API key `a`, answered.
+    fn request(&self) -> u16 {
+        get(self.port, "/", &[("X-Api-Key", "a")]).status
+    }
+
+    /// `n` requests of key `a` sent at once, each on its own thread.
+    fn start(&self, n: usize) -> Vec<JoinHandle<u16>> {
+        let port = self.port;
+        (0..n)
+            .map(|_| spawn(move || get(port, "/", &[("X-Api-Key", "a")]).status))
+            .collect()
+    }
+
+    /// Waits until the application holds `n` requests.
+    fn held(&self, n: usize) {
+        support::wait_for(&format!("{n} held"), Duration::from_secs(20), || {
+            self.upstream.in_flight().0 == n
+        });
+    }
+
+    /// Waits until the nodes together counted `n` of `stat`.
+    fn counted(&self, what: &str, n: u64) {
+        support::wait_for(&format!("{n} {what}"), Duration::from_secs(20), || {
+            stat(self.nodes, what) == n
+        });
+    }
+}
+
 /// The scenario against Sluice `nodes` (one, or a cluster's three).
 fn holds_three_in_flight(envoy_bin: &Path, dir: &Path, nodes: &[&Sluice]) {
-    let upstream = Upstream::start_gated();
-    let port = free_port();
+    let run = Run {
+        upstream: Upstream::start_gated(),
+        port: free_port(),
+        nodes,
+    };
     let grpc: Vec<u16> = nodes.iter().map(|s| s.grpc).collect();
-    let conf = envoy_conf(&grpc, upstream.port, port);
-    let mut proxy = start_envoy(envoy_bin, dir, ("envoy-concurrency", &conf, port), &[]);
-    let request = move || get(port, "/", &[("X-Api-Key", "a")]).status;
-    let start = |n: usize| -> Vec<JoinHandle<u16>> { (0..n).map(|_| spawn(request)).collect() };
-    let held = |n: usize| {
-        support::wait_for(&format!("{n} held"), Duration::from_secs(20), || {
-            upstream.in_flight().0 == n
-        });
-    };
-    let given_back = |n: u64| {
-        support::wait_for(
-            &format!("{n} slots given back"),
-            Duration::from_secs(20),
-            || stat(nodes, "slots_given_back") == n,
-        );
-    };
+    let conf = envoy_conf(&grpc, run.upstream.port, run.port);
+    let proxy = start_envoy(envoy_bin, dir, ("envoy-concurrency", &conf, run.port), &[]);
+    three_of_five(&run);
+    lost_slots_expire(&run, proxy, (envoy_bin, dir, &conf));
+}
 
-    // Five at once against a limit of 3: three are held by the application, two refused.
+/// Five at once against a limit of 3: three held by the application, two refused; while the
+/// three run more are refused, and once they finish three pass again.
+fn three_of_five(run: &Run<'_>) {
     let began = Instant::now();
-    let five = start(5);
-    held(3);
+    let five = run.start(5);
+    run.held(3);
     support::wait_for("two refused", Duration::from_secs(20), || {
         five.iter().filter(|h| h.is_finished()).count() == 2
     });
-    // While they run, more are refused, and those refusals' refunds free nothing.
+    // Those refusals' refunds, and these, free nothing.
     for _ in 0..3 {
-        assert_eq!(request(), 429, "a fourth request in flight");
+        assert_eq!(run.request(), 429, "a fourth request in flight");
     }
     assert!(
         began.elapsed() < WINDOW,
         "the test outran the slots' window"
     );
-    upstream.release(3);
+    run.upstream.release(3);
     let mut statuses: Vec<u16> = five.into_iter().map(|h| h.join().unwrap()).collect();
     statuses.sort_unstable();
     assert_eq!(statuses, [200, 200, 200, 429, 429]);
-    given_back(3);
-    // Finished, their slots are free: three pass again, a fourth is refused.
-    let three = start(3);
-    held(3);
-    assert_eq!(request(), 429);
-    upstream.release(3);
+    run.counted("slots_given_back", 3);
+    let three = run.start(3);
+    run.held(3);
+    assert_eq!(run.request(), 429);
+    run.upstream.release(3);
     assert!(three.into_iter().all(|h| h.join().unwrap() == 200));
-    given_back(6);
-    assert_eq!(upstream.in_flight().1, 3, "never more than 3 in flight");
-    assert_eq!(stat(nodes, "slots_expired"), 0);
+    run.counted("slots_given_back", 6);
+    assert_eq!(run.upstream.in_flight().1, 3, "never more than 3 in flight");
+    assert_eq!(stat(run.nodes, "slots_expired"), 0);
+}
 
-    // Envoy killed while three slots are held: their refunds are never sent.
+/// Envoy killed (SIGKILL) while three slots are held, so their refunds are never sent, and
+/// restarted: refused until 5 s after the slots were taken, then admitted; Sluice counts the
+/// three as expired without a refund.
+fn lost_slots_expire(
+    run: &Run<'_>,
+    mut proxy: Envoy,
+    (envoy_bin, dir, conf): (&Path, &Path, &str),
+) {
     let taken = Instant::now();
-    let orphans = start(3);
-    held(3);
+    let orphans = run.start(3);
+    run.held(3);
     proxy.proc.stop();
-    upstream.release(3);
+    run.upstream.release(3);
     for h in orphans {
         let _ = h.join();
     }
-    support::wait_for("the orphans gone", Duration::from_secs(20), || {
-        upstream.in_flight().0 == 0
-    });
-    let mut proxy = start_envoy(envoy_bin, dir, ("envoy-restarted", &conf, port), &[]);
+    run.held(0);
+    let mut proxy = start_envoy(envoy_bin, dir, ("envoy-restarted", conf, run.port), &[]);
     assert!(
         taken.elapsed() < WINDOW,
         "Envoy took the whole window to restart"
     );
-    assert_eq!(request(), 429, "the lost slots are still held");
-    // Refused until 5 s after the slots were taken, then admitted.
-    upstream.release(3);
+    assert_eq!(run.request(), 429, "the lost slots are still held");
+    run.upstream.release(3);
     let passed = loop {
-        let status = request();
+        let status = run.request();
         let at = taken.elapsed();
         if status == 200 {
             break at;
@@ -168,11 +202,9 @@ fn holds_three_in_flight(envoy_bin: &Path, dir: &Path, nodes: &[&Sluice]) {
         passed >= WINDOW,
         "a lost slot freed after {passed:?}, before its window"
     );
-    assert_eq!(request(), 200);
-    assert_eq!(request(), 200);
-    support::wait_for("3 slots expired", Duration::from_secs(20), || {
-        stat(nodes, "slots_expired") == 3
-    });
+    assert_eq!(run.request(), 200);
+    assert_eq!(run.request(), 200);
+    run.counted("slots_expired", 3);
     proxy.proc.assert_running();
 }
 

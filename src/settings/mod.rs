@@ -687,11 +687,7 @@ impl ServeArgs {
         })?;
         let config = ConfigSettings {
             source,
-            load: LoadOptions {
-                merge_domain_config: self.merge_domain_config,
-                without_slots: matches!(backend, Backend::Memcache(_))
-                    .then_some("BACKEND_TYPE=memcache"),
-            },
+            load: load_options(self.merge_domain_config, &backend),
             files: self.config_files.validate()?,
             poll_interval,
             force_start: self.force_start_without_initial_config,
@@ -1062,6 +1058,15 @@ fn env_var_of(cmd: &clap::Command, long: &str) -> Option<String> {
 #[cfg(test)]
 #[path = "../../integration/pki.rs"]
 mod test_pki;
+
+/// How config files load for `backend`: MERGE_DOMAIN_CONFIG, and a store that keeps no slots
+/// (memcached) refusing `algorithm: concurrency` at load, before a port is bound.
+fn load_options(merge_domain_config: bool, backend: &Backend) -> LoadOptions {
+    LoadOptions {
+        merge_domain_config,
+        without_slots: matches!(backend, Backend::Memcache(_)).then_some("BACKEND_TYPE=memcache"),
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -60,6 +60,7 @@ pub fn timed<T>(what: &str, case: impl FnOnce() -> T) -> T {
 pub fn load_options(merge_domain_config: bool) -> LoadOptions {
     LoadOptions {
         merge_domain_config,
+        without_slots: None,
     }
 }
 
