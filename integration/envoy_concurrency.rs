@@ -127,6 +127,12 @@ fn holds_three_in_flight(envoy_bin: &Path, dir: &Path, nodes: &[&Sluice]) {
     let proxy = start_envoy(envoy_bin, dir, ("envoy-concurrency", &conf, run.port), &[]);
     three_of_five(&run);
     lost_slots_expire(&run, proxy, (envoy_bin, dir, &conf));
+    if let [node] = nodes {
+        // The status page lists the limit: none held, 6 given back, 3 lost refunds.
+        let (_, page) = support::http(node.debug, "GET", "/", "").expect("the status page");
+        let row = "<tr><td>inflight.inflight</td><td>0</td><td>9</td><td>3</td></tr>";
+        assert!(page.contains(row), "{page}");
+    }
 }
 
 /// Five at once against a limit of 3: three held by the application, two refused; while the
@@ -205,6 +211,7 @@ fn lost_slots_expire(
     assert_eq!(run.request(), 200);
     assert_eq!(run.request(), 200);
     run.counted("slots_expired", 3);
+    run.counted("slots_given_back", 9);
     proxy.proc.assert_running();
 }
 
@@ -246,6 +253,22 @@ fn envoy_holds_three_in_flight_through_a_three_node_cluster() {
         })
         .collect();
     let nodes: Vec<&Sluice> = nodes.iter().collect();
+    // Membership converged first: every node sees all three peers up, so each key has one
+    // owner everywhere.
+    support::wait_for(
+        "every node seeing 3 peers up",
+        Duration::from_secs(20),
+        || {
+            nodes.iter().all(|n| {
+                support::http(n.debug, "GET", "/stats", "").is_some_and(|(_, b)| {
+                    b.lines()
+                        .filter(|l| l.starts_with("sluice.cluster.peer_up.") && l.ends_with(": 1"))
+                        .count()
+                        == 3
+                })
+            })
+        },
+    );
     holds_three_in_flight(&envoy, dir.path(), &nodes);
 }
 

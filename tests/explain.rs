@@ -24,6 +24,7 @@ const CASES: &[&[&str]] = &[
     &["quota=q", "user=carol"],
     &["nope=x"],
     &["user=vip", "path=/api/v2", "plan=free"],
+    &["inflight=i"],
 ];
 
 fn query(descriptors: &[&str]) -> String {
@@ -96,6 +97,11 @@ async fn the_explanation_names_the_answer_the_call_then_gets() {
     );
     assert_eq!(first_over("tenant=acme&route=checkout"), Some(2));
     assert_eq!(first_over("plan=free"), Some(3));
+    assert_eq!(
+        first_over("inflight=i"),
+        Some(2),
+        "two slots, none given back"
+    );
     for never in [
         "shadow=s",
         "trusted=t",

@@ -212,7 +212,18 @@ fn descriptor_text(d: &Value) -> String {
     }
     for c in d["counters"].as_array().into_iter().flatten() {
         out.push_str(&format!("  counter {}", text(&c["key"])));
-        if let Some(count) = c.get("count") {
+        if let (Some(count), "concurrency") = (c.get("count"), text(&c["algorithm"]).as_str()) {
+            out.push_str(&format!(
+                ": {count} slot(s) held, {} free, the oldest frees itself in {}s{}",
+                c["remaining"],
+                c["reset_after_secs"],
+                if c["would_refuse"] == true {
+                    format!(", {} more would be refused", d["hits"])
+                } else {
+                    String::new()
+                }
+            ));
+        } else if let Some(count) = c.get("count") {
             out.push_str(&format!(
                 ": count {count}, remaining {}, resets in {}s{}",
                 c["remaining"],
@@ -281,6 +292,27 @@ fn text(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_concurrency_counter_reads_as_slots() {
+        let v = serde_json::json!({
+            "domain": "ex",
+            "descriptors": [{
+                "index": 0, "entries": ["inflight=i"], "hits": 1,
+                "counters": [{
+                    "key": "ex_inflight_i_", "algorithm": "concurrency", "count": 2,
+                    "remaining": 1, "reset_after_secs": 4, "would_refuse": false,
+                }],
+            }],
+        });
+        assert!(
+            render(&v).contains(
+                "counter ex_inflight_i_: 2 slot(s) held, 1 free, the oldest frees itself in 4s\n"
+            ),
+            "{}",
+            render(&v)
+        );
+    }
 
     #[test]
     fn the_query_keeps_entries_together_and_encodes_the_rest() {

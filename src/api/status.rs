@@ -1,8 +1,8 @@
 //! The status page on the debug port (`/`): server-rendered HTML that works without JavaScript
 //! and refreshes itself every [`REFRESH_SECS`] seconds. What Sluice is doing now: calls per
 //! second (since the page was last rendered), the keys closest to or over their limits
-//! ([`crate::service::HotKeys`]), the counter store and its backends, the peers and lease mode,
-//! and the loaded limits (the `/rlconfig` lines, at most [`MAX_LIMIT_LINES`]).
+//! ([`crate::service::HotKeys`]), the concurrency limits' slots, the counter store and its
+//! backends, the peers and lease mode, and the loaded limits (the `/rlconfig` lines, at most [`MAX_LIMIT_LINES`]).
 
 use std::fmt::Write;
 
@@ -46,6 +46,7 @@ pub fn render(st: &DebugState, now: Timestamp) -> String {
     );
     traffic(&mut out, st, now);
     hot_keys(&mut out, st, now);
+    slots(&mut out, st);
     store(&mut out, st);
     peers(&mut out, st);
     limits(&mut out, st);
@@ -106,6 +107,33 @@ fn hot_keys(out: &mut String, st: &DebugState, now: Timestamp) {
                 .saturating_sub(now.micros())
                 .div_ceil(1_000_000),
             lease_text(st, &h.key),
+        );
+    }
+    out.push_str("</table>");
+}
+
+/// The concurrency limits that took a slot: held (by this node's calls: taken less given back
+/// less expired), given back, and expired without a refund (each a lost refund).
+fn slots(out: &mut String, st: &DebugState) {
+    let series = crate::telemetry::prometheus::limit_series(&st.stats);
+    let mut rows = series.iter().filter(|(_, v)| v[8] > 0).peekable();
+    if rows.peek().is_none() {
+        return;
+    }
+    out.push_str(
+        "<h2>Concurrency limits</h2><table id=\"slots\"><tr><th>limit</th><th>slots held</th>\
+         <th>given back</th><th>expired without a refund</th></tr>",
+    );
+    for ((domain, key1, key2), v) in rows {
+        let name = [Some(domain), key1.as_ref(), key2.as_ref()];
+        let name: Vec<&str> = name.into_iter().flatten().map(String::as_str).collect();
+        let held = crate::telemetry::stats::LimitCounters::slots_held(v);
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{held}</td><td>{}</td><td>{}</td></tr>",
+            esc(&name.join(".")),
+            v[9],
+            v[10]
         );
     }
     out.push_str("</table>");
