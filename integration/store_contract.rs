@@ -1020,6 +1020,7 @@ macro_rules! slots_contract {
                 refused_starts_and_their_refunds_cancel_out,
                 a_slot_never_given_back_frees_itself_one_window_after_it_was_taken,
                 concurrent_starts_take_exactly_the_limit,
+                without_charge_refused_every_refund_gives_back_a_slot,
             );
         }
     };
@@ -1027,10 +1028,12 @@ macro_rules! slots_contract {
 #[allow(unused_imports)]
 pub(crate) use slots_contract;
 
-/// 3 in flight for a window of 5 s (the contract).
+/// 3 in flight for a window of 5 s (the contract), refused starts kept as a debt (the
+/// config's default for a concurrency limit).
 pub fn slots_quota() -> Quota {
     Quota {
         unit_multiplier: 5,
+        charge_refused: true,
         ..limit(Algorithm::Concurrency, 3, Unit::Second)
     }
 }
@@ -1124,4 +1127,21 @@ pub async fn concurrent_starts_take_exactly_the_limit<S: CounterStore>(store: &S
     });
     let answers = futures_util::future::join_all(calls).await;
     assert_eq!(answers.iter().filter(|a| **a).count(), 50);
+}
+
+/// `charge_refused: false` (a proxy that refunds admitted requests only, HAProxy's response
+/// event): a refusal keeps no debt, so the next refund frees a slot.
+pub async fn without_charge_refused_every_refund_gives_back_a_slot<S: CounterStore>(store: &S) {
+    let q = Quota {
+        charge_refused: false,
+        ..slots_quota()
+    };
+    let k = "slots_lean_";
+    let four: Vec<Hit<'_>> = (0..4).map(|_| hit(k, q, 1)).collect();
+    assert_eq!(
+        admitted(&slot_calls(store, at(T0), &four).await),
+        [true, true, true, false]
+    );
+    let back = slot_refund(store, at(T0), hit(k, q, 1)).await;
+    assert_eq!((back.count_after, back.remaining), (2, 1));
 }

@@ -624,8 +624,8 @@ fn rate_limits_enforce_every_block() {
 }
 
 /// `algorithm: concurrency`: accepted where the other algorithms are (with `unit_multiplier`
-/// and beside another block); refused above the slots a counter may hold, with
-/// `charge_refused: false`, or with a burst; and by a store that keeps no slots, naming the
+/// and beside another block, with or without `charge_refused`); refused above the slots a
+/// counter may hold or with a burst; and by a store that keeps no slots, naming the
 /// descriptor and the store.
 #[test]
 fn concurrency_limits_and_where_they_cannot_apply() {
@@ -661,10 +661,15 @@ fn concurrency_limits_and_where_they_cannot_apply() {
         ),
         "c.yaml: requests_per_unit 65537 is more slots than a concurrency limit may hold (at most 65536)"
     );
-    assert!(
-        refused("rate_limit: {unit: second, requests_per_unit: 3, algorithm: concurrency, charge_refused: false}", &plain)
-            .contains("charge_refused cannot be false for 'concurrency'")
-    );
+    // Refused starts are a debt by default; `charge_refused: false` keeps none.
+    assert!(blocks[0].quota.charge_refused);
+    let lean = "rate_limit: {unit: second, requests_per_unit: 3, algorithm: concurrency, charge_refused: false}";
+    let cfg = parse_files(&text(lean), &plain).expect("loads");
+    let m = cfg.domain("d").unwrap().lookup(&entries).expect("matches");
+    let Rule::Limited(blocks) = &m.limit.rule else {
+        panic!("limited")
+    };
+    assert!(!blocks[0].quota.charge_refused);
     assert!(
         refused(
             "rate_limit: {unit: second, requests_per_unit: 3, algorithm: concurrency, burst: 2}",

@@ -724,11 +724,9 @@ impl CounterStore for ClusterStore {
     /// which its owner counts instead, as the other algorithms' with it are.
     fn counts_refused(&self, quota: &Quota) -> bool {
         match self.mode {
-            // Limits that charge refused hits, and concurrency limits, are never leased: their
-            // owner counts them (`LeaseTable::route`).
-            ClusterMode::Lease => {
-                quota.charge_refused || quota.algorithm == crate::limiter::Algorithm::Concurrency
-            }
+            // Limits that charge refused hits are never leased: their owner counts them
+            // (`LeaseTable::route`), as it does every concurrency limit.
+            ClusterMode::Lease => quota.charge_refused,
             ClusterMode::Forward | ClusterMode::Divided => quota.charges_refused(),
         }
     }

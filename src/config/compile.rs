@@ -831,7 +831,9 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
         // its hits is counted even where the Go service's shortcuts would hold refused ones
         // back (the local over-limit cache, the STOP flag, a lease), so that a refund sent
         // for a refused request gives back only what it took (docs/algorithms.md, Refunds).
-        charge => charge.unwrap_or(false),
+        // A concurrency limit keeps refused starts as a debt unless told its proxy refunds
+        // admitted requests only (`charge_refused: false`, HAProxy's response event).
+        charge => charge.unwrap_or(algorithm == Algorithm::Concurrency),
     };
     let unit_multiplier = match rl.unit_multiplier {
         None => 1,
@@ -858,9 +860,7 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
     })
 }
 
-/// A concurrency limit's own checks: at most [`concurrency::MAX_SLOTS`] slots, and refused
-/// starts always kept as a debt (`charge_refused: false` would let refunds of refused requests
-/// free slots that admitted ones hold).
+/// A concurrency limit's own check: at most [`concurrency::MAX_SLOTS`] slots.
 fn check_concurrency(rl: &RawRateLimit, algorithm: Algorithm) -> Result<(), String> {
     if algorithm != Algorithm::Concurrency {
         return Ok(());
@@ -871,13 +871,6 @@ fn check_concurrency(rl: &RawRateLimit, algorithm: Algorithm) -> Result<(), Stri
             rl.requests_per_unit,
             concurrency::MAX_SLOTS
         ));
-    }
-    if rl.charge_refused == Some(false) {
-        return Err(
-            "charge_refused cannot be false for 'concurrency', which keeps refused starts as a \
-             debt their refunds pay off (docs/algorithms.md, Concurrency)"
-                .to_owned(),
-        );
     }
     Ok(())
 }

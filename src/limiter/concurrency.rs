@@ -10,7 +10,9 @@
 //! the debt is dropped once one window has passed since the latest refusal. Then:
 //!
 //! - **a start** of `n` hits takes `n` slots if `held + n <= limit`, each expiring at
-//!   `now + window`; otherwise it takes none, is refused, and adds `n` to the debt;
+//!   `now + window`; otherwise it takes none, is refused, and adds `n` to the debt (unless the
+//!   limit says `charge_refused: false`: for a proxy that refunds admitted requests only, such
+//!   as HAProxy's response event, there is no refund to wait for);
 //! - **a refund** of `n` first pays off the debt (up to `n`), and gives back the rest as held
 //!   slots, the oldest first, never below zero;
 //! - **a peek** (0 hits) changes nothing, and is over only when more than `limit` slots are
@@ -48,7 +50,7 @@
 
 use std::collections::VecDeque;
 
-use super::Decision;
+use super::{Decision, Quota};
 
 /// The largest `requests_per_unit` a concurrency limit may have: the most slots (each an
 /// expiry time) one counter can hold.
@@ -105,10 +107,12 @@ impl Slots {
         gone as u64
     }
 
-    /// Applies a start of `hits` slots at `now_us` against `limit` slots held for
-    /// `window_secs` (a peek when `hits` is 0). The decision's `expired` counts the slots that
-    /// expired before it (each a lost refund).
-    pub fn decide(&mut self, now_us: u64, window_secs: u64, limit: u32, hits: u64) -> Decision {
+    /// Applies a start of `hits` slots at `now_us` on a counter of `quota` (a peek when `hits`
+    /// is 0). The decision's `expired` counts the slots that expired before it (each a lost
+    /// refund). A refused start is kept as a debt unless the quota says `charge_refused: false`
+    /// (a proxy that refunds admitted requests only).
+    pub fn decide(&mut self, now_us: u64, quota: &Quota, hits: u64) -> Decision {
+        let (window_secs, limit) = (quota.window().secs(), quota.requests_per_unit);
         let expired = self.expire(now_us);
         let before = self.held();
         let after = before.saturating_add(hits);
@@ -124,7 +128,7 @@ impl Slots {
             for _ in 0..hits {
                 self.expiries.insert(at, until);
             }
-        } else if hits > 0 {
+        } else if hits > 0 && quota.charge_refused {
             self.refused = self.refused.saturating_add(hits);
             self.refused_until = self.refused_until.max(until);
         }
@@ -133,7 +137,8 @@ impl Slots {
 
     /// Gives back `hits` at `now_us`: the debt is paid off first, then the oldest slots.
     /// Answers a peek at what is left (and the slots that expired before it).
-    pub fn refund(&mut self, now_us: u64, window_secs: u64, limit: u32, hits: u64) -> Decision {
+    pub fn refund(&mut self, now_us: u64, quota: &Quota, hits: u64) -> Decision {
+        let (window_secs, limit) = (quota.window().secs(), quota.requests_per_unit);
         let expired = self.expire(now_us);
         let before = self.held();
         let paid = hits.min(self.refused);
@@ -230,7 +235,7 @@ impl Slots {
 
 /// The answer to `hits` on a concurrency limit whose slots could not be read: refused, no
 /// slot free (fail closed).
-pub fn refusal(quota: &super::Quota, hits: u64) -> Decision {
+pub fn refusal(quota: &Quota, hits: u64) -> Decision {
     Decision {
         count_after: u64::from(quota.requests_per_unit).saturating_add(hits),
         count_before: u64::from(quota.requests_per_unit),

@@ -129,20 +129,28 @@ impl Quota {
         }
     }
 
+    /// This quota counted by `algorithm`.
+    pub const fn with_algorithm(self, algorithm: Algorithm) -> Self {
+        Quota { algorithm, ..self }
+    }
+
     /// The window this quota counts in: `unit_multiplier` units.
     pub const fn window(&self) -> Window {
         Window::new(self.unit, self.unit_multiplier)
     }
 
-    /// Whether a refused call's hits are counted: always for a fixed window (Go's counting)
-    /// and a concurrency limit (as a debt its refunds pay off, [`concurrency`]), with
-    /// `charge_refused` for the others.
+    /// Whether a refused call's hits are counted: always for a fixed window (Go's counting),
+    /// with `charge_refused` for the others (a concurrency limit's default: refused starts kept
+    /// as a debt their refunds pay off, [`concurrency`]).
     pub const fn charges_refused(&self) -> bool {
-        self.charge_refused
-            || matches!(
-                self.algorithm,
-                Algorithm::FixedWindow | Algorithm::Concurrency
-            )
+        self.charge_refused || matches!(self.algorithm, Algorithm::FixedWindow)
+    }
+
+    /// Whether a refund (`is_negative_hits`) is always taken off, whatever SLUICE_NEGATIVE_HITS
+    /// says: a concurrency limit's, which either keeps refused starts as a debt or was told
+    /// (`charge_refused: false`) that its proxy refunds admitted requests only.
+    pub const fn takes_every_refund(&self) -> bool {
+        matches!(self.algorithm, Algorithm::Concurrency)
     }
 }
 

@@ -555,6 +555,9 @@ impl<S: CounterStore> RateLimitService<S> {
 
     /// Whether a negative hit on `quota` is taken off its counter (SLUICE_NEGATIVE_HITS).
     fn applies_refund(&self, quota: &Quota) -> bool {
+        if quota.takes_every_refund() {
+            return true;
+        }
         match self.options.negative_hits {
             NegativeHits::Always => true,
             NegativeHits::Counted => self.store.counts_refused(quota),

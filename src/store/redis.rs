@@ -144,7 +144,8 @@ return found
 /// KEYS[1]: the counter, a string holding [`Slots::text`]: the debt of refused hits, its end
 /// (µs), then each held slot's expiry (µs since the epoch), oldest first. One key, so on Redis
 /// Cluster the script runs on that key's slot and needs no hash tag.
-/// ARGV: now (µs), the window (µs), the limit, hits, `s` (a start) or `r` (a refund).
+/// ARGV: now (µs), the window (µs), the limit, hits, `s` (a start) or `r` (a refund), and
+/// whether a refused start is kept as a debt (1) or not (0, `charge_refused: false`).
 /// Expired slots and an ended debt are dropped first; then a start of `n` takes `n` slots,
 /// each expiring a window from now, when `held + n <= limit`, else adds `n` to the debt (its
 /// end a window from now); a refund of `n` pays off the debt first and frees the rest of `n`
@@ -168,7 +169,7 @@ table.sort(held)
 if ARGV[5] == 's' then
   if #held + n <= limit then
     for _ = 1, n do held[#held + 1] = now + window end
-  else
+  elseif ARGV[6] == '1' then
     debt, debt_until = debt + n, math.max(debt_until, now + window)
   end
 else
@@ -690,7 +691,8 @@ fn push_slots(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, mode: &
         .arg(q.window().secs().saturating_mul(1_000_000))
         .arg(q.requests_per_unit)
         .arg(hit.hits)
-        .arg(mode);
+        .arg(mode)
+        .arg(u8::from(q.charge_refused));
 }
 
 /// A concurrency hit's decision from the slots [`SLOTS`] found: the same pure step the
@@ -708,12 +710,11 @@ fn slots_step(
         _ => return Err(bad()),
     };
     let mut slots = Slots::parse(text).ok_or_else(bad)?;
-    let q = &hit.quota;
-    let (now, window, limit) = (now.micros(), q.window().secs(), q.requests_per_unit);
+    let (now, q) = (now.micros(), &hit.quota);
     Ok(if refund {
-        slots.refund(now, window, limit, hit.hits)
+        slots.refund(now, q, hit.hits)
     } else {
-        slots.decide(now, window, limit, hit.hits)
+        slots.decide(now, q, hit.hits)
     })
 }
 

@@ -5,10 +5,20 @@ use super::*;
 use proptest::prelude::*;
 
 const S: u64 = 1_000_000;
+
+/// `limit` in flight, slots held for 5 s, refused starts kept as a debt.
+fn q(limit: u32) -> crate::limiter::Quota {
+    crate::limiter::Quota {
+        unit_multiplier: 5,
+        charge_refused: true,
+        ..crate::limiter::Quota::fixed(limit, crate::limiter::Unit::Second)
+    }
+    .with_algorithm(crate::limiter::Algorithm::Concurrency)
+}
 const T0: u64 = 1_700_000_000 * S;
 
 fn start(s: &mut Slots, now: u64, hits: u64) -> Decision {
-    s.decide(now, 5, 3, hits)
+    s.decide(now, &q(3), hits)
 }
 
 #[test]
@@ -35,13 +45,13 @@ fn refused_starts_and_their_refunds_cancel_out() {
     }
     // The two refusals' refunds come back: they pay the debt and free nothing.
     for _ in 0..2 {
-        let d = s.refund(T0 + 1, 5, 3, 1);
+        let d = s.refund(T0 + 1, &q(3), 1);
         assert_eq!((d.count_before, d.count_after, d.remaining), (3, 3, 0));
     }
     assert!(start(&mut s, T0 + 2, 1).over, "still three in flight");
     // That refusal's refund, then one admitted request's end: one slot free.
-    s.refund(T0 + 3, 5, 3, 1);
-    let d = s.refund(T0 + 4, 5, 3, 1);
+    s.refund(T0 + 3, &q(3), 1);
+    let d = s.refund(T0 + 4, &q(3), 1);
     assert_eq!((d.count_before, d.count_after, d.remaining), (3, 2, 1));
     assert!(!start(&mut s, T0 + 5, 1).over);
 }
@@ -53,10 +63,10 @@ fn a_slot_never_given_back_frees_itself_one_window_after_it_was_taken() {
     start(&mut s, T0 + 2 * S, 2);
     assert!(start(&mut s, T0 + 4 * S, 1).over);
     // At T0 + 5 s only the first slot is gone (counted from its own start, not a boundary).
-    let step = s.decide(T0 + 5 * S, 5, 3, 1);
+    let step = s.decide(T0 + 5 * S, &q(3), 1);
     assert_eq!((step.over, step.expired), (false, 1));
     assert!(start(&mut s, T0 + 6 * S, 1).over);
-    let step = s.decide(T0 + 7 * S, 5, 3, 0);
+    let step = s.decide(T0 + 7 * S, &q(3), 0);
     assert_eq!((step.count_before, step.expired), (1, 2));
     // The refusal at 6 s keeps its debt until 11 s.
     assert!(!s.is_stale(T0 + 10 * S));
@@ -70,11 +80,26 @@ fn hits_addend_takes_and_gives_that_many_slots() {
     assert!(start(&mut s, T0, 2).over, "2 + 2 > 3: none taken");
     assert_eq!((s.held(), s.refused()), (2, 2));
     // A refund of 3: 2 pay the debt, 1 frees a slot.
-    let d = s.refund(T0, 5, 3, 3);
+    let d = s.refund(T0, &q(3), 3);
     assert_eq!((d.count_after, d.remaining), (1, 2));
     // Never below zero.
-    assert_eq!(s.refund(T0, 5, 3, 10).count_after, 0);
+    assert_eq!(s.refund(T0, &q(3), 10).count_after, 0);
     assert_eq!(s, Slots::default());
+}
+
+#[test]
+fn without_charge_refused_a_refusal_keeps_no_debt() {
+    // HAProxy refunds admitted requests only: every refund gives back a slot.
+    let lean = crate::limiter::Quota {
+        charge_refused: false,
+        ..q(3)
+    };
+    let mut s = Slots::default();
+    for _ in 0..5 {
+        s.decide(T0, &lean, 1);
+    }
+    assert_eq!((s.held(), s.refused()), (3, 0));
+    assert_eq!(s.refund(T0, &lean, 1).count_after, 2);
 }
 
 #[test]
@@ -85,9 +110,9 @@ fn the_debt_lasts_one_window_after_the_latest_refusal() {
     }
     start(&mut s, T0 + 3 * S, 1);
     assert_eq!(s.refused(), 2);
-    s.decide(T0 + 7 * S, 5, 3, 0);
+    s.decide(T0 + 7 * S, &q(3), 0);
     assert_eq!(s.refused(), 2, "the latest refusal was at 3 s");
-    s.decide(T0 + 8 * S, 5, 3, 0);
+    s.decide(T0 + 8 * S, &q(3), 0);
     assert_eq!((s.refused(), s.held()), (0, 0));
 }
 
@@ -102,8 +127,8 @@ fn a_peek_is_over_only_past_the_limit_and_changes_nothing() {
     assert!(!d.over);
     assert_eq!(s, before);
     // After a reload lowered the limit to 2, three held are over.
-    assert!(s.decide(T0, 5, 2, 0).over);
-    assert!(s.decide(T0, 5, 0, 1).over);
+    assert!(s.decide(T0, &q(2), 0).over);
+    assert!(s.decide(T0, &q(0), 1).over);
 }
 
 #[test]
@@ -172,14 +197,13 @@ proptest! {
         limit in 0u32..6,
         ops in proptest::collection::vec(op(), 1..200),
     ) {
-        let window = 5u64;
-        let w = window * S;
+        let w = 5 * S;
         let (mut s, mut now, mut pending) = (Slots::default(), T0, Vec::<Pending>::new());
         let mut last_start = None;
         for op in ops {
             match op {
                 Op::Start(n) => {
-                    let d = s.decide(now, window, limit, n);
+                    let d = s.decide(now, &q(limit), n);
                     pending.push(Pending { at: now, n, admitted: !d.over });
                     last_start = Some(now);
                 }
@@ -191,7 +215,7 @@ proptest! {
                     // refund is as good as lost.
                     let by = if p.admitted { p.at + w - PROMPT } else { p.at + PROMPT };
                     if now < by {
-                        s.refund(now, window, limit, p.n);
+                        s.refund(now, &q(limit), p.n);
                     }
                 }
                 Op::Lose(i) if !pending.is_empty() => {
@@ -200,7 +224,7 @@ proptest! {
                 Op::Wait(dt) => now += dt,
                 _ => {}
             }
-            s.decide(now, window, limit, 0);
+            s.decide(now, &q(limit), 0);
             prop_assert!(s.held() <= u64::from(limit), "{} held, limit {limit}", s.held());
             let in_flight: u64 = pending
                 .iter()

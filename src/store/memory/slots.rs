@@ -50,12 +50,7 @@ pub(super) fn room(hit: &Hit<'_>) -> Room {
 /// A start (or a peek) of `hit` on `slots` at `now`.
 fn start(slots: &mut Slots, hit: &Hit<'_>, now: Timestamp) -> Decision {
     let q = &hit.quota;
-    slots.decide(
-        now.micros(),
-        q.window().secs(),
-        q.requests_per_unit,
-        hit.hits,
-    )
+    slots.decide(now.micros(), q, hit.hits)
 }
 
 /// Every concurrency counter, by window length.
@@ -116,12 +111,11 @@ impl SlotTables {
     /// A refund; a counter that is not there has nothing to give back, and none is made.
     pub(super) fn refund(&self, hit: &Hit<'_>, now: Timestamp) -> Decision {
         let q = &hit.quota;
-        let (window, limit) = (q.window().secs(), q.requests_per_unit);
         let counter = self.existing(q);
         let counter = counter.as_ref().and_then(|t| t.get(hit.key));
         match counter {
-            Some(c) => c.step(|s| s.refund(now.micros(), window, limit, hit.hits)),
-            None => Slots::default().refund(now.micros(), window, limit, 0),
+            Some(c) => c.step(|s| s.refund(now.micros(), q, hit.hits)),
+            None => Slots::default().refund(now.micros(), q, 0),
         }
     }
 
@@ -152,12 +146,7 @@ impl SlotTables {
         let counter = table.get(key)?;
         Some(counter.step(|s| {
             let mut now_view = s.clone();
-            now_view.decide(
-                now.micros(),
-                quota.window().secs(),
-                quota.requests_per_unit,
-                0,
-            );
+            now_view.decide(now.micros(), quota, 0);
             (now_view.held(), now_view.refused())
         }))
     }
