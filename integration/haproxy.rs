@@ -172,6 +172,74 @@ fn haproxy_refunds_each_request_on_its_response() {
     proc.assert_running();
 }
 
+/// `algorithm: concurrency` with `charge_refused: false` behind HAProxy's two messages (the
+/// start on the request, the refund on the response, for admitted requests only) and an
+/// application that holds each request: 2 of 3 slow requests are held, the third is refused
+/// and sends no refund; one finishing frees its slot for the next; never more than 2 at once.
+#[test]
+fn haproxy_holds_a_concurrency_limit_with_its_response_refunds() {
+    let Some(haproxy) = proxies::locate(
+        "SLUICE_HAPROXY",
+        &[PathBuf::from("/usr/sbin/haproxy")],
+        "haproxy",
+        "apt-get install haproxy",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("sluice.yaml");
+    std::fs::write(
+        &limits,
+        "domain: inflight\ndescriptors:\n  - key: inflight\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency, charge_refused: false}\n",
+    )
+    .unwrap();
+    let spoa_port = free_port();
+    let sluice = Sluice::start_with_env(
+        &limits,
+        dir.path(),
+        &[
+            ("SPOA_HOST", &OsString::from("127.0.0.1")),
+            ("SPOA_PORT", &OsString::from(spoa_port.to_string())),
+        ],
+    );
+    let upstream = Upstream::start_gated();
+    let (mut proc, port) = in_flight_haproxy(&haproxy, dir.path(), spoa_port, &upstream);
+    upstream.release(1);
+    wait_for("HAProxy to route", Duration::from_secs(20), || {
+        proc.assert_running();
+        try_get(port, "/", &[]).is_some_and(|a| a.status == 200)
+    });
+    let slow = || std::thread::spawn(move || get(port, "/", &[("X-Api-Key", "k1")]).status);
+    let held = |n: usize| {
+        wait_for(&format!("{n} held"), Duration::from_secs(20), || {
+            upstream.in_flight().0 == n
+        });
+    };
+    let mut running = vec![slow(), slow()];
+    held(2);
+    assert_eq!(get(port, "/", &[("X-Api-Key", "k1")]).status, 429);
+    upstream.release(1);
+    let first = running.remove(0);
+    wait_for("one finished", Duration::from_secs(20), || {
+        first.is_finished() || running[0].is_finished()
+    });
+    held(1);
+    // Its refund, on the response, freed its slot (the refusal kept no debt to pay).
+    wait_for("a slot free again", Duration::from_secs(20), || {
+        let s = support::http(sluice.debug, "GET", "/metrics", "").map(|(_, b)| b);
+        s.is_some_and(|b| b.contains("ratelimit_service_rate_limit_slots_given_back{domain=\"inflight\",key1=\"inflight\"} 1"))
+    });
+    running.push(first);
+    running.push(slow());
+    held(2);
+    assert_eq!(get(port, "/", &[("X-Api-Key", "k1")]).status, 429);
+    upstream.release(2);
+    let statuses: Vec<u16> = running.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(statuses, [200, 200, 200]);
+    assert_eq!(upstream.in_flight().1, 2, "never more than 2 in flight");
+    proc.assert_running();
+}
+
 /// HAProxy from the example's haproxy.cfg with docs/haproxy.md's refunds: the API key kept in
 /// `txn.api_key`, the check message on the request and the refund message on the response;
 /// started from `dir`, with the port it listens on.
