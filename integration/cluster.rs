@@ -440,6 +440,70 @@ fn with_write_behind_losing_and_restarting_the_owner_does_not_reset_the_count() 
     );
 }
 
+/// `algorithm: concurrency` with write-behind: the owner writes its slots behind, and when it
+/// is lost the new owner loads them before answering, so the slots held stay held (a reset
+/// would admit 3 more) and a refund still frees one.
+#[test]
+fn with_write_behind_losing_the_owner_keeps_the_slots_held() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = RedisServer::start_on(free_port());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limits.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: concurrency}\n",
+    )
+    .unwrap();
+    let env: Vec<(String, String)> = durable_env(&redis)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    let (mut nodes, peers) = peer_nodes(3, &env);
+    for n in &mut nodes {
+        n.start(&peers, dir.path());
+    }
+    let owner = owner_index(&nodes, &peers);
+    let others: Vec<usize> = (0..3).filter(|&i| i != owner).collect();
+    let key = "sluice:wb:{d_k_v_}:cc:60";
+    let slots_in_redis = || {
+        redis
+            .cli(&["GET", key])
+            .split_whitespace()
+            .count()
+            .saturating_sub(2)
+    };
+    let deadline = Duration::from_secs(3);
+    // Two requests start (round-robin), and the owner writes their two slots behind.
+    assert_eq!(admitted_on(&nodes, &[0, 1, 2], 2, deadline), 2);
+    wait_for("the owner's slots in Redis", Duration::from_secs(5), || {
+        slots_in_redis() == 2
+    });
+    let ttl_ms: u64 = redis.cli(&["PTTL", key]).parse().unwrap();
+    assert!(ttl_ms > 55_000 && ttl_ms <= 61_000, "TTL {ttl_ms} ms");
+    // The owner dies: the new owner loads the two before answering: one more fits (a reset
+    // would have let both through).
+    nodes[owner].kill();
+    assert_eq!(admitted_on(&nodes, &others, 2, deadline), 1);
+    let loads: u64 = others
+        .iter()
+        .map(|&i| cluster_stat(&nodes[i], "durable.loads_found"))
+        .sum();
+    assert_eq!(loads, 1, "one take-over load found the slots");
+    // The refused request's refund pays its debt, an admitted one's frees a slot: one fits.
+    let refund = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],"is_negative_hits":true}]}"#;
+    for &i in &others {
+        let (status, _) = http(nodes[i].http, "POST", "/json", refund).expect("answer");
+        assert_eq!(status, 200);
+    }
+    assert_eq!(admitted_on(&nodes, &others, 2, deadline), 1);
+    wait_for(
+        "the new owner's slots in Redis",
+        Duration::from_secs(5),
+        || slots_in_redis() == 3,
+    );
+}
+
 #[test]
 fn with_write_behind_and_redis_down_the_cluster_decides_from_memory() {
     if !redis_server_available() {

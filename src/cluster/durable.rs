@@ -34,6 +34,8 @@
 //! keys (`prefix + domain_...`, Go-compatible). The stem is a hash tag, so all of one
 //! descriptor's keys are in one Redis Cluster slot: a sliding window's two keys are read and
 //! written by one call, and on Redis Cluster each descriptor's writes are one pipeline.
+//!
+//! **Concurrency limits** keep slots, not counts: their write-behind is [`slots`]'s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -47,6 +49,10 @@ use crate::clock::{Clock, Timestamp};
 use crate::limiter::{CounterKind, Quota, bucket, fixed_window, sliding_window};
 use crate::store::{Hit, MemoryStore, RedisLink, StoreError};
 use crate::telemetry::LogLimiter;
+
+mod slots;
+
+pub use slots::slots_key;
 
 /// Raises write-behind counters, and lowers them only by the refunds this owner made.
 ///
@@ -190,6 +196,8 @@ pub struct Durable {
     write_sha: String,
     /// Counter stem -> the [`CounterKind`]s changed since the last flush.
     dirty: DashMap<Box<str>, Kinds, foldhash::fast::RandomState>,
+    /// Concurrency counter stem -> its quota, changed since the last flush ([`slots`]).
+    dirty_slots: DashMap<Box<str>, Quota, foldhash::fast::RandomState>,
     /// Counter stem -> what it refunded since the last flush (also marked dirty).
     refunded: DashMap<Box<str>, Refunds, foldhash::fast::RandomState>,
     /// `<kind>:<stem>` -> its load.
@@ -219,6 +227,7 @@ impl Durable {
             prefix: settings.key_prefix.clone(),
             write_sha: redis::Script::new(WRITE_MAX).get_hash().to_owned(),
             dirty: DashMap::default(),
+            dirty_slots: DashMap::default(),
             refunded: DashMap::default(),
             loads: DashMap::default(),
             redis_down_until: AtomicU64::new(0),
@@ -266,7 +275,7 @@ impl Durable {
 
     /// Counters changed since the last flush.
     pub fn dirty_counters(&self) -> usize {
-        self.dirty.iter().map(|e| e.value().len()).sum()
+        self.dirty.iter().map(|e| e.value().len()).sum::<usize>() + self.dirty_slots.len()
     }
 
     fn redis_key(&self, stem: &str, kind: CounterKind, window: u64) -> String {
@@ -277,6 +286,7 @@ impl Durable {
     pub fn mark_dirty(&self, hits: &[Hit<'_>]) {
         for h in hits {
             let Some(kind) = CounterKind::of_quota(&h.quota) else {
+                self.mark_slots_dirty(h);
                 continue;
             };
             // Read path first: a counter already dirty needs only a shard read lock.
@@ -328,6 +338,7 @@ impl Durable {
         elsewhere: impl Fn(&str) -> bool,
     ) {
         let (epoch, changed) = self.changes.last();
+        self.take_over_slots(now, hits, changed, &elsewhere).await;
         let due: Vec<(&Hit<'_>, CounterKind, Timestamp)> = hits
             .iter()
             .filter_map(|h| {
@@ -443,13 +454,17 @@ impl Durable {
 
     /// Writes every counter changed since the last flush; returns how many were written.
     pub async fn flush(&self, now: Timestamp) -> usize {
+        let slots = self.flush_slots(now).await;
         let writes = self.take_writes(now);
         // Loads whose horizon has passed, or that a later ring change outdated, say nothing.
         let (epoch, _) = self.changes.last();
         self.loads
             .retain(|_, s| s.epoch == epoch && s.until_us > now.micros());
         if writes.is_empty() {
-            return 0;
+            self.stats
+                .flushed_counters
+                .fetch_add(slots as u64, Ordering::Relaxed);
+            return slots;
         }
         let groups = self.pipelines(&writes);
         let replies = futures_util::future::join_all(
@@ -458,7 +473,7 @@ impl Durable {
                 .map(|range| self.send_pipeline(&writes[range.clone()])),
         )
         .await;
-        let mut written = 0;
+        let mut written = slots;
         for (range, reply) in groups.into_iter().zip(replies) {
             written += self.settle(&writes[range], reply, now);
         }

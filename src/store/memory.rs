@@ -34,6 +34,7 @@ use portable_atomic::AtomicU128;
 
 use super::{CounterStore, Hit, StoreError};
 use crate::clock::{Clock, Timestamp};
+use crate::limiter::concurrency::Slots;
 use crate::limiter::{self, Algorithm, CounterKind, Decision, Quota, Unit, Window, fixed_window};
 
 mod slots;
@@ -376,10 +377,20 @@ impl MemoryStore {
             .map(|w| widen_of(&*w, StateWord::load(&*w))))
     }
 
-    /// The slots a concurrency counter holds at `now` and its debt of refused hits,
-    /// `(held, refused)`; `None` if there is no such counter.
-    pub fn slots(&self, quota: &Quota, key: &str, now: Timestamp) -> Option<(u64, u64)> {
-        self.inner.slots.held(quota, key, now)
+    /// A concurrency counter's slots as they stand at `now`; `None` if there is no such
+    /// counter.
+    pub fn slots(&self, quota: &Quota, key: &str, now: Timestamp) -> Option<Slots> {
+        self.inner.slots.state(quota, key, now)
+    }
+
+    /// Merges slots kept elsewhere (another owner's, through Redis) into a concurrency counter,
+    /// making it if needed: never frees a slot, never counts one twice. A new counter needs
+    /// room like any other ([`StoreError::Full`], [`StoreError::FullBytes`]).
+    pub fn merge_slots(&self, quota: &Quota, key: &str, other: &Slots) -> Result<(), StoreError> {
+        let inner = &*self.inner;
+        inner
+            .slots
+            .merge(quota, key, other, inner.shards, |room| inner.reserve(room))
     }
 
     /// Whether a counter holds anything at `now` ([`CounterKind::holds`]).

@@ -140,15 +140,51 @@ impl SlotTables {
         removed
     }
 
-    /// The slots a counter holds at `now` and its debt of refused hits: `(held, refused)`.
-    pub(super) fn held(&self, quota: &Quota, key: &str, now: Timestamp) -> Option<(u64, u64)> {
+    /// A counter's slots as they stand at `now` (expired ones dropped from the copy, the
+    /// counter left as it is, so its expiries are still reported by the next call).
+    pub(super) fn state(&self, quota: &Quota, key: &str, now: Timestamp) -> Option<Slots> {
         let table = self.existing(quota)?;
         let counter = table.get(key)?;
         Some(counter.step(|s| {
             let mut now_view = s.clone();
             now_view.decide(now.micros(), quota, 0);
-            (now_view.held(), now_view.refused())
+            now_view
         }))
+    }
+
+    /// Merges slots kept elsewhere (another owner's, through Redis) into a counter, making it
+    /// if needed ([`Slots::merge_max`]: never frees a slot, never counts one twice).
+    pub(super) fn merge(
+        &self,
+        quota: &Quota,
+        key: &str,
+        other: &Slots,
+        shards: usize,
+        reserve: impl FnOnce(Room) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let table = self.table(quota, shards);
+        let merge = |c: &SlotCounter| c.step(|s| *s = Slots::merge_max(s, other));
+        if let Some(counter) = table.get(key) {
+            merge(&counter);
+            return Ok(());
+        }
+        match table.entry(Box::from(key)) {
+            Entry::Occupied(e) => merge(e.get()),
+            Entry::Vacant(e) => {
+                let hit = Hit {
+                    key,
+                    quota: *quota,
+                    hits: 0,
+                };
+                let needed = room(&hit);
+                reserve(needed)?;
+                e.insert(SlotCounter {
+                    slots: Mutex::new(other.clone()),
+                    bytes: needed.bytes,
+                });
+            }
+        }
+        Ok(())
     }
 }
 
