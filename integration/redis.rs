@@ -972,12 +972,16 @@ async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
     let memory = MemoryStore::new(1000);
     let now = Timestamp::from_secs(1234);
     // Keys spread over the slots of all three nodes, one request with several descriptors.
-    let keys: Vec<String> = (0..12).map(|i| format!("cluster_{i}_")).collect();
+    let keys: Vec<String> = (0..15).map(|i| format!("cluster_{i}_")).collect();
     let algorithms = [
         quota(Algorithm::FixedWindow, 3, Unit::Minute, None),
         quota(Algorithm::SlidingWindow, 3, Unit::Minute, None),
         quota(Algorithm::TokenBucket, 3, Unit::Minute, None),
         quota(Algorithm::LeakyBucket, 3, Unit::Minute, Some(2)),
+        Quota {
+            charge_refused: true,
+            ..quota(Algorithm::Concurrency, 3, Unit::Minute, None)
+        },
     ];
     for _ in 0..5 {
         let hits: Vec<Hit<'_>> = keys
@@ -985,7 +989,7 @@ async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
             .enumerate()
             .map(|(i, key)| Hit {
                 key,
-                quota: algorithms[i % 4],
+                quota: algorithms[i % algorithms.len()],
                 hits: 1,
             })
             .collect();
@@ -995,7 +999,7 @@ async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
     }
     // The fixed-window keys hold the Go service's bytes on whichever node owns them.
     assert_eq!(cluster.get("cluster_0_1200"), "5");
-    assert_eq!(cluster.get("cluster_4_1200"), "5");
+    assert_eq!(cluster.get("cluster_5_1200"), "5");
 
     // Refunds of every key in one call: each script runs on its key's slot, and answers as the
     // memory store's refund does.
@@ -1004,7 +1008,7 @@ async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
         .enumerate()
         .map(|(i, key)| Hit {
             key,
-            quota: algorithms[i % 4],
+            quota: algorithms[i % algorithms.len()],
             hits: 2,
         })
         .collect();
@@ -1013,7 +1017,7 @@ async fn assert_cluster_counts_atomically_across_slots(cluster: Cluster) {
     remote.refund(now, &refunds, &mut b).await.unwrap();
     assert_eq!(a, b);
     assert_eq!(cluster.get("cluster_0_1200"), "3");
-    assert_eq!(cluster.get("cluster_4_1200"), "3");
+    assert_eq!(cluster.get("cluster_5_1200"), "3");
 
     // Concurrent callers on one key admit exactly the limit.
     let q = quota(Algorithm::SlidingWindow, 50, Unit::Hour, None);
