@@ -23,12 +23,7 @@ use proxies::{
 
 #[test]
 fn haproxy_example_limits_by_address_and_api_key_and_fails_closed() {
-    let Some(haproxy) = proxies::locate(
-        "SLUICE_HAPROXY",
-        &[PathBuf::from("/usr/sbin/haproxy")],
-        "haproxy",
-        "apt-get install haproxy",
-    ) else {
+    let Some(haproxy) = haproxy() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -102,30 +97,11 @@ fn haproxy_example_limits_by_address_and_api_key_and_fails_closed() {
 /// by then). A limit of 2 in flight per API key: five requests in turn all pass.
 #[test]
 fn haproxy_refunds_each_request_on_its_response() {
-    let Some(haproxy) = proxies::locate(
-        "SLUICE_HAPROXY",
-        &[PathBuf::from("/usr/sbin/haproxy")],
-        "haproxy",
-        "apt-get install haproxy",
-    ) else {
+    let Some(haproxy) = haproxy() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let limits = dir.path().join("sluice.yaml");
-    std::fs::write(
-        &limits,
-        "domain: inflight\ndescriptors:\n  - key: inflight\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
-    )
-    .unwrap();
-    let spoa_port = free_port();
-    let sluice = Sluice::start_with_env(
-        &limits,
-        dir.path(),
-        &[
-            ("SPOA_HOST", &OsString::from("127.0.0.1")),
-            ("SPOA_PORT", &OsString::from(spoa_port.to_string())),
-        ],
-    );
+    let (sluice, spoa_port) = in_flight_sluice(dir.path(), "{unit: hour, requests_per_unit: 2}");
     let upstream = Upstream::start();
     let (mut proc, port) = in_flight_haproxy(&haproxy, dir.path(), spoa_port, &upstream);
     let stat = |name: &str| {
@@ -178,29 +154,13 @@ fn haproxy_refunds_each_request_on_its_response() {
 /// and sends no refund; one finishing frees its slot for the next; never more than 2 at once.
 #[test]
 fn haproxy_holds_a_concurrency_limit_with_its_response_refunds() {
-    let Some(haproxy) = proxies::locate(
-        "SLUICE_HAPROXY",
-        &[PathBuf::from("/usr/sbin/haproxy")],
-        "haproxy",
-        "apt-get install haproxy",
-    ) else {
+    let Some(haproxy) = haproxy() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let limits = dir.path().join("sluice.yaml");
-    std::fs::write(
-        &limits,
-        "domain: inflight\ndescriptors:\n  - key: inflight\n    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency, charge_refused: false}\n",
-    )
-    .unwrap();
-    let spoa_port = free_port();
-    let sluice = Sluice::start_with_env(
-        &limits,
+    let (sluice, spoa_port) = in_flight_sluice(
         dir.path(),
-        &[
-            ("SPOA_HOST", &OsString::from("127.0.0.1")),
-            ("SPOA_PORT", &OsString::from(spoa_port.to_string())),
-        ],
+        "{unit: minute, requests_per_unit: 2, algorithm: concurrency, charge_refused: false}",
     );
     let upstream = Upstream::start_gated();
     let (mut proc, port) = in_flight_haproxy(&haproxy, dir.path(), spoa_port, &upstream);
@@ -238,6 +198,39 @@ fn haproxy_holds_a_concurrency_limit_with_its_response_refunds() {
     assert_eq!(statuses, [200, 200, 200]);
     assert_eq!(upstream.in_flight().1, 2, "never more than 2 in flight");
     proc.assert_running();
+}
+
+/// HAProxy: SLUICE_HAPROXY, `/usr/sbin/haproxy` or PATH.
+fn haproxy() -> Option<PathBuf> {
+    proxies::locate(
+        "SLUICE_HAPROXY",
+        &[PathBuf::from("/usr/sbin/haproxy")],
+        "haproxy",
+        "apt-get install haproxy",
+    )
+}
+
+/// Sluice with one limit, `rate_limit` (a YAML flow mapping), on the descriptor `inflight` of
+/// domain `inflight`, its SPOE agent on a free port; and that port.
+fn in_flight_sluice(dir: &std::path::Path, rate_limit: &str) -> (Sluice, u16) {
+    let limits = dir.join("sluice.yaml");
+    std::fs::write(
+        &limits,
+        format!(
+            "domain: inflight\ndescriptors:\n  - key: inflight\n    rate_limit: {rate_limit}\n"
+        ),
+    )
+    .unwrap();
+    let spoa_port = free_port();
+    let sluice = Sluice::start_with_env(
+        &limits,
+        dir,
+        &[
+            ("SPOA_HOST", &OsString::from("127.0.0.1")),
+            ("SPOA_PORT", &OsString::from(spoa_port.to_string())),
+        ],
+    );
+    (sluice, spoa_port)
 }
 
 /// HAProxy from the example's haproxy.cfg with docs/haproxy.md's refunds: the API key kept in

@@ -212,28 +212,8 @@ fn descriptor_text(d: &Value) -> String {
     }
     for c in d["counters"].as_array().into_iter().flatten() {
         out.push_str(&format!("  counter {}", text(&c["key"])));
-        if let (Some(count), "concurrency") = (c.get("count"), text(&c["algorithm"]).as_str()) {
-            out.push_str(&format!(
-                ": {count} slot(s) held, {} free, the oldest frees itself in {}s{}",
-                c["remaining"],
-                c["reset_after_secs"],
-                if c["would_refuse"] == true {
-                    format!(", {} more would be refused", d["hits"])
-                } else {
-                    String::new()
-                }
-            ));
-        } else if let Some(count) = c.get("count") {
-            out.push_str(&format!(
-                ": count {count}, remaining {}, resets in {}s{}",
-                c["remaining"],
-                c["reset_after_secs"],
-                if c["would_refuse"] == true {
-                    format!(", {} more hit(s) would be refused", d["hits"])
-                } else {
-                    String::new()
-                }
-            ));
+        if let Some(count) = c.get("count") {
+            out.push_str(&counter_text(c, count, &d["hits"]));
         }
         out.push('\n');
     }
@@ -241,6 +221,31 @@ fn descriptor_text(d: &Value) -> String {
         out.push_str(&format!("  answer: {}\n", text(code)));
     }
     out
+}
+
+/// A counter's state as read: a concurrency limit's as slots, the others' as a count.
+fn counter_text(c: &Value, count: &Value, hits: &Value) -> String {
+    let slots = text(&c["algorithm"]) == "concurrency";
+    let (what, refused) = if slots {
+        (
+            format!(
+                "{count} slot(s) held, {} free, the oldest frees itself in",
+                c["remaining"]
+            ),
+            "more would be refused",
+        )
+    } else {
+        (
+            format!("count {count}, remaining {}, resets in", c["remaining"]),
+            "more hit(s) would be refused",
+        )
+    };
+    let refusal = if c["would_refuse"] == true {
+        format!(", {hits} {refused}")
+    } else {
+        String::new()
+    };
+    format!(": {what} {}s{refusal}", c["reset_after_secs"])
 }
 
 fn limit_text(l: &Value) -> String {
