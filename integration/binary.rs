@@ -319,6 +319,34 @@ fn a_bad_config_stops_start_up_before_any_port_is_bound() {
     );
 }
 
+/// memcached cannot keep a concurrency limit's slots: start-up stops with exit 64 before a
+/// port is bound, naming the file, the descriptor and the backend.
+#[test]
+fn a_concurrency_limit_on_memcached_stops_start_up() {
+    let port = free_port();
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/envoy-inflight/sluice-concurrency.yaml"),
+        )
+        .env("HOST", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .env("BACKEND_TYPE", "memcache")
+        .env("MEMCACHE_HOST_PORT", "127.0.0.1:1");
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sluice-concurrency.yaml: descriptor 'inflight' uses 'algorithm: concurrency', which BACKEND_TYPE=memcache cannot count"),
+        "{err}"
+    );
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+        "the port was bound"
+    );
+}
+
 #[test]
 fn config_size_caps_stop_start_up_and_fail_check_config() {
     let dir = tempfile::tempdir().unwrap();
