@@ -27,6 +27,15 @@ descriptors:
   - key: quota
     quota_mode: true
     rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: slots
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: concurrency}
+  - key: slots_shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, algorithm: concurrency}
+  - key: slots_pair
+    rate_limits:
+      - {unit: minute, requests_per_unit: 2, algorithm: concurrency, name: in_flight}
+      - {unit: hour, requests_per_unit: 1, name: hourly, algorithm: sliding_window}
 "#;
 
 struct Refunds {
@@ -259,4 +268,58 @@ async fn a_refund_on_several_limits_takes_off_where_it_may_and_gives_nothing_bac
     // The fixed window's count is 2: with the sliding window full, the next hit is refused, and
     // the fixed window keeps it (3).
     assert_eq!(r.hit("pair").await.overall_code, Code::OverLimit);
+}
+
+/// `algorithm: concurrency` through the service: starts take slots and the third is refused;
+/// the refused start's refund pays its debt and frees nothing, an admitted one's frees a slot;
+/// its refunds are applied under the default SLUICE_NEGATIVE_HITS; the slot stats count.
+#[tokio::test]
+async fn a_concurrency_limit_takes_slots_and_its_refunds_give_them_back() {
+    let r = refunds();
+    let remaining = |a: &Response| (a.overall_code, a.statuses[0].limit_remaining);
+    assert_eq!(remaining(&r.hit("slots").await), (Code::Ok, 1));
+    assert_eq!(remaining(&r.hit("slots").await), (Code::Ok, 0));
+    assert_eq!(remaining(&r.hit("slots").await), (Code::OverLimit, 0));
+    assert_eq!(remaining(&r.refund("slots", 1).await), (Code::Ok, 0));
+    assert_eq!(remaining(&r.refund("slots", 1).await), (Code::Ok, 1));
+    assert_eq!(remaining(&r.hit("slots").await), (Code::Ok, 0));
+    assert_eq!(r.stat("r.slots", "slots_taken"), 3);
+    assert_eq!(r.stat("r.slots", "slots_given_back"), 1);
+    assert_eq!(r.stat("r.slots", "negative_hits_ignored"), 0);
+    assert_eq!(r.stat("r.slots", "over_limit"), 1);
+}
+
+/// Shadow mode answers OK over the limit and takes no slot for it (its debt and refund cancel
+/// out); beside another limit of the descriptor, a start refused by that one keeps its slot
+/// until the end's refund, as a fixed window keeps a refused request's hits.
+#[tokio::test]
+async fn a_concurrency_limit_in_shadow_mode_and_beside_another_limit() {
+    let r = refunds();
+    assert_eq!(r.hit("slots_shadow").await.overall_code, Code::Ok);
+    assert_eq!(r.hit("slots_shadow").await.overall_code, Code::Ok);
+    assert_eq!(r.stat("r.slots_shadow", "slots_taken"), 1);
+    assert_eq!(r.stat("r.slots_shadow", "shadow_mode"), 1);
+    r.refund("slots_shadow", 1).await;
+    assert_eq!(
+        r.refund("slots_shadow", 1).await.statuses[0].limit_remaining,
+        1
+    );
+
+    // The hourly sliding window admits 1: the second request is refused by it, and keeps the
+    // slot it took until its refund.
+    assert_eq!(r.hit("slots_pair").await.overall_code, Code::Ok);
+    assert_eq!(r.hit("slots_pair").await.overall_code, Code::OverLimit);
+    let quota = crate::limiter::Quota {
+        charge_refused: true,
+        ..crate::limiter::Quota::fixed(2, Unit::Minute)
+    }
+    .with_algorithm(crate::limiter::Algorithm::Concurrency);
+    let now = Timestamp::from_secs(7_200);
+    let held = |s: &crate::limiter::concurrency::Slots| (s.held(), s.refused());
+    let slots = r.service.store().slots(&quota, "r_slots_pair_v_", now);
+    assert_eq!(
+        slots.as_ref().map(held),
+        Some((2, 0)),
+        "both starts hold a slot"
+    );
 }
