@@ -47,6 +47,10 @@ impl Drop for ThreeNodes {
 
 impl ThreeNodes {
     async fn start() -> Self {
+        ThreeNodes::start_in(ClusterMode::Forward).await
+    }
+
+    async fn start_in(mode: ClusterMode) -> Self {
         let mut listeners = Vec::new();
         for _ in 0..3 {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -65,7 +69,7 @@ impl ThreeNodes {
                 peers: PeerSource::Static(addrs.clone()),
                 advertise: me.clone(),
                 listen: listener.local_addr().expect("addr"),
-                mode: ClusterMode::Forward,
+                mode,
                 // Far above a loaded test machine's worst call: a peer marked down would move
                 // keys to a counter that starts again from 0.
                 timeout: Duration::from_secs(10),
@@ -123,6 +127,19 @@ impl Route for ThreeNodes {
 async fn three_nodes() -> Option<Routed<ThreeNodes>> {
     Some(Routed(ThreeNodes::start().await))
 }
+
+async fn three_divided_nodes() -> Option<Routed<ThreeNodes>> {
+    Some(Routed(ThreeNodes::start_in(ClusterMode::Divided).await))
+}
+
+async fn three_leasing_nodes() -> Option<Routed<ThreeNodes>> {
+    Some(Routed(ThreeNodes::start_in(ClusterMode::Lease).await))
+}
+
+// A concurrency limit's slots live with its key's owner in every cluster mode: a request's
+// start and its end's refund may reach different nodes.
+slots_contract!(three_divided_nodes_slots, three_divided_nodes);
+slots_contract!(three_leasing_nodes_slots, three_leasing_nodes);
 
 store_contract!(three_node_cluster, three_nodes);
 slots_contract!(three_node_cluster_slots, three_nodes);

@@ -9,7 +9,8 @@
 //!   next owner (often this node), so the answer comes within two peer deadlines and limits
 //!   keep applying, on a counter that starts from the new owner's count.
 //! - **Divided mode** (SLUICE_CLUSTER_MODE=divided, Cortex's global limiter): no forwarding;
-//!   each node enforces `ceil(limit / live peers)` locally.
+//!   each node enforces `ceil(limit / live peers)` locally. A concurrency limit is forwarded to
+//!   its owner in every mode: a request's start and its end's refund must meet.
 //! - **Durability** (SLUICE_PEER_WRITE_BEHIND, [`durable`]): owners write their counters behind
 //!   to Redis and a node that takes a key over loads its count first. Every hit this node
 //!   applies as an owner, its own or forwarded, goes through [`OwnerStore`] for that.
@@ -383,6 +384,11 @@ impl ClusterStore {
     ) -> Result<(), StoreError> {
         let members = self.members.load_full();
         match self.mode {
+            ClusterMode::Divided if hits.iter().any(is_slots) => {
+                return self
+                    .route_divided_with_slots(&members, now, hits, op, out)
+                    .await;
+            }
             ClusterMode::Divided => {
                 return self.route_divided(&members, now, hits, op, out).await;
             }
@@ -454,6 +460,35 @@ impl ClusterStore {
         Box::pin(self.route_forward(members, now, &peeks, Op::Apply, &mut answered)).await?;
         for (&i, d) in unanswered.iter().zip(answered) {
             decisions[i] = Some(d);
+        }
+        Ok(())
+    }
+
+    /// Divided mode with concurrency limits among the hits: those go to their keys' owners (a
+    /// request's start and its end's refund may reach different nodes, and must meet), the
+    /// others are divided; the decisions are put back in the hits' order.
+    async fn route_divided_with_slots(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        op: Op,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let (slots, shares): (Vec<Hit<'_>>, Vec<Hit<'_>>) = hits.iter().partition(|h| is_slots(h));
+        let (mut owned, mut divided) = (Vec::new(), Vec::new());
+        self.route_forward(members, now, &slots, op, &mut owned)
+            .await?;
+        self.route_divided(members, now, &shares, op, &mut divided)
+            .await?;
+        let (mut owned, mut divided) = (owned.into_iter(), divided.into_iter());
+        for h in hits {
+            let next = if is_slots(h) {
+                owned.next()
+            } else {
+                divided.next()
+            };
+            out.extend(next);
         }
         Ok(())
     }
@@ -591,6 +626,11 @@ fn place(
         Err(None) => {}
     }
     Ok(())
+}
+
+/// Whether a hit is a concurrency limit's, whose slots live with the key's owner in every mode.
+fn is_slots(hit: &Hit<'_>) -> bool {
+    hit.quota.algorithm == crate::limiter::Algorithm::Concurrency
 }
 
 /// Stands in for the decision of a hit done without one (a reset; a refund on an older owner,
