@@ -132,6 +132,13 @@ fn holds_three_in_flight(envoy_bin: &Path, dir: &Path, nodes: &[&Sluice]) {
         let (_, page) = support::http(node.debug, "GET", "/", "").expect("the status page");
         let row = "<tr><td>inflight.inflight</td><td>0</td><td>9</td><td>3</td></tr>";
         assert!(page.contains(row), "{page}");
+        let (_, stats) = support::http(node.debug, "GET", "/stats", "").expect("/stats");
+        for line in [
+            "ratelimit.service.rate_limit.inflight.inflight.slots_expired: 3",
+            "ratelimit.service.rate_limit.inflight.inflight.slots_held: 0",
+        ] {
+            assert!(stats.contains(line), "{line} not in {stats}");
+        }
     }
 }
 

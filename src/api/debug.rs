@@ -314,6 +314,28 @@ async fn metrics(State(st): State<Arc<DebugState>>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], body)
 }
 
+/// The concurrency limits' slot counters and slots held (this node's calls), for each limit
+/// that ever took a slot: `ratelimit.service.rate_limit.<key>.slots_<stat>: n`.
+fn slot_stats(out: &mut String, stats: &crate::telemetry::Stats) {
+    use crate::telemetry::stats::LimitCounters;
+    for entry in stats.entries() {
+        let values = entry.counters.values();
+        if values[8] == 0 {
+            continue;
+        }
+        let name = &entry.name;
+        for (stat, v) in LimitCounters::NAMES.iter().zip(values).skip(8) {
+            out.push_str(&format!(
+                "ratelimit.service.rate_limit.{name}.{stat}: {v}\n"
+            ));
+        }
+        let held = LimitCounters::slots_held(&values);
+        out.push_str(&format!(
+            "ratelimit.service.rate_limit.{name}.slots_held: {held}\n"
+        ));
+    }
+}
+
 async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
     let e = st.extra();
     let svc = &st.stats.service;
@@ -331,6 +353,7 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
         load(&svc.service_error),
         svc.total_requests.get(),
     );
+    slot_stats(&mut out, &st.stats);
     if let Some(m) = e.memory {
         out.push_str(&format!(
             "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\n\
