@@ -15,6 +15,7 @@ use proptest::sample::select;
 use sluice::config::{ConfigErrors, LoadOptions, RateLimitConfig, Rule, envoy_extensions_in};
 use sluice::config::{ConfigSource, load, parse_files};
 use sluice::descriptor::Entry;
+use sluice::limiter::concurrency::MAX_SLOTS;
 use sluice::limiter::{Algorithm, Unit};
 
 use crate::mutate::{apply, mutations, raw_bytes};
@@ -122,7 +123,11 @@ fn block() -> impl Strategy<Value = Block> {
             |(unit, spelling, requests_per_unit, name, algorithm, burst)| Block {
                 unit,
                 spelling,
-                requests_per_unit,
+                // A concurrency limit holds at most MAX_SLOTS slots (a larger one is refused).
+                requests_per_unit: match algorithm {
+                    Some(Algorithm::Concurrency) => requests_per_unit.min(MAX_SLOTS),
+                    _ => requests_per_unit,
+                },
                 name,
                 burst: burst.filter(|_| algorithm.is_some_and(Algorithm::takes_burst)),
                 algorithm,
