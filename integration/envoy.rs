@@ -2,7 +2,7 @@
 //! ratelimit HTTP filter over gRPC, 429 with draft-03 `x-ratelimit-*` headers, and
 //! `failure_mode_deny` once Sluice is gone (the example's `true`: 500; and `false`: through);
 //! and `examples/envoy-cost/`: a check before the request and a charge of the cost the response
-//! reported once it is done (`apply_on_stream_done`); and `examples/envoy-in-flight/`: requests
+//! reported once it is done (`apply_on_stream_done`); and `examples/envoy-inflight/`: requests
 //! in flight counted by a refund (`is_negative_hits`) at each request's end.
 //!
 //! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
@@ -225,7 +225,7 @@ fn envoy_charges_the_cost_a_response_reports_past_the_limit() {
     proxy.proc.assert_running();
 }
 
-/// examples/envoy-in-flight: at most 2 requests of an API key in flight, in front of a slow
+/// examples/envoy-inflight: at most 2 requests of an API key in flight, in front of a slow
 /// upstream that holds every request until the test lets it go. Envoy takes a place when a
 /// request starts and gives it back (1 negative hit) when its stream is done, also for a
 /// request it refused, whose hit the fixed window counted: so a refused request frees nothing,
@@ -237,13 +237,13 @@ fn envoy_holds_an_api_key_to_its_limit_of_requests_in_flight() {
     let Some(envoy) = envoy() else { return };
     let dir = tempfile::tempdir().unwrap();
     let sluice = Sluice::start(
-        &repo().join("examples/envoy-in-flight/sluice.yaml"),
+        &repo().join("examples/envoy-inflight/sluice.yaml"),
         dir.path(),
     );
     let upstream = Upstream::start_gated();
     let port = free_port();
-    let conf = filled_example("envoy-in-flight", sluice.grpc, upstream.port, port);
-    let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-in-flight", &conf, port), &[]);
+    let conf = filled_example("envoy-inflight", sluice.grpc, upstream.port, port);
+    let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-inflight", &conf, port), &[]);
     // The limit's window is an hour: its count starts again when the hour rolls over.
     support::with_window_to_spare(3600, 120);
     // Every request sent, admitted or refused, is refunded once its stream is done.

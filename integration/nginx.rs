@@ -1,6 +1,6 @@
 //! nginx (Debian's package) in front of Sluice, running `examples/nginx/` as it is: the
 //! `auth_request` subrequest to `/nginx`, 429 with the forwarded headers, and 500 (fail
-//! closed, as documented) once Sluice is gone; and `examples/nginx-in-flight/`: requests in
+//! closed, as documented) once Sluice is gone; and `examples/nginx-inflight/`: requests in
 //! flight counted by a refund `post_action` sends after each request.
 //!
 //! nginx is found through SLUICE_NGINX, else PATH or /usr/sbin/nginx. Missing, the test fails
@@ -113,17 +113,17 @@ fn nginx_example_limits_by_address_and_api_key_and_fails_closed() {
     );
 }
 
-/// `examples/nginx-in-flight`: 2 requests in flight per API key, a hit from `auth_request` and
+/// `examples/nginx-inflight`: 2 requests in flight per API key, a hit from `auth_request` and
 /// a refund from `post_action` after each request, refused ones included.
 #[test]
 fn nginx_counts_requests_in_flight_with_post_action_refunds() {
     let dir = tempfile::tempdir().unwrap();
-    let example = repo().join("examples/nginx-in-flight");
+    let example = repo().join("examples/nginx-inflight");
     let sluice = Sluice::start(&example.join("sluice.yaml"), dir.path());
     let upstream = Upstream::start();
     let Some((mut proc, port)) = start_nginx(
         dir.path(),
-        "examples/nginx-in-flight",
+        "examples/nginx-inflight",
         sluice.http,
         &upstream,
     ) else {
