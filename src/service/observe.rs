@@ -70,6 +70,24 @@ pub struct Outcome {
     pub negative_ignored: bool,
 }
 
+impl Outcome {
+    /// `hits` admitted under a limit of `limit` on a fresh counter, no cache, shadow or
+    /// refund involved: the plain case tests and examples record.
+    pub fn admitted(hits: u64, limit: u32) -> Outcome {
+        Outcome {
+            hits,
+            limit,
+            count_before: 0,
+            count_after: hits,
+            over: false,
+            from_local_cache: false,
+            shadow_mode: false,
+            negative: false,
+            negative_ignored: false,
+        }
+    }
+}
+
 /// A finished call.
 pub struct CallReport<'a> {
     pub caller: Caller<'a>,

@@ -199,18 +199,7 @@ mod tests {
     }
 
     fn hit(stats: &Stats, key: &str, source: KeySource<'_>, limit: u32) {
-        let outcome = Outcome {
-            hits: 1,
-            limit,
-            count_before: 0,
-            count_after: 1,
-            over: false,
-            from_local_cache: false,
-            shadow_mode: false,
-            negative: false,
-            negative_ignored: false,
-        };
-        stats.record_dynamic(key, source, &outcome);
+        stats.record_dynamic(key, source, &Outcome::admitted(1, limit));
     }
 
     fn labels(domain: &str, key1: &str, key2: Option<&str>) -> LabelSet {

@@ -689,17 +689,7 @@ mod tests {
         stats.record_dynamic(
             key,
             crate::telemetry::stats::KeySource::Limit(key),
-            &Outcome {
-                hits: 1,
-                limit: 10,
-                count_before: 0,
-                count_after: 1,
-                over: false,
-                from_local_cache: false,
-                shadow_mode: false,
-                negative: false,
-                negative_ignored: false,
-            },
+            &Outcome::admitted(1, 10),
         );
     }
 

@@ -680,17 +680,7 @@ mod tests {
         use crate::telemetry::limits::LimitShape;
         use crate::telemetry::stats::{KeySource, Outcome};
         let stats = Stats::default();
-        let outcome = Outcome {
-            hits: 1,
-            limit: 7,
-            count_before: 0,
-            count_after: 1,
-            over: false,
-            from_local_cache: false,
-            shadow_mode: false,
-            negative: false,
-            negative_ignored: false,
-        };
+        let outcome = Outcome::admitted(1, 7);
         stats.record_dynamic("d.tenant_a", KeySource::Limit("d.tenant_a"), &outcome);
         let shape = LimitShape {
             requests_per_unit: 7,
