@@ -74,6 +74,74 @@ fn measure(s: &Scenario) -> Option<Outcome> {
     Some(outcome)
 }
 
+/// Every window of `o` admitted at most `bound`, and no call went unanswered or wrong beyond
+/// `errors`.
+fn assert_within(s: &Scenario, o: &Outcome, bound: u64, errors: u64) {
+    let report = o.report(s);
+    assert!(
+        o.windows.len() >= 2,
+        "fewer windows than expected:\n{report}"
+    );
+    for w in &o.windows {
+        assert!(
+            w.total() <= bound,
+            "window {} admitted {} > {bound}:\n{report}",
+            w.index,
+            w.total()
+        );
+    }
+    assert!(o.errors <= errors, "{} errors:\n{report}", o.errors);
+}
+
+/// Lease mode, node 2 (not the owner) cut from its peers for the rest of the run: it decides
+/// from its lease, then its safe capacity (300 / 3), so no window passes 300 + 100, and it
+/// answers every call. Before issue 35 it stood in as the owner: 300 alone, 600 a window.
+#[test]
+fn lease_a_cut_minority_node_admits_at_most_its_safe_capacity_beyond_the_limit() {
+    let s = short(
+        "lease: node 2 cut from 2 s on",
+        Mode::Lease,
+        vec![fault(2, Link::Node(2), Kind::Down, None)],
+    );
+    let Some(o) = measure(&s) else { return };
+    assert_within(&s, &o, 300 + 100, 0);
+    // The second window is wholly cut: node 2 has no lease for it, only its safe capacity.
+    assert!(o.windows[1].admitted[2] <= 100, "{}", o.report(&s));
+}
+
+/// Lease mode, all three nodes cut from each other (1/1/1): the window of the cut admits at
+/// most the limit plus three safe capacities, and the next, with no lease anywhere, at most
+/// three safe capacities (the limit). Before issue 35 each node served the key alone: 900.
+#[test]
+fn lease_a_three_way_split_admits_at_most_the_safe_capacities() {
+    let s = short(
+        "lease: 1/1/1 split from 2 s on",
+        Mode::Lease,
+        (0..3)
+            .map(|i| fault(2, Link::Node(i), Kind::Down, None))
+            .collect(),
+    );
+    let Some(o) = measure(&s) else { return };
+    assert_within(&s, &o, 300 + 3 * 100, 0);
+    assert!(o.windows[1].total() <= 300, "{}", o.report(&s));
+}
+
+/// Forward mode, node 2 cut for 10 s then healed: at most the limit plus its safe capacity
+/// per window, a call or two failed while it found its peers gone (each owner's deadline
+/// missed), and every node sees every other again within 5 s of the heal.
+#[test]
+fn forward_a_minority_node_cut_then_healed_keeps_the_bound_and_recovers() {
+    let s = short(
+        "forward: node 2 cut 2-12 s",
+        Mode::Forward,
+        vec![fault(2, Link::Node(2), Kind::Down, Some(12))],
+    );
+    let Some(o) = measure(&s) else { return };
+    assert_within(&s, &o, 300 + 100, 3);
+    let recovery = o.recovery.expect("the membership healed");
+    assert!(recovery < secs(5), "{}", o.report(&s));
+}
+
 /// The issue's split brain: three lease-mode nodes, 600 a minute owned by node 0, node 2's
 /// link down for the rest of the window while each client offers 600 over 20 s.
 #[test]
@@ -92,11 +160,7 @@ fn issue_35_split_brain() {
     };
     let Some(outcome) = measure(&s) else { return };
     let first = &outcome.windows[0];
-    assert!(
-        first.total() <= 600 + 200,
-        "{}",
-        outcome.report(&s)
-    );
+    assert!(first.total() <= 600 + 200, "{}", outcome.report(&s));
 }
 
 /// The catalogue's scenarios for one mode: three windows of 10 s, faults from 2 s.
@@ -130,7 +194,12 @@ fn catalogue(mode: Mode) -> Vec<Scenario> {
         ),
         long(
             "200 ms each way on the link owner-node 2, 2-22 s",
-            vec![fault(2, Link::Peer(0, 2), Kind::Delay(Duration::from_millis(200)), Some(22))],
+            vec![fault(
+                2,
+                Link::Peer(0, 2),
+                Kind::Delay(Duration::from_millis(200)),
+                Some(22),
+            )],
         ),
         long(
             "10% loss on the link owner-node 2, 2-22 s",
@@ -172,15 +241,24 @@ fn catalogue_of_faults() {
                 mode.name(),
                 mean,
                 max,
-                o.windows.iter().map(|w| w.total().to_string()).collect::<Vec<_>>().join(" / "),
-                o.recovery.map_or("-".to_owned(), |r| format!("{:.1} s", r.as_secs_f64())),
+                o.windows
+                    .iter()
+                    .map(|w| w.total().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                o.recovery
+                    .map_or("-".to_owned(), |r| format!("{:.1} s", r.as_secs_f64())),
                 o.slow,
                 o.slowest.as_millis(),
                 o.errors,
             );
             eprint!("{row}");
             use std::io::Write;
-            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap();
             f.write_all(row.as_bytes()).unwrap();
         }
     }

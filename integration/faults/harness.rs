@@ -155,7 +155,13 @@ impl Drop for Cluster {
 }
 
 /// Node `i`'s HTTP answer to `method path` (`None`: no answer within 5 s), and how long it took.
-pub fn http(ip: &str, port: u16, method: &str, path: &str, body: &str) -> (Option<(u16, String)>, Duration) {
+pub fn http(
+    ip: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (Option<(u16, String)>, Duration) {
     let started = Instant::now();
     let answer = (|| {
         let addr: SocketAddr = format!("{ip}:{port}").parse().ok()?;
@@ -180,18 +186,39 @@ impl Cluster {
     /// The network, the proxy, Redis if asked, and every node started and seeing the others.
     pub fn start(s: &Scenario) -> Cluster {
         let net = Net::new(s.nodes, s.write_behind);
-        let listen = (0..s.nodes).map(|i| net.peer_addr(i).parse().unwrap()).collect();
-        let target = (0..s.nodes)
-            .map(|i| format!("{}:{}", net.node_ip(i), net::peer_port(i)).parse().unwrap())
+        let listen = (0..s.nodes)
+            .map(|i| net.peer_addr(i).parse().unwrap())
             .collect();
-        let node_ips: Vec<IpAddr> = (0..s.nodes).map(|i| net.node_ip(i).parse().unwrap()).collect();
-        let proxy = Proxy::start(listen, target, move |ip| node_ips.iter().position(|n| *n == ip));
+        let target = (0..s.nodes)
+            .map(|i| {
+                format!("{}:{}", net.node_ip(i), net::peer_port(i))
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        let node_ips: Vec<IpAddr> = (0..s.nodes)
+            .map(|i| net.node_ip(i).parse().unwrap())
+            .collect();
+        let proxy = Proxy::start(listen, target, move |ip| {
+            node_ips.iter().position(|n| *n == ip)
+        });
         let dir = tempfile::tempdir().unwrap();
-        let peers = (0..s.nodes).map(|i| net.peer_addr(i)).collect::<Vec<_>>().join(",");
+        let peers = (0..s.nodes)
+            .map(|i| net.peer_addr(i))
+            .collect::<Vec<_>>()
+            .join(",");
         let value = value_owned_by(&peers, &net.peer_addr(s.owner));
         std::fs::write(dir.path().join("limits.yaml"), limits_yaml(s)).unwrap();
         let redis = s.write_behind.then(|| start_redis(&net, dir.path()));
-        let mut c = Cluster { nodes: Vec::new(), redis, proxy, net, value, dir, peers };
+        let mut c = Cluster {
+            nodes: Vec::new(),
+            redis,
+            proxy,
+            net,
+            value,
+            dir,
+            peers,
+        };
         for i in 0..s.nodes {
             let child = c.start_node(s, i);
             c.nodes.push(child);
@@ -199,9 +226,11 @@ impl Cluster {
         for i in 0..s.nodes {
             c.wait_healthy(i);
         }
-        super::support::wait_for("every node to see every other up", Duration::from_secs(30), || {
-            c.all_up()
-        });
+        super::support::wait_for(
+            "every node to see every other up",
+            Duration::from_secs(30),
+            || c.all_up(),
+        );
         c
     }
 
@@ -213,6 +242,9 @@ impl Cluster {
             .arg(self.dir.path())
             .env_remove("REDIS_URL")
             .env_remove("BACKEND_TYPE")
+            // Sluice refuses SLUICE_* variables it does not know.
+            .env_remove("SLUICE_FAULTS_BINARY")
+            .env_remove("SLUICE_FAULTS_MODE")
             .env("SLUICE_CLUSTER_MODE", s.mode.name())
             .env("SLUICE_PEER_TIMEOUT_MS", s.peer_timeout_ms.to_string())
             .env("HOST", "0.0.0.0")
@@ -231,26 +263,43 @@ impl Cluster {
         if s.write_behind {
             cmd.env("SLUICE_PEER_WRITE_BEHIND", "true")
                 .env("SLUICE_PEER_WRITE_BEHIND_MS", "100")
-                .env("REDIS_URL", format!("{}:{}", net.redis_ip(), net::REDIS_PORT));
+                .env(
+                    "REDIS_URL",
+                    format!("{}:{}", net.redis_ip(), net::REDIS_PORT),
+                );
         }
         cmd.spawn().expect("start sluice in its namespace")
     }
 
     fn wait_healthy(&self, i: usize) {
         let ip = self.net.client_ip(i);
-        super::support::wait_for(&format!("node {i} to start"), Duration::from_secs(20), || {
-            http(&ip, net::HTTP_PORT, "GET", "/healthcheck", "").0.is_some()
-        });
+        let started = Instant::now();
+        while http(&ip, net::HTTP_PORT, "GET", "/healthcheck", "")
+            .0
+            .is_none()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "node {i} did not start within 20 s; its log:\n{}",
+                self.log(i)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Whether every node sees every other up (`/stats`).
     pub fn all_up(&self) -> bool {
         (0..self.nodes.len()).all(|i| {
             let (answer, _) = http(&self.net.client_ip(i), net::DEBUG_PORT, "GET", "/stats", "");
-            let Some((200, stats)) = answer else { return false };
-            (0..self.nodes.len())
-                .filter(|&j| j != i)
-                .all(|j| stats.contains(&format!("sluice.cluster.peer_up.{}: 1", self.net.peer_addr(j))))
+            let Some((200, stats)) = answer else {
+                return false;
+            };
+            (0..self.nodes.len()).filter(|&j| j != i).all(|j| {
+                stats.contains(&format!(
+                    "sluice.cluster.peer_up.{}: 1",
+                    self.net.peer_addr(j)
+                ))
+            })
         })
     }
 
@@ -312,7 +361,8 @@ fn loss_percent(kind: Kind) -> u32 {
 /// The `sluice` to run: SLUICE_FAULTS_BINARY (to measure another build, say a copy taken before
 /// a change), else the one cargo built with the tests.
 fn sluice_binary() -> String {
-    std::env::var("SLUICE_FAULTS_BINARY").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice").to_owned())
+    std::env::var("SLUICE_FAULTS_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sluice").to_owned())
 }
 
 /// The scenario's one limit on `d`/`k`.
@@ -332,7 +382,12 @@ fn value_owned_by(peers: &str, owner: &str) -> String {
     let ring = Ring::new(peers.split(',').map(str::to_owned));
     (0..)
         .map(|i| format!("v{i}"))
-        .find(|v| ring.addr(ring.owner(key_hash(&format!("d_k_{v}_")), |_| true).unwrap()) == owner)
+        .find(|v| {
+            ring.addr(
+                ring.owner(key_hash(&format!("d_k_{v}_")), |_| true)
+                    .unwrap(),
+            ) == owner
+        })
         .unwrap()
 }
 
@@ -340,14 +395,21 @@ fn start_redis(net: &Net, dir: &std::path::Path) -> Child {
     let log = std::fs::File::create(dir.join("redis.log")).unwrap();
     let child = net
         .command(REDIS, "redis-server")
-        .args(["--bind", &net.redis_ip(), "--port", &net::REDIS_PORT.to_string()])
+        .args([
+            "--bind",
+            &net.redis_ip(),
+            "--port",
+            &net::REDIS_PORT.to_string(),
+        ])
         .args(["--save", "", "--appendonly", "no"])
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(Stdio::null())
         .spawn()
         .expect("start redis-server in its namespace");
-    let addr: SocketAddr = format!("{}:{}", net.redis_ip(), net::REDIS_PORT).parse().unwrap();
+    let addr: SocketAddr = format!("{}:{}", net.redis_ip(), net::REDIS_PORT)
+        .parse()
+        .unwrap();
     super::support::wait_for("redis-server to listen", Duration::from_secs(10), || {
         TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
     });
@@ -356,14 +418,19 @@ fn start_redis(net: &Net, dir: &std::path::Path) -> Child {
 
 /// Seconds since the epoch, as a float.
 fn epoch_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 /// Sleeps until the next window of `window` seconds starts (plus 50 ms), returning its index.
 fn until_next_window(window: u64) -> u64 {
     let now = epoch_secs();
     let next = (now / window as f64).floor() as u64 + 1;
-    std::thread::sleep(Duration::from_secs_f64(next as f64 * window as f64 - now + 0.05));
+    std::thread::sleep(Duration::from_secs_f64(
+        next as f64 * window as f64 - now + 0.05,
+    ));
     next
 }
 
@@ -383,7 +450,16 @@ pub fn run(s: &Scenario, c: &mut Cluster) -> Outcome {
     let stop = Arc::new(AtomicBool::new(false));
     let seen: Vec<Arc<Mutex<Vec<Answer>>>> = (0..s.nodes).map(|_| Arc::default()).collect();
     let clients: Vec<_> = (0..s.nodes)
-        .map(|i| client(c.net.client_ip(i), c.value.clone(), s, start, stop.clone(), seen[i].clone()))
+        .map(|i| {
+            client(
+                c.net.client_ip(i),
+                c.value.clone(),
+                s,
+                start,
+                stop.clone(),
+                seen[i].clone(),
+            )
+        })
         .collect();
     let recovery = play_faults(s, c, start);
     if let Some(rest) = s.run.checked_sub(start.elapsed()) {
@@ -397,7 +473,11 @@ pub fn run(s: &Scenario, c: &mut Cluster) -> Outcome {
     let mut outcome = tally(s, first, &seen);
     outcome.recovery = recovery;
     outcome.crashed = c.crashed();
-    outcome.rss_growth_kib = rss_after.iter().zip(&rss_before).map(|(a, b)| a - b).collect();
+    outcome.rss_growth_kib = rss_after
+        .iter()
+        .zip(&rss_before)
+        .map(|(a, b)| a - b)
+        .collect();
     outcome
 }
 
@@ -441,7 +521,9 @@ fn client(
     seen: Arc<Mutex<Vec<Answer>>>,
 ) -> std::thread::JoinHandle<()> {
     let (rate, window) = (s.rate, s.window_secs);
-    let body = format!(r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"{value}"}}]}}]}}"#);
+    let body = format!(
+        r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"{value}"}}]}}]}}"#
+    );
     std::thread::spawn(move || {
         for n in 0u64.. {
             let due = start + Duration::from_secs_f64(n as f64 / rate as f64);
@@ -459,7 +541,12 @@ fn client(
                 Some((status, body)) => (false, Some(format!("{status} {body}"))),
                 None => (false, Some("no answer".to_owned())),
             };
-            seen.lock().unwrap().push(Answer { window: window_index, admitted, error, took });
+            seen.lock().unwrap().push(Answer {
+                window: window_index,
+                admitted,
+                error,
+                took,
+            });
         }
     })
 }
@@ -478,12 +565,21 @@ fn tally(s: &Scenario, first: u64, seen: &[Arc<Mutex<Vec<Answer>>>]) -> Outcome 
         crashed: Vec::new(),
         rss_growth_kib: Vec::new(),
     };
+    // The windows the run covers; a call sent as the run ends may fall in the next.
+    let covered = s.run.as_secs().div_ceil(s.window_secs);
     for (node, answers) in seen.iter().enumerate() {
         for a in answers.lock().unwrap().iter() {
+            if a.window >= first + covered {
+                continue;
+            }
             let w = usize::try_from(a.window.saturating_sub(first)).unwrap();
             while windows.len() <= w {
                 let index = first + windows.len() as u64;
-                windows.push(WindowCount { index, admitted: vec![0; s.nodes], offered: 0 });
+                windows.push(WindowCount {
+                    index,
+                    admitted: vec![0; s.nodes],
+                    offered: 0,
+                });
             }
             windows[w].offered += 1;
             windows[w].admitted[node] += u64::from(a.admitted);
@@ -491,7 +587,8 @@ fn tally(s: &Scenario, first: u64, seen: &[Arc<Mutex<Vec<Answer>>>]) -> Outcome 
             out.slowest = out.slowest.max(a.took);
             if let Some(e) = &a.error {
                 out.errors += 1;
-                out.first_error.get_or_insert_with(|| format!("node {node}: {e}"));
+                out.first_error
+                    .get_or_insert_with(|| format!("node {node}: {e}"));
             }
         }
     }
@@ -502,7 +599,11 @@ fn tally(s: &Scenario, first: u64, seen: &[Arc<Mutex<Vec<Answer>>>]) -> Outcome 
 impl Outcome {
     /// Admitted over the limit in each window, as (mean, max).
     pub fn ratios(&self, limit: u64) -> (f64, f64) {
-        let r: Vec<f64> = self.windows.iter().map(|w| w.total() as f64 / limit as f64).collect();
+        let r: Vec<f64> = self
+            .windows
+            .iter()
+            .map(|w| w.total() as f64 / limit as f64)
+            .collect();
         let mean = r.iter().sum::<f64>() / r.len().max(1) as f64;
         (mean, r.iter().copied().fold(0.0, f64::max))
     }
@@ -522,7 +623,14 @@ impl Outcome {
         }
         r += &format!(
             "  errors {} {:?}; slow (> {} ms) {}, slowest {:?}; recovery {:?}; crashed {:?}; RSS growth KiB {:?}\n",
-            self.errors, self.first_error, s.peer_timeout_ms, self.slow, self.slowest, self.recovery, self.crashed, self.rss_growth_kib
+            self.errors,
+            self.first_error,
+            s.peer_timeout_ms,
+            self.slow,
+            self.slowest,
+            self.recovery,
+            self.crashed,
+            self.rss_growth_kib
         );
         r
     }

@@ -110,7 +110,13 @@ impl Net {
             redis,
             rules: Default::default(),
         };
-        ip(&["addr", "add", &format!("{}/24", net.root_ip()), "dev", &bridge(slot)]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", net.root_ip()),
+            "dev",
+            &bridge(slot),
+        ]);
         ip(&["link", "set", &bridge(slot), "up"]);
         for i in 0..nodes {
             net.add_namespace(i, &net.node_ip(i));
@@ -164,7 +170,15 @@ impl Net {
         ]);
         ip(&["link", "set", &outside, "master", &bridge(self.slot)]);
         ip(&["link", "set", &outside, "up"]);
-        ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", &inside]);
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{addr}/24"),
+            "dev",
+            &inside,
+        ]);
         ip(&["-n", &ns, "link", "set", &inside, "up"]);
         ip(&["-n", &ns, "link", "set", "lo", "up"]);
     }

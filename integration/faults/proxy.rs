@@ -220,7 +220,10 @@ fn read_side(
         let delay = link
             .and_then(|l| shared.delays.lock().unwrap().get(&l).copied())
             .unwrap_or_default();
-        if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+        if tx
+            .send((Instant::now() + delay, buf[..n].to_vec()))
+            .is_err()
+        {
             break;
         }
     }
