@@ -263,6 +263,7 @@ impl Cluster {
         if s.write_behind {
             cmd.env("SLUICE_PEER_WRITE_BEHIND", "true")
                 .env("SLUICE_PEER_WRITE_BEHIND_MS", "100")
+                .env("REDIS_SOCKET_TYPE", "tcp")
                 .env(
                     "REDIS_URL",
                     format!("{}:{}", net.redis_ip(), net::REDIS_PORT),

@@ -99,7 +99,11 @@ impl Net {
     pub fn new(nodes: usize, redis: bool) -> Net {
         assert!((1..=60).contains(&nodes), "1 to 60 nodes");
         sweep_stale();
-        let start = std::process::id() as usize;
+        // Each test of a binary starts its search elsewhere: a slot just given back may still
+        // have links the kernel is removing.
+        static TAKEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let start = std::process::id() as usize
+            + 101 * TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let slot = (0..256)
             .map(|i| ((start + i * 37) % 256) as u8)
             .find(|s| try_ip(&["link", "add", &bridge(*s), "type", "bridge"]))
@@ -296,6 +300,13 @@ impl Drop for Net {
         let mut names: Vec<String> = (0..self.nodes).map(|i| self.namespace(i)).collect();
         if self.redis {
             names.push(self.namespace(REDIS));
+        }
+        // The veths first, at once (a namespace's own are removed later, by the kernel).
+        for i in (0..self.nodes).chain(self.redis.then_some(REDIS)) {
+            try_ip(&["link", "del", &self.peer_link(i)]);
+            if i != REDIS {
+                try_ip(&["link", "del", &format!("sf{}c{i}", self.slot)]);
+            }
         }
         for ns in names {
             delete_namespace(&ns);
