@@ -590,6 +590,7 @@ mod durable {
         .map(|algorithm| Hit {
             key: KEY,
             quota: Quota {
+                safe_capacity: None,
                 requests_per_unit: 10,
                 unit: Unit::Minute,
                 algorithm,
@@ -832,6 +833,7 @@ mod peer_versions {
     /// `hits` hits on `d`/`k`=`v` at 10 per hour, in protocol `version`.
     fn request(version: u32, hits: u64) -> ApplyRequest {
         let quota = Quota {
+            safe_capacity: None,
             requests_per_unit: 10,
             unit: Unit::Hour,
             algorithm: Algorithm::FixedWindow,
@@ -959,13 +961,15 @@ mod peer_versions {
         .unwrap();
         node.start(&format!("{me},{other}"), dir.path());
 
-        // The limit holds, exactly, counted here once the other node refused the forward.
+        // Counted here once the other node refused the forward: the first hit as the key's next
+        // owner, the rest alone, since one of two nodes is no majority, within the safe
+        // capacity of 10 / 2 (docs/cluster.md, "Partitions").
         let nodes = [node];
         let admitted = admitted_on(&nodes, &[0], 12, Duration::from_secs(3));
-        assert_eq!(admitted, 10);
+        assert_eq!(admitted, 5);
         assert!(calls.load(std::sync::atomic::Ordering::Relaxed) >= 1);
         assert_eq!(cluster_stat(&nodes[0], "failed_forwards"), 1);
-        assert_eq!(cluster_stat(&nodes[0], "local_hits"), 12);
+        assert_eq!(cluster_stat(&nodes[0], "local_hits"), 1);
         let (_, stats) = http(nodes[0].debug, "GET", "/stats", "").expect("stats");
         assert!(
             stats.contains(&format!("sluice.cluster.peer_up.{other}: 0")),
@@ -1026,6 +1030,7 @@ mod peer_tls {
     fn peer_hits(value: &str, hits: u64) -> Vec<PeerHit> {
         let key = format!("d_k_{value}_");
         let quota = Quota {
+            safe_capacity: None,
             requests_per_unit: 10,
             unit: Unit::Hour,
             algorithm: Algorithm::FixedWindow,

@@ -23,6 +23,7 @@ mod config;
 pub mod durable;
 pub mod lease;
 mod leasing;
+mod minority;
 pub mod peer;
 pub mod quota_peers;
 pub mod ring;
@@ -113,7 +114,27 @@ impl Members {
         if !self.down[owner].swap(true, Ordering::Relaxed) {
             tracing::warn!(peer = self.ring.addr(owner), error = %error, "peer failed; marking it down");
             changes.record(now);
+            self.warn_if_alone();
         }
+    }
+
+    /// One log line when a peer marked down leaves this node without a majority.
+    fn warn_if_alone(&self) {
+        if !self.has_quorum() {
+            tracing::warn!(
+                live = self.live(),
+                peers = self.ring.len(),
+                "this node reaches no majority of its peers: it decides alone, within each \
+                 limit's safe capacity, until they answer again"
+            );
+        }
+    }
+
+    /// Whether this node reaches a majority of the peers it knows, itself included. Without
+    /// one it may be on the small side of a partition, whose other side goes on with the keys:
+    /// it decides alone, within each limit's safe capacity ([`minority`]).
+    fn has_quorum(&self) -> bool {
+        self.live() * 2 > self.ring.len()
     }
 
     fn live(&self) -> usize {
@@ -382,6 +403,9 @@ impl ClusterStore {
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let members = self.members.load_full();
+        if !members.has_quorum() {
+            return self.route_minority(&members, now, hits, op, out).await;
+        }
         match self.mode {
             ClusterMode::Divided => {
                 return self.route_divided(&members, now, hits, op, out).await;
@@ -661,6 +685,7 @@ async fn probe_peers(
                     peer = m.ring.addr(i),
                     "peer stopped answering; marking it down"
                 );
+                m.warn_if_alone();
             }
         }
     }

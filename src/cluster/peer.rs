@@ -206,6 +206,8 @@ impl PeerHit {
                 .ok_or_else(|| unknown("algorithm", self.algorithm))?,
             burst: NonZeroU32::new(self.burst),
             charge_refused: self.charge_refused,
+            // Never on the wire: only a node cut off from its peers uses it, on its own hits.
+            safe_capacity: None,
         })
     }
 }
@@ -846,6 +848,7 @@ mod tests {
 
     fn hit(key: &str, rate: u32, unit: Unit, algorithm: Algorithm, burst: u32, n: u64) -> PeerHit {
         let quota = Quota {
+            safe_capacity: None,
             requests_per_unit: rate,
             unit,
             algorithm,
@@ -936,6 +939,7 @@ mod tests {
         assert_eq!(
             quotas[2],
             Quota {
+                safe_capacity: None,
                 requests_per_unit: 100,
                 unit: Unit::Minute,
                 algorithm: Algorithm::TokenBucket,
@@ -987,6 +991,7 @@ mod tests {
     fn lease_asks_and_grants_cross_the_wire_unchanged() {
         let ask = Ask {
             quota: Quota {
+                safe_capacity: None,
                 requests_per_unit: 100,
                 unit: Unit::Minute,
                 algorithm: Algorithm::SlidingWindow,

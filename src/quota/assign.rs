@@ -156,6 +156,7 @@ mod tests {
 
     fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quota {
         Quota {
+            safe_capacity: None,
             requests_per_unit: rpu,
             unit,
             algorithm,

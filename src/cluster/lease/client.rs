@@ -128,6 +128,17 @@ impl Held {
         })
     }
 
+    /// Admits `hits` from what is held, with no call and no acquire: a node that cannot reach a
+    /// majority of its peers decides so. `Err` carries what it used of a window's allowance
+    /// (0 for a bucket), which its safe capacity then counts.
+    pub fn admit_held(&mut self, now_us: u64, hits: u64) -> Result<Decision, u64> {
+        self.roll(now_us);
+        self.attempted += hits;
+        self.touched_us = now_us;
+        self.try_admit(now_us, hits)
+            .ok_or(if is_window(&self.quota) { self.used } else { 0 })
+    }
+
     /// Decides `hits` once the call it waited for is answered: admitted if it fits now,
     /// refused otherwise (no second acquire).
     pub fn decide_after_acquire(&mut self, now_us: u64, hits: u64) -> Decision {

@@ -244,6 +244,19 @@ impl LeaseClient {
         Some(entry.clone())
     }
 
+    /// [`client::Held::admit_held`] on `key` held under `quota`: `None` when not held here.
+    pub fn admit_held(
+        &self,
+        key: &str,
+        quota: Quota,
+        now_us: u64,
+        hits: u64,
+    ) -> Option<Result<Decision, u64>> {
+        let slot = self.slots.get(key)?;
+        let mut held = slot.lock();
+        (*held.quota() == quota).then(|| held.admit_held(now_us, hits))
+    }
+
     /// Takes `hits` off what this node used of `key` (a refund), and answers a peek at what is
     /// left; `None` when the key is not held here (its hits were forwarded, so the refund must
     /// be too).
