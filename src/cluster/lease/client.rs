@@ -114,9 +114,7 @@ impl Held {
         if self.in_flight {
             return Local::Wait;
         }
-        if self.acquired_us != 0 && now_us < self.acquired_us + renew_us
-            || self.starved_epoch == Some(self.epoch) && is_window(&self.quota)
-        {
+        if !self.may_acquire(now_us, renew_us) {
             return Local::Decided(self.refusal(now_us, hits));
         }
         self.acquired_us = now_us;
@@ -126,6 +124,20 @@ impl Held {
             want: hits,
             ..self.report(now_us)
         })
+    }
+
+    /// Whether a hit that does not fit may send an acquire at `now_us`. Windows: unless an
+    /// acquire in this window brought nothing more (the owner has nothing to give until
+    /// someone gives back, which renewals bring): a burst acquires again as soon as its last
+    /// grant is spent, each grant sized by the demand the burst shows, so it is not refused
+    /// for a renewal interval while the window still has capacity. Buckets: once per renewal
+    /// interval, since a share refills by itself.
+    fn may_acquire(&self, now_us: u64, renew_us: u64) -> bool {
+        if is_window(&self.quota) {
+            self.starved_epoch != Some(self.epoch)
+        } else {
+            self.acquired_us == 0 || now_us >= self.acquired_us + renew_us
+        }
     }
 
     /// Decides `hits` once the call it waited for is answered: admitted if it fits now,
@@ -187,7 +199,12 @@ impl Held {
                 self.starved_epoch = Some(self.epoch);
             }
             if g.epoch == self.epoch {
-                // The server only raises; the node lowered its own record when it asked.
+                // The server only raises; the node lowered its own record when it asked. A
+                // renewal that brings more shows the owner has capacity again (given back by
+                // others): acquires may go on.
+                if !acquiring && g.allowance > self.allowance {
+                    self.starved_epoch = None;
+                }
                 self.allowance = self.allowance.max(g.allowance);
                 self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
             } else if g.epoch > self.epoch {
@@ -308,14 +325,11 @@ impl Held {
         if index <= self.epoch {
             return;
         }
+        // Granted ahead: the owner counted this node in for the next window's first horizon,
+        // and its next renewal (within one interval) brings more, so a steady node sends no
+        // acquire at the boundary; a node whose burst spends it acquires at once.
         let allowance = match self.next.take() {
-            // Granted ahead: the owner counted this node in, and its next renewal (within one
-            // interval) brings more if there is more, so no acquire at the boundary, where
-            // every node would send one at the same moment.
-            Some((i, a)) if i == index => {
-                self.acquired_us = now_us;
-                a
-            }
+            Some((i, a)) if i == index => a,
             _ => 0,
         };
         self.epoch = index;
