@@ -667,8 +667,8 @@ impl KeyLeases {
 }
 
 /// How many times smaller a contended window's grants are than its horizon's need (the
-/// default renewal of 100 ms: steps of 25 ms of a node's demand).
-const CONTENDED_STEPS: u64 = 8;
+/// default renewal of 100 ms: steps of 6.25 ms of a node's demand).
+const CONTENDED_STEPS: u64 = 32;
 
 /// The bounds of one grant.
 #[derive(Clone, Copy)]
@@ -790,9 +790,11 @@ fn need_of(demand_milli: u64, steady_milli: u64, need: Need) -> u64 {
             burst_us,
             until_end_us,
         } => {
-            let steady = steady_milli.min(demand_milli);
+            // A steady demand holds its claim through a dip of the smoothed demand (one quiet
+            // renewal interval halves it); a demand that stopped loses it within a few.
+            let steady = steady_milli.min(demand_milli.saturating_mul(4));
             scaled(steady, until_end_us.into(), 1_000_000_000).saturating_add(scaled(
-                demand_milli - steady,
+                demand_milli.saturating_sub(steady),
                 burst_us.into(),
                 1_000_000_000,
             ))
