@@ -7,8 +7,8 @@
 //!   interval stretched by `1 / share`, so its rate and its capacity are the share's part of
 //!   the key's. A change of share keeps the fraction of the local bucket in use.
 //!
-//! A hit that does not fit asks the owner for more (an *acquire*, one hop), at most once per
-//! renewal interval per key; otherwise it is refused locally. Every key held is renewed in the
+//! A hit that does not fit asks the owner for more (an *acquire*, one hop) when
+//! [`Held::may_acquire`] allows it; otherwise it is refused locally. Every key held is renewed in the
 //! background ([`Held::renewal`]), reporting the attempted demand and what is used, and giving
 //! back what the node holds beyond its need.
 
@@ -134,7 +134,7 @@ impl Held {
     /// others give back at their renewals), only once `renew_us / 4 * 2^(n-1)` has passed, so
     /// an exhausted window costs a few calls, not one per hit. Buckets: once per renewal
     /// interval, since a share refills by itself.
-    fn may_acquire(&self, now_us: u64, renew_us: u64) -> bool {
+    pub(crate) fn may_acquire(&self, now_us: u64, renew_us: u64) -> bool {
         if is_window(&self.quota) {
             match self.starved {
                 Some((epoch, n)) if epoch == self.epoch => {

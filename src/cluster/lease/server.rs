@@ -18,7 +18,9 @@
 //! **Fair share.** A grant is the node's max-min fair part ([`crate::limiter::share`]) of what is left,
 //! split over the needs of the nodes whose leases are live: each node's need is its reported
 //! *attempted* demand (refused hits included, Ably's lesson: measuring admitted traffic makes
-//! shares oscillate) over the renewal horizon. A node that stops renewing keeps its allowance
+//! shares oscillate) over the renewal horizon, and to the window's end the part of it that was
+//! steady across the last boundary; under contention the rest in shorter steps
+//! (`docs/cluster.md`, "Bursts"). A node that stops renewing keeps its allowance
 //! charged until the window ends (it may have used it) but no longer counts for the split;
 //! a bucket share is freed when its lease expires, since the node stops using it then.
 //!
