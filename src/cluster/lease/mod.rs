@@ -6,7 +6,8 @@
 //!
 //! - **Cold keys**: a node that holds nothing for a key sends the hit's owner an *acquire* with
 //!   its first hit (one hop), and decides locally from then on. A hit that does not fit what
-//!   the node holds may acquire again, at most once per renewal interval per key.
+//!   the node holds may acquire again: for a window at once, backing off once acquires bring
+//!   nothing; for a bucket at most once per renewal interval.
 //! - **Renewals**: every SLUICE_LEASE_RENEW_MS one task sends each owner one call carrying
 //!   every key this node holds of it, with what it used, what it keeps and its demand. Peer
 //!   traffic grows with peers and renewal ticks, not with requests.

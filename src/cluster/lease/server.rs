@@ -18,7 +18,9 @@
 //! **Fair share.** A grant is the node's max-min fair part ([`crate::limiter::share`]) of what is left,
 //! split over the needs of the nodes whose leases are live: each node's need is its reported
 //! *attempted* demand (refused hits included, Ably's lesson: measuring admitted traffic makes
-//! shares oscillate) over the renewal horizon. A node that stops renewing keeps its allowance
+//! shares oscillate) over the renewal horizon, and to the window's end the part of it that was
+//! steady across the last boundary; under contention the rest in shorter steps
+//! (`docs/cluster.md`, "Bursts"). A node that stops renewing keeps its allowance
 //! charged until the window ends (it may have used it) but no longer counts for the split;
 //! a bucket share is freed when its lease expires, since the node stops using it then.
 //!
@@ -129,6 +131,10 @@ struct Holder {
     /// Windows: hits the node reported admitted in the window.
     used: u64,
     demand_milli: u64,
+    /// The node's demand when the window before began to be followed (its demand at that
+    /// window's end): the part of its demand that lasted across a boundary, which the node is
+    /// presumed to keep up until this window ends. 0 for a node new in the window.
+    steady_milli: u64,
     expires_us: u64,
 }
 
@@ -153,6 +159,7 @@ impl Epoch {
                 .map(|h| Holder {
                     allowance: 0,
                     used: 0,
+                    steady_milli: h.demand_milli,
                     ..h.clone()
                 })
                 .collect(),
@@ -180,6 +187,7 @@ impl Epoch {
             allowance: 0,
             used: 0,
             demand_milli: 0,
+            steady_milli: 0,
             expires_us: 0,
         });
         Some(self.holders.len() - 1)
@@ -413,6 +421,7 @@ pub(super) fn rate_milli(quota: &Quota) -> u64 {
 pub(super) fn share_need(demand_milli: u64, quota: &Quota) -> u64 {
     need_of(
         demand_milli,
+        0,
         Need::Share {
             rate_milli: rate_milli(quota),
         },
@@ -536,10 +545,13 @@ impl KeyLeases {
         // A report about another window (a clock a little ahead or behind) still renews the
         // lease and its demand, but moves no counts.
         let report = (ask.epoch == index).then_some(ask);
-        // Needs reach to the window's end: the window's capacity is split as Doorman splits a
-        // rate, so a node asking less than an equal share of what is left gets it all, however
-        // late in the window its hits come.
-        let need_until = left_us;
+        // A node's need is its demand over the horizon (until its next renewal, with one
+        // interval of slack), and to the window's end only the demand it kept up across the
+        // last boundary. A demand measured in a burst, extrapolated to the window's end, would
+        // claim capacity the node never uses while a busier node is refused (an allowance only
+        // comes back at its holder's renewals); a steady demand is split as Doorman splits a
+        // rate, so a node asking less than an equal share gets it all, however late in the
+        // window its hits come. See `docs/cluster.md`, "Bursts".
         let (allowance, fair) = grant_in(
             &mut self.current,
             report,
@@ -549,7 +561,8 @@ impl KeyLeases {
                 capacity,
                 cap,
                 need: Need::Window {
-                    horizon_us: need_until,
+                    burst_us: horizon.min(left_us),
+                    until_end_us: left_us,
                 },
             },
         );
@@ -610,7 +623,8 @@ impl KeyLeases {
                 capacity,
                 cap: capacity,
                 need: Need::Window {
-                    horizon_us: unit_us,
+                    burst_us: ctx.timing.horizon_us().min(unit_us),
+                    until_end_us: unit_us,
                 },
             },
         );
@@ -654,7 +668,12 @@ impl KeyLeases {
     }
 }
 
+/// How many times smaller a contended window's grants are than its horizon's need (the
+/// default renewal of 100 ms: steps of 6.25 ms of a node's demand).
+const CONTENDED_STEPS: u64 = 32;
+
 /// The bounds of one grant.
+#[derive(Clone, Copy)]
 struct Limits {
     /// What all holders together may hold.
     capacity: u64,
@@ -667,8 +686,10 @@ struct Limits {
 /// How a holder's demand becomes a need.
 #[derive(Clone, Copy)]
 enum Need {
-    /// Windows: hits over the next `horizon_us`.
-    Window { horizon_us: u64 },
+    /// Windows: hits until the window's end at the part of the holder's demand that is steady
+    /// ([`Holder::steady_milli`]), and over the next `burst_us` at the rest of it.
+    /// after that at the part of it that is steady ([`Holder::steady_milli`]).
+    Window { burst_us: u64, until_end_us: u64 },
     /// Buckets: a share (ppm) of a rate of `rate_milli` hits per second (thousandths), with a
     /// quarter of headroom so a node whose traffic grows is not refused before it renews.
     Share { rate_milli: u64 },
@@ -701,27 +722,31 @@ fn grant_in(
         h.demand_milli = ask.demand_milli;
         h.expires_us = ctx.now_us + ctx.timing.duration_us();
     }
-    // Windows: each live holder claims what it used plus its need until the window ends, out
-    // of the window's capacity less what expired holders held (they may have used it all), so
-    // what a node already used counts against its fair part. Buckets: claims are rate shares.
-    let mut expired = 0;
-    let claims: Vec<u64> = epoch
-        .holders
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            if h.expires_us <= ctx.now_us {
-                expired += h.allowance;
-                return 0;
-            }
-            let base = if window { h.used } else { 0 };
-            let need = need_of(h.demand_milli, limits.need);
-            let want = if i == me { ask.want } else { 0 };
-            base.saturating_add(need.max(want))
-        })
-        .collect();
-    let charged = epoch.retired + expired;
-    let fair = max_min_fair(limits.capacity.saturating_sub(charged), &claims);
+    // Windows: each live holder claims what it used plus its need, out of the window's
+    // capacity less what expired holders held (they may have used it all), so what a node
+    // already used counts against its fair part. Buckets: claims are rate shares.
+    let (available, mut claims) = self::claims(epoch, me, ask.want, ctx.now_us, &limits);
+    if let Need::Window {
+        burst_us,
+        until_end_us,
+    } = limits.need
+        && claims.iter().sum::<u64>() > available
+    {
+        // Contended: what a node holds beyond its use is lost to the others until it gives it
+        // back at a renewal, and a need measured in a burst is no promise of use. So the part
+        // of each need that is not steady counts (and is handed out) in steps
+        // [`CONTENDED_STEPS`] times shorter, and the window's last hits go to the nodes that
+        // ask for them, much as one counter would give them.
+        let step = Limits {
+            need: Need::Window {
+                burst_us: burst_us / CONTENDED_STEPS,
+                until_end_us,
+            },
+            ..limits
+        };
+        claims = self::claims(epoch, me, ask.want, ctx.now_us, &step).1;
+    }
+    let fair = max_min_fair(available, &claims);
     let h = &epoch.holders[me];
     let target = fair[me].min(limits.cap);
     let held: u64 = epoch.allowances();
@@ -731,12 +756,53 @@ fn grant_in(
     (raised, target)
 }
 
-/// A holder's need, in what `need` measures.
-fn need_of(demand_milli: u64, need: Need) -> u64 {
-    let (num, den) = match need {
-        Need::Window { horizon_us } => (u128::from(horizon_us), 1_000_000_000),
-        Need::Share { rate_milli } => (u128::from(PPM) * 5 / 4, u128::from(rate_milli)),
+/// What is left of `epoch`'s capacity to split once the expired holders' allowances are
+/// charged, and each holder's claim on it: what it used (windows) plus its need, or `want` for
+/// the asking holder `me` when that is more; 0 for an expired holder.
+fn claims(epoch: &Epoch, me: usize, want: u64, now_us: u64, limits: &Limits) -> (u64, Vec<u64>) {
+    let window = matches!(limits.need, Need::Window { .. });
+    let mut expired = 0;
+    let claims = epoch
+        .holders
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            if h.expires_us <= now_us {
+                expired += h.allowance;
+                return 0;
+            }
+            let base = if window { h.used } else { 0 };
+            let need = need_of(h.demand_milli, h.steady_milli, limits.need);
+            let want = if i == me { want } else { 0 };
+            base.saturating_add(need.max(want))
+        })
+        .collect();
+    let charged = epoch.retired + expired;
+    (limits.capacity.saturating_sub(charged), claims)
+}
+
+/// A holder's need, in what `need` measures, from its demand and (windows) the part of it
+/// that is steady.
+fn need_of(demand_milli: u64, steady_milli: u64, need: Need) -> u64 {
+    let scaled = |rate: u64, num: u128, den: u128| {
+        u64::try_from((u128::from(rate) * num).div_ceil(den)).unwrap_or(u64::MAX)
     };
-    let n = (u128::from(demand_milli) * num).div_ceil(den);
-    u64::try_from(n).unwrap_or(u64::MAX)
+    match need {
+        Need::Window {
+            burst_us,
+            until_end_us,
+        } => {
+            // A steady demand holds its claim through a dip of the smoothed demand (one quiet
+            // renewal interval halves it); a demand that stopped loses it within a few.
+            let steady = steady_milli.min(demand_milli.saturating_mul(4));
+            scaled(steady, until_end_us.into(), 1_000_000_000).saturating_add(scaled(
+                demand_milli.saturating_sub(steady),
+                burst_us.into(),
+                1_000_000_000,
+            ))
+        }
+        Need::Share { rate_milli } => {
+            scaled(demand_milli, u128::from(PPM) * 5 / 4, rate_milli.into())
+        }
+    }
 }
