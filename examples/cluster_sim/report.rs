@@ -103,7 +103,7 @@ pub(super) fn run(o: &Options) {
     timed("rate", &|| rates(o));
     timed("minute", &|| minute(o));
     timed("variants", &|| variant_table(o, &w));
-    timed("burst", &|| super::burst::table(o.quick, o.seed));
+    timed("burst", &|| super::burst::table(o.seed));
     timed("ring", &|| ring_table(&w));
     match o.only.as_deref() {
         Some("one") => one(o),

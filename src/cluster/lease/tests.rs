@@ -270,8 +270,14 @@ fn a_burst_does_not_take_what_a_steady_node_keeps_using() {
         }
     }
     assert!(c.admitted[&(next / S / 60)] <= 600);
-    assert!(steady >= 230, "the steady nodes keep their pace: {steady} of 240");
-    assert!(burst_admitted >= 330, "the burst gets the rest: {burst_admitted} of 360");
+    assert!(
+        steady >= 230,
+        "the steady nodes keep their pace: {steady} of 240"
+    );
+    assert!(
+        burst_admitted >= 330,
+        "the burst gets the rest: {burst_admitted} of 360"
+    );
 }
 
 #[test]
