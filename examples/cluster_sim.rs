@@ -7,6 +7,7 @@
 //! cargo run --release --example cluster_sim -- --quick   # a shorter run, same shape
 //! cargo run --release --example cluster_sim -- --seed 7  # another seed
 //! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
+//! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
 //! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
