@@ -18,6 +18,10 @@ use super::server::{
 };
 use crate::limiter::{Algorithm, Decision, Quota, bucket};
 
+/// The shortest time a demand sample is taken over (µs): a burst's rate is still seen within
+/// a few acquires, and a pair of hits close together is not taken for a flood.
+const MIN_SAMPLE_US: u64 = 10_000;
+
 /// What this node holds of one key.
 #[derive(Clone, Debug)]
 pub struct Held {
@@ -303,7 +307,10 @@ impl Held {
     fn report(&mut self, now_us: u64) -> Ask {
         let elapsed = now_us.saturating_sub(self.reported_us);
         if elapsed > 0 && (self.attempted > 0 || elapsed >= 1_000) {
-            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(elapsed);
+            // A sample spans at least MIN_SAMPLE_US: two hits microseconds apart (an acquire
+            // to this node's own lease server takes no hop) are no rate of a million a second.
+            let span = elapsed.max(MIN_SAMPLE_US);
+            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(span);
             let rate = u64::try_from(rate).unwrap_or(u64::MAX);
             self.demand_milli = self.demand_milli / 2 + rate / 2;
         }

@@ -131,10 +131,16 @@ struct Holder {
     /// Windows: hits the node reported admitted in the window.
     used: u64,
     demand_milli: u64,
-    /// The node's demand when the window before began to be followed (its demand at that
-    /// window's end): the part of its demand that lasted across a boundary, which the node is
-    /// presumed to keep up until this window ends. 0 for a node new in the window.
+    /// The part of the node's demand that lasted across the last boundary, which it is
+    /// presumed to keep up until this window ends: the lower of its demand as the window
+    /// before ended and its mean demand over that whole window (the smoothed demand of sparse
+    /// traffic is spiky). 0 for a node new in the window.
     steady_milli: u64,
+    /// Hits (in thousandths) the node was asked for in this window, refused ones included:
+    /// its reported demand integrated over the time between its asks.
+    asked_milli: u64,
+    /// When the node's last ask came (µs).
+    asked_at_us: u64,
     expires_us: u64,
 }
 
@@ -150,7 +156,7 @@ struct Epoch {
 impl Epoch {
     /// Window `index`, with the holders of `before` as claimants (nothing held or used yet),
     /// so the first node to ask in it cannot take the share the others' demand claims.
-    fn following(before: &Epoch, index: u64) -> Epoch {
+    fn following(before: &Epoch, index: u64, window_secs: u64) -> Epoch {
         Epoch {
             index,
             holders: before
@@ -159,7 +165,8 @@ impl Epoch {
                 .map(|h| Holder {
                     allowance: 0,
                     used: 0,
-                    steady_milli: h.demand_milli,
+                    steady_milli: h.demand_milli.min(h.asked_milli / window_secs.max(1)),
+                    asked_milli: 0,
                     ..h.clone()
                 })
                 .collect(),
@@ -188,6 +195,8 @@ impl Epoch {
             used: 0,
             demand_milli: 0,
             steady_milli: 0,
+            asked_milli: 0,
+            asked_at_us: 0,
             expires_us: 0,
         });
         Some(self.holders.len() - 1)
@@ -504,7 +513,7 @@ impl KeyLeases {
             self.previous_allowances = ended.allowances();
             self.current = match self.next.take() {
                 Some(next) if next.index == following => next,
-                _ => Epoch::following(&ended, following),
+                _ => Epoch::following(&ended, following, self.quota.window().secs()),
             };
             if self.current.index < index && self.current.allowances() == 0 {
                 self.previous_allowances = 0;
@@ -608,11 +617,12 @@ impl KeyLeases {
             Algorithm::SlidingWindow => limit.saturating_sub(self.current.allowances()),
             _ => limit,
         };
-        let unit_us = self.quota.window().secs() * 1_000_000;
+        let window_secs = self.quota.window().secs();
+        let unit_us = window_secs * 1_000_000;
         let current = &self.current;
         let next = self
             .next
-            .get_or_insert_with(|| Epoch::following(current, index + 1));
+            .get_or_insert_with(|| Epoch::following(current, index + 1, window_secs));
         let demand_only = Ask { want: 0, ..*ask };
         let (raised, _) = grant_in(
             next,
@@ -719,6 +729,13 @@ fn grant_in(
             h.used = h.used.max(r.used);
             h.allowance = r.keep.max(h.used);
         }
+        if h.asked_at_us != 0 {
+            let span = ctx.now_us.saturating_sub(h.asked_at_us);
+            let asked = u128::from(ask.demand_milli) * u128::from(span) / 1_000_000;
+            let asked = u64::try_from(asked).unwrap_or(u64::MAX);
+            h.asked_milli = h.asked_milli.saturating_add(asked);
+        }
+        h.asked_at_us = ctx.now_us;
         h.demand_milli = ask.demand_milli;
         h.expires_us = ctx.now_us + ctx.timing.duration_us();
     }
