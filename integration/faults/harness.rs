@@ -11,7 +11,6 @@
     reason = "the harness times real processes, sockets and faults"
 )]
 
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -163,22 +162,10 @@ pub fn http(
     body: &str,
 ) -> (Option<(u16, String)>, Duration) {
     let started = Instant::now();
-    let answer = (|| {
-        let addr: SocketAddr = format!("{ip}:{port}").parse().ok()?;
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(
-            s,
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .ok()?;
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).ok()?;
-        let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-        let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-        Some((status, body))
-    })();
+    let answer = format!("{ip}:{port}")
+        .parse()
+        .ok()
+        .and_then(|addr| super::support::http_to(addr, method, path, body));
     (answer, started.elapsed())
 }
 
