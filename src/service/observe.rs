@@ -3,7 +3,7 @@
 //!
 //! The decision calls an [`Observer`] with facts in its own terms (a call's request and
 //! answer, each counted descriptor's outcome, a backend call, a failure) and knows no wire
-//! format: [`crate::telemetry::DecisionTelemetry`] turns these into envoyproxy/ratelimit's
+//! format: telemetry's `DecisionTelemetry` turns these into envoyproxy/ratelimit's
 //! stats, OTLP spans and logs. Telemetry implements this trait, so it depends on the service
 //! and not the reverse; the default observer ([`Unobserved`]) records nothing.
 

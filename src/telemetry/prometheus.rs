@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::limits::{GAUGE_FAMILIES, INFO_FAMILY, LimitTable, limit_gauges};
+use super::limits::{GAUGE_FAMILIES, INFO_FAMILY, LabelSet, LimitTable, label_set, limit_gauges};
 use super::stats::{LimitCounters, Stats};
 
 /// The content type of this exposition.
@@ -115,17 +115,6 @@ pub struct MemoryGauges {
     pub max_counter_bytes: u64,
     pub rejected_full: u64,
     pub swept: u64,
-}
-
-/// The labels a per-limit stats key maps to: domain, then up to two levels.
-pub(crate) type LabelSet = (String, Option<String>, Option<String>);
-
-pub(crate) fn label_set(name: &str) -> LabelSet {
-    let mut parts = name.split('.');
-    let domain = parts.next().unwrap_or_default().to_owned();
-    let key1 = parts.next().map(str::to_owned);
-    let key2 = parts.next().map(str::to_owned);
-    (domain, key1, key2)
 }
 
 /// Escapes a label value: backslash, double quote and newline.

@@ -29,8 +29,9 @@ use super::trace::{SpanCounters, SpanRecord, Value};
 use super::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
 use crate::clock::unix_nanos;
 use crate::telemetry::LogLimiter;
+use crate::telemetry::limits::LabelSet;
 use crate::telemetry::limits::{GAUGE_FAMILIES, INFO_FAMILY, limit_gauges};
-use crate::telemetry::prometheus::{Extra, LabelSet, limit_series};
+use crate::telemetry::prometheus::{Extra, limit_series};
 use crate::telemetry::stats::{LATENCY_BUCKETS, LimitCounters, Stats};
 
 /// The largest collector answer read (its body is only checked for a status).
