@@ -145,9 +145,10 @@ pub struct LeaseClient {
     pub stats: LeaseStats,
 }
 
-/// What a held key costs beside its key's bytes: `examples/lease_memory.rs` measures 262
-/// (keys of 27 to 31 bytes), rounded up here.
-pub const SLOT_CHARGE: usize = 288;
+/// What a held key costs beside its key's bytes: `examples/lease_memory.rs` measures at most
+/// 357 (keys of 27 to 31 bytes, 40,000 to 300,000 keys), rounded up here; the example fails
+/// when a measurement passes the charge.
+pub const SLOT_CHARGE: usize = 384;
 
 impl LeaseClient {
     pub fn new(timing: LeaseTiming) -> Self {

@@ -225,10 +225,11 @@ impl Epoch {
 }
 
 /// What a leased key costs its owner beside its key's bytes, and each holder beside its name's:
-/// `examples/lease_memory.rs` measures 343 and 80 (keys of 27 to 31 bytes, names of 16), which
-/// these round up as `MemoryStore` rounds its counters' 102 to 112.
-pub const KEY_CHARGE: usize = 384;
-pub const HOLDER_CHARGE: usize = 96;
+/// `examples/lease_memory.rs` measures at most 498 and 113 (keys of 27 to 31 bytes, names of 16,
+/// 40,000 to 300,000 keys with 1 and 10 holders), which these round up; the example fails when a
+/// measurement passes its charge, and `bench/run.sh` runs it.
+pub const KEY_CHARGE: usize = 512;
+pub const HOLDER_CHARGE: usize = 128;
 
 /// The most live holders one key's window (or bucket) has: far above any cluster's size, so
 /// only a misbehaving peer inventing node names reaches it; past it new holders get nothing.
