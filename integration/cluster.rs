@@ -14,6 +14,9 @@ mod pki;
 mod redis_server;
 mod support;
 
+#[path = "rlqs_envoy.rs"]
+mod rlqs_envoy;
+
 use redis_server::{RedisServer, redis_server_available};
 use support::{free_port, http, wait_for};
 
@@ -2184,75 +2187,22 @@ mod lease {
 mod rlqs {
     use super::*;
 
-    use std::sync::{Arc, Mutex};
-
-    use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-        BucketId, RateLimitQuotaUsageReports,
-    };
-    use tokio::sync::mpsc;
+    use rlqs_envoy::Envoy;
 
     const YAML: &str = "domain: rlqs\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
 
-    /// One Envoy's stream to a node: its latest assignment for `tenant: acme`, in requests
-    /// per second (0 for a deny), kept up to date by a task reading the answers.
-    struct Envoy {
-        reports: mpsc::Sender<RateLimitQuotaUsageReports>,
-        rate: Arc<Mutex<Option<f64>>>,
-    }
-
-    fn report(attempted: u64) -> RateLimitQuotaUsageReports {
-        RateLimitQuotaUsageReports {
-            domain: "rlqs".into(),
-            bucket_quota_usages: vec![BucketQuotaUsage {
-                bucket_id: Some(BucketId {
-                    bucket: [("tenant".to_string(), "acme".to_string())].into(),
-                }),
-                time_elapsed: None,
-                num_requests_allowed: attempted,
-                num_requests_denied: 0,
-            }],
-        }
-    }
-
     async fn connect(grpc: u16) -> Envoy {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
-            .await
-            .expect("connect");
-        let (reports, rx) = mpsc::channel(8);
-        let mut answers = client
-            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .expect("stream")
-            .into_inner();
-        let rate = Arc::new(Mutex::new(None));
-        let latest = rate.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(answer)) = answers.message().await {
-                for action in answer.bucket_action {
-                    let Some(Kind::QuotaAssignmentAction(q)) = action.bucket_action else {
-                        continue;
-                    };
-                    let r = match q.rate_limit_strategy.and_then(|s| s.strategy) {
-                        Some(Strategy::TokenBucket(tb)) => {
-                            f64::from(tb.tokens_per_fill.unwrap_or_default().value)
-                                / tb.fill_interval.unwrap_or_default().seconds as f64
-                        }
-                        _ => 0.0,
-                    };
-                    *latest.lock().unwrap() = Some(r);
-                }
-            }
-        });
-        reports.send(report(1)).await.expect("report");
-        Envoy { reports, rate }
+        Envoy::connect(
+            &format!("http://127.0.0.1:{grpc}"),
+            "rlqs",
+            &[("tenant", "acme")],
+        )
+        .await
+        .expect("connect")
     }
 
     fn rate(e: &Envoy) -> Option<f64> {
-        *e.rate.lock().unwrap()
+        e.rate()
     }
 
     /// Waits (reporting `attempted` per half second on every stream) until `done` holds.
@@ -2261,7 +2211,7 @@ mod rlqs {
         while !done() {
             assert!(tokio::time::Instant::now() < deadline, "never: {what}");
             for e in envoys {
-                e.reports.send(report(attempted)).await.expect("report");
+                e.report(attempted).await;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -2302,7 +2252,7 @@ mod rlqs {
             // so their assignments live SLUICE_RLQS_ASSIGNMENT_TTL_SECS, 2 s).
             for _ in 0..4 {
                 for e in [&a, &b] {
-                    e.reports.send(report(100)).await.expect("report");
+                    e.report(100).await;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let sum = rate(&a).unwrap() + rate(&b).unwrap();

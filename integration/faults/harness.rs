@@ -22,12 +22,15 @@ use sluice::cluster::ring::{Ring, key_hash};
 use super::net::{self, Net, REDIS};
 use super::proxy::Proxy;
 
-/// SLUICE_CLUSTER_MODE.
+/// SLUICE_CLUSTER_MODE, or Redis replicas without peers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Forward,
     Lease,
     Divided,
+    /// No peers: every node counts in the one Redis (BACKEND_TYPE=redis), as envoyproxy/ratelimit
+    /// replicas do.
+    Replicas,
 }
 
 impl Mode {
@@ -36,6 +39,7 @@ impl Mode {
             Mode::Forward => "forward",
             Mode::Lease => "lease",
             Mode::Divided => "divided",
+            Mode::Replicas => "replicas",
         }
     }
 }
@@ -98,6 +102,13 @@ pub struct Scenario {
     pub write_behind: bool,
 }
 
+impl Scenario {
+    /// Whether the scenario runs a Redis: write-behind's, or the replicas' one store.
+    pub fn uses_redis(&self) -> bool {
+        self.write_behind || self.mode == Mode::Replicas
+    }
+}
+
 /// One window's admissions.
 #[derive(Clone, Debug)]
 pub struct WindowCount {
@@ -127,6 +138,9 @@ pub struct Outcome {
     /// From the last heal until every node saw every other up again; `None`: no heal, or
     /// not within 30 s.
     pub recovery: Option<Duration>,
+    /// From the last heal to the last call answered with an error after it; `None`: no error
+    /// after the heal (or no heal).
+    pub errors_end: Option<Duration>,
     /// Nodes whose process ended during the run.
     pub crashed: Vec<usize>,
     /// Each node's resident memory at the end less at the start, in KiB.
@@ -172,7 +186,7 @@ pub fn http(
 impl Cluster {
     /// The network, the proxy, Redis if asked, and every node started and seeing the others.
     pub fn start(s: &Scenario) -> Cluster {
-        let net = Net::new(s.nodes, s.write_behind);
+        let net = Net::new(s.nodes, s.uses_redis());
         let listen = (0..s.nodes)
             .map(|i| net.peer_addr(i).parse().unwrap())
             .collect();
@@ -196,7 +210,7 @@ impl Cluster {
             .join(",");
         let value = value_owned_by(&peers, &net.peer_addr(s.owner));
         std::fs::write(dir.path().join("limits.yaml"), limits_yaml(s)).unwrap();
-        let redis = s.write_behind.then(|| start_redis(&net, dir.path()));
+        let redis = s.uses_redis().then(|| start_redis(&net, dir.path()));
         let mut c = Cluster {
             nodes: Vec::new(),
             redis,
@@ -228,33 +242,43 @@ impl Cluster {
         cmd.arg("--config")
             .arg(self.dir.path())
             .env_remove("REDIS_URL")
-            .env_remove("BACKEND_TYPE")
-            // Sluice refuses SLUICE_* variables it does not know.
-            .env_remove("SLUICE_FAULTS_BINARY")
-            .env_remove("SLUICE_FAULTS_MODE")
-            .env("SLUICE_CLUSTER_MODE", s.mode.name())
-            .env("SLUICE_PEER_TIMEOUT_MS", s.peer_timeout_ms.to_string())
+            .env_remove("BACKEND_TYPE");
+        // Sluice refuses SLUICE_* variables it does not know, so the harness's own go.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("SLUICE_FAULTS_") {
+                cmd.env_remove(name);
+            }
+        }
+        if s.mode == Mode::Replicas {
+            cmd.env("BACKEND_TYPE", "redis");
+        } else {
+            cmd.env("SLUICE_CLUSTER_MODE", s.mode.name())
+                .env("PEERS", &self.peers)
+                .env("PEER_PORT", net::peer_port(i).to_string())
+                .env("PEER_ADVERTISE_ADDRESS", net.peer_addr(i));
+        }
+        cmd.env("SLUICE_PEER_TIMEOUT_MS", s.peer_timeout_ms.to_string())
+            // An RLQS part of a node cut off expires at its owner 2 s after its last sync.
+            .env("SLUICE_RLQS_ASSIGNMENT_TTL_SECS", "2")
             .env("HOST", "0.0.0.0")
             .env("GRPC_HOST", "0.0.0.0")
             .env("DEBUG_HOST", "0.0.0.0")
             .env("PORT", net::HTTP_PORT.to_string())
             .env("GRPC_PORT", net::GRPC_PORT.to_string())
             .env("DEBUG_PORT", net::DEBUG_PORT.to_string())
-            .env("PEERS", &self.peers)
-            .env("PEER_PORT", net::peer_port(i).to_string())
-            .env("PEER_ADVERTISE_ADDRESS", net.peer_addr(i))
             .env("LOG_LEVEL", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
         if s.write_behind {
             cmd.env("SLUICE_PEER_WRITE_BEHIND", "true")
-                .env("SLUICE_PEER_WRITE_BEHIND_MS", "100")
-                .env("REDIS_SOCKET_TYPE", "tcp")
-                .env(
-                    "REDIS_URL",
-                    format!("{}:{}", net.redis_ip(), net::REDIS_PORT),
-                );
+                .env("SLUICE_PEER_WRITE_BEHIND_MS", "100");
+        }
+        if s.uses_redis() {
+            cmd.env("REDIS_SOCKET_TYPE", "tcp").env(
+                "REDIS_URL",
+                format!("{}:{}", net.redis_ip(), net::REDIS_PORT),
+            );
         }
         cmd.spawn().expect("start sluice in its namespace")
     }
@@ -318,7 +342,7 @@ impl Cluster {
     }
 
     /// Puts `f` on the network (`on`) or takes it off.
-    fn apply(&self, f: &Fault, on: bool) {
+    pub fn apply(&self, f: &Fault, on: bool) {
         let proxy = &self.proxy;
         match (f.link, f.kind) {
             (Link::Node(i), Kind::Down) => self.net.set_link(i, !on),
@@ -427,6 +451,8 @@ struct Answer {
     window: u64,
     admitted: bool,
     error: Option<String>,
+    /// When it came.
+    at: Instant,
     took: Duration,
 }
 
@@ -449,7 +475,7 @@ pub fn run(s: &Scenario, c: &mut Cluster) -> Outcome {
             )
         })
         .collect();
-    let recovery = play_faults(s, c, start);
+    let (healed_at, recovery) = play_faults(s, c, start);
     if let Some(rest) = s.run.checked_sub(start.elapsed()) {
         std::thread::sleep(rest);
     }
@@ -460,6 +486,18 @@ pub fn run(s: &Scenario, c: &mut Cluster) -> Outcome {
     let rss_after = c.rss_kib();
     let mut outcome = tally(s, first, &seen);
     outcome.recovery = recovery;
+    outcome.errors_end = healed_at.and_then(|healed| {
+        seen.iter()
+            .flat_map(|answers| {
+                let answers = answers.lock().unwrap();
+                answers
+                    .iter()
+                    .filter(|a| a.error.is_some() && a.at > healed)
+                    .map(|a| a.at - healed)
+                    .max()
+            })
+            .max()
+    });
     outcome.crashed = c.crashed();
     outcome.rss_growth_kib = rss_after
         .iter()
@@ -469,8 +507,9 @@ pub fn run(s: &Scenario, c: &mut Cluster) -> Outcome {
     outcome
 }
 
-/// Applies and heals the faults at their times; returns the recovery after the last heal.
-fn play_faults(s: &Scenario, c: &Cluster, start: Instant) -> Option<Duration> {
+/// Applies and heals the faults at their times; returns when the last heal was and the
+/// recovery after it.
+fn play_faults(s: &Scenario, c: &Cluster, start: Instant) -> (Option<Instant>, Option<Duration>) {
     let mut events: Vec<(Duration, usize, bool)> = Vec::new();
     for (i, f) in s.faults.iter().enumerate() {
         events.push((f.at, i, true));
@@ -489,14 +528,16 @@ fn play_faults(s: &Scenario, c: &Cluster, start: Instant) -> Option<Duration> {
             healed_at = Some(Instant::now());
         }
     }
-    let healed_at = healed_at?;
-    while healed_at.elapsed() < Duration::from_secs(30) {
+    let Some(healed) = healed_at else {
+        return (None, None);
+    };
+    while healed.elapsed() < Duration::from_secs(30) {
         if c.all_up() {
-            return Some(healed_at.elapsed());
+            return (healed_at, Some(healed.elapsed()));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    None
+    (healed_at, None)
 }
 
 /// Node `ip`'s client: `s.rate` requests a second, one at a time, paced from `start`.
@@ -534,6 +575,7 @@ fn client(
                 admitted,
                 error,
                 took,
+                at: Instant::now(),
             });
         }
     })
@@ -550,6 +592,7 @@ fn tally(s: &Scenario, first: u64, seen: &[Arc<Mutex<Vec<Answer>>>]) -> Outcome 
         slow: 0,
         slowest: Duration::ZERO,
         recovery: None,
+        errors_end: None,
         crashed: Vec::new(),
         rss_growth_kib: Vec::new(),
     };
@@ -610,9 +653,10 @@ impl Outcome {
             );
         }
         r += &format!(
-            "  errors {} {:?}; slow (> {} ms) {}, slowest {:?}; recovery {:?}; crashed {:?}; RSS growth KiB {:?}\n",
+            "  errors {} {:?}, the last {:?} after the heal; slow (> {} ms) {}, slowest {:?}; recovery {:?}; crashed {:?}; RSS growth KiB {:?}\n",
             self.errors,
             self.first_error,
+            self.errors_end,
             s.peer_timeout_ms,
             self.slow,
             self.slowest,

@@ -5,7 +5,8 @@
 //!
 //! - lease mode: from the lease it holds on the key, with no renewal and no acquire; once that
 //!   is spent (or expired, or there is none) from the limit's safe capacity, less what it used
-//!   of its window's allowance;
+//!   of its window's allowance; what it admits so is reported with its use once it reaches
+//!   the owner again;
 //! - forward and divided modes: on its own memory store against the safe capacity.
 //!
 //! The safe capacity is the limit's `safe_capacity`, by default the limit over the number of
@@ -32,6 +33,11 @@ impl ClusterStore {
     ) -> Result<(), StoreError> {
         let peers = members.ring.len();
         let now_us = now.micros();
+        if op == Op::Apply {
+            self.stats
+                .alone_hits
+                .fetch_add(hits.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut held: Vec<Option<Decision>> = vec![None; hits.len()];
         let mut alone: Vec<Hit<'_>> = Vec::with_capacity(hits.len());
         for (i, h) in hits.iter().enumerate() {
@@ -66,6 +72,13 @@ impl ClusterStore {
             Op::Apply => self.local.apply(now, &alone, &mut decided).await?,
             Op::Refund => self.local.refund(now, &alone, &mut decided).await?,
             Op::Reset => return self.local.reset(now, &alone).await,
+        }
+        if let (Some(lease), Op::Apply) = (&self.lease, op) {
+            for (h, d) in alone.iter().zip(&decided) {
+                if !d.over {
+                    lease.client.admitted_alone(h.key, now_us, h.hits);
+                }
+            }
         }
         let mut decided = decided.into_iter();
         for d in held {

@@ -265,6 +265,9 @@ pub struct ClusterStats {
     pub peer_calls: AtomicU64,
     /// Forwards that failed and were retried on the next owner.
     pub failed_forwards: AtomicU64,
+    /// Hits this node decided alone while it reached no majority of its peers (no split
+    /// brain: [`minority`]).
+    pub alone_hits: AtomicU64,
 }
 
 impl Drop for ClusterStore {
@@ -375,6 +378,12 @@ impl ClusterStore {
             changes: self.changes.clone(),
             clock,
         })
+    }
+
+    /// Whether this node reaches a majority of its peers, itself included (otherwise it decides
+    /// alone, within each limit's safe capacity).
+    pub fn has_majority(&self) -> bool {
+        self.members.load().has_quorum()
     }
 
     /// The peer addresses and whether each is up, for the debug listener.

@@ -86,6 +86,9 @@ pub struct ClusterGauges {
     pub forwarded_hits: u64,
     pub peer_calls: u64,
     pub failed_forwards: u64,
+    /// Hits decided alone without a majority of the peers, and whether this node has one.
+    pub alone_hits: u64,
+    pub majority: bool,
     /// SLUICE_PEER_WRITE_BEHIND's counters, (name, value); empty when it is off.
     pub durable: Vec<(&'static str, u64)>,
     /// Lease mode's counters, then its gauges ([`LEASE_GAUGES`]), (name, value); empty outside
@@ -490,10 +493,23 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
             "Forwards that failed and were retried on the next owner.",
             c.failed_forwards,
         ),
+        (
+            "sluice_cluster_alone_hits_total",
+            "Hits this node decided alone, within each limit's safe capacity, while it reached no majority of its peers.",
+            c.alone_hits,
+        ),
     ] {
         header(out, name, "counter", help);
         sample(out, name, &[], value);
     }
+    let name = "sluice_cluster_majority";
+    header(
+        out,
+        name,
+        "gauge",
+        "1 while this node reaches a majority of its peers (itself included); 0 while it decides alone.",
+    );
+    sample(out, name, &[], u64::from(c.majority));
     for (stat, value) in &c.durable {
         let name = format!("sluice_cluster_durable_{stat}_total");
         header(

@@ -32,6 +32,10 @@ pub struct Held {
     allowance: u64,
     /// Windows: hits admitted in `epoch`.
     used: u64,
+    /// Windows: of `used`, the hits admitted in `epoch` from the safe capacity while this node
+    /// had no majority ([`Held::admitted_alone`]). They count in `used` and `allowance` alike,
+    /// so an owner reached again is told of them and grants the window that much less.
+    alone: u64,
     /// The next window's allowance, granted ahead.
     next: Option<(u64, u64)>,
     /// The lease holds until then (µs).
@@ -86,6 +90,7 @@ impl Held {
             epoch: epoch_of(&quota, now_us),
             allowance: 0,
             used: 0,
+            alone: 0,
             next: None,
             valid_until_us: 0,
             others: 0,
@@ -138,8 +143,14 @@ impl Held {
         self.roll(now_us);
         self.attempted += hits;
         self.touched_us = now_us;
+        // What the safe capacity counts is the lease's part: the memory store it decides on
+        // holds the hits admitted alone already.
         self.try_admit(now_us, hits)
-            .ok_or(if is_window(&self.quota) { self.used } else { 0 })
+            .ok_or(if is_window(&self.quota) {
+                self.used.saturating_sub(self.alone)
+            } else {
+                0
+            })
     }
 
     /// Whether a hit that does not fit may send an acquire at `now_us`. Windows: a burst
@@ -181,6 +192,7 @@ impl Held {
         match self.quota.algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 self.used = self.used.saturating_sub(hits);
+                self.alone = self.alone.min(self.used);
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 if let Some(shape) = self.local_bucket() {
@@ -365,7 +377,21 @@ impl Held {
         self.epoch = index;
         self.allowance = allowance;
         self.used = 0;
+        self.alone = 0;
         self.others = 0;
+    }
+
+    /// Records `hits` admitted at `now_us` from the safe capacity while this node had no
+    /// majority (windows), so its next report tells the owner, who then grants the window
+    /// that much less: without it a partition that heals within a window admitted the limit
+    /// again on top of what the cut-off nodes had admitted alone (issue 35's 1/1/1 split).
+    pub fn admitted_alone(&mut self, now_us: u64, hits: u64) {
+        self.roll(now_us);
+        if is_window(&self.quota) {
+            self.alone = self.alone.saturating_add(hits);
+            self.used = self.used.saturating_add(hits);
+            self.allowance = self.allowance.saturating_add(hits);
+        }
     }
 
     fn try_admit(&mut self, now_us: u64, hits: u64) -> Option<Decision> {

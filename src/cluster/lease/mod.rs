@@ -259,6 +259,13 @@ impl LeaseClient {
         (*held.quota() == quota).then(|| held.admit_held(now_us, hits))
     }
 
+    /// [`client::Held::admitted_alone`] on `key`, when it is held here.
+    pub fn admitted_alone(&self, key: &str, now_us: u64, hits: u64) {
+        if let Some(slot) = self.slots.get(key) {
+            slot.lock().admitted_alone(now_us, hits);
+        }
+    }
+
     /// Takes `hits` off what this node used of `key` (a refund), and answers a peek at what is
     /// left; `None` when the key is not held here (its hits were forwarded, so the refund must
     /// be too).

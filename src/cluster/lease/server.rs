@@ -30,7 +30,11 @@
 //! over the live nodes (the divided mode's share), and the nodes' reports (`used`, `keep`) are
 //! taken as what they hold: every live node renews every key it holds each renewal interval, so
 //! the server learns what is held within one interval, and what it cannot learn is what the lost
-//! owner admitted itself.
+//! owner admitted itself. A key this node already served is rebuilt the same way after every
+//! ring change it sees: an owner reached again after a partition knows nothing of what the
+//! other side's stand-in granted meanwhile until the holders report, and without the cap it
+//! granted itself the whole window at once (issue 35: 500 of 300 in the window an owner's
+//! 10 s cut healed).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -241,6 +245,8 @@ struct KeyLeases {
     quota: Quota,
     /// Until when (µs) grants are capped at an equal share (see the module's "Rebuild").
     rebuild_until_us: u64,
+    /// The ring change (µs) the rebuild followed: a later one starts another.
+    rebuilt_for_us: u64,
     /// Windows: the current window and the next one, once granted ahead; the previous one's
     /// allowances for a sliding window. Buckets: `current` only, index 0.
     current: Epoch,
@@ -322,9 +328,7 @@ impl LeaseServer {
                 return Grant::default();
             }
             None => {
-                let rebuild_until_us =
-                    (last_change.micros() + self.timing.duration_us()).max(now_us);
-                let fresh = KeyLeases::new(ask.quota, now_us, rebuild_until_us);
+                let fresh = KeyLeases::new(ask.quota, now_us, 0);
                 self.keys.entry(key.into()).or_insert_with(|| {
                     let charge = KEY_CHARGE + key.len() + fresh.holder_bytes();
                     self.bytes.fetch_add(charge, Ordering::Relaxed);
@@ -340,6 +344,11 @@ impl LeaseServer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.grants.fetch_add(1, Ordering::Relaxed);
+        let change_us = last_change.micros();
+        if change_us > leases.rebuilt_for_us {
+            leases.rebuilt_for_us = change_us;
+            leases.rebuild_until_us = change_us + self.timing.duration_us();
+        }
         let ctx = GrantContext {
             node,
             now_us,
@@ -459,6 +468,7 @@ impl KeyLeases {
         KeyLeases {
             quota,
             rebuild_until_us,
+            rebuilt_for_us: 0,
             current: Epoch {
                 index,
                 ..Epoch::default()
@@ -493,7 +503,10 @@ impl KeyLeases {
     fn answer(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
         // A limit changed by a reload starts the key again under the new quota.
         if ask.quota != self.quota {
-            *self = KeyLeases::new(ask.quota, ctx.now_us, self.rebuild_until_us);
+            *self = KeyLeases {
+                rebuilt_for_us: self.rebuilt_for_us,
+                ..KeyLeases::new(ask.quota, ctx.now_us, self.rebuild_until_us)
+            };
         }
         if is_window(&self.quota) {
             self.answer_window(ask, ctx)

@@ -776,3 +776,25 @@ fn a_holder_refund_answers_what_is_left() {
     assert_eq!((d.count_after, d.remaining), (0, 10));
     assert_eq!(held.holding().2, 0, "used floored at 0");
 }
+
+/// What a node admitted alone, without a majority, goes with its next report as used, so an
+/// owner it reaches again within the window grants that much less; a new window forgets it.
+#[test]
+fn what_a_node_admitted_alone_is_reported_as_used_in_its_window() {
+    let q = quota(Algorithm::FixedWindow, 300, Unit::Hour, 0);
+    let timing = LeaseTiming::DEFAULT;
+    let mut held = Held::new(q, T0, 3);
+    held.admitted_alone(T0, 40);
+    // The safe capacity counts only the lease's part (the memory store holds the 40).
+    assert_eq!(held.admit_held(T0, 1).map(|_| ()), Err(0));
+    let ask = held
+        .renewal(T0 + 1, 1, &timing)
+        .expect("a ring change is reported");
+    assert_eq!((ask.used, ask.keep), (40, 40));
+    held.failed();
+    let next_window = T0 + 3_600_000_000;
+    let ask = held
+        .renewal(next_window, 2, &timing)
+        .expect("a ring change is reported");
+    assert_eq!(ask.used, 0);
+}
