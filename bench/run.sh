@@ -68,7 +68,7 @@ if ! command -v h2load >/dev/null; then
 fi
 say "building release binaries"
 cargo build --release --quiet --bin sluice --example noop_ratelimit --example careful_ratelimit \
-    --example bench_client --example counter_memory
+    --example bench_client --example counter_memory --example lease_memory --example rlqs_memory
 cargo bench --quiet --bench decision --no-run 2>/dev/null
 BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
@@ -251,6 +251,13 @@ for n in 250000 500000 1000000; do
     echo "# $n distinct keys"
     "$BIN/examples/counter_memory" "$n"
 done | tee "$OUT/memory.txt"
+# Lease and RLQS tables against what their byte bounds charge: each run exits 1 (and this script
+# with it) when a table uses more than it is charged.
+say "lease and quota tables against their charges"
+for holders in 1 3 10; do
+    "$BIN/examples/lease_memory" 100000 "$holders"
+    "$BIN/examples/rlqs_memory" 100000 "$holders"
+done | tee "$OUT/table-memory.txt"
 
 say "summary (also in $OUT/summary.md)"
 QUICK_FLAG=()

@@ -7,6 +7,7 @@
 //! cargo run --release --example cluster_sim -- --quick   # a shorter run, same shape
 //! cargo run --release --example cluster_sim -- --seed 7  # another seed
 //! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
+//! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
 //! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
@@ -52,6 +53,8 @@
 //! clients open their connections to it.
 
 // The example's other files, beside it in `cluster_sim/`.
+#[path = "cluster_sim/burst.rs"]
+mod burst;
 #[path = "cluster_sim/global.rs"]
 mod global;
 #[path = "cluster_sim/lease.rs"]
@@ -247,6 +250,20 @@ impl Workload {
         }
     }
 
+    /// `keys` keys of one limit, for scheduled arrivals (no traffic of their own).
+    fn uniform(keys: usize, limit: u32, unit: Unit) -> Self {
+        let names: Vec<String> = (0..keys).map(|r| format!("api_key_client{r}_")).collect();
+        Workload {
+            rate: 0.0,
+            unit,
+            cdf: vec![1.0; keys],
+            limits: vec![limit; keys],
+            hashes: names.iter().map(|n| key_hash(n)).collect(),
+            names,
+            clients: vec![1; keys],
+        }
+    }
+
     fn sample(&self, rng: &mut Rng) -> usize {
         let u = rng.unit();
         self.cdf.partition_point(|&c| c < u).min(KEYS - 1)
@@ -283,6 +300,11 @@ impl Workload {
 #[derive(Clone, Copy)]
 enum Event {
     Arrive,
+    /// A scheduled request for `key` at `node` (the burst workloads).
+    Hit {
+        node: u16,
+        key: u32,
+    },
     /// A forward from `from` reaches `owner`.
     Deliver {
         owner: u16,
@@ -886,6 +908,21 @@ impl<'a> Sim<'a> {
         self.push(s.restart, Event::Restart { node: victim });
         let joiner = self.initial as u16;
         self.push(s.join, Event::Join { node: joiner });
+        self.simulate(end, true);
+        self.finish(end)
+    }
+
+    /// Runs a cluster of fixed membership until `end` on the hits of `arrivals` (time, node,
+    /// key) instead of the workload's traffic: the burst workloads ([`burst`]).
+    fn run_arrivals(&mut self, arrivals: &[(u64, u16, u32)], end: u64) {
+        for &(at, node, key) in arrivals {
+            self.push(at, Event::Hit { node, key });
+        }
+        self.simulate(end, false);
+    }
+
+    /// Handles every event until `end`, with the workload's Poisson traffic if `traffic`.
+    fn simulate(&mut self, end: u64, traffic: bool) {
         for n in 0..self.initial {
             let phase = self.rng.range(0, PROBE_EVERY_US - 1);
             self.push(phase, Event::Probe { node: n as u16 });
@@ -899,7 +936,7 @@ impl<'a> Sim<'a> {
         for n in 0..self.initial {
             self.start_tasks(n, None);
         }
-        let mut next_arrival = 0u64;
+        let mut next_arrival = if traffic { 0 } else { u64::MAX };
         loop {
             let queued = self.queue.peek().map(|Reverse((t, _, _))| *t);
             let (now, event) = match queued {
@@ -910,7 +947,7 @@ impl<'a> Sim<'a> {
                 _ => {
                     let t = next_arrival;
                     let gap = -(1.0 - self.traffic.unit()).ln() / self.w.rate * 1e6;
-                    next_arrival += gap.max(1.0) as u64;
+                    next_arrival = next_arrival.saturating_add(gap.max(1.0) as u64);
                     (t, Event::Arrive)
                 }
             };
@@ -919,7 +956,6 @@ impl<'a> Sim<'a> {
             }
             self.handle(now, event);
         }
-        self.finish(end)
     }
 
     /// Starts a node's periodic tasks: at random phases for the initial nodes (they started
@@ -953,6 +989,7 @@ impl<'a> Sim<'a> {
                 let node = self.entry_node(key);
                 self.arrive(node, key, now);
             }
+            Event::Hit { node, key } => self.arrive(usize::from(node), key as usize, now),
             Event::Deliver {
                 owner,
                 from,

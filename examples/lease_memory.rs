@@ -1,7 +1,8 @@
 //! Bytes per key in lease mode's two tables, against what SLUICE_LEASE_MAX_BYTES charges: a
 //! node's [`LeaseClient`] holding N keys, and an owner's [`LeaseServer`] leasing N keys to
 //! HOLDERS nodes each. Reads resident memory (VmRSS) before and after filling each table, and prints
-//! bytes per key with the key bytes included. Keys look like the service's counter key stems for
+//! bytes per key with the key bytes included, and exits 1 when either passes its charge (so
+//! `bench/run.sh`, which runs it, fails). Keys look like the service's counter key stems for
 //! an IPv4 `remote_address` descriptor (27 to 31 bytes); holders' names like pod addresses.
 //!
 //! ```sh
@@ -78,13 +79,19 @@ fn main() {
     assert_eq!(server.len(), n);
 
     let per = |bytes: u64| bytes as f64 / n as f64;
+    let measured = (per(client_bytes), per(server_bytes));
+    let charged = (per(client.bytes() as u64), per(server.bytes() as u64));
     println!(
         "lease_memory: {n} keys of 27 to 31 bytes, {holders} holders per key (names of 16 bytes)\n\
          client: {:.0} bytes per held key, charged {:.0}\n\
          server: {:.0} bytes per leased key, charged {:.0}",
-        per(client_bytes),
-        per(client.bytes() as u64),
-        per(server_bytes),
-        per(server.bytes() as u64),
+        measured.0, charged.0, measured.1, charged.1,
     );
+    // SLUICE_LEASE_MAX_BYTES is a bound only while the charge covers the real cost.
+    if measured.0 > charged.0 || measured.1 > charged.1 {
+        eprintln!(
+            "lease_memory: a table uses more than it is charged: raise SLOT_CHARGE, KEY_CHARGE or HOLDER_CHARGE"
+        );
+        std::process::exit(1);
+    }
 }

@@ -1,7 +1,8 @@
 //! Bytes per bucket of the Rate Limit Quota Service's table, against what SLUICE_RLQS_MAX_BYTES
 //! charges: N buckets (`tenant: <id>`, ids of 7 to 11 bytes, key-only rule) each reported by H
 //! Envoy streams. Reads resident memory (VmRSS) before and after filling the table, and prints
-//! bytes per bucket, keys and bucket ids included, beside the charge.
+//! bytes per bucket, keys and bucket ids included, beside the charge; exits 1 when it passes the
+//! charge (so `bench/run.sh`, which runs it, fails).
 //!
 //! ```sh
 //! cargo run --release --example rlqs_memory -- 100000 3
@@ -60,10 +61,16 @@ fn main() {
     let gauges = service.gauges();
     assert_eq!((gauges.buckets, gauges.holders), (n, n * holders));
     let per = |bytes: u64| bytes as f64 / n as f64;
+    let (measured, charged) = (per(used), per(gauges.bytes as u64));
     println!(
         "rlqs_memory: {n} buckets (keys of 20 to 24 bytes), {holders} Envoys each\n\
-         {:.0} bytes per bucket with its holders, charged {:.0}",
-        per(used),
-        per(gauges.bytes as u64),
+         {measured:.0} bytes per bucket with its holders, charged {charged:.0}",
     );
+    // SLUICE_RLQS_MAX_BYTES is a bound only while the charge covers the real cost.
+    if measured > charged {
+        eprintln!(
+            "rlqs_memory: the table uses more than it is charged: raise the charges in src/quota"
+        );
+        std::process::exit(1);
+    }
 }

@@ -14,6 +14,9 @@ mod pki;
 mod redis_server;
 mod support;
 
+#[path = "rlqs_envoy.rs"]
+mod rlqs_envoy;
+
 use redis_server::{RedisServer, redis_server_available};
 use support::{free_port, http, wait_for};
 
@@ -654,6 +657,7 @@ mod durable {
         .map(|algorithm| Hit {
             key: KEY,
             quota: Quota {
+                safe_capacity: None,
                 requests_per_unit: 10,
                 unit: Unit::Minute,
                 algorithm,
@@ -896,6 +900,7 @@ mod peer_versions {
     /// `hits` hits on `d`/`k`=`v` at 10 per hour, in protocol `version`.
     fn request(version: u32, hits: u64) -> ApplyRequest {
         let quota = Quota {
+            safe_capacity: None,
             requests_per_unit: 10,
             unit: Unit::Hour,
             algorithm: Algorithm::FixedWindow,
@@ -1023,13 +1028,15 @@ mod peer_versions {
         .unwrap();
         node.start(&format!("{me},{other}"), dir.path());
 
-        // The limit holds, exactly, counted here once the other node refused the forward.
+        // Counted here once the other node refused the forward: the first hit as the key's next
+        // owner, the rest alone, since one of two nodes is no majority, within the safe
+        // capacity of 10 / 2 (docs/cluster.md, "Partitions").
         let nodes = [node];
         let admitted = admitted_on(&nodes, &[0], 12, Duration::from_secs(3));
-        assert_eq!(admitted, 10);
+        assert_eq!(admitted, 5);
         assert!(calls.load(std::sync::atomic::Ordering::Relaxed) >= 1);
         assert_eq!(cluster_stat(&nodes[0], "failed_forwards"), 1);
-        assert_eq!(cluster_stat(&nodes[0], "local_hits"), 12);
+        assert_eq!(cluster_stat(&nodes[0], "local_hits"), 1);
         let (_, stats) = http(nodes[0].debug, "GET", "/stats", "").expect("stats");
         assert!(
             stats.contains(&format!("sluice.cluster.peer_up.{other}: 0")),
@@ -1090,6 +1097,7 @@ mod peer_tls {
     fn peer_hits(value: &str, hits: u64) -> Vec<PeerHit> {
         let key = format!("d_k_{value}_");
         let quota = Quota {
+            safe_capacity: None,
             requests_per_unit: 10,
             unit: Unit::Hour,
             algorithm: Algorithm::FixedWindow,
@@ -1453,7 +1461,7 @@ mod lease {
             )
         };
         format!(
-            "domain: d\ndescriptors:\n{}{}{}  - key: large\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n  - key: rate\n    rate_limit: {{unit: second, requests_per_unit: {RATE}, algorithm: token_bucket}}\n",
+            "domain: d\ndescriptors:\n{}{}{}  - key: large\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n  - key: rate\n    rate_limit: {{unit: second, requests_per_unit: {RATE}, algorithm: token_bucket}}\n  - key: burst\n    rate_limit: {{unit: minute, requests_per_unit: {BURST_LIMIT}}}\n",
             limit("fixed", ""),
             limit("sliding", ", algorithm: sliding_window"),
             limit("token", ", algorithm: token_bucket"),
@@ -1778,8 +1786,9 @@ mod lease {
             + offered_well_over_the_limit(&c, "sliding", LIMIT)
             + offered_well_over_the_limit(&c, "token", LIMIT / 3)
             + a_bucket_admits_its_rate(&c);
-        // The only hops: a hit that does not fit acquires, at most once per renewal interval
-        // (100 ms) per node and key.
+        // The only hops: hits that do not fit acquire, in the windows' contended tails in
+        // small steps and, once an acquire brings nothing, backing off; fewer than one per
+        // renewal interval (100 ms) per node and key here.
         let acquires = c.lease_stat(&ALL, "acquires");
         let bound = 3 * 3 * (started.elapsed().as_millis() as u64 / 100 + 1);
         assert!(acquires <= bound, "{acquires} acquires, at most {bound}");
@@ -1790,6 +1799,60 @@ mod lease {
         let local = c.lease_stat(&ALL, "local_decisions");
         eprintln!("{local} local decisions of {offered}, {acquires} acquires");
         assert!(local * 2 >= offered, "{local} local decisions of {offered}");
+    }
+
+    /// The `burst` key's limit, per minute.
+    const BURST_LIMIT: u64 = 600;
+
+    /// Sends `n` hits of `body` to `port` one at a time once `start` opens; the ones admitted.
+    fn sender(port: u16, body: String, n: u64, start: Arc<std::sync::Barrier>) -> u64 {
+        start.wait();
+        (0..n)
+            .filter(|_| match http(port, "POST", "/json", &body) {
+                Some((200, _)) => true,
+                Some((429, _)) => false,
+                other => panic!("unexpected answer {other:?}"),
+            })
+            .count() as u64
+    }
+
+    /// Issue 34's scenario: three times the limit offered at once, 90% to one node (four
+    /// client threads) and 5% to each other (one thread each), as pinned Envoy connections
+    /// send it. Before grants followed bursts the cluster admitted 380 of 600: the two quiet
+    /// nodes held an equal share each, reserved for a demand extrapolated from their burst to
+    /// the minute's end, while the busy node was refused. Five bursts, each on its own key,
+    /// each on another busy node; every one admits at least 95% of the limit and never more.
+    #[test]
+    fn a_burst_on_one_node_receives_what_the_quiet_nodes_leave() {
+        let c = Cluster::new(&[], &ALL);
+        // Past the rebuild cap of the ring's forming (a lease duration).
+        std::thread::sleep(Duration::from_millis(1500));
+        crate::support::with_window_to_spare(60, 40);
+        let quiet = 3 * BURST_LIMIT * 5 / 100;
+        let busy_share = (3 * BURST_LIMIT - 2 * quiet) / 4;
+        let mut seen = Vec::new();
+        for run in 0..5 {
+            let busy = run % 3;
+            let body = body("burst", &format!("run{run}"));
+            let start = Arc::new(std::sync::Barrier::new(6));
+            let plan = (0..4)
+                .map(|_| (busy, busy_share))
+                .chain((0..3).filter(|&i| i != busy).map(|i| (i, quiet)));
+            let threads: Vec<_> = plan
+                .map(|(i, n)| {
+                    let (port, body, start) = (c.nodes[i].http, body.clone(), start.clone());
+                    std::thread::spawn(move || sender(port, body, n, start))
+                })
+                .collect();
+            let admitted: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+            seen.push(admitted);
+        }
+        eprintln!("admitted per burst, of {BURST_LIMIT}: {seen:?}");
+        assert!(
+            seen.iter()
+                .all(|&a| a * 100 >= BURST_LIMIT * 95 && a <= BURST_LIMIT),
+            "admitted per burst, of {BURST_LIMIT}: {seen:?}"
+        );
     }
 
     /// Max-min fairness between two equally hot nodes on a bucket: the first node, alone for a
@@ -2188,75 +2251,22 @@ mod lease {
 mod rlqs {
     use super::*;
 
-    use std::sync::{Arc, Mutex};
-
-    use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-        BucketId, RateLimitQuotaUsageReports,
-    };
-    use tokio::sync::mpsc;
+    use rlqs_envoy::Envoy;
 
     const YAML: &str = "domain: rlqs\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
 
-    /// One Envoy's stream to a node: its latest assignment for `tenant: acme`, in requests
-    /// per second (0 for a deny), kept up to date by a task reading the answers.
-    struct Envoy {
-        reports: mpsc::Sender<RateLimitQuotaUsageReports>,
-        rate: Arc<Mutex<Option<f64>>>,
-    }
-
-    fn report(attempted: u64) -> RateLimitQuotaUsageReports {
-        RateLimitQuotaUsageReports {
-            domain: "rlqs".into(),
-            bucket_quota_usages: vec![BucketQuotaUsage {
-                bucket_id: Some(BucketId {
-                    bucket: [("tenant".to_string(), "acme".to_string())].into(),
-                }),
-                time_elapsed: None,
-                num_requests_allowed: attempted,
-                num_requests_denied: 0,
-            }],
-        }
-    }
-
     async fn connect(grpc: u16) -> Envoy {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
-            .await
-            .expect("connect");
-        let (reports, rx) = mpsc::channel(8);
-        let mut answers = client
-            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .expect("stream")
-            .into_inner();
-        let rate = Arc::new(Mutex::new(None));
-        let latest = rate.clone();
-        tokio::spawn(async move {
-            while let Ok(Some(answer)) = answers.message().await {
-                for action in answer.bucket_action {
-                    let Some(Kind::QuotaAssignmentAction(q)) = action.bucket_action else {
-                        continue;
-                    };
-                    let r = match q.rate_limit_strategy.and_then(|s| s.strategy) {
-                        Some(Strategy::TokenBucket(tb)) => {
-                            f64::from(tb.tokens_per_fill.unwrap_or_default().value)
-                                / tb.fill_interval.unwrap_or_default().seconds as f64
-                        }
-                        _ => 0.0,
-                    };
-                    *latest.lock().unwrap() = Some(r);
-                }
-            }
-        });
-        reports.send(report(1)).await.expect("report");
-        Envoy { reports, rate }
+        Envoy::connect(
+            &format!("http://127.0.0.1:{grpc}"),
+            "rlqs",
+            &[("tenant", "acme")],
+        )
+        .await
+        .expect("connect")
     }
 
     fn rate(e: &Envoy) -> Option<f64> {
-        *e.rate.lock().unwrap()
+        e.rate()
     }
 
     /// Waits (reporting `attempted` per half second on every stream) until `done` holds.
@@ -2265,7 +2275,7 @@ mod rlqs {
         while !done() {
             assert!(tokio::time::Instant::now() < deadline, "never: {what}");
             for e in envoys {
-                e.reports.send(report(attempted)).await.expect("report");
+                e.report(attempted).await;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -2306,7 +2316,7 @@ mod rlqs {
             // so their assignments live SLUICE_RLQS_ASSIGNMENT_TTL_SECS, 2 s).
             for _ in 0..4 {
                 for e in [&a, &b] {
-                    e.reports.send(report(100)).await.expect("report");
+                    e.report(100).await;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let sum = rate(&a).unwrap() + rate(&b).unwrap();

@@ -145,7 +145,17 @@ pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 
 /// One request with `Connection: close` to 127.0.0.1:`port`; `None` if nothing answered.
 pub fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    http_to(([127, 0, 0, 1], port).into(), method, path, body)
+}
+
+/// [`http`] to any address, connecting within 5 s.
+pub fn http_to(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,

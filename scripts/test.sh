@@ -238,6 +238,8 @@ ensure_apt_package dnsmasq dnsmasq-base           # integration/memcached.rs (SR
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
 [ -n "${SLUICE_HAPROXY:-}" ] || ensure_apt_package haproxy haproxy   # integration/haproxy.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs
+ensure_apt_package ip iproute2                       # integration/faults.rs (namespaces)
+ensure_apt_package iptables iptables                 # integration/faults.rs (cuts and loss)
 ensure_apt_package openssl openssl                   # integration/helm.py (test certificates)
 ensure_apt_package h2load nghttp2-client             # bench/run.sh (the quick load benchmark)
 ensure_envoy                                      # integration/envoy.rs, rlqs.rs

@@ -418,20 +418,32 @@ const EXTENSION_ERRORS: &[(&str, &str)] = &[
     ),
     (
         "unlimited_with_algorithm.yaml",
-        "should not specify algorithm, burst, charge_refused or unit_multiplier when unlimited",
+        "should not specify algorithm, burst, charge_refused, unit_multiplier or safe_capacity \
+             when unlimited",
     ),
     (
         "unlimited_with_burst.yaml",
-        "should not specify algorithm, burst, charge_refused or unit_multiplier when unlimited",
+        "should not specify algorithm, burst, charge_refused, unit_multiplier or safe_capacity \
+             when unlimited",
     ),
     (
         "unlimited_with_charge_refused.yaml",
-        "should not specify algorithm, burst, charge_refused or unit_multiplier when unlimited",
+        "should not specify algorithm, burst, charge_refused, unit_multiplier or safe_capacity \
+             when unlimited",
     ),
     (
         "charge_refused_false_fixed_window.yaml",
         "charge_refused cannot be false for 'fixed_window', which counts every hit as the \
              Go service does (choose another algorithm to drop refused hits)",
+    ),
+    (
+        "safe_capacity_zero.yaml",
+        "safe_capacity must be at least 1 (omit it for the limit divided by the number of peers)",
+    ),
+    (
+        "safe_capacity_over_limit.yaml",
+        "safe_capacity 11 is more than the limit (10 requests_per_unit): it is what one peer \
+             may admit alone, a part of the limit",
     ),
     (
         "unit_multiplier_zero.yaml",
@@ -488,6 +500,7 @@ fn blocks_of(cfg: &RateLimitConfig, entries: &[(&str, &str)]) -> Vec<Block> {
 
 fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quota {
     Quota {
+        safe_capacity: None,
         requests_per_unit: rpu,
         unit,
         algorithm,

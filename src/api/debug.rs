@@ -369,8 +369,8 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
     }
     if let Some(c) = &e.cluster {
         out.push_str(&format!(
-            "sluice.cluster.local_hits: {}\nsluice.cluster.forwarded_hits: {}\nsluice.cluster.peer_calls: {}\nsluice.cluster.failed_forwards: {}\n",
-            c.local_hits, c.forwarded_hits, c.peer_calls, c.failed_forwards,
+            "sluice.cluster.local_hits: {}\nsluice.cluster.forwarded_hits: {}\nsluice.cluster.peer_calls: {}\nsluice.cluster.failed_forwards: {}\nsluice.cluster.alone_hits: {}\nsluice.cluster.majority: {}\n",
+            c.local_hits, c.forwarded_hits, c.peer_calls, c.failed_forwards, c.alone_hits, u8::from(c.majority),
         ));
         for (stat, value) in &c.durable {
             out.push_str(&format!("sluice.cluster.durable.{stat}: {value}\n"));

@@ -382,17 +382,7 @@ fn request_from(
             }
         }
     }
-    let domain = match fields.domains.as_slice() {
-        [] => return Err(HeaderError::MissingDomain(form)),
-        [v] => {
-            let v = trim(v);
-            decode(v).ok_or_else(|| bad_encoding(form.domain(), v))?
-        }
-        _ => return Err(HeaderError::SeveralDomains(form)),
-    };
-    if domain.is_empty() {
-        return Err(HeaderError::MissingDomain(form));
-    }
+    let domain = domain_of(&fields)?;
 
     let mut descriptors = Vec::new();
     let mut index = 0;
@@ -416,21 +406,7 @@ fn request_from(
         return Err(HeaderError::MissingDescriptor(form));
     }
 
-    let hits_addend = match fields.hits_addends.as_slice() {
-        [] => 0,
-        [v] => {
-            let text = String::from_utf8_lossy(trim(v));
-            if text.is_empty() {
-                0
-            } else {
-                text.parse().map_err(|_| HeaderError::BadHitsAddend {
-                    form,
-                    text: text.into_owned(),
-                })?
-            }
-        }
-        _ => return Err(HeaderError::SeveralHitsAddends(form)),
-    };
+    let hits_addend = hits_addend_of(&fields)?;
     if negative_hits(&fields)? {
         for d in &mut descriptors {
             d.negative_hits = true;
@@ -442,6 +418,42 @@ fn request_from(
         descriptors,
         hits_addend,
     })
+}
+
+/// The one domain `fields` name, decoded and not empty.
+fn domain_of(fields: &Fields<'_>) -> Result<String, HeaderError> {
+    let form = fields.form;
+    let domain = match fields.domains.as_slice() {
+        [] => return Err(HeaderError::MissingDomain(form)),
+        [v] => {
+            let v = trim(v);
+            decode(v).ok_or_else(|| bad_encoding(form.domain(), v))?
+        }
+        _ => return Err(HeaderError::SeveralDomains(form)),
+    };
+    if domain.is_empty() {
+        return Err(HeaderError::MissingDomain(form));
+    }
+    Ok(domain)
+}
+
+/// The request's `hits_addend`: 0 when absent or empty.
+fn hits_addend_of(fields: &Fields<'_>) -> Result<u32, HeaderError> {
+    let form = fields.form;
+    match fields.hits_addends.as_slice() {
+        [] => Ok(0),
+        [v] => {
+            let text = String::from_utf8_lossy(trim(v));
+            if text.is_empty() {
+                return Ok(0);
+            }
+            text.parse().map_err(|_| HeaderError::BadHitsAddend {
+                form,
+                text: text.into_owned(),
+            })
+        }
+        _ => Err(HeaderError::SeveralHitsAddends(form)),
+    }
 }
 
 /// Whether the request is a refund: `true` or `1` (any case); `false`, `0`, empty or absent is

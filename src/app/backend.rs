@@ -189,6 +189,8 @@ impl StoreGauges for AnyStore {
             forwarded_hits: cs.forwarded_hits.load(Ordering::Relaxed),
             peer_calls: cs.peer_calls.load(Ordering::Relaxed),
             failed_forwards: cs.failed_forwards.load(Ordering::Relaxed),
+            alone_hits: cs.alone_hits.load(Ordering::Relaxed),
+            majority: c.has_majority(),
             durable: c
                 .owner()
                 .durable()

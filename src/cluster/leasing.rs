@@ -77,9 +77,20 @@ impl Leasing {
     ) -> Result<Vec<Grant>, String> {
         if owner == members.me {
             let now = self.clock.now();
+            // As a peer's asks arrive: with no safe capacity, which is never leased.
+            let asks: Vec<(&str, Ask)> = asks
+                .iter()
+                .map(|(k, a)| {
+                    let quota = crate::limiter::Quota {
+                        safe_capacity: None,
+                        ..a.quota
+                    };
+                    (*k, Ask { quota, ..*a })
+                })
+                .collect();
             return self
                 .owner
-                .answer_leases(&self.advertise, asks, now)
+                .answer_leases(&self.advertise, &asks, now)
                 .ok_or_else(|| "this node is not in lease mode".to_owned());
         }
         let Some(client) = &members.clients[owner] else {
@@ -105,13 +116,18 @@ impl Leasing {
     /// One renewal round: every key due, one call per owner (in chunks of
     /// [`MAX_LEASE_ASKS`]), all owners at once.
     pub async fn renew_once(&self) {
+        let members = self.members.load_full();
+        // Cut off from a majority, a node renews nothing: the owners it reaches may be stand-ins
+        // for the ones it cannot, and it decides from what it holds (super::minority).
+        if !members.has_quorum() {
+            return;
+        }
         let now = self.clock.now();
         let (changes, _) = self.changes.last();
         let due = self.client.renewals(now.micros(), changes);
         if due.is_empty() {
             return;
         }
-        let members = self.members.load_full();
         let mut by_owner: HashMap<usize, Vec<Due>> = HashMap::new();
         for item in due {
             by_owner

@@ -24,6 +24,7 @@ mod config;
 pub mod durable;
 pub mod lease;
 mod leasing;
+mod minority;
 pub mod peer;
 pub mod quota_peers;
 pub mod ring;
@@ -114,7 +115,27 @@ impl Members {
         if !self.down[owner].swap(true, Ordering::Relaxed) {
             tracing::warn!(peer = self.ring.addr(owner), error = %error, "peer failed; marking it down");
             changes.record(now);
+            self.warn_if_alone();
         }
+    }
+
+    /// One log line when a peer marked down leaves this node without a majority.
+    fn warn_if_alone(&self) {
+        if !self.has_quorum() {
+            tracing::warn!(
+                live = self.live(),
+                peers = self.ring.len(),
+                "this node reaches no majority of its peers: it decides alone, within each \
+                 limit's safe capacity, until they answer again"
+            );
+        }
+    }
+
+    /// Whether this node reaches a majority of the peers it knows, itself included. Without
+    /// one it may be on the small side of a partition, whose other side goes on with the keys:
+    /// it decides alone, within each limit's safe capacity ([`minority`]).
+    fn has_quorum(&self) -> bool {
+        self.live() * 2 > self.ring.len()
     }
 
     fn live(&self) -> usize {
@@ -245,6 +266,9 @@ pub struct ClusterStats {
     pub peer_calls: AtomicU64,
     /// Forwards that failed and were retried on the next owner.
     pub failed_forwards: AtomicU64,
+    /// Hits this node decided alone while it reached no majority of its peers (no split
+    /// brain: [`minority`]).
+    pub alone_hits: AtomicU64,
 }
 
 impl Drop for ClusterStore {
@@ -357,6 +381,12 @@ impl ClusterStore {
         })
     }
 
+    /// Whether this node reaches a majority of its peers, itself included (otherwise it decides
+    /// alone, within each limit's safe capacity).
+    pub fn has_majority(&self) -> bool {
+        self.members.load().has_quorum()
+    }
+
     /// The peer addresses and whether each is up, for the debug listener.
     pub fn peers(&self) -> Vec<(String, bool)> {
         let m = self.members.load();
@@ -383,6 +413,9 @@ impl ClusterStore {
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let members = self.members.load_full();
+        if !members.has_quorum() {
+            return self.route_minority(&members, now, hits, op, out).await;
+        }
         match self.mode {
             ClusterMode::Divided if hits.iter().any(is_slots) => {
                 return self
@@ -702,6 +735,7 @@ async fn probe_peers(
                     peer = m.ring.addr(i),
                     "peer stopped answering; marking it down"
                 );
+                m.warn_if_alone();
             }
         }
     }

@@ -208,6 +208,8 @@ impl PeerHit {
                 .ok_or_else(|| unknown("algorithm", self.algorithm))?,
             burst: NonZeroU32::new(self.burst),
             charge_refused: self.charge_refused,
+            // Never on the wire: only a node cut off from its peers uses it, on its own hits.
+            safe_capacity: None,
         })
     }
 }
@@ -471,6 +473,16 @@ where
     }
 }
 
+/// How often a peer connection is pinged (HTTP/2 PING), idle or not.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long a ping may go unanswered before its connection is dropped: the peer timeout, and at
+/// least a second, so that a slow link (a ping waits behind the data before it) is not taken
+/// for a cut one.
+pub fn keepalive_timeout(peer_timeout: Duration) -> Duration {
+    peer_timeout.max(Duration::from_secs(1))
+}
+
 /// One queued forward: its hits, and where to send its decisions.
 struct Job {
     hits: Vec<PeerHit>,
@@ -504,7 +516,14 @@ impl PeerClient {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("peer {addr}: {e}"))?
             .connect_timeout(timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A connection whose packets vanish (a cut link) is dropped after one unanswered
+            // ping instead of waiting out TCP's retransmission backoff, which after a long cut
+            // reaches seconds: the next call (a probe every 500 ms) dials afresh, so a healed
+            // link is used again within about a probe (issue 35's heal scenarios).
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(keepalive_timeout(timeout))
+            .keep_alive_while_idle(true);
         let channel = match tls {
             None => endpoint.connect_lazy(),
             Some(tls) => {
@@ -743,6 +762,7 @@ pub fn bucket_to_wire(b: SyncBucket) -> wire::QuotaBucket {
         tokens: b.rate.tokens,
         fill_secs: b.rate.fill_secs,
         burst: b.rate.burst,
+        safe_tokens: b.rate.safe_tokens,
         holders: b
             .holders
             .into_iter()
@@ -802,6 +822,7 @@ fn bucket_from_wire(b: wire::QuotaBucket) -> Result<SyncBucket, tonic::Status> {
             tokens: b.tokens,
             fill_secs: b.fill_secs,
             burst: b.burst,
+            safe_tokens: b.safe_tokens,
         },
         holders: b
             .holders
@@ -851,6 +872,7 @@ mod tests {
 
     fn hit(key: &str, rate: u32, unit: Unit, algorithm: Algorithm, burst: u32, n: u64) -> PeerHit {
         let quota = Quota {
+            safe_capacity: None,
             requests_per_unit: rate,
             unit,
             algorithm,
@@ -943,6 +965,7 @@ mod tests {
         assert_eq!(
             quotas[2],
             Quota {
+                safe_capacity: None,
                 requests_per_unit: 100,
                 unit: Unit::Minute,
                 algorithm: Algorithm::TokenBucket,
@@ -994,6 +1017,7 @@ mod tests {
     fn lease_asks_and_grants_cross_the_wire_unchanged() {
         let ask = Ask {
             quota: Quota {
+                safe_capacity: None,
                 requests_per_unit: 100,
                 unit: Unit::Minute,
                 algorithm: Algorithm::SlidingWindow,
@@ -1211,6 +1235,7 @@ mod quota_wire_tests {
                 tokens: 1_000,
                 fill_secs: 10,
                 burst: 100,
+                safe_tokens: Some(300),
             },
             holders: vec![SyncHolder {
                 stream: 7,

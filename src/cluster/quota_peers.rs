@@ -26,6 +26,11 @@ impl QuotaPeers for ClusterQuota {
         (owner != m.me).then(|| m.ring.addr(owner).to_owned())
     }
 
+    fn alone(&self) -> Option<u64> {
+        let m = self.members.load();
+        (!m.has_quorum()).then(|| u64::try_from(m.ring.len()).unwrap_or(u64::MAX))
+    }
+
     fn sync<'a>(&'a self, owner: &'a str, buckets: Vec<SyncBucket>) -> SyncFuture<'a> {
         Box::pin(async move {
             let members = self.members.load_full();

@@ -192,6 +192,9 @@ impl RateLimitConfig {
                         if q.unit_multiplier > 1 {
                             let _ = write!(out, ", unit_multiplier: {}", q.unit_multiplier);
                         }
+                        if let Some(safe) = q.safe_capacity {
+                            let _ = write!(out, ", safe_capacity: {safe}");
+                        }
                         out.push('\n');
                     }
                 }
@@ -751,10 +754,11 @@ fn single_limit(rl: RawRateLimit) -> Result<LimitParts, String> {
             || rl.burst.is_some()
             || rl.charge_refused.is_some()
             || rl.unit_multiplier.is_some()
+            || rl.safe_capacity.is_some()
         {
             return Err(
-                "should not specify algorithm, burst, charge_refused or unit_multiplier \
-                 when unlimited"
+                "should not specify algorithm, burst, charge_refused, unit_multiplier or \
+                 safe_capacity when unlimited"
                     .to_owned(),
             );
         }
@@ -855,6 +859,7 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
             algorithm,
             burst,
             charge_refused,
+            safe_capacity: safe_capacity(rl)?,
         },
         name: rl.name.clone(),
     })
@@ -873,6 +878,25 @@ fn check_concurrency(rl: &RawRateLimit, algorithm: Algorithm) -> Result<(), Stri
         ));
     }
     Ok(())
+}
+
+/// `safe_capacity`: at least 1 and at most the limit (a partitioned peer never gets more than
+/// the whole cluster).
+fn safe_capacity(rl: &RawRateLimit) -> Result<Option<NonZeroU32>, String> {
+    match rl.safe_capacity {
+        None => Ok(None),
+        Some(0) => Err(
+            "safe_capacity must be at least 1 (omit it for the limit divided by the number of \
+             peers)"
+                .to_owned(),
+        ),
+        Some(n) if n > rl.requests_per_unit => Err(format!(
+            "safe_capacity {n} is more than the limit ({} requests_per_unit): it is what one \
+             peer may admit alone, a part of the limit",
+            rl.requests_per_unit
+        )),
+        Some(n) => Ok(NonZeroU32::new(n)),
+    }
 }
 
 /// Go's `replaces` checks; `own` holds the names of the descriptor's own limits ("" entries are

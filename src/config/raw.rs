@@ -35,6 +35,7 @@ pub const VALID_KEYS: &[&str] = &[
     "burst",
     "charge_refused",
     "unit_multiplier",
+    "safe_capacity",
     "rate_limits",
 ];
 
@@ -45,6 +46,7 @@ pub const EXTENSION_KEYS: &[&str] = &[
     "burst",
     "charge_refused",
     "unit_multiplier",
+    "safe_capacity",
     "rate_limits",
 ];
 
@@ -115,6 +117,10 @@ pub struct RawRateLimit {
     /// Sluice extension: the window is this many units; `None` when absent or null (then 1).
     #[serde(default)]
     pub unit_multiplier: Option<u32>,
+    /// Sluice extension: what one node may admit per window when it cannot reach a majority of
+    /// its peers; `None` when absent or null (then the limit over the number of peers).
+    #[serde(default)]
+    pub safe_capacity: Option<u32>,
 }
 
 /// One `replaces` entry.

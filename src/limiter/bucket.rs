@@ -367,6 +367,7 @@ mod tests {
 
     fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quota {
         Quota {
+            safe_capacity: None,
             requests_per_unit: rpu,
             unit,
             algorithm,

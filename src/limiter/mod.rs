@@ -114,6 +114,10 @@ pub struct Quota {
     pub algorithm: Algorithm,
     pub burst: Option<NonZeroU32>,
     pub charge_refused: bool,
+    /// `safe_capacity`: what one peer may admit per window while it cannot reach a majority of
+    /// the cluster (docs/cluster.md); `None`: the limit over the number of peers. Local to a
+    /// node: never sent to peers, never part of a lease.
+    pub safe_capacity: Option<NonZeroU32>,
 }
 
 impl Quota {
@@ -126,6 +130,7 @@ impl Quota {
             algorithm: Algorithm::FixedWindow,
             burst: None,
             charge_refused: false,
+            safe_capacity: None,
         }
     }
 

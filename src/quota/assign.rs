@@ -24,6 +24,10 @@ pub struct Rate {
     pub fill_secs: u64,
     /// The most the whole limit admits at once (token bucket capacity).
     pub burst: u64,
+    /// Tokens per fill interval a node may split among its own Envoys while it reaches no
+    /// majority of its peers: the limit's `safe_capacity` at the same scale. `None`: the tokens
+    /// over the number of peers ([`Rate::alone`]).
+    pub safe_tokens: Option<u64>,
 }
 
 impl Rate {
@@ -48,7 +52,16 @@ impl Rate {
             tokens: rpu * m,
             fill_secs: quota.window().secs() * m,
             burst,
+            safe_tokens: quota.safe_capacity.map(|s| u64::from(s.get()) * m),
         })
+    }
+
+    /// What a node without a majority of its `peers` may split alone (no split brain, as
+    /// `crate::cluster`'s counters do): the safe tokens, or the tokens over the peers.
+    pub fn alone(&self, peers: u64) -> u64 {
+        self.safe_tokens
+            .unwrap_or(self.tokens / peers.max(1))
+            .min(self.tokens)
     }
 
     /// Requests per second, for reports and metrics.
@@ -157,6 +170,7 @@ mod tests {
 
     fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quota {
         Quota {
+            safe_capacity: None,
             requests_per_unit: rpu,
             unit,
             algorithm,

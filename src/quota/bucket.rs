@@ -164,13 +164,20 @@ impl Bucket {
 
     /// Splits the rate among the live holders; returns the holders whose assignment changed.
     pub fn split(&mut self) -> Vec<usize> {
+        self.split_within(u64::MAX)
+    }
+
+    /// Splits at most `cap` tokens of the rate among the live holders (a node without a
+    /// majority, [`crate::quota::assign::Rate::alone`]); returns the holders whose assignment
+    /// changed.
+    pub fn split_within(&mut self, cap: u64) -> Vec<usize> {
         let reserved: u64 = self
             .holders
             .iter()
             .filter(|h| h.gone)
             .map(|h| h.assigned)
             .sum();
-        let capacity = self.rate.tokens.saturating_sub(reserved);
+        let capacity = self.rate.tokens.min(cap).saturating_sub(reserved);
         let live: Vec<usize> = (0..self.holders.len())
             .filter(|&i| !self.holders[i].gone)
             .collect();

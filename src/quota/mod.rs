@@ -262,6 +262,19 @@ impl QuotaService {
         self.peers.as_ref().is_some_and(|p| p.owner(key).is_some())
     }
 
+    /// Splits `bucket` among its holders as its owner: its whole rate, or while this node
+    /// reaches no majority of its peers only what it may split alone ([`Rate::alone`]), since
+    /// the other side of the partition goes on splitting the whole rate.
+    fn split(&self, bucket: &mut Bucket) -> Vec<usize> {
+        match self.peers.as_ref().and_then(|p| p.alone()) {
+            Some(peers) => {
+                let cap = bucket.rate.alone(peers);
+                bucket.split_within(cap)
+            }
+            None => bucket.split(),
+        }
+    }
+
     pub fn options(&self) -> &QuotaOptions {
         &self.options
     }
@@ -374,7 +387,7 @@ impl QuotaService {
             }
             return Held::Assigned(bucket.rate.assignment(h.assigned));
         }
-        let changed = bucket.split();
+        let changed = self.split(&mut bucket);
         let assignment = bucket.rate.assignment(bucket.holders[at].assigned);
         let others = local_holders(&bucket, changed.into_iter().filter(|&i| i != at));
         drop(bucket);
@@ -453,7 +466,7 @@ impl QuotaService {
             }
             // A bucket another node owns is split there; its answer comes with the next sync.
             if !self.owned_elsewhere(key) {
-                let changed = bucket.split();
+                let changed = self.split(bucket);
                 for (s, id) in local_holders(bucket, changed.into_iter()) {
                     pushes.push((s, id, Push::Current));
                 }

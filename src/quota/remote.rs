@@ -68,6 +68,9 @@ pub trait QuotaPeers: Send + Sync {
     /// Sends `owner` this node's holders of `buckets`; the owner's part for each holder, per
     /// bucket, in order.
     fn sync<'a>(&'a self, owner: &'a str, buckets: Vec<SyncBucket>) -> SyncFuture<'a>;
+    /// While this node reaches no majority of its peers (itself included), how many peers it
+    /// knows: it then splits only what it may alone ([`super::Rate::alone`]). `None` otherwise.
+    fn alone(&self) -> Option<u64>;
 }
 
 impl QuotaService {
@@ -212,7 +215,7 @@ impl QuotaService {
                 h.gone = s.gone;
                 h.expires_us = now.saturating_add(s.expires_in.as_micros() as u64);
             }
-            let changed = bucket.split();
+            let changed = self.split(&mut bucket);
             pushes.extend(local_holders(&bucket, changed.into_iter()));
             answers.push(
                 b.holders

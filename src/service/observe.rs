@@ -3,7 +3,7 @@
 //!
 //! The decision calls an [`Observer`] with facts in its own terms (a call's request and
 //! answer, each counted descriptor's outcome, a backend call, a failure) and knows no wire
-//! format: [`crate::telemetry::DecisionTelemetry`] turns these into envoyproxy/ratelimit's
+//! format: telemetry's `DecisionTelemetry` turns these into envoyproxy/ratelimit's
 //! stats, OTLP spans and logs. Telemetry implements this trait, so it depends on the service
 //! and not the reverse; the default observer ([`Unobserved`]) records nothing.
 
@@ -95,6 +95,25 @@ impl SlotChanges {
                 0
             },
             expired: u64::from(d.expired),
+        }
+    }
+}
+
+impl Outcome {
+    /// `hits` admitted under a limit of `limit` on a fresh counter, no cache, shadow or
+    /// refund involved: the plain case tests and examples record.
+    pub fn admitted(hits: u64, limit: u32) -> Outcome {
+        Outcome {
+            hits,
+            limit,
+            count_before: 0,
+            count_after: hits,
+            over: false,
+            from_local_cache: false,
+            shadow_mode: false,
+            negative: false,
+            negative_ignored: false,
+            slots: Default::default(),
         }
     }
 }

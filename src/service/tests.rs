@@ -528,6 +528,7 @@ async fn rate_limit_headers_follow_the_go_selection_rule() {
 }
 
 /// LIMIT_REQUEST_HEADERS_ENABLED and LIMIT_ALL_DESCRIPTORS_HEADERS_ENABLED.
+#[path = "tests/headers_tests.rs"]
 mod headers;
 
 #[tokio::test]
@@ -1217,4 +1218,5 @@ async fn a_refund_reaches_the_window_its_hits_were_charged_to() {
     }
 }
 
+#[path = "tests/refunds_tests.rs"]
 mod refunds;

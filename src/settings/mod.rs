@@ -655,12 +655,11 @@ impl ServeArgs {
     /// so a name that does not resolve stops startup instead of failing at bind time.
     pub fn validate(self) -> Result<Settings, SettingsError> {
         let (http, grpc, debug) = self.listen_addrs()?;
-        let source = self.config_source();
         let near_limit_ratio = near_limit_ratio(self.near_limit_ratio)?;
         let grpc_tls = self.grpc_tls.validate()?;
         let headers = self.headers.validate()?;
-        let poll_interval = self.poll_interval()?;
         let (backend, cluster) = self.backend_and_cluster(grpc)?;
+        let config = self.config_settings(&backend)?;
         let peer_tls = self.peer_tls.validate(cluster.is_some())?;
         let grpc_connection_age = self.compat.validate()?;
         let grpc_uds = self.compat.grpc_uds(self.grpc_tls.grpc_server_use_tls)?;
@@ -685,14 +684,7 @@ impl ServeArgs {
             max_key_bytes: service.max_key_bytes,
             ..QuotaOptions::default()
         })?;
-        let config = ConfigSettings {
-            source,
-            load: load_options(self.merge_domain_config, &backend),
-            files: self.config_files.validate()?,
-            poll_interval,
-            force_start: self.force_start_without_initial_config,
-            xds,
-        };
+        let config = ConfigSettings { xds, ..config };
         let app = AppOptions {
             service,
             max_counters,
@@ -730,6 +722,19 @@ impl ServeArgs {
             log_format,
             grpc_tls,
             peer_tls,
+        })
+    }
+
+    /// Where the configuration comes from, how it is loaded for `backend` and how it is watched
+    /// (xDS set by the caller, whose validation takes its settings).
+    fn config_settings(&self, backend: &Backend) -> Result<ConfigSettings, SettingsError> {
+        Ok(ConfigSettings {
+            source: self.config_source(),
+            load: load_options(self.merge_domain_config, backend),
+            files: self.config_files.validate()?,
+            poll_interval: self.poll_interval()?,
+            force_start: self.force_start_without_initial_config,
+            xds: None,
         })
     }
 

@@ -14,10 +14,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::prometheus::{LabelSet, label_set};
 use super::stats::{Entry, Source, Stats};
 use crate::config::RateLimitConfig;
 use crate::limiter::Unit;
+
+/// The labels a per-limit stats key maps to: domain, then up to two levels.
+pub(crate) type LabelSet = (String, Option<String>, Option<String>);
+
+pub(crate) fn label_set(name: &str) -> LabelSet {
+    let mut parts = name.split('.');
+    let domain = parts.next().unwrap_or_default().to_owned();
+    let key1 = parts.next().map(str::to_owned);
+    let key2 = parts.next().map(str::to_owned);
+    (domain, key1, key2)
+}
 
 /// A configured limit as its gauges report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,19 +209,7 @@ mod tests {
     }
 
     fn hit(stats: &Stats, key: &str, source: KeySource<'_>, limit: u32) {
-        let outcome = Outcome {
-            hits: 1,
-            limit,
-            count_before: 0,
-            count_after: 1,
-            over: false,
-            from_local_cache: false,
-            shadow_mode: false,
-            negative: false,
-            negative_ignored: false,
-            slots: Default::default(),
-        };
-        stats.record_dynamic(key, source, &outcome);
+        stats.record_dynamic(key, source, &Outcome::admitted(1, limit));
     }
 
     fn labels(domain: &str, key1: &str, key2: Option<&str>) -> LabelSet {

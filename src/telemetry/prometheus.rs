@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::limits::{GAUGE_FAMILIES, INFO_FAMILY, LimitTable, limit_gauges};
+use super::limits::{GAUGE_FAMILIES, INFO_FAMILY, LabelSet, LimitTable, label_set, limit_gauges};
 use super::stats::{LimitCounters, Stats};
 
 /// The content type of this exposition.
@@ -86,6 +86,9 @@ pub struct ClusterGauges {
     pub forwarded_hits: u64,
     pub peer_calls: u64,
     pub failed_forwards: u64,
+    /// Hits decided alone without a majority of the peers, and whether this node has one.
+    pub alone_hits: u64,
+    pub majority: bool,
     /// SLUICE_PEER_WRITE_BEHIND's counters, (name, value); empty when it is off.
     pub durable: Vec<(&'static str, u64)>,
     /// Lease mode's counters, then its gauges ([`LEASE_GAUGES`]), (name, value); empty outside
@@ -115,17 +118,6 @@ pub struct MemoryGauges {
     pub max_counter_bytes: u64,
     pub rejected_full: u64,
     pub swept: u64,
-}
-
-/// The labels a per-limit stats key maps to: domain, then up to two levels.
-pub(crate) type LabelSet = (String, Option<String>, Option<String>);
-
-pub(crate) fn label_set(name: &str) -> LabelSet {
-    let mut parts = name.split('.');
-    let domain = parts.next().unwrap_or_default().to_owned();
-    let key1 = parts.next().map(str::to_owned);
-    let key2 = parts.next().map(str::to_owned);
-    (domain, key1, key2)
 }
 
 /// Escapes a label value: backslash, double quote and newline.
@@ -520,10 +512,23 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
             "Forwards that failed and were retried on the next owner.",
             c.failed_forwards,
         ),
+        (
+            "sluice_cluster_alone_hits_total",
+            "Hits this node decided alone, within each limit's safe capacity, while it reached no majority of its peers.",
+            c.alone_hits,
+        ),
     ] {
         header(out, name, "counter", help);
         sample(out, name, &[], value);
     }
+    let name = "sluice_cluster_majority";
+    header(
+        out,
+        name,
+        "gauge",
+        "1 while this node reaches a majority of its peers (itself included); 0 while it decides alone.",
+    );
+    sample(out, name, &[], u64::from(c.majority));
     for (stat, value) in &c.durable {
         let name = format!("sluice_cluster_durable_{stat}_total");
         header(
@@ -708,18 +713,7 @@ mod tests {
         stats.record_dynamic(
             key,
             crate::telemetry::stats::KeySource::Limit(key),
-            &Outcome {
-                hits: 1,
-                limit: 10,
-                count_before: 0,
-                count_after: 1,
-                over: false,
-                from_local_cache: false,
-                shadow_mode: false,
-                negative: false,
-                negative_ignored: false,
-                slots: Default::default(),
-            },
+            &Outcome::admitted(1, 10),
         );
     }
 

@@ -83,6 +83,7 @@ fn descriptor(d: RateLimitDescriptor) -> RawDescriptor {
 
 fn policy(p: RateLimitPolicy) -> RawRateLimit {
     RawRateLimit {
+        safe_capacity: None,
         requests_per_unit: p.requests_per_unit,
         unit: unit_name(p.unit),
         unlimited: p.unlimited,

@@ -7,8 +7,8 @@
 //!   interval stretched by `1 / share`, so its rate and its capacity are the share's part of
 //!   the key's. A change of share keeps the fraction of the local bucket in use.
 //!
-//! A hit that does not fit asks the owner for more (an *acquire*, one hop), at most once per
-//! renewal interval per key; otherwise it is refused locally. Every key held is renewed in the
+//! A hit that does not fit asks the owner for more (an *acquire*, one hop) when
+//! [`Held::may_acquire`] allows it; otherwise it is refused locally. Every key held is renewed in the
 //! background ([`Held::renewal`]), reporting the attempted demand and what is used, and giving
 //! back what the node holds beyond its need.
 
@@ -17,6 +17,10 @@ use super::server::{
     window_left_us,
 };
 use crate::limiter::{Algorithm, Decision, Quota, bucket};
+
+/// The shortest time a demand sample is taken over (µs): a burst's rate is still seen within
+/// a few acquires, and a pair of hits close together is not taken for a flood.
+const MIN_SAMPLE_US: u64 = 10_000;
 
 /// What this node holds of one key.
 #[derive(Clone, Debug)]
@@ -28,6 +32,10 @@ pub struct Held {
     allowance: u64,
     /// Windows: hits admitted in `epoch`.
     used: u64,
+    /// Windows: of `used`, the hits admitted in `epoch` from the safe capacity while this node
+    /// had no majority ([`Held::admitted_alone`]). They count in `used` and `allowance` alike,
+    /// so an owner reached again is told of them and grants the window that much less.
+    alone: u64,
     /// The next window's allowance, granted ahead.
     next: Option<(u64, u64)>,
     /// The lease holds until then (µs).
@@ -49,9 +57,10 @@ pub struct Held {
     acquired_us: u64,
     /// Windows: an acquire is under way (so its grant says whether the owner had more).
     acquiring: bool,
-    /// Windows: the window in which an acquire brought nothing more; no other acquire is sent
-    /// in it (renewals still raise the allowance when capacity is given back).
-    starved_epoch: Option<u64>,
+    /// Windows: the window in which acquires brought nothing more, and how many did in a
+    /// row: the next waits a quarter of the renewal interval, doubled for each of them (the
+    /// others give back at their renewals; a renewal that brings more ends the wait).
+    starved: Option<(u64, u32)>,
     /// When a hit last came.
     touched_us: u64,
     /// A call about this key is under way; its answer will be applied by its sender.
@@ -81,6 +90,7 @@ impl Held {
             epoch: epoch_of(&quota, now_us),
             allowance: 0,
             used: 0,
+            alone: 0,
             next: None,
             valid_until_us: 0,
             others: 0,
@@ -91,7 +101,7 @@ impl Held {
             demand_milli,
             acquired_us: 0,
             acquiring: false,
-            starved_epoch: None,
+            starved: None,
             touched_us: now_us,
             in_flight: false,
             reported_changes: 0,
@@ -114,9 +124,7 @@ impl Held {
         if self.in_flight {
             return Local::Wait;
         }
-        if self.acquired_us != 0 && now_us < self.acquired_us + renew_us
-            || self.starved_epoch == Some(self.epoch) && is_window(&self.quota)
-        {
+        if !self.may_acquire(now_us, renew_us) {
             return Local::Decided(self.refusal(now_us, hits));
         }
         self.acquired_us = now_us;
@@ -126,6 +134,44 @@ impl Held {
             want: hits,
             ..self.report(now_us)
         })
+    }
+
+    /// Admits `hits` from what is held, with no call and no acquire: a node that cannot reach a
+    /// majority of its peers decides so. `Err` carries what it used of a window's allowance
+    /// (0 for a bucket), which its safe capacity then counts.
+    pub fn admit_held(&mut self, now_us: u64, hits: u64) -> Result<Decision, u64> {
+        self.roll(now_us);
+        self.attempted += hits;
+        self.touched_us = now_us;
+        // What the safe capacity counts is the lease's part: the memory store it decides on
+        // holds the hits admitted alone already.
+        self.try_admit(now_us, hits)
+            .ok_or(if is_window(&self.quota) {
+                self.used.saturating_sub(self.alone)
+            } else {
+                0
+            })
+    }
+
+    /// Whether a hit that does not fit may send an acquire at `now_us`. Windows: a burst
+    /// acquires again as soon as its last grant is spent, each grant sized by the demand the
+    /// burst shows, so it is not refused for a renewal interval while the window still has
+    /// capacity; after `n` acquires in a row that brought nothing (the owner has nothing until
+    /// others give back at their renewals), only once `renew_us / 4 * 2^(n-1)` has passed, so
+    /// an exhausted window costs a few calls, not one per hit. Buckets: once per renewal
+    /// interval, since a share refills by itself.
+    pub(crate) fn may_acquire(&self, now_us: u64, renew_us: u64) -> bool {
+        if is_window(&self.quota) {
+            match self.starved {
+                Some((epoch, n)) if epoch == self.epoch => {
+                    let wait = (renew_us / 4).saturating_mul(1 << n.saturating_sub(1).min(20));
+                    now_us >= self.acquired_us.saturating_add(wait)
+                }
+                _ => true,
+            }
+        } else {
+            self.acquired_us == 0 || now_us >= self.acquired_us + renew_us
+        }
     }
 
     /// Decides `hits` once the call it waited for is answered: admitted if it fits now,
@@ -146,6 +192,7 @@ impl Held {
         match self.quota.algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
                 self.used = self.used.saturating_sub(hits);
+                self.alone = self.alone.min(self.used);
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 if let Some(shape) = self.local_bucket() {
@@ -187,10 +234,19 @@ impl Held {
         let acquiring = std::mem::take(&mut self.acquiring);
         if is_window(&self.quota) {
             if acquiring && g.epoch == self.epoch && g.allowance <= self.allowance {
-                self.starved_epoch = Some(self.epoch);
+                let n = match self.starved {
+                    Some((epoch, n)) if epoch == self.epoch => n + 1,
+                    _ => 1,
+                };
+                self.starved = Some((self.epoch, n));
             }
             if g.epoch == self.epoch {
-                // The server only raises; the node lowered its own record when it asked.
+                // The server only raises; the node lowered its own record when it asked. A
+                // renewal that brings more shows the owner has capacity again (given back by
+                // others): acquires may go on.
+                if !acquiring && g.allowance > self.allowance {
+                    self.starved = None;
+                }
                 self.allowance = self.allowance.max(g.allowance);
                 self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
             } else if g.epoch > self.epoch {
@@ -266,7 +322,10 @@ impl Held {
     fn report(&mut self, now_us: u64) -> Ask {
         let elapsed = now_us.saturating_sub(self.reported_us);
         if elapsed > 0 && (self.attempted > 0 || elapsed >= 1_000) {
-            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(elapsed);
+            // A sample spans at least MIN_SAMPLE_US: two hits microseconds apart (an acquire
+            // to this node's own lease server takes no hop) are no rate of a million a second.
+            let span = elapsed.max(MIN_SAMPLE_US);
+            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(span);
             let rate = u64::try_from(rate).unwrap_or(u64::MAX);
             self.demand_milli = self.demand_milli / 2 + rate / 2;
         }
@@ -311,20 +370,31 @@ impl Held {
         if index <= self.epoch {
             return;
         }
+        // Granted ahead: the owner counted this node in for the next window's first horizon,
+        // and its next renewal (within one interval) brings more, so a steady node sends no
+        // acquire at the boundary; a node whose burst spends it acquires at once.
         let allowance = match self.next.take() {
-            // Granted ahead: the owner counted this node in, and its next renewal (within one
-            // interval) brings more if there is more, so no acquire at the boundary, where
-            // every node would send one at the same moment.
-            Some((i, a)) if i == index => {
-                self.acquired_us = now_us;
-                a
-            }
+            Some((i, a)) if i == index => a,
             _ => 0,
         };
         self.epoch = index;
         self.allowance = allowance;
         self.used = 0;
+        self.alone = 0;
         self.others = 0;
+    }
+
+    /// Records `hits` admitted at `now_us` from the safe capacity while this node had no
+    /// majority (windows), so its next report tells the owner, who then grants the window
+    /// that much less: without it a partition that heals within a window admitted the limit
+    /// again on top of what the cut-off nodes had admitted alone (issue 35's 1/1/1 split).
+    pub fn admitted_alone(&mut self, now_us: u64, hits: u64) {
+        self.roll(now_us);
+        if is_window(&self.quota) {
+            self.alone = self.alone.saturating_add(hits);
+            self.used = self.used.saturating_add(hits);
+            self.allowance = self.allowance.saturating_add(hits);
+        }
     }
 
     fn try_admit(&mut self, now_us: u64, hits: u64) -> Option<Decision> {

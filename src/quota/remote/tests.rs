@@ -1,6 +1,7 @@
 //! Two nodes' quota services wired to each other in process: the owner splits a bucket across
 //! both nodes' Envoys, the other node syncs its Envoys and pushes their parts.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ struct Link {
     me: &'static str,
     owner: &'static str,
     other: OnceLock<Arc<QuotaService>>,
+    /// The peers this node knows while it reaches no majority of them; 0: it does.
+    alone: AtomicU64,
 }
 
 impl QuotaPeers for Link {
@@ -27,10 +30,14 @@ impl QuotaPeers for Link {
         let other = self.other.get().expect("linked").clone();
         Box::pin(async move { Ok(other.answer_sync(self.me, buckets)) })
     }
+
+    fn alone(&self) -> Option<u64> {
+        Some(self.alone.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
 }
 
 /// Node "a" owns the bucket; node "b" syncs with it.
-fn two_nodes(ttl_secs: u64) -> (Arc<QuotaService>, Arc<QuotaService>, ManualClock) {
+fn two_nodes(ttl_secs: u64) -> (Arc<QuotaService>, Arc<QuotaService>, ManualClock, Arc<Link>) {
     let cfg = || parse_files(&[("q.yaml".into(), CONFIG.into())], &LoadOptions::default()).unwrap();
     let clock = ManualClock::new(Timestamp::from_secs(1_000));
     let options = QuotaOptions {
@@ -42,6 +49,7 @@ fn two_nodes(ttl_secs: u64) -> (Arc<QuotaService>, Arc<QuotaService>, ManualCloc
             me,
             owner: "a",
             other: OnceLock::new(),
+            alone: AtomicU64::new(0),
         });
         let service = Arc::new(
             QuotaService::new(
@@ -56,7 +64,7 @@ fn two_nodes(ttl_secs: u64) -> (Arc<QuotaService>, Arc<QuotaService>, ManualCloc
     let ((a, link_a), (b, link_b)) = (node("a"), node("b"));
     let _ = link_a.other.set(b.clone());
     let _ = link_b.other.set(a.clone());
-    (a, b, clock)
+    (a, b, clock, link_a)
 }
 
 fn acme(attempted: u64) -> Vec<Usage> {
@@ -76,7 +84,7 @@ fn report(s: &mut QuotaStream, attempted: u64) -> Vec<Option<f64>> {
 
 #[tokio::test]
 async fn the_owner_splits_a_bucket_across_both_nodes_envoys() {
-    let (a, b, clock) = two_nodes(10);
+    let (a, b, clock, _) = two_nodes(10);
     let (mut ea, mut eb) = (a.open(), b.open());
     assert_eq!(report(&mut ea, 1), vec![Some(100.0)]);
     // b's Envoy gets nothing until the owner answers, then its part is pushed.
@@ -105,7 +113,7 @@ async fn the_owner_splits_a_bucket_across_both_nodes_envoys() {
 
 #[tokio::test]
 async fn an_envoy_gone_from_the_other_node_frees_its_part_once_it_expires() {
-    let (a, b, clock) = two_nodes(2);
+    let (a, b, clock, _) = two_nodes(2);
     let (mut ea, mut eb) = (a.open(), b.open());
     report(&mut ea, 1);
     report(&mut eb, 1);
@@ -134,7 +142,7 @@ async fn an_envoy_gone_from_the_other_node_frees_its_part_once_it_expires() {
 
 #[tokio::test]
 async fn a_restarted_owner_takes_the_other_nodes_envoys_back_at_their_next_sync() {
-    let (a, b, _clock) = two_nodes(10);
+    let (a, b, _clock, _) = two_nodes(10);
     let (mut ea, mut eb) = (a.open(), b.open());
     report(&mut ea, 1);
     report(&mut eb, 1);
@@ -153,4 +161,20 @@ async fn a_restarted_owner_takes_the_other_nodes_envoys_back_at_their_next_sync(
     assert!(eb.pending().is_empty(), "b's Envoy keeps its part");
     let owner = a.bucket("rlqs_tenant_acme_").unwrap();
     assert_eq!((owner.assigned, owner.holders.len()), (100.0, 2));
+}
+
+/// No split brain: the owner cut off from a majority of its 3 peers splits only a third of the
+/// rate among its Envoys (the other side goes on with the whole rate), and the whole rate
+/// again once it reaches them.
+#[tokio::test]
+async fn an_owner_without_a_majority_splits_only_its_safe_part() {
+    let (a, _b, clock, link) = two_nodes(10);
+    let mut ea = a.open();
+    assert_eq!(report(&mut ea, 100), vec![Some(100.0)]);
+    link.alone.store(3, Ordering::Relaxed);
+    clock.advance_secs(1);
+    assert_eq!(report(&mut ea, 100), vec![Some(33.3)]);
+    link.alone.store(0, Ordering::Relaxed);
+    clock.advance_secs(1);
+    assert_eq!(report(&mut ea, 100), vec![Some(100.0)]);
 }

@@ -29,8 +29,9 @@ use super::trace::{SpanCounters, SpanRecord, Value};
 use super::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
 use crate::clock::unix_nanos;
 use crate::telemetry::LogLimiter;
+use crate::telemetry::limits::LabelSet;
 use crate::telemetry::limits::{GAUGE_FAMILIES, INFO_FAMILY, limit_gauges};
-use crate::telemetry::prometheus::{Extra, LabelSet, limit_series};
+use crate::telemetry::prometheus::{Extra, limit_series};
 use crate::telemetry::stats::{LATENCY_BUCKETS, LimitCounters, Stats};
 
 /// The largest collector answer read (its body is only checked for a status).
@@ -680,18 +681,7 @@ mod tests {
         use crate::telemetry::limits::LimitShape;
         use crate::telemetry::stats::{KeySource, Outcome};
         let stats = Stats::default();
-        let outcome = Outcome {
-            hits: 1,
-            limit: 7,
-            count_before: 0,
-            count_after: 1,
-            over: false,
-            from_local_cache: false,
-            shadow_mode: false,
-            negative: false,
-            negative_ignored: false,
-            slots: Default::default(),
-        };
+        let outcome = Outcome::admitted(1, 7);
         stats.record_dynamic("d.tenant_a", KeySource::Limit("d.tenant_a"), &outcome);
         let shape = LimitShape {
             requests_per_unit: 7,
