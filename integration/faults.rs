@@ -147,6 +147,33 @@ fn forward_a_minority_node_cut_then_healed_keeps_the_bound_and_recovers() {
     assert!(recovery < secs(3), "{}", o.report(&s));
 }
 
+/// Redis replicas (BACKEND_TYPE=redis, no peers), Redis's link cut for 5 s: no window passes
+/// the limit, each node pays REDIS_TIMEOUT only for the calls that open its breaker
+/// (SLUICE_REDIS_BREAKER_TIMEOUTS, 3) and answers the rest at once with an error, and errors
+/// end within a second of the heal (a probe every 250 ms). Before the harness ran replicas
+/// this was measured only by killing and stopping Redis (bench/redis_down.sh), never by a cut
+/// link whose packets vanish.
+#[test]
+fn replicas_fail_fast_while_redis_is_cut_and_recover_within_a_second() {
+    let s = short(
+        "replicas: Redis cut 2-7 s",
+        Mode::Replicas,
+        vec![fault(2, Link::Redis, Kind::Down, Some(7))],
+    );
+    let Some(o) = measure(&s) else { return };
+    let report = o.report(&s);
+    for w in &o.windows {
+        assert!(w.total() <= 300, "{report}");
+    }
+    assert!(o.errors > 0, "the cut was not seen:\n{report}");
+    assert!(
+        o.slow <= 3 * 4,
+        "more slow answers than the breakers' timeouts:\n{report}"
+    );
+    let end = o.errors_end.expect("errors while cut");
+    assert!(end < secs(1), "errors went on after the heal:\n{report}");
+}
+
 /// Reports 15 on every stream every 500 ms (30 a second each) for `secs`; the assignments seen
 /// after each round.
 async fn drive(envoys: &[rlqs_envoy::Envoy], secs: u64) -> Vec<Vec<f64>> {

@@ -156,6 +156,8 @@ pub struct Cluster {
     pub value: String,
     dir: tempfile::TempDir,
     peers: String,
+    /// Whether the nodes are peers (not Redis replicas), whose views `all_up` compares.
+    peered: bool,
 }
 
 impl Drop for Cluster {
@@ -219,6 +221,7 @@ impl Cluster {
             value,
             dir,
             peers,
+            peered: s.mode != Mode::Replicas,
         };
         for i in 0..s.nodes {
             let child = c.start_node(s, i);
@@ -299,19 +302,21 @@ impl Cluster {
         }
     }
 
-    /// Whether every node sees every other up (`/stats`).
+    /// Whether every node sees every other up (`/stats`); for replicas, that every node answers.
     pub fn all_up(&self) -> bool {
         (0..self.nodes.len()).all(|i| {
             let (answer, _) = http(&self.net.client_ip(i), net::DEBUG_PORT, "GET", "/stats", "");
             let Some((200, stats)) = answer else {
                 return false;
             };
-            (0..self.nodes.len()).filter(|&j| j != i).all(|j| {
-                stats.contains(&format!(
-                    "sluice.cluster.peer_up.{}: 1",
-                    self.net.peer_addr(j)
-                ))
-            })
+            (0..self.nodes.len())
+                .filter(|&j| j != i && self.peered)
+                .all(|j| {
+                    stats.contains(&format!(
+                        "sluice.cluster.peer_up.{}: 1",
+                        self.net.peer_addr(j)
+                    ))
+                })
         })
     }
 
@@ -413,7 +418,7 @@ fn start_redis(net: &Net, dir: &std::path::Path) -> Child {
             "--port",
             &net::REDIS_PORT.to_string(),
         ])
-        .args(["--save", "", "--appendonly", "no"])
+        .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(Stdio::null())
