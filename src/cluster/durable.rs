@@ -91,6 +91,8 @@ const PIPELINE_COUNTERS: usize = 256;
 pub struct RingChanges {
     epoch: AtomicU64,
     last_us: AtomicU64,
+    /// When a peer marked down last answered again (0: never).
+    returned_us: AtomicU64,
 }
 
 impl RingChanges {
@@ -98,7 +100,20 @@ impl RingChanges {
         RingChanges {
             epoch: AtomicU64::new(0),
             last_us: AtomicU64::new(start.micros()),
+            returned_us: AtomicU64::new(0),
         }
+    }
+
+    /// A peer marked down answers again at `now`: a change, after which an owner may find its
+    /// keys granted by a stand-in meanwhile (lease mode rebuilds them).
+    pub fn record_return(&self, now: Timestamp) {
+        self.returned_us.fetch_max(now.micros(), Ordering::SeqCst);
+        self.record(now);
+    }
+
+    /// When a peer marked down last answered again.
+    pub fn last_return(&self) -> Timestamp {
+        Timestamp::from_micros(self.returned_us.load(Ordering::SeqCst))
     }
 
     pub fn record(&self, now: Timestamp) {

@@ -181,6 +181,7 @@ impl OwnerStore {
         let members = self.members.load();
         let live = members.live();
         let (_, last_change) = self.changes.last();
+        server.peer_returned(self.changes.last_return());
         Some(
             asks.iter()
                 .map(|(key, ask)| {
@@ -727,7 +728,7 @@ async fn probe_peers(
                 // keys must report to (renewal() reports every key once per change), so the
                 // returning owner learns what they used before it grants.
                 if mode == ClusterMode::Lease {
-                    changes.record(clock.now());
+                    changes.record_return(clock.now());
                 }
             } else if !was_down && !ok {
                 changes.record(clock.now());

@@ -99,7 +99,7 @@ pub struct ClusterArgs {
     pub lease_renew_ms: u64,
     /// Lease mode: how long a bucket lease, and a node's claim on the owner's fair share,
     /// lasts without renewal, in milliseconds; at least twice SLUICE_LEASE_RENEW_MS, at most
-    /// 600000. Also how long an owner caps grants after a ring change while it rebuilds.
+    /// 600000. Also how long an owner caps grants while it rebuilds after a ring change.
     #[arg(
         long,
         env = "SLUICE_LEASE_DURATION_MS",

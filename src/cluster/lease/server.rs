@@ -30,11 +30,12 @@
 //! over the live nodes (the divided mode's share), and the nodes' reports (`used`, `keep`) are
 //! taken as what they hold: every live node renews every key it holds each renewal interval, so
 //! the server learns what is held within one interval, and what it cannot learn is what the lost
-//! owner admitted itself. A key this node already served is rebuilt the same way after every
-//! ring change it sees: an owner reached again after a partition knows nothing of what the
-//! other side's stand-in granted meanwhile until the holders report, and without the cap it
-//! granted itself the whole window at once (issue 35: 500 of 300 in the window an owner's
-//! 10 s cut healed).
+//! owner admitted itself. A key this node already served is rebuilt the same way after a peer
+//! it had marked down answers again ([`LeaseServer::peer_returned`]): an owner reached again
+//! after a partition knows nothing of what the other side's stand-in granted meanwhile until
+//! the holders report, and without the cap it granted itself the whole window at once (issue
+//! 35: 500 of 300 in the window an owner's 10 s cut healed). A peer lost or added needs no such
+//! rebuild of the keys this node kept serving: no one else granted them.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -272,6 +273,9 @@ pub struct LeaseServer {
     /// Asks answered (renewals and acquires), and asks refused a lease (the table full).
     pub grants: AtomicU64,
     pub refused: AtomicU64,
+    /// When a peer marked down last answered again (µs): every key already served rebuilds
+    /// after it (see the module's "Rebuild").
+    returned_us: AtomicU64,
     /// Bytes charged for what is kept: each key ([`KEY_CHARGE`] plus its length) and each
     /// holder of it in each window kept ([`HOLDER_CHARGE`] plus its name's length). Bounded by
     /// `timing.max_bytes`: past it no key or holder is added (they get no lease).
@@ -296,8 +300,15 @@ impl LeaseServer {
             timing,
             grants: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            returned_us: AtomicU64::new(0),
             bytes: AtomicUsize::new(0),
         }
+    }
+
+    /// A peer marked down answered again at `at`: every key this server already serves rebuilds
+    /// for a lease duration from then, since a stand-in may have granted it meanwhile.
+    pub fn peer_returned(&self, at: Timestamp) {
+        self.returned_us.fetch_max(at.micros(), Ordering::Relaxed);
     }
 
     pub fn len(&self) -> usize {
@@ -328,7 +339,9 @@ impl LeaseServer {
                 return Grant::default();
             }
             None => {
-                let fresh = KeyLeases::new(ask.quota, now_us, 0);
+                let rebuild_until_us =
+                    (last_change.micros() + self.timing.duration_us()).max(now_us);
+                let fresh = KeyLeases::new(ask.quota, now_us, rebuild_until_us);
                 self.keys.entry(key.into()).or_insert_with(|| {
                     let charge = KEY_CHARGE + key.len() + fresh.holder_bytes();
                     self.bytes.fetch_add(charge, Ordering::Relaxed);
@@ -344,10 +357,12 @@ impl LeaseServer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.grants.fetch_add(1, Ordering::Relaxed);
-        let change_us = last_change.micros();
-        if change_us > leases.rebuilt_for_us {
-            leases.rebuilt_for_us = change_us;
-            leases.rebuild_until_us = change_us + self.timing.duration_us();
+        let returned_us = self.returned_us.load(Ordering::Relaxed);
+        if returned_us > leases.rebuilt_for_us {
+            leases.rebuilt_for_us = returned_us;
+            leases.rebuild_until_us = leases
+                .rebuild_until_us
+                .max(returned_us + self.timing.duration_us());
         }
         let ctx = GrantContext {
             node,
