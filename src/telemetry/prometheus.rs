@@ -539,7 +539,22 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
         );
         sample(out, &name, &[], *value);
     }
-    for (stat, value) in &c.lease {
+    render_lease(out, &c.lease);
+    let name = "sluice_cluster_peer_up";
+    header(
+        out,
+        name,
+        "gauge",
+        "1 when this node believes the peer is up.",
+    );
+    for (peer, up) in &c.peers {
+        sample(out, name, &[("peer", peer.as_str())], u64::from(*up));
+    }
+}
+
+/// Lease mode's counters and gauges ([`LEASE_GAUGES`]).
+fn render_lease(out: &mut String, lease: &[(&'static str, u64)]) {
+    for (stat, value) in lease {
         let gauge = LEASE_GAUGES.contains(stat);
         let name = if gauge {
             format!("sluice_cluster_lease_{stat}")
@@ -559,16 +574,6 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
         };
         header(out, &name, kind, help);
         sample(out, &name, &[], *value);
-    }
-    let name = "sluice_cluster_peer_up";
-    header(
-        out,
-        name,
-        "gauge",
-        "1 when this node believes the peer is up.",
-    );
-    for (peer, up) in &c.peers {
-        sample(out, name, &[("peer", peer.as_str())], u64::from(*up));
     }
 }
 
