@@ -36,6 +36,8 @@ from pathlib import Path
 
 import tools
 
+tools.use_venv()
+
 try:
     import yaml
 except ImportError:  # reported by find_tools()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import tools
 
+tools.use_venv()
+
 ROOT = Path(__file__).resolve().parent.parent
 PASSED, FAILED = [], []
 

@@ -6,9 +6,19 @@ a missing program fails the test, naming it and how to install it; elsewhere the
 said on stdout and recorded in target/skipped.txt, which scripts/test.sh prints at its end."""
 
 import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+VENV_PYTHON = ROOT / "target" / "venv" / "bin" / "python"
+
+
+def use_venv():
+    """Runs this script again under target/venv's Python (where scripts/test.sh installs
+    kubernetes-validate, selenium and the rest) when it exists and this is another Python, so
+    `python3 integration/helm.py` finds them instead of skipping."""
+    if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != VENV_PYTHON.parent.parent.resolve():
+        os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), *sys.argv])
 
 
 def env_flag(name):
