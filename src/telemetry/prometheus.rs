@@ -714,6 +714,32 @@ mod tests {
     use super::*;
     use crate::telemetry::stats::{Outcome, StatsOptions};
 
+    /// A node deciding alone shows it: majority 0 and the hits it decided so.
+    #[test]
+    fn the_cluster_series_say_when_a_node_decides_alone() {
+        let mut out = String::new();
+        let alone = ClusterGauges {
+            alone_hits: 7,
+            majority: false,
+            ..ClusterGauges::default()
+        };
+        render_cluster(&mut out, &alone);
+        assert!(out.contains("\nsluice_cluster_majority 0\n"), "{out}");
+        assert!(
+            out.contains("\nsluice_cluster_alone_hits_total 7\n"),
+            "{out}"
+        );
+        out.clear();
+        render_cluster(
+            &mut out,
+            &ClusterGauges {
+                majority: true,
+                ..alone
+            },
+        );
+        assert!(out.contains("\nsluice_cluster_majority 1\n"), "{out}");
+    }
+
     fn hit(stats: &Stats, key: &str) {
         stats.record_dynamic(
             key,
