@@ -10,6 +10,8 @@
 //!   headers or a query string in, 200 or a refusal with `RateLimit-*` out.
 //! - [`spoa`]: HAProxy's SPOE: an agent on SPOA_PORT whose answers set HAProxy variables.
 //! - [`debug`]: `/rlconfig`, `/metrics` and `/stats` on DEBUG_PORT.
+//! - [`explain`]: the request `/debug/explain` and `/debug/counters` take, decoded (`sluice
+//!   explain --config` decodes it the same way; the tool itself is in `crate::cli`).
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
 //! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
 
