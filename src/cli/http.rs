@@ -58,9 +58,9 @@ impl Client {
         use std::net::ToSocketAddrs;
         let target = addr
             .to_socket_addrs()
-            .map_err(|e| format!("--debug-address {addr}: {e}"))?
+            .map_err(|e| format!("cannot resolve {addr}: {e}"))?
             .next()
-            .ok_or_else(|| format!("--debug-address {addr}: no address"))?;
+            .ok_or_else(|| format!("cannot resolve {addr}: no address"))?;
         Ok(Client {
             addr: addr.to_owned(),
             target,

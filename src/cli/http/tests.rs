@@ -131,5 +131,5 @@ fn a_port_nobody_listens_on_cannot_be_connected_to() {
     );
     // No port: refused before any lookup.
     let err = get("127.0.0.1", LIMITS, &["/"]).unwrap_err();
-    assert_eq!(err, "--debug-address 127.0.0.1: invalid socket address");
+    assert_eq!(err, "cannot resolve 127.0.0.1: invalid socket address");
 }
