@@ -12,12 +12,13 @@
 //! ```
 //!
 //! where a `share_threshold` wildcard puts its pattern in place of the value it matched. A
-//! per-request limit (`descriptor.limit`) has the config limit's stem, so both share one
-//! counter, as in Go. The memory store keeps the stem and holds the window in its counter word.
+//! per-request limit (`descriptor.limit`) has the stem of a config limit on the same
+//! descriptor, so both share one counter, as in Go; like Go, it takes no `share_threshold`
+//! pattern. The memory store keeps the stem and holds the window in its counter word.
 //!
-//! Sluice's own keys add to the stem what no Go key ends with, so none takes a Go limit's
-//! counter (only a descriptor value ending in the same marker could, as Go's own keys can
-//! already meet when values contain `_`):
+//! Sluice's own keys carry what no Go key has, so none takes a Go limit's counter (only a
+//! descriptor value ending in the same marker could, as Go's own keys can already meet when
+//! values contain `_`):
 //!
 //! - a `rate_limits` list's further limits: stem + `#<i>_` for the `i`-th (from 1); the first
 //!   limit's key is the stem ([`write_limit_keys`]);
@@ -25,10 +26,12 @@
 //!   ([`window_stem`]);
 //! - the other algorithms' state in Redis and memcached: that, then the algorithm's name
 //!   ([`state_key`]);
-//! - the peer cluster's write-behind to Redis: `prefix + "sluice:wb:{" + stem without the prefix
-//!   + "}:" + kind` ([`write_behind_key`], [`write_behind_slots_key`]);
-//! - a key memcached cannot store: `sluice:` and its SHA-256 in hex ([`memcached_key`]);
-//! - a Rate Limit Quota Service bucket: the stem without the prefix ([`write_bucket_key`]).
+//! - the peer cluster's write-behind to Redis: the prefix, `sluice:wb:{`, the stem without the
+//!   prefix, `}:` and the counter's kind ([`write_behind_key`], [`write_behind_slots_key`]);
+//! - a key memcached cannot store: `sluice:` and its SHA-256 in hex ([`memcached_key`]).
+//!
+//! A Rate Limit Quota Service bucket is named by its stem without the prefix
+//! ([`write_bucket_key`]); it lives in Sluice's memory and its peers', never in a shared store.
 //!
 //! This module stands low in the crate: it names only [`Entry`], the limiter's window and
 //! algorithm types and the clock's [`Timestamp`], so every layer (service, stores, cluster,
