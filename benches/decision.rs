@@ -29,10 +29,11 @@ use prost::Message;
 use sluice::clock::{Clock, SystemClock, Timestamp};
 use sluice::config::{ConfigHandle, LoadOptions, RateLimitConfig, parse_files};
 use sluice::descriptor::{Descriptor, Entry, Request};
+use sluice::key::write_counter_key;
 use sluice::limiter::Quota;
 use sluice::limiter::Unit;
 use sluice::limiter::{Decision, fixed_window};
-use sluice::service::{RateLimitService, Response, ServiceOptions, write_counter_key};
+use sluice::service::{RateLimitService, Response, ServiceOptions};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 use sluice::telemetry::{DecisionTelemetry, Stats};
 

@@ -28,10 +28,11 @@ use support::free_port;
 use support::tool_available;
 
 use sluice::clock::Timestamp;
+use sluice::key::{go_cache_key, memcached_key};
 use sluice::limiter::{Algorithm, Decision, Quota, Unit};
-use sluice::store::memcache::{MemcacheConfig, MemcacheServers, MemcacheTls, storable_key};
+use sluice::store::memcache::{MemcacheConfig, MemcacheServers, MemcacheTls};
 use sluice::store::redis::BreakerSettings;
-use sluice::store::{CounterStore, Hit, MemcacheStore, StoreError, go_cache_key};
+use sluice::store::{CounterStore, Hit, MemcacheStore, StoreError};
 
 /// A `memcached` on 127.0.0.1, killed on drop.
 struct Memcached {
@@ -383,7 +384,7 @@ async fn keys_memcached_cannot_store_are_counted_under_their_hash() {
             1,
             "{stem:?}: the limit applies"
         );
-        let stored = storable_key(go_cache_key(stem, t, Unit::Hour));
+        let stored = memcached_key(go_cache_key(stem, t, Unit::Hour));
         assert!(stored.starts_with("sluice:"), "{stored}");
         assert_eq!(m.get(&stored).as_deref(), Some("3"), "{stem:?}");
     }
@@ -948,9 +949,9 @@ async fn every_key_lives_as_long_as_its_state() {
             self.clock = self.memcached.clock();
         }
         fn earliest_drop(&mut self, hit: &Hit<'_>, now: Timestamp) -> Option<Duration> {
-            let key = storable_key(match hit.quota.algorithm {
+            let key = memcached_key(match hit.quota.algorithm {
                 Algorithm::FixedWindow => go_cache_key(hit.key, now, hit.quota.window()),
-                _ => sluice::store::state_key(hit),
+                _ => sluice::key::state_key(hit.key, &hit.quota),
             });
             let ttl = self.memcached.ttl(&key).expect("the key has an expiry");
             let ticked = self.memcached.clock() != self.clock;

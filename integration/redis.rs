@@ -1546,9 +1546,9 @@ async fn every_state_key_lives_as_long_as_its_state() {
         fn earliest_drop(&mut self, hit: &Hit<'_>, now: Timestamp) -> Option<Duration> {
             let key = match hit.quota.algorithm {
                 Algorithm::FixedWindow => {
-                    sluice::store::go_cache_key(hit.key, now, hit.quota.window())
+                    sluice::key::go_cache_key(hit.key, now, hit.quota.window())
                 }
-                _ => sluice::store::state_key(hit),
+                _ => sluice::key::state_key(hit.key, &hit.quota),
             };
             let ttl: i64 = self.redis.cli(&["PTTL", &key]).parse().unwrap();
             let since = self.written.elapsed();
@@ -1585,7 +1585,7 @@ async fn a_bucket_key_holds_its_time_in_microseconds_with_a_fraction() {
         hits,
     };
     apply(&remote, now, &[hit("text_", 1)]).await.unwrap();
-    let key = sluice::store::state_key(&hit("text_", 1));
+    let key = sluice::key::state_key("text_", &q);
     assert_eq!(redis.cli(&["GET", &key]), "1700000000333333.333333333333");
     // Three hits of 333333⅓ µs are at rest after exactly a second.
     let d = apply(&remote, now, &[hit("text_", 2)]).await.unwrap();

@@ -30,7 +30,8 @@
 //! **Keys.** `CACHE_KEY_PREFIX + "sluice:wb:{" + stem + "}:" + kind`, where the stem is the
 //! counter key without the prefix and the kind is `fw:<unit s>:<window index>` (fixed window:
 //! the count), `sw:<unit s>:<window index>` (sliding window: that window's count) or `gcra`
-//! (buckets: the theoretical arrival time in whole µs, rounded up). They cannot be taken for the Redis backend's
+//! (buckets: the theoretical arrival time in whole µs, rounded up), written by
+//! [`crate::key::write_behind_key`]. They cannot be taken for the Redis backend's
 //! keys (`prefix + domain_...`, Go-compatible). The stem is a hash tag, so all of one
 //! descriptor's keys are in one Redis Cluster slot: a sliding window's two keys are read and
 //! written by one call, and on Redis Cluster each descriptor's writes are one pipeline.
@@ -51,8 +52,6 @@ use crate::store::{Hit, MemoryStore, RedisLink, StoreError};
 use crate::telemetry::LogLimiter;
 
 mod slots;
-
-pub use slots::slots_key;
 
 /// Raises write-behind counters, and lowers them only by the refunds this owner made.
 ///
@@ -294,7 +293,7 @@ impl Durable {
     }
 
     fn redis_key(&self, stem: &str, kind: CounterKind, window: u64) -> String {
-        redis_key(&self.prefix, stem, kind, window)
+        crate::key::write_behind_key(&self.prefix, stem, kind, window)
     }
 
     /// Marks the counters of hits this node applied as changed. No I/O, no await.
@@ -731,19 +730,6 @@ fn add_refund(refunds: &mut Refunds, (kind, window, amount): (CounterKind, u64, 
     }
 }
 
-/// The Redis key of a counter: `prefix + "sluice:wb:{" + stem without the prefix + "}:" + kind`
-/// (see the module docs), for a window index (ignored for buckets).
-pub fn redis_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> String {
-    let bare = stem.strip_prefix(prefix).unwrap_or(stem);
-    let mut key = format!("{prefix}sluice:wb:{{{bare}}}:");
-    match kind {
-        CounterKind::Fixed(u) => key.push_str(&format!("fw:{}:{window}", u.secs())),
-        CounterKind::Sliding(u) => key.push_str(&format!("sw:{}:{window}", u.secs())),
-        CounterKind::Bucket => key.push_str("gcra"),
-    }
-    key
-}
-
 /// When a counter's horizon began and when it ends: the span in which another owner's count
 /// still matters to it at `now` ([`CounterKind::horizon`]).
 pub fn horizon(kind: CounterKind, quota: &Quota, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
@@ -776,6 +762,7 @@ fn integers(v: &Value) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::write_behind_key;
     use crate::limiter::{Algorithm, Unit};
     use std::num::NonZeroU32;
 
@@ -784,12 +771,12 @@ mod tests {
         let five = crate::limiter::Window::new(Unit::Minute, 5);
         let plain = Unit::Minute.into();
         assert_eq!(
-            redis_key("p:", "p:d_k_v_", CounterKind::Fixed(five), 7),
+            write_behind_key("p:", "p:d_k_v_", CounterKind::Fixed(five), 7),
             "p:sluice:wb:{d_k_v_}:fw:300:7"
         );
         assert_ne!(
-            redis_key("", "d_k_v_", CounterKind::Sliding(five), 7),
-            redis_key("", "d_k_v_", CounterKind::Sliding(plain), 7)
+            write_behind_key("", "d_k_v_", CounterKind::Sliding(five), 7),
+            write_behind_key("", "d_k_v_", CounterKind::Sliding(plain), 7)
         );
         // 1234 s is in the 5-minute window [1200, 1500).
         let q = Quota {
@@ -868,23 +855,6 @@ mod tests {
         assert_eq!(
             state_from(CounterKind::Bucket, 0, &[now.micros() + 1], now),
             Some(bucket::at_micros(now.micros() + 1))
-        );
-    }
-
-    #[test]
-    fn keys_start_with_the_prefix_and_tag_the_descriptor() {
-        let k = redis_key(
-            "app:",
-            "app:d_k_v_",
-            CounterKind::Fixed(Unit::Minute.into()),
-            28,
-        );
-        assert_eq!(k, "app:sluice:wb:{d_k_v_}:fw:60:28");
-        let k = redis_key("", "d_k_v_", CounterKind::Sliding(Unit::Second.into()), 9);
-        assert_eq!(k, "sluice:wb:{d_k_v_}:sw:1:9");
-        assert_eq!(
-            redis_key("", "d_k_v_", CounterKind::Bucket, 0),
-            "sluice:wb:{d_k_v_}:gcra"
         );
     }
 

@@ -36,7 +36,7 @@ pub use remote::{QuotaPeers, SyncBucket, SyncHolder};
 use crate::clock::Clock;
 use crate::config::{ConfigHandle, RateLimitConfig};
 use crate::descriptor::Entry;
-use crate::service::{counter_key_len, write_counter_key};
+use crate::key::{bucket_key_len, write_bucket_key};
 
 /// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings (and
 /// 48 per entry): above what they take, measured with `cargo run --release --example
@@ -695,13 +695,8 @@ impl QuotaStream {
             );
             key.clear();
             let shared = matched.as_ref().map_or(&[][..], |m| &m.shared_values[..]);
-            write_counter_key(
-                &mut key,
-                "",
-                self.domain.as_deref().unwrap_or_default(),
-                &usage.id,
-                shared,
-            );
+            let stream_domain = self.domain.as_deref().unwrap_or_default();
+            write_bucket_key(&mut key, stream_domain, &usage.id, shared);
             let id: Arc<[Entry]> = usage.id.into();
             let assignment = match policy {
                 Policy::AllowAll | Policy::DenyAll => {
@@ -777,7 +772,7 @@ impl QuotaStream {
         !id.is_empty()
             && id.len() <= o.max_entries
             && id.iter().all(|e| !e.key.is_empty())
-            && counter_key_len("", domain, id, &[]) <= o.max_key_bytes
+            && bucket_key_len(domain, id) <= o.max_key_bytes
     }
 
     /// What other streams' reports and the sweep changed for this stream: its new parts (each

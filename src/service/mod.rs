@@ -1,7 +1,8 @@
 //! The decision: turns a decoded [`Request`] into a [`Response`].
 //!
 //! This is where envoyproxy/ratelimit's semantics live: config matching (or the per-request
-//! override), `replaces`, unlimited limits, hits addends, counter keys, shadow and quota modes,
+//! override), `replaces`, unlimited limits, hits addends, which counter keys a request makes
+//! (their bytes are [`crate::key`]'s), shadow and quota modes,
 //! the overall code and the `RateLimit-*` headers (for the client's answer and for the upstream
 //! request). It is protocol-free: `api` decodes into [`Request`] and encodes [`Response`]; the
 //! store does the counting.
@@ -25,7 +26,7 @@ use smallvec::SmallVec;
 
 use crate::clock::{Clock, Timestamp};
 use crate::config::{ConfigHandle, Domain};
-use crate::descriptor::{Descriptor, Entry, Request};
+use crate::descriptor::{Descriptor, Request};
 use crate::limiter::{Algorithm, Decision, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
 pub use admin::{CounterView, counter_json};
@@ -246,58 +247,6 @@ impl Default for ServiceOptions {
             negative_hits: NegativeHits::Counted,
         }
     }
-}
-
-/// Writes envoyproxy/ratelimit's cache key stem for a descriptor:
-/// `prefix + domain + "_" + Σ(key + "_" + value + "_")`. The Go service's full key appends the
-/// window start in seconds (`..._1200`); the memory store keeps the window in the counter word
-/// instead, and a Redis backend appends it. `shared_values` substitutes a `share_threshold`
-/// wildcard pattern for the request's value at those entry indexes.
-pub fn write_counter_key(
-    buf: &mut String,
-    prefix: &str,
-    domain: &str,
-    entries: &[Entry],
-    shared_values: &[(usize, &str)],
-) {
-    buf.push_str(prefix);
-    buf.push_str(domain);
-    buf.push('_');
-    for (i, entry) in entries.iter().enumerate() {
-        buf.push_str(&entry.key);
-        buf.push('_');
-        buf.push_str(key_value(i, entry, shared_values));
-        buf.push('_');
-    }
-}
-
-/// The length of the stem [`write_counter_key`] writes, without writing it.
-pub fn counter_key_len(
-    prefix: &str,
-    domain: &str,
-    entries: &[Entry],
-    shared_values: &[(usize, &str)],
-) -> usize {
-    let entries: usize = entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| e.key.len() + key_value(i, e, shared_values).len() + 2)
-        .sum();
-    prefix.len() + domain.len() + 1 + entries
-}
-
-/// The value entry `i` puts in its counter key: the request's, or its shared pattern.
-fn key_value<'a>(i: usize, entry: &'a Entry, shared_values: &[(usize, &'a str)]) -> &'a str {
-    shared_values
-        .iter()
-        .find(|(at, _)| *at == i)
-        .map_or(entry.value.as_str(), |(_, pattern)| pattern)
-}
-
-/// The length of `#<i>_`, which the `i`-th further quota of a `rate_limits` list adds to its
-/// descriptor's stem.
-fn quota_suffix_len(i: usize) -> usize {
-    i.checked_ilog10().unwrap_or(0) as usize + 3
 }
 
 /// The rate-limit service core, generic over the counter store.

@@ -2,14 +2,14 @@
 //! (its [`Plan`]), `replaces`, the request's counter keys and the hits to charge; and, after the
 //! store answered, the hits a refused request gives back.
 
-use std::fmt::Write as _;
 use std::ops::Range;
 
 use smallvec::SmallVec;
 
-use super::{ServiceError, ServiceOptions, counter_key_len, quota_suffix_len, write_counter_key};
+use super::{ServiceError, ServiceOptions};
 use crate::config::{Block, Domain, Limit, Rule};
 use crate::descriptor::Request;
+use crate::key;
 use crate::limiter::{Decision, Quota};
 use crate::store::Hit;
 
@@ -177,22 +177,22 @@ fn counter_key_bytes(
             continue;
         };
         let prefix = &options.cache_key_prefix;
-        let stem = counter_key_len(prefix, &request.domain, &d.entries, shared);
-        let quotas = limit.quota_count();
-        // The last quota's key is the descriptor's longest.
-        let bytes = stem + (1..quotas).last().map_or(0, quota_suffix_len);
-        if bytes > max {
+        let stem = key::counter_key_len(prefix, &request.domain, &d.entries, shared);
+        let len = key::limit_keys_len(stem, limit.quota_count());
+        if len.longest > max {
+            let bytes = len.longest;
             return Err(ServiceError::KeyTooLong { index, bytes, max });
         }
-        total += stem * quotas + (1..quotas).map(quota_suffix_len).sum::<usize>();
+        total += len.total;
     }
     Ok(total)
 }
 
-/// The request's counter keys. The first quota of a descriptor uses the Go service's key;
-/// further quotas of a `rate_limits` list add `#<index>_`. Measured, and refused past
-/// SLUICE_MAX_KEY_BYTES, before anything is written. `keys` is cleared first: a buffer reused
-/// from call to call, so keys cost no allocation once it has grown to a request's size.
+/// The request's counter keys ([`key::write_limit_keys`]): the first quota of a descriptor uses
+/// the Go service's key; further quotas of a `rate_limits` list add `#<index>_`. Measured, and
+/// refused past SLUICE_MAX_KEY_BYTES, before anything is written. `keys` is cleared first: a
+/// buffer reused from call to call, so keys cost no allocation once it has grown to a
+/// request's size.
 pub(super) fn counter_keys<'b>(
     options: &ServiceOptions,
     request: &Request,
@@ -207,16 +207,9 @@ pub(super) fn counter_keys<'b>(
         if let Plan::Counted { limit, shared, .. } = plan {
             let start = keys.len();
             let prefix = &options.cache_key_prefix;
-            write_counter_key(keys, prefix, &request.domain, &d.entries, shared);
+            key::write_counter_key(keys, prefix, &request.domain, &d.entries, shared);
             let stem = start..keys.len();
-            ranges.push(stem.clone());
-            for i in 1..limit.quota_count() {
-                let start = keys.len();
-                keys.extend_from_within(stem.clone());
-                // Writing to a String cannot fail.
-                let _ = write!(keys, "#{i}_");
-                ranges.push(start..keys.len());
-            }
+            key::write_limit_keys(keys, stem, limit.quota_count(), |r| ranges.push(r));
         }
     }
     Ok(CounterKeys {

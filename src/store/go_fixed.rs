@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-use super::{Hit, MemoryLimits, StoreError, go_cache_key};
+use super::{Hit, MemoryLimits, StoreError};
 use crate::clock::Timestamp;
+use crate::key::go_cache_key;
 use crate::limiter::{Algorithm, Decision, Quota, Window, fixed_window};
 
 /// EXPIRATION_JITTER_MAX_SECONDS: a fixed-window key lives its window plus a jitter in

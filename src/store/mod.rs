@@ -2,7 +2,8 @@
 //!
 //! A store owns the counter state and applies one request's hits atomically per counter, using
 //! the pure algorithms in [`crate::limiter`]. It knows nothing about descriptors or config: the
-//! service hands it finished counter keys, limits and hits.
+//! service hands it finished counter keys, limits and hits, and the keys a backend writes are
+//! [`crate::key`]'s.
 //!
 //! Every backend is held to one contract suite (`integration/store_contract.rs`), run on the
 //! memory store and an in-process three-node cluster (`tests/stores.rs`) and on Redis
@@ -20,51 +21,21 @@ mod redis_target;
 use std::future::Future;
 
 use crate::clock::Timestamp;
-use crate::limiter::{Decision, Quota, Window};
+use crate::limiter::{Decision, Quota};
 
 pub use memcache::MemcacheStore;
 pub use memory::{MemoryLimits, MemoryStore};
 pub use redis::{RedisLink, RedisStore};
 
 /// One counter to charge: the key stem (envoyproxy/ratelimit's cache key without the trailing
-/// window start, see [`crate::service::write_counter_key`]), the quota it enforces (rate,
-/// unit, algorithm) and the hits to add.
+/// window start, see [`crate::key::write_counter_key`]), the quota it enforces (rate,
+/// unit, algorithm) and the hits to add. A remote store's key for it is
+/// [`crate::key::remote_key`]'s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hit<'a> {
     pub key: &'a str,
     pub quota: Quota,
     pub hits: u64,
-}
-
-/// envoyproxy/ratelimit's full cache key: the stem followed by the start of the window that
-/// contains `now`, in seconds since the epoch. A store that shares keys with Go instances (Redis)
-/// uses exactly these bytes; the memory store keeps the window in the counter word instead.
-///
-/// A window of several units (`unit_multiplier`, which Go does not have) puts `x<N><UNIT>_`
-/// between the stem and the start (`d_k_v_x5MINUTE_1700000100`), so it never takes the key of a
-/// Go limit on the same descriptor (only a descriptor value ending in that marker could).
-pub fn go_cache_key(stem: &str, now: Timestamp, window: impl Into<Window>) -> String {
-    let window = window.into();
-    let start = crate::limiter::fixed_window::window_start(now.secs(), window);
-    format!("{}{start}", window_stem(stem, window))
-}
-
-/// The stem a window's Redis keys start with: `stem` for one unit (the Go service's), else
-/// `stem` then `x<N><UNIT>_` ([`go_cache_key`]; the other algorithms' state keys too).
-pub fn window_stem(stem: &str, window: Window) -> std::borrow::Cow<'_, str> {
-    if window.is_plain() {
-        stem.into()
-    } else {
-        format!("{stem}x{}{}_", window.multiplier, window.unit.name()).into()
-    }
-}
-
-/// The key a remote store keeps a non-fixed algorithm's state under (Redis, memcached): the
-/// stem and the algorithm, and for a window of several units the same marker as
-/// [`go_cache_key`]'s. No Go instance reads these keys: the Go service has only fixed windows.
-pub fn state_key(hit: &Hit<'_>) -> String {
-    let q = &hit.quota;
-    format!("{}{}", window_stem(hit.key, q.window()), q.algorithm.name())
 }
 
 /// Why a store could not answer. Every variant is classified, so `api` can map it to a status
@@ -166,42 +137,5 @@ pub trait CounterStore: Send + Sync + 'static {
         std::future::ready(Err(StoreError::Backend {
             message: "this counter store cannot reset counters".to_owned(),
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::limiter::Unit;
-
-    #[test]
-    fn full_keys_are_the_go_service_bytes() {
-        // The reference's examples: now=1234 with MINUTE and SECOND windows.
-        let now = Timestamp::from_secs(1234);
-        assert_eq!(
-            go_cache_key("domain_key2_value2_subkey2_subvalue2_", now, Unit::Minute),
-            "domain_key2_value2_subkey2_subvalue2_1200"
-        );
-        assert_eq!(
-            go_cache_key("prefix:domain_key_value_", now, Unit::Second),
-            "prefix:domain_key_value_1234"
-        );
-        assert_eq!(
-            go_cache_key("domain_files_files/*_", now, Unit::Second),
-            "domain_files_files/*_1234"
-        );
-        // A window of several units: its start, and a marker no Go limit's key has.
-        assert_eq!(
-            go_cache_key("d_k_v_", now, Window::new(Unit::Minute, 5)),
-            "d_k_v_x5MINUTE_1200"
-        );
-        assert_eq!(
-            go_cache_key(
-                "d_k_v_",
-                Timestamp::from_secs(1500),
-                Window::new(Unit::Minute, 5)
-            ),
-            "d_k_v_x5MINUTE_1500"
-        );
     }
 }

@@ -45,8 +45,9 @@ use redis::Value;
 use super::breaker::Readiness;
 use super::go_fixed::{self, Jitter, OverLimitCache};
 use super::redis_target::{Target, TargetOptions, run_within};
-use super::{CounterStore, Hit, StoreError, go_cache_key};
+use super::{CounterStore, Hit, StoreError};
 use crate::clock::Timestamp;
+use crate::key::{go_cache_key, remote_key, state_key};
 use crate::limiter::Decision;
 use crate::limiter::concurrency::Slots;
 use crate::limiter::{Algorithm, Quota, Unit, bucket, sliding_window};
@@ -400,7 +401,7 @@ impl RedisStore {
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(SLIDING).get_hash())
                     .arg(1)
-                    .arg(super::state_key(hit))
+                    .arg(state_key(hit.key, &hit.quota))
                     .arg(now.micros())
                     .arg(unit_us)
                     .arg(q.requests_per_unit)
@@ -413,7 +414,7 @@ impl RedisStore {
                     // A rate of 0 holds nothing and is decided without Redis
                     // (`decide_without_state`); were one sent, GET answers as the script does
                     // and writes nothing.
-                    pipe.cmd("GET").arg(super::state_key(hit));
+                    pipe.cmd("GET").arg(state_key(hit.key, &hit.quota));
                     return;
                 };
                 let hits_span = u128::from(hit.hits).saturating_mul(shape.interval());
@@ -423,7 +424,7 @@ impl RedisStore {
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(BUCKET).get_hash())
                     .arg(1)
-                    .arg(super::state_key(hit))
+                    .arg(state_key(hit.key, &hit.quota))
                     .arg(now.micros())
                     .arg(shape.den())
                     .arg(hit.hits)
@@ -618,10 +619,7 @@ impl RedisStore {
     async fn reset_now(&self, now: Timestamp, hits: &[Hit<'_>]) -> Result<(), StoreError> {
         for hit in hits {
             let q = hit.quota;
-            let key = match q.algorithm {
-                Algorithm::FixedWindow => go_cache_key(hit.key, now, q.window()),
-                _ => super::state_key(hit),
-            };
+            let key = remote_key(hit.key, &q, now);
             if let Some(cache) = &self.local_cache {
                 cache.forget(&key);
             }
@@ -686,7 +684,7 @@ fn push_slots(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, mode: &
     pipe.cmd("EVALSHA")
         .arg(redis::Script::new(SLOTS).get_hash())
         .arg(1)
-        .arg(super::state_key(hit))
+        .arg(state_key(hit.key, &hit.quota))
         .arg(now.micros())
         .arg(q.window().secs().saturating_mul(1_000_000))
         .arg(q.requests_per_unit)
@@ -737,7 +735,7 @@ fn push_refund(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp) {
         }
         Algorithm::SlidingWindow => {
             script
-                .arg(super::state_key(hit))
+                .arg(state_key(hit.key, &hit.quota))
                 .arg("s")
                 .arg(now.micros())
                 .arg(q.window().secs() * 1_000_000)
@@ -755,7 +753,7 @@ fn push_refund(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp) {
                 None => (1, 0, 0),
             };
             script
-                .arg(super::state_key(hit))
+                .arg(state_key(hit.key, &hit.quota))
                 .arg("b")
                 .arg(den)
                 .arg(us)

@@ -3,8 +3,9 @@
 //! the next flush, and a node taking a key over loads them before its first answer, as for the
 //! other counters (see the parent module) but with the slots' own form:
 //!
-//! - **Key.** `CACHE_KEY_PREFIX + "sluice:wb:{" + stem + "}:cc:" + window seconds`, a string
-//!   holding [`Slots::text`] (the debt, its end, each slot's expiry in µs).
+//! - **Key.** `CACHE_KEY_PREFIX + "sluice:wb:{" + stem + "}:cc:" + window seconds`
+//!   ([`crate::key::write_behind_slots_key`]), a string holding [`Slots::text`] (the debt, its
+//!   end, each slot's expiry in µs).
 //! - **Write.** `SET key text PX ttl`, the TTL ending [`GRACE_MS`] after its last slot or its
 //!   debt; `DEL` when it holds nothing. The owner's slots are the counter (a refund frees
 //!   one), so a write replaces what Redis holds rather than raising it: while two nodes
@@ -19,15 +20,10 @@ use redis::Value;
 
 use super::{Durable, GRACE_MS};
 use crate::clock::Timestamp;
+use crate::key::write_behind_slots_key;
 use crate::limiter::concurrency::Slots;
 use crate::limiter::{Algorithm, Quota};
 use crate::store::Hit;
-
-/// The Redis key of a concurrency counter's slots (see the module docs).
-pub fn slots_key(prefix: &str, stem: &str, quota: &Quota) -> String {
-    let bare = stem.strip_prefix(prefix).unwrap_or(stem);
-    format!("{prefix}sluice:wb:{{{bare}}}:cc:{}", quota.window().secs())
-}
 
 impl Durable {
     /// Marks a concurrency counter changed. No I/O.
@@ -72,8 +68,11 @@ impl Durable {
     async fn load_slots(&self, hit: &Hit<'_>, now: Timestamp) {
         self.stats.loads.fetch_add(1, Ordering::Relaxed);
         let mut pipe = redis::pipe();
-        pipe.cmd("GET")
-            .arg(slots_key(&self.prefix, hit.key, &hit.quota));
+        pipe.cmd("GET").arg(write_behind_slots_key(
+            &self.prefix,
+            hit.key,
+            hit.quota.window(),
+        ));
         let reply = tokio::time::timeout(self.load_timeout, self.redis.run(&pipe)).await;
         let reply = match reply.unwrap_or_else(|_| Err(self.load_too_slow())) {
             Ok(reply) => reply,
@@ -105,7 +104,7 @@ impl Durable {
             false
         });
         let sends = taken.iter().map(|(stem, quota)| async move {
-            let key = slots_key(&self.prefix, stem, quota);
+            let key = write_behind_slots_key(&self.prefix, stem, quota.window());
             let mut pipe = redis::pipe();
             let held = self.local.slots(quota, stem, now);
             match held.filter(|s| !s.is_stale(now.micros())) {

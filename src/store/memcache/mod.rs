@@ -22,9 +22,9 @@
 //!
 //! **Keys memcached cannot store** (longer than 250 bytes, or with a space or a control
 //! character; a descriptor value can be anything) are stored as `sluice:` and the SHA-256 of
-//! the key in hex. The Go client refuses such keys, so Go counts nothing for them (and a
-//! request holding one reads no counts at all): their limits never apply under Go; under
-//! Sluice they do.
+//! the key in hex ([`crate::key::memcached_key`]). The Go client refuses such keys, so Go
+//! counts nothing for them (and a request holding one reads no counts at all): their limits
+//! never apply under Go; under Sluice they do.
 //!
 //! **Expiry.** Every key is kept as long as it can change an answer: a fixed window's until
 //! its window ends (plus the jitter, as in Go), a sliding window's until the window after it
@@ -57,8 +57,9 @@ use self::protocol::{Batch, Reply};
 use self::servers::{Options, Server, ServerList};
 use super::breaker::BreakerSettings;
 use super::go_fixed::{self, Jitter, OverLimitCache};
-use super::{CounterStore, Hit, StoreError, go_cache_key, state_key};
+use super::{CounterStore, Hit, StoreError};
 use crate::clock::Timestamp;
+use crate::key::{memcached_key, remote_key};
 use crate::limiter::{Algorithm, Decision, Quota, bucket, counter};
 use crate::tls::ClientTls;
 
@@ -114,22 +115,6 @@ pub struct MemcacheConfig {
     /// SLUICE_MEMCACHE_PROBE_INTERVAL_MS and SLUICE_MEMCACHE_BREAKER_TIMEOUTS.
     pub breaker: BreakerSettings,
     pub tls: Option<MemcacheTls>,
-}
-
-/// The key memcached stores for `key`: itself when memcached can store it, else `sluice:`
-/// and its SHA-256 in hex.
-pub fn storable_key(key: String) -> String {
-    if protocol::legal_key(&key) {
-        return key;
-    }
-    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
-    let mut out = String::with_capacity(7 + 64);
-    out.push_str("sluice:");
-    for b in digest.as_ref() {
-        use std::fmt::Write;
-        let _ = write!(out, "{b:02x}");
-    }
-    out
 }
 
 /// The expiry to send for a key that must last `ttl_secs` from `now`: one second more, as
@@ -262,10 +247,7 @@ impl MemcacheStore {
 
     /// The key memcached holds a hit's counter under.
     fn key(hit: &Hit<'_>, now: Timestamp) -> String {
-        storable_key(match hit.quota.algorithm {
-            Algorithm::FixedWindow => go_cache_key(hit.key, now, hit.quota.window()),
-            _ => state_key(hit),
-        })
+        memcached_key(remote_key(hit.key, &hit.quota, now))
     }
 
     async fn apply_now(
@@ -800,27 +782,6 @@ impl CounterStore for MemcacheStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_memcached_cannot_store_are_hashed() {
-        let fine = "domain_key_value_1700000000".to_owned();
-        assert_eq!(storable_key(fine.clone()), fine);
-        for bad in [
-            format!("d_ua_Mozilla 5.0_{}", 1),
-            format!("d_k_{}_1", "v".repeat(300)),
-            "d_k_a\u{1}_1".to_owned(),
-        ] {
-            let key = storable_key(bad.clone());
-            assert!(key.starts_with("sluice:") && key.len() == 71, "{key}");
-            assert!(protocol::legal_key(&key));
-            assert_eq!(
-                storable_key(bad),
-                key,
-                "the same key every time, on every replica"
-            );
-        }
-        assert_ne!(storable_key("a b_1".into()), storable_key("a b_2".into()));
-    }
 
     #[test]
     fn expiries_are_a_second_longer_and_past_30_days_the_time_they_end() {
