@@ -73,7 +73,7 @@ pub fn state_key(hit: &Hit<'_>) -> String {
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum StoreError {
     /// The in-memory store holds its maximum number of live counters and this request needs a
-    /// new one, until the sweeper frees expired windows.
+    /// new one; the sweeper frees expired windows.
     #[error(
         "counter store is full: {max} live counters (SLUICE_MAX_COUNTERS); new counters are refused until expired windows are swept"
     )]

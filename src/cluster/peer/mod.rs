@@ -21,9 +21,10 @@
 //!   (`batch.rs`);
 //! - `error.rs`: why a call failed ([`PeerError`]).
 //!
-//! The Lease call's asks and grants are converted beside the lease code
-//! (`super::lease::wire`), the Quota call's buckets beside the quota peers
-//! (`super::quota_peers`), so this module knows neither.
+//! The Lease call's asks and grants are converted beside the lease code (`lease/wire.rs`, as
+//! methods of the messages: `LeaseRequest::to_asks`, `LeaseGrant::from`), the Quota call's
+//! buckets beside the quota peers (`super::quota_peers`, which answers through
+//! [`QuotaOwner`]), so this module imports neither the lease code nor `crate::quota`.
 //!
 //! Whoever reaches the peer port can charge any counter, so with SLUICE_PEER_TLS both the
 //! listener and [`PeerClient`] speak mutual TLS ([`crate::tls::PeerTls`]): only a holder of a
