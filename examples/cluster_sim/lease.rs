@@ -24,8 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::clock::Timestamp;
-use sluice::cluster::lease::{Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, Route, Slot};
-use sluice::cluster::peer::MAX_LEASE_ASKS;
+use sluice::cluster::lease::{
+    Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
+};
 
 use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Workload};
 

@@ -11,12 +11,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::durable::RingChanges;
-use super::lease::{Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, Route, Slot};
-use super::peer::{LeaseAsk, MAX_LEASE_ASKS, Op};
+use super::lease::{
+    Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
+};
+use super::peer::{Call, LeaseAsk, Op, PeerError};
 use super::{ClusterConfig, ClusterStore, Members, OwnerStore};
 use crate::clock::{Clock, Timestamp};
 use crate::limiter::Decision;
-use crate::store::{Hit, StoreError};
+use crate::store::{Cause, Hit, StoreError};
 
 /// Lease mode's state on one node: the leases it holds and what it needs to ask for more.
 pub struct Leasing {
@@ -74,7 +76,7 @@ impl Leasing {
         members: &Members,
         owner: usize,
         asks: &[(&str, Ask)],
-    ) -> Result<Vec<Grant>, String> {
+    ) -> Result<Vec<Grant>, PeerError> {
         if owner == members.me {
             let now = self.clock.now();
             // As a peer's asks arrive: with no safe capacity, which is never leased.
@@ -88,20 +90,27 @@ impl Leasing {
                     (*k, Ask { quota, ..*a })
                 })
                 .collect();
+            // The refusal this node's owner side gives a peer's call when not in lease mode.
             return self
                 .owner
                 .answer_leases(&self.advertise, &asks, now)
-                .ok_or_else(|| "this node is not in lease mode".to_owned());
+                .ok_or_else(|| PeerError::Refused {
+                    call: Call::Lease,
+                    code: tonic::Code::FailedPrecondition,
+                    message: "this node is not in lease mode".to_owned(),
+                });
         }
         let Some(client) = &members.clients[owner] else {
-            return Err("no client for the peer".to_owned());
+            return Err(PeerError::NoClient("no client for the peer"));
         };
         let wire = asks.iter().map(|(k, a)| LeaseAsk::from_ask(k, a)).collect();
-        let result = client.lease(&self.advertise, wire).await;
-        if let Err(e) = &result {
-            members.failed(owner, e, &self.changes, self.clock.now());
+        match client.lease(&self.advertise, wire).await {
+            Ok(grants) => Ok(grants.iter().map(Grant::from).collect()),
+            Err(e) => {
+                members.failed(owner, &e, &self.changes, self.clock.now());
+                Err(e)
+            }
         }
-        result
     }
 
     async fn renew_forever(&self) {
@@ -200,10 +209,15 @@ impl Leasing {
                 let result = self.send(members, owner, &asks).await;
                 (group, result)
             });
+            let mut failed = None;
             for (group, result) in futures_util::future::join_all(calls).await {
-                let Ok(grants) = result else {
-                    pending.extend(group);
-                    continue;
+                let grants = match result {
+                    Ok(grants) => grants,
+                    Err(e) => {
+                        pending.extend(group);
+                        failed = Some(e);
+                        continue;
+                    }
                 };
                 for ((i, slot, _), grant) in group.into_iter().zip(grants) {
                     if !grant.leased {
@@ -216,12 +230,14 @@ impl Leasing {
                     decisions[i] = Some(slot.decide_after(sent_us, hits[i].hits));
                 }
             }
-            if round == 1 && !pending.is_empty() {
+            // Pending again means an owner failed this round: the last round fails the hits.
+            if let (1, Some(e)) = (round, failed) {
                 for (_, slot, _) in &pending {
                     slot.answer(None, sent_us);
                 }
-                return Err(StoreError::Backend {
-                    message: "the owners of some counters did not answer a lease".into(),
+                return Err(StoreError::Peer {
+                    message: "the owners of some counters did not answer a lease",
+                    source: Cause::new(e),
                 });
             }
         }

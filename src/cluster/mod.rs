@@ -37,12 +37,12 @@ use arc_swap::ArcSwap;
 
 use crate::clock::{Clock, Timestamp};
 use crate::limiter::{Decision, Quota};
-use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use crate::store::{Cause, CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
 pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 use durable::{Durable, RingChanges};
 use lease::LeaseServer;
-use peer::{Op, PeerClient, PeerHit};
+use peer::{Op, PeerClient, PeerError, PeerHit};
 use ring::{Ring, key_hash};
 
 /// The peers as currently known: the ring, a client per remote peer, and who is down.
@@ -87,7 +87,8 @@ impl Members {
                     })
                     .transpose()
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
         let down = (0..ring.len()).map(|_| AtomicBool::new(false)).collect();
         Ok(Members {
             ring,
@@ -111,7 +112,7 @@ impl Members {
 
     /// Marks the peer `owner` down after a failed call (`error`), recording the ring change;
     /// one log line when it goes down, not one per failed call.
-    fn failed(&self, owner: usize, error: &str, changes: &RingChanges, now: Timestamp) {
+    fn failed(&self, owner: usize, error: &PeerError, changes: &RingChanges, now: Timestamp) {
         if !self.down[owner].swap(true, Ordering::Relaxed) {
             tracing::warn!(peer = self.ring.addr(owner), error = %error, "peer failed; marking it down");
             changes.record(now);
@@ -553,8 +554,8 @@ impl ClusterStore {
     }
 
     /// The hits `mine` on their owner `owner`: this node's owner store, or a forward. A failed
-    /// forward marks the peer down and is `Err(None)`, to be retried on the next owner; the
-    /// local store's own errors are `Err(Some(_))`, final.
+    /// forward marks the peer down and is [`OwnerFailed::Peer`], to be retried on the next
+    /// owner; the local store's own errors are [`OwnerFailed::Local`], final.
     async fn call_owner(
         &self,
         members: &Members,
@@ -562,7 +563,7 @@ impl ClusterStore {
         mine: Vec<Hit<'_>>,
         now: Timestamp,
         op: Op,
-    ) -> Result<Vec<Decision>, Option<StoreError>> {
+    ) -> Result<Vec<Decision>, OwnerFailed> {
         if owner == members.me {
             self.stats
                 .local_hits
@@ -573,10 +574,12 @@ impl ClusterStore {
                 Op::Refund => self.owner.refund(now, &mine, &mut out).await,
                 Op::Reset => self.owner.reset(now, &mine).await,
             };
-            return r.map(|()| out).map_err(Some);
+            return r.map(|()| out).map_err(OwnerFailed::Local);
         }
         let Some(client) = &members.clients[owner] else {
-            return Err(None);
+            return Err(OwnerFailed::Peer(PeerError::NoClient(
+                "no client for the peer",
+            )));
         };
         let wire = mine.iter().map(PeerHit::from_hit).collect();
         self.stats
@@ -587,7 +590,7 @@ impl ClusterStore {
             Err(e) => {
                 self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
                 members.failed(owner, &e, &self.changes, now);
-                Err(None)
+                Err(OwnerFailed::Peer(e))
             }
         }
     }
@@ -624,12 +627,20 @@ fn by_owner(members: &Members, hits: &[Hit<'_>], pending: Vec<usize>) -> Vec<(us
     groups
 }
 
+/// Why an owner gave no decisions for its hits.
+enum OwnerFailed {
+    /// This node's own store failed: final.
+    Local(StoreError),
+    /// The call to the peer failed: its hits go to the next owner.
+    Peer(PeerError),
+}
+
 /// Puts one owner's answer for the hits at `idx` in their places. A failed owner leaves them
 /// pending for the next round, or, in the `last` round, fails the request.
 fn place(
     decisions: &mut [Option<Decision>],
     idx: &[usize],
-    result: Result<Vec<Decision>, Option<StoreError>>,
+    result: Result<Vec<Decision>, OwnerFailed>,
     op: Op,
     last: bool,
 ) -> Result<(), StoreError> {
@@ -651,13 +662,14 @@ fn place(
             });
         }
         // The local store's own errors are final.
-        Err(Some(e)) => return Err(e),
-        Err(None) if last => {
-            return Err(StoreError::Backend {
-                message: "the owners of some counters did not answer".into(),
+        Err(OwnerFailed::Local(e)) => return Err(e),
+        Err(OwnerFailed::Peer(e)) if last => {
+            return Err(StoreError::Peer {
+                message: "the owners of some counters did not answer",
+                source: Cause::new(e),
             });
         }
-        Err(None) => {}
+        Err(OwnerFailed::Peer(_)) => {}
     }
     Ok(())
 }
@@ -808,5 +820,71 @@ impl CounterStore for ClusterStore {
 
     async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
         self.route(now, hits, Op::Reset, &mut Vec::new()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::Unit;
+
+    /// An address nobody listens on: a port the system gave, closed again at once.
+    fn closed_port() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    }
+
+    /// A key that both other peers rank above `me`, so that both are tried before it.
+    fn key_owned_elsewhere_twice(ring: &Ring, me: usize) -> String {
+        (0..)
+            .map(|i| format!("d_k_{i}_"))
+            .find(|key| {
+                let h = key_hash(key);
+                let first = ring.owner(h, |_| true);
+                first != Some(me) && ring.owner(h, |i| Some(i) != first) != Some(me)
+            })
+            .unwrap()
+    }
+
+    /// Both owners of a key unreachable: the request fails with the backend error it always
+    /// had (the same message, so the same status), which now keeps the last peer's error.
+    #[tokio::test]
+    async fn a_key_whose_owners_all_fail_keeps_the_last_peer_error() {
+        let me = "127.0.0.1:1".to_owned();
+        let peers = vec![me.clone(), closed_port(), closed_port()];
+        let config = ClusterConfig {
+            peers: PeerSource::Static(peers.clone()),
+            advertise: me.clone(),
+            listen: "127.0.0.1:1".parse().unwrap(),
+            mode: ClusterMode::Forward,
+            timeout: Duration::from_secs(5),
+            batch_window: Duration::from_micros(200),
+            write_behind: None,
+            lease: lease::LeaseTiming::DEFAULT,
+        };
+        let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_000)));
+        let memory = Arc::new(MemoryStore::new(1_000));
+        let store = ClusterStore::start(memory, &config, None, clock.clone()).unwrap();
+        let ring = Ring::new(peers);
+        let key = key_owned_elsewhere_twice(&ring, ring.index_of(&me).unwrap());
+        let hits = [Hit {
+            key: &key,
+            quota: Quota::fixed(10, Unit::Hour),
+            hits: 1,
+        }];
+        let error = store
+            .apply(clock.now(), &hits, &mut Vec::new())
+            .await
+            .expect_err("no owner answers");
+        assert_eq!(
+            error.to_string(),
+            "backend error: the owners of some counters did not answer"
+        );
+        assert!(matches!(error, StoreError::Peer { .. }), "{error:?}");
+        let source = std::error::Error::source(&error).expect("a source");
+        let peer = source.downcast_ref::<PeerError>().expect("a PeerError");
+        assert!(matches!(peer, PeerError::Unreachable { .. }), "{peer:?}");
+        assert_eq!(store.stats().failed_forwards.load(Ordering::Relaxed), 2);
     }
 }

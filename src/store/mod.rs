@@ -19,6 +19,7 @@ mod redis_sentinel;
 mod redis_target;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::clock::Timestamp;
 use crate::limiter::{Decision, Quota};
@@ -38,43 +39,75 @@ pub struct Hit<'a> {
     pub hits: u64,
 }
 
-/// Why a store could not answer. Every variant is classified, so `api` can map it to a status
-/// and operators can tell a full store from a broken backend.
+/// Why a store could not answer, so that `api` can map it to a status and operators can tell a
+/// full store from a broken backend.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum StoreError {
     /// The in-memory store holds its maximum number of live counters and this request needs a
-    /// new one. Transient: the sweeper frees expired windows.
+    /// new one; the sweeper frees expired windows.
     #[error(
         "counter store is full: {max} live counters (SLUICE_MAX_COUNTERS); new counters are refused until expired windows are swept"
     )]
     Full { max: usize },
     /// The in-memory store's counters take up its byte budget (each its key plus a measured
-    /// overhead) and this request needs a new one. Transient, as [`StoreError::Full`].
+    /// overhead) and this request needs a new one, as [`StoreError::Full`].
     #[error(
         "counter store is full: its counters take {max} bytes (SLUICE_MAX_COUNTER_BYTES; each counts its key plus {overhead} bytes); new counters are refused until expired windows are swept",
         overhead = memory::COUNTER_OVERHEAD_BYTES
     )]
     FullBytes { max: usize },
-    /// A remote backend (Redis) failed or did not answer in time. Transient: connections
-    /// come back by themselves.
+    /// A remote backend (Redis) failed or did not answer in time.
     #[error("backend error: {message}")]
     Backend { message: String },
+    /// The peers that own some of the counters failed, each owner tried in turn (the cluster's
+    /// forwards and lease asks). Said as a [`StoreError::Backend`] is, so it is answered and
+    /// counted as one; `source` is the last failed call's error, the cluster's `PeerError`
+    /// (a timeout, an unreachable peer, a refusal with its status, a malformed answer).
+    #[error("backend error: {message}")]
+    Peer {
+        message: &'static str,
+        source: Cause,
+    },
     /// The backend answered a different number of decisions than hits were sent: a bug in
-    /// the backend. Permanent.
+    /// the backend.
     #[error("counter store answered {got} decisions for {expected} hits")]
     BadReply { expected: usize, got: usize },
 }
 
-impl StoreError {
-    /// Transient errors may succeed if retried later; permanent ones will not.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            StoreError::Full { .. } | StoreError::FullBytes { .. } => true,
-            StoreError::Backend { .. } => true,
-            StoreError::BadReply { .. } => false,
-        }
+/// The error beneath a [`StoreError`] from a layer the store does not name (the peer cluster
+/// stands above `store`), shared so that the `StoreError` stays `Clone`. It derefs to that
+/// error, which is therefore the `StoreError`'s `source()`, whose type `downcast_ref` finds.
+/// Two are equal when they say the same thing: errors have no equality of their own.
+#[derive(Clone)]
+pub struct Cause(Arc<dyn std::error::Error + Send + Sync>);
+
+impl Cause {
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Cause(Arc::new(error))
     }
 }
+
+impl std::ops::Deref for Cause {
+    type Target = dyn std::error::Error + Send + Sync;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for Cause {}
 
 /// How a traced call's backend span is named and described.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

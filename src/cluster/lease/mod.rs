@@ -19,9 +19,12 @@
 //! - **Bounds**: SLUICE_LEASE_MAX_BYTES for the leases a node holds and for those it grants as
 //!   an owner, each entry charged its key (or holder name) and its measured overhead; past it,
 //!   a key's hits are forwarded to its owner as in forward mode.
+//! - **Wire**: asks and grants travel in the peer protocol's Lease call (`wire.rs` converts
+//!   them, at most [`MAX_LEASE_ASKS`] a call).
 
 pub mod client;
 pub mod server;
+mod wire;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,6 +35,7 @@ use tokio::sync::Notify;
 use crate::limiter::{Algorithm, Decision, Quota};
 use client::{Held, Local};
 pub use server::{Ask, Grant, HolderView, LeaseServer, LeaseTiming};
+pub use wire::MAX_LEASE_ASKS;
 
 /// One key this node holds: its lease, and a wake-up for the hits waiting on a call about it.
 pub struct Slot {

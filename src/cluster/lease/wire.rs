@@ -1,0 +1,179 @@
+//! The Lease call's wire form (`sluice.peer.v1.Peer/Lease`, [`crate::cluster::peer`]): an
+//! [`Ask`] as a [`LeaseAsk`] (a [`PeerHit`] naming the key, its quota and the hits wanted now,
+//! then what the node used, keeps and demands) and a [`Grant`] as a [`LeaseGrant`]. The owner
+//! refuses a call past [`MAX_LEASE_ASKS`], an ask without its key, or an algorithm or unit
+//! number it does not know (INVALID_ARGUMENT), before answering any ask.
+
+use super::{Ask, Grant};
+use crate::cluster::peer::{LeaseAsk, LeaseGrant, LeaseRequest, PeerHit};
+use crate::store::Hit;
+
+/// The most asks one Lease call carries; a renewal of more keys takes several calls.
+pub const MAX_LEASE_ASKS: usize = 2048;
+
+impl LeaseRequest {
+    /// Each ask's key and ask, as the owner takes them; a call past [`MAX_LEASE_ASKS`], or with
+    /// one ask it cannot read, is refused whole.
+    pub fn to_asks(&self) -> Result<Vec<(String, Ask)>, tonic::Status> {
+        if self.asks.len() > MAX_LEASE_ASKS {
+            return Err(tonic::Status::invalid_argument(format!(
+                "a lease call carries at most {MAX_LEASE_ASKS} asks, not {}",
+                self.asks.len()
+            )));
+        }
+        self.asks.iter().map(LeaseAsk::to_ask).collect()
+    }
+}
+
+impl LeaseAsk {
+    /// The wire form of an ask about `key`.
+    pub fn from_ask(key: &str, ask: &Ask) -> Self {
+        let hit = Hit {
+            key,
+            quota: ask.quota,
+            hits: ask.want,
+        };
+        LeaseAsk {
+            hit: Some(PeerHit::from_hit(&hit)),
+            epoch: ask.epoch,
+            used: ask.used,
+            keep: ask.keep,
+            demand_milli: ask.demand_milli,
+        }
+    }
+
+    /// The key and the ask; an unknown unit or algorithm number is refused.
+    pub fn to_ask(&self) -> Result<(String, Ask), tonic::Status> {
+        let hit = self
+            .hit
+            .as_ref()
+            .ok_or_else(|| tonic::Status::invalid_argument("lease ask without a key"))?;
+        let ask = Ask {
+            quota: hit.quota()?,
+            epoch: self.epoch,
+            used: self.used,
+            keep: self.keep,
+            want: hit.hits,
+            demand_milli: self.demand_milli,
+        };
+        Ok((hit.key.clone(), ask))
+    }
+}
+
+impl From<&Grant> for LeaseGrant {
+    fn from(g: &Grant) -> Self {
+        LeaseGrant {
+            leased: g.leased,
+            epoch: g.epoch,
+            allowance: g.allowance,
+            has_next: g.next_allowance.is_some(),
+            next_allowance: g.next_allowance.unwrap_or(0),
+            valid_us: g.valid_us,
+            others: g.others,
+            has_fair: g.fair.is_some(),
+            fair: g.fair.unwrap_or(0),
+        }
+    }
+}
+
+impl From<&LeaseGrant> for Grant {
+    fn from(g: &LeaseGrant) -> Self {
+        Grant {
+            leased: g.leased,
+            epoch: g.epoch,
+            allowance: g.allowance,
+            next_allowance: g.has_next.then_some(g.next_allowance),
+            fair: g.has_fair.then_some(g.fair),
+            valid_us: g.valid_us,
+            others: g.others,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Algorithm, Quota, Unit};
+    use prost::Message;
+
+    #[test]
+    fn lease_asks_and_grants_cross_the_wire_unchanged() {
+        let ask = Ask {
+            quota: Quota {
+                safe_capacity: None,
+                requests_per_unit: 100,
+                unit: Unit::Minute,
+                algorithm: Algorithm::SlidingWindow,
+                burst: None,
+                charge_refused: false,
+                unit_multiplier: 1,
+            },
+            epoch: 28_333_333,
+            used: 40,
+            keep: 55,
+            want: 3,
+            demand_milli: 12_500,
+        };
+        let wire = LeaseAsk::from_ask("d_k_v_", &ask);
+        let decoded = LeaseAsk::decode(wire.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.to_ask().unwrap(), ("d_k_v_".to_owned(), ask));
+        for next in [None, Some(0), Some(17)] {
+            let grant = Grant {
+                epoch: 28_333_333,
+                allowance: 60,
+                next_allowance: next,
+                fair: next.map(|n| n + 3),
+                valid_us: 1_500_000,
+                others: 30,
+                leased: true,
+            };
+            assert_eq!(Grant::from(&LeaseGrant::from(&grant)), grant);
+        }
+        // An ask without its key, or with an algorithm this version does not know, is refused.
+        let keyless = LeaseAsk {
+            hit: None,
+            ..wire.clone()
+        };
+        assert_eq!(
+            keyless.to_ask().unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let mut unknown = wire;
+        unknown.hit.as_mut().unwrap().algorithm = 9;
+        assert!(
+            unknown
+                .to_ask()
+                .unwrap_err()
+                .message()
+                .contains("algorithm number 9")
+        );
+    }
+
+    #[test]
+    fn a_call_past_the_bound_is_refused_whole() {
+        let ask = Ask {
+            quota: Quota::fixed(10, Unit::Hour),
+            epoch: 0,
+            used: 0,
+            keep: 0,
+            want: 1,
+            demand_milli: 0,
+        };
+        let ask = LeaseAsk::from_ask("k", &ask);
+        let request = |n| LeaseRequest {
+            protocol_version: crate::cluster::peer::PROTOCOL_VERSION,
+            node: "a:1".into(),
+            asks: vec![ask.clone(); n],
+        };
+        assert_eq!(
+            request(MAX_LEASE_ASKS).to_asks().unwrap().len(),
+            MAX_LEASE_ASKS
+        );
+        let refused = request(MAX_LEASE_ASKS + 1).to_asks().unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            refused.message(),
+            "a lease call carries at most 2048 asks, not 2049"
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! The owner's side of the peer protocol: [`PeerServer`] routes and decodes each call (the
+//! generated `Peer` service), `Owner` answers it. Apply's hits go to this node's counters
+//! through [`OwnerStore`], so forwarded hits are loaded and written behind like
+//! local ones; Lease asks go to this node's lease server (their wire form is
+//! `cluster::lease::wire`); Quota calls go to the Rate Limit Quota Service, through
+//! [`QuotaOwner`] (its wire form is beside the quota peers, `cluster::quota_peers`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::server::NamedService;
+
+use super::{
+    ApplyRequest, ApplyResponse, LeaseGrant, LeaseRequest, LeaseResponse, Op, PeerDecision,
+    PeerHit, version_mismatch, wire,
+};
+use crate::clock::Clock;
+use crate::cluster::OwnerStore;
+use crate::store::{CounterStore, Hit, StoreError};
+
+/// The buckets' owner as the `Quota` call reaches it: this node's Rate Limit Quota Service,
+/// which splits each bucket it owns across every node's Envoys. Implemented beside the quota
+/// peers, which hold the call's wire form, so the peer server names no quota type.
+pub trait QuotaOwner: Send + Sync {
+    /// The parts of `node`'s holders of `buckets`, one list per bucket; a call past the bounds,
+    /// or a rate that is not one, is refused whole (INVALID_ARGUMENT).
+    fn answer(
+        &self,
+        node: &str,
+        buckets: Vec<wire::QuotaBucket>,
+    ) -> Result<Vec<wire::QuotaParts>, tonic::Status>;
+}
+
+/// The peer listener's service: the owner's side of every call.
+#[derive(Clone)]
+pub struct PeerServer {
+    grpc: wire::peer_server::PeerServer<Owner>,
+}
+
+impl PeerServer {
+    /// `quota`: the Rate Limit Quota Service, whose buckets this node splits as their owner.
+    pub fn new(
+        local: Arc<OwnerStore>,
+        clock: Arc<dyn Clock>,
+        quota: Option<Arc<dyn QuotaOwner>>,
+    ) -> Self {
+        PeerServer {
+            grpc: wire::peer_server::PeerServer::new(Owner {
+                local,
+                clock,
+                quota,
+            }),
+        }
+    }
+}
+
+/// What [`PeerServer`] answers each call with.
+struct Owner {
+    local: Arc<OwnerStore>,
+    clock: Arc<dyn Clock>,
+    quota: Option<Arc<dyn QuotaOwner>>,
+}
+
+#[tonic::async_trait]
+impl wire::peer_server::Peer for Owner {
+    async fn apply(
+        &self,
+        request: tonic::Request<ApplyRequest>,
+    ) -> Result<tonic::Response<ApplyResponse>, tonic::Status> {
+        self.answer(request.into_inner())
+            .await
+            .map(tonic::Response::new)
+    }
+
+    async fn lease(
+        &self,
+        request: tonic::Request<LeaseRequest>,
+    ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
+        let req = request.into_inner();
+        if let Some(refused) = version_mismatch(req.protocol_version) {
+            return Err(refused);
+        }
+        let asks = req.to_asks()?;
+        let now = self.clock.now();
+        let grants = self
+            .local
+            .answer_leases(&req.node, &asks, now)
+            .ok_or_else(|| {
+                tonic::Status::failed_precondition(
+                    "this node is not in lease mode (SLUICE_CLUSTER_MODE=lease on every peer)",
+                )
+            })?;
+        Ok(tonic::Response::new(LeaseResponse {
+            grants: grants.iter().map(LeaseGrant::from).collect(),
+        }))
+    }
+
+    async fn quota(
+        &self,
+        request: tonic::Request<wire::QuotaRequest>,
+    ) -> Result<tonic::Response<wire::QuotaResponse>, tonic::Status> {
+        let req = request.into_inner();
+        if let Some(refused) = version_mismatch(req.protocol_version) {
+            return Err(refused);
+        }
+        let quota = self.quota.as_ref().ok_or_else(|| {
+            tonic::Status::failed_precondition("this node serves no Rate Limit Quota Service")
+        })?;
+        let buckets = quota.answer(&req.node, req.buckets)?;
+        Ok(tonic::Response::new(wire::QuotaResponse { buckets }))
+    }
+}
+
+impl Owner {
+    async fn answer(&self, req: ApplyRequest) -> Result<ApplyResponse, tonic::Status> {
+        // The version first: under another version's rules the hits may mean something else.
+        if let Some(refused) = version_mismatch(req.protocol_version) {
+            return Err(refused);
+        }
+        let quotas = req
+            .hits
+            .iter()
+            .map(PeerHit::quota)
+            .collect::<Result<Vec<_>, _>>()?;
+        let hits: Vec<Hit<'_>> = req
+            .hits
+            .iter()
+            .zip(quotas)
+            .map(|(h, quota)| Hit {
+                key: &h.key,
+                quota,
+                hits: h.hits,
+            })
+            .collect();
+        // The owner's clock decides, so each counter lives on one timeline.
+        let now = self.clock.now();
+        match req.op() {
+            Op::Apply => {}
+            Op::Refund => {}
+            Op::Reset => {
+                self.local.reset(now, &hits).await.map_err(store_status)?;
+                return Ok(ApplyResponse::default());
+            }
+        }
+        let mut out = Vec::with_capacity(hits.len());
+        let done = if req.op() == Op::Refund {
+            self.local.refund(now, &hits, &mut out).await
+        } else {
+            self.local.apply(now, &hits, &mut out).await
+        };
+        done.map_err(store_status)?;
+        Ok(ApplyResponse {
+            decisions: out.iter().map(PeerDecision::from).collect(),
+        })
+    }
+}
+
+fn store_status(e: StoreError) -> tonic::Status {
+    tonic::Status::unavailable(e.to_string())
+}
+
+impl NamedService for PeerServer {
+    const NAME: &'static str = wire::peer_server::SERVICE_NAME;
+}
+
+impl<B> Service<http::Request<B>> for PeerServer
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Service::<http::Request<B>>::poll_ready(&mut self.grpc, cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        self.grpc.call(req)
+    }
+}
