@@ -198,7 +198,7 @@ impl Observer for DecisionTelemetry {
         if let Some(suppressed) = self.backend_log.check() {
             tracing::warn!(
                 domain = %domain,
-                error = %error,
+                error = %Chain(error),
                 fail_open,
                 suppressed,
                 "backend failed (at most one line a second; `suppressed` counts the failures not logged since the last line)"
@@ -212,7 +212,7 @@ impl Observer for DecisionTelemetry {
     fn refund_failed(&self, error: &StoreError) {
         if let Some(suppressed) = self.backend_log.check() {
             tracing::warn!(
-                error = %error,
+                error = %Chain(error),
                 suppressed,
                 "could not give back hits of a refused request (at most one line a second)"
             );
@@ -236,5 +236,45 @@ impl Observer for DecisionTelemetry {
 
     fn global_shadow_mode(&self) {
         self.stats.global_shadow_mode();
+    }
+}
+
+/// An error and its sources, `outer: inner: ...`, so a log line says why a peer failed (a
+/// [`StoreError::Peer`]'s source is the `PeerError`: a timeout, a refusal, a malformed answer).
+struct Chain<'a>(&'a StoreError);
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Cause;
+
+    #[test]
+    fn a_logged_store_error_names_its_cause() {
+        let timeout = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 50ms");
+        let error = StoreError::Peer {
+            message: "the owners of some counters did not answer",
+            source: Cause::new(timeout),
+        };
+        assert_eq!(
+            Chain(&error).to_string(),
+            format!("{error}: no answer within 50ms")
+        );
+        let full = StoreError::BadReply {
+            expected: 2,
+            got: 1,
+        };
+        assert_eq!(Chain(&full).to_string(), full.to_string());
     }
 }
