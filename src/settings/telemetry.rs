@@ -133,7 +133,7 @@ pub struct TelemetryArgs {
     )]
     pub stats_flush_interval: String,
 
-    /// TRACING_* and OTEL_*: OpenTelemetry export ([`super::otlp`]).
+    // TRACING_* and OTEL_*: the OpenTelemetry export, validated in `super::otlp`.
     #[command(flatten)]
     pub otlp: OtlpArgs,
 }
