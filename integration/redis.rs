@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use sluice::clock::Timestamp;
 use sluice::limiter::Decision;
 use sluice::limiter::{Algorithm, Quota, Unit};
-use sluice::store::redis::{RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff};
+use sluice::store::redis::{
+    RedisConfig, RedisNode, RedisTarget, RedisTls, RedisTopology, StartupBackoff,
+};
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};
 
 /// The tests' Redis: the shared helper, plus what only these tests start.
@@ -80,7 +82,7 @@ impl RedisServer {
 
     fn settings(&self, jitter: u64) -> RedisConfig {
         RedisConfig {
-            main: RedisTarget::single(format!("redis://127.0.0.1:{}", self.port)),
+            main: RedisTarget::single(RedisNode::tcp("127.0.0.1", self.port)),
             per_second: None,
             timeout: Duration::from_millis(300),
             expiration_jitter_max_seconds: jitter,
@@ -429,7 +431,7 @@ async fn a_rotated_password_file_is_used_by_the_next_connection() {
 #[tokio::test]
 async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
     let settings = RedisConfig {
-        main: RedisTarget::single(format!("redis://127.0.0.1:{}", free_port())),
+        main: RedisTarget::single(RedisNode::tcp("127.0.0.1", free_port())),
         per_second: None,
         timeout: Duration::from_millis(200),
         expiration_jitter_max_seconds: 0,
@@ -460,7 +462,7 @@ async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elaps
     }
     let port = free_port();
     let mut settings = RedisConfig {
-        main: RedisTarget::single(format!("redis://127.0.0.1:{port}")),
+        main: RedisTarget::single(RedisNode::tcp("127.0.0.1", port)),
         per_second: None,
         timeout: Duration::from_millis(200),
         expiration_jitter_max_seconds: 0,
@@ -488,7 +490,7 @@ async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elaps
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    settings.main = RedisTarget::single(format!("redis://127.0.0.1:{}", free_port()));
+    settings.main = RedisTarget::single(RedisNode::tcp("127.0.0.1", free_port()));
     settings.startup.max_elapsed = Some(Duration::from_millis(500));
     let dead = RedisStore::start(&settings).unwrap();
     let reason = tokio::time::timeout(Duration::from_secs(5), dead.gave_up())
@@ -906,24 +908,19 @@ impl Cluster {
     }
 
     fn settings(&self) -> RedisConfig {
-        let scheme = if self.pki.is_some() {
-            "rediss"
-        } else {
-            "redis"
-        };
-        let urls = self
+        let nodes = self
             .nodes
             .iter()
-            .map(|n| format!("{scheme}://127.0.0.1:{}", n.port))
+            .map(|n| RedisNode::tcp("127.0.0.1", n.port))
             .collect();
         let main = match &self.pki {
             None => RedisTarget {
-                urls,
+                nodes,
                 credentials: Default::default(),
                 topology: RedisTopology::Cluster,
                 tls: None,
             },
-            Some(pki) => tls_target(urls, RedisTopology::Cluster, pki, Some(pki), false),
+            Some(pki) => tls_target(nodes, RedisTopology::Cluster, pki, Some(pki), false),
         };
         RedisConfig {
             main,
@@ -1063,10 +1060,10 @@ fn read(path: &std::path::Path) -> Vec<u8> {
     std::fs::read(path).expect("read a test certificate")
 }
 
-/// A TLS target at `urls` that trusts `trust`'s CA and, with `client`, presents a certificate
+/// A TLS target at `nodes` that trusts `trust`'s CA and, with `client`, presents a certificate
 /// that CA signed.
 fn tls_target(
-    urls: Vec<String>,
+    nodes: Vec<RedisNode>,
     topology: RedisTopology,
     trust: &TestPki,
     client: Option<&TestPki>,
@@ -1077,7 +1074,7 @@ fn tls_target(
         (read(&leaf.cert), read(&leaf.key))
     });
     RedisTarget {
-        urls,
+        nodes,
         credentials: Default::default(),
         topology,
         tls: Some(RedisTls {
@@ -1097,7 +1094,7 @@ impl Redis {
     ) -> RedisConfig {
         RedisConfig {
             main: tls_target(
-                vec![format!("rediss://127.0.0.1:{}", self.port)],
+                vec![RedisNode::tcp("127.0.0.1", self.port)],
                 RedisTopology::Single,
                 trust,
                 client,

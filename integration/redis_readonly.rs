@@ -59,7 +59,7 @@ impl Drop for Forwarder {
 /// The settings of a store whose REDIS_URL is the forwarder.
 fn through(redis: &Redis, forwarder: &Forwarder, reconnect_on_readonly: bool) -> RedisConfig {
     let mut settings = redis.settings(0);
-    settings.main = RedisTarget::single(format!("redis://127.0.0.1:{}", forwarder.port));
+    settings.main = RedisTarget::single(RedisNode::tcp("127.0.0.1", forwarder.port));
     settings.timeout = Duration::from_secs(2);
     settings.breaker.probe_interval = Duration::from_millis(100);
     settings.breaker.reconnect_on_readonly = reconnect_on_readonly;

@@ -38,6 +38,7 @@
 //! - [`clock`]: the injected time source.
 //! - [`percent`]: the one strict percent-decoder (`/nginx`'s and `/forward-auth`'s fields, the OTEL
 //!   `key=value` lists).
+//! - [`secret`]: passwords and tokens, which never show in logs or debug output.
 //! - [`net`]: every listener's accept loop and connections: caps on connections, streams and
 //!   requests in flight, deadlines, idle and header timeouts, TLS handshakes, gRPC message
 //!   lengths checked before decoding.
@@ -62,6 +63,7 @@ pub mod limiter;
 pub mod net;
 pub mod percent;
 pub mod quota;
+pub mod secret;
 pub mod service;
 pub mod settings;
 pub mod store;

@@ -1,7 +1,8 @@
 //! The one percent-decoder: `%` followed by exactly two hex digits is a byte, everything else
 //! is itself, and the result must be UTF-8. Used by `/nginx`'s descriptor headers and by the
-//! settings' `key=value` lists (OTEL_RESOURCE_ATTRIBUTES, OTEL_EXPORTER_OTLP_*HEADERS). And
-//! the one encoder, [`encode`] (Redis URLs' credentials, `sluice explain`'s query).
+//! settings' `key=value` lists (OTEL_RESOURCE_ATTRIBUTES, OTEL_EXPORTER_OTLP_*HEADERS) and
+//! REDIS_URL's `redis://` credentials. And the one encoder, [`encode`] (`sluice explain`'s
+//! query).
 //!
 //! Strict on purpose: a `%` not followed by two hex digits is an error rather than kept, so a
 //! value that was meant to be encoded and was not is caught, not used. `+` is a plus, not a

@@ -441,7 +441,7 @@ mod tests {
         assert_eq!(s.app.backend, Backend::Memory);
         let wb = s.app.cluster.unwrap().write_behind.unwrap();
         assert_eq!(
-            wb.redis.main.urls,
+            super::super::redis::urls(&wb.redis.main),
             vec!["redis://127.0.0.1:6379".to_string()]
         );
         assert_eq!(wb.interval, Duration::from_millis(500));

@@ -1,17 +1,297 @@
-//! OpenTelemetry export (TRACING_* and the OTEL_* variables): the exporters' protocols,
-//! endpoints, headers, TLS files, sampling and resource, into
-//! [`crate::telemetry::otlp::TracingOptions`] and [`crate::telemetry::otlp::MetricsExportOptions`].
-//! TRACING_* wins over the matching OTEL_* variable, which is a fallback, as in
-//! envoyproxy/ratelimit.
+//! OpenTelemetry export (TRACING_* and the OTEL_* variables), [`OtlpArgs`] and their
+//! validation: the exporters' protocols, endpoints, headers, TLS files, sampling and resource,
+//! into [`crate::telemetry::otlp::TracingOptions`] and
+//! [`crate::telemetry::otlp::MetricsExportOptions`]. TRACING_* wins over the matching OTEL_*
+//! variable, which is a fallback, as in envoyproxy/ratelimit. [`super::TelemetryArgs`] flattens
+//! them in.
 
 use std::time::Duration;
 
-use super::parse::{key_values, non_empty, non_zero};
-use super::telemetry::TelemetryArgs;
+use clap::ArgAction;
+
+use super::parse::{key_values, non_empty, non_zero, parse_go_bool};
 use super::tls::key_pair;
 use super::{SettingsError, header_name, invalid};
+use crate::secret::Secret;
 use crate::telemetry::otlp::{self, Endpoint, MetricsExportOptions, Protocol, TracingOptions};
 use crate::tls::{ClientTls, KeyPairFiles, PemFile};
+
+/// The OpenTelemetry export's settings, raw (TRACING_* and OTEL_*).
+#[derive(Clone, Debug, clap::Args)]
+pub struct OtlpArgs {
+    /// Export spans of ShouldRateLimit and its backend calls over OTLP. Unset: on when
+    /// OTEL_TRACES_EXPORTER=otlp. OTEL_SDK_DISABLED=true turns it off either way.
+    #[arg(
+        long,
+        env = "TRACING_ENABLED",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub tracing_enabled: Option<bool>,
+    /// service.name. Default: OTEL_SERVICE_NAME, else `service.name` in
+    /// OTEL_RESOURCE_ATTRIBUTES, else RateLimit.
+    #[arg(long, env = "TRACING_SERVICE_NAME", help_heading = "Tracing")]
+    pub tracing_service_name: Option<String>,
+    /// service.namespace. Default: `service.namespace` in OTEL_RESOURCE_ATTRIBUTES.
+    #[arg(long, env = "TRACING_SERVICE_NAMESPACE", help_heading = "Tracing")]
+    pub tracing_service_namespace: Option<String>,
+    /// service.instance.id. Default: `service.instance.id` in OTEL_RESOURCE_ATTRIBUTES, else
+    /// a random UUID.
+    #[arg(long, env = "TRACING_SERVICE_INSTANCE_ID", help_heading = "Tracing")]
+    pub tracing_service_instance_id: Option<String>,
+    /// `http` (OTLP/HTTP, protobuf) or `grpc`. Default: OTEL_EXPORTER_OTLP_PROTOCOL, else http.
+    #[arg(long, env = "TRACING_EXPORTER_PROTOCOL", help_heading = "Tracing")]
+    pub tracing_exporter_protocol: Option<String>,
+    /// Share of root spans (calls without a caller trace context) sampled, 0 to 1; a caller's
+    /// sampled flag is followed. Default: OTEL_TRACES_SAMPLER(_ARG), else 1.
+    #[arg(long, env = "TRACING_SAMPLING_RATE", help_heading = "Tracing")]
+    pub tracing_sampling_rate: Option<f64>,
+    /// `otlp` turns tracing on when TRACING_ENABLED is unset; `none` leaves it off.
+    #[arg(long, env = "OTEL_TRACES_EXPORTER", help_heading = "Tracing")]
+    pub otel_traces_exporter: Option<String>,
+    /// `true` turns tracing and OTLP metrics off whatever else says.
+    #[arg(
+        long,
+        env = "OTEL_SDK_DISABLED",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        default_value = "false",
+        help_heading = "Tracing"
+    )]
+    pub otel_sdk_disabled: bool,
+    /// always_on, always_off, traceidratio and their parentbased_ forms (all parent-based here);
+    /// read when TRACING_SAMPLING_RATE is unset.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER", help_heading = "Tracing")]
+    pub otel_traces_sampler: Option<String>,
+    /// The ratio of a traceidratio sampler.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", help_heading = "Tracing")]
+    pub otel_traces_sampler_arg: Option<String>,
+    /// service.name when TRACING_SERVICE_NAME is unset.
+    #[arg(long, env = "OTEL_SERVICE_NAME", help_heading = "Tracing")]
+    pub otel_service_name: Option<String>,
+    /// Resource attributes, `key=value,key2=value2` (values percent-decoded).
+    #[arg(long, env = "OTEL_RESOURCE_ATTRIBUTES", help_heading = "Tracing")]
+    pub otel_resource_attributes: Option<String>,
+    /// `grpc`, `http/protobuf` (`http/json` is not supported).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", help_heading = "Tracing")]
+    pub otel_exporter_otlp_protocol: Option<String>,
+    /// The collector's base URL, `http(s)://host:port`; HTTP appends /v1/traces and /v1/metrics.
+    /// `host:port`: https for gRPC (http with OTEL_EXPORTER_OTLP_INSECURE=true), http for HTTP.
+    /// Default: http://localhost:4318 (http) or http://localhost:4317 (grpc).
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", help_heading = "Tracing")]
+    pub otel_exporter_otlp_endpoint: Option<String>,
+    /// The traces URL, used as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_endpoint: Option<String>,
+    /// Headers on every export, `key=value,key2=value2` (values percent-decoded).
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_HEADERS",
+        hide_env_values = true,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_headers: Option<Secret>,
+    /// Headers on trace exports, added to OTEL_EXPORTER_OTLP_HEADERS.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        hide_env_values = true,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_headers: Option<Secret>,
+    /// Deadline of each export, in milliseconds.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TIMEOUT",
+        default_value_t = 10_000,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_timeout: u64,
+    /// Longest a finished span waits for its batch, in milliseconds.
+    #[arg(
+        long,
+        env = "OTEL_BSP_SCHEDULE_DELAY",
+        default_value_t = 5_000,
+        help_heading = "Tracing"
+    )]
+    pub otel_bsp_schedule_delay: u64,
+    /// Finished spans waiting for export; past it, spans are dropped (and counted).
+    #[arg(
+        long,
+        env = "OTEL_BSP_MAX_QUEUE_SIZE",
+        default_value_t = 2_048,
+        help_heading = "Tracing"
+    )]
+    pub otel_bsp_max_queue_size: usize,
+    /// Most spans in one export.
+    #[arg(
+        long,
+        env = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+        default_value_t = 512,
+        help_heading = "Tracing"
+    )]
+    pub otel_bsp_max_export_batch_size: usize,
+    /// `otlp` pushes the metrics over OTLP as well; `none` (the default) does not.
+    #[arg(long, env = "OTEL_METRICS_EXPORTER", help_heading = "Tracing")]
+    pub otel_metrics_exporter: Option<String>,
+    /// How often metrics are pushed, in milliseconds.
+    #[arg(
+        long,
+        env = "OTEL_METRIC_EXPORT_INTERVAL",
+        default_value_t = 60_000,
+        help_heading = "Tracing"
+    )]
+    pub otel_metric_export_interval: u64,
+    /// The metrics URL, used as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_endpoint: Option<String>,
+    /// Headers on metrics exports, added to OTEL_EXPORTER_OTLP_HEADERS.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        hide_env_values = true,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_headers: Option<Secret>,
+    /// Protocol of metrics exports. Default: the traces' protocol.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_protocol: Option<String>,
+    /// PEM CA certificate(s) an `https` collector's certificate must chain to (only
+    /// those). Default: the system's roots.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_certificate: Option<String>,
+    /// PEM client certificate (chain) presented to an `https` collector (mTLS); needs
+    /// OTEL_EXPORTER_OTLP_CLIENT_KEY.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_client_certificate: Option<String>,
+    /// PEM private key of OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_client_key: Option<String>,
+    /// `true`: a gRPC endpoint without a scheme (`host:port`) is plain text rather than
+    /// TLS. No effect on `http://` and `https://` URLs, nor on OTLP/HTTP. Default: false.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_INSECURE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_insecure: Option<bool>,
+    /// OTEL_EXPORTER_OTLP_CERTIFICATE for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_client_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_KEY for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_client_key: Option<String>,
+    /// OTEL_EXPORTER_OTLP_INSECURE for traces exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_traces_insecure: Option<bool>,
+    /// OTEL_EXPORTER_OTLP_CERTIFICATE for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_client_certificate: Option<String>,
+    /// OTEL_EXPORTER_OTLP_CLIENT_KEY for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_client_key: Option<String>,
+    /// OTEL_EXPORTER_OTLP_INSECURE for metrics exports only; wins over it.
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_METRICS_INSECURE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        help_heading = "Tracing"
+    )]
+    pub otel_exporter_otlp_metrics_insecure: Option<bool>,
+}
 
 /// Which signals export: TRACING_ENABLED (else OTEL_TRACES_EXPORTER=otlp) and
 /// OTEL_METRICS_EXPORTER=otlp, both off with OTEL_SDK_DISABLED.
@@ -23,11 +303,11 @@ struct Signals {
 /// One signal's TLS files: the CA to trust and the client certificate with its key.
 type TlsFiles = (Option<PemFile>, Option<KeyPairFiles>);
 
-impl TelemetryArgs {
+impl OtlpArgs {
     /// The OpenTelemetry settings. TRACING_* wins over the matching OTEL_* variable, which is
     /// a fallback, as in envoyproxy/ratelimit. Syntax is checked even when nothing exports,
     /// so a typo shows before someone turns tracing on.
-    pub(super) fn otlp(
+    pub(super) fn validate(
         &self,
     ) -> Result<(Option<TracingOptions>, Option<MetricsExportOptions>), SettingsError> {
         let on = self.signals()?;
@@ -386,9 +666,9 @@ fn protocol(var: &'static str, v: &str) -> Result<Protocol, SettingsError> {
 
 /// One OTEL_EXPORTER_OTLP_*HEADERS list: lower-case names that are HTTP header names, and
 /// values without control characters.
-fn headers(var: &'static str, v: &Option<String>) -> Result<Headers, SettingsError> {
+fn headers(var: &'static str, v: &Option<Secret>) -> Result<Headers, SettingsError> {
     let pairs = match v {
-        Some(v) => key_values(var, v)?,
+        Some(v) => key_values(var, v.expose())?,
         None => return Ok(Vec::new()),
     };
     pairs

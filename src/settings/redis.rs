@@ -1,15 +1,18 @@
 //! envoyproxy/ratelimit's Redis settings (REDIS_*, REDIS_PERSECOND_*) and BACKEND_TYPE, into
-//! [`RedisConfig`] and [`Backend`]: the URLs redis-rs takes, built from the Go service's
-//! socket type, address list and credentials, and the REDIS_TLS_* files read and checked.
+//! [`RedisConfig`] and [`Backend`]: typed nodes and credentials from the Go service's socket
+//! type, address list and REDIS_AUTH ([`super::redis_address`]), the topology, and the
+//! REDIS_TLS_* files read and checked. The store makes redis-rs's connection settings of them.
 
 use std::time::Duration;
 
 use clap::ArgAction;
 
 use super::parse::{non_empty, parse_go_bool, parse_go_duration};
+use super::redis_address::{NodeSyntax, auth};
 use super::tls::key_pair;
 use super::{SettingsError, invalid};
 use crate::app::Backend;
+use crate::secret::Secret;
 use crate::store::redis::{
     Credentials, RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff,
     read_credentials,
@@ -73,7 +76,7 @@ pub struct RedisArgs {
         hide_env_values = true,
         help_heading = "Redis"
     )]
-    pub redis_auth: String,
+    pub redis_auth: Secret,
     /// A file holding REDIS_AUTH's value, read at start and again for every new connection, so
     /// a rotated Secret is used without a restart. Not with REDIS_AUTH.
     #[arg(
@@ -143,7 +146,7 @@ pub struct RedisArgs {
         hide_env_values = true,
         help_heading = "Redis"
     )]
-    pub redis_sentinel_auth: String,
+    pub redis_sentinel_auth: Secret,
     /// A file holding REDIS_SENTINEL_AUTH's value, read for every lookup. Not with
     /// REDIS_SENTINEL_AUTH.
     #[arg(
@@ -303,7 +306,7 @@ pub struct RedisArgs {
         hide_env_values = true,
         help_heading = "Redis"
     )]
-    pub redis_persecond_auth: String,
+    pub redis_persecond_auth: Secret,
     /// REDIS_AUTH_FILE of the per-second Redis.
     #[arg(
         long,
@@ -334,7 +337,7 @@ pub struct RedisArgs {
         hide_env_values = true,
         help_heading = "Redis"
     )]
-    pub redis_persecond_sentinel_auth: String,
+    pub redis_persecond_sentinel_auth: Secret,
     /// REDIS_SENTINEL_AUTH_FILE of the per-second Redis.
     #[arg(
         long,
@@ -602,9 +605,9 @@ impl RedisArgs {
 /// master), the sentinel one's for a Sentinel group's sentinels.
 fn with_credential_files(
     mut target: RedisTarget,
-    auth: (&'static str, &str),
+    auth: (&'static str, &Secret),
     auth_file: (&'static str, Option<&std::path::Path>),
-    sentinel_auth: (&'static str, &str),
+    sentinel_auth: (&'static str, &Secret),
     sentinel_file: (&'static str, Option<&std::path::Path>),
 ) -> Result<RedisTarget, SettingsError> {
     let auth = credentials_file(auth, auth_file)?;
@@ -624,11 +627,11 @@ fn with_credential_files(
 /// REDIS_AUTH_FILE (or REDIS_SENTINEL_AUTH_FILE): read once now, so a missing, unreadable or
 /// empty file stops start-up, naming the variable; refused beside the variable it replaces.
 fn credentials_file(
-    (auth_var, auth): (&'static str, &str),
+    (auth_var, auth): (&'static str, &Secret),
     (file_var, file): (&'static str, Option<&std::path::Path>),
 ) -> Result<Credentials, SettingsError> {
     let Some(path) = file.filter(|p| !p.as_os_str().is_empty()) else {
-        return Ok(Credentials::InUrls);
+        return Ok(Credentials::Fixed);
     };
     let shown = path.display();
     if !auth.is_empty() {
@@ -642,7 +645,7 @@ fn credentials_file(
     Ok(Credentials::File(path.to_owned()))
 }
 
-/// Builds redis-rs URLs from the Go service's (socket type, address, auth) settings.
+/// A target from the Go service's (socket type, address list, type, auth) settings.
 ///
 /// As in Go, a cluster's seeds and the sentinels are TCP addresses whatever REDIS_SOCKET_TYPE
 /// says, and REDIS_AUTH is the master's password while REDIS_SENTINEL_AUTH is the sentinels'.
@@ -650,40 +653,46 @@ pub(super) fn redis_target(
     (url_var, url): (&'static str, Option<&str>),
     (socket_var, socket_type): (&'static str, &str),
     (type_var, redis_type): (&'static str, &str),
-    (auth, sentinel_auth): (&str, &str),
+    (redis_auth, sentinel_auth): (&Secret, &Secret),
     (tls_var, tls): (&'static str, Option<RedisTls>),
 ) -> Result<RedisTarget, SettingsError> {
     let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
         return Err(invalid(url_var, "", "required for the Redis backend"));
     };
-    let mut addresses: Vec<&str> = url
+    let mut items: Vec<&str> = url
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
         .collect();
-    let topology = topology((url_var, url), &mut addresses, (type_var, redis_type), auth)?;
+    let topology = topology(
+        (url_var, url),
+        &mut items,
+        (type_var, redis_type),
+        redis_auth,
+    )?;
     let unix = match socket_type.to_ascii_lowercase().as_str() {
         "tcp" => false,
         "unix" => topology == RedisTopology::Single,
         _ => return Err(invalid(socket_var, socket_type, "expected tcp or unix")),
     };
-    let address = Address {
+    // The items' credentials: the sentinels' for sentinels, else REDIS_AUTH.
+    let items_auth = match topology {
+        RedisTopology::Sentinel { .. } => auth(sentinel_auth.expose()),
+        _ => auth(redis_auth.expose()),
+    };
+    let syntax = NodeSyntax {
         url_var,
         socket_var,
         tls_var,
         tls: tls.is_some(),
         unix,
-        // The credentials in the URLs: the sentinels' for sentinels, else REDIS_AUTH.
-        auth: match topology {
-            RedisTopology::Sentinel { .. } => sentinel_auth,
-            _ => auth,
-        },
+        auth: items_auth.as_ref(),
     };
-    let urls = addresses
+    let nodes = items
         .iter()
-        .map(|u| address.url(u))
+        .map(|item| syntax.node(item))
         .collect::<Result<Vec<_>, _>>()?;
-    if urls.len() > 1 && topology == RedisTopology::Single {
+    if nodes.len() > 1 && topology == RedisTopology::Single {
         return Err(invalid(
             url_var,
             url,
@@ -691,19 +700,19 @@ pub(super) fn redis_target(
         ));
     }
     Ok(RedisTarget {
-        urls,
-        credentials: Credentials::InUrls,
+        nodes,
+        credentials: Credentials::Fixed,
         topology,
         tls,
     })
 }
 
-/// REDIS_TYPE. For a sentinel the first address is the master's name, taken out of `addresses`.
+/// REDIS_TYPE. For a sentinel the first item is the master's name, taken out of `items`.
 fn topology(
     (url_var, url): (&'static str, &str),
-    addresses: &mut Vec<&str>,
+    items: &mut Vec<&str>,
     (type_var, redis_type): (&'static str, &str),
-    auth: &str,
+    redis_auth: &Secret,
 ) -> Result<RedisTopology, SettingsError> {
     match redis_type.to_ascii_lowercase().as_str() {
         "single" => Ok(RedisTopology::Single),
@@ -711,10 +720,10 @@ fn topology(
         "sentinel" => {
             let expected =
                 "expected <master name>,<sentinel host:port>,... for REDIS_TYPE=sentinel";
-            if addresses.len() < 2 {
+            if items.len() < 2 {
                 return Err(invalid(url_var, url, expected));
             }
-            let name = addresses.remove(0);
+            let name = items.remove(0);
             let looks_like_address = name.contains("://")
                 || name
                     .rsplit_once(':')
@@ -728,8 +737,8 @@ fn topology(
             }
             Ok(RedisTopology::Sentinel {
                 master_name: name.to_owned(),
-                master_userinfo: userinfo(auth),
-                master_credentials: Credentials::InUrls,
+                master_auth: auth(redis_auth.expose()),
+                master_credentials: Credentials::Fixed,
             })
         }
         _ => Err(invalid(
@@ -740,89 +749,56 @@ fn topology(
     }
 }
 
-/// How one address of a target becomes a redis-rs URL.
-struct Address<'a> {
-    url_var: &'static str,
-    socket_var: &'static str,
-    tls_var: &'static str,
-    tls: bool,
-    /// REDIS_SOCKET_TYPE=unix, for a single Redis.
-    unix: bool,
-    auth: &'a str,
-}
-
-impl Address<'_> {
-    fn url(&self, u: &str) -> Result<String, SettingsError> {
-        let (url_var, tls_var) = (self.url_var, self.tls_var);
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        if let Some(rest) = u.strip_prefix("redis://") {
-            Ok(format!("{scheme}://{rest}"))
-        } else if u.starts_with("rediss://") {
-            if self.tls {
-                Ok(u.to_owned())
-            } else {
-                Err(invalid(
-                    url_var,
-                    u,
-                    format!("a rediss:// URL needs {tls_var}=true (and its REDIS_TLS_* files)"),
-                ))
-            }
-        } else if u.starts_with("redis+unix://") || u.starts_with("unix://") || self.unix {
-            self.unix_url(u)
-        } else if u.contains(':') {
-            Ok(format!("{scheme}://{}{u}", userinfo(self.auth)))
-        } else {
-            Err(invalid(url_var, u, "expected host:port"))
-        }
-    }
-
-    fn unix_url(&self, u: &str) -> Result<String, SettingsError> {
-        if self.tls {
-            return Err(invalid(
-                self.url_var,
-                u,
-                format!(
-                    "{}=true needs a TCP address ({}=tcp): Redis serves TLS on TCP only",
-                    self.tls_var, self.socket_var
+#[cfg(test)]
+/// The URLs a target's nodes were given to redis-rs as before they were typed (credentials
+/// percent-encoded), so these tests keep their expectations; the store's tests check that
+/// redis-rs reads each such URL as the node's connection settings.
+pub(super) fn urls(target: &RedisTarget) -> Vec<String> {
+    use crate::store::redis::{Auth, RedisAddress, RedisNode};
+    let encode = |s: &str| crate::percent::encode(s, b"");
+    let tls = target.tls.is_some();
+    let url = |node: &RedisNode| match &node.address {
+        RedisAddress::Tcp { .. } => {
+            let name = node.name(tls);
+            let userinfo = match &node.auth {
+                None => String::new(),
+                Some(a) => format!(
+                    "{}:{}@",
+                    encode(a.username.as_deref().unwrap_or_default()),
+                    encode(a.password.expose())
                 ),
-            ));
+            };
+            name.replacen("://", &format!("://{userinfo}"), 1)
         }
-        if u.contains("://") {
-            return Ok(u.to_owned());
+        RedisAddress::Unix(path) => {
+            let query = match &node.auth {
+                None => String::new(),
+                Some(Auth {
+                    username: Some(user),
+                    password,
+                }) => format!("?user={}&pass={}", encode(user), encode(password.expose())),
+                Some(Auth { password, .. }) => format!("?pass={}", encode(password.expose())),
+            };
+            format!("redis+unix://{}{query}", path.display())
         }
-        // redis-rs takes the password of a socket as a query parameter.
-        let auth = self.auth;
-        let pass = match auth.split_once(':') {
-            _ if auth.is_empty() => String::new(),
-            Some((user, pass)) => format!(
-                "?user={}&pass={}",
-                percent_encode(user),
-                percent_encode(pass)
-            ),
-            None => format!("?pass={}", percent_encode(auth)),
-        };
-        Ok(format!("redis+unix://{u}{pass}"))
-    }
-}
-
-/// `user:password` or `password`, percent-encoded into a URL's userinfo.
-pub(super) fn userinfo(auth: &str) -> String {
-    match auth.split_once(':') {
-        _ if auth.is_empty() => String::new(),
-        Some((user, pass)) => format!("{}:{}@", percent_encode(user), percent_encode(pass)),
-        None => format!(":{}@", percent_encode(auth)),
-    }
-}
-
-pub(super) fn percent_encode(s: &str) -> String {
-    crate::percent::encode(s, b"")
+    };
+    target.nodes.iter().map(url).collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{error, parse, settings};
+    use super::super::tests::{error, parse, serve, settings};
     use super::super::*;
     use super::*;
+    use crate::store::redis::Auth;
+
+    /// REDIS_AUTH's credentials, as the settings keep them.
+    fn auth_of(user: Option<&str>, password: &str) -> Option<Auth> {
+        Some(Auth {
+            username: user.map(str::to_owned),
+            password: Secret::new(password),
+        })
+    }
 
     fn redis_error(extra: &[&str]) -> String {
         let mut args = vec!["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"];
@@ -961,6 +937,35 @@ mod tests {
         }
     }
 
+    /// Passwords and OTLP header values show neither in the raw flags' debug output nor in the
+    /// validated settings'.
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let args = [
+            "--redis-url",
+            "redis://admin:url-s3cr3t@10.0.0.1:6379",
+            "--redis-persecond",
+            "--redis-persecond-socket-type",
+            "tcp",
+            "--redis-persecond-url",
+            "10.0.0.2:6379",
+            "--redis-persecond-auth",
+            "u:auth-s3cr3t",
+            "--redis-sentinel-auth",
+            "sentinel-s3cr3t",
+            "--tracing-enabled",
+            "--otel-exporter-otlp-headers",
+            "authorization=Bearer%20header-s3cr3t",
+        ];
+        // The raw REDIS_URL is as given (`--help` shows it too): its credentials are the
+        // operator's choice; REDIS_AUTH is the variable for secrets.
+        let raw = format!("{:?}", serve(&args)).replace("url-s3cr3t", "");
+        let validated = format!("{:?}", settings(&args).unwrap());
+        for debug in [raw, validated] {
+            assert!(!debug.contains("s3cr3t"), "{debug}");
+        }
+    }
+
     #[test]
     fn redis_auth_files_are_read_at_start_and_kept_out_of_the_urls() {
         let dir = tempfile::tempdir().unwrap();
@@ -977,7 +982,7 @@ mod tests {
             "--redis-auth-file",
             path,
         ]);
-        assert_eq!(r.main.urls, ["redis://127.0.0.1:6379"]);
+        assert_eq!(urls(&r.main), ["redis://127.0.0.1:6379"]);
         assert_eq!(r.main.credentials, Credentials::File(file.clone()));
         // Sentinel: the master's file and the sentinels' file each go where REDIS_AUTH and
         // REDIS_SENTINEL_AUTH would.
@@ -995,13 +1000,13 @@ mod tests {
             "--redis-sentinel-auth-file",
             sentinel_file.to_str().unwrap(),
         ]);
-        assert_eq!(r.main.urls, ["redis://10.0.0.1:26379"]);
+        assert_eq!(urls(&r.main), ["redis://10.0.0.1:26379"]);
         assert_eq!(r.main.credentials, Credentials::File(sentinel_file));
         assert_eq!(
             r.main.topology,
             RedisTopology::Sentinel {
                 master_name: "m".into(),
-                master_userinfo: String::new(),
+                master_auth: None,
                 master_credentials: Credentials::File(file.clone()),
             }
         );
@@ -1038,10 +1043,10 @@ mod tests {
             "--redis-persecond-auth-file",
             path,
         ]);
-        assert_eq!(r.main.credentials, Credentials::InUrls);
+        assert_eq!(r.main.credentials, Credentials::Fixed);
         let ps = r.per_second.unwrap();
         assert_eq!(ps.credentials, Credentials::File(file.clone()));
-        assert_eq!(ps.urls, ["redis://127.0.0.1:6380"]);
+        assert_eq!(urls(&ps), ["redis://127.0.0.1:6380"]);
     }
 
     #[test]
@@ -1062,12 +1067,12 @@ mod tests {
             r.main.topology,
             RedisTopology::Sentinel {
                 master_name: "mymaster".into(),
-                master_userinfo: ":master-pass@".into(),
-                master_credentials: Credentials::InUrls,
+                master_auth: auth_of(None, "master-pass"),
+                master_credentials: Credentials::Fixed,
             }
         );
         assert_eq!(
-            r.main.urls,
+            urls(&r.main),
             [
                 "redis://admin:s3nt%2Fnel@10.0.0.1:26379",
                 "redis://admin:s3nt%2Fnel@sentinel-2:26379"
@@ -1117,11 +1122,11 @@ mod tests {
             ps.topology,
             RedisTopology::Sentinel {
                 master_name: "fast".into(),
-                master_userinfo: "u:p@".into(),
-                master_credentials: Credentials::InUrls,
+                master_auth: auth_of(Some("u"), "p"),
+                master_credentials: Credentials::Fixed,
             }
         );
-        assert_eq!(ps.urls, ["redis://:sp@127.0.0.1:26379"]);
+        assert_eq!(urls(&ps), ["redis://:sp@127.0.0.1:26379"]);
     }
 
     #[test]
@@ -1164,7 +1169,7 @@ mod tests {
             Backend::Redis(r) => r,
             other => panic!("expected the Redis backend, got {other:?}"),
         };
-        assert_eq!(r.main.urls, ["rediss://127.0.0.1:6380"]);
+        assert_eq!(urls(&r.main), ["rediss://127.0.0.1:6380"]);
         let tls = r.main.tls.clone().unwrap();
         assert_eq!(tls.ca_pem, Some(std::fs::read(&ca).unwrap()));
         assert_eq!(
@@ -1181,7 +1186,7 @@ mod tests {
             "--redis-url",
             "redis://:pw@10.0.0.1:6380",
         ]);
-        assert_eq!(r.main.urls, ["rediss://:pw@10.0.0.1:6380"]);
+        assert_eq!(urls(&r.main), ["rediss://:pw@10.0.0.1:6380"]);
         assert_eq!(
             r.main.tls,
             Some(RedisTls {
@@ -1200,7 +1205,7 @@ mod tests {
             "/nonexistent/ca.pem",
         ]);
         assert_eq!(r.main.tls, None);
-        assert_eq!(r.main.urls, ["redis://127.0.0.1:6379"]);
+        assert_eq!(urls(&r.main), ["redis://127.0.0.1:6379"]);
 
         let err = |extra: &[&str]| run(with(extra)).unwrap_err().to_string();
         assert_eq!(
@@ -1279,7 +1284,7 @@ mod tests {
         ]);
         assert_eq!(r.main.tls, None);
         let ps = r.per_second.unwrap();
-        assert_eq!(ps.urls, ["rediss://127.0.0.1:6380"]);
+        assert_eq!(urls(&ps), ["rediss://127.0.0.1:6380"]);
         assert_eq!(ps.tls.unwrap().ca_pem, Some(std::fs::read(&ca).unwrap()));
     }
 
@@ -1302,7 +1307,7 @@ mod tests {
             panic!("expected the Redis backend");
         };
         assert_eq!(
-            r.main.urls,
+            urls(&r.main),
             vec!["redis+unix:///run/redis.sock".to_string()]
         );
         assert_eq!(r.timeout, Duration::from_millis(500));
@@ -1326,7 +1331,7 @@ mod tests {
             panic!("expected the Redis backend");
         };
         assert_eq!(
-            r.main.urls,
+            urls(&r.main),
             vec!["redis://user:p%40ss@127.0.0.1:6379".to_string()]
         );
         assert_eq!(r.timeout, Duration::from_millis(250));
@@ -1349,7 +1354,7 @@ mod tests {
         else {
             panic!("expected the Redis backend");
         };
-        assert_eq!(r.main.urls, ["redis://a:1", "redis://b:2"]);
+        assert_eq!(urls(&r.main), ["redis://a:1", "redis://b:2"]);
         assert_eq!(r.main.topology, RedisTopology::Cluster);
         assert_eq!(
             error(&["--backend-type", "etcd"]),

@@ -1,11 +1,12 @@
 //! Stats, Prometheus, statsd and logs (USE_PROMETHEUS, USE_STATSD, LOG_LEVEL, ...) into
 //! [`TelemetryOptions`], [`LogLevel`] and [`LogFormat`]; the OpenTelemetry variables are
-//! [`super::otlp`]'s.
+//! [`OtlpArgs`], flattened in, with their own validation in [`super::otlp`].
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
 use clap::ArgAction;
 
+use super::otlp::OtlpArgs;
 use super::parse::{non_zero, parse_go_bool, parse_go_duration};
 use super::{SettingsError, invalid, resolve_listener};
 use crate::telemetry::{LogFormat, LogLevel, TelemetryOptions};
@@ -35,7 +36,8 @@ pub(super) fn log_format(value: &str) -> Result<LogFormat, SettingsError> {
     }
 }
 
-/// Metrics settings: envoyproxy/ratelimit's stats variables and Sluice's cap on stats keys.
+/// Metrics settings: envoyproxy/ratelimit's stats variables and Sluice's cap on stats keys, and
+/// the OpenTelemetry export's.
 #[derive(Clone, Debug, clap::Args)]
 pub struct TelemetryArgs {
     /// Serve the Prometheus exposition on its own listener (PROMETHEUS_ADDR) as well as at
@@ -131,278 +133,9 @@ pub struct TelemetryArgs {
     )]
     pub stats_flush_interval: String,
 
-    /// Export spans of ShouldRateLimit and its backend calls over OTLP. Unset: on when
-    /// OTEL_TRACES_EXPORTER=otlp. OTEL_SDK_DISABLED=true turns it off either way.
-    #[arg(
-        long,
-        env = "TRACING_ENABLED",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool,
-        help_heading = "Tracing"
-    )]
-    pub tracing_enabled: Option<bool>,
-    /// service.name. Default: OTEL_SERVICE_NAME, else `service.name` in
-    /// OTEL_RESOURCE_ATTRIBUTES, else RateLimit.
-    #[arg(long, env = "TRACING_SERVICE_NAME", help_heading = "Tracing")]
-    pub tracing_service_name: Option<String>,
-    /// service.namespace. Default: `service.namespace` in OTEL_RESOURCE_ATTRIBUTES.
-    #[arg(long, env = "TRACING_SERVICE_NAMESPACE", help_heading = "Tracing")]
-    pub tracing_service_namespace: Option<String>,
-    /// service.instance.id. Default: `service.instance.id` in OTEL_RESOURCE_ATTRIBUTES, else
-    /// a random UUID.
-    #[arg(long, env = "TRACING_SERVICE_INSTANCE_ID", help_heading = "Tracing")]
-    pub tracing_service_instance_id: Option<String>,
-    /// `http` (OTLP/HTTP, protobuf) or `grpc`. Default: OTEL_EXPORTER_OTLP_PROTOCOL, else http.
-    #[arg(long, env = "TRACING_EXPORTER_PROTOCOL", help_heading = "Tracing")]
-    pub tracing_exporter_protocol: Option<String>,
-    /// Share of root spans (calls without a caller trace context) sampled, 0 to 1; a caller's
-    /// sampled flag is followed. Default: OTEL_TRACES_SAMPLER(_ARG), else 1.
-    #[arg(long, env = "TRACING_SAMPLING_RATE", help_heading = "Tracing")]
-    pub tracing_sampling_rate: Option<f64>,
-    /// `otlp` turns tracing on when TRACING_ENABLED is unset; `none` leaves it off.
-    #[arg(long, env = "OTEL_TRACES_EXPORTER", help_heading = "Tracing")]
-    pub otel_traces_exporter: Option<String>,
-    /// `true` turns tracing and OTLP metrics off whatever else says.
-    #[arg(
-        long,
-        env = "OTEL_SDK_DISABLED",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool,
-        default_value = "false",
-        help_heading = "Tracing"
-    )]
-    pub otel_sdk_disabled: bool,
-    /// always_on, always_off, traceidratio and their parentbased_ forms (all parent-based here);
-    /// read when TRACING_SAMPLING_RATE is unset.
-    #[arg(long, env = "OTEL_TRACES_SAMPLER", help_heading = "Tracing")]
-    pub otel_traces_sampler: Option<String>,
-    /// The ratio of a traceidratio sampler.
-    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", help_heading = "Tracing")]
-    pub otel_traces_sampler_arg: Option<String>,
-    /// service.name when TRACING_SERVICE_NAME is unset.
-    #[arg(long, env = "OTEL_SERVICE_NAME", help_heading = "Tracing")]
-    pub otel_service_name: Option<String>,
-    /// Resource attributes, `key=value,key2=value2` (values percent-decoded).
-    #[arg(long, env = "OTEL_RESOURCE_ATTRIBUTES", help_heading = "Tracing")]
-    pub otel_resource_attributes: Option<String>,
-    /// `grpc`, `http/protobuf` (`http/json` is not supported).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_PROTOCOL", help_heading = "Tracing")]
-    pub otel_exporter_otlp_protocol: Option<String>,
-    /// The collector's base URL, `http(s)://host:port`; HTTP appends /v1/traces and /v1/metrics.
-    /// `host:port`: https for gRPC (http with OTEL_EXPORTER_OTLP_INSECURE=true), http for HTTP.
-    /// Default: http://localhost:4318 (http) or http://localhost:4317 (grpc).
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", help_heading = "Tracing")]
-    pub otel_exporter_otlp_endpoint: Option<String>,
-    /// The traces URL, used as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_traces_endpoint: Option<String>,
-    /// Headers on every export, `key=value,key2=value2` (values percent-decoded).
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_HEADERS",
-        hide_env_values = true,
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_headers: Option<String>,
-    /// Headers on trace exports, added to OTEL_EXPORTER_OTLP_HEADERS.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-        hide_env_values = true,
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_traces_headers: Option<String>,
-    /// Deadline of each export, in milliseconds.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_TIMEOUT",
-        default_value_t = 10_000,
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_timeout: u64,
-    /// Longest a finished span waits for its batch, in milliseconds.
-    #[arg(
-        long,
-        env = "OTEL_BSP_SCHEDULE_DELAY",
-        default_value_t = 5_000,
-        help_heading = "Tracing"
-    )]
-    pub otel_bsp_schedule_delay: u64,
-    /// Finished spans waiting for export; past it, spans are dropped (and counted).
-    #[arg(
-        long,
-        env = "OTEL_BSP_MAX_QUEUE_SIZE",
-        default_value_t = 2_048,
-        help_heading = "Tracing"
-    )]
-    pub otel_bsp_max_queue_size: usize,
-    /// Most spans in one export.
-    #[arg(
-        long,
-        env = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-        default_value_t = 512,
-        help_heading = "Tracing"
-    )]
-    pub otel_bsp_max_export_batch_size: usize,
-    /// `otlp` pushes the metrics over OTLP as well; `none` (the default) does not.
-    #[arg(long, env = "OTEL_METRICS_EXPORTER", help_heading = "Tracing")]
-    pub otel_metrics_exporter: Option<String>,
-    /// How often metrics are pushed, in milliseconds.
-    #[arg(
-        long,
-        env = "OTEL_METRIC_EXPORT_INTERVAL",
-        default_value_t = 60_000,
-        help_heading = "Tracing"
-    )]
-    pub otel_metric_export_interval: u64,
-    /// The metrics URL, used as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_metrics_endpoint: Option<String>,
-    /// Headers on metrics exports, added to OTEL_EXPORTER_OTLP_HEADERS.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
-        hide_env_values = true,
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_metrics_headers: Option<String>,
-    /// Protocol of metrics exports. Default: the traces' protocol.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_metrics_protocol: Option<String>,
-    /// PEM CA certificate(s) an `https` collector's certificate must chain to (only
-    /// those). Default: the system's roots.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_CERTIFICATE",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_certificate: Option<String>,
-    /// PEM client certificate (chain) presented to an `https` collector (mTLS); needs
-    /// OTEL_EXPORTER_OTLP_CLIENT_KEY.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_client_certificate: Option<String>,
-    /// PEM private key of OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_CLIENT_KEY",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_client_key: Option<String>,
-    /// `true`: a gRPC endpoint without a scheme (`host:port`) is plain text rather than
-    /// TLS. No effect on `http://` and `https://` URLs, nor on OTLP/HTTP. Default: false.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_INSECURE",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool,
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_insecure: Option<bool>,
-    /// OTEL_EXPORTER_OTLP_CERTIFICATE for traces exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_traces_certificate: Option<String>,
-    /// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE for traces exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_traces_client_certificate: Option<String>,
-    /// OTEL_EXPORTER_OTLP_CLIENT_KEY for traces exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_traces_client_key: Option<String>,
-    /// OTEL_EXPORTER_OTLP_INSECURE for traces exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_TRACES_INSECURE",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool,
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_traces_insecure: Option<bool>,
-    /// OTEL_EXPORTER_OTLP_CERTIFICATE for metrics exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_metrics_certificate: Option<String>,
-    /// OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE for metrics exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_metrics_client_certificate: Option<String>,
-    /// OTEL_EXPORTER_OTLP_CLIENT_KEY for metrics exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
-        value_name = "PATH",
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_metrics_client_key: Option<String>,
-    /// OTEL_EXPORTER_OTLP_INSECURE for metrics exports only; wins over it.
-    #[arg(
-        long,
-        env = "OTEL_EXPORTER_OTLP_METRICS_INSECURE",
-        value_name = "BOOL",
-        action = ArgAction::Set,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        value_parser = parse_go_bool,
-        help_heading = "Tracing"
-    )]
-    pub otel_exporter_otlp_metrics_insecure: Option<bool>,
+    // TRACING_* and OTEL_*: the OpenTelemetry export, validated in `super::otlp`.
+    #[command(flatten)]
+    pub otlp: OtlpArgs,
 }
 
 impl TelemetryArgs {
@@ -437,7 +170,7 @@ impl TelemetryArgs {
         } else {
             None
         };
-        let (tracing, otlp_metrics) = self.otlp()?;
+        let (tracing, otlp_metrics) = self.otlp.validate()?;
         Ok(TelemetryOptions {
             tracing,
             otlp_metrics,

@@ -54,8 +54,8 @@ use crate::limiter::{Algorithm, Quota, Unit, bucket, sliding_window};
 
 pub use super::breaker::{BreakerSettings, BreakerStats};
 pub use super::redis_client::{
-    Auth, Credentials, MAX_CREDENTIALS_FILE_BYTES, RedisTarget, RedisTls, RedisTopology,
-    StartupBackoff, read_credentials,
+    Auth, Credentials, MAX_CREDENTIALS_FILE_BYTES, RedisAddress, RedisNode, RedisTarget, RedisTls,
+    RedisTopology, StartupBackoff, read_credentials,
 };
 
 /// The sliding window (see [`sliding_window`]).

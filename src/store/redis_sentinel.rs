@@ -25,7 +25,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::Notify;
 
-use super::redis_client::{Credentials, RedisTls, client_with};
+use super::redis_client::{Auth, Credentials, RedisAddress, RedisNode, RedisTls, client_with};
 
 /// First retry delay while no master answers.
 pub const RETRY_MIN: Duration = Duration::from_millis(200);
@@ -50,13 +50,13 @@ struct Master {
 
 /// How to find and reach the master.
 pub(super) struct Lookup {
-    /// The sentinels' URLs; a client is made for each lookup, with `sentinel_credentials` as
-    /// they are then.
-    pub sentinels: Vec<String>,
+    /// The sentinels; a client is made for each lookup, with `sentinel_credentials` as they
+    /// are then.
+    pub sentinels: Vec<RedisNode>,
     pub sentinel_credentials: Credentials,
     pub master_name: String,
-    /// `user:password@` or "" (REDIS_AUTH).
-    pub master_userinfo: String,
+    /// REDIS_AUTH, for the master; `None`: no AUTH.
+    pub master_auth: Option<Auth>,
     /// REDIS_AUTH_FILE, read for every connection to a master.
     pub master_credentials: Credentials,
     pub tls: Option<RedisTls>,
@@ -170,8 +170,8 @@ impl Lookup {
     /// The master the first answering sentinel names: `None` if it is `current`'s.
     async fn find(&self, current: Option<&Master>) -> Result<Option<Master>, RedisError> {
         let mut last = io_error("no sentinel configured".into());
-        for url in &self.sentinels {
-            let asked = match client_with(url, self.tls.as_ref(), &self.sentinel_credentials) {
+        for sentinel in &self.sentinels {
+            let asked = match client_with(sentinel, self.tls.as_ref(), &self.sentinel_credentials) {
                 Ok(sentinel) => self.ask(&sentinel).await,
                 Err(e) => Err(e),
             };
@@ -190,7 +190,7 @@ impl Lookup {
             if current.is_some_and(|m| m.addr == addr) {
                 return Ok(None);
             }
-            match self.connect_master(&addr).await {
+            match self.connect_master(host, port, &addr).await {
                 Ok(conn) => return Ok(Some(Master { addr, conn })),
                 Err(e) => last = e,
             }
@@ -236,14 +236,19 @@ impl Lookup {
         })
     }
 
-    async fn connect_master(&self, addr: &str) -> Result<MultiplexedConnection, RedisError> {
-        let scheme = if self.tls.is_some() {
-            "rediss"
-        } else {
-            "redis"
+    /// A connection to the master at `host`:`port` (`addr`, as logs name it), checked to be one.
+    async fn connect_master(
+        &self,
+        host: String,
+        port: u16,
+        addr: &str,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        let master = RedisNode {
+            address: RedisAddress::Tcp { host, port },
+            auth: self.master_auth.clone(),
+            db: 0,
         };
-        let url = format!("{scheme}://{}{addr}", self.master_userinfo);
-        let client = client_with(&url, self.tls.as_ref(), &self.master_credentials)?;
+        let client = client_with(&master, self.tls.as_ref(), &self.master_credentials)?;
         self.bounded(&format!("master {addr}"), async {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&self.config)

@@ -31,8 +31,8 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind, Value
 use super::StoreError;
 use super::breaker::{Breaker, BreakerSettings, BreakerStats, REDIS, Readiness};
 use super::redis_client::{
-    RedisTarget, RedisTopology, StartupBackoff, certificates, client, client_with,
-    without_credentials,
+    RedisAddress, RedisNode, RedisTarget, RedisTopology, StartupBackoff, certificates, client,
+    client_with, connection_info,
 };
 use super::redis_sentinel::{Lookup, SentinelMaster};
 
@@ -192,46 +192,48 @@ impl Target {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         // Credentials stay out of messages and logs.
-        let urls: Vec<String> = spec.urls.iter().map(|u| without_credentials(u)).collect();
+        let tls = spec.tls.is_some();
+        let names: Vec<String> = spec.nodes.iter().map(|n| n.name(tls)).collect();
         let t = Arc::new(Target {
             conn: ArcSwapOption::empty(),
             after_readonly: AtomicBool::new(false),
             breaker: Breaker::new(
                 REDIS,
                 role,
-                urls.join(","),
+                names.join(","),
                 options.breaker,
                 options.readiness.clone(),
             ),
             spec: spec.clone(),
             cluster: spec.topology == RedisTopology::Cluster,
         });
-        let bad_url = |e: RedisError| StoreError::Backend {
+        let bad_node = |e: RedisError| StoreError::Backend {
             message: e.to_string(),
         };
         match &spec.topology {
-            // The URL is checked now, so a bad one stops start-up rather than every check.
+            // The node is checked now, so a bad one stops start-up rather than every check.
             RedisTopology::Single => drop(
-                single_url(spec)
-                    .and_then(|url| client(url, spec.tls.as_ref()).map_err(|e| unix_hint(url, e)))
-                    .map_err(bad_url)?,
+                single_node(spec)
+                    .and_then(unix_hint)
+                    .and_then(|node| client(node, node.auth.as_ref(), spec.tls.as_ref()))
+                    .map_err(bad_node)?,
             ),
             RedisTopology::Cluster => {}
             RedisTopology::Sentinel {
                 master_name,
-                master_userinfo,
+                master_auth,
                 master_credentials,
             } => {
-                // The URLs are checked now; each lookup makes its clients, with the credentials
-                // as they are then.
-                for url in &spec.urls {
-                    drop(client(url, spec.tls.as_ref()).map_err(bad_url)?);
+                // The sentinels are checked now; each lookup makes its clients, with the
+                // credentials as they are then.
+                for node in &spec.nodes {
+                    drop(client(node, node.auth.as_ref(), spec.tls.as_ref()).map_err(bad_node)?);
                 }
                 let (master, task) = SentinelMaster::start(Lookup {
-                    sentinels: spec.urls.clone(),
+                    sentinels: spec.nodes.clone(),
                     sentinel_credentials: spec.credentials.clone(),
                     master_name: master_name.clone(),
-                    master_userinfo: master_userinfo.clone(),
+                    master_auth: master_auth.clone(),
                     master_credentials: master_credentials.clone(),
                     tls: spec.tls.clone(),
                     config: options.connection_config(),
@@ -349,20 +351,23 @@ impl Target {
         let conn = match &spec.topology {
             // The credentials are read again for every connection (REDIS_AUTH_FILE).
             RedisTopology::Single => Arc::new(Conn::Single(
-                client_with(single_url(spec)?, spec.tls.as_ref(), &spec.credentials)?
+                client_with(single_node(spec)?, spec.tls.as_ref(), &spec.credentials)?
                     .get_multiplexed_async_connection_with_config(&options.connection_config())
                     .await?,
             )),
             RedisTopology::Cluster => {
-                let mut builder = ClusterClient::builder(spec.urls.iter().map(String::as_str))
+                // The credentials file is read once for all the seeds: redis-rs refuses seeds
+                // with different credentials.
+                let from_file = spec.credentials.current()?;
+                let tls = spec.tls.is_some();
+                let seeds = spec
+                    .nodes
+                    .iter()
+                    .map(|n| connection_info(n, from_file.as_ref().or(n.auth.as_ref()), tls))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut builder = ClusterClient::builder(seeds)
                     .connection_timeout(options.connect_timeout())
                     .response_timeout(options.timeout);
-                if let Some(auth) = spec.credentials.current()? {
-                    builder = builder.password(auth.password);
-                    if let Some(user) = auth.username {
-                        builder = builder.username(user);
-                    }
-                }
                 if let Some(tls) = &spec.tls {
                     builder = builder
                         .certs(certificates(tls))
@@ -426,21 +431,21 @@ impl Target {
     }
 }
 
-/// A `redis+unix://` URL that is really `host:port` (a REDIS_URL under the unix socket type,
-/// the Go service's default, which fails there too): the error says what to change.
-fn unix_hint(url: &str, e: RedisError) -> RedisError {
-    let Some(rest) = url.strip_prefix("redis+unix://") else {
-        return e;
+/// A socket path that is really `host:port` (a REDIS_URL under the unix socket type, the Go
+/// service's default, which fails there too): the error says what to change.
+fn unix_hint(node: &RedisNode) -> Result<&RedisNode, RedisError> {
+    let RedisAddress::Unix(path) = &node.address else {
+        return Ok(node);
     };
-    let addr = rest.split('?').next().unwrap_or(rest);
+    let addr = path.to_string_lossy();
     let tcp_like = !addr.contains('/')
         && addr
             .rsplit_once(':')
             .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if !tcp_like {
-        return e;
+        return Ok(node);
     }
-    RedisError::from((
+    Err(RedisError::from((
         ErrorKind::InvalidClientConfig,
         "not a socket path",
         format!(
@@ -448,15 +453,14 @@ fn unix_hint(url: &str, e: RedisError) -> RedisError {
              envoyproxy/ratelimit): set REDIS_SOCKET_TYPE=tcp (REDIS_PERSECOND_SOCKET_TYPE for the \
              per-second Redis), or give the socket's path"
         ),
-    ))
+    )))
 }
 
-/// The one URL of a REDIS_TYPE=single target.
-fn single_url(spec: &RedisTarget) -> Result<&str, RedisError> {
-    spec.urls
+/// The one node of a REDIS_TYPE=single target.
+fn single_node(spec: &RedisTarget) -> Result<&RedisNode, RedisError> {
+    spec.nodes
         .first()
-        .map(String::as_str)
-        .ok_or_else(|| RedisError::from((ErrorKind::InvalidClientConfig, "no Redis URL")))
+        .ok_or_else(|| RedisError::from((ErrorKind::InvalidClientConfig, "no Redis address")))
 }
 
 /// Runs `pipe` on `target` within `timeout`; on NOSCRIPT loads `scripts` and retries once.

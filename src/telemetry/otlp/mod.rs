@@ -19,6 +19,7 @@ pub mod propagation;
 pub mod proto;
 pub mod trace;
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::tls::ClientTls;
@@ -43,8 +44,9 @@ impl Protocol {
     }
 }
 
-/// One exporter's destination.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One exporter's destination. Its debug output names the headers but never their values,
+/// which hold API keys and bearer tokens.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub protocol: Protocol,
     /// `http(s)://host:port/v1/traces` (HTTP: the full URL) or `http(s)://host:port` (gRPC).
@@ -59,6 +61,23 @@ pub struct Endpoint {
     pub headers: Vec<(String, String)>,
     /// OTEL_EXPORTER_OTLP_TIMEOUT: each export's deadline.
     pub timeout: Duration,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(name, _)| (name.as_str(), "<redacted>"))
+            .collect();
+        f.debug_struct("Endpoint")
+            .field("protocol", &self.protocol)
+            .field("url", &self.url)
+            .field("tls", &self.tls)
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// Validated tracing settings (TRACING_ENABLED and friends).
@@ -134,5 +153,19 @@ mod tests {
         assert_eq!(a.len(), 36);
         assert_eq!(&a[14..15], "4");
         assert!(matches!(&a[19..20], "8" | "9" | "a" | "b"), "{a}");
+    }
+
+    #[test]
+    fn an_endpoint_never_prints_its_header_values() {
+        let endpoint = super::Endpoint {
+            protocol: super::Protocol::Http,
+            url: "https://collector:4318/v1/traces".into(),
+            tls: None,
+            headers: vec![("authorization".into(), "Bearer s3cret".into())],
+            timeout: std::time::Duration::from_secs(1),
+        };
+        let debug = format!("{endpoint:?}");
+        assert!(debug.contains("authorization"), "{debug}");
+        assert!(!debug.contains("s3cret"), "{debug}");
     }
 }
