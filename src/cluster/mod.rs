@@ -23,7 +23,6 @@
 mod config;
 pub mod durable;
 pub mod lease;
-mod leasing;
 mod minority;
 pub mod peer;
 pub mod quota_peers;
@@ -253,7 +252,7 @@ pub struct ClusterStore {
     mode: ClusterMode,
     stats: Arc<ClusterStats>,
     /// Lease mode: the leases this node holds, and how it asks for them.
-    lease: Option<Arc<leasing::Leasing>>,
+    lease: Option<Arc<lease::driver::Leasing>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -337,7 +336,7 @@ impl ClusterStore {
             changes: changes.clone(),
         });
         let lease = lease_mode.then(|| {
-            Arc::new(leasing::Leasing::new(
+            Arc::new(lease::driver::Leasing::new(
                 settings,
                 owner.clone(),
                 members.clone(),

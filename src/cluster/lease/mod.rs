@@ -21,8 +21,12 @@
 //!   a key's hits are forwarded to its owner as in forward mode.
 //! - **Wire**: asks and grants travel in the peer protocol's Lease call (`wire.rs` converts
 //!   them, at most [`MAX_LEASE_ASKS`] a call).
+//!
+//! [`server`] and [`client`] are the logic, with no I/O; `driver.rs` is lease mode's side of
+//! the cluster store, the calls and tasks that run them (routing, renewals, the sweep).
 
 pub mod client;
+pub(super) mod driver;
 pub mod server;
 mod wire;
 

@@ -1,7 +1,8 @@
 //! Lease mode's side of [`ClusterStore`]: routing each hit to its local decision, an acquire
 //! or a forward ([`ClusterStore::route_lease`]), and the two background tasks: renewals (one
 //! call per owner per SLUICE_LEASE_RENEW_MS, carrying every key held of it) and the lease
-//! server's sweep. The lease logic itself is [`super::lease`], with no I/O.
+//! server's sweep. The lease logic itself is [`super::server`] and [`super::client`], with no I/O; this
+//! is the only lease code that does any.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,13 +11,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::durable::RingChanges;
-use super::lease::{
-    Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
-};
-use super::peer::{Call, LeaseAsk, Op, PeerError};
-use super::{ClusterConfig, ClusterStore, Members, OwnerStore};
+use super::{Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot};
 use crate::clock::{Clock, Timestamp};
+use crate::cluster::durable::RingChanges;
+use crate::cluster::peer::{Call, LeaseAsk, Op, PeerError};
+use crate::cluster::{ClusterConfig, ClusterStore, Members, OwnerStore};
 use crate::limiter::Decision;
 use crate::store::{Cause, Hit, StoreError};
 
@@ -37,7 +36,7 @@ pub struct Leasing {
 type Pending = (usize, Arc<Slot>, Ask);
 
 impl Leasing {
-    pub(super) fn new(
+    pub(in crate::cluster) fn new(
         settings: &ClusterConfig,
         owner: Arc<OwnerStore>,
         members: Arc<ArcSwap<Members>>,
@@ -260,7 +259,7 @@ impl ClusterStore {
     /// Lease mode: each hit decided from this node's lease on its key, by an acquire from the
     /// key's owner when it does not fit (or the key is new here), or forwarded when a lease
     /// table is full. Refunds go back to the lease (or follow the forwarded hit).
-    pub(super) async fn route_lease(
+    pub(in crate::cluster) async fn route_lease(
         &self,
         members: &Members,
         now: Timestamp,
