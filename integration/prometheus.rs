@@ -3,7 +3,8 @@
 //! two real Sluice peers under load, with write-behind to a real `redis-server`: `promtool check
 //! rules` passes; every dashboard query, and every alert expression without its threshold,
 //! returns data through Prometheus's HTTP API; a tenant sending past its limit shows over 90% in
-//! the utilisation panel and fires `SluiceNearLimit`, a quiet one does neither, and a config
+//! the utilisation panel and fires `SluiceNearLimit`, a quiet one does neither, nor does a
+//! concurrency limit, whose lost refunds fire `SluiceLostRefunds` instead; and a config
 //! reload that raises the one limit and removes the other moves the limit gauges in Prometheus;
 //! and with the store driven full and Redis killed, the store, backend and Redis alerts fire.
 //! Under CI a missing `prometheus` fails the test; elsewhere it is skipped loudly.
@@ -246,6 +247,12 @@ const LIMITS: &str = "domain: d\ndescriptors:
   - key: tenant
     value: quiet
     rate_limit: {unit: second, requests_per_unit: 100000}
+  - key: inflight
+    value: x
+    rate_limit: {unit: second, requests_per_unit: 3, algorithm: concurrency}
+  - key: inflight
+    value: y
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: concurrency}
 ";
 
 /// After the reload: the hot tenant's limit raised far above its load, the quiet one gone.
@@ -325,6 +332,7 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
     }
 
     the_near_limit_alert_fires_for_the_hot_tenant_only(port);
+    lost_refunds_fire_for_the_concurrency_limit(port);
     std::fs::write(config.join("limits.yaml"), RELOADED).unwrap();
     a_reload_moves_the_limit_gauges(port);
 
@@ -351,6 +359,10 @@ fn load(nodes: &[Node]) {
         let node = &nodes[i % 2];
         let body = match i % 30 {
             0 => entry_body("tenant", "quiet"),
+            // Starts that never send their end: x's slots expire a second after they were
+            // taken, y's in an hour (its starts read as far past 3 an hour).
+            15 => entry_body("inflight", "x"),
+            21 => entry_body("inflight", "y"),
             n if n % 3 == 0 => entry_body("tenant", "hot"),
             _ => body(&format!("v{}", i % 4)),
         };
@@ -388,12 +400,17 @@ fn utilisation(port: u16) -> Vec<(String, f64)> {
 
 /// `SluiceNearLimit`'s firing alerts' `key1`s.
 fn near_limit_firing(port: u16) -> Vec<String> {
+    firing_for(port, "SluiceNearLimit")
+}
+
+/// The `key1`s `alert` fires for.
+fn firing_for(port: u16, alert: &str) -> Vec<String> {
     let v = api(port, "/api/v1/alerts");
     let mut keys: Vec<String> = v["data"]["alerts"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|a| a["state"] == "firing" && a["labels"]["alertname"] == "SluiceNearLimit")
+        .filter(|a| a["state"] == "firing" && a["labels"]["alertname"] == alert)
         .filter_map(|a| a["labels"]["key1"].as_str().map(str::to_owned))
         .collect();
     keys.sort();
@@ -432,6 +449,33 @@ fn limit_gauges(port: u16, key1: &str) -> Vec<(f64, f64)> {
         .into_iter()
         .zip(values("sluice_rate_limit_window_seconds"))
         .collect()
+}
+
+/// The concurrency limits' starts never sent their end, so x's slots expired a second after
+/// they were taken: `SluiceLostRefunds` fires for x alone (y's slots are held for an hour), the
+/// slots panel shows both, and y's starts, far past 3 an hour, fired no `SluiceNearLimit`
+/// (checked above: the hot tenant alone), its limit being slots, not a rate.
+fn lost_refunds_fire_for_the_concurrency_limit(port: u16) {
+    wait_for("SluiceLostRefunds to fire", Duration::from_secs(30), || {
+        !firing_for(port, "SluiceLostRefunds").is_empty()
+    });
+    assert_eq!(firing_for(port, "SluiceLostRefunds"), ["inflight_x"]);
+    let (_, slots) = dashboard_queries()
+        .into_iter()
+        .find(|(title, _)| title.starts_with("Concurrency slots held"))
+        .expect("the slots panel");
+    let mut held: Vec<(String, f64)> = query(port, &slots)
+        .iter()
+        .filter_map(|r| {
+            let key1 = r["metric"]["key1"].as_str()?.to_owned();
+            Some((key1, r["value"][1].as_str()?.parse().ok()?))
+        })
+        .collect();
+    held.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert_eq!(held[0].0, "inflight_x", "{held:?}");
+    // y holds its 3 slots of 3 for the hour.
+    assert_eq!(held[1], ("inflight_y".to_owned(), 1.0), "{held:?}");
 }
 
 /// After the reload, both nodes report the hot tenant's new limit (1,000,000 per 2 s), the

@@ -12,6 +12,9 @@
 //!   options. Only `main` imports it; no subsystem does.
 //! - [`app`]: the composition root, wiring only: the backend choice ([`app::Backend`],
 //!   [`app::AnyStore`]), task supervision; listeners are passed in.
+//! - [`cli`]: the command-line tools beside `main` (`check-config`, `explain`, `probe`):
+//!   clients of the service, above [`api`], with their own HTTP/1.1 client (hyper's,
+//!   bounded in time and size); `main` hands them plain inputs, never the settings.
 //! - [`api`]: adapters only (gRPC, `/json`, `/nginx` and `/forward-auth`, HAProxy's SPOE, health,
 //!   debug); errors become statuses here.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
@@ -44,6 +47,7 @@
 
 pub mod api;
 pub mod app;
+pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;

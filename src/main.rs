@@ -1,17 +1,22 @@
-//! The `sluice` binary: parse settings, load config, bind, serve until SIGTERM or Ctrl-C.
+//! The `sluice` binary: parse settings, load config, bind, serve until SIGTERM or Ctrl-C; or
+//! run one of the command-line tools (`check-config`, `explain`, `probe`: `sluice::cli`) with
+//! what they need from the settings.
 //! Exit codes: 0 after a clean shutdown, 64 for bad settings or config, 1 for a runtime
-//! failure such as a port already in use; `check-config` exits 1 when the config is invalid (or, with `--strict-envoy`, uses
-//! Sluice's YAML extensions; with `--rlqs`, has limits no quota bucket can reach).
+//! failure such as a port already in use; `check-config` exits 1 when the config is invalid
+//! (or, with `--strict-envoy`, uses Sluice's YAML extensions; with `--rlqs`, has limits no
+//! quota bucket can reach), `explain` and `probe` 1 when they fail.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::error::ErrorKind;
 use sluice::app::{App, GrpcListener, Listeners, Reload, Xds};
+use sluice::cli::check::{self, Checks};
+use sluice::cli::explain::{self, Against, Offline, Requested};
+use sluice::cli::probe;
 use sluice::clock::SystemClock;
-use sluice::config::{self, ConfigHandle, ConfigSource, FileLimits, LoadOptions, Poller};
+use sluice::config::{ConfigHandle, Poller};
 use sluice::settings::{self, Command, ServeArgs, Settings};
 use sluice::tls::{ClientTls, PeerTls, ServerTls};
 
@@ -41,25 +46,18 @@ fn main() -> ExitCode {
                 Ok((limits, rlqs.then_some(order)))
             });
             match checks {
-                Ok((limits, order)) => {
-                    check_config(path, (merge_domain_config, strict_envoy), order, &limits)
+                Ok((limits, rlqs)) => {
+                    let checks = Checks {
+                        merge_domain_config,
+                        strict_envoy,
+                        rlqs,
+                    };
+                    check::run(path, &checks, &limits)
                 }
-                Err(e) => {
-                    eprintln!("sluice: {e}");
-                    ExitCode::from(EXIT_USAGE)
-                }
+                Err(e) => usage_error(e),
             }
         }
-        Some(Command::Probe { address }) => match sluice::api::explain::probe(&address) {
-            Ok(checked) => {
-                println!("{checked}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("sluice probe: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        Some(Command::Probe { address }) => probe::run(&address),
         Some(Command::Explain {
             config,
             debug_address,
@@ -69,144 +67,38 @@ fn main() -> ExitCode {
             request,
             json,
         }) => {
-            use sluice::api::explain::{Asked, fetch, query};
-            let asked = match request {
-                Some(path) => read_request(&path).map(Asked::Json),
-                None => Ok(Asked::Query(query(
-                    &domain.unwrap_or_default(),
-                    &descriptor,
+            let requested = match request {
+                Some(path) => Requested::File(path),
+                None => Requested::Flags {
+                    domain: domain.unwrap_or_default(),
+                    descriptors: descriptor,
                     hits_addend,
-                ))),
+                },
             };
-            let answer = asked.and_then(|asked| match (config, debug_address) {
-                (_, Some(addr)) => fetch(&addr, &asked),
-                (Some(path), None) => explain_offline(path, &asked, cli.serve),
-                (None, None) => Err("give --config PATH or --debug-address HOST:PORT".into()),
-            });
-            print_explained(answer, json)
+            let against = match (debug_address, config) {
+                (Some(addr), _) => Against::Running(addr),
+                (None, Some(path)) => Against::Config(path, offline(cli.serve)),
+                // The flags require one of the two.
+                (None, None) => {
+                    return usage_error("give --config PATH or --debug-address HOST:PORT");
+                }
+            };
+            explain::run(requested, against, json)
         }
         None => serve(cli.serve),
     }
 }
 
-/// Prints an explanation (as JSON, or as text), or why there is none (exit 1).
-fn print_explained(answer: Result<serde_json::Value, String>, json: bool) -> ExitCode {
-    match answer {
-        Ok(v) if json => println!("{v}"),
-        Ok(v) => print!("{}", sluice::api::explain::render(&v)),
-        Err(e) => {
-            eprintln!("sluice explain: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
-}
-
-/// `sluice explain --request PATH`: the file's JSON (`-`: standard input), at most 8 MiB.
-fn read_request(path: &std::path::Path) -> Result<String, String> {
-    use std::io::Read;
-    let mut text = String::new();
-    let read = if path.as_os_str() == "-" {
-        std::io::stdin().take(8 << 20).read_to_string(&mut text)
-    } else {
-        std::fs::File::open(path).and_then(|f| f.take(8 << 20).read_to_string(&mut text))
-    };
-    read.map(|_| text)
-        .map_err(|e| format!("--request {}: {e}", path.display()))
-}
-
-/// `sluice explain --config PATH`: the request `asked` explained against the config at `path`
-/// (loaded as the service loads it, with the serve settings' key prefix and caps); no counters
-/// are read.
-fn explain_offline(
-    path: PathBuf,
-    asked: &sluice::api::explain::Asked,
-    serve: ServeArgs,
-) -> Result<serde_json::Value, String> {
-    use sluice::store::MemoryStore;
+/// What `sluice explain --config` takes from the serve settings: the config's caps and load
+/// options, the request cap, the service's options (CACHE_KEY_PREFIX among them).
+fn offline(serve: ServeArgs) -> Result<Box<Offline>, String> {
     let settings = serve.validate().map_err(|e| e.to_string())?;
-    let limits = settings.config.files;
-    let source = ConfigSource::Path(path);
-    let loaded = config::load(&source, &settings.config.load, &limits).map_err(|errors| {
-        errors
-            .0
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n")
-    })?;
-    let request = sluice::api::explain::decode(asked, settings.app.max_request_bytes)?;
-    let service = sluice::service::RateLimitService::new(
-        ConfigHandle::new(Some(loaded)),
-        Arc::new(MemoryStore::new(1)),
-        Arc::new(SystemClock),
-        settings.app.service,
-    );
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(|e| e.to_string())?;
-    runtime
-        .block_on(service.explain(&request, false))
-        .map_err(|e| e.to_string())
-}
-
-/// Validates a config; with `strict_envoy`, every use of a Sluice YAML extension is a failure
-/// too, and with a bucket key order (`--rlqs`) every limit no quota bucket can reach. Problems
-/// go to stderr, one per line; the OK line only when there are none.
-fn check_config(
-    path: PathBuf,
-    (merge_domain_config, strict_envoy): (bool, bool),
-    rlqs: Option<sluice::quota::KeyOrder>,
-    limits: &FileLimits,
-) -> ExitCode {
-    let source = ConfigSource::Path(path.clone());
-    let loaded = config::load(
-        &source,
-        &LoadOptions {
-            merge_domain_config,
-            without_slots: None,
-        },
-        limits,
-    );
-    let mut failed = false;
-    if let Err(errors) = &loaded {
-        failed = true;
-        for e in &errors.0 {
-            eprintln!("{e}");
-        }
-    }
-    if strict_envoy {
-        match config::envoy_extensions(&source, limits) {
-            Ok(uses) => {
-                failed |= !uses.is_empty();
-                for u in &uses {
-                    eprintln!("{u}");
-                }
-            }
-            // Unreadable files were just reported by the load, unless they changed since.
-            Err(errors) if loaded.is_ok() => {
-                failed = true;
-                for e in &errors.0 {
-                    eprintln!("{e}");
-                }
-            }
-            Err(_) => {}
-        }
-    }
-    if let (Ok(cfg), Some(order)) = (&loaded, &rlqs) {
-        let unreachable = sluice::quota::unreachable_by_buckets(cfg, order);
-        failed |= !unreachable.is_empty();
-        for u in &unreachable {
-            eprintln!("{u}");
-        }
-    }
-    match loaded {
-        Ok(cfg) if !failed => {
-            println!("{}: OK ({} domains)", path.display(), cfg.domain_count());
-            ExitCode::SUCCESS
-        }
-        _ => ExitCode::FAILURE,
-    }
+    Ok(Box::new(Offline {
+        load: settings.config.load,
+        files: settings.config.files,
+        max_request_bytes: settings.app.max_request_bytes,
+        service: settings.app.service,
+    }))
 }
 
 fn serve(args: ServeArgs) -> ExitCode {

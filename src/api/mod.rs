@@ -12,6 +12,8 @@
 //! - [`spoa`]: HAProxy's SPOE: an agent on SPOA_PORT whose answers set HAProxy variables.
 //! - [`debug`]: `/rlconfig`, `/metrics`, `/stats` and `/debug/*` on DEBUG_PORT, reading
 //!   [`debug_state`]; [`status`] renders its status page.
+//! - [`explain`]: the request `/debug/explain` and `/debug/counters` take, decoded (`sluice
+//!   explain --config` decodes it the same way; the tool itself is in `crate::cli`).
 //! - [`health`]: the health state behind `/healthcheck` and gRPC's health service.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
 //! - [`bad_request`]: [`BadRequest`], every adapter's refusal of a request it cannot decode,

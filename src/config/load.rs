@@ -11,7 +11,8 @@
 //! is opened (a 1 GiB sparse file is refused without reading a byte), and again while reading,
 //! since a file can grow between the two.
 
-use super::compile::{Builder, RateLimitConfig};
+use super::build::Builder;
+use super::lookup::RateLimitConfig;
 use super::{ConfigError, ConfigErrors, raw};
 use serde_yaml_ng::{Mapping, Value as Yaml};
 use std::fs;

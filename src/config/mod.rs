@@ -9,10 +9,11 @@
 //!   keys, list elements that are not maps, unsupported scalar types), then deserialised into
 //!   raw serde types. Both steps report envoyproxy/ratelimit's exact error messages, in its
 //!   order.
-//! - [`compile`]: validates the raw descriptors (empty keys, duplicate composite keys, units,
+//! - [`build`]: validates the raw descriptors (empty keys, duplicate composite keys, units,
 //!   replaces, share_threshold, metadata, and Sluice's `algorithm`, `burst` and `rate_limits`
-//!   extensions) and builds the per-domain lookup table that requests
-//!   are matched against. A request never walks YAML-shaped data.
+//!   extensions) and builds the per-domain lookup table.
+//! - [`lookup`]: that table, which requests are matched against. A request never walks
+//!   YAML-shaped data.
 //! - [`mod@load`]: finds the files of a [`ConfigSource`] (a `--config` path or the Go service's
 //!   runtime directory layout), in a deterministic order, and turns them into one
 //!   [`RateLimitConfig`]; it also finds the extension keys a Go-loadable file must not use.
@@ -26,19 +27,23 @@
 //! Every error names the config (file name or goruntime key) it came from:
 //! `"<name>: <message>"`, as the Go service prints it.
 
-pub mod compile;
+pub mod build;
 pub mod load;
+pub mod lookup;
 pub mod poll;
 pub mod raw;
 pub mod stats_slot;
 pub mod watch;
 pub mod yaml;
 
-pub use compile::{Block, Domain, Limit, Matched, RateLimitConfig, Rule, Step, StepMatch};
+#[cfg(test)]
+mod tests;
+
 pub use load::{
     ConfigSource, FileLimits, LoadOptions, build_raw, envoy_extensions, envoy_extensions_in, load,
     parse_files,
 };
+pub use lookup::{Block, Domain, Limit, Matched, RateLimitConfig, Rule, Step, StepMatch};
 pub use poll::Poller;
 pub use stats_slot::StatsSlot;
 pub use watch::{ConfigHandle, ConfigStats, WatchGuard, spawn_watcher};

@@ -18,8 +18,8 @@
 //! instants. [`spawn_watcher`](super::spawn_watcher) runs it on a blocking thread every poll
 //! interval, and `main` runs it at start-up ([`Poller::load_settled`]) until the files settle.
 
-use super::compile::RateLimitConfig;
 use super::load::{self, ConfigSource, FileLimits, Listed, LoadOptions};
+use super::lookup::RateLimitConfig;
 use super::{ConfigError, ConfigErrors};
 use crate::clock;
 use std::collections::BTreeMap;

@@ -4,7 +4,7 @@
 //! unknown keys and odd value types, and once into its typed structs. We do the same, in the
 //! same order, so the first error reported for a file is the one Go reports. The raw types
 //! here are deliberately loose (everything optional, YAML 1.1-style scalars accepted where
-//! go-yaml v2 accepts them); [`compile`](super::compile) turns them into validated types.
+//! go-yaml v2 accepts them); [`build`](super::build) turns them into validated types.
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
@@ -87,7 +87,7 @@ pub struct RawDescriptor {
     pub value_to_metric: bool,
     #[serde(default, deserialize_with = "lenient_bool")]
     pub share_threshold: bool,
-    /// Free-form; converted to JSON (and checked) by `compile`.
+    /// Free-form; converted to JSON (and checked) by `build`.
     #[serde(default)]
     pub metadata: Option<Value>,
 }

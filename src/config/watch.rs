@@ -6,7 +6,7 @@
 //! nothing changed, reads of the changed files only, and a load once they have settled.
 
 use super::ConfigErrors;
-use super::compile::RateLimitConfig;
+use super::lookup::RateLimitConfig;
 use super::poll::Poller;
 use arc_swap::ArcSwapOption;
 use std::sync::atomic::{AtomicU64, Ordering};

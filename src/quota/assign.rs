@@ -195,6 +195,11 @@ mod tests {
         assert_eq!((r.tokens, r.fill_secs, r.burst), (5_000, 60, 50));
         let r = Rate::of(&quota(1, Unit::Day, Algorithm::LeakyBucket, Some(3))).unwrap();
         assert_eq!((r.tokens, r.fill_secs, r.burst), (1_000, 86_400_000, 4));
+        // 3 in flight per 5 s: the rate of starts it admits at most, 3 per 5 s, all at once.
+        let mut q = quota(3, Unit::Second, Algorithm::Concurrency, None);
+        q.unit_multiplier = 5;
+        let r = Rate::of(&q).unwrap();
+        assert_eq!((r.tokens, r.fill_secs, r.burst), (1_002, 1_670, 3));
         assert_eq!(
             Rate::of(&quota(0, Unit::Second, Algorithm::FixedWindow, None)),
             None

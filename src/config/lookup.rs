@@ -1,0 +1,590 @@
+//! The compiled config and its request-time lookup.
+//!
+//! [`super::build`] validates raw descriptors with the Go service's checks, in its order, and
+//! builds one tree per domain. Each tree level holds its nodes in YAML order plus a hash index keyed by
+//! Go's composite key (`key` or `key_value`) and the list of wildcard nodes, so matching one
+//! request entry is one hash probe, then (rarely) a scan of the wildcard patterns, then one more
+//! probe.
+
+use super::StatsSlot;
+use crate::descriptor::Entry;
+use crate::limiter::{Algorithm, Quota};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A limit's rule: one or more quotas, or no limit at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rule {
+    /// Always OK; the backend is never touched.
+    Unlimited,
+    /// Every block is enforced; `rate_limit:` gives one block, `rate_limits:` one or more.
+    /// Never empty: the builder rejects `rate_limits: []`.
+    Limited(Box<[Block]>),
+}
+
+/// One enforced quota of a limit: a `rate_limit` block, or one element of `rate_limits`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// requests_per_unit, unit, algorithm and burst.
+    pub quota: Quota,
+    /// This block's `name`, "" if none (reported as `current_limit.name` when it is the most
+    /// restrictive).
+    pub name: String,
+}
+
+/// One configured limit: a descriptor node with a `rate_limit` (or `rate_limits`) block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limit {
+    /// Go's FullKey and stats key: the config path, e.g. `domain.key_value.key2`.
+    pub full_key: String,
+    pub rule: Rule,
+    /// `rate_limit.name`, "" if none, as in Go (`replaces` entries name it). Always "" for
+    /// `rate_limits`, whose names live in the blocks; see [`Limit::names`].
+    pub name: String,
+    /// What this limit knocks out: `rate_limit.replaces`, or the union of the blocks'
+    /// `replaces` for `rate_limits` (in YAML order, without repeats).
+    pub replaces: Vec<String>,
+    pub shadow_mode: bool,
+    /// The YAML `quota_mode` only; the global QUOTA_MODE is applied by the caller.
+    pub quota_mode: bool,
+    pub detailed_metric: bool,
+    pub value_to_metric: bool,
+    /// The descriptor's `metadata`, as JSON (for dynamic metadata).
+    pub metadata: Option<serde_json::Value>,
+    /// Whether the stats key depends on the request's values (`detailed_metric` here, or
+    /// `value_to_metric` on this node or an ancestor), so it must be built per request with
+    /// [`Domain::stats_key`]; otherwise it is `full_key`.
+    pub stats_key_varies: bool,
+    /// Whether each of this limit's stats keys counts one counter: every level of its path
+    /// is matched by value (or shared by a `share_threshold` wildcard), or the key shows the
+    /// request's values (`detailed_metric`, `value_to_metric`). Otherwise (a key-only or
+    /// wildcard level whose value the key leaves out) one stats key sums the counters of every
+    /// value, and its hits cannot be compared with the limit, which is each counter's.
+    pub stats_key_is_one_counter: bool,
+    /// The link to this limit's counters, filled by the first request that counts.
+    pub stats: StatsSlot,
+}
+
+impl Limit {
+    /// Every name another limit's `replaces` can knock this one out by: [`Limit::name`] and the
+    /// blocks' names, non-empty, each once.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let blocks: &[Block] = match &self.rule {
+            Rule::Unlimited => &[],
+            Rule::Limited(blocks) => blocks,
+        };
+        let own = Some(self.name.as_str()).filter(|n| !n.is_empty());
+        own.into_iter().chain(
+            blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| (i, b.name.as_str()))
+                .filter(move |&(i, n)| {
+                    // A single `rate_limit` names both the limit and its block.
+                    !n.is_empty() && n != self.name && !blocks[..i].iter().any(|b| b.name == n)
+                })
+                .map(|(_, n)| n),
+        )
+    }
+
+    /// The block that binds when requests come steadily: the lowest sustained rate,
+    /// requests_per_unit over the window's length (the first of equals); `None` when unlimited.
+    pub fn slowest_block(&self) -> Option<&Quota> {
+        let Rule::Limited(blocks) = &self.rule else {
+            return None;
+        };
+        // a/w < b/v, in integers: a × v < b × w.
+        let rate = |q: &Quota| {
+            (
+                u128::from(q.requests_per_unit),
+                u128::from(q.window().secs()),
+            )
+        };
+        blocks.iter().map(|b| &b.quota).reduce(|slowest, q| {
+            let ((a, w), (b, v)) = (rate(slowest), rate(q));
+            if b * w < a * v { q } else { slowest }
+        })
+    }
+}
+
+/// The result of matching one request descriptor against a domain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Matched<'a> {
+    pub limit: &'a Limit,
+    /// Entries matched by a wildcard node with `share_threshold: true`: (entry index, the
+    /// pattern's value *including* the `*`). The counter key uses the pattern so every matching
+    /// value shares one counter (Go key `domain_files_files/*_1234`). Empty, and so not
+    /// allocated, in the common case.
+    pub shared_values: Vec<(usize, &'a str)>,
+}
+
+/// A whole loaded config: every domain of every file.
+#[derive(Debug, Default)]
+pub struct RateLimitConfig {
+    pub(super) domains: FastMap<String, Domain>,
+}
+
+impl RateLimitConfig {
+    /// A config with no domains (an empty config directory loads as this, as in Go).
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    pub fn domain_count(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// The domains, in no particular order.
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+
+    /// Every limit of every domain, in no particular order.
+    pub fn limits(&self) -> impl Iterator<Item = &Limit> {
+        let mut out = Vec::new();
+        for d in self.domains.values() {
+            d.root.collect_limits(&mut out);
+        }
+        out.into_iter()
+    }
+
+    /// The `/rlconfig` text: one line per limit, sorted by full key (Go prints map order; a
+    /// sorted dump is stable to diff):
+    /// `<fullkey>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode: <bool>`.
+    ///
+    /// A limit with several blocks (`rate_limits`) has one line per block, in YAML order; a
+    /// block that is not a plain fixed window adds `, algorithm: <name>` and, when set,
+    /// `, burst: <n>` and `, charge_refused: true`. Fixed-window limits print exactly what Go
+    /// prints.
+    pub fn dump(&self) -> String {
+        let mut limits: Vec<&Limit> = self.limits().collect();
+        limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
+        let mut out = String::new();
+        for l in limits {
+            match &l.rule {
+                Rule::Unlimited => {
+                    dump_prefix(&mut out, l, "UNKNOWN", 0);
+                    out.push('\n');
+                }
+                Rule::Limited(blocks) => {
+                    for b in blocks {
+                        let q = &b.quota;
+                        dump_prefix(&mut out, l, q.unit.name(), q.requests_per_unit);
+                        if q.algorithm != Algorithm::FixedWindow {
+                            let _ = write!(out, ", algorithm: {}", q.algorithm.name());
+                        }
+                        if let Some(burst) = q.burst {
+                            let _ = write!(out, ", burst: {burst}");
+                        }
+                        if q.charge_refused {
+                            out.push_str(", charge_refused: true");
+                        }
+                        if q.unit_multiplier > 1 {
+                            let _ = write!(out, ", unit_multiplier: {}", q.unit_multiplier);
+                        }
+                        if let Some(safe) = q.safe_capacity {
+                            let _ = write!(out, ", safe_capacity: {safe}");
+                        }
+                        out.push('\n');
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The Go-format start of one `/rlconfig` line, without its newline.
+fn dump_prefix(out: &mut String, l: &Limit, unit: &str, requests_per_unit: u32) {
+    // Writing to a String cannot fail.
+    let _ = write!(
+        out,
+        "{}: unit={} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+        l.full_key, unit, requests_per_unit, l.shadow_mode, l.quota_mode
+    );
+}
+
+/// One domain's descriptor tree.
+#[derive(Debug)]
+pub struct Domain {
+    pub(super) name: String,
+    pub(super) root: Level,
+}
+
+impl Domain {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Every limit of the domain with the descriptor keys on its path, root first.
+    pub fn key_paths(&self) -> Vec<(Vec<&str>, &Limit)> {
+        let mut out = Vec::new();
+        self.root.collect_paths(&mut Vec::new(), &mut out);
+        out
+    }
+
+    /// Go's `GetLimit` config-matching path (the per-request override is the service's job).
+    ///
+    /// Per level: the exact `key_value` node, else the first wildcard node (YAML order) whose
+    /// pattern matches `key_value`, else the key-only node. The limit is returned only if the
+    /// node matched by the *last* entry has one; matching stops, with no limit, at a node that
+    /// has no children while entries remain.
+    pub fn lookup(&self, entries: &[Entry]) -> Option<Matched<'_>> {
+        // Go probes its map with a freshly built "key_value" string per entry. We reuse one
+        // buffer per thread instead: the index is keyed by the same composite strings Go uses
+        // (so every quirk of Go's matching, e.g. a key containing '_', carries over), and a
+        // `HashMap<Box<str>, _>` can only be probed with a contiguous `&str`. A two-level
+        // key -> value map would avoid the buffer but not reproduce Go's wildcard semantics,
+        // which match patterns against the whole composite string.
+        thread_local! {
+            static PROBE: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        PROBE.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => self.lookup_with(entries, &mut buf, None, None),
+            // Unreachable (lookup never re-enters itself), but never panic on a hot path.
+            Err(_) => self.lookup_with(entries, &mut String::new(), None, None),
+        })
+    }
+
+    /// The stats key Go's `GetLimit` gives the matched limit (`ratelimit.service.rate_limit.<key>`):
+    ///
+    /// - `detailed_metric` on the limit: every request entry as `key_value` (shared wildcard
+    ///   entries keep their pattern);
+    /// - otherwise the config path, except that levels matched by key only or by a wildcard
+    ///   whose node has `value_to_metric` show the request's value instead.
+    ///
+    /// Allocates; call it only when recording stats. `None` when nothing matches.
+    pub fn stats_key(&self, entries: &[Entry]) -> Option<String> {
+        let mut buf = String::new();
+        let mut enhanced = self.name.clone();
+        let matched = self.lookup_with(entries, &mut buf, Some(&mut enhanced), None)?;
+        if !matched.limit.detailed_metric {
+            return Some(enhanced);
+        }
+        let mut key = self.name.clone();
+        for (i, e) in entries.iter().enumerate() {
+            key.push('.');
+            key.push_str(&e.key);
+            let shared = matched.shared_values.iter().find(|(j, _)| *j == i);
+            if let Some((_, pattern)) = shared {
+                key.push('_');
+                key.push_str(pattern);
+            } else if matched.shared_values.is_empty() || !e.value.is_empty() {
+                // Go's detailed key always joins with '_', even for an empty value, unless
+                // some entry is shared, in which case an empty value is left out.
+                key.push('_');
+                key.push_str(&e.value);
+            }
+        }
+        Some(key)
+    }
+
+    /// How `entries` walk the descriptor tree, level by level, and what they match: what
+    /// `sluice explain` shows. Allocates; the request path uses [`Domain::lookup`].
+    pub fn explain(&self, entries: &[Entry]) -> (Vec<Step<'_>>, Option<Matched<'_>>) {
+        let mut steps = Vec::new();
+        let matched = self.lookup_with(entries, &mut String::new(), None, Some(&mut steps));
+        (steps, matched)
+    }
+
+    /// The matching walk. `metric`, when given, receives Go's `value_to_metric` key segments;
+    /// `trace` each level's step.
+    fn lookup_with<'a>(
+        &'a self,
+        entries: &[Entry],
+        buf: &mut String,
+        mut metric: Option<&mut String>,
+        mut trace: Option<&mut Vec<Step<'a>>>,
+    ) -> Option<Matched<'a>> {
+        let mut level = &self.root;
+        let mut found: Option<&'a Limit> = None;
+        let mut shared_values = Vec::new();
+        let last = entries.len().checked_sub(1)?;
+        for (i, entry) in entries.iter().enumerate() {
+            let mut probe = Probe {
+                entry,
+                buf: &mut *buf,
+                written: false,
+            };
+            let mut how = How::Exact;
+            let mut node = level.exact(&mut probe);
+            if node.is_none() {
+                node = level.match_wildcard(&mut probe);
+                if let Some(w) = node {
+                    // Go trims "key_" off the pattern to get its value part.
+                    let pattern = w
+                        .composite
+                        .strip_prefix(entry.key.as_str())
+                        .and_then(|rest| rest.strip_prefix('_'))
+                        .unwrap_or(&w.composite);
+                    if w.share_threshold {
+                        shared_values.push((i, pattern));
+                    }
+                    how = How::Wildcard(pattern);
+                }
+            }
+            if node.is_none() {
+                node = level.key_only(&entry.key);
+                how = How::KeyOnly;
+            }
+            if let Some(t) = trace.as_deref_mut() {
+                t.push(Step {
+                    entry: i,
+                    matched: node.map(|n| StepMatch {
+                        node: &n.composite,
+                        how: match how {
+                            How::Exact => "exact",
+                            How::Wildcard(_) if n.share_threshold => "wildcard, shared",
+                            How::Wildcard(_) => "wildcard",
+                            How::KeyOnly => "key only",
+                        },
+                        limit: n.limit.as_deref(),
+                        has_children: !n.children.is_empty(),
+                    }),
+                });
+            }
+            let node = node?;
+            if let Some(m) = metric.as_deref_mut() {
+                push_metric_segment(m, entry, node, how);
+            }
+            if i == last {
+                found = node.limit.as_deref();
+            }
+            if node.children.is_empty() {
+                break;
+            }
+            level = &node.children;
+        }
+        found.map(|limit| Matched {
+            limit,
+            shared_values,
+        })
+    }
+}
+
+/// One level of [`Domain::explain`]'s walk: the request entry it looked at, and the node it
+/// matched (`None`: nothing at this level matches, so the descriptor matches no limit).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Step<'a> {
+    pub entry: usize,
+    pub matched: Option<StepMatch<'a>>,
+}
+
+/// The node a [`Step`] matched.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepMatch<'a> {
+    /// The node's Go map key: `key`, or `key_value` when the YAML gives a value.
+    pub node: &'a str,
+    /// `exact` (the entry's `key_value`), `wildcard` (a `*` pattern, first in YAML order),
+    /// `wildcard, shared` (with `share_threshold`: one counter for every value) or `key only`.
+    pub how: &'static str,
+    /// The node's own limit (it applies only when this is the request's last entry).
+    pub limit: Option<&'a Limit>,
+    /// Whether the node has a level below it (if not, later entries are not looked at and the
+    /// descriptor matches nothing).
+    pub has_children: bool,
+}
+
+/// How a level was matched.
+#[derive(Clone, Copy)]
+enum How<'a> {
+    Exact,
+    /// By a wildcard node; the pattern's value part.
+    Wildcard(&'a str),
+    KeyOnly,
+}
+
+/// One `.segment` of Go's `value_to_metric` stats key.
+fn push_metric_segment(out: &mut String, entry: &Entry, node: &Node, how: How<'_>) {
+    out.push('.');
+    out.push_str(&entry.key);
+    let show_value = match how {
+        How::Exact => true,
+        How::Wildcard(pattern) if node.share_threshold || !node.value_to_metric => {
+            out.push('_');
+            out.push_str(pattern);
+            return;
+        }
+        How::Wildcard(_) => true,
+        How::KeyOnly => node.value_to_metric,
+    };
+    if show_value && !entry.value.is_empty() {
+        out.push('_');
+        out.push_str(&entry.value);
+    }
+}
+
+/// One level of a descriptor tree.
+#[derive(Debug, Default)]
+pub(super) struct Level {
+    /// In YAML (and, when merging, file) order.
+    pub(super) nodes: Vec<Node>,
+    /// Composite key (`key` or `key_value`) -> index into `nodes`.
+    pub(super) index: FastMap<Box<str>, usize>,
+    /// Indices of nodes whose composite key contains '*', in YAML order.
+    pub(super) wildcards: Vec<usize>,
+}
+
+#[derive(Debug)]
+pub(super) struct Node {
+    /// Go's map key at this level: `key`, or `key_value` when the YAML gives a value.
+    pub(super) composite: Box<str>,
+    /// The YAML `key` alone.
+    pub(super) key: Box<str>,
+    pub(super) limit: Option<Box<Limit>>,
+    pub(super) share_threshold: bool,
+    pub(super) value_to_metric: bool,
+    pub(super) children: Level,
+}
+
+impl Level {
+    fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Levels of at most this many nodes are searched by comparing each node's composite key
+    /// with the entry in place, which costs less than building the probe and hashing it
+    /// (`benches/decision.rs`, `config_lookup`); larger ones use the index.
+    pub(super) const SCAN_AT_MOST: usize = 8;
+
+    fn get(&self, composite: &str) -> Option<&Node> {
+        self.index.get(composite).and_then(|&i| self.nodes.get(i))
+    }
+
+    /// The node whose composite key is the entry's `key_value`.
+    fn exact(&self, probe: &mut Probe<'_, '_>) -> Option<&Node> {
+        if self.nodes.len() <= Self::SCAN_AT_MOST {
+            let entry = probe.entry;
+            return self
+                .nodes
+                .iter()
+                .find(|n| is_composite(&n.composite, entry));
+        }
+        self.get(probe.composite())
+    }
+
+    /// The node whose composite key is the entry's key alone.
+    fn key_only(&self, key: &str) -> Option<&Node> {
+        if self.nodes.len() <= Self::SCAN_AT_MOST {
+            return self.nodes.iter().find(|n| *n.composite == *key);
+        }
+        self.get(key)
+    }
+
+    /// The first wildcard node, in YAML order, whose pattern matches the entry's `key_value`.
+    fn match_wildcard(&self, probe: &mut Probe<'_, '_>) -> Option<&Node> {
+        if self.wildcards.is_empty() {
+            return None;
+        }
+        let composite = probe.composite();
+        self.wildcards
+            .iter()
+            .filter_map(|&i| self.nodes.get(i))
+            .find(|n| glob_match(&n.composite, composite))
+    }
+
+    /// Every limit below this level with the keys on its path (`path` holds the levels above).
+    fn collect_paths<'a>(
+        &'a self,
+        path: &mut Vec<&'a str>,
+        out: &mut Vec<(Vec<&'a str>, &'a Limit)>,
+    ) {
+        for n in &self.nodes {
+            path.push(&n.key);
+            if let Some(l) = &n.limit {
+                out.push((path.clone(), l));
+            }
+            n.children.collect_paths(path, out);
+            path.pop();
+        }
+    }
+
+    fn collect_limits<'a>(&'a self, out: &mut Vec<&'a Limit>) {
+        for n in &self.nodes {
+            if let Some(l) = &n.limit {
+                out.push(l);
+            }
+            n.children.collect_limits(out);
+        }
+    }
+}
+
+/// Go's map probe for an entry, `key_value`, written into the caller's buffer the first time a
+/// level needs it as one string (its index or its wildcards), at most once per entry.
+struct Probe<'e, 'b> {
+    entry: &'e Entry,
+    buf: &'b mut String,
+    written: bool,
+}
+
+impl Probe<'_, '_> {
+    fn composite(&mut self) -> &str {
+        if !self.written {
+            self.buf.clear();
+            self.buf.push_str(&self.entry.key);
+            self.buf.push('_');
+            self.buf.push_str(&self.entry.value);
+            self.written = true;
+        }
+        self.buf
+    }
+}
+
+/// Whether `composite` is the entry's `key_value`, compared in place: the same answer as
+/// building the [`Probe`] and comparing, so a key containing '_' matches
+/// as it does in Go.
+fn is_composite(composite: &str, entry: &Entry) -> bool {
+    let (key, value) = (entry.key.as_str(), entry.value.as_str());
+    composite.len() == key.len() + 1 + value.len()
+        && composite.starts_with(key)
+        && composite.as_bytes().get(key.len()) == Some(&b'_')
+        && composite.ends_with(value)
+}
+
+/// `*` matches any run of characters (including none); everything else matches itself. A
+/// pattern ending in its only `*` is therefore Go's prefix match.
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let mut pieces: Vec<&str> = parts.collect();
+    let Some(tail) = pieces.pop() else {
+        // No '*' at all: an exact comparison.
+        return rest.is_empty();
+    };
+    for piece in pieces {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= tail.len() && rest.ends_with(tail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn glob() {
+        assert!(glob_match("a*", "a"));
+        assert!(glob_match("a*", "abc"));
+        assert!(!glob_match("a*", "ba"));
+        assert!(glob_match("svc*ep*rpc", "svc1ep2rpc"));
+        assert!(glob_match("svc*ep*rpc", "svceprpc"));
+        assert!(!glob_match("svc*ep*rpc", "svc1ep2rp"));
+        assert!(!glob_match("a*aa", "aa"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("abc", "abc"));
+        assert!(!glob_match("abc", "abcd"));
+    }
+}
