@@ -12,12 +12,11 @@ use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
 use super::bad_request::BadRequest;
-use super::forward_auth::forward_auth_request;
 use crate::config::ConfigHandle;
 use crate::descriptor::Request;
 use crate::net::PortGuard;
@@ -120,13 +119,9 @@ fn service_error(e: &ServiceError) -> axum::response::Response {
     plain(status, &e.to_string())
 }
 
-/// The request in `query` (the `/forward-auth` query form, `X-Sluice-*` headers ignored), or
-/// why it cannot be read.
+/// The request in `query` (the `/forward-auth` query form), or why it cannot be read.
 fn query_request(st: &DebugState, query: Option<&str>) -> Result<Request, BadRequest> {
-    let query = Some(query.unwrap_or_default());
-    let max_bytes = st.counters.max_request_bytes;
-    let (request, _deny) = forward_auth_request(query, &HeaderMap::new(), max_bytes)?;
-    Ok(request)
+    super::explain::query(query, st.counters.max_request_bytes)
 }
 
 async fn counters_answer(

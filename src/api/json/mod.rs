@@ -91,10 +91,5 @@ pub fn request(body: &[u8]) -> Result<Request, BadRequest> {
     Ok(super::convert::request_from_proto(proto)?)
 }
 
-/// [`request`], its error as text: what `sluice explain --request` prints (`super::explain`).
-pub fn request_from_json(body: &[u8]) -> Result<Request, String> {
-    request(body).map_err(|e| e.to_string())
-}
-
 #[cfg(test)]
 mod tests;
