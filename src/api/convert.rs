@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Duration, ListValue, Struct, Value};
 
+use super::bad_request::BadRequest;
 use crate::descriptor::{Descriptor, Entry, LimitOverride, Request};
 use crate::limiter::Unit;
 use crate::service::{Code, Response, Status};
@@ -22,6 +23,12 @@ pub enum ConvertError {
         "descriptors[{index}].limit.unit: {unit} is not a valid unit (expected SECOND, MINUTE, HOUR, DAY, MONTH, YEAR or WEEK)"
     )]
     BadOverrideUnit { index: usize, unit: i32 },
+}
+
+impl From<ConvertError> for BadRequest {
+    fn from(e: ConvertError) -> Self {
+        BadRequest::invalid(e)
+    }
 }
 
 /// Moves a decoded protobuf request into the domain model.

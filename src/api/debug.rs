@@ -16,6 +16,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
+use super::bad_request::BadRequest;
 use crate::config::ConfigHandle;
 use crate::descriptor::Request;
 use crate::net::PortGuard;
@@ -67,7 +68,7 @@ async fn explain(
 ) -> axum::response::Response {
     let request = match query_request(&st, uri.query()) {
         Ok(r) => r,
-        Err(why) => return plain(StatusCode::BAD_REQUEST, &why),
+        Err(e) => return bad_request(&e),
     };
     match st.counters.service.explain(&request).await {
         Ok(body) => json_answer(&body),
@@ -81,9 +82,10 @@ async fn explain_json(
     body: axum::body::Body,
 ) -> axum::response::Response {
     let admin = &st.counters;
-    let request = match super::json::read_request(body, admin.max_request_bytes).await {
+    let read = super::body::read(body, admin.max_request_bytes).await;
+    let request = match read.and_then(|bytes| super::json::request(&bytes)) {
         Ok(r) => r,
-        Err(e) => return plain(StatusCode::BAD_REQUEST, &e),
+        Err(e) => return bad_request(&e),
     };
     match admin.service.explain(&request).await {
         Ok(body) => json_answer(&body),
@@ -93,6 +95,11 @@ async fn explain_json(
 
 fn plain(status: StatusCode, text: &str) -> axum::response::Response {
     (status, format!("{text}\n")).into_response()
+}
+
+/// A request that could not be decoded: 400, or 413 for a body over SLUICE_MAX_REQUEST_BYTES.
+fn bad_request(e: &BadRequest) -> axum::response::Response {
+    plain(e.http_status(), &e.to_string())
 }
 
 fn json_answer(body: &serde_json::Value) -> axum::response::Response {
@@ -113,9 +120,8 @@ fn service_error(e: &ServiceError) -> axum::response::Response {
 }
 
 /// The request in `query` (the `/forward-auth` query form), or why it cannot be read.
-fn query_request(st: &DebugState, query: Option<&str>) -> Result<Request, String> {
-    let asked = super::explain::Asked::Query(query.unwrap_or_default().to_owned());
-    super::explain::decode(&asked, st.counters.max_request_bytes)
+fn query_request(st: &DebugState, query: Option<&str>) -> Result<Request, BadRequest> {
+    super::explain::query(query, st.counters.max_request_bytes)
 }
 
 async fn counters_answer(
@@ -130,7 +136,7 @@ async fn counters_answer(
     }
     let request = match query_request(st, query) {
         Ok(r) => r,
-        Err(why) => return plain(StatusCode::BAD_REQUEST, &why),
+        Err(e) => return bad_request(&e),
     };
     let admin = &st.counters;
     let answer = if reset {
@@ -401,4 +407,131 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use axum::http::Request as HttpRequest;
+    use tower_service::Service;
+
+    use super::*;
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::cluster::lease::KeyView;
+    use crate::config::{LoadOptions, parse_files};
+    use crate::service::{HotKeys, RateLimitService, ServiceOptions};
+    use crate::store::MemoryStore;
+    use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges};
+
+    const MAX_BYTES: usize = 128;
+
+    struct NoStore;
+
+    impl StoreGauges for NoStore {
+        fn memory(&self) -> Option<MemoryGauges> {
+            None
+        }
+        fn cluster(&self) -> Option<ClusterGauges> {
+            None
+        }
+        fn redis(&self) -> Vec<BreakerGauges> {
+            Vec::new()
+        }
+        fn memcache(&self) -> Vec<BreakerGauges> {
+            Vec::new()
+        }
+        fn lease(&self, _key: &str) -> Option<KeyView> {
+            None
+        }
+    }
+
+    fn state() -> DebugState {
+        let yaml = "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+        let files = [("edge.yaml".to_string(), yaml.to_string())];
+        let cfg = parse_files(&files, &LoadOptions::default()).expect("test config loads");
+        let config = ConfigHandle::new(Some(cfg));
+        let clock = Arc::new(ManualClock::new(Timestamp::from_secs(2222)));
+        let service = RateLimitService::new(
+            config.clone(),
+            Arc::new(MemoryStore::new(1000)),
+            clock.clone(),
+            ServiceOptions::default(),
+        );
+        DebugState {
+            config,
+            store: Arc::new(NoStore),
+            stats: Arc::default(),
+            spans: None,
+            listeners: Vec::new(),
+            budget: None,
+            quota: None,
+            counters: CounterAdmin {
+                service: Arc::new(service),
+                reset_enabled: false,
+                max_request_bytes: MAX_BYTES,
+            },
+            hot: Arc::new(HotKeys::default()),
+            clock,
+            calls: Arc::default(),
+        }
+    }
+
+    async fn call(method: &str, uri: &str, body: &str) -> (StatusCode, String) {
+        let request = HttpRequest::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::from(body.to_owned()))
+            .expect("a request");
+        let response = router(state()).call(request).await.expect("infallible");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("an in-memory body");
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tokio::test]
+    async fn explain_refuses_a_body_over_the_cap_with_413() {
+        let body = format!(
+            r#"{{"domain":"edge","descriptors":[],"x":"{}"}}"#,
+            "a".repeat(128)
+        );
+        let (status, text) = call("POST", "/debug/explain", &body).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{text}");
+        assert_eq!(
+            text,
+            "request body is larger than 128 bytes (SLUICE_MAX_REQUEST_BYTES)\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn explain_refuses_a_bad_body_or_query_with_400_and_the_reason() {
+        let (status, text) = call("POST", "/debug/explain", "{nope").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(
+            text.starts_with("request body is not valid JSON: "),
+            "{text}"
+        );
+        let (status, text) = call("GET", "/debug/explain?descriptor=k=v", "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(
+            text.starts_with("query parameter descriptor without domain"),
+            "{text}"
+        );
+        let (status, text) = call("GET", "/debug/counters?domain=edge&nope=1", "").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        assert!(
+            text.starts_with("unknown query parameter \"nope\""),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn explain_answers_a_request_in_either_form() {
+        let (status, text) = call("GET", "/debug/explain?domain=edge&descriptor=k=v", "").await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let body = r#"{"domain":"edge","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
+        let (status, text) = call("POST", "/debug/explain", body).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
 }

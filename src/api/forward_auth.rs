@@ -73,6 +73,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 
+use super::bad_request::BadRequest;
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::percent::decode;
 use crate::service::{Code, RateLimitService};
@@ -203,6 +204,12 @@ pub enum HeaderError {
         .form.all()
     )]
     TooLarge { form: Form, max: usize },
+}
+
+impl From<HeaderError> for BadRequest {
+    fn from(e: HeaderError) -> Self {
+        BadRequest::invalid(e)
+    }
 }
 
 /// The bytes a subrequest's descriptors are decoded from, held to a cap as they are counted.
@@ -625,6 +632,11 @@ fn text(status: StatusCode, reason: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
+/// A subrequest whose fields do not make a request: 400 with the reason.
+fn bad_request(e: BadRequest) -> Response {
+    text(e.http_status(), e)
+}
+
 /// Decides one `/nginx` subrequest (refused with 403). Not tied to axum's extractors, so tests
 /// call it directly.
 pub async fn check<S: CounterStore>(
@@ -636,7 +648,7 @@ pub async fn check<S: CounterStore>(
         Ok(request) => decide(service, request, headers, Endpoint::NGINX).await,
         Err(e) => {
             tracing::debug!(error = %e, "nginx: bad subrequest headers");
-            text(StatusCode::BAD_REQUEST, e)
+            bad_request(e.into())
         }
     }
 }
@@ -658,7 +670,7 @@ pub async fn forward_auth<S: CounterStore>(
         }
         Err(e) => {
             tracing::debug!(error = %e, "forward-auth: bad subrequest");
-            text(StatusCode::BAD_REQUEST, e)
+            bad_request(e.into())
         }
     }
 }

@@ -13,6 +13,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health as HealthApi, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
+use super::bad_request::BadRequest;
 use super::convert::{request_from_proto, response_to_proto};
 use super::health::Health;
 use crate::service::{RateLimitService, ServiceError};
@@ -63,7 +64,7 @@ impl<S: CounterStore> RateLimitServiceApi for GrpcRateLimit<S> {
             request.metadata().as_ref(),
         );
         let request = request_from_proto(request.into_inner())
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+            .map_err(|e| tonic::Status::from(BadRequest::from(e)))?;
         match self.service.should_rate_limit_traced(request, &trace).await {
             Ok(response) => Ok(tonic::Response::new(response_to_proto(response))),
             Err(e) => Err(status_for(&e)),

@@ -6,15 +6,22 @@
 //! - [`rlqs`]: `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` (Envoy's
 //!   `rate_limit_quota` filter), over [`crate::quota`].
 //! - [`http`]: `/json`, `/healthcheck`, `/nginx` and `/forward-auth` on PORT.
+//! - [`json`]: the proto3-JSON codec of `/json` (a tree, decode, encode, the well-known types).
 //! - [`forward_auth`]: the auth-subrequest endpoints (nginx `auth_request`, Traefik, Caddy):
 //!   headers or a query string in, 200 or a refusal with `RateLimit-*` out.
 //! - [`spoa`]: HAProxy's SPOE: an agent on SPOA_PORT whose answers set HAProxy variables.
-//! - [`debug`]: `/rlconfig`, `/metrics` and `/stats` on DEBUG_PORT.
+//! - [`debug`]: `/rlconfig`, `/metrics`, `/stats` and `/debug/*` on DEBUG_PORT, reading
+//!   [`debug_state`]; [`status`] renders its status page.
 //! - [`explain`]: the request `/debug/explain` and `/debug/counters` take, decoded (`sluice
 //!   explain --config` decodes it the same way; the tool itself is in `crate::cli`).
+//! - [`health`]: the health state behind `/healthcheck` and gRPC's health service.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
+//! - [`bad_request`]: [`BadRequest`], every adapter's refusal of a request it cannot decode,
+//!   with its HTTP status and gRPC code; [`body`]: HTTP request bodies read up to the cap.
 //! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
 
+pub mod bad_request;
+pub mod body;
 pub mod convert;
 pub mod debug;
 pub mod debug_state;
@@ -27,6 +34,8 @@ pub mod json;
 pub mod rlqs;
 pub mod spoa;
 pub mod status;
+
+pub use bad_request::BadRequest;
 
 /// The caller's trace context (`traceparent`, B3), read only when tracing is on, so a service
 /// without tracing does no header lookups.

@@ -46,6 +46,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use self::frame::{Frame, FrameError, Status, Typed};
+use super::bad_request::BadRequest;
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::net::accept::Acceptor;
 use crate::net::{ByteBudget, Limits};
@@ -298,7 +299,7 @@ impl<S: CounterStore> Connection<S> {
         for (_, args) in frame::messages(f.payload)? {
             let answer = match request_from_args(&args) {
                 Ok(request) => self.decide(request).await,
-                Err(reason) => Answer::Error(reason),
+                Err(e) => Answer::Error(e.to_string()),
             };
             answer.write(&mut actions);
         }
@@ -407,8 +408,28 @@ fn negotiate(hello: &Frame<'_>, ours: u32) -> Result<(u32, bool), Close> {
     Ok((size, healthcheck))
 }
 
-/// A message's arguments as a request; `Err` with the reason when they do not make one.
-fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
+/// Why a NOTIFY message's arguments do not make a request; its text is the `error` variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgsError {
+    #[error("no domain argument (a non-empty string)")]
+    NoDomain,
+    /// `value` is the typed value as sent, e.g. `Int32(-1)`.
+    #[error("hits_addend {value} is not a number from 0 to 4294967295")]
+    BadHitsAddend { value: String },
+    #[error("negative_hits {value} is not a boolean")]
+    BadNegativeHits { value: String },
+    #[error("argument {0:?} is not domain, hits_addend, negative_hits or <descriptor index>.<key>")]
+    UnknownArgument(String),
+}
+
+impl From<ArgsError> for BadRequest {
+    fn from(e: ArgsError) -> Self {
+        BadRequest::invalid(e)
+    }
+}
+
+/// A message's arguments as a request, or why they do not make one.
+fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, BadRequest> {
     let mut domain = None;
     let mut hits_addend = 0;
     let mut negative_hits = false;
@@ -423,8 +444,8 @@ fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
                     Typed::Null => 0,
                     v => integer(v)
                         .and_then(|n| u32::try_from(n).ok())
-                        .ok_or_else(|| {
-                            format!("hits_addend {v:?} is not a number from 0 to 4294967295")
+                        .ok_or_else(|| ArgsError::BadHitsAddend {
+                            value: format!("{v:?}"),
                         })?,
                 }
             }
@@ -435,7 +456,10 @@ fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
                     v => match text(v).as_deref() {
                         Some("true" | "1") => true,
                         Some("false" | "0" | "") => false,
-                        _ => return Err(format!("negative_hits {v:?} is not a boolean")),
+                        _ => {
+                            let value = format!("{v:?}");
+                            return Err(ArgsError::BadNegativeHits { value }.into());
+                        }
                     },
                 }
             }
@@ -445,9 +469,7 @@ fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
                     .and_then(|(n, key)| Some((n.parse::<u64>().ok()?, key)))
                     .filter(|(_, key)| !key.is_empty())
                 else {
-                    return Err(format!(
-                        "argument {other:?} is not domain, hits_addend, negative_hits or <descriptor index>.<key>"
-                    ));
+                    return Err(ArgsError::UnknownArgument(other.to_owned()).into());
                 };
                 let slot = descriptors.entry(index).or_insert_with(|| Some(Vec::new()));
                 match (slot.as_mut(), text(value)) {
@@ -458,7 +480,7 @@ fn request_from_args(args: &[(&[u8], Typed<'_>)]) -> Result<Request, String> {
             }
         }
     }
-    let domain = domain.ok_or("no domain argument (a non-empty string)")?;
+    let domain = domain.ok_or(ArgsError::NoDomain)?;
     Ok(Request {
         domain,
         descriptors: descriptors

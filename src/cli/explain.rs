@@ -144,7 +144,7 @@ pub fn offline(path: PathBuf, asked: &Asked, options: Offline) -> Result<Value, 
             .collect::<Vec<_>>()
             .join("\n")
     })?;
-    let request = decode(asked, options.max_request_bytes)?;
+    let request = decode(asked, options.max_request_bytes).map_err(|e| e.to_string())?;
     let service = RateLimitService::new(
         ConfigHandle::new(Some(loaded)),
         Arc::new(MemoryStore::new(1)),

@@ -44,7 +44,7 @@ fn arguments_make_descriptors_in_index_order_and_null_drops_one() {
 
 #[test]
 fn bad_arguments_are_reasons() {
-    let e = |args: &[(&[u8], Typed<'_>)]| request_from_args(args).unwrap_err();
+    let e = |args: &[(&[u8], Typed<'_>)]| request_from_args(args).unwrap_err().to_string();
     assert_eq!(
         e(&[(b"0.k", Typed::String(b"v"))]),
         "no domain argument (a non-empty string)"
@@ -422,7 +422,8 @@ async fn a_negative_hits_argument_refunds_every_descriptor() {
         (b"domain", Typed::String(b"d")),
         (b"negative_hits", Typed::Uint32(7)),
     ])
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("negative_hits"), "{e}");
 
     // On the socket: 2 per minute; two pass, the third is over; its refund and another free one
