@@ -18,7 +18,7 @@ use std::sync::Arc;
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::config::{ConfigHandle, LoadOptions, parse_files};
 use sluice::descriptor::Entry;
-use sluice::quota::{QuotaOptions, QuotaService, Usage};
+use sluice::rlqs::{QuotaOptions, QuotaService, Usage};
 
 #[path = "support/rss.rs"]
 mod rss;
@@ -69,7 +69,7 @@ fn main() {
     // SLUICE_RLQS_MAX_BYTES is a bound only while the charge covers the real cost.
     if measured > charged {
         eprintln!(
-            "rlqs_memory: the table uses more than it is charged: raise the charges in src/quota"
+            "rlqs_memory: the table uses more than it is charged: raise the charges in src/rlqs"
         );
         std::process::exit(1);
     }

@@ -20,7 +20,7 @@ use super::bad_request::BadRequest;
 use crate::config::ConfigHandle;
 use crate::descriptor::Request;
 use crate::net::PortGuard;
-use crate::quota::QuotaService;
+use crate::rlqs::QuotaService;
 use crate::service::{ServiceError, counter_json};
 use crate::telemetry::limits;
 use crate::telemetry::otlp::trace::SpanCounters;

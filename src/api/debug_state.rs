@@ -11,7 +11,7 @@ use crate::cluster::lease::KeyView;
 use crate::config::ConfigHandle;
 use crate::descriptor::Request;
 use crate::net::{ByteBudget, PortGuard};
-use crate::quota::QuotaService;
+use crate::rlqs::QuotaService;
 use crate::service::{CounterView, HotKeys, RateLimitService, ServiceError};
 use crate::store::CounterStore;
 use crate::telemetry::Stats;

@@ -4,7 +4,7 @@
 //!
 //! - [`grpc`]: `envoy.service.ratelimit.v3.RateLimitService` and `grpc.health.v1.Health`.
 //! - [`rlqs`]: `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` (Envoy's
-//!   `rate_limit_quota` filter), over [`crate::quota`].
+//!   `rate_limit_quota` filter), over [`crate::rlqs`].
 //! - [`http`]: `/json`, `/healthcheck`, `/nginx` and `/forward-auth` on PORT.
 //! - [`json`]: the proto3-JSON codec of `/json` (a tree, decode, encode, the well-known types).
 //! - [`forward_auth`]: the auth-subrequest endpoints (nginx `auth_request`, Traefik, Caddy):

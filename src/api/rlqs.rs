@@ -1,5 +1,5 @@
 //! The gRPC adapter of `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`, for Envoy's
-//! `rate_limit_quota` filter: decodes usage reports into [`crate::quota`]'s types and encodes its
+//! `rate_limit_quota` filter: decodes usage reports into [`crate::rlqs`]'s types and encodes its
 //! actions as bucket actions. One task per stream answers each report at once and sends what
 //! other streams' reports or the sweep pushed for it.
 //!
@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::descriptor::Entry;
-use crate::quota::{Action, Assignment, QuotaService, QuotaStream, StreamError, Usage};
+use crate::rlqs::{Action, Assignment, QuotaService, QuotaStream, StreamError, Usage};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::{ActiveSpan, SpanKind, Value};
 

@@ -23,7 +23,7 @@ use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
-use crate::quota::{QuotaOptions, QuotaService};
+use crate::rlqs::{QuotaOptions, QuotaService};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::store::{MemcacheStore, MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
@@ -274,7 +274,7 @@ impl App {
         let telemetry = Arc::new(DecisionTelemetry::new(stats, Arc::new(tracer)));
         let mut quota = QuotaService::new(config.clone(), clock.clone(), options.quota.clone());
         if let AnyStore::Cluster(cluster) = &*store {
-            quota = quota.with_peers(cluster.quota_peers(clock.clone()));
+            quota = quota.with_peers(cluster.rlqs_peers(clock.clone()));
         }
         let quota = Arc::new(quota);
         if let AnyStore::Cluster(cluster) = &*store {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::config::{self, ConfigSource, FileLimits, LoadOptions};
-use crate::quota::KeyOrder;
+use crate::rlqs::KeyOrder;
 
 /// What to check besides loading.
 pub struct Checks {
@@ -42,7 +42,7 @@ pub fn run(path: PathBuf, checks: &Checks, limits: &FileLimits) -> ExitCode {
         failed |= strict_envoy(&source, limits, loaded.is_ok());
     }
     if let (Ok(cfg), Some(order)) = (&loaded, &checks.rlqs) {
-        let unreachable = crate::quota::unreachable_by_buckets(cfg, order);
+        let unreachable = crate::rlqs::unreachable_by_buckets(cfg, order);
         failed |= !unreachable.is_empty();
         for u in &unreachable {
             eprintln!("{u}");

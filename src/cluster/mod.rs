@@ -25,8 +25,8 @@ pub mod durable;
 pub mod lease;
 mod minority;
 pub mod peer;
-pub mod quota_peers;
 pub mod ring;
+pub mod rlqs_peers;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -374,8 +374,8 @@ impl ClusterStore {
 
     /// The peers for the Rate Limit Quota Service: its buckets' owners on this ring, reached
     /// over the peer protocol's `Quota` call.
-    pub fn quota_peers(&self, clock: Arc<dyn Clock>) -> Arc<dyn crate::quota::QuotaPeers> {
-        Arc::new(quota_peers::ClusterQuota {
+    pub fn rlqs_peers(&self, clock: Arc<dyn Clock>) -> Arc<dyn crate::rlqs::QuotaPeers> {
+        Arc::new(rlqs_peers::ClusterQuota {
             members: self.members.clone(),
             changes: self.changes.clone(),
             clock,

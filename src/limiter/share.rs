@@ -4,7 +4,7 @@
 //!
 //! Pure arithmetic on whole units, no allocation beyond the answer. Used by the lease server
 //! (`crate::cluster::lease::server`) for window counts and bucket rate shares alike, and by the
-//! quota service (`crate::quota::bucket`) for Envoys' parts of a bucket's rate.
+//! quota service (`crate::rlqs::bucket`) for Envoys' parts of a bucket's rate.
 
 /// The max-min fair split of `capacity` over `demands`: `out[i] <= demands[i]`, the sum is at
 /// most `capacity`, and when the demands exceed the capacity the capacity is given out in full

@@ -47,7 +47,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::app::{AppOptions, Backend};
 use crate::cluster::ClusterConfig;
 use crate::config::{ConfigSource, FileLimits, LoadOptions};
-use crate::quota::QuotaOptions;
+use crate::rlqs::QuotaOptions;
 use crate::service::{NegativeHits, ServiceOptions};
 use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};

@@ -1,10 +1,10 @@
 //! SLUICE_RLQS_*: the Rate Limit Quota Service's assignments, memory and bucket mapping
-//! ([`crate::quota`]).
+//! ([`crate::rlqs`]).
 
 use std::time::Duration;
 
 use super::{SettingsError, invalid};
-use crate::quota::{KeyOrder, QuotaOptions};
+use crate::rlqs::{KeyOrder, QuotaOptions};
 
 /// Raw RLQS settings, flattened into [`super::ServeArgs`].
 #[derive(Clone, Debug, clap::Args)]

@@ -23,8 +23,8 @@
 //!
 //! The Lease call's asks and grants are converted beside the lease code (`lease/wire.rs`, as
 //! methods of the messages: `LeaseRequest::to_asks`, `LeaseGrant::from`), the Quota call's
-//! buckets beside the quota peers (`super::quota_peers`, which answers through
-//! [`QuotaOwner`]), so this module imports neither the lease code nor `crate::quota`.
+//! buckets beside the quota peers (`super::rlqs_peers`, which answers through
+//! [`QuotaOwner`]), so this module imports neither the lease code nor `crate::rlqs`.
 //!
 //! Whoever reaches the peer port can charge any counter, so with SLUICE_PEER_TLS both the
 //! listener and [`PeerClient`] speak mutual TLS ([`crate::tls::PeerTls`]): only a holder of a

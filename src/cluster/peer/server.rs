@@ -3,7 +3,7 @@
 //! through [`OwnerStore`], so forwarded hits are loaded and written behind like
 //! local ones; Lease asks go to this node's lease server (their wire form is
 //! `cluster::lease::wire`); Quota calls go to the Rate Limit Quota Service, through
-//! [`QuotaOwner`] (its wire form is beside the quota peers, `cluster::quota_peers`).
+//! [`QuotaOwner`] (its wire form is beside the quota peers, `cluster::rlqs_peers`).
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -168,7 +168,7 @@ impl Bucket {
     }
 
     /// Splits at most `cap` tokens of the rate among the live holders (a node without a
-    /// majority, [`crate::quota::assign::Rate::alone`]); returns the holders whose assignment
+    /// majority, [`crate::rlqs::assign::Rate::alone`]); returns the holders whose assignment
     /// changed.
     pub fn split_within(&mut self, cap: u64) -> Vec<usize> {
         let reserved: u64 = self

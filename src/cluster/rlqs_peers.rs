@@ -1,4 +1,4 @@
-//! The peers as the Rate Limit Quota Service sees them ([`crate::quota::QuotaPeers`]): each
+//! The peers as the Rate Limit Quota Service sees them ([`crate::rlqs::QuotaPeers`]): each
 //! bucket's owner on the same ring as the counters, and the `Quota` call that carries a node's
 //! Envoys of a bucket to its owner: its wire form (`bucket_to_wire`, `buckets_from_wire`) and,
 //! on the owner, the quota service's answer ([`QuotaOwner`]).
@@ -13,8 +13,8 @@ use super::durable::RingChanges;
 use super::peer::{QuotaOwner, wire};
 use crate::clock::Clock;
 use crate::descriptor::Entry;
-use crate::quota::remote::{MAX_SYNC_BUCKETS, SyncFuture};
-use crate::quota::{QuotaPeers, QuotaService, Rate, SyncBucket, SyncHolder};
+use crate::rlqs::remote::{MAX_SYNC_BUCKETS, SyncFuture};
+use crate::rlqs::{QuotaPeers, QuotaService, Rate, SyncBucket, SyncHolder};
 
 pub(super) struct ClusterQuota {
     pub(super) members: Arc<ArcSwap<Members>>,

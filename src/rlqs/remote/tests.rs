@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::{ManualClock, Timestamp};
 use crate::config::{ConfigHandle, LoadOptions, parse_files};
-use crate::quota::{Action, QuotaOptions, QuotaStream, Usage};
+use crate::rlqs::{Action, QuotaOptions, QuotaStream, Usage};
 
 const CONFIG: &str = "domain: rlqs\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
 
