@@ -14,13 +14,13 @@ use rcgen::{
 };
 
 /// A leaf certificate and its key, as PEM files.
-pub struct Leaf {
+pub(super) struct Leaf {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
 /// A CA in a temporary directory. Dropping it deletes every file it wrote.
-pub struct TestPki {
+pub(super) struct TestPki {
     dir: tempfile::TempDir,
     ca_cert: Certificate,
     ca_key: KeyPair,
@@ -29,7 +29,7 @@ pub struct TestPki {
 }
 
 impl TestPki {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory for test certificates");
         let ca_key = KeyPair::generate().expect("CA key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
@@ -48,13 +48,13 @@ impl TestPki {
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(super) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// A certificate signed by this CA for `names` (DNS names or IP addresses), usable both as a
     /// server and as a client certificate, written as `<file>.pem` and `<file>-key.pem`.
-    pub fn leaf(&self, file: &str, names: &[&str]) -> Leaf {
+    pub(super) fn leaf(&self, file: &str, names: &[&str]) -> Leaf {
         let key = KeyPair::generate().expect("leaf key");
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).expect("leaf params");
@@ -79,7 +79,7 @@ impl TestPki {
 /// A gRPC channel to 127.0.0.1:`port` over TLS, trusting `ca`, expecting the server's
 /// certificate to carry `name`, and presenting `identity` if given; `Err` if the connection or
 /// the handshake fails. Calls on it time out after 5 s.
-pub async fn tls_channel(
+pub(super) async fn tls_channel(
     port: u16,
     ca: &Path,
     name: &str,
@@ -108,7 +108,7 @@ pub async fn tls_channel(
 
 /// Writes a Kubernetes secret volume's layout: `dir/..data -> ..vN` (swapped atomically) and
 /// `dir/tls.crt -> ..data/tls.crt`, `dir/tls.key -> ..data/tls.key`.
-pub fn secret_version(dir: &Path, version: u32, cert: &Path, key: &Path) {
+pub(super) fn secret_version(dir: &Path, version: u32, cert: &Path, key: &Path) {
     let versioned = dir.join(format!("..v{version}"));
     std::fs::create_dir_all(&versioned).unwrap();
     std::fs::copy(cert, versioned.join("tls.crt")).unwrap();

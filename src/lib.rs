@@ -57,6 +57,11 @@
 //!   with envoyproxy/ratelimit's names and arithmetic, the Prometheus exposition, logs, and
 //!   OpenTelemetry (spans and metrics over OTLP).
 
+// An item is `pub` only when the binary, tests, benches or examples reach it, so the compiler
+// finds dead code: modules that no target outside the library uses are `pub(crate)`, and their
+// items with them. (The library's own lint: test crates' helpers are theirs to make `pub`.)
+#![warn(unreachable_pub)]
+
 pub mod api;
 pub mod app;
 pub mod cli;
@@ -69,7 +74,7 @@ pub mod limiter;
 pub mod net;
 pub mod percent;
 pub mod rlqs;
-pub mod secret;
+pub(crate) mod secret;
 pub mod service;
 pub mod settings;
 pub mod store;

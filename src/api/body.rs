@@ -27,7 +27,7 @@ impl From<BodyError> for BadRequest {
 
 /// The whole of `body`, refused once it passes `max_bytes` (SLUICE_MAX_REQUEST_BYTES): at most
 /// that much and one more chunk is ever held.
-pub async fn read(body: Body, max_bytes: usize) -> Result<Bytes, BadRequest> {
+pub(crate) async fn read(body: Body, max_bytes: usize) -> Result<Bytes, BadRequest> {
     match Limited::new(body, max_bytes).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge { max_bytes }.into()),

@@ -5,7 +5,7 @@
 //! exposition alone, for the USE_PROMETHEUS listener. What they read is
 //! [`super::debug_state::DebugState`].
 
-pub use super::debug_state::{CallRate, CounterAdmin, Counters, DebugState, StoreGauges};
+pub(crate) use super::debug_state::{CounterAdmin, DebugState, StoreGauges};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -27,7 +27,7 @@ use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{self, Extra, ListenerGauges, RlqsGauges};
 
 /// The router for DEBUG_PORT.
-pub fn router(state: DebugState) -> Router {
+pub(crate) fn router(state: DebugState) -> Router {
     Router::new()
         .route("/", get(status_page))
         .route("/rlconfig", get(rlconfig))
@@ -214,7 +214,7 @@ async fn lease(
 }
 
 /// A router serving only the exposition at `path` (PROMETHEUS_ADDR, PROMETHEUS_PATH).
-pub fn metrics_router(path: &str, state: DebugState) -> Router {
+pub(crate) fn metrics_router(path: &str, state: DebugState) -> Router {
     Router::new()
         .route(path, get(metrics))
         .with_state(Arc::new(state))
@@ -236,7 +236,7 @@ async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
 
 impl DebugState {
     /// The numbers the exporters report from outside the stats registry.
-    pub fn extra(&self) -> Extra {
+    pub(crate) fn extra(&self) -> Extra {
         let mut extra = telemetry_extra(&self.config, self.store.as_ref(), self.spans.as_deref());
         extra.listeners = self.listeners.iter().map(|g| listener_gauges(g)).collect();
         extra.pending_request_bytes = self.budget.as_ref().map_or(0, |b| b.in_use() as u64);

@@ -20,7 +20,7 @@ use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges};
 
 /// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
 #[derive(Clone)]
-pub struct DebugState {
+pub(crate) struct DebugState {
     pub config: ConfigHandle,
     pub store: Arc<dyn StoreGauges>,
     pub stats: Arc<Stats>,
@@ -41,14 +41,14 @@ pub struct DebugState {
 /// What `/debug/counters` reads and resets through: the service, whether a reset is allowed
 /// (SLUICE_DEBUG_COUNTER_RESET; the debug port has no authentication), and the request cap.
 #[derive(Clone)]
-pub struct CounterAdmin {
+pub(crate) struct CounterAdmin {
     pub service: Arc<dyn Counters>,
     pub reset_enabled: bool,
     pub max_request_bytes: usize,
 }
 
 /// The service's counter admin, without its store's type.
-pub trait Counters: Send + Sync {
+pub(crate) trait Counters: Send + Sync {
     fn inspect<'a>(
         &'a self,
         request: &'a Request,
@@ -88,7 +88,7 @@ impl<S: CounterStore> Counters for RateLimitService<S> {
 
 /// What the exposition reports about the counter store. The composition root implements it
 /// for the store it chose, so `api` needs to know no store but through this.
-pub trait StoreGauges: Send + Sync {
+pub(crate) trait StoreGauges: Send + Sync {
     /// The memory store's (or the peer cluster's local share's) numbers.
     fn memory(&self) -> Option<MemoryGauges>;
     /// The peer cluster's numbers, when counters are spread over peers.
@@ -104,14 +104,14 @@ pub trait StoreGauges: Send + Sync {
 /// The calls counted when the status page was last rendered, and when: calls per second are
 /// measured between two renderings.
 #[derive(Debug, Default)]
-pub struct CallRate {
+pub(crate) struct CallRate {
     last: Mutex<Option<(Timestamp, u64)>>,
 }
 
 impl CallRate {
     /// Calls per second between the last rendering and `now`, when there was one.
     #[allow(clippy::cast_precision_loss, reason = "a rate for display")]
-    pub fn per_second(&self, now: Timestamp, total: u64) -> Option<f64> {
+    pub(crate) fn per_second(&self, now: Timestamp, total: u64) -> Option<f64> {
         let mut last = self.last.lock().ok()?;
         let rate = last.and_then(|(at, was)| {
             let secs = now.micros().saturating_sub(at.micros()) as f64 / 1e6;

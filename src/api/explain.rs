@@ -16,7 +16,7 @@ pub enum Asked {
 
 /// The request `asked` as the service's, decoded as the debug port decodes it: a body over
 /// `max_bytes` (SLUICE_MAX_REQUEST_BYTES) is refused as [`super::body::read`] refuses it.
-pub fn decode(asked: &Asked, max_bytes: usize) -> Result<Request, BadRequest> {
+pub(crate) fn decode(asked: &Asked, max_bytes: usize) -> Result<Request, BadRequest> {
     match asked {
         Asked::Query(q) => query(Some(q), max_bytes),
         Asked::Json(body) if body.len() > max_bytes => {
@@ -28,7 +28,7 @@ pub fn decode(asked: &Asked, max_bytes: usize) -> Result<Request, BadRequest> {
 
 /// The request in a `/debug/*` query string: the `/forward-auth` query form, with no
 /// `X-Sluice-*` headers to fall back on.
-pub fn query(query: Option<&str>, max_bytes: usize) -> Result<Request, BadRequest> {
+pub(crate) fn query(query: Option<&str>, max_bytes: usize) -> Result<Request, BadRequest> {
     let query = Some(query.unwrap_or_default());
     let (request, _deny) =
         super::forward_auth::forward_auth_request(query, &HeaderMap::new(), max_bytes)?;

@@ -20,20 +20,20 @@
 //!   with its HTTP status and gRPC code; [`body`]: HTTP request bodies read up to the cap.
 //! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
 
-pub mod bad_request;
-pub mod body;
+pub(crate) mod bad_request;
+pub(crate) mod body;
 pub mod convert;
-pub mod debug;
-pub mod debug_state;
-pub mod explain;
+pub(crate) mod debug;
+pub(crate) mod debug_state;
+pub(crate) mod explain;
 pub mod forward_auth;
 pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod json;
-pub mod rlqs;
-pub mod spoa;
-pub mod status;
+pub(crate) mod rlqs;
+pub(crate) mod spoa;
+pub(crate) mod status;
 
 pub use bad_request::BadRequest;
 

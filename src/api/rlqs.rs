@@ -35,16 +35,20 @@ use crate::telemetry::otlp::trace::{ActiveSpan, SpanKind, Value};
 type Reply = Result<RateLimitQuotaResponse, tonic::Status>;
 
 /// The service, for the gRPC routes.
-pub type Server = RateLimitQuotaServiceServer<GrpcQuota>;
+pub(crate) type Server = RateLimitQuotaServiceServer<GrpcQuota>;
 
 /// The service over `service`; with tracing on (TRACING_ENABLED), each sampled stream is a span
 /// `rlqs.stream` (its domain, reports and end) with a child `rlqs.report` per report.
-pub fn server(service: Arc<QuotaService>, tracer: Arc<Tracer>, max_request_bytes: usize) -> Server {
+pub(crate) fn server(
+    service: Arc<QuotaService>,
+    tracer: Arc<Tracer>,
+    max_request_bytes: usize,
+) -> Server {
     RateLimitQuotaServiceServer::new(GrpcQuota { service, tracer })
         .max_decoding_message_size(max_request_bytes)
 }
 
-pub struct GrpcQuota {
+pub(crate) struct GrpcQuota {
     service: Arc<QuotaService>,
     tracer: Arc<Tracer>,
 }

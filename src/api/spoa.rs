@@ -56,11 +56,11 @@ use crate::telemetry::otlp::{RequestTrace, Transport};
 
 /// SLUICE_SPOA_MAX_FRAME_BYTES' default: HAProxy's own default (`tune.bufsize` 16384 less the
 /// 4-byte length).
-pub const DEFAULT_MAX_FRAME_BYTES: u32 = 16_380;
+pub(crate) const DEFAULT_MAX_FRAME_BYTES: u32 = 16_380;
 /// The largest SLUICE_SPOA_MAX_FRAME_BYTES accepted.
-pub const MAX_FRAME_BYTES: u32 = 1024 * 1024;
+pub(crate) const MAX_FRAME_BYTES: u32 = 1024 * 1024;
 /// The smallest, SPOP's own minimum.
-pub const MIN_FRAME_BYTES: u32 = frame::MIN_FRAME_SIZE;
+pub(crate) const MIN_FRAME_BYTES: u32 = frame::MIN_FRAME_SIZE;
 
 /// What a connection keeps of its frame buffer between frames; a larger one is freed, since
 /// its bytes are no longer reserved from the budget.
@@ -80,7 +80,7 @@ pub struct SpoaOptions {
 /// answering and is told the agent is going away (an AGENT-DISCONNECT). Each frame being read
 /// reserves its bytes from `budget` (SLUICE_MAX_PENDING_REQUEST_BYTES, shared with the gRPC
 /// listeners), so connections cost at most that much beyond a small buffer each.
-pub async fn serve<S: CounterStore>(
+pub(crate) async fn serve<S: CounterStore>(
     listener: TcpListener,
     service: Arc<RateLimitService<S>>,
     (options, limits, budget): (SpoaOptions, Limits, Arc<ByteBudget>),

@@ -10,9 +10,9 @@ use super::debug_state::DebugState;
 use crate::clock::Timestamp;
 
 /// How often the page reloads itself, in seconds.
-pub const REFRESH_SECS: u32 = 5;
+pub(crate) const REFRESH_SECS: u32 = 5;
 /// The most `/rlconfig` lines the page shows (all are on `/rlconfig`).
-pub const MAX_LIMIT_LINES: usize = 200;
+pub(crate) const MAX_LIMIT_LINES: usize = 200;
 
 /// Escapes text for HTML.
 fn esc(text: &str) -> String {
@@ -32,7 +32,7 @@ fn esc(text: &str) -> String {
 
 /// The page at `now`.
 #[allow(clippy::cast_precision_loss, reason = "ratios for display")]
-pub fn render(st: &DebugState, now: Timestamp) -> String {
+pub(crate) fn render(st: &DebugState, now: Timestamp) -> String {
     let mut out = String::new();
     let _ = write!(
         out,

@@ -28,21 +28,21 @@ pub struct Limits {
 
 /// The limits docs/settings.md gives for `sluice explain` and `sluice probe`: 10 s per call,
 /// answers up to 8 MiB.
-pub const LIMITS: Limits = Limits {
+pub(crate) const LIMITS: Limits = Limits {
     timeout: Duration::from_secs(10),
     max_answer_bytes: 8 << 20,
 };
 
 /// An answer: its status and its body (invalid UTF-8 replaced).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub status: u16,
     pub body: String,
 }
 
 /// A client of one `host:port`. Must be used inside a tokio runtime with I/O and time
 /// ([`block_on`] makes one).
-pub struct Client {
+pub(crate) struct Client {
     /// As the operator gave it: named in errors and sent as `Host`.
     addr: String,
     /// The first address it resolves to, as `sluice explain` has always used.
@@ -54,7 +54,7 @@ pub struct Client {
 
 impl Client {
     /// Resolves `addr` (`host:port`); nothing is connected yet.
-    pub fn new(addr: &str, limits: Limits) -> Result<Self, String> {
+    pub(crate) fn new(addr: &str, limits: Limits) -> Result<Self, String> {
         use std::net::ToSocketAddrs;
         let target = addr
             .to_socket_addrs()
@@ -70,12 +70,12 @@ impl Client {
     }
 
     /// `GET path`.
-    pub async fn get(&mut self, path: &str) -> Result<Answer, String> {
+    pub(crate) async fn get(&mut self, path: &str) -> Result<Answer, String> {
         self.call(hyper::Method::GET, path, String::new()).await
     }
 
     /// `POST path` with a JSON body.
-    pub async fn post_json(&mut self, path: &str, json: &str) -> Result<Answer, String> {
+    pub(crate) async fn post_json(&mut self, path: &str, json: &str) -> Result<Answer, String> {
         self.call(hyper::Method::POST, path, json.to_owned()).await
     }
 
@@ -204,7 +204,7 @@ fn body_error(addr: &str, max_bytes: usize, e: &(dyn std::error::Error + 'static
 
 /// Runs `call` to its end on a new single-threaded runtime (I/O and timers on): the tools make
 /// a call or two and exit.
-pub fn block_on<T>(call: impl Future<Output = Result<T, String>>) -> Result<T, String> {
+pub(crate) fn block_on<T>(call: impl Future<Output = Result<T, String>>) -> Result<T, String> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

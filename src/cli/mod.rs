@@ -12,9 +12,9 @@
 
 pub mod check;
 pub mod explain;
-pub mod http;
+pub(crate) mod http;
 pub mod probe;
-pub mod render;
+pub(crate) mod render;
 
 #[cfg(test)]
 mod test_server;

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 /// The explanation as text for a terminal.
-pub fn render(v: &Value) -> String {
+pub(crate) fn render(v: &Value) -> String {
     let mut out = String::new();
     let domain = v["domain"].as_str().unwrap_or_default();
     if v["domain_loaded"] == false {

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// One answer, as bytes on the wire.
-pub struct Reply {
+pub(super) struct Reply {
     bytes: Vec<u8>,
     /// Close the connection after writing.
     close: bool,
@@ -20,7 +20,7 @@ pub struct Reply {
 
 impl Reply {
     /// `status` with `body` framed by `Content-Length`; the connection stays open.
-    pub fn length(status: u16, body: &str) -> Self {
+    pub(super) fn length(status: u16, body: &str) -> Self {
         let head = format!(
             "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n",
             body.len()
@@ -29,7 +29,7 @@ impl Reply {
     }
 
     /// `status` with `chunks` in chunked transfer encoding (the last, empty chunk included).
-    pub fn chunked(status: u16, chunks: &[&str]) -> Self {
+    pub(super) fn chunked(status: u16, chunks: &[&str]) -> Self {
         let mut text = format!(
             "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n\
              Transfer-Encoding: chunked\r\n\r\n"
@@ -42,7 +42,7 @@ impl Reply {
     }
 
     /// Exactly these bytes; the connection stays open.
-    pub fn raw(bytes: impl Into<Vec<u8>>) -> Self {
+    pub(super) fn raw(bytes: impl Into<Vec<u8>>) -> Self {
         Reply {
             bytes: bytes.into(),
             close: false,
@@ -51,20 +51,20 @@ impl Reply {
     }
 
     /// Closes the connection once written.
-    pub fn then_close(mut self) -> Self {
+    pub(super) fn then_close(mut self) -> Self {
         self.close = true;
         self
     }
 
     /// Holds the connection this long once written, sending nothing more.
-    pub fn then_stall(mut self, stall: Duration) -> Self {
+    pub(super) fn then_stall(mut self, stall: Duration) -> Self {
         self.stall = stall;
         self
     }
 }
 
 /// The running server; [`Server::requests`] waits for it to give its last reply.
-pub struct Server {
+pub(super) struct Server {
     /// `127.0.0.1:PORT`.
     pub addr: String,
     seen: Arc<Mutex<Seen>>,
@@ -78,7 +78,7 @@ struct Seen {
 }
 
 /// Serves `replies` in order, then stops.
-pub fn serve(replies: Vec<Reply>) -> Server {
+pub(super) fn serve(replies: Vec<Reply>) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -141,13 +141,13 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<String> {
 
 impl Server {
     /// Every request read, in order, once the last reply is given.
-    pub fn requests(&mut self) -> Vec<String> {
+    pub(super) fn requests(&mut self) -> Vec<String> {
         self.finish();
         self.seen.lock().unwrap().requests.clone()
     }
 
     /// How many connections the client opened, once the last reply is given.
-    pub fn connections(&mut self) -> usize {
+    pub(super) fn connections(&mut self) -> usize {
         self.finish();
         self.seen.lock().unwrap().connections
     }

@@ -91,7 +91,7 @@ impl ClusterStore {
 /// What one node may admit of `quota` alone, among `peers` nodes: its safe capacity (or the
 /// limit over the peers), less `used` of a lease's allowance in the window; a bucket's burst
 /// scaled as its rate is.
-pub fn safe_quota(quota: &Quota, peers: usize, used: u64) -> Quota {
+pub(super) fn safe_quota(quota: &Quota, peers: usize, used: u64) -> Quota {
     let limit = quota.requests_per_unit;
     let safe = quota.safe_capacity.map_or_else(
         || limit / u32::try_from(peers).unwrap_or(u32::MAX).max(1),

@@ -26,7 +26,7 @@ pub mod lease;
 mod minority;
 pub mod peer;
 pub mod ring;
-pub mod rlqs_peers;
+pub(crate) mod rlqs_peers;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -314,7 +314,7 @@ pub(crate) struct Listing {
 
 impl Listing {
     /// The sizes of the listed files together, from their metadata.
-    pub fn total_bytes(&self) -> u64 {
+    pub(crate) fn total_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.meta.len()).sum()
     }
 }

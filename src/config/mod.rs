@@ -27,14 +27,14 @@
 //! Every error names the config (file name or goruntime key) it came from:
 //! `"<name>: <message>"`, as the Go service prints it.
 
-pub mod build;
-pub mod load;
-pub mod lookup;
-pub mod poll;
-pub mod raw;
-pub mod stats_slot;
-pub mod watch;
-pub mod yaml;
+pub(crate) mod build;
+pub(crate) mod load;
+pub(crate) mod lookup;
+pub(crate) mod poll;
+pub(crate) mod raw;
+pub(crate) mod stats_slot;
+pub(crate) mod watch;
+pub(crate) mod yaml;
 
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 /// How long [`Poller::load_settled`] waits for files that keep changing before giving up.
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What tells a file's content apart without reading it: any write changes the size or the
 /// modification time, a ConfigMap's `..data` swap or an editor's rename-over changes the inode,

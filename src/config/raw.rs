@@ -13,7 +13,7 @@ use std::fmt;
 
 /// Keys the Go service accepts anywhere in a config file (its generic walk does not care at
 /// which level a key appears; the typed pass then ignores misplaced ones, and so do we).
-pub const VALID_KEYS: &[&str] = &[
+pub(crate) const VALID_KEYS: &[&str] = &[
     "domain",
     "key",
     "value",
@@ -41,7 +41,7 @@ pub const VALID_KEYS: &[&str] = &[
 
 /// The keys Sluice accepts that envoyproxy/ratelimit does not: a file using any of them no
 /// longer loads in the Go service (`check-config --strict-envoy` reports them).
-pub const EXTENSION_KEYS: &[&str] = &[
+pub(crate) const EXTENSION_KEYS: &[&str] = &[
     "algorithm",
     "burst",
     "charge_refused",
@@ -131,7 +131,7 @@ pub struct RawReplaces {
 }
 
 /// Parses one file's text. The error is the message only; the caller prefixes the file name.
-pub fn parse(text: &str) -> Result<RawRoot, String> {
+pub(crate) fn parse(text: &str) -> Result<RawRoot, String> {
     let mut value =
         super::yaml::parse(text).map_err(|e| format!("error loading config file: {e}"))?;
     // go-yaml resolves `<<` merge keys while decoding; without this the walk below would

@@ -8,7 +8,7 @@ use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
 /// What a filled slot links to, as its filler put it there.
-pub type StatsLink = Arc<dyn Any + Send + Sync>;
+pub(crate) type StatsLink = Arc<dyn Any + Send + Sync>;
 
 /// Empty until the first request that counts against its limit. It remembers which registry
 /// filled it (an id the registry chooses), so a config shared by two services (tests) never

@@ -18,11 +18,11 @@ use serde_yaml_ng::Value;
 /// The values any document may expand to, however short: far more than a hand-written config
 /// uses (a 100,000-value file is megabytes of YAML), and about 10 MB and well under a second to
 /// build.
-pub const MIN_VALUES: usize = 100_000;
+pub(crate) const MIN_VALUES: usize = 100_000;
 
 /// Why a text is not a YAML value Sluice will load.
 #[derive(Debug, thiserror::Error)]
-pub enum YamlError {
+pub(crate) enum YamlError {
     #[error(transparent)]
     Syntax(#[from] serde_yaml_ng::Error),
     #[error(
@@ -32,14 +32,14 @@ pub enum YamlError {
 }
 
 /// The most values `text` may expand to.
-pub fn max_values(text: &str) -> usize {
+pub(crate) fn max_values(text: &str) -> usize {
     text.len().max(MIN_VALUES)
 }
 
 /// Parses one YAML document into a generic value, refusing it before it is built when its
 /// aliases expand it past [`max_values`]. Errors other than that are serde_yaml_ng's own, as
 /// `serde_yaml_ng::from_str` reports them.
-pub fn parse(text: &str) -> Result<Value, YamlError> {
+pub(crate) fn parse(text: &str) -> Result<Value, YamlError> {
     let max = max_values(text);
     let budget = Budget {
         left: Cell::new(max),

@@ -30,7 +30,7 @@ fn narrow(state: u128) -> u64 {
 }
 
 /// Applies `hits` at `now` to a counter of `quota`: the decision and the new state word.
-pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decision, u128) {
+pub(crate) fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decision, u128) {
     let (q, n) = (quota, now);
     match quota.algorithm {
         Algorithm::FixedWindow => {
@@ -62,7 +62,7 @@ pub fn decide(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> (Decisio
 /// intervals, so it holds `hits` more tokens, never more than at rest. Whether a refund should
 /// be made at all (a fixed window keeps a refused request's hits, as the Go service does) is
 /// the caller's choice, not this function's.
-pub fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u128 {
+pub(crate) fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u128 {
     match quota.algorithm {
         Algorithm::FixedWindow => u128::from(fixed_window::refund(
             narrow(state),

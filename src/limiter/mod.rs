@@ -13,9 +13,9 @@
 
 pub mod bucket;
 pub mod concurrency;
-pub mod counter;
+pub(crate) mod counter;
 pub mod fixed_window;
-pub mod share;
+pub(crate) mod share;
 pub mod sliding_window;
 
 pub use counter::CounterKind;

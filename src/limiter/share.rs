@@ -9,7 +9,7 @@
 /// The max-min fair split of `capacity` over `demands`: `out[i] <= demands[i]`, the sum is at
 /// most `capacity`, and when the demands exceed the capacity the capacity is given out in full
 /// (up to the rounding of one unit per claimant, which goes to the first ones).
-pub fn max_min_fair(capacity: u64, demands: &[u64]) -> Vec<u64> {
+pub(crate) fn max_min_fair(capacity: u64, demands: &[u64]) -> Vec<u64> {
     let mut out = vec![0u64; demands.len()];
     let mut order: Vec<usize> = (0..demands.len()).collect();
     // Smallest demand first: each is filled in full while it fits an equal share of the rest.

@@ -127,7 +127,7 @@ impl AsyncWrite for Io {
 /// permit that frees its slot when the connection is dropped. At the cap the loop stops
 /// accepting, so new clients wait in the kernel's backlog (and are refused by the kernel once
 /// it is full) rather than costing a descriptor each.
-pub struct Acceptor {
+pub(crate) struct Acceptor {
     listener: Listener,
     slots: Arc<Semaphore>,
     max_connections: usize,
@@ -139,7 +139,7 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
-    pub fn new(listener: Listener, max_connections: usize, port: &'static str) -> Self {
+    pub(crate) fn new(listener: Listener, max_connections: usize, port: &'static str) -> Self {
         Acceptor {
             listener,
             slots: Arc::new(Semaphore::new(max_connections)),
@@ -153,7 +153,7 @@ impl Acceptor {
 
     /// The next connection and its slot. Never fails: errors are logged (at most one line per
     /// ten seconds) and retried after a pause that grows while they last.
-    pub async fn next(&mut self) -> (Io, OwnedSemaphorePermit) {
+    pub(crate) async fn next(&mut self) -> (Io, OwnedSemaphorePermit) {
         let permit = match self.slots.clone().try_acquire_owned() {
             Ok(permit) => permit,
             Err(_) => {

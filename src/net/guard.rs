@@ -29,7 +29,7 @@ use super::Protocol;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body a guarded service answers with: the inner service's, or the guard's own refusal.
-pub type GuardedResponse<B> = Response<Tracked<Either<B, Full<Bytes>>>>;
+pub(crate) type GuardedResponse<B> = Response<Tracked<Either<B, Full<Bytes>>>>;
 
 /// Bytes of gRPC messages being received at once, over every connection of every gRPC
 /// listener (SLUICE_MAX_PENDING_REQUEST_BYTES).
@@ -335,7 +335,7 @@ fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
 }
 
 /// A response body that keeps its request counted in flight until it ends or is dropped.
-pub struct Tracked<B> {
+pub(crate) struct Tracked<B> {
     inner: B,
     inflight: Option<InFlight>,
 }

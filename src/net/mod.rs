@@ -13,9 +13,9 @@
 //!
 //! What each bound costs at worst is in docs/hardening.md.
 
-pub mod accept;
+pub(crate) mod accept;
 mod conn;
-pub mod guard;
+pub(crate) mod guard;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -13,7 +13,7 @@ use crate::config::{Limit, Rule};
 use crate::limiter::{Algorithm, Quota};
 
 /// A bucket's rate is split in steps of at most 1/RESOLUTION of its limit.
-pub const RESOLUTION: u64 = 1_000;
+pub(crate) const RESOLUTION: u64 = 1_000;
 
 /// A limited bucket's capacity, in the units shares are computed in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -27,16 +27,16 @@ use crate::descriptor::Entry;
 use crate::limiter::share::max_min_fair;
 
 /// An Envoy's claim is its demand plus this much (percent).
-pub const HEADROOM_PCT: u64 = 5;
+pub(crate) const HEADROOM_PCT: u64 = 5;
 /// An assignment is kept while its fair part moves by at most this much (percent).
-pub const HYSTERESIS_PCT: u64 = 5;
+pub(crate) const HYSTERESIS_PCT: u64 = 5;
 /// Reports closer together than this are added to the next sample (an Envoy sends a new
 /// bucket's first report at once, then the bucket with all the others on its timer).
-pub const MIN_SAMPLE_US: u64 = 250_000;
+pub(crate) const MIN_SAMPLE_US: u64 = 250_000;
 
 /// One Envoy's part of a bucket.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Holder {
+pub(crate) struct Holder {
     /// The node serving the Envoy's stream, when it is another Sluice node (this node owns the
     /// bucket and splits it across every node's Envoys); `None` for this node's own streams.
     pub node: Option<Arc<str>>,
@@ -62,7 +62,7 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn new(stream: u64, id: Arc<[Entry]>, now_us: u64) -> Self {
+    pub(crate) fn new(stream: u64, id: Arc<[Entry]>, now_us: u64) -> Self {
         Holder {
             node: None,
             stream,
@@ -80,7 +80,7 @@ impl Holder {
 
     /// Another node's Envoy, as that node reported it to this owner: what it holds now is where
     /// the split starts from.
-    pub fn remote(
+    pub(crate) fn remote(
         node: Arc<str>,
         stream: u64,
         id: Arc<[Entry]>,
@@ -95,7 +95,7 @@ impl Holder {
     }
 
     /// Counts a report of `attempted` requests (allowed plus denied) received at `now_us`.
-    pub fn report(&mut self, attempted: u64, now_us: u64) {
+    pub(crate) fn report(&mut self, attempted: u64, now_us: u64) {
         self.counted = self.counted.saturating_add(attempted);
         if attempted == 0 {
             self.quiet_since_us.get_or_insert(now_us);
@@ -117,20 +117,20 @@ impl Holder {
 
     /// Whether this holder is the Envoy on `stream` of `node` (`None`: this node) with bucket id
     /// `id`.
-    pub fn is(&self, node: Option<&str>, stream: u64, id: &[Entry]) -> bool {
+    pub(crate) fn is(&self, node: Option<&str>, stream: u64, id: &[Entry]) -> bool {
         self.stream == stream && self.node.as_deref() == node && *self.id == *id
     }
 }
 
 /// A bucket: its rate and its holders.
 #[derive(Clone, Debug)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     pub rate: Rate,
     pub holders: Vec<Holder>,
 }
 
 impl Bucket {
-    pub fn new(rate: Rate) -> Self {
+    pub(crate) fn new(rate: Rate) -> Self {
         Bucket {
             rate,
             holders: Vec::new(),
@@ -140,7 +140,7 @@ impl Bucket {
     /// Takes a new rate (a config change), keeping each holder's requests per second, scaled
     /// down in proportion when they no longer fit. A gone holder's Envoy keeps enforcing its old
     /// assignment until it expires: a limit lowered by a reload holds from then on.
-    pub fn set_rate(&mut self, rate: Rate) {
+    pub(crate) fn set_rate(&mut self, rate: Rate) {
         if rate == self.rate {
             return;
         }
@@ -158,19 +158,19 @@ impl Bucket {
         self.rate = rate;
     }
 
-    pub fn position(&self, node: Option<&str>, stream: u64, id: &[Entry]) -> Option<usize> {
+    pub(crate) fn position(&self, node: Option<&str>, stream: u64, id: &[Entry]) -> Option<usize> {
         self.holders.iter().position(|h| h.is(node, stream, id))
     }
 
     /// Splits the rate among the live holders; returns the holders whose assignment changed.
-    pub fn split(&mut self) -> Vec<usize> {
+    pub(crate) fn split(&mut self) -> Vec<usize> {
         self.split_within(u64::MAX)
     }
 
     /// Splits at most `cap` tokens of the rate among the live holders (a node without a
     /// majority, [`crate::rlqs::assign::Rate::alone`]); returns the holders whose assignment
     /// changed.
-    pub fn split_within(&mut self, cap: u64) -> Vec<usize> {
+    pub(crate) fn split_within(&mut self, cap: u64) -> Vec<usize> {
         let reserved: u64 = self
             .holders
             .iter()
@@ -218,7 +218,11 @@ impl Bucket {
     /// Removes the holders whose assignment expired by `now_us` (streams ended, or buckets
     /// their Envoy no longer reports), and those quiet since `quiet_before_us` or earlier;
     /// returns the latter (they are told to abandon the bucket).
-    pub fn remove_stale(&mut self, now_us: u64, quiet_before_us: u64) -> (usize, Vec<Holder>) {
+    pub(crate) fn remove_stale(
+        &mut self,
+        now_us: u64,
+        quiet_before_us: u64,
+    ) -> (usize, Vec<Holder>) {
         let before = self.holders.len();
         self.holders.retain(|h| h.expires_us > now_us);
         let expired = before - self.holders.len();
@@ -236,12 +240,12 @@ impl Bucket {
     }
 
     /// The sum of the assignments, in tokens per fill interval.
-    pub fn assigned(&self) -> u64 {
+    pub(crate) fn assigned(&self) -> u64 {
         self.holders.iter().map(|h| h.assigned).sum()
     }
 
     /// The live holders' demand, in requests per second.
-    pub fn demand(&self) -> f64 {
+    pub(crate) fn demand(&self) -> f64 {
         self.holders
             .iter()
             .filter(|h| !h.gone)

@@ -18,9 +18,9 @@
 //!   key or bucket id plus a fixed overhead; past it a new bucket gets no assignment (Envoy
 //!   applies its `no_assignment_behavior`) and is counted as refused.
 
-pub mod assign;
-pub mod bucket;
-pub mod remote;
+pub(crate) mod assign;
+pub(crate) mod bucket;
+pub(crate) mod remote;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

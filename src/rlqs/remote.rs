@@ -32,9 +32,9 @@ use super::{Push, QuotaService, Rate, holder_charge, local_holders};
 use crate::descriptor::Entry;
 
 /// How often a node sends the owners of the buckets its Envoys report what they hold.
-pub const SYNC_INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) const SYNC_INTERVAL: Duration = Duration::from_millis(500);
 /// The most buckets in one sync call (a call is bounded by the peer listener's message size).
-pub const MAX_SYNC_BUCKETS: usize = 512;
+pub(crate) const MAX_SYNC_BUCKETS: usize = 512;
 
 /// One bucket in a sync: its key, rate, and the caller's holders of it.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,7 +59,8 @@ pub struct SyncHolder {
 }
 
 /// A call's future.
-pub type SyncFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<Vec<u64>>, String>> + Send + 'a>>;
+pub(crate) type SyncFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Vec<u64>>, String>> + Send + 'a>>;
 
 /// The peers, as the quota service needs them (the cluster implements it).
 pub trait QuotaPeers: Send + Sync {

@@ -16,7 +16,7 @@
 
 mod admin;
 mod hot;
-pub mod observe;
+pub(crate) mod observe;
 mod plan;
 
 use std::sync::Arc;

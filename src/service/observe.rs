@@ -18,7 +18,7 @@ use crate::store::{StoreError, TraceBackend};
 
 /// The context an adapter decoded from a call for its observer (the caller's trace context),
 /// opaque to the decision.
-pub type Caller<'a> = &'a (dyn Any + Send + Sync);
+pub(crate) type Caller<'a> = &'a (dyn Any + Send + Sync);
 
 /// A traced call's span (or its backend call's) in progress, opaque to the decision: the
 /// observer makes it and takes it back.
@@ -186,6 +186,6 @@ pub trait Observer: Send + Sync + 'static {
 
 /// The observer of a service nobody watches: records nothing.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Unobserved;
+pub(crate) struct Unobserved;
 
 impl Observer for Unobserved {}

@@ -29,7 +29,7 @@ pub const TOOL_VARIABLES: &[&str] = &[
 
 /// One line per `SLUICE_*` name in `present` that is neither in `settings` nor a tool's,
 /// naming the closest setting when one is close; empty when all are known.
-pub fn unknown_sluice_variables(
+pub(super) fn unknown_sluice_variables(
     present: impl IntoIterator<Item = OsString>,
     settings: &[&str],
 ) -> Vec<String> {

@@ -53,7 +53,7 @@ use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};
 use crate::xds::XdsConfig;
 
-pub mod caps;
+pub(crate) mod caps;
 mod cluster;
 mod compat;
 mod config_files;

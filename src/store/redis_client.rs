@@ -230,7 +230,7 @@ impl Default for StartupBackoff {
 
 /// A client for `node` with the target's `credentials` (a file's read now, else the node's
 /// own); with `tls`, over TLS with the REDIS_TLS_* certificates.
-pub fn client_with(
+pub(super) fn client_with(
     node: &RedisNode,
     tls: Option<&RedisTls>,
     credentials: &Credentials,
@@ -240,7 +240,7 @@ pub fn client_with(
 }
 
 /// A client for `node` with `auth`; with `tls`, over TLS with the REDIS_TLS_* certificates.
-pub fn client(
+pub(super) fn client(
     node: &RedisNode,
     auth: Option<&Auth>,
     tls: Option<&RedisTls>,
@@ -262,7 +262,7 @@ pub fn client(
 
 /// What redis-rs needs to reach `node`: its address (over TLS with `tls`; the certificates are
 /// the caller's to add), its database and, with `auth`, the AUTH to send. RESP2, as before.
-pub fn connection_info(
+pub(super) fn connection_info(
     node: &RedisNode,
     auth: Option<&Auth>,
     tls: bool,
@@ -287,7 +287,7 @@ pub fn connection_info(
     Ok(addr.into_connection_info()?.set_redis_settings(redis))
 }
 
-pub fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
+pub(super) fn certificates(tls: &RedisTls) -> redis::TlsCertificates {
     redis::TlsCertificates {
         client_tls: tls
             .client_pem

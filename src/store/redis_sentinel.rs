@@ -28,11 +28,11 @@ use tokio::sync::Notify;
 use super::redis_client::{Auth, Credentials, RedisAddress, RedisNode, RedisTls, client_with};
 
 /// First retry delay while no master answers.
-pub const RETRY_MIN: Duration = Duration::from_millis(200);
+pub(super) const RETRY_MIN: Duration = Duration::from_millis(200);
 /// Longest retry delay while no master answers.
-pub const RETRY_MAX: Duration = Duration::from_secs(1);
+pub(super) const RETRY_MAX: Duration = Duration::from_secs(1);
 /// How often a healthy connection's master is checked against the sentinels.
-pub const CHECK_EVERY: Duration = Duration::from_secs(5);
+pub(super) const CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// The current master, if any.
 pub(super) struct SentinelMaster {

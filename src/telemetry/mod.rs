@@ -17,7 +17,7 @@
 
 pub mod limits;
 mod logs;
-pub mod observer;
+pub(crate) mod observer;
 pub mod otlp;
 pub mod prometheus;
 pub mod stats;

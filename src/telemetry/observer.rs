@@ -14,7 +14,7 @@ use crate::service::{Code, ServiceError};
 use crate::store::{StoreError, TraceBackend};
 
 /// The server span of a traced call: envoyproxy/ratelimit's name for it.
-pub const SPAN_NAME: &str = "ShouldRateLimit Execution";
+pub(crate) const SPAN_NAME: &str = "ShouldRateLimit Execution";
 
 /// Stats, spans and logs of a service's decisions.
 pub struct DecisionTelemetry {

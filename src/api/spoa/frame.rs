@@ -16,23 +16,23 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// Frame types (SPOE.txt 3.2.2).
-pub const HAPROXY_HELLO: u8 = 1;
-pub const HAPROXY_DISCONNECT: u8 = 2;
-pub const NOTIFY: u8 = 3;
-pub const AGENT_HELLO: u8 = 101;
-pub const AGENT_DISCONNECT: u8 = 102;
-pub const ACK: u8 = 103;
+pub(super) const HAPROXY_HELLO: u8 = 1;
+pub(super) const HAPROXY_DISCONNECT: u8 = 2;
+pub(super) const NOTIFY: u8 = 3;
+pub(super) const AGENT_HELLO: u8 = 101;
+pub(super) const AGENT_DISCONNECT: u8 = 102;
+pub(super) const ACK: u8 = 103;
 
 /// The FIN flag: every frame carries it (fragmentation is deprecated); ABORT cancels one.
-pub const FLAG_FIN: u32 = 1;
-pub const FLAG_ABORT: u32 = 2;
+pub(super) const FLAG_FIN: u32 = 1;
+pub(super) const FLAG_ABORT: u32 = 2;
 
 /// The smallest frame size a peer may announce.
-pub const MIN_FRAME_SIZE: u32 = 256;
+pub(super) const MIN_FRAME_SIZE: u32 = 256;
 
 /// Status codes of a DISCONNECT frame (SPOE.txt 3.5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
+pub(super) enum Status {
     Normal = 0,
     Io = 1,
     Timeout = 2,
@@ -49,7 +49,7 @@ pub enum Status {
 
 /// Why bytes are not a frame; answered with an AGENT-DISCONNECT of [`Status::Invalid`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FrameError {
+pub(super) enum FrameError {
     #[error("the frame ends inside {0}")]
     Truncated(&'static str),
     #[error("a variable-length integer is longer than 10 bytes")]
@@ -60,7 +60,7 @@ pub enum FrameError {
 
 /// One decoded value (SPOE.txt 3.1).
 #[derive(Clone, Debug, PartialEq)]
-pub enum Typed<'a> {
+pub(super) enum Typed<'a> {
     Null,
     Bool(bool),
     Int32(i32),
@@ -76,7 +76,7 @@ pub enum Typed<'a> {
 #[cfg(test)]
 impl Typed<'_> {
     /// The value, owning nothing borrowed (strings are leaked: tests only).
-    pub fn clone_static(&self) -> Typed<'static> {
+    pub(super) fn clone_static(&self) -> Typed<'static> {
         match self {
             Typed::Null => Typed::Null,
             Typed::Bool(b) => Typed::Bool(*b),
@@ -94,7 +94,7 @@ impl Typed<'_> {
 
 /// A frame's header and payload, borrowed from the bytes after its length prefix.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Frame<'a> {
+pub(super) struct Frame<'a> {
     pub kind: u8,
     pub flags: u32,
     pub stream_id: u64,
@@ -103,16 +103,16 @@ pub struct Frame<'a> {
 }
 
 /// A cursor over a frame's bytes; every read checks what is left.
-pub struct Reader<'a> {
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(bytes: &'a [u8]) -> Self {
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
         Reader { bytes }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }
 
@@ -125,13 +125,13 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    pub fn byte(&mut self, what: &'static str) -> Result<u8, FrameError> {
+    pub(super) fn byte(&mut self, what: &'static str) -> Result<u8, FrameError> {
         Ok(self.take(1, what)?[0])
     }
 
     /// HAProxy's varint: below 240 one byte; else the low 4 bits in the first byte (whose high
     /// nibble is `1111`), then 7 bits per byte while the high bit is set.
-    pub fn varint(&mut self, what: &'static str) -> Result<u64, FrameError> {
+    pub(super) fn varint(&mut self, what: &'static str) -> Result<u64, FrameError> {
         let first = self.byte(what)?;
         let mut value = u64::from(first);
         if first < 240 {
@@ -150,14 +150,14 @@ impl<'a> Reader<'a> {
     }
 
     /// A varint-prefixed run of bytes (a STRING's or BINARY's data, a name).
-    pub fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], FrameError> {
+    pub(super) fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], FrameError> {
         let len = self.varint(what)?;
         let len = usize::try_from(len).map_err(|_| FrameError::Truncated(what))?;
         self.take(len, what)
     }
 
     /// One TYPED-DATA.
-    pub fn typed(&mut self) -> Result<Typed<'a>, FrameError> {
+    pub(super) fn typed(&mut self) -> Result<Typed<'a>, FrameError> {
         let head = self.byte("a value's type")?;
         let what = "a value";
         Ok(match head & 0x0f {
@@ -189,7 +189,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A KV-LIST item: a name and a value.
-    pub fn kv(&mut self) -> Result<(&'a [u8], Typed<'a>), FrameError> {
+    pub(super) fn kv(&mut self) -> Result<(&'a [u8], Typed<'a>), FrameError> {
         let name = self.bytes("a name")?;
         Ok((name, self.typed()?))
     }
@@ -197,7 +197,7 @@ impl<'a> Reader<'a> {
 
 impl<'a> Frame<'a> {
     /// Decodes the bytes after a frame's length prefix.
-    pub fn parse(bytes: &'a [u8]) -> Result<Self, FrameError> {
+    pub(super) fn parse(bytes: &'a [u8]) -> Result<Self, FrameError> {
         let mut r = Reader::new(bytes);
         let kind = r.byte("the frame type")?;
         let flags = r.take(4, "the flags")?;
@@ -214,7 +214,7 @@ impl<'a> Frame<'a> {
     }
 
     /// A KV-LIST payload (HELLO, DISCONNECT) as name/value pairs.
-    pub fn kv_list(&self) -> Result<Vec<(&'a [u8], Typed<'a>)>, FrameError> {
+    pub(super) fn kv_list(&self) -> Result<Vec<(&'a [u8], Typed<'a>)>, FrameError> {
         let mut r = Reader::new(self.payload);
         let mut out = Vec::new();
         while !r.is_empty() {
@@ -225,10 +225,10 @@ impl<'a> Frame<'a> {
 }
 
 /// One message of a NOTIFY frame: its name and arguments.
-pub type Message<'a> = (&'a [u8], Vec<(&'a [u8], Typed<'a>)>);
+pub(super) type Message<'a> = (&'a [u8], Vec<(&'a [u8], Typed<'a>)>);
 
 /// A NOTIFY payload: `<MESSAGE-NAME> <NB-ARGS:1 byte> <KV-LIST>`, repeated.
-pub fn messages(payload: &[u8]) -> Result<Vec<Message<'_>>, FrameError> {
+pub(super) fn messages(payload: &[u8]) -> Result<Vec<Message<'_>>, FrameError> {
     let mut r = Reader::new(payload);
     let mut out = Vec::new();
     while !r.is_empty() {
@@ -241,7 +241,7 @@ pub fn messages(payload: &[u8]) -> Result<Vec<Message<'_>>, FrameError> {
 }
 
 /// Appends HAProxy's varint encoding of `value`.
-pub fn put_varint(out: &mut Vec<u8>, value: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, value: u64) {
     if value < 240 {
         out.push(value as u8);
         return;
@@ -261,7 +261,7 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Appends one TYPED-DATA.
-pub fn put_typed(out: &mut Vec<u8>, value: &Typed<'_>) {
+pub(super) fn put_typed(out: &mut Vec<u8>, value: &Typed<'_>) {
     match value {
         Typed::Null => out.push(0),
         Typed::Bool(b) => out.push(1 | if *b { 0x10 } else { 0 }),
@@ -301,7 +301,7 @@ pub fn put_typed(out: &mut Vec<u8>, value: &Typed<'_>) {
 }
 
 /// A whole frame, length prefix included, with the FIN flag.
-pub fn encode(kind: u8, stream_id: u64, frame_id: u64, payload: &[u8]) -> Vec<u8> {
+pub(super) fn encode(kind: u8, stream_id: u64, frame_id: u64, payload: &[u8]) -> Vec<u8> {
     let mut body = Vec::with_capacity(16 + payload.len());
     body.push(kind);
     body.extend_from_slice(&FLAG_FIN.to_be_bytes());
@@ -315,7 +315,7 @@ pub fn encode(kind: u8, stream_id: u64, frame_id: u64, payload: &[u8]) -> Vec<u8
 }
 
 /// A KV-LIST payload.
-pub fn kv_payload(items: &[(&str, Typed<'_>)]) -> Vec<u8> {
+pub(super) fn kv_payload(items: &[(&str, Typed<'_>)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, value) in items {
         put_bytes(&mut out, name.as_bytes());
@@ -325,11 +325,11 @@ pub fn kv_payload(items: &[(&str, Typed<'_>)]) -> Vec<u8> {
 }
 
 /// Variable scopes of a `set-var` action.
-pub const SCOPE_TRANSACTION: u8 = 2;
+pub(super) const SCOPE_TRANSACTION: u8 = 2;
 const SET_VAR: u8 = 1;
 
 /// Appends a `set-var` action: `<SET-VAR:1> <NB-ARGS:3> <SCOPE:1> <NAME> <VALUE>`.
-pub fn put_set_var(out: &mut Vec<u8>, scope: u8, name: &str, value: &Typed<'_>) {
+pub(super) fn put_set_var(out: &mut Vec<u8>, scope: u8, name: &str, value: &Typed<'_>) {
     out.extend_from_slice(&[SET_VAR, 3, scope]);
     put_bytes(out, name.as_bytes());
     put_typed(out, value);

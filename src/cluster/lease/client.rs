@@ -24,7 +24,7 @@ const MIN_SAMPLE_US: u64 = 10_000;
 
 /// What this node holds of one key.
 #[derive(Clone, Debug)]
-pub struct Held {
+pub(crate) struct Held {
     quota: Quota,
     /// Windows: the window `allowance` and `used` are about. Buckets: 0.
     epoch: u64,
@@ -71,7 +71,7 @@ pub struct Held {
 
 /// A local decision, or the need to ask the owner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Local {
+pub(crate) enum Local {
     Decided(Decision),
     /// The hit does not fit and an acquire may be sent: send `Ask`, then [`Held::grant`] and
     /// [`Held::decide_after_acquire`].
@@ -83,7 +83,7 @@ pub enum Local {
 impl Held {
     /// A key this node holds nothing of yet, seen at `now_us`. `live` is the number of live
     /// peers, which sizes the first demand: the key at its full rate, shared equally.
-    pub fn new(quota: Quota, now_us: u64, live: u64) -> Self {
+    pub(crate) fn new(quota: Quota, now_us: u64, live: u64) -> Self {
         let demand_milli = rate_milli(&quota) / live.max(1);
         Held {
             quota,
@@ -108,13 +108,13 @@ impl Held {
         }
     }
 
-    pub fn quota(&self) -> &Quota {
+    pub(crate) fn quota(&self) -> &Quota {
         &self.quota
     }
 
     /// Decides `hits` at `now_us` from what is held, or says to acquire (when no acquire was
     /// sent for the key within `renew_us`) or to wait for the call under way.
-    pub fn decide(&mut self, now_us: u64, hits: u64, renew_us: u64) -> Local {
+    pub(crate) fn decide(&mut self, now_us: u64, hits: u64, renew_us: u64) -> Local {
         self.roll(now_us);
         self.attempted += hits;
         self.touched_us = now_us;
@@ -139,7 +139,7 @@ impl Held {
     /// Admits `hits` from what is held, with no call and no acquire: a node that cannot reach a
     /// majority of its peers decides so. `Err` carries what it used of a window's allowance
     /// (0 for a bucket), which its safe capacity then counts.
-    pub fn admit_held(&mut self, now_us: u64, hits: u64) -> Result<Decision, u64> {
+    pub(crate) fn admit_held(&mut self, now_us: u64, hits: u64) -> Result<Decision, u64> {
         self.roll(now_us);
         self.attempted += hits;
         self.touched_us = now_us;
@@ -176,7 +176,7 @@ impl Held {
 
     /// Decides `hits` once the call it waited for is answered: admitted if it fits now,
     /// refused otherwise (no second acquire).
-    pub fn decide_after_acquire(&mut self, now_us: u64, hits: u64) -> Decision {
+    pub(crate) fn decide_after_acquire(&mut self, now_us: u64, hits: u64) -> Decision {
         self.roll(now_us);
         self.try_admit(now_us, hits)
             .unwrap_or_else(|| self.refusal(now_us, hits))
@@ -187,7 +187,7 @@ impl Held {
     /// that many more within its allowance (the owner still charges the node the most it had
     /// used, so refunds never let the allowances pass the limit). Buckets: the local bucket
     /// gets the tokens back, never past rest.
-    pub fn refund(&mut self, now_us: u64, hits: u64) -> Decision {
+    pub(crate) fn refund(&mut self, now_us: u64, hits: u64) -> Decision {
         self.roll(now_us);
         match self.quota.algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
@@ -228,7 +228,7 @@ impl Held {
     }
 
     /// Applies a grant answering an ask sent at `sent_us`.
-    pub fn grant(&mut self, g: &Grant, sent_us: u64) {
+    pub(crate) fn grant(&mut self, g: &Grant, sent_us: u64) {
         self.in_flight = false;
         self.fair = g.fair.map(|f| (g.epoch, f));
         let acquiring = std::mem::take(&mut self.acquiring);
@@ -268,7 +268,7 @@ impl Held {
     }
 
     /// A call about the key failed: keep what is held until the lease ends.
-    pub fn failed(&mut self) {
+    pub(crate) fn failed(&mut self) {
         self.in_flight = false;
         self.acquiring = false;
     }
@@ -276,7 +276,12 @@ impl Held {
     /// The renewal to send at `now_us`, when the key needs one: something is held, hits came
     /// since the last report, or the ring changed since (a new owner must learn what is held).
     /// Lowers what is held to what the node keeps.
-    pub fn renewal(&mut self, now_us: u64, changes: u64, timing: &LeaseTiming) -> Option<Ask> {
+    pub(crate) fn renewal(
+        &mut self,
+        now_us: u64,
+        changes: u64,
+        timing: &LeaseTiming,
+    ) -> Option<Ask> {
         self.roll(now_us);
         if self.in_flight {
             return None;
@@ -303,7 +308,7 @@ impl Held {
 
     /// Whether the key can be forgotten at `now_us`: nothing held, no hit for a lease duration,
     /// and (buckets) the local bucket at rest, so forgetting it gives no burst back.
-    pub fn idle(&self, now_us: u64, timing: &LeaseTiming) -> bool {
+    pub(crate) fn idle(&self, now_us: u64, timing: &LeaseTiming) -> bool {
         let quiet = now_us >= self.touched_us + timing.duration_us() && !self.in_flight;
         if is_window(&self.quota) {
             quiet && epoch_of(&self.quota, now_us) > self.epoch && self.next.is_none()
@@ -313,7 +318,7 @@ impl Held {
     }
 
     /// What this node holds, for the debug endpoint: (epoch, allowance or share, used).
-    pub fn holding(&self) -> (u64, u64, u64) {
+    pub(crate) fn holding(&self) -> (u64, u64, u64) {
         (self.epoch, self.allowance, self.used)
     }
 
@@ -388,7 +393,7 @@ impl Held {
     /// majority (windows), so its next report tells the owner, who then grants the window
     /// that much less: without it a partition that heals within a window admitted the limit
     /// again on top of what the cut-off nodes had admitted alone (issue 35's 1/1/1 split).
-    pub fn admitted_alone(&mut self, now_us: u64, hits: u64) {
+    pub(crate) fn admitted_alone(&mut self, now_us: u64, hits: u64) {
         self.roll(now_us);
         if is_window(&self.quota) {
             self.alone = self.alone.saturating_add(hits);

@@ -20,7 +20,7 @@ use crate::limiter::Decision;
 use crate::store::{Cause, Hit, StoreError};
 
 /// Lease mode's state on one node: the leases it holds and what it needs to ask for more.
-pub struct Leasing {
+pub(crate) struct Leasing {
     pub client: LeaseClient,
     owner: Arc<OwnerStore>,
     members: Arc<ArcSwap<Members>>,
@@ -59,7 +59,7 @@ impl Leasing {
     }
 
     /// The renewal task and the lease server's sweep.
-    pub fn spawn(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+    pub(crate) fn spawn(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         let renewing = self.clone();
         let sweeping = self.clone();
         vec![
@@ -123,7 +123,7 @@ impl Leasing {
 
     /// One renewal round: every key due, one call per owner (in chunks of
     /// [`MAX_LEASE_ASKS`]), all owners at once.
-    pub async fn renew_once(&self) {
+    pub(crate) async fn renew_once(&self) {
         let members = self.members.load_full();
         // Cut off from a majority, a node renews nothing: the owners it reaches may be stand-ins
         // for the ones it cannot, and it decides from what it holds (super::minority).

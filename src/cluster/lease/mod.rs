@@ -25,9 +25,9 @@
 //! [`server`] and [`client`] are the logic, with no I/O; `driver.rs` is lease mode's side of
 //! the cluster store, the calls and tasks that run them (routing, renewals, the sweep).
 
-pub mod client;
+pub(crate) mod client;
 pub(super) mod driver;
-pub mod server;
+pub(crate) mod server;
 mod wire;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

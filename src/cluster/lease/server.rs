@@ -48,7 +48,7 @@ use crate::limiter::share::max_min_fair;
 use crate::limiter::{Algorithm, Quota};
 
 /// Shares of a bucket are parts per million.
-pub const PPM: u64 = 1_000_000;
+pub(crate) const PPM: u64 = 1_000_000;
 
 /// What a node asks about one key: a renewal (`want` 0) or an acquire (hits it wants to admit
 /// now and cannot from what it holds).
@@ -123,7 +123,7 @@ impl LeaseTiming {
     }
 }
 
-pub fn micros(d: Duration) -> u64 {
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
@@ -233,8 +233,8 @@ impl Epoch {
 /// `examples/lease_memory.rs` measures at most 498 and 113 (keys of 27 to 31 bytes, names of 16,
 /// 40,000 to 300,000 keys with 1 and 10 holders), which these round up; the example fails when a
 /// measurement passes its charge, and `bench/run.sh` runs it.
-pub const KEY_CHARGE: usize = 512;
-pub const HOLDER_CHARGE: usize = 128;
+pub(crate) const KEY_CHARGE: usize = 512;
+pub(crate) const HOLDER_CHARGE: usize = 128;
 
 /// The most live holders one key's window (or bucket) has: far above any cluster's size, so
 /// only a misbehaving peer inventing node names reaches it; past it new holders get nothing.
@@ -463,12 +463,12 @@ pub(super) fn share_need(demand_milli: u64, quota: &Quota) -> u64 {
 }
 
 /// The index of the window containing `now_us`.
-pub fn window_index(quota: &Quota, now_us: u64) -> u64 {
+pub(crate) fn window_index(quota: &Quota, now_us: u64) -> u64 {
     now_us / 1_000_000 / quota.window().secs()
 }
 
 /// Microseconds from `now_us` to the end of its window.
-pub fn window_left_us(quota: &Quota, now_us: u64) -> u64 {
+pub(crate) fn window_left_us(quota: &Quota, now_us: u64) -> u64 {
     let unit_us = quota.window().secs() * 1_000_000;
     unit_us - now_us % unit_us
 }

@@ -44,7 +44,7 @@
 //! the start-up list has answered (the Go service's memcache backend never reports healthy).
 
 pub mod protocol;
-pub mod servers;
+pub(crate) mod servers;
 pub mod srv;
 
 use std::net::SocketAddr;

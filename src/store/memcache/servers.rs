@@ -47,7 +47,7 @@ const MEMCACHED: Kind = Kind {
 const MAX_CALLS_PER_WRITE: usize = 64;
 
 /// How every server's connections behave.
-pub struct Options {
+pub(crate) struct Options {
     /// SLUICE_MEMCACHE_TIMEOUT_MS: the deadline of a whole call.
     pub timeout: Duration,
     /// MEMCACHE_MAX_IDLE_CONNS: the connections kept per server.
@@ -216,7 +216,7 @@ struct Slot {
 }
 
 /// One memcached server.
-pub struct Server {
+pub(crate) struct Server {
     /// As configured: `host:port` (an SRV record's `target.:port`) or a socket path.
     pub addr: String,
     breaker: Breaker,
@@ -248,12 +248,8 @@ impl Server {
         })
     }
 
-    pub fn stats(&self) -> BreakerStats {
+    pub(crate) fn stats(&self) -> BreakerStats {
         self.breaker.stats()
-    }
-
-    pub fn is_up(&self) -> bool {
-        self.breaker.is_up()
     }
 
     /// A new connection: TCP (with TCP_NODELAY) or a Unix socket for an address with a `/`,
@@ -300,7 +296,11 @@ impl Server {
 
     /// Sends `batch` and reads its replies, by `deadline`; fails at once while the breaker is
     /// open.
-    pub async fn call(&self, batch: Batch, deadline: Instant) -> Result<Vec<Reply>, StoreError> {
+    pub(crate) async fn call(
+        &self,
+        batch: Batch,
+        deadline: Instant,
+    ) -> Result<Vec<Reply>, StoreError> {
         if self.breaker.first_attempt_pending() {
             let _ = tokio::time::timeout_at(deadline, self.breaker.first_attempt()).await;
         }
@@ -397,7 +397,7 @@ pub fn split_host_port(addr: &str) -> Option<(&str, u16)> {
 }
 
 /// The servers in use, in the order that spreads keys, and their supervisors.
-pub struct ServerList {
+pub(crate) struct ServerList {
     servers: ArcSwap<Vec<Arc<Server>>>,
     tasks: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
     options: Arc<Options>,
@@ -420,7 +420,7 @@ impl Drop for ServerList {
 
 impl ServerList {
     /// Starts a supervisor for each of `addrs`. Must be called inside a tokio runtime.
-    pub fn start(addrs: Vec<String>, options: Options) -> Arc<Self> {
+    pub(crate) fn start(addrs: Vec<String>, options: Options) -> Arc<Self> {
         let options = Arc::new(options);
         let distinct = addrs.iter().collect::<std::collections::HashSet<_>>().len();
         let readiness = Readiness::new(distinct, options.breaker.health_follows_connection);
@@ -438,7 +438,7 @@ impl ServerList {
     /// breakers, new ones get a supervisor, the others are stopped. Servers added after the
     /// first list do not hold back readiness: a new memcached that is not up yet must not take
     /// every Sluice out of service.
-    pub fn set(&self, addrs: Vec<String>, first: bool) {
+    pub(crate) fn set(&self, addrs: Vec<String>, first: bool) {
         let current = self.servers.load_full();
         if !first && current.iter().map(|s| &s.addr).eq(addrs.iter()) {
             return;
@@ -481,7 +481,7 @@ impl ServerList {
     }
 
     /// The server `key` goes to: gomemcache's `crc32.ChecksumIEEE(key) % len`.
-    pub fn pick(&self, key: &str) -> Result<Arc<Server>, StoreError> {
+    pub(crate) fn pick(&self, key: &str) -> Result<Arc<Server>, StoreError> {
         let servers = self.servers.load();
         let n = servers.len();
         if n == 0 {
@@ -497,19 +497,19 @@ impl ServerList {
         Ok(servers[i].clone())
     }
 
-    pub fn servers(&self) -> Arc<Vec<Arc<Server>>> {
+    pub(crate) fn servers(&self) -> Arc<Vec<Arc<Server>>> {
         self.servers.load_full()
     }
 
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.readiness.is_ready()
     }
 
-    pub fn ready_changes(&self) -> tokio::sync::watch::Receiver<bool> {
+    pub(crate) fn ready_changes(&self) -> tokio::sync::watch::Receiver<bool> {
         self.readiness.subscribe()
     }
 
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.options.timeout
     }
 }

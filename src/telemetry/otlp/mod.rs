@@ -15,9 +15,9 @@
 //! read and checked at start-up through [`crate::tls`].
 
 pub mod export;
-pub mod propagation;
+pub(crate) mod propagation;
 pub mod proto;
-pub mod trace;
+pub(crate) mod trace;
 
 use std::fmt;
 use std::time::Duration;

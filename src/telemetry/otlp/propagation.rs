@@ -40,17 +40,17 @@ pub struct RequestTrace {
 }
 
 /// The header names [`extract`] reads, lower case (gRPC metadata and `http` keys are).
-pub const TRACEPARENT: &str = "traceparent";
-pub const TRACESTATE: &str = "tracestate";
-pub const B3: &str = "b3";
-pub const B3_TRACE_ID: &str = "x-b3-traceid";
-pub const B3_SPAN_ID: &str = "x-b3-spanid";
-pub const B3_SAMPLED: &str = "x-b3-sampled";
-pub const B3_FLAGS: &str = "x-b3-flags";
+pub(crate) const TRACEPARENT: &str = "traceparent";
+pub(crate) const TRACESTATE: &str = "tracestate";
+pub(crate) const B3: &str = "b3";
+pub(crate) const B3_TRACE_ID: &str = "x-b3-traceid";
+pub(crate) const B3_SPAN_ID: &str = "x-b3-spanid";
+pub(crate) const B3_SAMPLED: &str = "x-b3-sampled";
+pub(crate) const B3_FLAGS: &str = "x-b3-flags";
 
 /// The caller's context from its headers: `traceparent` first, then `b3`, then `x-b3-*`.
 /// `header` returns a header's value by lower-case name.
-pub fn extract<'h>(header: impl Fn(&str) -> Option<&'h str>) -> Option<SpanContext> {
+pub(crate) fn extract<'h>(header: impl Fn(&str) -> Option<&'h str>) -> Option<SpanContext> {
     if let Some(mut ctx) = header(TRACEPARENT).and_then(parse_traceparent) {
         if let Some(state) = header(TRACESTATE) {
             // A tracestate is at most 32 members of at most 256 bytes; cap what is carried.
@@ -91,7 +91,7 @@ fn hex_into(s: &[u8], out: &mut [u8]) -> Option<()> {
 }
 
 /// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -103,7 +103,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// `version-traceid-parentid-flags`, W3C Trace Context level 1. Version `ff` and all-zero ids
 /// are invalid; a future version may append fields after the flags, which are ignored.
-pub fn parse_traceparent(value: &str) -> Option<SpanContext> {
+pub(crate) fn parse_traceparent(value: &str) -> Option<SpanContext> {
     let v = value.trim().as_bytes();
     if v.len() < 55 {
         return None;
@@ -160,7 +160,7 @@ fn b3_span_id(s: &str) -> Option<[u8; 8]> {
 /// `b3: {TraceId}-{SpanId}[-{SamplingState}[-{ParentSpanId}]]`. A lone sampling state (`0`,
 /// `1`, `d`) carries no parent and is ignored. No sampling state means deferred: sampled here,
 /// as OpenTelemetry's B3 propagator does.
-pub fn parse_b3_single(value: &str) -> Option<SpanContext> {
+pub(crate) fn parse_b3_single(value: &str) -> Option<SpanContext> {
     let mut parts = value.trim().split('-');
     let trace_id = b3_trace_id(parts.next()?)?;
     let span_id = b3_span_id(parts.next()?)?;
@@ -181,7 +181,7 @@ pub fn parse_b3_single(value: &str) -> Option<SpanContext> {
 
 /// `x-b3-traceid`, `x-b3-spanid`, `x-b3-sampled` (`1`/`0`, or `true`/`false` from old
 /// clients) and `x-b3-flags: 1` (debug, which implies sampled).
-pub fn parse_b3_multi(
+pub(crate) fn parse_b3_multi(
     trace_id: &str,
     span_id: &str,
     sampled: Option<&str>,

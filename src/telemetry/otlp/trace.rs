@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 
 use super::propagation::RequestTrace;
-pub use super::proto::SpanKind;
+pub(crate) use super::proto::SpanKind;
 
 /// The tracer's counters, exported as `sluice_tracing_*` metrics.
 #[derive(Debug, Default)]
@@ -266,7 +266,7 @@ fn seed() -> u64 {
 
 /// xorshift64* per thread: ids need to be unique and unpredictable enough for sampling, not
 /// cryptographic, and this costs a few nanoseconds without a lock or a dependency.
-pub fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     RNG.with(|c| {
         let mut x = c.get();
         x ^= x >> 12;
