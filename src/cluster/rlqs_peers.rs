@@ -50,8 +50,7 @@ impl QuotaPeers for ClusterQuota {
             if let Err(e) = &result {
                 members.failed(index, e, &self.changes, self.clock.now());
             }
-            // The quota service's trait speaks in messages (it logs them).
-            result.map_err(|e| e.to_string())
+            result.map_err(Into::into)
         })
     }
 }

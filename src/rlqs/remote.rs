@@ -58,9 +58,13 @@ pub struct SyncHolder {
     pub expires_in: Duration,
 }
 
+/// Why a sync failed: the peers' own error (the cluster's `PeerError`: a timeout, an unreachable
+/// owner, a refusal, a malformed answer), which `rlqs` logs and counts without naming its type.
+pub(crate) type SyncError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A call's future.
 pub(crate) type SyncFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Vec<Vec<u64>>, String>> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = Result<Vec<Vec<u64>>, SyncError>> + Send + 'a>>;
 
 /// The peers, as the quota service needs them (the cluster implements it).
 pub trait QuotaPeers: Send + Sync {
