@@ -483,11 +483,7 @@ mod tests {
             .body(Body::from(body.to_owned()))
             .expect("a request");
         let response = router(state()).call(request).await.expect("infallible");
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("an in-memory body");
-        (status, String::from_utf8_lossy(&bytes).into_owned())
+        crate::api::body::answer(response).await
     }
 
     #[tokio::test]

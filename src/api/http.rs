@@ -125,11 +125,7 @@ mod tests {
     async fn post_json(body: Body) -> (StatusCode, String) {
         let request = HttpRequest::post("/json").body(body).expect("a request");
         let response = app().call(request).await.expect("infallible");
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("an in-memory body");
-        (status, String::from_utf8_lossy(&bytes).into_owned())
+        crate::api::body::answer(response).await
     }
 
     #[tokio::test]
