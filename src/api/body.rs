@@ -35,6 +35,16 @@ pub(crate) async fn read(body: Body, max_bytes: usize) -> Result<Bytes, BadReque
     }
 }
 
+/// A test's look at an answer: its status and its body as text.
+#[cfg(test)]
+pub(crate) async fn answer(response: axum::response::Response) -> (axum::http::StatusCode, String) {
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("an in-memory body");
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use std::error::Error;
@@ -81,14 +91,4 @@ mod tests {
         );
         assert!(e.to_string().contains("peer reset"), "{e}");
     }
-}
-
-/// A test's look at an answer: its status and its body as text.
-#[cfg(test)]
-pub(crate) async fn answer(response: axum::response::Response) -> (axum::http::StatusCode, String) {
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("an in-memory body");
-    (status, String::from_utf8_lossy(&bytes).into_owned())
 }
