@@ -35,7 +35,7 @@
 //! - **local**: every node counts alone with the whole limit, as N independent
 //!   envoyproxy/ratelimit instances with in-memory counters would.
 //! - **lease** (SLUICE_CLUSTER_MODE=lease): [`lease`], Sluice's `LeaseClient` and `LeaseServer`
-//!   on every node, driven as `src/cluster/lease/driver.rs` drives them.
+//!   on every node, driven as `src/cluster/lease_driver.rs` drives them.
 //! - **global**: gubernator's GLOBAL behaviour ([`global`]), for comparison.
 //!
 //! Traffic: Poisson arrivals over 10,000 keys with Zipf(1.1) popularity; limits of 10, 100 or

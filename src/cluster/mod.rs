@@ -23,6 +23,7 @@
 mod config;
 pub mod durable;
 pub mod lease;
+mod lease_driver;
 mod minority;
 pub mod peer;
 pub mod ring;
@@ -252,7 +253,7 @@ pub struct ClusterStore {
     mode: ClusterMode,
     stats: Arc<ClusterStats>,
     /// Lease mode: the leases this node holds, and how it asks for them.
-    lease: Option<Arc<lease::driver::Leasing>>,
+    lease: Option<Arc<lease_driver::Leasing>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -336,7 +337,7 @@ impl ClusterStore {
             changes: changes.clone(),
         });
         let lease = lease_mode.then(|| {
-            Arc::new(lease::driver::Leasing::new(
+            Arc::new(lease_driver::Leasing::new(
                 settings,
                 owner.clone(),
                 members.clone(),

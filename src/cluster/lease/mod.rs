@@ -22,11 +22,11 @@
 //! - **Wire**: asks and grants travel in the peer protocol's Lease call (`wire.rs` converts
 //!   them, at most [`MAX_LEASE_ASKS`] a call).
 //!
-//! [`server`] and [`client`] are the logic, with no I/O; `driver.rs` is lease mode's side of
-//! the cluster store, the calls and tasks that run them (routing, renewals, the sweep).
+//! [`server`] and [`client`] are the logic, with no I/O; `cluster/lease_driver.rs` is lease
+//! mode's side of the cluster store, the calls and tasks that run them (routing, renewals, the
+//! sweep).
 
 pub(crate) mod client;
-pub(super) mod driver;
 pub(crate) mod server;
 mod wire;
 

@@ -1,7 +1,7 @@
 //! Lease mode's side of [`ClusterStore`]: routing each hit to its local decision, an acquire
 //! or a forward ([`ClusterStore::route_lease`]), and the two background tasks: renewals (one
 //! call per owner per SLUICE_LEASE_RENEW_MS, carrying every key held of it) and the lease
-//! server's sweep. The lease logic itself is [`super::server`] and [`super::client`], with no I/O; this
+//! server's sweep. The lease logic itself is [`super::lease::server`] and [`super::lease::client`], with no I/O; this
 //! is the only lease code that does any.
 
 use std::collections::HashMap;
@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::{Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot};
+use super::lease::{
+    Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
+};
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::durable::RingChanges;
 use crate::cluster::peer::{Call, LeaseAsk, Op, PeerError};
@@ -36,7 +38,7 @@ pub(crate) struct Leasing {
 type Pending = (usize, Arc<Slot>, Ask);
 
 impl Leasing {
-    pub(in crate::cluster) fn new(
+    pub(super) fn new(
         settings: &ClusterConfig,
         owner: Arc<OwnerStore>,
         members: Arc<ArcSwap<Members>>,
@@ -259,7 +261,7 @@ impl ClusterStore {
     /// Lease mode: each hit decided from this node's lease on its key, by an acquire from the
     /// key's owner when it does not fit (or the key is new here), or forwarded when a lease
     /// table is full. Refunds go back to the lease (or follow the forwarded hit).
-    pub(in crate::cluster) async fn route_lease(
+    pub(super) async fn route_lease(
         &self,
         members: &Members,
         now: Timestamp,
