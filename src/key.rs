@@ -162,8 +162,11 @@ pub fn window_stem(stem: &str, window: Window) -> Cow<'_, str> {
 /// [`go_cache_key`]'s (`d_k_v_sliding_window`, `d_k_v_x5MINUTE_token_bucket`). No Go instance
 /// reads these keys: the Go service has only fixed windows.
 pub fn state_key(stem: &str, quota: &Quota) -> String {
-    let q = quota;
-    format!("{}{}", window_stem(stem, q.window()), q.algorithm.name())
+    format!(
+        "{}{}",
+        window_stem(stem, quota.window()),
+        quota.algorithm.name()
+    )
 }
 
 /// The key a remote store (Redis, memcached) keeps the counter of `stem` and `quota` under at
@@ -208,8 +211,7 @@ pub fn memcached_key(key: String) -> String {
 /// ignored for buckets). The stem is a hash tag, so one descriptor's keys share a Redis
 /// Cluster slot; none can be taken for a Go key (`prefix + domain_...`).
 pub fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> String {
-    let bare = stem.strip_prefix(prefix).unwrap_or(stem);
-    let mut key = format!("{prefix}sluice:wb:{{{bare}}}:");
+    let mut key = write_behind_head(prefix, stem);
     // Writing to a String cannot fail.
     match kind {
         CounterKind::Fixed(w) => drop(write!(key, "fw:{}:{window}", w.secs())),
@@ -222,8 +224,17 @@ pub fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64
 /// The Redis key the peer cluster writes a concurrency limit's slots behind to:
 /// `prefix + "sluice:wb:{" + stem without the prefix + "}:cc:" + window seconds`.
 pub fn write_behind_slots_key(prefix: &str, stem: &str, window: Window) -> String {
+    let mut key = write_behind_head(prefix, stem);
+    // Writing to a String cannot fail.
+    let _ = write!(key, "cc:{}", window.secs());
+    key
+}
+
+/// What every write-behind key starts with: `prefix + "sluice:wb:{" + stem without the prefix
+/// + "}:"`.
+fn write_behind_head(prefix: &str, stem: &str) -> String {
     let bare = stem.strip_prefix(prefix).unwrap_or(stem);
-    format!("{prefix}sluice:wb:{{{bare}}}:cc:{}", window.secs())
+    format!("{prefix}sluice:wb:{{{bare}}}:")
 }
 
 /// Writes the key of a Rate Limit Quota Service bucket: the stem of the descriptor its bucket
