@@ -300,7 +300,7 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
         .collect();
     let (_prometheus, port) = start_prometheus(dir.path(), &targets, &fast_rules(dir.path()));
 
-    load(&nodes);
+    load(&nodes, port);
     wait_for(
         "prometheus to scrape the errors",
         Duration::from_secs(20),
@@ -350,9 +350,9 @@ fn the_dashboard_and_alerts_work_against_a_real_prometheus() {
 }
 
 /// Hits within and over the limit on both nodes for 6 s (a third of them the hot tenant's,
-/// a few the quiet one's), then more distinct keys than the store holds (it refuses them: a
-/// backend error).
-fn load(nodes: &[Node]) {
+/// a few the quiet one's), then x's lost refunds until Prometheus has seen them, then more
+/// distinct keys than the store holds (it refuses them: a backend error).
+fn load(nodes: &[Node], port: u16) {
     let started = Instant::now();
     let mut i = 0;
     while started.elapsed() < Duration::from_secs(6) {
@@ -369,6 +369,7 @@ fn load(nodes: &[Node]) {
         http(node.http, "POST", "/json", &body);
         i += 1;
     }
+    x_loses_refunds_until_prometheus_counts_them(nodes, port);
     for n in 0..80 {
         http(
             nodes[n % 2].http,
@@ -376,6 +377,28 @@ fn load(nodes: &[Node]) {
             "/json",
             &body(&format!("flood{n}")),
         );
+    }
+}
+
+/// A lost refund is counted by the next call on its counter after the slot expired, and
+/// `increase()` sees it only once a scrape has read the counter before it grew: on a slow
+/// machine the 6 s load may give it no such pair. So x keeps starting (one every 1.1 s, each
+/// slot expiring before the next start counts it) until Prometheus reads an increase, 30 s at
+/// most, before the flood fills the store.
+fn x_loses_refunds_until_prometheus_counts_them(nodes: &[Node], port: u16) {
+    let expr = "increase(ratelimit_service_rate_limit_slots_expired{key1=\"inflight_x\"}[1m]) > 0";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while query(port, expr).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never saw x's lost refunds; its series: {:?}",
+            query(
+                port,
+                "ratelimit_service_rate_limit_slots_expired{key1=~\"inflight_.*\"}[1m]"
+            )
+        );
+        http(nodes[1].http, "POST", "/json", &entry_body("inflight", "x"));
+        std::thread::sleep(Duration::from_millis(1100));
     }
 }
 
