@@ -36,7 +36,7 @@ pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// modification time, a ConfigMap's `..data` swap or an editor's rename-over changes the inode,
 /// and the change time catches a write whose modification time was set back (`touch -d`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Fingerprint {
+pub(crate) struct Fingerprint {
     len: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
@@ -45,7 +45,7 @@ struct Fingerprint {
 }
 
 impl Fingerprint {
-    fn of(meta: &fs::Metadata) -> Self {
+    pub(crate) fn of(meta: &fs::Metadata) -> Self {
         Fingerprint {
             len: meta.len(),
             mtime: (meta.mtime(), meta.mtime_nsec()),
