@@ -3,7 +3,7 @@
 //! then Sluice's extensions (`algorithm`, `burst`, `rate_limits`, ...), one tree per domain.
 
 use super::StatsSlot;
-use super::lookup::{Block, Domain, FastMap, Level, Limit, Node, RateLimitConfig, Rule};
+use super::lookup::{Block, Domain, FastMap, Level, Limit, Node, RateLimitConfig, Rule, Source};
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::limiter::{Algorithm, Quota, Unit, Window, concurrency};
 use serde_yaml_ng::Value as Yaml;
@@ -12,7 +12,8 @@ use std::num::NonZeroU32;
 /// Builds a [`RateLimitConfig`] file by file, as Go's `loadConfig` does.
 #[derive(Debug)]
 pub(crate) struct Builder {
-    domains: FastMap<String, Domain>,
+    /// Each domain's tree, by name.
+    domains: FastMap<String, Level>,
     merge_domain_config: bool,
 }
 
@@ -35,30 +36,28 @@ impl Builder {
             if !self.merge_domain_config {
                 return Err(format!("duplicate domain '{}' in config file", root.domain));
             }
-            let before = existing.root.nodes.len();
-            let result = load_descriptors(&mut existing.root, &parent, root.descriptors);
+            let before = existing.nodes.len();
+            let result = load_descriptors(existing, &parent, root.descriptors);
             if result.is_err() {
-                existing.root.truncate(before);
+                existing.truncate(before);
             }
-            mark_stats_keys(&mut existing.root, PathStats::default());
+            mark_stats_keys(existing, PathStats::default());
             return result;
         }
         let mut level = Level::default();
         load_descriptors(&mut level, &parent, root.descriptors)?;
         mark_stats_keys(&mut level, PathStats::default());
-        self.domains.insert(
-            root.domain.clone(),
-            Domain {
-                name: root.domain,
-                root: level,
-            },
-        );
+        self.domains.insert(root.domain, level);
         Ok(())
     }
 
     pub(crate) fn finish(self) -> RateLimitConfig {
         RateLimitConfig {
-            domains: self.domains,
+            domains: self
+                .domains
+                .into_iter()
+                .map(|(name, level)| (name.clone(), Domain::new(name, level)))
+                .collect(),
         }
     }
 }
@@ -155,6 +154,7 @@ fn load_descriptors(
                 stats_key_varies: false,
                 stats_key_is_one_counter: false,
                 stats: StatsSlot::default(),
+                source: Source::Config,
             })
         });
 

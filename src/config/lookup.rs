@@ -7,11 +7,14 @@
 //! probe.
 
 use super::StatsSlot;
+use super::runtime::RuntimeLayer;
+use super::runtime::layer::{ROOT, RtNode};
 use crate::descriptor::Entry;
 use crate::limiter::{Algorithm, Quota};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -66,6 +69,27 @@ pub struct Limit {
     pub stats_key_is_one_counter: bool,
     /// The link to this limit's counters, filled by the first request that counts.
     pub stats: StatsSlot,
+    /// Where the limit was set: the YAML (or xDS) config, or the runtime API.
+    pub source: Source,
+}
+
+/// Where a limit was set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// The YAML files, or xDS.
+    #[default]
+    Config,
+    /// The runtime limits API (`PUT /limits/...` on the debug port).
+    Runtime,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Config => "config",
+            Source::Runtime => "runtime",
+        }
+    }
 }
 
 impl Limit {
@@ -146,11 +170,14 @@ impl RateLimitConfig {
         self.domains.values()
     }
 
-    /// Every limit of every domain, in no particular order.
+    /// Every limit of every domain, runtime limits included, in no particular order.
     pub fn limits(&self) -> impl Iterator<Item = &Limit> {
         let mut out = Vec::new();
         for d in self.domains.values() {
             d.root.collect_limits(&mut out);
+            if let Some(layer) = &d.runtime {
+                out.extend(layer.limits().map(|r| &r.limit));
+            }
         }
         out.into_iter()
     }
@@ -161,8 +188,8 @@ impl RateLimitConfig {
     ///
     /// A limit with several blocks (`rate_limits`) has one line per block, in YAML order; a
     /// block that is not a plain fixed window adds `, algorithm: <name>` and, when set,
-    /// `, burst: <n>` and `, charge_refused: true`. Fixed-window limits print exactly what Go
-    /// prints.
+    /// `, burst: <n>` and `, charge_refused: true`; a runtime limit ends in `, source: runtime`.
+    /// Fixed-window limits from the YAML print exactly what Go prints.
     pub fn dump(&self) -> String {
         let mut limits: Vec<&Limit> = self.limits().collect();
         limits.sort_by(|a, b| a.full_key.cmp(&b.full_key));
@@ -171,7 +198,7 @@ impl RateLimitConfig {
             match &l.rule {
                 Rule::Unlimited => {
                     dump_prefix(&mut out, l, "UNKNOWN", 0);
-                    out.push('\n');
+                    dump_source(&mut out, l);
                 }
                 Rule::Limited(blocks) => {
                     for b in blocks {
@@ -192,7 +219,7 @@ impl RateLimitConfig {
                         if let Some(safe) = q.safe_capacity {
                             let _ = write!(out, ", safe_capacity: {safe}");
                         }
-                        out.push('\n');
+                        dump_source(&mut out, l);
                     }
                 }
             }
@@ -211,22 +238,79 @@ fn dump_prefix(out: &mut String, l: &Limit, unit: &str, requests_per_unit: u32) 
     );
 }
 
-/// One domain's descriptor tree.
+/// The end of a `/rlconfig` line: its source when not the config, and the newline.
+fn dump_source(out: &mut String, l: &Limit) {
+    if l.source != Source::Config {
+        let _ = write!(out, ", source: {}", l.source.name());
+    }
+    out.push('\n');
+}
+
+/// One domain's descriptor tree: the YAML's (or xDS's), shared by every config composed over
+/// it, and the runtime limits' layer over it, if the domain has any.
 #[derive(Debug)]
 pub struct Domain {
     pub(super) name: String,
-    pub(super) root: Level,
+    pub(super) root: Arc<Level>,
+    pub(super) runtime: Option<Arc<RuntimeLayer>>,
 }
 
 impl Domain {
+    pub(super) fn new(name: String, root: Level) -> Self {
+        Domain {
+            name,
+            root: Arc::new(root),
+            runtime: None,
+        }
+    }
+
+    /// A domain only runtime limits have.
+    pub(super) fn runtime_only(name: &str) -> Self {
+        Domain::new(name.to_owned(), Level::default())
+    }
+
+    /// The same YAML tree, without the runtime layer.
+    pub(super) fn share_root(&self) -> Self {
+        Domain {
+            name: self.name.clone(),
+            root: Arc::clone(&self.root),
+            runtime: None,
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// Every limit of the domain with the descriptor keys on its path, root first.
+    /// The runtime limit set at exactly this path, if any.
+    pub fn runtime_limit(
+        &self,
+        levels: &[super::runtime::PathLevel<'_>],
+    ) -> Option<&Arc<super::runtime::RuntimeLimit>> {
+        let layer = self.runtime.as_deref()?;
+        let mut parent = ROOT;
+        let mut node = None;
+        for (key, value) in levels {
+            let n = layer.child(parent, &super::runtime::composite(key, *value))?;
+            parent = n.id;
+            node = Some(n);
+        }
+        node?.limit.as_ref()
+    }
+
+    /// The domain's runtime limits, in no particular order.
+    pub fn runtime_limits(&self) -> impl Iterator<Item = &Arc<super::runtime::RuntimeLimit>> {
+        self.runtime.iter().flat_map(|l| l.limits())
+    }
+
+    /// Every limit of the domain with the descriptor keys on its path, root first (runtime
+    /// limits after the YAML's).
     pub fn key_paths(&self) -> Vec<(Vec<&str>, &Limit)> {
         let mut out = Vec::new();
         self.root.collect_paths(&mut Vec::new(), &mut out);
+        for r in self.runtime_limits() {
+            out.push((r.levels.iter().map(|(k, _)| &**k).collect(), &r.limit));
+        }
         out
     }
 
@@ -294,8 +378,11 @@ impl Domain {
         (steps, matched)
     }
 
-    /// The matching walk. `metric`, when given, receives Go's `value_to_metric` key segments;
-    /// `trace` each level's step.
+    /// The matching walk, over the YAML's tree and the runtime layer together as if the
+    /// runtime limits were written into the YAML at their paths: per level the exact node of
+    /// either, else the YAML's first matching wildcard, else the key-only node of either; the
+    /// runtime's limit where both have one. `metric`, when given, receives Go's
+    /// `value_to_metric` key segments; `trace` each level's step.
     fn lookup_with<'a>(
         &'a self,
         entries: &[Entry],
@@ -303,7 +390,11 @@ impl Domain {
         mut metric: Option<&mut String>,
         mut trace: Option<&mut Vec<Step<'a>>>,
     ) -> Option<Matched<'a>> {
-        let mut level = &self.root;
+        let mut level = Some(&*self.root);
+        let layer = self.runtime.as_deref();
+        // The runtime node matched at the level above (the root at first); `None` once the
+        // runtime tree has nothing further down this path.
+        let mut rt_parent = layer.map(|_| ROOT);
         let mut found: Option<&'a Limit> = None;
         let mut shared_values = Vec::new();
         let last = entries.len().checked_sub(1)?;
@@ -313,58 +404,114 @@ impl Domain {
                 buf: &mut *buf,
                 written: false,
             };
-            let mut how = How::Exact;
-            let mut node = level.exact(&mut probe);
-            if node.is_none() {
-                node = level.match_wildcard(&mut probe);
-                if let Some(w) = node {
-                    // Go trims "key_" off the pattern to get its value part.
-                    let pattern = w
-                        .composite
-                        .strip_prefix(entry.key.as_str())
-                        .and_then(|rest| rest.strip_prefix('_'))
-                        .unwrap_or(&w.composite);
-                    if w.share_threshold {
-                        shared_values.push((i, pattern));
-                    }
-                    how = How::Wildcard(pattern);
-                }
-            }
-            if node.is_none() {
-                node = level.key_only(&entry.key);
-                how = How::KeyOnly;
-            }
+            let hop = Hop::find(level, layer.zip(rt_parent), &mut probe);
             if let Some(t) = trace.as_deref_mut() {
                 t.push(Step {
                     entry: i,
-                    matched: node.map(|n| StepMatch {
-                        node: &n.composite,
-                        how: match how {
-                            How::Exact => "exact",
-                            How::Wildcard(_) if n.share_threshold => "wildcard, shared",
-                            How::Wildcard(_) => "wildcard",
-                            How::KeyOnly => "key only",
-                        },
-                        limit: n.limit.as_deref(),
-                        has_children: !n.children.is_empty(),
-                    }),
+                    matched: hop.step_match(),
                 });
             }
-            let node = node?;
+            // Nothing at this level: the descriptor matches no limit.
+            hop.composite()?;
+            if let (How::Wildcard(pattern), Some(n)) = (hop.how, hop.node)
+                && n.share_threshold
+            {
+                shared_values.push((i, pattern));
+            }
             if let Some(m) = metric.as_deref_mut() {
-                push_metric_segment(m, entry, node, how);
+                push_metric_segment(m, entry, hop.node, hop.how);
             }
             if i == last {
-                found = node.limit.as_deref();
+                found = hop.limit();
             }
-            if node.children.is_empty() {
+            level = hop.node.map(|n| &n.children).filter(|c| !c.is_empty());
+            rt_parent = hop.rt.filter(|n| n.children > 0).map(|n| n.id);
+            if level.is_none() && rt_parent.is_none() {
                 break;
             }
-            level = &node.children;
         }
         found.map(|limit| Matched {
             limit,
             shared_values,
+        })
+    }
+}
+
+/// What one level of the walk matched: the YAML's node, the runtime's, or both (the same
+/// composite key), and how.
+struct Hop<'a> {
+    node: Option<&'a Node>,
+    rt: Option<&'a RtNode>,
+    how: How<'a>,
+}
+
+impl<'a> Hop<'a> {
+    fn find(
+        level: Option<&'a Level>,
+        rt: Option<(&'a RuntimeLayer, u64)>,
+        probe: &mut Probe<'_, '_>,
+    ) -> Self {
+        let node = level.and_then(|l| l.exact(probe));
+        let rt_node = rt.and_then(|(layer, parent)| layer.child(parent, probe.composite()));
+        if node.is_some() || rt_node.is_some() {
+            return Hop {
+                node,
+                rt: rt_node,
+                how: How::Exact,
+            };
+        }
+        if let Some(w) = level.and_then(|l| l.match_wildcard(probe)) {
+            let key = probe.entry.key.as_str();
+            // Go trims "key_" off the pattern to get its value part.
+            let pattern = w
+                .composite
+                .strip_prefix(key)
+                .and_then(|rest| rest.strip_prefix('_'))
+                .unwrap_or(&w.composite);
+            return Hop {
+                node: Some(w),
+                rt: None,
+                how: How::Wildcard(pattern),
+            };
+        }
+        let key = probe.entry.key.as_str();
+        Hop {
+            node: level.and_then(|l| l.key_only(key)),
+            rt: rt.and_then(|(layer, parent)| layer.child(parent, key)),
+            how: How::KeyOnly,
+        }
+    }
+
+    /// The matched node's composite key; `None` when nothing matched.
+    fn composite(&self) -> Option<&'a str> {
+        match (self.node, self.rt) {
+            (Some(n), _) => Some(&n.composite),
+            (None, Some(r)) => Some(&r.composite),
+            (None, None) => None,
+        }
+    }
+
+    /// The node's limit: the runtime's where both have one.
+    fn limit(&self) -> Option<&'a Limit> {
+        self.rt
+            .and_then(|r| r.limit.as_deref())
+            .map(|r| &r.limit)
+            .or_else(|| self.node.and_then(|n| n.limit.as_deref()))
+    }
+
+    fn step_match(&self) -> Option<StepMatch<'a>> {
+        let share = self.node.is_some_and(|n| n.share_threshold);
+        Some(StepMatch {
+            node: self.composite()?,
+            how: match self.how {
+                How::Exact => "exact",
+                How::Wildcard(_) if share => "wildcard, shared",
+                How::Wildcard(_) => "wildcard",
+                How::KeyOnly => "key only",
+            },
+            limit: self.limit(),
+            has_children: self.node.is_some_and(|n| !n.children.is_empty())
+                || self.rt.is_some_and(|r| r.children > 0),
         })
     }
 }
@@ -401,19 +548,22 @@ enum How<'a> {
     KeyOnly,
 }
 
-/// One `.segment` of Go's `value_to_metric` stats key.
-fn push_metric_segment(out: &mut String, entry: &Entry, node: &Node, how: How<'_>) {
+/// One `.segment` of Go's `value_to_metric` stats key (`node`: the YAML's node, `None` for a
+/// runtime node alone, which has neither `share_threshold` nor `value_to_metric`).
+fn push_metric_segment(out: &mut String, entry: &Entry, node: Option<&Node>, how: How<'_>) {
     out.push('.');
     out.push_str(&entry.key);
+    let share_threshold = node.is_some_and(|n| n.share_threshold);
+    let value_to_metric = node.is_some_and(|n| n.value_to_metric);
     let show_value = match how {
         How::Exact => true,
-        How::Wildcard(pattern) if node.share_threshold || !node.value_to_metric => {
+        How::Wildcard(pattern) if share_threshold || !value_to_metric => {
             out.push('_');
             out.push_str(pattern);
             return;
         }
         How::Wildcard(_) => true,
-        How::KeyOnly => node.value_to_metric,
+        How::KeyOnly => value_to_metric,
     };
     if show_value && !entry.value.is_empty() {
         out.push('_');
@@ -456,6 +606,20 @@ impl Level {
 
     fn get(&self, composite: &str) -> Option<&Node> {
         self.index.get(composite).and_then(|&i| self.nodes.get(i))
+    }
+
+    /// The node whose composite key is `composite`.
+    pub(super) fn node(&self, composite: &str) -> Option<&Node> {
+        self.get(composite)
+    }
+
+    /// The composite key of the first wildcard node on `key`, if the level has one.
+    pub(super) fn wildcard_of_key(&self, key: &str) -> Option<&str> {
+        self.wildcards
+            .iter()
+            .filter_map(|&i| self.nodes.get(i))
+            .find(|n| *n.key == *key)
+            .map(|n| &*n.composite)
     }
 
     /// The node whose composite key is the entry's `key_value`.

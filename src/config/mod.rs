@@ -32,11 +32,7 @@ pub(crate) mod load;
 pub(crate) mod lookup;
 pub(crate) mod poll;
 pub(crate) mod raw;
-#[allow(
-    dead_code,
-    reason = "issue 38 in progress: the runtime-limits API is not wired yet"
-)]
-pub(crate) mod runtime;
+pub mod runtime;
 pub(crate) mod stats_slot;
 pub(crate) mod watch;
 pub(crate) mod yaml;
@@ -48,7 +44,7 @@ pub use load::{
     ConfigSource, FileLimits, LoadOptions, build_raw, envoy_extensions, envoy_extensions_in, load,
     parse_files,
 };
-pub use lookup::{Block, Domain, Limit, Matched, RateLimitConfig, Rule, Step, StepMatch};
+pub use lookup::{Block, Domain, Limit, Matched, RateLimitConfig, Rule, Source, Step, StepMatch};
 pub use poll::Poller;
 pub use stats_slot::StatsSlot;
 pub use watch::{ConfigHandle, ConfigStats, WatchGuard, spawn_watcher};

@@ -8,6 +8,7 @@
 use super::ConfigErrors;
 use super::lookup::RateLimitConfig;
 use super::poll::Poller;
+use super::runtime::{DEFAULT_MAX_RUNTIME_LIMITS, RuntimeState};
 use arc_swap::ArcSwapOption;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,9 +23,14 @@ pub struct ConfigStats {
 }
 
 /// The current config, shared by everything that serves requests. Cloning is cheap.
+///
+/// What it serves is composed of the YAML (or xDS) config last stored and the runtime limits
+/// set through the API ([`super::runtime`]): a reload replaces the one and keeps the other,
+/// and every change to either stores a newly composed config.
 #[derive(Clone, Debug, Default)]
 pub struct ConfigHandle {
     config: Arc<ArcSwapOption<RateLimitConfig>>,
+    runtime: Arc<Mutex<RuntimeState>>,
     stats: Arc<ConfigStats>,
     /// Counts stores, for those who react to a new config (health).
     version: Arc<tokio::sync::watch::Sender<u64>>,
@@ -32,10 +38,18 @@ pub struct ConfigHandle {
 
 impl ConfigHandle {
     /// `None` when starting without a config (FORCE_START_WITHOUT_INITIAL_CONFIG); requests
-    /// then fail with "no rate limit configuration loaded" until a load succeeds.
+    /// then fail with "no rate limit configuration loaded" until a load succeeds (or a runtime
+    /// limit is set).
     pub fn new(initial: Option<RateLimitConfig>) -> Self {
+        Self::with_max_runtime_limits(initial, DEFAULT_MAX_RUNTIME_LIMITS)
+    }
+
+    /// As [`ConfigHandle::new`], holding at most `max` runtime limits (SLUICE_MAX_RUNTIME_LIMITS).
+    pub fn with_max_runtime_limits(initial: Option<RateLimitConfig>, max: usize) -> Self {
+        let state = RuntimeState::new(initial, max);
         ConfigHandle {
-            config: Arc::new(ArcSwapOption::new(initial.map(Arc::new))),
+            config: Arc::new(ArcSwapOption::new(state.compose().map(Arc::new))),
+            runtime: Arc::new(Mutex::new(state)),
             stats: Arc::new(ConfigStats::default()),
             version: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
@@ -50,9 +64,24 @@ impl ConfigHandle {
         self.config.load()
     }
 
+    /// Stores a newly loaded YAML (or xDS) config; the runtime limits stay over it.
     pub fn store(&self, cfg: RateLimitConfig) {
-        self.config.store(Some(Arc::new(cfg)));
+        self.change(|state| state.set_base(cfg));
+    }
+
+    /// Runs `f` on the runtime state and serves what it composes then, under the lock so
+    /// that no two changes publish out of order.
+    pub fn change<T>(&self, f: impl FnOnce(&mut RuntimeState) -> T) -> T {
+        let mut state = self.runtime.lock().unwrap_or_else(PoisonError::into_inner);
+        let out = f(&mut state);
+        self.config.store(state.compose().map(Arc::new));
         self.version.send_modify(|v| *v += 1);
+        out
+    }
+
+    /// Reads the runtime state (a preview, the limits to save) without changing it.
+    pub fn runtime<T>(&self, f: impl FnOnce(&RuntimeState) -> T) -> T {
+        f(&self.runtime.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// Changes every time a config is stored.

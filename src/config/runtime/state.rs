@@ -1,0 +1,257 @@
+//! The runtime limits' writer side: the YAML (or xDS) config last loaded, each domain's
+//! runtime layer, and the served config composed of both. Every change and every reload
+//! composes a new served config; the YAML's trees are shared, never copied.
+
+use std::sync::Arc;
+
+use super::layer::RuntimeLayer;
+use super::{PathLevel, RuntimeLimit, compile, composite};
+use crate::config::lookup::{Domain, FastMap, Level, RateLimitConfig};
+
+/// What a change did: made a new path or replaced the limit it had.
+#[derive(Clone, Debug)]
+pub enum Change {
+    Created,
+    Replaced { old: Arc<RuntimeLimit> },
+}
+
+/// Why a `PUT` was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PutError {
+    /// The YAML's own message, or the runtime's rules'.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "this node holds its maximum of {max} runtime limits (SLUICE_MAX_RUNTIME_LIMITS): remove some, or raise it"
+    )]
+    Full { max: usize },
+}
+
+/// The YAML config and the runtime layers over it.
+#[derive(Debug)]
+pub struct RuntimeState {
+    base: Option<Arc<RateLimitConfig>>,
+    layers: FastMap<String, Arc<RuntimeLayer>>,
+    /// The last node id handed out (ids are never reused, so a snapshot's ids stay valid).
+    next_id: u64,
+    max: usize,
+}
+
+impl Default for RuntimeState {
+    fn default() -> Self {
+        RuntimeState::new(None, super::DEFAULT_MAX_RUNTIME_LIMITS)
+    }
+}
+
+impl RuntimeState {
+    pub fn new(base: Option<RateLimitConfig>, max: usize) -> Self {
+        RuntimeState {
+            base: base.map(Arc::new),
+            layers: FastMap::default(),
+            next_id: 0,
+            max,
+        }
+    }
+
+    /// Replaces the YAML config (a reload); the runtime layers stay.
+    pub fn set_base(&mut self, base: RateLimitConfig) {
+        self.base = Some(Arc::new(base));
+    }
+
+    /// The served config: the YAML's domains with their runtime layers, and the domains only
+    /// runtime limits have. `None` when there is neither (no config loaded yet).
+    pub fn compose(&self) -> Option<RateLimitConfig> {
+        self.compose_with(None)
+    }
+
+    fn compose_with(&self, over: Option<(&str, &Arc<RuntimeLayer>)>) -> Option<RateLimitConfig> {
+        let mut domains: FastMap<String, Domain> = FastMap::default();
+        if let Some(base) = &self.base {
+            for d in base.domains.values() {
+                domains.insert(d.name.clone(), d.share_root());
+            }
+        }
+        let layers = self
+            .layers
+            .iter()
+            .filter(|(name, _)| over.is_none_or(|(o, _)| o != name.as_str()))
+            .map(|(name, layer)| (name.as_str(), layer))
+            .chain(over);
+        for (name, layer) in layers {
+            if layer.len() == 0 {
+                continue;
+            }
+            domains
+                .entry(name.to_owned())
+                .or_insert_with(|| Domain::runtime_only(name))
+                .runtime = Some(Arc::clone(layer));
+        }
+        if self.base.is_none() && domains.is_empty() {
+            return None;
+        }
+        Some(RateLimitConfig { domains })
+    }
+
+    /// How many runtime limits there are, all domains together.
+    pub fn len(&self) -> usize {
+        self.layers.values().map(|l| l.len()).sum()
+    }
+
+    /// Every runtime limit, with its domain, in no particular order.
+    pub fn all(&self) -> Vec<(String, Arc<RuntimeLimit>)> {
+        self.layers
+            .iter()
+            .flat_map(|(d, l)| l.limits().map(move |r| (d.clone(), Arc::clone(r))))
+            .collect()
+    }
+
+    /// Checks and sets the limit at `levels` of `domain`.
+    pub fn put(
+        &mut self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+        body: serde_json::Value,
+    ) -> Result<(Change, Arc<RuntimeLimit>), PutError> {
+        let staged = self.stage_put(domain, levels, body)?;
+        self.layers.insert(domain.to_owned(), staged.layer);
+        self.next_id = staged.next_id;
+        Ok((staged.change, staged.limit))
+    }
+
+    /// What [`RuntimeState::put`] would do, and the served config after it, changing nothing.
+    pub fn preview_put(
+        &self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+        body: serde_json::Value,
+    ) -> Result<(Change, Arc<RuntimeLimit>, RateLimitConfig), PutError> {
+        let staged = self.stage_put(domain, levels, body)?;
+        let config = self
+            .compose_with(Some((domain, &staged.layer)))
+            .unwrap_or_default();
+        Ok((staged.change, staged.limit, config))
+    }
+
+    /// Removes the limit at `levels` of `domain`; the removed limit.
+    pub fn remove(&mut self, domain: &str, levels: &[PathLevel<'_>]) -> Option<Arc<RuntimeLimit>> {
+        let (old, layer) = self.stage_remove(domain, levels)?;
+        if layer.len() == 0 {
+            self.layers.remove(domain);
+        } else {
+            self.layers.insert(domain.to_owned(), layer);
+        }
+        Some(old)
+    }
+
+    /// What [`RuntimeState::remove`] would remove, and the served config after it.
+    pub fn preview_remove(
+        &self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+    ) -> Option<(Arc<RuntimeLimit>, RateLimitConfig)> {
+        let (old, layer) = self.stage_remove(domain, levels)?;
+        let config = self
+            .compose_with(Some((domain, &layer)))
+            .unwrap_or_default();
+        Some((old, config))
+    }
+
+    /// The domain's layer with the limit set, not yet in place.
+    fn stage_put(
+        &self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+        body: serde_json::Value,
+    ) -> Result<Staged, PutError> {
+        let limit = compile(domain, levels, body).map_err(PutError::Invalid)?;
+        let base = self.base.as_ref().and_then(|b| b.domains.get(domain));
+        if let Some(refusal) = base.and_then(|d| wildcard_beside_key_only(&d.root, levels)) {
+            return Err(PutError::Invalid(refusal));
+        }
+        let limit = Arc::new(limit);
+        let mut layer = self.layers.get(domain).cloned().unwrap_or_default();
+        let mut next_id = self.next_id;
+        let old = Arc::make_mut(&mut layer).set(
+            &composites(levels).as_refs(),
+            Arc::clone(&limit),
+            &mut next_id,
+        );
+        if old.is_none() && self.len() >= self.max {
+            return Err(PutError::Full { max: self.max });
+        }
+        Ok(Staged {
+            change: change_of(old),
+            limit,
+            layer,
+            next_id,
+        })
+    }
+
+    /// The domain's layer with the limit at `levels` removed, not yet in place.
+    fn stage_remove(
+        &self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+    ) -> Option<(Arc<RuntimeLimit>, Arc<RuntimeLayer>)> {
+        let mut layer = Arc::clone(self.layers.get(domain)?);
+        let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs())?;
+        Some((old, layer))
+    }
+}
+
+/// A change made on a copy of a domain's layer.
+struct Staged {
+    change: Change,
+    limit: Arc<RuntimeLimit>,
+    layer: Arc<RuntimeLayer>,
+    next_id: u64,
+}
+
+fn change_of(old: Option<Arc<RuntimeLimit>>) -> Change {
+    match old {
+        None => Change::Created,
+        Some(old) => Change::Replaced { old },
+    }
+}
+
+/// A path's composite keys, owned.
+struct Composites(Vec<String>);
+
+impl Composites {
+    fn as_refs(&self) -> Vec<&str> {
+        self.0.iter().map(String::as_str).collect()
+    }
+}
+
+fn composites(levels: &[PathLevel<'_>]) -> Composites {
+    Composites(
+        levels
+            .iter()
+            .map(|(k, v)| composite(k, *v).into_owned())
+            .collect(),
+    )
+}
+
+/// The rule that keeps a runtime limit from changing matching silently: a key-only level is
+/// matched only by values no exact node and no wildcard of its level matches, so where the YAML
+/// has a wildcard on the same key at that level, a key-only runtime level would apply to some
+/// values and not others. Such a path is refused; the message names the wildcard.
+fn wildcard_beside_key_only(root: &Level, levels: &[PathLevel<'_>]) -> Option<String> {
+    let mut level = root;
+    for (depth, (key, value)) in levels.iter().enumerate() {
+        if value.is_none()
+            && let Some(w) = level.wildcard_of_key(key)
+        {
+            let path: Vec<String> = levels[..=depth]
+                .iter()
+                .map(|(k, v)| composite(k, *v).into_owned())
+                .collect();
+            return Some(format!(
+                "{}: a key-only runtime level where the YAML has the wildcard '{w}' on the same key would apply only to the values the wildcard does not match; set the limit per value instead",
+                path.join(".")
+            ));
+        }
+        level = &level.node(&composite(key, *value))?.children;
+    }
+    None
+}

@@ -1,0 +1,305 @@
+//! Runtime limits: checked as the YAML, matched as if written into it at their paths.
+
+use super::*;
+use crate::config::{ConfigHandle, Source};
+use crate::descriptor::Entry;
+use serde_json::json;
+
+#[test]
+fn a_runtime_limit_is_the_limit_its_yaml_would_be() {
+    let cfg = check(
+        "edge",
+        &[
+            ("tenant", Some("acme")),
+            ("path", Some("/api: \"v1\"\n- x")),
+        ],
+        &json!({"unit": "minute", "requests_per_unit": 2, "algorithm": "token_bucket"}),
+    )
+    .unwrap();
+    let entries = [
+        Entry::new("tenant", "acme"),
+        Entry::new("path", "/api: \"v1\"\n- x"),
+    ];
+    let matched = cfg.domain("edge").unwrap().lookup(&entries).unwrap();
+    assert_eq!(
+        matched.limit.full_key,
+        "edge.tenant_acme.path_/api: \"v1\"\n- x"
+    );
+    assert_eq!(
+        format!("{:?}", matched.limit.slowest_block().unwrap().algorithm),
+        "TokenBucket"
+    );
+}
+
+#[test]
+fn its_errors_are_the_yamls() {
+    let err = |body: serde_json::Value| check("d", &[("k", None)], &body).unwrap_err();
+    assert_eq!(
+        err(json!({"unit": "minutes", "requests_per_unit": 1})),
+        "invalid rate limit unit 'minutes'"
+    );
+    assert_eq!(
+        err(json!({"unit": "day", "unlimited": true})),
+        "should not specify rate limit unit when unlimited"
+    );
+    assert_eq!(
+        err(json!([1])),
+        "the body must be a JSON object of rate_limit fields"
+    );
+    assert_eq!(
+        check("d", &[], &json!({})).unwrap_err(),
+        "a runtime limit needs at least one descriptor level"
+    );
+}
+
+const YAML: &str = "domain: d
+descriptors:
+  - key: tenant
+    value: acme
+    rate_limit: {unit: minute, requests_per_unit: 10}
+    descriptors:
+      - key: path
+        value: /x
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: tenant
+    value: ab*
+    rate_limit: {unit: hour, requests_per_unit: 7}
+  - key: region
+    rate_limit: {unit: hour, requests_per_unit: 3}
+";
+
+fn yaml() -> RateLimitConfig {
+    let mut b = Builder::new(false);
+    b.add_file(raw::parse(YAML).unwrap()).unwrap();
+    b.finish()
+}
+
+fn per_minute(n: u32) -> serde_json::Value {
+    json!({"unit": "minute", "requests_per_unit": n})
+}
+
+/// The matched limit's full key, requests per unit and source.
+fn matched(h: &ConfigHandle, entries: &[(&str, &str)]) -> Option<(String, u32, Source)> {
+    let cfg = h.current()?;
+    let entries: Vec<Entry> = entries.iter().map(|(k, v)| Entry::new(*k, *v)).collect();
+    let m = cfg.domain("d")?.lookup(&entries)?;
+    let rpu = m.limit.slowest_block().map_or(0, |q| q.requests_per_unit);
+    Some((m.limit.full_key.clone(), rpu, m.limit.source))
+}
+
+fn put(
+    h: &ConfigHandle,
+    levels: &[PathLevel<'_>],
+    body: serde_json::Value,
+) -> Result<Change, PutError> {
+    h.change(|s| s.put("d", levels, body)).map(|(c, _)| c)
+}
+
+#[test]
+fn a_runtime_limit_takes_precedence_at_its_path_and_adds_paths_the_yaml_lacks() {
+    let h = ConfigHandle::new(Some(yaml()));
+    let acme = ("tenant", Some("acme"));
+    assert!(matches!(
+        put(&h, &[acme], per_minute(2)),
+        Ok(Change::Created)
+    ));
+    assert_eq!(
+        matched(&h, &[("tenant", "acme")]),
+        Some(("d.tenant_acme".to_owned(), 2, Source::Runtime))
+    );
+    // The YAML's children stay below the runtime node: the trees are merged.
+    assert_eq!(
+        matched(&h, &[("tenant", "acme"), ("path", "/x")]),
+        Some(("d.tenant_acme.path_/x".to_owned(), 5, Source::Config))
+    );
+    // A new path, below a YAML node.
+    let y = [acme, ("path", Some("/y"))];
+    assert!(matches!(put(&h, &y, per_minute(1)), Ok(Change::Created)));
+    assert_eq!(
+        matched(&h, &[("tenant", "acme"), ("path", "/y")]),
+        Some(("d.tenant_acme.path_/y".to_owned(), 1, Source::Runtime))
+    );
+    // An exact runtime node beats the YAML's wildcard; other values still match the wildcard.
+    assert!(put(&h, &[("tenant", Some("abc"))], per_minute(9)).is_ok());
+    assert_eq!(matched(&h, &[("tenant", "abc")]).map(|m| m.1), Some(9));
+    assert_eq!(matched(&h, &[("tenant", "abd")]).map(|m| m.1), Some(7));
+    // A key-only runtime node replaces the YAML's key-only limit.
+    assert!(matches!(
+        put(&h, &[("region", None)], per_minute(4)),
+        Ok(Change::Created)
+    ));
+    assert_eq!(matched(&h, &[("region", "eu")]).map(|m| m.1), Some(4));
+    let dump = h.current().unwrap().dump();
+    assert!(
+        dump.contains("d.region: unit=MINUTE requests_per_unit=4, shadow_mode: false, quota_mode: false, source: runtime\n"),
+        "{dump}"
+    );
+    assert!(
+        dump.contains("d.tenant_acme.path_/x: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false\n"),
+        "{dump}"
+    );
+}
+
+#[test]
+fn removing_a_runtime_limit_brings_the_yaml_back_and_leaves_no_node_behind() {
+    let h = ConfigHandle::new(Some(yaml()));
+    let deep = [
+        ("tenant", Some("new")),
+        ("path", Some("/a")),
+        ("m", Some("GET")),
+    ];
+    put(&h, &deep, per_minute(1)).unwrap();
+    put(&h, &[("tenant", Some("acme"))], per_minute(2)).unwrap();
+    assert_eq!(
+        matched(&h, &[("tenant", "new"), ("path", "/a"), ("m", "GET")]).map(|m| m.1),
+        Some(1)
+    );
+    // The levels above a runtime limit have no limit of their own.
+    assert_eq!(matched(&h, &[("tenant", "new")]), None);
+    let removed = h.change(|s| s.remove("d", &deep)).unwrap();
+    assert_eq!(removed.body, per_minute(1));
+    assert!(h.change(|s| s.remove("d", &deep)).is_none());
+    assert_eq!(
+        matched(&h, &[("tenant", "new"), ("path", "/a"), ("m", "GET")]),
+        None
+    );
+    h.change(|s| s.remove("d", &[("tenant", Some("acme"))]))
+        .unwrap();
+    assert_eq!(
+        matched(&h, &[("tenant", "acme")]).map(|m| m.2),
+        Some(Source::Config)
+    );
+    let cfg = h.current().unwrap();
+    assert!(
+        cfg.domain("d").unwrap().runtime.is_none(),
+        "an empty layer is dropped"
+    );
+    assert_eq!(h.runtime(RuntimeState::len), 0);
+}
+
+#[test]
+fn a_reload_keeps_the_runtime_limits_and_a_runtime_domain_needs_no_yaml() {
+    let h = ConfigHandle::new(None);
+    assert!(h.current().is_none());
+    put(&h, &[("tenant", Some("acme"))], per_minute(2)).unwrap();
+    assert_eq!(matched(&h, &[("tenant", "acme")]).map(|m| m.1), Some(2));
+    h.store(yaml());
+    assert_eq!(matched(&h, &[("tenant", "acme")]).map(|m| m.1), Some(2));
+    assert_eq!(matched(&h, &[("region", "x")]).map(|m| m.1), Some(3));
+    h.store(RateLimitConfig::empty());
+    assert_eq!(matched(&h, &[("tenant", "acme")]).map(|m| m.1), Some(2));
+}
+
+#[test]
+fn the_runtime_rules_refuse_wildcards_a_key_only_level_beside_one_and_past_the_cap() {
+    let h = ConfigHandle::with_max_runtime_limits(Some(yaml()), 2);
+    assert_eq!(
+        put(&h, &[("tenant", Some("a*"))], per_minute(1)).unwrap_err(),
+        PutError::Invalid(
+            "tenant=a*: a runtime limit's value cannot contain '*' (wildcards come from the YAML; set the limit per value)".to_owned()
+        )
+    );
+    assert_eq!(
+        put(&h, &[("tenant", None)], per_minute(1)).unwrap_err(),
+        PutError::Invalid(
+            "tenant: a key-only runtime level where the YAML has the wildcard 'tenant_ab*' on the same key would apply only to the values the wildcard does not match; set the limit per value instead".to_owned()
+        )
+    );
+    // Below an exact node the wildcard's level is not this one.
+    assert!(
+        put(
+            &h,
+            &[("tenant", Some("acme")), ("tenant", None)],
+            per_minute(1)
+        )
+        .is_ok()
+    );
+    assert!(put(&h, &[("tenant", Some("b"))], per_minute(1)).is_ok());
+    assert_eq!(
+        put(&h, &[("tenant", Some("c"))], per_minute(1)).unwrap_err(),
+        PutError::Full { max: 2 }
+    );
+    // A change to an existing path still applies when full.
+    assert!(matches!(
+        put(&h, &[("tenant", Some("b"))], per_minute(5)),
+        Ok(Change::Replaced { .. })
+    ));
+    assert_eq!(
+        put(&h, &[("tenant", Some("c"))], json!({"unit": "fortnight"})).unwrap_err(),
+        PutError::Invalid("invalid rate limit unit 'fortnight'".to_owned())
+    );
+}
+
+#[test]
+fn a_preview_shows_the_change_and_makes_none() {
+    let h = ConfigHandle::new(Some(yaml()));
+    let acme = [("tenant", Some("acme"))];
+    let (change, limit, cfg) = h
+        .runtime(|s| s.preview_put("d", &acme, per_minute(2)))
+        .unwrap();
+    assert!(matches!(change, Change::Created));
+    assert_eq!(limit.limit.full_key, "d.tenant_acme");
+    let m = cfg
+        .domain("d")
+        .unwrap()
+        .lookup(&[Entry::new("tenant", "acme")])
+        .unwrap();
+    assert_eq!(m.limit.source, Source::Runtime);
+    assert_eq!(
+        matched(&h, &[("tenant", "acme")]).map(|m| m.2),
+        Some(Source::Config)
+    );
+    assert!(h.runtime(|s| s.preview_remove("d", &acme)).is_none());
+    put(&h, &acme, per_minute(2)).unwrap();
+    let (old, cfg) = h.runtime(|s| s.preview_remove("d", &acme)).unwrap();
+    assert_eq!(old.body, per_minute(2));
+    let m = cfg
+        .domain("d")
+        .unwrap()
+        .lookup(&[Entry::new("tenant", "acme")])
+        .unwrap();
+    assert_eq!(m.limit.source, Source::Config);
+    assert_eq!(
+        matched(&h, &[("tenant", "acme")]).map(|m| m.2),
+        Some(Source::Runtime)
+    );
+}
+
+#[test]
+fn explain_walks_the_runtime_nodes_and_many_limits_each_find_their_own() {
+    let h = ConfigHandle::new(Some(yaml()));
+    for i in 0..2_000 {
+        let v = format!("t{i}");
+        put(
+            &h,
+            &[("tenant", Some(&v)), ("path", None)],
+            per_minute(i + 1),
+        )
+        .unwrap();
+    }
+    assert_eq!(h.runtime(RuntimeState::len), 2_000);
+    for i in [0, 999, 1_999] {
+        let v = format!("t{i}");
+        assert_eq!(
+            matched(&h, &[("tenant", &v), ("path", "/any")]).map(|m| m.1),
+            Some(i + 1)
+        );
+    }
+    let cfg = h.current().unwrap();
+    let d = cfg.domain("d").unwrap();
+    let (steps, m) = d.explain(&[Entry::new("tenant", "t5"), Entry::new("path", "/p")]);
+    assert_eq!(m.unwrap().limit.full_key, "d.tenant_t5.path");
+    let first = steps[0].matched.as_ref().unwrap();
+    assert_eq!(
+        (first.node, first.how, first.has_children),
+        ("tenant_t5", "exact", true)
+    );
+    let second = steps[1].matched.as_ref().unwrap();
+    assert_eq!((second.node, second.how), ("path", "key only"));
+    assert_eq!(second.limit.unwrap().source, Source::Runtime);
+    assert_eq!(d.runtime_limits().count(), 2_000);
+    let got = d
+        .runtime_limit(&[("tenant", Some("t7")), ("path", None)])
+        .unwrap();
+    assert_eq!(got.body, per_minute(8));
+}
