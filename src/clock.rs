@@ -34,6 +34,29 @@ impl Timestamp {
     pub const fn secs(self) -> u64 {
         self.0 / 1_000_000
     }
+
+    /// The time in RFC 3339, UTC, to the millisecond (`2026-11-27T07:05:09.123Z`).
+    pub fn rfc3339(self) -> String {
+        let secs = self.secs();
+        let (days, in_day) = (secs / 86_400, secs % 86_400);
+        // Days since 1970-01-01 to a civil date (Howard Hinnant's `civil_from_days`).
+        let z = days + 719_468;
+        let era = z / 146_097;
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + u64::from(month <= 2);
+        format!(
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+            in_day / 3_600,
+            in_day / 60 % 60,
+            in_day % 60,
+            self.0 / 1_000 % 1_000
+        )
+    }
 }
 
 /// A source of the current time.
@@ -107,5 +130,25 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_nanos(&self) -> u64 {
         self.0.load(Ordering::SeqCst).saturating_mul(1_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timestamp;
+
+    #[test]
+    fn rfc3339_is_the_utc_date_and_time() {
+        let at = |secs: u64, micros: u64| Timestamp::from_micros(secs * 1_000_000 + micros);
+        assert_eq!(at(0, 0).rfc3339(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400, 0).rfc3339(), "2000-02-29T00:00:00.000Z");
+        assert_eq!(
+            at(1_795_764_309, 123_999).rfc3339(),
+            "2026-11-27T07:25:09.123Z"
+        );
+        assert_eq!(
+            at(4_102_444_799, 999_999).rfc3339(),
+            "2099-12-31T23:59:59.999Z"
+        );
     }
 }

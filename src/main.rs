@@ -170,7 +170,16 @@ fn load_config(settings: &mut Settings) -> Result<ConfigHandle, ExitCode> {
         }
     };
     let loaded = initial.is_some();
-    let config = ConfigHandle::new(initial);
+    let runtime = &settings.app.runtime_limits;
+    let config = ConfigHandle::with_max_runtime_limits(initial, runtime.max);
+    if let Some(path) = &runtime.path {
+        match config.change(|state| sluice::config::runtime::file::load(path, state)) {
+            Ok(n) => tracing::info!(limits = n, path = %path.display(), "runtime limits loaded"),
+            Err(e) => {
+                return Err(usage_error(format_args!("SLUICE_RUNTIME_LIMITS_PATH: {e}")));
+            }
+        }
+    }
     if loaded {
         // The Go service counts its start-up load as a config load.
         config

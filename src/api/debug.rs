@@ -14,7 +14,7 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 
 use super::bad_request::BadRequest;
 use crate::config::ConfigHandle;
@@ -38,7 +38,19 @@ pub(crate) fn router(state: DebugState) -> Router {
         .route("/debug/counters", get(inspect_counters))
         .route("/debug/counters/reset", post(reset_counters))
         .route("/debug/explain", get(explain).post(explain_json))
+        .route("/limits/{*rest}", any(limits))
         .with_state(Arc::new(state))
+}
+
+/// `/limits/...`: the runtime limits API ([`super::limits`]).
+async fn limits(
+    State(st): State<Arc<DebugState>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> axum::response::Response {
+    super::limits::handle(Arc::clone(&st.limits), method, uri, headers, body).await
 }
 
 /// `GET /debug/counters?domain=D&descriptor=k=v&k2=v2&descriptor=...` (the query form of
@@ -241,6 +253,12 @@ impl DebugState {
         extra.listeners = self.listeners.iter().map(|g| listener_gauges(g)).collect();
         extra.pending_request_bytes = self.budget.as_ref().map_or(0, |b| b.in_use() as u64);
         extra.rlqs = self.quota.as_deref().map(rlqs_gauges);
+        let (puts, deletes) = self.limits.changes();
+        extra.runtime = prometheus::RuntimeGauges {
+            limits: self.config.runtime(|s| s.len()) as u64,
+            puts,
+            deletes,
+        };
         extra
     }
 }
@@ -266,6 +284,7 @@ fn telemetry_extra(
         listeners: Vec::new(),
         pending_request_bytes: 0,
         rlqs: None,
+        runtime: prometheus::RuntimeGauges::default(),
     }
 }
 
@@ -451,13 +470,22 @@ mod tests {
         let cfg = parse_files(&files, &LoadOptions::default()).expect("test config loads");
         let config = ConfigHandle::new(Some(cfg));
         let clock = Arc::new(ManualClock::new(Timestamp::from_secs(2222)));
-        let service = RateLimitService::new(
+        let service = Arc::new(RateLimitService::new(
             config.clone(),
             Arc::new(MemoryStore::new(1000)),
             clock.clone(),
             ServiceOptions::default(),
+        ));
+        let limits = crate::api::limits::LimitsApi::new(
+            config.clone(),
+            crate::api::admin_auth::AdminAuth::off(),
+            10,
+            clock.clone(),
+            service.clone(),
+            None,
         );
         DebugState {
+            limits: Arc::new(limits),
             config,
             store: Arc::new(NoStore),
             stats: Arc::default(),
@@ -466,7 +494,7 @@ mod tests {
             budget: None,
             quota: None,
             counters: CounterAdmin {
-                service: Arc::new(service),
+                service,
                 reset_enabled: false,
                 max_request_bytes: MAX_BYTES,
             },

@@ -36,6 +36,8 @@ pub(crate) struct DebugState {
     pub hot: Arc<HotKeys>,
     pub clock: Arc<dyn Clock>,
     pub calls: Arc<CallRate>,
+    /// The runtime limits API (`/limits/...`).
+    pub limits: Arc<super::limits::LimitsApi>,
 }
 
 /// What `/debug/counters` reads and resets through: the service, whether a reset is allowed
@@ -83,6 +85,21 @@ impl<S: CounterStore> Counters for RateLimitService<S> {
         request: &'a Request,
     ) -> BoxFuture<'a, Result<serde_json::Value, ServiceError>> {
         Box::pin(RateLimitService::explain(self, request, true))
+    }
+}
+
+impl<S: CounterStore> super::limits::Explainer for RateLimitService<S> {
+    fn explain_in<'a>(
+        &'a self,
+        config: Arc<crate::config::RateLimitConfig>,
+        request: Request,
+    ) -> BoxFuture<'a, serde_json::Value> {
+        Box::pin(async move {
+            let explained = RateLimitService::explain_in(self, Some(&config), &request, true);
+            explained
+                .await
+                .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
+        })
     }
 }
 

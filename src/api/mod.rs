@@ -19,11 +19,9 @@
 //! - [`bad_request`]: [`BadRequest`], every adapter's refusal of a request it cannot decode,
 //!   with its HTTP status and gRPC code; [`body`]: HTTP request bodies read up to the cap.
 //! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
+//! - [`limits`]: the runtime limits API on DEBUG_PORT (`/limits/...`), its callers checked by
+//!   [`admin_auth`] and its paths read by [`limits_path`].
 
-#[allow(
-    dead_code,
-    reason = "issue 38 in progress: the runtime-limits API is not wired yet"
-)]
 pub(crate) mod admin_auth;
 pub(crate) mod bad_request;
 pub(crate) mod body;
@@ -36,10 +34,7 @@ pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod json;
-#[allow(
-    dead_code,
-    reason = "issue 38 in progress: the runtime-limits API is not wired yet"
-)]
+pub(crate) mod limits;
 pub(crate) mod limits_path;
 pub(crate) mod rlqs;
 pub(crate) mod spoa;

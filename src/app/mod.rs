@@ -151,6 +151,8 @@ pub struct AppOptions {
     pub quota: QuotaOptions,
     /// SPOA_PORT's agent for HAProxy, when set; its listener is in [`Listeners::spoa`].
     pub spoa: Option<api::spoa::SpoaOptions>,
+    /// The runtime limits API: its tokens, where the limits are saved, its caps.
+    pub runtime_limits: crate::settings::RuntimeLimitsOptions,
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
@@ -385,7 +387,9 @@ impl App {
         let (stop_tx, stop) = StopSignal::new();
         let ports = Ports::new(&options, listeners.grpc.is_unix());
         let (counters, hot) = service_views(&service, &options);
+        let limits = limits_api(&options, &config, &service);
         let debug_state = api::debug::DebugState {
+            limits,
             config,
             store,
             stats: telemetry.stats().clone(),
@@ -721,6 +725,30 @@ impl Running {
 }
 
 /// The debug port's views of the service: the counter admin and the hot keys.
+/// The runtime limits API's state; with SLUICE_RUNTIME_LIMITS_PATH, the task that saves them.
+fn limits_api(
+    options: &AppOptions,
+    config: &ConfigHandle,
+    service: &Arc<RateLimitService<AnyStore>>,
+) -> Arc<api::limits::LimitsApi> {
+    let o = &options.runtime_limits;
+    let durability = o.path.as_ref().map(|path| {
+        // The task lives as long as the runtime: a save in progress at exit leaves at most
+        // its temporary file, and every change was answered only once saved.
+        let (saver, _task) =
+            crate::config::runtime::file::Saver::spawn(config.clone(), path.clone());
+        saver as Arc<dyn api::limits::Durability>
+    });
+    Arc::new(api::limits::LimitsApi::new(
+        config.clone(),
+        o.auth(),
+        o.history,
+        service.clock().clone(),
+        service.clone(),
+        durability,
+    ))
+}
+
 fn service_views(
     service: &Arc<RateLimitService<AnyStore>>,
     options: &AppOptions,

@@ -287,15 +287,12 @@ impl Domain {
         &self,
         levels: &[super::runtime::PathLevel<'_>],
     ) -> Option<&Arc<super::runtime::RuntimeLimit>> {
-        let layer = self.runtime.as_deref()?;
-        let mut parent = ROOT;
-        let mut node = None;
-        for (key, value) in levels {
-            let n = layer.child(parent, &super::runtime::composite(key, *value))?;
-            parent = n.id;
-            node = Some(n);
-        }
-        node?.limit.as_ref()
+        let composites: Vec<_> = levels
+            .iter()
+            .map(|(k, v)| super::runtime::composite(k, *v))
+            .collect();
+        let composites: Vec<&str> = composites.iter().map(AsRef::as_ref).collect();
+        self.runtime.as_deref()?.limit_at(&composites)
     }
 
     /// The domain's runtime limits, in no particular order.

@@ -139,6 +139,11 @@ pub(crate) fn parse(text: &str) -> Result<RawRoot, String> {
     value
         .apply_merge()
         .map_err(|e| format!("error loading config file: {e}"))?;
+    parse_value(value)
+}
+
+/// [`parse`] from a document already read into a value (a runtime limit's, built from JSON).
+pub(crate) fn parse_value(value: Value) -> Result<RawRoot, String> {
     match &value {
         // An empty file (or one holding only comments) is an empty map to go-yaml; the
         // missing domain is reported later, as in Go.

@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use serde_json::{Value, json};
 
 use crate::clock::Timestamp;
-use crate::config::{Domain, Limit, Rule, Step};
+use crate::config::{Domain, Limit, RateLimitConfig, Rule, Step};
 use crate::descriptor::{Descriptor, Request};
 use crate::limiter::{Decision, Quota};
 use crate::store::{CounterStore, Hit};
@@ -202,9 +202,20 @@ impl<S: CounterStore> RateLimitService<S> {
     /// how), the limit, `replaces`, shadow and quota mode, the counter keys; with `counters`,
     /// each counter's state (read with a peek of 0 hits) and the answer the request would get.
     pub async fn explain(&self, request: &Request, counters: bool) -> Result<Value, ServiceError> {
-        self.check_caps(request)?;
         let guard = self.config.guard();
-        let config = guard.as_ref().ok_or(ServiceError::NoConfig)?;
+        self.explain_in(guard.as_deref(), request, counters).await
+    }
+
+    /// [`RateLimitService::explain`] on `config` rather than the one served (a runtime limit's
+    /// dry run: the config as it would be after the change).
+    pub async fn explain_in(
+        &self,
+        config: Option<&RateLimitConfig>,
+        request: &Request,
+        counters: bool,
+    ) -> Result<Value, ServiceError> {
+        self.check_caps(request)?;
+        let config = config.ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
             return Ok(json!({
                 "domain": request.domain,
@@ -370,6 +381,7 @@ fn limit_json(l: &Limit) -> Value {
         "shadow_mode": l.shadow_mode,
         "quota_mode": l.quota_mode,
         "replaces": l.replaces,
+        "source": l.source.name(),
     })
 }
 

@@ -68,6 +68,7 @@ mod redis;
 mod redis_address;
 mod redis_breaker;
 pub mod rlqs;
+mod runtime_limits;
 mod spoa;
 mod telemetry;
 mod tls;
@@ -84,6 +85,7 @@ pub use otlp::OtlpArgs;
 use parse::non_zero;
 pub use parse::{InvalidBool, parse_go_bool, parse_go_duration};
 pub use redis_breaker::RedisBreakerArgs;
+pub use runtime_limits::{RuntimeLimitsArgs, RuntimeLimitsOptions};
 pub use telemetry::TelemetryArgs;
 use telemetry::{log_format, log_level};
 pub use tls::GrpcTlsArgs;
@@ -556,6 +558,8 @@ pub struct ServeArgs {
     pub rlqs: rlqs::RlqsArgs,
     #[command(flatten)]
     pub spoa: spoa::SpoaArgs,
+    #[command(flatten)]
+    pub runtime_limits: runtime_limits::RuntimeLimitsArgs,
 }
 
 /// Validated settings: the app's options, built here whole, and what `main` does with the rest
@@ -708,6 +712,7 @@ impl ServeArgs {
             peer_tls: None,
             quota,
             spoa: spoa.map(|(_, options)| options),
+            runtime_limits: self.runtime_limits.validate()?,
         };
         Ok(Settings {
             app,

@@ -49,6 +49,16 @@ pub struct Extra {
     pub pending_request_bytes: u64,
     /// The Rate Limit Quota Service's numbers.
     pub rlqs: Option<RlqsGauges>,
+    /// The runtime limits: how many are set, and the changes made through this node's API.
+    pub runtime: RuntimeGauges,
+}
+
+/// The runtime limits' numbers (`sluice_runtime_limits`, `sluice_runtime_limit_changes_total`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RuntimeGauges {
+    pub limits: u64,
+    pub puts: u64,
+    pub deletes: u64,
 }
 
 /// The Rate Limit Quota Service's counters, table sizes and busiest buckets.
@@ -219,7 +229,30 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
     if let Some(r) = &extra.rlqs {
         render_rlqs(&mut out, r);
     }
+    render_runtime(&mut out, extra.runtime);
     out
+}
+
+/// `sluice_runtime_limits` and `sluice_runtime_limit_changes_total{op}`, always (at 0 with the
+/// API off), so a dashboard's panel has a series from the start.
+fn render_runtime(out: &mut String, r: RuntimeGauges) {
+    let limits = "sluice_runtime_limits";
+    header(
+        out,
+        limits,
+        "gauge",
+        "Runtime limits set on this node, all domains (docs/runtime-limits.md).",
+    );
+    sample(out, limits, &[], r.limits);
+    let changes = "sluice_runtime_limit_changes_total";
+    header(
+        out,
+        changes,
+        "counter",
+        "Runtime limit changes made through this node's API, by op (put or delete).",
+    );
+    sample(out, changes, &[("op", "put")], r.puts);
+    sample(out, changes, &[("op", "delete")], r.deletes);
 }
 
 /// `sluice_rlqs_*`: the quota service's counters, table sizes, and the busiest buckets' demand

@@ -67,6 +67,18 @@ impl RuntimeLayer {
             .find(hash, |n| n.parent == parent && *n.composite == *composite)
     }
 
+    /// The limit set at exactly the path of `composites`, if any.
+    pub(crate) fn limit_at(&self, composites: &[&str]) -> Option<&Arc<RuntimeLimit>> {
+        let mut parent = ROOT;
+        let mut node = None;
+        for composite in composites {
+            let n = self.child(parent, composite)?;
+            parent = n.id;
+            node = Some(n);
+        }
+        node?.limit.as_ref()
+    }
+
     /// How many limits the layer holds.
     pub(crate) fn len(&self) -> usize {
         self.limits

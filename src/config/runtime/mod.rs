@@ -1,48 +1,81 @@
-//! A runtime limit (issue 38), checked as the YAML would check it: its descriptor path and its
-//! JSON body (the fields of a `rate_limit`) are written as the one-file document that would
-//! hold them, which [`super::raw`] and [`super::build`] then parse and check, so every message
-//! is the YAML's, word for word.
+//! Runtime limits (issue 38): limits set through the API at a descriptor path, over the YAML.
+//!
+//! A runtime limit is checked as the YAML would check it: its path and its JSON body (the fields
+//! of a `rate_limit`) make the one-file document that would hold them, which [`super::raw`] and
+//! [`super::build`] then check, so every message is the YAML's, word for word. The document is
+//! built as a value, not as text: nothing in a key, value or body can break out of its place,
+//! and no YAML text is parsed (100,000 limits load in well under a second).
+//!
+//! [`layer`] keeps each domain's runtime limits as a tree matched with the YAML's
+//! ([`super::lookup`]); [`state`] composes the served config of the two.
 
+pub mod file;
 pub(crate) mod layer;
 pub mod state;
+
+use serde_yaml_ng::{Mapping, Value as Yaml};
 
 use super::build::Builder;
 use super::lookup::{Limit, RateLimitConfig, Source};
 use super::raw;
 
 pub(crate) use layer::RuntimeLayer;
-pub use state::{Change, PutError, RuntimeState};
+pub use state::{Change, PutError, Rules, RuntimeState};
 
 /// One level of a runtime limit's path: a key, and its value unless the node is key-only.
 pub type PathLevel<'a> = (&'a str, Option<&'a str>);
 
 /// The YAML document of one runtime limit: `domain`, one nested descriptor per level, the
-/// body as the last level's `rate_limit`. JSON strings are YAML double-quoted scalars and a
-/// JSON object is a YAML flow mapping, so nothing in a key, value or body can break out of
-/// its place.
+/// body as the last level's `rate_limit`.
 pub(crate) fn document(
     domain: &str,
     levels: &[PathLevel<'_>],
     body: &serde_json::Value,
-) -> Result<String, String> {
+) -> Result<Yaml, String> {
     if !body.is_object() {
         return Err("the body must be a JSON object of rate_limit fields".to_owned());
     }
-    let quote = |s: &str| serde_json::Value::from(s).to_string();
-    let mut doc = format!("domain: {}\ndescriptors:\n", quote(domain));
-    for (depth, (key, value)) in levels.iter().enumerate() {
-        let indent = "  ".repeat(2 * depth + 1);
-        doc.push_str(&format!("{indent}- key: {}\n", quote(key)));
+    let mut below: Option<Yaml> = None;
+    for (key, value) in levels.iter().rev() {
+        let mut node = Mapping::new();
+        node.insert("key".into(), (*key).into());
         if let Some(value) = value {
-            doc.push_str(&format!("{indent}  value: {}\n", quote(value)));
+            node.insert("value".into(), (*value).into());
         }
-        if depth + 1 < levels.len() {
-            doc.push_str(&format!("{indent}  descriptors:\n"));
-        } else {
-            doc.push_str(&format!("{indent}  rate_limit: {body}\n"));
-        }
+        match below.take() {
+            None => node.insert("rate_limit".into(), yaml_of(body)),
+            Some(child) => node.insert("descriptors".into(), Yaml::Sequence(vec![child])),
+        };
+        below = Some(Yaml::Mapping(node));
     }
-    Ok(doc)
+    let mut doc = Mapping::new();
+    doc.insert("domain".into(), domain.into());
+    doc.insert(
+        "descriptors".into(),
+        Yaml::Sequence(below.into_iter().collect()),
+    );
+    Ok(Yaml::Mapping(doc))
+}
+
+/// A JSON value as the YAML value of the same text.
+fn yaml_of(json: &serde_json::Value) -> Yaml {
+    use serde_json::Value as J;
+    match json {
+        J::Null => Yaml::Null,
+        J::Bool(b) => Yaml::Bool(*b),
+        J::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u.into(),
+            (None, Some(i)) => i.into(),
+            (None, None) => n.as_f64().unwrap_or(f64::NAN).into(),
+        },
+        J::String(s) => s.as_str().into(),
+        J::Array(items) => Yaml::Sequence(items.iter().map(yaml_of).collect()),
+        J::Object(map) => Yaml::Mapping(
+            map.iter()
+                .map(|(k, v)| (Yaml::from(k.as_str()), yaml_of(v)))
+                .collect(),
+        ),
+    }
 }
 
 /// Checks one runtime limit; on success, the config that holds it alone.
@@ -56,7 +89,7 @@ pub(crate) fn check(
     }
     let doc = document(domain, levels, body)?;
     let mut builder = Builder::new(false);
-    builder.add_file(raw::parse(&doc)?)?;
+    builder.add_file(raw::parse_value(doc)?)?;
     Ok(builder.finish())
 }
 

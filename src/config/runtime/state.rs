@@ -35,6 +35,8 @@ pub struct RuntimeState {
     /// The last node id handed out (ids are never reused, so a snapshot's ids stay valid).
     next_id: u64,
     max: usize,
+    /// Counts the changes made (puts and removals), for those who save or share them.
+    sequence: u64,
 }
 
 impl Default for RuntimeState {
@@ -50,6 +52,7 @@ impl RuntimeState {
             layers: FastMap::default(),
             next_id: 0,
             max,
+            sequence: 0,
         }
     }
 
@@ -92,6 +95,11 @@ impl RuntimeState {
         Some(RateLimitConfig { domains })
     }
 
+    /// The number of changes made so far: the last change's number.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
+    }
+
     /// How many runtime limits there are, all domains together.
     pub fn len(&self) -> usize {
         self.layers.values().map(|l| l.len()).sum()
@@ -105,17 +113,36 @@ impl RuntimeState {
             .collect()
     }
 
-    /// Checks and sets the limit at `levels` of `domain`.
+    /// Checks and sets the limit at `levels` of `domain` (the API's rules).
     pub fn put(
         &mut self,
         domain: &str,
         levels: &[PathLevel<'_>],
         body: serde_json::Value,
     ) -> Result<(Change, Arc<RuntimeLimit>), PutError> {
-        let staged = self.stage_put(domain, levels, body)?;
-        self.layers.insert(domain.to_owned(), staged.layer);
-        self.next_id = staged.next_id;
-        Ok((staged.change, staged.limit))
+        self.put_as(domain, levels, body, Rules::Api)
+    }
+
+    /// [`RuntimeState::put`] under `rules`.
+    pub fn put_as(
+        &mut self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+        body: serde_json::Value,
+        rules: Rules,
+    ) -> Result<(Change, Arc<RuntimeLimit>), PutError> {
+        let limit = self.checked(domain, levels, body, rules)?;
+        // Out of the map while it changes, so that only the shards the served config shares
+        // are copied (loading 100,000 limits in one change copies none).
+        let mut layer = self.layers.remove(domain).unwrap_or_default();
+        let old = Arc::make_mut(&mut layer).set(
+            &composites(levels).as_refs(),
+            Arc::clone(&limit),
+            &mut self.next_id,
+        );
+        self.layers.insert(domain.to_owned(), layer);
+        self.sequence += 1;
+        Ok((change_of(old), limit))
     }
 
     /// What [`RuntimeState::put`] would do, and the served config after it, changing nothing.
@@ -125,22 +152,31 @@ impl RuntimeState {
         levels: &[PathLevel<'_>],
         body: serde_json::Value,
     ) -> Result<(Change, Arc<RuntimeLimit>, RateLimitConfig), PutError> {
-        let staged = self.stage_put(domain, levels, body)?;
+        let limit = self.checked(domain, levels, body, Rules::Api)?;
+        let mut layer = self.layers.get(domain).cloned().unwrap_or_default();
+        let mut next_id = self.next_id;
+        let old = Arc::make_mut(&mut layer).set(
+            &composites(levels).as_refs(),
+            Arc::clone(&limit),
+            &mut next_id,
+        );
         let config = self
-            .compose_with(Some((domain, &staged.layer)))
+            .compose_with(Some((domain, &layer)))
             .unwrap_or_default();
-        Ok((staged.change, staged.limit, config))
+        Ok((change_of(old), limit, config))
     }
 
     /// Removes the limit at `levels` of `domain`; the removed limit.
     pub fn remove(&mut self, domain: &str, levels: &[PathLevel<'_>]) -> Option<Arc<RuntimeLimit>> {
-        let (old, layer) = self.stage_remove(domain, levels)?;
-        if layer.len() == 0 {
-            self.layers.remove(domain);
-        } else {
+        let mut layer = self.layers.remove(domain)?;
+        let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs());
+        if layer.len() > 0 {
             self.layers.insert(domain.to_owned(), layer);
         }
-        Some(old)
+        if old.is_some() {
+            self.sequence += 1;
+        }
+        old
     }
 
     /// What [`RuntimeState::remove`] would remove, and the served config after it.
@@ -149,62 +185,49 @@ impl RuntimeState {
         domain: &str,
         levels: &[PathLevel<'_>],
     ) -> Option<(Arc<RuntimeLimit>, RateLimitConfig)> {
-        let (old, layer) = self.stage_remove(domain, levels)?;
+        let mut layer = Arc::clone(self.layers.get(domain)?);
+        let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs())?;
         let config = self
             .compose_with(Some((domain, &layer)))
             .unwrap_or_default();
         Some((old, config))
     }
 
-    /// The domain's layer with the limit set, not yet in place.
-    fn stage_put(
+    /// The limit compiled, after the YAML's checks, `rules` and the cap.
+    fn checked(
         &self,
         domain: &str,
         levels: &[PathLevel<'_>],
         body: serde_json::Value,
-    ) -> Result<Staged, PutError> {
+        rules: Rules,
+    ) -> Result<Arc<RuntimeLimit>, PutError> {
         let limit = compile(domain, levels, body).map_err(PutError::Invalid)?;
         let base = self.base.as_ref().and_then(|b| b.domains.get(domain));
-        if let Some(refusal) = base.and_then(|d| wildcard_beside_key_only(&d.root, levels)) {
+        if rules == Rules::Api
+            && let Some(refusal) = base.and_then(|d| wildcard_beside_key_only(&d.root, levels))
+        {
             return Err(PutError::Invalid(refusal));
         }
-        let limit = Arc::new(limit);
-        let mut layer = self.layers.get(domain).cloned().unwrap_or_default();
-        let mut next_id = self.next_id;
-        let old = Arc::make_mut(&mut layer).set(
-            &composites(levels).as_refs(),
-            Arc::clone(&limit),
-            &mut next_id,
-        );
-        if old.is_none() && self.len() >= self.max {
+        let exists = self
+            .layers
+            .get(domain)
+            .and_then(|l| l.limit_at(&composites(levels).as_refs()))
+            .is_some();
+        if !exists && self.len() >= self.max {
             return Err(PutError::Full { max: self.max });
         }
-        Ok(Staged {
-            change: change_of(old),
-            limit,
-            layer,
-            next_id,
-        })
-    }
-
-    /// The domain's layer with the limit at `levels` removed, not yet in place.
-    fn stage_remove(
-        &self,
-        domain: &str,
-        levels: &[PathLevel<'_>],
-    ) -> Option<(Arc<RuntimeLimit>, Arc<RuntimeLayer>)> {
-        let mut layer = Arc::clone(self.layers.get(domain)?);
-        let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs())?;
-        Some((old, layer))
+        Ok(Arc::new(limit))
     }
 }
 
-/// A change made on a copy of a domain's layer.
-struct Staged {
-    change: Change,
-    limit: Arc<RuntimeLimit>,
-    layer: Arc<RuntimeLayer>,
-    next_id: u64,
+/// Which rules a change is held to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rules {
+    /// The API's: the YAML's checks, no `*` in a value, no key-only level beside a wildcard.
+    Api,
+    /// Loading saved or replicated limits: the same but the wildcard rule, which is about what
+    /// the YAML held when the limit was set; a limit already set is never dropped for it.
+    Load,
 }
 
 fn change_of(old: Option<Arc<RuntimeLimit>>) -> Change {

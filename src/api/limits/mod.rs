@@ -1,0 +1,498 @@
+//! The runtime limits API on the debug port (issue 38; docs/runtime-limits.md):
+//!
+//! - `PUT /limits/<domain>/<k>=<v>[/<k2>[=<v2>]...]` with a JSON object of `rate_limit` fields
+//!   sets that path's limit: 201 when the path had none, 200 when it replaced one; the answer
+//!   is the limit as `GET` returns it. `?dry_run=true` checks the change and answers what it
+//!   would do, with the explain output for the path after it, and changes nothing.
+//! - `GET` on the same path: the limit as set (the body of its `PUT`); 404 if none.
+//! - `DELETE` on the same path: 204; 404 if none (`?dry_run=true` as for `PUT`).
+//! - `GET /limits/<domain>`: the domain's runtime limits, by path, a page at a time
+//!   (`?limit=N`, at most [`MAX_PAGE`]; `?after=<path>` for the next page).
+//! - `GET /limits/_history`: the last changes, oldest first ([`history`]).
+//!
+//! Every call needs `Authorization: Bearer <token>` with a token of SLUICE_ADMIN_TOKEN_FILE
+//! ([`super::admin_auth`]): 401 without one, 403 with a wrong one, 403 for every call when the
+//! variable is unset. Errors are JSON, `{"error": "..."}`, with their status: 400 for a bad
+//! path, query or body (the YAML's own message for a bad limit), 404, 405, 413 for a body over
+//! [`MAX_BODY_BYTES`], 507 past SLUICE_MAX_RUNTIME_LIMITS, 503 when the change applies but
+//! could not be saved.
+
+pub(crate) mod history;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use self::history::{History, Op, Record};
+use super::admin_auth::{AdminAuth, Refusal};
+use super::limits_path::{Level, LimitsPath};
+use crate::clock::Clock;
+use crate::config::runtime::{Change, PathLevel, PutError, RuntimeLimit};
+use crate::config::{ConfigHandle, RateLimitConfig};
+use crate::descriptor::{Descriptor, Entry, Request};
+use crate::percent;
+
+/// The largest `PUT` body: a `rate_limit`'s fields fit in far less.
+pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The most limits one `GET /limits/<domain>` answers (and its default).
+pub(crate) const MAX_PAGE: usize = 10_000;
+pub(crate) const DEFAULT_PAGE: usize = 1_000;
+
+/// What explains a dry run's path: the service's explain, on a config that is not served.
+pub(crate) trait Explainer: Send + Sync {
+    fn explain_in<'a>(
+        &'a self,
+        config: Arc<RateLimitConfig>,
+        request: Request,
+    ) -> futures_util::future::BoxFuture<'a, Value>;
+}
+
+/// Where changes go once applied: saved to SLUICE_RUNTIME_LIMITS_PATH, shared with the other
+/// replicas. `Ok` once the change numbered `sequence` is as durable as the node promises.
+pub(crate) trait Durability: Send + Sync {
+    fn settled(&self, sequence: u64) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
+}
+
+impl Durability for crate::config::runtime::file::Saver {
+    fn settled(&self, sequence: u64) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(crate::config::runtime::file::Saver::settled(self, sequence))
+    }
+}
+
+/// The API's state.
+pub(crate) struct LimitsApi {
+    config: ConfigHandle,
+    auth: AdminAuth,
+    history: History,
+    clock: Arc<dyn Clock>,
+    explainer: Arc<dyn Explainer>,
+    durability: Option<Arc<dyn Durability>>,
+    puts: AtomicU64,
+    deletes: AtomicU64,
+}
+
+impl LimitsApi {
+    pub(crate) fn new(
+        config: ConfigHandle,
+        auth: AdminAuth,
+        history: usize,
+        clock: Arc<dyn Clock>,
+        explainer: Arc<dyn Explainer>,
+        durability: Option<Arc<dyn Durability>>,
+    ) -> Self {
+        LimitsApi {
+            config,
+            auth,
+            history: History::new(history),
+            clock,
+            explainer,
+            durability,
+            puts: AtomicU64::new(0),
+            deletes: AtomicU64::new(0),
+        }
+    }
+
+    /// The changes made through this node's API: (puts, deletes).
+    pub(crate) fn changes(&self) -> (u64, u64) {
+        (
+            self.puts.load(Ordering::Relaxed),
+            self.deletes.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// An answer that is an error: `{"error": message}` with `status`.
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    let body = json!({ "error": message.to_string() });
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
+}
+
+fn answer(status: StatusCode, body: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
+}
+
+fn refused(r: &Refusal) -> Response {
+    let mut response = error(r.status(), r);
+    if *r == Refusal::NoCredentials {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
+}
+
+fn not_allowed(allow: &'static str) -> Response {
+    let mut response = error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("this path takes {allow}"),
+    );
+    response
+        .headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(allow));
+    response
+}
+
+/// The query parameters the API takes.
+#[derive(Debug, Default, PartialEq)]
+struct Params {
+    dry_run: bool,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+fn params(query: Option<&str>) -> Result<Params, String> {
+    let mut out = Params::default();
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent::decode(value.as_bytes())
+            .ok_or_else(|| format!("query parameter {name}: a bad percent-encoding"))?;
+        match name {
+            "dry_run" => {
+                out.dry_run = match value.as_str() {
+                    "true" | "" => true,
+                    "false" => false,
+                    other => return Err(format!("dry_run={other}: expected true or false")),
+                }
+            }
+            "after" => out.after = Some(value),
+            "limit" => {
+                let n = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAGE).contains(n));
+                out.limit = Some(n.ok_or_else(|| {
+                    format!("limit={value}: expected a number from 1 to {MAX_PAGE}")
+                })?);
+            }
+            other => {
+                return Err(format!(
+                    "unknown query parameter {other:?} (the API takes dry_run, after and limit)"
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A path's levels as the API's URL writes them: `k=v` or `k`, percent-encoded, joined by `/`.
+pub(crate) fn url_path(levels: &[PathLevel<'_>]) -> String {
+    levels
+        .iter()
+        .map(|(k, v)| match v {
+            Some(v) => format!("{}={}", percent::encode(k, b""), percent::encode(v, b"")),
+            None => percent::encode(k, b""),
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+fn borrowed(levels: &[Level]) -> Vec<PathLevel<'_>> {
+    levels
+        .iter()
+        .map(|l| (l.key.as_str(), l.value.as_deref().filter(|v| !v.is_empty())))
+        .collect()
+}
+
+/// Every call on `/limits/...`.
+pub(crate) async fn handle(
+    api: Arc<LimitsApi>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    if let Err(e) = api.auth.refresh() {
+        tracing::warn!(error = %e, "SLUICE_ADMIN_TOKEN_FILE does not parse: the tokens read before stay in force");
+    }
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let who = match api.auth.check(authorization) {
+        Ok(who) => who,
+        Err(r) => return refused(&r),
+    };
+    let path = match LimitsPath::parse(uri.path()) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let params = match params(uri.query()) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    match (method, path) {
+        (Method::GET, LimitsPath::History) => answer(StatusCode::OK, &api.history.json()),
+        (Method::GET, LimitsPath::Domain(domain)) => list(&api, &domain, &params),
+        (Method::GET, LimitsPath::Limit { domain, levels }) => get(&api, &domain, &levels),
+        (Method::PUT, LimitsPath::Limit { domain, levels }) => {
+            let bytes = match super::body::read(body, MAX_BODY_BYTES).await {
+                Ok(b) => b,
+                Err(e) => return error(e.http_status(), e),
+            };
+            let body: Value = match serde_json::from_slice(&bytes) {
+                Ok(v) => v,
+                Err(e) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        format!("the body is not JSON: {e}"),
+                    );
+                }
+            };
+            let call = Call {
+                api: &api,
+                who,
+                domain: &domain,
+                levels: &borrowed(&levels),
+            };
+            if params.dry_run {
+                call.preview_put(body).await
+            } else {
+                call.put(body).await
+            }
+        }
+        (Method::DELETE, LimitsPath::Limit { domain, levels }) => {
+            let call = Call {
+                api: &api,
+                who,
+                domain: &domain,
+                levels: &borrowed(&levels),
+            };
+            if params.dry_run {
+                call.preview_delete().await
+            } else {
+                call.delete().await
+            }
+        }
+        (_, LimitsPath::Limit { .. }) => not_allowed("GET, PUT, DELETE"),
+        (_, LimitsPath::Domain(_) | LimitsPath::History) => not_allowed("GET"),
+    }
+}
+
+fn get(api: &LimitsApi, domain: &str, levels: &[Level]) -> Response {
+    let levels = borrowed(levels);
+    let config = api.config.current();
+    let found = config
+        .as_deref()
+        .and_then(|c| c.domain(domain))
+        .and_then(|d| d.runtime_limit(&levels));
+    match found {
+        Some(r) => answer(StatusCode::OK, &r.body),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("no runtime limit at {domain}/{}", url_path(&levels)),
+        ),
+    }
+}
+
+fn list(api: &LimitsApi, domain: &str, params: &Params) -> Response {
+    let config = api.config.current();
+    let mut limits: Vec<(String, &Arc<RuntimeLimit>)> = config
+        .as_deref()
+        .and_then(|c| c.domain(domain))
+        .map(|d| {
+            d.runtime_limits()
+                .map(|r| (url_path(&r.path()), r))
+                .filter(|(p, _)| params.after.as_ref().is_none_or(|a| p > a))
+                .collect()
+        })
+        .unwrap_or_default();
+    limits.sort_by(|a, b| a.0.cmp(&b.0));
+    let page = params.limit.unwrap_or(DEFAULT_PAGE);
+    let next = (limits.len() > page).then(|| limits[page - 1].0.clone());
+    limits.truncate(page);
+    let items: Vec<Value> = limits
+        .iter()
+        .map(|(path, r)| json!({"path": path, "limit": r.body}))
+        .collect();
+    answer(
+        StatusCode::OK,
+        &json!({"domain": domain, "limits": items, "next": next}),
+    )
+}
+
+/// One change's call: who makes it, where.
+struct Call<'a> {
+    api: &'a LimitsApi,
+    who: String,
+    domain: &'a str,
+    levels: &'a [PathLevel<'a>],
+}
+
+impl Call<'_> {
+    async fn put(self, body: Value) -> Response {
+        let (domain, levels) = (self.domain, self.levels);
+        let applied = self.api.config.change(|s| {
+            let put = s.put(domain, levels, body);
+            put.map(|(change, limit)| (change, limit, s.sequence()))
+        });
+        let (change, limit, sequence) = match applied {
+            Ok(a) => a,
+            Err(e) => return put_error(&e),
+        };
+        self.api.puts.fetch_add(1, Ordering::Relaxed);
+        let (status, old) = match change {
+            Change::Created => (StatusCode::CREATED, None),
+            Change::Replaced { old } => (StatusCode::OK, Some(old.body.clone())),
+        };
+        self.audit(Op::Put, old, Some(limit.body.clone()));
+        match self.settled(sequence).await {
+            Ok(()) => answer(status, &limit.body),
+            Err(e) => e,
+        }
+    }
+
+    async fn delete(self) -> Response {
+        let (domain, levels) = (self.domain, self.levels);
+        let removed = self
+            .api
+            .config
+            .change(|s| s.remove(domain, levels).map(|old| (old, s.sequence())));
+        let Some((old, sequence)) = removed else {
+            return self.not_found();
+        };
+        self.api.deletes.fetch_add(1, Ordering::Relaxed);
+        self.audit(Op::Delete, Some(old.body.clone()), None);
+        match self.settled(sequence).await {
+            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Err(e) => e,
+        }
+    }
+
+    async fn preview_put(self, body: Value) -> Response {
+        let preview = self
+            .api
+            .config
+            .runtime(|s| s.preview_put(self.domain, self.levels, body));
+        let (change, limit, config) = match preview {
+            Ok(p) => p,
+            Err(e) => return put_error(&e),
+        };
+        let (would, old) = match change {
+            Change::Created => ("create", None),
+            Change::Replaced { old } => ("replace", Some(old.body.clone())),
+        };
+        self.dry_run(would, old, Some(limit.body.clone()), config)
+            .await
+    }
+
+    async fn preview_delete(self) -> Response {
+        let preview = self
+            .api
+            .config
+            .runtime(|s| s.preview_remove(self.domain, self.levels));
+        let Some((old, config)) = preview else {
+            return self.not_found();
+        };
+        self.dry_run("delete", Some(old.body.clone()), None, config)
+            .await
+    }
+
+    /// A dry run's answer: what the change would do, and the path explained after it.
+    async fn dry_run(
+        &self,
+        would: &str,
+        old: Option<Value>,
+        new: Option<Value>,
+        config: RateLimitConfig,
+    ) -> Response {
+        let explain = self
+            .api
+            .explainer
+            .explain_in(Arc::new(config), self.request())
+            .await;
+        answer(
+            StatusCode::OK,
+            &json!({
+                "dry_run": true,
+                "would": would,
+                "domain": self.domain,
+                "path": url_path(self.levels),
+                "old": old,
+                "new": new,
+                "explain": explain,
+            }),
+        )
+    }
+
+    /// A request whose one descriptor is the path (a key-only level with an empty value).
+    fn request(&self) -> Request {
+        Request {
+            domain: self.domain.to_owned(),
+            descriptors: vec![Descriptor {
+                entries: self
+                    .levels
+                    .iter()
+                    .map(|(k, v)| Entry::new(*k, v.unwrap_or_default()))
+                    .collect(),
+                ..Descriptor::default()
+            }],
+            ..Request::default()
+        }
+    }
+
+    fn not_found(&self) -> Response {
+        error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no runtime limit at {}/{}",
+                self.domain,
+                url_path(self.levels)
+            ),
+        )
+    }
+
+    fn audit(&self, op: Op, old: Option<Value>, new: Option<Value>) {
+        self.api.history.record(Record {
+            time: self.api.clock.now().rfc3339(),
+            who: self.who.clone(),
+            op,
+            domain: self.domain.to_owned(),
+            path: url_path(self.levels),
+            old,
+            new,
+        });
+    }
+
+    /// Waits until the change is as durable as the node promises; the error answer if not.
+    async fn settled(&self, sequence: u64) -> Result<(), Response> {
+        let Some(d) = &self.api.durability else {
+            return Ok(());
+        };
+        d.settled(sequence).await.map_err(|e| {
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the change applies on this node but is not saved: {e}"),
+            )
+        })
+    }
+}
+
+fn put_error(e: &PutError) -> Response {
+    let status = match e {
+        PutError::Invalid(_) => StatusCode::BAD_REQUEST,
+        PutError::Full { .. } => StatusCode::INSUFFICIENT_STORAGE,
+    };
+    error(status, e)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,128 @@
+//! The runtime limits API's settings (SLUICE_ADMIN_TOKEN_FILE, SLUICE_RUNTIME_LIMITS_PATH,
+//! SLUICE_MAX_RUNTIME_LIMITS, SLUICE_RUNTIME_HISTORY), validated into [`RuntimeLimitsOptions`]:
+//! the token file read and parsed, the limits file's directory checked, before any port is bound.
+
+use std::path::PathBuf;
+
+use super::{SettingsError, invalid};
+use crate::api::admin_auth::AdminAuth;
+use crate::api::limits::history::DEFAULT_HISTORY;
+use crate::config::runtime::DEFAULT_MAX_RUNTIME_LIMITS;
+
+/// The most changes SLUICE_RUNTIME_HISTORY may keep.
+const MAX_HISTORY: usize = 100_000;
+
+/// Raw runtime-limits settings, as typed by the operator.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RuntimeLimitsArgs {
+    /// A file of bearer tokens for the runtime limits API (`/limits/...` on the debug port), one
+    /// a line, each optionally preceded by a name and a space (the name goes in the audit log);
+    /// read again when it changes. Unset: the API refuses every call (403).
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN_FILE", help_heading = "Runtime limits")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Where a node keeps its runtime limits (one JSON object a line), saved after every change
+    /// (a temporary file, fsync, rename) and loaded at start. Unset: they last until the node
+    /// stops, unless Redis or the peer cluster keeps them.
+    #[arg(
+        long,
+        env = "SLUICE_RUNTIME_LIMITS_PATH",
+        help_heading = "Runtime limits"
+    )]
+    pub runtime_limits_path: Option<PathBuf>,
+    /// The most runtime limits a node holds, all domains together; past it a new path is
+    /// refused (507) and a change to an existing one still applies.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_RUNTIME_LIMITS",
+        default_value_t = DEFAULT_MAX_RUNTIME_LIMITS,
+        help_heading = "Runtime limits"
+    )]
+    pub max_runtime_limits: usize,
+    /// The changes `GET /limits/_history` keeps, the newest (every change is logged too).
+    #[arg(
+        long,
+        env = "SLUICE_RUNTIME_HISTORY",
+        default_value_t = DEFAULT_HISTORY,
+        help_heading = "Runtime limits"
+    )]
+    pub runtime_history: usize,
+}
+
+/// The runtime limits API's validated settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeLimitsOptions {
+    /// SLUICE_ADMIN_TOKEN_FILE, read and parsed once here; `None`: the API is off.
+    pub admin_token_file: Option<PathBuf>,
+    /// SLUICE_RUNTIME_LIMITS_PATH.
+    pub path: Option<PathBuf>,
+    pub max: usize,
+    pub history: usize,
+}
+
+impl Default for RuntimeLimitsOptions {
+    fn default() -> Self {
+        RuntimeLimitsOptions {
+            admin_token_file: None,
+            path: None,
+            max: DEFAULT_MAX_RUNTIME_LIMITS,
+            history: DEFAULT_HISTORY,
+        }
+    }
+}
+
+impl RuntimeLimitsOptions {
+    /// The API's callers: the token file's, or none.
+    pub(crate) fn auth(&self) -> AdminAuth {
+        // The file parsed at validation; one that broke since keeps the API off until fixed.
+        self.admin_token_file
+            .clone()
+            .and_then(|f| AdminAuth::from_file(f).ok())
+            .unwrap_or_else(AdminAuth::off)
+    }
+}
+
+impl RuntimeLimitsArgs {
+    pub fn validate(&self) -> Result<RuntimeLimitsOptions, SettingsError> {
+        if let Some(file) = &self.admin_token_file {
+            AdminAuth::from_file(file.clone())
+                .map_err(|e| invalid("SLUICE_ADMIN_TOKEN_FILE", file.display(), e.to_string()))?;
+        }
+        if let Some(path) = &self.runtime_limits_path {
+            let var = "SLUICE_RUNTIME_LIMITS_PATH";
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            if path.file_name().is_none() || path.is_dir() {
+                return Err(invalid(var, path.display(), "expected a file's path"));
+            }
+            if !dir.is_dir() {
+                return Err(invalid(
+                    var,
+                    path.display(),
+                    format!("its directory {} does not exist", dir.display()),
+                ));
+            }
+        }
+        if self.max_runtime_limits == 0 {
+            return Err(invalid(
+                "SLUICE_MAX_RUNTIME_LIMITS",
+                0,
+                "expected at least 1",
+            ));
+        }
+        if self.runtime_history > MAX_HISTORY {
+            return Err(invalid(
+                "SLUICE_RUNTIME_HISTORY",
+                self.runtime_history,
+                format!("expected 0 to {MAX_HISTORY}"),
+            ));
+        }
+        Ok(RuntimeLimitsOptions {
+            admin_token_file: self.admin_token_file.clone(),
+            path: self.runtime_limits_path.clone(),
+            max: self.max_runtime_limits,
+            history: self.runtime_history,
+        })
+    }
+}
