@@ -1,1 +1,590 @@
+//! The runtime limits API, call by call: every status it answers, and what each change does.
 
+use std::path::Path;
+
+use serde_json::json;
+
+use super::*;
+use crate::clock::{ManualClock, Timestamp};
+use crate::config::{LoadOptions, parse_files};
+use crate::service::{RateLimitService, ServiceOptions};
+use crate::store::MemoryStore;
+
+const YAML: &str = "domain: edge
+descriptors:
+  - key: tenant
+    value: acme
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: plan
+    value: gold*
+    rate_limit: {unit: hour, requests_per_unit: 7}
+";
+
+const TOKENS: &str = "ops s3cr3t\nci-bot 0ther\n";
+
+struct Fixture {
+    api: Arc<LimitsApi>,
+    config: ConfigHandle,
+    dir: tempfile::TempDir,
+}
+
+fn fixture_with(max: usize, durability: Option<Arc<dyn Durability>>) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, TOKENS).unwrap();
+    let files = [("edge.yaml".to_owned(), YAML.to_owned())];
+    let cfg = parse_files(&files, &LoadOptions::default()).unwrap();
+    let config = ConfigHandle::with_max_runtime_limits(Some(cfg), max);
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_795_764_309)));
+    let service = Arc::new(RateLimitService::new(
+        config.clone(),
+        Arc::new(MemoryStore::new(1000)),
+        clock.clone(),
+        ServiceOptions::default(),
+    ));
+    let api = LimitsApi::new(
+        config.clone(),
+        AdminAuth::from_file(tokens).unwrap(),
+        3,
+        clock,
+        service,
+        durability,
+    );
+    Fixture {
+        api: Arc::new(api),
+        config,
+        dir,
+    }
+}
+
+fn fixture() -> Fixture {
+    fixture_with(100, None)
+}
+
+const OPS: Option<&str> = Some("Bearer s3cr3t");
+
+async fn call(
+    f: &Fixture,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (StatusCode, String) {
+    let mut headers = HeaderMap::new();
+    if let Some(t) = token {
+        headers.insert(header::AUTHORIZATION, t.parse().unwrap());
+    }
+    let response = handle(
+        Arc::clone(&f.api),
+        method.parse().unwrap(),
+        uri.parse().unwrap(),
+        headers,
+        Body::from(body.to_owned()),
+    )
+    .await;
+    super::super::body::answer(response).await
+}
+
+/// The `error` of a JSON error answer.
+fn message(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    v["error"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn a_limit_is_created_read_replaced_listed_and_deleted() {
+    let f = fixture();
+    let uri = "/limits/edge/tenant=acme/path=%2Fapi%2Fv1";
+    let body = r#"{"unit":"minute","requests_per_unit":2}"#;
+    let (status, got) = call(&f, "PUT", uri, OPS, body).await;
+    assert_eq!(status, StatusCode::CREATED, "{got}");
+    assert_eq!(got, "{\"requests_per_unit\":2,\"unit\":\"minute\"}\n");
+    let (status, got) = call(&f, "GET", uri, OPS, "").await;
+    assert_eq!(
+        (status, got.trim()),
+        (StatusCode::OK, r#"{"requests_per_unit":2,"unit":"minute"}"#)
+    );
+    let raised = r#"{"unit":"minute","requests_per_unit":20,"shadow_mode":true}"#;
+    let (status, _) = call(&f, "PUT", uri, OPS, raised).await;
+    assert_eq!(status, StatusCode::OK);
+    // It applies to the next decision.
+    let cfg = f.config.current().unwrap();
+    let m = cfg
+        .domain("edge")
+        .unwrap()
+        .lookup(&[
+            crate::descriptor::Entry::new("tenant", "acme"),
+            crate::descriptor::Entry::new("path", "/api/v1"),
+        ])
+        .unwrap();
+    assert_eq!(m.limit.slowest_block().unwrap().requests_per_unit, 20);
+    assert!(m.limit.shadow_mode);
+    let (_, _) = call(&f, "PUT", "/limits/edge/tenant=b", OPS, body).await;
+    let (status, list) = call(&f, "GET", "/limits/edge", OPS, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let list: Value = serde_json::from_str(&list).unwrap();
+    assert_eq!(
+        list,
+        json!({"domain": "edge", "next": null, "limits": [
+            {"path": "tenant=acme/path=%2Fapi%2Fv1", "limit": {"unit": "minute", "requests_per_unit": 20, "shadow_mode": true}},
+            {"path": "tenant=b", "limit": {"unit": "minute", "requests_per_unit": 2}},
+        ]})
+    );
+    let (status, got) = call(&f, "DELETE", uri, OPS, "").await;
+    assert_eq!((status, got.as_str()), (StatusCode::NO_CONTENT, ""));
+    let (status, got) = call(&f, "GET", uri, OPS, "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        message(&got),
+        "no runtime limit at edge/tenant=acme/path=%2Fapi%2Fv1"
+    );
+    let (status, _) = call(&f, "DELETE", uri, OPS, "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(f.api.changes(), (3, 1));
+}
+
+#[tokio::test]
+async fn the_list_comes_a_page_at_a_time() {
+    let f = fixture();
+    for i in 0..5 {
+        let uri = format!("/limits/edge/tenant=t{i}");
+        let (status, _) = call(
+            &f,
+            "PUT",
+            &uri,
+            OPS,
+            r#"{"unit":"hour","requests_per_unit":1}"#,
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let page = |body: &str| -> (Vec<String>, Value) {
+        let v: Value = serde_json::from_str(body).unwrap();
+        let paths = v["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["path"].as_str().unwrap().to_owned())
+            .collect();
+        (paths, v["next"].clone())
+    };
+    let (_, body) = call(&f, "GET", "/limits/edge?limit=2", OPS, "").await;
+    assert_eq!(
+        page(&body),
+        (
+            vec!["tenant=t0".to_owned(), "tenant=t1".to_owned()],
+            json!("tenant=t1")
+        )
+    );
+    let (_, body) = call(&f, "GET", "/limits/edge?limit=2&after=tenant%3Dt3", OPS, "").await;
+    assert_eq!(page(&body), (vec!["tenant=t4".to_owned()], Value::Null));
+    let (_, body) = call(&f, "GET", "/limits/nowhere", OPS, "").await;
+    assert_eq!(page(&body), (Vec::new(), Value::Null));
+}
+
+/// A refused call: method, URI, token, body; the status and the error it is answered.
+type Refused = (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+    StatusCode,
+    &'static str,
+);
+
+const PUT_BODY: &str = r#"{"unit":"minute","requests_per_unit":2}"#;
+
+const REFUSALS: &[Refused] = &[
+    (
+        "GET",
+        "/limits/edge",
+        None,
+        "",
+        StatusCode::UNAUTHORIZED,
+        "an admin call needs the header `Authorization: Bearer <token>`",
+    ),
+    (
+        "GET",
+        "/limits/edge",
+        Some("Bearer nope"),
+        "",
+        StatusCode::FORBIDDEN,
+        "the bearer token is not one of SLUICE_ADMIN_TOKEN_FILE's",
+    ),
+    (
+        "PUT",
+        "/limits/edge/k=%zz",
+        OPS,
+        PUT_BODY,
+        StatusCode::BAD_REQUEST,
+        "segment 2: a `%` not followed by two hex digits, or not UTF-8",
+    ),
+    (
+        "PUT",
+        "/limits/edge/=v",
+        OPS,
+        PUT_BODY,
+        StatusCode::BAD_REQUEST,
+        "segment 2: an empty key (a descriptor key cannot be empty)",
+    ),
+    (
+        "PUT",
+        "/limits/edge/a/b/c/d/e/f/g/h/i",
+        OPS,
+        PUT_BODY,
+        StatusCode::BAD_REQUEST,
+        "a runtime limit's path has at most 8 levels",
+    ),
+    (
+        "PUT",
+        "/limits/_history/k=v",
+        OPS,
+        PUT_BODY,
+        StatusCode::BAD_REQUEST,
+        "segment 1: _history is the audit log, not a domain",
+    ),
+    (
+        "PUT",
+        "/limits/edge/k=v?dry_run=maybe",
+        OPS,
+        PUT_BODY,
+        StatusCode::BAD_REQUEST,
+        "dry_run=maybe: expected true or false",
+    ),
+    (
+        "GET",
+        "/limits/edge?limit=0",
+        OPS,
+        "",
+        StatusCode::BAD_REQUEST,
+        "limit=0: expected a number from 1 to 10000",
+    ),
+    (
+        "GET",
+        "/limits/edge?page=2",
+        OPS,
+        "",
+        StatusCode::BAD_REQUEST,
+        "unknown query parameter \"page\" (the API takes dry_run, after and limit)",
+    ),
+    (
+        "PUT",
+        "/limits/edge/k=v",
+        OPS,
+        "{unit: minute}",
+        StatusCode::BAD_REQUEST,
+        "the body is not JSON: key must be a string at line 1 column 2",
+    ),
+    (
+        "PUT",
+        "/limits/edge/k=v",
+        OPS,
+        "[1]",
+        StatusCode::BAD_REQUEST,
+        "the body must be a JSON object of rate_limit fields",
+    ),
+    (
+        "PUT",
+        "/limits/edge/k=v",
+        OPS,
+        r#"{"unit":"fortnight","requests_per_unit":1}"#,
+        StatusCode::BAD_REQUEST,
+        "invalid rate limit unit 'fortnight'",
+    ),
+    (
+        "PUT",
+        "/limits/edge/k=v",
+        OPS,
+        r#"{"unit":"day","unlimited":true}"#,
+        StatusCode::BAD_REQUEST,
+        "should not specify rate limit unit when unlimited",
+    ),
+    (
+        "PUT",
+        "/limits/edge/plan=gold*",
+        OPS,
+        PUT_BODY,
+        StatusCode::BAD_REQUEST,
+        "plan=gold*: a runtime limit's value cannot contain '*' (wildcards come from the YAML; set the limit per value)",
+    ),
+    (
+        "PUT",
+        "/limits/edge/plan",
+        OPS,
+        PUT_BODY,
+        StatusCode::BAD_REQUEST,
+        "plan: a key-only runtime level where the YAML has the wildcard 'plan_gold*' on the same key would apply only to the values the wildcard does not match; set the limit per value instead",
+    ),
+    (
+        "POST",
+        "/limits/edge/k=v",
+        OPS,
+        PUT_BODY,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this path takes GET, PUT, DELETE",
+    ),
+    (
+        "DELETE",
+        "/limits/edge",
+        OPS,
+        "",
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this path takes GET",
+    ),
+    (
+        "PUT",
+        "/limits/_history",
+        OPS,
+        PUT_BODY,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this path takes GET",
+    ),
+];
+
+#[tokio::test]
+async fn every_refusal_says_what_is_wrong() {
+    let f = fixture();
+    for (method, uri, token, body, status, want) in REFUSALS {
+        let (got_status, got) = call(&f, method, uri, *token, body).await;
+        assert_eq!(
+            (got_status, message(&got)),
+            (*status, (*want).to_owned()),
+            "{method} {uri}"
+        );
+    }
+    let big = format!(
+        r#"{{"unit":"minute","requests_per_unit":1,"name":"{}"}}"#,
+        "n".repeat(MAX_BODY_BYTES)
+    );
+    let (status, got) = call(&f, "PUT", "/limits/edge/k=v", OPS, &big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{got}");
+    // 401 says how to authenticate.
+    let mut headers = HeaderMap::new();
+    headers.insert(header::AUTHORIZATION, "Basic x".parse().unwrap());
+    let response = handle(
+        Arc::clone(&f.api),
+        Method::GET,
+        "/limits/edge".parse().unwrap(),
+        headers,
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+    // Nothing refused changed anything.
+    assert_eq!(f.config.runtime(|s| s.len()), 0);
+    assert_eq!(f.api.history.json(), json!([]));
+}
+
+#[tokio::test]
+async fn past_the_cap_a_new_path_is_507_and_a_change_still_applies() {
+    let f = fixture_with(1, None);
+    let body = r#"{"unit":"minute","requests_per_unit":2}"#;
+    assert_eq!(
+        call(&f, "PUT", "/limits/edge/k=a", OPS, body).await.0,
+        StatusCode::CREATED
+    );
+    let (status, got) = call(&f, "PUT", "/limits/edge/k=b", OPS, body).await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE);
+    assert!(message(&got).contains("SLUICE_MAX_RUNTIME_LIMITS"), "{got}");
+    assert_eq!(
+        call(&f, "PUT", "/limits/edge/k=a", OPS, body).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn without_a_token_file_every_call_is_403() {
+    let f = fixture();
+    let off = LimitsApi::new(
+        f.config.clone(),
+        AdminAuth::off(),
+        3,
+        Arc::new(ManualClock::new(Timestamp::from_secs(0))),
+        Arc::clone(&f.api.explainer),
+        None,
+    );
+    let off = Fixture {
+        api: Arc::new(off),
+        config: f.config.clone(),
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let (status, got) = call(&off, "GET", "/limits/edge", OPS, "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        message(&got),
+        "runtime limits are off: set SLUICE_ADMIN_TOKEN_FILE to a file of bearer tokens"
+    );
+}
+
+#[tokio::test]
+async fn tokens_rotate_without_a_restart() {
+    let f = fixture();
+    let tokens = f.dir.path().join("tokens");
+    std::fs::write(&tokens, "ops n3w-s3cr3t\n").unwrap();
+    // The file's change is seen by its metadata (size here: the same second may pass).
+    let (status, _) = call(&f, "GET", "/limits/edge", OPS, "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call(&f, "GET", "/limits/edge", Some("Bearer n3w-s3cr3t"), "").await;
+    assert_eq!(status, StatusCode::OK);
+    // A file that does not parse keeps the tokens in force.
+    std::fs::write(&tokens, "a b c d\n").unwrap();
+    let (status, _) = call(&f, "GET", "/limits/edge", Some("Bearer n3w-s3cr3t"), "").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_dry_run_explains_the_change_and_makes_none() {
+    let f = fixture();
+    let uri = "/limits/edge/tenant=acme?dry_run=true";
+    let (status, got) = call(
+        &f,
+        "PUT",
+        uri,
+        OPS,
+        r#"{"unit":"second","requests_per_unit":3}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let v: Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(v["would"], "create");
+    assert_eq!(v["old"], Value::Null);
+    let limit = &v["explain"]["descriptors"][0]["limit"];
+    assert_eq!(limit["source"], "runtime", "{got}");
+    assert_eq!(limit["blocks"][0]["requests_per_unit"], 3, "{got}");
+    assert_eq!(
+        v["explain"]["descriptors"][0]["counters"][0]["key"],
+        "edge_tenant_acme_"
+    );
+    // Nothing changed: the YAML's limit still applies.
+    let (status, _) = call(&f, "GET", "/limits/edge/tenant=acme", OPS, "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(f.api.history.json(), json!([]));
+    call(
+        &f,
+        "PUT",
+        "/limits/edge/tenant=acme",
+        OPS,
+        r#"{"unit":"second","requests_per_unit":3}"#,
+    )
+    .await;
+    let (status, got) = call(&f, "DELETE", uri, OPS, "").await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let v: Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(
+        (v["would"].as_str(), v["new"].clone()),
+        (Some("delete"), Value::Null)
+    );
+    assert_eq!(
+        v["explain"]["descriptors"][0]["limit"]["source"], "config",
+        "{got}"
+    );
+    assert_eq!(
+        call(&f, "GET", "/limits/edge/tenant=acme", OPS, "").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&f, "DELETE", "/limits/edge/tenant=zed?dry_run", OPS, "")
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn every_change_is_in_the_history_with_who_made_it() {
+    let f = fixture();
+    let a = r#"{"unit":"minute","requests_per_unit":1}"#;
+    let b = r#"{"unit":"minute","requests_per_unit":2}"#;
+    call(&f, "PUT", "/limits/edge/k=v", OPS, a).await;
+    call(&f, "PUT", "/limits/edge/k=v", Some("Bearer 0ther"), b).await;
+    call(&f, "DELETE", "/limits/edge/k=v", OPS, "").await;
+    call(&f, "PUT", "/limits/edge/k=w", OPS, a).await;
+    let (status, got) = call(&f, "GET", "/limits/_history", Some("Bearer 0ther"), "").await;
+    assert_eq!(status, StatusCode::OK);
+    let v: Value = serde_json::from_str(&got).unwrap();
+    // The last 3 (SLUICE_RUNTIME_HISTORY in this fixture), oldest first.
+    assert_eq!(
+        v,
+        json!([
+            {"time": "2026-11-27T07:25:09.000Z", "who": "ci-bot", "op": "put", "domain": "edge", "path": "k=v",
+             "old": {"unit": "minute", "requests_per_unit": 1}, "new": {"unit": "minute", "requests_per_unit": 2}},
+            {"time": "2026-11-27T07:25:09.000Z", "who": "ops", "op": "delete", "domain": "edge", "path": "k=v",
+             "old": {"unit": "minute", "requests_per_unit": 2}, "new": null},
+            {"time": "2026-11-27T07:25:09.000Z", "who": "ops", "op": "put", "domain": "edge", "path": "k=w",
+             "old": null, "new": {"unit": "minute", "requests_per_unit": 1}},
+        ])
+    );
+}
+
+/// Durability that fails: the change applies, and the caller is told it is not saved.
+struct Unsaved;
+
+impl Durability for Unsaved {
+    fn settled(&self, _: u64) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async { Err("/nowhere/limits.json: read-only file system".to_owned()) })
+    }
+}
+
+#[tokio::test]
+async fn a_change_that_cannot_be_saved_is_503_and_says_so() {
+    let f = fixture_with(10, Some(Arc::new(Unsaved)));
+    let (status, got) = call(
+        &f,
+        "PUT",
+        "/limits/edge/k=v",
+        OPS,
+        r#"{"unit":"minute","requests_per_unit":1}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        message(&got),
+        "the change applies on this node but is not saved: /nowhere/limits.json: read-only file system"
+    );
+}
+
+#[tokio::test]
+async fn with_a_limits_file_a_change_is_answered_once_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runtime-limits.json");
+    let f0 = fixture();
+    let (saver, task) = crate::config::runtime::file::Saver::spawn(f0.config.clone(), path.clone());
+    let f = Fixture {
+        api: Arc::new(LimitsApi::new(
+            f0.config.clone(),
+            AdminAuth::from_file(f0.dir.path().join("tokens")).unwrap(),
+            3,
+            Arc::new(ManualClock::new(Timestamp::from_secs(0))),
+            Arc::clone(&f0.api.explainer),
+            Some(saver),
+        )),
+        config: f0.config.clone(),
+        dir: f0.dir,
+    };
+    let (status, _) = call(
+        &f,
+        "PUT",
+        "/limits/edge/k=v",
+        OPS,
+        r#"{"unit":"minute","requests_per_unit":1}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_saved(
+        &path,
+        &[
+            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"}}",
+        ],
+    );
+    assert_eq!(
+        call(&f, "DELETE", "/limits/edge/k=v", OPS, "").await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_saved(&path, &[]);
+    task.abort();
+}
+
+fn assert_saved(path: &Path, lines: &[&str]) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert_eq!(text.lines().collect::<Vec<_>>(), lines);
+}

@@ -102,7 +102,7 @@ impl RuntimeLayer {
 
     fn insert_node(&mut self, node: RtNode) {
         let hash = self.hash(node.parent, &node.composite);
-        let hasher = self.hasher.clone();
+        let hasher = self.hasher;
         if let Some(shard) = self.shards.get_mut(Self::shard_of(hash)) {
             Arc::make_mut(shard)
                 .insert_unique(hash, node, |n| hasher.hash_one((n.parent, &*n.composite)));

@@ -25,8 +25,11 @@ pub use state::{Change, PutError, Rules, RuntimeState};
 /// One level of a runtime limit's path: a key, and its value unless the node is key-only.
 pub type PathLevel<'a> = (&'a str, Option<&'a str>);
 
+/// A runtime limit's path, owned: its levels' keys and values.
+pub type OwnedPath = Box<[(Box<str>, Option<Box<str>>)]>;
+
 /// The YAML document of one runtime limit: `domain`, one nested descriptor per level, the
-/// body as the last level's `rate_limit`.
+/// body's fields in the last level (its `rate_limit`'s fields as its `rate_limit`).
 pub(crate) fn document(
     domain: &str,
     levels: &[PathLevel<'_>],
@@ -43,8 +46,10 @@ pub(crate) fn document(
             node.insert("value".into(), (*value).into());
         }
         match below.take() {
-            None => node.insert("rate_limit".into(), yaml_of(body)),
-            Some(child) => node.insert("descriptors".into(), Yaml::Sequence(vec![child])),
+            None => put_body(&mut node, body),
+            Some(child) => {
+                node.insert("descriptors".into(), Yaml::Sequence(vec![child]));
+            }
         };
         below = Some(Yaml::Mapping(node));
     }
@@ -55,6 +60,34 @@ pub(crate) fn document(
         Yaml::Sequence(below.into_iter().collect()),
     );
     Ok(Yaml::Mapping(doc))
+}
+
+/// The body's fields that belong to the descriptor in the YAML (the rest are its
+/// `rate_limit`'s): a runtime limit's body holds both, as one object.
+const DESCRIPTOR_FIELDS: [&str; 7] = [
+    "shadow_mode",
+    "quota_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+    "rate_limits",
+];
+
+/// Puts the body's fields in the last level's descriptor: its own fields there, the others
+/// as its `rate_limit` (none when there are none: `rate_limits` alone, or an empty body).
+fn put_body(node: &mut Mapping, body: &serde_json::Value) {
+    let mut rate_limit = Mapping::new();
+    for (k, v) in body.as_object().into_iter().flatten() {
+        if DESCRIPTOR_FIELDS.contains(&k.as_str()) {
+            node.insert(k.as_str().into(), yaml_of(v));
+        } else {
+            rate_limit.insert(k.as_str().into(), yaml_of(v));
+        }
+    }
+    if !rate_limit.is_empty() {
+        node.insert("rate_limit".into(), Yaml::Mapping(rate_limit));
+    }
 }
 
 /// A JSON value as the YAML value of the same text.
@@ -101,7 +134,7 @@ pub const DEFAULT_MAX_RUNTIME_LIMITS: usize = 1_000_000;
 /// the body compiles to.
 #[derive(Debug)]
 pub struct RuntimeLimit {
-    pub levels: Box<[(Box<str>, Option<Box<str>>)]>,
+    pub levels: OwnedPath,
     pub body: serde_json::Value,
     pub limit: Limit,
 }

@@ -100,6 +100,11 @@ impl RuntimeState {
         self.sequence
     }
 
+    /// Whether there are no runtime limits.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
     /// How many runtime limits there are, all domains together.
     pub fn len(&self) -> usize {
         self.layers.values().map(|l| l.len()).sum()

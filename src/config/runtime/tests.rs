@@ -303,3 +303,34 @@ fn explain_walks_the_runtime_nodes_and_many_limits_each_find_their_own() {
         .unwrap();
     assert_eq!(got.body, per_minute(8));
 }
+
+#[test]
+fn the_bodys_descriptor_fields_go_to_the_descriptor_and_the_rest_to_its_rate_limit() {
+    let body = json!({
+        "unit": "minute", "requests_per_unit": 2, "name": "n",
+        "shadow_mode": true, "detailed_metric": true, "metadata": {"team": "a"},
+    });
+    let limit = compile("d", &[("k", Some("v"))], body).unwrap().limit;
+    assert!(limit.shadow_mode && limit.detailed_metric);
+    assert_eq!(limit.name, "n");
+    assert_eq!(limit.metadata, Some(json!({"team": "a"})));
+    let several = json!({"rate_limits": [
+        {"unit": "second", "requests_per_unit": 5},
+        {"unit": "hour", "requests_per_unit": 100, "name": "hourly"},
+    ]});
+    let limit = compile("d", &[("k", None)], several).unwrap().limit;
+    assert_eq!(limit.slowest_block().unwrap().requests_per_unit, 100);
+    assert_eq!(
+        compile("d", &[("k", None)], json!({})).unwrap_err(),
+        "the body sets no rate limit"
+    );
+    assert_eq!(
+        compile(
+            "d",
+            &[("k", None)],
+            json!({"unit": "minute", "colour": "red"})
+        )
+        .unwrap_err(),
+        "config error, unknown key 'colour'"
+    );
+}
