@@ -152,7 +152,40 @@ pub struct AppOptions {
     /// SPOA_PORT's agent for HAProxy, when set; its listener is in [`Listeners::spoa`].
     pub spoa: Option<api::spoa::SpoaOptions>,
     /// The runtime limits API: its tokens, where the limits are saved, its caps.
-    pub runtime_limits: crate::settings::RuntimeLimitsOptions,
+    pub runtime_limits: RuntimeLimitsOptions,
+}
+
+/// The runtime limits API's validated settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeLimitsOptions {
+    /// SLUICE_ADMIN_TOKEN_FILE, read and parsed once here; `None`: the API is off.
+    pub admin_token_file: Option<std::path::PathBuf>,
+    /// SLUICE_RUNTIME_LIMITS_PATH.
+    pub path: Option<std::path::PathBuf>,
+    pub max: usize,
+    pub history: usize,
+}
+
+impl Default for RuntimeLimitsOptions {
+    fn default() -> Self {
+        RuntimeLimitsOptions {
+            admin_token_file: None,
+            path: None,
+            max: crate::config::runtime::DEFAULT_MAX_RUNTIME_LIMITS,
+            history: api::limits::history::DEFAULT_HISTORY,
+        }
+    }
+}
+
+impl RuntimeLimitsOptions {
+    /// The API's callers: the token file's, or none.
+    pub(crate) fn auth(&self) -> api::admin_auth::AdminAuth {
+        // The file parsed at validation; one that broke since keeps the API off until fixed.
+        self.admin_token_file
+            .clone()
+            .and_then(|f| api::admin_auth::AdminAuth::from_file(f).ok())
+            .unwrap_or_else(api::admin_auth::AdminAuth::off)
+    }
 }
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes

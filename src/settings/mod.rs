@@ -85,7 +85,7 @@ pub use otlp::OtlpArgs;
 use parse::non_zero;
 pub use parse::{InvalidBool, parse_go_bool, parse_go_duration};
 pub use redis_breaker::RedisBreakerArgs;
-pub use runtime_limits::{RuntimeLimitsArgs, RuntimeLimitsOptions};
+pub use runtime_limits::RuntimeLimitsArgs;
 pub use telemetry::TelemetryArgs;
 use telemetry::{log_format, log_level};
 pub use tls::GrpcTlsArgs;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use super::{SettingsError, invalid};
 use crate::api::admin_auth::AdminAuth;
 use crate::api::limits::history::DEFAULT_HISTORY;
+use crate::app::RuntimeLimitsOptions;
 use crate::config::runtime::DEFAULT_MAX_RUNTIME_LIMITS;
 
 /// The most changes SLUICE_RUNTIME_HISTORY may keep.
@@ -46,39 +47,6 @@ pub struct RuntimeLimitsArgs {
         help_heading = "Runtime limits"
     )]
     pub runtime_history: usize,
-}
-
-/// The runtime limits API's validated settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuntimeLimitsOptions {
-    /// SLUICE_ADMIN_TOKEN_FILE, read and parsed once here; `None`: the API is off.
-    pub admin_token_file: Option<PathBuf>,
-    /// SLUICE_RUNTIME_LIMITS_PATH.
-    pub path: Option<PathBuf>,
-    pub max: usize,
-    pub history: usize,
-}
-
-impl Default for RuntimeLimitsOptions {
-    fn default() -> Self {
-        RuntimeLimitsOptions {
-            admin_token_file: None,
-            path: None,
-            max: DEFAULT_MAX_RUNTIME_LIMITS,
-            history: DEFAULT_HISTORY,
-        }
-    }
-}
-
-impl RuntimeLimitsOptions {
-    /// The API's callers: the token file's, or none.
-    pub(crate) fn auth(&self) -> AdminAuth {
-        // The file parsed at validation; one that broke since keeps the API off until fixed.
-        self.admin_token_file
-            .clone()
-            .and_then(|f| AdminAuth::from_file(f).ok())
-            .unwrap_or_else(AdminAuth::off)
-    }
 }
 
 impl RuntimeLimitsArgs {

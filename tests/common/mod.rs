@@ -49,7 +49,7 @@ pub fn default_options() -> AppOptions {
         peer_tls: None,
         quota: Default::default(),
         spoa: None,
-        runtime_limits: sluice::settings::RuntimeLimitsOptions::default(),
+        runtime_limits: sluice::app::RuntimeLimitsOptions::default(),
     }
 }
 
