@@ -482,7 +482,8 @@ mod tests {
             10,
             clock.clone(),
             service.clone(),
-            None,
+            Vec::new(),
+            Arc::from("n"),
         );
         DebugState {
             limits: Arc::new(limits),

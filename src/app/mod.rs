@@ -765,20 +765,22 @@ fn limits_api(
     service: &Arc<RateLimitService<AnyStore>>,
 ) -> Arc<api::limits::LimitsApi> {
     let o = &options.runtime_limits;
-    let durability = o.path.as_ref().map(|path| {
+    let mut sinks: Vec<Arc<dyn api::limits::Sink>> = Vec::new();
+    if let Some(path) = &o.path {
         // The task lives as long as the runtime: a save in progress at exit leaves at most
         // its temporary file, and every change was answered only once saved.
         let (saver, _task) =
             crate::config::runtime::file::Saver::spawn(config.clone(), path.clone());
-        saver as Arc<dyn api::limits::Durability>
-    });
+        sinks.push(saver);
+    }
     Arc::new(api::limits::LimitsApi::new(
         config.clone(),
         o.auth(),
         o.history,
         service.clock().clone(),
         service.clone(),
-        durability,
+        sinks,
+        Arc::from(""),
     ))
 }
 

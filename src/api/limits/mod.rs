@@ -31,7 +31,7 @@ use self::history::{History, Op, Record};
 use super::admin_auth::{AdminAuth, Refusal};
 use super::limits_path::{Level, LimitsPath};
 use crate::clock::Clock;
-use crate::config::runtime::{Change, PathLevel, PutError, RuntimeLimit};
+use crate::config::runtime::{Change, PathLevel, PutError, Replicated, RuntimeLimit, path_text};
 use crate::config::{ConfigHandle, RateLimitConfig};
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::percent;
@@ -52,14 +52,23 @@ pub(crate) trait Explainer: Send + Sync {
     ) -> futures_util::future::BoxFuture<'a, Value>;
 }
 
-/// Where changes go once applied: saved to SLUICE_RUNTIME_LIMITS_PATH, shared with the other
-/// replicas. `Ok` once the change numbered `sequence` is as durable as the node promises.
-pub(crate) trait Durability: Send + Sync {
-    fn settled(&self, sequence: u64) -> futures_util::future::BoxFuture<'_, Result<(), String>>;
+/// Where a change goes once applied here: saved to SLUICE_RUNTIME_LIMITS_PATH, pushed to the
+/// peers, written to Redis. `Ok` once the change (this node's change number `sequence`) is
+/// there; `Err` says why not.
+pub(crate) trait Sink: Send + Sync {
+    fn settled<'a>(
+        &'a self,
+        sequence: u64,
+        change: &'a Replicated,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), String>>;
 }
 
-impl Durability for crate::config::runtime::file::Saver {
-    fn settled(&self, sequence: u64) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+impl Sink for crate::config::runtime::file::Saver {
+    fn settled<'a>(
+        &'a self,
+        sequence: u64,
+        _: &'a Replicated,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(crate::config::runtime::file::Saver::settled(self, sequence))
     }
 }
@@ -71,7 +80,9 @@ pub(crate) struct LimitsApi {
     history: History,
     clock: Arc<dyn Clock>,
     explainer: Arc<dyn Explainer>,
-    durability: Option<Arc<dyn Durability>>,
+    sinks: Vec<Arc<dyn Sink>>,
+    /// This node's name in the stamps of its changes: PEER_ADVERTISE_ADDRESS, or "".
+    origin: Arc<str>,
     puts: AtomicU64,
     deletes: AtomicU64,
 }
@@ -83,7 +94,8 @@ impl LimitsApi {
         history: usize,
         clock: Arc<dyn Clock>,
         explainer: Arc<dyn Explainer>,
-        durability: Option<Arc<dyn Durability>>,
+        sinks: Vec<Arc<dyn Sink>>,
+        origin: Arc<str>,
     ) -> Self {
         LimitsApi {
             config,
@@ -91,7 +103,8 @@ impl LimitsApi {
             history: History::new(history),
             clock,
             explainer,
-            durability,
+            sinks,
+            origin,
             puts: AtomicU64::new(0),
             deletes: AtomicU64::new(0),
         }
@@ -194,18 +207,6 @@ fn params(query: Option<&str>) -> Result<Params, String> {
     Ok(out)
 }
 
-/// A path's levels as the API's URL writes them: `k=v` or `k`, percent-encoded, joined by `/`.
-pub(crate) fn url_path(levels: &[PathLevel<'_>]) -> String {
-    levels
-        .iter()
-        .map(|(k, v)| match v {
-            Some(v) => format!("{}={}", percent::encode(k, b""), percent::encode(v, b"")),
-            None => percent::encode(k, b""),
-        })
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
 fn borrowed(levels: &[Level]) -> Vec<PathLevel<'_>> {
     levels
         .iter()
@@ -298,7 +299,7 @@ fn get(api: &LimitsApi, domain: &str, levels: &[Level]) -> Response {
         Some(r) => answer(StatusCode::OK, &r.body),
         None => error(
             StatusCode::NOT_FOUND,
-            format!("no runtime limit at {domain}/{}", url_path(&levels)),
+            format!("no runtime limit at {domain}/{}", path_text(&levels)),
         ),
     }
 }
@@ -310,7 +311,7 @@ fn list(api: &LimitsApi, domain: &str, params: &Params) -> Response {
         .and_then(|c| c.domain(domain))
         .map(|d| {
             d.runtime_limits()
-                .map(|r| (url_path(&r.path()), r))
+                .map(|r| (path_text(&r.path()), r))
                 .filter(|(p, _)| params.after.as_ref().is_none_or(|a| p > a))
                 .collect()
         })
@@ -340,8 +341,9 @@ struct Call<'a> {
 impl Call<'_> {
     async fn put(self, body: Value) -> Response {
         let (domain, levels) = (self.domain, self.levels);
+        let made = (self.api.clock.now().micros(), &self.api.origin);
         let applied = self.api.config.change(|s| {
-            let put = s.put(domain, levels, body);
+            let put = s.put(domain, levels, body, made);
             put.map(|(change, limit)| (change, limit, s.sequence()))
         });
         let (change, limit, sequence) = match applied {
@@ -354,7 +356,10 @@ impl Call<'_> {
             Change::Replaced { old } => (StatusCode::OK, Some(old.body.clone())),
         };
         self.audit(Op::Put, old, Some(limit.body.clone()));
-        match self.settled(sequence).await {
+        match self
+            .settled(sequence, &Replicated::of(domain, &limit))
+            .await
+        {
             Ok(()) => answer(status, &limit.body),
             Err(e) => e,
         }
@@ -362,16 +367,23 @@ impl Call<'_> {
 
     async fn delete(self) -> Response {
         let (domain, levels) = (self.domain, self.levels);
-        let removed = self
-            .api
-            .config
-            .change(|s| s.remove(domain, levels).map(|old| (old, s.sequence())));
-        let Some((old, sequence)) = removed else {
+        let made = (self.api.clock.now().micros(), &self.api.origin);
+        let removed = self.api.config.change(|s| {
+            s.remove(domain, levels, made)
+                .map(|old| (old, s.sequence()))
+        });
+        let Some(((old, stamp), sequence)) = removed else {
             return self.not_found();
         };
         self.api.deletes.fetch_add(1, Ordering::Relaxed);
         self.audit(Op::Delete, Some(old.body.clone()), None);
-        match self.settled(sequence).await {
+        let change = Replicated {
+            body: None,
+            at_us: stamp.at_us,
+            origin: stamp.origin.to_string(),
+            ..Replicated::of(domain, &old)
+        };
+        match self.settled(sequence, &change).await {
             Ok(()) => StatusCode::NO_CONTENT.into_response(),
             Err(e) => e,
         }
@@ -425,7 +437,7 @@ impl Call<'_> {
                 "dry_run": true,
                 "would": would,
                 "domain": self.domain,
-                "path": url_path(self.levels),
+                "path": path_text(self.levels),
                 "old": old,
                 "new": new,
                 "explain": explain,
@@ -455,7 +467,7 @@ impl Call<'_> {
             format!(
                 "no runtime limit at {}/{}",
                 self.domain,
-                url_path(self.levels)
+                path_text(self.levels)
             ),
         )
     }
@@ -466,23 +478,30 @@ impl Call<'_> {
             who: self.who.clone(),
             op,
             domain: self.domain.to_owned(),
-            path: url_path(self.levels),
+            path: path_text(self.levels),
             old,
             new,
         });
     }
 
-    /// Waits until the change is as durable as the node promises; the error answer if not.
-    async fn settled(&self, sequence: u64) -> Result<(), Response> {
-        let Some(d) = &self.api.durability else {
+    /// Waits until every sink has the change; the error answer if one has not.
+    async fn settled(&self, sequence: u64, change: &Replicated) -> Result<(), Response> {
+        let all = self.api.sinks.iter().map(|s| s.settled(sequence, change));
+        let failed: Vec<String> = futures_util::future::join_all(all)
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+            .collect();
+        if failed.is_empty() {
             return Ok(());
-        };
-        d.settled(sequence).await.map_err(|e| {
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the change applies on this node but is not saved: {e}"),
-            )
-        })
+        }
+        Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the change applies on this node but is not saved: {}",
+                failed.join("; ")
+            ),
+        ))
     }
 }
 

@@ -28,7 +28,7 @@ struct Fixture {
     dir: tempfile::TempDir,
 }
 
-fn fixture_with(max: usize, durability: Option<Arc<dyn Durability>>) -> Fixture {
+fn fixture_with(max: usize, sinks: Vec<Arc<dyn Sink>>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, TOKENS).unwrap();
@@ -48,7 +48,8 @@ fn fixture_with(max: usize, durability: Option<Arc<dyn Durability>>) -> Fixture 
         3,
         clock,
         service,
-        durability,
+        sinks,
+        Arc::from("n1"),
     );
     Fixture {
         api: Arc::new(api),
@@ -58,7 +59,7 @@ fn fixture_with(max: usize, durability: Option<Arc<dyn Durability>>) -> Fixture 
 }
 
 fn fixture() -> Fixture {
-    fixture_with(100, None)
+    fixture_with(100, Vec::new())
 }
 
 const OPS: Option<&str> = Some("Bearer s3cr3t");
@@ -377,7 +378,7 @@ async fn every_refusal_says_what_is_wrong() {
 
 #[tokio::test]
 async fn past_the_cap_a_new_path_is_507_and_a_change_still_applies() {
-    let f = fixture_with(1, None);
+    let f = fixture_with(1, Vec::new());
     let body = r#"{"unit":"minute","requests_per_unit":2}"#;
     assert_eq!(
         call(&f, "PUT", "/limits/edge/k=a", OPS, body).await.0,
@@ -401,7 +402,8 @@ async fn without_a_token_file_every_call_is_403() {
         3,
         Arc::new(ManualClock::new(Timestamp::from_secs(0))),
         Arc::clone(&f.api.explainer),
-        None,
+        Vec::new(),
+        Arc::from("n1"),
     );
     let off = Fixture {
         api: Arc::new(off),
@@ -519,15 +521,19 @@ async fn every_change_is_in_the_history_with_who_made_it() {
 /// Durability that fails: the change applies, and the caller is told it is not saved.
 struct Unsaved;
 
-impl Durability for Unsaved {
-    fn settled(&self, _: u64) -> futures_util::future::BoxFuture<'_, Result<(), String>> {
+impl Sink for Unsaved {
+    fn settled<'a>(
+        &'a self,
+        _: u64,
+        _: &'a Replicated,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
         Box::pin(async { Err("/nowhere/limits.json: read-only file system".to_owned()) })
     }
 }
 
 #[tokio::test]
 async fn a_change_that_cannot_be_saved_is_503_and_says_so() {
-    let f = fixture_with(10, Some(Arc::new(Unsaved)));
+    let f = fixture_with(10, vec![Arc::new(Unsaved)]);
     let (status, got) = call(
         &f,
         "PUT",
@@ -556,7 +562,8 @@ async fn with_a_limits_file_a_change_is_answered_once_saved() {
             3,
             Arc::new(ManualClock::new(Timestamp::from_secs(0))),
             Arc::clone(&f0.api.explainer),
-            Some(saver),
+            vec![saver],
+            Arc::from("n1"),
         )),
         config: f0.config.clone(),
         dir: f0.dir,
@@ -573,7 +580,7 @@ async fn with_a_limits_file_a_change_is_answered_once_saved() {
     assert_saved(
         &path,
         &[
-            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"}}",
+            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"},\"at_us\":0,\"origin\":\"n1\"}",
         ],
     );
     assert_eq!(

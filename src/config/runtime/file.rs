@@ -1,6 +1,7 @@
 //! SLUICE_RUNTIME_LIMITS_PATH: the runtime limits of a node that keeps its counters in memory,
-//! saved as one JSON object a line (`{"domain":..,"levels":[["k","v"],["k2",null]],"limit":{..}}`)
-//! and loaded at start, before the first request is answered.
+//! saved as one JSON object a line ([`Replicated`]:
+//! `{"domain":..,"levels":[["k","v"],["k2",null]],"limit":{..},"at_us":..,"origin":..}`) and
+//! loaded at start, before the first request is answered.
 //!
 //! Every save writes the whole set to a temporary file beside the target, fsyncs it, renames it
 //! over the target and fsyncs the directory: a crash leaves the old file or the new one, never a
@@ -12,22 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use super::state::Rules;
-use super::{PathLevel, RuntimeLimit, RuntimeState};
+use super::{Replicated, RuntimeLimit, RuntimeState};
 use crate::config::ConfigHandle;
 
 /// The largest file read at start: far more than 1,000,000 limits take (about 150 bytes each).
 pub const MAX_FILE_BYTES: u64 = 1 << 30;
-
-/// One saved limit.
-#[derive(Debug, Serialize, Deserialize)]
-struct Line {
-    domain: String,
-    levels: Vec<(String, Option<String>)>,
-    limit: serde_json::Value,
-}
 
 /// Reads `path` (none yet: no limits) and sets its limits in `state`; the number loaded. A
 /// line that does not parse stops the load before any limit is set; one the YAML's checks
@@ -44,18 +35,16 @@ pub fn load(path: &Path, state: &mut RuntimeState) -> Result<usize, String> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let line: Line = serde_json::from_str(line).map_err(|e| format!("{}: {e}", at(i)))?;
+        let line: Replicated = serde_json::from_str(line).map_err(|e| format!("{}: {e}", at(i)))?;
         staged.push((i, line));
     }
     let mut loaded = 0;
     for (i, line) in staged {
-        let levels: Vec<PathLevel<'_>> = line
-            .levels
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_deref()))
-            .collect();
+        let Some(body) = line.body.clone() else {
+            return Err(format!("{}: a saved limit has no limit", at(i)));
+        };
         state
-            .put_as(&line.domain, &levels, line.limit, Rules::Load)
+            .put_as(&line.domain, &line.path(), body, Rules::Load, line.stamp())
             .map_err(|e| format!("{}: {e}", at(i)))?;
         loaded += 1;
     }
@@ -87,15 +76,7 @@ fn read(path: &Path) -> Result<Option<String>, String> {
 pub fn save(path: &Path, limits: &[(String, Arc<RuntimeLimit>)]) -> std::io::Result<()> {
     let mut text = String::with_capacity(limits.len() * 128);
     for (domain, r) in limits {
-        let line = Line {
-            domain: domain.clone(),
-            levels: r
-                .levels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.as_deref().map(str::to_owned)))
-                .collect(),
-            limit: r.body.clone(),
-        };
+        let line = Replicated::of(domain, r);
         text.push_str(&serde_json::to_string(&line).map_err(std::io::Error::other)?);
         text.push('\n');
     }
@@ -217,15 +198,12 @@ mod tests {
         let mut state = RuntimeState::default();
         assert_eq!(load(&path, &mut state), Ok(0), "no file yet: no limits");
         let body = json!({"unit": "minute", "requests_per_unit": 2});
+        let me: Arc<str> = "n1".into();
+        let path_d = [("tenant", Some("a b/c")), ("path", None)];
+        state.put("d", &path_d, body.clone(), (7, &me)).unwrap();
+        let unlimited = json!({"unlimited": true});
         state
-            .put(
-                "d",
-                &[("tenant", Some("a b/c")), ("path", None)],
-                body.clone(),
-            )
-            .unwrap();
-        state
-            .put("e", &[("k", Some("v"))], json!({"unlimited": true}))
+            .put("e", &[("k", Some("v"))], unlimited, (8, &me))
             .unwrap();
         save(&path, &state.all()).unwrap();
         let mut back = RuntimeState::default();
@@ -237,6 +215,13 @@ mod tests {
             .runtime_limit(&[("tenant", Some("a b/c")), ("path", None)])
             .unwrap();
         assert_eq!(got.body, body);
+        assert_eq!(
+            got.stamp,
+            crate::config::runtime::Stamp {
+                at_us: 7,
+                origin: me
+            }
+        );
         assert!(!dir.path().join(".limits.json.tmp").exists());
 
         std::fs::write(

@@ -13,6 +13,8 @@ pub mod file;
 pub(crate) mod layer;
 pub mod state;
 
+use std::sync::Arc;
+
 use serde_yaml_ng::{Mapping, Value as Yaml};
 
 use super::build::Builder;
@@ -20,7 +22,7 @@ use super::lookup::{Limit, RateLimitConfig, Source};
 use super::raw;
 
 pub(crate) use layer::RuntimeLayer;
-pub use state::{Change, PutError, Rules, RuntimeState};
+pub use state::{Applied, Change, PutError, Rules, RuntimeState};
 
 /// One level of a runtime limit's path: a key, and its value unless the node is key-only.
 pub type PathLevel<'a> = (&'a str, Option<&'a str>);
@@ -137,6 +139,98 @@ pub struct RuntimeLimit {
     pub levels: OwnedPath,
     pub body: serde_json::Value,
     pub limit: Limit,
+    /// When it was set, and where: of two changes to one path, the later stamp wins.
+    pub stamp: Stamp,
+}
+
+/// When and where a runtime limit was set or removed: microseconds since the epoch on the node
+/// that made the change (never earlier than the change it replaced), and that node's address.
+/// Stamps order by time, then address, so every node picks the same winner of two changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stamp {
+    pub at_us: u64,
+    pub origin: Arc<str>,
+}
+
+impl Stamp {
+    /// A stamp for a change made now by `origin`, later than `after` (the stamp of what it
+    /// replaces), so that a change always wins over what it changed whatever the clocks say.
+    pub fn next(now_us: u64, origin: &Arc<str>, after: Option<&Stamp>) -> Stamp {
+        Stamp {
+            at_us: now_us.max(after.map_or(0, |a| a.at_us.saturating_add(1))),
+            origin: Arc::clone(origin),
+        }
+    }
+}
+
+/// One change to a runtime limit as it is saved and shared between nodes: the path, the new
+/// body (`None`: removed) and its stamp. Saved one a line in SLUICE_RUNTIME_LIMITS_PATH, kept
+/// in Redis, and sent in the peer protocol's `Limits` call.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Replicated {
+    pub domain: String,
+    pub levels: Vec<(String, Option<String>)>,
+    #[serde(rename = "limit")]
+    pub body: Option<serde_json::Value>,
+    #[serde(default)]
+    pub at_us: u64,
+    #[serde(default)]
+    pub origin: String,
+}
+
+impl Replicated {
+    pub fn path(&self) -> Vec<PathLevel<'_>> {
+        self.levels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect()
+    }
+
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            at_us: self.at_us,
+            origin: self.origin.as_str().into(),
+        }
+    }
+
+    /// A limit as set, as a change.
+    pub fn of(domain: &str, limit: &RuntimeLimit) -> Self {
+        Replicated {
+            domain: domain.to_owned(),
+            levels: limit
+                .levels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.as_deref().map(str::to_owned)))
+                .collect(),
+            body: Some(limit.body.clone()),
+            at_us: limit.stamp.at_us,
+            origin: limit.stamp.origin.to_string(),
+        }
+    }
+
+    /// The key that names its path among every domain's: the domain, a newline, the path as
+    /// the API's URL writes it (both unambiguous: a domain holds no newline in a URL).
+    pub fn key(&self) -> String {
+        path_key(&self.domain, &self.path())
+    }
+}
+
+/// The key of a domain's path: `domain`, a newline, [`path_text`].
+pub fn path_key(domain: &str, levels: &[PathLevel<'_>]) -> String {
+    format!("{domain}\n{}", path_text(levels))
+}
+
+/// A path's levels as the API's URL writes them: `k=v` or `k`, percent-encoded, joined by `/`.
+pub fn path_text(levels: &[PathLevel<'_>]) -> String {
+    let encode = |s: &str| crate::percent::encode(s, b"");
+    levels
+        .iter()
+        .map(|(k, v)| match v {
+            Some(v) => format!("{}={}", encode(k), encode(v)),
+            None => encode(k),
+        })
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 impl RuntimeLimit {
@@ -163,6 +257,7 @@ pub(crate) fn compile(
     domain: &str,
     levels: &[PathLevel<'_>],
     body: serde_json::Value,
+    stamp: Stamp,
 ) -> Result<RuntimeLimit, String> {
     if let Some((key, value)) = levels
         .iter()
@@ -186,6 +281,7 @@ pub(crate) fn compile(
             .collect(),
         body,
         limit,
+        stamp,
     })
 }
 

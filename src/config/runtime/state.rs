@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::layer::RuntimeLayer;
-use super::{PathLevel, RuntimeLimit, compile, composite};
+use super::{PathLevel, Replicated, RuntimeLimit, Stamp, compile, composite, path_key};
 use crate::config::lookup::{Domain, FastMap, Level, RateLimitConfig};
 
 /// What a change did: made a new path or replaced the limit it had.
@@ -37,6 +37,25 @@ pub struct RuntimeState {
     max: usize,
     /// Counts the changes made (puts and removals), for those who save or share them.
     sequence: u64,
+    /// Removals remembered, by [`path_key`]: their stamps.
+    tombstones: FastMap<String, Stamp>,
+    /// The number of removals remembered after the last pruning.
+    pruned_at: usize,
+}
+
+/// How long a removal is remembered: a node that comes back after missing a removal for
+/// longer may bring the removed limit back (docs/runtime-limits.md).
+pub const TOMBSTONE_LIFE_US: u64 = 24 * 3600 * 1_000_000;
+
+/// What [`RuntimeState::apply`] did with a change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Set,
+    Removed,
+    /// This node holds a later change for the path.
+    Stale,
+    /// The YAML's checks refuse it (a node of another version sent it).
+    Refused(String),
 }
 
 impl Default for RuntimeState {
@@ -53,6 +72,8 @@ impl RuntimeState {
             next_id: 0,
             max,
             sequence: 0,
+            tombstones: FastMap::default(),
+            pruned_at: 0,
         }
     }
 
@@ -118,25 +139,29 @@ impl RuntimeState {
             .collect()
     }
 
-    /// Checks and sets the limit at `levels` of `domain` (the API's rules).
+    /// Checks and sets the limit at `levels` of `domain` (the API's rules), made by `origin`
+    /// at `now_us`.
     pub fn put(
         &mut self,
         domain: &str,
         levels: &[PathLevel<'_>],
         body: serde_json::Value,
+        (now_us, origin): (u64, &Arc<str>),
     ) -> Result<(Change, Arc<RuntimeLimit>), PutError> {
-        self.put_as(domain, levels, body, Rules::Api)
+        let stamp = Stamp::next(now_us, origin, self.stamp_at(domain, levels).as_ref());
+        self.put_as(domain, levels, body, Rules::Api, stamp)
     }
 
-    /// [`RuntimeState::put`] under `rules`.
+    /// [`RuntimeState::put`] under `rules`, with the stamp given.
     pub fn put_as(
         &mut self,
         domain: &str,
         levels: &[PathLevel<'_>],
         body: serde_json::Value,
         rules: Rules,
+        stamp: Stamp,
     ) -> Result<(Change, Arc<RuntimeLimit>), PutError> {
-        let limit = self.checked(domain, levels, body, rules)?;
+        let limit = self.checked(domain, levels, body, rules, stamp)?;
         // Out of the map while it changes, so that only the shards the served config shares
         // are copied (loading 100,000 limits in one change copies none).
         let mut layer = self.layers.remove(domain).unwrap_or_default();
@@ -146,6 +171,7 @@ impl RuntimeState {
             &mut self.next_id,
         );
         self.layers.insert(domain.to_owned(), layer);
+        self.tombstones.remove(&path_key(domain, levels));
         self.sequence += 1;
         Ok((change_of(old), limit))
     }
@@ -157,7 +183,7 @@ impl RuntimeState {
         levels: &[PathLevel<'_>],
         body: serde_json::Value,
     ) -> Result<(Change, Arc<RuntimeLimit>, RateLimitConfig), PutError> {
-        let limit = self.checked(domain, levels, body, Rules::Api)?;
+        let limit = self.checked(domain, levels, body, Rules::Api, Stamp::default())?;
         let mut layer = self.layers.get(domain).cloned().unwrap_or_default();
         let mut next_id = self.next_id;
         let old = Arc::make_mut(&mut layer).set(
@@ -171,8 +197,26 @@ impl RuntimeState {
         Ok((change_of(old), limit, config))
     }
 
-    /// Removes the limit at `levels` of `domain`; the removed limit.
-    pub fn remove(&mut self, domain: &str, levels: &[PathLevel<'_>]) -> Option<Arc<RuntimeLimit>> {
+    /// Removes the limit at `levels` of `domain`, made by `origin` at `now_us`; the removed
+    /// limit and the removal's stamp. The removal is remembered (its stamp) for a day, so that a node that missed it
+    /// does not bring the limit back.
+    pub fn remove(
+        &mut self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+        (now_us, origin): (u64, &Arc<str>),
+    ) -> Option<(Arc<RuntimeLimit>, Stamp)> {
+        let old = self.remove_limit(domain, levels)?;
+        let stamp = Stamp::next(now_us, origin, Some(&old.stamp));
+        self.bury(path_key(domain, levels), stamp.clone());
+        Some((old, stamp))
+    }
+
+    fn remove_limit(
+        &mut self,
+        domain: &str,
+        levels: &[PathLevel<'_>],
+    ) -> Option<Arc<RuntimeLimit>> {
         let mut layer = self.layers.remove(domain)?;
         let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs());
         if layer.len() > 0 {
@@ -182,6 +226,76 @@ impl RuntimeState {
             self.sequence += 1;
         }
         old
+    }
+
+    /// Remembers a removal, and forgets those older than [`TOMBSTONE_LIFE`] before it.
+    fn bury(&mut self, key: String, stamp: Stamp) {
+        let horizon = stamp.at_us.saturating_sub(TOMBSTONE_LIFE_US);
+        self.tombstones.insert(key, stamp);
+        if self.tombstones.len() > self.pruned_at.saturating_mul(2).max(1024) {
+            self.tombstones.retain(|_, s| s.at_us >= horizon);
+            self.pruned_at = self.tombstones.len();
+        }
+    }
+
+    /// The stamp of the limit at the path, or of its removal.
+    fn stamp_at(&self, domain: &str, levels: &[PathLevel<'_>]) -> Option<Stamp> {
+        let set = self
+            .layers
+            .get(domain)
+            .and_then(|l| l.limit_at(&composites(levels).as_refs()))
+            .map(|l| l.stamp.clone());
+        set.or_else(|| self.tombstones.get(&path_key(domain, levels)).cloned())
+    }
+
+    /// Applies a change made on another node (a peer's push, Redis's log) unless this node
+    /// holds a later one for the path: the later stamp wins everywhere, so nodes that see the
+    /// same changes in any order hold the same limits.
+    pub fn apply(&mut self, change: &Replicated) -> Applied {
+        let levels = change.path();
+        let stamp = change.stamp();
+        if self
+            .stamp_at(&change.domain, &levels)
+            .is_some_and(|held| held >= stamp)
+        {
+            return Applied::Stale;
+        }
+        match &change.body {
+            Some(body) => {
+                match self.put_as(&change.domain, &levels, body.clone(), Rules::Load, stamp) {
+                    Ok(_) => Applied::Set,
+                    Err(e) => Applied::Refused(e.to_string()),
+                }
+            }
+            None => {
+                self.remove_limit(&change.domain, &levels);
+                self.bury(change.key(), stamp);
+                Applied::Removed
+            }
+        }
+    }
+
+    /// Every limit and every remembered removal, as changes, sorted by [`Replicated::key`]:
+    /// what a node that catches up takes.
+    pub fn export(&self) -> Vec<(String, Replicated)> {
+        let mut out: Vec<(String, Replicated)> = self
+            .all()
+            .iter()
+            .map(|(d, l)| Replicated::of(d, l))
+            .chain(self.tombstones.iter().map(|(key, stamp)| {
+                let (domain, path) = key.split_once('\n').unwrap_or((key, ""));
+                Replicated {
+                    domain: domain.to_owned(),
+                    levels: parse_path_text(path),
+                    body: None,
+                    at_us: stamp.at_us,
+                    origin: stamp.origin.to_string(),
+                }
+            }))
+            .map(|r| (r.key(), r))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// What [`RuntimeState::remove`] would remove, and the served config after it.
@@ -205,8 +319,9 @@ impl RuntimeState {
         levels: &[PathLevel<'_>],
         body: serde_json::Value,
         rules: Rules,
+        stamp: Stamp,
     ) -> Result<Arc<RuntimeLimit>, PutError> {
-        let limit = compile(domain, levels, body).map_err(PutError::Invalid)?;
+        let limit = compile(domain, levels, body, stamp).map_err(PutError::Invalid)?;
         let base = self.base.as_ref().and_then(|b| b.domains.get(domain));
         if rules == Rules::Api
             && let Some(refusal) = base.and_then(|d| wildcard_beside_key_only(&d.root, levels))
@@ -282,4 +397,16 @@ fn wildcard_beside_key_only(root: &Level, levels: &[PathLevel<'_>]) -> Option<St
         level = &level.node(&composite(key, *value))?.children;
     }
     None
+}
+
+/// The levels of a path as [`super::path_text`] writes it.
+fn parse_path_text(text: &str) -> Vec<(String, Option<String>)> {
+    let decode = |s: &str| crate::percent::decode(s.as_bytes()).unwrap_or_else(|| s.to_owned());
+    text.split('/')
+        .filter(|s| !s.is_empty())
+        .map(|level| match level.split_once('=') {
+            Some((k, v)) => (decode(k), Some(decode(v))),
+            None => (decode(level), None),
+        })
+        .collect()
 }

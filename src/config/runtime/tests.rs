@@ -1,6 +1,7 @@
 //! Runtime limits: checked as the YAML, matched as if written into it at their paths.
 
 use super::*;
+use crate::config::runtime::{Applied, Replicated, RuntimeState, Stamp};
 use crate::config::{ConfigHandle, Source};
 use crate::descriptor::Entry;
 use serde_json::json;
@@ -92,7 +93,8 @@ fn put(
     levels: &[PathLevel<'_>],
     body: serde_json::Value,
 ) -> Result<Change, PutError> {
-    h.change(|s| s.put("d", levels, body)).map(|(c, _)| c)
+    h.change(|s| s.put("d", levels, body, (1, &"n".into())))
+        .map(|(c, _)| c)
 }
 
 #[test]
@@ -156,14 +158,19 @@ fn removing_a_runtime_limit_brings_the_yaml_back_and_leaves_no_node_behind() {
     );
     // The levels above a runtime limit have no limit of their own.
     assert_eq!(matched(&h, &[("tenant", "new")]), None);
-    let removed = h.change(|s| s.remove("d", &deep)).unwrap();
+    let (removed, _) = h
+        .change(|s| s.remove("d", &deep, (2, &"n".into())))
+        .unwrap();
     assert_eq!(removed.body, per_minute(1));
-    assert!(h.change(|s| s.remove("d", &deep)).is_none());
+    assert!(
+        h.change(|s| s.remove("d", &deep, (2, &"n".into())))
+            .is_none()
+    );
     assert_eq!(
         matched(&h, &[("tenant", "new"), ("path", "/a"), ("m", "GET")]),
         None
     );
-    h.change(|s| s.remove("d", &[("tenant", Some("acme"))]))
+    h.change(|s| s.remove("d", &[("tenant", Some("acme"))], (2, &"n".into())))
         .unwrap();
     assert_eq!(
         matched(&h, &[("tenant", "acme")]).map(|m| m.2),
@@ -310,7 +317,9 @@ fn the_bodys_descriptor_fields_go_to_the_descriptor_and_the_rest_to_its_rate_lim
         "unit": "minute", "requests_per_unit": 2, "name": "n",
         "shadow_mode": true, "detailed_metric": true, "metadata": {"team": "a"},
     });
-    let limit = compile("d", &[("k", Some("v"))], body).unwrap().limit;
+    let limit = compile("d", &[("k", Some("v"))], body, Stamp::default())
+        .unwrap()
+        .limit;
     assert!(limit.shadow_mode && limit.detailed_metric);
     assert_eq!(limit.name, "n");
     assert_eq!(limit.metadata, Some(json!({"team": "a"})));
@@ -318,19 +327,78 @@ fn the_bodys_descriptor_fields_go_to_the_descriptor_and_the_rest_to_its_rate_lim
         {"unit": "second", "requests_per_unit": 5},
         {"unit": "hour", "requests_per_unit": 100, "name": "hourly"},
     ]});
-    let limit = compile("d", &[("k", None)], several).unwrap().limit;
+    let limit = compile("d", &[("k", None)], several, Stamp::default())
+        .unwrap()
+        .limit;
     assert_eq!(limit.slowest_block().unwrap().requests_per_unit, 100);
     assert_eq!(
-        compile("d", &[("k", None)], json!({})).unwrap_err(),
+        compile("d", &[("k", None)], json!({}), Stamp::default()).unwrap_err(),
         "the body sets no rate limit"
     );
     assert_eq!(
         compile(
             "d",
             &[("k", None)],
-            json!({"unit": "minute", "colour": "red"})
+            json!({"unit": "minute", "colour": "red"}),
+            Stamp::default()
         )
         .unwrap_err(),
         "config error, unknown key 'colour'"
+    );
+}
+
+fn change(path: &str, body: Option<serde_json::Value>, at_us: u64, origin: &str) -> Replicated {
+    Replicated {
+        domain: "d".to_owned(),
+        levels: vec![("tenant".to_owned(), Some(path.to_owned()))],
+        body,
+        at_us,
+        origin: origin.to_owned(),
+    }
+}
+
+#[test]
+fn the_later_change_wins_in_any_order_and_a_removal_is_not_undone_by_an_older_put() {
+    let mut a = RuntimeState::default();
+    let put5 = change("x", Some(per_minute(5)), 5, "n1");
+    let put9 = change("x", Some(per_minute(9)), 9, "n2");
+    let del7 = change("x", None, 7, "n3");
+    assert_eq!(a.apply(&put9), Applied::Set);
+    assert_eq!(a.apply(&put5), Applied::Stale);
+    assert_eq!(a.apply(&del7), Applied::Stale);
+    let mut b = RuntimeState::default();
+    assert_eq!(b.apply(&del7), Applied::Removed);
+    assert_eq!(b.apply(&put5), Applied::Stale, "the removal is remembered");
+    assert_eq!(b.apply(&put9), Applied::Set);
+    assert_eq!(a.export(), b.export());
+    // Ties go to the greater address; the same change twice is stale.
+    let tie = change("x", Some(per_minute(1)), 9, "n3");
+    assert_eq!(a.apply(&tie), Applied::Set);
+    assert_eq!(a.apply(&tie), Applied::Stale);
+    // A change made here after one from a node whose clock runs ahead still wins.
+    let (_, limit) = a
+        .put(
+            "d",
+            &[("tenant", Some("x"))],
+            per_minute(2),
+            (3, &"n0".into()),
+        )
+        .unwrap();
+    assert_eq!(limit.stamp.at_us, 10);
+    let (_, removed) = a
+        .remove("d", &[("tenant", Some("x"))], (4, &"n0".into()))
+        .unwrap();
+    assert_eq!(removed.at_us, 11);
+    // A node that catches up takes the export, removals included.
+    let mut c = RuntimeState::default();
+    c.apply(&change("x", Some(per_minute(1)), 1, "n9"));
+    for (_, r) in a.export() {
+        c.apply(&r);
+    }
+    assert_eq!(c.export(), a.export());
+    assert!(c.is_empty());
+    assert_eq!(
+        a.apply(&change("y", Some(json!({"unit": "fortnight"})), 1, "n9")),
+        Applied::Refused("invalid rate limit unit 'fortnight'".to_owned())
     );
 }
