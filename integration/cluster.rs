@@ -983,6 +983,14 @@ mod peer_versions {
         {
             self.refuse(request.get_ref().protocol_version)
         }
+
+        async fn limits(
+            &self,
+            request: tonic::Request<sluice::cluster::peer::wire::LimitsRequest>,
+        ) -> Result<tonic::Response<sluice::cluster::peer::wire::LimitsResponse>, tonic::Status>
+        {
+            self.refuse(request.get_ref().protocol_version)
+        }
     }
 
     impl NextVersion {

@@ -221,6 +221,15 @@ pub fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64
     key
 }
 
+/// The Redis keys replicas share their runtime limits through (`crate::cluster::runtime_redis`):
+/// the hash of every limit and the stream of changes, in one Redis Cluster hash slot.
+pub fn runtime_limit_keys(prefix: &str) -> (String, String) {
+    (
+        format!("{prefix}sluice:{{runtime}}:limits"),
+        format!("{prefix}sluice:{{runtime}}:log"),
+    )
+}
+
 /// The Redis key the peer cluster writes a concurrency limit's slots behind to:
 /// `prefix + "sluice:wb:{" + stem without the prefix + "}:cc:" + window seconds`.
 pub fn write_behind_slots_key(prefix: &str, stem: &str, window: Window) -> String {

@@ -80,7 +80,8 @@ impl ThreeNodes {
             let memory = Arc::new(MemoryStore::new(100_000));
             let store = ClusterStore::start(memory, &config, None, Arc::new(clock.clone()))
                 .expect("a cluster node starts");
-            let server = PeerServer::new(store.owner().clone(), Arc::new(clock.clone()), None);
+            let server =
+                PeerServer::new(store.owner().clone(), Arc::new(clock.clone()), None, None);
             let port = Port::grpc(
                 "PEER_PORT",
                 &Limits::default(),

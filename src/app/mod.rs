@@ -164,6 +164,8 @@ pub struct RuntimeLimitsOptions {
     pub path: Option<std::path::PathBuf>,
     pub max: usize,
     pub history: usize,
+    /// SLUICE_RUNTIME_LIMITS_POLL_MS: how often a Redis replica reads the shared changes.
+    pub poll: Duration,
 }
 
 impl Default for RuntimeLimitsOptions {
@@ -173,6 +175,7 @@ impl Default for RuntimeLimitsOptions {
             path: None,
             max: crate::config::runtime::DEFAULT_MAX_RUNTIME_LIMITS,
             history: api::limits::history::DEFAULT_HISTORY,
+            poll: Duration::from_millis(250),
         }
     }
 }
@@ -260,6 +263,8 @@ pub struct App {
     health: Arc<Health>,
     quota: Arc<QuotaService>,
     peer_server: Option<PeerServer>,
+    /// Where the runtime limits are shared with other nodes.
+    shared: SharedLimits,
     /// TRACING_ENABLED: the finished spans, for the exporter [`App::serve`] starts.
     spans: Option<tokio::sync::mpsc::Receiver<SpanRecord>>,
     /// Wakes the config watcher to load a change at once (SIGHUP).
@@ -278,7 +283,6 @@ impl App {
             max_bytes: options.max_counter_bytes,
         };
         let memory = || MemoryStore::with_sweeper(limits, clock.clone(), options.sweep_interval);
-        let mut peer_server = None;
         let store = Arc::new(match (&options.backend, &options.cluster) {
             (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
             (Backend::Memcache(memcache), _) => {
@@ -312,13 +316,7 @@ impl App {
             quota = quota.with_peers(cluster.rlqs_peers(clock.clone()));
         }
         let quota = Arc::new(quota);
-        if let AnyStore::Cluster(cluster) = &*store {
-            peer_server = Some(PeerServer::new(
-                cluster.owner().clone(),
-                clock.clone(),
-                Some(quota.clone()),
-            ));
-        }
+        let (shared, peer_server) = share_limits(&options, &config, &store, &quota, &clock)?;
         let service = Arc::new(
             RateLimitService::new(
                 config.clone(),
@@ -342,6 +340,7 @@ impl App {
             health,
             quota,
             peer_server,
+            shared,
             spans,
             reload_now: Arc::default(),
         })
@@ -413,6 +412,7 @@ impl App {
             health,
             quota,
             peer_server,
+            shared,
             spans,
             reload_now,
         } = self;
@@ -420,7 +420,7 @@ impl App {
         let (stop_tx, stop) = StopSignal::new();
         let ports = Ports::new(&options, listeners.grpc.is_unix());
         let (counters, hot) = service_views(&service, &options);
-        let limits = limits_api(&options, &config, &service);
+        let limits = limits_api(&options, &config, &service, shared);
         let debug_state = api::debug::DebugState {
             limits,
             config,
@@ -758,14 +758,63 @@ impl Running {
 }
 
 /// The debug port's views of the service: the counter admin and the hot keys.
+/// Where a node's runtime limits are shared: with its peers (a peer cluster), or through Redis
+/// (BACKEND_TYPE=redis); neither for a lone node.
+#[derive(Default)]
+struct SharedLimits {
+    peers: Option<Arc<crate::cluster::runtime_peers::PeerLimits>>,
+    redis: Option<Arc<crate::cluster::runtime_redis::RedisLimits>>,
+}
+
+/// Shares the runtime limits as the store calls for; a peer cluster's listener service, which
+/// answers the peers' `Limits` calls among the others.
+fn share_limits(
+    options: &AppOptions,
+    config: &ConfigHandle,
+    store: &AnyStore,
+    quota: &Arc<QuotaService>,
+    clock: &Arc<dyn Clock>,
+) -> Result<(SharedLimits, Option<PeerServer>), StoreError> {
+    let mut shared = SharedLimits::default();
+    if let Backend::Redis(redis) = &options.backend {
+        shared.redis = Some(crate::cluster::runtime_redis::RedisLimits::start(
+            redis,
+            &options.service.cache_key_prefix,
+            config.clone(),
+            options.runtime_limits.poll,
+        )?);
+    }
+    let mut peer_server = None;
+    if let AnyStore::Cluster(cluster) = store {
+        shared.peers = cluster.runtime_limits(config.clone());
+        peer_server = Some(PeerServer::new(
+            cluster.owner().clone(),
+            clock.clone(),
+            Some(quota.clone()),
+            shared
+                .peers
+                .clone()
+                .map(|l| l as Arc<dyn crate::cluster::peer::LimitsOwner>),
+        ));
+    }
+    Ok((shared, peer_server))
+}
+
 /// The runtime limits API's state; with SLUICE_RUNTIME_LIMITS_PATH, the task that saves them.
 fn limits_api(
     options: &AppOptions,
     config: &ConfigHandle,
     service: &Arc<RateLimitService<AnyStore>>,
+    shared: SharedLimits,
 ) -> Arc<api::limits::LimitsApi> {
     let o = &options.runtime_limits;
     let mut sinks: Vec<Arc<dyn api::limits::Sink>> = Vec::new();
+    if let Some(peers) = shared.peers {
+        sinks.push(peers);
+    }
+    if let Some(redis) = shared.redis {
+        sinks.push(redis);
+    }
     if let Some(path) = &o.path {
         // The task lives as long as the runtime: a save in progress at exit leaves at most
         // its temporary file, and every change was answered only once saved.
@@ -780,7 +829,12 @@ fn limits_api(
         service.clock().clone(),
         service.clone(),
         sinks,
-        Arc::from(""),
+        Arc::from(
+            options
+                .cluster
+                .as_ref()
+                .map_or("", |c| c.advertise.as_str()),
+        ),
     ))
 }
 

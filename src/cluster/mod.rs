@@ -19,6 +19,8 @@
 //!   mixed-version cluster splits by version until the upgrade ends (docs/cluster.md).
 //! - **Security** (SLUICE_PEER_TLS): the peer listener and every call to a peer, probes
 //!   included, use mutual TLS with one certificate, re-read when its files change.
+//! - **Runtime limits** ([`runtime_peers`]): every node holds them all; changes are pushed to
+//!   every peer, and a node pulls a peer's set when it first answers or answers again.
 
 mod config;
 pub mod durable;
@@ -28,6 +30,8 @@ mod minority;
 pub mod peer;
 pub mod ring;
 pub(crate) mod rlqs_peers;
+pub mod runtime_peers;
+pub mod runtime_redis;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +40,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::clock::{Clock, Timestamp};
+use crate::config::ConfigHandle;
 use crate::limiter::{Decision, Quota};
 use crate::store::{Cause, CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
@@ -44,6 +49,11 @@ use durable::{Durable, RingChanges};
 use lease::LeaseServer;
 use peer::{Op, PeerClient, PeerError, PeerHit};
 use ring::{Ring, key_hash};
+use runtime_peers::PeerLimits;
+
+/// Peers that answered first or again, waiting for the runtime limits to pull from them; past
+/// it one is dropped, and pulled when it next comes back.
+const RETURNED_QUEUE: usize = 1024;
 
 /// The peers as currently known: the ring, a client per remote peer, and who is down.
 struct Members {
@@ -254,6 +264,9 @@ pub struct ClusterStore {
     stats: Arc<ClusterStats>,
     /// Lease mode: the leases this node holds, and how it asks for them.
     lease: Option<Arc<lease_driver::Leasing>>,
+    /// The peers that answered for the first time or again after being down, for the runtime
+    /// limits to pull from; taken by [`ClusterStore::runtime_limits`].
+    returned: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<String>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -304,10 +317,11 @@ impl ClusterStore {
         let members = Arc::new(ArcSwap::from_pointee(Members::build(initial, &dialer)?));
         // Starting is a change: whatever this node owns now, others may have counted before.
         let changes = Arc::new(RingChanges::new(clock.now()));
+        let (returned_tx, returned) = tokio::sync::mpsc::channel(RETURNED_QUEUE);
         let mut tasks = vec![tokio::spawn(probe_peers(
             members.clone(),
             settings.mode,
-            changes.clone(),
+            (changes.clone(), returned_tx),
             clock.clone(),
         ))];
         if let PeerSource::Dns { name, port } = &settings.peers {
@@ -356,8 +370,21 @@ impl ClusterStore {
             mode: settings.mode,
             stats,
             lease,
+            returned: std::sync::Mutex::new(Some(returned)),
             tasks,
         })
+    }
+
+    /// The runtime limits among the peers: the `Limits` call's owner side and the pushes of
+    /// this node's changes; it pulls from each peer that answers first or again. Once: `None`
+    /// after the first call.
+    pub fn runtime_limits(&self, config: ConfigHandle) -> Option<Arc<PeerLimits>> {
+        let returned = self
+            .returned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()?;
+        Some(PeerLimits::new(config, self.members.clone(), returned))
     }
 
     pub fn local(&self) -> &Arc<MemoryStore> {
@@ -701,7 +728,7 @@ const UNANSWERED: Decision = Decision {
 async fn probe_peers(
     members: Arc<ArcSwap<Members>>,
     mode: ClusterMode,
-    changes: Arc<RingChanges>,
+    (changes, returned): (Arc<RingChanges>, tokio::sync::mpsc::Sender<String>),
     clock: Arc<dyn Clock>,
 ) {
     const MISSES_BEFORE_DOWN: u32 = 2;
@@ -719,6 +746,10 @@ async fn probe_peers(
         for (i, ok) in futures_util::future::join_all(probes).await {
             let state = seen.entry(m.ring.addr(i).to_owned()).or_default();
             if ok {
+                if !state.0 {
+                    // Its first answer: whatever runtime limits it holds, this node takes.
+                    let _ = returned.try_send(m.ring.addr(i).to_owned());
+                }
                 *state = (true, 0);
             } else {
                 state.1 += 1;
@@ -736,6 +767,8 @@ async fn probe_peers(
             let was_down = m.down[i].swap(!ok, Ordering::Relaxed);
             if was_down && ok {
                 tracing::info!(peer = m.ring.addr(i), "peer answers again");
+                // What it changed while cut off, and what it missed it pulls itself.
+                let _ = returned.try_send(m.ring.addr(i).to_owned());
                 // Its keys come back to it. In lease mode that is a change the holders of those
                 // keys must report to (renewal() reports every key once per change), so the
                 // returning owner learns what they used before it grants.

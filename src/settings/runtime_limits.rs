@@ -47,6 +47,15 @@ pub struct RuntimeLimitsArgs {
         help_heading = "Runtime limits"
     )]
     pub runtime_history: usize,
+    /// With BACKEND_TYPE=redis: how often each replica reads the runtime limits' change log
+    /// in Redis, in milliseconds: a change made on one replica holds on the others within it.
+    #[arg(
+        long,
+        env = "SLUICE_RUNTIME_LIMITS_POLL_MS",
+        default_value_t = 250,
+        help_heading = "Runtime limits"
+    )]
+    pub runtime_limits_poll_ms: u64,
 }
 
 impl RuntimeLimitsArgs {
@@ -86,7 +95,15 @@ impl RuntimeLimitsArgs {
                 format!("expected 0 to {MAX_HISTORY}"),
             ));
         }
+        if !(10..=60_000).contains(&self.runtime_limits_poll_ms) {
+            return Err(invalid(
+                "SLUICE_RUNTIME_LIMITS_POLL_MS",
+                self.runtime_limits_poll_ms,
+                "expected 10 to 60000",
+            ));
+        }
         Ok(RuntimeLimitsOptions {
+            poll: std::time::Duration::from_millis(self.runtime_limits_poll_ms),
             admin_token_file: self.admin_token_file.clone(),
             path: self.runtime_limits_path.clone(),
             max: self.max_runtime_limits,

@@ -73,7 +73,7 @@ impl Owner {
         let store = rt.block_on(async {
             ClusterStore::start(memory, &cluster, None, Arc::new(clock.clone())).expect("starts")
         });
-        let server = PeerServer::new(store.owner().clone(), Arc::new(clock.clone()), None);
+        let server = PeerServer::new(store.owner().clone(), Arc::new(clock.clone()), None, None);
         Owner {
             rt,
             clock,

@@ -73,6 +73,38 @@ impl Sink for crate::config::runtime::file::Saver {
     }
 }
 
+/// Every peer gets the change before the API answers. A peer that did not is logged, not
+/// answered as a failure: it pulls the change when it answers again.
+impl Sink for crate::cluster::runtime_peers::PeerLimits {
+    fn settled<'a>(
+        &'a self,
+        _: u64,
+        change: &'a Replicated,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            for missed in self.push(change).await {
+                tracing::warn!(peer = %missed, "a peer did not take a runtime limit change; it pulls it when it answers again");
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Redis has the change before the API answers (the other replicas read it within their poll).
+impl Sink for crate::cluster::runtime_redis::RedisLimits {
+    fn settled<'a>(
+        &'a self,
+        _: u64,
+        change: &'a Replicated,
+    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.write(change)
+                .await
+                .map_err(|e| format!("Redis did not take it: {e}"))
+        })
+    }
+}
+
 /// The API's state.
 pub(crate) struct LimitsApi {
     config: ConfigHandle,

@@ -150,6 +150,26 @@ impl PeerClient {
         Ok(parts.into_iter().map(|p| p.assigned).collect())
     }
 
+    /// Runtime limits: pushes `changes` to the peer (`pull` false), or pulls the page of its
+    /// set after `after`; the page and the key to pull after next (empty at the end).
+    pub async fn limits(
+        &self,
+        node: &str,
+        changes: Vec<wire::RuntimeLimitChange>,
+        pull: Option<String>,
+    ) -> Result<(Vec<wire::RuntimeLimitChange>, String), PeerError> {
+        let request = wire::LimitsRequest {
+            protocol_version: PROTOCOL_VERSION,
+            node: node.to_owned(),
+            changes,
+            pull: pull.is_some(),
+            after: pull.unwrap_or_default(),
+        };
+        let mut grpc = self.grpc.clone();
+        let answer = self.bounded(Call::Limits, grpc.limits(request)).await?;
+        Ok((answer.entries, answer.next))
+    }
+
     /// Sends hits to the peer (batched with concurrent calls); bounded by the timeout.
     pub async fn apply(&self, hits: Vec<PeerHit>, op: Op) -> Result<Vec<PeerDecision>, PeerError> {
         let (reply, answer) = oneshot::channel();
@@ -211,6 +231,13 @@ mod tests {
             _: tonic::Request<wire::QuotaRequest>,
         ) -> Result<tonic::Response<wire::QuotaResponse>, tonic::Status> {
             Err(tonic::Status::unimplemented("no quotas"))
+        }
+
+        async fn limits(
+            &self,
+            _: tonic::Request<wire::LimitsRequest>,
+        ) -> Result<tonic::Response<wire::LimitsResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("no runtime limits"))
         }
     }
 

@@ -14,6 +14,7 @@ pub enum Call {
     Apply,
     Lease,
     Quota,
+    Limits,
 }
 
 impl Call {
@@ -23,6 +24,7 @@ impl Call {
             Call::Apply => "call",
             Call::Lease => "lease call",
             Call::Quota => "quota call",
+            Call::Limits => "limits call",
         }
     }
 }

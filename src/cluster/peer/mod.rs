@@ -50,7 +50,7 @@ pub mod wire {
 pub use apply::Op;
 pub use client::PeerClient;
 pub use error::{Call, Malformed, PeerError};
-pub use server::{PeerServer, QuotaOwner};
+pub use server::{LimitsOwner, PeerServer, QuotaOwner};
 pub use wire::{
     ApplyRequest, ApplyResponse, LeaseAsk, LeaseGrant, LeaseRequest, LeaseResponse, PeerDecision,
     PeerHit,

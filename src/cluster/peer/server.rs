@@ -34,6 +34,17 @@ pub trait QuotaOwner: Send + Sync {
     ) -> Result<Vec<wire::QuotaParts>, tonic::Status>;
 }
 
+/// This node's runtime limits as the `Limits` call reaches them: pushes applied, pulls answered
+/// a page at a time. Implemented beside the runtime-limit peers (`cluster::runtime_peers`),
+/// which hold the call's wire form.
+pub trait LimitsOwner: Send + Sync {
+    /// Applies a peer's changes; a call past the bounds is refused whole (INVALID_ARGUMENT).
+    fn push(&self, node: &str, changes: Vec<wire::RuntimeLimitChange>)
+    -> Result<(), tonic::Status>;
+    /// The page of limits and removals after `after`, and the key to pull after next.
+    fn pull(&self, after: &str) -> (Vec<wire::RuntimeLimitChange>, String);
+}
+
 /// The peer listener's service: the owner's side of every call.
 #[derive(Clone)]
 pub struct PeerServer {
@@ -42,16 +53,19 @@ pub struct PeerServer {
 
 impl PeerServer {
     /// `quota`: the Rate Limit Quota Service, whose buckets this node splits as their owner.
+    /// `limits`: this node's runtime limits.
     pub fn new(
         local: Arc<OwnerStore>,
         clock: Arc<dyn Clock>,
         quota: Option<Arc<dyn QuotaOwner>>,
+        limits: Option<Arc<dyn LimitsOwner>>,
     ) -> Self {
         PeerServer {
             grpc: wire::peer_server::PeerServer::new(Owner {
                 local,
                 clock,
                 quota,
+                limits,
             }),
         }
     }
@@ -62,6 +76,7 @@ struct Owner {
     local: Arc<OwnerStore>,
     clock: Arc<dyn Clock>,
     quota: Option<Arc<dyn QuotaOwner>>,
+    limits: Option<Arc<dyn LimitsOwner>>,
 }
 
 #[tonic::async_trait]
@@ -111,6 +126,26 @@ impl wire::peer_server::Peer for Owner {
         })?;
         let buckets = quota.answer(&req.node, req.buckets)?;
         Ok(tonic::Response::new(wire::QuotaResponse { buckets }))
+    }
+
+    async fn limits(
+        &self,
+        request: tonic::Request<wire::LimitsRequest>,
+    ) -> Result<tonic::Response<wire::LimitsResponse>, tonic::Status> {
+        let req = request.into_inner();
+        if let Some(refused) = version_mismatch(req.protocol_version) {
+            return Err(refused);
+        }
+        let limits = self.limits.as_ref().ok_or_else(|| {
+            tonic::Status::failed_precondition("this node keeps no runtime limits")
+        })?;
+        limits.push(&req.node, req.changes)?;
+        let (entries, next) = if req.pull {
+            limits.pull(&req.after)
+        } else {
+            (Vec::new(), String::new())
+        };
+        Ok(tonic::Response::new(wire::LimitsResponse { entries, next }))
     }
 }
 

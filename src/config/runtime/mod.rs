@@ -22,7 +22,7 @@ use super::lookup::{Limit, RateLimitConfig, Source};
 use super::raw;
 
 pub(crate) use layer::RuntimeLayer;
-pub use state::{Applied, Change, PutError, Rules, RuntimeState};
+pub use state::{Applied, Change, PutError, Rules, RuntimeState, TOMBSTONE_LIFE_US};
 
 /// One level of a runtime limit's path: a key, and its value unless the node is key-only.
 pub type PathLevel<'a> = (&'a str, Option<&'a str>);
