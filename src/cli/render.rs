@@ -114,6 +114,9 @@ fn counter_text(c: &Value, count: &Value, hits: &Value) -> String {
 
 fn limit_text(l: &Value) -> String {
     let mut out = format!("  limit {}", text(&l["full_key"]));
+    if l["source"] == "runtime" {
+        out.push_str(" (runtime)");
+    }
     if l["unlimited"] == true {
         out.push_str(": unlimited (always OK, never counted)");
     }
@@ -161,6 +164,16 @@ fn text(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runtime_limit_says_so() {
+        let limit = |source: &str| serde_json::json!({"full_key": "d.tenant_acme", "source": source, "blocks": []});
+        assert_eq!(
+            limit_text(&limit("runtime")),
+            "  limit d.tenant_acme (runtime)\n"
+        );
+        assert_eq!(limit_text(&limit("config")), "  limit d.tenant_acme\n");
+    }
 
     #[test]
     fn a_concurrency_counter_reads_as_slots() {

@@ -235,7 +235,7 @@ impl Durable {
         load_timeout: Duration,
     ) -> Result<Self, StoreError> {
         Ok(Durable {
-            redis: RedisLink::start(&settings.redis, &[WRITE_MAX])?,
+            redis: RedisLink::start("write_behind", &settings.redis, &[WRITE_MAX])?,
             local,
             changes,
             prefix: settings.key_prefix.clone(),

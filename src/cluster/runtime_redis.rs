@@ -80,7 +80,7 @@ impl RedisLimits {
     ) -> Result<Arc<Self>, StoreError> {
         let (hash, log) = crate::key::runtime_limit_keys(prefix);
         let limits = Arc::new(RedisLimits {
-            redis: RedisLink::start(settings, &[WRITE])?,
+            redis: RedisLink::start("runtime_limits", settings, &[WRITE])?,
             hash,
             log,
             write_sha: redis::Script::new(WRITE).get_hash().to_owned(),

@@ -796,8 +796,10 @@ impl Drop for RedisLink {
 
 impl RedisLink {
     /// Connects to `settings.main`; `scripts` are (re)loaded whenever Redis answers NOSCRIPT.
-    /// Must be called inside a tokio runtime.
+    /// `name` names it in logs and metrics (`write_behind`, `runtime_limits`). Must be called
+    /// inside a tokio runtime.
     pub fn start(
+        name: &'static str,
         settings: &RedisConfig,
         scripts: &'static [&'static str],
     ) -> Result<Self, StoreError> {
@@ -816,7 +818,7 @@ impl RedisLink {
             scripts,
         });
         let mut tasks = Vec::new();
-        let target = Target::start("write_behind", &settings.main, &options, &mut tasks)?;
+        let target = Target::start(name, &settings.main, &options, &mut tasks)?;
         Ok(RedisLink {
             target,
             timeout: settings.timeout,
