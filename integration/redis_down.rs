@@ -232,7 +232,7 @@ async fn the_write_behind_link_fails_at_once_while_redis_is_stopped() {
         return;
     }
     let redis = Redis::start();
-    let link = RedisLink::start(&fast_settings(redis.settings(0)), &[]).unwrap();
+    let link = RedisLink::start("write_behind", &fast_settings(redis.settings(0)), &[]).unwrap();
     let mut pipe = redis::pipe();
     pipe.cmd("INCR").arg("wb_link");
     let start = Instant::now();
