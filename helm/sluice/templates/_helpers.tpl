@@ -87,6 +87,11 @@ Certificate's. */}}
 {{- if or (eq .Values.backend "redis") (and .Values.cluster.enabled .Values.cluster.writeBehind.enabled) }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the Deployment may run more than one pod: replicaCount above 1, or the HPA. */}}
+{{- define "sluice.severalPods" -}}
+{{- if or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- end }}
+
 {{/* The probes rendered: the kubelet's gRPC probes cannot speak TLS, so TLS means http. */}}
 {{- define "sluice.probesType" -}}
 {{- if .Values.grpcTls.enabled }}http{{ else }}{{ .Values.probes.type }}{{ end }}
