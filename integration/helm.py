@@ -144,12 +144,22 @@ COMBOS = {
         "backend": "memcache",
         "memcache": {"hostPort": "127.0.0.1:MEMCACHED_PORT"},
     },
+    "runtime limits in Redis on three pods: the token Secret mounted as a directory": {
+        "backend": "redis",
+        "replicaCount": 3,
+        "redis": {"url": "redis.redis:6379"},
+        "runtimeLimits": {"adminTokens": {"existingSecret": "sluice-admin", "existingSecretKey": "bearer"}},
+        "networkPolicy": {"enabled": True, "metricsFrom": [{"podSelector": {"matchLabels": {"app": "limits-admin"}}}]},
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
     },
 }
 KUBE_VERSION = "1.33.0"
+# Where the chart mounts the runtime-limits API's token Secret, and the token pod_env puts there.
+ADMIN_TOKENS_DIR = "/etc/sluice/admin-tokens"
+ADMIN_TOKEN = "helm-test-token-0123456789abcdef"
 # Kinds that kubernetes-validate has no schema for (CRDs); checked by hand below.
 CRD_KINDS = {"ServiceMonitor", "Certificate", "PrometheusRule"}
 
@@ -379,6 +389,7 @@ def check_deployment(label, docs, values):
                                 "volume": vols.get(vol), "mount": mounts.get(vol)}),
             )
     check_features(label, pod, c, env, values)
+    check_runtime_limits(label, pod, c, env, values)
     check_peer_objects(label, docs, values)
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
         sm = [d for d in docs if d["kind"] == "ServiceMonitor"]
@@ -690,6 +701,26 @@ def check_memcache(label, env, vols, values):
     )
 
 
+def check_runtime_limits(label, pod, c, env, values):
+    """The runtime-limits API's token Secret: mounted read-only as a directory (a subPath mount
+    never sees a rotated Secret) and named by SLUICE_ADMIN_TOKEN_FILE; neither without one."""
+    tokens = values.get("runtimeLimits", {}).get("adminTokens", {})
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    got = {"env": env.get("SLUICE_ADMIN_TOKEN_FILE"), "volume": vols.get("admin-tokens"),
+           "mount": mounts.get("admin-tokens")}
+    if not tokens.get("existingSecret"):
+        check(f"{label}: no admin token file or volume (the runtime-limits API is off)",
+              got == {"env": None, "volume": None, "mount": None}, yaml.safe_dump(got))
+        return
+    path = f"{ADMIN_TOKENS_DIR}/{tokens.get('existingSecretKey', 'tokens')}"
+    want = {"env": {"name": "SLUICE_ADMIN_TOKEN_FILE", "value": path},
+            "volume": {"name": "admin-tokens", "secret": {"secretName": tokens["existingSecret"]}},
+            "mount": {"name": "admin-tokens", "mountPath": ADMIN_TOKENS_DIR, "readOnly": True}}
+    check(f"{label}: SLUICE_ADMIN_TOKEN_FILE={path}, Secret {tokens['existingSecret']} mounted read-only as a "
+          "directory (no subPath)", got == want, yaml.safe_dump({"got": got, "want": want}))
+
+
 def peer_tls_san(values):
     """SLUICE_PEER_TLS_SAN as the chart derives it (release sluice, namespace rl)."""
     cluster = values.get("cluster", {})
@@ -839,11 +870,16 @@ def pod_env(docs, certs, tmp, key_pem=None):
                 (local / name).write_text(text)
         elif "secret" in v:
             wanted = {"tls.crt", "tls.key", "ca.crt"}
+            tokens = set()
             for e in c["env"]:
                 if e.get("value", "").startswith(m["mountPath"] + "/"):
                     wanted.add(e["value"][len(m["mountPath"]) + 1:])
+                    if e["name"] == "SLUICE_ADMIN_TOKEN_FILE":
+                        tokens.add(e["value"][len(m["mountPath"]) + 1:])
             for name in wanted:
-                if "ca" in name.split(".")[0]:
+                if name in tokens:
+                    text = f"helm-test {ADMIN_TOKEN}\n"
+                elif "ca" in name.split(".")[0]:
                     text = certs["ca.crt"]
                 elif name.endswith(".key") or "key" in name:
                     text = key_pem or certs["server.key"]
@@ -1219,6 +1255,14 @@ def main():
         ("rlqs misspelt key", {"rlqs": {"ttlSecs": 5}}, ["/rlqs", "'ttlSecs' not allowed"]),
         ("env sets an RLQS variable", {"env": {"SLUICE_RLQS_MAX_BYTES": "65536"}},
          ["env.SLUICE_RLQS_MAX_BYTES is set by the chart"]),
+        ("runtime limits' token Secret as a list", {"runtimeLimits": {"adminTokens": {"existingSecret": ["ops"]}}},
+         ["/runtimeLimits/adminTokens/existingSecret", "want string"]),
+        ("runtime limits' token key empty", {"runtimeLimits": {"adminTokens": {"existingSecretKey": ""}}},
+         ["/runtimeLimits/adminTokens/existingSecretKey", "does not match pattern"]),
+        ("runtimeLimits misspelt key", {"runtimeLimits": {"adminToken": {"existingSecret": "ops"}}},
+         ["/runtimeLimits", "'adminToken' not allowed"]),
+        ("env sets the admin token file", {"env": {"SLUICE_ADMIN_TOKEN_FILE": "/tmp/tokens"}},
+         ["env.SLUICE_ADMIN_TOKEN_FILE is set by the chart"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
