@@ -6,7 +6,8 @@ renders the chart with `helm template`, validates every manifest with `kubernete
 --strict` against Kubernetes KUBE_VERSION's schemas, checks what the schemas cannot (the
 security context, the directory mount that makes reloads work, the peer and Redis wiring, the
 grace period, the TLS Secret mounts, peer TLS and its cert-manager Certificate, the
-NetworkPolicy, and the tracing, write-behind and RLQS variables), and feeds
+NetworkPolicy, the tracing, write-behind and RLQS variables, and the runtime limits' token
+Secret and claim), and feeds
 each rendered ConfigMap's descriptor files to `sluice check-config`. The same is done for a few
 value combinations (COMBOS). Then, for every render, it starts the real sluice binary with the
 rendered container environment (ports moved to free ones, Secret values faked, every mounted
@@ -144,6 +145,17 @@ COMBOS = {
         "backend": "memcache",
         "memcache": {"hostPort": "127.0.0.1:MEMCACHED_PORT"},
     },
+    "runtime limits on one pod, kept on a new ReadWriteOncePod claim of a StorageClass": {
+        "runtimeLimits": {"adminTokens": {"existingSecret": "sluice-admin"},
+                          "persistence": {"enabled": True, "size": "2Gi", "storageClassName": "fast-ssd",
+                                          "accessModes": ["ReadWriteOncePod"]}},
+        "updateStrategy": {"type": "Recreate"},
+    },
+    "runtime limits on one pod, kept on an existing claim": {
+        "runtimeLimits": {"adminTokens": {"existingSecret": "sluice-admin"},
+                          "persistence": {"enabled": True, "existingClaim": "sluice-limits"}},
+        "updateStrategy": {"type": "Recreate"},
+    },
     "runtime limits in Redis on three pods: the token Secret mounted as a directory": {
         "backend": "redis",
         "replicaCount": 3,
@@ -160,6 +172,9 @@ KUBE_VERSION = "1.33.0"
 # Where the chart mounts the runtime-limits API's token Secret, and the token pod_env puts there.
 ADMIN_TOKENS_DIR = "/etc/sluice/admin-tokens"
 ADMIN_TOKEN = "helm-test-token-0123456789abcdef"
+# Where the chart mounts the runtime limits' claim, and the file in it.
+RUNTIME_LIMITS_DIR = "/var/lib/sluice"
+RUNTIME_LIMITS_PATH = f"{RUNTIME_LIMITS_DIR}/runtime-limits.json"
 # Kinds that kubernetes-validate has no schema for (CRDs); checked by hand below.
 CRD_KINDS = {"ServiceMonitor", "Certificate", "PrometheusRule"}
 
@@ -389,7 +404,7 @@ def check_deployment(label, docs, values):
                                 "volume": vols.get(vol), "mount": mounts.get(vol)}),
             )
     check_features(label, pod, c, env, values)
-    check_runtime_limits(label, pod, c, env, values)
+    check_runtime_limits(label, docs, pod, c, env, values)
     check_peer_objects(label, docs, values)
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
         sm = [d for d in docs if d["kind"] == "ServiceMonitor"]
@@ -701,24 +716,59 @@ def check_memcache(label, env, vols, values):
     )
 
 
-def check_runtime_limits(label, pod, c, env, values):
+def check_runtime_limits(label, docs, pod, c, env, values):
     """The runtime-limits API's token Secret: mounted read-only as a directory (a subPath mount
-    never sees a rotated Secret) and named by SLUICE_ADMIN_TOKEN_FILE; neither without one."""
-    tokens = values.get("runtimeLimits", {}).get("adminTokens", {})
+    never sees a rotated Secret) and named by SLUICE_ADMIN_TOKEN_FILE; neither without one. Then
+    the runtime limits' file: on a claim mounted writable as a directory, in a Deployment of one
+    pod replaced by Recreate."""
+    runtime = values.get("runtimeLimits", {})
+    tokens = runtime.get("adminTokens", {})
     vols = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     got = {"env": env.get("SLUICE_ADMIN_TOKEN_FILE"), "volume": vols.get("admin-tokens"),
            "mount": mounts.get("admin-tokens")}
-    if not tokens.get("existingSecret"):
+    if tokens.get("existingSecret"):
+        path = f"{ADMIN_TOKENS_DIR}/{tokens.get('existingSecretKey', 'tokens')}"
+        want = {"env": {"name": "SLUICE_ADMIN_TOKEN_FILE", "value": path},
+                "volume": {"name": "admin-tokens", "secret": {"secretName": tokens["existingSecret"]}},
+                "mount": {"name": "admin-tokens", "mountPath": ADMIN_TOKENS_DIR, "readOnly": True}}
+        check(f"{label}: SLUICE_ADMIN_TOKEN_FILE={path}, Secret {tokens['existingSecret']} mounted read-only as a "
+              "directory (no subPath)", got == want, yaml.safe_dump({"got": got, "want": want}))
+    else:
         check(f"{label}: no admin token file or volume (the runtime-limits API is off)",
               got == {"env": None, "volume": None, "mount": None}, yaml.safe_dump(got))
+
+    persistence = runtime.get("persistence", {})
+    claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    got = {"env": env.get("SLUICE_RUNTIME_LIMITS_PATH"), "volume": vols.get("runtime-limits"),
+           "mount": mounts.get("runtime-limits")}
+    if not persistence.get("enabled"):
+        check(f"{label}: no runtime limits' file, volume or claim",
+              got == {"env": None, "volume": None, "mount": None} and not claims,
+              yaml.safe_dump({"got": got, "claims": claims}))
         return
-    path = f"{ADMIN_TOKENS_DIR}/{tokens.get('existingSecretKey', 'tokens')}"
-    want = {"env": {"name": "SLUICE_ADMIN_TOKEN_FILE", "value": path},
-            "volume": {"name": "admin-tokens", "secret": {"secretName": tokens["existingSecret"]}},
-            "mount": {"name": "admin-tokens", "mountPath": ADMIN_TOKENS_DIR, "readOnly": True}}
-    check(f"{label}: SLUICE_ADMIN_TOKEN_FILE={path}, Secret {tokens['existingSecret']} mounted read-only as a "
-          "directory (no subPath)", got == want, yaml.safe_dump({"got": got, "want": want}))
+    claim = persistence.get("existingClaim") or "sluice-runtime-limits"
+    want = {"env": {"name": "SLUICE_RUNTIME_LIMITS_PATH", "value": RUNTIME_LIMITS_PATH},
+            "volume": {"name": "runtime-limits", "persistentVolumeClaim": {"claimName": claim}},
+            # Writable, and no subPath: the file is replaced by a rename in its directory.
+            "mount": {"name": "runtime-limits", "mountPath": RUNTIME_LIMITS_DIR}}
+    check(f"{label}: SLUICE_RUNTIME_LIMITS_PATH={RUNTIME_LIMITS_PATH} on claim {claim}, mounted writable as a "
+          "directory", got == want, yaml.safe_dump({"got": got, "want": want}))
+    if persistence.get("existingClaim"):
+        check(f"{label}: no claim created beside the existing claim {claim}", not claims, yaml.safe_dump(claims))
+    else:
+        spec = {"accessModes": persistence.get("accessModes", ["ReadWriteOnce"]),
+                "resources": {"requests": {"storage": persistence.get("size", "1Gi")}}}
+        if persistence.get("storageClassName"):
+            spec["storageClassName"] = persistence["storageClassName"]
+        check(f"{label}: one claim {claim} in the release's namespace: {json.dumps(spec)}",
+              [(d["metadata"]["name"], d["metadata"]["namespace"], d["spec"]) for d in claims] == [(claim, "rl", spec)],
+              yaml.safe_dump({"claims": claims, "want spec": spec}))
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    check(f"{label}: one pod writes the runtime limits' file: one replica, no HPA, replaced by Recreate",
+          deploy["spec"].get("replicas") == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+          and not any(d["kind"] == "HorizontalPodAutoscaler" for d in docs),
+          yaml.safe_dump({"replicas": deploy["spec"].get("replicas"), "strategy": deploy["spec"]["strategy"]}))
 
 
 def peer_tls_san(values):
@@ -1263,6 +1313,34 @@ def main():
          ["/runtimeLimits", "'adminToken' not allowed"]),
         ("env sets the admin token file", {"env": {"SLUICE_ADMIN_TOKEN_FILE": "/tmp/tokens"}},
          ["env.SLUICE_ADMIN_TOKEN_FILE is set by the chart"]),
+        ("runtime limits' file on a ReadWriteOnce claim for three pods",
+         {"replicaCount": 3, "updateStrategy": {"type": "Recreate"}, "runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled keeps one pod's runtime limits in one file on one claim, but replicaCount is 3",
+          "ReadWriteOnce", "Redis (backend: redis)", "peers (cluster.enabled)"]),
+        ("runtime limits' file with the HPA",
+         {"autoscaling": {"enabled": True}, "updateStrategy": {"type": "Recreate"},
+          "runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled", "autoscaling.enabled may run several pods", "Redis (backend: redis)"]),
+        ("runtime limits' file on a ReadWriteMany claim for two pods",
+         {"replicaCount": 2, "updateStrategy": {"type": "Recreate"},
+          "runtimeLimits": {"persistence": {"enabled": True, "accessModes": ["ReadWriteMany"]}}},
+         ["but replicaCount is 2", "pods sharing one file would overwrite one another's limits"]),
+        ("runtime limits' file with a rolling update", {"runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled needs updateStrategy.type: Recreate"]),
+        ("runtime limits' file with backend: redis",
+         {"backend": "redis", "redis": {"url": "r:6379"}, "updateStrategy": {"type": "Recreate"},
+          "runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled with backend: redis", "need no volume"]),
+        ("runtime limits' persistence enabled as a string", {"runtimeLimits": {"persistence": {"enabled": "yes"}}},
+         ["/runtimeLimits/persistence/enabled", "want boolean"]),
+        ("runtime limits' claim size as a number", {"runtimeLimits": {"persistence": {"size": 1}}},
+         ["/runtimeLimits/persistence/size", "want string"]),
+        ("runtime limits' claim size not a quantity", {"runtimeLimits": {"persistence": {"size": "1 GB"}}},
+         ["/runtimeLimits/persistence/size", "does not match pattern"]),
+        ("runtime limits' claim read-only", {"runtimeLimits": {"persistence": {"accessModes": ["ReadOnlyMany"]}}},
+         ["/runtimeLimits/persistence/accessModes/0"]),
+        ("env sets the runtime limits' file", {"env": {"SLUICE_RUNTIME_LIMITS_PATH": "/tmp/limits.json"}},
+         ["env.SLUICE_RUNTIME_LIMITS_PATH is set by the chart"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
