@@ -6,7 +6,8 @@ renders the chart with `helm template`, validates every manifest with `kubernete
 --strict` against Kubernetes KUBE_VERSION's schemas, checks what the schemas cannot (the
 security context, the directory mount that makes reloads work, the peer and Redis wiring, the
 grace period, the TLS Secret mounts, peer TLS and its cert-manager Certificate, the
-NetworkPolicy, and the tracing, write-behind and RLQS variables), and feeds
+NetworkPolicy, the tracing, write-behind and RLQS variables, and the runtime limits' token
+Secret and claim), and feeds
 each rendered ConfigMap's descriptor files to `sluice check-config`. The same is done for a few
 value combinations (COMBOS). Then, for every render, it starts the real sluice binary with the
 rendered container environment (ports moved to free ones, Secret values faked, every mounted
@@ -14,7 +15,9 @@ volume replaced by a temporary directory: the ConfigMap's files, and test certif
 with openssl for each Secret) and checks that it gets past its settings validation and binds
 its ports, and, with gRPC TLS, that the gRPC port completes a TLS handshake with a client
 certificate; with peer TLS, that the peer port answers a peer holding the mounted certificate
-and refuses a client without one, or with one lacking the peers' name. Then it checks that bad values files are refused with a message naming the bad
+and refuses a client without one, or with one lacking the peers' name; with the runtime-limits
+token file, that the debug port refuses a PUT without the token (401) or with another (403) and
+takes it, and with the claim, that the limit reaches the file and a restarted binary loads it. Then it checks that bad values files are refused with a message naming the bad
 value, and that a mismatched certificate and key under the rendered paths stops the binary.
 
 Tools: helm (SLUICE_HELM, else target/helm/helm, else PATH), kubernetes-validate (beside this
@@ -144,12 +147,36 @@ COMBOS = {
         "backend": "memcache",
         "memcache": {"hostPort": "127.0.0.1:MEMCACHED_PORT"},
     },
+    "runtime limits on one pod, kept on a new ReadWriteOncePod claim of a StorageClass": {
+        "runtimeLimits": {"adminTokens": {"existingSecret": "sluice-admin"},
+                          "persistence": {"enabled": True, "size": "2Gi", "storageClassName": "fast-ssd",
+                                          "accessModes": ["ReadWriteOncePod"]}},
+        "updateStrategy": {"type": "Recreate"},
+    },
+    "runtime limits on one pod, kept on an existing claim": {
+        "runtimeLimits": {"adminTokens": {"existingSecret": "sluice-admin"},
+                          "persistence": {"enabled": True, "existingClaim": "sluice-limits"}},
+        "updateStrategy": {"type": "Recreate"},
+    },
+    "runtime limits in Redis on three pods: the token Secret mounted as a directory": {
+        "backend": "redis",
+        "replicaCount": 3,
+        "redis": {"url": "redis.redis:6379"},
+        "runtimeLimits": {"adminTokens": {"existingSecret": "sluice-admin", "existingSecretKey": "bearer"}},
+        "networkPolicy": {"enabled": True, "metricsFrom": [{"podSelector": {"matchLabels": {"app": "limits-admin"}}}]},
+    },
     "peer write-behind to a single Redis with a created password Secret": {
         "cluster": {"enabled": True, "writeBehind": {"enabled": True, "intervalMs": 100}},
         "redis": {"url": "redis.redis:6379", "auth": {"password": "s3cret"}},
     },
 }
 KUBE_VERSION = "1.33.0"
+# Where the chart mounts the runtime-limits API's token Secret, and the token pod_env puts there.
+ADMIN_TOKENS_DIR = "/etc/sluice/admin-tokens"
+ADMIN_TOKEN = "helm-test-token-0123456789abcdef"
+# Where the chart mounts the runtime limits' claim, and the file in it.
+RUNTIME_LIMITS_DIR = "/var/lib/sluice"
+RUNTIME_LIMITS_PATH = f"{RUNTIME_LIMITS_DIR}/runtime-limits.json"
 # Kinds that kubernetes-validate has no schema for (CRDs); checked by hand below.
 CRD_KINDS = {"ServiceMonitor", "Certificate", "PrometheusRule"}
 
@@ -379,6 +406,7 @@ def check_deployment(label, docs, values):
                                 "volume": vols.get(vol), "mount": mounts.get(vol)}),
             )
     check_features(label, pod, c, env, values)
+    check_runtime_limits(label, docs, pod, c, env, values)
     check_peer_objects(label, docs, values)
     if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
         sm = [d for d in docs if d["kind"] == "ServiceMonitor"]
@@ -690,6 +718,61 @@ def check_memcache(label, env, vols, values):
     )
 
 
+def check_runtime_limits(label, docs, pod, c, env, values):
+    """The runtime-limits API's token Secret: mounted read-only as a directory (a subPath mount
+    never sees a rotated Secret) and named by SLUICE_ADMIN_TOKEN_FILE; neither without one. Then
+    the runtime limits' file: on a claim mounted writable as a directory, in a Deployment of one
+    pod replaced by Recreate."""
+    runtime = values.get("runtimeLimits", {})
+    tokens = runtime.get("adminTokens", {})
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    got = {"env": env.get("SLUICE_ADMIN_TOKEN_FILE"), "volume": vols.get("admin-tokens"),
+           "mount": mounts.get("admin-tokens")}
+    if tokens.get("existingSecret"):
+        path = f"{ADMIN_TOKENS_DIR}/{tokens.get('existingSecretKey', 'tokens')}"
+        want = {"env": {"name": "SLUICE_ADMIN_TOKEN_FILE", "value": path},
+                "volume": {"name": "admin-tokens", "secret": {"secretName": tokens["existingSecret"]}},
+                "mount": {"name": "admin-tokens", "mountPath": ADMIN_TOKENS_DIR, "readOnly": True}}
+        check(f"{label}: SLUICE_ADMIN_TOKEN_FILE={path}, Secret {tokens['existingSecret']} mounted read-only as a "
+              "directory (no subPath)", got == want, yaml.safe_dump({"got": got, "want": want}))
+    else:
+        check(f"{label}: no admin token file or volume (the runtime-limits API is off)",
+              got == {"env": None, "volume": None, "mount": None}, yaml.safe_dump(got))
+
+    persistence = runtime.get("persistence", {})
+    claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    got = {"env": env.get("SLUICE_RUNTIME_LIMITS_PATH"), "volume": vols.get("runtime-limits"),
+           "mount": mounts.get("runtime-limits")}
+    if not persistence.get("enabled"):
+        check(f"{label}: no runtime limits' file, volume or claim",
+              got == {"env": None, "volume": None, "mount": None} and not claims,
+              yaml.safe_dump({"got": got, "claims": claims}))
+        return
+    claim = persistence.get("existingClaim") or "sluice-runtime-limits"
+    want = {"env": {"name": "SLUICE_RUNTIME_LIMITS_PATH", "value": RUNTIME_LIMITS_PATH},
+            "volume": {"name": "runtime-limits", "persistentVolumeClaim": {"claimName": claim}},
+            # Writable, and no subPath: the file is replaced by a rename in its directory.
+            "mount": {"name": "runtime-limits", "mountPath": RUNTIME_LIMITS_DIR}}
+    check(f"{label}: SLUICE_RUNTIME_LIMITS_PATH={RUNTIME_LIMITS_PATH} on claim {claim}, mounted writable as a "
+          "directory", got == want, yaml.safe_dump({"got": got, "want": want}))
+    if persistence.get("existingClaim"):
+        check(f"{label}: no claim created beside the existing claim {claim}", not claims, yaml.safe_dump(claims))
+    else:
+        spec = {"accessModes": persistence.get("accessModes", ["ReadWriteOnce"]),
+                "resources": {"requests": {"storage": persistence.get("size", "1Gi")}}}
+        if persistence.get("storageClassName"):
+            spec["storageClassName"] = persistence["storageClassName"]
+        check(f"{label}: one claim {claim} in the release's namespace: {json.dumps(spec)}",
+              [(d["metadata"]["name"], d["metadata"]["namespace"], d["spec"]) for d in claims] == [(claim, "rl", spec)],
+              yaml.safe_dump({"claims": claims, "want spec": spec}))
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    check(f"{label}: one pod writes the runtime limits' file: one replica, no HPA, replaced by Recreate",
+          deploy["spec"].get("replicas") == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+          and not any(d["kind"] == "HorizontalPodAutoscaler" for d in docs),
+          yaml.safe_dump({"replicas": deploy["spec"].get("replicas"), "strategy": deploy["spec"]["strategy"]}))
+
+
 def peer_tls_san(values):
     """SLUICE_PEER_TLS_SAN as the chart derives it (release sluice, namespace rl)."""
     cluster = values.get("cluster", {})
@@ -839,11 +922,16 @@ def pod_env(docs, certs, tmp, key_pem=None):
                 (local / name).write_text(text)
         elif "secret" in v:
             wanted = {"tls.crt", "tls.key", "ca.crt"}
+            tokens = set()
             for e in c["env"]:
                 if e.get("value", "").startswith(m["mountPath"] + "/"):
                     wanted.add(e["value"][len(m["mountPath"]) + 1:])
+                    if e["name"] == "SLUICE_ADMIN_TOKEN_FILE":
+                        tokens.add(e["value"][len(m["mountPath"]) + 1:])
             for name in wanted:
-                if "ca" in name.split(".")[0]:
+                if name in tokens:
+                    text = f"helm-test {ADMIN_TOKEN}\n"
+                elif "ca" in name.split(".")[0]:
                     text = certs["ca.crt"]
                 elif name.endswith(".key") or "key" in name:
                     text = key_pem or certs["server.key"]
@@ -967,6 +1055,79 @@ def peer_call(port, tmp, san, identity):
         return f"error: {e}"
 
 
+# A runtime limit for the chart's example domain, and its PUT body (a `rate_limit`'s fields).
+RUNTIME_LIMIT = ("/limits/edge/remote_address=10.0.0.1", '{"unit": "second", "requests_per_unit": 5}')
+
+
+def admin_call(port, method, path, token=None, body=None, wait=5.0):
+    """One call to the runtime-limits API on the debug port: (status, body), or (None, the
+    error) when nothing answers within `wait` seconds."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=body.encode() if body is not None else None)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            if time.monotonic() > deadline:
+                return None, str(e)
+            time.sleep(0.05)
+
+
+def check_runtime_api(label, env, ports):
+    """With SLUICE_ADMIN_TOKEN_FILE: the running binary refuses a PUT without a token (401) or
+    with another (403) and takes the one in the mounted file (201 with in-memory counters); with
+    SLUICE_RUNTIME_LIMITS_PATH too, the limit reaches that file in the claim's directory.
+    Returns whether it did."""
+    if "SLUICE_ADMIN_TOKEN_FILE" not in env:
+        return False
+    path, body = RUNTIME_LIMIT
+    calls = {who: admin_call(ports["DEBUG_PORT"], "PUT", path, token, body)
+             for who, token in [("no token", None), ("another token", "not-" + ADMIN_TOKEN),
+                                ("the mounted token", ADMIN_TOKEN)]}
+    status = {who: code for who, (code, _) in calls.items()}
+    memory = env.get("BACKEND_TYPE") == "memory"
+    ok = (status["no token"] == 401 and status["another token"] == 403
+          # Elsewhere the limit goes to a backend this test does not run: the token is enough.
+          and (status["the mounted token"] == 201 if memory else status["the mounted token"] not in (None, 401, 403)))
+    check(f"{label}: the runtime-limits API refuses a PUT without a token (401) or with another (403), "
+          "and takes the mounted token" + (" (201)" if memory else ""), ok, yaml.safe_dump(calls))
+    file = Path(env["SLUICE_RUNTIME_LIMITS_PATH"]) if "SLUICE_RUNTIME_LIMITS_PATH" in env else None
+    if not (ok and memory and file):
+        return False
+    deadline = time.monotonic() + 5
+    while not (file.exists() and "10.0.0.1" in file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    written = file.exists() and "10.0.0.1" in file.read_text()
+    check(f"{label}: the limit is written to SLUICE_RUNTIME_LIMITS_PATH, in the claim's directory", written,
+          file.read_text() if file.exists() else f"{file}: missing; beside it: {sorted(os.listdir(file.parent))}")
+    return written
+
+
+def check_runtime_reload(label, sluice, env, ports):
+    """A second sluice on the same claim directory (new ports) loads the limit the first one
+    wrote: GET answers it."""
+    env = dict(env)
+    moved = {k: free_port() for k in ports if k in env}
+    env.update({k: str(p) for k, p in moved.items()})
+    code, proc = start(sluice, env, moved["PORT"])
+    status, text = (None, f"exit {code}: {proc}") if code is not None else (None, "")
+    if code is None:
+        try:
+            status, text = admin_call(moved["DEBUG_PORT"], "GET", RUNTIME_LIMIT[0], ADMIN_TOKEN)
+        finally:
+            stop(proc)
+    check(f"{label}: a restarted sluice loads the limit from SLUICE_RUNTIME_LIMITS_PATH (GET 200)",
+          status == 200 and json.loads(text) == json.loads(RUNTIME_LIMIT[1]), f"{status} {text}")
+
+
 def check_settings(label, sluice, docs, values, certs, cert_dir):
     """Starts the real binary with the rendered environment: it must accept the settings and
     every file they name, and bind its ports; with gRPC TLS, the gRPC port must speak it."""
@@ -985,6 +1146,7 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
             check(f"{label}: sluice starts with the rendered environment", False,
                   f"exit {code}\n{out}\n" + yaml.safe_dump(env))
             return
+        kept = False
         try:
             check(f"{label}: sluice starts with the rendered environment (settings, files, ports)", True)
             if "127.0.0.1:" in env.get("MEMCACHE_HOST_PORT", ""):
@@ -1002,6 +1164,7 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
                 else:
                     check(f"{label}: the helm test pod's command passes against the release ({' '.join(args)})",
                           r.returncode == 0 and "overallCode OK" in r.stdout, r.stdout + r.stderr)
+            kept = check_runtime_api(label, env, ports)
             if values.get("grpcTls", {}).get("enabled"):
                 alpn = tls_handshake(ports["GRPC_PORT"], certs, cert_dir)
                 check(f"{label}: the gRPC port completes a TLS handshake (ALPN h2) with the mounted certificate",
@@ -1018,6 +1181,8 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
                       yaml.safe_dump(calls))
         finally:
             stop(out)
+        if kept:
+            check_runtime_reload(label, sluice, env, ports)
 
 
 def check_config(label, sluice, docs, values):
@@ -1219,6 +1384,42 @@ def main():
         ("rlqs misspelt key", {"rlqs": {"ttlSecs": 5}}, ["/rlqs", "'ttlSecs' not allowed"]),
         ("env sets an RLQS variable", {"env": {"SLUICE_RLQS_MAX_BYTES": "65536"}},
          ["env.SLUICE_RLQS_MAX_BYTES is set by the chart"]),
+        ("runtime limits' token Secret as a list", {"runtimeLimits": {"adminTokens": {"existingSecret": ["ops"]}}},
+         ["/runtimeLimits/adminTokens/existingSecret", "want string"]),
+        ("runtime limits' token key empty", {"runtimeLimits": {"adminTokens": {"existingSecretKey": ""}}},
+         ["/runtimeLimits/adminTokens/existingSecretKey", "does not match pattern"]),
+        ("runtimeLimits misspelt key", {"runtimeLimits": {"adminToken": {"existingSecret": "ops"}}},
+         ["/runtimeLimits", "'adminToken' not allowed"]),
+        ("env sets the admin token file", {"env": {"SLUICE_ADMIN_TOKEN_FILE": "/tmp/tokens"}},
+         ["env.SLUICE_ADMIN_TOKEN_FILE is set by the chart"]),
+        ("runtime limits' file on a ReadWriteOnce claim for three pods",
+         {"replicaCount": 3, "updateStrategy": {"type": "Recreate"}, "runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled keeps one pod's runtime limits in one file on one claim, but replicaCount is 3",
+          "ReadWriteOnce", "Redis (backend: redis)", "peers (cluster.enabled)"]),
+        ("runtime limits' file with the HPA",
+         {"autoscaling": {"enabled": True}, "updateStrategy": {"type": "Recreate"},
+          "runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled", "autoscaling.enabled may run several pods", "Redis (backend: redis)"]),
+        ("runtime limits' file on a ReadWriteMany claim for two pods",
+         {"replicaCount": 2, "updateStrategy": {"type": "Recreate"},
+          "runtimeLimits": {"persistence": {"enabled": True, "accessModes": ["ReadWriteMany"]}}},
+         ["but replicaCount is 2", "pods sharing one file would overwrite one another's limits"]),
+        ("runtime limits' file with a rolling update", {"runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled needs updateStrategy.type: Recreate"]),
+        ("runtime limits' file with backend: redis",
+         {"backend": "redis", "redis": {"url": "r:6379"}, "updateStrategy": {"type": "Recreate"},
+          "runtimeLimits": {"persistence": {"enabled": True}}},
+         ["runtimeLimits.persistence.enabled with backend: redis", "need no volume"]),
+        ("runtime limits' persistence enabled as a string", {"runtimeLimits": {"persistence": {"enabled": "yes"}}},
+         ["/runtimeLimits/persistence/enabled", "want boolean"]),
+        ("runtime limits' claim size as a number", {"runtimeLimits": {"persistence": {"size": 1}}},
+         ["/runtimeLimits/persistence/size", "want string"]),
+        ("runtime limits' claim size not a quantity", {"runtimeLimits": {"persistence": {"size": "1 GB"}}},
+         ["/runtimeLimits/persistence/size", "does not match pattern"]),
+        ("runtime limits' claim read-only", {"runtimeLimits": {"persistence": {"accessModes": ["ReadOnlyMany"]}}},
+         ["/runtimeLimits/persistence/accessModes/0"]),
+        ("env sets the runtime limits' file", {"env": {"SLUICE_RUNTIME_LIMITS_PATH": "/tmp/limits.json"}},
+         ["env.SLUICE_RUNTIME_LIMITS_PATH is set by the chart"]),
     ]
     for name, values, want in bad:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:

@@ -87,6 +87,16 @@ Certificate's. */}}
 {{- if or (eq .Values.backend "redis") (and .Values.cluster.enabled .Values.cluster.writeBehind.enabled) }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the Deployment may run more than one pod: replicaCount above 1, or the HPA. */}}
+{{- define "sluice.severalPods" -}}
+{{- if or .Values.autoscaling.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- end }}
+
+{{/* The claim holding the runtime limits' file: persistence.existingClaim, else the chart's. */}}
+{{- define "sluice.runtimeLimitsClaim" -}}
+{{- default (printf "%s-runtime-limits" (include "sluice.fullname" .)) .Values.runtimeLimits.persistence.existingClaim }}
+{{- end }}
+
 {{/* The probes rendered: the kubelet's gRPC probes cannot speak TLS, so TLS means http. */}}
 {{- define "sluice.probesType" -}}
 {{- if .Values.grpcTls.enabled }}http{{ else }}{{ .Values.probes.type }}{{ end }}
@@ -236,10 +246,25 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- end }}
 {{- $managed := list "PORT" "GRPC_PORT" "DEBUG_PORT" "SLUICE_CONFIG" "RUNTIME_ROOT" "CONFIG_TYPE" "BACKEND_TYPE" "REDIS_URL" "REDIS_AUTH" "REDIS_TYPE" "REDIS_SOCKET_TYPE" "PEERS" "PEERS_DNS" "PEER_PORT" "PEER_ADVERTISE_ADDRESS" "SLUICE_SHUTDOWN_DELAY_SECS" "SLUICE_DRAIN_TIMEOUT_SECS" }}
 {{- $managed = concat $managed (list "GRPC_SERVER_USE_TLS" "GRPC_SERVER_TLS_CERT" "GRPC_SERVER_TLS_KEY" "GRPC_CLIENT_TLS_CACERT" "GRPC_CLIENT_TLS_SAN" "REDIS_TLS" "REDIS_TLS_CACERT" "REDIS_TLS_CLIENT_CERT" "REDIS_TLS_CLIENT_KEY" "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION" "REDIS_SENTINEL_AUTH" "TRACING_ENABLED" "TRACING_EXPORTER_PROTOCOL" "TRACING_SAMPLING_RATE" "TRACING_SERVICE_NAME" "OTEL_EXPORTER_OTLP_ENDPOINT" "OTEL_EXPORTER_OTLP_HEADERS" "OTEL_METRICS_EXPORTER" "OTEL_METRIC_EXPORT_INTERVAL" "OTEL_EXPORTER_OTLP_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE" "OTEL_EXPORTER_OTLP_CLIENT_KEY" "SLUICE_PEER_WRITE_BEHIND" "SLUICE_PEER_WRITE_BEHIND_MS" "SLUICE_PEER_TLS" "SLUICE_PEER_TLS_CERT" "SLUICE_PEER_TLS_KEY" "SLUICE_PEER_TLS_CACERT" "SLUICE_PEER_TLS_SAN" "SLUICE_MAX_COUNTERS" "SLUICE_MAX_COUNTER_BYTES" "SLUICE_MAX_CONNECTIONS" "SLUICE_MAX_INFLIGHT_REQUESTS" "SLUICE_MAX_PENDING_REQUEST_BYTES" "SLUICE_REQUEST_TIMEOUT_MS" "SLUICE_IDLE_TIMEOUT_SECS" "SLUICE_RLQS_ASSIGNMENT_TTL_SECS" "SLUICE_RLQS_ABANDON_IDLE_SECS" "SLUICE_RLQS_MAX_BYTES" "SLUICE_RLQS_KEY_ORDER") }}
+{{- $managed = concat $managed (list "SLUICE_ADMIN_TOKEN_FILE" "SLUICE_RUNTIME_LIMITS_PATH") }}
 {{- $managed = concat $managed (list "MEMCACHE_HOST_PORT" "MEMCACHE_SRV" "MEMCACHE_SRV_REFRESH" "MEMCACHE_MAX_IDLE_CONNS" "SLUICE_MEMCACHE_TIMEOUT_MS" "SLUICE_MEMCACHE_MAX_PENDING" "MEMCACHE_TLS" "MEMCACHE_TLS_CACERT" "MEMCACHE_TLS_CLIENT_CERT" "MEMCACHE_TLS_CLIENT_KEY" "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION") }}
 {{- range $name, $_ := .Values.env }}
 {{- if has $name $managed }}
 {{- fail (printf "env.%s is set by the chart from its values (see values.yaml); set those instead" $name) }}
+{{- end }}
+{{- end }}
+{{- /* One file, one writer: Sluice rewrites SLUICE_RUNTIME_LIMITS_PATH whole, so a second pod on the
+same claim would replace the first one's limits with its own. */}}
+{{- if .Values.runtimeLimits.persistence.enabled }}
+{{- if include "sluice.severalPods" . }}
+{{- $pods := ternary "autoscaling.enabled may run several pods" (printf "replicaCount is %d" (int .Values.replicaCount)) (eq .Values.autoscaling.enabled true) }}
+{{- fail (printf "runtimeLimits.persistence.enabled keeps one pod's runtime limits in one file on one claim, but %s: a ReadWriteOnce claim cannot be mounted by pods on other nodes, and pods sharing one file would overwrite one another's limits. For several pods keep runtime limits in Redis (backend: redis) or replicate them between peers (cluster.enabled), without persistence" $pods) }}
+{{- end }}
+{{- if eq .Values.backend "redis" }}
+{{- fail "runtimeLimits.persistence.enabled with backend: redis: runtime limits live in Redis, where every pod sees them, and need no volume" }}
+{{- end }}
+{{- if ne .Values.updateStrategy.type "Recreate" }}
+{{- fail "runtimeLimits.persistence.enabled needs updateStrategy.type: Recreate: in a rolling update the new pod mounts the claim while the old one still writes the file (and a ReadWriteOnce claim never mounts on another node, so the rollout stalls)" }}
 {{- end }}
 {{- end }}
 {{- if and .Values.podDisruptionBudget.enabled (not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable)) (not (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable)) }}
