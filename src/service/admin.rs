@@ -29,6 +29,8 @@ pub struct CounterView {
     pub limit: String,
     /// The block's name, else the limit's ("" for none).
     pub name: String,
+    /// Where the limit was set: `config`, `runtime`, or `override` for a request override.
+    pub source: &'static str,
     pub quota: Quota,
     /// The store's answer to a peek of 0 hits: `count_before` is what the counter holds (a
     /// bucket's in hits not yet drained), `over` what a check of 0 hits answers.
@@ -89,6 +91,7 @@ impl<S: CounterStore> RateLimitService<S> {
                     key: hit.key.to_owned(),
                     limit: limit.rule.map_or(String::new(), |l| l.full_key.clone()),
                     name: limit.name_for(block_name).to_owned(),
+                    source: limit.rule.map_or("override", |l| l.source.name()),
                     quota: hit.quota,
                     state,
                 });
@@ -132,6 +135,7 @@ pub fn counter_json(v: &CounterView) -> Value {
     m.insert("key".into(), v.key.clone().into());
     m.insert("limit".into(), v.limit.clone().into());
     m.insert("name".into(), v.name.clone().into());
+    m.insert("source".into(), v.source.into());
     m.insert("count".into(), v.state.count_before.into());
     m.insert("remaining".into(), v.state.remaining.into());
     m.insert("reset_after_secs".into(), v.state.reset_after_secs.into());
