@@ -292,7 +292,11 @@ impl Domain {
             .map(|(k, v)| super::runtime::composite(k, *v))
             .collect();
         let composites: Vec<&str> = composites.iter().map(AsRef::as_ref).collect();
-        self.runtime.as_deref()?.limit_at(&composites)
+        // Exactly this path: another of the same composite keys (`k_a=b` for `k=a_b`) is not it.
+        self.runtime
+            .as_deref()?
+            .limit_at(&composites)
+            .filter(|r| r.path() == levels)
     }
 
     /// The domain's runtime limits, in no particular order.

@@ -279,6 +279,14 @@ pub(crate) async fn handle(
         (Method::PUT, LimitsPath::Limit { domain, levels }) => {
             let bytes = match super::body::read(body, MAX_BODY_BYTES).await {
                 Ok(b) => b,
+                // The body reader's message names SLUICE_MAX_REQUEST_BYTES, which does not
+                // set this cap.
+                Err(e) if e.kind() == super::bad_request::Kind::BodyTooLarge => {
+                    return error(
+                        e.http_status(),
+                        format!("the body is larger than {MAX_BODY_BYTES} bytes"),
+                    );
+                }
                 Err(e) => return error(e.http_status(), e),
             };
             let body: Value = match serde_json::from_slice(&bytes) {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::layer::RuntimeLayer;
-use super::{PathLevel, Replicated, RuntimeLimit, Stamp, compile, composite, path_key};
+use super::{PathLevel, Replicated, RuntimeLimit, Stamp, compile, composite, path_key, path_text};
 use crate::config::lookup::{Domain, FastMap, Level, RateLimitConfig};
 
 /// What a change did: made a new path or replaced the limit it had.
@@ -206,6 +206,7 @@ impl RuntimeState {
         levels: &[PathLevel<'_>],
         (now_us, origin): (u64, &Arc<str>),
     ) -> Option<(Arc<RuntimeLimit>, Stamp)> {
+        self.held_at(domain, levels)?;
         let old = self.remove_limit(domain, levels)?;
         let stamp = Stamp::next(now_us, origin, Some(&old.stamp));
         self.bury(path_key(domain, levels), stamp.clone());
@@ -304,12 +305,21 @@ impl RuntimeState {
         domain: &str,
         levels: &[PathLevel<'_>],
     ) -> Option<(Arc<RuntimeLimit>, RateLimitConfig)> {
+        self.held_at(domain, levels)?;
         let mut layer = Arc::clone(self.layers.get(domain)?);
         let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs())?;
         let config = self
             .compose_with(Some((domain, &layer)))
             .unwrap_or_default();
         Some((old, config))
+    }
+
+    /// The limit set at exactly `levels`: not one at another path of the same composite keys.
+    fn held_at(&self, domain: &str, levels: &[PathLevel<'_>]) -> Option<&Arc<RuntimeLimit>> {
+        self.layers
+            .get(domain)?
+            .limit_at(&composites(levels).as_refs())
+            .filter(|r| r.path() == levels)
     }
 
     /// The limit compiled, after the YAML's checks, `rules` and the cap.
@@ -328,12 +338,23 @@ impl RuntimeState {
         {
             return Err(PutError::Invalid(refusal));
         }
-        let exists = self
+        let node = self
             .layers
             .get(domain)
-            .and_then(|l| l.limit_at(&composites(levels).as_refs()))
-            .is_some();
-        if !exists && self.len() >= self.max {
+            .and_then(|l| l.limit_at(&composites(levels).as_refs()));
+        // Two paths can name one node (`k=a_b` and `k_a=b` are both `k_a_b`, as in the YAML's
+        // tree and Go's): the YAML refuses the second, and so does the API, rather than replace
+        // the limit set at the other path.
+        if rules == Rules::Api
+            && let Some(other) = node.filter(|n| n.path() != levels)
+        {
+            return Err(PutError::Invalid(format!(
+                "duplicate descriptor composite key '{domain}.{}' (the runtime limit at {} has it)",
+                composites(levels).0.join("."),
+                path_text(&other.path())
+            )));
+        }
+        if node.is_none() && self.len() >= self.max {
             return Err(PutError::Full { max: self.max });
         }
         Ok(Arc::new(limit))

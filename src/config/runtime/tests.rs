@@ -402,3 +402,38 @@ fn the_later_change_wins_in_any_order_and_a_removal_is_not_undone_by_an_older_pu
         Applied::Refused("invalid rate limit unit 'fortnight'".to_owned())
     );
 }
+
+#[test]
+fn a_path_naming_another_paths_node_is_refused_and_never_reads_or_removes_it() {
+    // `tenant=a_b` and the key-only `tenant_a_b` are both the node `tenant_a_b`.
+    let h = ConfigHandle::new(Some(yaml()));
+    let set = [("tenant", Some("a_b"))];
+    let twin = [("tenant_a_b", None)];
+    put(&h, &set, per_minute(2)).unwrap();
+    assert_eq!(
+        put(&h, &twin, per_minute(9)).unwrap_err(),
+        PutError::Invalid(
+            "duplicate descriptor composite key 'd.tenant_a_b' (the runtime limit at tenant=a_b has it)"
+                .to_owned()
+        )
+    );
+    assert!(
+        h.runtime(|s| s.preview_put("d", &twin, per_minute(9)))
+            .is_err()
+    );
+    let cfg = h.current().unwrap();
+    let d = cfg.domain("d").unwrap();
+    assert!(d.runtime_limit(&twin).is_none());
+    assert_eq!(d.runtime_limit(&set).unwrap().body, per_minute(2));
+    assert!(h.runtime(|s| s.preview_remove("d", &twin)).is_none());
+    assert!(
+        h.change(|s| s.remove("d", &twin, (2, &"n".into())))
+            .is_none()
+    );
+    assert_eq!(matched(&h, &[("tenant", "a_b")]).map(|m| m.1), Some(2));
+    // A change of the limit at its own path is still a change.
+    assert!(matches!(
+        put(&h, &set, per_minute(3)),
+        Ok(Change::Replaced { .. })
+    ));
+}
