@@ -170,14 +170,12 @@ impl RateLimitConfig {
         self.domains.values()
     }
 
-    /// Every limit of every domain, runtime limits included, in no particular order.
+    /// Every limit in force of every domain, runtime limits included (a YAML limit one takes
+    /// the place of left out), in no particular order.
     pub fn limits(&self) -> impl Iterator<Item = &Limit> {
         let mut out = Vec::new();
         for d in self.domains.values() {
-            d.root.collect_limits(&mut out);
-            if let Some(layer) = &d.runtime {
-                out.extend(layer.limits().map(|r| &r.limit));
-            }
+            out.extend(d.key_paths().into_iter().map(|(_, l)| l));
         }
         out.into_iter()
     }
@@ -306,9 +304,20 @@ impl Domain {
 
     /// Every limit of the domain with the descriptor keys on its path, root first (runtime
     /// limits after the YAML's).
+    ///
+    /// A YAML limit a runtime limit takes the place of (the same path) is left out: these are
+    /// the limits in force.
     pub fn key_paths(&self) -> Vec<(Vec<&str>, &Limit)> {
         let mut out = Vec::new();
         self.root.collect_paths(&mut Vec::new(), &mut out);
+        if self.runtime.is_none() {
+            return out;
+        }
+        let replaced: std::collections::HashSet<&str> = self
+            .runtime_limits()
+            .map(|r| r.limit.full_key.as_str())
+            .collect();
+        out.retain(|(_, l)| !replaced.contains(l.full_key.as_str()));
         for r in self.runtime_limits() {
             out.push((r.levels.iter().map(|(k, _)| &**k).collect(), &r.limit));
         }
@@ -668,15 +677,6 @@ impl Level {
             }
             n.children.collect_paths(path, out);
             path.pop();
-        }
-    }
-
-    fn collect_limits<'a>(&'a self, out: &mut Vec<&'a Limit>) {
-        for n in &self.nodes {
-            if let Some(l) = &n.limit {
-                out.push(l);
-            }
-            n.children.collect_limits(out);
         }
     }
 }

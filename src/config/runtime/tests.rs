@@ -140,6 +140,12 @@ fn a_runtime_limit_takes_precedence_at_its_path_and_adds_paths_the_yaml_lacks() 
         dump.contains("d.tenant_acme.path_/x: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false\n"),
         "{dump}"
     );
+    // The YAML's limit at a runtime limit's path is not in force, and not listed.
+    assert!(
+        dump.contains("d.tenant_acme: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false, source: runtime\n")
+            && !dump.contains("d.tenant_acme: unit=MINUTE requests_per_unit=10,"),
+        "{dump}"
+    );
 }
 
 #[test]
