@@ -3,7 +3,8 @@
 //! then Sluice's extensions (`algorithm`, `burst`, `rate_limits`, ...), one tree per domain.
 
 use super::StatsSlot;
-use super::lookup::{Block, Domain, FastMap, Level, Limit, Node, RateLimitConfig, Rule, Source};
+use super::limit::{Block, Limit, Rule, Source};
+use super::lookup::{Domain, FastMap, Level, Node, RateLimitConfig};
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::limiter::{Algorithm, Quota, Unit, Window, concurrency};
 use serde_yaml_ng::Value as Yaml;

@@ -28,11 +28,13 @@
 //! `"<name>: <message>"`, as the Go service prints it.
 
 pub(crate) mod build;
+pub(crate) mod limit;
 pub(crate) mod load;
 pub(crate) mod lookup;
 pub(crate) mod poll;
 pub(crate) mod raw;
 pub mod runtime;
+pub(crate) mod runtime_layer;
 pub(crate) mod stats_slot;
 pub(crate) mod watch;
 pub(crate) mod yaml;

@@ -10,25 +10,18 @@
 //! ([`super::lookup`]); [`state`] composes the served config of the two.
 
 pub mod file;
-pub(crate) mod layer;
 pub mod state;
-
-use std::sync::Arc;
 
 use serde_yaml_ng::{Mapping, Value as Yaml};
 
 use super::build::Builder;
-use super::lookup::{Limit, RateLimitConfig, Source};
+use super::limit::Source;
+use super::lookup::RateLimitConfig;
 use super::raw;
 
-pub(crate) use layer::RuntimeLayer;
+pub use super::runtime_layer::{OwnedPath, PathLevel, RuntimeLimit, Stamp};
+pub(crate) use super::runtime_layer::{RuntimeLayer, composite};
 pub use state::{Applied, Change, PutError, Rules, RuntimeState, TOMBSTONE_LIFE_US};
-
-/// One level of a runtime limit's path: a key, and its value unless the node is key-only.
-pub type PathLevel<'a> = (&'a str, Option<&'a str>);
-
-/// A runtime limit's path, owned: its levels' keys and values.
-pub type OwnedPath = Box<[(Box<str>, Option<Box<str>>)]>;
 
 /// The YAML document of one runtime limit: `domain`, one nested descriptor per level, the
 /// body's fields in the last level (its `rate_limit`'s fields as its `rate_limit`).
@@ -132,37 +125,6 @@ pub(crate) fn check(
 /// past it a new path is refused and a change to an existing one still applies.
 pub const DEFAULT_MAX_RUNTIME_LIMITS: usize = 1_000_000;
 
-/// One runtime limit as set: its path, the body as given (what `GET` answers), and the limit
-/// the body compiles to.
-#[derive(Debug)]
-pub struct RuntimeLimit {
-    pub levels: OwnedPath,
-    pub body: serde_json::Value,
-    pub limit: Limit,
-    /// When it was set, and where: of two changes to one path, the later stamp wins.
-    pub stamp: Stamp,
-}
-
-/// When and where a runtime limit was set or removed: microseconds since the epoch on the node
-/// that made the change (never earlier than the change it replaced), and that node's address.
-/// Stamps order by time, then address, so every node picks the same winner of two changes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Stamp {
-    pub at_us: u64,
-    pub origin: Arc<str>,
-}
-
-impl Stamp {
-    /// A stamp for a change made now by `origin`, later than `after` (the stamp of what it
-    /// replaces), so that a change always wins over what it changed whatever the clocks say.
-    pub fn next(now_us: u64, origin: &Arc<str>, after: Option<&Stamp>) -> Stamp {
-        Stamp {
-            at_us: now_us.max(after.map_or(0, |a| a.at_us.saturating_add(1))),
-            origin: Arc::clone(origin),
-        }
-    }
-}
-
 /// One change to a runtime limit as it is saved and shared between nodes: the path, the new
 /// body (`None`: removed) and its stamp. Saved one a line in SLUICE_RUNTIME_LIMITS_PATH, kept
 /// in Redis, and sent in the peer protocol's `Limits` call.
@@ -240,14 +202,6 @@ impl RuntimeLimit {
             .iter()
             .map(|(k, v)| (&**k, v.as_deref()))
             .collect()
-    }
-}
-
-/// The composite key of a level, as the YAML tree keys its nodes: `key`, or `key_value`.
-pub(crate) fn composite<'a>(key: &'a str, value: Option<&str>) -> std::borrow::Cow<'a, str> {
-    match value {
-        Some(v) => format!("{key}_{v}").into(),
-        None => key.into(),
     }
 }
 

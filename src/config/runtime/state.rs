@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::layer::RuntimeLayer;
+use super::RuntimeLayer;
 use super::{PathLevel, Replicated, RuntimeLimit, Stamp, compile, composite, path_key, path_text};
 use crate::config::lookup::{Domain, FastMap, Level, RateLimitConfig};
 

@@ -3,13 +3,17 @@
 //! in the YAML's tree). A snapshot is immutable and cheap to copy: a change copies the shards it
 //! touches (a few hundred nodes each at 100,000 limits) and shares the rest with the snapshot
 //! being served, so 1,000 changes a second cost little and readers never wait.
+//!
+//! Here too the runtime limit itself ([`RuntimeLimit`]: path, body as given, compiled limit,
+//! stamp) and the path's types, which the lookup reads; checking, composing and sharing them is
+//! [`super::runtime`]'s.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use super::RuntimeLimit;
+use super::limit::Limit;
 
 /// Shards per domain: at 100,000 limits a change copies about 400 nodes.
 const SHARDS: usize = 256;
@@ -198,5 +202,50 @@ impl RuntimeLayer {
         if let Some(node) = self.child_mut(parent, composite) {
             node.children = node.children.saturating_add_signed(by);
         }
+    }
+}
+
+/// One level of a runtime limit's path: a key, and its value unless the node is key-only.
+pub type PathLevel<'a> = (&'a str, Option<&'a str>);
+
+/// A runtime limit's path, owned: its levels' keys and values.
+pub type OwnedPath = Box<[(Box<str>, Option<Box<str>>)]>;
+
+/// One runtime limit as set: its path, the body as given (what `GET` answers), and the limit
+/// the body compiles to.
+#[derive(Debug)]
+pub struct RuntimeLimit {
+    pub levels: OwnedPath,
+    pub body: serde_json::Value,
+    pub limit: Limit,
+    /// When it was set, and where: of two changes to one path, the later stamp wins.
+    pub stamp: Stamp,
+}
+
+/// When and where a runtime limit was set or removed: microseconds since the epoch on the node
+/// that made the change (never earlier than the change it replaced), and that node's address.
+/// Stamps order by time, then address, so every node picks the same winner of two changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stamp {
+    pub at_us: u64,
+    pub origin: Arc<str>,
+}
+
+impl Stamp {
+    /// A stamp for a change made now by `origin`, later than `after` (the stamp of what it
+    /// replaces), so that a change always wins over what it changed whatever the clocks say.
+    pub fn next(now_us: u64, origin: &Arc<str>, after: Option<&Stamp>) -> Stamp {
+        Stamp {
+            at_us: now_us.max(after.map_or(0, |a| a.at_us.saturating_add(1))),
+            origin: Arc::clone(origin),
+        }
+    }
+}
+
+/// The composite key of a level, as the YAML tree keys its nodes: `key`, or `key_value`.
+pub(crate) fn composite<'a>(key: &'a str, value: Option<&str>) -> std::borrow::Cow<'a, str> {
+    match value {
+        Some(v) => format!("{key}_{v}").into(),
+        None => key.into(),
     }
 }
