@@ -451,7 +451,8 @@ fn until_next_window(window: u64) -> u64 {
     next
 }
 
-/// One answer a client saw: its window, whether admitted, or what went wrong.
+/// One answer a client saw: the window it was decided in, whether admitted, or what went
+/// wrong.
 struct Answer {
     window: u64,
     admitted: bool,
@@ -567,16 +568,22 @@ fn client(
             if stop.load(Ordering::Relaxed) {
                 return;
             }
-            let window_index = (epoch_secs() / window as f64).floor() as u64;
+            let sent_in = (epoch_secs() / window as f64).floor() as u64;
             let (answer, took) = http(&ip, net::HTTP_PORT, "POST", "/json", &body);
+            let decided_in = answer
+                .as_ref()
+                .and_then(|(_, body)| decided_window(body, window));
             let (admitted, error) = match answer {
+                Some((200 | 429, body)) if decided_in.is_none() => {
+                    (false, Some(format!("no durationUntilReset in {body}")))
+                }
                 Some((200, _)) => (true, None),
                 Some((429, _)) => (false, None),
                 Some((status, body)) => (false, Some(format!("{status} {body}"))),
                 None => (false, Some("no answer".to_owned())),
             };
             seen.lock().unwrap().push(Answer {
-                window: window_index,
+                window: decided_in.unwrap_or(sent_in),
                 admitted,
                 error,
                 took,
@@ -584,6 +591,19 @@ fn client(
             });
         }
     })
+}
+
+/// The window a node decided in, from its answer's `durationUntilReset` (the time to the end
+/// of the window it counted in), so that a call sent just before a window ends and decided
+/// just after is counted where the node counted it; by the client's clock at sending, a
+/// boundary pair reads 301 and 299 for a limit of 300 (CI, 2026-11-27). None for an answer
+/// without one (an error).
+fn decided_window(body: &str, window: u64) -> Option<u64> {
+    let answer: serde_json::Value = serde_json::from_str(body).ok()?;
+    let reset = answer["statuses"][0]["durationUntilReset"].as_str()?;
+    let reset: f64 = reset.strip_suffix('s')?.parse().ok()?;
+    let ends = ((epoch_secs() + reset) / window as f64).round() as u64;
+    ends.checked_sub(1)
 }
 
 /// Counts the answers per window (from `first`) and the slow and wrong ones.
