@@ -115,11 +115,7 @@ fn bad_request(e: &BadRequest) -> axum::response::Response {
 }
 
 fn json_answer(body: &serde_json::Value) -> axum::response::Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        format!("{body}\n"),
-    )
-        .into_response()
+    super::limits::answer(StatusCode::OK, body)
 }
 
 fn service_error(e: &ServiceError) -> axum::response::Response {

@@ -7,7 +7,7 @@
 //! probe.
 
 pub use super::limit::{Block, Limit, Rule, Source};
-use super::runtime_layer::{PathLevel, ROOT, RtNode, RuntimeLayer, RuntimeLimit, composite};
+use super::runtime_layer::{PathLevel, ROOT, RtNode, RuntimeLayer, RuntimeLimit};
 use crate::descriptor::Entry;
 use crate::limiter::Algorithm;
 use std::cell::RefCell;
@@ -165,12 +165,10 @@ impl Domain {
 
     /// The runtime limit set at exactly this path, if any.
     pub fn runtime_limit(&self, levels: &[PathLevel<'_>]) -> Option<&Arc<RuntimeLimit>> {
-        let composites: Vec<_> = levels.iter().map(|(k, v)| composite(k, *v)).collect();
-        let composites: Vec<&str> = composites.iter().map(AsRef::as_ref).collect();
         // Exactly this path: another of the same composite keys (`k_a=b` for `k=a_b`) is not it.
         self.runtime
             .as_deref()?
-            .limit_at(&composites)
+            .limit_at(levels)
             .filter(|r| r.path() == levels)
     }
 

@@ -8,12 +8,26 @@
 //! stamp) and the path's types, which the lookup reads; checking, composing and sharing them is
 //! [`super::runtime`]'s.
 
+use std::borrow::Cow;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use hashbrown::HashTable;
 
 use super::limit::Limit;
+
+/// A path's composite keys, owned where a level has a value.
+pub(crate) struct Composites<'a>(Vec<Cow<'a, str>>);
+
+impl<'a> Composites<'a> {
+    pub(crate) fn of(levels: &[PathLevel<'a>]) -> Self {
+        Composites(levels.iter().map(|(k, v)| composite(k, *v)).collect())
+    }
+
+    pub(crate) fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(AsRef::as_ref).collect()
+    }
+}
 
 /// Shards per domain: at 100,000 limits a change copies about 400 nodes.
 const SHARDS: usize = 256;
@@ -71,8 +85,13 @@ impl RuntimeLayer {
             .find(hash, |n| n.parent == parent && *n.composite == *composite)
     }
 
-    /// The limit set at exactly the path of `composites`, if any.
-    pub(crate) fn limit_at(&self, composites: &[&str]) -> Option<&Arc<RuntimeLimit>> {
+    /// The limit set at the node of `levels`, if any (another path of the same composite keys
+    /// names the same node).
+    pub(crate) fn limit_at(&self, levels: &[PathLevel<'_>]) -> Option<&Arc<RuntimeLimit>> {
+        self.limit_at_keys(&Composites::of(levels).keys())
+    }
+
+    fn limit_at_keys(&self, composites: &[&str]) -> Option<&Arc<RuntimeLimit>> {
         let mut parent = ROOT;
         let mut node = None;
         for composite in composites {
@@ -125,9 +144,18 @@ impl RuntimeLayer {
         }
     }
 
-    /// Sets `limit` at the path of `composites`, creating the nodes it lacks with ids from
+    /// Sets `limit` at the node of `levels`, creating the nodes it lacks with ids from
     /// `next_id`; the limit it replaced, if any.
     pub(crate) fn set(
+        &mut self,
+        levels: &[PathLevel<'_>],
+        limit: Arc<RuntimeLimit>,
+        next_id: &mut u64,
+    ) -> Option<Arc<RuntimeLimit>> {
+        self.set_keys(&Composites::of(levels).keys(), limit, next_id)
+    }
+
+    fn set_keys(
         &mut self,
         composites: &[&str],
         limit: Arc<RuntimeLimit>,
@@ -165,9 +193,13 @@ impl RuntimeLayer {
         None
     }
 
-    /// Removes the limit at the path of `composites`, and the nodes left with no limit and
-    /// nothing below them; the removed limit.
-    pub(crate) fn remove(&mut self, composites: &[&str]) -> Option<Arc<RuntimeLimit>> {
+    /// Removes the limit at the node of `levels`, and the nodes left with no limit and nothing
+    /// below them; the removed limit.
+    pub(crate) fn remove(&mut self, levels: &[PathLevel<'_>]) -> Option<Arc<RuntimeLimit>> {
+        self.remove_keys(&Composites::of(levels).keys())
+    }
+
+    fn remove_keys(&mut self, composites: &[&str]) -> Option<Arc<RuntimeLimit>> {
         // parents[i]: the id of the node above level i.
         let mut parents = Vec::with_capacity(composites.len());
         let mut parent = ROOT;

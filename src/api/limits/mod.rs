@@ -153,16 +153,11 @@ impl LimitsApi {
 
 /// An answer that is an error: `{"error": message}` with `status`.
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
-    let body = json!({ "error": message.to_string() });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        format!("{body}\n"),
-    )
-        .into_response()
+    answer(status, &json!({ "error": message.to_string() }))
 }
 
-fn answer(status: StatusCode, body: &Value) -> Response {
+/// A JSON answer, one line, with `status` (the debug port's other JSON endpoints' too).
+pub(crate) fn answer(status: StatusCode, body: &Value) -> Response {
     (
         status,
         [(header::CONTENT_TYPE, "application/json")],
@@ -412,18 +407,12 @@ impl Call<'_> {
             s.remove(domain, levels, made)
                 .map(|old| (old, s.sequence()))
         });
-        let Some(((old, stamp), sequence)) = removed else {
+        let Some(((old, removal), sequence)) = removed else {
             return self.not_found();
         };
         self.api.deletes.fetch_add(1, Ordering::Relaxed);
         self.audit(Op::Delete, Some(old.body.clone()), None);
-        let change = Replicated {
-            body: None,
-            at_us: stamp.at_us,
-            origin: stamp.origin.to_string(),
-            ..Replicated::of(domain, &old)
-        };
-        match self.settled(sequence, &change).await {
+        match self.settled(sequence, &removal).await {
             Ok(()) => StatusCode::NO_CONTENT.into_response(),
             Err(e) => e,
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::RuntimeLayer;
 use super::{PathLevel, Replicated, RuntimeLimit, Stamp, compile, composite, path_key, path_text};
 use crate::config::lookup::{Domain, FastMap, Level, RateLimitConfig};
+use crate::config::runtime_layer::Composites;
 
 /// What a change did: made a new path or replaced the limit it had.
 #[derive(Clone, Debug)]
@@ -37,8 +38,8 @@ pub struct RuntimeState {
     max: usize,
     /// Counts the changes made (puts and removals), for those who save or share them.
     sequence: u64,
-    /// Removals remembered, by [`path_key`]: their stamps.
-    tombstones: FastMap<String, Stamp>,
+    /// Removals remembered, by [`path_key`].
+    tombstones: FastMap<String, Replicated>,
     /// The number of removals remembered after the last pruning.
     pruned_at: usize,
 }
@@ -165,11 +166,7 @@ impl RuntimeState {
         // Out of the map while it changes, so that only the shards the served config shares
         // are copied (loading 100,000 limits in one change copies none).
         let mut layer = self.layers.remove(domain).unwrap_or_default();
-        let old = Arc::make_mut(&mut layer).set(
-            &composites(levels).as_refs(),
-            Arc::clone(&limit),
-            &mut self.next_id,
-        );
+        let old = Arc::make_mut(&mut layer).set(levels, Arc::clone(&limit), &mut self.next_id);
         self.layers.insert(domain.to_owned(), layer);
         self.tombstones.remove(&path_key(domain, levels));
         self.sequence += 1;
@@ -186,11 +183,7 @@ impl RuntimeState {
         let limit = self.checked(domain, levels, body, Rules::Api, Stamp::default())?;
         let mut layer = self.layers.get(domain).cloned().unwrap_or_default();
         let mut next_id = self.next_id;
-        let old = Arc::make_mut(&mut layer).set(
-            &composites(levels).as_refs(),
-            Arc::clone(&limit),
-            &mut next_id,
-        );
+        let old = Arc::make_mut(&mut layer).set(levels, Arc::clone(&limit), &mut next_id);
         let config = self
             .compose_with(Some((domain, &layer)))
             .unwrap_or_default();
@@ -198,19 +191,25 @@ impl RuntimeState {
     }
 
     /// Removes the limit at `levels` of `domain`, made by `origin` at `now_us`; the removed
-    /// limit and the removal's stamp. The removal is remembered (its stamp) for a day, so that a node that missed it
-    /// does not bring the limit back.
+    /// limit and the removal, as a change to share. The removal is remembered for a day, so
+    /// that a node that missed it does not bring the limit back.
     pub fn remove(
         &mut self,
         domain: &str,
         levels: &[PathLevel<'_>],
         (now_us, origin): (u64, &Arc<str>),
-    ) -> Option<(Arc<RuntimeLimit>, Stamp)> {
+    ) -> Option<(Arc<RuntimeLimit>, Replicated)> {
         self.held_at(domain, levels)?;
         let old = self.remove_limit(domain, levels)?;
         let stamp = Stamp::next(now_us, origin, Some(&old.stamp));
-        self.bury(path_key(domain, levels), stamp.clone());
-        Some((old, stamp))
+        let removal = Replicated {
+            body: None,
+            at_us: stamp.at_us,
+            origin: stamp.origin.to_string(),
+            ..Replicated::of(domain, &old)
+        };
+        self.bury(removal.clone());
+        Some((old, removal))
     }
 
     fn remove_limit(
@@ -219,7 +218,7 @@ impl RuntimeState {
         levels: &[PathLevel<'_>],
     ) -> Option<Arc<RuntimeLimit>> {
         let mut layer = self.layers.remove(domain)?;
-        let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs());
+        let old = Arc::make_mut(&mut layer).remove(levels);
         if layer.len() > 0 {
             self.layers.insert(domain.to_owned(), layer);
         }
@@ -229,12 +228,12 @@ impl RuntimeState {
         old
     }
 
-    /// Remembers a removal, and forgets those older than [`TOMBSTONE_LIFE`] before it.
-    fn bury(&mut self, key: String, stamp: Stamp) {
-        let horizon = stamp.at_us.saturating_sub(TOMBSTONE_LIFE_US);
-        self.tombstones.insert(key, stamp);
+    /// Remembers a removal, and forgets those older than [`TOMBSTONE_LIFE_US`] before it.
+    fn bury(&mut self, removal: Replicated) {
+        let horizon = removal.at_us.saturating_sub(TOMBSTONE_LIFE_US);
+        self.tombstones.insert(removal.key(), removal);
         if self.tombstones.len() > self.pruned_at.saturating_mul(2).max(1024) {
-            self.tombstones.retain(|_, s| s.at_us >= horizon);
+            self.tombstones.retain(|_, r| r.at_us >= horizon);
             self.pruned_at = self.tombstones.len();
         }
     }
@@ -244,9 +243,12 @@ impl RuntimeState {
         let set = self
             .layers
             .get(domain)
-            .and_then(|l| l.limit_at(&composites(levels).as_refs()))
+            .and_then(|l| l.limit_at(levels))
             .map(|l| l.stamp.clone());
-        set.or_else(|| self.tombstones.get(&path_key(domain, levels)).cloned())
+        set.or_else(|| {
+            let removal = self.tombstones.get(&path_key(domain, levels));
+            removal.map(Replicated::stamp)
+        })
     }
 
     /// Applies a change made on another node (a peer's push, Redis's log) unless this node
@@ -270,7 +272,7 @@ impl RuntimeState {
             }
             None => {
                 self.remove_limit(&change.domain, &levels);
-                self.bury(change.key(), stamp);
+                self.bury(change.clone());
                 Applied::Removed
             }
         }
@@ -283,16 +285,7 @@ impl RuntimeState {
             .all()
             .iter()
             .map(|(d, l)| Replicated::of(d, l))
-            .chain(self.tombstones.iter().map(|(key, stamp)| {
-                let (domain, path) = key.split_once('\n').unwrap_or((key, ""));
-                Replicated {
-                    domain: domain.to_owned(),
-                    levels: parse_path_text(path),
-                    body: None,
-                    at_us: stamp.at_us,
-                    origin: stamp.origin.to_string(),
-                }
-            }))
+            .chain(self.tombstones.values().cloned())
             .map(|r| (r.key(), r))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -307,7 +300,7 @@ impl RuntimeState {
     ) -> Option<(Arc<RuntimeLimit>, RateLimitConfig)> {
         self.held_at(domain, levels)?;
         let mut layer = Arc::clone(self.layers.get(domain)?);
-        let old = Arc::make_mut(&mut layer).remove(&composites(levels).as_refs())?;
+        let old = Arc::make_mut(&mut layer).remove(levels)?;
         let config = self
             .compose_with(Some((domain, &layer)))
             .unwrap_or_default();
@@ -318,7 +311,7 @@ impl RuntimeState {
     fn held_at(&self, domain: &str, levels: &[PathLevel<'_>]) -> Option<&Arc<RuntimeLimit>> {
         self.layers
             .get(domain)?
-            .limit_at(&composites(levels).as_refs())
+            .limit_at(levels)
             .filter(|r| r.path() == levels)
     }
 
@@ -338,10 +331,7 @@ impl RuntimeState {
         {
             return Err(PutError::Invalid(refusal));
         }
-        let node = self
-            .layers
-            .get(domain)
-            .and_then(|l| l.limit_at(&composites(levels).as_refs()));
+        let node = self.layers.get(domain).and_then(|l| l.limit_at(levels));
         // Two paths can name one node (`k=a_b` and `k_a=b` are both `k_a_b`, as in the YAML's
         // tree and Go's): the YAML refuses the second, and so does the API, rather than replace
         // the limit set at the other path.
@@ -350,7 +340,7 @@ impl RuntimeState {
         {
             return Err(PutError::Invalid(format!(
                 "duplicate descriptor composite key '{domain}.{}' (the runtime limit at {} has it)",
-                composites(levels).0.join("."),
+                Composites::of(levels).keys().join("."),
                 path_text(&other.path())
             )));
         }
@@ -378,24 +368,6 @@ fn change_of(old: Option<Arc<RuntimeLimit>>) -> Change {
     }
 }
 
-/// A path's composite keys, owned.
-struct Composites(Vec<String>);
-
-impl Composites {
-    fn as_refs(&self) -> Vec<&str> {
-        self.0.iter().map(String::as_str).collect()
-    }
-}
-
-fn composites(levels: &[PathLevel<'_>]) -> Composites {
-    Composites(
-        levels
-            .iter()
-            .map(|(k, v)| composite(k, *v).into_owned())
-            .collect(),
-    )
-}
-
 /// The rule that keeps a runtime limit from changing matching silently: a key-only level is
 /// matched only by values no exact node and no wildcard of its level matches, so where the YAML
 /// has a wildcard on the same key at that level, a key-only runtime level would apply to some
@@ -418,16 +390,4 @@ fn wildcard_beside_key_only(root: &Level, levels: &[PathLevel<'_>]) -> Option<St
         level = &level.node(&composite(key, *value))?.children;
     }
     None
-}
-
-/// The levels of a path as [`super::path_text`] writes it.
-fn parse_path_text(text: &str) -> Vec<(String, Option<String>)> {
-    let decode = |s: &str| crate::percent::decode(s.as_bytes()).unwrap_or_else(|| s.to_owned());
-    text.split('/')
-        .filter(|s| !s.is_empty())
-        .map(|level| match level.split_once('=') {
-            Some((k, v)) => (decode(k), Some(decode(v))),
-            None => (decode(level), None),
-        })
-        .collect()
 }
