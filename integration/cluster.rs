@@ -10,6 +10,7 @@
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
 mod in_flight;
+mod node;
 mod pki;
 mod redis_server;
 mod support;
@@ -17,85 +18,14 @@ mod support;
 #[path = "rlqs_envoy.rs"]
 mod rlqs_envoy;
 
+use node::Node;
 use redis_server::{RedisServer, redis_server_available};
 use support::{free_port, http, wait_for};
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice::cluster::ring::{Ring, key_hash};
-
-struct Node {
-    child: Option<Child>,
-    http: u16,
-    debug: u16,
-    peer: u16,
-    /// GRPC_PORT (ratelimit.v3 and the Rate Limit Quota Service).
-    grpc: u16,
-    /// Extra environment, kept for restarts.
-    env: Vec<(String, String)>,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-impl Node {
-    /// A node on free ports, not started, with `env`.
-    fn new(env: Vec<(String, String)>) -> Node {
-        Node {
-            child: None,
-            http: free_port(),
-            debug: free_port(),
-            peer: free_port(),
-            grpc: free_port(),
-            env,
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn start(&mut self, peers: &str, config: &std::path::Path) {
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("--config")
-            .arg(config)
-            .env_remove("REDIS_URL")
-            .env_remove("BACKEND_TYPE")
-            // Before the test's own variables, which may set another.
-            .env("SLUICE_PEER_TIMEOUT_MS", "300")
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("HOST", "127.0.0.1")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("DEBUG_HOST", "127.0.0.1")
-            .env("PORT", self.http.to_string())
-            .env("GRPC_PORT", self.grpc.to_string())
-            .env("DEBUG_PORT", self.debug.to_string())
-            .env("PEERS", peers)
-            .env("PEER_PORT", self.peer.to_string())
-            .env("PEER_ADVERTISE_ADDRESS", format!("127.0.0.1:{}", self.peer))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start sluice");
-        self.child = Some(child);
-        let start = Instant::now();
-        while http(self.http, "GET", "/healthcheck", "").is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "node never started"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
 
 /// `n` peers, not started, each with `env`, and their PEERS string.
 fn peer_nodes(n: usize, env: &[(String, String)]) -> (Vec<Node>, String) {

@@ -8,80 +8,31 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
+mod node;
 mod redis_server;
 mod support;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use node::Node;
 use redis_server::{RedisServer, redis_server_available};
 use support::{free_port, http, wait_for};
 
 const TOKEN: &str = "s3cr3t";
 
-/// A Sluice process on free ports; killed on drop.
-struct Node {
-    child: Option<Child>,
-    http: u16,
-    debug: u16,
-    peer: u16,
-    grpc: u16,
-    env: Vec<(String, String)>,
+/// The environment every node of these tests gets: the token file, and `extra`.
+fn node_env(dir: &Path, extra: &[(&str, String)]) -> Vec<(String, String)> {
+    let tokens = dir.join("tokens").display().to_string();
+    std::iter::once(("SLUICE_ADMIN_TOKEN_FILE", tokens))
+        .chain(extra.iter().cloned())
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
 }
 
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
+/// What the runtime limits API and the decisions answer on a node.
 impl Node {
-    fn new(env: Vec<(String, String)>) -> Node {
-        Node {
-            child: None,
-            http: free_port(),
-            debug: free_port(),
-            peer: free_port(),
-            grpc: free_port(),
-            env,
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn start(&mut self, dir: &Path) {
-        let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .arg("--config")
-            .arg(dir.join("config"))
-            .env_remove("REDIS_URL")
-            .env_remove("BACKEND_TYPE")
-            .env("SLUICE_PEER_TIMEOUT_MS", "300")
-            .env("SLUICE_ADMIN_TOKEN_FILE", dir.join("tokens"))
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("HOST", "127.0.0.1")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("DEBUG_HOST", "127.0.0.1")
-            .env("PORT", self.http.to_string())
-            .env("GRPC_PORT", self.grpc.to_string())
-            .env("DEBUG_PORT", self.debug.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start sluice");
-        self.child = Some(child);
-        wait_for("sluice to answer", Duration::from_secs(20), || {
-            http(self.http, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 200)
-        });
-    }
-
     /// A call to the runtime limits API with the token: (status, body).
     fn admin(&self, method: &str, path: &str, body: &str) -> (u16, String) {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.debug)).expect("debug port");
@@ -144,22 +95,16 @@ const LINE_V: &str =
 fn a_limit_set_on_one_peer_applies_to_the_next_decision_on_every_peer_and_a_returning_peer_catches_up()
  {
     let dir = setup();
-    let mut nodes: Vec<Node> = (0..3).map(|_| Node::new(Vec::new())).collect();
+    let config = dir.path().join("config");
+    let env = node_env(dir.path(), &[]);
+    let mut nodes: Vec<Node> = (0..3).map(|_| Node::new(env.clone())).collect();
     let peers = nodes
         .iter()
         .map(|n| format!("127.0.0.1:{}", n.peer))
         .collect::<Vec<_>>()
         .join(",");
     for n in &mut nodes {
-        n.env = vec![
-            ("PEERS".into(), peers.clone()),
-            ("PEER_PORT".into(), n.peer.to_string()),
-            (
-                "PEER_ADVERTISE_ADDRESS".into(),
-                format!("127.0.0.1:{}", n.peer),
-            ),
-        ];
-        n.start(dir.path());
+        n.start(&peers, &config);
     }
     // Every node has seen the others answer (and pulled their empty sets).
     std::thread::sleep(Duration::from_secs(1));
@@ -182,7 +127,7 @@ fn a_limit_set_on_one_peer_applies_to_the_next_decision_on_every_peer_and_a_retu
     assert_eq!(status, 204);
     let (status, _) = nodes[0].admin("PUT", "/limits/d/k=w", TWO_AN_HOUR);
     assert_eq!(status, 201);
-    nodes[2].start(dir.path());
+    nodes[2].start(&peers, &config);
     let want = [LINE_V.replace("k_v", "k_w")];
     wait_for("node 2 to catch up", Duration::from_secs(10), || {
         nodes[2].runtime_lines() == want
@@ -203,16 +148,20 @@ fn a_limit_set_on_one_replica_sharing_redis_holds_on_the_other_within_the_poll()
     }
     let redis = RedisServer::start_on(free_port());
     let dir = setup();
-    let env = vec![
-        ("BACKEND_TYPE".to_owned(), "redis".to_owned()),
-        ("REDIS_SOCKET_TYPE".to_owned(), "tcp".to_owned()),
-        ("REDIS_URL".to_owned(), format!("127.0.0.1:{}", redis.port)),
-        ("SLUICE_RUNTIME_LIMITS_POLL_MS".to_owned(), "100".to_owned()),
-    ];
+    let config = dir.path().join("config");
+    let env = node_env(
+        dir.path(),
+        &[
+            ("BACKEND_TYPE", "redis".to_owned()),
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+            ("SLUICE_RUNTIME_LIMITS_POLL_MS", "100".to_owned()),
+        ],
+    );
     let mut a = Node::new(env.clone());
     let mut b = Node::new(env.clone());
-    a.start(dir.path());
-    b.start(dir.path());
+    a.start_alone(&config);
+    b.start_alone(&config);
     let (status, body) = a.admin("PUT", "/limits/d/k=v", TWO_AN_HOUR);
     assert_eq!(status, 201, "{body}");
     let put_at = Instant::now();
@@ -229,7 +178,7 @@ fn a_limit_set_on_one_replica_sharing_redis_holds_on_the_other_within_the_poll()
     assert_eq!(codes, ["OK", "OK", "OVER_LIMIT"]);
     // A replica started later loads the shared limits.
     let mut c = Node::new(env);
-    c.start(dir.path());
+    c.start_alone(&config);
     wait_for(
         "replica c to load the limit",
         Duration::from_secs(5),
