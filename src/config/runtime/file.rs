@@ -171,14 +171,17 @@ impl Saver {
         let done = |s: &Saved| {
             s.sequence >= sequence || s.error.as_ref().is_some_and(|(at, _)| *at >= sequence)
         };
-        let waited = tokio::time::timeout(SAVE_WAIT, rx.wait_for(done)).await;
+        // Dropped at once: what `wait_for` answers holds the channel's read lock, and reading
+        // the channel again under it waits behind a save waiting to publish, which waits for
+        // that lock (every worker thread stuck, the node answering nothing).
+        let _ = tokio::time::timeout(SAVE_WAIT, rx.wait_for(done)).await;
         let now = self.saved.borrow().clone();
         if now.sequence >= sequence {
             return Ok(());
         }
-        match (waited, now.error) {
-            (_, Some((_, e))) => Err(format!("{}: {e}", self.path.display())),
-            _ => Err(format!(
+        match now.error {
+            Some((_, e)) => Err(format!("{}: {e}", self.path.display())),
+            None => Err(format!(
                 "{}: not saved within {SAVE_WAIT:?}",
                 self.path.display()
             )),
@@ -243,5 +246,48 @@ mod tests {
             err.starts_with(&format!("{}:1: key must be a string", path.display())),
             "{err}"
         );
+    }
+
+    /// Many callers waiting for saves while the saver publishes them, on two worker threads as
+    /// on a 2-core node: every wait ends. (`settled` once kept the channel's read lock from
+    /// `wait_for` while it read the channel again; with the saver waiting to write in between,
+    /// each waited for the other, and with both workers stuck the node answered nothing.)
+    #[test]
+    fn waiting_for_saves_never_blocks_the_saver() {
+        const SAVES: u64 = 20_000;
+        let saver = Arc::new(Saver {
+            path: PathBuf::from("limits.json"),
+            saved: tokio::sync::watch::Sender::new(Saved::default()),
+        });
+        let (finished, outcome) = std::sync::mpsc::channel();
+        let waiting = Arc::clone(&saver);
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let waiters: Vec<_> = (0..64)
+                .map(|i| {
+                    let saver = Arc::clone(&waiting);
+                    rt.spawn(async move {
+                        for sequence in (1 + i..=SAVES).step_by(64) {
+                            saver.settled(sequence).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for sequence in 1..=SAVES {
+                waiting.saved.send_replace(Saved {
+                    sequence,
+                    error: None,
+                });
+            }
+            rt.block_on(futures_util::future::join_all(waiters));
+            let _ = finished.send(());
+        });
+        outcome
+            .recv_timeout(Duration::from_secs(60))
+            .expect("every wait for a save ended");
     }
 }
