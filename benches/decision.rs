@@ -5,6 +5,9 @@
 //! `telemetry_cost` times the same decision with stats off, stats on (the default), and with
 //! tracing on but the call not sampled, and on and sampled (the span record queued and taken
 //! off the queue again, as the exporter would).
+//! `runtime_limits` compares a domain of 100,000 per-tenant limits written in the YAML with the
+//! same limits set at run time over a YAML domain of one unrelated limit (issue 38), the lookup
+//! alone and the whole decision.
 //!
 //! ```sh
 //! cargo bench --bench decision
@@ -36,6 +39,9 @@ use sluice::limiter::{Decision, fixed_window};
 use sluice::service::{RateLimitService, Response, ServiceOptions};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 use sluice::telemetry::{DecisionTelemetry, Stats};
+
+#[path = "../examples/support/tenants.rs"]
+mod tenants;
 
 /// A realistic config: the default `config/edge.yaml` plus a few dozen per-tenant and per-route
 /// limits, so lookups probe populated levels with wildcards present.
@@ -280,8 +286,12 @@ fn lease_client(c: &mut Criterion) {
 }
 
 fn service(config: RateLimitConfig) -> RateLimitService<MemoryStore> {
+    service_of(ConfigHandle::new(Some(config)))
+}
+
+fn service_of(config: ConfigHandle) -> RateLimitService<MemoryStore> {
     RateLimitService::new(
-        ConfigHandle::new(Some(config)),
+        config,
         Arc::new(MemoryStore::new(1_000_000)),
         Arc::new(SystemClock),
         ServiceOptions::default(),
@@ -495,12 +505,73 @@ fn on_two_threads<A: Send, F: FnMut()>(
     })
 }
 
+/// Each tenant's limit in the runtime-limit benchmarks: high enough that every decision is OK,
+/// as in the other benchmarks.
+const TENANT_LIMIT: u32 = 1_000_000_000;
+
+/// One tenant's limit among 100,000, in the YAML and set at run time (issue 38: within 10%),
+/// in the three configs of `tenants::CONFIGS`: the lookup of the same tenant each call, of the
+/// next of all 100,000 each call (so the tables are not all in cache), and the whole decision
+/// of one tenant on the memory store. The configs are built on first use (a few seconds), so
+/// that a run filtered to other benchmarks does not wait for them.
+fn runtime_limits(c: &mut Criterion) {
+    let built = std::sync::OnceLock::new();
+    let configs = || built.get_or_init(|| tenants::configs(TENANT_LIMIT));
+    let all = std::sync::OnceLock::new();
+    let all = || {
+        all.get_or_init(|| {
+            let all: Vec<Vec<Entry>> = tenants::shuffled()
+                .into_iter()
+                .map(|t| vec![Entry::new("tenant", t)])
+                .collect();
+            for (name, handle) in tenants::CONFIGS.iter().zip(configs()) {
+                let config = handle.current().expect("a config");
+                let domain = config.domain("d").expect("domain d");
+                let matched = all.iter().all(|e| domain.lookup(e).is_some());
+                assert!(matched, "{name}: every tenant matches");
+            }
+            all
+        })
+    };
+    let hit = entries(&[("tenant", "t54321")]);
+    let mut g = c.benchmark_group("runtime_limits");
+    for (i, name) in tenants::CONFIGS.iter().enumerate() {
+        g.bench_function(format!("lookup/{name}"), |b| {
+            let config = configs()[i].current().expect("a config");
+            let domain = config.domain("d").expect("domain d");
+            b.iter(|| black_box(domain.lookup(black_box(&hit))))
+        });
+        g.bench_function(format!("lookup_all_tenants/{name}"), |b| {
+            let all = all();
+            let config = configs()[i].current().expect("a config");
+            let domain = config.domain("d").expect("domain d");
+            let mut at = 0;
+            b.iter(|| {
+                at = (at + 1) % all.len();
+                black_box(domain.lookup(black_box(&all[at])))
+            })
+        });
+        g.bench_function(format!("should_rate_limit/{name}"), |b| {
+            let svc = service_of(configs()[i].clone());
+            let req = request("d", &[("tenant", "t54321")]);
+            let r = ready(svc.should_rate_limit(req.clone())).expect("decides");
+            assert!(r.statuses[0].current_limit.is_some(), "{name} is counted");
+            b.iter_batched(
+                || req.clone(),
+                |r| ready(svc.should_rate_limit(r)).map(Response::recycle),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
     targets = config_lookup, counter_key, fixed_window_decide, memory_store, lease_client,
-        should_rate_limit, telemetry_cost
+        should_rate_limit, telemetry_cost, runtime_limits
 }
 criterion_main!(benches);

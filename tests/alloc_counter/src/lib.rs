@@ -1,6 +1,7 @@
 //! A counting global allocator for tests: it hands every request to [`std::alloc::System`] and
 //! counts, per thread, how many times memory was asked for (`alloc`, `alloc_zeroed` and
-//! `realloc`: each is a call into malloc) and given back.
+//! `realloc`: each is a call into malloc) and given back, and how many bytes are held
+//! ([`live_bytes`]).
 //!
 //! Per thread, so a test measures its own code and not the test harness's or another test's
 //! threads. A test binary installs it with
@@ -20,11 +21,22 @@ thread_local! {
     // allocator can use them.
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
     static FREES: Cell<u64> = const { Cell::new(0) };
+    // Bytes asked for less bytes given back; signed, as a thread may free what another asked for.
+    static LIVE: Cell<i64> = const { Cell::new(0) };
 }
 
 fn bump(counter: &'static std::thread::LocalKey<Cell<u64>>) {
     // `try_with`: a thread being torn down may still free memory after its locals are gone.
     let _ = counter.try_with(|c| c.set(c.get() + 1));
+}
+
+/// Adds `by` bytes to this thread's [`live_bytes`].
+fn add_live(by: i64) {
+    let _ = LIVE.try_with(|c| c.set(c.get() + by));
+}
+
+fn size(bytes: usize) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 /// The counting allocator: [`System`] with per-thread counters.
@@ -40,20 +52,33 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         bump(&ALLOCS);
         // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            add_live(size(layout.size()));
+        }
+        p
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         bump(&ALLOCS);
         // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            add_live(size(layout.size()));
+        }
+        p
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         bump(&ALLOCS);
         // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            add_live(size(new_size) - size(layout.size()));
+        }
+        p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         bump(&FREES);
+        add_live(-size(layout.size()));
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -85,4 +110,11 @@ pub fn count<R>(f: impl FnOnce() -> R) -> (R, Counts) {
         frees: after.frees - before.frees,
     };
     (out, counts)
+}
+
+/// The bytes this thread has asked for and not given back (the sizes asked, without the
+/// allocator's own overhead): the difference of two readings is what the code between them
+/// keeps, when it runs on this thread alone.
+pub fn live_bytes() -> i64 {
+    LIVE.with(Cell::get)
 }
