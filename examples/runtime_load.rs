@@ -50,12 +50,13 @@ fn load(path: &Path) -> (usize, Duration, Duration) {
     let t = Instant::now();
     let n = config
         .change(|state| file::load(path, state))
-        .expect("the file loads");
+        .expect("the file loads")
+        .limits;
     let took = t.elapsed();
     let saved = path.with_extension("saved");
     let t = Instant::now();
-    let limits = config.runtime(|s| s.all());
-    file::save(&saved, &limits).expect("the limits save");
+    let (limits, removals) = config.runtime(|s| (s.all(), s.removals()));
+    file::save(&saved, &limits, &removals).expect("the limits save");
     let save = t.elapsed();
     drop(limits);
     // Not timed: freeing the limits, which start-up never does.

@@ -501,9 +501,21 @@ fn runtime_limits_survive_a_kill_9() {
     assert_eq!(r.status, 201, "{}", r.body);
     s.kill_9();
 
-    let saved = std::fs::read_to_string(files.limits_file()).expect("the limits file");
+    // Appended to the file's journal; the file itself is written when the journal outgrows it.
+    assert!(!files.limits_file().exists());
+    let journal = files.limits_file().with_file_name("limits.jsonl.journal");
+    let saved = std::fs::read_to_string(&journal).expect("the limits file's journal");
     assert_eq!(saved.lines().count(), 1, "{saved}");
     let s = Sluice::start(&files, files.sluice());
+    // The journal loaded, the node folds it into the file.
+    wait_for(
+        "the journal folded into the file",
+        Duration::from_secs(10),
+        || {
+            std::fs::read_to_string(files.limits_file()).is_ok_and(|t| t.contains("acme"))
+                && std::fs::read_to_string(&journal).is_ok_and(|t| t.is_empty())
+        },
+    );
     let r = s.api("GET", "/limits/edge/tenant=acme", OPS, "");
     assert_eq!(r.status, 200, "{}", r.body);
     let v: Value = serde_json::from_str(body).unwrap();

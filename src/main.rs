@@ -174,7 +174,12 @@ fn load_config(settings: &mut Settings) -> Result<ConfigHandle, ExitCode> {
     let config = ConfigHandle::with_max_runtime_limits(initial, runtime.max);
     if let Some(path) = &runtime.path {
         match config.change(|state| sluice::config::runtime::file::load(path, state)) {
-            Ok(n) => tracing::info!(limits = n, path = %path.display(), "runtime limits loaded"),
+            Ok(loaded) => {
+                if let Some(line) = &loaded.torn {
+                    tracing::warn!(line = %line, "the runtime limits journal's last line was cut short (a crash while it was written, so never answered as saved): dropped");
+                }
+                tracing::info!(limits = loaded.limits, journaled = loaded.journaled, path = %path.display(), "runtime limits loaded");
+            }
             Err(e) => {
                 return Err(usage_error(format_args!("SLUICE_RUNTIME_LIMITS_PATH: {e}")));
             }

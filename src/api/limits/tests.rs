@@ -587,11 +587,22 @@ async fn with_a_limits_file_a_change_is_answered_once_saved() {
         call(&f, "DELETE", "/limits/edge/k=v", OPS, "").await.0,
         StatusCode::NO_CONTENT
     );
-    assert_saved(&path, &[]);
+    assert_saved(
+        &path,
+        &[
+            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"},\"at_us\":0,\"origin\":\"n1\"}",
+            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":null,\"at_us\":1,\"origin\":\"n1\"}",
+        ],
+    );
     task.abort();
 }
 
+/// What is on disk: the file's lines (none yet here: a change is appended to its journal), then
+/// the journal's.
 fn assert_saved(path: &Path, lines: &[&str]) {
-    let text = std::fs::read_to_string(path).unwrap();
+    let journal = crate::config::runtime::file::journal_path(path);
+    let text = [path, journal.as_path()]
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+        .concat();
     assert_eq!(text.lines().collect::<Vec<_>>(), lines);
 }

@@ -1,53 +1,90 @@
 //! SLUICE_RUNTIME_LIMITS_PATH: the runtime limits of a node that keeps its counters in memory,
 //! saved as one JSON object a line ([`Replicated`]:
-//! `{"domain":..,"levels":[["k","v"],["k2",null]],"limit":{..},"at_us":..,"origin":..}`) and
-//! loaded at start, before the first request is answered.
+//! `{"domain":..,"levels":[["k","v"],["k2",null]],"limit":{..},"at_us":..,"origin":..}`, a
+//! `null` limit for a removal) and loaded at start, before the first request is answered.
 //!
-//! Every save writes the whole set to a temporary file beside the target, fsyncs it, renames it
-//! over the target and fsyncs the directory: a crash leaves the old file or the new one, never a
-//! mix. [`Saver`] saves after changes, as many changes in one write as came meanwhile, and tells
-//! each change's caller when it is on disk.
+//! Two files: the file itself holds every limit and remembered removal as of its last
+//! rewrite, and its journal ([`journal_path`], the same name with `.journal` after it) the
+//! changes since, appended. [`Saver`] appends each batch of changes (as many as came during
+//! the last write) and fsyncs it, then tells each change's caller it is on disk. When the
+//! journal outgrows the file (or [`JOURNAL_MIN_BYTES`], whichever is more), or a write failed,
+//! or too many changes came at once ([`super::state::UNSAVED_MAX`]), it rewrites the file
+//! instead: a temporary file beside it, fsync, rename over it, fsync of the directory, then the
+//! journal emptied. Loading reads the file and then the journal, each change applied only if
+//! it is later than what the path holds (its stamp), so a journal that a crash left behind a
+//! rewrite changes nothing it should not; a last journal line cut short by a crash (never
+//! answered as saved) is dropped with a warning.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::state::Rules;
+use super::state::Applied;
 use super::{Replicated, RuntimeLimit, RuntimeState};
 use crate::config::ConfigHandle;
 
-/// The largest file read at start: far more than 1,000,000 limits take (about 150 bytes each).
+/// The largest file (and journal) read at start: far more than 1,000,000 limits take (about
+/// 150 bytes each).
 pub const MAX_FILE_BYTES: u64 = 1 << 30;
 
-/// Reads `path` (none yet: no limits) and sets its limits in `state`; the number loaded. A
-/// line that does not parse stops the load before any limit is set; one the YAML's checks
-/// refuse stops it there. Start-up stops on either, naming the file and line.
-pub fn load(path: &Path, state: &mut RuntimeState) -> Result<usize, String> {
-    let text = match read(path)? {
-        Some(text) => text,
-        None => return Ok(0),
-    };
-    let at = |i: usize| format!("{}:{}", path.display(), i + 1);
+/// The journal is folded into the file once it is larger than the file or this, whichever is
+/// more: a load reads at most about twice the file, and a change costs about two lines' writes.
+pub const JOURNAL_MIN_BYTES: u64 = 4 << 20;
+
+/// The journal of the file at `path`: `path` with `.journal` after its name.
+pub fn journal_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".journal");
+    path.with_file_name(name)
+}
+
+/// What a load found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// The runtime limits held after it.
+    pub limits: usize,
+    /// The changes read from the journal.
+    pub journaled: usize,
+    /// A last journal line cut short (a crash while it was written), dropped.
+    pub torn: Option<String>,
+}
+
+/// Reads the file at `path` and its journal (none yet: no limits) and applies their changes
+/// to `state`. A line that does not parse stops the load before any change applies (but a
+/// journal's last line cut short, which is dropped); one the YAML's checks refuse stops it
+/// there. Start-up stops on either, naming the file and line.
+pub fn load(path: &Path, state: &mut RuntimeState) -> Result<Loaded, String> {
+    let journal = journal_path(path);
+    let mut loaded = Loaded::default();
     let mut staged = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let line: Replicated = serde_json::from_str(line).map_err(|e| format!("{}: {e}", at(i)))?;
-        staged.push((i, line));
+    for (file, is_journal) in [(path, false), (journal.as_path(), true)] {
+        let Some(text) = read(file)? else { continue };
+        let at = |i: usize| format!("{}:{}", file.display(), i + 1);
+        let lines: Vec<_> = text.lines().enumerate().collect();
+        for &(i, line) in &lines {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Replicated>(line) {
+                Ok(change) => {
+                    loaded.journaled += usize::from(is_journal);
+                    staged.push((at(i), change));
+                }
+                // Cut short by a crash: the last line, with no newline after it.
+                Err(_) if is_journal && i + 1 == lines.len() && !text.ends_with('\n') => {
+                    loaded.torn = Some(at(i));
+                }
+                Err(e) => return Err(format!("{}: {e}", at(i))),
+            }
+        }
     }
-    let mut loaded = 0;
-    for (i, line) in staged {
-        let Some(body) = line.body.clone() else {
-            return Err(format!("{}: a saved limit has no limit", at(i)));
-        };
-        state
-            .put_as(&line.domain, &line.path(), body, Rules::Load, line.stamp())
-            .map_err(|e| format!("{}: {e}", at(i)))?;
-        loaded += 1;
+    for (at, change) in staged {
+        if let Applied::Refused(e) = state.apply(&change) {
+            return Err(format!("{at}: {e}"));
+        }
     }
+    loaded.limits = state.len();
     Ok(loaded)
 }
 
@@ -72,18 +109,30 @@ fn read(path: &Path) -> Result<Option<String>, String> {
     Ok(Some(text))
 }
 
-/// Writes `limits` to `path` atomically: a temporary file, fsync, rename, fsync of the directory.
-pub fn save(path: &Path, limits: &[(String, Arc<RuntimeLimit>)]) -> std::io::Result<()> {
-    let mut text = String::with_capacity(limits.len() * 128);
-    for (domain, r) in limits {
-        let line = Replicated::of(domain, r);
-        text.push_str(&serde_json::to_string(&line).map_err(std::io::Error::other)?);
+/// Changes as the file's lines.
+fn lines<'a>(
+    changes: impl Iterator<Item = std::borrow::Cow<'a, Replicated>>,
+) -> std::io::Result<String> {
+    let mut text = String::new();
+    for change in changes {
+        text.push_str(&serde_json::to_string(&*change).map_err(std::io::Error::other)?);
         text.push('\n');
     }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    Ok(text)
+}
+
+/// Writes `limits` and `removals` to `path` atomically: a temporary file, fsync, rename, fsync
+/// of the directory; the bytes written.
+pub fn save(
+    path: &Path,
+    limits: &[(String, Arc<RuntimeLimit>)],
+    removals: &[Replicated],
+) -> std::io::Result<u64> {
+    let set = limits
+        .iter()
+        .map(|(domain, r)| std::borrow::Cow::Owned(Replicated::of(domain, r)));
+    let text = lines(set.chain(removals.iter().map(std::borrow::Cow::Borrowed)))?;
+    let dir = directory(path);
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(".{name}.tmp"));
     let mut file = std::fs::File::create(&tmp)?;
@@ -91,7 +140,107 @@ pub fn save(path: &Path, limits: &[(String, Arc<RuntimeLimit>)]) -> std::io::Res
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(text.len() as u64)
+}
+
+fn directory(path: &Path) -> &Path {
+    path.parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// The file and its journal as the saver writes them.
+#[derive(Debug)]
+struct Files {
+    path: PathBuf,
+    journal: PathBuf,
+    /// The file's size at its last rewrite.
+    file_bytes: u64,
+    /// The journal's size: what was appended since.
+    journal_bytes: u64,
+    /// The journal, open for appending.
+    open: Option<std::fs::File>,
+    /// [`JOURNAL_MIN_BYTES`], but in tests.
+    min_journal: u64,
+}
+
+impl Files {
+    fn new(path: &Path) -> Files {
+        let size = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let journal = journal_path(path);
+        Files {
+            path: path.to_owned(),
+            file_bytes: size(path),
+            journal_bytes: size(&journal),
+            journal,
+            open: None,
+            min_journal: JOURNAL_MIN_BYTES,
+        }
+    }
+
+    /// Whether `more` bytes appended would make the journal outgrow the file.
+    fn outgrown(&self, more: u64) -> bool {
+        self.journal_bytes + more > self.file_bytes.max(self.min_journal)
+    }
+
+    /// Appends `text` to the journal and fsyncs it (and, when it made the journal, the
+    /// directory).
+    fn append(&mut self, text: &str) -> std::io::Result<()> {
+        let file = match &mut self.open {
+            Some(file) => file,
+            None => {
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.journal)?;
+                std::fs::File::open(directory(&self.path))?.sync_all()?;
+                self.open.insert(file)
+            }
+        };
+        file.write_all(text.as_bytes())?;
+        file.sync_data()?;
+        self.journal_bytes += text.len() as u64;
+        Ok(())
+    }
+
+    /// Rewrites the file with `limits` and `removals`, then empties the journal.
+    fn rewrite(
+        &mut self,
+        limits: &[(String, Arc<RuntimeLimit>)],
+        removals: &[Replicated],
+    ) -> std::io::Result<()> {
+        self.open = None;
+        self.file_bytes = save(&self.path, limits, removals)?;
+        std::fs::File::create(&self.journal)?.sync_all()?;
+        self.journal_bytes = 0;
+        Ok(())
+    }
+
+    /// Saves what changed in `config` since the last save: `taken`, the changes taken then,
+    /// appended, unless a rewrite is due (`rewrite`, no changes kept, or the journal outgrown).
+    /// The last change saved.
+    fn save(
+        &mut self,
+        config: &ConfigHandle,
+        (sequence, taken): (u64, Option<Vec<Replicated>>),
+        rewrite: bool,
+    ) -> std::io::Result<u64> {
+        if let Some(taken) = taken.filter(|_| !rewrite) {
+            let text = lines(taken.iter().map(std::borrow::Cow::Borrowed))?;
+            if !self.outgrown(text.len() as u64) {
+                self.append(&text)?;
+                return Ok(sequence);
+            }
+        }
+        // Everything as it is now, so the changes kept meanwhile are in it too.
+        let (sequence, limits, removals) = config.runtime(|s| {
+            let _ = s.take_changes();
+            (s.sequence(), s.all(), s.removals())
+        });
+        self.rewrite(&limits, &removals)?;
+        Ok(sequence)
+    }
 }
 
 /// What is on disk: the last change saved, and the last save's error, with the change it
@@ -120,7 +269,10 @@ impl Saver {
     /// counts as saved). Must be called within a tokio runtime; the task stops when the
     /// returned handle is aborted.
     pub fn spawn(config: ConfigHandle, path: PathBuf) -> (Arc<Saver>, tokio::task::JoinHandle<()>) {
-        let sequence = config.runtime(RuntimeState::sequence);
+        let sequence = config.runtime(|s| {
+            s.keep_changes();
+            s.sequence()
+        });
         let saver = Arc::new(Saver {
             path,
             saved: tokio::sync::watch::Sender::new(Saved {
@@ -134,25 +286,45 @@ impl Saver {
 
     async fn run(self: Arc<Self>, config: ConfigHandle) {
         let mut changes = config.changes();
+        let mut files = Files::new(&self.path);
+        // A journal left from before is already loaded: fold it into the file first.
+        let mut rewrite = files.journal_bytes > 0;
         loop {
-            let (sequence, limits) = config.runtime(|s| (s.sequence(), s.all()));
-            if sequence > self.saved.borrow().sequence {
-                let path = self.path.clone();
-                let saved = tokio::task::spawn_blocking(move || save(&path, &limits)).await;
-                let failure = match saved {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(e) => Some(e.to_string()),
+            let taken = config.runtime(|s| (s.sequence(), s.take_changes()));
+            let unsaved = taken.0;
+            if unsaved > self.saved.borrow().sequence || rewrite {
+                let write = {
+                    let config = config.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let saved = files.save(&config, taken, rewrite);
+                        (files, saved)
+                    })
+                };
+                let failure = match write.await {
+                    Ok((back, saved)) => {
+                        files = back;
+                        saved.map_err(|e| e.to_string())
+                    }
+                    Err(e) => {
+                        files = Files::new(&self.path);
+                        Err(e.to_string())
+                    }
                 };
                 match failure {
-                    None => self.saved.send_replace(Saved {
-                        sequence,
-                        error: None,
-                    }),
-                    Some(e) => {
+                    Ok(sequence) => {
+                        rewrite = false;
+                        self.saved.send_replace(Saved {
+                            sequence,
+                            error: None,
+                        });
+                    }
+                    Err(e) => {
                         tracing::error!(path = %self.path.display(), error = %e, "cannot save the runtime limits; trying again in a second");
+                        // What was taken is not saved (and a line may be half written):
+                        // the next save rewrites everything.
+                        rewrite = true;
                         self.saved
-                            .send_modify(|s| s.error = Some((sequence, e.clone())));
+                            .send_modify(|s| s.error = Some((unsaved, e.clone())));
                         tokio::time::sleep(RETRY).await;
                         continue;
                     }
@@ -199,7 +371,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("limits.json");
         let mut state = RuntimeState::default();
-        assert_eq!(load(&path, &mut state), Ok(0), "no file yet: no limits");
+        let limits = |l: Result<Loaded, String>| l.map(|l| l.limits);
+        assert_eq!(limits(load(&path, &mut state)), Ok(0), "no file yet");
         let body = json!({"unit": "minute", "requests_per_unit": 2});
         let me: Arc<str> = "n1".into();
         let path_d = [("tenant", Some("a b/c")), ("path", None)];
@@ -208,9 +381,9 @@ mod tests {
         state
             .put("e", &[("k", Some("v"))], unlimited, (8, &me))
             .unwrap();
-        save(&path, &state.all()).unwrap();
+        save(&path, &state.all(), &state.removals()).unwrap();
         let mut back = RuntimeState::default();
-        assert_eq!(load(&path, &mut back), Ok(2));
+        assert_eq!(limits(load(&path, &mut back)), Ok(2));
         let cfg = back.compose().unwrap();
         let got = cfg
             .domain("d")
@@ -234,7 +407,7 @@ mod tests {
         .unwrap();
         let mut bad = RuntimeState::default();
         assert_eq!(
-            load(&path, &mut bad),
+            limits(load(&path, &mut bad)),
             Err(format!(
                 "{}:3: invalid rate limit unit 'fortnight'",
                 path.display()
@@ -245,6 +418,132 @@ mod tests {
         assert!(
             err.starts_with(&format!("{}:1: key must be a string", path.display())),
             "{err}"
+        );
+    }
+
+    fn put(config: &ConfigHandle, value: &str, n: u64, at_us: u64) {
+        let me: Arc<str> = "n1".into();
+        let body = json!({"unit": "minute", "requests_per_unit": n});
+        config
+            .change(|s| s.put("d", &[("k", Some(value))], body, (at_us, &me)))
+            .unwrap();
+    }
+
+    fn taken(config: &ConfigHandle) -> (u64, Option<Vec<Replicated>>) {
+        config.runtime(|s| (s.sequence(), s.take_changes()))
+    }
+
+    /// The limits a fresh node loads from `path`: value and requests per unit, sorted.
+    fn loaded(path: &Path) -> Result<(Vec<(String, u64)>, Loaded), String> {
+        let mut state = RuntimeState::default();
+        let loaded = load(path, &mut state)?;
+        let mut held: Vec<_> = state
+            .all()
+            .iter()
+            .map(|(_, r)| {
+                let value = r.levels[0].1.as_deref().unwrap_or_default().to_owned();
+                (value, r.body["requests_per_unit"].as_u64().unwrap())
+            })
+            .collect();
+        held.sort();
+        Ok((held, loaded))
+    }
+
+    fn held(pairs: &[(&str, u64)]) -> Vec<(String, u64)> {
+        pairs.iter().map(|(v, n)| ((*v).to_owned(), *n)).collect()
+    }
+
+    /// Changes are appended to the journal, the file untouched, and load back after the file,
+    /// removals included; once the journal outgrows the file, the file is rewritten and the
+    /// journal emptied. A journal that a crash left behind a rewrite changes nothing (its
+    /// changes are older than the file's); a last line cut short is dropped; a bad line
+    /// elsewhere stops the load, naming the journal and line.
+    #[test]
+    fn changes_go_to_the_journal_until_it_outgrows_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limits.json");
+        let journal = journal_path(&path);
+        assert_eq!(journal, dir.path().join("limits.json.journal"));
+        let config = ConfigHandle::new(None);
+        config.runtime(RuntimeState::keep_changes);
+        let mut files = Files::new(&path);
+
+        put(&config, "a", 1, 10);
+        put(&config, "b", 2, 11);
+        assert_eq!(files.save(&config, taken(&config), false).unwrap(), 2);
+        assert!(!path.exists(), "the file is not rewritten for a change");
+        let first = std::fs::read_to_string(&journal).unwrap();
+        assert_eq!(first.lines().count(), 2);
+        let (limits, l) = loaded(&path).unwrap();
+        assert_eq!(limits, held(&[("a", 1), ("b", 2)]));
+        assert_eq!((l.journaled, l.torn), (2, None));
+
+        let me: Arc<str> = "n1".into();
+        config
+            .change(|s| s.remove("d", &[("k", Some("a"))], (12, &me)))
+            .unwrap();
+        assert_eq!(files.save(&config, taken(&config), false).unwrap(), 3);
+        assert_eq!(loaded(&path).unwrap().0, held(&[("b", 2)]));
+
+        // Outgrown: the file rewritten with the limits and the removal, the journal emptied.
+        files.min_journal = 0;
+        put(&config, "c", 3, 13);
+        assert_eq!(files.save(&config, taken(&config), false).unwrap(), 4);
+        assert_eq!(std::fs::read_to_string(&journal).unwrap(), "");
+        let file = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(file.lines().count(), 3, "{file}");
+        assert!(
+            file.contains(r#""levels":[["k","a"]],"limit":null,"at_us":12"#),
+            "{file}"
+        );
+        let (limits, l) = loaded(&path).unwrap();
+        assert_eq!(limits, held(&[("b", 2), ("c", 3)]));
+        assert_eq!(l.journaled, 0);
+
+        // A crash between the rename and emptying the journal: `a`'s set (at 10) is older
+        // than its removal in the file (at 12), so `a` stays removed.
+        std::fs::write(&journal, &first).unwrap();
+        let (limits, l) = loaded(&path).unwrap();
+        assert_eq!(limits, held(&[("b", 2), ("c", 3)]));
+        assert_eq!(l.journaled, 2);
+
+        // A crash while a line was written: dropped, named.
+        let cut = &first[..first.find('\n').unwrap() / 2];
+        std::fs::write(&journal, format!("{first}{cut}")).unwrap();
+        let (limits, l) = loaded(&path).unwrap();
+        assert_eq!(limits, held(&[("b", 2), ("c", 3)]));
+        assert_eq!(l.torn, Some(format!("{}:3", journal.display())));
+
+        std::fs::write(&journal, format!("{cut}\n{first}")).unwrap();
+        let err = loaded(&path).unwrap_err();
+        assert!(
+            err.starts_with(&format!("{}:1: ", journal.display())),
+            "{err}"
+        );
+    }
+
+    /// More changes between two saves than are kept: the next save rewrites the file, with
+    /// every change in it.
+    #[test]
+    fn too_many_changes_at_once_rewrite_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limits.json");
+        let config = ConfigHandle::new(None);
+        config.runtime(RuntimeState::keep_changes);
+        let mut files = Files::new(&path);
+        let n = crate::config::runtime::state::UNSAVED_MAX as u64 + 1;
+        for i in 0..n {
+            put(&config, &format!("t{i}"), 1, i);
+        }
+        let (sequence, changes) = taken(&config);
+        assert!(changes.is_none(), "the changes overflowed");
+        assert_eq!(files.save(&config, (sequence, changes), false).unwrap(), n);
+        assert!(!journal_path(&path).exists() || files.journal_bytes == 0);
+        assert_eq!(loaded(&path).unwrap().0.len() as u64, n);
+        assert_eq!(
+            taken(&config).1,
+            Some(Vec::new()),
+            "kept again after the take"
         );
     }
 

@@ -42,6 +42,27 @@ pub struct RuntimeState {
     tombstones: FastMap<String, Replicated>,
     /// The number of removals remembered after the last pruning.
     pruned_at: usize,
+    /// The changes not yet taken by the one who saves them ([`RuntimeState::take_changes`]).
+    unsaved: std::sync::Mutex<Unsaved>,
+}
+
+/// The most changes kept for [`RuntimeState::take_changes`] between two takes; past it they
+/// are dropped, and the taker saves every limit instead.
+pub const UNSAVED_MAX: usize = 4096;
+
+/// The changes kept since the last take.
+#[derive(Debug, Default)]
+struct Unsaved {
+    keeping: bool,
+    overflowed: bool,
+    changes: Vec<Kept>,
+}
+
+/// One change kept: a limit as set (shared with the layer), or a removal.
+#[derive(Debug)]
+enum Kept {
+    Set(String, Arc<RuntimeLimit>),
+    Removed(Replicated),
 }
 
 /// How long a removal is remembered: a node that comes back after missing a removal for
@@ -75,6 +96,7 @@ impl RuntimeState {
             sequence: 0,
             tombstones: FastMap::default(),
             pruned_at: 0,
+            unsaved: std::sync::Mutex::default(),
         }
     }
 
@@ -170,6 +192,7 @@ impl RuntimeState {
         self.layers.insert(domain.to_owned(), layer);
         self.tombstones.remove(&path_key(domain, levels));
         self.sequence += 1;
+        self.keep(|| Kept::Set(domain.to_owned(), Arc::clone(&limit)));
         Ok((change_of(old), limit))
     }
 
@@ -222,14 +245,14 @@ impl RuntimeState {
         if layer.len() > 0 {
             self.layers.insert(domain.to_owned(), layer);
         }
-        if old.is_some() {
-            self.sequence += 1;
-        }
         old
     }
 
-    /// Remembers a removal, and forgets those older than [`TOMBSTONE_LIFE_US`] before it.
+    /// Remembers a removal (a change, with or without a limit removed), and forgets those
+    /// older than [`TOMBSTONE_LIFE_US`] before it.
     fn bury(&mut self, removal: Replicated) {
+        self.sequence += 1;
+        self.keep(|| Kept::Removed(removal.clone()));
         let horizon = removal.at_us.saturating_sub(TOMBSTONE_LIFE_US);
         self.tombstones.insert(removal.key(), removal);
         if self.tombstones.len() > self.pruned_at.saturating_mul(2).max(1024) {
@@ -276,6 +299,54 @@ impl RuntimeState {
                 Applied::Removed
             }
         }
+    }
+
+    /// Starts keeping every change for [`RuntimeState::take_changes`] (the runtime limits
+    /// file's journal).
+    pub fn keep_changes(&self) {
+        self.unsaved().keeping = true;
+    }
+
+    /// The changes made since the last take, in order; `None` when more than [`UNSAVED_MAX`]
+    /// came (then the taker saves every limit and removal instead).
+    pub fn take_changes(&self) -> Option<Vec<Replicated>> {
+        let mut unsaved = self.unsaved();
+        let changes = std::mem::take(&mut unsaved.changes);
+        if std::mem::take(&mut unsaved.overflowed) {
+            return None;
+        }
+        let changes = changes.into_iter().map(|kept| match kept {
+            Kept::Set(domain, limit) => Replicated::of(&domain, &limit),
+            Kept::Removed(removal) => removal,
+        });
+        Some(changes.collect())
+    }
+
+    fn unsaved(&self) -> std::sync::MutexGuard<'_, Unsaved> {
+        self.unsaved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn keep(&mut self, change: impl FnOnce() -> Kept) {
+        let unsaved = self
+            .unsaved
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !unsaved.keeping || unsaved.overflowed {
+            return;
+        }
+        if unsaved.changes.len() == UNSAVED_MAX {
+            unsaved.changes = Vec::new();
+            unsaved.overflowed = true;
+            return;
+        }
+        unsaved.changes.push(change());
+    }
+
+    /// The removals remembered, as changes.
+    pub fn removals(&self) -> Vec<Replicated> {
+        self.tombstones.values().cloned().collect()
     }
 
     /// Every limit and every remembered removal, as changes, sorted by [`Replicated::key`]:
