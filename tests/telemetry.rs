@@ -591,7 +591,7 @@ async fn statsd_receives_counter_increases_under_the_go_names() {
         .unwrap();
     let extra = Extra {
         config_load_success: 1,
-        limits: limit_table(&config().current().unwrap()),
+        limits: limit_table(&config().current().unwrap()).into(),
         ..Extra::default()
     };
     assert!(sink.flush(&stats, &extra).await.unwrap() > 0);

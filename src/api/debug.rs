@@ -17,12 +17,10 @@ use axum::response::IntoResponse;
 use axum::routing::{any, get, post};
 
 use super::bad_request::BadRequest;
-use crate::config::ConfigHandle;
 use crate::descriptor::Request;
 use crate::net::PortGuard;
 use crate::rlqs::QuotaService;
 use crate::service::{ServiceError, counter_json};
-use crate::telemetry::limits;
 use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{self, Extra, ListenerGauges, RlqsGauges};
 
@@ -245,7 +243,7 @@ async fn rlconfig(State(st): State<Arc<DebugState>>) -> String {
 impl DebugState {
     /// The numbers the exporters report from outside the stats registry.
     pub(crate) fn extra(&self) -> Extra {
-        let mut extra = telemetry_extra(&self.config, self.store.as_ref(), self.spans.as_deref());
+        let mut extra = telemetry_extra(self);
         extra.listeners = self.listeners.iter().map(|g| listener_gauges(g)).collect();
         extra.pending_request_bytes = self.budget.as_ref().map_or(0, |b| b.in_use() as u64);
         extra.rlqs = self.quota.as_deref().map(rlqs_gauges);
@@ -259,16 +257,14 @@ impl DebugState {
     }
 }
 
-fn telemetry_extra(
-    config: &ConfigHandle,
-    store: &dyn StoreGauges,
-    spans: Option<&SpanCounters>,
-) -> Extra {
-    let c = config.stats();
+fn telemetry_extra(st: &DebugState) -> Extra {
+    let (store, spans) = (st.store.as_ref(), st.spans.as_deref());
+    let c = st.config.stats();
     Extra {
-        limits: config
+        limits: st
+            .config
             .current()
-            .map(|cfg| limits::limit_table(&cfg))
+            .map(|cfg| st.limit_table.table(&cfg))
             .unwrap_or_default(),
         config_load_success: c.load_success.load(Ordering::Relaxed),
         config_load_error: c.load_error.load(Ordering::Relaxed),
@@ -464,7 +460,7 @@ mod tests {
         let yaml = "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
         let files = [("edge.yaml".to_string(), yaml.to_string())];
         let cfg = parse_files(&files, &LoadOptions::default()).expect("test config loads");
-        let config = ConfigHandle::new(Some(cfg));
+        let config = crate::config::ConfigHandle::new(Some(cfg));
         let clock = Arc::new(ManualClock::new(Timestamp::from_secs(2222)));
         let service = Arc::new(RateLimitService::new(
             config.clone(),
@@ -498,6 +494,7 @@ mod tests {
             hot: Arc::new(HotKeys::default()),
             clock,
             calls: Arc::default(),
+            limit_table: Arc::default(),
         }
     }
 

@@ -38,6 +38,8 @@ pub(crate) struct DebugState {
     pub calls: Arc<CallRate>,
     /// The runtime limits API (`/limits/...`).
     pub limits: Arc<super::limits::LimitsApi>,
+    /// The served config's limits as the exporters read them.
+    pub limit_table: Arc<crate::telemetry::limits::LimitTableCache>,
 }
 
 /// What `/debug/counters` reads and resets through: the service, whether a reset is allowed

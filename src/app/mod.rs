@@ -437,6 +437,7 @@ impl App {
             hot,
             clock: service.clock().clone(),
             calls: Arc::default(),
+            limit_table: Arc::default(),
         };
         let mut after_drain = vec![health.follow()];
         after_drain.extend(spawn_after_drain(

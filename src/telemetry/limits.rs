@@ -13,6 +13,7 @@
 //! highest of the blocks' utilisations at a steady rate).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::stats::{Entry, Source, Stats};
 use crate::config::RateLimitConfig;
@@ -49,6 +50,28 @@ impl LimitShape {
 
 /// The loaded config's limits (the unlimited left out), by full key.
 pub type LimitTable = HashMap<Box<str>, LimitShape>;
+
+/// [`limit_table`] of the config last asked about, kept while that config is served: at
+/// 100,000 limits the table takes tens of milliseconds to build, and every scrape and flush
+/// asks for it.
+#[derive(Debug, Default)]
+pub struct LimitTableCache(Mutex<Option<(Weak<RateLimitConfig>, Arc<LimitTable>)>>);
+
+impl LimitTableCache {
+    /// `config`'s table, built once per config.
+    pub fn table(&self, config: &Arc<RateLimitConfig>) -> Arc<LimitTable> {
+        let mut cached = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // The weak reference keeps the old config's allocation, so its address names it alone.
+        if let Some((of, table)) = cached.as_ref()
+            && std::ptr::eq(of.as_ptr(), Arc::as_ptr(config))
+        {
+            return Arc::clone(table);
+        }
+        let table = Arc::new(limit_table(config));
+        *cached = Some((Arc::downgrade(config), Arc::clone(&table)));
+        table
+    }
+}
 
 /// Every limited limit of `config`, each as its slowest block.
 pub fn limit_table(config: &RateLimitConfig) -> LimitTable {
@@ -244,6 +267,25 @@ descriptors:
           - {key: c, value: "1", rate_limit: {unit: minute, requests_per_unit: 10}}
           - {key: c, value: "2", rate_limit: {unit: minute, requests_per_unit: 20}}
 "#;
+
+    /// The table is built once per served config: the same config answers the same table,
+    /// a new one (a reload, a runtime limit) a new table of its own limits.
+    #[test]
+    fn the_table_is_built_once_per_config() {
+        let cache = LimitTableCache::default();
+        let first = Arc::new(config(CONFIG));
+        let table = cache.table(&first);
+        assert_eq!(*table, limit_table(&first));
+        assert!(Arc::ptr_eq(&table, &cache.table(&first)), "kept");
+        let second = Arc::new(config(
+            "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n",
+        ));
+        let other = cache.table(&second);
+        assert!(!Arc::ptr_eq(&table, &other));
+        assert_eq!(other.keys().collect::<Vec<_>>(), [&Box::<str>::from("d.k")]);
+        drop(first);
+        assert!(Arc::ptr_eq(&other, &cache.table(&second)));
+    }
 
     #[test]
     fn each_label_set_reports_its_configured_limit() {

@@ -32,7 +32,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 #[derive(Clone, Debug, Default)]
 pub struct Extra {
     /// The loaded config's limits, for the configured-limit gauges.
-    pub limits: LimitTable,
+    pub limits: std::sync::Arc<LimitTable>,
     pub config_load_success: u64,
     pub config_load_error: u64,
     pub memory: Option<MemoryGauges>,

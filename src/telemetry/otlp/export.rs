@@ -690,7 +690,7 @@ mod tests {
             one_counter: true,
         };
         let extra = Extra {
-            limits: [("d.tenant_a".into(), shape)].into_iter().collect(),
+            limits: std::sync::Arc::new([("d.tenant_a".into(), shape)].into_iter().collect()),
             ..Extra::default()
         };
         let r = metrics_request(&proto::Resource::default(), &stats, &extra, 1);
