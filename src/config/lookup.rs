@@ -56,11 +56,7 @@ impl RateLimitConfig {
     /// Every limit in force of every domain, runtime limits included (a YAML limit one takes
     /// the place of left out), in no particular order.
     pub fn limits(&self) -> impl Iterator<Item = &Limit> {
-        let mut out = Vec::new();
-        for d in self.domains.values() {
-            out.extend(d.key_paths().into_iter().map(|(_, l)| l));
-        }
-        out.into_iter()
+        self.domains.values().flat_map(Domain::limits)
     }
 
     /// The `/rlconfig` text: one line per limit, sorted by full key (Go prints map order; a
@@ -185,18 +181,39 @@ impl Domain {
     pub fn key_paths(&self) -> Vec<(Vec<&str>, &Limit)> {
         let mut out = Vec::new();
         self.root.collect_paths(&mut Vec::new(), &mut out);
+        self.in_force(
+            out,
+            |(_, l)| l,
+            |r| (r.levels.iter().map(|(k, _)| &**k).collect(), &r.limit),
+        )
+    }
+
+    /// Every limit in force in the domain: [`Domain::key_paths`] without the paths (at 100,000
+    /// limits, building those was most of the count the start-up log and the exporters take).
+    pub fn limits(&self) -> Vec<&Limit> {
+        let mut out = Vec::new();
+        self.root.collect_limits(&mut out);
+        self.in_force(out, |l| l, |r| &r.limit)
+    }
+
+    /// `yaml`, the YAML's limits, without those a runtime limit takes the place of, then the
+    /// runtime limits.
+    fn in_force<'a, T>(
+        &'a self,
+        mut yaml: Vec<T>,
+        limit: impl Fn(&T) -> &Limit,
+        runtime: impl Fn(&'a RuntimeLimit) -> T,
+    ) -> Vec<T> {
         if self.runtime.is_none() {
-            return out;
+            return yaml;
         }
         let replaced: std::collections::HashSet<&str> = self
             .runtime_limits()
             .map(|r| r.limit.full_key.as_str())
             .collect();
-        out.retain(|(_, l)| !replaced.contains(l.full_key.as_str()));
-        for r in self.runtime_limits() {
-            out.push((r.levels.iter().map(|(k, _)| &**k).collect(), &r.limit));
-        }
-        out
+        yaml.retain(|t| !replaced.contains(limit(t).full_key.as_str()));
+        yaml.extend(self.runtime_limits().map(|r| runtime(r)));
+        yaml
     }
 
     /// Go's `GetLimit` config-matching path (the per-request override is the service's job).
@@ -540,6 +557,13 @@ impl Level {
     }
 
     /// Every limit below this level with the keys on its path (`path` holds the levels above).
+    fn collect_limits<'a>(&'a self, out: &mut Vec<&'a Limit>) {
+        for n in &self.nodes {
+            out.extend(n.limit.as_deref());
+            n.children.collect_limits(out);
+        }
+    }
+
     fn collect_paths<'a>(
         &'a self,
         path: &mut Vec<&'a str>,
