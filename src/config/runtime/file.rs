@@ -7,29 +7,34 @@
 //! rewrite, and its journal ([`journal_path`], the same name with `.journal` after it) the
 //! changes since, appended. [`Saver`] appends each batch of changes (as many as came during
 //! the last write) and fsyncs it, then tells each change's caller it is on disk. When the
-//! journal outgrows the file (or [`JOURNAL_MIN_BYTES`], whichever is more), or a write failed,
+//! journal outgrows a quarter of the file (or [`JOURNAL_MIN_BYTES`], whichever is more), or a
+//! write failed,
 //! or too many changes came at once ([`super::state::UNSAVED_MAX`]), it rewrites the file
 //! instead: a temporary file beside it, fsync, rename over it, fsync of the directory, then the
-//! journal emptied. Loading reads the file and then the journal, each change applied only if
-//! it is later than what the path holds (its stamp), so a journal that a crash left behind a
-//! rewrite changes nothing it should not; a last journal line cut short by a crash (never
-//! answered as saved) is dropped with a warning.
+//! journal emptied. Loading reads the file and then the journal and applies each path's latest
+//! change (by its stamp, as replicas do), so a journal that a crash left behind a rewrite
+//! changes nothing it should not; a last journal line cut short by a crash (never answered as
+//! saved) is dropped with a warning.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::hash_map::Entry;
+
 use super::state::Applied;
 use super::{Replicated, RuntimeLimit, RuntimeState};
 use crate::config::ConfigHandle;
+use crate::config::lookup::FastMap;
 
 /// The largest file (and journal) read at start: far more than 1,000,000 limits take (about
 /// 150 bytes each).
 pub const MAX_FILE_BYTES: u64 = 1 << 30;
 
-/// The journal is folded into the file once it is larger than the file or this, whichever is
-/// more: a load reads at most about twice the file, and a change costs about two lines' writes.
+/// The journal is folded into the file once it is larger than a quarter of the file or this,
+/// whichever is more: a load at 100,000 limits reads at most about 1.25 times the file, and a
+/// change costs at most five lines' writes (its own, and a rewrite's share).
 pub const JOURNAL_MIN_BYTES: u64 = 4 << 20;
 
 /// The journal of the file at `path`: `path` with `.journal` after its name.
@@ -79,8 +84,26 @@ pub fn load(path: &Path, state: &mut RuntimeState) -> Result<Loaded, String> {
             }
         }
     }
-    for (at, change) in staged {
-        if let Applied::Refused(e) = state.apply(&change) {
+    // The later stamp wins in any order (`apply`), so only each path's latest change is
+    // applied: a path in the file and the journal is checked and compiled once.
+    let mut latest: FastMap<String, usize> = FastMap::default();
+    for (i, (_, change)) in staged.iter().enumerate() {
+        match latest.entry(change.key()) {
+            Entry::Vacant(e) => {
+                e.insert(i);
+            }
+            Entry::Occupied(mut e) => {
+                if change.stamp() >= staged[*e.get()].1.stamp() {
+                    e.insert(i);
+                }
+            }
+        }
+    }
+    let mut winners: Vec<usize> = latest.into_values().collect();
+    winners.sort_unstable();
+    for i in winners {
+        let (at, change) = &staged[i];
+        if let Applied::Refused(e) = state.apply(change) {
             return Err(format!("{at}: {e}"));
         }
     }
@@ -181,7 +204,7 @@ impl Files {
 
     /// Whether `more` bytes appended would make the journal outgrow the file.
     fn outgrown(&self, more: u64) -> bool {
-        self.journal_bytes + more > self.file_bytes.max(self.min_journal)
+        self.journal_bytes + more > (self.file_bytes / 4).max(self.min_journal)
     }
 
     /// Appends `text` to the journal and fsyncs it (and, when it made the journal, the
