@@ -61,11 +61,14 @@ pub struct Loaded {
 /// there. Start-up stops on either, naming the file and line.
 pub fn load(path: &Path, state: &mut RuntimeState) -> Result<Loaded, String> {
     let journal = journal_path(path);
+    let files = [path, journal.as_path()];
+    // Where a line is, named only for an error: which file, which line.
+    let at = |(file, i): (usize, usize)| format!("{}:{}", files[file].display(), i + 1);
     let mut loaded = Loaded::default();
     let mut staged = Vec::new();
-    for (file, is_journal) in [(path, false), (journal.as_path(), true)] {
-        let Some(text) = read(file)? else { continue };
-        let at = |i: usize| format!("{}:{}", file.display(), i + 1);
+    for (file, name) in files.iter().enumerate() {
+        let Some(text) = read(name)? else { continue };
+        let is_journal = file == 1;
         let lines: Vec<_> = text.lines().enumerate().collect();
         for &(i, line) in &lines {
             if line.trim().is_empty() {
@@ -74,18 +77,33 @@ pub fn load(path: &Path, state: &mut RuntimeState) -> Result<Loaded, String> {
             match serde_json::from_str::<Replicated>(line) {
                 Ok(change) => {
                     loaded.journaled += usize::from(is_journal);
-                    staged.push((at(i), change));
+                    staged.push(((file, i), change));
                 }
                 // Cut short by a crash: the last line, with no newline after it.
                 Err(_) if is_journal && i + 1 == lines.len() && !text.ends_with('\n') => {
-                    loaded.torn = Some(at(i));
+                    loaded.torn = Some(at((file, i)));
                 }
-                Err(e) => return Err(format!("{}: {e}", at(i))),
+                Err(e) => return Err(format!("{}: {e}", at((file, i)))),
             }
         }
     }
-    // The later stamp wins in any order (`apply`), so only each path's latest change is
-    // applied: a path in the file and the journal is checked and compiled once.
+    for i in latest_of_each_path(&staged, loaded.journaled > 0) {
+        let (line, change) = &staged[i];
+        if let Applied::Refused(e) = state.apply(change) {
+            return Err(format!("{}: {e}", at(*line)));
+        }
+    }
+    loaded.limits = state.len();
+    Ok(loaded)
+}
+
+/// The changes to apply, in their order: the later stamp wins in any order (`apply`), so only
+/// each path's latest change, and a path in the file and the journal is checked and compiled
+/// once. Without a journal, all of them: the file holds each path once.
+fn latest_of_each_path<W>(staged: &[(W, Replicated)], journaled: bool) -> Vec<usize> {
+    if !journaled {
+        return (0..staged.len()).collect();
+    }
     let mut latest: FastMap<String, usize> = FastMap::default();
     for (i, (_, change)) in staged.iter().enumerate() {
         match latest.entry(change.key()) {
@@ -101,14 +119,7 @@ pub fn load(path: &Path, state: &mut RuntimeState) -> Result<Loaded, String> {
     }
     let mut winners: Vec<usize> = latest.into_values().collect();
     winners.sort_unstable();
-    for i in winners {
-        let (at, change) = &staged[i];
-        if let Applied::Refused(e) = state.apply(change) {
-            return Err(format!("{at}: {e}"));
-        }
-    }
-    loaded.limits = state.len();
-    Ok(loaded)
+    winners
 }
 
 fn read(path: &Path) -> Result<Option<String>, String> {
