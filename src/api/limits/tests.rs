@@ -28,7 +28,9 @@ struct Fixture {
     dir: tempfile::TempDir,
 }
 
-fn fixture_with(max: usize, sinks: Vec<Arc<dyn Sink>>) -> Fixture {
+/// The API over [`YAML`], holding at most `max` runtime limits, its changes given to the sinks
+/// `sinks` makes for the config.
+fn fixture_with(max: usize, sinks: impl FnOnce(&ConfigHandle) -> Vec<Arc<dyn Sink>>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, TOKENS).unwrap();
@@ -48,7 +50,7 @@ fn fixture_with(max: usize, sinks: Vec<Arc<dyn Sink>>) -> Fixture {
         3,
         clock,
         service,
-        sinks,
+        sinks(&config),
         Arc::from("n1"),
     );
     Fixture {
@@ -59,7 +61,7 @@ fn fixture_with(max: usize, sinks: Vec<Arc<dyn Sink>>) -> Fixture {
 }
 
 fn fixture() -> Fixture {
-    fixture_with(100, Vec::new())
+    fixture_with(100, |_| Vec::new())
 }
 
 const OPS: Option<&str> = Some("Bearer s3cr3t");
@@ -378,7 +380,7 @@ async fn every_refusal_says_what_is_wrong() {
 
 #[tokio::test]
 async fn past_the_cap_a_new_path_is_507_and_a_change_still_applies() {
-    let f = fixture_with(1, Vec::new());
+    let f = fixture_with(1, |_| Vec::new());
     let body = r#"{"unit":"minute","requests_per_unit":2}"#;
     assert_eq!(
         call(&f, "PUT", "/limits/edge/k=a", OPS, body).await.0,
@@ -533,7 +535,7 @@ impl Sink for Unsaved {
 
 #[tokio::test]
 async fn a_change_that_cannot_be_saved_is_503_and_says_so() {
-    let f = fixture_with(10, vec![Arc::new(Unsaved)]);
+    let f = fixture_with(10, |_| vec![Arc::new(Unsaved)]);
     let (status, got) = call(
         &f,
         "PUT",
@@ -553,21 +555,13 @@ async fn a_change_that_cannot_be_saved_is_503_and_says_so() {
 async fn with_a_limits_file_a_change_is_answered_once_saved() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("runtime-limits.json");
-    let f0 = fixture();
-    let (saver, task) = crate::config::runtime::file::Saver::spawn(f0.config.clone(), path.clone());
-    let f = Fixture {
-        api: Arc::new(LimitsApi::new(
-            f0.config.clone(),
-            AdminAuth::from_file(f0.dir.path().join("tokens")).unwrap(),
-            3,
-            Arc::new(ManualClock::new(Timestamp::from_secs(0))),
-            Arc::clone(&f0.api.explainer),
-            vec![saver],
-            Arc::from("n1"),
-        )),
-        config: f0.config.clone(),
-        dir: f0.dir,
-    };
+    let mut task = None;
+    let f = fixture_with(100, |config| {
+        let (saver, saving) =
+            crate::config::runtime::file::Saver::spawn(config.clone(), path.clone());
+        task = Some(saving);
+        vec![saver]
+    });
     let (status, _) = call(
         &f,
         "PUT",
@@ -580,7 +574,7 @@ async fn with_a_limits_file_a_change_is_answered_once_saved() {
     assert_saved(
         &path,
         &[
-            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"},\"at_us\":0,\"origin\":\"n1\"}",
+            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"},\"at_us\":1795764309000000,\"origin\":\"n1\"}",
         ],
     );
     assert_eq!(
@@ -590,11 +584,11 @@ async fn with_a_limits_file_a_change_is_answered_once_saved() {
     assert_saved(
         &path,
         &[
-            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"},\"at_us\":0,\"origin\":\"n1\"}",
-            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":null,\"at_us\":1,\"origin\":\"n1\"}",
+            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":{\"requests_per_unit\":1,\"unit\":\"minute\"},\"at_us\":1795764309000000,\"origin\":\"n1\"}",
+            "{\"domain\":\"edge\",\"levels\":[[\"k\",\"v\"]],\"limit\":null,\"at_us\":1795764309000001,\"origin\":\"n1\"}",
         ],
     );
-    task.abort();
+    task.unwrap().abort();
 }
 
 /// What is on disk: the file's lines (none yet here: a change is appended to its journal), then
