@@ -263,7 +263,7 @@ fn log_serving(settings: &Settings, config: &ConfigHandle, listeners: &Listeners
     };
     let (domains, limits) = config
         .current()
-        .map_or((0, 0), |c| (c.domain_count(), c.limits().count()));
+        .map_or((0, 0), |c| (c.domain_count(), c.limit_count()));
     let store = match (&settings.app.backend, &settings.app.cluster) {
         (sluice::app::Backend::Redis(_), _) => "redis",
         (sluice::app::Backend::Memcache(_), _) => "memcache",

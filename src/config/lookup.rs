@@ -59,6 +59,11 @@ impl RateLimitConfig {
         self.domains.values().flat_map(Domain::limits)
     }
 
+    /// How many limits are in force, all domains together.
+    pub fn limit_count(&self) -> usize {
+        self.domains.values().map(Domain::limit_count).sum()
+    }
+
     /// The `/rlconfig` text: one line per limit, sorted by full key (Go prints map order; a
     /// sorted dump is stable to diff):
     /// `<fullkey>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>, quota_mode: <bool>`.
@@ -183,7 +188,7 @@ impl Domain {
         self.root.collect_paths(&mut Vec::new(), &mut out);
         self.in_force(
             out,
-            |(_, l)| l,
+            |(_, l)| *l,
             |r| (r.levels.iter().map(|(k, _)| &**k).collect(), &r.limit),
         )
     }
@@ -193,7 +198,7 @@ impl Domain {
     pub fn limits(&self) -> Vec<&Limit> {
         let mut out = Vec::new();
         self.root.collect_limits(&mut out);
-        self.in_force(out, |l| l, |r| &r.limit)
+        self.in_force(out, |l| *l, |r| &r.limit)
     }
 
     /// `yaml`, the YAML's limits, without those a runtime limit takes the place of, then the
@@ -201,19 +206,46 @@ impl Domain {
     fn in_force<'a, T>(
         &'a self,
         mut yaml: Vec<T>,
-        limit: impl Fn(&T) -> &Limit,
+        limit: impl Fn(&T) -> &'a Limit,
         runtime: impl Fn(&'a RuntimeLimit) -> T,
     ) -> Vec<T> {
         if self.runtime.is_none() {
             return yaml;
         }
-        let replaced: std::collections::HashSet<&str> = self
-            .runtime_limits()
-            .map(|r| r.limit.full_key.as_str())
-            .collect();
-        yaml.retain(|t| !replaced.contains(limit(t).full_key.as_str()));
+        let replaced = self.replaced(yaml.iter().map(|t| limit(t).full_key.as_str()));
+        if !replaced.is_empty() {
+            yaml.retain(|t| !replaced.contains_key(limit(t).full_key.as_str()));
+        }
         yaml.extend(self.runtime_limits().map(|r| runtime(r)));
         yaml
+    }
+
+    /// How many limits are in force: [`Domain::limits`]'s count, without the list.
+    pub fn limit_count(&self) -> usize {
+        let mut yaml = Vec::new();
+        self.root.collect_limits(&mut yaml);
+        let Some(layer) = &self.runtime else {
+            return yaml.len();
+        };
+        let replaced = self.replaced(yaml.iter().map(|l| l.full_key.as_str()));
+        yaml.len() - replaced.len() + layer.len()
+    }
+
+    /// Of the YAML's limits' full keys, those a runtime limit takes the place of: a map as
+    /// large as the YAML's limits, however many runtime limits there are.
+    fn replaced<'k>(&self, yaml: impl Iterator<Item = &'k str>) -> FastMap<&'k str, ()> {
+        let mut keys: FastMap<&str, bool> = yaml.map(|k| (k, false)).collect();
+        if !keys.is_empty() {
+            for r in self.runtime_limits() {
+                if let Some(hit) = keys.get_mut(r.limit.full_key.as_str()) {
+                    *hit = true;
+                }
+            }
+        }
+        keys.into_iter()
+            .filter(|(_, hit)| *hit)
+            .map(|(k, _)| (k, ()))
+            .collect()
     }
 
     /// Go's `GetLimit` config-matching path (the per-request override is the service's job).

@@ -97,6 +97,9 @@ pub fn load(path: &Path, state: &mut RuntimeState) -> Result<Loaded, String> {
     Ok(loaded)
 }
 
+/// A change's domain and levels, borrowed: what names its path.
+type PathOf<'a> = (&'a str, &'a [(String, Option<String>)]);
+
 /// The changes to apply, in their order: the later stamp wins in any order (`apply`), so only
 /// each path's latest change, and a path in the file and the journal is checked and compiled
 /// once. Without a journal, all of them: the file holds each path once.
@@ -104,9 +107,9 @@ fn latest_of_each_path<W>(staged: &[(W, Replicated)], journaled: bool) -> Vec<us
     if !journaled {
         return (0..staged.len()).collect();
     }
-    let mut latest: FastMap<String, usize> = FastMap::default();
+    let mut latest: FastMap<PathOf<'_>, usize> = FastMap::default();
     for (i, (_, change)) in staged.iter().enumerate() {
-        match latest.entry(change.key()) {
+        match latest.entry((change.domain.as_str(), change.levels.as_slice())) {
             Entry::Vacant(e) => {
                 e.insert(i);
             }

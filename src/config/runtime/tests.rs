@@ -146,6 +146,12 @@ fn a_runtime_limit_takes_precedence_at_its_path_and_adds_paths_the_yaml_lacks() 
             && !dump.contains("d.tenant_acme: unit=MINUTE requests_per_unit=10,"),
         "{dump}"
     );
+    // Counted as listed: the replaced YAML limits (`tenant=acme`, `region`) left out.
+    let cfg = h.current().unwrap();
+    let yaml_limits = yaml().limit_count();
+    assert_eq!(cfg.limit_count(), yaml_limits - 2 + 4);
+    assert_eq!(cfg.limit_count(), cfg.limits().count());
+    assert_eq!(cfg.limit_count(), dump.lines().count());
 }
 
 #[test]
