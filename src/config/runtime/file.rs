@@ -8,20 +8,18 @@
 //! changes since, appended. [`Saver`] appends each batch of changes (as many as came during
 //! the last write) and fsyncs it, then tells each change's caller it is on disk. When the
 //! journal outgrows an eighth of the file (or [`JOURNAL_MIN_BYTES`], whichever is more), or a
-//! write failed,
-//! or too many changes came at once ([`super::state::UNSAVED_MAX`]), it rewrites the file
-//! instead: a temporary file beside it, fsync, rename over it, fsync of the directory, then the
+//! write failed, or too many changes came at once ([`super::state::UNSAVED_MAX`]), it rewrites
+//! the file instead: a temporary file beside it, fsync, rename over it, fsync of the directory, then the
 //! journal emptied. Loading reads the file and then the journal and applies each path's latest
 //! change (by its stamp, as replicas do), so a journal that a crash left behind a rewrite
 //! changes nothing it should not; a last journal line cut short by a crash (never answered as
 //! saved) is dropped with a warning.
 
+use std::collections::hash_map::Entry;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::collections::hash_map::Entry;
 
 use super::state::Applied;
 use super::{Replicated, RuntimeLimit, RuntimeState};
@@ -325,7 +323,8 @@ impl Saver {
     async fn run(self: Arc<Self>, config: ConfigHandle) {
         let mut changes = config.changes();
         let mut files = Files::new(&self.path);
-        // A journal left from before is already loaded: fold it into the file first.
+        // A journal left from before is already loaded: fold it into the file first (which
+        // also drops a last line cut short, that an append would otherwise run on from).
         let mut rewrite = files.journal_bytes > 0;
         loop {
             let taken = config.runtime(|s| (s.sequence(), s.take_changes()));
