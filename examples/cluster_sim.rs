@@ -8,6 +8,7 @@
 //! cargo run --release --example cluster_sim -- --seed 7  # another seed
 //! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
 //! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
+//! cargo run --release --example cluster_sim -- --only regions # one limit across regions ([`regions`])
 //! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
@@ -59,6 +60,8 @@ mod burst;
 mod global;
 #[path = "cluster_sim/lease.rs"]
 mod lease;
+#[path = "cluster_sim/regions.rs"]
+mod regions;
 #[path = "cluster_sim/report.rs"]
 mod report;
 

@@ -75,8 +75,8 @@ impl Options {
 
 /// Every section, in order: `main` (every mode, per-second limits), `sweep` (lease mode's
 /// settings), `rate` (peer calls at two request rates), `minute` (per-minute limits),
-/// `variants` (changes to lease mode's glue), `burst` (lease mode under bursts) and `ring`
-/// (keys moved).
+/// `variants` (changes to lease mode's glue), `burst` (lease mode under bursts), `regions`
+/// (one limit across regions) and `ring` (keys moved).
 pub(super) fn run(o: &Options) {
     let w = Workload::new(RATE, Unit::Second);
     println!(
@@ -104,6 +104,7 @@ pub(super) fn run(o: &Options) {
     timed("minute", &|| minute(o));
     timed("variants", &|| variant_table(o, &w));
     timed("burst", &|| super::burst::table(o.seed));
+    timed("regions", &|| super::regions::table(o.seed, o.quick));
     timed("ring", &|| ring_table(&w));
     match o.only.as_deref() {
         Some("one") => one(o),

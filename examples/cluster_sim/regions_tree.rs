@@ -1,0 +1,265 @@
+//! The tree's middle level: a region owner asks the root for each key's capacity on behalf of
+//! its nodes' summed demand, and hands its nodes at most what the root granted.
+
+use sluice::cluster::lease::{Ask, Grant};
+use sluice::limiter::{Quota, Unit};
+
+use super::{
+    CROSS_TIMEOUT_US, Ev, REGIONS, ROOT_LEASE_US, ROOT_RENEW_US, RootCall, Sim, ts, window,
+};
+
+impl Sim<'_> {
+    /// What region `r` may hand out of `key` in window `win` at `now`: the root's grant for
+    /// that window; with none, its last grant while that lease holds (the root unreachable),
+    /// then the safe capacity, the limit over the regions. A key the root never granted has
+    /// nothing until the root answers.
+    fn region_capacity(&self, r: usize, key: u32, win: u64, now: u64) -> u64 {
+        let owner = &self.regions[r];
+        if let Some(&c) = owner.root_caps.get(&(key, win)) {
+            return c;
+        }
+        match owner.last_root.get(&key) {
+            Some(&(allowance, until)) if now < until => allowance,
+            Some(_) => u64::from(self.k.limits[key as usize]) / REGIONS as u64,
+            None => 0,
+        }
+    }
+
+    /// Caps the region owner's grant `g` to `node` at what the root granted the region less
+    /// what the region's other nodes hold, window by window, and records what the node holds.
+    pub(super) fn within_root_grant(
+        &mut self,
+        r: usize,
+        node: usize,
+        key: usize,
+        ask: &Ask,
+        g: Grant,
+        now: u64,
+    ) -> Grant {
+        let key = key as u32;
+        self.regions[r].active.insert(key, now);
+        let reported = ask.keep.max(ask.used);
+        self.regions[r]
+            .handed
+            .entry((key, ask.epoch))
+            .or_default()
+            .insert(node, (reported, ask.used));
+        let allowance = self.hand_out(r, node, key, g.epoch, g.allowance, now);
+        let next_allowance = g
+            .next_allowance
+            .map(|a| self.hand_out(r, node, key, g.epoch + 1, a, now));
+        let cold = !self.regions[r].last_root.contains_key(&key);
+        if cold && ask.want > 0 && allowance <= reported {
+            // A key the root never granted the region: ask it now rather than at the next
+            // renewal. A key it did grant waits for the renewal (at most 200 ms), so the calls
+            // to the root do not grow with the requests.
+            self.root_acquire(r, key, ask.want, now);
+        }
+        Grant {
+            allowance,
+            next_allowance,
+            fair: g.fair.map(|f| f.min(allowance)),
+            ..g
+        }
+    }
+
+    /// Raises `node`'s allowance of `key` in window `win` toward `wanted`, within what the
+    /// region may hand out: the allowance it holds afterwards.
+    fn hand_out(
+        &mut self,
+        r: usize,
+        node: usize,
+        key: u32,
+        win: u64,
+        wanted: u64,
+        now: u64,
+    ) -> u64 {
+        let capacity = self.region_capacity(r, key, win, now);
+        let held = self.regions[r].handed.entry((key, win)).or_default();
+        let mine = held.get(&node).map_or(0, |h| h.0);
+        let others: u64 = held
+            .iter()
+            .filter(|&(&n, _)| n != node)
+            .map(|(_, h)| h.0)
+            .sum();
+        let allowance = wanted.min(capacity.saturating_sub(others)).max(mine);
+        let used = held.get(&node).map_or(0, |h| h.1);
+        held.insert(node, (allowance, used));
+        allowance
+    }
+
+    /// What region `r` reports to the root about `key` in the window at `now`, and lowers its
+    /// own record to: what its nodes hold, plus their demand until the next renewal, within
+    /// the root's fair part.
+    fn region_ask(&mut self, r: usize, key: u32, want: u64, now: u64) -> Option<Ask> {
+        let win = window(now);
+        let limit = self.k.limits[key as usize];
+        let owner = &self.regions[r];
+        let (held, used) = owner.handed.get(&(key, win)).map_or((0, 0), |h| {
+            h.values().fold((0, 0), |a, v| (a.0 + v.0, a.1 + v.1))
+        });
+        // Attempted demand travels up: the sum of the nodes' demands.
+        let name = &self.k.names[key as usize];
+        let demand_milli: u64 = owner
+            .server
+            .holders(name, ts(now))
+            .iter()
+            .filter(|h| h.epoch == win && h.expires_in_ms > 0)
+            .map(|h| h.demand_milli)
+            .sum();
+        let granted = owner.root_caps.get(&(key, win)).copied().unwrap_or(0);
+        if demand_milli == 0 && granted == 0 && held == 0 && want == 0 {
+            return None;
+        }
+        let need = demand_milli * 2 * ROOT_RENEW_US / 1_000_000_000;
+        let fair = owner
+            .root_fair
+            .get(&(key, win))
+            .copied()
+            .unwrap_or(u64::MAX);
+        let keep = granted.min(held.max(used + need)).min(fair.max(held));
+        if granted > 0 {
+            self.regions[r].root_caps.insert((key, win), keep);
+        }
+        Some(Ask {
+            quota: Quota::fixed(limit, Unit::Second),
+            epoch: win,
+            used,
+            keep,
+            want,
+            demand_milli,
+        })
+    }
+
+    /// Region `r`'s renewal round at the root: one call carrying every key its nodes asked
+    /// about within a root lease duration.
+    pub(super) fn region_renew(&mut self, r: usize, now: u64) {
+        self.regions[r].round_at = now;
+        let owner = &self.regions[r];
+        let keys: Vec<u32> = owner
+            .active
+            .keys()
+            .filter(|k| !owner.acquiring.contains_key(k))
+            .copied()
+            .collect();
+        let mut asks = Vec::new();
+        for key in keys {
+            if let Some(ask) = self.region_ask(r, key, 0, now) {
+                asks.push((key, ask));
+            }
+        }
+        if asks.is_empty() {
+            self.next_region_round(r, now);
+            return;
+        }
+        self.regions[r].outstanding += 1;
+        self.send_root_call(r, asks, false, now);
+    }
+
+    /// Region `r` asks the root for `want` more of `key` at once.
+    fn root_acquire(&mut self, r: usize, key: u32, want: u64, now: u64) {
+        if self.regions[r].acquiring.contains_key(&key) {
+            return;
+        }
+        let Some(ask) = self.region_ask(r, key, want, now) else {
+            return;
+        };
+        self.regions[r].acquiring.insert(key, ());
+        self.send_root_call(r, vec![(key, ask)], true, now);
+    }
+
+    fn send_root_call(&mut self, r: usize, asks: Vec<(u32, Ask)>, acquire: bool, now: u64) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.out.cross_calls[r] += 1;
+        if !self.s.root_down(now) && self.s.reaches(r, 0, now) {
+            let at = now + self.latency(r, 0);
+            self.push(at, Ev::RootCallArrives { id });
+        } else {
+            self.push(now + CROSS_TIMEOUT_US, Ev::RootCallFailed { id });
+        }
+        let call = RootCall {
+            region: r,
+            sent: now,
+            acquire,
+            asks,
+            grants: Vec::new(),
+        };
+        self.root_calls.insert(id, call);
+    }
+
+    pub(super) fn root_call_arrives(&mut self, id: u32, now: u64) {
+        let Some(call) = self.root_calls.get(&id) else {
+            return;
+        };
+        let r = call.region;
+        if self.s.root_down(now) || !self.s.reaches(r, 0, now) {
+            let at = (call.sent + CROSS_TIMEOUT_US).max(now);
+            self.push(at, Ev::RootCallFailed { id });
+            return;
+        }
+        let region = &self.regions[r].name;
+        let grants = call
+            .asks
+            .iter()
+            .map(|(key, ask)| {
+                let name = &self.k.names[*key as usize];
+                let changed = ts(self.root_started);
+                self.root
+                    .answer(region, name, ask, ts(now), changed, REGIONS)
+            })
+            .collect();
+        if let Some(c) = self.root_calls.get_mut(&id) {
+            c.grants = grants;
+        }
+        let at = now + self.latency(0, r);
+        self.push(at, Ev::RootCallAnswered { id });
+    }
+
+    pub(super) fn root_call_answered(&mut self, id: u32, now: u64) {
+        let Some(call) = self.root_calls.remove(&id) else {
+            return;
+        };
+        let owner = &mut self.regions[call.region];
+        for ((key, _), g) in call.asks.iter().zip(&call.grants) {
+            let caps = &mut owner.root_caps;
+            caps.insert((*key, g.epoch), g.allowance);
+            if let Some(f) = g.fair {
+                owner.root_fair.insert((*key, g.epoch), f);
+            }
+            let mut last = g.allowance;
+            if let Some(a) = g.next_allowance {
+                let next = caps.entry((*key, g.epoch + 1)).or_default();
+                *next = (*next).max(a);
+                last = a;
+            }
+            owner.last_root.insert(*key, (last, now + ROOT_LEASE_US));
+        }
+        self.root_call_done(call.region, &call, now);
+    }
+
+    pub(super) fn root_call_failed(&mut self, id: u32, now: u64) {
+        // The region keeps what it holds: `region_capacity` decides what it may hand out.
+        if let Some(call) = self.root_calls.remove(&id) {
+            self.root_call_done(call.region, &call, now);
+        }
+    }
+
+    fn root_call_done(&mut self, r: usize, call: &RootCall, now: u64) {
+        if call.acquire {
+            for (key, _) in &call.asks {
+                self.regions[r].acquiring.remove(key);
+            }
+            return;
+        }
+        self.regions[r].outstanding -= 1;
+        if self.regions[r].outstanding == 0 {
+            self.next_region_round(r, now);
+        }
+    }
+
+    fn next_region_round(&mut self, r: usize, now: u64) {
+        let at = (self.regions[r].round_at + ROOT_RENEW_US).max(now);
+        self.push(at, Ev::RegionRenew { region: r as u8 });
+    }
+}
