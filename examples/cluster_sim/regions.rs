@@ -228,6 +228,9 @@ struct RegionOwner {
     handed: HashMap<(u32, u64), BTreeMap<usize, (u64, u64)>>,
     /// key -> the last time a node asked about it.
     active: BTreeMap<u32, u64>,
+    /// Whether the region's last call to the root failed: only then does it use its last
+    /// grant in a window the root did not grant, and then the safe capacity.
+    root_unreachable: bool,
     /// Keys with an acquire at the root under way.
     acquiring: HashMap<u32, ()>,
     round_at: u64,
@@ -406,6 +409,7 @@ impl<'k> Sim<'k> {
                 last_root: HashMap::new(),
                 handed: HashMap::new(),
                 active: BTreeMap::new(),
+                root_unreachable: false,
                 acquiring: HashMap::new(),
                 round_at: 0,
                 outstanding: 0,

@@ -49,6 +49,26 @@ pub(crate) fn table(seed: u64, quick: bool) {
     runs.push((Topology::Tree, 4.0 * RATE, out));
     summary(&k, s, &runs);
     phases(&k, s, &runs[..TOPOLOGIES.len()]);
+    classes(&k, s, &runs[..TOPOLOGIES.len()]);
+}
+
+/// Steady windows by the key's limit.
+fn classes(k: &Keys, s: Script, runs: &[(Topology, f64, Outcome)]) {
+    println!(
+        "\n| topology | steady windows, limit | windows | admitted/limit mean | p99 | max | \
+         utilisation mean | p5 |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (topo, _, out) in runs {
+        for limit in [1000, 100, 10] {
+            let r = ratios_of(k, s, out, |p, l| p == Phase::Steady && l == limit);
+            let (mean, p99, max, util, p5) = stats(&r);
+            println!(
+                "| {} | {limit} | {} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | {p5:.2} |",
+                topo.name(),
+                r.len()
+            );
+        }
+    }
 }
 
 fn summary(k: &Keys, s: Script, runs: &[(Topology, f64, Outcome)]) {
@@ -101,6 +121,11 @@ fn phases(k: &Keys, s: Script, runs: &[(Topology, f64, Outcome)]) {
 /// Sorted admitted/limit of the whole windows offered at least their limit, in the phases
 /// `keep` takes.
 fn ratios(k: &Keys, s: Script, out: &Outcome, keep: impl Fn(Phase) -> bool) -> Vec<f64> {
+    ratios_of(k, s, out, |p, _| keep(p))
+}
+
+/// [`ratios`], `keep` taking the phase and the key's limit.
+fn ratios_of(k: &Keys, s: Script, out: &Outcome, keep: impl Fn(Phase, u32) -> bool) -> Vec<f64> {
     let first = window(0);
     let mut r: Vec<f64> = out
         .windows
@@ -109,7 +134,7 @@ fn ratios(k: &Keys, s: Script, out: &Outcome, keep: impl Fn(Phase) -> bool) -> V
             let limit = k.limits[key as usize];
             let start = (win * 1_000_000).checked_sub(EPOCH_US)?;
             let whole = win > first && start + 1_000_000 <= s.end;
-            (whole && offered >= limit && keep(s.phase(start)))
+            (whole && offered >= limit && keep(s.phase(start), limit))
                 .then(|| f64::from(admitted) / f64::from(limit))
         })
         .collect();

@@ -10,18 +10,21 @@ use super::{
 
 impl Sim<'_> {
     /// What region `r` may hand out of `key` in window `win` at `now`: the root's grant for
-    /// that window; with none, its last grant while that lease holds (the root unreachable),
-    /// then the safe capacity, the limit over the regions. A key the root never granted has
-    /// nothing until the root answers.
+    /// that window. With none: while the root answers, nothing until it does (its grant for
+    /// the next window comes ahead, in the last renewals of this one); once a call to it
+    /// failed, the region's last grant while that lease holds, then the safe capacity, the
+    /// limit over the regions.
     fn region_capacity(&self, r: usize, key: u32, win: u64, now: u64) -> u64 {
         let owner = &self.regions[r];
         if let Some(&c) = owner.root_caps.get(&(key, win)) {
             return c;
         }
+        if !owner.root_unreachable {
+            return 0;
+        }
         match owner.last_root.get(&key) {
             Some(&(allowance, until)) if now < until => allowance,
-            Some(_) => u64::from(self.k.limits[key as usize]) / REGIONS as u64,
-            None => 0,
+            _ => u64::from(self.k.limits[key as usize]) / REGIONS as u64,
         }
     }
 
@@ -221,6 +224,7 @@ impl Sim<'_> {
             return;
         };
         let owner = &mut self.regions[call.region];
+        owner.root_unreachable = false;
         for ((key, _), g) in call.asks.iter().zip(&call.grants) {
             let caps = &mut owner.root_caps;
             caps.insert((*key, g.epoch), g.allowance);
@@ -241,6 +245,7 @@ impl Sim<'_> {
     pub(super) fn root_call_failed(&mut self, id: u32, now: u64) {
         // The region keeps what it holds: `region_capacity` decides what it may hand out.
         if let Some(call) = self.root_calls.remove(&id) {
+            self.regions[call.region].root_unreachable = true;
             self.root_call_done(call.region, &call, now);
         }
     }
