@@ -22,11 +22,31 @@
 //! the region's other nodes hold (tracked here from grants and reports). A node's next
 //! renewal (`keep`) lowers the server's record to what the node really holds.
 //!
-//! Failures: the root lost for a minute (a region keeps its last grant for a root lease
-//! duration, then uses the safe capacity, the limit over the regions; the root restarts
-//! empty and rebuilds from the regions' reports, capped at an equal share for a lease
-//! duration), and region 2 cut off from the others (the same on its side; the root's record of
-//! it expires). The whole model: `docs` of issue 39.
+//! Failures: the root lost for a minute (once a call to the root fails, a region keeps its
+//! last grant for a root lease duration, then uses the safe capacity, the limit over the
+//! regions; the root restarts empty and rebuilds from the regions' reports, capped at an equal
+//! share for a lease duration: the library's rebuild, not Doorman's learning mode), and region
+//! 2 cut off from the others (the same on its side; the root's record of it expires, so a
+//! window admits up to the limit plus the safe capacity).
+//!
+//! What the library needs for the real tree (issue 39, points 1 to 3), as this model shows:
+//!
+//! - `LeaseServer::answer` with a capacity apart from the quota: the parent's grant for the
+//!   current window and the one granted ahead for the next, used where `answer_window` and
+//!   `grant_ahead` take `quota.requests_per_unit` now (the quota stays the configured limit,
+//!   so the key is not started again), never below what is held. Here [`tree`] caps the
+//!   server's grants after the fact, so its fair split still divides the whole limit.
+//! - The owner's side toward its parent, a `Held` for a whole cluster: what the parent
+//!   granted per window, its fair part, the lease's end, one call under way, and a renewal
+//!   whose `keep` is what the cluster's holders hold plus their demand until the next grant,
+//!   within the fair part; with the holders' summed `used` and attempted demand from the
+//!   server (here summed from `LeaseServer::holders`, a debug path that allocates).
+//! - A horizon that covers the round trip to the parent: `LeaseTiming::horizon_us` is two
+//!   renewal intervals, which assumes a round trip far shorter than one; across regions it is
+//!   100 to 300 ms (the root renewing every 100 ms did worse than every 200 ms).
+//! - The safe capacity and the parent-unreachable state (`region_capacity` in [`tree`]), and
+//!   the parent's holder named after the child cluster, not the node that owns the key there,
+//!   so that a ring change in the child does not make a new holder at the parent.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};

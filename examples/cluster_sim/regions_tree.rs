@@ -5,7 +5,8 @@ use sluice::cluster::lease::{Ask, Grant};
 use sluice::limiter::{Quota, Unit};
 
 use super::{
-    CROSS_TIMEOUT_US, Ev, REGIONS, ROOT_LEASE_US, ROOT_RENEW_US, RootCall, Sim, ts, window,
+    CROSS_TIMEOUT_US, CROSS_US, Ev, REGIONS, ROOT_LEASE_US, ROOT_RENEW_US, RootCall, Sim, ts,
+    window,
 };
 
 impl Sim<'_> {
@@ -114,7 +115,10 @@ impl Sim<'_> {
         if demand_milli == 0 && granted == 0 && held == 0 && want == 0 {
             return None;
         }
-        let need = demand_milli * 2 * ROOT_RENEW_US / 1_000_000_000;
+        // The need until the next grant arrives: the root's horizon (two renewal intervals)
+        // plus a cross-region round trip, which unlike a round trip inside a cluster is no
+        // small part of the interval.
+        let need = demand_milli * (2 * ROOT_RENEW_US + 2 * CROSS_US.1) / 1_000_000_000;
         let fair = owner
             .root_fair
             .get(&(key, win))
