@@ -121,12 +121,12 @@ impl Script {
         let s = |secs: f64| (secs * 1e6) as u64;
         if quick {
             Script {
-                end: s(150.0),
-                moved: s(20.3),
-                root_lost: s(40.7),
-                root_back: s(100.7),
-                cut: s(115.4),
-                healed: s(135.4),
+                end: s(128.0),
+                moved: s(15.3),
+                root_lost: s(30.7),
+                root_back: s(90.7),
+                cut: s(100.4),
+                healed: s(120.4),
             }
         } else {
             Script {
@@ -135,7 +135,7 @@ impl Script {
                 root_lost: s(120.7),
                 root_back: s(180.7),
                 cut: s(220.4),
-                healed: s(260.4),
+                healed: s(240.4),
             }
         }
     }

@@ -38,6 +38,13 @@ pub(crate) fn table(seed: u64, quick: bool) {
         secs(s.healed),
         secs(s.end),
     );
+    let (offered, fair) = key0_after(&k, RATE);
+    println!(
+        "Key 0 (limit {}) after the move: offered {offered:?} per second by region, max-min \
+         fair parts {fair:?}; the static split holds {} per region.\n",
+        k.limits[0],
+        k.limits[0] / REGIONS as u32
+    );
     let mut runs = Vec::new();
     for topo in TOPOLOGIES {
         let start = sluice::clock::instant();
@@ -163,8 +170,7 @@ fn stats(sorted: &[f64]) -> (f64, f64, f64, f64, f64) {
 /// before the root is lost). Counted within windows: a sum over any second would straddle
 /// two windows' allowances.
 fn move_time(k: &Keys, s: Script, out: &Outcome, rate: f64) -> Option<u64> {
-    let offered = WEIGHTS_AFTER.map(|w| (rate * k.share(0) * w) as u64);
-    let fair = max_min_fair(u64::from(k.limits[0]), &offered)[TO];
+    let fair = key0_after(k, rate).1[TO];
     let per_window = (1_000_000 / BIN_US) as usize;
     let first = (s.moved / BIN_US) as usize;
     let last = (s.root_lost / BIN_US) as usize;
@@ -180,6 +186,14 @@ fn move_time(k: &Keys, s: Script, out: &Outcome, rate: f64) -> Option<u64> {
         }
     }
     None
+}
+
+/// Key 0's offered rate per region after the move, and the regions' max-min fair parts of
+/// its limit.
+fn key0_after(k: &Keys, rate: f64) -> ([u64; REGIONS], Vec<u64>) {
+    let offered = WEIGHTS_AFTER.map(|w| (rate * k.share(0) * w) as u64);
+    let fair = max_min_fair(u64::from(k.limits[0]), &offered);
+    (offered, fair)
 }
 
 /// Max-min fair parts of `capacity` for `demands` (Doorman's rule; the library's own is
