@@ -71,7 +71,8 @@ const CROSS_US: (u64, u64) = (50_000, 150_000);
 const CROSS_TIMEOUT_US: u64 = 1_000_000;
 const NODE_RENEW_US: u64 = 100_000;
 const NODE_LEASE_US: u64 = 1_000_000;
-/// The region owners renew at the root half as often as the nodes renew at their owners.
+/// The region owners renew at the root half as often as the nodes renew at their owners
+/// (the section also runs the tree at other intervals).
 const ROOT_RENEW_US: u64 = 200_000;
 const ROOT_LEASE_US: u64 = 2_000_000;
 /// How often a node probes an owner it marked down (`src/cluster/mod.rs`).
@@ -357,6 +358,8 @@ struct Sim<'k> {
     regions: Vec<RegionOwner>,
     root: LeaseServer,
     root_started: u64,
+    /// How often the region owners renew at the root.
+    root_renew_us: u64,
     stand_ins: Vec<Option<LeaseServer>>,
     node_calls: HashMap<u32, NodeCall>,
     root_calls: HashMap<u32, RootCall>,
@@ -448,6 +451,7 @@ impl<'k> Sim<'k> {
             regions,
             root: LeaseServer::new(root_timing),
             root_started: 0,
+            root_renew_us: ROOT_RENEW_US,
             stand_ins: (0..REGIONS).map(|_| None).collect(),
             node_calls: HashMap::new(),
             root_calls: HashMap::new(),
@@ -456,6 +460,23 @@ impl<'k> Sim<'k> {
                 bins: vec![[0; REGIONS]; (s.end / BIN_US) as usize + 1],
                 ..Outcome::default()
             },
+        }
+    }
+
+    /// The tree with the region owners renewing at the root every `us`.
+    fn root_renewing(self, us: u64) -> Self {
+        Sim {
+            root_renew_us: us,
+            root: LeaseServer::new(timing(us, ROOT_LEASE_US)),
+            ..self
+        }
+    }
+
+    /// The root's timing: a flat cluster's owner renews as its nodes do.
+    fn root_timing(&self) -> LeaseTiming {
+        match self.topo {
+            Topology::Flat => timing(NODE_RENEW_US, NODE_LEASE_US),
+            _ => timing(self.root_renew_us, ROOT_LEASE_US),
         }
     }
 
@@ -489,7 +510,7 @@ impl<'k> Sim<'k> {
         }
         if self.topo == Topology::Tree {
             for r in 0..REGIONS {
-                let at = self.rng.range(0, ROOT_RENEW_US - 1);
+                let at = self.rng.range(0, self.root_renew_us - 1);
                 self.push(at, Ev::RegionRenew { region: r as u8 });
             }
         }
@@ -527,11 +548,7 @@ impl<'k> Sim<'k> {
             Ev::Sweep => self.sweep(now),
             Ev::RootBack => {
                 // The root restarts with empty memory: it rebuilds from its holders' reports.
-                let t = match self.topo {
-                    Topology::Flat => timing(NODE_RENEW_US, NODE_LEASE_US),
-                    _ => timing(ROOT_RENEW_US, ROOT_LEASE_US),
-                };
-                self.root = LeaseServer::new(t);
+                self.root = LeaseServer::new(self.root_timing());
                 self.root_started = now;
                 self.push(now + PROBE_US, Ev::Healed);
             }

@@ -57,6 +57,32 @@ pub(crate) fn table(seed: u64, quick: bool) {
     summary(&k, s, &runs);
     phases(&k, s, &runs[..TOPOLOGIES.len()]);
     classes(&k, s, &runs[..TOPOLOGIES.len()]);
+    if !quick {
+        intervals(&k, s, seed);
+    }
+}
+
+/// The tree with the region owners renewing at the root at other intervals.
+fn intervals(k: &Keys, s: Script, seed: u64) {
+    println!(
+        "\n| tree, region owners renew at the root every | admitted/limit mean | p99 | max | \
+         utilisation mean | steady utilisation | cross-region calls/s, region 0 | key 0 moves |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---|"
+    );
+    for ms in [100, 200, 400] {
+        let out = Sim::new(Topology::Tree, k, s, RATE, seed)
+            .root_renewing(ms * 1000)
+            .run();
+        let (mean, p99, max, util, _) = stats(&ratios(k, s, &out, |_| true));
+        let steady = stats(&ratios(k, s, &out, |p| p == Phase::Steady)).3;
+        let moved = move_time(k, s, &out, RATE)
+            .map_or_else(|| "never".into(), |t| format!("{:.1} s", t as f64 / 1e6));
+        println!(
+            "| {ms} ms | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | {steady:.3} | {:.1} | \
+             {moved} |",
+            out.cross_calls[0] as f64 / (s.end as f64 / 1e6)
+        );
+    }
 }
 
 /// Steady windows by the key's limit.

@@ -4,10 +4,7 @@
 use sluice::cluster::lease::{Ask, Grant};
 use sluice::limiter::{Quota, Unit};
 
-use super::{
-    CROSS_TIMEOUT_US, CROSS_US, Ev, REGIONS, ROOT_LEASE_US, ROOT_RENEW_US, RootCall, Sim, ts,
-    window,
-};
+use super::{CROSS_TIMEOUT_US, CROSS_US, Ev, REGIONS, ROOT_LEASE_US, RootCall, Sim, ts, window};
 
 impl Sim<'_> {
     /// What region `r` may hand out of `key` in window `win` at `now`: the root's grant for
@@ -118,7 +115,7 @@ impl Sim<'_> {
         // The need until the next grant arrives: the root's horizon (two renewal intervals)
         // plus a cross-region round trip, which unlike a round trip inside a cluster is no
         // small part of the interval.
-        let need = demand_milli * (2 * ROOT_RENEW_US + 2 * CROSS_US.1) / 1_000_000_000;
+        let need = demand_milli * (2 * self.root_renew_us + 2 * CROSS_US.1) / 1_000_000_000;
         let fair = owner
             .root_fair
             .get(&(key, win))
@@ -268,7 +265,7 @@ impl Sim<'_> {
     }
 
     fn next_region_round(&mut self, r: usize, now: u64) {
-        let at = (self.regions[r].round_at + ROOT_RENEW_US).max(now);
+        let at = (self.regions[r].round_at + self.root_renew_us).max(now);
         self.push(at, Ev::RegionRenew { region: r as u8 });
     }
 }
