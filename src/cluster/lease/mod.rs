@@ -38,7 +38,7 @@ use tokio::sync::Notify;
 
 use crate::limiter::{Algorithm, Decision, Quota};
 use client::{Held, Local};
-pub use server::{Ask, Grant, HolderView, LeaseServer, LeaseTiming};
+pub use server::{Ask, Capacity, Grant, HolderView, LeaseServer, LeaseTiming};
 pub use wire::MAX_LEASE_ASKS;
 
 /// One key this node holds: its lease, and a wake-up for the hits waiting on a call about it.

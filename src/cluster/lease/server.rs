@@ -24,6 +24,12 @@
 //! charged until the window ends (it may have used it) but no longer counts for the split;
 //! a bucket share is freed when its lease expires, since the node stops using it then.
 //!
+//! **Capacity.** A window's capacity is the key's limit, unless the owner says less
+//! ([`LeaseServer::answer_within`]): a cluster below a parent (issue 39's tree) hands out what
+//! the parent granted it for the window, and for the next one when it grants ahead. The fair
+//! share then divides that, and the quota stays the limit, so a parent's changing grant does
+//! not start the key again.
+//!
 //! **Rebuild.** A key this node starts serving within a lease duration of a ring change (its own
 //! start, a peer lost or added) may still be held by nodes under leases from another owner. Until
 //! the lease duration has passed, every node's allowance is capped at an equal share of the limit
@@ -89,6 +95,21 @@ pub struct Grant {
     /// False when this server does not lease the key (its table is full): the node forwards
     /// the key's hits instead.
     pub leased: bool,
+}
+
+/// What a key's owner may hand out of it per window, when that is less than its limit: a
+/// cluster below a parent in a tree of lease servers hands out the parent's grant. The quota
+/// stays the configured limit (a changed quota starts the key again; a changed capacity does
+/// not). `None` is the quota's limit, and so is anything above it. A capacity below what the
+/// holders already hold takes nothing back: it grants nothing new until they give some back at
+/// their renewals, which the fair parts ask them to. Buckets lease shares of the whole and
+/// take no capacity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capacity {
+    /// For the window containing the ask.
+    pub current: Option<u64>,
+    /// For the window after it, granted ahead in the last renewals of the current one.
+    pub next: Option<u64>,
 }
 
 /// The lease server's timing: the renewal interval, the lease duration, and its table bound.
@@ -264,6 +285,7 @@ struct GrantContext<'a> {
     timing: &'a LeaseTiming,
     /// Whether the server may keep another record (a new holder).
     room: bool,
+    capacity: Capacity,
 }
 
 /// A lease server's table: one entry per key it leases.
@@ -330,6 +352,26 @@ impl LeaseServer {
         last_change: Timestamp,
         live: usize,
     ) -> Grant {
+        let all = Capacity::default();
+        self.answer_within(node, key, ask, all, now, last_change, live)
+    }
+
+    /// [`Self::answer`], handing out at most `capacity` of the key in each window (a tree's
+    /// child cluster: what its parent granted it).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "`answer`'s arguments and the capacity; bundling them would only rename them"
+    )]
+    pub fn answer_within(
+        &self,
+        node: &str,
+        key: &str,
+        ask: &Ask,
+        capacity: Capacity,
+        now: Timestamp,
+        last_change: Timestamp,
+        live: usize,
+    ) -> Grant {
         let now_us = now.micros();
         let room = self.bytes.load(Ordering::Relaxed) < self.timing.max_bytes;
         let entry = match self.keys.get(key) {
@@ -370,6 +412,7 @@ impl LeaseServer {
             live: u64::try_from(live.max(1)).unwrap_or(u64::MAX),
             timing: &self.timing,
             room,
+            capacity,
         };
         let before = leases.holder_bytes();
         let grant = leases.answer(ask, &ctx);
@@ -551,10 +594,15 @@ impl KeyLeases {
         }
     }
 
-    /// The capacity of the current window at `now_us`: the limit, less (sliding window) the
-    /// previous window's allowances weighted by the part of it the sliding window still covers.
-    fn window_capacity(&self, now_us: u64) -> u64 {
+    /// What may be held in a window given the owner's `capacity` for it: the limit, or less.
+    fn limit_within(&self, capacity: Option<u64>) -> u64 {
         let limit = u64::from(self.quota.requests_per_unit);
+        capacity.map_or(limit, |c| c.min(limit))
+    }
+
+    /// The capacity of the current window at `now_us`: `limit`, less (sliding window) the
+    /// previous window's allowances weighted by the part of it the sliding window still covers.
+    fn window_capacity(&self, now_us: u64, limit: u64) -> u64 {
         if self.quota.algorithm != Algorithm::SlidingWindow {
             return limit;
         }
@@ -569,7 +617,7 @@ impl KeyLeases {
         let index = self.current.index;
         let horizon = ctx.timing.horizon_us();
         let left_us = window_left_us(&self.quota, ctx.now_us);
-        let limit = u64::from(self.quota.requests_per_unit);
+        let limit = self.limit_within(ctx.capacity.current);
         // A sliding window's grants ahead count against what is left of this one: at the next
         // window's start the estimate is this window's count plus the next one's.
         let ahead = match (&self.next, self.quota.algorithm) {
@@ -577,7 +625,7 @@ impl KeyLeases {
             _ => 0,
         };
         let capacity = self
-            .window_capacity(ctx.now_us)
+            .window_capacity(ctx.now_us, limit)
             .min(limit.saturating_sub(ahead));
         let cap = self.rebuild_cap(ctx, capacity);
         // A report about another window (a clock a little ahead or behind) still renews the
@@ -637,11 +685,11 @@ impl KeyLeases {
     }
 
     /// The node's allowance in the window after `index`, granted ahead. A fixed window's next
-    /// capacity is its limit; a sliding window's is what this window's allowances leave of it
+    /// capacity is its limit (or the owner's capacity for it); a sliding window's is what this window's allowances leave of it
     /// (its estimate at the next start is this window's count plus the next one's), and this
     /// window's later grants count against the grants ahead, so the two never pass the limit.
     fn grant_ahead(&mut self, ask: &Ask, ctx: &GrantContext<'_>, index: u64) -> u64 {
-        let limit = u64::from(self.quota.requests_per_unit);
+        let limit = self.limit_within(ctx.capacity.next);
         let capacity = match self.quota.algorithm {
             Algorithm::SlidingWindow => limit.saturating_sub(self.current.allowances()),
             _ => limit,

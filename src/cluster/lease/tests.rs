@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use proptest::prelude::*;
 
 use super::client::{Held, Local};
-use super::server::{Ask, LeaseServer, LeaseTiming, PPM};
+use super::server::{Ask, Capacity, LeaseServer, LeaseTiming, PPM};
 use crate::clock::Timestamp;
 use crate::limiter::{Algorithm, Quota, Unit};
 
@@ -52,6 +52,8 @@ struct Cluster {
     lose: bool,
     /// Acquires sent.
     acquires: u64,
+    /// What the owner may hand out per window (a tree's child: its parent's grant).
+    capacity: Capacity,
 }
 
 impl Cluster {
@@ -64,6 +66,7 @@ impl Cluster {
             admitted: HashMap::new(),
             lose: false,
             acquires: 0,
+            capacity: Capacity::default(),
         }
     }
 
@@ -72,10 +75,11 @@ impl Cluster {
     }
 
     fn ask(&mut self, node: usize, ask: &Ask, now: u64) {
-        let grant = self.server.answer(
+        let grant = self.server.answer_within(
             &Self::node_name(node),
             "k",
             ask,
+            self.capacity,
             Timestamp::from_micros(now),
             Timestamp::from_micros(self.last_change),
             self.held.len(),
@@ -797,4 +801,116 @@ fn what_a_node_admitted_alone_is_reported_as_used_in_its_window() {
         .renewal(next_window, 2, &timing)
         .expect("a ring change is reported");
     assert_eq!(ask.used, 0);
+}
+
+/// What the server holds of the key in window `epoch`, over every holder.
+fn held_in(server: &LeaseServer, epoch: u64, now: u64) -> u64 {
+    let holders = server.holders("k", Timestamp::from_micros(now));
+    holders
+        .iter()
+        .filter(|h| h.epoch == epoch)
+        .map(|h| h.allowance)
+        .sum()
+}
+
+#[test]
+fn with_no_capacity_set_an_owner_grants_as_it_did() {
+    // The same asks to `answer` and to `answer_within` with no capacity, or one above the
+    // limit: acquires and renewals over windows, grants ahead in the last renewals of each.
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Second, 0);
+    let servers = [
+        LeaseServer::new(TIMING),
+        LeaseServer::new(TIMING),
+        LeaseServer::new(TIMING),
+    ];
+    let capacities = [
+        Capacity::default(),
+        Capacity {
+            current: Some(1000),
+            next: Some(100),
+        },
+    ];
+    for step in 0..300u64 {
+        let now = T0 + step * 35_000;
+        let node = format!("n{}", step % 3);
+        let ask = Ask {
+            epoch: super::server::epoch_of(&q, now),
+            want: step % 7,
+            demand_milli: (step % 3 + 1) * 40_000,
+            ..first_ask(q, 0, 0)
+        };
+        let (at, changed) = (Timestamp::from_micros(now), Timestamp::from_micros(0));
+        let before = servers[0].answer(&node, "k", &ask, at, changed, 3);
+        for (server, capacity) in servers[1..].iter().zip(capacities) {
+            let within = server.answer_within(&node, "k", &ask, capacity, at, changed, 3);
+            assert_eq!(within, before, "step {step}, {capacity:?}");
+        }
+    }
+}
+
+#[test]
+fn a_capacity_below_the_limit_is_divided_by_demand_and_never_passed() {
+    // A limit of 1,000/s of which the owner may hand out 300 (its parent's grant): node 0 is
+    // asked 500/s, node 1 100/s. Node 1 gets all it asks (max-min), node 0 the rest of the
+    // 300, not of the 1,000.
+    let q = quota(Algorithm::FixedWindow, 1000, Unit::Second, 0);
+    let mut c = Cluster::new(2, q);
+    c.capacity = Capacity {
+        current: Some(300),
+        next: Some(300),
+    };
+    let (mut a, mut b) = (0, 0);
+    for step in 0..1000u64 {
+        let now = T0 + step * 10_000;
+        if step % 10 == 0 {
+            c.renew_all(now);
+        }
+        for _ in 0..5 {
+            a += u64::from(c.hit(0, now));
+        }
+        b += u64::from(c.hit(1, now));
+        let epoch = now / S;
+        assert!(held_in(&c.server, epoch, now) <= 300, "held at {step}");
+        assert!(held_in(&c.server, epoch + 1, now) <= 300, "ahead at {step}");
+    }
+    assert!(c.admitted.values().all(|&w| w <= 300), "{:?}", c.admitted);
+    assert!(b >= 900, "the small demand is met: {b} of 1000");
+    assert!(a + b >= 2800, "the capacity is used: {} of 3000", a + b);
+}
+
+#[test]
+fn a_capacity_raised_within_a_window_lets_the_holders_grow_at_their_next_renewal() {
+    // Two nodes asked 500/s each against a capacity of 100 of a limit of 1,000; halfway
+    // through a window the parent grants 400: within a renewal the nodes hold more, and the
+    // window admits more than 100 and at most 400.
+    let q = quota(Algorithm::FixedWindow, 1000, Unit::Second, 0);
+    let mut c = Cluster::new(2, q);
+    c.capacity = Capacity {
+        current: Some(100),
+        next: Some(100),
+    };
+    let start = T0 + 2 * S;
+    for step in 0..300u64 {
+        let now = T0 + step * 10_000;
+        if now == start + S / 2 {
+            let before = held_in(&c.server, now / S, now);
+            assert!(before <= 100, "{before} held under a capacity of 100");
+            c.capacity.current = Some(400);
+        }
+        if now == start + S / 2 + 100_000 {
+            let after = held_in(&c.server, now / S, now);
+            assert!(after > 200, "{after} held a renewal after the raise");
+        }
+        if step % 10 == 0 {
+            c.renew_all(now);
+        }
+        for n in 0..2 {
+            for _ in 0..5 {
+                c.hit(n, now);
+            }
+        }
+    }
+    let raised = c.admitted[&(start / S)];
+    assert!((300..=400).contains(&raised), "the raised window: {raised}");
+    assert!(c.admitted[&(start / S - 1)] <= 100);
 }
