@@ -6,7 +6,7 @@
 //!   [`LeaseServer`] per region) asks the root for the key's capacity on behalf of its holders'
 //!   summed attempted demand (`LeaseServer::holders`), every 200 ms (the nodes renew every
 //!   100 ms: Doorman's intervals halve toward the leaves), and hands out at most what the root
-//!   granted. The root sees the region owners as its holders: max-min fair share on their
+//!   granted (`LeaseServer::answer_within`). The root sees the region owners as its holders: max-min fair share on their
 //!   demand is what moves capacity between regions.
 //! - **static**: each region's owner leases a third of the limit, with no root.
 //! - **flat**: one lease cluster of 9 nodes whose key owner is in region 0; the other regions'
@@ -14,13 +14,11 @@
 //!   owner on the ring (in region 1); a region cut off moves to an owner inside it, as a
 //!   partitioned Sluice cluster does.
 //!
-//! The library today takes a key's capacity from its quota, and a quota that changes starts
-//! the key again, so a region owner cannot yet be a [`LeaseServer`] whose capacity is its
-//! parent's grant. The example models it: the region owner's server runs under the key's
-//! quota (so its fair share, records and grants ahead are the library's), and every grant it
-//! passes to a node is capped at what the root granted the region for that window less what
-//! the region's other nodes hold (tracked here from grants and reports). A node's next
-//! renewal (`keep`) lowers the server's record to what the node really holds.
+//! The region owner's server runs under the key's quota (the configured limit) with the
+//! root's grant for the window, and the one for the next window, as its `Capacity`: its fair
+//! share divides what the root granted the region among the region's nodes by their demand,
+//! and it never grants past it. The example tracks what each node holds (from grants and
+//! reports) for what the region reports to the root.
 //!
 //! Failures: the root lost for a minute (once a call to the root fails, a region keeps its
 //! last grant for a root lease duration, then uses the safe capacity, the limit over the
@@ -31,11 +29,8 @@
 //!
 //! What the library needs for the real tree (issue 39, points 1 to 3), as this model shows:
 //!
-//! - `LeaseServer::answer` with a capacity apart from the quota: the parent's grant for the
-//!   current window and the one granted ahead for the next, used where `answer_window` and
-//!   `grant_ahead` take `quota.requests_per_unit` now (the quota stays the configured limit,
-//!   so the key is not started again), never below what is held. Here [`tree`] caps the
-//!   server's grants after the fact, so its fair split still divides the whole limit.
+//! - (Done: `LeaseServer::answer_within` and `Capacity`, a window's capacity apart from the
+//!   quota, which the region owner here uses.)
 //! - The owner's side toward its parent, a `Held` for a whole cluster: what the parent
 //!   granted per window, its fair part, the lease's end, one call under way, and a renewal
 //!   whose `keep` is what the cluster's holders hold plus their demand until the next grant,
@@ -748,15 +743,13 @@ impl<'k> Sim<'k> {
         let name = &self.k.names[key];
         let node_name = &self.nodes[node].name;
         match target {
+            Target::Region(r) if self.topo == Topology::Tree => {
+                self.region_answer(r, node, key, ask, now)
+            }
             Target::Region(r) => {
-                let g = self.regions[r]
+                self.regions[r]
                     .server
-                    .answer(node_name, name, ask, ts(now), ts(0), NODES);
-                if self.topo == Topology::Tree {
-                    self.within_root_grant(r, node, key, ask, g, now)
-                } else {
-                    g
-                }
+                    .answer(node_name, name, ask, ts(now), ts(0), NODES)
             }
             Target::Root => {
                 let changed = self.root_started;

@@ -1,10 +1,13 @@
 //! The tree's middle level: a region owner asks the root for each key's capacity on behalf of
-//! its nodes' summed demand, and hands its nodes at most what the root granted.
+//! its nodes' summed demand, and its server hands its nodes at most what the root granted
+//! (`LeaseServer::answer_within`), divided by their demand.
 
-use sluice::cluster::lease::{Ask, Grant};
+use sluice::cluster::lease::{Ask, Capacity, Grant};
 use sluice::limiter::{Quota, Unit};
 
-use super::{CROSS_TIMEOUT_US, CROSS_US, Ev, REGIONS, ROOT_LEASE_US, RootCall, Sim, ts, window};
+use super::{
+    CROSS_TIMEOUT_US, CROSS_US, Ev, NODES, REGIONS, ROOT_LEASE_US, RootCall, Sim, ts, window,
+};
 
 impl Sim<'_> {
     /// What region `r` may hand out of `key` in window `win` at `now`: the root's grant for
@@ -26,67 +29,59 @@ impl Sim<'_> {
         }
     }
 
-    /// Caps the region owner's grant `g` to `node` at what the root granted the region less
-    /// what the region's other nodes hold, window by window, and records what the node holds.
-    pub(super) fn within_root_grant(
+    /// Region `r`'s owner answers `node`'s ask about `key` at `now`, handing out at most what
+    /// the root granted the region for this window and the next (the library's
+    /// [`Capacity`]), and records what the node holds.
+    pub(super) fn region_answer(
         &mut self,
         r: usize,
         node: usize,
         key: usize,
         ask: &Ask,
-        g: Grant,
         now: u64,
     ) -> Grant {
-        let key = key as u32;
-        self.regions[r].active.insert(key, now);
+        let win = window(now);
+        let k = key as u32;
+        let capacity = Capacity {
+            current: Some(self.region_capacity(r, k, win, now)),
+            next: Some(self.region_capacity(r, k, win + 1, now)),
+        };
+        let owner = &mut self.regions[r];
+        let g = owner.server.answer_within(
+            &self.nodes[node].name,
+            &self.k.names[key],
+            ask,
+            capacity,
+            ts(now),
+            ts(0),
+            NODES,
+        );
+        owner.active.insert(k, now);
         let reported = ask.keep.max(ask.used);
-        self.regions[r]
+        owner
             .handed
-            .entry((key, ask.epoch))
+            .entry((k, ask.epoch))
             .or_default()
             .insert(node, (reported, ask.used));
-        let allowance = self.hand_out(r, node, key, g.epoch, g.allowance, now);
-        let next_allowance = g
-            .next_allowance
-            .map(|a| self.hand_out(r, node, key, g.epoch + 1, a, now));
-        let cold = !self.regions[r].last_root.contains_key(&key);
-        if cold && ask.want > 0 && allowance <= reported {
+        self.record_held(r, node, k, g.epoch, g.allowance);
+        if let Some(a) = g.next_allowance {
+            self.record_held(r, node, k, g.epoch + 1, a);
+        }
+        let cold = !self.regions[r].last_root.contains_key(&k);
+        if cold && ask.want > 0 && g.allowance <= reported {
             // A key the root never granted the region: ask it now rather than at the next
             // renewal. A key it did grant waits for the renewal (at most 200 ms), so the calls
             // to the root do not grow with the requests.
-            self.root_acquire(r, key, ask.want, now);
+            self.root_acquire(r, k, ask.want, now);
         }
-        Grant {
-            allowance,
-            next_allowance,
-            fair: g.fair.map(|f| f.min(allowance)),
-            ..g
-        }
+        g
     }
 
-    /// Raises `node`'s allowance of `key` in window `win` toward `wanted`, within what the
-    /// region may hand out: the allowance it holds afterwards.
-    fn hand_out(
-        &mut self,
-        r: usize,
-        node: usize,
-        key: u32,
-        win: u64,
-        wanted: u64,
-        now: u64,
-    ) -> u64 {
-        let capacity = self.region_capacity(r, key, win, now);
+    /// Records that `node` holds `allowance` of `key` in window `win`.
+    fn record_held(&mut self, r: usize, node: usize, key: u32, win: u64, allowance: u64) {
         let held = self.regions[r].handed.entry((key, win)).or_default();
-        let mine = held.get(&node).map_or(0, |h| h.0);
-        let others: u64 = held
-            .iter()
-            .filter(|&(&n, _)| n != node)
-            .map(|(_, h)| h.0)
-            .sum();
-        let allowance = wanted.min(capacity.saturating_sub(others)).max(mine);
         let used = held.get(&node).map_or(0, |h| h.1);
         held.insert(node, (allowance, used));
-        allowance
     }
 
     /// What region `r` reports to the root about `key` in the window at `now`, and lowers its
