@@ -30,7 +30,9 @@
 //! What the library needs for the real tree (issue 39, points 1 to 3), as this model shows:
 //!
 //! - (Done: `LeaseServer::answer_within` and `Capacity`, a window's capacity apart from the
-//!   quota, which the region owner here uses.)
+//!   quota, which the region owner here uses. It moved the tree's utilisation from 0.796 to
+//!   0.803 only: the gap is in the limits of 10 (0.81; 100: 0.965, 1000: 0.996), which hold
+//!   most of the windows counted.)
 //! - The owner's side toward its parent, a `Held` for a whole cluster: what the parent
 //!   granted per window, its fair part, the lease's end, one call under way, and a renewal
 //!   whose `keep` is what the cluster's holders hold plus their demand until the next grant,
