@@ -16,6 +16,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FastSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// The result of matching one request descriptor against a domain.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,7 +62,7 @@ impl RateLimitConfig {
 
     /// How many limits are in force, all domains together.
     pub fn limit_count(&self) -> usize {
-        self.domains.values().map(Domain::limit_count).sum()
+        self.domains.values().map(|d| d.limits().len()).sum()
     }
 
     /// The `/rlconfig` text: one line per limit, sorted by full key (Go prints map order; a
@@ -212,40 +213,18 @@ impl Domain {
         if self.runtime.is_none() {
             return yaml;
         }
-        let replaced = self.replaced(yaml.iter().map(|t| limit(t).full_key.as_str()));
+        // The YAML's full keys a runtime limit takes the place of, found through a set as
+        // large as the YAML's limits, however many runtime limits there are.
+        let keys: FastSet<&str> = yaml.iter().map(|t| limit(t).full_key.as_str()).collect();
+        let replaced: FastSet<&str> = self
+            .runtime_limits()
+            .filter_map(|r| keys.get(r.limit.full_key.as_str()).copied())
+            .collect();
         if !replaced.is_empty() {
-            yaml.retain(|t| !replaced.contains_key(limit(t).full_key.as_str()));
+            yaml.retain(|t| !replaced.contains(limit(t).full_key.as_str()));
         }
         yaml.extend(self.runtime_limits().map(|r| runtime(r)));
         yaml
-    }
-
-    /// How many limits are in force: [`Domain::limits`]'s count, without the list.
-    pub fn limit_count(&self) -> usize {
-        let mut yaml = Vec::new();
-        self.root.collect_limits(&mut yaml);
-        let Some(layer) = &self.runtime else {
-            return yaml.len();
-        };
-        let replaced = self.replaced(yaml.iter().map(|l| l.full_key.as_str()));
-        yaml.len() - replaced.len() + layer.len()
-    }
-
-    /// Of the YAML's limits' full keys, those a runtime limit takes the place of: a map as
-    /// large as the YAML's limits, however many runtime limits there are.
-    fn replaced<'k>(&self, yaml: impl Iterator<Item = &'k str>) -> FastMap<&'k str, ()> {
-        let mut keys: FastMap<&str, bool> = yaml.map(|k| (k, false)).collect();
-        if !keys.is_empty() {
-            for r in self.runtime_limits() {
-                if let Some(hit) = keys.get_mut(r.limit.full_key.as_str()) {
-                    *hit = true;
-                }
-            }
-        }
-        keys.into_iter()
-            .filter(|(_, hit)| *hit)
-            .map(|(k, _)| (k, ()))
-            .collect()
     }
 
     /// Go's `GetLimit` config-matching path (the per-request override is the service's job).

@@ -42,7 +42,9 @@ pub struct RuntimeState {
     tombstones: FastMap<String, Replicated>,
     /// The number of removals remembered after the last pruning.
     pruned_at: usize,
-    /// The changes not yet taken by the one who saves them ([`RuntimeState::take_changes`]).
+    /// The changes not yet taken by the one who saves them ([`RuntimeState::take_changes`]):
+    /// behind a lock of their own because the saver takes them through a shared reference
+    /// (`ConfigHandle::runtime`), which composes no new served config, as a change would.
     unsaved: std::sync::Mutex<Unsaved>,
 }
 
