@@ -261,6 +261,7 @@ fn lease_client(c: &mut Criterion) {
                 fair: None,
                 valid_us: 3_600_000_000,
                 others: 0,
+                holders: 1,
                 leased: true,
             };
             slot.answer(Some(&grant), now.micros());

@@ -65,6 +65,7 @@ fn main() {
         keep: 0,
         want: 1,
         demand_milli: 1_000,
+        horizon_us: 0,
     };
     let names: Vec<String> = (0..holders)
         .map(|h| format!("10.244.{h}.17:8082"))

@@ -127,6 +127,7 @@ impl Sim<'_> {
             keep,
             want,
             demand_milli,
+            horizon_us: 0,
         })
     }
 

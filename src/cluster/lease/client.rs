@@ -343,6 +343,7 @@ impl Held {
             keep: self.allowance,
             want: 0,
             demand_milli: self.demand_milli,
+            horizon_us: 0,
         }
     }
 

@@ -27,6 +27,7 @@
 //! sweep).
 
 pub(crate) mod client;
+pub mod parent;
 pub(crate) mod server;
 mod wire;
 
@@ -38,7 +39,7 @@ use tokio::sync::Notify;
 
 use crate::limiter::{Algorithm, Decision, Quota};
 use client::{Held, Local};
-pub use server::{Ask, Capacity, Grant, HolderView, LeaseServer, LeaseTiming};
+pub use server::{Ask, Capacity, Grant, HolderView, LeaseServer, LeaseTiming, Summary};
 pub use wire::MAX_LEASE_ASKS;
 
 /// One key this node holds: its lease, and a wake-up for the hits waiting on a call about it.

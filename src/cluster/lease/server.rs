@@ -72,6 +72,10 @@ pub struct Ask {
     pub want: u64,
     /// Hits per second this node was asked for (admitted or not), in thousandths.
     pub demand_milli: u64,
+    /// How far ahead the asker needs its grants to look, when that is more than the owner's own
+    /// horizon (two of its renewal intervals): a child cluster's owner asking across regions
+    /// covers its renewal interval and its round trip. 0: the owner's horizon.
+    pub horizon_us: u64,
 }
 
 /// What the server grants for one key.
@@ -92,6 +96,9 @@ pub struct Grant {
     /// What the other nodes hold or used in the window (windows), for the `remaining` a node
     /// answers with.
     pub others: u64,
+    /// The key's live holders at the owner, the asker included (0 from an owner that does not
+    /// say): a child cluster's owner divides its capacity by it for its safe capacity.
+    pub holders: u32,
     /// False when this server does not lease the key (its table is full): the node forwards
     /// the key's hits instead.
     pub leased: bool,
@@ -102,14 +109,29 @@ pub struct Grant {
 /// stays the configured limit (a changed quota starts the key again; a changed capacity does
 /// not). `None` is the quota's limit, and so is anything above it. A capacity below what the
 /// holders already hold takes nothing back: it grants nothing new until they give some back at
-/// their renewals, which the fair parts ask them to. Buckets lease shares of the whole and
-/// take no capacity.
+/// their renewals, which the fair parts ask them to. A bucket's capacity is a share of the
+/// whole in parts per million (`current` only): the share the parent granted the cluster.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capacity {
     /// For the window containing the ask.
     pub current: Option<u64>,
     /// For the window after it, granted ahead in the last renewals of the current one.
     pub next: Option<u64>,
+}
+
+/// What one key's holders together hold, used and ask for ([`LeaseServer::summary`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// The window index at the time asked (0 for a bucket).
+    pub epoch: u64,
+    /// Windows: hits used in the window, with what expired holders held (they may have used it).
+    pub used: u64,
+    /// Everything held in the window, expired holders' included; a bucket's shares (ppm).
+    pub held: u64,
+    /// Allowances granted ahead for the next window.
+    pub held_next: u64,
+    /// The live holders' attempted demand, summed (hits per second, thousandths).
+    pub demand_milli: u64,
 }
 
 /// The lease server's timing: the renewal interval, the lease duration, and its table bound.
@@ -200,6 +222,12 @@ impl Epoch {
         }
     }
 
+    /// The holders whose leases are live at `now_us`.
+    fn live(&self, now_us: u64) -> u32 {
+        let live = self.holders.iter().filter(|h| h.expires_us > now_us).count();
+        u32::try_from(live).unwrap_or(u32::MAX)
+    }
+
     /// Everything held in the window, expired holders' included.
     fn allowances(&self) -> u64 {
         self.retired + self.holders.iter().map(|h| h.allowance).sum::<u64>()
@@ -286,6 +314,9 @@ struct GrantContext<'a> {
     /// Whether the server may keep another record (a new holder).
     room: bool,
     capacity: Capacity,
+    /// How far ahead grants look: the owner's horizon, or the asker's when longer (up to a
+    /// lease duration).
+    horizon_us: u64,
 }
 
 /// A lease server's table: one entry per key it leases.
@@ -413,6 +444,19 @@ impl LeaseServer {
             timing: &self.timing,
             room,
             capacity,
+            horizon_us: ask
+                .horizon_us
+                .min(self.timing.duration_us())
+                .max(self.timing.horizon_us()),
+        };
+        // A limit's safe capacity is the asker's business (a partitioned node, a child cluster
+        // cut off from its parent), not part of the quota a key starts again under.
+        let ask = &Ask {
+            quota: Quota {
+                safe_capacity: None,
+                ..ask.quota
+            },
+            ..*ask
         };
         let before = leases.holder_bytes();
         let grant = leases.answer(ask, &ctx);
@@ -445,6 +489,16 @@ impl LeaseServer {
             }
             keep
         });
+    }
+
+    /// What `key`'s holders together hold, used and ask for at `now`: what a child cluster's
+    /// owner reports to its parent. `None` when this server does not lease the key.
+    pub fn summary(&self, key: &str, now: Timestamp) -> Option<Summary> {
+        let entry = self.keys.get(key)?;
+        let l = entry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Some(l.summary(now.micros()))
     }
 
     /// The holders of `key`, for the debug endpoint.
@@ -545,6 +599,49 @@ impl KeyLeases {
             .sum()
     }
 
+    fn summary(&self, now_us: u64) -> Summary {
+        let demand_milli = self
+            .current
+            .holders
+            .iter()
+            .filter(|h| h.expires_us > now_us)
+            .map(|h| h.demand_milli)
+            .sum();
+        if !is_window(&self.quota) {
+            return Summary {
+                held: self.current.allowances(),
+                demand_milli,
+                ..Summary::default()
+            };
+        }
+        let index = window_index(&self.quota, now_us);
+        let window = |e: &Epoch| {
+            let expired: u64 = e
+                .holders
+                .iter()
+                .filter(|h| h.expires_us <= now_us)
+                .map(|h| h.allowance.saturating_sub(h.used))
+                .sum();
+            let used: u64 = e.holders.iter().map(|h| h.used).sum();
+            (e.retired + expired + used, e.allowances())
+        };
+        let next = self.next.as_ref();
+        let ((used, held), held_next) = if self.current.index == index {
+            (window(&self.current), next.map_or(0, Epoch::allowances))
+        } else {
+            // The window moved on with no ask since: what was granted ahead is what is held.
+            let ahead = next.filter(|n| n.index == index);
+            (ahead.map_or((0, 0), window), 0)
+        };
+        Summary {
+            epoch: index,
+            used,
+            held,
+            held_next,
+            demand_milli,
+        }
+    }
+
     fn in_use(&self, now_us: u64) -> bool {
         let live = |e: &Epoch| e.holders.iter().any(|h| h.expires_us > now_us);
         if !is_window(&self.quota) {
@@ -615,7 +712,7 @@ impl KeyLeases {
     fn answer_window(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
         self.roll(ctx.now_us);
         let index = self.current.index;
-        let horizon = ctx.timing.horizon_us();
+        let horizon = ctx.horizon_us;
         let left_us = window_left_us(&self.quota, ctx.now_us);
         let limit = self.limit_within(ctx.capacity.current);
         // A sliding window's grants ahead count against what is left of this one: at the next
@@ -680,6 +777,7 @@ impl KeyLeases {
             next_allowance,
             valid_us: left_us + ahead,
             others,
+            holders: self.current.live(ctx.now_us),
             leased: true,
         }
     }
@@ -710,7 +808,7 @@ impl KeyLeases {
                 capacity,
                 cap: capacity,
                 need: Need::Window {
-                    burst_us: ctx.timing.horizon_us().min(unit_us),
+                    burst_us: ctx.horizon_us.min(unit_us),
                     until_end_us: unit_us,
                 },
             },
@@ -729,14 +827,15 @@ impl KeyLeases {
     }
 
     fn answer_bucket(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
-        let cap = self.rebuild_cap(ctx, PPM);
+        let whole = ctx.capacity.current.map_or(PPM, |c| c.min(PPM));
+        let cap = self.rebuild_cap(ctx, whole);
         let (share, fair) = grant_in(
             &mut self.current,
             Some(ask),
             ask,
             ctx,
             Limits {
-                capacity: PPM,
+                capacity: whole,
                 cap,
                 need: Need::Share {
                     rate_milli: rate_milli(&self.quota),
@@ -750,6 +849,7 @@ impl KeyLeases {
             next_allowance: None,
             valid_us: ctx.timing.duration_us(),
             others: 0,
+            holders: self.current.live(ctx.now_us),
             leased: true,
         }
     }

@@ -37,6 +37,7 @@ fn first_ask(q: Quota, want: u64, demand_milli: u64) -> Ask {
         keep: 0,
         want,
         demand_milli,
+        horizon_us: 0,
     }
 }
 
@@ -401,6 +402,7 @@ fn a_rebuilding_owner_takes_what_nodes_report_holding() {
         keep: 70,
         want: 0,
         demand_milli: 0,
+        horizon_us: 0,
     };
     let g = server.answer("a", "k", &report, now, now, 2);
     assert_eq!(g.allowance, 70, "what the node holds from the old owner");

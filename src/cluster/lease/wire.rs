@@ -4,7 +4,10 @@
 //! refuses a call past [`MAX_LEASE_ASKS`], an ask without its key, or an algorithm or unit
 //! number it does not know (INVALID_ARGUMENT), before answering any ask.
 
+use std::num::NonZeroU32;
+
 use super::{Ask, Grant};
+use crate::limiter::Quota;
 use crate::cluster::peer::{LeaseAsk, LeaseGrant, LeaseRequest, PeerHit};
 use crate::store::Hit;
 
@@ -39,6 +42,8 @@ impl LeaseAsk {
             used: ask.used,
             keep: ask.keep,
             demand_milli: ask.demand_milli,
+            horizon_us: ask.horizon_us,
+            safe_capacity: ask.quota.safe_capacity.map_or(0, NonZeroU32::get),
         }
     }
 
@@ -48,13 +53,18 @@ impl LeaseAsk {
             .hit
             .as_ref()
             .ok_or_else(|| tonic::Status::invalid_argument("lease ask without a key"))?;
+        let quota = Quota {
+            safe_capacity: NonZeroU32::new(self.safe_capacity),
+            ..hit.quota()?
+        };
         let ask = Ask {
-            quota: hit.quota()?,
+            quota,
             epoch: self.epoch,
             used: self.used,
             keep: self.keep,
             want: hit.hits,
             demand_milli: self.demand_milli,
+            horizon_us: self.horizon_us,
         };
         Ok((hit.key.clone(), ask))
     }
@@ -72,6 +82,7 @@ impl From<&Grant> for LeaseGrant {
             others: g.others,
             has_fair: g.fair.is_some(),
             fair: g.fair.unwrap_or(0),
+            holders: g.holders,
         }
     }
 }
@@ -86,6 +97,7 @@ impl From<&LeaseGrant> for Grant {
             fair: g.has_fair.then_some(g.fair),
             valid_us: g.valid_us,
             others: g.others,
+            holders: g.holders,
         }
     }
 }
@@ -93,14 +105,14 @@ impl From<&LeaseGrant> for Grant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::{Algorithm, Quota, Unit};
+    use crate::limiter::{Algorithm, Unit};
     use prost::Message;
 
     #[test]
     fn lease_asks_and_grants_cross_the_wire_unchanged() {
         let ask = Ask {
             quota: Quota {
-                safe_capacity: None,
+                safe_capacity: NonZeroU32::new(30),
                 requests_per_unit: 100,
                 unit: Unit::Minute,
                 algorithm: Algorithm::SlidingWindow,
@@ -113,6 +125,7 @@ mod tests {
             keep: 55,
             want: 3,
             demand_milli: 12_500,
+            horizon_us: 700_000,
         };
         let wire = LeaseAsk::from_ask("d_k_v_", &ask);
         let decoded = LeaseAsk::decode(wire.encode_to_vec().as_slice()).unwrap();
@@ -125,6 +138,7 @@ mod tests {
                 fair: next.map(|n| n + 3),
                 valid_us: 1_500_000,
                 others: 30,
+                holders: 4,
                 leased: true,
             };
             assert_eq!(Grant::from(&LeaseGrant::from(&grant)), grant);
@@ -158,6 +172,7 @@ mod tests {
             keep: 0,
             want: 1,
             demand_milli: 0,
+            horizon_us: 0,
         };
         let ask = LeaseAsk::from_ask("k", &ask);
         let request = |n| LeaseRequest {

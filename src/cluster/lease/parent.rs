@@ -1,0 +1,489 @@
+//! A child cluster's side toward its parent, in a tree of lease servers (SLUICE_LEASE_PARENT,
+//! issue 39, Doorman's server tree): the key's owner in the child cluster asks the parent
+//! cluster for the key's capacity on behalf of its own holders, and its lease server hands out
+//! at most that ([`super::LeaseServer::answer_within`]). The parent is an ordinary lease-mode
+//! cluster that sees each child cluster as one holder, named after the cluster, so max-min fair
+//! share at the parent divides the key between clusters by their holders' summed attempted
+//! demand; the root's capacity is the configured limit. Any depth.
+//!
+//! This is the logic, with no I/O (`cluster/lease_parent.rs` makes the calls):
+//!
+//! - **Capacity** ([`Upstream::capacity`]): the parent's grant for the window (or, granted
+//!   ahead, the next one), while its lease holds. With no grant for the window the owner grants
+//!   nothing new and asks the parent at once; once calls to the parent fail, it uses the
+//!   **safe capacity** (the limit's YAML `safe_capacity`, else the limit over the children the
+//!   parent last counted) for each window its last grant does not cover.
+//! - **Renewals** ([`Upstream::renewals`]): every SLUICE_LEASE_PARENT_RENEW_MS one ask per key,
+//!   carrying what the cluster's holders used and hold, their summed demand, and what to keep:
+//!   what they hold plus their need until the next grant can arrive, within what was granted.
+//!   The rest goes back to the parent for the other clusters.
+//! - **Horizon**: the asks carry one that covers the renewal interval and the round trip, so
+//!   the parent grants the next window ahead early enough to arrive before it starts.
+//! - **Learning**: a child owner that starts without state (its own start, or a ring change in
+//!   its cluster) reports what its holders hold as held; a parent that starts without state
+//!   rebuilds from those reports, capping grants at an equal share for a lease duration, as
+//!   any lease owner does after a ring change ([`super::server`], "Rebuild").
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+use super::server::{Capacity, PPM, Summary, epoch_of, is_window, micros};
+use super::{Ask, Grant};
+use crate::limiter::Quota;
+
+/// SLUICE_LEASE_PARENT_RENEW_MS and SLUICE_LEASE_PARENT_TIMEOUT_MS, with the lease table bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParentTiming {
+    /// How often the key owners renew at the parent.
+    pub renew: Duration,
+    /// The deadline of a call to the parent.
+    pub timeout: Duration,
+    /// How long a key with no ask from the cluster's holders is kept (a lease duration).
+    pub idle: Duration,
+    /// SLUICE_LEASE_MAX_BYTES: the memory the parent grants may take, charged per key.
+    pub max_bytes: usize,
+}
+
+/// What a key costs beside its key's bytes (a `DashMap` entry, its `Mutex<Above>` and the
+/// boxed key): the record is 112 bytes, rounded up for the map's slot and the allocator.
+pub const ABOVE_CHARGE: usize = 256;
+
+/// Where a window's capacity came from, for the debug endpoint and `/metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The parent's grant.
+    Parent,
+    /// No grant for the window yet: nothing new is granted until the parent answers.
+    Waiting,
+    /// The parent is unreachable, or refused to lease the key: the safe capacity.
+    Safe,
+}
+
+/// One key's grant from the parent.
+#[derive(Clone, Debug)]
+struct Above {
+    /// The limit's `safe_capacity`, as the cluster's holders last sent it.
+    safe: Option<NonZeroU32>,
+    quota: Quota,
+    /// The window (0 for a bucket) `allowance` is for; `None` before the first grant.
+    epoch: Option<u64>,
+    allowance: u64,
+    /// Granted ahead for the window after `epoch`.
+    next: Option<u64>,
+    fair: Option<u64>,
+    /// The parent's live holders of the key (the clusters), for the dynamic safe capacity.
+    holders: u32,
+    valid_until_us: u64,
+    /// The parent does not lease the key (its table is full).
+    refused: bool,
+    /// When the call under way about the key was sent.
+    in_flight: Option<u64>,
+    /// When the cluster's holders last asked about the key (µs).
+    touched_us: u64,
+}
+
+/// What the parent granted, per key; see the module doc.
+pub struct Upstream {
+    keys: DashMap<Box<str>, Mutex<Above>, foldhash::fast::RandomState>,
+    timing: ParentTiming,
+    /// Since when (µs) every call to the parent failed; 0 while it answers.
+    unreachable_since_us: AtomicU64,
+    /// The longest round trip of the last calls (µs), decaying: what the horizon covers.
+    rtt_us: AtomicU64,
+    bytes: AtomicUsize,
+    pub stats: ParentStats,
+}
+
+/// What the link to the parent did, for `/stats` and `/metrics`.
+#[derive(Debug, Default)]
+pub struct ParentStats {
+    /// Calls to the parent, and those that failed.
+    pub calls: AtomicU64,
+    pub failures: AtomicU64,
+    /// Keys asked about in those calls.
+    pub asks: AtomicU64,
+    /// Windows granted from the safe capacity (the parent unreachable).
+    pub safe_windows: AtomicU64,
+}
+
+/// One key's parent grant, for the debug endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ParentView {
+    /// The parent node asked about the key.
+    pub parent: String,
+    pub source: Source,
+    /// The window and what the parent granted for it (a bucket: the share in ppm).
+    pub epoch: Option<u64>,
+    pub allowance: u64,
+    pub next_allowance: Option<u64>,
+    pub fair: Option<u64>,
+    /// The clusters holding the key at the parent.
+    pub children: u32,
+    pub expires_in_ms: u64,
+    pub safe_capacity: u64,
+}
+
+impl Upstream {
+    pub fn new(timing: ParentTiming) -> Self {
+        Upstream {
+            keys: DashMap::default(),
+            timing,
+            unreachable_since_us: AtomicU64::new(0),
+            rtt_us: AtomicU64::new(micros(timing.timeout) / 2),
+            bytes: AtomicUsize::new(0),
+            stats: ParentStats::default(),
+        }
+    }
+
+    pub fn timing(&self) -> &ParentTiming {
+        &self.timing
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether calls to the parent are failing.
+    pub fn unreachable(&self) -> bool {
+        self.unreachable_since_us.load(Ordering::Relaxed) != 0
+    }
+
+    /// What the owner may hand out of `key` under `quota` at `now_us`, where that came from,
+    /// and whether the parent should be asked at once (no grant for the window, and no call
+    /// under way). A key new here is recorded; past SLUICE_LEASE_MAX_BYTES it is not, and gets
+    /// the limit's YAML `safe_capacity` (or nothing) in every window.
+    pub fn capacity(&self, key: &str, quota: &Quota, now_us: u64) -> (Capacity, Source, bool) {
+        let bare = Quota {
+            safe_capacity: None,
+            ..*quota
+        };
+        let unrecorded = || {
+            let safe = quota.safe_capacity.map_or(0, |s| u64::from(s.get()));
+            let safe = Some(safe_in(quota, safe));
+            let capacity = Capacity {
+                current: safe,
+                next: safe,
+            };
+            (capacity, Source::Safe, false)
+        };
+        if !self.keys.contains_key(key) {
+            if self.bytes() >= self.timing.max_bytes {
+                return unrecorded();
+            }
+            self.keys.entry(key.into()).or_insert_with(|| {
+                self.bytes
+                    .fetch_add(ABOVE_CHARGE + key.len(), Ordering::Relaxed);
+                Mutex::new(Above::new(bare, quota.safe_capacity, now_us))
+            });
+        }
+        let Some(entry) = self.keys.get(key) else {
+            return unrecorded();
+        };
+        let mut above = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        if above.quota != bare {
+            *above = Above::new(bare, quota.safe_capacity, now_us);
+        }
+        above.safe = quota.safe_capacity.or(above.safe);
+        above.touched_us = now_us;
+        let unreachable = self.unreachable() || above.refused;
+        let (capacity, source) = above.capacity(now_us, unreachable);
+        let ask_now = source == Source::Waiting && above.in_flight.is_none();
+        (capacity, source, ask_now)
+    }
+
+    /// The renewals due at `now_us`: one ask per key with no call under way, built from what
+    /// the cluster's holders do (`summary`, the owner's lease server), marking each in flight.
+    /// With `acquire`, only those keys (no grant for the window), each with the asks of the
+    /// holders waiting on it: their wants are the ask's, and their demand counts. Keys the
+    /// holders have not asked about for a lease duration, with nothing granted, are forgotten.
+    pub fn renewals(
+        &self,
+        now_us: u64,
+        acquire: Option<&[(&str, Ask)]>,
+        summary: impl Fn(&str) -> Option<Summary>,
+    ) -> Vec<(Box<str>, Ask)> {
+        let horizon_us = self.horizon_us();
+        let lead_us = micros(self.timing.renew) + self.rtt_us.load(Ordering::Relaxed);
+        let mut due = Vec::new();
+        let mut idle: Vec<Box<str>> = Vec::new();
+        let mut one = |key: &str, above: &mut Above, waiting: Option<&Ask>| {
+            if above.in_flight.is_some() {
+                return;
+            }
+            if waiting.is_none() && above.idle(now_us, micros(self.timing.idle)) {
+                idle.push(key.into());
+                return;
+            }
+            let mut done = summary(key).unwrap_or_default();
+            let want = waiting.map_or(0, |w| {
+                done.demand_milli = done.demand_milli.saturating_add(w.demand_milli);
+                w.want
+            });
+            above.in_flight = Some(now_us);
+            let ask = above.ask(now_us, done, lead_us, horizon_us);
+            due.push((key.into(), Ask { want, ..ask }));
+        };
+        match acquire {
+            Some(waiting) => {
+                for (key, ask) in waiting {
+                    if let Some(e) = self.keys.get(*key) {
+                        let mut above = e.lock().unwrap_or_else(PoisonError::into_inner);
+                        one(key, &mut above, Some(ask));
+                    }
+                }
+            }
+            None => {
+                for e in &self.keys {
+                    one(e.key(), &mut e.lock().unwrap_or_else(PoisonError::into_inner), None);
+                }
+            }
+        }
+        for key in idle {
+            let gone = self.keys.remove_if(&key, |_, a| {
+                a.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .idle(now_us, micros(self.timing.idle))
+            });
+            if gone.is_some() {
+                self.bytes
+                    .fetch_sub(ABOVE_CHARGE + key.len(), Ordering::Relaxed);
+            }
+        }
+        due
+    }
+
+    /// How far ahead the parent's grants must look: until this cluster's next renewal at the
+    /// parent has come back (one interval and a round trip), with one interval of slack.
+    fn horizon_us(&self) -> u64 {
+        micros(self.timing.renew) * 2 + self.rtt_us.load(Ordering::Relaxed)
+    }
+
+    /// The parent's answer to the ask about `key` sent at `sent_us` (`None`: the call failed).
+    pub fn answer(&self, key: &str, grant: Option<&Grant>, sent_us: u64) {
+        if let Some(e) = self.keys.get(key) {
+            e.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .answer(grant, sent_us);
+        }
+    }
+
+    /// A call sent at `sent_us` came back (`ok`) or failed at `now_us`: the parent's
+    /// reachability and the round trip the horizon covers.
+    pub fn called(&self, ok: bool, sent_us: u64, now_us: u64) {
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        if ok {
+            if self.unreachable_since_us.swap(0, Ordering::Relaxed) != 0 {
+                tracing::info!("the lease parent answers again");
+            }
+            // The longest recent round trip, decaying by an eighth a call.
+            let rtt = now_us.saturating_sub(sent_us);
+            let old = self.rtt_us.load(Ordering::Relaxed);
+            self.rtt_us
+                .store(rtt.max(old - old / 8), Ordering::Relaxed);
+        } else {
+            self.stats.failures.fetch_add(1, Ordering::Relaxed);
+            let was = self
+                .unreachable_since_us
+                .compare_exchange(0, now_us.max(1), Ordering::Relaxed, Ordering::Relaxed);
+            if was.is_ok() {
+                tracing::warn!(
+                    "the lease parent is unreachable: each cluster owner keeps its last grants \
+                     while their leases hold, then hands out each limit's safe capacity"
+                );
+            }
+        }
+    }
+
+    /// `key`'s parent grant at `now_us`, for the debug endpoint.
+    pub fn view(&self, key: &str, parent: &str, now_us: u64) -> Option<ParentView> {
+        let e = self.keys.get(key)?;
+        let a = e.lock().unwrap_or_else(PoisonError::into_inner);
+        let (_, source) = a.capacity(now_us, self.unreachable() || a.refused);
+        Some(ParentView {
+            parent: parent.to_owned(),
+            source,
+            epoch: a.epoch,
+            allowance: a.allowance,
+            next_allowance: a.next,
+            fair: a.fair,
+            children: a.holders,
+            expires_in_ms: a.valid_until_us.saturating_sub(now_us) / 1000,
+            safe_capacity: a.safe_capacity(),
+        })
+    }
+
+    /// Counts a window (or a bucket's lease) handed out from the safe capacity.
+    pub fn count_safe(&self) {
+        self.stats.safe_windows.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A safe capacity of `safe` hits per window as `quota`'s lease measures it: the hits for a
+/// window, a share (ppm) for a bucket.
+fn safe_in(quota: &Quota, safe: u64) -> u64 {
+    if is_window(quota) {
+        safe
+    } else {
+        let limit = u64::from(quota.requests_per_unit).max(1);
+        (u128::from(safe) * u128::from(PPM) / u128::from(limit)) as u64
+    }
+}
+
+impl Above {
+    fn new(quota: Quota, safe: Option<NonZeroU32>, now_us: u64) -> Self {
+        Above {
+            safe,
+            quota,
+            epoch: None,
+            allowance: 0,
+            next: None,
+            fair: None,
+            holders: 0,
+            valid_until_us: 0,
+            refused: false,
+            in_flight: None,
+            touched_us: now_us,
+        }
+    }
+
+    /// The safe capacity in hits per window: the YAML's, else the limit over the clusters the
+    /// parent last counted (nothing before it ever answered).
+    fn safe_capacity(&self) -> u64 {
+        let limit = u64::from(self.quota.requests_per_unit);
+        match (self.safe, self.holders) {
+            (Some(s), _) => u64::from(s.get()).min(limit),
+            (None, 0) => 0,
+            (None, n) => limit / u64::from(n),
+        }
+    }
+
+    /// The grant for the window at `now_us` (the current one, or the next one granted ahead),
+    /// while its lease holds.
+    fn granted(&self, now_us: u64) -> (Option<u64>, Option<u64>) {
+        let Some(epoch) = self.epoch else {
+            return (None, None);
+        };
+        if now_us >= self.valid_until_us {
+            return (None, None);
+        }
+        if !is_window(&self.quota) {
+            return (Some(self.allowance), None);
+        }
+        let index = epoch_of(&self.quota, now_us);
+        if index == epoch {
+            (Some(self.allowance), self.next)
+        } else if index == epoch + 1 {
+            (self.next, None)
+        } else {
+            (None, None)
+        }
+    }
+
+    fn capacity(&self, now_us: u64, unreachable: bool) -> (Capacity, Source) {
+        let (current, next) = self.granted(now_us);
+        let safe = Some(safe_in(&self.quota, self.safe_capacity()));
+        match (current, unreachable) {
+            (Some(c), _) => (
+                Capacity {
+                    current: Some(c),
+                    next: next.or(if unreachable { safe } else { Some(0) }),
+                },
+                Source::Parent,
+            ),
+            (None, true) => (
+                Capacity {
+                    current: safe,
+                    next: safe,
+                },
+                Source::Safe,
+            ),
+            (None, false) => (
+                Capacity {
+                    current: Some(0),
+                    next: Some(0),
+                },
+                Source::Waiting,
+            ),
+        }
+    }
+
+    fn idle(&self, now_us: u64, idle_us: u64) -> bool {
+        self.in_flight.is_none()
+            && now_us >= self.touched_us.saturating_add(idle_us)
+            && now_us >= self.valid_until_us
+    }
+
+    /// The ask for the window at `now_us`: the holders' use, hold and demand, keeping what they
+    /// hold plus their need for `lead_us` (until the next grant can arrive) within the grant.
+    fn ask(&mut self, now_us: u64, done: Summary, lead_us: u64, horizon_us: u64) -> Ask {
+        let epoch = epoch_of(&self.quota, now_us);
+        let (granted, _) = self.granted(now_us);
+        let keep = if is_window(&self.quota) {
+            let need = (u128::from(done.demand_milli) * u128::from(lead_us)).div_ceil(1_000_000_000);
+            let want = done.used.saturating_add(u64::try_from(need).unwrap_or(u64::MAX));
+            // What the holders hold is held, granted or not (a safe capacity handed out, or a
+            // grant this owner does not know of after a ring change): the parent learns it.
+            // Within the parent's fair part, so a cluster holding more (it asked first) gives
+            // the excess back for the others.
+            let fair = match self.fair {
+                Some(f) if self.epoch == Some(epoch) => f,
+                _ => u64::MAX,
+            };
+            let keep = match granted {
+                Some(g) => g.min(want).min(fair).max(done.held),
+                None => done.held,
+            };
+            if granted.is_some() && self.epoch == Some(epoch) {
+                self.allowance = keep;
+            }
+            keep
+        } else {
+            // A bucket's share is what its holders' shares sum to (they only lower it).
+            done.held.min(PPM)
+        };
+        Ask {
+            quota: Quota {
+                safe_capacity: self.safe,
+                ..self.quota
+            },
+            epoch: if done.epoch == epoch { epoch } else { done.epoch },
+            used: done.used,
+            keep,
+            want: 0,
+            demand_milli: done.demand_milli,
+            horizon_us,
+        }
+    }
+
+    fn answer(&mut self, grant: Option<&Grant>, sent_us: u64) {
+        self.in_flight = None;
+        let Some(g) = grant else {
+            return;
+        };
+        self.refused = !g.leased;
+        if !g.leased {
+            return;
+        }
+        self.epoch = Some(g.epoch);
+        self.allowance = g.allowance;
+        self.next = g.next_allowance;
+        self.fair = g.fair;
+        if g.holders > 0 {
+            self.holders = g.holders;
+        }
+        self.valid_until_us = sent_us.saturating_add(g.valid_us);
+    }
+}
