@@ -76,6 +76,7 @@ impl ThreeNodes {
                 batch_window: Duration::from_micros(200),
                 write_behind: None,
                 lease: LeaseTiming::DEFAULT,
+                parent: None,
             };
             let memory = Arc::new(MemoryStore::new(100_000));
             let store = ClusterStore::start(memory, &config, None, Arc::new(clock.clone()))

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::lease::LeaseTiming;
+use super::lease::parent::ParentTiming;
 use crate::store::redis::RedisConfig;
 
 /// Where the peers come from.
@@ -37,6 +38,19 @@ pub struct ClusterConfig {
     pub write_behind: Option<WriteBehind>,
     /// SLUICE_LEASE_*: lease mode's timing and table bound (unused in the other modes).
     pub lease: LeaseTiming,
+    /// SLUICE_LEASE_PARENT: the cluster this one gets its keys' capacity from (lease mode).
+    pub parent: Option<ParentConfig>,
+}
+
+/// SLUICE_LEASE_PARENT and its SLUICE_LEASE_PARENT_* and SLUICE_LEASE_CLUSTER_NAME: a lease
+/// cluster below a parent cluster in a tree (`super::lease::parent`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParentConfig {
+    /// The parent cluster's peers (`host:port`), as its own PEERS lists them.
+    pub peers: Vec<String>,
+    /// This cluster's name, which names its leases at the parent.
+    pub name: String,
+    pub timing: ParentTiming,
 }
 
 /// SLUICE_PEER_WRITE_BEHIND: where owners copy their counters, and how often.

@@ -80,21 +80,11 @@ impl Leasing {
     ) -> Result<Vec<Grant>, PeerError> {
         if owner == members.me {
             let now = self.clock.now();
-            // As a peer's asks arrive: with no safe capacity, which is never leased.
-            let asks: Vec<(&str, Ask)> = asks
-                .iter()
-                .map(|(k, a)| {
-                    let quota = crate::limiter::Quota {
-                        safe_capacity: None,
-                        ..a.quota
-                    };
-                    (*k, Ask { quota, ..*a })
-                })
-                .collect();
             // The refusal this node's owner side gives a peer's call when not in lease mode.
             return self
                 .owner
-                .answer_leases(&self.advertise, &asks, now)
+                .answer_leases(&self.advertise, asks, now)
+                .await
                 .ok_or_else(|| PeerError::Refused {
                     call: Call::Lease,
                     code: tonic::Code::FailedPrecondition,
@@ -356,6 +346,22 @@ impl ClusterStore {
             out.push(("leased_keys", server.len() as u64));
             out.push(("leased_bytes", server.bytes() as u64));
         }
+        if let Some(parent) = self.owner.parent() {
+            let up = &parent.upstream;
+            let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+            // Counters before gauges, as the caller reads them.
+            let gauges_at = out.len() - 4.min(out.len());
+            let counters = [
+                ("parent_calls", load(&up.stats.calls)),
+                ("parent_failures", load(&up.stats.failures)),
+                ("parent_asks", load(&up.stats.asks)),
+                ("parent_safe_answers", load(&up.stats.safe_answers)),
+            ];
+            out.splice(gauges_at..gauges_at, counters);
+            out.push(("parent_keys", up.len() as u64));
+            out.push(("parent_bytes", up.bytes() as u64));
+            out.push(("parent_unreachable", u64::from(up.unreachable())));
+        }
         out
     }
 
@@ -374,6 +380,7 @@ impl ClusterStore {
                 .leases()
                 .map(|s| s.holders(key, now))
                 .unwrap_or_default(),
+            parent: self.owner.parent().and_then(|p| p.view(key)),
         })
     }
 }

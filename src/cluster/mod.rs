@@ -26,6 +26,7 @@ mod config;
 pub mod durable;
 pub mod lease;
 mod lease_driver;
+pub mod lease_parent;
 mod minority;
 pub mod peer;
 pub mod ring;
@@ -44,7 +45,7 @@ use crate::config::ConfigHandle;
 use crate::limiter::{Decision, Quota};
 use crate::store::{Cause, CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
-pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
+pub use config::{ClusterConfig, ClusterMode, ParentConfig, PeerSource, WriteBehind};
 use durable::{Durable, RingChanges};
 use lease::LeaseServer;
 use peer::{Op, PeerClient, PeerError, PeerHit};
@@ -165,6 +166,8 @@ pub struct OwnerStore {
     members: Arc<ArcSwap<Members>>,
     /// Lease mode: this node's lease server for the keys it owns.
     leases: Option<Arc<LeaseServer>>,
+    /// SLUICE_LEASE_PARENT: where the lease server's capacity comes from.
+    parent: Option<Arc<lease_parent::ParentLink>>,
     changes: Arc<RingChanges>,
 }
 
@@ -181,14 +184,32 @@ impl OwnerStore {
         self.leases.as_ref()
     }
 
+    pub fn parent(&self) -> Option<&Arc<lease_parent::ParentLink>> {
+        self.parent.as_ref()
+    }
+
     /// Answers `node`'s lease asks as this node's lease server; `None` when not in lease mode.
-    pub fn answer_leases<K: AsRef<str>>(
+    /// Below a parent, each key gets at most what the parent granted this cluster, and keys
+    /// the parent granted nothing for in the window are asked of it first (a bounded wait).
+    pub async fn answer_leases<K: AsRef<str>>(
         &self,
         node: &str,
         asks: &[(K, lease::Ask)],
         now: Timestamp,
     ) -> Option<Vec<lease::Grant>> {
         let server = self.leases.as_ref()?;
+        let mut now = now;
+        if let Some(parent) = &self.parent {
+            let waiting: Vec<(&str, lease::Ask)> = asks
+                .iter()
+                .filter(|(key, ask)| parent.capacity(key.as_ref(), ask, now.micros()).1)
+                .map(|(key, ask)| (key.as_ref(), *ask))
+                .collect();
+            if !waiting.is_empty() {
+                parent.ask_waiting(server, &waiting).await;
+                now = parent.now();
+            }
+        }
         let members = self.members.load();
         let live = members.live();
         let (_, last_change) = self.changes.last();
@@ -197,6 +218,11 @@ impl OwnerStore {
             asks.iter()
                 .map(|(key, ask)| {
                     let key = key.as_ref();
+                    let capacity = self
+                        .parent
+                        .as_ref()
+                        .map(|p| p.capacity(key, ask, now.micros()).0)
+                        .unwrap_or_default();
                     // A stand-in for a key's owner (the owner among every peer this node knows
                     // is another one) may not have seen the change that sent the key here: it
                     // rebuilds the key as after one.
@@ -205,7 +231,7 @@ impl OwnerStore {
                     } else {
                         last_change
                     };
-                    server.answer(node, key, ask, now, since, live)
+                    server.answer_within(node, key, ask, capacity, now, since, live)
                 })
                 .collect(),
         )
@@ -309,6 +335,7 @@ impl ClusterStore {
             PeerSource::Dns { .. } => Vec::new(),
         };
         let stats = Arc::new(ClusterStats::default());
+        let tls_for_parent = tls.clone();
         let dialer = Dialer {
             settings: settings.clone(),
             tls,
@@ -343,11 +370,27 @@ impl ClusterStore {
             None => None,
         };
         let lease_mode = settings.mode == ClusterMode::Lease;
+        let leases = lease_mode.then(|| Arc::new(LeaseServer::new(settings.lease)));
+        let parent = match (&settings.parent, &leases) {
+            (Some(config), Some(server)) => {
+                let link = Arc::new(lease_parent::ParentLink::start(
+                    config,
+                    settings.timeout,
+                    tls_for_parent.as_ref(),
+                    stats.clone(),
+                    clock.clone(),
+                )?);
+                tasks.push(tokio::spawn(link.clone().renew_forever(server.clone())));
+                Some(link)
+            }
+            _ => None,
+        };
         let owner = Arc::new(OwnerStore {
             local: local.clone(),
             durable,
             members: members.clone(),
-            leases: lease_mode.then(|| Arc::new(LeaseServer::new(settings.lease))),
+            leases,
+            parent,
             changes: changes.clone(),
         });
         let lease = lease_mode.then(|| {
@@ -895,6 +938,7 @@ mod tests {
             batch_window: Duration::from_micros(200),
             write_behind: None,
             lease: lease::LeaseTiming::DEFAULT,
+            parent: None,
         };
         let clock = Arc::new(ManualClock::new(Timestamp::from_secs(1_000)));
         let memory = Arc::new(MemoryStore::new(1_000));

@@ -115,8 +115,9 @@ pub struct Quota {
     pub burst: Option<NonZeroU32>,
     pub charge_refused: bool,
     /// `safe_capacity`: what one peer may admit per window while it cannot reach a majority of
-    /// the cluster (docs/cluster.md); `None`: the limit over the number of peers. Local to a
-    /// node: never sent to peers, never part of a lease.
+    /// the cluster (docs/cluster.md), and what a child cluster hands out while its lease
+    /// parent is unreachable; `None`: the limit over the number of peers (or of clusters).
+    /// Sent with lease asks but never part of a lease's quota.
     pub safe_capacity: Option<NonZeroU32>,
 }
 

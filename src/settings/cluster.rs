@@ -11,7 +11,8 @@ use super::redis::RedisArgs;
 use super::{SettingsError, invalid};
 use crate::app::Backend;
 use crate::cluster::lease::LeaseTiming;
-use crate::cluster::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
+use crate::cluster::lease::parent::ParentTiming;
+use crate::cluster::{ClusterConfig, ClusterMode, ParentConfig, PeerSource, WriteBehind};
 
 /// The peer cluster's settings, raw.
 #[derive(Clone, Debug, clap::Args)]
@@ -117,12 +118,89 @@ pub struct ClusterArgs {
         help_heading = "Peer cluster"
     )]
     pub lease_max_bytes: usize,
+    /// Lease mode: the parent cluster's peers (`host:port,host:port`, as its PEERS lists them),
+    /// which this cluster's key owners get each key's capacity from, on behalf of their own
+    /// nodes' demand: one limit across clusters (docs/cluster.md, "Regions"). Unset: this
+    /// cluster's capacity is the configured limit (a root, or no tree).
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_PARENT",
+        default_value = "",
+        help_heading = "Peer cluster"
+    )]
+    pub lease_parent: String,
+    /// With SLUICE_LEASE_PARENT: how often each key owner renews at the parent, in
+    /// milliseconds (SLUICE_LEASE_RENEW_MS to 10000).
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_PARENT_RENEW_MS",
+        default_value_t = 200,
+        help_heading = "Peer cluster"
+    )]
+    pub lease_parent_renew_ms: u64,
+    /// With SLUICE_LEASE_PARENT: the deadline of a call to the parent, in milliseconds (1 to
+    /// 60000); a parent that misses it is tried again after a second, and its keys asked of
+    /// the next parent peer.
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_PARENT_TIMEOUT_MS",
+        default_value_t = 1000,
+        help_heading = "Peer cluster"
+    )]
+    pub lease_parent_timeout_ms: u64,
+    /// With SLUICE_LEASE_PARENT: this cluster's name at the parent, the same on each of its
+    /// nodes (1 to 128 characters, no spaces or commas). Default: PEERS_DNS, or a hash of the
+    /// sorted PEERS.
+    #[arg(long, env = "SLUICE_LEASE_CLUSTER_NAME", help_heading = "Peer cluster")]
+    pub lease_cluster_name: Option<String>,
+}
+
+/// A comma-separated list of `host:port` (blank items skipped), or an error naming `var` and
+/// the item that is not one.
+fn host_ports(var: &'static str, value: &str) -> Result<Vec<String>, SettingsError> {
+    let list: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for p in &list {
+        let ok = p
+            .rsplit_once(':')
+            .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(invalid(var, p, "expected host:port"));
+        }
+    }
+    Ok(list)
+}
+
+/// This cluster's name at its parent when SLUICE_LEASE_CLUSTER_NAME is unset: PEERS_DNS, or
+/// `peers-` and a hash of the sorted PEERS (the same on every node of the cluster).
+fn default_cluster_name(source: &PeerSource) -> String {
+    match source {
+        PeerSource::Dns { name, .. } => name.clone(),
+        PeerSource::Static(list) => {
+            let mut sorted = list.clone();
+            sorted.sort();
+            let hash = crate::cluster::ring::key_hash(&sorted.join(","));
+            format!("peers-{hash:016x}")
+        }
+    }
 }
 
 impl ClusterArgs {
     /// `None` without PEERS or PEERS_DNS: a single node.
     pub(super) fn validate(&self) -> Result<Option<ClusterConfig>, SettingsError> {
         let Some(source) = self.peer_source()? else {
+            if !self.lease_parent.trim().is_empty() {
+                return Err(invalid(
+                    "SLUICE_LEASE_PARENT",
+                    &self.lease_parent,
+                    "needs PEERS or PEERS_DNS and SLUICE_CLUSTER_MODE=lease: a parent hands \
+                     capacity to a lease cluster's key owners",
+                ));
+            }
             return Ok(None);
         };
         let advertise = self.advertise();
@@ -151,6 +229,7 @@ impl ClusterArgs {
         if self.peer_timeout_ms == 0 {
             return Err(invalid("SLUICE_PEER_TIMEOUT_MS", 0, "must be at least 1"));
         }
+        let parent = self.parent(&source, &advertise, mode, &lease)?;
         Ok(Some(ClusterConfig {
             peers: source,
             advertise,
@@ -160,6 +239,82 @@ impl ClusterArgs {
             batch_window: Duration::from_micros(self.peer_batch_window_us),
             write_behind: None,
             lease,
+            parent,
+        }))
+    }
+
+    /// SLUICE_LEASE_PARENT with its timing and SLUICE_LEASE_CLUSTER_NAME; `None` when unset.
+    fn parent(
+        &self,
+        source: &PeerSource,
+        advertise: &str,
+        mode: ClusterMode,
+        lease: &LeaseTiming,
+    ) -> Result<Option<ParentConfig>, SettingsError> {
+        const VAR: &str = "SLUICE_LEASE_PARENT";
+        let peers = host_ports(VAR, &self.lease_parent)?;
+        if peers.is_empty() {
+            return Ok(None);
+        }
+        if mode != ClusterMode::Lease {
+            return Err(invalid(
+                VAR,
+                &self.lease_parent,
+                "needs SLUICE_CLUSTER_MODE=lease: the parent leases capacity to this cluster's \
+                 key owners, who lease it on to the nodes",
+            ));
+        }
+        let in_both = peers.iter().find(|p| match source {
+            PeerSource::Static(list) => list.contains(p),
+            PeerSource::Dns { .. } => *p == advertise,
+        });
+        if let Some(p) = in_both {
+            return Err(invalid(
+                VAR,
+                p,
+                "is one of this cluster's own peers: a cluster cannot be its own parent",
+            ));
+        }
+        let renew_ms = self.lease_parent_renew_ms;
+        let renew_floor = lease.renew.as_millis();
+        if u128::from(renew_ms) < renew_floor || renew_ms > 10_000 {
+            return Err(invalid(
+                "SLUICE_LEASE_PARENT_RENEW_MS",
+                renew_ms,
+                &format!("must be between SLUICE_LEASE_RENEW_MS ({renew_floor}) and 10000"),
+            ));
+        }
+        let timeout_ms = self.lease_parent_timeout_ms;
+        if !(1..=60_000).contains(&timeout_ms) {
+            return Err(invalid(
+                "SLUICE_LEASE_PARENT_TIMEOUT_MS",
+                timeout_ms,
+                "must be between 1 and 60000",
+            ));
+        }
+        let name = match self.lease_cluster_name.as_deref().map(str::trim) {
+            Some(n) if !n.is_empty() => {
+                let ok = n.len() <= 128 && !n.contains(|c: char| c.is_whitespace() || c == ',');
+                if !ok {
+                    return Err(invalid(
+                        "SLUICE_LEASE_CLUSTER_NAME",
+                        n,
+                        "must be 1 to 128 characters with no spaces or commas",
+                    ));
+                }
+                n.to_owned()
+            }
+            _ => default_cluster_name(source),
+        };
+        Ok(Some(ParentConfig {
+            peers,
+            name,
+            timing: ParentTiming {
+                renew: Duration::from_millis(renew_ms),
+                timeout: Duration::from_millis(timeout_ms),
+                idle: lease.duration,
+                max_bytes: lease.max_bytes,
+            },
         }))
     }
 
@@ -199,13 +354,7 @@ impl ClusterArgs {
 
     /// PEERS (each `host:port`) or PEERS_DNS, not both; `None` for neither.
     fn peer_source(&self) -> Result<Option<PeerSource>, SettingsError> {
-        let list: Vec<String> = self
-            .peers
-            .split(',')
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let list = host_ports("PEERS", &self.peers)?;
         let dns = self.peers_dns.as_deref().filter(|d| !d.is_empty());
         match (list.is_empty(), dns) {
             (true, None) => Ok(None),
@@ -214,17 +363,7 @@ impl ClusterArgs {
                 &self.peers,
                 "set PEERS or PEERS_DNS, not both",
             )),
-            (false, None) => {
-                for p in &list {
-                    let ok = p
-                        .rsplit_once(':')
-                        .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok());
-                    if !ok {
-                        return Err(invalid("PEERS", p, "expected host:port"));
-                    }
-                }
-                Ok(Some(PeerSource::Static(list)))
-            }
+            (false, None) => Ok(Some(PeerSource::Static(host_ports("PEERS", &self.peers)?))),
             (true, Some(name)) => Ok(Some(PeerSource::Dns {
                 name: name.to_owned(),
                 port: self.peer_port,
@@ -411,6 +550,84 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_lease_parent_is_checked_before_any_port_and_names_the_cluster() {
+        fn with<'a>(mode: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+            let peers = ["--peers", "b:1,a:1", "--peer-advertise-address", "a:1"];
+            [&peers[..], &["--cluster-mode", mode], extra].concat()
+        }
+        let parent = |args: &[&str]| settings(args).unwrap().app.cluster.unwrap().parent;
+        assert_eq!(parent(&with("lease", &[])), None);
+        let p = parent(&with("lease", &["--lease-parent", "r1:9, r2:9"])).unwrap();
+        assert_eq!(p.peers, ["r1:9", "r2:9"]);
+        assert_eq!(
+            (p.timing.renew, p.timing.timeout, p.timing.idle),
+            (
+                Duration::from_millis(200),
+                Duration::from_millis(1000),
+                LeaseTiming::DEFAULT.duration
+            )
+        );
+        // The default name is the same on every node: the sorted PEERS, hashed.
+        let other = ["--peers", "a:1,b:1", "--peer-advertise-address", "b:1"];
+        let q = parent(
+            &[
+                &other[..],
+                &["--cluster-mode", "lease", "--lease-parent", "r1:9"],
+            ]
+            .concat(),
+        );
+        assert_eq!(q.unwrap().name, p.name);
+        assert!(p.name.starts_with("peers-"), "{}", p.name);
+        let named = parent(&with(
+            "lease",
+            &["--lease-parent", "r1:9", "--lease-cluster-name", "eu-west"],
+        ));
+        assert_eq!(named.unwrap().name, "eu-west");
+        for (args, starts) in [
+            (
+                with("forward", &["--lease-parent", "r1:9"]),
+                "SLUICE_LEASE_PARENT=r1:9: needs SLUICE_CLUSTER_MODE=lease",
+            ),
+            (
+                with("lease", &["--lease-parent", "r1"]),
+                "SLUICE_LEASE_PARENT=r1: expected host:port",
+            ),
+            (
+                with("lease", &["--lease-parent", "r1:9,b:1"]),
+                "SLUICE_LEASE_PARENT=b:1: is one of this cluster's own peers",
+            ),
+            (
+                with(
+                    "lease",
+                    &["--lease-parent", "r1:9", "--lease-parent-renew-ms", "50"],
+                ),
+                "SLUICE_LEASE_PARENT_RENEW_MS=50: must be between SLUICE_LEASE_RENEW_MS (100)",
+            ),
+            (
+                with(
+                    "lease",
+                    &["--lease-parent", "r1:9", "--lease-parent-timeout-ms", "0"],
+                ),
+                "SLUICE_LEASE_PARENT_TIMEOUT_MS=0: must be between 1 and 60000",
+            ),
+            (
+                with(
+                    "lease",
+                    &["--lease-parent", "r1:9", "--lease-cluster-name", "a b"],
+                ),
+                "SLUICE_LEASE_CLUSTER_NAME=a b: must be 1 to 128 characters",
+            ),
+            (
+                vec!["--lease-parent", "r1:9"],
+                "SLUICE_LEASE_PARENT=r1:9: needs PEERS or PEERS_DNS",
+            ),
+        ] {
+            let err = error(&args);
+            assert!(err.starts_with(starts), "{err}");
+        }
     }
 
     #[test]

@@ -520,7 +520,15 @@ fn render_memory(out: &mut String, m: MemoryGauges) {
 }
 
 /// The lease-mode numbers that are gauges (table sizes); the others are counters.
-pub const LEASE_GAUGES: [&str; 4] = ["held_keys", "held_bytes", "leased_keys", "leased_bytes"];
+pub const LEASE_GAUGES: [&str; 7] = [
+    "held_keys",
+    "held_bytes",
+    "leased_keys",
+    "leased_bytes",
+    "parent_keys",
+    "parent_bytes",
+    "parent_unreachable",
+];
 
 /// The peer cluster's counters, write-behind counters and peers.
 fn render_cluster(out: &mut String, c: &ClusterGauges) {
@@ -597,7 +605,7 @@ fn render_lease(out: &mut String, lease: &[(&'static str, u64)]) {
         let (kind, help) = if gauge {
             (
                 "gauge",
-                "Lease mode: keys (and bytes charged) this node holds leases on, or leases as an owner.",
+                "Lease mode: keys (and bytes charged) this node holds leases on, leases as an owner, or holds a parent's grant for; 1 while the parent is unreachable.",
             )
         } else {
             (

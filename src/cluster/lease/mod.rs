@@ -135,6 +135,10 @@ pub struct KeyView {
     pub held: Option<HeldView>,
     /// When this node leases the key: every holder's lease.
     pub holders: Vec<HolderView>,
+    /// Below a parent (SLUICE_LEASE_PARENT), when this node owns the key: what the parent
+    /// granted this cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<parent::ParentView>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -107,8 +107,8 @@ pub struct ParentStats {
     pub failures: AtomicU64,
     /// Keys asked about in those calls.
     pub asks: AtomicU64,
-    /// Windows granted from the safe capacity (the parent unreachable).
-    pub safe_windows: AtomicU64,
+    /// Answers to this cluster's nodes from the safe capacity (the parent unreachable).
+    pub safe_answers: AtomicU64,
 }
 
 /// One key's parent grant, for the debug endpoint.
@@ -181,6 +181,7 @@ impl Upstream {
         };
         if !self.keys.contains_key(key) {
             if self.bytes() >= self.timing.max_bytes {
+                self.stats.safe_answers.fetch_add(1, Ordering::Relaxed);
                 return unrecorded();
             }
             self.keys.entry(key.into()).or_insert_with(|| {
@@ -200,6 +201,9 @@ impl Upstream {
         above.touched_us = now_us;
         let unreachable = self.unreachable() || above.refused;
         let (capacity, source) = above.capacity(now_us, unreachable);
+        if source == Source::Safe {
+            self.stats.safe_answers.fetch_add(1, Ordering::Relaxed);
+        }
         let ask_now = source == Source::Waiting && above.in_flight.is_none();
         (capacity, source, ask_now)
     }
@@ -247,7 +251,11 @@ impl Upstream {
             }
             None => {
                 for e in &self.keys {
-                    one(e.key(), &mut e.lock().unwrap_or_else(PoisonError::into_inner), None);
+                    one(
+                        e.key(),
+                        &mut e.lock().unwrap_or_else(PoisonError::into_inner),
+                        None,
+                    );
                 }
             }
         }
@@ -291,13 +299,15 @@ impl Upstream {
             // The longest recent round trip, decaying by an eighth a call.
             let rtt = now_us.saturating_sub(sent_us);
             let old = self.rtt_us.load(Ordering::Relaxed);
-            self.rtt_us
-                .store(rtt.max(old - old / 8), Ordering::Relaxed);
+            self.rtt_us.store(rtt.max(old - old / 8), Ordering::Relaxed);
         } else {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            let was = self
-                .unreachable_since_us
-                .compare_exchange(0, now_us.max(1), Ordering::Relaxed, Ordering::Relaxed);
+            let was = self.unreachable_since_us.compare_exchange(
+                0,
+                now_us.max(1),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
             if was.is_ok() {
                 tracing::warn!(
                     "the lease parent is unreachable: each cluster owner keeps its last grants \
@@ -323,11 +333,6 @@ impl Upstream {
             expires_in_ms: a.valid_until_us.saturating_sub(now_us) / 1000,
             safe_capacity: a.safe_capacity(),
         })
-    }
-
-    /// Counts a window (or a bucket's lease) handed out from the safe capacity.
-    pub fn count_safe(&self) {
-        self.stats.safe_windows.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -432,8 +437,11 @@ impl Above {
         let epoch = epoch_of(&self.quota, now_us);
         let (granted, _) = self.granted(now_us);
         let keep = if is_window(&self.quota) {
-            let need = (u128::from(done.demand_milli) * u128::from(lead_us)).div_ceil(1_000_000_000);
-            let want = done.used.saturating_add(u64::try_from(need).unwrap_or(u64::MAX));
+            let need =
+                (u128::from(done.demand_milli) * u128::from(lead_us)).div_ceil(1_000_000_000);
+            let want = done
+                .used
+                .saturating_add(u64::try_from(need).unwrap_or(u64::MAX));
             // What the holders hold is held, granted or not (a safe capacity handed out, or a
             // grant this owner does not know of after a ring change): the parent learns it.
             // Within the parent's fair part, so a cluster holding more (it asked first) gives
@@ -459,7 +467,7 @@ impl Above {
                 safe_capacity: self.safe,
                 ..self.quota
             },
-            epoch: if done.epoch == epoch { epoch } else { done.epoch },
+            epoch,
             used: done.used,
             keep,
             want: 0,
@@ -485,5 +493,182 @@ impl Above {
             self.holders = g.holders;
         }
         self.valid_until_us = sent_us.saturating_add(g.valid_us);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Unit;
+
+    const T0: u64 = 1_700_000_000_000_000;
+    const MS: u64 = 1_000;
+
+    fn upstream() -> Upstream {
+        Upstream::new(ParentTiming {
+            renew: Duration::from_millis(200),
+            timeout: Duration::from_millis(400),
+            idle: Duration::from_secs(1),
+            max_bytes: 1 << 20,
+        })
+    }
+
+    fn quota(safe: Option<u32>) -> Quota {
+        Quota {
+            safe_capacity: safe.and_then(NonZeroU32::new),
+            ..Quota::fixed(100, Unit::Second)
+        }
+    }
+
+    fn grant(epoch: u64, allowance: u64, next: Option<u64>, holders: u32) -> Grant {
+        Grant {
+            epoch,
+            allowance,
+            fair: Some(allowance),
+            next_allowance: next,
+            valid_us: 2_000 * MS,
+            others: 0,
+            holders,
+            leased: true,
+        }
+    }
+
+    fn waiting(q: Quota, want: u64, demand_milli: u64) -> Ask {
+        Ask {
+            quota: q,
+            epoch: 0,
+            used: 0,
+            keep: 0,
+            want,
+            demand_milli,
+            horizon_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_new_key_grants_nothing_and_asks_the_parent_at_once_then_serves_its_grants() {
+        let up = upstream();
+        let q = quota(None);
+        let e = epoch_of(&q, T0);
+        let (c, source, ask_now) = up.capacity("k", &q, T0);
+        assert_eq!(
+            (c.current, c.next, source, ask_now),
+            (Some(0), Some(0), Source::Waiting, true)
+        );
+        let due = up.renewals(T0, Some(&[("k", waiting(q, 3, 40_000))]), |_| None);
+        assert_eq!(due.len(), 1);
+        let ask = due[0].1;
+        assert_eq!((ask.want, ask.demand_milli, ask.epoch), (3, 40_000, e));
+        // The horizon covers two renewals at the parent and the round trip (half the timeout
+        // until one is measured).
+        assert_eq!(ask.horizon_us, 600 * MS);
+        // A call under way: no second ask.
+        assert!(!up.capacity("k", &q, T0 + MS).2);
+        assert!(up.renewals(T0 + MS, None, |_| None).is_empty());
+        up.answer("k", Some(&grant(e, 40, Some(55), 3)), T0);
+        let (c, source, _) = up.capacity("k", &q, T0 + 2 * MS);
+        assert_eq!(
+            (c.current, c.next, source),
+            (Some(40), Some(55), Source::Parent)
+        );
+        // The next window runs on what was granted ahead; its own next is not granted yet.
+        let later = T0 + 1_000 * MS;
+        let (c, source, _) = up.capacity("k", &q, later);
+        assert_eq!(
+            (c.current, c.next, source),
+            (Some(55), Some(0), Source::Parent)
+        );
+    }
+
+    #[test]
+    fn a_renewal_keeps_what_is_used_and_the_need_until_the_next_grant_within_the_fair_part() {
+        let up = upstream();
+        let q = quota(None);
+        let e = epoch_of(&q, T0);
+        up.capacity("k", &q, T0);
+        up.answer("k", Some(&grant(e, 80, None, 2)), T0);
+        let done = Summary {
+            epoch: e,
+            used: 8,
+            held: 10,
+            held_next: 0,
+            demand_milli: 100_000,
+        };
+        // Need for the renewal interval and the round trip (200 + 200 ms) at 100/s: 40, and 8
+        // used: keep 48 of the 80 granted, giving 32 back.
+        let due = up.renewals(T0 + MS, None, |_| Some(done));
+        assert_eq!(
+            (due[0].1.used, due[0].1.keep, due[0].1.demand_milli),
+            (8, 48, 100_000)
+        );
+        assert_eq!(up.capacity("k", &q, T0 + 2 * MS).0.current, Some(48));
+        // What the holders hold is kept whatever the need.
+        up.answer("k", Some(&grant(e, 48, None, 2)), T0 + MS);
+        let idle = Summary {
+            demand_milli: 0,
+            ..done
+        };
+        let due = up.renewals(T0 + 3 * MS, None, |_| Some(idle));
+        assert_eq!(due[0].1.keep, 10);
+    }
+
+    #[test]
+    fn an_unreachable_parent_leaves_the_last_grant_then_the_safe_capacity() {
+        let up = upstream();
+        let q = quota(None);
+        let e = epoch_of(&q, T0);
+        up.capacity("k", &q, T0);
+        up.answer("k", Some(&grant(e, 70, None, 4)), T0);
+        up.called(false, T0 + 10 * MS, T0 + 20 * MS);
+        assert!(up.unreachable());
+        let (c, source, ask_now) = up.capacity("k", &q, T0 + 30 * MS);
+        // The window's grant stands; the next window gets the safe capacity: the limit over
+        // the 4 clusters the parent counted.
+        assert_eq!(
+            (c.current, c.next, source, ask_now),
+            (Some(70), Some(25), Source::Parent, false)
+        );
+        let (c, source, _) = up.capacity("k", &q, T0 + 1_000 * MS);
+        assert_eq!((c.current, source), (Some(25), Source::Safe));
+        // The YAML's safe capacity comes first.
+        let (c, _, _) = up.capacity("k", &quota(Some(10)), T0 + 1_000 * MS);
+        assert_eq!(c.current, Some(10), "{c:?}");
+        // A key the parent never answered for has no safe capacity but the YAML's.
+        let (c, source, _) = up.capacity("new", &q, T0 + 1_000 * MS);
+        assert_eq!((c.current, source), (Some(0), Source::Safe));
+        // Answering again ends it.
+        up.called(true, T0 + 1_100 * MS, T0 + 1_200 * MS);
+        assert!(!up.unreachable());
+        assert_eq!(up.capacity("k", &q, T0 + 1_300 * MS).1, Source::Waiting);
+        assert_eq!(up.stats.safe_answers.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn a_bucket_gets_the_parents_share_and_the_safe_capacity_as_a_share() {
+        let up = upstream();
+        let q = Quota {
+            safe_capacity: NonZeroU32::new(25),
+            ..Quota::fixed(100, Unit::Second).with_algorithm(crate::limiter::Algorithm::TokenBucket)
+        };
+        up.capacity("b", &q, T0);
+        up.answer("b", Some(&grant(0, 300_000, None, 2)), T0);
+        assert_eq!(up.capacity("b", &q, T0 + MS).0.current, Some(300_000));
+        up.called(false, T0, T0 + MS);
+        assert_eq!(
+            up.capacity("b", &q, T0 + 3_000 * MS).0.current,
+            Some(250_000)
+        );
+    }
+
+    #[test]
+    fn idle_keys_are_forgotten_and_their_bytes_returned() {
+        let up = upstream();
+        let q = quota(None);
+        up.capacity("k", &q, T0);
+        assert_eq!(up.bytes(), ABOVE_CHARGE + 1);
+        assert!(up.renewals(T0 + 999 * MS, None, |_| None).len() == 1);
+        up.answer("k", None, T0 + 999 * MS);
+        assert!(up.renewals(T0 + 1_000 * MS, None, |_| None).is_empty());
+        assert_eq!((up.len(), up.bytes()), (0, 0));
     }
 }

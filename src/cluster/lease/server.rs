@@ -224,7 +224,11 @@ impl Epoch {
 
     /// The holders whose leases are live at `now_us`.
     fn live(&self, now_us: u64) -> u32 {
-        let live = self.holders.iter().filter(|h| h.expires_us > now_us).count();
+        let live = self
+            .holders
+            .iter()
+            .filter(|h| h.expires_us > now_us)
+            .count();
         u32::try_from(live).unwrap_or(u32::MAX)
     }
 

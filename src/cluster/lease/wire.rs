@@ -7,8 +7,8 @@
 use std::num::NonZeroU32;
 
 use super::{Ask, Grant};
-use crate::limiter::Quota;
 use crate::cluster::peer::{LeaseAsk, LeaseGrant, LeaseRequest, PeerHit};
+use crate::limiter::Quota;
 use crate::store::Hit;
 
 /// The most asks one Lease call carries; a renewal of more keys takes several calls.

@@ -103,6 +103,7 @@ impl wire::peer_server::Peer for Owner {
         let grants = self
             .local
             .answer_leases(&req.node, &asks, now)
+            .await
             .ok_or_else(|| {
                 tonic::Status::failed_precondition(
                     "this node is not in lease mode (SLUICE_CLUSTER_MODE=lease on every peer)",

@@ -1,0 +1,183 @@
+//! SLUICE_LEASE_PARENT's calls: the key owners of a lease cluster asking the parent cluster
+//! for their keys' capacity ([`super::lease::parent`] is the logic). One task renews every key
+//! this node owns and leases, every SLUICE_LEASE_PARENT_RENEW_MS, in one Lease call per parent
+//! peer (the key's owner among the parent's peers, by the same rendezvous hashing), under this
+//! cluster's name; and an owner asked about a key it holds no grant for asks the parent at
+//! once, waiting at most half SLUICE_PEER_TIMEOUT_MS before it answers its node (the answer
+//! then grants nothing new, and the next renewal carries the parent's grant).
+//!
+//! A parent peer whose call fails is skipped for [`DOWN_FOR`], its keys asked of the next one
+//! (a stand-in, which rebuilds them from this cluster's reports). Calls use the peer listener's
+//! protocol and SLUICE_PEER_TLS: the tree shares one CA.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::lease::parent::{ParentView, Upstream};
+use super::lease::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
+use super::peer::{LeaseAsk, PeerClient};
+use super::ring::{Ring, key_hash};
+use super::{ClusterStats, ParentConfig};
+use crate::clock::Clock;
+use crate::tls::PeerTls;
+
+/// How long a parent peer whose call failed is skipped.
+const DOWN_FOR: Duration = Duration::from_secs(1);
+
+/// This node's link to the parent cluster.
+pub struct ParentLink {
+    pub upstream: Upstream,
+    ring: Ring,
+    clients: Vec<PeerClient>,
+    /// Per parent peer: until when (µs) it is skipped.
+    down_until_us: Vec<AtomicU64>,
+    /// This cluster's name, which names its leases at the parent.
+    name: String,
+    clock: Arc<dyn Clock>,
+    /// How long an owner's answer waits for the parent on a key with no grant.
+    wait: Duration,
+}
+
+impl ParentLink {
+    pub(super) fn start(
+        config: &ParentConfig,
+        peer_timeout: Duration,
+        tls: Option<&PeerTls>,
+        stats: Arc<ClusterStats>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, String> {
+        let ring = Ring::new(config.peers.iter().cloned());
+        let timing = config.timing;
+        let clients = ring
+            .addrs()
+            .map(|a| PeerClient::start(a, timing.timeout, Duration::ZERO, tls, stats.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("SLUICE_LEASE_PARENT: {e}"))?;
+        let down_until_us = (0..ring.len()).map(|_| AtomicU64::new(0)).collect();
+        Ok(ParentLink {
+            upstream: Upstream::new(timing),
+            ring,
+            clients,
+            down_until_us,
+            name: config.name.clone(),
+            clock,
+            wait: (peer_timeout / 2).min(timing.timeout),
+        })
+    }
+
+    pub fn now(&self) -> crate::clock::Timestamp {
+        self.clock.now()
+    }
+
+    /// The parent peer that owns `key` among those not skipped at `now_us`.
+    fn owner(&self, key: &str, now_us: u64) -> Option<usize> {
+        self.ring.owner(key_hash(key), |i| {
+            self.down_until_us[i].load(Ordering::Relaxed) <= now_us
+        })
+    }
+
+    /// `key`'s capacity for its owner's lease server, the parent asked at once when it has
+    /// granted nothing for the window (see [`Self::ask_waiting`]).
+    pub fn capacity(&self, key: &str, ask: &Ask, now_us: u64) -> (Capacity, bool) {
+        let (capacity, _, ask_now) = self.upstream.capacity(key, &ask.quota, now_us);
+        (capacity, ask_now)
+    }
+
+    /// Asks the parent at once about the keys in `waiting` (with the asks of the nodes waiting
+    /// on them) and waits for the answer at most half the peer timeout; the call goes on after
+    /// that, and its grants serve the next asks.
+    pub async fn ask_waiting(self: &Arc<Self>, server: &Arc<LeaseServer>, waiting: &[(&str, Ask)]) {
+        let now = self.clock.now();
+        let due = self
+            .upstream
+            .renewals(now.micros(), Some(waiting), |k| server.summary(k, now));
+        if due.is_empty() {
+            return;
+        }
+        let link = self.clone();
+        let call = tokio::spawn(async move { link.send(due).await });
+        let _ = tokio::time::timeout(self.wait, call).await;
+    }
+
+    /// Renews every key at the parent every SLUICE_LEASE_PARENT_RENEW_MS.
+    pub async fn renew_forever(self: Arc<Self>, server: Arc<LeaseServer>) {
+        let mut tick = tokio::time::interval(self.upstream.timing().renew);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = self.clock.now();
+            let due = self
+                .upstream
+                .renewals(now.micros(), None, |k| server.summary(k, now));
+            self.send(due).await;
+        }
+    }
+
+    /// Sends `due` to the parent: one call per parent peer (in chunks of [`MAX_LEASE_ASKS`]),
+    /// all at once; each grant (or failure) goes to its key.
+    async fn send(&self, due: Vec<(Box<str>, Ask)>) {
+        if due.is_empty() {
+            return;
+        }
+        let sent_us = self.clock.now().micros();
+        let mut by_owner: Vec<Vec<(Box<str>, Ask)>> = vec![Vec::new(); self.ring.len()];
+        let mut orphans = Vec::new();
+        for item in due {
+            match self.owner(&item.0, sent_us) {
+                Some(i) => by_owner[i].push(item),
+                None => orphans.push(item),
+            }
+        }
+        if !orphans.is_empty() {
+            // Every parent peer failed within the last second: a failed call for these keys.
+            self.upstream.called(false, sent_us, sent_us);
+            for (key, _) in &orphans {
+                self.upstream.answer(key, None, sent_us);
+            }
+        }
+        let calls = by_owner
+            .iter()
+            .enumerate()
+            .flat_map(|(i, items)| items.chunks(MAX_LEASE_ASKS).map(move |chunk| (i, chunk)));
+        let calls = calls.map(|(i, chunk)| async move {
+            let wire = chunk.iter().map(|(k, a)| LeaseAsk::from_ask(k, a)).collect();
+            self.upstream
+                .stats
+                .asks
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            let result = self.clients[i].lease(&self.name, wire).await;
+            let now_us = self.clock.now().micros();
+            self.upstream.called(result.is_ok(), sent_us, now_us);
+            match result {
+                Ok(grants) if grants.len() == chunk.len() => {
+                    for ((key, _), g) in chunk.iter().zip(&grants) {
+                        self.upstream.answer(key, Some(&Grant::from(g)), sent_us);
+                    }
+                }
+                other => {
+                    if let Err(e) = &other {
+                        tracing::warn!(parent = self.ring.addr(i), error = %e, "lease parent call failed");
+                    }
+                    self.down_until_us[i].store(
+                        now_us + super::lease::server::micros(DOWN_FOR),
+                        Ordering::Relaxed,
+                    );
+                    for (key, _) in chunk {
+                        self.upstream.answer(key, None, sent_us);
+                    }
+                }
+            }
+        });
+        futures_util::future::join_all(calls).await;
+    }
+
+    /// `key`'s parent grant, for the debug endpoint.
+    pub fn view(&self, key: &str) -> Option<ParentView> {
+        let now_us = self.clock.now().micros();
+        let parent = self
+            .owner(key, now_us)
+            .map_or("(none reachable)", |i| self.ring.addr(i));
+        self.upstream.view(key, parent, now_us)
+    }
+}
