@@ -1,0 +1,367 @@
+//! One limit across clusters (SLUICE_LEASE_PARENT, issue 39), against real `sluice` processes:
+//! a root lease cluster of two nodes and two child lease clusters of two nodes each, on
+//! loopback, every node driven by its own client thread as fast as this machine lets it.
+//!
+//! - A key offered twice its limit in each child admits the limit across both, and no more.
+//! - A token bucket's demand moving from one child to the other moves its share to the other
+//!   within the bound `docs/cluster.md` ("Regions") states.
+//! - The root killed: the children go on within their safe capacity, and recover once it is
+//!   back.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
+)]
+mod node;
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use node::Node;
+use support::{http, wait_for, with_window_to_spare};
+
+/// The hour limit of the first test.
+const HOUR_LIMIT: usize = 200;
+/// The token bucket's rate (and capacity), per second.
+const RATE: usize = 100;
+/// The one-second window's limit of the last test, and its safe capacity.
+const SECOND_LIMIT: usize = 100;
+const SAFE: usize = 20;
+
+fn limits_yaml() -> String {
+    format!(
+        "domain: d\ndescriptors:\n\
+         \x20 - key: hour\n    rate_limit: {{unit: hour, requests_per_unit: {HOUR_LIMIT}}}\n\
+         \x20 - key: rate\n    rate_limit: {{unit: second, requests_per_unit: {RATE}, algorithm: token_bucket}}\n\
+         \x20 - key: second\n    rate_limit: {{unit: second, requests_per_unit: {SECOND_LIMIT}, safe_capacity: {SAFE}}}\n"
+    )
+}
+
+fn body(key: &str, value: &str) -> String {
+    format!(
+        r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}]}}]}}"#
+    )
+}
+
+/// A lease cluster of two nodes, below `parent` when given.
+struct Cluster {
+    nodes: Vec<Node>,
+    peers: String,
+}
+
+impl Cluster {
+    fn new(parent: Option<(&str, &str)>) -> Cluster {
+        let mut env = vec![
+            ("SLUICE_CLUSTER_MODE".to_owned(), "lease".to_owned()),
+            // A slow peer on a loaded machine is not a lost one (the tests kill what they
+            // mean to lose); an owner waits half of it for its parent on a key new to it.
+            ("SLUICE_PEER_TIMEOUT_MS".to_owned(), "2000".to_owned()),
+        ];
+        if let Some((peers, name)) = parent {
+            env.push(("SLUICE_LEASE_PARENT".to_owned(), peers.to_owned()));
+            env.push(("SLUICE_LEASE_CLUSTER_NAME".to_owned(), name.to_owned()));
+        }
+        let nodes: Vec<Node> = (0..2).map(|_| Node::new(env.clone())).collect();
+        let peers = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        Cluster { nodes, peers }
+    }
+
+    fn start(&mut self, config: &std::path::Path) {
+        for n in &mut self.nodes {
+            n.start(&self.peers, config);
+        }
+        // Until each node has seen the other answer, two owners may serve one key.
+        for (i, n) in self.nodes.iter().enumerate() {
+            let other = &self.nodes[1 - i];
+            let line = format!("sluice.cluster.peer_up.127.0.0.1:{}: 1", other.peer);
+            wait_for(
+                "the peers to see each other",
+                Duration::from_secs(15),
+                || http(n.debug, "GET", "/stats", "").is_some_and(|(_, b)| b.contains(&line)),
+            );
+        }
+    }
+}
+
+/// A root cluster and two children below it, started on one config directory.
+struct Tree {
+    dir: tempfile::TempDir,
+    root: Cluster,
+    children: [Cluster; 2],
+}
+
+impl Tree {
+    fn start() -> Tree {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("limits.yaml"), limits_yaml()).unwrap();
+        let mut root = Cluster::new(None);
+        root.start(dir.path());
+        let mut children = [
+            Cluster::new(Some((&root.peers, "a"))),
+            Cluster::new(Some((&root.peers, "b"))),
+        ];
+        for c in &mut children {
+            c.start(dir.path());
+        }
+        Tree {
+            dir,
+            root,
+            children,
+        }
+    }
+
+    /// The debug ports of the child nodes: child 0's two, then child 1's.
+    fn child_ports(&self) -> Vec<(u16, u16)> {
+        self.children
+            .iter()
+            .flat_map(|c| c.nodes.iter().map(|n| (n.http, n.debug)))
+            .collect()
+    }
+}
+
+/// One client thread per child node, sending `body` one request at a time (at most one per
+/// `pace`), recording when each request was admitted; each stops after `per_node` requests
+/// (if given), or when told.
+struct Load {
+    stop: Arc<AtomicBool>,
+    /// Per child node (child 0's two, then child 1's): when each admitted request was answered,
+    /// and how many were answered.
+    admitted: Vec<Arc<Mutex<Vec<Instant>>>>,
+    threads: Vec<std::thread::JoinHandle<usize>>,
+}
+
+impl Load {
+    fn start(
+        tree: &Tree,
+        on: &[usize],
+        body: &str,
+        per_node: Option<usize>,
+        pace: Duration,
+    ) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ports = tree.child_ports();
+        let admitted: Vec<Arc<Mutex<Vec<Instant>>>> =
+            (0..ports.len()).map(|_| Arc::default()).collect();
+        let threads = on
+            .iter()
+            .map(|&i| {
+                let (stop, admitted, port, body) = (
+                    stop.clone(),
+                    admitted[i].clone(),
+                    ports[i].0,
+                    body.to_owned(),
+                );
+                std::thread::spawn(move || {
+                    let mut answered = 0;
+                    let start = Instant::now();
+                    while !stop.load(Ordering::Relaxed) && per_node.is_none_or(|n| answered < n) {
+                        let due = start + pace * u32::try_from(answered).unwrap_or(u32::MAX);
+                        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                        match http(port, "POST", "/json", &body) {
+                            Some((200, _)) => admitted.lock().unwrap().push(Instant::now()),
+                            Some((429, _)) => {}
+                            other => panic!("node on port {port} answered {other:?}"),
+                        }
+                        answered += 1;
+                    }
+                    answered
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            admitted,
+            threads,
+        }
+    }
+
+    /// Stops the threads; the requests each answered.
+    fn stop(self) -> (Vec<Vec<Instant>>, Vec<usize>) {
+        self.stop.store(true, Ordering::Relaxed);
+        let answered = self
+            .threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        let admitted = self
+            .admitted
+            .iter()
+            .map(|a| a.lock().unwrap().clone())
+            .collect();
+        (admitted, answered)
+    }
+
+    /// Requests child `child`'s nodes admitted in `[from, to)`.
+    fn admitted_in(&self, child: usize, from: Instant, to: Instant) -> usize {
+        self.admitted[child * 2..child * 2 + 2]
+            .iter()
+            .map(|a| {
+                a.lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|t| **t >= from && **t < to)
+                    .count()
+            })
+            .sum()
+    }
+}
+
+#[test]
+fn a_key_offered_twice_its_limit_in_each_child_admits_the_limit_across_both_and_no_more() {
+    with_window_to_spare(3600, 60);
+    let tree = Tree::start();
+    // Two nodes a child: twice the limit in each child, over four seconds.
+    let per_node = HOUR_LIMIT;
+    let pace = Duration::from_secs(4) / u32::try_from(per_node).unwrap();
+    let load = Load::start(
+        &tree,
+        &[0, 1, 2, 3],
+        &body("hour", "v1"),
+        Some(per_node),
+        pace,
+    );
+    while load.threads.iter().any(|t| !t.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (admitted, answered) = load.stop();
+    assert_eq!(answered, vec![per_node; 4]);
+    let per_child: Vec<usize> = admitted
+        .chunks(2)
+        .map(|c| c[0].len() + c[1].len())
+        .collect();
+    let total: usize = per_child.iter().sum();
+    eprintln!("admitted per child {per_child:?}, total {total} of {HOUR_LIMIT}");
+    assert!(
+        total <= HOUR_LIMIT,
+        "{total} admitted past the limit of {HOUR_LIMIT}"
+    );
+    assert!(
+        total >= HOUR_LIMIT * 9 / 10,
+        "only {total} of {HOUR_LIMIT} admitted"
+    );
+    // The root leases the key to the two clusters, by name; each child's owner shows its grant.
+    let root_view = (0..2)
+        .filter_map(|i| {
+            http(
+                tree.root.nodes[i].debug,
+                "GET",
+                "/debug/lease?key=d_hour_v1_",
+                "",
+            )
+        })
+        .map(|(_, b)| b)
+        .find(|b| b.contains(r#""node":"a""#))
+        .expect("a root node leases the key to child a");
+    assert!(root_view.contains(r#""node":"b""#), "{root_view}");
+    let child_view = tree.children[0]
+        .nodes
+        .iter()
+        .filter_map(|n| http(n.debug, "GET", "/debug/lease?key=d_hour_v1_", ""))
+        .map(|(_, b)| b)
+        .find(|b| b.contains(r#""parent":{"#))
+        .expect("child a's owner shows the parent's grant");
+    assert!(child_view.contains(r#""source":"parent""#), "{child_view}");
+    drop(tree.dir);
+}
+
+#[test]
+fn a_buckets_demand_moving_to_the_other_child_moves_its_share_within_two_seconds() {
+    let tree = Tree::start();
+    let body = body("rate", "v1");
+    let began = Instant::now();
+    let before = Load::start(&tree, &[0, 1], &body, None, Duration::ZERO);
+    std::thread::sleep(Duration::from_secs(3));
+    let moved = Instant::now();
+    let after = Load::start(&tree, &[2, 3], &body, None, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(300));
+    let (admitted_before, _) = before.stop();
+    std::thread::sleep(Duration::from_secs(4));
+    // The first half second in which child b admits at least 80% of the rate.
+    let half = Duration::from_millis(500);
+    let full = (0..60)
+        .map(|i| moved + Duration::from_millis(100 * i))
+        .find(|&t| after.admitted_in(1, t, t + half) >= RATE * 8 / 10 / 2);
+    let (admitted, _) = after.stop();
+    let secs = began.elapsed().as_secs_f64();
+    let took = full.map(|t| t - moved);
+    let total: usize = admitted.iter().chain(&admitted_before).map(Vec::len).sum();
+    eprintln!(
+        "child b reached 80% of the rate {took:?} after the demand moved; {total} admitted in \
+         {secs:.1} s across both"
+    );
+    // The rate over the whole run, and the bucket's capacity once: the children's shares
+    // never sum past the whole.
+    let bound = (RATE as f64 * (secs + 1.0)) as usize;
+    assert!(
+        total <= bound,
+        "{total} admitted in {secs:.1} s, past {bound}"
+    );
+    let took = took.expect("child b never reached 80% of the rate");
+    assert!(
+        took <= Duration::from_secs(2),
+        "the share took {took:?} to move"
+    );
+}
+
+#[test]
+fn the_root_lost_children_go_on_within_their_safe_capacity_then_recover() {
+    let mut tree = Tree::start();
+    let load = Load::start(
+        &tree,
+        &[0, 1, 2, 3],
+        &body("second", "v1"),
+        None,
+        Duration::ZERO,
+    );
+    let began = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    // Two seconds with the root span at most three windows of the limit across both children.
+    let now = Instant::now();
+    let healthy = load.admitted_in(0, began, now) + load.admitted_in(1, began, now);
+    eprintln!("{healthy} admitted in 2 s with the root (limit {SECOND_LIMIT}/s)");
+    assert!(healthy <= SECOND_LIMIT * 3, "{healthy} admitted in 2 s");
+    assert!(healthy >= SECOND_LIMIT, "only {healthy} admitted in 2 s");
+    for n in &mut tree.root.nodes {
+        n.kill();
+    }
+    // The last grants cover at most this window and the next one.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let from = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let to = Instant::now();
+    // Three seconds span at most four windows, each of at most the safe capacity per child.
+    for child in 0..2 {
+        let n = load.admitted_in(child, from, to);
+        eprintln!("child {child} admitted {n} in 3 s without the root (safe capacity {SAFE}/s)");
+        assert!(n > 0, "child {child} stopped admitting without its parent");
+        assert!(
+            n <= SAFE * 4,
+            "child {child} admitted {n} in 3 s, past its safe capacity"
+        );
+    }
+    let back = Instant::now();
+    tree.root.start(tree.dir.path());
+    let mut recovered = None;
+    while back.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = Instant::now();
+        let last = load.admitted_in(0, now - Duration::from_secs(1), now)
+            + load.admitted_in(1, now - Duration::from_secs(1), now);
+        if last >= SECOND_LIMIT * 8 / 10 {
+            recovered = Some(back.elapsed());
+            break;
+        }
+    }
+    load.stop();
+    eprintln!("recovered to 80% of the limit {recovered:?} after the root restarted");
+    assert!(
+        recovered.is_some(),
+        "the children never recovered the limit"
+    );
+}
