@@ -46,11 +46,12 @@
 //!   so that a ring change in the child does not make a new holder at the parent.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::clock::Timestamp;
+use sluice::cluster::lease::parent::Upstream;
 use sluice::cluster::lease::{Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, Route, Slot};
 use sluice::limiter::{Quota, Unit};
 
@@ -232,25 +233,12 @@ struct Node {
     changes: u64,
 }
 
-/// A region's key owner: the library's server, and what the root granted the region.
+/// A region's key owner: the library's server, and its link to the root (the library's
+/// [`Upstream`], which `SLUICE_LEASE_PARENT` runs).
 struct RegionOwner {
     server: LeaseServer,
     name: String,
-    /// (key, window) -> what the root granted the region for it.
-    root_caps: HashMap<(u32, u64), u64>,
-    /// (key, window) -> the root's fair part for the region.
-    root_fair: HashMap<(u32, u64), u64>,
-    /// key -> (the last allowance the root granted, until when the region may keep using it).
-    last_root: HashMap<u32, (u64, u64)>,
-    /// (key, window) -> node -> (what it holds, what it used), as this owner knows it.
-    handed: HashMap<(u32, u64), BTreeMap<usize, (u64, u64)>>,
-    /// key -> the last time a node asked about it.
-    active: BTreeMap<u32, u64>,
-    /// Whether the region's last call to the root failed: only then does it use its last
-    /// grant in a window the root did not grant, and then the safe capacity.
-    root_unreachable: bool,
-    /// Keys with an acquire at the root under way.
-    acquiring: HashMap<u32, ()>,
+    up: Upstream,
     round_at: u64,
     outstanding: u32,
 }
@@ -287,7 +275,7 @@ struct RootCall {
     region: usize,
     sent: u64,
     acquire: bool,
-    asks: Vec<(u32, Ask)>,
+    asks: Vec<(Box<str>, Ask)>,
     grants: Vec<Grant>,
 }
 
@@ -424,13 +412,7 @@ impl<'k> Sim<'k> {
             .map(|r| RegionOwner {
                 server: LeaseServer::new(node_timing),
                 name: format!("region-{r}"),
-                root_caps: HashMap::new(),
-                root_fair: HashMap::new(),
-                last_root: HashMap::new(),
-                handed: HashMap::new(),
-                active: BTreeMap::new(),
-                root_unreachable: false,
-                acquiring: HashMap::new(),
+                up: tree::upstream(ROOT_RENEW_US),
                 round_at: 0,
                 outstanding: 0,
             })
@@ -461,7 +443,10 @@ impl<'k> Sim<'k> {
     }
 
     /// The tree with the region owners renewing at the root every `us`.
-    fn root_renewing(self, us: u64) -> Self {
+    fn root_renewing(mut self, us: u64) -> Self {
+        for r in &mut self.regions {
+            r.up = tree::upstream(us);
+        }
         Sim {
             root_renew_us: us,
             root: LeaseServer::new(timing(us, ROOT_LEASE_US)),
@@ -579,11 +564,6 @@ impl<'k> Sim<'k> {
         self.root.sweep(ts(now));
         for r in &mut self.regions {
             r.server.sweep(ts(now));
-            let current = window(now);
-            r.root_caps.retain(|&(_, w), _| w + 1 >= current);
-            r.root_fair.retain(|&(_, w), _| w + 1 >= current);
-            r.handed.retain(|&(_, w), _| w + 1 >= current);
-            r.active.retain(|_, &mut at| at + ROOT_LEASE_US > now);
         }
         for s in self.stand_ins.iter().flatten() {
             s.sweep(ts(now));

@@ -18,12 +18,15 @@ use super::lease::parent::{ParentView, Upstream};
 use super::lease::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
 use super::peer::{LeaseAsk, PeerClient};
 use super::ring::{Ring, key_hash};
-use super::{ClusterStats, ParentConfig};
+use super::{ClusterConfig, ClusterStats, ParentConfig};
 use crate::clock::Clock;
 use crate::tls::PeerTls;
 
 /// How long a parent peer whose call failed is skipped.
 const DOWN_FOR: Duration = Duration::from_secs(1);
+
+/// A link started, and its renewal task.
+type Spawned = (Arc<ParentLink>, tokio::task::JoinHandle<()>);
 
 /// This node's link to the parent cluster.
 pub struct ParentLink {
@@ -40,7 +43,24 @@ pub struct ParentLink {
 }
 
 impl ParentLink {
-    pub(super) fn start(
+    /// The link to the cluster's parent (SLUICE_LEASE_PARENT), and its renewal task for the
+    /// keys `server` leases; `None` without a parent (or outside lease mode).
+    pub(super) fn spawn(
+        settings: &ClusterConfig,
+        server: Option<&Arc<LeaseServer>>,
+        tls: Option<PeerTls>,
+        (stats, clock): (Arc<ClusterStats>, Arc<dyn Clock>),
+    ) -> Result<Option<Spawned>, String> {
+        let (Some(config), Some(server)) = (&settings.parent, server) else {
+            return Ok(None);
+        };
+        let link = Self::start(config, settings.timeout, tls.as_ref(), stats, clock)?;
+        let link = Arc::new(link);
+        let task = tokio::spawn(link.clone().renew_forever(server.clone()));
+        Ok(Some((link, task)))
+    }
+
+    fn start(
         config: &ParentConfig,
         peer_timeout: Duration,
         tls: Option<&PeerTls>,
@@ -101,7 +121,7 @@ impl ParentLink {
     }
 
     /// Renews every key at the parent every SLUICE_LEASE_PARENT_RENEW_MS.
-    pub async fn renew_forever(self: Arc<Self>, server: Arc<LeaseServer>) {
+    async fn renew_forever(self: Arc<Self>, server: Arc<LeaseServer>) {
         let mut tick = tokio::time::interval(self.upstream.timing().renew);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

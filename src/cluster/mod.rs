@@ -335,7 +335,7 @@ impl ClusterStore {
             PeerSource::Dns { .. } => Vec::new(),
         };
         let stats = Arc::new(ClusterStats::default());
-        let tls_for_parent = tls.clone();
+        let tls_parent = tls.clone();
         let dialer = Dialer {
             settings: settings.clone(),
             tls,
@@ -371,20 +371,12 @@ impl ClusterStore {
         };
         let lease_mode = settings.mode == ClusterMode::Lease;
         let leases = lease_mode.then(|| Arc::new(LeaseServer::new(settings.lease)));
-        let parent = match (&settings.parent, &leases) {
-            (Some(config), Some(server)) => {
-                let link = Arc::new(lease_parent::ParentLink::start(
-                    config,
-                    settings.timeout,
-                    tls_for_parent.as_ref(),
-                    stats.clone(),
-                    clock.clone(),
-                )?);
-                tasks.push(tokio::spawn(link.clone().renew_forever(server.clone())));
-                Some(link)
-            }
-            _ => None,
-        };
+        let tools = (stats.clone(), clock.clone());
+        let parent = lease_parent::ParentLink::spawn(settings, leases.as_ref(), tls_parent, tools)?
+            .map(|(link, task)| {
+                tasks.push(task);
+                link
+            });
         let owner = Arc::new(OwnerStore {
             local: local.clone(),
             durable,

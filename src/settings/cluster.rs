@@ -281,7 +281,7 @@ impl ClusterArgs {
             return Err(invalid(
                 "SLUICE_LEASE_PARENT_RENEW_MS",
                 renew_ms,
-                &format!("must be between SLUICE_LEASE_RENEW_MS ({renew_floor}) and 10000"),
+                format!("must be between SLUICE_LEASE_RENEW_MS ({renew_floor}) and 10000"),
             ));
         }
         let timeout_ms = self.lease_parent_timeout_ms;

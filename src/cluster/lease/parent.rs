@@ -11,8 +11,9 @@
 //! - **Capacity** ([`Upstream::capacity`]): the parent's grant for the window (or, granted
 //!   ahead, the next one), while its lease holds. With no grant for the window the owner grants
 //!   nothing new and asks the parent at once; once calls to the parent fail, it uses the
-//!   **safe capacity** (the limit's YAML `safe_capacity`, else the limit over the children the
-//!   parent last counted) for each window its last grant does not cover.
+//!   **safe capacity** (the limit's YAML `safe_capacity`, else the limit over the clusters the
+//!   parent last counted holding the key, or any key; nothing before the parent ever answered)
+//!   for each window its last grant does not cover.
 //! - **Renewals** ([`Upstream::renewals`]): every SLUICE_LEASE_PARENT_RENEW_MS one ask per key,
 //!   carrying what the cluster's holders used and hold, their summed demand, and what to keep:
 //!   what they hold plus their need until the next grant can arrive, within what was granted.
@@ -25,7 +26,7 @@
 //!   any lease owner does after a ring change ([`super::server`], "Rebuild").
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -95,6 +96,9 @@ pub struct Upstream {
     unreachable_since_us: AtomicU64,
     /// The longest round trip of the last calls (µs), decaying: what the horizon covers.
     rtt_us: AtomicU64,
+    /// The clusters the parent last counted on any key: the dynamic safe capacity's divisor
+    /// for a key it never answered about (0 before any answer).
+    children: AtomicU32,
     bytes: AtomicUsize,
     pub stats: ParentStats,
 }
@@ -135,6 +139,7 @@ impl Upstream {
             timing,
             unreachable_since_us: AtomicU64::new(0),
             rtt_us: AtomicU64::new(micros(timing.timeout) / 2),
+            children: AtomicU32::new(0),
             bytes: AtomicUsize::new(0),
             stats: ParentStats::default(),
         }
@@ -200,7 +205,8 @@ impl Upstream {
         above.safe = quota.safe_capacity.or(above.safe);
         above.touched_us = now_us;
         let unreachable = self.unreachable() || above.refused;
-        let (capacity, source) = above.capacity(now_us, unreachable);
+        let children = self.children.load(Ordering::Relaxed);
+        let (capacity, source) = above.capacity(now_us, unreachable, children);
         if source == Source::Safe {
             self.stats.safe_answers.fetch_add(1, Ordering::Relaxed);
         }
@@ -281,6 +287,9 @@ impl Upstream {
 
     /// The parent's answer to the ask about `key` sent at `sent_us` (`None`: the call failed).
     pub fn answer(&self, key: &str, grant: Option<&Grant>, sent_us: u64) {
+        if let Some(g) = grant.filter(|g| g.holders > 0) {
+            self.children.store(g.holders, Ordering::Relaxed);
+        }
         if let Some(e) = self.keys.get(key) {
             e.lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -321,7 +330,8 @@ impl Upstream {
     pub fn view(&self, key: &str, parent: &str, now_us: u64) -> Option<ParentView> {
         let e = self.keys.get(key)?;
         let a = e.lock().unwrap_or_else(PoisonError::into_inner);
-        let (_, source) = a.capacity(now_us, self.unreachable() || a.refused);
+        let children = self.children.load(Ordering::Relaxed);
+        let (_, source) = a.capacity(now_us, self.unreachable() || a.refused, children);
         Some(ParentView {
             parent: parent.to_owned(),
             source,
@@ -331,7 +341,7 @@ impl Upstream {
             fair: a.fair,
             children: a.holders,
             expires_in_ms: a.valid_until_us.saturating_sub(now_us) / 1000,
-            safe_capacity: a.safe_capacity(),
+            safe_capacity: a.safe_capacity(children),
         })
     }
 }
@@ -365,10 +375,16 @@ impl Above {
     }
 
     /// The safe capacity in hits per window: the YAML's, else the limit over the clusters the
-    /// parent last counted (nothing before it ever answered).
-    fn safe_capacity(&self) -> u64 {
+    /// parent last counted on the key (or, never answered about it, on any key: `children`);
+    /// nothing before the parent ever answered.
+    fn safe_capacity(&self, children: u32) -> u64 {
         let limit = u64::from(self.quota.requests_per_unit);
-        match (self.safe, self.holders) {
+        let holders = if self.holders > 0 {
+            self.holders
+        } else {
+            children
+        };
+        match (self.safe, holders) {
             (Some(s), _) => u64::from(s.get()).min(limit),
             (None, 0) => 0,
             (None, n) => limit / u64::from(n),
@@ -397,9 +413,9 @@ impl Above {
         }
     }
 
-    fn capacity(&self, now_us: u64, unreachable: bool) -> (Capacity, Source) {
+    fn capacity(&self, now_us: u64, unreachable: bool, children: u32) -> (Capacity, Source) {
         let (current, next) = self.granted(now_us);
-        let safe = Some(safe_in(&self.quota, self.safe_capacity()));
+        let safe = Some(safe_in(&self.quota, self.safe_capacity(children)));
         match (current, unreachable) {
             (Some(c), _) => (
                 Capacity {
@@ -633,14 +649,19 @@ mod tests {
         // The YAML's safe capacity comes first.
         let (c, _, _) = up.capacity("k", &quota(Some(10)), T0 + 1_000 * MS);
         assert_eq!(c.current, Some(10), "{c:?}");
-        // A key the parent never answered for has no safe capacity but the YAML's.
+        // A key the parent never answered about divides by the clusters it counted on others.
         let (c, source, _) = up.capacity("new", &q, T0 + 1_000 * MS);
-        assert_eq!((c.current, source), (Some(0), Source::Safe));
+        assert_eq!((c.current, source), (Some(25), Source::Safe));
+        // Before any answer at all, only the YAML's safe capacity.
+        let fresh = upstream();
+        fresh.called(false, T0, T0 + MS);
+        assert_eq!(fresh.capacity("k", &q, T0 + 2 * MS).0.current, Some(0));
         // Answering again ends it.
         up.called(true, T0 + 1_100 * MS, T0 + 1_200 * MS);
         assert!(!up.unreachable());
         assert_eq!(up.capacity("k", &q, T0 + 1_300 * MS).1, Source::Waiting);
         assert_eq!(up.stats.safe_answers.load(Ordering::Relaxed), 3);
+        assert_eq!(fresh.stats.safe_answers.load(Ordering::Relaxed), 1);
     }
 
     #[test]
