@@ -90,7 +90,11 @@ COMBOS = {
     },
     "lease mode with a faster renewal, RLQS with shorter assignments and a key order": {
         "replicaCount": 3,
-        "cluster": {"enabled": True, "mode": "lease", "lease": {"renewMs": 50, "durationMs": 500, "maxBytes": 16777216}},
+        "cluster": {"enabled": True, "mode": "lease", "lease": {
+            "renewMs": 50, "durationMs": 500, "maxBytes": 16777216,
+            "parent": {"peers": "10.8.0.4:8082,10.8.0.5:8082", "clusterName": "eu-west", "renewMs": 150},
+            "childrenFrom": [{"ipBlock": {"cidr": "10.9.0.0/16"}}]}},
+        "networkPolicy": {"enabled": True},
         "rlqs": {"assignmentTtlSecs": 5, "abandonIdleSecs": 10, "maxBytes": 8388608, "keyOrder": "tenant, plan"},
     },
     "Redis sentinel with both passwords read from mounted Secret files": {
@@ -340,10 +344,18 @@ def check_deployment(label, docs, values):
             "SLUICE_LEASE_DURATION_MS": str(lease.get("durationMs", 1000)),
             "SLUICE_LEASE_MAX_BYTES": str(lease.get("maxBytes", 33554432)),
         }
-        got = {k: env[k]["value"] for k in want if k in env}
+        parent = lease.get("parent", {})
+        if parent.get("peers"):
+            want |= {
+                "SLUICE_LEASE_PARENT": parent["peers"],
+                "SLUICE_LEASE_CLUSTER_NAME": parent["clusterName"],
+                "SLUICE_LEASE_PARENT_RENEW_MS": str(parent.get("renewMs", 200)),
+                "SLUICE_LEASE_PARENT_TIMEOUT_MS": str(parent.get("timeoutMs", 1000)),
+            }
+        got = {k: v["value"] for k, v in env.items() if k.startswith("SLUICE_LEASE_")}
         in_lease = values["cluster"].get("mode") == "lease"
         check(
-            f"{label}: SLUICE_LEASE_* set from cluster.lease in lease mode only",
+            f"{label}: SLUICE_LEASE_* (and a parent's) set from cluster.lease in lease mode only",
             got == (want if in_lease else {}),
             f"want {want if in_lease else {}}, got {got}",
         )
@@ -536,8 +548,10 @@ def check_memory_budget(label, c, env):
     listeners = 3 + ("PEER_PORT" in env) + (env.get("USE_PROMETHEUS", {}).get("value") == "true")
     per_listener = (int(env["SLUICE_MAX_CONNECTIONS"]["value"]) * CONNECTION_BYTES
                     + int(env["SLUICE_MAX_INFLIGHT_REQUESTS"]["value"]) * INFLIGHT_BYTES)
-    # Lease mode's two tables (held leases, granted leases), each bounded by SLUICE_LEASE_MAX_BYTES.
-    leases = 2 * int(env.get("SLUICE_LEASE_MAX_BYTES", {}).get("value", 0))
+    # Lease mode's two tables (held leases, granted leases), and below a parent a third (its
+    # grants), each bounded by SLUICE_LEASE_MAX_BYTES.
+    tables = 3 if "SLUICE_LEASE_PARENT" in env else 2
+    leases = tables * int(env.get("SLUICE_LEASE_MAX_BYTES", {}).get("value", 0))
     # The quota service is always on: its buckets and holders, bounded by SLUICE_RLQS_MAX_BYTES
     # (Sluice's own default when unset).
     rlqs = int(env.get("SLUICE_RLQS_MAX_BYTES", {}).get("value", 32 << 20))
@@ -861,12 +875,15 @@ def check_peer_objects(label, docs, values):
         and ports(client_rules[0]) == {"grpc", "http"}
         and client_rules[0].get("from", []) == npv.get("clientsFrom", [])
     )
+    children = cluster.get("lease", {}).get("childrenFrom", [])
     if cluster.get("enabled"):
-        ok = ok and len(peer_rules) == 1 and ports(peer_rules[0]) == {"peer"} and peer_rules[0].get("from") == [selector]
+        ok = (ok and len(peer_rules) == 1 and ports(peer_rules[0]) == {"peer"}
+              and peer_rules[0].get("from") == [selector] + children)
     else:
         ok = ok and not peer_rules
     check(
         f"{label}: NetworkPolicy admits the peer port only from the release's pods"
+        + (" and cluster.lease.childrenFrom" if children else "")
         + (" (no peer port)" if not cluster.get("enabled") else "")
         + ", gRPC and HTTP from clientsFrom",
         ok,
@@ -1341,6 +1358,15 @@ def main():
                                                            "lease": {"renewMs": 100, "durationMs": 150}}},
          ["cluster.lease.durationMs must be at least twice"]),
         ("lease renewal every 5 ms", {"cluster": {"lease": {"renewMs": 5}}}, ["/cluster/lease/renewMs", "minimum"]),
+        ("a lease parent in forward mode", {"cluster": {"enabled": True, "lease": {"parent": {
+            "peers": "r:8082", "clusterName": "a"}}}}, ["cluster.lease.parent.peers needs cluster.enabled and cluster.mode: lease"]),
+        ("a lease parent without a cluster name", {"cluster": {"enabled": True, "mode": "lease", "lease": {"parent": {
+            "peers": "r:8082"}}}}, ["needs cluster.lease.parent.clusterName"]),
+        ("a lease parent renewing faster than the nodes", {"cluster": {"enabled": True, "mode": "lease", "lease": {
+            "parent": {"peers": "r:8082", "clusterName": "a", "renewMs": 50}}}},
+         ["cluster.lease.parent.renewMs must be at least cluster.lease.renewMs"]),
+        ("a lease parent that is no host:port", {"cluster": {"lease": {"parent": {"peers": "r"}}}},
+         ["/cluster/lease/parent/peers", "does not match pattern"]),
         ("write-behind with backend: redis", {"backend": "redis", "cluster": {"enabled": True, "writeBehind": {"enabled": True}},
                                               "redis": {"url": "r:6379"}}, ["needs backend: memory"]),
         ("write-behind without redis.url", {"cluster": {"enabled": True, "writeBehind": {"enabled": True}}},

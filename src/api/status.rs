@@ -8,6 +8,7 @@ use std::fmt::Write;
 
 use super::debug_state::DebugState;
 use crate::clock::Timestamp;
+use crate::cluster::lease::parent::Source;
 
 /// How often the page reloads itself, in seconds.
 pub(crate) const REFRESH_SECS: u32 = 5;
@@ -153,6 +154,18 @@ fn lease_text(st: &DebugState, key: &str) -> String {
         let _ = write!(text, "; owner, {} holders", view.holders.len());
     } else {
         let _ = write!(text, "; owner {}", view.owner);
+    }
+    if let Some(p) = &view.parent {
+        let source = match p.source {
+            Source::Parent => "granted",
+            Source::Waiting => "waiting for",
+            Source::Safe => "safe capacity, unreachable",
+        };
+        let _ = write!(
+            text,
+            "; parent {} ({source}): {} of {} clusters",
+            p.parent, p.allowance, p.children
+        );
     }
     esc(&text)
 }

@@ -136,6 +136,22 @@ validation (src/settings.rs) would refuse at start-up, so that a bad combination
 {{- if and (eq .Values.cluster.mode "lease") (lt (int64 .Values.cluster.lease.durationMs) (mul 2 (int64 .Values.cluster.lease.renewMs))) }}
 {{- fail "cluster.lease.durationMs must be at least twice cluster.lease.renewMs (SLUICE_LEASE_DURATION_MS)" }}
 {{- end }}
+{{- with .Values.cluster.lease.parent }}
+{{- if .peers }}
+{{- if ne $.Values.cluster.mode "lease" }}
+{{- fail "cluster.lease.parent.peers needs cluster.enabled and cluster.mode: lease (SLUICE_LEASE_PARENT)" }}
+{{- end }}
+{{- if not $.Values.cluster.enabled }}
+{{- fail "cluster.lease.parent.peers needs cluster.enabled and cluster.mode: lease (SLUICE_LEASE_PARENT)" }}
+{{- end }}
+{{- if not .clusterName }}
+{{- fail "cluster.lease.parent.peers needs cluster.lease.parent.clusterName: each child cluster needs its own name at the parent (SLUICE_LEASE_CLUSTER_NAME)" }}
+{{- end }}
+{{- if lt (int64 .renewMs) (int64 $.Values.cluster.lease.renewMs) }}
+{{- fail "cluster.lease.parent.renewMs must be at least cluster.lease.renewMs (SLUICE_LEASE_PARENT_RENEW_MS)" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- with .Values.rlqs }}
 {{- if lt (int64 .abandonIdleSecs) (mul 2 (int64 .assignmentTtlSecs)) }}
 {{- fail (printf "rlqs.abandonIdleSecs (%v) must be at least twice rlqs.assignmentTtlSecs (%v) (SLUICE_RLQS_ABANDON_IDLE_SECS)" (int64 .abandonIdleSecs) (int64 .assignmentTtlSecs)) }}

@@ -204,6 +204,7 @@ impl Upstream {
         }
         above.safe = quota.safe_capacity.or(above.safe);
         above.touched_us = now_us;
+        above.roll(now_us);
         let unreachable = self.unreachable() || above.refused;
         let children = self.children.load(Ordering::Relaxed);
         let (capacity, source) = above.capacity(now_us, unreachable, children);
@@ -391,6 +392,22 @@ impl Above {
         }
     }
 
+    /// Moves to the window at `now_us` when the parent granted it ahead: what this owner then
+    /// keeps of it at a renewal lowers the grant it hands out from, as for a current grant.
+    fn roll(&mut self, now_us: u64) {
+        if !is_window(&self.quota) {
+            return;
+        }
+        let index = epoch_of(&self.quota, now_us);
+        if self.epoch.is_some_and(|e| e + 1 == index)
+            && let Some(next) = self.next.take()
+        {
+            self.epoch = Some(index);
+            self.allowance = next;
+            self.fair = None;
+        }
+    }
+
     /// The grant for the window at `now_us` (the current one, or the next one granted ahead),
     /// while its lease holds.
     fn granted(&self, now_us: u64) -> (Option<u64>, Option<u64>) {
@@ -450,6 +467,7 @@ impl Above {
     /// The ask for the window at `now_us`: the holders' use, hold and demand, keeping what they
     /// hold plus their need for `lead_us` (until the next grant can arrive) within the grant.
     fn ask(&mut self, now_us: u64, done: Summary, lead_us: u64, horizon_us: u64) -> Ask {
+        self.roll(now_us);
         let epoch = epoch_of(&self.quota, now_us);
         let (granted, _) = self.granted(now_us);
         let keep = if is_window(&self.quota) {
@@ -594,6 +612,18 @@ mod tests {
             (c.current, c.next, source),
             (Some(55), Some(0), Source::Parent)
         );
+        // What a renewal keeps of it is what the owner hands out from until the next grant
+        // (the parent may give the rest to another cluster meanwhile).
+        let done = Summary {
+            epoch: e + 1,
+            used: 4,
+            held: 10,
+            held_next: 0,
+            demand_milli: 0,
+        };
+        let due = up.renewals(later + MS, None, |_| Some(done));
+        assert_eq!((due[0].1.epoch, due[0].1.keep), (e + 1, 10));
+        assert_eq!(up.capacity("k", &q, later + 2 * MS).0.current, Some(10));
     }
 
     #[test]

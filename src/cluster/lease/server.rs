@@ -796,6 +796,10 @@ impl KeyLeases {
             Algorithm::SlidingWindow => limit.saturating_sub(self.current.allowances()),
             _ => limit,
         };
+        // A rebuilding owner caps the grants ahead too: the holders it has not heard from yet
+        // may be spending a safe capacity in that window (a child cluster cut off from a
+        // parent that restarted empty), and they report only at their next renewal.
+        let cap = self.rebuild_cap(ctx, capacity);
         let window_secs = self.quota.window().secs();
         let unit_us = window_secs * 1_000_000;
         let current = &self.current;
@@ -810,7 +814,7 @@ impl KeyLeases {
             ctx,
             Limits {
                 capacity,
-                cap: capacity,
+                cap,
                 need: Need::Window {
                     burst_us: ctx.horizon_us.min(unit_us),
                     until_end_us: unit_us,
