@@ -3,47 +3,32 @@
 //!
 //! - **tree**: a root [`LeaseServer`] whose capacity is each key's limit; 3 regions, each a
 //!   lease-mode cluster of 3 nodes running Sluice's [`LeaseClient`] whose key owner (one
-//!   [`LeaseServer`] per region) asks the root for the key's capacity on behalf of its holders'
-//!   summed attempted demand (`LeaseServer::holders`), every 200 ms (the nodes renew every
-//!   100 ms: Doorman's intervals halve toward the leaves), and hands out at most what the root
-//!   granted (`LeaseServer::answer_within`). The root sees the region owners as its holders: max-min fair share on their
-//!   demand is what moves capacity between regions.
+//!   [`LeaseServer`] per region) runs the parent link's logic, the library's [`Upstream`]
+//!   (what SLUICE_LEASE_PARENT runs in the binary): it asks the root for each key's capacity
+//!   on behalf of its holders' summed attempted demand (`LeaseServer::summary`) every 200 ms
+//!   (the nodes renew every 100 ms: Doorman's intervals halve toward the leaves), and hands out
+//!   at most what the root granted (`LeaseServer::answer_within`). The root sees the region
+//!   owners as its holders, by region name: max-min fair share on their demand is what moves
+//!   capacity between regions. Only the calls are the simulation's (`regions_tree.rs`); a key
+//!   new to a region is answered at once with nothing, where the binary waits up to half the
+//!   peer timeout for the root.
 //! - **static**: each region's owner leases a third of the limit, with no root.
 //! - **flat**: one lease cluster of 9 nodes whose key owner is in region 0; the other regions'
 //!   acquires and renewals cross regions. When the owner is lost the nodes move to the next
 //!   owner on the ring (in region 1); a region cut off moves to an owner inside it, as a
 //!   partitioned Sluice cluster does.
 //!
-//! The region owner's server runs under the key's quota (the configured limit) with the
-//! root's grant for the window, and the one for the next window, as its `Capacity`: its fair
-//! share divides what the root granted the region among the region's nodes by their demand,
-//! and it never grants past it. The example tracks what each node holds (from grants and
-//! reports) for what the region reports to the root.
+//! Failures: the root lost for a minute (a region keeps its last grant while its lease holds,
+//! then uses the safe capacity, the limit over the regions the root counted; the root restarts
+//! empty and rebuilds from the regions' reports, capped at an equal share for a lease
+//! duration), and region 2 cut off from the others (the same on its side; the root's record of
+//! it expires, so a window admits up to the limit plus the safe capacity).
 //!
-//! Failures: the root lost for a minute (once a call to the root fails, a region keeps its
-//! last grant for a root lease duration, then uses the safe capacity, the limit over the
-//! regions; the root restarts empty and rebuilds from the regions' reports, capped at an equal
-//! share for a lease duration: the library's rebuild, not Doorman's learning mode), and region
-//! 2 cut off from the others (the same on its side; the root's record of it expires, so a
-//! window admits up to the limit plus the safe capacity).
-//!
-//! What the library needs for the real tree (issue 39, points 1 to 3), as this model shows:
-//!
-//! - (Done: `LeaseServer::answer_within` and `Capacity`, a window's capacity apart from the
-//!   quota, which the region owner here uses. It moved the tree's utilisation from 0.796 to
-//!   0.803 only: the gap is in the limits of 10 (0.81; 100: 0.965, 1000: 0.996), which hold
-//!   most of the windows counted.)
-//! - The owner's side toward its parent, a `Held` for a whole cluster: what the parent
-//!   granted per window, its fair part, the lease's end, one call under way, and a renewal
-//!   whose `keep` is what the cluster's holders hold plus their demand until the next grant,
-//!   within the fair part; with the holders' summed `used` and attempted demand from the
-//!   server (here summed from `LeaseServer::holders`, a debug path that allocates).
-//! - A horizon that covers the round trip to the parent: `LeaseTiming::horizon_us` is two
-//!   renewal intervals, which assumes a round trip far shorter than one; across regions it is
-//!   100 to 300 ms (the root renewing every 100 ms did worse than every 200 ms).
-//! - The safe capacity and the parent-unreachable state (`region_capacity` in [`tree`]), and
-//!   the parent's holder named after the child cluster, not the node that owns the key there,
-//!   so that a ring change in the child does not make a new holder at the parent.
+//! This model found two faults in the parent link before any real process ran: a region that
+//! renewed in a window it had been granted ahead kept handing out the whole grant after giving
+//! part of it back (steady windows up to 1.2 of the limit), and a root restarted empty granted
+//! the next window ahead without its rebuild cap (1.6). `docs/cluster.md`, "Regions", has the
+//! table and what is left of the gap to Doorman's 96.6% (limits of 10).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};

@@ -149,8 +149,8 @@ pub struct ClusterArgs {
     )]
     pub lease_parent_timeout_ms: u64,
     /// With SLUICE_LEASE_PARENT: this cluster's name at the parent, the same on each of its
-    /// nodes (1 to 128 characters, no spaces or commas). Default: PEERS_DNS, or a hash of the
-    /// sorted PEERS.
+    /// nodes and different in each child cluster (1 to 128 characters, no spaces or commas).
+    /// Default with PEERS: a hash of the sorted PEERS; required with PEERS_DNS.
     #[arg(long, env = "SLUICE_LEASE_CLUSTER_NAME", help_heading = "Peer cluster")]
     pub lease_cluster_name: Option<String>,
 }
@@ -175,18 +175,13 @@ fn host_ports(var: &'static str, value: &str) -> Result<Vec<String>, SettingsErr
     Ok(list)
 }
 
-/// This cluster's name at its parent when SLUICE_LEASE_CLUSTER_NAME is unset: PEERS_DNS, or
-/// `peers-` and a hash of the sorted PEERS (the same on every node of the cluster).
-fn default_cluster_name(source: &PeerSource) -> String {
-    match source {
-        PeerSource::Dns { name, .. } => name.clone(),
-        PeerSource::Static(list) => {
-            let mut sorted = list.clone();
-            sorted.sort();
-            let hash = crate::cluster::ring::key_hash(&sorted.join(","));
-            format!("peers-{hash:016x}")
-        }
-    }
+/// This cluster's name at its parent when SLUICE_LEASE_CLUSTER_NAME is unset: `peers-` and a
+/// hash of the sorted PEERS (the same on every node of the cluster).
+fn default_cluster_name(peers: &[String]) -> String {
+    let mut sorted = peers.to_vec();
+    sorted.sort();
+    let hash = crate::cluster::ring::key_hash(&sorted.join(","));
+    format!("peers-{hash:016x}")
 }
 
 impl ClusterArgs {
@@ -304,7 +299,18 @@ impl ClusterArgs {
                 }
                 n.to_owned()
             }
-            _ => default_cluster_name(source),
+            _ => match source {
+                PeerSource::Static(list) => default_cluster_name(list),
+                // The same Service in each region has the same name: no default.
+                PeerSource::Dns { .. } => {
+                    return Err(invalid(
+                        "SLUICE_LEASE_CLUSTER_NAME",
+                        "",
+                        "must be set with SLUICE_LEASE_PARENT and PEERS_DNS: it names this \
+                         cluster at the parent, and each child cluster needs its own",
+                    ));
+                }
+            },
         };
         Ok(Some(ParentConfig {
             peers,
@@ -553,7 +559,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_parent_is_checked_before_any_port_and_names_the_cluster() {
+    fn a_lease_parent_is_read_with_its_timing_and_the_clusters_name() {
         fn with<'a>(mode: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
             let peers = ["--peers", "b:1,a:1", "--peer-advertise-address", "a:1"];
             [&peers[..], &["--cluster-mode", mode], extra].concat()
@@ -586,6 +592,14 @@ mod tests {
             &["--lease-parent", "r1:9", "--lease-cluster-name", "eu-west"],
         ));
         assert_eq!(named.unwrap().name, "eu-west");
+    }
+
+    #[test]
+    fn a_bad_lease_parent_is_refused_naming_the_variable() {
+        fn with<'a>(mode: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+            let peers = ["--peers", "b:1,a:1", "--peer-advertise-address", "a:1"];
+            [&peers[..], &["--cluster-mode", mode], extra].concat()
+        }
         for (args, starts) in [
             (
                 with("forward", &["--lease-parent", "r1:9"]),
@@ -623,6 +637,17 @@ mod tests {
             (
                 vec!["--lease-parent", "r1:9"],
                 "SLUICE_LEASE_PARENT=r1:9: needs PEERS or PEERS_DNS",
+            ),
+            (
+                vec![
+                    "--peers-dns",
+                    "sluice-peers.rl",
+                    "--cluster-mode",
+                    "lease",
+                    "--lease-parent",
+                    "r1:9",
+                ],
+                "SLUICE_LEASE_CLUSTER_NAME=: must be set with SLUICE_LEASE_PARENT and PEERS_DNS",
             ),
         ] {
             let err = error(&args);

@@ -49,9 +49,11 @@ pub struct ParentTiming {
     pub max_bytes: usize,
 }
 
-/// What a key costs beside its key's bytes (a `DashMap` entry, its `Mutex<Above>` and the
-/// boxed key): the record is 112 bytes, rounded up for the map's slot and the allocator.
-pub const ABOVE_CHARGE: usize = 256;
+/// What a key costs beside its key's bytes (its `DashMap` slot, the `Mutex<Above>`, the boxed
+/// key's allocation): `examples/lease_memory.rs` measures at most 360 with the key (keys of 27
+/// to 31 bytes, 40,000 to 300,000 keys), which this rounds up; the example fails when a
+/// measurement passes the charge.
+pub const ABOVE_CHARGE: usize = 384;
 
 /// Where a window's capacity came from, for the debug endpoint and `/metrics`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
