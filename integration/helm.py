@@ -88,7 +88,7 @@ COMBOS = {
                             "certManager": {"enabled": True, "duration": "720h", "renewBefore": "240h",
                                             "issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}}}},
     },
-    "lease mode with a faster renewal, RLQS with shorter assignments and a key order": {
+    "lease mode with a faster renewal below a parent, RLQS with shorter assignments and a key order": {
         "replicaCount": 3,
         "cluster": {"enabled": True, "mode": "lease", "lease": {
             "renewMs": 50, "durationMs": 500, "maxBytes": 16777216,
