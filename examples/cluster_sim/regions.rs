@@ -40,13 +40,12 @@ use sluice::cluster::lease::parent::Upstream;
 use sluice::cluster::lease::{Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, Route, Slot};
 use sluice::limiter::{Quota, Unit};
 
-use super::{EPOCH_US, HOP_US, PEER_TIMEOUT_US, Rng};
+use super::{EPOCH_US, HOP_US, PEER_TIMEOUT_US, Rng, ZIPF_S};
 
 const REGIONS: usize = 3;
 /// Nodes per region.
 const NODES: usize = 3;
 const KEYS: usize = 200;
-const ZIPF_S: f64 = 1.1;
 /// One-way latency between two regions.
 const CROSS_US: (u64, u64) = (50_000, 150_000);
 /// A call across regions gives up after this long (a flat cluster's peer timeout must pass

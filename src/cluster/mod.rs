@@ -345,22 +345,7 @@ impl ClusterStore {
         // Starting is a change: whatever this node owns now, others may have counted before.
         let changes = Arc::new(RingChanges::new(clock.now()));
         let (returned_tx, returned) = tokio::sync::mpsc::channel(RETURNED_QUEUE);
-        let mut tasks = vec![tokio::spawn(probe_peers(
-            members.clone(),
-            settings.mode,
-            (changes.clone(), returned_tx),
-            clock.clone(),
-        ))];
-        if let PeerSource::Dns { name, port } = &settings.peers {
-            tasks.push(tokio::spawn(resolve_peers(
-                members.clone(),
-                name.clone(),
-                *port,
-                dialer,
-                changes.clone(),
-                clock.clone(),
-            )));
-        }
+        let mut tasks = membership_tasks(&members, dialer, (&changes, returned_tx), &clock);
         let durable = match &settings.write_behind {
             Some(wb) => {
                 let d = start_durable(settings, wb, &local, &changes)?;
@@ -820,6 +805,33 @@ async fn probe_peers(
             }
         }
     }
+}
+
+/// The probes of the peers, and with PEERS_DNS the resolver.
+fn membership_tasks(
+    members: &Arc<ArcSwap<Members>>,
+    dialer: Dialer,
+    (changes, returned): (&Arc<RingChanges>, tokio::sync::mpsc::Sender<String>),
+    clock: &Arc<dyn Clock>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mode = dialer.settings.mode;
+    let mut tasks = vec![tokio::spawn(probe_peers(
+        members.clone(),
+        mode,
+        (changes.clone(), returned),
+        clock.clone(),
+    ))];
+    if let PeerSource::Dns { name, port } = dialer.settings.peers.clone() {
+        tasks.push(tokio::spawn(resolve_peers(
+            members.clone(),
+            name,
+            port,
+            dialer,
+            changes.clone(),
+            clock.clone(),
+        )));
+    }
+    tasks
 }
 
 /// PEERS_DNS: re-resolves the name every 5 s and rebuilds the membership when it changes.

@@ -270,6 +270,18 @@ impl ClusterArgs {
                 "is one of this cluster's own peers: a cluster cannot be its own parent",
             ));
         }
+        let timing = self.parent_timing(lease)?;
+        let name = self.cluster_name(source)?;
+        Ok(Some(ParentConfig {
+            peers,
+            name,
+            timing,
+        }))
+    }
+
+    /// SLUICE_LEASE_PARENT_RENEW_MS and SLUICE_LEASE_PARENT_TIMEOUT_MS, with lease mode's
+    /// duration (how long a key is kept idle) and table bound.
+    fn parent_timing(&self, lease: &LeaseTiming) -> Result<ParentTiming, SettingsError> {
         let renew_ms = self.lease_parent_renew_ms;
         let renew_floor = lease.renew.as_millis();
         if u128::from(renew_ms) < renew_floor || renew_ms > 10_000 {
@@ -287,7 +299,17 @@ impl ClusterArgs {
                 "must be between 1 and 60000",
             ));
         }
-        let name = match self.lease_cluster_name.as_deref().map(str::trim) {
+        Ok(ParentTiming {
+            renew: Duration::from_millis(renew_ms),
+            timeout: Duration::from_millis(timeout_ms),
+            idle: lease.duration,
+            max_bytes: lease.max_bytes,
+        })
+    }
+
+    /// SLUICE_LEASE_CLUSTER_NAME, or with PEERS its default.
+    fn cluster_name(&self, source: &PeerSource) -> Result<String, SettingsError> {
+        Ok(match self.lease_cluster_name.as_deref().map(str::trim) {
             Some(n) if !n.is_empty() => {
                 let ok = n.len() <= 128 && !n.contains(|c: char| c.is_whitespace() || c == ',');
                 if !ok {
@@ -311,17 +333,7 @@ impl ClusterArgs {
                     ));
                 }
             },
-        };
-        Ok(Some(ParentConfig {
-            peers,
-            name,
-            timing: ParentTiming {
-                renew: Duration::from_millis(renew_ms),
-                timeout: Duration::from_millis(timeout_ms),
-                idle: lease.duration,
-                max_bytes: lease.max_bytes,
-            },
-        }))
+        })
     }
 
     /// SLUICE_LEASE_RENEW_MS, SLUICE_LEASE_DURATION_MS and SLUICE_LEASE_MAX_BYTES.
