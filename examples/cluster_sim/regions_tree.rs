@@ -45,11 +45,12 @@ impl Sim<'_> {
             NODES,
         );
         if ask_now {
-            let due = owner
-                .up
-                .renewals(EPOCH_US + now, Some(&[(name, *ask)]), |k| {
-                    owner.server.summary(k, ts(now))
-                });
+            let due = owner.up.renewals(
+                EPOCH_US + now,
+                Some(&[(name, *ask)]),
+                |_| true,
+                |k| owner.server.summary(k, ts(now)),
+            );
             if !due.is_empty() {
                 self.send_root_call(r, due, true, now);
             }
@@ -62,9 +63,12 @@ impl Sim<'_> {
     pub(super) fn region_renew(&mut self, r: usize, now: u64) {
         self.regions[r].round_at = now;
         let owner = &self.regions[r];
-        let due = owner
-            .up
-            .renewals(EPOCH_US + now, None, |k| owner.server.summary(k, ts(now)));
+        let due = owner.up.renewals(
+            EPOCH_US + now,
+            None,
+            |_| true,
+            |k| owner.server.summary(k, ts(now)),
+        );
         if due.is_empty() {
             self.next_region_round(r, now);
             return;

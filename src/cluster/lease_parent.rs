@@ -19,7 +19,7 @@ use super::lease::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
 use super::peer::{LeaseAsk, PeerClient};
 use super::ring::{Ring, key_hash};
 use super::{ClusterConfig, ClusterStats, ParentConfig};
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 use crate::tls::PeerTls;
 
 /// How long a parent peer whose call failed is skipped.
@@ -27,6 +27,9 @@ const DOWN_FOR: Duration = Duration::from_secs(1);
 
 /// A link started, and its renewal task.
 type Spawned = (Arc<ParentLink>, tokio::task::JoinHandle<()>);
+
+/// Whether this node owns a key on its own cluster's ring now.
+pub type Owns = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// This node's link to the parent cluster.
 pub struct ParentLink {
@@ -40,6 +43,9 @@ pub struct ParentLink {
     clock: Arc<dyn Clock>,
     /// How long an owner's answer waits for the parent on a key with no grant.
     wait: Duration,
+    /// Only the keys this node owns are renewed: after a ring change in the cluster, the new
+    /// owner renews a key under the cluster's name, and two owners must not report it.
+    owns: Owns,
 }
 
 impl ParentLink {
@@ -47,14 +53,15 @@ impl ParentLink {
     /// keys `server` leases; `None` without a parent (or outside lease mode).
     pub(super) fn spawn(
         settings: &ClusterConfig,
-        server: Option<&Arc<LeaseServer>>,
+        (server, owns): (Option<&Arc<LeaseServer>>, Owns),
         tls: Option<PeerTls>,
         (stats, clock): (Arc<ClusterStats>, Arc<dyn Clock>),
     ) -> Result<Option<Spawned>, String> {
         let (Some(config), Some(server)) = (&settings.parent, server) else {
             return Ok(None);
         };
-        let link = Self::start(config, settings.timeout, tls.as_ref(), stats, clock)?;
+        let mut link = Self::start(config, settings.timeout, tls.as_ref(), stats, clock)?;
+        link.owns = owns;
         let link = Arc::new(link);
         let task = tokio::spawn(link.clone().renew_forever(server.clone()));
         Ok(Some((link, task)))
@@ -83,11 +90,8 @@ impl ParentLink {
             name: config.name.clone(),
             clock,
             wait: (peer_timeout / 2).min(timing.timeout),
+            owns: Arc::new(|_| true),
         })
-    }
-
-    pub fn now(&self) -> crate::clock::Timestamp {
-        self.clock.now()
     }
 
     /// The parent peer that owns `key` among those not skipped at `now_us`.
@@ -97,27 +101,49 @@ impl ParentLink {
         })
     }
 
-    /// `key`'s capacity for its owner's lease server, the parent asked at once when it has
-    /// granted nothing for the window (see [`Self::ask_waiting`]).
-    pub fn capacity(&self, key: &str, ask: &Ask, now_us: u64) -> (Capacity, bool) {
-        let (capacity, _, ask_now) = self.upstream.capacity(key, &ask.quota, now_us);
-        (capacity, ask_now)
-    }
-
-    /// Asks the parent at once about the keys in `waiting` (with the asks of the nodes waiting
-    /// on them) and waits for the answer at most half the peer timeout; the call goes on after
-    /// that, and its grants serve the next asks.
-    pub async fn ask_waiting(self: &Arc<Self>, server: &Arc<LeaseServer>, waiting: &[(&str, Ask)]) {
-        let now = self.clock.now();
+    /// Each ask's capacity for this node's lease server at `now`: what the parent granted.
+    /// Keys it granted nothing for in the window are asked of it at once first, waiting at
+    /// most half the peer timeout (the call goes on after that, and its grants serve the next
+    /// asks); `now` moves to when the wait ended.
+    pub async fn capacities<K: AsRef<str>>(
+        self: &Arc<Self>,
+        server: &Arc<LeaseServer>,
+        asks: &[(K, Ask)],
+        now: &mut Timestamp,
+    ) -> Vec<Capacity> {
+        let of = |(key, ask): &(K, Ask), now: Timestamp| {
+            self.upstream
+                .capacity(key.as_ref(), &ask.quota, now.micros())
+        };
+        let mut capacities: Vec<_> = asks.iter().map(|a| of(a, *now)).collect();
+        let waiting: Vec<(&str, Ask)> = asks
+            .iter()
+            .zip(&capacities)
+            .filter(|(_, (_, _, ask_now))| *ask_now)
+            .map(|((key, ask), _)| (key.as_ref(), *ask))
+            .collect();
+        if waiting.is_empty() {
+            return capacities.into_iter().map(|c| c.0).collect();
+        }
+        let sent = self.clock.now();
+        let owns = |_: &str| true;
         let due = self
             .upstream
-            .renewals(now.micros(), Some(waiting), |k| server.summary(k, now));
-        if due.is_empty() {
-            return;
+            .renewals(sent.micros(), Some(&waiting), owns, |k| {
+                server.summary(k, sent)
+            });
+        if !due.is_empty() {
+            let link = self.clone();
+            let call = tokio::spawn(async move { link.send(due).await });
+            let _ = tokio::time::timeout(self.wait, call).await;
         }
-        let link = self.clone();
-        let call = tokio::spawn(async move { link.send(due).await });
-        let _ = tokio::time::timeout(self.wait, call).await;
+        *now = self.clock.now();
+        for (a, c) in asks.iter().zip(&mut capacities) {
+            if c.2 {
+                *c = of(a, *now);
+            }
+        }
+        capacities.into_iter().map(|c| c.0).collect()
     }
 
     /// Renews every key at the parent every SLUICE_LEASE_PARENT_RENEW_MS.
@@ -127,9 +153,10 @@ impl ParentLink {
         loop {
             tick.tick().await;
             let now = self.clock.now();
+            let owns = |k: &str| (self.owns)(k);
             let due = self
                 .upstream
-                .renewals(now.micros(), None, |k| server.summary(k, now));
+                .renewals(now.micros(), None, owns, |k| server.summary(k, now));
             self.send(due).await;
         }
     }
@@ -150,8 +177,8 @@ impl ParentLink {
             }
         }
         if !orphans.is_empty() {
-            // Every parent peer failed within the last second: a failed call for these keys.
-            self.upstream.called(false, sent_us, sent_us);
+            // Every parent peer failed a call within the last second.
+            self.upstream.lost(sent_us);
             for (key, _) in &orphans {
                 self.upstream.answer(key, None, sent_us);
             }

@@ -199,30 +199,19 @@ impl OwnerStore {
     ) -> Option<Vec<lease::Grant>> {
         let server = self.leases.as_ref()?;
         let mut now = now;
-        if let Some(parent) = &self.parent {
-            let waiting: Vec<(&str, lease::Ask)> = asks
-                .iter()
-                .filter(|(key, ask)| parent.capacity(key.as_ref(), ask, now.micros()).1)
-                .map(|(key, ask)| (key.as_ref(), *ask))
-                .collect();
-            if !waiting.is_empty() {
-                parent.ask_waiting(server, &waiting).await;
-                now = parent.now();
-            }
-        }
+        let capacities = match &self.parent {
+            Some(parent) => parent.capacities(server, asks, &mut now).await,
+            None => vec![lease::Capacity::default(); asks.len()],
+        };
         let members = self.members.load();
         let live = members.live();
         let (_, last_change) = self.changes.last();
         server.peer_returned(self.changes.last_return());
         Some(
             asks.iter()
-                .map(|(key, ask)| {
+                .zip(capacities)
+                .map(|((key, ask), capacity)| {
                     let key = key.as_ref();
-                    let capacity = self
-                        .parent
-                        .as_ref()
-                        .map(|p| p.capacity(key, ask, now.micros()).0)
-                        .unwrap_or_default();
                     // A stand-in for a key's owner (the owner among every peer this node knows
                     // is another one) may not have seen the change that sent the key here: it
                     // rebuilds the key as after one.
@@ -357,11 +346,20 @@ impl ClusterStore {
         let lease_mode = settings.mode == ClusterMode::Lease;
         let leases = lease_mode.then(|| Arc::new(LeaseServer::new(settings.lease)));
         let tools = (stats.clone(), clock.clone());
-        let parent = lease_parent::ParentLink::spawn(settings, leases.as_ref(), tls_parent, tools)?
-            .map(|(link, task)| {
+        let owns: lease_parent::Owns = {
+            let members = members.clone();
+            Arc::new(move |key| {
+                let m = members.load();
+                m.owner(key) == m.me
+            })
+        };
+        let server = (leases.as_ref(), owns);
+        let parent = lease_parent::ParentLink::spawn(settings, server, tls_parent, tools)?.map(
+            |(link, task)| {
                 tasks.push(task);
                 link
-            });
+            },
+        );
         let owner = Arc::new(OwnerStore {
             local: local.clone(),
             durable,

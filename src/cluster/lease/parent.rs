@@ -220,12 +220,15 @@ impl Upstream {
     /// The renewals due at `now_us`: one ask per key with no call under way, built from what
     /// the cluster's holders do (`summary`, the owner's lease server), marking each in flight.
     /// With `acquire`, only those keys (no grant for the window), each with the asks of the
-    /// holders waiting on it: their wants are the ask's, and their demand counts. Keys the
-    /// holders have not asked about for a lease duration, with nothing granted, are forgotten.
+    /// holders waiting on it: their wants are the ask's, and their demand counts. Keys this
+    /// node no longer `owns` are not renewed (their new owner in the cluster renews them under
+    /// the same name); keys the holders have not asked about for a lease duration, with
+    /// nothing granted, are forgotten.
     pub fn renewals(
         &self,
         now_us: u64,
         acquire: Option<&[(&str, Ask)]>,
+        owns: impl Fn(&str) -> bool,
         summary: impl Fn(&str) -> Option<Summary>,
     ) -> Vec<(Box<str>, Ask)> {
         let horizon_us = self.horizon_us();
@@ -238,6 +241,9 @@ impl Upstream {
             }
             if waiting.is_none() && above.idle(now_us, micros(self.timing.idle)) {
                 idle.push(key.into());
+                return;
+            }
+            if !owns(key) {
                 return;
             }
             let mut done = summary(key).unwrap_or_default();
@@ -314,18 +320,24 @@ impl Upstream {
             self.rtt_us.store(rtt.max(old - old / 8), Ordering::Relaxed);
         } else {
             self.stats.failures.fetch_add(1, Ordering::Relaxed);
-            let was = self.unreachable_since_us.compare_exchange(
-                0,
-                now_us.max(1),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
+            self.lost(now_us);
+        }
+    }
+
+    /// No parent peer could be asked at `now_us` (every one failed a call within the last
+    /// second), or a call failed: the parent is unreachable from then.
+    pub fn lost(&self, now_us: u64) {
+        let was = self.unreachable_since_us.compare_exchange(
+            0,
+            now_us.max(1),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        if was.is_ok() {
+            tracing::warn!(
+                "the lease parent is unreachable: each cluster owner keeps its last grants \
+                 while their leases hold, then hands out each limit's safe capacity"
             );
-            if was.is_ok() {
-                tracing::warn!(
-                    "the lease parent is unreachable: each cluster owner keeps its last grants \
-                     while their leases hold, then hands out each limit's safe capacity"
-                );
-            }
         }
     }
 
@@ -591,7 +603,12 @@ mod tests {
             (c.current, c.next, source, ask_now),
             (Some(0), Some(0), Source::Waiting, true)
         );
-        let due = up.renewals(T0, Some(&[("k", waiting(q, 3, 40_000))]), |_| None);
+        let due = up.renewals(
+            T0,
+            Some(&[("k", waiting(q, 3, 40_000))]),
+            |_| true,
+            |_| None,
+        );
         assert_eq!(due.len(), 1);
         let ask = due[0].1;
         assert_eq!((ask.want, ask.demand_milli, ask.epoch), (3, 40_000, e));
@@ -600,7 +617,7 @@ mod tests {
         assert_eq!(ask.horizon_us, 600 * MS);
         // A call under way: no second ask.
         assert!(!up.capacity("k", &q, T0 + MS).2);
-        assert!(up.renewals(T0 + MS, None, |_| None).is_empty());
+        assert!(up.renewals(T0 + MS, None, |_| true, |_| None).is_empty());
         up.answer("k", Some(&grant(e, 40, Some(55), 3)), T0);
         let (c, source, _) = up.capacity("k", &q, T0 + 2 * MS);
         assert_eq!(
@@ -623,7 +640,7 @@ mod tests {
             held_next: 0,
             demand_milli: 0,
         };
-        let due = up.renewals(later + MS, None, |_| Some(done));
+        let due = up.renewals(later + MS, None, |_| true, |_| Some(done));
         assert_eq!((due[0].1.epoch, due[0].1.keep), (e + 1, 10));
         assert_eq!(up.capacity("k", &q, later + 2 * MS).0.current, Some(10));
     }
@@ -644,7 +661,7 @@ mod tests {
         };
         // Need for the renewal interval and the round trip (200 + 200 ms) at 100/s: 40, and 8
         // used: keep 48 of the 80 granted, giving 32 back.
-        let due = up.renewals(T0 + MS, None, |_| Some(done));
+        let due = up.renewals(T0 + MS, None, |_| true, |_| Some(done));
         assert_eq!(
             (due[0].1.used, due[0].1.keep, due[0].1.demand_milli),
             (8, 48, 100_000)
@@ -656,7 +673,7 @@ mod tests {
             demand_milli: 0,
             ..done
         };
-        let due = up.renewals(T0 + 3 * MS, None, |_| Some(idle));
+        let due = up.renewals(T0 + 3 * MS, None, |_| true, |_| Some(idle));
         assert_eq!(due[0].1.keep, 10);
     }
 
@@ -719,9 +736,21 @@ mod tests {
         let q = quota(None);
         up.capacity("k", &q, T0);
         assert_eq!(up.bytes(), ABOVE_CHARGE + 1);
-        assert!(up.renewals(T0 + 999 * MS, None, |_| None).len() == 1);
+        assert!(up.renewals(T0 + 999 * MS, None, |_| true, |_| None).len() == 1);
         up.answer("k", None, T0 + 999 * MS);
-        assert!(up.renewals(T0 + 1_000 * MS, None, |_| None).is_empty());
+        assert!(
+            up.renewals(T0 + 1_000 * MS, None, |_| true, |_| None)
+                .is_empty()
+        );
         assert_eq!((up.len(), up.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn a_key_this_node_no_longer_owns_is_not_renewed_under_the_clusters_name() {
+        let up = upstream();
+        let q = quota(None);
+        up.capacity("k", &q, T0);
+        assert!(up.renewals(T0 + MS, None, |_| false, |_| None).is_empty());
+        assert_eq!(up.renewals(T0 + MS, None, |_| true, |_| None).len(), 1);
     }
 }
