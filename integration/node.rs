@@ -20,6 +20,8 @@ pub struct Node {
     pub http: u16,
     pub debug: u16,
     pub peer: u16,
+    /// The port the other peers reach it on, when not `peer` (a delay proxy in between).
+    pub advertised: Option<u16>,
     /// GRPC_PORT (ratelimit.v3 and the Rate Limit Quota Service).
     pub grpc: u16,
     /// Extra environment, kept for restarts.
@@ -40,9 +42,15 @@ impl Node {
             http: free_port(),
             debug: free_port(),
             peer: free_port(),
+            advertised: None,
             grpc: free_port(),
             env,
         }
+    }
+
+    /// How the other peers name it: `127.0.0.1:` and its advertised port.
+    pub fn peer_address(&self) -> String {
+        format!("127.0.0.1:{}", self.advertised.unwrap_or(self.peer))
     }
 
     pub fn kill(&mut self) {
@@ -83,7 +91,7 @@ impl Node {
             command
                 .env("PEERS", peers)
                 .env("PEER_PORT", self.peer.to_string())
-                .env("PEER_ADVERTISE_ADDRESS", format!("127.0.0.1:{}", self.peer));
+                .env("PEER_ADVERTISE_ADDRESS", self.peer_address());
         }
         let child = command
             .stdin(Stdio::null())

@@ -7,12 +7,18 @@
 //!   within the bound `docs/cluster.md` ("Regions") states.
 //! - The root killed: the children go on within their safe capacity, and recover once it is
 //!   back.
+//! - With every call to the root delayed 60 ms each way (the fault harness's delay proxy, as
+//!   between regions), and every peer call over mutual TLS, the limit still holds across both
+//!   children.
 
 #![allow(
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
+#[path = "faults/proxy.rs"]
+mod delay;
 mod node;
+mod pki;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,21 +58,28 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new(parent: Option<(&str, &str)>) -> Cluster {
+    /// Two nodes, below `parent` (its peers and this cluster's name) when given, with `extra`
+    /// environment; with `proxied`, each node is named by another port, for a proxy to listen
+    /// on.
+    fn new(parent: Option<(&str, &str)>, proxied: bool, extra: &[(String, String)]) -> Cluster {
         let mut env = vec![
             ("SLUICE_CLUSTER_MODE".to_owned(), "lease".to_owned()),
             // A slow peer on a loaded machine is not a lost one (the tests kill what they
             // mean to lose); an owner waits half of it for its parent on a key new to it.
             ("SLUICE_PEER_TIMEOUT_MS".to_owned(), "2000".to_owned()),
         ];
+        env.extend_from_slice(extra);
         if let Some((peers, name)) = parent {
             env.push(("SLUICE_LEASE_PARENT".to_owned(), peers.to_owned()));
             env.push(("SLUICE_LEASE_CLUSTER_NAME".to_owned(), name.to_owned()));
         }
-        let nodes: Vec<Node> = (0..2).map(|_| Node::new(env.clone())).collect();
+        let mut nodes: Vec<Node> = (0..2).map(|_| Node::new(env.clone())).collect();
+        for n in nodes.iter_mut().filter(|_| proxied) {
+            n.advertised = Some(support::free_port());
+        }
         let peers = nodes
             .iter()
-            .map(|n| format!("127.0.0.1:{}", n.peer))
+            .map(Node::peer_address)
             .collect::<Vec<_>>()
             .join(",");
         Cluster { nodes, peers }
@@ -79,7 +92,7 @@ impl Cluster {
         // Until each node has seen the other answer, two owners may serve one key.
         for (i, n) in self.nodes.iter().enumerate() {
             let other = &self.nodes[1 - i];
-            let line = format!("sluice.cluster.peer_up.127.0.0.1:{}: 1", other.peer);
+            let line = format!("sluice.cluster.peer_up.{}: 1", other.peer_address());
             wait_for(
                 "the peers to see each other",
                 Duration::from_secs(15),
@@ -94,17 +107,57 @@ struct Tree {
     dir: tempfile::TempDir,
     root: Cluster,
     children: [Cluster; 2],
+    /// With a delay: the proxy every call to a root node goes through.
+    _proxy: Option<delay::Proxy>,
+    /// With mutual TLS: the CA and the certificate every node presents.
+    _pki: Option<pki::TestPki>,
 }
 
 impl Tree {
     fn start() -> Tree {
+        Tree::delayed(None)
+    }
+
+    /// [`Tree::start`], every call to the root (its own nodes' included) delayed by `delay`
+    /// each way, and with a delay every peer call over mutual TLS: one CA and one certificate
+    /// for the whole tree, named for the peers.
+    fn delayed(delay: Option<Duration>) -> Tree {
+        const SAN: &str = "sluice-peers.test";
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("limits.yaml"), limits_yaml()).unwrap();
-        let mut root = Cluster::new(None);
+        let pki = delay.map(|_| pki::TestPki::new());
+        let tls: Vec<(String, String)> = pki.as_ref().map_or(Vec::new(), |pki| {
+            let leaf = pki.leaf("peers", &[SAN]);
+            [
+                ("SLUICE_PEER_TLS", "true".to_owned()),
+                ("SLUICE_PEER_TLS_CERT", leaf.cert.display().to_string()),
+                ("SLUICE_PEER_TLS_KEY", leaf.key.display().to_string()),
+                ("SLUICE_PEER_TLS_CACERT", pki.ca.display().to_string()),
+                ("SLUICE_PEER_TLS_SAN", SAN.to_owned()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect()
+        });
+        let mut root = Cluster::new(None, delay.is_some(), &tls);
+        let proxy = delay.map(|d| {
+            let at = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let listen = root
+                .nodes
+                .iter()
+                .map(|n| at(n.advertised.unwrap()))
+                .collect();
+            let target = root.nodes.iter().map(|n| at(n.peer)).collect();
+            // Every connection counts as from a third node, whose links to both are delayed.
+            let proxy = delay::Proxy::start(listen, target, |_| Some(2));
+            proxy.set_delay(0, 2, d);
+            proxy.set_delay(1, 2, d);
+            proxy
+        });
         root.start(dir.path());
         let mut children = [
-            Cluster::new(Some((&root.peers, "a"))),
-            Cluster::new(Some((&root.peers, "b"))),
+            Cluster::new(Some((&root.peers, "a")), false, &tls),
+            Cluster::new(Some((&root.peers, "b")), false, &tls),
         ];
         for c in &mut children {
             c.start(dir.path());
@@ -113,6 +166,8 @@ impl Tree {
             dir,
             root,
             children,
+            _proxy: proxy,
+            _pki: pki,
         }
     }
 
@@ -214,15 +269,27 @@ impl Load {
 
 #[test]
 fn a_key_offered_twice_its_limit_in_each_child_admits_the_limit_across_both_and_no_more() {
+    offered_twice_the_limit_in_each_child(&Tree::start(), "v1");
+}
+
+#[test]
+fn with_the_root_60_ms_away_each_way_over_mutual_tls_the_limit_still_holds_across_both_children() {
+    let tree = Tree::delayed(Some(Duration::from_millis(60)));
+    offered_twice_the_limit_in_each_child(&tree, "v2");
+}
+
+/// Each child node offered the hour limit over four seconds (twice the limit in each child):
+/// the limit admitted across both, no more and at least nine tenths of it; the root leases the
+/// key to both clusters by name, and each child's owner shows the parent's grant.
+fn offered_twice_the_limit_in_each_child(tree: &Tree, value: &str) {
     with_window_to_spare(3600, 60);
-    let tree = Tree::start();
     // Two nodes a child: twice the limit in each child, over four seconds.
     let per_node = HOUR_LIMIT;
     let pace = Duration::from_secs(4) / u32::try_from(per_node).unwrap();
     let load = Load::start(
-        &tree,
+        tree,
         &[0, 1, 2, 3],
-        &body("hour", "v1"),
+        &body("hour", value),
         Some(per_node),
         pace,
     );
@@ -251,7 +318,7 @@ fn a_key_offered_twice_its_limit_in_each_child_admits_the_limit_across_both_and_
             http(
                 tree.root.nodes[i].debug,
                 "GET",
-                "/debug/lease?key=d_hour_v1_",
+                &format!("/debug/lease?key=d_hour_{value}_"),
                 "",
             )
         })
@@ -262,12 +329,18 @@ fn a_key_offered_twice_its_limit_in_each_child_admits_the_limit_across_both_and_
     let child_view = tree.children[0]
         .nodes
         .iter()
-        .filter_map(|n| http(n.debug, "GET", "/debug/lease?key=d_hour_v1_", ""))
+        .filter_map(|n| {
+            http(
+                n.debug,
+                "GET",
+                &format!("/debug/lease?key=d_hour_{value}_"),
+                "",
+            )
+        })
         .map(|(_, b)| b)
         .find(|b| b.contains(r#""parent":{"#))
         .expect("child a's owner shows the parent's grant");
     assert!(child_view.contains(r#""source":"parent""#), "{child_view}");
-    drop(tree.dir);
 }
 
 #[test]
@@ -345,6 +418,17 @@ fn the_root_lost_children_go_on_within_their_safe_capacity_then_recover() {
             "child {child} admitted {n} in 3 s, past its safe capacity"
         );
     }
+    // The key's owner in each child says so: `/stats` (and `/metrics`) carry the gauge.
+    for child in &tree.children {
+        let unreachable = child.nodes.iter().any(|n| {
+            http(n.debug, "GET", "/stats", "")
+                .is_some_and(|(_, b)| b.contains("sluice.cluster.lease.parent_unreachable: 1"))
+        });
+        assert!(
+            unreachable,
+            "no node of a child reports its parent unreachable"
+        );
+    }
     let back = Instant::now();
     tree.root.start(tree.dir.path());
     let mut recovered = None;
@@ -364,4 +448,13 @@ fn the_root_lost_children_go_on_within_their_safe_capacity_then_recover() {
         recovered.is_some(),
         "the children never recovered the limit"
     );
+    for child in &tree.children {
+        for n in &child.nodes {
+            let (_, stats) = http(n.debug, "GET", "/stats", "").expect("stats");
+            assert!(
+                stats.contains("sluice.cluster.lease.parent_unreachable: 0"),
+                "{stats}"
+            );
+        }
+    }
 }
