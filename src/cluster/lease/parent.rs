@@ -637,7 +637,6 @@ mod tests {
             epoch: e + 1,
             used: 4,
             held: 10,
-            held_next: 0,
             demand_milli: 0,
         };
         let due = up.renewals(later + MS, None, |_| true, |_| Some(done));
@@ -656,7 +655,6 @@ mod tests {
             epoch: e,
             used: 8,
             held: 10,
-            held_next: 0,
             demand_milli: 100_000,
         };
         // Need for the renewal interval and the round trip (200 + 200 ms) at 100/s: 40, and 8

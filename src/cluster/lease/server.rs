@@ -128,8 +128,6 @@ pub struct Summary {
     pub used: u64,
     /// Everything held in the window, expired holders' included; a bucket's shares (ppm).
     pub held: u64,
-    /// Allowances granted ahead for the next window.
-    pub held_next: u64,
     /// The live holders' attempted demand, summed (hits per second, thousandths).
     pub demand_milli: u64,
 }
@@ -629,19 +627,17 @@ impl KeyLeases {
             let used: u64 = e.holders.iter().map(|h| h.used).sum();
             (e.retired + expired + used, e.allowances())
         };
-        let next = self.next.as_ref();
-        let ((used, held), held_next) = if self.current.index == index {
-            (window(&self.current), next.map_or(0, Epoch::allowances))
+        let (used, held) = if self.current.index == index {
+            window(&self.current)
         } else {
             // The window moved on with no ask since: what was granted ahead is what is held.
-            let ahead = next.filter(|n| n.index == index);
-            (ahead.map_or((0, 0), window), 0)
+            let ahead = self.next.as_ref().filter(|n| n.index == index);
+            ahead.map_or((0, 0), window)
         };
         Summary {
             epoch: index,
             used,
             held,
-            held_next,
             demand_milli,
         }
     }

@@ -916,3 +916,59 @@ fn a_capacity_raised_within_a_window_lets_the_holders_grow_at_their_next_renewal
     assert!((300..=400).contains(&raised), "the raised window: {raised}");
     assert!(c.admitted[&(start / S - 1)] <= 100);
 }
+
+#[test]
+fn a_keys_summary_sums_what_its_holders_used_hold_and_ask_for() {
+    // What a child cluster's owner reports to its parent (`super::parent`).
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Minute, 0);
+    let server = LeaseServer::new(TIMING);
+    let now = Timestamp::from_micros(T0);
+    let epoch = super::server::window_index(&q, T0);
+    let report = |used, keep, demand_milli| Ask {
+        used,
+        keep,
+        ..first_ask(q, 0, demand_milli)
+    };
+    server.answer(
+        "a",
+        "k",
+        &report(10, 20, 5_000),
+        now,
+        Timestamp::from_micros(0),
+        2,
+    );
+    server.answer(
+        "b",
+        "k",
+        &report(4, 6, 3_000),
+        now,
+        Timestamp::from_micros(0),
+        2,
+    );
+    let s = server.summary("k", now).unwrap();
+    assert_eq!((s.epoch, s.used), (epoch, 14));
+    assert!(s.held >= 26, "{s:?}");
+    assert_eq!(s.demand_milli, 8_000);
+    // Once b's lease expires, what it held counts as used (it may have used it all) and its
+    // demand no longer counts.
+    let a_again = Timestamp::from_micros(T0 + TIMING.duration_us() / 2);
+    server.answer(
+        "a",
+        "k",
+        &report(10, 20, 5_000),
+        a_again,
+        Timestamp::from_micros(0),
+        2,
+    );
+    let later = Timestamp::from_micros(T0 + TIMING.duration_us() + 1);
+    let held_b = server
+        .holders("k", later)
+        .iter()
+        .find(|h| h.node == "b")
+        .map(|h| h.allowance)
+        .unwrap();
+    let s = server.summary("k", later).unwrap();
+    assert_eq!(s.used, 10 + held_b, "{s:?}");
+    assert_eq!(s.demand_milli, 5_000);
+    assert_eq!(server.summary("other", later), None);
+}
