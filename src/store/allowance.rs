@@ -23,7 +23,7 @@ use dashmap::DashMap;
 use super::Hit;
 use super::go_fixed::counted;
 use crate::clock::Timestamp;
-use crate::limiter::{Algorithm, Decision};
+use crate::limiter::{Algorithm, Decision, Quota};
 
 /// The reservation script: `KEYS[1]` the Go service's fixed-window key, `ARGV` the hits wanted,
 /// the limit and the key's TTL. Adds at most what is left under the limit, and answers
@@ -70,6 +70,7 @@ pub enum Route {
 /// One key's batch in its window.
 #[derive(Debug)]
 struct Batch {
+    quota: Quota,
     window: u64,
     /// Hits reserved in the window, and used of them.
     reserved: u64,
@@ -130,13 +131,16 @@ impl Allowances {
             self.keys.entry(key.into()).or_insert_with(|| {
                 self.bytes
                     .fetch_add(RESERVED_CHARGE + key.len(), Ordering::Relaxed);
-                Mutex::new(Batch::new(window, now_us))
+                Mutex::new(Batch::new(*quota, window, now_us))
             });
         }
         let Some(entry) = self.keys.get(key) else {
             return Route::Remote;
         };
         let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        if b.quota != *quota {
+            *b = Batch::new(*quota, window, now_us);
+        }
         b.roll(window);
         b.sample(now_us, hits);
         let limit = u64::from(quota.requests_per_unit);
@@ -183,37 +187,34 @@ impl Allowances {
         }
     }
 
-    /// The keys whose batch in `window` covers less than half the horizon of their demand, with
-    /// what to reserve for each (marked under way): the background refill.
-    pub fn due(&self, window: u64, now_us: u64) -> Vec<(Box<str>, u64)> {
-        let mut due = Vec::new();
-        for e in &self.keys {
-            let mut b = e.value().lock().unwrap_or_else(PoisonError::into_inner);
-            b.roll(window);
-            b.sample(now_us, 0);
-            let need = b.need(self.timing.horizon_us);
-            let left = b.reserved - b.used;
-            if !b.reserving && !b.exhausted && need >= HOT_HITS && left * 2 < need {
-                b.reserving = true;
-                due.push((e.key().clone(), need - left));
-            }
-        }
-        due
+    /// After a local decision on `hit` at `now`: when what is left covers less than half the
+    /// horizon of the key's demand, what to reserve now in the background (marked under way,
+    /// answered by [`Self::reserved`] or [`Self::failed`]).
+    pub fn refill(&self, hit: &Hit<'_>, now: Timestamp) -> Option<u64> {
+        let entry = self.keys.get(hit.key)?;
+        let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        b.roll(window_of(hit, now));
+        let need = b.need(self.timing.horizon_us);
+        let left = b.reserved - b.used;
+        let due = !b.reserving && !b.exhausted && need >= HOT_HITS && left * 2 < need;
+        b.reserving |= due;
+        due.then(|| need - left)
     }
 
-    /// The unused hits of keys gone cold (their demand below [`HOT_HITS`] over the horizon)
-    /// in `window`, taken off their batches: what to give back to Redis (DECRBY), so the other
-    /// replicas can use them.
-    pub fn give_back(&self, window: u64, now_us: u64) -> Vec<(Box<str>, u64)> {
+    /// The unused hits of keys gone cold at `now` (their demand below [`HOT_HITS`] over the
+    /// horizon), taken off their batches: what to give back to Redis (DECRBY on the key of
+    /// that window), so the other replicas can use them.
+    pub fn give_back(&self, now: Timestamp) -> Vec<(Box<str>, Quota, u64)> {
         let mut back = Vec::new();
         for e in &self.keys {
             let mut b = e.value().lock().unwrap_or_else(PoisonError::into_inner);
+            let window = now.secs() / b.quota.window().secs();
             b.roll(window);
-            b.sample(now_us, 0);
+            b.sample(now.micros(), 0);
             let left = b.reserved - b.used;
             if !b.reserving && left > 0 && b.need(self.timing.horizon_us) < HOT_HITS {
                 b.reserved = b.used;
-                back.push((e.key().clone(), left));
+                back.push((e.key().clone(), b.quota, left));
             }
         }
         back
@@ -221,8 +222,9 @@ impl Allowances {
 }
 
 impl Batch {
-    fn new(window: u64, now_us: u64) -> Self {
+    fn new(quota: Quota, window: u64, now_us: u64) -> Self {
         Batch {
+            quota,
             window,
             reserved: 0,
             used: 0,

@@ -94,11 +94,11 @@ fn replicas_offered_twice_the_limit_admit_it_and_no_more() {
                 admitted += u64::from(key.count <= 300);
             }
         }
-        for r in &replicas {
-            for (k, want) in r.due(window_of(&hit(q), Timestamp::from_micros(now)), now) {
-                let (granted, count) = key.reserve(want, 300);
-                r.reserved(&k, T0 / S, want, granted, count);
-            }
+        // The refill a local decision asks for, answered before the next hit.
+        let h = hit(q);
+        if let Some(want) = r.refill(&h, Timestamp::from_micros(now)) {
+            let (granted, count) = key.reserve(want, 300);
+            r.reserved(h.key, T0 / S, want, granted, count);
         }
     }
     assert!(admitted <= 300, "{admitted} admitted of 300");
@@ -130,10 +130,9 @@ fn a_new_window_starts_with_nothing_reserved_and_a_cooled_key_gives_back() {
         next.count
     );
     // Quiet for a while: the demand falls and what is left goes back.
-    let w = T0 / S + 1;
     let back: u64 = (0..12)
-        .flat_map(|i| r.give_back(w, T0 + S + 300_000 + i * 20_000))
-        .map(|(_, n)| n)
+        .flat_map(|i| r.give_back(Timestamp::from_micros(T0 + S + 300_000 + i * 20_000)))
+        .map(|(_, _, n)| n)
         .sum();
     assert_eq!(back, next.count - used, "all that was not used goes back");
 }
