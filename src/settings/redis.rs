@@ -870,6 +870,34 @@ mod tests {
     }
 
     #[test]
+    fn redis_allowances_are_off_by_default_and_their_settings_checked() {
+        let base = ["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"];
+        assert_eq!(redis_settings(&base).allowance, None);
+        let on = redis_settings(&[&base[..], &["--redis-allowance"]].concat());
+        assert_eq!(
+            on.allowance,
+            Some(AllowanceTiming {
+                horizon_us: 100_000,
+                max_bytes: 32 << 20,
+            })
+        );
+        for (args, want) in [
+            (
+                ["--redis-allowance-horizon-ms", "5"],
+                "SLUICE_REDIS_ALLOWANCE_HORIZON_MS=5: must be between 10 and 10000",
+            ),
+            (
+                ["--redis-allowance-max-bytes", "1000"],
+                "SLUICE_REDIS_ALLOWANCE_MAX_BYTES=1000: must be between 1048576 (1 MiB) and \
+                 68719476736 (64 GiB)",
+            ),
+        ] {
+            let err = redis_error(&[&["--redis-allowance"][..], &args[..]].concat());
+            assert_eq!(err, want);
+        }
+    }
+
+    #[test]
     fn the_local_cache_max_age_is_a_second_by_default_and_checked() {
         let r = redis_settings(&["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"]);
         assert_eq!(r.local_cache_max_age, Duration::from_secs(1));
