@@ -84,35 +84,8 @@ fn main() {
     let server_bytes = rss_bytes().saturating_sub(before);
     assert_eq!(server.len(), n);
 
-    let before = rss_bytes();
-    let up = Upstream::new(ParentTiming {
-        renew: std::time::Duration::from_millis(200),
-        timeout: std::time::Duration::from_secs(1),
-        idle: timing.duration,
-        max_bytes: usize::MAX,
-    });
-    for i in 0..n {
-        up.capacity(&key(i), &quota, T0);
-    }
-    let up_bytes = rss_bytes().saturating_sub(before);
-    assert_eq!(up.len(), n);
-
-    let before = rss_bytes();
-    let batches = Allowances::new(AllowanceTiming {
-        horizon_us: 100_000,
-        max_bytes: usize::MAX,
-    });
-    for i in 0..n {
-        let k = key(i);
-        let hit = Hit {
-            key: &k,
-            quota,
-            hits: 1,
-        };
-        batches.route(&hit, Timestamp::from_micros(T0));
-    }
-    let batch_bytes = rss_bytes().saturating_sub(before);
-    assert_eq!(batches.len(), n);
+    let (up, up_bytes) = parent_grants(n, quota, &timing);
+    let (batches, batch_bytes) = redis_batches(n, quota);
 
     let per = |bytes: u64| bytes as f64 / n as f64;
     let measured = (per(client_bytes), per(server_bytes));
@@ -140,4 +113,42 @@ fn main() {
         );
         std::process::exit(1);
     }
+}
+
+/// A child cluster owner's parent grants on `n` keys, and the resident bytes they took.
+fn parent_grants(n: usize, quota: Quota, timing: &LeaseTiming) -> (Upstream, u64) {
+    let before = rss_bytes();
+    let up = Upstream::new(ParentTiming {
+        renew: std::time::Duration::from_millis(200),
+        timeout: std::time::Duration::from_secs(1),
+        idle: timing.duration,
+        max_bytes: usize::MAX,
+    });
+    for i in 0..n {
+        up.capacity(&key(i), &quota, T0);
+    }
+    let bytes = rss_bytes().saturating_sub(before);
+    assert_eq!(up.len(), n);
+    (up, bytes)
+}
+
+/// A Redis replica's batches on `n` keys, and the resident bytes they took.
+fn redis_batches(n: usize, quota: Quota) -> (Allowances, u64) {
+    let before = rss_bytes();
+    let batches = Allowances::new(AllowanceTiming {
+        horizon_us: 100_000,
+        max_bytes: usize::MAX,
+    });
+    for i in 0..n {
+        let k = key(i);
+        let hit = Hit {
+            key: &k,
+            quota,
+            hits: 1,
+        };
+        batches.route(&hit, Timestamp::from_micros(T0));
+    }
+    let bytes = rss_bytes().saturating_sub(before);
+    assert_eq!(batches.len(), n);
+    (batches, bytes)
 }
