@@ -1,8 +1,9 @@
-//! Allowances from the shared store (issue 40, SLUICE_REDIS_ALLOWANCE; work in progress, not
-//! wired yet): a replica that sees a fixed-window key often reserves a batch of its hits from
+//! Allowances from the shared store (issue 40, SLUICE_REDIS_ALLOWANCE, off by default; work in
+//! progress): a replica that sees a fixed-window key often reserves a batch of its hits from
 //! Redis at once ([`RESERVE`]: never past the limit), decides locally inside the batch, and
 //! reserves again before it runs out; a cold key keeps the Go service's one INCRBY per call.
-//! This is the logic, with no I/O.
+//! This is the logic, with no I/O; `store/redis.rs` makes the calls (a reservation in the
+//! call's pipeline when a batch is needed now, in the background when one runs low).
 //!
 //! - **Hot or cold**: a key's attempted rate is measured as the lease client measures it (the
 //!   hits asked for, admitted or not, averaged per sample); a key whose demand over
@@ -13,7 +14,8 @@
 //!   reserved hits as used. Once Redis has nothing left for a window, the replica refuses
 //!   locally until the window ends.
 //! - **Under-admission**: what a replica reserved and did not use by the window's end is lost to
-//!   the others; [`Allowances::give_back`] returns a cooled key's unused hits within the window.
+//!   the others; [`Allowances::give_back`] returns a cooled key's unused hits within the window
+//!   (not called by the store yet: it needs a task with the injected clock).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
