@@ -1,7 +1,8 @@
 //! Bytes per key in lease mode's tables, against what SLUICE_LEASE_MAX_BYTES charges: a
 //! node's [`LeaseClient`] holding N keys, an owner's [`LeaseServer`] leasing N keys to
 //! HOLDERS nodes each, and a child cluster's owner keeping its parent's grants on N keys
-//! ([`Upstream`], SLUICE_LEASE_PARENT). Reads resident memory (VmRSS) before and after filling each table, and prints
+//! ([`Upstream`], SLUICE_LEASE_PARENT), and a Redis replica's batches on N keys
+//! ([`Allowances`], SLUICE_REDIS_ALLOWANCE). Reads resident memory (VmRSS) before and after filling each table, and prints
 //! bytes per key with the key bytes included, and exits 1 when either passes its charge (so
 //! `bench/run.sh`, which runs it, fails). Keys look like the service's counter key stems for
 //! an IPv4 `remote_address` descriptor (27 to 31 bytes); holders' names like pod addresses.
@@ -19,6 +20,8 @@ use sluice::clock::Timestamp;
 use sluice::cluster::lease::parent::{ParentTiming, Upstream};
 use sluice::cluster::lease::{Ask, LeaseClient, LeaseServer, LeaseTiming, Route};
 use sluice::limiter::{Quota, Unit};
+use sluice::store::Hit;
+use sluice::store::allowance::{AllowanceTiming, Allowances};
 
 #[path = "support/rss.rs"]
 mod rss;
@@ -81,6 +84,39 @@ fn main() {
     let server_bytes = rss_bytes().saturating_sub(before);
     assert_eq!(server.len(), n);
 
+    let (up, up_bytes) = parent_grants(n, quota, &timing);
+    let (batches, batch_bytes) = redis_batches(n, quota);
+
+    let per = |bytes: u64| bytes as f64 / n as f64;
+    let measured = (per(client_bytes), per(server_bytes));
+    let charged = (per(client.bytes() as u64), per(server.bytes() as u64));
+    let parent = (per(up_bytes), per(up.bytes() as u64));
+    let batch = (per(batch_bytes), per(batches.bytes() as u64));
+    println!(
+        "lease_memory: {n} keys of 27 to 31 bytes, {holders} holders per key (names of 16 bytes)\n\
+         client: {:.0} bytes per held key, charged {:.0}\n\
+         server: {:.0} bytes per leased key, charged {:.0}\n\
+         parent grants: {:.0} bytes per key, charged {:.0}\n\
+         Redis batches: {:.0} bytes per key, charged {:.0}",
+        measured.0, charged.0, measured.1, charged.1, parent.0, parent.1, batch.0, batch.1,
+    );
+    // SLUICE_LEASE_MAX_BYTES is a bound only while the charge covers the real cost.
+    let pairs = [
+        (measured.0, charged.0),
+        (measured.1, charged.1),
+        parent,
+        batch,
+    ];
+    if pairs.iter().any(|(m, c)| m > c) {
+        eprintln!(
+            "lease_memory: a table uses more than it is charged: raise SLOT_CHARGE, KEY_CHARGE, HOLDER_CHARGE, ABOVE_CHARGE or RESERVED_CHARGE"
+        );
+        std::process::exit(1);
+    }
+}
+
+/// A child cluster owner's parent grants on `n` keys, and the resident bytes they took.
+fn parent_grants(n: usize, quota: Quota, timing: &LeaseTiming) -> (Upstream, u64) {
     let before = rss_bytes();
     let up = Upstream::new(ParentTiming {
         renew: std::time::Duration::from_millis(200),
@@ -91,25 +127,28 @@ fn main() {
     for i in 0..n {
         up.capacity(&key(i), &quota, T0);
     }
-    let up_bytes = rss_bytes().saturating_sub(before);
+    let bytes = rss_bytes().saturating_sub(before);
     assert_eq!(up.len(), n);
+    (up, bytes)
+}
 
-    let per = |bytes: u64| bytes as f64 / n as f64;
-    let measured = (per(client_bytes), per(server_bytes));
-    let charged = (per(client.bytes() as u64), per(server.bytes() as u64));
-    let parent = (per(up_bytes), per(up.bytes() as u64));
-    println!(
-        "lease_memory: {n} keys of 27 to 31 bytes, {holders} holders per key (names of 16 bytes)\n\
-         client: {:.0} bytes per held key, charged {:.0}\n\
-         server: {:.0} bytes per leased key, charged {:.0}\n\
-         parent grants: {:.0} bytes per key, charged {:.0}",
-        measured.0, charged.0, measured.1, charged.1, parent.0, parent.1,
-    );
-    // SLUICE_LEASE_MAX_BYTES is a bound only while the charge covers the real cost.
-    if measured.0 > charged.0 || measured.1 > charged.1 || parent.0 > parent.1 {
-        eprintln!(
-            "lease_memory: a table uses more than it is charged: raise SLOT_CHARGE, KEY_CHARGE, HOLDER_CHARGE or ABOVE_CHARGE"
-        );
-        std::process::exit(1);
+/// A Redis replica's batches on `n` keys, and the resident bytes they took.
+fn redis_batches(n: usize, quota: Quota) -> (Allowances, u64) {
+    let before = rss_bytes();
+    let batches = Allowances::new(AllowanceTiming {
+        horizon_us: 100_000,
+        max_bytes: usize::MAX,
+    });
+    for i in 0..n {
+        let k = key(i);
+        let hit = Hit {
+            key: &k,
+            quota,
+            hits: 1,
+        };
+        batches.route(&hit, Timestamp::from_micros(T0));
     }
+    let bytes = rss_bytes().saturating_sub(before);
+    assert_eq!(batches.len(), n);
+    (batches, bytes)
 }

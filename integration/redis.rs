@@ -89,6 +89,7 @@ impl RedisServer {
             local_cache_size_in_bytes: 0,
             local_cache_max_age: std::time::Duration::from_secs(1),
             stop_cache_key_increment_when_overlimit: false,
+            allowance: None,
             startup: Default::default(),
             breaker: Default::default(),
         }
@@ -265,6 +266,75 @@ async fn a_go_instance_and_sluice_share_one_counter() {
     assert_eq!((d[0].over, d[0].remaining), (false, 0));
 }
 
+/// The calls Redis counted for `command` (INFO commandstats).
+fn calls(redis: &Redis, command: &str) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn with_allowances_three_replicas_hold_a_hot_keys_limit_with_few_redis_calls() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let settings = RedisConfig {
+        allowance: Some(sluice::store::allowance::AllowanceTiming {
+            horizon_us: 100_000,
+            max_bytes: 1 << 20,
+        }),
+        ..redis.settings(0)
+    };
+    let replicas = [
+        store(&settings).await,
+        store(&settings).await,
+        store(&settings).await,
+    ];
+    let quota = Quota::fixed(3_000, Unit::Minute);
+    // 6,000 hits at 6,000 a second, round-robin over the replicas: twice the limit.
+    let start = Timestamp::from_secs(1_200);
+    let before = calls(&redis, "evalsha") + calls(&redis, "incrby");
+    let mut admitted = 0;
+    for i in 0..6_000u64 {
+        let now = Timestamp::from_micros(start.micros() + i * 166);
+        let hit = [Hit {
+            key: "hot_k_v_",
+            quota,
+            hits: 1,
+        }];
+        let d = apply(&replicas[(i % 3) as usize], now, &hit).await.unwrap();
+        admitted += u64::from(!d[0].over);
+        // Let the background refills land, as time passing would.
+        if i % 64 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let redis_calls = calls(&redis, "evalsha") + calls(&redis, "incrby") - before;
+    let count: u64 = redis.cli(&["GET", "hot_k_v_1200"]).parse().unwrap();
+    eprintln!(
+        "admitted {admitted} of 3000; {redis_calls} Redis calls for 6000 hits; key at {count}"
+    );
+    assert!(admitted <= 3_000, "{admitted} admitted past the limit");
+    // Every admitted hit is counted in Redis (a cold call's INCRBY counts refused hits too,
+    // as the Go service's does).
+    assert!(
+        count >= admitted,
+        "the key counts {count} for {admitted} admitted"
+    );
+    assert!(admitted >= 2_850, "only {admitted} of 3000 admitted");
+    assert!(
+        redis_calls * 10 <= 6_000,
+        "{redis_calls} Redis calls for 6000 hits"
+    );
+}
+
 #[tokio::test]
 async fn concurrent_calls_admit_exactly_the_limit_with_every_script() {
     if !redis_server_available() {
@@ -438,6 +508,7 @@ async fn an_unreachable_redis_at_start_is_not_ready_and_not_a_crash() {
         local_cache_size_in_bytes: 0,
         local_cache_max_age: std::time::Duration::from_secs(1),
         stop_cache_key_increment_when_overlimit: false,
+        allowance: None,
         startup: Default::default(),
         breaker: Default::default(),
     };
@@ -469,6 +540,7 @@ async fn the_start_up_back_off_follows_its_settings_and_gives_up_after_max_elaps
         local_cache_size_in_bytes: 0,
         local_cache_max_age: std::time::Duration::from_secs(1),
         stop_cache_key_increment_when_overlimit: false,
+        allowance: None,
         startup: StartupBackoff {
             initial: Duration::from_millis(50),
             max: Duration::from_millis(100),

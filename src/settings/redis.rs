@@ -13,6 +13,7 @@ use super::tls::key_pair;
 use super::{SettingsError, invalid};
 use crate::app::Backend;
 use crate::secret::Secret;
+use crate::store::allowance::AllowanceTiming;
 use crate::store::redis::{
     Credentials, RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff,
     read_credentials,
@@ -388,6 +389,40 @@ pub struct RedisArgs {
         help_heading = "Redis"
     )]
     pub stop_cache_key_increment_when_overlimit: bool,
+    /// Fixed windows on Redis: a replica that sees a key often reserves a batch of its hits
+    /// from Redis at once (never past the limit) and decides locally inside it; a cold key
+    /// costs one INCRBY per call as before (docs/benchmarks.md, issue 40; work in progress).
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_ALLOWANCE",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Redis"
+    )]
+    pub redis_allowance: bool,
+    /// With SLUICE_REDIS_ALLOWANCE: how much of a key's demand a batch covers, in milliseconds
+    /// (10 to 10000); a key is reserved once its demand over it is 4 hits or more.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_ALLOWANCE_HORIZON_MS",
+        default_value_t = 100,
+        help_heading = "Redis"
+    )]
+    pub redis_allowance_horizon_ms: u64,
+    /// With SLUICE_REDIS_ALLOWANCE: the memory of the batches table (1 MiB to 64 GiB), each key
+    /// charged its length plus 256 bytes; past it, new keys go to Redis on every call.
+    #[arg(
+        long,
+        env = "SLUICE_REDIS_ALLOWANCE_MAX_BYTES",
+        default_value_t = 32 << 20,
+        help_heading = "Redis"
+    )]
+    pub redis_allowance_max_bytes: usize,
 }
 
 /// REDIS_POOL_ON_EMPTY_BEHAVIOR: only `WAIT` (any case) describes what Sluice does.
@@ -425,10 +460,38 @@ impl RedisArgs {
             local_cache_size_in_bytes: self.local_cache_size_in_bytes,
             local_cache_max_age: self.local_cache_max_age()?,
             stop_cache_key_increment_when_overlimit: self.stop_cache_key_increment_when_overlimit,
+            allowance: self.allowance()?,
             startup: self.startup_backoff()?,
             // Set from RedisBreakerArgs by ServeArgs::validate.
             breaker: Default::default(),
         })
+    }
+
+    /// SLUICE_REDIS_ALLOWANCE and its horizon and bound; `None` when off.
+    fn allowance(&self) -> Result<Option<AllowanceTiming>, SettingsError> {
+        if !self.redis_allowance {
+            return Ok(None);
+        }
+        let ms = self.redis_allowance_horizon_ms;
+        if !(10..=10_000).contains(&ms) {
+            return Err(invalid(
+                "SLUICE_REDIS_ALLOWANCE_HORIZON_MS",
+                ms,
+                "must be between 10 and 10000",
+            ));
+        }
+        let max_bytes = self.redis_allowance_max_bytes;
+        if !((1 << 20)..=(64 << 30)).contains(&max_bytes) {
+            return Err(invalid(
+                "SLUICE_REDIS_ALLOWANCE_MAX_BYTES",
+                max_bytes,
+                "must be between 1048576 (1 MiB) and 68719476736 (64 GiB)",
+            ));
+        }
+        Ok(Some(AllowanceTiming {
+            horizon_us: ms * 1_000,
+            max_bytes,
+        }))
     }
 
     /// SLUICE_LOCAL_CACHE_MAX_AGE_MS: at least a millisecond, at most a year (the longest
@@ -804,6 +867,34 @@ mod tests {
         let mut args = vec!["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"];
         args.extend_from_slice(extra);
         error(&args)
+    }
+
+    #[test]
+    fn redis_allowances_are_off_by_default_and_their_settings_checked() {
+        let base = ["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"];
+        assert_eq!(redis_settings(&base).allowance, None);
+        let on = redis_settings(&[&base[..], &["--redis-allowance"]].concat());
+        assert_eq!(
+            on.allowance,
+            Some(AllowanceTiming {
+                horizon_us: 100_000,
+                max_bytes: 32 << 20,
+            })
+        );
+        for (args, want) in [
+            (
+                ["--redis-allowance-horizon-ms", "5"],
+                "SLUICE_REDIS_ALLOWANCE_HORIZON_MS=5: must be between 10 and 10000",
+            ),
+            (
+                ["--redis-allowance-max-bytes", "1000"],
+                "SLUICE_REDIS_ALLOWANCE_MAX_BYTES=1000: must be between 1048576 (1 MiB) and \
+                 68719476736 (64 GiB)",
+            ),
+        ] {
+            let err = redis_error(&[&["--redis-allowance"][..], &args[..]].concat());
+            assert_eq!(err, want);
+        }
     }
 
     #[test]

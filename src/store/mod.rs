@@ -9,6 +9,7 @@
 //! memory store and an in-process three-node cluster (`tests/stores.rs`) and on Redis
 //! (`integration/redis.rs`): for the same calls, each answers as the limiter's functions do.
 
+pub mod allowance;
 mod breaker;
 mod go_fixed;
 pub mod memcache;

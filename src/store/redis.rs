@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::allowance::{AllowanceTiming, Allowances, RESERVE, Route, window_of};
 use super::breaker::Readiness;
 use super::go_fixed::{self, Jitter, OverLimitCache};
 use super::redis_target::{Target, TargetOptions, run_within};
@@ -257,6 +258,8 @@ pub struct RedisConfig {
     /// SLUICE_LOCAL_CACHE_MAX_AGE_MS: how long an over-limit entry is trusted.
     pub local_cache_max_age: Duration,
     pub stop_cache_key_increment_when_overlimit: bool,
+    /// SLUICE_REDIS_ALLOWANCE: batches of hot fixed-window keys reserved ([`super::allowance`]).
+    pub allowance: Option<AllowanceTiming>,
     /// REDIS_STARTUP_*: how the start-up PING is retried.
     pub startup: StartupBackoff,
     /// SLUICE_REDIS_PROBE_INTERVAL_MS, SLUICE_REDIS_BREAKER_TIMEOUTS and
@@ -272,9 +275,14 @@ pub struct RedisStore {
     stop_when_over: bool,
     local_cache: Option<OverLimitCache>,
     jitter: Jitter,
+    /// SLUICE_REDIS_ALLOWANCE: the batches this replica holds.
+    allowances: Option<Arc<Allowances>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     options: Arc<TargetOptions>,
 }
+
+/// The scripts each Redis is loaded with (and again on NOSCRIPT).
+const SCRIPTS: &[&str] = &[SLIDING, BUCKET, REFUND, SLOTS, RESERVE];
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
@@ -301,7 +309,7 @@ impl RedisStore {
             gave_up: tokio::sync::watch::channel(None).0,
             breaker: settings.breaker,
             readiness: Readiness::new(targets, settings.breaker.health_follows_connection),
-            scripts: &[SLIDING, BUCKET, REFUND, SLOTS],
+            scripts: SCRIPTS,
         });
         let mut tasks = Vec::new();
         let main = Target::start("main", &settings.main, &options, &mut tasks)?;
@@ -320,6 +328,7 @@ impl RedisStore {
                 settings.local_cache_max_age,
             ),
             jitter: Jitter::new(settings.expiration_jitter_max_seconds),
+            allowances: settings.allowance.map(|t| Arc::new(Allowances::new(t))),
             tasks,
             options,
         })
@@ -370,13 +379,7 @@ impl RedisStore {
 
     /// Runs `pipe` on `target` within the deadline; on NOSCRIPT loads the scripts and retries.
     async fn run(&self, target: &Target, pipe: &redis::Pipeline) -> Result<Vec<Value>, StoreError> {
-        run_within(
-            target,
-            pipe,
-            self.timeout,
-            &[SLIDING, BUCKET, REFUND, SLOTS],
-        )
-        .await
+        run_within(target, pipe, self.timeout, SCRIPTS).await
     }
 
     /// Adds the commands for one hit; returns how many replies they produce.
@@ -494,7 +497,9 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let mut decisions = go_fixed::cached_decisions(self.local_cache.as_ref(), now, hits);
         // What the cache answered is not remembered again: an entry is trusted for its age
-        // from when Redis found the key over, not from when the cache last answered.
+        // from when Redis found the key over, not from when the cache last answered. Nor is
+        // what a batch answered (its refusals are this replica's, not Redis's count).
+        let reserve = self.route_allowances(now, hits, &mut decisions);
         let cached: Vec<bool> = decisions.iter().map(Option::is_some).collect();
         let increment = self.increments(now, hits, &decisions).await?;
         decide_without_state(now, hits, &mut decisions);
@@ -503,25 +508,149 @@ impl RedisStore {
         let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
             let mut pipe = redis::pipe();
             for &i in idx {
-                self.push(&mut pipe, &hits[i], now, increment[i]);
+                match reserve[i] {
+                    Some(want) => self.push_reserve(&mut pipe, &hits[i], now, want),
+                    None => self.push(&mut pipe, &hits[i], now, increment[i]),
+                }
             }
             async move { self.run(target, &pipe).await }
         }))
         .await;
+        let mut failed = None;
         for ((_, idx), reply) in groups.iter().zip(replies) {
-            let reply = reply?;
-            if reply.len() != idx.len() {
-                return Err(StoreError::BadReply {
+            let reply = match reply {
+                Ok(r) if r.len() == idx.len() => r,
+                Ok(r) => Err(StoreError::BadReply {
                     expected: idx.len(),
-                    got: reply.len(),
-                });
-            }
+                    got: r.len(),
+                })?,
+                Err(e) => {
+                    failed = Some(e);
+                    continue;
+                }
+            };
             for (&i, value) in idx.iter().zip(&reply) {
-                let d = Self::decide(&hits[i], now, value)?;
+                let d = match reserve[i] {
+                    Some(want) => self.reserved(&hits[i], now, want, value)?,
+                    None => Self::decide(&hits[i], now, value)?,
+                };
                 decisions[i] = Some(d);
             }
         }
+        if let Some(e) = failed {
+            // A reservation that got no answer is no longer under way.
+            if let Some(a) = &self.allowances {
+                for (i, hit) in hits.iter().enumerate() {
+                    if reserve[i].is_some() && decisions[i].is_none() {
+                        a.failed(hit.key);
+                    }
+                }
+            }
+            return Err(e);
+        }
+        self.refill(now, hits, &reserve);
         self.answer(now, hits, (&decisions, &cached), out)
+    }
+
+    /// SLUICE_REDIS_ALLOWANCE: each hit not yet decided goes to its batch, which decides it
+    /// (into `decisions`) or asks for a reservation (the hits wanted, per hit); cold keys stay
+    /// undecided, for the store's own path.
+    fn route_allowances(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        decisions: &mut [Option<Decision>],
+    ) -> Vec<Option<u64>> {
+        let mut reserve = vec![None; hits.len()];
+        let Some(a) = &self.allowances else {
+            return reserve;
+        };
+        for (i, hit) in hits.iter().enumerate() {
+            if decisions[i].is_some() {
+                continue;
+            }
+            match a.route(hit, now) {
+                Route::Local(d) => decisions[i] = Some(d),
+                Route::Reserve { want } => reserve[i] = Some(want),
+                Route::Remote => {}
+            }
+        }
+        reserve
+    }
+
+    /// Adds the [`RESERVE`] call for `want` hits of `hit`'s fixed-window key.
+    fn push_reserve(&self, pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, want: u64) {
+        let q = hit.quota;
+        let key = go_cache_key(hit.key, now, q.window());
+        pipe.cmd("EVALSHA")
+            .arg(redis::Script::new(RESERVE).get_hash())
+            .arg(1)
+            .arg(&key)
+            .arg(want)
+            .arg(q.requests_per_unit)
+            .arg(self.jitter.ttl_secs(&key, q.window(), now));
+    }
+
+    /// A reservation's reply (`{granted, count}`) applied to `hit`'s batch, and the hit then
+    /// decided from it.
+    fn reserved(
+        &self,
+        hit: &Hit<'_>,
+        now: Timestamp,
+        want: u64,
+        reply: &Value,
+    ) -> Result<Decision, StoreError> {
+        let (granted, count) = reserve_reply(reply)?;
+        let Some(a) = &self.allowances else {
+            return Ok(go_fixed::counted(hit, now, count + hit.hits));
+        };
+        a.reserved(hit.key, window_of(hit, now), want, granted, count);
+        Ok(match a.route(hit, now) {
+            Route::Local(d) => d,
+            // The window turned meanwhile, or another call took the batch: refused, as a
+            // count past the limit.
+            _ => go_fixed::counted(
+                hit,
+                now,
+                count.max(u64::from(hit.quota.requests_per_unit)) + hit.hits,
+            ),
+        })
+    }
+
+    /// After the decisions: the batches that ran low are reserved again in the background,
+    /// one pipeline per Redis, so the next calls need no round trip.
+    fn refill(&self, now: Timestamp, hits: &[Hit<'_>], reserving: &[Option<u64>]) {
+        let Some(a) = &self.allowances else {
+            return;
+        };
+        for (hit, reserved) in hits.iter().zip(reserving) {
+            if reserved.is_some() {
+                continue;
+            }
+            let Some(want) = a.refill(hit, now) else {
+                continue;
+            };
+            let mut pipe = redis::pipe();
+            self.push_reserve(&mut pipe, hit, now, want);
+            let (a, target, timeout) = (
+                a.clone(),
+                self.target_for(hit.quota.unit).clone(),
+                self.timeout,
+            );
+            let (key, window) = (hit.key.to_owned(), window_of(hit, now));
+            tokio::spawn(async move {
+                let reply = run_within(&target, &pipe, timeout, SCRIPTS).await;
+                match reply
+                    .ok()
+                    .as_deref()
+                    .and_then(|r| r.first())
+                    .map(reserve_reply)
+                {
+                    Some(Ok((granted, count))) => a.reserved(&key, window, want, granted, count),
+                    _ => a.failed(&key),
+                }
+            });
+        }
     }
 
     /// Which hits are added ([`go_fixed::increments_from_counts`]); with
@@ -675,6 +804,22 @@ impl RedisStore {
         }
         go_fixed::forget_refunded(self.local_cache.as_ref(), now, hits);
         go_fixed::push_all(hits.len(), decisions, out)
+    }
+}
+
+/// [`RESERVE`]'s reply: the hits granted and the key's count after.
+fn reserve_reply(reply: &Value) -> Result<(u64, u64), StoreError> {
+    let bad = || backend_error(format!("unexpected reservation reply {reply:?}"));
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    let int = |v: &Value| match v {
+        Value::Int(n) => u64::try_from(*n).map_err(|_| bad()),
+        _ => Err(bad()),
+    };
+    match items.as_slice() {
+        [granted, count] => Ok((int(granted)?, int(count)?)),
+        _ => Err(bad()),
     }
 }
 
@@ -874,6 +1019,10 @@ impl CounterStore for RedisStore {
     }
 
     fn counts_refused(&self, quota: &Quota) -> bool {
+        // A batch refuses without counting in Redis.
+        if self.allowances.is_some() && quota.algorithm == Algorithm::FixedWindow {
+            return false;
+        }
         go_fixed::counts_refused(quota, self.stop_when_over, self.local_cache.is_some())
     }
 

@@ -1,0 +1,280 @@
+//! Allowances from the shared store (issue 40, SLUICE_REDIS_ALLOWANCE, off by default; work in
+//! progress): a replica that sees a fixed-window key often reserves a batch of its hits from
+//! Redis at once ([`RESERVE`]: never past the limit), decides locally inside the batch, and
+//! reserves again before it runs out; a cold key keeps the Go service's one INCRBY per call.
+//! This is the logic, with no I/O; `store/redis.rs` makes the calls (a reservation in the
+//! call's pipeline when a batch is needed now, in the background when one runs low).
+//!
+//! - **Hot or cold**: a key's attempted rate is measured as the lease client measures it (the
+//!   hits asked for, admitted or not, averaged per sample); a key whose demand over
+//!   [`AllowanceTiming::horizon_us`] is at least [`HOT_HITS`] reserves, others go to Redis.
+//! - **Batches**: what the demand asks for over the horizon, at least the hits of the call.
+//! - **No over-admission**: a batch is counted in Redis when it is reserved, so the key's count
+//!   never passes the limit through reservations, and a Go instance sharing the key sees the
+//!   reserved hits as used. Once Redis has nothing left for a window, the replica refuses
+//!   locally until the window ends.
+//! - **Under-admission**: what a replica reserved and did not use by the window's end is lost to
+//!   the others; [`Allowances::give_back`] returns a cooled key's unused hits within the window
+//!   (not called by the store yet: it needs a task with the injected clock).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use dashmap::DashMap;
+
+use super::Hit;
+use super::go_fixed::counted;
+use crate::clock::Timestamp;
+use crate::limiter::{Algorithm, Decision, Quota};
+
+/// The reservation script: `KEYS[1]` the Go service's fixed-window key, `ARGV` the hits wanted,
+/// the limit and the key's TTL. Adds at most what is left under the limit, and answers
+/// `{granted, count after}`.
+pub const RESERVE: &str = r#"
+local count = tonumber(redis.call('GET', KEYS[1]) or '0')
+local want = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local grant = math.min(want, math.max(limit - count, 0))
+if grant > 0 then
+  count = redis.call('INCRBY', KEYS[1], grant)
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return {grant, count}
+"#;
+
+/// A key is hot when its demand over the horizon is at least this many hits.
+pub const HOT_HITS: u64 = 4;
+
+/// What a reserved key costs beside its key's bytes (an estimate until `examples/` measures it).
+pub const RESERVED_CHARGE: usize = 256;
+
+/// How far ahead batches look, and the table's bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllowanceTiming {
+    /// A batch covers the demand over this long (µs); a new one is reserved once what is left
+    /// covers less than half of it.
+    pub horizon_us: u64,
+    /// The memory the table may take, charged per key.
+    pub max_bytes: usize,
+}
+
+/// What this replica does with one call's hits on a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Decided from the batch held (or refused: Redis has nothing left in the window).
+    Local(Decision),
+    /// Reserve `want` hits with [`RESERVE`], then [`Allowances::reserved`] and decide again.
+    Reserve { want: u64 },
+    /// A cold key (or a reservation under way, or the table full): the store's own path.
+    Remote,
+}
+
+/// One key's batch in its window.
+#[derive(Debug)]
+struct Batch {
+    quota: Quota,
+    window: u64,
+    /// Hits reserved in the window, and used of them.
+    reserved: u64,
+    used: u64,
+    /// The key's count in Redis after the last reservation.
+    count: u64,
+    /// Redis had less left than asked: nothing more in this window.
+    exhausted: bool,
+    reserving: bool,
+    /// Hits asked for since the last sample, and the demand (hits per second, thousandths).
+    attempted: u64,
+    sampled_us: u64,
+    demand_milli: u64,
+}
+
+/// The keys this replica holds batches of.
+pub struct Allowances {
+    keys: DashMap<Box<str>, Mutex<Batch>, foldhash::fast::RandomState>,
+    timing: AllowanceTiming,
+    bytes: AtomicUsize,
+}
+
+/// Demand samples span at least this long, as in lease mode.
+const MIN_SAMPLE_US: u64 = 10_000;
+
+impl Allowances {
+    pub fn new(timing: AllowanceTiming) -> Self {
+        Allowances {
+            keys: DashMap::default(),
+            timing,
+            bytes: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// How `hit` is decided at `now`.
+    pub fn route(&self, hit: &Hit<'_>, now: Timestamp) -> Route {
+        let (key, quota, hits) = (hit.key, &hit.quota, hit.hits);
+        if quota.algorithm != Algorithm::FixedWindow {
+            return Route::Remote;
+        }
+        let (window, now_us) = (window_of(hit, now), now.micros());
+        if !self.keys.contains_key(key) {
+            if self.bytes() >= self.timing.max_bytes {
+                return Route::Remote;
+            }
+            self.keys.entry(key.into()).or_insert_with(|| {
+                self.bytes
+                    .fetch_add(RESERVED_CHARGE + key.len(), Ordering::Relaxed);
+                Mutex::new(Batch::new(*quota, window, now_us))
+            });
+        }
+        let Some(entry) = self.keys.get(key) else {
+            return Route::Remote;
+        };
+        let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        if b.quota != *quota {
+            *b = Batch::new(*quota, window, now_us);
+        }
+        b.roll(window);
+        b.sample(now_us, hits);
+        let limit = u64::from(quota.requests_per_unit);
+        let left = b.reserved - b.used;
+        if left >= hits {
+            b.used += hits;
+            // What the key counts without this replica's unused hits, and this call's.
+            return Route::Local(counted(hit, now, b.count - left + hits));
+        }
+        if b.exhausted {
+            return Route::Local(counted(hit, now, b.count.max(limit) + hits));
+        }
+        if b.reserving {
+            return Route::Remote;
+        }
+        let want = b.need(self.timing.horizon_us).max(hits);
+        if b.need(self.timing.horizon_us) < HOT_HITS {
+            return Route::Remote;
+        }
+        b.reserving = true;
+        Route::Reserve { want }
+    }
+
+    /// Redis granted `granted` of `want` for `key` in `window`, leaving its count at `count`.
+    pub fn reserved(&self, key: &str, window: u64, want: u64, granted: u64, count: u64) {
+        if let Some(entry) = self.keys.get(key) {
+            let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
+            b.reserving = false;
+            if b.window == window {
+                b.reserved += granted;
+                b.count = b.count.max(count);
+                b.exhausted = granted < want;
+            }
+        }
+    }
+
+    /// A reservation failed: the key goes the store's own way until the next one.
+    pub fn failed(&self, key: &str) {
+        if let Some(entry) = self.keys.get(key) {
+            entry
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .reserving = false;
+        }
+    }
+
+    /// After a local decision on `hit` at `now`: when what is left covers less than half the
+    /// horizon of the key's demand, what to reserve now in the background (marked under way,
+    /// answered by [`Self::reserved`] or [`Self::failed`]).
+    pub fn refill(&self, hit: &Hit<'_>, now: Timestamp) -> Option<u64> {
+        let entry = self.keys.get(hit.key)?;
+        let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        b.roll(window_of(hit, now));
+        let need = b.need(self.timing.horizon_us);
+        let left = b.reserved - b.used;
+        let due = !b.reserving && !b.exhausted && need >= HOT_HITS && left * 2 < need;
+        b.reserving |= due;
+        due.then(|| need - left)
+    }
+
+    /// The unused hits of keys gone cold at `now` (their demand below [`HOT_HITS`] over the
+    /// horizon), taken off their batches: what to give back to Redis (DECRBY on the key of
+    /// that window), so the other replicas can use them.
+    pub fn give_back(&self, now: Timestamp) -> Vec<(Box<str>, Quota, u64)> {
+        let mut back = Vec::new();
+        for e in &self.keys {
+            let mut b = e.value().lock().unwrap_or_else(PoisonError::into_inner);
+            let window = now.secs() / b.quota.window().secs();
+            b.roll(window);
+            b.sample(now.micros(), 0);
+            let left = b.reserved - b.used;
+            if !b.reserving && left > 0 && b.need(self.timing.horizon_us) < HOT_HITS {
+                b.reserved = b.used;
+                back.push((e.key().clone(), b.quota, left));
+            }
+        }
+        back
+    }
+}
+
+impl Batch {
+    fn new(quota: Quota, window: u64, now_us: u64) -> Self {
+        Batch {
+            quota,
+            window,
+            reserved: 0,
+            used: 0,
+            count: 0,
+            exhausted: false,
+            reserving: false,
+            attempted: 0,
+            sampled_us: now_us,
+            demand_milli: 0,
+        }
+    }
+
+    /// Moves to `window`: a new window starts with nothing reserved.
+    fn roll(&mut self, window: u64) {
+        if window != self.window {
+            self.window = window;
+            self.reserved = 0;
+            self.used = 0;
+            self.count = 0;
+            self.exhausted = false;
+        }
+    }
+
+    /// Counts `hits` asked for at `now_us`, and updates the demand once a sample spans
+    /// [`MIN_SAMPLE_US`].
+    fn sample(&mut self, now_us: u64, hits: u64) {
+        self.attempted += hits;
+        let span = now_us.saturating_sub(self.sampled_us);
+        if span >= MIN_SAMPLE_US {
+            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(span);
+            let rate = u64::try_from(rate).unwrap_or(u64::MAX);
+            self.demand_milli = self.demand_milli / 2 + rate / 2;
+            self.attempted = 0;
+            self.sampled_us = now_us;
+        }
+    }
+
+    /// The demand's hits over `horizon_us`.
+    fn need(&self, horizon_us: u64) -> u64 {
+        let need = u128::from(self.demand_milli) * u128::from(horizon_us) / 1_000_000_000;
+        u64::try_from(need).unwrap_or(u64::MAX)
+    }
+}
+
+/// The index of `hit`'s window at `now`.
+pub fn window_of(hit: &Hit<'_>, now: Timestamp) -> u64 {
+    now.secs() / hit.quota.window().secs()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,158 @@
+//! The allowance logic against a counter standing in for Redis's key (the script's rule:
+//! grant at most what is left under the limit): several replicas, hot and cold keys.
+
+use super::*;
+use crate::limiter::{Quota, Unit};
+
+const S: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * S;
+const TIMING: AllowanceTiming = AllowanceTiming {
+    horizon_us: 100_000,
+    max_bytes: 1 << 20,
+};
+
+/// Redis's count of one key in one window, and what [`RESERVE`] does to it.
+#[derive(Default)]
+struct Key {
+    count: u64,
+}
+
+impl Key {
+    fn reserve(&mut self, want: u64, limit: u64) -> (u64, u64) {
+        let grant = want.min(limit.saturating_sub(self.count));
+        self.count += grant;
+        (grant, self.count)
+    }
+}
+
+fn hit(quota: Quota) -> Hit<'static> {
+    Hit {
+        key: "d_k_v_",
+        quota,
+        hits: 1,
+    }
+}
+
+/// Replica `r` decides one hit at `now_us`, reserving from `key` when told to (at once, as a
+/// call answered instantly would); `None` when the hit goes Redis's own way (INCRBY).
+fn decide(r: &Allowances, key: &mut Key, q: Quota, now_us: u64) -> Option<Decision> {
+    let h = hit(q);
+    let now = Timestamp::from_micros(now_us);
+    loop {
+        match r.route(&h, now) {
+            Route::Local(d) => return Some(d),
+            Route::Remote => return None,
+            Route::Reserve { want } => {
+                let (granted, count) = key.reserve(want, u64::from(q.requests_per_unit));
+                r.reserved(h.key, window_of(&h, now), want, granted, count);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cold_key_goes_to_redis_and_a_hot_one_is_decided_locally_from_batches() {
+    let q = Quota::fixed(1_000, Unit::Minute);
+    let r = Allowances::new(TIMING);
+    let mut key = Key::default();
+    // One hit a second: cold, every hit goes to Redis.
+    for i in 0..5 {
+        assert_eq!(decide(&r, &mut key, q, T0 + i * S), None);
+    }
+    // 1,000 hits a second: after a sample or two the key is hot and reserves batches.
+    let (mut local, mut remote) = (0, 0);
+    for i in 0..500 {
+        match decide(&r, &mut key, q, T0 + 5 * S + i * 1_000) {
+            Some(d) => {
+                assert!(!d.over, "{d:?}");
+                local += 1;
+            }
+            None => {
+                key.count += 1; // the INCRBY
+                remote += 1;
+            }
+        }
+    }
+    assert!(local >= 450, "{local} local, {remote} remote");
+    assert!(key.count <= 1_000);
+}
+
+#[test]
+fn replicas_offered_twice_the_limit_admit_it_and_no_more() {
+    let q = Quota::fixed(300, Unit::Second);
+    let replicas: Vec<Allowances> = (0..3).map(|_| Allowances::new(TIMING)).collect();
+    let mut key = Key::default();
+    let mut admitted = 0;
+    // 600 hits in the window, round-robin over three replicas, 1.6 ms apart.
+    for i in 0..600u64 {
+        let r = &replicas[(i % 3) as usize];
+        let now = T0 + i * 1_600;
+        match decide(r, &mut key, q, now) {
+            Some(d) => admitted += u64::from(!d.over),
+            None => {
+                key.count += 1;
+                admitted += u64::from(key.count <= 300);
+            }
+        }
+        // The refill a local decision asks for, answered before the next hit.
+        let h = hit(q);
+        if let Some(want) = r.refill(&h, Timestamp::from_micros(now)) {
+            let (granted, count) = key.reserve(want, 300);
+            r.reserved(h.key, T0 / S, want, granted, count);
+        }
+    }
+    assert!(admitted <= 300, "{admitted} admitted of 300");
+    assert!(admitted >= 285, "only {admitted} admitted of 300");
+}
+
+#[test]
+fn a_new_window_starts_with_nothing_reserved_and_a_cooled_key_gives_back() {
+    let q = Quota::fixed(1_000, Unit::Second);
+    let r = Allowances::new(TIMING);
+    let mut first = Key::default();
+    for i in 0..900 {
+        decide(&r, &mut first, q, T0 + i * 1_000);
+    }
+    // The next window reserves from its own key, and decides locally from it.
+    let mut next = Key::default();
+    let local = (0..200)
+        .filter(|i| decide(&r, &mut next, q, T0 + S + i * 1_000).is_some())
+        .count();
+    assert!(
+        next.count > 0 && local >= 150,
+        "{local} local, {} reserved",
+        next.count
+    );
+    let used = 200;
+    assert!(
+        next.count >= used,
+        "{} reserved for {used} used",
+        next.count
+    );
+    // Quiet for a while: the demand falls and what is left goes back.
+    let back: u64 = (0..12)
+        .flat_map(|i| r.give_back(Timestamp::from_micros(T0 + S + 300_000 + i * 20_000)))
+        .map(|(_, _, n)| n)
+        .sum();
+    assert_eq!(back, next.count - used, "all that was not used goes back");
+}
+
+#[test]
+fn other_algorithms_and_a_full_table_go_to_redis() {
+    let sliding = Quota::fixed(10, Unit::Second).with_algorithm(Algorithm::SlidingWindow);
+    let r = Allowances::new(TIMING);
+    assert_eq!(
+        r.route(&hit(sliding), Timestamp::from_micros(T0)),
+        Route::Remote
+    );
+    let full = Allowances::new(AllowanceTiming {
+        max_bytes: 0,
+        ..TIMING
+    });
+    let fixed = Quota::fixed(10, Unit::Second);
+    assert_eq!(
+        full.route(&hit(fixed), Timestamp::from_micros(T0)),
+        Route::Remote
+    );
+    assert!(full.is_empty());
+}
