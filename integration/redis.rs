@@ -336,6 +336,60 @@ async fn with_allowances_three_replicas_hold_a_hot_keys_limit_with_few_redis_cal
 }
 
 #[tokio::test]
+async fn with_allowances_a_key_gone_cold_gives_back_what_its_batch_still_holds() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let settings = RedisConfig {
+        allowance: Some(sluice::store::allowance::AllowanceTiming {
+            horizon_us: 50_000,
+            max_bytes: 1 << 20,
+        }),
+        ..redis.settings(0)
+    };
+    let start = Timestamp::from_secs(1_200);
+    let clock = Arc::new(sluice::clock::ManualClock::new(start));
+    let store = store(&settings).await.with_give_back(clock.clone());
+    let quota = Quota::fixed(100_000, Unit::Minute);
+    // 2,000 hits at 10,000 a second: hot, decided from batches.
+    let mut admitted = 0;
+    for i in 0..2_000u64 {
+        let now = Timestamp::from_micros(start.micros() + i * 100);
+        let hit = [Hit {
+            key: "cools_k_v_",
+            quota,
+            hits: 1,
+        }];
+        admitted += u64::from(!apply(&store, now, &hit).await.unwrap()[0].over);
+        if i % 64 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(admitted, 2_000);
+    let count = || -> u64 { redis.cli(&["GET", "cools_k_v_1200"]).parse().unwrap() };
+    let held = count();
+    assert!(
+        held > admitted,
+        "nothing reserved ahead: the key counts {held}"
+    );
+    // Then silence: the demand falls tick by tick, and the batch goes back to Redis.
+    let mut now = Timestamp::from_micros(start.micros() + 200_000);
+    let begin = Instant::now();
+    while count() != admitted {
+        assert!(
+            begin.elapsed() < Duration::from_secs(10),
+            "still {} counted for {admitted} admitted",
+            count()
+        );
+        now = Timestamp::from_micros(now.micros() + 20_000);
+        clock.set(now);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    eprintln!("held {held} for {admitted} used; all but the used given back");
+}
+
+#[tokio::test]
 async fn concurrent_calls_admit_exactly_the_limit_with_every_script() {
     if !redis_server_available() {
         return;

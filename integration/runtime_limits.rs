@@ -227,8 +227,10 @@ fn requests_per_unit(status: &Value) -> Option<u64> {
 /// error. A command that got as far as binding would fail on the taken ports with exit 1, so
 /// exit 64 shows it stopped before binding any.
 fn refused_before_binding(files: &Files, mut c: Command) -> (Option<i32>, String) {
+    // Port 0: the kernel picks a port nobody holds. (A port from `free_port` was bound again
+    // here, and another test could take it in between: EADDRINUSE, seen once in CI.)
     let taken: Vec<TcpListener> = (0..3)
-        .map(|_| TcpListener::bind(("127.0.0.1", free_port())).unwrap())
+        .map(|_| TcpListener::bind(("127.0.0.1", 0)).unwrap())
         .collect();
     let port = |i: usize| taken[i].local_addr().unwrap().port().to_string();
     let log = files.log();

@@ -284,7 +284,9 @@ impl App {
         };
         let memory = || MemoryStore::with_sweeper(limits, clock.clone(), options.sweep_interval);
         let store = Arc::new(match (&options.backend, &options.cluster) {
-            (Backend::Redis(redis), _) => AnyStore::Redis(RedisStore::start(redis)?),
+            (Backend::Redis(redis), _) => {
+                AnyStore::Redis(RedisStore::start(redis)?.with_give_back(clock.clone()))
+            }
             (Backend::Memcache(memcache), _) => {
                 AnyStore::Memcache(MemcacheStore::start(memcache).await?)
             }

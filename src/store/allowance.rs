@@ -15,7 +15,7 @@
 //!   locally until the window ends.
 //! - **Under-admission**: what a replica reserved and did not use by the window's end is lost to
 //!   the others; [`Allowances::give_back`] returns a cooled key's unused hits within the window
-//!   (not called by the store yet: it needs a task with the injected clock).
+//!   (`RedisStore::with_give_back`'s task, every horizon).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -117,6 +117,10 @@ impl Allowances {
 
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn timing(&self) -> &AllowanceTiming {
+        &self.timing
     }
 
     /// How `hit` is decided at `now`.

@@ -334,6 +334,44 @@ impl RedisStore {
         })
     }
 
+    /// SLUICE_REDIS_ALLOWANCE: a task that, every horizon, gives back to Redis what keys gone
+    /// cold still hold of their batches in the current window (the REFUND script, which keeps
+    /// the key's TTL and never goes below 0), so the other replicas can use it. Without
+    /// allowances, the store as it was.
+    pub fn with_give_back(mut self, clock: Arc<dyn crate::clock::Clock>) -> Self {
+        let Some(a) = self.allowances.clone() else {
+            return self;
+        };
+        let every = Duration::from_micros(a.timing().horizon_us);
+        let (main, per_second, timeout) =
+            (self.main.clone(), self.per_second.clone(), self.timeout);
+        self.tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let now = clock.now();
+                for (key, quota, hits) in a.give_back(now) {
+                    let target = match (&per_second, quota.unit) {
+                        (Some(t), Unit::Second) => t,
+                        _ => &main,
+                    };
+                    let mut pipe = redis::pipe();
+                    let hit = Hit {
+                        key: &key,
+                        quota,
+                        hits,
+                    };
+                    push_refund(&mut pipe, &hit, now);
+                    // A give-back that fails leaves the hits held back until the window ends:
+                    // under-admission, never over.
+                    let _ = run_within(target, &pipe, timeout, SCRIPTS).await;
+                }
+            }
+        }));
+        self
+    }
+
     /// Completes, with the reason, when REDIS_STARTUP_MAX_ELAPSED_TIME passed before Redis
     /// answered its start-up PING; never otherwise. The app then stops, as the Go service does.
     pub fn gave_up(&self) -> impl std::future::Future<Output = String> + Send + 'static {
