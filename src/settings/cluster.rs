@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::parse_go_bool;
+use super::parse::{MIB, parse_go_bool, table_bytes};
 use super::redis::RedisArgs;
 use super::{SettingsError, invalid};
 use crate::app::Backend;
@@ -356,17 +356,11 @@ impl ClusterArgs {
                 ),
             ));
         }
-        if !((1 << 20)..=(64 << 30)).contains(&self.lease_max_bytes) {
-            return Err(invalid(
-                "SLUICE_LEASE_MAX_BYTES",
-                self.lease_max_bytes,
-                "must be between 1048576 (1 MiB) and 68719476736 (64 GiB)",
-            ));
-        }
+        let max_bytes = table_bytes("SLUICE_LEASE_MAX_BYTES", self.lease_max_bytes, MIB)?;
         Ok(LeaseTiming {
             renew: Duration::from_millis(renew),
             duration: Duration::from_millis(duration),
-            max_bytes: self.lease_max_bytes,
+            max_bytes,
         })
     }
 

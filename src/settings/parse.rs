@@ -80,6 +80,26 @@ pub(super) fn non_zero(var: &'static str, value: usize) -> Result<NonZeroUsize, 
     NonZeroUsize::new(value).ok_or_else(|| invalid(var, value, "must be greater than 0"))
 }
 
+/// The least bound of most tables: 1 MiB.
+pub(super) const MIB: (usize, &str) = (1 << 20, "1 MiB");
+
+/// A table's memory bound (`*_MAX_BYTES`): at least `min` (named `min_name`, as 1 MiB), at most
+/// 64 GiB.
+pub(super) fn table_bytes(
+    var: &'static str,
+    value: usize,
+    (min, min_name): (usize, &str),
+) -> Result<usize, SettingsError> {
+    if (min..=(64 << 30)).contains(&value) {
+        return Ok(value);
+    }
+    Err(invalid(
+        var,
+        value,
+        format!("must be between {min} ({min_name}) and 68719476736 (64 GiB)"),
+    ))
+}
+
 /// A boolean value that Go's `strconv.ParseBool` would reject.
 #[derive(Debug, thiserror::Error)]
 #[error("expected one of 1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False")]

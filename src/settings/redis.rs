@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, parse_go_bool, parse_go_duration};
+use super::parse::{MIB, non_empty, parse_go_bool, parse_go_duration, table_bytes};
 use super::redis_address::{NodeSyntax, auth};
 use super::tls::key_pair;
 use super::{SettingsError, invalid};
@@ -480,14 +480,11 @@ impl RedisArgs {
                 "must be between 10 and 10000",
             ));
         }
-        let max_bytes = self.redis_allowance_max_bytes;
-        if !((1 << 20)..=(64 << 30)).contains(&max_bytes) {
-            return Err(invalid(
-                "SLUICE_REDIS_ALLOWANCE_MAX_BYTES",
-                max_bytes,
-                "must be between 1048576 (1 MiB) and 68719476736 (64 GiB)",
-            ));
-        }
+        let max_bytes = table_bytes(
+            "SLUICE_REDIS_ALLOWANCE_MAX_BYTES",
+            self.redis_allowance_max_bytes,
+            MIB,
+        )?;
         Ok(Some(AllowanceTiming {
             horizon_us: ms * 1_000,
             max_bytes,

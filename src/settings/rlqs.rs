@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::parse::table_bytes;
 use super::{SettingsError, invalid};
 use crate::rlqs::{KeyOrder, QuotaOptions};
 
@@ -74,17 +75,15 @@ impl RlqsArgs {
                 ),
             ));
         }
-        if !((64 << 10)..=(64 << 30)).contains(&self.rlqs_max_bytes) {
-            return Err(invalid(
-                "SLUICE_RLQS_MAX_BYTES",
-                self.rlqs_max_bytes,
-                "must be between 65536 (64 KiB) and 68719476736 (64 GiB)",
-            ));
-        }
+        let max_bytes = table_bytes(
+            "SLUICE_RLQS_MAX_BYTES",
+            self.rlqs_max_bytes,
+            (64 << 10, "64 KiB"),
+        )?;
         Ok(QuotaOptions {
             ttl: Duration::from_secs(ttl),
             abandon_idle: Duration::from_secs(idle),
-            max_bytes: self.rlqs_max_bytes,
+            max_bytes,
             key_order: key_order(&self.rlqs_key_order)?,
             ..base
         })
