@@ -61,8 +61,14 @@ pub struct AllowanceTiming {
 /// What this replica does with one call's hits on a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// Decided from the batch held (or refused: Redis has nothing left in the window).
-    Local(Decision),
+    /// Decided from the batch held (or refused: Redis has nothing left in the window), with
+    /// what to reserve now in the background when the batch covers less than half the horizon
+    /// of the key's demand (marked under way, answered by [`Allowances::reserved`] or
+    /// [`Allowances::failed`]).
+    Local {
+        decision: Decision,
+        refill: Option<u64>,
+    },
     /// Reserve `want` hits with [`RESERVE`], then [`Allowances::reserved`] and decide again.
     Reserve { want: u64 },
     /// A cold key (or a reservation under way, or the table full): the store's own path.
@@ -130,18 +136,22 @@ impl Allowances {
             return Route::Remote;
         }
         let (window, now_us) = (window_of(hit, now), now.micros());
-        if !self.keys.contains_key(key) {
-            if self.bytes() >= self.timing.max_bytes {
-                return Route::Remote;
+        // The hot path: one lookup under the map's read guard.
+        let entry = match self.keys.get(key) {
+            Some(e) => e,
+            None if self.bytes() >= self.timing.max_bytes => return Route::Remote,
+            None => {
+                let fresh = Mutex::new(Batch::new(*quota, window, now_us));
+                self.keys.entry(key.into()).or_insert_with(|| {
+                    self.bytes
+                        .fetch_add(RESERVED_CHARGE + key.len(), Ordering::Relaxed);
+                    fresh
+                });
+                match self.keys.get(key) {
+                    Some(e) => e,
+                    None => return Route::Remote,
+                }
             }
-            self.keys.entry(key.into()).or_insert_with(|| {
-                self.bytes
-                    .fetch_add(RESERVED_CHARGE + key.len(), Ordering::Relaxed);
-                Mutex::new(Batch::new(*quota, window, now_us))
-            });
-        }
-        let Some(entry) = self.keys.get(key) else {
-            return Route::Remote;
         };
         let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
         if b.quota != *quota {
@@ -154,10 +164,16 @@ impl Allowances {
         if left >= hits {
             b.used += hits;
             // What the key counts without this replica's unused hits, and this call's.
-            return Route::Local(counted(hit, now, b.count - left + hits));
+            let decision = counted(hit, now, b.count - left + hits);
+            let refill = b.refill(self.timing.horizon_us);
+            return Route::Local { decision, refill };
         }
         if b.exhausted {
-            return Route::Local(counted(hit, now, b.count.max(limit) + hits));
+            let decision = counted(hit, now, b.count.max(limit) + hits);
+            return Route::Local {
+                decision,
+                refill: None,
+            };
         }
         if b.reserving {
             return Route::Remote;
@@ -191,20 +207,6 @@ impl Allowances {
                 .unwrap_or_else(PoisonError::into_inner)
                 .reserving = false;
         }
-    }
-
-    /// After a local decision on `hit` at `now`: when what is left covers less than half the
-    /// horizon of the key's demand, what to reserve now in the background (marked under way,
-    /// answered by [`Self::reserved`] or [`Self::failed`]).
-    pub fn refill(&self, hit: &Hit<'_>, now: Timestamp) -> Option<u64> {
-        let entry = self.keys.get(hit.key)?;
-        let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
-        b.roll(window_of(hit, now));
-        let need = b.need(self.timing.horizon_us);
-        let left = b.reserved - b.used;
-        let due = !b.reserving && !b.exhausted && need >= HOT_HITS && left * 2 < need;
-        b.reserving |= due;
-        due.then(|| need - left)
     }
 
     /// The unused hits of keys gone cold at `now` (their demand below [`HOT_HITS`] over the
@@ -266,6 +268,16 @@ impl Batch {
             self.attempted = 0;
             self.sampled_us = now_us;
         }
+    }
+
+    /// When what is left covers less than half `horizon_us` of the demand: the hits to reserve
+    /// now, marked under way.
+    fn refill(&mut self, horizon_us: u64) -> Option<u64> {
+        let need = self.need(horizon_us);
+        let left = self.reserved - self.used;
+        let due = !self.reserving && !self.exhausted && need >= HOT_HITS && left * 2 < need;
+        self.reserving |= due;
+        due.then(|| need - left)
     }
 
     /// The demand's hits over `horizon_us`.

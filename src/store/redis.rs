@@ -537,7 +537,8 @@ impl RedisStore {
         // What the cache answered is not remembered again: an entry is trusted for its age
         // from when Redis found the key over, not from when the cache last answered. Nor is
         // what a batch answered (its refusals are this replica's, not Redis's count).
-        let reserve = self.route_allowances(now, hits, &mut decisions);
+        let (reserve, mut refills) = self.route_allowances(now, hits, &mut decisions);
+        let reserve_of = |i: usize| reserve.get(i).copied().flatten();
         let cached: Vec<bool> = decisions.iter().map(Option::is_some).collect();
         let increment = self.increments(now, hits, &decisions).await?;
         decide_without_state(now, hits, &mut decisions);
@@ -546,7 +547,7 @@ impl RedisStore {
         let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
             let mut pipe = redis::pipe();
             for &i in idx {
-                match reserve[i] {
+                match reserve_of(i) {
                     Some(want) => self.push_reserve(&mut pipe, &hits[i], now, want),
                     None => self.push(&mut pipe, &hits[i], now, increment[i]),
                 }
@@ -557,63 +558,72 @@ impl RedisStore {
         let mut failed = None;
         for ((_, idx), reply) in groups.iter().zip(replies) {
             let reply = match reply {
-                Ok(r) if r.len() == idx.len() => r,
+                Ok(r) if r.len() == idx.len() => Ok(r),
                 Ok(r) => Err(StoreError::BadReply {
                     expected: idx.len(),
                     got: r.len(),
-                })?,
-                Err(e) => {
-                    failed = Some(e);
-                    continue;
-                }
+                }),
+                Err(e) => Err(e),
             };
-            for (&i, value) in idx.iter().zip(&reply) {
-                let d = match reserve[i] {
-                    Some(want) => self.reserved(&hits[i], now, want, value)?,
-                    None => Self::decide(&hits[i], now, value)?,
-                };
-                decisions[i] = Some(d);
-            }
+            let decided = reply.and_then(|reply| {
+                for (&i, value) in idx.iter().zip(&reply) {
+                    decisions[i] = Some(match reserve_of(i) {
+                        Some(want) => {
+                            let (d, refill) = self.reserved(&hits[i], now, want, value)?;
+                            refills.extend(refill.map(|want| (i, want)));
+                            d
+                        }
+                        None => Self::decide(&hits[i], now, value)?,
+                    });
+                }
+                Ok(())
+            });
+            failed = failed.or(decided.err());
         }
         if let Some(e) = failed {
             // A reservation that got no answer is no longer under way.
             if let Some(a) = &self.allowances {
                 for (i, hit) in hits.iter().enumerate() {
-                    if reserve[i].is_some() && decisions[i].is_none() {
+                    if reserve_of(i).is_some() && decisions[i].is_none() {
                         a.failed(hit.key);
                     }
                 }
             }
             return Err(e);
         }
-        self.refill(now, hits, &reserve);
+        self.refill(now, hits, &refills);
         self.answer(now, hits, (&decisions, &cached), out)
     }
 
     /// SLUICE_REDIS_ALLOWANCE: each hit not yet decided goes to its batch, which decides it
-    /// (into `decisions`) or asks for a reservation (the hits wanted, per hit); cold keys stay
+    /// (into `decisions`, with the refill its batch then needs: (hit, hits)) or asks for a
+    /// reservation now (the hits wanted, per hit; empty without allowances); cold keys stay
     /// undecided, for the store's own path.
     fn route_allowances(
         &self,
         now: Timestamp,
         hits: &[Hit<'_>],
         decisions: &mut [Option<Decision>],
-    ) -> Vec<Option<u64>> {
-        let mut reserve = vec![None; hits.len()];
+    ) -> (Vec<Option<u64>>, Vec<(usize, u64)>) {
+        let (mut reserve, mut refills) = (Vec::new(), Vec::new());
         let Some(a) = &self.allowances else {
-            return reserve;
+            return (reserve, refills);
         };
+        reserve.resize(hits.len(), None);
         for (i, hit) in hits.iter().enumerate() {
             if decisions[i].is_some() {
                 continue;
             }
             match a.route(hit, now) {
-                Route::Local(d) => decisions[i] = Some(d),
+                Route::Local { decision, refill } => {
+                    decisions[i] = Some(decision);
+                    refills.extend(refill.map(|want| (i, want)));
+                }
                 Route::Reserve { want } => reserve[i] = Some(want),
                 Route::Remote => {}
             }
         }
-        reserve
+        (reserve, refills)
     }
 
     /// Adds the [`RESERVE`] call for `want` hits of `hit`'s fixed-window key.
@@ -630,44 +640,38 @@ impl RedisStore {
     }
 
     /// A reservation's reply (`{granted, count}`) applied to `hit`'s batch, and the hit then
-    /// decided from it.
+    /// decided from it, with the refill the batch asks for.
     fn reserved(
         &self,
         hit: &Hit<'_>,
         now: Timestamp,
         want: u64,
         reply: &Value,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<(Decision, Option<u64>), StoreError> {
         let (granted, count) = reserve_reply(reply)?;
         let Some(a) = &self.allowances else {
-            return Ok(go_fixed::counted(hit, now, count + hit.hits));
+            return Ok((go_fixed::counted(hit, now, count + hit.hits), None));
         };
         a.reserved(hit.key, window_of(hit, now), want, granted, count);
         Ok(match a.route(hit, now) {
-            Route::Local(d) => d,
+            Route::Local { decision, refill } => (decision, refill),
             // The window turned meanwhile, or another call took the batch: refused, as a
             // count past the limit.
-            _ => go_fixed::counted(
-                hit,
-                now,
-                count.max(u64::from(hit.quota.requests_per_unit)) + hit.hits,
-            ),
+            _ => {
+                let over = count.max(u64::from(hit.quota.requests_per_unit)) + hit.hits;
+                (go_fixed::counted(hit, now, over), None)
+            }
         })
     }
 
     /// After the decisions: the batches that ran low are reserved again in the background,
     /// one pipeline per Redis, so the next calls need no round trip.
-    fn refill(&self, now: Timestamp, hits: &[Hit<'_>], reserving: &[Option<u64>]) {
+    fn refill(&self, now: Timestamp, hits: &[Hit<'_>], refills: &[(usize, u64)]) {
         let Some(a) = &self.allowances else {
             return;
         };
-        for (hit, reserved) in hits.iter().zip(reserving) {
-            if reserved.is_some() {
-                continue;
-            }
-            let Some(want) = a.refill(hit, now) else {
-                continue;
-            };
+        for &(i, want) in refills {
+            let hit = &hits[i];
             let mut pipe = redis::pipe();
             self.push_reserve(&mut pipe, hit, now, want);
             let (a, target, timeout) = (

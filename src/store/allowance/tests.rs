@@ -33,14 +33,21 @@ fn hit(quota: Quota) -> Hit<'static> {
     }
 }
 
-/// Replica `r` decides one hit at `now_us`, reserving from `key` when told to (at once, as a
-/// call answered instantly would); `None` when the hit goes Redis's own way (INCRBY).
+/// Replica `r` decides one hit at `now_us`, reserving from `key` when told to, and refilling
+/// when a local decision asks to (at once, as a call answered instantly would); `None` when
+/// the hit goes Redis's own way (INCRBY).
 fn decide(r: &Allowances, key: &mut Key, q: Quota, now_us: u64) -> Option<Decision> {
     let h = hit(q);
     let now = Timestamp::from_micros(now_us);
     loop {
         match r.route(&h, now) {
-            Route::Local(d) => return Some(d),
+            Route::Local { decision, refill } => {
+                if let Some(want) = refill {
+                    let (granted, count) = key.reserve(want, u64::from(q.requests_per_unit));
+                    r.reserved(h.key, window_of(&h, now), want, granted, count);
+                }
+                return Some(decision);
+            }
             Route::Remote => return None,
             Route::Reserve { want } => {
                 let (granted, count) = key.reserve(want, u64::from(q.requests_per_unit));
@@ -93,12 +100,6 @@ fn replicas_offered_twice_the_limit_admit_it_and_no_more() {
                 key.count += 1;
                 admitted += u64::from(key.count <= 300);
             }
-        }
-        // The refill a local decision asks for, answered before the next hit.
-        let h = hit(q);
-        if let Some(want) = r.refill(&h, Timestamp::from_micros(now)) {
-            let (granted, count) = key.reserve(want, 300);
-            r.reserved(h.key, T0 / S, want, granted, count);
         }
     }
     assert!(admitted <= 300, "{admitted} admitted of 300");
