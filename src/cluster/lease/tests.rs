@@ -972,3 +972,29 @@ fn a_keys_summary_sums_what_its_holders_used_hold_and_ask_for() {
     assert_eq!(s.demand_milli, 5_000);
     assert_eq!(server.summary("other", later), None);
 }
+
+#[test]
+fn a_rebuilding_owner_caps_its_grants_ahead_too() {
+    // Holders it has not heard from may be spending a safe capacity in the next window (a
+    // child cluster below a parent that restarted empty): the grant ahead is capped as the
+    // current one is, at the limit over the live nodes.
+    let q = quota(Algorithm::FixedWindow, 100, Unit::Second, 0);
+    let server = LeaseServer::new(TIMING);
+    let now = Timestamp::from_micros(T0 + 900_000);
+    let ask = Ask {
+        epoch: super::server::window_index(&q, now.micros()),
+        // 400 a second: 80 over the horizon, within the limit, past an equal share of 50.
+        ..first_ask(q, 1, 400_000)
+    };
+    let g = server.answer("a", "k", &ask, now, now, 2);
+    let ahead = g.next_allowance.expect("the next window is granted ahead");
+    assert!(ahead > 0 && ahead <= 50, "{g:?}");
+    // Once the rebuild is over, the same demand gets more of the next window.
+    let later = Timestamp::from_micros(T0 + 3 * S + 900_000);
+    let ask = Ask {
+        epoch: super::server::window_index(&q, later.micros()),
+        ..ask
+    };
+    let g = server.answer("a", "k", &ask, later, now, 2);
+    assert!(g.next_allowance.unwrap() > 50, "{g:?}");
+}
