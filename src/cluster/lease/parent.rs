@@ -186,19 +186,24 @@ impl Upstream {
             };
             (capacity, Source::Safe, false)
         };
-        if !self.keys.contains_key(key) {
-            if self.bytes() >= self.timing.max_bytes {
+        let entry = match self.keys.get(key) {
+            Some(e) => e,
+            None if self.bytes() >= self.timing.max_bytes => {
                 self.stats.safe_answers.fetch_add(1, Ordering::Relaxed);
                 return unrecorded();
             }
-            self.keys.entry(key.into()).or_insert_with(|| {
-                self.bytes
-                    .fetch_add(ABOVE_CHARGE + key.len(), Ordering::Relaxed);
-                Mutex::new(Above::new(bare, quota.safe_capacity, now_us))
-            });
-        }
-        let Some(entry) = self.keys.get(key) else {
-            return unrecorded();
+            None => {
+                let fresh = Mutex::new(Above::new(bare, quota.safe_capacity, now_us));
+                self.keys.entry(key.into()).or_insert_with(|| {
+                    self.bytes
+                        .fetch_add(ABOVE_CHARGE + key.len(), Ordering::Relaxed);
+                    fresh
+                });
+                match self.keys.get(key) {
+                    Some(e) => e,
+                    None => return unrecorded(),
+                }
+            }
         };
         let mut above = entry.lock().unwrap_or_else(PoisonError::into_inner);
         if above.quota != bare {
