@@ -4,13 +4,20 @@
 #   bench/backend.sh redis           # 3 alternating rounds, 8 s per run: about 2 minutes
 #   bench/backend.sh memcache
 #   BENCH_ROUNDS=5 BENCH_DURATION=10 bench/backend.sh redis
+#   REPLICAS=3 SLUICE_REDIS_ALLOWANCE=true bench/backend.sh redis
 #
 # Starts a local redis-server (persistence off) or memcached, Sluice on the memory store and
-# Sluice on that backend (the Go service's variables), all on free 127.0.0.1 ports; checks both
-# answer correctly with a real gRPC client; then alternates the two over rounds at `-c 2 -m 100`
-# (two h2load processes, one key each) and `-c 1 -m 1`, and reports req/s, p50/p99 and, from the
-# backend's own counters, what each request cost it: Redis's socket reads (round trips) per
-# INCRBY, memcached's connections opened per 1000 `incr`. Writes bench/results/<backend>.md.
+# REPLICAS Sluice processes (default 1) on that backend (the Go service's variables), all on free
+# 127.0.0.1 ports; checks each answers correctly with a real gRPC client; then alternates the
+# memory store and the replicas over rounds at three settings: `c2m100`, max(2, REPLICAS) h2load
+# processes of `-c 1 -m 100`, process k sending to replica k mod REPLICAS one of two keys (so
+# replicas share keys); `real`, the same with the realistic request (3 descriptors of 2
+# entries); and `c1m1`, one call at a time to the first replica. Reports req/s, p50/p99 and,
+# from the backend's own counters, what each request Sluice answered cost it: Redis's commands
+# (INFO's total_commands_processed, reservations included) and socket reads (round trips),
+# memcached's connections opened per 1000 requests. SLUICE_* variables in the environment reach
+# every Sluice (SLUICE_REDIS_ALLOWANCE=true: allowances). Writes
+# bench/results/<backend>[-<REPLICAS>-replicas][-allowance].md.
 # Every load run is checked against Sluice's own count of its answers (bench/answers.py): a call
 # answered with a non-zero grpc-status, or a backend error even answered OK (failing open), stops
 # the script with a message naming the store and the round.
@@ -38,7 +45,8 @@ cargo build --release --quiet --bin sluice --example bench_client
 BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
 
-read -r STORE MEM_GRPC RED_GRPC P1 P2 P3 P4 < <(free_ports 7)
+REPLICAS=${REPLICAS:-1}
+read -r STORE MEM_GRPC P1 P2 < <(free_ports 4)
 
 case $BACKEND in
     redis)
@@ -55,14 +63,20 @@ common=(--config "$ROOT/bench/config" --host 127.0.0.1 --grpc-host 127.0.0.1 --d
 LOG_LEVEL=error BACKEND_TYPE=memory "$BIN/sluice" "${common[@]}" \
     --port "$P1" --grpc-port "$MEM_GRPC" --debug-port "$P2" &
 PIDS+=($!)
-env LOG_LEVEL=error "${backend_env[@]}" "$BIN/sluice" "${common[@]}" \
-    --port "$P3" --grpc-port "$RED_GRPC" --debug-port "$P4" &
-PIDS+=($!)
-declare -A URL=([memory]="http://127.0.0.1:$MEM_GRPC" [$BACKEND]="http://127.0.0.1:$RED_GRPC")
-declare -A ANSWERS=([memory]="sluice:$P2" [$BACKEND]="sluice:$P4")
-# Healthy once the backend has answered (a memcache Sluice answers OK before that: it fails
-# open by default, as the Go service does).
-python3 - "$P3" <<'PY'
+# URL[server] is every process's gRPC URL (the memory store's one, the backend's replicas);
+# ANSWERS[server] the specs bench/answers.py sums over them.
+declare -A URL=([memory]="http://127.0.0.1:$MEM_GRPC" [$BACKEND]="")
+declare -A ANSWERS=([memory]="sluice:$P2" [$BACKEND]="")
+for _ in $(seq "$REPLICAS"); do
+    read -r HTTP GRPC DEBUG < <(free_ports 3)
+    env LOG_LEVEL=error "${backend_env[@]}" "$BIN/sluice" "${common[@]}" \
+        --port "$HTTP" --grpc-port "$GRPC" --debug-port "$DEBUG" &
+    PIDS+=($!)
+    URL[$BACKEND]+="http://127.0.0.1:$GRPC "
+    ANSWERS[$BACKEND]+="sluice:$DEBUG "
+    # Healthy once the backend has answered (a memcache Sluice answers OK before that: it
+    # fails open by default, as the Go service does).
+    python3 - "$HTTP" <<'PY'
 import sys, time, urllib.request
 for _ in range(200):
     try:
@@ -72,25 +86,35 @@ for _ in range(200):
         time.sleep(0.1)
 sys.exit("the backend's Sluice never became healthy")
 PY
-for server in memory "$BACKEND"; do
-    wait_ready "$CLIENT" "${URL[$server]}"
-    # Correctness: every call counted against 1e9/s and answered OK, remaining going down.
-    "$CLIENT" check "${URL[$server]}" 20 1000000000 bench "client=check-$server"
 done
-for k in 0 1; do "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"; done
-# The exact bytes h2load will send, answered OK (bench/answers.py says why).
-for server in memory "$BACKEND"; do "$CLIENT" check-body "${URL[$server]}" "$WORK"/body-*.bin; done
+# The realistic request: 3 descriptors of 2 entries each (key `client`, then `route`).
+real_request() { echo "client=$1,route=r1" "client=$1,route=r2" "client=$1,route=r3"; }
+for k in 0 1; do
+    "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"
+    # shellcheck disable=SC2046  # one argument per descriptor
+    "$CLIENT" body "$WORK/real-$k.bin" bench $(real_request "c$k")
+done
+for server in memory "$BACKEND"; do
+    for url in ${URL[$server]}; do
+        wait_ready "$CLIENT" "$url"
+        # Correctness: every call counted against 1e9/s and answered OK, remaining going down.
+        "$CLIENT" check "$url" 20 1000000000 bench "client=check-$server"
+        # The exact bytes h2load will send, answered OK (bench/answers.py says why).
+        "$CLIENT" check-body "$url" "$WORK"/body-*.bin "$WORK"/real-*.bin
+    done
+done
 
-# counters: the backend's (requests it saw, what they cost): Redis's INCRBY calls (one per
-# request here: one descriptor each) and socket reads; memcached's `incr` calls and connections
-# opened.
+# counters: what the backend did so far: Redis's commands processed and socket reads (round
+# trips); memcached's `incr` calls and connections opened. OWN: what reading them adds to each
+# between two reads (Redis: one INFO command and its read; memcached: one connection).
+if [[ $BACKEND == redis ]]; then OWN=(1 1); else OWN=(0 1); fi
 counters() {
     case $BACKEND in
         redis)
-            local info
-            info=$(redis-cli -p "$STORE" INFO all | tr -d '\r')
-            echo "$(sed -n 's/^cmdstat_incrby:calls=\([0-9]*\).*/\1/p' <<<"$info" | grep . || echo 0)" \
-                "$(sed -n 's/^total_reads_processed:\([0-9]*\)/\1/p' <<<"$info")"
+            redis-cli -p "$STORE" INFO stats | tr -d '\r' | python3 -c '
+import sys
+st = dict(l.strip().split(":", 1) for l in sys.stdin if ":" in l)
+print(st["total_commands_processed"], st["total_reads_processed"])'
             ;;
         memcache)
             python3 - "$STORE" <<'PY'
@@ -109,29 +133,37 @@ PY
 
 # run SERVER SETTING: one measurement; prints a JSON line.
 run() {
-    local server=$1 setting=$2 procs streams k pids=()
-    case $setting in c2m100) procs=2; streams=100 ;; c1m1) procs=1; streams=1 ;; esac
-    local before after answered
+    local server=$1 setting=$2 procs=1 streams=1 body=body k pids=() urls
+    read -r -a urls <<<"${URL[$server]}"
+    case $setting in
+        c2m100|real) procs=$((REPLICAS > 2 ? REPLICAS : 2)); streams=100 ;;
+    esac
+    [[ $setting == real ]] && body=real
+    local before after answered_before answered_after
     read -r -a before < <(counters)
-    answered=$(answers "${ANSWERS[$server]}")
+    # shellcheck disable=SC2086  # one spec per process
+    answered_before=$(answers ${ANSWERS[$server]})
     for k in $(seq 0 $((procs - 1))); do
         h2load -c 1 -m "$streams" -t 1 -D "$DURATION" --warm-up-time=1 \
-            -d "$WORK/body-$k.bin" -H 'content-type: application/grpc' -H 'te: trailers' \
+            -d "$WORK/$body-$((k % 2)).bin" -H 'content-type: application/grpc' -H 'te: trailers' \
             --log-file="$WORK/log-$k.tsv" \
-            "${URL[$server]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
+            "${urls[k % ${#urls[@]}]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
             >"$WORK/out-$k.txt" 2>&1 &
         pids+=($!)
     done
     for k in "${pids[@]}"; do wait "$k"; done
+    # shellcheck disable=SC2086
+    answered_after=$(answers --settled ${ANSWERS[$server]})
     read -r -a after < <(counters)
     # Exits (so does the script) unless every call h2load counted was answered OK.
-    python3 "$ROOT/bench/answers.py" check "$server, round $round, $setting" "$answered" \
-        "$(answers "${ANSWERS[$server]}")" -- "$WORK"/out-*.txt >&2
-    python3 - "$server" "$setting" "$DURATION" "$((after[1] - before[1]))" "$((after[0] - before[0]))" \
+    python3 "$ROOT/bench/answers.py" check "$server, round $round, $setting" "$answered_before" \
+        "$answered_after" -- "$WORK"/out-*.txt >&2
+    python3 - "$server" "$setting" "$answered_before" "$answered_after" \
+        "$((after[0] - before[0] - OWN[0]))" "$((after[1] - before[1] - OWN[1]))" \
         "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
 import json, re, sys
-server, setting, duration, cost, calls = sys.argv[1:6]
-rest = sys.argv[6:]
+server, setting, before, after, a, b = sys.argv[1:7]
+rest = sys.argv[7:]
 sep = rest.index("--")
 outs, logs = rest[:sep], rest[sep + 1:]
 rps = 0.0
@@ -146,42 +178,50 @@ for l in logs:
             lat.append(int(f[2]))
 lat.sort()
 pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] / 1000 if lat else float("nan")
-total = sum(1 for l in logs for _ in open(l))
+# What Sluice answered OK (warm-up included, as the backend's counters are): the requests the
+# backend's costs are divided by.
+answered = int(after.split()[0]) - int(before.split()[0])
 print(json.dumps({"server": server, "setting": setting, "rps": round(rps), "p50_ms": pct(0.5),
-                  "p99_ms": pct(0.99), "requests": total,
-                  # The backend also counted h2load's warm-up, which its logs leave out; each
-                  # request here has exactly one descriptor, so one INCRBY (or incr), and those
-                  # count the requests the backend saw.
-                  "calls": int(calls),
-                  "cost_per_request": round(int(cost) / int(calls), 4) if int(calls) else None}))
+                  "p99_ms": pct(0.99), "answered": answered,
+                  "a_per_request": int(a) / answered if answered else None,
+                  "b_per_request": int(b) / answered if answered else None}))
 PY
     rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt
 }
 
 RUNS="$WORK/runs.jsonl"
+SETTINGS="c2m100 real c1m1"
 for round in $(seq "$ROUNDS"); do
     if ((round % 2)); then order="memory $BACKEND"; else order="$BACKEND memory"; fi
-    for setting in c2m100 c1m1; do
+    for setting in $SETTINGS; do
         for server in $order; do run "$server" "$setting" | tee -a "$RUNS"; done
     done
 done
 
-python3 - "$RUNS" "$OUT/$BACKEND.md" "$ROUNDS" "$DURATION" "$BACKEND" <<'PY'
+NAME=$BACKEND
+((REPLICAS > 1)) && NAME+="-$REPLICAS-replicas"
+[[ ${SLUICE_REDIS_ALLOWANCE:-false} =~ ^(true|on|1)$ ]] && NAME+="-allowance"
+python3 - "$RUNS" "$OUT/$NAME.md" "$ROUNDS" "$DURATION" "$BACKEND" "$REPLICAS" "$SETTINGS" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-backend = sys.argv[5]
-cost = {"redis": ("Redis socket reads (round trips) per request", 1),
-        "memcache": ("memcached connections opened per 1000 requests", 1000)}[backend]
-out = [f"| setting | store | req/s (median) | p50 | p99 | {cost[0]} |",
-       "|---|---|---|---|---|---|"]
+backend, replicas, settings = sys.argv[5], int(sys.argv[6]), sys.argv[7].split()
+# The backend's two costs per request answered, and a scale for each.
+cost = {"redis": (("Redis commands per request", 1), ("Redis round trips per request", 1)),
+        "memcache": (("memcached incr per request", 1),
+                     ("memcached connections opened per 1000 requests", 1000))}[backend]
+label = backend if replicas == 1 else f"{backend} ({replicas} replicas)"
+out = [f"| setting | store | req/s (median) | p50 | p99 | {cost[0][0]} | {cost[1][0]} |",
+       "|---|---|---|---|---|---|---|"]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
 ratios = {}
-for setting in ("c2m100", "c1m1"):
+for setting in settings:
     for server in ("memory", backend):
         rs = [r for r in rows if r["server"] == server and r["setting"] == setting]
-        per = f"{med(rs, 'cost_per_request') * cost[1]:.3f}" if server == backend else "-"
-        out.append(f"| `{setting}` | {server} | {med(rs, 'rps'):,.0f} | {med(rs, 'p50_ms'):.2f} ms | "
-                   f"{med(rs, 'p99_ms'):.2f} ms | {per} |")
+        per = ([f"{med(rs, k) * c[1]:.3f}" for k, c in zip(("a_per_request", "b_per_request"), cost)]
+               if server == backend else ["-", "-"])
+        out.append(f"| `{setting}` | {label if server == backend else server} | "
+                   f"{med(rs, 'rps'):,.0f} | {med(rs, 'p50_ms'):.2f} ms | "
+                   f"{med(rs, 'p99_ms'):.2f} ms | {per[0]} | {per[1]} |")
     m = med([r for r in rows if r["server"] == "memory" and r["setting"] == setting], "rps")
     r = med([r for r in rows if r["server"] == backend and r["setting"] == setting], "rps")
     ratios[setting] = r / m

@@ -100,6 +100,8 @@ pub struct Scenario {
     pub peer_timeout_ms: u64,
     /// Owners write behind to Redis (in its own namespace).
     pub write_behind: bool,
+    /// Replicas decide hot keys from batches reserved from Redis (SLUICE_REDIS_ALLOWANCE).
+    pub allowance: bool,
 }
 
 impl Scenario {
@@ -276,6 +278,9 @@ impl Cluster {
         if s.write_behind {
             cmd.env("SLUICE_PEER_WRITE_BEHIND", "true")
                 .env("SLUICE_PEER_WRITE_BEHIND_MS", "100");
+        }
+        if s.allowance {
+            cmd.env("SLUICE_REDIS_ALLOWANCE", "true");
         }
         if s.uses_redis() {
             cmd.env("REDIS_SOCKET_TYPE", "tcp").env(

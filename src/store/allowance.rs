@@ -9,6 +9,9 @@
 //!   hits asked for, admitted or not, averaged per sample); a key whose demand over
 //!   [`AllowanceTiming::horizon_us`] is at least [`HOT_HITS`] reserves, others go to Redis.
 //! - **Batches**: what the demand asks for over the horizon, at least the hits of the call.
+//! - **Ahead**: within a horizon of the window's end a hot key reserves its next window's
+//!   first batch, so a new window starts with hits in hand, not with every concurrent call
+//!   going to Redis while the first reservation is under way.
 //! - **No over-admission**: a batch is counted in Redis when it is reserved, so the key's count
 //!   never passes the limit through reservations, and a Go instance sharing the key sees the
 //!   reserved hits as used. Once Redis has nothing left for a window, the replica refuses
@@ -58,19 +61,30 @@ pub struct AllowanceTiming {
     pub max_bytes: usize,
 }
 
+/// A reservation to make: `want` hits of the key's window `window` (this one, or the next one
+/// ahead).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refill {
+    pub window: u64,
+    pub want: u64,
+    pub ahead: bool,
+}
+
 /// What this replica does with one call's hits on a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
     /// Decided from the batch held (or refused: Redis has nothing left in the window), with
-    /// what to reserve now in the background when the batch covers less than half the horizon
-    /// of the key's demand (marked under way, answered by [`Allowances::reserved`] or
+    /// what to reserve now in the background: more of this window when the batch covers less
+    /// than half the horizon of the key's demand, or the next window's first batch within a
+    /// horizon of this one's end (marked under way, answered by [`Allowances::reserved`] or
     /// [`Allowances::failed`]).
     Local {
         decision: Decision,
-        refill: Option<u64>,
+        refill: Option<Refill>,
     },
-    /// Reserve `want` hits with [`RESERVE`], then [`Allowances::reserved`] and decide again.
-    Reserve { want: u64 },
+    /// Reserve with [`RESERVE`] now (in this window), then [`Allowances::reserved`] and decide
+    /// again.
+    Reserve(Refill),
     /// A cold key (or a reservation under way, or the table full): the store's own path.
     Remote,
 }
@@ -88,10 +102,22 @@ struct Batch {
     /// Redis had less left than asked: nothing more in this window.
     exhausted: bool,
     reserving: bool,
+    /// The next window's first batch, once reserved ahead (`reserved`, `count` and
+    /// `exhausted` as above), and whether it was asked for.
+    ahead: Ahead,
+    ahead_asked: bool,
     /// Hits asked for since the last sample, and the demand (hits per second, thousandths).
     attempted: u64,
     sampled_us: u64,
     demand_milli: u64,
+}
+
+/// Hits reserved ahead in the next window.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ahead {
+    reserved: u64,
+    count: u64,
+    exhausted: bool,
 }
 
 /// The keys this replica holds batches of.
@@ -165,15 +191,14 @@ impl Allowances {
             b.used += hits;
             // What the key counts without this replica's unused hits, and this call's.
             let decision = counted(hit, now, b.count - left + hits);
-            let refill = b.refill(self.timing.horizon_us);
+            let refill = b.refill(now_us, self.timing.horizon_us);
             return Route::Local { decision, refill };
         }
         if b.exhausted {
             let decision = counted(hit, now, b.count.max(limit) + hits);
-            return Route::Local {
-                decision,
-                refill: None,
-            };
+            // Refused until the window ends, but the next one's batch is still reserved ahead.
+            let refill = b.refill(now_us, self.timing.horizon_us);
+            return Route::Local { decision, refill };
         }
         if b.reserving {
             return Route::Remote;
@@ -183,29 +208,43 @@ impl Allowances {
             return Route::Remote;
         }
         b.reserving = true;
-        Route::Reserve { want }
+        Route::Reserve(Refill {
+            window,
+            want,
+            ahead: false,
+        })
     }
 
-    /// Redis granted `granted` of `want` for `key` in `window`, leaving its count at `count`.
-    pub fn reserved(&self, key: &str, window: u64, want: u64, granted: u64, count: u64) {
+    /// Redis granted `granted` of `r.want` for `key` in `r.window`, leaving its count at
+    /// `count`. A batch reserved ahead is taken up when its window starts (or at once, when
+    /// the window started while it was under way).
+    pub fn reserved(&self, key: &str, r: Refill, granted: u64, count: u64) {
         if let Some(entry) = self.keys.get(key) {
             let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
-            b.reserving = false;
-            if b.window == window {
+            b.reserving &= r.ahead;
+            let exhausted = granted < r.want;
+            if b.window == r.window {
                 b.reserved += granted;
                 b.count = b.count.max(count);
-                b.exhausted = granted < want;
+                b.exhausted = exhausted;
+            } else if b.window + 1 == r.window {
+                b.ahead = Ahead {
+                    reserved: granted,
+                    count,
+                    exhausted,
+                };
             }
         }
     }
 
-    /// A reservation failed: the key goes the store's own way until the next one.
-    pub fn failed(&self, key: &str) {
+    /// A reservation failed: the key goes the store's own way until the next one (a batch
+    /// ahead that failed is reserved when its window starts instead).
+    pub fn failed(&self, key: &str, r: Refill) {
         if let Some(entry) = self.keys.get(key) {
             entry
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .reserving = false;
+                .reserving &= r.ahead;
         }
     }
 
@@ -239,20 +278,30 @@ impl Batch {
             count: 0,
             exhausted: false,
             reserving: false,
+            ahead: Ahead::default(),
+            ahead_asked: false,
             attempted: 0,
             sampled_us: now_us,
             demand_milli: 0,
         }
     }
 
-    /// Moves to `window`: a new window starts with nothing reserved.
+    /// Moves to `window`: a new window starts with what was reserved ahead for it, if it is
+    /// the next one, else with nothing.
     fn roll(&mut self, window: u64) {
         if window != self.window {
+            let ahead = if window == self.window + 1 {
+                std::mem::take(&mut self.ahead)
+            } else {
+                Ahead::default()
+            };
             self.window = window;
-            self.reserved = 0;
+            self.reserved = ahead.reserved;
             self.used = 0;
-            self.count = 0;
-            self.exhausted = false;
+            self.count = ahead.count;
+            self.exhausted = ahead.exhausted;
+            self.ahead = Ahead::default();
+            self.ahead_asked = false;
         }
     }
 
@@ -270,14 +319,33 @@ impl Batch {
         }
     }
 
-    /// When what is left covers less than half `horizon_us` of the demand: the hits to reserve
-    /// now, marked under way.
-    fn refill(&mut self, horizon_us: u64) -> Option<u64> {
+    /// The reservation to make now, marked under way: more of this window when what is left
+    /// covers less than half `horizon_us` of the demand, else the next window's first batch
+    /// (the demand over the horizon) once this window ends within the horizon.
+    fn refill(&mut self, now_us: u64, horizon_us: u64) -> Option<Refill> {
         let need = self.need(horizon_us);
+        if need < HOT_HITS {
+            return None;
+        }
         let left = self.reserved - self.used;
-        let due = !self.reserving && !self.exhausted && need >= HOT_HITS && left * 2 < need;
-        self.reserving |= due;
-        due.then(|| need - left)
+        if !self.reserving && !self.exhausted && left * 2 < need {
+            self.reserving = true;
+            return Some(Refill {
+                window: self.window,
+                want: need - left,
+                ahead: false,
+            });
+        }
+        let ends_us = (self.window + 1).saturating_mul(self.quota.window().secs() * 1_000_000);
+        if self.ahead_asked || ends_us.saturating_sub(now_us) > horizon_us {
+            return None;
+        }
+        self.ahead_asked = true;
+        Some(Refill {
+            window: self.window + 1,
+            want: need,
+            ahead: true,
+        })
     }
 
     /// The demand's hits over `horizon_us`.

@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::allowance::{AllowanceTiming, Allowances, RESERVE, Route, window_of};
+use super::allowance::{AllowanceTiming, Allowances, RESERVE, Refill, Route};
 use super::breaker::Readiness;
 use super::go_fixed::{self, Jitter, OverLimitCache};
 use super::redis_target::{Target, TargetOptions, run_within};
@@ -548,7 +548,7 @@ impl RedisStore {
             let mut pipe = redis::pipe();
             for &i in idx {
                 match reserve_of(i) {
-                    Some(want) => self.push_reserve(&mut pipe, &hits[i], now, want),
+                    Some(r) => self.push_reserve(&mut pipe, &hits[i], now, r),
                     None => self.push(&mut pipe, &hits[i], now, increment[i]),
                 }
             }
@@ -568,9 +568,9 @@ impl RedisStore {
             let decided = reply.and_then(|reply| {
                 for (&i, value) in idx.iter().zip(&reply) {
                     decisions[i] = Some(match reserve_of(i) {
-                        Some(want) => {
-                            let (d, refill) = self.reserved(&hits[i], now, want, value)?;
-                            refills.extend(refill.map(|want| (i, want)));
+                        Some(r) => {
+                            let (d, refill) = self.reserved(&hits[i], now, r, value)?;
+                            refills.extend(refill.map(|r| (i, r)));
                             d
                         }
                         None => Self::decide(&hits[i], now, value)?,
@@ -584,8 +584,8 @@ impl RedisStore {
             // A reservation that got no answer is no longer under way.
             if let Some(a) = &self.allowances {
                 for (i, hit) in hits.iter().enumerate() {
-                    if reserve_of(i).is_some() && decisions[i].is_none() {
-                        a.failed(hit.key);
+                    if let (Some(r), None) = (reserve_of(i), decisions[i]) {
+                        a.failed(hit.key, r);
                     }
                 }
             }
@@ -604,7 +604,7 @@ impl RedisStore {
         now: Timestamp,
         hits: &[Hit<'_>],
         decisions: &mut [Option<Decision>],
-    ) -> (Vec<Option<u64>>, Vec<(usize, u64)>) {
+    ) -> (Vec<Option<Refill>>, Vec<(usize, Refill)>) {
         let (mut reserve, mut refills) = (Vec::new(), Vec::new());
         let Some(a) = &self.allowances else {
             return (reserve, refills);
@@ -617,26 +617,30 @@ impl RedisStore {
             match a.route(hit, now) {
                 Route::Local { decision, refill } => {
                     decisions[i] = Some(decision);
-                    refills.extend(refill.map(|want| (i, want)));
+                    refills.extend(refill.map(|r| (i, r)));
                 }
-                Route::Reserve { want } => reserve[i] = Some(want),
+                Route::Reserve(r) => reserve[i] = Some(r),
                 Route::Remote => {}
             }
         }
         (reserve, refills)
     }
 
-    /// Adds the [`RESERVE`] call for `want` hits of `hit`'s fixed-window key.
-    fn push_reserve(&self, pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, want: u64) {
+    /// Adds the [`RESERVE`] call for `r.want` hits of `hit`'s fixed-window key in window
+    /// `r.window`. A key reserved ahead lives until its own window's end, as one first counted
+    /// in it would.
+    fn push_reserve(&self, pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, r: Refill) {
         let q = hit.quota;
-        let key = go_cache_key(hit.key, now, q.window());
+        let start = Timestamp::from_secs(r.window.saturating_mul(q.window().secs()));
+        let key = go_cache_key(hit.key, start, q.window());
+        let early = start.secs().saturating_sub(now.secs());
         pipe.cmd("EVALSHA")
             .arg(redis::Script::new(RESERVE).get_hash())
             .arg(1)
             .arg(&key)
-            .arg(want)
+            .arg(r.want)
             .arg(q.requests_per_unit)
-            .arg(self.jitter.ttl_secs(&key, q.window(), now));
+            .arg(self.jitter.ttl_secs(&key, q.window(), now) + early);
     }
 
     /// A reservation's reply (`{granted, count}`) applied to `hit`'s batch, and the hit then
@@ -645,14 +649,14 @@ impl RedisStore {
         &self,
         hit: &Hit<'_>,
         now: Timestamp,
-        want: u64,
+        r: Refill,
         reply: &Value,
-    ) -> Result<(Decision, Option<u64>), StoreError> {
+    ) -> Result<(Decision, Option<Refill>), StoreError> {
         let (granted, count) = reserve_reply(reply)?;
         let Some(a) = &self.allowances else {
             return Ok((go_fixed::counted(hit, now, count + hit.hits), None));
         };
-        a.reserved(hit.key, window_of(hit, now), want, granted, count);
+        a.reserved(hit.key, r, granted, count);
         Ok(match a.route(hit, now) {
             Route::Local { decision, refill } => (decision, refill),
             // The window turned meanwhile, or another call took the batch: refused, as a
@@ -666,20 +670,20 @@ impl RedisStore {
 
     /// After the decisions: the batches that ran low are reserved again in the background,
     /// one pipeline per Redis, so the next calls need no round trip.
-    fn refill(&self, now: Timestamp, hits: &[Hit<'_>], refills: &[(usize, u64)]) {
+    fn refill(&self, now: Timestamp, hits: &[Hit<'_>], refills: &[(usize, Refill)]) {
         let Some(a) = &self.allowances else {
             return;
         };
-        for &(i, want) in refills {
+        for &(i, r) in refills {
             let hit = &hits[i];
             let mut pipe = redis::pipe();
-            self.push_reserve(&mut pipe, hit, now, want);
+            self.push_reserve(&mut pipe, hit, now, r);
             let (a, target, timeout) = (
                 a.clone(),
                 self.target_for(hit.quota.unit).clone(),
                 self.timeout,
             );
-            let (key, window) = (hit.key.to_owned(), window_of(hit, now));
+            let key = hit.key.to_owned();
             tokio::spawn(async move {
                 let reply = run_within(&target, &pipe, timeout, SCRIPTS).await;
                 match reply
@@ -688,8 +692,8 @@ impl RedisStore {
                     .and_then(|r| r.first())
                     .map(reserve_reply)
                 {
-                    Some(Ok((granted, count))) => a.reserved(&key, window, want, granted, count),
-                    _ => a.failed(&key),
+                    Some(Ok((granted, count))) => a.reserved(&key, r, granted, count),
+                    _ => a.failed(&key, r),
                 }
             });
         }

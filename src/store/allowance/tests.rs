@@ -11,17 +11,26 @@ const TIMING: AllowanceTiming = AllowanceTiming {
     max_bytes: 1 << 20,
 };
 
-/// Redis's count of one key in one window, and what [`RESERVE`] does to it.
+/// Redis's counts of one key, per window, and what [`RESERVE`] does to them; `count` is the
+/// window the test looks at (the first one a replica asked for), `later` the ones after it.
 #[derive(Default)]
 struct Key {
+    window: Option<u64>,
     count: u64,
+    later: std::collections::BTreeMap<u64, u64>,
 }
 
 impl Key {
-    fn reserve(&mut self, want: u64, limit: u64) -> (u64, u64) {
-        let grant = want.min(limit.saturating_sub(self.count));
-        self.count += grant;
-        (grant, self.count)
+    fn reserve(&mut self, r: Refill, limit: u64) -> (u64, u64) {
+        let first = *self.window.get_or_insert(r.window);
+        let count = match r.window.cmp(&first) {
+            std::cmp::Ordering::Equal => &mut self.count,
+            std::cmp::Ordering::Greater => self.later.entry(r.window).or_default(),
+            std::cmp::Ordering::Less => panic!("a reservation for a past window: {r:?}"),
+        };
+        let grant = r.want.min(limit.saturating_sub(*count));
+        *count += grant;
+        (grant, *count)
     }
 }
 
@@ -42,16 +51,17 @@ fn decide(r: &Allowances, key: &mut Key, q: Quota, now_us: u64) -> Option<Decisi
     loop {
         match r.route(&h, now) {
             Route::Local { decision, refill } => {
-                if let Some(want) = refill {
-                    let (granted, count) = key.reserve(want, u64::from(q.requests_per_unit));
-                    r.reserved(h.key, window_of(&h, now), want, granted, count);
+                if let Some(refill) = refill {
+                    let (granted, count) = key.reserve(refill, u64::from(q.requests_per_unit));
+                    r.reserved(h.key, refill, granted, count);
                 }
                 return Some(decision);
             }
             Route::Remote => return None,
-            Route::Reserve { want } => {
-                let (granted, count) = key.reserve(want, u64::from(q.requests_per_unit));
-                r.reserved(h.key, window_of(&h, now), want, granted, count);
+            Route::Reserve(refill) => {
+                assert_eq!(refill.window, window_of(&h, now));
+                let (granted, count) = key.reserve(refill, u64::from(q.requests_per_unit));
+                r.reserved(h.key, refill, granted, count);
             }
         }
     }
@@ -156,4 +166,54 @@ fn other_algorithms_and_a_full_table_go_to_redis() {
         Route::Remote
     );
     assert!(full.is_empty());
+}
+
+/// What `key` holds in the window after `T0`'s.
+fn next_window(key: &Key) -> u64 {
+    key.later.get(&(T0 / S + 1)).copied().unwrap_or(0)
+}
+
+#[test]
+fn a_hot_key_reserves_its_next_windows_batch_ahead_and_starts_it_with_hits_in_hand() {
+    let q = Quota::fixed(1_000_000, Unit::Second);
+    let r = Allowances::new(TIMING);
+    let mut key = Key::default();
+    // 10,000 hits a second to the window's end: within a horizon of it, the next window's
+    // first batch (a horizon of demand, about 1,000) is reserved ahead.
+    for i in 0..10_000u64 {
+        decide(&r, &mut key, q, T0 + i * 100);
+    }
+    assert!(next_window(&key) >= 900, "{} ahead", next_window(&key));
+    // So the next window's calls are decided from it from the first, none by Redis.
+    for i in 10_000..15_000u64 {
+        let d = decide(&r, &mut key, q, T0 + i * 100);
+        assert!(d.is_some_and(|d| !d.over), "hit {i}: {d:?}");
+    }
+}
+
+#[test]
+fn a_key_at_its_limit_still_reserves_the_next_window_ahead() {
+    let q = Quota::fixed(500, Unit::Second);
+    let r = Allowances::new(TIMING);
+    let mut key = Key::default();
+    let mut admitted = [0u64; 2];
+    for i in 0..15_000u64 {
+        let now = T0 + i * 100;
+        let w = usize::from(now >= T0 + S);
+        if w == 1 && admitted[1] == 0 {
+            assert!(next_window(&key) > 0, "nothing reserved ahead");
+        }
+        match decide(&r, &mut key, q, now) {
+            Some(d) => admitted[w] += u64::from(!d.over),
+            // The first calls, before the key is measured hot: Redis's INCRBY.
+            None if w == 0 => {
+                key.count += 1;
+                admitted[0] += u64::from(key.count <= 500);
+            }
+            None => panic!("hit {i} of the next window went to Redis: the key is hot"),
+        }
+    }
+    assert_eq!(key.count, 500);
+    assert!(admitted[0] <= 500 && admitted[0] >= 495, "{admitted:?}");
+    assert!(admitted[1] >= 495, "{admitted:?}");
 }
