@@ -69,7 +69,7 @@ impl Level {
         for n in self.nodes.drain(len.min(self.nodes.len())..) {
             self.index.remove(&n.composite);
         }
-        self.wildcards.retain(|&i| i < len);
+        self.wildcards.truncate(len);
     }
 }
 
@@ -166,7 +166,7 @@ fn load_descriptors(
         let composite: Box<str> = composite.into();
         level.index.insert(composite.clone(), i);
         if is_wildcard {
-            level.wildcards.push(i);
+            level.wildcards.push(i, &composite);
         }
         level.nodes.push(Node {
             composite,

@@ -119,6 +119,41 @@ fn wildcards_are_tried_in_yaml_order() {
 }
 
 #[test]
+fn many_wildcards_are_still_tried_in_yaml_order_whatever_their_prefixes() {
+    // More patterns than a level scans (its wildcards are then grouped by their literal
+    // prefix), with the first match in YAML order having a shorter prefix than a later one,
+    // an empty prefix, and patterns of other prefixes and of other keys around them.
+    let values = [
+        "zz*", "foo1*x", "fo*", "foo*", "*9", "f*", "other*", "x*y", "a*", "b*", "c*", "foo1*",
+    ];
+    let mut yaml = String::from("domain: d\ndescriptors:\n");
+    for v in values {
+        yaml += &format!(
+            "  - key: k\n    value: \"{v}\"\n    rate_limit: {{unit: minute, requests_per_unit: 1}}\n"
+        );
+    }
+    yaml += "  - key: j\n    value: \"f*\"\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    let cfg = config(&yaml);
+    for (value, expected) in [
+        ("foo1", Some("d.k_fo*")),
+        ("foo1x", Some("d.k_foo1*x")),
+        ("f", Some("d.k_f*")),
+        ("129", Some("d.k_*9")),
+        ("fo9", Some("d.k_fo*")),
+        ("xay", Some("d.k_x*y")),
+        ("xa", None),
+        ("", None),
+    ] {
+        assert_eq!(
+            key_of(&cfg, &[("k", value)]).as_deref(),
+            expected,
+            "{value}"
+        );
+    }
+    assert_eq!(key_of(&cfg, &[("j", "fx")]).as_deref(), Some("d.j_f*"));
+}
+
+#[test]
 fn mid_pattern_wildcards_match() {
     let cfg = config(
         "domain: d\ndescriptors:\n  - key: m\n    value: bar*b\n    rate_limit: {unit: minute, requests_per_unit: 20}\n",
