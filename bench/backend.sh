@@ -131,6 +131,23 @@ PY
     esac
 }
 
+# allowance_calls SPEC...: "LOCAL COLD DRY", the replicas' allowance counters summed
+# (sluice_redis_allowance_*_calls_total; 0 0 0 without allowances).
+allowance_calls() {
+    python3 - "$@" <<'PY'
+import sys, urllib.request
+sums = {"local": 0, "cold": 0, "dry": 0}
+for spec in sys.argv[1:]:
+    port = spec.split(":")[1]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        for k in sums:
+            if line.startswith(f"sluice_redis_allowance_{k}_calls_total "):
+                sums[k] += int(line.split()[1])
+print(sums["local"], sums["cold"], sums["dry"])
+PY
+}
+
 # run SERVER SETTING: one measurement; prints a JSON line.
 run() {
     local server=$1 setting=$2 procs=1 streams=1 body=body k pids=() urls
@@ -139,8 +156,10 @@ run() {
         c2m100|real) procs=$((REPLICAS > 2 ? REPLICAS : 2)); streams=100 ;;
     esac
     [[ $setting == real ]] && body=real
-    local before after answered_before answered_after
+    local before after answered_before answered_after calls_before=(0 0 0) calls_after=(0 0 0)
     read -r -a before < <(counters)
+    # shellcheck disable=SC2086
+    [[ $server == memory ]] || read -r -a calls_before < <(allowance_calls ${ANSWERS[$server]})
     # shellcheck disable=SC2086  # one spec per process
     answered_before=$(answers ${ANSWERS[$server]})
     for k in $(seq 0 $((procs - 1))); do
@@ -155,15 +174,18 @@ run() {
     # shellcheck disable=SC2086
     answered_after=$(answers --settled ${ANSWERS[$server]})
     read -r -a after < <(counters)
+    # shellcheck disable=SC2086
+    [[ $server == memory ]] || read -r -a calls_after < <(allowance_calls ${ANSWERS[$server]})
     # Exits (so does the script) unless every call h2load counted was answered OK.
     python3 "$ROOT/bench/answers.py" check "$server, round $round, $setting" "$answered_before" \
         "$answered_after" -- "$WORK"/out-*.txt >&2
     python3 - "$server" "$setting" "$answered_before" "$answered_after" \
         "$((after[0] - before[0] - OWN[0]))" "$((after[1] - before[1] - OWN[1]))" \
+        "$((calls_after[0] - calls_before[0])) $((calls_after[1] - calls_before[1])) $((calls_after[2] - calls_before[2]))" \
         "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
 import json, re, sys
-server, setting, before, after, a, b = sys.argv[1:7]
-rest = sys.argv[7:]
+server, setting, before, after, a, b, calls = sys.argv[1:8]
+rest = sys.argv[8:]
 sep = rest.index("--")
 outs, logs = rest[:sep], rest[sep + 1:]
 rps = 0.0
@@ -184,7 +206,10 @@ answered = int(after.split()[0]) - int(before.split()[0])
 print(json.dumps({"server": server, "setting": setting, "rps": round(rps), "p50_ms": pct(0.5),
                   "p99_ms": pct(0.99), "answered": answered,
                   "a_per_request": int(a) / answered if answered else None,
-                  "b_per_request": int(b) / answered if answered else None}))
+                  "b_per_request": int(b) / answered if answered else None,
+                  # With allowances: descriptors decided from batches, sent to Redis cold, and
+                  # sent to Redis while their batch was dry.
+                  "allowance_local_cold_dry": [int(c) for c in calls.split()]}))
 PY
     rm -f "$WORK"/log-*.tsv "$WORK"/out-*.txt
 }

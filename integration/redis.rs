@@ -335,6 +335,36 @@ async fn with_allowances_three_replicas_hold_a_hot_keys_limit_with_few_redis_cal
     );
 }
 
+/// The reservation script itself on a real Redis: it grants at most what is left under the
+/// limit, leaves the key at the limit at most, sets the TTL only on a key it made (a Go key's
+/// TTL is left alone), and answers `{granted, count}`.
+#[test]
+fn the_reservation_script_grants_what_is_left_and_never_passes_the_limit() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let reserve = |key: &str, want: u64| -> Vec<u64> {
+        let (want, script) = (want.to_string(), sluice::store::allowance::RESERVE);
+        redis
+            .cli(&["EVAL", script, "1", key, &want, "10", "60"])
+            .lines()
+            .map(|l| l.trim().parse().unwrap())
+            .collect()
+    };
+    let ttl = |key: &str| -> u64 { redis.cli(&["TTL", key]).parse().unwrap() };
+    assert_eq!(reserve("new_1200", 4), [4, 4]);
+    assert!((50..=60).contains(&ttl("new_1200")), "the TTL it set");
+    assert_eq!(reserve("new_1200", 5), [5, 9]);
+    assert_eq!(reserve("new_1200", 5), [1, 10], "only what is left");
+    assert_eq!(reserve("new_1200", 3), [0, 10], "nothing past the limit");
+    assert_eq!(redis.cli(&["GET", "new_1200"]), "10");
+    // A Go instance's key past the limit with its own TTL: nothing granted, nothing changed.
+    redis.cli(&["SET", "go_1200", "12", "EX", "30"]);
+    assert_eq!(reserve("go_1200", 2), [0, 12]);
+    assert!((20..=30).contains(&ttl("go_1200")), "the Go key's own TTL");
+}
+
 #[tokio::test]
 async fn with_allowances_a_key_gone_cold_gives_back_what_its_batch_still_holds() {
     if !redis_server_available() {

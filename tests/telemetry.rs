@@ -448,6 +448,33 @@ async fn a_flood_of_unique_values_stays_within_the_cap() {
 /// One series per Redis target (and memcached server) for each breaker family, and the
 /// exposition still passes promtool.
 #[test]
+fn redis_allowance_counters_and_gauges_are_rendered_with_their_kinds() {
+    let extra = Extra {
+        allowance: vec![
+            ("local_calls", 41),
+            ("dry_calls", 2),
+            ("keys", 3),
+            ("bytes", 900),
+        ],
+        ..Extra::default()
+    };
+    let text = render(&Stats::new(StatsOptions::default()), &extra);
+    for want in [
+        "# TYPE sluice_redis_allowance_local_calls_total counter",
+        "sluice_redis_allowance_local_calls_total 41",
+        "sluice_redis_allowance_dry_calls_total 2",
+        "# TYPE sluice_redis_allowance_keys gauge",
+        "sluice_redis_allowance_keys 3",
+        "sluice_redis_allowance_bytes 900",
+    ] {
+        assert!(
+            text.lines().any(|l| l == want),
+            "{want} missing from:\n{text}"
+        );
+    }
+}
+
+#[test]
 fn redis_breakers_are_one_series_per_target() {
     let gauges = |target: &str, up, opens, fast_failures| BreakerGauges {
         target: target.to_owned(),

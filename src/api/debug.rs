@@ -272,6 +272,7 @@ fn telemetry_extra(st: &DebugState) -> Extra {
         cluster: store.cluster(),
         redis: store.redis(),
         memcache: store.memcache(),
+        allowance: store.allowance(),
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
         listeners: Vec::new(),
         pending_request_bytes: 0,
@@ -449,6 +450,9 @@ mod tests {
             Vec::new()
         }
         fn memcache(&self) -> Vec<BreakerGauges> {
+            Vec::new()
+        }
+        fn allowance(&self) -> Vec<(&'static str, u64)> {
             Vec::new()
         }
         fn lease(&self, _key: &str) -> Option<KeyView> {

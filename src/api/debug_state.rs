@@ -116,6 +116,8 @@ pub(crate) trait StoreGauges: Send + Sync {
     fn redis(&self) -> Vec<BreakerGauges>;
     /// One entry per memcached server of the memcache backend.
     fn memcache(&self) -> Vec<BreakerGauges>;
+    /// SLUICE_REDIS_ALLOWANCE's counters and gauges; empty when it is off.
+    fn allowance(&self) -> Vec<(&'static str, u64)>;
     /// Lease mode: one counter key's leases as this node sees them; `None` outside lease mode.
     fn lease(&self, key: &str) -> Option<KeyView>;
 }

@@ -215,6 +215,13 @@ impl StoreGauges for AnyStore {
             .collect()
     }
 
+    fn allowance(&self) -> Vec<(&'static str, u64)> {
+        match self {
+            AnyStore::Redis(r) => r.allowance_stats(),
+            _ => Vec::new(),
+        }
+    }
+
     fn memcache(&self) -> Vec<BreakerGauges> {
         match self {
             AnyStore::Memcache(m) => m

@@ -1,5 +1,5 @@
-//! Allowances from the shared store (issue 40, SLUICE_REDIS_ALLOWANCE, off by default; work in
-//! progress): a replica that sees a fixed-window key often reserves a batch of its hits from
+//! Allowances from the shared store (issue 40, SLUICE_REDIS_ALLOWANCE, off by default;
+//! docs/redis.md): a replica that sees a fixed-window key often reserves a batch of its hits from
 //! Redis at once ([`RESERVE`]: never past the limit), decides locally inside the batch, and
 //! reserves again before it runs out; a cold key keeps the Go service's one INCRBY per call.
 //! This is the logic, with no I/O; `store/redis.rs` makes the calls (a reservation in the
@@ -20,7 +20,7 @@
 //!   the others; [`Allowances::give_back`] returns a cooled key's unused hits within the window
 //!   (`RedisStore::with_give_back`'s task, every horizon).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use dashmap::DashMap;
@@ -30,25 +30,31 @@ use super::go_fixed::counted;
 use crate::clock::Timestamp;
 use crate::limiter::{Algorithm, Decision, Quota};
 
-/// The reservation script: `KEYS[1]` the Go service's fixed-window key, `ARGV` the hits wanted,
-/// the limit and the key's TTL. Adds at most what is left under the limit, and answers
-/// `{granted, count after}`.
+/// The reservation script: `KEYS[1]` the Go service's fixed-window key, `ARGV` the hits wanted
+/// (at least 1), the limit and the key's TTL. Adds at most what is left under the limit, and
+/// answers `{granted, count after}`. One command while there is room (`INCRBY`, and `EXPIRE`
+/// when it made the key), a second (`DECRBY`) to take back what passed the limit.
 pub const RESERVE: &str = r#"
-local count = tonumber(redis.call('GET', KEYS[1]) or '0')
 local want = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
-local grant = math.min(want, math.max(limit - count, 0))
-if grant > 0 then
-  count = redis.call('INCRBY', KEYS[1], grant)
+local count = redis.call('INCRBY', KEYS[1], want)
+if count == want then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
 end
-return {grant, count}
+local over = count - limit
+if over > 0 then
+  local back = math.min(over, want)
+  count = redis.call('DECRBY', KEYS[1], back)
+  return {want - back, count}
+end
+return {want, count}
 "#;
 
 /// A key is hot when its demand over the horizon is at least this many hits.
 pub const HOT_HITS: u64 = 4;
 
-/// What a reserved key costs beside its key's bytes (an estimate until `examples/` measures it).
+/// What a key in the table costs beside its key's bytes (`examples/lease_memory.rs` measures
+/// it, and fails past it).
 pub const RESERVED_CHARGE: usize = 256;
 
 /// How far ahead batches look, and the table's bound.
@@ -85,8 +91,9 @@ pub enum Route {
     /// Reserve with [`RESERVE`] now (in this window), then [`Allowances::reserved`] and decide
     /// again.
     Reserve(Refill),
-    /// A cold key (or a reservation under way, or the table full): the store's own path.
-    Remote,
+    /// The store's own path: a cold key or the table full, or (`dry`) the key's batch empty
+    /// while a reservation is under way.
+    Remote { dry: bool },
 }
 
 /// One key's batch in its window.
@@ -101,7 +108,9 @@ struct Batch {
     count: u64,
     /// Redis had less left than asked: nothing more in this window.
     exhausted: bool,
-    reserving: bool,
+    /// A reservation of this window is under way until then (µs; 0: none). Bounded in time,
+    /// so one whose answer never comes (a call cancelled while it waited) is given up.
+    reserving_until_us: u64,
     /// The next window's first batch, once reserved ahead (`reserved`, `count` and
     /// `exhausted` as above), and whether it was asked for.
     ahead: Ahead,
@@ -125,7 +134,30 @@ pub struct Allowances {
     keys: DashMap<Box<str>, Mutex<Batch>, foldhash::fast::RandomState>,
     timing: AllowanceTiming,
     bytes: AtomicUsize,
+    stats: AllowanceStats,
 }
+
+/// What the table did, for `/metrics` (`sluice_redis_allowance_*`).
+#[derive(Debug, Default)]
+struct AllowanceStats {
+    /// Calls decided from a batch (admitted or refused).
+    local: AtomicU64,
+    /// Calls that took Redis's own path: the key cold (or the table full), or its batch empty
+    /// while a reservation was under way (dry).
+    cold: AtomicU64,
+    dry: AtomicU64,
+    /// Reservations in a call's pipeline (a batch needed now), and in the background (a
+    /// refill, or the next window's first batch ahead).
+    reserved_now: AtomicU64,
+    refills: AtomicU64,
+    /// Hits given back by keys gone cold, and keys forgotten once idle.
+    given_back: AtomicU64,
+    forgotten: AtomicU64,
+}
+
+/// A reservation not answered within this long is given up (its hits stay counted in Redis:
+/// under-admission, never over); longer than any REDIS_TIMEOUT a reservation should need.
+const UNDER_WAY_US: u64 = 2_000_000;
 
 /// Demand samples span at least this long, as in lease mode.
 const MIN_SAMPLE_US: u64 = 10_000;
@@ -136,7 +168,46 @@ impl Allowances {
             keys: DashMap::default(),
             timing,
             bytes: AtomicUsize::new(0),
+            stats: AllowanceStats::default(),
         }
+    }
+
+    /// The counters (`local_calls`, `cold_calls`, `dry_calls`, `reservations`, `refills`,
+    /// `given_back_hits`, `forgotten_keys`) and then the gauges (`keys`, `bytes`), for
+    /// `/metrics`.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let s = &self.stats;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("local_calls", load(&s.local)),
+            ("cold_calls", load(&s.cold)),
+            ("dry_calls", load(&s.dry)),
+            ("reservations", load(&s.reserved_now)),
+            ("refills", load(&s.refills)),
+            ("given_back_hits", load(&s.given_back)),
+            ("forgotten_keys", load(&s.forgotten)),
+            ("keys", self.len() as u64),
+            ("bytes", self.bytes() as u64),
+        ]
+    }
+
+    /// `route` with its outcome counted.
+    pub fn route(&self, hit: &Hit<'_>, now: Timestamp) -> Route {
+        let route = self.decide(hit, now);
+        let s = &self.stats;
+        let counter = match route {
+            Route::Local { refill, .. } => {
+                if refill.is_some() {
+                    s.refills.fetch_add(1, Ordering::Relaxed);
+                }
+                &s.local
+            }
+            Route::Reserve(_) => &s.reserved_now,
+            Route::Remote { dry: true } => &s.dry,
+            Route::Remote { dry: false } => &s.cold,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        route
     }
 
     pub fn len(&self) -> usize {
@@ -156,16 +227,16 @@ impl Allowances {
     }
 
     /// How `hit` is decided at `now`.
-    pub fn route(&self, hit: &Hit<'_>, now: Timestamp) -> Route {
+    fn decide(&self, hit: &Hit<'_>, now: Timestamp) -> Route {
         let (key, quota, hits) = (hit.key, &hit.quota, hit.hits);
         if quota.algorithm != Algorithm::FixedWindow {
-            return Route::Remote;
+            return Route::Remote { dry: false };
         }
         let (window, now_us) = (window_of(hit, now), now.micros());
         // The hot path: one lookup under the map's read guard.
         let entry = match self.keys.get(key) {
             Some(e) => e,
-            None if self.bytes() >= self.timing.max_bytes => return Route::Remote,
+            None if self.bytes() >= self.timing.max_bytes => return Route::Remote { dry: false },
             None => {
                 let fresh = Mutex::new(Batch::new(*quota, window, now_us));
                 self.keys.entry(key.into()).or_insert_with(|| {
@@ -175,13 +246,18 @@ impl Allowances {
                 });
                 match self.keys.get(key) {
                     Some(e) => e,
-                    None => return Route::Remote,
+                    None => return Route::Remote { dry: false },
                 }
             }
         };
         let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
         if b.quota != *quota {
             *b = Batch::new(*quota, window, now_us);
+        }
+        // A call from a window the batch has left (it waited, and another call turned the
+        // window) is Redis's to decide, on that window's key.
+        if window < b.window {
+            return Route::Remote { dry: false };
         }
         b.roll(window);
         b.sample(now_us, hits);
@@ -200,14 +276,14 @@ impl Allowances {
             let refill = b.refill(now_us, self.timing.horizon_us);
             return Route::Local { decision, refill };
         }
-        if b.reserving {
-            return Route::Remote;
+        if b.reserving(now_us) {
+            return Route::Remote { dry: true };
         }
         let want = b.need(self.timing.horizon_us).max(hits);
         if b.need(self.timing.horizon_us) < HOT_HITS {
-            return Route::Remote;
+            return Route::Remote { dry: false };
         }
-        b.reserving = true;
+        b.mark_reserving(now_us);
         Route::Reserve(Refill {
             window,
             want,
@@ -221,7 +297,9 @@ impl Allowances {
     pub fn reserved(&self, key: &str, r: Refill, granted: u64, count: u64) {
         if let Some(entry) = self.keys.get(key) {
             let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
-            b.reserving &= r.ahead;
+            if !r.ahead {
+                b.reserving_until_us = 0;
+            }
             let exhausted = granted < r.want;
             if b.window == r.window {
                 b.reserved += granted;
@@ -240,28 +318,50 @@ impl Allowances {
     /// A reservation failed: the key goes the store's own way until the next one (a batch
     /// ahead that failed is reserved when its window starts instead).
     pub fn failed(&self, key: &str, r: Refill) {
-        if let Some(entry) = self.keys.get(key) {
+        if let Some(entry) = self.keys.get(key)
+            && !r.ahead
+        {
             entry
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .reserving &= r.ahead;
+                .reserving_until_us = 0;
         }
     }
 
     /// The unused hits of keys gone cold at `now` (their demand below [`HOT_HITS`] over the
     /// horizon), taken off their batches: what to give back to Redis (DECRBY on the key of
-    /// that window), so the other replicas can use them.
+    /// that window), so the other replicas can use them. Keys with no demand left and nothing
+    /// held or under way are forgotten, so the table holds the keys in use, not every key
+    /// ever seen (a cold key's entry lives about a horizon).
     pub fn give_back(&self, now: Timestamp) -> Vec<(Box<str>, Quota, u64)> {
-        let mut back = Vec::new();
+        let horizon_us = self.timing.horizon_us;
+        let (mut back, mut idle) = (Vec::new(), Vec::new());
         for e in &self.keys {
             let mut b = e.value().lock().unwrap_or_else(PoisonError::into_inner);
             let window = now.secs() / b.quota.window().secs();
             b.roll(window);
             b.sample(now.micros(), 0);
             let left = b.reserved - b.used;
-            if !b.reserving && left > 0 && b.need(self.timing.horizon_us) < HOT_HITS {
+            let reserving = b.reserving(now.micros());
+            if !reserving && left > 0 && b.need(horizon_us) < HOT_HITS {
                 b.reserved = b.used;
+                self.stats.given_back.fetch_add(left, Ordering::Relaxed);
                 back.push((e.key().clone(), b.quota, left));
+            }
+            if b.idle(now.micros(), horizon_us) {
+                idle.push(e.key().clone());
+            }
+        }
+        for key in idle {
+            let gone = self.keys.remove_if(&key, |_, b| {
+                b.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .idle(now.micros(), horizon_us)
+            });
+            if gone.is_some() {
+                self.bytes
+                    .fetch_sub(RESERVED_CHARGE + key.len(), Ordering::Relaxed);
+                self.stats.forgotten.fetch_add(1, Ordering::Relaxed);
             }
         }
         back
@@ -277,7 +377,7 @@ impl Batch {
             used: 0,
             count: 0,
             exhausted: false,
-            reserving: false,
+            reserving_until_us: 0,
             ahead: Ahead::default(),
             ahead_asked: false,
             attempted: 0,
@@ -286,10 +386,10 @@ impl Batch {
         }
     }
 
-    /// Moves to `window`: a new window starts with what was reserved ahead for it, if it is
-    /// the next one, else with nothing.
+    /// Moves on to `window` (never back): a new window starts with what was reserved ahead
+    /// for it, if it is the next one, else with nothing.
     fn roll(&mut self, window: u64) {
-        if window != self.window {
+        if window > self.window {
             let ahead = if window == self.window + 1 {
                 std::mem::take(&mut self.ahead)
             } else {
@@ -328,8 +428,8 @@ impl Batch {
             return None;
         }
         let left = self.reserved - self.used;
-        if !self.reserving && !self.exhausted && left * 2 < need {
-            self.reserving = true;
+        if !self.reserving(now_us) && !self.exhausted && left * 2 < need {
+            self.mark_reserving(now_us);
             return Some(Refill {
                 window: self.window,
                 want: need - left,
@@ -346,6 +446,22 @@ impl Batch {
             want: need,
             ahead: true,
         })
+    }
+
+    fn reserving(&self, now_us: u64) -> bool {
+        now_us < self.reserving_until_us
+    }
+
+    fn mark_reserving(&mut self, now_us: u64) {
+        self.reserving_until_us = now_us.saturating_add(UNDER_WAY_US);
+    }
+
+    /// No demand left, nothing held, and no reservation under way or reserved ahead.
+    fn idle(&self, now_us: u64, horizon_us: u64) -> bool {
+        !self.reserving(now_us)
+            && !self.ahead_asked
+            && self.reserved == self.used
+            && self.need(horizon_us) == 0
     }
 
     /// The demand's hits over `horizon_us`.

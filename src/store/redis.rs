@@ -400,6 +400,15 @@ impl RedisStore {
         self.options.readiness.subscribe()
     }
 
+    /// SLUICE_REDIS_ALLOWANCE's counters and gauges ([`Allowances::snapshot`]); empty when it
+    /// is off.
+    pub fn allowance_stats(&self) -> Vec<(&'static str, u64)> {
+        self.allowances
+            .as_ref()
+            .map(|a| a.snapshot())
+            .unwrap_or_default()
+    }
+
     /// Each Redis's breaker: up, opens, calls answered at once.
     pub fn breakers(&self) -> Vec<BreakerStats> {
         std::iter::once(&self.main)
@@ -537,7 +546,11 @@ impl RedisStore {
         // What the cache answered is not remembered again: an entry is trusted for its age
         // from when Redis found the key over, not from when the cache last answered. Nor is
         // what a batch answered (its refusals are this replica's, not Redis's count).
-        let (reserve, mut refills) = self.route_allowances(now, hits, &mut decisions);
+        let (reserve, refills) = self.route_allowances(now, hits, &mut decisions);
+        // In the background at once: whatever becomes of this call, a reservation marked
+        // under way is made (or fails), so none stays marked.
+        self.refill(now, hits, &refills);
+        let mut refills = Vec::new();
         let reserve_of = |i: usize| reserve.get(i).copied().flatten();
         let cached: Vec<bool> = decisions.iter().map(Option::is_some).collect();
         let increment = self.increments(now, hits, &decisions).await?;
@@ -580,6 +593,7 @@ impl RedisStore {
             });
             failed = failed.or(decided.err());
         }
+        self.refill(now, hits, &refills);
         if let Some(e) = failed {
             // A reservation that got no answer is no longer under way.
             if let Some(a) = &self.allowances {
@@ -591,7 +605,6 @@ impl RedisStore {
             }
             return Err(e);
         }
-        self.refill(now, hits, &refills);
         self.answer(now, hits, (&decisions, &cached), out)
     }
 
@@ -620,7 +633,7 @@ impl RedisStore {
                     refills.extend(refill.map(|r| (i, r)));
                 }
                 Route::Reserve(r) => reserve[i] = Some(r),
-                Route::Remote => {}
+                Route::Remote { .. } => {}
             }
         }
         (reserve, refills)
@@ -659,11 +672,20 @@ impl RedisStore {
         a.reserved(hit.key, r, granted, count);
         Ok(match a.route(hit, now) {
             Route::Local { decision, refill } => (decision, refill),
-            // The window turned meanwhile, or another call took the batch: refused, as a
-            // count past the limit.
-            _ => {
-                let over = count.max(u64::from(hit.quota.requests_per_unit)) + hit.hits;
-                (go_fixed::counted(hit, now, over), None)
+            // The window turned meanwhile, or other calls took the batch: this call is decided
+            // from its own reservation (admitted when it got its hits; what else it got is
+            // left unused, never over), and a reservation the batch asked for again is not
+            // under way.
+            other => {
+                if let Route::Reserve(again) = other {
+                    a.failed(hit.key, again);
+                }
+                let after = if granted >= hit.hits {
+                    count - granted + hit.hits
+                } else {
+                    count.max(u64::from(hit.quota.requests_per_unit)) + hit.hits
+                };
+                (go_fixed::counted(hit, now, after), None)
             }
         })
     }

@@ -49,6 +49,9 @@ pub struct Extra {
     pub pending_request_bytes: u64,
     /// The Rate Limit Quota Service's numbers.
     pub rlqs: Option<RlqsGauges>,
+    /// SLUICE_REDIS_ALLOWANCE's counters, then its gauges ([`ALLOWANCE_GAUGES`]); empty when
+    /// it is off.
+    pub allowance: Vec<(&'static str, u64)>,
     /// The runtime limits: how many are set, and the changes made through this node's API.
     pub runtime: RuntimeGauges,
 }
@@ -219,6 +222,7 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
         render_cluster(&mut out, c);
     }
     breakers(&mut out, REDIS_BREAKERS, &extra.redis);
+    render_allowance(&mut out, &extra.allowance);
     breakers(&mut out, MEMCACHE_BREAKERS, &extra.memcache);
     for (name, help, value) in &extra.tracing {
         let name = format!("{name}_total");
@@ -257,6 +261,30 @@ fn render_runtime(out: &mut String, r: RuntimeGauges) {
 
 /// `sluice_rlqs_*`: the quota service's counters, table sizes, and the busiest buckets' demand
 /// and assignment.
+/// The allowance numbers that are gauges (the table's size); the others are counters.
+pub const ALLOWANCE_GAUGES: [&str; 2] = ["keys", "bytes"];
+
+/// SLUICE_REDIS_ALLOWANCE's counters and gauges.
+fn render_allowance(out: &mut String, allowance: &[(&'static str, u64)]) {
+    for (stat, value) in allowance {
+        let (name, kind, help) = if ALLOWANCE_GAUGES.contains(stat) {
+            (
+                format!("sluice_redis_allowance_{stat}"),
+                "gauge",
+                "Redis allowances: keys with a batch, and the bytes charged for them.",
+            )
+        } else {
+            (
+                format!("sluice_redis_allowance_{stat}_total"),
+                "counter",
+                "Redis allowances: calls decided from batches or sent to Redis, reservations, hits given back (see docs/redis.md).",
+            )
+        };
+        header(out, &name, kind, help);
+        sample(out, &name, &[], *value);
+    }
+}
+
 fn render_rlqs(out: &mut String, r: &RlqsGauges) {
     for (stat, value) in &r.counters {
         let name = format!("sluice_rlqs_{stat}_total");

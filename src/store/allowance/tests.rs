@@ -57,7 +57,7 @@ fn decide(r: &Allowances, key: &mut Key, q: Quota, now_us: u64) -> Option<Decisi
                 }
                 return Some(decision);
             }
-            Route::Remote => return None,
+            Route::Remote { .. } => return None,
             Route::Reserve(refill) => {
                 assert_eq!(refill.window, window_of(&h, now));
                 let (granted, count) = key.reserve(refill, u64::from(q.requests_per_unit));
@@ -154,7 +154,7 @@ fn other_algorithms_and_a_full_table_go_to_redis() {
     let r = Allowances::new(TIMING);
     assert_eq!(
         r.route(&hit(sliding), Timestamp::from_micros(T0)),
-        Route::Remote
+        Route::Remote { dry: false }
     );
     let full = Allowances::new(AllowanceTiming {
         max_bytes: 0,
@@ -163,7 +163,7 @@ fn other_algorithms_and_a_full_table_go_to_redis() {
     let fixed = Quota::fixed(10, Unit::Second);
     assert_eq!(
         full.route(&hit(fixed), Timestamp::from_micros(T0)),
-        Route::Remote
+        Route::Remote { dry: false }
     );
     assert!(full.is_empty());
 }
@@ -216,4 +216,92 @@ fn a_key_at_its_limit_still_reserves_the_next_window_ahead() {
     assert_eq!(key.count, 500);
     assert!(admitted[0] <= 500 && admitted[0] >= 495, "{admitted:?}");
     assert!(admitted[1] >= 495, "{admitted:?}");
+}
+
+#[test]
+fn keys_with_no_demand_and_nothing_held_are_forgotten_and_uncharged() {
+    let q = Quota::fixed(1_000_000, Unit::Second);
+    let r = Allowances::new(TIMING);
+    let mut key = Key::default();
+    // A hot key, reserving, beside 100 cold keys seen once each.
+    for i in 0..2_000u64 {
+        decide(&r, &mut key, q, T0 + i * 100);
+    }
+    for i in 0..100 {
+        let k = format!("cold_{i}_");
+        let h = Hit {
+            key: &k,
+            quota: q,
+            hits: 1,
+        };
+        assert_eq!(
+            r.route(&h, Timestamp::from_micros(T0 + 200_000)),
+            Route::Remote { dry: false }
+        );
+    }
+    assert_eq!(r.len(), 101);
+    let charged = r.bytes();
+    // A horizon later the cold keys are gone; the hot one holds a batch and stays.
+    r.give_back(Timestamp::from_micros(T0 + 300_000));
+    assert_eq!(r.len(), 1, "only the hot key is left");
+    assert!(
+        r.bytes() < charged / 50,
+        "{} of {charged} still charged",
+        r.bytes()
+    );
+    // Quiet for a second: its demand gone, its batch given back, it goes too.
+    let back: u64 = (0..60)
+        .flat_map(|i| r.give_back(Timestamp::from_micros(T0 + 300_000 + i * 20_000)))
+        .map(|(_, _, n)| n)
+        .sum();
+    assert!(back > 0, "the hot key's batch goes back first");
+    assert!(r.is_empty());
+    assert_eq!(r.bytes(), 0);
+}
+
+#[test]
+fn a_call_from_a_past_window_goes_to_redis_and_leaves_the_batch_where_it_is() {
+    let q = Quota::fixed(1_000_000, Unit::Second);
+    let r = Allowances::new(TIMING);
+    let mut key = Key::default();
+    for i in 0..12_000u64 {
+        decide(&r, &mut key, q, T0 + i * 100);
+    }
+    // The batch is in the second window now; a call stamped in the first (it waited) is
+    // Redis's, and the batch neither turns back nor stops deciding the second window's calls.
+    let late = r.route(&hit(q), Timestamp::from_micros(T0 + S - 1));
+    assert_eq!(late, Route::Remote { dry: false });
+    for i in 12_000..13_000u64 {
+        let d = decide(&r, &mut key, q, T0 + i * 100);
+        assert!(d.is_some_and(|d| !d.over), "hit {i}: {d:?}");
+    }
+}
+
+#[test]
+fn a_reservation_whose_answer_never_comes_is_given_up() {
+    let q = Quota::fixed(1_000_000, Unit::Minute);
+    let r = Allowances::new(TIMING);
+    let mut key = Key::default();
+    for i in 0..2_000u64 {
+        decide(&r, &mut key, q, T0 + i * 100);
+    }
+    // Use the batch up without answering the refill it asks for (the call that would have
+    // sent it was cancelled): the key's calls go to Redis, dry...
+    let mut now = T0 + 200_000;
+    let asked = loop {
+        now += 100;
+        match r.route(&hit(q), Timestamp::from_micros(now)) {
+            Route::Local { refill: None, .. } => {}
+            Route::Local {
+                refill: Some(refill),
+                ..
+            } if !refill.ahead => {}
+            Route::Reserve(_) => panic!("a refill was under way"),
+            other => break other,
+        }
+    };
+    assert_eq!(asked, Route::Remote { dry: true });
+    // ... but not for ever: once UNDER_WAY_US has passed, the batch reserves again.
+    let later = Timestamp::from_micros(now + UNDER_WAY_US);
+    assert!(matches!(r.route(&hit(q), later), Route::Reserve(_)));
 }
