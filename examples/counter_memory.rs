@@ -15,8 +15,6 @@
 //! ```
 
 use std::fmt::Write as _;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 
 use sluice::clock::Timestamp;
 use sluice::limiter::{Algorithm, Quota, Unit};
@@ -27,19 +25,18 @@ use sluice::store::{CounterStore, Hit, MemoryStore};
 mod rss;
 use rss::rss_bytes;
 
-/// The memory store's future is always ready; poll it once.
+#[path = "support/ready.rs"]
+mod ready;
+use ready::ready;
+
+/// The memory store's future is always ready.
 fn apply(
     store: &MemoryStore,
     now: Timestamp,
     hit: Hit<'_>,
     out: &mut Vec<sluice::limiter::Decision>,
 ) {
-    let hits = [hit];
-    let mut fut = pin!(store.apply(now, &hits, out));
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(r) => r.expect("the store has room for every counter"),
-        Poll::Pending => unreachable!("the memory store never waits"),
-    }
+    ready(store.apply(now, &[hit], out)).expect("the store has room for every counter");
 }
 
 /// Counter `i`'s key: an address-like stem, or exactly `len` bytes when `len` is given.

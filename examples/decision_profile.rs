@@ -16,9 +16,7 @@
     clippy::disallowed_methods,
     reason = "a benchmark's or load generator's own stopwatch, outside Sluice"
 )]
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -30,6 +28,10 @@ use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::service::{HeaderNames, RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
 use sluice::telemetry::{DecisionTelemetry, Stats};
+
+#[path = "support/ready.rs"]
+mod ready;
+use ready::ready;
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -134,13 +136,4 @@ fn grpc_path(service: &RateLimitService<MemoryStore>, n: u64) -> u64 {
         answer.encode(&mut encoded).expect("encodes");
     }
     ok
-}
-
-/// The memory store's and the service's futures never wait; poll once.
-fn ready<F: Future>(fut: F) -> F::Output {
-    let mut fut = pin!(fut);
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("the memory path never waits"),
-    }
 }

@@ -13,9 +13,7 @@
 //! cargo run --release --example key_flood -- 100000 8192 16384 268435456 # the budget alone
 //! ```
 
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::config::{ConfigHandle, LoadOptions, parse_files};
@@ -35,14 +33,9 @@ descriptors:
 mod rss;
 use rss::rss_bytes;
 
-/// The memory store never waits, so neither does the decision; poll it once.
-fn ready<F: Future>(fut: F) -> F::Output {
-    let mut fut = pin!(fut);
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(r) => r,
-        Poll::Pending => unreachable!("the memory store never waits"),
-    }
-}
+#[path = "support/ready.rs"]
+mod ready;
+use ready::ready;
 
 fn arg(args: &[String], i: usize, default: usize) -> usize {
     let n = args

@@ -22,9 +22,7 @@
 )]
 
 use std::hint::black_box;
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use sluice::clock::SystemClock;
@@ -36,6 +34,10 @@ use sluice::telemetry::{DecisionTelemetry, Stats};
 
 #[path = "support/tenants.rs"]
 mod tenants;
+
+#[path = "support/ready.rs"]
+mod ready;
+use ready::ready;
 
 /// High enough that every decision is OK.
 const TENANT_LIMIT: u32 = 1_000_000_000;
@@ -125,13 +127,4 @@ fn main() {
     timed("lookup_one", n, || lookup_one(domain, &hit, n));
     timed("lookup_all", n, || lookup_all(domain, &all, n));
     timed("decide", n, || decide(&service, &request, n));
-}
-
-/// The memory store's and the service's futures never wait; poll once.
-fn ready<F: Future>(fut: F) -> F::Output {
-    let mut fut = pin!(fut);
-    match fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(out) => out,
-        Poll::Pending => panic!("the memory path never waits"),
-    }
 }

@@ -66,6 +66,7 @@
 
 pub mod api;
 pub mod app;
+pub(crate) mod charged;
 pub mod cli;
 pub mod clock;
 pub mod cluster;

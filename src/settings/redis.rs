@@ -391,7 +391,7 @@ pub struct RedisArgs {
     pub stop_cache_key_increment_when_overlimit: bool,
     /// Fixed windows on Redis: a replica that sees a key often reserves a batch of its hits
     /// from Redis at once (never past the limit) and decides locally inside it; a cold key
-    /// costs one INCRBY per call as before (docs/benchmarks.md, issue 40; work in progress).
+    /// costs one INCRBY per call as before (docs/redis.md, "Allowances").
     #[arg(
         long,
         env = "SLUICE_REDIS_ALLOWANCE",
@@ -415,7 +415,8 @@ pub struct RedisArgs {
     )]
     pub redis_allowance_horizon_ms: u64,
     /// With SLUICE_REDIS_ALLOWANCE: the memory of the batches table (1 MiB to 64 GiB), each key
-    /// charged its length plus 256 bytes; past it, new keys go to Redis on every call.
+    /// charged its length plus 256 bytes; past it, new keys go to Redis on every call until
+    /// idle keys are forgotten.
     #[arg(
         long,
         env = "SLUICE_REDIS_ALLOWANCE_MAX_BYTES",

@@ -20,13 +20,11 @@
 //!   the others; [`Allowances::give_back`] returns a cooled key's unused hits within the window
 //!   (`RedisStore::with_give_back`'s task, every horizon).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
-
-use dashmap::DashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Hit;
 use super::go_fixed::counted;
+use crate::charged::{ChargedMap, lock};
 use crate::clock::Timestamp;
 use crate::limiter::{Algorithm, Decision, Quota};
 
@@ -131,9 +129,8 @@ struct Ahead {
 
 /// The keys this replica holds batches of.
 pub struct Allowances {
-    keys: DashMap<Box<str>, Mutex<Batch>, foldhash::fast::RandomState>,
+    keys: ChargedMap<Batch>,
     timing: AllowanceTiming,
-    bytes: AtomicUsize,
     stats: AllowanceStats,
 }
 
@@ -165,9 +162,8 @@ const MIN_SAMPLE_US: u64 = 10_000;
 impl Allowances {
     pub fn new(timing: AllowanceTiming) -> Self {
         Allowances {
-            keys: DashMap::default(),
+            keys: ChargedMap::new(RESERVED_CHARGE, timing.max_bytes),
             timing,
-            bytes: AtomicUsize::new(0),
             stats: AllowanceStats::default(),
         }
     }
@@ -219,7 +215,7 @@ impl Allowances {
     }
 
     pub fn bytes(&self) -> usize {
-        self.bytes.load(Ordering::Relaxed)
+        self.keys.bytes()
     }
 
     pub fn timing(&self) -> &AllowanceTiming {
@@ -233,24 +229,13 @@ impl Allowances {
             return Route::Remote { dry: false };
         }
         let (window, now_us) = (window_of(hit, now), now.micros());
-        // The hot path: one lookup under the map's read guard.
-        let entry = match self.keys.get(key) {
-            Some(e) => e,
-            None if self.bytes() >= self.timing.max_bytes => return Route::Remote { dry: false },
-            None => {
-                let fresh = Mutex::new(Batch::new(*quota, window, now_us));
-                self.keys.entry(key.into()).or_insert_with(|| {
-                    self.bytes
-                        .fetch_add(RESERVED_CHARGE + key.len(), Ordering::Relaxed);
-                    fresh
-                });
-                match self.keys.get(key) {
-                    Some(e) => e,
-                    None => return Route::Remote { dry: false },
-                }
-            }
+        let Some(entry) = self
+            .keys
+            .get_or_insert(key, || Batch::new(*quota, window, now_us))
+        else {
+            return Route::Remote { dry: false };
         };
-        let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut b = lock(&entry);
         if b.quota != *quota {
             *b = Batch::new(*quota, window, now_us);
         }
@@ -296,7 +281,7 @@ impl Allowances {
     /// the window started while it was under way).
     pub fn reserved(&self, key: &str, r: Refill, granted: u64, count: u64) {
         if let Some(entry) = self.keys.get(key) {
-            let mut b = entry.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut b = lock(&entry);
             if !r.ahead {
                 b.reserving_until_us = 0;
             }
@@ -321,10 +306,7 @@ impl Allowances {
         if let Some(entry) = self.keys.get(key)
             && !r.ahead
         {
-            entry
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .reserving_until_us = 0;
+            lock(&entry).reserving_until_us = 0;
         }
     }
 
@@ -336,8 +318,8 @@ impl Allowances {
     pub fn give_back(&self, now: Timestamp) -> Vec<(Box<str>, Quota, u64)> {
         let horizon_us = self.timing.horizon_us;
         let (mut back, mut idle) = (Vec::new(), Vec::new());
-        for e in &self.keys {
-            let mut b = e.value().lock().unwrap_or_else(PoisonError::into_inner);
+        for e in self.keys.iter() {
+            let mut b = lock(e.value());
             let window = now.secs() / b.quota.window().secs();
             b.roll(window);
             b.sample(now.micros(), 0);
@@ -353,14 +335,10 @@ impl Allowances {
             }
         }
         for key in idle {
-            let gone = self.keys.remove_if(&key, |_, b| {
-                b.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .idle(now.micros(), horizon_us)
-            });
-            if gone.is_some() {
-                self.bytes
-                    .fetch_sub(RESERVED_CHARGE + key.len(), Ordering::Relaxed);
+            if self
+                .keys
+                .remove_if(&key, |b| b.idle(now.micros(), horizon_us))
+            {
                 self.stats.forgotten.fetch_add(1, Ordering::Relaxed);
             }
         }

@@ -26,14 +26,12 @@
 //!   any lease owner does after a ring change ([`super::server`], "Rebuild").
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
-
-use dashmap::DashMap;
 
 use super::server::{Capacity, PPM, Summary, epoch_of, is_window, micros};
 use super::{Ask, Grant};
+use crate::charged::{ChargedMap, lock};
 use crate::limiter::Quota;
 
 /// SLUICE_LEASE_PARENT_RENEW_MS and SLUICE_LEASE_PARENT_TIMEOUT_MS, with the lease table bound.
@@ -92,7 +90,7 @@ struct Above {
 
 /// What the parent granted, per key; see the module doc.
 pub struct Upstream {
-    keys: DashMap<Box<str>, Mutex<Above>, foldhash::fast::RandomState>,
+    keys: ChargedMap<Above>,
     timing: ParentTiming,
     /// Since when (µs) every call to the parent failed; 0 while it answers.
     unreachable_since_us: AtomicU64,
@@ -101,7 +99,6 @@ pub struct Upstream {
     /// The clusters the parent last counted on any key: the dynamic safe capacity's divisor
     /// for a key it never answered about (0 before any answer).
     children: AtomicU32,
-    bytes: AtomicUsize,
     pub stats: ParentStats,
 }
 
@@ -137,12 +134,11 @@ pub struct ParentView {
 impl Upstream {
     pub fn new(timing: ParentTiming) -> Self {
         Upstream {
-            keys: DashMap::default(),
+            keys: ChargedMap::new(ABOVE_CHARGE, timing.max_bytes),
             timing,
             unreachable_since_us: AtomicU64::new(0),
             rtt_us: AtomicU64::new(micros(timing.timeout) / 2),
             children: AtomicU32::new(0),
-            bytes: AtomicUsize::new(0),
             stats: ParentStats::default(),
         }
     }
@@ -160,7 +156,7 @@ impl Upstream {
     }
 
     pub fn bytes(&self) -> usize {
-        self.bytes.load(Ordering::Relaxed)
+        self.keys.bytes()
     }
 
     /// Whether calls to the parent are failing.
@@ -186,26 +182,12 @@ impl Upstream {
             };
             (capacity, Source::Safe, false)
         };
-        let entry = match self.keys.get(key) {
-            Some(e) => e,
-            None if self.bytes() >= self.timing.max_bytes => {
-                self.stats.safe_answers.fetch_add(1, Ordering::Relaxed);
-                return unrecorded();
-            }
-            None => {
-                let fresh = Mutex::new(Above::new(bare, quota.safe_capacity, now_us));
-                self.keys.entry(key.into()).or_insert_with(|| {
-                    self.bytes
-                        .fetch_add(ABOVE_CHARGE + key.len(), Ordering::Relaxed);
-                    fresh
-                });
-                match self.keys.get(key) {
-                    Some(e) => e,
-                    None => return unrecorded(),
-                }
-            }
+        let fresh = || Above::new(bare, quota.safe_capacity, now_us);
+        let Some(entry) = self.keys.get_or_insert(key, fresh) else {
+            self.stats.safe_answers.fetch_add(1, Ordering::Relaxed);
+            return unrecorded();
         };
-        let mut above = entry.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut above = lock(&entry);
         if above.quota != bare {
             *above = Above::new(bare, quota.safe_capacity, now_us);
         }
@@ -263,32 +245,21 @@ impl Upstream {
         match acquire {
             Some(waiting) => {
                 for (key, ask) in waiting {
-                    if let Some(e) = self.keys.get(*key) {
-                        let mut above = e.lock().unwrap_or_else(PoisonError::into_inner);
+                    if let Some(e) = self.keys.get(key) {
+                        let mut above = lock(&e);
                         one(key, &mut above, Some(ask));
                     }
                 }
             }
             None => {
-                for e in &self.keys {
-                    one(
-                        e.key(),
-                        &mut e.lock().unwrap_or_else(PoisonError::into_inner),
-                        None,
-                    );
+                for e in self.keys.iter() {
+                    one(e.key(), &mut lock(&e), None);
                 }
             }
         }
         for key in idle {
-            let gone = self.keys.remove_if(&key, |_, a| {
-                a.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .idle(now_us, micros(self.timing.idle))
-            });
-            if gone.is_some() {
-                self.bytes
-                    .fetch_sub(ABOVE_CHARGE + key.len(), Ordering::Relaxed);
-            }
+            self.keys
+                .remove_if(&key, |a| a.idle(now_us, micros(self.timing.idle)));
         }
         due
     }
@@ -305,9 +276,7 @@ impl Upstream {
             self.children.store(g.holders, Ordering::Relaxed);
         }
         if let Some(e) = self.keys.get(key) {
-            e.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .answer(grant, sent_us);
+            lock(&e).answer(grant, sent_us);
         }
     }
 
@@ -349,7 +318,7 @@ impl Upstream {
     /// `key`'s parent grant at `now_us`, for the debug endpoint.
     pub fn view(&self, key: &str, parent: &str, now_us: u64) -> Option<ParentView> {
         let e = self.keys.get(key)?;
-        let a = e.lock().unwrap_or_else(PoisonError::into_inner);
+        let a = lock(&e);
         let children = self.children.load(Ordering::Relaxed);
         let (_, source) = a.capacity(now_us, self.unreachable() || a.refused, children);
         Some(ParentView {
