@@ -21,7 +21,7 @@ use sluice::cluster::lease::parent::{ParentTiming, Upstream};
 use sluice::cluster::lease::{Ask, LeaseClient, LeaseServer, LeaseTiming, Route};
 use sluice::limiter::{Quota, Unit};
 use sluice::store::Hit;
-use sluice::store::allowance::{AllowanceTiming, Allowances};
+use sluice::store::allowance::{AllowanceTuning, Allowances};
 
 #[path = "support/rss.rs"]
 mod rss;
@@ -135,10 +135,7 @@ fn parent_grants(n: usize, quota: Quota, timing: &LeaseTiming) -> (Upstream, u64
 /// A Redis replica's batches on `n` keys, and the resident bytes they took.
 fn redis_batches(n: usize, quota: Quota) -> (Allowances, u64) {
     let before = rss_bytes();
-    let batches = Allowances::new(AllowanceTiming {
-        horizon_us: 100_000,
-        max_bytes: usize::MAX,
-    });
+    let batches = Allowances::new(AllowanceTuning::new(100_000, usize::MAX));
     for i in 0..n {
         let k = key(i);
         let hit = Hit {
@@ -146,7 +143,7 @@ fn redis_batches(n: usize, quota: Quota) -> (Allowances, u64) {
             quota,
             hits: 1,
         };
-        batches.route(&hit, Timestamp::from_micros(T0));
+        batches.route(&hit, Timestamp::from_micros(T0), true);
     }
     let bytes = rss_bytes().saturating_sub(before);
     assert_eq!(batches.len(), n);

@@ -186,6 +186,46 @@ async fn redis_under_test() -> Option<Routed<UnderTest<RedisStore>>> {
 // for every algorithm.
 store_contract!(contract, redis_under_test);
 
+/// A fresh redis-server and a store on it with SLUICE_REDIS_ALLOWANCE, every fixed-window key
+/// taking batches of at least 3 from its first call (the contract's calls come too fast, at
+/// too few instants, for demand to be measured), for one contract case.
+async fn redis_with_allowances_under_test() -> Option<Routed<UnderTest<RedisStore>>> {
+    if !redis_server_available() {
+        return None;
+    }
+    let server = Redis::start();
+    let settings = RedisConfig {
+        allowance: Some(sluice::store::allowance::AllowanceTuning {
+            hot_hits: 0,
+            min_batch: 3,
+            ..sluice::store::allowance::AllowanceTuning::new(100_000, 1 << 20)
+        }),
+        ..server.settings(0)
+    };
+    let store = store(&settings).await;
+    Some(Routed(UnderTest {
+        store,
+        server: Box::new(server),
+    }))
+}
+
+// The same contract with allowances on (issue 48): one replica answers exactly as the model,
+// refunds, refusals and `charge_refused` included.
+store_contract!(contract_with_allowances, redis_with_allowances_under_test);
+
+/// The contract with allowances decides from batches, not only by the store's own path.
+#[tokio::test]
+async fn the_contract_with_allowances_decides_from_batches() {
+    let Some(under_test) = redis_with_allowances_under_test().await else {
+        return;
+    };
+    store_contract::an_irregular_sequence_answers_as_the_model(&under_test).await;
+    let stats = under_test.0.store.allowance_stats();
+    let stat = |name: &str| stats.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    assert!(stat("local_calls") > Some(10), "{stats:?}");
+    assert!(stat("reservations") > Some(5), "{stats:?}");
+}
+
 // The concurrency limit's contract: the SLOTS script takes, refuses, gives back and expires
 // slots as the memory store does.
 slots_contract!(slots_contract, redis_under_test);
@@ -285,10 +325,13 @@ async fn with_allowances_three_replicas_hold_a_hot_keys_limit_with_few_redis_cal
     }
     let redis = Redis::start();
     let settings = RedisConfig {
-        allowance: Some(sluice::store::allowance::AllowanceTiming {
-            horizon_us: 100_000,
-            max_bytes: 1 << 20,
-        }),
+        allowance: Some(sluice::store::allowance::AllowanceTuning::new(
+            100_000,
+            1 << 20,
+        )),
+        // Once the limit is spent, each replica's refused calls go the store's way (counted,
+        // as the Go service counts them), and the local over-limit cache answers them.
+        local_cache_size_in_bytes: 1 << 20,
         ..redis.settings(0)
     };
     let replicas = [
@@ -337,32 +380,50 @@ async fn with_allowances_three_replicas_hold_a_hot_keys_limit_with_few_redis_cal
 
 /// The reservation script itself on a real Redis: it grants at most what is left under the
 /// limit, leaves the key at the limit at most, sets the TTL only on a key it made (a Go key's
-/// TTL is left alone), and answers `{granted, count}`.
+/// TTL is left alone), and answers `{granted, count, refused}`; a call that does not fit with
+/// what its batch held is counted as the Go service counts it and the held hits given back.
 #[test]
 fn the_reservation_script_grants_what_is_left_and_never_passes_the_limit() {
     if !redis_server_available() {
         return;
     }
     let redis = Redis::start();
-    let reserve = |key: &str, want: u64| -> Vec<u64> {
-        let (want, script) = (want.to_string(), sluice::store::allowance::RESERVE);
+    let reserve = |key: &str, want: u64, hits: u64, held: u64| -> Vec<u64> {
+        let script = sluice::store::allowance::RESERVE;
+        let [want, hits, held] = [want, hits, held].map(|n| n.to_string());
         redis
-            .cli(&["EVAL", script, "1", key, &want, "10", "60"])
+            .cli(&["EVAL", script, "1", key, &want, "10", "60", &hits, &held])
             .lines()
             .map(|l| l.trim().parse().unwrap())
             .collect()
     };
     let ttl = |key: &str| -> u64 { redis.cli(&["TTL", key]).parse().unwrap() };
-    assert_eq!(reserve("new_1200", 4), [4, 4]);
+    assert_eq!(reserve("new_1200", 4, 0, 0), [4, 4, 0]);
     assert!((50..=60).contains(&ttl("new_1200")), "the TTL it set");
-    assert_eq!(reserve("new_1200", 5), [5, 9]);
-    assert_eq!(reserve("new_1200", 5), [1, 10], "only what is left");
-    assert_eq!(reserve("new_1200", 3), [0, 10], "nothing past the limit");
+    assert_eq!(reserve("new_1200", 5, 0, 0), [5, 9, 0]);
+    assert_eq!(
+        reserve("new_1200", 5, 0, 0),
+        [1, 10, 0],
+        "only what is left"
+    );
+    assert_eq!(
+        reserve("new_1200", 3, 0, 0),
+        [0, 10, 0],
+        "nothing past the limit"
+    );
     assert_eq!(redis.cli(&["GET", "new_1200"]), "10");
     // A Go instance's key past the limit with its own TTL: nothing granted, nothing changed.
     redis.cli(&["SET", "go_1200", "12", "EX", "30"]);
-    assert_eq!(reserve("go_1200", 2), [0, 12]);
+    assert_eq!(reserve("go_1200", 2, 0, 0), [0, 12, 0]);
     assert!((20..=30).contains(&ttl("go_1200")), "the Go key's own TTL");
+    // A call of 3 whose batch held 2 of a count of 9 (the Go service's count: 7): it fits
+    // (7 + 3 = 10), granted 1, and with the 2 held the call has its 3.
+    redis.cli(&["SET", "call_1200", "9"]);
+    assert_eq!(reserve("call_1200", 3, 3, 2), [1, 10, 0]);
+    // A call of 4 with 1 held of 10 (9 counted): 13 passes the limit, so it is counted as
+    // refused (9 + 4), and the held hit given back.
+    assert_eq!(reserve("call_1200", 4, 4, 1), [0, 13, 1]);
+    assert_eq!(redis.cli(&["GET", "call_1200"]), "13");
 }
 
 #[tokio::test]
@@ -372,10 +433,10 @@ async fn with_allowances_a_key_gone_cold_gives_back_what_its_batch_still_holds()
     }
     let redis = Redis::start();
     let settings = RedisConfig {
-        allowance: Some(sluice::store::allowance::AllowanceTiming {
-            horizon_us: 50_000,
-            max_bytes: 1 << 20,
-        }),
+        allowance: Some(sluice::store::allowance::AllowanceTuning::new(
+            50_000,
+            1 << 20,
+        )),
         ..redis.settings(0)
     };
     let start = Timestamp::from_secs(1_200);

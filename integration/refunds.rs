@@ -37,6 +37,10 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window}
   - key: sliding_charged
     rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window, charge_refused: true}
+  - key: hot
+    rate_limit: {unit: hour, requests_per_unit: 50}
+  - key: hot_charged
+    rate_limit: {unit: hour, requests_per_unit: 50, charge_refused: true}
 ";
 
 /// A `sluice` process on free 127.0.0.1 ports with [`LIMITS`] and `env`, killed on drop.
@@ -210,17 +214,64 @@ fn refunds_on_redis_over_grpc_and_json() {
     every_scenario(&s);
     // The Go key, as the Go service would read it: the scenario ends with 4 hits (the 4th
     // counted) after a refund that left 0.
-    let hour = std::time::SystemTime::now()
+    let hour = this_hour();
+    assert_eq!(go_count(&redis, &format!("d_inflight_json_{hour}")), 4);
+}
+
+/// The start of this hour's window, as the Go service's keys name it.
+fn this_hour() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()
         / 3600
-        * 3600;
-    let count: u64 = redis
-        .cli(&["GET", &format!("d_inflight_json_{hour}")])
-        .parse()
+        * 3600
+}
+
+/// A Go key's count in `redis` (0 when missing).
+fn go_count(redis: &RedisServer, key: &str) -> u64 {
+    redis.cli(&["GET", key]).parse().unwrap_or(0)
+}
+
+/// SLUICE_REDIS_ALLOWANCE keeps the store's semantics (issue 48): the same scenarios, and on a
+/// hot key, decided from batches, the two recipes the allowances once broke. The refund recipe
+/// for requests in flight: a fixed window of 50 filled, 5 refunds, then 6 hits: 5 pass and the
+/// 6th is refused (the refunds were once ignored: all 6 refused). `charge_refused`: 60 hits on
+/// a limit of 50 leave 60 on the Go key (once 50: the refused charges were lost).
+#[test]
+fn refunds_on_redis_with_allowances_keep_the_recipes_on_a_hot_key() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = RedisServer::start_on(free_port());
+    let s = Sluice::start(&[
+        ("REDIS_SOCKET_TYPE", "tcp".into()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("SLUICE_REDIS_ALLOWANCE", "true".into()),
+    ]);
+    every_scenario(&s);
+    let rt = runtime();
+    let call = |key: &str, negative: bool| s.grpc(&rt, key, "v", negative, 1).ok;
+    let filled = (0..50).filter(|_| call("hot", false)).count();
+    assert_eq!(filled, 50);
+    for _ in 0..5 {
+        assert!(call("hot", true));
+    }
+    let after: Vec<bool> = (0..6).map(|_| call("hot", false)).collect();
+    assert_eq!(after, [true, true, true, true, true, false]);
+    let admitted = (0..60).filter(|_| call("hot_charged", false)).count();
+    assert_eq!(admitted, 50);
+    let hour = this_hour();
+    assert_eq!(go_count(&redis, &format!("d_hot_v_{hour}")), 51);
+    assert_eq!(go_count(&redis, &format!("d_hot_charged_v_{hour}")), 60);
+    // The hot key was decided from batches, not one INCRBY a call.
+    let (_, metrics) = support::http(s.debug, "GET", "/metrics", "").expect("metrics");
+    let local: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice_redis_allowance_local_calls_total "))
+        .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    assert_eq!(count, 4);
+    assert!(local >= 30, "{local} calls decided from batches");
 }
 
 /// A `memcached` on 127.0.0.1:`port`, killed on drop.

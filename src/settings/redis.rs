@@ -13,7 +13,7 @@ use super::tls::key_pair;
 use super::{SettingsError, invalid};
 use crate::app::Backend;
 use crate::secret::Secret;
-use crate::store::allowance::AllowanceTiming;
+use crate::store::allowance::AllowanceTuning;
 use crate::store::redis::{
     Credentials, RedisConfig, RedisTarget, RedisTls, RedisTopology, StartupBackoff,
     read_credentials,
@@ -469,9 +469,19 @@ impl RedisArgs {
     }
 
     /// SLUICE_REDIS_ALLOWANCE and its horizon and bound; `None` when off.
-    fn allowance(&self) -> Result<Option<AllowanceTiming>, SettingsError> {
+    fn allowance(&self) -> Result<Option<AllowanceTuning>, SettingsError> {
         if !self.redis_allowance {
             return Ok(None);
+        }
+        if self.stop_cache_key_increment_when_overlimit {
+            // The flag's rule (a refused request's other keys are not counted) needs every
+            // key's count before a request is decided; a batch decides without it.
+            return Err(invalid(
+                "SLUICE_REDIS_ALLOWANCE",
+                true,
+                "cannot be on with STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, whose rule needs \
+                 every key's count in Redis before a request is decided; turn one of them off",
+            ));
         }
         let ms = self.redis_allowance_horizon_ms;
         if !(10..=10_000).contains(&ms) {
@@ -486,10 +496,7 @@ impl RedisArgs {
             self.redis_allowance_max_bytes,
             MIB,
         )?;
-        Ok(Some(AllowanceTiming {
-            horizon_us: ms * 1_000,
-            max_bytes,
-        }))
+        Ok(Some(AllowanceTuning::new(ms * 1_000, max_bytes)))
     }
 
     /// SLUICE_LOCAL_CACHE_MAX_AGE_MS: at least a millisecond, at most a year (the longest
@@ -872,12 +879,15 @@ mod tests {
         let base = ["--backend-type", "redis", "--redis-url", "127.0.0.1:6379"];
         assert_eq!(redis_settings(&base).allowance, None);
         let on = redis_settings(&[&base[..], &["--redis-allowance"]].concat());
+        assert_eq!(on.allowance, Some(AllowanceTuning::new(100_000, 32 << 20)));
         assert_eq!(
-            on.allowance,
-            Some(AllowanceTiming {
-                horizon_us: 100_000,
-                max_bytes: 32 << 20,
-            })
+            redis_error(&[
+                "--redis-allowance",
+                "--stop-cache-key-increment-when-overlimit"
+            ]),
+            "SLUICE_REDIS_ALLOWANCE=true: cannot be on with \
+             STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT, whose rule needs every key's count in \
+             Redis before a request is decided; turn one of them off"
         );
         for (args, want) in [
             (

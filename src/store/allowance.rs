@@ -7,15 +7,27 @@
 //!
 //! - **Hot or cold**: a key's attempted rate is measured as the lease client measures it (the
 //!   hits asked for, admitted or not, averaged per sample); a key whose demand over
-//!   [`AllowanceTiming::horizon_us`] is at least [`HOT_HITS`] reserves, others go to Redis.
-//! - **Batches**: what the demand asks for over the horizon, at least the hits of the call.
+//!   [`AllowanceTuning::horizon_us`] is at least [`AllowanceTuning::hot_hits`] reserves, others
+//!   go to Redis.
+//! - **Batches**: what the demand asks for over the horizon, at least
+//!   [`AllowanceTuning::min_batch`] and the hits of the call.
 //! - **Ahead**: within a horizon of the window's end a hot key reserves its next window's
 //!   first batch, so a new window starts with hits in hand, not with every concurrent call
 //!   going to Redis while the first reservation is under way.
 //! - **No over-admission**: a batch is counted in Redis when it is reserved, so the key's count
 //!   never passes the limit through reservations, and a Go instance sharing the key sees the
-//!   reserved hits as used. Once Redis has nothing left for a window, the replica refuses
-//!   locally until the window ends.
+//!   reserved hits as used.
+//! - **The store's semantics kept** (issue 48): the key's count the Go service would hold is
+//!   Redis's count less the hits batches hold unused, and every answer is decided from that
+//!   count. A call a batch cannot cover once Redis has nothing left goes the store's own way
+//!   (INCRBY: refused, and counted as the Go service counts a refused hit, so a refund sent
+//!   for it gives back only what it took); a reservation made for a call that does not fit
+//!   counts the call's hits instead and gives back what the batch held. A refund through this
+//!   replica gives back its batch with the refund, and the key then goes the store's own way
+//!   until its window ends. `charge_refused` limits and the other algorithms never take
+//!   batches. So one replica answers exactly as without allowances (the store contract runs
+//!   with them on), and several differ only by the hits other replicas hold unused: refused
+//!   sooner, never admitted past the limit.
 //! - **Under-admission**: what a replica reserved and did not use by the window's end is lost to
 //!   the others; [`Allowances::give_back`] returns a cooled key's unused hits within the window
 //!   (`RedisStore::with_give_back`'s task, every horizon).
@@ -28,70 +40,120 @@ use crate::charged::{ChargedMap, lock};
 use crate::clock::Timestamp;
 use crate::limiter::{Algorithm, Decision, Quota};
 
-/// The reservation script: `KEYS[1]` the Go service's fixed-window key, `ARGV` the hits wanted
-/// (at least 1), the limit and the key's TTL. Adds at most what is left under the limit, and
-/// answers `{granted, count after}`. One command while there is room (`INCRBY`, and `EXPIRE`
-/// when it made the key), a second (`DECRBY`) to take back what passed the limit.
+/// The reservation script: `KEYS[1]` the Go service's fixed-window key; `ARGV` the hits wanted
+/// (at least 1), the limit, the key's TTL, the hits of the call it is made for (0 for a batch
+/// reserved in the background) and the hits that call's batch held unused (counted in the
+/// key already, and taken by the call). Adds at most what is left under the limit and answers
+/// `{granted, count after, refused}`. One command while there is room (`INCRBY`, and `EXPIRE`
+/// when it made the key), a second (`DECRBY`) to take back what passed the limit. A call that
+/// does not fit even with what its batch held (the count the Go service keeps, Redis's less
+/// the held hits, plus the call's, passes the limit) is counted as the Go service counts a
+/// refused call, its batch's held hits are given back, and nothing is granted (`refused` 1).
 pub const RESERVE: &str = r#"
 local want = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
+local hits = tonumber(ARGV[4])
+local held = tonumber(ARGV[5])
 local count = redis.call('INCRBY', KEYS[1], want)
 if count == want then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+local before = count - want
+if hits > 0 and math.max(before - held, 0) + hits > limit then
+  local after = math.max(before - held, 0) + hits
+  count = redis.call('DECRBY', KEYS[1], count - after)
+  return {0, count, 1}
 end
 local over = count - limit
 if over > 0 then
   local back = math.min(over, want)
   count = redis.call('DECRBY', KEYS[1], back)
-  return {want - back, count}
+  return {want - back, count, 0}
 end
-return {want, count}
+return {want, count, 0}
 "#;
 
-/// A key is hot when its demand over the horizon is at least this many hits.
+/// A key is hot when its demand over the horizon is at least this many hits, and a batch is at
+/// least this many (the defaults of [`AllowanceTuning::hot_hits`] and
+/// [`AllowanceTuning::min_batch`]).
 pub const HOT_HITS: u64 = 4;
 
 /// What a key in the table costs beside its key's bytes (`examples/lease_memory.rs` measures
 /// it, and fails past it).
 pub const RESERVED_CHARGE: usize = 256;
 
-/// How far ahead batches look, and the table's bound.
+/// How far ahead batches look, how big they are, and the table's bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AllowanceTiming {
+pub struct AllowanceTuning {
     /// A batch covers the demand over this long (µs); a new one is reserved once what is left
     /// covers less than half of it.
     pub horizon_us: u64,
     /// The memory the table may take, charged per key.
     pub max_bytes: usize,
+    /// A key is hot, and takes batches, once its demand over the horizon is at least this
+    /// many hits ([`HOT_HITS`]; 0: every fixed-window key from its first call, as the store
+    /// contract runs them).
+    pub hot_hits: u64,
+    /// The fewest hits a batch asks for ([`HOT_HITS`]).
+    pub min_batch: u64,
+}
+
+impl AllowanceTuning {
+    /// The defaults for a horizon and a bound.
+    pub const fn new(horizon_us: u64, max_bytes: usize) -> Self {
+        AllowanceTuning {
+            horizon_us,
+            max_bytes,
+            hot_hits: HOT_HITS,
+            min_batch: HOT_HITS,
+        }
+    }
 }
 
 /// A reservation to make: `want` hits of the key's window `window` (this one, or the next one
-/// ahead).
+/// ahead); for a call's reservation, its `hits` and the unused hits its batch `held`, which
+/// the call took (0 and 0 for a batch reserved in the background).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refill {
     pub window: u64,
     pub want: u64,
     pub ahead: bool,
+    pub hits: u64,
+    pub held: u64,
 }
 
 /// What this replica does with one call's hits on a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// Decided from the batch held (or refused: Redis has nothing left in the window), with
-    /// what to reserve now in the background: more of this window when the batch covers less
-    /// than half the horizon of the key's demand, or the next window's first batch within a
-    /// horizon of this one's end (marked under way, answered by [`Allowances::reserved`] or
-    /// [`Allowances::failed`]).
+    /// Decided from the batch held, with what to reserve now in the background: more of this
+    /// window when the batch covers less than half the horizon of the key's demand, or the
+    /// next window's first batch within a horizon of this one's end (marked under way,
+    /// answered by [`Allowances::reserved`] or [`Allowances::failed`]).
     Local {
         decision: Decision,
         refill: Option<Refill>,
     },
-    /// Reserve with [`RESERVE`] now (in this window), then [`Allowances::reserved`] and decide
-    /// again.
+    /// Reserve with [`RESERVE`] now (in this window), then decide from
+    /// [`Allowances::reserved`]'s answer.
     Reserve(Refill),
-    /// The store's own path: a cold key or the table full, or (`dry`) the key's batch empty
-    /// while a reservation is under way.
-    Remote { dry: bool },
+    /// The store's own path (INCRBY): a cold key, the table full, a batch Redis has nothing
+    /// left for, a key refunded in this window, or another algorithm. `held`: this replica's
+    /// unused hits of the key, counted in Redis, which [`Allowances::remote`] takes off the
+    /// count Redis answers. `ahead`: the next window's first batch to reserve in the
+    /// background, as [`Route::Local`]'s refill.
+    Remote { held: u64, ahead: Option<Refill> },
+    /// The batch is empty while another call's reservation is under way: wait for it
+    /// ([`Allowances::landed`]) and route again, or after a while go the store's own way
+    /// ([`Allowances::route`] with `may_wait` false).
+    Wait,
+}
+
+impl Route {
+    /// The store's own path, with nothing held.
+    const STORE: Route = Route::Remote {
+        held: 0,
+        ahead: None,
+    };
 }
 
 /// One key's batch in its window.
@@ -102,10 +164,12 @@ struct Batch {
     /// Hits reserved in the window, and used of them.
     reserved: u64,
     used: u64,
-    /// The key's count in Redis after the last reservation.
+    /// The key's count in Redis as last seen (after a reservation, a refund or an INCRBY).
     count: u64,
     /// Redis had less left than asked: nothing more in this window.
     exhausted: bool,
+    /// A refund came through this replica in this window: the store's own path until it ends.
+    refunded: bool,
     /// A reservation of this window is under way until then (µs; 0: none). Bounded in time,
     /// so one whose answer never comes (a call cancelled while it waited) is given up.
     reserving_until_us: u64,
@@ -130,24 +194,27 @@ struct Ahead {
 /// The keys this replica holds batches of.
 pub struct Allowances {
     keys: ChargedMap<Batch>,
-    timing: AllowanceTiming,
+    tuning: AllowanceTuning,
     stats: AllowanceStats,
+    /// Woken whenever a reservation is answered or given up, for the calls that wait.
+    landed: tokio::sync::Notify,
 }
 
 /// What the table did, for `/metrics` (`sluice_redis_allowance_*`).
 #[derive(Debug, Default)]
 struct AllowanceStats {
-    /// Calls decided from a batch (admitted or refused).
+    /// Calls decided from a batch (admitted).
     local: AtomicU64,
-    /// Calls that took Redis's own path: the key cold (or the table full), or its batch empty
-    /// while a reservation was under way (dry).
+    /// Calls that took Redis's own path: the key cold (or the table full, refunded, or its
+    /// batch spent for the window), or its batch empty while a reservation was under way
+    /// (dry: the call waited for it first).
     cold: AtomicU64,
     dry: AtomicU64,
     /// Reservations in a call's pipeline (a batch needed now), and in the background (a
     /// refill, or the next window's first batch ahead).
     reserved_now: AtomicU64,
     refills: AtomicU64,
-    /// Hits given back by keys gone cold, and keys forgotten once idle.
+    /// Hits given back by keys gone cold or refunded, and keys forgotten once idle.
     given_back: AtomicU64,
     forgotten: AtomicU64,
 }
@@ -160,11 +227,12 @@ const UNDER_WAY_US: u64 = 2_000_000;
 const MIN_SAMPLE_US: u64 = 10_000;
 
 impl Allowances {
-    pub fn new(timing: AllowanceTiming) -> Self {
+    pub fn new(tuning: AllowanceTuning) -> Self {
         Allowances {
-            keys: ChargedMap::new(RESERVED_CHARGE, timing.max_bytes),
-            timing,
+            keys: ChargedMap::new(RESERVED_CHARGE, tuning.max_bytes),
+            tuning,
             stats: AllowanceStats::default(),
+            landed: tokio::sync::Notify::new(),
         }
     }
 
@@ -187,23 +255,36 @@ impl Allowances {
         ]
     }
 
-    /// `route` with its outcome counted.
-    pub fn route(&self, hit: &Hit<'_>, now: Timestamp) -> Route {
-        let route = self.decide(hit, now);
+    /// How `hit` is decided at `now`, counted. A call that may not wait is never told to
+    /// ([`Route::Wait`] becomes the store's own path).
+    pub fn route(&self, hit: &Hit<'_>, now: Timestamp, may_wait: bool) -> Route {
+        let route = self.decide(hit, now, may_wait);
         let s = &self.stats;
         let counter = match route {
-            Route::Local { refill, .. } => {
+            Route::Local { refill, .. } | Route::Remote { ahead: refill, .. } => {
                 if refill.is_some() {
                     s.refills.fetch_add(1, Ordering::Relaxed);
                 }
-                &s.local
+                if matches!(route, Route::Local { .. }) {
+                    &s.local
+                } else if may_wait {
+                    &s.cold
+                } else {
+                    &s.dry
+                }
             }
             Route::Reserve(_) => &s.reserved_now,
-            Route::Remote { dry: true } => &s.dry,
-            Route::Remote { dry: false } => &s.cold,
+            // Counted once the wait ends, as dry or not.
+            Route::Wait => return route,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         route
+    }
+
+    /// Resolves when a reservation is answered or given up; [`tokio::sync::Notified::enable`]
+    /// it before routing, so an answer that lands in between is not missed.
+    pub fn landed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.landed.notified()
     }
 
     pub fn len(&self) -> usize {
@@ -218,22 +299,22 @@ impl Allowances {
         self.keys.bytes()
     }
 
-    pub fn timing(&self) -> &AllowanceTiming {
-        &self.timing
+    pub fn tuning(&self) -> &AllowanceTuning {
+        &self.tuning
     }
 
     /// How `hit` is decided at `now`.
-    fn decide(&self, hit: &Hit<'_>, now: Timestamp) -> Route {
+    fn decide(&self, hit: &Hit<'_>, now: Timestamp, may_wait: bool) -> Route {
         let (key, quota, hits) = (hit.key, &hit.quota, hit.hits);
-        if quota.algorithm != Algorithm::FixedWindow {
-            return Route::Remote { dry: false };
+        if !batched(quota) {
+            return Route::STORE;
         }
         let (window, now_us) = (window_of(hit, now), now.micros());
         let Some(entry) = self
             .keys
             .get_or_insert(key, || Batch::new(*quota, window, now_us))
         else {
-            return Route::Remote { dry: false };
+            return Route::STORE;
         };
         let mut b = lock(&entry);
         if b.quota != *quota {
@@ -242,53 +323,89 @@ impl Allowances {
         // A call from a window the batch has left (it waited, and another call turned the
         // window) is Redis's to decide, on that window's key.
         if window < b.window {
-            return Route::Remote { dry: false };
+            return Route::STORE;
         }
         b.roll(window);
         b.sample(now_us, hits);
-        let limit = u64::from(quota.requests_per_unit);
-        let left = b.reserved - b.used;
+        let left = b.left();
+        // A peek is decided from the count last seen, once there is one.
+        if b.refunded || (hits == 0 && b.reserved == 0) {
+            return Route::Remote {
+                held: left,
+                ahead: None,
+            };
+        }
         if left >= hits {
             b.used += hits;
-            // What the key counts without this replica's unused hits, and this call's.
-            let decision = counted(hit, now, b.count - left + hits);
-            let refill = b.refill(now_us, self.timing.horizon_us);
+            let decision = counted(hit, now, b.count.saturating_sub(left) + hits);
+            let refill = b.refill(now_us, &self.tuning);
             return Route::Local { decision, refill };
         }
         if b.exhausted {
-            let decision = counted(hit, now, b.count.max(limit) + hits);
-            // Refused until the window ends, but the next one's batch is still reserved ahead.
-            let refill = b.refill(now_us, self.timing.horizon_us);
-            return Route::Local { decision, refill };
+            // Redis has nothing left for the window: refused there, and counted as the Go
+            // service counts it; the next window's batch is still reserved ahead.
+            let ahead = b.refill(now_us, &self.tuning);
+            return Route::Remote { held: left, ahead };
         }
         if b.reserving(now_us) {
-            return Route::Remote { dry: true };
+            return match may_wait {
+                true => Route::Wait,
+                false => Route::Remote {
+                    held: left,
+                    ahead: None,
+                },
+            };
         }
-        let want = b.need(self.timing.horizon_us).max(hits);
-        if b.need(self.timing.horizon_us) < HOT_HITS {
-            return Route::Remote { dry: false };
+        let need = b.need(self.tuning.horizon_us);
+        if need < self.tuning.hot_hits {
+            return Route::Remote {
+                held: left,
+                ahead: None,
+            };
         }
         b.mark_reserving(now_us);
+        // The call takes what the batch holds, and asks Redis for the rest.
+        b.used += left;
         Route::Reserve(Refill {
             window,
-            want,
+            want: need.max(self.tuning.min_batch).max(hits),
             ahead: false,
+            hits,
+            held: left,
         })
     }
 
-    /// Redis granted `granted` of `r.want` for `key` in `r.window`, leaving its count at
-    /// `count`. A batch reserved ahead is taken up when its window starts (or at once, when
-    /// the window started while it was under way).
-    pub fn reserved(&self, key: &str, r: Refill, granted: u64, count: u64) {
-        if let Some(entry) = self.keys.get(key) {
+    /// Redis answered `r` for `hit`'s key: `granted` of `r.want`, the key's count then
+    /// `count`, and whether the call it was made for was `refused` (counted, and what its
+    /// batch held given back). A batch reserved ahead is taken up when its window starts (or
+    /// at once, when the window started while it was under way). For a call's reservation,
+    /// the call's decision: admitted from what its batch held and what was granted, the rest
+    /// left in the batch; or refused.
+    pub fn reserved(
+        &self,
+        hit: &Hit<'_>,
+        now: Timestamp,
+        r: Refill,
+        (granted, count, refused): (u64, u64, bool),
+    ) -> Decision {
+        let spare = (r.held + granted).saturating_sub(r.hits);
+        if let Some(entry) = self.keys.get(hit.key) {
             let mut b = lock(&entry);
             if !r.ahead {
                 b.reserving_until_us = 0;
             }
-            let exhausted = granted < r.want;
+            let exhausted = refused || granted < r.want;
             if b.window == r.window {
-                b.reserved += granted;
-                b.count = b.count.max(count);
+                if refused {
+                    // Redis gave back what the call had taken of the batch.
+                    b.reserved = b.reserved.saturating_sub(r.held);
+                    b.used = b.used.saturating_sub(r.held);
+                } else {
+                    b.reserved += granted;
+                    // The call took `held` when it was routed; it used `hits`.
+                    b.used = b.used.saturating_sub(r.held) + r.hits;
+                }
+                b.count = count;
                 b.exhausted = exhausted;
             } else if b.window + 1 == r.window {
                 b.ahead = Ahead {
@@ -298,34 +415,88 @@ impl Allowances {
                 };
             }
         }
+        self.landed.notify_waiters();
+        // What the Go service would count: Redis's less what this call left unused.
+        counted(hit, now, count.saturating_sub(spare))
     }
 
     /// A reservation failed: the key goes the store's own way until the next one (a batch
-    /// ahead that failed is reserved when its window starts instead).
+    /// ahead that failed is reserved when its window starts instead). What a call's
+    /// reservation took of its batch stays taken: Redis may have counted the call and given
+    /// it back, so using it again could pass the limit.
     pub fn failed(&self, key: &str, r: Refill) {
         if let Some(entry) = self.keys.get(key)
             && !r.ahead
         {
             lock(&entry).reserving_until_us = 0;
         }
+        self.landed.notify_waiters();
     }
 
-    /// The unused hits of keys gone cold at `now` (their demand below [`HOT_HITS`] over the
-    /// horizon), taken off their batches: what to give back to Redis (DECRBY on the key of
-    /// that window), so the other replicas can use them. Keys with no demand left and nothing
-    /// held or under way are forgotten, so the table holds the keys in use, not every key
-    /// ever seen (a cold key's entry lives about a horizon).
+    /// The decision for `hit` sent the store's own way with `held` of its batch unused, from
+    /// the count Redis answered: the count the Go service would hold is Redis's less `held`.
+    pub fn remote(&self, hit: &Hit<'_>, now: Timestamp, held: u64, count: u64) -> Decision {
+        self.seen(hit, now, count);
+        counted(hit, now, count.saturating_sub(held))
+    }
+
+    /// A refund of `hit` through this replica: what its batch holds unused in the refund's
+    /// window, taken off it to be given back with the refund (so Redis's count is the Go
+    /// service's again); the key then goes the store's own way until the window ends.
+    pub fn refund(&self, hit: &Hit<'_>, now: Timestamp) -> u64 {
+        if !batched(&hit.quota) {
+            return 0;
+        }
+        let Some(entry) = self.keys.get(hit.key) else {
+            return 0;
+        };
+        let mut b = lock(&entry);
+        let window = window_of(hit, now);
+        if window < b.window || b.quota != hit.quota {
+            return 0;
+        }
+        b.roll(window);
+        b.refunded = true;
+        let left = b.left();
+        b.reserved = b.used;
+        self.stats.given_back.fetch_add(left, Ordering::Relaxed);
+        left
+    }
+
+    /// The counter admin reset `key`: what its batch held is gone with Redis's key.
+    pub fn forget(&self, key: &str) {
+        if self.keys.remove_if(key, |_| true) {
+            self.stats.forgotten.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Redis answered `count` for `hit`'s key in its window (the store's own path).
+    fn seen(&self, hit: &Hit<'_>, now: Timestamp, count: u64) {
+        if let Some(entry) = self.keys.get(hit.key) {
+            let mut b = lock(&entry);
+            if b.window == window_of(hit, now) && b.quota == hit.quota {
+                b.count = count;
+            }
+        }
+    }
+
+    /// The unused hits of keys gone cold at `now` (their demand below
+    /// [`AllowanceTuning::hot_hits`] over the horizon) or refunded, taken off their batches:
+    /// what to give back to Redis (DECRBY on the key of that window), so the other replicas
+    /// can use them. Keys with no demand left and nothing held or under way are forgotten, so
+    /// the table holds the keys in use, not every key ever seen (a cold key's entry lives
+    /// about a horizon).
     pub fn give_back(&self, now: Timestamp) -> Vec<(Box<str>, Quota, u64)> {
-        let horizon_us = self.timing.horizon_us;
+        let horizon_us = self.tuning.horizon_us;
         let (mut back, mut idle) = (Vec::new(), Vec::new());
         for e in self.keys.iter() {
             let mut b = lock(e.value());
             let window = now.secs() / b.quota.window().secs();
             b.roll(window);
             b.sample(now.micros(), 0);
-            let left = b.reserved - b.used;
-            let reserving = b.reserving(now.micros());
-            if !reserving && left > 0 && b.need(horizon_us) < HOT_HITS {
+            let left = b.left();
+            let cold = b.need(horizon_us) < self.tuning.hot_hits.max(1) || b.refunded;
+            if !b.reserving(now.micros()) && left > 0 && cold {
                 b.reserved = b.used;
                 self.stats.given_back.fetch_add(left, Ordering::Relaxed);
                 back.push((e.key().clone(), b.quota, left));
@@ -346,6 +517,12 @@ impl Allowances {
     }
 }
 
+/// Whether `quota`'s counter may be decided from batches: a fixed window that does not count
+/// refused hits past the Go service's rule (`charge_refused` limits take the store's own way).
+fn batched(quota: &Quota) -> bool {
+    quota.algorithm == Algorithm::FixedWindow && !quota.charge_refused
+}
+
 impl Batch {
     fn new(quota: Quota, window: u64, now_us: u64) -> Self {
         Batch {
@@ -355,6 +532,7 @@ impl Batch {
             used: 0,
             count: 0,
             exhausted: false,
+            refunded: false,
             reserving_until_us: 0,
             ahead: Ahead::default(),
             ahead_asked: false,
@@ -362,6 +540,11 @@ impl Batch {
             sampled_us: now_us,
             demand_milli: 0,
         }
+    }
+
+    /// The hits reserved and not used.
+    fn left(&self) -> u64 {
+        self.reserved - self.used
     }
 
     /// Moves on to `window` (never back): a new window starts with what was reserved ahead
@@ -378,6 +561,7 @@ impl Batch {
             self.used = 0;
             self.count = ahead.count;
             self.exhausted = ahead.exhausted;
+            self.refunded = false;
             self.ahead = Ahead::default();
             self.ahead_asked = false;
         }
@@ -398,31 +582,35 @@ impl Batch {
     }
 
     /// The reservation to make now, marked under way: more of this window when what is left
-    /// covers less than half `horizon_us` of the demand, else the next window's first batch
+    /// covers less than half the horizon of the demand, else the next window's first batch
     /// (the demand over the horizon) once this window ends within the horizon.
-    fn refill(&mut self, now_us: u64, horizon_us: u64) -> Option<Refill> {
-        let need = self.need(horizon_us);
-        if need < HOT_HITS {
+    fn refill(&mut self, now_us: u64, tuning: &AllowanceTuning) -> Option<Refill> {
+        let need = self.need(tuning.horizon_us);
+        if need == 0 || need < tuning.hot_hits {
             return None;
         }
-        let left = self.reserved - self.used;
+        let left = self.left();
         if !self.reserving(now_us) && !self.exhausted && left * 2 < need {
             self.mark_reserving(now_us);
             return Some(Refill {
                 window: self.window,
-                want: need - left,
+                want: (need - left).max(tuning.min_batch),
                 ahead: false,
+                hits: 0,
+                held: 0,
             });
         }
         let ends_us = (self.window + 1).saturating_mul(self.quota.window().secs() * 1_000_000);
-        if self.ahead_asked || ends_us.saturating_sub(now_us) > horizon_us {
+        if self.ahead_asked || ends_us.saturating_sub(now_us) > tuning.horizon_us {
             return None;
         }
         self.ahead_asked = true;
         Some(Refill {
             window: self.window + 1,
-            want: need,
+            want: need.max(tuning.min_batch),
             ahead: true,
+            hits: 0,
+            held: 0,
         })
     }
 

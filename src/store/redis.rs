@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::allowance::{AllowanceTiming, Allowances, RESERVE, Refill, Route};
+use super::allowance::{AllowanceTuning, Allowances, RESERVE, Refill, Route};
 use super::breaker::Readiness;
 use super::go_fixed::{self, Jitter, OverLimitCache};
 use super::redis_target::{Target, TargetOptions, run_within};
@@ -259,7 +259,7 @@ pub struct RedisConfig {
     pub local_cache_max_age: Duration,
     pub stop_cache_key_increment_when_overlimit: bool,
     /// SLUICE_REDIS_ALLOWANCE: batches of hot fixed-window keys reserved ([`super::allowance`]).
-    pub allowance: Option<AllowanceTiming>,
+    pub allowance: Option<AllowanceTuning>,
     /// REDIS_STARTUP_*: how the start-up PING is retried.
     pub startup: StartupBackoff,
     /// SLUICE_REDIS_PROBE_INTERVAL_MS, SLUICE_REDIS_BREAKER_TIMEOUTS and
@@ -328,7 +328,13 @@ impl RedisStore {
                 settings.local_cache_max_age,
             ),
             jitter: Jitter::new(settings.expiration_jitter_max_seconds),
-            allowances: settings.allowance.map(|t| Arc::new(Allowances::new(t))),
+            // The STOP flag's rule needs every key's count before a request is decided, which
+            // a batch does not have: settings refuse the two together, and a store built
+            // with both keeps the flag.
+            allowances: settings
+                .allowance
+                .filter(|_| !settings.stop_cache_key_increment_when_overlimit)
+                .map(|t| Arc::new(Allowances::new(t))),
             tasks,
             options,
         })
@@ -342,7 +348,7 @@ impl RedisStore {
         let Some(a) = self.allowances.clone() else {
             return self;
         };
-        let every = Duration::from_micros(a.timing().horizon_us);
+        let every = Duration::from_micros(a.tuning().horizon_us);
         let (main, per_second, timeout) =
             (self.main.clone(), self.per_second.clone(), self.timeout);
         self.tasks.push(tokio::spawn(async move {
@@ -542,27 +548,127 @@ impl RedisStore {
         hits: &[Hit<'_>],
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
+        if let Some(a) = &self.allowances {
+            return self.apply_with_allowances(a, now, hits, out).await;
+        }
         let mut decisions = go_fixed::cached_decisions(self.local_cache.as_ref(), now, hits);
         // What the cache answered is not remembered again: an entry is trusted for its age
-        // from when Redis found the key over, not from when the cache last answered. Nor is
-        // what a batch answered (its refusals are this replica's, not Redis's count).
-        let (reserve, refills) = self.route_allowances(now, hits, &mut decisions);
-        // In the background at once: whatever becomes of this call, a reservation marked
-        // under way is made (or fails), so none stays marked.
-        self.refill(now, hits, &refills);
-        let mut refills = Vec::new();
-        let reserve_of = |i: usize| reserve.get(i).copied().flatten();
+        // from when Redis found the key over, not from when the cache last answered.
         let cached: Vec<bool> = decisions.iter().map(Option::is_some).collect();
         let increment = self.increments(now, hits, &decisions).await?;
         decide_without_state(now, hits, &mut decisions);
         // One pipeline per Redis (per key on a cluster), all concurrently.
-        let groups = self.pipelines(hits, &decisions);
+        let groups = self.pipelines(
+            hits.iter()
+                .enumerate()
+                .filter(|(i, _)| decisions[*i].is_none()),
+        );
         let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
             let mut pipe = redis::pipe();
             for &i in idx {
-                match reserve_of(i) {
-                    Some(r) => self.push_reserve(&mut pipe, &hits[i], now, r),
-                    None => self.push(&mut pipe, &hits[i], now, increment[i]),
+                self.push(&mut pipe, &hits[i], now, increment[i]);
+            }
+            async move { self.run(target, &pipe).await }
+        }))
+        .await;
+        for ((_, idx), reply) in groups.iter().zip(replies) {
+            let reply = checked_len(reply, idx.len())?;
+            for (&i, value) in idx.iter().zip(&reply) {
+                decisions[i] = Some(Self::decide(&hits[i], now, value)?);
+            }
+        }
+        self.answer(now, hits, (&decisions, &cached), out)
+    }
+
+    /// SLUICE_REDIS_ALLOWANCE: each hit goes to its batch ([`Allowances::route`]), in rounds:
+    /// what the batches decide is answered at once, the reservations and the store's own
+    /// commands go in one pipeline per Redis, and a hit whose key already has one in the
+    /// round (a key repeated in the request), or whose batch waits for another call's
+    /// reservation, is routed again in the next round. A call waits for others' reservations
+    /// at most REDIS_TIMEOUT, then goes the store's own way. (The STOP flag is never on with
+    /// allowances: `RedisStore::start`.)
+    async fn apply_with_allowances(
+        &self,
+        a: &Arc<Allowances>,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        let mut decisions = go_fixed::cached_decisions(self.local_cache.as_ref(), now, hits);
+        let cached: Vec<bool> = decisions.iter().map(Option::is_some).collect();
+        decide_without_state(now, hits, &mut decisions);
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        while decisions.iter().any(Option::is_none) {
+            let landed = a.landed();
+            tokio::pin!(landed);
+            landed.as_mut().enable();
+            let may_wait = tokio::time::Instant::now() < deadline;
+            let ops = self.route_round(a, now, hits, &mut decisions, may_wait);
+            if ops.is_empty() {
+                if decisions.iter().any(Option::is_none) {
+                    let _ = tokio::time::timeout_at(deadline, landed).await;
+                }
+                continue;
+            }
+            self.send_round(a, now, hits, &ops, &mut decisions).await?;
+        }
+        self.answer(now, hits, (&decisions, &cached), out)
+    }
+
+    /// One round's routing: the hits the batches decide (their refills sent in the
+    /// background), and the operations to send for the others, one per key.
+    fn route_round(
+        &self,
+        a: &Arc<Allowances>,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        decisions: &mut [Option<Decision>],
+        may_wait: bool,
+    ) -> Vec<(usize, Op)> {
+        let mut ops: Vec<(usize, Op)> = Vec::new();
+        let mut refills = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            if decisions[i].is_some() || ops.iter().any(|&(j, _)| hits[j].key == hit.key) {
+                continue;
+            }
+            match a.route(hit, now, may_wait) {
+                Route::Local { decision, refill } => {
+                    decisions[i] = Some(decision);
+                    refills.extend(refill.map(|r| (i, r)));
+                }
+                Route::Reserve(r) => ops.push((i, Op::Reserve(r))),
+                Route::Remote { held, ahead } => {
+                    ops.push((i, Op::Store { held }));
+                    refills.extend(ahead.map(|r| (i, r)));
+                }
+                Route::Wait => {}
+            }
+        }
+        // In the background at once: whatever becomes of this call, a reservation marked
+        // under way is made (or fails), so none stays marked.
+        self.refill(now, hits, &refills);
+        ops
+    }
+
+    /// Sends one round's operations, one pipeline per Redis (per key on a cluster), all
+    /// concurrently, and decides their hits. A reservation that got no answer is given up.
+    async fn send_round(
+        &self,
+        a: &Arc<Allowances>,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        ops: &[(usize, Op)],
+        decisions: &mut [Option<Decision>],
+    ) -> Result<(), StoreError> {
+        let mut pending = Reservations::new(a, hits, ops);
+        let groups = self.pipelines(ops.iter().enumerate().map(|(k, &(i, _))| (k, &hits[i])));
+        let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
+            let mut pipe = redis::pipe();
+            for &k in idx {
+                let (i, op) = ops[k];
+                match op {
+                    Op::Reserve(r) => self.push_reserve(&mut pipe, &hits[i], now, r),
+                    Op::Store { .. } => self.push(&mut pipe, &hits[i], now, true),
                 }
             }
             async move { self.run(target, &pipe).await }
@@ -570,73 +676,39 @@ impl RedisStore {
         .await;
         let mut failed = None;
         for ((_, idx), reply) in groups.iter().zip(replies) {
-            let reply = match reply {
-                Ok(r) if r.len() == idx.len() => Ok(r),
-                Ok(r) => Err(StoreError::BadReply {
-                    expected: idx.len(),
-                    got: r.len(),
-                }),
-                Err(e) => Err(e),
-            };
-            let decided = reply.and_then(|reply| {
-                for (&i, value) in idx.iter().zip(&reply) {
-                    decisions[i] = Some(match reserve_of(i) {
-                        Some(r) => {
-                            let (d, refill) = self.reserved(&hits[i], now, r, value)?;
-                            refills.extend(refill.map(|r| (i, r)));
-                            d
-                        }
-                        None => Self::decide(&hits[i], now, value)?,
-                    });
+            let decided = checked_len(reply, idx.len()).and_then(|reply| {
+                for (&k, value) in idx.iter().zip(&reply) {
+                    let (i, op) = ops[k];
+                    decisions[i] = Some(self.decide_op(a, &hits[i], now, op, value)?);
+                    pending.answered(k);
                 }
                 Ok(())
             });
             failed = failed.or(decided.err());
         }
-        self.refill(now, hits, &refills);
-        if let Some(e) = failed {
-            // A reservation that got no answer is no longer under way.
-            if let Some(a) = &self.allowances {
-                for (i, hit) in hits.iter().enumerate() {
-                    if let (Some(r), None) = (reserve_of(i), decisions[i]) {
-                        a.failed(hit.key, r);
-                    }
-                }
-            }
-            return Err(e);
-        }
-        self.answer(now, hits, (&decisions, &cached), out)
+        failed.map_or(Ok(()), Err)
     }
 
-    /// SLUICE_REDIS_ALLOWANCE: each hit not yet decided goes to its batch, which decides it
-    /// (into `decisions`, with the refill its batch then needs: (hit, hits)) or asks for a
-    /// reservation now (the hits wanted, per hit; empty without allowances); cold keys stay
-    /// undecided, for the store's own path.
-    fn route_allowances(
+    /// One operation's reply turned into its hit's decision.
+    fn decide_op(
         &self,
+        a: &Allowances,
+        hit: &Hit<'_>,
         now: Timestamp,
-        hits: &[Hit<'_>],
-        decisions: &mut [Option<Decision>],
-    ) -> (Vec<Option<Refill>>, Vec<(usize, Refill)>) {
-        let (mut reserve, mut refills) = (Vec::new(), Vec::new());
-        let Some(a) = &self.allowances else {
-            return (reserve, refills);
-        };
-        reserve.resize(hits.len(), None);
-        for (i, hit) in hits.iter().enumerate() {
-            if decisions[i].is_some() {
-                continue;
+        op: Op,
+        reply: &Value,
+    ) -> Result<Decision, StoreError> {
+        Ok(match op {
+            Op::Reserve(r) => a.reserved(hit, now, r, reserve_reply(reply)?),
+            Op::Store { held } if hit.quota.algorithm == Algorithm::FixedWindow => {
+                let count = match reply {
+                    Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+                    _ => return Err(backend_error(format!("unexpected Redis reply {reply:?}"))),
+                };
+                a.remote(hit, now, held, count)
             }
-            match a.route(hit, now) {
-                Route::Local { decision, refill } => {
-                    decisions[i] = Some(decision);
-                    refills.extend(refill.map(|r| (i, r)));
-                }
-                Route::Reserve(r) => reserve[i] = Some(r),
-                Route::Remote { .. } => {}
-            }
-        }
-        (reserve, refills)
+            Op::Store { .. } => Self::decide(hit, now, reply)?,
+        })
     }
 
     /// Adds the [`RESERVE`] call for `r.want` hits of `hit`'s fixed-window key in window
@@ -653,45 +725,13 @@ impl RedisStore {
             .arg(&key)
             .arg(r.want)
             .arg(q.requests_per_unit)
-            .arg(self.jitter.ttl_secs(&key, q.window(), now) + early);
+            .arg(self.jitter.ttl_secs(&key, q.window(), now) + early)
+            .arg(r.hits)
+            .arg(r.held);
     }
 
-    /// A reservation's reply (`{granted, count}`) applied to `hit`'s batch, and the hit then
-    /// decided from it, with the refill the batch asks for.
-    fn reserved(
-        &self,
-        hit: &Hit<'_>,
-        now: Timestamp,
-        r: Refill,
-        reply: &Value,
-    ) -> Result<(Decision, Option<Refill>), StoreError> {
-        let (granted, count) = reserve_reply(reply)?;
-        let Some(a) = &self.allowances else {
-            return Ok((go_fixed::counted(hit, now, count + hit.hits), None));
-        };
-        a.reserved(hit.key, r, granted, count);
-        Ok(match a.route(hit, now) {
-            Route::Local { decision, refill } => (decision, refill),
-            // The window turned meanwhile, or other calls took the batch: this call is decided
-            // from its own reservation (admitted when it got its hits; what else it got is
-            // left unused, never over), and a reservation the batch asked for again is not
-            // under way.
-            other => {
-                if let Route::Reserve(again) = other {
-                    a.failed(hit.key, again);
-                }
-                let after = if granted >= hit.hits {
-                    count - granted + hit.hits
-                } else {
-                    count.max(u64::from(hit.quota.requests_per_unit)) + hit.hits
-                };
-                (go_fixed::counted(hit, now, after), None)
-            }
-        })
-    }
-
-    /// After the decisions: the batches that ran low are reserved again in the background,
-    /// one pipeline per Redis, so the next calls need no round trip.
+    /// The batches that ran low are reserved again in the background, one call each, so the
+    /// next calls need no round trip.
     fn refill(&self, now: Timestamp, hits: &[Hit<'_>], refills: &[(usize, Refill)]) {
         let Some(a) = &self.allowances else {
             return;
@@ -705,7 +745,7 @@ impl RedisStore {
                 self.target_for(hit.quota.unit).clone(),
                 self.timeout,
             );
-            let key = hit.key.to_owned();
+            let (key, quota) = (hit.key.to_owned(), hit.quota);
             tokio::spawn(async move {
                 let reply = run_within(&target, &pipe, timeout, SCRIPTS).await;
                 match reply
@@ -714,7 +754,14 @@ impl RedisStore {
                     .and_then(|r| r.first())
                     .map(reserve_reply)
                 {
-                    Some(Ok((granted, count))) => a.reserved(&key, r, granted, count),
+                    Some(Ok(answer)) => {
+                        let hit = Hit {
+                            key: &key,
+                            quota,
+                            hits: 0,
+                        };
+                        a.reserved(&hit, now, r, answer);
+                    }
                     _ => a.failed(&key, r),
                 }
             });
@@ -736,17 +783,14 @@ impl RedisStore {
         Ok(go_fixed::increments_from_counts(hits, &counts))
     }
 
-    /// The hits still to send, grouped by the Redis they go to; on a cluster, one per key.
-    fn pipelines(
+    /// The items to send (an index, and the hit it sends), their indices grouped by the
+    /// Redis they go to; on a cluster, one per key.
+    fn pipelines<'h>(
         &self,
-        hits: &[Hit<'_>],
-        decisions: &[Option<Decision>],
+        items: impl Iterator<Item = (usize, &'h Hit<'h>)>,
     ) -> Vec<(&Arc<Target>, Vec<usize>)> {
         let mut groups: Vec<(&Arc<Target>, Vec<usize>)> = Vec::new();
-        for (i, hit) in hits.iter().enumerate() {
-            if decisions[i].is_some() {
-                continue;
-            }
+        for (i, hit) in items {
             let target = self.target_for(hit.quota.unit);
             let cluster = target.is_cluster();
             match groups
@@ -820,6 +864,9 @@ impl RedisStore {
             if let Some(cache) = &self.local_cache {
                 cache.forget(&key);
             }
+            if let Some(a) = &self.allowances {
+                a.forget(hit.key);
+            }
             let mut pipe = redis::pipe();
             pipe.cmd("DEL").arg(&key);
             self.run(self.target_for(q.unit), &pipe).await?;
@@ -829,7 +876,8 @@ impl RedisStore {
 
     /// Takes each hit's `hits` off its counter and answers a peek at what is left: one
     /// pipeline per Redis (per key on a cluster), all concurrently, as a charge. A refunded
-    /// fixed-window key is forgotten by the local over-limit cache at once.
+    /// fixed-window key is forgotten by the local over-limit cache at once; with allowances,
+    /// what its batch holds unused is given back with the refund ([`Allowances::refund`]).
     async fn refund_now(
         &self,
         now: Timestamp,
@@ -845,23 +893,31 @@ impl RedisStore {
                     .then(|| bucket::decide(bucket::EMPTY, now.micros(), q, 0).0)
             })
             .collect();
-        let groups = self.pipelines(hits, &decisions);
+        let back: Vec<Hit<'_>> = hits
+            .iter()
+            .map(|h| match &self.allowances {
+                Some(a) => Hit {
+                    hits: h.hits.saturating_add(a.refund(h, now)),
+                    ..*h
+                },
+                None => *h,
+            })
+            .collect();
+        let groups = self.pipelines(
+            back.iter()
+                .enumerate()
+                .filter(|(i, _)| decisions[*i].is_none()),
+        );
         let replies = futures_util::future::join_all(groups.iter().map(|(target, idx)| {
             let mut pipe = redis::pipe();
             for &i in idx {
-                push_refund(&mut pipe, &hits[i], now);
+                push_refund(&mut pipe, &back[i], now);
             }
             async move { self.run(target, &pipe).await }
         }))
         .await;
         for ((_, idx), reply) in groups.iter().zip(replies) {
-            let reply = reply?;
-            if reply.len() != idx.len() {
-                return Err(StoreError::BadReply {
-                    expected: idx.len(),
-                    got: reply.len(),
-                });
-            }
+            let reply = checked_len(reply, idx.len())?;
             for (&i, value) in idx.iter().zip(&reply) {
                 let peek = Hit { hits: 0, ..hits[i] };
                 decisions[i] = Some(match peek.quota.algorithm {
@@ -875,8 +931,70 @@ impl RedisStore {
     }
 }
 
-/// [`RESERVE`]'s reply: the hits granted and the key's count after.
-fn reserve_reply(reply: &Value) -> Result<(u64, u64), StoreError> {
+/// A pipeline's replies, one per command sent (`expected`), or why not.
+fn checked_len(
+    reply: Result<Vec<Value>, StoreError>,
+    expected: usize,
+) -> Result<Vec<Value>, StoreError> {
+    match reply {
+        Ok(r) if r.len() == expected => Ok(r),
+        Ok(r) => Err(StoreError::BadReply {
+            expected,
+            got: r.len(),
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// The operation a round sends for one hit with allowances: a reservation, or the store's own
+/// command with `held` hits of the key's batch unused ([`Route::Remote`]).
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Reserve(Refill),
+    Store { held: u64 },
+}
+
+/// A round's reservations until each is answered: dropped before that (the call failed, or
+/// was cancelled while it waited), the others are given up, so none stays marked under way.
+struct Reservations<'a> {
+    a: &'a Allowances,
+    hits: &'a [Hit<'a>],
+    ops: &'a [(usize, Op)],
+    answered: Vec<bool>,
+}
+
+impl<'a> Reservations<'a> {
+    fn new(a: &'a Allowances, hits: &'a [Hit<'a>], ops: &'a [(usize, Op)]) -> Self {
+        let answered = ops
+            .iter()
+            .map(|(_, op)| matches!(op, Op::Store { .. }))
+            .collect();
+        Reservations {
+            a,
+            hits,
+            ops,
+            answered,
+        }
+    }
+
+    fn answered(&mut self, k: usize) {
+        self.answered[k] = true;
+    }
+}
+
+impl Drop for Reservations<'_> {
+    fn drop(&mut self) {
+        for (&(i, op), done) in self.ops.iter().zip(&self.answered) {
+            if let (Op::Reserve(r), false) = (op, done) {
+                self.a.failed(self.hits[i].key, r);
+            }
+        }
+    }
+}
+
+/// [`RESERVE`]'s reply: the hits granted, the key's count after, and whether the call it was
+/// made for was refused.
+fn reserve_reply(reply: &Value) -> Result<(u64, u64, bool), StoreError> {
     let bad = || backend_error(format!("unexpected reservation reply {reply:?}"));
     let Value::Array(items) = reply else {
         return Err(bad());
@@ -886,7 +1004,7 @@ fn reserve_reply(reply: &Value) -> Result<(u64, u64), StoreError> {
         _ => Err(bad()),
     };
     match items.as_slice() {
-        [granted, count] => Ok((int(granted)?, int(count)?)),
+        [granted, count, refused] => Ok((int(granted)?, int(count)?, int(refused)? == 1)),
         _ => Err(bad()),
     }
 }
@@ -1087,10 +1205,7 @@ impl CounterStore for RedisStore {
     }
 
     fn counts_refused(&self, quota: &Quota) -> bool {
-        // A batch refuses without counting in Redis.
-        if self.allowances.is_some() && quota.algorithm == Algorithm::FixedWindow {
-            return false;
-        }
+        // Allowances count refused hits as the store does (`super::allowance`).
         go_fixed::counts_refused(quota, self.stop_when_over, self.local_cache.is_some())
     }
 

@@ -6,13 +6,11 @@ use crate::limiter::{Quota, Unit};
 
 const S: u64 = 1_000_000;
 const T0: u64 = 1_700_000_000 * S;
-const TIMING: AllowanceTiming = AllowanceTiming {
-    horizon_us: 100_000,
-    max_bytes: 1 << 20,
-};
+const TIMING: AllowanceTuning = AllowanceTuning::new(100_000, 1 << 20);
 
-/// Redis's counts of one key, per window, and what [`RESERVE`] does to them; `count` is the
-/// window the test looks at (the first one a replica asked for), `later` the ones after it.
+/// Redis's counts of one key, per window, and what [`RESERVE`] and INCRBY do to them; `count`
+/// is the window the test looks at (the first one a replica asked for), `later` the ones after
+/// it.
 #[derive(Default)]
 struct Key {
     window: Option<u64>,
@@ -21,50 +19,103 @@ struct Key {
 }
 
 impl Key {
-    fn reserve(&mut self, r: Refill, limit: u64) -> (u64, u64) {
-        let first = *self.window.get_or_insert(r.window);
-        let count = match r.window.cmp(&first) {
+    fn slot(&mut self, window: u64) -> &mut u64 {
+        let first = *self.window.get_or_insert(window);
+        match window.cmp(&first) {
             std::cmp::Ordering::Equal => &mut self.count,
-            std::cmp::Ordering::Greater => self.later.entry(r.window).or_default(),
-            std::cmp::Ordering::Less => panic!("a reservation for a past window: {r:?}"),
-        };
-        let grant = r.want.min(limit.saturating_sub(*count));
+            std::cmp::Ordering::Greater => self.later.entry(window).or_default(),
+            std::cmp::Ordering::Less => panic!("a call for a past window: {window}"),
+        }
+    }
+
+    /// [`RESERVE`]'s rule: a call that does not fit with what its batch held is counted and
+    /// the held hits given back; else grant at most what is left under the limit.
+    fn reserve(&mut self, r: Refill, limit: u64) -> (u64, u64, bool) {
+        let count = self.slot(r.window);
+        let before = *count;
+        if r.hits > 0 && before.saturating_sub(r.held) + r.hits > limit {
+            *count = before.saturating_sub(r.held) + r.hits;
+            return (0, *count, true);
+        }
+        let grant = r.want.min(limit.saturating_sub(before));
         *count += grant;
-        (grant, *count)
+        (grant, *count, false)
+    }
+
+    /// INCRBY on the key of `window`.
+    fn incr(&mut self, window: u64, hits: u64) -> u64 {
+        let count = self.slot(window);
+        *count += hits;
+        *count
     }
 }
 
 fn hit(quota: Quota) -> Hit<'static> {
+    hits(quota, 1)
+}
+
+fn hits(quota: Quota, hits: u64) -> Hit<'static> {
     Hit {
         key: "d_k_v_",
         quota,
-        hits: 1,
+        hits,
     }
 }
 
-/// Replica `r` decides one hit at `now_us`, reserving from `key` when told to, and refilling
-/// when a local decision asks to (at once, as a call answered instantly would); `None` when
-/// the hit goes Redis's own way (INCRBY).
-fn decide(r: &Allowances, key: &mut Key, q: Quota, now_us: u64) -> Option<Decision> {
-    let h = hit(q);
+/// A decision, and whether Redis's own path (INCRBY) made it.
+#[derive(Debug)]
+struct Decided {
+    decision: Decision,
+    remote: bool,
+}
+
+/// Replica `r` decides `h` at `now_us` as the store does, reserving from `key` when told to,
+/// refilling when a local decision asks to (at once, as a call answered instantly would), and
+/// sending the store's own INCRBY when routed to Redis.
+fn decide_hit(r: &Allowances, key: &mut Key, h: Hit<'_>, now_us: u64) -> Decided {
     let now = Timestamp::from_micros(now_us);
-    loop {
-        match r.route(&h, now) {
-            Route::Local { decision, refill } => {
-                if let Some(refill) = refill {
-                    let (granted, count) = key.reserve(refill, u64::from(q.requests_per_unit));
-                    r.reserved(h.key, refill, granted, count);
-                }
-                return Some(decision);
-            }
-            Route::Remote { .. } => return None,
-            Route::Reserve(refill) => {
-                assert_eq!(refill.window, window_of(&h, now));
-                let (granted, count) = key.reserve(refill, u64::from(q.requests_per_unit));
-                r.reserved(h.key, refill, granted, count);
+    let limit = u64::from(h.quota.requests_per_unit);
+    let refill = |refill: Option<Refill>, key: &mut Key| {
+        if let Some(refill) = refill {
+            let answer = key.reserve(refill, limit);
+            r.reserved(&Hit { hits: 0, ..h }, now, refill, answer);
+        }
+    };
+    match r.route(&h, now, false) {
+        Route::Local {
+            decision,
+            refill: f,
+        } => {
+            refill(f, key);
+            Decided {
+                decision,
+                remote: false,
             }
         }
+        Route::Remote { held, ahead } => {
+            refill(ahead, key);
+            let count = key.incr(window_of(&h, now), h.hits);
+            Decided {
+                decision: r.remote(&h, now, held, count),
+                remote: true,
+            }
+        }
+        Route::Reserve(refill) => {
+            assert_eq!(refill.window, window_of(&h, now));
+            let answer = key.reserve(refill, limit);
+            Decided {
+                decision: r.reserved(&h, now, refill, answer),
+                remote: false,
+            }
+        }
+        Route::Wait => panic!("told to wait though it may not"),
     }
+}
+
+/// [`decide_hit`] for one hit; `None` when Redis's own path decided it.
+fn decide(r: &Allowances, key: &mut Key, q: Quota, now_us: u64) -> Option<Decision> {
+    let d = decide_hit(r, key, hit(q), now_us);
+    (!d.remote).then_some(d.decision)
 }
 
 #[test]
@@ -84,10 +135,7 @@ fn a_cold_key_goes_to_redis_and_a_hot_one_is_decided_locally_from_batches() {
                 assert!(!d.over, "{d:?}");
                 local += 1;
             }
-            None => {
-                key.count += 1; // the INCRBY
-                remote += 1;
-            }
+            None => remote += 1,
         }
     }
     assert!(local >= 450, "{local} local, {remote} remote");
@@ -104,13 +152,7 @@ fn replicas_offered_twice_the_limit_admit_it_and_no_more() {
     for i in 0..600u64 {
         let r = &replicas[(i % 3) as usize];
         let now = T0 + i * 1_600;
-        match decide(r, &mut key, q, now) {
-            Some(d) => admitted += u64::from(!d.over),
-            None => {
-                key.count += 1;
-                admitted += u64::from(key.count <= 300);
-            }
-        }
+        admitted += u64::from(!decide_hit(r, &mut key, hit(q), now).decision.over);
     }
     assert!(admitted <= 300, "{admitted} admitted of 300");
     assert!(admitted >= 285, "only {admitted} admitted of 300");
@@ -153,17 +195,17 @@ fn other_algorithms_and_a_full_table_go_to_redis() {
     let sliding = Quota::fixed(10, Unit::Second).with_algorithm(Algorithm::SlidingWindow);
     let r = Allowances::new(TIMING);
     assert_eq!(
-        r.route(&hit(sliding), Timestamp::from_micros(T0)),
-        Route::Remote { dry: false }
+        r.route(&hit(sliding), Timestamp::from_micros(T0), true),
+        Route::STORE
     );
-    let full = Allowances::new(AllowanceTiming {
+    let full = Allowances::new(AllowanceTuning {
         max_bytes: 0,
         ..TIMING
     });
     let fixed = Quota::fixed(10, Unit::Second);
     assert_eq!(
-        full.route(&hit(fixed), Timestamp::from_micros(T0)),
-        Route::Remote { dry: false }
+        full.route(&hit(fixed), Timestamp::from_micros(T0), true),
+        Route::STORE
     );
     assert!(full.is_empty());
 }
@@ -203,17 +245,17 @@ fn a_key_at_its_limit_still_reserves_the_next_window_ahead() {
         if w == 1 && admitted[1] == 0 {
             assert!(next_window(&key) > 0, "nothing reserved ahead");
         }
-        match decide(&r, &mut key, q, now) {
-            Some(d) => admitted[w] += u64::from(!d.over),
-            // The first calls, before the key is measured hot: Redis's INCRBY.
-            None if w == 0 => {
-                key.count += 1;
-                admitted[0] += u64::from(key.count <= 500);
-            }
-            None => panic!("hit {i} of the next window went to Redis: the key is hot"),
-        }
+        let d = decide_hit(&r, &mut key, hit(q), now);
+        // The first calls, before the key is measured hot, and those once the window's
+        // limit is spent, take Redis's INCRBY; none of the next window's before its limit.
+        assert!(
+            !d.remote || w == 0 || admitted[1] >= 500,
+            "hit {i} of the next window went to Redis with {admitted:?} admitted"
+        );
+        admitted[w] += u64::from(!d.decision.over);
     }
-    assert_eq!(key.count, 500);
+    // Every refused hit is counted, as the Go service counts it.
+    assert_eq!(key.count, 10_000);
     assert!(admitted[0] <= 500 && admitted[0] >= 495, "{admitted:?}");
     assert!(admitted[1] >= 495, "{admitted:?}");
 }
@@ -235,8 +277,8 @@ fn keys_with_no_demand_and_nothing_held_are_forgotten_and_uncharged() {
             hits: 1,
         };
         assert_eq!(
-            r.route(&h, Timestamp::from_micros(T0 + 200_000)),
-            Route::Remote { dry: false }
+            r.route(&h, Timestamp::from_micros(T0 + 200_000), true),
+            Route::STORE
         );
     }
     assert_eq!(r.len(), 101);
@@ -269,8 +311,8 @@ fn a_call_from_a_past_window_goes_to_redis_and_leaves_the_batch_where_it_is() {
     }
     // The batch is in the second window now; a call stamped in the first (it waited) is
     // Redis's, and the batch neither turns back nor stops deciding the second window's calls.
-    let late = r.route(&hit(q), Timestamp::from_micros(T0 + S - 1));
-    assert_eq!(late, Route::Remote { dry: false });
+    let late = r.route(&hit(q), Timestamp::from_micros(T0 + S - 1), true);
+    assert_eq!(late, Route::STORE);
     for i in 12_000..13_000u64 {
         let d = decide(&r, &mut key, q, T0 + i * 100);
         assert!(d.is_some_and(|d| !d.over), "hit {i}: {d:?}");
@@ -286,11 +328,11 @@ fn a_reservation_whose_answer_never_comes_is_given_up() {
         decide(&r, &mut key, q, T0 + i * 100);
     }
     // Use the batch up without answering the refill it asks for (the call that would have
-    // sent it was cancelled): the key's calls go to Redis, dry...
+    // sent it was cancelled): the key's calls wait for it, or go to Redis, dry...
     let mut now = T0 + 200_000;
     let asked = loop {
         now += 100;
-        match r.route(&hit(q), Timestamp::from_micros(now)) {
+        match r.route(&hit(q), Timestamp::from_micros(now), true) {
             Route::Local { refill: None, .. } => {}
             Route::Local {
                 refill: Some(refill),
@@ -300,8 +342,149 @@ fn a_reservation_whose_answer_never_comes_is_given_up() {
             other => break other,
         }
     };
-    assert_eq!(asked, Route::Remote { dry: true });
+    assert_eq!(asked, Route::Wait);
+    let dry = r.route(&hit(q), Timestamp::from_micros(now), false);
+    assert_eq!(dry, Route::STORE);
     // ... but not for ever: once UNDER_WAY_US has passed, the batch reserves again.
     let later = Timestamp::from_micros(now + UNDER_WAY_US);
-    assert!(matches!(r.route(&hit(q), later), Route::Reserve(_)));
+    assert!(matches!(r.route(&hit(q), later, true), Route::Reserve(_)));
+}
+
+/// Every key taking batches from its first call, in batches of 3 at least: the store contract's
+/// tuning, where time does not move enough to measure demand.
+const EVERY_KEY: AllowanceTuning = AllowanceTuning {
+    hot_hits: 0,
+    min_batch: 3,
+    ..TIMING
+};
+
+/// The Go service's fixed window, as `docs/algorithms.md` defines it: every hit counted, a
+/// call admitted when its count stays within the limit, a refund taking the count down,
+/// floored at 0.
+struct GoWindow {
+    count: u64,
+    limit: u64,
+}
+
+impl GoWindow {
+    fn apply(&mut self, hits: u64) -> (bool, u64) {
+        self.count += hits;
+        (self.count > self.limit, self.count)
+    }
+
+    fn refund(&mut self, hits: u64) {
+        self.count = self.count.saturating_sub(hits);
+    }
+}
+
+/// One replica's refund through the store: what the batch holds unused goes back with it.
+fn refund(r: &Allowances, key: &mut Key, h: Hit<'_>, now_us: u64) {
+    let now = Timestamp::from_micros(now_us);
+    let back = h.hits + r.refund(&h, now);
+    let count = key.slot(window_of(&h, now));
+    *count = count.saturating_sub(back);
+}
+
+proptest::proptest! {
+    /// One replica answers every call exactly as the Go service's window would, whatever the
+    /// batches: admitted or not, and the count after, through calls of several hits, refused
+    /// calls and refunds; and Redis then holds the Go service's count plus, at most, what the
+    /// batch holds unused.
+    #[test]
+    fn one_replica_answers_as_the_go_service_whatever_the_batches(
+        limit in 0u64..20,
+        steps in proptest::collection::vec((0u64..6, proptest::bool::weighted(0.2)), 1..80),
+    ) {
+        let q = Quota::fixed(u32::try_from(limit).unwrap(), Unit::Minute);
+        let r = Allowances::new(EVERY_KEY);
+        let (mut key, mut go) = (Key::default(), GoWindow { count: 0, limit });
+        for (i, (n, is_refund)) in steps.into_iter().enumerate() {
+            let now = T0 + i as u64 * 1_000;
+            if is_refund {
+                refund(&r, &mut key, hits(q, n), now);
+                go.refund(n);
+                continue;
+            }
+            let d = decide_hit(&r, &mut key, hits(q, n), now).decision;
+            let (over, after) = go.apply(n);
+            proptest::prop_assert_eq!((d.over, d.count_after), (over, after), "step {}", i);
+        }
+        proptest::prop_assert!(key.count >= go.count, "{} in Redis, {} counted", key.count, go.count);
+    }
+}
+
+#[test]
+fn refused_calls_are_counted_in_redis_as_the_go_service_counts_them() {
+    let q = Quota::fixed(50, Unit::Minute);
+    let r = Allowances::new(EVERY_KEY);
+    let mut key = Key::default();
+    let admitted = (0..60)
+        .filter(|i| {
+            !decide_hit(&r, &mut key, hit(q), T0 + i * 1_000)
+                .decision
+                .over
+        })
+        .count();
+    assert_eq!((admitted, key.count), (50, 60));
+}
+
+#[test]
+fn a_refund_gives_the_batch_back_and_the_key_goes_redis_s_way_for_the_window() {
+    // The refund recipe for requests in flight: 50 filled, 5 refunds, then 6 calls: 5 pass.
+    let q = Quota::fixed(50, Unit::Minute);
+    let r = Allowances::new(AllowanceTuning {
+        min_batch: 20,
+        ..EVERY_KEY
+    });
+    let mut key = Key::default();
+    for i in 0..45 {
+        assert!(!decide_hit(&r, &mut key, hit(q), T0 + i).decision.over);
+    }
+    // 45 used of the 50 reserved in batches of 20: 5 held, given back with the refunds.
+    refund(&r, &mut key, hits(q, 5), T0 + 100);
+    assert_eq!(key.count, 40);
+    let d: Vec<Decided> = (0..16)
+        .map(|i| decide_hit(&r, &mut key, hit(q), T0 + 200 + i))
+        .collect();
+    let admitted = d.iter().filter(|d| !d.decision.over).count();
+    assert_eq!(admitted, 10, "{d:?}");
+    assert!(
+        d.iter().all(|d| d.remote),
+        "refunded: Redis decides until the window ends"
+    );
+    assert_eq!(key.count, 56);
+    // The next window takes batches again.
+    let next = decide_hit(&r, &mut key, hit(q), T0 + 60 * S);
+    assert!(!next.remote && !next.decision.over);
+}
+
+#[test]
+fn charge_refused_limits_never_take_batches() {
+    let q = Quota {
+        charge_refused: true,
+        ..Quota::fixed(50, Unit::Minute)
+    };
+    let r = Allowances::new(EVERY_KEY);
+    assert_eq!(
+        r.route(&hit(q), Timestamp::from_micros(T0), true),
+        Route::STORE
+    );
+    assert!(r.is_empty());
+}
+
+#[test]
+fn a_call_that_does_not_fit_is_counted_and_its_batch_given_back() {
+    let q = Quota::fixed(10, Unit::Minute);
+    let r = Allowances::new(AllowanceTuning {
+        min_batch: 4,
+        ..EVERY_KEY
+    });
+    let mut key = Key::default();
+    // 4 reserved, 1 used: 3 held.
+    assert!(!decide_hit(&r, &mut key, hit(q), T0).decision.over);
+    assert_eq!(key.count, 4);
+    // 10 more do not fit in the Go service's count of 1: counted (11), the 3 held given back.
+    let d = decide_hit(&r, &mut key, hits(q, 10), T0 + 1).decision;
+    assert!(d.over);
+    assert_eq!((d.count_after, key.count), (11, 11));
 }
