@@ -1,0 +1,242 @@
+//! Reconciling this node's runtime limits with a peer's, and the anti-entropy pass that picks
+//! the peer to compare with every SLUICE_RUNTIME_LIMITS_SYNC_MS.
+//!
+//! Reconciling is one-sided, so that two nodes never both pull the same difference: the node
+//! that found it pulls the peer's whole set (pages in key order), applies it, and pushes back
+//! each change of its own that the peer's pages lack or hold with an earlier stamp. Both then
+//! hold the later of every change, whoever made it. A peer that has just answered and holds
+//! nothing is starting: it pulls every peer's set itself, so nothing is pushed back to it
+//! (which would send it every limit once per peer).
+
+use std::collections::HashMap;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::convert::{digest_from_wire, from_wire, to_wire};
+use super::{MAX_PAGES, MAX_PUSH, Members, PeerLimits};
+use crate::cluster::peer::PeerClient;
+use crate::config::runtime::{Replicated, Stamp};
+
+/// Why this node compares with a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Occasion {
+    /// It answered for the first time, or again after being down.
+    Returned,
+    /// The anti-entropy pass.
+    Pass,
+}
+
+/// What comparing with a peer found.
+#[derive(Debug, PartialEq, Eq)]
+enum Compared {
+    /// The same digest: nothing to do.
+    Same,
+    /// Another digest, or a peer that does not compare when reconciling anyway: the changes
+    /// applied here and pushed there.
+    Reconciled { here: usize, there: usize },
+    /// A peer that predates the comparison, left alone by the pass (it is reconciled with
+    /// when it answers again after being down).
+    Unknown,
+}
+
+/// Reconciles with each peer that answered for the first time or again after being down (the
+/// probes' queue); the first load is done once one succeeded with no other waiting.
+pub(super) async fn reconcile_returned(
+    weak: Weak<PeerLimits>,
+    mut returned: tokio::sync::mpsc::Receiver<String>,
+) {
+    while let Some(peer) = returned.recv().await {
+        let Some(limits) = weak.upgrade() else {
+            return;
+        };
+        match limits.sync_with(&peer, Occasion::Returned).await {
+            Ok(found) => {
+                limits.count(&peer, &found);
+                if returned.is_empty() {
+                    limits.mark_loaded();
+                }
+            }
+            Err(e) => {
+                limits.counters.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer, error = %e, "cannot reconcile the runtime limits with a peer");
+            }
+        }
+    }
+}
+
+/// The anti-entropy pass, every `interval` (the first one interval after the start, when the
+/// peers that answered have been reconciled with already).
+pub(super) async fn every(weak: Weak<PeerLimits>, interval: Duration) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut turn = 0;
+    loop {
+        tick.tick().await;
+        let Some(limits) = weak.upgrade() else {
+            return;
+        };
+        limits.pass(&mut turn).await;
+    }
+}
+
+/// The next peer after `turn` in the ring that is up, round robin.
+fn next_up(m: &Members, turn: &mut usize) -> Option<String> {
+    let (n, from) = (m.ring.len(), *turn);
+    let i = (0..n)
+        .map(|step| (from + step) % n)
+        .find(|&i| i != m.me && m.clients[i].is_some() && !m.down[i].load(Ordering::Relaxed))?;
+    *turn = i + 1;
+    Some(m.ring.addr(i).to_owned())
+}
+
+impl PeerLimits {
+    /// One pass: compares with each peer a push missed since the last pass that is still up
+    /// (one that went down is reconciled with when it answers again), or else with the next
+    /// peer up in turn; reconciles where the digests differ.
+    async fn pass(&self, turn: &mut usize) {
+        let m = self.members.load_full();
+        let missed = std::mem::take(&mut *self.missed.lock().unwrap_or_else(|e| e.into_inner()));
+        let is_up = |p: &String| {
+            m.ring
+                .index_of(p)
+                .is_some_and(|i| !m.down[i].load(Ordering::Relaxed))
+        };
+        let retrying = !missed.is_empty();
+        let peers: Vec<String> = if retrying {
+            missed.into_iter().filter(is_up).collect()
+        } else {
+            next_up(&m, turn).into_iter().collect()
+        };
+        let compared = peers.iter().map(|p| self.sync_with(p, Occasion::Pass));
+        let results = futures_util::future::join_all(compared).await;
+        for (peer, result) in peers.iter().zip(results) {
+            match result {
+                Ok(found) => {
+                    self.count(peer, &found);
+                    self.mark_loaded();
+                }
+                Err(e) => {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(peer, error = %e, "cannot compare the runtime limits with a peer; trying again at the next pass");
+                    if retrying && is_up(peer) {
+                        let mut missed = self.missed.lock().unwrap_or_else(|e| e.into_inner());
+                        missed.insert(peer.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts and logs what comparing with `peer` found.
+    fn count(&self, peer: &str, found: &Compared) {
+        match *found {
+            Compared::Same => {
+                self.counters.same.fetch_add(1, Ordering::Relaxed);
+            }
+            Compared::Reconciled { here, there } => {
+                self.counters.differed.fetch_add(1, Ordering::Relaxed);
+                if here + there > 0 {
+                    tracing::info!(
+                        peer,
+                        applied_here = here,
+                        pushed_there = there,
+                        "runtime limits reconciled with a peer"
+                    );
+                }
+            }
+            Compared::Unknown => {
+                tracing::debug!(peer, "a peer that predates the runtime limits' digest");
+            }
+        }
+    }
+
+    /// Compares digests with `peer` and reconciles when they differ. A peer that answers no
+    /// digest (it predates it) is reconciled with only when it has just answered.
+    async fn sync_with(&self, peer: &str, occasion: Occasion) -> Result<Compared, String> {
+        let (client, me) = self.client(peer)?;
+        let ours = self.config.runtime(|s| s.digest());
+        let answer = client
+            .limits(&me, Vec::new(), None, true)
+            .await
+            .map_err(|e| e.to_string())?;
+        let theirs = answer.digest.map(digest_from_wire);
+        if theirs == Some(ours) {
+            return Ok(Compared::Same);
+        }
+        if theirs.is_none() && occasion == Occasion::Pass {
+            return Ok(Compared::Unknown);
+        }
+        let starting = occasion == Occasion::Returned && theirs.is_some_and(|d| d.entries == 0);
+        let (here, there) = self.reconcile(&client, &me, !starting).await?;
+        Ok(Compared::Reconciled { here, there })
+    }
+
+    /// The client for `peer`, and this node's address.
+    fn client(&self, peer: &str) -> Result<(PeerClient, String), String> {
+        let m = self.members.load_full();
+        let client = m
+            .ring
+            .index_of(peer)
+            .and_then(|i| m.clients[i].clone())
+            .ok_or_else(|| format!("{peer} is no longer a peer"))?;
+        Ok((client, m.ring.addr(m.me).to_owned()))
+    }
+
+    /// Pulls the peer's whole set and applies it, and with `push_back` pushes back every change
+    /// of this node's (as held before the pull) that the peer lacks or holds older; the
+    /// changes applied here and pushed there. Changes made meanwhile reach the peer by their
+    /// own pushes.
+    async fn reconcile(
+        &self,
+        client: &PeerClient,
+        me: &str,
+        push_back: bool,
+    ) -> Result<(usize, usize), String> {
+        let ours = if push_back {
+            self.config.runtime(|s| s.export())
+        } else {
+            Vec::new()
+        };
+        let mut mine = ours.into_iter().peekable();
+        let (mut applied, mut pushed) = (0, 0);
+        let mut back: Vec<Replicated> = Vec::new();
+        let mut after = String::new();
+        for _ in 0..MAX_PAGES {
+            let answer = client
+                .limits(me, Vec::new(), Some(after), false)
+                .await
+                .map_err(|e| e.to_string())?;
+            let page: Vec<Replicated> = answer
+                .entries
+                .into_iter()
+                .map(from_wire)
+                .collect::<Result<_, _>>()?;
+            applied += self.apply_all(&page);
+            let last = answer.next.is_empty();
+            let theirs: HashMap<String, Stamp> =
+                page.iter().map(|r| (r.key(), r.stamp())).collect();
+            // This node's entries up to the page's end (all that are left after the last page).
+            while let Some((key, change)) =
+                mine.next_if(|(key, _)| last || key.as_str() <= answer.next.as_str())
+            {
+                if theirs.get(&key).is_none_or(|s| *s < change.stamp()) {
+                    back.push(change);
+                }
+            }
+            while back.len() >= MAX_PUSH || (last && !back.is_empty()) {
+                let batch: Vec<_> = back.drain(..back.len().min(MAX_PUSH)).collect();
+                client
+                    .limits(me, batch.iter().map(to_wire).collect(), None, false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                pushed += batch.len();
+            }
+            if last {
+                return Ok((applied, pushed));
+            }
+            after = answer.next;
+        }
+        Err(format!("more than {MAX_PAGES} pages"))
+    }
+}
