@@ -283,6 +283,8 @@ pub struct ClusterStore {
     /// The peers that answered for the first time or again after being down, for the runtime
     /// limits to pull from; taken by [`ClusterStore::runtime_limits`].
     returned: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<String>>>,
+    /// PEERS names no node but this one: there is no peer to wait for.
+    alone: bool,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -332,6 +334,8 @@ impl ClusterStore {
             stats: stats.clone(),
         };
         let members = Arc::new(ArcSwap::from_pointee(Members::build(initial, &dialer)?));
+        let alone =
+            matches!(settings.peers, PeerSource::Static(_)) && members.load().ring.len() == 1;
         // Starting is a change: whatever this node owns now, others may have counted before.
         let changes = Arc::new(RingChanges::new(clock.now()));
         let (returned_tx, returned) = tokio::sync::mpsc::channel(RETURNED_QUEUE);
@@ -390,6 +394,7 @@ impl ClusterStore {
             stats,
             lease,
             returned: std::sync::Mutex::new(Some(returned)),
+            alone,
             tasks,
         })
     }
@@ -403,12 +408,11 @@ impl ClusterStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()?;
-        Some(PeerLimits::new(
-            config,
-            self.members.clone(),
-            returned,
-            sync,
-        ))
+        let limits = PeerLimits::new(config, self.members.clone(), returned, sync);
+        if self.alone {
+            limits.mark_loaded();
+        }
+        Some(limits)
     }
 
     pub fn local(&self) -> &Arc<MemoryStore> {

@@ -13,7 +13,7 @@
 //!   nothing differs a pass costs one small call.
 //! - **Readiness** ([`PeerLimits::loaded`]): true once this node has reconciled with a peer
 //!   (and no other that answered is waiting), or after [`FIRST_PULL_WAIT`] when none did, so a
-//!   whole cluster can still start from nothing.
+//!   whole cluster can still start from nothing; at once when PEERS names no other node.
 //!
 //! Of two changes to one path the later stamp wins on every node
 //! ([`crate::config::runtime::Stamp`]), and removals are remembered a day, so the order changes
@@ -46,9 +46,10 @@ const PAGE_BYTES: usize = 1 << 20;
 /// The most pages one catch-up pulls: 10 million entries, past any SLUICE_MAX_RUNTIME_LIMITS.
 const MAX_PAGES: usize = 10_000;
 
-/// How long a starting node waits for a peer to reconcile with before it reports ready with
-/// the runtime limits it holds: the first node of a new cluster has no peer to wait for, and
-/// peers that start together answer each other's probes (every 500 ms) well within it.
+/// How long a starting node waits for a peer to answer before it reports ready with the
+/// runtime limits it holds: the first node of a new cluster has no peer to wait for, and peers
+/// that start together answer each other's probes (every 500 ms) well within it. A pull under
+/// way then is waited for (each of its calls bounded by SLUICE_PEER_TIMEOUT_MS).
 pub const FIRST_PULL_WAIT: Duration = Duration::from_secs(5);
 
 /// What the anti-entropy pass and the pushes did, for `/metrics`.
@@ -84,6 +85,9 @@ pub struct PeerLimits {
     /// Whether the first load is done (readiness).
     loaded: watch::Sender<bool>,
     counters: Counters,
+    /// Whether a peer that answered is being reconciled with (from its return): the first
+    /// load waits for it past [`FIRST_PULL_WAIT`].
+    reconciling: std::sync::atomic::AtomicBool,
     /// The last export answered page by page to pulling peers, with the change number it was
     /// made at: the pages of one pull share it while nothing changes, and the last page lets it
     /// go (it holds a copy of every limit).
@@ -120,6 +124,7 @@ impl PeerLimits {
             missed: Mutex::default(),
             loaded: watch::Sender::new(false),
             counters: Counters::default(),
+            reconciling: std::sync::atomic::AtomicBool::new(false),
             exported: Mutex::default(),
             tasks: Mutex::default(),
         });
@@ -127,31 +132,21 @@ impl PeerLimits {
         let tasks = vec![
             tokio::spawn(sync::reconcile_returned(weak.clone(), returned)),
             tokio::spawn(sync::every(weak.clone(), sync)),
-            tokio::spawn(async move {
-                tokio::time::sleep(FIRST_PULL_WAIT).await;
-                if let Some(limits) = weak.upgrade()
-                    && limits.mark_loaded()
-                {
-                    tracing::warn!(
-                        wait = ?FIRST_PULL_WAIT,
-                        limits = limits.config.runtime(|s| s.len()),
-                        "no peer answered for its runtime limits: ready with those this node holds"
-                    );
-                }
-            }),
+            tokio::spawn(sync::wait_first_pull(weak)),
         ];
         *limits.tasks.lock().unwrap_or_else(|e| e.into_inner()) = tasks;
         limits
     }
 
     /// Whether the first load of the runtime limits is done, now and at every change: once a
-    /// peer's set has been pulled, or after [`FIRST_PULL_WAIT`] without one.
+    /// peer's set has been pulled, or after [`FIRST_PULL_WAIT`] when none is being pulled.
     pub fn loaded(&self) -> watch::Receiver<bool> {
         self.loaded.subscribe()
     }
 
-    /// Marks the first load done; whether it was not before.
-    fn mark_loaded(&self) -> bool {
+    /// Marks the first load done (a node alone in PEERS has nothing to wait for); whether it
+    /// was not before.
+    pub(super) fn mark_loaded(&self) -> bool {
         self.loaded
             .send_if_modified(|l| !std::mem::replace(l, true))
     }

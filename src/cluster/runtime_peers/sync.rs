@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::convert::{digest_from_wire, from_wire, to_wire};
-use super::{MAX_PAGES, MAX_PUSH, Members, PeerLimits};
+use super::{FIRST_PULL_WAIT, MAX_PAGES, MAX_PUSH, Members, PeerLimits};
 use crate::cluster::peer::PeerClient;
 use crate::config::runtime::{Replicated, Stamp};
 
@@ -41,16 +41,21 @@ enum Compared {
 }
 
 /// Reconciles with each peer that answered for the first time or again after being down (the
-/// probes' queue); the first load is done once one succeeded with no other waiting.
+/// probes' queue); the first load is done once one succeeded with no other waiting, or once
+/// one failed with none waiting after [`FIRST_PULL_WAIT`].
 pub(super) async fn reconcile_returned(
     weak: Weak<PeerLimits>,
     mut returned: tokio::sync::mpsc::Receiver<String>,
 ) {
+    let started = tokio::time::Instant::now();
     while let Some(peer) = returned.recv().await {
         let Some(limits) = weak.upgrade() else {
             return;
         };
-        match limits.sync_with(&peer, Occasion::Returned).await {
+        limits.reconciling.store(true, Ordering::SeqCst);
+        let result = limits.sync_with(&peer, Occasion::Returned).await;
+        limits.reconciling.store(false, Ordering::SeqCst);
+        match result {
             Ok(found) => {
                 limits.count(&peer, &found);
                 if returned.is_empty() {
@@ -60,8 +65,22 @@ pub(super) async fn reconcile_returned(
             Err(e) => {
                 limits.counters.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(peer, error = %e, "cannot reconcile the runtime limits with a peer");
+                if returned.is_empty() && started.elapsed() >= FIRST_PULL_WAIT {
+                    limits.ready_without_a_peer();
+                }
             }
         }
+    }
+}
+
+/// After [`FIRST_PULL_WAIT`], the first load is done unless a pull is under way: no peer
+/// answered, so a cluster starting from nothing still becomes ready.
+pub(super) async fn wait_first_pull(weak: Weak<PeerLimits>) {
+    tokio::time::sleep(FIRST_PULL_WAIT).await;
+    if let Some(limits) = weak.upgrade()
+        && !limits.reconciling.load(Ordering::SeqCst)
+    {
+        limits.ready_without_a_peer();
     }
 }
 
@@ -80,6 +99,24 @@ pub(super) async fn every(weak: Weak<PeerLimits>, interval: Duration) {
     }
 }
 
+/// This node's changes (sorted by key) up to `end`, or all that are left when `None`, that the
+/// peer's `page` (the keys after the previous page's end, up to `end`) lacks or holds with an
+/// earlier stamp.
+fn lacking(
+    mine: &mut std::iter::Peekable<impl Iterator<Item = (String, Replicated)>>,
+    page: &[Replicated],
+    end: Option<&str>,
+) -> Vec<Replicated> {
+    let theirs: HashMap<String, Stamp> = page.iter().map(|r| (r.key(), r.stamp())).collect();
+    let mut out = Vec::new();
+    while let Some((key, change)) = mine.next_if(|(key, _)| end.is_none_or(|e| key.as_str() <= e)) {
+        if theirs.get(&key).is_none_or(|s| *s < change.stamp()) {
+            out.push(change);
+        }
+    }
+    out
+}
+
 /// The next peer after `turn` in the ring that is up, round robin.
 fn next_up(m: &Members, turn: &mut usize) -> Option<String> {
     let (n, from) = (m.ring.len(), *turn);
@@ -91,6 +128,17 @@ fn next_up(m: &Members, turn: &mut usize) -> Option<String> {
 }
 
 impl PeerLimits {
+    /// The first load done without a peer's set.
+    fn ready_without_a_peer(&self) {
+        if self.mark_loaded() {
+            tracing::warn!(
+                wait = ?FIRST_PULL_WAIT,
+                limits = self.config.runtime(|s| s.len()),
+                "no peer's runtime limits pulled: ready with those this node holds"
+            );
+        }
+    }
+
     /// One pass: compares with each peer a push missed since the last pass that is still up
     /// (one that went down is reconciled with when it answers again), or else with the next
     /// peer up in turn; reconciles where the digests differ.
@@ -214,16 +262,8 @@ impl PeerLimits {
                 .collect::<Result<_, _>>()?;
             applied += self.apply_all(&page);
             let last = answer.next.is_empty();
-            let theirs: HashMap<String, Stamp> =
-                page.iter().map(|r| (r.key(), r.stamp())).collect();
-            // This node's entries up to the page's end (all that are left after the last page).
-            while let Some((key, change)) =
-                mine.next_if(|(key, _)| last || key.as_str() <= answer.next.as_str())
-            {
-                if theirs.get(&key).is_none_or(|s| *s < change.stamp()) {
-                    back.push(change);
-                }
-            }
+            let end = (!last).then_some(answer.next.as_str());
+            back.extend(lacking(&mut mine, &page, end));
             while back.len() >= MAX_PUSH || (last && !back.is_empty()) {
                 let batch: Vec<_> = back.drain(..back.len().min(MAX_PUSH)).collect();
                 client
@@ -238,5 +278,37 @@ impl PeerLimits {
             after = answer.next;
         }
         Err(format!("more than {MAX_PAGES} pages"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(value: &str, at_us: u64) -> Replicated {
+        Replicated {
+            domain: "d".to_owned(),
+            levels: vec![("k".to_owned(), Some(value.to_owned()))],
+            body: Some(serde_json::json!({"unit": "hour", "requests_per_unit": 1})),
+            at_us,
+            origin: "n1".to_owned(),
+        }
+    }
+
+    #[test]
+    fn what_a_peer_lacks_or_holds_older_is_pushed_back_page_by_page() {
+        let mine = ["a", "b", "c", "d", "e"].map(|v| change(v, 5));
+        let mut mine = mine.into_iter().map(|c| (c.key(), c)).peekable();
+        let names = |cs: Vec<Replicated>| -> Vec<String> {
+            cs.iter().map(|c| c.levels[0].1.clone().unwrap()).collect()
+        };
+        // The first page ends at b: the peer holds a as here and b older.
+        let page = [change("a", 5), change("b", 3)];
+        let end = change("b", 0).key();
+        assert_eq!(names(lacking(&mut mine, &page, Some(&end))), ["b"]);
+        // The last page: the peer lacks c, holds d later, and e the same.
+        let page = [change("d", 9), change("e", 5)];
+        assert_eq!(names(lacking(&mut mine, &page, None)), ["c"]);
+        assert!(mine.next().is_none());
     }
 }
