@@ -4,7 +4,8 @@
 //!   node, and a node that was down catches up when it returns;
 //! - a change a peer missed (every call to it cut while the change was pushed) is named in the
 //!   API's answer and reaches it within one SLUICE_RUNTIME_LIMITS_SYNC_MS (the default, 5 s);
-//!   once the nodes agree, each anti-entropy pass finds the same digest and pulls nothing;
+//!   once the nodes agree, each anti-entropy pass finds the same digest and pulls nothing; a
+//!   change made while the peer was marked down reaches it within a probe of its return;
 //! - a starting peer reports ready only once it holds its peer's runtime limits (20,000 of
 //!   them), or after 5 s when no peer answers, or at once when PEERS names it alone;
 //! - a limit set on one of two replicas sharing a real `redis-server` applies on the other
@@ -249,8 +250,13 @@ fn a_change_a_peer_missed_is_named_in_the_answer_and_reaches_it_within_one_sync_
         nodes[0].metric("sluice_runtime_limit_missed_pushes_total"),
         Some(2.0)
     );
-    // The nodes agree: over two more passes each compares once a pass, finds the same digest,
-    // and reconciles nothing.
+    passes_find_nothing(&nodes);
+    a_change_made_while_down_reaches_it_on_return(&nodes, &relay);
+}
+
+/// The nodes agree: over two more passes each compares once a pass, finds the same digest,
+/// and reconciles nothing.
+fn passes_find_nothing(nodes: &[Node]) {
     let counts = |n: &Node| {
         let count = |result| {
             let series = format!("sluice_runtime_limit_syncs_total{{result=\"{result}\"}}");
@@ -269,6 +275,32 @@ fn a_change_a_peer_missed_is_named_in_the_answer_and_reaches_it_within_one_sync_
             same_after - same
         );
     }
+}
+
+/// Node 2, behind `relay`, is cut off long enough to be marked down while a change is made.
+fn a_change_made_while_down_reaches_it_on_return(nodes: &[Node], relay: &Relay) {
+    // Cut long enough for the others' probes to mark node 2 down: a change made meanwhile
+    // reaches it when it answers again, pushed back by the nodes that see it return, within two
+    // probes (every 500 ms: the first may still meet the connection the cut broke) and a
+    // reconcile, rather than at a pass.
+    relay.cut(true);
+    let down = format!("sluice.cluster.peer_up.{}: 0", nodes[2].peer_address());
+    wait_for(
+        "node 0 to mark node 2 down",
+        Duration::from_secs(10),
+        || http(nodes[0].debug, "GET", "/stats", "").is_some_and(|(_, b)| b.contains(&down)),
+    );
+    let (status, body) = nodes[0].admin("PUT", "/limits/d/k=w", TWO_AN_HOUR);
+    assert_eq!(status, 201, "{body}");
+    relay.cut(false);
+    let back = Instant::now();
+    let want = [LINE_V.replace("k_v", "k_w")];
+    wait_for("node 2 to get the change", SYNC * 3, || {
+        nodes[2].runtime_lines() == want
+    });
+    let took = back.elapsed();
+    eprintln!("node 2, back after being down, held the change {took:?} after the cut ended");
+    assert!(took <= Duration::from_secs(1) + HEAL_MARGIN, "{took:?}");
 }
 
 #[test]

@@ -41,8 +41,7 @@ enum Compared {
 }
 
 /// Reconciles with each peer that answered for the first time or again after being down (the
-/// probes' queue); the first load is done once one succeeded with no other waiting, or once
-/// one failed with none waiting after [`FIRST_PULL_WAIT`].
+/// probes' queue); the first load is done once one succeeded with no other waiting.
 pub(super) async fn reconcile_returned(
     weak: Weak<PeerLimits>,
     mut returned: tokio::sync::mpsc::Receiver<String>,
@@ -53,21 +52,13 @@ pub(super) async fn reconcile_returned(
             return;
         };
         limits.reconciling.store(true, Ordering::SeqCst);
-        let result = limits.sync_with(&peer, Occasion::Returned).await;
+        let reconciled = limits.reconcile_returned(&peer, &returned, started).await;
         limits.reconciling.store(false, Ordering::SeqCst);
-        match result {
-            Ok(found) => {
-                limits.count(&peer, &found);
-                if returned.is_empty() {
-                    limits.mark_loaded();
-                }
-            }
-            Err(e) => {
-                limits.counters.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(peer, error = %e, "cannot reconcile the runtime limits with a peer");
-                if returned.is_empty() && started.elapsed() >= FIRST_PULL_WAIT {
-                    limits.ready_without_a_peer();
-                }
+        if returned.is_empty() {
+            if reconciled {
+                limits.mark_loaded();
+            } else if started.elapsed() >= FIRST_PULL_WAIT {
+                limits.ready_without_a_peer();
             }
         }
     }
@@ -83,6 +74,13 @@ pub(super) async fn wait_first_pull(weak: Weak<PeerLimits>) {
         limits.ready_without_a_peer();
     }
 }
+
+/// How long after its start a node not yet loaded tries a peer that answered its probe but
+/// not its pull again (every [`FIRST_PULL_RETRY`]) before it reports ready without it: a
+/// pull's first page waits for the peer to sort its set, which past a call's deadline on a
+/// loaded machine succeeds the second time (the sorted set is kept while nothing changes).
+const FIRST_PULL_RETRIES_FOR: Duration = Duration::from_secs(30);
+const FIRST_PULL_RETRY: Duration = Duration::from_secs(1);
 
 /// The anti-entropy pass, every `interval` (the first one interval after the start, when the
 /// peers that answered have been reconciled with already).
@@ -128,6 +126,35 @@ fn next_up(m: &Members, turn: &mut usize) -> Option<String> {
 }
 
 impl PeerLimits {
+    /// Reconciles with `peer`, which answered for the first time or again; before the first
+    /// load is done, tries again while no other peer waits, for a while. Whether it succeeded.
+    async fn reconcile_returned(
+        &self,
+        peer: &str,
+        others: &tokio::sync::mpsc::Receiver<String>,
+        started: tokio::time::Instant,
+    ) -> bool {
+        loop {
+            match self.sync_with(peer, Occasion::Returned).await {
+                Ok(found) => {
+                    self.count(peer, &found);
+                    return true;
+                }
+                Err(e) => {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(peer, error = %e, "cannot reconcile the runtime limits with a peer");
+                }
+            }
+            let retry = !*self.loaded.borrow()
+                && others.is_empty()
+                && started.elapsed() < FIRST_PULL_RETRIES_FOR;
+            if !retry {
+                return false;
+            }
+            tokio::time::sleep(FIRST_PULL_RETRY).await;
+        }
+    }
+
     /// The first load done without a peer's set.
     fn ready_without_a_peer(&self) {
         if self.mark_loaded() {
@@ -150,12 +177,11 @@ impl PeerLimits {
                 .index_of(p)
                 .is_some_and(|i| !m.down[i].load(Ordering::Relaxed))
         };
-        let retrying = !missed.is_empty();
-        let peers: Vec<String> = if retrying {
-            missed.into_iter().filter(is_up).collect()
-        } else {
-            next_up(&m, turn).into_iter().collect()
-        };
+        let mut peers: Vec<String> = missed.into_iter().filter(is_up).collect();
+        let retrying = !peers.is_empty();
+        if !retrying {
+            peers.extend(next_up(&m, turn));
+        }
         let compared = peers.iter().map(|p| self.sync_with(p, Occasion::Pass));
         let results = futures_util::future::join_all(compared).await;
         for (peer, result) in peers.iter().zip(results) {
