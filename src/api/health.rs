@@ -152,3 +152,36 @@ async fn changed_or_gone(rx: &mut Option<watch::Receiver<bool>>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn health_waits_for_the_runtime_limits_and_watchers_hear_when_they_load() {
+        let (loaded, rx) = watch::channel(false);
+        let health = Arc::new(
+            Health::new(ConfigHandle::new(None), false, watch::channel(true).1)
+                .with_runtime_loaded(rx),
+        );
+        assert_eq!(health.unhealthy(), Some(Unhealthy::RuntimeLimitsNotLoaded));
+        assert_eq!(
+            Unhealthy::RuntimeLimitsNotLoaded.to_string(),
+            "the runtime limits are not loaded yet (from a peer, or from Redis)"
+        );
+        let mut status = health.subscribe();
+        assert!(!*status.borrow_and_update());
+        let follow = health.follow();
+        loaded.send_replace(true);
+        tokio::time::timeout(std::time::Duration::from_secs(5), status.changed())
+            .await
+            .expect("told within 5 s")
+            .unwrap();
+        assert!(*status.borrow());
+        assert!(health.is_healthy());
+        // SIGTERM still comes first.
+        health.fail_sigterm();
+        assert_eq!(health.unhealthy(), Some(Unhealthy::ShuttingDown));
+        follow.abort();
+    }
+}
