@@ -1173,6 +1173,11 @@ def check_settings(label, sluice, docs, values, certs, cert_dir):
             if "127.0.0.1:" in env.get("MEMCACHE_HOST_PORT", ""):
                 # A real memcached: healthy once it has answered (a moment after the ports).
                 wait_healthy(ports["PORT"])
+            if env.get("PEERS_DNS") or env.get("PEERS"):
+                # A peer with no peer answering reports ready 5 s after it starts, once it has
+                # waited for a peer's runtime limits (docs/runtime-limits.md#readiness); `helm
+                # test` runs once the release's pods are ready.
+                wait_healthy(ports["PORT"], wait=15.0)
             for t in (d for d in docs if d.get("metadata", {}).get("annotations", {}).get("helm.sh/hook") == "test"):
                 args = [a if not a.endswith(".svc:8080") else f"127.0.0.1:{ports['PORT']}"
                         for a in t["spec"]["containers"][0]["args"]]

@@ -248,10 +248,13 @@ impl DebugState {
         extra.pending_request_bytes = self.budget.as_ref().map_or(0, |b| b.in_use() as u64);
         extra.rlqs = self.quota.as_deref().map(rlqs_gauges);
         let (puts, deletes) = self.limits.changes();
+        let sync = self.limits.sync_counts().unwrap_or_default();
         extra.runtime = prometheus::RuntimeGauges {
             limits: self.config.runtime(|s| s.len()) as u64,
             puts,
             deletes,
+            syncs: [sync.same, sync.differed, sync.failed],
+            missed_pushes: sync.missed_pushes,
         };
         extra
     }

@@ -85,10 +85,9 @@ async fn json<S: CounterStore>(
 }
 
 async fn healthcheck<S: CounterStore>(State(st): State<Arc<HttpState<S>>>) -> Response {
-    if st.health.is_healthy() {
-        (StatusCode::OK, "OK").into_response()
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    match st.health.unhealthy() {
+        None => (StatusCode::OK, "OK").into_response(),
+        Some(why) => (StatusCode::INTERNAL_SERVER_ERROR, why.to_string()).into_response(),
     }
 }
 

@@ -166,6 +166,9 @@ pub struct RuntimeLimitsOptions {
     pub history: usize,
     /// SLUICE_RUNTIME_LIMITS_POLL_MS: how often a Redis replica reads the shared changes.
     pub poll: Duration,
+    /// SLUICE_RUNTIME_LIMITS_SYNC_MS: how often a peer compares its runtime limits' digest
+    /// with one peer's.
+    pub sync: Duration,
 }
 
 impl Default for RuntimeLimitsOptions {
@@ -176,6 +179,7 @@ impl Default for RuntimeLimitsOptions {
             max: crate::config::runtime::DEFAULT_MAX_RUNTIME_LIMITS,
             history: api::limits::history::DEFAULT_HISTORY,
             poll: Duration::from_millis(250),
+            sync: Duration::from_millis(5000),
         }
     }
 }
@@ -328,11 +332,14 @@ impl App {
             )
             .with_observer(telemetry.clone()),
         );
-        let health = Arc::new(Health::new(
-            config.clone(),
-            options.require_config_for_health,
-            store.ready_changes(),
-        ));
+        let health = Arc::new(
+            Health::new(
+                config.clone(),
+                options.require_config_for_health,
+                store.ready_changes(),
+            )
+            .with_runtime_loaded(shared.loaded()),
+        );
         Ok(App {
             options,
             config,
@@ -769,6 +776,18 @@ struct SharedLimits {
     redis: Option<Arc<crate::cluster::runtime_redis::RedisLimits>>,
 }
 
+impl SharedLimits {
+    /// Whether their first load is done: the first pull from a peer (or the wait for one),
+    /// Redis's hash; always for a node that shares none.
+    fn loaded(&self) -> tokio::sync::watch::Receiver<bool> {
+        match (&self.peers, &self.redis) {
+            (Some(peers), _) => peers.loaded(),
+            (None, Some(redis)) => redis.loaded(),
+            (None, None) => tokio::sync::watch::channel(true).1,
+        }
+    }
+}
+
 /// Shares the runtime limits as the store calls for; a peer cluster's listener service, which
 /// answers the peers' `Limits` calls among the others.
 fn share_limits(
@@ -789,7 +808,7 @@ fn share_limits(
     }
     let mut peer_server = None;
     if let AnyStore::Cluster(cluster) = store {
-        shared.peers = cluster.runtime_limits(config.clone());
+        shared.peers = cluster.runtime_limits(config.clone(), options.runtime_limits.sync);
         peer_server = Some(PeerServer::new(
             cluster.owner().clone(),
             clock.clone(),

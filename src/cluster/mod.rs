@@ -20,7 +20,8 @@
 //! - **Security** (SLUICE_PEER_TLS): the peer listener and every call to a peer, probes
 //!   included, use mutual TLS with one certificate, re-read when its files change.
 //! - **Runtime limits** ([`runtime_peers`]): every node holds them all; changes are pushed to
-//!   every peer, and a node pulls a peer's set when it first answers or answers again.
+//!   every peer, a node reconciles with a peer when it first answers or answers again, and
+//!   every SLUICE_RUNTIME_LIMITS_SYNC_MS compares digests with one peer (anti-entropy).
 
 mod config;
 pub mod durable;
@@ -52,8 +53,8 @@ use peer::{Op, PeerClient, PeerError, PeerHit};
 use ring::{Ring, key_hash};
 use runtime_peers::PeerLimits;
 
-/// Peers that answered first or again, waiting for the runtime limits to pull from them; past
-/// it one is dropped, and pulled when it next comes back.
+/// Peers that answered first or again, waiting for the runtime limits to reconcile with them;
+/// past it one is dropped, and the anti-entropy pass finds what it would have brought.
 const RETURNED_QUEUE: usize = 1024;
 
 /// The peers as currently known: the ring, a client per remote peer, and who is down.
@@ -282,6 +283,8 @@ pub struct ClusterStore {
     /// The peers that answered for the first time or again after being down, for the runtime
     /// limits to pull from; taken by [`ClusterStore::runtime_limits`].
     returned: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<String>>>,
+    /// PEERS names no node but this one: there is no peer to wait for.
+    alone: bool,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -331,6 +334,8 @@ impl ClusterStore {
             stats: stats.clone(),
         };
         let members = Arc::new(ArcSwap::from_pointee(Members::build(initial, &dialer)?));
+        let alone =
+            matches!(settings.peers, PeerSource::Static(_)) && members.load().ring.len() == 1;
         // Starting is a change: whatever this node owns now, others may have counted before.
         let changes = Arc::new(RingChanges::new(clock.now()));
         let (returned_tx, returned) = tokio::sync::mpsc::channel(RETURNED_QUEUE);
@@ -389,20 +394,25 @@ impl ClusterStore {
             stats,
             lease,
             returned: std::sync::Mutex::new(Some(returned)),
+            alone,
             tasks,
         })
     }
 
     /// The runtime limits among the peers: the `Limits` call's owner side and the pushes of
-    /// this node's changes; it pulls from each peer that answers first or again. Once: `None`
-    /// after the first call.
-    pub fn runtime_limits(&self, config: ConfigHandle) -> Option<Arc<PeerLimits>> {
+    /// this node's changes; it reconciles with each peer that answers first or again, and
+    /// compares digests with a peer every `sync`. Once: `None` after the first call.
+    pub fn runtime_limits(&self, config: ConfigHandle, sync: Duration) -> Option<Arc<PeerLimits>> {
         let returned = self
             .returned
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()?;
-        Some(PeerLimits::new(config, self.members.clone(), returned))
+        let limits = PeerLimits::new(config, self.members.clone(), returned, sync);
+        if self.alone {
+            limits.mark_loaded();
+        }
+        Some(limits)
     }
 
     pub fn local(&self) -> &Arc<MemoryStore> {

@@ -8,6 +8,8 @@
 //! SLUICE_RUNTIME_LIMITS_POLL_MS, applying each change (the later stamp wins, as between peers);
 //! a replica whose place in the log was trimmed away (it was cut off for 100,000 changes)
 //! loads the hash again. So every replica holds a change within one poll of Redis taking it.
+//! Its first load of the hash is its readiness ([`RedisLimits::loaded`]); a read that fails is
+//! logged at warn (at most one line per [`READ_FAILURE_LOG`]) and tried again at the next poll.
 //!
 //! Keys: `CACHE_KEY_PREFIX + "sluice:{runtime}:limits"` and `... + "sluice:{runtime}:log"`
 //! (one hash slot, for Redis Cluster).
@@ -46,6 +48,10 @@ const LOG_LENGTH: usize = 100_000;
 /// Changes read from the log per call, and fields per HSCAN.
 const READ_COUNT: usize = 1000;
 
+/// At most one warning per this while the shared limits cannot be read (a poll every 250 ms
+/// while Redis is down would otherwise log four lines a second).
+const READ_FAILURE_LOG: Duration = Duration::from_secs(10);
+
 /// Runtime limits shared through Redis.
 pub struct RedisLimits {
     redis: RedisLink,
@@ -53,6 +59,8 @@ pub struct RedisLimits {
     log: String,
     write_sha: String,
     config: ConfigHandle,
+    /// Whether the hash has been loaded once (readiness).
+    loaded: tokio::sync::watch::Sender<bool>,
     task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -85,6 +93,7 @@ impl RedisLimits {
             log,
             write_sha: redis::Script::new(WRITE).get_hash().to_owned(),
             config,
+            loaded: tokio::sync::watch::Sender::new(false),
             task: std::sync::Mutex::new(None),
         });
         let weak = Arc::downgrade(&limits);
@@ -93,18 +102,26 @@ impl RedisLimits {
             let mut last: Option<String> = None;
             let mut tick = tokio::time::interval(poll);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let failures = crate::telemetry::LogLimiter::new(READ_FAILURE_LOG);
             loop {
                 tick.tick().await;
                 let Some(limits) = weak.upgrade() else {
                     return;
                 };
-                if let Err(e) = limits.follow(&mut last).await {
-                    tracing::debug!(error = %e, "cannot read the shared runtime limits from Redis");
+                if let Err(e) = limits.follow(&mut last).await
+                    && let Some(suppressed) = failures.check()
+                {
+                    tracing::warn!(error = %e, suppressed, "cannot read the shared runtime limits from Redis; trying again at the next poll");
                 }
             }
         });
         *limits.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         Ok(limits)
+    }
+
+    /// Whether the shared limits have been loaded once, now and at every change.
+    pub fn loaded(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.loaded.subscribe()
     }
 
     /// Writes a change made here; `Err` when Redis did not take it.
@@ -133,6 +150,8 @@ impl RedisLimits {
             let n = self.load_hash().await?;
             tracing::info!(limits = n, "runtime limits loaded from Redis");
             *last = Some(end);
+            self.loaded
+                .send_if_modified(|l| !std::mem::replace(l, true));
             return Ok(());
         };
         let mut pipe = redis::pipe();
@@ -156,10 +175,7 @@ impl RedisLimits {
             *last = None;
             return Ok(());
         }
-        let changes: Vec<Replicated> = entries
-            .iter()
-            .filter_map(|(_, json)| serde_json::from_str(json).ok())
-            .collect();
+        let changes = parsed(entries.iter().map(|(_, json)| json.as_str()));
         if let Some((id, _)) = entries.last() {
             *last = Some(id.clone());
         }
@@ -196,11 +212,7 @@ impl RedisLimits {
                 .arg(READ_COUNT);
             let answer = self.redis.run(&pipe).await.map_err(failed)?;
             let (next, fields) = scan_page(answer.first());
-            changes.extend(
-                fields
-                    .iter()
-                    .filter_map(|json| serde_json::from_str::<Replicated>(json).ok()),
-            );
+            changes.extend(parsed(fields.iter().map(String::as_str)));
             if next == "0" {
                 break;
             }
@@ -242,6 +254,20 @@ impl RedisLimits {
             }
         });
     }
+}
+
+/// The changes that parse; each that does not (written by something else than Sluice) is
+/// logged at warn and skipped.
+fn parsed<'a>(jsons: impl Iterator<Item = &'a str>) -> Vec<Replicated> {
+    jsons
+        .filter_map(|json| {
+            serde_json::from_str(json)
+                .map_err(|e| {
+                    tracing::warn!(error = %e, "a shared runtime limit in Redis does not parse: skipped");
+                })
+                .ok()
+        })
+        .collect()
 }
 
 /// Whether stream id `a` comes after `b` (`ms-seq`).

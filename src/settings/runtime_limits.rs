@@ -1,6 +1,7 @@
 //! The runtime limits API's settings (SLUICE_ADMIN_TOKEN_FILE, SLUICE_RUNTIME_LIMITS_PATH,
-//! SLUICE_MAX_RUNTIME_LIMITS, SLUICE_RUNTIME_HISTORY), validated into [`RuntimeLimitsOptions`]:
-//! the token file read and parsed, the limits file's directory checked, before any port is bound.
+//! SLUICE_MAX_RUNTIME_LIMITS, SLUICE_RUNTIME_HISTORY, SLUICE_RUNTIME_LIMITS_POLL_MS,
+//! SLUICE_RUNTIME_LIMITS_SYNC_MS), validated into [`RuntimeLimitsOptions`]: the token file read
+//! and parsed, the limits file's directory checked, before any port is bound.
 
 use std::path::PathBuf;
 
@@ -22,8 +23,9 @@ pub struct RuntimeLimitsArgs {
     #[arg(long, env = "SLUICE_ADMIN_TOKEN_FILE", help_heading = "Runtime limits")]
     pub admin_token_file: Option<PathBuf>,
     /// Where a node keeps its runtime limits (one JSON object a line), saved after every change
-    /// (a temporary file, fsync, rename) and loaded at start. Unset: they last until the node
-    /// stops, unless Redis or the peer cluster keeps them.
+    /// (appended to a journal beside it, fsynced) and loaded at start. Unset: they live in
+    /// memory, and in Redis for replicas sharing it; a peer cluster's nodes hold one another's
+    /// copies, in memory only, so losing every node at once loses them.
     #[arg(
         long,
         env = "SLUICE_RUNTIME_LIMITS_PATH",
@@ -56,6 +58,17 @@ pub struct RuntimeLimitsArgs {
         help_heading = "Runtime limits"
     )]
     pub runtime_limits_poll_ms: u64,
+    /// With PEERS or PEERS_DNS: how often each node compares a digest of its runtime limits
+    /// with one peer's, in milliseconds (the anti-entropy pass); when they differ it pulls the
+    /// peer's set and pushes back what the peer lacks. A change a peer missed (its push failed)
+    /// reaches it at the next pass.
+    #[arg(
+        long,
+        env = "SLUICE_RUNTIME_LIMITS_SYNC_MS",
+        default_value_t = 5000,
+        help_heading = "Runtime limits"
+    )]
+    pub runtime_limits_sync_ms: u64,
 }
 
 impl RuntimeLimitsArgs {
@@ -102,8 +115,16 @@ impl RuntimeLimitsArgs {
                 "expected 10 to 60000",
             ));
         }
+        if !(100..=600_000).contains(&self.runtime_limits_sync_ms) {
+            return Err(invalid(
+                "SLUICE_RUNTIME_LIMITS_SYNC_MS",
+                self.runtime_limits_sync_ms,
+                "expected 100 to 600000",
+            ));
+        }
         Ok(RuntimeLimitsOptions {
             poll: std::time::Duration::from_millis(self.runtime_limits_poll_ms),
+            sync: std::time::Duration::from_millis(self.runtime_limits_sync_ms),
             admin_token_file: self.admin_token_file.clone(),
             path: self.runtime_limits_path.clone(),
             max: self.max_runtime_limits,

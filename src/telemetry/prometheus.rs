@@ -56,13 +56,22 @@ pub struct Extra {
     pub runtime: RuntimeGauges,
 }
 
-/// The runtime limits' numbers (`sluice_runtime_limits`, `sluice_runtime_limit_changes_total`).
+/// The runtime limits' numbers (`sluice_runtime_limits`, `sluice_runtime_limit_changes_total`,
+/// and a peer cluster's `sluice_runtime_limit_syncs_total` and
+/// `sluice_runtime_limit_missed_pushes_total`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RuntimeGauges {
     pub limits: u64,
     pub puts: u64,
     pub deletes: u64,
+    /// The anti-entropy comparisons by result: [`SYNC_RESULTS`].
+    pub syncs: [u64; 3],
+    /// Pushes a peer did not take.
+    pub missed_pushes: u64,
 }
+
+/// The `result` label of `sluice_runtime_limit_syncs_total`, in [`RuntimeGauges::syncs`]' order.
+pub const SYNC_RESULTS: [&str; 3] = ["same", "differed", "failed"];
 
 /// The Rate Limit Quota Service's counters, table sizes and busiest buckets.
 #[derive(Clone, Debug, Default)]
@@ -257,6 +266,24 @@ fn render_runtime(out: &mut String, r: RuntimeGauges) {
     );
     sample(out, changes, &[("op", "put")], r.puts);
     sample(out, changes, &[("op", "delete")], r.deletes);
+    let syncs = "sluice_runtime_limit_syncs_total";
+    header(
+        out,
+        syncs,
+        "counter",
+        "A peer cluster's runtime limit digests compared with a peer's, by result (same; differed, then reconciled; failed).",
+    );
+    for (result, n) in SYNC_RESULTS.iter().zip(r.syncs) {
+        sample(out, syncs, &[("result", result)], n);
+    }
+    let missed = "sluice_runtime_limit_missed_pushes_total";
+    header(
+        out,
+        missed,
+        "counter",
+        "Runtime limit changes a peer did not take when pushed (each brought by the next anti-entropy pass).",
+    );
+    sample(out, missed, &[], r.missed_pushes);
 }
 
 /// `sluice_rlqs_*`: the quota service's counters, table sizes, and the busiest buckets' demand

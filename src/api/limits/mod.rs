@@ -15,7 +15,8 @@
 //! variable is unset. Errors are JSON, `{"error": "..."}`, with their status: 400 for a bad
 //! path, query or body (the YAML's own message for a bad limit), 404, 405, 413 for a body over
 //! [`MAX_BODY_BYTES`], 507 past SLUICE_MAX_RUNTIME_LIMITS, 503 when the change applies but
-//! could not be saved.
+//! could not be saved. A change that some peers did not take is answered as usual, with the
+//! header [`MISSED_PEERS`] naming them: the next anti-entropy pass brings it to them.
 
 pub(crate) mod history;
 
@@ -39,6 +40,11 @@ use crate::percent;
 /// The largest `PUT` body: a `rate_limit`'s fields fit in far less.
 pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
 
+/// The header of a `PUT` or `DELETE` answer naming the peers the change did not reach when the
+/// API answered, comma-separated: it applies here and on the other peers, and reaches these at
+/// the next anti-entropy pass (within SLUICE_RUNTIME_LIMITS_SYNC_MS, once they answer).
+pub(crate) const MISSED_PEERS: &str = "sluice-missed-peers";
+
 /// The most limits one `GET /limits/<domain>` answers (and its default).
 pub(crate) const MAX_PAGE: usize = 10_000;
 pub(crate) const DEFAULT_PAGE: usize = 1_000;
@@ -54,13 +60,19 @@ pub(crate) trait Explainer: Send + Sync {
 
 /// Where a change goes once applied here: saved to SLUICE_RUNTIME_LIMITS_PATH, pushed to the
 /// peers, written to Redis. `Ok` once the change (this node's change number `sequence`) is
-/// there; `Err` says why not.
+/// there, with the peers it did not reach (which the anti-entropy pass brings it to); `Err`
+/// says why not.
 pub(crate) trait Sink: Send + Sync {
     fn settled<'a>(
         &'a self,
         sequence: u64,
         change: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), String>>;
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>>;
+
+    /// The anti-entropy pass's counts, for a peer cluster's sink.
+    fn sync_counts(&self) -> Option<crate::cluster::runtime_peers::SyncCounts> {
+        None
+    }
 }
 
 impl Sink for crate::config::runtime::file::Saver {
@@ -68,25 +80,35 @@ impl Sink for crate::config::runtime::file::Saver {
         &'a self,
         sequence: u64,
         _: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
-        Box::pin(crate::config::runtime::file::Saver::settled(self, sequence))
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async move {
+            crate::config::runtime::file::Saver::settled(self, sequence).await?;
+            Ok(Vec::new())
+        })
     }
 }
 
-/// Every peer gets the change before the API answers. A peer that did not is logged, not
-/// answered as a failure: it pulls the change when it answers again.
+/// Every peer gets the change before the API answers. A peer that did not is logged and named
+/// in the answer ([`MISSED_PEERS`]), not answered as a failure: the change holds here and on
+/// the peers that took it, and the next anti-entropy pass compares with the peers it missed
+/// first, which brings it to them once they answer.
 impl Sink for crate::cluster::runtime_peers::PeerLimits {
     fn settled<'a>(
         &'a self,
         _: u64,
         change: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
         Box::pin(async move {
-            for missed in self.push(change).await {
-                tracing::warn!(peer = %missed, "a peer did not take a runtime limit change; it pulls it when it answers again");
+            let missed = self.push(change).await;
+            for (peer, error) in &missed {
+                tracing::warn!(peer, error, domain = %change.domain, "a peer did not take a runtime limit change; the next anti-entropy pass brings it");
             }
-            Ok(())
+            Ok(missed.into_iter().map(|(peer, _)| peer).collect())
         })
+    }
+
+    fn sync_counts(&self) -> Option<crate::cluster::runtime_peers::SyncCounts> {
+        Some(self.counts())
     }
 }
 
@@ -96,11 +118,12 @@ impl Sink for crate::cluster::runtime_redis::RedisLimits {
         &'a self,
         _: u64,
         change: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
         Box::pin(async move {
             self.write(change)
                 .await
-                .map_err(|e| format!("Redis did not take it: {e}"))
+                .map_err(|e| format!("Redis did not take it: {e}"))?;
+            Ok(Vec::new())
         })
     }
 }
@@ -148,6 +171,11 @@ impl LimitsApi {
             self.puts.load(Ordering::Relaxed),
             self.deletes.load(Ordering::Relaxed),
         )
+    }
+
+    /// The peer cluster's anti-entropy counts; `None` without peers.
+    pub(crate) fn sync_counts(&self) -> Option<crate::cluster::runtime_peers::SyncCounts> {
+        self.sinks.iter().find_map(|s| s.sync_counts())
     }
 }
 
@@ -395,7 +423,7 @@ impl Call<'_> {
             .settled(sequence, &Replicated::of(domain, &limit))
             .await
         {
-            Ok(()) => answer(status, &limit.body),
+            Ok(missed) => with_missed(answer(status, &limit.body), &missed),
             Err(e) => e,
         }
     }
@@ -413,7 +441,7 @@ impl Call<'_> {
         self.api.deletes.fetch_add(1, Ordering::Relaxed);
         self.audit(Op::Delete, Some(old.body.clone()), None);
         match self.settled(sequence, &removal).await {
-            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Ok(missed) => with_missed(StatusCode::NO_CONTENT.into_response(), &missed),
             Err(e) => e,
         }
     }
@@ -513,16 +541,19 @@ impl Call<'_> {
         });
     }
 
-    /// Waits until every sink has the change; the error answer if one has not.
-    async fn settled(&self, sequence: u64, change: &Replicated) -> Result<(), Response> {
+    /// Waits until every sink has the change: the peers it did not reach; the error answer if
+    /// a sink does not have it.
+    async fn settled(&self, sequence: u64, change: &Replicated) -> Result<Vec<String>, Response> {
         let all = self.api.sinks.iter().map(|s| s.settled(sequence, change));
-        let failed: Vec<String> = futures_util::future::join_all(all)
-            .await
-            .into_iter()
-            .filter_map(Result::err)
-            .collect();
+        let (mut missed, mut failed) = (Vec::new(), Vec::new());
+        for settled in futures_util::future::join_all(all).await {
+            match settled {
+                Ok(peers) => missed.extend(peers),
+                Err(e) => failed.push(e),
+            }
+        }
         if failed.is_empty() {
-            return Ok(());
+            return Ok(missed);
         }
         Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -532,6 +563,16 @@ impl Call<'_> {
             ),
         ))
     }
+}
+
+/// `response` with the [`MISSED_PEERS`] header when a change missed some peers.
+fn with_missed(mut response: Response, missed: &[String]) -> Response {
+    if let Ok(value) = header::HeaderValue::from_str(&missed.join(", "))
+        && !missed.is_empty()
+    {
+        response.headers_mut().insert(MISSED_PEERS, value);
+    }
+    response
 }
 
 fn put_error(e: &PutError) -> Response {

@@ -528,9 +528,66 @@ impl Sink for Unsaved {
         &'a self,
         _: u64,
         _: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<(), String>> {
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
         Box::pin(async { Err("/nowhere/limits.json: read-only file system".to_owned()) })
     }
+}
+
+/// A peer cluster whose push missed two peers.
+struct MissedTwo;
+
+impl Sink for MissedTwo {
+    fn settled<'a>(
+        &'a self,
+        _: u64,
+        _: &'a Replicated,
+    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async { Ok(vec!["10.0.0.2:8090".to_owned(), "10.0.0.3:8090".to_owned()]) })
+    }
+}
+
+#[tokio::test]
+async fn a_change_some_peers_missed_applies_and_names_them() {
+    let f = fixture_with(10, |_| vec![Arc::new(MissedTwo)]);
+    let body = r#"{"unit":"minute","requests_per_unit":1}"#;
+    for (method, status) in [
+        ("PUT", StatusCode::CREATED),
+        ("DELETE", StatusCode::NO_CONTENT),
+    ] {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, OPS.unwrap().parse().unwrap());
+        let response = handle(
+            Arc::clone(&f.api),
+            method.parse().unwrap(),
+            "/limits/edge/k=v".parse().unwrap(),
+            headers,
+            Body::from(if method == "PUT" { body } else { "" }),
+        )
+        .await;
+        assert_eq!(response.status(), status, "{method}");
+        assert_eq!(
+            response
+                .headers()
+                .get(MISSED_PEERS)
+                .map(|v| v.to_str().unwrap()),
+            Some("10.0.0.2:8090, 10.0.0.3:8090"),
+            "{method}"
+        );
+    }
+    // Without misses, no header.
+    let g = fixture_with(10, |_| Vec::new());
+    let mut headers = HeaderMap::new();
+    headers.insert(header::AUTHORIZATION, OPS.unwrap().parse().unwrap());
+    let response = handle(
+        Arc::clone(&g.api),
+        Method::PUT,
+        "/limits/edge/k=v".parse().unwrap(),
+        headers,
+        Body::from(body),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert!(response.headers().get(MISSED_PEERS).is_none());
 }
 
 #[tokio::test]

@@ -150,24 +150,27 @@ impl PeerClient {
         Ok(parts.into_iter().map(|p| p.assigned).collect())
     }
 
-    /// Runtime limits: pushes `changes` to the peer (`pull` false), or pulls the page of its
-    /// set after `after`; the page and the key to pull after next (empty at the end).
+    /// Runtime limits: pushes `changes` to the peer; with `pull`, asks for the page of its set
+    /// after that key; with `digest`, for its digest. The answer: the page, the key to pull
+    /// after next (empty at the end), and the peer's digest when asked (absent from a peer
+    /// that predates the comparison).
     pub async fn limits(
         &self,
         node: &str,
         changes: Vec<wire::RuntimeLimitChange>,
         pull: Option<String>,
-    ) -> Result<(Vec<wire::RuntimeLimitChange>, String), PeerError> {
+        digest: bool,
+    ) -> Result<wire::LimitsResponse, PeerError> {
         let request = wire::LimitsRequest {
             protocol_version: PROTOCOL_VERSION,
             node: node.to_owned(),
             changes,
             pull: pull.is_some(),
             after: pull.unwrap_or_default(),
+            digest,
         };
         let mut grpc = self.grpc.clone();
-        let answer = self.bounded(Call::Limits, grpc.limits(request)).await?;
-        Ok((answer.entries, answer.next))
+        self.bounded(Call::Limits, grpc.limits(request)).await
     }
 
     /// Sends hits to the peer (batched with concurrent calls); bounded by the timeout.

@@ -43,6 +43,8 @@ pub trait LimitsOwner: Send + Sync {
     -> Result<(), tonic::Status>;
     /// The page of limits and removals after `after`, and the key to pull after next.
     fn pull(&self, after: &str) -> (Vec<wire::RuntimeLimitChange>, String);
+    /// This node's digest of its runtime limits, for a peer to compare with its own.
+    fn digest(&self) -> wire::LimitsDigest;
 }
 
 /// The peer listener's service: the owner's side of every call.
@@ -141,12 +143,17 @@ impl wire::peer_server::Peer for Owner {
             tonic::Status::failed_precondition("this node keeps no runtime limits")
         })?;
         limits.push(&req.node, req.changes)?;
+        let digest = req.digest.then(|| limits.digest());
         let (entries, next) = if req.pull {
             limits.pull(&req.after)
         } else {
             (Vec::new(), String::new())
         };
-        Ok(tonic::Response::new(wire::LimitsResponse { entries, next }))
+        Ok(tonic::Response::new(wire::LimitsResponse {
+            entries,
+            next,
+            digest,
+        }))
     }
 }
 

@@ -7,8 +7,10 @@
 //! and no YAML text is parsed (100,000 limits load in well under a second).
 //!
 //! [`layer`] keeps each domain's runtime limits as a tree matched with the YAML's
-//! ([`super::lookup`]); [`state`] composes the served config of the two.
+//! ([`super::lookup`]); [`state`] composes the served config of the two; [`digest`] counts
+//! and sums them as they change, for peers to compare.
 
+pub mod digest;
 pub mod file;
 pub mod state;
 
@@ -21,6 +23,7 @@ use super::raw;
 
 pub use super::runtime_layer::{OwnedPath, PathLevel, RuntimeLimit, Stamp};
 pub(crate) use super::runtime_layer::{RuntimeLayer, composite};
+pub use digest::Digest;
 pub use state::{Applied, Change, PutError, Rules, RuntimeState, TOMBSTONE_LIFE_US};
 
 /// The YAML document of one runtime limit: `domain`, one nested descriptor per level, the

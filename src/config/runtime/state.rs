@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::RuntimeLayer;
+use super::digest::{Digest, entry_hash};
 use super::{PathLevel, Replicated, RuntimeLimit, Stamp, compile, composite, path_key, path_text};
 use crate::config::lookup::{Domain, FastMap, Level, RateLimitConfig};
 use crate::config::runtime_layer::Composites;
@@ -42,6 +43,9 @@ pub struct RuntimeState {
     tombstones: FastMap<String, Replicated>,
     /// The number of removals remembered after the last pruning.
     pruned_at: usize,
+    /// The limits and remembered removals, counted and summed, kept as they change: what the
+    /// anti-entropy pass compares with a peer's.
+    digest: Digest,
     /// The changes not yet taken by the one who saves them ([`RuntimeState::take_changes`]):
     /// behind a lock of their own because the saver takes them through a shared reference
     /// (`ConfigHandle::runtime`), which composes no new served config, as a change would.
@@ -98,6 +102,7 @@ impl RuntimeState {
             sequence: 0,
             tombstones: FastMap::default(),
             pruned_at: 0,
+            digest: Digest::default(),
             unsaved: std::sync::Mutex::default(),
         }
     }
@@ -192,10 +197,16 @@ impl RuntimeState {
         let mut layer = self.layers.remove(domain).unwrap_or_default();
         let old = Arc::make_mut(&mut layer).set(levels, Arc::clone(&limit), &mut self.next_id);
         self.layers.insert(domain.to_owned(), layer);
-        // (The key is written only when there are removals: a load of 100,000 has none.)
-        if !self.tombstones.is_empty() {
-            self.tombstones.remove(&path_key(domain, levels));
+        if let Some(old) = &old {
+            self.digest.remove(limit_hash(domain, old));
         }
+        // (The key is written only when there are removals: a load of 100,000 has none.)
+        if !self.tombstones.is_empty()
+            && let Some(removal) = self.tombstones.remove(&path_key(domain, levels))
+        {
+            self.digest.remove(removal_hash(&removal));
+        }
+        self.digest.add(limit_hash(domain, &limit));
         self.sequence += 1;
         self.keep(|| Kept::Set(domain.to_owned(), Arc::clone(&limit)));
         Ok((change_of(old), limit))
@@ -250,6 +261,9 @@ impl RuntimeState {
         if layer.len() > 0 {
             self.layers.insert(domain.to_owned(), layer);
         }
+        if let Some(old) = &old {
+            self.digest.remove(limit_hash(domain, old));
+        }
         old
     }
 
@@ -259,11 +273,27 @@ impl RuntimeState {
         self.sequence += 1;
         self.keep(|| Kept::Removed(removal.clone()));
         let horizon = removal.at_us.saturating_sub(TOMBSTONE_LIFE_US);
-        self.tombstones.insert(removal.key(), removal);
+        self.digest.add(removal_hash(&removal));
+        if let Some(replaced) = self.tombstones.insert(removal.key(), removal) {
+            self.digest.remove(removal_hash(&replaced));
+        }
         if self.tombstones.len() > self.pruned_at.saturating_mul(2).max(1024) {
-            self.tombstones.retain(|_, r| r.at_us >= horizon);
+            let digest = &mut self.digest;
+            self.tombstones.retain(|_, r| {
+                let keep = r.at_us >= horizon;
+                if !keep {
+                    digest.remove(removal_hash(r));
+                }
+                keep
+            });
             self.pruned_at = self.tombstones.len();
         }
+    }
+
+    /// The limits and remembered removals, counted and summed ([`Digest`]): equal on two nodes
+    /// that hold the same.
+    pub fn digest(&self) -> Digest {
+        self.digest
     }
 
     /// The stamp of the limit at the path, or of its removal.
@@ -438,6 +468,21 @@ pub enum Rules {
     /// Loading saved or replicated limits: the same but the wildcard rule, which is about what
     /// the YAML held when the limit was set; a limit already set is never dropped for it.
     Load,
+}
+
+/// A limit's entry in the [`Digest`].
+fn limit_hash(domain: &str, limit: &RuntimeLimit) -> u64 {
+    let levels = limit.levels.iter().map(|(k, v)| (&**k, v.as_deref()));
+    entry_hash(domain, levels, &limit.stamp, false)
+}
+
+/// A remembered removal's entry in the [`Digest`].
+fn removal_hash(removal: &Replicated) -> u64 {
+    let levels = removal
+        .levels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_deref()));
+    entry_hash(&removal.domain, levels, &removal.stamp(), true)
 }
 
 fn change_of(old: Option<Arc<RuntimeLimit>>) -> Change {
