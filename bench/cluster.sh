@@ -23,7 +23,8 @@
 #     others' do not: two hits in three cross to a peer in forward mode, whatever the ports;
 #   - one at a time: one h2load client with one request in flight (-c 1 -m 1), sequentially
 #     over every (key, node) pair, so in a cluster two requests in three land on a node that
-#     does not own their key, as with a load balancer in front; mean, p50 and p99 latency.
+#     does not own their key, as with a load balancer in front; mean, p50 and p99 latency, and
+#     in forward mode the same over forwarded decisions only (the pairs whose node forwarded).
 # From the peers' /stats, each part reports its peer hops per decision (forwarded hits in
 # forward mode; acquires and forwards in lease mode) and, for the load, peer calls per second
 # per node (forward calls; lease renewal calls and acquires).
@@ -233,11 +234,17 @@ run() { # run MODE: one load run, then one-at-a-time requests; one JSON line
     # One client, one request at a time: every key on every node of the setup, in turn.
     local targets=(0) each=$((SERIAL / 3))
     if [[ $mode != single ]]; then targets=(1 2 3); each=$((SERIAL / 9)); fi
+    local before owner
     for k in 0 1 2; do
         for n in "${targets[@]}"; do
+            before=$(node_stat "$n" forwarded_hits)
             h2load -c 1 -m 1 -t 1 -n "$each" -d "$WORK/body-$k.bin" "${H2_ARGS[@]}" \
                 --log-file="$WORK/serial-$k-$n.tsv" "$(grpc "$n")$PATH_RL" \
                 >"$WORK/serial-out-$k-$n.txt" 2>&1
+            # A node that forwarded these hits does not own the key: its latencies are
+            # forwarded decisions'.
+            owner=$([[ $(node_stat "$n" forwarded_hits) == "$before" ]] && echo own || echo fwd)
+            mv "$WORK/serial-$k-$n.tsv" "$WORK/serial-$k-$n-$owner.tsv"
         done
     done
     s2=$(stats)
@@ -275,6 +282,7 @@ def hops(d):
 rps = sum(float(m.group(1)) for o in outs
           for m in [re.search(r"finished in [^,]+, ([\d.]+) req/s", open(o).read())] if m)
 load, one = latencies(logs), latencies(serial)
+fwd = latencies([name for name in serial if name.endswith("-fwd.tsv")])
 dl, ds = delta(s1, s0), delta(s2, s1)
 crossed, decisions = hops(dl)
 serial_crossed, serial_decisions = hops(ds)
@@ -286,6 +294,9 @@ print(json.dumps({
     "requests": len(load),
     "serial_mean_ms": statistics.fmean(one) / 1000 if one else float("nan"),
     "serial_p50_ms": pct(one, 0.5), "serial_p99_ms": pct(one, 0.99), "serial_requests": len(one),
+    "serial_forwarded_mean_ms": statistics.fmean(fwd) / 1000 if fwd else float("nan"),
+    "serial_forwarded_p50_ms": pct(fwd, 0.5), "serial_forwarded_p99_ms": pct(fwd, 0.99),
+    "serial_forwarded_requests": len(fwd),
     "hops_per_decision": crossed / decisions if decisions else 0.0,
     "serial_hops_per_decision": serial_crossed / serial_decisions if serial_decisions else 0.0,
     "peer_calls_per_s_node": calls / (duration + 1) / 3,
@@ -340,6 +351,17 @@ out.append(f"Medians of {rounds} rounds (the order rotating each round), {durati
            f"per run (3 h2load clients, -c 1 -m 50, one key each) and {serial} requests one at a "
            f"time (h2load -c 1 -m 1 over every key and node), all on one 2-core machine.")
 out.append("")
+# Forward mode only: in lease mode a node that forwarded a few hits decided the rest itself.
+fwd_modes = [m for m in modes if m.startswith("cluster") and by[m]]
+for mode in fwd_modes:
+    rs = by[mode]
+    out.append(f"- {names[mode]}, forwarded decisions only, one at a time: mean "
+               f"{med(rs, 'serial_forwarded_mean_ms') * 1000:.0f} µs, p50 "
+               f"{med(rs, 'serial_forwarded_p50_ms') * 1000:.0f} µs, p99 "
+               f"{med(rs, 'serial_forwarded_p99_ms') * 1000:.0f} µs "
+               f"({med(rs, 'serial_forwarded_requests'):.0f} requests a round)")
+if fwd_modes:
+    out.append("")
 base = modes[0]
 for mode in modes[1:]:
     out.append(f"- {names[mode]} / {names[base]}: throughput "

@@ -74,7 +74,9 @@ use sluice::limiter::{Quota, Unit, Window};
 
 /// SLUICE_PEER_TIMEOUT_MS (default 200).
 const PEER_TIMEOUT_US: u64 = 200_000;
-/// SLUICE_PEER_BATCH_WINDOW_US (default 200): a forward waits up to this long to share a call.
+/// SLUICE_PEER_BATCH_WINDOW_US (default 200): how long a call in flight gathers the forwards
+/// behind it. The model keeps the older batcher's wait, up to one window per forward; the
+/// batcher now sends a forward at once unless a call to its peer is in flight (docs/cluster.md).
 const BATCH_WINDOW_US: u64 = 200;
 /// One-way network latency between two nodes, drawn per hop.
 const HOP_US: (u64, u64) = (200, 500);

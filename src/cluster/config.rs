@@ -33,6 +33,7 @@ pub struct ClusterConfig {
     pub listen: SocketAddr,
     pub mode: ClusterMode,
     pub timeout: Duration,
+    /// SLUICE_PEER_BATCH_WINDOW_US: how long a call in flight gathers the forwards behind it.
     pub batch_window: Duration,
     /// SLUICE_PEER_WRITE_BEHIND; `None` when off.
     pub write_behind: Option<WriteBehind>,

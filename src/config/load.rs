@@ -225,12 +225,9 @@ pub fn envoy_extensions(
 /// [`envoy_extensions`] for one file's text.
 pub fn envoy_extensions_in(name: &str, text: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let Ok(mut value) = super::yaml::parse(text) else {
+    let Ok(value) = super::yaml::parse(text) else {
         return out;
     };
-    if value.apply_merge().is_err() {
-        return out;
-    }
     if let Yaml::Mapping(root) = &value {
         let domain = root.get("domain").map(scalar).unwrap_or_default();
         scan_extensions(root, &domain, &mut |path, what| {

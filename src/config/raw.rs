@@ -132,13 +132,9 @@ pub struct RawReplaces {
 
 /// Parses one file's text. The error is the message only; the caller prefixes the file name.
 pub(crate) fn parse(text: &str) -> Result<RawRoot, String> {
-    let mut value =
-        super::yaml::parse(text).map_err(|e| format!("error loading config file: {e}"))?;
-    // go-yaml resolves `<<` merge keys while decoding; without this the walk below would
-    // report `unknown key '<<'` for configs the Go service accepts.
-    value
-        .apply_merge()
-        .map_err(|e| format!("error loading config file: {e}"))?;
+    // Merge keys are resolved there, as go-yaml resolves them while decoding; without that the
+    // walk below would report `unknown key '<<'` for configs the Go service accepts.
+    let value = super::yaml::parse(text).map_err(|e| format!("error loading config file: {e}"))?;
     parse_value(value)
 }
 

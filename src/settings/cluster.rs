@@ -57,7 +57,9 @@ pub struct ClusterArgs {
         help_heading = "Peer cluster"
     )]
     pub peer_timeout_ms: u64,
-    /// How long concurrent forwards to one peer wait to share one call, in microseconds.
+    /// How long a call in flight to a peer gathers the forwards behind it, in microseconds: a
+    /// forward with no call in flight to its peer leaves at once; one behind a call waits for
+    /// a call to come back, or until the newest has been out this long (0: never waits).
     #[arg(
         long,
         env = "SLUICE_PEER_BATCH_WINDOW_US",

@@ -77,10 +77,18 @@ impl Style {
         if self.pick(2) == 0 { camel } else { snake }.to_owned()
     }
     fn integer(&mut self, n: u64) -> Value {
-        match self.pick(4) {
-            0 => json!(n.to_string()),
-            // An integral value with a fraction, which protojson accepts; exact below 2^53.
-            1 if n < (1 << 53) => json!(format!("{n}.0")),
+        // Integral values with a fraction or an exponent, which protojson reads exactly at any
+        // size: `1.8446744073709551615e19` is u64::MAX.
+        let digits = n.to_string();
+        // One digit before the point: `1.8446744073709551615e19`, `7e0`.
+        let exponent =
+            format!("{}.{}e{}", &digits[..1], &digits[1..], digits.len() - 1).replace(".e", "e");
+        match self.pick(7) {
+            0 => json!(digits),
+            1 => json!(format!("{n}.0")),
+            2 => json!(exponent),
+            3 => written(&format!("{n}.000")),
+            4 => written(&exponent),
             _ => json!(n),
         }
     }
@@ -90,6 +98,27 @@ impl Style {
             m.insert(name, Value::Null);
         }
     }
+}
+
+/// Marks a string as a number to write as is (a JSON number serde_json's `Value` cannot hold
+/// exactly), for [`write_numbers`] to unquote once the body is written.
+const WRITTEN: &str = "\u{1}number:";
+
+fn written(number: &str) -> Value {
+    json!(format!("{WRITTEN}{number}"))
+}
+
+/// `body` with every [`written`] string replaced by its number, unquoted.
+fn write_numbers(body: Vec<u8>) -> Vec<u8> {
+    let mut body = String::from_utf8(body).expect("serde_json writes UTF-8");
+    let marker = "\"\\u0001number:";
+    while let Some(at) = body.find(marker) {
+        let start = at + marker.len();
+        let len = body[start..].find('"').expect("a closing quote");
+        let number = body[start..start + len].to_owned();
+        body.replace_range(at..start + len + 1, &number);
+    }
+    body.into_bytes()
 }
 
 fn descriptor_json(d: &RateLimitDescriptor, style: &mut Style) -> Value {
@@ -147,11 +176,11 @@ pub fn request_json(req: &RateLimitRequest, seed: u64) -> Vec<u8> {
         style.default_field(&mut m, hits_name);
     }
     let value = Value::Object(m);
-    if style.pick(2) == 0 {
+    write_numbers(if style.pick(2) == 0 {
         serde_json::to_vec_pretty(&value).expect("serialises")
     } else {
         serde_json::to_vec(&value).expect("serialises")
-    }
+    })
 }
 
 /// Where a decode error may point: the request itself or one of its fields.
@@ -260,4 +289,53 @@ proptest! {
     fn raw_bodies_decode_or_say_where(body in raw_bytes(1024)) {
         timed("json raw", || check_fuzz_input(&body));
     }
+}
+
+/// Found by the long run: integers past 2^53 written with a fraction or an exponent went
+/// through a double, so `9007199254740993.0` was counted as 9007199254740992 and
+/// `1.8446744073709551615e19` (u64::MAX) was refused as out of range. protojson reads them
+/// exactly; so does `/json` now, and refuses what is not integral or past the field's range,
+/// naming the field.
+#[test]
+fn large_integers_with_a_fraction_or_an_exponent_are_read_exactly() {
+    let addend = |v: &str| {
+        let body = format!(
+            r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"k","value":"v"}}],"hitsAddend":{v}}}]}}"#
+        );
+        check_fuzz_input(body.as_bytes());
+        decode_request(body.as_bytes())
+            .map(|r| r.descriptors[0].hits_addend.map(|h| h.value))
+            .map_err(|e| e.to_string())
+    };
+    let two53 = 1_u64 << 53;
+    for v in [
+        "9007199254740993.0",
+        "9007199254740993e0",
+        "\"9007199254740993.0\"",
+    ] {
+        assert_eq!(addend(v), Ok(Some(two53 + 1)), "{v}");
+    }
+    for v in [
+        "1.8446744073709551615e19",
+        "18446744073709551615.0",
+        "\"1.8446744073709551615E+19\"",
+    ] {
+        assert_eq!(addend(v), Ok(Some(u64::MAX)), "{v}");
+    }
+    assert_eq!(
+        addend("1.8446744073709551616e19"),
+        Err(
+            "descriptors[0].hitsAddend: 1.8446744073709551616e19 is out of range for uint64".into()
+        )
+    );
+    assert_eq!(
+        addend("9007199254740993.5"),
+        Err("descriptors[0].hitsAddend: 9007199254740993.5 is not an integer".into())
+    );
+    // The generator writes such numbers too (`written`), as a client may.
+    let req = decode_request(&write_numbers(
+        serde_json::to_vec(&json!({"hitsAddend": written("4.294967295e9")})).unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(req.hits_addend, u32::MAX);
 }

@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
 
 use super::JsonError;
+use super::number::Integral;
 use super::tree::{Json, Number, Path, parse};
 
 fn wrong_type(path: &Path<'_>, expected: &'static str, found: &Json) -> JsonError {
@@ -98,7 +99,7 @@ fn boolean(json: Json, path: &Path<'_>) -> Result<bool, JsonError> {
 
 /// An integer field of type `ty` whose values lie in `min..=max`. As in `protojson`, the value may
 /// be a JSON number or a string holding one, and an exponent or fraction is fine if the value is
-/// integral (`1e2`, `"100.0"`).
+/// integral (`1e2`, `"100.0"`), read exactly whatever its size (`1.8446744073709551615e19`).
 fn integer(
     json: Json,
     path: &Path<'_>,
@@ -119,26 +120,17 @@ fn integer(
         },
         other => return Err(wrong_type(path, "an integer (number or string)", &other)),
     };
-    let value = match number {
-        Number::U(n) => i128::from(n),
-        Number::I(n) => i128::from(n),
-        Number::F(f) if f.fract() != 0.0 => {
-            return Err(JsonError::NotAnInteger {
-                path: path.to_string(),
-                value: number.to_string(),
-            });
-        }
-        // `as` saturates, and a saturated value fails the range check below.
-        Number::F(f) => f as i128,
-    };
-    if (min..=max).contains(&value) {
-        Ok(value)
-    } else {
-        Err(JsonError::OutOfRange {
+    match number.integral() {
+        Integral::Exactly(n) if (min..=max).contains(&n) => Ok(n),
+        Integral::Fraction => Err(JsonError::NotAnInteger {
+            path: path.to_string(),
+            value: number.to_string(),
+        }),
+        Integral::Exactly(_) | Integral::Beyond => Err(JsonError::OutOfRange {
             path: path.to_string(),
             value: number.to_string(),
             ty,
-        })
+        }),
     }
 }
 

@@ -16,11 +16,13 @@
 //!   `google.protobuf.Struct` as a plain JSON object.
 //!
 //! The parts: `tree` (the JSON value that keeps duplicate members, and the path errors name),
+//! `number` (numbers as written, and the exact integer one denotes),
 //! `decode` (tree -> prost), `encode` (prost -> JSON text) and `wkt` (Duration, Timestamp and
 //! base64 as protojson writes them). Reading the body is [`super::body`]'s.
 
 mod decode;
 mod encode;
+mod number;
 mod tree;
 mod wkt;
 

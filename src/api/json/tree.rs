@@ -1,9 +1,13 @@
 //! The JSON tree a `/json` body is parsed into before [`super::decode`] walks it, and the path
 //! of a value inside it that error messages name.
 
+use std::cell::RefCell;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+
+pub(super) use super::number::Number;
+use super::number::NumberTexts;
 
 /// A parsed JSON value. Unlike `serde_json::Value`, objects keep every member in order, duplicates
 /// included, because proto3 JSON must reject a field given twice.
@@ -15,25 +19,6 @@ pub(super) enum Json {
     String(String),
     Array(Vec<Json>),
     Object(Vec<(String, Json)>),
-}
-
-/// A JSON number as serde_json reports it: integers exactly when they fit 64 bits, else a double.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Number {
-    U(u64),
-    I(i64),
-    F(f64),
-}
-
-impl fmt::Display for Number {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Number::U(n) => write!(f, "{n}"),
-            Number::I(n) => write!(f, "{n}"),
-            // Debug switches to exponent notation for huge or tiny values, keeping messages short.
-            Number::F(n) => write!(f, "{n:?}"),
-        }
-    }
 }
 
 impl Json {
@@ -53,18 +38,26 @@ impl Json {
 /// Parses `bytes` as one JSON value. serde_json bounds nesting (128 levels), so hostile input
 /// cannot exhaust the stack here or when the tree is dropped.
 pub(super) fn parse(bytes: &[u8]) -> Result<Json, serde_json::Error> {
-    serde_json::from_slice(bytes)
+    let texts = RefCell::new(NumberTexts::new(bytes));
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let json = Tree(&texts).deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(json)
 }
 
-impl<'de> Deserialize<'de> for Json {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(JsonVisitor)
+/// Builds the tree, finding in the body the text of each number that is not a 64-bit integer.
+#[derive(Clone, Copy)]
+struct Tree<'t, 'b>(&'t RefCell<NumberTexts<'b>>);
+
+impl<'de> DeserializeSeed<'de> for Tree<'_, '_> {
+    type Value = Json;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Json, D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
 
-struct JsonVisitor;
-
-impl<'de> Visitor<'de> for JsonVisitor {
+impl<'de> Visitor<'de> for Tree<'_, '_> {
     type Value = Json;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -84,15 +77,23 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
 
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Json, E> {
+        self.0.borrow_mut().pass();
         Ok(Json::Number(Number::U(n)))
     }
 
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Json, E> {
+        self.0.borrow_mut().pass();
         Ok(Json::Number(Number::I(n)))
     }
 
     fn visit_f64<E: de::Error>(self, n: f64) -> Result<Json, E> {
-        Ok(Json::Number(Number::F(n)))
+        // The fallback is never taken for a body serde_json reads (see `number`); were it, the
+        // double's shortest text is still a JSON number, exact up to 2^53.
+        let text = match self.0.borrow_mut().next() {
+            Some(text) => Box::from(text),
+            None => format!("{n:?}").into_boxed_str(),
+        };
+        Ok(Json::Number(Number::Written(text)))
     }
 
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Json, E> {
@@ -105,7 +106,7 @@ impl<'de> Visitor<'de> for JsonVisitor {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element()? {
+        while let Some(item) = seq.next_element_seed(self)? {
             items.push(item);
         }
         Ok(Json::Array(items))
@@ -113,8 +114,8 @@ impl<'de> Visitor<'de> for JsonVisitor {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
         let mut members = Vec::new();
-        while let Some(member) = map.next_entry::<String, Json>()? {
-            members.push(member);
+        while let Some(name) = map.next_key::<String>()? {
+            members.push((name, map.next_value_seed(self)?));
         }
         Ok(Json::Object(members))
     }

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{Job, batcher};
+use super::batch::{self, Job};
 use super::{
-    Call, LeaseAsk, LeaseGrant, LeaseRequest, Malformed, Op, PROTOCOL_VERSION, PeerDecision,
-    PeerError, PeerHit, wire,
+    ApplyRequest, Call, LeaseAsk, LeaseGrant, LeaseRequest, Malformed, Op, PROTOCOL_VERSION,
+    PeerDecision, PeerError, PeerHit, wire,
 };
 use crate::cluster::ClusterStats;
 use crate::tls::PeerTls;
@@ -73,11 +73,15 @@ impl PeerClient {
                 endpoint.connect_with_connector_lazy(connector)
             }
         };
-        let (tx, rx) = mpsc::channel(1024);
-        let grpc = wire::peer_client::PeerClient::new(channel.clone());
-        tokio::spawn(batcher(channel, rx, timeout, window, stats));
+        let grpc = wire::peer_client::PeerClient::new(channel);
+        let caller = grpc.clone();
+        let jobs = batch::start(
+            move |hits, op| apply_call(caller.clone(), hits, op, timeout),
+            window,
+            stats,
+        );
         Ok(PeerClient {
-            jobs: tx,
+            jobs,
             timeout,
             grpc,
         })
@@ -186,13 +190,36 @@ impl PeerClient {
                 .await
                 .map_err(|_| PeerError::NoClient("peer call dropped"))?
         };
-        // The batch window plus the call's own deadline bound the wait.
+        // A forward waits at most for a call in flight to come back (each bounded by the
+        // timeout), then for its own call.
         match tokio::time::timeout(self.timeout * 2, sent).await {
             Ok(r) => r,
             Err(_) => Err(PeerError::Timeout {
                 after: self.timeout,
             }),
         }
+    }
+}
+
+/// One Apply call carrying `hits`, bounded by `timeout`. A refusal (another protocol version,
+/// an unknown number) comes back as the owner's message, and the caller treats the peer as
+/// failed.
+async fn apply_call(
+    mut client: wire::peer_client::PeerClient<tonic::transport::Channel>,
+    hits: Vec<PeerHit>,
+    op: Op,
+    timeout: Duration,
+) -> Result<Vec<PeerDecision>, PeerError> {
+    let call = async {
+        client
+            .apply(ApplyRequest::new(hits, op))
+            .await
+            .map(|r| r.into_inner().decisions)
+            .map_err(|s| PeerError::from_status(Call::Apply, s))
+    };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(r) => r,
+        Err(_) => Err(PeerError::Timeout { after: timeout }),
     }
 }
 

@@ -129,6 +129,14 @@ fn accepts_integral_numbers_in_any_json_form() {
     assert_eq!(addend("9007199254740991.0"), Ok(Some((1 << 53) - 1)));
     assert_eq!(addend("\"9007199254740991.0\""), Ok(Some((1 << 53) - 1)));
     assert_eq!(addend("90071992547409.91e2"), Ok(Some((1 << 53) - 1)));
+    // And past 2^53, where a double is no longer exact (tests/fuzz): read from the text.
+    assert_eq!(addend("9007199254740993.0"), Ok(Some((1 << 53) + 1)));
+    assert_eq!(addend("9007199254740993e0"), Ok(Some((1 << 53) + 1)));
+    assert_eq!(addend("\"9007199254740993.0\""), Ok(Some((1 << 53) + 1)));
+    assert_eq!(addend("1.8446744073709551615e19"), Ok(Some(u64::MAX)));
+    assert_eq!(addend("18446744073709551615.000"), Ok(Some(u64::MAX)));
+    assert_eq!(addend("\"1844674407370955161.5e1\""), Ok(Some(u64::MAX)));
+    assert_eq!(hits("4.294967295e9"), Ok(u32::MAX));
 }
 
 #[test]
@@ -262,11 +270,24 @@ fn every_error_names_its_path() {
         (r#"{"hitsAddend":""}"#, r#"hitsAddend: "" is not a number"#),
         (
             r#"{"descriptors":[{"hits_addend":18446744073709551616}]}"#,
-            "descriptors[0].hits_addend: 1.8446744073709552e19 is out of range for uint64",
+            "descriptors[0].hits_addend: 18446744073709551616 is out of range for uint64",
         ),
         (
             r#"{"descriptors":[{"hitsAddend":"18446744073709551616"}]}"#,
-            "descriptors[0].hitsAddend: 1.8446744073709552e19 is out of range for uint64",
+            "descriptors[0].hitsAddend: 18446744073709551616 is out of range for uint64",
+        ),
+        // Past u64::MAX by one, which a double cannot tell from u64::MAX (tests/fuzz).
+        (
+            r#"{"descriptors":[{"hitsAddend":1.8446744073709551616e19}]}"#,
+            "descriptors[0].hitsAddend: 1.8446744073709551616e19 is out of range for uint64",
+        ),
+        (
+            r#"{"descriptors":[{"hitsAddend":9007199254740993.5}]}"#,
+            "descriptors[0].hitsAddend: 9007199254740993.5 is not an integer",
+        ),
+        (
+            r#"{"hitsAddend":4294967295.1e1}"#,
+            "hitsAddend: 4294967295.1e1 is out of range for uint32",
         ),
         (
             r#"{"descriptors":[{"hitsAddend":-1}]}"#,
