@@ -118,12 +118,13 @@ fn main() {
 /// A child cluster owner's parent grants on `n` keys, and the resident bytes they took.
 fn parent_grants(n: usize, quota: Quota, timing: &LeaseTiming) -> (Upstream, u64) {
     let before = rss_bytes();
-    let up = Upstream::new(ParentTiming {
+    let parent_timing = ParentTiming {
         renew: std::time::Duration::from_millis(200),
         timeout: std::time::Duration::from_secs(1),
         idle: timing.duration,
         max_bytes: usize::MAX,
-    });
+    };
+    let up = Upstream::new(parent_timing, std::num::NonZeroU32::MIN.saturating_add(1));
     for i in 0..n {
         up.capacity(&key(i), &quota, T0);
     }

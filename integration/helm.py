@@ -92,7 +92,8 @@ COMBOS = {
         "replicaCount": 3,
         "cluster": {"enabled": True, "mode": "lease", "lease": {
             "renewMs": 50, "durationMs": 500, "maxBytes": 16777216,
-            "parent": {"peers": "10.8.0.4:8082,10.8.0.5:8082", "clusterName": "eu-west", "renewMs": 150},
+            "parent": {"peers": "10.8.0.4:8082,10.8.0.5:8082", "clusterName": "eu-west", "renewMs": 150,
+                       "expectedClusters": 3},
             "childrenFrom": [{"ipBlock": {"cidr": "10.9.0.0/16"}}]}},
         "networkPolicy": {"enabled": True},
         "rlqs": {"assignmentTtlSecs": 5, "abandonIdleSecs": 10, "maxBytes": 8388608, "keyOrder": "tenant, plan"},
@@ -351,6 +352,7 @@ def check_deployment(label, docs, values):
                 "SLUICE_LEASE_CLUSTER_NAME": parent["clusterName"],
                 "SLUICE_LEASE_PARENT_RENEW_MS": str(parent.get("renewMs", 200)),
                 "SLUICE_LEASE_PARENT_TIMEOUT_MS": str(parent.get("timeoutMs", 1000)),
+                "SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS": str(parent.get("expectedClusters", 2)),
             }
         got = {k: v["value"] for k, v in env.items() if k.startswith("SLUICE_LEASE_")}
         in_lease = values["cluster"].get("mode") == "lease"
@@ -1372,6 +1374,8 @@ def main():
          ["cluster.lease.parent.renewMs must be at least cluster.lease.renewMs"]),
         ("a lease parent that is no host:port", {"cluster": {"lease": {"parent": {"peers": "r"}}}},
          ["/cluster/lease/parent/peers", "does not match pattern"]),
+        ("a lease parent expecting no child cluster", {"cluster": {"lease": {"parent": {"expectedClusters": 0}}}},
+         ["/cluster/lease/parent/expectedClusters", "minimum"]),
         ("write-behind with backend: redis", {"backend": "redis", "cluster": {"enabled": True, "writeBehind": {"enabled": True}},
                                               "redis": {"url": "r:6379"}}, ["needs backend: memory"]),
         ("write-behind without redis.url", {"cluster": {"enabled": True, "writeBehind": {"enabled": True}}},

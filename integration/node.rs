@@ -26,6 +26,8 @@ pub struct Node {
     pub grpc: u16,
     /// Extra environment, kept for restarts.
     pub env: Vec<(String, String)>,
+    /// Where its stderr (the logs) goes, appended across restarts; `None`: nowhere.
+    pub log: Option<std::path::PathBuf>,
 }
 
 impl Drop for Node {
@@ -45,6 +47,7 @@ impl Node {
             advertised: None,
             grpc: free_port(),
             env,
+            log: None,
         }
     }
 
@@ -93,10 +96,18 @@ impl Node {
                 .env("PEER_PORT", self.peer.to_string())
                 .env("PEER_ADVERTISE_ADDRESS", self.peer_address());
         }
+        let stderr = self.log.as_ref().map_or_else(Stdio::null, |path| {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("the node's log file");
+            Stdio::from(file)
+        });
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start sluice");
         self.child = Some(child);

@@ -10,6 +10,10 @@
 //! - With every call to the root delayed 60 ms each way (the fault harness's delay proxy, as
 //!   between regions), and every peer call over mutual TLS, the limit still holds across both
 //!   children.
+//! - A child whose root never answered (its addresses swallow calls from the start) admits
+//!   the limit over SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS per window for a limit without a
+//!   `safe_capacity`, says so (logs, `/stats`, `/metrics`, the status page), and takes the
+//!   root's grants once the root starts.
 
 #![allow(
     clippy::disallowed_methods,
@@ -23,7 +27,7 @@ mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use node::Node;
 use support::{http, wait_for, with_window_to_spare};
@@ -35,13 +39,16 @@ const RATE: usize = 100;
 /// The one-second window's limit of the last test, and its safe capacity.
 const SECOND_LIMIT: usize = 100;
 const SAFE: usize = 20;
+/// A one-second window's limit with no `safe_capacity`.
+const BARE_LIMIT: usize = 100;
 
 fn limits_yaml() -> String {
     format!(
         "domain: d\ndescriptors:\n\
          \x20 - key: hour\n    rate_limit: {{unit: hour, requests_per_unit: {HOUR_LIMIT}}}\n\
          \x20 - key: rate\n    rate_limit: {{unit: second, requests_per_unit: {RATE}, algorithm: token_bucket}}\n\
-         \x20 - key: second\n    rate_limit: {{unit: second, requests_per_unit: {SECOND_LIMIT}, safe_capacity: {SAFE}}}\n"
+         \x20 - key: second\n    rate_limit: {{unit: second, requests_per_unit: {SECOND_LIMIT}, safe_capacity: {SAFE}}}\n\
+         \x20 - key: bare\n    rate_limit: {{unit: second, requests_per_unit: {BARE_LIMIT}}}\n"
     )
 }
 
@@ -171,45 +178,53 @@ impl Tree {
         }
     }
 
-    /// The debug ports of the child nodes: child 0's two, then child 1's.
-    fn child_ports(&self) -> Vec<(u16, u16)> {
+    /// The HTTP ports of the child nodes: child 0's two, then child 1's.
+    fn child_ports(&self) -> Vec<u16> {
         self.children
             .iter()
-            .flat_map(|c| c.nodes.iter().map(|n| (n.http, n.debug)))
+            .flat_map(|c| c.nodes.iter().map(|n| n.http))
             .collect()
     }
 }
 
-/// One client thread per child node, sending `body` one request at a time (at most one per
-/// `pace`), recording when each request was admitted; each stops after `per_node` requests
-/// (if given), or when told.
+/// A request's (sent, answered).
+type Span = (Instant, Instant);
+
+/// One client thread per node (of `ports`, by index `on`), sending `body` one request at a
+/// time (at most one per `pace`), recording when each admitted request was sent and answered,
+/// and the longest any request took; each stops after `per_node` requests (if given), or when
+/// told.
 struct Load {
     stop: Arc<AtomicBool>,
-    /// Per child node (child 0's two, then child 1's): when each admitted request was answered,
-    /// and how many were answered.
-    admitted: Vec<Arc<Mutex<Vec<Instant>>>>,
+    /// Per node (child 0's two, then child 1's): each admitted request's span.
+    admitted: Vec<Arc<Mutex<Vec<Span>>>>,
+    /// The longest a request took (µs).
+    slowest_us: Arc<std::sync::atomic::AtomicU64>,
     threads: Vec<std::thread::JoinHandle<usize>>,
+    /// An instant and the Unix time then, to place spans in windows.
+    base: (Instant, SystemTime),
 }
 
 impl Load {
     fn start(
-        tree: &Tree,
+        ports: &[u16],
         on: &[usize],
         body: &str,
         per_node: Option<usize>,
         pace: Duration,
     ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
-        let ports = tree.child_ports();
-        let admitted: Vec<Arc<Mutex<Vec<Instant>>>> =
+        let slowest_us = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let admitted: Vec<Arc<Mutex<Vec<Span>>>> =
             (0..ports.len()).map(|_| Arc::default()).collect();
         let threads = on
             .iter()
             .map(|&i| {
-                let (stop, admitted, port, body) = (
+                let (stop, admitted, slowest, port, body) = (
                     stop.clone(),
                     admitted[i].clone(),
-                    ports[i].0,
+                    slowest_us.clone(),
+                    ports[i],
                     body.to_owned(),
                 );
                 std::thread::spawn(move || {
@@ -218,8 +233,12 @@ impl Load {
                     while !stop.load(Ordering::Relaxed) && per_node.is_none_or(|n| answered < n) {
                         let due = start + pace * u32::try_from(answered).unwrap_or(u32::MAX);
                         std::thread::sleep(due.saturating_duration_since(Instant::now()));
-                        match http(port, "POST", "/json", &body) {
-                            Some((200, _)) => admitted.lock().unwrap().push(Instant::now()),
+                        let sent = Instant::now();
+                        let answer = http(port, "POST", "/json", &body);
+                        let took = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                        slowest.fetch_max(took, Ordering::Relaxed);
+                        match answer {
+                            Some((200, _)) => admitted.lock().unwrap().push((sent, Instant::now())),
                             Some((429, _)) => {}
                             other => panic!("node on port {port} answered {other:?}"),
                         }
@@ -232,12 +251,52 @@ impl Load {
         Load {
             stop,
             admitted,
+            slowest_us,
             threads,
+            base: (Instant::now(), SystemTime::now()),
         }
     }
 
+    /// The longest any request has taken so far.
+    fn slowest(&self) -> Duration {
+        Duration::from_micros(self.slowest_us.load(Ordering::Relaxed))
+    }
+
+    /// The Unix second `t` falls in.
+    fn window_of(&self, t: Instant) -> u64 {
+        let (i0, s0) = self.base;
+        let at = if t >= i0 {
+            s0 + (t - i0)
+        } else {
+            s0 - (i0 - t)
+        };
+        at.duration_since(UNIX_EPOCH).unwrap().as_secs()
+    }
+
+    /// Per one-second window (Unix seconds) wholly in `[from, to)`: the requests child
+    /// `child`'s nodes admitted that were sent and answered within it (at most one a thread
+    /// less than the window admitted: a request across its edge is in neither).
+    fn per_window(&self, child: usize, from: Instant, to: Instant) -> Vec<(u64, usize)> {
+        let first = self.window_of(from) + 1;
+        let last = self.window_of(to);
+        (first..last)
+            .map(|w| {
+                let n = self.admitted[child * 2..child * 2 + 2]
+                    .iter()
+                    .map(|a| {
+                        let a = a.lock().unwrap();
+                        a.iter()
+                            .filter(|(s, e)| self.window_of(*s) == w && self.window_of(*e) == w)
+                            .count()
+                    })
+                    .sum();
+                (w, n)
+            })
+            .collect()
+    }
+
     /// Stops the threads; the requests each answered.
-    fn stop(self) -> (Vec<Vec<Instant>>, Vec<usize>) {
+    fn stop(self) -> (Vec<Vec<Span>>, Vec<usize>) {
         self.stop.store(true, Ordering::Relaxed);
         let answered = self
             .threads
@@ -260,7 +319,7 @@ impl Load {
                 a.lock()
                     .unwrap()
                     .iter()
-                    .filter(|t| **t >= from && **t < to)
+                    .filter(|(_, t)| *t >= from && *t < to)
                     .count()
             })
             .sum()
@@ -287,7 +346,7 @@ fn offered_twice_the_limit_in_each_child(tree: &Tree, value: &str) {
     let per_node = HOUR_LIMIT;
     let pace = Duration::from_secs(4) / u32::try_from(per_node).unwrap();
     let load = Load::start(
-        tree,
+        &tree.child_ports(),
         &[0, 1, 2, 3],
         &body("hour", value),
         Some(per_node),
@@ -348,10 +407,10 @@ fn a_buckets_demand_moving_to_the_other_child_moves_its_share_within_two_seconds
     let tree = Tree::start();
     let body = body("rate", "v1");
     let began = Instant::now();
-    let before = Load::start(&tree, &[0, 1], &body, None, Duration::ZERO);
+    let before = Load::start(&tree.child_ports(), &[0, 1], &body, None, Duration::ZERO);
     std::thread::sleep(Duration::from_secs(3));
     let moved = Instant::now();
-    let after = Load::start(&tree, &[2, 3], &body, None, Duration::ZERO);
+    let after = Load::start(&tree.child_ports(), &[2, 3], &body, None, Duration::ZERO);
     std::thread::sleep(Duration::from_millis(300));
     let (admitted_before, _) = before.stop();
     std::thread::sleep(Duration::from_secs(4));
@@ -386,7 +445,7 @@ fn a_buckets_demand_moving_to_the_other_child_moves_its_share_within_two_seconds
 fn the_root_lost_children_go_on_within_their_safe_capacity_then_recover() {
     let mut tree = Tree::start();
     let load = Load::start(
-        &tree,
+        &tree.child_ports(),
         &[0, 1, 2, 3],
         &body("second", "v1"),
         None,
@@ -457,4 +516,148 @@ fn the_root_lost_children_go_on_within_their_safe_capacity_then_recover() {
             );
         }
     }
+}
+
+/// Whether every node of `cluster` shows `line` on `/stats`.
+fn all_stats_show(cluster: &Cluster, line: &str) -> bool {
+    cluster
+        .nodes
+        .iter()
+        .all(|n| http(n.debug, "GET", "/stats", "").is_some_and(|(_, b)| b.contains(line)))
+}
+
+#[test]
+fn a_child_that_never_reached_its_root_admits_the_limit_over_the_expected_clusters_then_its_grants()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yaml"), limits_yaml()).unwrap();
+    // The root's addresses take connections and never answer (nothing accepts them), as a
+    // stale list of pod addresses may, until the root starts on them.
+    let mut root = Cluster::new(None, false, &[]);
+    let swallow: Vec<std::net::TcpListener> = root
+        .nodes
+        .iter()
+        .map(|n| std::net::TcpListener::bind(("127.0.0.1", n.peer)).unwrap())
+        .collect();
+    // A call to the root's deadline: the longest a key's first request waits for it.
+    let parent_timeout = Duration::from_millis(3000);
+    let env = [(
+        "SLUICE_LEASE_PARENT_TIMEOUT_MS".to_owned(),
+        parent_timeout.as_millis().to_string(),
+    )];
+    // SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS left at its default, 2.
+    let mut child = Cluster::new(Some((&root.peers, "a")), false, &env);
+    for (i, n) in child.nodes.iter_mut().enumerate() {
+        n.log = Some(logs.path().join(format!("child-{i}.log")));
+    }
+    child.start(dir.path());
+    let ports: Vec<u16> = child.nodes.iter().map(|n| n.http).collect();
+    let load = Load::start(&ports, &[0, 1], &body("bare", "v1"), None, Duration::ZERO);
+    wait_for(
+        "the child's nodes to find their root unreachable",
+        Duration::from_secs(20),
+        || {
+            all_stats_show(&child, "sluice.cluster.lease.parent_unreachable: 1")
+                && all_stats_show(&child, "sluice.cluster.lease.parent_never_reached: 1")
+        },
+    );
+    admits_the_part_per_window(&load, parent_timeout);
+    says_the_root_was_never_reached(&child, logs.path());
+    drop(swallow);
+    root.start(dir.path());
+    takes_the_roots_grants(load, &child);
+}
+
+/// Without its root, child 0 of `load` admits the limit over 2 (the expected clusters) in each
+/// full window, not 0 and not more; no request waited much past a call's deadline.
+fn admits_the_part_per_window(load: &Load, parent_timeout: Duration) {
+    std::thread::sleep(Duration::from_secs(1));
+    let from = Instant::now();
+    std::thread::sleep(Duration::from_secs(4));
+    let windows = load.per_window(0, from, Instant::now());
+    let part = BARE_LIMIT / 2;
+    eprintln!(
+        "never reached: admitted per window {windows:?} (limit {BARE_LIMIT}, part {part}); \
+         slowest request {:?}",
+        load.slowest()
+    );
+    assert!(windows.len() >= 3, "{windows:?}");
+    for &(w, n) in &windows {
+        assert!(n > 0, "window {w}: nothing admitted without the root");
+        assert!(n <= part, "window {w}: {n} admitted, past the part {part}");
+    }
+    let total: usize = windows.iter().map(|w| w.1).sum();
+    assert!(total >= part * windows.len() / 2, "{windows:?}");
+    // A key's first request waited for the root at most a call's deadline (and the node's
+    // call to its owner around it).
+    let slowest = load.slowest();
+    assert!(
+        slowest < parent_timeout + Duration::from_millis(1500),
+        "a request took {slowest:?}"
+    );
+}
+
+/// Each node of `child` says its root was never reached: the status page, /metrics, and its
+/// log in `logs`, once at the failure (the next comes a minute later).
+fn says_the_root_was_never_reached(child: &Cluster, logs: &std::path::Path) {
+    for (i, n) in child.nodes.iter().enumerate() {
+        let (_, page) = http(n.debug, "GET", "/", "").expect("the status page");
+        assert!(
+            page.contains(
+                "PARENT NEVER REACHED since start: deciding from safe capacity the limit / 2 \
+                 (SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS) per window"
+            ),
+            "{page}"
+        );
+        let (_, metrics) = http(n.debug, "GET", "/metrics", "").expect("metrics");
+        assert!(
+            metrics.contains("\nsluice_cluster_lease_parent_unreachable 1\n")
+                && metrics.contains("\nsluice_cluster_lease_parent_never_reached 1\n"),
+            "{metrics}"
+        );
+        let log = std::fs::read_to_string(logs.join(format!("child-{i}.log"))).unwrap();
+        let warnings = log.matches("the lease parent has never answered").count();
+        assert_eq!(warnings, 1, "{log}");
+    }
+}
+
+/// The root just started: child 0 of `load` reaches 80% of the limit in a window (more than
+/// the part: only the root's grant allows that), then stays within the limit, and its nodes
+/// say the root answers.
+fn takes_the_roots_grants(load: Load, child: &Cluster) {
+    let back = Instant::now();
+    let mut converged = None;
+    while back.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = Instant::now();
+        let last = load.per_window(0, now - Duration::from_secs(2), now);
+        if last.last().is_some_and(|&(_, n)| n >= BARE_LIMIT * 8 / 10) {
+            converged = Some(back.elapsed());
+            break;
+        }
+    }
+    eprintln!("the root started: 80% of the limit in a window {converged:?} after");
+    assert!(
+        converged.is_some(),
+        "the child never took the root's grants"
+    );
+    let from = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let windows = load.per_window(0, from, Instant::now());
+    load.stop();
+    eprintln!("with the root: admitted per window {windows:?}");
+    for &(w, n) in &windows {
+        assert!(n <= BARE_LIMIT, "window {w}: {n} admitted past the limit");
+    }
+    assert!(all_stats_show(
+        child,
+        "sluice.cluster.lease.parent_unreachable: 0"
+    ));
+    assert!(all_stats_show(
+        child,
+        "sluice.cluster.lease.parent_never_reached: 0"
+    ));
+    let (_, page) = http(child.nodes[0].debug, "GET", "/", "").expect("the status page");
+    assert!(page.contains("answering;"), "{page}");
 }

@@ -11,19 +11,21 @@ use super::{CROSS_TIMEOUT_US, EPOCH_US, Ev, NODE_LEASE_US, NODES, REGIONS, RootC
 
 /// A region owner's link to the root, renewing every `renew_us`.
 pub(super) fn upstream(renew_us: u64) -> Upstream {
-    Upstream::new(ParentTiming {
+    let timing = ParentTiming {
         renew: std::time::Duration::from_micros(renew_us),
         timeout: std::time::Duration::from_micros(CROSS_TIMEOUT_US),
         idle: std::time::Duration::from_micros(NODE_LEASE_US),
         max_bytes: 1 << 30,
-    })
+    };
+    let regions = u32::try_from(REGIONS).expect("a few regions");
+    Upstream::new(timing, std::num::NonZeroU32::new(regions).expect("regions"))
 }
 
 impl Sim<'_> {
     /// Region `r`'s owner answers `node`'s ask about `key` at `now`, handing out at most what
     /// the root granted the region (the parent link's capacity); a key the root granted
     /// nothing for in the window is asked of it at once (the answer does not wait for it here:
-    /// the real owner waits at most half its peer timeout).
+    /// the real owner waits at most SLUICE_LEASE_PARENT_TIMEOUT_MS).
     pub(super) fn region_answer(
         &mut self,
         r: usize,

@@ -9,6 +9,7 @@ use std::fmt::Write;
 use super::debug_state::DebugState;
 use crate::clock::Timestamp;
 use crate::cluster::lease::parent::Source;
+use crate::telemetry::prometheus::ParentGauges;
 
 /// How often the page reloads itself, in seconds.
 pub(crate) const REFRESH_SECS: u32 = 5;
@@ -156,16 +157,19 @@ fn lease_text(st: &DebugState, key: &str) -> String {
         let _ = write!(text, "; owner {}", view.owner);
     }
     if let Some(p) = &view.parent {
-        let source = match p.source {
-            Source::Parent => "granted",
-            Source::Waiting => "waiting for",
-            Source::Safe => "safe capacity, unreachable",
+        let _ = match p.source {
+            Source::Parent => write!(
+                text,
+                "; parent {} granted {} ({} clusters)",
+                p.parent, p.allowance, p.children
+            ),
+            Source::Waiting => write!(text, "; parent {} (waiting for its grant)", p.parent),
+            Source::Safe => write!(
+                text,
+                "; parent unreachable: safe capacity {} per window",
+                p.safe_capacity
+            ),
         };
-        let _ = write!(
-            text,
-            "; parent {} ({source}): {} of {} clusters",
-            p.parent, p.allowance, p.children
-        );
     }
     esc(&text)
 }
@@ -219,12 +223,60 @@ fn peers(out: &mut String, st: &DebugState) {
         "</table><p>{} hits counted here as owner, {} forwarded, {} forwards failed.</p>",
         c.local_hits, c.forwarded_hits, c.failed_forwards
     );
+    if let Some(p) = &c.parent {
+        let (down, text) = parent_text(p);
+        let _ = write!(
+            out,
+            "<p id=\"parent\" class=\"{}\">{}</p>",
+            if down { "down" } else { "up" },
+            esc(&text)
+        );
+    }
     if !c.lease.is_empty() {
         out.push_str("<p id=\"leases\">Lease mode: ");
         let parts: Vec<String> = c.lease.iter().map(|(n, v)| format!("{n} {v}")).collect();
         out.push_str(&esc(&parts.join(", ")));
         out.push_str(" (one key's leases: /debug/lease?key=...).</p>");
     }
+}
+
+/// The lease parent's state (SLUICE_LEASE_PARENT), and whether it is bad news: a parent never
+/// reached or unreachable leaves each limit its safe capacity per window.
+fn parent_text(p: &ParentGauges) -> (bool, String) {
+    let safe = if p.expected {
+        format!(
+            "the limit / {} (SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS)",
+            p.clusters
+        )
+    } else {
+        format!(
+            "the limit / {} (the clusters the parent counted)",
+            p.clusters
+        )
+    };
+    let text = if !p.reached {
+        format!(
+            "Lease parent {}: PARENT NEVER REACHED since start: deciding from safe capacity \
+             {safe} per window, or each limit's YAML safe_capacity.",
+            p.peers
+        )
+    } else if p.unreachable {
+        format!(
+            "Lease parent {}: PARENT UNREACHABLE: the last grants while they hold, then \
+             deciding from safe capacity {safe} per window, or each limit's YAML \
+             safe_capacity.",
+            p.peers
+        )
+    } else {
+        return (
+            false,
+            format!(
+                "Lease parent {}: answering; {} child clusters counted.",
+                p.peers, p.clusters
+            ),
+        );
+    };
+    (true, text)
 }
 
 fn limits(out: &mut String, st: &DebugState) {
@@ -255,5 +307,38 @@ mod tests {
         let rate = CallRate::default();
         assert_eq!(rate.per_second(Timestamp::from_secs(10), 100), None);
         assert_eq!(rate.per_second(Timestamp::from_secs(15), 150), Some(10.0));
+    }
+
+    #[test]
+    fn a_parent_never_reached_or_unreachable_is_said_loudly_with_the_safe_capacity() {
+        let never = ParentGauges {
+            peers: "r1:8082".to_owned(),
+            reached: false,
+            unreachable: true,
+            clusters: 3,
+            expected: true,
+        };
+        let (down, text) = parent_text(&never);
+        assert!(down, "{text}");
+        assert!(
+            text.contains(
+                "PARENT NEVER REACHED since start: deciding from safe capacity the limit / 3 \
+                 (SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS) per window"
+            ),
+            "{text}"
+        );
+        let lost = ParentGauges {
+            reached: true,
+            expected: false,
+            ..never.clone()
+        };
+        let (down, text) = parent_text(&lost);
+        assert!(down && text.contains("PARENT UNREACHABLE"), "{text}");
+        assert!(text.contains("the limit / 3 (the clusters the parent counted)"));
+        let (down, text) = parent_text(&ParentGauges {
+            unreachable: false,
+            ..lost
+        });
+        assert!(!down, "{text}");
     }
 }

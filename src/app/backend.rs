@@ -15,7 +15,7 @@ use crate::store::redis::{BreakerStats, RedisConfig};
 use crate::store::{
     CounterStore, Hit, MemcacheStore, MemoryStore, RedisStore, StoreError, TraceBackend,
 };
-use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges};
+use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges, ParentGauges};
 
 /// Counter store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,6 +198,16 @@ impl StoreGauges for AnyStore {
                 .unwrap_or_default(),
             peers: c.peers(),
             lease: c.lease_stats(),
+            parent: c.owner().parent().map(|p| {
+                let state = p.upstream.state();
+                ParentGauges {
+                    peers: p.peers(),
+                    reached: state.reached,
+                    unreachable: state.unreachable,
+                    clusters: state.clusters,
+                    expected: state.expected,
+                }
+            }),
         })
     }
 

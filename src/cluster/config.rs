@@ -2,6 +2,7 @@
 //! PEERS_DNS, PEER_* and SLUICE_PEER_* (or by tests directly).
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use super::lease::LeaseTiming;
@@ -52,6 +53,20 @@ pub struct ParentConfig {
     /// This cluster's name, which names its leases at the parent.
     pub name: String,
     pub timing: ParentTiming,
+    /// SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS: the child clusters the parent is expected to
+    /// have, the safe capacity's divisor before the parent ever answered.
+    pub expected_clusters: NonZeroU32,
+}
+
+impl ClusterConfig {
+    /// How much longer than SLUICE_PEER_TIMEOUT_MS a node's Lease call to its key's owner may
+    /// take: below a parent, the owner waits up to SLUICE_LEASE_PARENT_TIMEOUT_MS for the
+    /// parent's grant on a key new to the cluster before it answers.
+    pub fn parent_wait(&self) -> Duration {
+        self.parent
+            .as_ref()
+            .map_or(Duration::ZERO, |p| p.timing.timeout)
+    }
 }
 
 /// SLUICE_PEER_WRITE_BEHIND: where owners copy their counters, and how often.

@@ -30,8 +30,10 @@ pub(crate) struct Leasing {
     clock: Arc<dyn Clock>,
     /// This node's PEER_ADVERTISE_ADDRESS, which names its leases at the owners.
     advertise: String,
-    /// SLUICE_PEER_TIMEOUT_MS, which bounds a wait for a call about a key.
-    timeout: Duration,
+    /// How long a request waits for another's call about its key: that call's deadline
+    /// (SLUICE_PEER_TIMEOUT_MS, plus below a parent the owner's wait for it), and a timeout
+    /// more.
+    wait: Duration,
 }
 
 /// An acquire waiting for its owner's answer: the hit's index, its slot and its ask.
@@ -52,7 +54,7 @@ impl Leasing {
             changes,
             clock,
             advertise: settings.advertise.clone(),
-            timeout: settings.timeout,
+            wait: settings.timeout * 2 + settings.parent_wait(),
         }
     }
 
@@ -235,7 +237,8 @@ impl Leasing {
         Ok(())
     }
 
-    /// Waits (up to the peer timeout) for the call under way about `slot`'s key.
+    /// Waits (up to the call's deadline and a peer timeout) for the call under way about
+    /// `slot`'s key.
     async fn wait_for(&self, slot: &Slot) {
         let answered = slot.answered.notified();
         tokio::pin!(answered);
@@ -243,7 +246,7 @@ impl Leasing {
         if !slot.in_flight() {
             return;
         }
-        let _ = tokio::time::timeout(self.timeout * 2, answered).await;
+        let _ = tokio::time::timeout(self.wait, answered).await;
     }
 }
 
@@ -361,6 +364,7 @@ impl ClusterStore {
             out.push(("parent_keys", up.len() as u64));
             out.push(("parent_bytes", up.bytes() as u64));
             out.push(("parent_unreachable", u64::from(up.unreachable())));
+            out.push(("parent_never_reached", u64::from(!up.reached())));
         }
         out
     }

@@ -3,20 +3,28 @@
 //! this node owns and leases, every SLUICE_LEASE_PARENT_RENEW_MS, in one Lease call per parent
 //! peer (the key's owner among the parent's peers, by the same rendezvous hashing), under this
 //! cluster's name; and an owner asked about a key it holds no grant for asks the parent at
-//! once, waiting at most half SLUICE_PEER_TIMEOUT_MS before it answers its node (the answer
-//! then grants nothing new, and the next renewal carries the parent's grant).
+//! once, waiting for its answer at most as long as the call may take
+//! (SLUICE_LEASE_PARENT_TIMEOUT_MS: the nodes' Lease calls to their owners allow for it). A
+//! call that fails, or is not answered by then, makes the parent unreachable: the answer comes
+//! from the safe capacity, and no request waits past that deadline.
 //!
 //! A parent peer whose call fails is skipped for [`DOWN_FOR`], its keys asked of the next one
 //! (a stand-in, which rebuilds them from this cluster's reports). Calls use the peer listener's
 //! protocol and SLUICE_PEER_TLS: the tree shares one CA.
+//!
+//! A link with no key to renew still calls each parent peer (an empty Lease call) while the
+//! parent was never reached or is unreachable, so the state shows from start, traffic or not;
+//! and while it lasts (from [`START_GRACE`] after start for a parent never reached) a warning
+//! is logged every [`WARN_EVERY`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::lease::parent::{ParentView, Upstream};
+use super::lease::server::micros;
 use super::lease::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
-use super::peer::{LeaseAsk, PeerClient};
+use super::peer::{LeaseAsk, PeerClient, PeerError};
 use super::ring::{Ring, key_hash};
 use super::{ClusterConfig, ClusterStats, ParentConfig};
 use crate::clock::{Clock, Timestamp};
@@ -24,6 +32,12 @@ use crate::tls::PeerTls;
 
 /// How long a parent peer whose call failed is skipped.
 const DOWN_FOR: Duration = Duration::from_secs(1);
+
+/// How long after start a parent that never answered is warned of even if no call failed.
+const START_GRACE: Duration = Duration::from_secs(5);
+
+/// How often the warning is repeated while the parent was never reached or is unreachable.
+pub const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// A link started, and its renewal task.
 type Spawned = (Arc<ParentLink>, tokio::task::JoinHandle<()>);
@@ -41,8 +55,12 @@ pub struct ParentLink {
     /// This cluster's name, which names its leases at the parent.
     name: String,
     clock: Arc<dyn Clock>,
-    /// How long an owner's answer waits for the parent on a key with no grant.
+    /// How long an owner's answer waits for the parent on a key with no grant: the calls'
+    /// deadline.
     wait: Duration,
+    /// When the link started, and when it last warned (µs; 0: never).
+    started_us: u64,
+    warned_us: AtomicU64,
     /// Only the keys this node owns are renewed: after a ring change in the cluster, the new
     /// owner renews a key under the cluster's name, and two owners must not report it.
     owns: Owns,
@@ -60,7 +78,7 @@ impl ParentLink {
         let (Some(config), Some(server)) = (&settings.parent, server) else {
             return Ok(None);
         };
-        let mut link = Self::start(config, settings.timeout, tls.as_ref(), stats, clock)?;
+        let mut link = Self::start(config, tls.as_ref(), stats, clock)?;
         link.owns = owns;
         let link = Arc::new(link);
         let task = tokio::spawn(link.clone().renew_forever(server.clone()));
@@ -69,7 +87,6 @@ impl ParentLink {
 
     fn start(
         config: &ParentConfig,
-        peer_timeout: Duration,
         tls: Option<&PeerTls>,
         stats: Arc<ClusterStats>,
         clock: Arc<dyn Clock>,
@@ -82,14 +99,17 @@ impl ParentLink {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("SLUICE_LEASE_PARENT: {e}"))?;
         let down_until_us = (0..ring.len()).map(|_| AtomicU64::new(0)).collect();
+        let started_us = clock.now().micros();
         Ok(ParentLink {
-            upstream: Upstream::new(timing),
+            upstream: Upstream::new(timing, config.expected_clusters),
             ring,
             clients,
             down_until_us,
             name: config.name.clone(),
             clock,
-            wait: (peer_timeout / 2).min(timing.timeout),
+            wait: timing.timeout,
+            started_us,
+            warned_us: AtomicU64::new(0),
             owns: Arc::new(|_| true),
         })
     }
@@ -103,8 +123,8 @@ impl ParentLink {
 
     /// Each ask's capacity for this node's lease server at `now`: what the parent granted.
     /// Keys it granted nothing for in the window are asked of it at once first, waiting at
-    /// most half the peer timeout (the call goes on after that, and its grants serve the next
-    /// asks); `now` moves to when the wait ended.
+    /// most the call's deadline: a call not answered by then makes the parent unreachable, and
+    /// those keys get the safe capacity; `now` moves to when the wait ended.
     pub async fn capacities<K: AsRef<str>>(
         self: &Arc<Self>,
         server: &Arc<LeaseServer>,
@@ -135,7 +155,10 @@ impl ParentLink {
         if !due.is_empty() {
             let link = self.clone();
             let call = tokio::spawn(async move { link.send(due).await });
-            let _ = tokio::time::timeout(self.wait, call).await;
+            if tokio::time::timeout(self.wait, call).await.is_err() {
+                // The call's own deadline ends it about now, as a failure.
+                self.upstream.lost(self.clock.now().micros());
+            }
         }
         *now = self.clock.now();
         for (a, c) in asks.iter().zip(&mut capacities) {
@@ -146,7 +169,8 @@ impl ParentLink {
         capacities.into_iter().map(|c| c.0).collect()
     }
 
-    /// Renews every key at the parent every SLUICE_LEASE_PARENT_RENEW_MS.
+    /// Renews every key at the parent every SLUICE_LEASE_PARENT_RENEW_MS; with none to renew,
+    /// calls the parent anyway while it was never reached or is unreachable.
     async fn renew_forever(self: Arc<Self>, server: Arc<LeaseServer>) {
         let mut tick = tokio::time::interval(self.upstream.timing().renew);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -157,8 +181,62 @@ impl ParentLink {
             let due = self
                 .upstream
                 .renewals(now.micros(), None, owns, |k| server.summary(k, now));
-            self.send(due).await;
+            if due.is_empty() && (!self.upstream.reached() || self.upstream.unreachable()) {
+                self.probe().await;
+            } else {
+                self.send(due).await;
+            }
+            self.warn_if_due(self.clock.now().micros());
         }
+    }
+
+    /// One empty Lease call to each parent peer not skipped: whether the parent answers.
+    async fn probe(&self) {
+        let sent_us = self.clock.now().micros();
+        let up: Vec<usize> = (0..self.ring.len())
+            .filter(|&i| self.down_until_us[i].load(Ordering::Relaxed) <= sent_us)
+            .collect();
+        if up.is_empty() {
+            self.upstream.lost(sent_us);
+        }
+        let calls = up.into_iter().map(|i| async move {
+            let result = self.clients[i].lease(&self.name, Vec::new()).await;
+            let now_us = self.clock.now().micros();
+            self.upstream.called(result.is_ok(), sent_us, now_us);
+            if let Err(e) = result {
+                self.failed(i, &e, now_us);
+            }
+        });
+        futures_util::future::join_all(calls).await;
+    }
+
+    /// Logs the link's warning at `now_us` if it has one and the last was [`WARN_EVERY`] ago:
+    /// while the parent is unreachable, or was never reached and [`START_GRACE`] has passed.
+    fn warn_if_due(&self, now_us: u64) {
+        let Some(warning) = self.upstream.warning() else {
+            return;
+        };
+        let young = now_us < self.started_us + micros(START_GRACE);
+        if young && !self.upstream.unreachable() {
+            return;
+        }
+        // The parent became unreachable at `unreachable_since_us`, and `lost` warned then.
+        let last = self
+            .warned_us
+            .load(Ordering::Relaxed)
+            .max(self.upstream.unreachable_since_us());
+        if last != 0 && now_us < last + micros(WARN_EVERY) {
+            return;
+        }
+        self.warned_us.store(now_us, Ordering::Relaxed);
+        let since_s = now_us.saturating_sub(self.started_us) / 1_000_000;
+        tracing::warn!(parent = self.peers(), since_start_s = since_s, "{warning}");
+    }
+
+    /// Parent peer `i` failed a call with `e` at `now_us`: it is skipped for [`DOWN_FOR`].
+    fn failed(&self, i: usize, e: &PeerError, now_us: u64) {
+        tracing::warn!(parent = self.ring.addr(i), error = %e, "lease parent call failed");
+        self.down_until_us[i].store(now_us + micros(DOWN_FOR), Ordering::Relaxed);
     }
 
     /// Sends `due` to the parent: one call per parent peer (in chunks of [`MAX_LEASE_ASKS`]),
@@ -188,7 +266,10 @@ impl ParentLink {
             .enumerate()
             .flat_map(|(i, items)| items.chunks(MAX_LEASE_ASKS).map(move |chunk| (i, chunk)));
         let calls = calls.map(|(i, chunk)| async move {
-            let wire = chunk.iter().map(|(k, a)| LeaseAsk::from_ask(k, a)).collect();
+            let wire = chunk
+                .iter()
+                .map(|(k, a)| LeaseAsk::from_ask(k, a))
+                .collect();
             self.upstream
                 .stats
                 .asks
@@ -203,13 +284,11 @@ impl ParentLink {
                     }
                 }
                 other => {
-                    if let Err(e) = &other {
-                        tracing::warn!(parent = self.ring.addr(i), error = %e, "lease parent call failed");
+                    match &other {
+                        Err(e) => self.failed(i, e, now_us),
+                        Ok(_) => self.down_until_us[i]
+                            .store(now_us + micros(DOWN_FOR), Ordering::Relaxed),
                     }
-                    self.down_until_us[i].store(
-                        now_us + super::lease::server::micros(DOWN_FOR),
-                        Ordering::Relaxed,
-                    );
                     for (key, _) in chunk {
                         self.upstream.answer(key, None, sent_us);
                     }
@@ -217,6 +296,11 @@ impl ParentLink {
             }
         });
         futures_util::future::join_all(calls).await;
+    }
+
+    /// SLUICE_LEASE_PARENT's addresses, comma-separated.
+    pub fn peers(&self) -> String {
+        self.ring.addrs().collect::<Vec<_>>().join(",")
     }
 
     /// `key`'s parent grant, for the debug endpoint.

@@ -96,6 +96,7 @@ impl Members {
                             dialer.tls.as_ref(),
                             dialer.stats.clone(),
                         )
+                        .map(|c| c.with_lease_wait(dialer.settings.parent_wait()))
                     })
                     .transpose()
             })

@@ -2,6 +2,7 @@
 //! [`ClusterConfig`], with its write-behind to Redis checked against the other settings.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::ArgAction;
@@ -124,7 +125,10 @@ pub struct ClusterArgs {
     /// Lease mode: the parent cluster's peers (`host:port,host:port`, as its PEERS lists them),
     /// which this cluster's key owners get each key's capacity from, on behalf of their own
     /// nodes' demand: one limit across clusters (docs/cluster.md, "Regions"). Unset: this
-    /// cluster's capacity is the configured limit (a root, or no tree).
+    /// cluster's capacity is the configured limit (a root, or no tree). WARNING: while the
+    /// parent has never answered (a restart while it is down, a stale address list), each limit
+    /// admits only its YAML safe_capacity, else limit / SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS,
+    /// per window in this cluster; logged every minute and shown on the status page.
     #[arg(
         long,
         env = "SLUICE_LEASE_PARENT",
@@ -143,7 +147,9 @@ pub struct ClusterArgs {
     pub lease_parent_renew_ms: u64,
     /// With SLUICE_LEASE_PARENT: the deadline of a call to the parent, in milliseconds (1 to
     /// 60000); a parent that misses it is tried again after a second, and its keys asked of
-    /// the next parent peer.
+    /// the next parent peer. Also how long a key's first request in this cluster may wait for
+    /// the parent's grant (then: the safe capacity): keep it above the round trip to the
+    /// parent.
     #[arg(
         long,
         env = "SLUICE_LEASE_PARENT_TIMEOUT_MS",
@@ -151,6 +157,16 @@ pub struct ClusterArgs {
         help_heading = "Peer cluster"
     )]
     pub lease_parent_timeout_ms: u64,
+    /// With SLUICE_LEASE_PARENT: how many child clusters the parent has (1 to 1000), this one
+    /// included. Before the parent ever answered, a limit without a YAML safe_capacity admits
+    /// limit / this per window in this cluster (then: the count the parent reports).
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS",
+        default_value_t = 2,
+        help_heading = "Peer cluster"
+    )]
+    pub lease_parent_expected_clusters: u32,
     /// With SLUICE_LEASE_PARENT: this cluster's name at the parent, the same on each of its
     /// nodes and different in each child cluster (1 to 128 characters, no spaces or commas).
     /// Default with PEERS: a hash of the sorted PEERS; required with PEERS_DNS.
@@ -275,10 +291,21 @@ impl ClusterArgs {
         }
         let timing = self.parent_timing(lease)?;
         let name = self.cluster_name(source)?;
+        let expected = self.lease_parent_expected_clusters;
+        let expected_clusters = NonZeroU32::new(expected)
+            .filter(|n| n.get() <= 1000)
+            .ok_or_else(|| {
+                invalid(
+                    "SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS",
+                    expected,
+                    "must be between 1 and 1000",
+                )
+            })?;
         Ok(Some(ParentConfig {
             peers,
             name,
             timing,
+            expected_clusters,
         }))
     }
 
@@ -596,11 +623,39 @@ mod tests {
         );
         assert_eq!(q.unwrap().name, p.name);
         assert!(p.name.starts_with("peers-"), "{}", p.name);
+        // Two child clusters expected unless told.
+        assert_eq!(p.expected_clusters.get(), 2);
+        let three = parent(&with(
+            "lease",
+            &[
+                "--lease-parent",
+                "r1:9",
+                "--lease-parent-expected-clusters",
+                "3",
+            ],
+        ));
+        assert_eq!(three.unwrap().expected_clusters.get(), 3);
         let named = parent(&with(
             "lease",
             &["--lease-parent", "r1:9", "--lease-cluster-name", "eu-west"],
         ));
         assert_eq!(named.unwrap().name, "eu-west");
+    }
+
+    #[test]
+    fn the_expected_child_clusters_are_1_to_1000() {
+        let peers = ["--peers", "b:1,a:1", "--peer-advertise-address", "a:1"];
+        for n in ["0", "1001"] {
+            let args = [
+                &peers[..],
+                &["--cluster-mode", "lease", "--lease-parent", "r1:9"],
+                &["--lease-parent-expected-clusters", n],
+            ]
+            .concat();
+            let err = error(&args);
+            let want = format!("SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS={n}: must be between 1");
+            assert!(err.starts_with(&want), "{err}");
+        }
     }
 
     #[test]

@@ -118,6 +118,23 @@ pub struct ClusterGauges {
     pub lease: Vec<(&'static str, u64)>,
     /// (address, up).
     pub peers: Vec<(String, bool)>,
+    /// SLUICE_LEASE_PARENT's link, for the status page; `None` without a parent.
+    pub parent: Option<ParentGauges>,
+}
+
+/// A lease cluster's link to its parent cluster (docs/cluster.md, "Regions").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ParentGauges {
+    /// SLUICE_LEASE_PARENT's addresses, comma-separated.
+    pub peers: String,
+    /// Whether any call to the parent ever succeeded.
+    pub reached: bool,
+    /// Whether calls to the parent are failing now.
+    pub unreachable: bool,
+    /// The safe capacity's divisor for a limit without a YAML `safe_capacity`: the clusters
+    /// the parent last counted, or (`expected`) SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS.
+    pub clusters: u32,
+    pub expected: bool,
 }
 
 /// One Redis's or memcached server's breaker (see `src/store/breaker.rs`).
@@ -575,7 +592,7 @@ fn render_memory(out: &mut String, m: MemoryGauges) {
 }
 
 /// The lease-mode numbers that are gauges (table sizes); the others are counters.
-pub const LEASE_GAUGES: [&str; 7] = [
+pub const LEASE_GAUGES: [&str; 8] = [
     "held_keys",
     "held_bytes",
     "leased_keys",
@@ -583,6 +600,7 @@ pub const LEASE_GAUGES: [&str; 7] = [
     "parent_keys",
     "parent_bytes",
     "parent_unreachable",
+    "parent_never_reached",
 ];
 
 /// The peer cluster's counters, write-behind counters and peers.
@@ -660,7 +678,7 @@ fn render_lease(out: &mut String, lease: &[(&'static str, u64)]) {
         let (kind, help) = if gauge {
             (
                 "gauge",
-                "Lease mode: keys (and bytes charged) this node holds leases on, leases as an owner, or holds a parent's grant for; 1 while the parent is unreachable.",
+                "Lease mode: keys (and bytes charged) this node holds leases on, leases as an owner, or holds a parent's grant for; 1 while the parent is unreachable, or has never answered since start.",
             )
         } else {
             (

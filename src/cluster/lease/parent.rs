@@ -12,8 +12,8 @@
 //!   ahead, the next one), while its lease holds. With no grant for the window the owner grants
 //!   nothing new and asks the parent at once; once calls to the parent fail, it uses the
 //!   **safe capacity** (the limit's YAML `safe_capacity`, else the limit over the clusters the
-//!   parent last counted holding the key, or any key; nothing before the parent ever answered)
-//!   for each window its last grant does not cover.
+//!   parent last counted holding the key, or any key; before the parent ever answered, over
+//!   SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS) for each window its last grant does not cover.
 //! - **Renewals** ([`Upstream::renewals`]): every SLUICE_LEASE_PARENT_RENEW_MS one ask per key,
 //!   carrying what the cluster's holders used and hold, their summed demand, and what to keep:
 //!   what they hold plus their need until the next grant can arrive, within what was granted.
@@ -26,7 +26,7 @@
 //!   any lease owner does after a ring change ([`super::server`], "Rebuild").
 
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::server::{Capacity, PPM, Summary, epoch_of, is_window, micros};
@@ -99,6 +99,10 @@ pub struct Upstream {
     /// The clusters the parent last counted on any key: the dynamic safe capacity's divisor
     /// for a key it never answered about (0 before any answer).
     children: AtomicU32,
+    /// SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS: the divisor until the parent counted any.
+    expected: NonZeroU32,
+    /// Whether any call to the parent ever succeeded.
+    reached: AtomicBool,
     pub stats: ParentStats,
 }
 
@@ -131,14 +135,31 @@ pub struct ParentView {
     pub safe_capacity: u64,
 }
 
+/// The link's state as a whole, for the status page and the warnings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParentState {
+    /// Whether any call to the parent ever succeeded.
+    pub reached: bool,
+    /// Whether calls to the parent are failing now.
+    pub unreachable: bool,
+    /// The safe capacity's divisor for a limit without a YAML `safe_capacity` (on a key the
+    /// parent never counted): the clusters the parent last counted, else the expected ones.
+    pub clusters: u32,
+    /// Whether `clusters` is SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS (the parent counted none).
+    pub expected: bool,
+}
+
 impl Upstream {
-    pub fn new(timing: ParentTiming) -> Self {
+    /// The parent link's logic, with `expected` child clusters until the parent counts them.
+    pub fn new(timing: ParentTiming, expected: NonZeroU32) -> Self {
         Upstream {
             keys: ChargedMap::new(ABOVE_CHARGE, timing.max_bytes),
             timing,
             unreachable_since_us: AtomicU64::new(0),
             rtt_us: AtomicU64::new(micros(timing.timeout) / 2),
             children: AtomicU32::new(0),
+            expected,
+            reached: AtomicBool::new(false),
             stats: ParentStats::default(),
         }
     }
@@ -162,6 +183,36 @@ impl Upstream {
     /// Whether calls to the parent are failing.
     pub fn unreachable(&self) -> bool {
         self.unreachable_since_us.load(Ordering::Relaxed) != 0
+    }
+
+    /// Since when (µs) calls to the parent fail, as [`Upstream::lost`] warned then; 0 while it
+    /// answers.
+    pub fn unreachable_since_us(&self) -> u64 {
+        self.unreachable_since_us.load(Ordering::Relaxed)
+    }
+
+    /// Whether any call to the parent ever succeeded.
+    pub fn reached(&self) -> bool {
+        self.reached.load(Ordering::Relaxed)
+    }
+
+    /// The clusters the parent last counted on any key, else the expected ones: the dynamic
+    /// safe capacity's divisor for a key the parent never counted.
+    fn clusters(&self) -> u32 {
+        match self.children.load(Ordering::Relaxed) {
+            0 => self.expected.get(),
+            n => n,
+        }
+    }
+
+    /// The link's state, for the status page and the warnings.
+    pub fn state(&self) -> ParentState {
+        ParentState {
+            reached: self.reached(),
+            unreachable: self.unreachable(),
+            clusters: self.clusters(),
+            expected: self.children.load(Ordering::Relaxed) == 0,
+        }
     }
 
     /// What the owner may hand out of `key` under `quota` at `now_us`, where that came from,
@@ -195,8 +246,7 @@ impl Upstream {
         above.touched_us = now_us;
         above.roll(now_us);
         let unreachable = self.unreachable() || above.refused;
-        let children = self.children.load(Ordering::Relaxed);
-        let (capacity, source) = above.capacity(now_us, unreachable, children);
+        let (capacity, source) = above.capacity(now_us, unreachable, self.clusters());
         if source == Source::Safe {
             self.stats.safe_answers.fetch_add(1, Ordering::Relaxed);
         }
@@ -285,8 +335,9 @@ impl Upstream {
     pub fn called(&self, ok: bool, sent_us: u64, now_us: u64) {
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         if ok {
-            if self.unreachable_since_us.swap(0, Ordering::Relaxed) != 0 {
-                tracing::info!("the lease parent answers again");
+            let first = !self.reached.swap(true, Ordering::Relaxed);
+            if self.unreachable_since_us.swap(0, Ordering::Relaxed) != 0 || first {
+                tracing::info!(first, "the lease parent answers");
             }
             // The longest recent round trip, decaying by an eighth a call.
             let rtt = now_us.saturating_sub(sent_us);
@@ -307,20 +358,40 @@ impl Upstream {
             Ordering::Relaxed,
             Ordering::Relaxed,
         );
-        if was.is_ok() {
-            tracing::warn!(
-                "the lease parent is unreachable: each cluster owner keeps its last grants \
-                 while their leases hold, then hands out each limit's safe capacity"
-            );
+        if was.is_ok()
+            && let Some(warning) = self.warning()
+        {
+            tracing::warn!("{warning}");
         }
+    }
+
+    /// What the link warns of now, for the logs: `None` while the parent answers. (The parent
+    /// counts the clusters only in its answers: until one, the divisor is the expected count.)
+    pub fn warning(&self) -> Option<String> {
+        let clusters = self.clusters();
+        if !self.reached() {
+            return Some(format!(
+                "the lease parent has never answered: each limit admits only its safe capacity \
+                 in this cluster, its YAML safe_capacity, else the limit / {clusters} \
+                 (SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS) per window; check SLUICE_LEASE_PARENT \
+                 and that the parent is up"
+            ));
+        }
+        self.unreachable().then(|| {
+            format!(
+                "the lease parent is unreachable: each cluster owner keeps its last grants \
+                 while their leases hold, then hands out each limit's safe capacity (its YAML \
+                 safe_capacity, else the limit / {clusters} per window)"
+            )
+        })
     }
 
     /// `key`'s parent grant at `now_us`, for the debug endpoint.
     pub fn view(&self, key: &str, parent: &str, now_us: u64) -> Option<ParentView> {
         let e = self.keys.get(key)?;
         let a = lock(&e);
-        let children = self.children.load(Ordering::Relaxed);
-        let (_, source) = a.capacity(now_us, self.unreachable() || a.refused, children);
+        let clusters = self.clusters();
+        let (_, source) = a.capacity(now_us, self.unreachable() || a.refused, clusters);
         Some(ParentView {
             parent: parent.to_owned(),
             source,
@@ -330,7 +401,7 @@ impl Upstream {
             fair: a.fair,
             children: a.holders,
             expires_in_ms: a.valid_until_us.saturating_sub(now_us) / 1000,
-            safe_capacity: a.safe_capacity(children),
+            safe_capacity: a.safe_capacity(clusters),
         })
     }
 }
@@ -364,14 +435,14 @@ impl Above {
     }
 
     /// The safe capacity in hits per window: the YAML's, else the limit over the clusters the
-    /// parent last counted on the key (or, never answered about it, on any key: `children`);
-    /// nothing before the parent ever answered.
-    fn safe_capacity(&self, children: u32) -> u64 {
+    /// parent last counted on the key (or, never answered about it, `clusters`: those it
+    /// counted on any key, else SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS).
+    fn safe_capacity(&self, clusters: u32) -> u64 {
         let limit = u64::from(self.quota.requests_per_unit);
         let holders = if self.holders > 0 {
             self.holders
         } else {
-            children
+            clusters
         };
         match (self.safe, holders) {
             (Some(s), _) => u64::from(s.get()).min(limit),
@@ -418,9 +489,9 @@ impl Above {
         }
     }
 
-    fn capacity(&self, now_us: u64, unreachable: bool, children: u32) -> (Capacity, Source) {
+    fn capacity(&self, now_us: u64, unreachable: bool, clusters: u32) -> (Capacity, Source) {
         let (current, next) = self.granted(now_us);
-        let safe = Some(safe_in(&self.quota, self.safe_capacity(children)));
+        let safe = Some(safe_in(&self.quota, self.safe_capacity(clusters)));
         match (current, unreachable) {
             (Some(c), _) => (
                 Capacity {
@@ -527,12 +598,17 @@ mod tests {
     const MS: u64 = 1_000;
 
     fn upstream() -> Upstream {
-        Upstream::new(ParentTiming {
+        expecting(2)
+    }
+
+    fn expecting(clusters: u32) -> Upstream {
+        let timing = ParentTiming {
             renew: Duration::from_millis(200),
             timeout: Duration::from_millis(400),
             idle: Duration::from_secs(1),
             max_bytes: 1 << 20,
-        })
+        };
+        Upstream::new(timing, NonZeroU32::new(clusters).unwrap())
     }
 
     fn quota(safe: Option<u32>) -> Quota {
@@ -673,16 +749,74 @@ mod tests {
         // A key the parent never answered about divides by the clusters it counted on others.
         let (c, source, _) = up.capacity("new", &q, T0 + 1_000 * MS);
         assert_eq!((c.current, source), (Some(25), Source::Safe));
-        // Before any answer at all, only the YAML's safe capacity.
+        // Before any answer at all, the limit over the clusters expected (2 here).
         let fresh = upstream();
         fresh.called(false, T0, T0 + MS);
-        assert_eq!(fresh.capacity("k", &q, T0 + 2 * MS).0.current, Some(0));
+        assert_eq!(fresh.capacity("k", &q, T0 + 2 * MS).0.current, Some(50));
         // Answering again ends it.
         up.called(true, T0 + 1_100 * MS, T0 + 1_200 * MS);
         assert!(!up.unreachable());
         assert_eq!(up.capacity("k", &q, T0 + 1_300 * MS).1, Source::Waiting);
         assert_eq!(up.stats.safe_answers.load(Ordering::Relaxed), 3);
         assert_eq!(fresh.stats.safe_answers.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_parent_never_reached_leaves_the_yaml_safe_capacity_else_the_limit_over_the_expected_clusters()
+     {
+        let up = expecting(4);
+        let q = quota(None);
+        // Nothing failed yet: the owner asks first, granting nothing new meanwhile.
+        assert_eq!(up.capacity("k", &q, T0).1, Source::Waiting);
+        let state = up.state();
+        assert!(!state.reached && !state.unreachable, "{state:?}");
+        assert!(up.warning().unwrap().contains("never answered"));
+        up.called(false, T0, T0 + MS);
+        let (c, source, ask_now) = up.capacity("k", &q, T0 + 2 * MS);
+        assert_eq!(
+            (c.current, c.next, source, ask_now),
+            (Some(25), Some(25), Source::Safe, false)
+        );
+        assert_eq!(up.view("k", "p", T0 + 2 * MS).unwrap().safe_capacity, 25);
+        // The YAML's safe capacity comes first, above the part or below it.
+        assert_eq!(up.capacity("y", &quota(Some(40)), T0).0.current, Some(40));
+        assert_eq!(up.capacity("z", &quota(Some(5)), T0).0.current, Some(5));
+        // A bucket gets the part as a share.
+        let bucket = Quota {
+            algorithm: crate::limiter::Algorithm::TokenBucket,
+            ..q
+        };
+        assert_eq!(up.capacity("b", &bucket, T0).0.current, Some(250_000));
+        assert_eq!(
+            up.state(),
+            ParentState {
+                reached: false,
+                unreachable: true,
+                clusters: 4,
+                expected: true
+            }
+        );
+        let warning = up.warning().unwrap();
+        assert!(
+            warning.contains("limit / 4 (SLUICE_LEASE_PARENT_EXPECTED_CLUSTERS)"),
+            "{warning}"
+        );
+        // Once the parent counts the clusters (3 here), its count is the divisor.
+        up.called(true, T0 + 3 * MS, T0 + 4 * MS);
+        up.answer(
+            "k",
+            Some(&grant(epoch_of(&q, T0), 10, None, 3)),
+            T0 + 3 * MS,
+        );
+        assert_eq!(up.warning(), None);
+        up.called(false, T0 + 5 * MS, T0 + 6 * MS);
+        assert_eq!(up.capacity("new", &q, T0 + 1_000 * MS).0.current, Some(33));
+        let state = up.state();
+        assert!(
+            state.reached && state.unreachable && !state.expected,
+            "{state:?}"
+        );
+        assert!(up.warning().unwrap().contains("limit / 3 per window"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The caller's side of the peer protocol: one [`PeerClient`] per remote peer, over one
 //! long-lived HTTP/2 connection (mutual TLS with SLUICE_PEER_TLS). Apply calls are batched
 //! (`batch.rs`); Lease and Quota calls go out as they come (renewals and syncs are one call
-//! per peer already). Every call is bounded by SLUICE_PEER_TIMEOUT_MS, and fails with a
+//! per peer already). Every call is bounded by SLUICE_PEER_TIMEOUT_MS (a Lease call in a cluster
+//! below a parent, by SLUICE_LEASE_PARENT_TIMEOUT_MS more), and fails with a
 //! [`PeerError`] that says why.
 
 use std::sync::Arc;
@@ -33,6 +34,9 @@ fn keepalive_timeout(peer_timeout: Duration) -> Duration {
 pub struct PeerClient {
     jobs: mpsc::Sender<Job>,
     timeout: Duration,
+    /// A Lease call's deadline: the timeout, plus, below a parent, how long the owner may
+    /// wait for the parent's grant ([`PeerClient::with_lease_wait`]).
+    lease_timeout: Duration,
     /// For lease calls, which are not batched here (renewals are one call per peer already).
     grpc: wire::peer_client::PeerClient<tonic::transport::Channel>,
 }
@@ -83,27 +87,36 @@ impl PeerClient {
         Ok(PeerClient {
             jobs,
             timeout,
+            lease_timeout: timeout,
             grpc,
         })
     }
 
-    /// A unary call's answer within the timeout, or what went wrong.
+    /// The client, its Lease calls allowed `wait` more than the timeout: a child cluster's
+    /// owner may wait that long for its parent's grant on a key new to the cluster before it
+    /// answers (SLUICE_LEASE_PARENT_TIMEOUT_MS).
+    pub fn with_lease_wait(self, wait: Duration) -> Self {
+        PeerClient {
+            lease_timeout: self.timeout + wait,
+            ..self
+        }
+    }
+
+    /// A unary call's answer within `deadline`, or what went wrong.
     async fn bounded<T>(
-        &self,
         what: Call,
+        deadline: Duration,
         call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, PeerError> {
-        match tokio::time::timeout(self.timeout, call).await {
+        match tokio::time::timeout(deadline, call).await {
             Ok(Ok(answer)) => Ok(answer.into_inner()),
             Ok(Err(s)) => Err(PeerError::from_status(what, s)),
-            Err(_) => Err(PeerError::Timeout {
-                after: self.timeout,
-            }),
+            Err(_) => Err(PeerError::Timeout { after: deadline }),
         }
     }
 
     /// One Lease call from `node` (this node's advertised address) carrying `asks`, bounded by
-    /// the timeout: one grant per ask, in order.
+    /// the Lease deadline: one grant per ask, in order.
     pub async fn lease(
         &self,
         node: &str,
@@ -116,7 +129,9 @@ impl PeerClient {
             asks,
         };
         let mut grpc = self.grpc.clone();
-        let grants = self.bounded(Call::Lease, grpc.lease(request)).await?.grants;
+        let grants = Self::bounded(Call::Lease, self.lease_timeout, grpc.lease(request))
+            .await?
+            .grants;
         if grants.len() != n {
             return Err(PeerError::Malformed(Malformed::Grants {
                 got: grants.len(),
@@ -140,8 +155,7 @@ impl PeerClient {
             buckets,
         };
         let mut grpc = self.grpc.clone();
-        let parts = self
-            .bounded(Call::Quota, grpc.quota(request))
+        let parts = Self::bounded(Call::Quota, self.timeout, grpc.quota(request))
             .await?
             .buckets;
         let answered: Vec<usize> = parts.iter().map(|p| p.assigned.len()).collect();
@@ -174,7 +188,7 @@ impl PeerClient {
             digest,
         };
         let mut grpc = self.grpc.clone();
-        self.bounded(Call::Limits, grpc.limits(request)).await
+        Self::bounded(Call::Limits, self.timeout, grpc.limits(request)).await
     }
 
     /// Sends hits to the peer (batched with concurrent calls); bounded by the timeout.
@@ -230,7 +244,8 @@ mod tests {
     use crate::store::Hit;
     use wire::{ApplyRequest, ApplyResponse, LeaseResponse};
 
-    /// A test peer: answers Apply with `apply`, and no other call.
+    /// A test peer: answers Apply with `apply`, an empty Lease call with no grants (after
+    /// 300 ms from a node named `slow`), and no other call.
     struct TestPeer<F>(F);
 
     #[tonic::async_trait]
@@ -251,9 +266,16 @@ mod tests {
 
         async fn lease(
             &self,
-            _: tonic::Request<LeaseRequest>,
+            request: tonic::Request<LeaseRequest>,
         ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
-            Err(tonic::Status::unimplemented("no leases"))
+            let req = request.into_inner();
+            if !req.asks.is_empty() {
+                return Err(tonic::Status::unimplemented("no leases"));
+            }
+            if req.node == "slow" {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Ok(tonic::Response::new(LeaseResponse::default()))
         }
 
         async fn quota(
@@ -402,6 +424,30 @@ mod tests {
             "{error:?}"
         );
         assert_eq!(error.to_string(), "peer did not answer within 100ms");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_lease_call_below_a_parent_may_take_the_parents_wait_beyond_the_timeout() {
+        let timeout = Duration::from_millis(100);
+        let (client, server) = serve(answered, timeout).await;
+        let error = client
+            .lease("slow", Vec::new())
+            .await
+            .expect_err("too slow");
+        assert!(
+            matches!(error, PeerError::Timeout { after } if after == timeout),
+            "{error:?}"
+        );
+        let below = client.with_lease_wait(Duration::from_secs(2));
+        let grants = below.lease("slow", Vec::new()).await;
+        assert_eq!(grants.expect("answered within the wait").len(), 0);
+        // Other calls keep the peer timeout.
+        let error = below.apply(vec![hit("slow")], Op::Apply).await;
+        assert!(
+            matches!(error, Err(PeerError::Timeout { after }) if after == timeout),
+            "{error:?}"
+        );
         server.abort();
     }
 
