@@ -436,6 +436,7 @@ fn variants(letters: &str) -> u8 {
         .chars()
         .map(|c| match c {
             'e' => Variant::StartRebuild as u8,
+            'j' => Variant::JoinRelay as u8,
             _ => 0,
         })
         .fold(0, |a, b| a | b)
