@@ -191,6 +191,26 @@ mod three_joining_nodes_cluster {
     );
 }
 
+/// A count taken over and then refunded to nothing stays refunded: the previous owner forgets
+/// what it handed over, so the next hit (which finds the counter empty here) brings nothing
+/// back. (Found by the random sequences on joining nodes before the previous owner forgot.)
+#[tokio::test]
+async fn a_count_taken_over_then_refunded_stays_refunded() {
+    let routed = three_joining_nodes().await.expect("nodes");
+    let mut checked = store_contract::Checked::new(&routed);
+    let quota = Quota {
+        unit_multiplier: 3,
+        ..Quota::fixed(0, Unit::Minute)
+    };
+    let at = |ms: u64| Timestamp::from_micros(store_contract::T0 * 1_000_000 + ms * 1_000);
+    let hit = |n| [store_contract::hit("refunded_", quota, n)];
+    // Relayed while the joins settle, then taken over, refunded, and peeked at.
+    checked.apply(at(0), &hit(1)).await;
+    checked.apply(at(1_000), &hit(0)).await;
+    checked.refund(at(1_000), &hit(1)).await;
+    checked.apply(at(1_000), &hit(0)).await;
+}
+
 /// The joining run is worth something only if hits were relayed and counters taken over.
 #[tokio::test]
 async fn the_joining_run_relays_hits_and_takes_counters_over() {
