@@ -23,7 +23,10 @@
 //!   then does that node (and only that node) mark it down, and every forward it sent the dead
 //!   owner meanwhile is retried once on the next owner by its ring. A node brings a peer back at
 //!   its next probe (every 500 ms) after the peer answers again. Counters are memory only, so a
-//!   new owner starts a key from its own count (0 for a restarted node).
+//!   new owner starts a key from its own count, except that a node that starts (the restart,
+//!   the join) relays the hits of the keys it owns to their previous owner until its join
+//!   settles and then takes their counters over (`sluice::cluster::join`, whose `Joining`
+//!   decides here too).
 //! - **durable**: forward with SLUICE_PEER_WRITE_BEHIND (`src/cluster/durable.rs`), at 500 ms
 //!   (the default) and 100 ms: every interval each node writes the counters it changed to a
 //!   simulated Redis (raise-only, and it takes back a larger count Redis holds); a node with no

@@ -220,3 +220,24 @@ fn forward_mode_a_node_joining_mid_window_admits_each_key_its_limit_exactly() {
         assert_eq!(stat(n, "failed_relays"), 0);
     }
 }
+
+/// Lease mode: with PEERS every peer sees the joiner within a probe, the holders report what
+/// they hold to it at their next renewal, and it rebuilds the keys it takes on from those
+/// reports: each key admits at most its limit (docs/cluster.md, "A node joining": measured
+/// exactly 20 per key, 600 in all, before and after the relays of forward mode).
+#[test]
+fn lease_mode_a_node_joining_mid_window_admits_each_key_at_most_its_limit() {
+    let (seen, moved, nodes) = join_mid_window("lease");
+    report("lease", &seen, &moved, &nodes);
+    assert!(moved.iter().any(|&m| m), "no key moved to the joiner");
+    for (k, s) in seen.iter().enumerate() {
+        assert_eq!(s.offered, ROUNDS, "key {k}");
+        assert!(
+            s.admitted <= LIMIT,
+            "key {k} (moved to the joiner: {}) admitted {} of {}",
+            moved[k],
+            s.admitted,
+            s.offered
+        );
+    }
+}
