@@ -23,7 +23,10 @@
 //!   then does that node (and only that node) mark it down, and every forward it sent the dead
 //!   owner meanwhile is retried once on the next owner by its ring. A node brings a peer back at
 //!   its next probe (every 500 ms) after the peer answers again. Counters are memory only, so a
-//!   new owner starts a key from its own count (0 for a restarted node).
+//!   new owner starts a key from its own count, except that a node that starts (the restart,
+//!   the join) relays the hits of the keys it owns to their previous owner until its join
+//!   settles and then takes their counters over (`sluice::cluster::join`, whose `Joining`
+//!   decides here too).
 //! - **durable**: forward with SLUICE_PEER_WRITE_BEHIND (`src/cluster/durable.rs`), at 500 ms
 //!   (the default) and 100 ms: every interval each node writes the counters it changed to a
 //!   simulated Redis (raise-only, and it takes back a larger count Redis holds); a node with no
@@ -68,6 +71,8 @@ mod report;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
+use sluice::clock::Timestamp;
+use sluice::cluster::join::{Joining, Relay};
 use sluice::cluster::ring::{Ring, key_hash};
 use sluice::limiter::fixed_window;
 use sluice::limiter::{Quota, Unit, Window};
@@ -189,6 +194,10 @@ enum Variant {
     /// through PEERS_DNS (5 s later), so it caps the keys it serves for that long plus a lease
     /// duration.
     StartRebuild = 1,
+    /// J: a joining (or restarting) lease server serves the keys it owns whose window began
+    /// before its join settled through their previous owner, as forward mode relays them
+    /// (`cluster::join`), and rebuilds the first window it serves itself.
+    JoinRelay = 2,
 }
 
 impl Params {
@@ -529,6 +538,9 @@ struct Sim<'a> {
     /// Per node, as `RingChanges` keeps it: ring changes seen since its start, and when the
     /// last one was (µs since the Unix epoch).
     ring_changes: Vec<(u64, u64)>,
+    /// Forward and durable modes: each node's join, as `cluster::join` keeps it (PEERS_DNS:
+    /// settled `join::DNS_SETTLE` after it starts, its address listed at once).
+    joins: Vec<Joining>,
     lease: Option<lease::Leases>,
     global: Option<global::Globals>,
     calls: HashMap<u32, Call>,
@@ -602,6 +614,9 @@ impl<'a> Sim<'a> {
             // The nodes started a minute before the traffic: a cluster starting under traffic
             // is a ring change for every key (see the failure phases for what one costs).
             ring_changes: vec![(0, EPOCH_US - 60_000_000); total],
+            joins: (0..total)
+                .map(|_| Joining::listed_at_start(Timestamp::from_micros(EPOCH_US - 60_000_000)))
+                .collect(),
             lease: (p.mode == Mode::Lease).then(|| lease::Leases::new(&p, total)),
             global: (p.mode == Mode::Global).then(|| global::Globals::new(total)),
             calls: HashMap::new(),
@@ -683,6 +698,66 @@ impl<'a> Sim<'a> {
     /// Applies one hit for `key` on `node`'s counter at `now`, for a request that arrived at
     /// `sent` and whose answer takes `back` more to return.
     fn decide(&mut self, node: usize, key: usize, now: u64, sent: u64, back: u64) {
+        match self.relay_to(node, key, now) {
+            // Before its join settled: the previous owner counts the hit (one more round trip).
+            Some((prev, Relay::Apply)) => {
+                self.hop_taken(now);
+                let rtt = 2 * self.one_way();
+                self.decide_here(prev, key, now, sent, back + rtt);
+            }
+            // After: it hands its count over, once, and this node counts on from it.
+            Some((prev, _)) => {
+                self.hop_taken(now);
+                let rtt = 2 * self.one_way();
+                self.take_counter(prev, node, key, now);
+                self.decide_here(node, key, now, sent, back + rtt);
+            }
+            None => self.decide_here(node, key, now, sent, back),
+        }
+    }
+
+    /// Forward and durable modes, as `OwnerStore::serve` does: where `node`, the owner of `key`
+    /// in its view, sends a hit while its join has not settled or it has not taken the key's
+    /// counter over from its previous owner ([`Joining::relay`]). A previous owner that is
+    /// down is marked so, and the hit counted here.
+    fn relay_to(&mut self, node: usize, key: usize, now: u64) -> Option<(usize, Relay)> {
+        if !matches!(self.p.mode, Mode::Forward | Mode::Durable(_)) {
+            return None;
+        }
+        let how = self.joins[node].relay(&self.w.quota(key), sim_time(now))?;
+        let secs = EPOCH_SECS + now / 1_000_000;
+        let held = self
+            .counters
+            .get(&counter_id(node, key))
+            .is_some_and(|s| fixed_window::current_count(*s, secs, Window::of(self.w.unit)) > 0);
+        if held || self.owner(node, key) != node {
+            return None;
+        }
+        let view = &self.view[node];
+        let prev = self
+            .ring
+            .owner(self.w.hashes[key], |i| i != node && view[i])?;
+        if !self.alive[prev] {
+            self.out.failed_hops += 1;
+            self.mark_down(node, prev, now);
+            return None;
+        }
+        Some((prev, how))
+    }
+
+    /// `node` takes `key`'s counter over from `prev`, which forgets it.
+    fn take_counter(&mut self, prev: usize, node: usize, key: usize, now: u64) {
+        let Some(state) = self.counters.remove(&counter_id(prev, key)) else {
+            return;
+        };
+        let secs = EPOCH_SECS + now / 1_000_000;
+        let unit = Window::of(self.w.unit);
+        let mine = self.counters.entry(counter_id(node, key)).or_default();
+        *mine = fixed_window::merge_max(*mine, state, secs, unit);
+    }
+
+    /// Applies one hit for `key` on `node`'s own counter.
+    fn decide_here(&mut self, node: usize, key: usize, now: u64, sent: u64, back: u64) {
         let limit = self.w.limits[key];
         let limit = match self.p.mode {
             Mode::Divided => {
@@ -1138,6 +1213,8 @@ impl<'a> Sim<'a> {
             0
         };
         self.ring_changes[n] = (0, EPOCH_US + now + found_in);
+        self.joins[n] = Joining::awaiting_dns();
+        self.joins[n].resolved(true, sim_time(now));
         self.lease_lost(n);
         self.global_lost(n);
         self.start_tasks(n, Some(now));
@@ -1247,6 +1324,11 @@ impl<'a> Sim<'a> {
 
 fn addr(i: usize) -> String {
     format!("10.1.{}.{}:8082", i / 256, i % 256)
+}
+
+/// A simulated time (µs since the run's start) as a timestamp.
+fn sim_time(now: u64) -> Timestamp {
+    Timestamp::from_micros(EPOCH_US + now)
 }
 
 fn counter_id(node: usize, key: usize) -> u64 {

@@ -28,7 +28,7 @@ use sluice::cluster::lease::{
     Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
 };
 
-use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Workload};
+use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Variant, Workload};
 
 /// One node's lease state: what it holds, what it serves, and its renewal round.
 struct LeaseNode {
@@ -167,8 +167,17 @@ impl Sim<'_> {
     /// `owner`'s lease server answers `from`'s ask about `key` at `now`
     /// (`OwnerStore::answer_leases`).
     fn grant(&mut self, owner: usize, from: usize, key: usize, ask: &Ask, now: u64) -> Grant {
-        let live = self.live(owner);
         let mut last_change = self.ring_changes[owner].1;
+        if self.p.has(Variant::JoinRelay) {
+            match self.lease_relay(owner, key, now) {
+                // The previous owner serves the window, as its owner.
+                Some(Ok(prev)) => return self.grant_as_owner(prev, from, key, ask, now),
+                // The first window this node serves: the previous owner may have granted
+                // it ahead, so it rebuilds the key from the holders' reports.
+                Some(Err(window_start)) => last_change = last_change.max(window_start),
+                None => {}
+            }
+        }
         // A stand-in for the key's owner (the owner among every peer it knows is another one)
         // rebuilds the key as after a ring change.
         if self
@@ -178,6 +187,60 @@ impl Sim<'_> {
         {
             last_change = EPOCH_US + now;
         }
+        self.answer_ask(owner, from, key, ask, now, last_change)
+    }
+
+    /// Variant J: whether `owner`, the key's owner by its view, serves `key`'s window at
+    /// `now` through its previous owner (`Ok`: the window began before `owner`'s join
+    /// settled), or serves the first window after those itself (`Err`: that window's start,
+    /// µs since the epoch).
+    fn lease_relay(&self, owner: usize, key: usize, now: u64) -> Option<Result<usize, u64>> {
+        let view = &self.view[owner];
+        if self.ring.owner(self.w.hashes[key], |i| view[i]) != Some(owner) {
+            return None;
+        }
+        let quota = self.w.quota(key);
+        let at = |us: u64| Timestamp::from_micros(EPOCH_US + us);
+        let unit_us = self.w.unit.secs() * 1_000_000;
+        let start = (EPOCH_US + now) / unit_us * unit_us;
+        if self.joins[owner].relay(&quota, at(now)).is_some() {
+            let prev = self
+                .ring
+                .owner(self.w.hashes[key], |i| i != owner && view[i])?;
+            return self.alive[prev].then_some(Ok(prev));
+        }
+        let before = Timestamp::from_micros(start - 1);
+        self.joins[owner].relay(&quota, before).map(|_| Err(start))
+    }
+
+    /// `prev` answers an ask `owner` relayed to it, as the key's owner: no stand-in rebuild.
+    fn grant_as_owner(
+        &mut self,
+        prev: usize,
+        from: usize,
+        key: usize,
+        ask: &Ask,
+        now: u64,
+    ) -> Grant {
+        // An acquire waits for it: one more hop on the request path (a renewal does not).
+        if ask.want > 0 {
+            self.hop_taken(now);
+        }
+        let last_change = self.ring_changes[prev].1;
+        self.answer_ask(prev, from, key, ask, now, last_change)
+    }
+
+    /// `owner`'s lease server answers with `last_change` as its last ring change.
+    fn answer_ask(
+        &mut self,
+        owner: usize,
+        from: usize,
+        key: usize,
+        ask: &Ask,
+        now: u64,
+        last_change: u64,
+    ) -> Grant {
+        let live = self.live(owner);
         let last_change = Timestamp::from_micros(last_change);
         let leases = self.lease.as_ref().expect("lease mode");
         leases.nodes[owner].server.answer(

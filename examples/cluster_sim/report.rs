@@ -21,7 +21,7 @@ const MODES: [Mode; 7] = [
 
 /// The command line: `--quick`, `--seed N`, `--only SECTION`; for `--only one` (one run,
 /// with lease mode's diagnostics): `--mode NAME --nodes N --spread pinned|per-request
-/// --minute --secs N --rate N --renew-ms N --lease-ms N --variants e --worst`; for `--only
+/// --minute --secs N --rate N --renew-ms N --lease-ms N --variants e|j --worst`; for `--only
 /// lease` (lease mode's rows, to compare builds of the lease logic): `--label TEXT --variants
 /// de`.
 pub(super) struct Options {
@@ -436,6 +436,7 @@ fn variants(letters: &str) -> u8 {
         .chars()
         .map(|c| match c {
             'e' => Variant::StartRebuild as u8,
+            'j' => Variant::JoinRelay as u8,
             _ => 0,
         })
         .fold(0, |a, b| a | b)
@@ -452,7 +453,7 @@ fn variant_table(o: &Options, w: &Workload) {
     );
     let phase = |p: Phase| Phase::ALL.iter().position(|&q| q == p).unwrap_or(0);
     for spread in SPREADS {
-        for (label, letters) in [("as built", ""), ("E", "e")] {
+        for (label, letters) in [("as built", ""), ("E", "e"), ("J", "j")] {
             let p = Params {
                 variants: variants(letters),
                 ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)

@@ -393,6 +393,10 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
             "sluice.cluster.local_hits: {}\nsluice.cluster.forwarded_hits: {}\nsluice.cluster.peer_calls: {}\nsluice.cluster.failed_forwards: {}\nsluice.cluster.alone_hits: {}\nsluice.cluster.majority: {}\n",
             c.local_hits, c.forwarded_hits, c.peer_calls, c.failed_forwards, c.alone_hits, u8::from(c.majority),
         ));
+        out.push_str(&format!(
+            "sluice.cluster.relayed_hits: {}\nsluice.cluster.failed_relays: {}\nsluice.cluster.taken_over: {}\nsluice.cluster.joining: {}\n",
+            c.relayed_hits, c.failed_relays, c.taken_over, u8::from(c.joining),
+        ));
         for (stat, value) in &c.durable {
             out.push_str(&format!("sluice.cluster.durable.{stat}: {value}\n"));
         }

@@ -191,6 +191,10 @@ impl StoreGauges for AnyStore {
             failed_forwards: cs.failed_forwards.load(Ordering::Relaxed),
             alone_hits: cs.alone_hits.load(Ordering::Relaxed),
             majority: c.has_majority(),
+            relayed_hits: cs.relayed_hits.load(Ordering::Relaxed),
+            failed_relays: cs.failed_relays.load(Ordering::Relaxed),
+            taken_over: cs.taken_over.load(Ordering::Relaxed),
+            joining: c.joining(),
             durable: c
                 .owner()
                 .durable()

@@ -14,6 +14,10 @@
 //! - **Durability** (SLUICE_PEER_WRITE_BEHIND, [`durable`]): owners write their counters behind
 //!   to Redis and a node that takes a key over loads its count first. Every hit this node
 //!   applies as an owner, its own or forwarded, goes through [`OwnerStore`] for that.
+//! - **Joins** ([`join`]): a node that joins (or restarts) relays the hits of the keys it takes
+//!   on to their previous owner while that owner's count of their window still matters, so one
+//!   counter counts each window. Done in [`OwnerStore`], which both this node's own hits and
+//!   forwarded ones go through.
 //! - **Protocol** ([`peer`], `proto/sluice/peer/v1/peer.proto`): versioned; a peer speaking
 //!   another version refuses this node's calls, so each sees the other as down and a
 //!   mixed-version cluster splits by version until the upgrade ends (docs/cluster.md).
@@ -25,6 +29,7 @@
 
 mod config;
 pub mod durable;
+pub mod join;
 pub mod lease;
 mod lease_driver;
 pub mod lease_parent;
@@ -43,13 +48,14 @@ use arc_swap::ArcSwap;
 
 use crate::clock::{Clock, Timestamp};
 use crate::config::ConfigHandle;
-use crate::limiter::{Decision, Quota};
+use crate::limiter::{CounterKind, Decision, Quota};
 use crate::store::{Cause, CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
 pub use config::{ClusterConfig, ClusterMode, ParentConfig, PeerSource, WriteBehind};
 use durable::{Durable, RingChanges};
+use join::{Joining, Relay};
 use lease::LeaseServer;
-use peer::{Op, PeerClient, PeerError, PeerHit};
+use peer::{Malformed, Op, PeerClient, PeerDecision, PeerError, PeerHit};
 use ring::{Ring, key_hash};
 use runtime_peers::PeerLimits;
 
@@ -118,6 +124,14 @@ impl Members {
             .unwrap_or(self.me)
     }
 
+    /// The key's owner among the peers believed up other than this node: where its counter was
+    /// before this node joined ([`join`]).
+    fn previous_owner(&self, key: &str) -> Option<usize> {
+        self.ring.owner(key_hash(key), |i| {
+            i != self.me && !self.down[i].load(Ordering::Relaxed)
+        })
+    }
+
     /// Whether the key's owner among all peers, up or not, is another node.
     fn owned_elsewhere(&self, key: &str) -> bool {
         self.ring.owner(key_hash(key), |_| true) != Some(self.me)
@@ -171,6 +185,12 @@ pub struct OwnerStore {
     /// SLUICE_LEASE_PARENT: where the lease server's capacity comes from.
     parent: Option<Arc<lease_parent::ParentLink>>,
     changes: Arc<RingChanges>,
+    /// When this node's join settled, for the keys it relays to their previous owner.
+    join: Arc<Joining>,
+    /// A relay's deadline: half the peers' (a relay often runs inside a call a peer forwarded,
+    /// which must not miss its own deadline, as for a take-over load).
+    relay_timeout: Duration,
+    stats: Arc<ClusterStats>,
 }
 
 impl OwnerStore {
@@ -229,12 +249,233 @@ impl OwnerStore {
     }
 }
 
-impl CounterStore for OwnerStore {
-    async fn apply<'a>(
-        &'a self,
+/// What an owner answers for one hit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Its decision.
+    Decided(Decision),
+    /// A [`Relay::Take`] hit: this node's state of the counter, as a window index and the
+    /// values [`CounterKind::parts`] gives (none: it holds nothing). Nothing was applied.
+    Taken(u64, Vec<u64>),
+}
+
+impl OwnerStore {
+    /// Answers `op` on `hits` as their owner: here, or, for a key this node took on by joining
+    /// whose count its previous owner keeps, there ([`join`]). `relay[i]` says how hit `i`
+    /// reached this node (missing: [`Relay::No`]); a relayed hit is answered here, whatever
+    /// the ring says. One answer per hit for a charge or a refund, none for a reset.
+    pub async fn serve(
+        &self,
+        op: Op,
         now: Timestamp,
-        hits: &'a [Hit<'a>],
-        out: &'a mut Vec<Decision>,
+        hits: &[Hit<'_>],
+        relay: &[Relay],
+    ) -> Result<Vec<Served>, StoreError> {
+        let members = self.members.load();
+        let mut answers: Vec<Option<Served>> = vec![None; hits.len()];
+        let mut here = Vec::with_capacity(hits.len());
+        let mut relays: Vec<(usize, Vec<(usize, Relay)>)> = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            match relay.get(i).copied().unwrap_or_default() {
+                Relay::Apply => here.push(i),
+                Relay::Take => answers[i] = Some(self.hand_over(hit, now).await?),
+                Relay::No => match self.relay_to(&members, hit, now) {
+                    Some((to, how)) => {
+                        // A reset forgets the count wherever it is.
+                        let how = if op == Op::Reset {
+                            here.push(i);
+                            Relay::Apply
+                        } else {
+                            how
+                        };
+                        match relays.iter_mut().find(|(t, _)| *t == to) {
+                            Some((_, idx)) => idx.push((i, how)),
+                            None => relays.push((to, vec![(i, how)])),
+                        }
+                    }
+                    None => here.push(i),
+                },
+            }
+        }
+        self.relay_all(
+            &members,
+            (op, now),
+            hits,
+            &relays,
+            (&mut answers, &mut here),
+        )
+        .await;
+        here.sort_unstable();
+        let mine: Vec<Hit<'_>> = here.iter().map(|&i| hits[i]).collect();
+        let mut out = Vec::with_capacity(mine.len());
+        self.apply_here(op, now, &mine, &mut out).await?;
+        for (&i, d) in here.iter().zip(out) {
+            answers[i] = Some(Served::Decided(d));
+        }
+        Ok(answers.into_iter().flatten().collect())
+    }
+
+    /// The relays of [`OwnerStore::serve`], all at once: a decision from the previous owner is
+    /// the hit's answer; a counter it hands over is merged here and the hit goes `here`; a
+    /// failed relay marks it down and sends its hits `here` (its count is lost with it: the
+    /// owner-change bound).
+    async fn relay_all(
+        &self,
+        members: &Members,
+        (op, now): (Op, Timestamp),
+        hits: &[Hit<'_>],
+        relays: &[(usize, Vec<(usize, Relay)>)],
+        (answers, here): (&mut [Option<Served>], &mut Vec<usize>),
+    ) {
+        let calls = relays
+            .iter()
+            .map(|(to, idx)| self.relay(members, *to, op, hits, idx));
+        let results = futures_util::future::join_all(calls).await;
+        for ((to, idx), result) in relays.iter().zip(results) {
+            let got = match result {
+                Ok(got) => got,
+                Err(e) => {
+                    self.stats.failed_relays.fetch_add(1, Ordering::Relaxed);
+                    members.failed(*to, &e, &self.changes, now);
+                    if op != Op::Reset {
+                        here.extend(idx.iter().map(|&(i, _)| i));
+                    }
+                    continue;
+                }
+            };
+            for (&(i, _), answer) in idx.iter().zip(got) {
+                match answer {
+                    Served::Decided(d) => answers[i] = Some(Served::Decided(d)),
+                    Served::Taken(window, values) => {
+                        self.take_over(&hits[i], window, &values, now);
+                        here.push(i);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether this node holds the counter of `hit` at `now` (a count in its horizon).
+    fn holds(&self, hit: &Hit<'_>, now: Timestamp) -> bool {
+        CounterKind::of_quota(&hit.quota).is_some_and(|k| self.local.holds(k, hit.key, now))
+    }
+
+    /// Where a hit on a key this node owns goes while its previous owner keeps the key's count:
+    /// that owner and how ([`Joining::relay`]); `None` to count it here (a key this node stands
+    /// in for, one whose counter it holds already, or no other peer up).
+    fn relay_to(&self, members: &Members, hit: &Hit<'_>, now: Timestamp) -> Option<(usize, Relay)> {
+        let how = self.join.relay(&hit.quota, now)?;
+        if members.owner(hit.key) != members.me || self.holds(hit, now) {
+            return None;
+        }
+        Some((members.previous_owner(hit.key)?, how))
+    }
+
+    /// This node's state of the counter of `hit`, handed to a newcomer taking it over, and
+    /// forgotten here: the newcomer counts on from it, and a later take (its count refunded
+    /// to nothing, or a bucket back at rest) must not bring the old count back.
+    async fn hand_over(&self, hit: &Hit<'_>, now: Timestamp) -> Result<Served, StoreError> {
+        let parts = CounterKind::of_quota(&hit.quota).and_then(|kind| {
+            let state = self.local.state(kind, hit.key)?;
+            kind.holds(state, now).then(|| kind.parts(state, now))
+        });
+        let Some((window, values)) = parts else {
+            return Ok(Served::Taken(0, Vec::new()));
+        };
+        self.local.reset(now, std::slice::from_ref(hit)).await?;
+        Ok(Served::Taken(window, values))
+    }
+
+    /// Merges the counter a previous owner handed over into this node's.
+    fn take_over(&self, hit: &Hit<'_>, window: u64, values: &[u64], now: Timestamp) {
+        let Some(kind) = CounterKind::of_quota(&hit.quota) else {
+            return;
+        };
+        let Some(state) = kind.from_parts(window, values, now) else {
+            return;
+        };
+        self.stats.taken_over.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = self.local.merge_max(kind, hit.key, state, now) {
+            tracing::debug!(error = %e, "cannot keep a count taken over");
+        }
+    }
+
+    /// Relays the hits at `idx` to `to`, within [`OwnerStore::relay_timeout`]: one answer
+    /// each for a charge or a refund.
+    async fn relay(
+        &self,
+        members: &Members,
+        to: usize,
+        op: Op,
+        hits: &[Hit<'_>],
+        idx: &[(usize, Relay)],
+    ) -> Result<Vec<Served>, PeerError> {
+        let client = members.clients[to]
+            .as_ref()
+            .ok_or(PeerError::NoClient("no client for the peer"))?;
+        let wire = idx
+            .iter()
+            .map(|&(i, how)| PeerHit::relayed(&hits[i], how))
+            .collect();
+        self.stats
+            .relayed_hits
+            .fetch_add(idx.len() as u64, Ordering::Relaxed);
+        let answer = tokio::time::timeout(self.relay_timeout, client.apply(wire, op))
+            .await
+            .unwrap_or(Err(PeerError::Timeout {
+                after: self.relay_timeout,
+            }))?;
+        if !op.answers() {
+            return Ok(Vec::new());
+        }
+        // A refund on an owner older than refunds' answers: peeked at later, as for a forward.
+        if answer.is_empty() && op.may_answer_nothing() {
+            return Ok(vec![Served::Decided(UNANSWERED); idx.len()]);
+        }
+        if answer.len() != idx.len() {
+            return Err(PeerError::Malformed(Malformed::Decisions {
+                got: answer.len(),
+                hits: idx.len(),
+            }));
+        }
+        Ok(answer.into_iter().map(Served::from).collect())
+    }
+
+    /// Applies `op` to `hits` on this node's counters: with write-behind, loaded first if this
+    /// node may have taken them over, and marked for the next flush after.
+    async fn apply_here(
+        &self,
+        op: Op,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        if hits.is_empty() {
+            return Ok(());
+        }
+        match op {
+            Op::Apply => self.charge_here(now, hits, out).await,
+            // A refund is written behind too: the next flush takes the refunded hits off the
+            // copy in Redis (see [`Durable::mark_refunded`]).
+            Op::Refund => {
+                self.local.refund(now, hits, out).await?;
+                if let Some(durable) = &self.durable {
+                    durable.mark_refunded(now, hits);
+                }
+                Ok(())
+            }
+            // A reset is not written behind either: Redis keeps the old count until the
+            // write-behind next writes the key, and a later owner taking the key over loads it
+            // (the counter admin's docs say so).
+            Op::Reset => self.local.reset(now, hits).await,
+        }
+    }
+
+    async fn charge_here(
+        &self,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
         let Some(durable) = &self.durable else {
             return self.local.apply(now, hits, out).await;
@@ -248,26 +489,55 @@ impl CounterStore for OwnerStore {
         Ok(())
     }
 
-    /// A refund is written behind too: the next flush takes the refunded hits off the copy in
-    /// Redis (see [`Durable::mark_refunded`]).
+    /// [`OwnerStore::serve`] for this node's own hits, whose answers are all decisions.
+    async fn serve_all(
+        &self,
+        op: Op,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        for answer in self.serve(op, now, hits, &[]).await? {
+            if let Served::Decided(d) = answer {
+                out.push(d);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A previous owner's answer to a relayed hit: the counter it hands over, or (applied there,
+/// or an owner older than takes) its decision.
+impl From<PeerDecision> for Served {
+    fn from(d: PeerDecision) -> Self {
+        match d.taken {
+            Some(state) => Served::Taken(state.window, state.values),
+            None => Served::Decided(Decision::from(d)),
+        }
+    }
+}
+
+impl CounterStore for OwnerStore {
+    async fn apply<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        self.serve_all(Op::Apply, now, hits, out).await
+    }
+
     async fn refund<'a>(
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        self.local.refund(now, hits, out).await?;
-        if let Some(durable) = &self.durable {
-            durable.mark_refunded(now, hits);
-        }
-        Ok(())
+        self.serve_all(Op::Refund, now, hits, out).await
     }
 
-    /// A reset is not written behind either: Redis keeps the old count until the write-behind
-    /// next writes the key, and a later owner taking the key over loads it (the counter admin's
-    /// docs say so).
     async fn reset<'a>(&'a self, now: Timestamp, hits: &'a [Hit<'a>]) -> Result<(), StoreError> {
-        self.local.reset(now, hits).await
+        self.serve_all(Op::Reset, now, hits, &mut Vec::new()).await
     }
 }
 
@@ -286,6 +556,7 @@ pub struct ClusterStore {
     returned: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<String>>>,
     /// PEERS names no node but this one: there is no peer to wait for.
     alone: bool,
+    clock: Arc<dyn Clock>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -303,6 +574,13 @@ pub struct ClusterStats {
     /// Hits this node decided alone while it reached no majority of its peers (no split
     /// brain: [`minority`]).
     pub alone_hits: AtomicU64,
+    /// Hits on keys this node took on by joining, sent to their previous owner: applied there
+    /// until the join settled, then to take the counter over ([`join`]).
+    pub relayed_hits: AtomicU64,
+    /// Relays that failed: their hits were counted here, and the peer marked down.
+    pub failed_relays: AtomicU64,
+    /// Counters taken over from a previous owner that held a count of them.
+    pub taken_over: AtomicU64,
 }
 
 impl Drop for ClusterStore {
@@ -339,8 +617,9 @@ impl ClusterStore {
             matches!(settings.peers, PeerSource::Static(_)) && members.load().ring.len() == 1;
         // Starting is a change: whatever this node owns now, others may have counted before.
         let changes = Arc::new(RingChanges::new(clock.now()));
+        let join = Arc::new(joining(&settings.peers, clock.now()));
         let (returned_tx, returned) = tokio::sync::mpsc::channel(RETURNED_QUEUE);
-        let mut tasks = membership_tasks(&members, dialer, (&changes, returned_tx), &clock);
+        let mut tasks = membership_tasks(&members, dialer, (&changes, &join, returned_tx), &clock);
         let durable = match &settings.write_behind {
             Some(wb) => {
                 let d = start_durable(settings, wb, &local, &changes)?;
@@ -373,6 +652,9 @@ impl ClusterStore {
             leases,
             parent,
             changes: changes.clone(),
+            join,
+            relay_timeout: settings.timeout / 2,
+            stats: stats.clone(),
         });
         let lease = lease_mode.then(|| {
             Arc::new(lease_driver::Leasing::new(
@@ -396,6 +678,7 @@ impl ClusterStore {
             lease,
             returned: std::sync::Mutex::new(Some(returned)),
             alone,
+            clock,
             tasks,
         })
     }
@@ -437,6 +720,15 @@ impl ClusterStore {
             changes: self.changes.clone(),
             clock,
         })
+    }
+
+    /// Whether this node's join has yet to settle: some peer may still route its keys elsewhere,
+    /// and it relays them to their previous owner ([`join`]).
+    pub fn joining(&self) -> bool {
+        self.owner
+            .join
+            .settled()
+            .is_none_or(|settled| self.clock.now() < settled)
     }
 
     /// Whether this node reaches a majority of its peers, itself included (otherwise it decides
@@ -652,6 +944,15 @@ impl ClusterStore {
     }
 }
 
+/// This node's join, started at `now` ([`join`]): with PEERS every peer knows it from its start;
+/// with PEERS_DNS once their resolution lists it.
+fn joining(peers: &PeerSource, now: Timestamp) -> Joining {
+    match peers {
+        PeerSource::Static(_) => Joining::listed_at_start(now),
+        PeerSource::Dns { .. } => Joining::awaiting_dns(),
+    }
+}
+
 /// SLUICE_PEER_WRITE_BEHIND's write-behind and take-over loads for `local`.
 fn start_durable(
     settings: &ClusterConfig,
@@ -820,7 +1121,11 @@ async fn probe_peers(
 fn membership_tasks(
     members: &Arc<ArcSwap<Members>>,
     dialer: Dialer,
-    (changes, returned): (&Arc<RingChanges>, tokio::sync::mpsc::Sender<String>),
+    (changes, join, returned): (
+        &Arc<RingChanges>,
+        &Arc<Joining>,
+        tokio::sync::mpsc::Sender<String>,
+    ),
     clock: &Arc<dyn Clock>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mode = dialer.settings.mode;
@@ -836,7 +1141,7 @@ fn membership_tasks(
             name,
             port,
             dialer,
-            changes.clone(),
+            (changes.clone(), join.clone()),
             clock.clone(),
         )));
     }
@@ -849,7 +1154,7 @@ async fn resolve_peers(
     name: String,
     port: u16,
     dialer: Dialer,
-    changes: Arc<RingChanges>,
+    (changes, join): (Arc<RingChanges>, Arc<Joining>),
     clock: Arc<dyn Clock>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(5));
@@ -862,6 +1167,8 @@ async fn resolve_peers(
         let addrs: Vec<String> = addrs.map(|a| a.to_string()).collect();
         let current: Vec<String> = members.load().ring.addrs().map(str::to_owned).collect();
         let me = dialer.settings.advertise.clone();
+        // The peers route this node's keys to it once their own answers list it too.
+        join.resolved(addrs.contains(&me), clock.now());
         let next = Ring::new(addrs.iter().cloned().chain([me]));
         if next.addrs().map(str::to_owned).collect::<Vec<_>>() != current {
             match Members::build(addrs, &dialer) {

@@ -170,6 +170,28 @@ impl CounterKind {
         }
     }
 
+    /// The plain values [`CounterKind::from_parts`] reads, and the window index they are
+    /// about, for a word at `now`: a fixed window's current count, a sliding window's current
+    /// and previous counts, a bucket's arrival time in whole µs (rounded up, so the copy is at
+    /// rest no sooner than the bucket; window 0). What one node hands another taking its
+    /// counter over (`cluster::join`).
+    pub fn parts(self, state: u128, now: Timestamp) -> (u64, Vec<u64>) {
+        match self {
+            CounterKind::Fixed(u) => (
+                now.secs() / u.secs(),
+                vec![fixed_window::current_count(narrow(state), now.secs(), u)],
+            ),
+            CounterKind::Sliding(u) => {
+                let (current, previous) = sliding_window::counts_at(state, now.micros(), u);
+                (
+                    sliding_window::window_index(now.micros(), u),
+                    vec![current, previous],
+                )
+            }
+            CounterKind::Bucket => (0, vec![bucket::rest_micros(state)]),
+        }
+    }
+
     /// When a counter's horizon began and when it ends: the span in which another owner's
     /// count still matters to it at `now`. `None` for a bucket with a rate of 0 (it holds
     /// nothing).

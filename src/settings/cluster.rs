@@ -39,8 +39,8 @@ pub struct ClusterArgs {
     #[arg(long, env = "PEER_ADVERTISE_ADDRESS", help_heading = "Peer cluster")]
     pub peer_advertise_address: Option<String>,
     /// `forward`: each counter lives on its owner, others forward hits to it (exact global
-    /// limits while peer links are healthy; up to twice a limit where a key changes owner).
-    /// `divided`: each node enforces limit / healthy peers locally, with no network
+    /// limits while peer links are healthy and across joins; up to twice a limit where a key's
+    /// owner is lost). `divided`: each node enforces limit / healthy peers locally, with no network
     /// on the request path (Cortex's global limiter). `lease`: each key's owner leases shares
     /// of its capacity to the nodes, which decide locally (docs/cluster.md).
     #[arg(

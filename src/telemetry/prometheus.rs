@@ -111,6 +111,13 @@ pub struct ClusterGauges {
     /// Hits decided alone without a majority of the peers, and whether this node has one.
     pub alone_hits: u64,
     pub majority: bool,
+    /// Hits relayed to their previous owner while this node joins, relays that failed,
+    /// counters taken over from it, and whether the join has yet to settle (docs/cluster.md,
+    /// "A node joining").
+    pub relayed_hits: u64,
+    pub failed_relays: u64,
+    pub taken_over: u64,
+    pub joining: bool,
     /// SLUICE_PEER_WRITE_BEHIND's counters, (name, value); empty when it is off.
     pub durable: Vec<(&'static str, u64)>,
     /// Lease mode's counters, then its gauges ([`LEASE_GAUGES`]), (name, value); empty outside
@@ -631,19 +638,48 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
             "Hits this node decided alone, within each limit's safe capacity, while it reached no majority of its peers.",
             c.alone_hits,
         ),
+        (
+            "sluice_cluster_relayed_hits_total",
+            "Hits on keys this node took on by joining, sent to their previous owner (applied there, or to take the counter over).",
+            c.relayed_hits,
+        ),
+        (
+            "sluice_cluster_failed_relays_total",
+            "Relays to a previous owner that failed; their hits were counted here.",
+            c.failed_relays,
+        ),
+        (
+            "sluice_cluster_taken_over_total",
+            "Counters this node took over from their previous owner, which held a count of them.",
+            c.taken_over,
+        ),
     ] {
         header(out, name, "counter", help);
         sample(out, name, &[], value);
     }
-    let name = "sluice_cluster_majority";
-    header(
-        out,
-        name,
-        "gauge",
-        "1 while this node reaches a majority of its peers (itself included); 0 while it decides alone.",
-    );
-    sample(out, name, &[], u64::from(c.majority));
-    for (stat, value) in &c.durable {
+    for (name, help, value) in [
+        (
+            "sluice_cluster_majority",
+            "1 while this node reaches a majority of its peers (itself included); 0 while it decides alone.",
+            c.majority,
+        ),
+        (
+            "sluice_cluster_joining",
+            "1 until this node's join settles (every peer routes its keys to it); hits are relayed meanwhile.",
+            c.joining,
+        ),
+    ] {
+        header(out, name, "gauge", help);
+        sample(out, name, &[], u64::from(value));
+    }
+    render_durable(out, &c.durable);
+    render_lease(out, &c.lease);
+    render_peers(out, &c.peers);
+}
+
+/// SLUICE_PEER_WRITE_BEHIND's counters.
+fn render_durable(out: &mut String, durable: &[(&'static str, u64)]) {
+    for (stat, value) in durable {
         let name = format!("sluice_cluster_durable_{stat}_total");
         header(
             out,
@@ -653,7 +689,10 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
         );
         sample(out, &name, &[], *value);
     }
-    render_lease(out, &c.lease);
+}
+
+/// Each peer, up or down as this node believes.
+fn render_peers(out: &mut String, peers: &[(String, bool)]) {
     let name = "sluice_cluster_peer_up";
     header(
         out,
@@ -661,7 +700,7 @@ fn render_cluster(out: &mut String, c: &ClusterGauges) {
         "gauge",
         "1 when this node believes the peer is up.",
     );
-    for (peer, up) in &c.peers {
+    for (peer, up) in peers {
         sample(out, name, &[("peer", peer.as_str())], u64::from(*up));
     }
 }

@@ -265,6 +265,7 @@ fn hit() -> impl Strategy<Value = PeerHit> {
                     hits,
                     charge_refused,
                     unit_multiplier,
+                    relay: 0,
                 }
             },
         )

@@ -6,8 +6,9 @@ use std::num::NonZeroU32;
 
 use super::{
     ApplyRequest, PROTOCOL_VERSION, PeerDecision, PeerHit, algorithm_from_wire, algorithm_to_wire,
-    unit_from_wire, unit_to_wire,
+    unit_from_wire, unit_to_wire, wire,
 };
+use crate::cluster::join::Relay;
 use crate::limiter::{Decision, Quota};
 use crate::store::Hit;
 
@@ -75,7 +76,37 @@ impl PeerHit {
             } else {
                 0
             },
+            relay: wire::Relay::None as i32,
         }
+    }
+
+    /// The hit as a joining node relays it to the key's previous owner, which applies it to
+    /// its own counter (`how`) and never relays it again ([`crate::cluster::join`]).
+    pub fn relayed(h: &Hit<'_>, how: Relay) -> Self {
+        let relay = match how {
+            Relay::No => wire::Relay::None,
+            Relay::Apply => wire::Relay::Apply,
+            Relay::Take => wire::Relay::Take,
+        };
+        PeerHit {
+            relay: relay as i32,
+            ..PeerHit::from_hit(h)
+        }
+    }
+
+    /// How the hit reached this node; an unknown number is refused, never read as another.
+    pub fn how_relayed(&self) -> Result<Relay, tonic::Status> {
+        Ok(match wire::Relay::try_from(self.relay) {
+            Ok(wire::Relay::None) => Relay::No,
+            Ok(wire::Relay::Apply) => Relay::Apply,
+            Ok(wire::Relay::Take) => Relay::Take,
+            Err(_) => {
+                return Err(tonic::Status::invalid_argument(format!(
+                    "peer hit: unknown relay number {}",
+                    self.relay
+                )));
+            }
+        })
     }
 
     /// The quota this hit's counter enforces; an unknown unit or algorithm number is refused,
@@ -116,6 +147,18 @@ impl From<&Decision> for PeerDecision {
             count_before: d.count_before,
             count_after: d.count_after,
             expired: d.expired,
+            taken: None,
+        }
+    }
+}
+
+impl PeerDecision {
+    /// The answer to a [`Relay::Take`] hit: this node's state of the counter, as `window` and
+    /// `values` ([`crate::limiter::CounterKind::parts`]; none: it holds nothing).
+    pub fn taken(window: u64, values: Vec<u64>) -> Self {
+        PeerDecision {
+            taken: Some(wire::CounterState { window, values }),
+            ..PeerDecision::default()
         }
     }
 }
@@ -193,6 +236,7 @@ mod tests {
                     count_before: 0,
                     count_after: 1,
                     expired: 0,
+                    taken: None,
                 },
                 PeerDecision {
                     over: true,
@@ -201,6 +245,7 @@ mod tests {
                     count_before: 5,
                     count_after: 7,
                     expired: 0,
+                    taken: None,
                 },
             ],
         }
@@ -265,6 +310,42 @@ mod tests {
         assert_eq!(
             refused(i32::MIN, 9),
             "peer hit: unknown unit number -2147483648"
+        );
+    }
+
+    /// A relayed hit is the plain hit's bytes plus field 9 (`4801` applied, `4802` taken over),
+    /// and a counter handed over is field 7 of the decision: an owner that predates relays
+    /// reads the hit as the one it always knew and applies it.
+    #[test]
+    fn relays_add_fields_and_change_no_other_byte() {
+        let plain = Hit {
+            key: "d_k_v_",
+            quota: Quota::fixed(10, Unit::Hour),
+            hits: 1,
+        };
+        let bytes = |h: PeerHit| hex(&h.encode_to_vec());
+        let base = bytes(PeerHit::from_hit(&plain));
+        assert_eq!(bytes(PeerHit::relayed(&plain, Relay::No)), base);
+        assert_eq!(
+            bytes(PeerHit::relayed(&plain, Relay::Apply)),
+            format!("{base}4801")
+        );
+        assert_eq!(
+            bytes(PeerHit::relayed(&plain, Relay::Take)),
+            format!("{base}4802")
+        );
+        for how in [Relay::No, Relay::Apply, Relay::Take] {
+            assert_eq!(PeerHit::relayed(&plain, how).how_relayed().unwrap(), how);
+        }
+        let mut unknown = PeerHit::from_hit(&plain);
+        unknown.relay = 3;
+        let status = unknown.how_relayed().expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert_eq!(status.message(), "peer hit: unknown relay number 3");
+        // Window 7, counts 5 and 2: field 7 holding field 1 = 7, field 2 = [5, 2] packed.
+        assert_eq!(
+            hex(&PeerDecision::taken(7, vec![5, 2]).encode_to_vec()),
+            "3a06080712020502"
         );
     }
 

@@ -332,6 +332,7 @@ mod tests {
             count_before: 1,
             count_after: 1,
             expired: 0,
+            taken: None,
         };
         Ok(ApplyResponse {
             decisions: vec![d; req.hits.len()],

@@ -10,8 +10,10 @@
 //! misreads one, and its caller treats the refusal as a failed peer. The algorithm and unit
 //! numbers on the wire map to [`Algorithm`] and [`Unit`] by one match per variant here, so
 //! reordering a Rust enum cannot change the wire (`pinned_wire_bytes` in `apply.rs` fails
-//! first). An owner always applies the hits it receives to its own store and never forwards
-//! them again, so ring changes cannot make a call go round in circles.
+//! first). An owner applies the hits it receives to its own store and never forwards them
+//! again, except a joining node, which relays a hit once to the key's previous owner
+//! (`cluster::join`), and a relayed hit is never relayed again: ring changes cannot make a call
+//! go round in circles.
 //!
 //! - here: the version and the enum maps;
 //! - `apply.rs`: Apply's messages as Sluice's types (hits, decisions, [`Op`]); the hit form is

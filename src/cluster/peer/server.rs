@@ -1,7 +1,8 @@
 //! The owner's side of the peer protocol: [`PeerServer`] routes and decodes each call (the
 //! generated `Peer` service), `Owner` answers it. Apply's hits go to this node's counters
 //! through [`OwnerStore`], so forwarded hits are loaded and written behind like
-//! local ones; Lease asks go to this node's lease server (their wire form is
+//! local ones, and relayed to their previous owner while this node joins (a hit relayed to it
+//! is applied here); Lease asks go to this node's lease server (their wire form is
 //! `cluster::lease::wire`); Quota calls go to the Rate Limit Quota Service, through
 //! [`QuotaOwner`] (its wire form is beside the quota peers, `cluster::rlqs_peers`).
 
@@ -14,12 +15,12 @@ use tonic::codegen::{BoxFuture, Service, http};
 use tonic::server::NamedService;
 
 use super::{
-    ApplyRequest, ApplyResponse, LeaseGrant, LeaseRequest, LeaseResponse, Op, PeerDecision,
-    PeerHit, version_mismatch, wire,
+    ApplyRequest, ApplyResponse, LeaseGrant, LeaseRequest, LeaseResponse, PeerDecision, PeerHit,
+    version_mismatch, wire,
 };
 use crate::clock::Clock;
-use crate::cluster::OwnerStore;
-use crate::store::{CounterStore, Hit, StoreError};
+use crate::cluster::{OwnerStore, Served};
+use crate::store::{Hit, StoreError};
 
 /// The buckets' owner as the `Quota` call reaches it: this node's Rate Limit Quota Service,
 /// which splits each bucket it owns across every node's Envoys. Implemented beside the quota
@@ -178,25 +179,30 @@ impl Owner {
                 hits: h.hits,
             })
             .collect();
+        let relay = req
+            .hits
+            .iter()
+            .map(PeerHit::how_relayed)
+            .collect::<Result<Vec<_>, _>>()?;
         // The owner's clock decides, so each counter lives on one timeline.
         let now = self.clock.now();
-        match req.op() {
-            Op::Apply => {}
-            Op::Refund => {}
-            Op::Reset => {
-                self.local.reset(now, &hits).await.map_err(store_status)?;
-                return Ok(ApplyResponse::default());
-            }
+        let op = req.op();
+        let served = self
+            .local
+            .serve(op, now, &hits, &relay)
+            .await
+            .map_err(store_status)?;
+        if !op.answers() {
+            return Ok(ApplyResponse::default());
         }
-        let mut out = Vec::with_capacity(hits.len());
-        let done = if req.op() == Op::Refund {
-            self.local.refund(now, &hits, &mut out).await
-        } else {
-            self.local.apply(now, &hits, &mut out).await
-        };
-        done.map_err(store_status)?;
         Ok(ApplyResponse {
-            decisions: out.iter().map(PeerDecision::from).collect(),
+            decisions: served
+                .iter()
+                .map(|answer| match answer {
+                    Served::Decided(d) => PeerDecision::from(d),
+                    Served::Taken(window, values) => PeerDecision::taken(*window, values.clone()),
+                })
+                .collect(),
         })
     }
 }
