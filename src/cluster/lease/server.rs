@@ -312,10 +312,6 @@ struct KeyLeases {
     /// ([`window_limit`]), and the same for the window granted ahead (`next`).
     limit: u32,
     next_limit: u32,
-    /// The record of another counter of the key, kept while a reload that changed the key's
-    /// algorithm or window length goes over the nodes (asks of both counters interleave),
-    /// until nothing is held in it: two counters at most, as forward mode's owner keeps two.
-    other: Option<Box<KeyLeases>>,
     /// Until when (µs) grants are capped at an equal share (see the module's "Rebuild").
     rebuild_until_us: u64,
     /// The ring change (µs) the rebuild followed: a later one starts another.
@@ -345,6 +341,11 @@ struct GrantContext<'a> {
 /// A lease server's table: one entry per key it leases.
 pub struct LeaseServer {
     keys: DashMap<Box<str>, Mutex<KeyLeases>, foldhash::fast::RandomState>,
+    /// The record of a key's other counter, kept while a reload that changed the key's
+    /// algorithm or window length goes over the nodes (asks of both counters interleave), until
+    /// nothing is held in it: two counters a key at most, as forward mode's owner keeps two.
+    /// Rare, so kept apart: `keys` holds the record of each key's counter asked last.
+    others: DashMap<Box<str>, KeyLeases, foldhash::fast::RandomState>,
     timing: LeaseTiming,
     /// Asks answered (renewals and acquires), and asks refused a lease (the table full).
     pub grants: AtomicU64,
@@ -373,6 +374,7 @@ impl LeaseServer {
     pub fn new(timing: LeaseTiming) -> Self {
         LeaseServer {
             keys: DashMap::default(),
+            others: DashMap::default(),
             timing,
             grants: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -439,7 +441,7 @@ impl LeaseServer {
                     (last_change.micros() + self.timing.duration_us()).max(now_us);
                 let fresh = KeyLeases::new(ask.quota, now_us, rebuild_until_us);
                 self.keys.entry(key.into()).or_insert_with(|| {
-                    let charge = KEY_CHARGE + key.len() + fresh.record_bytes();
+                    let charge = KEY_CHARGE + key.len() + fresh.holder_bytes();
                     self.bytes.fetch_add(charge, Ordering::Relaxed);
                     Mutex::new(fresh)
                 });
@@ -481,15 +483,52 @@ impl LeaseServer {
             },
             ..*ask
         };
-        let before = leases.record_bytes();
+        if !same_counter(&ask.quota, &leases.quota) {
+            self.switch_counter(key, &mut leases, ask.quota, now_us, room);
+        }
+        let before = leases.holder_bytes();
         let grant = leases.answer(ask, &ctx);
-        let after = leases.record_bytes();
+        let after = leases.holder_bytes();
         if after >= before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);
         } else {
             self.bytes.fetch_sub(before - after, Ordering::Relaxed);
         }
         grant
+    }
+
+    /// Makes `quota`'s counter the record of `key` answered (`leases`): the record `others`
+    /// keeps of it, else a new one. The record answered until now goes to `others` in its
+    /// place (a third counter's record there is dropped, and so is this one when the table has
+    /// no room: such a counter starts again if asked again).
+    fn switch_counter(
+        &self,
+        key: &str,
+        leases: &mut KeyLeases,
+        quota: Quota,
+        now_us: u64,
+        room: bool,
+    ) {
+        let charge = |l: &KeyLeases| KEY_CHARGE + key.len() + l.holder_bytes();
+        let kept = self.others.remove(key).and_then(|(_, other)| {
+            self.bytes.fetch_sub(charge(&other), Ordering::Relaxed);
+            same_counter(&other.quota, &quota).then_some(other)
+        });
+        let mut answered =
+            kept.unwrap_or_else(|| KeyLeases::new(quota, now_us, leases.rebuild_until_us));
+        // A rebuild is the key's, whichever counter it follows.
+        answered.rebuild_until_us = answered.rebuild_until_us.max(leases.rebuild_until_us);
+        answered.rebuilt_for_us = answered.rebuilt_for_us.max(leases.rebuilt_for_us);
+        let previous = std::mem::replace(leases, answered);
+        // `leases` is charged its key already: only its holders change.
+        self.bytes
+            .fetch_add(leases.holder_bytes(), Ordering::Relaxed);
+        self.bytes
+            .fetch_sub(previous.holder_bytes(), Ordering::Relaxed);
+        if room {
+            self.bytes.fetch_add(charge(&previous), Ordering::Relaxed);
+            self.others.insert(key.into(), previous);
+        }
     }
 
     /// Bytes charged for what this server keeps, for `/metrics`.
@@ -499,22 +538,26 @@ impl LeaseServer {
 
     /// Drops the keys nobody can hold anything of any more: every lease expired, and for the
     /// windows the window (and for a sliding window the next one, which still weighs it) over;
-    /// and so the record of a key's other counter.
+    /// and so the records of keys' other counters.
     pub fn sweep(&self, now: Timestamp) {
         let now_us = now.micros();
         self.keys.retain(|key, leases| {
             let l = leases
                 .get_mut()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let before = l.record_bytes();
-            l.forget_other(now_us);
             let keep = l.in_use(now_us);
-            let freed = if keep {
-                before - l.record_bytes()
-            } else {
-                KEY_CHARGE + key.len() + before
-            };
-            self.bytes.fetch_sub(freed, Ordering::Relaxed);
+            if !keep {
+                let charge = KEY_CHARGE + key.len() + l.holder_bytes();
+                self.bytes.fetch_sub(charge, Ordering::Relaxed);
+            }
+            keep
+        });
+        self.others.retain(|key, l| {
+            let keep = l.in_use(now_us);
+            if !keep {
+                let charge = KEY_CHARGE + key.len() + l.holder_bytes();
+                self.bytes.fetch_sub(charge, Ordering::Relaxed);
+            }
             keep
         });
     }
@@ -625,7 +668,6 @@ impl KeyLeases {
             quota,
             limit: quota.requests_per_unit,
             next_limit: quota.requests_per_unit,
-            other: None,
             rebuild_until_us,
             rebuilt_for_us: 0,
             current: Epoch {
@@ -637,26 +679,13 @@ impl KeyLeases {
         }
     }
 
-    /// The bytes charged for this key beside its own [`KEY_CHARGE`] and key: its holders, in
-    /// the windows it keeps, and the other counter's record (a [`KEY_CHARGE`] and its holders).
-    fn record_bytes(&self) -> usize {
-        let holders: usize = std::iter::once(&self.current)
+    /// The bytes charged for this key's holders, in the windows it keeps.
+    fn holder_bytes(&self) -> usize {
+        std::iter::once(&self.current)
             .chain(&self.next)
             .flat_map(|e| &e.holders)
             .map(|h| HOLDER_CHARGE + h.node.len())
-            .sum();
-        holders
-            + self
-                .other
-                .as_ref()
-                .map_or(0, |o| KEY_CHARGE + o.record_bytes())
-    }
-
-    /// Drops the other counter's record once nothing can be held in it any more.
-    fn forget_other(&mut self, now_us: u64) {
-        if self.other.as_ref().is_some_and(|o| !o.in_use(now_us)) {
-            self.other = None;
-        }
+            .sum()
     }
 
     fn summary(&self, now_us: u64) -> Summary {
@@ -702,9 +731,6 @@ impl KeyLeases {
 
     fn in_use(&self, now_us: u64) -> bool {
         let live = |e: &Epoch| e.holders.iter().any(|h| h.expires_us > now_us);
-        if self.other.as_ref().is_some_and(|o| o.in_use(now_us)) {
-            return true;
-        }
         if !is_window(&self.quota) {
             return live(&self.current);
         }
@@ -719,36 +745,14 @@ impl KeyLeases {
             || (weighs && self.current.index + 1 == index)
     }
 
+    /// Answers `ask`, about this record's counter ([`same_counter`]) under any limit.
     fn answer(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
-        // A reload may change a key's limit on one node after another: the records stay, and
-        // only another counter (algorithm, window length) has a record of its own.
-        if !same_counter(&ask.quota, &self.quota) {
-            self.switch_counter(ask.quota, ctx);
-        }
+        // A reload may change a key's limit on one node after another: the records stay.
         self.quota = ask.quota;
         if is_window(&self.quota) {
             self.answer_window(ask, ctx)
         } else {
             self.answer_bucket(ask, ctx)
-        }
-    }
-
-    /// Makes `quota`'s counter the record answered: the other record when it is that
-    /// counter's, else a new one; the record answered until now becomes the other (a third
-    /// counter's record, if any, is dropped, and so is the previous one when the table has no
-    /// room: such a counter starts again if asked again).
-    fn switch_counter(&mut self, quota: Quota, ctx: &GrantContext<'_>) {
-        let kept = self.other.take().filter(|o| same_counter(&o.quota, &quota));
-        let mut answered = match kept {
-            Some(o) => *o,
-            None => KeyLeases::new(quota, ctx.now_us, self.rebuild_until_us),
-        };
-        // A rebuild is the key's, whichever counter it follows.
-        answered.rebuild_until_us = answered.rebuild_until_us.max(self.rebuild_until_us);
-        answered.rebuilt_for_us = answered.rebuilt_for_us.max(self.rebuilt_for_us);
-        let previous = std::mem::replace(self, answered);
-        if ctx.room {
-            self.other = Some(Box::new(previous));
         }
     }
 
