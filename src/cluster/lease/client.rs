@@ -13,8 +13,8 @@
 //! back what the node holds beyond its need.
 
 use super::server::{
-    Ask, Grant, LeaseTiming, PPM, epoch_of, is_window, rate_milli, share_need, window_index,
-    window_left_us,
+    Ask, Grant, LeaseTiming, PPM, epoch_of, is_window, rate_milli, same_counter, share_need,
+    window_index, window_left_us,
 };
 use crate::limiter::{Algorithm, Decision, Quota, bucket};
 
@@ -110,6 +110,22 @@ impl Held {
 
     pub(crate) fn quota(&self) -> &Quota {
         &self.quota
+    }
+
+    /// Moves to `quota`, a reload's, at `now_us`: `false` when it counts in another counter
+    /// ([`same_counter`]), which needs a fresh lease. Else only the limit changed, and what is
+    /// held and used stays, as the owner keeps its record of them: a window's allowance and
+    /// count, a bucket's share and the tokens its local bucket has (at most its new capacity).
+    pub(crate) fn requota(&mut self, quota: Quota, now_us: u64) -> bool {
+        if !same_counter(&self.quota, &quota) {
+            return false;
+        }
+        let old = self.local_bucket();
+        self.quota = quota;
+        if let (Some(old), Some(new)) = (old, self.local_bucket()) {
+            self.tat = old.reshare(self.tat, now_us, new);
+        }
+        true
     }
 
     /// Decides `hits` at `now_us` from what is held, or says to acquire (when no acquire was

@@ -234,8 +234,8 @@ impl LeaseClient {
         }
     }
 
-    /// A new slot for `key` (or a fresh one when its quota changed); `None` when the table is
-    /// full.
+    /// A new slot for `key` (or, when its quota changed, the slot it has under the new limit,
+    /// or a fresh one for another counter); `None` when the table is full.
     fn slot_for(&self, key: &str, quota: Quota, now_us: u64, live: usize) -> Option<Arc<Slot>> {
         if !self.slots.contains_key(key)
             && self.bytes.load(Ordering::Relaxed) >= self.timing.max_bytes
@@ -254,13 +254,19 @@ impl LeaseClient {
                 .fetch_add(SLOT_CHARGE + key.len(), Ordering::Relaxed);
             fresh()
         });
-        if *entry.lock().quota() != quota {
+        let kept = {
+            let mut held = entry.lock();
+            *held.quota() == quota || held.requota(quota, now_us)
+        };
+        if !kept {
+            // Another counter: a call under way answers the old slot, not this one.
             *entry = fresh();
         }
         Some(entry.clone())
     }
 
-    /// [`client::Held::admit_held`] on `key` held under `quota`: `None` when not held here.
+    /// [`client::Held::admit_held`] on `key` held under `quota` (or its counter under another
+    /// limit, which it takes): `None` when not held here.
     pub fn admit_held(
         &self,
         key: &str,
@@ -270,7 +276,8 @@ impl LeaseClient {
     ) -> Option<Result<Decision, u64>> {
         let slot = self.slots.get(key)?;
         let mut held = slot.lock();
-        (*held.quota() == quota).then(|| held.admit_held(now_us, hits))
+        let kept = *held.quota() == quota || held.requota(quota, now_us);
+        kept.then(|| held.admit_held(now_us, hits))
     }
 
     /// [`client::Held::admitted_alone`] on `key`, when it is held here.

@@ -29,7 +29,7 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::server::{Capacity, PPM, Summary, epoch_of, is_window, micros};
+use super::server::{Capacity, PPM, Summary, epoch_of, is_window, micros, same_counter};
 use super::{Ask, Grant};
 use crate::charged::{ChargedMap, lock};
 use crate::limiter::Quota;
@@ -239,9 +239,13 @@ impl Upstream {
             return unrecorded();
         };
         let mut above = lock(&entry);
-        if above.quota != bare {
+        // A reload changes a limit on one node after another: under another limit the grant
+        // stays (the parent keeps its record too, docs/cluster.md "A limit changed while nodes
+        // hold leases"); another counter has nothing granted yet.
+        if !same_counter(&above.quota, &bare) {
             *above = Above::new(bare, quota.safe_capacity, now_us);
         }
+        above.quota = bare;
         above.safe = quota.safe_capacity.or(above.safe);
         above.touched_us = now_us;
         above.roll(now_us);
@@ -692,6 +696,38 @@ mod tests {
         let due = up.renewals(later + MS, None, |_| true, |_| Some(done));
         assert_eq!((due[0].1.epoch, due[0].1.keep), (e + 1, 10));
         assert_eq!(up.capacity("k", &q, later + 2 * MS).0.current, Some(10));
+    }
+
+    #[test]
+    fn a_changed_limit_keeps_the_parents_grant_and_another_counter_waits_for_its_own() {
+        let up = upstream();
+        let q = quota(None);
+        let e = epoch_of(&q, T0);
+        up.capacity("k", &q, T0);
+        up.renewals(
+            T0,
+            Some(&[("k", waiting(q, 3, 40_000))]),
+            |_| true,
+            |_| None,
+        );
+        up.answer("k", Some(&grant(e, 40, Some(55), 3)), T0);
+        // The cluster's nodes reload one after another: asks under both limits interleave,
+        // and the grant holds for both (before issue 48's fix each one started it again).
+        let halved = Quota {
+            requests_per_unit: 50,
+            ..q
+        };
+        for (i, asked) in [halved, q, halved].iter().enumerate() {
+            let (c, source, _) = up.capacity("k", asked, T0 + (i as u64 + 1) * MS);
+            assert_eq!((c.current, source), (Some(40), Source::Parent), "ask {i}");
+        }
+        // Another algorithm is another counter: nothing granted for it yet.
+        let sliding = q.with_algorithm(crate::limiter::Algorithm::SlidingWindow);
+        let (c, source, ask_now) = up.capacity("k", &sliding, T0 + 5 * MS);
+        assert_eq!(
+            (c.current, source, ask_now),
+            (Some(0), Source::Waiting, true)
+        );
     }
 
     #[test]

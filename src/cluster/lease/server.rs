@@ -27,8 +27,17 @@
 //! **Capacity.** A window's capacity is the key's limit, unless the owner says less
 //! ([`LeaseServer::answer_within`]): a cluster below a parent (issue 39's tree) hands out what
 //! the parent granted it for the window, and for the next one when it grants ahead. The fair
-//! share then divides that, and the quota stays the limit, so a parent's changing grant does
-//! not start the key again.
+//! share then divides that, and the quota stays the limit.
+//!
+//! **A limit changed by a reload** (`docs/cluster.md`, "A limit changed while nodes hold
+//! leases"). Nodes reload one after another, so asks naming the old and the new limit
+//! interleave. The key's records stay: what was granted and used in the window is still
+//! charged, and each window is held to the smallest limit its asks named ([`window_limit`]),
+//! so it admits at most the larger of the two limits, and at most the new one once every node
+//! has it. A bucket's shares stay too: they are fractions of whichever rate a node runs. A
+//! change of algorithm or window length is another counter ([`same_counter`]), with a record
+//! of its own beside the old one's until nothing is held in that: a window then admits at most
+//! the old limit and the new, as forward mode's owner counts them in two counters.
 //!
 //! **Rebuild.** A key this node starts serving within a lease duration of a ring change (its own
 //! start, a peer lost or added) may still be held by nodes under leases from another owner. Until
@@ -50,6 +59,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use crate::clock::Timestamp;
+use crate::limiter::counter::CounterKind;
 use crate::limiter::share::max_min_fair;
 use crate::limiter::{Algorithm, Quota};
 
@@ -106,11 +116,11 @@ pub struct Grant {
 
 /// What a key's owner may hand out of it per window, when that is less than its limit: a
 /// cluster below a parent in a tree of lease servers hands out the parent's grant. The quota
-/// stays the configured limit (a changed quota starts the key again; a changed capacity does
-/// not). `None` is the quota's limit, and so is anything above it. A capacity below what the
-/// holders already hold takes nothing back: it grants nothing new until they give some back at
-/// their renewals, which the fair parts ask them to. A bucket's capacity is a share of the
-/// whole in parts per million (`current` only): the share the parent granted the cluster.
+/// stays the configured limit. `None` is the quota's limit, and so is anything above it. A
+/// capacity below what the holders already hold takes nothing back: it grants nothing new
+/// until they give some back at their renewals, which the fair parts ask them to. A bucket's
+/// capacity is a share of the whole in parts per million (`current` only): the share the
+/// parent granted the cluster.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capacity {
     /// For the window containing the ask.
@@ -294,7 +304,14 @@ const MAX_HOLDERS: usize = 1024;
 /// Everything the server keeps for one key.
 #[derive(Debug)]
 struct KeyLeases {
+    /// The quota of the last ask: its counter ([`same_counter`]: the algorithm, and a window's
+    /// length) is this record's; a bucket's rate sizes the needs. A window's limit is not
+    /// read from it but from `limit` and `next_limit`.
     quota: Quota,
+    /// Windows: what the current window may hold, the smallest limit its asks named
+    /// ([`window_limit`]), and the same for the window granted ahead (`next`).
+    limit: u32,
+    next_limit: u32,
     /// Until when (µs) grants are capped at an equal share (see the module's "Rebuild").
     rebuild_until_us: u64,
     /// The ring change (µs) the rebuild followed: a later one starts another.
@@ -324,6 +341,11 @@ struct GrantContext<'a> {
 /// A lease server's table: one entry per key it leases.
 pub struct LeaseServer {
     keys: DashMap<Box<str>, Mutex<KeyLeases>, foldhash::fast::RandomState>,
+    /// The record of a key's other counter, kept while a reload that changed the key's
+    /// algorithm or window length goes over the nodes (asks of both counters interleave), until
+    /// nothing is held in it: two counters a key at most, as forward mode's owner keeps two.
+    /// Rare, so kept apart: `keys` holds the record of each key's counter asked last.
+    others: DashMap<Box<str>, KeyLeases, foldhash::fast::RandomState>,
     timing: LeaseTiming,
     /// Asks answered (renewals and acquires), and asks refused a lease (the table full).
     pub grants: AtomicU64,
@@ -352,6 +374,7 @@ impl LeaseServer {
     pub fn new(timing: LeaseTiming) -> Self {
         LeaseServer {
             keys: DashMap::default(),
+            others: DashMap::default(),
             timing,
             grants: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -452,7 +475,7 @@ impl LeaseServer {
                 .max(self.timing.horizon_us()),
         };
         // A limit's safe capacity is the asker's business (a partitioned node, a child cluster
-        // cut off from its parent), not part of the quota a key starts again under.
+        // cut off from its parent), not part of the quota the owner keeps.
         let ask = &Ask {
             quota: Quota {
                 safe_capacity: None,
@@ -460,6 +483,9 @@ impl LeaseServer {
             },
             ..*ask
         };
+        if !same_counter(&ask.quota, &leases.quota) {
+            self.switch_counter(key, &mut leases, ask.quota, now_us, room);
+        }
         let before = leases.holder_bytes();
         let grant = leases.answer(ask, &ctx);
         let after = leases.holder_bytes();
@@ -471,19 +497,62 @@ impl LeaseServer {
         grant
     }
 
+    /// Makes `quota`'s counter the record of `key` answered (`leases`): the record `others`
+    /// keeps of it, else a new one. The record answered until now goes to `others` in its
+    /// place (a third counter's record there is dropped, and so is this one when the table has
+    /// no room: such a counter starts again if asked again).
+    fn switch_counter(
+        &self,
+        key: &str,
+        leases: &mut KeyLeases,
+        quota: Quota,
+        now_us: u64,
+        room: bool,
+    ) {
+        let charge = |l: &KeyLeases| KEY_CHARGE + key.len() + l.holder_bytes();
+        let kept = self.others.remove(key).and_then(|(_, other)| {
+            self.bytes.fetch_sub(charge(&other), Ordering::Relaxed);
+            same_counter(&other.quota, &quota).then_some(other)
+        });
+        let mut answered =
+            kept.unwrap_or_else(|| KeyLeases::new(quota, now_us, leases.rebuild_until_us));
+        // A rebuild is the key's, whichever counter it follows.
+        answered.rebuild_until_us = answered.rebuild_until_us.max(leases.rebuild_until_us);
+        answered.rebuilt_for_us = answered.rebuilt_for_us.max(leases.rebuilt_for_us);
+        let previous = std::mem::replace(leases, answered);
+        // `leases` is charged its key already: only its holders change.
+        self.bytes
+            .fetch_add(leases.holder_bytes(), Ordering::Relaxed);
+        self.bytes
+            .fetch_sub(previous.holder_bytes(), Ordering::Relaxed);
+        if room {
+            self.bytes.fetch_add(charge(&previous), Ordering::Relaxed);
+            self.others.insert(key.into(), previous);
+        }
+    }
+
     /// Bytes charged for what this server keeps, for `/metrics`.
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
 
     /// Drops the keys nobody can hold anything of any more: every lease expired, and for the
-    /// windows the window (and for a sliding window the next one, which still weighs it) over.
+    /// windows the window (and for a sliding window the next one, which still weighs it) over;
+    /// and so the records of keys' other counters.
     pub fn sweep(&self, now: Timestamp) {
         let now_us = now.micros();
         self.keys.retain(|key, leases| {
             let l = leases
                 .get_mut()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let keep = l.in_use(now_us);
+            if !keep {
+                let charge = KEY_CHARGE + key.len() + l.holder_bytes();
+                self.bytes.fetch_sub(charge, Ordering::Relaxed);
+            }
+            keep
+        });
+        self.others.retain(|key, l| {
             let keep = l.in_use(now_us);
             if !keep {
                 let charge = KEY_CHARGE + key.len() + l.holder_bytes();
@@ -525,6 +594,22 @@ impl LeaseServer {
             })
             .collect()
     }
+}
+
+/// Whether two quotas count in one counter ([`CounterKind`]: the same algorithm, a bucket being
+/// token or leaky alike, and the same window length), so that only their limit (rate, burst)
+/// differs: the owner keeps one record for both, as forward mode's owner keeps one counter.
+pub(super) fn same_counter(a: &Quota, b: &Quota) -> bool {
+    CounterKind::of_quota(a) == CounterKind::of_quota(b)
+}
+
+/// The limit a window is held to once an ask naming `asked` comes, `held` being the limit it
+/// was held to: the smallest its asks named. While a reload goes over the nodes, asks with the
+/// old and the new limit interleave; the smaller keeps every window within the larger of the
+/// two (what was granted under the larger stays granted), and within the new limit once every
+/// node asks with it. A raised limit is used from the first window whose asks all name it.
+pub(super) fn window_limit(held: u32, asked: u32) -> u32 {
+    held.min(asked)
 }
 
 /// Whether `quota` counts in windows (its lease is an allowance) rather than a bucket (a share).
@@ -581,6 +666,8 @@ impl KeyLeases {
         };
         KeyLeases {
             quota,
+            limit: quota.requests_per_unit,
+            next_limit: quota.requests_per_unit,
             rebuild_until_us,
             rebuilt_for_us: 0,
             current: Epoch {
@@ -649,20 +736,19 @@ impl KeyLeases {
         }
         let index = window_index(&self.quota, now_us);
         let weighs = self.quota.algorithm == Algorithm::SlidingWindow;
+        // A window granted ahead is in use until it ends (a sliding one, until the window
+        // after it ends): a key whose last asks granted ahead was never swept before.
+        let ahead = |e: &Epoch| e.index + u64::from(weighs) >= index;
         live(&self.current)
-            || self.next.is_some()
+            || self.next.as_ref().is_some_and(ahead)
             || self.current.index == index
             || (weighs && self.current.index + 1 == index)
     }
 
+    /// Answers `ask`, about this record's counter ([`same_counter`]) under any limit.
     fn answer(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
-        // A limit changed by a reload starts the key again under the new quota.
-        if ask.quota != self.quota {
-            *self = KeyLeases {
-                rebuilt_for_us: self.rebuilt_for_us,
-                ..KeyLeases::new(ask.quota, ctx.now_us, self.rebuild_until_us)
-            };
-        }
+        // A reload may change a key's limit on one node after another: the records stay.
+        self.quota = ask.quota;
         if is_window(&self.quota) {
             self.answer_window(ask, ctx)
         } else {
@@ -670,8 +756,9 @@ impl KeyLeases {
         }
     }
 
-    /// Moves to the window containing `now_us`: the next window's grants become current.
-    fn roll(&mut self, now_us: u64) {
+    /// Moves to the window containing `now_us`, for an ask naming the limit `asked`: the next
+    /// window's grants (and limit) become current.
+    fn roll(&mut self, now_us: u64, asked: u32) {
         let index = window_index(&self.quota, now_us);
         // Window by window while something was granted ahead (the window granted ahead may be
         // the one before `index`, whose allowances a sliding window must weigh); past that,
@@ -681,8 +768,14 @@ impl KeyLeases {
             let following = ended.index + 1;
             self.previous_allowances = ended.allowances();
             self.current = match self.next.take() {
-                Some(next) if next.index == following => next,
-                _ => Epoch::following(&ended, following, self.quota.window().secs()),
+                Some(next) if next.index == following => {
+                    self.limit = self.next_limit;
+                    next
+                }
+                _ => {
+                    self.limit = asked;
+                    Epoch::following(&ended, following, self.quota.window().secs())
+                }
             };
             if self.current.index < index && self.current.allowances() == 0 {
                 self.previous_allowances = 0;
@@ -691,9 +784,10 @@ impl KeyLeases {
         }
     }
 
-    /// What may be held in a window given the owner's `capacity` for it: the limit, or less.
-    fn limit_within(&self, capacity: Option<u64>) -> u64 {
-        let limit = u64::from(self.quota.requests_per_unit);
+    /// What may be held in a window held to `limit` given the owner's `capacity` for it: the
+    /// limit, or less.
+    fn limit_within(limit: u32, capacity: Option<u64>) -> u64 {
+        let limit = u64::from(limit);
         capacity.map_or(limit, |c| c.min(limit))
     }
 
@@ -710,11 +804,13 @@ impl KeyLeases {
     }
 
     fn answer_window(&mut self, ask: &Ask, ctx: &GrantContext<'_>) -> Grant {
-        self.roll(ctx.now_us);
+        let asked = ask.quota.requests_per_unit;
+        self.roll(ctx.now_us, asked);
+        self.limit = window_limit(self.limit, asked);
         let index = self.current.index;
         let horizon = ctx.horizon_us;
         let left_us = window_left_us(&self.quota, ctx.now_us);
-        let limit = self.limit_within(ctx.capacity.current);
+        let limit = Self::limit_within(self.limit, ctx.capacity.current);
         // A sliding window's grants ahead count against what is left of this one: at the next
         // window's start the estimate is this window's count plus the next one's.
         let ahead = match (&self.next, self.quota.algorithm) {
@@ -787,7 +883,12 @@ impl KeyLeases {
     /// (its estimate at the next start is this window's count plus the next one's), and this
     /// window's later grants count against the grants ahead, so the two never pass the limit.
     fn grant_ahead(&mut self, ask: &Ask, ctx: &GrantContext<'_>, index: u64) -> u64 {
-        let limit = self.limit_within(ctx.capacity.next);
+        let asked = ask.quota.requests_per_unit;
+        self.next_limit = match self.next {
+            Some(_) => window_limit(self.next_limit, asked),
+            None => asked,
+        };
+        let limit = Self::limit_within(self.next_limit, ctx.capacity.next);
         let capacity = match self.quota.algorithm {
             Algorithm::SlidingWindow => limit.saturating_sub(self.current.allowances()),
             _ => limit,
