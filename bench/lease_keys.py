@@ -7,7 +7,8 @@ use), started afresh for each number of users K and each mode (lease, then forwa
 run). Per (K, mode), three phases driven by `examples/keys_load.rs` (gRPC ShouldRateLimit, 40
 descriptors a call, the calls spread over the three nodes in turn):
 
-- touch: every user u0 .. u<K-1> once (K decisions, the users' first hits);
+- touch: every user u0 .. u<K-1> once (K decisions, the users' first hits; its time and CPU
+  reported too);
 - load: --load-secs at --rate calls a second, each of 40 distinct users drawn with Zipf(--zipf)
   popularity over the K users (u0 the hottest);
 - idle: nothing sent, for --idle-secs, after --idle-wait seconds.
@@ -29,10 +30,20 @@ call carrying those of one request for one owner, so acquire calls are at most t
 for the keys a node owns itself are answered by its own lease server, with no call. Peer bytes:
 bytes sent plus received on the node's TCP connections to or from a peer port (`ss`'s
 bytes_sent and bytes_received: HTTP/2 and gRPC framing included, TCP/IP headers not; the
-membership probes included). Hops: lease acquires plus forwarded hits, over decisions.
+membership probes included; per connection, so a connection closed in a phase loses its last
+bytes). Hops: lease acquires plus forwarded and relayed hits (a node
+that started relays each key's first hit in the window of its start to the key's previous
+owner, to take its counter over: `cluster::join`), over decisions. Failed peer calls (forwards
+and relays; each marks the peer down) and hits decided alone (a node that marked a majority of
+its peers down decides alone) over the three phases, besides the client's failed calls.
 
-Exit status 1 when a call fails, and (--max-idle-cores X) when the three nodes' idle CPU
-exceeds X cores in any run. Builds the binaries with cargo first unless --no-build
+Every run lies in one hourly window: past its end a node may forget every key it held, so an
+idle measure across it would say nothing of held keys. A run waits for the next hour when fewer
+than --hour-margin seconds (90) are left in this one, and a run that crossed one anyway is
+marked "(hour ended)".
+
+Exit status 1 when a call failed (the run goes on, and the table counts them), and
+(--max-idle-cores X) when the three nodes' idle CPU exceeds X cores in any run. Builds the binaries with cargo first unless --no-build
 (CARGO_TARGET_DIR, else target/). SLUICE_LEASE_MAX_BYTES (32 MiB by default, which 10^6 held
 keys pass) is raised to --lease-max-bytes, SLUICE_MAX_COUNTERS and SLUICE_MAX_COUNTER_BYTES to
 hold 4,000,000 counters, so no table fills.
@@ -75,12 +86,16 @@ def parse_args():
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--limit", type=int, default=1000, help="each user's limit per hour")
     ap.add_argument("--top", type=int, default=10, help="hottest users checked against the limit")
+    ap.add_argument("--hour-margin", type=float, default=90.0,
+                    help="wait for the next hour when fewer seconds are left in this one")
     ap.add_argument("--lease-max-bytes", type=int, default=4 << 30)
     ap.add_argument("--max-idle-cores", type=float, help="exit 1 above this idle CPU (3 nodes)")
     ap.add_argument("--env", action="append", default=[],
                     help="NAME=VALUE for every node (repeatable): e.g. SLUICE_LEASE_RENEW_MS=200")
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--out", help="also write the markdown report here")
+    ap.add_argument("--from-jsonl", nargs="+", metavar="FILE",
+                    help="run nothing: the report of the runs --jsonl kept in FILEs")
     ap.add_argument("--jsonl", help="append each run's numbers here, one JSON line a run")
     return ap.parse_args()
 
@@ -159,10 +174,12 @@ class Cluster:
         sys.exit("the nodes never all saw each other up")
 
     def peer_bytes(self):
-        """Per node, (sent, received) bytes on TCP connections to or from a peer port."""
+        """Per node, {(local port, remote port): (sent, received)}: the bytes of each TCP
+        connection to or from a peer port (a peer marked down reconnects: the phase's delta is
+        taken per connection, a closed one's last bytes lost)."""
         peer_ports = {p["peer"] for p in self.ports}
         pids = {p.pid: i for i, p in enumerate(self.procs)}
-        out = [[0, 0] for _ in self.procs]
+        out = [{} for _ in self.procs]
         text = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True,
                               text=True, check=True).stdout
         # One socket is a line of addresses and owner, then an indented line of TCP info.
@@ -173,10 +190,11 @@ class Cluster:
                 continue
             if not peer_ports & {int(addrs[0]), int(addrs[1])}:
                 continue
-            node = out[pids[int(pid.group(1))]]
-            for k, field in enumerate(("bytes_sent", "bytes_received")):
+            counts = []
+            for field in ("bytes_sent", "bytes_received"):
                 m = re.search(rf"\b{field}:(\d+)", info)
-                node[k] += int(m.group(1)) if m else 0
+                counts.append(int(m.group(1)) if m else 0)
+            out[pids[int(pid.group(1))]][(int(addrs[0]), int(addrs[1]))] = tuple(counts)
         return out
 
     def snapshot(self):
@@ -188,16 +206,32 @@ class Cluster:
                 fields = f.read().rsplit(")", 1)[1].split()
             cpu = (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
             snap.append({"t": time.monotonic(), "cpu": cpu, "stats": self.stats(i),
-                         "sent": peer[i][0], "received": peer[i][1],
-                         "rss_kib": rss_kib(p.pid)})
+                         "sockets": peer[i], "rss_kib": rss_kib(p.pid)})
         return snap
 
 
 def client(keys_load, args_list, timeout):
+    """keys_load's report. Failed calls are counted, not fatal: the run goes on, the table says
+    how many failed and the exit status is 1 (a node too busy to answer a peer in time is
+    something to measure too)."""
     r = subprocess.run([keys_load, *args_list], capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        sys.exit(f"keys_load {' '.join(args_list[:3])} failed: {r.stderr.strip()}\n{r.stdout}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 and not lines:
+        sys.exit(f"keys_load {' '.join(args_list[:3])} failed: {r.stderr.strip()}")
+    out = json.loads(lines[-1])
+    if out["failed"]:
+        print(f"# keys_load {args_list[0]}: {out['failed']} of {out['calls']} calls failed, the "
+              f"first: {out['first_failure']}", file=sys.stderr, flush=True)
+    return out
+
+
+def socket_bytes(before, after):
+    """(sent, received) on the peer connections between two snapshots of one node."""
+    sent = received = 0
+    for sock, (s, r) in after["sockets"].items():
+        s0, r0 = before["sockets"].get(sock, (0, 0))
+        sent, received = sent + s - s0, received + r - r0
+    return sent, received
 
 
 def phase(before, after, decisions):
@@ -207,19 +241,22 @@ def phase(before, after, decisions):
         secs = a["t"] - b["t"]
         d = {k: v - b["stats"].get(k, 0) for k, v in a["stats"].items()}
         calls = d.get("peer_calls", 0) + d.get("lease.renewal_calls", 0)
-        hops = d.get("lease.acquires", 0) + d.get("forwarded_hits", 0)
+        hops = d.get("lease.acquires", 0) + d.get("forwarded_hits", 0) + d.get("relayed_hits", 0)
         n = decisions[i] if decisions else 0
+        sent, received = socket_bytes(b, a)
         out.append({
             "secs": secs, "cpu_s": a["cpu"] - b["cpu"], "cores": (a["cpu"] - b["cpu"]) / secs,
             "decisions": n, "calls_per_s": calls / secs,
             "acquires_per_s": d.get("lease.acquires", 0) / secs,
             "renewed_keys_per_s": d.get("lease.renewals", 0) / secs,
-            "bytes_per_s": (a["sent"] - b["sent"] + a["received"] - b["received"]) / secs,
-            "sent_per_s": (a["sent"] - b["sent"]) / secs,
+            "bytes_per_s": (sent + received) / secs, "sent_per_s": sent / secs,
             "hops": hops, "hops_per_decision": hops / n if n else 0.0,
+            "alone_hits": d.get("alone_hits", 0),
+            "failed_calls": d.get("failed_forwards", 0) + d.get("failed_relays", 0),
             "held_keys": a["stats"].get("lease.held_keys", 0),
             "leased_keys": a["stats"].get("lease.leased_keys", 0),
-            "rss_mib": a["rss_kib"] / 1024})
+            "rss_mib": a["rss_kib"] / 1024,
+            "counters": {k: v for k, v in d.items() if v}})
     return out
 
 
@@ -228,22 +265,38 @@ def hot_ratios(outputs, limit):
     (all of it should be admitted, never more)."""
     windows = {}
     for o in outputs:
-        for rank, hour, offered, admitted in o["top"]:
-            w = windows.setdefault((rank, hour), [0, 0])
+        for rank, h, offered, admitted in o["top"]:
+            w = windows.setdefault((rank, h), [0, 0])
             w[0] += offered
             w[1] += admitted
     return sorted(a / limit for o, a in windows.values() if o >= limit)
 
 
+def hour():
+    return int(time.time() // 3600)
+
+
+def wait_for_hour(margin):
+    """A run must lie in one hourly window: past its end every key's lease can be forgotten,
+    so an idle measure after it says nothing of keys held. Waits for the next hour when fewer
+    than `margin` seconds are left in this one."""
+    left = 3600 - time.time() % 3600
+    if left < margin:
+        print(f"# waiting {left + 1:.0f} s for the next hour", file=sys.stderr, flush=True)
+        time.sleep(left + 1)
+
+
 def run_one(k, mode, bins, args, work, config_dir):
     sluice, keys_load = bins
     per = str(args.per_request)
-    load0 = os.getloadavg()[0]
+    wait_for_hour(args.hour_margin)
+    load0, hour0 = os.getloadavg()[0], hour()
     c = Cluster(sluice, config_dir, work, mode, args)
     try:
         time.sleep(2)  # past the lease duration after the ring formed (the rebuild cap)
         s0 = c.snapshot()
-        touch = client(keys_load, ["touch", c.urls(), str(k), "--per-request", per], 3600)
+        touch = client(keys_load, ["touch", c.urls(), str(k), "--per-request", per,
+                                   "--top", str(args.top)], 3600)
         s1 = c.snapshot()
         load = client(keys_load, ["zipf", c.urls(), str(k), "--secs", str(args.load_secs),
                                   "--rate", str(args.rate), "--zipf", str(args.zipf),
@@ -258,11 +311,13 @@ def run_one(k, mode, bins, args, work, config_dir):
         c.stop()
     return {
         "keys": k, "mode": mode, "load_avg_before": load0, "load_avg_after": os.getloadavg()[0],
+        "hour_crossed": hour() != hour0,
         "touch_secs": touch["secs"], "touch": phase(s0, s1, touch["per_target"]),
         "load_client": {x: load[x] for x in ("calls", "decisions", "admitted", "over", "secs")},
         "load": phase(s1, s2, load["per_target"]),
         "idle": phase(s3, s4, None),
         "hot": hot_ratios([touch, load], args.limit),
+        "failed_calls": [touch["failed"], load["failed"]],
     }
 
 
@@ -274,19 +329,30 @@ def fmt_k(k):
     return f"10^{len(str(k)) - 1}" if re.fullmatch(r"10*", str(k)) else f"{k:,}"
 
 
+def mode_name(run):
+    return run["mode"] + (" (hour ended)" if run["hour_crossed"] else "")
+
+
 def summary_rows(runs):
-    rows = ["| users K | mode | touch s | in use: decisions/s | cores | CPU-s per 1,000 "
-            "decisions | peer calls/s | acquires/s | peer KB/s | hops/decision | idle: cores "
-            "| peer calls/s | keys renewed/s | peer KB/s | hottest users: admitted/limit "
-            "mean, max (windows) | held / leased keys | RSS MiB | load avg |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|"]
+    rows = ["| users K | mode | touch: s | CPU-s per 1,000 decisions | in use: decisions/s "
+            "| cores | CPU-s per 1,000 decisions | peer calls/s | acquires/s | peer KB/s "
+            "| hops/decision | idle: cores | peer calls/s | keys renewed/s | peer KB/s "
+            "| hottest users: admitted/limit mean, max (windows) | held / leased keys | RSS MiB "
+            "| failed calls: client, peer | hits decided alone | load avg |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+            "|---|---|---:|---|---:|---|"]
     for r in runs:
         ld, idle, c = r["load"], r["idle"], r["load_client"]
         secs = ld[0]["secs"]
         hot = r["hot"]
         hot_text = (f"{sum(hot) / len(hot):.3f}, {max(hot):.3f} ({len(hot)})" if hot else "-")
+        touch = r["touch"]
+        phases = (touch, ld, idle)
+        peer_failed = sum(total(p, "failed_calls") for p in phases)
+        alone = sum(total(p, "alone_hits") for p in phases)
         rows.append(
-            f"| {fmt_k(r['keys'])} | {r['mode']} | {r['touch_secs']:.1f} "
+            f"| {fmt_k(r['keys'])} | {mode_name(r)} | {r['touch_secs']:.1f} "
+            f"| {1000 * total(touch, 'cpu_s') / r['keys']:.4f} "
             f"| {c['decisions'] / secs:,.0f} | {total(ld, 'cores'):.3f} "
             f"| {1000 * total(ld, 'cpu_s') / max(c['decisions'], 1):.4f} "
             f"| {total(ld, 'calls_per_s'):,.0f} | {total(ld, 'acquires_per_s'):,.0f} "
@@ -296,7 +362,8 @@ def summary_rows(runs):
             f"| {total(idle, 'renewed_keys_per_s'):,.0f} "
             f"| {total(idle, 'sent_per_s') / 1000:,.1f} | {hot_text} "
             f"| {total(idle, 'held_keys'):,} / {total(idle, 'leased_keys'):,} "
-            f"| {total(idle, 'rss_mib'):,.0f} "
+            f"| {total(idle, 'rss_mib'):,.0f} | {sum(r['failed_calls'])}, {peer_failed} "
+            f"| {alone:,} "
             f"| {r['load_avg_before']:.2f} → {r['load_avg_after']:.2f} |")
     return rows
 
@@ -309,7 +376,7 @@ def node_rows(runs):
     for r in runs:
         for i, (ld, idle) in enumerate(zip(r["load"], r["idle"])):
             rows.append(
-                f"| {fmt_k(r['keys'])} | {r['mode']} | {i} | {ld['decisions']:,} "
+                f"| {fmt_k(r['keys'])} | {mode_name(r)} | {i} | {ld['decisions']:,} "
                 f"| {ld['cores']:.3f} | {1000 * ld['cpu_s'] / max(ld['decisions'], 1):.4f} "
                 f"| {ld['calls_per_s']:,.0f} | {ld['bytes_per_s'] / 1000:,.1f} "
                 f"| {ld['hops_per_decision']:.4f} | {idle['cores']:.3f} "
@@ -330,6 +397,10 @@ def report(runs, args):
 
 def main():
     args = parse_args()
+    if args.from_jsonl:
+        runs = [json.loads(line) for name in args.from_jsonl for line in open(name)]
+        print(report(runs, args))
+        return
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     bins = ((os.path.join(target, "release", "sluice"),
              os.path.join(target, "release", "examples", "keys_load"))
@@ -358,6 +429,11 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+    failed = [r for r in runs if sum(r["failed_calls"])]
+    for r in failed:
+        touch, load = r["failed_calls"]
+        print(f"failed calls, {fmt_k(r['keys'])} users, {r['mode']} mode: {touch} in the touch, "
+              f"{load} in the load", file=sys.stderr)
     if args.max_idle_cores is not None:
         over = [r for r in runs if total(r["idle"], "cores") > args.max_idle_cores]
         for r in over:
@@ -366,6 +442,8 @@ def main():
                   file=sys.stderr)
         if over:
             sys.exit(1)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 //! ```sh
 //! # Every user u0 .. u<USERS-1> once, PER_REQUEST users a call, as fast as CONCURRENCY calls
 //! # in flight go (the users' first hits: in lease mode, every node's acquires).
-//! keys_load touch URLS USERS [--per-request 40] [--concurrency 8]
+//! keys_load touch URLS USERS [--per-request 40] [--concurrency 8] [--top 10]
 //! # Calls for SECS seconds, RATE a second (fewer when the nodes cannot keep up: a late call
 //! # is sent at once, never dropped), each of PER_REQUEST distinct users drawn with Zipf(S)
 //! # popularity over the USERS (u0 the hottest); counts what the TOP hottest users were
@@ -16,8 +16,8 @@
 //!
 //! URLS is a comma-separated list of `http://host:port` gRPC addresses; the domain is `keys`.
 //! Prints one JSON line: calls, decisions (one per descriptor), admitted, over, failed calls
-//! (and the first failure), seconds, decisions per target, and for `zipf` the hottest users'
-//! `[rank, hour, offered, admitted]`. Exits 1 when a call fails or an answer does not carry one
+//! (and the first failure), seconds, decisions per target, and the TOP (10) hottest users'
+//! `[rank, hour, offered, admitted]` (with `touch`, their first hits). Exits 1 when a call fails or an answer does not carry one
 //! status per descriptor.
 
 #![allow(
@@ -39,7 +39,8 @@ use tonic::transport::{Channel, Endpoint};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-const USAGE: &str = "usage: keys_load touch URLS USERS [--per-request N] [--concurrency N]\n       \
+const USAGE: &str = "usage: keys_load touch URLS USERS [--per-request N] [--concurrency N] \
+                     [--top N]\n       \
                      keys_load zipf URLS USERS --secs S --rate R [--zipf S] [--per-request N] \
                      [--concurrency N] [--top N] [--seed N]";
 const DOMAIN: &str = "keys";
@@ -282,7 +283,7 @@ impl Run {
             tally.per_target[target] += 1;
             tally.admitted += u64::from(admitted);
             tally.over += u64::from(status.code == Code::OverLimit as i32);
-            if self.zipf.is_some() && user < self.o.top {
+            if user < self.o.top {
                 let e = tally.top.entry((user, hour)).or_default();
                 e.0 += 1;
                 e.1 += u64::from(admitted);

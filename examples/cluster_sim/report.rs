@@ -538,8 +538,9 @@ fn lease_rows(o: &Options, w: &Workload) {
 /// popularity (`--zipf`, 1.1), forward and lease mode, `--nodes` nodes (3), both spreads, per
 /// second (40 s simulated) and per minute (240 s; `--quick`: 12 s and 60 s). Lease mode's
 /// tables are raised to 4 GiB each, as `bench/lease_keys.py` raises SLUICE_LEASE_MAX_BYTES, so
-/// none fills. Besides the main tables' columns: keys carried by renewals per node per second,
-/// and the keys a node held at its renewal ticks (mean, most).
+/// none fills. Besides the main tables' columns: the steady phase's windows (no node lost,
+/// restarted or joining), keys carried by renewals per node per second, the keys a node held
+/// at its renewal ticks (mean, most), and the run's wall-clock seconds.
 fn cardinality(o: &Options) {
     let nodes = o.value("--nodes").unwrap_or(3);
     let s = o.value("--zipf").unwrap_or(ZIPF_S);
@@ -547,10 +548,12 @@ fn cardinality(o: &Options) {
     println!(
         "\n### {KEYS} against {many} keys (Zipf {s}), {nodes} nodes, {RATE} requests/s\n\n\
          | keys | limits | spread | mode | windows ≥ 2× limit | admitted/limit mean | p99 | max | \
-         utilisation mean | p5 | hops/decision | steady | peer calls/s/node: request path | \
-         background | keys renewed/s/node | held keys/node: mean | most | added latency mean | \
-         unanswered | simulation s |\n\
-         |---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+         utilisation mean | p5 | steady phase: admitted/limit mean | max | utilisation mean | \
+         hops/decision | steady | peer calls/s/node: request path | background | keys \
+         renewed/s/node | held keys/node: mean | most | added latency mean | unanswered | \
+         wall s |\n\
+         |---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\
+         ---:|---:|---:|---:|---:|"
     );
     let (second, minute) = if o.quick { (12, 60) } else { (40, 240) };
     for (unit, secs) in [(Unit::Second, second), (Unit::Minute, minute)] {
@@ -589,10 +592,11 @@ fn keys_row(run: (usize, &str, Spread, Mode), o: &Outcome, took: f64) -> String 
         .position(|&p| p == Phase::Steady)
         .unwrap_or(1);
     let node_secs = o.node_secs.max(1e-9);
+    let (s_mean, _, s_max, s_util, _) = ratios(&o.phase_ratios[steady]);
     format!(
         "| {keys} | {limits} | {} | {} | {} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | \
-         {util_p5:.2} | {:.3} | {:.4} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.0} us | {} | \
-         {took:.1} |",
+         {util_p5:.2} | {s_mean:.3} | {s_max:.2} | {s_util:.3} | {:.3} | {:.4} | {:.0} | {:.0} | \
+         {:.0} | {:.0} | {} | {:.0} us | {} | {took:.1} |",
         spread.name(),
         mode.name(),
         o.ratios.len(),
