@@ -289,7 +289,6 @@ def wait_for_hour(margin):
 def run_one(k, mode, bins, args, work, config_dir):
     sluice, keys_load = bins
     per = str(args.per_request)
-    wait_for_hour(args.hour_margin)
     load0, hour0 = os.getloadavg()[0], hour()
     c = Cluster(sluice, config_dir, work, mode, args)
     try:
@@ -414,6 +413,7 @@ def main():
             f.write(CONFIG.format(limit=args.limit))
         for k in (int(x) for x in args.keys.split(",")):
             for mode in args.modes.split(","):
+                wait_for_hour(args.hour_margin)
                 t = time.monotonic()
                 r = run_one(k, mode, bins, args, work, config_dir)
                 r["run_secs"] = time.monotonic() - t

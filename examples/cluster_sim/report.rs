@@ -592,11 +592,15 @@ fn keys_row(run: (usize, &str, Spread, Mode), o: &Outcome, took: f64) -> String 
         .position(|&p| p == Phase::Steady)
         .unwrap_or(1);
     let node_secs = o.node_secs.max(1e-9);
-    let (s_mean, _, s_max, s_util, _) = ratios(&o.phase_ratios[steady]);
+    // A per-minute run has no whole steady window: every minute holds one of the script's events.
+    let steady_ratios = match ratios(&o.phase_ratios[steady]) {
+        (m, _, _, _, _) if m.is_nan() => "- | - | -".to_owned(),
+        (m, _, max, util, _) => format!("{m:.3} | {max:.2} | {util:.3}"),
+    };
     format!(
         "| {keys} | {limits} | {} | {} | {} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | \
-         {util_p5:.2} | {s_mean:.3} | {s_max:.2} | {s_util:.3} | {:.3} | {:.4} | {:.0} | {:.0} | \
-         {:.0} | {:.0} | {} | {:.0} us | {} | {took:.1} |",
+         {util_p5:.2} | {steady_ratios} | {:.3} | {:.4} | {:.0} | {:.0} | {:.0} | {:.0} | {} | \
+         {:.0} us | {} | {took:.1} |",
         spread.name(),
         mode.name(),
         o.ratios.len(),
