@@ -92,6 +92,11 @@ impl Sluice {
 
     /// `/metrics`, over HTTP/1.0 so the body is never chunked.
     fn metrics(&self) -> Exposition {
+        Exposition::parse(&self.metrics_text())
+    }
+
+    /// `/metrics`' text.
+    fn metrics_text(&self) -> String {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.debug)).expect("debug port");
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
@@ -99,7 +104,7 @@ impl Sluice {
         s.read_to_string(&mut raw).unwrap();
         let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP answer");
         assert!(head.contains(" 200 "), "{head}");
-        Exposition::parse(body)
+        body.to_owned()
     }
 }
 
@@ -292,11 +297,15 @@ fn three_thousand_detailed_values_make_under_24000_series() {
             batch.iter().map(|v| ("user", v.as_str(), false)).collect();
         sluice.call("flood", &descriptors);
     }
-    let m = sluice.metrics();
+    let text = sluice.metrics_text();
+    let m = Exposition::parse(&text);
     assert_eq!(m.value("sluice_stats_keys", &[]), Some(3000.0));
     let total = m.0.len();
     let per_key = m.of_key("flood", "user_u1234").len();
-    eprintln!("3,000 detailed_metric values: {total} series on /metrics, {per_key} per stats key");
+    eprintln!(
+        "3,000 detailed_metric values: {total} series on /metrics ({} bytes), {per_key} per stats key",
+        text.len()
+    );
     assert_eq!(per_key, 7, "{:?}", m.of_key("flood", "user_u1234"));
     assert_eq!(m.of_limit("flood.user").len(), 1);
     assert!(total < 24_000, "{total} series");
