@@ -11,6 +11,10 @@
 //! claims of demand plus [`HEADROOM_PCT`], so an Envoy asking less than an equal share gets what
 //! it asks with room to grow; what nobody claims is spread equally over the live holders.
 //!
+//! **When.** Not on every report: after every [`SPLITS_PER_ROUND`]th of a round of reports (a
+//! round: as many as holders), at once for a new holder or a new rate ([`Bucket::split_due`]),
+//! so N Envoys on one bucket cost O(N log N) a round, not N² log N.
+//!
 //! **Stability.** Envoy starts a new, full token bucket whenever an assignment changes, so each
 //! change lets up to one burst through. A holder therefore keeps its assignment while the new
 //! fair part is within [`HYSTERESIS_PCT`] of it, unless keeping it would put the sum past the
