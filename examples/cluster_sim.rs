@@ -9,6 +9,7 @@
 //! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
 //! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
 //! cargo run --release --example cluster_sim -- --only regions # one limit across regions ([`regions`])
+//! cargo run --release --example cluster_sim -- --only keys    # 10^4 against 10^6 keys (issue 49)
 //! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
@@ -42,7 +43,7 @@
 //!   on every node, driven as `src/cluster/lease_driver.rs` drives them.
 //! - **global**: gubernator's GLOBAL behaviour ([`global`]), for comparison.
 //!
-//! Traffic: Poisson arrivals over 10,000 keys with Zipf(1.1) popularity; limits of 10, 100 or
+//! Traffic: Poisson arrivals over 10,000 keys (`--only keys`: 10^6 too) with Zipf(1.1) popularity; limits of 10, 100 or
 //! 1,000 per second by key rank (or 600, 6,000 and 60,000 per minute), so a few dozen hot keys
 //! are over their limit. Each key has several clients (more for hotter keys). Two spreads over
 //! the nodes: `pinned`, each client keeps one long-lived gRPC connection to one node (as Envoy
