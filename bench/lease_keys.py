@@ -19,9 +19,11 @@ the debug port, and `ss -tinp` on the peer connections): CPU cores while in use,
 admitted / limit for the hottest users (their windows offered at least the limit), held
 and leased keys, resident memory.
 
-    python3 bench/lease_keys.py                                   # K = 10^4, 10^5: ~5 min
-    python3 bench/lease_keys.py --keys 20000 --load-secs 4 --idle-secs 4 --max-idle-cores 0.02
-    python3 bench/lease_keys.py --keys 1000000 --modes lease      # 10^6 users
+    python3 bench/lease_keys.py                                    # K = 10^4, 10^5: 90 s
+    python3 bench/lease_keys.py --keys 1000000 --hour-margin 1200  # 10^6 users: 75 s (after
+                                                                   # issue 49's step 1; 10 min before)
+    python3 bench/lease_keys.py --keys 20000 --load-secs 4 --idle-secs 8 --max-idle-cores 0.02
+                                                                   # the short check: 34 s
 
 Definitions. A decision is one descriptor answered (the client counts them per node). Peer
 calls: forward mode's batched forward calls (`peer_calls`) plus lease mode's renewal calls
@@ -31,20 +33,20 @@ for the keys a node owns itself are answered by its own lease server, with no ca
 bytes sent plus received on the node's TCP connections to or from a peer port (`ss`'s
 bytes_sent and bytes_received: HTTP/2 and gRPC framing included, TCP/IP headers not; the
 membership probes included; per connection, so a connection closed in a phase loses its last
-bytes). Hops: lease acquires plus forwarded and relayed hits (a node
-that started relays each key's first hit in the window of its start to the key's previous
-owner, to take its counter over: `cluster::join`), over decisions. Failed peer calls (forwards
-and relays; each marks the peer down) and hits decided alone (a node that marked a majority of
-its peers down decides alone) over the three phases, besides the client's failed calls.
+bytes). Hops: lease acquires plus forwarded and relayed hits (a node that started relays each
+key's first hit in the window of its start to the key's previous owner, to take its counter
+over: `cluster::join`), over decisions. Also counted, over the three phases: failed peer calls
+(forwards and relays; each marks the peer down), hits decided alone (by a node that marked a
+majority of its peers down) and the client's failed calls.
 
 Every run lies in one hourly window: past its end a node may forget every key it held, so an
 idle measure across it would say nothing of held keys. A run waits for the next hour when fewer
 than --hour-margin seconds (90) are left in this one, and a run that crossed one anyway is
 marked "(hour ended)".
 
-Exit status 1 when a call failed (the run goes on, and the table counts them), and
-(--max-idle-cores X) when the three nodes' idle CPU exceeds X cores in any run. Builds the binaries with cargo first unless --no-build
-(CARGO_TARGET_DIR, else target/). SLUICE_LEASE_MAX_BYTES (32 MiB by default, which 10^6 held
+Exit status 1 when a client call failed (the run goes on, and the table counts them), and
+(--max-idle-cores X) when the three nodes' idle CPU exceeds X cores in any run. Builds the
+binaries with cargo first unless --no-build (CARGO_TARGET_DIR, else target/). SLUICE_LEASE_MAX_BYTES (32 MiB by default, which 10^6 held
 keys pass) is raised to --lease-max-bytes, SLUICE_MAX_COUNTERS and SLUICE_MAX_COUNTER_BYTES to
 hold 4,000,000 counters, so no table fills.
 """
@@ -111,10 +113,11 @@ class Cluster:
     """Three nodes in one mode, their ports and processes; stopped on exit."""
 
     def __init__(self, binary, config_dir, work, mode, args):
-        self.ports = [dict(zip(("http", "grpc", "debug", "peer"), free_ports(4)))
-                      for _ in range(3)]
+        free = free_ports(12)  # at once: twelve distinct ports
+        self.ports = [dict(zip(("http", "grpc", "debug", "peer"), free[4 * i:4 * i + 4]))
+                      for i in range(3)]
         peers = ",".join(f"127.0.0.1:{p['peer']}" for p in self.ports)
-        self.procs = []
+        self.procs, self.logs = [], []
         for i, p in enumerate(self.ports):
             env = {k: v for k, v in os.environ.items()
                    if not k.startswith(("SLUICE_", "REDIS", "PEER"))}
@@ -127,11 +130,16 @@ class Cluster:
                 SLUICE_LEASE_MAX_BYTES=str(args.lease_max_bytes),
                 SLUICE_MAX_COUNTERS="4000000", SLUICE_MAX_COUNTER_BYTES=str(1 << 30))
             env.update(kv.split("=", 1) for kv in args.env)
-            log = open(os.path.join(work, f"node-{mode}-{i}.log"), "w")
-            self.procs.append(subprocess.Popen(
-                [binary, "--config", config_dir], env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT))
-        self.wait_up()
+            self.logs.append(os.path.join(work, f"node-{mode}-{i}.log"))
+            with open(self.logs[-1], "w") as log:
+                self.procs.append(subprocess.Popen(
+                    [binary, "--config", config_dir], env=env, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT))
+        try:
+            self.wait_up()
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self):
         for p in self.procs:
@@ -160,9 +168,11 @@ class Cluster:
         """Every node answers /stats and sees all three peers up."""
         end = time.monotonic() + deadline
         while time.monotonic() < end:
-            for p in self.procs:
+            for p, log in zip(self.procs, self.logs):
                 if p.poll() is not None:
-                    sys.exit(f"a node exited with {p.returncode} (logs in the work directory)")
+                    with open(log) as f:
+                        tail = f.read()[-2000:]
+                    sys.exit(f"a node exited with {p.returncode}:\n{tail}")
             try:
                 ups = [sum(v for k, v in self.stats(i).items() if k.startswith("peer_up."))
                        for i in range(3)]
