@@ -253,7 +253,8 @@ fn lease_client(c: &mut Criterion) {
     });
     let quota = Quota::fixed(u32::MAX, Unit::Hour);
     let hold = |key: &str| {
-        if let Route::Acquire(slot, ask) = client.route(key, quota, now.micros(), 1, || 3) {
+        if let Route::Acquire(slot, ask) = client.route(key, quota, now.micros(), 1, || 3, || None)
+        {
             let grant = Grant {
                 epoch: ask.epoch,
                 allowance: u64::from(u32::MAX),
@@ -278,7 +279,7 @@ fn lease_client(c: &mut Criterion) {
     hold(key);
     c.bench_function("lease_client_route/existing_key", |b| {
         b.iter(
-            || match client.route(black_box(key), quota, now.micros(), 1, || 3) {
+            || match client.route(black_box(key), quota, now.micros(), 1, || 3, || None) {
                 Route::Decided(d) => black_box(d),
                 _ => panic!("a held key with room decides locally"),
             },

@@ -52,7 +52,7 @@ fn main() {
     let client = LeaseClient::new(timing);
     for i in 0..n {
         // A new key routes to an acquire; the slot then stays in the table.
-        match client.route(&key(i), quota, T0, 1, || holders) {
+        match client.route(&key(i), quota, T0, 1, || holders, || None) {
             Route::Acquire(..) => {}
             _ => panic!("a new key acquires"),
         }

@@ -57,14 +57,14 @@ fn hold(client: &LeaseClient, server: &LeaseServer, n: u64, quota: Quota) {
     let now = Timestamp::from_micros(T0);
     for i in 0..n {
         let k = key(i);
-        let Route::Acquire(slot, ask) = client.route(&k, quota, T0, 1, || 3) else {
+        let Route::Acquire(slot, ask) = client.route(&k, quota, T0, 1, || 3, || None) else {
             panic!("a new key acquires");
         };
         let grant = server.answer(NODE, &k, &ask, now, Timestamp::from_micros(0), 3);
         slot.answer(Some(&grant), T0);
         assert!(
             matches!(
-                client.route(&k, quota, T0 + 10_000, 1, || 3),
+                client.route(&k, quota, T0 + 10_000, 1, || 3, || None),
                 Route::Decided(_)
             ),
             "a held key is decided locally"
@@ -94,6 +94,7 @@ fn round(server: &LeaseServer, due: &[Due], now_us: u64) -> Round {
                     .iter()
                     .map(|(k, _, ask)| LeaseAsk::from_ask(k, ask))
                     .collect(),
+                free_shares: false,
             }
             .encode_to_vec()
         })
@@ -114,7 +115,11 @@ fn round(server: &LeaseServer, due: &[Due], now_us: u64) -> Round {
                     LeaseGrant::from(&g)
                 })
                 .collect();
-            LeaseResponse { grants }.encode_to_vec()
+            LeaseResponse {
+                grants,
+                permit: None,
+            }
+            .encode_to_vec()
         })
         .collect();
     let answer_ms = ms(t);
@@ -157,7 +162,7 @@ fn main() {
     let rss = rss_bytes().saturating_sub(before);
     let now_us = T0 + renew_us;
     let t = Instant::now();
-    let due = client.renewals(now_us, 0);
+    let due = client.renewals(now_us, 0, 3);
     let renewals_ms = ms(t);
     assert_eq!(due.len() as u64, n, "every held key is renewed");
     let r = round(&server, &due, now_us);

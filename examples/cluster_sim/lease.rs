@@ -101,9 +101,14 @@ impl Sim<'_> {
         let quota = self.w.quota(key);
         let live = self.live(node);
         let name = &self.w.names[key];
-        let route = self.leases().nodes[node]
-            .client
-            .route(name, quota, EPOCH_US + now, 1, || live);
+        let route = self.leases().nodes[node].client.route(
+            name,
+            quota,
+            EPOCH_US + now,
+            1,
+            || live,
+            || None,
+        );
         match route {
             Route::Decided(d) => self.record(key, now, !d.over, 0),
             Route::Acquire(slot, ask) => self.acquire(node, key, slot, ask, now, (now, 0)),
@@ -348,7 +353,7 @@ impl Sim<'_> {
         let leases = self.leases();
         let n = &mut leases.nodes[node];
         n.round_at = now;
-        let due = n.client.renewals(EPOCH_US + now, changes);
+        let due = n.client.renewals(EPOCH_US + now, changes, 3);
         let held = n.client.len() as u64;
         self.out.renewed_keys += due.len() as u64;
         self.out.held_sum += held;

@@ -581,10 +581,14 @@ impl<'k> Sim<'k> {
             .or_default()
             .0 += 1;
         let quota = self.quota(key);
-        let route =
-            self.nodes[node]
-                .client
-                .route(&self.k.names[key], quota, EPOCH_US + now, 1, || NODES);
+        let route = self.nodes[node].client.route(
+            &self.k.names[key],
+            quota,
+            EPOCH_US + now,
+            1,
+            || NODES,
+            || None,
+        );
         match route {
             Route::Decided(d) => self.record(node, key, window(now), now, !d.over, 0),
             Route::Acquire(slot, ask) => {
@@ -794,7 +798,7 @@ impl<'k> Sim<'k> {
         n.round_at = now;
         let mut due: Vec<(u32, Arc<Slot>, Ask)> = n
             .client
-            .renewals(EPOCH_US + now, n.changes)
+            .renewals(EPOCH_US + now, n.changes, NODES)
             .into_iter()
             .map(|(name, slot, ask)| (key_of(&name), slot, ask))
             .collect();

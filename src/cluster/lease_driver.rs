@@ -5,12 +5,13 @@
 //! is the only lease code that does any.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+use super::lease::free::{Permit, Terms};
 use super::lease::{
     Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
 };
@@ -34,6 +35,8 @@ pub(crate) struct Leasing {
     /// (SLUICE_PEER_TIMEOUT_MS, plus below a parent the owner's wait for it), and a timeout
     /// more.
     wait: Duration,
+    /// Each owner's permit for free shares (by its address), as this node last got it.
+    permits: RwLock<HashMap<String, Terms>>,
 }
 
 /// An acquire waiting for its owner's answer: the hit's index, its slot and its ask.
@@ -47,14 +50,51 @@ impl Leasing {
         changes: Arc<RingChanges>,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let started_us = clock.now().micros();
         Leasing {
-            client: LeaseClient::new(settings.lease),
+            client: LeaseClient::with_free_shares(settings.lease, started_us),
             owner,
             members,
             changes,
             clock,
             advertise: settings.advertise.clone(),
             wait: settings.timeout * 2 + settings.parent_wait(),
+            permits: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The permit of `key`'s owner for free shares, if it holds one.
+    fn terms(&self, members: &Members, key: &str) -> Option<Terms> {
+        let owner = members.ring.addr(members.owner(key));
+        self.permits
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(owner)
+            .copied()
+    }
+
+    /// Keeps the permit `owner` answered to a call sent at `sent_us` (`None`: it gave none). A
+    /// new run of permits from it (it restarted, or this node's lapsed) converts every key this
+    /// node admitted freely: the owner may not know what it admitted.
+    fn took_permit(&self, members: &Members, owner: usize, sent_us: u64, permit: Option<Permit>) {
+        if self.client.free().is_none() {
+            return;
+        }
+        let addr = members.ring.addr(owner);
+        let mut permits = self.permits.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(p) = permit else {
+            permits.remove(addr);
+            return;
+        };
+        let terms = Terms {
+            since_us: p.since_us,
+            until_us: sent_us.saturating_add(p.valid_us),
+            share_ppm: p.share_ppm,
+        };
+        let before = permits.insert(addr.to_owned(), terms);
+        drop(permits);
+        if before.is_some_and(|b| b.since_us != p.since_us) {
+            self.client.convert_free(sent_us, members.live());
         }
     }
 
@@ -80,25 +120,39 @@ impl Leasing {
         owner: usize,
         asks: &[(&str, Ask)],
     ) -> Result<Vec<Grant>, PeerError> {
+        let sent = self.clock.now();
+        let free = self.client.free().is_some();
         if owner == members.me {
-            let now = self.clock.now();
             // The refusal this node's owner side gives a peer's call when not in lease mode.
-            return self
+            let grants = self
                 .owner
-                .answer_leases(&self.advertise, asks, now)
+                .answer_leases(&self.advertise, asks, sent)
                 .await
                 .ok_or_else(|| PeerError::Refused {
                     call: Call::Lease,
                     code: tonic::Code::FailedPrecondition,
                     message: "this node is not in lease mode".to_owned(),
-                });
+                })?;
+            let permit = free
+                .then(|| self.owner.permit(&self.advertise, sent))
+                .flatten();
+            self.took_permit(members, owner, sent.micros(), permit);
+            return Ok(grants);
         }
         let Some(client) = &members.clients[owner] else {
             return Err(PeerError::NoClient("no client for the peer"));
         };
         let wire = asks.iter().map(|(k, a)| LeaseAsk::from_ask(k, a)).collect();
-        match client.lease(&self.advertise, wire).await {
-            Ok(grants) => Ok(grants.iter().map(Grant::from).collect()),
+        match client.lease_with_permit(&self.advertise, wire, free).await {
+            Ok((grants, permit)) => {
+                let permit = permit.map(|p| Permit {
+                    since_us: p.since_us,
+                    valid_us: p.valid_us,
+                    share_ppm: p.share_ppm,
+                });
+                self.took_permit(members, owner, sent.micros(), permit);
+                Ok(grants.iter().map(Grant::from).collect())
+            }
             Err(e) => {
                 members.failed(owner, &e, &self.changes, self.clock.now());
                 Err(e)
@@ -126,10 +180,7 @@ impl Leasing {
         }
         let now = self.clock.now();
         let (changes, _) = self.changes.last();
-        let due = self.client.renewals(now.micros(), changes);
-        if due.is_empty() {
-            return;
-        }
+        let due = self.client.renewals(now.micros(), changes, members.live());
         let mut by_owner: HashMap<usize, Vec<Due>> = HashMap::new();
         for item in due {
             by_owner
@@ -137,6 +188,7 @@ impl Leasing {
                 .or_default()
                 .push(item);
         }
+        let refresh = self.permits_to_renew(&members, now.micros(), &by_owner);
         let calls = by_owner.values().flat_map(|items| {
             let owner = members.owner(&items[0].0);
             items
@@ -158,7 +210,41 @@ impl Leasing {
                 }
             }
         });
-        futures_util::future::join_all(calls).await;
+        let refresh = refresh.into_iter().map(|owner| {
+            let members = &members;
+            async move {
+                // A failed call marks the owner down, as any other.
+                let _ = self.send(members, owner, &[]).await;
+            }
+        });
+        futures_util::future::join(
+            futures_util::future::join_all(calls),
+            futures_util::future::join_all(refresh),
+        )
+        .await;
+    }
+
+    /// The owners this round must call only to renew this node's permit for free shares: those
+    /// up whose permit ends within half a lease duration and that no renewal goes to this round
+    /// (every Lease call renews the permit). One empty call per owner per half lease duration
+    /// at most, whatever the number of keys.
+    fn permits_to_renew(
+        &self,
+        members: &Members,
+        now_us: u64,
+        calls: &HashMap<usize, Vec<Due>>,
+    ) -> Vec<usize> {
+        let half = self.timing().duration_us() / 2;
+        let permits = self.permits.read().unwrap_or_else(PoisonError::into_inner);
+        (0..members.ring.len())
+            .filter(|&i| i == members.me || !members.down[i].load(Ordering::Relaxed))
+            .filter(|i| !calls.contains_key(i))
+            .filter(|&i| {
+                permits
+                    .get(members.ring.addr(i))
+                    .is_some_and(|t| t.until_us.saturating_sub(now_us) < half)
+            })
+            .collect()
     }
 
     async fn sweep_forever(&self) {
@@ -287,7 +373,8 @@ impl ClusterStore {
         }
         let (mut acquires, mut waits, mut forward) = (Vec::new(), Vec::new(), Vec::new());
         for (i, h) in hits.iter().enumerate() {
-            match client.route(h.key, h.quota, now_us, h.hits, || members.live()) {
+            let terms = || leasing.terms(members, h.key);
+            match client.route(h.key, h.quota, now_us, h.hits, || members.live(), terms) {
                 Route::Decided(d) => decisions[i] = Some(d),
                 Route::Acquire(slot, ask) => acquires.push((i, slot, ask)),
                 Route::Wait(slot) => waits.push((i, slot)),
@@ -340,7 +427,7 @@ impl ClusterStore {
         let Some(leasing) = &self.lease else {
             return Vec::new();
         };
-        let mut out = leasing.client.stats.snapshot();
+        let mut out = leasing.client.stats_snapshot();
         if let Some(server) = self.owner.leases() {
             out.push(("grants", server.grants.load(Ordering::Relaxed)));
             out.push(("refused", server.refused.load(Ordering::Relaxed)));

@@ -182,6 +182,9 @@ pub struct OwnerStore {
     members: Arc<ArcSwap<Members>>,
     /// Lease mode: this node's lease server for the keys it owns.
     leases: Option<Arc<LeaseServer>>,
+    /// SLUICE_LEASE_FREE_SHARE_PERCENT in parts per million: what the permits this node gives
+    /// as an owner share among the ring's nodes.
+    free_share_ppm: u64,
     /// SLUICE_LEASE_PARENT: where the lease server's capacity comes from.
     parent: Option<Arc<lease_parent::ParentLink>>,
     changes: Arc<RingChanges>,
@@ -246,6 +249,22 @@ impl OwnerStore {
                 })
                 .collect(),
         )
+    }
+}
+
+impl OwnerStore {
+    /// A permit for free shares for `node` at `now` ([`lease::free`]): its equal part of
+    /// SLUICE_LEASE_FREE_SHARE_PERCENT of each limit over the ring's size. `None` outside lease
+    /// mode, with free shares off, or below a parent (whose grant per window may be less than
+    /// the limit).
+    pub fn permit(&self, node: &str, now: Timestamp) -> Option<lease::free::Permit> {
+        let server = self.leases.as_ref()?;
+        let share = self.free_share_ppm;
+        if share == 0 || self.parent.is_some() {
+            return None;
+        }
+        let ring = u64::try_from(self.members.load().ring.len().max(1)).unwrap_or(u64::MAX);
+        server.permits.give(node, now.micros(), share / ring)
     }
 }
 
@@ -650,6 +669,7 @@ impl ClusterStore {
             durable,
             members: members.clone(),
             leases,
+            free_share_ppm: settings.lease.free_share_ppm,
             parent,
             changes: changes.clone(),
             join,

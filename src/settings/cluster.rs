@@ -122,6 +122,17 @@ pub struct ClusterArgs {
         help_heading = "Peer cluster"
     )]
     pub lease_max_bytes: usize,
+    /// Lease mode: the part of each fixed window's limit, in percent (0 to 90), that the nodes
+    /// together may admit of a key with no lease and no call, each node its equal part (free
+    /// shares, docs/cluster.md): keys far below their limit cost no peer call. 0: off, every
+    /// key takes a lease at its first hit on a node.
+    #[arg(
+        long,
+        env = "SLUICE_LEASE_FREE_SHARE_PERCENT",
+        default_value_t = 50,
+        help_heading = "Peer cluster"
+    )]
+    pub lease_free_share_percent: u64,
     /// Lease mode: the parent cluster's peers (`host:port,host:port`, as its PEERS lists them),
     /// which this cluster's key owners get each key's capacity from, on behalf of their own
     /// nodes' demand: one limit across clusters (docs/cluster.md, "Regions"). Unset: this
@@ -387,10 +398,19 @@ impl ClusterArgs {
             ));
         }
         let max_bytes = table_bytes("SLUICE_LEASE_MAX_BYTES", self.lease_max_bytes, MIB)?;
+        let free = self.lease_free_share_percent;
+        if free > 90 {
+            return Err(invalid(
+                "SLUICE_LEASE_FREE_SHARE_PERCENT",
+                free,
+                "must be between 0 and 90 (the rest of each limit is what leases hand out)",
+            ));
+        }
         Ok(LeaseTiming {
             renew: Duration::from_millis(renew),
             duration: Duration::from_millis(duration),
             max_bytes,
+            free_share_ppm: free * 10_000,
         })
     }
 
@@ -564,6 +584,7 @@ mod tests {
                 renew: Duration::from_millis(50),
                 duration: Duration::from_millis(100),
                 max_bytes: 1 << 20,
+                free_share_ppm: 500_000,
             }
         );
         for (args, starts) in [
@@ -575,6 +596,10 @@ mod tests {
             (
                 &["--lease-max-bytes", "1000"][..],
                 "SLUICE_LEASE_MAX_BYTES=1000: ",
+            ),
+            (
+                &["--lease-free-share-percent", "91"][..],
+                "SLUICE_LEASE_FREE_SHARE_PERCENT=91: must be between 0 and 90",
             ),
         ] {
             let err = error(&with(args));

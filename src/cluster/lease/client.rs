@@ -447,6 +447,17 @@ impl Held {
         }
     }
 
+    /// Records `hits` admitted at `now_us` from this node's free share of the window before it
+    /// took a lease ([`super::free`]): they count as used and held, so the node's first ask
+    /// reports them and the owner charges them to it.
+    pub(crate) fn took_freely(&mut self, now_us: u64, hits: u64) {
+        self.roll(now_us);
+        if is_window(&self.quota) {
+            self.used = self.used.saturating_add(hits);
+            self.allowance = self.allowance.saturating_add(hits);
+        }
+    }
+
     fn try_admit(&mut self, now_us: u64, hits: u64) -> Option<Decision> {
         if is_window(&self.quota) {
             if self.used + hits > self.allowance {

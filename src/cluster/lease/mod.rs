@@ -28,6 +28,7 @@
 
 pub(crate) mod client;
 mod deadlines;
+pub mod free;
 pub mod parent;
 pub(crate) mod server;
 mod wire;
@@ -41,6 +42,7 @@ use tokio::sync::Notify;
 use crate::limiter::{Algorithm, Decision, Quota};
 use client::{Held, Local};
 use deadlines::Deadlines;
+use free::{FreeRoute, FreeShares, Terms};
 pub use server::{Ask, Capacity, Grant, HolderView, LeaseServer, LeaseTiming, Summary};
 pub use wire::MAX_LEASE_ASKS;
 
@@ -112,6 +114,21 @@ pub struct LeaseStats {
     pub forwarded: AtomicU64,
 }
 
+impl LeaseClient {
+    /// [`LeaseStats::snapshot`], with the free shares' counters (0 when they are off).
+    pub fn stats_snapshot(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.stats.snapshot();
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let (decisions, conversions) = self
+            .free
+            .as_ref()
+            .map_or((0, 0), |f| (load(&f.decisions), load(&f.conversions)));
+        out.push(("free_decisions", decisions));
+        out.push(("free_conversions", conversions));
+        out
+    }
+}
+
 impl LeaseStats {
     /// (name, value) of each counter, for `/stats` and `/metrics`.
     pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
@@ -168,6 +185,8 @@ pub struct LeaseClient {
     /// The ring changes the last round had seen: a new one queues every key (a new owner must
     /// learn what is held).
     changes_seen: AtomicU64,
+    /// The keys decided from free shares (`None`: off, SLUICE_LEASE_FREE_SHARE_PERCENT=0).
+    free: Option<FreeShares>,
     timing: LeaseTiming,
     /// Bytes charged for the slots ([`SLOT_CHARGE`] plus the key's length each), held to
     /// `timing.max_bytes`.
@@ -188,10 +207,29 @@ impl LeaseClient {
             queue: Mutex::new(Vec::new()),
             quiet: Deadlines::new(server::micros(timing.renew)),
             changes_seen: AtomicU64::new(0),
+            free: None,
             timing,
             bytes: AtomicUsize::new(0),
             stats: LeaseStats::default(),
         }
+    }
+
+    /// A client that decides keys far below their limit from free shares ([`free`]), for a
+    /// node started at `started_us`, when `timing` gives them a share.
+    pub fn with_free_shares(timing: LeaseTiming, started_us: u64) -> Self {
+        let free = (timing.free_share_ppm > 0).then(|| {
+            let tick = server::micros(timing.renew);
+            FreeShares::new(started_us, timing.duration_us(), tick, timing.max_bytes)
+        });
+        LeaseClient {
+            free,
+            ..Self::new(timing)
+        }
+    }
+
+    /// The free shares' table, when they are on.
+    pub fn free(&self) -> Option<&FreeShares> {
+        self.free.as_ref()
     }
 
     pub fn timing(&self) -> &LeaseTiming {
@@ -206,8 +244,9 @@ impl LeaseClient {
         self.slots.is_empty()
     }
 
-    /// How `hits` on `key` are decided at `now_us`; `live` counts the live peers (asked only
-    /// for a key new here).
+    /// How `hits` on `key` are decided at `now_us`; `live` counts the live peers and `terms`
+    /// is the permit of the key's owner for free shares (both asked only for a key not held
+    /// here).
     pub fn route(
         &self,
         key: &str,
@@ -215,6 +254,7 @@ impl LeaseClient {
         now_us: u64,
         hits: u64,
         live: impl FnOnce() -> usize,
+        terms: impl FnOnce() -> Option<Terms>,
     ) -> Route {
         // A lease cannot hold a debt its holder refused into, nor slots that one node's end
         // of a request must give back on another: such limits (`charge_refused`, concurrency)
@@ -225,16 +265,29 @@ impl LeaseClient {
         let renew = server::micros(self.timing.renew);
         // The hot path: a key held under the same quota, decided under the map's read guard
         // with no reference count taken.
-        if let Some(slot) = self.slots.get(key) {
-            let mut held = slot.lock();
-            if *held.quota() == quota {
-                let local = held.decide(now_us, hits, renew);
-                self.wake(&slot, &mut held);
-                drop(held);
-                return self.outcome(local, || slot.clone());
+        let mut freely = 0;
+        match self.slots.get(key) {
+            Some(slot) => {
+                let mut held = slot.lock();
+                if *held.quota() == quota {
+                    let local = held.decide(now_us, hits, renew);
+                    self.wake(&slot, &mut held);
+                    drop(held);
+                    return self.outcome(local, || slot.clone());
+                }
+            }
+            // Not held: a key far below its limit is decided from the free share, with no
+            // call; past it, the lease it takes starts from what was admitted freely.
+            None => {
+                if let Some(free) = self.free.as_ref().filter(|_| free::eligible(&quota)) {
+                    match free.admit(key, &quota, now_us, hits, terms()) {
+                        FreeRoute::Admitted(d) => return Route::Decided(d),
+                        FreeRoute::Lease { used } => freely = used,
+                    }
+                }
             }
         }
-        let Some(slot) = self.slot_for(key, quota, now_us, live()) else {
+        let Some(slot) = self.slot_for(key, quota, now_us, live(), freely) else {
             self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
             return Route::Forward;
         };
@@ -272,8 +325,16 @@ impl LeaseClient {
     }
 
     /// A new slot for `key` (or, when its quota changed, the slot it has under the new limit,
-    /// or a fresh one for another counter); `None` when the table is full.
-    fn slot_for(&self, key: &str, quota: Quota, now_us: u64, live: usize) -> Option<Arc<Slot>> {
+    /// or a fresh one for another counter), holding the `freely` hits this node admitted from
+    /// its free share in the window; `None` when the table is full.
+    fn slot_for(
+        &self,
+        key: &str,
+        quota: Quota,
+        now_us: u64,
+        live: usize,
+        freely: u64,
+    ) -> Option<Arc<Slot>> {
         if !self.slots.contains_key(key)
             && self.bytes.load(Ordering::Relaxed) >= self.timing.max_bytes
         {
@@ -301,7 +362,25 @@ impl LeaseClient {
             // Another counter: a call under way answers the old slot, not this one.
             std::mem::replace(&mut *entry, fresh()).lock().gone = true;
         }
+        if freely > 0 {
+            let mut held = entry.lock();
+            held.took_freely(now_us, freely);
+            self.wake(&entry, &mut held);
+        }
         Some(entry.clone())
+    }
+
+    /// Converts every key this node admitted freely in its current window into a lease holding
+    /// what it admitted, reported to the key's owner at the next round: the ring changed, or an
+    /// owner began a new run of permits ([`free`]). `live` sizes the leases' first demand.
+    pub fn convert_free(&self, now_us: u64, live: usize) {
+        if let Some(free) = &self.free {
+            free.convert_all(now_us, |key, quota, used| {
+                // A full table forwards the key's hits instead; the owner still charges the
+                // free share until the window ends.
+                let _ = self.slot_for(key, quota, now_us, live, used);
+            });
+        }
     }
 
     /// [`client::Held::admit_held`] on `key` held under `quota` (or its counter under another
@@ -363,9 +442,13 @@ impl LeaseClient {
     /// The renewals due at `now_us`, with the slot each answer goes to, and forgets the keys
     /// that are idle. `changes` counts the ring changes seen so far. Looks only at the queued
     /// keys (every key after a ring change) and the quiet ones whose time to be forgotten came.
-    pub fn renewals(&self, now_us: u64, changes: u64) -> Vec<Due> {
+    pub fn renewals(&self, now_us: u64, changes: u64, live: usize) -> Vec<Due> {
         if self.changes_seen.swap(changes, Ordering::Relaxed) != changes {
+            self.convert_free(now_us, live);
             self.queue_all();
+        }
+        if let Some(free) = &self.free {
+            free.forget_ended(now_us);
         }
         let queued =
             std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner));

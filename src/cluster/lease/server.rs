@@ -59,6 +59,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use super::deadlines::Deadlines;
+use super::free::{PermitRecord, Permits};
 use crate::clock::Timestamp;
 use crate::limiter::counter::CounterKind;
 use crate::limiter::share::max_min_fair_into;
@@ -155,6 +156,9 @@ pub struct LeaseTiming {
     /// holder's name) plus the measured overhead ([`KEY_CHARGE`], [`HOLDER_CHARGE`],
     /// `super::SLOT_CHARGE`).
     pub max_bytes: usize,
+    /// SLUICE_LEASE_FREE_SHARE_PERCENT, in parts per million: the part of each fixed window's
+    /// limit the nodes together may admit from free shares ([`super::free`]); 0: off.
+    pub free_share_ppm: u64,
 }
 
 impl LeaseTiming {
@@ -163,6 +167,7 @@ impl LeaseTiming {
         renew: Duration::from_millis(100),
         duration: Duration::from_secs(1),
         max_bytes: 32 << 20,
+        free_share_ppm: 500_000,
     };
 
     /// How far ahead a grant looks: until the node's next renewal, with one interval of slack.
@@ -199,6 +204,9 @@ struct Holder {
     /// When the node's last ask came (µs).
     asked_at_us: u64,
     expires_us: u64,
+    /// The node reported about the key in this window: it decides the key from its lease for
+    /// the rest of it, so it is charged what it reported, not its free share ([`super::free`]).
+    reported: bool,
 }
 
 /// The holders of one window's allowances.
@@ -224,6 +232,7 @@ impl Epoch {
                     used: 0,
                     steady_milli: h.demand_milli.min(h.asked_milli / window_secs.max(1)),
                     asked_milli: 0,
+                    reported: false,
                     ..h.clone()
                 })
                 .collect(),
@@ -265,6 +274,7 @@ impl Epoch {
             asked_milli: 0,
             asked_at_us: 0,
             expires_us: 0,
+            reported: false,
         });
         Some(self.holders.len() - 1)
     }
@@ -341,6 +351,9 @@ struct GrantContext<'a> {
     /// How far ahead grants look: the owner's horizon, or the asker's when longer (up to a
     /// lease duration).
     horizon_us: u64,
+    /// The permits for free shares this owner gave, each node charged its free share of a
+    /// window it may have used freely ([`Permits::reserve`]).
+    permits: &'a [PermitRecord],
 }
 
 /// A lease server's table: one entry per key it leases.
@@ -365,6 +378,8 @@ pub struct LeaseServer {
     /// Each key of `keys`, until it may be swept ([`KeyLeases::kept_until`]): a sweep looks at
     /// the keys whose time came, not at every key.
     sweeps: Deadlines<Arc<str>>,
+    /// The permits for free shares this owner gave ([`super::free`]).
+    pub permits: Permits,
 }
 
 /// A key's entry, for the debug endpoint: each holder's allowance or share, use and demand.
@@ -389,6 +404,7 @@ impl LeaseServer {
             returned_us: AtomicU64::new(0),
             bytes: AtomicUsize::new(0),
             sweeps: Deadlines::new(timing.duration_us()),
+            permits: Permits::new(timing.duration_us()),
         }
     }
 
@@ -475,6 +491,7 @@ impl LeaseServer {
                 .rebuild_until_us
                 .max(returned_us + self.timing.duration_us());
         }
+        let permits = self.permits.read();
         let ctx = GrantContext {
             node,
             now_us,
@@ -486,6 +503,7 @@ impl LeaseServer {
                 .horizon_us
                 .min(self.timing.duration_us())
                 .max(self.timing.horizon_us()),
+            permits: &permits,
         };
         // A limit's safe capacity is the asker's business (a partitioned node, a child cluster
         // cut off from its parent), not part of the quota the owner keeps.
@@ -872,9 +890,12 @@ impl KeyLeases {
             (Some(next), Algorithm::SlidingWindow) => next.allowances(),
             _ => 0,
         };
+        let unit_us = self.quota.window().secs() * 1_000_000;
+        let free = self.free_reserve(&self.current, ask, ctx, index * unit_us, false);
         let capacity = self
             .window_capacity(ctx.now_us, limit)
-            .min(limit.saturating_sub(ahead));
+            .min(limit.saturating_sub(ahead))
+            .saturating_sub(free);
         let cap = self.rebuild_cap(ctx, capacity);
         // A report about another window (a clock a little ahead or behind) still renews the
         // lease and its demand, but moves no counts.
@@ -902,7 +923,6 @@ impl KeyLeases {
         );
         // Grant the next window ahead when it starts before the node's next renewal arrives,
         // so a boundary needs no call and the nodes do not all ask at once.
-        let unit_us = self.quota.window().secs() * 1_000_000;
         let next_allowance = (left_us <= horizon).then(|| self.grant_ahead(ask, ctx, index));
         let others = self.current.retired
             + self
@@ -944,16 +964,22 @@ impl KeyLeases {
             None => asked,
         };
         let limit = Self::limit_within(self.next_limit, ctx.capacity.next);
+        let window_secs = self.quota.window().secs();
+        let unit_us = window_secs * 1_000_000;
+        let next_start_us = (index + 1) * unit_us;
+        let free = match &self.next {
+            Some(next) => self.free_reserve(next, ask, ctx, next_start_us, true),
+            None => self.free_reserve(&Epoch::default(), ask, ctx, next_start_us, true),
+        };
         let capacity = match self.quota.algorithm {
             Algorithm::SlidingWindow => limit.saturating_sub(self.current.allowances()),
             _ => limit,
-        };
+        }
+        .saturating_sub(free);
         // A rebuilding owner caps the grants ahead too: the holders it has not heard from yet
         // may be spending a safe capacity in that window (a child cluster cut off from a
         // parent that restarted empty), and they report only at their next renewal.
         let cap = self.rebuild_cap(ctx, capacity);
-        let window_secs = self.quota.window().secs();
-        let unit_us = window_secs * 1_000_000;
         let current = &self.current;
         let next = self
             .next
@@ -974,6 +1000,32 @@ impl KeyLeases {
             },
         );
         raised
+    }
+
+    /// What the nodes other than the asker may have admitted freely of `epoch`, a window that
+    /// began at `start_us` (`ahead`: granted before it began), as their permits say: each
+    /// node's free share of the key's limit, but for those that reported about the key in it.
+    /// The limit is the largest the key's asks named, so a reload's larger limit is charged.
+    fn free_reserve(
+        &self,
+        epoch: &Epoch,
+        ask: &Ask,
+        ctx: &GrantContext<'_>,
+        start_us: u64,
+        ahead: bool,
+    ) -> u64 {
+        if ctx.permits.is_empty() || !super::free::eligible(&self.quota) {
+            return 0;
+        }
+        let limit = u64::from(self.limit.max(ask.quota.requests_per_unit));
+        let reported = |node: &str| epoch.holders.iter().any(|h| h.reported && &*h.node == node);
+        Permits::reserve(
+            ctx.permits,
+            limit,
+            (start_us, ctx.now_us, ahead),
+            ctx.node,
+            reported,
+        )
     }
 
     /// During a rebuild, the most any one node may hold: an equal share of `capacity` over the
@@ -1065,6 +1117,7 @@ fn grant_in(
             // about one key from one node never cross (one call at a time per key).
             h.used = h.used.max(r.used);
             h.allowance = r.keep.max(h.used);
+            h.reported = true;
         }
         if h.asked_at_us != 0 {
             let span = ctx.now_us.saturating_sub(h.asked_at_us);

@@ -713,7 +713,7 @@ fn a_limit_that_charges_refused_hits_is_never_leased() {
             charge_refused: true,
             ..quota(algorithm, 100, Unit::Minute, 0)
         };
-        let route = client.route("d_k_v_", charged, T0, 40, || 3);
+        let route = client.route("d_k_v_", charged, T0, 40, || 3, || None);
         assert!(matches!(route, super::Route::Forward), "{algorithm:?}");
     }
     assert!(client.is_empty(), "nothing held for such a limit");
@@ -728,7 +728,7 @@ fn a_limit_that_charges_refused_hits_is_never_leased() {
     // The same limit without the setting is leased (the first hit asks its owner).
     let plain = quota(Algorithm::TokenBucket, 100, Unit::Minute, 0);
     assert!(matches!(
-        client.route("d_k_v_", plain, T0, 1, || 3),
+        client.route("d_k_v_", plain, T0, 1, || 3, || None),
         super::Route::Acquire(..)
     ));
 }
@@ -1240,7 +1240,7 @@ fn a_round_looks_only_at_the_keys_something_happened_to() {
     let q = quota(Algorithm::FixedWindow, 1000, Unit::Hour, 0);
     let at = Timestamp::from_micros;
     let keys: Vec<String> = (0..1000).map(|i| format!("d_user_{i}_")).collect();
-    let hit = |key: &str, now: u64| match client.route(key, q, now, 1, || 3) {
+    let hit = |key: &str, now: u64| match client.route(key, q, now, 1, || 3, || None) {
         Route::Decided(d) => d,
         Route::Acquire(slot, ask) => {
             let g = server.answer("n0", key, &ask, at(now), at(0), 3);
@@ -1250,7 +1250,7 @@ fn a_round_looks_only_at_the_keys_something_happened_to() {
         Route::Wait(_) | Route::Forward => panic!("nothing else is under way"),
     };
     let round = |now: u64, changes: u64| {
-        let due = client.renewals(now, changes);
+        let due = client.renewals(now, changes, 3);
         for (key, slot, ask) in &due {
             let g = server.answer("n0", key, ask, at(now), at(0), 3);
             slot.answer(Some(&g), now);

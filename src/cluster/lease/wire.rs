@@ -180,6 +180,7 @@ mod tests {
             protocol_version: crate::cluster::peer::PROTOCOL_VERSION,
             node: "a:1".into(),
             asks: vec![ask.clone(); n],
+            free_shares: false,
         };
         assert_eq!(
             request(MAX_LEASE_ASKS).take_asks().unwrap().len(),

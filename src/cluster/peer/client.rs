@@ -122,23 +122,33 @@ impl PeerClient {
         node: &str,
         asks: Vec<LeaseAsk>,
     ) -> Result<Vec<LeaseGrant>, PeerError> {
+        Ok(self.lease_with_permit(node, asks, false).await?.0)
+    }
+
+    /// [`Self::lease`], asking for a permit for free shares when `free` (lease mode's nodes;
+    /// not a child cluster asking its parent): the grants, and the permit if the owner gave one.
+    pub async fn lease_with_permit(
+        &self,
+        node: &str,
+        asks: Vec<LeaseAsk>,
+        free: bool,
+    ) -> Result<(Vec<LeaseGrant>, Option<wire::FreePermit>), PeerError> {
         let n = asks.len();
         let request = LeaseRequest {
             protocol_version: PROTOCOL_VERSION,
             node: node.to_owned(),
             asks,
+            free_shares: free,
         };
         let mut grpc = self.grpc.clone();
-        let grants = Self::bounded(Call::Lease, self.lease_timeout, grpc.lease(request))
-            .await?
-            .grants;
-        if grants.len() != n {
+        let response = Self::bounded(Call::Lease, self.lease_timeout, grpc.lease(request)).await?;
+        if response.grants.len() != n {
             return Err(PeerError::Malformed(Malformed::Grants {
-                got: grants.len(),
+                got: response.grants.len(),
                 asks: n,
             }));
         }
-        Ok(grants)
+        Ok((response.grants, response.permit))
     }
 
     /// One Quota call from `node` carrying this node's holders of `buckets`, bounded by the

@@ -112,8 +112,18 @@ impl wire::peer_server::Peer for Owner {
                     "this node is not in lease mode (SLUICE_CLUSTER_MODE=lease on every peer)",
                 )
             })?;
+        let permit = req
+            .free_shares
+            .then(|| self.local.permit(&req.node, now))
+            .flatten()
+            .map(|p| wire::FreePermit {
+                since_us: p.since_us,
+                valid_us: p.valid_us,
+                share_ppm: p.share_ppm,
+            });
         Ok(tonic::Response::new(LeaseResponse {
             grants: grants.iter().map(LeaseGrant::from).collect(),
+            permit,
         }))
     }
 
