@@ -70,7 +70,7 @@ CONFIG = """domain: keys
 descriptors:
   - key: user
     rate_limit:
-      unit: hour
+      unit: {unit}
       requests_per_unit: {limit}
 """
 
@@ -86,7 +86,10 @@ def parse_args():
     ap.add_argument("--rate", type=float, default=250.0, help="calls a second in the load")
     ap.add_argument("--per-request", type=int, default=40)
     ap.add_argument("--zipf", type=float, default=1.1)
-    ap.add_argument("--limit", type=int, default=1000, help="each user's limit per hour")
+    ap.add_argument("--limit", type=int, default=1000, help="each user's limit per --unit")
+    ap.add_argument("--unit", choices=("hour", "minute"), default="hour",
+                    help="the limit's window; with minute, each run starts in a window that "
+                         "began after the nodes started (free shares apply from such a window)")
     ap.add_argument("--top", type=int, default=10, help="hottest users checked against the limit")
     ap.add_argument("--hour-margin", type=float, default=90.0,
                     help="wait for the next hour when fewer seconds are left in this one")
@@ -282,34 +285,52 @@ def hot_ratios(outputs, limit):
     return sorted(a / limit for o, a in windows.values() if o >= limit)
 
 
-def hour():
-    return int(time.time() // 3600)
+WINDOW = {"hour": 3600, "minute": 60}
 
 
-def wait_for_hour(margin):
-    """A run must lie in one hourly window: past its end every key's lease can be forgotten,
-    so an idle measure after it says nothing of keys held. Waits for the next hour when fewer
-    than `margin` seconds are left in this one."""
-    left = 3600 - time.time() % 3600
+def hour(window=3600):
+    """The index of the limit's window now."""
+    return int(time.time() // window)
+
+
+def wait_for_hour(margin, window=3600):
+    """A run must lie in one window of the limit: past its end every key's lease can be
+    forgotten, so an idle measure after it says nothing of keys held. Waits for the next window
+    when fewer than `margin` seconds are left in this one."""
+    left = window - time.time() % window
     if left < margin:
-        print(f"# waiting {left + 1:.0f} s for the next hour", file=sys.stderr, flush=True)
+        print(f"# waiting {left + 1:.0f} s for the next window", file=sys.stderr, flush=True)
         time.sleep(left + 1)
+
+
+def wait_for_fresh_window(window):
+    """Waits for the next window's start and a second and a half: a window that began more
+    than a lease duration after the nodes got their permits, as a long-running cluster's
+    windows do, so free shares apply (docs/cluster.md, "Free shares")."""
+    left = window - time.time() % window
+    print(f"# waiting {left + 1.5:.0f} s for a window begun after the start", file=sys.stderr,
+          flush=True)
+    time.sleep(left + 1.5)
 
 
 def run_one(k, mode, bins, args, work, config_dir):
     sluice, keys_load = bins
     per = str(args.per_request)
-    load0, hour0 = os.getloadavg()[0], hour()
+    window = WINDOW[args.unit]
     c = Cluster(sluice, config_dir, work, mode, args)
     try:
         time.sleep(2)  # past the lease duration after the ring formed (the rebuild cap)
+        if args.unit == "minute":
+            wait_for_fresh_window(window)
+        load0, hour0 = os.getloadavg()[0], hour(window)
         s0 = c.snapshot()
         touch = client(keys_load, ["touch", c.urls(), str(k), "--per-request", per,
-                                   "--top", str(args.top)], 3600)
+                                   "--top", str(args.top), "--window-secs", str(window)], 3600)
         s1 = c.snapshot()
         load = client(keys_load, ["zipf", c.urls(), str(k), "--secs", str(args.load_secs),
                                   "--rate", str(args.rate), "--zipf", str(args.zipf),
-                                  "--per-request", per, "--top", str(args.top)],
+                                  "--per-request", per, "--top", str(args.top),
+                                  "--window-secs", str(window)],
                       args.load_secs * 20 + 120)
         s2 = c.snapshot()
         time.sleep(args.idle_wait)
@@ -320,7 +341,7 @@ def run_one(k, mode, bins, args, work, config_dir):
         c.stop()
     return {
         "keys": k, "mode": mode, "load_avg_before": load0, "load_avg_after": os.getloadavg()[0],
-        "hour_crossed": hour() != hour0,
+        "hour_crossed": hour(window) != hour0,
         "touch_secs": touch["secs"], "touch": phase(s0, s1, touch["per_target"]),
         "load_client": {x: load[x] for x in ("calls", "decisions", "admitted", "over", "secs")},
         "load": phase(s1, s2, load["per_target"]),
@@ -396,7 +417,7 @@ def node_rows(runs):
 
 def report(runs, args):
     head = (f"{len(runs)} runs: 3 nodes each, {args.per_request} descriptors a call, "
-            f"limit {args.limit} per user per hour; load {args.load_secs:g} s at "
+            f"limit {args.limit} per user per {args.unit}; load {args.load_secs:g} s at "
             f"{args.rate:g} calls/s (Zipf {args.zipf}), idle {args.idle_secs:g} s after "
             f"{args.idle_wait:g} s; {os.cpu_count()} CPUs"
             + (f"; node settings {' '.join(args.env)}" if args.env else ""))
@@ -420,10 +441,11 @@ def main():
         config_dir = os.path.join(work, "config")
         os.mkdir(config_dir)
         with open(os.path.join(config_dir, "keys.yaml"), "w") as f:
-            f.write(CONFIG.format(limit=args.limit))
+            f.write(CONFIG.format(limit=args.limit, unit=args.unit))
         for k in (int(x) for x in args.keys.split(",")):
             for mode in args.modes.split(","):
-                wait_for_hour(args.hour_margin)
+                if args.unit == "hour":
+                    wait_for_hour(args.hour_margin)
                 t = time.monotonic()
                 r = run_one(k, mode, bins, args, work, config_dir)
                 r["run_secs"] = time.monotonic() - t

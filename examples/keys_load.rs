@@ -9,9 +9,9 @@
 //! # Calls for SECS seconds, RATE a second (fewer when the nodes cannot keep up: a late call
 //! # is sent at once, never dropped), each of PER_REQUEST distinct users drawn with Zipf(S)
 //! # popularity over the USERS (u0 the hottest); counts what the TOP hottest users were
-//! # offered and admitted, per hour.
+//! # offered and admitted, per hour (per --window-secs).
 //! keys_load zipf URLS USERS --secs SECS --rate RATE [--zipf 1.1] [--per-request 40]
-//!     [--concurrency 32] [--top 10] [--seed 1]
+//!     [--concurrency 32] [--top 10] [--seed 1] [--window-secs 3600]
 //! ```
 //!
 //! URLS is a comma-separated list of `http://host:port` gRPC addresses; the domain is `keys`.
@@ -42,7 +42,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 const USAGE: &str = "usage: keys_load touch URLS USERS [--per-request N] [--concurrency N] \
                      [--top N]\n       \
                      keys_load zipf URLS USERS --secs S --rate R [--zipf S] [--per-request N] \
-                     [--concurrency N] [--top N] [--seed N]";
+                     [--concurrency N] [--top N] [--seed N] [--window-secs N]";
 const DOMAIN: &str = "keys";
 /// Past every deadline Sluice sets itself (SLUICE_REQUEST_TIMEOUT_MS's 5 s): a slow answer is
 /// measured, a lost one fails the run.
@@ -60,6 +60,8 @@ struct Options {
     zipf: f64,
     top: u64,
     seed: u64,
+    /// The limit's window (`--window-secs`, 3600): what offered and admitted are counted per.
+    window_secs: u64,
 }
 
 impl Options {
@@ -93,6 +95,7 @@ impl Options {
             zipf: flag("--zipf")?.unwrap_or(1.1),
             top: flag("--top")?.unwrap_or(10.0) as u64,
             seed: flag("--seed")?.unwrap_or(1.0) as u64,
+            window_secs: flag("--window-secs")?.unwrap_or(3600.0) as u64,
         };
         if o.per_request == 0 || o.users < o.per_request as u64 || o.concurrency == 0 {
             return Err("USERS must be at least --per-request, both above 0".into());
@@ -209,10 +212,11 @@ fn request(users: &[u64]) -> RateLimitRequest {
     }
 }
 
-fn hour_now() -> u64 {
+/// The index of the limit's window now (`window_secs` long).
+fn window_now(window_secs: u64) -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 3600)
+        .map_or(0, |d| d.as_secs() / window_secs.max(1))
 }
 
 impl Run {
@@ -266,7 +270,7 @@ impl Run {
     async fn call(&self, target: usize, users: &[u64], tally: &mut Tally) {
         tally.calls += 1;
         let mut client = RateLimitServiceClient::new(self.channels[target].clone());
-        let hour = hour_now();
+        let hour = window_now(self.o.window_secs);
         let answer = tokio::time::timeout(CALL_TIMEOUT, client.should_rate_limit(request(users)));
         let statuses = match answer.await {
             Ok(Ok(r)) => r.into_inner().statuses,

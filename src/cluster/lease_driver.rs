@@ -73,19 +73,21 @@ impl Leasing {
             .copied()
     }
 
-    /// Keeps the permit `owner` answered to a call sent at `sent_us` (`None`: it gave none). A
-    /// new run of permits from it (it restarted, or this node's lapsed) converts every key this
-    /// node admitted freely: the owner may not know what it admitted.
+    /// Keeps the permit `owner` answered to a call sent at `sent_us` (`None`: it gave none, so
+    /// a share of 0, asked again in half a lease duration). A new run of permits from it (it
+    /// restarted, or this node's lapsed) converts every key this node admitted freely: the
+    /// owner may not know what it admitted.
     fn took_permit(&self, members: &Members, owner: usize, sent_us: u64, permit: Option<Permit>) {
         if self.client.free().is_none() {
             return;
         }
         let addr = members.ring.addr(owner);
+        let p = permit.unwrap_or(Permit {
+            since_us: 0,
+            valid_us: self.timing().duration_us(),
+            share_ppm: 0,
+        });
         let mut permits = self.permits.write().unwrap_or_else(PoisonError::into_inner);
-        let Some(p) = permit else {
-            permits.remove(addr);
-            return;
-        };
         let terms = Terms {
             since_us: p.since_us,
             until_us: sent_us.saturating_add(p.valid_us),
@@ -93,7 +95,7 @@ impl Leasing {
         };
         let before = permits.insert(addr.to_owned(), terms);
         drop(permits);
-        if before.is_some_and(|b| b.since_us != p.since_us) {
+        if before.is_some_and(|b| b.share_ppm > 0 && b.since_us != p.since_us) {
             self.client.convert_free(sent_us, members.live());
         }
     }
@@ -224,16 +226,19 @@ impl Leasing {
         .await;
     }
 
-    /// The owners this round must call only to renew this node's permit for free shares: those
-    /// up whose permit ends within half a lease duration and that no renewal goes to this round
-    /// (every Lease call renews the permit). One empty call per owner per half lease duration
-    /// at most, whatever the number of keys.
+    /// The owners this round must call only to get or renew this node's permit for free
+    /// shares: those up that it has none of, or whose permit ends within half a lease duration,
+    /// and that no renewal goes to this round (every Lease call renews the permit). One empty
+    /// call per owner per half lease duration at most, whatever the number of keys.
     fn permits_to_renew(
         &self,
         members: &Members,
         now_us: u64,
         calls: &HashMap<usize, Vec<Due>>,
     ) -> Vec<usize> {
+        if self.client.free().is_none() {
+            return Vec::new();
+        }
         let half = self.timing().duration_us() / 2;
         let permits = self.permits.read().unwrap_or_else(PoisonError::into_inner);
         (0..members.ring.len())
@@ -242,7 +247,7 @@ impl Leasing {
             .filter(|&i| {
                 permits
                     .get(members.ring.addr(i))
-                    .is_some_and(|t| t.until_us.saturating_sub(now_us) < half)
+                    .is_none_or(|t| t.until_us.saturating_sub(now_us) < half)
             })
             .collect()
     }
