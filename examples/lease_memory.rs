@@ -2,7 +2,8 @@
 //! node's [`LeaseClient`] holding N keys, an owner's [`LeaseServer`] leasing N keys to
 //! HOLDERS nodes each, and a child cluster's owner keeping its parent's grants on N keys
 //! ([`Upstream`], SLUICE_LEASE_PARENT), and a Redis replica's batches on N keys
-//! ([`Allowances`], SLUICE_REDIS_ALLOWANCE). Reads resident memory (VmRSS) before and after filling each table, and prints
+//! ([`Allowances`], SLUICE_REDIS_ALLOWANCE), and a node's free-share counts on N keys
+//! ([`FreeShares`]). Reads resident memory (VmRSS) before and after filling each table, and prints
 //! bytes per key with the key bytes included, and exits 1 when either passes its charge (so
 //! `bench/run.sh`, which runs it, fails). Keys look like the service's counter key stems for
 //! an IPv4 `remote_address` descriptor (27 to 31 bytes); holders' names like pod addresses.
@@ -17,6 +18,7 @@
 )]
 
 use sluice::clock::Timestamp;
+use sluice::cluster::lease::free::{FreeRoute, FreeShares, PPM, Terms};
 use sluice::cluster::lease::parent::{ParentTiming, Upstream};
 use sluice::cluster::lease::{Ask, LeaseClient, LeaseServer, LeaseTiming, Route};
 use sluice::limiter::{Quota, Unit};
@@ -84,6 +86,7 @@ fn main() {
     let server_bytes = rss_bytes().saturating_sub(before);
     assert_eq!(server.len(), n);
 
+    let (free, free_bytes) = free_counts(n, quota, &timing);
     let (up, up_bytes) = parent_grants(n, quota, &timing);
     let (batches, batch_bytes) = redis_batches(n, quota);
 
@@ -92,13 +95,24 @@ fn main() {
     let charged = (per(client.bytes() as u64), per(server.bytes() as u64));
     let parent = (per(up_bytes), per(up.bytes() as u64));
     let batch = (per(batch_bytes), per(batches.bytes() as u64));
+    let freely = (per(free_bytes), per(free.bytes() as u64));
     println!(
         "lease_memory: {n} keys of 27 to 31 bytes, {holders} holders per key (names of 16 bytes)\n\
          client: {:.0} bytes per held key, charged {:.0}\n\
          server: {:.0} bytes per leased key, charged {:.0}\n\
          parent grants: {:.0} bytes per key, charged {:.0}\n\
-         Redis batches: {:.0} bytes per key, charged {:.0}",
-        measured.0, charged.0, measured.1, charged.1, parent.0, parent.1, batch.0, batch.1,
+         Redis batches: {:.0} bytes per key, charged {:.0}\n\
+         free shares: {:.0} bytes per key, charged {:.0}",
+        measured.0,
+        charged.0,
+        measured.1,
+        charged.1,
+        parent.0,
+        parent.1,
+        batch.0,
+        batch.1,
+        freely.0,
+        freely.1,
     );
     // SLUICE_LEASE_MAX_BYTES is a bound only while the charge covers the real cost.
     let pairs = [
@@ -106,13 +120,36 @@ fn main() {
         (measured.1, charged.1),
         parent,
         batch,
+        freely,
     ];
     if pairs.iter().any(|(m, c)| m > c) {
         eprintln!(
-            "lease_memory: a table uses more than it is charged: raise SLOT_CHARGE, KEY_CHARGE, HOLDER_CHARGE, ABOVE_CHARGE or RESERVED_CHARGE"
+            "lease_memory: a table uses more than it is charged: raise SLOT_CHARGE, KEY_CHARGE, HOLDER_CHARGE, ABOVE_CHARGE, RESERVED_CHARGE or FREE_CHARGE"
         );
         std::process::exit(1);
     }
+}
+
+/// A node's free-share counts on `n` keys, each admitted once, and the resident bytes they took.
+fn free_counts(n: usize, quota: Quota, timing: &LeaseTiming) -> (FreeShares, u64) {
+    let before = rss_bytes();
+    let renew = u64::try_from(timing.renew.as_micros()).unwrap_or(u64::MAX);
+    let free = FreeShares::new(0, timing.duration_us(), renew, usize::MAX);
+    let terms = Some(Terms {
+        since_us: 0,
+        until_us: u64::MAX,
+        share_ppm: PPM / 6,
+    });
+    for i in 0..n {
+        let route = free.admit(&key(i), &quota, T0, 1, terms);
+        assert!(
+            matches!(route, FreeRoute::Admitted(_)),
+            "a key's first hit is free"
+        );
+    }
+    let bytes = rss_bytes().saturating_sub(before);
+    assert_eq!(free.len(), n);
+    (free, bytes)
 }
 
 /// A child cluster owner's parent grants on `n` keys, and the resident bytes they took.
