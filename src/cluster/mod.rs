@@ -858,6 +858,11 @@ impl ClusterStore {
             if pending.is_empty() {
                 break;
             }
+            if round == 1 && !members.has_quorum() {
+                self.decide_alone(members, now, hits, &pending, op, &mut decisions)
+                    .await?;
+                break;
+            }
             let groups = by_owner(members, hits, pending);
             let calls = groups.iter().map(|(owner, idx)| {
                 let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
@@ -874,6 +879,32 @@ impl ClusterStore {
         }
         if op.answers() {
             out.extend(decisions.into_iter().flatten());
+        }
+        Ok(())
+    }
+
+    /// The hits at `pending`, whose owners failed in the first round and left this node
+    /// without a majority (the peers it marked down then, and before): decided alone, within
+    /// the safe capacity, as every later hit is until a peer answers again. Their next owner
+    /// would be this node, standing in with the whole limit, which a node on the small side
+    /// of a partition must not do (the majority side takes the keys over); under load it is
+    /// also what a node of the majority side that missed the owner's deadline would do.
+    async fn decide_alone(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        pending: &[usize],
+        op: Op,
+        decisions: &mut [Option<Decision>],
+    ) -> Result<(), StoreError> {
+        let alone: Vec<Hit<'_>> = pending.iter().map(|&i| hits[i]).collect();
+        let mut decided = Vec::with_capacity(alone.len());
+        self.route_minority(members, now, &alone, op, &mut decided)
+            .await?;
+        let mut decided = decided.into_iter();
+        for &i in pending {
+            decisions[i] = Some(decided.next().unwrap_or(UNANSWERED));
         }
         Ok(())
     }
