@@ -134,6 +134,17 @@ fn lease_a_three_way_split_admits_at_most_the_safe_capacities() {
 /// per window, a call or two failed while it found its peers gone (each owner's deadline
 /// missed), and every node sees every other again within 3 s of the heal (3.7 s before peer
 /// connections were pinged).
+///
+/// The window of the cut admits L + S exactly in every run (120/120/160: the owner's counter
+/// fills, and node 2 admits its forwards before the cut plus S alone), so one more hit decided
+/// anywhere else passes it: once, under a CI run's load, 401. The only other counter a hit
+/// can land on is a node of the majority side's own, after its forward to the owner (node 0)
+/// missed the deadline because the owner was slow, not cut: it marks the owner down, and with
+/// node 2 gone it has no majority until the owner answers a probe. Such a node is cut off as
+/// node 2 is, for that moment, and the partition bound counts each cut-off node's safe
+/// capacity: it decides alone within S (since issue 49; before, the hits of the failed forward
+/// went to its whole-limit stand-in counter). So the bound is L + S, plus S for each node of
+/// the majority side that decided a hit alone (its `alone_hits`), which the report names.
 #[test]
 fn forward_a_minority_node_cut_then_healed_keeps_the_bound_and_recovers() {
     let s = short(
@@ -141,8 +152,27 @@ fn forward_a_minority_node_cut_then_healed_keeps_the_bound_and_recovers() {
         Mode::Forward,
         vec![fault(2, Link::Node(2), Kind::Down, Some(12))],
     );
-    let Some(o) = measure(&s) else { return };
-    assert_bound(&s, &o, within("L + S"), 3);
+    if !net::namespaces_available() {
+        return;
+    }
+    let mut cluster = Cluster::start(&s);
+    let o = run(&s, &mut cluster);
+    let alone: Vec<u64> = (0..s.nodes)
+        .map(|i| cluster.stat(i, "alone_hits"))
+        .collect();
+    eprintln!("{}  hits decided alone per node: {alone:?}", o.report(&s));
+    assert!(o.crashed.is_empty(), "nodes {:?} ended", o.crashed);
+    assert!(
+        alone[2] > 0,
+        "node 2 never decided alone:\n{}",
+        o.report(&s)
+    );
+    let bound = match alone[..2].iter().filter(|&&n| n > 0).count() {
+        0 => within("L + S"),
+        1 => within("L + 2 S"),
+        _ => within("L + 3 S"),
+    };
+    assert_bound(&s, &o, bound, 3);
     let recovery = o.recovery.expect("the membership healed");
     assert!(recovery < secs(3), "{}", o.report(&s));
 }

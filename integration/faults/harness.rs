@@ -325,6 +325,20 @@ impl Cluster {
         })
     }
 
+    /// Node `i`'s `sluice.cluster.<name>` from `/stats`; 0 when absent or not answered.
+    pub fn stat(&self, i: usize, name: &str) -> u64 {
+        let (answer, _) = http(&self.net.client_ip(i), net::DEBUG_PORT, "GET", "/stats", "");
+        let prefix = format!("sluice.cluster.{name}: ");
+        answer
+            .and_then(|(_, stats)| {
+                stats
+                    .lines()
+                    .find_map(|l| l.strip_prefix(prefix.as_str()))
+                    .and_then(|v| v.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
     /// The log of node `i`, for a failing test's message.
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("node{i}.log"))).unwrap_or_default()

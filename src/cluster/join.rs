@@ -22,9 +22,15 @@
 //! it is not listed (the peers then route its keys elsewhere, and it relays all of them).
 //!
 //! The previous owner answers a relayed hit whatever its own ring says (the hit says it was
-//! relayed, and such a hit is never relayed again), so a hit takes at most two hops. When the
-//! previous owner cannot be reached, this node marks it down and counts the hits itself: the
-//! owner-change bound of docs/cluster.md applies (that owner's count is lost).
+//! relayed, and such a hit is never relayed again), so a hit takes at most two hops. Relays go
+//! out on a client of their own per peer, never in the queue of this node's forwards: a
+//! forward waits at its owner on that owner's relays, so relays queued behind forwards could
+//! wait on one another around the ring until a deadline broke the cycle (issue 49: every key's
+//! first hit of the hour relayed after a start, live peers marked down). When the previous
+//! owner cannot be reached (a refused connection, a wrong answer), this node marks it down and
+//! counts the hits itself: the owner-change bound of docs/cluster.md applies (that owner's
+//! count is lost). A relay that is only late marks nothing down and refuses its charges, never
+//! over the limit; the previous owner keeps what it hands over, so the next take gets it again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

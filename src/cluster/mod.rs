@@ -69,6 +69,10 @@ struct Members {
     /// Index of this node in the ring.
     me: usize,
     clients: Vec<Option<PeerClient>>,
+    /// A second client per remote peer, for a joining node's relays ([`join`]): its own
+    /// connection and batching queue, so relays never wait behind forwards, which may
+    /// themselves wait on relays at their owner.
+    relay_clients: Vec<Option<PeerClient>>,
     down: Vec<AtomicBool>,
 }
 
@@ -89,11 +93,24 @@ impl Members {
         let me_index = ring
             .index_of(me)
             .ok_or_else(|| format!("{me} is not among the peers"))?;
-        let clients = ring
-            .addrs()
+        let clients = Self::dial(&ring, me_index, dialer)?;
+        let relay_clients = Self::dial(&ring, me_index, dialer)?;
+        let down = (0..ring.len()).map(|_| AtomicBool::new(false)).collect();
+        Ok(Members {
+            ring,
+            me: me_index,
+            clients,
+            relay_clients,
+            down,
+        })
+    }
+
+    /// A client for each peer of `ring` but this node (`me`); each connects at its first call.
+    fn dial(ring: &Ring, me: usize, dialer: &Dialer) -> Result<Vec<Option<PeerClient>>, String> {
+        ring.addrs()
             .enumerate()
             .map(|(i, a)| {
-                (i != me_index)
+                (i != me)
                     .then(|| {
                         PeerClient::start(
                             a,
@@ -107,14 +124,7 @@ impl Members {
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        let down = (0..ring.len()).map(|_| AtomicBool::new(false)).collect();
-        Ok(Members {
-            ring,
-            me: me_index,
-            clients,
-            down,
-        })
+            .map_err(|e| e.to_string())
     }
 
     fn owner(&self, key: &str) -> usize {
@@ -297,7 +307,7 @@ impl OwnerStore {
         for (i, hit) in hits.iter().enumerate() {
             match relay.get(i).copied().unwrap_or_default() {
                 Relay::Apply => here.push(i),
-                Relay::Take => answers[i] = Some(self.hand_over(hit, now).await?),
+                Relay::Take => answers[i] = Some(self.hand_over(hit, now)),
                 Relay::No => match self.relay_to(&members, hit, now) {
                     Some((to, how)) => {
                         // A reset forgets the count wherever it is.
@@ -353,6 +363,11 @@ impl OwnerStore {
         for ((to, idx), result) in relays.iter().zip(results) {
             let got = match result {
                 Ok(got) => got,
+                Err(PeerError::Timeout { .. }) => {
+                    self.stats.failed_relays.fetch_add(1, Ordering::Relaxed);
+                    self.relay_late(op, now, hits, idx, answers, here);
+                    continue;
+                }
                 Err(e) => {
                     self.stats.failed_relays.fetch_add(1, Ordering::Relaxed);
                     members.failed(*to, &e, &self.changes, now);
@@ -374,6 +389,32 @@ impl OwnerStore {
         }
     }
 
+    /// The hits at `idx`, whose relay missed its deadline. Not a reason to mark the previous
+    /// owner down: a relay's deadline is half a forward's and relays come in floods (every
+    /// key's first hit after a start), so a late answer says that owner is busy, not gone (its
+    /// probes tell, and a refused connection marks it down at once). Nor to count the hits
+    /// here: that owner keeps the key's count, which this node would start again from 0 (up
+    /// to twice the limit). So a charge is refused, never over the limit; a refund is given
+    /// back here, where it finds nothing to give back (the count stays there: stricter); a
+    /// reset was applied here already.
+    fn relay_late(
+        &self,
+        op: Op,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        idx: &[(usize, Relay)],
+        answers: &mut [Option<Served>],
+        here: &mut Vec<usize>,
+    ) {
+        for &(i, _) in idx {
+            match op {
+                Op::Apply => answers[i] = Some(Served::Decided(refused(&hits[i], now))),
+                Op::Refund => here.push(i),
+                Op::Reset => {}
+            }
+        }
+    }
+
     /// Whether this node holds the counter of `hit` at `now` (a count in its horizon).
     fn holds(&self, hit: &Hit<'_>, now: Timestamp) -> bool {
         CounterKind::of_quota(&hit.quota).is_some_and(|k| self.local.holds(k, hit.key, now))
@@ -391,18 +432,20 @@ impl OwnerStore {
     }
 
     /// This node's state of the counter of `hit`, handed to a newcomer taking it over, and
-    /// forgotten here: the newcomer counts on from it, and a later take (its count refunded
-    /// to nothing, or a bucket back at rest) must not bring the old count back.
-    async fn hand_over(&self, hit: &Hit<'_>, now: Timestamp) -> Result<Served, StoreError> {
+    /// kept here: a take whose answer came too late for the newcomer (which refused the hit
+    /// and asks again at the key's next hit) must get the same count again, not nothing (the
+    /// newcomer merges it by taking the larger, so a second copy changes nothing). A counter
+    /// the newcomer refunded to nothing, or a bucket back at rest there, may so get the old
+    /// count back at its next take: stricter, never looser.
+    fn hand_over(&self, hit: &Hit<'_>, now: Timestamp) -> Served {
         let parts = CounterKind::of_quota(&hit.quota).and_then(|kind| {
             let state = self.local.state(kind, hit.key)?;
             kind.holds(state, now).then(|| kind.parts(state, now))
         });
-        let Some((window, values)) = parts else {
-            return Ok(Served::Taken(0, Vec::new()));
-        };
-        self.local.reset(now, std::slice::from_ref(hit)).await?;
-        Ok(Served::Taken(window, values))
+        match parts {
+            Some((window, values)) => Served::Taken(window, values),
+            None => Served::Taken(0, Vec::new()),
+        }
     }
 
     /// Merges the counter a previous owner handed over into this node's.
@@ -429,7 +472,7 @@ impl OwnerStore {
         hits: &[Hit<'_>],
         idx: &[(usize, Relay)],
     ) -> Result<Vec<Served>, PeerError> {
-        let client = members.clients[to]
+        let client = members.relay_clients[to]
             .as_ref()
             .ok_or(PeerError::NoClient("no client for the peer"))?;
         let wire = idx
@@ -523,6 +566,21 @@ impl OwnerStore {
         }
         Ok(())
     }
+}
+
+/// A charge of `hit` refused without counting it anywhere: what a fixed window of 0 answers
+/// in the limit's window (its time to reset: to the window's end, a bound for a bucket too).
+fn refused(hit: &Hit<'_>, now: Timestamp) -> Decision {
+    let none = Quota {
+        requests_per_unit: 0,
+        algorithm: crate::limiter::Algorithm::FixedWindow,
+        burst: None,
+        ..hit.quota
+    };
+    let (mut d, _) = crate::limiter::counter::decide(&none, 0, now, hit.hits.max(1));
+    d.over = true;
+    d.remaining = 0;
+    d
 }
 
 /// A previous owner's answer to a relayed hit: the counter it hands over, or (applied there,
@@ -820,6 +878,11 @@ impl ClusterStore {
             if pending.is_empty() {
                 break;
             }
+            if round == 1 && !members.has_quorum() {
+                self.decide_alone(members, now, hits, &pending, op, &mut decisions)
+                    .await?;
+                break;
+            }
             let groups = by_owner(members, hits, pending);
             let calls = groups.iter().map(|(owner, idx)| {
                 let mine: Vec<Hit<'_>> = idx.iter().map(|&i| hits[i]).collect();
@@ -836,6 +899,32 @@ impl ClusterStore {
         }
         if op.answers() {
             out.extend(decisions.into_iter().flatten());
+        }
+        Ok(())
+    }
+
+    /// The hits at `pending`, whose owners failed in the first round and left this node
+    /// without a majority (the peers it marked down then, and before): decided alone, within
+    /// the safe capacity, as every later hit is until a peer answers again. Their next owner
+    /// would be this node, standing in with the whole limit, which a node on the small side
+    /// of a partition must not do (the majority side takes the keys over); under load it is
+    /// also what a node of the majority side that missed the owner's deadline would do.
+    async fn decide_alone(
+        &self,
+        members: &Members,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        pending: &[usize],
+        op: Op,
+        decisions: &mut [Option<Decision>],
+    ) -> Result<(), StoreError> {
+        let alone: Vec<Hit<'_>> = pending.iter().map(|&i| hits[i]).collect();
+        let mut decided = Vec::with_capacity(alone.len());
+        self.route_minority(members, now, &alone, op, &mut decided)
+            .await?;
+        let mut decided = decided.into_iter();
+        for &i in pending {
+            decisions[i] = Some(decided.next().unwrap_or(UNANSWERED));
         }
         Ok(())
     }
