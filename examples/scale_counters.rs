@@ -8,11 +8,13 @@
 //! in nanoseconds, the clock's own cost included (about 20 ns here); then the same while
 //! another thread sweeps the store in a loop, as SLUICE_SWEEP_INTERVAL_SECS's task does. Then
 //! the sweeper's pass over the N counters when none has expired (its cost every
-//! SLUICE_SWEEP_INTERVAL_SECS, 10 s by default, as a share of one core), and the pass when all
-//! have (the pass that frees them), timing meanwhile decisions on 10,000 live counters of the
-//! same table: a decision waits while the sweeper holds its shard, so the longest of them
-//! bounds the longest hold from above (with the scheduler's own pauses). Prints one JSON line
-//! on stdout and exits 1 when a counter is missing or a pass removes the wrong number.
+//! SLUICE_SWEEP_INTERVAL_SECS, 10 s by default, as a share of one core: its time on the
+//! thread's CPU clock, which a shared machine does not stretch), and the pass when all have
+//! (the pass that frees them), timing meanwhile decisions on 10,000 live counters of the same
+//! table: a decision waits while the sweeper holds its shard, so the longest of them bounds
+//! the longest hold from above (with the scheduler's own pauses). Each pass is timed on the
+//! clock and on the CPU. Prints one JSON line on stdout and exits 1 when a counter is missing
+//! or a pass removes the wrong number.
 //!
 //! ```sh
 //! cargo run --release --example scale_counters -- 1000000
@@ -152,6 +154,31 @@ impl Sample<'_> {
     }
 }
 
+/// The time a sweep pass took: on the clock, and on the CPU (the sweeping thread's own run
+/// time, which other programs on a shared machine do not stretch).
+#[derive(Clone, Copy)]
+struct Pass {
+    wall_ms: f64,
+    cpu_ms: f64,
+}
+
+/// This thread's time on a CPU so far (ns).
+fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Runs `f` (on this thread) and times it.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Pass) {
+    let (t, cpu) = (Instant::now(), thread_cpu_ns());
+    let out = f();
+    let pass = Pass {
+        wall_ms: t.elapsed().as_secs_f64() * 1e3,
+        cpu_ms: thread_cpu_ns().saturating_sub(cpu) as f64 / 1e6,
+    };
+    (out, pass)
+}
+
 /// Counters made while a pass frees the others: decisions on them share the freed counters'
 /// table and shards.
 const PROBES: u64 = 10_000;
@@ -183,22 +210,25 @@ fn main() {
     let alone = Latency::of(&mut all.time(|done| done < samples));
     let (sweeping, passes) = while_sweeping(&all, samples);
     // Nothing has expired a second later: the pass walks every counter and keeps it.
-    let t = Instant::now();
-    assert_eq!(store.sweep(Timestamp::from_secs(1_700_000_041)), 0);
-    let keep_ms = t.elapsed().as_secs_f64() * 1e3;
+    let (removed, keep) = timed(|| store.sweep(Timestamp::from_secs(1_700_000_041)));
+    assert_eq!(removed, 0);
     // Two windows later everything has.
-    let (freeing, free_ms) = while_freeing(&store, n, Timestamp::from_secs(1_700_000_200));
-    let core_share = keep_ms / 1e3 / 10.0;
+    let (freeing, free) = while_freeing(&store, n, Timestamp::from_secs(1_700_000_200));
+    let core_share = keep.cpu_ms / 1e3 / 10.0;
     eprintln!(
         "scale_counters: {n} counters in {fill_s:.1} s, {:.1} bytes each (key included); \
          decision p50 {} ns, p99 {} ns; while sweeping ({passes} passes) p99 {} ns, max {} ns; \
-         a sweep keeping all {keep_ms:.1} ms ({core_share:.4} of a core every 10 s), freeing \
-         all {free_ms:.1} ms, meanwhile p99 {} ns, p99.9 {} ns, max {} ns",
+         a sweep keeping all {:.1} ms ({:.1} ms CPU: {core_share:.4} of a core every 10 s), \
+         freeing all {:.1} ms ({:.1} ms CPU), meanwhile p99 {} ns, p99.9 {} ns, max {} ns",
         rss as f64 / n as f64,
         alone.p50,
         alone.p99,
         sweeping.p99,
         sweeping.max,
+        keep.wall_ms,
+        keep.cpu_ms,
+        free.wall_ms,
+        free.cpu_ms,
         freeing.p99,
         freeing.p999,
         freeing.max,
@@ -206,11 +236,16 @@ fn main() {
     println!(
         "{{\"curve\":\"counters\",\"n\":{n},\"rss_bytes\":{rss},\"bytes_per_counter\":{:.1},\
          \"fill_s\":{fill_s:.2},{},{},\"sweeping_passes\":{passes},\
-         \"sweep_keep_ms\":{keep_ms:.2},\"sweep_free_ms\":{free_ms:.2},{},\
+         \"sweep_keep_ms\":{:.2},\"sweep_keep_cpu_ms\":{:.2},\"sweep_free_ms\":{:.2},\
+         \"sweep_free_cpu_ms\":{:.2},{},\
          \"sweeper_core_share\":{core_share:.6}}}",
         rss as f64 / n as f64,
         alone.json("decision"),
         sweeping.json("sweeping"),
+        keep.wall_ms,
+        keep.cpu_ms,
+        free.wall_ms,
+        free.cpu_ms,
         freeing.json("freeing"),
     );
 }
@@ -236,9 +271,9 @@ fn while_sweeping(all: &Sample<'_>, samples: usize) -> (Latency, u64) {
     })
 }
 
-/// The pass at `later` that frees all `n` counters (ms), and the latency meanwhile of
+/// The pass at `later` that frees all `n` counters, and the latency meanwhile of
 /// decisions on [`PROBES`] live counters of the same table (so of the same shards).
-fn while_freeing(store: &MemoryStore, n: u64, later: Timestamp) -> (Latency, f64) {
+fn while_freeing(store: &MemoryStore, n: u64, later: Timestamp) -> (Latency, Pass) {
     let probes = Sample {
         store,
         first: n,
@@ -250,20 +285,18 @@ fn while_freeing(store: &MemoryStore, n: u64, later: Timestamp) -> (Latency, f64
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let sweeper = s.spawn(|| {
-            let t = Instant::now();
-            let removed = store.sweep(later);
-            let free_ms = t.elapsed().as_secs_f64() * 1e3;
+            let (removed, pass) = timed(|| store.sweep(later));
             done.store(true, Ordering::Relaxed);
             assert_eq!(removed as u64, n, "the pass frees every expired counter");
-            free_ms
+            pass
         });
         let mut took = probes.time(|_| !done.load(Ordering::Relaxed));
-        let free_ms = sweeper.join().expect("the sweeper thread");
+        let free = sweeper.join().expect("the sweeper thread");
         assert_eq!(
             store.live_counters() as u64,
             PROBES,
             "the live counters stay"
         );
-        (Latency::of(&mut took), free_ms)
+        (Latency::of(&mut took), free)
     })
 }
