@@ -85,7 +85,9 @@ impl Latency {
     /// The distribution of `took`, sorted in place.
     fn of(took: &mut [u64]) -> Self {
         took.sort_unstable();
-        let at = |p: f64| took[((took.len() - 1) as f64 * p) as usize];
+        // No sample (none was timed): all 0.
+        let at = |p: f64| took.get((took.len().saturating_sub(1) as f64 * p) as usize);
+        let at = |p| at(p).copied().unwrap_or(0);
         Latency {
             p50: at(0.50),
             p99: at(0.99),
@@ -294,15 +296,23 @@ fn while_freeing(store: &MemoryStore, n: u64, later: Timestamp) -> (Latency, Pas
         now: later,
     };
     probes.fill();
-    let done = AtomicBool::new(false);
+    let (started, done) = (AtomicBool::new(false), AtomicBool::new(false));
     std::thread::scope(|s| {
         let sweeper = s.spawn(|| {
+            // From the first decision on, so that a short pass does not end before it.
+            while !started.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
             let (removed, pass) = timed(|| store.sweep(later));
             done.store(true, Ordering::Relaxed);
             assert_eq!(removed as u64, n, "the pass frees every expired counter");
             pass
         });
-        let mut took = probes.time(MOST_WHILE_FREEING, || !done.load(Ordering::Relaxed));
+        let more = || {
+            started.store(true, Ordering::Relaxed);
+            !done.load(Ordering::Relaxed)
+        };
+        let mut took = probes.time(MOST_WHILE_FREEING, more);
         let free = sweeper.join().expect("the sweeper thread");
         assert_eq!(
             store.live_counters() as u64,
