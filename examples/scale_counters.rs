@@ -13,8 +13,10 @@
 //! (the pass that frees them), timing meanwhile decisions on 10,000 live counters of the same
 //! table: a decision waits while the sweeper holds its shard, so their tail bounds the holds
 //! from above (with the scheduler's own pauses). Each pass is timed on the clock and on the
-//! CPU. Prints one JSON line on stdout and exits 1 when a counter is missing
-//! or a pass removes the wrong number.
+//! CPU, and the store times its holds of the shards' locks ([`MemoryStore::sweep_timed`]):
+//! the longest write hold is the longest a decision on a live counter can wait for it. Prints
+//! one JSON line on stdout and exits 1 when a counter is missing or a pass removes the wrong
+//! number.
 //!
 //! ```sh
 //! cargo run --release --example scale_counters -- 1000000
@@ -29,7 +31,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice::clock::Timestamp;
+use sluice::clock::{SystemClock, Timestamp};
 use sluice::limiter::{Decision, Quota, Unit};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 
@@ -161,28 +163,63 @@ impl Sample<'_> {
 }
 
 /// The time a sweep pass took: on the clock, and on the CPU (the sweeping thread's own run
-/// time, which other programs on a shared machine do not stretch).
+/// time, which other programs on a shared machine do not stretch); and how it held the shards'
+/// locks, where the store times that ([`MemoryStore::sweep_timed`]).
 #[derive(Clone, Copy)]
 struct Pass {
+    removed: usize,
     wall_ms: f64,
     cpu_ms: f64,
+    /// Write locks taken, the longest write hold and the longest read hold (ns).
+    holds: Option<(u64, u64, u64)>,
+}
+
+impl Pass {
+    /// Its JSON fields, named `sweep_<name>_ms` and so on (null where not timed).
+    fn json(&self, name: &str) -> String {
+        let holds = self.holds.map_or(
+            ["null".to_owned(), "null".to_owned(), "null".to_owned()],
+            |h| [h.0.to_string(), h.1.to_string(), h.2.to_string()],
+        );
+        format!(
+            "\"sweep_{name}_ms\":{:.2},\"sweep_{name}_cpu_ms\":{:.2},\"sweep_{name}_write_holds\":{},\
+             \"sweep_{name}_write_hold_ns\":{},\"sweep_{name}_read_hold_ns\":{}",
+            self.wall_ms, self.cpu_ms, holds[0], holds[1], holds[2]
+        )
+    }
+
+    fn text(&self) -> String {
+        let holds = self.holds.map_or(String::new(), |h| {
+            format!(
+                ", write locks {} held at most {} ns, read locks at most {} ns",
+                h.0, h.1, h.2
+            )
+        });
+        format!("{:.1} ms ({:.1} ms CPU{holds})", self.wall_ms, self.cpu_ms)
+    }
+}
+
+/// One sweep pass at `now`, timed, its holds of the shards' locks timed on the system clock.
+fn pass(store: &MemoryStore, now: Timestamp) -> Pass {
+    let t = Instant::now();
+    let cpu = thread_cpu_ns();
+    let report = store.sweep_timed(now, &SystemClock);
+    Pass {
+        removed: report.removed,
+        wall_ms: t.elapsed().as_secs_f64() * 1e3,
+        cpu_ms: thread_cpu_ns().saturating_sub(cpu) as f64 / 1e6,
+        holds: Some((
+            report.write_holds,
+            report.longest_write_hold_ns,
+            report.longest_read_hold_ns,
+        )),
+    }
 }
 
 /// This thread's time on a CPU so far (ns).
 fn thread_cpu_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
-}
-
-/// Runs `f` (on this thread) and times it.
-fn timed<T>(f: impl FnOnce() -> T) -> (T, Pass) {
-    let (t, cpu) = (Instant::now(), thread_cpu_ns());
-    let out = f();
-    let pass = Pass {
-        wall_ms: t.elapsed().as_secs_f64() * 1e3,
-        cpu_ms: thread_cpu_ns().saturating_sub(cpu) as f64 / 1e6,
-    };
-    (out, pass)
 }
 
 /// At most this many decisions are timed while a pass frees counters: room for 512 MiB of
@@ -221,26 +258,23 @@ fn main() {
     let alone = Latency::of(&mut all.time(samples, || true));
     let (sweeping, passes) = while_sweeping(&all, samples);
     // Nothing has expired a second later: the pass walks every counter and keeps it.
-    let (removed, keep) = timed(|| store.sweep(Timestamp::from_secs(1_700_000_041)));
-    assert_eq!(removed, 0);
+    let keep = pass(&store, Timestamp::from_secs(1_700_000_041));
+    assert_eq!(keep.removed, 0);
     // Two windows later everything has.
     let (freeing, free) = while_freeing(&store, n, Timestamp::from_secs(1_700_000_200));
     let core_share = keep.cpu_ms / 1e3 / 10.0;
     eprintln!(
         "scale_counters: {n} counters in {fill_s:.1} s, {:.1} bytes each (key included); \
          decision p50 {} ns, p99 {} ns; while sweeping ({passes} passes) p99 {} ns, max {} ns; \
-         a sweep keeping all {:.1} ms ({:.1} ms CPU: {core_share:.4} of a core every 10 s), \
-         freeing all {:.1} ms ({:.1} ms CPU), meanwhile ({} decisions) p99 {} ns, p99.9 {} ns, \
-         p99.99 {} ns, max {} ns",
+         a sweep keeping all {} ({core_share:.4} of a core every 10 s); freeing all {}, \
+         meanwhile ({} decisions) p99 {} ns, p99.9 {} ns, p99.99 {} ns, max {} ns",
         rss as f64 / n as f64,
         alone.p50,
         alone.p99,
         sweeping.p99,
         sweeping.max,
-        keep.wall_ms,
-        keep.cpu_ms,
-        free.wall_ms,
-        free.cpu_ms,
+        keep.text(),
+        free.text(),
         freeing.samples,
         freeing.p99,
         freeing.p999,
@@ -249,17 +283,13 @@ fn main() {
     );
     println!(
         "{{\"curve\":\"counters\",\"n\":{n},\"rss_bytes\":{rss},\"bytes_per_counter\":{:.1},\
-         \"fill_s\":{fill_s:.2},{},{},\"sweeping_passes\":{passes},\
-         \"sweep_keep_ms\":{:.2},\"sweep_keep_cpu_ms\":{:.2},\"sweep_free_ms\":{:.2},\
-         \"sweep_free_cpu_ms\":{:.2},{},\
+         \"fill_s\":{fill_s:.2},{},{},\"sweeping_passes\":{passes},{},{},{},\
          \"sweeper_core_share\":{core_share:.6}}}",
         rss as f64 / n as f64,
         alone.json("decision"),
         sweeping.json("sweeping"),
-        keep.wall_ms,
-        keep.cpu_ms,
-        free.wall_ms,
-        free.cpu_ms,
+        keep.json("keep"),
+        free.json("free"),
         freeing.json("freeing"),
     );
 }
@@ -303,10 +333,13 @@ fn while_freeing(store: &MemoryStore, n: u64, later: Timestamp) -> (Latency, Pas
             while !started.load(Ordering::Relaxed) {
                 std::hint::spin_loop();
             }
-            let (removed, pass) = timed(|| store.sweep(later));
+            let free = pass(store, later);
             done.store(true, Ordering::Relaxed);
-            assert_eq!(removed as u64, n, "the pass frees every expired counter");
-            pass
+            assert_eq!(
+                free.removed as u64, n,
+                "the pass frees every expired counter"
+            );
+            free
         });
         let more = || {
             started.store(true, Ordering::Relaxed);

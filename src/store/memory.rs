@@ -43,7 +43,7 @@ mod slots;
 mod table;
 
 pub use slots::SLOT_BYTES;
-use table::Table;
+use table::{Holds, Table};
 
 /// Shards per table for each thread the machine runs (a power of two). Every access takes its
 /// shard's lock word, an atomic write, so two cores working on keys of one shard move that cache
@@ -220,6 +220,18 @@ fn charge<W: StateWord, T>(word: &W, step: impl Fn(W::Raw) -> (T, W::Raw)) -> T 
     }
 }
 
+/// What a timed sweep pass did ([`MemoryStore::sweep_timed`]): the longest it held a shard's
+/// lock, the write lock (decisions on that shard wait) and the read lock (only new counters
+/// wait).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub removed: usize,
+    /// Write locks taken: one per slice of a shard with counters to remove.
+    pub write_holds: u64,
+    pub longest_write_hold_ns: u64,
+    pub longest_read_hold_ns: u64,
+}
+
 /// Counters of what the store did, for telemetry.
 #[derive(Debug, Default)]
 pub struct MemoryStats {
@@ -330,7 +342,8 @@ impl MemoryStore {
                 let now = clock.now();
                 // A pass walks every counter (0.1 s at 10^7, docs/benchmarks.md): on a blocking
                 // thread, not on a runtime worker, whose queued tasks would wait for it.
-                let _ = tokio::task::spawn_blocking(move || inner.sweep(now)).await;
+                let sweep = move || inner.sweep(now, &mut Holds::default());
+                let _ = tokio::task::spawn_blocking(sweep).await;
             }
         }));
         store
@@ -338,7 +351,20 @@ impl MemoryStore {
 
     /// Removes every counter that no longer holds anything at `now`; returns how many.
     pub fn sweep(&self, now: Timestamp) -> usize {
-        self.inner.sweep(now)
+        self.inner.sweep(now, &mut Holds::default())
+    }
+
+    /// [`MemoryStore::sweep`], timing on `clock` each hold of a shard's lock (benchmarks: two
+    /// clock reads per hold).
+    pub fn sweep_timed(&self, now: Timestamp, clock: &dyn Clock) -> SweepReport {
+        let mut holds = Holds::timed(clock);
+        let removed = self.inner.sweep(now, &mut holds);
+        SweepReport {
+            removed,
+            write_holds: holds.writes,
+            longest_write_hold_ns: holds.longest_write_ns,
+            longest_read_hold_ns: holds.longest_read_ns,
+        }
     }
 
     /// Live counters right now.
@@ -620,14 +646,15 @@ impl Inner {
         self.bytes.fetch_sub(room.bytes, Ordering::Relaxed);
     }
 
-    fn sweep(&self, now: Timestamp) -> usize {
+    fn sweep(&self, now: Timestamp, holds: &mut Holds<'_>) -> usize {
         let mut removed = Room::default();
         // Every kind once: the bucket kind is the buckets' one table.
         for kind in self.kinds() {
-            let gone = with_table!(self, kind, |table| sweep(table, |s| kind.is_stale(s, now)));
+            let stale = |s| kind.is_stale(s, now);
+            let gone = with_table!(self, kind, |table| sweep(table, stale, holds));
             removed = removed.add(gone);
         }
-        removed = removed.add(self.slots.sweep(now));
+        removed = removed.add(self.slots.sweep(now, holds));
         self.release(removed);
         self.stats
             .swept
@@ -665,11 +692,16 @@ fn take(total: &AtomicUsize, n: usize, max: usize) -> bool {
 }
 
 /// Removes the counters whose (widened) state is `stale`; returns the room they took.
-fn sweep<W: StateWord>(table: &Table<W>, stale: impl Fn(u128) -> bool) -> Room {
+fn sweep<W: StateWord>(
+    table: &Table<W>,
+    stale: impl Fn(u128) -> bool,
+    holds: &mut Holds<'_>,
+) -> Room {
     let mut removed = Room::default();
     table.sweep(
         |w| stale(W::widen(w.load())),
         |key, _| removed = removed.add(Room::of(key)),
+        holds,
     );
     removed
 }
@@ -913,6 +945,34 @@ mod tests {
             bytes,
             "the room freed is the room taken"
         );
+    }
+
+    /// A clock that moves 1 µs each time it is read.
+    struct Ticking(AtomicU64);
+
+    impl Clock for Ticking {
+        fn now_nanos(&self) -> u64 {
+            self.0.fetch_add(1_000, Ordering::Relaxed)
+        }
+    }
+
+    /// A timed pass times each hold of a lock on its own (two reads of the clock, so 1 µs on
+    /// this clock), not the pass, and takes a write lock only where it removes counters.
+    #[test]
+    fn a_timed_sweep_times_each_hold_and_write_locks_only_to_remove() {
+        let store = MemoryStore::new(10_000);
+        let keys: Vec<String> = (0..5_000).map(|i| format!("k{i}")).collect();
+        let hits: Vec<Hit<'_>> = keys.iter().map(|k| hit(k, 5, 1)).collect();
+        apply(&store, 1234, &hits).unwrap();
+        let clock = Ticking(AtomicU64::new(0));
+        let kept = store.sweep_timed(Timestamp::from_secs(1235), &clock);
+        assert_eq!((kept.removed, kept.write_holds), (0, 0));
+        assert_eq!(kept.longest_read_hold_ns, 1_000);
+        let freed = store.sweep_timed(Timestamp::from_secs(1300), &clock);
+        assert_eq!(freed.removed, 5_000);
+        assert!(freed.write_holds > 0);
+        assert_eq!(freed.longest_write_hold_ns, 1_000);
+        assert_eq!(store.sweep(Timestamp::from_secs(1300)), 0);
     }
 
     /// nginx's excess of a leaky bucket's last request lasts one emission interval past the

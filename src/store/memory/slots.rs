@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use dashmap::DashMap;
 
+use super::table::Holds;
 use super::{COUNTER_OVERHEAD_BYTES, Room, Table, shared_table};
 use crate::clock::Timestamp;
 use crate::limiter::concurrency::Slots;
@@ -120,12 +121,13 @@ impl SlotTables {
     }
 
     /// Drops the counters that hold nothing at `now`; the room they took.
-    pub(super) fn sweep(&self, now: Timestamp) -> Room {
+    pub(super) fn sweep(&self, now: Timestamp, holds: &mut Holds<'_>) -> Room {
         let mut removed = Room::default();
         for table in self.tables.iter() {
             table.sweep(
                 |c| c.step(|s| s.is_stale(now.micros())),
                 |_, c| removed = removed.add(counted(c)),
+                holds,
             );
         }
         removed

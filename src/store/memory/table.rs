@@ -26,6 +26,8 @@ use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
+use crate::clock::Clock;
+
 /// Buckets a sweep inspects per lock it takes. A write lock over a slice of 1,024 buckets held
 /// decisions beside it up to tens of microseconds at 10^7 counters (docs/benchmarks.md, "A
 /// sweeper without stalls").
@@ -33,6 +35,39 @@ pub(super) const SLICE: usize = 1024;
 
 /// How many times a pass starts a shard again after inserts moved its entries.
 const MAX_RESTARTS: u32 = 4;
+
+/// How long a sweep held shards' locks, timed on a clock if it has one (benchmarks: two clock
+/// reads a hold); without one it reads no clock and records nothing.
+#[derive(Default)]
+pub(super) struct Holds<'a> {
+    clock: Option<&'a dyn Clock>,
+    /// Write locks taken, each for a slice with entries to remove.
+    pub(super) writes: u64,
+    pub(super) longest_write_ns: u64,
+    pub(super) longest_read_ns: u64,
+}
+
+impl<'a> Holds<'a> {
+    pub(super) fn timed(clock: &'a dyn Clock) -> Self {
+        Holds {
+            clock: Some(clock),
+            ..Holds::default()
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.map_or(0, |c| c.now_nanos())
+    }
+
+    fn read_held(&mut self, since: u64) {
+        self.longest_read_ns = self.longest_read_ns.max(self.now().saturating_sub(since));
+    }
+
+    fn write_held(&mut self, since: u64) {
+        self.writes += 1;
+        self.longest_write_ns = self.longest_write_ns.max(self.now().saturating_sub(since));
+    }
+}
 
 /// A shard's entries and how many times an insert may have moved them.
 struct Shard<V> {
@@ -159,14 +194,19 @@ impl<V> Table<V> {
 
     /// Removes every entry for which `stale` holds, a slice of a shard at a time (module
     /// docs); `gone` sees each one removed, after its shard's lock is released, before it is
-    /// freed.
-    pub(super) fn sweep(&self, stale: impl Fn(&V) -> bool, mut gone: impl FnMut(&str, &V)) {
+    /// freed. The locks' holds are timed into `holds`.
+    pub(super) fn sweep(
+        &self,
+        stale: impl Fn(&V) -> bool,
+        mut gone: impl FnMut(&str, &V),
+        holds: &mut Holds<'_>,
+    ) {
         let mut scratch = Scratch {
             stale_at: Vec::new(),
             garbage: Vec::new(),
         };
         for shard in &self.shards {
-            sweep_shard(&shard.0, &stale, &mut scratch, &mut gone);
+            sweep_shard(&shard.0, &stale, &mut scratch, &mut gone, holds);
         }
     }
 }
@@ -185,6 +225,7 @@ fn sweep_shard<V>(
     stale: &impl Fn(&V) -> bool,
     scratch: &mut Scratch<V>,
     gone: &mut impl FnMut(&str, &V),
+    holds: &mut Holds<'_>,
 ) {
     let mut at = 0;
     let mut moves = read(shard).moves;
@@ -192,6 +233,7 @@ fn sweep_shard<V>(
     loop {
         let (end, buckets) = {
             let s = read(shard);
+            let since = holds.now();
             if s.moves != moves && restarts < MAX_RESTARTS {
                 // Entries moved since the last slice: some may now sit behind `at`.
                 (moves, at, restarts) = (s.moves, 0, restarts + 1);
@@ -201,10 +243,12 @@ fn sweep_shard<V>(
             scratch
                 .stale_at
                 .extend(occupied(&s.table, at..end).filter(is_stale));
+            holds.read_held(since);
             (end, s.table.num_buckets())
         };
         if !scratch.stale_at.is_empty() {
             let mut s = write(shard);
+            let since = holds.now();
             // Looked at again under the write lock: a decision may have revived one meanwhile,
             // or an insert moved another entry into its bucket.
             for i in scratch.stale_at.drain(..) {
@@ -214,6 +258,7 @@ fn sweep_shard<V>(
                     scratch.garbage.push(e.remove().0);
                 }
             }
+            holds.write_held(since);
         }
         // Freed here, the lock released: freeing the keys was most of what a shard's walk cost.
         for (key, value) in scratch.garbage.drain(..) {
@@ -319,6 +364,7 @@ mod tests {
                 under_lock.set(0);
                 freed.set(freed.get() + 1);
             },
+            &mut Holds::default(),
         );
         assert_eq!(freed.get(), 10_000);
         assert_eq!(table.len(), 0);
@@ -406,13 +452,14 @@ mod tests {
                 .filter(|k| k.key()[1..].parse::<u64>().unwrap() % 2 == 0)
                 .count();
         let (grown, next) = (std::cell::RefCell::new(Vec::new()), Cell::new(0));
-        table.sweep(stale, |key, _| {
+        let grow = |key: &str, _: &AtomicU64| {
             let shard: *const _ = shard_of(&table, key);
             if !grown.borrow().contains(&shard) {
                 grown.borrow_mut().push(shard);
                 grow_shard_of(&table, key, &next);
             }
-        });
+        };
+        table.sweep(stale, grow, &mut Holds::default());
         assert_eq!(grown.borrow().len(), 16, "every shard grew under the sweep");
         let missed: Vec<String> = (0..made)
             .step_by(2)
@@ -455,7 +502,7 @@ mod tests {
                         table.with_or_insert(&key, |_| (), || Ok::<_, ()>((AtomicU64::new(1), ())));
                 }
             });
-            table.sweep(stale, |_, _| ());
+            table.sweep(stale, |_, _| (), &mut Holds::default());
             reviver.join().expect("the reviver")
         });
         for i in 0..40_000u32 {
