@@ -8,7 +8,7 @@
 #   counters  examples/scale_counters.rs: 10^4 to 10^7 live counters in the memory store
 #   config    examples/scale_config.rs: 10 to 10^5 descriptors in one domain, flat, nested and
 #             with wildcards
-#   rlqs      examples/scale_rlqs.rs: 1 to 1,000 Envoy streams (simulated clients over real
+#   rlqs      examples/scale_rlqs.rs: 1 to 10,000 Envoy streams (simulated clients over real
 #             sockets) against a real `sluice` process
 #   lease     examples/scale_lease.rs: 10^3 to 10^6 held keys per node, one renewal round
 #
@@ -27,7 +27,7 @@ bench_defaults
 CURVES=${SCALE_CURVES:-counters config rlqs lease}
 COUNTERS=${SCALE_COUNTERS:-10000 100000 1000000 10000000}
 DESCRIPTORS=${SCALE_DESCRIPTORS:-10 100 1000 10000 100000}
-STREAMS=${SCALE_STREAMS:-1 10 100 1000}
+STREAMS=${SCALE_STREAMS:-1 10 100 1000 5000 10000}
 HELD=${SCALE_HELD:-1000 10000 100000 1000000}
 RUNS="$OUT/scale.jsonl"
 

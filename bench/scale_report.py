@@ -5,8 +5,9 @@
 
 Writes OUT_DIR/scale.md (one table per curve) and OUT_DIR/scale-<curve>.svg (panels on log-log
 axes, one per cost, against the work: counters, descriptors, streams, held keys). Standard
-library only. Each run is one JSON line with "curve" and "n" (and "shape" for config); a later
-line for the same curve, shape and n replaces an earlier one.
+library only. Each run is one JSON line with "curve" and "n" (and "shape" for config, or for an
+earlier version's runs kept beside the current ones, plotted as their own series); a later line
+for the same curve, shape and n replaces an earlier one.
 """
 import json
 import math
@@ -103,7 +104,7 @@ def table(curve, spec, rows):
     head = (["shape"] if shaped else []) + [spec["work"]] + [c[1] for c in spec["columns"]]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = ([r["shape"]] if shaped else []) + [f"{r['n']:,}"]
+        cells = ([r.get("shape") or "now"] if shaped else []) + [f"{r['n']:,}"]
         cells += [c[2].format(r[c[0]]) if r.get(c[0]) is not None else "-" for c in spec["columns"]]
         out.append("| " + " | ".join(cells) + " |")
     return out
@@ -117,7 +118,12 @@ def series(curve, spec, rows):
             shapes = sorted({r["shape"] for r in rows})
             lines = [(s, [(r["n"], r[what]) for r in rows if r["shape"] == s]) for s in shapes]
         else:
-            lines = [(label, [(r["n"], r[key]) for r in rows if r.get(key)]) for label, key in what]
+            # A shaped run of a curve without shapes is an earlier version kept for comparison
+            # (rlqs "before": issue 50's per-report split): its own series, labelled so.
+            shapes = sorted({r.get("shape", "") for r in rows})
+            lines = [(f"{label} ({s})" if s else label,
+                      [(r["n"], r[key]) for r in rows if r.get(key) and r.get("shape", "") == s])
+                     for s in shapes for label, key in what]
         panels.append((title, [(l, [p for p in pts if p[1] and p[1] > 0]) for l, pts in lines]))
     return panels
 

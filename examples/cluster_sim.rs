@@ -9,6 +9,7 @@
 //! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
 //! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
 //! cargo run --release --example cluster_sim -- --only regions # one limit across regions ([`regions`])
+//! cargo run --release --example cluster_sim -- --only keys    # 10^4 against 10^6 keys (issue 49)
 //! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
@@ -42,7 +43,7 @@
 //!   on every node, driven as `src/cluster/lease_driver.rs` drives them.
 //! - **global**: gubernator's GLOBAL behaviour ([`global`]), for comparison.
 //!
-//! Traffic: Poisson arrivals over 10,000 keys with Zipf(1.1) popularity; limits of 10, 100 or
+//! Traffic: Poisson arrivals over 10,000 keys (`--only keys`: 10^6 too) with Zipf(1.1) popularity; limits of 10, 100 or
 //! 1,000 per second by key rank (or 600, 6,000 and 60,000 per minute), so a few dozen hot keys
 //! are over their limit. Each key has several clients (more for hotter keys). Two spreads over
 //! the nodes: `pinned`, each client keeps one long-lived gRPC connection to one node (as Envoy
@@ -180,6 +181,8 @@ struct Params {
     /// Lease mode: SLUICE_LEASE_RENEW_MS and SLUICE_LEASE_DURATION_MS, in microseconds.
     renew_us: u64,
     lease_us: u64,
+    /// Lease mode: SLUICE_LEASE_MAX_BYTES, each of a node's two tables.
+    lease_max_bytes: usize,
     /// Lease mode: changes to the lease logic under study ([`Variant`]), as bits.
     variants: u8,
     /// Print every whole window admitting more than 1.05 times its limit (to stderr).
@@ -210,6 +213,7 @@ impl Params {
             seed,
             renew_us: 100_000,
             lease_us: 1_000_000,
+            lease_max_bytes: sluice::cluster::lease::LeaseTiming::DEFAULT.max_bytes,
             variants: 0,
             worst: false,
         }
@@ -234,7 +238,12 @@ struct Workload {
 
 impl Workload {
     fn new(rate: f64, unit: Unit) -> Self {
-        let weights: Vec<f64> = (1..=KEYS).map(|r| (r as f64).powf(-ZIPF_S)).collect();
+        Self::zipf(KEYS, ZIPF_S, rate, unit)
+    }
+
+    /// `keys` keys with Zipf(`s`) popularity (the main tables: [`KEYS`], [`ZIPF_S`]).
+    fn zipf(keys: usize, s: f64, rate: f64, unit: Unit) -> Self {
+        let weights: Vec<f64> = (1..=keys).map(|r| (r as f64).powf(-s)).collect();
         let total: f64 = weights.iter().sum();
         let mut acc = 0.0;
         let cdf = weights
@@ -245,8 +254,8 @@ impl Workload {
             })
             .collect();
         let per = unit.secs() as u32;
-        let limits = (0..KEYS).map(|r| [10, 100, 1000][r % 3] * per).collect();
-        let names: Vec<String> = (0..KEYS).map(|r| format!("api_key_client{r}_")).collect();
+        let limits = (0..keys).map(|r| [10, 100, 1000][r % 3] * per).collect();
+        let names: Vec<String> = (0..keys).map(|r| format!("api_key_client{r}_")).collect();
         let hashes = names.iter().map(|n| key_hash(n)).collect();
         // One client per 25 requests/s of the key's expected rate, 1 to 16.
         let clients = weights
@@ -280,7 +289,7 @@ impl Workload {
 
     fn sample(&self, rng: &mut Rng) -> usize {
         let u = rng.unit();
-        self.cdf.partition_point(|&c| c < u).min(KEYS - 1)
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
     }
 
     fn quota(&self, key: usize) -> Quota {
@@ -504,6 +513,12 @@ struct Outcome {
     /// least their limit.
     steady_acquires: [u64; 2],
     acquired_admitted: u64,
+    /// Lease mode: keys carried by renewal rounds (asks, whatever the calls), and the keys
+    /// each node held at its renewal ticks (sum over ticks, ticks, the most at one).
+    renewed_keys: u64,
+    held_sum: u64,
+    held_ticks: u64,
+    held_max: u64,
     /// Steady-phase windows' admitted / limit by limit (10, 100, 1000 per unit).
     class_ratios: [Vec<f64>; 3],
 }

@@ -460,18 +460,25 @@ fn the_near_limit_alert_fires_for_the_hot_tenant_only(port: u16) {
     assert!(u[0].1 > 0.9 && u[1].1 < 0.01, "{u:?}");
 }
 
-/// The gauges of `key1` in Prometheus now: (limit, window seconds) per instance.
+/// The gauges of the tenant `key1` (the limit `d.<key1>`) in Prometheus now, per instance:
+/// (its series' limit gauge, its limit's window gauge), each list sorted.
 fn limit_gauges(port: u16, key1: &str) -> Vec<(f64, f64)> {
-    let values = |name: &str| -> Vec<f64> {
-        query(port, &format!("{name}{{key1=\"{key1}\"}}"))
+    let values = |expr: String| -> Vec<f64> {
+        let mut v: Vec<f64> = query(port, &expr)
             .iter()
             .filter_map(|r| r["value"][1].as_str().and_then(|v| v.parse().ok()))
-            .collect()
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
     };
-    values("ratelimit_service_rate_limit_limit")
-        .into_iter()
-        .zip(values("sluice_rate_limit_window_seconds"))
-        .collect()
+    values(format!(
+        "ratelimit_service_rate_limit_limit{{key1=\"{key1}\",limit=\"d.{key1}\"}}"
+    ))
+    .into_iter()
+    .zip(values(format!(
+        "sluice_rate_limit_window_seconds{{limit=\"d.{key1}\"}}"
+    )))
+    .collect()
 }
 
 /// The concurrency limits' starts never sent their end, so x's slots expired a second after
@@ -515,7 +522,7 @@ fn a_reload_moves_the_limit_gauges(port: u16) {
         || {
             limit_gauges(port, "tenant_hot") == [(1e6, 2.0), (1e6, 2.0)]
                 && limit_gauges(port, "tenant_quiet").is_empty()
-                && query(port, "sluice_rate_limit_info{key1=\"tenant_quiet\"}").is_empty()
+                && query(port, "{limit=\"d.tenant_quiet\"}").is_empty()
         },
     );
     wait_for("SluiceNearLimit to stop", Duration::from_secs(30), || {

@@ -231,23 +231,27 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
     let _ = running.shutdown.take().map(|tx| tx.send(()));
 }
 
-/// The configured-limit gauges of every series in `text` with `labels`, as
-/// (limit, window seconds, unit multiplier, info labels' tail).
-fn limit_of(text: &str, labels: &str) -> Option<(f64, f64, f64)> {
-    Some((
-        value(
-            text,
-            &format!("ratelimit_service_rate_limit_limit{{{labels}}}"),
-        )?,
-        value(
-            text,
-            &format!("sluice_rate_limit_window_seconds{{{labels}}}"),
-        )?,
-        value(
-            text,
-            &format!("sluice_rate_limit_unit_multiplier{{{labels}}}"),
-        )?,
-    ))
+/// The series `labels` (`domain=…,key1=…`) counts against the limit `limit`: its limit gauge
+/// and `counters` label, and the limit's window gauge (one per limit) and `unit_multiplier`.
+fn limit_of(text: &str, labels: &str, limit: &str) -> Option<(f64, &'static str, f64, String)> {
+    let counters = ["one", "many"].into_iter().find(|c| {
+        text.contains(&format!(
+            r#"ratelimit_service_rate_limit_limit{{{labels},limit="{limit}",counters="{c}"}}"#
+        ))
+    })?;
+    let rpu = value(
+        text,
+        &format!(
+            r#"ratelimit_service_rate_limit_limit{{{labels},limit="{limit}",counters="{counters}"}}"#
+        ),
+    )?;
+    let window = text.lines().find_map(|l| {
+        l.strip_prefix(&format!(
+            r#"sluice_rate_limit_window_seconds{{limit="{limit}","#
+        ))
+    })?;
+    let (tail, secs) = window.rsplit_once(' ')?;
+    Some((rpu, counters, secs.parse().ok()?, tail.to_owned()))
 }
 
 #[tokio::test]
@@ -258,6 +262,7 @@ async fn each_series_has_its_configured_limit_and_follows_reloads() {
         &[("k", "v")][..],
         &[("outer", "a"), ("inner", "b"), ("deepest", "c")],
         &[("user", "alice")],
+        &[("user", "bob")],
         &[("ip", "10.1.2.3")],
     ] {
         http(running.http, "POST", "/json", &json("test", entries)).await;
@@ -266,30 +271,65 @@ async fn each_series_has_its_configured_limit_and_follows_reloads() {
     http(running.http, "POST", "/json", overridden).await;
 
     let text = http(running.debug, "GET", "/metrics", "").await.body;
+    let minute = r#"unit="MINUTE",unit_multiplier="1",algorithm="fixed_window"}"#;
     let kv = r#"domain="test",key1="k_v""#;
-    assert_eq!(limit_of(&text, kv), Some((10.0, 60.0, 1.0)), "{text}");
-    let info = format!(r#"sluice_rate_limit_info{{{kv},unit="MINUTE",counters="one"}}"#);
-    assert_eq!(value(&text, &info), Some(1.0), "{text}");
+    assert_eq!(
+        limit_of(&text, kv, "test.k_v"),
+        Some((10.0, "one", 60.0, minute.to_owned())),
+        "{text}"
+    );
     // Key-only levels: one series sums every value's counter.
     let outer = r#"domain="test",key1="outer",key2="inner""#;
-    assert_eq!(limit_of(&text, outer), Some((5.0, 60.0, 1.0)));
-    let info = format!(r#"sluice_rate_limit_info{{{outer},unit="MINUTE",counters="many"}}"#);
-    assert_eq!(value(&text, &info), Some(1.0), "{text}");
+    assert_eq!(
+        limit_of(&text, outer, "test.outer.inner.deepest"),
+        Some((5.0, "many", 60.0, minute.to_owned())),
+        "{text}"
+    );
+    // Two values of one limit: a limit gauge each, one window for the limit.
     for labels in [
         r#"domain="test",key1="user_alice""#,
-        r#"domain="test",key1="ip_10_1_2_3""#,
+        r#"domain="test",key1="user_bob""#,
     ] {
-        assert_eq!(limit_of(&text, labels), Some((1000.0, 60.0, 1.0)), "{text}");
+        assert_eq!(
+            limit_of(&text, labels, "test.user"),
+            Some((1000.0, "one", 60.0, minute.to_owned())),
+            "{text}"
+        );
     }
+    assert_eq!(
+        text.matches(r#"sluice_rate_limit_window_seconds{limit="test.user","#)
+            .count(),
+        1
+    );
+    let ip = r#"domain="test",key1="ip_10_1_2_3""#;
+    assert_eq!(limit_of(&text, ip, "test.ip").map(|l| l.0), Some(1000.0));
+    // An override is a limit of its own, named by its stats key.
     let o = r#"domain="test",key1="o_1""#;
-    assert_eq!(limit_of(&text, o), Some((42.0, 3600.0, 1.0)), "{text}");
+    assert_eq!(
+        limit_of(&text, o, "test.o_1"),
+        Some((
+            42.0,
+            "one",
+            3600.0,
+            r#"unit="HOUR",unit_multiplier="1",algorithm="fixed_window"}"#.to_owned()
+        )),
+        "{text}"
+    );
     assert!(
-        !text.contains(r#"ratelimit_service_rate_limit_limit{domain="test",key1="shadow""#),
+        !text.contains(r#"limit="test.shadow""#),
         "a limit with no stats has no series"
     );
     common::promtool_check(&text);
 
-    // A reload that changes k=v and removes the deep limit: the next scrape follows it.
+    a_reload_moves_the_limit_gauges(&handle, running.debug).await;
+    let _ = running.shutdown.take().map(|tx| tx.send(()));
+}
+
+/// A reload that changes k=v and removes the deep limit: the next scrape follows it, and the
+/// counters stay.
+async fn a_reload_moves_the_limit_gauges(handle: &ConfigHandle, debug: std::net::SocketAddr) {
+    let kv = r#"domain="test",key1="k_v""#;
+    let outer = r#"domain="test",key1="outer",key2="inner""#;
     let changed = CONFIG
         .replace(
             "requests_per_unit: 10}",
@@ -303,11 +343,20 @@ async fn each_series_has_its_configured_limit_and_follows_reloads() {
         )
         .unwrap(),
     );
-    let text = http(running.debug, "GET", "/metrics", "").await.body;
-    assert_eq!(limit_of(&text, kv), Some((30.0, 120.0, 2.0)), "{text}");
-    assert_eq!(limit_of(&text, outer), None, "{text}");
+    let text = http(debug, "GET", "/metrics", "").await.body;
+    assert_eq!(
+        limit_of(&text, kv, "test.k_v"),
+        Some((
+            30.0,
+            "one",
+            120.0,
+            r#"unit="MINUTE",unit_multiplier="2",algorithm="fixed_window"}"#.to_owned()
+        )),
+        "{text}"
+    );
+    assert_eq!(limit_of(&text, outer, "test.outer.inner.deepest"), None);
     assert!(
-        !text.contains(&format!("sluice_rate_limit_info{{{outer}")),
+        !text.contains(r#"limit="test.outer.inner.deepest""#),
         "{text}"
     );
     assert_eq!(
@@ -319,7 +368,6 @@ async fn each_series_has_its_configured_limit_and_follows_reloads() {
         "the counters stay"
     );
     common::promtool_check(&text);
-    let _ = running.shutdown.take().map(|tx| tx.send(()));
 }
 
 #[tokio::test]

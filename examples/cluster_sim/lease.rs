@@ -62,11 +62,11 @@ pub(super) struct Leases {
 
 impl Leases {
     pub(super) fn new(p: &Params, nodes: usize) -> Self {
-        let timing = LeaseTiming {
-            renew: Duration::from_micros(p.renew_us),
-            duration: Duration::from_micros(p.lease_us),
-            ..LeaseTiming::DEFAULT
-        };
+        // The defaults, then the settings studied: a field LeaseTiming gains keeps its default.
+        let mut timing = LeaseTiming::DEFAULT;
+        timing.renew = Duration::from_micros(p.renew_us);
+        timing.duration = Duration::from_micros(p.lease_us);
+        timing.max_bytes = p.lease_max_bytes;
         Leases {
             timing,
             nodes: (0..nodes).map(|_| LeaseNode::new(timing)).collect(),
@@ -112,7 +112,8 @@ impl Sim<'_> {
                 .entry(key as u32)
                 .or_default()
                 .push((now, slot)),
-            // Only when a lease table is full: never here (10,000 keys in 32 MiB).
+            // Only when a lease table is full: never here (10,000 keys in 32 MiB; the
+            // `keys` section's 10^6 in the larger tables it sets).
             Route::Forward => self.out.errors += 1,
         }
     }
@@ -348,6 +349,11 @@ impl Sim<'_> {
         let n = &mut leases.nodes[node];
         n.round_at = now;
         let due = n.client.renewals(EPOCH_US + now, changes);
+        let held = n.client.len() as u64;
+        self.out.renewed_keys += due.len() as u64;
+        self.out.held_sum += held;
+        self.out.held_ticks += 1;
+        self.out.held_max = self.out.held_max.max(held);
         let mut by_owner: BTreeMap<usize, Vec<(u32, Arc<Slot>, Ask)>> = BTreeMap::new();
         for (name, slot, ask) in due {
             let key = Workload::index(&name);

@@ -1,5 +1,6 @@
 //! The runs and the tables of `docs/cluster.md`'s "Simulation" section.
 
+use sluice::cluster::lease::LeaseTiming;
 use sluice::cluster::ring::Ring;
 use sluice::limiter::Unit;
 
@@ -21,7 +22,8 @@ const MODES: [Mode; 7] = [
 
 /// The command line: `--quick`, `--seed N`, `--only SECTION`; for `--only one` (one run,
 /// with lease mode's diagnostics): `--mode NAME --nodes N --spread pinned|per-request
-/// --minute --secs N --rate N --renew-ms N --lease-ms N --variants e|j --worst`; for `--only
+/// --minute --secs N --rate N --keys N --zipf S --renew-ms N --lease-ms N --lease-max-mib N
+/// --variants e|j --worst`; for `--only
 /// lease` (lease mode's rows, to compare builds of the lease logic): `--label TEXT --variants
 /// de`.
 pub(super) struct Options {
@@ -76,7 +78,8 @@ impl Options {
 /// Every section, in order: `main` (every mode, per-second limits), `sweep` (lease mode's
 /// settings), `rate` (peer calls at two request rates), `minute` (per-minute limits),
 /// `variants` (changes to lease mode's glue), `burst` (lease mode under bursts), `regions`
-/// (one limit across regions) and `ring` (keys moved).
+/// (one limit across regions) and `ring` (keys moved). Only on request (`--only`): `one`,
+/// `lease` and `keys` (10^4 against 10^6 keys, issue 49).
 pub(super) fn run(o: &Options) {
     let w = Workload::new(RATE, Unit::Second);
     println!(
@@ -108,6 +111,7 @@ pub(super) fn run(o: &Options) {
     timed("ring", &|| ring_table(&w));
     match o.only.as_deref() {
         Some("one") => one(o),
+        Some("keys") => timed("keys", &|| cardinality(o)),
         Some("lease") => lease_rows(o, &w),
         _ => {}
     }
@@ -387,12 +391,20 @@ fn one(o: &Options) {
     } else {
         Unit::Second
     };
-    let w = Workload::new(o.value("--rate").unwrap_or(RATE), unit);
+    let w = Workload::zipf(
+        o.value("--keys").unwrap_or(KEYS),
+        o.value("--zipf").unwrap_or(ZIPF_S),
+        o.value("--rate").unwrap_or(RATE),
+        unit,
+    );
     let nodes = o.value("--nodes").unwrap_or(10);
     let secs = o.value("--secs").unwrap_or(o.secs());
     let p = Params {
         renew_us: o.value::<u64>("--renew-ms").unwrap_or(100) * 1000,
         lease_us: o.value::<u64>("--lease-ms").unwrap_or(1000) * 1000,
+        lease_max_bytes: o
+            .value::<usize>("--lease-max-mib")
+            .map_or(LeaseTiming::DEFAULT.max_bytes, |m| m << 20),
         variants: o.text("--variants").map_or(0, |v| variants(&v)),
         worst: o.args.iter().any(|a| a == "--worst"),
         ..Params::new(mode, spread, nodes, secs, o.seed)
@@ -406,6 +418,14 @@ fn one(o: &Options) {
         .position(|&q| q == Phase::Steady)
         .unwrap_or(1);
     let d = out.phase_decisions[steady];
+    println!(
+        "\nlease: keys renewed/s/node {:.0}, held keys per node at renewal ticks mean {:.0} max \
+         {}, unanswered {}",
+        out.renewed_keys as f64 / out.node_secs.max(1e-9),
+        per(out.held_sum, out.held_ticks),
+        out.held_max,
+        out.errors,
+    );
     println!(
         "\nsteady acquires/decision: nothing held {:.4}, all used {:.4}; acquired hits admitted \
          {:.3}",
@@ -512,4 +532,86 @@ fn lease_rows(o: &Options, w: &Workload) {
             );
         }
     }
+}
+
+/// Issue 49, `--only keys`: 10^4 against 10^6 keys (`--keys` for another count) with Zipf
+/// popularity (`--zipf`, 1.1), forward and lease mode, `--nodes` nodes (3), both spreads, per
+/// second (40 s simulated) and per minute (240 s; `--quick`: 12 s and 60 s). Lease mode's
+/// tables are raised to 4 GiB each, as `bench/lease_keys.py` raises SLUICE_LEASE_MAX_BYTES, so
+/// none fills. Besides the main tables' columns: the steady phase's windows (no node lost,
+/// restarted or joining), keys carried by renewals per node per second, the keys a node held
+/// at its renewal ticks (mean, most), and the run's wall-clock seconds.
+fn cardinality(o: &Options) {
+    let nodes = o.value("--nodes").unwrap_or(3);
+    let s = o.value("--zipf").unwrap_or(ZIPF_S);
+    let many = o.value("--keys").unwrap_or(1_000_000);
+    println!(
+        "\n### {KEYS} against {many} keys (Zipf {s}), {nodes} nodes, {RATE} requests/s\n\n\
+         | keys | limits | spread | mode | windows ≥ 2× limit | admitted/limit mean | p99 | max | \
+         utilisation mean | p5 | steady phase: admitted/limit mean | max | utilisation mean | \
+         hops/decision | steady | peer calls/s/node: request path | background | keys \
+         renewed/s/node | held keys/node: mean | most | added latency mean | unanswered | \
+         wall s |\n\
+         |---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\
+         ---:|---:|---:|---:|---:|"
+    );
+    let (second, minute) = if o.quick { (12, 60) } else { (40, 240) };
+    for (unit, secs) in [(Unit::Second, second), (Unit::Minute, minute)] {
+        for keys in [KEYS, many] {
+            let w = Workload::zipf(keys, s, RATE, unit);
+            for spread in SPREADS {
+                for mode in [Mode::Forward, Mode::Lease] {
+                    let p = Params {
+                        lease_max_bytes: 4 << 30,
+                        ..Params::new(mode, spread, nodes, secs, o.seed)
+                    };
+                    let start = sluice::clock::instant();
+                    let out = simulate(&w, p);
+                    let took = start.elapsed().as_secs_f64();
+                    let limits = format!(
+                        "per {}",
+                        if unit == Unit::Second {
+                            "second"
+                        } else {
+                            "minute"
+                        }
+                    );
+                    println!("{}", keys_row((keys, &limits, spread, mode), &out, took));
+                }
+            }
+        }
+    }
+}
+
+/// One row of [`cardinality`]'s table.
+fn keys_row(run: (usize, &str, Spread, Mode), o: &Outcome, took: f64) -> String {
+    let (keys, limits, spread, mode) = run;
+    let (mean, p99, max, util, util_p5) = ratios(&o.ratios);
+    let steady = Phase::ALL
+        .iter()
+        .position(|&p| p == Phase::Steady)
+        .unwrap_or(1);
+    let node_secs = o.node_secs.max(1e-9);
+    // A per-minute run has no whole steady window: every minute holds one of the script's events.
+    let steady_ratios = match ratios(&o.phase_ratios[steady]) {
+        (m, _, _, _, _) if m.is_nan() => "- | - | -".to_owned(),
+        (m, _, max, util, _) => format!("{m:.3} | {max:.2} | {util:.3}"),
+    };
+    format!(
+        "| {keys} | {limits} | {} | {} | {} | {mean:.3} | {p99:.2} | {max:.2} | {util:.3} | \
+         {util_p5:.2} | {steady_ratios} | {:.3} | {:.4} | {:.0} | {:.0} | {:.0} | {:.0} | {} | \
+         {:.0} us | {} | {took:.1} |",
+        spread.name(),
+        mode.name(),
+        o.ratios.len(),
+        per(o.hops, o.decisions),
+        per(o.phase_hops[steady], o.phase_decisions[steady]),
+        (o.peer_calls - o.background_calls) as f64 / node_secs,
+        o.background_calls as f64 / node_secs,
+        o.renewed_keys as f64 / node_secs,
+        per(o.held_sum, o.held_ticks),
+        o.held_max,
+        per(o.added_latency_us, o.decisions),
+        o.errors,
+    )
 }

@@ -11,6 +11,10 @@
 //! claims of demand plus [`HEADROOM_PCT`], so an Envoy asking less than an equal share gets what
 //! it asks with room to grow; what nobody claims is spread equally over the live holders.
 //!
+//! **When.** Not on every report: after every [`SPLITS_PER_ROUND`]th of a round of reports (a
+//! round: as many as holders), at once for a new holder or a new rate ([`Bucket::split_due`]),
+//! so N Envoys on one bucket cost O(N log N) a round, not N² log N.
+//!
 //! **Stability.** Envoy starts a new, full token bucket whenever an assignment changes, so each
 //! change lets up to one burst through. A holder therefore keeps its assignment while the new
 //! fair part is within [`HYSTERESIS_PCT`] of it, unless keeping it would put the sum past the
@@ -30,6 +34,10 @@ use crate::limiter::share::max_min_fair;
 pub(crate) const HEADROOM_PCT: u64 = 5;
 /// An assignment is kept while its fair part moves by at most this much (percent).
 pub(crate) const HYSTERESIS_PCT: u64 = 5;
+/// A bucket is split again after every 1/SPLITS_PER_ROUND of a round of its holders' reports
+/// ([`Bucket::split_due`]): a demand change reaches the split within that part of a reporting
+/// interval.
+pub(crate) const SPLITS_PER_ROUND: u64 = 8;
 /// Reports closer together than this are added to the next sample (an Envoy sends a new
 /// bucket's first report at once, then the bucket with all the others on its timer).
 pub(crate) const MIN_SAMPLE_US: u64 = 250_000;
@@ -127,6 +135,12 @@ impl Holder {
 pub(crate) struct Bucket {
     pub rate: Rate,
     pub holders: Vec<Holder>,
+    /// Reports counted since the last split ([`Bucket::split_due`]).
+    reports: u64,
+    /// The rate changed since the last split: the next report splits.
+    rate_changed: bool,
+    /// Splits run so far (counted for tests).
+    pub splits: u64,
 }
 
 impl Bucket {
@@ -134,7 +148,20 @@ impl Bucket {
         Bucket {
             rate,
             holders: Vec::new(),
+            reports: 0,
+            rate_changed: false,
+            splits: 0,
         }
+    }
+
+    /// Counts a report of a holder already in the bucket; whether it should split the rate
+    /// again: once every [`SPLITS_PER_ROUND`]th of a round of reports (as many as holders), or
+    /// at once after the rate changed. A split costs O(N log N) for N holders and each holder
+    /// reports once per round, so the splits cost O(log N) per report, where splitting on every
+    /// report cost N² per round. A new holder always splits (it has no part yet).
+    pub(crate) fn split_due(&mut self) -> bool {
+        self.reports += 1;
+        self.rate_changed || self.reports * SPLITS_PER_ROUND >= self.holders.len() as u64
     }
 
     /// Takes a new rate (a config change), keeping each holder's requests per second, scaled
@@ -156,6 +183,7 @@ impl Bucket {
             }
         }
         self.rate = rate;
+        self.rate_changed = true;
     }
 
     pub(crate) fn position(&self, node: Option<&str>, stream: u64, id: &[Entry]) -> Option<usize> {
@@ -171,6 +199,9 @@ impl Bucket {
     /// majority, [`crate::rlqs::assign::Rate::alone`]); returns the holders whose assignment
     /// changed.
     pub(crate) fn split_within(&mut self, cap: u64) -> Vec<usize> {
+        self.reports = 0;
+        self.rate_changed = false;
+        self.splits += 1;
         let reserved: u64 = self
             .holders
             .iter()

@@ -345,9 +345,10 @@ impl QuotaService {
     }
 
     /// What `stream`'s part of the bucket at `key` is, after counting its report of
-    /// `attempted` requests. On a bucket this node owns the split runs again and the other
-    /// holders of this node whose parts changed are told to push theirs; on a bucket another
-    /// node owns the part is the owner's last answer ([`remote`]).
+    /// `attempted` requests. On a bucket this node owns the split runs again when due
+    /// ([`Bucket::split_due`]: a new holder, or a part of a round of reports since the last) and
+    /// the other holders of this node whose parts changed are told to push theirs; on a bucket
+    /// another node owns the part is the owner's last answer ([`remote`]).
     fn hold(
         &self,
         (stream, ttl_secs): (u64, u64),
@@ -360,9 +361,11 @@ impl QuotaService {
         let Some(mut bucket) = self.bucket_mut(key, rate) else {
             return Held::Refused;
         };
+        let mut due = true;
         let at = match bucket.position(None, stream, id) {
             Some(at) => {
                 bucket.holders[at].report(attempted, now);
+                due = bucket.split_due();
                 at
             }
             // A new holder's first report starts its first sample: what it counts happened
@@ -386,6 +389,9 @@ impl QuotaService {
                 return Held::Pending;
             }
             return Held::Assigned(bucket.rate.assignment(h.assigned));
+        }
+        if !due {
+            return Held::Assigned(bucket.rate.assignment(bucket.holders[at].assigned));
         }
         let changed = self.split(&mut bucket);
         let assignment = bucket.rate.assignment(bucket.holders[at].assigned);

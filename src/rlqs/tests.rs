@@ -185,6 +185,49 @@ fn two_envoys_split_a_bucket_and_changes_are_pushed_to_the_other() {
     assert_eq!(view.holders.len(), 2);
 }
 
+/// 64 Envoys on one bucket, each reporting once a second: the split runs once per eighth of a
+/// round of reports (8 a round), not once per report (64 a round), and the parts still follow
+/// demand (a heavy Envoy gets what the light ones leave) and never sum past the limit.
+#[test]
+fn a_shared_bucket_is_split_a_few_times_a_round_not_on_every_report() {
+    const N: usize = 64;
+    let (s, clock) = service(QuotaOptions::default());
+    let mut streams: Vec<QuotaStream> = (0..N).map(|_| s.open()).collect();
+    for st in &mut streams {
+        st.report("rlqs", acme(1)).unwrap();
+    }
+    let splits = || s.buckets.get("rlqs_tenant_acme_").unwrap().splits;
+    let joined = splits();
+    assert_eq!(joined, N as u64, "each new Envoy splits at once");
+    // A light Envoy's claim: 1/s plus 5% is 10.5 tokens of 0.1 request, rounded down to 10.
+    let (light, light_claim) = (N as f64 - 1.0, 1.0);
+    for round in 1..=4u64 {
+        clock.advance_secs(1);
+        for (i, st) in streams.iter_mut().enumerate() {
+            st.report("rlqs", acme(if i == 0 { 200 } else { 1 }))
+                .unwrap();
+            st.pending();
+        }
+        let view = s.bucket("rlqs_tenant_acme_").unwrap();
+        assert!(view.assigned <= 100.0, "round {round}: {}", view.assigned);
+        assert_eq!(splits() - joined, round * 8, "round {round}");
+    }
+    // The heavy Envoy's part: the limit less the light ones' claims, give or take the
+    // hysteresis.
+    let view = s.bucket("rlqs_tenant_acme_").unwrap();
+    let heavy = view
+        .holders
+        .iter()
+        .find(|h| h.stream == streams[0].id())
+        .unwrap();
+    let fair = 100.0 - light * light_claim;
+    assert!(
+        (heavy.assigned - fair).abs() <= fair * 0.06,
+        "{} vs {fair}",
+        heavy.assigned
+    );
+}
+
 #[test]
 fn a_closed_stream_keeps_its_part_until_it_expires_then_the_other_gets_it() {
     let (s, clock) = service(QuotaOptions {

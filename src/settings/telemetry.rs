@@ -86,7 +86,8 @@ pub struct TelemetryArgs {
     )]
     pub disable_stats: bool,
     /// Most distinct per-limit stats keys (and unknown domains) kept; records for new keys
-    /// past it add up in one `_overflow_` series.
+    /// past it add up in one `_overflow_` series. A key costs 7 to 13 Prometheus series, by
+    /// its limit (docs/telemetry.md#series-per-stats-key).
     #[arg(
         long,
         env = "SLUICE_MAX_STAT_KEYS",

@@ -1,12 +1,23 @@
-//! The configured limit beside each per-limit series, so a dashboard can divide the hits by it:
-//! requests_per_unit, the window's length in seconds, its unit and `unit_multiplier`, one value
-//! per label set of the per-limit counters (same labels, same SLUICE_MAX_STAT_KEYS cap: only
-//! keys that have stats get one).
+//! The configured limits beside the per-limit series, so a dashboard can divide the hits by
+//! them, at a price of one series per stats key and one per limit:
+//!
+//! - per label set of the per-limit counters (same labels, same SLUICE_MAX_STAT_KEYS cap: only
+//!   keys that have stats get one), `ratelimit_service_rate_limit_limit{domain, key1[, key2],
+//!   limit, counters}`: the requests_per_unit of the limit the series counts against, named
+//!   by `limit` (its config path), and whether the series counts one counter;
+//! - per limit that such a series names, `sluice_rate_limit_window_seconds{limit, unit,
+//!   unit_multiplier, algorithm}`: its window in seconds, and the rest of its shape as labels.
+//!
+//! The window, unit and multiplier are the limit's, the same for each of its keys: a
+//! `detailed_metric` limit with 3,000 values has 3,000 limit gauges and one window, not 3,000
+//! of each (issue 50). The limit gauge stays per key because it is the link a query joins on
+//! (`on (instance, limit)`) and what PR #1138's dashboards divide by.
 //!
 //! The values are looked up when the exporters read them, in the config loaded at that moment
 //! ([`LimitTable`]), by the configured limit each stats key counts against: a limit a reload
 //! changes reports its new value at the next scrape, and one it removes reports none. A
-//! per-request override reports the last override a request carried.
+//! per-request override is a limit of its own, named by its stats key, reporting the last
+//! override a request carried.
 //!
 //! A limit with several blocks (`rate_limits`) reports its slowest block: the lowest
 //! requests_per_unit over window, which is the one that binds hits that come steadily (the
@@ -17,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use super::stats::{Entry, Source, Stats};
 use crate::config::RateLimitConfig;
-use crate::limiter::Unit;
+use crate::limiter::{Algorithm, Unit};
 
 /// The labels a per-limit stats key maps to: domain, then up to two levels.
 pub(crate) type LabelSet = (String, Option<String>, Option<String>);
@@ -36,6 +47,7 @@ pub struct LimitShape {
     pub requests_per_unit: u32,
     pub unit: Unit,
     pub unit_multiplier: u32,
+    pub algorithm: Algorithm,
     /// Each of the limit's stats keys counts one counter, so its hits can be compared with the
     /// limit (`crate::config::Limit::stats_key_is_one_counter`).
     pub one_counter: bool,
@@ -45,6 +57,15 @@ impl LimitShape {
     /// The window's length: `unit_multiplier` units.
     pub fn window_secs(&self) -> u64 {
         self.unit.secs() * u64::from(self.unit_multiplier)
+    }
+
+    /// The window gauge's labels beyond `limit`: `unit`, `unit_multiplier`, `algorithm`.
+    pub fn labels(&self) -> [(&'static str, String); 3] {
+        [
+            ("unit", self.unit.name().to_owned()),
+            ("unit_multiplier", self.unit_multiplier.to_string()),
+            ("algorithm", self.algorithm.name().to_owned()),
+        ]
     }
 }
 
@@ -83,6 +104,7 @@ pub fn limit_table(config: &RateLimitConfig) -> LimitTable {
                 requests_per_unit: q.requests_per_unit,
                 unit: q.unit,
                 unit_multiplier: q.unit_multiplier,
+                algorithm: q.algorithm,
                 one_counter: l.stats_key_is_one_counter,
             };
             Some((l.full_key.as_str().into(), shape))
@@ -90,131 +112,94 @@ pub fn limit_table(config: &RateLimitConfig) -> LimitTable {
         .collect()
 }
 
-/// The limit one stats key counts against, if it is still configured (or an override).
-pub fn entry_limit(entry: &Entry, limits: &LimitTable) -> Option<LimitShape> {
+/// The limit one stats key counts against, if it is still configured (or an override): its
+/// name (a configured limit's full key; an override's stats key) and shape.
+pub fn entry_limit<'e>(entry: &'e Entry, limits: &LimitTable) -> Option<(&'e str, LimitShape)> {
     match &entry.source {
-        Source::Limit(full_key) => limits.get(full_key).copied(),
-        Source::Override(_) => entry
-            .source
-            .override_limit()
-            .map(|(limit, unit)| LimitShape {
+        Source::Limit(full_key) => Some((full_key, *limits.get(full_key)?)),
+        Source::Override(_) => entry.source.override_limit().map(|(limit, unit)| {
+            let shape = LimitShape {
                 requests_per_unit: limit,
                 unit,
                 unit_multiplier: 1,
+                algorithm: Algorithm::FixedWindow,
                 one_counter: true,
-            }),
+            };
+            (&*entry.name, shape)
+        }),
         Source::Overflow => None,
     }
 }
 
-/// One label set's gauges.
+/// One label set's limit gauge, for one limit its keys count against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LimitGauge {
-    /// requests_per_unit; the sum of them when several limits of one window share the series.
+pub struct KeyLimit {
     pub requests_per_unit: u64,
-    pub window_secs: u64,
-    /// The first limit's (by stats key) when several share the series.
-    pub unit: Unit,
-    pub unit_multiplier: u32,
     /// The series counts exactly one counter: one stats key, of a limit whose keys each count
     /// one counter. Only then is `hits / limit` one tenant's share of its limit.
     pub one_counter: bool,
 }
 
-/// A gauge family of the configured limit: its name, help, and the value a [`LimitGauge`] gives.
-pub type GaugeFamily = (&'static str, &'static str, fn(&LimitGauge) -> u64);
-
-/// The numeric gauges, in the order exported (`sluice_rate_limit_info` follows them). The first
-/// is named as in envoyproxy/ratelimit's unmerged PR #1138, so a dashboard written for it works.
-pub const GAUGE_FAMILIES: [GaugeFamily; 3] = [
-    (
-        "ratelimit_service_rate_limit_limit",
-        "The limit's requests_per_unit (summed when limits of one window share the series).",
-        |g| g.requests_per_unit,
-    ),
-    (
-        "sluice_rate_limit_window_seconds",
-        "The limit's window: unit_multiplier units, in seconds.",
-        |g| g.window_secs,
-    ),
-    (
-        "sluice_rate_limit_unit_multiplier",
-        "The limit's unit_multiplier (1 unless set).",
-        |g| u64::from(g.unit_multiplier),
-    ),
-];
-
-/// The info gauge: 1 per series, labelled with the unit and `counters`.
-pub const INFO_FAMILY: (&str, &str) = (
-    "sluice_rate_limit_info",
-    "1 per limit series: its unit, and counters=\"one\" when the series counts one counter (its \
-     hits can be divided by the limit) or \"many\" (a key-only or wildcard level sums every \
-     value's counter, or several limits share the series).",
-);
-
-impl LimitGauge {
-    /// The info gauge's labels beyond the series': `unit` and `counters`.
-    pub fn info_labels(&self) -> [(&'static str, &'static str); 2] {
-        let counters = if self.one_counter { "one" } else { "many" };
-        [("unit", self.unit.name()), ("counters", counters)]
+impl KeyLimit {
+    /// The `counters` label: `one` or `many`.
+    pub fn counters(&self) -> &'static str {
+        if self.one_counter { "one" } else { "many" }
     }
 }
 
-/// What the stats keys of one label set add up to, `None` once two of them disagree on the
-/// window (their sum would mean nothing).
-type Group = Option<(LimitGauge, usize)>;
+/// The per-key limit gauge: its name and help.
+pub const KEY_FAMILY: (&str, &str) = (
+    "ratelimit_service_rate_limit_limit",
+    "The requests_per_unit of the limit (named by limit) the series counts against; counters=\"one\" \
+     when the series counts one counter (its hits can be divided by the limit), \"many\" when a \
+     key-only or wildcard level sums every value's counter or several keys share the series.",
+);
 
-/// The gauges of every label set that has a stats key with a known limit. Several keys can
-/// share a label set (levels past the second, or keys that sanitise alike): their counters add
-/// up in the series, and so do their limits when their windows agree; when they do not, the
-/// label set gets no gauges.
-pub fn limit_gauges(stats: &Stats, limits: &LimitTable) -> BTreeMap<LabelSet, LimitGauge> {
+/// The per-limit window gauge: its name and help.
+pub const LIMIT_FAMILY: (&str, &str) = (
+    "sluice_rate_limit_window_seconds",
+    "The limit's window in seconds (unit_multiplier units), one series per limit, with its unit, \
+     unit_multiplier and algorithm.",
+);
+
+/// What the exporters report of the configured limits: the limit gauge of each (label set,
+/// limit name), and the shape of each limit named.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitReport {
+    pub keys: BTreeMap<(LabelSet, String), KeyLimit>,
+    pub limits: BTreeMap<String, LimitShape>,
+}
+
+/// The limit gauges of every label set that has a stats key with a known limit, and the
+/// limits they name. Several keys can share a label set (levels past the second, or keys that
+/// sanitise alike): their counters add up in the series, so the series counts many counters,
+/// and it gets one limit gauge per limit among them.
+pub fn limit_report(stats: &Stats, table: &LimitTable) -> LimitReport {
     let mut entries = stats.entries();
     entries.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut groups: BTreeMap<LabelSet, Group> = BTreeMap::new();
+    let mut sets: BTreeMap<LabelSet, Vec<(&str, LimitShape)>> = BTreeMap::new();
     for entry in &entries {
-        let Some(shape) = entry_limit(entry, limits) else {
-            continue;
-        };
-        let gauge = LimitGauge {
-            requests_per_unit: u64::from(shape.requests_per_unit),
-            window_secs: shape.window_secs(),
-            unit: shape.unit,
-            unit_multiplier: shape.unit_multiplier,
-            one_counter: shape.one_counter,
-        };
-        groups
-            .entry(label_set(&entry.name))
-            .and_modify(|group| {
-                *group = group.and_then(|(sum, n)| {
-                    (sum.window_secs == gauge.window_secs).then(|| {
-                        let requests_per_unit = sum.requests_per_unit + gauge.requests_per_unit;
-                        (
-                            LimitGauge {
-                                requests_per_unit,
-                                ..sum
-                            },
-                            n + 1,
-                        )
-                    })
-                });
-            })
-            .or_insert(Some((gauge, 1)));
+        if let Some(limit) = entry_limit(entry, table) {
+            sets.entry(label_set(&entry.name)).or_default().push(limit);
+        }
     }
-    groups
-        .into_iter()
-        .filter_map(|(labels, group)| {
-            let (gauge, n) = group?;
-            let one_counter = gauge.one_counter && n == 1;
-            Some((
-                labels,
-                LimitGauge {
-                    one_counter,
-                    ..gauge
+    let mut report = LimitReport::default();
+    for (labels, limits) in sets {
+        let alone = limits.len() == 1;
+        for (name, shape) in limits {
+            report.keys.insert(
+                (labels.clone(), name.to_owned()),
+                KeyLimit {
+                    requests_per_unit: u64::from(shape.requests_per_unit),
+                    one_counter: alone && shape.one_counter,
                 },
-            ))
-        })
-        .collect()
+            );
+            // An override named like a configured limit would give one name two shapes; the
+            // first kept keeps the exposition free of duplicate series.
+            report.limits.entry(name.to_owned()).or_insert(shape);
+        }
+    }
+    report
 }
 
 #[cfg(test)]
@@ -287,8 +272,13 @@ descriptors:
         assert!(Arc::ptr_eq(&other, &cache.table(&second)));
     }
 
+    /// The limit gauge of `labels` for the limit `name`.
+    fn key(r: &LimitReport, labels: LabelSet, name: &str) -> Option<KeyLimit> {
+        r.keys.get(&(labels, name.to_owned())).copied()
+    }
+
     #[test]
-    fn each_label_set_reports_its_configured_limit() {
+    fn each_label_set_reports_its_configured_limit_and_each_limit_its_window_once() {
         let table = limit_table(&config(CONFIG));
         let stats = Stats::default();
         hit(
@@ -299,69 +289,70 @@ descriptors:
         );
         hit(&stats, "d.ip", KeySource::Limit("d.ip"), 5);
         hit(&stats, "d.user_bob", KeySource::Limit("d.user"), 1);
+        hit(&stats, "d.user_eve", KeySource::Limit("d.user"), 1);
         hit(&stats, "d.k_v", KeySource::Override(Unit::Hour), 7);
         hit(&stats, "d.k_v", KeySource::Override(Unit::Day), 9);
         hit(&stats, "d.gone", KeySource::Limit("d.gone"), 1);
-        let g = limit_gauges(&stats, &table);
-        let tenant = g[&labels("d", "tenant_acme", None)];
+        let r = limit_report(&stats, &table);
+        let tenant = key(&r, labels("d", "tenant_acme", None), "d.tenant_acme");
         assert_eq!(
-            (tenant.requests_per_unit, tenant.window_secs, tenant.unit),
-            (100, 60, Unit::Minute)
+            tenant,
+            Some(KeyLimit {
+                requests_per_unit: 100,
+                one_counter: true
+            })
         );
-        assert!(tenant.one_counter);
+        let ip = key(&r, labels("d", "ip", None), "d.ip").unwrap();
+        assert!(!ip.one_counter, "every address's hits");
+        // 10/s against 3600 per 2 h: the second binds. Two values, one window.
+        for user in ["user_bob", "user_eve"] {
+            let k = key(&r, labels("d", user, None), "d.user").unwrap();
+            assert_eq!((k.requests_per_unit, k.one_counter), (3600, true));
+        }
+        let user = r.limits["d.user"];
+        assert_eq!(
+            (user.window_secs(), user.unit_multiplier, user.algorithm),
+            (7200, 2, Algorithm::FixedWindow)
+        );
+        // An override is a limit of its own, named by its stats key: the last one carried.
+        let over = key(&r, labels("d", "k_v", None), "d.k_v").unwrap();
+        assert_eq!(over.requests_per_unit, 9);
+        assert_eq!(r.limits["d.k_v"].unit, Unit::Day);
         assert!(
-            !g[&labels("d", "ip", None)].one_counter,
-            "every address's hits"
+            !r.keys.keys().any(|(_, name)| name == "d.gone"),
+            "no such limit"
         );
-        // 10/s against 3600 per 2 h: the second binds.
-        let user = g[&labels("d", "user_bob", None)];
         assert_eq!(
-            (
-                user.requests_per_unit,
-                user.window_secs,
-                user.unit_multiplier
-            ),
-            (3600, 7200, 2)
+            r.limits.keys().collect::<Vec<_>>(),
+            ["d.ip", "d.k_v", "d.tenant_acme", "d.user"]
         );
-        assert!(user.one_counter);
-        let over = g[&labels("d", "k_v", None)];
-        assert_eq!(
-            (over.requests_per_unit, over.unit),
-            (9, Unit::Day),
-            "the last override"
-        );
-        assert!(!g.contains_key(&labels("d", "gone", None)), "no such limit");
+        assert_eq!(r.keys.len(), 5);
     }
 
     #[test]
-    fn limits_sharing_a_series_add_up_when_their_windows_agree() {
+    fn limits_sharing_a_series_each_have_a_gauge_and_count_many() {
         let table = limit_table(&config(CONFIG));
         let stats = Stats::default();
-        for k in ["d.a_x.b_y.c_1", "d.a_x.b_y.c_2", "d.a_x.f_z.c_1"] {
+        for k in ["d.a_x.b_y.c_1", "d.a_x.b_y.c_2", "d.a_x.b_y.e_1"] {
             hit(&stats, k, KeySource::Limit(k), 1);
         }
-        hit(
-            &stats,
-            "d.a_x.f_z.c_2",
-            KeySource::Limit("d.a_x.f_z.c_2"),
-            1,
+        let r = limit_report(&stats, &table);
+        let b = labels("d", "a_x", Some("b_y"));
+        let gauges: Vec<(&str, u64, bool)> = r
+            .keys
+            .iter()
+            .filter(|((l, _), _)| *l == b)
+            .map(|((_, name), k)| (name.as_str(), k.requests_per_unit, k.one_counter))
+            .collect();
+        assert_eq!(
+            gauges,
+            [
+                ("d.a_x.b_y.c_1", 10, false),
+                ("d.a_x.b_y.c_2", 20, false),
+                ("d.a_x.b_y.e_1", 20, false)
+            ]
         );
-        let g = limit_gauges(&stats, &table);
-        let b = g[&labels("d", "a_x", Some("b_y"))];
-        assert_eq!((b.requests_per_unit, b.window_secs), (30, 60));
-        assert!(!b.one_counter, "two counters");
-        hit(
-            &stats,
-            "d.a_x.b_y.e_1",
-            KeySource::Limit("d.a_x.b_y.e_1"),
-            1,
-        );
-        let g = limit_gauges(&stats, &table);
-        assert!(
-            !g.contains_key(&labels("d", "a_x", Some("b_y"))),
-            "minutes and hours do not add up"
-        );
-        assert_eq!(g[&labels("d", "a_x", Some("f_z"))].requests_per_unit, 30);
+        assert_eq!(r.limits["d.a_x.b_y.e_1"].window_secs(), 3600);
     }
 
     #[test]
@@ -373,17 +364,18 @@ descriptors:
             KeySource::Limit("d.tenant_acme"),
             100,
         );
-        let before = limit_gauges(&stats, &limit_table(&config(CONFIG)));
-        assert_eq!(before.len(), 1);
+        let tenant = (labels("d", "tenant_acme", None), "d.tenant_acme".to_owned());
+        let before = limit_report(&stats, &limit_table(&config(CONFIG)));
+        assert_eq!(before.keys.len(), 1);
         let changed = CONFIG.replace("requests_per_unit: 100}", "requests_per_unit: 250}");
-        let after = limit_gauges(&stats, &limit_table(&config(&changed)));
-        assert_eq!(
-            after[&labels("d", "tenant_acme", None)].requests_per_unit,
-            250
-        );
+        let after = limit_report(&stats, &limit_table(&config(&changed)));
+        assert_eq!(after.keys[&tenant].requests_per_unit, 250);
         let removed = config(
             "domain: d\ndescriptors:\n  - key: other\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
         );
-        assert!(limit_gauges(&stats, &limit_table(&removed)).is_empty());
+        assert_eq!(
+            limit_report(&stats, &limit_table(&removed)),
+            LimitReport::default()
+        );
     }
 }

@@ -5,9 +5,11 @@
 //!   and logs below; the service itself knows none of their formats.
 //! - [`stats`]: the counters (envoyproxy/ratelimit's per-limit stats and arithmetic, service
 //!   counters, the decision-latency histogram) with a hard cap on distinct keys.
-//! - [`limits`]: the configured limit beside each per-limit series (requests_per_unit, window,
-//!   unit), looked up in the config loaded when the exporters read it.
-//! - [`prometheus`]: the text exposition served at `/metrics`.
+//! - [`limits`]: the configured limits beside the per-limit series (requests_per_unit per
+//!   series, the window, unit and algorithm once per limit), looked up in the config loaded
+//!   when the exporters read it.
+//! - [`prometheus`]: the text exposition served at `/metrics`: per stats key only the stats
+//!   that apply to its limit (`stats::LimitCounters::applies`), which the OTLP metrics follow.
 //! - [`statsd`]: counter increases pushed to a statsd server (USE_STATSD).
 //! - [`otlp`]: OpenTelemetry: spans of `ShouldRateLimit` and its backend calls (TRACING_ENABLED)
 //!   and the metrics above (OTEL_METRICS_EXPORTER=otlp), exported over OTLP.

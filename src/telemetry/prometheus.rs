@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::limits::{GAUGE_FAMILIES, INFO_FAMILY, LabelSet, LimitTable, label_set, limit_gauges};
+use super::limits::{KEY_FAMILY, LIMIT_FAMILY, LabelSet, LimitTable, label_set, limit_report};
 use super::stats::{LimitCounters, Stats};
 
 /// The content type of this exposition.
@@ -372,19 +372,22 @@ fn render_rlqs(out: &mut String, r: &RlqsGauges) {
     }
 }
 
-/// `ratelimit_service_rate_limit_<stat>{domain, key1, key2}`, one family per stat.
+/// `ratelimit_service_rate_limit_<stat>{domain, key1, key2}`, one family per stat, each with
+/// the series its stat applies to ([`LimitCounters::applies`]).
 fn render_limits(out: &mut String, stats: &Stats) {
     let series = limit_series(stats);
     for (i, stat) in LimitCounters::NAMES.iter().enumerate() {
         let name = format!("ratelimit_service_rate_limit_{stat}");
         header(out, &name, "untyped", STAT_HELP[i]);
         for (labels, values) in &series {
-            sample(out, &name, &labels_of(labels), values[i]);
+            if LimitCounters::applies(values, i) {
+                sample(out, &name, &labels_of(labels), values[i]);
+            }
         }
     }
     let (name, help) = SLOTS_HELD;
     header(out, name, "gauge", help);
-    for (labels, values) in series.iter().filter(|(_, v)| v[8] > 0) {
+    for (labels, values) in series.iter().filter(|(_, v)| LimitCounters::holds_slots(v)) {
         sample(
             out,
             name,
@@ -394,22 +397,24 @@ fn render_limits(out: &mut String, stats: &Stats) {
     }
 }
 
-/// The configured limit beside each per-limit series ([`super::limits`]): one sample per
-/// label set of each [`GAUGE_FAMILIES`] gauge, and of the info gauge with `unit` and `counters`.
+/// The configured limits beside the per-limit series ([`super::limits`]): the limit gauge of
+/// each label set (and limit it counts against), and the window gauge of each limit once.
 fn render_limit_gauges(out: &mut String, stats: &Stats, limits: &LimitTable) {
-    let gauges = limit_gauges(stats, limits);
-    for (name, help, value) in GAUGE_FAMILIES {
-        header(out, name, "gauge", help);
-        for (labels, gauge) in &gauges {
-            sample(out, name, &labels_of(labels), value(gauge));
-        }
-    }
-    let (name, help) = INFO_FAMILY;
+    let report = limit_report(stats, limits);
+    let (name, help) = KEY_FAMILY;
     header(out, name, "gauge", help);
-    for (labels, gauge) in &gauges {
+    for ((labels, limit), key) in &report.keys {
         let mut labels = labels_of(labels);
-        labels.extend(gauge.info_labels());
-        sample(out, name, &labels, 1);
+        labels.extend([("limit", limit.as_str()), ("counters", key.counters())]);
+        sample(out, name, &labels, key.requests_per_unit);
+    }
+    let (name, help) = LIMIT_FAMILY;
+    header(out, name, "gauge", help);
+    for (limit, shape) in &report.limits {
+        let info = shape.labels();
+        let mut labels = vec![("limit", limit.as_str())];
+        labels.extend(info.iter().map(|(k, v)| (*k, v.as_str())));
+        sample(out, name, &labels, shape.window_secs());
     }
 }
 
@@ -921,6 +926,42 @@ mod tests {
         assert!(text.contains(
             "ratelimit_service_rate_limit_within_limit{domain=\"d\",key1=\"ip_10_0_0_1\"} 1\n"
         ));
+    }
+
+    /// The lines of `text` for the stats key `d.k`.
+    fn series_of_key(text: &str) -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.contains(r#"{domain="d",key1="k""#))
+            .map(|l| l.split_once('{').unwrap().0)
+            .collect()
+    }
+
+    /// Go's six from the first record; the refund pair once a refund arrived; the slot
+    /// counters and the slots held once a slot moved (a concurrency limit's).
+    #[test]
+    fn a_series_shows_the_stats_that_apply_to_it() {
+        let stats = Stats::new(StatsOptions::default());
+        hit(&stats, "d.k");
+        let text = render(&stats, &Extra::default());
+        assert_eq!(series_of_key(&text).len(), 6, "{text}");
+        let mut refund = Outcome::admitted(1, 10);
+        refund.negative = true;
+        let record = |o: &Outcome| {
+            stats.record_dynamic("d.k", crate::telemetry::stats::KeySource::Limit("d.k"), o);
+        };
+        record(&refund);
+        let text = render(&stats, &Extra::default());
+        let names = series_of_key(&text);
+        assert_eq!(names.len(), 8, "{text}");
+        assert!(names.contains(&"ratelimit_service_rate_limit_negative_hits_ignored"));
+        let mut start = Outcome::admitted(1, 10);
+        start.slots.taken = 1;
+        record(&start);
+        let text = render(&stats, &Extra::default());
+        let names = series_of_key(&text);
+        assert_eq!(names.len(), 12, "{text}");
+        assert!(names.contains(&"ratelimit_service_rate_limit_slots_expired"));
+        assert!(text.contains("sluice_rate_limit_slots_held{domain=\"d\",key1=\"k\"} 1\n"));
     }
 
     #[test]

@@ -286,11 +286,39 @@ impl LimitCounters {
         "slots_expired",
     ];
 
+    /// Whether the stat at `index` (of [`LimitCounters::NAMES`]) says anything for a series
+    /// with these values, so is exported: the Go service's six always; the refund pair once a
+    /// refund arrived; the slot counters once a slot moved, which only a concurrency limit's
+    /// do. The values only grow, so a series once exported stays (a counter that vanished and
+    /// came back would read as a reset to `rate()`); the series that appear start together,
+    /// so the first lost refund (`slots_expired`) is an increase from 0, as alerts need.
+    pub fn applies(values: &[u64; Self::COUNT], index: usize) -> bool {
+        match index {
+            0..Self::REFUNDS => true,
+            Self::REFUNDS..Self::SLOTS => values[Self::REFUNDS] > 0,
+            _ => Self::holds_slots(values),
+        }
+    }
+
+    /// Where the refund pair starts in [`LimitCounters::NAMES`] (`total_negative_hits` first).
+    const REFUNDS: usize = 6;
+    /// Where the slot counters start in [`LimitCounters::NAMES`].
+    const SLOTS: usize = 8;
+
+    /// A concurrency limit's series: a slot was taken, given back or expired.
+    pub fn holds_slots(values: &[u64; Self::COUNT]) -> bool {
+        values[Self::SLOTS..].iter().any(|&v| v > 0)
+    }
+
     /// The slots a concurrency limit's series holds, from its values ([`LimitCounters::values`]):
     /// taken less given back less expired. Per replica, so it can be negative where one
     /// replica took a slot and another gave it back: the sum over replicas is the limit's.
     pub fn slots_held(values: &[u64; Self::COUNT]) -> i64 {
-        let [taken, given_back, expired] = [values[8], values[9], values[10]];
+        let [taken, given_back, expired] = [
+            values[Self::SLOTS],
+            values[Self::SLOTS + 1],
+            values[Self::SLOTS + 2],
+        ];
         taken.wrapping_sub(given_back).wrapping_sub(expired) as i64
     }
 }

@@ -81,7 +81,7 @@ pub fn counters(stats: &Stats, extra: &Extra) -> HashMap<String, u64> {
 pub fn gauge_lines(stats: &Stats, extra: &Extra) -> Vec<String> {
     let mut lines = Vec::new();
     for entry in stats.entries() {
-        let Some(shape) = entry_limit(&entry, &extra.limits) else {
+        let Some((_, shape)) = entry_limit(&entry, &extra.limits) else {
             continue;
         };
         let prefix = format!("ratelimit.service.rate_limit.{}", entry.name);

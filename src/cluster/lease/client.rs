@@ -67,6 +67,15 @@ pub(crate) struct Held {
     pub in_flight: bool,
     /// The ring changes this node had seen when it last reported the key.
     reported_changes: u64,
+    /// The key is in the renewal rounds' queue ([`super::LeaseClient`]): something happened
+    /// since it was last found quiet (a hit, a refund, an acquire), so a round looks at it.
+    pub queued: bool,
+    /// When the key, quiet, is looked at again to be forgotten (µs, rounded to its tick; 0: not
+    /// parked). An earlier parking of the slot with another deadline is stale.
+    pub parked_us: u64,
+    /// The slot left the table (forgotten, refused a lease, replaced by another counter's): a
+    /// queue or a parking still naming it drops it.
+    pub gone: bool,
 }
 
 /// A local decision, or the need to ask the owner.
@@ -105,6 +114,9 @@ impl Held {
             touched_us: now_us,
             in_flight: false,
             reported_changes: 0,
+            queued: false,
+            parked_us: 0,
+            gone: false,
         }
     }
 
@@ -330,6 +342,22 @@ impl Held {
             quiet && epoch_of(&self.quota, now_us) > self.epoch && self.next.is_none()
         } else {
             quiet && now_us >= self.valid_until_us && bucket::is_stale(self.tat, now_us)
+        }
+    }
+
+    /// The earliest time [`Held::idle`] may hold, for a key no hit touches: a lease duration
+    /// after its last hit, and no earlier than the end of its window (or of the window granted
+    /// ahead), its bucket share's lease and its local bucket's rest.
+    pub(crate) fn forget_at(&self, timing: &LeaseTiming) -> u64 {
+        let quiet = self.touched_us.saturating_add(timing.duration_us());
+        if is_window(&self.quota) {
+            let unit_us = self.quota.window().secs() * 1_000_000;
+            let last = self.epoch + u64::from(self.next.is_some());
+            quiet.max((last + 1).saturating_mul(unit_us))
+        } else {
+            quiet
+                .max(self.valid_until_us)
+                .max(bucket::rest_micros(self.tat))
         }
     }
 

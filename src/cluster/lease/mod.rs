@@ -27,6 +27,7 @@
 //! sweep).
 
 pub(crate) mod client;
+mod deadlines;
 pub mod parent;
 pub(crate) mod server;
 mod wire;
@@ -39,11 +40,14 @@ use tokio::sync::Notify;
 
 use crate::limiter::{Algorithm, Decision, Quota};
 use client::{Held, Local};
+use deadlines::Deadlines;
 pub use server::{Ask, Capacity, Grant, HolderView, LeaseServer, LeaseTiming, Summary};
 pub use wire::MAX_LEASE_ASKS;
 
 /// One key this node holds: its lease, and a wake-up for the hits waiting on a call about it.
 pub struct Slot {
+    /// The key, shared with the table's entry: a renewal names it with no copy.
+    key: Arc<str>,
     held: Mutex<Held>,
     pub(crate) answered: Notify,
 }
@@ -90,7 +94,7 @@ pub enum Route {
 }
 
 /// A renewal due: the key, the slot its answer goes to, and the ask.
-pub type Due = (Box<str>, Arc<Slot>, Ask);
+pub type Due = (Arc<str>, Arc<Slot>, Ask);
 
 /// What lease mode did, for `/stats` and `/metrics`.
 #[derive(Debug, Default)]
@@ -149,8 +153,21 @@ pub struct HeldView {
 }
 
 /// The keys this node holds leases on.
+///
+/// A renewal round looks only at the keys something happened to since they were last found
+/// quiet (`queue`: a hit, a refund, an acquire, what they hold beyond their use), and at every
+/// key once after a ring change; a quiet key is parked until it may be forgotten (`quiet`: the
+/// end of its window, a lease duration after its last hit). So a key nobody uses costs nothing
+/// between its last renewal and its window's end, however many are held.
 pub struct LeaseClient {
-    slots: DashMap<Box<str>, Arc<Slot>, foldhash::fast::RandomState>,
+    slots: DashMap<Arc<str>, Arc<Slot>, foldhash::fast::RandomState>,
+    /// The slots the next renewal round looks at (each with [`Held::queued`] set).
+    queue: Mutex<Vec<Arc<Slot>>>,
+    /// Quiet slots, until they may be forgotten ([`Held::forget_at`]).
+    quiet: Deadlines<Arc<Slot>>,
+    /// The ring changes the last round had seen: a new one queues every key (a new owner must
+    /// learn what is held).
+    changes_seen: AtomicU64,
     timing: LeaseTiming,
     /// Bytes charged for the slots ([`SLOT_CHARGE`] plus the key's length each), held to
     /// `timing.max_bytes`.
@@ -159,14 +176,18 @@ pub struct LeaseClient {
 }
 
 /// What a held key costs beside its key's bytes: `examples/lease_memory.rs` measures at most
-/// 357 (keys of 27 to 31 bytes, 40,000 to 300,000 keys), rounded up here; the example fails
-/// when a measurement passes the charge.
-pub const SLOT_CHARGE: usize = 384;
+/// 441 (keys of 27 to 31 bytes, 40,000 to 300,000 keys; 357 before the renewal rounds' queue
+/// and parking, issue 49), rounded up here; the example fails when a measurement passes the
+/// charge.
+pub const SLOT_CHARGE: usize = 448;
 
 impl LeaseClient {
     pub fn new(timing: LeaseTiming) -> Self {
         LeaseClient {
             slots: DashMap::default(),
+            queue: Mutex::new(Vec::new()),
+            quiet: Deadlines::new(server::micros(timing.renew)),
+            changes_seen: AtomicU64::new(0),
             timing,
             bytes: AtomicUsize::new(0),
             stats: LeaseStats::default(),
@@ -208,6 +229,7 @@ impl LeaseClient {
             let mut held = slot.lock();
             if *held.quota() == quota {
                 let local = held.decide(now_us, hits, renew);
+                self.wake(&slot, &mut held);
                 drop(held);
                 return self.outcome(local, || slot.clone());
             }
@@ -216,8 +238,23 @@ impl LeaseClient {
             self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
             return Route::Forward;
         };
-        let local = slot.lock().decide(now_us, hits, renew);
+        let mut held = slot.lock();
+        let local = held.decide(now_us, hits, renew);
+        self.wake(&slot, &mut held);
+        drop(held);
         self.outcome(local, || slot)
+    }
+
+    /// Puts `slot` (whose `held` was just changed) in the next renewal round's queue, unless it
+    /// is there already: the only cost a hit on a held key adds.
+    fn wake(&self, slot: &Arc<Slot>, held: &mut Held) {
+        if !held.queued {
+            held.queued = true;
+            self.queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(slot.clone());
+        }
     }
 
     fn outcome(&self, local: Local, slot: impl FnOnce() -> Arc<Slot>) -> Route {
@@ -243,13 +280,15 @@ impl LeaseClient {
             return None;
         }
         let live = u64::try_from(live).unwrap_or(u64::MAX);
+        let key: Arc<str> = key.into();
         let fresh = || {
             Arc::new(Slot {
+                key: key.clone(),
                 held: Mutex::new(Held::new(quota, now_us, live)),
                 answered: Notify::new(),
             })
         };
-        let mut entry = self.slots.entry(key.into()).or_insert_with(|| {
+        let mut entry = self.slots.entry(key.clone()).or_insert_with(|| {
             self.bytes
                 .fetch_add(SLOT_CHARGE + key.len(), Ordering::Relaxed);
             fresh()
@@ -260,7 +299,7 @@ impl LeaseClient {
         };
         if !kept {
             // Another counter: a call under way answers the old slot, not this one.
-            *entry = fresh();
+            std::mem::replace(&mut *entry, fresh()).lock().gone = true;
         }
         Some(entry.clone())
     }
@@ -277,13 +316,17 @@ impl LeaseClient {
         let slot = self.slots.get(key)?;
         let mut held = slot.lock();
         let kept = *held.quota() == quota || held.requota(quota, now_us);
-        kept.then(|| held.admit_held(now_us, hits))
+        let decided = kept.then(|| held.admit_held(now_us, hits));
+        self.wake(&slot, &mut held);
+        decided
     }
 
     /// [`client::Held::admitted_alone`] on `key`, when it is held here.
     pub fn admitted_alone(&self, key: &str, now_us: u64, hits: u64) {
         if let Some(slot) = self.slots.get(key) {
-            slot.lock().admitted_alone(now_us, hits);
+            let mut held = slot.lock();
+            held.admitted_alone(now_us, hits);
+            self.wake(&slot, &mut held);
         }
     }
 
@@ -291,12 +334,18 @@ impl LeaseClient {
     /// left; `None` when the key is not held here (its hits were forwarded, so the refund must
     /// be too).
     pub fn refund(&self, key: &str, now_us: u64, hits: u64) -> Option<Decision> {
-        self.slots.get(key).map(|s| s.lock().refund(now_us, hits))
+        self.slots.get(key).map(|slot| {
+            let mut held = slot.lock();
+            let left = held.refund(now_us, hits);
+            self.wake(&slot, &mut held);
+            left
+        })
     }
 
     /// The owner refused to lease `key`: forget it, so its hits are forwarded.
     pub fn unleased(&self, key: &str) {
-        if self.slots.remove(key).is_some() {
+        if let Some((_, slot)) = self.slots.remove(key) {
+            slot.lock().gone = true;
             self.uncharge(key);
         }
     }
@@ -312,31 +361,84 @@ impl LeaseClient {
     }
 
     /// The renewals due at `now_us`, with the slot each answer goes to, and forgets the keys
-    /// that are idle. `changes` counts the ring changes seen so far.
+    /// that are idle. `changes` counts the ring changes seen so far. Looks only at the queued
+    /// keys (every key after a ring change) and the quiet ones whose time to be forgotten came.
     pub fn renewals(&self, now_us: u64, changes: u64) -> Vec<Due> {
+        if self.changes_seen.swap(changes, Ordering::Relaxed) != changes {
+            self.queue_all();
+        }
+        let queued =
+            std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner));
         let mut due = Vec::new();
-        let mut idle = Vec::new();
-        for entry in &self.slots {
-            let mut held = entry.value().lock();
-            if held.idle(now_us, &self.timing) {
-                idle.push(entry.key().clone());
-            } else if let Some(ask) = held.renewal(now_us, changes, &self.timing) {
-                due.push((entry.key().clone(), entry.value().clone(), ask));
+        let mut again = Vec::new();
+        for slot in queued {
+            let mut held = slot.lock();
+            if held.gone {
+                continue;
             }
-        }
-        for key in idle {
-            let gone = self
-                .slots
-                .remove_if(&key, |_, s| s.lock().idle(now_us, &self.timing));
-            if gone.is_some() {
-                self.uncharge(&key);
-                self.stats.expired.fetch_add(1, Ordering::Relaxed);
+            if let Some(ask) = held.renewal(now_us, changes, &self.timing) {
+                due.push((slot.key.clone(), slot.clone(), ask));
+            } else if !held.in_flight {
+                // Quiet: out of the rounds until a hit, or its time to be forgotten.
+                held.queued = false;
+                let at = self
+                    .quiet
+                    .rounded(held.forget_at(&self.timing).max(now_us + 1));
+                held.parked_us = at;
+                drop(held);
+                self.quiet.park(at, slot);
+                continue;
             }
+            drop(held);
+            again.push(slot);
         }
+        self.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(again);
+        self.forget_quiet(now_us);
         self.stats
             .renewals
             .fetch_add(due.len() as u64, Ordering::Relaxed);
         due
+    }
+
+    /// Queues every slot not queued yet.
+    fn queue_all(&self) {
+        for entry in &self.slots {
+            self.wake(entry.value(), &mut entry.value().lock());
+        }
+    }
+
+    /// Forgets the parked slots that are idle at `now_us`, and parks again those whose time
+    /// moved on (a slot queued since, or parked again, is not this parking's).
+    fn forget_quiet(&self, now_us: u64) {
+        for slot in self.quiet.due(now_us) {
+            let mut held = slot.lock();
+            if held.gone || held.queued || held.parked_us > now_us {
+                continue;
+            }
+            if !held.idle(now_us, &self.timing) {
+                let at = self
+                    .quiet
+                    .rounded(held.forget_at(&self.timing).max(now_us + 1));
+                held.parked_us = at;
+                drop(held);
+                self.quiet.park(at, slot);
+                continue;
+            }
+            drop(held);
+            let gone = self.slots.remove_if(&*slot.key, |_, s| {
+                let mut held = s.lock();
+                let idle = Arc::ptr_eq(s, &slot) && !held.queued && held.idle(now_us, &self.timing);
+                held.gone |= idle;
+                idle
+            });
+            if gone.is_some() {
+                self.uncharge(&slot.key);
+                self.stats.expired.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// What this node holds of `key`.

@@ -1227,3 +1227,83 @@ proptest! {
         prop_assert!(admitted <= bound, "admitted {} over {} s, bound {}", admitted, elapsed_s, bound);
     }
 }
+
+/// A node holding many keys renews only those something happened to: once a key gave back
+/// what it held beyond its use, a round neither renews it nor looks at it (it is parked until
+/// its window ends) until a hit comes; a ring change queues every key once; a quiet key is
+/// forgotten once its window is over, and so is its owner's record at the owner's sweep.
+#[test]
+fn a_round_looks_only_at_the_keys_something_happened_to() {
+    use super::{LeaseClient, Route};
+    let client = LeaseClient::new(TIMING);
+    let server = LeaseServer::new(TIMING);
+    let q = quota(Algorithm::FixedWindow, 1000, Unit::Hour, 0);
+    let at = Timestamp::from_micros;
+    let keys: Vec<String> = (0..1000).map(|i| format!("d_user_{i}_")).collect();
+    let hit = |key: &str, now: u64| match client.route(key, q, now, 1, || 3) {
+        Route::Decided(d) => d,
+        Route::Acquire(slot, ask) => {
+            let g = server.answer("n0", key, &ask, at(now), at(0), 3);
+            slot.answer(Some(&g), now);
+            slot.decide_after(now, 1)
+        }
+        Route::Wait(_) | Route::Forward => panic!("nothing else is under way"),
+    };
+    let round = |now: u64, changes: u64| {
+        let due = client.renewals(now, changes);
+        for (key, slot, ask) in &due {
+            let g = server.answer("n0", key, ask, at(now), at(0), 3);
+            slot.answer(Some(&g), now);
+        }
+        due.len()
+    };
+    let queued = || client.queue.lock().unwrap().len();
+    for k in &keys {
+        assert!(!hit(k, T0).over);
+    }
+    assert_eq!(queued(), keys.len(), "each key hit is queued once");
+    let mut now = T0;
+    let mut renewed = Vec::new();
+    for _ in 0..20 {
+        now += 100_000;
+        renewed.push(round(now, 0));
+    }
+    // An acquire reported the hit and took no more than it: nothing to renew.
+    assert_eq!(renewed.iter().sum::<usize>(), 0, "{renewed:?}");
+    assert_eq!(queued(), 0, "quiet keys leave the rounds: {renewed:?}");
+    assert_eq!(
+        client.quiet.len(),
+        keys.len(),
+        "parked until their window ends"
+    );
+
+    // A hit queues its key alone (the next round looks at it and no other; its acquire
+    // reported it, so it goes back to the quiet ones).
+    assert!(!hit(&keys[7], now).over);
+    assert_eq!(queued(), 1);
+    now += 100_000;
+    assert_eq!(round(now, 0), 0);
+    assert_eq!(queued(), 0);
+    // A ring change: every key reports to its (maybe new) owner once.
+    now += 100_000;
+    assert_eq!(round(now, 1), keys.len());
+    for _ in 0..20 {
+        now += 100_000;
+        round(now, 1);
+    }
+    assert_eq!(queued(), 0);
+
+    // The window over and a lease duration gone: every key forgotten, nothing queued or parked
+    // but the new parkings of nothing.
+    let end = (T0 / S / 3600 + 1) * 3600 * S;
+    assert_eq!(round(end + TIMING.duration_us() + 100_000, 1), 0);
+    assert!(client.is_empty(), "{} keys left", client.len());
+    assert_eq!(client.quiet.len(), 0);
+    // The owner's records go at its sweep, which looks at each key once it may be swept.
+    assert_eq!(server.len(), keys.len());
+    server.sweep(at(end - 1));
+    assert_eq!(server.len(), keys.len(), "in use until the window ends");
+    server.sweep(at(end + TIMING.duration_us()));
+    assert_eq!(server.len(), 0);
+    assert_eq!(server.bytes(), 0, "every charge given back");
+}

@@ -123,6 +123,33 @@ fn a_new_rate_keeps_each_envoys_requests_per_second_within_it() {
     assert_eq!(b.assigned(), b.rate.tokens);
 }
 
+#[test]
+fn a_split_is_due_every_eighth_of_a_round_and_at_once_after_a_new_rate() {
+    // Up to 8 holders: every report.
+    let mut b = bucket(8);
+    b.split();
+    assert!(b.split_due());
+    // 64 holders: every 8th report since the last split, whoever splits.
+    let mut b = bucket(64);
+    b.split();
+    let due: Vec<bool> = (0..16)
+        .map(|_| {
+            let due = b.split_due();
+            if due {
+                b.split();
+            }
+            due
+        })
+        .collect();
+    let at: Vec<usize> = (0..16).filter(|&i| due[i]).collect();
+    assert_eq!(at, vec![7, 15]);
+    b.split_due();
+    b.set_rate(Rate::of(&Quota::fixed(60, Unit::Minute)).unwrap());
+    assert!(b.split_due(), "a new rate splits at once");
+    b.split();
+    assert!(!b.split_due());
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     /// Holder i reports this many attempts, `dt` tenths of a second later.

@@ -30,7 +30,7 @@ use super::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
 use crate::clock::unix_nanos;
 use crate::telemetry::LogLimiter;
 use crate::telemetry::limits::LabelSet;
-use crate::telemetry::limits::{GAUGE_FAMILIES, INFO_FAMILY, limit_gauges};
+use crate::telemetry::limits::{KEY_FAMILY, LIMIT_FAMILY, limit_report};
 use crate::telemetry::prometheus::{Extra, limit_series};
 use crate::telemetry::stats::{LATENCY_BUCKETS, LimitCounters, Stats};
 
@@ -431,23 +431,28 @@ pub fn metrics_request(
     }
 }
 
-/// `ratelimit_service_rate_limit_<stat>{domain, key1, key2}`, one sum per stat.
+/// A per-limit series' attributes: `domain`, then `key1` and `key2` when the key has them.
+fn series_attrs((domain, key1, key2): &LabelSet) -> Vec<KeyValue> {
+    let mut attrs = vec![KeyValue::string("domain", domain.as_str())];
+    if let Some(k) = key1 {
+        attrs.push(KeyValue::string("key1", k.as_str()));
+    }
+    if let Some(k) = key2 {
+        attrs.push(KeyValue::string("key2", k.as_str()));
+    }
+    attrs
+}
+
+/// `ratelimit_service_rate_limit_<stat>{domain, key1, key2}`, one sum per stat, each with the
+/// series its stat applies to, as the exposition has them ([`LimitCounters::applies`]).
 fn limit_metrics(stats: &Stats, t: (u64, u64)) -> Vec<proto::Metric> {
     let series = limit_series(stats);
     let mut metrics = Vec::new();
     for (i, stat) in LimitCounters::NAMES.iter().enumerate() {
         let points = series
             .iter()
-            .map(|((domain, key1, key2), values)| {
-                let mut attrs = vec![KeyValue::string("domain", domain.as_str())];
-                if let Some(k) = key1 {
-                    attrs.push(KeyValue::string("key1", k.as_str()));
-                }
-                if let Some(k) = key2 {
-                    attrs.push(KeyValue::string("key2", k.as_str()));
-                }
-                (attrs, values[i])
-            })
+            .filter(|(_, values)| LimitCounters::applies(values, i))
+            .map(|(labels, values)| (series_attrs(labels), values[i]))
             .collect();
         metrics.push(sum(
             &format!("ratelimit_service_rate_limit_{stat}"),
@@ -459,38 +464,40 @@ fn limit_metrics(stats: &Stats, t: (u64, u64)) -> Vec<proto::Metric> {
     metrics
 }
 
-/// The configured limit beside each per-limit series, as the exposition has it
-/// ([`crate::telemetry::limits`]): three gauges, and the info gauge with `unit` and `counters`.
+/// The configured limits beside the per-limit series, as the exposition has them
+/// ([`crate::telemetry::limits`]): the limit gauge per series and limit, the window gauge per
+/// limit.
 fn limit_gauge_metrics(stats: &Stats, extra: &Extra, now: u64) -> Vec<proto::Metric> {
-    let gauges = limit_gauges(stats, &extra.limits);
-    let attrs = |(domain, key1, key2): &LabelSet| {
-        let mut attrs = vec![KeyValue::string("domain", domain.as_str())];
-        if let Some(k) = key1 {
-            attrs.push(KeyValue::string("key1", k.as_str()));
-        }
-        if let Some(k) = key2 {
-            attrs.push(KeyValue::string("key2", k.as_str()));
-        }
-        attrs
-    };
-    let mut metrics: Vec<proto::Metric> = GAUGE_FAMILIES
+    let report = limit_report(stats, &extra.limits);
+    let keys = report
+        .keys
         .iter()
-        .map(|(name, description, value)| {
-            let points = gauges.iter().map(|(l, g)| (attrs(l), value(g))).collect();
-            gauge(name, description, points, now)
+        .map(|((labels, limit), key)| {
+            let mut attrs = series_attrs(labels);
+            attrs.push(KeyValue::string("limit", limit.as_str()));
+            attrs.push(KeyValue::string("counters", key.counters()));
+            (attrs, key.requests_per_unit)
         })
         .collect();
-    let info = gauges
+    let limits = report
+        .limits
         .iter()
-        .map(|(l, g)| {
-            let mut attrs = attrs(l);
-            attrs.extend(g.info_labels().map(|(k, v)| KeyValue::string(k, v)));
-            (attrs, 1)
+        .map(|(limit, shape)| {
+            let mut attrs = vec![KeyValue::string("limit", limit.as_str())];
+            attrs.extend(
+                shape
+                    .labels()
+                    .into_iter()
+                    .map(|(k, v)| KeyValue::string(k, v.as_str())),
+            );
+            (attrs, shape.window_secs())
         })
         .collect();
-    let (name, description) = INFO_FAMILY;
-    metrics.push(gauge(name, description, info, now));
-    metrics
+    let [(key_name, key_help), (limit_name, limit_help)] = [KEY_FAMILY, LIMIT_FAMILY];
+    vec![
+        gauge(key_name, key_help, keys, now),
+        gauge(limit_name, limit_help, limits, now),
+    ]
 }
 
 fn method() -> Vec<KeyValue> {
@@ -676,8 +683,8 @@ mod tests {
     }
 
     #[test]
-    fn each_limit_series_has_its_configured_limit_as_gauges() {
-        use crate::limiter::Unit;
+    fn each_limit_series_has_its_limit_and_each_limit_its_window() {
+        use crate::limiter::{Algorithm, Unit};
         use crate::telemetry::limits::LimitShape;
         use crate::telemetry::stats::{KeySource, Outcome};
         let stats = Stats::default();
@@ -687,6 +694,7 @@ mod tests {
             requests_per_unit: 7,
             unit: Unit::Hour,
             unit_multiplier: 3,
+            algorithm: Algorithm::SlidingWindow,
             one_counter: true,
         };
         let extra = Extra {
@@ -700,22 +708,35 @@ mod tests {
             let Some(proto::metric::Data::Gauge(g)) = &m.data else {
                 panic!("{n} is a gauge")
             };
+            assert_eq!(g.data_points.len(), 1, "{n}");
             let p = &g.data_points[0];
             let attrs: Vec<String> = p.attributes.iter().map(|a| a.key.clone()).collect();
             (attrs, p.value)
         };
         let int = |v| Some(proto::number_data_point::Value::AsInt(v));
-        let labels = vec!["domain".to_owned(), "key1".to_owned()];
+        let labels = ["domain", "key1", "limit", "counters"].map(str::to_owned);
         assert_eq!(
             point("ratelimit_service_rate_limit_limit"),
-            (labels.clone(), int(7))
+            (labels.to_vec(), int(7))
         );
+        let labels = ["limit", "unit", "unit_multiplier", "algorithm"].map(str::to_owned);
         assert_eq!(
             point("sluice_rate_limit_window_seconds"),
-            (labels.clone(), int(3 * 3600))
+            (labels.to_vec(), int(3 * 3600))
         );
-        assert_eq!(point("sluice_rate_limit_unit_multiplier").1, int(3));
-        let (info, one) = point("sluice_rate_limit_info");
-        assert_eq!((info.len(), one), (4, int(1)));
+        // No refund and no slot: those sums have no point, as the exposition has no series.
+        let points = |n: &str| {
+            let m = metrics.iter().find(|m| m.name == n).expect(n);
+            let Some(proto::metric::Data::Sum(s)) = &m.data else {
+                panic!("{n} is a sum")
+            };
+            s.data_points.len()
+        };
+        assert_eq!(points("ratelimit_service_rate_limit_total_hits"), 1);
+        assert_eq!(
+            points("ratelimit_service_rate_limit_total_negative_hits"),
+            0
+        );
+        assert_eq!(points("ratelimit_service_rate_limit_slots_taken"), 0);
     }
 }
