@@ -44,8 +44,8 @@ idle measure across it would say nothing of held keys. A run waits for the next 
 than --hour-margin seconds (90) are left in this one, and a run that crossed one anyway is
 marked "(hour ended)".
 
-Exit status 1 when a client call failed (the run goes on, and the table counts them), and
-(--max-idle-cores X) when the three nodes' idle CPU exceeds X cores in any run. Builds the
+Exit status 1 when a client call failed (the run goes on, and the table counts them), when a
+hottest user's window admitted more than its limit, and (--max-idle-cores X) when the three nodes' idle CPU exceeds X cores in any run. Builds the
 binaries with cargo first unless --no-build (CARGO_TARGET_DIR, else target/). SLUICE_LEASE_MAX_BYTES (32 MiB by default, which 10^6 held
 keys pass) is raised to --lease-max-bytes, SLUICE_MAX_COUNTERS and SLUICE_MAX_COUNTER_BYTES to
 hold 4,000,000 counters, so no table fills.
@@ -452,7 +452,11 @@ def main():
                   file=sys.stderr)
         if over:
             sys.exit(1)
-    if failed:
+    over_limit = [r for r in runs if r["hot"] and max(r["hot"]) > 1.0]
+    for r in over_limit:
+        print(f"over the limit, {fmt_k(r['keys'])} users, {r['mode']} mode: a hottest user's "
+              f"window admitted {max(r['hot']):.3f} times its limit", file=sys.stderr)
+    if failed or over_limit:
         sys.exit(1)
 
 

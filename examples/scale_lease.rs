@@ -105,8 +105,8 @@ fn round(server: &LeaseServer, due: &[Due], now_us: u64) -> Round {
     let answers: Vec<Vec<u8>> = calls
         .iter()
         .map(|call| {
-            let request = LeaseRequest::decode(call.as_slice()).expect("a call decodes");
-            let asks = request.to_asks().expect("asks the owner takes");
+            let mut request = LeaseRequest::decode(call.as_slice()).expect("a call decodes");
+            let asks = request.take_asks().expect("asks the owner takes");
             let grants = asks
                 .iter()
                 .map(|(k, ask)| {

@@ -311,3 +311,13 @@ grep 'load average' bench/results-quick/machine.txt
 sed -n '/^## Headline/,/^## Load/{/^## Load/!p}' bench/results-quick/summary.md
 echo "== the benchmark refuses a server answering UNAVAILABLE (bench/selftest.sh)"
 bench/selftest.sh
+
+# Lease mode at high cardinality, short (bench/lease_keys.py, docs/benchmarks.md, issue 49):
+# three release nodes, 20,000 users with an hourly limit each touched and then used with a
+# Zipf spread for 4 s, then 8 s idle. Fails when the three nodes together burn more than 0.02
+# cores while idle (held keys nobody uses must cost nothing: 0.066 before issue 49's step 1,
+# about 0.005 after), when a hottest user's window admits more than its limit, or when a call
+# fails. About 20 s with the release binaries built (by the quick benchmark above).
+echo "== held keys cost nothing while idle (bench/lease_keys.py, short)"
+python3 bench/lease_keys.py --keys 20000 --modes lease --load-secs 4 --idle-secs 8 \
+  --hour-margin 30 --max-idle-cores 0.02

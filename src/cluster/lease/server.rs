@@ -61,7 +61,7 @@ use dashmap::DashMap;
 use super::deadlines::Deadlines;
 use crate::clock::Timestamp;
 use crate::limiter::counter::CounterKind;
-use crate::limiter::share::max_min_fair;
+use crate::limiter::share::max_min_fair_into;
 use crate::limiter::{Algorithm, Quota};
 
 /// Shares of a bucket are parts per million.
@@ -1100,7 +1100,8 @@ fn grant_in(
         };
         claims = self::claims(epoch, me, ask.want, ctx.now_us, &step).1;
     }
-    let fair = max_min_fair(available, &claims);
+    let mut fair: Claims = smallvec::smallvec![0; claims.len()];
+    max_min_fair_into(available, &claims, &mut fair);
     let h = &epoch.holders[me];
     let target = fair[me].min(limits.cap);
     let held: u64 = epoch.allowances();
@@ -1110,10 +1111,14 @@ fn grant_in(
     (raised, target)
 }
 
+/// One number per holder of a key, on the stack for up to eight holders: an ask's split
+/// allocates nothing in a cluster of up to eight nodes.
+type Claims = smallvec::SmallVec<[u64; 8]>;
+
 /// What is left of `epoch`'s capacity to split once the expired holders' allowances are
 /// charged, and each holder's claim on it: what it used (windows) plus its need, or `want` for
 /// the asking holder `me` when that is more; 0 for an expired holder.
-fn claims(epoch: &Epoch, me: usize, want: u64, now_us: u64, limits: &Limits) -> (u64, Vec<u64>) {
+fn claims(epoch: &Epoch, me: usize, want: u64, now_us: u64, limits: &Limits) -> (u64, Claims) {
     let window = matches!(limits.need, Need::Window { .. });
     let mut expired = 0;
     let claims = epoch

@@ -15,16 +15,17 @@ use crate::store::Hit;
 pub const MAX_LEASE_ASKS: usize = 2048;
 
 impl LeaseRequest {
-    /// Each ask's key and ask, as the owner takes them; a call past [`MAX_LEASE_ASKS`], or with
-    /// one ask it cannot read, is refused whole.
-    pub fn to_asks(&self) -> Result<Vec<(String, Ask)>, tonic::Status> {
+    /// Each ask's key and ask, as the owner takes them, the keys moved out of the call (no copy
+    /// per key); a call past [`MAX_LEASE_ASKS`], or with one ask it cannot read, is refused
+    /// whole.
+    pub fn take_asks(&mut self) -> Result<Vec<(String, Ask)>, tonic::Status> {
         if self.asks.len() > MAX_LEASE_ASKS {
             return Err(tonic::Status::invalid_argument(format!(
                 "a lease call carries at most {MAX_LEASE_ASKS} asks, not {}",
                 self.asks.len()
             )));
         }
-        self.asks.iter().map(LeaseAsk::to_ask).collect()
+        self.asks.iter_mut().map(LeaseAsk::take_ask).collect()
     }
 }
 
@@ -48,10 +49,10 @@ impl LeaseAsk {
     }
 
     /// The key and the ask; an unknown unit or algorithm number is refused.
-    pub fn to_ask(&self) -> Result<(String, Ask), tonic::Status> {
+    fn take_ask(&mut self) -> Result<(String, Ask), tonic::Status> {
         let hit = self
             .hit
-            .as_ref()
+            .as_mut()
             .ok_or_else(|| tonic::Status::invalid_argument("lease ask without a key"))?;
         let quota = Quota {
             safe_capacity: NonZeroU32::new(self.safe_capacity),
@@ -66,7 +67,7 @@ impl LeaseAsk {
             demand_milli: self.demand_milli,
             horizon_us: self.horizon_us,
         };
-        Ok((hit.key.clone(), ask))
+        Ok((std::mem::take(&mut hit.key), ask))
     }
 }
 
@@ -128,8 +129,8 @@ mod tests {
             horizon_us: 700_000,
         };
         let wire = LeaseAsk::from_ask("d_k_v_", &ask);
-        let decoded = LeaseAsk::decode(wire.encode_to_vec().as_slice()).unwrap();
-        assert_eq!(decoded.to_ask().unwrap(), ("d_k_v_".to_owned(), ask));
+        let mut decoded = LeaseAsk::decode(wire.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.take_ask().unwrap(), ("d_k_v_".to_owned(), ask));
         for next in [None, Some(0), Some(17)] {
             let grant = Grant {
                 epoch: 28_333_333,
@@ -144,19 +145,19 @@ mod tests {
             assert_eq!(Grant::from(&LeaseGrant::from(&grant)), grant);
         }
         // An ask without its key, or with an algorithm this version does not know, is refused.
-        let keyless = LeaseAsk {
+        let mut keyless = LeaseAsk {
             hit: None,
             ..wire.clone()
         };
         assert_eq!(
-            keyless.to_ask().unwrap_err().code(),
+            keyless.take_ask().unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
         let mut unknown = wire;
         unknown.hit.as_mut().unwrap().algorithm = 9;
         assert!(
             unknown
-                .to_ask()
+                .take_ask()
                 .unwrap_err()
                 .message()
                 .contains("algorithm number 9")
@@ -181,10 +182,10 @@ mod tests {
             asks: vec![ask.clone(); n],
         };
         assert_eq!(
-            request(MAX_LEASE_ASKS).to_asks().unwrap().len(),
+            request(MAX_LEASE_ASKS).take_asks().unwrap().len(),
             MAX_LEASE_ASKS
         );
-        let refused = request(MAX_LEASE_ASKS + 1).to_asks().unwrap_err();
+        let refused = request(MAX_LEASE_ASKS + 1).take_asks().unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument);
         assert_eq!(
             refused.message(),

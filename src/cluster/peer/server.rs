@@ -97,11 +97,11 @@ impl wire::peer_server::Peer for Owner {
         &self,
         request: tonic::Request<LeaseRequest>,
     ) -> Result<tonic::Response<LeaseResponse>, tonic::Status> {
-        let req = request.into_inner();
+        let mut req = request.into_inner();
         if let Some(refused) = version_mismatch(req.protocol_version) {
             return Err(refused);
         }
-        let asks = req.to_asks()?;
+        let asks = req.take_asks()?;
         let now = self.clock.now();
         let grants = self
             .local
