@@ -14,12 +14,15 @@
 //! table: a decision waits while the sweeper holds its shard, so their tail bounds the holds
 //! from above (with the scheduler's own pauses). Each pass is timed on the clock and on the
 //! CPU, and the store times its holds of the shards' locks ([`MemoryStore::sweep_timed`]):
-//! the longest write hold is the longest a decision on a live counter can wait for it. Prints
-//! one JSON line on stdout and exits 1 when a counter is missing or a pass removes the wrong
-//! number.
+//! the longest write hold is the longest a decision on a live counter can wait for it. The
+//! holds are timed on the wall clock (HOLD_CLOCK `wall`, the default), or on the sweeping
+//! thread's CPU clock (`cpu`), which leaves out the time the scheduler took the thread off a
+//! core while it held a lock. Prints one JSON line on stdout and exits 1 when a counter is
+//! missing or a pass removes the wrong number.
 //!
 //! ```sh
-//! cargo run --release --example scale_counters -- 1000000
+//! cargo run --release --example scale_counters -- N [SAMPLES [HOLD_CLOCK]]
+//! cargo run --release --example scale_counters -- 1000000 200000 cpu
 //! ```
 
 #![allow(
@@ -31,7 +34,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice::clock::{SystemClock, Timestamp};
+use sluice::clock::{Clock, SystemClock, Timestamp};
 use sluice::limiter::{Decision, Quota, Unit};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 
@@ -199,11 +202,22 @@ impl Pass {
     }
 }
 
-/// One sweep pass at `now`, timed, its holds of the shards' locks timed on the system clock.
-fn pass(store: &MemoryStore, now: Timestamp) -> Pass {
+/// The sweeping thread's CPU clock, for timing holds without the time the thread was off a
+/// core: on a shared machine the scheduler preempts a thread holding a lock for milliseconds,
+/// which the wall clock counts as a hold.
+struct ThreadCpu;
+
+impl Clock for ThreadCpu {
+    fn now_nanos(&self) -> u64 {
+        thread_cpu_ns()
+    }
+}
+
+/// One sweep pass at `now`, timed, its holds of the shards' locks timed on `hold_clock`.
+fn pass(store: &MemoryStore, now: Timestamp, hold_clock: &dyn Clock) -> Pass {
     let t = Instant::now();
     let cpu = thread_cpu_ns();
-    let report = store.sweep_timed(now, &SystemClock);
+    let report = store.sweep_timed(now, hold_clock);
     Pass {
         removed: report.removed,
         wall_ms: t.elapsed().as_secs_f64() * 1e3,
@@ -239,6 +253,12 @@ fn main() {
     let samples: usize = args
         .next()
         .map_or(200_000, |s| s.parse().expect("SAMPLES is a count"));
+    let hold_clock_name = args.next().unwrap_or_else(|| "wall".to_owned());
+    let hold_clock: &dyn Clock = match hold_clock_name.as_str() {
+        "wall" => &SystemClock,
+        "cpu" => &ThreadCpu,
+        other => panic!("HOLD_CLOCK is wall or cpu, not {other}"),
+    };
     let now = Timestamp::from_secs(1_700_000_040);
     let store = MemoryStore::new(usize::try_from(n + PROBES).expect("N fits"));
     let all = Sample {
@@ -258,10 +278,11 @@ fn main() {
     let alone = Latency::of(&mut all.time(samples, || true));
     let (sweeping, passes) = while_sweeping(&all, samples);
     // Nothing has expired a second later: the pass walks every counter and keeps it.
-    let keep = pass(&store, Timestamp::from_secs(1_700_000_041));
+    let keep = pass(&store, Timestamp::from_secs(1_700_000_041), hold_clock);
     assert_eq!(keep.removed, 0);
     // Two windows later everything has.
-    let (freeing, free) = while_freeing(&store, n, Timestamp::from_secs(1_700_000_200));
+    let later = Timestamp::from_secs(1_700_000_200);
+    let (freeing, free) = while_freeing(&store, n, later, hold_clock);
     let core_share = keep.cpu_ms / 1e3 / 10.0;
     eprintln!(
         "scale_counters: {n} counters in {fill_s:.1} s, {:.1} bytes each (key included); \
@@ -282,7 +303,7 @@ fn main() {
         freeing.max,
     );
     println!(
-        "{{\"curve\":\"counters\",\"n\":{n},\"rss_bytes\":{rss},\"bytes_per_counter\":{:.1},\
+        "{{\"curve\":\"counters\",\"n\":{n},\"hold_clock\":\"{hold_clock_name}\",\"rss_bytes\":{rss},\"bytes_per_counter\":{:.1},\
          \"fill_s\":{fill_s:.2},{},{},\"sweeping_passes\":{passes},{},{},{},\
          \"sweeper_core_share\":{core_share:.6}}}",
         rss as f64 / n as f64,
@@ -317,7 +338,12 @@ fn while_sweeping(all: &Sample<'_>, samples: usize) -> (Latency, u64) {
 
 /// The pass at `later` that frees all `n` counters, and the latency meanwhile of
 /// decisions on [`PROBES`] live counters of the same table (so of the same shards).
-fn while_freeing(store: &MemoryStore, n: u64, later: Timestamp) -> (Latency, Pass) {
+fn while_freeing(
+    store: &MemoryStore,
+    n: u64,
+    later: Timestamp,
+    hold_clock: &dyn Clock,
+) -> (Latency, Pass) {
     let probes = Sample {
         store,
         first: n,
@@ -333,7 +359,7 @@ fn while_freeing(store: &MemoryStore, n: u64, later: Timestamp) -> (Latency, Pas
             while !started.load(Ordering::Relaxed) {
                 std::hint::spin_loop();
             }
-            let free = pass(store, later);
+            let free = pass(store, later, hold_clock);
             done.store(true, Ordering::Relaxed);
             assert_eq!(
                 free.removed as u64, n,

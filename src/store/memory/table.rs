@@ -5,8 +5,9 @@
 //!
 //! **Why slices.** DashMap's `retain` held each shard's write lock while it walked the whole
 //! shard and freed each removed key's heap block, and every decision on that shard waited: at
-//! 10^7 counters, decisions beside the pass that frees a window's counters waited up to 64 ms
-//! (docs/benchmarks.md, "A sweeper without stalls"). [`Table::sweep`] walks [`SLICE`] buckets at
+//! 10^7 counters, decisions beside the pass that frees a window's counters waited up to 54 to
+//! 104 ms, now 50 to 70 µs of the sweeper's CPU per hold (docs/benchmarks.md, "A sweeper
+//! without stalls"). [`Table::sweep`] walks [`SLICE`] buckets at
 //! a time: it finds the stale ones under the shard's *read* lock (decisions take read locks
 //! too, so they do not wait for it), takes the write lock only for a slice where it found some,
 //! to look at those again and move them out, and drops them (frees the keys) after releasing
