@@ -25,15 +25,23 @@ CURVES = {
             ("decision_p50_ns", "decision p50 (ns)", "{:.0f}"),
             ("decision_p99_ns", "decision p99 (ns)", "{:.0f}"),
             ("sweeping_p99_ns", "p99 while sweeping (ns)", "{:.0f}"),
-            ("sweep_keep_ms", "sweep pass, none expired (ms)", "{:.1f}"),
-            ("sweep_free_ms", "sweep pass, all expired (ms)", "{:.1f}"),
+            ("sweep_keep_cpu_ms", "sweep pass, none expired (ms CPU)", "{:.1f}"),
+            ("sweep_free_cpu_ms", "sweep pass, all expired (ms CPU)", "{:.1f}"),
+            ("sweep_free_write_hold_ns", "longest write hold while freeing (ns)", "{:.0f}"),
+            ("freeing_p99_ns", "p99 while it frees (ns)", "{:.0f}"),
+            ("freeing_p9999_ns", "p99.99 while it frees (ns)", "{:.0f}"),
+            ("freeing_max_ns", "longest while it frees (ns)", "{:.0f}"),
             ("sweeper_core_share", "sweeper's share of a core (every 10 s)", "{:.4f}"),
         ],
         "panels": [
             ("bytes per counter", [("resident", "bytes_per_counter")]),
             ("decision latency (ns)", [("p50", "decision_p50_ns"), ("p99", "decision_p99_ns"),
                                        ("p99 while sweeping", "sweeping_p99_ns")]),
-            ("sweep pass (ms)", [("none expired", "sweep_keep_ms"), ("all expired", "sweep_free_ms")]),
+            ("decisions while a pass frees (ns)", [("p99", "freeing_p99_ns"),
+                                                   ("p99.99", "freeing_p9999_ns"),
+                                                   ("longest", "freeing_max_ns")]),
+            ("sweep pass (ms CPU)", [("none expired", "sweep_keep_cpu_ms"),
+                                     ("all expired", "sweep_free_cpu_ms")]),
         ],
     },
     "config": {
@@ -131,7 +139,8 @@ def series(curve, spec, rows):
 def svg(curve, spec, panels, path):
     pw, ph, ml, mt, gap = 250, 220, 60, 40, 70
     w = ml + len(panels) * (pw + gap)
-    h = mt + ph + 90
+    # Room under the panels for the longest legend (an earlier version's series double it).
+    h = mt + ph + max(90, 46 + 14 * max(len(lines) for _, lines in panels))
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
            f'<rect width="{w}" height="{h}" fill="white"/>',
            f'<text x="{ml}" y="18" font-size="13">{curve}: cost against {spec["work"]} (log-log)</text>']

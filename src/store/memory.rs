@@ -11,8 +11,11 @@
 //! - concurrency limits: a table per window of slot lists, each behind its own mutex
 //!   ([`slots`]: a list cannot be swapped in by one compare-and-swap).
 //!
-//! Every update is a compare-and-swap loop around the pure function in [`crate::limiter`],
-//! under a shard read lock; a shard write lock is taken only to insert a new counter.
+//! The tables are sharded maps of their own ([`table`]: hashbrown tables behind a lock each),
+//! not DashMap's, for their sweep: it holds a shard for a slice of it at a time and frees keys
+//! with the lock released. Every update is a compare-and-swap loop around the pure function in
+//! [`crate::limiter`], under a shard read lock; a shard write lock is taken only to insert a new
+//! counter, and by the sweeper for a slice in which it found counters to remove.
 //!
 //! Memory is bounded twice over ([`MemoryLimits`]): at most `max_counters` live counters across
 //! all tables, and at most `max_bytes` accounted bytes, each counter costing its key's bytes
@@ -29,7 +32,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
 use portable_atomic::AtomicU128;
 
 use super::{CounterStore, Hit, StoreError};
@@ -38,10 +40,10 @@ use crate::limiter::concurrency::Slots;
 use crate::limiter::{self, Algorithm, CounterKind, Decision, Quota, Unit, Window, fixed_window};
 
 mod slots;
+mod table;
 
 pub use slots::SLOT_BYTES;
-
-type Table<W> = DashMap<Box<str>, W, foldhash::fast::RandomState>;
+use table::{Holds, Table};
 
 /// Shards per table for each thread the machine runs (a power of two). Every access takes its
 /// shard's lock word, an atomic write, so two cores working on keys of one shard move that cache
@@ -57,10 +59,6 @@ fn shard_amount() -> usize {
     (threads * SHARDS_PER_THREAD)
         .next_power_of_two()
         .min(MAX_SHARDS)
-}
-
-fn new_table<W>(shards: usize) -> Table<W> {
-    Table::with_hasher_and_shard_amount(foldhash::fast::RandomState::default(), shards)
 }
 
 /// What a counter costs besides its key's bytes, charged against [`MemoryLimits::max_bytes`]:
@@ -222,6 +220,18 @@ fn charge<W: StateWord, T>(word: &W, step: impl Fn(W::Raw) -> (T, W::Raw)) -> T 
     }
 }
 
+/// What a timed sweep pass did ([`MemoryStore::sweep_timed`]): the longest it held a shard's
+/// lock, the write lock (decisions on that shard wait) and the read lock (only new counters
+/// wait).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub removed: usize,
+    /// Write locks taken: one per slice of a shard with counters to remove.
+    pub write_holds: u64,
+    pub longest_write_hold_ns: u64,
+    pub longest_read_hold_ns: u64,
+}
+
 /// Counters of what the store did, for telemetry.
 #[derive(Debug, Default)]
 pub struct MemoryStats {
@@ -302,9 +312,9 @@ impl MemoryStore {
         let shards = shard_amount();
         MemoryStore {
             inner: Arc::new(Inner {
-                fixed: std::array::from_fn(|_| new_table(shards)),
-                sliding: std::array::from_fn(|_| new_table(shards)),
-                buckets: new_table(shards),
+                fixed: std::array::from_fn(|_| Table::new(shards)),
+                sliding: std::array::from_fn(|_| Table::new(shards)),
+                buckets: Table::new(shards),
                 fixed_multiplied: DashMap::default(),
                 sliding_multiplied: DashMap::default(),
                 slots: slots::SlotTables::default(),
@@ -329,7 +339,11 @@ impl MemoryStore {
             loop {
                 tick.tick().await;
                 let Some(inner) = weak.upgrade() else { return };
-                inner.sweep(clock.now());
+                let now = clock.now();
+                // A pass walks every counter (0.1 s at 10^7, docs/benchmarks.md): on a blocking
+                // thread, not on a runtime worker, whose queued tasks would wait for it.
+                let sweep = move || inner.sweep(now, &mut Holds::default());
+                let _ = tokio::task::spawn_blocking(sweep).await;
             }
         }));
         store
@@ -337,7 +351,20 @@ impl MemoryStore {
 
     /// Removes every counter that no longer holds anything at `now`; returns how many.
     pub fn sweep(&self, now: Timestamp) -> usize {
-        self.inner.sweep(now)
+        self.inner.sweep(now, &mut Holds::default())
+    }
+
+    /// [`MemoryStore::sweep`], timing on `clock` each hold of a shard's lock (benchmarks: two
+    /// clock reads per hold).
+    pub fn sweep_timed(&self, now: Timestamp, clock: &dyn Clock) -> SweepReport {
+        let mut holds = Holds::timed(clock);
+        let removed = self.inner.sweep(now, &mut holds);
+        SweepReport {
+            removed,
+            write_holds: holds.writes,
+            longest_write_hold_ns: holds.longest_write_ns,
+            longest_read_hold_ns: holds.longest_read_ns,
+        }
     }
 
     /// Live counters right now.
@@ -365,16 +392,17 @@ impl MemoryStore {
     /// The fixed-window count a counter holds for the window containing `now` (0 if absent
     /// or stale).
     pub fn count(&self, key: &str, unit: Unit, now: Timestamp) -> u64 {
-        self.inner.fixed[unit.index()].get(key).map_or(0, |c| {
-            fixed_window::current_count(c.load(Ordering::Acquire), now.secs(), unit.into())
-        })
+        self.inner.fixed[unit.index()]
+            .with(key, |c| {
+                fixed_window::current_count(c.load(Ordering::Acquire), now.secs(), unit.into())
+            })
+            .unwrap_or(0)
     }
 
     /// The raw state word of a counter (a `u64` word widened), if it exists.
     pub fn state(&self, kind: CounterKind, key: &str) -> Option<u128> {
         with_table!(self.inner, kind, |table| table
-            .get(key)
-            .map(|w| widen_of(&*w, StateWord::load(&*w))))
+            .with(key, |w| widen_of(w, StateWord::load(w))))
     }
 
     /// A concurrency counter's slots as they stand at `now`; `None` if there is no such
@@ -524,8 +552,7 @@ impl Inner {
         };
         let step = |s| limiter::counter::decide(&q, s, now, hit.hits);
         with_table!(self, kind, |table| table
-            .get(hit.key)
-            .map(|w| charge_wide(&*w, step)))
+            .with(hit.key, |w| charge_wide(w, step)))
     }
 
     fn contains(&self, hit: &Hit<'_>) -> bool {
@@ -556,19 +583,16 @@ impl Inner {
         room: &mut Reservation,
         step: impl Fn(u128) -> (Decision, u128),
     ) -> Result<Decision, StoreError> {
-        // Read path first: an existing counter needs only a shard read lock.
-        if let Some(word) = table.get(key) {
-            return Ok(charge_wide(&*word, step));
-        }
-        match table.entry(Box::from(key)) {
-            Entry::Occupied(e) => Ok(charge_wide(e.get(), step)),
-            Entry::Vacant(e) => {
+        // An existing counter needs only a shard read lock.
+        table.with_or_insert(
+            key,
+            |word| charge_wide(word, &step),
+            || {
                 self.claim(room, Room::of(key))?;
                 let (decision, state) = step(W::widen(W::Raw::default()));
-                e.insert(W::new(W::narrow(state)));
-                Ok(decision)
-            }
-        }
+                Ok((W::new(W::narrow(state)), decision))
+            },
+        )
     }
 
     /// Replaces a counter's state with `merge(state)`, creating it from the zero state.
@@ -578,20 +602,16 @@ impl Inner {
         key: &str,
         merge: impl Fn(u128) -> u128,
     ) -> Result<(), StoreError> {
-        if let Some(word) = table.get(key) {
-            update(&*word, merge);
-            return Ok(());
-        }
-        match table.entry(Box::from(key)) {
-            Entry::Occupied(e) => {
-                update(e.get(), merge);
-            }
-            Entry::Vacant(e) => {
+        table.with_or_insert(
+            key,
+            |word| {
+                update(word, &merge);
+            },
+            || {
                 self.reserve(Room::of(key))?;
-                e.insert(W::new(W::narrow(merge(W::widen(W::Raw::default())))));
-            }
-        }
-        Ok(())
+                Ok((W::new(W::narrow(merge(W::widen(W::Raw::default())))), ()))
+            },
+        )
     }
 
     /// Takes `room` under both caps, or none of it. Refusals count in `rejected_full`. Each
@@ -626,15 +646,15 @@ impl Inner {
         self.bytes.fetch_sub(room.bytes, Ordering::Relaxed);
     }
 
-    fn sweep(&self, now: Timestamp) -> usize {
+    fn sweep(&self, now: Timestamp, holds: &mut Holds<'_>) -> usize {
         let mut removed = Room::default();
         // Every kind once: the bucket kind is the buckets' one table.
         for kind in self.kinds() {
-            let gone = with_table!(self, kind, |table| retain(table, |s| !kind
-                .is_stale(s, now)));
+            let stale = |s| kind.is_stale(s, now);
+            let gone = with_table!(self, kind, |table| sweep(table, stale, holds));
             removed = removed.add(gone);
         }
-        removed = removed.add(self.slots.sweep(now));
+        removed = removed.add(self.slots.sweep(now, holds));
         self.release(removed);
         self.stats
             .swept
@@ -658,7 +678,7 @@ fn shared_table<W>(
         return t.clone();
     }
     map.entry(w)
-        .or_insert_with(|| Arc::new(new_table(shards)))
+        .or_insert_with(|| Arc::new(Table::new(shards)))
         .clone()
 }
 
@@ -671,16 +691,18 @@ fn take(total: &AtomicUsize, n: usize, max: usize) -> bool {
         .is_ok()
 }
 
-/// Keeps the counters whose (widened) state passes `keep`; returns the room the others took.
-fn retain<W: StateWord>(table: &Table<W>, keep: impl Fn(u128) -> bool) -> Room {
+/// Removes the counters whose (widened) state is `stale`; returns the room they took.
+fn sweep<W: StateWord>(
+    table: &Table<W>,
+    stale: impl Fn(u128) -> bool,
+    holds: &mut Holds<'_>,
+) -> Room {
     let mut removed = Room::default();
-    table.retain(|key, w| {
-        let k = keep(W::widen(w.load()));
-        if !k {
-            removed = removed.add(Room::of(key));
-        }
-        k
-    });
+    table.sweep(
+        |w| stale(W::widen(w.load())),
+        |key, _| removed = removed.add(Room::of(key)),
+        holds,
+    );
     removed
 }
 
@@ -698,7 +720,7 @@ impl MemoryStore {
             // A counter that is not there (never hit, or swept) has nothing to give back, and
             // none is made for the refund.
             let left = with_table!(inner, kind, |table| {
-                table.get(hit.key).map_or(0, |word| update(&*word, step))
+                table.with(hit.key, |word| update(word, step)).unwrap_or(0)
             });
             out.push(limiter::counter::decide(&q, left, now, 0).0);
         }
@@ -856,6 +878,101 @@ mod tests {
         assert_eq!(store.sweep(Timestamp::from_secs(1320)), 2);
         assert_eq!(store.live_counters(), 1);
         assert_eq!(store.stats().swept.load(Ordering::Relaxed), 3);
+    }
+
+    /// The sweep walks each table in slices and frees with the shard unlocked
+    /// ([`table`](super::table)); with decisions on live counters and new counters made on other
+    /// threads meanwhile, it still frees exactly the counters that expired, for every
+    /// algorithm, keeps every live one with its count, and gives back exactly the room it freed.
+    #[test]
+    fn a_sweep_under_concurrent_decisions_frees_every_expired_counter_and_nothing_live() {
+        const OLD: usize = 4_000;
+        const LIVE: usize = 500;
+        let store = MemoryStore::new(100_000);
+        let (then, now) = (1234, 1234 + 3600);
+        let hit = |a: Algorithm, name: &str, i: usize, hits| {
+            let key: &'static str = format!("{a:?}_{name}{i}").leak();
+            let quota = Quota {
+                algorithm: a,
+                burst: NonZeroU32::new(1000),
+                ..Quota::fixed(100_000, Unit::Minute)
+            };
+            Hit { key, quota, hits }
+        };
+        let each = |name, n| -> Vec<Hit<'static>> {
+            Algorithm::ALL
+                .iter()
+                .flat_map(|&a| (0..n).map(move |i| hit(a, name, i, 1)))
+                .collect()
+        };
+        let (old, live, new) = (each("old", OLD), each("live", LIVE), each("new", LIVE));
+        apply(&store, then, &old).unwrap();
+        apply(&store, now, &live).unwrap();
+        let removed = std::thread::scope(|s| {
+            for half in live.chunks(live.len() / 2) {
+                let store = &store;
+                s.spawn(move || {
+                    for _ in 0..20 {
+                        assert!(apply(store, now, half).unwrap().iter().all(|d| !d.over));
+                    }
+                });
+            }
+            s.spawn(|| apply(&store, now, &new).unwrap());
+            store.sweep(Timestamp::from_secs(now))
+        });
+        assert_eq!(removed, old.len(), "every expired counter, none live");
+        let inner = &*store.inner;
+        assert!(old.iter().all(|h| !inner.contains(h)));
+        assert!(live.iter().chain(&new).all(|h| inner.contains(h)));
+        let fixed_live = live
+            .iter()
+            .filter(|h| h.quota.algorithm == Algorithm::FixedWindow);
+        for h in fixed_live {
+            assert_eq!(
+                store.count(h.key, Unit::Minute, Timestamp::from_secs(now)),
+                21
+            );
+        }
+        assert_eq!(store.live_counters(), live.len() + new.len());
+        let bytes: usize = live
+            .iter()
+            .chain(&new)
+            .map(Room::of_hit)
+            .map(|r| r.bytes)
+            .sum();
+        assert_eq!(
+            store.counter_bytes(),
+            bytes,
+            "the room freed is the room taken"
+        );
+    }
+
+    /// A clock that moves 1 µs each time it is read.
+    struct Ticking(AtomicU64);
+
+    impl Clock for Ticking {
+        fn now_nanos(&self) -> u64 {
+            self.0.fetch_add(1_000, Ordering::Relaxed)
+        }
+    }
+
+    /// A timed pass times each hold of a lock on its own (two reads of the clock, so 1 µs on
+    /// this clock), not the pass, and takes a write lock only where it removes counters.
+    #[test]
+    fn a_timed_sweep_times_each_hold_and_write_locks_only_to_remove() {
+        let store = MemoryStore::new(10_000);
+        let keys: Vec<String> = (0..5_000).map(|i| format!("k{i}")).collect();
+        let hits: Vec<Hit<'_>> = keys.iter().map(|k| hit(k, 5, 1)).collect();
+        apply(&store, 1234, &hits).unwrap();
+        let clock = Ticking(AtomicU64::new(0));
+        let kept = store.sweep_timed(Timestamp::from_secs(1235), &clock);
+        assert_eq!((kept.removed, kept.write_holds), (0, 0));
+        assert_eq!(kept.longest_read_hold_ns, 1_000);
+        let freed = store.sweep_timed(Timestamp::from_secs(1300), &clock);
+        assert_eq!(freed.removed, 5_000);
+        assert!(freed.write_holds > 0);
+        assert_eq!(freed.longest_write_hold_ns, 1_000);
+        assert_eq!(store.sweep(Timestamp::from_secs(1300)), 0);
     }
 
     /// nginx's excess of a leaky bucket's last request lasts one emission interval past the

@@ -13,8 +13,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
 
+use super::table::Holds;
 use super::{COUNTER_OVERHEAD_BYTES, Room, Table, shared_table};
 use crate::clock::Timestamp;
 use crate::limiter::concurrency::Slots;
@@ -76,8 +76,7 @@ impl SlotTables {
     /// A start on a counter that exists; `None` if it does not.
     pub(super) fn charge_existing(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Decision> {
         let table = self.existing(&hit.quota)?;
-        let counter = table.get(hit.key)?;
-        Some(counter.step(|s| start(s, hit, now)))
+        table.with(hit.key, |c| c.step(|s| start(s, hit, now)))
     }
 
     /// A start, making the counter (within the request's reservation) if needed.
@@ -89,53 +88,47 @@ impl SlotTables {
         claim: impl FnOnce(Room) -> Result<(), StoreError>,
     ) -> Result<Decision, StoreError> {
         let table = self.table(&hit.quota, shards);
-        if let Some(counter) = table.get(hit.key) {
-            return Ok(counter.step(|s| start(s, hit, now)));
-        }
-        match table.entry(Box::from(hit.key)) {
-            Entry::Occupied(e) => Ok(e.get().step(|s| start(s, hit, now))),
-            Entry::Vacant(e) => {
+        table.with_or_insert(
+            hit.key,
+            |c| c.step(|s| start(s, hit, now)),
+            || {
                 let needed = self::room(hit);
                 claim(needed)?;
                 let mut slots = Slots::default();
                 let decision = start(&mut slots, hit, now);
-                e.insert(SlotCounter {
+                let counter = SlotCounter {
                     slots: Mutex::new(slots),
                     bytes: needed.bytes,
-                });
-                Ok(decision)
-            }
-        }
+                };
+                Ok((counter, decision))
+            },
+        )
     }
 
     /// A refund; a counter that is not there has nothing to give back, and none is made.
     pub(super) fn refund(&self, hit: &Hit<'_>, now: Timestamp) -> Decision {
         let q = &hit.quota;
-        let counter = self.existing(q);
-        let counter = counter.as_ref().and_then(|t| t.get(hit.key));
-        match counter {
-            Some(c) => c.step(|s| s.refund(now.micros(), q, hit.hits)),
-            None => Slots::default().refund(now.micros(), q, 0),
-        }
+        let refunded = self
+            .existing(q)
+            .and_then(|t| t.with(hit.key, |c| c.step(|s| s.refund(now.micros(), q, hit.hits))));
+        refunded.unwrap_or_else(|| Slots::default().refund(now.micros(), q, 0))
     }
 
     /// Forgets a counter; the room it took.
     pub(super) fn remove(&self, hit: &Hit<'_>) -> Room {
         let gone = self.existing(&hit.quota).and_then(|t| t.remove(hit.key));
-        gone.map_or(Room::default(), |(_, c)| counted(&c))
+        gone.map_or(Room::default(), |c| counted(&c))
     }
 
     /// Drops the counters that hold nothing at `now`; the room they took.
-    pub(super) fn sweep(&self, now: Timestamp) -> Room {
+    pub(super) fn sweep(&self, now: Timestamp, holds: &mut Holds<'_>) -> Room {
         let mut removed = Room::default();
         for table in self.tables.iter() {
-            table.retain(|_, c| {
-                let keep = !c.step(|s| s.is_stale(now.micros()));
-                if !keep {
-                    removed = removed.add(counted(c));
-                }
-                keep
-            });
+            table.sweep(
+                |c| c.step(|s| s.is_stale(now.micros())),
+                |_, c| removed = removed.add(counted(c)),
+                holds,
+            );
         }
         removed
     }
@@ -144,12 +137,13 @@ impl SlotTables {
     /// counter left as it is, so its expiries are still reported by the next call).
     pub(super) fn state(&self, quota: &Quota, key: &str, now: Timestamp) -> Option<Slots> {
         let table = self.existing(quota)?;
-        let counter = table.get(key)?;
-        Some(counter.step(|s| {
-            let mut now_view = s.clone();
-            now_view.decide(now.micros(), quota, 0);
-            now_view
-        }))
+        table.with(key, |c| {
+            c.step(|s| {
+                let mut now_view = s.clone();
+                now_view.decide(now.micros(), quota, 0);
+                now_view
+            })
+        })
     }
 
     /// Merges slots kept elsewhere (another owner's, through Redis) into a counter, making it
@@ -164,27 +158,20 @@ impl SlotTables {
     ) -> Result<(), StoreError> {
         let table = self.table(quota, shards);
         let merge = |c: &SlotCounter| c.step(|s| *s = Slots::merge_max(s, other));
-        if let Some(counter) = table.get(key) {
-            merge(&counter);
-            return Ok(());
-        }
-        match table.entry(Box::from(key)) {
-            Entry::Occupied(e) => merge(e.get()),
-            Entry::Vacant(e) => {
-                let hit = Hit {
-                    key,
-                    quota: *quota,
-                    hits: 0,
-                };
-                let needed = room(&hit);
-                reserve(needed)?;
-                e.insert(SlotCounter {
-                    slots: Mutex::new(other.clone()),
-                    bytes: needed.bytes,
-                });
-            }
-        }
-        Ok(())
+        table.with_or_insert(key, merge, || {
+            let hit = Hit {
+                key,
+                quota: *quota,
+                hits: 0,
+            };
+            let needed = room(&hit);
+            reserve(needed)?;
+            let counter = SlotCounter {
+                slots: Mutex::new(other.clone()),
+                bytes: needed.bytes,
+            };
+            Ok((counter, ()))
+        })
     }
 }
 
