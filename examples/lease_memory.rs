@@ -50,17 +50,7 @@ fn main() {
     };
     let quota = Quota::fixed(100, Unit::Minute);
 
-    let before = rss_bytes();
-    let client = LeaseClient::new(timing);
-    for i in 0..n {
-        // A new key routes to an acquire; the slot then stays in the table.
-        match client.route(&key(i), quota, T0, 1, || holders, || None) {
-            Route::Acquire(..) => {}
-            _ => panic!("a new key acquires"),
-        }
-    }
-    let client_bytes = rss_bytes().saturating_sub(before);
-    assert_eq!(client.len(), n);
+    let (client, client_bytes) = held_keys(n, quota, timing, holders);
 
     let before = rss_bytes();
     let server = LeaseServer::new(timing);
@@ -128,6 +118,22 @@ fn main() {
         );
         std::process::exit(1);
     }
+}
+
+/// A node's leases on `n` keys, and the resident bytes they took.
+fn held_keys(n: usize, quota: Quota, timing: LeaseTiming, holders: usize) -> (LeaseClient, u64) {
+    let before = rss_bytes();
+    let client = LeaseClient::new(timing);
+    for i in 0..n {
+        // A new key routes to an acquire; the slot then stays in the table.
+        match client.route(&key(i), quota, T0, 1, || holders, || None) {
+            Route::Acquire(..) => {}
+            _ => panic!("a new key acquires"),
+        }
+    }
+    let bytes = rss_bytes().saturating_sub(before);
+    assert_eq!(client.len(), n);
+    (client, bytes)
 }
 
 /// A node's free-share counts on `n` keys, each admitted once, and the resident bytes they took.
