@@ -24,6 +24,9 @@ and leased keys, resident memory.
                                                                    # issue 49's step 1; 10 min before)
     python3 bench/lease_keys.py --keys 20000 --load-secs 4 --idle-secs 8 --max-idle-cores 0.02
                                                                    # the short check: 34 s
+    python3 bench/lease_keys.py --unit minute --keys 10000,100000  # per-minute limits, each run
+                                                                   # in a window begun after the
+                                                                   # start (free shares): 4 min
 
 Definitions. A decision is one descriptor answered (the client counts them per node). Peer
 calls: forward mode's batched forward calls (`peer_calls`) plus lease mode's renewal calls
