@@ -157,17 +157,19 @@ pub struct LeaseTiming {
     /// `super::SLOT_CHARGE`).
     pub max_bytes: usize,
     /// SLUICE_LEASE_FREE_SHARE_PERCENT, in parts per million: the part of each fixed window's
-    /// limit the nodes together may admit from free shares ([`super::free`]); 0: off.
+    /// limit the nodes together may admit from free shares ([`super::free`]); 0 (the
+    /// default): off.
     pub free_share_ppm: u64,
 }
 
 impl LeaseTiming {
-    /// The settings' defaults: renew every 100 ms, leases of 1 s, 32 MiB per table.
+    /// The settings' defaults: renew every 100 ms, leases of 1 s, 32 MiB per table, no free
+    /// shares.
     pub const DEFAULT: LeaseTiming = LeaseTiming {
         renew: Duration::from_millis(100),
         duration: Duration::from_secs(1),
         max_bytes: 32 << 20,
-        free_share_ppm: 500_000,
+        free_share_ppm: 0,
     };
 
     /// How far ahead a grant looks: until the node's next renewal, with one interval of slack.

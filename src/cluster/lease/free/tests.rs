@@ -11,7 +11,11 @@ use crate::limiter::Unit;
 const S: u64 = 1_000_000;
 /// A minute boundary, far from the epoch.
 const T0: u64 = 1_700_000_040 * S;
-const TIMING: LeaseTiming = LeaseTiming::DEFAULT;
+/// The defaults, with free shares on at half of each limit.
+const TIMING: LeaseTiming = LeaseTiming {
+    free_share_ppm: 500_000,
+    ..LeaseTiming::DEFAULT
+};
 
 fn minute(limit: u32) -> Quota {
     Quota::fixed(limit, Unit::Minute)
