@@ -1427,7 +1427,7 @@ mod lease {
             )
         };
         format!(
-            "domain: d\ndescriptors:\n{}{}{}  - key: large\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n  - key: rate\n    rate_limit: {{unit: second, requests_per_unit: {RATE}, algorithm: token_bucket}}\n  - key: burst\n    rate_limit: {{unit: minute, requests_per_unit: {BURST_LIMIT}}}\n",
+            "domain: d\ndescriptors:\n{}{}{}  - key: large\n    rate_limit: {{unit: hour, requests_per_unit: {}}}\n  - key: rate\n    rate_limit: {{unit: second, requests_per_unit: {RATE}, algorithm: token_bucket}}\n  - key: burst\n    rate_limit: {{unit: minute, requests_per_unit: {BURST_LIMIT}}}\n  - key: second\n    rate_limit: {{unit: second, requests_per_unit: {LIMIT}}}\n",
             limit("fixed", ""),
             limit("sliding", ", algorithm: sliding_window"),
             limit("token", ", algorithm: token_bucket"),
@@ -1521,6 +1521,66 @@ mod lease {
                 .map(|&i| cluster_stat(&self.nodes[i], &format!("lease.{name}")))
                 .sum()
         }
+    }
+
+    /// Free shares (SLUICE_LEASE_FREE_SHARE_PERCENT=50, docs/cluster.md "Free shares"): with
+    /// per-second limits of [`LIMIT`], a node's share is 9 hits a second of each key. Keys
+    /// used once a second on each node are decided with no lease and no call; a key offered
+    /// 1.5 times its limit within one second over the three nodes converts on each of them and is
+    /// held to its limit, with more admitted than the free shares alone would give.
+    #[test]
+    fn with_free_shares_cold_keys_take_no_call_and_a_hot_key_keeps_its_limit() {
+        let c = Cluster::new(&[("SLUICE_LEASE_FREE_SHARE_PERCENT", "50")], &[0, 1, 2]);
+        // Permits come with the first renewal rounds; a window must begin a lease duration
+        // (1 s) after they did.
+        std::thread::sleep(Duration::from_millis(2_500));
+        let all = [0, 1, 2];
+        let ok = |i: usize, value: &str| {
+            let (status, body) =
+                http(c.nodes[i].http, "POST", "/json", &body("second", value)).expect("answer");
+            assert!(status == 200 || status == 429, "{status} {body}");
+            status == 200
+        };
+        let acquires = c.lease_stat(&all, "acquires");
+        for round in 0..3 {
+            for v in 0..30 {
+                for i in all {
+                    assert!(
+                        ok(i, &format!("cold{v}")),
+                        "round {round}: a cold key's hit"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            c.lease_stat(&all, "acquires"),
+            acquires,
+            "no cold key acquired"
+        );
+        assert!(c.lease_stat(&all, "free_decisions") >= 270);
+        // The hot key: 90 hits round-robin, all within one second (started early in it; about
+        // 0.1 to 0.3 s of calls).
+        let hot = loop {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            if now.subsec_millis() < 100 {
+                break now.as_secs();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let admitted = (0..90).filter(|n| ok(n % 3, "hot")).count() as u64;
+        let after = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert_eq!(after, hot, "the hot key's hits took more than its second");
+        assert!(admitted <= LIMIT, "{admitted} of {LIMIT} admitted");
+        assert!(
+            admitted > 27,
+            "only the free shares (3 x 9) admitted: {admitted}"
+        );
+        assert!(c.lease_stat(&all, "free_conversions") >= 1);
     }
 
     /// What one client thread saw of one node.
