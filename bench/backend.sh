@@ -68,12 +68,15 @@ PIDS+=($!)
 # ANSWERS[server] the specs bench/answers.py sums over them.
 declare -A URL=([memory]="http://127.0.0.1:$MEM_GRPC" [$BACKEND]="")
 declare -A ANSWERS=([memory]="sluice:$P2" [$BACKEND]="")
+# HTTP[server]: every process's HTTP port, for `keys10k`'s /forward-auth calls.
+declare -A HTTP_PORTS=([memory]="$P1" [$BACKEND]="")
 for _ in $(seq "$REPLICAS"); do
     read -r HTTP GRPC DEBUG < <(free_ports 3)
     env LOG_LEVEL=error "${backend_env[@]}" "$BIN/sluice" "${common[@]}" \
         --port "$HTTP" --grpc-port "$GRPC" --debug-port "$DEBUG" &
     PIDS+=($!)
     URL[$BACKEND]+="http://127.0.0.1:$GRPC "
+    HTTP_PORTS[$BACKEND]+="$HTTP "
     ANSWERS[$BACKEND]+="sluice:$DEBUG "
     # Healthy once the backend has answered (a memcache Sluice answers OK before that: it
     # fails open by default, as the Go service does).
@@ -90,6 +93,7 @@ PY
 done
 # The realistic request: 3 descriptors of 2 entries each (key `client`, then `route`).
 real_request() { echo "client=$1,route=r1" "client=$1,route=r2" "client=$1,route=r3"; }
+seq 0 9999 | sed 's|.*|/forward-auth?domain=bench\&descriptor=client%3Dk&|' >"$WORK/keys10k.txt"
 for k in cold warm; do "$CLIENT" body "$WORK/$k-0.bin" bench "client=$k"; done
 for k in 0 1; do
     "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"
@@ -160,7 +164,12 @@ run() {
         # warm (50 a second, 5 a horizon: just hot enough to take batches).
         cold) procs=$REPLICAS; body=cold; rps=(--rps=1) ;;
         warm) procs=$REPLICAS; body=warm; rps=(--rps=50) ;;
+        # 10^4 keys, every replica cycling through them as fast as it answers (/forward-auth
+        # GETs, one key each, the same list for every process).
+        keys10k) procs=$REPLICAS; streams=100 ;;
     esac
+    local ports
+    read -r -a ports <<<"${HTTP_PORTS[$server]}"
     [[ $setting == real ]] && body=real
     local before after answered_before answered_after calls_before=(0 0 0) calls_after=(0 0 0)
     read -r -a before < <(counters)
@@ -170,11 +179,16 @@ run() {
     answered_before=$(answers ${ANSWERS[$server]})
     local started=$EPOCHREALTIME
     for k in $(seq 0 $((procs - 1))); do
+        local request=(-d "$WORK/$body-$((k % 2 * (${#rps[@]} == 0))).bin"
+            -H 'content-type: application/grpc' -H 'te: trailers'
+            "${urls[k % ${#urls[@]}]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        if [[ $setting == keys10k ]]; then
+            local port=${ports[k % ${#ports[@]}]}
+            sed "s|^|http://127.0.0.1:$port|" "$WORK/keys10k.txt" >"$WORK/uris-$k.txt"
+            request=(-i "$WORK/uris-$k.txt")
+        fi
         h2load -c 1 -m "$streams" -t 1 -D "$DURATION" --warm-up-time=1 "${rps[@]}" \
-            -d "$WORK/$body-$((k % 2 * (${#rps[@]} == 0))).bin" -H 'content-type: application/grpc' -H 'te: trailers' \
-            --log-file="$WORK/log-$k.tsv" \
-            "${urls[k % ${#urls[@]}]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
-            >"$WORK/out-$k.txt" 2>&1 &
+            --log-file="$WORK/log-$k.tsv" "${request[@]}" >"$WORK/out-$k.txt" 2>&1 &
         pids+=($!)
     done
     for k in "${pids[@]}"; do wait "$k"; done
@@ -226,7 +240,7 @@ PY
 }
 
 RUNS="$WORK/runs.jsonl"
-# BENCH_SETTINGS: a subset, or `cold warm` (one key at a fixed rate per replica).
+# BENCH_SETTINGS: a subset, or `cold warm` (one key at a fixed rate per replica), `keys10k`.
 SETTINGS=${BENCH_SETTINGS:-c2m100 real c1m1}
 for round in $(seq "$ROUNDS"); do
     if ((round % 2)); then order="memory $BACKEND"; else order="$BACKEND memory"; fi

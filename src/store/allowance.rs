@@ -651,6 +651,9 @@ impl Batch {
         }
         let left = u64::from(self.quota.requests_per_unit).saturating_sub(count);
         let share = (left / LEFT_SHARE).max(tuning.min_batch);
+        // Half a horizon more, so a batch that matches the demand does not run dry at the
+        // window's last calls and ask for a sliver.
+        let span = span.saturating_add(tuning.horizon_us / 2);
         self.need(span).min(share).max(tuning.min_batch)
     }
 

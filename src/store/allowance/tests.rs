@@ -580,3 +580,51 @@ fn a_window_near_its_limit_gets_batches_of_at_most_a_share_of_what_is_left() {
         );
     }
 }
+
+#[test]
+fn many_warm_keys_each_reserve_a_few_times_a_second() {
+    // 1,000 keys at 100 calls a second each on one replica (1e5 calls a second in all), for
+    // 3 s, each with its own Redis key: the cost per key is what 10^4 keys would pay each
+    // (keys are independent), and before issue 50 it was a reservation every half horizon.
+    let q = Quota::fixed(1_000_000, Unit::Second);
+    let r = Allowances::new(TIMING);
+    let names: Vec<String> = (0..1_000).map(|k| format!("warm_{k}_")).collect();
+    let mut keys: Vec<Key> = names.iter().map(|_| Key::default()).collect();
+    let (mut reservations, mut remote) = (0u64, 0u64);
+    for tick in 0..300u64 {
+        let now = Timestamp::from_micros(T0 + tick * 10_000);
+        for (name, key) in names.iter().zip(&mut keys) {
+            let h = Hit {
+                key: name,
+                quota: q,
+                hits: 1,
+            };
+            let refill = match r.route(&h, now, false) {
+                Route::Local { refill, .. } => refill,
+                Route::Reserve(f) => Some(f),
+                Route::Remote { held, ahead } => {
+                    remote += 1;
+                    let count = key.incr(window_of(&h, now), 1);
+                    r.remote(&h, now, held, count);
+                    ahead
+                }
+                Route::Wait => panic!("told to wait though it may not"),
+            };
+            if let Some(f) = refill {
+                // The first second measures the keys' demand; the two after are steady.
+                reservations += u64::from(tick >= 100);
+                let answer = key.reserve(f, 1_000_000);
+                r.reserved(&Hit { hits: 0, ..h }, now, f, answer);
+            }
+        }
+    }
+    // Per key per second: reservations (2 Redis commands each, a window's first 3) and the
+    // calls before the key's rate was measured (INCRBY and EXPIRE each).
+    let per_key_second = reservations as f64 / 1_000.0 / 2.0;
+    // One reservation per window: its first batch, reserved ahead, covers it.
+    assert!(
+        per_key_second <= 1.0,
+        "{per_key_second:.2} reservations a second per key, {remote} calls to Redis"
+    );
+    eprintln!("{per_key_second:.2} reservations a second per key, {remote} calls to Redis");
+}
