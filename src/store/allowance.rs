@@ -635,10 +635,10 @@ impl Batch {
     /// The hits a batch of this window (or, `ahead`, of the next one) asks for at `now_us`:
     /// the demand over the period, so a steady key reserves about once a period whatever its
     /// rate. Within this window, to its end when that comes within half a period more, so no
-    /// sliver is left for another reservation. At most [`LEFT_SHARE`] of what the window has
-    /// left as Redis last counted it (for the next window, of its limit), so near the limit
-    /// batches shrink and what one replica holds unused is little; at least
-    /// [`AllowanceTuning::min_batch`].
+    /// sliver is left for another reservation; and half a horizon more. At most
+    /// [`LEFT_SHARE`] of what the window has left as Redis last counted it (for the next
+    /// window, of its limit), so near the limit batches shrink and what one replica holds
+    /// unused is little; at least [`AllowanceTuning::min_batch`].
     fn size(&self, now_us: u64, tuning: &AllowanceTuning, ahead: bool) -> u64 {
         let window_us = self.quota.window().secs().saturating_mul(1_000_000);
         let (until_end, count) = match ahead {
