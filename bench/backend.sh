@@ -41,7 +41,8 @@ for pkg in h2load:nghttp2-client "$server_pkg"; do
         apt-get update -qq && apt-get install -y -qq "${pkg#*:}" >/dev/null
     fi
 done
-cargo build --release --quiet --bin sluice --example bench_client
+# BENCH_NO_BUILD=1: measure the binaries already in the target directory (a baseline kept aside).
+[[ -n ${BENCH_NO_BUILD:-} ]] || cargo build --release --quiet --bin sluice --example bench_client
 BIN="$TARGET/release"
 CLIENT="$BIN/examples/bench_client"
 
@@ -67,12 +68,15 @@ PIDS+=($!)
 # ANSWERS[server] the specs bench/answers.py sums over them.
 declare -A URL=([memory]="http://127.0.0.1:$MEM_GRPC" [$BACKEND]="")
 declare -A ANSWERS=([memory]="sluice:$P2" [$BACKEND]="")
+# HTTP[server]: every process's HTTP port, for `keys10k`'s /forward-auth calls.
+declare -A HTTP_PORTS=([memory]="$P1" [$BACKEND]="")
 for _ in $(seq "$REPLICAS"); do
     read -r HTTP GRPC DEBUG < <(free_ports 3)
     env LOG_LEVEL=error "${backend_env[@]}" "$BIN/sluice" "${common[@]}" \
         --port "$HTTP" --grpc-port "$GRPC" --debug-port "$DEBUG" &
     PIDS+=($!)
     URL[$BACKEND]+="http://127.0.0.1:$GRPC "
+    HTTP_PORTS[$BACKEND]+="$HTTP "
     ANSWERS[$BACKEND]+="sluice:$DEBUG "
     # Healthy once the backend has answered (a memcache Sluice answers OK before that: it
     # fails open by default, as the Go service does).
@@ -89,6 +93,8 @@ PY
 done
 # The realistic request: 3 descriptors of 2 entries each (key `client`, then `route`).
 real_request() { echo "client=$1,route=r1" "client=$1,route=r2" "client=$1,route=r3"; }
+seq 0 9999 | sed 's|.*|/forward-auth?domain=bench\&descriptor=client%3Dk&|' >"$WORK/keys10k.txt"
+for k in cold warm; do "$CLIENT" body "$WORK/$k-0.bin" bench "client=$k"; done
 for k in 0 1; do
     "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"
     # shellcheck disable=SC2046  # one argument per descriptor
@@ -150,11 +156,20 @@ PY
 
 # run SERVER SETTING: one measurement; prints a JSON line.
 run() {
-    local server=$1 setting=$2 procs=1 streams=1 body=body k pids=() urls
+    local server=$1 setting=$2 procs=1 streams=1 body=body k pids=() urls rps=()
     read -r -a urls <<<"${URL[$server]}"
     case $setting in
         c2m100|real) procs=$((REPLICAS > 2 ? REPLICAS : 2)); streams=100 ;;
+        # One key through every replica at a fixed rate per replica: cold (1 call a second) or
+        # warm (50 a second, 5 a horizon: just hot enough to take batches).
+        cold) procs=$REPLICAS; body=cold; rps=(--rps=1) ;;
+        warm) procs=$REPLICAS; body=warm; rps=(--rps=50) ;;
+        # 10^4 keys, every replica cycling through them as fast as it answers (/forward-auth
+        # GETs, one key each, the same list for every process).
+        keys10k) procs=$REPLICAS; streams=100 ;;
     esac
+    local ports
+    read -r -a ports <<<"${HTTP_PORTS[$server]}"
     [[ $setting == real ]] && body=real
     local before after answered_before answered_after calls_before=(0 0 0) calls_after=(0 0 0)
     read -r -a before < <(counters)
@@ -162,18 +177,26 @@ run() {
     [[ $server == memory ]] || read -r -a calls_before < <(allowance_calls ${ANSWERS[$server]})
     # shellcheck disable=SC2086  # one spec per process
     answered_before=$(answers ${ANSWERS[$server]})
+    local started=$EPOCHREALTIME
     for k in $(seq 0 $((procs - 1))); do
-        h2load -c 1 -m "$streams" -t 1 -D "$DURATION" --warm-up-time=1 \
-            -d "$WORK/$body-$((k % 2)).bin" -H 'content-type: application/grpc' -H 'te: trailers' \
-            --log-file="$WORK/log-$k.tsv" \
-            "${urls[k % ${#urls[@]}]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
-            >"$WORK/out-$k.txt" 2>&1 &
+        local request=(-d "$WORK/$body-$((k % 2 * (${#rps[@]} == 0))).bin"
+            -H 'content-type: application/grpc' -H 'te: trailers'
+            "${urls[k % ${#urls[@]}]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+        if [[ $setting == keys10k ]]; then
+            local port=${ports[k % ${#ports[@]}]}
+            sed "s|^|http://127.0.0.1:$port|" "$WORK/keys10k.txt" >"$WORK/uris-$k.txt"
+            request=(-i "$WORK/uris-$k.txt")
+        fi
+        h2load -c 1 -m "$streams" -t 1 -D "$DURATION" --warm-up-time=1 "${rps[@]}" \
+            --log-file="$WORK/log-$k.tsv" "${request[@]}" >"$WORK/out-$k.txt" 2>&1 &
         pids+=($!)
     done
     for k in "${pids[@]}"; do wait "$k"; done
     # shellcheck disable=SC2086
     answered_after=$(answers --settled ${ANSWERS[$server]})
     read -r -a after < <(counters)
+    local seconds
+    seconds=$(python3 -c "print($EPOCHREALTIME - $started)")
     # shellcheck disable=SC2086
     [[ $server == memory ]] || read -r -a calls_after < <(allowance_calls ${ANSWERS[$server]})
     # Exits (so does the script) unless every call h2load counted was answered OK.
@@ -182,10 +205,10 @@ run() {
     python3 - "$server" "$setting" "$answered_before" "$answered_after" \
         "$((after[0] - before[0] - OWN[0]))" "$((after[1] - before[1] - OWN[1]))" \
         "$((calls_after[0] - calls_before[0])) $((calls_after[1] - calls_before[1])) $((calls_after[2] - calls_before[2]))" \
-        "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
+        "$seconds" "$WORK"/out-*.txt -- "$WORK"/log-*.tsv <<'PY'
 import json, re, sys
-server, setting, before, after, a, b, calls = sys.argv[1:8]
-rest = sys.argv[8:]
+server, setting, before, after, a, b, calls, seconds = sys.argv[1:9]
+rest = sys.argv[9:]
 sep = rest.index("--")
 outs, logs = rest[:sep], rest[sep + 1:]
 rps = 0.0
@@ -207,6 +230,8 @@ print(json.dumps({"server": server, "setting": setting, "rps": round(rps), "p50_
                   "p99_ms": pct(0.99), "answered": answered,
                   "a_per_request": int(a) / answered if answered else None,
                   "b_per_request": int(b) / answered if answered else None,
+                  # The backend's commands a second over the run (warm-up included).
+                  "a_per_second": round(int(a) / float(seconds), 1),
                   # With allowances: descriptors decided from batches, sent to Redis cold, and
                   # sent to Redis while their batch was dry.
                   "allowance_local_cold_dry": [int(c) for c in calls.split()]}))
@@ -215,7 +240,8 @@ PY
 }
 
 RUNS="$WORK/runs.jsonl"
-SETTINGS="c2m100 real c1m1"
+# BENCH_SETTINGS: a subset, or `cold warm` (one key at a fixed rate per replica), `keys10k`.
+SETTINGS=${BENCH_SETTINGS:-c2m100 real c1m1}
 for round in $(seq "$ROUNDS"); do
     if ((round % 2)); then order="memory $BACKEND"; else order="$BACKEND memory"; fi
     for setting in $SETTINGS; do
@@ -235,8 +261,8 @@ cost = {"redis": (("Redis commands per request", 1), ("Redis round trips per req
         "memcache": (("memcached incr per request", 1),
                      ("memcached connections opened per 1000 requests", 1000))}[backend]
 label = backend if replicas == 1 else f"{backend} ({replicas} replicas)"
-out = [f"| setting | store | req/s (median) | p50 | p99 | {cost[0][0]} | {cost[1][0]} |",
-       "|---|---|---|---|---|---|---|"]
+out = [f"| setting | store | req/s (median) | p50 | p99 | {cost[0][0]} | {cost[1][0]} | {cost[0][0].split(' per ')[0]} per second |",
+       "|---|---|---|---|---|---|---|---|"]
 med = lambda rs, k: statistics.median(r[k] for r in rs)
 ratios = {}
 for setting in settings:
@@ -244,9 +270,10 @@ for setting in settings:
         rs = [r for r in rows if r["server"] == server and r["setting"] == setting]
         per = ([f"{med(rs, k) * c[1]:.3f}" for k, c in zip(("a_per_request", "b_per_request"), cost)]
                if server == backend else ["-", "-"])
+        per.append(f"{med(rs, 'a_per_second'):,.1f}" if server == backend else "-")
         out.append(f"| `{setting}` | {label if server == backend else server} | "
                    f"{med(rs, 'rps'):,.0f} | {med(rs, 'p50_ms'):.2f} ms | "
-                   f"{med(rs, 'p99_ms'):.2f} ms | {per[0]} | {per[1]} |")
+                   f"{med(rs, 'p99_ms'):.2f} ms | {per[0]} | {per[1]} | {per[2]} |")
     m = med([r for r in rows if r["server"] == "memory" and r["setting"] == setting], "rps")
     r = med([r for r in rows if r["server"] == backend and r["setting"] == setting], "rps")
     ratios[setting] = r / m

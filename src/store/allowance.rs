@@ -9,8 +9,11 @@
 //!   hits asked for, admitted or not, averaged per sample); a key whose demand over
 //!   [`AllowanceTuning::horizon_us`] is at least [`AllowanceTuning::hot_hits`] reserves, others
 //!   go to Redis.
-//! - **Batches**: what the demand asks for over the horizon, at least
-//!   [`AllowanceTuning::min_batch`] and the hits of the call.
+//! - **Batches sized by need** (issue 50): a batch covers the key's demand over
+//!   [`AllowanceTuning::period_us`] (1 s), so a steady key reserves about once a period at any
+//!   rate (two Redis commands each, EVALSHA and its INCRBY), not once per half horizon; to the
+//!   window's end when that is near, at most [`LEFT_SHARE`] of what the window has left, at
+//!   least [`AllowanceTuning::min_batch`] and the hits of the call.
 //! - **Ahead**: within a horizon of the window's end a hot key reserves its next window's
 //!   first batch, so a new window starts with hits in hand, not with every concurrent call
 //!   going to Redis while the first reservation is under way.
@@ -73,6 +76,14 @@ end
 return {want, count, 0}
 "#;
 
+/// How long of a key's demand a batch covers by default ([`AllowanceTuning::period_us`]).
+pub const PERIOD_US: u64 = 1_000_000;
+
+/// A batch takes at most this share of what the window has left (its limit less the count
+/// Redis last answered): 1/8, so near the limit batches shrink and replicas strand little
+/// (1/4 admitted 284 of 300 in `replicas_offered_twice_the_limit_admit_it_and_no_more`).
+pub const LEFT_SHARE: u64 = 8;
+
 /// A key is hot when its demand over the horizon is at least this many hits, and a batch is at
 /// least this many (the defaults of [`AllowanceTuning::hot_hits`] and
 /// [`AllowanceTuning::min_batch`]).
@@ -85,9 +96,15 @@ pub const RESERVED_CHARGE: usize = 256;
 /// How far ahead batches look, how big they are, and the table's bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllowanceTuning {
-    /// A batch covers the demand over this long (µs); a new one is reserved once what is left
-    /// covers less than half of it.
+    /// How far ahead a key looks (µs): it is hot once its demand over this long is at least
+    /// [`Self::hot_hits`]; it reserves again once what is left covers less than half of it
+    /// (time for the reservation to land), and its next window's first batch within it of
+    /// the window's end.
     pub horizon_us: u64,
+    /// How long of the demand a batch covers (µs, [`PERIOD_US`]), so a steady key reserves
+    /// about once per period whatever its rate; capped by the window's end and by
+    /// [`LEFT_SHARE`] of what the window has left.
+    pub period_us: u64,
     /// The memory the table may take, charged per key.
     pub max_bytes: usize,
     /// A key is hot, and takes batches, once its demand over the horizon is at least this
@@ -103,6 +120,7 @@ impl AllowanceTuning {
     pub const fn new(horizon_us: u64, max_bytes: usize) -> Self {
         AllowanceTuning {
             horizon_us,
+            period_us: PERIOD_US,
             max_bytes,
             hot_hits: HOT_HITS,
             min_batch: HOT_HITS,
@@ -356,8 +374,7 @@ impl Allowances {
                 },
             };
         }
-        let need = b.need(self.tuning.horizon_us);
-        if need < self.tuning.hot_hits {
+        if b.need(self.tuning.horizon_us) < self.tuning.hot_hits {
             return Route::Remote {
                 held: left,
                 ahead: None,
@@ -368,7 +385,7 @@ impl Allowances {
         b.used += left;
         Route::Reserve(Refill {
             window,
-            want: need.max(self.tuning.min_batch).max(hits),
+            want: b.size(now_us, &self.tuning, false).max(hits),
             ahead: false,
             hits,
             held: left,
@@ -582,36 +599,67 @@ impl Batch {
     }
 
     /// The reservation to make now, marked under way: more of this window when what is left
-    /// covers less than half the horizon of the demand, else the next window's first batch
-    /// (the demand over the horizon) once this window ends within the horizon.
+    /// covers less than half the horizon of the demand (or of what is left of the window,
+    /// near its end), else the next window's first batch once this window ends within the
+    /// horizon. Each is [`Batch::size`]d.
     fn refill(&mut self, now_us: u64, tuning: &AllowanceTuning) -> Option<Refill> {
         let need = self.need(tuning.horizon_us);
         if need == 0 || need < tuning.hot_hits {
             return None;
         }
-        let left = self.left();
-        if !self.reserving(now_us) && !self.exhausted && left * 2 < need {
+        let until_end = self.ends_us().saturating_sub(now_us);
+        let low = self.left() * 2 < self.need(tuning.horizon_us.min(until_end));
+        if !self.reserving(now_us) && !self.exhausted && low {
             self.mark_reserving(now_us);
             return Some(Refill {
                 window: self.window,
-                want: (need - left).max(tuning.min_batch),
+                want: self.size(now_us, tuning, false),
                 ahead: false,
                 hits: 0,
                 held: 0,
             });
         }
-        let ends_us = (self.window + 1).saturating_mul(self.quota.window().secs() * 1_000_000);
-        if self.ahead_asked || ends_us.saturating_sub(now_us) > tuning.horizon_us {
+        if self.ahead_asked || until_end > tuning.horizon_us {
             return None;
         }
         self.ahead_asked = true;
         Some(Refill {
             window: self.window + 1,
-            want: need.max(tuning.min_batch),
+            want: self.size(now_us, tuning, true),
             ahead: true,
             hits: 0,
             held: 0,
         })
+    }
+
+    /// The hits a batch of this window (or, `ahead`, of the next one) asks for at `now_us`:
+    /// the demand over the period, so a steady key reserves about once a period whatever its
+    /// rate. Within this window, to its end when that comes within half a period more, so no
+    /// sliver is left for another reservation; and half a horizon more. At most
+    /// [`LEFT_SHARE`] of what the window has left as Redis last counted it (for the next
+    /// window, of its limit), so near the limit batches shrink and what one replica holds
+    /// unused is little; at least [`AllowanceTuning::min_batch`].
+    fn size(&self, now_us: u64, tuning: &AllowanceTuning, ahead: bool) -> u64 {
+        let window_us = self.quota.window().secs().saturating_mul(1_000_000);
+        let (until_end, count) = match ahead {
+            true => (window_us, 0),
+            false => (self.ends_us().saturating_sub(now_us), self.count),
+        };
+        let mut span = tuning.period_us.min(until_end);
+        if until_end - span < tuning.period_us / 2 {
+            span = until_end;
+        }
+        let left = u64::from(self.quota.requests_per_unit).saturating_sub(count);
+        let share = (left / LEFT_SHARE).max(tuning.min_batch);
+        // Half a horizon more, so a batch that matches the demand does not run dry at the
+        // window's last calls and ask for a sliver.
+        let span = span.saturating_add(tuning.horizon_us / 2);
+        self.need(span).min(share).max(tuning.min_batch)
+    }
+
+    /// When this window ends (µs since the epoch).
+    fn ends_us(&self) -> u64 {
+        (self.window + 1).saturating_mul(self.quota.window().secs().saturating_mul(1_000_000))
     }
 
     fn reserving(&self, now_us: u64) -> bool {

@@ -628,7 +628,13 @@ impl RedisStore {
         let mut ops: Vec<(usize, Op)> = Vec::new();
         let mut refills = Vec::new();
         for (i, hit) in hits.iter().enumerate() {
-            if decisions[i].is_some() || ops.iter().any(|&(j, _)| hits[j].key == hit.key) {
+            // A hit waits for every earlier hit of its key in the request (sent in this
+            // round, or waiting for a reservation): a peek after a waiting hit must see it.
+            let earlier = hits[..i]
+                .iter()
+                .zip(decisions.iter())
+                .any(|(h, d)| d.is_none() && h.key == hit.key);
+            if decisions[i].is_some() || earlier {
                 continue;
             }
             match a.route(hit, now, may_wait) {
