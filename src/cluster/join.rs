@@ -30,7 +30,8 @@
 //! owner cannot be reached (a refused connection, a wrong answer), this node marks it down and
 //! counts the hits itself: the owner-change bound of docs/cluster.md applies (that owner's
 //! count is lost). A relay that is only late marks nothing down and refuses its charges, never
-//! over the limit; the previous owner keeps what it hands over, so the next take gets it again.
+//! over the limit. A take's counter is forgotten by the previous owner once handed over (a
+//! take whose answer came too late loses it: the owner-change bound).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

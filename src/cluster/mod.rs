@@ -307,7 +307,7 @@ impl OwnerStore {
         for (i, hit) in hits.iter().enumerate() {
             match relay.get(i).copied().unwrap_or_default() {
                 Relay::Apply => here.push(i),
-                Relay::Take => answers[i] = Some(self.hand_over(hit, now)),
+                Relay::Take => answers[i] = Some(self.hand_over(hit, now).await?),
                 Relay::No => match self.relay_to(&members, hit, now) {
                     Some((to, how)) => {
                         // A reset forgets the count wherever it is.
@@ -432,20 +432,21 @@ impl OwnerStore {
     }
 
     /// This node's state of the counter of `hit`, handed to a newcomer taking it over, and
-    /// kept here: a take whose answer came too late for the newcomer (which refused the hit
-    /// and asks again at the key's next hit) must get the same count again, not nothing (the
-    /// newcomer merges it by taking the larger, so a second copy changes nothing). A counter
-    /// the newcomer refunded to nothing, or a bucket back at rest there, may so get the old
-    /// count back at its next take: stricter, never looser.
-    fn hand_over(&self, hit: &Hit<'_>, now: Timestamp) -> Served {
+    /// forgotten here: the newcomer counts on from it, and a later take (its count refunded to
+    /// nothing, say) must not bring it back (the store contract's
+    /// `a_count_taken_over_then_refunded_stays_refunded`). A take whose answer came too late
+    /// for the newcomer (which refused the hit) leaves the count with neither: the owner-change
+    /// bound (docs/cluster.md, "A node joining").
+    async fn hand_over(&self, hit: &Hit<'_>, now: Timestamp) -> Result<Served, StoreError> {
         let parts = CounterKind::of_quota(&hit.quota).and_then(|kind| {
             let state = self.local.state(kind, hit.key)?;
             kind.holds(state, now).then(|| kind.parts(state, now))
         });
-        match parts {
-            Some((window, values)) => Served::Taken(window, values),
-            None => Served::Taken(0, Vec::new()),
-        }
+        let Some((window, values)) = parts else {
+            return Ok(Served::Taken(0, Vec::new()));
+        };
+        self.local.reset(now, std::slice::from_ref(hit)).await?;
+        Ok(Served::Taken(window, values))
     }
 
     /// Merges the counter a previous owner handed over into this node's.
