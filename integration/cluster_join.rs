@@ -122,11 +122,7 @@ fn join_mid_window(mode: &str) -> (Vec<Seen>, Vec<bool>, Vec<Node>) {
         ("SLUICE_PEER_TIMEOUT_MS".to_owned(), "2000".to_owned()),
     ];
     let mut nodes: Vec<Node> = (0..3).map(|_| Node::new(env.clone())).collect();
-    let peers = nodes
-        .iter()
-        .map(Node::peer_address)
-        .collect::<Vec<_>>()
-        .join(",");
+    let peers = Node::peers(&nodes);
     for n in &mut nodes[..2] {
         n.start(&peers, dir.path());
     }
@@ -319,11 +315,7 @@ fn restarted_with_counts(dir: &std::path::Path) -> Vec<Node> {
         ("SLUICE_PEER_TIMEOUT_MS".to_owned(), "1000".to_owned()),
     ];
     let mut nodes: Vec<Node> = (0..3).map(|_| Node::new(env.clone())).collect();
-    let peers = nodes
-        .iter()
-        .map(Node::peer_address)
-        .collect::<Vec<_>>()
-        .join(",");
+    let peers = Node::peers(&nodes);
     for n in &mut nodes {
         n.start(&peers, dir);
     }

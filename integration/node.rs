@@ -56,6 +56,15 @@ impl Node {
         format!("127.0.0.1:{}", self.advertised.unwrap_or(self.peer))
     }
 
+    /// The PEERS list that names `nodes`.
+    pub fn peers(nodes: &[Node]) -> String {
+        nodes
+            .iter()
+            .map(Node::peer_address)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

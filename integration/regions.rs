@@ -84,11 +84,7 @@ impl Cluster {
         for n in nodes.iter_mut().filter(|_| proxied) {
             n.advertised = Some(support::free_port());
         }
-        let peers = nodes
-            .iter()
-            .map(Node::peer_address)
-            .collect::<Vec<_>>()
-            .join(",");
+        let peers = Node::peers(&nodes);
         Cluster { nodes, peers }
     }
 

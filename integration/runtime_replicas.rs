@@ -203,11 +203,7 @@ fn a_change_a_peer_missed_is_named_in_the_answer_and_reaches_it_within_one_sync_
     // Every call to node 2 goes through the relay, which can cut them; its own calls do not.
     nodes[2].advertised = Some(free_port());
     let relay = Relay::start(nodes[2].advertised.unwrap(), nodes[2].peer);
-    let peers = nodes
-        .iter()
-        .map(Node::peer_address)
-        .collect::<Vec<_>>()
-        .join(",");
+    let peers = Node::peers(&nodes);
     for n in &mut nodes {
         n.start(&peers, &config);
     }
