@@ -16,6 +16,16 @@ pub enum PeerSource {
     Dns { name: String, port: u16 },
 }
 
+impl PeerSource {
+    /// The peers known at start: the static list, or none until PEERS_DNS first resolves.
+    pub fn initial(&self) -> Vec<String> {
+        match self {
+            PeerSource::Static(list) => list.clone(),
+            PeerSource::Dns { .. } => Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterMode {
     /// Every hit decided by its key's owner (one hop for the keys of other nodes).

@@ -679,10 +679,6 @@ impl ClusterStore {
         tls: Option<PeerTls>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, String> {
-        let initial = match &settings.peers {
-            PeerSource::Static(list) => list.clone(),
-            PeerSource::Dns { .. } => Vec::new(),
-        };
         let stats = Arc::new(ClusterStats::default());
         let tls_parent = tls.clone();
         let dialer = Dialer {
@@ -690,7 +686,10 @@ impl ClusterStore {
             tls,
             stats: stats.clone(),
         };
-        let members = Arc::new(ArcSwap::from_pointee(Members::build(initial, &dialer)?));
+        let members = Arc::new(ArcSwap::from_pointee(Members::build(
+            settings.peers.initial(),
+            &dialer,
+        )?));
         let alone =
             matches!(settings.peers, PeerSource::Static(_)) && members.load().ring.len() == 1;
         // Starting is a change: whatever this node owns now, others may have counted before.
@@ -709,14 +708,7 @@ impl ClusterStore {
         let lease_mode = settings.mode == ClusterMode::Lease;
         let leases = lease_mode.then(|| Arc::new(LeaseServer::new(settings.lease)));
         let tools = (stats.clone(), clock.clone());
-        let owns: lease_parent::Owns = {
-            let members = members.clone();
-            Arc::new(move |key| {
-                let m = members.load();
-                m.owner(key) == m.me
-            })
-        };
-        let server = (leases.as_ref(), owns);
+        let server = (leases.as_ref(), owns(&members));
         let parent = lease_parent::ParentLink::spawn(settings, server, tls_parent, tools)?.map(
             |(link, task)| {
                 tasks.push(task);
@@ -736,17 +728,17 @@ impl ClusterStore {
             stats: stats.clone(),
         });
         let lease = lease_mode.then(|| {
-            Arc::new(lease_driver::Leasing::new(
+            let l = lease_driver::Leasing::new(
                 settings,
                 owner.clone(),
                 members.clone(),
                 changes.clone(),
                 clock.clone(),
-            ))
-        });
-        if let Some(l) = &lease {
+            );
+            let l = Arc::new(l);
             tasks.extend(l.spawn());
-        }
+            l
+        });
         Ok(ClusterStore {
             local,
             owner,
@@ -1225,6 +1217,15 @@ async fn probe_peers(
             }
         }
     }
+}
+
+/// Whether this node owns a key, as the ring says now: what a child cluster's parent link asks.
+fn owns(members: &Arc<ArcSwap<Members>>) -> lease_parent::Owns {
+    let members = members.clone();
+    Arc::new(move |key| {
+        let m = members.load();
+        m.owner(key) == m.me
+    })
 }
 
 /// The probes of the peers, and with PEERS_DNS the resolver.

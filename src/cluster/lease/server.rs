@@ -457,30 +457,8 @@ impl LeaseServer {
     ) -> Grant {
         let now_us = now.micros();
         let room = self.bytes.load(Ordering::Relaxed) < self.timing.max_bytes;
-        let entry = match self.keys.get(key) {
-            Some(e) => e,
-            None if !room => {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                return Grant::default();
-            }
-            None => {
-                let rebuild_until_us =
-                    (last_change.micros() + self.timing.duration_us()).max(now_us);
-                let fresh = KeyLeases::new(ask.quota, now_us, rebuild_until_us);
-                let shared: Arc<str> = key.into();
-                self.keys.entry(shared.clone()).or_insert_with(|| {
-                    let charge = KEY_CHARGE + key.len() + fresh.holder_bytes();
-                    self.bytes.fetch_add(charge, Ordering::Relaxed);
-                    let mut fresh = fresh;
-                    fresh.parked_us = self.sweeps.rounded(now_us);
-                    self.sweeps.park(now_us, shared);
-                    Mutex::new(fresh)
-                });
-                match self.keys.get(key) {
-                    Some(e) => e,
-                    None => return Grant::default(),
-                }
-            }
+        let Some(entry) = self.entry(key, ask, now_us, last_change, room) else {
+            return Grant::default();
         };
         let mut leases = entry
             .lock()
@@ -528,6 +506,38 @@ impl LeaseServer {
             self.bytes.fetch_sub(before - after, Ordering::Relaxed);
         }
         grant
+    }
+
+    /// `key`'s record, made for `ask` at `now_us` when new (rebuilding for a lease duration
+    /// after `last_change`, and parked for the sweep); `None` when it is new and there is no
+    /// `room` for it (counted in `refused`).
+    fn entry(
+        &self,
+        key: &str,
+        ask: &Ask,
+        now_us: u64,
+        last_change: Timestamp,
+        room: bool,
+    ) -> Option<dashmap::mapref::one::Ref<'_, Arc<str>, Mutex<KeyLeases>>> {
+        if let Some(e) = self.keys.get(key) {
+            return Some(e);
+        }
+        if !room {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let rebuild_until_us = (last_change.micros() + self.timing.duration_us()).max(now_us);
+        let fresh = KeyLeases::new(ask.quota, now_us, rebuild_until_us);
+        let shared: Arc<str> = key.into();
+        self.keys.entry(shared.clone()).or_insert_with(|| {
+            let charge = KEY_CHARGE + key.len() + fresh.holder_bytes();
+            self.bytes.fetch_add(charge, Ordering::Relaxed);
+            let mut fresh = fresh;
+            fresh.parked_us = self.sweeps.rounded(now_us);
+            self.sweeps.park(now_us, shared);
+            Mutex::new(fresh)
+        });
+        self.keys.get(key)
     }
 
     /// Makes `quota`'s counter the record of `key` answered (`leases`): the record `others`
