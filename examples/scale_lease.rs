@@ -118,6 +118,7 @@ fn round(server: &LeaseServer, due: &[Due], now_us: u64) -> Round {
             LeaseResponse {
                 grants,
                 permit: None,
+                recalls: Vec::new(),
             }
             .encode_to_vec()
         })

@@ -1583,6 +1583,38 @@ mod lease {
         assert!(c.lease_stat(&all, "free_conversions") >= 1);
     }
 
+    /// Free shares are on by default, and a recall gives a key hot on one node its whole
+    /// limit: node 0 alone is offered 100 to 200 hits a second of a key limited to [`LIMIT`]
+    /// (60) a second. Without the recall the owner would charge the two idle nodes their free
+    /// share (9 each) in every second, and node 0 could admit at most 60 - 18 + 9 = 51.
+    #[test]
+    fn with_free_shares_on_by_default_a_key_hot_on_one_node_gets_its_whole_limit() {
+        let c = Cluster::new(&[], &[0, 1, 2]);
+        std::thread::sleep(Duration::from_millis(2_500));
+        let mut admitted: std::collections::BTreeMap<u64, u64> = Default::default();
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            let (status, body) =
+                http(c.nodes[0].http, "POST", "/json", &body("second", "pinned")).expect("answer");
+            assert!(status == 200 || status == 429, "{status} {body}");
+            let second = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            *admitted.entry(second).or_default() += u64::from(status == 200);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The first and last seconds are partial.
+        let whole: Vec<u64> = admitted.values().copied().skip(1).collect();
+        let whole = &whole[..whole.len() - 1];
+        assert!(whole.iter().all(|&a| a <= LIMIT), "{admitted:?}");
+        assert!(
+            whole.iter().any(|&a| a > 51),
+            "the idle nodes' free shares were never recalled: {admitted:?}"
+        );
+        assert!(c.lease_stat(&[0], "free_conversions") >= 1);
+    }
+
     /// What one client thread saw of one node.
     #[derive(Default)]
     struct Seen {

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::lease::free::{Permit, Terms};
+use super::lease::free::{Permit, Recall, Terms};
 use super::lease::{
     Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::durable::RingChanges;
-use crate::cluster::peer::{Call, LeaseAsk, Op, PeerError};
+use crate::cluster::peer::{Call, FreeRecall, LeaseAsk, Op, PeerError};
 use crate::cluster::{ClusterConfig, ClusterStore, Members, OwnerStore};
 use crate::limiter::Decision;
 use crate::store::{Cause, Hit, StoreError};
@@ -74,12 +74,25 @@ impl Leasing {
     }
 
     /// Keeps the permit `owner` answered to a call sent at `sent_us` (`None`: it gave none, so
-    /// a share of 0, asked again in half a lease duration). A new run of permits from it (it
-    /// restarted, or this node's lapsed) converts every key this node admitted freely: the
-    /// owner may not know what it admitted.
-    fn took_permit(&self, members: &Members, owner: usize, sent_us: u64, permit: Option<Permit>) {
+    /// a share of 0, asked again in half a lease duration), and takes its `recalls`. A new run
+    /// of permits from it (it restarted, or this node's lapsed) converts every key this node
+    /// admitted freely: the owner may not know what it admitted.
+    fn took_permit(
+        &self,
+        members: &Members,
+        owner: usize,
+        sent_us: u64,
+        permit: Option<Permit>,
+        recalls: Vec<Recall>,
+    ) {
         if self.client.free().is_none() {
             return;
+        }
+        let now_us = self.clock.now().micros();
+        for r in recalls {
+            let live = members.live();
+            self.client
+                .recall(&r.key, r.quota, r.until_us, now_us, live);
         }
         let addr = members.ring.addr(owner);
         let p = permit.unwrap_or(Permit {
@@ -138,7 +151,11 @@ impl Leasing {
             let permit = free
                 .then(|| self.owner.permit(&self.advertise, sent))
                 .flatten();
-            self.took_permit(members, owner, sent.micros(), permit);
+            let recalls = match permit {
+                Some(_) => self.owner.recalls(&self.advertise),
+                None => Vec::new(),
+            };
+            self.took_permit(members, owner, sent.micros(), permit, recalls);
             return Ok(grants);
         }
         let Some(client) = &members.clients[owner] else {
@@ -146,14 +163,19 @@ impl Leasing {
         };
         let wire = asks.iter().map(|(k, a)| LeaseAsk::from_ask(k, a)).collect();
         match client.lease_with_permit(&self.advertise, wire, free).await {
-            Ok((grants, permit)) => {
-                let permit = permit.map(|p| Permit {
+            Ok(mut answer) => {
+                let permit = answer.permit.map(|p| Permit {
                     since_us: p.since_us,
                     valid_us: p.valid_us,
                     share_ppm: p.share_ppm,
                 });
-                self.took_permit(members, owner, sent.micros(), permit);
-                Ok(grants.iter().map(Grant::from).collect())
+                let recalls = answer
+                    .recalls
+                    .iter_mut()
+                    .filter_map(FreeRecall::take_recall)
+                    .collect();
+                self.took_permit(members, owner, sent.micros(), permit, recalls);
+                Ok(answer.grants.iter().map(Grant::from).collect())
             }
             Err(e) => {
                 members.failed(owner, &e, &self.changes, self.clock.now());

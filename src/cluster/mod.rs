@@ -276,6 +276,14 @@ impl OwnerStore {
         let ring = u64::try_from(self.members.load().ring.len().max(1)).unwrap_or(u64::MAX);
         server.permits.give(node, now.micros(), share / ring)
     }
+
+    /// The keys recalled from `node`'s free shares since its last call ([`lease::free`]).
+    pub fn recalls(&self, node: &str) -> Vec<lease::free::Recall> {
+        self.leases
+            .as_ref()
+            .map(|server| server.permits.take_recalls(node))
+            .unwrap_or_default()
+    }
 }
 
 /// What an owner answers for one hit.

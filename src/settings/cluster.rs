@@ -124,13 +124,14 @@ pub struct ClusterArgs {
     pub lease_max_bytes: usize,
     /// Lease mode: the part of each fixed window's limit, in percent (0 to 90), that the nodes
     /// together may admit of a key with no lease and no call, each node its equal part (free
-    /// shares, docs/cluster.md): keys far below their limit cost no peer call, but a key hot on
-    /// one node only gets the limit less the other nodes' parts. 0 (the default): off, every
-    /// key takes a lease at its first hit on a node.
+    /// shares, docs/cluster.md): keys far below their limit cost no peer call; a key that
+    /// passes its part on a node takes a lease, and the owner recalls the key from the other
+    /// nodes, which report what they used. 0: off, every key takes a lease at its first hit on
+    /// a node.
     #[arg(
         long,
         env = "SLUICE_LEASE_FREE_SHARE_PERCENT",
-        default_value_t = 0,
+        default_value_t = 50,
         help_heading = "Peer cluster"
     )]
     pub lease_free_share_percent: u64,
@@ -585,7 +586,7 @@ mod tests {
                 renew: Duration::from_millis(50),
                 duration: Duration::from_millis(100),
                 max_bytes: 1 << 20,
-                free_share_ppm: 0,
+                free_share_ppm: 500_000,
             }
         );
         for (args, starts) in [

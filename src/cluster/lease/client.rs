@@ -76,6 +76,12 @@ pub(crate) struct Held {
     /// The slot left the table (forgotten, refused a lease, replaced by another counter's): a
     /// queue or a parking still naming it drops it.
     pub gone: bool,
+    /// The key's owner recalled its free shares ([`super::free`]) until then (µs; 0: never):
+    /// the slot is kept, and reports about the key in every window that begins before it.
+    recalled_until_us: u64,
+    /// A report is owed to the owner (a recall, or a window begun under one): the next
+    /// renewal round sends one even with nothing held.
+    report_due: bool,
 }
 
 /// A local decision, or the need to ask the owner.
@@ -117,6 +123,8 @@ impl Held {
             queued: false,
             parked_us: 0,
             gone: false,
+            recalled_until_us: 0,
+            report_due: false,
         }
     }
 
@@ -299,6 +307,25 @@ impl Held {
     pub(crate) fn failed(&mut self) {
         self.in_flight = false;
         self.acquiring = false;
+        // A report a recall owed may be what was lost.
+        self.report_due |= self.recalled_until_us > self.reported_us;
+    }
+
+    /// The key's owner recalled its free shares at `now_us` until `until_us`: whether a report
+    /// is owed (the first recall, or one owed already), for the next renewal round.
+    pub(crate) fn recall(&mut self, now_us: u64, until_us: u64) -> bool {
+        self.roll(now_us);
+        if self.recalled_until_us <= now_us {
+            self.report_due = true;
+        }
+        self.recalled_until_us = self.recalled_until_us.max(until_us);
+        self.report_due
+    }
+
+    /// Whether a window began at `now_us` that a recall must report about (a quiet key's
+    /// renewal round is not looking at it otherwise).
+    pub(crate) fn recall_due(&self, now_us: u64) -> bool {
+        self.recalled_until_us > now_us && epoch_of(&self.quota, now_us) > self.epoch
     }
 
     /// The renewal to send at `now_us`, when the key needs one: something is held, hits came
@@ -319,10 +346,11 @@ impl Held {
         } else {
             self.allowance > 0 && now_us < self.valid_until_us
         };
-        if !holds && self.attempted == 0 && changes == self.reported_changes {
+        if !holds && self.attempted == 0 && changes == self.reported_changes && !self.report_due {
             return None;
         }
         self.reported_changes = changes;
+        self.report_due = false;
         let ask = self.report(now_us);
         let keep = self.keep(now_us, timing);
         if is_window(&self.quota) {
@@ -337,7 +365,9 @@ impl Held {
     /// Whether the key can be forgotten at `now_us`: nothing held, no hit for a lease duration,
     /// and (buckets) the local bucket at rest, so forgetting it gives no burst back.
     pub(crate) fn idle(&self, now_us: u64, timing: &LeaseTiming) -> bool {
-        let quiet = now_us >= self.touched_us + timing.duration_us() && !self.in_flight;
+        let quiet = now_us >= self.touched_us + timing.duration_us()
+            && !self.in_flight
+            && now_us >= self.recalled_until_us;
         if is_window(&self.quota) {
             quiet && epoch_of(&self.quota, now_us) > self.epoch && self.next.is_none()
         } else {
@@ -432,6 +462,9 @@ impl Held {
         self.used = 0;
         self.alone = 0;
         self.others = 0;
+        // Under a recall, the owner charges the node its free share of the new window until it
+        // reports.
+        self.report_due |= self.recalled_until_us > now_us;
     }
 
     /// Records `hits` admitted at `now_us` from the safe capacity while this node had no

@@ -19,6 +19,13 @@
 //!   what is left. A run that began after a window's start lets its node use nothing of that
 //!   window, and a node that reported is charged what it reported instead, so what the nodes
 //!   admit freely and what the owner grants never sum past the limit.
+//! - **Recalls** ([`Permits::recall`], at the owner; [`FreeShares::recall`], at the node): a
+//!   grant that charged other nodes their free share of a key (a lease holder wants the key)
+//!   recalls it from them: each charged node learns it in the answer to its next call, stops
+//!   deciding the key freely, and reports what it used (its next renewal round), in this window
+//!   and in each window until the recall ends ([`recall_until`]), so the owner charges it what
+//!   it used instead. A hot key's lease holders get the whole limit less what the others
+//!   really used, a renewal interval or two after each window begins.
 //! - **Owner changes**: a node that sees the ring change, or a new run of permits from an owner
 //!   (the owner restarted, or the node's permit lapsed), converts every key it used freely in
 //!   the current windows, so the new owner (or the restarted one, still rebuilding) learns
@@ -27,8 +34,9 @@
 //! Buckets, sliding windows, `charge_refused` and concurrency limits keep their leases; a
 //! cluster below a parent gives no permits (its capacity per window may be less than the limit).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use dashmap::DashMap;
 
@@ -42,6 +50,29 @@ pub const PPM: u64 = 1_000_000;
 /// The most nodes an owner keeps permit records for: far above any cluster, so only a peer
 /// inventing names reaches it; past it a new name gets no permit (and so uses no free share).
 const MAX_PERMITS: usize = 1024;
+
+/// The most recalls an owner keeps waiting for one node, and sends it in one answer: past it a
+/// recall waits for a later grant of its key (the node is charged its free share meanwhile).
+const MAX_RECALLS: usize = 1024;
+
+/// How long a recall lasts at least: ten lease durations, and two of the key's windows.
+const RECALL_DURATIONS: u64 = 10;
+
+/// When a recall made at `now_us` of a key under `quota` ends: the node reports about the key
+/// in every window that begins before then.
+pub fn recall_until(quota: &Quota, now_us: u64, duration_us: u64) -> u64 {
+    let windows = 2 * quota.window().secs() * 1_000_000;
+    now_us.saturating_add(windows.max(RECALL_DURATIONS * duration_us))
+}
+
+/// An owner's recall of a key from a node (the wire's `FreeRecall`): the node stops deciding
+/// it freely and reports about it in every window until `until_us`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recall {
+    pub key: Box<str>,
+    pub quota: Quota,
+    pub until_us: u64,
+}
 
 /// What a node may admit of each key of one owner with no call (the wire's `FreePermit`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,10 +130,15 @@ impl PermitRecord {
     }
 }
 
+/// The keys recalled from one node, each with its quota and the recall's end.
+type Recalled = HashMap<Box<str>, (Quota, u64)>;
+
 /// The permits an owner gave, one record per node.
 #[derive(Debug)]
 pub struct Permits {
     records: RwLock<Vec<PermitRecord>>,
+    /// The recalls waiting for each node's next call: by node, then by key, its quota and end.
+    recalls: Mutex<HashMap<Box<str>, Recalled>>,
     duration_us: u64,
 }
 
@@ -110,6 +146,7 @@ impl Permits {
     pub fn new(duration_us: u64) -> Self {
         Permits {
             records: RwLock::new(Vec::new()),
+            recalls: Mutex::new(HashMap::new()),
             duration_us,
         }
     }
@@ -152,21 +189,59 @@ impl Permits {
 
     /// What the nodes may have admitted freely of a window of `limit` that began at `start_us`,
     /// granted at `now_us` (`ahead`: before it began): each node's free share, but for `asker`
-    /// and the nodes `reported` says reported about the key in that window.
-    pub fn reserve(
-        records: &[PermitRecord],
+    /// and the nodes `reported` says reported about the key in that window. Each node charged
+    /// something is handed to `charged`.
+    pub fn reserve<'a>(
+        records: &'a [PermitRecord],
         limit: u64,
         (start_us, now_us, ahead): (u64, u64, bool),
         asker: &str,
         reported: impl Fn(&str) -> bool,
+        mut charged: impl FnMut(&'a str),
     ) -> u64 {
         records
             .iter()
             .filter(|r| &*r.node != asker)
-            .map(|r| (r, r.share_in(start_us, now_us, ahead)))
+            .map(|r| (r, free_share(limit, r.share_in(start_us, now_us, ahead))))
             .filter(|&(r, share)| share > 0 && !reported(&r.node))
-            .map(|(_, share)| free_share(limit, share))
+            .map(|(r, share)| {
+                charged(&r.node);
+                share
+            })
             .sum()
+    }
+
+    /// Recalls `key` (under `quota`) from `node` until `until_us`, at its next call: kept once
+    /// per node and key (the later end), at most [`MAX_RECALLS`] per node.
+    pub fn recall(&self, node: &str, key: &str, quota: Quota, until_us: u64) {
+        let mut recalls = self.recalls.lock().unwrap_or_else(PoisonError::into_inner);
+        let keys = match recalls.get_mut(node) {
+            Some(keys) => keys,
+            None => recalls.entry(node.into()).or_default(),
+        };
+        let full = keys.len() >= MAX_RECALLS;
+        match keys.get_mut(key) {
+            Some(r) => *r = (quota, r.1.max(until_us)),
+            None if !full => {
+                keys.insert(key.into(), (quota, until_us));
+            }
+            None => {}
+        }
+    }
+
+    /// The recalls waiting for `node`, taken to go with the answer to its call.
+    pub fn take_recalls(&self, node: &str) -> Vec<Recall> {
+        let mut recalls = self.recalls.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(keys) = recalls.remove(node) else {
+            return Vec::new();
+        };
+        keys.into_iter()
+            .map(|(key, (quota, until_us))| Recall {
+                key,
+                quota,
+                until_us,
+            })
+            .collect()
     }
 }
 
@@ -199,7 +274,7 @@ pub enum FreeRoute {
     Lease { used: u64 },
 }
 
-/// What a free-share entry costs beside its key: `examples/lease_memory.rs` measures 191 to 193
+/// What a free-share entry costs beside its key: `examples/lease_memory.rs` measures 191 to 204
 /// bytes with the key (27 to 31 bytes; 40,000 and 300,000 keys), and fails when a measurement
 /// passes the charge.
 pub const FREE_CHARGE: usize = 192;
@@ -247,38 +322,17 @@ impl FreeShares {
         let share = self.share(quota, epoch, now_us, terms);
         let mut entry = match self.counts.get_mut(key) {
             Some(e) => e,
-            None if share == 0 || self.bytes.load(Ordering::Relaxed) >= self.max_bytes => {
-                return FreeRoute::Lease { used: 0 };
-            }
-            None => {
-                let key: Arc<str> = key.into();
-                let end = (epoch + 1).saturating_mul(quota.window().secs() * 1_000_000);
-                self.ends.park(end, key.clone());
-                self.bytes
-                    .fetch_add(FREE_CHARGE + key.len(), Ordering::Relaxed);
-                self.counts.entry(key).or_insert(Free {
-                    quota: *quota,
-                    epoch,
-                    count: 0,
-                    converted: false,
-                })
-            }
+            None if share == 0 => return FreeRoute::Lease { used: 0 },
+            None => match self.insert(key, quota, epoch) {
+                Some(e) => e,
+                None => return FreeRoute::Lease { used: 0 },
+            },
         };
         let (was, same_quota) = (entry.epoch, entry.quota == *quota);
         if was != epoch || !same_quota {
-            // Another window (parked again when this one ends), or a limit changed by a
-            // reload: the owner charged the share of the limit it knew, so no free hits.
-            if was != epoch {
-                let end = (epoch + 1).saturating_mul(quota.window().secs() * 1_000_000);
-                self.ends.park(end, entry.key().clone());
-            }
-            let converted = was == epoch || share == 0;
-            *entry.value_mut() = Free {
-                quota: *quota,
-                epoch,
-                count: 0,
-                converted,
-            };
+            // Another window, or a limit changed by a reload: the owner charged the share of
+            // the limit it knew, so no free hits.
+            self.reset(&mut entry, quota, epoch, was == epoch || share == 0);
         }
         let free = entry.value_mut();
         if free.converted {
@@ -293,6 +347,60 @@ impl FreeShares {
         free.count += hits;
         self.decisions.fetch_add(1, Ordering::Relaxed);
         FreeRoute::Admitted(decision(quota, now_us, before, hits))
+    }
+
+    /// Stops deciding `key` (under `quota`) freely in its current window at `now_us`, its
+    /// owner having recalled it: the hits it admitted freely in it, for the lease it takes to
+    /// report; `None` when the table has no room to remember the key.
+    pub fn recall(&self, key: &str, quota: &Quota, now_us: u64) -> Option<u64> {
+        let epoch = window_index(quota, now_us);
+        let mut entry = match self.counts.get_mut(key) {
+            Some(e) => e,
+            None => self.insert(key, quota, epoch)?,
+        };
+        let free = *entry.value();
+        let used = if free.epoch == epoch && free.quota == *quota && !free.converted {
+            self.conversions.fetch_add(1, Ordering::Relaxed);
+            free.count
+        } else {
+            0
+        };
+        self.reset(&mut entry, quota, epoch, true);
+        entry.count = used;
+        Some(used)
+    }
+
+    /// A new entry for `key` in window `epoch` of `quota`, parked until the window ends;
+    /// `None` when the table is full.
+    fn insert(&self, key: &str, quota: &Quota, epoch: u64) -> Option<FreeEntry<'_>> {
+        if self.bytes.load(Ordering::Relaxed) >= self.max_bytes {
+            return None;
+        }
+        let key: Arc<str> = key.into();
+        self.ends.park(window_end(quota, epoch), key.clone());
+        self.bytes
+            .fetch_add(FREE_CHARGE + key.len(), Ordering::Relaxed);
+        Some(self.counts.entry(key).or_insert(Free {
+            quota: *quota,
+            epoch,
+            count: 0,
+            converted: false,
+        }))
+    }
+
+    /// Starts `entry` over in window `epoch` of `quota` (parked again when it is another
+    /// window), `converted` or not.
+    fn reset(&self, entry: &mut FreeEntry<'_>, quota: &Quota, epoch: u64, converted: bool) {
+        if entry.epoch != epoch {
+            self.ends
+                .park(window_end(quota, epoch), entry.key().clone());
+        }
+        *entry.value_mut() = Free {
+            quota: *quota,
+            epoch,
+            count: 0,
+            converted,
+        };
     }
 
     /// The free share of `quota`'s window `epoch` at `now_us` under `terms`: 0 unless the
@@ -331,8 +439,7 @@ impl FreeShares {
     pub fn forget_ended(&self, now_us: u64) {
         for key in self.ends.due(now_us) {
             let gone = self.counts.remove_if(&key, |_, free| {
-                let end = (free.epoch + 1).saturating_mul(free.quota.window().secs() * 1_000_000);
-                end <= now_us
+                window_end(&free.quota, free.epoch) <= now_us
             });
             if gone.is_some() {
                 self.bytes
@@ -352,6 +459,14 @@ impl FreeShares {
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
+}
+
+/// An entry of [`FreeShares`], locked.
+type FreeEntry<'a> = dashmap::mapref::one::RefMut<'a, Arc<str>, Free>;
+
+/// When window `epoch` of `quota` ends (µs).
+fn window_end(quota: &Quota, epoch: u64) -> u64 {
+    (epoch + 1).saturating_mul(quota.window().secs() * 1_000_000)
 }
 
 /// The decision for `hits` admitted freely at `now_us` after `before` of this node's: what it

@@ -195,7 +195,7 @@ pub struct LeaseClient {
 }
 
 /// What a held key costs beside its key's bytes: `examples/lease_memory.rs` measures at most
-/// 441 (keys of 27 to 31 bytes, 40,000 to 300,000 keys; 357 before the renewal rounds' queue
+/// 457 with the key (27 to 31 bytes, 40,000 to 300,000 keys; 357 before the renewal rounds' queue
 /// and parking, issue 49), rounded up here; the example fails when a measurement passes the
 /// charge.
 pub const SLOT_CHARGE: usize = 448;
@@ -383,6 +383,30 @@ impl LeaseClient {
         }
     }
 
+    /// `key`'s owner recalled its free share (under `quota`) at `now_us` until `until_us`
+    /// ([`free`]): the key is decided from a lease from now on, which reports what was
+    /// admitted freely at the next renewal round, and in every window that begins before
+    /// `until_us`. Ignored when the tables have no room for it (the owner goes on charging this
+    /// node its free share). `live` sizes a new lease's first demand.
+    pub fn recall(&self, key: &str, quota: Quota, until_us: u64, now_us: u64, live: usize) {
+        let Some(free) = self.free.as_ref().filter(|_| free::eligible(&quota)) else {
+            return;
+        };
+        let Some(used) = free.recall(key, &quota, now_us) else {
+            return;
+        };
+        // A key held already keeps its slot, under the quota its own hits name.
+        let held = self.slots.get(key).map(|s| s.clone());
+        let Some(slot) = held.or_else(|| self.slot_for(key, quota, now_us, live, 0)) else {
+            return;
+        };
+        let mut held = slot.lock();
+        held.took_freely(now_us, used);
+        if held.recall(now_us, until_us) {
+            self.wake(&slot, &mut held);
+        }
+    }
+
     /// [`client::Held::admit_held`] on `key` held under `quota` (or its counter under another
     /// limit, which it takes): `None` when not held here.
     pub fn admit_held(
@@ -499,6 +523,10 @@ impl LeaseClient {
         for slot in self.quiet.due(now_us) {
             let mut held = slot.lock();
             if held.gone || held.queued || held.parked_us > now_us {
+                continue;
+            }
+            if held.recall_due(now_us) {
+                self.wake(&slot, &mut held);
                 continue;
             }
             if !held.idle(now_us, &self.timing) {

@@ -52,11 +52,13 @@
 //! 35: 500 of 300 in the window an owner's 10 s cut healed). A peer lost or added needs no such
 //! rebuild of the keys this node kept serving: no one else granted them.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use smallvec::SmallVec;
 
 use super::deadlines::Deadlines;
 use super::free::{PermitRecord, Permits};
@@ -157,19 +159,18 @@ pub struct LeaseTiming {
     /// `super::SLOT_CHARGE`).
     pub max_bytes: usize,
     /// SLUICE_LEASE_FREE_SHARE_PERCENT, in parts per million: the part of each fixed window's
-    /// limit the nodes together may admit from free shares ([`super::free`]); 0 (the
-    /// default): off.
+    /// limit the nodes together may admit from free shares ([`super::free`]); 0: off.
     pub free_share_ppm: u64,
 }
 
 impl LeaseTiming {
-    /// The settings' defaults: renew every 100 ms, leases of 1 s, 32 MiB per table, no free
-    /// shares.
+    /// The settings' defaults: renew every 100 ms, leases of 1 s, 32 MiB per table, free
+    /// shares of half of each limit.
     pub const DEFAULT: LeaseTiming = LeaseTiming {
         renew: Duration::from_millis(100),
         duration: Duration::from_secs(1),
         max_bytes: 32 << 20,
-        free_share_ppm: 0,
+        free_share_ppm: 500_000,
     };
 
     /// How far ahead a grant looks: until the node's next renewal, with one interval of slack.
@@ -356,6 +357,8 @@ struct GrantContext<'a> {
     /// The permits for free shares this owner gave, each node charged its free share of a
     /// window it may have used freely ([`Permits::reserve`]).
     permits: &'a [PermitRecord],
+    /// The nodes the grant charged their free share of the key, to recall it from.
+    charged: RefCell<SmallVec<[&'a str; 4]>>,
 }
 
 /// A lease server's table: one entry per key it leases.
@@ -484,6 +487,7 @@ impl LeaseServer {
                 .min(self.timing.duration_us())
                 .max(self.timing.horizon_us()),
             permits: &permits,
+            charged: RefCell::default(),
         };
         // A limit's safe capacity is the asker's business (a partitioned node, a child cluster
         // cut off from its parent), not part of the quota the owner keeps.
@@ -499,6 +503,12 @@ impl LeaseServer {
         }
         let before = leases.holder_bytes();
         let grant = leases.answer(ask, &ctx);
+        // A lease holder wants the key: the nodes charged their free share of it report what
+        // they used instead, from their next call on.
+        let until_us = super::free::recall_until(&ask.quota, now_us, self.timing.duration_us());
+        for node in ctx.charged.take() {
+            self.permits.recall(node, key, ask.quota, until_us);
+        }
         let after = leases.holder_bytes();
         if after >= before {
             self.bytes.fetch_add(after - before, Ordering::Relaxed);
@@ -1037,6 +1047,7 @@ impl KeyLeases {
             (start_us, ctx.now_us, ahead),
             ctx.node,
             reported,
+            |node| ctx.charged.borrow_mut().push(node),
         )
     }
 

@@ -6,8 +6,9 @@
 
 use std::num::NonZeroU32;
 
+use super::free::Recall;
 use super::{Ask, Grant};
-use crate::cluster::peer::{LeaseAsk, LeaseGrant, LeaseRequest, PeerHit};
+use crate::cluster::peer::{FreeRecall, LeaseAsk, LeaseGrant, LeaseRequest, PeerHit};
 use crate::limiter::Quota;
 use crate::store::Hit;
 
@@ -68,6 +69,34 @@ impl LeaseAsk {
             horizon_us: self.horizon_us,
         };
         Ok((std::mem::take(&mut hit.key), ask))
+    }
+}
+
+impl From<&Recall> for FreeRecall {
+    fn from(r: &Recall) -> Self {
+        let hit = Hit {
+            key: &r.key,
+            quota: r.quota,
+            hits: 0,
+        };
+        FreeRecall {
+            hit: Some(PeerHit::from_hit(&hit)),
+            until_us: r.until_us,
+        }
+    }
+}
+
+impl FreeRecall {
+    /// The recall, unless it names no key or a quota this node cannot read (then it is
+    /// ignored: the owner goes on charging this node's free share of the key).
+    pub fn take_recall(&mut self) -> Option<Recall> {
+        let hit = self.hit.as_mut()?;
+        let quota = hit.quota().ok()?;
+        Some(Recall {
+            key: std::mem::take(&mut hit.key).into_boxed_str(),
+            quota,
+            until_us: self.until_us,
+        })
     }
 }
 

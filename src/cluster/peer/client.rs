@@ -122,17 +122,18 @@ impl PeerClient {
         node: &str,
         asks: Vec<LeaseAsk>,
     ) -> Result<Vec<LeaseGrant>, PeerError> {
-        Ok(self.lease_with_permit(node, asks, false).await?.0)
+        Ok(self.lease_with_permit(node, asks, false).await?.grants)
     }
 
     /// [`Self::lease`], asking for a permit for free shares when `free` (lease mode's nodes;
-    /// not a child cluster asking its parent): the grants, and the permit if the owner gave one.
+    /// not a child cluster asking its parent): the answer, with the permit if the owner gave
+    /// one and its recalls.
     pub async fn lease_with_permit(
         &self,
         node: &str,
         asks: Vec<LeaseAsk>,
         free: bool,
-    ) -> Result<(Vec<LeaseGrant>, Option<wire::FreePermit>), PeerError> {
+    ) -> Result<wire::LeaseResponse, PeerError> {
         let n = asks.len();
         let request = LeaseRequest {
             protocol_version: PROTOCOL_VERSION,
@@ -148,7 +149,7 @@ impl PeerClient {
                 asks: n,
             }));
         }
-        Ok((response.grants, response.permit))
+        Ok(response)
     }
 
     /// One Quota call from `node` carrying this node's holders of `buckets`, bounded by the

@@ -54,8 +54,8 @@ pub use client::PeerClient;
 pub use error::{Call, Malformed, PeerError};
 pub use server::{LimitsOwner, PeerServer, QuotaOwner};
 pub use wire::{
-    ApplyRequest, ApplyResponse, LeaseAsk, LeaseGrant, LeaseRequest, LeaseResponse, PeerDecision,
-    PeerHit,
+    ApplyRequest, ApplyResponse, FreeRecall, LeaseAsk, LeaseGrant, LeaseRequest, LeaseResponse,
+    PeerDecision, PeerHit,
 };
 
 /// The version of the peer protocol this node speaks, sent in every [`ApplyRequest`]. Raise it

@@ -121,9 +121,14 @@ impl wire::peer_server::Peer for Owner {
                 valid_us: p.valid_us,
                 share_ppm: p.share_ppm,
             });
+        let recalls = match permit {
+            Some(_) => self.local.recalls(&req.node),
+            None => Vec::new(),
+        };
         Ok(tonic::Response::new(LeaseResponse {
             grants: grants.iter().map(LeaseGrant::from).collect(),
             permit,
+            recalls: recalls.iter().map(wire::FreeRecall::from).collect(),
         }))
     }
 

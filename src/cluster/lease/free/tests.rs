@@ -148,43 +148,31 @@ fn a_permit_run_lasts_while_renewed_and_the_owner_charges_the_runs_that_held_at_
     assert_eq!(p.since_us, T0 + 3 * S);
     permits.give("b", T0 + 3 * S, PPM / 10).unwrap();
     let records = permits.read();
-    let none = |_: &str| false;
+    // What `asker` is reserved of a window of 100 that began at `start`, granted at `now`,
+    // `reported` excepted, and who was charged.
+    let reserve = |asker: &str, reported: &str, (start, now, ahead)| {
+        let mut charged = Vec::new();
+        let sum = Permits::reserve(
+            &records,
+            100,
+            (start, now, ahead),
+            asker,
+            |n| n == reported,
+            |n| charged.push(n.to_owned()),
+        );
+        (sum, charged)
+    };
+    let w = |start, now| reserve("x", "", (start, now, false));
     // A window that began while a's permit held: a is charged 10 of 100 (b began later).
-    let w = |start, now| Permits::reserve(&records, 100, (start, now, false), "x", none);
-    assert_eq!(w(T0 + 2 * S, T0 + 3 * S), 10);
-    assert_eq!(w(T0 + 3 * S, T0 + 3 * S + 1), 20);
+    assert_eq!(w(T0 + 2 * S, T0 + 3 * S), (10, vec!["a".to_owned()]));
+    assert_eq!(w(T0 + 3 * S, T0 + 3 * S + 1).0, 20);
     // The asker and the nodes that reported are not charged.
-    assert_eq!(
-        Permits::reserve(
-            &records,
-            100,
-            (T0 + 3 * S, T0 + 3 * S + 1, false),
-            "a",
-            none
-        ),
-        10
-    );
-    let a_reported = |n: &str| n == "a";
-    assert_eq!(
-        Permits::reserve(
-            &records,
-            100,
-            (T0 + 3 * S, T0 + 3 * S + 1, false),
-            "x",
-            a_reported
-        ),
-        10
-    );
+    let after = (T0 + 3 * S, T0 + 3 * S + 1, false);
+    assert_eq!(reserve("a", "", after), (10, vec!["b".to_owned()]));
+    assert_eq!(reserve("x", "a", after), (10, vec!["b".to_owned()]));
     // Before any permit: nothing. Ahead: every permit that holds now.
-    assert_eq!(w(T0 - S, T0), 0);
-    let ahead = Permits::reserve(
-        &records,
-        100,
-        (T0 + 60 * S, T0 + 3 * S + 1, true),
-        "x",
-        none,
-    );
-    assert_eq!(ahead, 20);
+    assert_eq!(w(T0 - S, T0), (0, Vec::new()));
+    assert_eq!(reserve("x", "", (T0 + 60 * S, T0 + 3 * S + 1, true)).0, 20);
 }
 
 /// `nodes` nodes deciding one fixed-window key from free shares and leases granted by one
@@ -233,11 +221,20 @@ impl FreeCluster {
                 self.free.len(),
             )
         });
+        // Taken with the answer, and lost with it.
+        let recalls = self.server.permits.take_recalls(&Self::name(node));
         if self.lose {
             if let Some(h) = self.held[node].as_mut() {
                 h.failed();
             }
             return;
+        }
+        for r in recalls.iter().filter(|_| permit.is_some()) {
+            if let Some(used) = self.free[node].recall(&r.key, &r.quota, now) {
+                let held = self.held_or_new(node, now);
+                held.took_freely(now, used);
+                held.recall(now, r.until_us);
+            }
         }
         let t = permit.map(|p| Terms {
             since_us: p.since_us,
@@ -328,10 +325,11 @@ fn a_key_used_below_its_free_shares_costs_no_call_and_a_hot_one_still_gets_its_l
         }
     }
     assert_eq!(c.calls, 0);
-    // Node 0 goes on alone: it converts, and gets what the others leave (500 of the 600,
-    // 100 each charged to the others until they report).
+    // Node 0 goes on alone: it converts, and gets what the others leave. The owner charges
+    // the others their free share (99 each) until they report, and recalls the key from them:
+    // at their next call they report the 90 each used, and node 0 gets the rest.
     now = start + 100_000;
-    for _ in 0..800 {
+    for _ in 0..2_000 {
         now += 1_000;
         c.hit(0, now);
         if now.is_multiple_of(100_000) {
@@ -339,11 +337,20 @@ fn a_key_used_below_its_free_shares_costs_no_call_and_a_hot_one_still_gets_its_l
         }
     }
     assert!(c.calls > 0);
-    // Each idle node is charged its free share until it reports, so what it left of it is
-    // lost to node 0: all but that is admitted.
-    let f = free_share(600, TIMING.free_share_ppm / 3);
     let window = start / S / 60;
-    assert_eq!(c.admitted[&window], 600 - 2 * (f - 90));
+    assert_eq!(c.admitted[&window], 600);
+    // The others keep reporting in the next window (the recall lasts two windows), so node 0
+    // gets the whole limit there with no recall to wait for.
+    let next = start + 60 * S;
+    now = next;
+    for _ in 0..1_200 {
+        now += 1_000;
+        c.hit(0, now);
+        if now.is_multiple_of(100_000) {
+            c.renew_all(now);
+        }
+    }
+    assert_eq!(c.admitted[&(window + 1)], 600);
 }
 
 proptest! {
@@ -381,4 +388,58 @@ proptest! {
             prop_assert!(*a <= u64::from(limit), "window {} admitted {} of {}", w, a, limit);
         }
     }
+}
+
+#[test]
+fn a_recalled_key_reports_what_it_used_then_in_each_window_until_the_recall_ends() {
+    use crate::cluster::lease::LeaseClient;
+    let client = LeaseClient::with_free_shares(TIMING, 0);
+    let q = minute(600);
+    let t = terms(0, T0 + 600 * S, PPM / 6);
+    let start = T0 + 60 * S;
+    for i in 0..7 {
+        let route = client.route("k", q, start + i, 1, || 3, || t);
+        assert!(matches!(route, crate::cluster::lease::Route::Decided(_)));
+    }
+    // Recalled for two windows: the next round reports the 7 hits admitted freely.
+    let until = start + 120 * S;
+    client.recall("k", q, until, start + S, 3);
+    let round = |at: u64| {
+        let due = client.renewals(at, 0, 3);
+        for (_, slot, ask) in &due {
+            let grant = crate::cluster::lease::Grant {
+                epoch: ask.epoch,
+                allowance: ask.keep,
+                valid_us: 60 * S,
+                leased: true,
+                ..Default::default()
+            };
+            slot.answer(Some(&grant), at);
+        }
+        due.iter()
+            .map(|(_, _, a)| (a.epoch, a.used))
+            .collect::<Vec<_>>()
+    };
+    let window = start / S / 60;
+    assert_eq!(round(start + S), vec![(window, 7)]);
+    // Nothing more in the window; the key is decided from its lease, not freely.
+    assert_eq!(round(start + 2 * S), vec![]);
+    let free = client.free().expect("free shares on");
+    assert_eq!(
+        free.admit("k", &q, start + 3 * S, 1, t),
+        FreeRoute::Lease { used: 0 }
+    );
+    // The next window: a report of nothing used, at its first rounds, with no hit.
+    let next = start + 60 * S;
+    let tick = micros(TIMING.renew);
+    let mut reports = Vec::new();
+    for i in 0..3 {
+        reports.extend(round(next + i * tick));
+    }
+    assert_eq!(reports, vec![(window + 1, 0)]);
+    // After the recall's last window, the key is forgotten.
+    for i in 0..3 {
+        round(until + 60 * S + i * tick);
+    }
+    assert!(client.is_empty());
 }
