@@ -1604,6 +1604,7 @@ mod lease {
             *admitted.entry(second).or_default() += u64::from(status == 200);
             std::thread::sleep(Duration::from_millis(5));
         }
+        eprintln!("admitted per second on the pinned node: {admitted:?}");
         // The first and last seconds are partial.
         let whole: Vec<u64> = admitted.values().copied().skip(1).collect();
         let whole = &whole[..whole.len() - 1];
