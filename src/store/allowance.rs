@@ -244,6 +244,10 @@ const UNDER_WAY_US: u64 = 2_000_000;
 /// Demand samples span at least this long, as in lease mode.
 const MIN_SAMPLE_US: u64 = 10_000;
 
+/// A key is quiet, for the give-back task's demand sample, after this many of its demand's
+/// gaps between calls with none ([`Batch::quiet_us`]): far past the jitter of a paced client.
+const QUIET_GAPS: u64 = 4;
+
 impl Allowances {
     pub fn new(tuning: AllowanceTuning) -> Self {
         Allowances {
@@ -344,7 +348,7 @@ impl Allowances {
             return Route::STORE;
         }
         b.roll(window);
-        b.sample(now_us, hits);
+        b.sample(now_us, hits, MIN_SAMPLE_US);
         let left = b.left();
         // A peek is decided from the count last seen, once there is one.
         if b.refunded || (hits == 0 && b.reserved == 0) {
@@ -510,7 +514,8 @@ impl Allowances {
             let mut b = lock(e.value());
             let window = now.secs() / b.quota.window().secs();
             b.roll(window);
-            b.sample(now.micros(), 0);
+            let quiet_us = b.quiet_us(horizon_us);
+            b.sample(now.micros(), 0, quiet_us);
             let left = b.left();
             let cold = b.need(horizon_us) < self.tuning.hot_hits.max(1) || b.refunded;
             if !b.reserving(now.micros()) && left > 0 && cold {
@@ -585,17 +590,30 @@ impl Batch {
     }
 
     /// Counts `hits` asked for at `now_us`, and updates the demand once a sample spans
-    /// [`MIN_SAMPLE_US`].
-    fn sample(&mut self, now_us: u64, hits: u64) {
+    /// `min_span_us` ([`MIN_SAMPLE_US`] for a call, [`Batch::quiet_us`] for the give-back
+    /// task's look, which brings no hits).
+    fn sample(&mut self, now_us: u64, hits: u64, min_span_us: u64) {
         self.attempted += hits;
         let span = now_us.saturating_sub(self.sampled_us);
-        if span >= MIN_SAMPLE_US {
+        if span >= min_span_us {
             let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(span);
             let rate = u64::try_from(rate).unwrap_or(u64::MAX);
             self.demand_milli = self.demand_milli / 2 + rate / 2;
             self.attempted = 0;
             self.sampled_us = now_us;
         }
+    }
+
+    /// How long the give-back task's look waits after the last sample before it closes one with
+    /// no hits: [`QUIET_GAPS`] of the demand's gaps between calls, within [`MIN_SAMPLE_US`] and
+    /// the horizon. Closed sooner, between two calls of a steady key, it would read no demand
+    /// where the next call was simply not due yet: a key at 50 calls a second (hot at 40) read
+    /// 25 whenever the task looked 10 to 20 ms after a call, went cold, gave its batch back
+    /// and reserved again, every horizon (issue 50's `warm` benchmark).
+    fn quiet_us(&self, horizon_us: u64) -> u64 {
+        let gap_us = 1_000_000_000u64.checked_div(self.demand_milli);
+        let gaps = gap_us.map_or(u64::MAX, |g| g.saturating_mul(QUIET_GAPS));
+        gaps.clamp(MIN_SAMPLE_US, horizon_us.max(MIN_SAMPLE_US))
     }
 
     /// The reservation to make now, marked under way: more of this window when what is left
