@@ -183,6 +183,9 @@ struct Params {
     lease_us: u64,
     /// Lease mode: SLUICE_LEASE_MAX_BYTES, each of a node's two tables.
     lease_max_bytes: usize,
+    /// Lease mode: SLUICE_LEASE_FREE_SHARE_PERCENT, in parts per million (0: off, every key
+    /// leased, as before issue 49's step 2).
+    free_share_ppm: u64,
     /// Lease mode: changes to the lease logic under study ([`Variant`]), as bits.
     variants: u8,
     /// Print every whole window admitting more than 1.05 times its limit (to stderr).
@@ -214,6 +217,7 @@ impl Params {
             renew_us: 100_000,
             lease_us: 1_000_000,
             lease_max_bytes: sluice::cluster::lease::LeaseTiming::DEFAULT.max_bytes,
+            free_share_ppm: sluice::cluster::lease::LeaseTiming::DEFAULT.free_share_ppm,
             variants: 0,
             worst: false,
         }
@@ -519,6 +523,8 @@ struct Outcome {
     held_sum: u64,
     held_ticks: u64,
     held_max: u64,
+    /// Lease mode: hits decided from free shares (no lease, no call).
+    free_decisions: u64,
     /// Steady-phase windows' admitted / limit by limit (10, 100, 1000 per unit).
     class_ratios: [Vec<f64>; 3],
 }
@@ -976,7 +982,8 @@ impl<'a> Sim<'a> {
             return;
         }
         if let Payload::Lease(c) = call.payload {
-            self.lease_answered(usize::from(call.from), call.sent, c, now);
+            let ends = (usize::from(call.from), usize::from(call.to));
+            self.lease_answered(ends, call.sent, c, now);
         }
     }
 
@@ -1211,7 +1218,7 @@ impl<'a> Sim<'a> {
         }
         self.counters.retain(|id, _| (id >> 32) as usize != n);
         self.dirty[n].clear();
-        self.lease_lost(n);
+        self.lease_lost(n, now);
         self.global_lost(n);
         // Its clients reconnect to running nodes.
         self.repin(|pin, _| usize::from(pin) == n, None);
@@ -1230,7 +1237,7 @@ impl<'a> Sim<'a> {
         self.ring_changes[n] = (0, EPOCH_US + now + found_in);
         self.joins[n] = Joining::awaiting_dns();
         self.joins[n].resolved(true, sim_time(now));
-        self.lease_lost(n);
+        self.lease_lost(n, now);
         self.global_lost(n);
         self.start_tasks(n, Some(now));
     }
@@ -1285,6 +1292,7 @@ impl<'a> Sim<'a> {
     }
 
     fn finish(mut self, end: u64) -> Outcome {
+        self.lease_finish();
         for since in self.since.iter().flatten() {
             self.out.node_secs += (end - since) as f64 / 1e6;
         }
