@@ -10,6 +10,7 @@
 //! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
 //! cargo run --release --example cluster_sim -- --only regions # one limit across regions ([`regions`])
 //! cargo run --release --example cluster_sim -- --only keys    # 10^4 against 10^6 keys (issue 49)
+//! cargo run --release --example cluster_sim -- --only keys --free-share-percent 0  # every key leased
 //! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
@@ -40,7 +41,9 @@
 //! - **local**: every node counts alone with the whole limit, as N independent
 //!   envoyproxy/ratelimit instances with in-memory counters would.
 //! - **lease** (SLUICE_CLUSTER_MODE=lease): [`lease`], Sluice's `LeaseClient` and `LeaseServer`
-//!   on every node, driven as `src/cluster/lease_driver.rs` drives them.
+//!   on every node, driven as `src/cluster/lease_driver.rs` drives them, free shares included
+//!   (SLUICE_LEASE_FREE_SHARE_PERCENT=50, `--free-share-percent N` for another; 0 leases every
+//!   key, as before issue 49's step 2; the regions section's clusters keep 0).
 //! - **global**: gubernator's GLOBAL behaviour ([`global`]), for comparison.
 //!
 //! Traffic: Poisson arrivals over 10,000 keys (`--only keys`: 10^6 too) with Zipf(1.1) popularity; limits of 10, 100 or
@@ -523,6 +526,8 @@ struct Outcome {
     held_sum: u64,
     held_ticks: u64,
     held_max: u64,
+    /// Whole steady windows (of any offered load) that admitted more than their limit.
+    steady_over: u64,
     /// Lease mode: hits decided from free shares (no lease, no call).
     free_decisions: u64,
     /// Steady-phase windows' admitted / limit by limit (10, 100, 1000 per unit).
@@ -1307,6 +1312,7 @@ impl<'a> Sim<'a> {
             if self.script.phase(start, start + unit_us) == Phase::Steady {
                 let over = usize::from(offered >= limit);
                 self.out.steady_acquires[over] += u64::from(acquires);
+                self.out.steady_over += u64::from(admitted > limit);
             }
             if offered < 2 * limit {
                 continue;

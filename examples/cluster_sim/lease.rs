@@ -17,7 +17,19 @@
 //!   last ring change it saw (now, for a key it stands in for: `OwnerStore::answer_leases`) and
 //!   the peers it believes up; its sweep runs every lease duration; a ring change is a peer
 //!   marked down, a peer answering again, or a PEERS_DNS change;
-//! - a node that dies loses its leases and its server's state; it restarts with neither.
+//! - free shares (`sluice::cluster::lease::free`, unless `--free-share-percent 0`): every
+//!   Lease call's answer carries the owner's permit (`Permits::give`, its share over the
+//!   peers it knows) and the recalls waiting for the caller (`Permits::take_recalls`), taken
+//!   when the answer arrives, before its grants, as `Leasing::took_permit` does: recalls
+//!   applied, the permit kept as the `Terms` that `route` gets for the key's owner, a new run
+//!   converting what was admitted freely. A round also calls, with no asks, each owner up to
+//!   which no renewal goes whose permit ends within half a lease duration
+//!   (`Leasing::permits_to_renew`; a background call). The first nodes start the traffic with
+//!   the permits of the minute they ran before it, so their first windows are free already;
+//!   a node that starts during the run (the restart, the join) gets `started_us` then, and
+//!   its windows are free from a lease duration after its first permits;
+//! - a node that dies loses its leases, its free counts, its permits and its server's state
+//!   (the permits it gave); it restarts with none of them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

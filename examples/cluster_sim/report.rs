@@ -23,9 +23,9 @@ const MODES: [Mode; 7] = [
 /// The command line: `--quick`, `--seed N`, `--only SECTION`; for `--only one` (one run,
 /// with lease mode's diagnostics): `--mode NAME --nodes N --spread pinned|per-request
 /// --minute --secs N --rate N --keys N --zipf S --renew-ms N --lease-ms N --lease-max-mib N
-/// --variants e|j --worst`; for `--only
-/// lease` (lease mode's rows, to compare builds of the lease logic): `--label TEXT --variants
-/// de`.
+/// --variants e|j --worst`; for every lease run, `--free-share-percent N` (50; 0: every key
+/// leased, as before issue 49's step 2); for `--only lease` (lease mode's rows, to compare
+/// builds of the lease logic): `--label TEXT --variants de`.
 pub(super) struct Options {
     quick: bool,
     seed: u64,
@@ -435,11 +435,12 @@ fn one(o: &Options) {
     let d = out.phase_decisions[steady];
     println!(
         "\nlease: keys renewed/s/node {:.0}, held keys per node at renewal ticks mean {:.0} max \
-         {}, unanswered {}",
+         {}, unanswered {}, decided from free shares {:.3} of decisions",
         out.renewed_keys as f64 / out.node_secs.max(1e-9),
         per(out.held_sum, out.held_ticks),
         out.held_max,
         out.errors,
+        per(out.free_decisions, out.decisions),
     );
     println!(
         "\nsteady acquires/decision: nothing held {:.4}, all used {:.4}; acquired hits admitted \
@@ -450,9 +451,10 @@ fn one(o: &Options) {
     );
     println!(
         "steady acquires/decision in windows offered under their limit {:.4}, at least their \
-         limit {:.4}",
+         limit {:.4}; steady windows over their limit {}",
         per(out.steady_acquires[0], d),
         per(out.steady_acquires[1], d),
+        out.steady_over,
     );
     for (limit, r) in [10, 100, 1000].iter().zip(&out.class_ratios) {
         let (mean, p99, max, util, p5) = ratios(r);
