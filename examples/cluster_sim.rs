@@ -528,8 +528,9 @@ struct Outcome {
     held_max: u64,
     /// Whole steady windows (of any offered load) that admitted more than their limit.
     steady_over: u64,
-    /// Lease mode: hits decided from free shares (no lease, no call).
+    /// Lease mode: hits decided from free shares (no lease, no call), and recalls received.
     free_decisions: u64,
+    recalls: u64,
     /// Steady-phase windows' admitted / limit by limit (10, 100, 1000 per unit).
     class_ratios: [Vec<f64>; 3],
 }

@@ -402,12 +402,13 @@ impl Sim<'_> {
         now: u64,
     ) {
         let live = self.live(node);
-        let leases = self.leases();
+        let leases = self.lease.as_mut().expect("lease mode");
         let valid_us = leases.timing.duration_us();
         let n = &mut leases.nodes[node];
         if n.client.free().is_none() {
             return;
         }
+        self.out.recalls += recalls.len() as u64;
         for r in recalls {
             n.client
                 .recall(&r.key, r.quota, r.until_us, EPOCH_US + now, live);

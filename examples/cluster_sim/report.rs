@@ -435,12 +435,13 @@ fn one(o: &Options) {
     let d = out.phase_decisions[steady];
     println!(
         "\nlease: keys renewed/s/node {:.0}, held keys per node at renewal ticks mean {:.0} max \
-         {}, unanswered {}, decided from free shares {:.3} of decisions",
+         {}, unanswered {}, decided from free shares {:.3} of decisions, recalls/s/node {:.0}",
         out.renewed_keys as f64 / out.node_secs.max(1e-9),
         per(out.held_sum, out.held_ticks),
         out.held_max,
         out.errors,
         per(out.free_decisions, out.decisions),
+        out.recalls as f64 / out.node_secs.max(1e-9),
     );
     println!(
         "\nsteady acquires/decision: nothing held {:.4}, all used {:.4}; acquired hits admitted \
