@@ -49,7 +49,7 @@ impl Options {
             seed: o.value("--seed").unwrap_or(42),
             free_share_ppm: o
                 .value::<u64>("--free-share-percent")
-                .map_or(o.free_share_ppm, |pct| pct.min(100) * 10_000),
+                .map_or(o.free_share_ppm, |pct| pct.min(90) * 10_000),
             only: o.text("--only"),
             ..o
         }
