@@ -10,6 +10,7 @@
 //! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
 //! cargo run --release --example cluster_sim -- --only regions # one limit across regions ([`regions`])
 //! cargo run --release --example cluster_sim -- --only keys    # 10^4 against 10^6 keys (issue 49)
+//! cargo run --release --example cluster_sim -- --only keys --free-share-percent 0  # every key leased
 //! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
@@ -40,7 +41,9 @@
 //! - **local**: every node counts alone with the whole limit, as N independent
 //!   envoyproxy/ratelimit instances with in-memory counters would.
 //! - **lease** (SLUICE_CLUSTER_MODE=lease): [`lease`], Sluice's `LeaseClient` and `LeaseServer`
-//!   on every node, driven as `src/cluster/lease_driver.rs` drives them.
+//!   on every node, driven as `src/cluster/lease_driver.rs` drives them, free shares included
+//!   (SLUICE_LEASE_FREE_SHARE_PERCENT=50, `--free-share-percent N` for another; 0 leases every
+//!   key, as before issue 49's step 2; the regions section's clusters keep 0).
 //! - **global**: gubernator's GLOBAL behaviour ([`global`]), for comparison.
 //!
 //! Traffic: Poisson arrivals over 10,000 keys (`--only keys`: 10^6 too) with Zipf(1.1) popularity; limits of 10, 100 or
@@ -183,6 +186,9 @@ struct Params {
     lease_us: u64,
     /// Lease mode: SLUICE_LEASE_MAX_BYTES, each of a node's two tables.
     lease_max_bytes: usize,
+    /// Lease mode: SLUICE_LEASE_FREE_SHARE_PERCENT, in parts per million (0: off, every key
+    /// leased, as before issue 49's step 2).
+    free_share_ppm: u64,
     /// Lease mode: changes to the lease logic under study ([`Variant`]), as bits.
     variants: u8,
     /// Print every whole window admitting more than 1.05 times its limit (to stderr).
@@ -214,6 +220,7 @@ impl Params {
             renew_us: 100_000,
             lease_us: 1_000_000,
             lease_max_bytes: sluice::cluster::lease::LeaseTiming::DEFAULT.max_bytes,
+            free_share_ppm: sluice::cluster::lease::LeaseTiming::DEFAULT.free_share_ppm,
             variants: 0,
             worst: false,
         }
@@ -519,6 +526,11 @@ struct Outcome {
     held_sum: u64,
     held_ticks: u64,
     held_max: u64,
+    /// Whole steady windows (of any offered load) that admitted more than their limit.
+    steady_over: u64,
+    /// Lease mode: hits decided from free shares (no lease, no call), and recalls received.
+    free_decisions: u64,
+    recalls: u64,
     /// Steady-phase windows' admitted / limit by limit (10, 100, 1000 per unit).
     class_ratios: [Vec<f64>; 3],
 }
@@ -976,7 +988,8 @@ impl<'a> Sim<'a> {
             return;
         }
         if let Payload::Lease(c) = call.payload {
-            self.lease_answered(usize::from(call.from), call.sent, c, now);
+            let ends = (usize::from(call.from), usize::from(call.to));
+            self.lease_answered(ends, call.sent, c, now);
         }
     }
 
@@ -1211,7 +1224,7 @@ impl<'a> Sim<'a> {
         }
         self.counters.retain(|id, _| (id >> 32) as usize != n);
         self.dirty[n].clear();
-        self.lease_lost(n);
+        self.lease_lost(n, now);
         self.global_lost(n);
         // Its clients reconnect to running nodes.
         self.repin(|pin, _| usize::from(pin) == n, None);
@@ -1230,7 +1243,7 @@ impl<'a> Sim<'a> {
         self.ring_changes[n] = (0, EPOCH_US + now + found_in);
         self.joins[n] = Joining::awaiting_dns();
         self.joins[n].resolved(true, sim_time(now));
-        self.lease_lost(n);
+        self.lease_lost(n, now);
         self.global_lost(n);
         self.start_tasks(n, Some(now));
     }
@@ -1285,6 +1298,7 @@ impl<'a> Sim<'a> {
     }
 
     fn finish(mut self, end: u64) -> Outcome {
+        self.lease_finish();
         for since in self.since.iter().flatten() {
             self.out.node_secs += (end - since) as f64 / 1e6;
         }
@@ -1299,6 +1313,7 @@ impl<'a> Sim<'a> {
             if self.script.phase(start, start + unit_us) == Phase::Steady {
                 let over = usize::from(offered >= limit);
                 self.out.steady_acquires[over] += u64::from(acquires);
+                self.out.steady_over += u64::from(admitted > limit);
             }
             if offered < 2 * limit {
                 continue;

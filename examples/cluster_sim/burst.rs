@@ -153,16 +153,19 @@ struct Measure {
 }
 
 /// Runs `shape` on `nodes` nodes with lease mode's defaults.
-fn measure(shape: &Shape, nodes: usize, seed: u64) -> Measure {
+fn measure(shape: &Shape, nodes: usize, seed: u64, free_share_ppm: u64) -> Measure {
     let w = Workload::uniform(KEYS, shape.limit, shape.unit);
     let end = shape.unit_us() + shape.burst_us + TAIL_US;
-    let p = Params::new(
-        Mode::Lease,
-        Spread::PerRequest,
-        nodes,
-        end / 1_000_000,
-        seed,
-    );
+    let p = Params {
+        free_share_ppm,
+        ..Params::new(
+            Mode::Lease,
+            Spread::PerRequest,
+            nodes,
+            end / 1_000_000,
+            seed,
+        )
+    };
     let mut rng = Rng(seed ^ 0xb0b5_7000 ^ (nodes as u64) << 40 ^ shape.burst_us);
     let arrivals = shape.arrivals(nodes, &mut rng);
     let mut sim = Sim::new(&w, p);
@@ -199,7 +202,7 @@ fn measure(shape: &Shape, nodes: usize, seed: u64) -> Measure {
 
 /// The section `burst`: one row per workload, the cluster sizes side by side, then the
 /// worst of each size against the targets. The same in `--quick` (a few seconds in all).
-pub(super) fn table(seed: u64) {
+pub(super) fn table(seed: u64, free_share_ppm: u64) {
     println!(
         "\n### Bursts, lease mode, {KEYS} keys per run, renew 100 ms, lease 1 s\n\n\
          Utilisation per key: admitted / min(limit, offered) in the burst's window, mean \
@@ -217,7 +220,7 @@ pub(super) fn table(seed: u64) {
     for shape in &Shape::all() {
         let mut line = shape.label();
         for n in SIZES {
-            let m = measure(shape, n, seed);
+            let m = measure(shape, n, seed, free_share_ppm);
             line += &format!(
                 " {:.3} ({:.2}) | {:.2} | {:.1} ({:.3}) |",
                 m.util_mean, m.util_min, m.max, m.acquires_per_burst, m.acquires_per_decision

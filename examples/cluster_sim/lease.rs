@@ -17,23 +17,39 @@
 //!   last ring change it saw (now, for a key it stands in for: `OwnerStore::answer_leases`) and
 //!   the peers it believes up; its sweep runs every lease duration; a ring change is a peer
 //!   marked down, a peer answering again, or a PEERS_DNS change;
-//! - a node that dies loses its leases and its server's state; it restarts with neither.
+//! - free shares (`sluice::cluster::lease::free`, unless `--free-share-percent 0`): every
+//!   Lease call's answer carries the owner's permit (`Permits::give`, its share over the
+//!   peers it knows) and the recalls waiting for the caller (`Permits::take_recalls`), taken
+//!   when the answer arrives, before its grants, as `Leasing::took_permit` does: recalls
+//!   applied, the permit kept as the `Terms` that `route` gets for the key's owner, a new run
+//!   converting what was admitted freely. A round also calls, with no asks, each owner up to
+//!   which no renewal goes whose permit ends within half a lease duration
+//!   (`Leasing::permits_to_renew`; a background call). The first nodes start the traffic with
+//!   the permits of the minute they ran before it, so their first windows are free already;
+//!   a node that starts during the run (the restart, the join) gets `started_us` then, and
+//!   its windows are free from a lease duration after its first permits;
+//! - a node that dies loses its leases, its free counts, its permits and its server's state
+//!   (the permits it gave); it restarts with none of them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use sluice::clock::Timestamp;
+use sluice::cluster::lease::free::{Permit, Recall, Terms};
 use sluice::cluster::lease::{
     Ask, Grant, LeaseClient, LeaseServer, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
 };
 
 use super::{Call, EPOCH_US, Event, Params, Payload, Phase, Sim, Task, Variant, Workload};
 
-/// One node's lease state: what it holds, what it serves, and its renewal round.
+/// One node's lease state: what it holds, what it serves, its permits for free shares and its
+/// renewal round.
 struct LeaseNode {
     client: LeaseClient,
     server: LeaseServer,
+    /// Each owner's permit for free shares, as this node last got it (`Leasing::permits`).
+    permits: HashMap<usize, Terms>,
     /// When the running renewal round started, and how many of its calls are still out.
     round_at: u64,
     outstanding: u32,
@@ -42,10 +58,13 @@ struct LeaseNode {
 }
 
 impl LeaseNode {
-    fn new(timing: LeaseTiming) -> Self {
+    /// A node started at `started_us` (µs since the Unix epoch): its free shares apply to the
+    /// windows that begin after.
+    fn new(timing: LeaseTiming, started_us: u64) -> Self {
         LeaseNode {
-            client: LeaseClient::new(timing),
+            client: LeaseClient::with_free_shares(timing, started_us),
             server: LeaseServer::new(timing),
+            permits: HashMap::new(),
             round_at: 0,
             outstanding: 0,
             waiters: HashMap::new(),
@@ -61,19 +80,64 @@ pub(super) struct Leases {
 }
 
 impl Leases {
+    /// `nodes` nodes, of which the first `p.nodes` started a minute before the traffic (as
+    /// their ring changes say) and renewed their permits since.
     pub(super) fn new(p: &Params, nodes: usize) -> Self {
         // The defaults, then the settings studied: a field LeaseTiming gains keeps its default.
         let mut timing = LeaseTiming::DEFAULT;
         timing.renew = Duration::from_micros(p.renew_us);
         timing.duration = Duration::from_micros(p.lease_us);
         timing.max_bytes = p.lease_max_bytes;
-        Leases {
+        timing.free_share_ppm = p.free_share_ppm;
+        let started = EPOCH_US - STARTED_BEFORE_US;
+        let mut leases = Leases {
             timing,
-            nodes: (0..nodes).map(|_| LeaseNode::new(timing)).collect(),
+            nodes: (0..nodes)
+                .map(|_| LeaseNode::new(timing, started))
+                .collect(),
             names: (0..nodes).map(super::addr).collect(),
+        };
+        leases.warm(p.nodes);
+        leases
+    }
+
+    /// The permits the first `initial` nodes hold of each other at the traffic's start: one
+    /// run each, begun when they started and renewed every half lease duration since (the
+    /// empty calls `Leasing::permits_to_renew` sends), the last half a lease duration ago.
+    fn warm(&mut self, initial: usize) {
+        let ppm = self.timing.free_share_ppm;
+        if ppm == 0 {
+            return;
+        }
+        let half = self.timing.duration_us() / 2;
+        let share = ppm / initial as u64;
+        for owner in 0..initial {
+            for node in 0..initial {
+                let mut at = EPOCH_US - STARTED_BEFORE_US;
+                let mut last = None;
+                while at < EPOCH_US {
+                    let permits = &self.nodes[owner].server.permits;
+                    last = permits.give(&self.names[node], at, share).map(|p| (at, p));
+                    at += half;
+                }
+                if let Some((sent, p)) = last {
+                    let terms = Terms {
+                        since_us: p.since_us,
+                        until_us: sent + p.valid_us,
+                        share_ppm: p.share_ppm,
+                    };
+                    self.nodes[node].permits.insert(owner, terms);
+                }
+            }
         }
     }
 }
+
+/// How long before the traffic the first nodes started (the ring changes' minute).
+const STARTED_BEFORE_US: u64 = 60_000_000;
+
+/// One key a call asks about: the key, the slot its answer goes to, the ask.
+type Asked = (u32, Arc<Slot>, Ask);
 
 /// What a lease call carries.
 pub(super) enum LeaseKind {
@@ -87,8 +151,23 @@ pub(super) enum LeaseKind {
 
 pub(super) struct LeaseCall {
     kind: LeaseKind,
-    asks: Vec<(u32, Arc<Slot>, Ask)>,
+    asks: Vec<Asked>,
     grants: Vec<Grant>,
+    /// The owner's answer beside the grants: the permit for free shares, and the recalls.
+    permit: Option<Permit>,
+    recalls: Vec<Recall>,
+}
+
+impl LeaseCall {
+    fn new(kind: LeaseKind, asks: Vec<Asked>) -> Self {
+        LeaseCall {
+            kind,
+            asks,
+            grants: Vec::new(),
+            permit: None,
+            recalls: Vec::new(),
+        }
+    }
 }
 
 impl Sim<'_> {
@@ -101,14 +180,12 @@ impl Sim<'_> {
         let quota = self.w.quota(key);
         let live = self.live(node);
         let name = &self.w.names[key];
-        let route = self.leases().nodes[node].client.route(
-            name,
-            quota,
-            EPOCH_US + now,
-            1,
-            || live,
-            || None,
-        );
+        let n = &self.lease.as_ref().expect("lease mode").nodes[node];
+        // The permit of the key's owner by this node's view (`Leasing::terms`).
+        let terms = || n.permits.get(&self.owner(node, key)).copied();
+        let route = n
+            .client
+            .route(name, quota, EPOCH_US + now, 1, || live, terms);
         match route {
             Route::Decided(d) => self.record(key, now, !d.over, 0),
             Route::Acquire(slot, ask) => self.acquire(node, key, slot, ask, now, (now, 0)),
@@ -137,6 +214,7 @@ impl Sim<'_> {
         let owner = self.owner(node, key);
         if owner == node {
             let grant = self.grant(node, node, key, &ask, now);
+            self.permit_here(node, now);
             slot.answer(Some(&grant), EPOCH_US + now);
             let d = slot.decide_after(EPOCH_US + now, 1);
             self.record(key, now, !d.over, now - at.0);
@@ -158,14 +236,13 @@ impl Sim<'_> {
             to: owner as u16,
             life: self.life[node],
             sent: now,
-            payload: Payload::Lease(LeaseCall {
-                kind: LeaseKind::Acquire {
+            payload: Payload::Lease(LeaseCall::new(
+                LeaseKind::Acquire {
                     arrival: at.0,
                     round: at.1,
                 },
-                asks: vec![(key as u32, slot, ask)],
-                grants: Vec::new(),
-            }),
+                vec![(key as u32, slot, ask)],
+            )),
         };
         self.send_call(call, now);
     }
@@ -273,17 +350,97 @@ impl Sim<'_> {
             .iter()
             .map(|(key, ask)| self.grant(to, from, *key, ask, now))
             .collect();
+        let (permit, recalls) = self.permit(to, from, now);
         if let Some(Call {
             payload: Payload::Lease(c),
             ..
         }) = self.calls.get_mut(&id)
         {
             c.grants = grants;
+            c.permit = permit;
+            c.recalls = recalls;
         }
     }
 
-    /// A lease call's answer is back at its sender, `node`, at `now`.
-    pub(super) fn lease_answered(&mut self, node: usize, sent: u64, call: LeaseCall, now: u64) {
+    /// `owner`'s permit for free shares to `node` at `now`, and the recalls waiting for `node`
+    /// (the peer server's `lease`, `OwnerStore::permit`): its equal part of the share over the
+    /// ring's size (the peers it knows). Nothing with free shares off.
+    fn permit(&self, owner: usize, node: usize, now: u64) -> (Option<Permit>, Vec<Recall>) {
+        let leases = self.lease.as_ref().expect("lease mode");
+        let ppm = leases.timing.free_share_ppm;
+        if ppm == 0 {
+            return (None, Vec::new());
+        }
+        let ring = (0..self.alive.len())
+            .filter(|&p| self.known(owner, p))
+            .count();
+        let permits = &leases.nodes[owner].server.permits;
+        let name = &leases.names[node];
+        let permit = permits.give(name, EPOCH_US + now, ppm / ring.max(1) as u64);
+        let recalls = match permit {
+            Some(_) => permits.take_recalls(name),
+            None => Vec::new(),
+        };
+        (permit, recalls)
+    }
+
+    /// `node`'s own lease server answered it at `now`: its permit and recalls, at once.
+    fn permit_here(&mut self, node: usize, now: u64) {
+        let (permit, recalls) = self.permit(node, node, now);
+        self.took_permit(node, node, now, (permit, recalls), now);
+    }
+
+    /// Keeps the permit `owner` answered to `node`'s call sent at `sent` (none: a share of 0,
+    /// asked again in half a lease duration) and applies its recalls, at `now`; a new run of
+    /// permits converts every key admitted freely (`Leasing::took_permit`).
+    fn took_permit(
+        &mut self,
+        node: usize,
+        owner: usize,
+        sent: u64,
+        (permit, recalls): (Option<Permit>, Vec<Recall>),
+        now: u64,
+    ) {
+        let live = self.live(node);
+        let leases = self.lease.as_mut().expect("lease mode");
+        let valid_us = leases.timing.duration_us();
+        let n = &mut leases.nodes[node];
+        if n.client.free().is_none() {
+            return;
+        }
+        self.out.recalls += recalls.len() as u64;
+        for r in recalls {
+            n.client
+                .recall(&r.key, r.quota, r.until_us, EPOCH_US + now, live);
+        }
+        let p = permit.unwrap_or(Permit {
+            since_us: 0,
+            valid_us,
+            share_ppm: 0,
+        });
+        let terms = Terms {
+            since_us: p.since_us,
+            until_us: EPOCH_US + sent + p.valid_us,
+            share_ppm: p.share_ppm,
+        };
+        let before = n.permits.insert(owner, terms);
+        if before.is_some_and(|b| b.share_ppm > 0 && b.since_us != p.since_us) {
+            n.client.convert_free(EPOCH_US + sent, live);
+        }
+    }
+
+    /// A lease call's answer from `owner` is back at its sender, `node`, at `now`: the permit
+    /// and recalls it answered are taken first, as `Leasing::send` does.
+    pub(super) fn lease_answered(
+        &mut self,
+        (node, owner): (usize, usize),
+        sent: u64,
+        mut call: LeaseCall,
+        now: u64,
+    ) {
+        let permit = call.permit.take();
+        let recalls = std::mem::take(&mut call.recalls);
+        self.took_permit(node, owner, sent, (permit, recalls), now);
         match call.kind {
             LeaseKind::Acquire { arrival, .. } => {
                 let (key, slot, _) = &call.asks[0];
@@ -359,7 +516,7 @@ impl Sim<'_> {
         self.out.held_sum += held;
         self.out.held_ticks += 1;
         self.out.held_max = self.out.held_max.max(held);
-        let mut by_owner: BTreeMap<usize, Vec<(u32, Arc<Slot>, Ask)>> = BTreeMap::new();
+        let mut by_owner: BTreeMap<usize, Vec<Asked>> = BTreeMap::new();
         for (name, slot, ask) in due {
             let key = Workload::index(&name);
             let owner = self.owner(node, key);
@@ -368,39 +525,79 @@ impl Sim<'_> {
                 .or_default()
                 .push((key as u32, slot, ask));
         }
-        for (owner, mut items) in by_owner {
-            // `renewals` walks a hash map; the order of the asks is made the same every run.
-            items.sort_by_key(|i| i.0);
-            if owner == node {
-                for (key, slot, ask) in items {
-                    let grant = self.grant(node, node, key as usize, &ask, now);
-                    slot.answer(Some(&grant), EPOCH_US + now);
-                    self.wake(node, key as usize, now);
-                }
-                continue;
-            }
-            while !items.is_empty() {
-                let rest = items.split_off(items.len().min(MAX_LEASE_ASKS));
-                let asks = std::mem::replace(&mut items, rest);
-                self.leases().nodes[node].outstanding += 1;
-                self.out.background_calls += 1;
-                let call = Call {
-                    from: node as u16,
-                    to: owner as u16,
-                    life: self.life[node],
-                    sent: now,
-                    payload: Payload::Lease(LeaseCall {
-                        kind: LeaseKind::Renewal,
-                        asks,
-                        grants: Vec::new(),
-                    }),
-                };
-                self.send_call(call, now);
-            }
+        let refresh = self.permits_to_renew(node, now, &by_owner);
+        for (owner, items) in by_owner {
+            self.send_renewals(node, owner, items, now);
+        }
+        for owner in refresh {
+            self.send_renewals(node, owner, Vec::new(), now);
         }
         if self.leases().nodes[node].outstanding == 0 {
             self.next_round(node, now);
         }
+    }
+
+    /// Sends `node`'s renewals of `items` to `owner` at `now`, in calls of at most
+    /// [`MAX_LEASE_ASKS`] asks (none: one empty call, for the permit alone), answered at once
+    /// when `node` owns them. Every call off the request path is a background call.
+    fn send_renewals(&mut self, node: usize, owner: usize, mut items: Vec<Asked>, now: u64) {
+        // `renewals` walks a hash map; the order of the asks is made the same every run.
+        items.sort_by_key(|i| i.0);
+        if owner == node {
+            let grants: Vec<Grant> = items
+                .iter()
+                .map(|(key, _, ask)| self.grant(node, node, *key as usize, ask, now))
+                .collect();
+            self.permit_here(node, now);
+            for ((key, slot, _), grant) in items.into_iter().zip(grants) {
+                slot.answer(Some(&grant), EPOCH_US + now);
+                self.wake(node, key as usize, now);
+            }
+            return;
+        }
+        loop {
+            let rest = items.split_off(items.len().min(MAX_LEASE_ASKS));
+            let asks = std::mem::replace(&mut items, rest);
+            self.leases().nodes[node].outstanding += 1;
+            self.out.background_calls += 1;
+            let call = Call {
+                from: node as u16,
+                to: owner as u16,
+                life: self.life[node],
+                sent: now,
+                payload: Payload::Lease(LeaseCall::new(LeaseKind::Renewal, asks)),
+            };
+            self.send_call(call, now);
+            if items.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// The owners `node`'s round at `now` calls only for its permit
+    /// (`Leasing::permits_to_renew`): those it believes up (itself included) that it holds
+    /// no permit of or whose permit ends within half a lease duration, and that no renewal
+    /// goes to this round. None with free shares off.
+    fn permits_to_renew(
+        &mut self,
+        node: usize,
+        now: u64,
+        calls: &BTreeMap<usize, Vec<Asked>>,
+    ) -> Vec<usize> {
+        let leases = self.lease.as_ref().expect("lease mode");
+        let n = &leases.nodes[node];
+        if n.client.free().is_none() {
+            return Vec::new();
+        }
+        let half = leases.timing.duration_us() / 2;
+        (0..self.alive.len())
+            .filter(|&i| self.view[node][i] && !calls.contains_key(&i))
+            .filter(|i| {
+                n.permits
+                    .get(i)
+                    .is_none_or(|t| t.until_us.saturating_sub(EPOCH_US + now) < half)
+            })
+            .collect()
     }
 
     /// One of `node`'s renewal calls is back (or failed).
@@ -444,12 +641,28 @@ impl Sim<'_> {
 
     /// `node` died or starts afresh: its leases, its server's state and its waiting requests
     /// are gone (those requests fail).
-    pub(super) fn lease_lost(&mut self, node: usize) {
+    pub(super) fn lease_lost(&mut self, node: usize, now: u64) {
         let Some(leases) = self.lease.as_mut() else {
             return;
         };
-        let fresh = LeaseNode::new(leases.timing);
+        let fresh = LeaseNode::new(leases.timing, EPOCH_US + now);
         let old = std::mem::replace(&mut leases.nodes[node], fresh);
         self.out.errors += old.waiters.values().map(|w| w.len() as u64).sum::<u64>();
+        self.out.free_decisions += free_decisions(&old.client);
     }
+
+    /// At the run's end: the free decisions of the nodes still holding theirs.
+    pub(super) fn lease_finish(&mut self) {
+        if let Some(leases) = &self.lease {
+            let free: u64 = leases.nodes.iter().map(|n| free_decisions(&n.client)).sum();
+            self.out.free_decisions += free;
+        }
+    }
+}
+
+/// The hits `client` decided from free shares.
+fn free_decisions(client: &LeaseClient) -> u64 {
+    client.free().map_or(0, |f| {
+        f.decisions.load(std::sync::atomic::Ordering::Relaxed)
+    })
 }

@@ -23,12 +23,15 @@ const MODES: [Mode; 7] = [
 /// The command line: `--quick`, `--seed N`, `--only SECTION`; for `--only one` (one run,
 /// with lease mode's diagnostics): `--mode NAME --nodes N --spread pinned|per-request
 /// --minute --secs N --rate N --keys N --zipf S --renew-ms N --lease-ms N --lease-max-mib N
-/// --variants e|j --worst`; for `--only
-/// lease` (lease mode's rows, to compare builds of the lease logic): `--label TEXT --variants
-/// de`.
+/// --variants e|j --worst`; for every lease run, `--free-share-percent N` (50; 0: every key
+/// leased, as before issue 49's step 2); for `--only lease` (lease mode's rows, to compare
+/// builds of the lease logic): `--label TEXT --variants de`.
 pub(super) struct Options {
     quick: bool,
     seed: u64,
+    /// `--free-share-percent N` (50, as SLUICE_LEASE_FREE_SHARE_PERCENT; 0: every key leased,
+    /// as before issue 49's step 2), in parts per million, for every lease run.
+    free_share_ppm: u64,
     only: Option<String>,
     args: Vec<String>,
 }
@@ -38,11 +41,15 @@ impl Options {
         let o = Options {
             quick: args.iter().any(|a| a == "--quick"),
             seed: 42,
+            free_share_ppm: LeaseTiming::DEFAULT.free_share_ppm,
             only: None,
             args: args.to_vec(),
         };
         Options {
             seed: o.value("--seed").unwrap_or(42),
+            free_share_ppm: o
+                .value::<u64>("--free-share-percent")
+                .map_or(o.free_share_ppm, |pct| pct.min(90) * 10_000),
             only: o.text("--only"),
             ..o
         }
@@ -67,6 +74,14 @@ impl Options {
     /// Simulated seconds of a per-second run.
     fn secs(&self) -> u64 {
         if self.quick { 12 } else { 40 }
+    }
+
+    /// One run's settings, with the seed and the free shares of the command line.
+    fn params(&self, mode: Mode, spread: Spread, nodes: usize, secs: u64) -> Params {
+        Params {
+            free_share_ppm: self.free_share_ppm,
+            ..Params::new(mode, spread, nodes, secs, self.seed)
+        }
     }
 
     /// The cluster sizes of the main tables (`--quick`: two of them).
@@ -106,7 +121,7 @@ pub(super) fn run(o: &Options) {
     timed("rate", &|| rates(o));
     timed("minute", &|| minute(o));
     timed("variants", &|| variant_table(o, &w));
-    timed("burst", &|| super::burst::table(o.seed));
+    timed("burst", &|| super::burst::table(o.seed, o.free_share_ppm));
     timed("regions", &|| super::regions::table(o.seed, o.quick));
     timed("ring", &|| ring_table(&w));
     match o.only.as_deref() {
@@ -186,7 +201,7 @@ fn main_tables(o: &Options, w: &Workload) {
         let mut redis = Vec::new();
         for mode in MODES {
             for &n in o.sizes() {
-                let out = simulate(w, Params::new(mode, spread, n, o.secs(), o.seed));
+                let out = simulate(w, o.params(mode, spread, n, o.secs()));
                 println!("{}", row(&mode.name(), n, &out, o.secs()));
                 if matches!(mode, Mode::Durable(_)) {
                     redis.push((mode, n, per(out.loads, out.decisions), out.writes));
@@ -246,7 +261,7 @@ fn sweep(o: &Options, w: &Workload) {
         for &renew_ms in renewals {
             let p = Params {
                 renew_us: renew_ms * 1000,
-                ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
+                ..o.params(Mode::Lease, spread, 10, o.secs())
             };
             let label = format!("renew {renew_ms} ms, lease 1 s");
             println!("{}", row(&label, 10, &simulate(w, p), o.secs()));
@@ -255,7 +270,7 @@ fn sweep(o: &Options, w: &Workload) {
         for &lease_ms in durations {
             let p = Params {
                 lease_us: lease_ms * 1000,
-                ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
+                ..o.params(Mode::Lease, spread, 10, o.secs())
             };
             let label = format!("renew 100 ms, lease {} s", lease_ms as f64 / 1000.0);
             println!("{}", row(&label, 10, &simulate(w, p), o.secs()));
@@ -278,7 +293,7 @@ fn rates(o: &Options) {
             (Mode::Global, Spread::PerRequest),
         ];
         for &(mode, spread) in &runs[..if o.quick { 2 } else { 4 }] {
-            let p = Params::new(mode, spread, 10, o.secs(), o.seed);
+            let p = o.params(mode, spread, 10, o.secs());
             let label = format!("{}, {}, {rate}", mode.name(), spread.name());
             println!("{}", row(&label, 10, &simulate(&w, p), o.secs()));
         }
@@ -306,7 +321,7 @@ fn minute(o: &Options) {
             Mode::Lease,
         ] {
             for &n in nodes {
-                let out = simulate(&w, Params::new(mode, spread, n, secs, o.seed));
+                let out = simulate(&w, o.params(mode, spread, n, secs));
                 println!("{}", row(&mode.name(), n, &out, secs));
             }
         }
@@ -407,7 +422,7 @@ fn one(o: &Options) {
             .map_or(LeaseTiming::DEFAULT.max_bytes, |m| m << 20),
         variants: o.text("--variants").map_or(0, |v| variants(&v)),
         worst: o.args.iter().any(|a| a == "--worst"),
-        ..Params::new(mode, spread, nodes, secs, o.seed)
+        ..o.params(mode, spread, nodes, secs)
     };
     let start = sluice::clock::instant();
     let out = simulate(&w, p);
@@ -420,11 +435,13 @@ fn one(o: &Options) {
     let d = out.phase_decisions[steady];
     println!(
         "\nlease: keys renewed/s/node {:.0}, held keys per node at renewal ticks mean {:.0} max \
-         {}, unanswered {}",
+         {}, unanswered {}, decided from free shares {:.3} of decisions, recalls/s/node {:.0}",
         out.renewed_keys as f64 / out.node_secs.max(1e-9),
         per(out.held_sum, out.held_ticks),
         out.held_max,
         out.errors,
+        per(out.free_decisions, out.decisions),
+        out.recalls as f64 / out.node_secs.max(1e-9),
     );
     println!(
         "\nsteady acquires/decision: nothing held {:.4}, all used {:.4}; acquired hits admitted \
@@ -435,9 +452,10 @@ fn one(o: &Options) {
     );
     println!(
         "steady acquires/decision in windows offered under their limit {:.4}, at least their \
-         limit {:.4}",
+         limit {:.4}; steady windows over their limit {}",
         per(out.steady_acquires[0], d),
         per(out.steady_acquires[1], d),
+        out.steady_over,
     );
     for (limit, r) in [10, 100, 1000].iter().zip(&out.class_ratios) {
         let (mean, p99, max, util, p5) = ratios(r);
@@ -476,7 +494,7 @@ fn variant_table(o: &Options, w: &Workload) {
         for (label, letters) in [("as built", ""), ("E", "e"), ("J", "j")] {
             let p = Params {
                 variants: variants(letters),
-                ..Params::new(Mode::Lease, spread, 10, o.secs(), o.seed)
+                ..o.params(Mode::Lease, spread, 10, o.secs())
             };
             let out = simulate(w, p);
             let (mean, p99, max, util, p5) = ratios(&out.ratios);
@@ -513,7 +531,7 @@ fn lease_rows(o: &Options, w: &Workload) {
         ] {
             let p = Params {
                 variants,
-                ..Params::new(Mode::Lease, spread, nodes, secs, o.seed)
+                ..o.params(Mode::Lease, spread, nodes, secs)
             };
             let out = simulate(w, p);
             let (mean, p99, max, util, p5) = ratios(&out.ratios);
@@ -563,7 +581,7 @@ fn cardinality(o: &Options) {
                 for mode in [Mode::Forward, Mode::Lease] {
                     let p = Params {
                         lease_max_bytes: 4 << 30,
-                        ..Params::new(mode, spread, nodes, secs, o.seed)
+                        ..o.params(mode, spread, nodes, secs)
                     };
                     let start = sluice::clock::instant();
                     let out = simulate(&w, p);
