@@ -188,22 +188,27 @@ impl Permits {
     }
 
     /// What the nodes may have admitted freely of a window of `limit` that began at `start_us`,
-    /// granted at `now_us` (`ahead`: before it began): each node's free share, but for `asker`
-    /// and the nodes `reported` says reported about the key in that window. Each node charged
-    /// something is handed to `charged`.
+    /// granted at `now_us` (`ahead`: before it began): each node's free share, but for `asker`,
+    /// less what `covered` says the window already charges the node (`u64::MAX` once it
+    /// reported about the key in the window: it decides the key from its lease; else the
+    /// allowance it holds in the window, which it uses instead of its free share, not beside
+    /// it). Each node charged something is handed to `charged`.
     pub fn reserve<'a>(
         records: &'a [PermitRecord],
         limit: u64,
         (start_us, now_us, ahead): (u64, u64, bool),
         asker: &str,
-        reported: impl Fn(&str) -> bool,
+        covered: impl Fn(&str) -> u64,
         mut charged: impl FnMut(&'a str),
     ) -> u64 {
         records
             .iter()
             .filter(|r| &*r.node != asker)
-            .map(|r| (r, free_share(limit, r.share_in(start_us, now_us, ahead))))
-            .filter(|&(r, share)| share > 0 && !reported(&r.node))
+            .map(|r| {
+                let share = free_share(limit, r.share_in(start_us, now_us, ahead));
+                (r, share.saturating_sub(covered(&r.node)))
+            })
+            .filter(|&(_, share)| share > 0)
             .map(|(r, share)| {
                 charged(&r.node);
                 share

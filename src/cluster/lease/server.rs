@@ -1026,8 +1026,8 @@ impl KeyLeases {
 
     /// What the nodes other than the asker may have admitted freely of `epoch`, a window that
     /// began at `start_us` (`ahead`: granted before it began), as their permits say: each
-    /// node's free share of the key's limit, but for those that reported about the key in it.
-    /// The limit is the largest the key's asks named, so a reload's larger limit is charged.
+    /// node's free share of the key's limit, less what the window already charges it (all of
+    /// it once the node reported about the key in it). The limit is the largest the key's asks named, so a reload's larger limit is charged.
     fn free_reserve(
         &self,
         epoch: &Epoch,
@@ -1040,13 +1040,22 @@ impl KeyLeases {
             return 0;
         }
         let limit = u64::from(self.limit.max(ask.quota.requests_per_unit));
-        let reported = |node: &str| epoch.holders.iter().any(|h| h.reported && &*h.node == node);
+        // A holder that reported decides the key from its lease for the rest of the window; one
+        // granted an allowance in it (ahead, before its report) uses that or its free share,
+        // never both, and the allowance is charged already.
+        let covered = |node: &str| {
+            epoch
+                .holders
+                .iter()
+                .find(|h| &*h.node == node)
+                .map_or(0, |h| if h.reported { u64::MAX } else { h.allowance })
+        };
         Permits::reserve(
             ctx.permits,
             limit,
             (start_us, ctx.now_us, ahead),
             ctx.node,
-            reported,
+            covered,
             |node| ctx.charged.borrow_mut().push(node),
         )
     }

@@ -150,18 +150,21 @@ fn a_permit_run_lasts_while_renewed_and_the_owner_charges_the_runs_that_held_at_
     let records = permits.read();
     // What `asker` is reserved of a window of 100 that began at `start`, granted at `now`,
     // `reported` excepted, and who was charged.
-    let reserve = |asker: &str, reported: &str, (start, now, ahead)| {
+    // What `asker` is reserved when the window already charges `covered` (a node and what).
+    let reserve_covered = |asker: &str, (node, covered): (&str, u64), (start, now, ahead)| {
         let mut charged = Vec::new();
         let sum = Permits::reserve(
             &records,
             100,
             (start, now, ahead),
             asker,
-            |n| n == reported,
+            |n| if n == node { covered } else { 0 },
             |n| charged.push(n.to_owned()),
         );
         (sum, charged)
     };
+    let reserve =
+        |asker: &str, reported: &str, window| reserve_covered(asker, (reported, u64::MAX), window);
     let w = |start, now| reserve("x", "", (start, now, false));
     // A window that began while a's permit held: a is charged 10 of 100 (b began later).
     assert_eq!(w(T0 + 2 * S, T0 + 3 * S), (10, vec!["a".to_owned()]));
@@ -170,6 +173,14 @@ fn a_permit_run_lasts_while_renewed_and_the_owner_charges_the_runs_that_held_at_
     let after = (T0 + 3 * S, T0 + 3 * S + 1, false);
     assert_eq!(reserve("a", "", after), (10, vec!["b".to_owned()]));
     assert_eq!(reserve("x", "a", after), (10, vec!["b".to_owned()]));
+    // A node granted an allowance in the window (ahead, before it reported) uses it or its
+    // free share, not both: it is charged only what its free share passes the allowance by.
+    assert_eq!(
+        reserve_covered("x", ("a", 30), after),
+        (10, vec!["b".to_owned()])
+    );
+    let both = vec!["a".to_owned(), "b".to_owned()];
+    assert_eq!(reserve_covered("x", ("a", 4), after), (16, both));
     // Before any permit: nothing. Ahead: every permit that holds now.
     assert_eq!(w(T0 - S, T0), (0, Vec::new()));
     assert_eq!(reserve("x", "", (T0 + 60 * S, T0 + 3 * S + 1, true)).0, 20);
