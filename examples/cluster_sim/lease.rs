@@ -231,18 +231,28 @@ impl Sim<'_> {
                 self.out.acquires_more += 1;
             }
         }
+        let kind = LeaseKind::Acquire {
+            arrival: at.0,
+            round: at.1,
+        };
+        self.send_lease(node, owner, kind, vec![(key as u32, slot, ask)], now);
+    }
+
+    /// Sends `node`'s Lease call of `kind` carrying `asks` to `owner` at `now`.
+    fn send_lease(
+        &mut self,
+        node: usize,
+        owner: usize,
+        kind: LeaseKind,
+        asks: Vec<Asked>,
+        now: u64,
+    ) {
         let call = Call {
             from: node as u16,
             to: owner as u16,
             life: self.life[node],
             sent: now,
-            payload: Payload::Lease(LeaseCall::new(
-                LeaseKind::Acquire {
-                    arrival: at.0,
-                    round: at.1,
-                },
-                vec![(key as u32, slot, ask)],
-            )),
+            payload: Payload::Lease(LeaseCall::new(kind, asks)),
         };
         self.send_call(call, now);
     }
@@ -560,14 +570,7 @@ impl Sim<'_> {
             let asks = std::mem::replace(&mut items, rest);
             self.leases().nodes[node].outstanding += 1;
             self.out.background_calls += 1;
-            let call = Call {
-                from: node as u16,
-                to: owner as u16,
-                life: self.life[node],
-                sent: now,
-                payload: Payload::Lease(LeaseCall::new(LeaseKind::Renewal, asks)),
-            };
-            self.send_call(call, now);
+            self.send_lease(node, owner, LeaseKind::Renewal, asks, now);
             if items.is_empty() {
                 return;
             }
