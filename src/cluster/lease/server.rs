@@ -505,9 +505,12 @@ impl LeaseServer {
         let grant = leases.answer(ask, &ctx);
         // A lease holder wants the key: the nodes charged their free share of it report what
         // they used instead, from their next call on.
-        let until_us = super::free::recall_until(&ask.quota, now_us, self.timing.duration_us());
-        for node in ctx.charged.take() {
-            self.permits.recall(node, key, ask.quota, until_us);
+        let charged = ctx.charged.take();
+        if !charged.is_empty() {
+            let until_us = super::free::recall_until(&ask.quota, now_us, self.timing.duration_us());
+            for node in charged {
+                self.permits.recall(node, key, ask.quota, until_us);
+            }
         }
         let after = leases.holder_bytes();
         if after >= before {
