@@ -95,6 +95,7 @@ done
 real_request() { echo "client=$1,route=r1" "client=$1,route=r2" "client=$1,route=r3"; }
 seq 0 9999 | sed 's|.*|/forward-auth?domain=bench\&descriptor=client%3Dk&|' >"$WORK/keys10k.txt"
 for k in cold warm; do "$CLIENT" body "$WORK/$k-0.bin" bench "client=$k"; done
+"$CLIENT" body "$WORK/over-0.bin" over "client=hot"
 for k in 0 1; do
     "$CLIENT" body "$WORK/body-$k.bin" bench "client=c$k"
     # shellcheck disable=SC2046  # one argument per descriptor
@@ -156,14 +157,18 @@ PY
 
 # run SERVER SETTING: one measurement; prints a JSON line.
 run() {
-    local server=$1 setting=$2 procs=1 streams=1 body=body k pids=() urls rps=()
+    # single: every process sends the one body (else process k sends body k mod 2).
+    local server=$1 setting=$2 procs=1 streams=1 body=body single=0 k pids=() urls rps=()
     read -r -a urls <<<"${URL[$server]}"
     case $setting in
         c2m100|real) procs=$((REPLICAS > 2 ? REPLICAS : 2)); streams=100 ;;
         # One key through every replica at a fixed rate per replica: cold (1 call a second) or
         # warm (50 a second, 5 a horizon: just hot enough to take batches).
-        cold) procs=$REPLICAS; body=cold; rps=(--rps=1) ;;
-        warm) procs=$REPLICAS; body=warm; rps=(--rps=50) ;;
+        cold) procs=$REPLICAS; body=cold; single=1; rps=(--rps=1) ;;
+        warm) procs=$REPLICAS; body=warm; single=1; rps=(--rps=50) ;;
+        # One key of 1,000 a second (bench/config/over.yaml) through every replica as fast as
+        # it answers: past its limit, nearly every call refused.
+        over) procs=$REPLICAS; streams=100; body=over; single=1 ;;
         # 10^4 keys, every replica cycling through them as fast as it answers (/forward-auth
         # GETs, one key each, the same list for every process).
         keys10k) procs=$REPLICAS; streams=100 ;;
@@ -179,7 +184,7 @@ run() {
     answered_before=$(answers ${ANSWERS[$server]})
     local started=$EPOCHREALTIME
     for k in $(seq 0 $((procs - 1))); do
-        local request=(-d "$WORK/$body-$((k % 2 * (${#rps[@]} == 0))).bin"
+        local request=(-d "$WORK/$body-$((k % 2 * (1 - single))).bin"
             -H 'content-type: application/grpc' -H 'te: trailers'
             "${urls[k % ${#urls[@]}]}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
         if [[ $setting == keys10k ]]; then
@@ -240,7 +245,8 @@ PY
 }
 
 RUNS="$WORK/runs.jsonl"
-# BENCH_SETTINGS: a subset, or `cold warm` (one key at a fixed rate per replica), `keys10k`.
+# BENCH_SETTINGS: a subset, or `cold warm` (one key at a fixed rate per replica), `over` (one
+# key past its limit), `keys10k`.
 SETTINGS=${BENCH_SETTINGS:-c2m100 real c1m1}
 for round in $(seq "$ROUNDS"); do
     if ((round % 2)); then order="memory $BACKEND"; else order="$BACKEND memory"; fi

@@ -22,10 +22,15 @@
 //!   reserved hits as used.
 //! - **The store's semantics kept** (issue 48): the key's count the Go service would hold is
 //!   Redis's count less the hits batches hold unused, and every answer is decided from that
-//!   count. A call a batch cannot cover once Redis has nothing left goes the store's own way
-//!   (INCRBY: refused, and counted as the Go service counts a refused hit, so a refund sent
-//!   for it gives back only what it took); a reservation made for a call that does not fit
-//!   counts the call's hits instead and gives back what the batch held. A refund through this
+//!   count. A reservation made for a call that does not fit counts the call's hits instead
+//!   (refused, and counted as the Go service counts a refused hit, so a refund sent for it
+//!   gives back only what it took) and gives back what the batch held.
+//! - **Past the limit** (issue 50): once Redis has nothing left for a window, a hot key's
+//!   batches are of refused hits counted ahead ([`Refill::past`]): Redis counts them when
+//!   reserved, the replica refuses from them, and gives back what a cooled key did not use.
+//!   So a key past its limit costs a reservation a period, not an INCRBY a call, and Redis's
+//!   count is never below the Go service's (a refund elsewhere cannot open room that hits
+//!   refused here and not yet counted would have filled). A refund through this
 //!   replica gives back its batch with the refund, and the key then goes the store's own way
 //!   until its window ends. `charge_refused` limits and the other algorithms never take
 //!   batches. So one replica answers exactly as without allowances (the store contract runs
@@ -45,27 +50,35 @@ use crate::limiter::{Algorithm, Decision, Quota};
 
 /// The reservation script: `KEYS[1]` the Go service's fixed-window key; `ARGV` the hits wanted
 /// (at least 1), the limit, the key's TTL, the hits of the call it is made for (0 for a batch
-/// reserved in the background) and the hits that call's batch held unused (counted in the
-/// key already, and taken by the call). Adds at most what is left under the limit and answers
+/// reserved in the background), the hits that call's batch held unused (counted in the key
+/// already, and taken by the call) and `past` (1: the window is spent, and the batch is of
+/// refused hits counted ahead). Adds at most what is left under the limit and answers
 /// `{granted, count after, refused}`. One command while there is room (`INCRBY`, and `EXPIRE`
 /// when it made the key), a second (`DECRBY`) to take back what passed the limit. A call that
 /// does not fit even with what its batch held (the count the Go service keeps, Redis's less
 /// the held hits, plus the call's, passes the limit) is counted as the Go service counts a
-/// refused call, its batch's held hits are given back, and nothing is granted (`refused` 1).
+/// refused call, its batch's held hits are given back, and nothing is granted (`refused` 1);
+/// with `past`, the `want` hits are kept, and granted, as a batch of refused hits counted
+/// ahead.
 pub const RESERVE: &str = r#"
 local want = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local hits = tonumber(ARGV[4])
 local held = tonumber(ARGV[5])
+local past = ARGV[6] == '1'
 local count = redis.call('INCRBY', KEYS[1], want)
 if count == want then
   redis.call('EXPIRE', KEYS[1], ARGV[3])
 end
 local before = count - want
 if hits > 0 and math.max(before - held, 0) + hits > limit then
-  local after = math.max(before - held, 0) + hits
-  count = redis.call('DECRBY', KEYS[1], count - after)
-  return {0, count, 1}
+  local keep = 0
+  if past then keep = want end
+  local after = math.max(before - held, 0) + hits + keep
+  if after ~= count then
+    count = redis.call('DECRBY', KEYS[1], count - after)
+  end
+  return {keep, count, 1}
 end
 local over = count - limit
 if over > 0 then
@@ -130,7 +143,8 @@ impl AllowanceTuning {
 
 /// A reservation to make: `want` hits of the key's window `window` (this one, or the next one
 /// ahead); for a call's reservation, its `hits` and the unused hits its batch `held`, which
-/// the call took (0 and 0 for a batch reserved in the background).
+/// the call took (0 and 0 for a batch reserved in the background). `past`: the window is
+/// spent, and a batch that finds no room is kept as refused hits counted ahead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Refill {
     pub window: u64,
@@ -138,6 +152,17 @@ pub struct Refill {
     pub ahead: bool,
     pub hits: u64,
     pub held: u64,
+    pub past: bool,
+}
+
+/// [`RESERVE`]'s answer: the hits `granted` (past the limit when the call was refused: refused
+/// hits counted ahead), the key's `count` after, and whether the call it was made for was
+/// `refused` (counted, and what its batch held given back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub granted: u64,
+    pub count: u64,
+    pub refused: bool,
 }
 
 /// What this replica does with one call's hits on a key.
@@ -154,8 +179,8 @@ pub enum Route {
     /// Reserve with [`RESERVE`] now (in this window), then decide from
     /// [`Allowances::reserved`]'s answer.
     Reserve(Refill),
-    /// The store's own path (INCRBY): a cold key, the table full, a batch Redis has nothing
-    /// left for, a key refunded in this window, or another algorithm. `held`: this replica's
+    /// The store's own path (INCRBY): a cold key, the table full, a key refunded in this
+    /// window, or another algorithm. `held`: this replica's
     /// unused hits of the key, counted in Redis, which [`Allowances::remote`] takes off the
     /// count Redis answers. `ahead`: the next window's first batch to reserve in the
     /// background, as [`Route::Local`]'s refill.
@@ -184,7 +209,8 @@ struct Batch {
     used: u64,
     /// The key's count in Redis as last seen (after a reservation, a refund or an INCRBY).
     count: u64,
-    /// Redis had less left than asked: nothing more in this window.
+    /// Redis had less left than asked: nothing more in this window, and batches reserved
+    /// from now on are of refused hits counted ahead ([`Refill::past`]).
     exhausted: bool,
     /// A refund came through this replica in this window: the store's own path until it ends.
     refunded: bool,
@@ -221,7 +247,7 @@ pub struct Allowances {
 /// What the table did, for `/metrics` (`sluice_redis_allowance_*`).
 #[derive(Debug, Default)]
 struct AllowanceStats {
-    /// Calls decided from a batch (admitted).
+    /// Calls decided from a batch (admitted, or refused from refused hits counted ahead).
     local: AtomicU64,
     /// Calls that took Redis's own path: the key cold (or the table full, refunded, or its
     /// batch spent for the window), or its batch empty while a reservation was under way
@@ -363,12 +389,6 @@ impl Allowances {
             let refill = b.refill(now_us, &self.tuning);
             return Route::Local { decision, refill };
         }
-        if b.exhausted {
-            // Redis has nothing left for the window: refused there, and counted as the Go
-            // service counts it; the next window's batch is still reserved ahead.
-            let ahead = b.refill(now_us, &self.tuning);
-            return Route::Remote { held: left, ahead };
-        }
         if b.reserving(now_us) {
             return match may_wait {
                 true => Route::Wait,
@@ -385,7 +405,9 @@ impl Allowances {
             };
         }
         b.mark_reserving(now_us);
-        // The call takes what the batch holds, and asks Redis for the rest.
+        // The call takes what the batch holds, and asks Redis for the rest; once the window is
+        // spent, for a batch of refused hits counted ahead (issue 50: a hot key past its limit
+        // costs a reservation a period, not an INCRBY a call).
         b.used += left;
         Route::Reserve(Refill {
             window,
@@ -393,23 +415,21 @@ impl Allowances {
             ahead: false,
             hits,
             held: left,
+            past: b.exhausted,
         })
     }
 
-    /// Redis answered `r` for `hit`'s key: `granted` of `r.want`, the key's count then
-    /// `count`, and whether the call it was made for was `refused` (counted, and what its
-    /// batch held given back). A batch reserved ahead is taken up when its window starts (or
-    /// at once, when the window started while it was under way). For a call's reservation,
-    /// the call's decision: admitted from what its batch held and what was granted, the rest
-    /// left in the batch; or refused.
-    pub fn reserved(
-        &self,
-        hit: &Hit<'_>,
-        now: Timestamp,
-        r: Refill,
-        (granted, count, refused): (u64, u64, bool),
-    ) -> Decision {
-        let spare = (r.held + granted).saturating_sub(r.hits);
+    /// Redis answered `a` for `r`, on `hit`'s key. A batch reserved ahead is taken up when its
+    /// window starts (or at once, when the window started while it was under way). For a
+    /// call's reservation, the call's decision: admitted from what its batch held and what
+    /// was granted, the rest left in the batch; or refused, with what was granted (refused
+    /// hits counted ahead) left in the batch.
+    pub fn reserved(&self, hit: &Hit<'_>, now: Timestamp, r: Refill, a: Answer) -> Decision {
+        let (granted, count, refused) = (a.granted, a.count, a.refused);
+        let spare = match refused {
+            true => granted,
+            false => (r.held + granted).saturating_sub(r.hits),
+        };
         if let Some(entry) = self.keys.get(hit.key) {
             let mut b = lock(&entry);
             if !r.ahead {
@@ -418,8 +438,9 @@ impl Allowances {
             let exhausted = refused || granted < r.want;
             if b.window == r.window {
                 if refused {
-                    // Redis gave back what the call had taken of the batch.
-                    b.reserved = b.reserved.saturating_sub(r.held);
+                    // Redis gave back what the call had taken of the batch, and kept what it
+                    // granted past the limit.
+                    b.reserved = b.reserved.saturating_sub(r.held) + granted;
                     b.used = b.used.saturating_sub(r.held);
                 } else {
                     b.reserved += granted;
@@ -619,7 +640,10 @@ impl Batch {
     /// The reservation to make now, marked under way: more of this window when what is left
     /// covers less than half the horizon of the demand (or of what is left of the window,
     /// near its end), else the next window's first batch once this window ends within the
-    /// horizon. Each is [`Batch::size`]d.
+    /// horizon. Each is [`Batch::size`]d. Once the window is spent, none of it: a batch of
+    /// refused hits is reserved by the call the batch cannot cover, once the hits it holds
+    /// are used, since its answer's count (the others' unused hits included) would refuse
+    /// the hits this batch still holds under the limit.
     fn refill(&mut self, now_us: u64, tuning: &AllowanceTuning) -> Option<Refill> {
         let need = self.need(tuning.horizon_us);
         if need == 0 || need < tuning.hot_hits {
@@ -635,6 +659,7 @@ impl Batch {
                 ahead: false,
                 hits: 0,
                 held: 0,
+                past: false,
             });
         }
         if self.ahead_asked || until_end > tuning.horizon_us {
@@ -647,6 +672,7 @@ impl Batch {
             ahead: true,
             hits: 0,
             held: 0,
+            past: false,
         })
     }
 
@@ -656,7 +682,8 @@ impl Batch {
     /// sliver is left for another reservation; and half a horizon more. At most
     /// [`LEFT_SHARE`] of what the window has left as Redis last counted it (for the next
     /// window, of its limit), so near the limit batches shrink and what one replica holds
-    /// unused is little; at least [`AllowanceTuning::min_batch`].
+    /// unused is little (a batch of refused hits, once the window is spent, is not capped);
+    /// at least [`AllowanceTuning::min_batch`].
     fn size(&self, now_us: u64, tuning: &AllowanceTuning, ahead: bool) -> u64 {
         let window_us = self.quota.window().secs().saturating_mul(1_000_000);
         let (until_end, count) = match ahead {
@@ -668,7 +695,10 @@ impl Batch {
             span = until_end;
         }
         let left = u64::from(self.quota.requests_per_unit).saturating_sub(count);
-        let share = (left / LEFT_SHARE).max(tuning.min_batch);
+        let share = match !ahead && self.exhausted {
+            true => u64::MAX,
+            false => (left / LEFT_SHARE).max(tuning.min_batch),
+        };
         // Half a horizon more, so a batch that matches the demand does not run dry at the
         // window's last calls and ask for a sliver.
         let span = span.saturating_add(tuning.horizon_us / 2);

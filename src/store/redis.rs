@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::allowance::{AllowanceTuning, Allowances, RESERVE, Refill, Route};
+use super::allowance::{AllowanceTuning, Allowances, Answer, RESERVE, Refill, Route};
 use super::breaker::Readiness;
 use super::go_fixed::{self, Jitter, OverLimitCache};
 use super::redis_target::{Target, TargetOptions, run_within};
@@ -733,7 +733,8 @@ impl RedisStore {
             .arg(q.requests_per_unit)
             .arg(self.jitter.ttl_secs(&key, q.window(), now) + early)
             .arg(r.hits)
-            .arg(r.held);
+            .arg(r.held)
+            .arg(u8::from(r.past));
     }
 
     /// The batches that ran low are reserved again in the background, one call each, so the
@@ -998,9 +999,8 @@ impl Drop for Reservations<'_> {
     }
 }
 
-/// [`RESERVE`]'s reply: the hits granted, the key's count after, and whether the call it was
-/// made for was refused.
-fn reserve_reply(reply: &Value) -> Result<(u64, u64, bool), StoreError> {
+/// [`RESERVE`]'s reply.
+fn reserve_reply(reply: &Value) -> Result<Answer, StoreError> {
     let bad = || backend_error(format!("unexpected reservation reply {reply:?}"));
     let Value::Array(items) = reply else {
         return Err(bad());
@@ -1010,7 +1010,11 @@ fn reserve_reply(reply: &Value) -> Result<(u64, u64, bool), StoreError> {
         _ => Err(bad()),
     };
     match items.as_slice() {
-        [granted, count, refused] => Ok((int(granted)?, int(count)?, int(refused)? == 1)),
+        [granted, count, refused] => Ok(Answer {
+            granted: int(granted)?,
+            count: int(count)?,
+            refused: int(refused)? == 1,
+        }),
         _ => Err(bad()),
     }
 }
