@@ -415,7 +415,7 @@ pub struct RedisArgs {
     )]
     pub redis_allowance_horizon_ms: u64,
     /// With SLUICE_REDIS_ALLOWANCE: the memory of the batches table (1 MiB to 64 GiB), each key
-    /// charged its length plus 256 bytes; past it, new keys go to Redis on every call until
+    /// charged its length plus 352 bytes; past it, new keys go to Redis on every call until
     /// idle keys are forgotten.
     #[arg(
         long,

@@ -12,8 +12,9 @@
 //! - **Batches sized by need** (issue 50): a batch covers the key's demand over
 //!   [`AllowanceTuning::period_us`] (1 s), so a steady key reserves about once a period at any
 //!   rate (two Redis commands each, EVALSHA and its INCRBY), not once per half horizon; to the
-//!   window's end when that is near, at most [`LEFT_SHARE`] of what the window has left, at
-//!   least [`AllowanceTuning::min_batch`] and the hits of the call.
+//!   window's end when that is near, at most [`LEFT_SHARE`] of what the window has left (or
+//!   what the key's demand here uses in half the time left, if more), at least
+//!   [`AllowanceTuning::min_batch`] and the hits of the call.
 //! - **Ahead**: within a horizon of the window's end a hot key reserves its next window's
 //!   first batch, so a new window starts with hits in hand, not with every concurrent call
 //!   going to Redis while the first reservation is under way.
@@ -28,9 +29,12 @@
 //! - **Past the limit** (issue 50): once Redis has nothing left for a window, a hot key's
 //!   batches are of refused hits counted ahead ([`Refill::past`]): Redis counts them when
 //!   reserved, the replica refuses from them, and gives back what a cooled key did not use.
-//!   So a key past its limit costs a reservation a period, not an INCRBY a call, and Redis's
-//!   count is never below the Go service's (a refund elsewhere cannot open room that hits
-//!   refused here and not yet counted would have filled). A refund through this
+//!   A spent key's next window's batch, reserved ahead, takes what that window has left and
+//!   then refused hits counted ahead; a call stamped in the window before the batch's is
+//!   decided from what the batch held of it. So a key past its limit costs a reservation a
+//!   period (or a window), not an INCRBY a call, and Redis's count is never below the Go
+//!   service's (a refund elsewhere cannot open room that hits refused here and not yet
+//!   counted would have filled). A refund through this
 //!   replica gives back its batch with the refund, and the key then goes the store's own way
 //!   until its window ends. `charge_refused` limits and the other algorithms never take
 //!   batches. So one replica answers exactly as without allowances (the store contract runs
@@ -59,7 +63,9 @@ use crate::limiter::{Algorithm, Decision, Quota};
 /// the held hits, plus the call's, passes the limit) is counted as the Go service counts a
 /// refused call, its batch's held hits are given back, and nothing is granted (`refused` 1);
 /// with `past`, the `want` hits are kept, and granted, as a batch of refused hits counted
-/// ahead.
+/// ahead. A background `past` batch (the next window's, reserved ahead while this one is
+/// spent) is granted whole: what is left under the limit, and the rest as refused hits
+/// counted ahead.
 pub const RESERVE: &str = r#"
 local want = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -82,6 +88,9 @@ if hits > 0 and math.max(before - held, 0) + hits > limit then
 end
 local over = count - limit
 if over > 0 then
+  if past and hits == 0 then
+    return {want, count, 0}
+  end
   local back = math.min(over, want)
   count = redis.call('DECRBY', KEYS[1], back)
   return {want - back, count, 0}
@@ -93,8 +102,9 @@ return {want, count, 0}
 pub const PERIOD_US: u64 = 1_000_000;
 
 /// A batch takes at most this share of what the window has left (its limit less the count
-/// Redis last answered): 1/8, so near the limit batches shrink and replicas strand little
-/// (1/4 admitted 284 of 300 in `replicas_offered_twice_the_limit_admit_it_and_no_more`).
+/// Redis last answered), unless the key's demand here uses more in half the time left: 1/8,
+/// so near the limit batches shrink and replicas strand little (1/4 admitted 284 of 300 in
+/// `replicas_offered_twice_the_limit_admit_it_and_no_more`).
 pub const LEFT_SHARE: u64 = 8;
 
 /// A key is hot when its demand over the horizon is at least this many hits, and a batch is at
@@ -104,7 +114,7 @@ pub const HOT_HITS: u64 = 4;
 
 /// What a key in the table costs beside its key's bytes (`examples/lease_memory.rs` measures
 /// it, and fails past it).
-pub const RESERVED_CHARGE: usize = 256;
+pub const RESERVED_CHARGE: usize = 352;
 
 /// How far ahead batches look, how big they are, and the table's bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,6 +231,9 @@ struct Batch {
     /// `exhausted` as above), and whether it was asked for.
     ahead: Ahead,
     ahead_asked: bool,
+    /// The window before, as it ended: its hits reserved and not used, and its count as last
+    /// seen, for its calls that come late ([`Batch::straggler`]).
+    last: Last,
     /// Hits asked for since the last sample, and the demand (hits per second, thousandths).
     attempted: u64,
     sampled_us: u64,
@@ -233,6 +246,13 @@ struct Ahead {
     reserved: u64,
     count: u64,
     exhausted: bool,
+}
+
+/// A key's window before its batch's, as it ended.
+#[derive(Clone, Copy, Debug, Default)]
+struct Last {
+    left: u64,
+    count: u64,
 }
 
 /// The keys this replica holds batches of.
@@ -368,10 +388,12 @@ impl Allowances {
         if b.quota != *quota {
             *b = Batch::new(*quota, window, now_us);
         }
-        // A call from a window the batch has left (it waited, and another call turned the
-        // window) is Redis's to decide, on that window's key.
+        // A call from a window the batch has left (it waited, or was stamped just before
+        // another call turned the window) is decided from what the batch held of that window
+        // when it turned (at a spent window's end, refused hits counted ahead), else by Redis,
+        // on that window's key.
         if window < b.window {
-            return Route::STORE;
+            return b.straggler(hit, now, window).unwrap_or(Route::STORE);
         }
         b.roll(window);
         b.sample(now_us, hits, MIN_SAMPLE_US);
@@ -435,7 +457,8 @@ impl Allowances {
             if !r.ahead {
                 b.reserving_until_us = 0;
             }
-            let exhausted = refused || granted < r.want;
+            let limit = u64::from(b.quota.requests_per_unit);
+            let exhausted = refused || granted < r.want || count >= limit;
             if b.window == r.window {
                 if refused {
                     // Redis gave back what the call had taken of the batch, and kept what it
@@ -579,6 +602,7 @@ impl Batch {
             reserving_until_us: 0,
             ahead: Ahead::default(),
             ahead_asked: false,
+            last: Last::default(),
             attempted: 0,
             sampled_us: now_us,
             demand_milli: 0,
@@ -599,6 +623,13 @@ impl Batch {
             } else {
                 Ahead::default()
             };
+            self.last = match window == self.window + 1 {
+                true => Last {
+                    left: self.left(),
+                    count: self.count,
+                },
+                false => Last::default(),
+            };
             self.window = window;
             self.reserved = ahead.reserved;
             self.used = 0;
@@ -608,6 +639,23 @@ impl Batch {
             self.ahead = Ahead::default();
             self.ahead_asked = false;
         }
+    }
+
+    /// A call stamped in `window`, which this batch has left: decided from the hits it still
+    /// held of that window when it turned, if it was the one before and they cover the call
+    /// (at a spent window's end, refused hits counted ahead: a hot key past its limit sends
+    /// none of the calls stamped just before the turn to Redis), else `None`.
+    fn straggler(&mut self, hit: &Hit<'_>, now: Timestamp, window: u64) -> Option<Route> {
+        let covered = window + 1 == self.window && hit.hits > 0 && self.last.left >= hit.hits;
+        if !covered {
+            return None;
+        }
+        self.last.left -= hit.hits;
+        let count = self.last.count.saturating_sub(self.last.left);
+        Some(Route::Local {
+            decision: counted(hit, now, count),
+            refill: None,
+        })
     }
 
     /// Counts `hits` asked for at `now_us`, and updates the demand once a sample spans
@@ -666,13 +714,16 @@ impl Batch {
             return None;
         }
         self.ahead_asked = true;
+        // A key spent in this window is likely spent in the next: its batch ahead takes
+        // what the next window has left and, past that, refused hits counted ahead, so each
+        // replica touches Redis about once a window for it.
         Some(Refill {
             window: self.window + 1,
             want: self.size(now_us, tuning, true),
             ahead: true,
             hits: 0,
             held: 0,
-            past: false,
+            past: self.exhausted,
         })
     }
 
@@ -681,9 +732,10 @@ impl Batch {
     /// rate. Within this window, to its end when that comes within half a period more, so no
     /// sliver is left for another reservation; and half a horizon more. At most
     /// [`LEFT_SHARE`] of what the window has left as Redis last counted it (for the next
-    /// window, of its limit), so near the limit batches shrink and what one replica holds
-    /// unused is little (a batch of refused hits, once the window is spent, is not capped);
-    /// at least [`AllowanceTuning::min_batch`].
+    /// window, of its limit), or what the key's demand here uses in half the time left if
+    /// more, so near the limit batches shrink and what one replica holds unused is little (a
+    /// batch of a spent window, and the next one's ahead, is not capped); at least
+    /// [`AllowanceTuning::min_batch`].
     fn size(&self, now_us: u64, tuning: &AllowanceTuning, ahead: bool) -> u64 {
         let window_us = self.quota.window().secs().saturating_mul(1_000_000);
         let (until_end, count) = match ahead {
@@ -695,9 +747,15 @@ impl Batch {
             span = until_end;
         }
         let left = u64::from(self.quota.requests_per_unit).saturating_sub(count);
-        let share = match !ahead && self.exhausted {
+        let share = match self.exhausted {
             true => u64::MAX,
-            false => (left / LEFT_SHARE).max(tuning.min_batch),
+            // Or what this replica's own demand uses in half the time the window has left,
+            // which strands nothing: a key offered far past what is left takes it in a batch
+            // or two, not in a descent of ever smaller ones.
+            false => (left / LEFT_SHARE)
+                .max(self.need(until_end) / 2)
+                .min(left)
+                .max(tuning.min_batch),
         };
         // Half a horizon more, so a batch that matches the demand does not run dry at the
         // window's last calls and ask for a sliver.
