@@ -7,7 +7,8 @@
 //!   naming when the hits were reserved and how many (`<ms since the epoch>.<hits>`), which
 //!   Envoy's filter writes into the stream's metadata. Refused, whatever its counters kept of
 //!   the reserved hits is given back at once, so a refused request leaves nothing behind, and
-//!   no token is given (so the stream-end descriptor, read with `skip_if_absent`, is not sent).
+//!   no token is given (so the stream-end descriptor, whose `metadata` action finds nothing,
+//!   is not sent).
 //! - **Settle.** At the stream's end a descriptor carrying [`RESERVATION`] (its value the
 //!   token, read from the stream's metadata by a `metadata` action) and the request's real cost
 //!   as its hits gives back what the estimate passed the cost to the window (or bucket) that
