@@ -3,7 +3,8 @@
 //! `failure_mode_deny` once Sluice is gone (the example's `true`: 500; and `false`: through);
 //! and `examples/envoy-cost/`: a check before the request and a charge of the cost the response
 //! reported once it is done (`apply_on_stream_done`); and `examples/envoy-inflight/`: requests
-//! in flight counted by a refund (`is_negative_hits`) at each request's end.
+//! in flight counted by a refund (`is_negative_hits`) at each request's end; and
+//! `examples/envoy-token-budget/`: a stream's estimate reserved, its usage settled.
 //!
 //! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
 //! test fails under the test command and CI, and is a recorded skip elsewhere
@@ -396,4 +397,74 @@ fn envoy_calls_sluice_over_mutual_tls() {
     assert_eq!(a.status, 500, "{a:#?}");
     assert_eq!(upstream.hits(), before);
     anonymous.proc.assert_running();
+}
+
+/// What `tenant`'s budget has left in `examples/envoy-token-budget`, from Sluice's JSON API (a
+/// peek: 0 hits).
+fn budget_left(sluice: &Sluice, tenant: &str) -> u64 {
+    let body = format!(
+        r#"{{"domain":"ai","descriptors":[{{"entries":[{{"key":"tenant","value":"{tenant}"}}],"hits_addend":0}}]}}"#
+    );
+    let (_, answer) = support::http(sluice.http, "POST", "/json", &body).expect("Sluice answers");
+    let v: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+    v["statuses"][0]["limitRemaining"].as_u64().unwrap_or(0)
+}
+
+/// examples/envoy-token-budget as it is: an OpenAI-style upstream (the example's
+/// `upstream.py`) streaming for 1.5 s and costing 100 tokens, each request estimating 500
+/// (`x-max-tokens`) of a tenant's 10,000 a minute. While 20 streams are in flight their 10,000
+/// are reserved, so the 21st is refused at once (after-the-fact reporting would let it and
+/// any number more through); as each ends the Lua filter reads its usage from the last event
+/// and Sluice gives back the 400 its estimate passed it: 8,000 left, and the next requests
+/// pass. A refused request reserves nothing and sends no settle.
+#[test]
+fn envoy_reserves_each_streams_estimate_and_settles_its_usage() {
+    use std::thread::spawn;
+    use std::time::Duration;
+    let Some(envoy) = envoy() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let example = repo().join("examples/envoy-token-budget");
+    let sluice = Sluice::start(&example.join("ratelimit.yaml"), dir.path());
+    let up = free_port();
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(example.join("upstream.py"))
+        .args(["--port", &up.to_string()]);
+    let mut upstream = proxies::Proc::spawn("upstream.py", cmd, dir.path().join("upstream.log"));
+    support::wait_for("upstream.py listening", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", up)).is_ok()
+    });
+    let port = free_port();
+    let conf = filled_example("envoy-token-budget", sluice.grpc, up, port);
+    let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-token-budget", &conf, port), &[]);
+    support::with_window_to_spare(60, 30);
+    let stream = move || {
+        let headers = [
+            ("x-tenant", "t1"),
+            ("x-max-tokens", "500"),
+            ("x-cost", "100"),
+            ("x-stream-ms", "1500"),
+        ];
+        get(port, "/v1/chat/completions", &headers)
+    };
+    let running: Vec<_> = (0..20).map(|_| spawn(stream)).collect();
+    support::wait_for("20 estimates reserved", Duration::from_secs(10), || {
+        budget_left(&sluice, "t1") == 0
+    });
+    let refused = stream();
+    assert_eq!(refused.status, 429, "{refused:?}");
+    for r in running {
+        let a = r.join().unwrap();
+        assert_eq!(a.status, 200);
+        assert!(a.body.contains(r#""total_tokens": 100"#), "{}", a.body);
+    }
+    support::wait_for("20 usages settled", Duration::from_secs(10), || {
+        budget_left(&sluice, "t1") == 10_000 - 20 * 100
+    });
+    // The refused request left nothing, and the budget serves again.
+    assert_eq!(stream().status, 200);
+    support::wait_for("the 21st settled", Duration::from_secs(10), || {
+        budget_left(&sluice, "t1") == 10_000 - 21 * 100
+    });
+    proxy.proc.assert_running();
+    upstream.assert_running();
 }

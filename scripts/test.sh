@@ -322,3 +322,12 @@ bench/selftest.sh
 echo "== held keys cost nothing while idle (bench/lease_keys.py, short)"
 python3 bench/lease_keys.py --keys 20000 --modes lease --load-secs 4 --idle-secs 8 \
   --hour-margin 30 --max-idle-cores 0.02
+
+# Token budgets through a real Envoy (bench/token_budget.py, docs/token-budgets.md, issue 51):
+# three Envoys 1.39.3 (after-the-fact, the plain refund recipe, Sluice's reservations) on one
+# Sluice, two workloads each (40 short streams, 7 long ones) for 150 s. Fails when reservations
+# spend more than a tenant's budget in any minute, or less than 0.8 of it in a whole minute of
+# the short workload. About 3 minutes with the release binary built (by the quick benchmark).
+echo "== token budgets through Envoy (bench/token_budget.py)"
+python3 bench/token_budget.py --sluice "$CARGO_TARGET_DIR/release/sluice" \
+  --envoy "${SLUICE_ENVOY:-target/venv/bin/envoy}" --seconds 150 --out target/token-budget.md

@@ -18,6 +18,7 @@ mod admin;
 mod hot;
 pub(crate) mod observe;
 mod plan;
+mod reserve;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,6 +37,7 @@ use observe::{
     Unobserved,
 };
 use plan::{Counted, Plan};
+pub use reserve::{RESERVATION, RESERVE};
 
 /// A descriptor's or the request's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,6 +136,10 @@ pub enum ServiceError {
         bytes: usize,
         max: usize,
     },
+    #[error(
+        "descriptor {index}: bad reservation {token:?} (sluice_reservation carries the token an answer's dynamic metadata gave, `<ms>.<hits>`, and a descriptor carries at most one of sluice_reserve and sluice_reservation)"
+    )]
+    BadReservation { index: usize, token: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -148,6 +154,7 @@ impl ServiceError {
             ServiceError::TooManyDescriptors { .. }
                 | ServiceError::TooManyEntries { .. }
                 | ServiceError::KeyTooLong { .. }
+                | ServiceError::BadReservation { .. }
         )
     }
 }
@@ -380,6 +387,8 @@ impl<S: CounterStore> RateLimitService<S> {
         call: Option<&Span>,
     ) -> Result<Response, ServiceError> {
         self.check_caps(request)?;
+        let reservations = reserve::split(request)?;
+        let request = reservations.as_ref().map_or(request, |r| &r.request);
         let guard = self.config.guard();
         let config = guard.as_ref().ok_or(ServiceError::NoConfig)?;
         let Some(domain) = config.domain(&request.domain) else {
@@ -417,7 +426,50 @@ impl<S: CounterStore> RateLimitService<S> {
             .await;
         let (statuses, quota) = self.outcome(domain, request, &plans, decisions, true);
         let metadata = self.dynamic_metadata(request, &plans, &statuses);
-        Ok(self.finish(statuses, &quota, metadata))
+        let mut response = self.finish(statuses, &quota, metadata);
+        if let Some(r) = &reservations {
+            let charged = (plans.as_slice(), hits.as_slice(), decisions);
+            self.reservations(r, now, charged, &mut response).await;
+        }
+        Ok(response)
+    }
+
+    /// A request's reservations once it is decided ([`reserve`]): each settle gives back what
+    /// its estimate passed its cost, at the instant it reserved, and charges a cost past it
+    /// now; an admitted request's answer names its reservation in the dynamic metadata, and a
+    /// refused one gives back what its reserving descriptors' counters kept.
+    async fn reservations(
+        &self,
+        r: &reserve::Reservations,
+        now: Timestamp,
+        (plans, hits, decisions): (&[Plan<'_>], &[Hit<'_>], &[Decision]),
+        response: &mut Response,
+    ) {
+        let (back, over) = reserve::settlements(r, plans, hits);
+        for (at, hit) in back {
+            self.give_back(at, &[hit]).await;
+        }
+        if !over.is_empty() {
+            // Charged, never refused: the request has run. Its decisions are not needed.
+            if let Err(e) = self.store.apply(now, &over, &mut Vec::new()).await {
+                self.observer.refund_failed(&e);
+            }
+        }
+        if !r.reserves() {
+            return;
+        }
+        if response.overall_code == Code::OverLimit {
+            self.give_back(now, &reserve::refused(r, plans, hits, decisions))
+                .await;
+            return;
+        }
+        let token = reserve::token(now, reserve::reserved_hits(r, plans));
+        let metadata = response
+            .dynamic_metadata
+            .get_or_insert_with(|| serde_json::json!({}));
+        if let Some(m) = metadata.as_object_mut() {
+            m.insert(RESERVATION.into(), token.into());
+        }
     }
 
     /// An unknown domain is not an error in the Go service: every descriptor passes.

@@ -1254,3 +1254,7 @@ async fn a_refund_reaches_the_window_its_hits_were_charged_to() {
 
 #[path = "tests/refunds_tests.rs"]
 mod refunds;
+
+/// Reservations (issue 51): reserve an estimate, settle the real cost.
+#[path = "tests/reserve_tests.rs"]
+mod reserve_tests;

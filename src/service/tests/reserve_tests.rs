@@ -1,0 +1,170 @@
+//! Reservations (issue 51, [`super::reserve`]): a request reserves its estimate with
+//! `sluice_reserve`, its answer names the reservation, and its end settles the real cost with
+//! `sluice_reservation`: what the estimate passed the cost goes back to the window that held it.
+
+use super::*;
+
+const BUDGETS: &str = r#"
+domain: ai
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: daily
+    rate_limit: {unit: day, requests_per_unit: 1500}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 1000, algorithm: token_bucket}
+"#;
+
+struct Budgets {
+    service: RateLimitService<MemoryStore>,
+    clock: Arc<ManualClock>,
+}
+
+fn budgets() -> Budgets {
+    let cfg = parse_files(
+        &[("ai.yaml".to_string(), BUDGETS.to_string())],
+        &LoadOptions::default(),
+    )
+    .expect("the budgets config loads");
+    // 30 s into a minute.
+    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(60_030)));
+    let service = RateLimitService::new(
+        ConfigHandle::new(Some(cfg)),
+        Arc::new(MemoryStore::new(10_000)),
+        clock.clone(),
+        ServiceOptions::default(),
+    );
+    Budgets { service, clock }
+}
+
+/// A descriptor of `key`'s tenant `t`, with its hits and a reservation entry.
+fn budget(key: &str, hits: u64, entry: Option<(&str, &str)>) -> Descriptor {
+    let mut entries = vec![(key, "t")];
+    entries.extend(entry);
+    Descriptor {
+        hits_addend: Some(hits),
+        ..desc(&entries)
+    }
+}
+
+impl Budgets {
+    async fn call(&self, descriptors: Vec<Descriptor>) -> Response {
+        self.service
+            .should_rate_limit(req("ai", descriptors))
+            .await
+            .expect("no error")
+    }
+
+    /// Reserves `hits` on `keys`: the token when admitted.
+    async fn reserve(&self, keys: &[&str], hits: u64) -> Option<String> {
+        let d = keys
+            .iter()
+            .map(|k| budget(k, hits, Some((RESERVE, "1"))))
+            .collect();
+        let a = self.call(d).await;
+        let token = a
+            .dynamic_metadata
+            .as_ref()
+            .and_then(|m| m.get(RESERVATION))
+            .and_then(|t| t.as_str())
+            .map(str::to_owned);
+        assert_eq!(token.is_some(), a.overall_code == Code::Ok, "{a:?}");
+        token
+    }
+
+    /// Settles `token` with its real `cost` on `key`: answered OK.
+    async fn settle(&self, key: &str, token: &str, cost: u64) {
+        let a = self
+            .call(vec![budget(key, cost, Some((RESERVATION, token)))])
+            .await;
+        assert_eq!(a.overall_code, Code::Ok, "{a:?}");
+    }
+
+    /// What `key`'s limit has left: a peek.
+    async fn left(&self, key: &str) -> u32 {
+        self.call(vec![budget(key, 0, None)]).await.statuses[0].limit_remaining
+    }
+}
+
+#[tokio::test]
+async fn a_settle_gives_back_what_the_estimate_passed_the_cost() {
+    let b = budgets();
+    let first = b.reserve(&["tenant"], 500).await.expect("admitted");
+    b.reserve(&["tenant"], 500).await.expect("admitted");
+    // Refused, and nothing left behind (a fixed window counts refused hits: given back).
+    assert_eq!(b.reserve(&["tenant"], 1).await, None);
+    assert_eq!(b.left("tenant").await, 0);
+    // The first used 100 of its 500: 400 come back.
+    b.settle("tenant", &first, 100).await;
+    assert_eq!(b.left("tenant").await, 400);
+    assert_eq!(b.reserve(&["tenant"], 401).await, None);
+    assert!(b.reserve(&["tenant"], 400).await.is_some());
+}
+
+#[tokio::test]
+async fn a_reservation_settled_after_its_window_ended_gives_nothing_to_the_new_one() {
+    let b = budgets();
+    let old = b.reserve(&["tenant"], 500).await.expect("admitted");
+    // The stream ends in the next minute, which has its own 600 reserved.
+    b.clock.advance_secs(45);
+    b.reserve(&["tenant"], 600).await.expect("admitted");
+    b.settle("tenant", &old, 100).await;
+    // The plain refund recipe would give the new window the old one's 400: 800 admitted.
+    assert_eq!(b.left("tenant").await, 400);
+}
+
+#[tokio::test]
+async fn a_cost_past_the_estimate_is_charged_never_refused() {
+    let b = budgets();
+    let t = b.reserve(&["tenant"], 500).await.expect("admitted");
+    b.reserve(&["tenant"], 400).await.expect("admitted");
+    // 900 reserved; the first cost 700: 200 more, past the limit, charged and answered OK.
+    b.settle("tenant", &t, 700).await;
+    assert_eq!(b.left("tenant").await, 0);
+    assert_eq!(b.reserve(&["tenant"], 1).await, None);
+}
+
+#[tokio::test]
+async fn a_refused_request_gives_back_what_its_other_budgets_took() {
+    let b = budgets();
+    b.reserve(&["tenant", "daily"], 600)
+        .await
+        .expect("admitted");
+    // The minute refuses the second 600; the day, which admitted it, gets it back.
+    assert_eq!(b.reserve(&["tenant", "daily"], 600).await, None);
+    assert_eq!(b.left("daily").await, 900);
+    assert_eq!(b.left("tenant").await, 400);
+}
+
+#[tokio::test]
+async fn a_bucket_takes_its_settle_back_whenever_it_comes() {
+    let b = budgets();
+    let t = b.reserve(&["bucket"], 600).await.expect("admitted");
+    b.settle("bucket", &t, 100).await;
+    // 500 back: 900 left of the burst (refill aside, the clock did not move).
+    assert_eq!(b.left("bucket").await, 900);
+}
+
+#[tokio::test]
+async fn a_bad_reservation_is_refused_naming_its_descriptor() {
+    let b = budgets();
+    for token in ["", "12", "x.5", "5.y"] {
+        let e = b
+            .service
+            .should_rate_limit(req(
+                "ai",
+                vec![budget("tenant", 1, Some((RESERVATION, token)))],
+            ))
+            .await
+            .expect_err("a bad token");
+        assert!(e.is_invalid_argument(), "{e}");
+        assert!(e.to_string().contains("descriptor 0"), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn plain_requests_carry_no_reservation() {
+    let b = budgets();
+    let a = b.call(vec![budget("tenant", 10, None)]).await;
+    assert_eq!(a.dynamic_metadata, None);
+}
