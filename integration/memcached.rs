@@ -425,6 +425,38 @@ async fn the_local_over_limit_cache_stops_the_memcached_value_growing() {
     assert_eq!(m.get("cached_1200").as_deref(), Some("3"));
 }
 
+/// envoyproxy/ratelimit #1077 on memcached: a request carrying its own limit of 100 is not
+/// refused from the local cache that knows its key over the configured limit of 2.
+#[tokio::test]
+async fn a_requests_own_higher_limit_is_not_refused_from_the_memcached_local_cache() {
+    let Some((m, s)) = one_server_with(|c| c.local_cache_size_in_bytes = 1 << 20).await else {
+        return;
+    };
+    let with = |limit: u32| {
+        [Hit {
+            key: "tenant_t1_",
+            quota: fixed(limit, Unit::Minute),
+            hits: 1,
+        }]
+    };
+    let t = Timestamp::from_secs(1234);
+    let mut over = Vec::new();
+    for _ in 0..3 {
+        over.push(apply(&s, t, &with(2)).await.unwrap()[0].over);
+    }
+    assert_eq!(over, [false, false, true]);
+    for n in 4..=6u64 {
+        let d = apply(&s, t, &with(100)).await.unwrap()[0];
+        assert!(
+            !d.over,
+            "a request with its own limit of 100 refused at {n}: {d:?}"
+        );
+    }
+    assert_eq!(m.get("tenant_t1_1200").as_deref(), Some("6"));
+    assert!(apply(&s, t, &with(2)).await.unwrap()[0].over);
+    assert_eq!(m.get("tenant_t1_1200").as_deref(), Some("6"));
+}
+
 /// A fixed window's refund is memcached's `decr` on the Go key (floored at 0, a missing key not
 /// made), and the local over-limit cache forgets the key at once.
 #[tokio::test]

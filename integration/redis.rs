@@ -758,6 +758,48 @@ async fn the_local_over_limit_cache_stops_the_redis_value_growing() {
     assert_eq!(redis.cli(&["GET", "cached_1200"]), "3");
 }
 
+/// envoyproxy/ratelimit #1077: a key the local over-limit cache knows over its configured limit
+/// of 2 does not refuse requests that carry their own limit of 100 (`descriptor.limit`, on the
+/// same counter key): they are decided by Redis against 100, and the cache still answers the
+/// configured limit's requests; a request whose own limit is lower is refused from the cache.
+#[tokio::test]
+async fn a_requests_own_higher_limit_is_not_refused_from_the_local_cache() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Redis::start();
+    let mut settings = redis.settings(0);
+    settings.local_cache_size_in_bytes = 1 << 20;
+    let remote = store(&settings).await;
+    let with = |limit: u32| {
+        [Hit {
+            key: "tenant_t1_",
+            quota: Quota::fixed(limit, Unit::Minute),
+            hits: 1,
+        }]
+    };
+    let now = Timestamp::from_secs(1234);
+    let mut over = Vec::new();
+    for _ in 0..3 {
+        over.push(apply(&remote, now, &with(2)).await.unwrap()[0].over);
+    }
+    assert_eq!(over, [false, false, true]);
+    // Its own limit of 100: admitted, counted by Redis (4, 5, ...).
+    for n in 4..=10u64 {
+        let d = apply(&remote, now, &with(100)).await.unwrap()[0];
+        assert!(
+            !d.over,
+            "a request with its own limit of 100 refused at {n}: {d:?}"
+        );
+        assert_eq!(d.count_after, n);
+    }
+    assert_eq!(redis.cli(&["GET", "tenant_t1_1200"]), "10");
+    // The configured limit's requests, and a lower own limit, are still answered locally.
+    assert!(apply(&remote, now, &with(2)).await.unwrap()[0].over);
+    assert!(apply(&remote, now, &with(1)).await.unwrap()[0].over);
+    assert_eq!(redis.cli(&["GET", "tenant_t1_1200"]), "10");
+}
+
 /// A fixed window's refund on the Go key: the count down by the hits, floored at 0, its TTL
 /// kept, a missing key not made; the local over-limit cache forgets the key at once, and trusts
 /// an entry SLUICE_LOCAL_CACHE_MAX_AGE_MS at most.

@@ -147,9 +147,15 @@ pub(super) fn cached_decisions(
     };
     for (i, hit) in hits.iter().enumerate() {
         let q = hit.quota;
-        if takes_shortcuts(&q) && cache.is_over(&go_cache_key(hit.key, now, q.window()), now) {
-            let over = u64::from(q.requests_per_unit).saturating_add(1);
-            let state = fixed_window::state_with_count(over, now.secs(), q.window());
+        if !takes_shortcuts(&q) {
+            continue;
+        }
+        // Over the limit this request holds the key to: the count remembered passes it. A
+        // request with its own, higher limit (`descriptor.limit`, envoyproxy/ratelimit #1077)
+        // is not answered from a count found over a lower one.
+        let count = cache.count_over(&go_cache_key(hit.key, now, q.window()), now);
+        if let Some(count) = count.filter(|c| *c > u64::from(q.requests_per_unit)) {
+            let state = fixed_window::state_with_count(count, now.secs(), q.window());
             decisions[i] =
                 Some(fixed_window::decide(state, now.secs(), q.window(), q.requests_per_unit, 0).0);
         }
@@ -170,21 +176,29 @@ pub(super) fn remember_if_over(
     {
         let window = hit.quota.window();
         let end = fixed_window::window_start(now.secs(), window) + window.secs();
-        cache.remember(&go_cache_key(hit.key, now, window), end, now);
+        cache.remember(
+            &go_cache_key(hit.key, now, window),
+            end,
+            now,
+            decision.count_after,
+        );
     }
 }
 
-/// Remembers fixed-window keys a remote store (Redis, memcached) found over the limit, until
-/// their window ends or `max_age` (SLUICE_LOCAL_CACHE_MAX_AGE_MS) has passed, whichever comes
-/// first. A refund through this process forgets its key at once; the age bounds how long
+/// Remembers fixed-window keys a remote store (Redis, memcached) found over the limit, with the
+/// count it found, until their window ends or `max_age` (SLUICE_LOCAL_CACHE_MAX_AGE_MS) has
+/// passed, whichever comes first; a request is answered from it only when that count passes
+/// the request's own limit. A refund through this process forgets its key at once; the age bounds how long
 /// another replica, which cannot know of the refund, keeps answering OVER from its own cache.
 ///
 /// Held to LOCAL_CACHE_SIZE_IN_BYTES counting each entry as its key's bytes plus the overhead
 /// of a `(Box<str>, u64)` map slot, which is what the memory store's fixed-window counters
-/// are too ([`MemoryLimits::counter_bytes`]); long keys take room in proportion.
+/// are too ([`MemoryLimits::counter_bytes`]), and the count ([`entry_bytes`]); long keys take
+/// room in proportion.
 pub(super) struct OverLimitCache {
-    /// Full key -> when the entry stops being trusted (µs since the epoch).
-    keys: DashMap<Box<str>, u64, foldhash::fast::RandomState>,
+    /// Full key -> when the entry stops being trusted (µs since the epoch), and the count the
+    /// store answered.
+    keys: DashMap<Box<str>, (u64, u64), foldhash::fast::RandomState>,
     /// The entries' accounted bytes.
     bytes: AtomicUsize,
     max_bytes: usize,
@@ -202,24 +216,27 @@ impl OverLimitCache {
         })
     }
 
-    pub(super) fn is_over(&self, key: &str, now: Timestamp) -> bool {
-        self.keys.get(key).is_some_and(|end| *end > now.micros())
+    /// The count `key` was found over its limit at, while the entry is trusted.
+    pub(super) fn count_over(&self, key: &str, now: Timestamp) -> Option<u64> {
+        let entry = self.keys.get(key)?;
+        let (until, count) = *entry;
+        (until > now.micros()).then_some(count)
     }
 
-    /// Remembers `key`, over the limit of a window ending at `window_end` (s), if it fits,
-    /// forgetting ended entries first when it does not.
-    pub(super) fn remember(&self, key: &str, window_end: u64, now: Timestamp) {
+    /// Remembers `key`, found at `count` over the limit of a window ending at `window_end`
+    /// (s), if it fits, forgetting ended entries first when it does not.
+    pub(super) fn remember(&self, key: &str, window_end: u64, now: Timestamp, count: u64) {
         let until = window_end
             .saturating_mul(1_000_000)
             .min(now.micros().saturating_add(self.max_age_us));
-        let cost = MemoryLimits::counter_bytes(key);
+        let cost = entry_bytes(key);
         if !self.reserve(cost) {
             self.forget_ended(now);
             if !self.reserve(cost) {
                 return;
             }
         }
-        if self.keys.insert(Box::from(key), until).is_some() {
+        if self.keys.insert(Box::from(key), (until, count)).is_some() {
             // Already remembered (a concurrent call): its room is taken once.
             self.bytes.fetch_sub(cost, Ordering::Relaxed);
         }
@@ -228,7 +245,7 @@ impl OverLimitCache {
     /// Forgets one key (its counter was reset, or hits were refunded).
     pub(super) fn forget(&self, key: &str) {
         if self.keys.remove(key).is_some() {
-            let cost = MemoryLimits::counter_bytes(key);
+            let cost = entry_bytes(key);
             self.bytes.fetch_sub(cost, Ordering::Relaxed);
         }
     }
@@ -243,15 +260,21 @@ impl OverLimitCache {
 
     fn forget_ended(&self, now: Timestamp) {
         let mut freed = 0;
-        self.keys.retain(|key, until| {
+        self.keys.retain(|key, (until, _)| {
             let keep = *until > now.micros();
             if !keep {
-                freed += MemoryLimits::counter_bytes(key);
+                freed += entry_bytes(key);
             }
             keep
         });
         self.bytes.fetch_sub(freed, Ordering::Relaxed);
     }
+}
+
+/// What an entry of the over-limit cache is charged: a fixed-window counter's slot and the
+/// count it remembers.
+fn entry_bytes(key: &str) -> usize {
+    MemoryLimits::counter_bytes(key) + std::mem::size_of::<u64>()
 }
 
 #[cfg(test)]
@@ -260,6 +283,12 @@ mod tests {
 
     const HOUR: Duration = Duration::from_secs(3600);
 
+    impl OverLimitCache {
+        fn is_over(&self, key: &str, now: Timestamp) -> bool {
+            self.count_over(key, now).is_some()
+        }
+    }
+
     fn at(secs: u64) -> Timestamp {
         Timestamp::from_secs(secs)
     }
@@ -267,20 +296,20 @@ mod tests {
     #[test]
     fn the_over_limit_cache_counts_real_key_bytes() {
         let key = |i: usize| format!("{i:04}{}", "k".repeat(3996));
-        let entry = MemoryLimits::counter_bytes(&key(0));
+        let entry = entry_bytes(&key(0));
         let cache = OverLimitCache::new(3 * entry as u64, HOUR).unwrap();
         // Windows ending at 60; 4 KB keys: three fit, where 128 B an entry would have let 96 in.
         for i in 0..10 {
-            cache.remember(&key(i), 60, at(0));
+            cache.remember(&key(i), 60, at(0), 11);
         }
         assert_eq!(cache.keys.len(), 3);
         assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
         assert!(cache.is_over(&key(2), at(59)) && !cache.is_over(&key(3), at(59)));
         // Remembering a key again takes no more room.
-        cache.remember(&key(0), 60, at(0));
+        cache.remember(&key(0), 60, at(0), 11);
         assert_eq!(cache.bytes.load(Ordering::Relaxed), 3 * entry);
         // Once their windows end, full or not, the old entries make room.
-        cache.remember(&key(7), 120, at(60));
+        cache.remember(&key(7), 120, at(60), 11);
         assert_eq!(cache.keys.len(), 1);
         assert_eq!(cache.bytes.load(Ordering::Relaxed), entry);
     }
@@ -289,20 +318,17 @@ mod tests {
     fn an_entry_is_trusted_for_its_max_age_or_until_its_window_ends() {
         let cache = OverLimitCache::new(1 << 20, Duration::from_millis(1500)).unwrap();
         // An hour's window: trusted 1.5 s, not the hour.
-        cache.remember("k_3600", 7200, at(3700));
+        cache.remember("k_3600", 7200, at(3700), 11);
         assert!(cache.is_over("k_3600", Timestamp::from_micros(3_701_499_999)));
         assert!(!cache.is_over("k_3600", Timestamp::from_micros(3_701_500_000)));
         // A window ending sooner than the age: until it ends.
-        cache.remember("k_3700", 3701, at(3700));
+        cache.remember("k_3700", 3701, at(3700), 11);
         assert!(cache.is_over("k_3700", Timestamp::from_micros(3_700_999_999)));
         assert!(!cache.is_over("k_3700", at(3701)));
         // A refund forgets at once, and gives the room back.
-        cache.remember("k_3600", 7200, at(3702));
+        cache.remember("k_3600", 7200, at(3702), 11);
         cache.forget("k_3600");
         assert!(!cache.is_over("k_3600", at(3702)));
-        assert_eq!(
-            cache.bytes.load(Ordering::Relaxed),
-            MemoryLimits::counter_bytes("k_3700")
-        );
+        assert_eq!(cache.bytes.load(Ordering::Relaxed), entry_bytes("k_3700"));
     }
 }
