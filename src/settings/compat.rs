@@ -69,6 +69,22 @@ pub struct CompatArgs {
         help_heading = "Stats"
     )]
     pub use_dog_statsd: bool,
+    /// A `unit: month` limit counted by UTC calendar month (envoyproxy/ratelimit's PR #1206).
+    /// Not supported yet: true stops start-up, so a MONTH key never silently differs from the
+    /// Go service's.
+    #[arg(
+        long,
+        env = "USE_CALENDAR_MONTH_RATE_LIMIT",
+        value_name = "BOOL",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = parse_go_bool,
+        help_heading = "Behaviour"
+    )]
+    pub use_calendar_month_rate_limit: bool,
     /// DogStatsD mogrifiers; meaningful only with USE_DOG_STATSD, which is refused.
     #[arg(long, env = "USE_DOG_STATSD_MOGRIFIERS", help_heading = "Stats")]
     pub use_dog_statsd_mogrifiers: Option<String>,
@@ -116,6 +132,16 @@ impl CompatArgs {
                 "not supported: Sluice sends plain statsd (USE_STATSD); unset it",
             ));
         }
+        if self.use_calendar_month_rate_limit {
+            // Refused rather than ignored: Go instances with the flag key a MONTH counter by
+            // the first of the month, Sluice by a 30-day epoch window, and sharing a Redis
+            // would split one limit into two counters.
+            return not_yet(
+                "USE_CALENDAR_MONTH_RATE_LIMIT",
+                "true",
+                "calendar-month windows for `unit: month`",
+            );
+        }
         let duration = |var: &'static str, value: &str| {
             parse_go_duration(value)
                 .ok_or_else(|| invalid(var, value, "expected a Go duration such as 1h or 30m"))
@@ -135,7 +161,7 @@ impl CompatArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{error, settings};
+    use super::super::tests::{error, parse, settings};
     use super::super::*;
 
     #[test]
@@ -174,6 +200,28 @@ mod tests {
             err.starts_with("GRPC_MAX_CONNECTION_AGE_GRACE=-1s: "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn calendar_month_flag_is_refused_until_built() {
+        // Go's PR #1206 keys a MONTH counter by the first of the month with the flag on;
+        // until Sluice does too, true must stop start-up rather than split a shared counter.
+        for on in [
+            "--use-calendar-month-rate-limit",
+            "--use-calendar-month-rate-limit=T",
+        ] {
+            let err = error(&[on]);
+            assert!(
+                err.starts_with("USE_CALENDAR_MONTH_RATE_LIMIT=true: "),
+                "{on}: {err}"
+            );
+        }
+        for off in ["0", "false", "F"] {
+            let arg = format!("--use-calendar-month-rate-limit={off}");
+            assert!(settings(&[&arg]).is_ok(), "{arg}");
+        }
+        // Not a Go boolean: refused by the parser, as the other Go booleans are.
+        assert!(parse(&["--use-calendar-month-rate-limit=yes"]).is_err());
     }
 
     #[test]
