@@ -50,6 +50,7 @@ fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
         },
         charge_refused: false,
         unit_multiplier: 1,
+        calendar: sluice::limiter::Calendar::EPOCH,
     };
     let (mut s64, mut s128) = (0u64, 0u128);
     let mut out = Vec::new();

@@ -66,6 +66,7 @@ async fn run(port: u16, algorithm: Algorithm, replicas: usize, seconds: f64) -> 
         burst: NonZeroU32::new(1),
         charge_refused: false,
         unit_multiplier: 1,
+        calendar: sluice::limiter::Calendar::EPOCH,
     };
     let key = Arc::new(format!("hot_{}_{replicas}_", algorithm.name()));
     let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));

@@ -620,6 +620,7 @@ mod durable {
                 burst: None,
                 charge_refused: false,
                 unit_multiplier: 1,
+                calendar: sluice::limiter::Calendar::EPOCH,
             },
             hits: n,
         })
@@ -863,6 +864,7 @@ mod peer_versions {
             burst: None,
             charge_refused: false,
             unit_multiplier: 1,
+            calendar: sluice::limiter::Calendar::EPOCH,
         };
         let hit = PeerHit::from_hit(&Hit {
             key: "d_k_v_",
@@ -1070,6 +1072,7 @@ mod peer_tls {
             burst: None,
             charge_refused: false,
             unit_multiplier: 1,
+            calendar: sluice::limiter::Calendar::EPOCH,
         };
         vec![PeerHit::from_hit(&Hit {
             key: &key,

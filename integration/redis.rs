@@ -119,6 +119,7 @@ fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quot
         burst: burst.and_then(NonZeroU32::new),
         charge_refused: false,
         unit_multiplier: 1,
+        calendar: sluice::limiter::Calendar::EPOCH,
     }
 }
 
@@ -1757,6 +1758,7 @@ async fn windows_of_several_units_have_their_own_keys_and_ttls() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let q = Quota {
             unit_multiplier: 5,
+            calendar: sluice::limiter::Calendar::EPOCH,
             ..Quota::fixed(10, Unit::Minute)
         };
         let q = Quota { algorithm, ..q };

@@ -155,6 +155,7 @@ pub fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: u32) -> Quota {
         burst: NonZeroU32::new(burst),
         charge_refused: false,
         unit_multiplier: 1,
+        calendar: sluice::limiter::Calendar::EPOCH,
     }
 }
 
@@ -418,6 +419,7 @@ pub async fn windows_of_several_units_last_that_long<S: CounterStore>(store: &S)
     for algorithm in Algorithm::RATES {
         let q = Quota {
             unit_multiplier: 5,
+            calendar: sluice::limiter::Calendar::EPOCH,
             ..limit(algorithm, 3, Unit::Minute)
         };
         let k = key("five_minutes", algorithm);
@@ -814,6 +816,7 @@ fn any_quota() -> impl Strategy<Value = Quota> {
                 requests_per_unit: rpu,
                 unit,
                 unit_multiplier,
+                calendar: sluice::limiter::Calendar::EPOCH,
                 algorithm,
                 burst: burst
                     .filter(|_| algorithm.takes_burst())
@@ -951,6 +954,7 @@ pub fn expiring_states() -> Vec<(Quota, Vec<u64>)> {
     };
     let times = |q: Quota, unit_multiplier| Quota {
         unit_multiplier,
+        calendar: sluice::limiter::Calendar::EPOCH,
         ..q
     };
     vec![
@@ -1035,6 +1039,7 @@ pub(crate) use slots_contract;
 pub fn slots_quota() -> Quota {
     Quota {
         unit_multiplier: 5,
+        calendar: sluice::limiter::Calendar::EPOCH,
         charge_refused: true,
         ..limit(Algorithm::Concurrency, 3, Unit::Second)
     }

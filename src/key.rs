@@ -148,13 +148,27 @@ pub fn go_cache_key(stem: &str, now: Timestamp, window: impl Into<Window>) -> St
 }
 
 /// The stem a window's Redis and memcached keys start with: `stem` for one unit (the Go
-/// service's), else `stem` then `x<N><UNIT>_` ([`go_cache_key`]; [`state_key`] too).
+/// service's), else `stem` then `x<N><UNIT>_` ([`go_cache_key`]; [`state_key`] too); a window
+/// on a zone's calendar (`time_zone`) then adds `tz<zone>_`, or `tz<zone>+<week_start>_`
+/// (`d_k_v_tzAsia/Tokyo_1700000000`), so its keys never meet an epoch window's. The Go
+/// service's calendar month (USE_CALENDAR_MONTH_RATE_LIMIT) adds nothing: its keys are Go's.
 pub fn window_stem(stem: &str, window: Window) -> Cow<'_, str> {
-    if window.is_plain() {
-        stem.into()
-    } else {
-        format!("{stem}x{}{}_", window.multiplier, window.unit.name()).into()
+    if window.is_plain() && !window.calendar.is_zoned() {
+        return stem.into();
     }
+    let mut out = stem.to_owned();
+    if !window.is_plain() {
+        let _ = write!(out, "x{}{}_", window.multiplier, window.unit.name());
+    }
+    if window.calendar.is_zoned() {
+        out.push_str("tz");
+        out.push_str(window.calendar.name());
+        if let Some(day) = window.calendar.week_start() {
+            let _ = write!(out, "+{day}");
+        }
+        out.push('_');
+    }
+    out.into()
 }
 
 /// The key a remote store (Redis, memcached) keeps a non-fixed algorithm's state under: the
@@ -208,14 +222,20 @@ pub fn memcached_key(key: String) -> String {
 /// The Redis key the peer cluster writes a counter behind to (SLUICE_PEER_WRITE_BEHIND):
 /// `prefix + "sluice:wb:{" + stem without the prefix + "}:" + kind`, the kind being
 /// `fw:<window s>:<window index>`, `sw:<window s>:<window index>` or `gcra` (`window` is
-/// ignored for buckets). The stem is a hash tag, so one descriptor's keys share a Redis
+/// ignored for buckets); a calendar window's length is followed by `@` and its calendar
+/// (`fw:86400@Asia/Tokyo:20600`). The stem is a hash tag, so one descriptor's keys share a Redis
 /// Cluster slot; none can be taken for a Go key (`prefix + domain_...`).
 pub fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> String {
     let mut key = write_behind_head(prefix, stem);
+    // A calendar window's indexes count local units, not lengths since the epoch.
+    let at = |w: Window| match w.calendar.wire() {
+        c if c.is_empty() => c,
+        c => format!("@{c}"),
+    };
     // Writing to a String cannot fail.
     match kind {
-        CounterKind::Fixed(w) => drop(write!(key, "fw:{}:{window}", w.secs())),
-        CounterKind::Sliding(w) => drop(write!(key, "sw:{}:{window}", w.secs())),
+        CounterKind::Fixed(w) => drop(write!(key, "fw:{}{}:{window}", w.secs(), at(w))),
+        CounterKind::Sliding(w) => drop(write!(key, "sw:{}{}:{window}", w.secs(), at(w))),
         CounterKind::Bucket => key.push_str("gcra"),
     }
     key

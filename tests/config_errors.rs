@@ -23,6 +23,7 @@ fn load(names: &[&str], merge: bool) -> Result<RateLimitConfig, ConfigErrors> {
         &LoadOptions {
             merge_domain_config: merge,
             without_slots: None,
+            calendar_month: false,
         },
     )
 }
@@ -507,6 +508,7 @@ fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quot
         burst: burst.map(|b| std::num::NonZeroU32::new(b).expect("non-zero")),
         charge_refused: false,
         unit_multiplier: 1,
+        calendar: sluice::limiter::Calendar::EPOCH,
     }
 }
 
@@ -559,6 +561,7 @@ fn every_algorithm_loads() {
     );
     let five = |algorithm| Quota {
         unit_multiplier: 5,
+        calendar: sluice::limiter::Calendar::EPOCH,
         ..quota(100, Unit::Minute, algorithm, None)
     };
     assert_eq!(

@@ -28,6 +28,7 @@ pub fn run(path: PathBuf, checks: &Checks, limits: &FileLimits) -> ExitCode {
         &LoadOptions {
             merge_domain_config: checks.merge_domain_config,
             without_slots: None,
+            calendar_month: false,
         },
         limits,
     );

@@ -323,7 +323,7 @@ impl Durable {
                 continue;
             };
             let (window, amount) = match kind {
-                CounterKind::Fixed(u) => (now.secs() / u.secs(), h.hits),
+                CounterKind::Fixed(u) => (u.index(now.secs()), h.hits),
                 CounterKind::Sliding(u) => (sliding_window::window_index(now.micros(), u), h.hits),
                 CounterKind::Bucket => {
                     let Some(shape) = bucket::Shape::of(&h.quota) else {
@@ -442,7 +442,7 @@ impl Durable {
     fn keys_now(&self, kind: CounterKind, stem: &str, now: Timestamp) -> (u64, Vec<String>) {
         match kind {
             CounterKind::Fixed(u) => {
-                let w = now.secs() / u.secs();
+                let w = u.index(now.secs());
                 (w, vec![self.redis_key(stem, kind, w)])
             }
             CounterKind::Sliding(u) => {
@@ -622,17 +622,15 @@ impl Durable {
         let (window, pairs): (u64, Vec<(u64, u64, u64)>) = match kind {
             CounterKind::Fixed(u) => {
                 let count = fixed_window::current_count(state as u64, now.secs(), u);
-                let w = now.secs() / u.secs();
-                let end = (w + 1) * u.secs() * 1_000_000;
-                (w, vec![(w, count, ms_until(end))])
+                let w = u.index(now.secs());
+                (w, vec![(w, count, ms_until(u.end_us(w)))])
             }
             CounterKind::Sliding(u) => {
                 let (current, previous) = sliding_window::counts_at(state, now.micros(), u);
                 let w = sliding_window::window_index(now.micros(), u);
-                let unit_us = u.secs() * 1_000_000;
                 // A window's count matters until the end of the window after it.
-                let current = (w, current, ms_until((w + 2) * unit_us));
-                let previous = (w.saturating_sub(1), previous, ms_until((w + 1) * unit_us));
+                let current = (w, current, ms_until(u.end_us(w + 1)));
+                let previous = (w.saturating_sub(1), previous, ms_until(u.end_us(w)));
                 (w, vec![current, previous])
             }
             CounterKind::Bucket => {
@@ -781,6 +779,7 @@ mod tests {
         // 1234 s is in the 5-minute window [1200, 1500).
         let q = Quota {
             unit_multiplier: 5,
+            calendar: crate::limiter::Calendar::EPOCH,
             ..Quota::fixed(10, Unit::Minute)
         };
         let (start, end) = horizon(
@@ -818,6 +817,7 @@ mod tests {
             burst: NonZeroU32::new(5),
             charge_refused: false,
             unit_multiplier: 1,
+            calendar: crate::limiter::Calendar::EPOCH,
         };
         let (start, end) = horizon(CounterKind::Bucket, &b, now).unwrap();
         assert_eq!(now.micros() - start.micros(), 500_000);

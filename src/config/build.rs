@@ -6,7 +6,7 @@ use super::StatsSlot;
 use super::limit::{Block, Limit, Rule, Source};
 use super::lookup::{Domain, FastMap, Level, Node, RateLimitConfig};
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
-use crate::limiter::{Algorithm, Quota, Unit, Window, concurrency};
+use crate::limiter::{Algorithm, Calendar, Quota, Unit, Window, concurrency};
 use serde_yaml_ng::Value as Yaml;
 use std::num::NonZeroU32;
 
@@ -16,13 +16,20 @@ pub(crate) struct Builder {
     /// Each domain's tree, by name.
     domains: FastMap<String, Level>,
     merge_domain_config: bool,
+    /// The calendar of a `unit: month` limit without a `time_zone` (USE_CALENDAR_MONTH_RATE_LIMIT).
+    month: Calendar,
 }
 
 impl Builder {
-    pub(crate) fn new(merge_domain_config: bool) -> Self {
+    pub(crate) fn new(opts: &super::LoadOptions) -> Self {
         Builder {
             domains: FastMap::default(),
-            merge_domain_config,
+            merge_domain_config: opts.merge_domain_config,
+            month: if opts.calendar_month {
+                Calendar::GO_MONTH
+            } else {
+                Calendar::EPOCH
+            },
         }
     }
 
@@ -38,7 +45,7 @@ impl Builder {
                 return Err(format!("duplicate domain '{}' in config file", root.domain));
             }
             let before = existing.nodes.len();
-            let result = load_descriptors(existing, &parent, root.descriptors);
+            let result = load_descriptors(existing, &parent, root.descriptors, self.month);
             if result.is_err() {
                 existing.truncate(before);
             }
@@ -46,7 +53,7 @@ impl Builder {
             return result;
         }
         let mut level = Level::default();
-        load_descriptors(&mut level, &parent, root.descriptors)?;
+        load_descriptors(&mut level, &parent, root.descriptors, self.month)?;
         mark_stats_keys(&mut level, PathStats::default());
         self.domains.insert(root.domain, level);
         Ok(())
@@ -105,6 +112,7 @@ fn load_descriptors(
     level: &mut Level,
     parent_key: &str,
     descriptors: Vec<RawDescriptor>,
+    month: Calendar,
 ) -> Result<(), String> {
     for d in descriptors {
         if d.key.is_empty() {
@@ -125,8 +133,8 @@ fn load_descriptors(
             (Some(_), Some(_)) => {
                 return Err("descriptor cannot have both rate_limit and rate_limits".to_owned());
             }
-            (Some(rl), None) => Some(single_limit(rl)?),
-            (None, Some(list)) => Some(multi_limit(list)?),
+            (Some(rl), None) => Some(single_limit(rl, month)?),
+            (None, Some(list)) => Some(multi_limit(list, month)?),
         };
         let is_wildcard = composite.contains('*');
         if d.share_threshold && !is_wildcard {
@@ -160,7 +168,7 @@ fn load_descriptors(
         });
 
         let mut children = Level::default();
-        load_descriptors(&mut children, &format!("{full_key}."), d.descriptors)?;
+        load_descriptors(&mut children, &format!("{full_key}."), d.descriptors, month)?;
 
         let i = level.nodes.len();
         let composite: Box<str> = composite.into();
@@ -184,7 +192,7 @@ fn load_descriptors(
 type LimitParts = (Rule, String, Vec<String>);
 
 /// A `rate_limit:` block: Go's checks, in Go's order, then the Sluice extensions'.
-fn single_limit(rl: RawRateLimit) -> Result<LimitParts, String> {
+fn single_limit(rl: RawRateLimit, month: Calendar) -> Result<LimitParts, String> {
     let rule = if rl.unlimited {
         if Unit::from_name(&rl.unit).is_some() {
             return Err("should not specify rate limit unit when unlimited".to_owned());
@@ -194,16 +202,18 @@ fn single_limit(rl: RawRateLimit) -> Result<LimitParts, String> {
             || rl.charge_refused.is_some()
             || rl.unit_multiplier.is_some()
             || rl.safe_capacity.is_some()
+            || rl.time_zone.is_some()
+            || rl.week_start.is_some()
         {
             return Err(
-                "should not specify algorithm, burst, charge_refused, unit_multiplier or \
-                 safe_capacity when unlimited"
+                "should not specify algorithm, burst, charge_refused, unit_multiplier, \
+                 safe_capacity, time_zone or week_start when unlimited"
                     .to_owned(),
             );
         }
         Rule::Unlimited
     } else {
-        Rule::Limited(Box::new([block(&rl)?]))
+        Rule::Limited(Box::new([block(&rl, month)?]))
     };
     check_replaces(&rl, &[rl.name.as_str()])?;
     let replaces = rl.replaces.into_iter().map(|r| r.name).collect();
@@ -212,7 +222,7 @@ fn single_limit(rl: RawRateLimit) -> Result<LimitParts, String> {
 
 /// A `rate_limits:` list: each element is checked as a `rate_limit` block, but may not be
 /// unlimited (an unlimited element would make the others pointless).
-fn multi_limit(list: Vec<RawRateLimit>) -> Result<LimitParts, String> {
+fn multi_limit(list: Vec<RawRateLimit>, month: Calendar) -> Result<LimitParts, String> {
     if list.is_empty() {
         return Err("rate_limits must not be empty".to_owned());
     }
@@ -224,7 +234,7 @@ fn multi_limit(list: Vec<RawRateLimit>) -> Result<LimitParts, String> {
         if rl.unlimited {
             return Err("unlimited is not allowed inside rate_limits".to_owned());
         }
-        blocks.push(block(rl)?);
+        blocks.push(block(rl, month)?);
         check_replaces(rl, &names)?;
         for r in &rl.replaces {
             if !replaces.contains(&r.name) {
@@ -240,7 +250,7 @@ fn multi_limit(list: Vec<RawRateLimit>) -> Result<LimitParts, String> {
 }
 
 /// One limited block: unit (Go's check), then algorithm, burst and charge_refused.
-fn block(rl: &RawRateLimit) -> Result<Block, String> {
+fn block(rl: &RawRateLimit, month: Calendar) -> Result<Block, String> {
     let unit = Unit::from_name(&rl.unit)
         .ok_or_else(|| format!("invalid rate limit unit '{}'", rl.unit))?;
     let algorithm = match &rl.algorithm {
@@ -295,6 +305,7 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
             requests_per_unit: rl.requests_per_unit,
             unit,
             unit_multiplier,
+            calendar: calendar(rl, unit, algorithm, month)?,
             algorithm,
             burst,
             charge_refused,
@@ -302,6 +313,52 @@ fn block(rl: &RawRateLimit) -> Result<Block, String> {
         },
         name: rl.name.clone(),
     })
+}
+
+/// A block's calendar: its `time_zone` and `week_start`, else `month` for a `unit: month`
+/// (USE_CALENDAR_MONTH_RATE_LIMIT), else epoch windows.
+fn calendar(
+    rl: &RawRateLimit,
+    unit: Unit,
+    algorithm: Algorithm,
+    month: Calendar,
+) -> Result<Calendar, String> {
+    let Some(zone) = &rl.time_zone else {
+        if rl.week_start.is_some() {
+            return Err("week_start needs a time_zone (for UTC weeks, time_zone: UTC)".to_owned());
+        }
+        return Ok(
+            if unit == Unit::Month && !month.is_epoch() && is_window(algorithm) {
+                month
+            } else {
+                Calendar::EPOCH
+            },
+        );
+    };
+    if unit < Unit::Day {
+        return Err(format!(
+            "time_zone '{zone}' needs a unit of day, week, month or year, not {}",
+            unit.name().to_lowercase()
+        ));
+    }
+    if !is_window(algorithm) {
+        return Err(format!(
+            "time_zone '{zone}' can only be used with fixed_window or sliding_window, not '{}'",
+            algorithm.name()
+        ));
+    }
+    if rl.week_start.is_some() && unit != Unit::Week {
+        return Err(format!(
+            "week_start needs unit: week, not {}",
+            unit.name().to_lowercase()
+        ));
+    }
+    Calendar::zone(zone, rl.week_start.as_deref())
+}
+
+/// Whether `algorithm` counts in windows (which a calendar can place).
+fn is_window(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
 }
 
 /// A concurrency limit's own check: at most [`concurrency::MAX_SLOTS`] slots.

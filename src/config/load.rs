@@ -47,6 +47,9 @@ pub struct LoadOptions {
     /// Set when the counter store cannot keep a concurrency limit's slots (BACKEND_TYPE=memcache):
     /// the store's name, and every `algorithm: concurrency` is refused naming it.
     pub without_slots: Option<&'static str>,
+    /// USE_CALENDAR_MONTH_RATE_LIMIT: a `unit: month` limit without its own `time_zone` counts
+    /// UTC calendar months, as the Go service does with the flag.
+    pub calendar_month: bool,
 }
 
 /// How much of a config source is read, and how still it must be before it is loaded.
@@ -161,7 +164,7 @@ fn compile_roots(
     mut errors: Vec<ConfigError>,
     opts: &LoadOptions,
 ) -> Result<RateLimitConfig, ConfigErrors> {
-    let mut builder = Builder::new(opts.merge_domain_config);
+    let mut builder = Builder::new(opts);
     for (name, root) in roots {
         let refused = opts
             .without_slots

@@ -102,6 +102,12 @@ impl RateLimitConfig {
                         if let Some(safe) = q.safe_capacity {
                             let _ = write!(out, ", safe_capacity: {safe}");
                         }
+                        if q.calendar.is_zoned() {
+                            let _ = write!(out, ", time_zone: {}", q.calendar.name());
+                        }
+                        if let Some(day) = q.calendar.week_start() {
+                            let _ = write!(out, ", week_start: {day}");
+                        }
                         dump_source(&mut out, l);
                     }
                 }

@@ -36,6 +36,8 @@ pub(crate) const VALID_KEYS: &[&str] = &[
     "charge_refused",
     "unit_multiplier",
     "safe_capacity",
+    "time_zone",
+    "week_start",
     "rate_limits",
 ];
 
@@ -47,6 +49,8 @@ pub(crate) const EXTENSION_KEYS: &[&str] = &[
     "charge_refused",
     "unit_multiplier",
     "safe_capacity",
+    "time_zone",
+    "week_start",
     "rate_limits",
 ];
 
@@ -121,6 +125,13 @@ pub struct RawRateLimit {
     /// its peers; `None` when absent or null (then the limit over the number of peers).
     #[serde(default)]
     pub safe_capacity: Option<u32>,
+    /// Sluice extension: an IANA zone whose local days, weeks, months or years the windows
+    /// follow; `None` when absent or null (then epoch windows).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub time_zone: Option<String>,
+    /// Sluice extension: the first day of a `unit: week` in `time_zone` (`monday` when absent).
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub week_start: Option<String>,
 }
 
 /// One `replaces` entry.

@@ -7,14 +7,14 @@ use crate::descriptor::Entry;
 use crate::limiter::{Quota, Unit};
 
 fn config(text: &str) -> RateLimitConfig {
-    let mut b = Builder::new(false);
+    let mut b = Builder::new(&crate::config::LoadOptions::default());
     b.add_file(raw::parse(text).expect("parses"))
         .expect("valid");
     b.finish()
 }
 
 fn build_err(text: &str) -> String {
-    let mut b = Builder::new(false);
+    let mut b = Builder::new(&crate::config::LoadOptions::default());
     match raw::parse(text) {
         Err(e) => e,
         Ok(root) => b.add_file(root).expect_err("should fail"),
@@ -578,7 +578,10 @@ descriptors:
 
 #[test]
 fn failed_merge_is_rolled_back() {
-    let mut b = Builder::new(true);
+    let mut b = Builder::new(&crate::config::LoadOptions {
+        merge_domain_config: true,
+        ..Default::default()
+    });
     b.add_file(raw::parse("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap())
             .unwrap();
     let bad = raw::parse("domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: c\n    rate_limit: {unit: bogus}\n").unwrap();

@@ -98,12 +98,12 @@ impl CounterKind {
         CounterKind::of(quota.algorithm, quota.window())
     }
 
-    /// A dense index in `0..COUNT` for a plain window's kind or the buckets'; `None` for a
-    /// multiplied window's.
+    /// A dense index in `0..COUNT` for a one-unit epoch window's kind or the buckets'; `None`
+    /// for a multiplied or calendar window's.
     pub const fn index(self) -> Option<usize> {
         match self {
-            CounterKind::Fixed(w) if w.is_plain() => Some(w.unit.index()),
-            CounterKind::Sliding(w) if w.is_plain() => Some(7 + w.unit.index()),
+            CounterKind::Fixed(w) if w.is_unit() => Some(w.unit.index()),
+            CounterKind::Sliding(w) if w.is_unit() => Some(7 + w.unit.index()),
             CounterKind::Fixed(_) | CounterKind::Sliding(_) => None,
             CounterKind::Bucket => Some(14),
         }
@@ -159,7 +159,7 @@ impl CounterKind {
     pub fn from_parts(self, window: u64, values: &[u64], now: Timestamp) -> Option<u128> {
         let first = values.first().copied().unwrap_or(0);
         match self {
-            CounterKind::Fixed(u) => (first > 0 && window == now.secs() / u.secs())
+            CounterKind::Fixed(u) => (first > 0 && window == u.index(now.secs()))
                 .then(|| u128::from(fixed_window::state_with_count(first, now.secs(), u))),
             CounterKind::Sliding(_) => {
                 let previous = values.get(1).copied().unwrap_or(0);
@@ -178,7 +178,7 @@ impl CounterKind {
     pub fn parts(self, state: u128, now: Timestamp) -> (u64, Vec<u64>) {
         match self {
             CounterKind::Fixed(u) => (
-                now.secs() / u.secs(),
+                u.index(now.secs()),
                 vec![fixed_window::current_count(narrow(state), now.secs(), u)],
             ),
             CounterKind::Sliding(u) => {
@@ -197,10 +197,10 @@ impl CounterKind {
     /// nothing).
     pub fn horizon(self, quota: &Quota, now: Timestamp) -> Option<(Timestamp, Timestamp)> {
         let window = |u: Window, back: u64, ahead: u64| {
-            let w = now.secs() / u.secs();
+            let w = u.index(now.secs());
             (
-                Timestamp::from_secs(w.saturating_sub(back) * u.secs()),
-                Timestamp::from_secs((w + ahead) * u.secs()),
+                Timestamp::from_secs(u.start(w.saturating_sub(back))),
+                Timestamp::from_secs(u.start(w + ahead)),
             )
         };
         Some(match self {

@@ -1,6 +1,7 @@
 //! The epoch-aligned fixed window of envoyproxy/ratelimit.
 //!
-//! A window starts at `(now / unit) * unit` seconds since the epoch. Every call adds its hits,
+//! A window starts at `(now / unit) * unit` seconds since the epoch, or for a calendar window
+//! at local midnight of its first day ([`Window::start`]). Every call adds its hits,
 //! admitted or not (the Go service's counting, kept for compatibility), and a call is over the
 //! limit when the count *after* adding its hits is strictly greater than the limit; so a limit
 //! of 0 is always over, and a peek (0 hits) is over only once the count already exceeds it.
@@ -23,17 +24,17 @@ const TAG_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
 pub const EMPTY: u64 = 0;
 
 /// The tag of the window that contains `now_secs`.
-pub const fn window_tag(now_secs: u64, unit: Window) -> u64 {
-    (now_secs / unit.secs()) & TAG_MASK
+pub fn window_tag(now_secs: u64, unit: Window) -> u64 {
+    unit.index(now_secs) & TAG_MASK
 }
 
 /// The start of the window that contains `now_secs`, in seconds since the epoch.
-pub const fn window_start(now_secs: u64, unit: Window) -> u64 {
-    (now_secs / unit.secs()) * unit.secs()
+pub fn window_start(now_secs: u64, unit: Window) -> u64 {
+    unit.start(unit.index(now_secs))
 }
 
 /// The count a state word holds for the window containing `now_secs` (0 if it is stale).
-pub const fn current_count(state: u64, now_secs: u64, unit: Window) -> u64 {
+pub fn current_count(state: u64, now_secs: u64, unit: Window) -> u64 {
     if state >> COUNT_BITS == window_tag(now_secs, unit) {
         state & COUNT_MASK
     } else {
@@ -43,13 +44,13 @@ pub const fn current_count(state: u64, now_secs: u64, unit: Window) -> u64 {
 
 /// Whether a state word belongs to an earlier window than the one containing `now_secs`
 /// (so a store may drop it).
-pub const fn is_stale(state: u64, now_secs: u64, unit: Window) -> bool {
+pub fn is_stale(state: u64, now_secs: u64, unit: Window) -> bool {
     state >> COUNT_BITS != window_tag(now_secs, unit)
 }
 
 /// The state word of a counter holding `count` in the window containing `now_secs` (for a
 /// store that keeps plain counts, such as Redis).
-pub const fn state_with_count(count: u64, now_secs: u64, unit: Window) -> u64 {
+pub fn state_with_count(count: u64, now_secs: u64, unit: Window) -> u64 {
     let count = if count > COUNT_MASK {
         COUNT_MASK
     } else {
@@ -61,7 +62,7 @@ pub const fn state_with_count(count: u64, now_secs: u64, unit: Window) -> u64 {
 /// The state holding the larger of the two counts `a` and `b` hold for the window containing
 /// `now_secs` (a stale one counts 0). Merging a count another owner kept for the same window
 /// this way never counts a hit twice, and never lowers a count.
-pub const fn merge_max(a: u64, b: u64, now_secs: u64, unit: Window) -> u64 {
+pub fn merge_max(a: u64, b: u64, now_secs: u64, unit: Window) -> u64 {
     let (ca, cb) = (
         current_count(a, now_secs, unit),
         current_count(b, now_secs, unit),
@@ -86,7 +87,7 @@ pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) ->
         count_before: before,
         over,
         remaining,
-        reset_after_secs: unit.secs() - now_secs % unit.secs(),
+        reset_after_secs: unit.reset_after(now_secs),
         expired: 0,
     };
     let new_state = (window_tag(now_secs, unit) << COUNT_BITS) | after;
@@ -96,7 +97,7 @@ pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) ->
 /// Takes `hits` off the count of the window containing `now_secs`, floored at 0 (a refund:
 /// hits a request gave back). A count of an earlier window is left as it is: that window has
 /// ended, and the refund has nothing to take from the current one.
-pub const fn refund(state: u64, now_secs: u64, unit: Window, hits: u64) -> u64 {
+pub fn refund(state: u64, now_secs: u64, unit: Window, hits: u64) -> u64 {
     if is_stale(state, now_secs, unit) {
         return state;
     }

@@ -12,12 +12,14 @@
 //! matching on [`Algorithm`] themselves.
 
 pub mod bucket;
+pub mod calendar;
 pub mod concurrency;
 pub(crate) mod counter;
 pub mod fixed_window;
 pub(crate) mod share;
 pub mod sliding_window;
 
+pub use calendar::Calendar;
 pub use counter::CounterKind;
 
 use std::num::NonZeroU32;
@@ -111,6 +113,8 @@ pub struct Quota {
     pub unit: Unit,
     /// `unit_multiplier`: the window is this many units (1 for the Go service's limits).
     pub unit_multiplier: u32,
+    /// `time_zone` and `week_start` (or USE_CALENDAR_MONTH_RATE_LIMIT): windows on a calendar.
+    pub calendar: Calendar,
     pub algorithm: Algorithm,
     pub burst: Option<NonZeroU32>,
     pub charge_refused: bool,
@@ -128,6 +132,7 @@ impl Quota {
             requests_per_unit,
             unit,
             unit_multiplier: 1,
+            calendar: Calendar::EPOCH,
             algorithm: Algorithm::FixedWindow,
             burst: None,
             charge_refused: false,
@@ -142,7 +147,7 @@ impl Quota {
 
     /// The window this quota counts in: `unit_multiplier` units.
     pub const fn window(&self) -> Window {
-        Window::new(self.unit, self.unit_multiplier)
+        Window::new(self.unit, self.unit_multiplier).on(self.calendar)
     }
 
     /// Whether a refused call's hits are counted: always for a fixed window (Go's counting),
@@ -161,12 +166,17 @@ impl Quota {
 }
 
 /// The length of a limit's windows (a bucket's refill period): `multiplier` units, so
-/// `100 per 5 minutes` is 100 per `Window { unit: Minute, multiplier: 5 }`. Windows are
-/// epoch-aligned, as the Go service's are. A multiplier of 0 reads as 1.
+/// `100 per 5 minutes` is 100 per `Window { unit: Minute, multiplier: 5, .. }`. Windows are
+/// epoch-aligned, as the Go service's are, unless `calendar` puts them on a zone's calendar
+/// ([`calendar`]: local days, weeks, months, years). A multiplier of 0 reads as 1.
+///
+/// Every store finds windows through [`Window::index`], [`Window::start`] and [`Window::end`],
+/// never by dividing by [`Window::secs`], so calendar windows of uneven length work everywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Window {
     pub unit: Unit,
     pub multiplier: u32,
+    pub calendar: Calendar,
 }
 
 impl Window {
@@ -177,6 +187,7 @@ impl Window {
         Window {
             unit,
             multiplier: if multiplier == 0 { 1 } else { multiplier },
+            calendar: Calendar::EPOCH,
         }
     }
 
@@ -185,14 +196,87 @@ impl Window {
         Window::new(unit, 1)
     }
 
-    /// Length in seconds.
+    /// These windows on `calendar`'s days, weeks, months or years.
+    pub const fn on(self, calendar: Calendar) -> Self {
+        Window { calendar, ..self }
+    }
+
+    /// Nominal length in seconds: exact for epoch windows; for calendar ones, the length of
+    /// the units the Go service assumes (a month of 30 days), used only for rates.
     pub const fn secs(self) -> u64 {
         self.unit.secs() * self.multiplier as u64
+    }
+
+    /// The longest one of these windows can be: [`Window::secs`], or for a calendar window its
+    /// longest month or year, plus an hour a daylight-saving change can add.
+    pub const fn max_secs(self) -> u64 {
+        if self.calendar.is_epoch() {
+            return self.secs();
+        }
+        let longest = match self.unit {
+            Unit::Month => 31 * 86_400,
+            Unit::Year => 366 * 86_400,
+            unit => unit.secs(),
+        };
+        (longest + 3_600) * self.multiplier as u64
     }
 
     /// Whether this is one unit, as every envoyproxy/ratelimit limit is.
     pub const fn is_plain(self) -> bool {
         self.multiplier == 1
+    }
+
+    /// Whether this is one epoch-aligned unit: one of the seven windows stores keep a table
+    /// each for ([`CounterKind::index`]); the others get a table per window.
+    pub const fn is_unit(self) -> bool {
+        self.is_plain() && self.calendar.is_epoch()
+    }
+
+    /// The number of the window containing `now_secs`: consecutive windows have consecutive
+    /// numbers.
+    pub fn index(self, now_secs: u64) -> u64 {
+        if self.calendar.is_epoch() {
+            now_secs / self.secs()
+        } else {
+            self.calendar.index(self.unit, now_secs) / u64::from(self.multiplier)
+        }
+    }
+
+    /// The start of window `index`, in seconds since the epoch.
+    pub fn start(self, index: u64) -> u64 {
+        if self.calendar.is_epoch() {
+            index.saturating_mul(self.secs())
+        } else {
+            let first = index.saturating_mul(u64::from(self.multiplier));
+            self.calendar.start(self.unit, first)
+        }
+    }
+
+    /// The end of window `index` (the next one's start), in seconds since the epoch.
+    pub fn end(self, index: u64) -> u64 {
+        self.start(index.saturating_add(1))
+    }
+
+    /// [`Window::index`] of a time in µs since the epoch.
+    pub fn index_us(self, now_us: u64) -> u64 {
+        self.index(now_us / 1_000_000)
+    }
+
+    /// [`Window::start`] in µs since the epoch.
+    pub fn start_us(self, index: u64) -> u64 {
+        self.start(index).saturating_mul(1_000_000)
+    }
+
+    /// [`Window::end`] in µs since the epoch.
+    pub fn end_us(self, index: u64) -> u64 {
+        self.end(index).saturating_mul(1_000_000)
+    }
+
+    /// Seconds from `now_secs` to the end of the window containing it (at least 1).
+    pub fn reset_after(self, now_secs: u64) -> u64 {
+        self.end(self.index(now_secs))
+            .saturating_sub(now_secs)
+            .max(1)
     }
 }
 

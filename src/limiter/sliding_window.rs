@@ -67,9 +67,27 @@ fn rolled(state: u128, index: u64) -> (u128, u128) {
     }
 }
 
-/// The index of the window containing `now_micros` (windows of `unit` since the epoch).
-pub const fn window_index(now_micros: u64, unit: Window) -> u64 {
-    now_micros / 1_000_000 / unit.secs()
+/// The index of the window containing `now_micros` ([`Window::index`]).
+pub fn window_index(now_micros: u64, unit: Window) -> u64 {
+    unit.index(now_micros / 1_000_000)
+}
+
+/// Where `now_micros` falls: the index of its window, the µs of the window elapsed, and the
+/// window's length in µs (a calendar window's own: a 23-hour day across a daylight-saving
+/// change). What [`decide`] weighs the previous window by, here and in Redis's script.
+pub fn position(now_micros: u64, unit: Window) -> (u64, u64, u64) {
+    let index = window_index(now_micros, unit);
+    let start_us = unit.start(index).saturating_mul(1_000_000);
+    let len_us = unit
+        .end(index)
+        .saturating_mul(1_000_000)
+        .saturating_sub(start_us)
+        .max(1);
+    (
+        index,
+        now_micros.saturating_sub(start_us).min(len_us),
+        len_us,
+    )
 }
 
 /// The (current, previous) counts a state word holds as seen from the window containing
@@ -92,8 +110,7 @@ pub fn merge_max(a: u128, b: u128, now_micros: u64, unit: Window) -> u128 {
 /// Whether a state word says nothing about the window containing `now_micros` or the next one
 /// (so a store may drop it).
 pub fn is_stale(state: u128, now_micros: u64, unit: Window) -> bool {
-    let index = now_micros / 1_000_000 / unit.secs();
-    rolled(state, index) == (0, 0)
+    rolled(state, window_index(now_micros, unit)) == (0, 0)
 }
 
 /// Applies `hits` at `now_micros` against `limit` per `unit`; `charge_refused` counts the hits
@@ -106,9 +123,8 @@ pub fn decide(
     hits: u64,
     charge_refused: bool,
 ) -> (Decision, u128) {
-    let unit_us = u128::from(unit.secs()) * 1_000_000;
-    let index = now_micros / 1_000_000 / unit.secs();
-    let elapsed_us = u128::from(now_micros) - u128::from(index) * unit_us;
+    let (index, elapsed_us, unit_us) = position(now_micros, unit);
+    let (elapsed_us, unit_us) = (u128::from(elapsed_us), u128::from(unit_us));
     let (current, previous) = rolled(state, index);
     let limit = u128::from(limit);
     // All in units of 1/unit_us of a hit, so no rounding until the end.
@@ -133,7 +149,7 @@ pub fn decide(
         } else {
             u32::try_from(remaining).unwrap_or(u32::MAX)
         },
-        reset_after_secs: unit.secs() - (now_micros / 1_000_000) % unit.secs(),
+        reset_after_secs: unit.reset_after(now_micros / 1_000_000),
         expired: 0,
     };
     (decision, pack(u128::from(index), current_after, previous))
@@ -143,7 +159,7 @@ pub fn decide(
 /// The previous window's count is not touched: hits charged before the current window began
 /// have already started to slide out, and are not given back.
 pub fn refund(state: u128, now_micros: u64, unit: Window, hits: u64) -> u128 {
-    let index = now_micros / 1_000_000 / unit.secs();
+    let index = window_index(now_micros, unit);
     let (tag, current, previous) = unpack(state);
     if tag != u128::from(index) & TAG_MASK {
         return state;

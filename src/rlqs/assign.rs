@@ -177,6 +177,7 @@ mod tests {
             burst: burst.and_then(NonZeroU32::new),
             charge_refused: false,
             unit_multiplier: 1,
+            calendar: crate::limiter::Calendar::EPOCH,
         }
     }
 

@@ -69,9 +69,8 @@ pub struct CompatArgs {
         help_heading = "Stats"
     )]
     pub use_dog_statsd: bool,
-    /// A `unit: month` limit counted by UTC calendar month (envoyproxy/ratelimit's PR #1206).
-    /// Not supported yet: true stops start-up, so a MONTH key never silently differs from the
-    /// Go service's.
+    /// A `unit: month` limit counted by UTC calendar month (envoyproxy/ratelimit's PR #1206):
+    /// its window starts on the 1st at 00:00 UTC and its key is the Go service's.
     #[arg(
         long,
         env = "USE_CALENDAR_MONTH_RATE_LIMIT",
@@ -131,16 +130,6 @@ impl CompatArgs {
                 true,
                 "not supported: Sluice sends plain statsd (USE_STATSD); unset it",
             ));
-        }
-        if self.use_calendar_month_rate_limit {
-            // Refused rather than ignored: Go instances with the flag key a MONTH counter by
-            // the first of the month, Sluice by a 30-day epoch window, and sharing a Redis
-            // would split one limit into two counters.
-            return not_yet(
-                "USE_CALENDAR_MONTH_RATE_LIMIT",
-                "true",
-                "calendar-month windows for `unit: month`",
-            );
         }
         let duration = |var: &'static str, value: &str| {
             parse_go_duration(value)
@@ -203,23 +192,19 @@ mod tests {
     }
 
     #[test]
-    fn calendar_month_flag_is_refused_until_built() {
-        // Go's PR #1206 keys a MONTH counter by the first of the month with the flag on;
-        // until Sluice does too, true must stop start-up rather than split a shared counter.
-        for on in [
-            "--use-calendar-month-rate-limit",
-            "--use-calendar-month-rate-limit=T",
+    fn calendar_month_flag_reaches_the_config_loader() {
+        // Go's PR #1206: with the flag, a MONTH limit counts UTC calendar months.
+        for (arg, on) in [
+            ("--use-calendar-month-rate-limit", true),
+            ("--use-calendar-month-rate-limit=T", true),
+            ("--use-calendar-month-rate-limit=0", false),
+            ("--use-calendar-month-rate-limit=false", false),
+            ("--use-calendar-month-rate-limit=F", false),
         ] {
-            let err = error(&[on]);
-            assert!(
-                err.starts_with("USE_CALENDAR_MONTH_RATE_LIMIT=true: "),
-                "{on}: {err}"
-            );
+            let s = settings(&[arg]).expect(arg);
+            assert_eq!(s.config.load.calendar_month, on, "{arg}");
         }
-        for off in ["0", "false", "F"] {
-            let arg = format!("--use-calendar-month-rate-limit={off}");
-            assert!(settings(&[&arg]).is_ok(), "{arg}");
-        }
+        assert!(!settings(&[]).unwrap().config.load.calendar_month);
         // Not a Go boolean: refused by the parser, as the other Go booleans are.
         assert!(parse(&["--use-calendar-month-rate-limit=yes"]).is_err());
     }

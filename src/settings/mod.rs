@@ -737,7 +737,11 @@ impl ServeArgs {
     fn config_settings(&self, backend: &Backend) -> Result<ConfigSettings, SettingsError> {
         Ok(ConfigSettings {
             source: self.config_source(),
-            load: load_options(self.merge_domain_config, backend),
+            load: load_options(
+                self.merge_domain_config,
+                self.compat.use_calendar_month_rate_limit,
+                backend,
+            ),
             files: self.config_files.validate()?,
             poll_interval: self.poll_interval()?,
             force_start: self.force_start_without_initial_config,
@@ -1071,12 +1075,14 @@ fn env_var_of(cmd: &clap::Command, long: &str) -> Option<String> {
 #[path = "../../integration/pki.rs"]
 mod test_pki;
 
-/// How config files load for `backend`: MERGE_DOMAIN_CONFIG, and a store that keeps no slots
-/// (memcached) refusing `algorithm: concurrency` at load, before a port is bound.
-fn load_options(merge_domain_config: bool, backend: &Backend) -> LoadOptions {
+/// How config files load for `backend`: MERGE_DOMAIN_CONFIG, USE_CALENDAR_MONTH_RATE_LIMIT, and a
+/// store that keeps no slots (memcached) refusing `algorithm: concurrency` at load, before a
+/// port is bound.
+fn load_options(merge_domain_config: bool, calendar_month: bool, backend: &Backend) -> LoadOptions {
     LoadOptions {
         merge_domain_config,
         without_slots: matches!(backend, Backend::Memcache(_)).then_some("BACKEND_TYPE=memcache"),
+        calendar_month,
     }
 }
 

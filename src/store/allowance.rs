@@ -556,7 +556,7 @@ impl Allowances {
         let (mut back, mut idle) = (Vec::new(), Vec::new());
         for e in self.keys.iter() {
             let mut b = lock(e.value());
-            let window = now.secs() / b.quota.window().secs();
+            let window = b.quota.window().index(now.secs());
             b.roll(window);
             let quiet_us = b.quiet_us(horizon_us);
             b.sample(now.micros(), 0, quiet_us);
@@ -737,7 +737,12 @@ impl Batch {
     /// batch of a spent window, and the next one's ahead, is not capped); at least
     /// [`AllowanceTuning::min_batch`].
     fn size(&self, now_us: u64, tuning: &AllowanceTuning, ahead: bool) -> u64 {
-        let window_us = self.quota.window().secs().saturating_mul(1_000_000);
+        let w = self.quota.window();
+        let next = self.window.saturating_add(1);
+        let window_us = w
+            .end(next)
+            .saturating_sub(w.start(next))
+            .saturating_mul(1_000_000);
         let (until_end, count) = match ahead {
             true => (window_us, 0),
             false => (self.ends_us().saturating_sub(now_us), self.count),
@@ -765,7 +770,10 @@ impl Batch {
 
     /// When this window ends (µs since the epoch).
     fn ends_us(&self) -> u64 {
-        (self.window + 1).saturating_mul(self.quota.window().secs().saturating_mul(1_000_000))
+        self.quota
+            .window()
+            .end(self.window)
+            .saturating_mul(1_000_000)
     }
 
     fn reserving(&self, now_us: u64) -> bool {
@@ -793,7 +801,7 @@ impl Batch {
 
 /// The index of `hit`'s window at `now`.
 pub fn window_of(hit: &Hit<'_>, now: Timestamp) -> u64 {
-    now.secs() / hit.quota.window().secs()
+    hit.quota.window().index(now.secs())
 }
 
 #[cfg(test)]

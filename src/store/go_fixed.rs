@@ -36,7 +36,14 @@ impl Jitter {
             0 => 0,
             max => self.seed.hash_one((key, now.micros())) % max,
         };
-        window.secs() + jitter
+        // A calendar window's key lives until its window ends, as the Go service's calendar
+        // month's does (its PR #1206); an epoch window's for one window, as Go's.
+        let life = if window.calendar.is_epoch() {
+            window.secs()
+        } else {
+            window.reset_after(now.secs())
+        };
+        life + jitter
     }
 }
 
@@ -175,7 +182,7 @@ pub(super) fn remember_if_over(
         && let Some(cache) = cache
     {
         let window = hit.quota.window();
-        let end = fixed_window::window_start(now.secs(), window) + window.secs();
+        let end = window.end(window.index(now.secs()));
         cache.remember(
             &go_cache_key(hit.key, now, window),
             end,

@@ -494,10 +494,8 @@ impl Inner {
     fn table(&self, kind: CounterKind) -> TableRef<'_> {
         let shards = self.shards;
         match kind {
-            CounterKind::Fixed(w) if w.is_plain() => TableRef::Narrow(&self.fixed[w.unit.index()]),
-            CounterKind::Sliding(w) if w.is_plain() => {
-                TableRef::Wide(&self.sliding[w.unit.index()])
-            }
+            CounterKind::Fixed(w) if w.is_unit() => TableRef::Narrow(&self.fixed[w.unit.index()]),
+            CounterKind::Sliding(w) if w.is_unit() => TableRef::Wide(&self.sliding[w.unit.index()]),
             CounterKind::Fixed(w) => {
                 TableRef::SharedNarrow(shared_table(&self.fixed_multiplied, w, shards))
             }

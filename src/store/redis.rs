@@ -63,19 +63,18 @@ pub use super::redis_client::{
 ///
 /// KEYS[1]: the counter, a hash of `i` (window index), `c` (its count), `p` (the previous
 /// window's count).
-/// ARGV: now (µs since the epoch), unit (µs), limit, hits, TTL (s), charge refused hits (1) or
-/// not (0).
+/// ARGV: the current window's index, the µs of it elapsed, its length (µs), limit, hits, TTL
+/// (s), charge refused hits (1) or not (0) ([`sliding_window::position`]: a calendar window's
+/// length is its own).
 /// Admits when `previous * (unit - elapsed) + (current + hits) * unit <= limit * unit`, then
 /// stores the rolled counts; a refused call (unless charged) or a peek (0 hits) writes nothing.
 /// Returns `{i or -1, c, p}` as found.
 pub const SLIDING: &str = r#"
-local now, unit, limit, hits, ttl, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local idx, elapsed, unit, limit, hits, ttl, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
 local i, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
-local idx = math.floor(now / unit)
 local cur, prev = 0, 0
 if i == idx then cur, prev = c, p elseif i == idx - 1 then prev = c end
-local elapsed = now - idx * unit
 if hits > 0 and (charge == 1 or prev * (unit - elapsed) + (cur + hits) * unit <= limit * unit) then
   redis.call('HSET', KEYS[1], 'i', idx, 'c', cur + hits, 'p', prev)
   redis.call('EXPIRE', KEYS[1], ttl)
@@ -206,8 +205,8 @@ return found
 /// - `f`, hits: the count goes down by `hits`, floored at 0, its TTL kept (a Go instance
 ///   sharing the key sees the same count, and it still expires with its window); a missing key
 ///   stays missing. Returns the count left (0 for none), as INCRBY answers.
-/// - `s`, now (µs), unit (µs), hits: `c -= hits`, floored at 0, if `i` is still the current
-///   window. Returns `{i or -1, c, p}` as left, as [`SLIDING`] answers.
+/// - `s`, the current window's index, hits: `c -= hits`, floored at 0, if `i` is still it.
+///   Returns `{i or -1, c, p}` as left, as [`SLIDING`] answers.
 /// - `b`, den, and `hits × T` as whole µs and a numerator: the bucket's time moves back by that
 ///   (never before the epoch; a time in the past is a bucket at rest), its TTL kept. Returns the
 ///   text left (nil for none), as [`BUCKET`] answers.
@@ -221,8 +220,7 @@ if ARGV[1] == 'f' then
   if left ~= c then redis.call('SET', KEYS[1], string.format('%.0f', left), 'KEEPTTL') end
   return left
 elseif ARGV[1] == 's' then
-  local hits = tonumber(ARGV[4])
-  local idx = math.floor(tonumber(ARGV[2]) / tonumber(ARGV[3]))
+  local idx, hits = tonumber(ARGV[2]), tonumber(ARGV[3])
   local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
   local i, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
   if i == idx and hits > 0 and c > 0 then
@@ -453,16 +451,18 @@ impl RedisStore {
                     .ignore();
             }
             Algorithm::SlidingWindow => {
-                let unit_us = q.window().secs() * 1_000_000;
+                let (index, elapsed_us, unit_us) =
+                    sliding_window::position(now.micros(), q.window());
                 pipe.cmd("EVALSHA")
                     .arg(redis::Script::new(SLIDING).get_hash())
                     .arg(1)
                     .arg(state_key(hit.key, &hit.quota))
-                    .arg(now.micros())
+                    .arg(index)
+                    .arg(elapsed_us)
                     .arg(unit_us)
                     .arg(q.requests_per_unit)
                     .arg(hit.hits)
-                    .arg(2 * q.window().secs() + self.jitter.max_secs)
+                    .arg(2 * q.window().max_secs() + self.jitter.max_secs)
                     .arg(u8::from(q.charge_refused));
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
@@ -722,7 +722,7 @@ impl RedisStore {
     /// in it would.
     fn push_reserve(&self, pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp, r: Refill) {
         let q = hit.quota;
-        let start = Timestamp::from_secs(r.window.saturating_mul(q.window().secs()));
+        let start = Timestamp::from_secs(q.window().start(r.window));
         let key = go_cache_key(hit.key, start, q.window());
         let early = start.secs().saturating_sub(now.secs());
         pipe.cmd("EVALSHA")
@@ -1078,8 +1078,7 @@ fn push_refund(pipe: &mut redis::Pipeline, hit: &Hit<'_>, now: Timestamp) {
             script
                 .arg(state_key(hit.key, &hit.quota))
                 .arg("s")
-                .arg(now.micros())
-                .arg(q.window().secs() * 1_000_000)
+                .arg(sliding_window::window_index(now.micros(), q.window()))
                 .arg(hit.hits);
         }
         // Sent by `push_refund` before REFUND's call is begun.

@@ -97,6 +97,8 @@ fn policy(p: RateLimitPolicy) -> RawRateLimit {
         burst: None,
         charge_refused: None,
         unit_multiplier: None,
+        time_zone: None,
+        week_start: None,
     }
 }
 

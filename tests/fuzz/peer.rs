@@ -244,6 +244,13 @@ fn hit() -> impl Strategy<Value = PeerHit> {
         prop_oneof![0u64..4, any::<u64>(), Just(u64::MAX)],
         any::<bool>(),
         prop_oneof![8 => Just(0u32), 1 => 1u32..10, 1 => any::<u32>()],
+        prop_oneof![
+            6 => Just(String::new()),
+            1 => Just("go-month".to_owned()),
+            1 => Just("Asia/Tokyo".to_owned()),
+            1 => Just("America/New_York sunday".to_owned()),
+            1 => "\\PC{0,12}",
+        ],
     )
         .prop_map(
             |(
@@ -255,6 +262,7 @@ fn hit() -> impl Strategy<Value = PeerHit> {
                 hits,
                 charge_refused,
                 unit_multiplier,
+                calendar,
             )| {
                 PeerHit {
                     key,
@@ -266,6 +274,7 @@ fn hit() -> impl Strategy<Value = PeerHit> {
                     charge_refused,
                     unit_multiplier,
                     relay: 0,
+                    calendar,
                 }
             },
         )

@@ -61,6 +61,7 @@ pub fn load_options(merge_domain_config: bool) -> LoadOptions {
     LoadOptions {
         merge_domain_config,
         without_slots: None,
+        calendar_month: false,
     }
 }
 

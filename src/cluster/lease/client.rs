@@ -381,9 +381,8 @@ impl Held {
     pub(crate) fn forget_at(&self, timing: &LeaseTiming) -> u64 {
         let quiet = self.touched_us.saturating_add(timing.duration_us());
         if is_window(&self.quota) {
-            let unit_us = self.quota.window().secs() * 1_000_000;
             let last = self.epoch + u64::from(self.next.is_some());
-            quiet.max((last + 1).saturating_mul(unit_us))
+            quiet.max(self.quota.window().end_us(last))
         } else {
             quiet
                 .max(self.valid_until_us)

@@ -61,7 +61,7 @@ const RECALL_DURATIONS: u64 = 10;
 /// When a recall made at `now_us` of a key under `quota` ends: the node reports about the key
 /// in every window that begins before then.
 pub fn recall_until(quota: &Quota, now_us: u64, duration_us: u64) -> u64 {
-    let windows = 2 * quota.window().secs() * 1_000_000;
+    let windows = 2 * quota.window().max_secs() * 1_000_000;
     now_us.saturating_add(windows.max(RECALL_DURATIONS * duration_us))
 }
 
@@ -415,7 +415,7 @@ impl FreeShares {
         let Some(t) = terms.filter(|t| now_us < t.until_us && eligible(quota)) else {
             return 0;
         };
-        let start_us = epoch.saturating_mul(quota.window().secs() * 1_000_000);
+        let start_us = quota.window().start_us(epoch);
         if t.since_us.saturating_add(self.duration_us) > start_us || self.started_us > start_us {
             return 0;
         }
@@ -471,7 +471,7 @@ type FreeEntry<'a> = dashmap::mapref::one::RefMut<'a, Arc<str>, Free>;
 
 /// When window `epoch` of `quota` ends (µs).
 fn window_end(quota: &Quota, epoch: u64) -> u64 {
-    (epoch + 1).saturating_mul(quota.window().secs() * 1_000_000)
+    quota.window().end_us(epoch)
 }
 
 /// The decision for `hits` admitted freely at `now_us` after `before` of this node's: what it

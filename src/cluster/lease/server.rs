@@ -724,13 +724,16 @@ pub(super) fn share_need(demand_milli: u64, quota: &Quota) -> u64 {
 
 /// The index of the window containing `now_us`.
 pub(crate) fn window_index(quota: &Quota, now_us: u64) -> u64 {
-    now_us / 1_000_000 / quota.window().secs()
+    quota.window().index_us(now_us)
 }
 
 /// Microseconds from `now_us` to the end of its window.
 pub(crate) fn window_left_us(quota: &Quota, now_us: u64) -> u64 {
-    let unit_us = quota.window().secs() * 1_000_000;
-    unit_us - now_us % unit_us
+    let window = quota.window();
+    window
+        .end_us(window.index_us(now_us))
+        .saturating_sub(now_us)
+        .max(1)
 }
 
 impl KeyLeases {
@@ -823,8 +826,7 @@ impl KeyLeases {
             .next
             .as_ref()
             .map_or(self.current.index, |n| n.index.max(self.current.index));
-        let unit_us = self.quota.window().secs() * 1_000_000;
-        expires.max((last + 1 + weighs).saturating_mul(unit_us))
+        expires.max(self.quota.window().end_us(last + weighs))
     }
 
     fn in_use(&self, now_us: u64) -> bool {
@@ -895,7 +897,9 @@ impl KeyLeases {
         if self.quota.algorithm != Algorithm::SlidingWindow {
             return limit;
         }
-        let unit_us = u128::from(self.quota.window().secs()) * 1_000_000;
+        let window = self.quota.window();
+        let index = window.index_us(now_us);
+        let unit_us = u128::from(window.end_us(index) - window.start_us(index)).max(1);
         let left = u128::from(window_left_us(&self.quota, now_us));
         let weighted = (u128::from(self.previous_allowances) * left).div_ceil(unit_us);
         limit.saturating_sub(u64::try_from(weighted).unwrap_or(u64::MAX))
@@ -915,8 +919,8 @@ impl KeyLeases {
             (Some(next), Algorithm::SlidingWindow) => next.allowances(),
             _ => 0,
         };
-        let unit_us = self.quota.window().secs() * 1_000_000;
-        let free = self.free_reserve(&self.current, ask, ctx, index * unit_us, false);
+        let window = self.quota.window();
+        let free = self.free_reserve(&self.current, ask, ctx, window.start_us(index), false);
         let capacity = self
             .window_capacity(ctx.now_us, limit)
             .min(limit.saturating_sub(ahead))
@@ -965,7 +969,10 @@ impl KeyLeases {
                 .sum::<u64>();
         // A window's allowance is charged to the node for the whole window, so the lease
         // holds until the window (or the one granted ahead) ends; renewals move the counts.
-        let ahead = if next_allowance.is_some() { unit_us } else { 0 };
+        let ahead = match next_allowance {
+            Some(_) => window.end_us(index + 1) - window.end_us(index),
+            None => 0,
+        };
         Grant {
             epoch: index,
             allowance,
@@ -989,9 +996,9 @@ impl KeyLeases {
             None => asked,
         };
         let limit = Self::limit_within(self.next_limit, ctx.capacity.next);
-        let window_secs = self.quota.window().secs();
-        let unit_us = window_secs * 1_000_000;
-        let next_start_us = (index + 1) * unit_us;
+        let (window, window_secs) = (self.quota.window(), self.quota.window().secs());
+        let next_start_us = window.start_us(index + 1);
+        let unit_us = window.end_us(index + 1) - next_start_us;
         let free = match &self.next {
             Some(next) => self.free_reserve(next, ask, ctx, next_start_us, true),
             None => self.free_reserve(&Epoch::default(), ask, ctx, next_start_us, true),

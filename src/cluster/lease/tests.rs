@@ -24,6 +24,7 @@ fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
         burst: NonZeroU32::new(burst),
         charge_refused: false,
         unit_multiplier: 1,
+        calendar: crate::limiter::Calendar::EPOCH,
     }
 }
 

@@ -149,6 +149,7 @@ mod tests {
                 burst: None,
                 charge_refused: false,
                 unit_multiplier: 1,
+                calendar: crate::limiter::Calendar::EPOCH,
             },
             epoch: 28_333_333,
             used: 40,

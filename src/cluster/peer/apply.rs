@@ -9,7 +9,7 @@ use super::{
     unit_from_wire, unit_to_wire, wire,
 };
 use crate::cluster::join::Relay;
-use crate::limiter::{Decision, Quota};
+use crate::limiter::{Calendar, Decision, Quota};
 use crate::store::Hit;
 
 impl ApplyRequest {
@@ -77,6 +77,7 @@ impl PeerHit {
                 0
             },
             relay: wire::Relay::None as i32,
+            calendar: q.calendar.wire(),
         }
     }
 
@@ -124,10 +125,13 @@ impl PeerHit {
                 self.unit_multiplier
             )));
         }
+        let calendar = Calendar::from_wire(&self.calendar)
+            .map_err(|e| tonic::Status::invalid_argument(format!("peer hit: {e}")))?;
         Ok(Quota {
             requests_per_unit: self.requests_per_unit,
             unit,
             unit_multiplier: self.unit_multiplier.max(1),
+            calendar,
             algorithm: algorithm_from_wire(self.algorithm)
                 .ok_or_else(|| unknown("algorithm", self.algorithm))?,
             burst: NonZeroU32::new(self.burst),
@@ -192,6 +196,7 @@ mod tests {
             burst: NonZeroU32::new(burst),
             charge_refused: false,
             unit_multiplier: 1,
+            calendar: crate::limiter::Calendar::EPOCH,
         };
         PeerHit::from_hit(&Hit {
             key,
@@ -287,6 +292,7 @@ mod tests {
                 burst: NonZeroU32::new(20),
                 charge_refused: false,
                 unit_multiplier: 1,
+                calendar: crate::limiter::Calendar::EPOCH,
             }
         );
         let answer = ApplyResponse::decode(unhex(KNOWN_ANSWER_HEX).as_slice()).expect("decodes");

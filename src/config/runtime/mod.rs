@@ -119,7 +119,7 @@ pub(crate) fn check(
         return Err("a runtime limit needs at least one descriptor level".to_owned());
     }
     let doc = document(domain, levels, body)?;
-    let mut builder = Builder::new(false);
+    let mut builder = Builder::new(&super::LoadOptions::default());
     builder.add_file(raw::parse_value(doc)?)?;
     Ok(builder.finish())
 }

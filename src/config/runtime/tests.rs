@@ -70,7 +70,7 @@ descriptors:
 ";
 
 fn yaml() -> RateLimitConfig {
-    let mut b = Builder::new(false);
+    let mut b = Builder::new(&crate::config::LoadOptions::default());
     b.add_file(raw::parse(YAML).unwrap()).unwrap();
     b.finish()
 }

@@ -466,7 +466,7 @@ impl MemcacheStore {
     /// jitter's most), a bucket's until it is back at rest.
     fn state_exptime(&self, quota: &Quota, word: u128, now: Timestamp) -> u64 {
         let ttl = match quota.algorithm {
-            Algorithm::SlidingWindow => 2 * quota.window().secs() + self.jitter.max_secs,
+            Algorithm::SlidingWindow => 2 * quota.window().max_secs() + self.jitter.max_secs,
             _ => bucket::rest_micros(word)
                 .saturating_sub(now.micros())
                 .div_ceil(1_000_000),
