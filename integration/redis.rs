@@ -1866,3 +1866,77 @@ async fn a_bucket_key_holds_its_time_in_microseconds_with_a_fraction() {
     let d = apply(&remote, now, &[hit("old_", 0)]).await.unwrap();
     assert_eq!((d[0].count_before, d[0].remaining), (2, 1));
 }
+
+/// Calendar windows in Redis (issue 51): with USE_CALENDAR_MONTH_RATE_LIMIT a `unit: month`
+/// counter is Go's key for the 1st of the month at 00:00 UTC and lives until the next 1st (Go's
+/// PR #1206); a Tokyo day's keys name their zone, start at midnight in Tokyo and end there.
+#[tokio::test]
+async fn calendar_windows_have_go_month_keys_and_zoned_day_keys_that_end_at_their_midnight() {
+    if !redis_server_available() {
+        return;
+    }
+    use sluice::limiter::Calendar;
+    let server = Redis::start();
+    let store = store(&server.settings(0)).await;
+    // 2026-12-31 23:00 UTC: an hour before January, 2027-01-01 08:00 in Tokyo.
+    let (december, january) = (1_796_083_200u64, 1_798_761_600u64);
+    let now = Timestamp::from_secs(january - 3_600);
+    let tokyo = Calendar::zone("Asia/Tokyo", None).unwrap();
+    let month = Quota {
+        calendar: Calendar::GO_MONTH,
+        ..Quota::fixed(10, Unit::Month)
+    };
+    let day = Quota {
+        calendar: tokyo,
+        ..Quota::fixed(10, Unit::Day)
+    };
+    let sliding = Quota {
+        algorithm: Algorithm::SlidingWindow,
+        ..day
+    };
+    let hits = [
+        Hit {
+            key: "d_m_v_",
+            quota: month,
+            hits: 2,
+        },
+        Hit {
+            key: "d_t_v_",
+            quota: day,
+            hits: 3,
+        },
+        Hit {
+            key: "d_s_v_",
+            quota: sliding,
+            hits: 4,
+        },
+    ];
+    let d = apply(&store, now, &hits).await.unwrap();
+    assert_eq!(
+        d.iter().map(|d| d.reset_after_secs).collect::<Vec<_>>(),
+        [3_600, 57_600, 57_600]
+    );
+    // The Go service's key for December, living until January.
+    assert_eq!(server.cli(&["GET", &format!("d_m_v_{december}")]), "2");
+    let ttl: u64 = server
+        .cli(&["TTL", &format!("d_m_v_{december}")])
+        .parse()
+        .unwrap();
+    assert!((3_590..=3_600).contains(&ttl), "{ttl}");
+    // 2027-01-01 00:00 in Tokyo is 2026-12-31 15:00 UTC.
+    let tokyo_day = january - 9 * 3_600;
+    let key = format!("d_t_v_tzAsia/Tokyo_{tokyo_day}");
+    assert_eq!(server.cli(&["GET", &key]), "3");
+    let ttl: u64 = server.cli(&["TTL", &key]).parse().unwrap();
+    assert!((57_590..=57_600).contains(&ttl), "{ttl}");
+    assert_eq!(
+        server.cli(&["HGET", "d_s_v_tzAsia/Tokyo_sliding_window", "c"]),
+        "4"
+    );
+    // At the next midnight in Tokyo (January in UTC too) both counts start again, each in
+    // its own key.
+    let later = Timestamp::from_secs(tokyo_day + 86_400);
+    let d = apply(&store, later, &hits[..2]).await.unwrap();
+    assert_eq!((d[0].remaining, d[1].remaining), (8, 7));
+    assert_eq!(server.cli(&["GET", &format!("d_m_v_{january}")]), "2");
+}

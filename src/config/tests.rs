@@ -593,3 +593,73 @@ fn failed_merge_is_rolled_back() {
     assert_eq!(cfg.limits().count(), 1);
     assert_eq!(key_of(&cfg, &[("b", "x")]), None);
 }
+
+#[test]
+fn time_zones_put_windows_on_a_calendar_and_bad_ones_are_refused_by_name() {
+    let cfg = config(
+        r#"
+domain: d
+descriptors:
+  - key: tokyo
+    rate_limit: {unit: day, requests_per_unit: 5, time_zone: Asia/Tokyo}
+  - key: weekly
+    rate_limit: {unit: week, requests_per_unit: 5, time_zone: UTC, week_start: sunday}
+  - key: monthly
+    rate_limit: {unit: month, requests_per_unit: 5}
+"#,
+    );
+    let calendar = |full_key: &str| {
+        let l = cfg.limits().find(|l| l.full_key == full_key).unwrap();
+        l.slowest_block().unwrap().calendar
+    };
+    assert_eq!(calendar("d.tokyo").name(), "Asia/Tokyo");
+    assert_eq!(calendar("d.weekly").week_start(), Some("sunday"));
+    assert!(calendar("d.monthly").is_epoch());
+    // USE_CALENDAR_MONTH_RATE_LIMIT: a month without a zone is the Go service's calendar month.
+    let mut b = Builder::new(&crate::config::LoadOptions {
+        calendar_month: true,
+        ..Default::default()
+    });
+    let month = "domain: d\ndescriptors:\n  - key: m\n    rate_limit: {unit: month, requests_per_unit: 5}\n";
+    b.add_file(raw::parse(month).unwrap()).unwrap();
+    let cfg = b.finish();
+    let l = cfg.limits().next().unwrap();
+    assert_eq!(
+        l.slowest_block().unwrap().calendar,
+        crate::limiter::Calendar::GO_MONTH
+    );
+
+    let block = |fields: &str| {
+        build_err(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{requests_per_unit: 5, {fields}}}\n"
+        ))
+    };
+    for (fields, message) in [
+        (
+            "unit: day, time_zone: Mars/Olympus_Mons",
+            "unknown time_zone 'Mars/Olympus_Mons' (an IANA time zone name, such as 'Asia/Tokyo')",
+        ),
+        (
+            "unit: hour, time_zone: Asia/Tokyo",
+            "time_zone 'Asia/Tokyo' needs a unit of day, week, month or year, not hour",
+        ),
+        (
+            "unit: day, time_zone: Asia/Tokyo, algorithm: token_bucket",
+            "time_zone 'Asia/Tokyo' can only be used with fixed_window or sliding_window, not 'token_bucket'",
+        ),
+        (
+            "unit: week, week_start: sunday",
+            "week_start needs a time_zone (for UTC weeks, time_zone: UTC)",
+        ),
+        (
+            "unit: day, time_zone: UTC, week_start: sunday",
+            "week_start needs unit: week, not day",
+        ),
+        (
+            "unit: week, time_zone: UTC, week_start: someday",
+            "unknown week_start 'someday' (a day's English name, such as 'sunday')",
+        ),
+    ] {
+        assert_eq!(block(fields), message, "{fields}");
+    }
+}

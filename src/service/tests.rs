@@ -74,22 +74,31 @@ struct Harness {
     config: ConfigHandle,
 }
 
-fn harness_with(options: ServiceOptions) -> Harness {
-    let cfg = parse_files(
-        &[("test.yaml".to_string(), CONFIG.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("test config loads");
+/// The service over the memory store and one config file, `yaml` loaded with `load`, its
+/// clock at `now_secs`: what every harness here starts from.
+fn service_of(
+    yaml: &str,
+    load: &LoadOptions,
+    now_secs: u64,
+    options: ServiceOptions,
+) -> (RateLimitService<MemoryStore>, ManualClock, ConfigHandle) {
+    let cfg = parse_files(&[("test.yaml".to_string(), yaml.to_string())], load)
+        .expect("the test config loads");
     let config = ConfigHandle::new(Some(cfg));
-    // now=2222 is 2 s into a minute (MINUTE windows reset in 58 s), as in the reference's
-    // header example.
-    let clock = ManualClock::new(Timestamp::from_secs(2222));
+    let clock = ManualClock::new(Timestamp::from_secs(now_secs));
     let service = RateLimitService::new(
         config.clone(),
         Arc::new(MemoryStore::new(10_000)),
         Arc::new(clock.clone()),
         options,
     );
+    (service, clock, config)
+}
+
+fn harness_with(options: ServiceOptions) -> Harness {
+    // now=2222 is 2 s into a minute (MINUTE windows reset in 58 s), as in the reference's
+    // header example.
+    let (service, clock, config) = service_of(CONFIG, &LoadOptions::default(), 2222, options);
     Harness {
         service,
         clock,
@@ -1258,3 +1267,7 @@ mod refunds;
 /// Reservations (issue 51): reserve an estimate, settle the real cost.
 #[path = "tests/reserve_tests.rs"]
 mod reserve_tests;
+
+/// Calendar windows (issue 51): `time_zone` and USE_CALENDAR_MONTH_RATE_LIMIT.
+#[path = "tests/calendar_tests.rs"]
+mod calendar_tests;

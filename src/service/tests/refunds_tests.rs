@@ -44,22 +44,13 @@ struct Refunds {
 }
 
 fn refunds_with(negative_hits: NegativeHits) -> Refunds {
-    let cfg = parse_files(
-        &[("r.yaml".to_string(), REFUNDS.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("the refunds config loads");
     let stats = Arc::new(Stats::default());
-    let service = RateLimitService::new(
-        ConfigHandle::new(Some(cfg)),
-        Arc::new(MemoryStore::new(10_000)),
-        Arc::new(ManualClock::new(Timestamp::from_secs(7_200))),
-        ServiceOptions {
-            negative_hits,
-            ..ServiceOptions::default()
-        },
-    )
-    .with_observer(Arc::new(DecisionTelemetry::untraced(stats.clone())));
+    let options = ServiceOptions {
+        negative_hits,
+        ..ServiceOptions::default()
+    };
+    let (service, _, _) = service_of(REFUNDS, &LoadOptions::default(), 7_200, options);
+    let service = service.with_observer(Arc::new(DecisionTelemetry::untraced(stats.clone())));
     Refunds { service, stats }
 }
 

@@ -17,23 +17,13 @@ descriptors:
 
 struct Budgets {
     service: RateLimitService<MemoryStore>,
-    clock: Arc<ManualClock>,
+    clock: ManualClock,
 }
 
 fn budgets() -> Budgets {
-    let cfg = parse_files(
-        &[("ai.yaml".to_string(), BUDGETS.to_string())],
-        &LoadOptions::default(),
-    )
-    .expect("the budgets config loads");
     // 30 s into a minute.
-    let clock = Arc::new(ManualClock::new(Timestamp::from_secs(60_030)));
-    let service = RateLimitService::new(
-        ConfigHandle::new(Some(cfg)),
-        Arc::new(MemoryStore::new(10_000)),
-        clock.clone(),
-        ServiceOptions::default(),
-    );
+    let load = LoadOptions::default();
+    let (service, clock, _) = service_of(BUDGETS, &load, 60_030, ServiceOptions::default());
     Budgets { service, clock }
 }
 
