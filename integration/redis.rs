@@ -1758,7 +1758,6 @@ async fn windows_of_several_units_have_their_own_keys_and_ttls() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
         let q = Quota {
             unit_multiplier: 5,
-            calendar: sluice::limiter::Calendar::EPOCH,
             ..Quota::fixed(10, Unit::Minute)
         };
         let q = Quota { algorithm, ..q };

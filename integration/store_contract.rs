@@ -419,7 +419,6 @@ pub async fn windows_of_several_units_last_that_long<S: CounterStore>(store: &S)
     for algorithm in Algorithm::RATES {
         let q = Quota {
             unit_multiplier: 5,
-            calendar: sluice::limiter::Calendar::EPOCH,
             ..limit(algorithm, 3, Unit::Minute)
         };
         let k = key("five_minutes", algorithm);
@@ -954,7 +953,6 @@ pub fn expiring_states() -> Vec<(Quota, Vec<u64>)> {
     };
     let times = |q: Quota, unit_multiplier| Quota {
         unit_multiplier,
-        calendar: sluice::limiter::Calendar::EPOCH,
         ..q
     };
     vec![
@@ -1039,7 +1037,6 @@ pub(crate) use slots_contract;
 pub fn slots_quota() -> Quota {
     Quota {
         unit_multiplier: 5,
-        calendar: sluice::limiter::Calendar::EPOCH,
         charge_refused: true,
         ..limit(Algorithm::Concurrency, 3, Unit::Second)
     }

@@ -561,7 +561,6 @@ fn every_algorithm_loads() {
     );
     let five = |algorithm| Quota {
         unit_multiplier: 5,
-        calendar: sluice::limiter::Calendar::EPOCH,
         ..quota(100, Unit::Minute, algorithm, None)
     };
     assert_eq!(

@@ -200,7 +200,6 @@ async fn a_count_taken_over_then_refunded_stays_refunded() {
     let mut checked = store_contract::Checked::new(&routed);
     let quota = Quota {
         unit_multiplier: 3,
-        calendar: sluice::limiter::Calendar::EPOCH,
         ..Quota::fixed(0, Unit::Minute)
     };
     let at = |ms: u64| Timestamp::from_micros(store_contract::T0 * 1_000_000 + ms * 1_000);

@@ -779,7 +779,6 @@ mod tests {
         // 1234 s is in the 5-minute window [1200, 1500).
         let q = Quota {
             unit_multiplier: 5,
-            calendar: crate::limiter::Calendar::EPOCH,
             ..Quota::fixed(10, Unit::Minute)
         };
         let (start, end) = horizon(
