@@ -170,6 +170,26 @@ fn fixed_window_decide(c: &mut Criterion) {
     });
 }
 
+/// The same decision in a Tokyo day (`time_zone`): what a calendar window adds, the zone's
+/// offset at `now` and the day's start and end.
+fn calendar_window_decide(c: &mut Criterion) {
+    let now = 1_700_000_000u64;
+    let tokyo = sluice::limiter::Calendar::zone("Asia/Tokyo", None).expect("a known zone");
+    let day = sluice::limiter::Window::of(Unit::Day).on(tokyo);
+    let (_, state) = fixed_window::decide(fixed_window::EMPTY, now, day, 1_000, 5);
+    c.bench_function("fixed_window/decide_tokyo_day", |b| {
+        b.iter(|| {
+            fixed_window::decide(
+                black_box(state),
+                black_box(now),
+                black_box(day),
+                black_box(1_000),
+                black_box(1),
+            )
+        })
+    });
+}
+
 fn apply_one(store: &MemoryStore, now: Timestamp, hit: &Hit<'_>, out: &mut Vec<Decision>) {
     out.clear();
     let hits = std::slice::from_ref(hit);
@@ -573,7 +593,7 @@ criterion_group! {
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = config_lookup, counter_key, fixed_window_decide, memory_store, lease_client,
+    targets = config_lookup, counter_key, fixed_window_decide, calendar_window_decide, memory_store, lease_client,
         should_rate_limit, telemetry_cost, runtime_limits
 }
 criterion_main!(benches);

@@ -167,10 +167,49 @@ impl Calendar {
 
     /// The index of the local `unit` containing `now_secs` (units below a day are not local:
     /// the config refuses a zone on them, and they count from the epoch here).
+    ///
+    /// Each thread remembers the last window of each unit it found, with its start and end,
+    /// so a decision asks the zone's rules only in its first call of a window.
     pub fn index(self, unit: Unit, now_secs: u64) -> u64 {
         if unit < Unit::Day {
             return now_secs / unit.secs();
         }
+        let slot = unit.index() - Unit::Day.index();
+        let hit = LAST.with(|last| {
+            let known = last[slot].get();
+            (known.calendar == self && known.start <= now_secs && now_secs < known.end)
+                .then_some(known.index)
+        });
+        if let Some(index) = hit {
+            return index;
+        }
+        let index = self.find_index(unit, now_secs);
+        let known = Known {
+            calendar: self,
+            index,
+            start: self.find_start(unit, index),
+            end: self.find_start(unit, index.saturating_add(1)),
+        };
+        LAST.with(|last| last[slot].set(known));
+        index
+    }
+
+    /// The start of the local `unit` numbered `index`, in seconds since the epoch.
+    pub fn start(self, unit: Unit, index: u64) -> u64 {
+        if unit < Unit::Day {
+            return index.saturating_mul(unit.secs());
+        }
+        let slot = unit.index() - Unit::Day.index();
+        let known = LAST.with(|last| last[slot].get());
+        match known.calendar == self && known.end > 0 {
+            true if index == known.index => known.start,
+            true if Some(index) == known.index.checked_add(1) => known.end,
+            _ => self.find_start(unit, index),
+        }
+    }
+
+    /// [`Calendar::index`] from the zone's rules.
+    fn find_index(self, unit: Unit, now_secs: u64) -> u64 {
         let (tz, week_start) = self.tz_and_week();
         let ts = jiff::Timestamp::from_second(i64::try_from(now_secs).unwrap_or(i64::MAX))
             .unwrap_or(jiff::Timestamp::MAX);
@@ -186,11 +225,8 @@ impl Calendar {
         u64::try_from(index).unwrap_or(0)
     }
 
-    /// The start of the local `unit` numbered `index`, in seconds since the epoch.
-    pub fn start(self, unit: Unit, index: u64) -> u64 {
-        if unit < Unit::Day {
-            return index.saturating_mul(unit.secs());
-        }
+    /// [`Calendar::start`] from the zone's rules.
+    fn find_start(self, unit: Unit, index: u64) -> u64 {
         let (tz, week_start) = self.tz_and_week();
         let index = i64::try_from(index).unwrap_or(i64::MAX);
         let first = match unit {
@@ -212,6 +248,21 @@ impl Calendar {
             .unwrap_or(jiff::Timestamp::MAX);
         u64::try_from(ts.as_second()).unwrap_or(0)
     }
+}
+
+/// A window a thread found last: [`Calendar::index`]'s memory.
+#[derive(Clone, Copy, Default)]
+struct Known {
+    calendar: Calendar,
+    index: u64,
+    start: u64,
+    end: u64,
+}
+
+thread_local! {
+    /// The last window found of each unit from a day up (day, week, month, year). An empty one
+    /// (end 0) contains no time.
+    static LAST: [std::cell::Cell<Known>; 4] = Default::default();
 }
 
 /// The English names of the days, Monday first, as `week_start` spells them.

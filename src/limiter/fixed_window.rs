@@ -73,7 +73,13 @@ pub fn merge_max(a: u64, b: u64, now_secs: u64, unit: Window) -> u64 {
 /// Applies `hits` at `now_secs` against `limit` per `unit`: returns the decision and the new
 /// state word.
 pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) -> (Decision, u64) {
-    let before = current_count(state, now_secs, unit);
+    let index = unit.index(now_secs);
+    let tag = index & TAG_MASK;
+    let before = if state >> COUNT_BITS == tag {
+        state & COUNT_MASK
+    } else {
+        0
+    };
     let after = before.saturating_add(hits).min(COUNT_MASK);
     let over = after > u64::from(limit);
     let remaining = if over {
@@ -87,10 +93,10 @@ pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) ->
         count_before: before,
         over,
         remaining,
-        reset_after_secs: unit.reset_after(now_secs),
+        reset_after_secs: unit.end(index).saturating_sub(now_secs).max(1),
         expired: 0,
     };
-    let new_state = (window_tag(now_secs, unit) << COUNT_BITS) | after;
+    let new_state = (tag << COUNT_BITS) | after;
     (decision, new_state)
 }
 
