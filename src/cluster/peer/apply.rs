@@ -319,6 +319,33 @@ mod tests {
         );
     }
 
+    /// A calendar crosses the wire by name (field 10): the owner counts in the same windows; an
+    /// epoch window's hit carries no field 10, so its bytes are what older owners read; a zone
+    /// the owner does not know is refused by name.
+    #[test]
+    fn calendars_cross_the_wire_by_name_and_unknown_zones_are_refused() {
+        let tokyo = crate::limiter::Calendar::zone("Asia/Tokyo", None).unwrap();
+        let epoch = hit("k", 1, Unit::Day, Algorithm::FixedWindow, 0, 1);
+        let mut zoned = epoch.clone();
+        let quota = Quota {
+            calendar: tokyo,
+            ..epoch.quota().unwrap()
+        };
+        zoned.calendar = quota.calendar.wire();
+        assert_eq!(zoned.quota().unwrap(), quota);
+        let bytes = |h: &PeerHit| h.encode_to_vec();
+        assert_eq!(bytes(&zoned)[..bytes(&epoch).len()], bytes(&epoch)[..]);
+        assert!(bytes(&zoned).ends_with(b"\x52\x0aAsia/Tokyo"));
+        zoned.calendar = "Nowhere/Bogus".to_owned();
+        let status = zoned.quota().expect_err("refused");
+        assert!(
+            status
+                .message()
+                .contains("unknown time_zone 'Nowhere/Bogus'"),
+            "{status:?}"
+        );
+    }
+
     /// A relayed hit is the plain hit's bytes plus field 9 (`4801` applied, `4802` taken over),
     /// and a counter handed over is field 7 of the decision: an owner that predates relays
     /// reads the hit as the one it always knew and applies it.
