@@ -103,6 +103,15 @@ impl<S: CounterStore> super::limits::Explainer for RateLimitService<S> {
                 .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
         })
     }
+
+    fn budget(&self, request: Request) -> BoxFuture<'_, serde_json::Value> {
+        Box::pin(async move {
+            match self.inspect_counters(&request).await {
+                Ok(views) => views.iter().map(crate::service::counter_json).collect(),
+                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            }
+        })
+    }
 }
 
 /// What the exposition reports about the counter store. The composition root implements it

@@ -35,6 +35,9 @@ pub struct CounterView {
     /// The store's answer to a peek of 0 hits: `count_before` is what the counter holds (a
     /// bucket's in hits not yet drained), `over` what a check of 0 hits answers.
     pub state: Decision,
+    /// Of `count_before`, the hits open reservations hold (their estimates, not yet settled):
+    /// the counter's reserved twin ([`super::reserve`]); `None` for a bucket.
+    pub reserved: Option<u64>,
 }
 
 impl<S: CounterStore> RateLimitService<S> {
@@ -79,13 +82,14 @@ impl<S: CounterStore> RateLimitService<S> {
             self.store.reset(now, &peeks).await?;
         }
         let states = self.peek(&peeks).await?;
+        let reserved = self.reserved(&peeks, reset).await?;
         let mut views = Vec::with_capacity(peeks.len());
-        let mut at = peeks.iter().zip(states);
+        let mut at = peeks.iter().zip(states).zip(reserved);
         for (descriptor, plan) in plans.iter().enumerate() {
             let Plan::Counted { limit, .. } = plan else {
                 continue;
             };
-            for ((_, block_name), (hit, state)) in limit.quotas().zip(at.by_ref()) {
+            for ((_, block_name), ((hit, state), reserved)) in limit.quotas().zip(at.by_ref()) {
                 views.push(CounterView {
                     descriptor,
                     key: hit.key.to_owned(),
@@ -94,6 +98,7 @@ impl<S: CounterStore> RateLimitService<S> {
                     source: limit.rule.map_or("override", |l| l.source.name()),
                     quota: hit.quota,
                     state,
+                    reserved,
                 });
             }
         }
@@ -102,6 +107,44 @@ impl<S: CounterStore> RateLimitService<S> {
 }
 
 impl<S: CounterStore> RateLimitService<S> {
+    /// What each peeked counter's reserved twin holds (reset first with `reset`); `None` for a
+    /// counter without a twin.
+    async fn reserved(
+        &self,
+        peeks: &[Hit<'_>],
+        reset: bool,
+    ) -> Result<Vec<Option<u64>>, ServiceError> {
+        let twins: Vec<Option<(String, Quota)>> = peeks
+            .iter()
+            .map(|h| super::reserve::reserved_twin(h.key, &h.quota))
+            .collect();
+        let twin_peeks: Vec<Hit<'_>> = twins
+            .iter()
+            .flatten()
+            .map(|(key, quota)| Hit {
+                key,
+                quota: *quota,
+                hits: 0,
+            })
+            .collect();
+        if twin_peeks.is_empty() {
+            return Ok(vec![None; peeks.len()]);
+        }
+        if reset {
+            let now = Timestamp::from_nanos(self.clock.now_nanos());
+            self.store.reset(now, &twin_peeks).await?;
+        }
+        let mut states = self.peek(&twin_peeks).await?.into_iter();
+        Ok(twins
+            .iter()
+            .map(|t| {
+                t.as_ref()
+                    .and_then(|_| states.next())
+                    .map(|d| d.count_before)
+            })
+            .collect())
+    }
+
     /// The store's answer to `peeks` (hits of 0: nothing is counted), one per peek.
     async fn peek(&self, peeks: &[Hit<'_>]) -> Result<Vec<Decision>, ServiceError> {
         let now = Timestamp::from_nanos(self.clock.now_nanos());
@@ -137,6 +180,12 @@ pub fn counter_json(v: &CounterView) -> Value {
     m.insert("name".into(), v.name.clone().into());
     m.insert("source".into(), v.source.into());
     m.insert("count".into(), v.state.count_before.into());
+    // What settled requests and plain hits used, and what open reservations hold, of `count`.
+    if let Some(reserved) = v.reserved {
+        let used = v.state.count_before.saturating_sub(reserved);
+        m.insert("used".into(), used.into());
+        m.insert("reserved".into(), reserved.into());
+    }
     m.insert("remaining".into(), v.state.remaining.into());
     m.insert("reset_after_secs".into(), v.state.reset_after_secs.into());
     m.insert("over".into(), v.state.over.into());

@@ -449,6 +449,10 @@ impl<S: CounterStore> RateLimitService<S> {
         for (at, hit) in back {
             self.give_back(at, &[hit]).await;
         }
+        let settled = reserve::twins(r, plans, hits, None);
+        for (twin, hit) in settled.iter().zip(reserve::twin_hits(&settled)) {
+            self.give_back(twin.0.unwrap_or(now), &[hit]).await;
+        }
         if !over.is_empty() {
             // Charged, never refused: the request has run. Its decisions are not needed.
             if let Err(e) = self.store.apply(now, &over, &mut Vec::new()).await {
@@ -463,7 +467,15 @@ impl<S: CounterStore> RateLimitService<S> {
                 .await;
             return;
         }
-        let token = reserve::token(now, reserve::reserved_hits(r, plans));
+        let reserved = reserve::reserved_hits(r, plans);
+        let twins = reserve::twins(r, plans, hits, Some(reserved));
+        if !twins.is_empty() {
+            let twin_hits = reserve::twin_hits(&twins);
+            if let Err(e) = self.store.apply(now, &twin_hits, &mut Vec::new()).await {
+                self.observer.refund_failed(&e);
+            }
+        }
+        let token = reserve::token(now, reserved);
         let metadata = response
             .dynamic_metadata
             .get_or_insert_with(|| serde_json::json!({}));

@@ -17,6 +17,11 @@
 //!   estimate is charged at the end's instant, never refused. The descriptor is answered OK.
 //! - **Never settled.** A token is never refunded unless its settle arrives: a stream whose end
 //!   is lost stays charged at its estimate, which is the conservative side.
+//! - **What is reserved.** Beside each window counter a reservation charges, its estimate is
+//!   counted on the counter's *reserved* twin ([`reserved_twin`]: the key and
+//!   `sluice_reserved_`, the same window, no limit) and its settle takes it off there too, in
+//!   the same store, so `/debug/counters` shows a tenant's used and reserved hits apart, on
+//!   every replica. A bucket has no twin (its hits drain, no window holds them).
 
 use smallvec::SmallVec;
 
@@ -24,7 +29,7 @@ use super::ServiceError;
 use super::plan::Plan;
 use crate::clock::Timestamp;
 use crate::descriptor::Request;
-use crate::limiter::Decision;
+use crate::limiter::{Algorithm, Decision, Quota};
 use crate::store::Hit;
 
 /// The entry a descriptor carries to reserve its hits (its value is not read).
@@ -210,4 +215,68 @@ pub(super) fn refused<'k>(
         }
     }
     back
+}
+
+/// What a reserved twin's key adds to its counter's: never a Go key, since Go keys end in the
+/// window's start.
+const TWIN_SUFFIX: &str = "sluice_reserved_";
+
+/// The reserved twin of a window counter (`key`, `quota`): its key, and a quota of the same
+/// window that never refuses. `None` for a bucket or a concurrency limit.
+pub(super) fn reserved_twin(key: &str, quota: &Quota) -> Option<(String, Quota)> {
+    if !matches!(
+        quota.algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow
+    ) {
+        return None;
+    }
+    let twin = Quota {
+        requests_per_unit: u32::MAX,
+        algorithm: Algorithm::FixedWindow,
+        burst: None,
+        charge_refused: true,
+        safe_capacity: None,
+        ..*quota
+    };
+    Some((format!("{key}{TWIN_SUFFIX}"), twin))
+}
+
+/// The twins' hits of a request's reservations: each admitted reserving counter's hits
+/// (`reserved` of them, the token's), and each settling counter's estimate with the instant it
+/// was reserved at. Owned keys; [`twin_hits`] borrows them.
+pub(super) fn twins(
+    r: &Reservations,
+    plans: &[Plan<'_>],
+    hits: &[Hit<'_>],
+    reserved: Option<u64>,
+) -> Vec<(Option<Timestamp>, String, Quota, u64)> {
+    let mut out = Vec::new();
+    for (role, range) in counted(r, plans) {
+        let (at, n) = match role {
+            Role::Reserve => match reserved {
+                Some(n) => (None, n),
+                None => continue,
+            },
+            Role::Settle { at, estimate, .. } => (Some(at), estimate),
+            Role::Plain => continue,
+        };
+        for h in &hits[range] {
+            if let Some((key, quota)) = reserved_twin(h.key, &h.quota) {
+                out.push((at, key, quota, n));
+            }
+        }
+    }
+    out
+}
+
+/// [`twins`] as hits.
+pub(super) fn twin_hits(twins: &[(Option<Timestamp>, String, Quota, u64)]) -> Vec<Hit<'_>> {
+    twins
+        .iter()
+        .map(|(_, key, quota, hits)| Hit {
+            key,
+            quota: *quota,
+            hits: *hits,
+        })
+        .collect()
 }

@@ -9,6 +9,9 @@
 //! - `GET /limits/<domain>`: the domain's runtime limits, by path, a page at a time
 //!   (`?limit=N`, at most [`MAX_PAGE`]; `?after=<path>` for the next page).
 //! - `GET /limits/_history`: the last changes, oldest first ([`history`]).
+//! - `?budget=true` on either `GET`: each limit with its counters as they stand
+//!   (`/debug/counters`' view: used, reserved, remaining and reset), at most
+//!   [`MAX_BUDGET_PAGE`] limits a page.
 //!
 //! Every call needs `Authorization: Bearer <token>` with a token of SLUICE_ADMIN_TOKEN_FILE
 //! ([`super::admin_auth`]): 401 without one, 403 with a wrong one, 403 for every call when the
@@ -48,6 +51,9 @@ pub(crate) const MISSED_PEERS: &str = "sluice-missed-peers";
 /// The most limits one `GET /limits/<domain>` answers (and its default).
 pub(crate) const MAX_PAGE: usize = 10_000;
 pub(crate) const DEFAULT_PAGE: usize = 1_000;
+/// The most limits a `?budget=true` page answers (and its default): each reads its counters
+/// from the store.
+pub(crate) const MAX_BUDGET_PAGE: usize = 100;
 
 /// What explains a dry run's path: the service's explain, on a config that is not served.
 pub(crate) trait Explainer: Send + Sync {
@@ -56,6 +62,10 @@ pub(crate) trait Explainer: Send + Sync {
         config: Arc<RateLimitConfig>,
         request: Request,
     ) -> futures_util::future::BoxFuture<'a, Value>;
+
+    /// The counters `request` would be charged against, as `/debug/counters` shows them (a
+    /// JSON list), or `{"error": ..}`.
+    fn budget(&self, request: Request) -> futures_util::future::BoxFuture<'_, Value>;
 }
 
 /// Where a change goes once applied here: saved to SLUICE_RUNTIME_LIMITS_PATH, pushed to the
@@ -220,6 +230,7 @@ fn not_allowed(allow: &'static str) -> Response {
 #[derive(Debug, Default, PartialEq)]
 struct Params {
     dry_run: bool,
+    budget: bool,
     after: Option<String>,
     limit: Option<usize>,
 }
@@ -234,14 +245,14 @@ fn params(query: Option<&str>) -> Result<Params, String> {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = percent::decode(value.as_bytes())
             .ok_or_else(|| format!("query parameter {name}: a bad percent-encoding"))?;
+        let flag = |value: &str| match value {
+            "true" | "" => Ok(true),
+            "false" => Ok(false),
+            other => Err(format!("{name}={other}: expected true or false")),
+        };
         match name {
-            "dry_run" => {
-                out.dry_run = match value.as_str() {
-                    "true" | "" => true,
-                    "false" => false,
-                    other => return Err(format!("dry_run={other}: expected true or false")),
-                }
-            }
+            "dry_run" => out.dry_run = flag(&value)?,
+            "budget" => out.budget = flag(&value)?,
             "after" => out.after = Some(value),
             "limit" => {
                 let n = value
@@ -254,12 +265,28 @@ fn params(query: Option<&str>) -> Result<Params, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown query parameter {other:?} (the API takes dry_run, after and limit)"
+                    "unknown query parameter {other:?} (the API takes dry_run, budget, after and limit)"
                 ));
             }
         }
     }
     Ok(out)
+}
+
+/// A request whose one descriptor is a runtime limit's path (a key-only level with an empty
+/// value): what a dry run explains and a budget reads.
+fn path_request(domain: &str, levels: &[PathLevel<'_>]) -> Request {
+    Request {
+        domain: domain.to_owned(),
+        descriptors: vec![Descriptor {
+            entries: levels
+                .iter()
+                .map(|(k, v)| Entry::new(*k, v.unwrap_or_default()))
+                .collect(),
+            ..Descriptor::default()
+        }],
+        ..Request::default()
+    }
 }
 
 fn borrowed(levels: &[Level]) -> Vec<PathLevel<'_>> {
@@ -297,8 +324,10 @@ pub(crate) async fn handle(
     };
     match (method, path) {
         (Method::GET, LimitsPath::History) => answer(StatusCode::OK, &api.history.json()),
-        (Method::GET, LimitsPath::Domain(domain)) => list(&api, &domain, &params),
-        (Method::GET, LimitsPath::Limit { domain, levels }) => get(&api, &domain, &levels),
+        (Method::GET, LimitsPath::Domain(domain)) => list(&api, &domain, &params).await,
+        (Method::GET, LimitsPath::Limit { domain, levels }) => {
+            get(&api, &domain, &levels, params.budget).await
+        }
         (Method::PUT, LimitsPath::Limit { domain, levels }) => {
             let bytes = match super::body::read(body, MAX_BODY_BYTES).await {
                 Ok(b) => b,
@@ -351,7 +380,7 @@ pub(crate) async fn handle(
     }
 }
 
-fn get(api: &LimitsApi, domain: &str, levels: &[Level]) -> Response {
+async fn get(api: &LimitsApi, domain: &str, levels: &[Level], budget: bool) -> Response {
     let levels = borrowed(levels);
     let config = api.config.current();
     let found = config
@@ -359,6 +388,13 @@ fn get(api: &LimitsApi, domain: &str, levels: &[Level]) -> Response {
         .and_then(|c| c.domain(domain))
         .and_then(|d| d.runtime_limit(&levels));
     match found {
+        Some(r) if budget => {
+            let counters = api.explainer.budget(path_request(domain, &levels)).await;
+            answer(
+                StatusCode::OK,
+                &json!({"limit": r.body, "budget": counters}),
+            )
+        }
         Some(r) => answer(StatusCode::OK, &r.body),
         None => error(
             StatusCode::NOT_FOUND,
@@ -367,7 +403,7 @@ fn get(api: &LimitsApi, domain: &str, levels: &[Level]) -> Response {
     }
 }
 
-fn list(api: &LimitsApi, domain: &str, params: &Params) -> Response {
+async fn list(api: &LimitsApi, domain: &str, params: &Params) -> Response {
     let config = api.config.current();
     let mut limits: Vec<(String, &Arc<RuntimeLimit>)> = config
         .as_deref()
@@ -380,13 +416,20 @@ fn list(api: &LimitsApi, domain: &str, params: &Params) -> Response {
         })
         .unwrap_or_default();
     limits.sort_by(|a, b| a.0.cmp(&b.0));
-    let page = params.limit.unwrap_or(DEFAULT_PAGE);
+    let page = match params.budget {
+        true => params.limit.unwrap_or(MAX_BUDGET_PAGE).min(MAX_BUDGET_PAGE),
+        false => params.limit.unwrap_or(DEFAULT_PAGE),
+    };
     let next = (limits.len() > page).then(|| limits[page - 1].0.clone());
     limits.truncate(page);
-    let items: Vec<Value> = limits
-        .iter()
-        .map(|(path, r)| json!({"path": path, "limit": r.body}))
-        .collect();
+    let mut items = Vec::with_capacity(limits.len());
+    for (path, r) in &limits {
+        let mut item = json!({"path": path, "limit": r.body});
+        if params.budget {
+            item["budget"] = api.explainer.budget(path_request(domain, &r.path())).await;
+        }
+        items.push(item);
+    }
     answer(
         StatusCode::OK,
         &json!({"domain": domain, "limits": items, "next": next}),
@@ -502,20 +545,8 @@ impl Call<'_> {
         )
     }
 
-    /// A request whose one descriptor is the path (a key-only level with an empty value).
     fn request(&self) -> Request {
-        Request {
-            domain: self.domain.to_owned(),
-            descriptors: vec![Descriptor {
-                entries: self
-                    .levels
-                    .iter()
-                    .map(|(k, v)| Entry::new(*k, v.unwrap_or_default()))
-                    .collect(),
-                ..Descriptor::default()
-            }],
-            ..Request::default()
-        }
+        path_request(self.domain, self.levels)
     }
 
     fn not_found(&self) -> Response {

@@ -26,6 +26,7 @@ struct Fixture {
     api: Arc<LimitsApi>,
     config: ConfigHandle,
     dir: tempfile::TempDir,
+    service: Arc<RateLimitService<MemoryStore>>,
 }
 
 /// The API over [`YAML`], holding at most `max` runtime limits, its changes given to the sinks
@@ -49,7 +50,7 @@ fn fixture_with(max: usize, sinks: impl FnOnce(&ConfigHandle) -> Vec<Arc<dyn Sin
         AdminAuth::from_file(tokens).unwrap(),
         3,
         clock,
-        service,
+        service.clone(),
         sinks(&config),
         Arc::from("n1"),
     );
@@ -57,6 +58,7 @@ fn fixture_with(max: usize, sinks: impl FnOnce(&ConfigHandle) -> Vec<Arc<dyn Sin
         api: Arc::new(api),
         config,
         dir,
+        service,
     }
 }
 
@@ -268,7 +270,7 @@ const REFUSALS: &[Refused] = &[
         OPS,
         "",
         StatusCode::BAD_REQUEST,
-        "unknown query parameter \"page\" (the API takes dry_run, after and limit)",
+        "unknown query parameter \"page\" (the API takes dry_run, budget, after and limit)",
     ),
     (
         "PUT",
@@ -411,6 +413,7 @@ async fn without_a_token_file_every_call_is_403() {
         api: Arc::new(off),
         config: f.config.clone(),
         dir: tempfile::tempdir().unwrap(),
+        service: f.service.clone(),
     };
     let (status, got) = call(&off, "GET", "/limits/edge", OPS, "").await;
     assert_eq!(status, StatusCode::FORBIDDEN);
@@ -656,4 +659,71 @@ fn assert_saved(path: &Path, lines: &[&str]) {
         .map(|p| std::fs::read_to_string(p).unwrap_or_default())
         .concat();
     assert_eq!(text.lines().collect::<Vec<_>>(), lines);
+}
+
+/// Issue 51: tenants' budgets set at run time (a Tokyo day each), reserved against, and shown
+/// with `?budget=true`: one tenant, or a page of them, each with its used and reserved hits,
+/// what is left and when it resets.
+#[tokio::test]
+async fn budgets_show_each_tenants_used_reserved_remaining_and_reset() {
+    let f = fixture();
+    let body = r#"{"unit":"day","requests_per_unit":10000,"time_zone":"Asia/Tokyo"}"#;
+    for t in ["t0", "t1"] {
+        let (status, _) = call(&f, "PUT", &format!("/limits/edge/tenant={t}"), OPS, body).await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let reserve = Descriptor {
+        entries: vec![
+            Entry::new("tenant", "t0"),
+            Entry::new(crate::service::RESERVE, "1"),
+        ],
+        hits_addend: Some(500),
+        ..Descriptor::default()
+    };
+    let request = Request {
+        domain: "edge".into(),
+        descriptors: vec![reserve],
+        ..Request::default()
+    };
+    for _ in 0..2 {
+        f.service.should_rate_limit(request.clone()).await.unwrap();
+    }
+    let plain = Request {
+        descriptors: vec![Descriptor {
+            entries: vec![Entry::new("tenant", "t0")],
+            hits_addend: Some(70),
+            ..Descriptor::default()
+        }],
+        ..request.clone()
+    };
+    f.service.should_rate_limit(plain).await.unwrap();
+    // 1_795_764_309 is 2026-11-28 07:25:09 UTC, 16:25:09 in Tokyo: 27,291 s to its midnight.
+    let budget = |v: &Value| {
+        let c = &v["budget"][0];
+        let n = |f: &str| c[f].as_u64().unwrap_or(u64::MAX);
+        (
+            n("used"),
+            n("reserved"),
+            n("remaining"),
+            n("reset_after_secs"),
+        )
+    };
+    let (status, text) = call(&f, "GET", "/limits/edge/tenant=t0?budget=true", OPS, "").await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let one: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(budget(&one), (70, 1000, 8930, 27_291));
+    assert_eq!(one["limit"]["time_zone"], "Asia/Tokyo");
+    let (_, text) = call(&f, "GET", "/limits/edge?budget=true&limit=1", OPS, "").await;
+    let page: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(budget(&page["limits"][0]), (70, 1000, 8930, 27_291));
+    assert_eq!(page["next"], "tenant=t0");
+    let (_, text) = call(&f, "GET", "/limits/edge?budget&after=tenant%3Dt0", OPS, "").await;
+    let page: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(budget(&page["limits"][0]), (0, 0, 10000, 27_291));
+    // A page of budgets is at most MAX_BUDGET_PAGE, whatever `limit` asks.
+    let (status, _) = call(&f, "GET", "/limits/edge?budget=true&limit=5000", OPS, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, text) = call(&f, "GET", "/limits/edge?budget=yes", OPS, "").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(message(&text), "budget=yes: expected true or false");
 }

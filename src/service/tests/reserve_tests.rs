@@ -70,6 +70,18 @@ impl Budgets {
         assert_eq!(a.overall_code, Code::Ok, "{a:?}");
     }
 
+    /// `key`'s counter as the debug port shows it: (count, used, reserved).
+    async fn budget_of(&self, key: &str) -> (u64, Option<u64>, Option<u64>) {
+        let views = self
+            .service
+            .inspect_counters(&req("ai", vec![desc(&[(key, "t")])]))
+            .await
+            .expect("no error");
+        let json = crate::service::admin::counter_json(&views[0]);
+        let n = |f: &str| json.get(f).and_then(serde_json::Value::as_u64);
+        (n("count").unwrap(), n("used"), n("reserved"))
+    }
+
     /// What `key`'s limit has left: a peek.
     async fn left(&self, key: &str) -> u32 {
         self.call(vec![budget(key, 0, None)]).await.statuses[0].limit_remaining
@@ -157,4 +169,30 @@ async fn plain_requests_carry_no_reservation() {
     let b = budgets();
     let a = b.call(vec![budget("tenant", 10, None)]).await;
     assert_eq!(a.dynamic_metadata, None);
+}
+
+#[tokio::test]
+async fn the_debug_port_shows_a_tenants_used_and_reserved_hits_apart() {
+    let b = budgets();
+    let first = b
+        .reserve(&["tenant", "daily"], 500)
+        .await
+        .expect("admitted");
+    let second = b.reserve(&["tenant"], 300).await.expect("admitted");
+    assert_eq!(b.budget_of("tenant").await, (800, Some(0), Some(800)));
+    assert_eq!(b.budget_of("daily").await, (500, Some(0), Some(500)));
+    // A refused reservation leaves nothing reserved.
+    assert_eq!(b.reserve(&["tenant"], 300).await, None);
+    assert_eq!(b.budget_of("tenant").await, (800, Some(0), Some(800)));
+    b.settle("tenant", &first, 120).await;
+    b.settle("daily", &first, 120).await;
+    assert_eq!(b.budget_of("tenant").await, (420, Some(120), Some(300)));
+    assert_eq!(b.budget_of("daily").await, (120, Some(120), Some(0)));
+    // Settled in the next window: the old window keeps both, the new one holds neither.
+    b.clock.advance_secs(45);
+    b.settle("tenant", &second, 300).await;
+    assert_eq!(b.budget_of("tenant").await, (0, Some(0), Some(0)));
+    // A bucket has no reserved twin.
+    b.reserve(&["bucket"], 10).await.expect("admitted");
+    assert_eq!(b.budget_of("bucket").await.2, None);
 }
