@@ -453,6 +453,16 @@ impl<S: CounterStore> RateLimitService<S> {
         for (twin, hit) in settled.iter().zip(reserve::twin_hits(&settled)) {
             self.give_back(twin.0.unwrap_or(now), &[hit]).await;
         }
+        let (settles, late) = reserve::settled(r, plans, hits, now);
+        let opened = match response.overall_code {
+            Code::OverLimit => 0,
+            _ => r
+                .roles
+                .iter()
+                .filter(|role| **role == reserve::Role::Reserve)
+                .count() as u64,
+        };
+        self.observer.reservations(opened, settles, late);
         if !over.is_empty() {
             // Charged, never refused: the request has run. Its decisions are not needed.
             if let Err(e) = self.store.apply(now, &over, &mut Vec::new()).await {

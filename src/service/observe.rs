@@ -182,6 +182,11 @@ pub trait Observer: Send + Sync + 'static {
 
     /// Global SHADOW_MODE turned an OVER_LIMIT answer into OK.
     fn global_shadow_mode(&self) {}
+
+    /// A request's reservations ([`super::reserve`]), one per reserving or settling descriptor:
+    /// how many it opened and settled, and how many settles came after a window holding their
+    /// estimate had ended.
+    fn reservations(&self, _opened: u64, _settled: u64, _late: u64) {}
 }
 
 /// The observer of a service nobody watches: records nothing.

@@ -280,3 +280,28 @@ pub(super) fn twin_hits(twins: &[(Option<Timestamp>, String, Quota, u64)]) -> Ve
         })
         .collect()
 }
+
+/// The request's settles, and how many came after a window that held their estimate had ended
+/// (their estimate stays charged there): what the reservation metrics count.
+pub(super) fn settled(
+    r: &Reservations,
+    plans: &[Plan<'_>],
+    hits: &[Hit<'_>],
+    now: Timestamp,
+) -> (u64, u64) {
+    let (mut settled, mut late) = (0, 0);
+    for (role, range) in counted(r, plans) {
+        let Role::Settle { at, .. } = role else {
+            continue;
+        };
+        settled += 1;
+        let ended = hits[range].iter().any(|h| {
+            reserved_twin(h.key, &h.quota).is_some() && {
+                let w = h.quota.window();
+                w.index(at.secs()) != w.index(now.secs())
+            }
+        });
+        late += u64::from(ended);
+    }
+    (settled, late)
+}

@@ -237,6 +237,10 @@ impl Observer for DecisionTelemetry {
     fn global_shadow_mode(&self) {
         self.stats.global_shadow_mode();
     }
+
+    fn reservations(&self, opened: u64, settled: u64, late: u64) {
+        self.stats.reservations(opened, settled, late);
+    }
 }
 
 /// An error and its sources, `outer: inner: ...`, so a log line says why a peer failed (a

@@ -533,6 +533,28 @@ fn render_service_counters(out: &mut String, stats: &Stats, extra: &Extra) {
         header(out, name, "untyped", help);
         sample(out, name, &[], value);
     }
+    let svc = &stats.service;
+    for (name, help, value) in [
+        (
+            "sluice_reservations_opened_total",
+            "Reservations opened, one per reserving descriptor of an admitted request (docs/token-budgets.md).",
+            &svc.reservations_opened,
+        ),
+        (
+            "sluice_reservations_settled_total",
+            "Reservations settled; opened minus settled over a period longer than the longest \
+             stream is what was never settled (charged at its estimate).",
+            &svc.reservations_settled,
+        ),
+        (
+            "sluice_reservations_settled_late_total",
+            "Settles after a window that held their estimate had ended (it kept the estimate).",
+            &svc.reservations_settled_late,
+        ),
+    ] {
+        header(out, name, "counter", help);
+        sample(out, name, &[], load(value));
+    }
 }
 
 /// The stats key cap and what it folded.

@@ -394,6 +394,12 @@ pub struct ServiceCounters {
     pub total_requests: ShardedCounter,
     /// Records folded into the overflow entry because the key cap was reached.
     pub folded: AtomicU64,
+    /// Reservations (issue 51), one per descriptor: opened by admitted requests, settles
+    /// received, and settles that came after a window their estimate was held in had ended (it
+    /// kept the estimate).
+    pub reservations_opened: AtomicU64,
+    pub reservations_settled: AtomicU64,
+    pub reservations_settled_late: AtomicU64,
 }
 
 /// Upper bounds of the decision-latency histogram, in seconds. Finer than Prometheus's
@@ -685,6 +691,18 @@ impl Stats {
     pub fn backend_error(&self) {
         if self.options.enabled {
             self.service.redis_error.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A request's reservations, one per descriptor: those it opened, and its settles, `late`
+    /// of them after a window that held their estimate had ended.
+    pub fn reservations(&self, opened: u64, settled: u64, late: u64) {
+        if self.options.enabled {
+            let s = &self.service;
+            s.reservations_opened.fetch_add(opened, Ordering::Relaxed);
+            s.reservations_settled.fetch_add(settled, Ordering::Relaxed);
+            s.reservations_settled_late
+                .fetch_add(late, Ordering::Relaxed);
         }
     }
 

@@ -61,6 +61,18 @@ pub fn counters(stats: &Stats, extra: &Extra) -> HashMap<String, u64> {
             svc.global_shadow_mode.load(Ordering::Relaxed),
         ),
         (
+            "sluice.reservations.opened",
+            svc.reservations_opened.load(Ordering::Relaxed),
+        ),
+        (
+            "sluice.reservations.settled",
+            svc.reservations_settled.load(Ordering::Relaxed),
+        ),
+        (
+            "sluice.reservations.settled_late",
+            svc.reservations_settled_late.load(Ordering::Relaxed),
+        ),
+        (
             "ratelimit.service.config_load_success",
             extra.config_load_success,
         ),

@@ -18,13 +18,21 @@ descriptors:
 struct Budgets {
     service: RateLimitService<MemoryStore>,
     clock: ManualClock,
+    stats: Arc<crate::telemetry::Stats>,
 }
 
 fn budgets() -> Budgets {
     // 30 s into a minute.
     let load = LoadOptions::default();
     let (service, clock, _) = service_of(BUDGETS, &load, 60_030, ServiceOptions::default());
-    Budgets { service, clock }
+    let stats = Arc::new(crate::telemetry::Stats::default());
+    let observer = crate::telemetry::DecisionTelemetry::untraced(stats.clone());
+    let service = service.with_observer(Arc::new(observer));
+    Budgets {
+        service,
+        clock,
+        stats,
+    }
 }
 
 /// A descriptor of `key`'s tenant `t`, with its hits and a reservation entry.
@@ -195,4 +203,30 @@ async fn the_debug_port_shows_a_tenants_used_and_reserved_hits_apart() {
     // A bucket has no reserved twin.
     b.reserve(&["bucket"], 10).await.expect("admitted");
     assert_eq!(b.budget_of("bucket").await.2, None);
+}
+
+#[tokio::test]
+async fn reservations_opened_settled_and_settled_late_are_counted() {
+    let b = budgets();
+    let on_time = b.reserve(&["tenant"], 400).await.expect("admitted");
+    let late = b
+        .reserve(&["tenant", "daily"], 500)
+        .await
+        .expect("admitted");
+    // Refused: opens nothing.
+    assert_eq!(b.reserve(&["tenant"], 500).await, None);
+    b.settle("tenant", &on_time, 100).await;
+    // The minute ends (the day does not): the settle is late for its minute's counter.
+    b.clock.advance_secs(45);
+    b.call(vec![
+        budget("tenant", 200, Some((RESERVATION, &late))),
+        budget("daily", 200, Some((RESERVATION, &late))),
+    ])
+    .await;
+    let s = &b.stats.service;
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    // One a reserving descriptor: the second request reserved two budgets.
+    assert_eq!(n(&s.reservations_opened), 3);
+    assert_eq!(n(&s.reservations_settled), 3);
+    assert_eq!(n(&s.reservations_settled_late), 1);
 }
