@@ -234,6 +234,7 @@ impl Window {
 
     /// The number of the window containing `now_secs`: consecutive windows have consecutive
     /// numbers.
+    #[inline]
     pub fn index(self, now_secs: u64) -> u64 {
         if self.calendar.is_epoch() {
             now_secs / self.secs()
@@ -243,6 +244,7 @@ impl Window {
     }
 
     /// The start of window `index`, in seconds since the epoch.
+    #[inline]
     pub fn start(self, index: u64) -> u64 {
         if self.calendar.is_epoch() {
             index.saturating_mul(self.secs())
@@ -253,6 +255,7 @@ impl Window {
     }
 
     /// The end of window `index` (the next one's start), in seconds since the epoch.
+    #[inline]
     pub fn end(self, index: u64) -> u64 {
         self.start(index.saturating_add(1))
     }
