@@ -296,17 +296,24 @@ fn epoch_day(date: Date) -> i64 {
 
 /// The date `days` after 1970-01-01: [`epoch_day`]'s inverse, within the years jiff knows.
 fn date_of_epoch_day(days: i64) -> Date {
-    let z = days.clamp(-719_000, 2_932_000) + 719_468;
+    let (year, month, day) = civil_from_days(i128::from(days.clamp(-719_000, 2_932_000)));
+    jiff::civil::date(clamp_year(year as i64), month as i8, day as i8)
+}
+
+/// The proleptic Gregorian (year, month, day) of a day count since 1970-01-01 (Howard
+/// Hinnant's "civil from days"); also what `/json` writes a `Timestamp` with.
+pub(crate) fn civil_from_days(days: i128) -> (i128, i128, i128) {
+    let z = days + 719_468;
     let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
+    let day_of_era = z.rem_euclid(146_097);
     let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let mp = (5 * day_of_year + 2) / 153;
     let day = day_of_year - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    jiff::civil::date(clamp_year(year), month as i8, day as i8)
+    let year = year_of_era + era * 400 + i128::from(month <= 2);
+    (year, month, day)
 }
 
 fn clamp_year(year: i64) -> i16 {

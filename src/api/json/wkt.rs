@@ -1,5 +1,5 @@
 //! The well-known types as protojson writes them: `google.protobuf.Duration` (`"1.500s"`),
-//! `google.protobuf.Timestamp` (RFC 3339 in UTC, through [`civil_from_days`]) and `bytes`
+//! `google.protobuf.Timestamp` (RFC 3339 in UTC, through [`crate::limiter::calendar::civil_from_days`]) and `bytes`
 //! (base64). Pure functions of their input; nothing here knows serde.
 
 use envoy_types::pb::google::protobuf::{Duration, Timestamp};
@@ -51,7 +51,7 @@ pub(super) fn format_timestamp(t: &Timestamp) -> String {
         total.rem_euclid(NANOS_PER_SECOND),
     );
     let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
+    let (year, month, day) = crate::limiter::calendar::civil_from_days(days);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{}Z",
         second_of_day / 3600,
@@ -59,21 +59,6 @@ pub(super) fn format_timestamp(t: &Timestamp) -> String {
         second_of_day % 60,
         fraction(nanos),
     )
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i128) -> (i128, i128, i128) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let mp = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = year_of_era + era * 400 + i128::from(month <= 2);
-    (year, month, day)
 }
 
 /// Standard base64 with padding, as `protojson` writes a `bytes` field.
