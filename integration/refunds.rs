@@ -1,5 +1,6 @@
-//! Refunds (`is_negative_hits`, envoyproxy/ratelimit's PR #1140) on the real binary, over gRPC
-//! and `/json`, on each backend: memory, a real `redis-server`, a real `memcached`; and two
+//! Refunds (`is_negative_hits`, envoyproxy/ratelimit's PR #1140) and reservations (issue 51) on
+//! the real binary, over gRPC and `/json`, on each backend: memory, a real `redis-server`, a
+//! real `memcached`; and two
 //! Sluice processes on one Redis, each with its local over-limit cache, measuring how long the
 //! one that did not see a refund keeps refusing the key (SLUICE_LOCAL_CACHE_MAX_AGE_MS). The
 //! peer cluster's refunds (forward and lease mode) are in `cluster.rs`.
@@ -41,6 +42,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 50}
   - key: hot_charged
     rate_limit: {unit: hour, requests_per_unit: 50, charge_refused: true}
+  - key: budget
+    rate_limit: {unit: hour, requests_per_unit: 50}
 ";
 
 /// A `sluice` process on free 127.0.0.1 ports with [`LIMITS`] and `env`, killed on drop.
@@ -118,6 +121,29 @@ impl Sluice {
         }
     }
 
+    /// One `/json` call on `budget=t` with `hits` and the reservation entry `(key, value)`: OK,
+    /// and the reservation token its answer names.
+    fn reservation(&self, entry: (&str, &str), hits: u64) -> (bool, Option<String>) {
+        let body = format!(
+            r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"budget","value":"t"}},{{"key":"{}","value":"{}"}}],"hits_addend":{hits}}}]}}"#,
+            entry.0, entry.1
+        );
+        let (_, body) = support::http(self.http, "POST", "/json", &body).expect("answer");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let token = v["dynamicMetadata"]["sluice_reservation"].as_str();
+        (v["overallCode"] == "OK", token.map(str::to_owned))
+    }
+
+    /// `budget=t`'s counter from `/debug/counters`: (count, used, reserved).
+    fn budget(&self) -> (u64, u64, u64) {
+        let uri = "/debug/counters?domain=d&descriptor=budget=t";
+        let (_, body) = support::http(self.debug, "GET", uri, "").expect("counters");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let c = &v["counters"][0];
+        let n = |f: &str| c[f].as_u64().unwrap_or(u64::MAX);
+        (n("count"), n("used"), n("reserved"))
+    }
+
     /// The same over gRPC.
     fn grpc(
         &self,
@@ -193,6 +219,29 @@ fn every_scenario(s: &Sluice) {
     assert_eq!(s.stat("sliding", "negative_hits_ignored"), 1);
     // Refunds are not hits: 2 × 10 charges.
     assert_eq!(s.stat("inflight", "total_hits"), 20);
+    reservations(s);
+}
+
+/// Reservations (issue 51) on one Sluice: a budget of 50 an hour, estimates of 30; the settle
+/// gives back what the estimate passed the cost; `/debug/counters` shows used and reserved.
+fn reservations(s: &Sluice) {
+    let (ok, first) = s.reservation(("sluice_reserve", "1"), 30);
+    let first = first.filter(|_| ok).expect("the first estimate fits");
+    assert_eq!(s.reservation(("sluice_reserve", "1"), 30), (false, None));
+    assert_eq!(s.budget(), (30, 0, 30));
+    assert!(s.reservation(("sluice_reservation", &first), 10).0);
+    let (ok, second) = s.reservation(("sluice_reserve", "1"), 30);
+    assert!(ok && second.is_some());
+    assert_eq!(s.budget(), (40, 10, 30));
+    let (_, metrics) = support::http(s.debug, "GET", "/metrics", "").expect("metrics");
+    assert!(
+        metrics.contains("sluice_reservations_opened_total 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("sluice_reservations_settled_total 1\n"),
+        "{metrics}"
+    );
 }
 
 #[test]
