@@ -170,6 +170,7 @@ impl Calendar {
     ///
     /// Each thread remembers the last window of each unit it found, with its start and end,
     /// so a decision asks the zone's rules only in its first call of a window.
+    #[inline(never)]
     pub fn index(self, unit: Unit, now_secs: u64) -> u64 {
         if unit < Unit::Day {
             return now_secs / unit.secs();
@@ -195,6 +196,7 @@ impl Calendar {
     }
 
     /// The start of the local `unit` numbered `index`, in seconds since the epoch.
+    #[inline(never)]
     pub fn start(self, unit: Unit, index: u64) -> u64 {
         if unit < Unit::Day {
             return index.saturating_mul(unit.secs());

@@ -73,7 +73,7 @@ pub fn merge_max(a: u64, b: u64, now_secs: u64, unit: Window) -> u64 {
 /// Applies `hits` at `now_secs` against `limit` per `unit`: returns the decision and the new
 /// state word.
 pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) -> (Decision, u64) {
-    let index = unit.index(now_secs);
+    let (index, end) = unit.index_and_end(now_secs);
     let tag = index & TAG_MASK;
     let before = if state >> COUNT_BITS == tag {
         state & COUNT_MASK
@@ -93,7 +93,7 @@ pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) ->
         count_before: before,
         over,
         remaining,
-        reset_after_secs: unit.end(index).saturating_sub(now_secs).max(1),
+        reset_after_secs: end.saturating_sub(now_secs).max(1),
         expired: 0,
     };
     let new_state = (tag << COUNT_BITS) | after;

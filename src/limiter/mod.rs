@@ -260,6 +260,20 @@ impl Window {
         self.start(index.saturating_add(1))
     }
 
+    /// The window containing `now_secs` and its end: [`Window::index`] and [`Window::end`] in
+    /// one, with one division for an epoch window (a decision's hot path).
+    #[inline]
+    pub fn index_and_end(self, now_secs: u64) -> (u64, u64) {
+        if self.calendar.is_epoch() {
+            let secs = self.secs();
+            let index = now_secs / secs;
+            (index, index.saturating_add(1).saturating_mul(secs))
+        } else {
+            let index = self.index(now_secs);
+            (index, self.end(index))
+        }
+    }
+
     /// [`Window::index`] of a time in µs since the epoch.
     pub fn index_us(self, now_us: u64) -> u64 {
         self.index(now_us / 1_000_000)
