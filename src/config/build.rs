@@ -4,7 +4,7 @@
 
 use super::StatsSlot;
 use super::limit::{Block, Limit, Rule, Source};
-use super::lookup::{Domain, FastMap, Level, Node, RateLimitConfig};
+use super::lookup::{Domain, FastMap, Level, Node, RateLimitConfig, check_pattern};
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
 use crate::limiter::{Algorithm, Calendar, Quota, Unit, Window, concurrency};
 use serde_yaml_ng::Value as Yaml;
@@ -118,13 +118,22 @@ fn load_descriptors(
         if d.key.is_empty() {
             return Err("descriptor has empty key".to_owned());
         }
-        let composite = if d.value.is_empty() {
-            d.key.clone()
-        } else {
-            format!("{}_{}", d.key, d.value)
+        let composite = match (&d.value_regex, d.value.is_empty()) {
+            (Some(_), false) => {
+                return Err(format!(
+                    "descriptor '{}' has both value and value_regex: give one",
+                    d.key
+                ));
+            }
+            (Some(pattern), true) => {
+                check_pattern(pattern)?;
+                format!("{}~{pattern}", d.key)
+            }
+            (None, true) => d.key.clone(),
+            (None, false) => format!("{}_{}", d.key, d.value),
         };
         let full_key = format!("{parent_key}{composite}");
-        if level.index.contains_key(composite.as_str()) {
+        if d.value_regex.is_none() && level.index.contains_key(composite.as_str()) {
             return Err(format!("duplicate descriptor composite key '{full_key}'"));
         }
 
@@ -136,8 +145,8 @@ fn load_descriptors(
             (Some(rl), None) => Some(single_limit(rl, month)?),
             (None, Some(list)) => Some(multi_limit(list, month)?),
         };
-        let is_wildcard = composite.contains('*');
-        if d.share_threshold && !is_wildcard {
+        let is_wildcard = d.value_regex.is_none() && composite.contains('*');
+        if d.share_threshold && !is_wildcard && d.value_regex.is_none() {
             return Err(format!(
                 "share_threshold can only be used with wildcard values (containing '*'), but found key '{composite}'"
             ));
@@ -172,7 +181,13 @@ fn load_descriptors(
 
         let i = level.nodes.len();
         let composite: Box<str> = composite.into();
-        level.index.insert(composite.clone(), i);
+        match &d.value_regex {
+            // Matched only by its pattern: never by the index, whatever a value spells.
+            Some(pattern) => level.wildcards.push_regex(i, &d.key, pattern)?,
+            None => {
+                level.index.insert(composite.clone(), i);
+            }
+        }
         if is_wildcard {
             level.wildcards.push(i, &composite);
         }
@@ -185,7 +200,7 @@ fn load_descriptors(
             children,
         });
     }
-    Ok(())
+    level.wildcards.compile()
 }
 
 /// A descriptor's limit before it is placed: its rule, name and `replaces`.

@@ -381,11 +381,12 @@ impl<'a> Hop<'a> {
         }
         if let Some(w) = level.and_then(|l| l.match_wildcard(probe)) {
             let key = probe.entry.key.as_str();
-            // Go trims "key_" off the pattern to get its value part.
+            // Go trims "key_" off the pattern to get its value part; a `value_regex` node's
+            // value part is `~` and its pattern (`key~pattern`).
             let pattern = w
                 .composite
                 .strip_prefix(key)
-                .and_then(|rest| rest.strip_prefix('_'))
+                .map(|rest| rest.strip_prefix('_').unwrap_or(rest))
                 .unwrap_or(&w.composite);
             return Hop {
                 node: Some(w),
@@ -424,6 +425,10 @@ impl<'a> Hop<'a> {
             node: self.composite()?,
             how: match self.how {
                 How::Exact => "exact",
+                How::Wildcard(_) if self.node.is_some_and(Node::is_pattern) => match share {
+                    true => "value_regex, shared",
+                    false => "value_regex",
+                },
                 How::Wildcard(_) if share => "wildcard, shared",
                 How::Wildcard(_) => "wildcard",
                 How::KeyOnly => "key only",
@@ -448,8 +453,9 @@ pub struct Step<'a> {
 pub struct StepMatch<'a> {
     /// The node's Go map key: `key`, or `key_value` when the YAML gives a value.
     pub node: &'a str,
-    /// `exact` (the entry's `key_value`), `wildcard` (a `*` pattern, first in YAML order),
-    /// `wildcard, shared` (with `share_threshold`: one counter for every value) or `key only`.
+    /// `exact` (the entry's `key_value`), `wildcard` (a `*` pattern) or `value_regex` (a
+    /// pattern), first in YAML order, `… , shared` with `share_threshold` (one counter for every
+    /// value), or `key only`.
     pub how: &'static str,
     /// The node's own limit (it applies only when this is the request's last entry).
     pub limit: Option<&'a Limit>,
@@ -504,13 +510,59 @@ pub(super) struct Level {
 /// A level's wildcard nodes: their indices in YAML order, and the same grouped by the literal
 /// text before their first '*', so that a level of many patterns tries only those whose
 /// prefix the entry starts with (one map probe per distinct prefix length) instead of every
-/// pattern in turn (issue 40's scale envelope: 11 ms a miss at 100,000 patterns).
+/// pattern in turn (issue 40's scale envelope: 11 ms a miss at 100,000 patterns). Also the
+/// level's `value_regex` nodes ([`Patterns`]), which rank with the wildcards in YAML order.
 #[derive(Debug, Default)]
 pub(super) struct Wildcards {
     order: Vec<usize>,
     by_prefix: FastMap<Box<str>, Vec<usize>>,
     /// The prefixes' distinct lengths, ascending.
     prefix_lens: Vec<usize>,
+    /// `value_regex` nodes by their key.
+    regexes: FastMap<Box<str>, Patterns>,
+}
+
+/// One key's `value_regex` nodes at a level: their patterns, in YAML order, compiled into one
+/// [`regex::RegexSet`] (anchored: a full match of the value), so a value is tried against every
+/// pattern in one pass however many there are.
+#[derive(Debug)]
+pub(super) struct Patterns {
+    nodes: Vec<usize>,
+    sources: Vec<String>,
+    set: regex::RegexSet,
+}
+
+/// The longest `value_regex`, in bytes of YAML text.
+pub(crate) const MAX_PATTERN_BYTES: usize = 4_096;
+/// How large one key's compiled patterns may grow (the `regex` crate's size limit).
+pub(crate) const MAX_PATTERNS_COMPILED_BYTES: usize = 256 << 20;
+
+impl Patterns {
+    /// The first node, in YAML order, whose pattern matches all of `value`.
+    fn first_match(&self, value: &str) -> Option<usize> {
+        self.set.matches(value).iter().next().map(|i| self.nodes[i])
+    }
+}
+
+/// Checks one `value_regex` as the YAML gives it: its length, its syntax and its compiled size.
+pub(super) fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(format!(
+            "value_regex '{}...' is {} bytes; the most is {MAX_PATTERN_BYTES}",
+            pattern.chars().take(40).collect::<String>(),
+            pattern.len()
+        ));
+    }
+    anchored_set(&[pattern.to_owned()])
+        .map(drop)
+        .map_err(|e| format!("invalid value_regex '{pattern}': {e}"))
+}
+
+/// The patterns, each anchored at both ends, as one set within the size limit.
+fn anchored_set(patterns: &[String]) -> Result<regex::RegexSet, regex::Error> {
+    regex::RegexSetBuilder::new(patterns.iter().map(|p| format!("^(?:{p})$")))
+        .size_limit(MAX_PATTERNS_COMPILED_BYTES)
+        .build()
 }
 
 impl Wildcards {
@@ -524,8 +576,52 @@ impl Wildcards {
         self.by_prefix.entry(prefix.into()).or_default().push(i);
     }
 
+    /// Node `i`, whose value must fully match `pattern` on `key` (`value_regex`, checked by
+    /// [`check_pattern`]); nodes come in YAML order. Matched once [`Wildcards::compile`] ran.
+    /// `Err` for a pattern the key already has.
+    pub(super) fn push_regex(&mut self, i: usize, key: &str, pattern: &str) -> Result<(), String> {
+        let entry = self.regexes.entry(key.into()).or_insert_with(|| Patterns {
+            nodes: Vec::new(),
+            sources: Vec::new(),
+            set: regex::RegexSet::empty(),
+        });
+        if entry.sources.iter().any(|s| s == pattern) {
+            return Err(format!("duplicate value_regex '{pattern}' for key '{key}'"));
+        }
+        entry.nodes.push(i);
+        entry.sources.push(pattern.to_owned());
+        Ok(())
+    }
+
+    /// Compiles each key's patterns into one set, once a level's nodes are all in; `Err` when
+    /// a key's patterns together pass [`MAX_PATTERNS_COMPILED_BYTES`].
+    pub(super) fn compile(&mut self) -> Result<(), String> {
+        for (key, p) in &mut self.regexes {
+            if p.set.len() == p.sources.len() {
+                continue;
+            }
+            p.set = anchored_set(&p.sources).map_err(|e| {
+                format!(
+                    "the {} value_regex patterns of key '{key}' together: {e}",
+                    p.sources.len()
+                )
+            })?;
+        }
+        Ok(())
+    }
+
     /// Keeps the nodes before `len` (a failed file's additions undone).
     pub(super) fn truncate(&mut self, len: usize) {
+        self.regexes.retain(|_, p| {
+            let keep = p.nodes.iter().take_while(|&&i| i < len).count();
+            if keep < p.nodes.len() {
+                p.nodes.truncate(keep);
+                p.sources.truncate(keep);
+                // The set it had before the failed file: it compiled then.
+                p.set = anchored_set(&p.sources).unwrap_or_else(|_| regex::RegexSet::empty());
+            }
+            keep > 0
+        });
         self.order.retain(|&i| i < len);
         self.by_prefix.retain(|_, ids| {
             ids.retain(|&i| i < len);
@@ -538,7 +634,12 @@ impl Wildcards {
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.order.is_empty() && self.regexes.is_empty()
+    }
+
+    /// The first `value_regex` node on `key`, in YAML order, whose pattern matches `value`.
+    fn first_regex(&self, key: &str, value: &str) -> Option<usize> {
+        self.regexes.get(key)?.first_match(value)
     }
 
     /// The first node in YAML order whose pattern matches `composite`.
@@ -570,6 +671,13 @@ pub(super) struct Node {
     pub(super) share_threshold: bool,
     pub(super) value_to_metric: bool,
     pub(super) children: Level,
+}
+
+impl Node {
+    /// Whether the node matches by `value_regex` (its composite is `key~pattern`).
+    fn is_pattern(&self) -> bool {
+        self.composite.as_bytes().get(self.key.len()) == Some(&b'~')
+    }
 }
 
 impl Level {
@@ -616,18 +724,31 @@ impl Level {
     /// The node whose composite key is the entry's key alone.
     fn key_only(&self, key: &str) -> Option<&Node> {
         if self.nodes.len() <= Self::SCAN_AT_MOST {
-            return self.nodes.iter().find(|n| *n.composite == *key);
+            // A `value_regex` node's composite (`key~pattern`) is no key-only node's.
+            return self
+                .nodes
+                .iter()
+                .find(|n| *n.composite == *key && *n.key == *key);
         }
         self.get(key)
     }
 
-    /// The first wildcard node, in YAML order, whose pattern matches the entry's `key_value`.
+    /// The first wildcard or `value_regex` node, in YAML order, whose pattern matches the
+    /// entry (a wildcard its `key_value`, a `value_regex` all of its value).
     fn match_wildcard(&self, probe: &mut Probe<'_, '_>) -> Option<&Node> {
         if self.wildcards.is_empty() {
             return None;
         }
-        let composite = probe.composite();
-        let i = self.wildcards.first_match(&self.nodes, composite)?;
+        let (key, value) = (probe.entry.key.as_str(), probe.entry.value.as_str());
+        let regex = self.wildcards.first_regex(key, value);
+        let glob = match self.wildcards.order.is_empty() {
+            true => None,
+            false => self.wildcards.first_match(&self.nodes, probe.composite()),
+        };
+        let i = match (glob, regex) {
+            (Some(g), Some(r)) => g.min(r),
+            (g, r) => g.or(r)?,
+        };
         self.nodes.get(i)
     }
 

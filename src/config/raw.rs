@@ -31,6 +31,7 @@ pub(crate) const VALID_KEYS: &[&str] = &[
     "quota_mode",
     "metadata",
     // Sluice extensions (see [`EXTENSION_KEYS`]).
+    "value_regex",
     "algorithm",
     "burst",
     "charge_refused",
@@ -44,6 +45,7 @@ pub(crate) const VALID_KEYS: &[&str] = &[
 /// The keys Sluice accepts that envoyproxy/ratelimit does not: a file using any of them no
 /// longer loads in the Go service (`check-config --strict-envoy` reports them).
 pub(crate) const EXTENSION_KEYS: &[&str] = &[
+    "value_regex",
     "algorithm",
     "burst",
     "charge_refused",
@@ -73,6 +75,10 @@ pub struct RawDescriptor {
     pub key: String,
     #[serde(default, deserialize_with = "lenient_string")]
     pub value: String,
+    /// Sluice extension: a regular expression the request's whole value must match, instead
+    /// of `value`; `None` when absent or null.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub value_regex: Option<String>,
     #[serde(default)]
     pub rate_limit: Option<RawRateLimit>,
     /// Sluice extension: several limits, all enforced. `None` when absent (or null), so that an

@@ -663,3 +663,93 @@ descriptors:
         assert_eq!(block(fields), message, "{fields}");
     }
 }
+
+/// Issue 52: `value_regex` ranks with the wildcards in YAML order, after an exact value and
+/// before the key alone, and matches the whole value.
+const PATTERNS: &str = r#"
+domain: d
+descriptors:
+  - key: v
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: v
+    value: v2
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: v
+    value_regex: "v[0-9]+"
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: v
+    value: v*
+    rate_limit: {unit: second, requests_per_unit: 4}
+  - key: v
+    value_regex: "v[a-z]+"
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: other
+    value_regex: "v[0-9]+"
+    descriptors:
+      - key: tier
+        value_regex: "gold|silver"
+        rate_limit: {unit: second, requests_per_unit: 6}
+"#;
+
+#[test]
+fn value_regex_ranks_with_wildcards_in_yaml_order_after_exact_values() {
+    let cfg = config(PATTERNS);
+    let key = |entries: &[(&str, &str)]| key_of(&cfg, entries);
+    // Exact first, whatever the patterns say.
+    assert_eq!(key(&[("v", "v2")]).as_deref(), Some("d.v_v2"));
+    // The pattern comes before the wildcard in YAML order; the wildcard before the next one.
+    assert_eq!(key(&[("v", "v17")]).as_deref(), Some("d.v~v[0-9]+"));
+    assert_eq!(key(&[("v", "vabc")]).as_deref(), Some("d.v_v*"));
+    // A full match only: "xv17" and "v17x" are not matched by `v[0-9]+`.
+    assert_eq!(key(&[("v", "xv17")]).as_deref(), Some("d.v"));
+    assert_eq!(key(&[("v", "v17x")]).as_deref(), Some("d.v_v*"));
+    // Nested patterns, on their own keys.
+    assert_eq!(
+        key(&[("other", "v9"), ("tier", "gold")]).as_deref(),
+        Some("d.other~v[0-9]+.tier~gold|silver")
+    );
+    assert_eq!(key(&[("other", "v9"), ("tier", "golden")]), None);
+    // A value spelling the pattern's composite is no exact match of it.
+    assert_eq!(key(&[("v", "~v[0-9]+")]).as_deref(), Some("d.v"));
+}
+
+#[test]
+fn bad_value_regexes_are_refused_naming_the_pattern() {
+    let one = |fields: &str| {
+        build_err(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    {fields}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        ))
+    };
+    let err = one("value_regex: \"v(\"");
+    assert!(err.starts_with("invalid value_regex 'v(': "), "{err}");
+    assert_eq!(
+        one("value: a\n    value_regex: b"),
+        "descriptor 'k' has both value and value_regex: give one"
+    );
+    let long = "a".repeat(5_000);
+    let err = one(&format!("value_regex: \"{long}\""));
+    assert!(err.contains("is 5000 bytes; the most is 4096"), "{err}");
+    // Patterns too large once compiled: a big counted repetition.
+    let err = one("value_regex: \"(\\\\w{100}){100}\"");
+    assert!(err.starts_with("invalid value_regex"), "{err}");
+    let twice = "domain: d\ndescriptors:\n  - key: k\n    value_regex: a+\n  - key: k\n    value_regex: a+\n";
+    assert_eq!(build_err(twice), "duplicate value_regex 'a+' for key 'k'");
+}
+
+#[test]
+fn many_value_regexes_on_a_key_match_in_one_set() {
+    let mut yaml = String::from("domain: d\ndescriptors:\n");
+    for i in 0..2_000 {
+        yaml.push_str(&format!(
+            "  - key: tenant\n    value_regex: \"t{i}-[a-z]+\"\n    rate_limit: {{unit: second, requests_per_unit: {}}}\n",
+            i + 1
+        ));
+    }
+    let cfg = config(&yaml);
+    let limit = |v: &str| {
+        look(&cfg, &[("tenant", v)]).map(|m| m.limit.slowest_block().unwrap().requests_per_unit)
+    };
+    assert_eq!(limit("t0-abc"), Some(1));
+    assert_eq!(limit("t1999-x"), Some(2_000));
+    assert_eq!(limit("t1999-"), None);
+}

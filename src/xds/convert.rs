@@ -67,6 +67,8 @@ fn descriptor(d: RateLimitDescriptor) -> RawDescriptor {
     RawDescriptor {
         key: d.key,
         value: d.value,
+        // The resource has no field for a pattern.
+        value_regex: None,
         rate_limit: d.rate_limit.map(policy),
         // The resource has no field for Sluice's extensions nor for share_threshold and
         // value_to_metric: they keep their defaults, as in the Go service.
