@@ -118,20 +118,7 @@ fn load_descriptors(
         if d.key.is_empty() {
             return Err("descriptor has empty key".to_owned());
         }
-        let composite = match (&d.value_regex, d.value.is_empty()) {
-            (Some(_), false) => {
-                return Err(format!(
-                    "descriptor '{}' has both value and value_regex: give one",
-                    d.key
-                ));
-            }
-            (Some(pattern), true) => {
-                check_pattern(pattern)?;
-                format!("{}~{pattern}", d.key)
-            }
-            (None, true) => d.key.clone(),
-            (None, false) => format!("{}_{}", d.key, d.value),
-        };
+        let composite = composite_of(&d)?;
         let full_key = format!("{parent_key}{composite}");
         if d.value_regex.is_none() && level.index.contains_key(composite.as_str()) {
             return Err(format!("duplicate descriptor composite key '{full_key}'"));
@@ -201,6 +188,25 @@ fn load_descriptors(
         });
     }
     level.wildcards.compile()
+}
+
+/// Go's map key of a descriptor at its level: `key`, or `key_value`; a `value_regex`
+/// descriptor's is `key~pattern`, which no request's `key_value` is.
+fn composite_of(d: &RawDescriptor) -> Result<String, String> {
+    Ok(match (&d.value_regex, d.value.is_empty()) {
+        (Some(_), false) => {
+            return Err(format!(
+                "descriptor '{}' has both value and value_regex: give one",
+                d.key
+            ));
+        }
+        (Some(pattern), true) => {
+            check_pattern(pattern)?;
+            format!("{}~{pattern}", d.key)
+        }
+        (None, true) => d.key.clone(),
+        (None, false) => format!("{}_{}", d.key, d.value),
+    })
 }
 
 /// A descriptor's limit before it is placed: its rule, name and `replaces`.
