@@ -419,18 +419,18 @@ const EXTENSION_ERRORS: &[(&str, &str)] = &[
     ),
     (
         "unlimited_with_algorithm.yaml",
-        "should not specify algorithm, burst, charge_refused, unit_multiplier or safe_capacity \
-             when unlimited",
+        "should not specify algorithm, burst, charge_refused, unit_multiplier, safe_capacity, \
+             time_zone or week_start when unlimited",
     ),
     (
         "unlimited_with_burst.yaml",
-        "should not specify algorithm, burst, charge_refused, unit_multiplier or safe_capacity \
-             when unlimited",
+        "should not specify algorithm, burst, charge_refused, unit_multiplier, safe_capacity, \
+             time_zone or week_start when unlimited",
     ),
     (
         "unlimited_with_charge_refused.yaml",
-        "should not specify algorithm, burst, charge_refused, unit_multiplier or safe_capacity \
-             when unlimited",
+        "should not specify algorithm, burst, charge_refused, unit_multiplier, safe_capacity, \
+             time_zone or week_start when unlimited",
     ),
     (
         "charge_refused_false_fixed_window.yaml",

@@ -121,7 +121,8 @@ thread_local! {
 }
 
 /// How the owner must refuse a batch, if it must: another protocol version first, then the
-/// first hit with a unit (Envoy's numbers, 1 to 7) or an algorithm (0 to 3) it does not know.
+/// first hit with a unit (Envoy's numbers, 1 to 7), a calendar or an algorithm (0 to 3) it
+/// does not know.
 fn first_problem(req: &ApplyRequest) -> Option<(tonic::Code, String)> {
     if req.protocol_version != PROTOCOL_VERSION {
         return Some((
@@ -151,6 +152,8 @@ fn first_problem(req: &ApplyRequest) -> Option<(tonic::Code, String)> {
                     h.unit_multiplier
                 ),
             ))
+        } else if let Err(e) = sluice::limiter::Calendar::from_wire(&h.calendar) {
+            Some((tonic::Code::InvalidArgument, format!("peer hit: {e}")))
         } else if !(0..=3).contains(&h.algorithm) {
             refused("algorithm", h.algorithm)
         } else {
@@ -172,8 +175,12 @@ fn check_decision(hit: &PeerHit, d: &sluice::cluster::peer::PeerDecision) {
         if !d.over {
             assert_eq!(u64::from(d.remaining), limit - d.count_after);
         }
-        let window = sluice::limiter::Window::new(unit, hit.unit_multiplier).secs();
-        assert!((1..=window).contains(&d.reset_after_secs), "{d:?}");
+        let calendar = sluice::limiter::Calendar::from_wire(&hit.calendar).expect("checked");
+        let window = sluice::limiter::Window::new(unit, hit.unit_multiplier).on(calendar);
+        assert!(
+            (1..=window.max_secs()).contains(&d.reset_after_secs),
+            "{d:?}"
+        );
     }
 }
 
