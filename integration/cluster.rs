@@ -2479,14 +2479,22 @@ descriptors:
         (v["overallCode"] == "OK", token.map(str::to_owned))
     }
 
+    /// Reserves 30 of the budget of 50 through node 0 (its token), and sees node 1 refuse 30
+    /// more.
+    fn reserve_then_refuse(nodes: &[Node]) -> String {
+        let reserve = ("sluice_reserve", "1");
+        let (ok, first) = reservation(&nodes[0], reserve, 30);
+        let first = first.filter(|_| ok).expect("the first estimate fits");
+        assert_eq!(reservation(&nodes[1], reserve, 30), (false, None));
+        first
+    }
+
     /// Issue 51 on three nodes: a budget of 50, estimates of 30 reserved and settled through
     /// different nodes; the settle gives back what the estimate passed the cost, wherever the
     /// reservation was made.
     fn reservations_across_nodes(nodes: &[Node]) {
         let reserve = ("sluice_reserve", "1");
-        let (ok, first) = reservation(&nodes[0], reserve, 30);
-        let first = first.filter(|_| ok).expect("the first estimate fits");
-        assert_eq!(reservation(&nodes[1], reserve, 30), (false, None));
+        let first = reserve_then_refuse(nodes);
         assert!(reservation(&nodes[2], ("sluice_reservation", &first), 10).0);
         assert!(reservation(&nodes[1], reserve, 30).0, "20 came back");
         assert_eq!(reservation(&nodes[0], reserve, 30), (false, None));
@@ -2497,9 +2505,7 @@ descriptors:
     /// another node, what it gives back is not the others' to spend (never past the budget).
     fn reservations_on_leases(nodes: &[Node]) {
         let reserve = ("sluice_reserve", "1");
-        let (ok, first) = reservation(&nodes[0], reserve, 30);
-        let first = first.filter(|_| ok).expect("the first estimate fits");
-        assert_eq!(reservation(&nodes[1], reserve, 30), (false, None));
+        let first = reserve_then_refuse(nodes);
         assert!(reservation(&nodes[0], ("sluice_reservation", &first), 10).0);
         assert!(
             reservation(&nodes[0], reserve, 20).0,

@@ -329,26 +329,9 @@ pub(crate) async fn handle(
             get(&api, &domain, &levels, params.budget).await
         }
         (Method::PUT, LimitsPath::Limit { domain, levels }) => {
-            let bytes = match super::body::read(body, MAX_BODY_BYTES).await {
-                Ok(b) => b,
-                // The body reader's message names SLUICE_MAX_REQUEST_BYTES, which does not
-                // set this cap.
-                Err(e) if e.kind() == super::bad_request::Kind::BodyTooLarge => {
-                    return error(
-                        e.http_status(),
-                        format!("the body is larger than {MAX_BODY_BYTES} bytes"),
-                    );
-                }
-                Err(e) => return error(e.http_status(), e),
-            };
-            let body: Value = match serde_json::from_slice(&bytes) {
+            let body = match put_body(body).await {
                 Ok(v) => v,
-                Err(e) => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        format!("the body is not JSON: {e}"),
-                    );
-                }
+                Err(refused) => return refused,
             };
             let call = Call {
                 api: &api,
@@ -378,6 +361,28 @@ pub(crate) async fn handle(
         (_, LimitsPath::Limit { .. }) => not_allowed("GET, PUT, DELETE"),
         (_, LimitsPath::Domain(_) | LimitsPath::History) => not_allowed("GET"),
     }
+}
+
+/// A `PUT`'s body as JSON; the answer to send instead when it is too large (413) or not JSON
+/// (400).
+async fn put_body(body: Body) -> Result<Value, Response> {
+    let bytes = match super::body::read(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        // The body reader's message names SLUICE_MAX_REQUEST_BYTES, which does not set this cap.
+        Err(e) if e.kind() == super::bad_request::Kind::BodyTooLarge => {
+            return Err(error(
+                e.http_status(),
+                format!("the body is larger than {MAX_BODY_BYTES} bytes"),
+            ));
+        }
+        Err(e) => return Err(error(e.http_status(), e)),
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not JSON: {e}"),
+        )
+    })
 }
 
 async fn get(api: &LimitsApi, domain: &str, levels: &[Level], budget: bool) -> Response {
