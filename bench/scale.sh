@@ -4,10 +4,11 @@
 #   bench/scale.sh                              # every curve: about 10 minutes
 #   SCALE_CURVES="counters lease" bench/scale.sh
 #   SCALE_COUNTERS="10000 100000 1000000 10000000 100000000" bench/scale.sh   # 10^8: ~15 GB
+#   SCALE_CURVES=config SCALE_SHAPES=regex bench/scale.sh
 #
 #   counters  examples/scale_counters.rs: 10^4 to 10^7 live counters in the memory store
-#   config    examples/scale_config.rs: 10 to 10^5 descriptors in one domain, flat, nested and
-#             with wildcards
+#   config    examples/scale_config.rs: 10 to 10^5 descriptors in one domain: flat, nested,
+#             with wildcards and with value_regex patterns
 #   rlqs      examples/scale_rlqs.rs: 1 to 10,000 Envoy streams (simulated clients over real
 #             sockets) against a real `sluice` process
 #   lease     examples/scale_lease.rs: 10^3 to 10^6 held keys per node, one renewal round
@@ -27,6 +28,7 @@ bench_defaults
 CURVES=${SCALE_CURVES:-counters config rlqs lease}
 COUNTERS=${SCALE_COUNTERS:-10000 100000 1000000 10000000}
 DESCRIPTORS=${SCALE_DESCRIPTORS:-10 100 1000 10000 100000}
+SHAPES=${SCALE_SHAPES:-flat nested wildcard regex}
 STREAMS=${SCALE_STREAMS:-1 10 100 1000 5000 10000}
 HELD=${SCALE_HELD:-1000 10000 100000 1000000}
 RUNS="$OUT/scale.jsonl"
@@ -54,7 +56,7 @@ for curve in $CURVES; do
     case $curve in
         counters) for n in $COUNTERS; do one counters "$n"; done ;;
         config)
-            for shape in flat nested wildcard; do
+            for shape in $SHAPES; do
                 for n in $DESCRIPTORS; do one config "$n" "$shape"; done
             done
             ;;

@@ -6,7 +6,10 @@
 //!   sqrt(N) children `tenant: t<i>` with a `rate_limit`: N leaf limits;
 //! - `wildcard`: N wildcard descriptors, three in four Go's trailing wildcard `tenant: t<i>_*`,
 //!   every fourth Sluice's mid-value wildcard `tenant: t<i>_*_m` (#1085); a request's value
-//!   `t<i>_<k>` (or `t<i>_<k>_m`) matches exactly one of them.
+//!   `t<i>_<k>` (or `t<i>_<k>_m`) matches exactly one of them;
+//! - `regex`: N `value_regex` descriptors `tenant: t<i>_[0-9]+` (every fourth
+//!   `(?:gold|silver)-t<i>-[a-z]{2,8}`, an alternation with no literal prefix); a request's
+//!   value `t<i>_<k>` (or `gold-t<i>-<k's letters>`) matches exactly one of them (issue 52).
 //!
 //! The YAML is built in memory. Load is `parse_files` and a [`ConfigHandle`] over the result,
 //! as the service loads a file at start and on reload; the fastest of up to 5 rounds (fewer when
@@ -23,6 +26,7 @@
 //! cargo run --release --example scale_config -- 100000 flat
 //! cargo run --release --example scale_config -- 100000 nested
 //! cargo run --release --example scale_config -- 100000 wildcard
+//! cargo run --release --example scale_config -- 10000 regex
 //! ```
 
 #![allow(
@@ -59,6 +63,7 @@ enum Shape {
     Flat,
     Nested,
     Wildcard,
+    Regex,
 }
 
 impl Shape {
@@ -67,6 +72,7 @@ impl Shape {
             "flat" => Some(Shape::Flat),
             "nested" => Some(Shape::Nested),
             "wildcard" => Some(Shape::Wildcard),
+            "regex" => Some(Shape::Regex),
             _ => None,
         }
     }
@@ -76,6 +82,7 @@ impl Shape {
             Shape::Flat => "flat",
             Shape::Nested => "nested",
             Shape::Wildcard => "wildcard",
+            Shape::Regex => "regex",
         }
     }
 }
@@ -101,9 +108,17 @@ impl Layout {
         i / self.per
     }
 
-    /// Every fourth wildcard is a mid-value one.
+    /// Every fourth wildcard is a mid-value one, every fourth pattern an alternation.
     fn mid(i: usize) -> bool {
         i % 4 == 3
+    }
+
+    /// Pattern `i` of the `regex` shape.
+    fn pattern(i: usize) -> String {
+        match Self::mid(i) {
+            true => format!("(?:gold|silver)-t{i}-[a-z]{{2,8}}"),
+            false => format!("t{i}_[0-9]+"),
+        }
     }
 
     /// The config file's text.
@@ -121,6 +136,13 @@ impl Layout {
                     let _ = writeln!(
                         out,
                         "  - key: tenant\n    value: \"t{i}_*{tail}\"\n    {LIMIT}"
+                    );
+                }
+                Shape::Regex => {
+                    let p = Self::pattern(i);
+                    let _ = writeln!(
+                        out,
+                        "  - key: tenant\n    value_regex: \"{p}\"\n    {LIMIT}"
                     );
                 }
                 Shape::Nested => {
@@ -150,6 +172,13 @@ impl Layout {
                 vec![Entry::new("tenant", format!("t{i}_{}_m", salt % 1000))]
             }
             Shape::Wildcard => vec![Entry::new("tenant", format!("t{i}_{}", salt % 1000))],
+            Shape::Regex if Self::mid(i) => {
+                let letters: String = (0..2 + salt % 7)
+                    .map(|k| char::from(b'a' + ((salt >> (k * 4)) % 26) as u8))
+                    .collect();
+                vec![Entry::new("tenant", format!("gold-t{i}-{letters}"))]
+            }
+            Shape::Regex => vec![Entry::new("tenant", format!("t{i}_{}", salt % 1000))],
         }
     }
 
@@ -160,12 +189,13 @@ impl Layout {
             Shape::Nested => format!("{DOMAIN}.region_r{}.tenant_t{i}", self.region(i)),
             Shape::Wildcard if Self::mid(i) => format!("{DOMAIN}.tenant_t{i}_*_m"),
             Shape::Wildcard => format!("{DOMAIN}.tenant_t{i}_*"),
+            Shape::Regex => format!("{DOMAIN}.tenant~{}", Self::pattern(i)),
         }
     }
 
     /// A request near limit `i` that matches none: an unknown tenant (under a known region for
-    /// `nested`, so the walk reaches the second level). For `wildcard` it is tried against every
-    /// pattern.
+    /// `nested`, so the walk reaches the second level). For `wildcard` and `regex` it is tried
+    /// against every pattern.
     fn miss(self, i: usize) -> Vec<Entry> {
         match self.shape {
             Shape::Flat => vec![Entry::new("tenant", format!("x{i}"))],
@@ -173,7 +203,7 @@ impl Layout {
                 Entry::new("region", format!("r{}", self.region(i))),
                 Entry::new("tenant", format!("x{i}")),
             ],
-            Shape::Wildcard => vec![Entry::new("tenant", format!("x{i}_0"))],
+            Shape::Wildcard | Shape::Regex => vec![Entry::new("tenant", format!("x{i}_0"))],
         }
     }
 }
@@ -389,7 +419,7 @@ fn main() {
         _ => None,
     };
     let Some((n, shape)) = parsed else {
-        eprintln!("usage: scale_config N flat|nested|wildcard");
+        eprintln!("usage: scale_config N flat|nested|wildcard|regex");
         std::process::exit(2);
     };
     let layout = Layout::new(shape, n);

@@ -7,6 +7,8 @@
 //! probe.
 
 pub use super::limit::{Block, Limit, Rule, Source};
+use super::patterns::Patterns;
+pub(super) use super::patterns::check_pattern;
 use super::runtime_layer::{PathLevel, ROOT, RtNode, RuntimeLayer, RuntimeLimit};
 use crate::descriptor::Entry;
 use crate::limiter::Algorithm;
@@ -522,49 +524,6 @@ pub(super) struct Wildcards {
     regexes: FastMap<Box<str>, Patterns>,
 }
 
-/// One key's `value_regex` nodes at a level: their patterns, in YAML order, compiled into one
-/// [`regex::RegexSet`] (anchored: a full match of the value), so a value is tried against every
-/// pattern in one pass however many there are.
-#[derive(Debug)]
-pub(super) struct Patterns {
-    nodes: Vec<usize>,
-    sources: Vec<String>,
-    set: regex::RegexSet,
-}
-
-/// The longest `value_regex`, in bytes of YAML text.
-pub(crate) const MAX_PATTERN_BYTES: usize = 4_096;
-/// How large one key's compiled patterns may grow (the `regex` crate's size limit).
-pub(crate) const MAX_PATTERNS_COMPILED_BYTES: usize = 256 << 20;
-
-impl Patterns {
-    /// The first node, in YAML order, whose pattern matches all of `value`.
-    fn first_match(&self, value: &str) -> Option<usize> {
-        self.set.matches(value).iter().next().map(|i| self.nodes[i])
-    }
-}
-
-/// Checks one `value_regex` as the YAML gives it: its length, its syntax and its compiled size.
-pub(super) fn check_pattern(pattern: &str) -> Result<(), String> {
-    if pattern.len() > MAX_PATTERN_BYTES {
-        return Err(format!(
-            "value_regex '{}...' is {} bytes; the most is {MAX_PATTERN_BYTES}",
-            pattern.chars().take(40).collect::<String>(),
-            pattern.len()
-        ));
-    }
-    anchored_set(&[pattern.to_owned()])
-        .map(drop)
-        .map_err(|e| format!("invalid value_regex '{pattern}': {e}"))
-}
-
-/// The patterns, each anchored at both ends, as one set within the size limit.
-fn anchored_set(patterns: &[String]) -> Result<regex::RegexSet, regex::Error> {
-    regex::RegexSetBuilder::new(patterns.iter().map(|p| format!("^(?:{p})$")))
-        .size_limit(MAX_PATTERNS_COMPILED_BYTES)
-        .build()
-}
-
 impl Wildcards {
     /// Node `i`, whose composite key is the pattern `composite`; nodes come in YAML order.
     pub(super) fn push(&mut self, i: usize, composite: &str) {
@@ -580,27 +539,20 @@ impl Wildcards {
     /// [`check_pattern`]); nodes come in YAML order. Matched once [`Wildcards::compile`] ran.
     /// `Err` for a pattern the key already has.
     pub(super) fn push_regex(&mut self, i: usize, key: &str, pattern: &str) -> Result<(), String> {
-        let entry = self.regexes.entry(key.into()).or_insert_with(|| Patterns {
-            nodes: Vec::new(),
-            sources: Vec::new(),
-            set: regex::RegexSet::empty(),
-        });
-        if entry.sources.iter().any(|s| s == pattern) {
-            return Err(format!("duplicate value_regex '{pattern}' for key '{key}'"));
-        }
-        entry.nodes.push(i);
-        entry.sources.push(pattern.to_owned());
-        Ok(())
+        self.regexes
+            .entry(key.into())
+            .or_default()
+            .push(i, key, pattern)
     }
 
     /// Compiles each key's patterns into one set, once a level's nodes are all in; `Err` when
-    /// a key's patterns together pass [`MAX_PATTERNS_COMPILED_BYTES`].
+    /// a key's patterns together pass [`super::patterns::MAX_PATTERNS_COMPILED_BYTES`].
     pub(super) fn compile(&mut self) -> Result<(), String> {
         for (key, p) in &mut self.regexes {
-            if p.set.len() == p.sources.len() {
+            if p.is_compiled() {
                 continue;
             }
-            p.set = anchored_set(&p.sources).map_err(|e| {
+            p.compile().map_err(|e| {
                 format!(
                     "the {} value_regex patterns of key '{key}' together: {e}",
                     p.sources.len()
@@ -615,10 +567,7 @@ impl Wildcards {
         self.regexes.retain(|_, p| {
             let keep = p.nodes.iter().take_while(|&&i| i < len).count();
             if keep < p.nodes.len() {
-                p.nodes.truncate(keep);
-                p.sources.truncate(keep);
-                // The set it had before the failed file: it compiled then.
-                p.set = anchored_set(&p.sources).unwrap_or_else(|_| regex::RegexSet::empty());
+                p.truncate(keep);
             }
             keep > 0
         });

@@ -31,6 +31,7 @@ pub(crate) mod build;
 pub(crate) mod limit;
 pub(crate) mod load;
 pub(crate) mod lookup;
+pub(crate) mod patterns;
 pub(crate) mod poll;
 pub(crate) mod raw;
 pub mod runtime;
