@@ -39,6 +39,7 @@ fn traffic() -> Vec<u64> {
 /// Runs `arrivals` (µs after START) through one algorithm; returns the admitted times.
 fn admitted(algorithm: Algorithm, arrivals: &[u64]) -> Vec<u64> {
     let quota = Quota {
+        penalty: None,
         safe_capacity: None,
         requests_per_unit: LIMIT,
         unit: Unit::Second,

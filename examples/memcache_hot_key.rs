@@ -59,6 +59,7 @@ async fn store(port: u16) -> MemcacheStore {
 /// Decisions and failures in `seconds`, `CALLERS` callers on each of `replicas` stores.
 async fn run(port: u16, algorithm: Algorithm, replicas: usize, seconds: f64) -> (u64, u64) {
     let quota = Quota {
+        penalty: None,
         safe_capacity: None,
         requests_per_unit: u32::MAX,
         unit: Unit::Hour,

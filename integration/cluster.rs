@@ -613,6 +613,7 @@ mod durable {
         .map(|algorithm| Hit {
             key: KEY,
             quota: Quota {
+                penalty: None,
                 safe_capacity: None,
                 requests_per_unit: 10,
                 unit: Unit::Minute,
@@ -857,6 +858,7 @@ mod peer_versions {
     /// `hits` hits on `d`/`k`=`v` at 10 per hour, in protocol `version`.
     fn request(version: u32, hits: u64) -> ApplyRequest {
         let quota = Quota {
+            penalty: None,
             safe_capacity: None,
             requests_per_unit: 10,
             unit: Unit::Hour,
@@ -1065,6 +1067,7 @@ mod peer_tls {
     fn peer_hits(value: &str, hits: u64) -> Vec<PeerHit> {
         let key = format!("d_k_{value}_");
         let quota = Quota {
+            penalty: None,
             safe_capacity: None,
             requests_per_unit: 10,
             unit: Unit::Hour,

@@ -112,6 +112,7 @@ async fn store(settings: &RedisConfig) -> RedisStore {
 
 fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quota {
     Quota {
+        penalty: None,
         safe_capacity: None,
         requests_per_unit: rpu,
         unit,

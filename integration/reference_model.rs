@@ -188,6 +188,7 @@ fn fixed_window(quota: &Quota, log: &mut Vec<(u64, i128)>, now: Timestamp, hits:
     let limit = u64::from(quota.requests_per_unit);
     let over = count_after > limit;
     Decision {
+        penalized: false,
         count_after,
         count_before,
         over,
@@ -228,6 +229,7 @@ fn sliding_window(
     }
     let count_after = after.div_ceil(length) as u64;
     Decision {
+        penalized: false,
         count_after,
         count_before: before.div_ceil(length) as u64,
         over,
@@ -320,6 +322,7 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
         probe.saturating_sub(tolerance)
     };
     Decision {
+        penalized: false,
         count_after: count(probe),
         count_before: count(from),
         over,
@@ -338,6 +341,7 @@ fn bucket(quota: &Quota, tat: &mut u128, now: Timestamp, hits: u64) -> Decision 
 /// bucket's period (it has no epoch-aligned window to end).
 fn nothing_passes(quota: &Quota, hits: u64) -> Decision {
     Decision {
+        penalized: false,
         count_after: hits,
         count_before: 0,
         over: hits > 0,

@@ -148,6 +148,7 @@ pub fn at(secs: u64) -> Timestamp {
 
 pub fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: u32) -> Quota {
     Quota {
+        penalty: None,
         safe_capacity: None,
         requests_per_unit: rpu,
         unit,
@@ -811,6 +812,7 @@ fn any_quota() -> impl Strategy<Value = Quota> {
     )
         .prop_map(
             |(algorithm, rpu, unit, unit_multiplier, burst, charge_refused)| Quota {
+                penalty: None,
                 safe_capacity: None,
                 requests_per_unit: rpu,
                 unit,

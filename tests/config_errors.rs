@@ -420,17 +420,17 @@ const EXTENSION_ERRORS: &[(&str, &str)] = &[
     (
         "unlimited_with_algorithm.yaml",
         "should not specify algorithm, burst, charge_refused, unit_multiplier, safe_capacity, \
-             time_zone or week_start when unlimited",
+             time_zone, week_start, penalty_seconds or penalty_extends when unlimited",
     ),
     (
         "unlimited_with_burst.yaml",
         "should not specify algorithm, burst, charge_refused, unit_multiplier, safe_capacity, \
-             time_zone or week_start when unlimited",
+             time_zone, week_start, penalty_seconds or penalty_extends when unlimited",
     ),
     (
         "unlimited_with_charge_refused.yaml",
         "should not specify algorithm, burst, charge_refused, unit_multiplier, safe_capacity, \
-             time_zone or week_start when unlimited",
+             time_zone, week_start, penalty_seconds or penalty_extends when unlimited",
     ),
     (
         "charge_refused_false_fixed_window.yaml",
@@ -501,6 +501,7 @@ fn blocks_of(cfg: &RateLimitConfig, entries: &[(&str, &str)]) -> Vec<Block> {
 
 fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quota {
     Quota {
+        penalty: None,
         safe_capacity: None,
         requests_per_unit: rpu,
         unit,

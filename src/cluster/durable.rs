@@ -809,6 +809,7 @@ mod tests {
         );
         // A token bucket of 10 per second with a burst of 5: 500 ms either side.
         let b = Quota {
+            penalty: None,
             safe_capacity: None,
             requests_per_unit: 10,
             unit: Unit::Second,

@@ -1150,6 +1150,7 @@ fn is_slots(hit: &Hit<'_>) -> bool {
 /// to be peeked at). No real decision is this one: every algorithm reports at least a second
 /// until its reset.
 const UNANSWERED: Decision = Decision {
+    penalized: false,
     count_after: 0,
     count_before: 0,
     over: false,

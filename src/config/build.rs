@@ -6,7 +6,7 @@ use super::StatsSlot;
 use super::limit::{Block, Limit, Rule, Source};
 use super::lookup::{Domain, FastMap, Level, Node, RateLimitConfig, check_pattern};
 use super::raw::{RawDescriptor, RawRateLimit, RawRoot, go_format};
-use crate::limiter::{Algorithm, Calendar, Quota, Unit, Window, concurrency};
+use crate::limiter::{Algorithm, Calendar, Penalty, Quota, Unit, Window, concurrency};
 use serde_yaml_ng::Value as Yaml;
 use std::num::NonZeroU32;
 
@@ -225,10 +225,13 @@ fn single_limit(rl: RawRateLimit, month: Calendar) -> Result<LimitParts, String>
             || rl.safe_capacity.is_some()
             || rl.time_zone.is_some()
             || rl.week_start.is_some()
+            || rl.penalty_seconds.is_some()
+            || rl.penalty_extends.is_some()
         {
             return Err(
                 "should not specify algorithm, burst, charge_refused, unit_multiplier, \
-                 safe_capacity, time_zone or week_start when unlimited"
+                 safe_capacity, time_zone, week_start, penalty_seconds or penalty_extends \
+                 when unlimited"
                     .to_owned(),
             );
         }
@@ -323,6 +326,7 @@ fn block(rl: &RawRateLimit, month: Calendar) -> Result<Block, String> {
     };
     Ok(Block {
         quota: Quota {
+            penalty: penalty(rl)?,
             requests_per_unit: rl.requests_per_unit,
             unit,
             unit_multiplier,
@@ -334,6 +338,29 @@ fn block(rl: &RawRateLimit, month: Calendar) -> Result<Block, String> {
         },
         name: rl.name.clone(),
     })
+}
+
+/// The longest `penalty_seconds`: a year.
+pub(crate) const MAX_PENALTY_SECS: u32 = 366 * 86_400;
+
+/// A block's `penalty_seconds` and `penalty_extends`.
+fn penalty(rl: &RawRateLimit) -> Result<Option<Penalty>, String> {
+    match (rl.penalty_seconds, rl.penalty_extends) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err("penalty_extends needs penalty_seconds".to_owned()),
+        (Some(n), _) if n > MAX_PENALTY_SECS => Err(format!(
+            "penalty_seconds {n} is longer than a year ({MAX_PENALTY_SECS})"
+        )),
+        (Some(n), extends) => {
+            let secs = NonZeroU32::new(n).ok_or_else(|| {
+                "penalty_seconds must be at least 1 (omit it for no penalty)".to_owned()
+            })?;
+            Ok(Some(Penalty {
+                secs,
+                extends: extends.unwrap_or(false),
+            }))
+        }
+    }
 }
 
 /// A block's calendar: its `time_zone` and `week_start`, else `month` for a `unit: month`

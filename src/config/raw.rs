@@ -39,6 +39,8 @@ pub(crate) const VALID_KEYS: &[&str] = &[
     "safe_capacity",
     "time_zone",
     "week_start",
+    "penalty_seconds",
+    "penalty_extends",
     "rate_limits",
 ];
 
@@ -53,6 +55,8 @@ pub(crate) const EXTENSION_KEYS: &[&str] = &[
     "safe_capacity",
     "time_zone",
     "week_start",
+    "penalty_seconds",
+    "penalty_extends",
     "rate_limits",
 ];
 
@@ -138,6 +142,13 @@ pub struct RawRateLimit {
     /// Sluice extension: the first day of a `unit: week` in `time_zone` (`monday` when absent).
     #[serde(default, deserialize_with = "lenient_opt")]
     pub week_start: Option<String>,
+    /// Sluice extension: seconds a key stays refused after this limit refused it; `None` when
+    /// absent or null (then none).
+    #[serde(default)]
+    pub penalty_seconds: Option<u32>,
+    /// Sluice extension: requests during a penalty restart it; `None` when absent or null.
+    #[serde(default, deserialize_with = "lenient_opt")]
+    pub penalty_extends: Option<bool>,
 }
 
 /// One `replaces` entry.

@@ -753,3 +753,47 @@ fn many_value_regexes_on_a_key_match_in_one_set() {
     assert_eq!(limit("t1999-x"), Some(2_000));
     assert_eq!(limit("t1999-"), None);
 }
+
+/// Issue 52: `penalty_seconds` and `penalty_extends` on a block, and their mistakes.
+#[test]
+fn penalties_load_onto_their_block_and_bad_ones_are_refused() {
+    let cfg = config(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, penalty_seconds: 3}\n  - key: e\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, penalty_seconds: 60, penalty_extends: true}\n      - {unit: hour, requests_per_unit: 100}\n",
+    );
+    let penalties = |k: &str| {
+        look(&cfg, &[(k, "x")])
+            .map(|m| match &m.limit.rule {
+                crate::config::Rule::Limited(blocks) => {
+                    blocks.iter().map(|b| b.quota.penalty).collect::<Vec<_>>()
+                }
+                crate::config::Rule::Unlimited => Vec::new(),
+            })
+    };
+    let p = |secs, extends| {
+        Some(crate::limiter::Penalty {
+            secs: std::num::NonZeroU32::new(secs).unwrap(),
+            extends,
+        })
+    };
+    assert_eq!(penalties("k"), Some(vec![p(3, false)]));
+    assert_eq!(penalties("e"), Some(vec![p(60, true), None]));
+
+    let block = |fields: &str| {
+        build_err(&format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 5, {fields}}}\n"
+        ))
+    };
+    for (fields, message) in [
+        (
+            "penalty_seconds: 0",
+            "penalty_seconds must be at least 1 (omit it for no penalty)",
+        ),
+        (
+            "penalty_seconds: 31622401",
+            "penalty_seconds 31622401 is longer than a year (31622400)",
+        ),
+        ("penalty_extends: true", "penalty_extends needs penalty_seconds"),
+    ] {
+        assert_eq!(block(fields), message, "{fields}");
+    }
+}

@@ -265,6 +265,7 @@ pub fn decide(state: u128, now_us: u64, quota: &Quota, hits: u64) -> (Decision, 
             // A rate of 0 admits nothing and holds nothing (a charged refusal has no rate to
             // be waited out at); a peek still answers OK, as a fixed window of 0 does.
             let d = Decision {
+                penalized: false,
                 count_before: 0,
                 count_after: hits,
                 over: hits > 0,
@@ -320,6 +321,7 @@ pub fn decide_shaped(state: u128, now_us: u64, shape: Shape, hits: u64) -> (Deci
     };
     let per_sec = u128::from(den) * MICROS_PER_SEC;
     let decision = Decision {
+        penalized: false,
         count_before: count(from),
         count_after: count(tat_after),
         over,
@@ -367,6 +369,7 @@ mod tests {
 
     fn quota(algorithm: Algorithm, rpu: u32, unit: Unit, burst: Option<u32>) -> Quota {
         Quota {
+            penalty: None,
             safe_capacity: None,
             requests_per_unit: rpu,
             unit,

@@ -177,6 +177,7 @@ impl Slots {
             None => window_secs,
         };
         Decision {
+            penalized: false,
             count_after,
             count_before,
             over,
@@ -237,6 +238,7 @@ impl Slots {
 /// slot free (fail closed).
 pub fn refusal(quota: &Quota, hits: u64) -> Decision {
     Decision {
+        penalized: false,
         count_after: u64::from(quota.requests_per_unit).saturating_add(hits),
         count_before: u64::from(quota.requests_per_unit),
         over: true,

@@ -89,6 +89,7 @@ pub fn decide(state: u64, now_secs: u64, unit: Window, limit: u32, hits: u64) ->
         (u64::from(limit) - after) as u32
     };
     let decision = Decision {
+        penalized: false,
         count_after: after,
         count_before: before,
         over,

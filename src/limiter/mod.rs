@@ -25,7 +25,7 @@ pub use counter::CounterKind;
 use std::num::NonZeroU32;
 
 /// What one algorithm step concluded for a counter.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
     /// The count after this call's hits were added (saturating at 2^40 - 1 in a fixed window).
     pub count_after: u64,
@@ -41,6 +41,18 @@ pub struct Decision {
     /// Concurrency slots that expired before this call without being given back (each a lost
     /// refund); 0 for the other algorithms.
     pub expired: u32,
+    /// Refused by a penalty already in force (`penalty_seconds`, [`Penalty`]): the counter was
+    /// neither charged nor read, and `reset_after_secs` is when the penalty ends.
+    pub penalized: bool,
+}
+
+/// `penalty_seconds` (issue 52, a Sluice extension): once a limit refuses a key, every request
+/// of that key is refused for `secs` seconds from the refusal, across its window's reset. A
+/// request during the penalty is not counted and does not lengthen it unless `extends`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Penalty {
+    pub secs: NonZeroU32,
+    pub extends: bool,
 }
 
 /// How a limit counts. `FixedWindow` is envoyproxy/ratelimit's and stays byte-for-byte
@@ -123,6 +135,8 @@ pub struct Quota {
     /// parent is unreachable; `None`: the limit over the number of peers (or of clusters).
     /// Sent with lease asks but never part of a lease's quota.
     pub safe_capacity: Option<NonZeroU32>,
+    /// `penalty_seconds` and `penalty_extends`.
+    pub penalty: Option<Penalty>,
 }
 
 impl Quota {
@@ -137,6 +151,7 @@ impl Quota {
             burst: None,
             charge_refused: false,
             safe_capacity: None,
+            penalty: None,
         }
     }
 

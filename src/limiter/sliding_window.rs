@@ -141,6 +141,7 @@ pub fn decide(
     let remaining = (limit * unit_us).saturating_sub(used) / unit_us;
     let to_count = |scaled: u128| u64::try_from(scaled.div_ceil(unit_us)).unwrap_or(u64::MAX);
     let decision = Decision {
+        penalized: false,
         count_before: to_count(used_before),
         count_after: to_count(used_after),
         over,

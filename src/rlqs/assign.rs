@@ -170,6 +170,7 @@ mod tests {
 
     fn quota(rpu: u32, unit: Unit, algorithm: Algorithm, burst: Option<u32>) -> Quota {
         Quota {
+            penalty: None,
             safe_capacity: None,
             requests_per_unit: rpu,
             unit,

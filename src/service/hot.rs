@@ -118,6 +118,7 @@ mod tests {
 
     fn decision(count: u64, limit: u64, reset: u64) -> Decision {
         Decision {
+            penalized: false,
             count_after: count,
             count_before: count.saturating_sub(1),
             over: count > limit,

@@ -34,6 +34,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use portable_atomic::AtomicU128;
 
+use super::penalty::{self, Penalized};
 use super::{CounterStore, Hit, StoreError};
 use crate::clock::{Clock, Timestamp};
 use crate::limiter::concurrency::Slots;
@@ -240,6 +241,8 @@ pub struct MemoryStats {
     pub rejected_full: AtomicU64,
     /// Counters removed by the sweeper.
     pub swept: AtomicU64,
+    /// Penalties not kept because as many were in force as counters may be live.
+    pub penalties_dropped: AtomicU64,
 }
 
 /// A kind's table: of 64-bit words (fixed windows) or of 128-bit ones (sliding, buckets); a
@@ -278,6 +281,10 @@ struct Inner {
     sliding_multiplied: DashMap<Window, Arc<Table<AtomicU128>>>,
     /// Concurrency limits' slots, by window.
     slots: slots::SlotTables,
+    /// Penalties in force (`penalty_seconds`): each key's [`penalty::penalty_key`] and when
+    /// it ends, in microseconds. At most [`MemoryLimits::max_counters`] of them: a penalty is
+    /// kept only for a key a counter refused, and past the cap a refusal starts none.
+    penalties: DashMap<Box<str>, u64>,
     shards: usize,
     live: AtomicUsize,
     /// The live counters' accounted bytes ([`MemoryLimits::counter_bytes`] each).
@@ -318,6 +325,7 @@ impl MemoryStore {
                 fixed_multiplied: DashMap::default(),
                 sliding_multiplied: DashMap::default(),
                 slots: slots::SlotTables::default(),
+                penalties: DashMap::default(),
                 shards,
                 live: AtomicUsize::new(0),
                 bytes: AtomicUsize::new(0),
@@ -365,6 +373,11 @@ impl MemoryStore {
             longest_write_hold_ns: holds.longest_write_ns,
             longest_read_hold_ns: holds.longest_read_ns,
         }
+    }
+
+    /// Penalties held right now, some maybe over and not yet swept.
+    pub fn penalties_held(&self) -> usize {
+        self.inner.penalties.len()
     }
 
     /// Live counters right now.
@@ -653,6 +666,7 @@ impl Inner {
             removed = removed.add(gone);
         }
         removed = removed.add(self.slots.sweep(now, holds));
+        self.penalties.retain(|_, until| *until > now.micros());
         self.release(removed);
         self.stats
             .swept
@@ -783,7 +797,60 @@ impl CounterStore for MemoryStore {
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        async move {
+            match hits.iter().any(|h| h.quota.penalty.is_some()) {
+                false => self.apply_now(now, hits, out),
+                true => penalty::apply(self, now, hits, out).await,
+            }
+        }
+    }
+}
+
+impl Penalized for MemoryStore {
+    fn apply_counters<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         std::future::ready(self.apply_now(now, hits, out))
+    }
+
+    fn penalty_ends<'a>(
+        &'a self,
+        _now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> impl Future<Output = Result<Vec<Option<Timestamp>>, StoreError>> + Send + 'a {
+        let penalties = &self.inner.penalties;
+        let ends = hits
+            .iter()
+            .map(|h| {
+                let until = penalties.get(penalty::penalty_key(h.key, &h.quota).as_str())?;
+                Some(Timestamp::from_micros(*until))
+            })
+            .collect();
+        std::future::ready(Ok(ends))
+    }
+
+    fn record_penalties<'a>(
+        &'a self,
+        _now: Timestamp,
+        records: &'a [penalty::Record<'a>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        let inner = &*self.inner;
+        for r in records {
+            let key = penalty::penalty_key(r.key, &r.quota);
+            match inner.penalties.get_mut(key.as_str()) {
+                Some(mut until) => *until = r.until.micros(),
+                None if inner.penalties.len() < inner.limits.max_counters => {
+                    inner.penalties.insert(key.into(), r.until.micros());
+                }
+                None => {
+                    inner.stats.penalties_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        std::future::ready(Ok(()))
     }
 }
 

@@ -14,6 +14,7 @@ mod breaker;
 mod go_fixed;
 pub mod memcache;
 pub mod memory;
+pub mod penalty;
 pub mod redis;
 mod redis_client;
 mod redis_sentinel;

@@ -101,6 +101,9 @@ fn policy(p: RateLimitPolicy) -> RawRateLimit {
         unit_multiplier: None,
         time_zone: None,
         week_start: None,
+        // RateLimitPolicy has no place for a penalty: YAML only.
+        penalty_seconds: None,
+        penalty_extends: None,
     }
 }
 

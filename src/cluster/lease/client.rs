@@ -253,6 +253,7 @@ impl Held {
                 bucket::decide_shaped(self.tat, now_us, shape, 0).0
             }
             _ => Decision {
+                penalized: false,
                 count_before: 0,
                 count_after: 0,
                 over: false,
@@ -523,6 +524,7 @@ impl Held {
                 d
             }
             _ => Decision {
+                penalized: false,
                 count_before: 0,
                 count_after: hits,
                 over: true,
@@ -537,6 +539,7 @@ impl Held {
         let limit = u64::from(self.quota.requests_per_unit);
         let after = before + hits;
         Decision {
+            penalized: false,
             count_before: before,
             count_after: after,
             over,

@@ -479,6 +479,7 @@ fn window_end(quota: &Quota, epoch: u64) -> u64 {
 fn decision(quota: &Quota, now_us: u64, before: u64, hits: u64) -> Decision {
     let after = before + hits;
     Decision {
+        penalized: false,
         count_before: before,
         count_after: after,
         over: false,

@@ -17,6 +17,7 @@ const TIMING: LeaseTiming = LeaseTiming::DEFAULT;
 
 fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
     Quota {
+        penalty: None,
         safe_capacity: None,
         requests_per_unit: limit,
         unit,

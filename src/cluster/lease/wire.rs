@@ -142,6 +142,7 @@ mod tests {
     fn lease_asks_and_grants_cross_the_wire_unchanged() {
         let ask = Ask {
             quota: Quota {
+                penalty: None,
                 safe_capacity: NonZeroU32::new(30),
                 requests_per_unit: 100,
                 unit: Unit::Minute,

@@ -128,6 +128,7 @@ impl PeerHit {
         let calendar = Calendar::from_wire(&self.calendar)
             .map_err(|e| tonic::Status::invalid_argument(format!("peer hit: {e}")))?;
         Ok(Quota {
+            penalty: None,
             requests_per_unit: self.requests_per_unit,
             unit,
             unit_multiplier: self.unit_multiplier.max(1),
@@ -170,6 +171,7 @@ impl PeerDecision {
 impl From<PeerDecision> for Decision {
     fn from(d: PeerDecision) -> Self {
         Decision {
+            penalized: false,
             over: d.over,
             remaining: d.remaining,
             reset_after_secs: d.reset_after_secs,
@@ -189,6 +191,7 @@ mod tests {
 
     fn hit(key: &str, rate: u32, unit: Unit, algorithm: Algorithm, burst: u32, n: u64) -> PeerHit {
         let quota = Quota {
+            penalty: None,
             safe_capacity: None,
             requests_per_unit: rate,
             unit,
@@ -285,6 +288,7 @@ mod tests {
         assert_eq!(
             quotas[2],
             Quota {
+                penalty: None,
                 safe_capacity: None,
                 requests_per_unit: 100,
                 unit: Unit::Minute,
