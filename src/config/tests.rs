@@ -761,13 +761,12 @@ fn penalties_load_onto_their_block_and_bad_ones_are_refused() {
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 3, penalty_seconds: 3}\n  - key: e\n    rate_limits:\n      - {unit: second, requests_per_unit: 3, penalty_seconds: 60, penalty_extends: true}\n      - {unit: hour, requests_per_unit: 100}\n",
     );
     let penalties = |k: &str| {
-        look(&cfg, &[(k, "x")])
-            .map(|m| match &m.limit.rule {
-                crate::config::Rule::Limited(blocks) => {
-                    blocks.iter().map(|b| b.quota.penalty).collect::<Vec<_>>()
-                }
-                crate::config::Rule::Unlimited => Vec::new(),
-            })
+        look(&cfg, &[(k, "x")]).map(|m| match &m.limit.rule {
+            crate::config::Rule::Limited(blocks) => {
+                blocks.iter().map(|b| b.quota.penalty).collect::<Vec<_>>()
+            }
+            crate::config::Rule::Unlimited => Vec::new(),
+        })
     };
     let p = |secs, extends| {
         Some(crate::limiter::Penalty {
@@ -792,7 +791,10 @@ fn penalties_load_onto_their_block_and_bad_ones_are_refused() {
             "penalty_seconds: 31622401",
             "penalty_seconds 31622401 is longer than a year (31622400)",
         ),
-        ("penalty_extends: true", "penalty_extends needs penalty_seconds"),
+        (
+            "penalty_extends: true",
+            "penalty_extends needs penalty_seconds",
+        ),
     ] {
         assert_eq!(block(fields), message, "{fields}");
     }

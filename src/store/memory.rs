@@ -846,7 +846,10 @@ impl Penalized for MemoryStore {
                     inner.penalties.insert(key.into(), r.until.micros());
                 }
                 None => {
-                    inner.stats.penalties_dropped.fetch_add(1, Ordering::Relaxed);
+                    inner
+                        .stats
+                        .penalties_dropped
+                        .fetch_add(1, Ordering::Relaxed);
                 }
             }
         }

@@ -27,7 +27,10 @@ pub struct Record<'a> {
 /// The key a remote store (Redis, memcached) keeps a counter's penalty under: the counter's
 /// window stem and `sluice_penalty` (`d_k_v_sluice_penalty`). No Go instance reads it.
 pub fn penalty_key(stem: &str, quota: &Quota) -> String {
-    format!("{}sluice_penalty", crate::key::window_stem(stem, quota.window()))
+    format!(
+        "{}sluice_penalty",
+        crate::key::window_stem(stem, quota.window())
+    )
 }
 
 /// A store that keeps penalties beside its counters.
@@ -203,7 +206,10 @@ mod tests {
                 assert!(!ask(&store, q, at).await.over, "{algorithm:?} at {at} ms");
             }
             let fourth = ask(&store, q, 30).await;
-            assert!(fourth.over && !fourth.penalized, "{algorithm:?}: {fourth:?}");
+            assert!(
+                fourth.over && !fourth.penalized,
+                "{algorithm:?}: {fourth:?}"
+            );
             assert_eq!(fourth.reset_after_secs, 3, "{algorithm:?}");
             // The next second, and the one after: refused, uncounted, the penalty's end said.
             let next = ask(&store, q, 1_500).await;

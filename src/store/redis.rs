@@ -45,6 +45,7 @@ use redis::Value;
 use super::allowance::{AllowanceTuning, Allowances, Answer, RESERVE, Refill, Route};
 use super::breaker::Readiness;
 use super::go_fixed::{self, Jitter, OverLimitCache};
+use super::penalty::{self, Penalized};
 use super::redis_target::{Target, TargetOptions, run_within};
 use super::{CounterStore, Hit, StoreError};
 use crate::clock::Timestamp;
@@ -1201,7 +1202,7 @@ impl CounterStore for RedisStore {
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.apply_now(now, hits, out)
+        penalty::apply(self, now, hits, out)
     }
 
     fn refund<'a>(
@@ -1224,5 +1225,76 @@ impl CounterStore for RedisStore {
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.reset_now(now, hits)
+    }
+}
+
+/// Penalties as keys beside the counters' ([`penalty::penalty_key`]) whose TTL is what is
+/// left of the penalty: `PTTL` to read them, `SET ... PX` to start one.
+impl Penalized for RedisStore {
+    fn apply_counters<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.apply_now(now, hits, out)
+    }
+
+    async fn penalty_ends<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> Result<Vec<Option<Timestamp>>, StoreError> {
+        let mut ends = vec![None; hits.len()];
+        for (target, idx) in self.pipelines(hits.iter().enumerate()) {
+            let mut pipe = redis::pipe();
+            for &i in &idx {
+                pipe.cmd("PTTL")
+                    .arg(penalty::penalty_key(hits[i].key, &hits[i].quota));
+            }
+            let reply = checked_len(self.run(target, &pipe).await, idx.len())?;
+            for (&i, value) in idx.iter().zip(&reply) {
+                // -2: no such key; -1: no TTL (not Sluice's key); else milliseconds left.
+                if let Value::Int(ms @ 1..) = value {
+                    let left = u64::try_from(*ms).unwrap_or(0).saturating_mul(1_000);
+                    ends[i] = Some(Timestamp::from_micros(now.micros().saturating_add(left)));
+                }
+            }
+        }
+        Ok(ends)
+    }
+
+    async fn record_penalties<'a>(
+        &'a self,
+        now: Timestamp,
+        records: &'a [penalty::Record<'a>],
+    ) -> Result<(), StoreError> {
+        let hits: Vec<Hit<'_>> = records
+            .iter()
+            .map(|r| Hit {
+                key: r.key,
+                quota: r.quota,
+                hits: 0,
+            })
+            .collect();
+        for (target, idx) in self.pipelines(hits.iter().enumerate()) {
+            let mut pipe = redis::pipe();
+            for &i in &idx {
+                let r = &records[i];
+                let ms = r
+                    .until
+                    .micros()
+                    .saturating_sub(now.micros())
+                    .div_ceil(1_000);
+                pipe.cmd("SET")
+                    .arg(penalty::penalty_key(r.key, &r.quota))
+                    .arg(1)
+                    .arg("PX")
+                    .arg(ms.max(1))
+                    .ignore();
+            }
+            self.run(target, &pipe).await?;
+        }
+        Ok(())
     }
 }

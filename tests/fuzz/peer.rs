@@ -154,6 +154,14 @@ fn first_problem(req: &ApplyRequest) -> Option<(tonic::Code, String)> {
             ))
         } else if let Err(e) = sluice::limiter::Calendar::from_wire(&h.calendar) {
             Some((tonic::Code::InvalidArgument, format!("peer hit: {e}")))
+        } else if h.penalty_secs > 366 * 86_400 {
+            Some((
+                tonic::Code::InvalidArgument,
+                format!(
+                    "peer hit: penalty_secs {} is longer than a year",
+                    h.penalty_secs
+                ),
+            ))
         } else if !(0..=3).contains(&h.algorithm) {
             refused("algorithm", h.algorithm)
         } else {
@@ -165,6 +173,16 @@ fn first_problem(req: &ApplyRequest) -> Option<(tonic::Code, String)> {
 /// One decision is consistent with its hit's quota.
 fn check_decision(hit: &PeerHit, d: &sluice::cluster::peer::PeerDecision) {
     assert!(!d.over || d.remaining == 0, "over with room left: {d:?}");
+    if d.penalized {
+        // Refused by a penalty: only a hit of a limit with one, its counter untouched.
+        assert!(hit.penalty_secs > 0, "{hit:?} {d:?}");
+        assert_eq!((d.over, d.remaining), (hit.hits > 0, 0), "{d:?}");
+        assert!(
+            d.reset_after_secs <= u64::from(hit.penalty_secs),
+            "{hit:?} {d:?}"
+        );
+        return;
+    }
     let unit = Unit::from_proto_number(hit.unit).expect("checked");
     if hit.algorithm == 0 {
         // A fixed window: the count grows by the hits (saturating), and the answer follows.
@@ -251,6 +269,10 @@ fn hit() -> impl Strategy<Value = PeerHit> {
         prop_oneof![0u64..4, any::<u64>(), Just(u64::MAX)],
         any::<bool>(),
         prop_oneof![8 => Just(0u32), 1 => 1u32..10, 1 => any::<u32>()],
+        (
+            prop_oneof![8 => Just(0u32), 1 => 1u32..5, 1 => any::<u32>()],
+            any::<bool>(),
+        ),
         prop_oneof![
             6 => Just(String::new()),
             1 => Just("go-month".to_owned()),
@@ -269,6 +291,7 @@ fn hit() -> impl Strategy<Value = PeerHit> {
                 hits,
                 charge_refused,
                 unit_multiplier,
+                (penalty_secs, penalty_extends),
                 calendar,
             )| {
                 PeerHit {
@@ -282,6 +305,8 @@ fn hit() -> impl Strategy<Value = PeerHit> {
                     unit_multiplier,
                     relay: 0,
                     calendar,
+                    penalty_secs,
+                    penalty_extends,
                 }
             },
         )

@@ -259,7 +259,12 @@ impl LeaseClient {
         // A lease cannot hold a debt its holder refused into, nor slots that one node's end
         // of a request must give back on another: such limits (`charge_refused`, concurrency)
         // are counted by their owner, exactly (not in `forwarded`, which says a table is full).
-        if quota.charge_refused || quota.algorithm == Algorithm::Concurrency {
+        // So are limits with a penalty (`penalty_seconds`): the owner keeps it, and a lease
+        // would admit its share while the owner refuses the key.
+        if quota.charge_refused
+            || quota.algorithm == Algorithm::Concurrency
+            || quota.penalty.is_some()
+        {
             return Route::Forward;
         }
         let renew = server::micros(self.timing.renew);

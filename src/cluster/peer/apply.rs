@@ -9,7 +9,7 @@ use super::{
     unit_from_wire, unit_to_wire, wire,
 };
 use crate::cluster::join::Relay;
-use crate::limiter::{Calendar, Decision, Quota};
+use crate::limiter::{Calendar, Decision, Penalty, Quota};
 use crate::store::Hit;
 
 impl ApplyRequest {
@@ -78,6 +78,8 @@ impl PeerHit {
             },
             relay: wire::Relay::None as i32,
             calendar: q.calendar.wire(),
+            penalty_secs: q.penalty.map_or(0, |p| p.secs.get()),
+            penalty_extends: q.penalty.is_some_and(|p| p.extends),
         }
     }
 
@@ -127,8 +129,17 @@ impl PeerHit {
         }
         let calendar = Calendar::from_wire(&self.calendar)
             .map_err(|e| tonic::Status::invalid_argument(format!("peer hit: {e}")))?;
+        if self.penalty_secs > crate::config::build::MAX_PENALTY_SECS {
+            return Err(tonic::Status::invalid_argument(format!(
+                "peer hit: penalty_secs {} is longer than a year",
+                self.penalty_secs
+            )));
+        }
         Ok(Quota {
-            penalty: None,
+            penalty: NonZeroU32::new(self.penalty_secs).map(|secs| Penalty {
+                secs,
+                extends: self.penalty_extends,
+            }),
             requests_per_unit: self.requests_per_unit,
             unit,
             unit_multiplier: self.unit_multiplier.max(1),
@@ -153,6 +164,7 @@ impl From<&Decision> for PeerDecision {
             count_after: d.count_after,
             expired: d.expired,
             taken: None,
+            penalized: d.penalized,
         }
     }
 }
@@ -171,7 +183,7 @@ impl PeerDecision {
 impl From<PeerDecision> for Decision {
     fn from(d: PeerDecision) -> Self {
         Decision {
-            penalized: false,
+            penalized: d.penalized,
             over: d.over,
             remaining: d.remaining,
             reset_after_secs: d.reset_after_secs,
@@ -245,6 +257,7 @@ mod tests {
                     count_after: 1,
                     expired: 0,
                     taken: None,
+                    penalized: false,
                 },
                 PeerDecision {
                     over: true,
@@ -254,6 +267,7 @@ mod tests {
                     count_after: 7,
                     expired: 0,
                     taken: None,
+                    penalized: false,
                 },
             ],
         }

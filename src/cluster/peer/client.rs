@@ -337,6 +337,7 @@ mod tests {
     /// One decision per hit, as an owner answers.
     fn answered(req: ApplyRequest) -> Result<ApplyResponse, tonic::Status> {
         let d = PeerDecision {
+            penalized: false,
             over: false,
             remaining: 9,
             reset_after_secs: 60,

@@ -57,6 +57,7 @@ use self::protocol::{Batch, Reply};
 use self::servers::{Options, Server, ServerList};
 use super::breaker::BreakerSettings;
 use super::go_fixed::{self, Jitter, OverLimitCache};
+use super::penalty::{self, Penalized};
 use super::{CounterStore, Hit, StoreError};
 use crate::clock::Timestamp;
 use crate::key::{memcached_key, remote_key};
@@ -754,7 +755,7 @@ impl CounterStore for MemcacheStore {
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        self.apply_now(now, hits, out)
+        penalty::apply(self, now, hits, out)
     }
 
     fn refund<'a>(
@@ -776,6 +777,75 @@ impl CounterStore for MemcacheStore {
         hits: &'a [Hit<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         self.reset_now(now, hits)
+    }
+}
+
+/// Penalties as items beside the counters' ([`penalty::penalty_key`]) whose value is when the
+/// penalty ends, in microseconds, and which expire a second after that.
+impl Penalized for MemcacheStore {
+    fn apply_counters<'a>(
+        &'a self,
+        now: Timestamp,
+        hits: &'a [Hit<'a>],
+        out: &'a mut Vec<Decision>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.apply_now(now, hits, out)
+    }
+
+    async fn penalty_ends<'a>(
+        &'a self,
+        _now: Timestamp,
+        hits: &'a [Hit<'a>],
+    ) -> Result<Vec<Option<Timestamp>>, StoreError> {
+        let deadline = self.deadline();
+        let mut groups: Groups<(usize, String)> = Vec::new();
+        for (i, hit) in hits.iter().enumerate() {
+            let key = memcached_key(penalty::penalty_key(hit.key, &hit.quota));
+            group(&mut groups, self.servers.pick(&key)?, (i, key));
+        }
+        let mut ends = vec![None; hits.len()];
+        for (server, keys) in &groups {
+            let mut batch = Batch::default();
+            let names: Vec<&str> = keys.iter().map(|(_, k)| k.as_str()).collect();
+            batch.get(&names);
+            let reply = server.call(batch, deadline).await?;
+            let Some(Reply::Values(items)) = reply.first() else {
+                return Err(bad_reply(server, reply.first()));
+            };
+            for (i, key) in keys {
+                let until = items
+                    .iter()
+                    .find(|it| &it.key == key)
+                    .and_then(|it| it.number());
+                ends[*i] = until.map(|u| Timestamp::from_micros(u64::try_from(u).unwrap_or(0)));
+            }
+        }
+        Ok(ends)
+    }
+
+    async fn record_penalties<'a>(
+        &'a self,
+        now: Timestamp,
+        records: &'a [penalty::Record<'a>],
+    ) -> Result<(), StoreError> {
+        let deadline = self.deadline();
+        let mut groups: Groups<(String, Timestamp)> = Vec::new();
+        for r in records {
+            let key = memcached_key(penalty::penalty_key(r.key, &r.quota));
+            group(&mut groups, self.servers.pick(&key)?, (key, r.until));
+        }
+        for (server, items) in &groups {
+            let mut batch = Batch::default();
+            for (key, until) in items {
+                let secs = until
+                    .micros()
+                    .saturating_sub(now.micros())
+                    .div_ceil(1_000_000);
+                batch.set(key, &until.micros().to_string(), exptime(secs, now));
+            }
+            server.call(batch, deadline).await?;
+        }
+        Ok(())
     }
 }
 

@@ -128,6 +128,11 @@ impl Batch {
         self.push(Expect::Number, format_args!("decr {key} {by}"));
     }
 
+    /// `set key 0 exptime n` and the value: stored whether or not the key exists.
+    pub fn set(&mut self, key: &str, value: &str, exptime: u64) {
+        self.store("set", key, value, exptime, None);
+    }
+
     /// `add key 0 exptime n` and the value: stored unless the key exists.
     pub fn add(&mut self, key: &str, value: &str, exptime: u64) {
         self.store("add", key, value, exptime, None);
