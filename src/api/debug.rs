@@ -341,11 +341,15 @@ fn slot_stats(out: &mut String, stats: &crate::telemetry::Stats) {
     use crate::telemetry::stats::LimitCounters;
     for entry in stats.entries() {
         let values = entry.counters.values();
-        if values[8] == 0 {
+        if !LimitCounters::holds_slots(&values) {
             continue;
         }
         let name = &entry.name;
-        for (stat, v) in LimitCounters::NAMES.iter().zip(values).skip(8) {
+        let slots = LimitCounters::SLOTS..LimitCounters::SLOTS + 3;
+        for (stat, v) in LimitCounters::NAMES[slots.clone()]
+            .iter()
+            .zip(&values[slots])
+        {
             out.push_str(&format!(
                 "ratelimit.service.rate_limit.{name}.{stat}: {v}\n"
             ));

@@ -49,6 +49,7 @@ pub(crate) fn render(st: &DebugState, now: Timestamp) -> String {
     traffic(&mut out, st, now);
     hot_keys(&mut out, st, now);
     slots(&mut out, st);
+    penalties(&mut out, st);
     store(&mut out, st);
     peers(&mut out, st);
     limits(&mut out, st);
@@ -99,7 +100,9 @@ fn hot_keys(out: &mut String, st: &DebugState, now: Timestamp) {
             },
             q.algorithm.name(),
             h.count,
-            if h.over {
+            if h.penalized {
+                "PENALTY".to_owned()
+            } else if h.over {
                 "OVER".to_owned()
             } else {
                 format!("{:.0}%", h.fullness * 100.0)
@@ -126,16 +129,47 @@ fn slots(out: &mut String, st: &DebugState) {
         "<h2>Concurrency limits</h2><table id=\"slots\"><tr><th>limit</th><th>slots held</th>\
          <th>given back</th><th>expired without a refund</th></tr>",
     );
-    for ((domain, key1, key2), v) in rows {
-        let name = [Some(domain), key1.as_ref(), key2.as_ref()];
-        let name: Vec<&str> = name.into_iter().flatten().map(String::as_str).collect();
+    for (labels, v) in rows {
         let held = crate::telemetry::stats::LimitCounters::slots_held(v);
         let _ = write!(
             out,
             "<tr><td>{}</td><td>{held}</td><td>{}</td><td>{}</td></tr>",
-            esc(&name.join(".")),
+            esc(&series_name(labels)),
             v[9],
             v[10]
+        );
+    }
+    out.push_str("</table>");
+}
+
+/// A per-limit series' name: its domain and keys, joined by dots.
+fn series_name((domain, key1, key2): &crate::telemetry::limits::LabelSet) -> String {
+    let parts = [Some(domain), key1.as_ref(), key2.as_ref()];
+    let parts: Vec<&str> = parts.into_iter().flatten().map(String::as_str).collect();
+    parts.join(".")
+}
+
+/// The limits with a penalty that started one (`penalty_seconds`): penalties started and
+/// hits they refused, by this node's calls.
+fn penalties(out: &mut String, st: &DebugState) {
+    use crate::telemetry::stats::LimitCounters;
+    let series = crate::telemetry::prometheus::limit_series(&st.stats);
+    let started = LimitCounters::NAMES.len() - 2;
+    let mut rows = series.iter().filter(|(_, v)| v[started] > 0).peekable();
+    if rows.peek().is_none() {
+        return;
+    }
+    out.push_str(
+        "<h2>Penalties</h2><table id=\"penalties\"><tr><th>limit</th><th>penalties started</th>\
+         <th>hits refused by a penalty</th></tr>",
+    );
+    for (labels, v) in rows {
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&series_name(labels)),
+            v[started],
+            v[started + 1]
         );
     }
     out.push_str("</table>");

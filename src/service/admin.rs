@@ -167,6 +167,10 @@ fn quota_json(q: &Quota) -> serde_json::Map<String, Value> {
     m.insert("requests_per_unit".into(), q.requests_per_unit.into());
     m.insert("burst".into(), q.burst.map(NonZeroU32::get).into());
     m.insert("charge_refused".into(), q.charges_refused().into());
+    if let Some(p) = q.penalty {
+        m.insert("penalty_seconds".into(), p.secs.get().into());
+        m.insert("penalty_extends".into(), p.extends.into());
+    }
     m
 }
 
@@ -189,16 +193,20 @@ pub fn counter_json(v: &CounterView) -> Value {
     m.insert("remaining".into(), v.state.remaining.into());
     m.insert("reset_after_secs".into(), v.state.reset_after_secs.into());
     m.insert("over".into(), v.state.over.into());
+    // In a penalty, `reset_after_secs` is when it ends and `count` is not read.
+    if v.state.penalized {
+        m.insert("penalized".into(), true.into());
+    }
     Value::Object(m)
 }
 
 /// The decision `hits` would get from a counter whose peek (0 hits) answered `peek`: refused
-/// when they are more than it has room for, as every algorithm decides.
+/// when they are more than it has room for, as every algorithm decides, or in a penalty.
 fn would_get(peek: &Decision, hits: u64) -> Decision {
     if hits == 0 {
         return *peek;
     }
-    let over = hits > u64::from(peek.remaining);
+    let over = peek.penalized || hits > u64::from(peek.remaining);
     Decision {
         count_after: peek.count_before.saturating_add(hits),
         over,

@@ -17,6 +17,9 @@ pub struct HotKey {
     /// What it held after the decision, and whether that decision was refused.
     pub count: u64,
     pub over: bool,
+    /// Refused by a penalty in force (`penalty_seconds`): `until` is when it ends, and
+    /// `count` what the counter last said.
+    pub penalized: bool,
     /// `count / limit` (over 1 when over).
     pub fullness: f64,
     /// When the counter resets (the decision's `duration_until_reset`).
@@ -55,14 +58,21 @@ impl HotKeys {
         };
         let limit = f64::from(quota.requests_per_unit.max(1));
         #[allow(clippy::cast_precision_loss, reason = "a ratio for display")]
-        let fullness = decision.count_after as f64 / limit;
+        let fullness = match decision.penalized {
+            // Its counter was not read: at least as hot as any key over its limit.
+            true => f64::MAX,
+            false => decision.count_after as f64 / limit,
+        };
         let until = Timestamp::from_micros(
             now.micros()
                 .saturating_add(decision.reset_after_secs.saturating_mul(1_000_000)),
         );
         // A key already listed is updated in place: no allocation while it stays hot.
         let update = |e: &mut HotKey| {
-            e.count = decision.count_after;
+            if !decision.penalized {
+                e.count = decision.count_after;
+            }
+            e.penalized = decision.penalized;
             e.over = decision.over;
             e.fullness = fullness;
             e.until = until;
@@ -81,6 +91,7 @@ impl HotKeys {
                 quota: *quota,
                 count: 0,
                 over: false,
+                penalized: false,
                 fullness,
                 until,
             });

@@ -583,7 +583,9 @@ impl<S: CounterStore> RateLimitService<S> {
         }
         match self.options.negative_hits {
             NegativeHits::Always => true,
-            NegativeHits::Counted => self.store.counts_refused(quota),
+            // A penalty refuses hits without counting them (`penalty_seconds`), so a refund
+            // sent for a refused request may give back what it never took.
+            NegativeHits::Counted => self.store.counts_refused(quota) && quota.penalty.is_none(),
         }
     }
 
@@ -715,7 +717,8 @@ impl<S: CounterStore> RateLimitService<S> {
                 from_local_cache: quota.algorithm == Algorithm::FixedWindow
                     && d.over
                     && hits > 0
-                    && d.count_before == d.count_after,
+                    && d.count_before == d.count_after
+                    && !d.penalized,
                 shadow_mode: limit.shadow_mode(),
                 negative,
                 negative_ignored,
@@ -724,6 +727,8 @@ impl<S: CounterStore> RateLimitService<S> {
                 } else {
                     SlotChanges::default()
                 },
+                penalized: d.penalized,
+                penalty_started: quota.penalty.is_some() && d.over && !d.penalized && !negative,
             },
         });
     }

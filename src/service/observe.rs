@@ -70,6 +70,10 @@ pub struct Outcome {
     pub negative_ignored: bool,
     /// What the call did to a concurrency limit's slots (all 0 for the other algorithms).
     pub slots: SlotChanges,
+    /// Refused by a penalty in force (`penalty_seconds`), the counter untouched.
+    pub penalized: bool,
+    /// Refused by the counter of a limit with a penalty: a penalty starts.
+    pub penalty_started: bool,
 }
 
 /// A concurrency limit's slots moved by one call ([`crate::limiter::concurrency`]): taken by
@@ -114,6 +118,8 @@ impl Outcome {
             negative: false,
             negative_ignored: false,
             slots: Default::default(),
+            penalized: false,
+            penalty_started: false,
         }
     }
 }

@@ -213,6 +213,8 @@ const STAT_HELP: [&str; LimitCounters::COUNT] = [
     "Concurrency slots taken by admitted starts (algorithm: concurrency).",
     "Concurrency slots given back by refunds (a refund of a refused start gives back none).",
     "Concurrency slots that expired one window after they were taken, their refund never come: each a lost refund.",
+    "Penalties started (penalty_seconds): refusals by the limit's counter, each refusing the key for the penalty's length.",
+    "Hits refused by a penalty in force, without reaching the counter (also in over_limit).",
 ];
 
 /// `sluice_rate_limit_slots_held`: a concurrency limit's slots held, per series that ever took one.

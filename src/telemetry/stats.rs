@@ -145,6 +145,8 @@ struct LimitCells {
     slots_taken: AtomicU64,
     slots_given_back: AtomicU64,
     slots_expired: AtomicU64,
+    penalties: AtomicU64,
+    penalized: AtomicU64,
 }
 
 /// What one descriptor's decision adds to its limit's counters.
@@ -164,6 +166,10 @@ pub struct Increments {
     pub slots_taken: u64,
     pub slots_given_back: u64,
     pub slots_expired: u64,
+    /// Penalties started (`penalty_seconds`): refusals by the counter of a limit with one.
+    pub penalties: u64,
+    /// Hits refused by a penalty in force, uncounted by the counter (also in `over_limit`).
+    pub penalized: u64,
 }
 
 /// envoyproxy/ratelimit's counting rules (reference §5): `n = floor(L × ratio)`, computed in
@@ -188,6 +194,15 @@ pub fn increments(o: &Outcome, near_limit_ratio: f32) -> Increments {
         total_hits: n,
         ..slots
     };
+    if o.penalized {
+        inc.over_limit = n;
+        inc.penalized = n;
+        if o.shadow_mode {
+            inc.shadow_mode = n;
+        }
+        return inc;
+    }
+    inc.penalties = u64::from(o.penalty_started);
     if o.from_local_cache {
         inc.over_limit = n;
         inc.over_limit_with_local_cache = n;
@@ -242,10 +257,12 @@ impl LimitCounters {
         add(&c.slots_taken, inc.slots_taken);
         add(&c.slots_given_back, inc.slots_given_back);
         add(&c.slots_expired, inc.slots_expired);
+        add(&c.penalties, inc.penalties);
+        add(&c.penalized, inc.penalized);
     }
 
     /// How many counters a limit has: [`LimitCounters::NAMES`]' length.
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 13;
 
     /// The values summed over the shards, in [`LimitCounters::NAMES`] order.
     pub fn values(&self) -> [u64; Self::COUNT] {
@@ -264,6 +281,8 @@ impl LimitCounters {
                 load(&c.slots_taken),
                 load(&c.slots_given_back),
                 load(&c.slots_expired),
+                load(&c.penalties),
+                load(&c.penalized),
             ];
             for (o, v) in out.iter_mut().zip(shard) {
                 *o = o.wrapping_add(v);
@@ -284,6 +303,8 @@ impl LimitCounters {
         "slots_taken",
         "slots_given_back",
         "slots_expired",
+        "penalties",
+        "penalized",
     ];
 
     /// Whether the stat at `index` (of [`LimitCounters::NAMES`]) says anything for a series
@@ -296,18 +317,22 @@ impl LimitCounters {
         match index {
             0..Self::REFUNDS => true,
             Self::REFUNDS..Self::SLOTS => values[Self::REFUNDS] > 0,
-            _ => Self::holds_slots(values),
+            Self::SLOTS..Self::PENALTIES => Self::holds_slots(values),
+            _ => values[Self::PENALTIES] > 0,
         }
     }
 
     /// Where the refund pair starts in [`LimitCounters::NAMES`] (`total_negative_hits` first).
     const REFUNDS: usize = 6;
     /// Where the slot counters start in [`LimitCounters::NAMES`].
-    const SLOTS: usize = 8;
+    pub const SLOTS: usize = 8;
+    /// Where the penalty pair starts in [`LimitCounters::NAMES`] (`penalties` first: a hit is
+    /// penalized only after a penalty started).
+    const PENALTIES: usize = 11;
 
     /// A concurrency limit's series: a slot was taken, given back or expired.
     pub fn holds_slots(values: &[u64; Self::COUNT]) -> bool {
-        values[Self::SLOTS..].iter().any(|&v| v > 0)
+        values[Self::SLOTS..Self::PENALTIES].iter().any(|&v| v > 0)
     }
 
     /// The slots a concurrency limit's series holds, from its values ([`LimitCounters::values`]):
@@ -823,6 +848,8 @@ mod tests {
             negative: false,
             negative_ignored: false,
             slots: Default::default(),
+            penalized: false,
+            penalty_started: false,
         }
     }
 
@@ -899,7 +926,57 @@ mod tests {
         );
         let counters = LimitCounters::default();
         counters.add(&ignored);
-        assert_eq!(counters.values(), [0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0]);
+        assert_eq!(counters.values(), [0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 0]);
+    }
+
+    /// A refusal that starts a penalty counts as Go counts any refusal, plus one penalty; a hit
+    /// refused by the penalty is over the limit and penalized, never near or within it.
+    #[test]
+    fn penalties_count_their_starts_and_the_hits_they_refuse() {
+        let started = increments(
+            &Outcome {
+                penalty_started: true,
+                ..outcome(1, 3, 3)
+            },
+            0.8,
+        );
+        assert_eq!((started.over_limit, started.penalties), (1, 1));
+        let held = Outcome {
+            penalized: true,
+            count_before: 0,
+            count_after: 0,
+            over: true,
+            ..outcome(2, 3, 0)
+        };
+        let i = increments(&held, 0.8);
+        assert_eq!(
+            (
+                i.total_hits,
+                i.over_limit,
+                i.penalized,
+                i.penalties,
+                i.near_limit
+            ),
+            (2, 2, 2, 0, 0)
+        );
+        let shadow = increments(
+            &Outcome {
+                shadow_mode: true,
+                ..held
+            },
+            0.8,
+        );
+        assert_eq!(shadow.shadow_mode, 2);
+        let counters = LimitCounters::default();
+        counters.add(&started);
+        counters.add(&i);
+        let values = counters.values();
+        assert_eq!(values[11..], [1, 2]);
+        assert!(LimitCounters::applies(&values, 12));
+        assert!(!LimitCounters::applies(
+            &LimitCounters::default().values(),
+            12
+        ));
     }
 
     #[test]
