@@ -1,6 +1,6 @@
-//! Refunds (`is_negative_hits`, envoyproxy/ratelimit's PR #1140) and reservations (issue 51) on
-//! the real binary, over gRPC and `/json`, on each backend: memory, a real `redis-server`, a
-//! real `memcached`; and two
+//! Refunds (`is_negative_hits`, envoyproxy/ratelimit's PR #1140), reservations (issue 51),
+//! penalties and values matched by pattern (issue 52) on the real binary, over gRPC and
+//! `/json`, on each backend: memory, a real `redis-server`, a real `memcached`; and two
 //! Sluice processes on one Redis, each with its local over-limit cache, measuring how long the
 //! one that did not see a refund keeps refusing the key (SLUICE_LOCAL_CACHE_MAX_AGE_MS). The
 //! peer cluster's refunds (forward and lease mode) are in `cluster.rs`.
@@ -44,6 +44,14 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 50, charge_refused: true}
   - key: budget
     rate_limit: {unit: hour, requests_per_unit: 50}
+  - key: login
+    rate_limit: {unit: second, requests_per_unit: 3, penalty_seconds: 3}
+  - key: ver
+    value: v1
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: ver
+    value_regex: \"v[0-9]+\"
+    rate_limit: {unit: hour, requests_per_unit: 2}
 ";
 
 /// A `sluice` process on free 127.0.0.1 ports with [`LIMITS`] and `env`, killed on drop.
@@ -220,6 +228,71 @@ fn every_scenario(s: &Sluice) {
     // Refunds are not hits: 2 × 10 charges.
     assert_eq!(s.stat("inflight", "total_hits"), 20);
     reservations(s);
+    penalty(s);
+    patterns(s);
+}
+
+/// `/json`'s answer for `login=<value>`: OK, and the seconds its status says to the reset.
+fn login(s: &Sluice, value: &str) -> (bool, u64) {
+    let body = format!(
+        r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"login","value":"{value}"}}]}}]}}"#
+    );
+    let (_, body) = support::http(s.http, "POST", "/json", &body).expect("answer");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let reset = v["statuses"][0]["durationUntilReset"]
+        .as_str()
+        .unwrap_or("");
+    let secs = reset.trim_end_matches('s').parse().unwrap_or(u64::MAX);
+    (v["overallCode"] == "OK", secs)
+}
+
+/// Issue 52's case: 3 per second with `penalty_seconds: 3`. Four requests early in a second:
+/// the 4th refused, saying 3 s; a second later still refused (the window has reset), saying
+/// when the penalty ends; admitted again once 3 s have passed since the refusal.
+fn penalty(s: &Sluice) {
+    penalty_on(|value| login(s, value));
+    assert_eq!(s.stat("login", "penalties"), 1);
+    assert!(s.stat("login", "penalized") >= 1);
+}
+
+/// [`penalty`]'s steps through `ask` (a `login` value: OK and seconds to the reset), which
+/// the cluster's test runs over its nodes too.
+pub fn penalty_on(mut ask: impl FnMut(&str) -> (bool, u64)) {
+    // Early in a second, so the four requests share its window.
+    let into = support::unix_millis() % 1_000;
+    std::thread::sleep(Duration::from_millis((1_050 - into) % 1_000));
+    let value = format!("u{}", support::unix_millis());
+    for _ in 0..3 {
+        assert!(ask(&value).0, "the first three are admitted");
+    }
+    let refused_at = Instant::now();
+    assert_eq!(
+        ask(&value),
+        (false, 3),
+        "the 4th is refused, for the penalty"
+    );
+    std::thread::sleep(Duration::from_millis(1_100));
+    let (ok, reset) = ask(&value);
+    assert!(!ok, "refused in the next second, the window reset");
+    assert!((1..=2).contains(&reset), "the penalty ends in {reset} s");
+    let left = Duration::from_millis(3_100).saturating_sub(refused_at.elapsed());
+    std::thread::sleep(left);
+    assert!(ask(&value).0, "admitted 3 s after the refusal");
+}
+
+/// `value_regex` (issue 52): `ver=v1` has its exact limit of 5; every other `v<digits>` its
+/// own counter of 2; `v7x` matches no pattern, so no limit.
+fn patterns(s: &Sluice) {
+    let rt = runtime();
+    let admitted = |value: &str, n: usize| {
+        (0..n)
+            .filter(|_| s.grpc(&rt, "ver", value, false, 1).ok)
+            .count()
+    };
+    assert_eq!(admitted("v1", 6), 5);
+    assert_eq!(admitted("v7", 3), 2);
+    assert_eq!(admitted("v8", 3), 2);
+    assert_eq!(admitted("v7x", 3), 3);
 }
 
 /// Reservations (issue 51) on one Sluice: a budget of 50 an hour, estimates of 30; the settle

@@ -209,3 +209,11 @@ pub fn with_window_to_spare(window: u64, needed: u64) {
         );
     }
 }
+
+/// Milliseconds since the epoch, by the system clock the Sluice processes read too.
+pub fn unix_millis() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970");
+    u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
+}
