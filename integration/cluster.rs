@@ -11,6 +11,7 @@
 )]
 mod in_flight;
 mod node;
+mod penalty;
 mod pki;
 mod redis_server;
 mod support;
@@ -2426,6 +2427,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 3, algorithm: sliding_window, charge_refused: true}
   - key: budget
     rate_limit: {unit: hour, requests_per_unit: 50}
+  - key: login
+    rate_limit: {unit: second, requests_per_unit: 3, penalty_seconds: 3}
 ";
 
     /// Three peers on [`LIMITS`] with `env`, once each sees the three up.
@@ -2519,6 +2522,16 @@ descriptors:
         assert_eq!(reservation(&nodes[2], reserve, 30), (false, None));
     }
 
+    /// Issue 52's penalty ([`penalty::steps`]) with each request to the next node in turn: the
+    /// key's owner keeps the penalty whichever node a request reaches.
+    fn penalty_across_nodes(nodes: &[Node]) {
+        let mut i = 0;
+        penalty::steps(|value| {
+            i += 1;
+            penalty::login(nodes[i % nodes.len()].http, value)
+        });
+    }
+
     /// A client sending each call to the next node in turn.
     fn round_robin<'a>(nodes: &'a [Node], key: &'a str) -> impl FnMut(bool, u64) -> Answer + 'a {
         let mut i = 0;
@@ -2536,6 +2549,7 @@ descriptors:
         }
         in_flight::ignored(&mut round_robin(&nodes, "sliding"));
         reservations_across_nodes(&nodes);
+        penalty_across_nodes(&nodes);
         // The owner's counter, read from any node: 10 used, 30 reserved.
         let uri = "/debug/counters?domain=d&descriptor=budget=t";
         let (_, body) = http(nodes[2].debug, "GET", uri, "").expect("counters");
@@ -2609,6 +2623,8 @@ descriptors:
         }
         let admitted = (0..3).filter(|_| call(false, 1).ok).count();
         assert_eq!(admitted, 0, "the refunds took nothing off");
+        // A limit with a penalty is never leased: its owner decides and keeps the penalty.
+        penalty_across_nodes(&nodes);
         let (_, metrics) = http(nodes[0].debug, "GET", "/metrics", "").expect("metrics");
         assert!(
             metrics.lines().any(|l| l.starts_with(

@@ -107,12 +107,23 @@ impl Joining {
     /// elsewhere matters to it); before the join settled, applied there (the peers may still be
     /// adding to that count); after, to take the counter over. Concurrency limits never (their
     /// slots stay where they were taken).
+    ///
+    /// A limit with a penalty (`penalty_seconds`) is applied there until its penalty's length
+    /// too has passed since the join settled: the previous owner keeps the penalty, which a
+    /// take would not carry over.
     pub fn relay(&self, quota: &Quota, now: Timestamp) -> Option<Relay> {
         let settled = self.settled_us.load(Ordering::Relaxed);
         let (start, _) = CounterKind::of_quota(quota)?.horizon(quota, now)?;
-        if start.micros() >= settled {
+        let start = match quota.penalty {
+            Some(p) => start.micros().min(
+                now.micros()
+                    .saturating_sub(u64::from(p.secs.get()) * 1_000_000),
+            ),
+            None => start.micros(),
+        };
+        if start >= settled {
             None
-        } else if now.micros() < settled {
+        } else if now.micros() < settled || quota.penalty.is_some() {
             Some(Relay::Apply)
         } else {
             Some(Relay::Take)
@@ -159,6 +170,23 @@ mod tests {
         let second = Quota::fixed(20, Unit::Second);
         assert!(relays(&j, &second, at(START, 999)));
         assert!(!relays(&j, &second, at(START + 1, 0)));
+    }
+
+    /// A limit with a penalty: applied at the previous owner, never taken over, until its
+    /// penalty's length has passed since the join settled (START + 1 s), whatever its window.
+    #[test]
+    fn a_limit_with_a_penalty_is_applied_where_the_penalty_is_kept() {
+        let j = Joining::listed_at_start(at(START, 0));
+        let second = Quota {
+            penalty: Some(crate::limiter::Penalty {
+                secs: std::num::NonZeroU32::new(3).unwrap(),
+                extends: false,
+            }),
+            ..Quota::fixed(3, Unit::Second)
+        };
+        assert_eq!(j.relay(&second, at(START + 1, 0)), Some(Relay::Apply));
+        assert_eq!(j.relay(&second, at(START + 3, 999)), Some(Relay::Apply));
+        assert_eq!(j.relay(&second, at(START + 4, 0)), None);
     }
 
     #[test]
