@@ -108,9 +108,9 @@ impl Joining {
     /// adding to that count); after, to take the counter over. Concurrency limits never (their
     /// slots stay where they were taken).
     ///
-    /// A limit with a penalty (`penalty_seconds`) is applied there until its penalty's length
-    /// too has passed since the join settled: the previous owner keeps the penalty, which a
-    /// take would not carry over.
+    /// A limit with a penalty (`penalty_seconds`) is relayed until its penalty's length too has
+    /// passed since the join settled: a penalty the previous owner started before then is
+    /// handed over with the take.
     pub fn relay(&self, quota: &Quota, now: Timestamp) -> Option<Relay> {
         let settled = self.settled_us.load(Ordering::Relaxed);
         let (start, _) = CounterKind::of_quota(quota)?.horizon(quota, now)?;
@@ -123,7 +123,7 @@ impl Joining {
         };
         if start >= settled {
             None
-        } else if now.micros() < settled || quota.penalty.is_some() {
+        } else if now.micros() < settled {
             Some(Relay::Apply)
         } else {
             Some(Relay::Take)
@@ -172,10 +172,10 @@ mod tests {
         assert!(!relays(&j, &second, at(START + 1, 0)));
     }
 
-    /// A limit with a penalty: applied at the previous owner, never taken over, until its
-    /// penalty's length has passed since the join settled (START + 1 s), whatever its window.
+    /// A limit with a penalty: relayed until its penalty's length has passed since the join
+    /// settled (START + 1 s), whatever its window, so that a take brings the penalty over.
     #[test]
-    fn a_limit_with_a_penalty_is_applied_where_the_penalty_is_kept() {
+    fn a_limit_with_a_penalty_is_relayed_for_as_long_as_a_penalty_lasts() {
         let j = Joining::listed_at_start(at(START, 0));
         let second = Quota {
             penalty: Some(crate::limiter::Penalty {
@@ -184,8 +184,9 @@ mod tests {
             }),
             ..Quota::fixed(3, Unit::Second)
         };
-        assert_eq!(j.relay(&second, at(START + 1, 0)), Some(Relay::Apply));
-        assert_eq!(j.relay(&second, at(START + 3, 999)), Some(Relay::Apply));
+        assert_eq!(j.relay(&second, at(START, 999)), Some(Relay::Apply));
+        assert_eq!(j.relay(&second, at(START + 1, 0)), Some(Relay::Take));
+        assert_eq!(j.relay(&second, at(START + 3, 999)), Some(Relay::Take));
         assert_eq!(j.relay(&second, at(START + 4, 0)), None);
     }
 

@@ -292,8 +292,9 @@ pub enum Served {
     /// Its decision.
     Decided(Decision),
     /// A [`Relay::Take`] hit: this node's state of the counter, as a window index and the
-    /// values [`CounterKind::parts`] gives (none: it holds nothing). Nothing was applied.
-    Taken(u64, Vec<u64>),
+    /// values [`CounterKind::parts`] gives (none: it holds nothing), and when the key's
+    /// penalty ends (`penalty_seconds`), if one is in force. Nothing was applied.
+    Taken(u64, Vec<u64>, Option<Timestamp>),
 }
 
 impl OwnerStore {
@@ -388,7 +389,10 @@ impl OwnerStore {
             for (&(i, _), answer) in idx.iter().zip(got) {
                 match answer {
                     Served::Decided(d) => answers[i] = Some(Served::Decided(d)),
-                    Served::Taken(window, values) => {
+                    Served::Taken(window, values, penalty) => {
+                        if let Some(until) = penalty {
+                            self.local.keep_penalty(&hits[i], until);
+                        }
                         self.take_over(&hits[i], window, &values, now);
                         here.push(i);
                     }
@@ -445,16 +449,18 @@ impl OwnerStore {
     /// `a_count_taken_over_then_refunded_stays_refunded`). A take whose answer came too late
     /// for the newcomer (which refused the hit) leaves the count with neither: the owner-change
     /// bound (docs/cluster.md, "A node joining").
+    /// The key's penalty goes with it (kept here too: no other node asks for it).
     async fn hand_over(&self, hit: &Hit<'_>, now: Timestamp) -> Result<Served, StoreError> {
+        let penalty = self.local.penalty_until(hit, now);
         let parts = CounterKind::of_quota(&hit.quota).and_then(|kind| {
             let state = self.local.state(kind, hit.key)?;
             kind.holds(state, now).then(|| kind.parts(state, now))
         });
         let Some((window, values)) = parts else {
-            return Ok(Served::Taken(0, Vec::new()));
+            return Ok(Served::Taken(0, Vec::new(), penalty));
         };
         self.local.reset(now, std::slice::from_ref(hit)).await?;
-        Ok(Served::Taken(window, values))
+        Ok(Served::Taken(window, values, penalty))
     }
 
     /// Merges the counter a previous owner handed over into this node's.
@@ -597,7 +603,12 @@ fn refused(hit: &Hit<'_>, now: Timestamp) -> Decision {
 impl From<PeerDecision> for Served {
     fn from(d: PeerDecision) -> Self {
         match d.taken {
-            Some(state) => Served::Taken(state.window, state.values),
+            Some(state) => Served::Taken(
+                state.window,
+                state.values,
+                (state.penalty_until_us > 0)
+                    .then(|| Timestamp::from_micros(state.penalty_until_us)),
+            ),
             None => Served::Decided(Decision::from(d)),
         }
     }

@@ -375,6 +375,25 @@ impl MemoryStore {
         }
     }
 
+    /// When the penalty of `hit`'s key ends, if one is in force at `now`.
+    pub fn penalty_until(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Timestamp> {
+        let key = penalty::penalty_key(hit.key, &hit.quota);
+        let until = *self.inner.penalties.get(key.as_str())?;
+        (until > now.micros()).then(|| Timestamp::from_micros(until))
+    }
+
+    /// Keeps a penalty of `hit`'s key until `until` (one handed over by another node), unless
+    /// one here ends later.
+    pub fn keep_penalty(&self, hit: &Hit<'_>, until: Timestamp) {
+        let record = penalty::Record {
+            key: hit.key,
+            quota: hit.quota,
+            until,
+        };
+        self.inner
+            .keep_penalties(std::slice::from_ref(&record), true);
+    }
+
     /// Penalties held right now, some maybe over and not yet swept.
     pub fn penalties_held(&self) -> usize {
         self.inner.penalties.len()
@@ -474,6 +493,25 @@ impl MemoryStore {
 }
 
 impl Inner {
+    /// Keeps each record's penalty, replacing the one in force (or, `later_only`, only when it
+    /// ends later); past [`MemoryLimits::max_counters`] penalties a new one is dropped.
+    fn keep_penalties(&self, records: &[penalty::Record<'_>], later_only: bool) {
+        for r in records {
+            let key = penalty::penalty_key(r.key, &r.quota);
+            let until = r.until.micros();
+            match self.penalties.get_mut(key.as_str()) {
+                Some(mut held) if !later_only || *held < until => *held = until,
+                Some(_) => {}
+                None if self.penalties.len() < self.limits.max_counters => {
+                    self.penalties.insert(key.into(), until);
+                }
+                None => {
+                    self.stats.penalties_dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Charges a request that may need new counters. Out of line, so the one-hit path above
     /// stays as small as it was before the byte budget.
     #[inline(never)]
@@ -837,22 +875,7 @@ impl Penalized for MemoryStore {
         _now: Timestamp,
         records: &'a [penalty::Record<'a>],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        let inner = &*self.inner;
-        for r in records {
-            let key = penalty::penalty_key(r.key, &r.quota);
-            match inner.penalties.get_mut(key.as_str()) {
-                Some(mut until) => *until = r.until.micros(),
-                None if inner.penalties.len() < inner.limits.max_counters => {
-                    inner.penalties.insert(key.into(), r.until.micros());
-                }
-                None => {
-                    inner
-                        .stats
-                        .penalties_dropped
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+        self.inner.keep_penalties(records, false);
         std::future::ready(Ok(()))
     }
 }

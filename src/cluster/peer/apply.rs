@@ -171,10 +171,15 @@ impl From<&Decision> for PeerDecision {
 
 impl PeerDecision {
     /// The answer to a [`Relay::Take`] hit: this node's state of the counter, as `window` and
-    /// `values` ([`crate::limiter::CounterKind::parts`]; none: it holds nothing).
-    pub fn taken(window: u64, values: Vec<u64>) -> Self {
+    /// `values` ([`crate::limiter::CounterKind::parts`]; none: it holds nothing), and when the
+    /// key's penalty ends (0: none).
+    pub fn taken(window: u64, values: Vec<u64>, penalty_until_us: u64) -> Self {
         PeerDecision {
-            taken: Some(wire::CounterState { window, values }),
+            taken: Some(wire::CounterState {
+                window,
+                values,
+                penalty_until_us,
+            }),
             ..PeerDecision::default()
         }
     }
@@ -395,7 +400,7 @@ mod tests {
         assert_eq!(status.message(), "peer hit: unknown relay number 3");
         // Window 7, counts 5 and 2: field 7 holding field 1 = 7, field 2 = [5, 2] packed.
         assert_eq!(
-            hex(&PeerDecision::taken(7, vec![5, 2]).encode_to_vec()),
+            hex(&PeerDecision::taken(7, vec![5, 2], 0).encode_to_vec()),
             "3a06080712020502"
         );
     }

@@ -18,7 +18,7 @@ use super::{
     ApplyRequest, ApplyResponse, LeaseGrant, LeaseRequest, LeaseResponse, PeerDecision, PeerHit,
     version_mismatch, wire,
 };
-use crate::clock::Clock;
+use crate::clock::{Clock, Timestamp};
 use crate::cluster::{OwnerStore, Served};
 use crate::store::{Hit, StoreError};
 
@@ -215,7 +215,11 @@ impl Owner {
                 .iter()
                 .map(|answer| match answer {
                     Served::Decided(d) => PeerDecision::from(d),
-                    Served::Taken(window, values) => PeerDecision::taken(*window, values.clone()),
+                    Served::Taken(window, values, penalty) => PeerDecision::taken(
+                        *window,
+                        values.clone(),
+                        penalty.map_or(0, Timestamp::micros),
+                    ),
                 })
                 .collect(),
         })
