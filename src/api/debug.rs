@@ -383,13 +383,15 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
         out.push_str(&format!(
             "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\n\
              sluice.memory.used_bytes: {}\nsluice.memory.budget_bytes: {}\n\
-             sluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n",
+             sluice.memory.rejected_full: {}\nsluice.memory.swept: {}\n\
+             sluice.memory.penalties_dropped: {}\n",
             m.live_counters,
             m.max_counters,
             m.counter_bytes,
             m.max_counter_bytes,
             m.rejected_full,
             m.swept,
+            m.penalties_dropped,
         ));
     }
     if let Some(c) = &e.cluster {

@@ -176,6 +176,7 @@ impl StoreGauges for AnyStore {
             max_counter_bytes: m.limits().max_bytes as u64,
             rejected_full: m.stats().rejected_full.load(Ordering::Relaxed),
             swept: m.stats().swept.load(Ordering::Relaxed),
+            penalties_dropped: m.stats().penalties_dropped.load(Ordering::Relaxed),
         })
     }
 

@@ -117,7 +117,7 @@ fn parse(pattern: &str) -> Result<Hir, String> {
 /// bounded backtracker (it clears a bitmap as large as all the patterns on every search: 5 µs
 /// a lookup at 10^4 patterns, where the lazy DFA takes well under one) and without a full DFA
 /// (built ahead for a small pattern, it was most of the load time).
-fn build(hirs: &[&Hir], kind: MatchKind, limit: usize) -> Result<Regex, meta::BuildError> {
+fn build(hirs: &[&Hir], kind: MatchKind, limit: usize) -> Result<Regex, String> {
     let anchored: Vec<Hir> = hirs
         .iter()
         .map(|&h| {
@@ -138,6 +138,7 @@ fn build(hirs: &[&Hir], kind: MatchKind, limit: usize) -> Result<Regex, meta::Bu
                 .match_kind(kind),
         )
         .build_many_from_hir(&anchored)
+        .map_err(|e| build_error(&e))
 }
 
 /// A build error in words: the syntax error, or the size limit passed.
@@ -158,7 +159,7 @@ pub(super) fn check_pattern(pattern: &str) -> Result<(), String> {
         MAX_PATTERN_COMPILED_BYTES,
     )
     .map(drop)
-    .map_err(|e| format!("invalid value_regex '{pattern}': {}", build_error(&e)))
+    .map_err(|e| format!("invalid value_regex '{pattern}': {e}"))
 }
 
 /// The literals every match of `hir` starts (or ends) with, when they are few and none is
@@ -210,8 +211,7 @@ impl Patterns {
             .map(|p| parse(p))
             .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<&Hir> = hirs.iter().collect();
-        let all = build(&refs, MatchKind::LeftmostFirst, MAX_PATTERNS_COMPILED_BYTES)
-            .map_err(|e| build_error(&e))?;
+        let all = build(&refs, MatchKind::LeftmostFirst, MAX_PATTERNS_COMPILED_BYTES)?;
         let (mut prefixes, mut suffixes) = (Literals::default(), Literals::default());
         let mut unfiled = Vec::new();
         for (id, hir) in (0u32..).zip(&hirs) {
@@ -232,10 +232,7 @@ impl Patterns {
         let unfiled_set = match unfiled.len() > TRY_AT_MOST {
             true => {
                 let some: Vec<&Hir> = unfiled.iter().map(|&id| &hirs[id as usize]).collect();
-                Some(
-                    build(&some, MatchKind::All, MAX_PATTERNS_COMPILED_BYTES)
-                        .map_err(|e| build_error(&e))?,
-                )
+                Some(build(&some, MatchKind::All, MAX_PATTERNS_COMPILED_BYTES)?)
             }
             false => None,
         };

@@ -829,17 +829,15 @@ impl CounterStore for MemoryStore {
         std::future::ready(Ok(()))
     }
 
-    fn apply<'a>(
+    async fn apply<'a>(
         &'a self,
         now: Timestamp,
         hits: &'a [Hit<'a>],
         out: &'a mut Vec<Decision>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
-        async move {
-            match hits.iter().any(|h| h.quota.penalty.is_some()) {
-                false => self.apply_now(now, hits, out),
-                true => penalty::apply(self, now, hits, out).await,
-            }
+    ) -> Result<(), StoreError> {
+        match hits.iter().any(|h| h.quota.penalty.is_some()) {
+            false => self.apply_now(now, hits, out),
+            true => penalty::apply(self, now, hits, out).await,
         }
     }
 }

@@ -164,6 +164,8 @@ pub struct MemoryGauges {
     pub max_counter_bytes: u64,
     pub rejected_full: u64,
     pub swept: u64,
+    /// Penalties (`penalty_seconds`) not kept: as many were in force as counters may live.
+    pub penalties_dropped: u64,
 }
 
 /// Escapes a label value: backslash, double quote and newline.
@@ -620,6 +622,12 @@ fn render_memory(out: &mut String, m: MemoryGauges) {
             "counter",
             "Expired counters removed by the sweeper.",
             m.swept,
+        ),
+        (
+            "sluice_memory_penalties_dropped_total",
+            "counter",
+            "Penalties (penalty_seconds) not kept: SLUICE_MAX_COUNTERS penalties were in force.",
+            m.penalties_dropped,
         ),
     ] {
         header(out, name, kind, help);

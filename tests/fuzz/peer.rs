@@ -195,8 +195,14 @@ fn check_decision(hit: &PeerHit, d: &sluice::cluster::peer::PeerDecision) {
         }
         let calendar = sluice::limiter::Calendar::from_wire(&hit.calendar).expect("checked");
         let window = sluice::limiter::Window::new(unit, hit.unit_multiplier).on(calendar);
+        // A refusal that starts a penalty says the longer of the window's reset and the penalty.
+        let penalty = if d.over {
+            u64::from(hit.penalty_secs)
+        } else {
+            0
+        };
         assert!(
-            (1..=window.max_secs()).contains(&d.reset_after_secs),
+            (1..=window.max_secs().max(penalty)).contains(&d.reset_after_secs),
             "{d:?}"
         );
     }
