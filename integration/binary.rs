@@ -319,6 +319,43 @@ fn a_bad_config_stops_start_up_before_any_port_is_bound() {
     );
 }
 
+/// Issue 52: a bad `value_regex` stops start-up (exit 64) naming the file and the pattern;
+/// `check-config --strict-envoy` lists `value_regex` and `penalty_seconds` as extensions.
+#[test]
+fn a_bad_value_regex_stops_start_up_and_patterns_and_penalties_are_extensions() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("bad.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    value_regex: \"v(\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    let mut c = sluice();
+    c.arg("--config")
+        .arg(dir.path())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.yaml: invalid value_regex 'v(': "),
+        "{err}"
+    );
+
+    let good = tempfile::tempdir().unwrap();
+    write(
+        &good.path().join("ext.yaml"),
+        "domain: d\ndescriptors:\n  - key: k\n    value_regex: \"v[0-9]+\"\n    rate_limit: {unit: second, requests_per_unit: 3, penalty_seconds: 3}\n",
+    );
+    let mut c = sluice();
+    c.arg("check-config").arg("--strict-envoy").arg(good.path());
+    let out = run(c);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for key in ["value_regex: v[0-9]+", "penalty_seconds: 3"] {
+        assert!(err.contains(&format!("uses '{key}'")), "{key}: {err}");
+    }
+}
+
 /// memcached cannot keep a concurrency limit's slots: start-up stops with exit 64 before a
 /// port is bound, naming the file, the descriptor and the backend.
 #[test]

@@ -193,11 +193,16 @@ pub fn counter_json(v: &CounterView) -> Value {
     m.insert("remaining".into(), v.state.remaining.into());
     m.insert("reset_after_secs".into(), v.state.reset_after_secs.into());
     m.insert("over".into(), v.state.over.into());
-    // In a penalty, `reset_after_secs` is when it ends and `count` is not read.
-    if v.state.penalized {
+    insert_penalized(&mut m, &v.state);
+    Value::Object(m)
+}
+
+/// `penalized: true` for a counter in its penalty, whose `reset_after_secs` is then when the
+/// penalty ends and whose `count` was not read.
+fn insert_penalized(m: &mut serde_json::Map<String, Value>, state: &Decision) {
+    if state.penalized {
         m.insert("penalized".into(), true.into());
     }
-    Value::Object(m)
 }
 
 /// The decision `hits` would get from a counter whose peek (0 hits) answered `peek`: refused
@@ -386,6 +391,7 @@ fn counters_json(peeks: &[Hit<'_>], states: &[Decision], hits: u64) -> Value {
             c.insert("remaining".into(), s.remaining.into());
             c.insert("reset_after_secs".into(), s.reset_after_secs.into());
             c.insert("would_refuse".into(), would_get(s, hits).over.into());
+            insert_penalized(&mut c, s);
         }
         Value::Object(c)
     };

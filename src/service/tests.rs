@@ -1271,3 +1271,58 @@ mod reserve_tests;
 /// Calendar windows (issue 51): `time_zone` and USE_CALENDAR_MONTH_RATE_LIMIT.
 #[path = "tests/calendar_tests.rs"]
 mod calendar_tests;
+
+/// Issue 52's penalty through the service: the answer's code and reset; under shadow mode
+/// the same penalty, answered OK with nothing remaining; explain shows it.
+#[tokio::test]
+async fn a_penalty_refuses_a_key_after_its_window_and_shadow_mode_only_reports_it() {
+    let yaml = "domain: test\ndescriptors:\n  - key: brute\n    rate_limit: {unit: second, requests_per_unit: 3, penalty_seconds: 3}\n  - key: watched\n    shadow_mode: true\n    rate_limit: {unit: second, requests_per_unit: 3, penalty_seconds: 3}\n";
+    let (service, clock, config) =
+        service_of(yaml, &LoadOptions::default(), 5_000, Default::default());
+    let h = Harness {
+        service,
+        clock,
+        config,
+    };
+    let answer = |r: &Response| {
+        let s = &r.statuses[0];
+        (s.code, s.limit_remaining, s.duration_until_reset_secs)
+    };
+    for key in ["brute", "watched"] {
+        h.clock.set(Timestamp::from_secs(5_000));
+        for _ in 0..3 {
+            assert_eq!(h.one(&[(key, "ip")]).await.statuses[0].code, Code::Ok);
+        }
+        // Shadow mode answers OK, nothing remaining, as for any refusal.
+        let code = match key {
+            "brute" => Code::OverLimit,
+            _ => Code::Ok,
+        };
+        assert_eq!(
+            answer(&h.one(&[(key, "ip")]).await),
+            (code, 0, Some(3)),
+            "{key}"
+        );
+        // A second later the window has reset, the penalty has not.
+        h.clock.set(Timestamp::from_micros(5_001_500_000));
+        assert_eq!(
+            answer(&h.one(&[(key, "ip")]).await),
+            (code, 0, Some(2)),
+            "{key}"
+        );
+        let explained = h
+            .service
+            .explain(&req("test", vec![desc(&[(key, "ip")])]), true)
+            .await
+            .unwrap()
+            .to_string();
+        assert!(explained.contains(r#""penalized":true"#), "{explained}");
+        assert!(explained.contains(r#""penalty_seconds":3"#), "{explained}");
+        h.clock.set(Timestamp::from_secs(5_003));
+        assert_eq!(
+            answer(&h.one(&[(key, "ip")]).await),
+            (Code::Ok, 2, Some(1)),
+            "{key}"
+        );
+    }
+}
