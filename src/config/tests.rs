@@ -629,11 +629,6 @@ descriptors:
         crate::limiter::Calendar::GO_MONTH
     );
 
-    let block = |fields: &str| {
-        build_err(&format!(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{requests_per_unit: 5, {fields}}}\n"
-        ))
-    };
     for (fields, message) in [
         (
             "unit: day, time_zone: Mars/Olympus_Mons",
@@ -660,8 +655,15 @@ descriptors:
             "unknown week_start 'someday' (a day's English name, such as 'sunday')",
         ),
     ] {
-        assert_eq!(block(fields), message, "{fields}");
+        assert_eq!(block_err(fields), message, "{fields}");
     }
+}
+
+/// The error of a config whose one limit is `rate_limit: {requests_per_unit: 5, <fields>}`.
+fn block_err(fields: &str) -> String {
+    build_err(&format!(
+        "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{requests_per_unit: 5, {fields}}}\n"
+    ))
 }
 
 /// Issue 52: `value_regex` ranks with the wildcards in YAML order, after an exact value and
@@ -777,11 +779,6 @@ fn penalties_load_onto_their_block_and_bad_ones_are_refused() {
     assert_eq!(penalties("k"), Some(vec![p(3, false)]));
     assert_eq!(penalties("e"), Some(vec![p(60, true), None]));
 
-    let block = |fields: &str| {
-        build_err(&format!(
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 5, {fields}}}\n"
-        ))
-    };
     for (fields, message) in [
         (
             "penalty_seconds: 0",
@@ -796,6 +793,10 @@ fn penalties_load_onto_their_block_and_bad_ones_are_refused() {
             "penalty_extends needs penalty_seconds",
         ),
     ] {
-        assert_eq!(block(fields), message, "{fields}");
+        assert_eq!(
+            block_err(&format!("unit: second, {fields}")),
+            message,
+            "{fields}"
+        );
     }
 }
