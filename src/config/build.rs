@@ -139,12 +139,7 @@ fn load_descriptors(
             ));
         }
 
-        let metadata = match &d.metadata {
-            None | Some(Yaml::Null) => None,
-            Some(m) => {
-                Some(metadata_to_json(m).map_err(|e| format!("error parsing metadata: {e}"))?)
-            }
-        };
+        let metadata = metadata_of(d.metadata.as_ref())?;
         let limit = limit.map(|(rule, name, replaces)| {
             Box::new(Limit {
                 full_key: full_key.clone(),
@@ -188,6 +183,16 @@ fn load_descriptors(
         });
     }
     level.wildcards.compile()
+}
+
+/// A descriptor's `metadata`, as the JSON its answers carry; `None` when absent or null.
+fn metadata_of(metadata: Option<&Yaml>) -> Result<Option<serde_json::Value>, String> {
+    match metadata {
+        None | Some(Yaml::Null) => Ok(None),
+        Some(m) => metadata_to_json(m)
+            .map(Some)
+            .map_err(|e| format!("error parsing metadata: {e}")),
+    }
 }
 
 /// Go's map key of a descriptor at its level: `key`, or `key_value`; a `value_regex`

@@ -17,7 +17,9 @@ use regex_automata::{Anchored, Input, MatchKind, PatternID, PatternSet};
 use regex_syntax::hir::literal::{ExtractKind, Extractor};
 use regex_syntax::hir::{Hir, Look};
 
-use super::lookup::FastMap;
+/// A map with a fast hash, as the lookup's own (a type of its own here, so that this module
+/// and the lookup do not import each other).
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The longest `value_regex`, in bytes of YAML text.
 pub(crate) const MAX_PATTERN_BYTES: usize = 4_096;
