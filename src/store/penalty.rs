@@ -97,7 +97,13 @@ pub(crate) async fn apply<'a, S: Penalized>(
     let held: Vec<Option<Timestamp>> = hits
         .iter()
         .map(|h| match h.quota.penalty {
-            Some(_) => ends.next().flatten().filter(|&end| end > now),
+            // At most the limit's own length from now: a penalty kept under a longer
+            // `penalty_seconds` (since shortened), or by a clock since set back, ends sooner.
+            Some(p) => ends
+                .next()
+                .flatten()
+                .filter(|&end| end > now)
+                .map(|end| end.min(end_of(now, p.secs.get()))),
             None => None,
         })
         .collect();
