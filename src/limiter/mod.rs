@@ -5,7 +5,8 @@
 //! injected [`Clock`](crate::clock::Clock).
 //!
 //! [`share`] is max-min fair sharing of a capacity, which the lease server and the quota service
-//! split by.
+//! split by; [`demand`] is the attempted demand that the places deciding from a granted batch
+//! (the lease client, the lease parent link, Redis allowances) measure and refill ahead by.
 //!
 //! [`Decision`] is what every algorithm concludes; [`counter`] is the one dispatch from a
 //! [`Quota`] to its algorithm and state word, which the stores and the cluster call rather than
@@ -15,6 +16,7 @@ pub mod bucket;
 pub mod calendar;
 pub mod concurrency;
 pub(crate) mod counter;
+pub(crate) mod demand;
 pub mod fixed_window;
 pub(crate) mod share;
 pub mod sliding_window;

@@ -50,6 +50,7 @@ use super::Hit;
 use super::go_fixed::counted;
 use crate::charged::{ChargedMap, lock};
 use crate::clock::Timestamp;
+use crate::limiter::demand::{Demand, MIN_SAMPLE_US};
 use crate::limiter::{Algorithm, Decision, Quota};
 
 /// The reservation script: `KEYS[1]` the Go service's fixed-window key; `ARGV` the hits wanted
@@ -234,10 +235,8 @@ struct Batch {
     /// The window before, as it ended: its hits reserved and not used, and its count as last
     /// seen, for its calls that come late ([`Batch::straggler`]).
     last: Last,
-    /// Hits asked for since the last sample, and the demand (hits per second, thousandths).
-    attempted: u64,
-    sampled_us: u64,
-    demand_milli: u64,
+    /// Hits asked for, and the demand sampled from them.
+    demand: Demand,
 }
 
 /// Hits reserved ahead in the next window.
@@ -286,9 +285,6 @@ struct AllowanceStats {
 /// A reservation not answered within this long is given up (its hits stay counted in Redis:
 /// under-admission, never over); longer than any REDIS_TIMEOUT a reservation should need.
 const UNDER_WAY_US: u64 = 2_000_000;
-
-/// Demand samples span at least this long, as in lease mode.
-const MIN_SAMPLE_US: u64 = 10_000;
 
 /// A key is quiet, for the give-back task's demand sample, after this many of its demand's
 /// gaps between calls with none ([`Batch::quiet_us`]): far past the jitter of a paced client.
@@ -396,7 +392,7 @@ impl Allowances {
             return b.straggler(hit, now, window).unwrap_or(Route::STORE);
         }
         b.roll(window);
-        b.sample(now_us, hits, MIN_SAMPLE_US);
+        b.demand.sample(now_us, hits, MIN_SAMPLE_US);
         let left = b.left();
         // A peek is decided from the count last seen, once there is one.
         if b.refunded || (hits == 0 && b.reserved == 0) {
@@ -420,7 +416,7 @@ impl Allowances {
                 },
             };
         }
-        if b.need(self.tuning.horizon_us) < self.tuning.hot_hits {
+        if b.demand.whole_within(self.tuning.horizon_us) < self.tuning.hot_hits {
             return Route::Remote {
                 held: left,
                 ahead: None,
@@ -559,9 +555,10 @@ impl Allowances {
             let window = b.quota.window().index(now.secs());
             b.roll(window);
             let quiet_us = b.quiet_us(horizon_us);
-            b.sample(now.micros(), 0, quiet_us);
+            b.demand.sample(now.micros(), 0, quiet_us);
             let left = b.left();
-            let cold = b.need(horizon_us) < self.tuning.hot_hits.max(1) || b.refunded;
+            let cold =
+                b.demand.whole_within(horizon_us) < self.tuning.hot_hits.max(1) || b.refunded;
             if !b.reserving(now.micros()) && left > 0 && cold {
                 b.reserved = b.used;
                 self.stats.given_back.fetch_add(left, Ordering::Relaxed);
@@ -603,9 +600,7 @@ impl Batch {
             ahead: Ahead::default(),
             ahead_asked: false,
             last: Last::default(),
-            attempted: 0,
-            sampled_us: now_us,
-            demand_milli: 0,
+            demand: Demand::new(now_us, 0),
         }
     }
 
@@ -658,21 +653,6 @@ impl Batch {
         })
     }
 
-    /// Counts `hits` asked for at `now_us`, and updates the demand once a sample spans
-    /// `min_span_us` ([`MIN_SAMPLE_US`] for a call, [`Batch::quiet_us`] for the give-back
-    /// task's look, which brings no hits).
-    fn sample(&mut self, now_us: u64, hits: u64, min_span_us: u64) {
-        self.attempted += hits;
-        let span = now_us.saturating_sub(self.sampled_us);
-        if span >= min_span_us {
-            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(span);
-            let rate = u64::try_from(rate).unwrap_or(u64::MAX);
-            self.demand_milli = self.demand_milli / 2 + rate / 2;
-            self.attempted = 0;
-            self.sampled_us = now_us;
-        }
-    }
-
     /// How long the give-back task's look waits after the last sample before it closes one with
     /// no hits: [`QUIET_GAPS`] of the demand's gaps between calls, within [`MIN_SAMPLE_US`] and
     /// the horizon. Closed sooner, between two calls of a steady key, it would read no demand
@@ -680,7 +660,7 @@ impl Batch {
     /// 25 whenever the task looked 10 to 20 ms after a call, went cold, gave its batch back
     /// and reserved again, every horizon (issue 50's `warm` benchmark).
     fn quiet_us(&self, horizon_us: u64) -> u64 {
-        let gap_us = 1_000_000_000u64.checked_div(self.demand_milli);
+        let gap_us = 1_000_000_000u64.checked_div(self.demand.milli());
         let gaps = gap_us.map_or(u64::MAX, |g| g.saturating_mul(QUIET_GAPS));
         gaps.clamp(MIN_SAMPLE_US, horizon_us.max(MIN_SAMPLE_US))
     }
@@ -693,12 +673,12 @@ impl Batch {
     /// are used, since its answer's count (the others' unused hits included) would refuse
     /// the hits this batch still holds under the limit.
     fn refill(&mut self, now_us: u64, tuning: &AllowanceTuning) -> Option<Refill> {
-        let need = self.need(tuning.horizon_us);
+        let need = self.demand.whole_within(tuning.horizon_us);
         if need == 0 || need < tuning.hot_hits {
             return None;
         }
         let until_end = self.ends_us().saturating_sub(now_us);
-        let low = self.left() * 2 < self.need(tuning.horizon_us.min(until_end));
+        let low = self.left() * 2 < self.demand.whole_within(tuning.horizon_us.min(until_end));
         if !self.reserving(now_us) && !self.exhausted && low {
             self.mark_reserving(now_us);
             return Some(Refill {
@@ -758,14 +738,17 @@ impl Batch {
             // which strands nothing: a key offered far past what is left takes it in a batch
             // or two, not in a descent of ever smaller ones.
             false => (left / LEFT_SHARE)
-                .max(self.need(until_end) / 2)
+                .max(self.demand.whole_within(until_end) / 2)
                 .min(left)
                 .max(tuning.min_batch),
         };
         // Half a horizon more, so a batch that matches the demand does not run dry at the
         // window's last calls and ask for a sliver.
         let span = span.saturating_add(tuning.horizon_us / 2);
-        self.need(span).min(share).max(tuning.min_batch)
+        self.demand
+            .whole_within(span)
+            .min(share)
+            .max(tuning.min_batch)
     }
 
     /// When this window ends (µs since the epoch).
@@ -789,13 +772,7 @@ impl Batch {
         !self.reserving(now_us)
             && !self.ahead_asked
             && self.reserved == self.used
-            && self.need(horizon_us) == 0
-    }
-
-    /// The demand's hits over `horizon_us`.
-    fn need(&self, horizon_us: u64) -> u64 {
-        let need = u128::from(self.demand_milli) * u128::from(horizon_us) / 1_000_000_000;
-        u64::try_from(need).unwrap_or(u64::MAX)
+            && self.demand.whole_within(horizon_us) == 0
     }
 }
 

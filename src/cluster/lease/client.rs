@@ -16,11 +16,8 @@ use super::server::{
     Ask, Grant, LeaseTiming, PPM, epoch_of, is_window, rate_milli, same_counter, share_need,
     window_index, window_left_us,
 };
+use crate::limiter::demand::Demand;
 use crate::limiter::{Algorithm, Decision, Quota, bucket};
-
-/// The shortest time a demand sample is taken over (µs): a burst's rate is still seen within
-/// a few acquires, and a pair of hits close together is not taken for a flood.
-const MIN_SAMPLE_US: u64 = 10_000;
 
 /// What this node holds of one key.
 #[derive(Clone, Debug)]
@@ -47,12 +44,8 @@ pub(crate) struct Held {
     fair: Option<(u64, u64)>,
     /// Buckets: the local bucket's theoretical arrival time (a [`bucket`] state word).
     tat: u128,
-    /// Hits asked for (admitted or not) since the last renewal was sent.
-    attempted: u64,
-    /// When the last renewal (or the first acquire) was sent.
-    reported_us: u64,
-    /// Hits per second asked for, in thousandths, smoothed over renewals.
-    demand_milli: u64,
+    /// Hits asked for (admitted or not), sampled at each renewal or acquire sent.
+    demand: Demand,
     /// When this node last acquired for the key.
     acquired_us: u64,
     /// Windows: an acquire is under way (so its grant says whether the owner had more).
@@ -111,9 +104,7 @@ impl Held {
             others: 0,
             fair: None,
             tat: bucket::EMPTY,
-            attempted: 0,
-            reported_us: now_us,
-            demand_milli,
+            demand: Demand::new(now_us, demand_milli),
             acquired_us: 0,
             acquiring: false,
             starved: None,
@@ -152,7 +143,7 @@ impl Held {
     /// sent for the key within `renew_us`) or to wait for the call under way.
     pub(crate) fn decide(&mut self, now_us: u64, hits: u64, renew_us: u64) -> Local {
         self.roll(now_us);
-        self.attempted += hits;
+        self.demand.attempt(hits);
         self.touched_us = now_us;
         if let Some(d) = self.try_admit(now_us, hits) {
             return Local::Decided(d);
@@ -177,7 +168,7 @@ impl Held {
     /// (0 for a bucket), which its safe capacity then counts.
     pub(crate) fn admit_held(&mut self, now_us: u64, hits: u64) -> Result<Decision, u64> {
         self.roll(now_us);
-        self.attempted += hits;
+        self.demand.attempt(hits);
         self.touched_us = now_us;
         // What the safe capacity counts is the lease's part: the memory store it decides on
         // holds the hits admitted alone already.
@@ -309,7 +300,7 @@ impl Held {
         self.in_flight = false;
         self.acquiring = false;
         // A report a recall owed may be what was lost.
-        self.report_due |= self.recalled_until_us > self.reported_us;
+        self.report_due |= self.recalled_until_us > self.demand.since_us();
     }
 
     /// The key's owner recalled its free shares at `now_us` until `until_us`: whether a report
@@ -347,7 +338,11 @@ impl Held {
         } else {
             self.allowance > 0 && now_us < self.valid_until_us
         };
-        if !holds && self.attempted == 0 && changes == self.reported_changes && !self.report_due {
+        if !holds
+            && self.demand.attempted() == 0
+            && changes == self.reported_changes
+            && !self.report_due
+        {
             return None;
         }
         self.reported_changes = changes;
@@ -399,24 +394,14 @@ impl Held {
     /// The report part of an ask: what is used and held, and the demand (which this updates:
     /// the attempted hits since the last report, averaged with the previous estimate).
     fn report(&mut self, now_us: u64) -> Ask {
-        let elapsed = now_us.saturating_sub(self.reported_us);
-        if elapsed > 0 && (self.attempted > 0 || elapsed >= 1_000) {
-            // A sample spans at least MIN_SAMPLE_US: two hits microseconds apart (an acquire
-            // to this node's own lease server takes no hop) are no rate of a million a second.
-            let span = elapsed.max(MIN_SAMPLE_US);
-            let rate = u128::from(self.attempted) * 1_000_000_000 / u128::from(span);
-            let rate = u64::try_from(rate).unwrap_or(u64::MAX);
-            self.demand_milli = self.demand_milli / 2 + rate / 2;
-        }
-        self.attempted = 0;
-        self.reported_us = now_us;
+        let demand_milli = self.demand.report(now_us);
         Ask {
             quota: self.quota,
             epoch: self.epoch,
             used: self.used,
             keep: self.allowance,
             want: 0,
-            demand_milli: self.demand_milli,
+            demand_milli,
             horizon_us: 0,
         }
     }
@@ -426,15 +411,14 @@ impl Held {
     fn keep(&self, now_us: u64, timing: &LeaseTiming) -> u64 {
         if is_window(&self.quota) {
             let until = timing.horizon_us().min(window_left_us(&self.quota, now_us));
-            let need = (u128::from(self.demand_milli) * u128::from(until)).div_ceil(1_000_000_000);
-            let need = u64::try_from(need).unwrap_or(u64::MAX);
+            let need = self.demand.within(until);
             let fair = match self.fair {
                 Some((epoch, f)) if epoch == self.epoch => f.max(self.used),
                 _ => u64::MAX,
             };
             self.allowance.min(self.used.saturating_add(need)).min(fair)
         } else {
-            let need = share_need(self.demand_milli, &self.quota);
+            let need = share_need(self.demand.milli(), &self.quota);
             let fair = self.fair.map_or(u64::MAX, |(_, f)| f.max(1));
             self.allowance.min(need.max(1)).min(fair)
         }

@@ -33,6 +33,7 @@ use super::server::{Capacity, PPM, Summary, epoch_of, is_window, micros, same_co
 use super::{Ask, Grant};
 use crate::charged::{ChargedMap, lock};
 use crate::limiter::Quota;
+use crate::limiter::demand::hits_within;
 
 /// SLUICE_LEASE_PARENT_RENEW_MS and SLUICE_LEASE_PARENT_TIMEOUT_MS, with the lease table bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -534,11 +535,9 @@ impl Above {
         let epoch = epoch_of(&self.quota, now_us);
         let (granted, _) = self.granted(now_us);
         let keep = if is_window(&self.quota) {
-            let need =
-                (u128::from(done.demand_milli) * u128::from(lead_us)).div_ceil(1_000_000_000);
             let want = done
                 .used
-                .saturating_add(u64::try_from(need).unwrap_or(u64::MAX));
+                .saturating_add(hits_within(done.demand_milli, lead_us));
             // What the holders hold is held, granted or not (a safe capacity handed out, or a
             // grant this owner does not know of after a ring change): the parent learns it.
             // Within the parent's fair part, so a cluster holding more (it asked first) gives
