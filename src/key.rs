@@ -241,7 +241,7 @@ pub fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64
     key
 }
 
-/// The Redis keys replicas share their runtime limits through (`crate::cluster::runtime_redis`):
+/// The Redis keys replicas share their runtime limits through (`crate::runtime_limits::redis`):
 /// the hash of every limit and the stream of changes, in one Redis Cluster hash slot.
 pub fn runtime_limit_keys(prefix: &str) -> (String, String) {
     (

@@ -18,14 +18,16 @@
 //! - [`api`]: adapters only (gRPC, `/json`, `/nginx` and `/forward-auth`, HAProxy's SPOE, health,
 //!   debug); errors become statuses here.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
-//! - [`config`]: YAML -> validated model -> compiled lookup table; reload; the runtime limits
-//!   set through the API (`config::runtime`: a layer over the YAML's tree per domain, its file).
+//! - [`config`]: YAML -> validated model -> compiled lookup table (`value_regex` patterns in
+//!   `config::patterns`); reload; the runtime limits set through the API (`config::runtime`: a
+//!   layer over the YAML's tree per domain, its file).
 //! - [`service`]: envoyproxy/ratelimit's decision semantics over a store, as a short
 //!   orchestration of named steps; it reports to an observer (`service::observe`) that
 //!   [`telemetry`] implements, and knows no metrics or trace format.
 //! - [`store`]: the counter-store trait and its backends (memory, Redis, memcached; the Redis
 //!   store, its targets and the Sentinel watcher share one client module and do not import each
-//!   other; Redis and memcached share the breaker and the Go service's fixed-window pieces).
+//!   other; Redis and memcached share the breaker and the Go service's fixed-window pieces;
+//!   `store::penalty`: `penalty_seconds`, one algorithm over every store that keeps penalties).
 //! - [`key`]: the one writer of counter keys, the bytes a counter is kept under: the Go
 //!   service's (CACHE_KEY_PREFIX, domain, entries, window start) and Sluice's own suffixes
 //!   (`#<i>_`, `x<N><UNIT>_`, algorithm state, write-behind, memcached's hashed keys, RLQS
@@ -41,9 +43,14 @@
 //!   lease logic and its driver); RLQS buckets' owners (`rlqs_peers`); optionally written
 //!   behind to Redis and loaded by a new owner; a node that joins relays its keys to their
 //!   previous owner, then takes their counters over (`join`). Runtime limits shared by every peer
-//!   (`runtime_peers`) or by replicas through Redis (`runtime_redis`).
+//!   (`runtime_peers`, a [`runtime_limits::Sink`]).
+//! - [`runtime_limits`]: where a runtime limit change goes once it applies here, each a `Sink`
+//!   the limits API waits for: SLUICE_RUNTIME_LIMITS_PATH's file, the peers, the replicas
+//!   sharing Redis (`runtime_limits::redis`). The limits themselves are `config::runtime`.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`, their
-//!   `Decision`, and the one dispatch from a quota to its algorithm (`limiter::counter`).
+//!   `Decision`, and the one dispatch from a quota to its algorithm (`limiter::counter`);
+//!   calendar windows (`limiter::calendar`); the attempted demand that the lease client, the
+//!   lease parent link and Redis allowances sample and refill ahead by (`limiter::demand`).
 //! - [`clock`]: the injected time source.
 //! - [`percent`]: the one strict percent-decoder (`/nginx`'s and `/forward-auth`'s fields, the OTEL
 //!   `key=value` lists).
@@ -78,6 +85,7 @@ pub mod limiter;
 pub mod net;
 pub mod percent;
 pub mod rlqs;
+pub mod runtime_limits;
 pub(crate) mod secret;
 pub mod service;
 pub mod settings;

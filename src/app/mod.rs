@@ -773,7 +773,7 @@ impl Running {
 #[derive(Default)]
 struct SharedLimits {
     peers: Option<Arc<crate::cluster::runtime_peers::PeerLimits>>,
-    redis: Option<Arc<crate::cluster::runtime_redis::RedisLimits>>,
+    redis: Option<Arc<crate::runtime_limits::redis::RedisLimits>>,
 }
 
 impl SharedLimits {
@@ -799,7 +799,7 @@ fn share_limits(
 ) -> Result<(SharedLimits, Option<PeerServer>), StoreError> {
     let mut shared = SharedLimits::default();
     if let Backend::Redis(redis) = &options.backend {
-        shared.redis = Some(crate::cluster::runtime_redis::RedisLimits::start(
+        shared.redis = Some(crate::runtime_limits::redis::RedisLimits::start(
             redis,
             &options.service.cache_key_prefix,
             config.clone(),
@@ -830,7 +830,7 @@ fn limits_api(
     shared: SharedLimits,
 ) -> Arc<api::limits::LimitsApi> {
     let o = &options.runtime_limits;
-    let mut sinks: Vec<Arc<dyn api::limits::Sink>> = Vec::new();
+    let mut sinks: Vec<Arc<dyn crate::runtime_limits::Sink>> = Vec::new();
     if let Some(peers) = shared.peers {
         sinks.push(peers);
     }

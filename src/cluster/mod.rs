@@ -38,7 +38,6 @@ pub mod peer;
 pub mod ring;
 pub(crate) mod rlqs_peers;
 pub mod runtime_peers;
-pub mod runtime_redis;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -39,6 +39,7 @@ use crate::config::runtime::{Change, PathLevel, PutError, Replicated, RuntimeLim
 use crate::config::{ConfigHandle, RateLimitConfig};
 use crate::descriptor::{Descriptor, Entry, Request};
 use crate::percent;
+use crate::runtime_limits::Sink;
 
 /// The largest `PUT` body: a `rate_limit`'s fields fit in far less.
 pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -66,76 +67,6 @@ pub(crate) trait Explainer: Send + Sync {
     /// The counters `request` would be charged against, as `/debug/counters` shows them (a
     /// JSON list), or `{"error": ..}`.
     fn budget(&self, request: Request) -> futures_util::future::BoxFuture<'_, Value>;
-}
-
-/// Where a change goes once applied here: saved to SLUICE_RUNTIME_LIMITS_PATH, pushed to the
-/// peers, written to Redis. `Ok` once the change (this node's change number `sequence`) is
-/// there, with the peers it did not reach (which the anti-entropy pass brings it to); `Err`
-/// says why not.
-pub(crate) trait Sink: Send + Sync {
-    fn settled<'a>(
-        &'a self,
-        sequence: u64,
-        change: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>>;
-
-    /// The anti-entropy pass's counts, for a peer cluster's sink.
-    fn sync_counts(&self) -> Option<crate::cluster::runtime_peers::SyncCounts> {
-        None
-    }
-}
-
-impl Sink for crate::config::runtime::file::Saver {
-    fn settled<'a>(
-        &'a self,
-        sequence: u64,
-        _: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
-        Box::pin(async move {
-            crate::config::runtime::file::Saver::settled(self, sequence).await?;
-            Ok(Vec::new())
-        })
-    }
-}
-
-/// Every peer gets the change before the API answers. A peer that did not is logged and named
-/// in the answer ([`MISSED_PEERS`]), not answered as a failure: the change holds here and on
-/// the peers that took it, and the next anti-entropy pass compares with the peers it missed
-/// first, which brings it to them once they answer.
-impl Sink for crate::cluster::runtime_peers::PeerLimits {
-    fn settled<'a>(
-        &'a self,
-        _: u64,
-        change: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
-        Box::pin(async move {
-            let missed = self.push(change).await;
-            for (peer, error) in &missed {
-                tracing::warn!(peer, error, domain = %change.domain, "a peer did not take a runtime limit change; the next anti-entropy pass brings it");
-            }
-            Ok(missed.into_iter().map(|(peer, _)| peer).collect())
-        })
-    }
-
-    fn sync_counts(&self) -> Option<crate::cluster::runtime_peers::SyncCounts> {
-        Some(self.counts())
-    }
-}
-
-/// Redis has the change before the API answers (the other replicas read it within their poll).
-impl Sink for crate::cluster::runtime_redis::RedisLimits {
-    fn settled<'a>(
-        &'a self,
-        _: u64,
-        change: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
-        Box::pin(async move {
-            self.write(change)
-                .await
-                .map_err(|e| format!("Redis did not take it: {e}"))?;
-            Ok(Vec::new())
-        })
-    }
 }
 
 /// The API's state.
@@ -184,7 +115,7 @@ impl LimitsApi {
     }
 
     /// The peer cluster's anti-entropy counts; `None` without peers.
-    pub(crate) fn sync_counts(&self) -> Option<crate::cluster::runtime_peers::SyncCounts> {
+    pub(crate) fn sync_counts(&self) -> Option<crate::runtime_limits::SyncCounts> {
         self.sinks.iter().find_map(|s| s.sync_counts())
     }
 }
@@ -595,7 +526,11 @@ impl Call<'_> {
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "the change applies on this node but is not saved: {}",
-                failed.join("; ")
+                failed
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ),
         ))
     }

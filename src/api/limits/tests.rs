@@ -6,7 +6,9 @@ use serde_json::json;
 
 use super::*;
 use crate::clock::{ManualClock, Timestamp};
+use crate::config::runtime::file::SaveError;
 use crate::config::{LoadOptions, parse_files};
+use crate::runtime_limits::{NotSettled, Settling};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::store::MemoryStore;
 
@@ -527,12 +529,13 @@ async fn every_change_is_in_the_history_with_who_made_it() {
 struct Unsaved;
 
 impl Sink for Unsaved {
-    fn settled<'a>(
-        &'a self,
-        _: u64,
-        _: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
-        Box::pin(async { Err("/nowhere/limits.json: read-only file system".to_owned()) })
+    fn settled<'a>(&'a self, _: u64, _: &'a Replicated) -> Settling<'a> {
+        Box::pin(async {
+            Err(NotSettled::Unsaved(SaveError::Failed {
+                path: "/nowhere/limits.json".into(),
+                cause: Arc::new(std::io::Error::other("read-only file system")),
+            }))
+        })
     }
 }
 
@@ -540,11 +543,7 @@ impl Sink for Unsaved {
 struct MissedTwo;
 
 impl Sink for MissedTwo {
-    fn settled<'a>(
-        &'a self,
-        _: u64,
-        _: &'a Replicated,
-    ) -> futures_util::future::BoxFuture<'a, Result<Vec<String>, String>> {
+    fn settled<'a>(&'a self, _: u64, _: &'a Replicated) -> Settling<'a> {
         Box::pin(async { Ok(vec!["10.0.0.2:8090".to_owned(), "10.0.0.3:8090".to_owned()]) })
     }
 }

@@ -34,6 +34,7 @@ use super::Members;
 use super::peer::{LimitsOwner, wire};
 use crate::config::ConfigHandle;
 use crate::config::runtime::{Applied, Replicated};
+use crate::runtime_limits::{Settling, Sink, SyncCounts};
 use convert::{digest_to_wire, from_wire, to_wire};
 
 /// The most changes one push carries.
@@ -51,19 +52,6 @@ const MAX_PAGES: usize = 10_000;
 /// that start together answer each other's probes (every 500 ms) well within it. A pull under
 /// way then is waited for (each of its calls bounded by SLUICE_PEER_TIMEOUT_MS).
 pub const FIRST_PULL_WAIT: Duration = Duration::from_secs(5);
-
-/// What the anti-entropy pass and the pushes did, for `/metrics`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SyncCounts {
-    /// Comparisons that found the same digest.
-    pub same: u64,
-    /// Comparisons that found another digest, and reconciled.
-    pub differed: u64,
-    /// Comparisons or reconciliations that failed (the peer did not answer in time).
-    pub failed: u64,
-    /// Pushes a peer did not take (each retried by the next pass).
-    pub missed_pushes: u64,
-}
 
 #[derive(Default)]
 struct Counters {
@@ -273,5 +261,25 @@ impl LimitsOwner for PeerLimits {
 
     fn digest(&self) -> wire::LimitsDigest {
         digest_to_wire(self.config.runtime(|s| s.digest()))
+    }
+}
+
+/// Every peer gets the change before the API answers. A peer that did not is logged and named
+/// in the answer (the runtime limits API's missed-peers header), not answered as a failure: the
+/// change holds here and on the peers that took it, and the next anti-entropy pass compares
+/// with the peers it missed first, which brings it to them once they answer.
+impl Sink for PeerLimits {
+    fn settled<'a>(&'a self, _: u64, change: &'a Replicated) -> Settling<'a> {
+        Box::pin(async move {
+            let missed = self.push(change).await;
+            for (peer, error) in &missed {
+                tracing::warn!(peer, error, domain = %change.domain, "a peer did not take a runtime limit change; the next anti-entropy pass brings it");
+            }
+            Ok(missed.into_iter().map(|(peer, _)| peer).collect())
+        })
+    }
+
+    fn sync_counts(&self) -> Option<SyncCounts> {
+        Some(self.counts())
     }
 }

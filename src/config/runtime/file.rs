@@ -284,7 +284,21 @@ impl Files {
 #[derive(Clone, Debug, Default)]
 struct Saved {
     sequence: u64,
-    error: Option<(u64, String)>,
+    error: Option<(u64, Arc<std::io::Error>)>,
+}
+
+/// Why a change is not saved when its caller is answered.
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// The save that should have held it failed.
+    #[error("{}: {cause}", path.display())]
+    Failed {
+        path: PathBuf,
+        cause: Arc<std::io::Error>,
+    },
+    /// No save held it within [`SAVE_WAIT`].
+    #[error("{}: not saved within {waited:?}", path.display())]
+    Late { path: PathBuf, waited: Duration },
 }
 
 /// Saves the runtime limits after every change, in the background.
@@ -340,11 +354,11 @@ impl Saver {
                 let failure = match write.await {
                     Ok((back, saved)) => {
                         files = back;
-                        saved.map_err(|e| e.to_string())
+                        saved.map_err(Arc::new)
                     }
                     Err(e) => {
                         files = Files::new(&self.path);
-                        Err(e.to_string())
+                        Err(Arc::new(std::io::Error::other(e)))
                     }
                 };
                 match failure {
@@ -375,7 +389,7 @@ impl Saver {
 
     /// Waits until change `sequence` is saved: `Err` with the reason when a save that should
     /// have held it failed, or none came within [`SAVE_WAIT`].
-    pub async fn settled(&self, sequence: u64) -> Result<(), String> {
+    pub async fn settled(&self, sequence: u64) -> Result<(), SaveError> {
         let mut rx = self.saved.subscribe();
         let done = |s: &Saved| {
             s.sequence >= sequence || s.error.as_ref().is_some_and(|(at, _)| *at >= sequence)
@@ -388,13 +402,14 @@ impl Saver {
         if now.sequence >= sequence {
             return Ok(());
         }
-        match now.error {
-            Some((_, e)) => Err(format!("{}: {e}", self.path.display())),
-            None => Err(format!(
-                "{}: not saved within {SAVE_WAIT:?}",
-                self.path.display()
-            )),
-        }
+        let path = self.path.clone();
+        Err(match now.error {
+            Some((_, cause)) => SaveError::Failed { path, cause },
+            None => SaveError::Late {
+                path,
+                waited: SAVE_WAIT,
+            },
+        })
     }
 }
 

@@ -24,6 +24,8 @@ use crate::config::runtime::{Applied, Replicated, TOMBSTONE_LIFE_US};
 use crate::store::redis::RedisConfig;
 use crate::store::{RedisLink, StoreError};
 
+use super::{Settling, Sink};
+
 /// Keeps a change unless the hash holds a later one for its path, then logs it. KEYS: the hash,
 /// the log; ARGV: the field, the change as JSON, its time, its origin, the log's length.
 /// Answers 1 when kept, 0 when the hash held a later change.
@@ -52,6 +54,16 @@ const READ_COUNT: usize = 1000;
 /// while Redis is down would otherwise log four lines a second).
 const READ_FAILURE_LOG: Duration = Duration::from_secs(10);
 
+/// Redis has the change before the API answers (the other replicas read it within their poll).
+impl Sink for RedisLimits {
+    fn settled<'a>(&'a self, _: u64, change: &'a Replicated) -> Settling<'a> {
+        Box::pin(async move {
+            self.write(change).await?;
+            Ok(Vec::new())
+        })
+    }
+}
+
 /// Runtime limits shared through Redis.
 pub struct RedisLimits {
     redis: RedisLink,
@@ -71,10 +83,6 @@ impl Drop for RedisLimits {
             t.abort();
         }
     }
-}
-
-fn failed(e: StoreError) -> String {
-    e.to_string()
 }
 
 impl RedisLimits {
@@ -125,8 +133,10 @@ impl RedisLimits {
     }
 
     /// Writes a change made here; `Err` when Redis did not take it.
-    pub async fn write(&self, change: &Replicated) -> Result<(), String> {
-        let json = serde_json::to_string(change).map_err(|e| e.to_string())?;
+    pub async fn write(&self, change: &Replicated) -> Result<(), StoreError> {
+        let json = serde_json::to_string(change).map_err(|e| StoreError::Backend {
+            message: format!("the change as JSON: {e}"),
+        })?;
         let mut pipe = redis::pipe();
         pipe.cmd("EVALSHA")
             .arg(&self.write_sha)
@@ -138,12 +148,12 @@ impl RedisLimits {
             .arg(change.at_us)
             .arg(&change.origin)
             .arg(LOG_LENGTH);
-        self.redis.run(&pipe).await.map_err(failed)?;
+        self.redis.run(&pipe).await?;
         Ok(())
     }
 
     /// One poll: the hash first if needed, then the log after `last`.
-    async fn follow(&self, last: &mut Option<String>) -> Result<(), String> {
+    async fn follow(&self, last: &mut Option<String>) -> Result<(), StoreError> {
         let Some(after) = last.clone() else {
             // Where the log ends before the hash is read: changes after it are read next.
             let end = self.log_end().await?;
@@ -167,7 +177,7 @@ impl RedisLimits {
             .arg("+")
             .arg("COUNT")
             .arg(1);
-        let answer = self.redis.run(&pipe).await.map_err(failed)?;
+        let answer = self.redis.run(&pipe).await?;
         let entries = stream_entries(answer.first());
         let first = stream_entries(answer.get(1)).into_iter().next();
         if after != "0-0" && first.is_some_and(|(id, _)| id_after(&id, &after)) {
@@ -184,7 +194,7 @@ impl RedisLimits {
     }
 
     /// The id of the log's last entry, `0-0` when it is empty.
-    async fn log_end(&self) -> Result<String, String> {
+    async fn log_end(&self) -> Result<String, StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("XREVRANGE")
             .arg(&self.log)
@@ -192,7 +202,7 @@ impl RedisLimits {
             .arg("-")
             .arg("COUNT")
             .arg(1);
-        let answer = self.redis.run(&pipe).await.map_err(failed)?;
+        let answer = self.redis.run(&pipe).await?;
         Ok(stream_entries(answer.first())
             .into_iter()
             .next()
@@ -200,7 +210,7 @@ impl RedisLimits {
     }
 
     /// Applies every change the hash holds, and forgets removals older than a day.
-    async fn load_hash(&self) -> Result<usize, String> {
+    async fn load_hash(&self) -> Result<usize, StoreError> {
         let mut cursor = "0".to_owned();
         let mut changes = Vec::new();
         loop {
@@ -210,7 +220,7 @@ impl RedisLimits {
                 .arg(&cursor)
                 .arg("COUNT")
                 .arg(READ_COUNT);
-            let answer = self.redis.run(&pipe).await.map_err(failed)?;
+            let answer = self.redis.run(&pipe).await?;
             let (next, fields) = scan_page(answer.first());
             changes.extend(parsed(fields.iter().map(String::as_str)));
             if next == "0" {
