@@ -302,7 +302,9 @@ impl App {
                     options.peer_tls.clone(),
                     clock.clone(),
                 )
-                .map_err(|message| StoreError::Backend { message })?;
+                .map_err(|e| StoreError::Backend {
+                    message: e.to_string(),
+                })?;
                 AnyStore::Cluster(store)
             }
         });

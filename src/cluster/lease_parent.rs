@@ -26,7 +26,7 @@ use super::lease::server::micros;
 use super::lease::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
 use super::peer::{LeaseAsk, PeerClient, PeerError};
 use super::ring::{Ring, key_hash};
-use super::{ClusterConfig, ClusterStats, ParentConfig};
+use super::{ClusterConfig, ClusterStats, ParentConfig, StartError};
 use crate::clock::{Clock, Timestamp};
 use crate::tls::PeerTls;
 
@@ -74,7 +74,7 @@ impl ParentLink {
         (server, owns): (Option<&Arc<LeaseServer>>, Owns),
         tls: Option<PeerTls>,
         (stats, clock): (Arc<ClusterStats>, Arc<dyn Clock>),
-    ) -> Result<Option<Spawned>, String> {
+    ) -> Result<Option<Spawned>, StartError> {
         let (Some(config), Some(server)) = (&settings.parent, server) else {
             return Ok(None);
         };
@@ -90,14 +90,14 @@ impl ParentLink {
         tls: Option<&PeerTls>,
         stats: Arc<ClusterStats>,
         clock: Arc<dyn Clock>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StartError> {
         let ring = Ring::new(config.peers.iter().cloned());
         let timing = config.timing;
         let clients = ring
             .addrs()
             .map(|a| PeerClient::start(a, timing.timeout, Duration::ZERO, tls, stats.clone()))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("SLUICE_LEASE_PARENT: {e}"))?;
+            .map_err(StartError::Parent)?;
         let down_until_us = (0..ring.len()).map(|_| AtomicU64::new(0)).collect();
         let started_us = clock.now().micros();
         Ok(ParentLink {

@@ -85,13 +85,31 @@ struct Dialer {
     stats: Arc<ClusterStats>,
 }
 
+/// Why a peer cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// PEER_ADVERTISE_ADDRESS is not on the ring built from PEERS and itself (a bug: it is
+    /// always added).
+    #[error("{0} is not among the peers")]
+    NotAPeer(String),
+    /// A peer's address or the peer TLS refused a client.
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    /// A client for a SLUICE_LEASE_PARENT peer.
+    #[error("SLUICE_LEASE_PARENT: {0}")]
+    Parent(PeerError),
+    /// SLUICE_PEER_WRITE_BEHIND's Redis client.
+    #[error(transparent)]
+    WriteBehind(#[from] StoreError),
+}
+
 impl Members {
-    fn build(addrs: Vec<String>, dialer: &Dialer) -> Result<Self, String> {
+    fn build(addrs: Vec<String>, dialer: &Dialer) -> Result<Self, StartError> {
         let me = &dialer.settings.advertise;
         let ring = Ring::new(addrs.into_iter().chain([me.clone()]));
         let me_index = ring
             .index_of(me)
-            .ok_or_else(|| format!("{me} is not among the peers"))?;
+            .ok_or_else(|| StartError::NotAPeer(me.clone()))?;
         let clients = Self::dial(&ring, me_index, dialer)?;
         let relay_clients = Self::dial(&ring, me_index, dialer)?;
         let down = (0..ring.len()).map(|_| AtomicBool::new(false)).collect();
@@ -105,7 +123,11 @@ impl Members {
     }
 
     /// A client for each peer of `ring` but this node (`me`); each connects at its first call.
-    fn dial(ring: &Ring, me: usize, dialer: &Dialer) -> Result<Vec<Option<PeerClient>>, String> {
+    fn dial(
+        ring: &Ring,
+        me: usize,
+        dialer: &Dialer,
+    ) -> Result<Vec<Option<PeerClient>>, StartError> {
         ring.addrs()
             .enumerate()
             .map(|(i, a)| {
@@ -123,7 +145,7 @@ impl Members {
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())
+            .map_err(StartError::Peer)
     }
 
     fn owner(&self, key: &str) -> usize {
@@ -696,7 +718,7 @@ impl ClusterStore {
         settings: &ClusterConfig,
         tls: Option<PeerTls>,
         clock: Arc<dyn Clock>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StartError> {
         let stats = Arc::new(ClusterStats::default());
         let tls_parent = tls.clone();
         let dialer = Dialer {
@@ -1079,16 +1101,14 @@ fn start_durable(
     wb: &WriteBehind,
     local: &Arc<MemoryStore>,
     changes: &Arc<RingChanges>,
-) -> Result<Arc<Durable>, String> {
+) -> Result<Arc<Durable>, StoreError> {
     // A take-over load runs inside the forwarded call of a peer whose deadline is
     // SLUICE_PEER_TIMEOUT_MS (peers share it, as they share PEERS). Past it, the caller marks
     // this healthy node down and retries on the next owner, which loads too: a stalled Redis
     // then fails every such hit and moves keys about. Half the deadline leaves the other half
     // for the call itself.
     let load_timeout = settings.timeout / 2;
-    Durable::new(wb, local.clone(), changes.clone(), load_timeout)
-        .map(Arc::new)
-        .map_err(|e| e.to_string())
+    Durable::new(wb, local.clone(), changes.clone(), load_timeout).map(Arc::new)
 }
 
 /// The hits at `pending` grouped by their owner as `members` sees it now, in first-seen order.

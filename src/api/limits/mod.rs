@@ -166,7 +166,20 @@ struct Params {
     limit: Option<usize>,
 }
 
-fn params(query: Option<&str>) -> Result<Params, String> {
+/// A query parameter the API does not take.
+#[derive(Debug, thiserror::Error)]
+enum BadParam {
+    #[error("query parameter {0}: a bad percent-encoding")]
+    Encoding(String),
+    #[error("{name}={value}: expected true or false")]
+    Flag { name: String, value: String },
+    #[error("limit={0}: expected a number from 1 to {MAX_PAGE}")]
+    Limit(String),
+    #[error("unknown query parameter {0:?} (the API takes dry_run, budget, after and limit)")]
+    Unknown(String),
+}
+
+fn params(query: Option<&str>) -> Result<Params, BadParam> {
     let mut out = Params::default();
     for pair in query
         .unwrap_or_default()
@@ -174,12 +187,15 @@ fn params(query: Option<&str>) -> Result<Params, String> {
         .filter(|p| !p.is_empty())
     {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent::decode(value.as_bytes())
-            .ok_or_else(|| format!("query parameter {name}: a bad percent-encoding"))?;
+        let value =
+            percent::decode(value.as_bytes()).ok_or_else(|| BadParam::Encoding(name.to_owned()))?;
         let flag = |value: &str| match value {
             "true" | "" => Ok(true),
             "false" => Ok(false),
-            other => Err(format!("{name}={other}: expected true or false")),
+            other => Err(BadParam::Flag {
+                name: name.to_owned(),
+                value: other.to_owned(),
+            }),
         };
         match name {
             "dry_run" => out.dry_run = flag(&value)?,
@@ -190,15 +206,9 @@ fn params(query: Option<&str>) -> Result<Params, String> {
                     .parse::<usize>()
                     .ok()
                     .filter(|n| (1..=MAX_PAGE).contains(n));
-                out.limit = Some(n.ok_or_else(|| {
-                    format!("limit={value}: expected a number from 1 to {MAX_PAGE}")
-                })?);
+                out.limit = Some(n.ok_or_else(|| BadParam::Limit(value.clone()))?);
             }
-            other => {
-                return Err(format!(
-                    "unknown query parameter {other:?} (the API takes dry_run, budget, after and limit)"
-                ));
-            }
+            other => return Err(BadParam::Unknown(other.to_owned())),
         }
     }
     Ok(out)

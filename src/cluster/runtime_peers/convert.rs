@@ -20,12 +20,13 @@ pub(super) fn to_wire(c: &Replicated) -> wire::RuntimeLimitChange {
     }
 }
 
-pub(super) fn from_wire(c: wire::RuntimeLimitChange) -> Result<Replicated, String> {
-    let body = c
-        .body
-        .map(|b| serde_json::from_str(&b))
-        .transpose()
-        .map_err(|e| format!("a runtime limit's body is not JSON: {e}"))?;
+/// A peer's runtime limit change whose body is not JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("a runtime limit's body is not JSON: {0}")]
+pub(super) struct BadBody(#[from] serde_json::Error);
+
+pub(super) fn from_wire(c: wire::RuntimeLimitChange) -> Result<Replicated, BadBody> {
+    let body = c.body.map(|b| serde_json::from_str(&b)).transpose()?;
     Ok(Replicated {
         domain: c.domain,
         levels: c.levels.into_iter().map(|l| (l.key, l.value)).collect(),

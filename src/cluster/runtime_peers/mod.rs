@@ -225,7 +225,7 @@ impl LimitsOwner for PeerLimits {
             .into_iter()
             .map(from_wire)
             .collect::<Result<_, _>>()
-            .map_err(tonic::Status::invalid_argument)?;
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         if !changes.is_empty() {
             let applied = self.apply_all(&changes);
             tracing::debug!(node, applied, "runtime limit changes from a peer");

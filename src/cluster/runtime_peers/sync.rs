@@ -13,9 +13,9 @@ use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::convert::{digest_from_wire, from_wire, to_wire};
+use super::convert::{BadBody, digest_from_wire, from_wire, to_wire};
 use super::{FIRST_PULL_WAIT, MAX_PAGES, MAX_PUSH, Members, PeerLimits};
-use crate::cluster::peer::PeerClient;
+use crate::cluster::peer::{PeerClient, PeerError};
 use crate::config::runtime::{Replicated, Stamp};
 
 /// Why this node compares with a peer.
@@ -227,13 +227,10 @@ impl PeerLimits {
 
     /// Compares digests with `peer` and reconciles when they differ. A peer that answers no
     /// digest (it predates it) is reconciled with only when it has just answered.
-    async fn sync_with(&self, peer: &str, occasion: Occasion) -> Result<Compared, String> {
+    async fn sync_with(&self, peer: &str, occasion: Occasion) -> Result<Compared, SyncError> {
         let (client, me) = self.client(peer)?;
         let ours = self.config.runtime(|s| s.digest());
-        let answer = client
-            .limits(&me, Vec::new(), None, true)
-            .await
-            .map_err(|e| e.to_string())?;
+        let answer = client.limits(&me, Vec::new(), None, true).await?;
         let theirs = answer.digest.map(digest_from_wire);
         if theirs == Some(ours) {
             return Ok(Compared::Same);
@@ -247,13 +244,13 @@ impl PeerLimits {
     }
 
     /// The client for `peer`, and this node's address.
-    fn client(&self, peer: &str) -> Result<(PeerClient, String), String> {
+    fn client(&self, peer: &str) -> Result<(PeerClient, String), SyncError> {
         let m = self.members.load_full();
         let client = m
             .ring
             .index_of(peer)
             .and_then(|i| m.clients[i].clone())
-            .ok_or_else(|| format!("{peer} is no longer a peer"))?;
+            .ok_or_else(|| SyncError::Gone(peer.to_owned()))?;
         Ok((client, m.ring.addr(m.me).to_owned()))
     }
 
@@ -266,7 +263,7 @@ impl PeerLimits {
         client: &PeerClient,
         me: &str,
         push_back: bool,
-    ) -> Result<(usize, usize), String> {
+    ) -> Result<(usize, usize), SyncError> {
         let ours = if push_back {
             self.config.runtime(|s| s.export())
         } else {
@@ -277,10 +274,7 @@ impl PeerLimits {
         let mut back: Vec<Replicated> = Vec::new();
         let mut after = String::new();
         for _ in 0..MAX_PAGES {
-            let answer = client
-                .limits(me, Vec::new(), Some(after), false)
-                .await
-                .map_err(|e| e.to_string())?;
+            let answer = client.limits(me, Vec::new(), Some(after), false).await?;
             let page: Vec<Replicated> = answer
                 .entries
                 .into_iter()
@@ -294,8 +288,7 @@ impl PeerLimits {
                 let batch: Vec<_> = back.drain(..back.len().min(MAX_PUSH)).collect();
                 client
                     .limits(me, batch.iter().map(to_wire).collect(), None, false)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
                 pushed += batch.len();
             }
             if last {
@@ -303,8 +296,21 @@ impl PeerLimits {
             }
             after = answer.next;
         }
-        Err(format!("more than {MAX_PAGES} pages"))
+        Err(SyncError::TooManyPages)
     }
+}
+
+/// Why a comparison or reconciliation with a peer failed (tried again at the next pass).
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("{0} is no longer a peer")]
+    Gone(String),
+    #[error(transparent)]
+    Call(#[from] PeerError),
+    #[error(transparent)]
+    Body(#[from] BadBody),
+    #[error("more than {MAX_PAGES} pages")]
+    TooManyPages,
 }
 
 #[cfg(test)]
