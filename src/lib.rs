@@ -15,8 +15,11 @@
 //! - [`cli`]: the command-line tools beside `main` (`check-config`, `explain`, `probe`):
 //!   clients of the service, above [`api`], with their own HTTP/1.1 client (hyper's,
 //!   bounded in time and size); `main` hands them plain inputs, never the settings.
-//! - [`api`]: adapters only (gRPC, `/json`, `/nginx` and `/forward-auth`, HAProxy's SPOE, health,
-//!   debug); errors become statuses here.
+//! - [`api`]: adapters only (gRPC, `/json`, `/nginx` and `/forward-auth`, HAProxy's SPOE,
+//!   health); errors become statuses here.
+//! - `admin`: the debug port's admin above the adapters: the status page, explain, counters,
+//!   the runtime limits API and its tokens; a runtime limit change goes to
+//!   [`runtime_limits`]'s sinks.
 //! - [`descriptor`]: the decoded request, free of any protocol types.
 //! - [`config`]: YAML -> validated model -> compiled lookup table (`value_regex` patterns in
 //!   `config::patterns`); reload; the runtime limits set through the API (`config::runtime`: a
@@ -72,6 +75,7 @@
 // items with them. (The library's own lint: test crates' helpers are theirs to make `pub`.)
 #![warn(unreachable_pub)]
 
+pub(crate) mod admin;
 pub mod api;
 pub mod app;
 pub(crate) mod charged;

@@ -17,7 +17,7 @@ use sluice::limiter::Unit;
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
 use sluice::telemetry::limits::limit_table;
-use sluice::telemetry::prometheus::{BreakerGauges, Extra, render};
+use sluice::telemetry::prometheus::{BreakerGauges, Extra, StoreReport, render};
 use sluice::telemetry::{DecisionTelemetry, Stats, StatsOptions};
 
 const CONFIG: &str = r#"
@@ -498,12 +498,15 @@ async fn a_flood_of_unique_values_stays_within_the_cap() {
 #[test]
 fn redis_allowance_counters_and_gauges_are_rendered_with_their_kinds() {
     let extra = Extra {
-        allowance: vec![
-            ("local_calls", 41),
-            ("dry_calls", 2),
-            ("keys", 3),
-            ("bytes", 900),
-        ],
+        store: StoreReport {
+            allowance: vec![
+                ("local_calls", 41),
+                ("dry_calls", 2),
+                ("keys", 3),
+                ("bytes", 900),
+            ],
+            ..StoreReport::default()
+        },
         ..Extra::default()
     };
     let text = render(&Stats::new(StatsOptions::default()), &extra);
@@ -531,14 +534,17 @@ fn redis_breakers_are_one_series_per_target() {
         fast_failures,
     };
     let extra = Extra {
-        redis: vec![
-            gauges("main", false, 2, 7),
-            gauges("per_second", true, 0, 0),
-        ],
-        memcache: vec![
-            gauges("10.0.0.1:11211", true, 1, 3),
-            gauges("memcached-1.mc.svc.:11211", false, 4, 9),
-        ],
+        store: StoreReport {
+            redis: vec![
+                gauges("main", false, 2, 7),
+                gauges("per_second", true, 0, 0),
+            ],
+            memcache: vec![
+                gauges("10.0.0.1:11211", true, 1, 3),
+                gauges("memcached-1.mc.svc.:11211", false, 4, 9),
+            ],
+            ..StoreReport::default()
+        },
         ..Extra::default()
     };
     let text = render(&Stats::new(StatsOptions::default()), &extra);

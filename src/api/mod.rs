@@ -10,35 +10,25 @@
 //! - [`forward_auth`]: the auth-subrequest endpoints (nginx `auth_request`, Traefik, Caddy):
 //!   headers or a query string in, 200 or a refusal with `RateLimit-*` out.
 //! - [`spoa`]: HAProxy's SPOE: an agent on SPOA_PORT whose answers set HAProxy variables.
-//! - [`debug`]: `/rlconfig`, `/metrics`, `/stats` and `/debug/*` on DEBUG_PORT, reading
-//!   [`debug_state`]; [`status`] renders its status page.
-//! - [`explain`]: the request `/debug/explain` and `/debug/counters` take, decoded (`sluice
-//!   explain --config` decodes it the same way; the tool itself is in `crate::cli`).
 //! - [`health`]: the health state behind `/healthcheck` and gRPC's health service.
 //! - [`convert`]: protobuf <-> domain types, shared by gRPC and `/json`.
 //! - [`bad_request`]: [`BadRequest`], every adapter's refusal of a request it cannot decode,
 //!   with its HTTP status and gRPC code; [`body`]: HTTP request bodies read up to the cap.
 //! - [`trace_context`]: the caller's trace context from gRPC metadata or HTTP headers.
-//! - [`limits`]: the runtime limits API on DEBUG_PORT (`/limits/...`), its callers checked by
-//!   [`admin_auth`] and its paths read by [`limits_path`].
+//!
+//! The debug port's admin (status page, explain, counters, the runtime limits API, its tokens)
+//! is not an adapter: it is [`crate::admin`], above this module.
 
-pub(crate) mod admin_auth;
 pub(crate) mod bad_request;
 pub(crate) mod body;
 pub mod convert;
-pub(crate) mod debug;
-pub(crate) mod debug_state;
-pub(crate) mod explain;
 pub mod forward_auth;
 pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod json;
-pub(crate) mod limits;
-pub(crate) mod limits_path;
 pub(crate) mod rlqs;
 pub(crate) mod spoa;
-pub(crate) mod status;
 
 pub use bad_request::BadRequest;
 

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::api::debug::StoreGauges;
+use crate::admin::debug::StoreGauges;
 use crate::clock::Timestamp;
 use crate::cluster::ClusterStore;
 use crate::cluster::lease::KeyView;
@@ -15,7 +15,9 @@ use crate::store::redis::{BreakerStats, RedisConfig};
 use crate::store::{
     CounterStore, Hit, MemcacheStore, MemoryStore, RedisStore, StoreError, TraceBackend,
 };
-use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges, ParentGauges};
+use crate::telemetry::prometheus::{
+    BreakerGauges, ClusterGauges, MemoryGauges, ParentGauges, StoreReport,
+};
 
 /// Counter store.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,15 +40,6 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
-    /// The memory store, when that is the backend (for its statistics).
-    pub fn memory(&self) -> Option<&MemoryStore> {
-        match self {
-            AnyStore::Memory(m) => Some(m),
-            AnyStore::Redis(_) | AnyStore::Memcache(_) => None,
-            AnyStore::Cluster(c) => Some(c.local()),
-        }
-    }
-
     /// Whether the backend can take requests (Redis: has answered its start-up PING and,
     /// with REDIS_HEALTH_CHECK_ACTIVE_CONNECTION, is not down; memcached: every server of the
     /// start-up list has answered).
@@ -65,19 +58,6 @@ impl AnyStore {
             AnyStore::Redis(r) => r.ready_changes(),
             AnyStore::Memcache(m) => m.ready_changes(),
             AnyStore::Memory(_) | AnyStore::Cluster(_) => tokio::sync::watch::channel(true).1,
-        }
-    }
-
-    /// The breakers of every Redis in use: the backend's, or the peer cluster's write-behind.
-    pub fn redis_breakers(&self) -> Vec<BreakerStats> {
-        match self {
-            AnyStore::Redis(r) => r.breakers(),
-            AnyStore::Cluster(c) => c
-                .owner()
-                .durable()
-                .map(|d| vec![d.redis_breaker()])
-                .unwrap_or_default(),
-            AnyStore::Memory(_) | AnyStore::Memcache(_) => Vec::new(),
         }
     }
 
@@ -165,45 +145,96 @@ impl CounterStore for AnyStore {
     }
 }
 
-/// What `/metrics`, statsd and OTLP report about the store.
+/// What `/metrics`, statsd, OTLP and the status page read of the store: the chosen backend
+/// reports itself ([`Reports`]).
 impl StoreGauges for AnyStore {
-    fn memory(&self) -> Option<MemoryGauges> {
-        let m = AnyStore::memory(self)?;
-        Some(MemoryGauges {
-            live_counters: m.live_counters() as u64,
-            max_counters: m.max_counters() as u64,
-            counter_bytes: m.counter_bytes() as u64,
-            max_counter_bytes: m.limits().max_bytes as u64,
-            rejected_full: m.stats().rejected_full.load(Ordering::Relaxed),
-            swept: m.stats().swept.load(Ordering::Relaxed),
-            penalties_dropped: m.stats().penalties_dropped.load(Ordering::Relaxed),
-        })
+    fn report(&self) -> StoreReport {
+        let mut report = StoreReport::default();
+        match self {
+            AnyStore::Memory(m) => m.report(&mut report),
+            AnyStore::Redis(r) => r.report(&mut report),
+            AnyStore::Memcache(m) => m.report(&mut report),
+            AnyStore::Cluster(c) => c.report(&mut report),
+        }
+        report
     }
 
-    fn cluster(&self) -> Option<ClusterGauges> {
+    fn lease(&self, key: &str) -> Option<KeyView> {
         let AnyStore::Cluster(c) = self else {
             return None;
         };
-        let cs = c.stats();
-        Some(ClusterGauges {
+        c.lease_view(key)
+    }
+}
+
+/// One backend's part of a [`StoreReport`]: each fills the parts that are its own.
+trait Reports {
+    fn report(&self, into: &mut StoreReport);
+}
+
+impl Reports for MemoryStore {
+    fn report(&self, into: &mut StoreReport) {
+        into.memory = Some(MemoryGauges {
+            live_counters: self.live_counters() as u64,
+            max_counters: self.max_counters() as u64,
+            counter_bytes: self.counter_bytes() as u64,
+            max_counter_bytes: self.limits().max_bytes as u64,
+            rejected_full: self.stats().rejected_full.load(Ordering::Relaxed),
+            swept: self.stats().swept.load(Ordering::Relaxed),
+            penalties_dropped: self.stats().penalties_dropped.load(Ordering::Relaxed),
+        });
+    }
+}
+
+impl Reports for RedisStore {
+    fn report(&self, into: &mut StoreReport) {
+        into.redis = self
+            .breakers()
+            .into_iter()
+            .map(|b| breaker_gauges(b.target.to_owned(), b))
+            .collect();
+        into.allowance = self.allowance_stats();
+    }
+}
+
+impl Reports for MemcacheStore {
+    fn report(&self, into: &mut StoreReport) {
+        into.memcache = self
+            .breakers()
+            .into_iter()
+            .map(|(server, b)| breaker_gauges(server, b))
+            .collect();
+    }
+}
+
+/// The peer cluster: its local memory store, its own numbers and its write-behind's Redis.
+impl Reports for ClusterStore {
+    fn report(&self, into: &mut StoreReport) {
+        self.local().report(into);
+        let durable = self.owner().durable();
+        into.redis = durable
+            .map(|d| {
+                let b = d.redis_breaker();
+                breaker_gauges(b.target.to_owned(), b)
+            })
+            .into_iter()
+            .collect();
+        let cs = self.stats();
+        into.cluster = Some(ClusterGauges {
             local_hits: cs.local_hits.load(Ordering::Relaxed),
             forwarded_hits: cs.forwarded_hits.load(Ordering::Relaxed),
             peer_calls: cs.peer_calls.load(Ordering::Relaxed),
             failed_forwards: cs.failed_forwards.load(Ordering::Relaxed),
             alone_hits: cs.alone_hits.load(Ordering::Relaxed),
-            majority: c.has_majority(),
+            majority: self.has_majority(),
             relayed_hits: cs.relayed_hits.load(Ordering::Relaxed),
             failed_relays: cs.failed_relays.load(Ordering::Relaxed),
             taken_over: cs.taken_over.load(Ordering::Relaxed),
-            joining: c.joining(),
-            durable: c
-                .owner()
-                .durable()
-                .map(|d| d.stats().snapshot())
-                .unwrap_or_default(),
-            peers: c.peers(),
-            lease: c.lease_stats(),
-            parent: c.owner().parent().map(|p| {
+            joining: self.joining(),
+            durable: durable.map(|d| d.stats().snapshot()).unwrap_or_default(),
+            peers: self.peers(),
+            lease: self.lease_stats(),
+            parent: self.owner().parent().map(|p| {
                 let state = p.upstream.state();
                 ParentGauges {
                     peers: p.peers(),
@@ -213,39 +244,7 @@ impl StoreGauges for AnyStore {
                     expected: state.expected,
                 }
             }),
-        })
-    }
-
-    fn lease(&self, key: &str) -> Option<KeyView> {
-        let AnyStore::Cluster(c) = self else {
-            return None;
-        };
-        c.lease_view(key)
-    }
-
-    fn redis(&self) -> Vec<BreakerGauges> {
-        self.redis_breakers()
-            .into_iter()
-            .map(|b| breaker_gauges(b.target.to_owned(), b))
-            .collect()
-    }
-
-    fn allowance(&self) -> Vec<(&'static str, u64)> {
-        match self {
-            AnyStore::Redis(r) => r.allowance_stats(),
-            _ => Vec::new(),
-        }
-    }
-
-    fn memcache(&self) -> Vec<BreakerGauges> {
-        match self {
-            AnyStore::Memcache(m) => m
-                .breakers()
-                .into_iter()
-                .map(|(server, b)| breaker_gauges(server, b))
-                .collect(),
-            _ => Vec::new(),
-        }
+        });
     }
 }
 

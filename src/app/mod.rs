@@ -177,7 +177,7 @@ impl Default for RuntimeLimitsOptions {
             admin_token_file: None,
             path: None,
             max: crate::config::runtime::DEFAULT_MAX_RUNTIME_LIMITS,
-            history: api::limits::history::DEFAULT_HISTORY,
+            history: crate::admin::limits::history::DEFAULT_HISTORY,
             poll: Duration::from_millis(250),
             sync: Duration::from_millis(5000),
         }
@@ -186,12 +186,12 @@ impl Default for RuntimeLimitsOptions {
 
 impl RuntimeLimitsOptions {
     /// The API's callers: the token file's, or none.
-    pub(crate) fn auth(&self) -> api::admin_auth::AdminAuth {
+    pub(crate) fn auth(&self) -> crate::admin::auth::AdminAuth {
         // The file parsed at validation; one that broke since keeps the API off until fixed.
         self.admin_token_file
             .clone()
-            .and_then(|f| api::admin_auth::AdminAuth::from_file(f).ok())
-            .unwrap_or_else(api::admin_auth::AdminAuth::off)
+            .and_then(|f| crate::admin::auth::AdminAuth::from_file(f).ok())
+            .unwrap_or_else(crate::admin::auth::AdminAuth::off)
     }
 }
 
@@ -432,7 +432,7 @@ impl App {
         let ports = Ports::new(&options, listeners.grpc.is_unix());
         let (counters, hot) = service_views(&service, &options);
         let limits = limits_api(&options, &config, &service, shared);
-        let debug_state = api::debug::DebugState {
+        let debug_state = crate::admin::debug::DebugState {
             limits,
             config,
             store,
@@ -498,7 +498,7 @@ fn spawn_servers(
     (service, health, debug_state): (
         Arc<RateLimitService<AnyStore>>,
         Arc<Health>,
-        api::debug::DebugState,
+        crate::admin::debug::DebugState,
     ),
     (quota, tracer): (Arc<QuotaService>, Arc<Tracer>),
     budget: Arc<ByteBudget>,
@@ -532,7 +532,11 @@ fn spawn_servers(
         ),
         (
             "debug",
-            tokio::spawn(debug_port.serve(debug, api::debug::router(debug_state), stop.wait())),
+            tokio::spawn(debug_port.serve(
+                debug,
+                crate::admin::debug::router(debug_state),
+                stop.wait(),
+            )),
         ),
     ];
     servers.extend(spoa);
@@ -575,7 +579,7 @@ async fn sweep_quota(quota: Arc<QuotaService>, stop: impl Future<Output = ()>) {
 fn spawn_after_drain(
     options: &AppOptions,
     (peer_port, prometheus_port): (net::Port, net::Port),
-    debug_state: &api::debug::DebugState,
+    debug_state: &crate::admin::debug::DebugState,
     (peer_server, peer, prometheus): (Option<PeerServer>, Option<TcpListener>, Option<TcpListener>),
     stop: &StopSignal,
 ) -> Vec<tokio::task::JoinHandle<()>> {
@@ -585,7 +589,7 @@ fn spawn_after_drain(
     }
     if let Some(listener) = prometheus {
         let path = &options.telemetry.prometheus_path;
-        let router = api::debug::metrics_router(path, debug_state.clone());
+        let router = crate::admin::debug::metrics_router(path, debug_state.clone());
         tasks.push(tokio::spawn(prometheus_port.serve(
             listener,
             router,
@@ -618,7 +622,7 @@ impl StopSignal {
 /// USE_STATSD: pushes the counters every STATS_FLUSH_INTERVAL.
 fn spawn_statsd(
     options: &AppOptions,
-    state: &api::debug::DebugState,
+    state: &crate::admin::debug::DebugState,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let (addr, interval) = options.telemetry.statsd?;
     let state = state.clone();
@@ -648,7 +652,7 @@ fn spawn_statsd(
 /// after the drain, so the last calls' spans are sent too.
 fn spawn_exporters(
     options: &AppOptions,
-    state: &api::debug::DebugState,
+    state: &crate::admin::debug::DebugState,
     spans: Option<tokio::sync::mpsc::Receiver<SpanRecord>>,
     stop: &StopSignal,
 ) -> Vec<(tokio::task::JoinHandle<()>, Duration)> {
@@ -830,7 +834,7 @@ fn limits_api(
     config: &ConfigHandle,
     service: &Arc<RateLimitService<AnyStore>>,
     shared: SharedLimits,
-) -> Arc<api::limits::LimitsApi> {
+) -> Arc<crate::admin::limits::LimitsApi> {
     let o = &options.runtime_limits;
     let mut sinks: Vec<Arc<dyn crate::runtime_limits::Sink>> = Vec::new();
     if let Some(peers) = shared.peers {
@@ -846,7 +850,7 @@ fn limits_api(
             crate::config::runtime::file::Saver::spawn(config.clone(), path.clone());
         sinks.push(saver);
     }
-    Arc::new(api::limits::LimitsApi::new(
+    Arc::new(crate::admin::limits::LimitsApi::new(
         config.clone(),
         o.auth(),
         o.history,
@@ -865,8 +869,11 @@ fn limits_api(
 fn service_views(
     service: &Arc<RateLimitService<AnyStore>>,
     options: &AppOptions,
-) -> (api::debug::CounterAdmin, Arc<crate::service::HotKeys>) {
-    let admin = api::debug::CounterAdmin {
+) -> (
+    crate::admin::debug::CounterAdmin,
+    Arc<crate::service::HotKeys>,
+) {
+    let admin = crate::admin::debug::CounterAdmin {
         service: service.clone(),
         reset_enabled: options.counter_reset,
         max_request_bytes: options.max_request_bytes,

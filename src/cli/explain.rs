@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::http::{self, Client, Limits};
-use crate::api::explain::{Asked, decode};
+use crate::admin::explain::{Asked, decode};
 use crate::clock::SystemClock;
 use crate::config::{self, ConfigHandle, ConfigSource, FileLimits, LoadOptions};
 use crate::service::{RateLimitService, ServiceOptions};

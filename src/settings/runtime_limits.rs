@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use super::{SettingsError, invalid};
-use crate::api::admin_auth::AdminAuth;
-use crate::api::limits::history::DEFAULT_HISTORY;
+use crate::admin::auth::AdminAuth;
+use crate::admin::limits::history::DEFAULT_HISTORY;
 use crate::app::RuntimeLimitsOptions;
 use crate::config::runtime::DEFAULT_MAX_RUNTIME_LIMITS;
 

@@ -35,12 +35,8 @@ pub struct Extra {
     pub limits: std::sync::Arc<LimitTable>,
     pub config_load_success: u64,
     pub config_load_error: u64,
-    pub memory: Option<MemoryGauges>,
-    pub cluster: Option<ClusterGauges>,
-    /// Each Redis in use: the backend's (`main`, `per_second`) or the write-behind's.
-    pub redis: Vec<BreakerGauges>,
-    /// Each memcached server of the memcache backend.
-    pub memcache: Vec<BreakerGauges>,
+    /// What the counter store reports of itself.
+    pub store: StoreReport,
     /// The tracer's counters, (name, help, value); empty when TRACING_ENABLED is off.
     pub tracing: Vec<(&'static str, &'static str, u64)>,
     /// Each serving listener's connections, requests in flight and refusals.
@@ -49,11 +45,23 @@ pub struct Extra {
     pub pending_request_bytes: u64,
     /// The Rate Limit Quota Service's numbers.
     pub rlqs: Option<RlqsGauges>,
+    /// The runtime limits: how many are set, and the changes made through this node's API.
+    pub runtime: RuntimeGauges,
+}
+
+/// What a counter store reports of itself, each backend filling its own parts (the peer
+/// cluster: its local memory store, its own numbers and its write-behind's Redis).
+#[derive(Clone, Debug, Default)]
+pub struct StoreReport {
+    pub memory: Option<MemoryGauges>,
+    pub cluster: Option<ClusterGauges>,
+    /// Each Redis in use: the backend's (`main`, `per_second`) or the write-behind's.
+    pub redis: Vec<BreakerGauges>,
+    /// Each memcached server of the memcache backend.
+    pub memcache: Vec<BreakerGauges>,
     /// SLUICE_REDIS_ALLOWANCE's counters, then its gauges ([`ALLOWANCE_GAUGES`]); empty when
     /// it is off.
     pub allowance: Vec<(&'static str, u64)>,
-    /// The runtime limits: how many are set, and the changes made through this node's API.
-    pub runtime: RuntimeGauges,
 }
 
 /// The runtime limits' numbers (`sluice_runtime_limits`, `sluice_runtime_limit_changes_total`,
@@ -252,15 +260,15 @@ pub fn render(stats: &Stats, extra: &Extra) -> String {
     render_latency(&mut out, stats);
     render_service_counters(&mut out, stats, extra);
     render_stats_keys(&mut out, stats);
-    if let Some(m) = extra.memory {
+    if let Some(m) = extra.store.memory {
         render_memory(&mut out, m);
     }
-    if let Some(c) = &extra.cluster {
+    if let Some(c) = &extra.store.cluster {
         render_cluster(&mut out, c);
     }
-    breakers(&mut out, REDIS_BREAKERS, &extra.redis);
-    render_allowance(&mut out, &extra.allowance);
-    breakers(&mut out, MEMCACHE_BREAKERS, &extra.memcache);
+    breakers(&mut out, REDIS_BREAKERS, &extra.store.redis);
+    render_allowance(&mut out, &extra.store.allowance);
+    breakers(&mut out, MEMCACHE_BREAKERS, &extra.store.memcache);
     for (name, help, value) in &extra.tracing {
         let name = format!("{name}_total");
         header(&mut out, &name, "counter", help);

@@ -6,10 +6,11 @@
 
 use std::fmt::Write;
 
-use super::debug_state::DebugState;
+use super::state::DebugState;
 use crate::clock::Timestamp;
 use crate::cluster::lease::parent::Source;
 use crate::telemetry::prometheus::ParentGauges;
+use crate::telemetry::prometheus::StoreReport;
 
 /// How often the page reloads itself, in seconds.
 pub(crate) const REFRESH_SECS: u32 = 5;
@@ -50,8 +51,9 @@ pub(crate) fn render(st: &DebugState, now: Timestamp) -> String {
     hot_keys(&mut out, st, now);
     slots(&mut out, st);
     penalties(&mut out, st);
-    store(&mut out, st);
-    peers(&mut out, st);
+    let report = st.store.report();
+    store(&mut out, &report);
+    peers(&mut out, &report);
     limits(&mut out, st);
     out.push_str(
         "<p>Also on this port: <a href=\"/rlconfig\">/rlconfig</a>, <a href=\"/metrics\">/metrics</a>, \
@@ -209,9 +211,9 @@ fn lease_text(st: &DebugState, key: &str) -> String {
 }
 
 #[allow(clippy::cast_precision_loss, reason = "ratios for display")]
-fn store(out: &mut String, st: &DebugState) {
+fn store(out: &mut String, report: &StoreReport) {
     out.push_str("<h2>Counter store</h2><ul id=\"store\">");
-    if let Some(m) = st.store.memory() {
+    if let Some(m) = report.memory {
         let _ = write!(
             out,
             "<li>memory: {} of {} counters ({:.0}%), {} of {} bytes; {} requests refused because it was full</li>",
@@ -223,8 +225,8 @@ fn store(out: &mut String, st: &DebugState) {
             m.rejected_full
         );
     }
-    let redis = st.store.redis().into_iter().map(|r| ("Redis", r));
-    let memcache = st.store.memcache().into_iter().map(|m| ("memcached", m));
+    let redis = report.redis.iter().map(|r| ("Redis", r));
+    let memcache = report.memcache.iter().map(|m| ("memcached", m));
     for (noun, r) in redis.chain(memcache) {
         let _ = write!(
             out,
@@ -238,8 +240,8 @@ fn store(out: &mut String, st: &DebugState) {
     out.push_str("</ul>");
 }
 
-fn peers(out: &mut String, st: &DebugState) {
-    let Some(c) = st.store.cluster() else {
+fn peers(out: &mut String, report: &StoreReport) {
+    let Some(c) = &report.cluster else {
         return;
     };
     out.push_str("<h2>Peers</h2><table id=\"peers\"><tr><th>peer</th><th>state</th></tr>");
@@ -330,7 +332,7 @@ fn limits(out: &mut String, st: &DebugState) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::debug_state::CallRate;
+    use crate::admin::state::CallRate;
 
     #[test]
     fn text_is_escaped_and_the_rate_is_measured_between_renderings() {

@@ -16,7 +16,7 @@ use crate::service::{CounterView, HotKeys, RateLimitService, ServiceError};
 use crate::store::CounterStore;
 use crate::telemetry::Stats;
 use crate::telemetry::otlp::trace::SpanCounters;
-use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges};
+use crate::telemetry::prometheus::StoreReport;
 
 /// What the debug endpoints read; `spans` is the tracer's counters when tracing is on.
 #[derive(Clone)]
@@ -114,19 +114,11 @@ impl<S: CounterStore> super::limits::Explainer for RateLimitService<S> {
     }
 }
 
-/// What the exposition reports about the counter store. The composition root implements it
-/// for the store it chose, so `api` needs to know no store but through this.
+/// What the debug port reads of the counter store. The composition root implements it for the
+/// store it chose, so the admin knows no store but through this.
 pub(crate) trait StoreGauges: Send + Sync {
-    /// The memory store's (or the peer cluster's local share's) numbers.
-    fn memory(&self) -> Option<MemoryGauges>;
-    /// The peer cluster's numbers, when counters are spread over peers.
-    fn cluster(&self) -> Option<ClusterGauges>;
-    /// One entry per Redis in use (the backend's, or the write-behind's).
-    fn redis(&self) -> Vec<BreakerGauges>;
-    /// One entry per memcached server of the memcache backend.
-    fn memcache(&self) -> Vec<BreakerGauges>;
-    /// SLUICE_REDIS_ALLOWANCE's counters and gauges; empty when it is off.
-    fn allowance(&self) -> Vec<(&'static str, u64)>;
+    /// What the store reports of itself for `/metrics`, statsd, OTLP and the status page.
+    fn report(&self) -> StoreReport;
     /// Lease mode: one counter key's leases as this node sees them; `None` outside lease mode.
     fn lease(&self, key: &str) -> Option<KeyView>;
 }

@@ -4,8 +4,8 @@
 
 use axum::http::HeaderMap;
 
-use super::bad_request::BadRequest;
-use super::body::BodyError;
+use crate::api::bad_request::BadRequest;
+use crate::api::body::BodyError;
 use crate::descriptor::Request;
 
 /// A request to explain: in the query form of `/forward-auth`, or a `/json` body.
@@ -15,14 +15,14 @@ pub enum Asked {
 }
 
 /// The request `asked` as the service's, decoded as the debug port decodes it: a body over
-/// `max_bytes` (SLUICE_MAX_REQUEST_BYTES) is refused as [`super::body::read`] refuses it.
+/// `max_bytes` (SLUICE_MAX_REQUEST_BYTES) is refused as [`crate::api::body::read`] refuses it.
 pub(crate) fn decode(asked: &Asked, max_bytes: usize) -> Result<Request, BadRequest> {
     match asked {
         Asked::Query(q) => query(Some(q), max_bytes),
         Asked::Json(body) if body.len() > max_bytes => {
             Err(BodyError::TooLarge { max_bytes }.into())
         }
-        Asked::Json(body) => super::json::request(body.as_bytes()),
+        Asked::Json(body) => crate::api::json::request(body.as_bytes()),
     }
 }
 
@@ -31,6 +31,6 @@ pub(crate) fn decode(asked: &Asked, max_bytes: usize) -> Result<Request, BadRequ
 pub(crate) fn query(query: Option<&str>, max_bytes: usize) -> Result<Request, BadRequest> {
     let query = Some(query.unwrap_or_default());
     let (request, _deny) =
-        super::forward_auth::forward_auth_request(query, &HeaderMap::new(), max_bytes)?;
+        crate::api::forward_auth::forward_auth_request(query, &HeaderMap::new(), max_bytes)?;
     Ok(request)
 }

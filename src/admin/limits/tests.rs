@@ -89,7 +89,7 @@ async fn call(
         Body::from(body.to_owned()),
     )
     .await;
-    super::super::body::answer(response).await
+    crate::api::body::answer(response).await
 }
 
 /// The `error` of a JSON error answer.

@@ -14,7 +14,7 @@
 //!   [`MAX_BUDGET_PAGE`] limits a page.
 //!
 //! Every call needs `Authorization: Bearer <token>` with a token of SLUICE_ADMIN_TOKEN_FILE
-//! ([`super::admin_auth`]): 401 without one, 403 with a wrong one, 403 for every call when the
+//! ([`super::auth`]): 401 without one, 403 with a wrong one, 403 for every call when the
 //! variable is unset. Errors are JSON, `{"error": "..."}`, with their status: 400 for a bad
 //! path, query or body (the YAML's own message for a bad limit), 404, 405, 413 for a body over
 //! [`MAX_BODY_BYTES`], 507 past SLUICE_MAX_RUNTIME_LIMITS, 503 when the change applies but
@@ -32,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use self::history::{History, Op, Record};
-use super::admin_auth::{AdminAuth, Refusal};
+use super::auth::{AdminAuth, Refusal};
 use super::limits_path::{Level, LimitsPath};
 use crate::clock::Clock;
 use crate::config::runtime::{Change, PathLevel, PutError, Replicated, RuntimeLimit, path_text};
@@ -307,10 +307,10 @@ pub(crate) async fn handle(
 /// A `PUT`'s body as JSON; the answer to send instead when it is too large (413) or not JSON
 /// (400).
 async fn put_body(body: Body) -> Result<Value, Response> {
-    let bytes = match super::body::read(body, MAX_BODY_BYTES).await {
+    let bytes = match crate::api::body::read(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
         // The body reader's message names SLUICE_MAX_REQUEST_BYTES, which does not set this cap.
-        Err(e) if e.kind() == super::bad_request::Kind::BodyTooLarge => {
+        Err(e) if e.kind() == crate::api::bad_request::Kind::BodyTooLarge => {
             return Err(error(
                 e.http_status(),
                 format!("the body is larger than {MAX_BODY_BYTES} bytes"),

@@ -3,9 +3,9 @@
 //! as `name: value` lines) and `/debug/counters` (a request's counters, read without counting,
 //! and their reset when SLUICE_DEBUG_COUNTER_RESET allows it). [`metrics_router`] serves the
 //! exposition alone, for the USE_PROMETHEUS listener. What they read is
-//! [`super::debug_state::DebugState`].
+//! [`super::state::DebugState`].
 
-pub(crate) use super::debug_state::{CounterAdmin, DebugState, StoreGauges};
+pub(crate) use super::state::{CounterAdmin, DebugState, StoreGauges};
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,7 +16,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{any, get, post};
 
-use super::bad_request::BadRequest;
+use crate::api::bad_request::BadRequest;
 use crate::descriptor::Request;
 use crate::net::PortGuard;
 use crate::rlqs::QuotaService;
@@ -92,8 +92,8 @@ async fn explain_json(
     body: axum::body::Body,
 ) -> axum::response::Response {
     let admin = &st.counters;
-    let read = super::body::read(body, admin.max_request_bytes).await;
-    let request = match read.and_then(|bytes| super::json::request(&bytes)) {
+    let read = crate::api::body::read(body, admin.max_request_bytes).await;
+    let request = match read.and_then(|bytes| crate::api::json::request(&bytes)) {
         Ok(r) => r,
         Err(e) => return bad_request(&e),
     };
@@ -271,11 +271,7 @@ fn telemetry_extra(st: &DebugState) -> Extra {
             .unwrap_or_default(),
         config_load_success: c.load_success.load(Ordering::Relaxed),
         config_load_error: c.load_error.load(Ordering::Relaxed),
-        memory: store.memory(),
-        cluster: store.cluster(),
-        redis: store.redis(),
-        memcache: store.memcache(),
-        allowance: store.allowance(),
+        store: store.report(),
         tracing: spans.map(SpanCounters::snapshot).unwrap_or_default(),
         listeners: Vec::new(),
         pending_request_bytes: 0,
@@ -379,7 +375,7 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
         svc.total_requests.get(),
     );
     slot_stats(&mut out, &st.stats);
-    if let Some(m) = e.memory {
+    if let Some(m) = e.store.memory {
         out.push_str(&format!(
             "sluice.memory.live_counters: {}\nsluice.memory.max_counters: {}\n\
              sluice.memory.used_bytes: {}\nsluice.memory.budget_bytes: {}\n\
@@ -394,7 +390,7 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
             m.penalties_dropped,
         ));
     }
-    if let Some(c) = &e.cluster {
+    if let Some(c) = &e.store.cluster {
         out.push_str(&format!(
             "sluice.cluster.local_hits: {}\nsluice.cluster.forwarded_hits: {}\nsluice.cluster.peer_calls: {}\nsluice.cluster.failed_forwards: {}\nsluice.cluster.alone_hits: {}\nsluice.cluster.majority: {}\n",
             c.local_hits, c.forwarded_hits, c.peer_calls, c.failed_forwards, c.alone_hits, u8::from(c.majority),
@@ -416,8 +412,8 @@ async fn stats_text(State(st): State<Arc<DebugState>>) -> String {
             ));
         }
     }
-    let redis = e.redis.iter().map(|b| ("redis", b));
-    for (backend, b) in redis.chain(e.memcache.iter().map(|b| ("memcache", b))) {
+    let redis = e.store.redis.iter().map(|b| ("redis", b));
+    for (backend, b) in redis.chain(e.store.memcache.iter().map(|b| ("memcache", b))) {
         let t = &b.target;
         out.push_str(&format!(
             "sluice.{backend}.{t}.up: {}\nsluice.{backend}.{t}.breaker_opens: {}\nsluice.{backend}.{t}.fast_failures: {}\n",
@@ -446,27 +442,15 @@ mod tests {
     use crate::config::{LoadOptions, parse_files};
     use crate::service::{HotKeys, RateLimitService, ServiceOptions};
     use crate::store::MemoryStore;
-    use crate::telemetry::prometheus::{BreakerGauges, ClusterGauges, MemoryGauges};
+    use crate::telemetry::prometheus::StoreReport;
 
     const MAX_BYTES: usize = 128;
 
     struct NoStore;
 
     impl StoreGauges for NoStore {
-        fn memory(&self) -> Option<MemoryGauges> {
-            None
-        }
-        fn cluster(&self) -> Option<ClusterGauges> {
-            None
-        }
-        fn redis(&self) -> Vec<BreakerGauges> {
-            Vec::new()
-        }
-        fn memcache(&self) -> Vec<BreakerGauges> {
-            Vec::new()
-        }
-        fn allowance(&self) -> Vec<(&'static str, u64)> {
-            Vec::new()
+        fn report(&self) -> StoreReport {
+            StoreReport::default()
         }
         fn lease(&self, _key: &str) -> Option<KeyView> {
             None
@@ -485,9 +469,9 @@ mod tests {
             clock.clone(),
             ServiceOptions::default(),
         ));
-        let limits = crate::api::limits::LimitsApi::new(
+        let limits = crate::admin::limits::LimitsApi::new(
             config.clone(),
-            crate::api::admin_auth::AdminAuth::off(),
+            crate::admin::auth::AdminAuth::off(),
             10,
             clock.clone(),
             service.clone(),
