@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::Members;
 use super::durable::RingChanges;
+use super::members::Members;
 use super::peer::{QuotaOwner, wire};
 use crate::clock::Clock;
 use crate::descriptor::Entry;

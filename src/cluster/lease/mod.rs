@@ -22,14 +22,17 @@
 //! - **Wire**: asks and grants travel in the peer protocol's Lease call (`wire.rs` converts
 //!   them, at most [`MAX_LEASE_ASKS`] a call).
 //!
-//! [`server`] and [`client`] are the logic, with no I/O; `cluster/lease_driver.rs` is lease
-//! mode's side of the cluster store, the calls and tasks that run them (routing, renewals, the
-//! sweep).
+//! [`server`], [`client`], [`free`] and [`parent`] are the logic, with no I/O; [`parent_link`]
+//! makes a lease cluster's calls to its parent cluster (SLUICE_LEASE_PARENT). Lease mode on a
+//! node, its routing and the calls and tasks that run this logic (acquires, renewals, the
+//! sweep), is `cluster::route::leased`: it answers through this node's owner store, which the
+//! logic stands below.
 
 pub(crate) mod client;
 mod deadlines;
 pub mod free;
 pub mod parent;
+pub(crate) mod parent_link;
 pub(crate) mod server;
 mod wire;
 

@@ -6,7 +6,7 @@
 //! share at the parent divides the key between clusters by their holders' summed attempted
 //! demand; the root's capacity is the configured limit. Any depth.
 //!
-//! This is the logic, with no I/O (`cluster/lease_parent.rs` makes the calls):
+//! This is the logic, with no I/O ([`super::parent_link`] makes the calls):
 //!
 //! - **Capacity** ([`Upstream::capacity`]): the parent's grant for the window (or, granted
 //!   ahead, the next one), while its lease holds. With no grant for the window the owner grants

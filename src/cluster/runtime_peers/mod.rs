@@ -30,7 +30,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
-use super::Members;
+use super::members::Members;
 use super::peer::{LimitsOwner, wire};
 use crate::config::ConfigHandle;
 use crate::config::runtime::{Applied, Replicated};

@@ -14,7 +14,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::convert::{BadBody, digest_from_wire, from_wire, to_wire};
-use super::{FIRST_PULL_WAIT, MAX_PAGES, MAX_PUSH, Members, PeerLimits};
+use super::{FIRST_PULL_WAIT, MAX_PAGES, MAX_PUSH, PeerLimits};
+use crate::cluster::members::Members;
 use crate::cluster::peer::{PeerClient, PeerError};
 use crate::config::runtime::{Replicated, Stamp};
 

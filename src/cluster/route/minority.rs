@@ -14,16 +14,28 @@
 //! capacity (docs/cluster.md, "Partitions").
 
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
-use super::peer::Op;
-use super::{ClusterStore, Members};
+use super::{Leasing, Route};
 use crate::clock::Timestamp;
+use crate::cluster::ClusterStats;
+use crate::cluster::members::Members;
+use crate::cluster::peer::Op;
 use crate::limiter::{Decision, Quota};
-use crate::store::{CounterStore, Hit, StoreError};
+use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
 
-impl ClusterStore {
+/// What a node without a majority decides with: its memory store, its counters, and in lease
+/// mode the leases it holds.
+#[derive(Clone)]
+pub(in crate::cluster) struct Minority {
+    pub(in crate::cluster) local: Arc<MemoryStore>,
+    pub(in crate::cluster) stats: Arc<ClusterStats>,
+    pub(in crate::cluster) lease: Option<Arc<Leasing>>,
+}
+
+impl Route for Minority {
     /// Applies, refunds or resets `hits` on this node alone, as a node without a majority.
-    pub(super) async fn route_minority(
+    async fn route(
         &self,
         members: &Members,
         now: Timestamp,
@@ -91,7 +103,7 @@ impl ClusterStore {
 /// What one node may admit of `quota` alone, among `peers` nodes: its safe capacity (or the
 /// limit over the peers), less `used` of a lease's allowance in the window; a bucket's burst
 /// scaled as its rate is.
-pub(super) fn safe_quota(quota: &Quota, peers: usize, used: u64) -> Quota {
+fn safe_quota(quota: &Quota, peers: usize, used: u64) -> Quota {
     let limit = quota.requests_per_unit;
     let safe = quota.safe_capacity.map_or_else(
         || limit / u32::try_from(peers).unwrap_or(u32::MAX).max(1),

@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::lease::parent::{ParentView, Upstream};
-use super::lease::server::micros;
-use super::lease::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
-use super::peer::{LeaseAsk, PeerClient, PeerError};
-use super::ring::{Ring, key_hash};
-use super::{ClusterConfig, ClusterStats, ParentConfig, StartError};
+use super::parent::{ParentView, Upstream};
+use super::server::micros;
+use super::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
 use crate::clock::{Clock, Timestamp};
+use crate::cluster::peer::{LeaseAsk, PeerClient, PeerError};
+use crate::cluster::ring::{Ring, key_hash};
+use crate::cluster::{ClusterConfig, ClusterStats, ParentConfig, StartError};
 use crate::tls::PeerTls;
 
 /// How long a parent peer whose call failed is skipped.
@@ -37,13 +37,13 @@ const DOWN_FOR: Duration = Duration::from_secs(1);
 const START_GRACE: Duration = Duration::from_secs(5);
 
 /// How often the warning is repeated while the parent was never reached or is unreachable.
-pub const WARN_EVERY: Duration = Duration::from_secs(60);
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// A link started, and its renewal task.
 type Spawned = (Arc<ParentLink>, tokio::task::JoinHandle<()>);
 
 /// Whether this node owns a key on its own cluster's ring now.
-pub type Owns = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+pub(crate) type Owns = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// This node's link to the parent cluster.
 pub struct ParentLink {
@@ -69,7 +69,7 @@ pub struct ParentLink {
 impl ParentLink {
     /// The link to the cluster's parent (SLUICE_LEASE_PARENT), and its renewal task for the
     /// keys `server` leases; `None` without a parent (or outside lease mode).
-    pub(super) fn spawn(
+    pub(in crate::cluster) fn spawn(
         settings: &ClusterConfig,
         (server, owns): (Option<&Arc<LeaseServer>>, Owns),
         tls: Option<PeerTls>,

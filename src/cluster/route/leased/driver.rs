@@ -1,8 +1,8 @@
-//! Lease mode's side of [`ClusterStore`]: routing each hit to its local decision, an acquire
-//! or a forward ([`ClusterStore::route_lease`]), and the two background tasks: renewals (one
-//! call per owner per SLUICE_LEASE_RENEW_MS, carrying every key held of it) and the lease
-//! server's sweep. The lease logic itself is [`super::lease::server`] and [`super::lease::client`], with no I/O; this
-//! is the only lease code that does any.
+//! Lease mode's calls on one node ([`Leasing`]): the acquires the routing sends ([`super`]),
+//! and the two background tasks: renewals (one call per owner per SLUICE_LEASE_RENEW_MS,
+//! carrying every key held of it) and the lease server's sweep. The lease logic itself is
+//! `cluster::lease` (`server`, `client`), with no I/O; this and the parent link
+//! (`cluster::lease::parent_link`) are the only lease code that does any.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -11,14 +11,16 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::lease::free::{Permit, Recall, Terms};
-use super::lease::{
-    Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Route, Slot,
-};
-use crate::clock::{Clock, Timestamp};
+use crate::clock::Clock;
+use crate::cluster::ClusterConfig;
 use crate::cluster::durable::RingChanges;
-use crate::cluster::peer::{Call, FreeRecall, LeaseAsk, Op, PeerError};
-use crate::cluster::{ClusterConfig, ClusterStore, Members, OwnerStore};
+use crate::cluster::lease::free::{Permit, Recall, Terms};
+use crate::cluster::lease::{
+    Ask, Due, Grant, KeyView, LeaseClient, LeaseTiming, MAX_LEASE_ASKS, Slot,
+};
+use crate::cluster::members::Members;
+use crate::cluster::owner::OwnerStore;
+use crate::cluster::peer::{Call, FreeRecall, LeaseAsk, PeerError};
 use crate::limiter::Decision;
 use crate::store::{Cause, Hit, StoreError};
 
@@ -28,7 +30,7 @@ pub(crate) struct Leasing {
     owner: Arc<OwnerStore>,
     members: Arc<ArcSwap<Members>>,
     changes: Arc<RingChanges>,
-    clock: Arc<dyn Clock>,
+    pub(in crate::cluster) clock: Arc<dyn Clock>,
     /// This node's PEER_ADVERTISE_ADDRESS, which names its leases at the owners.
     advertise: String,
     /// How long a request waits for another's call about its key: that call's deadline
@@ -43,7 +45,7 @@ pub(crate) struct Leasing {
 type Pending = (usize, Arc<Slot>, Ask);
 
 impl Leasing {
-    pub(super) fn new(
+    pub(in crate::cluster) fn new(
         settings: &ClusterConfig,
         owner: Arc<OwnerStore>,
         members: Arc<ArcSwap<Members>>,
@@ -64,7 +66,7 @@ impl Leasing {
     }
 
     /// The permit of `key`'s owner for free shares, if it holds one.
-    fn terms(&self, members: &Members, key: &str) -> Option<Terms> {
+    pub(in crate::cluster) fn terms(&self, members: &Members, key: &str) -> Option<Terms> {
         let owner = members.ring.addr(members.owner(key));
         self.permits
             .read()
@@ -289,7 +291,7 @@ impl Leasing {
     /// the next owners of those whose owner failed). Each answered hit gets its decision in
     /// `decisions`; a hit whose owner does not lease its key goes to `forward`. A hit whose
     /// owners both failed is decided from what is held if it fits, else is an error.
-    async fn acquire(
+    pub(in crate::cluster) async fn acquire(
         &self,
         members: &Members,
         hits: &[Hit<'_>],
@@ -352,7 +354,7 @@ impl Leasing {
 
     /// Waits (up to the call's deadline and a peer timeout) for the call under way about
     /// `slot`'s key.
-    async fn wait_for(&self, slot: &Slot) {
+    pub(in crate::cluster) async fn wait_for(&self, slot: &Slot) {
         let answered = slot.answered.notified();
         tokio::pin!(answered);
         answered.as_mut().enable();
@@ -363,103 +365,17 @@ impl Leasing {
     }
 }
 
-impl ClusterStore {
-    /// Lease mode: each hit decided from this node's lease on its key, by an acquire from the
-    /// key's owner when it does not fit (or the key is new here), or forwarded when a lease
-    /// table is full. Refunds go back to the lease (or follow the forwarded hit).
-    pub(super) async fn route_lease(
-        &self,
-        members: &Members,
-        now: Timestamp,
-        hits: &[Hit<'_>],
-        op: Op,
-        out: &mut Vec<Decision>,
-    ) -> Result<(), StoreError> {
-        let Some(leasing) = &self.lease else {
-            return self.route_forward(members, now, hits, op, out).await;
-        };
-        let client = &leasing.client;
-        let now_us = now.micros();
-        if op == Op::Reset {
-            // The owner's counter; leases already granted run out within a lease duration.
-            return self.route_forward(members, now, hits, op, out).await;
-        }
-        let mut decisions: Vec<Option<Decision>> = vec![None; hits.len()];
-        if op == Op::Refund {
-            let mut forward = Vec::new();
-            for (i, h) in hits.iter().enumerate() {
-                match client.refund(h.key, now_us, h.hits) {
-                    Some(d) => decisions[i] = Some(d),
-                    None => forward.push(i),
-                }
-            }
-            self.forward_rest(members, now, hits, op, &forward, &mut decisions)
-                .await?;
-            out.extend(decisions.into_iter().flatten());
-            return Ok(());
-        }
-        let (mut acquires, mut waits, mut forward) = (Vec::new(), Vec::new(), Vec::new());
-        for (i, h) in hits.iter().enumerate() {
-            let terms = || leasing.terms(members, h.key);
-            match client.route(h.key, h.quota, now_us, h.hits, || members.live(), terms) {
-                Route::Decided(d) => decisions[i] = Some(d),
-                Route::Acquire(slot, ask) => acquires.push((i, slot, ask)),
-                Route::Wait(slot) => waits.push((i, slot)),
-                Route::Forward => forward.push(i),
-            }
-        }
-        if !acquires.is_empty() {
-            leasing
-                .acquire(members, hits, acquires, &mut decisions, &mut forward)
-                .await?;
-        }
-        for (i, slot) in waits {
-            leasing.wait_for(&slot).await;
-            decisions[i] = Some(slot.decide_after(leasing.clock.now().micros(), hits[i].hits));
-        }
-        self.forward_rest(members, now, hits, op, &forward, &mut decisions)
-            .await?;
-        out.extend(decisions.into_iter().flatten());
-        Ok(())
-    }
-
-    /// The hits at `forward` sent to their owners as in forward mode, their decisions put in
-    /// their places.
-    async fn forward_rest(
-        &self,
-        members: &Members,
-        now: Timestamp,
-        hits: &[Hit<'_>],
-        op: Op,
-        forward: &[usize],
-        decisions: &mut [Option<Decision>],
-    ) -> Result<(), StoreError> {
-        if forward.is_empty() {
-            return Ok(());
-        }
-        let mine: Vec<Hit<'_>> = forward.iter().map(|&i| hits[i]).collect();
-        let mut answered = Vec::with_capacity(mine.len());
-        self.route_forward(members, now, &mine, op, &mut answered)
-            .await?;
-        for (&i, d) in forward.iter().zip(answered) {
-            decisions[i] = Some(d);
-        }
-        Ok(())
-    }
-
+impl Leasing {
     /// Lease mode's counters and table sizes, for `/stats` and `/metrics`: (name, value),
     /// counters first, then the gauges `held_keys`, `held_bytes`, `leased_keys` and
-    /// `leased_bytes`; empty outside lease mode.
-    pub fn lease_stats(&self) -> Vec<(&'static str, u64)> {
-        let Some(leasing) = &self.lease else {
-            return Vec::new();
-        };
-        let mut out = leasing.client.stats_snapshot();
+    /// `leased_bytes`.
+    pub(in crate::cluster) fn stats(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.client.stats_snapshot();
         if let Some(server) = self.owner.leases() {
             out.push(("grants", server.grants.load(Ordering::Relaxed)));
             out.push(("refused", server.refused.load(Ordering::Relaxed)));
-            out.push(("held_keys", leasing.client.len() as u64));
-            out.push(("held_bytes", leasing.client.bytes() as u64));
+            out.push(("held_keys", self.client.len() as u64));
+            out.push(("held_bytes", self.client.bytes() as u64));
             out.push(("leased_keys", server.len() as u64));
             out.push(("leased_bytes", server.bytes() as u64));
         }
@@ -483,22 +399,21 @@ impl ClusterStore {
         out
     }
 
-    /// `key`'s leases as this node sees them; `None` outside lease mode.
-    pub fn lease_view(&self, key: &str) -> Option<KeyView> {
-        let leasing = self.lease.as_ref()?;
+    /// `key`'s leases as this node sees them.
+    pub(in crate::cluster) fn view(&self, key: &str) -> KeyView {
         let members = self.members.load();
-        let now = leasing.clock.now();
-        Some(KeyView {
+        let now = self.clock.now();
+        KeyView {
             key: key.to_owned(),
-            node: leasing.advertise.clone(),
+            node: self.advertise.clone(),
             owner: members.ring.addr(members.owner(key)).to_owned(),
-            held: leasing.client.holding(key),
+            held: self.client.holding(key),
             holders: self
                 .owner
                 .leases()
                 .map(|s| s.holders(key, now))
                 .unwrap_or_default(),
             parent: self.owner.parent().and_then(|p| p.view(key)),
-        })
+        }
     }
 }
