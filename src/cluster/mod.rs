@@ -2,7 +2,11 @@
 //! rendezvous hashing ([`ring`]); the owner keeps the counter in its memory store and the
 //! other peers forward hits to it ([`peer`]), batched per peer.
 //!
-//! - **Membership**: PEERS (static) or PEERS_DNS (re-resolved every 5 s). A peer whose call
+//! - **Routing** (`route`): one type per SLUICE_CLUSTER_MODE behind one `Route` trait, each
+//!   holding only the state it uses: forward, divided, leased (lease mode: its routing, its
+//!   calls and tasks; the lease logic is [`lease`]); and minority, which every mode takes while
+//!   this node reaches no majority. [`ClusterStore`] only picks one.
+//! - **Membership** (`members`): PEERS (static) or PEERS_DNS (re-resolved every 5 s). A peer whose call
 //!   fails or misses SLUICE_PEER_TIMEOUT_MS, or a probe (every 500 ms), is marked down and its
 //!   keys go to their next-best owner at once; it comes back when a probe is answered.
 //! - **What a request gets while an owner is unreachable**: its hits are retried once on the
