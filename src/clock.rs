@@ -36,7 +36,7 @@ impl Timestamp {
     }
 
     /// The time in RFC 3339, UTC, to the millisecond (`2026-11-27T07:05:09.123Z`).
-    pub fn rfc3339(self) -> String {
+    pub(crate) fn rfc3339(self) -> String {
         let secs = self.secs();
         let (days, in_day) = (secs / 86_400, secs % 86_400);
         // Days since 1970-01-01 to a civil date (Howard Hinnant's `civil_from_days`).
@@ -99,13 +99,13 @@ pub fn instant() -> Instant {
     clippy::disallowed_methods,
     reason = "the one place the wall clock is read"
 )]
-pub fn system_time() -> SystemTime {
+pub(crate) fn system_time() -> SystemTime {
     SystemTime::now()
 }
 
 /// [`system_time`] as nanoseconds since the Unix epoch (0 before it, which is a broken host;
 /// the maximum after 2554), as OTLP carries times and [`SystemClock`] reads them.
-pub fn unix_nanos() -> u64 {
+pub(crate) fn unix_nanos() -> u64 {
     system_time()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))

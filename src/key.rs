@@ -69,7 +69,7 @@ pub fn write_counter_key(
 }
 
 /// The length of the stem [`write_counter_key`] writes, without writing it.
-pub fn counter_key_len(
+pub(crate) fn counter_key_len(
     prefix: &str,
     domain: &str,
     entries: &[Entry],
@@ -95,7 +95,7 @@ fn key_value<'a>(i: usize, entry: &'a Entry, shared_values: &[(usize, &'a str)])
 /// to `buf` (at `stem`), and passes each key's range to `push`, in order: the first limit's key
 /// is the stem itself (the Go service's), the `i`-th further one of a `rate_limits` list the
 /// stem then `#<i>_`. The stem's range is passed first whatever `limits` is.
-pub fn write_limit_keys(
+pub(crate) fn write_limit_keys(
     buf: &mut String,
     stem: Range<usize>,
     limits: usize,
@@ -113,7 +113,7 @@ pub fn write_limit_keys(
 
 /// How many bytes [`write_limit_keys`] writes for a stem of `stem_len` bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LimitKeysLen {
+pub(crate) struct LimitKeysLen {
     /// The longest key, the last limit's: what SLUICE_MAX_KEY_BYTES caps.
     pub longest: usize,
     /// All the keys together, `limits` times the stem and every suffix.
@@ -121,7 +121,7 @@ pub struct LimitKeysLen {
 }
 
 /// The lengths of a descriptor's `limits` keys ([`write_limit_keys`]), without writing them.
-pub fn limit_keys_len(stem_len: usize, limits: usize) -> LimitKeysLen {
+pub(crate) fn limit_keys_len(stem_len: usize, limits: usize) -> LimitKeysLen {
     LimitKeysLen {
         longest: stem_len + (1..limits).last().map_or(0, limit_suffix_len),
         total: stem_len * limits + (1..limits).map(limit_suffix_len).sum::<usize>(),
@@ -152,7 +152,7 @@ pub fn go_cache_key(stem: &str, now: Timestamp, window: impl Into<Window>) -> St
 /// on a zone's calendar (`time_zone`) then adds `tz<zone>_`, or `tz<zone>+<week_start>_`
 /// (`d_k_v_tzAsia/Tokyo_1700000000`), so its keys never meet an epoch window's. The Go
 /// service's calendar month (USE_CALENDAR_MONTH_RATE_LIMIT) adds nothing: its keys are Go's.
-pub fn window_stem(stem: &str, window: Window) -> Cow<'_, str> {
+pub(crate) fn window_stem(stem: &str, window: Window) -> Cow<'_, str> {
     if window.is_plain() && !window.calendar.is_zoned() {
         return stem.into();
     }
@@ -185,7 +185,7 @@ pub fn state_key(stem: &str, quota: &Quota) -> String {
 
 /// The key a remote store (Redis, memcached) keeps the counter of `stem` and `quota` under at
 /// `now`: a fixed window's Go key ([`go_cache_key`]), else its state key ([`state_key`]).
-pub fn remote_key(stem: &str, quota: &Quota, now: Timestamp) -> String {
+pub(crate) fn remote_key(stem: &str, quota: &Quota, now: Timestamp) -> String {
     if quota.algorithm == Algorithm::FixedWindow {
         go_cache_key(stem, now, quota.window())
     } else {
@@ -194,12 +194,12 @@ pub fn remote_key(stem: &str, quota: &Quota, now: Timestamp) -> String {
 }
 
 /// The longest key memcached stores (the Go service's client, gomemcache, refuses longer ones).
-pub const MEMCACHED_MAX_KEY_BYTES: usize = 250;
+pub(crate) const MEMCACHED_MAX_KEY_BYTES: usize = 250;
 
 /// Whether memcached can store `key` as it is: at most [`MEMCACHED_MAX_KEY_BYTES`], and no byte
 /// that is a space, a control character or DEL (the rule of the Go service's client,
 /// gomemcache's `legalKey`; bytes above 0x7f, so UTF-8, are legal).
-pub fn memcached_legal(key: &str) -> bool {
+pub(crate) fn memcached_legal(key: &str) -> bool {
     key.len() <= MEMCACHED_MAX_KEY_BYTES && key.bytes().all(|b| b > b' ' && b != 0x7f)
 }
 
@@ -225,7 +225,7 @@ pub fn memcached_key(key: String) -> String {
 /// ignored for buckets); a calendar window's length is followed by `@` and its calendar
 /// (`fw:86400@Asia/Tokyo:20600`). The stem is a hash tag, so one descriptor's keys share a Redis
 /// Cluster slot; none can be taken for a Go key (`prefix + domain_...`).
-pub fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> String {
+pub(crate) fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64) -> String {
     let mut key = write_behind_head(prefix, stem);
     // A calendar window's indexes count local units, not lengths since the epoch.
     let at = |w: Window| match w.calendar.wire() {
@@ -243,7 +243,7 @@ pub fn write_behind_key(prefix: &str, stem: &str, kind: CounterKind, window: u64
 
 /// The Redis keys replicas share their runtime limits through (`crate::runtime_limits::redis`):
 /// the hash of every limit and the stream of changes, in one Redis Cluster hash slot.
-pub fn runtime_limit_keys(prefix: &str) -> (String, String) {
+pub(crate) fn runtime_limit_keys(prefix: &str) -> (String, String) {
     (
         format!("{prefix}sluice:{{runtime}}:limits"),
         format!("{prefix}sluice:{{runtime}}:log"),
@@ -252,7 +252,7 @@ pub fn runtime_limit_keys(prefix: &str) -> (String, String) {
 
 /// The Redis key the peer cluster writes a concurrency limit's slots behind to:
 /// `prefix + "sluice:wb:{" + stem without the prefix + "}:cc:" + window seconds`.
-pub fn write_behind_slots_key(prefix: &str, stem: &str, window: Window) -> String {
+pub(crate) fn write_behind_slots_key(prefix: &str, stem: &str, window: Window) -> String {
     let mut key = write_behind_head(prefix, stem);
     // Writing to a String cannot fail.
     let _ = write!(key, "cc:{}", window.secs());
@@ -270,7 +270,7 @@ fn write_behind_head(prefix: &str, stem: &str) -> String {
 /// id maps to, without CACHE_KEY_PREFIX (buckets live in Sluice's memory and its peers', in no
 /// store a Go instance shares). It names the bucket in metrics and `/debug/rlqs`, and places
 /// it on the peers' ring.
-pub fn write_bucket_key(
+pub(crate) fn write_bucket_key(
     buf: &mut String,
     domain: &str,
     entries: &[Entry],
@@ -280,7 +280,7 @@ pub fn write_bucket_key(
 }
 
 /// The length of the key [`write_bucket_key`] writes for a bucket id with no shared values.
-pub fn bucket_key_len(domain: &str, entries: &[Entry]) -> usize {
+pub(crate) fn bucket_key_len(domain: &str, entries: &[Entry]) -> usize {
     counter_key_len("", domain, entries, &[])
 }
 

@@ -20,7 +20,7 @@ impl Secret {
     }
 
     /// The value itself, for the client that sends it. Never format the result.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 

@@ -738,7 +738,7 @@ impl ClientTls {
     /// tonic's client config, for the xDS client and OTLP/gRPC. The trust is `ca_pem` alone
     /// when set (the Go service adds the system's roots to a CA it is given), else the
     /// system's roots, loaded when the channel is built.
-    pub fn tonic_config(&self) -> tonic::transport::ClientTlsConfig {
+    pub(crate) fn tonic_config(&self) -> tonic::transport::ClientTlsConfig {
         use tonic::transport::{Certificate, ClientTlsConfig, Identity};
         // A server that negotiates no ALPN still gets HTTP/2: it is gRPC either way.
         let mut config = ClientTlsConfig::new().assume_http2(true);
@@ -758,7 +758,7 @@ impl ClientTls {
     /// A rustls client config with the same trust and identity as [`Self::tonic_config`], for
     /// clients that are not tonic (OTLP/HTTP). ALPN is left to the connector. `server_name`
     /// is not applied here: it belongs to the connector too.
-    pub fn rustls_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+    pub(crate) fn rustls_config(&self) -> Result<rustls::ClientConfig, TlsError> {
         let setup = |e: &dyn fmt::Display| TlsError::ClientSetup(e.to_string());
         let roots = self.roots()?;
         let builder = rustls::ClientConfig::builder_with_provider(provider())
@@ -815,7 +815,7 @@ impl ClientTls {
 /// A server verifier that checks the chain against `client`'s roots but accepts a certificate
 /// issued for another name: MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION, as the Go service's
 /// verification callback, which checks the chain and not the name, does.
-pub fn any_name_verifier(
+pub(crate) fn any_name_verifier(
     client: &ClientTls,
 ) -> Result<Arc<dyn rustls::client::danger::ServerCertVerifier>, TlsError> {
     let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(

@@ -55,7 +55,7 @@ impl BadRequest {
 
     /// The status an HTTP adapter answers: 413 Payload Too Large for a body over the cap, 400
     /// Bad Request otherwise. (`/json` answers 400 to everything, as the Go service does.)
-    pub fn http_status(&self) -> StatusCode {
+    pub(crate) fn http_status(&self) -> StatusCode {
         match self.kind {
             Kind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::BodyUnreadable | Kind::Invalid => StatusCode::BAD_REQUEST,

@@ -8,7 +8,7 @@ use super::bad_request::{BadRequest, Kind};
 
 /// Why a body was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     #[error("request body is larger than {max_bytes} bytes (SLUICE_MAX_REQUEST_BYTES)")]
     TooLarge { max_bytes: usize },
     #[error("request body could not be read: {0}")]

@@ -83,7 +83,7 @@ use crate::telemetry::otlp::Transport;
 pub const DOMAIN_HEADER: &str = "x-sluice-domain";
 pub const DESCRIPTOR_HEADER: &str = "x-sluice-descriptor";
 pub const HITS_ADDEND_HEADER: &str = "x-sluice-hits-addend";
-pub const NEGATIVE_HITS_HEADER: &str = "x-sluice-negative-hits";
+pub(crate) const NEGATIVE_HITS_HEADER: &str = "x-sluice-negative-hits";
 
 /// The headers' names in answers; fixed (not LIMIT_*_HEADER) because nginx configs refer to
 /// them as `$upstream_http_ratelimit_limit` and so on.
@@ -93,7 +93,7 @@ pub const RESET: &str = "ratelimit-reset";
 
 /// `/forward-auth`'s refusal unless its query string says otherwise: Too Many Requests, which
 /// Traefik and Caddy pass to the client as it is.
-pub const FORWARD_AUTH_DENY: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+pub(crate) const FORWARD_AUTH_DENY: StatusCode = StatusCode::TOO_MANY_REQUESTS;
 
 /// Where a subrequest's own fields were read from; errors name the field as it was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use crate::service::{RateLimitService, ServiceError};
 use crate::store::CounterStore;
 
 /// The gRPC health service name that mirrors `/healthcheck`, as in the Go service.
-pub const HEALTH_SERVICE: &str = "ratelimit";
+pub(crate) const HEALTH_SERVICE: &str = "ratelimit";
 
 /// Maps a service error to a gRPC status.
 ///
@@ -28,7 +28,7 @@ pub const HEALTH_SERVICE: &str = "ratelimit";
 /// memory store) answer UNKNOWN, as the Go service does, and Envoy's `failure_mode_deny`
 /// decides whether the request passes. Requests outside Sluice's caps are the client's fault
 /// and answer INVALID_ARGUMENT.
-pub fn status_for(e: &ServiceError) -> tonic::Status {
+pub(crate) fn status_for(e: &ServiceError) -> tonic::Status {
     if e.is_invalid_argument() {
         tonic::Status::invalid_argument(e.to_string())
     } else {

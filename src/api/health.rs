@@ -72,21 +72,21 @@ impl Health {
 
     /// Fails until `loaded` turns true: the first load of the runtime limits shared with other
     /// nodes.
-    pub fn with_runtime_loaded(mut self, loaded: watch::Receiver<bool>) -> Self {
+    pub(crate) fn with_runtime_loaded(mut self, loaded: watch::Receiver<bool>) -> Self {
         self.runtime_loaded = loaded;
         self.refresh();
         self
     }
 
     /// Marks the process as shutting down; health fails from now on.
-    pub fn fail_sigterm(&self) {
+    pub(crate) fn fail_sigterm(&self) {
         self.sigterm.store(true, Ordering::SeqCst);
         self.refresh();
     }
 
     /// Computed at the moment of asking, so `/healthcheck` and the gRPC `Check` of the
     /// `ratelimit` service always agree.
-    pub fn is_healthy(&self) -> bool {
+    pub(crate) fn is_healthy(&self) -> bool {
         self.unhealthy().is_none()
     }
 
@@ -112,7 +112,7 @@ impl Health {
     }
 
     /// The answer, now and at every change.
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.status.subscribe()
     }
 

@@ -30,11 +30,9 @@ pub mod json;
 pub(crate) mod rlqs;
 pub(crate) mod spoa;
 
-pub use bad_request::BadRequest;
-
 /// The caller's trace context (`traceparent`, B3), read only when tracing is on, so a service
 /// without tracing does no header lookups.
-pub fn trace_context(
+pub(crate) fn trace_context(
     enabled: bool,
     transport: crate::telemetry::otlp::Transport,
     headers: &axum::http::HeaderMap,

@@ -410,7 +410,7 @@ fn negotiate(hello: &Frame<'_>, ours: u32) -> Result<(u32, bool), Close> {
 
 /// Why a NOTIFY message's arguments do not make a request; its text is the `error` variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ArgsError {
+pub(crate) enum ArgsError {
     #[error("no domain argument (a non-empty string)")]
     NoDomain,
     /// `value` is the typed value as sent, e.g. `Int32(-1)`.

@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-pub use backend::{AnyStore, Backend};
+pub(crate) use backend::AnyStore;
+pub use backend::Backend;
 
 use crate::api;
 use crate::api::health::Health;
@@ -197,7 +198,7 @@ impl RuntimeLimitsOptions {
 
 /// How often the gRPC listener's certificate files are checked for changes. Kubernetes
 /// updates a mounted secret within a minute or so; a second more does not matter.
-pub const CERT_POLL: Duration = Duration::from_secs(1);
+pub(crate) const CERT_POLL: Duration = Duration::from_secs(1);
 
 /// Every listener, with its limits, before it serves.
 struct Ports {

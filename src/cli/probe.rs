@@ -9,7 +9,7 @@ use super::http::{self, Client, Limits};
 
 /// The request `sluice probe` sends to `/json`: a domain no config has, so it is answered OK
 /// and counts nothing.
-pub const PROBE_REQUEST: &str =
+pub(crate) const PROBE_REQUEST: &str =
     r#"{"domain":"sluice-probe","descriptors":[{"entries":[{"key":"probe","value":"1"}]}]}"#;
 
 /// `sluice probe --address HOST:PORT`: prints what it checked and exits 0, or prints what

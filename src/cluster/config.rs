@@ -72,7 +72,7 @@ impl ClusterConfig {
     /// How much longer than SLUICE_PEER_TIMEOUT_MS a node's Lease call to its key's owner may
     /// take: below a parent, the owner waits up to SLUICE_LEASE_PARENT_TIMEOUT_MS for the
     /// parent's grant on a key new to the cluster before it answers.
-    pub fn parent_wait(&self) -> Duration {
+    pub(crate) fn parent_wait(&self) -> Duration {
         self.parent
             .as_ref()
             .map_or(Duration::ZERO, |p| p.timing.timeout)

@@ -64,7 +64,7 @@ mod slots;
 /// TTL) alone, so a stale or slow owner can never undo a newer count; a refund takes off what
 /// was refunded and never goes below what this owner holds.
 /// Returns what each key holds afterwards.
-pub const WRITE_MAX: &str = r#"
+pub(crate) const WRITE_MAX: &str = r#"
 local out = {}
 for i, key in ipairs(KEYS) do
   local v = tonumber(ARGV[3 * i - 2])
@@ -105,13 +105,13 @@ impl RingChanges {
 
     /// A peer marked down answers again at `now`: a change, after which an owner may find its
     /// keys granted by a stand-in meanwhile (lease mode rebuilds them).
-    pub fn record_return(&self, now: Timestamp) {
+    pub(crate) fn record_return(&self, now: Timestamp) {
         self.returned_us.fetch_max(now.micros(), Ordering::SeqCst);
         self.record(now);
     }
 
     /// When a peer marked down last answered again.
-    pub fn last_return(&self) -> Timestamp {
+    pub(crate) fn last_return(&self) -> Timestamp {
         Timestamp::from_micros(self.returned_us.load(Ordering::SeqCst))
     }
 
@@ -253,7 +253,7 @@ impl Durable {
 
     /// Starts the flush task: every `interval`, at the time `clock` says. It stops when the
     /// last `Arc` is dropped.
-    pub fn spawn_flusher(
+    pub(crate) fn spawn_flusher(
         self: &Arc<Self>,
         clock: Arc<dyn Clock>,
         interval: Duration,
@@ -283,7 +283,7 @@ impl Durable {
     }
 
     /// The breaker of the Redis the counters are written behind to.
-    pub fn redis_breaker(&self) -> crate::store::redis::BreakerStats {
+    pub(crate) fn redis_breaker(&self) -> crate::store::redis::BreakerStats {
         self.redis.breaker()
     }
 
@@ -736,7 +736,12 @@ pub fn horizon(kind: CounterKind, quota: &Quota, now: Timestamp) -> Option<(Time
 
 /// A state word from the values kept in Redis for `window` (as [`Durable::keys_now`] orders
 /// them); `None` when they hold nothing ([`CounterKind::from_parts`]).
-pub fn state_from(kind: CounterKind, window: u64, values: &[u64], now: Timestamp) -> Option<u128> {
+pub(crate) fn state_from(
+    kind: CounterKind,
+    window: u64,
+    values: &[u64],
+    now: Timestamp,
+) -> Option<u128> {
     kind.from_parts(window, values, now)
 }
 

@@ -41,7 +41,7 @@ use crate::limiter::{CounterKind, Quota};
 
 /// How long after this node starts every peer listed in PEERS routes its keys to it: two of
 /// the peers' probe intervals (500 ms), one for the probe to come and one of margin.
-pub const SETTLE_MARGIN: Duration = Duration::from_millis(1_000);
+pub(crate) const SETTLE_MARGIN: Duration = Duration::from_millis(1_000);
 
 /// How long after this node's own PEERS_DNS answer first lists it every peer's does: one
 /// re-resolution interval (5 s), plus [`SETTLE_MARGIN`].

@@ -41,7 +41,7 @@ pub mod peer;
 pub mod ring;
 pub(crate) mod rlqs_peers;
 mod route;
-pub mod runtime_peers;
+pub(crate) mod runtime_peers;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -54,7 +54,8 @@ use crate::config::ConfigHandle;
 use crate::limiter::{Decision, Quota};
 use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
 use crate::tls::PeerTls;
-pub use config::{ClusterConfig, ClusterMode, ParentConfig, PeerSource, WriteBehind};
+pub(crate) use config::ParentConfig;
+pub use config::{ClusterConfig, ClusterMode, PeerSource, WriteBehind};
 use durable::{Durable, RingChanges};
 use join::Joining;
 use lease::parent_link::Owns;
@@ -244,7 +245,7 @@ impl ClusterStore {
 
     /// The peers for the Rate Limit Quota Service: its buckets' owners on this ring, reached
     /// over the peer protocol's `Quota` call.
-    pub fn rlqs_peers(&self, clock: Arc<dyn Clock>) -> Arc<dyn crate::rlqs::QuotaPeers> {
+    pub(crate) fn rlqs_peers(&self, clock: Arc<dyn Clock>) -> Arc<dyn crate::rlqs::QuotaPeers> {
         Arc::new(rlqs_peers::ClusterQuota {
             members: self.members.clone(),
             changes: self.changes.clone(),
@@ -263,7 +264,7 @@ impl ClusterStore {
 
     /// Whether this node reaches a majority of its peers, itself included (otherwise it decides
     /// alone, within each limit's safe capacity).
-    pub fn has_majority(&self) -> bool {
+    pub(crate) fn has_majority(&self) -> bool {
         self.members.load().has_quorum()
     }
 
@@ -282,12 +283,12 @@ impl ClusterStore {
 
     /// Lease mode's counters and table sizes, for `/stats` and `/metrics`: (name, value),
     /// counters first, then the gauges; empty outside lease mode.
-    pub fn lease_stats(&self) -> Vec<(&'static str, u64)> {
+    pub(crate) fn lease_stats(&self) -> Vec<(&'static str, u64)> {
         self.leasing().map(|l| l.stats()).unwrap_or_default()
     }
 
     /// `key`'s leases as this node sees them; `None` outside lease mode.
-    pub fn lease_view(&self, key: &str) -> Option<KeyView> {
+    pub(crate) fn lease_view(&self, key: &str) -> Option<KeyView> {
         Some(self.leasing()?.view(key))
     }
 

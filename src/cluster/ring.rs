@@ -63,7 +63,7 @@ impl Ring {
         &self.peers[index].0
     }
 
-    pub fn index_of(&self, addr: &str) -> Option<usize> {
+    pub(crate) fn index_of(&self, addr: &str) -> Option<usize> {
         self.peers.iter().position(|(a, _)| a == addr)
     }
 

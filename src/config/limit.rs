@@ -103,7 +103,7 @@ impl Limit {
 
     /// The block that binds when requests come steadily: the lowest sustained rate,
     /// requests_per_unit over the window's length (the first of equals); `None` when unlimited.
-    pub fn slowest_block(&self) -> Option<&Quota> {
+    pub(crate) fn slowest_block(&self) -> Option<&Quota> {
         let Rule::Limited(blocks) = &self.rule else {
             return None;
         };

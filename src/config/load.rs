@@ -72,8 +72,8 @@ pub struct FileLimits {
 
 impl FileLimits {
     pub const DEFAULT_MAX_FILE_BYTES: u64 = 4 << 20;
-    pub const DEFAULT_MAX_TOTAL_BYTES: u64 = 8 << 20;
-    pub const DEFAULT_SETTLE: Duration = Duration::from_millis(1000);
+    pub(crate) const DEFAULT_MAX_TOTAL_BYTES: u64 = 8 << 20;
+    pub(crate) const DEFAULT_SETTLE: Duration = Duration::from_millis(1000);
 }
 
 impl Default for FileLimits {
@@ -211,7 +211,7 @@ fn refuse_concurrency(descriptors: &[raw::RawDescriptor], store: &str) -> Option
 /// The scan reads the YAML generically, as Go's key walk does, so a key is reported wherever it
 /// appears (outside `metadata`), even in a place Sluice ignores it. Files that are not valid
 /// YAML contribute nothing: loading the config reports them. The error is for unreadable files.
-pub fn envoy_extensions(
+pub(crate) fn envoy_extensions(
     source: &ConfigSource,
     limits: &FileLimits,
 ) -> Result<Vec<String>, ConfigErrors> {

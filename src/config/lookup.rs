@@ -174,7 +174,7 @@ impl Domain {
     }
 
     /// The runtime limit set at exactly this path, if any.
-    pub fn runtime_limit(&self, levels: &[PathLevel<'_>]) -> Option<&Arc<RuntimeLimit>> {
+    pub(crate) fn runtime_limit(&self, levels: &[PathLevel<'_>]) -> Option<&Arc<RuntimeLimit>> {
         // Exactly this path: another of the same composite keys (`k_a=b` for `k=a_b`) is not it.
         self.runtime
             .as_deref()?
@@ -192,7 +192,7 @@ impl Domain {
     ///
     /// A YAML limit a runtime limit takes the place of (the same path) is left out: these are
     /// the limits in force.
-    pub fn key_paths(&self) -> Vec<(Vec<&str>, &Limit)> {
+    pub(crate) fn key_paths(&self) -> Vec<(Vec<&str>, &Limit)> {
         let mut out = Vec::new();
         self.root.collect_paths(&mut Vec::new(), &mut out);
         self.in_force(

@@ -43,14 +43,14 @@ pub(crate) mod yaml;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use load::envoy_extensions;
 pub use load::{
-    ConfigSource, FileLimits, LoadOptions, build_raw, envoy_extensions, envoy_extensions_in, load,
-    parse_files,
+    ConfigSource, FileLimits, LoadOptions, build_raw, envoy_extensions_in, load, parse_files,
 };
-pub use lookup::{Block, Domain, Limit, Matched, RateLimitConfig, Rule, Source, Step, StepMatch};
+pub use lookup::{Block, Domain, Limit, Matched, RateLimitConfig, Rule, Source, Step};
 pub use poll::Poller;
-pub use stats_slot::StatsSlot;
-pub use watch::{ConfigHandle, ConfigStats, WatchGuard, spawn_watcher};
+pub(crate) use stats_slot::StatsSlot;
+pub use watch::{ConfigHandle, WatchGuard, spawn_watcher};
 
 use std::fmt;
 

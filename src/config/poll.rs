@@ -165,7 +165,10 @@ impl Poller {
 
     /// [`Poller::poll`] without the settle period: for SIGHUP, when the operator says the files
     /// are complete. Changed files are still read twice, and loaded only if both reads agree.
-    pub fn poll_now(&mut self, now: Instant) -> Option<Result<RateLimitConfig, ConfigErrors>> {
+    pub(crate) fn poll_now(
+        &mut self,
+        now: Instant,
+    ) -> Option<Result<RateLimitConfig, ConfigErrors>> {
         let settle = std::mem::take(&mut self.limits.settle);
         let polled = self.poll(now);
         self.limits.settle = settle;

@@ -238,10 +238,10 @@ impl RuntimeLayer {
 }
 
 /// One level of a runtime limit's path: a key, and its value unless the node is key-only.
-pub type PathLevel<'a> = (&'a str, Option<&'a str>);
+pub(crate) type PathLevel<'a> = (&'a str, Option<&'a str>);
 
 /// A runtime limit's path, owned: its levels' keys and values.
-pub type OwnedPath = Box<[(Box<str>, Option<Box<str>>)]>;
+pub(crate) type OwnedPath = Box<[(Box<str>, Option<Box<str>>)]>;
 
 /// One runtime limit as set: its path, the body as given (what `GET` answers), and the limit
 /// the body compiles to.

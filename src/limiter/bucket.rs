@@ -61,7 +61,7 @@ const MICROS_PER_SEC: u128 = 1_000_000;
 
 /// Whether a bucket is at rest at `now_us`, so that it answers as an empty one and a store may
 /// drop it.
-pub fn is_stale(state: u128, now_us: u64) -> bool {
+pub(crate) fn is_stale(state: u128, now_us: u64) -> bool {
     state <= at_micros(now_us)
 }
 
@@ -73,7 +73,7 @@ pub const fn at_micros(us: u64) -> u128 {
 
 /// The time a bucket is at rest, rounded up to a whole microsecond: for a store that keeps
 /// whole microseconds or sets an expiry, which must not end before it.
-pub fn rest_micros(state: u128) -> u64 {
+pub(crate) fn rest_micros(state: u128) -> u64 {
     let whole = u64::try_from(state >> FRACTION_BITS).unwrap_or(u64::MAX);
     whole.saturating_add(u64::from(state & FRACTION_MASK != 0))
 }
@@ -81,7 +81,7 @@ pub fn rest_micros(state: u128) -> u64 {
 /// How far ahead of now a bucket's arrival time may lie after an admitted call, in whole
 /// microseconds rounded up (`C*T`; `(burst + 1)*T` for a leaky bucket): how far back another
 /// owner's state still matters. `None` for a rate of 0.
-pub fn tolerance_micros(quota: &Quota) -> Option<u64> {
+pub(crate) fn tolerance_micros(quota: &Quota) -> Option<u64> {
     let shape = Shape::of(quota)?;
     let us = shape.tolerance.div_ceil(u128::from(shape.den));
     Some(u64::try_from(us).unwrap_or(u64::MAX))
@@ -142,7 +142,7 @@ impl Shape {
     /// tolerance in time), holding at `now_us` the tokens this one holds in `state`, at most
     /// its capacity: a lease's bucket changing its share keeps its tokens, so a larger share
     /// refills faster but gives no burst.
-    pub fn reshare(self, state: u128, now_us: u64, to: Shape) -> u128 {
+    pub(crate) fn reshare(self, state: u128, now_us: u64, to: Shape) -> u128 {
         let now = u128::from(now_us) * u128::from(self.den);
         let ahead = (self.ticks(state).max(now) - now).min(self.tolerance);
         // The tokens held, `(tolerance - ahead) / t`, as ticks of `to`. Shares of one bucket
@@ -279,7 +279,7 @@ pub fn decide(state: u128, now_us: u64, quota: &Quota, hits: u64) -> (Decision, 
 }
 
 /// Applies `hits` at `now_us` to a bucket of `shape`.
-pub fn decide_shaped(state: u128, now_us: u64, shape: Shape, hits: u64) -> (Decision, u128) {
+pub(crate) fn decide_shaped(state: u128, now_us: u64, shape: Shape, hits: u64) -> (Decision, u128) {
     let Shape {
         den,
         t,
@@ -352,7 +352,7 @@ pub fn refund(state: u128, quota: &Quota, hits: u64) -> u128 {
 }
 
 /// [`refund`] for a bucket of `shape`.
-pub fn refund_shaped(state: u128, shape: Shape, hits: u64) -> u128 {
+pub(crate) fn refund_shaped(state: u128, shape: Shape, hits: u64) -> u128 {
     let back = u128::from(hits).saturating_mul(shape.t);
     shape.word(shape.ticks(state).saturating_sub(back))
 }

@@ -25,7 +25,7 @@ use super::Unit;
 
 /// The most distinct calendars a process holds: zones times first days of the week. The time
 /// zone database has about 600 names, so 4,200 pairs at most could be named.
-pub const MAX_CALENDARS: usize = 4_608;
+pub(crate) const MAX_CALENDARS: usize = 4_608;
 
 /// How a limit's windows line up with the clock; see the module documentation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -82,12 +82,12 @@ impl Slots {
     }
 
     /// Whether nothing is held and no debt is kept at `now_us`, so a store may drop it.
-    pub fn is_stale(&self, now_us: u64) -> bool {
+    pub(crate) fn is_stale(&self, now_us: u64) -> bool {
         self.expiries.back().is_none_or(|&e| e <= now_us) && self.refused_until <= now_us
     }
 
     /// When everything this state holds has expired (µs): a remote store's key expiry.
-    pub fn expires_at(&self) -> u64 {
+    pub(crate) fn expires_at(&self) -> u64 {
         self.expiries
             .back()
             .copied()

@@ -80,7 +80,7 @@ pub(crate) fn refund(quota: &Quota, state: u128, now: Timestamp, hits: u64) -> u
 
 impl CounterKind {
     /// How many kinds there are: [`CounterKind::index`] is below this.
-    pub const COUNT: usize = 15;
+    pub(crate) const COUNT: usize = 15;
 
     /// The word kind of `algorithm`'s counters; `None` for a concurrency limit, which keeps
     /// slots rather than a word.
@@ -121,7 +121,7 @@ impl CounterKind {
 
     /// Whether a word no longer holds anything at `now`, so a store may drop it: a fixed
     /// window of an earlier window, a sliding window two windows old, a bucket at rest.
-    pub fn is_stale(self, state: u128, now: Timestamp) -> bool {
+    pub(crate) fn is_stale(self, state: u128, now: Timestamp) -> bool {
         match self {
             CounterKind::Fixed(u) => fixed_window::is_stale(narrow(state), now.secs(), u),
             CounterKind::Sliding(u) => sliding_window::is_stale(state, now.micros(), u),

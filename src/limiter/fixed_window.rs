@@ -15,7 +15,7 @@ use super::{Decision, Window};
 
 /// Bits of the state word that hold the count. 2^40 exceeds every u32 limit, so saturation
 /// never hides an over-limit decision.
-pub const COUNT_BITS: u32 = 40;
+pub(crate) const COUNT_BITS: u32 = 40;
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 const TAG_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
 
@@ -24,7 +24,7 @@ const TAG_MASK: u64 = (1 << (64 - COUNT_BITS)) - 1;
 pub const EMPTY: u64 = 0;
 
 /// The tag of the window that contains `now_secs`.
-pub fn window_tag(now_secs: u64, unit: Window) -> u64 {
+pub(crate) fn window_tag(now_secs: u64, unit: Window) -> u64 {
     unit.index(now_secs) & TAG_MASK
 }
 
@@ -44,7 +44,7 @@ pub fn current_count(state: u64, now_secs: u64, unit: Window) -> u64 {
 
 /// Whether a state word belongs to an earlier window than the one containing `now_secs`
 /// (so a store may drop it).
-pub fn is_stale(state: u64, now_secs: u64, unit: Window) -> bool {
+pub(crate) fn is_stale(state: u64, now_secs: u64, unit: Window) -> bool {
     state >> COUNT_BITS != window_tag(now_secs, unit)
 }
 

@@ -100,7 +100,7 @@ impl Algorithm {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Algorithm> {
+    pub(crate) fn from_name(name: &str) -> Option<Algorithm> {
         Algorithm::ALL.into_iter().find(|a| a.name() == name)
     }
 
@@ -280,7 +280,7 @@ impl Window {
     /// The window containing `now_secs` and its end: [`Window::index`] and [`Window::end`] in
     /// one, with one division for an epoch window (a decision's hot path).
     #[inline]
-    pub fn index_and_end(self, now_secs: u64) -> (u64, u64) {
+    pub(crate) fn index_and_end(self, now_secs: u64) -> (u64, u64) {
         if self.calendar.is_epoch() {
             let secs = self.secs();
             let index = now_secs / secs;
@@ -292,22 +292,22 @@ impl Window {
     }
 
     /// [`Window::index`] of a time in µs since the epoch.
-    pub fn index_us(self, now_us: u64) -> u64 {
+    pub(crate) fn index_us(self, now_us: u64) -> u64 {
         self.index(now_us / 1_000_000)
     }
 
     /// [`Window::start`] in µs since the epoch.
-    pub fn start_us(self, index: u64) -> u64 {
+    pub(crate) fn start_us(self, index: u64) -> u64 {
         self.start(index).saturating_mul(1_000_000)
     }
 
     /// [`Window::end`] in µs since the epoch.
-    pub fn end_us(self, index: u64) -> u64 {
+    pub(crate) fn end_us(self, index: u64) -> u64 {
         self.end(index).saturating_mul(1_000_000)
     }
 
     /// Seconds from `now_secs` to the end of the window containing it (at least 1).
-    pub fn reset_after(self, now_secs: u64) -> u64 {
+    pub(crate) fn reset_after(self, now_secs: u64) -> u64 {
         self.end(self.index(now_secs))
             .saturating_sub(now_secs)
             .max(1)
@@ -380,7 +380,7 @@ impl Unit {
 
     /// Parses a YAML unit the way the Go service does: case-insensitive enum name; `UNKNOWN`
     /// and anything else is `None`.
-    pub fn from_name(name: &str) -> Option<Unit> {
+    pub(crate) fn from_name(name: &str) -> Option<Unit> {
         Unit::ALL
             .into_iter()
             .find(|u| u.name().eq_ignore_ascii_case(name))

@@ -44,7 +44,7 @@ fn unpack(state: u128) -> (u128, u128, u128) {
 
 /// Builds a state word from a window index and its two counts (for a store that keeps them
 /// elsewhere, such as a Redis hash).
-pub fn state_from_parts(index: u64, current: u64, previous: u64) -> u128 {
+pub(crate) fn state_from_parts(index: u64, current: u64, previous: u64) -> u128 {
     pack(u128::from(index), u128::from(current), u128::from(previous))
 }
 
@@ -68,7 +68,7 @@ fn rolled(state: u128, index: u64) -> (u128, u128) {
 }
 
 /// The index of the window containing `now_micros` ([`Window::index`]).
-pub fn window_index(now_micros: u64, unit: Window) -> u64 {
+pub(crate) fn window_index(now_micros: u64, unit: Window) -> u64 {
     unit.index(now_micros / 1_000_000)
 }
 
@@ -109,7 +109,7 @@ pub fn merge_max(a: u128, b: u128, now_micros: u64, unit: Window) -> u128 {
 
 /// Whether a state word says nothing about the window containing `now_micros` or the next one
 /// (so a store may drop it).
-pub fn is_stale(state: u128, now_micros: u64, unit: Window) -> bool {
+pub(crate) fn is_stale(state: u128, now_micros: u64, unit: Window) -> bool {
     rolled(state, window_index(now_micros, unit)) == (0, 0)
 }
 

@@ -53,7 +53,7 @@ impl Listener {
 }
 
 /// An accepted connection's byte stream: plain TCP, a unix socket, or TLS over TCP.
-pub enum Io {
+pub(crate) enum Io {
     Tcp(TcpStream),
     Unix(UnixStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::Protocol;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body a guarded service answers with: the inner service's, or the guard's own refusal.
 pub(crate) type GuardedResponse<B> = Response<Tracked<Either<B, Full<Bytes>>>>;
@@ -50,12 +50,12 @@ impl ByteBudget {
     }
 
     /// Bytes reserved right now.
-    pub fn in_use(&self) -> usize {
+    pub(crate) fn in_use(&self) -> usize {
         self.max - self.semaphore.available_permits()
     }
 
     /// Reserves `bytes` until the permit is dropped; `None` when fewer are left.
-    pub fn try_reserve(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub(crate) fn try_reserve(&self, bytes: u32) -> Option<tokio::sync::OwnedSemaphorePermit> {
         self.semaphore.clone().try_acquire_many_owned(bytes).ok()
     }
 }

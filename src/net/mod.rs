@@ -24,8 +24,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-pub use accept::{Io, Listener};
-pub use guard::{BoxError, ByteBudget, PortGuard, PortStats, RequestBody, ResponseBody, Served};
+pub(crate) use accept::Listener;
+pub(crate) use guard::PortGuard;
+pub use guard::{ByteBudget, Served};
 
 use crate::telemetry::LogLimiter;
 
@@ -82,7 +83,7 @@ impl Default for Limits {
 impl Limits {
     /// The limits of the clients' gRPC listener (GRPC_PORT or GRPC_UDS, not the peer port):
     /// GRPC_MAX_CONCURRENT_STREAMS, when set, as its streams per connection.
-    pub fn for_grpc_clients(&self) -> Limits {
+    pub(crate) fn for_grpc_clients(&self) -> Limits {
         Limits {
             max_concurrent_streams: self
                 .grpc_max_concurrent_streams
@@ -192,7 +193,7 @@ impl Port {
     }
 
     /// Close connections gracefully once they reach this age.
-    pub fn with_age(mut self, age: Option<ConnectionAge>) -> Self {
+    pub(crate) fn with_age(mut self, age: Option<ConnectionAge>) -> Self {
         self.age = age;
         self
     }

@@ -70,7 +70,7 @@ impl Rate {
     }
 
     /// Requests per second as tokens per fill interval.
-    pub fn tokens_for(&self, per_sec: f64) -> u64 {
+    pub(crate) fn tokens_for(&self, per_sec: f64) -> u64 {
         let t = per_sec * self.fill_secs as f64;
         if t.is_finite() && t > 0.0 {
             t.min(u64::MAX as f64) as u64
@@ -126,7 +126,7 @@ impl Assignment {
 
 /// What a matched limit (or no match) asks of a bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
+pub(crate) enum Policy {
     /// No rule, `unlimited: true`, or shadow mode: a blanket allow.
     AllowAll,
     /// `requests_per_unit: 0`: a blanket deny.
@@ -139,7 +139,7 @@ impl Policy {
     /// The policy of a lookup's result. With several `rate_limits` blocks the one with the
     /// lowest rate is assigned (Envoy enforces one bucket per assignment); `shadow` is the
     /// global SHADOW_MODE.
-    pub fn of(limit: Option<&Limit>, shadow: bool) -> Policy {
+    pub(crate) fn of(limit: Option<&Limit>, shadow: bool) -> Policy {
         let Some(limit) = limit else {
             return Policy::AllowAll;
         };

@@ -29,9 +29,10 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 
-pub use assign::{Assignment, Policy, Rate};
+pub use assign::Rate;
+pub(crate) use assign::{Assignment, Policy};
 use bucket::{Bucket, Holder};
-pub use remote::{QuotaPeers, SyncBucket, SyncHolder};
+pub(crate) use remote::{QuotaPeers, SyncBucket, SyncHolder};
 
 use crate::clock::Clock;
 use crate::config::{ConfigHandle, RateLimitConfig};
@@ -42,9 +43,9 @@ use crate::key::{bucket_key_len, write_bucket_key};
 /// 48 per entry): above what they take, measured with `cargo run --release --example
 /// rlqs_memory -- 100000 3` (docs/rlqs.md): the map entry and rate; the holder, its shared id,
 /// its stream's record of it, and the allocator's share of the holders' vector growing by one.
-pub const BUCKET_CHARGE: usize = 192;
+pub(crate) const BUCKET_CHARGE: usize = 192;
 pub const HOLDER_CHARGE: usize = 384;
-pub const ENTRY_CHARGE: usize = 48;
+pub(crate) const ENTRY_CHARGE: usize = 48;
 
 /// How the bucket id's entries are ordered into a descriptor: keys named in SLUICE_RLQS_KEY_ORDER
 /// first, in that order, then the others sorted bytewise.
@@ -75,7 +76,7 @@ impl KeyOrder {
 /// limit and why: a bucket id has each key once, and its entries become a descriptor in `order`,
 /// so a path that repeats a key, or whose keys are in another order, never matches a bucket.
 /// (ratelimit.v3 requests still reach them: `check-config --rlqs` reports, it does not refuse.)
-pub fn unreachable_by_buckets(config: &RateLimitConfig, order: &KeyOrder) -> Vec<String> {
+pub(crate) fn unreachable_by_buckets(config: &RateLimitConfig, order: &KeyOrder) -> Vec<String> {
     let mut out = Vec::new();
     for domain in config.domains() {
         for (keys, limit) in domain.key_paths() {
@@ -186,7 +187,7 @@ pub struct QuotaCounters {
 /// A stream's reporting interval until two reports measure it: Envoy 1.39 reports every 5 s
 /// whatever its `reporting_interval` says, so a first assignment lives at least 10 s and does not
 /// expire before the second report.
-pub const ASSUMED_INTERVAL_US: u64 = 5_000_000;
+pub(crate) const ASSUMED_INTERVAL_US: u64 = 5_000_000;
 
 /// What a stream is told to do about one of its buckets when it is not reporting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,13 +247,13 @@ impl QuotaService {
     }
 
     /// Ends every stream, now and from now on (the app is stopping).
-    pub fn close_streams(&self) {
+    pub(crate) fn close_streams(&self) {
         self.closing.send_replace(true);
     }
 
     /// Splits buckets across the peers: each bucket's owner on the ring splits it across every
     /// node's Envoys, and this node syncs its Envoys of the buckets others own ([`remote`]).
-    pub fn with_peers(mut self, peers: Arc<dyn QuotaPeers>) -> Self {
+    pub(crate) fn with_peers(mut self, peers: Arc<dyn QuotaPeers>) -> Self {
         self.peers = Some(peers);
         self
     }
@@ -649,7 +650,7 @@ impl QuotaStream {
     }
 
     /// Resolves when something is waiting in [`QuotaStream::pending`].
-    pub async fn woken(&self) {
+    pub(crate) async fn woken(&self) {
         self.outbox.wake.notified().await;
     }
 

@@ -38,7 +38,7 @@ pub(crate) const MAX_SYNC_BUCKETS: usize = 512;
 
 /// One bucket in a sync: its key, rate, and the caller's holders of it.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SyncBucket {
+pub(crate) struct SyncBucket {
     pub key: String,
     pub rate: Rate,
     pub holders: Vec<SyncHolder>,
@@ -46,7 +46,7 @@ pub struct SyncBucket {
 
 /// One of the caller's Envoys holding a part.
 #[derive(Clone, Debug, PartialEq)]
-pub struct SyncHolder {
+pub(crate) struct SyncHolder {
     pub stream: u64,
     pub id: Vec<Entry>,
     /// Attempted requests per second; `None` before the first sample.
@@ -67,7 +67,7 @@ pub(crate) type SyncFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Vec<u64>>, SyncError>> + Send + 'a>>;
 
 /// The peers, as the quota service needs them (the cluster implements it).
-pub trait QuotaPeers: Send + Sync {
+pub(crate) trait QuotaPeers: Send + Sync {
     /// The owner of the bucket at `key`: `None` when it is this node.
     fn owner(&self, key: &str) -> Option<String>;
     /// Sends `owner` this node's holders of `buckets`; the owner's part for each holder, per
@@ -81,7 +81,7 @@ pub trait QuotaPeers: Send + Sync {
 impl QuotaService {
     /// Syncs every [`SYNC_INTERVAL`], and at once when woken, until `stop` completes. Does
     /// nothing without peers.
-    pub async fn run_sync(self: Arc<Self>, stop: impl Future<Output = ()>) {
+    pub(crate) async fn run_sync(self: Arc<Self>, stop: impl Future<Output = ()>) {
         if self.peers.is_none() {
             return;
         }
@@ -97,7 +97,7 @@ impl QuotaService {
     }
 
     /// Sends each owner this node's holders of the buckets it owns, and takes its answers.
-    pub async fn sync_once(&self) {
+    pub(crate) async fn sync_once(&self) {
         let Some(peers) = self.peers.clone() else {
             return;
         };
@@ -172,7 +172,7 @@ impl QuotaService {
     /// The owner's side of a sync from `node`: takes its holders of each bucket (forgetting
     /// those it no longer lists), splits, and answers their parts in order. A bucket this node
     /// cannot hold (SLUICE_RLQS_MAX_BYTES) answers the parts the holders have.
-    pub fn answer_sync(&self, node: &str, buckets: Vec<SyncBucket>) -> Vec<Vec<u64>> {
+    pub(crate) fn answer_sync(&self, node: &str, buckets: Vec<SyncBucket>) -> Vec<Vec<u64>> {
         let node: Arc<str> = Arc::from(node);
         let now = self.now_us();
         let mut answers = Vec::with_capacity(buckets.len());

@@ -20,7 +20,7 @@ pub type Settling<'a> = Pin<Box<dyn Future<Output = Result<Vec<String>, NotSettl
 /// Where a change goes once applied here. `Ok` once the change (this node's change number
 /// `sequence`) is there, with the peers it did not reach (which the anti-entropy pass brings it
 /// to); `Err` says why not.
-pub trait Sink: Send + Sync {
+pub(crate) trait Sink: Send + Sync {
     fn settled<'a>(&'a self, sequence: u64, change: &'a Replicated) -> Settling<'a>;
 
     /// The anti-entropy pass's counts, for a peer cluster's sink.

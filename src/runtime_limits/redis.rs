@@ -29,7 +29,7 @@ use super::{Settling, Sink};
 /// Keeps a change unless the hash holds a later one for its path, then logs it. KEYS: the hash,
 /// the log; ARGV: the field, the change as JSON, its time, its origin, the log's length.
 /// Answers 1 when kept, 0 when the hash held a later change.
-pub const WRITE: &str = r#"
+pub(crate) const WRITE: &str = r#"
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   local c = cjson.decode(cur)
@@ -65,7 +65,7 @@ impl Sink for RedisLimits {
 }
 
 /// Runtime limits shared through Redis.
-pub struct RedisLimits {
+pub(crate) struct RedisLimits {
     redis: RedisLink,
     hash: String,
     log: String,
@@ -88,7 +88,7 @@ impl Drop for RedisLimits {
 impl RedisLimits {
     /// Connects (in the background) and starts reading the shared limits every `poll`. Inside
     /// a tokio runtime.
-    pub fn start(
+    pub(crate) fn start(
         settings: &RedisConfig,
         prefix: &str,
         config: ConfigHandle,
@@ -128,12 +128,12 @@ impl RedisLimits {
     }
 
     /// Whether the shared limits have been loaded once, now and at every change.
-    pub fn loaded(&self) -> tokio::sync::watch::Receiver<bool> {
+    pub(crate) fn loaded(&self) -> tokio::sync::watch::Receiver<bool> {
         self.loaded.subscribe()
     }
 
     /// Writes a change made here; `Err` when Redis did not take it.
-    pub async fn write(&self, change: &Replicated) -> Result<(), StoreError> {
+    pub(crate) async fn write(&self, change: &Replicated) -> Result<(), StoreError> {
         let json = serde_json::to_string(change).map_err(|e| StoreError::Backend {
             message: format!("the change as JSON: {e}"),
         })?;

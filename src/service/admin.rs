@@ -20,7 +20,7 @@ use super::{RateLimitService, ServiceError};
 
 /// One counter of a request, as the admin shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CounterView {
+pub(crate) struct CounterView {
     /// The request descriptor it belongs to.
     pub descriptor: usize,
     /// The counter key stem, as the stores name it (`domain_key_value_...`).
@@ -43,7 +43,7 @@ pub struct CounterView {
 impl<S: CounterStore> RateLimitService<S> {
     /// Every counter `request` would be charged against, read without counting. A domain
     /// that is not loaded, or descriptors that match no counted limit, give none.
-    pub async fn inspect_counters(
+    pub(crate) async fn inspect_counters(
         &self,
         request: &Request,
     ) -> Result<Vec<CounterView>, ServiceError> {
@@ -52,7 +52,7 @@ impl<S: CounterStore> RateLimitService<S> {
 
     /// Forgets every counter `request` would be charged against (on its owner, in a
     /// cluster), then reads them as [`RateLimitService::inspect_counters`] does.
-    pub async fn reset_counters(
+    pub(crate) async fn reset_counters(
         &self,
         request: &Request,
     ) -> Result<Vec<CounterView>, ServiceError> {
@@ -176,7 +176,7 @@ fn quota_json(q: &Quota) -> serde_json::Map<String, Value> {
 
 /// One counter as `/debug/counters` and `sluice explain` show it: its key, limit and quota,
 /// and its state when it was read.
-pub fn counter_json(v: &CounterView) -> Value {
+pub(crate) fn counter_json(v: &CounterView) -> Value {
     let mut m = quota_json(&v.quota);
     m.insert("descriptor".into(), v.descriptor.into());
     m.insert("key".into(), v.key.clone().into());
@@ -274,7 +274,7 @@ impl<S: CounterStore> RateLimitService<S> {
 
     /// [`RateLimitService::explain`] on `config` rather than the one served (a runtime limit's
     /// dry run: the config as it would be after the change).
-    pub async fn explain_in(
+    pub(crate) async fn explain_in(
         &self,
         config: Option<&RateLimitConfig>,
         request: &Request,

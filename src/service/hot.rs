@@ -11,7 +11,7 @@ use crate::limiter::{Decision, Quota};
 
 /// One hot counter.
 #[derive(Clone, Debug, PartialEq)]
-pub struct HotKey {
+pub(crate) struct HotKey {
     pub key: String,
     pub quota: Quota,
     /// What it held after the decision, and whether that decision was refused.
@@ -27,22 +27,22 @@ pub struct HotKey {
 }
 
 #[derive(Debug, Default)]
-pub struct HotKeys {
+pub(crate) struct HotKeys {
     entries: Mutex<Vec<HotKey>>,
 }
 
 impl HotKeys {
     /// The most entries kept.
-    pub const CAPACITY: usize = 32;
+    pub(crate) const CAPACITY: usize = 32;
     /// The fullness (count / limit) from which a decision is recorded, as (numerator,
     /// denominator): 4/5, 80%; in integers, so the decision's test is one multiplication a side.
-    pub const NEAR: (u64, u64) = (4, 5);
+    pub(crate) const NEAR: (u64, u64) = (4, 5);
 
     /// Records `decision` on `key` at `now` when it leaves the counter at least [`Self::NEAR`]
     /// full, unless another thread holds the table. Most decisions leave a counter cooler: they
     /// return after one integer comparison.
     #[inline]
-    pub fn record(&self, key: &str, quota: &Quota, decision: &Decision, now: Timestamp) {
+    pub(crate) fn record(&self, key: &str, quota: &Quota, decision: &Decision, now: Timestamp) {
         let (num, den) = Self::NEAR;
         let limit = u64::from(quota.requests_per_unit);
         if !decision.over && decision.count_after.saturating_mul(den) < limit.saturating_mul(num) {
@@ -111,7 +111,7 @@ impl HotKeys {
     }
 
     /// The entries whose counters have not reset by `now`, fullest first.
-    pub fn snapshot(&self, now: Timestamp) -> Vec<HotKey> {
+    pub(crate) fn snapshot(&self, now: Timestamp) -> Vec<HotKey> {
         let mut out: Vec<HotKey> = self
             .entries
             .lock()

@@ -30,14 +30,15 @@ use crate::config::{ConfigHandle, Domain};
 use crate::descriptor::{Descriptor, Request};
 use crate::limiter::{Algorithm, Decision, Quota, Unit};
 use crate::store::{CounterStore, Hit, StoreError};
-pub use admin::{CounterView, counter_json};
-pub use hot::{HotKey, HotKeys};
+pub(crate) use admin::{CounterView, counter_json};
+pub(crate) use hot::HotKeys;
 use observe::{
     CallReport, Caller, DescriptorReport, Observer, Outcome, SlotChanges, Span, StatsKey,
     Unobserved,
 };
 use plan::{Counted, Plan};
-pub use reserve::{RESERVATION, RESERVE};
+pub(crate) use reserve::RESERVATION;
+pub use reserve::RESERVE;
 
 /// A descriptor's or the request's verdict.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +88,7 @@ impl Status {
 /// A response's statuses. A `Vec`, the one allocation a decision keeps: inline (`SmallVec`) the
 /// answer grows by the statuses' size and every move of it through the decision's futures
 /// copies them, measured to cost more than the allocation (docs/benchmarks.md).
-pub type Statuses = Vec<Status>;
+pub(crate) type Statuses = Vec<Status>;
 
 /// The answer to a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,7 +149,7 @@ impl ServiceError {
     /// Errors the client caused by sending a request outside Sluice's caps. The Go service's
     /// own errors (empty domain, empty list, no config) are not in this class: it reports them
     /// as plain errors (gRPC UNKNOWN), and Envoy's filter is tuned to that.
-    pub fn is_invalid_argument(&self) -> bool {
+    pub(crate) fn is_invalid_argument(&self) -> bool {
         matches!(
             self,
             ServiceError::TooManyDescriptors { .. }
@@ -227,7 +228,7 @@ pub enum NegativeHits {
 
 impl NegativeHits {
     /// The setting's spelling.
-    pub fn from_name(name: &str) -> Option<Self> {
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
         match name {
             "counted" => Some(NegativeHits::Counted),
             "always" => Some(NegativeHits::Always),
@@ -296,7 +297,7 @@ impl<S: CounterStore> RateLimitService<S> {
     }
 
     /// The counters closest to or over their limits right now ([`HotKeys`]).
-    pub fn hot_keys(&self) -> &Arc<HotKeys> {
+    pub(crate) fn hot_keys(&self) -> &Arc<HotKeys> {
         &self.hot
     }
 
@@ -306,7 +307,7 @@ impl<S: CounterStore> RateLimitService<S> {
         self
     }
 
-    pub fn observer(&self) -> &Arc<dyn Observer> {
+    pub(crate) fn observer(&self) -> &Arc<dyn Observer> {
         &self.observer
     }
 
@@ -897,7 +898,7 @@ fn all_ok(request: &Request) -> Statuses {
 }
 
 /// Keeps `statuses`' buffer, emptied, for the thread's next answer.
-pub fn recycle_statuses(mut statuses: Statuses) {
+pub(crate) fn recycle_statuses(mut statuses: Statuses) {
     if statuses.capacity() == 0 || statuses.capacity() > MAX_SPARE_STATUSES {
         return;
     }
@@ -1033,7 +1034,7 @@ impl RateLimitHeaders {
     /// 4294967295), unless a non-quota descriptor is over, in which case the last such one.
     /// It is made from the statuses alone, before SHADOW_MODE turns the overall code to OK,
     /// and quota descriptors that are over never take the choice over.
-    pub fn describing(statuses: &[Status], quota: &[bool]) -> Option<Self> {
+    pub(crate) fn describing(statuses: &[Status], quota: &[bool]) -> Option<Self> {
         let last_non_quota_over = statuses
             .iter()
             .zip(quota)

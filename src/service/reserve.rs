@@ -38,7 +38,7 @@ pub const RESERVE: &str = "sluice_reserve";
 /// The entry a descriptor carries at its request's end to settle a reservation: its value is
 /// the token the reserving answer's dynamic metadata gave under the same name, and the
 /// descriptor's hits are the request's real cost. Also the dynamic metadata's key.
-pub const RESERVATION: &str = "sluice_reservation";
+pub(crate) const RESERVATION: &str = "sluice_reservation";
 
 /// What a descriptor does with its hits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

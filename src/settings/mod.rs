@@ -74,22 +74,20 @@ mod telemetry;
 mod tls;
 mod xds;
 
-pub use self::redis::RedisArgs;
+pub(crate) use self::redis::RedisArgs;
 use self::redis::backend;
-pub use cluster::ClusterArgs;
-pub use compat::CompatArgs;
+pub(crate) use cluster::ClusterArgs;
+pub(crate) use compat::CompatArgs;
 pub use env_names::TOOL_VARIABLES;
-pub use listeners::ListenerArgs;
-pub use memcache::MemcacheArgs;
-pub use otlp::OtlpArgs;
+pub(crate) use listeners::ListenerArgs;
+pub(crate) use memcache::MemcacheArgs;
 use parse::non_zero;
-pub use parse::{InvalidBool, parse_go_bool, parse_go_duration};
-pub use redis_breaker::RedisBreakerArgs;
-pub use runtime_limits::RuntimeLimitsArgs;
-pub use telemetry::TelemetryArgs;
+pub(crate) use parse::parse_go_bool;
+pub(crate) use redis_breaker::RedisBreakerArgs;
+pub(crate) use telemetry::TelemetryArgs;
 use telemetry::{log_format, log_level};
-pub use tls::GrpcTlsArgs;
-pub use xds::XdsArgs;
+pub(crate) use tls::GrpcTlsArgs;
+pub(crate) use xds::XdsArgs;
 
 /// The whole command line: `sluice [FLAGS]` serves, `sluice check-config PATH` validates config.
 #[derive(Debug, Parser)]

@@ -41,7 +41,7 @@ pub(super) fn key_values(
 
 /// Parses a Go `time.Duration` string: a sequence of decimal numbers with units ns, us (µs),
 /// ms, s, m, h, such as `300ms`, `1.5s` or `1m30s`; a bare `0` is zero.
-pub fn parse_go_duration(s: &str) -> Option<Duration> {
+pub(crate) fn parse_go_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     if s == "0" {
         return Some(Duration::ZERO);
@@ -103,11 +103,11 @@ pub(super) fn table_bytes(
 /// A boolean value that Go's `strconv.ParseBool` would reject.
 #[derive(Debug, thiserror::Error)]
 #[error("expected one of 1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False")]
-pub struct InvalidBool;
+pub(crate) struct InvalidBool;
 
 /// Parse a boolean exactly as Go's `strconv.ParseBool`, so values that worked for the Go
 /// service mean the same here and values it rejected are rejected.
-pub fn parse_go_bool(value: &str) -> Result<bool, InvalidBool> {
+pub(crate) fn parse_go_bool(value: &str) -> Result<bool, InvalidBool> {
     match value {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),

@@ -100,18 +100,18 @@ return {want, count, 0}
 "#;
 
 /// How long of a key's demand a batch covers by default ([`AllowanceTuning::period_us`]).
-pub const PERIOD_US: u64 = 1_000_000;
+pub(crate) const PERIOD_US: u64 = 1_000_000;
 
 /// A batch takes at most this share of what the window has left (its limit less the count
 /// Redis last answered), unless the key's demand here uses more in half the time left: 1/8,
 /// so near the limit batches shrink and replicas strand little (1/4 admitted 284 of 300 in
 /// `replicas_offered_twice_the_limit_admit_it_and_no_more`).
-pub const LEFT_SHARE: u64 = 8;
+pub(crate) const LEFT_SHARE: u64 = 8;
 
 /// A key is hot when its demand over the horizon is at least this many hits, and a batch is at
 /// least this many (the defaults of [`AllowanceTuning::hot_hits`] and
 /// [`AllowanceTuning::min_batch`]).
-pub const HOT_HITS: u64 = 4;
+pub(crate) const HOT_HITS: u64 = 4;
 
 /// What a key in the table costs beside its key's bytes (`examples/lease_memory.rs` measures
 /// it, and fails past it).
@@ -347,7 +347,7 @@ impl Allowances {
 
     /// Resolves when a reservation is answered or given up; [`tokio::sync::Notified::enable`]
     /// it before routing, so an answer that lands in between is not missed.
-    pub fn landed(&self) -> tokio::sync::futures::Notified<'_> {
+    pub(crate) fn landed(&self) -> tokio::sync::futures::Notified<'_> {
         self.landed.notified()
     }
 
@@ -363,7 +363,7 @@ impl Allowances {
         self.keys.bytes()
     }
 
-    pub fn tuning(&self) -> &AllowanceTuning {
+    pub(crate) fn tuning(&self) -> &AllowanceTuning {
         &self.tuning
     }
 
@@ -525,7 +525,7 @@ impl Allowances {
     }
 
     /// The counter admin reset `key`: what its batch held is gone with Redis's key.
-    pub fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         if self.keys.remove_if(key, |_| true) {
             self.stats.forgotten.fetch_add(1, Ordering::Relaxed);
         }
@@ -547,7 +547,7 @@ impl Allowances {
     /// can use them. Keys with no demand left and nothing held or under way are forgotten, so
     /// the table holds the keys in use, not every key ever seen (a cold key's entry lives
     /// about a horizon).
-    pub fn give_back(&self, now: Timestamp) -> Vec<(Box<str>, Quota, u64)> {
+    pub(crate) fn give_back(&self, now: Timestamp) -> Vec<(Box<str>, Quota, u64)> {
         let horizon_us = self.tuning.horizon_us;
         let (mut back, mut idle) = (Vec::new(), Vec::new());
         for e in self.keys.iter() {

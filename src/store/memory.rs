@@ -43,7 +43,6 @@ use crate::limiter::{self, Algorithm, CounterKind, Decision, Quota, Unit, Window
 mod slots;
 mod table;
 
-pub use slots::SLOT_BYTES;
 use table::{Holds, Table};
 
 /// Shards per table for each thread the machine runs (a power of two). Every access takes its
@@ -338,7 +337,11 @@ impl MemoryStore {
 
     /// A store within `limits` whose sweeper runs every `interval` on the current tokio
     /// runtime, reading time from `clock`. The task stops when the store is dropped.
-    pub fn with_sweeper(limits: MemoryLimits, clock: Arc<dyn Clock>, interval: Duration) -> Self {
+    pub(crate) fn with_sweeper(
+        limits: MemoryLimits,
+        clock: Arc<dyn Clock>,
+        interval: Duration,
+    ) -> Self {
         let mut store = MemoryStore::with_limits(limits);
         let weak: Weak<Inner> = Arc::downgrade(&store.inner);
         store.sweeper = Some(tokio::spawn(async move {
@@ -376,7 +379,7 @@ impl MemoryStore {
     }
 
     /// When the penalty of `hit`'s key ends, if one is in force at `now`.
-    pub fn penalty_until(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Timestamp> {
+    pub(crate) fn penalty_until(&self, hit: &Hit<'_>, now: Timestamp) -> Option<Timestamp> {
         let key = penalty::penalty_key(hit.key, &hit.quota);
         let until = *self.inner.penalties.get(key.as_str())?;
         (until > now.micros()).then(|| Timestamp::from_micros(until))
@@ -384,7 +387,7 @@ impl MemoryStore {
 
     /// Keeps a penalty of `hit`'s key until `until` (one handed over by another node), unless
     /// one here ends later.
-    pub fn keep_penalty(&self, hit: &Hit<'_>, until: Timestamp) {
+    pub(crate) fn keep_penalty(&self, hit: &Hit<'_>, until: Timestamp) {
         let record = penalty::Record {
             key: hit.key,
             quota: hit.quota,
@@ -395,7 +398,8 @@ impl MemoryStore {
     }
 
     /// Penalties held right now, some maybe over and not yet swept.
-    pub fn penalties_held(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn penalties_held(&self) -> usize {
         self.inner.penalties.len()
     }
 
@@ -446,7 +450,12 @@ impl MemoryStore {
     /// Merges slots kept elsewhere (another owner's, through Redis) into a concurrency counter,
     /// making it if needed: never frees a slot, never counts one twice. A new counter needs
     /// room like any other ([`StoreError::Full`], [`StoreError::FullBytes`]).
-    pub fn merge_slots(&self, quota: &Quota, key: &str, other: &Slots) -> Result<(), StoreError> {
+    pub(crate) fn merge_slots(
+        &self,
+        quota: &Quota,
+        key: &str,
+        other: &Slots,
+    ) -> Result<(), StoreError> {
         let inner = &*self.inner;
         inner
             .slots

@@ -18,7 +18,7 @@ use crate::store::{Hit, StoreError};
 
 /// A penalty to keep: `key` (a hit's key stem) refused until `until`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Record<'a> {
+pub(crate) struct Record<'a> {
     pub key: &'a str,
     pub quota: Quota,
     pub until: Timestamp,
@@ -26,7 +26,7 @@ pub struct Record<'a> {
 
 /// The key a remote store (Redis, memcached) keeps a counter's penalty under: the counter's
 /// window stem and `sluice_penalty` (`d_k_v_sluice_penalty`). No Go instance reads it.
-pub fn penalty_key(stem: &str, quota: &Quota) -> String {
+pub(crate) fn penalty_key(stem: &str, quota: &Quota) -> String {
     format!(
         "{}sluice_penalty",
         crate::key::window_stem(stem, quota.window())

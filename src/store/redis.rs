@@ -55,9 +55,9 @@ use crate::limiter::concurrency::Slots;
 use crate::limiter::{Algorithm, Quota, Unit, bucket, sliding_window};
 
 pub use super::breaker::{BreakerSettings, BreakerStats};
+pub(crate) use super::redis_client::{Auth, RedisAddress, read_credentials};
 pub use super::redis_client::{
-    Auth, Credentials, MAX_CREDENTIALS_FILE_BYTES, RedisAddress, RedisNode, RedisTarget, RedisTls,
-    RedisTopology, StartupBackoff, read_credentials,
+    Credentials, RedisNode, RedisTarget, RedisTls, RedisTopology, StartupBackoff,
 };
 
 /// The sliding window (see [`sliding_window`]).
@@ -70,7 +70,7 @@ pub use super::redis_client::{
 /// Admits when `previous * (unit - elapsed) + (current + hits) * unit <= limit * unit`, then
 /// stores the rolled counts; a refused call (unless charged) or a peek (0 hits) writes nothing.
 /// Returns `{i or -1, c, p}` as found.
-pub const SLIDING: &str = r#"
+pub(crate) const SLIDING: &str = r#"
 local idx, elapsed, unit, limit, hits, ttl, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local v = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
 local i, c, p = tonumber(v[1]), tonumber(v[2]) or 0, tonumber(v[3]) or 0
@@ -121,7 +121,7 @@ end
 /// answer, after it answers as a missing key (the second is for a replica whose clock is
 /// behind the writer's). A refused call (unless charged) or a peek writes nothing. Returns the
 /// text found (nil for none).
-pub const BUCKET: &str = concat!(
+pub(crate) const BUCKET: &str = concat!(
     bucket_time_lua!(),
     r#"
 local now, den, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -211,7 +211,7 @@ return found
 /// - `b`, den, and `hits × T` as whole µs and a numerator: the bucket's time moves back by that
 ///   (never before the epoch; a time in the past is a bucket at rest), its TTL kept. Returns the
 ///   text left (nil for none), as [`BUCKET`] answers.
-pub const REFUND: &str = concat!(
+pub(crate) const REFUND: &str = concat!(
     bucket_time_lua!(),
     r#"
 if ARGV[1] == 'f' then
@@ -1174,7 +1174,7 @@ impl RedisLink {
     }
 
     /// Whether it is Redis Cluster, where one pipeline must stay within one hash slot.
-    pub fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         self.target.is_cluster()
     }
 

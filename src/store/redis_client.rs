@@ -113,7 +113,7 @@ pub enum Credentials {
 }
 
 /// The most a credentials file may hold.
-pub const MAX_CREDENTIALS_FILE_BYTES: u64 = 4096;
+pub(crate) const MAX_CREDENTIALS_FILE_BYTES: u64 = 4096;
 
 /// A password, and the ACL user it belongs to (Redis's `default` when `None`). The password is
 /// a [`Secret`]: it never shows in debug output.
@@ -137,7 +137,7 @@ impl Credentials {
 
 /// Reads a credentials file: `password` or `user:password` (split at the first `:`, as
 /// REDIS_AUTH is), one trailing line break allowed; at most [`MAX_CREDENTIALS_FILE_BYTES`].
-pub fn read_credentials(path: &Path) -> Result<Auth, String> {
+pub(crate) fn read_credentials(path: &Path) -> Result<Auth, String> {
     let shown = path.display();
     let file = std::fs::File::open(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
     let mut text = String::new();

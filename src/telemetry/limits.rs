@@ -70,17 +70,17 @@ impl LimitShape {
 }
 
 /// The loaded config's limits (the unlimited left out), by full key.
-pub type LimitTable = HashMap<Box<str>, LimitShape>;
+pub(crate) type LimitTable = HashMap<Box<str>, LimitShape>;
 
 /// [`limit_table`] of the config last asked about, kept while that config is served: at
 /// 100,000 limits the table takes tens of milliseconds to build, and every scrape and flush
 /// asks for it.
 #[derive(Debug, Default)]
-pub struct LimitTableCache(Mutex<Option<(Weak<RateLimitConfig>, Arc<LimitTable>)>>);
+pub(crate) struct LimitTableCache(Mutex<Option<(Weak<RateLimitConfig>, Arc<LimitTable>)>>);
 
 impl LimitTableCache {
     /// `config`'s table, built once per config.
-    pub fn table(&self, config: &Arc<RateLimitConfig>) -> Arc<LimitTable> {
+    pub(crate) fn table(&self, config: &Arc<RateLimitConfig>) -> Arc<LimitTable> {
         let mut cached = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         // The weak reference keeps the old config's allocation, so its address names it alone.
         if let Some((of, table)) = cached.as_ref()
@@ -114,7 +114,10 @@ pub fn limit_table(config: &RateLimitConfig) -> LimitTable {
 
 /// The limit one stats key counts against, if it is still configured (or an override): its
 /// name (a configured limit's full key; an override's stats key) and shape.
-pub fn entry_limit<'e>(entry: &'e Entry, limits: &LimitTable) -> Option<(&'e str, LimitShape)> {
+pub(crate) fn entry_limit<'e>(
+    entry: &'e Entry,
+    limits: &LimitTable,
+) -> Option<(&'e str, LimitShape)> {
     match &entry.source {
         Source::Limit(full_key) => Some((full_key, *limits.get(full_key)?)),
         Source::Override(_) => entry.source.override_limit().map(|(limit, unit)| {
@@ -133,7 +136,7 @@ pub fn entry_limit<'e>(entry: &'e Entry, limits: &LimitTable) -> Option<(&'e str
 
 /// One label set's limit gauge, for one limit its keys count against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KeyLimit {
+pub(crate) struct KeyLimit {
     pub requests_per_unit: u64,
     /// The series counts exactly one counter: one stats key, of a limit whose keys each count
     /// one counter. Only then is `hits / limit` one tenant's share of its limit.
@@ -142,13 +145,13 @@ pub struct KeyLimit {
 
 impl KeyLimit {
     /// The `counters` label: `one` or `many`.
-    pub fn counters(&self) -> &'static str {
+    pub(crate) fn counters(&self) -> &'static str {
         if self.one_counter { "one" } else { "many" }
     }
 }
 
 /// The per-key limit gauge: its name and help.
-pub const KEY_FAMILY: (&str, &str) = (
+pub(crate) const KEY_FAMILY: (&str, &str) = (
     "ratelimit_service_rate_limit_limit",
     "The requests_per_unit of the limit (named by limit) the series counts against; counters=\"one\" \
      when the series counts one counter (its hits can be divided by the limit), \"many\" when a \
@@ -156,7 +159,7 @@ pub const KEY_FAMILY: (&str, &str) = (
 );
 
 /// The per-limit window gauge: its name and help.
-pub const LIMIT_FAMILY: (&str, &str) = (
+pub(crate) const LIMIT_FAMILY: (&str, &str) = (
     "sluice_rate_limit_window_seconds",
     "The limit's window in seconds (unit_multiplier units), one series per limit, with its unit, \
      unit_multiplier and algorithm.",
@@ -165,7 +168,7 @@ pub const LIMIT_FAMILY: (&str, &str) = (
 /// What the exporters report of the configured limits: the limit gauge of each (label set,
 /// limit name), and the shape of each limit named.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LimitReport {
+pub(crate) struct LimitReport {
     pub keys: BTreeMap<(LabelSet, String), KeyLimit>,
     pub limits: BTreeMap<String, LimitShape>,
 }
@@ -174,7 +177,7 @@ pub struct LimitReport {
 /// limits they name. Several keys can share a label set (levels past the second, or keys that
 /// sanitise alike): their counters add up in the series, so the series counts many counters,
 /// and it gets one limit gauge per limit among them.
-pub fn limit_report(stats: &Stats, table: &LimitTable) -> LimitReport {
+pub(crate) fn limit_report(stats: &Stats, table: &LimitTable) -> LimitReport {
     let mut entries = stats.entries();
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     let mut sets: BTreeMap<LabelSet, Vec<(&str, LimitShape)>> = BTreeMap::new();

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock;
 
-pub use logs::{LogFormat, LogLevel};
+pub(crate) use logs::{LogFormat, LogLevel};
 pub use observer::DecisionTelemetry;
 pub use stats::{Stats, StatsOptions};
 
@@ -80,7 +80,7 @@ pub fn init_logs(level: LogLevel, format: LogFormat, colour: bool) {
 /// Lets one log line through per interval and counts the ones it holds back, so a failure that
 /// hits every request (a backend down) logs once a second, not ten thousand times.
 #[derive(Debug)]
-pub struct LogLimiter {
+pub(crate) struct LogLimiter {
     interval_nanos: u64,
     /// Nanoseconds since [`process_start`] of the last line let through, plus one (0: never).
     last: AtomicU64,
@@ -93,7 +93,7 @@ fn process_start() -> Instant {
 }
 
 impl LogLimiter {
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         let _ = process_start();
         LogLimiter {
             interval_nanos: u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX),
@@ -104,7 +104,7 @@ impl LogLimiter {
 
     /// `Some(lines held back since the last one)` when a line may be logged now, else `None`
     /// (and the line is counted as held back).
-    pub fn check(&self) -> Option<u64> {
+    pub(crate) fn check(&self) -> Option<u64> {
         self.check_at(clock::instant())
     }
 
@@ -133,7 +133,7 @@ impl LogLimiter {
 /// A [`LogLimiter`] per key (a limit), for a line worth logging once per limit per interval:
 /// at most `max_keys` keys have their own; the lines of further keys share one.
 #[derive(Debug)]
-pub struct KeyedLogLimiter {
+pub(crate) struct KeyedLogLimiter {
     interval: Duration,
     keys: dashmap::DashMap<Box<str>, LogLimiter, foldhash::fast::RandomState>,
     max_keys: usize,
@@ -141,7 +141,7 @@ pub struct KeyedLogLimiter {
 }
 
 impl KeyedLogLimiter {
-    pub fn new(interval: Duration, max_keys: usize) -> Self {
+    pub(crate) fn new(interval: Duration, max_keys: usize) -> Self {
         KeyedLogLimiter {
             interval,
             keys: dashmap::DashMap::default(),
@@ -151,7 +151,7 @@ impl KeyedLogLimiter {
     }
 
     /// [`LogLimiter::check`] for `key`'s lines.
-    pub fn check(&self, key: &str) -> Option<u64> {
+    pub(crate) fn check(&self, key: &str) -> Option<u64> {
         if let Some(l) = self.keys.get(key) {
             return l.check();
         }

@@ -79,7 +79,7 @@ pub struct RuntimeGauges {
 }
 
 /// The `result` label of `sluice_runtime_limit_syncs_total`, in [`RuntimeGauges::syncs`]' order.
-pub const SYNC_RESULTS: [&str; 3] = ["same", "differed", "failed"];
+pub(crate) const SYNC_RESULTS: [&str; 3] = ["same", "differed", "failed"];
 
 /// The Rate Limit Quota Service's counters, table sizes and busiest buckets.
 #[derive(Clone, Debug, Default)]
@@ -95,7 +95,7 @@ pub struct RlqsGauges {
 
 /// How many buckets `/metrics` shows demand and assignment for: the busiest, so the label set
 /// stays bounded whatever Envoys report.
-pub const RLQS_METRIC_BUCKETS: usize = 100;
+pub(crate) const RLQS_METRIC_BUCKETS: usize = 100;
 
 /// One listener's numbers (see [`crate::net`]).
 #[derive(Clone, Debug, Default)]
@@ -325,7 +325,7 @@ fn render_runtime(out: &mut String, r: RuntimeGauges) {
 /// `sluice_rlqs_*`: the quota service's counters, table sizes, and the busiest buckets' demand
 /// and assignment.
 /// The allowance numbers that are gauges (the table's size); the others are counters.
-pub const ALLOWANCE_GAUGES: [&str; 2] = ["keys", "bytes"];
+pub(crate) const ALLOWANCE_GAUGES: [&str; 2] = ["keys", "bytes"];
 
 /// SLUICE_REDIS_ALLOWANCE's counters and gauges.
 fn render_allowance(out: &mut String, allowance: &[(&'static str, u64)]) {
@@ -644,7 +644,7 @@ fn render_memory(out: &mut String, m: MemoryGauges) {
 }
 
 /// The lease-mode numbers that are gauges (table sizes); the others are counters.
-pub const LEASE_GAUGES: [&str; 8] = [
+pub(crate) const LEASE_GAUGES: [&str; 8] = [
     "held_keys",
     "held_bytes",
     "leased_keys",

@@ -26,14 +26,14 @@ pub use crate::service::observe::Outcome;
 
 /// The stats key that overflowed records are folded into. It sanitises to itself and splits
 /// into `domain="_overflow_"` alone.
-pub const OVERFLOW_KEY: &str = "_overflow_";
+pub(crate) const OVERFLOW_KEY: &str = "_overflow_";
 
 /// Counters every request adds to are split into shards, one cache line (or more) each, and a
 /// thread adds to its own: two cores deciding at once never write the same line (each such
 /// write moves the line between the cores). A read sums the shards. There are as many shards
 /// as the machine has threads to run, rounded up to a power of two, at most [`MAX_SHARDS`];
 /// each thread takes the next one when it first counts.
-pub const MAX_SHARDS: usize = 8;
+pub(crate) const MAX_SHARDS: usize = 8;
 
 /// A cache line of its own (64 bytes on x86-64 and most ARM cores).
 #[derive(Debug, Default)]
@@ -151,7 +151,7 @@ struct LimitCells {
 
 /// What one descriptor's decision adds to its limit's counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Increments {
+pub(crate) struct Increments {
     pub total_hits: u64,
     pub over_limit: u64,
     pub near_limit: u64,
@@ -175,7 +175,7 @@ pub struct Increments {
 /// envoyproxy/ratelimit's counting rules (reference §5): `n = floor(L × ratio)`, computed in
 /// `f32` as Go does. A refund (`is_negative_hits`) adds its hits to `total_negative_hits` and
 /// nothing else, as in the Go service (its PR #1140).
-pub fn increments(o: &Outcome, near_limit_ratio: f32) -> Increments {
+pub(crate) fn increments(o: &Outcome, near_limit_ratio: f32) -> Increments {
     let n = o.hits;
     let slots = Increments {
         slots_taken: o.slots.taken,
@@ -262,7 +262,7 @@ impl LimitCounters {
     }
 
     /// How many counters a limit has: [`LimitCounters::NAMES`]' length.
-    pub const COUNT: usize = 13;
+    pub(crate) const COUNT: usize = 13;
 
     /// The values summed over the shards, in [`LimitCounters::NAMES`] order.
     pub fn values(&self) -> [u64; Self::COUNT] {
@@ -291,7 +291,7 @@ impl LimitCounters {
         out
     }
 
-    pub const NAMES: [&'static str; Self::COUNT] = [
+    pub(crate) const NAMES: [&'static str; Self::COUNT] = [
         "total_hits",
         "over_limit",
         "near_limit",
@@ -331,7 +331,7 @@ impl LimitCounters {
     const PENALTIES: usize = 11;
 
     /// A concurrency limit's series: a slot was taken, given back or expired.
-    pub fn holds_slots(values: &[u64; Self::COUNT]) -> bool {
+    pub(crate) fn holds_slots(values: &[u64; Self::COUNT]) -> bool {
         values[Self::SLOTS..Self::PENALTIES].iter().any(|&v| v > 0)
     }
 
@@ -373,7 +373,7 @@ pub enum Source {
 
 /// Where a request-built stats key's limit comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeySource<'a> {
+pub(crate) enum KeySource<'a> {
     /// The configured limit with this `full_key` (`detailed_metric`, `value_to_metric`).
     Limit(&'a str),
     /// A per-request override with this unit (its requests_per_unit is the outcome's limit).
@@ -396,7 +396,7 @@ impl Source {
     }
 
     /// An override's requests_per_unit and unit, as last seen.
-    pub fn override_limit(&self) -> Option<(u32, Unit)> {
+    pub(crate) fn override_limit(&self) -> Option<(u32, Unit)> {
         let Source::Override(packed) = self else {
             return None;
         };
@@ -429,7 +429,7 @@ pub struct ServiceCounters {
 
 /// Upper bounds of the decision-latency histogram, in seconds. Finer than Prometheus's
 /// defaults at the low end, where an in-memory decision lives.
-pub const LATENCY_BUCKETS: [f64; 16] = [
+pub(crate) const LATENCY_BUCKETS: [f64; 16] = [
     0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
     0.25, 0.5, 1.0, 2.5,
 ];
@@ -590,7 +590,7 @@ impl Stats {
 
     /// Records a decision against a configured limit whose stats key never depends on the
     /// request: its `full_key`, linked once through `slot`.
-    pub fn record_static(&self, slot: &StatsSlot, full_key: &str, outcome: &Outcome) {
+    pub(crate) fn record_static(&self, slot: &StatsSlot, full_key: &str, outcome: &Outcome) {
         if !self.options.enabled {
             return;
         }
@@ -606,7 +606,7 @@ impl Stats {
 
     /// Records a decision against a stats key built from the request (`detailed_metric`,
     /// `value_to_metric`, overrides), whose limit comes from `source`. Held to the key cap.
-    pub fn record_dynamic(&self, key: &str, source: KeySource<'_>, outcome: &Outcome) {
+    pub(crate) fn record_dynamic(&self, key: &str, source: KeySource<'_>, outcome: &Outcome) {
         if !self.options.enabled {
             return;
         }
@@ -668,7 +668,7 @@ impl Stats {
     }
 
     /// `ratelimit.service.rate_limit.<domain>.domain_not_found`, held to the key cap.
-    pub fn domain_not_found(&self, domain: &str) {
+    pub(crate) fn domain_not_found(&self, domain: &str) {
         if !self.options.enabled {
             return;
         }
@@ -695,7 +695,7 @@ impl Stats {
     }
 
     /// One `ShouldRateLimit` call's end: `total_requests`, `response_time`, and its error.
-    pub fn request_done(&self, elapsed: Duration, error: Option<ErrorKind>) {
+    pub(crate) fn request_done(&self, elapsed: Duration, error: Option<ErrorKind>) {
         if !self.options.enabled {
             return;
         }
@@ -713,7 +713,7 @@ impl Stats {
     }
 
     /// A backend failure that was answered anyway (fail-open).
-    pub fn backend_error(&self) {
+    pub(crate) fn backend_error(&self) {
         if self.options.enabled {
             self.service.redis_error.fetch_add(1, Ordering::Relaxed);
         }
@@ -732,7 +732,7 @@ impl Stats {
     }
 
     /// Global SHADOW_MODE turned an OVER_LIMIT answer into OK.
-    pub fn global_shadow_mode(&self) {
+    pub(crate) fn global_shadow_mode(&self) {
         if self.options.enabled {
             self.service
                 .global_shadow_mode
@@ -751,7 +751,7 @@ impl Stats {
     }
 
     /// `(sanitised domain, count)` for every unknown domain seen, the overflow included.
-    pub fn domains_not_found(&self) -> Vec<(String, u64)> {
+    pub(crate) fn domains_not_found(&self) -> Vec<(String, u64)> {
         let mut out: Vec<(String, u64)> = self
             .not_found
             .iter()
@@ -765,7 +765,7 @@ impl Stats {
     }
 
     /// Distinct keys held (per-limit keys plus unknown domains).
-    pub fn key_count(&self) -> usize {
+    pub(crate) fn key_count(&self) -> usize {
         self.key_count.load(Ordering::Relaxed)
     }
 }
@@ -781,7 +781,7 @@ pub enum ErrorKind {
 
 /// The Go service's stat-name sanitising: `:` and `|` become `_`, and so do the dots of an
 /// IPv4 address (`10.0.0.1` -> `10_0_0_1`), whose dots would otherwise read as separators.
-pub fn sanitize(key: &str) -> String {
+pub(crate) fn sanitize(key: &str) -> String {
     let mut out: Vec<u8> = key
         .bytes()
         .map(|b| if b == b':' || b == b'|' { b'_' } else { b })

@@ -22,7 +22,7 @@ use super::prometheus::Extra;
 use super::stats::{LimitCounters, Stats};
 
 /// Fits a typical 1500-byte MTU with room for IP and UDP headers.
-pub const MAX_DATAGRAM: usize = 1432;
+pub(crate) const MAX_DATAGRAM: usize = 1432;
 
 /// Every counter under its statsd name, summed when several keys share a name.
 pub fn counters(stats: &Stats, extra: &Extra) -> HashMap<String, u64> {
@@ -90,7 +90,7 @@ pub fn counters(stats: &Stats, extra: &Extra) -> HashMap<String, u64> {
 /// `<key>.rate_limit` (requests_per_unit) and `<key>.window_seconds`. Sent at every flush, as
 /// gostats sends its gauges, so a statsd that forgets idle gauges keeps them while the limit
 /// stands and forgets a limit a reload removed.
-pub fn gauge_lines(stats: &Stats, extra: &Extra) -> Vec<String> {
+pub(crate) fn gauge_lines(stats: &Stats, extra: &Extra) -> Vec<String> {
     let mut lines = Vec::new();
     for entry in stats.entries() {
         let Some((_, shape)) = entry_limit(&entry, &extra.limits) else {

@@ -56,7 +56,7 @@ pub fn decode(resources: &[Any]) -> Result<Vec<(String, RawRoot)>, ConfigErrors>
 }
 
 /// One resource as the YAML file it stands for.
-pub fn to_raw(cfg: RateLimitConfig) -> RawRoot {
+pub(crate) fn to_raw(cfg: RateLimitConfig) -> RawRoot {
     RawRoot {
         domain: cfg.domain,
         descriptors: cfg.descriptors.into_iter().map(descriptor).collect(),

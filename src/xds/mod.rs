@@ -83,7 +83,7 @@ pub struct XdsBackoff {
 
 /// Why a stream ended.
 #[derive(Debug, thiserror::Error)]
-pub enum XdsError {
+pub(crate) enum XdsError {
     #[error("cannot connect to the xDS server: {0}")]
     Connect(#[from] tonic::transport::Error),
     #[error("xDS stream failed: {0}")]
@@ -300,7 +300,7 @@ fn node(settings: &XdsConfig) -> Node {
 
 /// The delay after the `failures`-th consecutive failed attempt (from 0):
 /// `min(initial * 2^failures, max)`, then jittered. `unit` is a random number in [0, 1).
-pub fn backoff_delay(b: &XdsBackoff, failures: u32, unit: f64) -> Duration {
+pub(crate) fn backoff_delay(b: &XdsBackoff, failures: u32, unit: f64) -> Duration {
     let exp = b
         .initial
         .checked_mul(1u32.checked_shl(failures.min(31)).unwrap_or(u32::MAX))

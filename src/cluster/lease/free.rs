@@ -60,7 +60,7 @@ const RECALL_DURATIONS: u64 = 10;
 
 /// When a recall made at `now_us` of a key under `quota` ends: the node reports about the key
 /// in every window that begins before then.
-pub fn recall_until(quota: &Quota, now_us: u64, duration_us: u64) -> u64 {
+pub(crate) fn recall_until(quota: &Quota, now_us: u64, duration_us: u64) -> u64 {
     let windows = 2 * quota.window().max_secs() * 1_000_000;
     now_us.saturating_add(windows.max(RECALL_DURATIONS * duration_us))
 }
@@ -86,14 +86,14 @@ pub struct Permit {
 }
 
 /// A node's free share of a limit of `limit` under a share of `share_ppm`.
-pub fn free_share(limit: u64, share_ppm: u64) -> u64 {
+pub(crate) fn free_share(limit: u64, share_ppm: u64) -> u64 {
     let share = u128::from(limit) * u128::from(share_ppm.min(PPM)) / u128::from(PPM);
     u64::try_from(share).unwrap_or(u64::MAX)
 }
 
 /// Whether a key under `quota` may be decided from free shares: a fixed window whose refused
 /// hits are not charged.
-pub fn eligible(quota: &Quota) -> bool {
+pub(crate) fn eligible(quota: &Quota) -> bool {
     quota.algorithm == Algorithm::FixedWindow && !quota.charge_refused
 }
 
@@ -425,7 +425,7 @@ impl FreeShares {
     /// Converts every key admitted freely in its current window at `now_us` (the ring changed,
     /// or an owner began a new run of permits): each is handed to `lease` with what it
     /// admitted, to be reported to its owner at the next renewal round.
-    pub fn convert_all(&self, now_us: u64, mut lease: impl FnMut(&str, Quota, u64)) {
+    pub(crate) fn convert_all(&self, now_us: u64, mut lease: impl FnMut(&str, Quota, u64)) {
         for mut entry in self.counts.iter_mut() {
             let free = entry.value_mut();
             if free.converted || free.epoch != window_index(&free.quota, now_us) {
@@ -441,7 +441,7 @@ impl FreeShares {
 
     /// Forgets the keys whose window ended by `now_us` (each is looked at once, when its window
     /// ends: the table is never walked).
-    pub fn forget_ended(&self, now_us: u64) {
+    pub(crate) fn forget_ended(&self, now_us: u64) {
         for key in self.ends.due(now_us) {
             let gone = self.counts.remove_if(&key, |_, free| {
                 window_end(&free.quota, free.epoch) <= now_us

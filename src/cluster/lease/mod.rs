@@ -46,7 +46,8 @@ use crate::limiter::{Algorithm, Decision, Quota};
 use client::{Held, Local};
 use deadlines::Deadlines;
 use free::{FreeRoute, FreeShares, Terms};
-pub use server::{Ask, Capacity, Grant, HolderView, LeaseServer, LeaseTiming, Summary};
+pub use server::{Ask, Grant, LeaseServer, LeaseTiming};
+pub(crate) use server::{Capacity, HolderView};
 pub use wire::MAX_LEASE_ASKS;
 
 /// One key this node holds: its lease, and a wake-up for the hits waiting on a call about it.
@@ -119,7 +120,7 @@ pub struct LeaseStats {
 
 impl LeaseClient {
     /// [`LeaseStats::snapshot`], with the free shares' counters (0 when they are off).
-    pub fn stats_snapshot(&self) -> Vec<(&'static str, u64)> {
+    pub(crate) fn stats_snapshot(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.stats.snapshot();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let (decisions, conversions) = self
@@ -149,7 +150,7 @@ impl LeaseStats {
 
 /// One key's leases as this node sees them, for the debug endpoint (`/debug/lease?key=`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct KeyView {
+pub(crate) struct KeyView {
     pub key: String,
     /// This node's address among the peers, and the key's owner as it sees the ring now.
     pub node: String,
@@ -417,7 +418,7 @@ impl LeaseClient {
 
     /// [`client::Held::admit_held`] on `key` held under `quota` (or its counter under another
     /// limit, which it takes): `None` when not held here.
-    pub fn admit_held(
+    pub(crate) fn admit_held(
         &self,
         key: &str,
         quota: Quota,
@@ -433,7 +434,7 @@ impl LeaseClient {
     }
 
     /// [`client::Held::admitted_alone`] on `key`, when it is held here.
-    pub fn admitted_alone(&self, key: &str, now_us: u64, hits: u64) {
+    pub(crate) fn admitted_alone(&self, key: &str, now_us: u64, hits: u64) {
         if let Some(slot) = self.slots.get(key) {
             let mut held = slot.lock();
             held.admitted_alone(now_us, hits);
@@ -454,7 +455,7 @@ impl LeaseClient {
     }
 
     /// The owner refused to lease `key`: forget it, so its hits are forwarded.
-    pub fn unleased(&self, key: &str) {
+    pub(crate) fn unleased(&self, key: &str) {
         if let Some((_, slot)) = self.slots.remove(key) {
             slot.lock().gone = true;
             self.uncharge(key);

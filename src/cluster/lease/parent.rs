@@ -188,7 +188,7 @@ impl Upstream {
 
     /// Since when (µs) calls to the parent fail, as [`Upstream::lost`] warned then; 0 while it
     /// answers.
-    pub fn unreachable_since_us(&self) -> u64 {
+    pub(crate) fn unreachable_since_us(&self) -> u64 {
         self.unreachable_since_us.load(Ordering::Relaxed)
     }
 

@@ -89,7 +89,7 @@ impl From<&Recall> for FreeRecall {
 impl FreeRecall {
     /// The recall, unless it names no key or a quota this node cannot read (then it is
     /// ignored: the owner goes on charging this node's free share of the key).
-    pub fn take_recall(&mut self) -> Option<Recall> {
+    pub(crate) fn take_recall(&mut self) -> Option<Recall> {
         let hit = self.hit.as_mut()?;
         let quota = hit.quota().ok()?;
         Some(Recall {

@@ -54,7 +54,7 @@ impl Op {
 
     /// Whether an answer with no decisions is still a success: a refund sent to an owner that
     /// predates refunds' answers (it gave the hits back and said nothing).
-    pub fn may_answer_nothing(self) -> bool {
+    pub(crate) fn may_answer_nothing(self) -> bool {
         self != Op::Apply
     }
 }
@@ -98,7 +98,7 @@ impl PeerHit {
     }
 
     /// How the hit reached this node; an unknown number is refused, never read as another.
-    pub fn how_relayed(&self) -> Result<Relay, tonic::Status> {
+    pub(crate) fn how_relayed(&self) -> Result<Relay, tonic::Status> {
         Ok(match wire::Relay::try_from(self.relay) {
             Ok(wire::Relay::None) => Relay::No,
             Ok(wire::Relay::Apply) => Relay::Apply,

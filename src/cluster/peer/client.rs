@@ -95,7 +95,7 @@ impl PeerClient {
     /// The client, its Lease calls allowed `wait` more than the timeout: a child cluster's
     /// owner may wait that long for its parent's grant on a key new to the cluster before it
     /// answers (SLUICE_LEASE_PARENT_TIMEOUT_MS).
-    pub fn with_lease_wait(self, wait: Duration) -> Self {
+    pub(crate) fn with_lease_wait(self, wait: Duration) -> Self {
         PeerClient {
             lease_timeout: self.timeout + wait,
             ..self
@@ -128,7 +128,7 @@ impl PeerClient {
     /// [`Self::lease`], asking for a permit for free shares when `free` (lease mode's nodes;
     /// not a child cluster asking its parent): the answer, with the permit if the owner gave
     /// one and its recalls.
-    pub async fn lease_with_permit(
+    pub(crate) async fn lease_with_permit(
         &self,
         node: &str,
         asks: Vec<LeaseAsk>,

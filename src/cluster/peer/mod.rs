@@ -51,8 +51,10 @@ pub mod wire {
 
 pub use apply::Op;
 pub use client::PeerClient;
-pub use error::{Call, Malformed, PeerError};
-pub use server::{LimitsOwner, PeerServer, QuotaOwner};
+pub use error::Call;
+pub(crate) use error::{Malformed, PeerError};
+pub use server::PeerServer;
+pub(crate) use server::{LimitsOwner, QuotaOwner};
 pub use wire::{
     ApplyRequest, ApplyResponse, FreeRecall, LeaseAsk, LeaseGrant, LeaseRequest, LeaseResponse,
     PeerDecision, PeerHit,
@@ -77,7 +79,7 @@ pub const fn algorithm_to_wire(a: Algorithm) -> wire::Algorithm {
 }
 
 /// The inverse of [`algorithm_to_wire`]; `None` for a number this version does not know.
-pub fn algorithm_from_wire(n: i32) -> Option<Algorithm> {
+pub(crate) fn algorithm_from_wire(n: i32) -> Option<Algorithm> {
     Some(match wire::Algorithm::try_from(n).ok()? {
         wire::Algorithm::FixedWindow => Algorithm::FixedWindow,
         wire::Algorithm::SlidingWindow => Algorithm::SlidingWindow,
@@ -102,7 +104,7 @@ pub const fn unit_to_wire(u: Unit) -> wire::Unit {
 
 /// The inverse of [`unit_to_wire`]; `None` for UNSPECIFIED and numbers this version does not
 /// know.
-pub fn unit_from_wire(n: i32) -> Option<Unit> {
+pub(crate) fn unit_from_wire(n: i32) -> Option<Unit> {
     Some(match wire::Unit::try_from(n).ok()? {
         wire::Unit::Unspecified => return None,
         wire::Unit::Second => Unit::Second,
@@ -116,7 +118,7 @@ pub fn unit_from_wire(n: i32) -> Option<Unit> {
 }
 
 /// The refusal of a call in another protocol version; `None` for this node's own.
-pub fn version_mismatch(version: u32) -> Option<tonic::Status> {
+pub(crate) fn version_mismatch(version: u32) -> Option<tonic::Status> {
     (version != PROTOCOL_VERSION).then(|| {
         tonic::Status::failed_precondition(format!(
             "peer protocol version {version} is not supported by this node (speaks {PROTOCOL_VERSION})"

@@ -51,7 +51,7 @@ const MAX_PAGES: usize = 10_000;
 /// runtime limits it holds: the first node of a new cluster has no peer to wait for, and peers
 /// that start together answer each other's probes (every 500 ms) well within it. A pull under
 /// way then is waited for (each of its calls bounded by SLUICE_PEER_TIMEOUT_MS).
-pub const FIRST_PULL_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const FIRST_PULL_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Counters {

@@ -28,16 +28,16 @@ use crate::config::lookup::FastMap;
 
 /// The largest file (and journal) read at start: far more than 1,000,000 limits take (about
 /// 150 bytes each).
-pub const MAX_FILE_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_FILE_BYTES: u64 = 1 << 30;
 
 /// The journal is folded into the file once it is larger than an eighth of the file or this,
 /// whichever is more: a load at 100,000 limits reads at most about 1.125 times the file (a
 /// journal of 12,500 changes adds about 0.1 s to the start), and a change costs at most nine
 /// lines' writes (its own, and a rewrite's share).
-pub const JOURNAL_MIN_BYTES: u64 = 1 << 20;
+pub(crate) const JOURNAL_MIN_BYTES: u64 = 1 << 20;
 
 /// The journal of the file at `path`: `path` with `.journal` after its name.
-pub fn journal_path(path: &Path) -> PathBuf {
+pub(crate) fn journal_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".journal");
     path.with_file_name(name)
@@ -303,7 +303,7 @@ pub enum SaveError {
 
 /// Saves the runtime limits after every change, in the background.
 #[derive(Debug)]
-pub struct Saver {
+pub(crate) struct Saver {
     path: PathBuf,
     saved: tokio::sync::watch::Sender<Saved>,
 }
@@ -318,7 +318,10 @@ impl Saver {
     /// Saves `config`'s runtime limits to `path` whenever they change (its state as loaded
     /// counts as saved). Must be called within a tokio runtime; the task stops when the
     /// returned handle is aborted.
-    pub fn spawn(config: ConfigHandle, path: PathBuf) -> (Arc<Saver>, tokio::task::JoinHandle<()>) {
+    pub(crate) fn spawn(
+        config: ConfigHandle,
+        path: PathBuf,
+    ) -> (Arc<Saver>, tokio::task::JoinHandle<()>) {
         let sequence = config.runtime(|s| {
             s.keep_changes();
             s.sequence()
@@ -389,7 +392,7 @@ impl Saver {
 
     /// Waits until change `sequence` is saved: `Err` with the reason when a save that should
     /// have held it failed, or none came within [`SAVE_WAIT`].
-    pub async fn settled(&self, sequence: u64) -> Result<(), SaveError> {
+    pub(crate) async fn settled(&self, sequence: u64) -> Result<(), SaveError> {
         let mut rx = self.saved.subscribe();
         let done = |s: &Saved| {
             s.sequence >= sequence || s.error.as_ref().is_some_and(|(at, _)| *at >= sequence)

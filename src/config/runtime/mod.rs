@@ -21,10 +21,11 @@ use super::limit::Source;
 use super::lookup::RateLimitConfig;
 use super::raw;
 
-pub use super::runtime_layer::{OwnedPath, PathLevel, RuntimeLimit, Stamp};
+pub(crate) use super::runtime_layer::{PathLevel, RuntimeLimit, Stamp};
 pub(crate) use super::runtime_layer::{RuntimeLayer, composite};
-pub use digest::Digest;
-pub use state::{Applied, Change, PutError, Rules, RuntimeState, TOMBSTONE_LIFE_US};
+pub(crate) use digest::Digest;
+pub use state::Change;
+pub(crate) use state::{Applied, PutError, RuntimeState, TOMBSTONE_LIFE_US};
 
 /// The YAML document of one runtime limit: `domain`, one nested descriptor per level, the
 /// body's fields in the last level (its `rate_limit`'s fields as its `rate_limit`).
@@ -126,7 +127,7 @@ pub(crate) fn check(
 
 /// The most runtime limits a node holds, all domains together (SLUICE_MAX_RUNTIME_LIMITS);
 /// past it a new path is refused and a change to an existing one still applies.
-pub const DEFAULT_MAX_RUNTIME_LIMITS: usize = 1_000_000;
+pub(crate) const DEFAULT_MAX_RUNTIME_LIMITS: usize = 1_000_000;
 
 /// One change to a runtime limit as it is saved and shared between nodes: the path, the new
 /// body (`None`: removed) and its stamp. Saved one a line in SLUICE_RUNTIME_LIMITS_PATH, kept
@@ -181,12 +182,12 @@ impl Replicated {
 }
 
 /// The key of a domain's path: `domain`, a newline, [`path_text`].
-pub fn path_key(domain: &str, levels: &[PathLevel<'_>]) -> String {
+pub(crate) fn path_key(domain: &str, levels: &[PathLevel<'_>]) -> String {
     format!("{domain}\n{}", path_text(levels))
 }
 
 /// A path's levels as the API's URL writes them: `k=v` or `k`, percent-encoded, joined by `/`.
-pub fn path_text(levels: &[PathLevel<'_>]) -> String {
+pub(crate) fn path_text(levels: &[PathLevel<'_>]) -> String {
     let encode = |s: &str| crate::percent::encode(s, b"");
     levels
         .iter()

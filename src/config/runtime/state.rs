@@ -54,7 +54,7 @@ pub struct RuntimeState {
 
 /// The most changes kept for [`RuntimeState::take_changes`] between two takes; past it they
 /// are dropped, and the taker saves every limit instead.
-pub const UNSAVED_MAX: usize = 4096;
+pub(crate) const UNSAVED_MAX: usize = 4096;
 
 /// The changes kept since the last take.
 #[derive(Debug, Default)]
@@ -73,7 +73,7 @@ enum Kept {
 
 /// How long a removal is remembered: a node that comes back after missing a removal for
 /// longer may bring the removed limit back (docs/runtime-limits.md).
-pub const TOMBSTONE_LIFE_US: u64 = 24 * 3600 * 1_000_000;
+pub(crate) const TOMBSTONE_LIFE_US: u64 = 24 * 3600 * 1_000_000;
 
 /// What [`RuntimeState::apply`] did with a change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,13 +108,13 @@ impl RuntimeState {
     }
 
     /// Replaces the YAML config (a reload); the runtime layers stay.
-    pub fn set_base(&mut self, base: RateLimitConfig) {
+    pub(crate) fn set_base(&mut self, base: RateLimitConfig) {
         self.base = Some(Arc::new(base));
     }
 
     /// The served config: the YAML's domains with their runtime layers, and the domains only
     /// runtime limits have. `None` when there is neither (no config loaded yet).
-    pub fn compose(&self) -> Option<RateLimitConfig> {
+    pub(crate) fn compose(&self) -> Option<RateLimitConfig> {
         self.compose_with(None)
     }
 
@@ -183,7 +183,7 @@ impl RuntimeState {
     }
 
     /// [`RuntimeState::put`] under `rules`, with the stamp given.
-    pub fn put_as(
+    pub(crate) fn put_as(
         &mut self,
         domain: &str,
         levels: &[PathLevel<'_>],
@@ -213,7 +213,7 @@ impl RuntimeState {
     }
 
     /// What [`RuntimeState::put`] would do, and the served config after it, changing nothing.
-    pub fn preview_put(
+    pub(crate) fn preview_put(
         &self,
         domain: &str,
         levels: &[PathLevel<'_>],
@@ -341,13 +341,13 @@ impl RuntimeState {
 
     /// Starts keeping every change for [`RuntimeState::take_changes`] (the runtime limits
     /// file's journal).
-    pub fn keep_changes(&self) {
+    pub(crate) fn keep_changes(&self) {
         self.unsaved().keeping = true;
     }
 
     /// The changes made since the last take, in order; `None` when more than [`UNSAVED_MAX`]
     /// came (then the taker saves every limit and removal instead).
-    pub fn take_changes(&self) -> Option<Vec<Replicated>> {
+    pub(crate) fn take_changes(&self) -> Option<Vec<Replicated>> {
         let mut unsaved = self.unsaved();
         let changes = std::mem::take(&mut unsaved.changes);
         if std::mem::take(&mut unsaved.overflowed) {
@@ -402,7 +402,7 @@ impl RuntimeState {
     }
 
     /// What [`RuntimeState::remove`] would remove, and the served config after it.
-    pub fn preview_remove(
+    pub(crate) fn preview_remove(
         &self,
         domain: &str,
         levels: &[PathLevel<'_>],
@@ -462,7 +462,7 @@ impl RuntimeState {
 
 /// Which rules a change is held to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rules {
+pub(crate) enum Rules {
     /// The API's: the YAML's checks, no `*` in a value, no key-only level beside a wildcard.
     Api,
     /// Loading saved or replicated limits: the same but the wildcard rule, which is about what

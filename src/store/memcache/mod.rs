@@ -64,10 +64,10 @@ use crate::key::{memcached_key, remote_key};
 use crate::limiter::{Algorithm, Decision, Quota, bucket, counter};
 use crate::tls::ClientTls;
 
-pub use self::servers::split_host_port;
+pub(crate) use self::servers::split_host_port;
 
 /// Lost `cas` races in a row after which a call fails (its deadline may end it sooner).
-pub const MAX_CAS_ATTEMPTS: usize = 64;
+pub(crate) const MAX_CAS_ATTEMPTS: usize = 64;
 /// After a second lost race in a row a call waits up to this long, at random, so that replicas
 /// that keep meeting on one key fall out of step instead of one of them losing every time.
 const CAS_BACKOFF_MAX_MS: u64 = 3;

@@ -15,7 +15,7 @@ use crate::key::memcached_legal;
 /// The longest reply line read: `VALUE <key> <flags> <bytes> <cas unique>` for the longest
 /// key ([`crate::key::MEMCACHED_MAX_KEY_BYTES`]), with room to spare; `SERVER_ERROR`
 /// messages are shorter.
-pub const MAX_LINE_BYTES: usize = 512;
+pub(crate) const MAX_LINE_BYTES: usize = 512;
 /// The largest value read. Counters are decimal numbers: a fixed window's count is at most 20
 /// digits, a bucket's arrival time 33 characters (20 digits, a point and 12 places), a sliding
 /// window's state word 39 digits.

@@ -385,7 +385,7 @@ impl Server {
 
 /// `host:port`, `[v6]:port`, or an SRV record's `target.:port` (the dot is dropped: the
 /// system's resolver does not find `localhost.` in /etc/hosts).
-pub fn split_host_port(addr: &str) -> Option<(&str, u16)> {
+pub(crate) fn split_host_port(addr: &str) -> Option<(&str, u16)> {
     let (host, port) = addr.rsplit_once(':')?;
     let host = host
         .strip_prefix('[')

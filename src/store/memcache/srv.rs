@@ -14,11 +14,11 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The largest DNS message read (the EDNS0 size Sluice advertises; over TCP, the same cap).
-pub const MAX_MESSAGE_BYTES: usize = 4096;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4096;
 /// How long each nameserver has to answer one query.
-pub const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const QUERY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The resolver file read when no resolver is set.
-pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+pub(crate) const RESOLV_CONF: &str = "/etc/resolv.conf";
 const MAX_RESOLV_CONF_BYTES: u64 = 64 * 1024;
 
 const TYPE_SRV: u16 = 33;
@@ -26,7 +26,7 @@ const TYPE_OPT: u16 = 41;
 const CLASS_IN: u16 = 1;
 
 /// Splits `_service._proto.name` as the Go service does; `None` if it is not of that form.
-pub fn parse_srv(name: &str) -> Option<(&str, &str, &str)> {
+pub(crate) fn parse_srv(name: &str) -> Option<(&str, &str, &str)> {
     let rest = name.strip_prefix('_')?;
     let (service, rest) = rest.split_once("._")?;
     let (proto, domain) = rest.split_once('.')?;
@@ -36,7 +36,7 @@ pub fn parse_srv(name: &str) -> Option<(&str, &str, &str)> {
 
 /// Where and how names are looked up.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Resolver {
+pub(crate) struct Resolver {
     pub nameservers: Vec<SocketAddr>,
     pub search: Vec<String>,
     pub ndots: usize,
@@ -44,7 +44,7 @@ pub struct Resolver {
 
 impl Resolver {
     /// SLUICE_MEMCACHE_SRV_RESOLVER's one server, with no search domains.
-    pub fn at(server: SocketAddr) -> Self {
+    pub(crate) fn at(server: SocketAddr) -> Self {
         Resolver {
             nameservers: vec![server],
             search: Vec::new(),
@@ -54,7 +54,7 @@ impl Resolver {
 
     /// The system's: `nameserver`, `search` (or `domain`) and `options ndots:N` of
     /// `/etc/resolv.conf`, read now (so a changed file is used at the next refresh).
-    pub fn system() -> Result<Self, String> {
+    pub(crate) fn system() -> Result<Self, String> {
         use std::io::Read;
         let mut text = String::new();
         std::fs::File::open(RESOLV_CONF)
@@ -112,7 +112,7 @@ impl Resolver {
     }
 
     /// The servers `srv` names, as `target:port` strings, sorted.
-    pub async fn servers(&self, srv: &str) -> Result<Vec<String>, String> {
+    pub(crate) async fn servers(&self, srv: &str) -> Result<Vec<String>, String> {
         if parse_srv(srv).is_none() {
             return Err(format!("could not parse {srv} to SRV parts"));
         }

@@ -22,7 +22,7 @@ use crate::limiter::{Decision, Quota, Window};
 use crate::store::{Hit, StoreError};
 
 /// What one held slot costs in memory: its expiry time.
-pub const SLOT_BYTES: usize = 8;
+pub(crate) const SLOT_BYTES: usize = 8;
 
 /// A concurrency counter: its slots, and the bytes it was charged when it was made.
 pub(super) struct SlotCounter {

@@ -224,7 +224,7 @@ fn attribute(key: &'static str, value: Value) -> KeyValue {
 }
 
 /// A span record as OTLP has it. Every exported span is sampled (flag 01).
-pub fn span_to_proto(r: SpanRecord) -> proto::Span {
+pub(crate) fn span_to_proto(r: SpanRecord) -> proto::Span {
     let remote = if r.remote_parent {
         proto::SPAN_FLAGS_CONTEXT_IS_REMOTE
     } else {
@@ -258,7 +258,7 @@ pub fn span_to_proto(r: SpanRecord) -> proto::Span {
 }
 
 /// One Export request for a batch of spans.
-pub fn traces_request(
+pub(crate) fn traces_request(
     resource: &proto::Resource,
     spans: impl Iterator<Item = SpanRecord>,
 ) -> proto::ExportTraceServiceRequest {
@@ -278,7 +278,7 @@ pub fn traces_request(
 /// Drains the tracer's queue into batches of up to OTEL_BSP_MAX_EXPORT_BATCH_SIZE, sent when
 /// full or OTEL_BSP_SCHEDULE_DELAY after their first span. When `stop` completes, what is
 /// queued is sent once more and the task ends.
-pub async fn run_span_exporter(
+pub(crate) async fn run_span_exporter(
     options: TracingOptions,
     mut rx: mpsc::Receiver<SpanRecord>,
     counters: Arc<SpanCounters>,
@@ -407,7 +407,7 @@ fn gauge(name: &str, description: &str, points: Vec<NumberPoint>, now: u64) -> p
 /// [`crate::telemetry::prometheus`]) as cumulative OTLP sums and one explicit-bucket
 /// histogram, read from the same counters. `start` is when the counters started (nanoseconds
 /// since the epoch).
-pub fn metrics_request(
+pub(crate) fn metrics_request(
     resource: &proto::Resource,
     stats: &Stats,
     extra: &Extra,
@@ -599,7 +599,7 @@ fn latency_metric(stats: &Stats, (start, now): (u64, u64)) -> proto::Metric {
 }
 
 /// Every OTEL_METRIC_EXPORT_INTERVAL, exports the metrics; once more when `stop` completes.
-pub async fn run_metrics_exporter(
+pub(crate) async fn run_metrics_exporter(
     options: MetricsExportOptions,
     stats: Arc<Stats>,
     extra: impl Fn() -> Extra,

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::tls::ClientTls;
 pub use propagation::{RequestTrace, SpanContext, Transport};
-pub use trace::{SpanCounters, Tracer};
+pub use trace::Tracer;
 
 /// How an OTLP exporter talks to its collector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +106,7 @@ pub struct MetricsExportOptions {
 }
 
 /// The instrumentation scope of everything Sluice exports.
-pub const SCOPE_NAME: &str = "sluice";
+pub(crate) const SCOPE_NAME: &str = "sluice";
 
 fn resource(attrs: &[(String, String)]) -> proto::Resource {
     proto::Resource {
@@ -126,7 +126,7 @@ fn scope() -> proto::InstrumentationScope {
 }
 
 /// A random version-4 UUID, for TRACING_SERVICE_INSTANCE_ID when it is empty (as in Go).
-pub fn random_uuid() -> String {
+pub(crate) fn random_uuid() -> String {
     let mut b = [0u8; 16];
     b[..8].copy_from_slice(&trace::random_u64().to_be_bytes());
     b[8..].copy_from_slice(&trace::random_u64().to_be_bytes());

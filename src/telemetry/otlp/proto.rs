@@ -145,8 +145,8 @@ pub enum SpanKind {
 
 /// `SpanFlags`: the low byte is the W3C trace flags; bit 8 says whether the remote-parent bit
 /// (bit 9) is known.
-pub const SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE: u32 = 0x100;
-pub const SPAN_FLAGS_CONTEXT_IS_REMOTE: u32 = 0x200;
+pub(crate) const SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE: u32 = 0x100;
+pub(crate) const SPAN_FLAGS_CONTEXT_IS_REMOTE: u32 = 0x200;
 
 /// `opentelemetry.proto.trace.v1.Status`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -158,7 +158,7 @@ pub struct Status {
     pub code: i32,
 }
 
-pub const STATUS_CODE_ERROR: i32 = 2;
+pub(crate) const STATUS_CODE_ERROR: i32 = 2;
 
 /// `opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
