@@ -18,7 +18,7 @@ use std::sync::Arc;
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::config::{ConfigHandle, LoadOptions, parse_files};
 use sluice::descriptor::Entry;
-use sluice::rlqs::{QuotaOptions, QuotaService, Usage};
+use sluice::rlqs::{RlqsOptions, RlqsService, Usage};
 
 #[path = "support/rss.rs"]
 mod rss;
@@ -32,12 +32,12 @@ fn main() {
     let holders: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
     let config =
         parse_files(&[("m.yaml".into(), CONFIG.into())], &LoadOptions::default()).expect("config");
-    let options = QuotaOptions {
+    let options = RlqsOptions {
         max_bytes: usize::MAX,
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     };
     let clock = ManualClock::new(Timestamp::from_secs(1_700_000_000));
-    let service = Arc::new(QuotaService::new(
+    let service = Arc::new(RlqsService::new(
         ConfigHandle::new(Some(config)),
         Arc::new(clock),
         options,

@@ -19,7 +19,7 @@ use axum::routing::{any, get, post};
 use crate::api::bad_request::BadRequest;
 use crate::descriptor::Request;
 use crate::net::PortGuard;
-use crate::rlqs::QuotaService;
+use crate::rlqs::RlqsService;
 use crate::service::{ServiceError, counter_json};
 use crate::telemetry::otlp::trace::SpanCounters;
 use crate::telemetry::prometheus::{self, Extra, ListenerGauges, RlqsGauges};
@@ -280,7 +280,7 @@ fn telemetry_extra(st: &DebugState) -> Extra {
     }
 }
 
-fn rlqs_gauges(q: &QuotaService) -> RlqsGauges {
+fn rlqs_gauges(q: &RlqsService) -> RlqsGauges {
     let c = &q.counters;
     let load = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     let g = q.gauges();

@@ -11,7 +11,7 @@ use crate::cluster::lease::KeyView;
 use crate::config::ConfigHandle;
 use crate::descriptor::Request;
 use crate::net::{ByteBudget, PortGuard};
-use crate::rlqs::QuotaService;
+use crate::rlqs::RlqsService;
 use crate::service::{CounterView, HotKeys, RateLimitService, ServiceError};
 use crate::store::CounterStore;
 use crate::telemetry::Stats;
@@ -29,7 +29,7 @@ pub(crate) struct DebugState {
     pub listeners: Vec<Arc<PortGuard>>,
     pub budget: Option<Arc<ByteBudget>>,
     /// The Rate Limit Quota Service's state.
-    pub quota: Option<Arc<QuotaService>>,
+    pub quota: Option<Arc<RlqsService>>,
     /// The counter admin (`/debug/counters`).
     pub counters: CounterAdmin,
     /// The status page's hot keys and clock, and its calls-per-second sample.

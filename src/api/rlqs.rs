@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::descriptor::Entry;
-use crate::rlqs::{Action, Assignment, QuotaService, QuotaStream, StreamError, Usage};
+use crate::rlqs::{Action, Assignment, RlqsService, RlqsStream, StreamError, Usage};
 use crate::telemetry::otlp::Tracer;
 use crate::telemetry::otlp::trace::{ActiveSpan, SpanKind, Value};
 
@@ -40,7 +40,7 @@ pub(crate) type Server = RateLimitQuotaServiceServer<GrpcQuota>;
 /// The service over `service`; with tracing on (TRACING_ENABLED), each sampled stream is a span
 /// `rlqs.stream` (its domain, reports and end) with a child `rlqs.report` per report.
 pub(crate) fn server(
-    service: Arc<QuotaService>,
+    service: Arc<RlqsService>,
     tracer: Arc<Tracer>,
     max_request_bytes: usize,
 ) -> Server {
@@ -49,7 +49,7 @@ pub(crate) fn server(
 }
 
 pub(crate) struct GrpcQuota {
-    service: Arc<QuotaService>,
+    service: Arc<RlqsService>,
     tracer: Arc<Tracer>,
 }
 
@@ -99,7 +99,7 @@ impl Spans {
             .record(span.end("rlqs.report", SpanKind::Internal, attributes, error));
     }
 
-    fn end(self, stream: &QuotaStream, reports: i64, end: Option<&tonic::Status>) {
+    fn end(self, stream: &RlqsStream, reports: i64, end: Option<&tonic::Status>) {
         let Some(span) = self.stream else { return };
         let attributes = vec![
             ("rpc.system", Value::Static("grpc")),
@@ -123,7 +123,7 @@ impl Spans {
 
 /// Answers one stream's reports and sends its pushes, until either side ends it.
 async fn serve_stream(
-    mut stream: QuotaStream,
+    mut stream: RlqsStream,
     mut reports: tonic::Streaming<RateLimitQuotaUsageReports>,
     tx: mpsc::Sender<Reply>,
     spans: Spans,

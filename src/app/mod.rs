@@ -24,7 +24,7 @@ use crate::cluster::ClusterStore;
 use crate::cluster::peer::PeerServer;
 use crate::config::{ConfigHandle, LoadOptions, Poller};
 use crate::net::{self, ByteBudget, ConnectionAge, PortGuard};
-use crate::rlqs::{QuotaOptions, QuotaService};
+use crate::rlqs::{RlqsOptions, RlqsService};
 use crate::service::{RateLimitService, ServiceOptions};
 use crate::store::{MemcacheStore, MemoryLimits, MemoryStore, RedisStore, StoreError};
 use crate::telemetry::otlp::Tracer;
@@ -149,7 +149,7 @@ pub struct AppOptions {
     /// certificate re-read from its files every [`CERT_POLL`].
     pub peer_tls: Option<PeerTls>,
     /// SLUICE_RLQS_*: the Rate Limit Quota Service.
-    pub quota: QuotaOptions,
+    pub quota: RlqsOptions,
     /// SPOA_PORT's agent for HAProxy, when set; its listener is in [`Listeners::spoa`].
     pub spoa: Option<api::spoa::SpoaOptions>,
     /// The runtime limits API: its tokens, where the limits are saved, its caps.
@@ -266,7 +266,7 @@ pub struct App {
     /// The service's observer: its stats and span counters, for the debug port.
     telemetry: Arc<DecisionTelemetry>,
     health: Arc<Health>,
-    quota: Arc<QuotaService>,
+    quota: Arc<RlqsService>,
     peer_server: Option<PeerServer>,
     /// Where the runtime limits are shared with other nodes.
     shared: SharedLimits,
@@ -320,7 +320,7 @@ impl App {
             None => (Tracer::disabled(), None),
         };
         let telemetry = Arc::new(DecisionTelemetry::new(stats, Arc::new(tracer)));
-        let mut quota = QuotaService::new(config.clone(), clock.clone(), options.quota.clone());
+        let mut quota = RlqsService::new(config.clone(), clock.clone(), options.quota.clone());
         if let AnyStore::Cluster(cluster) = &*store {
             quota = quota.with_peers(cluster.rlqs_peers(clock.clone()));
         }
@@ -501,7 +501,7 @@ fn spawn_servers(
         Arc<Health>,
         crate::admin::debug::DebugState,
     ),
-    (quota, tracer): (Arc<QuotaService>, Arc<Tracer>),
+    (quota, tracer): (Arc<RlqsService>, Arc<Tracer>),
     budget: Arc<ByteBudget>,
     stop: &StopSignal,
 ) -> Vec<(&'static str, tokio::task::JoinHandle<()>)> {
@@ -546,7 +546,7 @@ fn spawn_servers(
 
 /// The quota service's tasks: the sweep, and with peers the sync with its buckets' owners.
 fn spawn_quota(
-    quota: Arc<QuotaService>,
+    quota: Arc<RlqsService>,
     stop: &StopSignal,
 ) -> [(&'static str, tokio::task::JoinHandle<()>); 2] {
     [
@@ -560,7 +560,7 @@ fn spawn_quota(
 
 /// Frees expired and quiet parts of the quota service's buckets every second, until the app
 /// stops; then ends the streams, which would otherwise hold the drain for its whole timeout.
-async fn sweep_quota(quota: Arc<QuotaService>, stop: impl Future<Output = ()>) {
+async fn sweep_quota(quota: Arc<RlqsService>, stop: impl Future<Output = ()>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stop);
@@ -801,7 +801,7 @@ fn share_limits(
     options: &AppOptions,
     config: &ConfigHandle,
     store: &AnyStore,
-    quota: &Arc<QuotaService>,
+    quota: &Arc<RlqsService>,
     clock: &Arc<dyn Clock>,
 ) -> Result<(SharedLimits, Option<PeerServer>), StoreError> {
     let mut shared = SharedLimits::default();

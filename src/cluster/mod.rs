@@ -245,8 +245,8 @@ impl ClusterStore {
 
     /// The peers for the Rate Limit Quota Service: its buckets' owners on this ring, reached
     /// over the peer protocol's `Quota` call.
-    pub(crate) fn rlqs_peers(&self, clock: Arc<dyn Clock>) -> Arc<dyn crate::rlqs::QuotaPeers> {
-        Arc::new(rlqs_peers::ClusterQuota {
+    pub(crate) fn rlqs_peers(&self, clock: Arc<dyn Clock>) -> Arc<dyn crate::rlqs::RlqsPeers> {
+        Arc::new(rlqs_peers::ClusterRlqs {
             members: self.members.clone(),
             changes: self.changes.clone(),
             clock,

@@ -1,7 +1,7 @@
-//! The peers as the Rate Limit Quota Service sees them ([`crate::rlqs::QuotaPeers`]): each
+//! The peers as the Rate Limit Quota Service sees them ([`crate::rlqs::RlqsPeers`]): each
 //! bucket's owner on the same ring as the counters, and the `Quota` call that carries a node's
 //! Envoys of a bucket to its owner: its wire form (`bucket_to_wire`, `buckets_from_wire`) and,
-//! on the owner, the quota service's answer ([`QuotaOwner`]).
+//! on the owner, the quota service's answer ([`RlqsOwner`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,19 +10,19 @@ use arc_swap::ArcSwap;
 
 use super::durable::RingChanges;
 use super::members::Members;
-use super::peer::{QuotaOwner, wire};
+use super::peer::{RlqsOwner, wire};
 use crate::clock::Clock;
 use crate::descriptor::Entry;
 use crate::rlqs::remote::{MAX_SYNC_BUCKETS, SyncFuture};
-use crate::rlqs::{QuotaPeers, QuotaService, Rate, SyncBucket, SyncHolder};
+use crate::rlqs::{Rate, RlqsPeers, RlqsService, SyncBucket, SyncHolder};
 
-pub(super) struct ClusterQuota {
+pub(super) struct ClusterRlqs {
     pub(super) members: Arc<ArcSwap<Members>>,
     pub(super) changes: Arc<RingChanges>,
     pub(super) clock: Arc<dyn Clock>,
 }
 
-impl QuotaPeers for ClusterQuota {
+impl RlqsPeers for ClusterRlqs {
     fn owner(&self, key: &str) -> Option<String> {
         let m = self.members.load();
         let owner = m.owner(key);
@@ -57,7 +57,7 @@ impl QuotaPeers for ClusterQuota {
 
 /// The owner's side of the Quota call: the buckets as the quota service takes them, and its
 /// parts for each.
-impl QuotaOwner for QuotaService {
+impl RlqsOwner for RlqsService {
     fn answer(
         &self,
         node: &str,

@@ -9,9 +9,9 @@
 //! to send each Envoy ([`assign`]: a token bucket or a blanket rule, with a time to live).
 //!
 //! - A report is answered at once with an assignment for every bucket it names; a change to
-//!   another Envoy's part is pushed on that Envoy's stream ([`QuotaStream::pending`]).
+//!   another Envoy's part is pushed on that Envoy's stream ([`RlqsStream::pending`]).
 //! - An Envoy whose stream ends keeps its part reserved until its assignment expires; the sweep
-//!   ([`QuotaService::sweep`]) then frees it and pushes the larger parts to the others. A bucket
+//!   ([`RlqsService::sweep`]) then frees it and pushes the larger parts to the others. A bucket
 //!   an Envoy has reported no attempt for in SLUICE_RLQS_ABANDON_IDLE_SECS is abandoned
 //!   (Envoy forgets it, and reports it again with its next request).
 //! - Memory is bounded by SLUICE_RLQS_MAX_BYTES: each bucket and each holder is charged its
@@ -32,7 +32,7 @@ use dashmap::DashMap;
 pub use assign::Rate;
 pub(crate) use assign::{Assignment, Policy};
 use bucket::{Bucket, Holder};
-pub(crate) use remote::{QuotaPeers, SyncBucket, SyncHolder};
+pub(crate) use remote::{RlqsPeers, SyncBucket, SyncHolder};
 
 use crate::clock::Clock;
 use crate::config::{ConfigHandle, RateLimitConfig};
@@ -111,7 +111,7 @@ pub(crate) fn unreachable_by_buckets(config: &RateLimitConfig, order: &KeyOrder)
 
 /// The service's settings (SLUICE_RLQS_*), and the caps it shares with ratelimit.v3.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct QuotaOptions {
+pub struct RlqsOptions {
     /// SLUICE_RLQS_ASSIGNMENT_TTL_SECS: the shortest time to live of an assignment; it is
     /// lengthened to twice a stream's reporting interval when that is longer.
     pub ttl: Duration,
@@ -129,9 +129,9 @@ pub struct QuotaOptions {
     pub max_key_bytes: usize,
 }
 
-impl Default for QuotaOptions {
+impl Default for RlqsOptions {
     fn default() -> Self {
-        QuotaOptions {
+        RlqsOptions {
             ttl: Duration::from_secs(10),
             abandon_idle: Duration::from_secs(300),
             max_bytes: 32 << 20,
@@ -172,7 +172,7 @@ pub enum StreamError {
 
 /// The service's counters, for `/metrics` and `/stats`.
 #[derive(Debug, Default)]
-pub struct QuotaCounters {
+pub struct RlqsCounters {
     pub reports: AtomicU64,
     pub assignments: AtomicU64,
     pub pushed: AtomicU64,
@@ -208,17 +208,17 @@ struct Outbox {
 }
 
 /// The buckets and the streams of this node.
-pub struct QuotaService {
+pub struct RlqsService {
     config: ConfigHandle,
     clock: Arc<dyn Clock>,
-    options: QuotaOptions,
+    options: RlqsOptions,
     buckets: DashMap<Box<str>, Bucket, foldhash::fast::RandomState>,
     streams: DashMap<u64, Arc<Outbox>, foldhash::fast::RandomState>,
     next_stream: AtomicU64,
     bytes: AtomicUsize,
-    pub counters: QuotaCounters,
+    pub counters: RlqsCounters,
     /// With PEERS: who owns each bucket, and how to reach it ([`remote`]).
-    peers: Option<Arc<dyn QuotaPeers>>,
+    peers: Option<Arc<dyn RlqsPeers>>,
     /// Wakes the sync task at once (a new holder of a bucket another node owns).
     sync_now: tokio::sync::Notify,
     /// Set when the app stops: every stream ends, so Envoys reconnect to another replica and
@@ -226,12 +226,12 @@ pub struct QuotaService {
     closing: tokio::sync::watch::Sender<bool>,
 }
 
-impl QuotaService {
-    pub fn new(config: ConfigHandle, clock: Arc<dyn Clock>, options: QuotaOptions) -> Self {
+impl RlqsService {
+    pub fn new(config: ConfigHandle, clock: Arc<dyn Clock>, options: RlqsOptions) -> Self {
         // Streams are numbered from the start time, so a restarted node's streams are not taken
         // for its previous life's by an owner that still holds those until they expire.
         let first_stream = clock.now().micros();
-        QuotaService {
+        RlqsService {
             config,
             clock,
             options,
@@ -239,7 +239,7 @@ impl QuotaService {
             streams: DashMap::default(),
             next_stream: AtomicU64::new(first_stream),
             bytes: AtomicUsize::new(0),
-            counters: QuotaCounters::default(),
+            counters: RlqsCounters::default(),
             peers: None,
             sync_now: tokio::sync::Notify::new(),
             closing: tokio::sync::watch::Sender::new(false),
@@ -253,7 +253,7 @@ impl QuotaService {
 
     /// Splits buckets across the peers: each bucket's owner on the ring splits it across every
     /// node's Envoys, and this node syncs its Envoys of the buckets others own ([`remote`]).
-    pub(crate) fn with_peers(mut self, peers: Arc<dyn QuotaPeers>) -> Self {
+    pub(crate) fn with_peers(mut self, peers: Arc<dyn RlqsPeers>) -> Self {
         self.peers = Some(peers);
         self
     }
@@ -276,16 +276,16 @@ impl QuotaService {
         }
     }
 
-    pub fn options(&self) -> &QuotaOptions {
+    pub fn options(&self) -> &RlqsOptions {
         &self.options
     }
 
     /// A new stream; it closes when the returned value is dropped.
-    pub fn open(self: &Arc<Self>) -> QuotaStream {
+    pub fn open(self: &Arc<Self>) -> RlqsStream {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let outbox = Arc::new(Outbox::default());
         self.streams.insert(id, outbox.clone());
-        QuotaStream {
+        RlqsStream {
             service: self.clone(),
             id,
             outbox,
@@ -497,12 +497,12 @@ impl QuotaService {
     }
 
     /// The numbers for `/metrics`: streams, buckets, holders, bytes.
-    pub fn gauges(&self) -> QuotaGauges {
+    pub fn gauges(&self) -> RlqsTables {
         let mut holders = 0;
         for b in self.buckets.iter() {
             holders += b.holders.len();
         }
-        QuotaGauges {
+        RlqsTables {
             streams: self.streams.len(),
             buckets: self.buckets.len(),
             holders,
@@ -539,7 +539,7 @@ impl QuotaService {
 
 /// Table sizes, for `/metrics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QuotaGauges {
+pub struct RlqsTables {
     pub streams: usize,
     pub buckets: usize,
     pub holders: usize,
@@ -592,7 +592,7 @@ impl BucketView {
     }
 }
 
-/// What a report's bucket gets from [`QuotaService::hold`].
+/// What a report's bucket gets from [`RlqsService::hold`].
 enum Held {
     Assigned(Assignment),
     /// A new holder of a bucket another node owns: nothing until the owner answers (pushed).
@@ -624,8 +624,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// One Envoy's stream: its domain, its reporting interval, and its outbox. Dropping it closes
 /// the stream (its parts stay reserved until they expire).
-pub struct QuotaStream {
-    service: Arc<QuotaService>,
+pub struct RlqsStream {
+    service: Arc<RlqsService>,
     id: u64,
     outbox: Arc<Outbox>,
     domain: Option<String>,
@@ -634,13 +634,13 @@ pub struct QuotaStream {
     interval_us: u64,
 }
 
-impl Drop for QuotaStream {
+impl Drop for RlqsStream {
     fn drop(&mut self) {
         self.service.close(self.id, &self.outbox);
     }
 }
 
-impl QuotaStream {
+impl RlqsStream {
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -649,12 +649,12 @@ impl QuotaStream {
         self.domain.as_deref()
     }
 
-    /// Resolves when something is waiting in [`QuotaStream::pending`].
+    /// Resolves when something is waiting in [`RlqsStream::pending`].
     pub(crate) async fn woken(&self) {
         self.outbox.wake.notified().await;
     }
 
-    /// Resolves when the service is closing its streams ([`QuotaService::close_streams`]).
+    /// Resolves when the service is closing its streams ([`RlqsService::close_streams`]).
     pub async fn closed(&self) {
         let mut closing = self.service.closing.subscribe();
         // An error means the service is gone: closed too.

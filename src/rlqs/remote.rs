@@ -4,11 +4,11 @@
 //! - A node keeps its own Envoys' holders of every bucket (their demand, measured from their
 //!   reports, their part, their expiry) and, every [`SYNC_INTERVAL`] and at once when an Envoy
 //!   starts reporting a bucket, sends each owner the holders of the buckets it owns
-//!   ([`QuotaService::sync_once`]). The owner answers each holder's part; the node pushes the
+//!   ([`RlqsService::sync_once`]). The owner answers each holder's part; the node pushes the
 //!   parts that changed on their streams. A new holder gets nothing until that first answer, so
 //!   its Envoy keeps its `no_assignment_behavior` for one round trip.
 //! - The owner keeps the other nodes' Envoys as holders tagged with their node
-//!   ([`QuotaService::answer_sync`]): their demand and expiry as the node reports them, their part
+//!   ([`RlqsService::answer_sync`]): their demand and expiry as the node reports them, their part
 //!   as the owner last split it. A holder its node stops listing is forgotten; one whose node
 //!   stops calling is freed when its assignment expires, as a closed stream is.
 //! - A holder the owner has not seen (a new owner after a ring change, or a restart) starts from
@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::bucket::Holder;
-use super::{Push, QuotaService, Rate, holder_charge, local_holders};
+use super::{Push, Rate, RlqsService, holder_charge, local_holders};
 use crate::descriptor::Entry;
 
 /// How often a node sends the owners of the buckets its Envoys report what they hold.
@@ -67,7 +67,7 @@ pub(crate) type SyncFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Vec<u64>>, SyncError>> + Send + 'a>>;
 
 /// The peers, as the quota service needs them (the cluster implements it).
-pub(crate) trait QuotaPeers: Send + Sync {
+pub(crate) trait RlqsPeers: Send + Sync {
     /// The owner of the bucket at `key`: `None` when it is this node.
     fn owner(&self, key: &str) -> Option<String>;
     /// Sends `owner` this node's holders of `buckets`; the owner's part for each holder, per
@@ -78,7 +78,7 @@ pub(crate) trait QuotaPeers: Send + Sync {
     fn alone(&self) -> Option<u64>;
 }
 
-impl QuotaService {
+impl RlqsService {
     /// Syncs every [`SYNC_INTERVAL`], and at once when woken, until `stop` completes. Does
     /// nothing without peers.
     pub(crate) async fn run_sync(self: Arc<Self>, stop: impl Future<Output = ()>) {

@@ -30,10 +30,10 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 600, algorithm: token_bucket, burst: 50}
 "#;
 
-fn service(options: QuotaOptions) -> (Arc<QuotaService>, ManualClock) {
+fn service(options: RlqsOptions) -> (Arc<RlqsService>, ManualClock) {
     let cfg = parse_files(&[("q.yaml".into(), CONFIG.into())], &LoadOptions::default()).unwrap();
     let clock = ManualClock::new(Timestamp::from_secs(1_000));
-    let s = QuotaService::new(
+    let s = RlqsService::new(
         ConfigHandle::new(Some(cfg)),
         Arc::new(clock.clone()),
         options,
@@ -58,7 +58,7 @@ fn per_sec(actions: &[Action]) -> Vec<Option<f64>> {
 
 #[test]
 fn buckets_map_to_the_yaml_and_each_rule_to_its_assignment() {
-    let (s, _) = service(QuotaOptions::default());
+    let (s, _) = service(RlqsOptions::default());
     let mut st = s.open();
     let actions = st
         .report(
@@ -104,9 +104,9 @@ fn buckets_map_to_the_yaml_and_each_rule_to_its_assignment() {
 
 #[test]
 fn a_key_order_puts_named_keys_first() {
-    let (s, _) = service(QuotaOptions {
+    let (s, _) = service(RlqsOptions {
         key_order: KeyOrder::new(vec!["tenant".into()]),
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     });
     let mut st = s.open();
     let a = st
@@ -118,7 +118,7 @@ fn a_key_order_puts_named_keys_first() {
 
 #[test]
 fn the_first_report_names_the_domain_and_it_never_changes() {
-    let (s, _) = service(QuotaOptions::default());
+    let (s, _) = service(RlqsOptions::default());
     let mut st = s.open();
     assert_eq!(st.report("", acme(1)), Err(StreamError::NoDomain));
     st.report("rlqs", acme(1)).unwrap();
@@ -132,9 +132,9 @@ fn the_first_report_names_the_domain_and_it_never_changes() {
 
 #[test]
 fn malformed_bucket_ids_are_skipped_and_counted() {
-    let (s, _) = service(QuotaOptions {
+    let (s, _) = service(RlqsOptions {
         max_entries: 2,
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     });
     let mut st = s.open();
     let long = "v".repeat(5_000);
@@ -156,7 +156,7 @@ fn malformed_bucket_ids_are_skipped_and_counted() {
 
 #[test]
 fn two_envoys_split_a_bucket_and_changes_are_pushed_to_the_other() {
-    let (s, clock) = service(QuotaOptions::default());
+    let (s, clock) = service(RlqsOptions::default());
     let (mut a, mut b) = (s.open(), s.open());
     assert_eq!(
         per_sec(&a.report("rlqs", acme(1)).unwrap()),
@@ -191,8 +191,8 @@ fn two_envoys_split_a_bucket_and_changes_are_pushed_to_the_other() {
 #[test]
 fn a_shared_bucket_is_split_a_few_times_a_round_not_on_every_report() {
     const N: usize = 64;
-    let (s, clock) = service(QuotaOptions::default());
-    let mut streams: Vec<QuotaStream> = (0..N).map(|_| s.open()).collect();
+    let (s, clock) = service(RlqsOptions::default());
+    let mut streams: Vec<RlqsStream> = (0..N).map(|_| s.open()).collect();
     for st in &mut streams {
         st.report("rlqs", acme(1)).unwrap();
     }
@@ -230,9 +230,9 @@ fn a_shared_bucket_is_split_a_few_times_a_round_not_on_every_report() {
 
 #[test]
 fn a_closed_stream_keeps_its_part_until_it_expires_then_the_other_gets_it() {
-    let (s, clock) = service(QuotaOptions {
+    let (s, clock) = service(RlqsOptions {
         ttl: Duration::from_secs(3),
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     });
     let mut a = s.open();
     let mut b = s.open();
@@ -263,9 +263,9 @@ fn a_closed_stream_keeps_its_part_until_it_expires_then_the_other_gets_it() {
 
 #[test]
 fn the_ttl_covers_two_reporting_intervals() {
-    let (s, clock) = service(QuotaOptions {
+    let (s, clock) = service(RlqsOptions {
         ttl: Duration::from_secs(2),
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     });
     let mut a = s.open();
     // Unmeasured, the interval is taken to be Envoy 1.39's 5 s.
@@ -278,9 +278,9 @@ fn the_ttl_covers_two_reporting_intervals() {
 
 #[test]
 fn quiet_buckets_are_abandoned_and_their_memory_freed() {
-    let (s, clock) = service(QuotaOptions {
+    let (s, clock) = service(RlqsOptions {
         abandon_idle: Duration::from_secs(5),
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     });
     let mut a = s.open();
     a.report("rlqs", acme(1)).unwrap();
@@ -300,9 +300,9 @@ fn quiet_buckets_are_abandoned_and_their_memory_freed() {
     assert_eq!(pushed[0].assignment, Assignment::Abandon);
     assert_eq!(
         s.gauges(),
-        QuotaGauges {
+        RlqsTables {
             streams: 1,
-            ..QuotaGauges::default()
+            ..RlqsTables::default()
         }
     );
     assert_eq!(s.counters.abandoned.load(Ordering::Relaxed), 1);
@@ -312,9 +312,9 @@ fn quiet_buckets_are_abandoned_and_their_memory_freed() {
 fn past_the_byte_budget_new_buckets_get_no_assignment() {
     let one =
         BUCKET_CHARGE + "rlqs_tenant_acme_".len() + holder_charge(&[Entry::new("tenant", "acme")]);
-    let (s, _) = service(QuotaOptions {
+    let (s, _) = service(RlqsOptions {
         max_bytes: one,
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     });
     let mut a = s.open();
     assert_eq!(a.report("rlqs", acme(1)).unwrap().len(), 1);
@@ -331,10 +331,10 @@ fn past_the_byte_budget_new_buckets_get_no_assignment() {
 
 #[test]
 fn without_a_config_nothing_is_assigned() {
-    let s = Arc::new(QuotaService::new(
+    let s = Arc::new(RlqsService::new(
         ConfigHandle::new(None),
         Arc::new(ManualClock::new(Timestamp::from_secs(1))),
-        QuotaOptions::default(),
+        RlqsOptions::default(),
     ));
     assert!(s.open().report("rlqs", acme(1)).unwrap().is_empty());
 }

@@ -47,7 +47,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 use crate::app::{AppOptions, Backend};
 use crate::cluster::ClusterConfig;
 use crate::config::{ConfigSource, FileLimits, LoadOptions};
-use crate::rlqs::QuotaOptions;
+use crate::rlqs::RlqsOptions;
 use crate::service::{NegativeHits, ServiceOptions};
 use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};
@@ -682,11 +682,11 @@ impl ServeArgs {
         let spoa =
             self.spoa
                 .validate(&[("PORT", http), ("GRPC_PORT", grpc), ("DEBUG_PORT", debug)])?;
-        let quota = self.rlqs.validate(QuotaOptions {
+        let quota = self.rlqs.validate(RlqsOptions {
             shadow_mode: service.shadow_mode,
             max_entries: service.max_entries,
             max_key_bytes: service.max_key_bytes,
-            ..QuotaOptions::default()
+            ..RlqsOptions::default()
         })?;
         let config = ConfigSettings { xds, ..config };
         let app = AppOptions {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::parse::table_bytes;
 use super::{SettingsError, invalid};
-use crate::rlqs::{KeyOrder, QuotaOptions};
+use crate::rlqs::{KeyOrder, RlqsOptions};
 
 /// Raw RLQS settings, flattened into [`super::ServeArgs`].
 #[derive(Clone, Debug, clap::Args)]
@@ -55,7 +55,7 @@ pub struct RlqsArgs {
 impl RlqsArgs {
     /// The service's options; `base` carries the caps and SHADOW_MODE it shares with
     /// ratelimit.v3.
-    pub(super) fn validate(&self, base: QuotaOptions) -> Result<QuotaOptions, SettingsError> {
+    pub(super) fn validate(&self, base: RlqsOptions) -> Result<RlqsOptions, SettingsError> {
         let ttl = self.rlqs_assignment_ttl_secs;
         if !(1..=3_600).contains(&ttl) {
             return Err(invalid(
@@ -80,7 +80,7 @@ impl RlqsArgs {
             self.rlqs_max_bytes,
             (64 << 10, "64 KiB"),
         )?;
-        Ok(QuotaOptions {
+        Ok(RlqsOptions {
             ttl: Duration::from_secs(ttl),
             abandon_idle: Duration::from_secs(idle),
             max_bytes,
@@ -123,17 +123,17 @@ mod tests {
     use super::super::{Cli, ignore_empty_env, parse_with};
     use super::*;
 
-    fn validate(args: &[&str]) -> Result<QuotaOptions, SettingsError> {
+    fn validate(args: &[&str]) -> Result<RlqsOptions, SettingsError> {
         let cmd = ignore_empty_env(Cli::command(), &|_| true);
         let serve = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
             .expect("arguments parse")
             .serve;
-        serve.rlqs.validate(QuotaOptions::default())
+        serve.rlqs.validate(RlqsOptions::default())
     }
 
     #[test]
     fn defaults_and_values() {
-        assert_eq!(validate(&[]).unwrap(), QuotaOptions::default());
+        assert_eq!(validate(&[]).unwrap(), RlqsOptions::default());
         let o = validate(&[
             "--rlqs-assignment-ttl-secs",
             "3",

@@ -26,7 +26,7 @@
 //! The Lease call's asks and grants are converted beside the lease code (`lease/wire.rs`, as
 //! methods of the messages: `LeaseRequest::to_asks`, `LeaseGrant::from`), the Quota call's
 //! buckets beside the quota peers (`super::rlqs_peers`, which answers through
-//! [`QuotaOwner`]), so this module imports neither the lease code nor `crate::rlqs`.
+//! [`RlqsOwner`]), so this module imports neither the lease code nor `crate::rlqs`.
 //!
 //! Whoever reaches the peer port can charge any counter, so with SLUICE_PEER_TLS both the
 //! listener and [`PeerClient`] speak mutual TLS ([`crate::tls::PeerTls`]): only a holder of a
@@ -54,7 +54,7 @@ pub use client::PeerClient;
 pub use error::Call;
 pub(crate) use error::{Malformed, PeerError};
 pub use server::PeerServer;
-pub(crate) use server::{LimitsOwner, QuotaOwner};
+pub(crate) use server::{LimitsOwner, RlqsOwner};
 pub use wire::{
     ApplyRequest, ApplyResponse, FreeRecall, LeaseAsk, LeaseGrant, LeaseRequest, LeaseResponse,
     PeerDecision, PeerHit,

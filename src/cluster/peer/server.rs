@@ -4,7 +4,7 @@
 //! local ones, and relayed to their previous owner while this node joins (a hit relayed to it
 //! is applied here); Lease asks go to this node's lease server (their wire form is
 //! `cluster::lease::wire`); Quota calls go to the Rate Limit Quota Service, through
-//! [`QuotaOwner`] (its wire form is beside the quota peers, `cluster::rlqs_peers`).
+//! [`RlqsOwner`] (its wire form is beside the quota peers, `cluster::rlqs_peers`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -25,7 +25,7 @@ use crate::store::{Hit, StoreError};
 /// The buckets' owner as the `Quota` call reaches it: this node's Rate Limit Quota Service,
 /// which splits each bucket it owns across every node's Envoys. Implemented beside the quota
 /// peers, which hold the call's wire form, so the peer server names no quota type.
-pub trait QuotaOwner: Send + Sync {
+pub trait RlqsOwner: Send + Sync {
     /// The parts of `node`'s holders of `buckets`, one list per bucket; a call past the bounds,
     /// or a rate that is not one, is refused whole (INVALID_ARGUMENT).
     fn answer(
@@ -60,7 +60,7 @@ impl PeerServer {
     pub fn new(
         local: Arc<OwnerStore>,
         clock: Arc<dyn Clock>,
-        quota: Option<Arc<dyn QuotaOwner>>,
+        quota: Option<Arc<dyn RlqsOwner>>,
         limits: Option<Arc<dyn LimitsOwner>>,
     ) -> Self {
         PeerServer {
@@ -78,7 +78,7 @@ impl PeerServer {
 struct Owner {
     local: Arc<OwnerStore>,
     clock: Arc<dyn Clock>,
-    quota: Option<Arc<dyn QuotaOwner>>,
+    quota: Option<Arc<dyn RlqsOwner>>,
     limits: Option<Arc<dyn LimitsOwner>>,
 }
 

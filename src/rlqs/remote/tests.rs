@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::*;
 use crate::clock::{ManualClock, Timestamp};
 use crate::config::{ConfigHandle, LoadOptions, parse_files};
-use crate::rlqs::{Action, QuotaOptions, QuotaStream, Usage};
+use crate::rlqs::{Action, RlqsOptions, RlqsStream, Usage};
 
 const CONFIG: &str = "domain: rlqs\ndescriptors:\n  - key: tenant\n    value: acme\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
 
@@ -16,12 +16,12 @@ const CONFIG: &str = "domain: rlqs\ndescriptors:\n  - key: tenant\n    value: ac
 struct Link {
     me: &'static str,
     owner: &'static str,
-    other: OnceLock<Arc<QuotaService>>,
+    other: OnceLock<Arc<RlqsService>>,
     /// The peers this node knows while it reaches no majority of them; 0: it does.
     alone: AtomicU64,
 }
 
-impl QuotaPeers for Link {
+impl RlqsPeers for Link {
     fn owner(&self, _key: &str) -> Option<String> {
         (self.me != self.owner).then(|| self.owner.to_owned())
     }
@@ -37,12 +37,12 @@ impl QuotaPeers for Link {
 }
 
 /// Node "a" owns the bucket; node "b" syncs with it.
-fn two_nodes(ttl_secs: u64) -> (Arc<QuotaService>, Arc<QuotaService>, ManualClock, Arc<Link>) {
+fn two_nodes(ttl_secs: u64) -> (Arc<RlqsService>, Arc<RlqsService>, ManualClock, Arc<Link>) {
     let cfg = || parse_files(&[("q.yaml".into(), CONFIG.into())], &LoadOptions::default()).unwrap();
     let clock = ManualClock::new(Timestamp::from_secs(1_000));
-    let options = QuotaOptions {
+    let options = RlqsOptions {
         ttl: Duration::from_secs(ttl_secs),
-        ..QuotaOptions::default()
+        ..RlqsOptions::default()
     };
     let node = |me: &'static str| {
         let link = Arc::new(Link {
@@ -52,7 +52,7 @@ fn two_nodes(ttl_secs: u64) -> (Arc<QuotaService>, Arc<QuotaService>, ManualCloc
             alone: AtomicU64::new(0),
         });
         let service = Arc::new(
-            QuotaService::new(
+            RlqsService::new(
                 ConfigHandle::new(Some(cfg())),
                 Arc::new(clock.clone()),
                 options.clone(),
@@ -78,7 +78,7 @@ fn per_sec(actions: &[Action]) -> Vec<Option<f64>> {
     actions.iter().map(|a| a.assignment.per_sec()).collect()
 }
 
-fn report(s: &mut QuotaStream, attempted: u64) -> Vec<Option<f64>> {
+fn report(s: &mut RlqsStream, attempted: u64) -> Vec<Option<f64>> {
     per_sec(&s.report("rlqs", acme(attempted)).unwrap())
 }
 
