@@ -12,10 +12,8 @@
 //! background ([`Held::renewal`]), reporting the attempted demand and what is used, and giving
 //! back what the node holds beyond its need.
 
-use super::server::{
-    Ask, Grant, LeaseTiming, PPM, epoch_of, is_window, rate_milli, same_counter, share_need,
-    window_index, window_left_us,
-};
+use super::server::{Ask, Grant, LeaseTiming, PPM, share_need};
+use super::window::{epoch_of, is_window, rate_milli, same_counter, window_index, window_left_us};
 use crate::limiter::demand::Demand;
 use crate::limiter::{Algorithm, Decision, Quota, bucket};
 

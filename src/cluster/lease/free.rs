@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use dashmap::DashMap;
 
 use super::deadlines::Deadlines;
-use super::server::{window_index, window_left_us};
+use super::window::{window_index, window_left_us};
 use crate::limiter::{Algorithm, Decision, Quota};
 
 /// Parts per million: a permit's share of each limit.

@@ -34,6 +34,7 @@ pub mod free;
 pub mod parent;
 pub(crate) mod parent_link;
 pub(crate) mod server;
+mod window;
 mod wire;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -209,7 +210,7 @@ impl LeaseClient {
         LeaseClient {
             slots: DashMap::default(),
             queue: Mutex::new(Vec::new()),
-            quiet: Deadlines::new(server::micros(timing.renew)),
+            quiet: Deadlines::new(window::micros(timing.renew)),
             changes_seen: AtomicU64::new(0),
             free: None,
             timing,
@@ -222,7 +223,7 @@ impl LeaseClient {
     /// node started at `started_us`, when `timing` gives them a share.
     pub fn with_free_shares(timing: LeaseTiming, started_us: u64) -> Self {
         let free = (timing.free_share_ppm > 0).then(|| {
-            let tick = server::micros(timing.renew);
+            let tick = window::micros(timing.renew);
             FreeShares::new(started_us, timing.duration_us(), tick, timing.max_bytes)
         });
         LeaseClient {
@@ -271,7 +272,7 @@ impl LeaseClient {
         {
             return Route::Forward;
         }
-        let renew = server::micros(self.timing.renew);
+        let renew = window::micros(self.timing.renew);
         // The hot path: a key held under the same quota, decided under the map's read guard
         // with no reference count taken.
         let mut freely = 0;

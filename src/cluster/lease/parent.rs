@@ -29,7 +29,8 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::server::{Capacity, PPM, Summary, epoch_of, is_window, micros, same_counter};
+use super::server::{Capacity, PPM, Summary};
+use super::window::{epoch_of, is_window, micros, same_counter};
 use super::{Ask, Grant};
 use crate::charged::{ChargedMap, lock};
 use crate::limiter::Quota;

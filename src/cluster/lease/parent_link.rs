@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::parent::{ParentView, Upstream};
-use super::server::micros;
+use super::window::micros;
 use super::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::peer::{LeaseAsk, PeerClient, PeerError};

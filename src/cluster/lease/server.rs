@@ -52,6 +52,7 @@
 //! 35: 500 of 300 in the window an owner's 10 s cut healed). A peer lost or added needs no such
 //! rebuild of the keys this node kept serving: no one else granted them.
 
+use super::window::{is_window, micros, rate_milli, same_counter, window_index, window_left_us};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -63,7 +64,6 @@ use smallvec::SmallVec;
 use super::deadlines::Deadlines;
 use super::free::{PermitRecord, Permits};
 use crate::clock::Timestamp;
-use crate::limiter::counter::CounterKind;
 use crate::limiter::share::max_min_fair_into;
 use crate::limiter::{Algorithm, Quota};
 
@@ -181,10 +181,6 @@ impl LeaseTiming {
     pub fn duration_us(&self) -> u64 {
         micros(self.duration)
     }
-}
-
-pub(crate) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// One node's lease on a key.
@@ -672,13 +668,6 @@ impl LeaseServer {
     }
 }
 
-/// Whether two quotas count in one counter ([`CounterKind`]: the same algorithm, a bucket being
-/// token or leaky alike, and the same window length), so that only their limit (rate, burst)
-/// differs: the owner keeps one record for both, as forward mode's owner keeps one counter.
-pub(super) fn same_counter(a: &Quota, b: &Quota) -> bool {
-    CounterKind::of_quota(a) == CounterKind::of_quota(b)
-}
-
 /// The limit a window is held to once an ask naming `asked` comes, `held` being the limit it
 /// was held to: the smallest its asks named. While a reload goes over the nodes, asks with the
 /// old and the new limit interleave; the smaller keeps every window within the larger of the
@@ -686,28 +675,6 @@ pub(super) fn same_counter(a: &Quota, b: &Quota) -> bool {
 /// node asks with it. A raised limit is used from the first window whose asks all name it.
 pub(super) fn window_limit(held: u32, asked: u32) -> u32 {
     held.min(asked)
-}
-
-/// Whether `quota` counts in windows (its lease is an allowance) rather than a bucket (a share).
-pub(super) fn is_window(quota: &Quota) -> bool {
-    matches!(
-        quota.algorithm,
-        Algorithm::FixedWindow | Algorithm::SlidingWindow
-    )
-}
-
-/// The lease epoch at `now_us`: the window index for windows, 0 for buckets.
-pub(super) fn epoch_of(quota: &Quota, now_us: u64) -> u64 {
-    if is_window(quota) {
-        window_index(quota, now_us)
-    } else {
-        0
-    }
-}
-
-/// `quota`'s rate in hits per second, in thousandths (at least 1).
-pub(super) fn rate_milli(quota: &Quota) -> u64 {
-    (u64::from(quota.requests_per_unit) * 1000 / quota.window().secs()).max(1)
 }
 
 /// The bucket share (ppm) a demand of `demand_milli` needs, headroom included: what the owner
@@ -720,20 +687,6 @@ pub(super) fn share_need(demand_milli: u64, quota: &Quota) -> u64 {
             rate_milli: rate_milli(quota),
         },
     )
-}
-
-/// The index of the window containing `now_us`.
-pub(crate) fn window_index(quota: &Quota, now_us: u64) -> u64 {
-    quota.window().index_us(now_us)
-}
-
-/// Microseconds from `now_us` to the end of its window.
-pub(crate) fn window_left_us(quota: &Quota, now_us: u64) -> u64 {
-    let window = quota.window();
-    window
-        .end_us(window.index_us(now_us))
-        .saturating_sub(now_us)
-        .max(1)
 }
 
 impl KeyLeases {

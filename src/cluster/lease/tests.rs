@@ -34,7 +34,7 @@ fn quota(algorithm: Algorithm, limit: u32, unit: Unit, burst: u32) -> Quota {
 fn first_ask(q: Quota, want: u64, demand_milli: u64) -> Ask {
     Ask {
         quota: q,
-        epoch: super::server::epoch_of(&q, T0),
+        epoch: super::window::epoch_of(&q, T0),
         used: 0,
         keep: 0,
         want,
@@ -114,7 +114,7 @@ impl Cluster {
         }
         let held = self.held[node].get_or_insert_with(|| Held::new(asked, now, live));
         let admitted =
-            match held.decide(now, 1, crate::cluster::lease::server::micros(TIMING.renew)) {
+            match held.decide(now, 1, crate::cluster::lease::window::micros(TIMING.renew)) {
                 Local::Decided(d) => !d.over,
                 Local::Wait => false,
                 Local::Acquire(ask) => {
@@ -412,7 +412,7 @@ fn a_rebuilding_owner_takes_what_nodes_report_holding() {
     let now = Timestamp::from_micros(T0);
     let report = Ask {
         quota: q,
-        epoch: super::server::window_index(&q, T0),
+        epoch: super::window::window_index(&q, T0),
         used: 60,
         keep: 70,
         want: 0,
@@ -851,7 +851,7 @@ fn with_no_capacity_set_an_owner_grants_as_it_did() {
         let now = T0 + step * 35_000;
         let node = format!("n{}", step % 3);
         let ask = Ask {
-            epoch: super::server::epoch_of(&q, now),
+            epoch: super::window::epoch_of(&q, now),
             want: step % 7,
             demand_milli: (step % 3 + 1) * 40_000,
             ..first_ask(q, 0, 0)
@@ -938,7 +938,7 @@ fn a_keys_summary_sums_what_its_holders_used_hold_and_ask_for() {
     let q = quota(Algorithm::FixedWindow, 100, Unit::Minute, 0);
     let server = LeaseServer::new(TIMING);
     let now = Timestamp::from_micros(T0);
-    let epoch = super::server::window_index(&q, T0);
+    let epoch = super::window::window_index(&q, T0);
     let report = |used, keep, demand_milli| Ask {
         used,
         keep,
@@ -997,7 +997,7 @@ fn a_rebuilding_owner_caps_its_grants_ahead_too() {
     let server = LeaseServer::new(TIMING);
     let now = Timestamp::from_micros(T0 + 900_000);
     let ask = Ask {
-        epoch: super::server::window_index(&q, now.micros()),
+        epoch: super::window::window_index(&q, now.micros()),
         // 400 a second: 80 over the horizon, within the limit, past an equal share of 50.
         ..first_ask(q, 1, 400_000)
     };
@@ -1007,7 +1007,7 @@ fn a_rebuilding_owner_caps_its_grants_ahead_too() {
     // Once the rebuild is over, the same demand gets more of the next window.
     let later = Timestamp::from_micros(T0 + 3 * S + 900_000);
     let ask = Ask {
-        epoch: super::server::window_index(&q, later.micros()),
+        epoch: super::window::window_index(&q, later.micros()),
         ..ask
     };
     let g = server.answer("a", "k", &ask, later, now, 2);

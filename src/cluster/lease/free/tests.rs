@@ -5,7 +5,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::clock::Timestamp;
 use crate::cluster::lease::client::{Held, Local};
-use crate::cluster::lease::server::{Ask, LeaseServer, LeaseTiming, micros};
+use crate::cluster::lease::server::{Ask, LeaseServer, LeaseTiming};
+use crate::cluster::lease::window::micros;
 use crate::limiter::Unit;
 
 const S: u64 = 1_000_000;
