@@ -67,7 +67,8 @@ impl CapsArgs {
 mod tests {
     use clap::CommandFactory;
 
-    use super::super::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
+    use super::super::cli::{ignore_empty_env, parse_with};
+    use super::super::{Cli, ServeArgs, Settings};
     use super::*;
 
     /// Parses `args` with the environment ignored, as src/settings/mod.rs's tests do.

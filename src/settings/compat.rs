@@ -150,6 +150,8 @@ impl CompatArgs {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::super::tests::{error, parse, settings};
     use super::super::*;
 

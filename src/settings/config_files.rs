@@ -71,7 +71,8 @@ impl ConfigFileArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Cli, ignore_empty_env, parse_with};
+    use super::super::Cli;
+    use super::super::cli::{ignore_empty_env, parse_with};
     use super::*;
     use clap::CommandFactory;
 

@@ -110,7 +110,8 @@ impl PeerTlsArgs {
 mod tests {
     use clap::CommandFactory;
 
-    use crate::settings::{Cli, Settings, SettingsError, ignore_empty_env, parse_with};
+    use crate::settings::cli::{ignore_empty_env, parse_with};
+    use crate::settings::{Cli, Settings, SettingsError};
     use crate::tls::{KeyPairFiles, PeerTlsFiles, PemFile};
 
     /// Settings from `args` alone, whatever the test runner's environment holds.

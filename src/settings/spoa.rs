@@ -3,7 +3,8 @@
 
 use std::net::SocketAddr;
 
-use super::{SettingsError, check_distinct, invalid, resolve_listener};
+use super::parse::in_range_or;
+use super::{SettingsError, check_distinct, resolve_listener};
 use crate::api::spoa::{DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES, MIN_FRAME_BYTES, SpoaOptions};
 
 /// Raw SPOA settings, as typed by the operator.
@@ -42,14 +43,12 @@ impl SpoaArgs {
         &self,
         others: &[(&'static str, SocketAddr)],
     ) -> Result<Option<(SocketAddr, SpoaOptions)>, SettingsError> {
-        let max = self.spoa_max_frame_bytes;
-        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&max) {
-            return Err(invalid(
-                "SLUICE_SPOA_MAX_FRAME_BYTES",
-                max,
-                format!("expected {MIN_FRAME_BYTES} to {MAX_FRAME_BYTES}"),
-            ));
-        }
+        let max = in_range_or(
+            "SLUICE_SPOA_MAX_FRAME_BYTES",
+            self.spoa_max_frame_bytes,
+            &(MIN_FRAME_BYTES..=MAX_FRAME_BYTES),
+            format_args!("expected {MIN_FRAME_BYTES} to {MAX_FRAME_BYTES}"),
+        )?;
         if self.spoa_port == 0 {
             return Ok(None);
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, pairs, parse_go_bool, parse_go_duration};
+use super::parse::{Named, in_range, non_empty, pairs, parse_go_bool, parse_go_duration};
 use super::tls::{key_pair, tls_name};
 use super::{SettingsError, invalid};
 use crate::tls::XdsTlsFiles;
@@ -245,14 +245,11 @@ impl XdsArgs {
                 "must not be shorter than XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
             ));
         }
-        let random_factor = self.xds_client_backoff_random_factor;
-        if !(0.0..=1.0).contains(&random_factor) {
-            return Err(invalid(
-                "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-                random_factor,
-                "must be between 0 and 1",
-            ));
-        }
+        let random_factor = in_range(
+            "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+            self.xds_client_backoff_random_factor,
+            0.0..=1.0,
+        )?;
         Ok(XdsBackoff {
             initial,
             max,
@@ -298,8 +295,8 @@ pub(super) fn xds_tls(
     san: Option<&str>,
 ) -> Result<XdsTlsFiles, SettingsError> {
     let client_identity = key_pair(
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.unwrap_or("")),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.unwrap_or("")),
+        Named::new("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.unwrap_or("")),
+        Named::new("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.unwrap_or("")),
     )?;
     Ok(XdsTlsFiles {
         client_identity,
