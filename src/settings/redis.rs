@@ -3,6 +3,7 @@
 //! ([`super::redis_address`]), the topology, and the REDIS_TLS_* files read and checked. The
 //! store makes redis-rs's connection settings of them.
 
+use std::path::Path;
 use std::time::Duration;
 
 use clap::ArgAction;
@@ -416,7 +417,13 @@ pub(super) fn pool_on_empty(var: &'static str, value: &str) -> Result<(), Settin
 
 impl RedisArgs {
     pub(super) fn validate(self) -> Result<RedisConfig, SettingsError> {
-        let (main, per_second) = self.targets()?;
+        let tls = self.shared_tls()?;
+        let main = target(&self.main_vars(tls.as_ref()))?;
+        let per_second = if self.redis_persecond {
+            Some(target(&self.per_second_vars(tls.as_ref()))?)
+        } else {
+            None
+        };
         let timeout = parse_go_duration(&self.redis_timeout)
             .filter(|d| !d.is_zero())
             .ok_or_else(|| {
@@ -483,68 +490,61 @@ impl RedisArgs {
         Ok(Duration::from_millis(ms))
     }
 
-    /// REDIS_URL's target, and REDIS_PERSECOND_URL's with REDIS_PERSECOND.
-    fn targets(&self) -> Result<(RedisTarget, Option<RedisTarget>), SettingsError> {
-        // One set of files serves both Redis, as in Go (there is no REDIS_PERSECOND_TLS_CACERT).
-        // Without REDIS_TLS they are not read, as in Go.
-        let tls = if self.redis_tls || self.redis_persecond_tls {
-            Some(self.tls()?)
+    /// The REDIS_TLS_* files, read when REDIS_TLS or REDIS_PERSECOND_TLS is on: one set of files
+    /// serves both Redis, as in Go (there is no REDIS_PERSECOND_TLS_CACERT). Without either they
+    /// are not read, as in Go.
+    fn shared_tls(&self) -> Result<Option<RedisTls>, SettingsError> {
+        if self.redis_tls || self.redis_persecond_tls {
+            self.tls().map(Some)
         } else {
-            None
-        };
-        let main = redis_target(
-            ("REDIS_URL", self.redis_url.as_deref()),
-            ("REDIS_SOCKET_TYPE", &self.redis_socket_type),
-            ("REDIS_TYPE", &self.redis_type),
-            (&self.redis_auth, &self.redis_sentinel_auth),
-            ("REDIS_TLS", tls.clone().filter(|_| self.redis_tls)),
-        )?;
-        let main = with_credential_files(
-            main,
-            ("REDIS_AUTH", &self.redis_auth),
-            ("REDIS_AUTH_FILE", self.redis_auth_file.as_deref()),
-            ("REDIS_SENTINEL_AUTH", &self.redis_sentinel_auth),
-            (
+            Ok(None)
+        }
+    }
+
+    /// REDIS_URL's variables.
+    fn main_vars<'a>(&'a self, tls: Option<&'a RedisTls>) -> RedisVars<'a> {
+        RedisVars {
+            url: Named::new("REDIS_URL", self.redis_url.as_deref()),
+            socket_type: Named::new("REDIS_SOCKET_TYPE", self.redis_socket_type.as_str()),
+            redis_type: Named::new("REDIS_TYPE", self.redis_type.as_str()),
+            auth: Named::new("REDIS_AUTH", &self.redis_auth),
+            auth_file: Named::new("REDIS_AUTH_FILE", self.redis_auth_file.as_deref()),
+            sentinel_auth: Named::new("REDIS_SENTINEL_AUTH", &self.redis_sentinel_auth),
+            sentinel_auth_file: Named::new(
                 "REDIS_SENTINEL_AUTH_FILE",
                 self.redis_sentinel_auth_file.as_deref(),
             ),
-        )?;
-        if !self.redis_persecond {
-            return Ok((main, None));
+            tls: Named::new("REDIS_TLS", tls.filter(|_| self.redis_tls)),
         }
-        let per_second = redis_target(
-            ("REDIS_PERSECOND_URL", self.redis_persecond_url.as_deref()),
-            (
+    }
+
+    /// REDIS_PERSECOND_URL's variables.
+    fn per_second_vars<'a>(&'a self, tls: Option<&'a RedisTls>) -> RedisVars<'a> {
+        RedisVars {
+            url: Named::new("REDIS_PERSECOND_URL", self.redis_persecond_url.as_deref()),
+            socket_type: Named::new(
                 "REDIS_PERSECOND_SOCKET_TYPE",
-                &self.redis_persecond_socket_type,
+                self.redis_persecond_socket_type.as_str(),
             ),
-            ("REDIS_PERSECOND_TYPE", &self.redis_persecond_type),
-            (
-                &self.redis_persecond_auth,
-                &self.redis_persecond_sentinel_auth,
-            ),
-            (
-                "REDIS_PERSECOND_TLS",
-                tls.filter(|_| self.redis_persecond_tls),
-            ),
-        )?;
-        let per_second = with_credential_files(
-            per_second,
-            ("REDIS_PERSECOND_AUTH", &self.redis_persecond_auth),
-            (
+            redis_type: Named::new("REDIS_PERSECOND_TYPE", self.redis_persecond_type.as_str()),
+            auth: Named::new("REDIS_PERSECOND_AUTH", &self.redis_persecond_auth),
+            auth_file: Named::new(
                 "REDIS_PERSECOND_AUTH_FILE",
                 self.redis_persecond_auth_file.as_deref(),
             ),
-            (
+            sentinel_auth: Named::new(
                 "REDIS_PERSECOND_SENTINEL_AUTH",
                 &self.redis_persecond_sentinel_auth,
             ),
-            (
+            sentinel_auth_file: Named::new(
                 "REDIS_PERSECOND_SENTINEL_AUTH_FILE",
                 self.redis_persecond_sentinel_auth_file.as_deref(),
             ),
-        )?;
-        Ok((main, Some(per_second)))
+            tls: Named::new(
+                "REDIS_PERSECOND_TLS",
+                tls.filter(|_| self.redis_persecond_tls),
+            ),
+        }
     }
 
     /// The Go service's pool and pipeline settings, which mean nothing to one multiplexed
@@ -635,17 +635,33 @@ impl RedisArgs {
     }
 }
 
+/// One Redis's variables, each with its name: REDIS_* for the main one, REDIS_PERSECOND_* for
+/// the per-second one.
+struct RedisVars<'a> {
+    url: Named<Option<&'a str>>,
+    socket_type: Named<&'a str>,
+    redis_type: Named<&'a str>,
+    auth: Named<&'a Secret>,
+    auth_file: Named<Option<&'a Path>>,
+    sentinel_auth: Named<&'a Secret>,
+    sentinel_auth_file: Named<Option<&'a Path>>,
+    tls: Named<Option<&'a RedisTls>>,
+}
+
+/// One Redis's target, with its credential files.
+fn target(vars: &RedisVars<'_>) -> Result<RedisTarget, SettingsError> {
+    let target = redis_target(vars)?;
+    with_credential_files(target, vars)
+}
+
 /// A target with its credential files: the auth file's for its nodes (a Sentinel group's
 /// master), the sentinel one's for a Sentinel group's sentinels.
 fn with_credential_files(
     mut target: RedisTarget,
-    auth: (&'static str, &Secret),
-    auth_file: (&'static str, Option<&std::path::Path>),
-    sentinel_auth: (&'static str, &Secret),
-    sentinel_file: (&'static str, Option<&std::path::Path>),
+    vars: &RedisVars<'_>,
 ) -> Result<RedisTarget, SettingsError> {
-    let auth = credentials_file(auth, auth_file)?;
-    let sentinel_auth = credentials_file(sentinel_auth, sentinel_file)?;
+    let auth = credentials_file(vars.auth, vars.auth_file)?;
+    let sentinel_auth = credentials_file(vars.sentinel_auth, vars.sentinel_auth_file)?;
     match &mut target.topology {
         RedisTopology::Sentinel {
             master_credentials, ..
@@ -661,14 +677,15 @@ fn with_credential_files(
 /// REDIS_AUTH_FILE (or REDIS_SENTINEL_AUTH_FILE): read once now, so a missing, unreadable or
 /// empty file stops start-up, naming the variable; refused beside the variable it replaces.
 fn credentials_file(
-    (auth_var, auth): (&'static str, &Secret),
-    (file_var, file): (&'static str, Option<&std::path::Path>),
+    auth: Named<&Secret>,
+    file: Named<Option<&Path>>,
 ) -> Result<Credentials, SettingsError> {
-    let Some(path) = file.filter(|p| !p.as_os_str().is_empty()) else {
+    let Some(path) = file.value.filter(|p| !p.as_os_str().is_empty()) else {
         return Ok(Credentials::Fixed);
     };
+    let (auth_var, file_var) = (auth.var, file.var);
     let shown = path.display();
-    if !auth.is_empty() {
+    if !auth.value.is_empty() {
         return Err(invalid(
             file_var,
             shown,
@@ -683,14 +700,11 @@ fn credentials_file(
 ///
 /// As in Go, a cluster's seeds and the sentinels are TCP addresses whatever REDIS_SOCKET_TYPE
 /// says, and REDIS_AUTH is the master's password while REDIS_SENTINEL_AUTH is the sentinels'.
-pub(super) fn redis_target(
-    (url_var, url): (&'static str, Option<&str>),
-    (socket_var, socket_type): (&'static str, &str),
-    (type_var, redis_type): (&'static str, &str),
-    (redis_auth, sentinel_auth): (&Secret, &Secret),
-    (tls_var, tls): (&'static str, Option<RedisTls>),
-) -> Result<RedisTarget, SettingsError> {
-    let Some(url) = url.filter(|u| !u.trim().is_empty()) else {
+fn redis_target(vars: &RedisVars<'_>) -> Result<RedisTarget, SettingsError> {
+    let (url_var, socket_var, tls_var) = (vars.url.var, vars.socket_type.var, vars.tls.var);
+    let (socket_type, redis_auth) = (vars.socket_type.value, vars.auth.value);
+    let tls = vars.tls.value.cloned();
+    let Some(url) = vars.url.value.filter(|u| !u.trim().is_empty()) else {
         return Err(invalid(url_var, "", "required for the Redis backend"));
     };
     let mut items: Vec<&str> = url
@@ -699,9 +713,9 @@ pub(super) fn redis_target(
         .filter(|u| !u.is_empty())
         .collect();
     let topology = topology(
-        (url_var, url),
+        Named::new(url_var, url),
         &mut items,
-        (type_var, redis_type),
+        vars.redis_type,
         redis_auth,
     )?;
     let unix = match socket_type.to_ascii_lowercase().as_str() {
@@ -711,7 +725,7 @@ pub(super) fn redis_target(
     };
     // The items' credentials: the sentinels' for sentinels, else REDIS_AUTH.
     let items_auth = match topology {
-        RedisTopology::Sentinel { .. } => auth(sentinel_auth.expose()),
+        RedisTopology::Sentinel { .. } => auth(vars.sentinel_auth.value.expose()),
         _ => auth(redis_auth.expose()),
     };
     let syntax = NodeSyntax {
@@ -743,11 +757,13 @@ pub(super) fn redis_target(
 
 /// REDIS_TYPE. For a sentinel the first item is the master's name, taken out of `items`.
 fn topology(
-    (url_var, url): (&'static str, &str),
+    url: Named<&str>,
     items: &mut Vec<&str>,
-    (type_var, redis_type): (&'static str, &str),
+    redis_type: Named<&str>,
     redis_auth: &Secret,
 ) -> Result<RedisTopology, SettingsError> {
+    let (url_var, url) = (url.var, url.value);
+    let (type_var, redis_type) = (redis_type.var, redis_type.value);
     match redis_type.to_ascii_lowercase().as_str() {
         "single" => Ok(RedisTopology::Single),
         "cluster" => Ok(RedisTopology::Cluster),
