@@ -293,28 +293,40 @@ pub struct OtlpArgs {
     pub otel_exporter_otlp_metrics_insecure: Option<bool>,
 }
 
-/// Which signals export: TRACING_ENABLED (else OTEL_TRACES_EXPORTER=otlp) and
-/// OTEL_METRICS_EXPORTER=otlp, both off with OTEL_SDK_DISABLED.
-struct Signals {
-    traces: bool,
-    metrics: bool,
+/// One value per signal: whether it exports, its protocol, headers, URL, TLS.
+struct PerSignal<T> {
+    traces: T,
+    metrics: T,
 }
 
 /// One signal's TLS files: the CA to trust and the client certificate with its key.
-type TlsFiles = (Option<PemFile>, Option<KeyPairFiles>);
+struct TlsFiles {
+    ca: Option<PemFile>,
+    identity: Option<KeyPairFiles>,
+}
+
+/// The OTLP exporters that are on: traces, metrics, or neither.
+pub(super) struct OtlpExports {
+    pub(super) tracing: Option<TracingOptions>,
+    pub(super) metrics: Option<MetricsExportOptions>,
+}
+
+/// OTEL_BSP_MAX_QUEUE_SIZE and OTEL_BSP_MAX_EXPORT_BATCH_SIZE (at most the queue).
+struct BatchSizes {
+    max_queue_size: usize,
+    max_batch_size: usize,
+}
 
 impl OtlpArgs {
     /// The OpenTelemetry settings. TRACING_* wins over the matching OTEL_* variable, which is
     /// a fallback, as in envoyproxy/ratelimit. Syntax is checked even when nothing exports,
     /// so a typo shows before someone turns tracing on.
-    pub(super) fn validate(
-        &self,
-    ) -> Result<(Option<TracingOptions>, Option<MetricsExportOptions>), SettingsError> {
+    pub(super) fn validate(&self) -> Result<OtlpExports, SettingsError> {
         let on = self.signals()?;
-        let (traces_protocol, metrics_protocol) = self.protocols()?;
+        let protocol = self.protocols()?;
         let sampling_rate = self.sampling_rate()?;
         let resource = self.resource()?;
-        let (traces_headers, metrics_headers) = self.headers()?;
+        let headers = self.headers()?;
         if self.otel_exporter_otlp_timeout == 0 {
             return Err(invalid(
                 "OTEL_EXPORTER_OTLP_TIMEOUT",
@@ -323,57 +335,63 @@ impl OtlpArgs {
             ));
         }
         let timeout = Duration::from_millis(self.otel_exporter_otlp_timeout);
-        let traces_url = self.endpoint_url(
-            (
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                &self.otel_exporter_otlp_traces_endpoint,
-            ),
-            "/v1/traces",
-            traces_protocol,
-            self.otel_exporter_otlp_traces_insecure,
-        )?;
-        let metrics_url = self.endpoint_url(
-            (
-                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-                &self.otel_exporter_otlp_metrics_endpoint,
-            ),
-            "/v1/metrics",
-            metrics_protocol,
-            self.otel_exporter_otlp_metrics_insecure,
-        )?;
+        let url = PerSignal {
+            traces: self.endpoint_url(
+                Named::new(
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    &self.otel_exporter_otlp_traces_endpoint,
+                ),
+                "/v1/traces",
+                protocol.traces,
+                self.otel_exporter_otlp_traces_insecure,
+            )?,
+            metrics: self.endpoint_url(
+                Named::new(
+                    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                    &self.otel_exporter_otlp_metrics_endpoint,
+                ),
+                "/v1/metrics",
+                protocol.metrics,
+                self.otel_exporter_otlp_metrics_insecure,
+            )?,
+        };
         let (traces_files, metrics_files) = (self.traces_tls_files()?, self.metrics_tls_files()?);
-        let traces_tls = client_tls(on.traces, &traces_url, traces_files)?;
-        let metrics_tls = client_tls(on.metrics, &metrics_url, metrics_files)?;
-        let (max_queue_size, max_batch_size) = self.batch_sizes()?;
+        let tls = PerSignal {
+            traces: client_tls(on.traces, &url.traces, traces_files)?,
+            metrics: client_tls(on.metrics, &url.metrics, metrics_files)?,
+        };
+        let batch = self.batch_sizes()?;
         let tracing = on.traces.then(|| TracingOptions {
             endpoint: Endpoint {
-                protocol: traces_protocol,
-                url: traces_url,
-                tls: traces_tls,
-                headers: traces_headers,
+                protocol: protocol.traces,
+                url: url.traces,
+                tls: tls.traces,
+                headers: headers.traces,
                 timeout,
             },
             sampling_rate,
             resource: resource.clone(),
-            max_queue_size,
-            max_batch_size,
+            max_queue_size: batch.max_queue_size,
+            max_batch_size: batch.max_batch_size,
             schedule_delay: Duration::from_millis(self.otel_bsp_schedule_delay),
         });
         let metrics = on.metrics.then(|| MetricsExportOptions {
             endpoint: Endpoint {
-                protocol: metrics_protocol,
-                url: metrics_url,
-                tls: metrics_tls,
-                headers: metrics_headers,
+                protocol: protocol.metrics,
+                url: url.metrics,
+                tls: tls.metrics,
+                headers: headers.metrics,
                 timeout,
             },
             interval: Duration::from_millis(self.otel_metric_export_interval),
             resource,
         });
-        Ok((tracing, metrics))
+        Ok(OtlpExports { tracing, metrics })
     }
 
-    fn signals(&self) -> Result<Signals, SettingsError> {
+    /// Which signals export: TRACING_ENABLED (else OTEL_TRACES_EXPORTER=otlp) and
+    /// OTEL_METRICS_EXPORTER=otlp, both off with OTEL_SDK_DISABLED.
+    fn signals(&self) -> Result<PerSignal<bool>, SettingsError> {
         let none_or_otlp = |var: &'static str, v: &Option<String>| match v.as_deref() {
             None => Ok(false),
             Some(x) if x.eq_ignore_ascii_case("none") => Ok(false),
@@ -382,14 +400,14 @@ impl OtlpArgs {
         };
         let traces_exporter = none_or_otlp("OTEL_TRACES_EXPORTER", &self.otel_traces_exporter)?;
         let metrics_exporter = none_or_otlp("OTEL_METRICS_EXPORTER", &self.otel_metrics_exporter)?;
-        Ok(Signals {
+        Ok(PerSignal {
             traces: self.tracing_enabled.unwrap_or(traces_exporter) && !self.otel_sdk_disabled,
             metrics: metrics_exporter && !self.otel_sdk_disabled,
         })
     }
 
     /// The traces' and the metrics' protocols; the metrics' defaults to the traces'.
-    fn protocols(&self) -> Result<(Protocol, Protocol), SettingsError> {
+    fn protocols(&self) -> Result<PerSignal<Protocol>, SettingsError> {
         let traces = match (
             &self.tracing_exporter_protocol,
             &self.otel_exporter_otlp_protocol,
@@ -402,7 +420,7 @@ impl OtlpArgs {
             Some(v) => protocol("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", v)?,
             None => traces,
         };
-        Ok((traces, metrics))
+        Ok(PerSignal { traces, metrics })
     }
 
     /// TRACING_SAMPLING_RATE, else what OTEL_TRACES_SAMPLER (and _ARG) mean; 1 by default.
@@ -488,7 +506,7 @@ impl OtlpArgs {
 
     /// The traces' and the metrics' headers: the common OTEL_EXPORTER_OTLP_HEADERS, where the
     /// signal's own list does not set the same header.
-    fn headers(&self) -> Result<(Headers, Headers), SettingsError> {
+    fn headers(&self) -> Result<PerSignal<Headers>, SettingsError> {
         let common = headers(
             "OTEL_EXPORTER_OTLP_HEADERS",
             &self.otel_exporter_otlp_headers,
@@ -510,7 +528,7 @@ impl OtlpArgs {
             "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
             &self.otel_exporter_otlp_metrics_headers,
         )?);
-        Ok((traces, metrics))
+        Ok(PerSignal { traces, metrics })
     }
 
     /// A signal's URL: its own variable as is; else OTEL_EXPORTER_OTLP_ENDPOINT, with the
@@ -518,7 +536,7 @@ impl OtlpArgs {
     /// signal's own OTEL_EXPORTER_OTLP_*_INSECURE, else the common one.
     fn endpoint_url(
         &self,
-        (own_var, own): (&'static str, &Option<String>),
+        own: Named<&Option<String>>,
         path: &str,
         protocol: Protocol,
         insecure: Option<bool>,
@@ -526,8 +544,8 @@ impl OtlpArgs {
         let insecure = insecure
             .or(self.otel_exporter_otlp_insecure)
             .unwrap_or(false);
-        Ok(match (own, &self.otel_exporter_otlp_endpoint) {
-            (Some(u), _) => otlp_url(own_var, u, protocol, insecure)?,
+        Ok(match (own.value, &self.otel_exporter_otlp_endpoint) {
+            (Some(u), _) => otlp_url(own.var, u, protocol, insecure)?,
             (None, Some(base)) => {
                 let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, protocol, insecure)?;
                 match protocol {
@@ -547,31 +565,31 @@ impl OtlpArgs {
     fn traces_tls_files(&self) -> Result<TlsFiles, SettingsError> {
         otlp_tls_files(
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
                     &self.otel_exporter_otlp_traces_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CERTIFICATE",
                     &self.otel_exporter_otlp_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_traces_client_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_client_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
                     &self.otel_exporter_otlp_traces_client_key,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_KEY",
                     &self.otel_exporter_otlp_client_key,
                 ),
@@ -583,31 +601,31 @@ impl OtlpArgs {
     fn metrics_tls_files(&self) -> Result<TlsFiles, SettingsError> {
         otlp_tls_files(
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
                     &self.otel_exporter_otlp_metrics_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CERTIFICATE",
                     &self.otel_exporter_otlp_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_metrics_client_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_client_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
                     &self.otel_exporter_otlp_metrics_client_key,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_KEY",
                     &self.otel_exporter_otlp_client_key,
                 ),
@@ -617,7 +635,7 @@ impl OtlpArgs {
 
     /// OTEL_BSP_MAX_QUEUE_SIZE and _MAX_EXPORT_BATCH_SIZE (at most the queue), checked with
     /// the two export delays.
-    fn batch_sizes(&self) -> Result<(usize, usize), SettingsError> {
+    fn batch_sizes(&self) -> Result<BatchSizes, SettingsError> {
         let queue = non_zero("OTEL_BSP_MAX_QUEUE_SIZE", self.otel_bsp_max_queue_size)?.get();
         let batch = non_zero(
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
@@ -638,7 +656,10 @@ impl OtlpArgs {
                 "must be at least 1 (milliseconds)",
             ));
         }
-        Ok((queue, batch.min(queue)))
+        Ok(BatchSizes {
+            max_queue_size: queue,
+            max_batch_size: batch.min(queue),
+        })
     }
 }
 
@@ -679,13 +700,9 @@ fn headers(var: &'static str, v: &Option<Secret>) -> Result<Headers, SettingsErr
 
 /// A signal's TLS files, read and checked as every TLS client's are, when the signal is on and
 /// its endpoint is `https`; with an `http` endpoint they are not used.
-fn client_tls(
-    used: bool,
-    url: &str,
-    (ca, identity): TlsFiles,
-) -> Result<Option<ClientTls>, SettingsError> {
+fn client_tls(used: bool, url: &str, files: TlsFiles) -> Result<Option<ClientTls>, SettingsError> {
     if used && url.starts_with("https://") {
-        Ok(Some(ClientTls::from_files(ca, identity, None)?))
+        Ok(Some(ClientTls::from_files(files.ca, files.identity, None)?))
     } else {
         Ok(None)
     }
@@ -722,37 +739,34 @@ pub(super) fn otlp_url(
     Ok(url)
 }
 
-/// The first of a signal's own variable and the common one that is set and not empty.
-pub(super) fn first_set<'a>(
-    vars: [(&'static str, &'a Option<String>); 2],
-) -> Option<(usize, &'static str, &'a str)> {
+/// The first of a signal's own variable and the common one that is set and not empty, with
+/// its index in `vars`.
+fn first_set(vars: [Named<&Option<String>>; 2]) -> Option<(usize, Named<&str>)> {
     vars.iter()
         .enumerate()
-        .find_map(|(i, &(var, v))| non_empty(v.as_deref()).map(|v| (i, var, v)))
+        .find_map(|(i, v)| non_empty(v.value.as_deref()).map(|value| (i, Named::new(v.var, value))))
 }
 
 /// One signal's OTLP TLS files, each variable given as `[own, common]` (the signal's own
 /// wins). A client certificate needs its key and the other way round; the variable named as
 /// missing is the one beside the one that is set.
-pub(super) fn otlp_tls_files(
-    ca: [(&'static str, &Option<String>); 2],
-    cert: [(&'static str, &Option<String>); 2],
-    key: [(&'static str, &Option<String>); 2],
+fn otlp_tls_files(
+    ca: [Named<&Option<String>>; 2],
+    cert: [Named<&Option<String>>; 2],
+    key: [Named<&Option<String>>; 2],
 ) -> Result<TlsFiles, SettingsError> {
-    let ca = first_set(ca).map(|(_, var, path)| PemFile::new(var, path));
-    let identity = match (first_set(cert), first_set(key)) {
+    let ca = first_set(ca).map(|(_, set)| PemFile::new(set.var, set.value));
+    let pair = match (first_set(cert), first_set(key)) {
         (None, None) => None,
-        (Some((_, cert_var, c)), Some((_, key_var, k))) => Some((cert_var, c, key_var, k)),
-        (Some((i, cert_var, c)), None) => Some((cert_var, c, key[i].0, "")),
-        (None, Some((i, key_var, k))) => Some((cert[i].0, "", key_var, k)),
+        (Some((_, c)), Some((_, k))) => Some((c, k)),
+        (Some((i, c)), None) => Some((c, Named::new(key[i].var, ""))),
+        (None, Some((i, k))) => Some((Named::new(cert[i].var, ""), k)),
     };
-    let identity = match identity {
+    let identity = match pair {
         None => None,
-        Some((cert_var, c, key_var, k)) => {
-            key_pair_files(Named::new(cert_var, c), Named::new(key_var, k))?
-        }
+        Some((c, k)) => key_pair_files(c, k)?,
     };
-    Ok((ca, identity))
+    Ok(TlsFiles { ca, identity })
 }
 
 #[cfg(test)]

@@ -171,10 +171,10 @@ impl TelemetryArgs {
         } else {
             None
         };
-        let (tracing, otlp_metrics) = self.otlp.validate()?;
+        let otlp = self.otlp.validate()?;
         Ok(TelemetryOptions {
-            tracing,
-            otlp_metrics,
+            tracing: otlp.tracing,
+            otlp_metrics: otlp.metrics,
             statsd,
             stats: crate::telemetry::StatsOptions {
                 enabled: !self.disable_stats,
