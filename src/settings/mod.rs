@@ -35,14 +35,13 @@
 
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand};
 
 use crate::app::{AppOptions, Backend};
-use crate::cluster::ClusterConfig;
 use crate::config::{ConfigSource, FileLimits, LoadOptions};
 use crate::rlqs::QuotaOptions;
 use crate::service::{NegativeHits, ServiceOptions};
@@ -50,6 +49,7 @@ use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};
 use crate::xds::XdsConfig;
 
+mod addrs;
 mod backend;
 pub(crate) mod caps;
 mod cli;
@@ -74,7 +74,8 @@ mod tls;
 mod xds;
 
 pub use self::redis::RedisArgs;
-use backend::backend;
+use addrs::{check_distinct, resolve_listener};
+use backend::{CounterStore, counter_store};
 pub use cli::{parse_cli, parse_cli_from};
 pub use cluster::ClusterArgs;
 pub use compat::CompatArgs;
@@ -83,7 +84,7 @@ pub use listeners::ListenerArgs;
 pub use memcache::MemcacheArgs;
 pub use otlp::OtlpArgs;
 pub use parse::{InvalidBool, parse_go_bool, parse_go_duration};
-use parse::{in_range, non_zero};
+use parse::{Named, in_range, non_zero};
 pub use redis_breaker::RedisBreakerArgs;
 pub use runtime_limits::RuntimeLimitsArgs;
 pub use telemetry::TelemetryArgs;
@@ -616,6 +617,25 @@ pub struct ConfigSettings {
     pub xds: Option<XdsConfig>,
 }
 
+/// The three listeners every Sluice has.
+#[derive(Clone, Copy)]
+struct ListenAddrs {
+    http: SocketAddr,
+    grpc: SocketAddr,
+    debug: SocketAddr,
+}
+
+impl ListenAddrs {
+    /// Each address with the port variable an error about it names.
+    fn named(self) -> [Named<SocketAddr>; 3] {
+        [
+            Named::new("PORT", self.http),
+            Named::new("GRPC_PORT", self.grpc),
+            Named::new("DEBUG_PORT", self.debug),
+        ]
+    }
+}
+
 /// A setting that cannot be used. Every message names the variable and, where there is one, the
 /// offending value, since the operator most likely set it through the environment.
 #[derive(Debug, thiserror::Error)]
@@ -660,11 +680,11 @@ impl ServeArgs {
     /// Check every value and convert it to its typed form. Host names are resolved here, once,
     /// so a name that does not resolve stops startup instead of failing at bind time.
     pub fn validate(self) -> Result<Settings, SettingsError> {
-        let (http, grpc, debug) = self.listen_addrs()?;
+        let ListenAddrs { http, grpc, debug } = self.listen_addrs()?;
         let near_limit_ratio = near_limit_ratio(self.near_limit_ratio)?;
         let grpc_tls = self.grpc_tls.validate()?;
         let headers = self.headers.validate()?;
-        let (backend, cluster) = self.backend_and_cluster(grpc)?;
+        let CounterStore { backend, cluster } = counter_store(&self, grpc)?;
         let config = self.config_settings(&backend)?;
         let peer_tls = self.peer_tls.validate(cluster.is_some())?;
         let grpc_connection_age = self.compat.validate()?;
@@ -681,9 +701,9 @@ impl ServeArgs {
         let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
         let xds = self.xds.validate()?;
         let listener_limits = self.listeners.validate(self.max_request_bytes)?;
-        let spoa =
-            self.spoa
-                .validate(&[("PORT", http), ("GRPC_PORT", grpc), ("DEBUG_PORT", debug)])?;
+        let spoa = self
+            .spoa
+            .validate(&ListenAddrs { http, grpc, debug }.named())?;
         let quota = self.rlqs.validate(QuotaOptions {
             shadow_mode: service.shadow_mode,
             max_entries: service.max_entries,
@@ -711,7 +731,7 @@ impl ServeArgs {
             listener_limits,
             peer_tls: None,
             quota,
-            spoa: spoa.map(|(_, options)| options),
+            spoa: spoa.as_ref().map(|s| s.options),
             runtime_limits: self.runtime_limits.validate()?,
         };
         Ok(Settings {
@@ -722,7 +742,7 @@ impl ServeArgs {
                 grpc_uds,
                 debug,
                 prometheus,
-                spoa: spoa.map(|(addr, _)| addr),
+                spoa: spoa.map(|s| s.addr),
             },
             config,
             log_level,
@@ -750,12 +770,14 @@ impl ServeArgs {
     }
 
     /// HOST:PORT, GRPC_HOST:GRPC_PORT and DEBUG_HOST:DEBUG_PORT, on distinct addresses.
-    fn listen_addrs(&self) -> Result<(SocketAddr, SocketAddr, SocketAddr), SettingsError> {
-        let http = resolve_listener("HOST", &self.host, self.port)?;
-        let grpc = resolve_listener("GRPC_HOST", &self.grpc_host, self.grpc_port)?;
-        let debug = resolve_listener("DEBUG_HOST", &self.debug_host, self.debug_port)?;
-        check_distinct(&[("PORT", http), ("GRPC_PORT", grpc), ("DEBUG_PORT", debug)])?;
-        Ok((http, grpc, debug))
+    fn listen_addrs(&self) -> Result<ListenAddrs, SettingsError> {
+        let addrs = ListenAddrs {
+            http: resolve_listener("HOST", &self.host, self.port)?,
+            grpc: resolve_listener("GRPC_HOST", &self.grpc_host, self.grpc_port)?,
+            debug: resolve_listener("DEBUG_HOST", &self.debug_host, self.debug_port)?,
+        };
+        check_distinct(&addrs.named())?;
+        Ok(addrs)
     }
 
     /// `--config`, else the Go service's runtime layout under RUNTIME_ROOT, else `./config`.
@@ -782,40 +804,6 @@ impl ServeArgs {
             ));
         }
         Ok(Duration::from_millis(config_poll_ms))
-    }
-
-    /// The counter store, and the peer cluster (binding where the gRPC listener does).
-    fn backend_and_cluster(
-        &self,
-        grpc: SocketAddr,
-    ) -> Result<(Backend, Option<ClusterConfig>), SettingsError> {
-        let cluster = self.cluster.validate()?;
-        let write_behind = self.cluster.write_behind(
-            self.backend_type.as_deref(),
-            &self.redis,
-            cluster.as_ref(),
-            self.cache_key_prefix.as_deref().unwrap_or_default(),
-        )?;
-        let backend = match write_behind {
-            // The cluster counts in memory; Redis only keeps the write-behind copy.
-            Some(_) => Backend::Memory,
-            None => backend(
-                self.backend_type.as_deref(),
-                self.redis.clone(),
-                &self.memcache,
-            )?,
-        };
-        let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
-        if let (Backend::Redis(_) | Backend::Memcache(_), Some(_)) = (&backend, &cluster) {
-            return Err(self.cluster.peers_beside_shared_backend(&backend));
-        }
-        let cluster = cluster.map(|mut c| {
-            // The peer listener binds where the gRPC listener does.
-            c.listen = SocketAddr::new(grpc.ip(), self.cluster.peer_port);
-            c.write_behind = write_behind;
-            c
-        });
-        Ok((backend, cluster))
     }
 
     /// The decision's options; `max_key_bytes` (SLUICE_MAX_KEY_BYTES) is checked with the
@@ -878,56 +866,6 @@ fn near_limit_ratio(ratio: f32) -> Result<f32, SettingsError> {
         ));
     }
     Ok(ratio)
-}
-
-/// `host` is an IP literal (IPv6 with or without brackets) or a name resolved now. A name with
-/// several addresses binds the first IPv4 one, as Go's `net.Listen("tcp", ...)` does.
-pub(super) fn resolve_listener(
-    var: &'static str,
-    host: &str,
-    port: u16,
-) -> Result<SocketAddr, SettingsError> {
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
-    }
-    let addrs: Vec<SocketAddr> = (bare, port)
-        .to_socket_addrs()
-        .map_err(|source| SettingsError::Resolve {
-            var,
-            host: host.to_owned(),
-            source,
-        })?
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or_else(|| addrs.first())
-        .copied()
-        .ok_or_else(|| invalid(var, host, "resolves to no addresses"))
-}
-
-/// Two listeners on one address would fail at bind time with a less helpful message. Port 0
-/// is exempt: each bind picks its own port.
-pub(super) fn check_distinct(
-    listeners: &[(&'static str, SocketAddr)],
-) -> Result<(), SettingsError> {
-    for (i, (var, addr)) in listeners.iter().enumerate() {
-        if addr.port() == 0 {
-            continue;
-        }
-        if let Some((other, _)) = listeners[..i].iter().find(|(_, a)| a == addr) {
-            return Err(invalid(
-                var,
-                addr.port(),
-                format!("{addr} is already used by the {other} listener"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// An HTTP field name is a non-empty RFC 9110 token; anything else would be rejected by the

@@ -105,17 +105,17 @@ impl RedisBreakerArgs {
     /// Gives the validated settings to every Redis in use: the backend's and the write-behind's.
     pub(super) fn apply(
         &self,
-        mut backend: Backend,
-        mut write_behind: Option<WriteBehind>,
-    ) -> Result<(Backend, Option<WriteBehind>), SettingsError> {
+        backend: &mut Backend,
+        write_behind: Option<&mut WriteBehind>,
+    ) -> Result<(), SettingsError> {
         let breaker = self.validate()?;
-        if let Backend::Redis(redis) = &mut backend {
+        if let Backend::Redis(redis) = backend {
             redis.breaker = breaker;
         }
-        if let Some(wb) = &mut write_behind {
+        if let Some(wb) = write_behind {
             wb.redis.breaker = breaker;
         }
-        Ok((backend, write_behind))
+        Ok(())
     }
 }
 

@@ -3,8 +3,10 @@
 
 use std::net::SocketAddr;
 
+use super::SettingsError;
+use super::addrs::{check_distinct, resolve_listener};
+use super::parse::Named;
 use super::parse::in_range_or;
-use super::{SettingsError, check_distinct, resolve_listener};
 use crate::api::spoa::{DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES, MIN_FRAME_BYTES, SpoaOptions};
 
 /// Raw SPOA settings, as typed by the operator.
@@ -36,13 +38,19 @@ pub struct SpoaArgs {
     pub spoa_max_frame_bytes: u32,
 }
 
+/// The SPOE agent's listener: where it binds, and its options.
+pub(super) struct SpoaListener {
+    pub(super) addr: SocketAddr,
+    pub(super) options: SpoaOptions,
+}
+
 impl SpoaArgs {
     /// Where the agent listens, with its options; `None` when SPOA_PORT is 0. `others` are the
     /// other listeners, which it must not share an address with.
-    pub fn validate(
+    pub(super) fn validate(
         &self,
-        others: &[(&'static str, SocketAddr)],
-    ) -> Result<Option<(SocketAddr, SpoaOptions)>, SettingsError> {
+        others: &[Named<SocketAddr>],
+    ) -> Result<Option<SpoaListener>, SettingsError> {
         let max = in_range_or(
             "SLUICE_SPOA_MAX_FRAME_BYTES",
             self.spoa_max_frame_bytes,
@@ -54,13 +62,13 @@ impl SpoaArgs {
         }
         let addr = resolve_listener("SPOA_HOST", &self.spoa_host, self.spoa_port)?;
         let mut all = others.to_vec();
-        all.push(("SPOA_PORT", addr));
+        all.push(Named::new("SPOA_PORT", addr));
         check_distinct(&all)?;
-        Ok(Some((
+        Ok(Some(SpoaListener {
             addr,
-            SpoaOptions {
+            options: SpoaOptions {
                 max_frame_bytes: max,
             },
-        )))
+        }))
     }
 }

@@ -6,9 +6,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use clap::ArgAction;
 
+use super::addrs::resolve_listener;
 use super::otlp::OtlpArgs;
 use super::parse::{non_zero, parse_go_bool, parse_go_duration};
-use super::{SettingsError, invalid, resolve_listener};
+use super::{SettingsError, invalid};
 use crate::telemetry::{LogFormat, LogLevel, TelemetryOptions};
 
 /// Accepts what logrus's `ParseLevel` accepts, so existing LOG_LEVEL values keep working.

@@ -177,7 +177,10 @@ impl XdsArgs {
         let node_metadata = pairs(&self.config_grpc_xds_node_metadata, &['='])
             .map_err(|e| invalid("CONFIG_GRPC_XDS_NODE_METADATA", e, "expected key=value"))?;
         let additional_headers = self.additional_headers()?;
-        let (server_uri, tls) = self.server()?;
+        let XdsServer {
+            uri: server_uri,
+            tls,
+        } = self.server()?;
         let connect_retry_interval = positive_duration(
             "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
             &self.config_grpc_xds_server_connect_retry_interval,
@@ -212,8 +215,8 @@ impl XdsArgs {
 
     /// The server's URI for the gRPC client, and its TLS files (with
     /// CONFIG_GRPC_XDS_SERVER_USE_TLS or an `https://` URL).
-    fn server(&self) -> Result<(String, Option<XdsTlsFiles>), SettingsError> {
-        let (target, https) = xds_server_target(&self.config_grpc_xds_server_url)?;
+    fn server(&self) -> Result<XdsServer, SettingsError> {
+        let ServerTarget { target, https } = xds_server_target(&self.config_grpc_xds_server_url)?;
         let tls = if self.config_grpc_xds_server_use_tls || https {
             Some(xds_tls(
                 self.config_grpc_xds_client_tls_cert.as_deref(),
@@ -225,7 +228,10 @@ impl XdsArgs {
             None
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
-        Ok((format!("{scheme}://{target}"), tls))
+        Ok(XdsServer {
+            uri: format!("{scheme}://{target}"),
+            tls,
+        })
     }
 
     /// XDS_CLIENT_BACKOFF_*.
@@ -307,10 +313,23 @@ pub(super) fn xds_tls(
     })
 }
 
+/// The xDS server's URI for the gRPC client, and its TLS files.
+struct XdsServer {
+    uri: String,
+    tls: Option<XdsTlsFiles>,
+}
+
+/// CONFIG_GRPC_XDS_SERVER_URL as a gRPC target.
+struct ServerTarget {
+    /// `host:port`.
+    target: String,
+    /// Whether the URL asked for TLS (`https://`).
+    https: bool,
+}
+
 /// The Go service dials a gRPC target, `host:port`; `http://host:port`, `https://host:port`
-/// and `dns:///host:port` are accepted too. Returns `host:port` and whether the URL asked for
-/// TLS (`https://`).
-pub(super) fn xds_server_target(url: &str) -> Result<(String, bool), SettingsError> {
+/// and `dns:///host:port` are accepted too.
+fn xds_server_target(url: &str) -> Result<ServerTarget, SettingsError> {
     let var = "CONFIG_GRPC_XDS_SERVER_URL";
     let (rest, https) = match url.strip_prefix("https://") {
         Some(rest) => (rest, true),
@@ -330,7 +349,10 @@ pub(super) fn xds_server_target(url: &str) -> Result<(String, bool), SettingsErr
     if !valid {
         return Err(invalid(var, url, "expected host:port"));
     }
-    Ok((target.to_owned(), https))
+    Ok(ServerTarget {
+        target: target.to_owned(),
+        https,
+    })
 }
 
 #[cfg(test)]
