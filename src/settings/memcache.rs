@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{Named, in_range, non_empty, parse_go_bool, parse_go_duration};
+use super::parse::{Named, go_duration, in_range, non_empty, parse_go_bool, parsed};
 use super::redis::RedisArgs;
 use super::tls::key_pair_files;
 use super::{SettingsError, invalid};
@@ -223,19 +223,22 @@ impl MemcacheArgs {
                         "not an SRV name: expected _service._proto.name",
                     ));
                 }
-                let refresh = parse_go_duration(&self.memcache_srv_refresh).ok_or_else(|| {
-                    invalid(
-                        "MEMCACHE_SRV_REFRESH",
-                        &self.memcache_srv_refresh,
-                        "expected a Go duration such as 30s (0: never)",
-                    )
-                })?;
-                let resolver = match non_empty(self.memcache_srv_resolver.as_deref()) {
-                    None => None,
-                    Some(r) => Some(r.parse::<SocketAddr>().map_err(|_| {
-                        invalid("SLUICE_MEMCACHE_SRV_RESOLVER", r, "expected ip:port")
-                    })?),
-                };
+                let refresh = go_duration(
+                    "MEMCACHE_SRV_REFRESH",
+                    &self.memcache_srv_refresh,
+                    "30s (0: never)",
+                )?;
+                let resolver = non_empty(self.memcache_srv_resolver.as_deref())
+                    .map(|r| {
+                        let ip_port = |r: &str| r.parse::<SocketAddr>().ok();
+                        parsed(
+                            "SLUICE_MEMCACHE_SRV_RESOLVER",
+                            r,
+                            ip_port,
+                            "expected ip:port",
+                        )
+                    })
+                    .transpose()?;
                 Ok(MemcacheServers::Srv {
                     name: srv.to_owned(),
                     refresh: (!refresh.is_zero()).then_some(refresh),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{Named, in_range, key_values, non_empty, non_zero, parse_go_bool};
+use super::parse::{Named, in_range, key_values, non_empty, non_zero, parse_go_bool, parsed};
 use super::tls::key_pair_files;
 use super::{SettingsError, header_name, invalid};
 use crate::secret::Secret;
@@ -437,18 +437,12 @@ impl OtlpArgs {
             "traceidratio" | "parentbased_traceidratio" => {
                 match self.otel_traces_sampler_arg.as_deref() {
                     None => Ok(1.0),
-                    Some(arg) => arg
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|r| (0.0..=1.0).contains(r))
-                        .ok_or_else(|| {
-                            invalid(
-                                "OTEL_TRACES_SAMPLER_ARG",
-                                arg,
-                                "must be a number between 0 and 1",
-                            )
-                        }),
+                    Some(arg) => parsed(
+                        "OTEL_TRACES_SAMPLER_ARG",
+                        arg,
+                        |a| a.trim().parse().ok().filter(|r| (0.0..=1.0).contains(r)),
+                        "must be a number between 0 and 1",
+                    ),
                 }
             }
             _ => Err(invalid(

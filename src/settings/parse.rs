@@ -128,6 +128,37 @@ where
     }
 }
 
+/// `value` as `parse` reads it; else an error naming `var` and `value`, with `reason`.
+pub(super) fn parsed<T>(
+    var: &'static str,
+    value: &str,
+    parse: impl FnOnce(&str) -> Option<T>,
+    reason: impl fmt::Display,
+) -> Result<T, SettingsError> {
+    parse(value).ok_or_else(|| invalid(var, value, reason.to_string()))
+}
+
+/// A Go duration; else "expected a Go duration such as {example}".
+pub(super) fn go_duration(
+    var: &'static str,
+    value: &str,
+    example: &str,
+) -> Result<Duration, SettingsError> {
+    let reason = format_args!("expected a Go duration such as {example}");
+    parsed(var, value, parse_go_duration, reason)
+}
+
+/// A Go duration above zero; else "expected a positive Go duration such as {example}".
+pub(super) fn positive_go_duration(
+    var: &'static str,
+    value: &str,
+    example: &str,
+) -> Result<Duration, SettingsError> {
+    let positive = |v: &str| parse_go_duration(v).filter(|d| !d.is_zero());
+    let reason = format_args!("expected a positive Go duration such as {example}");
+    parsed(var, value, positive, reason)
+}
+
 pub(super) fn non_zero(var: &'static str, value: usize) -> Result<NonZeroUsize, SettingsError> {
     NonZeroUsize::new(value).ok_or_else(|| invalid(var, value, "must be greater than 0"))
 }

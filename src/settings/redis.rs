@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::ArgAction;
 
 use super::parse::{
-    MIB, Named, in_range, in_range_or, non_empty, parse_go_bool, parse_go_duration, table_bytes,
+    MIB, Named, go_duration, in_range, in_range_or, non_empty, parse_go_bool, positive_go_duration,
+    table_bytes,
 };
 use super::redis_address::{NodeSyntax, auth};
 use super::tls::key_pair_files;
@@ -424,15 +425,7 @@ impl RedisArgs {
         } else {
             None
         };
-        let timeout = parse_go_duration(&self.redis_timeout)
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| {
-                invalid(
-                    "REDIS_TIMEOUT",
-                    &self.redis_timeout,
-                    "expected a positive Go duration such as 250ms or 1s",
-                )
-            })?;
+        let timeout = positive_go_duration("REDIS_TIMEOUT", &self.redis_timeout, "250ms or 1s")?;
         self.check_pool_settings()?;
         Ok(RedisConfig {
             main,
@@ -550,20 +543,16 @@ impl RedisArgs {
     /// The Go service's pool and pipeline settings, which mean nothing to one multiplexed
     /// connection, are still checked for syntax, and an empty pool may only wait.
     fn check_pool_settings(&self) -> Result<(), SettingsError> {
-        parse_go_duration(&self.redis_pipeline_window).ok_or_else(|| {
-            invalid(
-                "REDIS_PIPELINE_WINDOW",
-                &self.redis_pipeline_window,
-                "expected a Go duration such as 0 or 150us",
-            )
-        })?;
-        parse_go_duration(&self.redis_persecond_pipeline_window).ok_or_else(|| {
-            invalid(
-                "REDIS_PERSECOND_PIPELINE_WINDOW",
-                &self.redis_persecond_pipeline_window,
-                "expected a Go duration such as 0 or 150us",
-            )
-        })?;
+        go_duration(
+            "REDIS_PIPELINE_WINDOW",
+            &self.redis_pipeline_window,
+            "0 or 150us",
+        )?;
+        go_duration(
+            "REDIS_PERSECOND_PIPELINE_WINDOW",
+            &self.redis_persecond_pipeline_window,
+            "0 or 150us",
+        )?;
         pool_on_empty(
             "REDIS_POOL_ON_EMPTY_BEHAVIOR",
             &self.redis_pool_on_empty_behavior,
@@ -576,11 +565,7 @@ impl RedisArgs {
 
     /// REDIS_STARTUP_INITIAL_INTERVAL, _MAX_INTERVAL and _MAX_ELAPSED_TIME.
     fn startup_backoff(&self) -> Result<StartupBackoff, SettingsError> {
-        let positive = |var: &'static str, value: &str| {
-            parse_go_duration(value)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| invalid(var, value, "expected a positive Go duration such as 1s"))
-        };
+        let positive = |var, value| positive_go_duration(var, value, "1s");
         let initial = positive(
             "REDIS_STARTUP_INITIAL_INTERVAL",
             &self.redis_startup_initial_interval,
@@ -599,14 +584,11 @@ impl RedisArgs {
                 ),
             ));
         }
-        let max_elapsed =
-            parse_go_duration(&self.redis_startup_max_elapsed_time).ok_or_else(|| {
-                invalid(
-                    "REDIS_STARTUP_MAX_ELAPSED_TIME",
-                    &self.redis_startup_max_elapsed_time,
-                    "expected a Go duration such as 0 (retry forever) or 5m",
-                )
-            })?;
+        let max_elapsed = go_duration(
+            "REDIS_STARTUP_MAX_ELAPSED_TIME",
+            &self.redis_startup_max_elapsed_time,
+            "0 (retry forever) or 5m",
+        )?;
         Ok(StartupBackoff {
             initial,
             max,

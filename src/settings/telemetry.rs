@@ -8,7 +8,7 @@ use clap::ArgAction;
 
 use super::addrs::resolve_listener;
 use super::otlp::OtlpArgs;
-use super::parse::{non_zero, parse_go_bool, parse_go_duration};
+use super::parse::{non_zero, parse_go_bool, positive_go_duration};
 use super::{SettingsError, invalid};
 use crate::telemetry::{LogFormat, LogLevel, TelemetryOptions};
 
@@ -154,15 +154,8 @@ impl TelemetryArgs {
             ));
         }
         let statsd = if self.use_statsd {
-            let interval = parse_go_duration(&self.stats_flush_interval)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    invalid(
-                        "STATS_FLUSH_INTERVAL",
-                        &self.stats_flush_interval,
-                        "expected a positive Go duration such as 10s",
-                    )
-                })?;
+            let interval =
+                positive_go_duration("STATS_FLUSH_INTERVAL", &self.stats_flush_interval, "10s")?;
             let addr = (self.statsd_host.as_str(), self.statsd_port)
                 .to_socket_addrs()
                 .ok()

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{Named, in_range, non_empty, pairs, parse_go_bool, parse_go_duration};
+use super::parse::{Named, in_range, non_empty, pairs, parse_go_bool, positive_go_duration};
 use super::tls::{key_pair, tls_name};
 use super::{SettingsError, invalid};
 use crate::tls::XdsTlsFiles;
@@ -266,15 +266,7 @@ impl XdsArgs {
 }
 
 fn positive_duration(var: &'static str, value: &str) -> Result<Duration, SettingsError> {
-    parse_go_duration(value)
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            invalid(
-                var,
-                value,
-                "expected a positive Go duration such as 500ms or 3s",
-            )
-        })
+    positive_go_duration(var, value, "500ms or 3s")
 }
 
 /// gRPC metadata keys are lower case (Go's `metadata.New` lower-cases them too); binary
