@@ -72,14 +72,11 @@ impl ConfigFileArgs {
 #[cfg(test)]
 mod tests {
     use super::super::Cli;
-    use super::super::cli::{ignore_empty_env, parse_with};
+    use super::super::tests::parse;
     use super::*;
-    use clap::CommandFactory;
 
     fn cli(args: &[&str]) -> Cli {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse")
+        parse(args).expect("arguments parse")
     }
 
     fn limits(args: &[&str]) -> Result<FileLimits, SettingsError> {

@@ -108,20 +108,8 @@ impl PeerTlsArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
-    use crate::settings::cli::{ignore_empty_env, parse_with};
-    use crate::settings::{Cli, Settings, SettingsError};
+    use crate::settings::tests::settings;
     use crate::tls::{KeyPairFiles, PeerTlsFiles, PemFile};
-
-    /// Settings from `args` alone, whatever the test runner's environment holds.
-    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse")
-            .serve
-            .validate()
-    }
 
     fn error(args: &[&str]) -> String {
         settings(args).expect_err("refused").to_string()

@@ -122,17 +122,7 @@ impl RedisBreakerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::cli::{ignore_empty_env, parse_with};
-    use crate::settings::{Cli, ServeArgs, Settings};
-    use clap::CommandFactory;
-
-    /// Parsed with the environment ignored, as the tests in `settings/mod.rs` do.
-    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        let cli = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse");
-        ServeArgs::validate(cli.serve)
-    }
+    use crate::settings::tests::{parse, settings};
 
     fn redis(extra: &[&str]) -> BreakerSettings {
         let mut args = vec!["--backend-type", "redis", "--redis-url", "localhost:6379"];
@@ -227,13 +217,9 @@ mod tests {
     fn redis_health_check_active_connection_is_a_go_bool_and_no_longer_refused() {
         assert!(redis(&["--redis-health-check-active-connection=true"]).health_follows_connection);
         assert!(!redis(&["--redis-health-check-active-connection=0"]).health_follows_connection);
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        let err = parse_with(
-            cmd,
-            ["sluice", "--redis-health-check-active-connection=yes"],
-        )
-        .expect_err("not a Go bool")
-        .to_string();
+        let err = parse(&["--redis-health-check-active-connection=yes"])
+            .expect_err("not a Go bool")
+            .to_string();
         assert!(
             err.contains("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"),
             "{err}"

@@ -118,18 +118,11 @@ pub fn key_order(value: &str) -> Result<KeyOrder, SettingsError> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
-    use super::super::Cli;
-    use super::super::cli::{ignore_empty_env, parse_with};
+    use super::super::tests::serve;
     use super::*;
 
     fn validate(args: &[&str]) -> Result<QuotaOptions, SettingsError> {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        let serve = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse")
-            .serve;
-        serve.rlqs.validate(QuotaOptions::default())
+        serve(args).rlqs.validate(QuotaOptions::default())
     }
 
     #[test]
