@@ -1,7 +1,7 @@
 //! Parsing helpers every settings file shares: Go's booleans and durations, "unset or empty",
-//! non-zero counts, bounded values, a value beside the variable it came from, and the
-//! `key=value` lists whose values are percent-decoded by the one
-//! strict decoder ([`crate::percent`]).
+//! non-zero counts, a value parsed or bounded with an error naming its variable ([`parsed`],
+//! [`in_range`]), a value beside the variable it came from ([`Named`]), and the `key=value`
+//! lists whose values are percent-decoded by the one strict decoder ([`crate::percent`]).
 
 use std::fmt;
 use std::num::NonZeroUsize;
