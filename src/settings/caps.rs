@@ -67,16 +67,9 @@ impl CapsArgs {
 mod tests {
     use clap::CommandFactory;
 
-    use super::super::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
+    use super::super::tests::serve;
+    use super::super::{Cli, Settings};
     use super::*;
-
-    /// Parses `args` with the environment ignored, as src/settings/mod.rs's tests do.
-    fn serve(args: &[&str]) -> ServeArgs {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse")
-            .serve
-    }
 
     fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
         serve(args).validate()

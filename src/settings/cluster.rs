@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{MIB, parse_go_bool, table_bytes};
+use super::parse::{MIB, in_range, parse_go_bool, table_bytes};
 use super::redis::RedisArgs;
 use super::{SettingsError, invalid};
 use crate::app::Backend;
@@ -334,14 +334,11 @@ impl ClusterArgs {
                 format!("must be between SLUICE_LEASE_RENEW_MS ({renew_floor}) and 10000"),
             ));
         }
-        let timeout_ms = self.lease_parent_timeout_ms;
-        if !(1..=60_000).contains(&timeout_ms) {
-            return Err(invalid(
-                "SLUICE_LEASE_PARENT_TIMEOUT_MS",
-                timeout_ms,
-                "must be between 1 and 60000",
-            ));
-        }
+        let timeout_ms = in_range(
+            "SLUICE_LEASE_PARENT_TIMEOUT_MS",
+            self.lease_parent_timeout_ms,
+            1..=60_000,
+        )?;
         Ok(ParentTiming {
             renew: Duration::from_millis(renew_ms),
             timeout: Duration::from_millis(timeout_ms),
@@ -382,13 +379,7 @@ impl ClusterArgs {
     /// SLUICE_LEASE_RENEW_MS, SLUICE_LEASE_DURATION_MS and SLUICE_LEASE_MAX_BYTES.
     fn lease_timing(&self) -> Result<LeaseTiming, SettingsError> {
         let (renew, duration) = (self.lease_renew_ms, self.lease_duration_ms);
-        if !(10..=10_000).contains(&renew) {
-            return Err(invalid(
-                "SLUICE_LEASE_RENEW_MS",
-                renew,
-                "must be between 10 and 10000",
-            ));
-        }
+        in_range("SLUICE_LEASE_RENEW_MS", renew, 10..=10_000)?;
         if duration < 2 * renew || duration > 600_000 {
             return Err(invalid(
                 "SLUICE_LEASE_DURATION_MS",
@@ -514,13 +505,7 @@ impl ClusterArgs {
                 "the write-behind copy goes to REDIS_URL only; unset REDIS_PERSECOND",
             ));
         }
-        if !(10..=60_000).contains(&interval_ms) {
-            return Err(invalid(
-                "SLUICE_PEER_WRITE_BEHIND_MS",
-                interval_ms,
-                "must be between 10 and 60000",
-            ));
-        }
+        in_range("SLUICE_PEER_WRITE_BEHIND_MS", interval_ms, 10..=60_000)?;
         Ok(Some(WriteBehind {
             redis: redis.clone().validate()?,
             interval: Duration::from_millis(interval_ms),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, parse_go_bool, parse_go_duration};
+use super::parse::{go_duration, non_empty, parse_go_bool};
 use super::{SettingsError, invalid};
 
 /// envoyproxy/ratelimit variables Sluice either implements outside the groups above or
@@ -131,10 +131,7 @@ impl CompatArgs {
                 "not supported: Sluice sends plain statsd (USE_STATSD); unset it",
             ));
         }
-        let duration = |var: &'static str, value: &str| {
-            parse_go_duration(value)
-                .ok_or_else(|| invalid(var, value, "expected a Go duration such as 1h or 30m"))
-        };
+        let duration = |var, value| go_duration(var, value, "1h or 30m");
         let max_age = duration("GRPC_MAX_CONNECTION_AGE", &self.grpc_max_connection_age)?;
         let grace = duration(
             "GRPC_MAX_CONNECTION_AGE_GRACE",
@@ -150,6 +147,8 @@ impl CompatArgs {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::super::tests::{error, parse, settings};
     use super::super::*;
 

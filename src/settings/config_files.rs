@@ -71,14 +71,12 @@ impl ConfigFileArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Cli, ignore_empty_env, parse_with};
+    use super::super::Cli;
+    use super::super::tests::parse;
     use super::*;
-    use clap::CommandFactory;
 
     fn cli(args: &[&str]) -> Cli {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse")
+        parse(args).expect("arguments parse")
     }
 
     fn limits(args: &[&str]) -> Result<FileLimits, SettingsError> {

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, parse_go_bool, parse_go_duration};
+use super::parse::{Named, go_duration, in_range, non_empty, parse_go_bool, parsed};
 use super::redis::RedisArgs;
-use super::tls::key_pair;
+use super::tls::key_pair_files;
 use super::{SettingsError, invalid};
 use crate::store::memcache::{MemcacheConfig, MemcacheServers, MemcacheTls, split_host_port};
 use crate::store::redis::BreakerSettings;
@@ -149,21 +149,16 @@ pub struct MemcacheArgs {
 impl MemcacheArgs {
     /// The memcache backend's settings; `cache` holds the settings shared with Redis.
     pub(super) fn validate(&self, cache: &RedisArgs) -> Result<MemcacheConfig, SettingsError> {
-        let timeout_ms = self.memcache_timeout_ms;
-        if !(1..=60_000).contains(&timeout_ms) {
-            return Err(invalid(
-                "SLUICE_MEMCACHE_TIMEOUT_MS",
-                timeout_ms,
-                "must be between 1 and 60000",
-            ));
-        }
-        if !(1..=65_536).contains(&self.memcache_max_pending) {
-            return Err(invalid(
-                "SLUICE_MEMCACHE_MAX_PENDING",
-                self.memcache_max_pending,
-                "must be between 1 and 65536",
-            ));
-        }
+        let timeout_ms = in_range(
+            "SLUICE_MEMCACHE_TIMEOUT_MS",
+            self.memcache_timeout_ms,
+            1..=60_000,
+        )?;
+        in_range(
+            "SLUICE_MEMCACHE_MAX_PENDING",
+            self.memcache_max_pending,
+            1..=65_536,
+        )?;
         let conns = match usize::try_from(self.memcache_max_idle_conns) {
             Ok(0) | Err(_) => GO_DEFAULT_MAX_IDLE_CONNS,
             Ok(n) if n > MAX_CONNS => {
@@ -228,19 +223,22 @@ impl MemcacheArgs {
                         "not an SRV name: expected _service._proto.name",
                     ));
                 }
-                let refresh = parse_go_duration(&self.memcache_srv_refresh).ok_or_else(|| {
-                    invalid(
-                        "MEMCACHE_SRV_REFRESH",
-                        &self.memcache_srv_refresh,
-                        "expected a Go duration such as 30s (0: never)",
-                    )
-                })?;
-                let resolver = match non_empty(self.memcache_srv_resolver.as_deref()) {
-                    None => None,
-                    Some(r) => Some(r.parse::<SocketAddr>().map_err(|_| {
-                        invalid("SLUICE_MEMCACHE_SRV_RESOLVER", r, "expected ip:port")
-                    })?),
-                };
+                let refresh = go_duration(
+                    "MEMCACHE_SRV_REFRESH",
+                    &self.memcache_srv_refresh,
+                    "30s (0: never)",
+                )?;
+                let resolver = non_empty(self.memcache_srv_resolver.as_deref())
+                    .map(|r| {
+                        let ip_port = |r: &str| r.parse::<SocketAddr>().ok();
+                        parsed(
+                            "SLUICE_MEMCACHE_SRV_RESOLVER",
+                            r,
+                            ip_port,
+                            "expected ip:port",
+                        )
+                    })
+                    .transpose()?;
                 Ok(MemcacheServers::Srv {
                     name: srv.to_owned(),
                     refresh: (!refresh.is_zero()).then_some(refresh),
@@ -252,11 +250,11 @@ impl MemcacheArgs {
 
     fn breaker(&self) -> Result<BreakerSettings, SettingsError> {
         super::redis_breaker::breaker_settings(
-            (
+            Named::new(
                 "SLUICE_MEMCACHE_PROBE_INTERVAL_MS",
                 self.memcache_probe_interval_ms,
             ),
-            (
+            Named::new(
                 "SLUICE_MEMCACHE_BREAKER_TIMEOUTS",
                 self.memcache_breaker_timeouts,
             ),
@@ -266,21 +264,24 @@ impl MemcacheArgs {
 
     /// MEMCACHE_TLS's files, read and checked now; not read without MEMCACHE_TLS, as in Go.
     fn tls(&self) -> Result<Option<MemcacheTls>, SettingsError> {
-        use crate::tls::{ClientTls, KeyPairFiles, PemFile};
+        use crate::tls::{ClientTls, PemFile};
         if !self.memcache_tls {
             return Ok(None);
         }
-        let identity = key_pair(
-            ("MEMCACHE_TLS_CLIENT_CERT", &self.memcache_tls_client_cert),
-            ("MEMCACHE_TLS_CLIENT_KEY", &self.memcache_tls_client_key),
+        let identity = key_pair_files(
+            Named::new(
+                "MEMCACHE_TLS_CLIENT_CERT",
+                self.memcache_tls_client_cert.as_str(),
+            ),
+            Named::new(
+                "MEMCACHE_TLS_CLIENT_KEY",
+                self.memcache_tls_client_key.as_str(),
+            ),
         )?;
         let client = ClientTls::from_files(
             non_empty(Some(&self.memcache_tls_cacert))
                 .map(|p| PemFile::new("MEMCACHE_TLS_CACERT", p)),
-            identity.map(|(cert, key)| KeyPairFiles {
-                cert: PemFile::new("MEMCACHE_TLS_CLIENT_CERT", cert),
-                key: PemFile::new("MEMCACHE_TLS_CLIENT_KEY", key),
-            }),
+            identity,
             None,
         )?;
         Ok(Some(MemcacheTls {

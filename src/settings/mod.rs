@@ -33,19 +33,15 @@
 //! app's options ([`AppOptions`]) and what `main` does before it builds the app. Nothing outside
 //! `main` imports this module.
 
-use std::ffi::OsString;
 use std::fmt;
 use std::io;
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::Resettable;
-use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
+use clap::{ArgAction, Parser, Subcommand};
 
 use crate::app::{AppOptions, Backend};
-use crate::cluster::ClusterConfig;
 use crate::config::{ConfigSource, FileLimits, LoadOptions};
 use crate::rlqs::RlqsOptions;
 use crate::service::{NegativeHits, ServiceOptions};
@@ -53,7 +49,10 @@ use crate::telemetry::{LogFormat, LogLevel};
 use crate::tls::{GrpcTlsFiles, PeerTlsFiles};
 use crate::xds::XdsConfig;
 
+mod addrs;
+mod backend;
 pub(crate) mod caps;
+mod cli;
 mod cluster;
 mod compat;
 mod config_files;
@@ -75,14 +74,16 @@ mod tls;
 mod xds;
 
 pub(crate) use self::redis::RedisArgs;
-use self::redis::backend;
+use addrs::{check_distinct, resolve_listener};
+use backend::{CounterStore, counter_store};
+pub use cli::{parse_cli, parse_cli_from};
 pub(crate) use cluster::ClusterArgs;
 pub(crate) use compat::CompatArgs;
 pub use env_names::TOOL_VARIABLES;
 pub(crate) use listeners::ListenerArgs;
 pub(crate) use memcache::MemcacheArgs;
-use parse::non_zero;
 pub(crate) use parse::parse_go_bool;
+use parse::{Named, in_range, non_zero};
 pub(crate) use redis_breaker::RedisBreakerArgs;
 pub(crate) use telemetry::TelemetryArgs;
 use telemetry::{log_format, log_level};
@@ -614,6 +615,25 @@ pub struct ConfigSettings {
     pub xds: Option<XdsConfig>,
 }
 
+/// The three listeners every Sluice has.
+#[derive(Clone, Copy)]
+struct ListenAddrs {
+    http: SocketAddr,
+    grpc: SocketAddr,
+    debug: SocketAddr,
+}
+
+impl ListenAddrs {
+    /// Each address with the port variable an error about it names.
+    fn named(self) -> [Named<SocketAddr>; 3] {
+        [
+            Named::new("PORT", self.http),
+            Named::new("GRPC_PORT", self.grpc),
+            Named::new("DEBUG_PORT", self.debug),
+        ]
+    }
+}
+
 /// A setting that cannot be used. Every message names the variable and, where there is one, the
 /// offending value, since the operator most likely set it through the environment.
 #[derive(Debug, thiserror::Error)]
@@ -658,11 +678,11 @@ impl ServeArgs {
     /// Check every value and convert it to its typed form. Host names are resolved here, once,
     /// so a name that does not resolve stops startup instead of failing at bind time.
     pub fn validate(self) -> Result<Settings, SettingsError> {
-        let (http, grpc, debug) = self.listen_addrs()?;
+        let ListenAddrs { http, grpc, debug } = self.listen_addrs()?;
         let near_limit_ratio = near_limit_ratio(self.near_limit_ratio)?;
         let grpc_tls = self.grpc_tls.validate()?;
         let headers = self.headers.validate()?;
-        let (backend, cluster) = self.backend_and_cluster(grpc)?;
+        let CounterStore { backend, cluster } = counter_store(&self, grpc)?;
         let config = self.config_settings(&backend)?;
         let peer_tls = self.peer_tls.validate(cluster.is_some())?;
         let grpc_connection_age = self.compat.validate()?;
@@ -679,9 +699,9 @@ impl ServeArgs {
         let max_request_bytes = non_zero("SLUICE_MAX_REQUEST_BYTES", self.max_request_bytes)?.get();
         let xds = self.xds.validate()?;
         let listener_limits = self.listeners.validate(self.max_request_bytes)?;
-        let spoa =
-            self.spoa
-                .validate(&[("PORT", http), ("GRPC_PORT", grpc), ("DEBUG_PORT", debug)])?;
+        let spoa = self
+            .spoa
+            .validate(&ListenAddrs { http, grpc, debug }.named())?;
         let quota = self.rlqs.validate(RlqsOptions {
             shadow_mode: service.shadow_mode,
             max_entries: service.max_entries,
@@ -709,7 +729,7 @@ impl ServeArgs {
             listener_limits,
             peer_tls: None,
             quota,
-            spoa: spoa.map(|(_, options)| options),
+            spoa: spoa.as_ref().map(|s| s.options),
             runtime_limits: self.runtime_limits.validate()?,
         };
         Ok(Settings {
@@ -720,7 +740,7 @@ impl ServeArgs {
                 grpc_uds,
                 debug,
                 prometheus,
-                spoa: spoa.map(|(addr, _)| addr),
+                spoa: spoa.map(|s| s.addr),
             },
             config,
             log_level,
@@ -748,12 +768,14 @@ impl ServeArgs {
     }
 
     /// HOST:PORT, GRPC_HOST:GRPC_PORT and DEBUG_HOST:DEBUG_PORT, on distinct addresses.
-    fn listen_addrs(&self) -> Result<(SocketAddr, SocketAddr, SocketAddr), SettingsError> {
-        let http = resolve_listener("HOST", &self.host, self.port)?;
-        let grpc = resolve_listener("GRPC_HOST", &self.grpc_host, self.grpc_port)?;
-        let debug = resolve_listener("DEBUG_HOST", &self.debug_host, self.debug_port)?;
-        check_distinct(&[("PORT", http), ("GRPC_PORT", grpc), ("DEBUG_PORT", debug)])?;
-        Ok((http, grpc, debug))
+    fn listen_addrs(&self) -> Result<ListenAddrs, SettingsError> {
+        let addrs = ListenAddrs {
+            http: resolve_listener("HOST", &self.host, self.port)?,
+            grpc: resolve_listener("GRPC_HOST", &self.grpc_host, self.grpc_port)?,
+            debug: resolve_listener("DEBUG_HOST", &self.debug_host, self.debug_port)?,
+        };
+        check_distinct(&addrs.named())?;
+        Ok(addrs)
     }
 
     /// `--config`, else the Go service's runtime layout under RUNTIME_ROOT, else `./config`.
@@ -771,14 +793,7 @@ impl ServeArgs {
 
     /// SLUICE_CONFIG_POLL_MS, checked with SLUICE_SWEEP_INTERVAL_SECS (both timers).
     fn poll_interval(&self) -> Result<Duration, SettingsError> {
-        let config_poll_ms = self.config_poll_ms;
-        if !(10..=60_000).contains(&config_poll_ms) {
-            return Err(invalid(
-                "SLUICE_CONFIG_POLL_MS",
-                config_poll_ms,
-                "must be between 10 and 60000",
-            ));
-        }
+        let config_poll_ms = in_range("SLUICE_CONFIG_POLL_MS", self.config_poll_ms, 10..=60_000)?;
         if self.sweep_interval_secs == 0 {
             return Err(invalid(
                 "SLUICE_SWEEP_INTERVAL_SECS",
@@ -787,40 +802,6 @@ impl ServeArgs {
             ));
         }
         Ok(Duration::from_millis(config_poll_ms))
-    }
-
-    /// The counter store, and the peer cluster (binding where the gRPC listener does).
-    fn backend_and_cluster(
-        &self,
-        grpc: SocketAddr,
-    ) -> Result<(Backend, Option<ClusterConfig>), SettingsError> {
-        let cluster = self.cluster.validate()?;
-        let write_behind = self.cluster.write_behind(
-            self.backend_type.as_deref(),
-            &self.redis,
-            cluster.as_ref(),
-            self.cache_key_prefix.as_deref().unwrap_or_default(),
-        )?;
-        let backend = match write_behind {
-            // The cluster counts in memory; Redis only keeps the write-behind copy.
-            Some(_) => Backend::Memory,
-            None => backend(
-                self.backend_type.as_deref(),
-                self.redis.clone(),
-                &self.memcache,
-            )?,
-        };
-        let (backend, write_behind) = self.redis_breaker.apply(backend, write_behind)?;
-        if let (Backend::Redis(_) | Backend::Memcache(_), Some(_)) = (&backend, &cluster) {
-            return Err(self.cluster.peers_beside_shared_backend(&backend));
-        }
-        let cluster = cluster.map(|mut c| {
-            // The peer listener binds where the gRPC listener does.
-            c.listen = SocketAddr::new(grpc.ip(), self.cluster.peer_port);
-            c.write_behind = write_behind;
-            c
-        });
-        Ok((backend, cluster))
     }
 
     /// The decision's options; `max_key_bytes` (SLUICE_MAX_KEY_BYTES) is checked with the
@@ -885,56 +866,6 @@ fn near_limit_ratio(ratio: f32) -> Result<f32, SettingsError> {
     Ok(ratio)
 }
 
-/// `host` is an IP literal (IPv6 with or without brackets) or a name resolved now. A name with
-/// several addresses binds the first IPv4 one, as Go's `net.Listen("tcp", ...)` does.
-pub(super) fn resolve_listener(
-    var: &'static str,
-    host: &str,
-    port: u16,
-) -> Result<SocketAddr, SettingsError> {
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, port));
-    }
-    let addrs: Vec<SocketAddr> = (bare, port)
-        .to_socket_addrs()
-        .map_err(|source| SettingsError::Resolve {
-            var,
-            host: host.to_owned(),
-            source,
-        })?
-        .collect();
-    addrs
-        .iter()
-        .find(|a| a.is_ipv4())
-        .or_else(|| addrs.first())
-        .copied()
-        .ok_or_else(|| invalid(var, host, "resolves to no addresses"))
-}
-
-/// Two listeners on one address would fail at bind time with a less helpful message. Port 0
-/// is exempt: each bind picks its own port.
-pub(super) fn check_distinct(
-    listeners: &[(&'static str, SocketAddr)],
-) -> Result<(), SettingsError> {
-    for (i, (var, addr)) in listeners.iter().enumerate() {
-        if addr.port() == 0 {
-            continue;
-        }
-        if let Some((other, _)) = listeners[..i].iter().find(|(_, a)| a == addr) {
-            return Err(invalid(
-                var,
-                addr.port(),
-                format!("{addr} is already used by the {other} listener"),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// An HTTP field name is a non-empty RFC 9110 token; anything else would be rejected by the
 /// HTTP library only when the first response is built.
 fn header_name(var: &'static str, name: String) -> Result<String, SettingsError> {
@@ -943,129 +874,6 @@ fn header_name(var: &'static str, name: String) -> Result<String, SettingsError>
         return Err(invalid(var, name, "not a valid HTTP header name"));
     }
     Ok(name)
-}
-
-/// Parse `args` (including the program name) and the process environment. A `SLUICE_*`
-/// variable that is no setting is an error naming the closest one ([`env_names`]).
-///
-/// On a bad value for a flag that has an environment variable, the message names both, e.g.
-/// `invalid value 'abc' for PORT (--port): invalid digit found in string`, because clap cannot
-/// tell which of the two the value came from and operators of the Go service think in variables.
-/// `--help` and `--version` also come back as errors; `err.exit()` prints them correctly.
-pub fn parse_cli_from<I, T>(args: I) -> Result<Cli, clap::Error>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<OsString> + Clone,
-{
-    let mut cmd = ignore_empty_env(Cli::command(), &|name| {
-        std::env::var_os(name).is_some_and(|v| v.is_empty())
-    });
-    let settings = setting_variables(&Cli::command());
-    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
-    let unknown = env_names::unknown_sluice_variables(
-        // Empty counts as unset, for these as for the settings.
-        std::env::vars_os()
-            .filter(|(_, value)| !value.is_empty())
-            .map(|(name, _)| name),
-        &settings,
-    );
-    if !unknown.is_empty() {
-        let message = unknown.join("\n");
-        return Err(clap::Error::raw(ErrorKind::UnknownArgument, message).format(&mut cmd));
-    }
-    parse_with(cmd, args)
-}
-
-/// Every environment variable a flag of `cmd` or of its subcommands reads.
-fn setting_variables(cmd: &clap::Command) -> Vec<String> {
-    let own = cmd
-        .get_arguments()
-        .filter_map(|a| a.get_env())
-        .map(|name| name.to_string_lossy().into_owned());
-    let nested: Vec<String> = cmd.get_subcommands().flat_map(setting_variables).collect();
-    own.chain(nested).collect()
-}
-
-/// [`parse_cli_from`] on this process's own arguments.
-pub fn parse_cli() -> Result<Cli, clap::Error> {
-    parse_cli_from(std::env::args_os())
-}
-
-fn parse_with<I, T>(mut cmd: clap::Command, args: I) -> Result<Cli, clap::Error>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<OsString> + Clone,
-{
-    let matches = cmd
-        .try_get_matches_from_mut(args)
-        .map_err(|err| name_env_var(err, &mut cmd))?;
-    Cli::from_arg_matches(&matches).map_err(|err| err.format(&mut cmd))
-}
-
-/// clap has already read each variable when the command was built; an empty one would then be
-/// parsed as an empty value (an error for numbers). Dropping the variable from such arguments
-/// makes empty mean unset, at the cost of its `[env: ...]` note in `--help`.
-fn ignore_empty_env(cmd: clap::Command, is_empty: &dyn Fn(&str) -> bool) -> clap::Command {
-    let subcommands: Vec<String> = cmd
-        .get_subcommands()
-        .map(|s| s.get_name().to_owned())
-        .collect();
-    let mut cmd = cmd.mut_args(|arg| {
-        let empty = arg
-            .get_env()
-            .and_then(|name| name.to_str())
-            .is_some_and(is_empty);
-        if empty {
-            arg.env(Resettable::Reset)
-        } else {
-            arg
-        }
-    });
-    for name in subcommands {
-        cmd = cmd.mut_subcommand(name, |sub| ignore_empty_env(sub, is_empty));
-    }
-    cmd
-}
-
-/// Rewrite a value error to name the environment variable of the argument, if it has one.
-/// The variable is looked up in a freshly built command, so it is found even when
-/// [`ignore_empty_env`] removed it from `cmd`.
-fn name_env_var(err: clap::Error, cmd: &mut clap::Command) -> clap::Error {
-    if err.kind() != ErrorKind::ValueValidation {
-        return err;
-    }
-    let (Some(ContextValue::String(arg)), Some(ContextValue::String(value))) = (
-        err.get(ContextKind::InvalidArg),
-        err.get(ContextKind::InvalidValue),
-    ) else {
-        return err;
-    };
-    // clap renders the argument as `--port <PORT>` or `--shadow-mode[=<BOOL>]`.
-    let flag = arg
-        .split([' ', '=', '['])
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    let Some(long) = flag.strip_prefix("--") else {
-        return err;
-    };
-    let Some(var) = env_var_of(&Cli::command(), long) else {
-        return err;
-    };
-    let reason = std::error::Error::source(&err)
-        .map(|source| source.to_string())
-        .unwrap_or_else(|| "invalid value".to_owned());
-    let message = format!("invalid value '{value}' for {var} ({flag}): {reason}");
-    clap::Error::raw(ErrorKind::ValueValidation, message).format(cmd)
-}
-
-fn env_var_of(cmd: &clap::Command, long: &str) -> Option<String> {
-    let own = cmd
-        .get_arguments()
-        .find(|a| a.get_long() == Some(long))
-        .and_then(|a| a.get_env())
-        .map(|name| name.to_string_lossy().into_owned());
-    own.or_else(|| cmd.get_subcommands().find_map(|s| env_var_of(s, long)))
 }
 
 /// The integration tests' throw-away CA, for the REDIS_TLS_* files.
@@ -1085,474 +893,4 @@ fn load_options(merge_domain_config: bool, calendar_month: bool, backend: &Backe
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::service::HeaderNames;
-
-    /// Parse with every environment variable ignored, so tests see only their own arguments
-    /// whatever the environment of the test runner holds.
-    pub(super) fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-    }
-
-    pub(super) fn serve(args: &[&str]) -> ServeArgs {
-        let cli = parse(args).expect("arguments parse");
-        assert!(cli.command.is_none());
-        cli.serve
-    }
-
-    pub(super) fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
-        serve(args).validate()
-    }
-
-    pub(super) fn error(args: &[&str]) -> String {
-        settings(args)
-            .expect_err("settings are invalid")
-            .to_string()
-    }
-
-    #[test]
-    fn cli_is_well_formed() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn negative_hits_are_applied_where_counted_by_default_or_always() {
-        let service = |args: &[&str]| settings(args).unwrap().app.service;
-        assert_eq!(service(&[]).negative_hits, NegativeHits::Counted);
-        assert_eq!(
-            service(&["--negative-hits", "always"]).negative_hits,
-            NegativeHits::Always
-        );
-        assert_eq!(
-            error(&["--negative-hits", "never"]),
-            "SLUICE_NEGATIVE_HITS=never: expected counted or always"
-        );
-    }
-
-    #[test]
-    fn defaults_match_the_go_service() {
-        let s = settings(&[]).unwrap();
-        assert_eq!(s.addrs.http, "0.0.0.0:8080".parse().unwrap());
-        assert_eq!(s.addrs.grpc, "0.0.0.0:8081".parse().unwrap());
-        assert_eq!(s.addrs.debug, "0.0.0.0:6070".parse().unwrap());
-        assert_eq!(
-            s.config.source,
-            ConfigSource::Path(PathBuf::from("./config"))
-        );
-        assert!(!s.config.load.merge_domain_config);
-        assert!(!s.config.force_start);
-        assert!(!s.app.require_config_for_health);
-        assert!(!s.app.service.shadow_mode);
-        assert!(!s.app.service.quota_mode);
-        assert!(!s.app.service.dynamic_metadata);
-        assert_eq!(s.app.telemetry.stats.near_limit_ratio, 0.8);
-        assert_eq!(s.app.service.cache_key_prefix, "");
-        assert_eq!(s.app.service.response_headers, None);
-        assert_eq!(s.log_level, LogLevel::Warn);
-        assert_eq!(s.log_format, LogFormat::Text);
-        assert_eq!(s.app.backend, Backend::Memory);
-        assert_eq!(s.app.max_counters, 1_000_000);
-        assert_eq!(s.app.service.max_descriptors, 64);
-        assert_eq!(s.app.service.max_entries, 32);
-        assert_eq!(s.app.max_request_bytes, 65536);
-        assert_eq!(s.config.poll_interval, Duration::from_millis(500));
-        assert_eq!(s.app.sweep_interval, Duration::from_secs(10));
-        assert_eq!(s.app.drain_timeout, Duration::from_secs(15));
-
-        let raw = serve(&[]);
-        assert!(raw.runtime_watch_root);
-        assert!(!raw.runtime_ignoredotfiles);
-    }
-
-    #[test]
-    fn bools_parse_like_go_strconv() {
-        for spelling in ["1", "t", "T", "TRUE", "true", "True"] {
-            let arg = format!("--shadow-mode={spelling}");
-            assert!(
-                settings(&[&arg]).unwrap().app.service.shadow_mode,
-                "{spelling}"
-            );
-        }
-        for spelling in ["0", "f", "F", "FALSE", "false", "False"] {
-            let arg = format!("--runtime-watch-root={spelling}");
-            assert!(!serve(&[&arg]).runtime_watch_root, "{spelling}");
-        }
-        for spelling in ["yes", "on", "tRuE", "", " true"] {
-            let arg = format!("--quota-mode={spelling}");
-            let err = parse(&[&arg]).expect_err(spelling).to_string();
-            assert!(err.contains("QUOTA_MODE (--quota-mode)"), "{err}");
-            assert!(
-                err.contains("strconv") || err.contains("expected one of"),
-                "{err}"
-            );
-        }
-    }
-
-    #[test]
-    fn bare_bool_flag_means_true_and_does_not_swallow_the_next_argument() {
-        let s = settings(&["--shadow-mode", "--quota-mode", "--port", "9000"]).unwrap();
-        assert!(s.app.service.shadow_mode && s.app.service.quota_mode);
-        assert_eq!(s.addrs.http.port(), 9000);
-
-        let cli = parse(&["--merge-domain-config", "check-config", "x.yaml"]).unwrap();
-        assert!(cli.serve.merge_domain_config);
-        assert!(matches!(cli.command, Some(Command::CheckConfig { .. })));
-    }
-
-    #[test]
-    fn bad_port_names_the_variable() {
-        let err = parse(&["--port", "abc"]).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::ValueValidation);
-        let text = err.to_string();
-        assert!(
-            text.contains("invalid value 'abc' for PORT (--port): invalid digit found in string"),
-            "{text}"
-        );
-
-        let text = parse(&["--grpc-port=70000"]).unwrap_err().to_string();
-        assert!(
-            text.contains("invalid value '70000' for GRPC_PORT (--grpc-port)"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn non_value_errors_are_left_alone() {
-        let err = parse(&["--no-such-flag"]).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::UnknownArgument);
-    }
-
-    #[test]
-    fn listeners_accept_ips_names_and_port_zero() {
-        let s = settings(&[
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--grpc-host",
-            "::1",
-            "--grpc-port",
-            "0",
-            "--debug-host",
-            "localhost",
-            "--debug-port",
-            "0",
-        ])
-        .unwrap();
-        assert_eq!(s.addrs.http, "127.0.0.1:0".parse().unwrap());
-        assert_eq!(s.addrs.grpc, "[::1]:0".parse().unwrap());
-        assert!(s.addrs.debug.ip().is_loopback(), "{}", s.addrs.debug);
-
-        let s = settings(&["--grpc-host", "[::]"]).unwrap();
-        assert_eq!(s.addrs.grpc, "[::]:8081".parse().unwrap());
-    }
-
-    #[test]
-    fn unresolvable_host_names_the_variable() {
-        let err = error(&["--grpc-host", "no such host.invalid"]);
-        assert!(err.starts_with("GRPC_HOST=no such host.invalid: "), "{err}");
-    }
-
-    #[test]
-    fn listeners_on_one_address_are_rejected() {
-        let err = error(&["--grpc-port", "8080"]);
-        assert_eq!(
-            err,
-            "GRPC_PORT=8080: 0.0.0.0:8080 is already used by the PORT listener"
-        );
-        // Port 0 never clashes.
-        settings(&["--port", "0", "--grpc-port", "0", "--debug-port", "0"]).unwrap();
-    }
-
-    #[test]
-    fn config_flag_wins_over_runtime_root() {
-        let s = settings(&["--config", "/etc/sluice", "--runtime-root", "/srv/rt"]).unwrap();
-        assert_eq!(
-            s.config.source,
-            ConfigSource::Path(PathBuf::from("/etc/sluice"))
-        );
-
-        let s = settings(&[
-            "--runtime-root",
-            "/srv/rt",
-            "--runtime-subdirectory",
-            "ratelimit",
-        ])
-        .unwrap();
-        assert_eq!(
-            s.config.source,
-            ConfigSource::Runtime {
-                root: PathBuf::from("/srv/rt"),
-                subdirectory: "ratelimit".to_owned(),
-                app_directory: "config".to_owned(),
-            }
-        );
-
-        let s = settings(&[
-            "--runtime-root",
-            "/srv/rt",
-            "--runtime-appdirectory",
-            "limits",
-        ])
-        .unwrap();
-        assert_eq!(
-            s.config.source,
-            ConfigSource::Runtime {
-                root: PathBuf::from("/srv/rt"),
-                subdirectory: String::new(),
-                app_directory: "limits".to_owned(),
-            }
-        );
-    }
-
-    #[test]
-    fn near_limit_ratio_must_be_in_zero_one() {
-        assert_eq!(
-            error(&["--near-limit-ratio", "1.5"]),
-            "NEAR_LIMIT_RATIO=1.5: must be greater than 0 and at most 1"
-        );
-        assert!(error(&["--near-limit-ratio", "0"]).starts_with("NEAR_LIMIT_RATIO=0:"));
-        assert!(error(&["--near-limit-ratio", "NaN"]).starts_with("NEAR_LIMIT_RATIO=NaN:"));
-        assert_eq!(
-            settings(&["--near-limit-ratio", "1"])
-                .unwrap()
-                .app
-                .telemetry
-                .stats
-                .near_limit_ratio,
-            1.0
-        );
-    }
-
-    #[test]
-    fn response_headers_are_named_only_when_enabled() {
-        let s = settings(&["--limit-response-headers-enabled=true"]).unwrap();
-        assert_eq!(
-            s.app.service.response_headers,
-            Some(HeaderNames {
-                limit: "RateLimit-Limit".to_owned(),
-                remaining: "RateLimit-Remaining".to_owned(),
-                reset: "RateLimit-Reset".to_owned(),
-            })
-        );
-        assert_eq!(
-            error(&["--limit-reset-header", "Rate Limit"]),
-            "LIMIT_RESET_HEADER=Rate Limit: not a valid HTTP header name"
-        );
-        assert!(error(&["--limit-limit-header", ""]).starts_with("LIMIT_LIMIT_HEADER=:"));
-    }
-
-    #[test]
-    fn sluice_limits_are_checked() {
-        assert_eq!(
-            error(&["--max-counters", "0"]),
-            "SLUICE_MAX_COUNTERS=0: must be greater than 0"
-        );
-        assert!(error(&["--max-request-bytes", "0"]).starts_with("SLUICE_MAX_REQUEST_BYTES=0:"));
-        assert!(error(&["--config-poll-ms", "9"]).starts_with("SLUICE_CONFIG_POLL_MS=9:"));
-        assert!(error(&["--config-poll-ms", "60001"]).starts_with("SLUICE_CONFIG_POLL_MS=60001:"));
-        assert!(
-            error(&["--sweep-interval-secs", "0"]).starts_with("SLUICE_SWEEP_INTERVAL_SECS=0:")
-        );
-        let s = settings(&["--config-poll-ms", "10", "--drain-timeout-secs", "0"]).unwrap();
-        assert_eq!(s.config.poll_interval, Duration::from_millis(10));
-        assert_eq!(s.app.drain_timeout, Duration::ZERO);
-    }
-
-    #[test]
-    fn help_shows_each_variable() {
-        // Join wrapped lines: a narrow terminal may break `[env:` from the name.
-        let help = Cli::command().render_help().to_string();
-        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
-        for var in [
-            "HOST",
-            "PORT",
-            "GRPC_HOST",
-            "GRPC_PORT",
-            "DEBUG_HOST",
-            "DEBUG_PORT",
-            "SLUICE_CONFIG",
-            "RUNTIME_ROOT",
-            "RUNTIME_SUBDIRECTORY",
-            "RUNTIME_APPDIRECTORY",
-            "RUNTIME_WATCH_ROOT",
-            "RUNTIME_IGNOREDOTFILES",
-            "MERGE_DOMAIN_CONFIG",
-            "FORCE_START_WITHOUT_INITIAL_CONFIG",
-            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-            "SHADOW_MODE",
-            "QUOTA_MODE",
-            "RESPONSE_DYNAMIC_METADATA",
-            "NEAR_LIMIT_RATIO",
-            "CACHE_KEY_PREFIX",
-            "LIMIT_RESPONSE_HEADERS_ENABLED",
-            "LIMIT_LIMIT_HEADER",
-            "LIMIT_REMAINING_HEADER",
-            "LIMIT_RESET_HEADER",
-            "LOG_LEVEL",
-            "LOG_FORMAT",
-            "BACKEND_TYPE",
-            "SLUICE_MAX_COUNTERS",
-            "SLUICE_MAX_DESCRIPTORS",
-            "SLUICE_MAX_ENTRIES",
-            "SLUICE_MAX_REQUEST_BYTES",
-            "SLUICE_CONFIG_POLL_MS",
-            "SLUICE_SWEEP_INTERVAL_SECS",
-            "SLUICE_DRAIN_TIMEOUT_SECS",
-            "PEERS",
-            "SLUICE_PEER_WRITE_BEHIND",
-            "SLUICE_PEER_WRITE_BEHIND_MS",
-            "CONFIG_TYPE",
-            "CONFIG_GRPC_XDS_NODE_ID",
-            "CONFIG_GRPC_XDS_SERVER_URL",
-            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-            "GRPC_SERVER_USE_TLS",
-            "GRPC_SERVER_TLS_CERT",
-            "GRPC_SERVER_TLS_KEY",
-            "GRPC_CLIENT_TLS_CACERT",
-            "GRPC_CLIENT_TLS_SAN",
-            "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-            "USE_PROMETHEUS",
-            "PROMETHEUS_ADDR",
-            "PROMETHEUS_PATH",
-            "DISABLE_STATS",
-            "SLUICE_MAX_STAT_KEYS",
-            "USE_STATSD",
-            "STATSD_HOST",
-            "STATSD_PORT",
-            "STATS_FLUSH_INTERVAL",
-        ] {
-            assert!(
-                help.contains(&format!("[env: {var}=")),
-                "{var} missing:\n{help}"
-            );
-        }
-        assert!(help.contains("[env: REDIS_URL="), "{help}");
-        // Secrets are never echoed back from the environment.
-        assert!(help.contains("[env: REDIS_AUTH]"), "{help}");
-        assert!(help.contains("[env: REDIS_SENTINEL_AUTH]"), "{help}");
-        assert!(help.contains("[env: REDIS_TLS_CLIENT_CERT="), "{help}");
-        assert!(help.contains("check-config"), "{help}");
-    }
-
-    #[test]
-    fn help_and_version_come_back_as_clap_errors() {
-        let err = parse(&["--help"]).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::DisplayHelp);
-        assert!(err.to_string().contains("--grpc-port"));
-        assert_eq!(
-            parse(&["--version"]).unwrap_err().kind(),
-            ErrorKind::DisplayVersion
-        );
-    }
-
-    #[test]
-    fn check_config_subcommand_parses() {
-        let cli = parse(&["check-config", "/etc/ratelimit/config"]).unwrap();
-        match cli.command {
-            Some(Command::CheckConfig {
-                path,
-                merge_domain_config,
-                strict_envoy,
-                rlqs,
-            }) => {
-                assert_eq!(path, PathBuf::from("/etc/ratelimit/config"));
-                assert!(!merge_domain_config);
-                assert!(!strict_envoy);
-                assert!(!rlqs);
-            }
-            other => panic!("not check-config: {other:?}"),
-        }
-
-        let cli = parse(&["check-config", "--merge-domain-config=T", "x.yaml"]).unwrap();
-        assert!(matches!(
-            cli.command,
-            Some(Command::CheckConfig {
-                merge_domain_config: true,
-                ..
-            })
-        ));
-
-        let cli = parse(&["check-config", "--strict-envoy", "x.yaml"]).unwrap();
-        assert!(matches!(
-            cli.command,
-            Some(Command::CheckConfig {
-                strict_envoy: true,
-                merge_domain_config: false,
-                ..
-            })
-        ));
-
-        assert_eq!(
-            parse(&["check-config"]).unwrap_err().kind(),
-            ErrorKind::MissingRequiredArgument
-        );
-        let err = parse(&["check-config", "--merge-domain-config=yes", "x"])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("invalid value 'yes' for MERGE_DOMAIN_CONFIG (--merge-domain-config)"),
-            "{err}"
-        );
-    }
-
-    /// Each subsystem owns its configuration type and the settings build it, so the
-    /// dependencies point one way: no module but `main` imports the settings (doc comments may
-    /// still name them).
-    #[test]
-    fn no_module_but_main_imports_the_settings() {
-        fn rust_files(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let path = entry.unwrap().path();
-                if path.is_dir() {
-                    rust_files(&path, out);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    out.push(path);
-                }
-            }
-        }
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        rust_files(&src, &mut files);
-        let mut importers = Vec::new();
-        for path in files {
-            let rel = path.strip_prefix(&src).unwrap();
-            if rel.starts_with("settings") || rel == std::path::Path::new("main.rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap();
-            for (n, line) in text.lines().enumerate() {
-                let code = line.split("//").next().unwrap_or_default();
-                if code.contains("crate::settings") || code.contains("sluice::settings") {
-                    importers.push(format!("src/{}:{}", rel.display(), n + 1));
-                }
-            }
-        }
-        assert_eq!(importers, Vec::<String>::new());
-    }
-
-    #[test]
-    fn empty_variables_are_dropped_and_others_kept() {
-        let cmd = ignore_empty_env(Cli::command(), &|name| name == "PORT");
-        let env_of = |long: &str| {
-            cmd.get_arguments()
-                .find(|a| a.get_long() == Some(long))
-                .and_then(|a| a.get_env())
-                .map(|v| v.to_owned())
-        };
-        assert_eq!(env_of("port"), None);
-        assert_eq!(env_of("grpc-port"), Some("GRPC_PORT".into()));
-        let sub = cmd.find_subcommand("check-config").unwrap();
-        assert!(sub.get_arguments().any(|a| a.get_env().is_some()));
-
-        let cmd = ignore_empty_env(Cli::command(), &|name| name == "MERGE_DOMAIN_CONFIG");
-        let sub = cmd.find_subcommand("check-config").unwrap();
-        assert!(sub.get_arguments().all(|a| a.get_env().is_none()));
-    }
-}
+mod tests;

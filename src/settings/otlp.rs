@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{key_values, non_empty, non_zero, parse_go_bool};
-use super::tls::key_pair;
+use super::parse::{Named, in_range, key_values, non_empty, non_zero, parse_go_bool, parsed};
+use super::tls::key_pair_files;
 use super::{SettingsError, header_name, invalid};
 use crate::secret::Secret;
 use crate::telemetry::otlp::{self, Endpoint, MetricsExportOptions, Protocol, TracingOptions};
@@ -293,28 +293,40 @@ pub struct OtlpArgs {
     pub otel_exporter_otlp_metrics_insecure: Option<bool>,
 }
 
-/// Which signals export: TRACING_ENABLED (else OTEL_TRACES_EXPORTER=otlp) and
-/// OTEL_METRICS_EXPORTER=otlp, both off with OTEL_SDK_DISABLED.
-struct Signals {
-    traces: bool,
-    metrics: bool,
+/// One value per signal: whether it exports, its protocol, headers, URL, TLS.
+struct PerSignal<T> {
+    traces: T,
+    metrics: T,
 }
 
 /// One signal's TLS files: the CA to trust and the client certificate with its key.
-type TlsFiles = (Option<PemFile>, Option<KeyPairFiles>);
+struct TlsFiles {
+    ca: Option<PemFile>,
+    identity: Option<KeyPairFiles>,
+}
+
+/// The OTLP exporters that are on: traces, metrics, or neither.
+pub(super) struct OtlpExports {
+    pub(super) tracing: Option<TracingOptions>,
+    pub(super) metrics: Option<MetricsExportOptions>,
+}
+
+/// OTEL_BSP_MAX_QUEUE_SIZE and OTEL_BSP_MAX_EXPORT_BATCH_SIZE (at most the queue).
+struct BatchSizes {
+    max_queue_size: usize,
+    max_batch_size: usize,
+}
 
 impl OtlpArgs {
     /// The OpenTelemetry settings. TRACING_* wins over the matching OTEL_* variable, which is
     /// a fallback, as in envoyproxy/ratelimit. Syntax is checked even when nothing exports,
     /// so a typo shows before someone turns tracing on.
-    pub(super) fn validate(
-        &self,
-    ) -> Result<(Option<TracingOptions>, Option<MetricsExportOptions>), SettingsError> {
+    pub(super) fn validate(&self) -> Result<OtlpExports, SettingsError> {
         let on = self.signals()?;
-        let (traces_protocol, metrics_protocol) = self.protocols()?;
+        let protocol = self.protocols()?;
         let sampling_rate = self.sampling_rate()?;
         let resource = self.resource()?;
-        let (traces_headers, metrics_headers) = self.headers()?;
+        let headers = self.headers()?;
         if self.otel_exporter_otlp_timeout == 0 {
             return Err(invalid(
                 "OTEL_EXPORTER_OTLP_TIMEOUT",
@@ -323,57 +335,63 @@ impl OtlpArgs {
             ));
         }
         let timeout = Duration::from_millis(self.otel_exporter_otlp_timeout);
-        let traces_url = self.endpoint_url(
-            (
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                &self.otel_exporter_otlp_traces_endpoint,
-            ),
-            "/v1/traces",
-            traces_protocol,
-            self.otel_exporter_otlp_traces_insecure,
-        )?;
-        let metrics_url = self.endpoint_url(
-            (
-                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-                &self.otel_exporter_otlp_metrics_endpoint,
-            ),
-            "/v1/metrics",
-            metrics_protocol,
-            self.otel_exporter_otlp_metrics_insecure,
-        )?;
+        let url = PerSignal {
+            traces: self.endpoint_url(
+                Named::new(
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    &self.otel_exporter_otlp_traces_endpoint,
+                ),
+                "/v1/traces",
+                protocol.traces,
+                self.otel_exporter_otlp_traces_insecure,
+            )?,
+            metrics: self.endpoint_url(
+                Named::new(
+                    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                    &self.otel_exporter_otlp_metrics_endpoint,
+                ),
+                "/v1/metrics",
+                protocol.metrics,
+                self.otel_exporter_otlp_metrics_insecure,
+            )?,
+        };
         let (traces_files, metrics_files) = (self.traces_tls_files()?, self.metrics_tls_files()?);
-        let traces_tls = client_tls(on.traces, &traces_url, traces_files)?;
-        let metrics_tls = client_tls(on.metrics, &metrics_url, metrics_files)?;
-        let (max_queue_size, max_batch_size) = self.batch_sizes()?;
+        let tls = PerSignal {
+            traces: client_tls(on.traces, &url.traces, traces_files)?,
+            metrics: client_tls(on.metrics, &url.metrics, metrics_files)?,
+        };
+        let batch = self.batch_sizes()?;
         let tracing = on.traces.then(|| TracingOptions {
             endpoint: Endpoint {
-                protocol: traces_protocol,
-                url: traces_url,
-                tls: traces_tls,
-                headers: traces_headers,
+                protocol: protocol.traces,
+                url: url.traces,
+                tls: tls.traces,
+                headers: headers.traces,
                 timeout,
             },
             sampling_rate,
             resource: resource.clone(),
-            max_queue_size,
-            max_batch_size,
+            max_queue_size: batch.max_queue_size,
+            max_batch_size: batch.max_batch_size,
             schedule_delay: Duration::from_millis(self.otel_bsp_schedule_delay),
         });
         let metrics = on.metrics.then(|| MetricsExportOptions {
             endpoint: Endpoint {
-                protocol: metrics_protocol,
-                url: metrics_url,
-                tls: metrics_tls,
-                headers: metrics_headers,
+                protocol: protocol.metrics,
+                url: url.metrics,
+                tls: tls.metrics,
+                headers: headers.metrics,
                 timeout,
             },
             interval: Duration::from_millis(self.otel_metric_export_interval),
             resource,
         });
-        Ok((tracing, metrics))
+        Ok(OtlpExports { tracing, metrics })
     }
 
-    fn signals(&self) -> Result<Signals, SettingsError> {
+    /// Which signals export: TRACING_ENABLED (else OTEL_TRACES_EXPORTER=otlp) and
+    /// OTEL_METRICS_EXPORTER=otlp, both off with OTEL_SDK_DISABLED.
+    fn signals(&self) -> Result<PerSignal<bool>, SettingsError> {
         let none_or_otlp = |var: &'static str, v: &Option<String>| match v.as_deref() {
             None => Ok(false),
             Some(x) if x.eq_ignore_ascii_case("none") => Ok(false),
@@ -382,14 +400,14 @@ impl OtlpArgs {
         };
         let traces_exporter = none_or_otlp("OTEL_TRACES_EXPORTER", &self.otel_traces_exporter)?;
         let metrics_exporter = none_or_otlp("OTEL_METRICS_EXPORTER", &self.otel_metrics_exporter)?;
-        Ok(Signals {
+        Ok(PerSignal {
             traces: self.tracing_enabled.unwrap_or(traces_exporter) && !self.otel_sdk_disabled,
             metrics: metrics_exporter && !self.otel_sdk_disabled,
         })
     }
 
     /// The traces' and the metrics' protocols; the metrics' defaults to the traces'.
-    fn protocols(&self) -> Result<(Protocol, Protocol), SettingsError> {
+    fn protocols(&self) -> Result<PerSignal<Protocol>, SettingsError> {
         let traces = match (
             &self.tracing_exporter_protocol,
             &self.otel_exporter_otlp_protocol,
@@ -402,20 +420,13 @@ impl OtlpArgs {
             Some(v) => protocol("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", v)?,
             None => traces,
         };
-        Ok((traces, metrics))
+        Ok(PerSignal { traces, metrics })
     }
 
     /// TRACING_SAMPLING_RATE, else what OTEL_TRACES_SAMPLER (and _ARG) mean; 1 by default.
     fn sampling_rate(&self) -> Result<f64, SettingsError> {
         if let Some(r) = self.tracing_sampling_rate {
-            if !(0.0..=1.0).contains(&r) {
-                return Err(invalid(
-                    "TRACING_SAMPLING_RATE",
-                    r,
-                    "must be between 0 and 1",
-                ));
-            }
-            return Ok(r);
+            return in_range("TRACING_SAMPLING_RATE", r, 0.0..=1.0);
         }
         let Some(sampler) = self.otel_traces_sampler.as_deref() else {
             return Ok(1.0);
@@ -426,18 +437,12 @@ impl OtlpArgs {
             "traceidratio" | "parentbased_traceidratio" => {
                 match self.otel_traces_sampler_arg.as_deref() {
                     None => Ok(1.0),
-                    Some(arg) => arg
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|r| (0.0..=1.0).contains(r))
-                        .ok_or_else(|| {
-                            invalid(
-                                "OTEL_TRACES_SAMPLER_ARG",
-                                arg,
-                                "must be a number between 0 and 1",
-                            )
-                        }),
+                    Some(arg) => parsed(
+                        "OTEL_TRACES_SAMPLER_ARG",
+                        arg,
+                        |a| a.trim().parse().ok().filter(|r| (0.0..=1.0).contains(r)),
+                        "must be a number between 0 and 1",
+                    ),
                 }
             }
             _ => Err(invalid(
@@ -495,7 +500,7 @@ impl OtlpArgs {
 
     /// The traces' and the metrics' headers: the common OTEL_EXPORTER_OTLP_HEADERS, where the
     /// signal's own list does not set the same header.
-    fn headers(&self) -> Result<(Headers, Headers), SettingsError> {
+    fn headers(&self) -> Result<PerSignal<Headers>, SettingsError> {
         let common = headers(
             "OTEL_EXPORTER_OTLP_HEADERS",
             &self.otel_exporter_otlp_headers,
@@ -517,7 +522,7 @@ impl OtlpArgs {
             "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
             &self.otel_exporter_otlp_metrics_headers,
         )?);
-        Ok((traces, metrics))
+        Ok(PerSignal { traces, metrics })
     }
 
     /// A signal's URL: its own variable as is; else OTEL_EXPORTER_OTLP_ENDPOINT, with the
@@ -525,7 +530,7 @@ impl OtlpArgs {
     /// signal's own OTEL_EXPORTER_OTLP_*_INSECURE, else the common one.
     fn endpoint_url(
         &self,
-        (own_var, own): (&'static str, &Option<String>),
+        own: Named<&Option<String>>,
         path: &str,
         protocol: Protocol,
         insecure: Option<bool>,
@@ -533,8 +538,8 @@ impl OtlpArgs {
         let insecure = insecure
             .or(self.otel_exporter_otlp_insecure)
             .unwrap_or(false);
-        Ok(match (own, &self.otel_exporter_otlp_endpoint) {
-            (Some(u), _) => otlp_url(own_var, u, protocol, insecure)?,
+        Ok(match (own.value, &self.otel_exporter_otlp_endpoint) {
+            (Some(u), _) => otlp_url(own.var, u, protocol, insecure)?,
             (None, Some(base)) => {
                 let base = otlp_url("OTEL_EXPORTER_OTLP_ENDPOINT", base, protocol, insecure)?;
                 match protocol {
@@ -554,31 +559,31 @@ impl OtlpArgs {
     fn traces_tls_files(&self) -> Result<TlsFiles, SettingsError> {
         otlp_tls_files(
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
                     &self.otel_exporter_otlp_traces_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CERTIFICATE",
                     &self.otel_exporter_otlp_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_traces_client_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_client_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
                     &self.otel_exporter_otlp_traces_client_key,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_KEY",
                     &self.otel_exporter_otlp_client_key,
                 ),
@@ -590,31 +595,31 @@ impl OtlpArgs {
     fn metrics_tls_files(&self) -> Result<TlsFiles, SettingsError> {
         otlp_tls_files(
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE",
                     &self.otel_exporter_otlp_metrics_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CERTIFICATE",
                     &self.otel_exporter_otlp_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_metrics_client_certificate,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
                     &self.otel_exporter_otlp_client_certificate,
                 ),
             ],
             [
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY",
                     &self.otel_exporter_otlp_metrics_client_key,
                 ),
-                (
+                Named::new(
                     "OTEL_EXPORTER_OTLP_CLIENT_KEY",
                     &self.otel_exporter_otlp_client_key,
                 ),
@@ -624,7 +629,7 @@ impl OtlpArgs {
 
     /// OTEL_BSP_MAX_QUEUE_SIZE and _MAX_EXPORT_BATCH_SIZE (at most the queue), checked with
     /// the two export delays.
-    fn batch_sizes(&self) -> Result<(usize, usize), SettingsError> {
+    fn batch_sizes(&self) -> Result<BatchSizes, SettingsError> {
         let queue = non_zero("OTEL_BSP_MAX_QUEUE_SIZE", self.otel_bsp_max_queue_size)?.get();
         let batch = non_zero(
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
@@ -645,7 +650,10 @@ impl OtlpArgs {
                 "must be at least 1 (milliseconds)",
             ));
         }
-        Ok((queue, batch.min(queue)))
+        Ok(BatchSizes {
+            max_queue_size: queue,
+            max_batch_size: batch.min(queue),
+        })
     }
 }
 
@@ -686,13 +694,9 @@ fn headers(var: &'static str, v: &Option<Secret>) -> Result<Headers, SettingsErr
 
 /// A signal's TLS files, read and checked as every TLS client's are, when the signal is on and
 /// its endpoint is `https`; with an `http` endpoint they are not used.
-fn client_tls(
-    used: bool,
-    url: &str,
-    (ca, identity): TlsFiles,
-) -> Result<Option<ClientTls>, SettingsError> {
+fn client_tls(used: bool, url: &str, files: TlsFiles) -> Result<Option<ClientTls>, SettingsError> {
     if used && url.starts_with("https://") {
-        Ok(Some(ClientTls::from_files(ca, identity, None)?))
+        Ok(Some(ClientTls::from_files(files.ca, files.identity, None)?))
     } else {
         Ok(None)
     }
@@ -729,459 +733,35 @@ pub(super) fn otlp_url(
     Ok(url)
 }
 
-/// The first of a signal's own variable and the common one that is set and not empty.
-pub(super) fn first_set<'a>(
-    vars: [(&'static str, &'a Option<String>); 2],
-) -> Option<(usize, &'static str, &'a str)> {
+/// The first of a signal's own variable and the common one that is set and not empty, with
+/// its index in `vars`.
+fn first_set(vars: [Named<&Option<String>>; 2]) -> Option<(usize, Named<&str>)> {
     vars.iter()
         .enumerate()
-        .find_map(|(i, &(var, v))| non_empty(v.as_deref()).map(|v| (i, var, v)))
+        .find_map(|(i, v)| non_empty(v.value.as_deref()).map(|value| (i, Named::new(v.var, value))))
 }
 
 /// One signal's OTLP TLS files, each variable given as `[own, common]` (the signal's own
 /// wins). A client certificate needs its key and the other way round; the variable named as
 /// missing is the one beside the one that is set.
-pub(super) fn otlp_tls_files(
-    ca: [(&'static str, &Option<String>); 2],
-    cert: [(&'static str, &Option<String>); 2],
-    key: [(&'static str, &Option<String>); 2],
+fn otlp_tls_files(
+    ca: [Named<&Option<String>>; 2],
+    cert: [Named<&Option<String>>; 2],
+    key: [Named<&Option<String>>; 2],
 ) -> Result<TlsFiles, SettingsError> {
-    let ca = first_set(ca).map(|(_, var, path)| PemFile::new(var, path));
-    let identity = match (first_set(cert), first_set(key)) {
+    let ca = first_set(ca).map(|(_, set)| PemFile::new(set.var, set.value));
+    let pair = match (first_set(cert), first_set(key)) {
         (None, None) => None,
-        (Some((_, cert_var, c)), Some((_, key_var, k))) => Some((cert_var, c, key_var, k)),
-        (Some((i, cert_var, c)), None) => Some((cert_var, c, key[i].0, "")),
-        (None, Some((i, key_var, k))) => Some((cert[i].0, "", key_var, k)),
+        (Some((_, c)), Some((_, k))) => Some((c, k)),
+        (Some((i, c)), None) => Some((c, Named::new(key[i].var, ""))),
+        (None, Some((i, k))) => Some((Named::new(cert[i].var, ""), k)),
     };
-    let identity = match identity {
+    let identity = match pair {
         None => None,
-        Some((cert_var, c, key_var, k)) => {
-            key_pair((cert_var, c), (key_var, k))?.map(|(cert, key)| KeyPairFiles {
-                cert: PemFile::new(cert_var, cert),
-                key: PemFile::new(key_var, key),
-            })
-        }
+        Some((c, k)) => key_pair_files(c, k)?,
     };
-    Ok((ca, identity))
+    Ok(TlsFiles { ca, identity })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::tests::{error, parse, settings};
-    use super::super::*;
-
-    #[test]
-    fn tracing_is_off_by_default_and_defaults_match_go() {
-        let s = settings(&[]).unwrap();
-        assert_eq!(s.app.telemetry.tracing, None);
-        assert_eq!(s.app.telemetry.otlp_metrics, None);
-        let t = settings(&["--tracing-enabled"])
-            .unwrap()
-            .app
-            .telemetry
-            .tracing
-            .unwrap();
-        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Http);
-        assert_eq!(t.endpoint.url, "http://localhost:4318/v1/traces");
-        assert_eq!(t.endpoint.timeout, Duration::from_secs(10));
-        assert_eq!(t.sampling_rate, 1.0);
-        assert_eq!(t.resource[0], ("service.name".into(), "RateLimit".into()));
-        assert_eq!(t.resource[1].0, "service.instance.id");
-        assert_eq!(t.resource[1].1.len(), 36, "a random UUID");
-    }
-
-    #[test]
-    fn tracing_variables_win_over_otel_ones_which_fill_in() {
-        let t = settings(&[
-            "--tracing-enabled=true",
-            "--tracing-exporter-protocol=grpc",
-            "--otel-exporter-otlp-endpoint=127.0.0.1:4317",
-            "--otel-exporter-otlp-headers=Authorization=Basic%20eA==, x-tenant = acme",
-            "--otel-service-name=otel-name",
-            "--otel-resource-attributes=service.namespace=prod,deployment.environment=eu",
-            "--tracing-sampling-rate=0.25",
-        ])
-        .unwrap()
-        .app
-        .telemetry
-        .tracing
-        .unwrap();
-        assert_eq!(t.endpoint.protocol, crate::telemetry::otlp::Protocol::Grpc);
-        // A gRPC endpoint without a scheme is TLS, as OTEL_EXPORTER_OTLP_INSECURE=false says.
-        assert_eq!(t.endpoint.url, "https://127.0.0.1:4317");
-        assert_eq!(t.endpoint.tls, Some(crate::tls::ClientTls::default()));
-        assert_eq!(
-            t.endpoint.headers,
-            vec![
-                ("authorization".to_string(), "Basic eA==".to_string()),
-                ("x-tenant".to_string(), "acme".to_string())
-            ]
-        );
-        assert_eq!(t.sampling_rate, 0.25);
-        let attr = |k: &str| {
-            t.resource
-                .iter()
-                .find(|(a, _)| a == k)
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(attr("service.name"), Some("otel-name"));
-        assert_eq!(attr("service.namespace"), Some("prod"));
-        assert_eq!(attr("deployment.environment"), Some("eu"));
-
-        let t = settings(&[
-            "--otel-traces-exporter=otlp",
-            "--tracing-service-name=mine",
-            "--otel-service-name=otel-name",
-            "--otel-exporter-otlp-protocol=http/protobuf",
-            "--otel-exporter-otlp-endpoint=http://collector:4318/",
-            "--otel-traces-sampler=parentbased_traceidratio",
-            "--otel-traces-sampler-arg=0.5",
-            "--otel-metrics-exporter=otlp",
-            "--otel-metric-export-interval=1000",
-        ])
-        .unwrap()
-        .app
-        .telemetry;
-        let (tracing, metrics) = (t.tracing.unwrap(), t.otlp_metrics.unwrap());
-        assert_eq!(tracing.endpoint.url, "http://collector:4318/v1/traces");
-        assert_eq!(tracing.sampling_rate, 0.5);
-        assert_eq!(tracing.resource[0].1, "mine");
-        assert_eq!(metrics.endpoint.url, "http://collector:4318/v1/metrics");
-        assert_eq!(metrics.interval, Duration::from_secs(1));
-
-        let t = settings(&["--otel-traces-exporter=otlp", "--otel-sdk-disabled"]).unwrap();
-        assert_eq!(t.app.telemetry.tracing, None);
-    }
-
-    #[test]
-    fn bad_tracing_settings_name_the_variable() {
-        for (args, expected) in [
-            (
-                &["--tracing-sampling-rate=1.5"][..],
-                "TRACING_SAMPLING_RATE=1.5",
-            ),
-            (
-                &["--tracing-exporter-protocol=udp"][..],
-                "TRACING_EXPORTER_PROTOCOL=udp",
-            ),
-            (
-                &["--otel-exporter-otlp-protocol=http/json"][..],
-                "not support it yet",
-            ),
-            (
-                &["--otel-exporter-otlp-headers=novalue"][..],
-                "OTEL_EXPORTER_OTLP_HEADERS=novalue",
-            ),
-            (
-                &["--otel-exporter-otlp-headers=a b=c"][..],
-                "OTEL_EXPORTER_OTLP_HEADERS=",
-            ),
-            (
-                &["--otel-resource-attributes==x"][..],
-                "OTEL_RESOURCE_ATTRIBUTES",
-            ),
-            (
-                &["--otel-traces-sampler=sometimes"][..],
-                "OTEL_TRACES_SAMPLER=sometimes",
-            ),
-            (
-                &["--otel-metrics-exporter=prometheus"][..],
-                "OTEL_METRICS_EXPORTER=prometheus",
-            ),
-            (
-                &["--otel-exporter-otlp-timeout=0"][..],
-                "OTEL_EXPORTER_OTLP_TIMEOUT=0",
-            ),
-            (
-                &[
-                    "--tracing-enabled",
-                    "--otel-exporter-otlp-traces-endpoint=ftp://x",
-                ][..],
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=ftp://x",
-            ),
-        ] {
-            let err = error(args);
-            assert!(err.contains(expected), "{args:?}: {err}");
-        }
-        // Parse errors (before validation) name the variable too.
-        let err = parse(&["--tracing-sampling-rate=lots"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("TRACING_SAMPLING_RATE"), "{err}");
-    }
-
-    /// OTEL_EXPORTER_OTLP_*HEADERS and OTEL_RESOURCE_ATTRIBUTES values go through the one
-    /// strict percent-decoder: `%+f` (once read as 0x0f) stops start-up naming the variable.
-    #[test]
-    fn percent_encoded_values_take_two_hex_digits() {
-        let traces = settings(&[
-            "--tracing-enabled",
-            "--otel-exporter-otlp-headers=x-key=a%20b",
-            "--otel-resource-attributes=team=a%2Cb",
-        ])
-        .unwrap()
-        .app
-        .telemetry
-        .tracing
-        .unwrap();
-        assert_eq!(
-            traces.endpoint.headers,
-            [("x-key".to_owned(), "a b".to_owned())]
-        );
-        assert!(
-            traces
-                .resource
-                .contains(&("team".to_owned(), "a,b".to_owned()))
-        );
-        let why = "the value is not valid percent-encoded UTF-8 (a % takes two hex digits)";
-        for (var, item) in [
-            ("OTEL_EXPORTER_OTLP_HEADERS", "x-key=%+f"),
-            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-key=%+f"),
-            ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-key=%+f"),
-            ("OTEL_RESOURCE_ATTRIBUTES", "team=%+f"),
-        ] {
-            let flag = format!("--{}={item}", var.to_ascii_lowercase().replace('_', "-"));
-            assert_eq!(error(&[&flag]), format!("{var}={item}: {why}"));
-        }
-    }
-
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one end-to-end scenario, step by step; to split next"
-    )]
-    fn otlp_endpoints_take_tls_from_their_scheme_and_insecure() {
-        use crate::telemetry::otlp::Protocol;
-        let traces = |args: &[&str]| {
-            let mut all = vec!["--tracing-enabled"];
-            all.extend_from_slice(args);
-            settings(&all)
-                .unwrap()
-                .app
-                .telemetry
-                .tracing
-                .unwrap()
-                .endpoint
-        };
-        // https: TLS with the system's roots and no client certificate.
-        let e = traces(&["--otel-exporter-otlp-endpoint=https://collector:4318"]);
-        assert_eq!(e.url, "https://collector:4318/v1/traces");
-        assert_eq!(e.tls, Some(crate::tls::ClientTls::default()));
-        // http: plain text; TLS files are not read (so not needed) for it.
-        let e = traces(&[
-            "--otel-exporter-otlp-endpoint=http://collector:4318",
-            "--otel-exporter-otlp-certificate=/nonexistent/ca.pem",
-        ]);
-        assert_eq!(e.url, "http://collector:4318/v1/traces");
-        assert_eq!(e.tls, None);
-        // No scheme: OTLP/HTTP means http; gRPC means https unless INSECURE, and the signal's
-        // own INSECURE wins over the common one. INSECURE never turns an https URL plain.
-        assert_eq!(
-            traces(&["--otel-exporter-otlp-endpoint=collector:4318"]).url,
-            "http://collector:4318/v1/traces"
-        );
-        let grpc = "--tracing-exporter-protocol=grpc";
-        for (args, url) in [
-            (
-                &[grpc, "--otel-exporter-otlp-endpoint=c:4317"][..],
-                "https://c:4317",
-            ),
-            (
-                &[
-                    grpc,
-                    "--otel-exporter-otlp-endpoint=c:4317",
-                    "--otel-exporter-otlp-insecure",
-                ][..],
-                "http://c:4317",
-            ),
-            (
-                &[
-                    grpc,
-                    "--otel-exporter-otlp-endpoint=c:4317",
-                    "--otel-exporter-otlp-insecure=true",
-                    "--otel-exporter-otlp-traces-insecure=false",
-                ][..],
-                "https://c:4317",
-            ),
-            (
-                &[
-                    grpc,
-                    "--otel-exporter-otlp-traces-endpoint=c:4317",
-                    "--otel-exporter-otlp-traces-insecure=true",
-                ][..],
-                "http://c:4317",
-            ),
-            (
-                &[
-                    grpc,
-                    "--otel-exporter-otlp-endpoint=https://c:4317",
-                    "--otel-exporter-otlp-insecure=true",
-                ][..],
-                "https://c:4317",
-            ),
-            // The default endpoint is http://localhost:4317, plain text as before.
-            (&[grpc][..], "http://localhost:4317"),
-        ] {
-            let e = traces(args);
-            assert_eq!(e.protocol, Protocol::Grpc);
-            assert_eq!(e.url, url, "{args:?}");
-            assert_eq!(e.tls.is_some(), url.starts_with("https"), "{args:?}");
-        }
-        // Metrics read their own INSECURE.
-        let m = settings(&[
-            "--otel-metrics-exporter=otlp",
-            "--otel-exporter-otlp-metrics-protocol=grpc",
-            "--otel-exporter-otlp-endpoint=c:4317",
-            "--otel-exporter-otlp-metrics-insecure",
-        ])
-        .unwrap()
-        .app
-        .telemetry
-        .otlp_metrics
-        .unwrap();
-        assert_eq!(m.endpoint.url, "http://c:4317");
-    }
-
-    #[test]
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one end-to-end scenario, step by step; to split next"
-    )]
-    fn otlp_tls_files_are_read_per_signal_and_checked_before_start() {
-        let pki = test_pki::TestPki::new();
-        let leaf = pki.leaf("client", &["localhost"]);
-        let other = pki.leaf("other", &["localhost"]);
-        let path = |p: &std::path::Path| p.to_str().unwrap().to_owned();
-        let (ca, cert, key) = (path(&pki.ca), path(&leaf.cert), path(&leaf.key));
-        let read = |p: &str| std::fs::read(p).unwrap();
-        let both = [
-            "--tracing-enabled",
-            "--otel-metrics-exporter=otlp",
-            "--otel-exporter-otlp-endpoint=https://collector:4318",
-        ];
-        let run = |extra: &[&str]| {
-            let args: Vec<&str> = both.iter().chain(extra).copied().collect();
-            settings(&args)
-        };
-
-        // The common variables serve both signals.
-        let t = run(&[
-            &format!("--otel-exporter-otlp-certificate={ca}"),
-            &format!("--otel-exporter-otlp-client-certificate={cert}"),
-            &format!("--otel-exporter-otlp-client-key={key}"),
-        ])
-        .unwrap()
-        .app
-        .telemetry;
-        let expected = crate::tls::ClientTls {
-            ca_pem: Some(read(&ca)),
-            identity_pem: Some((read(&cert), read(&key))),
-            server_name: None,
-        };
-        assert_eq!(t.tracing.unwrap().endpoint.tls.as_ref(), Some(&expected));
-        assert_eq!(t.otlp_metrics.unwrap().endpoint.tls, Some(expected.clone()));
-        // A key never shows in a debug print.
-        assert!(!format!("{expected:?}").contains("PRIVATE KEY"));
-
-        // A signal's own variables win, each on its own: the traces' CA and client pair, the
-        // metrics' key with the common certificate.
-        let (other_cert, other_key) = (path(&other.cert), path(&other.key));
-        let t = run(&[
-            "--otel-exporter-otlp-certificate=/nonexistent/common-ca.pem",
-            &format!("--otel-exporter-otlp-traces-certificate={ca}"),
-            &format!("--otel-exporter-otlp-metrics-certificate={ca}"),
-            &format!("--otel-exporter-otlp-client-certificate={cert}"),
-            &format!("--otel-exporter-otlp-client-key={other_key}"),
-            &format!("--otel-exporter-otlp-traces-client-certificate={other_cert}"),
-            &format!("--otel-exporter-otlp-metrics-client-key={key}"),
-        ])
-        .unwrap()
-        .app
-        .telemetry;
-        let tls = t.tracing.unwrap().endpoint.tls.unwrap();
-        assert_eq!(tls.ca_pem, Some(read(&ca)));
-        assert_eq!(
-            tls.identity_pem,
-            Some((read(&other_cert), read(&other_key)))
-        );
-        let tls = t.otlp_metrics.unwrap().endpoint.tls.unwrap();
-        assert_eq!(tls.identity_pem, Some((read(&cert), read(&key))));
-
-        // Errors name the variable (the signal's own when it is the one set) and the file.
-        let err = |extra: &[&str]| run(extra).unwrap_err().to_string();
-        let e = err(&["--otel-exporter-otlp-certificate=/nonexistent/ca.pem"]);
-        assert!(
-            e.starts_with(
-                "OTEL_EXPORTER_OTLP_CERTIFICATE=/nonexistent/ca.pem: cannot read the file: "
-            ),
-            "{e}"
-        );
-        let e = err(&["--otel-exporter-otlp-metrics-certificate=/nonexistent/ca.pem"]);
-        assert!(
-            e.starts_with(
-                "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE=/nonexistent/ca.pem: cannot read"
-            ),
-            "{e}"
-        );
-        assert_eq!(
-            err(&[&format!("--otel-exporter-otlp-certificate={key}")]),
-            format!(
-                "OTEL_EXPORTER_OTLP_CERTIFICATE={key}: no PEM certificate (BEGIN CERTIFICATE) in the file"
-            )
-        );
-        assert_eq!(
-            err(&[&format!("--otel-exporter-otlp-client-certificate={cert}")]),
-            format!(
-                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE={cert}: needs OTEL_EXPORTER_OTLP_CLIENT_KEY, the certificate's private key"
-            )
-        );
-        assert_eq!(
-            err(&[&format!(
-                "--otel-exporter-otlp-traces-client-certificate={cert}"
-            )]),
-            format!(
-                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE={cert}: needs OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY, the certificate's private key"
-            )
-        );
-        assert_eq!(
-            err(&[&format!("--otel-exporter-otlp-metrics-client-key={key}")]),
-            format!(
-                "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY={key}: needs OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE, the certificate of this key"
-            )
-        );
-        assert_eq!(
-            err(&[
-                &format!("--otel-exporter-otlp-client-certificate={cert}"),
-                &format!("--otel-exporter-otlp-client-key={other_key}"),
-            ]),
-            format!(
-                "OTEL_EXPORTER_OTLP_CLIENT_KEY={other_key}: the private key does not match the certificate in OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE={cert}"
-            )
-        );
-        let e = err(&[
-            &format!("--otel-exporter-otlp-client-certificate={cert}"),
-            "--otel-exporter-otlp-client-key=/nonexistent/key.pem",
-        ]);
-        assert!(
-            e.starts_with(
-                "OTEL_EXPORTER_OTLP_CLIENT_KEY=/nonexistent/key.pem: cannot read the file"
-            ),
-            "{e}"
-        );
-        // A half pair is refused even with export off; files are only read when used.
-        let e = settings(&[&format!("--otel-exporter-otlp-client-key={key}")])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("needs OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"),
-            "{e}"
-        );
-        assert!(settings(&["--otel-exporter-otlp-certificate=/nonexistent/ca.pem"]).is_ok());
-        // Bad schemes name their variable.
-        let e = error(&["--tracing-enabled", "--otel-exporter-otlp-endpoint=ftp://x"]);
-        assert!(
-            e.contains("OTEL_EXPORTER_OTLP_ENDPOINT=ftp://x: expected an http:// or https:// URL"),
-            "{e}"
-        );
-    }
-}
+mod tests;

@@ -1,8 +1,11 @@
 //! Parsing helpers every settings file shares: Go's booleans and durations, "unset or empty",
-//! non-zero counts, and the `key=value` lists whose values are percent-decoded by the one
-//! strict decoder ([`crate::percent`]).
+//! non-zero counts, a value parsed or bounded with an error naming its variable ([`parsed`],
+//! [`in_range`]), a value beside the variable it came from ([`Named`]), and the `key=value`
+//! lists whose values are percent-decoded by the one strict decoder ([`crate::percent`]).
 
+use std::fmt;
 use std::num::NonZeroUsize;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use super::{SettingsError, invalid};
@@ -76,28 +79,116 @@ pub(crate) fn parse_go_duration(s: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(total).ok()
 }
 
+/// A value and the variable (or flag) it came from, which an error about it names.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Named<T> {
+    pub(super) var: &'static str,
+    pub(super) value: T,
+}
+
+impl<T> Named<T> {
+    pub(super) const fn new(var: &'static str, value: T) -> Self {
+        Self { var, value }
+    }
+}
+
+/// `value` when `range` holds it; else an error naming `var` and `value`: "must be between
+/// {start} and {end}".
+pub(super) fn in_range<T>(
+    var: &'static str,
+    value: T,
+    range: RangeInclusive<T>,
+) -> Result<T, SettingsError>
+where
+    T: PartialOrd + fmt::Display,
+{
+    let (start, end) = (range.start(), range.end());
+    in_range_or(
+        var,
+        value,
+        &range,
+        format_args!("must be between {start} and {end}"),
+    )
+}
+
+/// [`in_range`] with the error's own `reason` ("expected 10 to 60000", a unit named).
+pub(super) fn in_range_or<T>(
+    var: &'static str,
+    value: T,
+    range: &RangeInclusive<T>,
+    reason: impl fmt::Display,
+) -> Result<T, SettingsError>
+where
+    T: PartialOrd + fmt::Display,
+{
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(var, value, reason.to_string()))
+    }
+}
+
+/// `value` as `parse` reads it; else an error naming `var` and `value`, with `reason`.
+pub(super) fn parsed<T>(
+    var: &'static str,
+    value: &str,
+    parse: impl FnOnce(&str) -> Option<T>,
+    reason: impl fmt::Display,
+) -> Result<T, SettingsError> {
+    parse(value).ok_or_else(|| invalid(var, value, reason.to_string()))
+}
+
+/// A Go duration; else "expected a Go duration such as {example}".
+pub(super) fn go_duration(
+    var: &'static str,
+    value: &str,
+    example: &str,
+) -> Result<Duration, SettingsError> {
+    let reason = format_args!("expected a Go duration such as {example}");
+    parsed(var, value, parse_go_duration, reason)
+}
+
+/// A Go duration above zero; else "expected a positive Go duration such as {example}".
+pub(super) fn positive_go_duration(
+    var: &'static str,
+    value: &str,
+    example: &str,
+) -> Result<Duration, SettingsError> {
+    let positive = |v: &str| parse_go_duration(v).filter(|d| !d.is_zero());
+    let reason = format_args!("expected a positive Go duration such as {example}");
+    parsed(var, value, positive, reason)
+}
+
 pub(super) fn non_zero(var: &'static str, value: usize) -> Result<NonZeroUsize, SettingsError> {
     NonZeroUsize::new(value).ok_or_else(|| invalid(var, value, "must be greater than 0"))
 }
 
-/// The least bound of most tables: 1 MiB.
-pub(super) const MIB: (usize, &str) = (1 << 20, "1 MiB");
+/// A table's least memory bound, and how its error message names it ("1 MiB").
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MinBytes {
+    pub(super) bytes: usize,
+    pub(super) name: &'static str,
+}
 
-/// A table's memory bound (`*_MAX_BYTES`): at least `min` (named `min_name`, as 1 MiB), at most
-/// 64 GiB.
+/// The least bound of most tables: 1 MiB.
+pub(super) const MIB: MinBytes = MinBytes {
+    bytes: 1 << 20,
+    name: "1 MiB",
+};
+
+/// A table's memory bound (`*_MAX_BYTES`): at least `min`, at most 64 GiB.
 pub(super) fn table_bytes(
     var: &'static str,
     value: usize,
-    (min, min_name): (usize, &str),
+    min: MinBytes,
 ) -> Result<usize, SettingsError> {
-    if (min..=(64 << 30)).contains(&value) {
-        return Ok(value);
-    }
-    Err(invalid(
+    let MinBytes { bytes, name } = min;
+    in_range_or(
         var,
         value,
-        format!("must be between {min} ({min_name}) and 68719476736 (64 GiB)"),
-    ))
+        &(bytes..=(64 << 30)),
+        format_args!("must be between {bytes} ({name}) and 68719476736 (64 GiB)"),
+    )
 }
 
 /// A boolean value that Go's `strconv.ParseBool` would reject.

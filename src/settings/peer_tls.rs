@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, parse_go_bool};
+use super::parse::{Named, non_empty, parse_go_bool};
 use super::tls::tls_name;
 use super::{SettingsError, invalid};
 use crate::tls::{KeyPairFiles, PeerTlsFiles, PemFile};
@@ -56,20 +56,20 @@ impl PeerTlsArgs {
     /// `cluster`: PEERS or PEERS_DNS is set, so there is a peer port to protect.
     pub fn validate(&self, cluster: bool) -> Result<Option<PeerTlsFiles>, SettingsError> {
         let files = [
-            ("SLUICE_PEER_TLS_CERT", self.peer_tls_cert.as_deref()),
-            ("SLUICE_PEER_TLS_KEY", self.peer_tls_key.as_deref()),
-            ("SLUICE_PEER_TLS_CACERT", self.peer_tls_cacert.as_deref()),
-            ("SLUICE_PEER_TLS_SAN", self.peer_tls_san.as_deref()),
+            Named::new("SLUICE_PEER_TLS_CERT", self.peer_tls_cert.as_deref()),
+            Named::new("SLUICE_PEER_TLS_KEY", self.peer_tls_key.as_deref()),
+            Named::new("SLUICE_PEER_TLS_CACERT", self.peer_tls_cacert.as_deref()),
+            Named::new("SLUICE_PEER_TLS_SAN", self.peer_tls_san.as_deref()),
         ];
         if !self.peer_tls {
-            return match files
+            let set = files
                 .iter()
-                .find_map(|(var, v)| Some((*var, non_empty(*v)?)))
-            {
+                .find_map(|f| Some(Named::new(f.var, non_empty(f.value)?)));
+            return match set {
                 None => Ok(None),
-                Some((var, value)) => Err(invalid(
-                    var,
-                    value,
+                Some(set) => Err(invalid(
+                    set.var,
+                    set.value,
                     "peer TLS is off (SLUICE_PEER_TLS is false), so the peer port would serve \
                      in clear; set SLUICE_PEER_TLS=true, or unset this",
                 )),
@@ -108,19 +108,8 @@ impl PeerTlsArgs {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
-    use crate::settings::{Cli, Settings, SettingsError, ignore_empty_env, parse_with};
+    use crate::settings::tests::settings;
     use crate::tls::{KeyPairFiles, PeerTlsFiles, PemFile};
-
-    /// Settings from `args` alone, whatever the test runner's environment holds.
-    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse")
-            .serve
-            .validate()
-    }
 
     fn error(args: &[&str]) -> String {
         settings(args).expect_err("refused").to_string()

@@ -77,13 +77,8 @@ impl NodeSyntax<'_> {
                 db: 0,
             })
         } else if item.contains(':') {
-            let (address, db) =
-                tcp_location(item).map_err(|_| invalid(url_var, item, "expected host:port"))?;
-            Ok(RedisNode {
-                address,
-                auth: self.auth.cloned(),
-                db,
-            })
+            tcp_location(item, self.auth.cloned())
+                .map_err(|_| invalid(url_var, item, "expected host:port"))
         } else {
             Err(invalid(url_var, item, "expected host:port"))
         }
@@ -92,18 +87,18 @@ impl NodeSyntax<'_> {
     /// A `redis://` or `rediss://` URL's part after the scheme: its own credentials only.
     fn tcp_url(&self, item: &str, rest: &str) -> Result<RedisNode, SettingsError> {
         let parsed = match rest.rsplit_once('@') {
-            Some((userinfo, location)) => url_auth(userinfo)
-                .and_then(|auth| tcp_location(location).map(|(address, db)| (address, auth, db))),
-            None => tcp_location(rest).map(|(address, db)| (address, None, db)),
+            Some((userinfo, location)) => {
+                url_auth(userinfo).and_then(|auth| tcp_location(location, auth))
+            }
+            None => tcp_location(rest, None),
         };
-        let (address, auth, db) = parsed.map_err(|reason| {
+        parsed.map_err(|reason| {
             invalid(
                 self.url_var,
                 item,
                 format!("expected redis://[user:password@]host[:port][/database]: {reason}"),
             )
-        })?;
-        Ok(RedisNode { address, auth, db })
+        })
     }
 
     fn no_tls(&self, item: &str) -> Result<(), SettingsError> {
@@ -121,8 +116,9 @@ impl NodeSyntax<'_> {
     }
 }
 
-/// `host[:port][/db]`, the host a name or an IP address (IPv6 in brackets).
-fn tcp_location(location: &str) -> Result<(RedisAddress, i64), String> {
+/// `host[:port][/db]`, the host a name or an IP address (IPv6 in brackets): the node reached
+/// there with `auth`.
+fn tcp_location(location: &str, auth: Option<Auth>) -> Result<RedisNode, String> {
     if location.contains(['?', '#']) {
         return Err("a query (?...) or fragment (#...) is not supported".to_owned());
     }
@@ -159,7 +155,7 @@ fn tcp_location(location: &str) -> Result<(RedisAddress, i64), String> {
         host: host.to_owned(),
         port,
     };
-    Ok((address, db))
+    Ok(RedisNode { address, auth, db })
 }
 
 /// A URL's database: its path (`/2`), or the `db` query parameter of a socket URL.

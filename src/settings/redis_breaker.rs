@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::parse_go_bool;
+use super::parse::{Named, in_range, parse_go_bool};
 use super::{SettingsError, invalid};
 use crate::app::Backend;
 use crate::cluster::WriteBehind;
@@ -70,16 +70,14 @@ pub struct RedisBreakerArgs {
 /// A backend's breaker settings from its probe interval (ms, 10 to 60000) and timeouts in a row
 /// (1 to 1000), each with the variable that set it: Redis's and memcached's alike.
 pub(super) fn breaker_settings(
-    (probe_var, ms): (&'static str, u64),
-    (timeouts_var, timeouts): (&'static str, u32),
+    probe_ms: Named<u64>,
+    timeouts: Named<u32>,
     health_follows_connection: bool,
 ) -> Result<BreakerSettings, SettingsError> {
-    if !(10..=60_000).contains(&ms) {
-        return Err(invalid(probe_var, ms, "must be between 10 and 60000"));
-    }
-    let open_after_timeouts = NonZeroU32::new(timeouts)
+    let ms = in_range(probe_ms.var, probe_ms.value, 10..=60_000)?;
+    let open_after_timeouts = NonZeroU32::new(timeouts.value)
         .filter(|n| n.get() <= 1000)
-        .ok_or_else(|| invalid(timeouts_var, timeouts, "must be between 1 and 1000"))?;
+        .ok_or_else(|| invalid(timeouts.var, timeouts.value, "must be between 1 and 1000"))?;
     Ok(BreakerSettings {
         probe_interval: Duration::from_millis(ms),
         open_after_timeouts,
@@ -91,11 +89,11 @@ pub(super) fn breaker_settings(
 impl RedisBreakerArgs {
     fn validate(&self) -> Result<BreakerSettings, SettingsError> {
         let settings = breaker_settings(
-            (
+            Named::new(
                 "SLUICE_REDIS_PROBE_INTERVAL_MS",
                 self.redis_probe_interval_ms,
             ),
-            ("SLUICE_REDIS_BREAKER_TIMEOUTS", self.redis_breaker_timeouts),
+            Named::new("SLUICE_REDIS_BREAKER_TIMEOUTS", self.redis_breaker_timeouts),
             self.redis_health_check_active_connection,
         )?;
         Ok(BreakerSettings {
@@ -107,33 +105,24 @@ impl RedisBreakerArgs {
     /// Gives the validated settings to every Redis in use: the backend's and the write-behind's.
     pub(super) fn apply(
         &self,
-        mut backend: Backend,
-        mut write_behind: Option<WriteBehind>,
-    ) -> Result<(Backend, Option<WriteBehind>), SettingsError> {
+        backend: &mut Backend,
+        write_behind: Option<&mut WriteBehind>,
+    ) -> Result<(), SettingsError> {
         let breaker = self.validate()?;
-        if let Backend::Redis(redis) = &mut backend {
+        if let Backend::Redis(redis) = backend {
             redis.breaker = breaker;
         }
-        if let Some(wb) = &mut write_behind {
+        if let Some(wb) = write_behind {
             wb.redis.breaker = breaker;
         }
-        Ok((backend, write_behind))
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{Cli, ServeArgs, Settings, ignore_empty_env, parse_with};
-    use clap::CommandFactory;
-
-    /// Parsed with the environment ignored, as the tests in `settings/mod.rs` do.
-    fn settings(args: &[&str]) -> Result<Settings, SettingsError> {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        let cli = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse");
-        ServeArgs::validate(cli.serve)
-    }
+    use crate::settings::tests::{parse, settings};
 
     fn redis(extra: &[&str]) -> BreakerSettings {
         let mut args = vec!["--backend-type", "redis", "--redis-url", "localhost:6379"];
@@ -228,13 +217,9 @@ mod tests {
     fn redis_health_check_active_connection_is_a_go_bool_and_no_longer_refused() {
         assert!(redis(&["--redis-health-check-active-connection=true"]).health_follows_connection);
         assert!(!redis(&["--redis-health-check-active-connection=0"]).health_follows_connection);
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        let err = parse_with(
-            cmd,
-            ["sluice", "--redis-health-check-active-connection=yes"],
-        )
-        .expect_err("not a Go bool")
-        .to_string();
+        let err = parse(&["--redis-health-check-active-connection=yes"])
+            .expect_err("not a Go bool")
+            .to_string();
         assert!(
             err.contains("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"),
             "{err}"

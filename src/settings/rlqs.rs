@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::parse::table_bytes;
+use super::parse::{MinBytes, in_range, table_bytes};
 use super::{SettingsError, invalid};
 use crate::rlqs::{KeyOrder, RlqsOptions};
 
@@ -56,14 +56,11 @@ impl RlqsArgs {
     /// The service's options; `base` carries the caps and SHADOW_MODE it shares with
     /// ratelimit.v3.
     pub(super) fn validate(&self, base: RlqsOptions) -> Result<RlqsOptions, SettingsError> {
-        let ttl = self.rlqs_assignment_ttl_secs;
-        if !(1..=3_600).contains(&ttl) {
-            return Err(invalid(
-                "SLUICE_RLQS_ASSIGNMENT_TTL_SECS",
-                ttl,
-                "must be between 1 and 3600",
-            ));
-        }
+        let ttl = in_range(
+            "SLUICE_RLQS_ASSIGNMENT_TTL_SECS",
+            self.rlqs_assignment_ttl_secs,
+            1..=3_600,
+        )?;
         let idle = self.rlqs_abandon_idle_secs;
         if idle < 2 * ttl || idle > 86_400 {
             return Err(invalid(
@@ -78,7 +75,10 @@ impl RlqsArgs {
         let max_bytes = table_bytes(
             "SLUICE_RLQS_MAX_BYTES",
             self.rlqs_max_bytes,
-            (64 << 10, "64 KiB"),
+            MinBytes {
+                bytes: 64 << 10,
+                name: "64 KiB",
+            },
         )?;
         Ok(RlqsOptions {
             ttl: Duration::from_secs(ttl),
@@ -118,17 +118,11 @@ pub fn key_order(value: &str) -> Result<KeyOrder, SettingsError> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
-    use super::super::{Cli, ignore_empty_env, parse_with};
+    use super::super::tests::serve;
     use super::*;
 
     fn validate(args: &[&str]) -> Result<RlqsOptions, SettingsError> {
-        let cmd = ignore_empty_env(Cli::command(), &|_| true);
-        let serve = parse_with(cmd, std::iter::once("sluice").chain(args.iter().copied()))
-            .expect("arguments parse")
-            .serve;
-        serve.rlqs.validate(RlqsOptions::default())
+        serve(args).rlqs.validate(RlqsOptions::default())
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use super::parse::in_range_or;
 use super::{SettingsError, invalid};
 use crate::admin::auth::AdminAuth;
 use crate::admin::limits::history::DEFAULT_HISTORY;
@@ -101,30 +102,27 @@ impl RuntimeLimitsArgs {
                 "expected at least 1",
             ));
         }
-        if self.runtime_history > MAX_HISTORY {
-            return Err(invalid(
-                "SLUICE_RUNTIME_HISTORY",
-                self.runtime_history,
-                format!("expected 0 to {MAX_HISTORY}"),
-            ));
-        }
-        if !(10..=60_000).contains(&self.runtime_limits_poll_ms) {
-            return Err(invalid(
-                "SLUICE_RUNTIME_LIMITS_POLL_MS",
-                self.runtime_limits_poll_ms,
-                "expected 10 to 60000",
-            ));
-        }
-        if !(100..=600_000).contains(&self.runtime_limits_sync_ms) {
-            return Err(invalid(
-                "SLUICE_RUNTIME_LIMITS_SYNC_MS",
-                self.runtime_limits_sync_ms,
-                "expected 100 to 600000",
-            ));
-        }
+        in_range_or(
+            "SLUICE_RUNTIME_HISTORY",
+            self.runtime_history,
+            &(0..=MAX_HISTORY),
+            format_args!("expected 0 to {MAX_HISTORY}"),
+        )?;
+        let poll_ms = in_range_or(
+            "SLUICE_RUNTIME_LIMITS_POLL_MS",
+            self.runtime_limits_poll_ms,
+            &(10..=60_000),
+            "expected 10 to 60000",
+        )?;
+        let sync_ms = in_range_or(
+            "SLUICE_RUNTIME_LIMITS_SYNC_MS",
+            self.runtime_limits_sync_ms,
+            &(100..=600_000),
+            "expected 100 to 600000",
+        )?;
         Ok(RuntimeLimitsOptions {
-            poll: std::time::Duration::from_millis(self.runtime_limits_poll_ms),
-            sync: std::time::Duration::from_millis(self.runtime_limits_sync_ms),
+            poll: std::time::Duration::from_millis(poll_ms),
+            sync: std::time::Duration::from_millis(sync_ms),
             admin_token_file: self.admin_token_file.clone(),
             path: self.runtime_limits_path.clone(),
             max: self.max_runtime_limits,

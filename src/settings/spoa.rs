@@ -3,7 +3,10 @@
 
 use std::net::SocketAddr;
 
-use super::{SettingsError, check_distinct, invalid, resolve_listener};
+use super::SettingsError;
+use super::addrs::{check_distinct, resolve_listener};
+use super::parse::Named;
+use super::parse::in_range_or;
 use crate::api::spoa::{DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES, MIN_FRAME_BYTES, SpoaOptions};
 
 /// Raw SPOA settings, as typed by the operator.
@@ -35,33 +38,37 @@ pub struct SpoaArgs {
     pub spoa_max_frame_bytes: u32,
 }
 
+/// The SPOE agent's listener: where it binds, and its options.
+pub(super) struct SpoaListener {
+    pub(super) addr: SocketAddr,
+    pub(super) options: SpoaOptions,
+}
+
 impl SpoaArgs {
     /// Where the agent listens, with its options; `None` when SPOA_PORT is 0. `others` are the
     /// other listeners, which it must not share an address with.
-    pub fn validate(
+    pub(super) fn validate(
         &self,
-        others: &[(&'static str, SocketAddr)],
-    ) -> Result<Option<(SocketAddr, SpoaOptions)>, SettingsError> {
-        let max = self.spoa_max_frame_bytes;
-        if !(MIN_FRAME_BYTES..=MAX_FRAME_BYTES).contains(&max) {
-            return Err(invalid(
-                "SLUICE_SPOA_MAX_FRAME_BYTES",
-                max,
-                format!("expected {MIN_FRAME_BYTES} to {MAX_FRAME_BYTES}"),
-            ));
-        }
+        others: &[Named<SocketAddr>],
+    ) -> Result<Option<SpoaListener>, SettingsError> {
+        let max = in_range_or(
+            "SLUICE_SPOA_MAX_FRAME_BYTES",
+            self.spoa_max_frame_bytes,
+            &(MIN_FRAME_BYTES..=MAX_FRAME_BYTES),
+            format_args!("expected {MIN_FRAME_BYTES} to {MAX_FRAME_BYTES}"),
+        )?;
         if self.spoa_port == 0 {
             return Ok(None);
         }
         let addr = resolve_listener("SPOA_HOST", &self.spoa_host, self.spoa_port)?;
         let mut all = others.to_vec();
-        all.push(("SPOA_PORT", addr));
+        all.push(Named::new("SPOA_PORT", addr));
         check_distinct(&all)?;
-        Ok(Some((
+        Ok(Some(SpoaListener {
             addr,
-            SpoaOptions {
+            options: SpoaOptions {
                 max_frame_bytes: max,
             },
-        )))
+        }))
     }
 }

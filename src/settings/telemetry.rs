@@ -6,9 +6,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use clap::ArgAction;
 
+use super::addrs::resolve_listener;
 use super::otlp::OtlpArgs;
-use super::parse::{non_zero, parse_go_bool, parse_go_duration};
-use super::{SettingsError, invalid, resolve_listener};
+use super::parse::{non_zero, parse_go_bool, positive_go_duration};
+use super::{SettingsError, invalid};
 use crate::telemetry::{LogFormat, LogLevel, TelemetryOptions};
 
 /// Accepts what logrus's `ParseLevel` accepts, so existing LOG_LEVEL values keep working.
@@ -153,15 +154,8 @@ impl TelemetryArgs {
             ));
         }
         let statsd = if self.use_statsd {
-            let interval = parse_go_duration(&self.stats_flush_interval)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    invalid(
-                        "STATS_FLUSH_INTERVAL",
-                        &self.stats_flush_interval,
-                        "expected a positive Go duration such as 10s",
-                    )
-                })?;
+            let interval =
+                positive_go_duration("STATS_FLUSH_INTERVAL", &self.stats_flush_interval, "10s")?;
             let addr = (self.statsd_host.as_str(), self.statsd_port)
                 .to_socket_addrs()
                 .ok()
@@ -171,10 +165,10 @@ impl TelemetryArgs {
         } else {
             None
         };
-        let (tracing, otlp_metrics) = self.otlp.validate()?;
+        let otlp = self.otlp.validate()?;
         Ok(TelemetryOptions {
-            tracing,
-            otlp_metrics,
+            tracing: otlp.tracing,
+            otlp_metrics: otlp.metrics,
             statsd,
             stats: crate::telemetry::StatsOptions {
                 enabled: !self.disable_stats,

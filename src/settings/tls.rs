@@ -6,9 +6,9 @@ use std::path::PathBuf;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, parse_go_bool};
+use super::parse::{Named, non_empty, parse_go_bool};
 use super::{SettingsError, invalid};
-use crate::tls::GrpcTlsFiles;
+use crate::tls::{GrpcTlsFiles, KeyPairFiles, PemFile};
 
 /// A name a certificate can be verified against: a DNS name or an IP address.
 pub(super) fn tls_name(var: &'static str, value: &str) -> Result<String, SettingsError> {
@@ -111,10 +111,11 @@ fn grpc_server_tls(
 /// without a client certificate when only one of the two is set; that is almost certainly a typo,
 /// so it stops start-up here.
 pub(super) fn key_pair(
-    (cert_var, cert): (&'static str, &str),
-    (key_var, key): (&'static str, &str),
+    cert: Named<&str>,
+    key: Named<&str>,
 ) -> Result<Option<(PathBuf, PathBuf)>, SettingsError> {
-    match (non_empty(Some(cert)), non_empty(Some(key))) {
+    let (cert_var, key_var) = (cert.var, key.var);
+    match (non_empty(Some(cert.value)), non_empty(Some(key.value))) {
         (Some(c), Some(k)) => Ok(Some((PathBuf::from(c), PathBuf::from(k)))),
         (None, None) => Ok(None),
         (Some(c), None) => Err(invalid(
@@ -128,6 +129,19 @@ pub(super) fn key_pair(
             format!("needs {cert_var}, the certificate of this key"),
         )),
     }
+}
+
+/// [`key_pair`] as the files a TLS client reads, each named by its variable.
+pub(super) fn key_pair_files(
+    cert: Named<&str>,
+    key: Named<&str>,
+) -> Result<Option<KeyPairFiles>, SettingsError> {
+    Ok(
+        key_pair(cert, key)?.map(|(cert_path, key_path)| KeyPairFiles {
+            cert: PemFile::new(cert.var, cert_path),
+            key: PemFile::new(key.var, key_path),
+        }),
+    )
 }
 
 #[cfg(test)]

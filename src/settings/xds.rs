@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::parse::{non_empty, pairs, parse_go_bool, parse_go_duration};
+use super::parse::{Named, in_range, non_empty, pairs, parse_go_bool, positive_go_duration};
 use super::tls::{key_pair, tls_name};
 use super::{SettingsError, invalid};
 use crate::tls::XdsTlsFiles;
@@ -177,7 +177,10 @@ impl XdsArgs {
         let node_metadata = pairs(&self.config_grpc_xds_node_metadata, &['='])
             .map_err(|e| invalid("CONFIG_GRPC_XDS_NODE_METADATA", e, "expected key=value"))?;
         let additional_headers = self.additional_headers()?;
-        let (server_uri, tls) = self.server()?;
+        let XdsServer {
+            uri: server_uri,
+            tls,
+        } = self.server()?;
         let connect_retry_interval = positive_duration(
             "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
             &self.config_grpc_xds_server_connect_retry_interval,
@@ -212,8 +215,8 @@ impl XdsArgs {
 
     /// The server's URI for the gRPC client, and its TLS files (with
     /// CONFIG_GRPC_XDS_SERVER_USE_TLS or an `https://` URL).
-    fn server(&self) -> Result<(String, Option<XdsTlsFiles>), SettingsError> {
-        let (target, https) = xds_server_target(&self.config_grpc_xds_server_url)?;
+    fn server(&self) -> Result<XdsServer, SettingsError> {
+        let ServerTarget { target, https } = xds_server_target(&self.config_grpc_xds_server_url)?;
         let tls = if self.config_grpc_xds_server_use_tls || https {
             Some(xds_tls(
                 self.config_grpc_xds_client_tls_cert.as_deref(),
@@ -225,7 +228,10 @@ impl XdsArgs {
             None
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
-        Ok((format!("{scheme}://{target}"), tls))
+        Ok(XdsServer {
+            uri: format!("{scheme}://{target}"),
+            tls,
+        })
     }
 
     /// XDS_CLIENT_BACKOFF_*.
@@ -245,14 +251,11 @@ impl XdsArgs {
                 "must not be shorter than XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
             ));
         }
-        let random_factor = self.xds_client_backoff_random_factor;
-        if !(0.0..=1.0).contains(&random_factor) {
-            return Err(invalid(
-                "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-                random_factor,
-                "must be between 0 and 1",
-            ));
-        }
+        let random_factor = in_range(
+            "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+            self.xds_client_backoff_random_factor,
+            0.0..=1.0,
+        )?;
         Ok(XdsBackoff {
             initial,
             max,
@@ -263,15 +266,7 @@ impl XdsArgs {
 }
 
 fn positive_duration(var: &'static str, value: &str) -> Result<Duration, SettingsError> {
-    parse_go_duration(value)
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| {
-            invalid(
-                var,
-                value,
-                "expected a positive Go duration such as 500ms or 3s",
-            )
-        })
+    positive_go_duration(var, value, "500ms or 3s")
 }
 
 /// gRPC metadata keys are lower case (Go's `metadata.New` lower-cases them too); binary
@@ -298,8 +293,8 @@ pub(super) fn xds_tls(
     san: Option<&str>,
 ) -> Result<XdsTlsFiles, SettingsError> {
     let client_identity = key_pair(
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.unwrap_or("")),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.unwrap_or("")),
+        Named::new("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.unwrap_or("")),
+        Named::new("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.unwrap_or("")),
     )?;
     Ok(XdsTlsFiles {
         client_identity,
@@ -310,10 +305,23 @@ pub(super) fn xds_tls(
     })
 }
 
+/// The xDS server's URI for the gRPC client, and its TLS files.
+struct XdsServer {
+    uri: String,
+    tls: Option<XdsTlsFiles>,
+}
+
+/// CONFIG_GRPC_XDS_SERVER_URL as a gRPC target.
+struct ServerTarget {
+    /// `host:port`.
+    target: String,
+    /// Whether the URL asked for TLS (`https://`).
+    https: bool,
+}
+
 /// The Go service dials a gRPC target, `host:port`; `http://host:port`, `https://host:port`
-/// and `dns:///host:port` are accepted too. Returns `host:port` and whether the URL asked for
-/// TLS (`https://`).
-pub(super) fn xds_server_target(url: &str) -> Result<(String, bool), SettingsError> {
+/// and `dns:///host:port` are accepted too.
+fn xds_server_target(url: &str) -> Result<ServerTarget, SettingsError> {
     let var = "CONFIG_GRPC_XDS_SERVER_URL";
     let (rest, https) = match url.strip_prefix("https://") {
         Some(rest) => (rest, true),
@@ -333,7 +341,10 @@ pub(super) fn xds_server_target(url: &str) -> Result<(String, bool), SettingsErr
     if !valid {
         return Err(invalid(var, url, "expected host:port"));
     }
-    Ok((target.to_owned(), https))
+    Ok(ServerTarget {
+        target: target.to_owned(),
+        https,
+    })
 }
 
 #[cfg(test)]
