@@ -26,7 +26,7 @@ real gRPC client (`bench_client check-body`), which requires grpc-status 0.
       before an exact check, they must not fall into its window). SPEC is
       sluice:DEBUG_PORT (Sluice's /metrics: total_requests less its errors; errors: service and
       backend errors plus the listeners' refusals) or example:PORT (the comparison servers'
-      --answers port, examples/support/answers.rs).
+      --answers port, tests/support/src/bench/answers.rs).
   answers.py check LABEL BEFORE AFTER [exact] -- H2LOAD_STDOUT...
       Checks one run (BEFORE and AFTER as `read` printed them); prints one line, or exits 1.
 """

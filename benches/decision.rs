@@ -39,9 +39,7 @@ use sluice::limiter::{Decision, fixed_window};
 use sluice::service::{RateLimitService, Response, ServiceOptions};
 use sluice::store::{CounterStore, Hit, MemoryStore};
 use sluice::telemetry::{DecisionTelemetry, Stats};
-
-#[path = "../examples/support/tenants.rs"]
-mod tenants;
+use sluice_test_support::bench::tenants;
 
 /// A realistic config: the default `config/edge.yaml` plus a few dozen per-tenant and per-route
 /// limits, so lookups probe populated levels with wildcards present.

@@ -37,10 +37,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
-
-#[path = "support/answers.rs"]
-mod answers;
-use answers::Answers;
+use sluice_test_support::bench::answers::Answers;
 
 /// bench/config/bench.yaml: `client` alone, and `client` then `route`, at 1e9 per second.
 const RULES: [(&str, u32); 2] = [("client", 1_000_000_000), ("client.route", 1_000_000_000)];

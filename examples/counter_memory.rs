@@ -20,14 +20,8 @@ use sluice::clock::Timestamp;
 use sluice::limiter::{Algorithm, Quota, Unit};
 use sluice::store::memory::COUNTER_OVERHEAD_BYTES;
 use sluice::store::{CounterStore, Hit, MemoryStore};
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
-
-#[path = "support/ready.rs"]
-mod ready;
-use ready::ready;
+use sluice_test_support::bench::ready::ready;
+use sluice_test_support::bench::rss::rss_bytes;
 
 /// The memory store's future is always ready.
 fn apply(

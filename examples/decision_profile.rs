@@ -28,10 +28,7 @@ use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::service::{HeaderNames, RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
 use sluice::telemetry::{DecisionTelemetry, Stats};
-
-#[path = "support/ready.rs"]
-mod ready;
-use ready::ready;
+use sluice_test_support::bench::ready::ready;
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -21,6 +21,8 @@ use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::service::{RateLimitService, ServiceError, ServiceOptions};
 use sluice::store::{MemoryLimits, MemoryStore, StoreError};
 use sluice::telemetry::{DecisionTelemetry, Stats};
+use sluice_test_support::bench::ready::ready;
+use sluice_test_support::bench::rss::rss_bytes;
 
 const CONFIG: &str = r#"
 domain: edge
@@ -28,14 +30,6 @@ descriptors:
   - key: user
     rate_limit: {unit: minute, requests_per_unit: 100}
 "#;
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
-
-#[path = "support/ready.rs"]
-mod ready;
-use ready::ready;
 
 fn arg(args: &[String], i: usize, default: usize) -> usize {
     let n = args

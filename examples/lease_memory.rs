@@ -24,10 +24,7 @@ use sluice::cluster::lease::{Ask, LeaseClient, LeaseServer, LeaseTiming, Route};
 use sluice::limiter::{Quota, Unit};
 use sluice::store::Hit;
 use sluice::store::allowance::{AllowanceTuning, Allowances};
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
+use sluice_test_support::bench::rss::rss_bytes;
 
 const T0: u64 = 1_700_000_000_000_000;
 

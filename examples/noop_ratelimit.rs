@@ -25,10 +25,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-
-#[path = "support/answers.rs"]
-mod answers;
-use answers::Answers;
+use sluice_test_support::bench::answers::Answers;
 
 struct Noop {
     answers: Arc<Answers>,

@@ -19,10 +19,7 @@ use sluice::clock::{ManualClock, Timestamp};
 use sluice::config::{ConfigHandle, LoadOptions, parse_files};
 use sluice::descriptor::Entry;
 use sluice::rlqs::{RlqsOptions, RlqsService, Usage};
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
+use sluice_test_support::bench::rss::rss_bytes;
 
 const CONFIG: &str = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100}\n";
 

@@ -26,13 +26,8 @@ use std::sync::Arc;
 
 use alloc_counter::{Counting, live_bytes};
 use sluice::config::ConfigHandle;
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
-#[path = "support/tenants.rs"]
-mod tenants;
-use tenants::{body, made, set_runtime, yaml};
+use sluice_test_support::bench::rss::rss_bytes;
+use sluice_test_support::bench::tenants::{body, made, set_runtime, yaml};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;

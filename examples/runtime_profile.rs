@@ -31,13 +31,8 @@ use sluice::descriptor::{Descriptor, Entry, Request};
 use sluice::service::{RateLimitService, ServiceOptions};
 use sluice::store::MemoryStore;
 use sluice::telemetry::{DecisionTelemetry, Stats};
-
-#[path = "support/tenants.rs"]
-mod tenants;
-
-#[path = "support/ready.rs"]
-mod ready;
-use ready::ready;
+use sluice_test_support::bench::ready::ready;
+use sluice_test_support::bench::tenants;
 
 /// High enough that every decision is OK.
 const TENANT_LIMIT: u32 = 1_000_000_000;

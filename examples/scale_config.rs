@@ -41,10 +41,7 @@ use std::time::{Duration, Instant};
 use alloc_counter::{Counting, live_bytes};
 use sluice::config::{ConfigHandle, Domain, FileLimits, LoadOptions, parse_files};
 use sluice::descriptor::Entry;
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
+use sluice_test_support::bench::rss::rss_bytes;
 
 #[global_allocator]
 static ALLOC: Counting = Counting;

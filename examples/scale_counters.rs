@@ -37,14 +37,8 @@ use std::time::{Duration, Instant};
 use sluice::clock::{Clock, SystemClock, Timestamp};
 use sluice::limiter::{Decision, Quota, Unit};
 use sluice::store::{CounterStore, Hit, MemoryStore};
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
-
-#[path = "support/ready.rs"]
-mod ready;
-use ready::ready;
+use sluice_test_support::bench::ready::ready;
+use sluice_test_support::bench::rss::rss_bytes;
 
 /// The memory store's future is always ready.
 fn apply(store: &MemoryStore, now: Timestamp, hit: Hit<'_>, out: &mut Vec<Decision>) {

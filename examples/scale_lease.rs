@@ -29,10 +29,7 @@ use sluice::cluster::lease::{
 };
 use sluice::cluster::peer::{LeaseAsk, LeaseGrant, LeaseRequest, LeaseResponse};
 use sluice::limiter::{Quota, Unit};
-
-#[path = "support/rss.rs"]
-mod rss;
-use rss::rss_bytes;
+use sluice_test_support::bench::rss::rss_bytes;
 
 const T0: u64 = 1_700_000_000_000_000;
 const NODE: &str = "10.244.1.17:8082";

@@ -7,14 +7,14 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod pki;
-mod support;
-
-use support::{free_port, http, wait_for};
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, wait_for};
+use sluice_test_support::{pki, process};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -198,12 +198,12 @@ fn a_misspelt_sluice_variable_stops_start_up_naming_the_setting_meant() {
 #[ignore = "run by a_missing_program_fails_under_the_test_command_and_is_recorded_otherwise"]
 fn needs_a_program_nobody_installs() {
     assert!(
-        !support::tool_available("sluice-no-such-program", "--version", "nothing installs it"),
+        !process::tool_available("sluice-no-such-program", "--version", "nothing installs it"),
         "a program that should not exist was found"
     );
 }
 
-/// `support::missing`, the one rule for a test whose program is missing: under the test
+/// `process::missing`, the one rule for a test whose program is missing: under the test
 /// command (SLUICE_REQUIRE_TOOLS) or CI, read `1` or `true` in any case, the test fails naming
 /// the program and how to install it; otherwise it passes and the skip is on record.
 #[test]
@@ -635,7 +635,7 @@ fn configmap_version(app_dir: &Path, version: u32, files: &[(&str, &str)]) {
 fn runtime_layout_reloads_on_a_configmap_swap_and_keeps_serving_on_a_bad_one() {
     // The counter must survive the reload within one MINUTE window (the reload waits for the
     // config poll, up to 10 s here).
-    support::with_minute_to_spare(25);
+    process::with_minute_to_spare(25);
     let root = tempfile::tempdir().unwrap();
     let app_dir = root.path().join("current/config");
     configmap_version(&app_dir, 1, &[("limits.yaml", GOOD)]);
@@ -884,7 +884,7 @@ mod grpc_tls {
 
     /// One ShouldRateLimit call for `d`/`k`; the limit it reports, or the error.
     pub async fn limit(channel: Channel) -> Result<u32, String> {
-        let request = support::request_d_k_v();
+        let request = process::request_d_k_v();
         let response = RateLimitServiceClient::new(channel)
             .should_rate_limit(request)
             .await

@@ -12,21 +12,18 @@
 mod in_flight;
 mod node;
 mod penalty;
-mod pki;
 mod redis_server;
-mod support;
-
-#[path = "rlqs_envoy.rs"]
-mod rlqs_envoy;
 
 use node::Node;
 use redis_server::{RedisServer, redis_server_available};
-use support::{free_port, http, wait_for};
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sluice::cluster::ring::{Ring, key_hash};
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, wait_for};
+use sluice_test_support::{pki, process, rlqs_envoy};
 
 /// `n` peers, not started, each with `env`, and their PEERS string.
 fn peer_nodes(n: usize, env: &[(String, String)]) -> (Vec<Node>, String) {
@@ -1838,7 +1835,7 @@ mod lease {
 
     #[test]
     fn a_key_offered_many_times_its_limit_admits_the_limit_and_no_more() {
-        crate::support::with_window_to_spare(3600, 120);
+        process::with_window_to_spare(3600, 120);
         let c = Cluster::new(&[], &ALL);
         let started = Instant::now();
         // Windows: every node uses what it holds, and what a node holds beyond its need
@@ -1893,7 +1890,7 @@ mod lease {
         let c = Cluster::new(&[], &ALL);
         // Past the rebuild cap of the ring's forming (a lease duration).
         std::thread::sleep(Duration::from_millis(1500));
-        crate::support::with_window_to_spare(60, 40);
+        process::with_window_to_spare(60, 40);
         let quiet = 3 * BURST_LIMIT * 5 / 100;
         let busy_share = (3 * BURST_LIMIT - 2 * quiet) / 4;
         let mut seen = Vec::new();
@@ -1995,7 +1992,7 @@ mod lease {
     /// own bound, in the next test).
     #[test]
     fn a_killed_owner_lets_through_at_most_what_it_admitted_and_the_others_get_the_limit_back() {
-        crate::support::with_window_to_spare(3600, 120);
+        process::with_window_to_spare(3600, 120);
         let mut c = Cluster::new(&SHORT, &ALL);
         let value = "killed-owner";
         let (owner, next) = owner_and_next(&c, "fixed", value);
@@ -2081,7 +2078,7 @@ mod lease {
     /// holder reported (the new owner itself: half the limit).
     #[test]
     fn a_new_owner_grants_at_most_its_rebuild_cap_before_a_hot_node_reports() {
-        crate::support::with_window_to_spare(3600, 120);
+        process::with_window_to_spare(3600, 120);
         let mut c = Cluster::new(&SHORT, &ALL);
         let limit = 10 * LIMIT;
         let value = "rebuild";
@@ -2135,7 +2132,7 @@ mod lease {
 
     #[test]
     fn a_killed_holder_leaves_a_window_within_its_limit_and_its_bucket_rate_returns() {
-        crate::support::with_window_to_spare(3600, 120);
+        process::with_window_to_spare(3600, 120);
         let mut c = Cluster::new(&SHORT, &ALL);
         // A node that owns neither key: both lease servers survive it.
         let (window, bucket) = ("killed-holder-w", "killed-holder-b");
@@ -2224,7 +2221,7 @@ mod lease {
     /// rebuilds the key: then docs/cluster.md's bound during a failure allows it its rebuild
     /// cap, an equal share over the three, beyond what is left).
     fn a_joining_node(owned: bool) {
-        crate::support::with_window_to_spare(3600, 120);
+        process::with_window_to_spare(3600, 120);
         let joiner = 2;
         let mut c = Cluster::new(&SHORT, &[0, 1]);
         let value = c.value_owned("fixed", joiner, owned);

@@ -10,16 +10,17 @@
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
 mod node;
-mod support;
 
 use node::Node;
-use support::{http, wait_for};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice::cluster::ring::{Ring, key_hash};
+use sluice_test_support::http::http;
+use sluice_test_support::process;
+use sluice_test_support::process::wait_for;
 
 const KEYS: usize = 30;
 const LIMIT: u64 = 20;
@@ -370,7 +371,7 @@ fn restarted_with_counts(dir: &std::path::Path) -> Vec<Node> {
 /// the keys counted while the node was down are taken over, not admitted again.
 #[test]
 fn a_flood_of_first_hits_after_a_restart_marks_no_peer_down() {
-    support::with_window_to_spare(3600, 120);
+    process::with_window_to_spare(3600, 120);
     let dir = tempfile::tempdir().unwrap();
     let nodes = restarted_with_counts(dir.path());
     let ports = [nodes[0].http, nodes[1].http, nodes[2].http];

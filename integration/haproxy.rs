@@ -7,15 +7,16 @@
 //! request's hit (`negative_hits`), as docs/haproxy.md's Refunds section says.
 //!
 //! HAProxy is found through SLUICE_HAPROXY, else PATH or /usr/sbin/haproxy. Missing, the test
-//! fails under the test command and CI, and is a recorded skip elsewhere (`support::missing`).
+//! fails under the test command and CI, and is a recorded skip elsewhere (`process::missing`).
 
 mod proxies;
-mod support;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
+
+use sluice_test_support::http::http;
 
 use proxies::{
     Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, try_get_from, wait_for,
@@ -107,7 +108,7 @@ fn haproxy_refunds_each_request_on_its_response() {
     let stat = |name: &str| {
         let line =
             format!(r#"ratelimit_service_rate_limit_{name}{{domain="inflight",key1="inflight"}} "#);
-        support::http(sluice.debug, "GET", "/metrics", "")
+        http(sluice.debug, "GET", "/metrics", "")
             .and_then(|(_, body)| {
                 body.lines()
                     .find_map(|l| l.strip_prefix(line.as_str()))
@@ -136,7 +137,7 @@ fn haproxy_refunds_each_request_on_its_response() {
             r#"{{"domain":"inflight","descriptors":[{{"entries":[{{"key":"inflight","value":"k1"}}],"is_negative_hits":{negative}}}]}}"#
         );
         assert_eq!(
-            support::http(sluice.http, "POST", "/json", &body).map(|(s, _)| s),
+            http(sluice.http, "POST", "/json", &body).map(|(s, _)| s),
             Some(200)
         );
     };
@@ -186,7 +187,7 @@ fn haproxy_holds_a_concurrency_limit_with_its_response_refunds() {
     held(1);
     // Its refund, on the response, freed its slot (the refusal kept no debt to pay).
     wait_for("a slot free again", Duration::from_secs(20), || {
-        let s = support::http(sluice.debug, "GET", "/metrics", "").map(|(_, b)| b);
+        let s = http(sluice.debug, "GET", "/metrics", "").map(|(_, b)| b);
         s.is_some_and(|b| b.contains("ratelimit_service_rate_limit_slots_given_back{domain=\"inflight\",key1=\"inflight\"} 1"))
     });
     running.push(first);

@@ -14,14 +14,15 @@
 )]
 
 mod node;
-mod support;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use sluice_test_support::http::http;
+use sluice_test_support::process::wait_for;
+
 use node::Node;
-use support::{http, wait_for};
 
 /// The window: epoch-aligned, the same on every node.
 const WINDOW_S: u64 = 10;

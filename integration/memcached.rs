@@ -12,10 +12,7 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod pki;
 mod redis_server;
-mod store_contract;
-mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -23,16 +20,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use store_contract::{Routed, UnderTest, limit, store_contract};
-use support::free_port;
-use support::tool_available;
-
 use sluice::clock::Timestamp;
 use sluice::key::{go_cache_key, memcached_key};
 use sluice::limiter::{Algorithm, Decision, Quota, Unit};
 use sluice::store::memcache::{MemcacheConfig, MemcacheServers, MemcacheTls};
 use sluice::store::redis::BreakerSettings;
 use sluice::store::{CounterStore, Hit, MemcacheStore, StoreError};
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, tool_available};
+use sluice_test_support::store_contract::{Routed, UnderTest, limit};
+use sluice_test_support::{pki, process, store_contract};
 
 /// A `memcached` on 127.0.0.1, killed on drop.
 struct Memcached {
@@ -227,7 +224,7 @@ fn fixed(limit: u32, unit: Unit) -> Quota {
 }
 
 /// A fresh memcached and a store on it (no jitter); `None` (a recorded skip) when `memcached`
-/// is missing and tools are not required (`support::missing`).
+/// is missing and tools are not required (`process::missing`).
 async fn one_server() -> Option<(Memcached, MemcacheStore)> {
     one_server_with(|_| {}).await
 }
@@ -391,7 +388,7 @@ async fn keys_memcached_cannot_store_are_counted_under_their_hash() {
 }
 
 /// A fresh memcached and a store on it with `configure`d settings; `None` (a recorded skip)
-/// when `memcached` is missing and tools are not required (`support::missing`).
+/// when `memcached` is missing and tools are not required (`process::missing`).
 async fn one_server_with(
     configure: impl FnOnce(&mut MemcacheConfig),
 ) -> Option<(Memcached, MemcacheStore)> {
@@ -889,7 +886,7 @@ fn the_binary_serves_on_memcached_with_the_go_services_variables() {
     if !memcached_available() {
         return;
     }
-    support::with_minute_to_spare(20);
+    process::with_minute_to_spare(20);
     let m = Memcached::start();
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("ratelimit/config");
@@ -923,16 +920,12 @@ fn the_binary_serves_on_memcached_with_the_go_services_variables() {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let _sluice = SluiceProcess(c.spawn().expect("spawn sluice"));
-    support::wait_for("healthy on memcached", Duration::from_secs(20), || {
-        support::http(http_port, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 200)
+    process::wait_for("healthy on memcached", Duration::from_secs(20), || {
+        http(http_port, "GET", "/healthcheck", "").is_some_and(|(s, _)| s == 200)
     });
     let body = r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#;
     let codes: Vec<u16> = (0..3)
-        .map(|_| {
-            support::http(http_port, "POST", "/json", body)
-                .expect("answered")
-                .0
-        })
+        .map(|_| http(http_port, "POST", "/json", body).expect("answered").0)
         .collect();
     assert_eq!(codes, [200, 200, 429]);
     let key = go_cache_key("rl:d_k_v_", now(), Unit::Minute);
@@ -942,9 +935,7 @@ fn the_binary_serves_on_memcached_with_the_go_services_variables() {
         "the Go service's key and count"
     );
     let server = format!("127.0.0.1:{}", m.port);
-    let metrics = support::http(debug, "GET", "/metrics", "")
-        .expect("metrics")
-        .1;
+    let metrics = http(debug, "GET", "/metrics", "").expect("metrics").1;
     assert!(
         metrics.contains(&format!("sluice_memcache_up{{server=\"{server}\"}} 1")),
         "{metrics}"
@@ -952,9 +943,9 @@ fn the_binary_serves_on_memcached_with_the_go_services_variables() {
     // memcached gone: answered OK, as the Go service's memcache backend does, and the
     // breaker says so.
     drop(m);
-    let (status, answer) = support::http(http_port, "POST", "/json", body).expect("answered");
+    let (status, answer) = http(http_port, "POST", "/json", body).expect("answered");
     assert_eq!(status, 200, "{answer}");
-    let stats = support::http(debug, "GET", "/stats", "").expect("stats").1;
+    let stats = http(debug, "GET", "/stats", "").expect("stats").1;
     assert!(
         stats.contains(&format!("sluice.memcache.{server}.up: 0")),
         "{stats}"

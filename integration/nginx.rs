@@ -4,14 +4,15 @@
 //! flight counted by a refund `post_action` sends after each request.
 //!
 //! nginx is found through SLUICE_NGINX, else PATH or /usr/sbin/nginx. Missing, the test fails
-//! under the test command and CI, and is a recorded skip elsewhere (`support::missing`).
+//! under the test command and CI, and is a recorded skip elsewhere (`process::missing`).
 
 mod proxies;
-mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
+
+use sluice_test_support::http::http;
 
 use proxies::{Proc, Sluice, Upstream, fill, free_port, get, repo, try_get, wait_for};
 
@@ -131,7 +132,7 @@ fn nginx_counts_requests_in_flight_with_post_action_refunds() {
     };
     let refunds = || {
         let line = r#"ratelimit_service_rate_limit_total_negative_hits{domain="inflight",key1="inflight"} "#;
-        support::http(sluice.debug, "GET", "/metrics", "")
+        http(sluice.debug, "GET", "/metrics", "")
             .and_then(|(_, body)| {
                 body.lines()
                     .find_map(|l| l.strip_prefix(line))
@@ -157,7 +158,7 @@ fn nginx_counts_requests_in_flight_with_post_action_refunds() {
             r#"{{"domain":"inflight","descriptors":[{{"entries":[{{"key":"inflight","value":"k1"}}],"is_negative_hits":{negative}}}]}}"#
         );
         assert_eq!(
-            support::http(sluice.http, "POST", "/json", &body).map(|(s, _)| s),
+            http(sluice.http, "POST", "/json", &body).map(|(s, _)| s),
             Some(200)
         );
     };

@@ -12,7 +12,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::support::{free_port, http};
+use sluice_test_support::http::http;
+use sluice_test_support::process::free_port;
 
 /// One node.
 pub struct Node {

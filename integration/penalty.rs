@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support;
+use sluice_test_support::process;
 
 /// `/json`'s answer on `http` for `login=<value>`: OK, and the seconds its status says to the
 /// reset.
@@ -17,7 +17,7 @@ pub fn login(http: u16, value: &str) -> (bool, u64) {
     let body = format!(
         r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"login","value":"{value}"}}]}}]}}"#
     );
-    let (_, body) = support::http(http, "POST", "/json", &body).expect("answer");
+    let (_, body) = sluice_test_support::http::http(http, "POST", "/json", &body).expect("answer");
     let v: serde_json::Value = serde_json::from_str(&body).expect("json");
     let reset = v["statuses"][0]["durationUntilReset"]
         .as_str()
@@ -31,9 +31,9 @@ pub fn login(http: u16, value: &str) -> (bool, u64) {
 /// window has reset), saying when the penalty ends; admitted again 3 s after the refusal.
 pub fn steps(mut ask: impl FnMut(&str) -> (bool, u64)) {
     // Early in a second, so that the four requests share its window.
-    let into = support::unix_millis() % 1_000;
+    let into = process::unix_millis() % 1_000;
     std::thread::sleep(Duration::from_millis((1_050 - into) % 1_000));
-    let value = format!("u{}", support::unix_millis());
+    let value = format!("u{}", process::unix_millis());
     for _ in 0..3 {
         assert!(ask(&value).0, "the first three are admitted");
     }

@@ -14,15 +14,16 @@
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
 mod redis_server;
-mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, tool_available, wait_for};
+
 use redis_server::{RedisServer, redis_server_available};
 use serde_json::Value;
-use support::{free_port, http, tool_available, wait_for};
 
 fn files() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/sluice/files")

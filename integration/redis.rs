@@ -1,7 +1,7 @@
 //! The Redis backend against a real `redis-server`, started by each test on a free 127.0.0.1
 //! port with persistence off, and killed when the test ends.
 //!
-//! Also over TLS (a throw-away CA from `pki.rs`, client certificates required), on a 3-node
+//! Also over TLS (a throw-away CA from `sluice_test_support::pki`, client certificates required), on a 3-node
 //! Redis Cluster, and behind Redis Sentinel through a failover.
 //!
 //! Under CI (`CI=true`) a missing `redis-server` (or one built without TLS) fails the test with
@@ -11,17 +11,12 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod pki;
 mod redis_down;
 mod redis_readonly;
 mod redis_server;
-mod store_contract;
-mod support;
 
 use pki::TestPki;
 use redis_server::{RedisServer, redis_server_available, redis_tls_available};
-use store_contract::{Routed, UnderTest, slots_contract, store_contract};
-use support::{free_port, wait_for};
 
 use std::num::NonZeroU32;
 use std::process::{Child, Command, Stdio};
@@ -35,6 +30,10 @@ use sluice::store::redis::{
     RedisConfig, RedisNode, RedisTarget, RedisTls, RedisTopology, StartupBackoff,
 };
 use sluice::store::{CounterStore, Hit, MemoryStore, RedisStore, StoreError};
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, wait_for};
+use sluice_test_support::store_contract::{Routed, UnderTest};
+use sluice_test_support::{pki, process, slots_contract, store_contract};
 
 /// The tests' Redis: the shared helper, plus what only these tests start.
 type Redis = RedisServer;
@@ -171,7 +170,7 @@ async fn admitted_concurrently(
 }
 
 /// A fresh redis-server and a store on it, for one contract case; `None` (a recorded skip)
-/// when `redis-server` is missing and tools are not required (`support::missing`).
+/// when `redis-server` is missing and tools are not required (`process::missing`).
 async fn redis_under_test() -> Option<Routed<UnderTest<RedisStore>>> {
     if !redis_server_available() {
         return None;
@@ -1027,7 +1026,7 @@ impl Sluice {
     }
 
     fn status(&self, method: &str, path: &str, body: &str) -> Option<u16> {
-        support::http(self.http, method, path, body).map(|(s, _)| s)
+        http(self.http, method, path, body).map(|(s, _)| s)
     }
 
     fn json(&self) -> Option<u16> {
@@ -1059,7 +1058,7 @@ fn debug_counters_read_and_reset_a_counter_kept_in_redis() {
     }
     let query = "/debug/counters?domain=d&descriptor=k=v";
     let read = || {
-        let (status, body) = support::http(admin.debug, "GET", query, "").expect("answer");
+        let (status, body) = http(admin.debug, "GET", query, "").expect("answer");
         assert_eq!(status, 200, "{body}");
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["counters"][0].clone()
     };
@@ -1078,7 +1077,7 @@ fn debug_counters_read_and_reset_a_counter_kept_in_redis() {
     let go_key = format!("d_k_v_{hour_start}");
     assert_eq!(redis.cli(&["GET", &go_key]), "6");
     let reset = query.replace("counters?", "counters/reset?");
-    let (status, body) = support::http(admin.debug, "POST", &reset, "").expect("answer");
+    let (status, body) = http(admin.debug, "POST", &reset, "").expect("answer");
     assert_eq!(status, 200, "{body}");
     // Deleted, then read back by the answer's peek (an INCRBY of 0, as a Go check does).
     assert_eq!(redis.cli(&["GET", &go_key]), "0");
@@ -1534,7 +1533,7 @@ fn sluice_over_tls_counts_and_a_wrong_ca_is_unhealthy_not_a_crash() {
         "a call refused for the certificate",
         Duration::from_secs(20),
         || {
-            support::http(bad.http, "POST", "/json", JSON_BODY)
+            http(bad.http, "POST", "/json", JSON_BODY)
                 .is_some_and(|(_, body)| body.to_lowercase().contains("certificate"))
         },
     );
@@ -1555,7 +1554,7 @@ async fn grpc_code(port: u16) -> tonic::Code {
     let mut client = RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
         .await
         .expect("connect gRPC");
-    let request = support::request_d_k_v();
+    let request = process::request_d_k_v();
     match client.should_rate_limit(request).await {
         Ok(_) => tonic::Code::Ok,
         Err(status) => status.code(),
@@ -1675,7 +1674,7 @@ fn sentinel_failover_is_followed_and_counts_carry_over() {
     );
     sluice.wait_healthy();
     for _ in 0..3 {
-        let answer = support::http(sluice.http, "POST", "/json", JSON_BODY);
+        let answer = http(sluice.http, "POST", "/json", JSON_BODY);
         assert_eq!(answer.as_ref().map(|a| a.0), Some(200), "{answer:?}");
     }
     // The three hits are on the replica too before the failover.

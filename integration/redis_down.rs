@@ -13,6 +13,7 @@
 use super::*;
 use sluice::store::RedisLink;
 use sluice::store::redis::BreakerStats;
+use sluice_test_support::http::http;
 
 /// The bound on a call answered without Redis.
 const FAST: Duration = Duration::from_millis(150);
@@ -389,7 +390,7 @@ fn sluice_answers_at_once_while_redis_is_down_failing_open_where_asked() {
     assert_eq!(code, tonic::Code::Unknown);
     // The gRPC client connects first: allow for that.
     assert!(grpc_started.elapsed() < Duration::from_secs(1));
-    let stats = support::http(debug, "GET", "/stats", "").expect("/stats").1;
+    let stats = http(debug, "GET", "/stats", "").expect("/stats").1;
     assert!(stats.contains("sluice.redis.main.up: 0"), "{stats}");
     assert!(
         stats.contains("sluice.redis.main.breaker_opens: 1"),

@@ -1,7 +1,7 @@
 //! A real `redis-server` for end-to-end tests: a child process on a 127.0.0.1 port with
 //! persistence off, killed on drop. A missing `redis-server` (or one built without TLS, for the
 //! TLS tests) fails the test under the test command and CI, and is a recorded skip elsewhere
-//! (`support::missing`).
+//! (`process::missing`).
 
 #![allow(
     clippy::disallowed_methods,
@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{missing, tool_available};
+use sluice_test_support::process::{missing, tool_available};
 
 pub struct RedisServer {
     child: Option<Child>,

@@ -12,10 +12,12 @@
 mod in_flight;
 mod penalty;
 mod redis_server;
-mod support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, tool_available, wait_for};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -25,7 +27,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::google::protobuf::UInt64Value;
 use in_flight::Answer;
 use redis_server::{RedisServer, redis_server_available};
-use support::{free_port, tool_available, wait_for};
 
 /// Every key a limit of 3 per hour: a fixed window (`inflight`, as the Go service counts), a
 /// fixed window with `charge_refused: true` (`charged`), a sliding window without and with it.
@@ -109,7 +110,8 @@ impl Sluice {
             _dir: dir,
         };
         wait_for("sluice to be healthy", Duration::from_secs(20), || {
-            support::http(s.http, "GET", "/healthcheck", "").is_some_and(|(c, _)| c == 200)
+            sluice_test_support::http::http(s.http, "GET", "/healthcheck", "")
+                .is_some_and(|(c, _)| c == 200)
         });
         s
     }
@@ -119,7 +121,7 @@ impl Sluice {
         let body = format!(
             r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"{key}","value":"{value}"}}],"hits_addend":{hits},"is_negative_hits":{negative}}}]}}"#
         );
-        let (status, body) = support::http(self.http, "POST", "/json", &body).expect("answer");
+        let (status, body) = http(self.http, "POST", "/json", &body).expect("answer");
         let v: serde_json::Value = serde_json::from_str(&body).expect("json");
         let s = &v["statuses"][0];
         let ok = s["code"] == "OK";
@@ -137,7 +139,7 @@ impl Sluice {
             r#"{{"domain":"d","descriptors":[{{"entries":[{{"key":"budget","value":"t"}},{{"key":"{}","value":"{}"}}],"hits_addend":{hits}}}]}}"#,
             entry.0, entry.1
         );
-        let (_, body) = support::http(self.http, "POST", "/json", &body).expect("answer");
+        let (_, body) = http(self.http, "POST", "/json", &body).expect("answer");
         let v: serde_json::Value = serde_json::from_str(&body).expect("json");
         let token = v["dynamicMetadata"]["sluice_reservation"].as_str();
         (v["overallCode"] == "OK", token.map(str::to_owned))
@@ -146,7 +148,7 @@ impl Sluice {
     /// `budget=t`'s counter from `/debug/counters`: (count, used, reserved).
     fn budget(&self) -> (u64, u64, u64) {
         let uri = "/debug/counters?domain=d&descriptor=budget=t";
-        let (_, body) = support::http(self.debug, "GET", uri, "").expect("counters");
+        let (_, body) = http(self.debug, "GET", uri, "").expect("counters");
         let v: serde_json::Value = serde_json::from_str(&body).expect("json");
         let c = &v["counters"][0];
         let n = |f: &str| c[f].as_u64().unwrap_or(u64::MAX);
@@ -196,7 +198,7 @@ impl Sluice {
     /// `ratelimit_service_rate_limit_<stat>{domain="d",key1="<key>"}` from `/metrics` (statsd's
     /// `ratelimit.service.rate_limit.d.<key>.<stat>`, in the Go mapping).
     fn stat(&self, key: &str, stat: &str) -> u64 {
-        let (_, body) = support::http(self.debug, "GET", "/metrics", "").expect("metrics");
+        let (_, body) = http(self.debug, "GET", "/metrics", "").expect("metrics");
         let name = format!(r#"ratelimit_service_rate_limit_{stat}{{domain="d",key1="{key}"}} "#);
         body.lines()
             .find_map(|l| l.strip_prefix(&name))
@@ -266,7 +268,7 @@ fn reservations(s: &Sluice) {
     let (ok, second) = s.reservation(("sluice_reserve", "1"), 30);
     assert!(ok && second.is_some());
     assert_eq!(s.budget(), (40, 10, 30));
-    let (_, metrics) = support::http(s.debug, "GET", "/metrics", "").expect("metrics");
+    let (_, metrics) = http(s.debug, "GET", "/metrics", "").expect("metrics");
     assert!(
         metrics.contains("sluice_reservations_opened_total 2\n"),
         "{metrics}"
@@ -347,7 +349,7 @@ fn refunds_on_redis_with_allowances_keep_the_recipes_on_a_hot_key() {
     assert_eq!(go_count(&redis, &format!("d_hot_v_{hour}")), 51);
     assert_eq!(go_count(&redis, &format!("d_hot_charged_v_{hour}")), 60);
     // The hot key was decided from batches, not one INCRBY a call.
-    let (_, metrics) = support::http(s.debug, "GET", "/metrics", "").expect("metrics");
+    let (_, metrics) = http(s.debug, "GET", "/metrics", "").expect("metrics");
     let local: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("sluice_redis_allowance_local_calls_total "))

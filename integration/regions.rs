@@ -19,18 +19,17 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-#[path = "faults/proxy.rs"]
-mod delay;
 mod node;
-mod pki;
-mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use sluice_test_support::http::http;
+use sluice_test_support::process::{wait_for, with_window_to_spare};
+use sluice_test_support::{delay_proxy, pki, process};
+
 use node::Node;
-use support::{http, wait_for, with_window_to_spare};
 
 /// The hour limit of the first test.
 const HOUR_LIMIT: usize = 200;
@@ -82,7 +81,7 @@ impl Cluster {
         }
         let mut nodes: Vec<Node> = (0..2).map(|_| Node::new(env.clone())).collect();
         for n in nodes.iter_mut().filter(|_| proxied) {
-            n.advertised = Some(support::free_port());
+            n.advertised = Some(process::free_port());
         }
         let peers = Node::peers(&nodes);
         Cluster { nodes, peers }
@@ -111,7 +110,7 @@ struct Tree {
     root: Cluster,
     children: [Cluster; 2],
     /// With a delay: the proxy every call to a root node goes through.
-    _proxy: Option<delay::Proxy>,
+    _proxy: Option<delay_proxy::Proxy>,
     /// With mutual TLS: the CA and the certificate every node presents.
     _pki: Option<pki::TestPki>,
 }
@@ -152,7 +151,7 @@ impl Tree {
                 .collect();
             let target = root.nodes.iter().map(|n| at(n.peer)).collect();
             // Every connection counts as from a third node, whose links to both are delayed.
-            let proxy = delay::Proxy::start(listen, target, |_| Some(2));
+            let proxy = delay_proxy::Proxy::start(listen, target, |_| Some(2));
             proxy.set_delay(0, 2, d);
             proxy.set_delay(1, 2, d);
             proxy

@@ -17,7 +17,7 @@
 //!
 //! Each test runs its own Sluice and Envoys on free ports, so the tests run concurrently. Envoy
 //! is found as in `envoy.rs` (SLUICE_ENVOY, `target/venv/bin/envoy`, PATH); missing, the tests
-//! fail under the test command and CI, and are a recorded skip elsewhere (`support::missing`).
+//! fail under the test command and CI, and are a recorded skip elsewhere (`process::missing`).
 
 #![allow(
     clippy::disallowed_methods,
@@ -25,7 +25,6 @@
 )]
 
 mod proxies;
-mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

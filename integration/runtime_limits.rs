@@ -11,7 +11,6 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -20,8 +19,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use sluice_test_support::process;
+use sluice_test_support::process::{free_port, wait_for, with_minute_to_spare};
+
 use serde_json::{Value, json};
-use support::{free_port, wait_for, with_minute_to_spare};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -153,7 +154,8 @@ impl Sluice {
                 panic!("sluice exited with {status} at start:\n{}", s.stderr());
             }
             let up = |port, path| {
-                support::http(port, "GET", path, "").is_some_and(|(status, _)| status == 200)
+                sluice_test_support::http::http(port, "GET", path, "")
+                    .is_some_and(|(status, _)| status == 200)
             };
             if up(s.http, "/healthcheck") && up(s.debug, "/rlconfig") {
                 return s;
@@ -407,7 +409,7 @@ fn a_limit_set_at_run_time_decides_the_next_call_and_its_delete_restores_the_yam
 #[test]
 fn a_runtime_limit_adds_the_paths_and_domains_the_yaml_lacks() {
     // The counts below must stay in one HOUR window (and so in one day).
-    support::with_window_to_spare(3600, 10);
+    process::with_window_to_spare(3600, 10);
     let files = Files::new();
     let s = Sluice::start(&files, files.sluice());
     let (status, hooli) = s.decide(&[("tenant", "hooli")]);

@@ -22,16 +22,17 @@
 mod node;
 mod redis_server;
 mod relay;
-mod support;
 
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, wait_for};
+
 use node::Node;
 use redis_server::{RedisServer, redis_server_available};
 use relay::Relay;
-use support::{free_port, http, wait_for};
 
 const TOKEN: &str = "s3cr3t";
 

@@ -10,7 +10,6 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod support;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -18,7 +17,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use support::{free_port, http, wait_for};
+use sluice_test_support::http::http;
+use sluice_test_support::process::{free_port, wait_for};
 
 /// A `sluice` process killed on drop, and its HTTP and debug ports.
 struct Sluice {

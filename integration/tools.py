@@ -1,5 +1,5 @@
 """What the Python tests (helm.py, status_page.py) do when an outside program is missing: the
-same rule as the Rust tests' `support::missing` (integration/support.rs).
+same rule as the Rust tests' `process::missing` (tests/support/src/process.rs).
 
 Under the test command (scripts/test.sh exports SLUICE_REQUIRE_TOOLS=1) and under CI (CI=true)
 a missing program fails the test, naming it and how to install it; elsewhere the test is skipped,

@@ -11,7 +11,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/sluice-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # Every test that needs an outside program fails, naming it, when the program is missing: this
 # script installs them all, so a missing one is a broken install, never a reason to skip
-# (integration/support.rs `missing`, integration/tools.py). SLUICE_REQUIRE_TOOLS=0 lets tests
+# (tests/support/src/process.rs `missing`, integration/tools.py). SLUICE_REQUIRE_TOOLS=0 lets tests
 # skip instead; each skip is then listed at the end, from target/skipped.txt.
 export SLUICE_REQUIRE_TOOLS="${SLUICE_REQUIRE_TOOLS:-1}"
 mkdir -p target
@@ -238,8 +238,8 @@ ensure_apt_package dnsmasq dnsmasq-base           # integration/memcached.rs (SR
 [ -n "${SLUICE_NGINX:-}" ] || ensure_apt_package nginx nginx   # integration/nginx.rs
 [ -n "${SLUICE_HAPROXY:-}" ] || ensure_apt_package haproxy haproxy   # integration/haproxy.rs
 ensure_apt_package promtool prometheus               # tests/telemetry.rs
-ensure_apt_package ip iproute2                       # integration/faults.rs (namespaces)
-ensure_apt_package iptables iptables                 # integration/faults.rs (cuts and loss)
+ensure_apt_package ip iproute2                       # integration/faults/ (namespaces)
+ensure_apt_package iptables iptables                 # integration/faults/ (cuts and loss)
 ensure_apt_package openssl openssl                   # integration/helm.py (test certificates)
 ensure_apt_package h2load nghttp2-client             # bench/run.sh (the quick load benchmark)
 ensure_envoy                                      # integration/envoy.rs, rlqs.rs
@@ -263,7 +263,7 @@ echo "== cargo deny check"
 run_cargo_deny
 
 echo "== cargo clippy"
-cargo clippy --all-targets --all-features --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 
 # check_fuzz_crate: type-checks fuzz/, the cargo-fuzz crate (its own workspace and lock file),
 # on stable: nothing else builds it, and its targets include tests/fuzz's files. Running them

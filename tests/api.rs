@@ -1,11 +1,12 @@
 //! The adapters over real sockets on port 0: gRPC with a tonic client built from envoy-types,
 //! `/json` and `/healthcheck` over HTTP/1.1, and `/rlconfig` on the debug port.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{default_options, fixture, http, start};
+use sluice_test_support::app;
+use sluice_test_support::app::{default_options, fixture, start};
+use sluice_test_support::http::http_async;
+
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -174,7 +175,7 @@ async fn grpc_health_mirrors_healthcheck_at_every_instant_and_pushes_changes() {
         require_config_for_health: true,
         ..default_options()
     };
-    let app = common::start_with(config.clone(), options).await;
+    let app = app::start_with(config.clone(), options).await;
     let mut h = HealthClient::new(channel(app.grpc).await);
     let check = |service: &str| HealthCheckRequest {
         service: service.into(),
@@ -194,7 +195,10 @@ async fn grpc_health_mirrors_healthcheck_at_every_instant_and_pushes_changes() {
         h.check(check("other")).await.unwrap_err().code(),
         tonic::Code::NotFound
     );
-    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 500);
+    assert_eq!(
+        http_async(app.http, "GET", "/healthcheck", "").await.status,
+        500
+    );
     let mut watch = h.watch(check("ratelimit")).await.unwrap().into_inner();
     assert_eq!(watch.message().await.unwrap().unwrap().status, not_serving);
 
@@ -206,7 +210,10 @@ async fn grpc_health_mirrors_healthcheck_at_every_instant_and_pushes_changes() {
     .unwrap();
     config.store(loaded);
     assert_eq!(status(h.check(check("ratelimit")).await.unwrap()), serving);
-    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 200);
+    assert_eq!(
+        http_async(app.http, "GET", "/healthcheck", "").await.status,
+        200
+    );
     let pushed = tokio::time::timeout(Duration::from_secs(5), watch.message())
         .await
         .expect("the change pushed to the Watch stream")
@@ -218,7 +225,7 @@ async fn grpc_health_mirrors_healthcheck_at_every_instant_and_pushes_changes() {
 #[tokio::test]
 async fn json_endpoint_codes_and_bodies() {
     let app = start(&fixture("api"), default_options()).await;
-    let ok = http(
+    let ok = http_async(
         app.http,
         "POST",
         "/json",
@@ -238,16 +245,16 @@ async fn json_endpoint_codes_and_bodies() {
     assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "SECOND");
 
     let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"ten","value":"j"}]}],"hitsAddend":11}"#;
-    let over = http(app.http, "POST", "/json", body).await;
+    let over = http_async(app.http, "POST", "/json", body).await;
     assert_eq!(over.status, 429, "{}", over.body);
     let v: serde_json::Value = serde_json::from_str(&over.body).unwrap();
     assert_eq!(v["overallCode"], "OVER_LIMIT");
 
-    let bad = http(app.http, "POST", "/json", "{not json").await;
+    let bad = http_async(app.http, "POST", "/json", "{not json").await;
     assert_eq!(bad.status, 400);
     assert!(bad.body.starts_with("Bad Request\n"), "{}", bad.body);
 
-    let empty_domain = http(
+    let empty_domain = http_async(
         app.http,
         "POST",
         "/json",
@@ -263,7 +270,7 @@ async fn json_endpoint_codes_and_bodies() {
         empty_domain.body
     );
 
-    let health = http(app.http, "GET", "/healthcheck", "").await;
+    let health = http_async(app.http, "GET", "/healthcheck", "").await;
     assert_eq!(health.status, 200);
     assert_eq!(health.body, "OK");
 }
@@ -271,7 +278,7 @@ async fn json_endpoint_codes_and_bodies() {
 #[tokio::test]
 async fn rlconfig_lists_each_limit() {
     let app = start(&fixture("api"), default_options()).await;
-    let r = http(app.debug, "GET", "/rlconfig", "").await;
+    let r = http_async(app.debug, "GET", "/rlconfig", "").await;
     assert_eq!(r.status, 200);
     assert!(
         r.body.contains(
@@ -294,12 +301,15 @@ async fn shutdown_fails_health_then_drains() {
     let mut options = default_options();
     options.shutdown_delay = Duration::from_millis(1500);
     let mut app = start(&fixture("api"), options).await;
-    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 200);
+    assert_eq!(
+        http_async(app.http, "GET", "/healthcheck", "").await.status,
+        200
+    );
     app.shutdown.take().unwrap().send(()).unwrap();
     // During the shutdown delay the listeners still answer, with health failing.
     let mut saw_500 = false;
     for _ in 0..20 {
-        if http(app.http, "GET", "/healthcheck", "").await.status == 500 {
+        if http_async(app.http, "GET", "/healthcheck", "").await.status == 500 {
             saw_500 = true;
             break;
         }
@@ -417,7 +427,7 @@ async fn every_algorithm_answers_over_json() {
             r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"{key}","value":"j"}}]}}]}}"#
         );
         for i in 0..=admitted {
-            let r = http(app.http, "POST", "/json", &body).await;
+            let r = http_async(app.http, "POST", "/json", &body).await;
             let expected = if i < admitted { 200 } else { 429 };
             assert_eq!(r.status, expected, "{key} call {i}: {}", r.body);
         }
@@ -436,10 +446,13 @@ async fn debug_counters_read_without_counting_and_reset_only_when_enabled() {
         };
         let app = start(&fixture("api"), options).await;
         let charge = r#"{"domain":"api","descriptors":[{"entries":[{"key":"guarded","value":"t1"}]}],"hitsAddend":2}"#;
-        assert_eq!(http(app.http, "POST", "/json", charge).await.status, 200);
+        assert_eq!(
+            http_async(app.http, "POST", "/json", charge).await.status,
+            200
+        );
         let query = "/debug/counters?domain=api&descriptor=guarded=t1";
         let read = |app_debug| async move {
-            let r = http(app_debug, "GET", query, "").await;
+            let r = http_async(app_debug, "GET", query, "").await;
             assert_eq!(r.status, 200, "{}", r.body);
             serde_json::from_str::<serde_json::Value>(&r.body).unwrap()
         };
@@ -466,7 +479,7 @@ async fn debug_counters_read_without_counting_and_reset_only_when_enabled() {
         // Reading counted nothing.
         assert_eq!(read(app.debug).await, v);
 
-        let reset = http(
+        let reset = http_async(
             app.debug,
             "POST",
             &query.replace("counters?", "counters/reset?"),
@@ -496,7 +509,7 @@ async fn debug_counters_read_without_counting_and_reset_only_when_enabled() {
 async fn debug_counters_refuse_a_bad_request_and_a_get_that_would_reset() {
     let app = start(&fixture("api"), default_options()).await;
     // A GET cannot reset, and a request without a domain says what is missing.
-    let get = http(
+    let get = http_async(
         app.debug,
         "GET",
         "/debug/counters/reset?domain=api&descriptor=guarded=t1",
@@ -504,7 +517,7 @@ async fn debug_counters_refuse_a_bad_request_and_a_get_that_would_reset() {
     )
     .await;
     assert_eq!(get.status, 405);
-    let bad = http(
+    let bad = http_async(
         app.debug,
         "GET",
         "/debug/counters?descriptor=guarded=t1",
@@ -513,7 +526,7 @@ async fn debug_counters_refuse_a_bad_request_and_a_get_that_would_reset() {
     .await;
     assert_eq!(bad.status, 400, "{}", bad.body);
     // An unknown domain or an unmatched descriptor has no counters.
-    let none = http(
+    let none = http_async(
         app.debug,
         "GET",
         "/debug/counters?domain=nope&descriptor=a=b",

@@ -3,9 +3,9 @@
 //! read before each call names the answer the call then gets, call after call until the limits
 //! are reached; and the walk says how each level matched.
 
-mod common;
+use sluice_test_support::app::{default_options, fixture, start};
+use sluice_test_support::http::http_async;
 
-use common::{default_options, fixture, http, start};
 use serde_json::{Value, json};
 
 /// Requests, each a list of descriptors in the `/forward-auth` form.
@@ -54,7 +54,7 @@ fn json_request(descriptors: &[&str]) -> String {
 }
 
 async fn explain(debug: std::net::SocketAddr, descriptors: &[&str]) -> Value {
-    let r = http(
+    let r = http_async(
         debug,
         "GET",
         &format!("/debug/explain?{}", query(descriptors)),
@@ -72,7 +72,7 @@ async fn the_explanation_names_the_answer_the_call_then_gets() {
     for case in CASES {
         for call in 0..6 {
             let e = explain(app.debug, case).await;
-            let r = http(app.http, "POST", "/json", &json_request(case)).await;
+            let r = http_async(app.http, "POST", "/json", &json_request(case)).await;
             let answer: Value = serde_json::from_str(&r.body).unwrap();
             let at = format!("{case:?}, call {call}: {e}");
             assert_eq!(e["overall_code"], answer["overallCode"], "{at}");
@@ -171,7 +171,7 @@ async fn the_walk_says_how_each_level_matched_or_why_nothing_did() {
     let body = r#"{"domain":"ex","descriptors":[
         {"entries":[{"key":"user","value":"dan"}],"limit":{"requestsPerUnit":7,"unit":"MINUTE"}},
         {"entries":[{"key":"user","value":"erin"}],"hitsAddend":3}]}"#;
-    let r = http(app.debug, "POST", "/debug/explain", body).await;
+    let r = http_async(app.debug, "POST", "/debug/explain", body).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let e: Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(
@@ -185,11 +185,11 @@ async fn the_walk_says_how_each_level_matched_or_why_nothing_did() {
         "3 hits of a limit of 2"
     );
     assert_eq!(e["overall_code"], "OVER_LIMIT");
-    let bad = http(app.debug, "POST", "/debug/explain", "{nope").await;
+    let bad = http_async(app.debug, "POST", "/debug/explain", "{nope").await;
     assert_eq!(bad.status, 400, "{}", bad.body);
 
     // A domain nobody loaded answers OK, and says why.
-    let r = http(
+    let r = http_async(
         app.debug,
         "GET",
         "/debug/explain?domain=other&descriptor=a=b",
@@ -247,13 +247,14 @@ async fn explain_agrees_with_the_service_on_every_limit_of_the_config_fixtures()
                 .iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()}]})
             .to_string();
             for call in 0..4 {
-                let r = http(app.debug, "GET", &format!("/debug/explain?{q}"), "").await;
+                let r = http_async(app.debug, "GET", &format!("/debug/explain?{q}"), "").await;
                 let e: Value = serde_json::from_str(&r.body).unwrap();
                 let at = format!("{}: {descriptor}, call {call}: {e}", file.display());
                 assert!(e["descriptors"][0].get("limit").is_some(), "{at}");
-                let answer: Value =
-                    serde_json::from_str(&http(app.http, "POST", "/json", &request).await.body)
-                        .unwrap();
+                let answer: Value = serde_json::from_str(
+                    &http_async(app.http, "POST", "/json", &request).await.body,
+                )
+                .unwrap();
                 assert_eq!(e["overall_code"], answer["overallCode"], "{at}");
                 assert_eq!(
                     e["descriptors"][0]["code"], answer["statuses"][0]["code"],

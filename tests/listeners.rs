@@ -7,15 +7,16 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{config_from_yaml, default_options, http, start_with};
 use sluice::app::AppOptions;
 use sluice::net::Limits;
+use sluice_test_support::app::{config_from_yaml, default_options, start_with};
+use sluice_test_support::http::http_async;
+use sluice_test_support::{app, process};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -30,7 +31,7 @@ fn options(limits: Limits) -> AppOptions {
     }
 }
 
-async fn start(limits: Limits) -> common::Running {
+async fn start(limits: Limits) -> app::Running {
     start_with(config_from_yaml(CONFIG), options(limits)).await
 }
 
@@ -67,7 +68,7 @@ async fn open_call(
 async fn metric_reaches(debug: SocketAddr, line: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let metrics = http(debug, "GET", "/metrics", "").await.body;
+        let metrics = http_async(debug, "GET", "/metrics", "").await.body;
         if metrics.lines().any(|l| l == line) {
             return;
         }
@@ -423,7 +424,7 @@ async fn requests_past_the_inflight_cap_are_refused_on_every_port() {
         "sluice_listener_inflight_requests{port=\"PORT\"} 3",
     )
     .await;
-    let busy = http(app.http, "POST", "/json", "{}").await;
+    let busy = http_async(app.http, "POST", "/json", "{}").await;
     assert_eq!(busy.status, 503, "{}", busy.body);
     assert!(
         busy.body.contains("SLUICE_MAX_INFLIGHT_REQUESTS"),
@@ -431,7 +432,7 @@ async fn requests_past_the_inflight_cap_are_refused_on_every_port() {
         busy.body
     );
 
-    let metrics = http(app.debug, "GET", "/metrics", "").await.body;
+    let metrics = http_async(app.debug, "GET", "/metrics", "").await.body;
     assert!(
         metrics
             .contains("sluice_listener_refused_total{port=\"GRPC_PORT\",reason=\"inflight\"} 1\n"),
@@ -445,7 +446,7 @@ async fn requests_past_the_inflight_cap_are_refused_on_every_port() {
         metrics.contains("sluice_listener_inflight_requests{port=\"GRPC_PORT\"} 3\n"),
         "{metrics}"
     );
-    common::promtool_check(&metrics);
+    process::promtool_check(&metrics);
 }
 
 /// Reads until the server closes the connection; the time it took, or `None` past `limit`.
@@ -539,7 +540,7 @@ async fn idle_connections_are_closed() {
     }
     assert!(goaway, "no GOAWAY on an idle HTTP/2 connection");
     assert!(started.elapsed() < Duration::from_secs(10));
-    let metrics = http(app.debug, "GET", "/metrics", "").await.body;
+    let metrics = http_async(app.debug, "GET", "/metrics", "").await.body;
     assert!(
         metrics.contains("sluice_listener_idle_closed_total{port=\"GRPC_PORT\"} 1\n"),
         "{metrics}"

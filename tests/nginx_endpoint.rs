@@ -1,9 +1,9 @@
 //! `/nginx` over a real socket on port 0: the headers nginx's `auth_request` subrequest sends,
 //! and the statuses and headers it reads back.
 
-mod common;
-
 use std::time::Duration;
+
+use sluice_test_support::app;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -28,7 +28,7 @@ async fn nginx_endpoint_answers_200_then_403_then_400() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("edge.yaml");
     std::fs::write(&path, CONFIG).unwrap();
-    let app = common::start(&path, common::default_options()).await;
+    let app = app::start(&path, app::default_options()).await;
 
     let h = "X-Sluice-Domain: edge\r\nX-Sluice-Descriptor: api_key=@x-api-key\r\nX-Api-Key: k\r\n";
     let ok = get(app.http, h).await;
@@ -54,7 +54,7 @@ async fn oversized_descriptor_headers_answer_400_naming_the_cap() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("edge.yaml");
     std::fs::write(&path, CONFIG).unwrap();
-    let app = common::start(&path, common::default_options()).await;
+    let app = app::start(&path, app::default_options()).await;
     // 40 KB of client header copied twice: 80 KB, past SLUICE_MAX_REQUEST_BYTES (64 KiB).
     let key = "k".repeat(40 * 1024);
     let h = format!(

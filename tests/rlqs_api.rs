@@ -2,9 +2,11 @@
 //! would talk to it: assignments per bucket, the split across streams and its pushes, a dropped
 //! stream's part freed after it expires, and reports the service refuses.
 
-mod common;
-
 use std::time::Duration;
+
+use sluice_test_support::app::{Running, config_from_yaml, default_options, start_with};
+use sluice_test_support::http::http_async;
+use sluice_test_support::process;
 
 use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Kind;
@@ -15,8 +17,6 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-
-use common::{Running, config_from_yaml, default_options, http, start_with};
 
 const CONFIG: &str = r#"
 domain: rlqs
@@ -158,7 +158,7 @@ async fn a_malformed_bucket_is_skipped_and_the_stream_goes_on() {
     assert_eq!(rates(&s.next().await.unwrap()), vec![(Some(100.0), 10)]);
     s.send(report("", &[(acme(), 5)])).await;
     assert_eq!(rates(&s.next().await.unwrap()), vec![(Some(100.0), 10)]);
-    let metrics = http(app.debug, "GET", "/metrics", "").await.body;
+    let metrics = http_async(app.debug, "GET", "/metrics", "").await.body;
     assert!(
         metrics.contains("sluice_rlqs_malformed_total 2"),
         "{metrics}"
@@ -183,7 +183,7 @@ async fn two_streams_split_a_bucket_and_a_dropped_one_frees_its_part_once_expire
         s.send(report("", &[(acme(), 50)])).await;
         assert_eq!(rates(&s.next().await.unwrap()), vec![(Some(50.0), 2)]);
     }
-    let debug = http(app.debug, "GET", "/debug/rlqs?key=rlqs_tenant_acme_", "").await;
+    let debug = http_async(app.debug, "GET", "/debug/rlqs?key=rlqs_tenant_acme_", "").await;
     assert_eq!(debug.status, 200);
     let view: serde_json::Value = serde_json::from_str(&debug.body).unwrap();
     assert_eq!(view["assigned"], 100.0);
@@ -197,7 +197,7 @@ async fn two_streams_split_a_bucket_and_a_dropped_one_frees_its_part_once_expire
     app.clock.advance_secs(1);
     // The sweep runs every second.
     assert_eq!(rates(&a.next().await.unwrap()), vec![(Some(100.0), 2)]);
-    let metrics = http(app.debug, "GET", "/metrics", "").await.body;
+    let metrics = http_async(app.debug, "GET", "/metrics", "").await.body;
     for line in [
         "sluice_rlqs_streams 1",
         "sluice_rlqs_holders 1",
@@ -206,7 +206,7 @@ async fn two_streams_split_a_bucket_and_a_dropped_one_frees_its_part_once_expire
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
-    common::promtool_check(&metrics);
+    process::promtool_check(&metrics);
 }
 
 #[tokio::test]

@@ -1,11 +1,8 @@
-//! The store contract (`integration/store_contract.rs`, every call checked against its reference
-//! model) on the two backends that need no other program: the memory store, and a three-node
+//! The store contract (`tests/support/src/store_contract/`, every call checked against its
+//! reference model) on the two backends that need no other program: the memory store, and a three-node
 //! peer cluster in this process whose peer listeners are on 127.0.0.1 port 0, so that hits
 //! owned by another node really travel over the peer protocol. (Redis and memcached run the
 //! same cases in `integration/redis.rs` and `integration/memcached.rs`.)
-
-#[path = "../integration/store_contract.rs"]
-mod store_contract;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -19,7 +16,8 @@ use sluice::cluster::{ClusterStats, ClusterStore};
 use sluice::limiter::{Algorithm, Quota, Unit};
 use sluice::net::{ByteBudget, Limits, Port};
 use sluice::store::MemoryStore;
-use store_contract::{Route, Routed, slots_contract, store_contract};
+use sluice_test_support::store_contract::{Route, Routed};
+use sluice_test_support::{slots_contract, store_contract};
 
 async fn memory() -> Option<MemoryStore> {
     Some(MemoryStore::new(100_000))

@@ -5,11 +5,8 @@
 //! `promtool` comes from Debian's `prometheus` package (scripts/test.sh installs it). Under CI
 //! (`CI=true`) a missing promtool fails the test; elsewhere the check is skipped loudly.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{default_options, http, start_with};
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::config::{ConfigHandle, LoadOptions, parse_files};
 use sluice::descriptor::{Descriptor, Entry, LimitOverride, Request};
@@ -19,6 +16,9 @@ use sluice::store::MemoryStore;
 use sluice::telemetry::limits::limit_table;
 use sluice::telemetry::prometheus::{BreakerGauges, Extra, StoreReport, render};
 use sluice::telemetry::{DecisionTelemetry, Stats, StatsOptions};
+use sluice_test_support::app::{default_options, start_with};
+use sluice_test_support::http::http_async;
+use sluice_test_support::{app, process};
 
 const CONFIG: &str = r#"
 domain: test
@@ -44,7 +44,7 @@ descriptors:
 "#;
 
 fn config() -> ConfigHandle {
-    common::config_from_yaml(CONFIG)
+    app::config_from_yaml(CONFIG)
 }
 
 fn json(domain: &str, entries: &[(&str, &str)]) -> String {
@@ -77,11 +77,11 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
 
     // k=v, limit 10, near threshold 8: 12 calls are 10 within (2 of them near) and 2 over.
     for _ in 0..12 {
-        http(running.http, "POST", "/json", &json("test", &[("k", "v")])).await;
+        http_async(running.http, "POST", "/json", &json("test", &[("k", "v")])).await;
     }
     // Shadow rule, limit 1: 3 calls answer OK but count 2 over and 2 shadow.
     for _ in 0..3 {
-        let r = http(
+        let r = http_async(
             running.http,
             "POST",
             "/json",
@@ -91,7 +91,7 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
         assert_eq!(r.status, 200);
     }
     // Three levels: labelled by the first two, as the Go mapping does.
-    http(
+    http_async(
         running.http,
         "POST",
         "/json",
@@ -99,14 +99,14 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
     )
     .await;
     // detailed_metric: the request's value is in the key; an IPv4 address is sanitised.
-    http(
+    http_async(
         running.http,
         "POST",
         "/json",
         &json("test", &[("user", "alice")]),
     )
     .await;
-    http(
+    http_async(
         running.http,
         "POST",
         "/json",
@@ -115,12 +115,12 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
     .await;
     // Unknown domain twice; an empty domain is a service error.
     for _ in 0..2 {
-        http(running.http, "POST", "/json", &json("nope", &[("k", "v")])).await;
+        http_async(running.http, "POST", "/json", &json("nope", &[("k", "v")])).await;
     }
-    let r = http(running.http, "POST", "/json", &json("", &[("k", "v")])).await;
+    let r = http_async(running.http, "POST", "/json", &json("", &[("k", "v")])).await;
     assert_eq!(r.status, 400);
 
-    let r = http(running.debug, "GET", "/metrics", "").await;
+    let r = http_async(running.debug, "GET", "/metrics", "").await;
     assert_eq!(r.status, 200);
     assert!(
         r.headers.contains("text/plain; version=0.0.4"),
@@ -226,7 +226,7 @@ async fn a_known_sequence_gives_the_go_stats_on_metrics() {
         Some(f64::from(256 << 20))
     );
     assert_eq!(value(&text, "sluice_stats_keys"), Some(6.0));
-    common::promtool_check(&text);
+    process::promtool_check(&text);
 
     let _ = running.shutdown.take().map(|tx| tx.send(()));
 }
@@ -265,12 +265,12 @@ async fn each_series_has_its_configured_limit_and_follows_reloads() {
         &[("user", "bob")],
         &[("ip", "10.1.2.3")],
     ] {
-        http(running.http, "POST", "/json", &json("test", entries)).await;
+        http_async(running.http, "POST", "/json", &json("test", entries)).await;
     }
     let overridden = r#"{"domain":"test","descriptors":[{"entries":[{"key":"o","value":"1"}],"limit":{"requestsPerUnit":42,"unit":"HOUR"}}]}"#;
-    http(running.http, "POST", "/json", overridden).await;
+    http_async(running.http, "POST", "/json", overridden).await;
 
-    let text = http(running.debug, "GET", "/metrics", "").await.body;
+    let text = http_async(running.debug, "GET", "/metrics", "").await.body;
     let minute = r#"unit="MINUTE",unit_multiplier="1",algorithm="fixed_window"}"#;
     let kv = r#"domain="test",key1="k_v""#;
     assert_eq!(
@@ -319,7 +319,7 @@ async fn each_series_has_its_configured_limit_and_follows_reloads() {
         !text.contains(r#"limit="test.shadow""#),
         "a limit with no stats has no series"
     );
-    common::promtool_check(&text);
+    process::promtool_check(&text);
 
     a_reload_moves_the_limit_gauges(&handle, running.debug).await;
     let _ = running.shutdown.take().map(|tx| tx.send(()));
@@ -343,7 +343,7 @@ async fn a_reload_moves_the_limit_gauges(handle: &ConfigHandle, debug: std::net:
         )
         .unwrap(),
     );
-    let text = http(debug, "GET", "/metrics", "").await.body;
+    let text = http_async(debug, "GET", "/metrics", "").await.body;
     assert_eq!(
         limit_of(&text, kv, "test.k_v"),
         Some((
@@ -367,7 +367,7 @@ async fn a_reload_moves_the_limit_gauges(handle: &ConfigHandle, debug: std::net:
         Some(1.0),
         "the counters stay"
     );
-    common::promtool_check(&text);
+    process::promtool_check(&text);
 }
 
 #[tokio::test]
@@ -388,8 +388,8 @@ async fn use_prometheus_serves_the_exposition_on_its_own_listener() {
     let task = tokio::spawn(app.serve(listeners, async move {
         let _ = rx.await;
     }));
-    http(http_addr, "POST", "/json", &json("test", &[("k", "v")])).await;
-    let r = http(prom_addr, "GET", "/custom", "").await;
+    http_async(http_addr, "POST", "/json", &json("test", &[("k", "v")])).await;
+    let r = http_async(prom_addr, "GET", "/custom", "").await;
     assert_eq!(r.status, 200);
     assert_eq!(
         value(
@@ -400,7 +400,10 @@ async fn use_prometheus_serves_the_exposition_on_its_own_listener() {
         "{}",
         r.body
     );
-    assert_eq!(http(prom_addr, "GET", "/metrics", "").await.status, 404);
+    assert_eq!(
+        http_async(prom_addr, "GET", "/metrics", "").await.status,
+        404
+    );
     let _ = tx.send(());
     let _ = task.await;
 }
@@ -490,7 +493,7 @@ async fn a_flood_of_unique_values_stays_within_the_cap() {
     assert_eq!(kept, 4000.0);
     assert!(overflow > 3000.0, "{overflow}");
     assert_eq!(folded, 6000.0 - 50.0);
-    common::promtool_check(&text);
+    process::promtool_check(&text);
 }
 
 /// One series per Redis target (and memcached server) for each breaker family, and the
@@ -573,7 +576,7 @@ fn redis_breakers_are_one_series_per_target() {
     ] {
         assert_eq!(value(&text, series), Some(want), "{series}\n{text}");
     }
-    common::promtool_check(&text);
+    process::promtool_check(&text);
 }
 
 #[tokio::test]

@@ -3,13 +3,11 @@
 //! new pair, ignores an unchanged one and keeps the old one over a bad one; peer TLS names each
 //! peer by its address, or by SLUICE_PEER_TLS_SAN.
 
-#[path = "../integration/pki.rs"]
-mod pki;
-
 use std::path::{Path, PathBuf};
 
 use sluice::tls::{ClientTls, KeyPairFiles, PeerTls, PeerTlsFiles, PemFile, ServerTls, TlsError};
 use sluice::tls::{GrpcTlsFiles, XdsTlsFiles};
+use sluice_test_support::pki;
 
 fn server(cert: &Path, key: &Path, ca: Option<&Path>) -> Result<ServerTls, TlsError> {
     ServerTls::load(&GrpcTlsFiles {

@@ -8,9 +8,6 @@
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod common;
-#[path = "../integration/pki.rs"]
-mod pki;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -19,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use common::{default_options, start_with};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry as PbEntry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -33,6 +29,9 @@ use sluice::telemetry::otlp::proto::{
 };
 use sluice::telemetry::otlp::{Endpoint, MetricsExportOptions, Protocol, TracingOptions};
 use sluice::tls::ClientTls;
+use sluice_test_support::app::{default_options, start_with};
+use sluice_test_support::http::http_async;
+use sluice_test_support::{app, pki, process};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::body::Body;
@@ -51,7 +50,7 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
 
 fn config() -> ConfigHandle {
-    common::config_from_yaml(CONFIG)
+    app::config_from_yaml(CONFIG)
 }
 
 /// What a collector received.
@@ -547,9 +546,7 @@ async fn json_and_nginx_calls_with_b3_export_over_otlp_http() {
     assert!(received.tenants.lock().unwrap().iter().all(|t| t == "acme"));
 
     // The tracer's own counters are on /metrics too, so dropped spans show without OTLP.
-    let metrics = common::http(running.debug, "GET", "/metrics", "")
-        .await
-        .body;
+    let metrics = http_async(running.debug, "GET", "/metrics", "").await.body;
     assert!(
         metrics.contains("\nsluice_tracing_spans_queued_total 2\n"),
         "{metrics}"
@@ -562,7 +559,7 @@ async fn json_and_nginx_calls_with_b3_export_over_otlp_http() {
         metrics.contains("# TYPE sluice_tracing_export_failures_total counter\n"),
         "{metrics}"
     );
-    common::promtool_check(&metrics);
+    process::promtool_check(&metrics);
 }
 
 #[tokio::test]
@@ -697,7 +694,7 @@ async fn a_collector_that_never_answers_neither_slows_nor_fails_decisions() {
 /// Starts Sluice exporting every call's span to `ep` through a tiny queue, and checks that 50
 /// calls still answer within 2 s whatever the collector does. Returns the running Sluice, still
 /// exporting.
-async fn decisions_stay_prompt(ep: Endpoint, protocol: Protocol) -> common::Running {
+async fn decisions_stay_prompt(ep: Endpoint, protocol: Protocol) -> app::Running {
     let mut tracing = tracing_options(ep, 1.0);
     tracing.max_queue_size = 4;
     tracing.max_batch_size = 2;

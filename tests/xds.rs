@@ -3,15 +3,10 @@
 //! an invalid update, a dropped stream and a control-plane restart, while the real gRPC API
 //! answers. Every wait is bounded.
 
-mod common;
-#[path = "../integration/pki.rs"]
-mod pki;
-
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{default_options, http, start_with};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as RequestDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
@@ -34,6 +29,9 @@ use sluice::tls::ClientTls;
 use sluice::tls::XdsTlsFiles;
 use sluice::xds::TYPE_URL;
 use sluice::xds::{XdsBackoff, XdsConfig};
+use sluice_test_support::app::{default_options, start_with};
+use sluice_test_support::http::http_async;
+use sluice_test_support::pki;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -286,7 +284,10 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
 
     // Started without config: unhealthy, and calls fail like the Go service's.
     let mut s1 = ads.next_stream().await;
-    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 500);
+    assert_eq!(
+        http_async(app.http, "GET", "/healthcheck", "").await.status,
+        500
+    );
     let err = hit(&mut c, "edge", "k").await.expect_err("no config yet");
     assert!(
         err.message().contains("no rate limit configuration loaded"),
@@ -318,10 +319,13 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
         )],
     )
     .await;
-    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 200);
+    assert_eq!(
+        http_async(app.http, "GET", "/healthcheck", "").await.status,
+        200
+    );
     assert_eq!(remaining(&mut c, "k").await, (3, 2));
     assert_eq!(remaining(&mut c, "k").await, (3, 1));
-    let dump = http(app.debug, "GET", "/rlconfig", "").await.body;
+    let dump = http_async(app.debug, "GET", "/rlconfig", "").await.body;
     assert!(
         dump.contains("edge.k: unit=MINUTE requests_per_unit=3"),
         "{dump}"
@@ -392,7 +396,10 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     drop(s2);
     ads.shutdown().await;
     assert_eq!(remaining(&mut c, "k").await, (5, 0));
-    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 200);
+    assert_eq!(
+        http_async(app.http, "GET", "/healthcheck", "").await.status,
+        200
+    );
 
     // It comes back on the same address; Sluice finds it (back-off) and takes v4.
     let listener = TcpListener::bind(ads_addr)
@@ -423,7 +430,10 @@ async fn xds_updates_drive_decisions_with_ack_nack_and_reconnects() {
     s3.push("v5", "n5", &[]).await;
     let ack = s3.next_request().await;
     assert_eq!(ack.version_info, "v5");
-    assert_eq!(http(app.http, "GET", "/healthcheck", "").await.status, 500);
+    assert_eq!(
+        http_async(app.http, "GET", "/healthcheck", "").await.status,
+        500
+    );
 
     drop(s3);
     ads.shutdown().await;
@@ -581,7 +591,7 @@ async fn xds_over_tls_refuses_an_unverified_server_and_says_why() {
         );
         assert!(handle.current().is_none(), "{case}: config applied");
         assert_eq!(
-            http(app.http, "GET", "/healthcheck", "").await.status,
+            http_async(app.http, "GET", "/healthcheck", "").await.status,
             500,
             "{case}"
         );

@@ -9,7 +9,7 @@
 //!   (the nodes renew every 100 ms: Doorman's intervals halve toward the leaves), and hands out
 //!   at most what the root granted (`LeaseServer::answer_within`). The root sees the region
 //!   owners as its holders, by region name: max-min fair share on their demand is what moves
-//!   capacity between regions. Only the calls are the simulation's (`regions_tree.rs`); a key
+//!   capacity between regions. Only the calls are the simulation's (`regions/tree.rs`); a key
 //!   new to a region is answered at once with nothing, where the binary waits up to half the
 //!   peer timeout for the root.
 //! - **static**: each region's owner leases a third of the limit, with no root.
@@ -833,9 +833,7 @@ fn key_of(name: &str) -> u32 {
         .expect("a key name of the workload")
 }
 
-#[path = "regions_report.rs"]
 mod report;
-#[path = "regions_tree.rs"]
 mod tree;
 
 pub(super) use report::table;

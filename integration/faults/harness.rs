@@ -18,9 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice::cluster::ring::{Ring, key_hash};
+use sluice_test_support::delay_proxy::Proxy;
+use sluice_test_support::http::http_to;
+use sluice_test_support::process;
 
 use super::net::{self, Net, REDIS};
-use super::proxy::Proxy;
 
 /// SLUICE_CLUSTER_MODE, or Redis replicas without peers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,7 +185,7 @@ pub fn http(
     let answer = format!("{ip}:{port}")
         .parse()
         .ok()
-        .and_then(|addr| super::support::http_to(addr, method, path, body));
+        .and_then(|addr| http_to(addr, method, path, body));
     (answer, started.elapsed())
 }
 
@@ -232,7 +234,7 @@ impl Cluster {
         for i in 0..s.nodes {
             c.wait_healthy(i);
         }
-        super::support::wait_for(
+        process::wait_for(
             "every node to see every other up",
             Duration::from_secs(30),
             || c.all_up(),
@@ -446,7 +448,7 @@ fn start_redis(net: &Net, dir: &std::path::Path) -> Child {
     let addr: SocketAddr = format!("{}:{}", net.redis_ip(), net::REDIS_PORT)
         .parse()
         .unwrap();
-    super::support::wait_for("redis-server to listen", Duration::from_secs(10), || {
+    process::wait_for("redis-server to listen", Duration::from_secs(10), || {
         TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
     });
     child

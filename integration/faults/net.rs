@@ -23,7 +23,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::support::{missing, tool_available};
+use sluice_test_support::process::{missing, tool_available};
 
 /// The first peer port: node `i`'s is `PEER_PORT_BASE + i`.
 pub const PEER_PORT_BASE: u16 = 7000;

@@ -878,8 +878,7 @@ fn header_name(var: &'static str, name: String) -> Result<String, SettingsError>
 
 /// The integration tests' throw-away CA, for the REDIS_TLS_* files.
 #[cfg(test)]
-#[path = "../../integration/pki.rs"]
-mod test_pki;
+use sluice_test_support::pki as test_pki;
 
 /// How config files load for `backend`: MERGE_DOMAIN_CONFIG, USE_CALENDAR_MONTH_RATE_LIMIT, and a
 /// store that keeps no slots (memcached) refusing `algorithm: concurrency` at load, before a

@@ -5,7 +5,7 @@
 //! service hands it finished counter keys, limits and hits, and the keys a backend writes are
 //! [`crate::key`]'s.
 //!
-//! Every backend is held to one contract suite (`integration/store_contract.rs`), run on the
+//! Every backend is held to one contract suite (`tests/support/src/store_contract/`), run on the
 //! memory store and an in-process three-node cluster (`tests/stores.rs`) and on Redis
 //! (`integration/redis.rs`): for the same calls, each answers as the limiter's functions do.
 

@@ -1,6 +1,5 @@
 //! An Envoy's Rate Limit Quota Service stream, as the cluster and fault tests drive it: reports
-//! one bucket's use and keeps the latest assignment the server pushed. Included with
-//! `#[path = "rlqs_envoy.rs"] mod rlqs_envoy;`.
+//! one bucket's use and keeps the latest assignment the server pushed.
 
 use std::sync::{Arc, Mutex};
 

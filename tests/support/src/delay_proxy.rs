@@ -1,4 +1,5 @@
-//! The harness's delay proxy, in the test process (root namespace): one listener per node at
+//! The fault harness's delay proxy (`integration/faults/`; `integration/regions.rs` delays the
+//! links between regions with it too), in the test process (root namespace): one listener per node at
 //! the address every node names it by (`10.201.<s>.1:<7000+i>`), relaying to the node itself
 //! (`10.201.<s>.<10+i>:<7000+i>`). The connecting node is known by its source address, so each
 //! connection is on one peer link, and [`Proxy::set_delay`] delays that link's bytes.

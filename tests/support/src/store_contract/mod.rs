@@ -18,9 +18,7 @@
 //! unit or algorithm) is one counter or two. The service never does that within one config, and
 //! the backends differ (the memory store keeps a table per algorithm and unit, Redis keys fixed
 //! windows by window start); the oracle refuses a case that tries.
-#![allow(dead_code)]
 
-#[path = "reference_model.rs"]
 mod reference_model;
 
 use std::num::NonZeroU32;
@@ -36,11 +34,12 @@ use sluice::store::{CounterStore, Hit};
 /// Generates one `#[tokio::test]` per contract case in a module `$name`, each on a fresh store
 /// from `$make`: an `async fn() -> Option<impl CounterStore>` (`None`: the backend is missing
 /// here and the test skips, as the Redis tests do outside CI).
+#[macro_export]
 macro_rules! store_contract {
     ($name:ident, $make:path) => {
         mod $name {
             use super::*;
-            store_contract!(@cases $make;
+            $crate::store_contract!(@cases $make;
                 every_algorithm_admits_up_to_its_limit_then_refuses,
                 a_peek_of_zero_hits_counts_nothing,
                 several_hits_in_one_call_count_together,
@@ -58,7 +57,7 @@ macro_rules! store_contract {
                 concurrent_callers_get_exactly_the_limit,
                 an_irregular_sequence_answers_as_the_model,
             );
-            store_contract!(@threaded $make; random_sequences_answer_as_the_model);
+            $crate::store_contract!(@threaded $make; random_sequences_answer_as_the_model);
         }
     };
     (@cases $make:path; $($case:ident),+ $(,)?) => {
@@ -66,7 +65,7 @@ macro_rules! store_contract {
             #[tokio::test]
             async fn $case() {
                 let Some(store) = $make().await else { return };
-                crate::store_contract::$case(&store).await;
+                $crate::store_contract::$case(&store).await;
             }
         )+
     };
@@ -76,11 +75,10 @@ macro_rules! store_contract {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $case() {
             let Some(store) = $make().await else { return };
-            crate::store_contract::$case(&store).await;
+            $crate::store_contract::$case(&store).await;
         }
     };
 }
-pub(crate) use store_contract;
 
 /// Which store a test's call at `now` goes to: the one store, one of a cluster's nodes in turn,
 /// a store swept first. [`Routed`] makes any route a [`CounterStore`], so the wrappers the
@@ -1016,12 +1014,12 @@ pub async fn expiries_outlast_every_state<S: CounterStore>(store: &S, expiry: &m
 /// `$name`, each on a fresh store from `$make`, for the backends that keep slots (memory, the
 /// peer cluster, Redis; memcached is refused at config load). The reference model has no
 /// concurrency limit: each case states its numbers, from `docs/algorithms.md`'s Concurrency.
-#[allow(unused_macros)]
+#[macro_export]
 macro_rules! slots_contract {
     ($name:ident, $make:path) => {
         mod $name {
             use super::*;
-            store_contract!(@cases $make;
+            $crate::store_contract!(@cases $make;
                 slots_are_taken_refused_and_given_back,
                 refused_starts_and_their_refunds_cancel_out,
                 a_slot_never_given_back_frees_itself_one_window_after_it_was_taken,
@@ -1031,8 +1029,6 @@ macro_rules! slots_contract {
         }
     };
 }
-#[allow(unused_imports)]
-pub(crate) use slots_contract;
 
 /// 3 in flight for a window of 5 s (the contract), refused starts kept as a debt (the
 /// config's default for a concurrency limit).

@@ -1,33 +1,27 @@
 //! Network faults between real `sluice` nodes (issue 35): each node in its own network
 //! namespace on a bridge, peer links through the harness's delay proxy, faults from a table
-//! (`faults/harness.rs`). Every scenario asserts its documented bound per window, computed
-//! from the formula the docs print (`faults/bound.rs`). The short scenarios run under the test
+//! (`harness.rs`). Every scenario asserts its documented bound per window, computed
+//! from the formula the docs print (`bound.rs`). The short scenarios run under the test
 //! command; the catalogue, whose table in docs/hardening.md it writes, runs with
 //! `cargo test --test faults -- --ignored --nocapture --test-threads=1`
 //! (SLUICE_FAULTS_MODE=lease runs one mode's rows, SLUICE_FAULTS_ONLY=split those whose name
 //! holds the text, SLUICE_FAULTS_DOCS=1 writes the table into docs/hardening.md).
 //!
 //! Needs root, `ip` and `iptables`: otherwise each test fails (SLUICE_REQUIRE_TOOLS=1 or CI) or
-//! is a recorded skip, by `support::missing`'s rule.
+//! is a recorded skip, by `process::missing`'s rule.
 
 #![allow(
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-mod support;
 
-#[path = "faults/bound.rs"]
 mod bound;
-#[path = "faults/harness.rs"]
 mod harness;
-#[path = "faults/net.rs"]
 mod net;
-#[path = "faults/proxy.rs"]
-mod proxy;
-#[path = "rlqs_envoy.rs"]
-mod rlqs_envoy;
 
 use std::time::Duration;
+
+use sluice_test_support::rlqs_envoy;
 
 use bound::{Bound, with_edge, within};
 use harness::{Cluster, Fault, Kind, Link, Mode, Outcome, Scenario, run};

@@ -60,16 +60,11 @@
 //! through PEERS_DNS within 5 s (each at its own re-resolution tick), while an even share of the
 //! clients open their connections to it.
 
-// The example's other files, beside it in `cluster_sim/`.
-#[path = "cluster_sim/burst.rs"]
+// The example's other files, beside this `main.rs`.
 mod burst;
-#[path = "cluster_sim/global.rs"]
 mod global;
-#[path = "cluster_sim/lease.rs"]
 mod lease;
-#[path = "cluster_sim/regions.rs"]
 mod regions;
-#[path = "cluster_sim/report.rs"]
 mod report;
 
 use std::cmp::Reverse;

@@ -1,10 +1,8 @@
 //! A throw-away certificate authority for TLS tests: one CA, and leaf certificates it signs,
 //! written as PEM files into a temporary directory that lives as long as the `TestPki`.
 //!
-//! Shared by `tests/` and `integration/` (`#[path = "../integration/pki.rs"] mod pki;`), so every
-//! TLS test (gRPC server, xDS client, Redis) trusts certificates made the same way.
-
-#![allow(dead_code)]
+//! Shared by `tests/` and `integration/`, so every TLS test (gRPC server, xDS client, Redis)
+//! trusts certificates made the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -14,13 +12,13 @@ use rcgen::{
 };
 
 /// A leaf certificate and its key, as PEM files.
-pub(super) struct Leaf {
+pub struct Leaf {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
 /// A CA in a temporary directory. Dropping it deletes every file it wrote.
-pub(super) struct TestPki {
+pub struct TestPki {
     dir: tempfile::TempDir,
     ca_cert: Certificate,
     ca_key: KeyPair,
@@ -29,7 +27,11 @@ pub(super) struct TestPki {
 }
 
 impl TestPki {
-    pub(super) fn new() -> Self {
+    #[expect(
+        clippy::new_without_default,
+        reason = "a new CA generates keys and writes files: `new` says so, a `default` would not"
+    )]
+    pub fn new() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory for test certificates");
         let ca_key = KeyPair::generate().expect("CA key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
@@ -48,13 +50,13 @@ impl TestPki {
         }
     }
 
-    pub(super) fn dir(&self) -> &Path {
+    pub fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// A certificate signed by this CA for `names` (DNS names or IP addresses), usable both as a
     /// server and as a client certificate, written as `<file>.pem` and `<file>-key.pem`.
-    pub(super) fn leaf(&self, file: &str, names: &[&str]) -> Leaf {
+    pub fn leaf(&self, file: &str, names: &[&str]) -> Leaf {
         let key = KeyPair::generate().expect("leaf key");
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).expect("leaf params");
@@ -79,7 +81,7 @@ impl TestPki {
 /// A gRPC channel to 127.0.0.1:`port` over TLS, trusting `ca`, expecting the server's
 /// certificate to carry `name`, and presenting `identity` if given; `Err` if the connection or
 /// the handshake fails. Calls on it time out after 5 s.
-pub(super) async fn tls_channel(
+pub async fn tls_channel(
     port: u16,
     ca: &Path,
     name: &str,
@@ -108,7 +110,7 @@ pub(super) async fn tls_channel(
 
 /// Writes a Kubernetes secret volume's layout: `dir/..data -> ..vN` (swapped atomically) and
 /// `dir/tls.crt -> ..data/tls.crt`, `dir/tls.key -> ..data/tls.key`.
-pub(super) fn secret_version(dir: &Path, version: u32, cert: &Path, key: &Path) {
+pub fn secret_version(dir: &Path, version: u32, cert: &Path, key: &Path) {
     let versioned = dir.join(format!("..v{version}"));
     std::fs::create_dir_all(&versioned).unwrap();
     std::fs::copy(cert, versioned.join("tls.crt")).unwrap();

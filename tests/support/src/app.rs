@@ -1,9 +1,5 @@
-//! Shared helpers for the socket tests: start Sluice on port 0 with a manual clock, and a tiny
-//! HTTP/1.1 client (enough for `/json`, `/healthcheck` and `/rlconfig`).
-#![allow(dead_code)]
-
-#[path = "../../integration/support.rs"]
-pub mod support;
+//! Sluice in this process, for the socket tests of `tests/`: started on port 0 with a manual
+//! clock, from a fixture or from YAML text. (Their HTTP client is [`crate::http::http_async`].)
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,8 +9,6 @@ use sluice::app::{App, AppOptions, Listeners};
 use sluice::clock::{ManualClock, Timestamp};
 use sluice::config::{ConfigHandle, ConfigSource, LoadOptions, load, parse_files};
 use sluice::service::ServiceOptions;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -64,9 +58,7 @@ pub fn config_from_yaml(yaml: &str) -> ConfigHandle {
 }
 
 pub fn fixture(path: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(path)
+    crate::process::repo().join("tests/fixtures").join(path)
 }
 
 /// Starts Sluice with the config at `config_path` (file or directory) and `options`.
@@ -104,71 +96,4 @@ pub async fn start_with(config: ConfigHandle, options: AppOptions) -> Running {
         shutdown: Some(tx),
         task,
     }
-}
-
-pub struct HttpResponse {
-    pub status: u16,
-    pub headers: String,
-    pub body: String,
-}
-
-/// One HTTP/1.1 request with `Connection: close`, bounded by a 10 s timeout.
-pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> HttpResponse {
-    tokio::time::timeout(Duration::from_secs(10), async {
-        let mut s = TcpStream::connect(addr).await.expect("connect");
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.expect("write");
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.expect("read");
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("status code");
-        HttpResponse {
-            status,
-            headers: head.to_string(),
-            body: body.to_string(),
-        }
-    })
-    .await
-    .expect("HTTP request finished in time")
-}
-
-/// `promtool check metrics` on an exposition; a missing promtool is [`support::missing`] (a
-/// failure under the test command and CI).
-pub fn promtool_check(text: &str) {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let Ok(mut child) = child else {
-        support::missing(
-            "promtool",
-            "apt-get install prometheus (scripts/test.sh does)",
-        );
-        return;
-    };
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(text.as_bytes())
-        .expect("write to promtool");
-    let out = child.wait_with_output().expect("promtool runs");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}\n--- exposition ---\n{text}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
 }

@@ -1,5 +1,5 @@
 //! This process's resident memory, for the examples that measure what counters cost
-//! (`counter_memory`, `key_flood`): `#[path = "support/rss.rs"] mod rss;`.
+//! (`counter_memory`, `key_flood`, the `scale_*` sweeps).
 
 /// VmRSS in bytes (0 where /proc is not available).
 pub fn rss_bytes() -> u64 {

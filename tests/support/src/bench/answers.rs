@@ -1,6 +1,5 @@
 //! The answers a comparison server sent, counted by gRPC status, for `bench/run.sh` to check
-//! each load run against h2load's count (`bench/answers.py`): `#[path = "support/answers.rs"]
-//! mod answers;` in `noop_ratelimit` and `careful_ratelimit`.
+//! each load run against h2load's count (`bench/answers.py`), in `noop_ratelimit` and `careful_ratelimit`.
 //!
 //! h2load counts an HTTP 200 as a success whatever `grpc-status` the call ended with, so the
 //! servers count what their handler answered: OK (grpc-status 0) or an error status. Counting is

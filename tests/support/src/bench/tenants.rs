@@ -1,9 +1,6 @@
 //! The runtime-limit measurements' domain (issue 38): `d`, with per-tenant limits
 //! `tenant=t<i>` written in the YAML or set at run time. For `benches/decision.rs`'s
-//! `runtime_limits`, `runtime_profile` and `runtime_memory`: `#[path = "support/tenants.rs"]
-//! mod tenants;` (`"../examples/support/tenants.rs"` from `benches/`).
-
-#![allow(dead_code, reason = "each includer uses part of it")]
+//! `runtime_limits`, `runtime_profile` and `runtime_memory`.
 
 use std::sync::Arc;
 

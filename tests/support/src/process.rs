@@ -1,15 +1,14 @@
-//! Helpers every end-to-end test file shares: outside programs found or the test failed (or
-//! skipped, on record), free loopback ports, bounded waits, and a tiny HTTP/1.1 client for
-//! `/json`, `/healthcheck`, `/stats` and friends.
+//! What every end-to-end test shares about real processes: outside programs found or the test
+//! failed (or skipped, on record), free loopback ports, bounded waits, and the timing of real
+//! windows. (Its HTTP client is [`crate::http`].)
 
 #![allow(
     clippy::disallowed_methods,
     reason = "tests time real processes, sockets and deadlines; Sluice's code reads time through crate::clock"
 )]
-#![allow(dead_code)]
-
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -73,15 +72,21 @@ pub fn missing(program: &str, install: &str) -> bool {
     false
 }
 
+/// The repository's root: where `Cargo.toml`, `config/`, `docs/` and `tests/fixtures/` are.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tests/support sits two levels below the repository's root")
+        .to_path_buf()
+}
+
 /// Where skips are recorded: SLUICE_SKIPPED_FILE (the rule's own test points it elsewhere),
 /// else `target/skipped.txt` in the repository.
-pub fn skip_record() -> std::path::PathBuf {
+pub fn skip_record() -> PathBuf {
     std::env::var_os("SLUICE_SKIPPED_FILE")
         .filter(|p| !p.is_empty())
-        .map_or_else(
-            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/skipped.txt"),
-            std::path::PathBuf::from,
-        )
+        .map_or_else(|| repo().join("target/skipped.txt"), PathBuf::from)
 }
 
 /// Whether `program arg` runs and succeeds; if not, [`missing`] with `install`.
@@ -143,33 +148,6 @@ pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
-/// One request with `Connection: close` to 127.0.0.1:`port`; `None` if nothing answered.
-pub fn http(port: u16, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
-    http_to(([127, 0, 0, 1], port).into(), method, path, body)
-}
-
-/// [`http`] to any address, connecting within 5 s.
-pub fn http_to(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
 /// A ShouldRateLimit request for domain `d`, one descriptor `k=v`: what the gRPC tests send.
 pub fn request_d_k_v() -> envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -216,4 +194,36 @@ pub fn unix_millis() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970");
     u64::try_from(now.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `promtool check metrics` on an exposition; a missing promtool is [`missing`] (a
+/// failure under the test command and CI).
+pub fn promtool_check(text: &str) {
+    use std::process::{Command, Stdio};
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        missing(
+            "promtool",
+            "apt-get install prometheus (scripts/test.sh does)",
+        );
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("promtool runs");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- exposition ---\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
 }
