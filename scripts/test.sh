@@ -254,6 +254,13 @@ ensure_selenium                                   # integration/status_page.py
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+# The structure's counts (issue 53): pub items, Result<_, String> per module, files over 1,000
+# lines, import cycles between sibling modules at any depth (relative `use` included), and
+# children naming their parent's private items, so drift shows in every run. It fails on an
+# import cycle or a Result<_, String> in src/cluster or src/api.
+echo "== structure counts"
+python3 scripts/structure_counts.py . --strict
+
 # Everything Cargo.lock names, from crates.io, before anything runs offline (cargo deny reads
 # the crates' manifests from the registry cache): a fresh machine has none of them.
 echo "== cargo fetch"

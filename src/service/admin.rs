@@ -351,7 +351,7 @@ impl<S: CounterStore> RateLimitService<S> {
         for (desc, s) in descriptors.zip(&statuses) {
             desc["code"] = code_name(s.code).into();
         }
-        let overall = super::overall_code(&statuses, &quota);
+        let overall = super::plan::overall_code(&statuses, &quota);
         answer["overall_code"] = code_name(overall).into();
         if self.options.shadow_mode && overall == super::Code::OverLimit {
             answer["global_shadow_mode"] =

@@ -36,7 +36,7 @@ use observe::{
     CallReport, Caller, DescriptorReport, Observer, Outcome, SlotChanges, Span, StatsKey,
     Unobserved,
 };
-use plan::{Counted, Plan};
+use plan::{Counted, Plan, overall_code};
 pub(crate) use reserve::RESERVATION;
 pub use reserve::RESERVE;
 
@@ -936,20 +936,6 @@ fn override_stats_key(request: &Request, descriptor: &Descriptor) -> String {
         key.push_str(&e.value);
     }
     key
-}
-
-/// OVER_LIMIT iff some non-quota descriptor is over, or there is at least one quota
-/// descriptor and all of them are over.
-fn overall_code(statuses: &[Status], quota: &[bool]) -> Code {
-    let over = |i: usize| statuses[i].code == Code::OverLimit;
-    let non_quota_over = (0..statuses.len()).any(|i| !quota[i] && over(i));
-    let quota_count = quota.iter().filter(|q| **q).count();
-    let all_quota_over = quota_count > 0 && (0..statuses.len()).all(|i| !quota[i] || over(i));
-    if non_quota_over || all_quota_over {
-        Code::OverLimit
-    } else {
-        Code::Ok
-    }
 }
 
 /// Adds `from` into `into`, keeping what `into` already has: maps merge recursively, any

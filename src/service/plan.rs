@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use smallvec::SmallVec;
 
-use super::{ServiceError, ServiceOptions};
+use super::{Code, ServiceError, ServiceOptions, Status};
 use crate::config::{Block, Domain, Limit, Rule};
 use crate::descriptor::Request;
 use crate::key;
@@ -287,4 +287,18 @@ pub(super) fn refunds<'k>(
         }
     }
     refunds
+}
+
+/// OVER_LIMIT iff some non-quota descriptor is over, or there is at least one quota
+/// descriptor and all of them are over.
+pub(super) fn overall_code(statuses: &[Status], quota: &[bool]) -> Code {
+    let over = |i: usize| statuses[i].code == Code::OverLimit;
+    let non_quota_over = (0..statuses.len()).any(|i| !quota[i] && over(i));
+    let quota_count = quota.iter().filter(|q| **q).count();
+    let all_quota_over = quota_count > 0 && (0..statuses.len()).all(|i| !quota[i] || over(i));
+    if non_quota_over || all_quota_over {
+        Code::OverLimit
+    } else {
+        Code::Ok
+    }
 }

@@ -266,7 +266,7 @@ pub(crate) fn traces_request(
         resource_spans: vec![proto::ResourceSpans {
             resource: Some(resource.clone()),
             scope_spans: vec![proto::ScopeSpans {
-                scope: Some(super::scope()),
+                scope: Some(scope()),
                 spans: spans.map(span_to_proto).collect(),
                 schema_url: String::new(),
             }],
@@ -291,7 +291,7 @@ pub(crate) async fn run_span_exporter(
             return;
         }
     };
-    let resource = super::resource(&options.resource);
+    let resource = resource(&options.resource);
     let failures = LogLimiter::new(Duration::from_secs(60));
     let max_batch = options.max_batch_size.max(1);
     let mut batch: Vec<SpanRecord> = Vec::with_capacity(max_batch);
@@ -422,7 +422,7 @@ pub(crate) fn metrics_request(
         resource_metrics: vec![proto::ResourceMetrics {
             resource: Some(resource.clone()),
             scope_metrics: vec![proto::ScopeMetrics {
-                scope: Some(super::scope()),
+                scope: Some(scope()),
                 metrics,
                 schema_url: String::new(),
             }],
@@ -613,7 +613,7 @@ pub(crate) async fn run_metrics_exporter(
         }
     };
     let start = unix_nanos();
-    let resource = super::resource(&options.resource);
+    let resource = resource(&options.resource);
     let failures = LogLimiter::new(Duration::from_secs(60));
     let mut ticker = tokio::time::interval(options.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -642,6 +642,25 @@ pub(crate) async fn run_metrics_exporter(
         if last {
             return;
         }
+    }
+}
+
+/// The resource every export names: OTEL_RESOURCE_ATTRIBUTES and the service's own.
+fn resource(attrs: &[(String, String)]) -> proto::Resource {
+    proto::Resource {
+        attributes: attrs
+            .iter()
+            .map(|(k, v)| proto::KeyValue::string(k.as_str(), v.as_str()))
+            .collect(),
+        dropped_attributes_count: 0,
+    }
+}
+
+/// The instrumentation scope of everything Sluice exports.
+fn scope() -> proto::InstrumentationScope {
+    proto::InstrumentationScope {
+        name: super::SCOPE_NAME.to_owned(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
     }
 }
 

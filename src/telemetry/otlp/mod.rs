@@ -108,23 +108,6 @@ pub struct MetricsExportOptions {
 /// The instrumentation scope of everything Sluice exports.
 pub(crate) const SCOPE_NAME: &str = "sluice";
 
-fn resource(attrs: &[(String, String)]) -> proto::Resource {
-    proto::Resource {
-        attributes: attrs
-            .iter()
-            .map(|(k, v)| proto::KeyValue::string(k.as_str(), v.as_str()))
-            .collect(),
-        dropped_attributes_count: 0,
-    }
-}
-
-fn scope() -> proto::InstrumentationScope {
-    proto::InstrumentationScope {
-        name: SCOPE_NAME.to_owned(),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
-    }
-}
-
 /// A random version-4 UUID, for TRACING_SERVICE_INSTANCE_ID when it is empty (as in Go).
 pub(crate) fn random_uuid() -> String {
     let mut b = [0u8; 16];
