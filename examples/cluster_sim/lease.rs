@@ -1,5 +1,5 @@
 //! Lease mode (SLUICE_CLUSTER_MODE=lease) in the simulation: every node runs Sluice's own
-//! [`LeaseClient`] (a `Held` per key) and [`LeaseServer`], driven as `src/cluster/lease_driver.rs`
+//! [`LeaseClient`] (a `Held` per key) and [`LeaseServer`], driven as `src/cluster/route/leased/driver.rs`
 //! drives them, on the simulated clock and network:
 //!
 //! - a hit is decided from the node's lease, or sends an *acquire* to the key's owner (one hop

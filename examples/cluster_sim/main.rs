@@ -18,7 +18,7 @@
 //! nodes a given node believes up), [`fixed_window::decide`] is every counter's state machine
 //! (one state word per (node, key)), and lease mode runs Sluice's own lease client and server
 //! (`sluice::cluster::lease`). Everything else, the network, failure detection, probes, DNS
-//! re-resolution and the clients, is modelled here after `src/cluster/mod.rs`:
+//! re-resolution and the clients, is modelled here after `src/cluster/` (`members.rs`, `route/forward.rs`, `owner.rs`):
 //!
 //! - **forward** (Sluice's default): a non-owner forwards to the owner (one extra hop, after up
 //!   to one batch window). A forward to a dead owner fails after SLUICE_PEER_TIMEOUT_MS; only
@@ -41,7 +41,7 @@
 //! - **local**: every node counts alone with the whole limit, as N independent
 //!   envoyproxy/ratelimit instances with in-memory counters would.
 //! - **lease** (SLUICE_CLUSTER_MODE=lease): [`lease`], Sluice's `LeaseClient` and `LeaseServer`
-//!   on every node, driven as `src/cluster/lease_driver.rs` drives them, free shares included
+//!   on every node, driven as `src/cluster/route/leased/driver.rs` drives them, free shares included
 //!   (SLUICE_LEASE_FREE_SHARE_PERCENT=50, `--free-share-percent N` for another; 0 leases every
 //!   key, as before issue 49's step 2; the regions section's clusters keep 0).
 //! - **global**: gubernator's GLOBAL behaviour ([`global`]), for comparison.

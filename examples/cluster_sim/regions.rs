@@ -57,7 +57,7 @@ const NODE_LEASE_US: u64 = 1_000_000;
 /// (the section also runs the tree at other intervals).
 const ROOT_RENEW_US: u64 = 200_000;
 const ROOT_LEASE_US: u64 = 2_000_000;
-/// How often a node probes an owner it marked down (`src/cluster/mod.rs`).
+/// How often a node probes an owner it marked down (`src/cluster/members.rs`).
 const PROBE_US: u64 = 500_000;
 /// The region cut off in the scenario.
 const CUT: usize = 2;
