@@ -18,7 +18,8 @@
 //! nodes a given node believes up), [`fixed_window::decide`] is every counter's state machine
 //! (one state word per (node, key)), and lease mode runs Sluice's own lease client and server
 //! (`sluice::cluster::lease`). Everything else, the network, failure detection, probes, DNS
-//! re-resolution and the clients, is modelled here after `src/cluster/` (`members.rs`, `route/forward.rs`, `owner.rs`):
+//! re-resolution and the clients, is modelled here after `src/cluster/` (`members.rs`,
+//! `route/forward.rs`, `owner.rs`):
 //!
 //! - **forward** (Sluice's default): a non-owner forwards to the owner (one extra hop, after up
 //!   to one batch window). A forward to a dead owner fails after SLUICE_PEER_TIMEOUT_MS; only
