@@ -48,7 +48,10 @@ than --hour-margin seconds (90) are left in this one, and a run that crossed one
 marked "(hour ended)".
 
 Exit status 1 when a client call failed (the run goes on, and the table counts them), when a
-hottest user's window admitted more than its limit, and (--max-idle-cores X) when the three nodes' idle CPU exceeds X cores in any run. Builds the
+hottest user's window admitted more than its limit, and (--max-idle-cores X) when the three nodes' idle CPU exceeds X cores in any run,
+or (--max-idle-over-forward X) when a lease run's idle CPU exceeds the forward run's with as many
+users by more than X cores: what held keys cost, apart from the machine's own idle floor (probes,
+timers), which differs between machines. Builds the
 binaries with cargo first unless --no-build (CARGO_TARGET_DIR, else target/). SLUICE_LEASE_MAX_BYTES (32 MiB by default, which 10^6 held
 keys pass) is raised to --lease-max-bytes, SLUICE_MAX_COUNTERS and SLUICE_MAX_COUNTER_BYTES to
 hold 4,000,000 counters, so no table fills.
@@ -98,6 +101,8 @@ def parse_args():
                     help="wait for the next hour when fewer seconds are left in this one")
     ap.add_argument("--lease-max-bytes", type=int, default=4 << 30)
     ap.add_argument("--max-idle-cores", type=float, help="exit 1 above this idle CPU (3 nodes)")
+    ap.add_argument("--max-idle-over-forward", type=float,
+                    help="exit 1 when lease mode's idle CPU passes forward mode's by more (3 nodes)")
     ap.add_argument("--env", action="append", default=[],
                     help="NAME=VALUE for every node (repeatable): e.g. SLUICE_LEASE_RENEW_MS=200")
     ap.add_argument("--no-build", action="store_true")
@@ -428,6 +433,26 @@ def report(runs, args):
                       "Per node:", "", *node_rows(runs), ""])
 
 
+
+def idle_over_forward(runs, args):
+    """Whether every lease run's idle CPU is within --max-idle-over-forward of the forward run's
+    with as many users (which must have run); says which is not."""
+    forward = {r["keys"]: total(r["idle"], "cores") for r in runs if r["mode"] == "forward"}
+    ok = True
+    for r in (r for r in runs if r["mode"] == "lease"):
+        if r["keys"] not in forward:
+            print(f"no forward run with {fmt_k(r['keys'])} users to compare lease mode's idle "
+                  "CPU with: run --modes lease,forward", file=sys.stderr)
+            ok = False
+            continue
+        lease = total(r["idle"], "cores")
+        if lease - forward[r["keys"]] > args.max_idle_over_forward:
+            print(f"idle CPU of the three nodes, {fmt_k(r['keys'])} users: lease mode {lease:.3f} "
+                  f"cores, forward mode {forward[r['keys']]:.3f}, more than "
+                  f"{args.max_idle_over_forward} apart", file=sys.stderr)
+            ok = False
+    return ok
+
 def main():
     args = parse_args()
     if args.from_jsonl:
@@ -477,6 +502,8 @@ def main():
                   file=sys.stderr)
         if over:
             sys.exit(1)
+    if args.max_idle_over_forward is not None and not idle_over_forward(runs, args):
+        sys.exit(1)
     over_limit = [r for r in runs if r["hot"] and max(r["hot"]) > 1.0]
     for r in over_limit:
         print(f"over the limit, {fmt_k(r['keys'])} users, {r['mode']} mode: a hottest user's "
