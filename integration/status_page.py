@@ -119,12 +119,14 @@ def main():
 
         def text_of(element_id):
             """An element's text now; "" while the page is between two refreshes (the element
-            went stale, or is not there yet)."""
-            from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+            went stale, is not there yet, or Chrome's inspector lost the node: a refresh between
+            finding it and reading it answers "Node with given id does not belong to the
+            document", a plain WebDriverException, not a StaleElementReferenceException)."""
+            from selenium.common.exceptions import WebDriverException
             for _ in range(20):
                 try:
                     return browser.find_element("id", element_id).text
-                except (NoSuchElementException, StaleElementReferenceException):
+                except WebDriverException:
                     time.sleep(0.1)
             return ""
 
