@@ -54,8 +54,10 @@
 //!   sharing Redis (`runtime_limits::redis`). The limits themselves are `config::runtime`.
 //! - [`limiter`]: the algorithms, pure functions of `(state, now, hits, limit)`, their
 //!   `Decision`, and the one dispatch from a quota to its algorithm (`limiter::counter`);
-//!   calendar windows (`limiter::calendar`); the attempted demand that the lease client, the
-//!   lease parent link and Redis allowances sample and refill ahead by (`limiter::demand`).
+//!   calendar windows (`limiter::calendar`); what the lease client, the lease parent link and
+//!   Redis allowances share, deciding from a batch a remote authority granted: the batch, its
+//!   use and the next window's granted ahead (`limiter::granted`), and the attempted demand
+//!   they refill ahead by (`limiter::demand`).
 //! - [`clock`]: the injected time source.
 //! - [`percent`]: the one strict percent-decoder (`/nginx`'s and `/forward-auth`'s fields, the OTEL
 //!   `key=value` lists).

@@ -5,8 +5,9 @@
 //! injected [`Clock`](crate::clock::Clock).
 //!
 //! [`share`] is max-min fair sharing of a capacity, which the lease server and the quota service
-//! split by; [`demand`] is the attempted demand that the places deciding from a granted batch
-//! (the lease client, the lease parent link, Redis allowances) measure and refill ahead by.
+//! split by. The places that decide from a batch granted by a remote authority (the lease client,
+//! the lease parent link, Redis allowances) share [`granted`], the batch, what is used of it and
+//! the next window's granted ahead, and [`demand`], the attempted demand they refill ahead by.
 //!
 //! [`Decision`] is what every algorithm concludes; [`counter`] is the one dispatch from a
 //! [`Quota`] to its algorithm and state word, which the stores and the cluster call rather than
@@ -18,6 +19,7 @@ pub mod concurrency;
 pub(crate) mod counter;
 pub(crate) mod demand;
 pub mod fixed_window;
+pub(crate) mod granted;
 pub(crate) mod share;
 pub mod sliding_window;
 

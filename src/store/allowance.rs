@@ -51,6 +51,7 @@ use super::go_fixed::counted;
 use crate::charged::{ChargedMap, lock};
 use crate::clock::Timestamp;
 use crate::limiter::demand::{Demand, MIN_SAMPLE_US};
+use crate::limiter::granted::{Ended, Granted, ahead_due};
 use crate::limiter::{Algorithm, Decision, Quota};
 
 /// The reservation script: `KEYS[1]` the Go service's fixed-window key; `ARGV` the hits wanted
@@ -214,44 +215,31 @@ impl Route {
 #[derive(Debug)]
 struct Batch {
     quota: Quota,
-    window: u64,
-    /// Hits reserved in the window, and used of them.
-    reserved: u64,
-    used: u64,
-    /// The key's count in Redis as last seen (after a reservation, a refund or an INCRBY).
-    count: u64,
-    /// Redis had less left than asked: nothing more in this window, and batches reserved
-    /// from now on are of refused hits counted ahead ([`Refill::past`]).
-    exhausted: bool,
+    /// The window, the hits reserved in it and used of them, what Redis last said of it, and
+    /// the next window's first batch, once reserved ahead.
+    grant: Granted<Seen>,
     /// A refund came through this replica in this window: the store's own path until it ends.
     refunded: bool,
     /// A reservation of this window is under way until then (µs; 0: none). Bounded in time,
     /// so one whose answer never comes (a call cancelled while it waited) is given up.
     reserving_until_us: u64,
-    /// The next window's first batch, once reserved ahead (`reserved`, `count` and
-    /// `exhausted` as above), and whether it was asked for.
-    ahead: Ahead,
+    /// Whether the next window's first batch was asked for.
     ahead_asked: bool,
     /// The window before, as it ended: its hits reserved and not used, and its count as last
     /// seen, for its calls that come late ([`Batch::straggler`]).
-    last: Last,
+    last: Ended<Seen>,
     /// Hits asked for, and the demand sampled from them.
     demand: Demand,
 }
 
-/// Hits reserved ahead in the next window.
-#[derive(Clone, Copy, Debug, Default)]
-struct Ahead {
-    reserved: u64,
+/// What Redis last said of a window's key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Seen {
+    /// The key's count in Redis as last seen (after a reservation, a refund or an INCRBY).
     count: u64,
+    /// Redis had less left than asked: nothing more in this window, and batches reserved
+    /// from now on are of refused hits counted ahead ([`Refill::past`]).
     exhausted: bool,
-}
-
-/// A key's window before its batch's, as it ended.
-#[derive(Clone, Copy, Debug, Default)]
-struct Last {
-    left: u64,
-    count: u64,
 }
 
 /// The keys this replica holds batches of.
@@ -388,22 +376,21 @@ impl Allowances {
         // another call turned the window) is decided from what the batch held of that window
         // when it turned (at a spent window's end, refused hits counted ahead), else by Redis,
         // on that window's key.
-        if window < b.window {
+        if window < b.grant.window {
             return b.straggler(hit, now, window).unwrap_or(Route::STORE);
         }
         b.roll(window);
         b.demand.sample(now_us, hits, MIN_SAMPLE_US);
-        let left = b.left();
+        let left = b.grant.left();
         // A peek is decided from the count last seen, once there is one.
-        if b.refunded || (hits == 0 && b.reserved == 0) {
+        if b.refunded || (hits == 0 && b.grant.granted == 0) {
             return Route::Remote {
                 held: left,
                 ahead: None,
             };
         }
-        if left >= hits {
-            b.used += hits;
-            let decision = counted(hit, now, b.count.saturating_sub(left) + hits);
+        if b.grant.take(hits) {
+            let decision = counted(hit, now, b.grant.seen.count.saturating_sub(left) + hits);
             let refill = b.refill(now_us, &self.tuning);
             return Route::Local { decision, refill };
         }
@@ -426,14 +413,14 @@ impl Allowances {
         // The call takes what the batch holds, and asks Redis for the rest; once the window is
         // spent, for a batch of refused hits counted ahead (issue 50: a hot key past its limit
         // costs a reservation a period, not an INCRBY a call).
-        b.used += left;
+        b.grant.used += left;
         Route::Reserve(Refill {
             window,
             want: b.size(now_us, &self.tuning, false).max(hits),
             ahead: false,
             hits,
             held: left,
-            past: b.exhausted,
+            past: b.grant.seen.exhausted,
         })
     }
 
@@ -455,25 +442,22 @@ impl Allowances {
             }
             let limit = u64::from(b.quota.requests_per_unit);
             let exhausted = refused || granted < r.want || count >= limit;
-            if b.window == r.window {
+            let seen = Seen { count, exhausted };
+            let g = &mut b.grant;
+            if g.window == r.window {
                 if refused {
                     // Redis gave back what the call had taken of the batch, and kept what it
                     // granted past the limit.
-                    b.reserved = b.reserved.saturating_sub(r.held) + granted;
-                    b.used = b.used.saturating_sub(r.held);
+                    g.granted = g.granted.saturating_sub(r.held) + granted;
+                    g.used = g.used.saturating_sub(r.held);
                 } else {
-                    b.reserved += granted;
+                    g.granted += granted;
                     // The call took `held` when it was routed; it used `hits`.
-                    b.used = b.used.saturating_sub(r.held) + r.hits;
+                    g.used = g.used.saturating_sub(r.held) + r.hits;
                 }
-                b.count = count;
-                b.exhausted = exhausted;
-            } else if b.window + 1 == r.window {
-                b.ahead = Ahead {
-                    reserved: granted,
-                    count,
-                    exhausted,
-                };
+                g.seen = seen;
+            } else if g.window + 1 == r.window {
+                g.ahead = Some((granted, seen));
             }
         }
         self.landed.notify_waiters();
@@ -513,13 +497,13 @@ impl Allowances {
         };
         let mut b = lock(&entry);
         let window = window_of(hit, now);
-        if window < b.window || b.quota != hit.quota {
+        if window < b.grant.window || b.quota != hit.quota {
             return 0;
         }
         b.roll(window);
         b.refunded = true;
-        let left = b.left();
-        b.reserved = b.used;
+        let left = b.grant.left();
+        b.grant.granted = b.grant.used;
         self.stats.given_back.fetch_add(left, Ordering::Relaxed);
         left
     }
@@ -535,8 +519,8 @@ impl Allowances {
     fn seen(&self, hit: &Hit<'_>, now: Timestamp, count: u64) {
         if let Some(entry) = self.keys.get(hit.key) {
             let mut b = lock(&entry);
-            if b.window == window_of(hit, now) && b.quota == hit.quota {
-                b.count = count;
+            if b.grant.window == window_of(hit, now) && b.quota == hit.quota {
+                b.grant.seen.count = count;
             }
         }
     }
@@ -556,11 +540,11 @@ impl Allowances {
             b.roll(window);
             let quiet_us = b.quiet_us(horizon_us);
             b.demand.sample(now.micros(), 0, quiet_us);
-            let left = b.left();
+            let left = b.grant.left();
             let cold =
                 b.demand.whole_within(horizon_us) < self.tuning.hot_hits.max(1) || b.refunded;
             if !b.reserving(now.micros()) && left > 0 && cold {
-                b.reserved = b.used;
+                b.grant.granted = b.grant.used;
                 self.stats.given_back.fetch_add(left, Ordering::Relaxed);
                 back.push((e.key().clone(), b.quota, left));
             }
@@ -590,48 +574,21 @@ impl Batch {
     fn new(quota: Quota, window: u64, now_us: u64) -> Self {
         Batch {
             quota,
-            window,
-            reserved: 0,
-            used: 0,
-            count: 0,
-            exhausted: false,
+            grant: Granted::new(window),
             refunded: false,
             reserving_until_us: 0,
-            ahead: Ahead::default(),
             ahead_asked: false,
-            last: Last::default(),
+            last: Ended::default(),
             demand: Demand::new(now_us, 0),
         }
-    }
-
-    /// The hits reserved and not used.
-    fn left(&self) -> u64 {
-        self.reserved - self.used
     }
 
     /// Moves on to `window` (never back): a new window starts with what was reserved ahead
     /// for it, if it is the next one, else with nothing.
     fn roll(&mut self, window: u64) {
-        if window > self.window {
-            let ahead = if window == self.window + 1 {
-                std::mem::take(&mut self.ahead)
-            } else {
-                Ahead::default()
-            };
-            self.last = match window == self.window + 1 {
-                true => Last {
-                    left: self.left(),
-                    count: self.count,
-                },
-                false => Last::default(),
-            };
-            self.window = window;
-            self.reserved = ahead.reserved;
-            self.used = 0;
-            self.count = ahead.count;
-            self.exhausted = ahead.exhausted;
+        if let Some(ended) = self.grant.roll(window) {
+            self.last = ended;
             self.refunded = false;
-            self.ahead = Ahead::default();
             self.ahead_asked = false;
         }
     }
@@ -641,12 +598,12 @@ impl Batch {
     /// (at a spent window's end, refused hits counted ahead: a hot key past its limit sends
     /// none of the calls stamped just before the turn to Redis), else `None`.
     fn straggler(&mut self, hit: &Hit<'_>, now: Timestamp, window: u64) -> Option<Route> {
-        let covered = window + 1 == self.window && hit.hits > 0 && self.last.left >= hit.hits;
+        let covered = window + 1 == self.grant.window && hit.hits > 0 && self.last.left >= hit.hits;
         if !covered {
             return None;
         }
         self.last.left -= hit.hits;
-        let count = self.last.count.saturating_sub(self.last.left);
+        let count = self.last.seen.count.saturating_sub(self.last.left);
         Some(Route::Local {
             decision: counted(hit, now, count),
             refill: None,
@@ -678,11 +635,13 @@ impl Batch {
             return None;
         }
         let until_end = self.ends_us().saturating_sub(now_us);
-        let low = self.left() * 2 < self.demand.whole_within(tuning.horizon_us.min(until_end));
-        if !self.reserving(now_us) && !self.exhausted && low {
+        let low = self
+            .grant
+            .low(self.demand.whole_within(tuning.horizon_us.min(until_end)));
+        if !self.reserving(now_us) && !self.grant.seen.exhausted && low {
             self.mark_reserving(now_us);
             return Some(Refill {
-                window: self.window,
+                window: self.grant.window,
                 want: self.size(now_us, tuning, false),
                 ahead: false,
                 hits: 0,
@@ -690,7 +649,7 @@ impl Batch {
                 past: false,
             });
         }
-        if self.ahead_asked || until_end > tuning.horizon_us {
+        if self.ahead_asked || !ahead_due(until_end, tuning.horizon_us) {
             return None;
         }
         self.ahead_asked = true;
@@ -698,12 +657,12 @@ impl Batch {
         // what the next window has left and, past that, refused hits counted ahead, so each
         // replica touches Redis about once a window for it.
         Some(Refill {
-            window: self.window + 1,
+            window: self.grant.window + 1,
             want: self.size(now_us, tuning, true),
             ahead: true,
             hits: 0,
             held: 0,
-            past: self.exhausted,
+            past: self.grant.seen.exhausted,
         })
     }
 
@@ -718,21 +677,21 @@ impl Batch {
     /// [`AllowanceTuning::min_batch`].
     fn size(&self, now_us: u64, tuning: &AllowanceTuning, ahead: bool) -> u64 {
         let w = self.quota.window();
-        let next = self.window.saturating_add(1);
+        let next = self.grant.window.saturating_add(1);
         let window_us = w
             .end(next)
             .saturating_sub(w.start(next))
             .saturating_mul(1_000_000);
         let (until_end, count) = match ahead {
             true => (window_us, 0),
-            false => (self.ends_us().saturating_sub(now_us), self.count),
+            false => (self.ends_us().saturating_sub(now_us), self.grant.seen.count),
         };
         let mut span = tuning.period_us.min(until_end);
         if until_end - span < tuning.period_us / 2 {
             span = until_end;
         }
         let left = u64::from(self.quota.requests_per_unit).saturating_sub(count);
-        let share = match self.exhausted {
+        let share = match self.grant.seen.exhausted {
             true => u64::MAX,
             // Or what this replica's own demand uses in half the time the window has left,
             // which strands nothing: a key offered far past what is left takes it in a batch
@@ -755,7 +714,7 @@ impl Batch {
     fn ends_us(&self) -> u64 {
         self.quota
             .window()
-            .end(self.window)
+            .end(self.grant.window)
             .saturating_mul(1_000_000)
     }
 
@@ -771,7 +730,7 @@ impl Batch {
     fn idle(&self, now_us: u64, horizon_us: u64) -> bool {
         !self.reserving(now_us)
             && !self.ahead_asked
-            && self.reserved == self.used
+            && self.grant.left() == 0
             && self.demand.whole_within(horizon_us) == 0
     }
 }

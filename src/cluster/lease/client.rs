@@ -15,24 +15,21 @@
 use super::server::{Ask, Grant, LeaseTiming, PPM, share_need};
 use super::window::{epoch_of, is_window, rate_milli, same_counter, window_index, window_left_us};
 use crate::limiter::demand::Demand;
+use crate::limiter::granted::Granted;
 use crate::limiter::{Algorithm, Decision, Quota, bucket};
 
 /// What this node holds of one key.
 #[derive(Clone, Debug)]
 pub(crate) struct Held {
     quota: Quota,
-    /// Windows: the window `allowance` and `used` are about. Buckets: 0.
-    epoch: u64,
-    /// Windows: the most hits this node may admit in `epoch`. Buckets: the share in ppm.
-    allowance: u64,
-    /// Windows: hits admitted in `epoch`.
-    used: u64,
-    /// Windows: of `used`, the hits admitted in `epoch` from the safe capacity while this node
-    /// had no majority ([`Held::admitted_alone`]). They count in `used` and `allowance` alike,
-    /// so an owner reached again is told of them and grants the window that much less.
+    /// Windows: the window, the most hits this node may admit in it (`granted`), the hits it
+    /// admitted (`used`) and the next window's allowance, granted ahead. Buckets: the share in
+    /// ppm (`granted`), in window 0.
+    grant: Granted,
+    /// Windows: of `used`, the hits admitted in the window from the safe capacity while this
+    /// node had no majority ([`Held::admitted_alone`]). They count in `used` and `granted`
+    /// alike, so an owner reached again is told of them and grants the window that much less.
     alone: u64,
-    /// The next window's allowance, granted ahead.
-    next: Option<(u64, u64)>,
     /// The lease holds until then (µs).
     valid_until_us: u64,
     /// What the other nodes held or used when the last grant came.
@@ -93,11 +90,8 @@ impl Held {
         let demand_milli = rate_milli(&quota) / live.max(1);
         Held {
             quota,
-            epoch: epoch_of(&quota, now_us),
-            allowance: 0,
-            used: 0,
+            grant: Granted::new(epoch_of(&quota, now_us)),
             alone: 0,
-            next: None,
             valid_until_us: 0,
             others: 0,
             fair: None,
@@ -172,7 +166,7 @@ impl Held {
         // holds the hits admitted alone already.
         self.try_admit(now_us, hits)
             .ok_or(if is_window(&self.quota) {
-                self.used.saturating_sub(self.alone)
+                self.grant.used.saturating_sub(self.alone)
             } else {
                 0
             })
@@ -188,7 +182,7 @@ impl Held {
     pub(crate) fn may_acquire(&self, now_us: u64, renew_us: u64) -> bool {
         if is_window(&self.quota) {
             match self.starved {
-                Some((epoch, n)) if epoch == self.epoch => {
+                Some((epoch, n)) if epoch == self.grant.window => {
                     let wait = (renew_us / 4).saturating_mul(1 << n.saturating_sub(1).min(20));
                     now_us >= self.acquired_us.saturating_add(wait)
                 }
@@ -216,8 +210,8 @@ impl Held {
         self.roll(now_us);
         match self.quota.algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-                self.used = self.used.saturating_sub(hits);
-                self.alone = self.alone.min(self.used);
+                self.grant.used = self.grant.used.saturating_sub(hits);
+                self.alone = self.alone.min(self.grant.used);
             }
             Algorithm::TokenBucket | Algorithm::LeakyBucket => {
                 if let Some(shape) = self.local_bucket() {
@@ -233,7 +227,7 @@ impl Held {
     /// What a call of 0 hits answers now, counting nothing.
     fn peek(&self, now_us: u64) -> Decision {
         if is_window(&self.quota) {
-            let count = self.others + self.used;
+            let count = self.others + self.grant.used;
             let over = count > u64::from(self.quota.requests_per_unit);
             return self.window_decision(now_us, count, 0, over);
         }
@@ -259,32 +253,37 @@ impl Held {
         self.fair = g.fair.map(|f| (g.epoch, f));
         let acquiring = std::mem::take(&mut self.acquiring);
         if is_window(&self.quota) {
-            if acquiring && g.epoch == self.epoch && g.allowance <= self.allowance {
+            if acquiring && g.epoch == self.grant.window && g.allowance <= self.grant.granted {
                 let n = match self.starved {
-                    Some((epoch, n)) if epoch == self.epoch => n + 1,
+                    Some((epoch, n)) if epoch == self.grant.window => n + 1,
                     _ => 1,
                 };
-                self.starved = Some((self.epoch, n));
+                self.starved = Some((self.grant.window, n));
             }
-            if g.epoch == self.epoch {
+            if g.epoch == self.grant.window {
                 // The server only raises; the node lowered its own record when it asked. A
                 // renewal that brings more shows the owner has capacity again (given back by
                 // others): acquires may go on.
-                if !acquiring && g.allowance > self.allowance {
+                if !acquiring && g.allowance > self.grant.granted {
                     self.starved = None;
                 }
-                self.allowance = self.allowance.max(g.allowance);
-                self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
-            } else if g.epoch > self.epoch {
+                self.grant.granted = self.grant.granted.max(g.allowance);
+                self.grant.ahead = g.next_allowance.map(|a| (a, ()));
+            } else if g.epoch > self.grant.window {
                 // The owner's clock is in a later window than this node's: count in that one.
-                self.epoch = g.epoch;
-                self.used = 0;
-                self.allowance = g.allowance;
-                self.next = g.next_allowance.map(|a| (g.epoch + 1, a));
-            } else if let Some(a) = g.next_allowance.filter(|_| g.epoch + 1 == self.epoch) {
+                self.grant = Granted {
+                    window: g.epoch,
+                    granted: g.allowance,
+                    ahead: g.next_allowance.map(|a| (a, ())),
+                    ..Granted::default()
+                };
+            } else if let Some(a) = g
+                .next_allowance
+                .filter(|_| g.epoch + 1 == self.grant.window)
+            {
                 // This node's clock is a window ahead of the owner's: the grant ahead is for
                 // the window this node is in.
-                self.allowance = self.allowance.max(a);
+                self.grant.granted = self.grant.granted.max(a);
             }
             self.others = g.others;
         } else {
@@ -315,7 +314,7 @@ impl Held {
     /// Whether a window began at `now_us` that a recall must report about (a quiet key's
     /// renewal round is not looking at it otherwise).
     pub(crate) fn recall_due(&self, now_us: u64) -> bool {
-        self.recalled_until_us > now_us && epoch_of(&self.quota, now_us) > self.epoch
+        self.recalled_until_us > now_us && epoch_of(&self.quota, now_us) > self.grant.window
     }
 
     /// The renewal to send at `now_us`, when the key needs one: something is held, hits came
@@ -332,9 +331,9 @@ impl Held {
             return None;
         }
         let holds = if is_window(&self.quota) {
-            self.allowance > self.used || self.next.is_some()
+            self.grant.granted > self.grant.used || self.grant.ahead.is_some()
         } else {
-            self.allowance > 0 && now_us < self.valid_until_us
+            self.grant.granted > 0 && now_us < self.valid_until_us
         };
         if !holds
             && self.demand.attempted() == 0
@@ -348,7 +347,7 @@ impl Held {
         let ask = self.report(now_us);
         let keep = self.keep(now_us, timing);
         if is_window(&self.quota) {
-            self.allowance = keep;
+            self.grant.granted = keep;
         } else {
             self.reshare(now_us, keep);
         }
@@ -363,7 +362,7 @@ impl Held {
             && !self.in_flight
             && now_us >= self.recalled_until_us;
         if is_window(&self.quota) {
-            quiet && epoch_of(&self.quota, now_us) > self.epoch && self.next.is_none()
+            quiet && epoch_of(&self.quota, now_us) > self.grant.window && self.grant.ahead.is_none()
         } else {
             quiet && now_us >= self.valid_until_us && bucket::is_stale(self.tat, now_us)
         }
@@ -375,7 +374,7 @@ impl Held {
     pub(crate) fn forget_at(&self, timing: &LeaseTiming) -> u64 {
         let quiet = self.touched_us.saturating_add(timing.duration_us());
         if is_window(&self.quota) {
-            let last = self.epoch + u64::from(self.next.is_some());
+            let last = self.grant.window + u64::from(self.grant.ahead.is_some());
             quiet.max(self.quota.window().end_us(last))
         } else {
             quiet
@@ -386,7 +385,7 @@ impl Held {
 
     /// What this node holds, for the debug endpoint: (epoch, allowance or share, used).
     pub(crate) fn holding(&self) -> (u64, u64, u64) {
-        (self.epoch, self.allowance, self.used)
+        (self.grant.window, self.grant.granted, self.grant.used)
     }
 
     /// The report part of an ask: what is used and held, and the demand (which this updates:
@@ -395,9 +394,9 @@ impl Held {
         let demand_milli = self.demand.report(now_us);
         Ask {
             quota: self.quota,
-            epoch: self.epoch,
-            used: self.used,
-            keep: self.allowance,
+            epoch: self.grant.window,
+            used: self.grant.used,
+            keep: self.grant.granted,
             want: 0,
             demand_milli,
             horizon_us: 0,
@@ -411,14 +410,17 @@ impl Held {
             let until = timing.horizon_us().min(window_left_us(&self.quota, now_us));
             let need = self.demand.within(until);
             let fair = match self.fair {
-                Some((epoch, f)) if epoch == self.epoch => f.max(self.used),
+                Some((epoch, f)) if epoch == self.grant.window => f.max(self.grant.used),
                 _ => u64::MAX,
             };
-            self.allowance.min(self.used.saturating_add(need)).min(fair)
+            self.grant
+                .granted
+                .min(self.grant.used.saturating_add(need))
+                .min(fair)
         } else {
             let need = share_need(self.demand.milli(), &self.quota);
             let fair = self.fair.map_or(u64::MAX, |(_, f)| f.max(1));
-            self.allowance.min(need.max(1)).min(fair)
+            self.grant.granted.min(need.max(1)).min(fair)
         }
     }
 
@@ -428,20 +430,12 @@ impl Held {
         if !is_window(&self.quota) {
             return;
         }
-        let index = window_index(&self.quota, now_us);
-        if index <= self.epoch {
-            return;
-        }
         // Granted ahead: the owner counted this node in for the next window's first horizon,
         // and its next renewal (within one interval) brings more, so a steady node sends no
         // acquire at the boundary; a node whose burst spends it acquires at once.
-        let allowance = match self.next.take() {
-            Some((i, a)) if i == index => a,
-            _ => 0,
-        };
-        self.epoch = index;
-        self.allowance = allowance;
-        self.used = 0;
+        if self.grant.roll(window_index(&self.quota, now_us)).is_none() {
+            return;
+        }
         self.alone = 0;
         self.others = 0;
         // Under a recall, the owner charges the node its free share of the new window until it
@@ -457,8 +451,8 @@ impl Held {
         self.roll(now_us);
         if is_window(&self.quota) {
             self.alone = self.alone.saturating_add(hits);
-            self.used = self.used.saturating_add(hits);
-            self.allowance = self.allowance.saturating_add(hits);
+            self.grant.used = self.grant.used.saturating_add(hits);
+            self.grant.granted = self.grant.granted.saturating_add(hits);
         }
     }
 
@@ -468,18 +462,17 @@ impl Held {
     pub(crate) fn took_freely(&mut self, now_us: u64, hits: u64) {
         self.roll(now_us);
         if is_window(&self.quota) {
-            self.used = self.used.saturating_add(hits);
-            self.allowance = self.allowance.saturating_add(hits);
+            self.grant.used = self.grant.used.saturating_add(hits);
+            self.grant.granted = self.grant.granted.saturating_add(hits);
         }
     }
 
     fn try_admit(&mut self, now_us: u64, hits: u64) -> Option<Decision> {
         if is_window(&self.quota) {
-            if self.used + hits > self.allowance {
+            let before = self.others + self.grant.used;
+            if !self.grant.take(hits) {
                 return None;
             }
-            let before = self.others + self.used;
-            self.used += hits;
             return Some(self.window_decision(now_us, before, hits, false));
         }
         if now_us >= self.valid_until_us {
@@ -496,7 +489,7 @@ impl Held {
 
     fn refusal(&self, now_us: u64, hits: u64) -> Decision {
         if is_window(&self.quota) {
-            return self.window_decision(now_us, self.others + self.used, hits, true);
+            return self.window_decision(now_us, self.others + self.grant.used, hits, true);
         }
         match self.local_bucket() {
             Some(shape) if now_us < self.valid_until_us => {
@@ -539,7 +532,7 @@ impl Held {
     /// and the same time tolerance, so `share / PPM` of its capacity. `None` for no share (or a
     /// rate of 0).
     fn local_bucket(&self) -> Option<bucket::Shape> {
-        self.bucket_of_share(self.allowance)
+        self.bucket_of_share(self.grant.granted)
     }
 
     /// The local bucket of a share of `share` ppm (`None` for 0, or a rate of 0).
@@ -554,7 +547,7 @@ impl Held {
     /// gain tokens only at the key's rate.
     fn reshare(&mut self, now_us: u64, share: u64) {
         let share = share.min(PPM);
-        if share == self.allowance {
+        if share == self.grant.granted {
             return;
         }
         if let (Some(old), Some(new)) = (self.local_bucket(), self.bucket_of_share(share)) {
@@ -562,6 +555,6 @@ impl Held {
         } else if share == 0 {
             self.tat = self.tat.max(bucket::at_micros(now_us));
         }
-        self.allowance = share;
+        self.grant.granted = share;
     }
 }

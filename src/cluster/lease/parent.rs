@@ -35,6 +35,7 @@ use super::{Ask, Grant};
 use crate::charged::{ChargedMap, lock};
 use crate::limiter::Quota;
 use crate::limiter::demand::hits_within;
+use crate::limiter::granted::Granted;
 
 /// SLUICE_LEASE_PARENT_RENEW_MS and SLUICE_LEASE_PARENT_TIMEOUT_MS, with the lease table bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,11 +74,10 @@ struct Above {
     /// The limit's `safe_capacity`, as the cluster's holders last sent it.
     safe: Option<NonZeroU32>,
     quota: Quota,
-    /// The window (0 for a bucket) `allowance` is for; `None` before the first grant.
-    epoch: Option<u64>,
-    allowance: u64,
-    /// Granted ahead for the window after `epoch`.
-    next: Option<u64>,
+    /// The parent's grant: its window (0 for a bucket), its hits (a bucket: the share in ppm)
+    /// and the next window's, granted ahead; `None` before the first grant. What the cluster's
+    /// holders use of it is theirs to report ([`Summary`]), not counted here.
+    grant: Option<Granted>,
     fair: Option<u64>,
     /// The parent's live holders of the key (the clusters), for the dynamic safe capacity.
     holders: u32,
@@ -401,9 +401,9 @@ impl Upstream {
         Some(ParentView {
             parent: parent.to_owned(),
             source,
-            epoch: a.epoch,
-            allowance: a.allowance,
-            next_allowance: a.next,
+            epoch: a.grant.map(|g| g.window),
+            allowance: a.grant.map_or(0, |g| g.granted),
+            next_allowance: a.grant.and_then(|g| g.ahead).map(|(hits, _)| hits),
             fair: a.fair,
             children: a.holders,
             expires_in_ms: a.valid_until_us.saturating_sub(now_us) / 1000,
@@ -428,9 +428,7 @@ impl Above {
         Above {
             safe,
             quota,
-            epoch: None,
-            allowance: 0,
-            next: None,
+            grant: None,
             fair: None,
             holders: 0,
             valid_until_us: 0,
@@ -464,11 +462,9 @@ impl Above {
             return;
         }
         let index = epoch_of(&self.quota, now_us);
-        if self.epoch.is_some_and(|e| e + 1 == index)
-            && let Some(next) = self.next.take()
+        if let Some(grant) = &mut self.grant
+            && grant.advance(index)
         {
-            self.epoch = Some(index);
-            self.allowance = next;
             self.fair = None;
         }
     }
@@ -476,23 +472,18 @@ impl Above {
     /// The grant for the window at `now_us` (the current one, or the next one granted ahead),
     /// while its lease holds.
     fn granted(&self, now_us: u64) -> (Option<u64>, Option<u64>) {
-        let Some(epoch) = self.epoch else {
+        let Some(grant) = self.grant.filter(|_| now_us < self.valid_until_us) else {
             return (None, None);
         };
-        if now_us >= self.valid_until_us {
-            return (None, None);
-        }
         if !is_window(&self.quota) {
-            return (Some(self.allowance), None);
+            return (Some(grant.granted), None);
         }
-        let index = epoch_of(&self.quota, now_us);
-        if index == epoch {
-            (Some(self.allowance), self.next)
-        } else if index == epoch + 1 {
-            (self.next, None)
-        } else {
-            (None, None)
-        }
+        grant.for_window(epoch_of(&self.quota, now_us))
+    }
+
+    /// Whether the parent's grant is for window `epoch`.
+    fn granted_for(&self, epoch: u64) -> bool {
+        self.grant.is_some_and(|g| g.window == epoch)
     }
 
     fn capacity(&self, now_us: u64, unreachable: bool, clusters: u32) -> (Capacity, Source) {
@@ -544,15 +535,17 @@ impl Above {
             // Within the parent's fair part, so a cluster holding more (it asked first) gives
             // the excess back for the others.
             let fair = match self.fair {
-                Some(f) if self.epoch == Some(epoch) => f,
+                Some(f) if self.granted_for(epoch) => f,
                 _ => u64::MAX,
             };
             let keep = match granted {
                 Some(g) => g.min(want).min(fair).max(done.held),
                 None => done.held,
             };
-            if granted.is_some() && self.epoch == Some(epoch) {
-                self.allowance = keep;
+            if let Some(grant) = self.grant.as_mut().filter(|g| g.window == epoch)
+                && granted.is_some()
+            {
+                grant.granted = keep;
             }
             keep
         } else {
@@ -582,9 +575,12 @@ impl Above {
         if !g.leased {
             return;
         }
-        self.epoch = Some(g.epoch);
-        self.allowance = g.allowance;
-        self.next = g.next_allowance;
+        self.grant = Some(Granted {
+            window: g.epoch,
+            granted: g.allowance,
+            ahead: g.next_allowance.map(|a| (a, ())),
+            ..Granted::default()
+        });
         self.fair = g.fair;
         if g.holders > 0 {
             self.holders = g.holders;

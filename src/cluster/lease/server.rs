@@ -64,6 +64,7 @@ use smallvec::SmallVec;
 use super::deadlines::Deadlines;
 use super::free::{PermitRecord, Permits};
 use crate::clock::Timestamp;
+use crate::limiter::granted::ahead_due;
 use crate::limiter::share::max_min_fair_into;
 use crate::limiter::{Algorithm, Quota};
 
@@ -905,7 +906,7 @@ impl KeyLeases {
         );
         // Grant the next window ahead when it starts before the node's next renewal arrives,
         // so a boundary needs no call and the nodes do not all ask at once.
-        let next_allowance = (left_us <= horizon).then(|| self.grant_ahead(ask, ctx, index));
+        let next_allowance = ahead_due(left_us, horizon).then(|| self.grant_ahead(ask, ctx, index));
         let others = self.current.retired
             + self
                 .current

@@ -176,7 +176,8 @@ fn replicas_offered_twice_the_limit_admit_it_and_no_more() {
         .map(|r| {
             let e = r.keys.get("d_k_v_").unwrap();
             let b = lock(&e);
-            (b.reserved, b.used, b.exhausted, b.count)
+            let g = b.grant;
+            (g.granted, g.used, g.seen.exhausted, g.seen.count)
         })
         .collect();
     assert!(admitted <= 300, "{admitted} admitted of 300");
