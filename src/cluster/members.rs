@@ -1,9 +1,9 @@
 //! Membership: the peers as currently known ([`Members`]: the ring, a client per remote peer,
 //! who is down), the probes that mark peers down and bring them back, and with PEERS_DNS the
-//! resolver that rebuilds the membership when the name's addresses change.
+//! resolver that rebuilds the membership when the name's addresses change. The ring, clients
+//! and down marks are a [`PeerRing`], the core the parent link's membership shares.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -11,22 +11,29 @@ use arc_swap::ArcSwap;
 use super::durable::RingChanges;
 use super::join::Joining;
 use super::peer::{Op, PeerClient, PeerError};
-use super::ring::{Ring, key_hash};
+use super::ring::{PeerRing, Ring, UNTIL_CLEARED, UP, key_hash};
 use super::{ClusterConfig, ClusterMode, ClusterStats, PeerSource, StartError};
 use crate::clock::{Clock, Timestamp};
 use crate::tls::PeerTls;
 
+/// When [`Members`] reads its marks: any time will do, since they are [`UP`] or
+/// [`UNTIL_CLEARED`], never a time.
+const ANY_TIME: u64 = 0;
+
 /// The peers as currently known: the ring, a client per remote peer, and who is down.
+///
+/// A peer is marked down [`UNTIL_CLEARED`] by a failed call or missed probes, and only an
+/// answered probe clears it. This node is never marked: only calls and probes mark, and this
+/// node neither calls nor probes itself (it has no client).
 pub(super) struct Members {
-    pub(super) ring: Ring,
+    /// The ring, a client per peer (`None` for this node), and the down marks.
+    peers: PeerRing<Option<PeerClient>>,
     /// Index of this node in the ring.
     pub(super) me: usize,
-    pub(super) clients: Vec<Option<PeerClient>>,
     /// A second client per remote peer, for a joining node's relays ([`super::join`]): its own
     /// connection and batching queue, so relays never wait behind forwards, which may
     /// themselves wait on relays at their owner.
     pub(super) relay_clients: Vec<Option<PeerClient>>,
-    pub(super) down: Vec<AtomicBool>,
 }
 
 /// What a client for each remote peer is made from, whenever the peers change.
@@ -48,14 +55,32 @@ impl Members {
             .ok_or_else(|| StartError::NotAPeer(me.clone()))?;
         let clients = Self::dial(&ring, me_index, dialer)?;
         let relay_clients = Self::dial(&ring, me_index, dialer)?;
-        let down = (0..ring.len()).map(|_| AtomicBool::new(false)).collect();
         Ok(Members {
-            ring,
+            peers: PeerRing::new(ring, clients),
             me: me_index,
-            clients,
             relay_clients,
-            down,
         })
+    }
+
+    pub(super) fn ring(&self) -> &Ring {
+        self.peers.ring()
+    }
+
+    /// Peer `i`'s client; `None` for this node.
+    pub(super) fn client(&self, i: usize) -> Option<&PeerClient> {
+        self.peers.client(i).as_ref()
+    }
+
+    /// Each remote peer's index and client.
+    pub(super) fn clients(&self) -> impl Iterator<Item = (usize, &PeerClient)> {
+        self.peers
+            .clients()
+            .filter_map(|(i, c)| c.as_ref().map(|c| (i, c)))
+    }
+
+    /// Whether peer `i` is believed up (this node always is).
+    pub(super) fn up(&self, i: usize) -> bool {
+        self.peers.up(i, ANY_TIME)
     }
 
     /// A client for each peer of `ring` but this node (`me`); each connects at its first call.
@@ -84,24 +109,21 @@ impl Members {
             .map_err(StartError::Peer)
     }
 
+    /// The key's owner among the peers believed up (this node among them).
     pub(super) fn owner(&self, key: &str) -> usize {
-        let h = key_hash(key);
-        self.ring
-            .owner(h, |i| i == self.me || !self.down[i].load(Ordering::Relaxed))
-            .unwrap_or(self.me)
+        self.peers.owner(key, ANY_TIME).unwrap_or(self.me)
     }
 
     /// The key's owner among the peers believed up other than this node: where its counter was
     /// before this node joined ([`super::join`]).
     pub(super) fn previous_owner(&self, key: &str) -> Option<usize> {
-        self.ring.owner(key_hash(key), |i| {
-            i != self.me && !self.down[i].load(Ordering::Relaxed)
-        })
+        self.ring()
+            .owner(key_hash(key), |i| i != self.me && self.up(i))
     }
 
     /// Whether the key's owner among all peers, up or not, is another node.
     pub(super) fn owned_elsewhere(&self, key: &str) -> bool {
-        self.ring.owner(key_hash(key), |_| true) != Some(self.me)
+        self.ring().owner(key_hash(key), |_| true) != Some(self.me)
     }
 
     /// Marks the peer `owner` down after a failed call (`error`), recording the ring change;
@@ -113,8 +135,9 @@ impl Members {
         changes: &RingChanges,
         now: Timestamp,
     ) {
-        if !self.down[owner].swap(true, Ordering::Relaxed) {
-            tracing::warn!(peer = self.ring.addr(owner), error = %error, "peer failed; marking it down");
+        debug_assert_ne!(owner, self.me, "this node is never marked down");
+        if self.peers.mark(owner, UNTIL_CLEARED) == UP {
+            tracing::warn!(peer = self.ring().addr(owner), error = %error, "peer failed; marking it down");
             changes.record(now);
             self.warn_if_alone();
         }
@@ -125,7 +148,7 @@ impl Members {
         if !self.has_quorum() {
             tracing::warn!(
                 live = self.live(),
-                peers = self.ring.len(),
+                peers = self.ring().len(),
                 "this node reaches no majority of its peers: it decides alone, within each \
                  limit's safe capacity, until they answer again"
             );
@@ -136,26 +159,19 @@ impl Members {
     /// one it may be on the small side of a partition, whose other side goes on with the keys:
     /// it decides alone, within each limit's safe capacity (`route::minority`).
     pub(super) fn has_quorum(&self) -> bool {
-        self.live() * 2 > self.ring.len()
+        self.live() * 2 > self.ring().len()
     }
 
     pub(super) fn live(&self) -> usize {
-        (0..self.ring.len())
-            .filter(|&i| i == self.me || !self.down[i].load(Ordering::Relaxed))
-            .count()
+        (0..self.ring().len()).filter(|&i| self.up(i)).count()
     }
 
     /// The peer addresses and whether each is up, for the debug listener.
     pub(super) fn peers(&self) -> Vec<(String, bool)> {
-        self.ring
+        self.ring()
             .addrs()
             .enumerate()
-            .map(|(i, a)| {
-                (
-                    a.to_owned(),
-                    i == self.me || !self.down[i].load(Ordering::Relaxed),
-                )
-            })
+            .map(|(i, a)| (a.to_owned(), self.up(i)))
             .collect()
     }
 }
@@ -180,17 +196,15 @@ async fn probe_peers(
     loop {
         tick.tick().await;
         let m = members.load_full();
-        let probes = m.clients.iter().enumerate().filter_map(|(i, client)| {
-            client
-                .as_ref()
-                .map(|c| async move { (i, c.apply(Vec::new(), Op::Apply).await.is_ok()) })
-        });
+        let probes = m
+            .clients()
+            .map(|(i, c)| async move { (i, c.apply(Vec::new(), Op::Apply).await.is_ok()) });
         for (i, ok) in futures_util::future::join_all(probes).await {
-            let state = seen.entry(m.ring.addr(i).to_owned()).or_default();
+            let state = seen.entry(m.ring().addr(i).to_owned()).or_default();
             if ok {
                 if !state.0 {
                     // Its first answer: whatever runtime limits it holds, this node takes.
-                    let _ = returned.try_send(m.ring.addr(i).to_owned());
+                    let _ = returned.try_send(m.ring().addr(i).to_owned());
                 }
                 *state = (true, 0);
             } else {
@@ -206,11 +220,11 @@ async fn probe_peers(
             if !ok && !mark_down {
                 continue;
             }
-            let was_down = m.down[i].swap(!ok, Ordering::Relaxed);
+            let was_down = m.peers.mark(i, if ok { UP } else { UNTIL_CLEARED }) != UP;
             if was_down && ok {
-                tracing::info!(peer = m.ring.addr(i), "peer answers again");
+                tracing::info!(peer = m.ring().addr(i), "peer answers again");
                 // What it changed while cut off, and what it missed it pulls itself.
-                let _ = returned.try_send(m.ring.addr(i).to_owned());
+                let _ = returned.try_send(m.ring().addr(i).to_owned());
                 // Its keys come back to it. In lease mode that is a change the holders of those
                 // keys must report to (renewal() reports every key once per change), so the
                 // returning owner learns what they used before it grants.
@@ -220,7 +234,7 @@ async fn probe_peers(
             } else if !was_down && !ok {
                 changes.record(clock.now());
                 tracing::warn!(
-                    peer = m.ring.addr(i),
+                    peer = m.ring().addr(i),
                     "peer stopped answering; marking it down"
                 );
                 m.warn_if_alone();
@@ -277,7 +291,7 @@ async fn resolve_peers(
             continue;
         };
         let addrs: Vec<String> = addrs.map(|a| a.to_string()).collect();
-        let current: Vec<String> = members.load().ring.addrs().map(str::to_owned).collect();
+        let current: Vec<String> = members.load().ring().addrs().map(str::to_owned).collect();
         let me = dialer.settings.advertise.clone();
         // The peers route this node's keys to it once their own answers list it too.
         join.resolved(addrs.contains(&me), clock.now());
@@ -285,7 +299,7 @@ async fn resolve_peers(
         if next.addrs().map(str::to_owned).collect::<Vec<_>>() != current {
             match Members::build(addrs, &dialer) {
                 Ok(m) => {
-                    tracing::info!(peers = ?m.ring.addrs().collect::<Vec<_>>(), "peers changed");
+                    tracing::info!(peers = ?m.ring().addrs().collect::<Vec<_>>(), "peers changed");
                     members.store(Arc::new(m));
                     changes.record(clock.now());
                 }

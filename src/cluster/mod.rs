@@ -161,7 +161,7 @@ impl ClusterStore {
             &dialer,
         )?));
         let alone =
-            matches!(settings.peers, PeerSource::Static(_)) && members.load().ring.len() == 1;
+            matches!(settings.peers, PeerSource::Static(_)) && members.load().ring().len() == 1;
         // Starting is a change: whatever this node owns now, others may have counted before.
         let changes = Arc::new(RingChanges::new(clock.now()));
         let join = Arc::new(joining(&settings.peers, clock.now()));
@@ -335,13 +335,11 @@ fn routes(
         ))
     });
     let minority = Minority {
-        local: owner.local().clone(),
-        stats: owner.stats.clone(),
+        owner: owner.clone(),
         lease: leasing.clone(),
     };
     let forward = Forward {
         owner: owner.clone(),
-        stats: owner.stats.clone(),
         changes: changes.clone(),
         minority: minority.clone(),
     };

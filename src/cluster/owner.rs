@@ -110,7 +110,7 @@ impl OwnerStore {
         if share == 0 || self.parent.is_some() {
             return None;
         }
-        let ring = u64::try_from(self.members.load().ring.len().max(1)).unwrap_or(u64::MAX);
+        let ring = u64::try_from(self.members.load().ring().len().max(1)).unwrap_or(u64::MAX);
         server.permits.give(node, now.micros(), share / ring)
     }
 

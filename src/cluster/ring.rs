@@ -10,6 +10,13 @@
 //!
 //! Hashes are FNV-1a plus a SplitMix64 finaliser, fixed across processes and platforms, so
 //! every node computes the same owner.
+//!
+//! [`PeerRing`] (`peers.rs`) is a ring with a client and a down mark per peer: the membership
+//! core the cluster's `Members` and the parent link share.
+
+mod peers;
+
+pub(in crate::cluster) use peers::{PeerRing, UNTIL_CLEARED, UP};
 
 /// A stable 64-bit hash of a key (FNV-1a, then a finaliser for avalanche).
 pub fn key_hash(key: &str) -> u64 {

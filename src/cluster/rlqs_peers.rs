@@ -26,26 +26,26 @@ impl RlqsPeers for ClusterRlqs {
     fn owner(&self, key: &str) -> Option<String> {
         let m = self.members.load();
         let owner = m.owner(key);
-        (owner != m.me).then(|| m.ring.addr(owner).to_owned())
+        (owner != m.me).then(|| m.ring().addr(owner).to_owned())
     }
 
     fn alone(&self) -> Option<u64> {
         let m = self.members.load();
-        (!m.has_quorum()).then(|| u64::try_from(m.ring.len()).unwrap_or(u64::MAX))
+        (!m.has_quorum()).then(|| u64::try_from(m.ring().len()).unwrap_or(u64::MAX))
     }
 
     fn sync<'a>(&'a self, owner: &'a str, buckets: Vec<SyncBucket>) -> SyncFuture<'a> {
         Box::pin(async move {
             let members = self.members.load_full();
             let index = members
-                .ring
+                .ring()
                 .index_of(owner)
                 .ok_or_else(|| format!("{owner} is no longer a peer"))?;
-            let client = members.clients[index]
-                .as_ref()
+            let client = members
+                .client(index)
                 .ok_or_else(|| format!("{owner} is this node"))?;
             let buckets = buckets.into_iter().map(bucket_to_wire).collect();
-            let me = members.ring.addr(members.me).to_owned();
+            let me = members.ring().addr(members.me).to_owned();
             let result = client.quota(&me, buckets).await;
             if let Err(e) = &result {
                 members.failed(index, e, &self.changes, self.clock.now());

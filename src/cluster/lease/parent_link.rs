@@ -9,8 +9,9 @@
 //! from the safe capacity, and no request waits past that deadline.
 //!
 //! A parent peer whose call fails is skipped for [`DOWN_FOR`], its keys asked of the next one
-//! (a stand-in, which rebuilds them from this cluster's reports). Calls use the peer listener's
-//! protocol and SLUICE_PEER_TLS: the tree shares one CA.
+//! (a stand-in, which rebuilds them from this cluster's reports): the parent's peers, their
+//! clients and those marks are a [`PeerRing`], the core the cluster's own membership shares.
+//! Calls use the peer listener's protocol and SLUICE_PEER_TLS: the tree shares one CA.
 //!
 //! A link with no key to renew still calls each parent peer (an empty Lease call) while the
 //! parent was never reached or is unreachable, so the state shows from start, traffic or not;
@@ -26,7 +27,7 @@ use super::window::micros;
 use super::{Ask, Capacity, Grant, LeaseServer, MAX_LEASE_ASKS};
 use crate::clock::{Clock, Timestamp};
 use crate::cluster::peer::{LeaseAsk, PeerClient, PeerError};
-use crate::cluster::ring::{Ring, key_hash};
+use crate::cluster::ring::{PeerRing, Ring};
 use crate::cluster::{ClusterConfig, ClusterStats, ParentConfig, StartError};
 use crate::tls::PeerTls;
 
@@ -48,10 +49,8 @@ pub(crate) type Owns = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 /// This node's link to the parent cluster.
 pub struct ParentLink {
     pub upstream: Upstream,
-    ring: Ring,
-    clients: Vec<PeerClient>,
-    /// Per parent peer: until when (µs) it is skipped.
-    down_until_us: Vec<AtomicU64>,
+    /// The parent's peers, a client each, and until when (µs) each is skipped.
+    peers: PeerRing<PeerClient>,
     /// This cluster's name, which names its leases at the parent.
     name: String,
     clock: Arc<dyn Clock>,
@@ -98,26 +97,16 @@ impl ParentLink {
             .map(|a| PeerClient::start(a, timing.timeout, Duration::ZERO, tls, stats.clone()))
             .collect::<Result<Vec<_>, _>>()
             .map_err(StartError::Parent)?;
-        let down_until_us = (0..ring.len()).map(|_| AtomicU64::new(0)).collect();
         let started_us = clock.now().micros();
         Ok(ParentLink {
             upstream: Upstream::new(timing, config.expected_clusters),
-            ring,
-            clients,
-            down_until_us,
+            peers: PeerRing::new(ring, clients),
             name: config.name.clone(),
             clock,
             wait: timing.timeout,
             started_us,
             warned_us: AtomicU64::new(0),
             owns: Arc::new(|_| true),
-        })
-    }
-
-    /// The parent peer that owns `key` among those not skipped at `now_us`.
-    fn owner(&self, key: &str, now_us: u64) -> Option<usize> {
-        self.ring.owner(key_hash(key), |i| {
-            self.down_until_us[i].load(Ordering::Relaxed) <= now_us
         })
     }
 
@@ -193,14 +182,14 @@ impl ParentLink {
     /// One empty Lease call to each parent peer not skipped: whether the parent answers.
     async fn probe(&self) {
         let sent_us = self.clock.now().micros();
-        let up: Vec<usize> = (0..self.ring.len())
-            .filter(|&i| self.down_until_us[i].load(Ordering::Relaxed) <= sent_us)
+        let up: Vec<usize> = (0..self.peers.ring().len())
+            .filter(|&i| self.peers.up(i, sent_us))
             .collect();
         if up.is_empty() {
             self.upstream.lost(sent_us);
         }
         let calls = up.into_iter().map(|i| async move {
-            let result = self.clients[i].lease(&self.name, Vec::new()).await;
+            let result = self.peers.client(i).lease(&self.name, Vec::new()).await;
             let now_us = self.clock.now().micros();
             self.upstream.called(result.is_ok(), sent_us, now_us);
             if let Err(e) = result {
@@ -235,8 +224,8 @@ impl ParentLink {
 
     /// Parent peer `i` failed a call with `e` at `now_us`: it is skipped for [`DOWN_FOR`].
     fn failed(&self, i: usize, e: &PeerError, now_us: u64) {
-        tracing::warn!(parent = self.ring.addr(i), error = %e, "lease parent call failed");
-        self.down_until_us[i].store(now_us + micros(DOWN_FOR), Ordering::Relaxed);
+        tracing::warn!(parent = self.peers.ring().addr(i), error = %e, "lease parent call failed");
+        self.peers.mark(i, now_us + micros(DOWN_FOR));
     }
 
     /// Sends `due` to the parent: one call per parent peer (in chunks of [`MAX_LEASE_ASKS`]),
@@ -246,10 +235,10 @@ impl ParentLink {
             return;
         }
         let sent_us = self.clock.now().micros();
-        let mut by_owner: Vec<Vec<(Box<str>, Ask)>> = vec![Vec::new(); self.ring.len()];
+        let mut by_owner: Vec<Vec<(Box<str>, Ask)>> = vec![Vec::new(); self.peers.ring().len()];
         let mut orphans = Vec::new();
         for item in due {
-            match self.owner(&item.0, sent_us) {
+            match self.peers.owner(&item.0, sent_us) {
                 Some(i) => by_owner[i].push(item),
                 None => orphans.push(item),
             }
@@ -274,7 +263,7 @@ impl ParentLink {
                 .stats
                 .asks
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            let result = self.clients[i].lease(&self.name, wire).await;
+            let result = self.peers.client(i).lease(&self.name, wire).await;
             let now_us = self.clock.now().micros();
             self.upstream.called(result.is_ok(), sent_us, now_us);
             match result {
@@ -286,8 +275,9 @@ impl ParentLink {
                 other => {
                     match &other {
                         Err(e) => self.failed(i, e, now_us),
-                        Ok(_) => self.down_until_us[i]
-                            .store(now_us + micros(DOWN_FOR), Ordering::Relaxed),
+                        Ok(_) => {
+                            self.peers.mark(i, now_us + micros(DOWN_FOR));
+                        }
                     }
                     for (key, _) in chunk {
                         self.upstream.answer(key, None, sent_us);
@@ -300,15 +290,16 @@ impl ParentLink {
 
     /// SLUICE_LEASE_PARENT's addresses, comma-separated.
     pub fn peers(&self) -> String {
-        self.ring.addrs().collect::<Vec<_>>().join(",")
+        self.peers.ring().addrs().collect::<Vec<_>>().join(",")
     }
 
     /// `key`'s parent grant, for the debug endpoint.
     pub fn view(&self, key: &str) -> Option<ParentView> {
         let now_us = self.clock.now().micros();
         let parent = self
+            .peers
             .owner(key, now_us)
-            .map_or("(none reachable)", |i| self.ring.addr(i));
+            .map_or("(none reachable)", |i| self.peers.ring().addr(i));
         self.upstream.view(key, parent, now_us)
     }
 }

@@ -1,6 +1,7 @@
 //! The Apply call's messages as Sluice's types: a [`Hit`] as a [`PeerHit`] (also the form of a
 //! Lease ask's key and quota), a [`Decision`] as a [`PeerDecision`], and what a request asks,
-//! [`Op`]. An owner refuses a hit whose numbers it does not know, never reads it as another.
+//! [`Op`], which [`Op::run`] does on a store. An owner refuses a hit whose numbers it does not
+//! know, never reads it as another.
 
 use std::num::NonZeroU32;
 
@@ -8,9 +9,10 @@ use super::{
     ApplyRequest, PROTOCOL_VERSION, PeerDecision, PeerHit, algorithm_from_wire, algorithm_to_wire,
     unit_from_wire, unit_to_wire, wire,
 };
+use crate::clock::Timestamp;
 use crate::cluster::join::Relay;
 use crate::limiter::{Calendar, Decision, Penalty, Quota};
-use crate::store::Hit;
+use crate::store::{CounterStore, Hit, StoreError};
 
 impl ApplyRequest {
     /// A request in this node's protocol version.
@@ -56,6 +58,22 @@ impl Op {
     /// predates refunds' answers (it gave the hits back and said nothing).
     pub(crate) fn may_answer_nothing(self) -> bool {
         self != Op::Apply
+    }
+
+    /// Does this to `hits` on `store` at `now`: a charge or a refund pushes one decision per
+    /// hit onto `out`, a reset none.
+    pub(crate) async fn run<S: CounterStore>(
+        self,
+        store: &S,
+        now: Timestamp,
+        hits: &[Hit<'_>],
+        out: &mut Vec<Decision>,
+    ) -> Result<(), StoreError> {
+        match self {
+            Op::Apply => store.apply(now, hits, out).await,
+            Op::Refund => store.refund(now, hits, out).await,
+            Op::Reset => store.reset(now, hits).await,
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::clock::Timestamp;
 use crate::cluster::members::Members;
 use crate::cluster::peer::Op;
 use crate::limiter::Decision;
-use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use crate::store::{Hit, MemoryStore, StoreError};
 
 /// Divided mode's state: this node's memory store, and the forward route for concurrency
 /// limits.
@@ -83,11 +83,7 @@ impl Divided {
                 Hit { quota: q, ..*h }
             })
             .collect();
-        match op {
-            Op::Apply => self.local.apply(now, &shared, out).await,
-            Op::Refund => self.local.refund(now, &shared, out).await,
-            Op::Reset => self.local.reset(now, &shared).await,
-        }
+        op.run(self.local.as_ref(), now, &shared, out).await
     }
 }
 

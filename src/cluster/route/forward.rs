@@ -7,20 +7,18 @@ use std::sync::atomic::Ordering;
 
 use super::{Minority, Route};
 use crate::clock::Timestamp;
-use crate::cluster::ClusterStats;
 use crate::cluster::durable::RingChanges;
 use crate::cluster::members::Members;
 use crate::cluster::owner::{OwnerStore, UNANSWERED};
 use crate::cluster::peer::{Op, PeerError, PeerHit};
 use crate::limiter::Decision;
-use crate::store::{Cause, CounterStore, Hit, StoreError};
+use crate::store::{Cause, Hit, StoreError};
 
-/// Forward mode's state: this node's owner store, the counters and the ring changes a failed
+/// Forward mode's state: this node's owner store (and its counters), the ring changes a failed
 /// peer is recorded in, and the minority route a node left without a majority decides by.
 #[derive(Clone)]
 pub(in crate::cluster) struct Forward {
     pub(in crate::cluster) owner: Arc<OwnerStore>,
-    pub(in crate::cluster) stats: Arc<ClusterStats>,
     pub(in crate::cluster) changes: Arc<RingChanges>,
     pub(in crate::cluster) minority: Minority,
 }
@@ -149,30 +147,31 @@ impl Forward {
         op: Op,
     ) -> Result<Vec<Decision>, OwnerFailed> {
         if owner == members.me {
-            self.stats
+            self.owner
+                .stats
                 .local_hits
                 .fetch_add(mine.len() as u64, Ordering::Relaxed);
             let mut out = Vec::new();
-            let r = match op {
-                Op::Apply => self.owner.apply(now, &mine, &mut out).await,
-                Op::Refund => self.owner.refund(now, &mine, &mut out).await,
-                Op::Reset => self.owner.reset(now, &mine).await,
-            };
+            let r = op.run(self.owner.as_ref(), now, &mine, &mut out).await;
             return r.map(|()| out).map_err(OwnerFailed::Local);
         }
-        let Some(client) = &members.clients[owner] else {
+        let Some(client) = members.client(owner) else {
             return Err(OwnerFailed::Peer(PeerError::NoClient(
                 "no client for the peer",
             )));
         };
         let wire = mine.iter().map(PeerHit::from_hit).collect();
-        self.stats
+        self.owner
+            .stats
             .forwarded_hits
             .fetch_add(mine.len() as u64, Ordering::Relaxed);
         match client.apply(wire, op).await {
             Ok(d) => Ok(d.into_iter().map(Decision::from).collect()),
             Err(e) => {
-                self.stats.failed_forwards.fetch_add(1, Ordering::Relaxed);
+                self.owner
+                    .stats
+                    .failed_forwards
+                    .fetch_add(1, Ordering::Relaxed);
                 members.failed(owner, &e, &self.changes, now);
                 Err(OwnerFailed::Peer(e))
             }

@@ -18,18 +18,18 @@ use std::sync::Arc;
 
 use super::{Leasing, Route};
 use crate::clock::Timestamp;
-use crate::cluster::ClusterStats;
 use crate::cluster::members::Members;
+use crate::cluster::owner::OwnerStore;
 use crate::cluster::peer::Op;
 use crate::limiter::{Decision, Quota};
-use crate::store::{CounterStore, Hit, MemoryStore, StoreError};
+use crate::store::{Hit, StoreError};
 
-/// What a node without a majority decides with: its memory store, its counters, and in lease
-/// mode the leases it holds.
+/// What a node without a majority decides with: its owner store's memory store and counters
+/// (never the owner store itself, whose take-over loads and relays reach Redis and other
+/// nodes), and in lease mode the leases it holds.
 #[derive(Clone)]
 pub(in crate::cluster) struct Minority {
-    pub(in crate::cluster) local: Arc<MemoryStore>,
-    pub(in crate::cluster) stats: Arc<ClusterStats>,
+    pub(in crate::cluster) owner: Arc<OwnerStore>,
     pub(in crate::cluster) lease: Option<Arc<Leasing>>,
 }
 
@@ -43,10 +43,11 @@ impl Route for Minority {
         op: Op,
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        let peers = members.ring.len();
+        let peers = members.ring().len();
         let now_us = now.micros();
         if op == Op::Apply {
-            self.stats
+            self.owner
+                .stats
                 .alone_hits
                 .fetch_add(hits.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
@@ -80,10 +81,10 @@ impl Route for Minority {
             });
         }
         let mut decided = Vec::with_capacity(alone.len());
-        match op {
-            Op::Apply => self.local.apply(now, &alone, &mut decided).await?,
-            Op::Refund => self.local.refund(now, &alone, &mut decided).await?,
-            Op::Reset => return self.local.reset(now, &alone).await,
+        op.run(self.owner.local().as_ref(), now, &alone, &mut decided)
+            .await?;
+        if op == Op::Reset {
+            return Ok(());
         }
         if let (Some(lease), Op::Apply) = (&self.lease, op) {
             for (h, d) in alone.iter().zip(&decided) {

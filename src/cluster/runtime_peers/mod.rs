@@ -172,14 +172,12 @@ impl PeerLimits {
     /// failed push marks no peer down.
     pub async fn push(&self, change: &Replicated) -> Vec<(String, String)> {
         let m = self.members.load_full();
-        let (ring, me) = (&m.ring, m.ring.addr(m.me));
-        let calls = m.clients.iter().enumerate().filter_map(|(i, c)| {
-            c.as_ref().map(|c| async move {
-                let pushed = c.limits(me, vec![to_wire(change)], None, false).await;
-                pushed
-                    .err()
-                    .map(|e| (ring.addr(i).to_owned(), e.to_string()))
-            })
+        let (ring, me) = (m.ring(), m.ring().addr(m.me));
+        let calls = m.clients().map(|(i, c)| async move {
+            let pushed = c.limits(me, vec![to_wire(change)], None, false).await;
+            pushed
+                .err()
+                .map(|e| (ring.addr(i).to_owned(), e.to_string()))
         });
         let missed: Vec<(String, String)> = futures_util::future::join_all(calls)
             .await

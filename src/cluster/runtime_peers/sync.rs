@@ -118,12 +118,12 @@ fn lacking(
 
 /// The next peer after `turn` in the ring that is up, round robin.
 fn next_up(m: &Members, turn: &mut usize) -> Option<String> {
-    let (n, from) = (m.ring.len(), *turn);
+    let (n, from) = (m.ring().len(), *turn);
     let i = (0..n)
         .map(|step| (from + step) % n)
-        .find(|&i| i != m.me && m.clients[i].is_some() && !m.down[i].load(Ordering::Relaxed))?;
+        .find(|&i| i != m.me && m.client(i).is_some() && m.up(i))?;
     *turn = i + 1;
-    Some(m.ring.addr(i).to_owned())
+    Some(m.ring().addr(i).to_owned())
 }
 
 impl PeerLimits {
@@ -173,11 +173,7 @@ impl PeerLimits {
     async fn pass(&self, turn: &mut usize) {
         let m = self.members.load_full();
         let missed = std::mem::take(&mut *self.missed.lock().unwrap_or_else(|e| e.into_inner()));
-        let is_up = |p: &String| {
-            m.ring
-                .index_of(p)
-                .is_some_and(|i| !m.down[i].load(Ordering::Relaxed))
-        };
+        let is_up = |p: &String| m.ring().index_of(p).is_some_and(|i| m.up(i));
         let mut peers: Vec<String> = missed.into_iter().filter(is_up).collect();
         let retrying = !peers.is_empty();
         if !retrying {
@@ -248,11 +244,11 @@ impl PeerLimits {
     fn client(&self, peer: &str) -> Result<(PeerClient, String), SyncError> {
         let m = self.members.load_full();
         let client = m
-            .ring
+            .ring()
             .index_of(peer)
-            .and_then(|i| m.clients[i].clone())
+            .and_then(|i| m.client(i).cloned())
             .ok_or_else(|| SyncError::Gone(peer.to_owned()))?;
-        Ok((client, m.ring.addr(m.me).to_owned()))
+        Ok((client, m.ring().addr(m.me).to_owned()))
     }
 
     /// Pulls the peer's whole set and applies it, and with `push_back` pushes back every change

@@ -67,7 +67,7 @@ impl Leasing {
 
     /// The permit of `key`'s owner for free shares, if it holds one.
     pub(in crate::cluster) fn terms(&self, members: &Members, key: &str) -> Option<Terms> {
-        let owner = members.ring.addr(members.owner(key));
+        let owner = members.ring().addr(members.owner(key));
         self.permits
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -96,7 +96,7 @@ impl Leasing {
             self.client
                 .recall(&r.key, r.quota, r.until_us, now_us, live);
         }
-        let addr = members.ring.addr(owner);
+        let addr = members.ring().addr(owner);
         let p = permit.unwrap_or(Permit {
             since_us: 0,
             valid_us: self.timing().duration_us(),
@@ -160,7 +160,7 @@ impl Leasing {
             self.took_permit(members, owner, sent.micros(), permit, recalls);
             return Ok(grants);
         }
-        let Some(client) = &members.clients[owner] else {
+        let Some(client) = members.client(owner) else {
             return Err(PeerError::NoClient("no client for the peer"));
         };
         let wire = asks.iter().map(|(k, a)| LeaseAsk::from_ask(k, a)).collect();
@@ -265,12 +265,12 @@ impl Leasing {
         }
         let half = self.timing().duration_us() / 2;
         let permits = self.permits.read().unwrap_or_else(PoisonError::into_inner);
-        (0..members.ring.len())
-            .filter(|&i| i == members.me || !members.down[i].load(Ordering::Relaxed))
+        (0..members.ring().len())
+            .filter(|&i| members.up(i))
             .filter(|i| !calls.contains_key(i))
             .filter(|&i| {
                 permits
-                    .get(members.ring.addr(i))
+                    .get(members.ring().addr(i))
                     .is_none_or(|t| t.until_us.saturating_sub(now_us) < half)
             })
             .collect()
@@ -406,7 +406,7 @@ impl Leasing {
         KeyView {
             key: key.to_owned(),
             node: self.advertise.clone(),
-            owner: members.ring.addr(members.owner(key)).to_owned(),
+            owner: members.ring().addr(members.owner(key)).to_owned(),
             held: self.client.holding(key),
             holders: self
                 .owner
