@@ -8,7 +8,7 @@
 #   bench/ab.sh OLD_BINARY NEW_BINARY
 #   BENCH_ROUNDS=9 BENCH_DURATION=6 BENCH_CONNECTIONS=2 BENCH_STREAMS=100 bench/ab.sh A B
 #
-# The gRPC request body comes from examples/bench_client (built here in release).
+# The gRPC request body comes from bench_client (bench/programs, built here in release).
 set -euo pipefail
 shopt -s inherit_errexit # a failed check inside $(rps ...) stops the script too
 
@@ -24,8 +24,8 @@ C=${BENCH_CONNECTIONS:-2}
 M=${BENCH_STREAMS:-100}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 
-cargo build --release --quiet --example bench_client
-CLIENT="$TARGET/release/examples/bench_client"
+cargo build --release --quiet -p sluice-bench --bin bench_client
+CLIENT="$TARGET/release/bench_client"
 "$CLIENT" body "$WORK/body.bin" bench client=c0
 
 # start BINARY: starts it on free ports; prints its gRPC and debug ports.

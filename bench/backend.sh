@@ -42,9 +42,10 @@ for pkg in h2load:nghttp2-client "$server_pkg"; do
     fi
 done
 # BENCH_NO_BUILD=1: measure the binaries already in the target directory (a baseline kept aside).
-[[ -n ${BENCH_NO_BUILD:-} ]] || cargo build --release --quiet --bin sluice --example bench_client
+[[ -n ${BENCH_NO_BUILD:-} ]] || cargo build --release --quiet -p sluice -p sluice-bench --bin sluice \
+    --bin bench_client
 BIN="$TARGET/release"
-CLIENT="$BIN/examples/bench_client"
+CLIENT="$BIN/bench_client"
 
 REPLICAS=${REPLICAS:-1}
 read -r STORE MEM_GRPC P1 P2 < <(free_ports 4)

@@ -54,9 +54,9 @@ SERIAL=${BENCH_SERIAL_REQUESTS:-9000}
 if ! command -v h2load >/dev/null; then
     apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null
 fi
-cargo build --release --quiet --bin sluice --example bench_client
+cargo build --release --quiet -p sluice -p sluice-bench --bin sluice --bin bench_client
 BIN="$TARGET/release"
-CLIENT="$BIN/examples/bench_client"
+CLIENT="$BIN/bench_client"
 
 # 4 nodes x (http, grpc, debug, peer): 16 distinct ports, and one for Redis.
 read -r -a P < <(free_ports 17)

@@ -4,8 +4,8 @@
 Three release `sluice` nodes on 127.0.0.1 (PEERS pointing at each other, memory store), one
 hourly limit per user (`key: user` with no value, --limit a hour, far above what most users
 use), started afresh for each number of users K and each mode (lease, then forward, the same
-run). Per (K, mode), three phases driven by `examples/keys_load.rs` (gRPC ShouldRateLimit, 40
-descriptors a call, the calls spread over the three nodes in turn):
+run). Per (K, mode), three phases driven by `keys_load` (bench/programs/src/bin/keys_load.rs:
+gRPC ShouldRateLimit, 40 descriptors a call, the calls spread over the three nodes in turn):
 
 - touch: every user u0 .. u<K-1> once (K decisions, the users' first hits; its time and CPU
   reported too);
@@ -114,10 +114,10 @@ def parse_args():
 
 
 def build(target):
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "sluice",
-                    "--example", "keys_load"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "sluice", "-p", "sluice-bench",
+                    "--bin", "sluice", "--bin", "keys_load"], cwd=ROOT, check=True)
     return (os.path.join(target, "release", "sluice"),
-            os.path.join(target, "release", "examples", "keys_load"))
+            os.path.join(target, "release", "keys_load"))
 
 
 class Cluster:
@@ -461,7 +461,7 @@ def main():
         return
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
     bins = ((os.path.join(target, "release", "sluice"),
-             os.path.join(target, "release", "examples", "keys_load"))
+             os.path.join(target, "release", "keys_load"))
             if args.no_build else build(target))
     runs = []
     started = time.monotonic()

@@ -9,20 +9,22 @@
 #   1. installs h2load (Debian's nghttp2-client) if missing; builds release binaries;
 #   2. starts, on free 127.0.0.1 ports, Sluice (the real binary, memory store, bench/config/: limits
 #      of 1e9/s that every key matches, so every request is counted and answered OK), the careful
-#      comparison server (examples/careful_ratelimit.rs: the same work in a DashMap, no more), the
-#      no-op ratelimit.v3 server (examples/noop_ratelimit.rs: answers OK with no work), all three
-#      on the same tonic/envoy-types/tokio, and Sluice again with tracing on but unsampled
-#      ("traced": TRACING_SAMPLING_RATE=0, an OTLP endpoint nobody listens on), and for the
-#      realistic request Sluice and the careful server with the RateLimit-* headers on; checks each
-#      answers correctly with a real gRPC client, and answers OK each body file h2load will send;
+#      comparison server (bench/programs/src/bin/careful_ratelimit.rs: the same work in a DashMap,
+#      no more), the no-op ratelimit.v3 server (bench/programs/src/bin/noop_ratelimit.rs: answers OK
+#      with no work), all three on the same tonic/envoy-types/tokio, and Sluice again with tracing
+#      on but unsampled ("traced": TRACING_SAMPLING_RATE=0, an OTLP endpoint nobody listens on), and
+#      for the realistic request Sluice and the careful server with the RateLimit-* headers on;
+#      checks each answers correctly with a real gRPC client, and answers OK each body file h2load
+#      will send;
 #   3. alternates the servers over ROUNDS rounds at `-c 2 -m 100` (all four), at `-c 1 -m 1` and
 #      with the realistic request (`real`: 3 descriptors of 2 entries, `-c 2 -m 100`), back to back
 #      with the same settings; the headline is the ratios of the medians to the no-op server's,
 #      and Sluice's to the careful server's;
 #      every load run (here and below) is checked against the server's own count of its answers,
-#      read before and after it (Sluice's /metrics, the examples' --answers port): a run where a
-#      call got a non-zero grpc-status, or h2load counted more successes than the server answered
-#      OK, stops the benchmark with a message naming the server and the round (bench/answers.py);
+#      read before and after it (Sluice's /metrics, the baseline servers' --answers port): a run
+#      where a call got a non-zero grpc-status, or h2load counted more successes than the server
+#      answered OK, stops the benchmark with a message naming the server and the round
+#      (bench/answers.py);
 #   4. sweeps offered load (h2load --rps) for both servers, and draws the chart; then sweeps
 #      outstanding requests (closed loop, 2 connections x 1..100 streams);
 #   5. stops the servers, then runs the criterion micro-benchmarks and the memory measurement.
@@ -67,11 +69,12 @@ if ! command -v h2load >/dev/null; then
     apt-get update -qq && apt-get install -y -qq nghttp2-client >/dev/null
 fi
 say "building release binaries"
-cargo build --release --quiet --bin sluice --example noop_ratelimit --example careful_ratelimit \
-    --example bench_client --example counter_memory --example lease_memory --example rlqs_memory
+cargo build --release --quiet -p sluice -p sluice-bench --bin sluice --bin noop_ratelimit \
+    --bin careful_ratelimit --bin bench_client --bin counter_memory --bin lease_memory \
+    --bin rlqs_memory
 cargo bench --quiet --bench decision --no-run 2>/dev/null
 BIN="$TARGET/release"
-CLIENT="$BIN/examples/bench_client"
+CLIENT="$BIN/bench_client"
 
 {
     echo "nproc: $(nproc)"
@@ -105,13 +108,13 @@ TRACING_ENABLED=true TRACING_SAMPLING_RATE=0 OTEL_EXPORTER_OTLP_ENDPOINT="http:/
     start_sluice "$T_HTTP" "$T_GRPC" "$T_DEBUG"
 # The realistic request's servers add the RateLimit-* headers (the issue's "headers on").
 LIMIT_RESPONSE_HEADERS_ENABLED=true start_sluice "$H_HTTP" "$H_GRPC" "$H_DEBUG"
-"$BIN/examples/careful_ratelimit" "127.0.0.1:$CAREFUL_PORT" --answers "127.0.0.1:$CAREFUL_ANSWERS" &
+"$BIN/careful_ratelimit" "127.0.0.1:$CAREFUL_PORT" --answers "127.0.0.1:$CAREFUL_ANSWERS" &
 PIDS+=($!)
-"$BIN/examples/careful_ratelimit" "127.0.0.1:$H_CAREFUL_PORT" headers \
+"$BIN/careful_ratelimit" "127.0.0.1:$H_CAREFUL_PORT" headers \
     --answers "127.0.0.1:$H_CAREFUL_ANSWERS" &
 PIDS+=($!)
 # shellcheck disable=SC2086  # BENCH_NOOP_ARGS: words
-"$BIN/examples/noop_ratelimit" "127.0.0.1:$NOOP_PORT" --answers "127.0.0.1:$NOOP_ANSWERS" \
+"$BIN/noop_ratelimit" "127.0.0.1:$NOOP_PORT" --answers "127.0.0.1:$NOOP_ANSWERS" \
     ${BENCH_NOOP_ARGS:-} &
 PIDS+=($!)
 declare -A URL=([sluice]="http://127.0.0.1:$GRPC_PORT" [noop]="http://127.0.0.1:$NOOP_PORT"
@@ -249,14 +252,14 @@ cargo bench --quiet --bench decision -- "${CRITERION_ARGS[@]}" 2>&1 | tee "$OUT/
 say "memory per live counter"
 for n in 250000 500000 1000000; do
     echo "# $n distinct keys"
-    "$BIN/examples/counter_memory" "$n"
+    "$BIN/counter_memory" "$n"
 done | tee "$OUT/memory.txt"
 # Lease and RLQS tables against what their byte bounds charge: each run exits 1 (and this script
 # with it) when a table uses more than it is charged.
 say "lease and quota tables against their charges"
 for holders in 1 3 10; do
-    "$BIN/examples/lease_memory" 100000 "$holders"
-    "$BIN/examples/rlqs_memory" 100000 "$holders"
+    "$BIN/lease_memory" 100000 "$holders"
+    "$BIN/rlqs_memory" 100000 "$holders"
 done | tee "$OUT/table-memory.txt"
 
 say "summary (also in $OUT/summary.md)"

@@ -6,12 +6,13 @@
 #   SCALE_COUNTERS="10000 100000 1000000 10000000 100000000" bench/scale.sh   # 10^8: ~15 GB
 #   SCALE_CURVES=config SCALE_SHAPES=regex bench/scale.sh
 #
-#   counters  examples/scale_counters.rs: 10^4 to 10^7 live counters in the memory store
-#   config    examples/scale_config.rs: 10 to 10^5 descriptors in one domain: flat, nested,
+# One program per curve, in bench/programs/src/bin:
+#   counters  scale_counters.rs: 10^4 to 10^7 live counters in the memory store
+#   config    scale_config.rs: 10 to 10^5 descriptors in one domain: flat, nested,
 #             with wildcards and with value_regex patterns
-#   rlqs      examples/scale_rlqs.rs: 1 to 10,000 Envoy streams (simulated clients over real
+#   rlqs      scale_rlqs.rs: 1 to 10,000 Envoy streams (simulated clients over real
 #             sockets) against a real `sluice` process
-#   lease     examples/scale_lease.rs: 10^3 to 10^6 held keys per node, one renewal round
+#   lease     scale_lease.rs: 10^3 to 10^6 held keys per node, one renewal round
 #
 # Each size runs in its own process (so resident memory starts clean) and prints one JSON line;
 # they go to bench/results/scale.jsonl (a size run again replaces its line in the report), and
@@ -33,14 +34,14 @@ STREAMS=${SCALE_STREAMS:-1 10 100 1000 5000 10000}
 HELD=${SCALE_HELD:-1000 10000 100000 1000000}
 RUNS="$OUT/scale.jsonl"
 
-examples=()
+programs=()
 for curve in $CURVES; do
     case $curve in
-        counters|config|rlqs|lease) examples+=(--example "scale_$curve") ;;
+        counters|config|rlqs|lease) programs+=(--bin "scale_$curve") ;;
         *) echo "unknown curve $curve (counters, config, rlqs, lease)" >&2; exit 64 ;;
     esac
 done
-cargo build --release --quiet --bin sluice "${examples[@]}"
+cargo build --release --quiet -p sluice -p sluice-bench --bin sluice "${programs[@]}"
 BIN="$TARGET/release"
 
 # one CURVE ARGS...: one size, its JSON line appended to RUNS (and shown).
@@ -48,7 +49,7 @@ one() {
     local curve=$1 line
     shift
     echo "scale: $curve $*" >&2
-    line=$("$BIN/examples/scale_$curve" "$@")
+    line=$("$BIN/scale_$curve" "$@")
     echo "$line" | tee -a "$RUNS"
 }
 

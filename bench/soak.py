@@ -14,10 +14,10 @@ each Redis fault hits a request path (r: REDIS_TIMEOUT, reconnects) and the clus
 path (flushes, take-over loads) at once, and each peer fault hits forwarding, probes, take-over
 and the restarted owner's loads, for about the CPU of one extra idle process.
 
-Load (examples/soak_load.rs): BENCH_SOAK_RATE requests a second in all (default 600, far below
-what 2 cores serve, so latencies mean something): half gRPC over the four nodes, a quarter
-`/json` over the four, a quarter `/nginx` through nginx; open loop, `user` values spread over
-5,000 per-minute counters with a limit no load reaches, so every answer should be OK.
+Load (bench/programs/src/bin/soak_load.rs): BENCH_SOAK_RATE requests a second in all (default 600,
+far below what 2 cores serve, so latencies mean something): half gRPC over the four nodes, a quarter
+`/json` over the four, a quarter `/nginx` through nginx; open loop, `user` values spread over 5,000
+per-minute counters with a limit no load reaches, so every answer should be OK.
 
 Chaos: eleven slots (a quiet one first and last), each: an exact-count probe, a fault (logged
 with its time), the repair, the time to recover, and the probe again. Faults: Redis

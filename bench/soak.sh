@@ -24,5 +24,5 @@ for pkg in redis-server:redis-server nginx:nginx; do
         apt-get update -qq && apt-get install -y -qq "${pkg#*:}" >/dev/null
     fi
 done
-cargo build --release --quiet --bin sluice --example soak_load
-exec python3 "$ROOT/bench/soak.py" "$@" "$TARGET/release/sluice" "$TARGET/release/examples/soak_load"
+cargo build --release --quiet -p sluice -p sluice-bench --bin sluice --bin soak_load
+exec python3 "$ROOT/bench/soak.py" "$@" "$TARGET/release/sluice" "$TARGET/release/soak_load"

@@ -282,8 +282,10 @@ check_fuzz_crate() {
 echo "== cargo check of fuzz/ (the cargo-fuzz targets, on stable)"
 check_fuzz_crate
 
+# The measuring programs (bench/programs, the sluice-bench crate) are built here too, as they
+# were when they were examples; the other workspace crates are helpers the tests build anyway.
 echo "== cargo test"
-cargo test --all-targets --locked
+cargo test --all-targets --locked -p sluice -p sluice-bench
 
 # The Helm chart: lint, render, validate offline, and check-config on its descriptor files
 # (with the sluice binary cargo test just built). Ends with `helm: N passed, M failed`.
@@ -305,9 +307,9 @@ echo "== status page in a browser"
 # no answers, or one where a call was not answered OK by gRPC (each run is checked against the
 # server's own count of its answers, bench/answers.py). bench/selftest.sh then plants a no-op
 # server answering UNAVAILABLE and checks the benchmark refuses it (about 10 s).
-# Cost: 85 to 100 s on 2 cores with the binaries built (measured 2026-11-26 at load average 2
-# to 4), plus the release build of sluice, the examples and the criterion bench (thin LTO) the
-# first time.
+# Cost: 85 to 100 s on 2 cores with the binaries built (measured 2026-11-26 at load average 2 to 4),
+# plus the release build of sluice, the measuring programs (bench/programs) and the criterion bench
+# (thin LTO) the first time.
 echo "== quick load benchmark (every answer checked; the ratios printed, not checked)"
 BENCH_QUICK=1 bench/run.sh >target/bench-quick.log 2>&1 || {
   cat target/bench-quick.log

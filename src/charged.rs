@@ -1,7 +1,7 @@
-//! A table of per-key state behind a mutex, bounded by the bytes it is charged: each key costs
-//! its length plus a fixed charge (measured by `examples/lease_memory.rs`), and a new key is
-//! refused once the table is at its bound. Redis allowances ([`crate::store::allowance`]) and
-//! a child cluster's parent grants ([`crate::cluster::lease::parent`]) keep their keys in one.
+//! A table of per-key state behind a mutex, bounded by the bytes it is charged: each key costs its
+//! length plus a fixed charge (measured by `bench/programs/src/bin/lease_memory.rs`), and a new key
+//! is refused once the table is at its bound. Redis allowances ([`crate::store::allowance`]) and a
+//! child cluster's parent grants ([`crate::cluster::lease::parent`]) keep their keys in one.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -74,9 +74,10 @@
 //!   with envoyproxy/ratelimit's names and arithmetic, the Prometheus exposition, logs, and
 //!   OpenTelemetry (spans and metrics over OTLP).
 
-// An item is `pub` only when the binary, tests, benches or examples reach it, so the compiler
-// finds dead code: modules that no target outside the library uses are `pub(crate)`, and their
-// items with them. (The library's own lint: test crates' helpers are theirs to make `pub`.)
+// An item is `pub` only when the binary, tests, benches, examples or measuring programs
+// (bench/programs) reach it, so the compiler finds dead code: modules that no target outside the
+// library uses are `pub(crate)`, and their items with them. (The library's own lint: test crates'
+// helpers are theirs to make `pub`.)
 #![warn(unreachable_pub)]
 
 pub(crate) mod admin;

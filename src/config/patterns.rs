@@ -1,15 +1,15 @@
 //! `value_regex` (issue 52): one key's patterns at one level of a domain, and which of them,
 //! first in YAML order, matches all of a request's value.
 //!
-//! The patterns are compiled together into one multi-pattern regex (the `regex` crate's
-//! engines, linear in the value's length). A value is not run against all of them at once: a
-//! set of 10^4 patterns made the lazy DFA's states as large as the set and its cache thrash
-//! (1.4 ms a lookup, `examples/scale_config.rs`). Instead each pattern is filed under the
-//! literal text every match of it starts with (`t7_` for `t7_[0-9]+`; `gold-t3-` and
-//! `silver-t3-` for `(?:gold|silver)-t3-.+`) or, when it has none, ends with; a value then
-//! tries only the patterns filed under its own first or last bytes, one map probe per distinct
-//! literal length, each with an anchored search for that pattern alone. The few patterns with
-//! neither (`[a-z]+`) are searched together in one pass.
+//! The patterns are compiled together into one multi-pattern regex (the `regex` crate's engines,
+//! linear in the value's length). A value is not run against all of them at once: a set of 10^4
+//! patterns made the lazy DFA's states as large as the set and its cache thrash (1.4 ms a lookup,
+//! `bench/programs/src/bin/scale_config.rs`). Instead each pattern is filed under the literal text
+//! every match of it starts with (`t7_` for `t7_[0-9]+`; `gold-t3-` and `silver-t3-` for
+//! `(?:gold|silver)-t3-.+`) or, when it has none, ends with; a value then tries only the patterns
+//! filed under its own first or last bytes, one map probe per distinct literal length, each with an
+//! anchored search for that pattern alone. The few patterns with neither (`[a-z]+`) are searched
+//! together in one pass.
 
 use regex_automata::meta::{self, Regex};
 use regex_automata::nfa::thompson::WhichCaptures;

@@ -39,10 +39,10 @@ use crate::config::{ConfigHandle, RateLimitConfig};
 use crate::descriptor::Entry;
 use crate::key::{bucket_key_len, write_bucket_key};
 
-/// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings (and
-/// 48 per entry): above what they take, measured with `cargo run --release --example
-/// rlqs_memory -- 100000 3` (docs/rlqs.md): the map entry and rate; the holder, its shared id,
-/// its stream's record of it, and the allocator's share of the holders' vector growing by one.
+/// Bytes charged per bucket beyond its key, and per holder beyond its bucket id's strings (and 48
+/// per entry): above what they take, measured with `cargo run --release -p sluice-bench --bin
+/// rlqs_memory -- 100000 3` (docs/rlqs.md): the map entry and rate; the holder, its shared id, its
+/// stream's record of it, and the allocator's share of the holders' vector growing by one.
 pub(crate) const BUCKET_CHARGE: usize = 192;
 pub const HOLDER_CHARGE: usize = 384;
 pub(crate) const ENTRY_CHARGE: usize = 48;

@@ -114,8 +114,8 @@ pub(crate) const LEFT_SHARE: u64 = 8;
 /// [`AllowanceTuning::min_batch`]).
 pub(crate) const HOT_HITS: u64 = 4;
 
-/// What a key in the table costs beside its key's bytes (`examples/lease_memory.rs` measures
-/// it, and fails past it).
+/// What a key in the table costs beside its key's bytes (`bench/programs/src/bin/lease_memory.rs`
+/// measures it, and fails past it).
 pub const RESERVED_CHARGE: usize = 352;
 
 /// How far ahead batches look, how big they are, and the table's bound.

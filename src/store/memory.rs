@@ -62,7 +62,7 @@ fn shard_amount() -> usize {
 }
 
 /// What a counter costs besides its key's bytes, charged against [`MemoryLimits::max_bytes`]:
-/// above the worst case measured, 102 B (`examples/counter_memory.rs -- 935000 4
+/// above the worst case measured, 102 B (`bench/programs/src/bin/counter_memory.rs -- 935000 4
 /// sliding_window`, 102.3 B with `token_bucket`: a table of 128-bit words just past doubling,
 /// the shortest keys; see docs/hardening.md). A slot is a `(Box<str>, word)` pair plus a
 /// control byte, 25 B (33 B for a sliding window's or a bucket's 128-bit word); a table just

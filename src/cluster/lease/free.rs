@@ -279,9 +279,9 @@ pub enum FreeRoute {
     Lease { used: u64 },
 }
 
-/// What a free-share entry costs beside its key: `examples/lease_memory.rs` measures 191 to 204
-/// bytes with the key (27 to 31 bytes; 40,000 and 300,000 keys), and fails when a measurement
-/// passes the charge.
+/// What a free-share entry costs beside its key: `bench/programs/src/bin/lease_memory.rs` measures
+/// 191 to 204 bytes with the key (27 to 31 bytes; 40,000 and 300,000 keys), and fails when a
+/// measurement passes the charge.
 pub const FREE_CHARGE: usize = 192;
 
 /// The keys this node admitted freely in their current window.

@@ -199,9 +199,9 @@ pub struct LeaseClient {
     pub stats: LeaseStats,
 }
 
-/// What a held key costs beside its key's bytes: `examples/lease_memory.rs` measures at most
-/// 457 with the key (27 to 31 bytes, 40,000 to 300,000 keys; 357 before the renewal rounds' queue
-/// and parking, issue 49), rounded up here; the example fails when a measurement passes the
+/// What a held key costs beside its key's bytes: `bench/programs/src/bin/lease_memory.rs` measures
+/// at most 457 with the key (27 to 31 bytes, 40,000 to 300,000 keys; 357 before the renewal rounds'
+/// queue and parking, issue 49), rounded up here; the program fails when a measurement passes the
 /// charge.
 pub const SLOT_CHARGE: usize = 448;
 

@@ -50,9 +50,9 @@ pub struct ParentTiming {
     pub max_bytes: usize,
 }
 
-/// What a key costs beside its key's bytes (its `DashMap` slot, the `Mutex<Above>`, the boxed
-/// key's allocation): `examples/lease_memory.rs` measures at most 360 with the key (keys of 27
-/// to 31 bytes, 40,000 to 300,000 keys), which this rounds up; the example fails when a
+/// What a key costs beside its key's bytes (its `DashMap` slot, the `Mutex<Above>`, the boxed key's
+/// allocation): `bench/programs/src/bin/lease_memory.rs` measures at most 360 with the key (keys of
+/// 27 to 31 bytes, 40,000 to 300,000 keys), which this rounds up; the program fails when a
 /// measurement passes the charge.
 pub const ABOVE_CHARGE: usize = 384;
 

@@ -302,10 +302,10 @@ impl Epoch {
 }
 
 /// What a leased key costs its owner beside its key's bytes, and each holder beside its name's:
-/// `examples/lease_memory.rs` measures at most 582 and 129 (keys of 27 to 31 bytes, names of 16,
-/// 40,000 to 300,000 keys with 1, 3 and 10 holders; the key's place among the sweep's deadlines
-/// included, issue 49), which these round up; the example fails when a measurement passes its
-/// charge, and `bench/run.sh` runs it.
+/// `bench/programs/src/bin/lease_memory.rs` measures at most 582 and 129 (keys of 27 to 31 bytes,
+/// names of 16, 40,000 to 300,000 keys with 1, 3 and 10 holders; the key's place among the sweep's
+/// deadlines included, issue 49), which these round up; the program fails when a measurement passes
+/// its charge, and `bench/run.sh` runs it.
 pub(crate) const KEY_CHARGE: usize = 640;
 pub(crate) const HOLDER_CHARGE: usize = 128;
 

@@ -1,5 +1,5 @@
-//! What Sluice's tests, examples and benchmarks share, in one dev-only crate rather than files
-//! included by path: each takes what it needs with `use sluice_test_support::...`.
+//! What Sluice's tests, benchmarks and measuring programs share, in one dev-only crate rather
+//! than files included by path: each takes what it needs with `use sluice_test_support::...`.
 //!
 //! - [`process`]: the end-to-end tests' rules for real processes: an outside program found, or
 //!   the test failed (or skipped, on record); free loopback ports; bounded waits; window timing.
@@ -12,7 +12,7 @@
 //! - [`store_contract`]: what every counter store answers, checked against a reference model,
 //!   run by [`store_contract!`] on each backend (`tests/stores.rs`, `integration/redis.rs`,
 //!   `integration/memcached.rs`).
-//! - [`bench`]: the measuring programs' helpers (`examples/`, `benches/`).
+//! - [`bench`]: the measuring programs' helpers (`bench/programs/`, `benches/`).
 
 pub mod app;
 pub mod bench;

@@ -1,6 +1,6 @@
-//! Helpers of the measuring programs (`examples/`, `benches/decision.rs`): a comparison server's
-//! count of its answers, a never-waiting future polled once, this process's resident memory,
-//! and the runtime-limit measurements' tenants.
+//! Helpers of the measuring programs (`bench/programs/`, `benches/decision.rs`): a comparison
+//! server's count of its answers, a never-waiting future polled once, this process's resident
+//! memory, and the runtime-limit measurements' tenants.
 
 pub mod answers;
 pub mod ready;

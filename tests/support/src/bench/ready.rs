@@ -1,5 +1,5 @@
 //! Polls a future that never waits (the memory store's, and the service's over it) once, for
-//! the examples that time or count them without a runtime.
+//! the measuring programs that time or count them without a runtime.
 
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};

@@ -1,4 +1,4 @@
-//! This process's resident memory, for the examples that measure what counters cost
+//! This process's resident memory, for the programs that measure what counters cost
 //! (`counter_memory`, `key_flood`, the `scale_*` sweeps).
 
 /// VmRSS in bytes (0 where /proc is not available).

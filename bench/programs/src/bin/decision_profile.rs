@@ -7,8 +7,8 @@
 //! headers on) through the gRPC adapter's conversions and protobuf, without HTTP/2.
 //!
 //! ```sh
-//! cargo build --release --example decision_profile
-//! valgrind --tool=callgrind target/release/examples/decision_profile 100000 [real]
+//! cargo build --release -p sluice-bench --bin decision_profile
+//! valgrind --tool=callgrind target/release/decision_profile 100000 [real]
 //! callgrind_annotate --inclusive=yes callgrind.out.<pid>
 //! ```
 
@@ -40,7 +40,7 @@ fn main() {
         Some("real") => true,
         Some(other) => panic!("the request is `one` or `real`, not {other:?}"),
     };
-    let yaml = include_str!("../bench/config/bench.yaml");
+    let yaml = include_str!("../../../config/bench.yaml");
     let config = parse_files(
         &[("bench.yaml".into(), yaml.into())],
         &LoadOptions::default(),

@@ -3,7 +3,7 @@
 //! hot limit. A plain timing loop, not a test; run it in release mode:
 //!
 //! ```text
-//! cargo run --release --example stats_cost [-- ITERATIONS]
+//! cargo run --release -p sluice-bench --bin stats_cost [-- ITERATIONS]
 //! ```
 
 #![allow(

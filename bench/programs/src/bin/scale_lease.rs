@@ -12,7 +12,7 @@
 //! answer does not match its ask.
 //!
 //! ```sh
-//! cargo run --release --example scale_lease -- 100000
+//! cargo run --release -p sluice-bench --bin scale_lease -- 100000
 //! ```
 
 #![allow(

@@ -23,10 +23,10 @@
 //! Human-readable lines go to stderr, one JSON line to stdout.
 //!
 //! ```sh
-//! cargo run --release --example scale_config -- 100000 flat
-//! cargo run --release --example scale_config -- 100000 nested
-//! cargo run --release --example scale_config -- 100000 wildcard
-//! cargo run --release --example scale_config -- 10000 regex
+//! cargo run --release -p sluice-bench --bin scale_config -- 100000 flat
+//! cargo run --release -p sluice-bench --bin scale_config -- 100000 nested
+//! cargo run --release -p sluice-bench --bin scale_config -- 100000 wildcard
+//! cargo run --release -p sluice-bench --bin scale_config -- 10000 regex
 //! ```
 
 #![allow(

@@ -5,12 +5,12 @@
 //! charge (so `bench/run.sh`, which runs it, fails).
 //!
 //! ```sh
-//! cargo run --release --example rlqs_memory -- 100000 3
+//! cargo run --release -p sluice-bench --bin rlqs_memory -- 100000 3
 //! ```
 
 #![allow(
     clippy::disallowed_methods,
-    reason = "an example measuring memory; it reads no clock"
+    reason = "a program measuring memory; it reads no clock"
 )]
 
 use std::sync::Arc;

@@ -8,9 +8,9 @@
 //! accounted bytes and VmRSS growth. Not a test: a measurement, in release mode.
 //!
 //! ```sh
-//! cargo run --release --example key_flood -- 100000 8192 0 0           # no caps (before)
-//! cargo run --release --example key_flood -- 100000 8192 4096 268435456 # the defaults
-//! cargo run --release --example key_flood -- 100000 8192 16384 268435456 # the budget alone
+//! cargo run --release -p sluice-bench --bin key_flood -- 100000 8192 0 0           # no caps (before)
+//! cargo run --release -p sluice-bench --bin key_flood -- 100000 8192 4096 268435456 # the defaults
+//! cargo run --release -p sluice-bench --bin key_flood -- 100000 8192 16384 268435456 # the budget alone
 //! ```
 
 use std::sync::Arc;

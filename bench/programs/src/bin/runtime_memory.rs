@@ -17,9 +17,9 @@
 //! parses it, the YAML text freed before the reading.
 //!
 //! ```sh
-//! cargo run --release --example runtime_memory -- api 100000
-//! cargo run --release --example runtime_memory -- load 100000
-//! cargo run --release --example runtime_memory -- yaml 100000
+//! cargo run --release -p sluice-bench --bin runtime_memory -- api 100000
+//! cargo run --release -p sluice-bench --bin runtime_memory -- load 100000
+//! cargo run --release -p sluice-bench --bin runtime_memory -- yaml 100000
 //! ```
 
 use std::sync::Arc;

@@ -21,8 +21,8 @@
 //! missing or a pass removes the wrong number.
 //!
 //! ```sh
-//! cargo run --release --example scale_counters -- N [SAMPLES [HOLD_CLOCK]]
-//! cargo run --release --example scale_counters -- 1000000 200000 cpu
+//! cargo run --release -p sluice-bench --bin scale_counters -- N [SAMPLES [HOLD_CLOCK]]
+//! cargo run --release -p sluice-bench --bin scale_counters -- 1000000 200000 cpu
 //! ```
 
 #![allow(

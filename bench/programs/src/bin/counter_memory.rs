@@ -10,8 +10,8 @@
 //! 128-bit word per counter) or `token_bucket`.
 //!
 //! ```sh
-//! cargo run --release --example counter_memory -- 1000000
-//! cargo run --release --example counter_memory -- 920000 4 sliding_window   # the worst case
+//! cargo run --release -p sluice-bench --bin counter_memory -- 1000000
+//! cargo run --release -p sluice-bench --bin counter_memory -- 920000 4 sliding_window   # the worst case
 //! ```
 
 use std::fmt::Write as _;

@@ -3,16 +3,16 @@
 //!
 //! It is built from the same tonic, envoy-types and tokio as Sluice, with the same runtime (tokio's
 //! multi-threaded default) and the same `tonic::transport::Server` defaults, so the difference
-//! between the two under the same load is what Sluice's own work costs. Like Sluice it counts
-//! its answers (one add to a counter of the thread's own; `support/answers.rs`), served on
-//! `--answers ADDR`, so `bench/run.sh` checks every load run's answers were OK.
+//! between the two under the same load is what Sluice's own work costs. Like Sluice it counts its
+//! answers (one add to a counter of the thread's own; `tests/support/src/bench/answers.rs`), served
+//! on `--answers ADDR`, so `bench/run.sh` checks every load run's answers were OK.
 //!
 //! `--unavailable-after N` plants a failing server for `bench/selftest.sh`: its first N calls are
 //! answered OK (enough for the checks before the load), every later one UNAVAILABLE, at full
 //! speed. The benchmark must refuse it.
 //!
 //! ```sh
-//! cargo run --release --example noop_ratelimit -- 127.0.0.1:18081 [--answers 127.0.0.1:18091]
+//! cargo run --release -p sluice-bench --bin noop_ratelimit -- 127.0.0.1:18081 [--answers 127.0.0.1:18091]
 //!     [--unavailable-after 100]
 //! ```
 

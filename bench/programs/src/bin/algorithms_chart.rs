@@ -2,7 +2,7 @@
 //! of requests admitted in the trailing second against the limit.
 //!
 //! ```sh
-//! cargo run --example algorithms_chart            # rewrites docs/algorithms.svg
+//! cargo run -p sluice-bench --bin algorithms_chart            # rewrites docs/algorithms.svg
 //! ```
 //!
 //! Traffic (deterministic): a steady 5 requests per second; a burst of 30 requests in the last
@@ -173,7 +173,13 @@ fn main() -> std::io::Result<()> {
         svg.push('\n');
     }
     svg.push_str("</svg>\n");
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/algorithms.svg");
+    // The repository's root: this package is bench/programs.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2);
+    let path = root
+        .expect("bench/programs has a grandparent")
+        .join("docs/algorithms.svg");
     std::fs::write(&path, svg)?;
     println!("wrote {}", path.display());
     for algorithm in Algorithm::RATES {

@@ -18,8 +18,8 @@
 //! 10 s, ± 1,000 us per report at N = 1, ± 1 at N = 1000.
 //!
 //! ```sh
-//! cargo build --release --example scale_rlqs --bin sluice
-//! cargo run --release --example scale_rlqs -- target/release/sluice 1000 10 [STREAMS_PER_CONNECTION]
+//! cargo build --release -p sluice-bench --bin scale_rlqs --bin sluice
+//! cargo run --release -p sluice-bench --bin scale_rlqs -- target/release/sluice 1000 10 [STREAMS_PER_CONNECTION]
 //! ```
 
 use std::collections::VecDeque;

@@ -11,8 +11,8 @@
 //! instructions per call.
 //!
 //! ```sh
-//! cargo build --release --example runtime_profile
-//! valgrind --tool=callgrind --callgrind-out-file=yaml.out target/release/examples/runtime_profile yaml_100k 100000
+//! cargo build --release -p sluice-bench --bin runtime_profile
+//! valgrind --tool=callgrind --callgrind-out-file=yaml.out target/release/runtime_profile yaml_100k 100000
 //! callgrind_annotate --inclusive=yes yaml.out | grep runtime_profile::
 //! ```
 

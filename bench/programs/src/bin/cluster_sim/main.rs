@@ -3,15 +3,15 @@
 //! clock with simulated network latency. Used by `docs/cluster.md` ("Simulation").
 //!
 //! ```sh
-//! cargo run --release --example cluster_sim              # the full run (docs/cluster.md)
-//! cargo run --release --example cluster_sim -- --quick   # a shorter run, same shape
-//! cargo run --release --example cluster_sim -- --seed 7  # another seed
-//! cargo run --release --example cluster_sim -- --only sweep   # one section (`report::run`)
-//! cargo run --release --example cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
-//! cargo run --release --example cluster_sim -- --only regions # one limit across regions ([`regions`])
-//! cargo run --release --example cluster_sim -- --only keys    # 10^4 against 10^6 keys (issue 49)
-//! cargo run --release --example cluster_sim -- --only keys --free-share-percent 0  # every key leased
-//! cargo run --release --example cluster_sim -- --only one --mode lease --nodes 50 --worst
+//! cargo run --release -p sluice-bench --bin cluster_sim              # the full run (docs/cluster.md)
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --quick   # a shorter run, same shape
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --seed 7  # another seed
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --only sweep   # one section (`report::run`)
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --only burst   # lease mode under bursts ([`burst`])
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --only regions # one limit across regions ([`regions`])
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --only keys    # 10^4 against 10^6 keys (issue 49)
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --only keys --free-share-percent 0  # every key leased
+//! cargo run --release -p sluice-bench --bin cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
 //! Sluice's own pure pieces do the deciding: [`Ring`] and [`key_hash`] pick owners (among the
@@ -61,7 +61,7 @@
 //! through PEERS_DNS within 5 s (each at its own re-resolution tick), while an even share of the
 //! clients open their connections to it.
 
-// The example's other files, beside this `main.rs`.
+// The program's other files, beside this `main.rs`.
 mod burst;
 mod global;
 mod lease;

@@ -9,12 +9,12 @@
 //! an IPv4 `remote_address` descriptor (27 to 31 bytes); holders' names like pod addresses.
 //!
 //! ```sh
-//! cargo run --release --example lease_memory -- 100000 3
+//! cargo run --release -p sluice-bench --bin lease_memory -- 100000 3
 //! ```
 
 #![allow(
     clippy::disallowed_methods,
-    reason = "an example measuring memory; it reads no clock"
+    reason = "a program measuring memory; it reads no clock"
 )]
 
 use sluice::clock::Timestamp;

@@ -11,11 +11,11 @@
 //! With `headers` it also adds `RateLimit-Limit`, `-Remaining` and `-Reset` from the status with
 //! the least remaining, as Sluice does with LIMIT_RESPONSE_HEADERS_ENABLED. No config file, no
 //! stats, no eviction: the bench's few keys are all it ever holds. Like Sluice it counts its
-//! answers (one add to a counter of the thread's own; `support/answers.rs`), served on
-//! `--answers ADDR`, so `bench/run.sh` checks every load run's answers were OK.
+//! answers (one add to a counter of the thread's own; `tests/support/src/bench/answers.rs`), served
+//! on `--answers ADDR`, so `bench/run.sh` checks every load run's answers were OK.
 //!
 //! ```sh
-//! cargo run --release --example careful_ratelimit -- 127.0.0.1:18082 [headers] \
+//! cargo run --release -p sluice-bench --bin careful_ratelimit -- 127.0.0.1:18082 [headers] \
 //!     [--answers 127.0.0.1:18092]
 //! ```
 

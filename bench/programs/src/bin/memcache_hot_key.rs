@@ -8,8 +8,8 @@
 //! and prints decisions per second and how many calls failed.
 //!
 //! ```sh
-//! cargo run --release --example memcache_hot_key            # 3 s per run
-//! cargo run --release --example memcache_hot_key -- 10      # 10 s per run
+//! cargo run --release -p sluice-bench --bin memcache_hot_key            # 3 s per run
+//! cargo run --release -p sluice-bench --bin memcache_hot_key -- 10      # 10 s per run
 //! ```
 
 #![allow(

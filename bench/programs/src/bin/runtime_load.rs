@@ -11,8 +11,8 @@
 //! that took: a `PUT` with the file set waits for such a save.
 //!
 //! ```sh
-//! cargo run --release --example runtime_load -- write /tmp/limits.jsonl 100000
-//! cargo run --release --example runtime_load -- time /tmp/limits.jsonl
+//! cargo run --release -p sluice-bench --bin runtime_load -- write /tmp/limits.jsonl 100000
+//! cargo run --release -p sluice-bench --bin runtime_load -- time /tmp/limits.jsonl
 //! ```
 
 #![allow(

@@ -13,8 +13,8 @@
 //!   connections taking the next in turn; then stops.
 //!
 //! ```sh
-//! cargo run --release --example runtime_puts -- create 127.0.0.1:6070 s3cr3t 32 100000
-//! cargo run --release --example runtime_puts -- replace 127.0.0.1:6070 s3cr3t 32 10 100000
+//! cargo run --release -p sluice-bench --bin runtime_puts -- create 127.0.0.1:6070 s3cr3t 32 100000
+//! cargo run --release -p sluice-bench --bin runtime_puts -- replace 127.0.0.1:6070 s3cr3t 32 10 100000
 //! ```
 
 #![allow(
