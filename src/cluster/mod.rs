@@ -64,6 +64,7 @@ use lease::{KeyView, LeaseServer};
 use members::{Dialer, Members, membership_tasks};
 pub use owner::{OwnerStore, Served};
 use peer::{Op, PeerError};
+pub use route::node_limit as divided_node_limit;
 use route::{Divided, Forward, Leased, Leasing, Minority, Mode, Route};
 use runtime_peers::PeerLimits;
 

@@ -74,17 +74,25 @@ impl Divided {
         op: Op,
         out: &mut Vec<Decision>,
     ) -> Result<(), StoreError> {
-        let live = u32::try_from(members.live()).unwrap_or(u32::MAX).max(1);
+        let live = members.live();
         let shared: Vec<Hit<'_>> = hits
             .iter()
             .map(|h| {
                 let mut q = h.quota;
-                q.requests_per_unit = q.requests_per_unit.div_ceil(live);
+                q.requests_per_unit = node_limit(q.requests_per_unit, live);
                 Hit { quota: q, ..*h }
             })
             .collect();
         op.run(self.local.as_ref(), now, &shared, out).await
     }
+}
+
+/// The part of `limit` each node enforces in divided mode with `live` nodes up (itself
+/// included): `ceil(limit / live)`, so the nodes together admit at least the limit, and at most
+/// `live - 1` more. The simulator (`bench/programs/src/bin/cluster_sim`) decides by it too.
+pub fn node_limit(limit: u32, live: usize) -> u32 {
+    let live = u32::try_from(live).unwrap_or(u32::MAX).max(1);
+    limit.div_ceil(live)
 }
 
 /// Whether a hit is a concurrency limit's, whose slots live with the key's owner in every mode.

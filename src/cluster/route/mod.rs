@@ -17,6 +17,7 @@ mod leased;
 mod minority;
 
 pub(super) use divided::Divided;
+pub use divided::node_limit;
 pub(super) use forward::Forward;
 pub(super) use leased::{Leased, Leasing};
 pub(super) use minority::Minority;

@@ -14,12 +14,20 @@
 //! cargo run --release -p sluice-bench --bin cluster_sim -- --only one --mode lease --nodes 50 --worst
 //! ```
 //!
-//! Sluice's own pure pieces do the deciding: [`Ring`] and [`key_hash`] pick owners (among the
+//! **Sluice's own code** does the deciding: [`Ring`] and [`key_hash`] pick owners (among the
 //! nodes a given node believes up), [`fixed_window::decide`] is every counter's state machine
-//! (one state word per (node, key)), and lease mode runs Sluice's own lease client and server
-//! (`sluice::cluster::lease`). Everything else, the network, failure detection, probes, DNS
-//! re-resolution and the clients, is modelled here after `src/cluster/` (`members.rs`,
-//! `route/forward.rs`, `owner.rs`):
+//! (one state word per (node, key)), [`divided_node_limit`] is divided mode's part of a limit,
+//! [`Joining`] decides a starting node's relays, and lease mode runs Sluice's own lease client,
+//! server, free shares and parent link logic (`sluice::cluster::lease`).
+//!
+//! **A model**, written here after `src/cluster/` (`members.rs`, `route/forward.rs`,
+//! `route/leased/driver.rs`, `owner.rs`), is everything asynchronous around them: the network
+//! (a hop's latency, a batch's wait), failure detection (a call's timeout, a peer marked down,
+//! probes), DNS re-resolution, the clients and the order in which the routes make their calls
+//! (`cluster::route` is async code over real connections, which a discrete-event simulation
+//! with a simulated clock cannot run). Where the model and the code part, the code is right;
+//! `integration/cluster.rs`, `integration/faults/` and `integration/regions.rs` run the real
+//! processes:
 //!
 //! - **forward** (Sluice's default): a non-owner forwards to the owner (one extra hop, after up
 //!   to one batch window). A forward to a dead owner fails after SLUICE_PEER_TIMEOUT_MS; only
@@ -72,6 +80,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use sluice::clock::Timestamp;
+use sluice::cluster::divided_node_limit;
 use sluice::cluster::join::{Joining, Relay};
 use sluice::cluster::ring::{Ring, key_hash};
 use sluice::limiter::fixed_window;
@@ -783,10 +792,7 @@ impl<'a> Sim<'a> {
     fn decide_here(&mut self, node: usize, key: usize, now: u64, sent: u64, back: u64) {
         let limit = self.w.limits[key];
         let limit = match self.p.mode {
-            Mode::Divided => {
-                let live = self.live(node) as u32;
-                limit.div_ceil(live.max(1))
-            }
+            Mode::Divided => divided_node_limit(limit, self.live(node)),
             _ => limit,
         };
         let secs = EPOCH_SECS + now / 1_000_000;
