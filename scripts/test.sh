@@ -282,10 +282,11 @@ check_fuzz_crate() {
 echo "== cargo check of fuzz/ (the cargo-fuzz targets, on stable)"
 check_fuzz_crate
 
-# The measuring programs (bench/programs, the sluice-bench crate) are built here too, as they
-# were when they were examples; the other workspace crates are helpers the tests build anyway.
+# The whole workspace: Sluice, the measuring programs (bench/programs, the sluice-bench crate,
+# built here as they were when they were examples) and the tests' helper crates with their own
+# unit tests (tests/support).
 echo "== cargo test"
-cargo test --all-targets --locked -p sluice -p sluice-bench
+cargo test --workspace --all-targets --locked
 
 # The Helm chart: lint, render, validate offline, and check-config on its descriptor files
 # (with the sluice binary cargo test just built). Ends with `helm: N passed, M failed`.

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 use alloc_counter::{Counting, live_bytes};
 use sluice::config::{ConfigHandle, Domain, FileLimits, LoadOptions, parse_files};
 use sluice::descriptor::Entry;
+use sluice_test_support::bench::rng::SplitMix64 as Rng;
 use sluice_test_support::bench::rss::rss_bytes;
 
 #[global_allocator]
@@ -205,23 +206,6 @@ impl Layout {
     }
 }
 
-/// splitmix64: reproducible random limit indices without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 /// One load as the service does it: parse and compile, then the handle requests read through.
 fn load(yaml: &str) -> (ConfigHandle, Duration) {
     let files = [("scale.yaml".to_owned(), yaml.to_owned())];
@@ -280,7 +264,7 @@ fn requests(layout: Layout) -> (Vec<Hit>, Vec<Vec<Entry>>) {
     let hits = (0..REQUESTS)
         .map(|_| {
             let i = rng.below(layout.n);
-            (i, layout.hit(i, rng.next()))
+            (i, layout.hit(i, rng.next_u64()))
         })
         .collect();
     let misses = (0..REQUESTS)

@@ -1,8 +1,9 @@
 //! Helpers of the measuring programs (`bench/programs/`, `benches/decision.rs`): a comparison
 //! server's count of its answers, a never-waiting future polled once, this process's resident
-//! memory, and the runtime-limit measurements' tenants.
+//! memory, the runtime-limit measurements' tenants, and the workloads' random stream.
 
 pub mod answers;
 pub mod ready;
+pub mod rng;
 pub mod rss;
 pub mod tenants;

@@ -85,6 +85,7 @@ use sluice::cluster::join::{Joining, Relay};
 use sluice::cluster::ring::{Ring, key_hash};
 use sluice::limiter::fixed_window;
 use sluice::limiter::{Quota, Unit, Window};
+use sluice_test_support::bench::rng::SplitMix64 as Rng;
 
 /// SLUICE_PEER_TIMEOUT_MS (default 200).
 const PEER_TIMEOUT_US: u64 = 200_000;
@@ -110,33 +111,6 @@ const REDIS_US: (u64, u64) = (200, 500);
 const PHASE_US: u64 = 3_000_000;
 /// The first seconds of a run, while every key is new to every node.
 const COLD_US: u64 = 2_000_000;
-
-/// SplitMix64: small, seedable and the same on every platform.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in [lo, hi].
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
