@@ -32,12 +32,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 use sluice_test_support::bench::answers::Answers;
+use sluice_test_support::bench::serve::serve;
 
 /// bench/config/bench.yaml: `client` alone, and `client` then `route`, at 1e9 per second.
 const RULES: [(&str, u32); 2] = [("client", 1_000_000_000), ("client.route", 1_000_000_000)];
@@ -194,17 +193,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ => return Err(format!("unknown argument {arg:?}").into()),
         }
     }
-    // The same runtime as the `sluice` binary builds.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(service))
-            .serve_with_shutdown(addr, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-    })?;
-    Ok(())
+    serve(addr, service)
 }

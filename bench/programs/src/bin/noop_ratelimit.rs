@@ -21,11 +21,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice_test_support::bench::answers::Answers;
+use sluice_test_support::bench::serve::serve;
 
 struct Noop {
     answers: Arc<Answers>,
@@ -75,17 +74,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             _ => return Err(format!("unknown argument {arg:?}").into()),
         }
     }
-    // The same runtime as the `sluice` binary builds.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(noop))
-            .serve_with_shutdown(addr, async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-    })?;
-    Ok(())
+    serve(addr, noop)
 }
